@@ -1,0 +1,230 @@
+"""KernelConfig: the compile-time shape of the FlashAttention-2 forward kernel.
+
+The seed configuration is the one the spec walks through (kBlockM = kBlockN = 64, head dim 64,
+4 warps, Swizzle<3,3,3> shared memory). The family around it is what both backends accept:
+
+  head_dim   32, 64, 128
+  block_m    64, 128          (each warp owns 16 * m_repeats query rows)
+  block_n    32, 64, 128
+  n_warps    4, 8             (block_m must be a multiple of 16 * n_warps)
+  smem       swizzled | plain | padded
+
+The cooperative 16-byte copy (spec: "TiledCopy", thread layout (rows, d/8):(d/8, 1)) puts
+head_dim / 8 threads on a row, so one pass covers n_threads / (head_dim / 8) rows; that number
+must divide block_m and block_n. Anything else is rejected up front by `__post_init__` with a
+message that lists what is supported, in the spirit of CuTe's `can_implement`.
+
+Causal masking and the softmax scale are call arguments, not part of the kernel shape.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+HEAD_DIMS = (32, 64, 128)
+BLOCK_MS = (64, 128)
+BLOCK_NS = (32, 64, 128)
+N_WARPS = (4, 8)
+WARP_SIZE = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
+PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
+SMEM_LIMIT_BYTES = 163 * 1024  # sm_80's opt-in maximum; every config must fit on SM80
+
+
+class SmemLayout(enum.Enum):
+    """How a (row, col) tile coordinate maps to a shared-memory offset."""
+
+    SWIZZLED = "swizzled"  # row-major + XOR of the 16-byte chunk index with the row (spec table 11)
+    PLAIN = "plain"  # row-major, no swizzle
+    PADDED = "padded"  # row-major with rows padded by 8 halves
+
+    @classmethod
+    def parse(cls, value: "SmemLayout | str") -> "SmemLayout":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ValueError(f"smem layout {value!r} is not supported; choose one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes, warp count and shared-memory layout of one kernel instance."""
+
+    block_m: int = 64
+    block_n: int = 64
+    head_dim: int = 64
+    n_warps: int = 4
+    smem: SmemLayout = SmemLayout.SWIZZLED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
+        problems = self._problems()
+        if problems:
+            raise ValueError(
+                f"unsupported KernelConfig({self.describe()}): {'; '.join(problems)}. "
+                f"Supported: head_dim {HEAD_DIMS}, block_m {BLOCK_MS}, block_n {BLOCK_NS}, "
+                f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
+                f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
+                f"{tuple(m.value for m in SmemLayout)}"
+            )
+
+    def _problems(self) -> list[str]:
+        out = []
+        for name, allowed in (("head_dim", HEAD_DIMS), ("block_m", BLOCK_MS),
+                              ("block_n", BLOCK_NS), ("n_warps", N_WARPS)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value not in allowed:
+                out.append(f"{name}={value!r} is not one of {allowed}")
+        if out:
+            return out
+        if self.block_m % (MMA_M * self.n_warps):
+            out.append(f"block_m={self.block_m} is not a multiple of 16*n_warps={MMA_M * self.n_warps}")
+        rows = self.copy_rows_per_pass
+        for name in ("block_m", "block_n"):
+            if getattr(self, name) % rows:
+                out.append(f"the cooperative copy covers {rows} rows per pass, which does not divide {name}={getattr(self, name)}")
+        if not out and self.smem_bytes > SMEM_LIMIT_BYTES:
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
+        return out
+
+    # -- naming --------------------------------------------------------------------------------
+    def describe(self) -> str:
+        return (f"block_m={self.block_m}, block_n={self.block_n}, head_dim={self.head_dim}, "
+                f"n_warps={self.n_warps}, smem={self.smem.value}")
+
+    @property
+    def tag(self) -> str:
+        """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables)."""
+        return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}"
+
+    @classmethod
+    def family(cls) -> list["KernelConfig"]:
+        """Every supported configuration, in a stable order (seed first)."""
+        seed = cls()
+        out = [seed]
+        for d, bm, bn, w, s in itertools.product(HEAD_DIMS, BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
+            try:
+                cfg = cls(block_m=bm, block_n=bn, head_dim=d, n_warps=w, smem=s)
+            except ValueError:
+                continue
+            if cfg != seed:
+                out.append(cfg)
+        return out
+
+    # -- threads and MMA tiling (spec table 3) -------------------------------------------------
+    @property
+    def n_threads(self) -> int:
+        return self.n_warps * WARP_SIZE
+
+    @property
+    def warp_rows(self) -> int:
+        """Query rows per warp (16 in the seed config, spec table 2)."""
+        return self.block_m // self.n_warps
+
+    @property
+    def m_repeats(self) -> int:
+        """MMA_M: m16 atoms stacked per warp along the query rows."""
+        return self.warp_rows // MMA_M
+
+    @property
+    def s_n_tiles(self) -> int:
+        """MMA_N of the QK product: n8 tiles along the keys of one block (8 in the seed)."""
+        return self.block_n // MMA_N
+
+    @property
+    def o_n_tiles(self) -> int:
+        """MMA_N of the PV product: n8 tiles along head_dim (8 in the seed)."""
+        return self.head_dim // MMA_N
+
+    @property
+    def qk_k_segments(self) -> int:
+        """K segments of the QK gemm_smem pipeline: head_dim / 16 (4 in the seed)."""
+        return self.head_dim // MMA_K
+
+    @property
+    def pv_k_segments(self) -> int:
+        """K segments of the PV gemm: block_n / 16 (4 in the seed)."""
+        return self.block_n // MMA_K
+
+    @property
+    def rows_per_thread(self) -> int:
+        """Rows of S/O one thread holds: g and g+8 per m16 atom (2 in the seed)."""
+        return 2 * self.m_repeats
+
+    @property
+    def s_values_per_thread(self) -> int:
+        return self.block_m * self.block_n // self.n_threads
+
+    @property
+    def o_values_per_thread(self) -> int:
+        return self.block_m * self.head_dim // self.n_threads
+
+    # -- cooperative copy (spec "TiledCopy") ---------------------------------------------------
+    @property
+    def copy_threads_per_row(self) -> int:
+        return self.head_dim // CHUNK_HALVES
+
+    @property
+    def copy_rows_per_pass(self) -> int:
+        return self.n_threads // self.copy_threads_per_row
+
+    # -- shared memory ---------------------------------------------------------------------------
+    @property
+    def row_pitch(self) -> int:
+        """Halves between consecutive tile rows in shared memory."""
+        return self.head_dim + (PAD_HALVES if self.smem is SmemLayout.PADDED else 0)
+
+    @property
+    def swizzle_bms(self) -> tuple[int, int, int] | None:
+        """Swizzle<B, M, S> applied to the row-major offset 'head_dim*r + c' (None if unswizzled).
+
+        Every choice XORs the 16-byte chunk index (bits 3.. of the offset) with row bits so that
+        the 8 row addresses of one ldmatrix fall in 8 distinct 4-bank groups:
+          d=64: Swizzle<3,3,3> (spec table 11), chunk ^= r % 8
+          d=128: Swizzle<3,3,4>, chunk ^= r % 8
+          d=32: Swizzle<2,3,3>, chunk ^= (r // 2) % 4
+        """
+        if self.smem is not SmemLayout.SWIZZLED:
+            return None
+        return {32: (2, 3, 3), 64: (3, 3, 3), 128: (3, 3, 4)}[self.head_dim]
+
+    def smem_offset(self, r, c) -> np.ndarray:
+        """Offset in halves of logical tile element (r, c) from the tile base; vectorised."""
+        r = np.asarray(r, dtype=np.int64)
+        c = np.asarray(c, dtype=np.int64)
+        p = r * self.row_pitch + c
+        bms = self.swizzle_bms
+        if bms is None:
+            return p
+        b, m, s = bms
+        mask = ((1 << b) - 1) << (m + s)
+        return p ^ ((p & mask) >> s)
+
+    def tile_halves(self, rows: int) -> int:
+        """Shared-memory halves a tile of `rows` rows occupies (the layout's cosize)."""
+        return rows * self.row_pitch
+
+    @property
+    def sq_offset_bytes(self) -> int:
+        return 0
+
+    @property
+    def sk_offset_bytes(self) -> int:
+        return 2 * self.tile_halves(self.block_m)
+
+    @property
+    def sv_offset_bytes(self) -> int:
+        return self.sk_offset_bytes + 2 * self.tile_halves(self.block_n)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA: sQ (reused as sO), sK, sV."""
+        return self.sv_offset_bytes + 2 * self.tile_halves(self.block_n)
