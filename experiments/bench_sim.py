@@ -1,0 +1,124 @@
+"""Benchmark (issue 2, "Speed"): the untraced simulator beside a tile-level interpreter, same run.
+
+    python experiments/bench_sim.py                 # both parts, the issue's two shapes
+    python experiments/bench_sim.py --skip-triton   # fa_sim only (no torch / triton needed)
+    python experiments/bench_sim.py --json
+
+Targets: (B, H, N, d) = (1, 4, 4096, 64) non-causal in <= 40 s and (1, 1, 128, 64) in <= 0.5 s on the
+2-core development machine, peak memory <= 4 GB. Beside each, the FlashAttention forward of
+experiments/triton_fa.py under the Triton interpreter (TRITON_INTERPRET=1, CPU torch tensors),
+BLOCK_M = BLOCK_N = 64. Both report their error against the float64 reference on the same
+fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
+
+Part 1 (fa_sim) runs first and before torch/triton are imported, so the process's peak resident
+set size after it (ru_maxrss) is the simulator's peak, interpreter and numpy included.
+This is a benchmark, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fa_sim  # noqa: E402
+from fa_sim.reference import attention  # noqa: E402
+
+SHAPES = ((1, 4, 4096, 64), (1, 1, 128, 64))
+FAST_S = 2.0  # runs faster than this are repeated and the best of 3 is kept
+
+
+@dataclass(frozen=True)
+class Row:
+    backend: str
+    shape: tuple[int, int, int, int]
+    seconds: float  # best of the runs (one run when it takes >= FAST_S)
+    first_seconds: float  # the first run, warm-up included
+    rel_err_o: float
+    max_abs_err_lse: float
+    peak_rss_mb: float | None = None
+
+
+def make_inputs(shape, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(shape).astype(np.float16) for _ in range(3))
+
+
+def errors(o, lse, q, k, v) -> tuple[float, float]:
+    o_ref, lse_ref = attention(q, k, v)
+    o = np.asarray(o, dtype=np.float64)
+    return (float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref)),
+            float(np.max(np.abs(np.asarray(lse, dtype=np.float64) - lse_ref))))
+
+
+def timed(fn):
+    """(best seconds, first seconds, last result): one run, or the best of 3 when runs take under FAST_S."""
+    times, out = [], None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        if min(times) >= FAST_S:
+            break
+    return min(times), times[0], out
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+# ==== part 1: fa_sim (the simulator engineer's) ========================================================
+def bench_fa_sim(shape, q, k, v) -> Row:
+    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v))
+    return Row("fa_sim", shape, seconds, first, *errors(res.o, res.lse, q, k, v), peak_rss_mb())
+
+
+# ==== part 2: Triton interpreter (the layout/reference engineer's) =====================================
+def bench_triton(shape, q, k, v) -> Row:
+    import torch
+    import triton_fa  # sets TRITON_INTERPRET=1 before importing triton
+
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    seconds, first, (o, lse) = timed(lambda: triton_fa.flash_attention(tq, tk, tv))
+    return Row("triton-interpret", shape, seconds, first, *errors(o.numpy(), lse.numpy(), q, k, v))
+
+
+# ==== report ===========================================================================================
+def render(rows: list[Row]) -> str:
+    head = (f"{'backend':<18}{'shape (B,H,N,d)':<20}{'seconds':>9}{'first run':>11}{'rel_err_o':>11}"
+            f"{'max|dLSE|':>11}{'peak RSS MB':>13}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rss = f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb is not None else "-"
+        lines.append(f"{r.backend:<18}{str(r.shape):<20}{r.seconds:>9.3f}{r.first_seconds:>11.3f}"
+                     f"{r.rel_err_o:>11.2e}{r.max_abs_err_lse:>11.2e}{rss:>13}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-triton", action="store_true", help="time fa_sim only")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="B,H,N,d",
+                        help="shapes to run (default: 1,4,4096,64 1,1,128,64)")
+    parser.add_argument("--json", action="store_true", help="print one JSON list of rows")
+    args = parser.parse_args(argv)
+    shapes = SHAPES if args.shapes is None else tuple(tuple(int(x) for x in s.split(",")) for s in args.shapes)
+    inputs = {shape: make_inputs(shape) for shape in shapes}
+    rows = [bench_fa_sim(shape, *inputs[shape]) for shape in shapes]
+    if not args.skip_triton:
+        rows += [bench_triton(shape, *inputs[shape]) for shape in shapes]
+    print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`fa explain`: the spec's two-round worked example, round by round, in exact fractions.
+
+Inputs Q, K, V of figures 1-3 with s = ln 2 (so exp(s x) = 2**x) and B_r = B_c = 2: scores
+(figure 4), round 1 (figures 5-6, table 1), round 2 (alpha, figures 7-9), the final O (figure 10) and
+LSE = ln 8, ln 9. `--causal` shows the causal variant (figure 12: the masked scores, one round, its
+O and LSE). `--block-n` replays the same inputs with other K/V block sizes. Everything printed comes
+from `fa_sim.reference.walkthrough`; `--json` prints the same content as one JSON object, fractions
+as strings ("7/8", "-inf").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from fractions import Fraction
+
+from ..reference import NEG_INF, SPEC_EXAMPLE, Round, Walkthrough
+
+# Where each quantity appears in the spec (only for its block size, B_c = 2).
+FIGURES = {
+    (False, "s", None): "figure 4", (False, "p", 0): "figure 5", (False, "o", 0): "figure 6",
+    (False, "state", 0): "table 1", (False, "p", 1): "figure 7", (False, "pv", 1): "figure 8",
+    (False, "o", 1): "figure 9", (False, "final", None): "figure 10",
+    (True, "s", None): "figure 12",
+}
+
+
+def fmt(x) -> str:
+    """An exact value as the spec writes it: 7/8, 2, -inf."""
+    if isinstance(x, float) and x == NEG_INF:
+        return "-inf"
+    return str(Fraction(x))
+
+
+def _table(corner: str, cols, rows, cells) -> list[str]:
+    grid = [[corner, *map(str, cols)]] + [[str(r), *map(fmt, row)] for r, row in zip(rows, cells)]
+    widths = [max(len(line[c]) for line in grid) for c in range(len(grid[0]))]
+    return ["  " + "  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in grid]
+
+
+def _title(text: str, ref: str | None) -> str:
+    return f"{text}  ({ref})" if ref else text
+
+
+def _round_lines(r: Round, rows, dims, ref) -> list[str]:
+    j, keys = r.t + 1, r.keys
+    out = [f"Round {j} (t = {r.t}): keys {', '.join(map(str, keys))}", ""]
+    out += [_title("  scores S" + (" after the causal mask" if r.s_masked != r.s else ""), None)]
+    out += _table("q/k", keys, rows, r.s_masked) + [""]
+    out += [_title(f"  row state: m({j}) = max(m({j - 1}), rowmax S), alpha = 2^(m({j - 1}) - m({j})), "
+                   f"l({j}) = alpha*l({j - 1}) + rowsum P~", ref("state", r.t))]
+    state = [(mp, m, a, s, l) for mp, m, a, s, l in zip(r.m_prev, r.m, r.alpha, r.rowsum, r.l)]
+    out += _table("q", (f"m({j - 1})", f"m({j})", "alpha", "rowsum", f"l({j})"), rows, state)
+    if r.t == 0:
+        out += ["  (first round: alpha = 0, nothing to rescale)"]
+    out += [""] + [_title(f"  P~({j}) = 2^(S - m({j}))", ref("p", r.t))] + _table("q/k", keys, rows, r.p)
+    out += [""] + [_title(f"  P~({j}) V[{keys[0]}:{keys[-1] + 1}]", ref("pv", r.t))]
+    out += _table("q/d", dims, rows, r.pv)
+    out += [""] + [_title(f"  O({j}) = alpha*O({j - 1}) + P~({j}) V", ref("o", r.t))]
+    return out + _table("q/d", dims, rows, r.o) + [""]
+
+
+def render_text(w: Walkthrough) -> str:
+    spec_blocks = w.block_n == SPEC_EXAMPLE.block_n
+    ref = (lambda what, t=None: FIGURES.get((w.causal, what, t)) if spec_blocks else None)  # noqa: E731
+    n_q, d = len(w.o), len(w.o[0])
+    rows, dims = range(n_q), range(d)
+    out = [f"The spec's worked example{' (causal, top-left: key k visible iff k <= q)' if w.causal else ''}: "
+           f"s = {w.scale}, so exp(s*x) = {fmt(w.scale.arg)}^x; B_r = {w.block_m}, B_c = {w.block_n}", ""]
+    out += [_title("Q", "figure 1")] + _table("q/d", dims, rows, SPEC_EXAMPLE.q) + [""]
+    out += [_title("K", "figure 2")] + _table("k/d", dims, range(len(SPEC_EXAMPLE.k)), SPEC_EXAMPLE.k) + [""]
+    out += [_title("V", "figure 3")] + _table("k/d", dims, range(len(SPEC_EXAMPLE.v)), SPEC_EXAMPLE.v) + [""]
+    label = "S = Q K^T" + (", k > q set to -inf" if w.causal else "")
+    out += [_title(label, ref("s"))] + _table("q/k", range(len(w.s[0])), rows, w.s_masked) + [""]
+    for block in w.blocks:
+        if len(w.blocks) > 1:
+            out += [f"== query block rows {block.rows[0]}..{block.rows[-1]} ==", ""]
+        out += [line for r in block.rounds for line in _round_lines(r, block.rows, dims, ref)]
+    skipped = -(-len(w.s[0]) // w.block_n) - min(len(b.rounds) for b in w.blocks)
+    if skipped:
+        out += [f"(causal: {skipped} K/V block(s) lie wholly in the future and are skipped)", ""]
+    out += [_title("Final O = O / l (each row divided by its l)", ref("final"))] + _table("q/d", dims, rows, w.o)
+    out += ["", "LSE = s*m + ln(l):"] + [f"  query {i}: {x} = {float(x):.6f}" for i, x in enumerate(w.lse)]
+    return "\n".join(out)
+
+
+def _matrix(m) -> list[list[str]]:
+    return [[fmt(x) for x in row] for row in m]
+
+
+def to_json(w: Walkthrough) -> dict:
+    return {
+        "scale": str(w.scale), "causal": w.causal, "block_m": w.block_m, "block_n": w.block_n,
+        "q": _matrix(SPEC_EXAMPLE.q), "k": _matrix(SPEC_EXAMPLE.k), "v": _matrix(SPEC_EXAMPLE.v),
+        "s": _matrix(w.s), "s_masked": _matrix(w.s_masked),
+        "blocks": [{"rows": list(b.rows), "rounds": [{
+            "round": r.t + 1, "keys": list(r.keys), "s": _matrix(r.s), "s_masked": _matrix(r.s_masked),
+            "m_prev": [fmt(x) for x in r.m_prev], "m": [fmt(x) for x in r.m],
+            "alpha": [fmt(x) for x in r.alpha], "p": _matrix(r.p), "rowsum": [fmt(x) for x in r.rowsum],
+            "l": [fmt(x) for x in r.l], "pv": _matrix(r.pv), "o": _matrix(r.o)} for r in b.rounds]}
+            for b in w.blocks],
+        "o": _matrix(w.o),
+        "lse": [{"ln": fmt(x.arg), "value": float(x)} for x in w.lse],
+    }
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    w = SPEC_EXAMPLE.walkthrough(causal=args.causal, block_n=args.block_n)
+    print(json.dumps(to_json(w)) if args.json else render_text(w))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "explain", help="the spec's two-round worked example with exact fractions",
+        description="Replay the spec's worked example (s = ln 2, figures 4-10, table 1) round by round "
+                    "in exact fractions; --causal for figure 12.")
+    p.add_argument("--causal", action="store_true", help="the causal variant (figure 12)")
+    p.add_argument("--block-n", type=_positive, default=SPEC_EXAMPLE.block_n,
+                   help=f"keys per K/V round (spec: {SPEC_EXAMPLE.block_n})")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)

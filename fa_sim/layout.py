@@ -1,0 +1,437 @@
+"""CuTe-style layouts (pycute's spirit) and the kernel's maps built from them.
+
+`Layout(shape, stride)` maps a coordinate to sum_i c_i * d_i: hierarchical coordinates are nested
+tuples congruent with `shape`, an integer is a flat index unpacked colexicographically, and leaves
+may be numpy arrays (one call evaluates every lane). `Swizzle(B, M, S)` is CuTe's XOR map on offsets,
+`ComposedLayout` is swizzle o layout, `TvMap` a CuTe thread-value layout read as (row, col).
+
+The kernel of spec/000_660624cf06b8f110.txt in that algebra: `smem_layout` (SmemLayoutQ/K/V, table
+11), `copy_tv` (TiledCopy), `MMA_A/B/C` and `TiledMma` (PTX `#warp-level-matrix-fragment-mma-16816-float`,
+table 3; atom mi of warp w at rows 16*n_warps*mi + 16*w), `Ldsm` (PTX
+`#warp-level-matrix-instructions-ldmatrix`), `acc_rowcol` / `acc_as_a_operand` (tables 4-9).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import CHUNK_HALVES, MMA_K, MMA_M, MMA_N, KernelConfig, SmemLayout
+
+IntTuple = int | tuple
+
+
+# -- integer tuples ---------------------------------------------------------------------------------
+def flatten(t: IntTuple) -> tuple:
+    """Leaves of a nested tuple, left to right."""
+    return tuple(y for x in t for y in flatten(x)) if isinstance(t, tuple) else (t,)
+
+
+def product(shape: IntTuple) -> int:
+    """Number of coordinates of a shape: the product of its leaves."""
+    return math.prod(flatten(shape))
+
+
+def _tree_map(f, t: IntTuple) -> IntTuple:
+    return tuple(_tree_map(f, x) for x in t) if isinstance(t, tuple) else f(t)
+
+
+def _fmt(t: IntTuple) -> str:
+    return "(" + ",".join(_fmt(x) for x in t) + ")" if isinstance(t, tuple) else str(t)
+
+
+def _leaf(x):
+    """Coordinate leaves: Python ints stay ints, anything array-like becomes int64."""
+    return int(x) if isinstance(x, (int, np.integer)) else np.asarray(x, dtype=np.int64)
+
+
+def compact_col_major(shape: IntTuple, current: int = 1) -> IntTuple:
+    """LayoutLeft strides: exclusive prefix product; size-1 modes get stride 0, as CuTe prints."""
+    if not isinstance(shape, tuple):
+        return 0 if shape == 1 else current
+    strides = []
+    for s in shape:
+        strides.append(compact_col_major(s, current))
+        current *= product(s)
+    return tuple(strides)
+
+
+def idx2crd(idx, shape: IntTuple):
+    """Colexicographic unpacking of a flat index; the last mode keeps the remainder (pycute)."""
+    if not isinstance(shape, tuple):
+        return idx
+    crd = []
+    for i, s in enumerate(shape):
+        last = i == len(shape) - 1
+        crd.append(idx2crd(idx if last else idx % product(s), s))
+        idx = idx // product(s)
+    return tuple(crd)
+
+
+def crd2idx(crd, shape: IntTuple, stride: IntTuple):
+    """Inner product of a (hierarchical or flat) coordinate with the stride: sum_i c_i * d_i."""
+    if isinstance(crd, tuple):
+        if not isinstance(shape, tuple) or len(crd) != len(shape):
+            raise ValueError(f"coordinate {crd!r} is not congruent with shape {_fmt(shape)}")
+        return sum((crd2idx(c, s, d) for c, s, d in zip(crd, shape, stride)), 0)
+    if isinstance(shape, tuple):
+        return crd2idx(idx2crd(crd, shape), shape, stride)
+    return crd * stride
+
+
+# -- Layout -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """shape:stride, a function from coordinates to indices (cute/layout.hpp); stride None = compact."""
+
+    shape: IntTuple
+    stride: IntTuple | None = None
+
+    def __post_init__(self) -> None:
+        if self.stride is None:
+            object.__setattr__(self, "stride", compact_col_major(self.shape))
+        if _tree_map(lambda _: 0, self.shape) != _tree_map(lambda _: 0, self.stride):
+            raise ValueError(f"shape {_fmt(self.shape)} and stride {_fmt(self.stride)} are not congruent")
+        leaves = flatten(self.shape) + flatten(self.stride)
+        if any(not isinstance(x, int) for x in leaves) or min(flatten(self.shape)) < 1:
+            raise ValueError(f"{_fmt(self.shape)}:{_fmt(self.stride)} needs integer leaves, positive shapes")
+
+    def __call__(self, *crd):
+        c = crd[0] if len(crd) == 1 else crd
+        return crd2idx(_tree_map(_leaf, c), self.shape, self.stride)
+
+    def __len__(self) -> int:
+        return len(self.shape) if isinstance(self.shape, tuple) else 1
+
+    def __getitem__(self, i: int) -> "Layout":
+        return Layout(self.shape[i], self.stride[i]) if isinstance(self.shape, tuple) else self
+
+    def __str__(self) -> str:
+        return f"{_fmt(self.shape)}:{_fmt(self.stride)}"
+
+
+def size(layout) -> int:
+    """|domain| = product of the shape."""
+    return product(layout.shape)
+
+
+def cosize(layout) -> int:
+    """1 + the largest index the layout produces (its codomain span, cosize_v)."""
+    if isinstance(layout, Layout) and min(flatten(layout.stride)) >= 0:
+        return int(layout(size(layout) - 1)) + 1  # non-negative strides: the last coordinate is largest
+    return int(np.max(layout(np.arange(size(layout))))) + 1
+
+
+def _make(shapes: list, strides: list) -> Layout:
+    return Layout(shapes[0], strides[0]) if len(shapes) == 1 else Layout(tuple(shapes), tuple(strides))
+
+
+def _concat(modes: list) -> Layout:
+    return Layout(tuple(m.shape for m in modes), tuple(m.stride for m in modes))
+
+
+def coalesce(layout: Layout) -> Layout:
+    """The flat layout with fewest modes equal to `layout` on [0, size): merge s0:d0, s1:s0*d0."""
+    shapes, strides = [], []
+    for s, d in zip(flatten(layout.shape), flatten(layout.stride)):
+        if s == 1:
+            continue
+        if shapes and shapes[-1] * strides[-1] == d:
+            shapes[-1] *= s
+        else:
+            shapes.append(s)
+            strides.append(d)
+    return _make(shapes, strides) if shapes else Layout(1, 0)
+
+
+def coalesce_modes(layout: Layout) -> Layout:
+    """Coalesce each top-level mode separately (keeps the rank: CuTe's coalesce(L, shape))."""
+    return _concat([coalesce(layout[i]) for i in range(len(layout))])
+
+
+def _compose_mode(a: Layout, s: int, d: int) -> Layout:
+    """A o (s:d) for a coalesced A: skip the first d indices of each A mode, keep s coordinates."""
+    shapes, strides = [], []
+    for a_s, a_d in zip(flatten(a.shape)[:-1], flatten(a.stride)[:-1]):
+        n = min(max(1, a_s // d), s)
+        if (a_s % d and d % a_s) or s % n:
+            raise ValueError(f"composition {a} o {s}:{d} is not defined (stride/shape divisibility)")
+        if n != 1:
+            shapes.append(n)
+            strides.append(d * a_d)
+        s, d = s // n, -(-d // a_s)
+    if s != 1 or not shapes:
+        shapes.append(s)
+        strides.append(d * flatten(a.stride)[-1])
+    return _make(shapes, strides)
+
+
+def composition(a, b):
+    """R = A o B, R(i) = A(B(i)) for B's image in A's domain; B's modes kept; Swizzle o L is Composed."""
+    if isinstance(a, Swizzle):
+        return ComposedLayout(a, b)
+    if isinstance(a, ComposedLayout):
+        return ComposedLayout(a.swizzle, composition(a.layout, b))
+    if isinstance(b.shape, tuple):
+        return _concat([composition(a, b[i]) for i in range(len(b))])
+    return Layout(b.shape, 0) if b.stride == 0 else _compose_mode(coalesce(a), b.shape, b.stride)
+
+
+def blocked_product(a: Layout, b: Layout) -> Layout:
+    """((a0,b0),(a1,b1),..): copies of the compact layout A arranged by B, B's strides times cosize(A)."""
+    if cosize(a) != size(a) or len(a) != len(b):
+        raise ValueError(f"blocked_product needs a compact A of B's rank, got {a} and {b}")
+    n = cosize(a)
+    return Layout(tuple((a[i].shape, b[i].shape) for i in range(len(a))),
+                  tuple((a[i].stride, _tree_map(lambda x: x * n, b[i].stride)) for i in range(len(a))))
+
+
+def tile_to_shape(atom, shape: tuple):
+    """Repeat the atom over `shape`, tiles in column-major order; a swizzle stays outermost."""
+    if isinstance(atom, ComposedLayout):
+        if cosize(atom.layout) % (1 << atom.swizzle.span_bits):
+            raise ValueError(f"{atom.swizzle} reaches past the atom {atom.layout}; it would not tile")
+        return ComposedLayout(atom.swizzle, tile_to_shape(atom.layout, shape))
+    atom_shape = tuple(product(m) for m in atom.shape)
+    if len(atom_shape) != len(shape) or any(t % s for t, s in zip(shape, atom_shape)):
+        raise ValueError(f"atom {atom} does not tile shape {shape}")
+    return coalesce_modes(blocked_product(atom, Layout(tuple(t // s for t, s in zip(shape, atom_shape)))))
+
+
+# -- Swizzle ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Swizzle:
+    """Swizzle<B, M, S>: XOR the B bits at [M+S, M+S+B) of an offset into the bits at [M, M+B)."""
+
+    bits: int
+    base: int
+    shift: int
+
+    def __post_init__(self) -> None:  # the source and target bit fields must not overlap
+        if self.bits < 0 or self.base < 0 or abs(self.shift) < self.bits:
+            raise ValueError(f"Swizzle<{self.bits},{self.base},{self.shift}> needs B, M >= 0 and |S| >= B")
+
+    @property
+    def yyy_mask(self) -> int:
+        """The source bits (0x1c0 for Swizzle<3,3,3>)."""
+        return ((1 << self.bits) - 1) << (self.base + max(0, self.shift))
+
+    @property
+    def span_bits(self) -> int:
+        """Offsets agree with the swizzle outside aligned blocks of 2**span_bits."""
+        return self.bits + self.base + abs(self.shift)
+
+    def __call__(self, offset):
+        p = _leaf(offset)
+        y = p & self.yyy_mask  # swizzle(p) = p ^ ((p & yyy) >> S)
+        return p ^ (y >> self.shift if self.shift >= 0 else y << -self.shift)
+
+    def __str__(self) -> str:
+        return f"Sw<{self.bits},{self.base},{self.shift}>"
+
+
+@dataclass(frozen=True)
+class ComposedLayout:
+    """swizzle o layout: coordinates -> layout offset -> swizzled offset (SmemLayoutAtom)."""
+
+    swizzle: Swizzle
+    layout: Layout
+
+    def __call__(self, *crd):
+        return self.swizzle(self.layout(*crd))
+
+    @property
+    def shape(self) -> IntTuple:
+        return self.layout.shape
+
+    def __str__(self) -> str:
+        return f"{self.swizzle} o {self.layout}"
+
+
+# -- thread-value maps ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TvMap:
+    """(thread, value) -> (row, col) of a rows x cols tile: a CuTe TV layout into the column-major tile."""
+
+    layout: Layout  # ((threads...), (values...)) -> row + rows * col
+    tile: tuple[int, int]
+
+    def __call__(self, thread, value):
+        idx = self.layout(thread, value)
+        return idx % self.tile[0], idx // self.tile[0]
+
+
+def _embed(stride: IntTuple, rows: int, new_rows: int) -> IntTuple:
+    """Re-express column-major offsets r + rows*c of a small tile in a taller tile: r + new_rows*c."""
+    return _tree_map(lambda d: d % rows + new_rows * (d // rows), stride)
+
+
+# mma.m16n8k16 (cute/atom/mma_traits_sm80.hpp): thread = (a, g) with lane = 4g + a.
+MMA_A = TvMap(Layout(((4, 8), (2, 2, 2)), ((32, 1), (16, 8, 128))), (MMA_M, MMA_K))  # (m, k)
+MMA_B = TvMap(Layout(((4, 8), (2, 2)), ((16, 1), (8, 64))), (MMA_N, MMA_K))  # (n, k)
+MMA_C = TvMap(Layout(((4, 8), (2, 2)), ((32, 1), (16, 8))), (MMA_M, MMA_N))  # (m, n)
+
+
+class Operand(enum.Enum):
+    """MMA operands: A (M x K), B (N x K), C/D (M x N), as CuTe names them."""
+
+    A = "A"
+    B = "B"
+    C = "C"
+
+
+class Gemm(enum.Enum):
+    """The kernel's two products: (M, N, K) = (queries, keys, d) for QK, (queries, d, keys) for PV."""
+
+    QK = "QK"
+    PV = "PV"
+
+
+@dataclass(frozen=True)
+class TiledMma:
+    """TiledMMA<SM80_16x8x16_F32F16F16F32_TN, Layout<Shape<n_warps,1,1>>, Tile<16*n_warps,16,16>>
+    over one CTA tile of a gemm (spec table 3): warps along M, n8 atoms along N, k16 segments."""
+
+    config: KernelConfig
+    gemm: Gemm = Gemm.QK
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        c = self.config
+        return (c.block_m, c.block_n, c.head_dim) if self.gemm is Gemm.QK else (c.block_m, c.head_dim, c.block_n)
+
+    @property
+    def tile_mnk(self) -> tuple[int, int, int]:
+        """The base cover: 16*n_warps x 16 x 16 (two n8 atoms per N step)."""
+        return (MMA_M * self.config.n_warps, 2 * MMA_N, MMA_K)
+
+    @property
+    def repeats(self) -> tuple[int, int, int]:
+        return tuple(x // t for x, t in zip(self.mnk, self.tile_mnk))
+
+    # MMA_M (m16 atoms per warp), MMA_N (n8 atoms), k16 segments, and their product per warp
+    mma_m = property(lambda self: self.repeats[0])
+    mma_n = property(lambda self: self.mnk[1] // MMA_N)
+    k_segments = property(lambda self: self.repeats[2])
+    mmas_per_warp = property(lambda self: self.mma_m * self.mma_n * self.k_segments)
+
+    def fragment(self, op: Operand) -> Layout:
+        """Per-thread registers as partition_fragment_{A,B,C} allocates them (table 12): compact."""
+        atom = {Operand.A: MMA_A, Operand.B: MMA_B, Operand.C: MMA_C}[op]
+        reps = {Operand.A: (self.mma_m, self.k_segments), Operand.B: (self.mma_n, self.k_segments),
+                Operand.C: (self.mma_m, self.mma_n)}[op]
+        return Layout((atom.layout[1].shape, *reps))
+
+    def tv(self, op: Operand) -> TvMap:
+        """(thread of the CTA, fragment slot) -> (row, col) of the CTA's (M,K), (N,K) or (M,N) tile."""
+        m, n, k = self.mnk
+        warps = self.config.n_warps
+        atom, rows, rep_strides = {
+            Operand.A: (MMA_A, m, (MMA_M * warps, MMA_K * m)),
+            Operand.B: (MMA_B, n, (MMA_N, MMA_K * n)),
+            Operand.C: (MMA_C, m, (MMA_M * warps, MMA_N * m)),
+        }[op]
+        warp_stride = 0 if op is Operand.B else MMA_M  # every warp holds all of B
+        (thr_s, val_s), (thr_d, val_d) = atom.layout.shape, _embed(atom.layout.stride, atom.tile[0], rows)
+        shape = ((*thr_s, warps), (val_s, *self.fragment(op).shape[1:]))
+        stride = ((*thr_d, warp_stride), (val_d, *rep_strides))
+        return TvMap(Layout(shape, stride), (rows, k if op is not Operand.C else n))
+
+
+def acc_rowcol(acc: Layout) -> Layout:
+    """((2,2),M,N):((1,2),dM,dN) -> ((2,M),(2,N)):((2,dM),(1,dN)): rows (g/g+8, atom), cols (pair, n8)."""
+    v, m, n = acc[0], acc[1], acc[2]
+    return Layout(((v.shape[1], m.shape), (v.shape[0], n.shape)),
+                  ((v.stride[1], m.stride), (v.stride[0], n.stride)))
+
+
+def group_pairs(frag: Layout, mode: int) -> Layout:
+    """(V,..,N,..) -> ((V,2),..,N/2,..): logical_divide of `mode` by 2, the pair joining the values."""
+    modes = [frag[i] for i in range(len(frag))]
+    n = modes[mode]
+    if n.shape % 2:
+        raise ValueError(f"mode {mode} of {frag} has odd size {n.shape}; it cannot be paired")
+    modes[0] = Layout((modes[0].shape, 2), (modes[0].stride, n.stride))
+    modes[mode] = Layout(n.shape // 2, 2 * n.stride)
+    return _concat(modes)
+
+
+def acc_as_a_operand(acc: Layout) -> Layout:
+    """((2,2),M,N) -> (((2,2),2),M,N/2): n8 C tiles 2j, 2j+1 are a0-a3, a4-a7 of k-segment j (table 9)."""
+    return group_pairs(acc, 2)
+
+
+def ldsm_view(frag: Layout, op: Operand) -> Layout:
+    """retile_D: the ldmatrix.x4 view of an A or B fragment; x4 holds 8 halves = one A or two B atoms."""
+    return frag if op is Operand.A else group_pairs(frag, 1)
+
+
+def acc_rowcol_coords(config: KernelConfig, thread, m_block: int = 0, n_block: int = 0, gemm: Gemm = Gemm.QK):
+    """Global (row, col) of every rowcol slot of `thread`: arrays [..., rows_per_thread, cols] (table 4)."""
+    mma = TiledMma(config, gemm)
+    rc = acc_rowcol(mma.fragment(Operand.C))
+    i = np.arange(size(rc[0]))[:, None]
+    j = np.arange(size(rc[1]))[None, :]
+    r, c = mma.tv(Operand.C)(np.asarray(thread)[..., None, None], rc(i, j))
+    return r + mma.mnk[0] * m_block, c + mma.mnk[1] * n_block
+
+
+# -- ldmatrix ---------------------------------------------------------------------------------------------
+class Ldsm(enum.Enum):
+    """The kernel's ldmatrix.x4, one 16x16 operand block each. `addr`: lane -> r + 16c of the block as
+    stored, the 16-byte row it points at (lanes 8m..8m+7: matrix m). Q (A, [m][k]): (l & 15, 8(l >> 4));
+    K (B, [n][k]): ((l & 7) + 8(l >> 4), 8((l >> 3) & 1)); V (B, stored [k][n], read with .trans):
+    ((l & 7) + 8((l >> 3) & 1), 8(l >> 4)). What each lane receives: `LDSM_DST`."""
+
+    Q = (Layout((16, 2), (1, 128)), False)
+    K = (Layout((8, 2, 2), (1, 128, 8)), False)
+    V_TRANS = (Layout((8, 2, 2), (1, 8, 128)), True)
+
+    @property
+    def addr(self) -> Layout:
+        return self.value[0]
+
+    @property
+    def trans(self) -> bool:
+        return self.value[1]
+
+    def received(self, lane, value):
+        """(lane, half 2m+j of the 8 received) -> (row, col) of the stored 16x16 block."""
+        r, c = LDSM_DST[self.trans](lane, value)  # stored (row, col) inside matrix m = c // 8
+        src = self.addr(8 * (c // 8) + r)  # matrix m's row r was addressed by lane 8m + r
+        return src % 16, src // 16 + c % 8
+
+
+# (lane, (j, m)) -> row + 8*(col + 8*m) of an 8 x 8n stack of 8x8 matrices (row-address order).
+LDSM_DST = {
+    False: TvMap(Layout(((4, 8), (2, 4)), ((16, 1), (8, 64))), (8, 32)),  # row l/4, col 2(l%4)+j
+    True: TvMap(Layout(((4, 8), (2, 4)), ((2, 8), (1, 64))), (8, 32)),  # rows 2(l%4)+j, col l/4
+}
+
+
+# -- shared memory and the cooperative copy ----------------------------------------------------------
+def smem_layout(config: KernelConfig, rows: int) -> Layout | ComposedLayout:
+    """(row, col) -> half offset of a rows x head_dim tile: SmemLayoutQ/K/V (spec table 11)."""
+    d = config.head_dim
+    if config.smem is not SmemLayout.SWIZZLED:
+        return Layout((rows, d), (config.row_pitch, 1))
+    swizzle = Swizzle(*config.swizzle_bms)
+    atom_rows = max(1, (1 << swizzle.span_bits) // d)
+    atom = composition(swizzle, Layout((atom_rows, d), (d, 1)))  # Swizzle o (8,d):(d,1)
+    return tile_to_shape(atom, (rows, d))
+
+
+def copy_thread_layout(config: KernelConfig) -> Layout:
+    """(row in pass, 16-byte chunk) -> thread: Shape<16,8>:Stride<8,1> in the seed (TiledCopy)."""
+    tpr = config.copy_threads_per_row
+    return Layout((config.copy_rows_per_pass, tpr), (tpr, 1))
+
+
+def copy_tv(config: KernelConfig, rows: int) -> TvMap:
+    """(thread, (half v, pass i)) -> (row, col): row = t/(d/8) + rows_per_pass*i, col = 8(t%(d/8)) + v."""
+    tpr, rpp = config.copy_threads_per_row, config.copy_rows_per_pass
+    layout = Layout(((tpr, rpp), (CHUNK_HALVES, rows // rpp)), ((CHUNK_HALVES * rows, 1), (rows, rpp)))
+    return TvMap(layout, (rows, config.head_dim))

@@ -1,0 +1,248 @@
+"""Reference attention: float64, and an exact online-softmax walk-through in fractions.
+
+`attention` is the oracle the simulator and the GPU kernel are measured against:
+    S = Q K^T,  P = softmax_row(s S),  O = P V,  LSE = log sum_k exp(s S)      (spec, first formulas)
+with top-left causal alignment (key k visible to query q iff k <= q; spec figure 12), any
+seqlen_k >= 1, and s = 1/sqrt(d) by default.
+
+`walkthrough` replays the kernel's algorithm (spec "将刚才的过程写成通用更新", FlashAttention-2
+Algorithm 1) exactly, in `fractions.Fraction`, for any block sizes: per query block and per K/V round
+it records S, the masked S, m, alpha, P~, rowsum(P~), l, P~ V and the O numerator; at the end
+O = diag(l)^-1 O and LSE = s m + ln l. Exactness needs s = ln(b) for a rational b > 1 and integer
+scores, so that exp(s x) = b**x: the spec's worked example uses s = ln 2 (figures 4-10, table 1).
+The LSE is returned symbolically as `Ln(b**m * l)` (the example's ln 8 and ln 9).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+NEG_INF = float("-inf")  # a masked score (spec table 4: exp(s(-inf - m)) = 0)
+
+Scalar = Fraction | float  # Fraction, or NEG_INF for a masked score / an empty max
+Matrix = tuple[tuple[Scalar, ...], ...]
+
+
+# -- float64 -------------------------------------------------------------------------------------------
+def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(f"q, k, v must be [..., N, d]; got ranks {q.ndim}, {k.ndim}, {v.ndim}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"shapes do not match: q {q.shape}, k {k.shape}, v {v.shape} "
+                         "(need q [..., Nq, d], k [..., Nk, d], v [..., Nk, dv])")
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        raise ValueError(f"empty input: q {q.shape}, k {k.shape}, v {v.shape}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"{name} contains NaN or Inf")
+
+
+def causal_mask(n_q: int, n_k: int) -> np.ndarray:
+    """[Nq, Nk] bool, True where key k is visible to query q: k <= q (top-left, spec figure 12)."""
+    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None]
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys: (o [..., Nq, dv], lse [..., Nq])."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    _check_inputs(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    s = scale * (q @ np.swapaxes(k, -1, -2))  # [..., Nq, Nk]
+    if causal:
+        s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # finite: every query sees key 0
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    return (p @ v) / l, (m + np.log(l))[..., 0]
+
+
+# -- exact ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ln:
+    """The real number ln(arg), arg a positive rational: an exact scale s = ln(b) or an exact LSE."""
+
+    arg: Fraction
+
+    def __post_init__(self) -> None:
+        arg = Fraction(self.arg)
+        if arg <= 0:
+            raise ValueError(f"ln({arg}) is not a real number")
+        object.__setattr__(self, "arg", arg)
+
+    def __float__(self) -> float:
+        return math.log(self.arg.numerator) - math.log(self.arg.denominator)
+
+    def __str__(self) -> str:
+        return f"ln({self.arg})"
+
+
+def exact_scale(scale) -> Ln:
+    """s as ln(b) with b > 1 rational, so that exp(s x) = b**x exactly for integer x; else ValueError."""
+    if isinstance(scale, Ln):
+        b = scale.arg
+    else:
+        s = float(scale)
+        b = Fraction(math.exp(s)).limit_denominator(1000) if math.isfinite(s) and 0 < s < 40 else None
+        if b is None or not math.isclose(float(Ln(b)), s, rel_tol=1e-12, abs_tol=1e-15):
+            raise ValueError(f"scale {scale!r} is not ln(b) for a rational b: the exact walk-through needs "
+                             "exp(s*x) = b**x; pass e.g. Ln(2) (s = ln 2) or math.log(3)")
+    if b <= 1:
+        raise ValueError(f"scale ln({b}) is not positive; attention needs s = ln(b) with b > 1")
+    return Ln(b)
+
+
+def _fractions(x, name: str) -> np.ndarray:
+    a = np.asarray(x, dtype=object)
+    if a.ndim != 2 or 0 in a.shape:
+        raise ValueError(f"{name} must be a non-empty 2-D matrix [N, d], got shape {a.shape}")
+    try:
+        return np.vectorize(Fraction, otypes=[object])(a)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{name} must hold rational numbers (ints, Fractions, finite floats): {exc}") from None
+
+
+def _scores(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    q, k, v = _fractions(q, "q"), _fractions(k, "k"), _fractions(v, "v")
+    if q.shape[1] != k.shape[1] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"shapes do not match: q {q.shape}, k {k.shape}, v {v.shape}")
+    s = q.dot(k.T)
+    bad = [(i, j) for (i, j), x in np.ndenumerate(s) if x.denominator != 1]
+    if bad:
+        i, j = bad[0]
+        raise ValueError(f"score S[{i},{j}] = {s[i, j]} is not an integer: exp(s*x) = b**x is exact "
+                         "(rational) only for integer x")
+    return q, k, v, s
+
+
+def _tuple(a: np.ndarray) -> Matrix | tuple[Scalar, ...]:
+    return tuple(_tuple(x) for x in a) if a.ndim > 1 else tuple(a.tolist())
+
+
+@dataclass(frozen=True)
+class Round:
+    """State after K/V round t (0-based; the spec's j = t + 1) of one query block."""
+
+    t: int
+    keys: tuple[int, ...]  # global key indices of this K/V block
+    s: Matrix  # S = Q K_j^T, unscaled integer scores
+    s_masked: Matrix  # NEG_INF where causal hides the key
+    m_prev: tuple[Scalar, ...]  # m^(j-1), NEG_INF before round 0
+    m: tuple[Scalar, ...]  # m^(j) = max(m^(j-1), rowmax S)
+    alpha: tuple[Fraction, ...]  # b**(m^(j-1) - m^(j)); 0 in round 0 (nothing to rescale)
+    p: Matrix  # P~ = b**(S - m^(j))
+    rowsum: tuple[Fraction, ...]  # rowsum(P~), the kernel's Delta l
+    l: tuple[Fraction, ...]  # l^(j) = alpha l^(j-1) + rowsum(P~)
+    pv: Matrix  # P~ V_j, this round's contribution
+    o: Matrix  # O^(j) = diag(alpha) O^(j-1) + P~ V_j
+
+
+@dataclass(frozen=True)
+class QueryBlock:
+    rows: tuple[int, ...]  # global query indices
+    rounds: tuple[Round, ...]
+    o: Matrix  # diag(l)^-1 O^(Tc)
+    lse: tuple[Ln, ...]  # s m + ln l = ln(b**m l)
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    scale: Ln
+    block_m: int
+    block_n: int
+    causal: bool
+    s: Matrix  # the full score matrix (spec figure 4)
+    s_masked: Matrix  # NEG_INF where causal hides the key (spec figure 12)
+    blocks: tuple[QueryBlock, ...]
+    o: Matrix  # [Nq, dv]
+    lse: tuple[Ln, ...]  # [Nq]
+
+
+def _round(t: int, rows: range, keys: range, state, s_full, v, b: Fraction, causal: bool):
+    m_prev, l_prev, o_prev = state
+    s = s_full[rows.start:rows.stop, keys.start:keys.stop]
+    hidden = causal and ~causal_mask(rows.stop, keys.stop)[rows.start:, keys.start:]
+    s_masked = np.where(hidden, NEG_INF, s)
+    m = [max([mp, *row]) for mp, row in zip(m_prev, s_masked)]
+    alpha = [Fraction(0) if mp == NEG_INF else b ** int(mp - mn) for mp, mn in zip(m_prev, m)]
+    p = np.array([[Fraction(0) if x == NEG_INF else b ** int(x - mn) for x in row]
+                  for row, mn in zip(s_masked, m)], dtype=object).reshape(s.shape)
+    rowsum = [sum(row, Fraction(0)) for row in p]
+    l = [a * lp + r for a, lp, r in zip(alpha, l_prev, rowsum)]
+    pv = p.dot(v[keys.start:keys.stop])
+    o = np.array(alpha, dtype=object)[:, None] * o_prev + pv
+    record = Round(t, tuple(keys), _tuple(s), _tuple(s_masked), tuple(m_prev), tuple(m), tuple(alpha),
+                   _tuple(p), tuple(rowsum), tuple(l), _tuple(pv), _tuple(o))
+    return record, (m, l, o)
+
+
+def _query_block(rows: range, block_m: int, s_full, v, b: Fraction, block_n: int, causal: bool) -> QueryBlock:
+    n_k = s_full.shape[1]
+    last_key = min(n_k, rows.start + block_m) if causal else n_k  # n_block_max: future blocks skipped
+    state = ([NEG_INF] * len(rows), [Fraction(0)] * len(rows),
+             np.full((len(rows), v.shape[1]), Fraction(0), dtype=object))
+    rounds = []
+    for t in range(-(-last_key // block_n)):
+        keys = range(t * block_n, min(n_k, (t + 1) * block_n))
+        record, state = _round(t, rows, keys, state, s_full, v, b, causal)
+        rounds.append(record)
+    m, l, o = state
+    o_final = o / np.array(l, dtype=object)[:, None]
+    return QueryBlock(tuple(rows), tuple(rounds), _tuple(o_final),
+                      tuple(Ln(b ** int(mi) * li) for mi, li in zip(m, l)))
+
+
+def walkthrough(q, k, v, *, scale=Ln(2), block_m: int | None = None, block_n: int | None = None,
+                causal: bool = False) -> Walkthrough:
+    """Exact online softmax (FlashAttention-2, Algorithm 1) over 2-D q [Nq, d], k [Nk, d], v [Nk, dv].
+
+    block_m / block_n: query rows per block and keys per round (default: all). Causal rounds stop as
+    the kernel's n_block_max = ceil(min(Nk, (m_block + 1) * block_m) / block_n) does (SCHEDULE.md).
+    """
+    b = exact_scale(scale).arg
+    q, k, v, s = _scores(q, k, v)
+    block_m = q.shape[0] if block_m is None else block_m
+    block_n = k.shape[0] if block_n is None else block_n
+    if not (isinstance(block_m, int) and isinstance(block_n, int) and block_m >= 1 and block_n >= 1):
+        raise ValueError(f"block sizes must be positive integers, got block_m={block_m}, block_n={block_n}")
+    blocks = tuple(_query_block(range(i, min(q.shape[0], i + block_m)), block_m, s, v, b, block_n, causal)
+                   for i in range(0, q.shape[0], block_m))
+    hidden = ~causal_mask(*s.shape) if causal else np.zeros(s.shape, dtype=bool)
+    return Walkthrough(Ln(b), block_m, block_n, causal, _tuple(s), _tuple(np.where(hidden, NEG_INF, s)), blocks,
+                       tuple(row for blk in blocks for row in blk.o),
+                       tuple(x for blk in blocks for x in blk.lse))
+
+
+def attention_exact(q, k, v, *, scale=Ln(2), causal: bool = False) -> tuple[Matrix, tuple[Ln, ...]]:
+    """Exact attention straight from the definition: O = sum_k b**S V_k / sum_k b**S, LSE = ln sum_k b**S."""
+    b = exact_scale(scale).arg
+    q, k, v, s = _scores(q, k, v)
+    visible = causal_mask(*s.shape) if causal else np.ones(s.shape, dtype=bool)
+    w = np.array([[b ** int(x) if ok else Fraction(0) for x, ok in zip(row, vis)] for row, vis in zip(s, visible)],
+                 dtype=object)
+    total = np.array([sum(row, Fraction(0)) for row in w], dtype=object)
+    return _tuple(w.dot(v) / total[:, None]), tuple(Ln(t) for t in total)
+
+
+@dataclass(frozen=True)
+class Example:
+    """The spec's hand-computed inputs: Q (figure 1), K (figure 2), V (figure 3); s = ln 2, B_r = B_c = 2."""
+
+    q: Matrix = ((1, 0), (0, 1))
+    k: Matrix = ((0, 1), (1, 0), (2, 1), (0, 2))
+    v: Matrix = ((1, 0), (0, 1), (1, 1), (2, 0))
+    scale: Ln = Ln(2)
+    block_m: int = 2
+    block_n: int = 2
+
+    def walkthrough(self, causal: bool = False, block_n: int | None = None) -> Walkthrough:
+        return walkthrough(self.q, self.k, self.v, scale=self.scale, block_m=self.block_m,
+                           block_n=self.block_n if block_n is None else block_n, causal=causal)
+
+
+SPEC_EXAMPLE = Example()
