@@ -1,0 +1,160 @@
+"""Nsight Compute runs of the kernel and their shared-memory counters beside the simulator's.
+
+`bank_comparison(q, k, v, causal, scale, config)` profiles one launch of fa2_fwd with `ncu`
+(metrics below, per SASS instruction class, as notes/gpu_facts.md lists them), runs the simulator's
+BankCounter on the same inputs, and returns both sets of counts. `fa compare --banks` prints it.
+
+The profiled process is this module itself (`python -m fa_hw.profile --target FILE`), which
+loads the inputs from an .npz and launches the kernel once; ncu's `--csv --page raw` output is
+parsed into {metric: value}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from fa_sim.config import KernelConfig
+from fa_sim.observers.banks import BankCounter, Counts, SmemClass
+
+from .errors import FaHwError
+
+#: ncu metric per class and quantity. LDGSTS has no bank-conflict metric (gpu_facts.md).
+METRICS: dict[SmemClass, dict[str, str]] = {
+    SmemClass.LDSM: {
+        "instructions": "smsp__inst_executed_op_ldsm.sum",
+        "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum",
+        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum",
+    },
+    SmemClass.LDS: {
+        "instructions": "smsp__sass_inst_executed_op_shared_ld.sum",
+        "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    },
+    SmemClass.STS: {
+        "instructions": "smsp__sass_inst_executed_op_shared_st.sum",
+        "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    },
+    SmemClass.LDGSTS: {
+        "instructions": "smsp__inst_executed_op_ldgsts.sum",
+        "wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum",
+    },
+}
+#: Hardware counters that also exist (op_ld includes ldmatrix); reported for reference.
+EXTRA_METRICS = ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")
+
+
+class ProfileError(FaHwError):
+    """ncu is missing, failed, or printed nothing we could read."""
+
+
+def ncu_path() -> str:
+    path = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if os.path.exists(p)), None)
+    if path is None:
+        raise ProfileError("Nsight Compute (ncu) is not installed or not on PATH")
+    return path
+
+
+def parse_raw_csv(text: str) -> dict[str, float]:
+    """ncu --csv --page raw: header row of metric names, a units row, one row per kernel."""
+    rows = [r for r in csv.reader(io.StringIO(text[text.find('"ID"'):] if '"ID"' in text else text)) if r]
+    if len(rows) < 3:
+        raise ProfileError(f"ncu printed no kernel rows:\n{text[-2000:]}")
+    header, values = rows[0], rows[2]
+    out = {}
+    for name, value in zip(header, values):
+        try:
+            out[name] = float(value.replace(",", ""))
+        except ValueError:
+            continue
+    return out
+
+
+def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> dict[str, float]:
+    """Run ncu on one launch of the kernel; {metric: value} for every metric ncu reported."""
+    metrics = [m for cls in METRICS.values() for m in cls.values()] + list(EXTRA_METRICS)
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = os.path.join(tmp, "inputs.npz")
+        np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
+                 block_m=config.block_m, block_n=config.block_n, head_dim=config.head_dim,
+                 n_warps=config.n_warps, smem=config.smem.value)
+        cmd = [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics), "--kernel-name",
+               "regex:fa2", "--launch-count", "1", sys.executable, "-m", "fa_hw.profile", "--target", npz]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise ProfileError(f"ncu failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    return parse_raw_csv(proc.stdout)
+
+
+@dataclass(frozen=True)
+class BankComparison:
+    config: KernelConfig
+    sim: dict[SmemClass, Counts]
+    ncu: dict[str, float]
+
+    def ncu_counts(self, cls: SmemClass) -> dict[str, float | None]:
+        return {q: self.ncu.get(m) for q, m in METRICS[cls].items()}
+
+    def matches(self, cls: SmemClass) -> bool:
+        got, mine = self.ncu_counts(cls), self.sim[cls]
+        want = {"instructions": mine.instructions, "wavefronts": mine.wavefronts, "conflicts": mine.conflicts}
+        return all(got[q] is not None and int(got[q]) == want[q] for q in got)
+
+    def to_json(self) -> dict:
+        return {"config": self.config.tag,
+                "classes": {c.value: {"sim": self.sim[c].to_json(), "ncu": self.ncu_counts(c),
+                                      "match": self.matches(c)} for c in SmemClass},
+                "extra": {m: self.ncu.get(m) for m in EXTRA_METRICS}}
+
+
+def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> BankComparison:
+    from fa_sim import simulate
+
+    counter = BankCounter()
+    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter])
+    return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config))
+
+
+def format_bank_comparison(cmp: BankComparison) -> str:
+    def cell(x):
+        return "-" if x is None else f"{int(x):,}"
+
+    lines = [f"shared memory, simulator vs Nsight Compute ({cmp.config.tag})",
+             f"  {'class':<8}{'sim instr':>11}{'ncu instr':>11}{'sim wavefr':>12}{'ncu wavefr':>12}"
+             f"{'sim confl':>11}{'ncu confl':>11}  match"]
+    for c in SmemClass:
+        s, n = cmp.sim[c], cmp.ncu_counts(c)
+        conf = "n/a" if "conflicts" not in n else cell(n["conflicts"])
+        lines.append(f"  {c.value:<8}{s.instructions:>11,}{cell(n['instructions']):>11}{s.wavefronts:>12,}"
+                     f"{cell(n['wavefronts']):>12}{s.conflicts:>11,}{conf:>11}  {'yes' if cmp.matches(c) else 'NO'}")
+    for m in EXTRA_METRICS:
+        lines.append(f"  {m} = {cell(cmp.ncu.get(m))}")
+    return "\n".join(lines)
+
+
+def _target(npz: str) -> None:
+    """The profiled process: one launch of the kernel on the saved inputs."""
+    import fa_hw
+
+    d = np.load(npz)
+    cfg = KernelConfig(block_m=int(d["block_m"]), block_n=int(d["block_n"]), head_dim=int(d["head_dim"]),
+                       n_warps=int(d["n_warps"]), smem=str(d["smem"]))
+    scale = None if np.isnan(d["scale"]) else float(d["scale"])
+    fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", required=True)
+    _target(ap.parse_args().target)

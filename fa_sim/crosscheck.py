@@ -1,0 +1,260 @@
+"""Simulator against GPU, checkpoint by checkpoint (DESIGN.md, "Checkpoints").
+
+Both backends fill the buffer of fa_sim/checkpoints.py, uint32 [cta_sel, checkpoint, round,
+thread, word], for the same selected CTAs. `compare_checkpoints` walks it and reports, per
+checkpoint: how many values were compared, the fraction that is bit-identical, the largest
+difference in units in the last place, and the first mismatch as (checkpoint, round, warp, lane,
+register, simulator value, GPU value). `BOUNDS` is the documented largest difference each
+checkpoint may show; `fa compare` exits 0 only when all are met.
+
+Why the bounds are what they are (measured on the H200; see README, "Simulator against GPU"):
+- sQ, sK, sV and s_acc, s_masked, row_max are bit-exact: data movement is exact, and the
+  simulator models the tensor core's accumulation (fa_sim/tensorcore.py), so S is exact too.
+- row_sum, p_f16, o_acc, o_final and sO inherit the difference between CUDA's `expf` (a MUFU.EX2
+  based sequence) and numpy's float32 exp; their bounds are the measured maxima.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
+from .config import WARP_SIZE, KernelConfig
+from .events import Checkpoint, CheckpointEvent, LaunchInfo
+
+
+class ValueKind(enum.Enum):
+    F32 = "f32"
+    F16 = "f16"  # words hold two halves
+
+
+KIND = {ck: ValueKind.F16 if ck in (Checkpoint.P_F16, Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV, Checkpoint.SO)
+        else ValueKind.F32 for ck in CHECKPOINTS}
+
+#: Largest difference (ulps of the checkpoint's own type) each checkpoint may show.
+BOUNDS: dict[Checkpoint, int] = {
+    Checkpoint.S_ACC: 0,
+    Checkpoint.S_MASKED: 0,
+    Checkpoint.ROW_MAX: 0,
+    Checkpoint.ROW_SUM: 8,
+    Checkpoint.P_F16: 1,
+    Checkpoint.O_ACC: 64,
+    Checkpoint.O_FINAL: 64,
+    Checkpoint.SQ: 0,
+    Checkpoint.SK: 0,
+    Checkpoint.SV: 0,
+    Checkpoint.SO: 1,
+}
+
+
+class CheckpointRecorder:
+    """Observer: fills a checkpoint buffer for the selected CTAs of a simulated launch."""
+
+    def __init__(self, ctas) -> None:
+        self.ctas = tuple(int(c) for c in ctas)
+        self.buffer: np.ndarray | None = None
+        self._slot: dict[int, int] = {c: i for i, c in enumerate(self.ctas)}
+
+    def on_launch(self, launch: LaunchInfo) -> None:
+        cfg = launch.config
+        self.layout = CheckpointLayout(cfg, -(-launch.seqlen_k // cfg.block_n))
+        bad = [c for c in self.ctas if not 0 <= c < launch.n_ctas]
+        if bad:
+            raise ValueError(f"checkpoint CTAs {bad} are outside the grid of {launch.n_ctas} CTAs")
+        self.buffer = self.layout.empty(len(self.ctas))
+
+    def on_checkpoint(self, event: CheckpointEvent) -> None:
+        ck_i = CHECKPOINTS.index(event.checkpoint)
+        for row, cta in enumerate(event.cta.tolist()):
+            slot = self._slot.get(cta)
+            if slot is not None:
+                vals = event.values[row]  # [T, k] uint32
+                self.buffer[slot, ck_i, event.round, :, : vals.shape[-1]] = vals
+
+
+def _ordered(bits: np.ndarray, kind: ValueKind) -> np.ndarray:
+    """Map IEEE bit patterns to integers whose difference counts ulps (sign-magnitude -> linear)."""
+    signed = np.int32 if kind is ValueKind.F32 else np.int16  # bits: uint32 or uint16
+    i = bits.view(signed).astype(np.int64)
+    return np.where(i < 0, np.int64(np.iinfo(signed).min) - i, i)
+
+
+def _values(bits: np.ndarray, kind: ValueKind) -> np.ndarray:
+    return bits.view(np.float32) if kind is ValueKind.F32 else bits.view(np.uint16).view(np.float16)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    checkpoint: Checkpoint
+    cta: int
+    round: int
+    warp: int
+    lane: int
+    register: int  # element index in the thread's slot (fp32 word, or half for fp16 data)
+    sim: float
+    gpu: float
+
+    def __str__(self) -> str:
+        return (f"{self.checkpoint.value} cta {self.cta} round {self.round} warp {self.warp} lane {self.lane} "
+                f"reg {self.register}: sim {self.sim!r} gpu {self.gpu!r}")
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    checkpoint: Checkpoint
+    values: int
+    identical: int
+    max_ulps: int
+    bound: int
+    first: Mismatch | None
+
+    @property
+    def fraction_identical(self) -> float:
+        return self.identical / self.values if self.values else 1.0
+
+    @property
+    def ok(self) -> bool:
+        return self.max_ulps <= self.bound
+
+
+def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray) -> np.ndarray:
+    """[cta_sel, round, T, words] bool: which words of checkpoint ck hold data."""
+    n_sel = rounds_run.shape[0]
+    r = np.arange(layout.n_rounds)
+    live = (r[None, :] == 0) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
+    live = np.broadcast_to(live, (n_sel, layout.n_rounds))
+    used = np.arange(layout.words) < layout.used_words(ck)
+    return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.config.n_threads, 1), bool)
+
+
+def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
+    """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
+    n_m = -(-seqlen_q // config.block_m)
+    m_block = np.asarray(ctas, dtype=np.int64) % n_m
+    if not causal:
+        return np.full(m_block.shape, -(-seqlen_k // config.block_n))
+    end = np.minimum(seqlen_k, (m_block + 1) * config.block_m)
+    return -(-end // config.block_n)
+
+
+def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
+                        rounds_run: np.ndarray) -> list[CheckpointStats]:
+    """Per-checkpoint agreement of two buffers uint32 [cta_sel, checkpoint, round, thread, word]."""
+    if sim.shape != gpu.shape:
+        raise ValueError(f"checkpoint buffers differ in shape: simulator {sim.shape}, GPU {gpu.shape}")
+    out = []
+    for ck_i, ck in enumerate(CHECKPOINTS):
+        mask = _valid_mask(layout, ck, np.asarray(rounds_run))
+        a, b = sim[:, ck_i], gpu[:, ck_i]
+        if KIND[ck] is ValueKind.F16:  # compare halves, not words
+            mask = np.repeat(mask, 2, axis=-1)
+            a, b = a.view(np.uint16), b.view(np.uint16)
+        ulps = np.abs(_ordered(a, KIND[ck]) - _ordered(b, KIND[ck]))
+        ulps = np.where(mask, ulps, 0)
+        diff = mask & (a != b)
+        first = None
+        if diff.any():
+            sel, rnd, thread, reg = np.argwhere(diff)[0]
+            first = Mismatch(ck, int(np.asarray(ctas)[sel]), int(rnd), int(thread) // WARP_SIZE,
+                             int(thread) % WARP_SIZE, int(reg), float(_values(a, KIND[ck])[sel, rnd, thread, reg]),
+                             float(_values(b, KIND[ck])[sel, rnd, thread, reg]))
+        n = int(mask.sum())
+        out.append(CheckpointStats(ck, n, n - int(diff.sum()), int(ulps.max(initial=0)), BOUNDS[ck], first))
+    return out
+
+
+def f16_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise distance in fp16 ulps of two float16 arrays."""
+    pa = np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
+    pb = np.ascontiguousarray(b, dtype=np.float16).view(np.uint16)
+    return np.abs(_ordered(pa, ValueKind.F16) - _ordered(pb, ValueKind.F16))
+
+
+@dataclass(frozen=True)
+class OutputStats:
+    """Agreement of the final O (fp16) and LSE (fp32) over the whole grid."""
+
+    o_identical: float  # fraction of bit-identical O elements
+    o_max_ulps: int
+    lse_identical: float
+    lse_max_abs: float
+    lse_max_ulps: int
+
+
+def output_stats(o_sim, o_gpu, lse_sim, lse_gpu) -> OutputStats:
+    o_sim, o_gpu = np.asarray(o_sim, np.float16), np.asarray(o_gpu, np.float16)
+    l_sim, l_gpu = np.asarray(lse_sim, np.float32), np.asarray(lse_gpu, np.float32)
+    o_ulps = f16_ulps(o_sim, o_gpu)
+    l_ulps = np.abs(_ordered(np.ascontiguousarray(l_sim).view(np.uint32), ValueKind.F32)
+                    - _ordered(np.ascontiguousarray(l_gpu).view(np.uint32), ValueKind.F32))
+    return OutputStats(float(np.mean(o_ulps == 0)), int(o_ulps.max(initial=0)),
+                       float(np.mean(l_ulps == 0)), float(np.max(np.abs(l_sim.astype(np.float64) - l_gpu))),
+                       int(l_ulps.max(initial=0)))
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    config: KernelConfig
+    causal: bool
+    shape: tuple[int, int, int, int, int]  # B, H, Nq, Nk, d
+    ctas: tuple[int, ...]
+    checkpoints: tuple[CheckpointStats, ...]
+    outputs: OutputStats
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.checkpoints)
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.tag, "causal": self.causal, "shape": list(self.shape), "ctas": list(self.ctas),
+            "ok": self.ok,
+            "checkpoints": {s.checkpoint.value: {
+                "values": s.values, "fraction_identical": s.fraction_identical, "max_ulps": s.max_ulps,
+                "bound_ulps": s.bound, "ok": s.ok, "first_mismatch": None if s.first is None else {
+                    "round": s.first.round, "cta": s.first.cta, "warp": s.first.warp, "lane": s.first.lane,
+                    "register": s.first.register, "sim": s.first.sim, "gpu": s.first.gpu}}
+                for s in self.checkpoints},
+            "o": {"fraction_identical": self.outputs.o_identical, "max_ulps_f16": self.outputs.o_max_ulps},
+            "lse": {"fraction_identical": self.outputs.lse_identical, "max_abs_diff": self.outputs.lse_max_abs,
+                    "max_ulps_f32": self.outputs.lse_max_ulps},
+        }
+
+
+def format_report(rep: CompareReport) -> str:
+    b, h, nq, nk, d = rep.shape
+    lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
+             f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
+             f"  {'checkpoint':<10}{'values':>10}{'identical':>11}{'max ulps':>10}{'bound':>7}  first mismatch"]
+    for s in rep.checkpoints:
+        mark = "" if s.ok else "  <-- over bound"
+        first = "-" if s.first is None else str(s.first).split(": ", 0)[0]
+        lines.append(f"  {s.checkpoint.value:<10}{s.values:>10,}{s.fraction_identical:>10.4%}"
+                     f"{s.max_ulps:>10}{s.bound:>7}  {first}{mark}")
+    o = rep.outputs
+    lines.append(f"  O   (fp16): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
+    lines.append(f"  LSE (fp32): {o.lse_identical:.4%} identical, max |diff| {o.lse_max_abs:.3e} ({o.lse_max_ulps} ulps)")
+    lines.append("  all checkpoints within their bounds" if rep.ok else "  SOME CHECKPOINTS EXCEED THEIR BOUNDS")
+    return "\n".join(lines)
+
+
+def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas):
+    """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer)."""
+    from .simulate import simulate
+
+    rec = CheckpointRecorder(ctas)
+    res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec])
+    return res, rec.buffer
+
+
+def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf) -> CompareReport:
+    b, h, nq, d = np.shape(q)
+    nk = np.shape(k)[2]
+    layout = CheckpointLayout(config, -(-nk // config.block_n))
+    rounds = rounds_per_cta(ctas, config, nq, nk, causal)
+    stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
+    return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
+                         output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))
