@@ -2,5 +2,7 @@
 for every lane of every warp of every CTA."""
 
 from .config import KernelConfig, SmemLayout
+from .kernels import Mutation
+from .simulate import SimResult, simulate
 
-__all__ = ["KernelConfig", "SmemLayout"]
+__all__ = ["KernelConfig", "Mutation", "SimResult", "SmemLayout", "simulate"]

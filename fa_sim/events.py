@@ -209,7 +209,13 @@ class CheckpointEvent:
 
 
 class Observer(Protocol):
-    """What an observer implements; every hook is optional (the machine checks with getattr)."""
+    """What an observer implements; every hook is optional (the machine checks with getattr).
+
+    Two optional filters let the machine skip building what nobody wants (fa_sim/hub.py):
+    `wants(op, phase, round) -> bool` for instruction events and
+    `wants_checkpoint(checkpoint, round) -> bool` for checkpoints (absent: everything).
+    A CheckpointEvent lists only the CTAs that executed that round (`cta`).
+    """
 
     def on_launch(self, launch: "LaunchInfo") -> None: ...
 

@@ -1,0 +1,110 @@
+"""`fa sim`: run the simulator on random or given inputs and measure it against float64.
+
+Random inputs (standard normal, fp16) come from --batch --heads --seqlen --seqlen-k --head-dim
+--seed; `--npz FILE` reads q, k, v ([B, H, N, d]) instead. The kernel shape comes from --block-m
+--block-n --warps --smem (the head dim from the inputs). Prints the relative Frobenius error of O
+and the max abs LSE error against fa_sim.reference.attention, warp-instruction counts per class
+and wall time; `--json` prints one object {rel_err_o, max_abs_err_lse, seconds, instructions}.
+`--check-hazards` attaches the shared-memory hazard checker (fa_sim.observers.hazards), prints
+its report (JSON: an extra key "hazards") and exits 1 when it finds any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from ..config import KernelConfig, SmemLayout
+from ..events import COUNTED_OPS
+from ..reference import attention
+from ..simulate import SimResult, simulate
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sim", help="run the lane-accurate simulator and compare with float64",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--seqlen", type=int, default=128, help="query length Nq (default 128)")
+    p.add_argument("--seqlen-k", type=int, default=None, help="key/value length Nk (default: Nq)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--causal", action="store_true", help="top-left aligned causal mask (key <= query)")
+    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(d))")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-m", type=int, default=64)
+    p.add_argument("--block-n", type=int, default=64)
+    p.add_argument("--warps", type=int, default=4)
+    p.add_argument("--smem", default=SmemLayout.SWIZZLED.value, choices=[s.value for s in SmemLayout])
+    p.add_argument("--npz", metavar="FILE", default=None, help=".npz with arrays q, k, v [B, H, N, d]")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--check-hazards", action="store_true", help="report shared-memory races (exit 1 if any)")
+    p.set_defaults(func=run)
+
+
+def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if args.npz is not None:
+        try:
+            data = np.load(args.npz)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {args.npz}: {exc}") from None
+        missing = [n for n in ("q", "k", "v") if n not in data]
+        if missing:
+            raise ValueError(f"{args.npz} lacks array(s) {', '.join(missing)}")
+        return data["q"], data["k"], data["v"]
+    for name in ("batch", "heads", "seqlen"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1")
+    nk = args.seqlen if args.seqlen_k is None else args.seqlen_k
+    if nk < 1:
+        raise ValueError("--seqlen-k must be >= 1")
+    rng = np.random.default_rng(args.seed)
+    shape_q = (args.batch, args.heads, args.seqlen, args.head_dim)
+    shape_k = (args.batch, args.heads, nk, args.head_dim)
+    return tuple(rng.standard_normal(s).astype(np.float16) for s in (shape_q, shape_k, shape_k))
+
+
+def errors(res: SimResult, q, k, v) -> tuple[float, float]:
+    """(relative Frobenius error of O, max abs LSE error) against the float64 reference, on the
+    fp16 inputs the kernel saw."""
+    q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
+    o_ref, lse_ref = attention(q, k, v, causal=res.causal, scale=res.scale)
+    rel = float(np.linalg.norm(res.o.astype(np.float64) - o_ref) / max(np.linalg.norm(o_ref), 1e-300))
+    return rel, float(np.max(np.abs(res.lse.astype(np.float64) - lse_ref)))
+
+
+def run(args) -> int:
+    q, k, v = _inputs(args)
+    d = np.shape(q)[-1] if args.npz is not None else args.head_dim
+    config = KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=d, n_warps=args.warps,
+                          smem=args.smem)
+    checker = None
+    if args.check_hazards:
+        from ..observers.hazards import HazardChecker  # the simulator core does not need the observers
+        checker = HazardChecker()
+    res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
+                   observers=() if checker is None else (checker,))
+    rel, lse_err = errors(res, q, k, v)
+    counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
+    report = None if checker is None else checker.report()
+    status = 1 if report is not None and not report.ok else 0
+    if args.json:
+        out = {"rel_err_o": rel, "max_abs_err_lse": lse_err, "seconds": res.seconds, "instructions": counts}
+        if report is not None:
+            out["hazards"] = report.to_json()
+        print(json.dumps(out))
+        return status
+    b, h, nq, _ = res.o.shape
+    print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
+          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}")
+    print(f"  relative Frobenius error of O  {rel:.3e}")
+    print(f"  max |LSE error|                {lse_err:.3e}")
+    print("  warp instructions")
+    for name, n in counts.items():
+        print(f"    {name:<8}{n:>14,}")
+    print(f"  wall time                      {res.seconds:.3f} s")
+    if report is not None:
+        from ..observers.hazards import format_hazards
+        print(format_hazards(report))
+    return status

@@ -1,0 +1,129 @@
+"""mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 on lane arrays.
+
+PTX anchor: `#warp-level-matrix-fragment-mma-16816-float` (notes/gpu_facts.md). With g = lane >> 2,
+t = lane & 3:
+  A (16x16, 4 regs f16x2 = a0..a7): row g (a0,a1,a4,a5) or g+8 (a2,a3,a6,a7), col 2t + (i & 1),
+    plus 8 for a4..a7.
+  B (16x8 as k x n, 2 regs = b0..b3): k = 2t + (i & 1), plus 8 for b2, b3; n = g.
+  C/D (16x8, 4 f32): row g (c0, c1) or g+8 (c2, c3); col 2t + (i & 1).
+
+The lane -> matrix maps are closed forms; one warp instruction gathers the fragments of its 32
+lanes into matrices, multiplies, and scatters D back. `mma_tiles` executes the MI x NJ independent
+MMAs of one k16 step of a warp-level GEMM at once (the same arithmetic per instruction).
+
+Arithmetic: `accumulate` is the only place the tensor core's accumulation is modelled. fp16
+products are exact in float64; the 16 products and C are summed in float64 and rounded to fp32
+once per instruction. Hardware aligns products to the largest exponent and truncates; a fitted
+model can replace this one function.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from .lanes import GROUP, IN_GROUP, check_lane_axis
+
+A_REGS, B_REGS, C_REGS = 4, 2, 4  # 32-bit registers per lane
+
+
+def a_coords() -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of A element a_i held by each lane: two [32, 8] int64 arrays."""
+    i = np.arange(2 * A_REGS)[None, :]
+    row = GROUP[:, None] + 8 * ((i >> 1) & 1)
+    col = 2 * IN_GROUP[:, None] + (i & 1) + 8 * (i >> 2)
+    return row, col
+
+
+def b_coords() -> tuple[np.ndarray, np.ndarray]:
+    """(k, n) of B element b_i held by each lane: two [32, 4] int64 arrays."""
+    i = np.arange(2 * B_REGS)[None, :]
+    k = 2 * IN_GROUP[:, None] + (i & 1) + 8 * (i >> 1)
+    n = np.broadcast_to(GROUP[:, None], k.shape)
+    return k, n
+
+
+def c_coords() -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of C/D element c_i held by each lane: two [32, 4] int64 arrays."""
+    i = np.arange(C_REGS)[None, :]
+    return GROUP[:, None] + 8 * (i >> 1), 2 * IN_GROUP[:, None] + (i & 1)
+
+
+def accumulate(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """D = C + A @ B for one k16 step: c [..., M, N] f32, a [..., M, 16] f16, b [..., 16, N] f16.
+
+    Products are exact in float64, the sum over k and the add of C are done in float64, and the
+    result is rounded to fp32 once (round to nearest even).
+    """
+    prod = np.matmul(a.astype(np.float64), b.astype(np.float64))  # [..., M, N] f64
+    prod += c
+    return prod.astype(np.float32)
+
+
+@lru_cache(maxsize=None)
+def _tile_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Flat gather tables between lane fragments and the matrices of an MI x NJ block of atoms.
+
+    a_src [16*MI, 16]: index into the flattened [32, MI, 8] f16 A fragments;
+    b_src [16, 8*NJ]: index into the flattened [32, NJ, 4] f16 B fragments;
+    c_pos [32, NJ, MI, 4]: flat position in the [16*MI, 8*NJ] matrix of each C element;
+    c_src [16*MI, 8*NJ]: its inverse, the flat lane-fragment index of each matrix element.
+    """
+    ar, ac = a_coords()  # [32, 8]
+    a_src = np.empty((MMA_M * mi, MMA_K), dtype=np.int64)
+    lane_i = np.arange(WARP_SIZE)[:, None] * (mi * 8) + np.arange(8)[None, :]
+    for m in range(mi):
+        a_src[MMA_M * m + ar, ac] = lane_i + 8 * m
+    bk, bn = b_coords()  # [32, 4]
+    b_src = np.empty((MMA_K, MMA_N * nj), dtype=np.int64)
+    lane_i = np.arange(WARP_SIZE)[:, None] * (nj * 4) + np.arange(4)[None, :]
+    for n in range(nj):
+        b_src[bk, MMA_N * n + bn] = lane_i + 4 * n
+    cr, cc = c_coords()  # [32, 4]
+    m_idx = np.arange(mi)[None, None, :, None]
+    n_idx = np.arange(nj)[None, :, None, None]
+    c_pos = (MMA_M * m_idx + cr[:, None, None, :]) * (MMA_N * nj) + MMA_N * n_idx + cc[:, None, None, :]
+    c_src = np.empty(c_pos.size, dtype=np.int64)
+    c_src[c_pos.reshape(-1)] = np.arange(c_pos.size)
+    return a_src, b_src, c_pos, c_src.reshape(MMA_M * mi, MMA_N * nj)
+
+
+def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    """Lane fragments -> (C [..., 16MI, 8NJ] f32, A [..., 16MI, 16] f16, B [..., 16, 8NJ] f16).
+
+    a: [..., 32, MI, 4] uint32, b: [..., 32, NJ, 2] uint32, c: [..., 32, NJ, MI, 4] float32.
+    """
+    mi, nj = a.shape[-2], b.shape[-2]
+    a_src, b_src, _, c_src = _tile_maps(mi, nj)
+    lead = a.shape[:-3]
+    a16 = np.ascontiguousarray(a).view(np.float16).reshape(*lead, -1)  # [..., 32*MI*8] f16
+    b16 = np.ascontiguousarray(b).view(np.float16).reshape(*lead, -1)  # [..., 32*NJ*4] f16
+    c32 = c.reshape(*lead, -1)  # [..., 32*NJ*MI*4] f32
+    return np.take(c32, c_src, axis=-1), np.take(a16, a_src, axis=-1), np.take(b16, b_src, axis=-1)
+
+
+def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The MI x NJ independent m16n8k16 MMAs of one k16 step: D(mi, nj) = A(mi) B(nj) + C(mi, nj).
+
+    a: [..., 32, MI, 4] uint32 (f16x2), b: [..., 32, NJ, 2] uint32 (f16x2),
+    c: [..., 32, NJ, MI, 4] float32 -> d: [..., 32, NJ, MI, 4] float32.
+    """
+    check_lane_axis(a, -3, "mma A")
+    check_lane_axis(b, -3, "mma B")
+    check_lane_axis(c, -4, "mma C")
+    mi, nj = a.shape[-2], b.shape[-2]
+    if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
+        raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
+    cm, am, bm = fragments_to_matrices(a, b, c)
+    d = accumulate(cm, am, bm)  # [..., 16MI, 8NJ] f32
+    _, _, c_pos, _ = _tile_maps(mi, nj)
+    lead = a.shape[:-3]
+    return np.take(d.reshape(*lead, -1), c_pos, axis=-1)
+
+
+def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """One warp instruction: a [..., 32, 4] u32, b [..., 32, 2] u32, c [..., 32, 4] f32 -> d f32."""
+    d = mma_tiles(a[..., None, :], b[..., None, :], c[..., None, None, :])
+    return d[..., 0, 0, :]

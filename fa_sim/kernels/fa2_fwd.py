@@ -1,0 +1,275 @@
+"""The FlashAttention-2 forward kernel (spec/000_660624cf06b8f110.txt; SCHEDULE.md), as a program
+for the simulated machine. It reads like flash_attention_v2_cutlass_kernel:
+
+  prologue   sQ <- gQ, sK <- gK[0] (cp.async, one group); tCrO = 0
+  round t    wait, barrier; sV <- gV[t]; tCrS = gemm_smem(sQ, sK) over d/16 segments (load h+1
+             before the MMAs of h); mask_within_nblock; wait, barrier; sK <- gK[t+1];
+             softmax_rescale_o; tCrP = cvt(tCrS) reused in place as the A operand;
+             tCrO += gemm_A_in_regs(tCrP, sVt)
+  epilogue   tCrO /= l; LSE = s m + log l; sO (= sQ bytes) <- f16 tCrO; barrier; gO <- sO
+
+One call runs one wave of CTAs, all vectorised: the machine's registers are [C, W, L, ...]. The
+wave is ordered by decreasing loop length (`wave_order`), so the CTAs still in the K/V loop are
+always a prefix: CTAs whose causal loop has ended are inactive in the events and cost nothing.
+Rows past seqlen_q or keys past seqlen_k are handled as on hardware: zero-filled loads, scores
+masked to -inf, guarded stores. Causal masking is top-left aligned: key k is visible to query q
+iff k <= q, also when seqlen_k != seqlen_q (spec figure 12; SCHEDULE.md).
+
+Checkpoints (events.Checkpoint) are emitted at the points SCHEDULE.md and checkpoints.py name,
+only when an observer wants them. `Mutation` removes or moves synchronisation for the hazard
+checker's tests: `drop` skips a Site; `late_wait` moves a wait_group to right after the first
+ldmatrix that reads what it waits for (WAIT_QK: after tCrQ(h=0); WAIT_PV: after tCrV(h=0)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..checkpoints import CheckpointLayout
+from ..config import WARP_SIZE, KernelConfig
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Site, Tensor, Tile
+from ..machine import Instr, Machine
+from .plan import KernelPlan, Step, kernel_plan, tile_base
+from .softmax import NEG_INF, scale_rows, softmax_rescale_o
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Synchronisation removed (`drop`) or moved late (`late_wait`, wait_group Sites only)."""
+
+    drop: frozenset[Site] = frozenset()
+    late_wait: frozenset[Site] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop", frozenset(self.drop))
+        object.__setattr__(self, "late_wait", frozenset(self.late_wait))
+        bad = self.late_wait - {Site.WAIT_QK, Site.WAIT_PV}
+        if bad:
+            raise ValueError(f"late_wait applies to wait_group sites only, not {sorted(s.name for s in bad)}")
+
+    def late(self, site: Site) -> bool:
+        return site in self.late_wait and site not in self.drop
+
+
+NO_MUTATION = Mutation()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One launch: shapes, causal flag, softmax scale (fp32 in the kernel) and config."""
+
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    causal: bool
+    scale: float
+    config: KernelConfig
+
+    @property
+    def n_m_blocks(self) -> int:
+        return -(-self.seqlen_q // self.config.block_m)
+
+    @property
+    def n_ctas(self) -> int:
+        return self.n_m_blocks * self.batch * self.heads
+
+    @property
+    def n_rounds(self) -> int:
+        return -(-self.seqlen_k // self.config.block_n)
+
+    def n_block_max(self, m_block: np.ndarray) -> np.ndarray:
+        """K/V rounds of each Q block (spec, causal skipping; the min with seqlen_k is ours)."""
+        cfg = self.config
+        keys = np.full_like(m_block, self.seqlen_k)
+        if self.causal:
+            keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
+        return -(-keys // cfg.block_n)
+
+
+def wave_order(prob: Problem, ctas: np.ndarray) -> np.ndarray:
+    """The wave's CTAs by decreasing loop length (stable), so live CTAs form a prefix."""
+    nbm = prob.n_block_max(ctas % prob.n_m_blocks)
+    return ctas[np.argsort(-nbm, kind="stable")]
+
+
+@dataclass
+class _State:
+    """Registers that live across rounds (all C CTAs of the wave)."""
+
+    tCrO: np.ndarray  # [C, W, L, NJo, MI, 4] f32 output accumulator
+    rRowMax: np.ndarray  # [C, W, L, MI, 2] f32 running max m (unscaled)
+    rRowSum: np.ndarray  # [C, W, L, MI, 2] f32 running sum l
+
+
+def _thread_words(x: np.ndarray) -> np.ndarray:
+    """Registers [k, W, L, ...] -> checkpoint slots [k, T, words] uint32 (CuTe element order)."""
+    k, w, l = x.shape[:3]
+    return np.ascontiguousarray(x).reshape(k, w * l, -1).view(np.uint32)
+
+
+def _sync(m: Machine, mut: Mutation, wait: Instr, bar: Instr) -> None:
+    if wait.site not in mut.drop and wait.site not in mut.late_wait:
+        m.wait_group(wait, 0)
+    if bar.site not in mut.drop:
+        m.bar_sync(bar)
+
+
+def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile: Tile, rnd=None) -> None:
+    cfg = layout.config
+    halves = cfg.tile_halves(layout.tile_rows(ck))
+    m.checkpoint(ck, lambda: layout.tile_to_threads(ck, m.smem_halves(tile_base(cfg, tile), halves)), rnd)
+
+
+def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
+    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h."""
+    S = plan.sites
+    n_h = plan.config.qk_k_segments
+    tCrQ, tCrK = [None] * n_h, [None] * n_h
+    for h in range(-1, n_h):
+        nxt = h + 1
+        if nxt < n_h:
+            tCrQ[nxt] = m.ldmatrix(S.ldsm_q[nxt], plan.ldsm_q[nxt], "tCrQ")  # [k, W, L, MI, 4]
+            if nxt == 0 and after_first_load is not None:
+                after_first_load()
+            regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt], "tCrK")  # [k, W, L, NJ/2, 4]
+            tCrK[nxt] = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJ, 2]
+        if h >= 0:
+            tCrS = m.mma(S.mma_qk[h], tCrQ[h], tCrK[h], tCrS)
+    return tCrS
+
+
+def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
+                   after_first_load: Callable | None) -> np.ndarray:
+    """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9)."""
+    S = plan.sites
+    k, w, l, _, mi, _ = tCrP.shape
+    for h in range(plan.config.pv_k_segments):
+        regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h], "tCrV")  # [k, W, L, d/16, 4]
+        if h == 0 and after_first_load is not None:
+            after_first_load()
+        tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]
+        a = tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)  # [k,W,L,MI,4]
+        tCrO = m.mma(S.mma_pv[h], a, tCrV, tCrO)
+    return tCrO
+
+
+def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, t: int, m_block: np.ndarray,
+                       tCrS: np.ndarray) -> np.ndarray:
+    """-inf where key >= seqlen_k or (causal) key > query; per thread, no communication (table 4).
+    Only CTAs whose block holds such a key take the branch."""
+    cfg = prob.config
+    last_key = (t + 1) * cfg.block_n - 1
+    needs = np.full(m.live, last_key >= prob.seqlen_k)
+    if prob.causal:
+        needs |= last_key > m_block * cfg.block_m
+    with m.branch(needs) as taken:
+        if not taken:
+            return tCrS
+        key = t * cfg.block_n + plan.s_col  # [W, L, NJ, MI, 4]
+        dead = np.broadcast_to(key >= prob.seqlen_k, (m.live, *key.shape))  # [k, W, L, NJ, MI, 4] bool
+        if prob.causal:
+            query = (m_block * cfg.block_m)[:, None, None, None, None, None] + plan.s_row  # [k, W, L, NJ, MI, 4]
+            dead = dead | (key > query)
+        dead = dead & m.active[..., None, None, None]
+        out = np.where(dead, NEG_INF, tCrS)
+        m.reg(plan.sites.mask, {"tCrS": tCrS}, {"tCrS": out})
+    return out
+
+
+def _round(m: Machine, prob: Problem, plan: KernelPlan, st: _State, t: int, m_block: np.ndarray,
+           nbm: np.ndarray, mut: Mutation, layout: CheckpointLayout) -> None:
+    """One K/V iteration for the live CTAs (m_block, nbm: [live])."""
+    cfg, S, k = prob.config, plan.sites, m.live
+    tCrS = np.zeros((k, cfg.n_warps, WARP_SIZE, cfg.s_n_tiles, cfg.m_repeats, 4), np.float32)  # [k,W,L,NJ,MI,4]
+    _sync(m, mut, S.wait_qk, S.bar_qk)
+    _tile_checkpoint(m, layout, Checkpoint.SQ, Tile.SQ)
+    _tile_checkpoint(m, layout, Checkpoint.SK, Tile.SK)
+    m.cp_async(S.cp_v, plan.copy_kv[1], Tensor.V, np.full(k, t * cfg.block_n), prob.seqlen_k)
+    m.commit_group(S.commit_v)
+    late_qk = (lambda: m.wait_group(S.wait_qk_late, 0)) if mut.late(Site.WAIT_QK) else None
+    tCrS = gemm_smem(m, plan, tCrS, late_qk)
+    m.checkpoint(Checkpoint.S_ACC, lambda: _thread_words(tCrS))
+    tCrS = mask_within_nblock(m, prob, plan, t, m_block, tCrS)
+    m.checkpoint(Checkpoint.S_MASKED, lambda: _thread_words(tCrS))
+    _sync(m, mut, S.wait_pv, S.bar_pv)
+    _tile_checkpoint(m, layout, Checkpoint.SV, Tile.SV)
+    with m.branch(nbm > t + 1) as taken:
+        if taken:
+            m.cp_async(S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n), prob.seqlen_k)
+            m.commit_group(S.commit_k)
+    p, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
+        m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k])
+    m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
+    m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
+    tCrP = p.astype(np.float16).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3)
+    m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
+    m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
+    late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
+    st.tCrO[:k] = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv)
+    m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
+
+
+def epilogue(m: Machine, prob: Problem, plan: KernelPlan, st: _State, m_block: np.ndarray, mut: Mutation,
+             layout: CheckpointLayout) -> None:
+    """Divide by l, LSE = s m + log l, stage O through sO (= sQ bytes), coalesced global stores."""
+    cfg, S, c = prob.config, plan.sites, m.n_ctas
+    m.round = ROUND_EPILOGUE
+    m.set_live(c)
+    l_sum = st.rRowSum
+    bad = (l_sum == 0) | np.isnan(l_sum)  # [C, W, L, MI, 2]
+    inv = np.divide(np.float32(1), l_sum, out=np.ones_like(l_sum), where=~bad)  # frcp_rn
+    tCrO = scale_rows(st.tCrO, inv)  # [C, W, L, NJo, MI, 4] f32
+    m.reg(S.epilogue[Step.NORMALIZE], {"tCrO": st.tCrO, "rRowSum": l_sum}, {"tCrO": tCrO})
+    m.checkpoint(Checkpoint.O_FINAL, lambda: _thread_words(tCrO), rnd=0)
+    log_l = np.log(np.where(bad, np.float32(1), l_sum))  # [C, W, L, MI, 2] f32 (logf)
+    lse = np.where(bad, np.float32(np.inf), st.rRowMax * np.float32(prob.scale) + log_l)  # [C, W, L, MI, 2]
+    m.reg(S.epilogue[Step.LSE], {"rRowMax": st.rRowMax, "rRowSum": l_sum}, {"rLSE": lse})
+    rO = tCrO.astype(np.float16).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2
+    m.reg(S.epilogue[Step.CONVERT_O], {"tCrO": tCrO}, {"rO": rO})
+    m.st_shared(S.sts_o, plan.sts_o, rO.reshape(*rO.shape[:3], -1, 1), "rO")
+    if Site.BAR_EPILOGUE not in mut.drop:
+        m.bar_sync(S.bar_epilogue)
+    _tile_checkpoint(m, layout, Checkpoint.SO, Tile.SO, rnd=0)
+    tOrO = m.ld_shared(S.lds_o, plan.lds_o, "tOrO")  # [C, W, L, R, 4] u32
+    rows = (m_block * cfg.block_m)[:, None, None, None] + plan.lds_o.lanes.row  # [C, W, L, R]
+    cols = np.broadcast_to(plan.lds_o.lanes.col, rows.shape)
+    m.st_global(S.stg_o, Tensor.O, rows, cols, rows < prob.seqlen_q, tOrO, "tOrO")
+    lane0 = (np.arange(WARP_SIZE) % 4 == 0)[None, None, :]  # [1, 1, L]: one lane per quad
+    with m.branch(np.broadcast_to(lane0, (c, cfg.n_warps, WARP_SIZE))):
+        slot_rows = plan.slot_row.reshape(cfg.n_warps, WARP_SIZE, -1)  # [W, L, 2 MI] tile row per slot
+        rows = (m_block * cfg.block_m)[:, None, None, None] + slot_rows  # [C, W, L, 2 MI]
+        lse_words = lse.view(np.uint32).reshape(*rows.shape, 1)  # [C, W, L, 2 MI, 1]
+        m.st_global(S.stg_lse, Tensor.LSE, rows, np.zeros_like(rows), rows < prob.seqlen_q, lse_words, "rLSE")
+
+
+def flash_fwd(m: Machine, prob: Problem, mutation: Mutation = NO_MUTATION,
+              on_round: Callable[[], None] | None = None) -> None:
+    """Run the kernel for the machine's wave of CTAs (ordered by `wave_order`)."""
+    cfg = prob.config
+    plan = kernel_plan(cfg)
+    S = plan.sites
+    layout = CheckpointLayout(cfg, prob.n_rounds)
+    m_block = m.cta % prob.n_m_blocks  # [C]
+    nbm = prob.n_block_max(m_block)  # [C], non-increasing
+    if np.any(np.diff(nbm) > 0):
+        raise ValueError("the wave must be ordered by wave_order (decreasing loop length)")
+    c, shape = m.n_ctas, (m.n_ctas, cfg.n_warps, WARP_SIZE)
+    m.round = ROUND_PROLOGUE
+    m.cp_async(S.cp_q, plan.copy_q, Tensor.Q, m_block * cfg.block_m, prob.seqlen_q)
+    m.cp_async(S.cp_k0, plan.copy_kv[0], Tensor.K, np.zeros(c, np.int64), prob.seqlen_k)
+    m.commit_group(S.commit_prologue)
+    st = _State(tCrO=np.zeros((*shape, cfg.o_n_tiles, cfg.m_repeats, 4), np.float32),
+                rRowMax=np.full((*shape, cfg.m_repeats, 2), NEG_INF, np.float32),
+                rRowSum=np.zeros((*shape, cfg.m_repeats, 2), np.float32))
+    for t in range(int(nbm.max())):
+        m.round = t
+        m.set_live(int(np.count_nonzero(nbm > t)))
+        k = m.live
+        _round(m, prob, plan, st, t, m_block[:k], nbm[:k], mutation, layout)
+        if on_round is not None:
+            on_round()
+    epilogue(m, prob, plan, st, m_block, mutation, layout)

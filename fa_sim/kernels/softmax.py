@@ -1,0 +1,95 @@
+"""flash::softmax_rescale_o and the register views it works on (spec tables 4-8; SCHEDULE.md).
+
+Registers (k = live CTAs, W warps, L = 32 lanes; MI = m atoms per warp, NJ = n8 atoms):
+  tCrS     [k, W, L, NJ, MI, 4] f32  CuTe fragment order, element (nj, mi, v)
+  rowcol   [k, W, L, MI, 2, 2*NJ] f32  convert_layout_acc_rowcol: row slot (mi, half = v >> 1),
+           thread column ni = b + 2 nj (b = v & 1), i.e. ascending key order (spec table 6)
+  rRowMax, rRowSum  [k, W, L, MI, 2] f32, slot half + 2 mi (checkpoints.py)
+
+Arithmetic follows SCHEDULE.md "Arithmetic rules": every fp32 operation is one numpy float32
+operation (rounded once, no contraction); the thread-local sum walks the columns left to right;
+the quad all-reduce uses shfl.bfly with XOR 2 then XOR 1 (spec tables 5-7). Both rows of a thread
+are reduced by one batched shuffle (R = 2 MI independent shuffles).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..machine import Machine
+from .plan import Sites, Step
+
+NEG_INF = np.float32(-np.inf)
+
+
+def rowcol(acc: np.ndarray) -> np.ndarray:
+    """[k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2, 2*NJ] (a copy; columns in ascending key order)."""
+    k, w, l, nj, mi, _ = acc.shape
+    x = acc.reshape(k, w, l, nj, mi, 2, 2).transpose(0, 1, 2, 4, 5, 3, 6)
+    return x.reshape(k, w, l, mi, 2, 2 * nj)
+
+
+def from_rowcol(x: np.ndarray) -> np.ndarray:
+    """Inverse of rowcol: [k, W, L, MI, 2, 2*NJ] -> [k, W, L, NJ, MI, 4]."""
+    k, w, l, mi, _, cols = x.shape
+    y = x.reshape(k, w, l, mi, 2, cols // 2, 2).transpose(0, 1, 2, 5, 3, 4, 6)
+    return y.reshape(k, w, l, cols // 2, mi, 4)
+
+
+def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """acc [k, W, L, NJ, MI, 4] times its row's factor [k, W, L, MI, 2] (one fmul per element)."""
+    k, w, l, nj, mi, _ = acc.shape
+    y = acc.reshape(k, w, l, nj, mi, 2, 2) * factor[:, :, :, None, :, :, None]
+    return y.reshape(acc.shape)
+
+
+def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
+    """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7)."""
+    for site, reg, mask in zip(shfl, regs, (2, 1)):
+        y = m.shfl_bfly(site, x, mask, name)
+        out = op(x, y)
+        m.reg(reg, {name: x, "partner": y}, {name: out})
+        x = out
+    return x
+
+
+def thread_sum(p: np.ndarray) -> np.ndarray:
+    """dl = p[col 0]; dl = fadd(dl, p[col i]) for i = 1.. (left to right, fp32)."""
+    dl = p[..., 0].copy()
+    for i in range(1, p.shape[-1]):
+        dl += p[..., i]
+    return dl
+
+
+def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, tCrS: np.ndarray,
+                      tCrO: np.ndarray, rRowMax: np.ndarray, rRowSum: np.ndarray):
+    """One round of online softmax (spec table 8). Returns (P~ as f32 in tCrS order, tCrO
+    rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
+    reg = sites.softmax
+    s_rc = rowcol(tCrS)  # [k, W, L, MI, 2, 2NJ] f32
+    m_prev = rRowMax
+    if not first:
+        m.reg(reg[Step.M_PREV], {"rRowMax": rRowMax}, {"rRowMax_prev": m_prev})
+    local = s_rc.max(axis=-1)  # [k, W, L, MI, 2]
+    row_max = local if first else np.maximum(m_prev, local)
+    m.reg(reg[Step.MAX_LOCAL], {"tCrS": tCrS}, {"rRowMax": row_max})
+    row_max = quad_allreduce(m, sites.shfl_max, (reg[Step.MAX_XOR2], reg[Step.MAX_XOR1]), row_max,
+                             np.maximum, "rRowMax")
+    if not first:
+        m_cur = np.where(row_max == NEG_INF, np.float32(0), row_max)
+        alpha = np.exp((m_prev - m_cur) * scale)  # [k, W, L, MI, 2] f32
+        m.reg(reg[Step.ALPHA], {"rRowMax_prev": m_prev, "rRowMax": row_max}, {"alpha": alpha})
+        new_sum, new_o = rRowSum * alpha, scale_rows(tCrO, alpha)
+        m.reg(reg[Step.RESCALE], {"alpha": alpha, "rRowSum": rRowSum, "tCrO": tCrO},
+              {"rRowSum": new_sum, "tCrO": new_o})
+        rRowSum, tCrO = new_sum, new_o
+    ms = np.where(row_max == NEG_INF, np.float32(0), row_max * scale)  # [k, W, L, MI, 2] f32
+    p_rc = np.exp(s_rc * scale - ms[..., None])  # [k, W, L, MI, 2, 2NJ] f32
+    p = from_rowcol(p_rc)
+    m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
+    dl = thread_sum(p_rc)  # [k, W, L, MI, 2] f32
+    m.reg(reg[Step.SUM_LOCAL], {"tCrS": p}, {"dl": dl})
+    dl = quad_allreduce(m, sites.shfl_sum, (reg[Step.SUM_XOR2], reg[Step.SUM_XOR1]), dl, np.add, "dl")
+    new_sum = dl if first else rRowSum + dl
+    m.reg(reg[Step.SUM_ADD], {"rRowSum": rRowSum, "dl": dl}, {"rRowSum": new_sum})
+    return p, tCrO, row_max, new_sum

@@ -1,0 +1,107 @@
+"""isa.mma: m16n8k16 lane maps and arithmetic against notes/gpu_facts.md
+(PTX `#warp-level-matrix-fragment-mma-16816-float`). Per-lane loops here are test oracles."""
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from fa_sim.isa import mma
+
+FIXED = settings(derandomize=True, database=None, max_examples=25, deadline=None)
+
+
+def test_lane0_coordinates_match_gpu_facts():
+    ar, ac = mma.a_coords()
+    assert ar[0].tolist() == [0, 0, 8, 8, 0, 0, 8, 8]
+    assert ac[0].tolist() == [0, 1, 0, 1, 8, 9, 8, 9]
+    bk, bn = mma.b_coords()
+    assert bk[0].tolist() == [0, 1, 8, 9] and bn[0].tolist() == [0, 0, 0, 0]
+    cr, cc = mma.c_coords()
+    assert cr[0].tolist() == [0, 0, 8, 8] and cc[0].tolist() == [0, 1, 0, 1]
+    # spec: lane 1 -> d 2,3,10,11; lane 4 -> queries 1, 9
+    assert ac[1].tolist() == [2, 3, 2, 3, 10, 11, 10, 11]
+    assert cr[4].tolist() == [1, 1, 9, 9]
+
+
+def test_each_matrix_element_is_held_by_exactly_one_lane_value():
+    for (r, c), shape in ((mma.a_coords(), (16, 16)), (mma.b_coords(), (16, 8)), (mma.c_coords(), (16, 8))):
+        seen = np.zeros(shape, dtype=int)
+        np.add.at(seen, (r.ravel(), c.ravel()), 1)
+        assert (seen == 1).all()
+
+
+def _pack(matrix, coords, dtype):
+    """Oracle: lane fragments from a matrix, one lane at a time."""
+    rows, cols = coords
+    out = np.zeros(rows.shape, dtype=dtype)
+    for lane in range(32):
+        for i in range(rows.shape[1]):
+            out[lane, i] = matrix[rows[lane, i], cols[lane, i]]
+    return out
+
+
+def _unpack(frag, coords, shape):
+    rows, cols = coords
+    out = np.zeros(shape, dtype=frag.dtype)
+    for lane in range(32):
+        for i in range(rows.shape[1]):
+            out[rows[lane, i], cols[lane, i]] = frag[lane, i]
+    return out
+
+
+def _run(a_mat, b_mat, c_mat):
+    a = _pack(a_mat, mma.a_coords(), np.float16).view(np.uint32)  # [32, 4]
+    b = _pack(b_mat, mma.b_coords(), np.float16).view(np.uint32)  # [32, 2]
+    c = _pack(c_mat, mma.c_coords(), np.float32)  # [32, 4]
+    return _unpack(mma.mma_m16n8k16(a, b, c), mma.c_coords(), (16, 8))
+
+
+def test_integer_operands_give_the_exact_product():
+    rng = np.random.default_rng(0)
+    a = rng.integers(-8, 9, (16, 16)).astype(np.float16)
+    b = rng.integers(-8, 9, (16, 8)).astype(np.float16)
+    c = rng.integers(-50, 50, (16, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run(a, b, c), a.astype(np.int64) @ b.astype(np.int64) + c.astype(np.int64))
+
+
+def test_element_ids_land_where_the_lane_maps_say():
+    # A = one-hot row selector, B = column ids: D(r, n) = id of B(k = r, n), so each lane's D
+    # element (g or g+8, 2t+b) must carry exactly B's value at k = its row.
+    a = np.eye(16, dtype=np.float16)
+    b = (np.arange(16)[:, None] * 8 + np.arange(8)[None, :]).astype(np.float16)
+    d = _run(a, b, np.zeros((16, 8), np.float32))
+    np.testing.assert_array_equal(d, b.astype(np.float32))
+
+
+def test_accumulation_rounds_to_fp32_once_per_instruction():
+    # 16 products of 2^-25 added to 1: one rounding keeps 1 + 2^-21; fp32 adds one at a time
+    # would stay at 1.
+    a = np.full((16, 16), 2.0 ** -12, np.float16)
+    b = np.full((16, 8), 2.0 ** -13, np.float16)
+    c = np.ones((16, 8), np.float32)
+    d = _run(a, b, c)
+    assert (d == np.float32(1 + 2.0 ** -21)).all()
+    assert mma.accumulate(c, a, b)[0, 0] == np.float32(1 + 2.0 ** -21)
+
+
+@FIXED
+@given(mi=st.integers(1, 2), nj=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_tiles_equal_independent_instructions(mi, nj, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((3, 32, mi, 8)).astype(np.float16).view(np.uint32)  # [3, 32, MI, 4]
+    b = rng.standard_normal((3, 32, nj, 4)).astype(np.float16).view(np.uint32)  # [3, 32, NJ, 2]
+    c = rng.standard_normal((3, 32, nj, mi, 4)).astype(np.float32)
+    d = mma.mma_tiles(a, b, c)
+    for i in range(mi):
+        for j in range(nj):
+            np.testing.assert_array_equal(d[:, :, j, i], mma.mma_m16n8k16(a[:, :, i], b[:, :, j], c[:, :, j, i]))
+
+
+@FIXED
+@given(seed=st.integers(0, 2**16))
+def test_result_is_one_rounding_of_the_float64_sum(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    exact = (a.astype(np.float64) @ b.astype(np.float64) + c).astype(np.float32)
+    np.testing.assert_array_equal(_run(a, b, c), exact)

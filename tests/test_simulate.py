@@ -1,0 +1,178 @@
+"""fa_sim.simulate: accuracy over the whole config family (causal or not, tails, Nk != Nq),
+input validation, waves, and the `fa sim` command. Reference: fa_sim.reference.attention."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fa_sim
+from fa_sim.cli import main
+from fa_sim.config import KernelConfig
+from fa_sim.events import COUNTED_OPS, Op
+from fa_sim.reference import attention
+
+FAMILY = KernelConfig.family()
+FIXED = settings(derandomize=True, database=None, max_examples=24, deadline=None)
+O_TOL, LSE_TOL = 1e-3, 1e-4
+
+
+def _inputs(b, h, nq, nk, d, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((b, h, nq, d)).astype(np.float16),
+            rng.standard_normal((b, h, nk, d)).astype(np.float16),
+            rng.standard_normal((b, h, nk, d)).astype(np.float16))
+
+
+def _check(q, k, v, causal, config, scale=None):
+    res = fa_sim.simulate(q, k, v, causal=causal, config=config, scale=scale)
+    o_ref, lse_ref = attention(q, k, v, causal=causal, scale=scale)
+    rel = np.linalg.norm(res.o.astype(np.float64) - o_ref) / np.linalg.norm(o_ref)
+    assert rel <= O_TOL, (config.tag, causal, q.shape, k.shape, rel)
+    assert np.max(np.abs(res.lse - lse_ref)) <= LSE_TOL, (config.tag, causal, q.shape, k.shape)
+    return res
+
+
+def test_the_family_has_78_configs():
+    assert len(FAMILY) == 78 and FAMILY[0] == KernelConfig()
+
+
+@pytest.mark.parametrize("config", FAMILY, ids=lambda c: c.tag)
+def test_accuracy_over_the_family_with_tails(config):
+    nq = config.block_m + 13  # two Q blocks, the second a tail
+    for causal, nk in ((False, 2 * config.block_n + 5), (True, nq + 7), (True, config.block_n // 2 + 3)):
+        q, k, v = _inputs(1, 2, nq, nk, config.head_dim, seed=nk + config.block_m)
+        res = _check(q, k, v, causal, config)
+    # HMMA count of the last (causal) run: per warp and round, MI * (block_n/8 * d/16 + d/8 * block_n/16)
+    per = config.m_repeats * (config.s_n_tiles * config.qk_k_segments + config.o_n_tiles * config.pv_k_segments)
+    n_rounds = -(-nk // config.block_n)
+    m_blocks = -(-nq // config.block_m)
+    nbm = [min(n_rounds, -(-min(nk, (mb + 1) * config.block_m) // config.block_n)) for mb in range(m_blocks)]
+    assert res.instructions[Op.HMMA] == 2 * sum(nbm) * config.n_warps * per
+
+
+@FIXED
+@given(b=st.integers(1, 2), h=st.integers(1, 2), nq=st.integers(1, 150), nk=st.integers(1, 150),
+       causal=st.booleans(), pick=st.integers(0, len(FAMILY) - 1), seed=st.integers(0, 2**16))
+def test_accuracy_over_random_shapes(b, h, nq, nk, causal, pick, seed):
+    config = FAMILY[pick]
+    q, k, v = _inputs(b, h, nq, nk, config.head_dim, seed)
+    _check(q, k, v, causal, config)
+
+
+def test_explicit_scale_and_default_config_from_head_dim():
+    q, k, v = _inputs(1, 1, 70, 40, 32, seed=1)
+    res = _check(q, k, v, False, None, scale=0.3)
+    assert res.config == KernelConfig(head_dim=32) and res.scale == 0.3
+    assert fa_sim.simulate(q, k, v).scale == pytest.approx(32 ** -0.5)
+
+
+def test_result_fields():
+    q, k, v = _inputs(2, 3, 65, 30, 64, seed=2)
+    res = fa_sim.simulate(q, k, v, causal=True)
+    assert res.o.shape == (2, 3, 65, 64) and res.o.dtype == np.float16
+    assert res.lse.shape == (2, 3, 65) and res.lse.dtype == np.float32
+    assert set(res.instructions) == set(COUNTED_OPS) and res.seconds > 0 and res.causal
+    assert sum(n for (op, _, _), n in res.counts.items() if op is Op.LDSM) == res.instructions[Op.LDSM]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.causal = False
+
+
+def test_waves_do_not_change_anything():
+    q, k, v = _inputs(2, 2, 200, 150, 64, seed=3)
+    one = fa_sim.simulate(q, k, v, causal=True)
+    many = fa_sim.simulate(q, k, v, causal=True, wave_ctas=3)
+    np.testing.assert_array_equal(one.o, many.o)
+    np.testing.assert_array_equal(one.lse, many.lse)
+    assert one.counts == many.counts
+
+
+class _DLPackOnly:
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_inputs_through_dlpack_and_other_dtypes():
+    q, k, v = _inputs(1, 1, 50, 50, 64, seed=4)
+    ref = fa_sim.simulate(q, k, v)
+    res = fa_sim.simulate(_DLPackOnly(q), k.astype(np.float32), v.astype(np.float64))
+    np.testing.assert_array_equal(ref.o, res.o)
+    ints = fa_sim.simulate(np.ones((1, 1, 3, 32), np.int32), np.ones((1, 1, 2, 32), np.int8),
+                           np.arange(64, dtype=np.uint8).reshape(1, 1, 2, 32))
+    np.testing.assert_array_equal(ints.o[0, 0, 0], np.arange(64).reshape(2, 32).mean(0).astype(np.float16))
+
+
+GOOD = _inputs(1, 1, 8, 8, 64, seed=5)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda q, k, v: (q[0], k, v), "rank 4"),
+    (lambda q, k, v: (q, k, v[:, :, :5]), "same shape"),
+    (lambda q, k, v: (q[:, :, :, :32], k, v), "head_dim"),
+    (lambda q, k, v: (np.concatenate([q, q], 1), k, v), "heads"),
+    (lambda q, k, v: (q.astype(np.complex64), k, v), "dtype complex64"),
+    (lambda q, k, v: (q.astype(str), k, v), "does not convert to fp16"),
+    (lambda q, k, v: (np.where(np.arange(64) == 3, np.nan, q.astype(np.float32)), k, v), "NaN or Inf"),
+    (lambda q, k, v: (q, np.where(np.arange(64) == 3, np.inf, k.astype(np.float32)), v), "NaN or Inf"),
+    (lambda q, k, v: (q, k, v.astype(np.float32) * 1e5), "fp16 range"),
+    (lambda q, k, v: (q[:, :, :0], k, v), "empty"),
+    (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48]), "head_dim 48 is not supported"),
+    (lambda q, k, v: ("abc", k, v), "numpy array"),
+    (lambda q, k, v: (object(), k, v), "numpy array"),
+])
+def test_bad_inputs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        fa_sim.simulate(*change(*GOOD))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(scale=0.0), "scale"), (dict(scale=-1.0), "scale"), (dict(scale=float("nan")), "scale"),
+    (dict(scale=float("inf")), "scale"), (dict(scale=True), "scale"), (dict(scale="1"), "scale"),
+    (dict(scale=1e-60), "scale"), (dict(causal="yes"), "causal"),
+    (dict(config=KernelConfig(head_dim=32)), "head_dim"), (dict(config="seed"), "KernelConfig"),
+    (dict(observers=5), "observers"), (dict(mutation="drop"), "Mutation"), (dict(wave_ctas=0), "wave_ctas"),
+])
+def test_bad_arguments_name_the_problem(kw, message):
+    with pytest.raises(ValueError, match=message):
+        fa_sim.simulate(*GOOD, **kw)
+
+
+def test_cli_json(capsys):
+    assert main(["sim", "--json", "--seqlen", "70", "--seqlen-k", "33", "--causal", "--head-dim", "32",
+                 "--block-n", "32", "--heads", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"rel_err_o", "max_abs_err_lse", "seconds", "instructions"}
+    assert out["rel_err_o"] <= O_TOL and out["max_abs_err_lse"] <= LSE_TOL
+    assert set(out["instructions"]) == {"LDGSTS", "LDSM", "HMMA", "SHFL", "BAR", "LDS", "STS"}
+
+
+def test_cli_table_and_npz(tmp_path, capsys):
+    q, k, v = _inputs(1, 1, 20, 90, 128, seed=6)
+    np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
+    assert main(["sim", "--npz", str(tmp_path / "in.npz"), "--block-m", "128", "--warps", "8",
+                 "--smem", "padded"]) == 0
+    text = capsys.readouterr().out
+    assert "relative Frobenius error of O" in text and "HMMA" in text and "m128n64d128w8-padded" in text
+
+
+@pytest.mark.parametrize("argv", [["sim", "--head-dim", "48"], ["sim", "--seqlen", "0"],
+                                  ["sim", "--scale", "-1"], ["sim", "--npz", "/nonexistent.npz"]])
+def test_cli_bad_input_is_one_line_and_status_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fa sim: error:") and err.count("\n") == 1
+
+
+def test_cli_check_hazards(capsys):
+    assert main(["sim", "--check-hazards", "--seqlen", "70", "--causal"]) == 0
+    assert "hazards: none" in capsys.readouterr().out
+    assert main(["sim", "--check-hazards", "--json", "--seqlen", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["hazards"]["total"] == 0
