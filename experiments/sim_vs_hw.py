@@ -1,0 +1,152 @@
+"""Simulator against GPU over a sweep of configs x causal x shapes: per-checkpoint agreement.
+
+On the GPU:  python experiments/sim_vs_hw.py run --out DIR
+             runs both backends on every case, writes DIR/sim_vs_hw.md, .json, .png and
+             DIR/gpu_runs.npz (the GPU side of every case: O, LSE, checkpoint buffers).
+Anywhere:    python experiments/sim_vs_hw.py report --gpu DIR/gpu_runs.npz --out DIR
+             redoes the comparison on the CPU against a saved GPU sweep (same table and figure).
+
+Each case uses seeded standard-normal inputs; the first, middle and last CTA are checkpointed,
+O and LSE are compared over the whole grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fa_sim import KernelConfig
+from fa_sim.checkpoints import CHECKPOINTS
+from fa_sim.crosscheck import CompareReport, build_report, simulate_with_checkpoints
+
+
+@dataclass(frozen=True)
+class Case:
+    config: KernelConfig
+    causal: bool
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    seed: int = 7
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.tag}{'-causal' if self.causal else ''}-{self.seqlen_q}x{self.seqlen_k}"
+
+    def inputs(self):
+        rng = np.random.default_rng(self.seed)
+        d = self.config.head_dim
+        shapes = ((self.batch, self.heads, self.seqlen_q, d), (self.batch, self.heads, self.seqlen_k, d))
+        return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
+
+    @property
+    def ctas(self) -> list[int]:
+        """First, middle and last CTA of the grid (the last holds the tails and, causal, the most rounds)."""
+        n = -(-self.seqlen_q // self.config.block_m) * self.batch * self.heads
+        return sorted({0, n // 2, n - 1})
+
+
+def cases() -> list[Case]:
+    configs = [KernelConfig(smem=s) for s in ("swizzled", "plain", "padded")] + [
+        KernelConfig(head_dim=32, block_n=32),
+        KernelConfig(head_dim=128, block_m=128, block_n=64, n_warps=8),
+        KernelConfig(block_m=128, block_n=128, n_warps=4),
+        KernelConfig(head_dim=128, block_n=32, smem="padded"),
+        KernelConfig(head_dim=32, block_m=128, block_n=128, n_warps=8, smem="plain"),
+    ]
+    out = []
+    for cfg in configs:
+        for causal in (False, True):
+            out.append(Case(cfg, causal, 1, 2, 128, 128))
+            out.append(Case(cfg, causal, 1, 1, 200, 333))  # tails, Nk != Nq
+    return out
+
+
+def compare_case(case: Case, gpu_o, gpu_lse, gpu_buf, scale) -> CompareReport:
+    q, k, v = case.inputs()
+    res, buf = simulate_with_checkpoints(q, k, v, case.causal, scale, case.config, case.ctas)
+    return build_report(q, k, v, case.causal, case.config, case.ctas, res, buf, gpu_o, gpu_lse, gpu_buf)
+
+
+def run_gpu(all_cases: list[Case]) -> dict[str, np.ndarray]:
+    import fa_hw
+
+    saved = {}
+    for case in all_cases:
+        q, k, v = case.inputs()
+        out = fa_hw.forward(q, k, v, causal=case.causal, config=case.config, checkpoint_ctas=case.ctas)
+        saved.update({f"{case.name}/o": np.asarray(out.o), f"{case.name}/lse": np.asarray(out.lse),
+                      f"{case.name}/checkpoints": out.checkpoints, f"{case.name}/scale": np.float64(out.scale)})
+    return saved
+
+
+def write_outputs(reports: dict[str, CompareReport], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sim_vs_hw.json").write_text(json.dumps({n: r.to_json() for n, r in reports.items()}, indent=1))
+    cks = [c.value for c in CHECKPOINTS]
+    lines = ["| case | " + " | ".join(cks) + " | O max ulps | LSE max abs |", "|---" * (len(cks) + 3) + "|"]
+    for name, rep in reports.items():
+        cells = [f"{s.fraction_identical:.1%} ({s.max_ulps})" for s in rep.checkpoints]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {rep.outputs.o_max_ulps} | {rep.outputs.lse_max_abs:.1e} |")
+    lines.append("")
+    lines.append("cell: fraction of bit-identical values (max difference in ulps)")
+    (out / "sim_vs_hw.md").write_text("\n".join(lines) + "\n")
+    _figure(reports, out / "sim_vs_hw.png")
+    print("\n".join(lines))
+
+
+def _figure(reports: dict[str, CompareReport], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(reports)
+    frac = np.array([[s.fraction_identical for s in reports[n].checkpoints] for n in names])
+    ulps = np.array([[s.max_ulps for s in reports[n].checkpoints] for n in names])
+    fig, ax = plt.subplots(figsize=(12, 0.32 * len(names) + 1.6))
+    im = ax.imshow(frac, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(CHECKPOINTS)), [c.value for c in CHECKPOINTS], rotation=30, ha="right")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    for i in range(len(names)):
+        for j in range(len(CHECKPOINTS)):
+            ax.text(j, i, str(ulps[i, j]), ha="center", va="center", fontsize=6,
+                    color="white" if frac[i, j] < 0.6 else "black")
+    fig.colorbar(im, ax=ax, label="fraction bit-identical (text: max ulps)")
+    ax.set_title("fa_sim vs H200, per checkpoint")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", type=Path, required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("--gpu", type=Path, required=True)
+    rep.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    all_cases = cases()
+    if args.cmd == "run":
+        saved = run_gpu(all_cases)
+        args.out.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(args.out / "gpu_runs.npz", **saved)
+    else:
+        saved = dict(np.load(args.gpu))
+    reports = {c.name: compare_case(c, saved[f"{c.name}/o"], saved[f"{c.name}/lse"],
+                                    saved[f"{c.name}/checkpoints"], float(saved[f"{c.name}/scale"]))
+               for c in all_cases}
+    write_outputs(reports, args.out)
+    return 0 if all(r.ok for r in reports.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
