@@ -1,0 +1,28 @@
+"""Observers of the simulated machine (DESIGN.md, "Observers, not flags"): they subscribe to the
+machine's InstrEvents and CheckpointEvents (fa_sim/events.py); the kernel program knows nothing
+of them.
+
+  TraceRecorder + TraceFilter   per-lane traces (trace.py), archives and Perfetto export
+                                (trace_io.py), one lane's story (story.py, `fa trace`)
+  BankCounter                   shared-memory bank conflicts by Nsight Compute's rules
+                                (banks.py, bank_tables.py, `fa banks`)
+  HazardChecker                 shadow memory: races across cp.async / barriers, bounds and
+                                alignment (hazards.py, `format_hazards` for `fa sim --check-hazards`)
+
+lanemaps.py holds the closed-form lane maps of notes/gpu_facts.md, synthetic.py the kernel's
+memory instructions built from them (an oracle for tests), figures.py the matplotlib figures.
+"""
+
+from .banks import BankCounter, BankReport, Counts, SmemClass
+from .hazards import Hazard, HazardChecker, HazardKind, HazardReport, format_hazards
+from .story import LaneStory, format_story, lane_story, story_json
+from .trace import Trace, TraceFilter, TraceRecord, TraceRecorder
+from .trace_io import load_trace, save_perfetto, save_trace, to_perfetto
+
+__all__ = [
+    "BankCounter", "BankReport", "Counts", "SmemClass",
+    "Hazard", "HazardChecker", "HazardKind", "HazardReport", "format_hazards",
+    "LaneStory", "format_story", "lane_story", "story_json",
+    "Trace", "TraceFilter", "TraceRecord", "TraceRecorder",
+    "load_trace", "save_perfetto", "save_trace", "to_perfetto",
+]

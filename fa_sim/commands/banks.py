@@ -1,0 +1,60 @@
+"""`fa banks`: shared-memory bank conflicts of the kernel, counted with Nsight Compute's rules
+(notes/gpu_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
+three smem layouts side by side; `--plot DIR` writes the figures."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from ..config import KernelConfig, SmemLayout
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("banks", help="shared-memory bank conflicts per instruction class and phase",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smem", default="swizzled", choices=[m.value for m in SmemLayout])
+    p.add_argument("--compare", action="store_true", help="all three smem layouts side by side")
+    p.add_argument("--seqlen", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--block-m", type=int, default=64)
+    p.add_argument("--block-n", type=int, default=64)
+    p.add_argument("--warps", type=int, default=4)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--plot", metavar="DIR", help="write the conflict figures (PNG and SVG) into DIR")
+    p.set_defaults(func=run)
+
+
+def _config(args, smem: str) -> KernelConfig:
+    return KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=args.head_dim,
+                        n_warps=args.warps, smem=smem)
+
+
+def run(args) -> int:
+    from ..observers import bank_tables, runs
+
+    problem = runs.Problem(args.batch, args.heads, args.seqlen, None, args.head_dim, args.seed)
+    layouts = [m.value for m in SmemLayout] if args.compare else [args.smem]
+    reports = {s: runs.run_banks(_config(args, s), problem, args.causal) for s in layouts}
+    shape = (f"(B,H,N,d) = ({args.batch},{args.heads},{args.seqlen},{args.head_dim})"
+             f"{' causal' if args.causal else ''}, config {_config(args, layouts[0]).tag.rsplit('-', 1)[0]}")
+    if args.json:
+        out = {s: r.to_json() for s, r in reports.items()}
+        meta = {"problem": dataclasses.asdict(problem), "causal": args.causal}
+        print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[layouts[0]]}, indent=1))
+    elif args.compare:
+        print(bank_tables.format_compare(reports, f"fa banks --compare: {shape}"))
+    else:
+        print(bank_tables.format_report(reports[layouts[0]], f"fa banks: {shape}"))
+    if args.plot:
+        from ..observers import figures
+
+        for path in figures.save(figures.conflicts_by_class(reports), f"{args.plot}/bank_conflicts_by_class",
+                                 ("png", "svg")):
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,62 @@
+"""Runs of the simulator with observers attached: what the `fa trace` / `fa banks` commands, the
+experiments and the end-to-end tests share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import KernelConfig
+from .banks import BankCounter, BankReport
+from .hazards import HazardChecker, HazardReport
+from .trace import Trace, TraceFilter, TraceRecorder
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shape and seed of random normal fp16 inputs q, k, v [B, H, N, d]."""
+
+    batch: int = 1
+    heads: int = 1
+    seqlen: int = 128
+    seqlen_k: int | None = None
+    head_dim: int = 64
+    seed: int = 0
+
+    def inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        nk = self.seqlen if self.seqlen_k is None else self.seqlen_k
+        q = rng.standard_normal((self.batch, self.heads, self.seqlen, self.head_dim)).astype(np.float16)
+        k = rng.standard_normal((self.batch, self.heads, nk, self.head_dim)).astype(np.float16)
+        v = rng.standard_normal((self.batch, self.heads, nk, self.head_dim)).astype(np.float16)
+        return q, k, v
+
+
+def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None):
+    """fa_sim.simulate, imported late (the machine imports nothing from the observers)."""
+    from ..simulate import simulate as _simulate
+
+    kwargs = {} if mutation is None else {"mutation": mutation}
+    return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers), **kwargs)
+
+
+def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool = False) -> BankReport:
+    counter = BankCounter()
+    simulate(*problem.inputs(), causal=causal, config=config, observers=[counter])
+    return counter.report()
+
+
+def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
+              inputs=None) -> Trace:
+    recorder = TraceRecorder(filter)
+    q, k, v = problem.inputs() if inputs is None else inputs
+    simulate(q, k, v, causal=causal, config=config, observers=[recorder])
+    return recorder.trace
+
+
+def run_hazards(config: KernelConfig, problem: Problem = Problem(), causal: bool = False,
+                mutation=None) -> HazardReport:
+    checker = HazardChecker()
+    simulate(*problem.inputs(), causal=causal, config=config, observers=[checker], mutation=mutation)
+    return checker.report()

@@ -1,0 +1,264 @@
+"""One lane's story through one round, told from a Trace (what `fa trace` prints).
+
+Steps come from the trace records (each instruction the lane executed: the tile coordinate,
+byte address and banks it touched, the values it received, its shuffle partner); the state
+sections come from the checkpoints (S accumulated, after masking, m, l, P~ and O slots), placed at
+their global (query, key) or (query, d) coordinates with the closed-form maps of lanemaps.py
+(spec: "将具体坐标推广到任意 lane", tables 4-9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import KernelConfig, SmemLayout
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Op, Phase, Tile
+from . import lanemaps
+from .trace import Trace, TraceRecord
+from .trace_io import json_list, json_number, reg_values
+
+BANKS_PER_ROW = {4: 1, 8: 2, 16: 4}
+TILE_TENSOR = {Tile.SQ: "Q", Tile.SK: "K", Tile.SV: "V", Tile.SO: "O"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One instruction of the lane. coords: the global (row, col) of `matrix` behind each value
+    (Q/K/V elements an ldmatrix delivers, S/O elements an mma produces, O elements staged
+    through sO); sent: a shuffle's outgoing value(s)."""
+
+    seq: int
+    instr: int
+    pc: int
+    op: Op
+    phase: str
+    round: int
+    label: str
+    ptx: str
+    touch: str
+    matrix: str
+    values: tuple
+    coords: tuple
+    partner: int | None
+    sent: tuple
+    detail: str
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A register slot at a global coordinate (col None for per-row state)."""
+
+    name: str
+    row: int
+    col: int | None
+    value: float
+
+
+@dataclass(frozen=True)
+class LaneStory:
+    cta: int
+    warp: int
+    lane: int
+    round: int
+    m_block: int
+    bh: int
+    launch: dict
+    steps: tuple[Step, ...]
+    state: dict  # Checkpoint value -> tuple[Slot, ...]
+
+    @property
+    def partners(self) -> list[int]:
+        return [s.partner for s in self.steps if s.partner is not None]
+
+    def slots(self, ck: Checkpoint) -> tuple[Slot, ...]:
+        return self.state.get(ck.value, ())
+
+    def kept_keys(self) -> dict[int, list[int]]:
+        """query -> keys whose score survived the mask (finite s_masked slots), spec table 4."""
+        out: dict[int, list[int]] = {}
+        for sl in self.slots(Checkpoint.S_MASKED):
+            keys = out.setdefault(sl.row, [])
+            if np.isfinite(sl.value):
+                keys.append(sl.col)
+        return {q: sorted(k) for q, k in sorted(out.items())}
+
+
+def config_of(launch: dict) -> KernelConfig:
+    c = launch["config"]
+    return KernelConfig(c["block_m"], c["block_n"], c["head_dim"], c["n_warps"], SmemLayout(c["smem"]))
+
+
+def _tile_row0(tile: Tile, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
+    """Global row of tile row 0 when the record ran (K[t+1] is loaded in round t)."""
+    if tile in (Tile.SQ, Tile.SO):
+        return m_block * cfg.block_m
+    ahead = rec.op is Op.LDGSTS and rec.round >= 0 and tile is Tile.SK
+    return cfg.block_n * (max(rec.round, 0) + ahead)
+
+
+def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
+    """'sQ(r,c) -> byte -> bank b[-b+3]' of the lane's own shared-memory access."""
+    sm = rec.smem
+    b, nb = int(sm.bank[r, c, s]), BANKS_PER_ROW.get(sm.width, 1)
+    text = (f"{sm.tile.value}({int(sm.row[r, c, s])},{int(sm.col[r, c, s])}) -> {int(sm.addr[r, c, s])}B -> "
+            f"bank {b}" + (f"-{b + nb - 1}" if nb > 1 else ""))
+    return text if sm.mask[r, c, s] else text + " (off)"
+
+
+def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int) -> tuple:
+    """Global (row, col) of the 4 accumulators mma r produced. The machine orders the R mmas of a
+    k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per gpu_facts.md."""
+    nj_count = cfg.s_n_tiles if rec.phase is Phase.QK else cfg.o_n_tiles
+    mi, nj = divmod(r, nj_count)
+    e = np.arange(4) + 4 * (mi + cfg.m_repeats * nj)  # CuTe order of the same slots
+    rows, cols = lanemaps.acc_coords(cfg, thread, e)
+    k0 = cfg.block_n * rec.round if rec.phase is Phase.QK else 0
+    return tuple(zip((rows + m_block * cfg.block_m).tolist(), (cols + k0).tolist()))
+
+
+def _regs(regs: dict, r: int, c: int, s: int) -> tuple:
+    if not regs:
+        return ()
+    return tuple(json_list(np.concatenate([reg_values(v[r, c, s]).reshape(-1) for v in regs.values()])))
+
+
+def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: int, thread: int) -> Step:
+    touch, matrix, coords, detail = "", "", (), ""
+    values = _regs(rec.regs_out, r, c, s) or (_regs(rec.regs_in, r, c, s) if rec.op is Op.STS else ())
+    if rec.smem is not None:
+        touch, matrix = _touch(rec, r, c, s), TILE_TENSOR[rec.smem.tile]
+        row0 = _tile_row0(rec.smem.tile, rec, cfg, m_block)
+        coords = tuple(zip((rec.smem.elem_row[r, c, s] + row0).tolist(), rec.smem.elem_col[r, c, s].tolist()))
+    if rec.op is Op.HMMA:
+        matrix, coords = ("S" if rec.phase is Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block)
+    if rec.gmem is not None:
+        g = rec.gmem
+        detail = f"{g.tensor.value}[{int(g.row[r, c, s])}, {int(g.col[r, c, s])}:+{g.width // 2}]"
+        detail += "" if g.mask[r, c, s] else " (predicated off)"
+    partner = None if rec.shfl_src is None else int(rec.shfl_src[r, c, s])
+    sent = _regs(rec.regs_in, r, c, s) if partner is not None else ()
+    return Step(rec.seq, r, rec.pc, rec.op, rec.phase.value, rec.round, rec.label, rec.ptx, touch, matrix, values,
+                coords, partner, sent, detail)
+
+
+def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int) -> dict:
+    """Checkpoint slots of one thread at global coordinates."""
+    out: dict = {}
+    for ck in trace.checkpoints:
+        hit = np.nonzero(ck.cta == cta)[0]
+        if hit.size == 0 or (ck.round != rnd and ck.checkpoint not in (Checkpoint.O_FINAL,)):
+            continue
+        words = ck.values[hit[0], s]
+        out[ck.checkpoint.value] = _slots(ck.checkpoint, words, cfg, thread, rnd, m_block)
+    return out
+
+
+def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rnd: int, m_block: int):
+    q0, k0 = m_block * cfg.block_m, rnd * cfg.block_n
+    if ck in (Checkpoint.ROW_MAX, Checkpoint.ROW_SUM):
+        vals = words[: cfg.rows_per_thread].view(np.float32)
+        rows = lanemaps.row_slot_rows(cfg, thread, np.arange(vals.size)) + q0
+        return tuple(Slot(ck.value, int(q), None, float(v)) for q, v in zip(rows, vals))
+    if ck is Checkpoint.P_F16:
+        vals = words[: cfg.s_values_per_thread // 2].astype(np.uint32).view(np.float16).astype(np.float32)
+    elif ck in (Checkpoint.S_ACC, Checkpoint.S_MASKED, Checkpoint.O_ACC, Checkpoint.O_FINAL):
+        n = cfg.o_values_per_thread if ck in (Checkpoint.O_ACC, Checkpoint.O_FINAL) else cfg.s_values_per_thread
+        vals = words[:n].view(np.float32)
+    else:
+        return ()
+    rows, cols = lanemaps.acc_coords(cfg, thread, np.arange(vals.size))
+    cols = cols + (0 if ck in (Checkpoint.O_ACC, Checkpoint.O_FINAL) else k0)
+    return tuple(Slot(ck.value, int(q), int(k), float(v)) for q, k, v in zip(rows + q0, cols, vals))
+
+
+def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> LaneStory:
+    """The story of (cta, warp, lane) in K/V round `round` (plus the prologue for round 0 and the
+    epilogue after the CTA's last round)."""
+    cfg = config_of(trace.launch)
+    if not (0 <= lane < 32 and 0 <= warp < cfg.n_warps):
+        raise ValueError(f"warp {warp} lane {lane} is not a thread of a {cfg.n_warps}-warp CTA "
+                         f"(warp 0..{cfg.n_warps - 1}, lane 0..31)")
+    thread = 32 * warp + lane
+    s = trace.thread_index(thread)
+    m_block = cta % trace.launch["n_m_blocks"]
+    last = max((r.round for r in trace.records if r.round >= 0 and cta in r.cta), default=-1)
+    keep = {round} | ({ROUND_PROLOGUE} if round == 0 else set()) | ({ROUND_EPILOGUE} if round == last else set())
+    steps = []
+    for rec in trace.records:
+        hit = np.nonzero(rec.cta == cta)[0]
+        if rec.round not in keep or hit.size == 0 or not rec.active[hit[0], s]:
+            continue
+        steps += [_step(rec, r, int(hit[0]), s, cfg, m_block, thread) for r in range(rec.repeat)]
+    if not steps:
+        ran = sorted({r.round for r in trace.records if r.round >= 0 and cta in r.cta})
+        raise ValueError(f"no traced instruction of CTA {cta} thread {thread} in round {round} "
+                         f"(traced rounds of this CTA: {ran or 'none'}; causal CTAs stop early)")
+    state = _state(trace, cfg, cta, s, thread, round, m_block)
+    return LaneStory(cta, warp, lane, round, m_block, cta // trace.launch["n_m_blocks"], trace.launch,
+                     tuple(steps), state)
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+def _fmt(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _values(step: Step) -> str:
+    if step.coords and step.values and len(step.coords) == len(step.values):
+        return " ".join(f"{step.matrix}({r},{c})={_fmt(v)}" for (r, c), v in zip(step.coords, step.values))
+    text = " ".join(_fmt(v) for v in step.values[:8]) + (" ..." if len(step.values) > 8 else "")
+    if step.partner is not None:
+        text = f"partner lane {step.partner}: sent {' '.join(map(_fmt, step.sent))}, got {text}"
+    return (step.detail + "  " + text).strip()
+
+
+def _section(title: str, slots) -> list[str]:
+    if not slots:
+        return []
+    body = "  ".join(f"({sl.row},{sl.col})={_fmt(sl.value)}" if sl.col is not None else f"q{sl.row}={_fmt(sl.value)}"
+                     for sl in slots)
+    return [f"{title} [{len(slots)}]:", "  " + body]
+
+
+SECTIONS = ((Checkpoint.S_ACC, "S accumulated, S(query,key) (tCrS after QK)"),
+            (Checkpoint.S_MASKED, "S after masking"),
+            (Checkpoint.ROW_MAX, "m (rRowMax, unscaled)"), (Checkpoint.ROW_SUM, "l (rRowSum)"),
+            (Checkpoint.P_F16, "P~ as fp16 A operand, P(query,key) (tCrP)"),
+            (Checkpoint.O_ACC, "O accumulator after PV, O(query,d) (tCrO)"),
+            (Checkpoint.O_FINAL, "O after division by l"))
+
+
+def format_story(story: LaneStory) -> str:
+    la = story.launch
+    head = (f"CTA {story.cta} (m_block {story.m_block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
+            f"  (thread {32 * story.warp + story.lane})  round {story.round}\n"
+            f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
+    lines = [head, f"{'pc':>4} {'phase':<8} {'instruction':<44} {'smem coord -> byte -> bank':<34} values"]
+    for st in story.steps:
+        name = f"{st.label}" + (f" #{st.instr}" if st.instr else "")
+        lines.append(f"{st.pc:>4} {st.phase:<8} {name[:44]:<44} {st.touch:<34} {_values(st)}")
+    partners = story.partners
+    if partners:
+        lines.append("shuffle partners: " + ", ".join(f"lane {p}" for p in partners))
+    for ck, title in SECTIONS:
+        lines += _section(title, story.slots(ck))
+    if any(not np.isfinite(sl.value) for sl in story.slots(Checkpoint.S_MASKED)):
+        lines.append("kept keys after masking: " + "; ".join(
+            f"query {q}: {', '.join(map(str, k)) or 'none'}" for q, k in story.kept_keys().items()))
+    return "\n".join(lines)
+
+
+def story_json(story: LaneStory) -> dict:
+    return {"cta": story.cta, "warp": story.warp, "lane": story.lane, "round": story.round,
+            "m_block": story.m_block, "bh": story.bh, "launch": story.launch,
+            "steps": [{"seq": s.seq, "instr": s.instr, "pc": s.pc, "op": s.op.value, "phase": s.phase,
+                       "round": s.round, "label": s.label, "ptx": s.ptx, "touch": s.touch, "detail": s.detail,
+                       "matrix": s.matrix, "values": list(s.values), "coords": [list(c) for c in s.coords],
+                       "partner": s.partner, "sent": list(s.sent)}
+                      for s in story.steps],
+            "partners": story.partners,
+            "kept_keys": {str(q): k for q, k in story.kept_keys().items()},
+            "state": {k: [{"row": sl.row, "col": sl.col, "value": json_number(sl.value)} for sl in v]
+                      for k, v in story.state.items()}}

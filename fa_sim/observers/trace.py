@@ -1,0 +1,288 @@
+"""Per-lane instruction traces: a filter, typed records, and the recording observer.
+
+A `TraceFilter` names what to keep (CTAs, warps x lanes or explicit threads, rounds, instruction
+classes, kernel phases). Its `wants(op, phase, round)` lets the machine skip building events
+nobody asked for; `TraceRecorder.on_instr` then slices the selected CTAs and threads out of the
+event, so a trace of one lane of a long run stays small (triton-viz style: typed records holding
+arrays, analyses as observers of one interpreter).
+
+Record arrays use the event axes with the CTA and thread axes reduced to the selection:
+`[R, Cs, S, ...]` where Cs = selected CTAs present in the wave, S = selected threads
+(thread = 32 * warp + lane, in `Trace.threads` order).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..checkpoints import ROUND0_ONLY
+from ..config import WARP_SIZE
+from ..events import (Checkpoint, CheckpointEvent, InstrEvent, LaunchInfo, Op, Phase, Site, SmemAccess,
+                      Tensor, Tile)
+from . import lanemaps
+from .banks import bank_of
+
+_LDSM_FORM = re.compile(r"\.x(?P<n>[124])(?P<trans>\.trans)?")
+
+
+def ldsm_form(ptx: str) -> tuple[int, bool]:
+    """'ldmatrix...x4.trans...' -> (4, True): matrices per instruction and transpose flag."""
+    m = _LDSM_FORM.search(ptx)
+    if m is None:
+        raise ValueError(f"not an ldmatrix mnemonic: {ptx!r}")
+    return int(m["n"]), m["trans"] is not None
+
+
+@dataclass(frozen=True)
+class TraceFilter:
+    """What a trace keeps; None means everything. `threads` overrides warps x lanes.
+
+    `rounds` selects K/V loop iterations; the prologue (ROUND_PROLOGUE) and epilogue
+    (ROUND_EPILOGUE) belong to every round's story and are kept unless `phases` excludes them.
+    """
+
+    ctas: tuple[int, ...] | None = None
+    warps: tuple[int, ...] | None = None
+    lanes: tuple[int, ...] | None = None
+    threads: tuple[int, ...] | None = None
+    rounds: tuple[int, ...] | None = None
+    ops: frozenset[Op] | None = None
+    phases: frozenset[Phase] | None = None
+
+    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+        return ((self.ops is None or op in self.ops) and (self.phases is None or phase in self.phases)
+                and (self.rounds is None or round in self.rounds or round < 0))
+
+    def select_threads(self, n_warps: int) -> np.ndarray:
+        """[S] selected thread ids (warp-major), validated against the CTA size."""
+        if self.threads is not None:
+            t = np.asarray(sorted(set(self.threads)), dtype=np.int64)
+        else:
+            w = np.arange(n_warps) if self.warps is None else np.asarray(sorted(set(self.warps)))
+            l = np.arange(WARP_SIZE) if self.lanes is None else np.asarray(sorted(set(self.lanes)))
+            if l.size and (l.min() < 0 or l.max() >= WARP_SIZE):
+                raise ValueError(f"lanes {l.tolist()} are outside 0..{WARP_SIZE - 1}")
+            t = (WARP_SIZE * w[:, None] + l[None, :]).reshape(-1).astype(np.int64)
+        if t.size and (t.min() < 0 or t.max() >= n_warps * WARP_SIZE):
+            raise ValueError(f"thread selection {t.tolist()} is outside 0..{n_warps * WARP_SIZE - 1}")
+        return t
+
+    def to_json(self) -> dict:
+        def seq(x):
+            return None if x is None else sorted(v.name if hasattr(v, "name") else int(v) for v in x)
+        return {k: seq(getattr(self, k)) for k in ("ctas", "warps", "lanes", "threads", "rounds", "ops", "phases")}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TraceFilter":
+        def tup(x):
+            return None if x is None else tuple(int(v) for v in x)
+        def enums(e, x):
+            return None if x is None else frozenset(e[v] for v in x)
+        return cls(tup(d["ctas"]), tup(d["warps"]), tup(d["lanes"]), tup(d["threads"]), tup(d["rounds"]),
+                   enums(Op, d["ops"]), enums(Phase, d["phases"]))
+
+
+@dataclass(frozen=True, eq=False)
+class SmemRecord:
+    """Shared-memory side for the selected lanes. addr/bank/row/col/mask: [R, Cs, S] (the lane's
+    own access: for LDSM the row address it supplies); elem_row/elem_col: [R, Cs, S, k] the tile
+    elements behind the lane's values (LDSM: the halves it receives; others: the halves it
+    touches)."""
+
+    write: bool
+    width: int
+    tile: Tile
+    addr: np.ndarray
+    mask: np.ndarray
+    row: np.ndarray
+    col: np.ndarray
+    elem_row: np.ndarray
+    elem_col: np.ndarray
+
+    @property
+    def bank(self) -> np.ndarray:
+        return bank_of(self.addr)
+
+
+@dataclass(frozen=True, eq=False)
+class GmemRecord:
+    """Global side for the selected lanes: row/col/mask [R, Cs, S]."""
+
+    write: bool
+    tensor: Tensor
+    width: int
+    row: np.ndarray
+    col: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class TraceRecord:
+    """One event, restricted to the selection. cta: [Cs]; active: [Cs, S]; regs: name ->
+    [R, Cs, S, k] (copies, dtype as the machine keeps them: float32 values, uint32 f16x2 words);
+    shfl_src: [R, Cs, S] source lanes."""
+
+    seq: int
+    op: Op
+    phase: Phase
+    round: int
+    pc: int
+    ptx: str
+    label: str
+    repeat: int
+    cta: np.ndarray
+    active: np.ndarray
+    smem: SmemRecord | None = None
+    gmem: GmemRecord | None = None
+    regs_in: dict = field(default_factory=dict)
+    regs_out: dict = field(default_factory=dict)
+    shfl_src: np.ndarray | None = None
+    wait_n: int | None = None
+    site: Site | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CheckpointRecord:
+    """A checkpoint for the selection: values [Cs, S, k] uint32 words."""
+
+    checkpoint: Checkpoint
+    round: int
+    cta: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """What a TraceRecorder kept. launch: the LaunchInfo fields as plain JSON values."""
+
+    launch: dict
+    filter: TraceFilter
+    threads: np.ndarray
+    records: tuple[TraceRecord, ...]
+    checkpoints: tuple[CheckpointRecord, ...]
+
+    def thread_index(self, thread: int) -> int:
+        """Position of a thread id on the S axis of the record arrays."""
+        pos = np.nonzero(self.threads == thread)[0]
+        if pos.size == 0:
+            raise ValueError(f"thread {thread} was not traced (traced: {self.threads.tolist()})")
+        return int(pos[0])
+
+
+def launch_json(launch: LaunchInfo) -> dict:
+    cfg = launch.config
+    return {"config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "head_dim": cfg.head_dim,
+                       "n_warps": cfg.n_warps, "smem": cfg.smem.value},
+            "batch": launch.batch, "heads": launch.heads, "seqlen_q": launch.seqlen_q,
+            "seqlen_k": launch.seqlen_k, "causal": bool(launch.causal), "scale": float(launch.scale),
+            "n_m_blocks": launch.n_m_blocks, "n_ctas": launch.n_ctas}
+
+
+def ldsm_received(smem: SmemAccess, ptx: str) -> tuple[np.ndarray, np.ndarray]:
+    """[R, C, W, L, 2N] tile (row, col) of every half each lane receives from ldmatrix.xN.
+
+    Matrix m's row r comes from the address of lane 8m + r (gpu_facts.md); half k = 2m + i of the
+    result is register m, low half first.
+    """
+    n, trans = ldsm_form(ptx)
+    lane = np.arange(WARP_SIZE)[:, None, None]
+    m = np.arange(n)[None, :, None]
+    half = np.arange(2)[None, None, :]
+    src, off = (np.broadcast_to(a, (WARP_SIZE, n, 2)) for a in lanemaps.ldmatrix_source(lane, half, trans))
+    src = (8 * m + src).reshape(-1)  # [L * N * 2]: the lane that addressed each received row
+    shape = (*smem.row.shape, 2 * n)
+    rows = np.take(np.asarray(smem.row), src, axis=-1).reshape(shape)
+    cols = np.take(np.asarray(smem.col), src, axis=-1).reshape(shape) + off.reshape(WARP_SIZE, 2 * n)
+    return rows, cols
+
+
+def _elements(op: Op, ptx: str, smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
+    if op is Op.LDSM:
+        return ldsm_received(smem, ptx)
+    k = np.arange(max(smem.width // 2, 1))
+    rows = np.broadcast_to(np.asarray(smem.row)[..., None], (*smem.row.shape, k.size))
+    return rows, np.asarray(smem.col)[..., None] + k
+
+
+class TraceRecorder:
+    """Observer that records the events and checkpoints a TraceFilter selects."""
+
+    def __init__(self, filter: TraceFilter = TraceFilter()) -> None:
+        self.filter = filter
+        self._launch: dict = {}
+        self._threads: np.ndarray | None = None
+        self._records: list[TraceRecord] = []
+        self._checkpoints: list[CheckpointRecord] = []
+        self._wave: tuple | None = None
+
+    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+        return self.filter.wants(op, phase, round)
+
+    def on_launch(self, launch: LaunchInfo) -> None:
+        """A new launch starts a new trace."""
+        self.__init__(self.filter)
+        self._launch = launch_json(launch)
+        self._threads = self.filter.select_threads(launch.config.n_warps)
+        self._w, self._l = self._threads // WARP_SIZE, self._threads % WARP_SIZE
+        self._wu, self._wpos = np.unique(self._w, return_inverse=True)  # warps traced; S -> position
+
+    def _ctas(self, cta: np.ndarray) -> np.ndarray:
+        """Positions of the traced CTAs in the wave (cached: a wave's cta array is reused)."""
+        if self._wave is not None and (self._wave[0] is cta or np.array_equal(self._wave[0], cta)):
+            return self._wave[1]
+        sel = np.arange(cta.size) if self.filter.ctas is None else np.nonzero(np.isin(cta, self.filter.ctas))[0]
+        self._wave = (cta, sel)
+        return sel
+
+    def _take(self, a, csel) -> np.ndarray:
+        """[R, C, W, L, ...] -> [R, Cs, S, ...] copy."""
+        return np.asarray(a)[:, csel][:, :, self._w, self._l]
+
+    def on_instr(self, ev: InstrEvent) -> None:
+        if not self.filter.wants(ev.op, ev.phase, ev.round):
+            return
+        csel = self._ctas(np.asarray(ev.cta))
+        active = np.asarray(ev.active)[csel][:, self._w, self._l]
+        if not active.any():
+            return
+        take = lambda a: self._take(a, csel)  # noqa: E731
+        self._records.append(TraceRecord(
+            len(self._records), ev.op, ev.phase, ev.round, ev.pc, ev.ptx, ev.label, ev.repeat,
+            np.asarray(ev.cta)[csel].copy(), active,
+            smem=None if ev.smem is None else self._smem(ev, csel, take),
+            gmem=None if ev.gmem is None else GmemRecord(
+                ev.gmem.write, ev.gmem.tensor, ev.gmem.width, take(ev.gmem.row), take(ev.gmem.col), take(ev.gmem.mask)),
+            regs_in={k: take(v) for k, v in ev.regs_in.items()},
+            regs_out={k: take(v) for k, v in ev.regs_out.items()},
+            shfl_src=None if ev.shfl_src is None else take(ev.shfl_src),
+            wait_n=ev.wait_n, site=ev.site))
+
+    def _smem(self, ev: InstrEvent, csel, take) -> SmemRecord:
+        s = ev.smem
+        # element maps need every lane of a traced warp (ldmatrix rows come from other lanes)
+        def warps(a):  # [R, C, W, L] -> [R, Cs, Wu, L]
+            return np.asarray(a)[:, csel][:, :, self._wu]
+        sub = SmemAccess(s.write, s.width, warps(s.addr), warps(s.mask), s.tile, warps(s.row), warps(s.col))
+        er, ec = (a[:, :, self._wpos, self._l] for a in _elements(ev.op, ev.ptx, sub))
+        return SmemRecord(s.write, s.width, s.tile, take(s.addr), take(s.mask), take(s.row), take(s.col), er, ec)
+
+    def wants_checkpoint(self, checkpoint: Checkpoint, round: int) -> bool:
+        rounds = self.filter.rounds
+        return rounds is None or round in rounds or checkpoint in ROUND0_ONLY
+
+    def on_checkpoint(self, ev: CheckpointEvent) -> None:
+        if not self.wants_checkpoint(ev.checkpoint, ev.round):
+            return
+        csel = self._ctas(np.asarray(ev.cta))
+        if csel.size == 0:
+            return
+        values = np.asarray(ev.values)[csel][:, self._threads].copy()
+        self._checkpoints.append(CheckpointRecord(ev.checkpoint, ev.round, np.asarray(ev.cta)[csel].copy(), values))
+
+    @property
+    def trace(self) -> Trace:
+        threads = self._threads if self._threads is not None else np.zeros(0, np.int64)
+        return Trace(self._launch, self.filter, threads, tuple(self._records), tuple(self._checkpoints))

@@ -1,0 +1,60 @@
+"""The simulator still produces the golden traces of traces/golden/ (traces/README.md).
+
+Everything that is data movement or schedule (instructions, pcs, labels, addresses, coordinates,
+masks, shuffle sources, ldmatrix and mma values from integer inputs) must match exactly; values
+computed through expf/logf may move in the last bits between numpy builds (rtol 1e-6)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fa_sim.observers.trace_io import load_trace, reg_values
+
+ROOT = Path(__file__).resolve().parent.parent / "traces"
+spec = importlib.util.spec_from_file_location("traces_regenerate", ROOT / "regenerate.py")
+regenerate = sys.modules.setdefault("traces_regenerate", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(regenerate)
+
+EXACT = ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "site")
+
+
+def assert_values(a, b, where):
+    x, y = reg_values(a), reg_values(b)
+    assert x.shape == y.shape and a.dtype == b.dtype, where
+    if np.issubdtype(x.dtype, np.floating):
+        np.testing.assert_allclose(x.astype(np.float64), y.astype(np.float64), rtol=1e-6, atol=1e-30, err_msg=where)
+    else:
+        assert np.array_equal(x, y), where
+
+
+@pytest.mark.parametrize("golden", regenerate.GOLDENS, ids=lambda g: g.name)
+def test_golden_trace_reproduced(golden):
+    want = load_trace(ROOT / "golden" / golden.name)
+    got = golden.trace()
+    assert got.launch == want.launch and got.filter == want.filter
+    assert len(got.records) == len(want.records)
+    for x, y in zip(got.records, want.records):
+        where = f"record {x.seq} ({x.label})"
+        assert [getattr(x, f) for f in EXACT] == [getattr(y, f) for f in EXACT], where
+        assert np.array_equal(x.active, y.active) and np.array_equal(x.cta, y.cta), where
+        for side in ("smem", "gmem"):
+            sx, sy = getattr(x, side), getattr(y, side)
+            assert (sx is None) == (sy is None), where
+            for k, v in ({} if sx is None else sx.__dict__).items():
+                assert np.array_equal(v, getattr(sy, k)), f"{where} {side}.{k}"
+        for regs in ("regs_in", "regs_out"):
+            rx, ry = getattr(x, regs), getattr(y, regs)
+            assert list(rx) == list(ry), where
+            for k in rx:
+                assert_values(rx[k], ry[k], f"{where} {regs}[{k}]")
+        assert (x.shfl_src is None) == (y.shfl_src is None) and (x.shfl_src is None or np.array_equal(x.shfl_src, y.shfl_src))
+    assert [(c.checkpoint, c.round) for c in got.checkpoints] == [(c.checkpoint, c.round) for c in want.checkpoints]
+
+
+def test_golden_story_text():
+    """The `fa trace` table of the goldens, character for character (6 significant digits)."""
+    for g in regenerate.GOLDENS:
+        assert g.story_text(g.trace()) == (ROOT / "golden" / f"{g.name}.txt").read_text(), g.name
