@@ -1,0 +1,208 @@
+"""Compile fa_hw/kernels/fa2_fwd.cu with NVRTC through cuda.core, to a cubin for one exact arch.
+
+One `KernelBuild` (KernelConfig + causal + arch + debug checkpoints) is one NVRTC program: the
+config becomes FA_* macros, so every shape constant in the kernel is compile-time. Cubins are
+cached on disk under $FLASHSIM_CACHE or ~/.cache/flashsim, keyed by the source text, the macros,
+the NVRTC options and the NVRTC version. Compiling needs no GPU (cuda-core >= 1.0 produces cubin
+without a driver when the arch is given). A cubin for the exact arch is what runs: a PTX from an
+NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm_90
+(shared/notes/gpu_facts.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
+from fa_sim.config import KernelConfig
+
+from .errors import CompileError
+
+SOURCE_PATH = Path(__file__).parent / "kernels" / "fa2_fwd.cu"
+KERNEL_NAME = "fa2_fwd_kernel"
+REGISTER_FILE = 65536  # 32-bit registers per SM, sm_80 and sm_90
+SMEM_PER_SM = 164 * 1024  # sm_80's shared memory per SM (sm_90 has 228 KB)
+SMEM_RESERVED = 1024  # the driver's per-CTA reservation
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """Everything that selects one compiled kernel."""
+
+    config: KernelConfig = KernelConfig()
+    causal: bool = False
+    arch: str = "sm_90"
+    checkpoints: bool = False
+    # Performance experiments only (experiments/bench_hw.py --diagnose), never set by forward():
+    min_blocks_override: int = 0  # __launch_bounds__ minimum CTAs per SM instead of the heuristic
+    diag_fast_exp: bool = False  # FA2's exp2 arithmetic instead of the contract's expf: not bit-compatible
+
+    @property
+    def min_blocks(self) -> int:
+        return self.min_blocks_override or min_blocks_per_sm(self.config)
+
+    def macros(self) -> dict[str, int]:
+        cfg = self.config
+        b, m, s = cfg.swizzle_bms or (0, 3, 0)
+        out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
+                   FA_N_WARPS=cfg.n_warps, FA_ROW_PITCH=cfg.row_pitch, FA_SWZ_B=b, FA_SWZ_M=m,
+                   FA_SWZ_S=s, FA_SK_OFFSET=cfg.sk_offset_bytes, FA_SV_OFFSET=cfg.sv_offset_bytes,
+                   FA_SMEM_BYTES=cfg.smem_bytes, FA_CAUSAL=int(self.causal),
+                   FA_MIN_BLOCKS=self.min_blocks, FA_CHECKPOINTS=int(self.checkpoints))
+        if self.diag_fast_exp:
+            out["FA_DIAG_FAST_EXP"] = 1
+        if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
+            out["FA_CK_COUNT"] = len(CHECKPOINTS)
+            out["FA_CK_WORDS"] = CheckpointLayout(cfg, 1).words
+            out.update({f"FA_CK_{ck.name}": CheckpointLayout.index(ck) for ck in CHECKPOINTS})
+        return out
+
+    def describe(self) -> str:
+        extra = ", causal" if self.causal else ""
+        extra += ", checkpoints" if self.checkpoints else ""
+        extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
+        extra += ", DIAGNOSTIC fast exp" if self.diag_fast_exp else ""
+        return f"KernelConfig({self.config.describe()}){extra} for {self.arch}"
+
+
+def min_blocks_per_sm(config: KernelConfig) -> int:
+    """__launch_bounds__ occupancy target: CTAs per SM that still leave each thread the registers
+    for its accumulators (tCrS + tCrO, 4 per m16n8 atom) plus 64 for fragments, addresses and
+    softmax temporaries, capped by shared memory. Seed config: 64 + 64 = 128 registers, 4 CTAs."""
+    accumulators = 4 * config.m_repeats * (config.s_n_tiles + config.o_n_tiles)
+    by_regs = REGISTER_FILE // (config.n_threads * (accumulators + 64))
+    by_smem = SMEM_PER_SM // (config.smem_bytes + SMEM_RESERVED)
+    return max(1, min(by_regs, by_smem))
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """What ptxas reported for the kernel (its -v output)."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+    @classmethod
+    def parse(cls, log: str) -> "ResourceUsage":
+        regs = re.search(r"Used (\d+) registers", log)
+        spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        if not regs or not spill:
+            raise CompileError("ptxas did not report register and spill counts", log)
+        return cls(int(regs.group(1)), int(spill.group(2)), int(spill.group(3)), int(spill.group(1)))
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    build: KernelBuild
+    cubin: bytes
+    log: str
+    usage: ResourceUsage
+
+    def object_code(self):
+        from cuda.core import ObjectCode
+
+        return ObjectCode.from_cubin(self.cubin, name=self.build.config.tag)
+
+    def sass(self) -> str:
+        from .sass import disassemble
+
+        return disassemble(self.cubin)
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"nvrtcVersion failed: {err}")
+    return int(major), int(minor)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FLASHSIM_CACHE") or Path.home() / ".cache" / "flashsim"
+    return Path(root) / "cubin"
+
+
+def _options(build: KernelBuild):
+    from cuda.core import ProgramOptions
+
+    return ProgramOptions(name="fa2_fwd.cu", arch=build.arch, std="c++17", ptxas_options=["-v"],
+                          define_macro=[(k, str(v)) for k, v in sorted(build.macros().items())])
+
+
+def _cache_key(source: str, build: KernelBuild) -> str:
+    blob = json.dumps({"source": source, "macros": build.macros(), "arch": build.arch,
+                       "options": ["std=c++17", "ptxas -v"], "nvrtc": nvrtc_version()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+
+def _nvrtc(source: str, build: KernelBuild) -> tuple[bytes, str]:
+    from cuda.core import Program
+
+    log = _Log()
+    try:
+        obj = Program(source, "c++", _options(build)).compile("cubin", logs=log)
+    except Exception as exc:  # NVRTCError carries the compiler log in its message
+        text = str(exc).rstrip("\x00")
+        first = next((ln.strip() for ln in text.splitlines() if "error" in ln), text.splitlines()[0])
+        raise CompileError(f"NVRTC failed to compile {build.describe()}: {first}", text) from None
+    return bytes(obj.code), "".join(log.parts).rstrip("\x00")
+
+
+def compile_kernel(config: KernelConfig = KernelConfig(), *, causal: bool = False, arch: str | None = None,
+                   checkpoints: bool = False, use_cache: bool = True) -> CompiledKernel:
+    """Cubin of fa2_fwd.cu for `config`; arch=None means the current GPU's exact arch."""
+    if arch is None:
+        from .runtime import device_arch
+
+        arch = device_arch()
+    return compile_build(KernelBuild(config, bool(causal), arch, bool(checkpoints)), use_cache=use_cache)
+
+
+def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKernel:
+    """Cubin for one KernelBuild, through the on-disk cache."""
+    source = SOURCE_PATH.read_text()
+    path = cache_dir() / f"{_cache_key(source, build)}.cubin"
+    meta = path.with_suffix(".json")
+    if use_cache and path.exists() and meta.exists():
+        info = json.loads(meta.read_text())
+        return CompiledKernel(build, path.read_bytes(), info["log"], ResourceUsage(**info["usage"]))
+    cubin, log = _nvrtc(source, build)
+    out = CompiledKernel(build, cubin, log, ResourceUsage.parse(log))
+    if use_cache:
+        _store(path, cubin, json.dumps({"log": log, "usage": asdict(out.usage), "build": build.describe()}))
+    return out
+
+
+def _store(path: Path, cubin: bytes, meta: str) -> None:
+    """Write atomically (parallel test workers may compile the same kernel); the cache is only an
+    optimisation, so a read-only or full cache directory is not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for target, data in ((path, cubin), (path.with_suffix(".json"), meta.encode())):
+            tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+    except OSError:
+        pass

@@ -1,0 +1,221 @@
+"""The GPU side of fa_hw through cuda.core: device, loaded kernels, buffers, launches, CUDA events.
+
+Models the host half of a CUDA program, top to bottom as in the cuda.core examples:
+Device -> Program.compile("cubin") (fa_hw.compile) -> ObjectCode.get_kernel -> LaunchConfig ->
+launch -> sync. A `LaunchPlan` is one ready launch of fa2_fwd_kernel:
+
+  grid   (ceil(Nq / block_m), B*H)       block  n_threads       dynamic smem  config.smem_bytes
+  args   q k v o lse (device pointers, 8-byte ints), seqlen_q, seqlen_k (np.int32), scale
+         (np.float32) [+ checkpoint buffer, CTA selection (pointers), n_rounds (np.int32)]
+
+Scalars are packed as np.int32/np.float32 on purpose: cuda.core packs a bare Python int as an
+8-byte value and a float as a double. Shared memory over 48 KB needs the kernel's
+max-dynamic-shared-size attribute raised first. Every launch is checked: `run` synchronises the
+stream and turns a CUDA error into a KernelFault that names the configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compile import KERNEL_NAME, KernelBuild, compile_build
+from .errors import FaHwError, KernelFault, NoGPUError
+
+DEFAULT_SMEM_LIMIT = 48 * 1024
+MAX_GRID_Y = 65535
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+@functools.cache
+def device(ordinal: int = 0):
+    """The cuda.core Device, made current; NoGPUError when there is no driver or no GPU."""
+    try:
+        from cuda.core import Device
+    except ImportError:
+        raise NoGPUError("cuda.core is not installed; install flashsim[hw] to run the GPU backend") from None
+    try:
+        dev = Device(ordinal)
+        dev.set_current()
+    except Exception as exc:  # no libcuda.so (no driver), CUDA_ERROR_NO_DEVICE, bad ordinal
+        raise NoGPUError(f"no usable NVIDIA GPU/driver for fa_hw (device {ordinal}): {_short(exc)}") from None
+    return dev
+
+
+def device_arch(ordinal: int = 0) -> str:
+    """'sm_90' on the H200: the exact arch to compile the cubin for."""
+    return f"sm_{device(ordinal).arch}"
+
+
+def has_gpu() -> bool:
+    try:
+        device()
+    except NoGPUError:
+        return False
+    return True
+
+
+def _driver_call(result, what: str):
+    from cuda.bindings import driver
+
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise KernelFault(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    build: KernelBuild
+    kernel: object  # cuda.core Kernel
+    registers: int
+
+
+@functools.cache
+def load_kernel(build: KernelBuild) -> LoadedKernel:
+    """Compile (cached), load on the current device, raise the dynamic-smem limit if needed."""
+    dev = device()
+    compiled = compile_build(build)
+    try:
+        kernel = compiled.object_code().get_kernel(KERNEL_NAME)
+    except Exception as exc:
+        raise KernelFault(f"loading the cubin of {build.describe()} failed: {_short(exc)}") from None
+    smem = build.config.smem_bytes
+    if smem > DEFAULT_SMEM_LIMIT:
+        _set_max_dynamic_smem(kernel, smem, dev.device_id)
+    return LoadedKernel(build, kernel, compiled.usage.registers)
+
+
+def _set_max_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        _driver_call(driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(device_id)),
+                     f"raising max dynamic shared memory to {nbytes} B")
+    else:
+        _driver_call(driver.cuFuncSetAttribute(handle, attr, nbytes), f"raising max dynamic shared memory to {nbytes} B")
+
+
+# ---- streams, buffers, copies ----------------------------------------------------------------
+@functools.cache
+def own_stream():
+    return device().create_stream()
+
+
+def foreign_stream(handle: int):
+    """Wrap a stream owned by torch/cupy (its raw cudaStream_t) so launches stay ordered with it."""
+    from cuda.core import LEGACY_DEFAULT_STREAM, Stream
+
+    return LEGACY_DEFAULT_STREAM if int(handle) == 0 else Stream.from_handle(int(handle))
+
+
+def allocate(nbytes: int, stream):
+    return device().allocate(max(int(nbytes), 1), stream=stream)
+
+
+def upload(host: np.ndarray, stream):
+    """numpy -> new device Buffer (pageable copy, ordered on `stream`)."""
+    from cuda.bindings import driver
+
+    host = np.ascontiguousarray(host)
+    buf = allocate(host.nbytes, stream)
+    _driver_call(driver.cuMemcpyHtoDAsync(int(buf.handle), host.ctypes.data, host.nbytes, stream.handle),
+                 "host-to-device copy")
+    return buf
+
+
+def download(dptr: int, out: np.ndarray, stream) -> np.ndarray:
+    """Device memory at dptr -> the contiguous numpy array `out`; synchronises `stream`."""
+    from cuda.bindings import driver
+
+    _driver_call(driver.cuMemcpyDtoHAsync(out.ctypes.data, int(dptr), out.nbytes, stream.handle),
+                 "device-to-host copy")
+    stream.sync()
+    return out
+
+
+def memset_zero(dptr: int, nbytes: int, stream) -> None:
+    from cuda.bindings import driver
+
+    _driver_call(driver.cuMemsetD8Async(int(dptr), 0, int(nbytes), stream.handle), "memset")
+
+
+# ---- launches --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One fa2_fwd_kernel launch, ready to go (see the module docstring for the argument list)."""
+
+    loaded: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    args: tuple
+
+    @classmethod
+    def make(cls, build: KernelBuild, ptrs: tuple[int, ...], seqlen_q: int, seqlen_k: int, scale: float,
+             batch_heads: int, checkpoint_args: tuple = ()) -> "LaunchPlan":
+        if batch_heads > MAX_GRID_Y:
+            raise ValueError(f"batch*heads = {batch_heads} exceeds the grid's y limit {MAX_GRID_Y}")
+        cfg = build.config
+        grid = (-(-seqlen_q // cfg.block_m), batch_heads, 1)
+        args = tuple(int(p) for p in ptrs) + (np.int32(seqlen_q), np.int32(seqlen_k), np.float32(scale))
+        if build.checkpoints:
+            ck_buf, ck_sel, n_rounds = checkpoint_args
+            args += (int(ck_buf), int(ck_sel), np.int32(n_rounds))
+        return cls(load_kernel(build), grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, args)
+
+    def launch(self, stream) -> None:
+        """Enqueue once (no sync); launch-time errors become KernelFault."""
+        from cuda.core import LaunchConfig, launch
+
+        config = LaunchConfig(grid=self.grid, block=self.block, shmem_size=self.smem_bytes)
+        try:
+            launch(stream, config, self.loaded.kernel, *self.args)
+        except Exception as exc:
+            raise KernelFault(f"launching {self.describe()} failed: {_short(exc)}") from None
+
+    def sync(self, stream) -> None:
+        """The check after a launch: wait for the stream, report a fault with the config."""
+        try:
+            stream.sync()
+        except Exception as exc:
+            raise KernelFault(f"kernel {self.describe()} faulted: {_short(exc)}") from None
+
+    def run(self, stream) -> float:
+        """Launch, time with CUDA events, check; returns the kernel time in milliseconds."""
+        start, end = _timing_event(stream), None
+        self.launch(stream)
+        end = _timing_event(stream)
+        self.sync(stream)
+        return float(end - start)
+
+    def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
+        """Per-launch times (ms) of `reps` launches after `warmup`, each bracketed by events."""
+        for _ in range(warmup):
+            self.launch(stream)
+        self.sync(stream)
+        marks = [_timing_event(stream)]
+        for _ in range(reps):
+            self.launch(stream)
+            marks.append(_timing_event(stream))
+        self.sync(stream)
+        return [float(b - a) for a, b in zip(marks, marks[1:])]
+
+    def describe(self) -> str:
+        return f"{self.loaded.build.describe()} grid={self.grid[:2]} block={self.block[0]} smem={self.smem_bytes}"
+
+
+def _timing_event(stream):
+    from cuda.core import EventOptions
+
+    return stream.record(options=EventOptions(timing_enabled=True))
+
+
+__all__ = ["FaHwError", "LaunchPlan", "NoGPUError", "device", "device_arch", "has_gpu", "load_kernel"]

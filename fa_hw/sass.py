@@ -1,0 +1,63 @@
+"""SASS of a cubin through nvdisasm (the `nvidia-cuda-nvdisasm` wheel, or one on PATH), and
+opcode counts over it: what the CI checks look for (HMMA.16816.F32, LDSM.16.M88.4,
+LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, SHFL.BFLY, BAR.SYNC, no LDL/STL local-memory spills)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import FaHwError
+
+# '        /*0dd0*/   @!P0 DEPBAR.LE SB0, 0x0 ;' -> 'DEPBAR.LE'
+_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+
+
+@functools.cache
+def nvdisasm_path() -> Path:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (nvidia/cu*/bin), else from PATH/CUDA_HOME."""
+    candidates = []
+    for entry in sys.path:
+        candidates += sorted(Path(entry).glob("nvidia/cu*/bin/nvdisasm"), reverse=True)
+        candidates += sorted(Path(entry).glob("nvidia/cuda_nvdisasm/bin/nvdisasm"))
+    found = shutil.which("nvdisasm")
+    if found:
+        candidates.append(Path(found))
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home:
+            candidates.append(Path(home) / "bin" / "nvdisasm")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise FaHwError("nvdisasm not found: pip install nvidia-cuda-nvdisasm (the 'hw' extra)")
+
+
+def disassemble(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        run = subprocess.run([str(nvdisasm_path()), "-c", f.name], capture_output=True, text=True)
+    if run.returncode:
+        raise FaHwError(f"nvdisasm failed: {run.stderr.strip()}")
+    return run.stdout
+
+
+def opcodes(sass: str) -> list[str]:
+    """Full opcodes with modifiers, in program order (predicate guards dropped)."""
+    return _INSTR.findall(sass)
+
+
+def opcode_counts(sass: str) -> collections.Counter:
+    return collections.Counter(opcodes(sass))
+
+
+def base_counts(sass: str) -> collections.Counter:
+    """Counts by opcode family (text before the first dot): HMMA, LDSM, LDGSTS, ..."""
+    return collections.Counter(op.split(".")[0] for op in opcodes(sass))

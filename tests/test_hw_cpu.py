@@ -1,0 +1,68 @@
+"""fa_hw where there is no GPU (CI): input validation speaks the simulator's words, a missing
+GPU/driver is one clear fa_hw error, and `fa hw` exits 2 with one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fa_hw
+import fa_sim
+from fa_sim import cli
+
+RNG = np.random.default_rng(0)
+Q = RNG.standard_normal((1, 2, 40, 64)).astype(np.float16)
+
+BAD = {
+    "rank": ((Q[0], Q, Q), {}),
+    "kv shapes": ((Q, Q, Q[:, :, :7]), {}),
+    "batch": ((Q, Q[:, :1], Q[:, :1]), {}),
+    "dtype": ((Q.astype(np.complex64), Q, Q), {}),
+    "nan": ((np.where(Q > 2, np.nan, Q), Q, Q), {}),
+    "range": ((Q.astype(np.float32) * 1e6, Q, Q), {}),
+    "empty": ((Q[:, :, :0], Q, Q), {}),
+    "head_dim": ((Q[..., :48], Q[..., :48], Q[..., :48]), {}),
+    "scale": ((Q, Q, Q), {"scale": -0.5}),
+    "scale inf": ((Q, Q, Q), {"scale": float("inf")}),
+    "causal": ((Q, Q, Q), {"causal": "yes"}),
+    "config": ((Q, Q, Q), {"config": fa_sim.KernelConfig(head_dim=32)}),
+}
+
+
+def _message(fn, args, kwargs) -> str:
+    with pytest.raises(ValueError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_messages_match_the_simulator(case):
+    args, kwargs = BAD[case]
+    assert _message(fa_hw.forward, args, kwargs) == _message(fa_sim.simulate, args, kwargs)
+
+
+def test_unsupported_type_is_a_value_error():
+    with pytest.raises(ValueError, match="numpy arrays, torch tensors or cupy arrays"):
+        fa_hw.forward(Q.tolist(), Q, Q)
+
+
+@pytest.fixture
+def no_gpu():
+    if fa_hw.has_gpu():
+        pytest.skip("a GPU is present here")
+
+
+def test_no_gpu_is_one_clear_error(no_gpu):
+    with pytest.raises(fa_hw.NoGPUError, match="no usable NVIDIA GPU"):
+        fa_hw.forward(Q, Q, Q)
+
+
+def test_fa_hw_exits_2_with_one_line(no_gpu, capsys):
+    assert cli.main(["hw", "--seqlen", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fa hw: error: no usable NVIDIA GPU") and err.count("\n") == 1
+
+
+def test_fa_hw_rejects_bad_config_with_status_2(capsys):
+    assert cli.main(["hw", "--block-m", "96"]) == 2
+    assert "block_m=96 is not one of" in capsys.readouterr().err

@@ -1,0 +1,256 @@
+"""fa_hw on a real GPU (marked `gpu`; the `gpu` fixture skips cleanly where there is none).
+
+- O and LSE against float64 for every config of the family, causal and not, with tails
+  (Nq, Nk not multiples of the tiles, Nq != Nk, N = 1): relative error of O <= 1e-3, LSE <= 1e-4.
+- O against torch SDPA (when torch is installed), through torch CUDA tensors (zero copy).
+- numpy, torch and cupy inputs give the same bits; GPU tensors get the simulator's messages.
+- the debug build's checkpoints are what they claim to be (tile images bit for bit, S against
+  float64, the mask, row max, P, O_FINAL against O) and leave O and LSE unchanged.
+- a kernel fault is reported with the configuration; compute-sanitizer memcheck and racecheck
+  are clean on fa_hw.sanitize; the simulator and the GPU agree (max ulps of O, LSE difference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fa_hw
+from fa_hw import check
+from fa_sim.checkpoints import CheckpointLayout
+from fa_sim.config import KernelConfig, SmemLayout
+from fa_sim.events import Checkpoint, decode_f16x2
+
+pytestmark = pytest.mark.gpu
+FAMILY = KernelConfig.family()
+SEED = KernelConfig()
+SHAPES = [(1, 2, 200, 200), (1, 2, 77, 300), (2, 1, 300, 77), (1, 1, 1, 1), (1, 2, 128, 128), (1, 1, 333, 129)]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    return fa_hw.device_arch()
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("i", range(len(FAMILY)), ids=[c.tag for c in FAMILY])
+def test_family_matches_float64(gpu, i, causal):
+    cfg = FAMILY[i]
+    b, h, nq, nk = SHAPES[(i + causal) % len(SHAPES)]
+    q, k, v = check.random_inputs(b, h, nq, nk, cfg.head_dim, seed=i)
+    out = fa_hw.forward(q, k, v, causal=causal, config=cfg)
+    o_ref, lse_ref = check.reference(q, k, v, causal)
+    assert out.o.dtype == np.float16 and out.o.shape == q.shape and out.lse.shape == q.shape[:3]
+    assert check.rel_err(out.o, o_ref) <= 1e-3
+    assert check.max_abs_err(out.lse, lse_ref) <= 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cfg", [KernelConfig(smem=s) for s in SmemLayout] + [
+    KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4),
+    KernelConfig(block_m=128, block_n=128, head_dim=32, n_warps=8, smem="padded")], ids=lambda c: c.tag)
+def test_matches_torch_sdpa(gpu, cfg, causal):
+    torch = _torch_cuda()
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(x).cuda() for x in check.random_inputs(2, 3, 250, 190, cfg.head_dim, seed=7))
+    out = fa_hw.forward(q, k, v, causal=causal, config=cfg)
+    assert isinstance(out.o, torch.Tensor) and out.o.is_cuda and out.o.dtype == torch.float16
+    mask = torch.ones(250, 190, dtype=torch.bool, device="cuda").tril() if causal else None  # top-left, as ours
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert check.rel_err(check.to_numpy(out.o), check.to_numpy(ref)) <= 1e-3
+
+
+def test_kinds_agree_bit_for_bit(gpu):
+    q, k, v = check.random_inputs(1, 2, 150, 90, 64, seed=3)
+    base = fa_hw.forward(q, k, v, causal=True)
+    outs = []
+    try:
+        torch = _torch_cuda()
+        outs.append(fa_hw.forward(*(torch.from_numpy(x).cuda() for x in (q, k, v)), causal=True))
+        outs.append(fa_hw.forward(*(torch.from_numpy(x) for x in (q, k, v)), causal=True))  # CPU tensors
+        assert isinstance(outs[-1].o, torch.Tensor) and not outs[-1].o.is_cuda
+    except pytest.skip.Exception:
+        pass
+    try:
+        import cupy
+
+        outs.append(fa_hw.forward(*(cupy.asarray(x) for x in (q, k, v)), causal=True))
+        assert isinstance(outs[-1].o, cupy.ndarray)
+    except ImportError:
+        pass
+    for out in outs:
+        assert np.array_equal(check.to_numpy(out.o).view(np.uint16), base.o.view(np.uint16))
+        assert np.array_equal(check.to_numpy(out.lse).view(np.uint32), base.lse.view(np.uint32))
+
+
+def test_float32_inputs_are_rounded_like_the_simulator(gpu):
+    q, k, v = (x.astype(np.float32) * 1.0001 for x in check.random_inputs(1, 1, 64, 64, 64, seed=5))
+    a = fa_hw.forward(q, k, v)
+    b = fa_hw.forward(*(x.astype(np.float16) for x in (q, k, v)))
+    assert np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
+
+
+def test_gpu_tensor_messages_match_the_simulator(gpu):
+    torch = _torch_cuda()
+    import fa_sim
+
+    q = check.random_inputs(1, 2, 40, 40, 64)[0].astype(np.float32)
+    cases = [(q[0], q, q), (np.where(q > 2, np.nan, q), q, q), (q * 1e6, q, q), (q[:, :, :0], q, q),
+             (q.astype(np.complex64), q, q), (q, q, q[:, :, :5])]
+    for args in cases:
+        with pytest.raises(ValueError) as sim:
+            fa_sim.simulate(*args)
+        with pytest.raises(ValueError) as hw:
+            fa_hw.forward(*(torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in args))
+        assert str(hw.value) == str(sim.value)
+
+
+def test_fa_hw_command_json(gpu, capsys):
+    from fa_sim import cli
+
+    assert cli.main(["hw", "--seqlen", "300", "--seqlen-k", "200", "--causal", "--smem", "padded", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rel_err_o"] <= 1e-3 and report["max_abs_err_lse"] <= 1e-4 and report["kernel_ms"] > 0
+
+
+# ---- the debug build ---------------------------------------------------------------------------
+def _acc_coords(cfg: KernelConfig, n_tiles: int):
+    """[T, 4 * MMA_M * n_tiles] tile (row, col) of accumulator element e = v + 4 (mi + MMA_M nj)."""
+    t = np.arange(cfg.n_threads)[:, None]
+    e = np.arange(4 * cfg.m_repeats * n_tiles)[None, :]
+    w, lane, v, mi, nj = t // 32, t % 32, e % 4, (e // 4) % cfg.m_repeats, (e // 4) // cfg.m_repeats
+    return 16 * (w + cfg.n_warps * mi) + lane // 4 + 8 * (v >> 1), 8 * nj + 2 * (lane % 4) + (v & 1)
+
+
+def _tile_image(cfg: KernelConfig, x: np.ndarray, row0: int, rows: int) -> np.ndarray:
+    """The physical smem image of rows row0.. of x [N, d] (zero past N and in padding), uint16."""
+    img = np.zeros(cfg.tile_halves(rows), np.uint16)
+    r, c = np.meshgrid(np.arange(rows), np.arange(cfg.head_dim), indexing="ij")
+    src = np.zeros((rows, cfg.head_dim), np.float16)
+    n = max(0, min(rows, x.shape[0] - row0))
+    src[:n] = x[row0: row0 + n]
+    img[cfg.smem_offset(r, c)] = src.view(np.uint16)
+    return img
+
+
+def _check_cta(cfg, buf, layout, cta, q, k, v, out, causal, scale):
+    nq, nk = q.shape[2], k.shape[2]
+    n_m = -(-nq // cfg.block_m)
+    m_block, bh = cta % n_m, cta // n_m
+    qb, kb, vb = (x.reshape(-1, x.shape[2], x.shape[3])[bh] for x in (q, k, v))
+    row0 = m_block * cfg.block_m
+    rounds = -(-(min(nk, row0 + cfg.block_m) if causal else nk) // cfg.block_n)
+    ck = {c: buf[layout.index(c)] for c in Checkpoint}  # [round, T, words]
+    rows, cols = _acc_coords(cfg, cfg.s_n_tiles)
+    m_run = np.full(rows.shape, -np.inf, np.float32)
+    for t in range(rounds):
+        assert np.array_equal(layout.threads_to_tile(Checkpoint.SQ, ck[Checkpoint.SQ][t][None])[0], _tile_image(cfg, qb, row0, cfg.block_m))
+        for c, x in ((Checkpoint.SK, kb), (Checkpoint.SV, vb)):
+            assert np.array_equal(layout.threads_to_tile(c, ck[c][t][None])[0], _tile_image(cfg, x, t * cfg.block_n, cfg.block_n))
+        s_acc = ck[Checkpoint.S_ACC][t, :, : rows.shape[1]].view(np.float32)
+        qt = np.zeros((cfg.block_m, cfg.head_dim)); kt = np.zeros((cfg.block_n, cfg.head_dim))
+        qt[: max(0, min(cfg.block_m, nq - row0))] = qb[row0: row0 + cfg.block_m]
+        kt[: max(0, min(cfg.block_n, nk - t * cfg.block_n))] = kb[t * cfg.block_n: (t + 1) * cfg.block_n]
+        np.testing.assert_allclose(s_acc, (qt @ kt.T)[rows, cols], rtol=1e-5, atol=1e-4)
+        key, query = t * cfg.block_n + cols, row0 + rows
+        masked = (key >= nk) | (causal & (key > query))
+        s_m = ck[Checkpoint.S_MASKED][t, :, : rows.shape[1]].view(np.float32)
+        assert np.all(np.isneginf(s_m[masked])) and np.array_equal(s_m[~masked], s_acc[~masked])
+        m_run = np.maximum(m_run, s_m)  # rRowMax after round t: max over rounds <= t, then the quad
+        row_max = ck[Checkpoint.ROW_MAX][t, :, : 2 * cfg.m_repeats].view(np.float32)
+        e_slot = (np.arange(rows.shape[1]) % 4 >> 1) + 2 * ((np.arange(rows.shape[1]) // 4) % cfg.m_repeats)
+        local = np.stack([m_run[:, e_slot == slot].max(axis=1) for slot in range(2 * cfg.m_repeats)], axis=1)
+        quad = local.reshape(-1, 4, local.shape[1]).max(axis=1).repeat(4, axis=0)
+        assert np.array_equal(row_max, quad)
+        p = decode_f16x2(ck[Checkpoint.P_F16][t, :, : rows.shape[1] // 2]).astype(np.float64)
+        p_ref = np.exp(scale * (s_m.astype(np.float64) - row_max[:, e_slot]))
+        assert np.all(check.f16_ulps(p, p_ref.astype(np.float16)) <= 1)
+    o_final = ck[Checkpoint.O_FINAL][0, :, : 4 * cfg.m_repeats * cfg.o_n_tiles].view(np.float32)
+    orow, ocol = _acc_coords(cfg, cfg.o_n_tiles)
+    valid = row0 + orow < nq
+    o_gpu = out.o.reshape(-1, nq, cfg.head_dim)[bh]
+    assert np.array_equal(o_final.astype(np.float16)[valid].view(np.uint16), o_gpu[row0 + orow[valid], ocol[valid]].view(np.uint16))
+    so = np.zeros(cfg.tile_halves(cfg.block_m), np.uint16)
+    so[cfg.smem_offset(orow, ocol)] = o_final.astype(np.float16).view(np.uint16)
+    assert np.array_equal(layout.threads_to_tile(Checkpoint.SO, ck[Checkpoint.SO][0][None])[0], so)
+    assert not ck[Checkpoint.S_ACC][rounds:].any()  # rounds the CTA skips stay 0
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cfg", [SEED, KernelConfig(smem="padded"), KernelConfig(block_m=128, n_warps=4, smem="plain"),
+                                 KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=8)], ids=lambda c: c.tag)
+def test_debug_build_checkpoints(gpu, cfg, causal):
+    q, k, v = check.random_inputs(2, 1, 140, 100, cfg.head_dim, seed=11)
+    n_ctas = 2 * -(-140 // cfg.block_m)
+    out = fa_hw.forward(q, k, v, causal=causal, config=cfg, checkpoint_ctas=range(n_ctas))
+    plain = fa_hw.forward(q, k, v, causal=causal, config=cfg)
+    assert np.array_equal(out.o.view(np.uint16), plain.o.view(np.uint16))
+    assert np.array_equal(out.lse.view(np.uint32), plain.lse.view(np.uint32))
+    layout = CheckpointLayout(cfg, -(-100 // cfg.block_n))
+    assert out.checkpoints.shape == layout.shape(n_ctas)
+    for sel in range(n_ctas):
+        _check_cta(cfg, out.checkpoints[sel], layout, sel, q, k, v, out, causal, out.scale)
+
+
+# ---- faults, sanitizers, the simulator -------------------------------------------------------
+FAULT = """
+import fa_hw
+from fa_hw import runtime
+from fa_hw.compile import KernelBuild
+from fa_sim import KernelConfig
+build = KernelBuild(KernelConfig(smem="plain"), arch=fa_hw.device_arch())
+plan = runtime.LaunchPlan.make(build, (16, 16, 16, 16, 16), 64, 64, 0.125, 1)  # pointers to nowhere
+plan.run(runtime.own_stream())
+"""
+
+
+def test_kernel_fault_names_the_config(gpu):
+    run = subprocess.run([sys.executable, "-c", FAULT], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "KernelFault" in run.stderr and "smem=plain" in run.stderr and "faulted" in run.stderr
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_compute_sanitizer_clean(gpu, tool):
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(exe):
+        pytest.skip("compute-sanitizer not installed")
+    run = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", sys.executable, "-m", "fa_hw.sanitize"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = "0 hazards displayed (0 errors, 0 warnings)" if tool == "racecheck" else "ERROR SUMMARY: 0 errors"
+    assert summary in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_simulator_and_gpu_agree(gpu, causal, capsys):
+    import fa_sim
+
+    q, k, v = check.random_inputs(1, 2, 130, 100, 64, seed=2)
+    sim = fa_sim.simulate(q, k, v, causal=causal)
+    hw = fa_hw.forward(q, k, v, causal=causal)
+    o_ref, _ = check.reference(q, k, v, causal)
+    assert check.rel_err(sim.o, o_ref) <= 1e-3 and check.rel_err(hw.o, o_ref) <= 1e-3
+    ulps = int(check.f16_ulps(sim.o, hw.o).max())
+    dlse = check.max_abs_err(sim.lse, hw.lse)
+    with capsys.disabled():
+        print(f"\n[fa_hw] sim vs hw causal={causal}: max |O| diff {ulps} fp16 ulps, "
+              f"{np.mean(sim.o.view(np.uint16) == hw.o.view(np.uint16)):.4f} of O identical, max LSE diff {dlse:.3e}")
+    assert math.isfinite(dlse)
