@@ -99,9 +99,9 @@ class SassInstr:
 
     def writes(self, pred: str) -> bool:
         """Conservatively: the predicate is among the leading destinations (first operand and the
-        predicates right after it, e.g. ISETP P0, PT, ... or IADD3 R4, P0, P1, ...)."""
+        predicates right after it: ISETP P0, PT, ...; IADD3 R4, P0, P1, ...), or R2P PR, ..."""
         ops = [o.strip() for o in self.operands.split(",")]
-        return pred in ops[:1] + list(takewhile(_PRED.fullmatch, ops[1:]))
+        return ops[0] == "PR" or pred in ops[:1] + list(takewhile(_PRED.fullmatch, ops[1:]))
 
 
 def parse_functions(sass: str) -> tuple[dict[str, list[SassInstr]], dict[str, int]]:
@@ -155,7 +155,6 @@ def _block_weights(b: _Block) -> dict[int | None, Counts]:
     base, pend = Counts(), []
     for i, ins in enumerate(b.instrs):
         if ins.guard != "@!PT" and _tags(ins):
-            (pend if ins.literal else [(None, base)])[-1:] if False else None
             if ins.literal:
                 pend.append(i)
             else:
@@ -164,7 +163,8 @@ def _block_weights(b: _Block) -> dict[int | None, Counts]:
     last, edges = b.instrs[-1], {s: Counts() for s in b.succ}
     if last.base == "EXIT":
         edges[None] = Counts()
-    resolvable = last.base == "BRA" and last.literal and len(set(b.succ)) == 2 and "P" not in last.operands.split("`")[0]
+    resolvable = (last.base == "BRA" and last.literal and len(set(b.succ)) == 2
+                  and not last.operands.startswith(("P", "!P", "UP", "!UP")))  # not `BRA P1, target`
     for i in pend:
         ins = b.instrs[i]
         pred, neg = ins.literal
@@ -187,3 +187,266 @@ def _pair_off(instrs: list[SassInstr], pend: list[int], base: Counts) -> None:
                     base.update(_tags(instrs[i]) + [f"off:{t}" for t in _tags(instrs[i])])
                     pend.remove(i), pend.remove(j)
                     break
+
+
+def _cfg(instrs: list[SassInstr], labels: dict[str, int]) -> dict[int, _Block]:
+    """Basic blocks by start address, only those reachable from the entry."""
+    leaders = {instrs[0].addr}
+    for ins, nxt in zip(instrs, instrs[1:]):
+        if ins.base in ("BRX", "JMX", "JMP", "BREAK", "KILL"):
+            raise SassStructureError(f"unsupported control flow at {ins.addr:#06x}: {ins.opcode}")
+        if ins.base in ("BRA", "EXIT", "RET"):
+            leaders |= {nxt.addr} | ({labels[ins.target]} if ins.base == "BRA" else set())
+    blocks, cur = {}, []
+    for i, ins in enumerate(instrs):
+        cur.append(ins)
+        nxt = instrs[i + 1].addr if i + 1 < len(instrs) else None
+        if nxt is None or nxt in leaders:
+            fall = [nxt] if nxt is not None else []
+            if ins.base == "BRA":
+                succ = [labels[ins.target]] + (fall if ins.literal else [])
+            else:
+                succ = fall if ins.base not in ("EXIT", "RET") or ins.literal else []
+            blocks[cur[0].addr], cur = _Block(cur, succ), []
+    reach = _reachable(blocks, instrs[0].addr)
+    return {a: b for a, b in blocks.items() if a in reach}
+
+
+def _reachable(blocks: dict[int, _Block], start: int) -> set[int]:
+    seen, todo = set(), [start]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += blocks[n].succ
+    return seen
+
+
+def _path_weights(blocks: dict[int, _Block], nodes: set[int], start: int, ends: set, skip: set) -> set:
+    """Counts of every path from `start` through the DAG `nodes` (edges in `skip` removed) that
+    leaves by one of the edges `ends` (block, successor or None), as frozensets of items."""
+    weights = {n: _block_weights(blocks[n]) for n in nodes}
+    preds = {n: [p for p in nodes if n in blocks[p].succ and (p, n) not in skip] for n in nodes}
+    at: dict[int, set] = {start: {frozenset()}}
+    for n in graphlib.TopologicalSorter(preds).static_order():
+        if n != start:
+            at[n] = {_plus(w, weights[p][n]) for p in preds[n] for w in at.get(p, ())}
+    return {_plus(w, weights[u][s]) for u, s in ends for w in at.get(u, ())}
+
+
+def _plus(w: frozenset, c: Counts) -> frozenset:
+    return frozenset((Counts(dict(w)) + c).items())
+
+
+def on_classes(w) -> Counts:
+    """The simulator-comparable part of a path weight: classes that are on, without local memory
+    (spills, which the simulator has no notion of: see `local_memory_bytes`)."""
+    return Counts({k: v for k, v in dict(w).items() if k != EX2 and not k.startswith(("off:", "LDL", "STL"))})
+
+
+def off_classes(w) -> Counts:
+    """Instructions issued with their guard provably false (if-converted arms), per class."""
+    return Counts({k[4:]: v for k, v in dict(w).items() if k.startswith("off:")})
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSass:
+    """Per-warp path weights of one kernel's three regions (see the module docstring)."""
+
+    prologue: frozenset  # paths entry -> loop header
+    trip: frozenset  # paths header -> latch -> back edge (rounds before the last)
+    last_trip: frozenset  # paths header -> latch -> loop exit (the last round)
+    epilogue: Counts  # union of the blocks after the loop (= the heaviest path)
+    notes: str
+
+    def paths(self, region: str, ex2: int | None = None, ldgdepbar: int | None = None) -> list:
+        ws = {"prologue": self.prologue, "trip": self.trip, "last_trip": self.last_trip}[region]
+        return [w for w in ws if (ex2 is None or dict(w).get(EX2, 0) == ex2)
+                and (ldgdepbar is None or dict(w).get("LDGDEPBAR", 0) == ldgdepbar)]
+
+    def pick(self, region: str, **key) -> Counts:
+        """On-counts of the paths of `region` with this key (ex2=, ldgdepbar=); they must agree."""
+        hits = {frozenset(on_classes(w).items()) for w in self.paths(region, **key)}
+        if len(hits) != 1:
+            have = sorted((dict(w).get(EX2, 0), dict(w).get("LDGDEPBAR", 0)) for w in self.paths(region))
+            raise SassStructureError(f"{region}: {len(hits)} distinct on-counts for {key} (paths' EX2, LDGDEPBAR: {have})")
+        return Counts(dict(next(iter(hits))))
+
+
+def analyze(sass: str, function: str = KERNEL_NAME) -> KernelSass:
+    """Cut the kernel's SASS into prologue / K-V loop trip / epilogue and weigh every path."""
+    funcs, labels = parse_functions(sass)
+    blocks = _cfg(funcs[function], labels)
+    entry = funcs[function][0].addr
+    back = [(u, s) for u, b in blocks.items() for s in b.succ if s <= u]  # backward branches
+    if len({h for _, h in back}) != 1:
+        raise SassStructureError(f"expected one loop (the K/V loop), found back edges {back}")
+    header, latches = back[0][1], {u for u, _ in back}
+    loop = _natural_loop(blocks, header, latches)
+    exits = {(u, s) for u in loop for s in blocks[u].succ if s not in loop}
+    if {u for u, _ in exits} - latches or len({s for _, s in exits}) != 1:
+        raise SassStructureError(f"the K/V loop must be left from its latch only, exits: {sorted(exits)}")
+    outside = set(blocks) - loop
+    pro = _path_weights(blocks, outside, entry, {(n, header) for n in outside if header in blocks[n].succ}, set())
+    trip = _path_weights(blocks, loop, header, set(back), set(back))
+    last = _path_weights(blocks, loop, header, exits, set(back))
+    _check_callees(funcs, function, blocks)
+    end = max(blocks[u].instrs[-1].addr for u in latches)
+    notes = (f"K/V loop {header:#06x}..{end:#06x}: {len(loop)} blocks, "
+             f"{sum(len(blocks[n].succ) == 2 for n in loop)} two-way branches, {len(trip | last)} trip paths")
+    return KernelSass(frozenset(pro), frozenset(trip), frozenset(last), _epilogue(blocks, next(iter(exits))[1]), notes)
+
+
+def _natural_loop(blocks: dict[int, _Block], header: int, latches: set[int]) -> set[int]:
+    preds = collections.defaultdict(set)
+    for a, b in blocks.items():
+        for s in b.succ:
+            preds[s].add(a)
+    loop, todo = {header}, list(latches)
+    while todo:
+        n = todo.pop()
+        if n not in loop:
+            loop.add(n)
+            todo += preds[n]
+    return loop
+
+
+def _epilogue(blocks: dict[int, _Block], start: int) -> Counts:
+    reach = _reachable(blocks, start)
+    union = Counts()
+    for n in reach:  # a block is issued once if any lane gets there; take its heaviest edge
+        ws = [on_classes(w) for w in _block_weights(blocks[n]).values()]
+        union += Counts({k: max(w[k] for w in ws) for k in set().union(*ws)})
+    ends = {(n, None) for n in reach if blocks[n].instrs[-1].base in ("EXIT", "RET")}
+    if not any(on_classes(w) == union for w in _path_weights(blocks, reach, start, ends, set())):
+        raise SassStructureError(f"epilogue: no single path issues every counted instruction {dict(union)}")
+    return union
+
+
+def _check_callees(funcs: dict, function: str, blocks: dict[int, _Block]) -> None:
+    """Called subroutines (the __frcp_rn slow path) must hold no counted instruction."""
+    for name in {i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"}:
+        counted = [i.opcode for i in funcs.get(name, []) if sass_class(i)]
+        if counted:
+            raise SassStructureError(f"{function} calls {name}, which issues {counted}")
+
+
+def local_memory_bytes(sass: str, function: str = KERNEL_NAME) -> tuple[int, int]:
+    """Static (STL, LDL) bytes of the function: what ptxas -v reports as spill stores / loads."""
+    out = {"STL": 0, "LDL": 0}
+    for ins in parse_functions(sass)[0][function]:
+        if ins.base in out:
+            bits = [m for m in ins.opcode.split(".")[1:] if m in _WIDTH]
+            out[ins.base] += int(bits[-1] if bits else 32) // 8
+    return out["STL"], out["LDL"]
+
+
+# ---- the simulator's side ------------------------------------------------------------------------
+class _WidthCounter:
+    """Observer: LDS/STS/LDG/STG warp instructions per (class.bits, round), counted as hub.counts
+    counts (repeat x warps with an active lane)."""
+
+    OPS = (Op.LDS, Op.STS, Op.LDG, Op.STG)
+
+    def __init__(self) -> None:
+        self.counts: Counts = Counts()
+
+    def wants(self, op, phase, rnd) -> bool:
+        return op in self.OPS
+
+    def on_instr(self, ev) -> None:
+        width = (ev.smem or ev.gmem).width
+        self.counts[(f"{ev.op.value}.{8 * width}", ev.round)] += ev.repeat * int(ev.active.any(-1).sum())
+
+
+def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: int = 1,
+                     seed: int = 0) -> tuple[dict[int, Counts], Problem]:
+    """Simulate one launch (random inputs); warp-instruction totals per round (ROUND_PROLOGUE,
+    t, ROUND_EPILOGUE) in SASS class names."""
+    from fa_sim.simulate import simulate
+
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, heads, n, cfg.head_dim)).astype(np.float16) for n in (nq, nk, nk))
+    widths = _WidthCounter()
+    res = simulate(q, k, v, causal=causal, config=cfg, observers=[widths], progress=False)
+    sites = program_sites(cfg)
+    ldsm = {s.phase: "LDSM.MT88" if ".trans" in s.ptx else "LDSM.M88" for s in (*sites.ldsm_q, *sites.ldsm_k, *sites.ldsm_v)}
+    out: dict[int, Counts] = collections.defaultdict(Counts)
+    for (op, phase, rnd), n in res.counts.items():
+        if op not in _WidthCounter.OPS:
+            out[rnd][ldsm[phase] if op is Op.LDSM else op.value] += n
+    for (col, rnd), n in widths.counts.items():
+        out[rnd][col] += n
+    return dict(out), Problem(1, heads, nq, nk, causal, res.scale, cfg)
+
+
+def sass_round_counts(ks: KernelSass, prob: Problem) -> dict[int, Counts]:
+    """What the SASS issues (on-counts) per round of this launch: every warp of a CTA takes the
+    path its CTA-uniform decisions select (round 0 or later, K[t+1] load or not, last trip)."""
+    cfg = prob.config
+    warps = cfg.n_warps * prob.batch * prob.heads
+    out: dict[int, Counts] = collections.defaultdict(Counts)
+    for nbm in prob.n_block_max(np.arange(prob.n_m_blocks)).tolist():
+        out[ROUND_PROLOGUE] += _times(ks.pick("prologue"), warps)
+        for t in range(nbm):
+            ex2 = cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread
+            region = "last_trip" if t == nbm - 1 else "trip"
+            out[t] += _times(ks.pick(region, ex2=ex2, ldgdepbar=1 + (t + 1 < nbm)), warps)
+        out[ROUND_EPILOGUE] += _times(ks.epilogue, warps)
+    return dict(out)
+
+
+def _times(c: Counts, n: int) -> Counts:
+    return Counts({k: v * n for k, v in c.items()})
+
+
+def mismatches(sim: dict, sass: dict, ignore=lambda cls: False) -> list[str]:
+    """Every (round, class) where the two disagree, as readable lines (empty: they agree)."""
+    out = []
+    for rnd in sorted(set(sim) | set(sass)):
+        a, b = sim.get(rnd, Counts()), sass.get(rnd, Counts())
+        out += [f"{_round_name(rnd)} {c}: sim {a[c]} vs SASS {b[c]}"
+                for c in sorted(set(a) | set(b)) if a[c] != b[c] and not ignore(c)]
+    return out
+
+
+def _round_name(rnd: int) -> str:
+    return {ROUND_PROLOGUE: "prologue", ROUND_EPILOGUE: "epilogue"}.get(rnd, f"round {rnd}")
+
+
+# ---- the table ------------------------------------------------------------------------------------
+def per_warp_table(cfg: KernelConfig, causal: bool = False, arch: str = "sm_90", n_blocks: int = 3) -> str:
+    """One CTA (N_q = block_m), so every warp runs every round: N_k = n_blocks * block_n, or, causal,
+    N_k = block_m (block_m / block_n rounds). Per warp: sim / SASS on-counts per class, then the
+    SASS instructions issued with a false guard."""
+    ks = analyze(compile_kernel(cfg, causal=causal, arch=arch).sass())
+    sim, prob = sim_round_counts(cfg, causal, cfg.block_m, cfg.block_m if causal else n_blocks * cfg.block_n)
+    sass = sass_round_counts(ks, prob)
+    rounds = sorted(sim, key=lambda r: (r == ROUND_EPILOGUE, r))
+    lines = [f"{cfg.tag}{' causal' if causal else ''} {arch}, Nq={prob.seqlen_q} Nk={prob.seqlen_k}; {ks.notes}",
+             f"{'per warp':<11}" + "".join(f"{_round_name(r):>13}" for r in rounds)]
+    for c in sorted({c for d in (sim, sass) for r in d for c in d[r]}):
+        cells = [f"{sim[r][c] / cfg.n_warps:g} / {sass.get(r, {}).get(c, 0) / cfg.n_warps:g}" for r in rounds]
+        lines.append(f"{c:<11}" + "".join(f"{x:>13}" for x in cells))
+    bad = mismatches(sim, sass)
+    lines.append("sim / SASS agree" if not bad else "MISMATCH: " + "; ".join(bad))
+    off = {r: sorted({tuple(sorted(off_classes(w).items())) for w in ks.paths(r)}) for r in ("prologue", "trip", "last_trip")}
+    lines.append("issued with a false guard, per path: " + "; ".join(f"{r} {v}" for r, v in off.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fa_hw.sass_counts", description="simulator vs SASS instruction counts")
+    ap.add_argument("--config", default=KernelConfig().tag, help="config tag, e.g. m64n64d64w4-swizzled")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--arch", default="sm_90")
+    args = ap.parse_args(argv)
+    cfg = next((c for c in KernelConfig.family() if c.tag == args.config), None)
+    if cfg is None:
+        ap.error(f"unknown config {args.config!r}; tags look like {KernelConfig().tag}")
+    print(per_warp_table(cfg, args.causal, args.arch))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

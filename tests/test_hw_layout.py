@@ -69,8 +69,8 @@ def test_macros_follow_the_config():
     assert m["FA_CK_S_ACC"] == 0 and m["FA_CK_SO"] == 10 and m["FA_CK_COUNT"] == 11
     seed = KernelBuild().macros()
     assert (seed["FA_SWZ_B"], seed["FA_SWZ_M"], seed["FA_SWZ_S"], seed["FA_MIN_BLOCKS"]) == (3, 3, 3, 4)
-    assert "FA_DIAG_FAST_EXP" not in seed  # the contract's expf unless a benchmark diagnostic asks
-    assert KernelBuild(diag_fast_exp=True, min_blocks_override=5).macros()["FA_MIN_BLOCKS"] == 5
+    assert "FA_DIAG_ACCURATE_EXP" not in seed  # the exp2 form unless a benchmark diagnostic asks
+    assert KernelBuild(diag_accurate_exp=True, min_blocks_override=5).macros()["FA_MIN_BLOCKS"] == 5
 
 
 @pytest.mark.parametrize("cfg", FAMILY, ids=lambda c: c.tag)

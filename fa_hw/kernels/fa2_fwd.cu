@@ -32,8 +32,8 @@ typedef unsigned long long u64;
 #ifndef FA_CHECKPOINTS
 #define FA_CHECKPOINTS 0
 #endif
-#ifndef FA_DIAG_FAST_EXP
-#define FA_DIAG_FAST_EXP 0
+#ifndef FA_DIAG_ACCURATE_EXP
+#define FA_DIAG_ACCURATE_EXP 0
 #endif
 
 namespace fa {
@@ -272,30 +272,33 @@ __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int ke
 }
 
 // ---- softmax arithmetic (SCHEDULE.md "Arithmetic rules") --------------------------------------
-#if !FA_DIAG_FAST_EXP
-__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {  // alpha
-  return expf(__fmul_rn(__fsub_rn(m_prev, m_cur), scale));
-}
-__device__ __forceinline__ float row_offset(float m, float scale) { return m == neg_inf() ? 0.f : __fmul_rn(m, scale); }
-__device__ __forceinline__ float exp_score(float x, float scale, float ms) { return expf(__fsub_rn(__fmul_rn(x, scale), ms)); }
-#else
-// DIAGNOSTIC ONLY (experiments/bench_hw.py --diagnose; never the library's kernel): FA2's
-// arithmetic, exp2 of one FFMA with log2(e) folded into the scale, to measure what the contract's
-// accurate expf and separately rounded multiply/subtract cost. Breaks bit-compatibility.
+// FlashAttention-2's form: exp(s (x - m)) = 2^(x s log2(e) - m s log2(e)), one FFMA and one
+// ex2.approx.ftz (MUFU.EX2) per score. The fp32 constant log2(e) = 0x3FB8AA3B.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {
-  return ex2_approx((m_prev - m_cur) * (scale * 1.4426950408889634f));
+__device__ __forceinline__ float scale_log2(float scale) { return __fmul_rn(scale, 1.4426950408889634f); }
+#if !FA_DIAG_ACCURATE_EXP
+__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {  // alpha
+  return ex2_approx(__fmul_rn(__fsub_rn(m_prev, m_cur), scale_log2(scale)));
 }
 __device__ __forceinline__ float row_offset(float m, float scale) {
-  return m == neg_inf() ? 0.f : m * (scale * 1.4426950408889634f);
+  return m == neg_inf() ? 0.f : __fmul_rn(m, scale_log2(scale));
 }
 __device__ __forceinline__ float exp_score(float x, float scale, float ms) {
-  return ex2_approx(fmaf(x, scale * 1.4426950408889634f, -ms));
+  return ex2_approx(__fmaf_rn(x, scale_log2(scale), -ms));
 }
+#else
+// DIAGNOSTIC ONLY (experiments/bench_hw.py --diagnose; never the library's kernel): the spec's
+// literal expf (CUDA's accurate expf) with separately rounded multiply and subtract, to measure
+// what it costs against the exp2 form above. The simulator does not model this build.
+__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {
+  return expf(__fmul_rn(__fsub_rn(m_prev, m_cur), scale));
+}
+__device__ __forceinline__ float row_offset(float m, float scale) { return m == neg_inf() ? 0.f : __fmul_rn(m, scale); }
+__device__ __forceinline__ float exp_score(float x, float scale, float ms) { return expf(__fsub_rn(__fmul_rn(x, scale), ms)); }
 #endif
 
 // ---- softmax_rescale_o: online softmax on the thread's row slots (mi, half) -------------------

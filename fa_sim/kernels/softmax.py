@@ -6,8 +6,9 @@ Registers (k = live CTAs, W warps, L = 32 lanes; MI = m atoms per warp, NJ = n8 
            thread column ni = b + 2 nj (b = v & 1), i.e. ascending key order (spec table 6)
   rRowMax, rRowSum  [k, W, L, MI, 2] f32, slot half + 2 mi (checkpoints.py)
 
-Arithmetic follows SCHEDULE.md "Arithmetic rules": every fp32 operation is one numpy float32
-operation (rounded once, no contraction); the thread-local sum walks the columns left to right;
+Arithmetic follows SCHEDULE.md "Arithmetic rules": FlashAttention-2's exp2 form, p = ex2(fma(x,
+s log2 e, -m s log2 e)) (fa_sim/isa/fp32.py models fma.rn and ex2.approx.ftz); every other fp32
+operation is one numpy float32 operation (rounded once); the thread-local sum walks the columns left to right;
 the quad all-reduce uses shfl.bfly with XOR 2 then XOR 1 (spec tables 5-7). Both rows of a thread
 are reduced by one batched shuffle (R = 2 MI independent shuffles).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..isa.fp32 import ex2_approx_ftz, fma_rn, scale_log2
 from ..machine import Machine
 from .plan import Sites, Step
 
@@ -66,6 +68,7 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
     """One round of online softmax (spec table 8). Returns (P~ as f32 in tCrS order, tCrO
     rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
     reg = sites.softmax
+    sl2 = scale_log2(scale)  # fmul(s, log2 e)
     s_rc = rowcol(tCrS)  # [k, W, L, MI, 2, 2NJ] f32
     m_prev = rRowMax
     if not first:
@@ -77,14 +80,14 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
                              np.maximum, "rRowMax")
     if not first:
         m_cur = np.where(row_max == NEG_INF, np.float32(0), row_max)
-        alpha = np.exp((m_prev - m_cur) * scale)  # [k, W, L, MI, 2] f32
+        alpha = ex2_approx_ftz((m_prev - m_cur) * sl2)  # [k, W, L, MI, 2] f32
         m.reg(reg[Step.ALPHA], {"rRowMax_prev": m_prev, "rRowMax": row_max}, {"alpha": alpha})
         new_sum, new_o = rRowSum * alpha, scale_rows(tCrO, alpha)
         m.reg(reg[Step.RESCALE], {"alpha": alpha, "rRowSum": rRowSum, "tCrO": tCrO},
               {"rRowSum": new_sum, "tCrO": new_o})
         rRowSum, tCrO = new_sum, new_o
-    ms = np.where(row_max == NEG_INF, np.float32(0), row_max * scale)  # [k, W, L, MI, 2] f32
-    p_rc = np.exp(s_rc * scale - ms[..., None])  # [k, W, L, MI, 2, 2NJ] f32
+    ms = np.where(row_max == NEG_INF, np.float32(0), row_max * sl2)  # [k, W, L, MI, 2] f32
+    p_rc = ex2_approx_ftz(fma_rn(s_rc, sl2, -ms[..., None]))  # [k, W, L, MI, 2, 2NJ] f32
     p = from_rowcol(p_rc)
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
     dl = thread_sum(p_rc)  # [k, W, L, MI, 2] f32
