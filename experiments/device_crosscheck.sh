@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 5 on the GPU machine in one call: the tensor-core probe, the simulator-vs-GPU sweep, the
+# Nsight Compute bank counters beside the simulator's, the GPU tests, the sanitizers and the
+# benchmark. Everything lands in one archive split into <= 15 MB parts under $OUT:
+#   cat $OUT/result.tgz.* | tar xz      (-> device/...)
+#   STEPS="probe sweep" bash experiments/device_crosscheck.sh     # a subset
+set -u
+OUT=${OUT:-experiments/out}
+W=$(mktemp -d)/device
+mkdir -p "$W"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FLASHSIM_CACHE=${FLASHSIM_CACHE:-$PWD/.fa_cache}
+STEPS=${STEPS:-"info metrics probe sweep compare banks tests sanitize bench"}
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+export PATH=$PATH:$(dirname "$NCU")
+
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$W/summary.txt"
+  tail -n "${TAIL:-8}" "$W/$name.log"
+}
+
+for s in $STEPS; do case $s in
+  info) step info 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'" ;;
+  metrics) step metrics 120 bash -c "'$NCU' --query-metrics --chip gh100 | grep -E 'shared_op|ldgsts|ldsm' " ;;
+  probe) step probe 120 python experiments/mma_probe.py run --out "$W" --tiles 8192 ;;
+  sweep) TAIL=3 step sweep 300 python experiments/sim_vs_hw.py run --out "$W/sweep" ;;
+  compare)
+    for c in "" "--causal" "--seqlen 200 --seqlen-k 333 --causal --heads 2" "--smem plain --seqlen 256" \
+             "--head-dim 128 --block-m 128 --warps 8 --seqlen 300"; do
+      TAIL=20 step "compare${c// /_}" 120 python -m fa_sim.cli compare $c --save "$W/gpu${c// /_}.npz"
+    done ;;
+  banks)
+    for smem in swizzled plain padded; do
+      TAIL=12 step "banks_$smem" 200 python -m fa_sim.cli compare --banks --smem $smem --seqlen 256 --heads 2
+    done ;;
+  tests) TAIL=6 step tests 300 python -m pytest -m gpu tests/test_hw_gpu.py -q -rfEs -p no:cacheprovider -k "not sanitizer" ;;
+  sanitize)
+    step memcheck 200 "$SAN" --tool memcheck --error-exitcode 3 python -m fa_hw.sanitize
+    step racecheck 300 "$SAN" --tool racecheck --error-exitcode 3 python -m fa_hw.sanitize ;;
+  bench) TAIL=40 step bench 300 python experiments/bench_hw.py --out "$W" --warmup 10 --reps 30 --diagnose ;;
+esac; done
+
+tar czf - -C "$(dirname "$W")" device | split -b 15m - "$OUT/result.tgz."
+ls -la "$OUT"
