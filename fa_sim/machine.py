@@ -33,6 +33,7 @@ from .config import WARP_SIZE, KernelConfig
 from .events import (ROUND_PROLOGUE, Checkpoint, CheckpointEvent, GmemAccess, InstrEvent, Op, Phase,
                      Site, SmemAccess, Tensor, Tile)
 from .hub import Hub, pad_ctas
+from .tensorcore import EXACT, FusedDotModel
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,10 @@ class _Flight:
 class Machine:
     """A wave of C CTAs: shared memory, cp.async groups, the active mask; executes instructions."""
 
-    def __init__(self, config: KernelConfig, gmem: GlobalMemory, cta: np.ndarray, bh: np.ndarray, hub: Hub):
+    def __init__(self, config: KernelConfig, gmem: GlobalMemory, cta: np.ndarray, bh: np.ndarray, hub: Hub,
+                 mma_model: FusedDotModel = EXACT):
         self.config = config
+        self.mma_model = mma_model  # tensor-core accumulation (fa_sim.tensorcore)
         self.gmem = gmem
         self.cta = np.asarray(cta, dtype=np.int64)  # [C] linear CTA ids
         self.bh = np.asarray(bh, dtype=np.int64)  # [C] batch-head of each CTA
@@ -314,7 +317,7 @@ class Machine:
         """The MI x NJ m16n8k16 MMAs of one k16 step (isa.mma.mma_tiles shapes); R = MI * NJ in
         order mi-major: instruction r = mi * NJ + nj updates c[..., nj, mi, :]."""
         listeners = self._issue(instr)
-        d = isa.mma_tiles(a, b, c)
+        d = isa.mma_tiles(a, b, c, self.mma_model)
         if listeners:
             self._mma_event(instr, listeners, a, b, c, d)
         return d

@@ -7,6 +7,9 @@ q: [B, H, Nq, d], k and v: [B, H, Nk, d] — numpy arrays or anything with `__ar
 `__dlpack__` (CPU tensors), any dtype that converts to fp16 exactly or by rounding (float or
 integer). Only rank-4 inputs are accepted. Any Nq, Nk >= 1; Nk may differ from Nq (causal is
 top-left aligned: key k is visible to query q iff k <= q). `scale=None` means 1/sqrt(d).
+`mma_model` picks the tensor core's accumulation (fa_sim.tensorcore): None or "exact" rounds the
+exact sum once (fast), "h200" reproduces the H200 bit for bit (fitted; every product separately,
+so QK and PV cost about 50 times more).
 `config=None` means the seed configuration with the inputs' head_dim; a given config must match
 the inputs' head_dim. Bad input raises ValueError naming the problem.
 
@@ -26,6 +29,7 @@ from tqdm import tqdm
 
 from .config import HEAD_DIMS, KernelConfig
 from .events import COUNTED_OPS, LaunchInfo, Op, Phase
+from . import tensorcore
 from .hub import Hub
 from .kernels import NO_MUTATION, Mutation, Problem, flash_fwd, wave_order
 from .machine import GlobalMemory, Machine
@@ -141,7 +145,7 @@ def _observers(observers) -> tuple:
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
              observers=(), *, mutation: Mutation | None = None, progress: bool | None = None,
-             wave_ctas: int = DEFAULT_WAVE_CTAS) -> SimResult:
+             wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     q16, k16, v16 = (_as_f16(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
@@ -154,6 +158,7 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
     if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
+    model = tensorcore.resolve(mma_model)
     prob = Problem(b, h, nq, nk, bool(causal), _check_scale(scale, d), _check_config(config, d))
     gmem = GlobalMemory(q=q16.reshape(b * h, nq, d).view(np.uint16), k=k16.reshape(b * h, nk, d).view(np.uint16),
                         v=v16.reshape(b * h, nk, d).view(np.uint16), o=np.zeros((b * h, nq, d), np.uint16),
@@ -165,7 +170,7 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) for w in waves)
     with _progress_bar(progress, rounds * min(wave_ctas, prob.n_ctas)) as bar:
         for wave in waves:
-            m = Machine(prob.config, gmem, wave, wave // prob.n_m_blocks, hub)
+            m = Machine(prob.config, gmem, wave, wave // prob.n_m_blocks, hub, model)
             flash_fwd(m, prob, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
     hub.finish()
     counts = dict(hub.counts)

@@ -10,8 +10,13 @@ truncated below a fixed number of bits, summed exactly, and the block result is 
 `FusedDotModel` is that family, parametrised by
   block:      products fused per step (16 = the whole k16 instruction at once),
   extra_bits: bits kept below fp32's 24-bit significand of the largest term while aligning,
-  rounding:   how the block sum becomes fp32 (toward zero or to nearest even).
-`EXACT` (float64 sum, one round-to-nearest) is the reference model with no truncation.
+  align:      how the shifted-out bits are dropped (toward zero, or toward -inf),
+  nominal_exponents: whether a product's exponent is ea + eb (the significand product in [1, 4)
+              not yet normalised) or that of the normalised product,
+  rounding:   how the block sum becomes fp32 (toward zero, to nearest even, or down).
+`EXACT` (float64 sum, one round-to-nearest) is the reference model with no truncation, and the
+simulator's fast default. `H200` is the member that reproduces the H200 bit for bit: one fused
+16-term step, exponents ea + eb, 24 + 2 bits kept, truncation toward zero, result toward zero.
 `fit()` picks, from measured hardware outputs, the members of the family that reproduce every
 value bit for bit (experiments/mma_probe.py collects them on the GPU).
 """
@@ -37,39 +42,61 @@ class FusedDotModel:
     extra_bits: int | None = None  # None: no truncation (exact alignment)
     rounding: Rounding = Rounding.NEAREST_EVEN
     align: Rounding = Rounding.TOWARD_ZERO  # how bits shifted out during alignment are dropped
+    nominal_exponents: bool = False  # a product's exponent is ea + eb (before normalising ma*mb)
 
     def __str__(self) -> str:
-        bits = "exact" if self.extra_bits is None else f"24+{self.extra_bits} bits, {self.align.value}"
-        return f"fused {self.block}-term dot + c, aligned to max exponent ({bits}), {self.rounding.value} to fp32"
+        if self.extra_bits is None:
+            return f"exact {self.block}-term dot + c, {self.rounding.value} to fp32"
+        expo = "ea+eb" if self.nominal_exponents else "normalised"
+        return (f"fused {self.block}-term dot + c, aligned to the max exponent ({expo} for products), "
+                f"24+{self.extra_bits} bits kept ({self.align.value}), {self.rounding.value} to fp32")
 
     def dot_add(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         """d = c + sum_k a[..., k] * b[..., k]; a, b fp16 [..., K], c fp32 [...] -> fp32 [...]."""
+        a, b = np.broadcast_arrays(np.asarray(a, np.float16), np.asarray(b, np.float16))
         prods = a.astype(np.float64) * b.astype(np.float64)  # exact: 11 x 11 significand bits
+        leads = _lead16(a) + _lead16(b) if self.nominal_exponents else _lead(prods)
         acc = np.asarray(c, dtype=np.float32)
         for k0 in range(0, prods.shape[-1], self.block):
-            terms = np.concatenate([acc.astype(np.float64)[..., None], prods[..., k0:k0 + self.block]], axis=-1)
-            acc = _round_f32(_aligned_sum(terms, self.extra_bits, self.align), self.rounding)
+            acc64 = acc.astype(np.float64)
+            terms = np.concatenate([np.broadcast_to(acc64[..., None], prods.shape[:-1] + (1,)),
+                                    prods[..., k0:k0 + self.block]], axis=-1)
+            lead = np.concatenate([np.broadcast_to(_lead(acc64)[..., None], prods.shape[:-1] + (1,)),
+                                   leads[..., k0:k0 + self.block]], axis=-1)
+            acc = _round_f32(_aligned_sum(terms, lead, self.extra_bits, self.align), self.rounding)
         return acc
 
+    def matmul_add(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """D = C + A @ B: c [..., M, N] f32, a [..., M, K] f16, b [..., K, N] f16 -> [..., M, N] f32."""
+        if self == EXACT:
+            return (np.matmul(a.astype(np.float64), b.astype(np.float64)) + c).astype(np.float32)
+        return self.dot_add(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], c)
 
-EXACT = FusedDotModel(block=16, extra_bits=None, rounding=Rounding.NEAREST_EVEN)
+
+NO_LEAD = -(1 << 20)  # exponent of a zero term: below everything
 
 
-def _aligned_sum(terms: np.ndarray, extra_bits: int | None, align: Rounding) -> np.ndarray:
-    """Sum of terms [..., n] after cutting each to a multiple of 2^(emax - 23 - extra_bits)."""
+def _lead(x: np.ndarray) -> np.ndarray:
+    """floor(log2 |x|) of float64 values, NO_LEAD for zero."""
+    _, exp = np.frexp(x)
+    return np.where(x == 0, NO_LEAD, exp - 1)
+
+
+def _lead16(h: np.ndarray) -> np.ndarray:
+    """Exponent field of fp16 values as the hardware reads it (subnormals: -14), NO_LEAD for 0."""
+    bits = np.ascontiguousarray(h, np.float16).view(np.uint16).astype(np.int64)
+    field = (bits >> 10) & 0x1F
+    return np.where((bits & 0x7FFF) == 0, NO_LEAD, np.maximum(field, 1) - 15)
+
+
+def _aligned_sum(terms: np.ndarray, lead: np.ndarray, extra_bits: int | None, align: Rounding) -> np.ndarray:
+    """Sum of terms [..., n] after cutting each to a multiple of 2^(max lead - 23 - extra_bits)."""
     if extra_bits is None:
-        return _exact_sum(terms)
-    _, exp = np.frexp(terms)  # |x| in [2^(exp-1), 2^exp)
-    exp = np.where(terms == 0, np.iinfo(np.int32).min // 2, exp)
-    emax = exp.max(axis=-1, keepdims=True)
-    quantum = np.ldexp(1.0, (emax - 1 - 23 - extra_bits).clip(-1074, 1023))
+        return np.sum(terms, axis=-1)
+    emax = lead.max(axis=-1, keepdims=True)
+    quantum = np.ldexp(1.0, (emax - 23 - extra_bits).clip(-1074, 1023))
     cut = np.floor if align is Rounding.DOWN else np.trunc
-    return _exact_sum(cut(terms / quantum) * quantum)
-
-
-def _exact_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum along the last axis; exact for the term widths used here (< 53 bits of span)."""
-    return np.sum(terms, axis=-1)
+    return np.sum(cut(terms / quantum) * quantum, axis=-1)  # exact: < 53 bits of span
 
 
 def _round_f32(x: np.ndarray, rounding: Rounding) -> np.ndarray:
@@ -82,12 +109,34 @@ def _round_f32(x: np.ndarray, rounding: Rounding) -> np.ndarray:
     return np.where(np.abs(f64) > np.abs(x), np.nextafter(f, np.float32(0)), f).astype(np.float32)
 
 
+EXACT = FusedDotModel(block=16, extra_bits=None, rounding=Rounding.NEAREST_EVEN)
+
+#: Fitted to the H200 (sm_90) with experiments/mma_probe.py: 1,048,576 of 1,048,576 outputs of
+#: random m16n8k16 MMAs (wide exponent spread, C = 0 and C != 0) reproduced bit for bit.
+H200 = FusedDotModel(block=16, extra_bits=2, rounding=Rounding.TOWARD_ZERO, align=Rounding.TOWARD_ZERO,
+                     nominal_exponents=True)
+
+MODELS = {"exact": EXACT, "h200": H200}
+
+
+def resolve(model) -> FusedDotModel:
+    """A FusedDotModel from a model or its name in MODELS (None: EXACT)."""
+    if model is None:
+        return EXACT
+    if isinstance(model, FusedDotModel):
+        return model
+    try:
+        return MODELS[str(model).lower()]
+    except KeyError:
+        raise ValueError(f"unknown tensor-core model {model!r}; choose one of {sorted(MODELS)}") from None
+
+
 def candidates() -> list[FusedDotModel]:
     """The model family searched by `fit`."""
     out = [EXACT]
-    for block, bits, rnd, align in itertools.product((4, 8, 16), (0, 1, 2, 3, 4, 5, 8), Rounding,
-                                                     (Rounding.TOWARD_ZERO, Rounding.DOWN)):
-        out.append(FusedDotModel(block=block, extra_bits=bits, rounding=rnd, align=align))
+    for block, bits, rnd, align, nominal in itertools.product(
+            (4, 8, 16), (0, 1, 2, 3, 4, 5, 8), Rounding, (Rounding.TOWARD_ZERO, Rounding.DOWN), (False, True)):
+        out.append(FusedDotModel(block=block, extra_bits=bits, rounding=rnd, align=align, nominal_exponents=nominal))
     return out
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from fa_sim import KernelConfig
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
-from fa_sim.crosscheck import (BOUNDS, compare_checkpoints, f16_ulps, output_stats, rounds_per_cta,
+from fa_sim.crosscheck import (BOUNDS, BoundKind, compare_checkpoints, f16_ulps, output_stats, rounds_per_cta,
                                simulate_with_checkpoints)
 from fa_sim.events import Checkpoint
 
@@ -76,8 +76,9 @@ def test_compare_finds_the_exact_first_mismatch():
 
 def test_bounds_cover_every_checkpoint_and_data_movement_is_exact():
     assert set(BOUNDS) == set(CHECKPOINTS)
-    for ck in (Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV):
-        assert BOUNDS[ck] == 0
+    for ck in (Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV, Checkpoint.S_ACC, Checkpoint.S_MASKED,
+               Checkpoint.ROW_MAX):
+        assert BOUNDS[ck] == (BoundKind.ULPS, 0)
 
 
 def test_output_stats():

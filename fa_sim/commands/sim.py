@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--smem", default=SmemLayout.SWIZZLED.value, choices=[s.value for s in SmemLayout])
     p.add_argument("--npz", metavar="FILE", default=None, help=".npz with arrays q, k, v [B, H, N, d]")
+    p.add_argument("--mma", default="exact", choices=["exact", "h200"],
+                   help="tensor-core accumulation: exact sum rounded once (fast) or the H200's (bit-exact)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--check-hazards", action="store_true", help="report shared-memory races (exit 1 if any)")
     p.set_defaults(func=run)
@@ -84,7 +86,7 @@ def run(args) -> int:
         from ..observers.hazards import HazardChecker  # the simulator core does not need the observers
         checker = HazardChecker()
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
-                   observers=() if checker is None else (checker,))
+                   observers=() if checker is None else (checker,), mma_model=args.mma)
     rel, lse_err = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()

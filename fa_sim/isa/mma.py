@@ -11,10 +11,11 @@ The lane -> matrix maps are closed forms; one warp instruction gathers the fragm
 lanes into matrices, multiplies, and scatters D back. `mma_tiles` executes the MI x NJ independent
 MMAs of one k16 step of a warp-level GEMM at once (the same arithmetic per instruction).
 
-Arithmetic: `accumulate` is the only place the tensor core's accumulation is modelled. fp16
-products are exact in float64; the 16 products and C are summed in float64 and rounded to fp32
-once per instruction. Hardware aligns products to the largest exponent and truncates; a fitted
-model can replace this one function.
+Arithmetic: `accumulate` is the only place the tensor core's accumulation is modelled, by a
+fa_sim.tensorcore.FusedDotModel. The default, EXACT, sums the exact fp16 products and C in float64
+and rounds once to nearest (fast: one batched matmul). H200 is the fitted hardware model (one
+fused 16-term step, exponents ea + eb, 24 + 2 bits kept, truncation and result toward zero),
+bit-exact on the H200 but about 50 times slower, since it needs every product separately.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from ..tensorcore import EXACT, FusedDotModel
 from .lanes import GROUP, IN_GROUP, check_lane_axis
 
 A_REGS, B_REGS, C_REGS = 4, 2, 4  # 32-bit registers per lane
@@ -51,15 +53,10 @@ def c_coords() -> tuple[np.ndarray, np.ndarray]:
     return GROUP[:, None] + 8 * (i >> 1), 2 * IN_GROUP[:, None] + (i & 1)
 
 
-def accumulate(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """D = C + A @ B for one k16 step: c [..., M, N] f32, a [..., M, 16] f16, b [..., 16, N] f16.
-
-    Products are exact in float64, the sum over k and the add of C are done in float64, and the
-    result is rounded to fp32 once (round to nearest even).
-    """
-    prod = np.matmul(a.astype(np.float64), b.astype(np.float64))  # [..., M, N] f64
-    prod += c
-    return prod.astype(np.float32)
+def accumulate(c: np.ndarray, a: np.ndarray, b: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
+    """D = C + A @ B for one k16 step: c [..., M, N] f32, a [..., M, 16] f16, b [..., 16, N] f16,
+    with the accumulation of `model` (EXACT: float64 sum rounded once to nearest even)."""
+    return model.matmul_add(c, a, b)
 
 
 @lru_cache(maxsize=None)
@@ -104,7 +101,7 @@ def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
     return np.take(c32, c_src, axis=-1), np.take(a16, a_src, axis=-1), np.take(b16, b_src, axis=-1)
 
 
-def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
     """The MI x NJ independent m16n8k16 MMAs of one k16 step: D(mi, nj) = A(mi) B(nj) + C(mi, nj).
 
     a: [..., 32, MI, 4] uint32 (f16x2), b: [..., 32, NJ, 2] uint32 (f16x2),
@@ -117,13 +114,13 @@ def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
         raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
     cm, am, bm = fragments_to_matrices(a, b, c)
-    d = accumulate(cm, am, bm)  # [..., 16MI, 8NJ] f32
+    d = accumulate(cm, am, bm, model)  # [..., 16MI, 8NJ] f32
     _, _, c_pos, _ = _tile_maps(mi, nj)
     lead = a.shape[:-3]
     return np.take(d.reshape(*lead, -1), c_pos, axis=-1)
 
 
-def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
     """One warp instruction: a [..., 32, 4] u32, b [..., 32, 2] u32, c [..., 32, 4] f32 -> d f32."""
-    d = mma_tiles(a[..., None, :], b[..., None, :], c[..., None, None, :])
+    d = mma_tiles(a[..., None, :], b[..., None, :], c[..., None, None, :], model)
     return d[..., 0, 0, :]
