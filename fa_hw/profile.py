@@ -28,8 +28,12 @@ from fa_sim.observers.banks import BankCounter, Counts, SmemClass
 
 from .errors import FaHwError
 
-#: ncu metric per class and quantity. LDGSTS has no bank-conflict metric (gpu_facts.md).
-METRICS: dict[SmemClass, dict[str, str]] = {
+#: ncu's counters per class and quantity, as `ncu --query-metrics` lists them on the H200
+#: (experiments/device_crosscheck.sh keeps that list). A quantity is a metric, or (a, b) for a - b.
+#: There is no per-SASS-class conflict counter for LDS and STS: ncu's bank-conflict counters for
+#: them are the L1 hardware counters, and the `op_ld` one includes ldmatrix, so LDS conflicts are
+#: l1tex op_ld minus the LDSM conflicts. cp.async.cg is LDGSTS with the cache-bypass path.
+METRICS: dict[SmemClass, dict[str, str | tuple[str, str]]] = {
     SmemClass.LDSM: {
         "instructions": "smsp__inst_executed_op_ldsm.sum",
         "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum",
@@ -38,21 +42,36 @@ METRICS: dict[SmemClass, dict[str, str]] = {
     SmemClass.LDS: {
         "instructions": "smsp__sass_inst_executed_op_shared_ld.sum",
         "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
-        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+        "conflicts": ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                      "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum"),
     },
     SmemClass.STS: {
         "instructions": "smsp__sass_inst_executed_op_shared_st.sum",
         "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
-        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+        "conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
     },
     SmemClass.LDGSTS: {
         "instructions": "smsp__inst_executed_op_ldgsts.sum",
-        "wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum",
+        "wavefronts": "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum",
+        "conflicts": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts_cache_bypass.sum",
     },
 }
-#: Hardware counters that also exist (op_ld includes ldmatrix); reported for reference.
-EXTRA_METRICS = ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")
+
+
+def _metric_names() -> list[str]:
+    names = []
+    for quantities in METRICS.values():
+        for spec in quantities.values():
+            names += list(spec) if isinstance(spec, tuple) else [spec]
+    return list(dict.fromkeys(names))
+
+
+def ncu_value(ncu: dict[str, float], spec) -> float | None:
+    """A quantity from parsed ncu output: a metric, or the difference of two; None if missing."""
+    if isinstance(spec, tuple):
+        a, b = (ncu.get(m) for m in spec)
+        return None if a is None or b is None else a - b
+    return ncu.get(spec)
 
 
 class ProfileError(FaHwError):
@@ -83,7 +102,7 @@ def parse_raw_csv(text: str) -> dict[str, float]:
 
 def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> dict[str, float]:
     """Run ncu on one launch of the kernel; {metric: value} for every metric ncu reported."""
-    metrics = [m for cls in METRICS.values() for m in cls.values()] + list(EXTRA_METRICS)
+    metrics = _metric_names()
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "inputs.npz")
         np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
@@ -104,7 +123,7 @@ class BankComparison:
     ncu: dict[str, float]
 
     def ncu_counts(self, cls: SmemClass) -> dict[str, float | None]:
-        return {q: self.ncu.get(m) for q, m in METRICS[cls].items()}
+        return {q: ncu_value(self.ncu, spec) for q, spec in METRICS[cls].items()}
 
     def matches(self, cls: SmemClass) -> bool:
         got, mine = self.ncu_counts(cls), self.sim[cls]
@@ -115,7 +134,7 @@ class BankComparison:
         return {"config": self.config.tag,
                 "classes": {c.value: {"sim": self.sim[c].to_json(), "ncu": self.ncu_counts(c),
                                       "match": self.matches(c)} for c in SmemClass},
-                "extra": {m: self.ncu.get(m) for m in EXTRA_METRICS}}
+                "ncu_metrics": {m: self.ncu.get(m) for m in _metric_names()}}
 
 
 def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> BankComparison:
@@ -135,11 +154,10 @@ def format_bank_comparison(cmp: BankComparison) -> str:
              f"{'sim confl':>11}{'ncu confl':>11}  match"]
     for c in SmemClass:
         s, n = cmp.sim[c], cmp.ncu_counts(c)
-        conf = "n/a" if "conflicts" not in n else cell(n["conflicts"])
+        conf = cell(n["conflicts"])
         lines.append(f"  {c.value:<8}{s.instructions:>11,}{cell(n['instructions']):>11}{s.wavefronts:>12,}"
                      f"{cell(n['wavefronts']):>12}{s.conflicts:>11,}{conf:>11}  {'yes' if cmp.matches(c) else 'NO'}")
-    for m in EXTRA_METRICS:
-        lines.append(f"  {m} = {cell(cmp.ncu.get(m))}")
+    lines.append("  (LDS conflicts: l1tex op_ld conflicts minus LDSM's; LDGSTS: cp.async.cg, cache-bypass path)")
     return "\n".join(lines)
 
 
