@@ -1,40 +1,34 @@
-"""Static per-warp instruction counts of the compiled kernel's SASS, per class and per K/V round,
-beside the simulator's counts (issue 5, section 3: "same program, same instructions").
+"""Static per-warp instruction counts of the compiled kernel's SASS per class and per K/V round,
+beside the simulator's (issue 5, section 3). `python -m fa_hw.sass_counts [--config TAG]
+[--causal] [--arch sm_90]` prints the table.
 
-Model. The nvdisasm -c text of the kernel is parsed into instructions (address, guard, opcode with
-modifiers, operands) and cut into basic blocks at branch targets and after every BRA / EXIT;
-blocks unreachable from the entry (the `BRA self` sentinel after the last EXIT) are dropped. The
-K/V loop is the one natural loop (retreating edge); it must be left only through its latch. Counts
-are per warp (SASS is warp code), per path, in the simulator's class names (`sass_class`):
+Model. nvdisasm -c text -> instructions (address, guard, opcode, operands) -> basic blocks (cut at
+branch targets and after BRA / EXIT / a CALL to a label of the kernel, which is how sm_80 leaves
+the loop), reachable from the entry only (the `BRA self` sentinel after EXIT is dropped). The K/V
+loop is the one backward branch; it must be left at its bottom. Per warp, in the simulator's class
+names (`sass_class`), per path: prologue = paths entry -> header; a trip = paths header -> back
+edge, or -> exit edge for the last round (loop body counted once per trip); epilogue = union of
+the blocks after the loop, which a warp issues whatever its lanes' divergence (lane % 4 != 0 exits
+before the LSE stores; the __frcp_rn slow-path call, whose callee must hold no counted class) -
+checked to equal the heaviest single path.
 
-  prologue  paths entry -> loop header
-  body      paths header -> latch, once per trip; a trip ends on the back edge, or on the exit
-            edge in the last round
-  epilogue  the union of the blocks after the loop. Its branches are lane-divergent (lane % 4 != 0
-            leaves before the LSE stores; the __frcp_rn slow-path call), and a warp issues the
-            union of its lanes' blocks; we check the union equals the heaviest path, so the count
-            holds whatever the divergence. The called slow path must hold no counted class.
+Guards. `@!PT` never runs (ptxas puts three `@!PT LDS RZ, [RZ]` before each LDGSTS group): not
+counted. Any other guarded instruction is issued, but ptxas if-converts short arms, so some are
+provably off: of a pair `@P X` / `@!P X` (one class, P not rewritten between) one is on and one
+off; one guarded like the block's closing `@P BRA` is on along one edge, off along the other.
+Off instructions are counted apart (`off:CLASS`); the simulator runs the program, so it is
+compared with what is on. Unresolved guards (`@!P3 STG`, rows < seqlen_q) count as on, as the
+simulator counts predicated stores. LDL/STL (spills) are kept out of the comparison.
 
-Guards. `@!PT` instructions never run (ptxas puts three `@!PT LDS RZ, [RZ]` before each LDGSTS
-group) and are not counted. Every other guarded instruction is issued by the warp, but the compiler
-if-converts short arms, so some guarded instructions are provably off: a pair `@P X` / `@!P X` of
-one class with P not rewritten in between has one instruction on and one off; an instruction
-guarded like the block's closing `@P BRA` is on along one edge and off along the other. Those
-off instructions are counted apart (`off:CLASS`); the simulator models the program, so it is
-compared with the instructions that are on. Unresolved guards (`@!P3 STG` for rows < seqlen_q)
-count as on, as the simulator counts predicated stores.
-
-What NVRTC 13.0 does (sm_80 / sm_90, the whole config family): no peeling, no unrolling of the K/V
-loop. Both arms of the first-round vs later-round softmax (`softmax_rescale_o<true|false>`) are in
-the body, each with its own 4 x rows shuffles; the K[t+1] load, the mask and the interior /
-boundary copies are branches or if-converted arms (a 1-instruction copy is fully if-converted:
-both the plain LDGSTS and the zero-fill one are issued, one off). The boundary arm uses LDGSTS with
-an ignore-src predicate operand (zero fill), one instruction per 16-byte chunk as the simulator.
-A trip's path is identified by EX2 (MUFU.EX2, one per expf: the P values, plus one alpha per row
-slot after round 0), LDGDEPBAR (2 with the K[t+1] load) and whether it is the last trip; any other
-branch (mask, copy arms) must leave the on-counts unchanged, else `SassStructureError`.
-
-`python -m fa_hw.sass_counts [--config TAG] [--causal] [--arch sm_90]` prints the per-warp table.
+What NVRTC 13.0 does (sm_80 and sm_90, whole config family): no peeling, no unrolling of the K/V
+loop; both softmax arms (`softmax_rescale_o<true|false>`, each with its own shuffles) are in the
+body; the K[t+1] load, the mask and the interior / boundary copies are branches or if-converted
+arms (a 1-instruction copy: both the plain and the zero-fill LDGSTS issued, one off; a longer one:
+the interior arm predicated into the boundary arm). Zero fill is LDGSTS with an ignore-src
+predicate, one per 16-byte chunk as in the simulator. A trip's path is told by EX2 (MUFU.EX2, one
+per exponential: the P values, plus one alpha per row slot after round 0), LDGDEPBAR (2 with the
+K[t+1] load) and being the last; other branches (mask, copy arms) must not change the on-counts,
+else `SassStructureError`.
 """
 
 from __future__ import annotations
@@ -52,6 +46,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from fa_sim.kernels import Problem
 from fa_sim.kernels.plan import program_sites
+from fa_sim.simulate import simulate
 
 from .compile import KERNEL_NAME, compile_kernel
 from .errors import FaHwError
@@ -64,6 +59,7 @@ _LABEL = re.compile(r"^\s*([$\w.]+):\s*$")
 _FUNC = re.compile(r"\.type\s+([$\w.]+),@function")
 _PRED = re.compile(r"U?P[0-6T]")
 _WIDTH = {"8", "16", "32", "64", "128"}
+_ROUND = {ROUND_PROLOGUE: "prologue", ROUND_EPILOGUE: "epilogue"}
 _EXACT = {"HMMA.16816.F32": "HMMA", "LDSM.16.M88.4": "LDSM.M88", "LDSM.16.MT88.4": "LDSM.MT88",
           "SHFL.BFLY": "SHFL", "DEPBAR.LE": "DEPBAR", "LDGDEPBAR": "LDGDEPBAR",
           "BAR.SYNC.DEFER_BLOCKING": "BAR", "BAR.SYNC": "BAR", "LDGSTS.E.BYPASS.128": "LDGSTS",
@@ -163,7 +159,7 @@ def _block_weights(b: _Block) -> dict[int | None, Counts]:
     last, edges = b.instrs[-1], {s: Counts() for s in b.succ}
     if last.base == "EXIT":
         edges[None] = Counts()
-    resolvable = (last.base == "BRA" and last.literal and len(set(b.succ)) == 2
+    resolvable = (last.base in ("BRA", "CALL") and last.literal and len(set(b.succ)) == 2
                   and not last.operands.startswith(("P", "!P", "UP", "!UP")))  # not `BRA P1, target`
     for i in pend:
         ins = b.instrs[i]
@@ -189,36 +185,40 @@ def _pair_off(instrs: list[SassInstr], pend: list[int], base: Counts) -> None:
                     break
 
 
-def _cfg(instrs: list[SassInstr], labels: dict[str, int]) -> dict[int, _Block]:
-    """Basic blocks by start address, only those reachable from the entry."""
+def _cfg(instrs: list[SassInstr], labels: dict[str, int], functions) -> dict[int, _Block]:
+    """Basic blocks by start address, only those reachable from the entry. A CALL to a label of
+    the same function is a jump (sm_80 leaves the K/V loop with `@P0 CALL.REL.NOINC` to the exit)."""
+    def jump(ins):
+        return ins.base == "BRA" or (ins.base == "CALL" and ins.target not in functions)
     leaders = {instrs[0].addr}
     for ins, nxt in zip(instrs, instrs[1:]):
         if ins.base in ("BRX", "JMX", "JMP", "BREAK", "KILL"):
             raise SassStructureError(f"unsupported control flow at {ins.addr:#06x}: {ins.opcode}")
-        if ins.base in ("BRA", "EXIT", "RET"):
-            leaders |= {nxt.addr} | ({labels[ins.target]} if ins.base == "BRA" else set())
+        if jump(ins) or ins.base in ("EXIT", "RET"):
+            leaders |= {nxt.addr} | ({labels[ins.target]} if jump(ins) else set())
     blocks, cur = {}, []
     for i, ins in enumerate(instrs):
         cur.append(ins)
         nxt = instrs[i + 1].addr if i + 1 < len(instrs) else None
         if nxt is None or nxt in leaders:
             fall = [nxt] if nxt is not None else []
-            if ins.base == "BRA":
+            if jump(ins):
                 succ = [labels[ins.target]] + (fall if ins.literal else [])
             else:
                 succ = fall if ins.base not in ("EXIT", "RET") or ins.literal else []
             blocks[cur[0].addr], cur = _Block(cur, succ), []
-    reach = _reachable(blocks, instrs[0].addr)
+    reach = _reach({a: b.succ for a, b in blocks.items()}, [instrs[0].addr])
     return {a: b for a, b in blocks.items() if a in reach}
 
 
-def _reachable(blocks: dict[int, _Block], start: int) -> set[int]:
-    seen, todo = set(), [start]
+def _reach(succ: dict, starts, allowed=None) -> set:
+    """Nodes reachable from `starts` along `succ` (node -> successors), staying inside `allowed`."""
+    seen, todo = set(), list(starts)
     while todo:
         n = todo.pop()
-        if n not in seen:
+        if n not in seen and (allowed is None or n in allowed):
             seen.add(n)
-            todo += blocks[n].succ
+            todo += succ[n]
     return seen
 
 
@@ -276,43 +276,43 @@ class KernelSass:
 def analyze(sass: str, function: str = KERNEL_NAME) -> KernelSass:
     """Cut the kernel's SASS into prologue / K-V loop trip / epilogue and weigh every path."""
     funcs, labels = parse_functions(sass)
-    blocks = _cfg(funcs[function], labels)
+    blocks = _cfg(funcs[function], labels, funcs)
     entry = funcs[function][0].addr
     back = [(u, s) for u, b in blocks.items() for s in b.succ if s <= u]  # backward branches
     if len({h for _, h in back}) != 1:
         raise SassStructureError(f"expected one loop (the K/V loop), found back edges {back}")
     header, latches = back[0][1], {u for u, _ in back}
-    loop = _natural_loop(blocks, header, latches)
-    exits = {(u, s) for u in loop for s in blocks[u].succ if s not in loop}
-    if {u for u, _ in exits} - latches or len({s for _, s in exits}) != 1:
-        raise SassStructureError(f"the K/V loop must be left from its latch only, exits: {sorted(exits)}")
+    loop, exits = _loop(blocks, header, latches)
     outside = set(blocks) - loop
     pro = _path_weights(blocks, outside, entry, {(n, header) for n in outside if header in blocks[n].succ}, set())
     trip = _path_weights(blocks, loop, header, set(back), set(back))
     last = _path_weights(blocks, loop, header, exits, set(back))
-    _check_callees(funcs, function, blocks)
+    for name in {i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"} & set(funcs):
+        if any(sass_class(i) for i in funcs[name]):  # the __frcp_rn slow path must issue no class
+            raise SassStructureError(f"{function} calls {name}, which issues counted instructions")
     end = max(blocks[u].instrs[-1].addr for u in latches)
     notes = (f"K/V loop {header:#06x}..{end:#06x}: {len(loop)} blocks, "
              f"{sum(len(blocks[n].succ) == 2 for n in loop)} two-way branches, {len(trip | last)} trip paths")
     return KernelSass(frozenset(pro), frozenset(trip), frozenset(last), _epilogue(blocks, next(iter(exits))[1]), notes)
 
 
-def _natural_loop(blocks: dict[int, _Block], header: int, latches: set[int]) -> set[int]:
-    preds = collections.defaultdict(set)
-    for a, b in blocks.items():
-        for s in b.succ:
-            preds[s].add(a)
-    loop, todo = {header}, list(latches)
-    while todo:
-        n = todo.pop()
-        if n not in loop:
-            loop.add(n)
-            todo += preds[n]
-    return loop
+def _loop(blocks: dict[int, _Block], header: int, latches: set[int]) -> tuple[set[int], set]:
+    """The natural loop of `header` and its exit edges, checked to be bottom-tested: every
+    header -> latch path passes an exiting block that is not the header (one-block loops aside),
+    so a trip ends at the back edge or, the last one, at the exit edge."""
+    succ = {a: b.succ for a, b in blocks.items()}
+    preds = {a: [p for p in blocks if a in blocks[p].succ] for a in blocks}
+    loop = {header} | _reach(preds, latches, set(blocks) - {header})
+    exits = {(u, s) for u in loop for s in succ[u] if s not in loop}
+    exiting = {u for u, _ in exits}
+    inner = _reach(succ, [header], loop - exiting)
+    if len({s for _, s in exits}) != 1 or inner & latches or (header in exiting and loop != {header}):
+        raise SassStructureError(f"the K/V loop must be left at its bottom only, exits: {sorted(exits)}")
+    return loop, exits
 
 
 def _epilogue(blocks: dict[int, _Block], start: int) -> Counts:
-    reach = _reachable(blocks, start)
+    reach = _reach({a: b.succ for a, b in blocks.items()}, [start])
     union = Counts()
     for n in reach:  # a block is issued once if any lane gets there; take its heaviest edge
         ws = [on_classes(w) for w in _block_weights(blocks[n]).values()]
@@ -321,14 +321,6 @@ def _epilogue(blocks: dict[int, _Block], start: int) -> Counts:
     if not any(on_classes(w) == union for w in _path_weights(blocks, reach, start, ends, set())):
         raise SassStructureError(f"epilogue: no single path issues every counted instruction {dict(union)}")
     return union
-
-
-def _check_callees(funcs: dict, function: str, blocks: dict[int, _Block]) -> None:
-    """Called subroutines (the __frcp_rn slow path) must hold no counted instruction."""
-    for name in {i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"}:
-        counted = [i.opcode for i in funcs.get(name, []) if sass_class(i)]
-        if counted:
-            raise SassStructureError(f"{function} calls {name}, which issues {counted}")
 
 
 def local_memory_bytes(sass: str, function: str = KERNEL_NAME) -> tuple[int, int]:
@@ -343,28 +335,25 @@ def local_memory_bytes(sass: str, function: str = KERNEL_NAME) -> tuple[int, int
 
 # ---- the simulator's side ------------------------------------------------------------------------
 class _WidthCounter:
-    """Observer: LDS/STS/LDG/STG warp instructions per (class.bits, round), counted as hub.counts
-    counts (repeat x warps with an active lane)."""
+    """Observer: LDS/STS/LDG/STG warp instructions per (class.bits, round), counted like hub.counts."""
 
     OPS = (Op.LDS, Op.STS, Op.LDG, Op.STG)
 
     def __init__(self) -> None:
-        self.counts: Counts = Counts()
+        self.counts = Counts()
 
     def wants(self, op, phase, rnd) -> bool:
         return op in self.OPS
 
     def on_instr(self, ev) -> None:
-        width = (ev.smem or ev.gmem).width
-        self.counts[(f"{ev.op.value}.{8 * width}", ev.round)] += ev.repeat * int(ev.active.any(-1).sum())
+        bits = 8 * (ev.smem or ev.gmem).width
+        self.counts[(f"{ev.op.value}.{bits}", ev.round)] += ev.repeat * int(ev.active.any(-1).sum())
 
 
 def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: int = 1,
                      seed: int = 0) -> tuple[dict[int, Counts], Problem]:
     """Simulate one launch (random inputs); warp-instruction totals per round (ROUND_PROLOGUE,
     t, ROUND_EPILOGUE) in SASS class names."""
-    from fa_sim.simulate import simulate
-
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((1, heads, n, cfg.head_dim)).astype(np.float16) for n in (nq, nk, nk))
     widths = _WidthCounter()
@@ -386,32 +375,26 @@ def sass_round_counts(ks: KernelSass, prob: Problem) -> dict[int, Counts]:
     cfg = prob.config
     warps = cfg.n_warps * prob.batch * prob.heads
     out: dict[int, Counts] = collections.defaultdict(Counts)
+    def _times(c: Counts) -> Counts:
+        return Counts({k: v * warps for k, v in c.items()})
     for nbm in prob.n_block_max(np.arange(prob.n_m_blocks)).tolist():
-        out[ROUND_PROLOGUE] += _times(ks.pick("prologue"), warps)
+        out[ROUND_PROLOGUE] += _times(ks.pick("prologue"))
         for t in range(nbm):
             ex2 = cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread
             region = "last_trip" if t == nbm - 1 else "trip"
-            out[t] += _times(ks.pick(region, ex2=ex2, ldgdepbar=1 + (t + 1 < nbm)), warps)
-        out[ROUND_EPILOGUE] += _times(ks.epilogue, warps)
+            out[t] += _times(ks.pick(region, ex2=ex2, ldgdepbar=1 + (t + 1 < nbm)))
+        out[ROUND_EPILOGUE] += _times(ks.epilogue)
     return dict(out)
 
 
-def _times(c: Counts, n: int) -> Counts:
-    return Counts({k: v * n for k, v in c.items()})
-
-
-def mismatches(sim: dict, sass: dict, ignore=lambda cls: False) -> list[str]:
+def mismatches(sim: dict, sass: dict) -> list[str]:
     """Every (round, class) where the two disagree, as readable lines (empty: they agree)."""
     out = []
     for rnd in sorted(set(sim) | set(sass)):
         a, b = sim.get(rnd, Counts()), sass.get(rnd, Counts())
-        out += [f"{_round_name(rnd)} {c}: sim {a[c]} vs SASS {b[c]}"
-                for c in sorted(set(a) | set(b)) if a[c] != b[c] and not ignore(c)]
+        out += [f"{_ROUND.get(rnd, f'round {rnd}')} {c}: sim {a[c]} vs SASS {b[c]}"
+                for c in sorted(set(a) | set(b)) if a[c] != b[c]]
     return out
-
-
-def _round_name(rnd: int) -> str:
-    return {ROUND_PROLOGUE: "prologue", ROUND_EPILOGUE: "epilogue"}.get(rnd, f"round {rnd}")
 
 
 # ---- the table ------------------------------------------------------------------------------------
@@ -419,12 +402,13 @@ def per_warp_table(cfg: KernelConfig, causal: bool = False, arch: str = "sm_90",
     """One CTA (N_q = block_m), so every warp runs every round: N_k = n_blocks * block_n, or, causal,
     N_k = block_m (block_m / block_n rounds). Per warp: sim / SASS on-counts per class, then the
     SASS instructions issued with a false guard."""
-    ks = analyze(compile_kernel(cfg, causal=causal, arch=arch).sass())
+    ck = compile_kernel(cfg, causal=causal, arch=arch)
+    ks = analyze(text := ck.sass())
     sim, prob = sim_round_counts(cfg, causal, cfg.block_m, cfg.block_m if causal else n_blocks * cfg.block_n)
     sass = sass_round_counts(ks, prob)
     rounds = sorted(sim, key=lambda r: (r == ROUND_EPILOGUE, r))
     lines = [f"{cfg.tag}{' causal' if causal else ''} {arch}, Nq={prob.seqlen_q} Nk={prob.seqlen_k}; {ks.notes}",
-             f"{'per warp':<11}" + "".join(f"{_round_name(r):>13}" for r in rounds)]
+             f"{'per warp':<11}" + "".join(f"{_ROUND.get(r, f'round {r}'):>13}" for r in rounds)]
     for c in sorted({c for d in (sim, sass) for r in d for c in d[r]}):
         cells = [f"{sim[r][c] / cfg.n_warps:g} / {sass.get(r, {}).get(c, 0) / cfg.n_warps:g}" for r in rounds]
         lines.append(f"{c:<11}" + "".join(f"{x:>13}" for x in cells))
@@ -432,6 +416,9 @@ def per_warp_table(cfg: KernelConfig, causal: bool = False, arch: str = "sm_90",
     lines.append("sim / SASS agree" if not bad else "MISMATCH: " + "; ".join(bad))
     off = {r: sorted({tuple(sorted(off_classes(w).items())) for w in ks.paths(r)}) for r in ("prologue", "trip", "last_trip")}
     lines.append("issued with a false guard, per path: " + "; ".join(f"{r} {v}" for r, v in off.items()))
+    if any(local := local_memory_bytes(text)):
+        lines.append(f"spills (not in the simulator): {local[0]} B STL, {local[1]} B LDL (ptxas: "
+                     f"{ck.usage.spill_stores}, {ck.usage.spill_loads})")
     return "\n".join(lines)
 
 
