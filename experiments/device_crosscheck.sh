@@ -30,7 +30,8 @@ for s in $STEPS; do case $s in
   sweep) TAIL=3 step sweep 300 python experiments/sim_vs_hw.py run --out "$W/sweep" ;;
   compare)
     for c in "" "--causal" "--seqlen 200 --seqlen-k 333 --causal --heads 2" "--smem plain --seqlen 256" \
-             "--head-dim 128 --block-m 128 --warps 8 --seqlen 300"; do
+             "--smem padded --batch 2 --seqlen 500 --causal" "--head-dim 128 --block-m 128 --warps 8 --seqlen 300" \
+             "--head-dim 32 --block-n 32 --seqlen 1000 --seqlen-k 77"; do
       TAIL=20 step "compare${c// /_}" 120 python -m fa_sim.cli compare $c --save "$W/gpu${c// /_}.npz"
     done ;;
   banks)

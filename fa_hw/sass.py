@@ -17,7 +17,8 @@ from pathlib import Path
 from .errors import FaHwError
 
 # '        /*0dd0*/   @!P0 DEPBAR.LE SB0, 0x0 ;' -> 'DEPBAR.LE'
-_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+_NEVER = re.compile(r"@!U?PT\s+")  # guarded by "not true": placeholders ptxas emits, never executed
 
 
 @functools.cache
@@ -50,8 +51,9 @@ def disassemble(cubin: bytes) -> str:
 
 
 def opcodes(sass: str) -> list[str]:
-    """Full opcodes with modifiers, in program order (predicate guards dropped)."""
-    return _INSTR.findall(sass)
+    """Full opcodes with modifiers, in program order (predicate guards dropped; instructions
+    guarded by @!PT, which never execute, left out)."""
+    return [op for guard, op in _INSTR.findall(sass) if not _NEVER.fullmatch(guard or "")]
 
 
 def opcode_counts(sass: str) -> collections.Counter:
