@@ -92,7 +92,7 @@ def write_outputs(reports: dict[str, CompareReport], out: Path) -> None:
     cks = [c.value for c in CHECKPOINTS]
     lines = ["| case | " + " | ".join(cks) + " | O max ulps | LSE max abs |", "|---" * (len(cks) + 3) + "|"]
     for name, rep in reports.items():
-        cells = [f"{s.fraction_identical:.1%} ({s.max_ulps})" for s in rep.checkpoints]
+        cells = [f"{s.fraction_identical:.2%} ({s.max_ulps})" for s in rep.checkpoints]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {rep.outputs.o_max_ulps} | {rep.outputs.lse_max_abs:.1e} |")
     lines.append("")
     lines.append("cell: fraction of bit-identical values (max difference in ulps)")
