@@ -156,3 +156,25 @@ def test_tile_of_rows():
     assert {r.tile for r in rep.rows} == {Tile.SQ, Tile.SK, Tile.SV, Tile.SO}
     with pytest.raises(ValueError):
         phase_words(np.zeros(32, np.int64), np.ones(32, bool), Op.LDS, 2)
+
+
+def test_ldgsts_rule_reproduces_the_h200_probe():
+    """banks.ldgsts_wavefronts against Nsight Compute on the H200 (experiments/ldgsts_probe.py):
+    every pattern the kernel can issue agrees; the one scattered pattern it never issues is the
+    known exception named in the docstring."""
+    import json
+    from pathlib import Path
+
+    from fa_sim.observers.banks import ldgsts_wavefronts
+
+    data = json.loads((Path(__file__).parent / "data" / "h200" / "ldgsts_probe.json").read_text())
+    metric = "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum"
+    src = 16 * np.arange(32)  # lane l copies global bytes [16 l, 16 l + 16)
+    off = []
+    for name, offsets in data["patterns"].items():
+        o = np.asarray(offsets)
+        got = int(ldgsts_wavefronts(np.where(o >= 0, o, 0)[None], src[None], (o >= 0)[None]).sum())
+        if got != data["ncu"][name][metric]:
+            off.append(name)
+    assert off == ["stride 32B"]
+    assert len(data["patterns"]) == 35

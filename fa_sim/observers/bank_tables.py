@@ -17,8 +17,8 @@ def _class_label(cls: SmemClass) -> str:
     return f"{cls.value} (*)" if cls is SmemClass.LDGSTS else cls.value
 
 
-FOOTNOTE = ("(*) LDGSTS (cp.async.cg) wavefronts by the same rule; Nsight Compute does not call them "
-            "bank conflicts (..._op_ldgsts_cache_bypass).")
+FOOTNOTE = ("(*) LDGSTS (cp.async.cg): wavefronts by the rule Nsight Compute applies to them (fitted on "
+            "the H200, banks.ldgsts_wavefronts); ncu does not call the excess bank conflicts.")
 
 
 def format_report(rep: BankReport, title: str = "") -> str:

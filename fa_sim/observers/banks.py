@@ -141,6 +141,37 @@ def instruction_cost(op: Op, smem: SmemAccess, active: np.ndarray) -> InstrCost:
     return InstrCost(wf.sum(-1) * executed, ideal.sum(-1) * executed, executed)
 
 
+def ldgsts_wavefronts(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Shared-side wavefronts of cp.async.cg as Nsight Compute counts them: [..., 32] destination
+    and source byte addresses, mask -> [..., 4] per quarter-warp phase.
+
+    Fitted to the H200 (experiments/ldgsts_probe.py, tests/data/h200/ldgsts_probe.json): data
+    moves in 32-byte source sectors into 128-byte destination lines. Per phase, the 16-byte chunks
+    bound for one destination line split into two classes by their shift (dst - src) mod 32: 0
+    (sectors stay whole) or 16 (sectors straddle). Each class present costs the largest number of
+    source sectors feeding one destination sector, or of destination sectors fed by one source
+    sector (1 for whole sectors in any order, as in the swizzled and plain rows; 2 for rows shifted
+    by 16 bytes, as the padded layout's pitch makes them). Reproduces 34 of the 35 probed patterns,
+    every row copy the kernel issues among them; a 32-byte stride (never issued) costs one
+    wavefront per lane on the hardware, twice this rule.
+    """
+    shape = dst.shape[:-1] + (4, 8)
+    d, s_, m = dst.reshape(shape), src.reshape(shape), mask.reshape(shape)
+
+    def same(key):  # [..., 4, 8, 8] lanes i, j of a phase agree on key, both active
+        return m[..., :, None] & m[..., None, :] & (key[..., :, None] == key[..., None, :])
+
+    group = same(d // 128) & same(((d - s_) // 16) % 2)  # same destination line and shift class
+    same_dsec, same_ssec = group & same(d // 32), group & same(s_ // 32)
+    earlier = np.tril(np.ones((8, 8), bool), -1)  # [i, j]: j < i
+    first_pair = m & ~(same_dsec & same_ssec & earlier).any(-1)  # first lane of its sector pair
+    deg = np.maximum((same_dsec & first_pair[..., None, :]).sum(-1),  # source sectors per dst sector
+                     (same_ssec & first_pair[..., None, :]).sum(-1))  # dst sectors per source sector
+    group_cost = np.where(group, deg[..., None, :], 0).max(-1)  # [..., 4, 8]
+    leader = m & ~(group & earlier).any(-1)  # first lane of each (line, class) group
+    return np.where(leader, group_cost, 0).sum(-1)
+
+
 @dataclass(frozen=True)
 class BankRow:
     """Totals of one static instruction (pc) in one round."""
@@ -180,6 +211,8 @@ class BankCounter:
             return
         cls = SmemClass(event.op.value)
         cost = instruction_cost(event.op, event.smem, np.asarray(event.active, dtype=bool))
+        if cls is SmemClass.LDGSTS and event.gmem is not None:
+            cost = self._ldgsts_cost(event, cost)
         wf = cost.wavefronts[cost.executed]
         self.per_instruction[cls].update(Counter(dict(zip(*np.unique(wf, return_counts=True)))))
         add = Counts(int(cost.executed.sum()), int(wf.sum()), int(cost.ideal.sum()))
@@ -188,6 +221,14 @@ class BankCounter:
         counts = add if old is None else old.counts + add
         self._rows[key] = BankRow(cls, event.phase, event.round, event.pc, event.ptx, event.label,
                                   event.smem.tile, counts)
+
+    def _ldgsts_cost(self, event: InstrEvent, cost: "InstrCost") -> "InstrCost":
+        """cp.async wavefronts by ncu's rule (ldgsts_wavefronts); the ideal stays one per phase."""
+        g, d = event.gmem, self.launch.config.head_dim
+        src = (np.asarray(g.row, np.int64) * d + np.asarray(g.col, np.int64)) * 2  # [R, C, W, L] bytes
+        mask = np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
+        wf = ldgsts_wavefronts(np.asarray(event.smem.addr, np.int64), src, mask).sum(-1)
+        return InstrCost(wf * cost.executed, cost.ideal, cost.executed)
 
     def report(self) -> "BankReport":
         smem = getattr(getattr(self.launch, "config", None), "smem", None)
