@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 5 on the GPU machine in one call: the tensor-core probe, the simulator-vs-GPU sweep, the
-# Nsight Compute bank counters beside the simulator's, the GPU tests, the sanitizers and the
-# benchmark. Everything lands in one archive split into <= 15 MB parts under $OUT:
+# All GPU-side work in one call: an `fa hw` smoke run, the tensor-core probe, the simulator-vs-GPU
+# sweep and compare runs, the Nsight Compute bank counters beside the simulator's, the GPU tests,
+# compute-sanitizer memcheck and racecheck, and the benchmark. Everything lands in one archive split into <= 15 MB parts under $OUT:
 #   cat $OUT/result.tgz.* | tar xz      (-> device/...)
 #   STEPS="probe sweep" bash experiments/device_crosscheck.sh     # a subset
 set -u
@@ -9,7 +9,7 @@ OUT=${OUT:-experiments/out}
 W=$(mktemp -d)/device
 mkdir -p "$W"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FLASHSIM_CACHE=${FLASHSIM_CACHE:-$PWD/.fa_cache}
-STEPS=${STEPS:-"info metrics probe sweep compare banks tests sanitize bench"}
+STEPS=${STEPS:-"info smoke metrics probe sweep compare banks tests sanitize bench"}
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 export PATH=$PATH:$(dirname "$NCU")
@@ -25,7 +25,9 @@ step() {  # step NAME TIMEOUT CMD...
 
 for s in $STEPS; do case $s in
   info) step info 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'" ;;
+  smoke) step smoke 120 python -m fa_sim.cli hw --batch 2 --heads 4 --seqlen 1000 --seqlen-k 777 --causal --json ;;
   metrics) step metrics 120 bash -c "'$NCU' --query-metrics --chip gh100 | grep -E 'shared_op|ldgsts|ldsm' " ;;
+  ldgsts) step ldgsts 120 python experiments/ldgsts_probe.py profile --out "$W" ;;
   probe) step probe 120 python experiments/mma_probe.py run --out "$W" --tiles 8192 ;;
   sweep) TAIL=3 step sweep 300 python experiments/sim_vs_hw.py run --out "$W/sweep" ;;
   compare)

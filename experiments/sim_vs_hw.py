@@ -23,6 +23,7 @@ import numpy as np
 from fa_sim import KernelConfig
 from fa_sim.checkpoints import CHECKPOINTS
 from fa_sim.crosscheck import CompareReport, build_report, simulate_with_checkpoints
+from fa_sim.reference import random_inputs
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,7 @@ class Case:
         return f"{self.config.tag}{'-causal' if self.causal else ''}-{self.seqlen_q}x{self.seqlen_k}"
 
     def inputs(self):
-        rng = np.random.default_rng(self.seed)
-        d = self.config.head_dim
-        shapes = ((self.batch, self.heads, self.seqlen_q, d), (self.batch, self.heads, self.seqlen_k, d))
-        return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
+        return random_inputs(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.config.head_dim, self.seed)
 
     @property
     def ctas(self) -> list[int]:

@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from fa_sim import crosscheck
+from fa_sim.reference import attention
+from fa_sim.reference import random_inputs as reference_inputs
+
 
 def reference(q, k, v, causal: bool = False, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """float64 O [B,H,Nq,d] and LSE [B,H,Nq] (natural log); key k visible to query q iff k <= q."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
-    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
-    if causal:
-        nq, nk = s.shape[-2:]
-        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None], s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    p = np.exp(s - m)
-    l = p.sum(axis=-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bhqd", p / l, v), (m + np.log(l))[..., 0]
+    return attention(q, k, v, causal=causal, scale=scale)
 
 
 def rel_err(x, ref) -> float:
@@ -32,11 +27,7 @@ def max_abs_err(x, ref) -> float:
 
 def f16_ulps(a, b) -> np.ndarray:
     """Distance in fp16 ulps (units in the last place) between two fp16 arrays, elementwise."""
-    def ordered(x):
-        bits = np.ascontiguousarray(x, dtype=np.float16).view(np.int16).astype(np.int32)
-        return np.where(bits < 0, -0x8000 - bits, bits)  # monotone map of the bit patterns
-
-    return np.abs(ordered(a) - ordered(b))
+    return crosscheck.f16_ulps(a, b)
 
 
 def to_numpy(x) -> np.ndarray:
@@ -52,12 +43,8 @@ def to_numpy(x) -> np.ndarray:
 
 
 def random_inputs(batch: int, heads: int, seqlen: int, seqlen_k: int, head_dim: int, seed: int = 0):
-    """Standard normal q, k, v in float16 (numpy)."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((batch, heads, seqlen, head_dim)).astype(np.float16)
-    k = rng.standard_normal((batch, heads, seqlen_k, head_dim)).astype(np.float16)
-    v = rng.standard_normal((batch, heads, seqlen_k, head_dim)).astype(np.float16)
-    return q, k, v
+    """Standard normal q, k, v in float16 (numpy): fa_sim.reference.random_inputs."""
+    return reference_inputs(batch, heads, seqlen, seqlen_k, head_dim, seed)
 
 
 def attention_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, seqlen_k: int | None = None) -> float:

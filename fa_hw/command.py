@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from fa_sim.config import KernelConfig, SmemLayout
+from fa_sim.commands.common import (add_config_arguments, add_problem_arguments, config_from_args, random_inputs,
+                                    seqlen_k)
 
 from . import check
 from .forward import forward
@@ -22,30 +23,16 @@ from .forward import forward
 def register(subparsers) -> None:
     p = subparsers.add_parser("hw", help="run the real kernel on the GPU (NVRTC + cuda.core)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seqlen", type=int, default=1024, help="query length Nq")
-    p.add_argument("--seqlen-k", type=int, default=None, help="key/value length Nk (default: Nq)")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--causal", action="store_true", help="top-left causal mask (key k <= query q)")
-    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(head_dim))")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--smem", choices=[m.value for m in SmemLayout], default=SmemLayout.SWIZZLED.value)
+    add_problem_arguments(p, seqlen=1024, heads=4)
+    add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=args.head_dim,
-                          n_warps=args.warps, smem=args.smem)
-    nk = args.seqlen if args.seqlen_k is None else args.seqlen_k
-    for name, value in (("batch", args.batch), ("heads", args.heads), ("seqlen", args.seqlen), ("seqlen-k", nk)):
-        if value < 1:
-            raise ValueError(f"--{name} must be at least 1, got {value}")
-    q, k, v = check.random_inputs(args.batch, args.heads, args.seqlen, nk, args.head_dim, args.seed)
+    config = config_from_args(args)
+    nk = seqlen_k(args)
+    q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config)
     o_ref, lse_ref = check.reference(q, k, v, args.causal, out.scale)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)

@@ -9,36 +9,28 @@ import dataclasses
 import json
 
 from ..config import KernelConfig, SmemLayout
+from .common import add_config_arguments, add_problem_arguments, config_from_args, seqlen_k
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("banks", help="shared-memory bank conflicts per instruction class and phase",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smem", default="swizzled", choices=[m.value for m in SmemLayout])
+    add_problem_arguments(p, scale=False)
+    add_config_arguments(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side")
-    p.add_argument("--seqlen", type=int, default=128)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", metavar="DIR", help="write the conflict figures (PNG and SVG) into DIR")
     p.set_defaults(func=run)
 
 
 def _config(args, smem: str) -> KernelConfig:
-    return KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=args.head_dim,
-                        n_warps=args.warps, smem=smem)
+    return dataclasses.replace(config_from_args(args), smem=SmemLayout(smem))
 
 
 def run(args) -> int:
     from ..observers import bank_tables, runs
 
-    problem = runs.Problem(args.batch, args.heads, args.seqlen, None, args.head_dim, args.seed)
+    problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
     layouts = [m.value for m in SmemLayout] if args.compare else [args.smem]
     reports = {s: runs.run_banks(_config(args, s), problem, args.causal) for s in layouts}
     shape = (f"(B,H,N,d) = ({args.batch},{args.heads},{args.seqlen},{args.head_dim})"

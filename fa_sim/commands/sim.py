@@ -20,23 +20,14 @@ from ..config import KernelConfig, SmemLayout
 from ..events import COUNTED_OPS
 from ..reference import attention
 from ..simulate import SimResult, simulate
+from .common import add_config_arguments, add_problem_arguments, config_from_args, random_inputs
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sim", help="run the lane-accurate simulator and compare with float64",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--seqlen", type=int, default=128, help="query length Nq (default 128)")
-    p.add_argument("--seqlen-k", type=int, default=None, help="key/value length Nk (default: Nq)")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--causal", action="store_true", help="top-left aligned causal mask (key <= query)")
-    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(d))")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--smem", default=SmemLayout.SWIZZLED.value, choices=[s.value for s in SmemLayout])
+    add_problem_arguments(p)
+    add_config_arguments(p)
     p.add_argument("--npz", metavar="FILE", default=None, help=".npz with arrays q, k, v [B, H, N, d]")
     p.add_argument("--mma", default="exact", choices=["exact", "h200"],
                    help="tensor-core accumulation: exact sum rounded once (fast) or the H200's (bit-exact)")
@@ -55,16 +46,7 @@ def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if missing:
             raise ValueError(f"{args.npz} lacks array(s) {', '.join(missing)}")
         return data["q"], data["k"], data["v"]
-    for name in ("batch", "heads", "seqlen"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1")
-    nk = args.seqlen if args.seqlen_k is None else args.seqlen_k
-    if nk < 1:
-        raise ValueError("--seqlen-k must be >= 1")
-    rng = np.random.default_rng(args.seed)
-    shape_q = (args.batch, args.heads, args.seqlen, args.head_dim)
-    shape_k = (args.batch, args.heads, nk, args.head_dim)
-    return tuple(rng.standard_normal(s).astype(np.float16) for s in (shape_q, shape_k, shape_k))
+    return random_inputs(args)
 
 
 def errors(res: SimResult, q, k, v) -> tuple[float, float]:
@@ -79,8 +61,7 @@ def errors(res: SimResult, q, k, v) -> tuple[float, float]:
 def run(args) -> int:
     q, k, v = _inputs(args)
     d = np.shape(q)[-1] if args.npz is not None else args.head_dim
-    config = KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=d, n_warps=args.warps,
-                          smem=args.smem)
+    config = config_from_args(args, head_dim=d)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import HazardChecker  # the simulator core does not need the observers

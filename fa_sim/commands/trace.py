@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 
-from ..config import KernelConfig, SmemLayout
 from ..events import Op
+from .common import add_config_arguments, add_problem_arguments, config_from_args, seqlen_k
 
 
 def register(subparsers) -> None:
@@ -21,17 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--lane", type=int, default=0)
     p.add_argument("--thread", type=int, help="thread id in the CTA (overrides --warp/--lane)")
     p.add_argument("--round", type=int, default=0, help="K/V iteration t")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--seqlen", type=int, default=128)
-    p.add_argument("--seqlen-k", type=int)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--smem", default="swizzled", choices=[m.value for m in SmemLayout])
-    p.add_argument("--seed", type=int, default=0)
+    add_problem_arguments(p, scale=False)
+    add_config_arguments(p)
     p.add_argument("--input", metavar="NPZ", help="q, k, v arrays instead of random normal inputs")
     p.add_argument("--ops", help="comma-separated instruction classes to keep, e.g. LDSM,SHFL")
     p.add_argument("--json", action="store_true", help="print the story as JSON")
@@ -44,12 +35,11 @@ def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
 
-    cfg = KernelConfig(block_m=args.block_m, block_n=args.block_n, head_dim=args.head_dim,
-                       n_warps=args.warps, smem=args.smem)
+    cfg = config_from_args(args)
     warp, lane = (args.thread // 32, args.thread % 32) if args.thread is not None else (args.warp, args.lane)
     ops = None if not args.ops else frozenset(Op[o.strip().upper()] for o in args.ops.split(","))
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    problem = runs.Problem(args.batch, args.heads, args.seqlen, args.seqlen_k, args.head_dim, args.seed)
+    problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
     inputs = None
     if args.input:
         with np.load(args.input) as z:

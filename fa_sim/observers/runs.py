@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import KernelConfig
+from ..reference import random_inputs
 from .banks import BankCounter, BankReport
 from .hazards import HazardChecker, HazardReport
 from .trace import Trace, TraceFilter, TraceRecorder
@@ -25,12 +26,8 @@ class Problem:
     seed: int = 0
 
     def inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(self.seed)
         nk = self.seqlen if self.seqlen_k is None else self.seqlen_k
-        q = rng.standard_normal((self.batch, self.heads, self.seqlen, self.head_dim)).astype(np.float16)
-        k = rng.standard_normal((self.batch, self.heads, nk, self.head_dim)).astype(np.float16)
-        v = rng.standard_normal((self.batch, self.heads, nk, self.head_dim)).astype(np.float16)
-        return q, k, v
+        return random_inputs(self.batch, self.heads, self.seqlen, nk, self.head_dim, self.seed)
 
 
 def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None):
