@@ -45,3 +45,28 @@ def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def config_from_args(args, head_dim: int | None = None) -> KernelConfig:
     return KernelConfig(block_m=args.block_m, block_n=args.block_n, n_warps=args.warps, smem=args.smem,
                         head_dim=args.head_dim if head_dim is None else head_dim)
+
+
+def load_npz(path, names=("q", "k", "v")) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file; a missing or unreadable file or array is a ValueError."""
+    try:
+        with np.load(path) as data:
+            missing = [n for n in names if n not in data]
+            if missing:
+                raise ValueError(f"{path} lacks array(s) {', '.join(missing)} (needs {', '.join(names)})")
+            return {n: data[n] for n in names}
+    except (OSError, EOFError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def parse_ops(text: str | None):
+    """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all)."""
+    from ..events import Op
+
+    if not text:
+        return None
+    names = [t.strip().upper() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in Op.__members__]
+    if bad:
+        raise ValueError(f"unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
+    return frozenset(Op[n] for n in names)

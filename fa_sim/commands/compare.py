@@ -19,7 +19,7 @@ import json
 import numpy as np
 
 from ..crosscheck import build_report, format_report, simulate_with_checkpoints
-from .common import add_config_arguments, add_problem_arguments, config_from_args, random_inputs
+from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, random_inputs
 
 
 def register(subparsers) -> None:
@@ -50,7 +50,7 @@ def _ctas(text, n_ctas: int) -> list[int]:
 def _gpu_side(args, q, k, v, config, ctas):
     """(o, lse, checkpoint buffer, scale) from the GPU or from a saved run."""
     if args.gpu_npz is not None:
-        data = np.load(args.gpu_npz)
+        data = load_npz(args.gpu_npz, ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale"))
         for name, mine in (("q", q), ("k", k), ("v", v)):
             if data[name].shape != mine.shape or not np.array_equal(data[name], mine):
                 raise ValueError(f"{args.gpu_npz} was recorded on other inputs ({name} differs); "

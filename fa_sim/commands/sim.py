@@ -20,7 +20,7 @@ from ..config import KernelConfig, SmemLayout
 from ..events import COUNTED_OPS
 from ..reference import attention
 from ..simulate import SimResult, simulate
-from .common import add_config_arguments, add_problem_arguments, config_from_args, random_inputs
+from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, random_inputs
 
 
 def register(subparsers) -> None:
@@ -38,13 +38,7 @@ def register(subparsers) -> None:
 
 def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if args.npz is not None:
-        try:
-            data = np.load(args.npz)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read {args.npz}: {exc}") from None
-        missing = [n for n in ("q", "k", "v") if n not in data]
-        if missing:
-            raise ValueError(f"{args.npz} lacks array(s) {', '.join(missing)}")
+        data = load_npz(args.npz)
         return data["q"], data["k"], data["v"]
     return random_inputs(args)
 

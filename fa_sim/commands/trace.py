@@ -9,8 +9,7 @@ import json
 
 import numpy as np
 
-from ..events import Op
-from .common import add_config_arguments, add_problem_arguments, config_from_args, seqlen_k
+from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, parse_ops, seqlen_k
 
 
 def register(subparsers) -> None:
@@ -37,13 +36,17 @@ def run(args) -> int:
 
     cfg = config_from_args(args)
     warp, lane = (args.thread // 32, args.thread % 32) if args.thread is not None else (args.warp, args.lane)
-    ops = None if not args.ops else frozenset(Op[o.strip().upper()] for o in args.ops.split(","))
+    ops = parse_ops(args.ops)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
     problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
     inputs = None
     if args.input:
-        with np.load(args.input) as z:
-            inputs = (z["q"], z["k"], z["v"])
+        z = load_npz(args.input)
+        inputs = (z["q"], z["k"], z["v"])
+    n_ctas = -(-np.shape(inputs[0])[2] // cfg.block_m) * int(np.prod(np.shape(inputs[0])[:2])) if inputs else \
+        -(-args.seqlen // cfg.block_m) * args.batch * args.heads
+    if not 0 <= args.cta < n_ctas:
+        raise ValueError(f"--cta {args.cta} is outside the grid of {n_ctas} CTAs (0..{n_ctas - 1})")
     tr = runs.run_trace(cfg, filt, problem, args.causal, inputs)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
