@@ -58,8 +58,3 @@ def opcodes(sass: str) -> list[str]:
 
 def opcode_counts(sass: str) -> collections.Counter:
     return collections.Counter(opcodes(sass))
-
-
-def base_counts(sass: str) -> collections.Counter:
-    """Counts by opcode family (text before the first dot): HMMA, LDSM, LDGSTS, ..."""
-    return collections.Counter(op.split(".")[0] for op in opcodes(sass))

@@ -29,7 +29,6 @@ from .events import Checkpoint
 
 CHECKPOINTS = tuple(Checkpoint)
 ROUND0_ONLY = (Checkpoint.O_FINAL, Checkpoint.SO)
-TILE_CHECKPOINTS = (Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV, Checkpoint.SO)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -32,10 +32,6 @@ class Hub:
         self._ckpt_cache: dict[tuple[Checkpoint, int], tuple] = {}
         self.counts: dict[CountKey, int] = defaultdict(int)
 
-    @property
-    def observed(self) -> bool:
-        return bool(self._instr or self._ckpt)
-
     def instr_listeners(self, op: Op, phase: Phase, rnd: int) -> tuple:
         key = (op, phase, rnd)
         hit = self._instr_cache.get(key)

@@ -358,10 +358,6 @@ class Machine:
             self._event(instr, listeners, regs_in={k: self.regs_event(v, instr.repeat) for k, v in regs_in.items()},
                         regs_out={k: self.regs_event(v, instr.repeat) for k, v in regs_out.items()})
 
-    def wants_reg(self, instr: Instr) -> bool:
-        """Whether a REG step's event would be wanted (lets the kernel skip building its inputs)."""
-        return self._warps > 0 and bool(self.hub.instr_listeners(instr.op, instr.phase, self.round))
-
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, ck: Checkpoint, values, rnd: int | None = None) -> None:
         """values: () -> [live, T, words] uint32, called only when an observer wants `ck`."""

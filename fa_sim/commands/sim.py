@@ -16,7 +16,6 @@ import json
 
 import numpy as np
 
-from ..config import KernelConfig, SmemLayout
 from ..events import COUNTED_OPS
 from ..reference import attention
 from ..simulate import SimResult, simulate

@@ -22,11 +22,6 @@ ROW_BYTES = 16  # one 8-half row of an 8x8 matrix
 NUMS = (1, 2, 4)
 
 
-def supplying_lanes(num: int) -> np.ndarray:
-    """[32] bool: the lanes whose address ldmatrix.x{num} uses (lanes 0 .. 8*num-1)."""
-    return np.arange(32) < 8 * num
-
-
 def source_lane_and_col(trans: bool) -> tuple[np.ndarray, np.ndarray]:
     """For each lane l and half j (0 low, 1 high) of a received register: which row of the 8x8
     matrix supplied it (0..7) and the half offset inside that row. Two [32, 2] int64 arrays."""
