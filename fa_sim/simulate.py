@@ -167,8 +167,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     hub.launch(LaunchInfo(prob.config, b, h, nq, nk, prob.causal, prob.scale, prob.n_m_blocks, prob.n_ctas))
     ctas = np.arange(prob.n_ctas, dtype=np.int64)
     waves = [wave_order(prob, ctas[i: i + wave_ctas]) for i in range(0, prob.n_ctas, wave_ctas)]
-    rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) for w in waves)
-    with _progress_bar(progress, rounds * min(wave_ctas, prob.n_ctas)) as bar:
+    cta_rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) * len(w) for w in waves)
+    with _progress_bar(progress, cta_rounds) as bar:
         for wave in waves:
             m = Machine(prob.config, gmem, wave, wave // prob.n_m_blocks, hub, model)
             flash_fwd(m, prob, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))

@@ -176,3 +176,26 @@ def test_cli_check_hazards(capsys):
     assert "hazards: none" in capsys.readouterr().out
     assert main(["sim", "--check-hazards", "--json", "--seqlen", "64"]) == 0
     assert json.loads(capsys.readouterr().out)["hazards"]["total"] == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_progress_bar_total_is_the_cta_rounds_it_counts(monkeypatch, causal):
+    """The bar ends exactly full, also when the last wave is partial (5 CTAs in waves of 2)."""
+    import contextlib
+    import sys
+
+    sim_module = sys.modules["fa_sim.simulate"]  # the module (fa_sim.simulate is the function)
+    bars = []
+
+    class Bar(contextlib.nullcontext):
+        def __init__(self, total):
+            super().__init__(self)
+            self.total, self.n = total, 0
+
+        def update(self, n):
+            self.n += n
+
+    monkeypatch.setattr(sim_module, "_progress_bar", lambda progress, total: bars.append(Bar(total)) or bars[-1])
+    q, k, v = _inputs(1, 1, 5 * 64 - 3, 150, 64, 0)
+    fa_sim.simulate(q, k, v, causal=causal, wave_ctas=2)
+    assert bars[0].n == bars[0].total > 0
