@@ -71,6 +71,13 @@ class Tile(enum.Enum):
     SO = "sO"
 
 
+def tile_base(config, tile: Tile) -> int:
+    """Byte offset of a tile from the dynamic shared-memory base (sO reuses sQ); config is a
+    fa_sim.config.KernelConfig."""
+    return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
+            Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
+
+
 class Tensor(enum.Enum):
     """Global tensors of one launch."""
 

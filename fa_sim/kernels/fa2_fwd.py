@@ -30,9 +30,9 @@ import numpy as np
 
 from ..checkpoints import CheckpointLayout
 from ..config import WARP_SIZE, KernelConfig
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Site, Tensor, Tile
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Site, Tensor, Tile, tile_base
 from ..machine import Instr, Machine
-from .plan import KernelPlan, Step, kernel_plan, tile_base
+from .plan import KernelPlan, Step, kernel_plan
 from .softmax import NEG_INF, scale_rows, softmax_rescale_o
 
 

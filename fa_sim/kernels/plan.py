@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import isa
 from ..config import CHUNK_HALVES, MMA_K, MMA_M, MMA_N, WARP_SIZE, KernelConfig
-from ..events import Op, Phase, Site, Tile
+from ..events import Op, Phase, Site, Tile, tile_base
 from ..machine import Instr, LdsmPlan, ProgramText, SmemLanes, WordsPlan
 
 CP_ASYNC = "cp.async.cg.shared.global"
@@ -61,11 +61,6 @@ class Step(enum.Enum):
     NORMALIZE = "tCrO *= frcp_rn(rRowSum)"
     LSE = "rLSE <- rRowMax * s + logf(rRowSum)"
     CONVERT_O = "rO <- cvt.rn.f16x2.f32(tCrO)"
-
-
-def tile_base(config: KernelConfig, tile: Tile) -> int:
-    return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
-            Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
 
 
 def _warp_lane(config: KernelConfig):

@@ -20,18 +20,12 @@ import numpy as np
 
 from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE, KernelConfig
 from ..events import (ROUND_EPILOGUE, ROUND_PROLOGUE, GmemAccess, InstrEvent, Op, Phase, Site,
-                      SmemAccess, Tensor, Tile)
+                      SmemAccess, Tensor, Tile, tile_base)
 from . import lanemaps
 
 LDSM_X4 = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDSM_X4_T = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 CP_ASYNC = "cp.async.cg.shared.global [%0], [%1], 16, %2"
-
-
-def tile_base(config: KernelConfig, tile: Tile) -> int:
-    """Byte offset of a tile from the dynamic shared-memory base (sO reuses sQ)."""
-    return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
-            Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
 
 
 def _lanes(config: KernelConfig):
