@@ -25,6 +25,7 @@ import numpy as np
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
 from .config import WARP_SIZE, KernelConfig
 from .events import Checkpoint, CheckpointEvent, LaunchInfo
+from .kernels import Problem
 
 
 class ValueKind(enum.Enum):
@@ -150,12 +151,8 @@ def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
     """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
-    n_m = -(-seqlen_q // config.block_m)
-    m_block = np.asarray(ctas, dtype=np.int64) % n_m
-    if not causal:
-        return np.full(m_block.shape, -(-seqlen_k // config.block_n))
-    end = np.minimum(seqlen_k, (m_block + 1) * config.block_m)
-    return -(-end // config.block_n)
+    prob = Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config)
+    return prob.n_block_max(np.asarray(ctas, dtype=np.int64) % prob.n_m_blocks)
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
