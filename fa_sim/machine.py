@@ -195,8 +195,12 @@ class Machine:
             self.hub.counts[(instr.op, instr.phase, self.round)] += instr.repeat * self._warps
         return self.hub.instr_listeners(instr.op, instr.phase, self.round)
 
-    def _event(self, instr: Instr, listeners: tuple, **fields) -> None:
+    def _event(self, instr: Instr, listeners: tuple, lanes: SmemLanes | None = None, write: bool = False,
+               **fields) -> None:
+        """Build the event and hand it to `listeners`; `lanes` gives its shared-memory side."""
         active = pad_ctas(self.active, 0, self.n_ctas)
+        if lanes is not None:
+            fields["smem"] = lanes.access(write, active)
         ev = InstrEvent(instr.op, instr.phase, self.round, instr.pc, instr.ptx, instr.label, self.cta,
                         active, repeat=instr.repeat, site=instr.site, **fields)
         self.hub.emit_instr(listeners, ev)
@@ -206,6 +210,10 @@ class Machine:
         lead = x.shape[:3]
         y = x.reshape(*lead, repeat, -1) if repeat > 1 else x.reshape(*lead, 1, -1)
         return pad_ctas(np.moveaxis(y, 3, 0), 1, self.n_ctas)
+
+    def _lanes_event(self, x: np.ndarray) -> np.ndarray:
+        """A per-lane array [live, W, L, R] as event lanes [R, C, W, L] (padded)."""
+        return pad_ctas(np.moveaxis(x, -1, 0), 1, self.n_ctas)
 
     # -- cp.async ----------------------------------------------------------------------------------
     def cp_async(self, instr: Instr, plan: WordsPlan, tensor: Tensor, row0: np.ndarray, seqlen: int) -> None:
@@ -223,11 +231,9 @@ class Machine:
         issued = self.active.copy()  # [k, W, L] threads that issued
         self._flights.append(_Flight(plan.chunks, data, self.committed[:k].copy(), issued, ~issued))
         if listeners:
-            def ev(x):
-                return pad_ctas(np.moveaxis(x, -1, 0), 1, self.n_ctas)
-            col = np.broadcast_to(lanes.col, rows.shape)
+            ev, col = self._lanes_event, np.broadcast_to(lanes.col, rows.shape)
             gm = GmemAccess(False, tensor, 16, ev(src_row), ev(col), ev(pred), self.bh)
-            self._event(instr, listeners, smem=lanes.access(True, pad_ctas(self.active, 0, self.n_ctas)), gmem=gm)
+            self._event(instr, listeners, lanes, write=True, gmem=gm)
 
     def commit_group(self, instr: Instr) -> None:
         listeners = self._issue(instr)
@@ -267,9 +273,7 @@ class Machine:
         listeners = self._issue(instr)
         regs = isa.ldmatrix(self.smem[: self.live], plan.index)
         if listeners:
-            active = pad_ctas(self.active, 0, self.n_ctas)
-            self._event(instr, listeners, smem=plan.lanes.access(False, active),
-                        regs_out={name: self.regs_event(regs, instr.repeat)})
+            self._event(instr, listeners, plan.lanes, regs_out={name: self.regs_event(regs, instr.repeat)})
         return regs
 
     def ld_shared(self, instr: Instr, plan: WordsPlan, name: str) -> np.ndarray:
@@ -277,9 +281,7 @@ class Machine:
         listeners = self._issue(instr)
         values = isa.ld_shared(self.smem[: self.live], plan.words)
         if listeners:
-            active = pad_ctas(self.active, 0, self.n_ctas)
-            self._event(instr, listeners, smem=plan.lanes.access(False, active),
-                        regs_out={name: self.regs_event(values, instr.repeat)})
+            self._event(instr, listeners, plan.lanes, regs_out={name: self.regs_event(values, instr.repeat)})
         return values
 
     def st_shared(self, instr: Instr, plan: WordsPlan, values: np.ndarray, name: str) -> None:
@@ -288,9 +290,7 @@ class Machine:
         mask = None if self.active.all() else np.broadcast_to(self.active[..., None], values.shape[:-1])
         isa.st_shared(self.smem[: self.live], plan.words, values, mask)
         if listeners:
-            active = pad_ctas(self.active, 0, self.n_ctas)
-            self._event(instr, listeners, smem=plan.lanes.access(True, active),
-                        regs_in={name: self.regs_event(values, instr.repeat)})
+            self._event(instr, listeners, plan.lanes, write=True, regs_in={name: self.regs_event(values, instr.repeat)})
 
     # -- global memory -----------------------------------------------------------------------------
     def st_global(self, instr: Instr, tensor: Tensor, row: np.ndarray, col: np.ndarray, pred: np.ndarray,
@@ -307,8 +307,7 @@ class Machine:
         pred = pred & self.active[..., None]
         isa.st_global(self.gmem.words(tensor), words, values, pred)
         if listeners:
-            def ev(x):
-                return pad_ctas(np.moveaxis(x, -1, 0), 1, self.n_ctas)
+            ev = self._lanes_event
             gm = GmemAccess(True, tensor, 4 * values.shape[-1], ev(row), ev(col), ev(pred), self.bh)
             self._event(instr, listeners, gmem=gm, regs_in={name: self.regs_event(values, instr.repeat)})
 
