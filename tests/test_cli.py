@@ -35,6 +35,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert err.count("\n") == 0 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["sim", "--npz"], ["trace", "--input"]])
+@pytest.mark.parametrize("shape", [(), (2, 64, 64)])
+def test_npz_inputs_of_another_rank_are_one_line_errors(command, shape, tmp_path, capsys):
+    import numpy as np
+
+    path = tmp_path / "qkv.npz"
+    np.savez(path, q=np.zeros(shape, np.float16), k=np.zeros(shape, np.float16), v=np.zeros(shape, np.float16))
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "q must have rank 4" in err
+
+
 def test_compare_against_a_recorded_h200_run_passes(capsys):
     assert main(["compare", "--gpu-npz", str(H200 / "compare_seed_n128.npz")]) == 0
     out = capsys.readouterr().out

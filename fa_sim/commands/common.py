@@ -59,6 +59,15 @@ def load_npz(path, names=("q", "k", "v")) -> dict[str, np.ndarray]:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
+def load_qkv(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v [B, H, N, d] from an .npz; a missing array or one of another rank is a ValueError."""
+    data = load_npz(path)
+    for name, x in data.items():
+        if x.ndim != 4:
+            raise ValueError(f"{path}: {name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {x.shape}")
+    return data["q"], data["k"], data["v"]
+
+
 def parse_ops(text: str | None):
     """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all)."""
     from ..events import Op

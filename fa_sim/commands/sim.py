@@ -19,7 +19,7 @@ import numpy as np
 from ..events import COUNTED_OPS
 from ..reference import attention
 from ..simulate import SimResult, simulate
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, random_inputs
+from .common import add_config_arguments, add_problem_arguments, config_from_args, load_qkv, random_inputs
 
 
 def register(subparsers) -> None:
@@ -37,8 +37,7 @@ def register(subparsers) -> None:
 
 def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if args.npz is not None:
-        data = load_npz(args.npz)
-        return data["q"], data["k"], data["v"]
+        return load_qkv(args.npz)
     return random_inputs(args)
 
 

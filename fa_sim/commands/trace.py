@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, parse_ops, seqlen_k
+from .common import add_config_arguments, add_problem_arguments, config_from_args, load_qkv, parse_ops, seqlen_k
 
 
 def register(subparsers) -> None:
@@ -39,10 +39,7 @@ def run(args) -> int:
     ops = parse_ops(args.ops)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
     problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
-    inputs = None
-    if args.input:
-        z = load_npz(args.input)
-        inputs = (z["q"], z["k"], z["v"])
+    inputs = load_qkv(args.input) if args.input else None
     n_ctas = -(-np.shape(inputs[0])[2] // cfg.block_m) * int(np.prod(np.shape(inputs[0])[:2])) if inputs else \
         -(-args.seqlen // cfg.block_m) * args.batch * args.heads
     if not 0 <= args.cta < n_ctas:
