@@ -33,7 +33,9 @@ def run(args) -> int:
     problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
     layouts = [m.value for m in SmemLayout] if args.compare else [args.smem]
     reports = {s: runs.run_banks(_config(args, s), problem, args.causal) for s in layouts}
-    shape = (f"(B,H,N,d) = ({args.batch},{args.heads},{args.seqlen},{args.head_dim})"
+    nk = seqlen_k(args)
+    keys = "" if nk == args.seqlen else f", Nk={nk}"
+    shape = (f"(B,H,N,d) = ({args.batch},{args.heads},{args.seqlen},{args.head_dim}){keys}"
              f"{' causal' if args.causal else ''}, config {_config(args, layouts[0]).tag.rsplit('-', 1)[0]}")
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
