@@ -1,0 +1,3 @@
+"""fa_sim.ptx: the second front end of the SM80 machine - the PTX that NVRTC emits for a .cu,
+parsed (parser.py, ir.py) and executed every thread of every CTA of a wave at once (engine.py,
+ops/)."""

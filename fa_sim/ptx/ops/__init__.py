@@ -1,0 +1,55 @@
+"""Instruction handlers of the PTX engine, one module per family, dispatched through one table.
+
+A handler executes one PTX instruction for the active threads of the executing group:
+
+    @handles("add", "sub")
+    def add_sub(lanes: Lanes, ins: Instruction) -> None: ...
+
+`Lanes` (below) is all a handler sees: `read` an operand as an array over the active threads,
+`write` a destination. Handlers are pure lane math (they call fa_sim.isa for the semantics);
+control flow, memory, barriers and events belong to the engine. An opcode or form a handler does
+not know raises `Unsupported`, which the engine reports with the PTX and CUDA source line.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ..ir import Instruction
+
+
+class Unsupported(Exception):
+    """An opcode, modifier or operand form the engine does not execute (never skipped silently)."""
+
+
+class Lanes(Protocol):
+    """The active threads of one executing group, as a handler sees them."""
+
+    n: int  # number of active threads; every array below is [n]
+
+    def read(self, operand, ptype: str) -> np.ndarray:
+        """The operand's value per active thread as the numpy dtype of `ptype` (types.DTYPES):
+        registers reinterpret their bits (PTX operand-size rules), immediates broadcast, special
+        registers (%tid.x, %laneid, ...) are computed."""
+
+    def write(self, operand, value: np.ndarray, ptype: str) -> None:
+        """Store value ([n] or scalar, converted to `ptype`'s bits) into a register operand."""
+
+
+Handler = Callable[[Lanes, Instruction], None]
+TABLE: dict[str, Handler] = {}
+
+
+def handles(*opcodes: str) -> Callable[[Handler], Handler]:
+    """Register a handler for base opcodes (Instruction.opcode)."""
+
+    def deco(f: Handler) -> Handler:
+        for name in opcodes:
+            if name in TABLE:
+                raise RuntimeError(f"two handlers for PTX opcode {name!r}")
+            TABLE[name] = f
+        return f
+
+    return deco
