@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from fa_sim.config import KernelConfig, SmemLayout
-from fa_sim.events import Op, Phase, Tile
+from fa_sim.events import Op
+from fa_sim.kernels.labels import Phase, Tile
 from fa_sim.observers import bank_tables, figures
 from fa_sim.observers.banks import CONFLICT_CLASSES
 from fa_sim.observers.runs import Problem, run_banks, run_trace
@@ -32,7 +33,7 @@ def first_ldsm_k(cfg: KernelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Row addresses (and mask) of every lane of warp 0's first ldmatrix of sK, CTA 0, round 0,
     read from a trace of the simulated kernel."""
     filt = TraceFilter(ctas=(0,), warps=(0,), rounds=(0,), ops=frozenset({Op.LDSM}), phases=frozenset({Phase.QK}))
-    rec = next(r for r in run_trace(cfg, filt, Problem(seqlen=cfg.block_m)).records if r.smem.tile is Tile.SK)
+    rec = next(r for r in run_trace(cfg, filt, Problem(seqlen=cfg.block_m)).records if r.smem.region == Tile.SK)
     return rec.smem.addr[0, 0], rec.smem.mask[0, 0]  # [32] each, instruction r = 0
 
 

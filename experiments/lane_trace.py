@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fa_sim.config import KernelConfig  # noqa: E402
-from fa_sim.events import Checkpoint  # noqa: E402
+from fa_sim.checkpoints import Checkpoint  # noqa: E402
 from fa_sim.observers import figures, story, trace_io  # noqa: E402
 from fa_sim.observers.runs import Problem, run_trace  # noqa: E402
 from fa_sim.observers.trace import TraceFilter  # noqa: E402

@@ -20,12 +20,29 @@ Per-thread contents, in CuTe fragment order (tCrS shape (4, MMA_M, MMA_N), colum
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import KernelConfig
-from .events import Checkpoint
+
+
+class Checkpoint(enum.Enum):
+    """Named per-thread snapshots shared by both backends (DESIGN.md, checkpoint contract)."""
+
+    S_ACC = "s_acc"  # QK accumulators after round t, before masking: f32 tCrS
+    S_MASKED = "s_masked"  # after the causal / tail mask: f32 tCrS
+    ROW_MAX = "row_max"  # rRowMax after round t: f32 [rows_per_thread]
+    ROW_SUM = "row_sum"  # rRowSum after round t: f32 [rows_per_thread]
+    P_F16 = "p_f16"  # tCrP (P~ as fp16 A operand): f16x2 words
+    O_ACC = "o_acc"  # tCrO after PV of round t: f32
+    O_FINAL = "o_final"  # tCrO after division by l (round slot 0): f32
+    SQ = "sQ"  # shared-memory image of sQ after the round's first barrier
+    SK = "sK"  # image of sK after the round's first barrier
+    SV = "sV"  # image of sV after the round's second barrier
+    SO = "sO"  # image of sO after the epilogue barrier (round slot 0)
+
 
 CHECKPOINTS = tuple(Checkpoint)
 ROUND0_ONLY = (Checkpoint.O_FINAL, Checkpoint.SO)

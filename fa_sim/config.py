@@ -25,15 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
+
 HEAD_DIMS = (32, 64, 128)
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
-WARP_SIZE = 32
-MMA_M, MMA_N, MMA_K = 16, 8, 16
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
 PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
-SMEM_LIMIT_BYTES = 163 * 1024  # sm_80's opt-in maximum; every config must fit on SM80
+SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
 
 
 class SmemLayout(enum.Enum):
@@ -198,15 +198,11 @@ class KernelConfig:
 
     def smem_offset(self, r, c) -> np.ndarray:
         """Offset in halves of logical tile element (r, c) from the tile base; vectorised."""
-        r = np.asarray(r, dtype=np.int64)
-        c = np.asarray(c, dtype=np.int64)
-        p = r * self.row_pitch + c
+        from .layout import Swizzle  # the one definition of the swizzle (layout imports config)
+
+        p = np.asarray(r, dtype=np.int64) * self.row_pitch + np.asarray(c, dtype=np.int64)
         bms = self.swizzle_bms
-        if bms is None:
-            return p
-        b, m, s = bms
-        mask = ((1 << b) - 1) << (m + s)
-        return p ^ ((p & mask) >> s)
+        return p if bms is None else Swizzle(*bms)(p)
 
     def tile_halves(self, rows: int) -> int:
         """Shared-memory halves a tile of `rows` rows occupies (the layout's cosize)."""

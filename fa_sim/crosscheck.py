@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
-from .config import WARP_SIZE, KernelConfig
-from .events import Checkpoint, CheckpointEvent, LaunchInfo
+from .config import KernelConfig
+from .isa.sm80 import WARP_SIZE
+from .checkpoints import Checkpoint
+from .events import CheckpointEvent, LaunchInfo
 from .kernels import Problem
 
 

@@ -1,22 +1,25 @@
-"""Typed instruction events: the contract between the simulated machine and its observers.
+"""Typed instruction events: the contract between the SM80 machine and its observers.
 
-The kernel program (fa_sim/kernels) issues instructions through the machine (fa_sim/machine.py).
-For every warp instruction the machine builds one `InstrEvent` (only when an observer is
-attached) and hands it to each observer's `on_instr`. Observers (trace recorder, bank-conflict
-counter, hazard checker, checkpoint recorder) never reach into the kernel program.
+A front end (the hand-written program in fa_sim/kernels, or the PTX engine in fa_sim/ptx) issues
+instructions through the machine (fa_sim/machine.py). For every warp instruction the machine
+builds one `InstrEvent` (only when an observer wants it) and hands it to each observer's
+`on_instr`. Events carry what the hardware sees - addresses, widths, active masks, values, the
+PTX and CUDA source line - plus optional labels the front end supplies (the kernel phase, the
+shared-memory region and global buffer names, logical coordinates). Observers (trace recorder,
+bank-conflict counter, hazard checker, checkpoint recorder) never re-derive the schedule.
 
 Axes. All lane arrays share the axes of the machine's registers:
 
     [R, C, W, L, ...]   R = instructions batched in this event (program order, R >= 1),
                         C = resident CTAs of the wave, W = warps per CTA, L = 32 lanes.
 
-One event may stand for R instructions of the same kind and shape that the kernel issues back to
-back with no dependence between them (the 4 cp.async of one thread's tile share, the 8 n-tile
-MMAs of one K segment). Counting, tracing and hazard checking treat them as R separate
-instructions in order r = 0..R-1.
+One event may stand for R instructions of the same kind and shape that a front end issues back to
+back with no dependence between them (the hand-written program batches the 4 cp.async of one
+thread's tile, the 8 n-tile MMAs of one K segment; the PTX engine always has R = 1). Counting,
+tracing and hazard checking treat them as R separate instructions in order r = 0..R-1.
 
-Addresses are byte offsets: shared memory from the CTA's dynamic shared-memory base, global
-memory as element-free byte offsets into the named tensor (Tensor) of that batch-head.
+Addresses: shared memory as byte offsets from the CTA's shared window (0 = the first byte of the
+CTA's shared memory), global memory as 64-bit byte addresses (fa_sim.memory.GlobalMemory).
 """
 
 from __future__ import annotations
@@ -31,76 +34,41 @@ import numpy as np
 class Op(enum.Enum):
     """Instruction classes, named after the SASS they compile to (what ncu counts)."""
 
-    LDGSTS = "LDGSTS"  # cp.async.cg.shared.global 16 B (zero-fill when predicated off)
+    LDGSTS = "LDGSTS"  # cp.async.{ca,cg}.shared.global (zero-fill past src-size)
     LDGDEPBAR = "LDGDEPBAR"  # cp.async.commit_group
-    DEPBAR = "DEPBAR"  # cp.async.wait_group N
+    DEPBAR = "DEPBAR"  # cp.async.wait_group N / wait_all
     LDSM = "LDSM"  # ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16
     HMMA = "HMMA"  # mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
-    SHFL = "SHFL"  # shfl.sync.bfly.b32
-    BAR = "BAR"  # bar.sync 0
-    LDS = "LDS"  # ld.shared.{b32,v2.b32,v4.b32}
-    STS = "STS"  # st.shared.{b32,v2.b32,v4.b32}
+    SHFL = "SHFL"  # shfl.sync.{bfly,idx,up,down}.b32
+    BAR = "BAR"  # bar.sync / barrier.sync
+    LDS = "LDS"  # ld.shared
+    STS = "STS"  # st.shared
     LDG = "LDG"  # ld.global
     STG = "STG"  # st.global
-    REG = "REG"  # register-only arithmetic step (mask, max, exp, sum, rescale, convert): not counted
+    REG = "REG"  # register-only arithmetic, logic, conversion, MUFU (not counted)
+    CTRL = "CTRL"  # branches, return, exit (not counted)
 
 
-#: The classes `fa sim` reports instruction counts for (issue: LDGSTS, LDSM, HMMA, SHFL, BAR, LDS, STS).
+#: The classes `fa sim` reports instruction counts for.
 COUNTED_OPS = (Op.LDGSTS, Op.LDSM, Op.HMMA, Op.SHFL, Op.BAR, Op.LDS, Op.STS)
 
-
-class Phase(enum.Enum):
-    """Kernel phase an instruction belongs to (spec: main-loop order)."""
-
-    Q_LOAD = "Q load"
-    K_LOAD = "K load"
-    V_LOAD = "V load"
-    QK = "QK"
-    MASK = "mask"
-    SOFTMAX = "softmax"
-    PV = "PV"
-    EPILOGUE = "epilogue"
+ROUND_PROLOGUE = -1  # `round` of instructions before the kernel's main loop
+ROUND_EPILOGUE = -2  # `round` of instructions after it
 
 
-class Tile(enum.Enum):
-    """Shared-memory tiles. sO reuses sQ's bytes (spec: output through shared memory)."""
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where an instruction comes from in the CUDA source (PTX `.loc`, NVRTC -lineinfo)."""
 
-    SQ = "sQ"
-    SK = "sK"
-    SV = "sV"
-    SO = "sO"
+    file: str
+    line: int
+    col: int = 0
+    function: str | None = None
+    inlined_at: tuple = ()  # ((file, line, col), ...) innermost call site first
 
-
-def tile_base(config, tile: Tile) -> int:
-    """Byte offset of a tile from the dynamic shared-memory base (sO reuses sQ); config is a
-    fa_sim.config.KernelConfig."""
-    return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
-            Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
-
-
-class Tensor(enum.Enum):
-    """Global tensors of one launch."""
-
-    Q = "Q"
-    K = "K"
-    V = "V"
-    O = "O"
-    LSE = "LSE"
-
-
-class Site(enum.Enum):
-    """Synchronisation points of the kernel program, named so that mutation tests can drop or
-    move them (fa_sim.kernels.Mutation)."""
-
-    WAIT_QK = "cp.async.wait_group 0 before QK (Q, K[t] ready)"
-    BAR_QK = "__syncthreads before QK"
-    WAIT_PV = "cp.async.wait_group 0 before softmax/PV (V[t] ready)"
-    BAR_PV = "__syncthreads before softmax/PV"
-    BAR_EPILOGUE = "__syncthreads between sO stores and sO loads"
-
-
-ROUND_PROLOGUE = -1  # `round` of instructions before the K/V loop
-ROUND_EPILOGUE = -2  # `round` of instructions after the K/V loop
+    def __str__(self) -> str:
+        name = self.file.rsplit("/", 1)[-1]
+        return f"{name}:{self.line}" + (f" ({self.function})" if self.function else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,61 +78,66 @@ class SmemAccess:
     addr:  [R, C, W, L] int64 byte offset of each lane's access (for LDSM: the row address the
            lane supplies, lanes 8m..8m+7 for matrix m; width is then 16).
     mask:  [R, C, W, L] bool, the lanes whose access happens (active and supplying an address).
-    width: bytes per lane access: 4, 8 or 16.
-    tile, row, col: the logical tile coordinate of the first element each lane touches
-           ([R, C, W, L] int64 each), so traces can show coordinate -> offset -> bank.
+    width: bytes per lane access: 1, 2, 4, 8 or 16.
+    region: front-end label of the region accessed ('sK', a __shared__ variable), or None.
+    row, col: [R, C, W, L] int64 logical coordinate of the first element each lane touches inside
+           `region`, when the front end knows the layout (None otherwise).
+    ldsm:  (matrices, transposed) of an ldmatrix, None for other instructions.
     """
 
     write: bool
     width: int
     addr: np.ndarray
     mask: np.ndarray
-    tile: Tile
-    row: np.ndarray
-    col: np.ndarray
+    region: str | None = None
+    row: np.ndarray | None = None
+    col: np.ndarray | None = None
+    ldsm: tuple[int, bool] | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class GmemAccess:
-    """Global-memory side: the tensor, each lane's element coordinates and predicate.
+    """Global-memory side: each lane's 64-bit byte address and predicate.
 
-    row, col: [R, C, W, L] int64 (sequence index, head-dim index) inside the CTA's batch-head;
-    mask: [R, C, W, L] bool, in bounds (predicated off lanes zero-fill on loads, skip on stores).
-    bh:   [C] int64 batch-head index of each CTA.
+    addr: [R, C, W, L] int64 byte addresses; mask: [R, C, W, L] bool, the lanes that access memory
+    (predicated-off loads zero-fill, stores skip). buffer: name of the buffer the active addresses
+    fall in (the kernel parameter, e.g. 'q'), None if they span several; row, col: [R, C, W, L]
+    logical coordinates inside the buffer when the front end knows its shape (None otherwise).
     """
 
     write: bool
-    tensor: Tensor
     width: int
-    row: np.ndarray
-    col: np.ndarray
+    addr: np.ndarray
     mask: np.ndarray
-    bh: np.ndarray
+    buffer: str | None = None
+    row: np.ndarray | None = None
+    col: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class InstrEvent:
     """One (batch of) warp instruction(s) as executed by every resident CTA of the wave.
 
-    op, phase, round: what and where in the schedule; round is the K/V iteration t or
-        ROUND_PROLOGUE / ROUND_EPILOGUE.
-    pc: static program-order index of the instruction in the kernel program (same value every
-        round, so per-instruction tables line up across rounds).
-    ptx: the PTX mnemonic with its modifiers, e.g. 'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16'.
-    label: what the instruction does in kernel terms, e.g. 'tCrK <- sK (h=1)'.
-    cta: [C] int64 linear CTA ids (m_block + n_m_blocks * bh) of the wave.
-    active: [C, W, L] bool, lanes that execute (CTAs whose loop ended are all False).
+    op: SASS class. phase: front-end label of the kernel phase ('QK', a CUDA function name; '' if
+        none). round: iteration of the kernel's main loop, or ROUND_PROLOGUE / ROUND_EPILOGUE.
+    pc: static index of the instruction in the front end's program (the same every round, so
+        per-instruction tables line up across rounds).
+    ptx: the PTX instruction, e.g. 'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16'.
+    label: what the instruction does in kernel terms ('tCrK <- sK (h=1)', or the CUDA source line).
+    cta: [C] int64 linear CTA ids of the wave.
+    active: [C, W, L] bool, lanes that execute (finished CTAs are all False).
     smem / gmem: memory sides, None when absent.
     regs_in / regs_out: register name -> [R, C, W, L, k] arrays (values read / written; fp16
         pairs are uint32 words, use `decode_f16x2`). Views into machine state at event time:
         copy what you keep.
-    shfl_src: [R, C, W, L] int64 source lane of shfl.sync.bfly (None otherwise).
-    wait_n: N of cp.async.wait_group; barrier site: `site` for DEPBAR and BAR.
+    shfl_src: [R, C, W, L] int64 source lane of shfl.sync (None otherwise).
+    wait_n: N of cp.async.wait_group.
+    src: CUDA source location; ptx_line: line in the PTX text (PTX engine).
     repeat: R.
     """
 
     op: Op
-    phase: Phase
+    phase: str
     round: int
     pc: int
     ptx: str
@@ -178,41 +151,62 @@ class InstrEvent:
     regs_out: Mapping[str, np.ndarray] = field(default_factory=dict)
     shfl_src: np.ndarray | None = None
     wait_n: int | None = None
-    site: Site | None = None
-
-
-class Checkpoint(enum.Enum):
-    """Named per-thread snapshots shared by both backends (DESIGN.md, checkpoint contract).
-
-    Layout of a checkpoint buffer: uint32 words [cta_sel, checkpoint, round, thread, word],
-    see fa_sim.checkpoints.
-    """
-
-    S_ACC = "s_acc"  # QK accumulators after round t, before masking: f32 tCrS
-    S_MASKED = "s_masked"  # after the causal / tail mask: f32 tCrS
-    ROW_MAX = "row_max"  # rRowMax after round t: f32 [rows_per_thread]
-    ROW_SUM = "row_sum"  # rRowSum after round t: f32 [rows_per_thread]
-    P_F16 = "p_f16"  # tCrP (P~ as fp16 A operand): f16x2 words
-    O_ACC = "o_acc"  # tCrO after PV of round t: f32
-    O_FINAL = "o_final"  # tCrO after division by l (round slot 0): f32
-    SQ = "sQ"  # shared-memory image of sQ after the round's first barrier
-    SK = "sK"  # image of sK after the round's first barrier
-    SV = "sV"  # image of sV after the round's second barrier
-    SO = "sO"  # image of sO after the epilogue barrier (round slot 0)
+    src: SourceLoc | None = None
+    ptx_line: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class CheckpointEvent:
-    """Snapshot of one checkpoint for every resident CTA of the wave.
+    """A named per-thread snapshot for every resident CTA of the wave (fa_sim.checkpoints).
 
     values: [C, T, k] uint32 words (fp32 bit patterns, f16x2 words, or smem halves in pairs);
     T = threads per CTA (warp-major: thread = 32 * warp + lane).
     """
 
-    checkpoint: Checkpoint
+    checkpoint: enum.Enum
     round: int
     cta: np.ndarray
     values: np.ndarray
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What an observer learns at launch: the kernel, grid, block, shared memory, and the front
+    end's problem description (`problem`: a fa_sim.problem.Problem for the attention kernel, None
+    for other kernels)."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    problem: object | None = None
+
+    @property
+    def n_ctas(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def n_threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def n_warps(self) -> int:
+        return -(-self.n_threads // 32)
+
+    def _problem(self, what: str):
+        if self.problem is None:
+            raise ValueError(f"launch of {self.kernel!r} has no attention problem: it has no {what}")
+        return self.problem
+
+    # The attention kernel's shape, for observers that speak of queries, keys and tiles.
+    config = property(lambda self: self._problem("config").config)
+    batch = property(lambda self: self._problem("batch").batch)
+    heads = property(lambda self: self._problem("heads").heads)
+    seqlen_q = property(lambda self: self._problem("seqlen_q").seqlen_q)
+    seqlen_k = property(lambda self: self._problem("seqlen_k").seqlen_k)
+    causal = property(lambda self: self._problem("causal flag").causal)
+    scale = property(lambda self: self._problem("scale").scale)
+    n_m_blocks = property(lambda self: self.grid[0])
 
 
 class Observer(Protocol):
@@ -224,28 +218,13 @@ class Observer(Protocol):
     A CheckpointEvent lists only the CTAs that executed that round (`cta`).
     """
 
-    def on_launch(self, launch: "LaunchInfo") -> None: ...
+    def on_launch(self, launch: LaunchInfo) -> None: ...
 
     def on_instr(self, event: InstrEvent) -> None: ...
 
     def on_checkpoint(self, event: CheckpointEvent) -> None: ...
 
     def on_finish(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    """What an observer learns at launch: config, problem shape and grid."""
-
-    config: "object"  # fa_sim.config.KernelConfig
-    batch: int
-    heads: int
-    seqlen_q: int
-    seqlen_k: int
-    causal: bool
-    scale: float
-    n_m_blocks: int  # grid x
-    n_ctas: int  # grid x * grid y
 
 
 def decode_f16x2(words: np.ndarray) -> np.ndarray:

@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from .events import Checkpoint, CheckpointEvent, InstrEvent, LaunchInfo, Op, Phase
+from .events import CheckpointEvent, InstrEvent, LaunchInfo, Op
 
-CountKey = tuple[Op, Phase, int]
+CountKey = tuple[Op, str, int]  # (class, phase label, round)
 
 
 class Hub:
@@ -29,10 +29,10 @@ class Hub:
         self._ckpt = tuple(o for o in observers if callable(getattr(o, "on_checkpoint", None)))
         self._all = observers
         self._instr_cache: dict[CountKey, tuple] = {}
-        self._ckpt_cache: dict[tuple[Checkpoint, int], tuple] = {}
+        self._ckpt_cache: dict[tuple, tuple] = {}
         self.counts: dict[CountKey, int] = defaultdict(int)
 
-    def instr_listeners(self, op: Op, phase: Phase, rnd: int) -> tuple:
+    def instr_listeners(self, op: Op, phase: str, rnd: int) -> tuple:
         key = (op, phase, rnd)
         hit = self._instr_cache.get(key)
         if hit is None:
@@ -40,7 +40,7 @@ class Hub:
             self._instr_cache[key] = hit
         return hit
 
-    def checkpoint_listeners(self, ck: Checkpoint, rnd: int) -> tuple:
+    def checkpoint_listeners(self, ck, rnd: int) -> tuple:
         key = (ck, rnd)
         hit = self._ckpt_cache.get(key)
         if hit is None:

@@ -1,163 +1,145 @@
-"""The simulated machine: one wave of resident CTAs executing a kernel program in lockstep.
+"""The SM80 machine: one wave of resident CTAs executing a front end's instructions in lockstep.
 
-State (C = CTAs of the wave, W = warps per CTA, L = 32 lanes):
-  smem       [C, smem_bytes] uint8  dynamic shared memory of each CTA
-  committed  [C, W, L] int64        cp.async groups each thread has committed so far
+It knows nothing of attention. State (C = CTAs of the wave, W = warps per CTA, L = 32 lanes):
+  smem       [C, smem_bytes] uint8   each CTA's shared memory, addressed in bytes from 0
+  memory     GlobalMemory            the launch's buffers at 64-bit addresses (fa_sim/memory.py)
+  committed  [C, W, L] int64         cp.async groups each thread has committed so far
   flights    cp.async copies issued and not yet visible: their bytes land in shared memory when
              the issuing thread's wait_group completes their group (so a dropped wait reads stale
              bytes, as hardware may)
-  gmem       the launch's global tensors (GlobalMemory)
-Registers belong to the kernel program, as arrays [C, W, L, ...]; every instruction method takes
-and returns such arrays. Instructions execute for all live CTAs at once (isa/ does the lane math).
+Registers belong to the front end (the hand-written program keeps arrays [C, W, L, ...], the PTX
+engine a register file over [C, T]); every instruction method takes and returns lane arrays.
 
-Live prefix and masks. The kernel orders a wave by decreasing K/V loop length, so the CTAs still
-in their loop at round t are the first `live` ones; instructions touch only those, and events
-still describe all C CTAs with the finished ones inactive (DESIGN.md, divergence by masks).
-Inside the live prefix `active` [live, W, L] masks branches (a CTA that skips the next K load,
-lanes with lane % 4 == 0 storing LSE).
+Live prefix and masks. A front end may narrow execution to the first `live` CTAs (the hand-written
+program orders a wave by decreasing loop length, so CTAs still in their loop form a prefix);
+instructions touch only those, and events still describe all C CTAs with the others inactive.
+Inside the live prefix `active` [live, W, L] masks lanes (branches, exited threads).
+
+Addresses: shared accesses take `SmemLanes` - byte addresses [W, L, R] that every CTA shares (the
+program's static plans, with their derived gather indices cached) or [live, W, L, R] per CTA (the
+PTX engine). Global accesses take byte addresses [live, W, L, R]. Out-of-range or misaligned
+addresses are a KernelFault, as on hardware.
 
 Counting and events. Every warp instruction adds R x (warps with an active lane) to
-hub.counts[(op, phase, round)]; an `InstrEvent` is built only when an observer wants it
-(hub.py). Event arrays follow events.py: [R, C, W, L, ...].
+hub.counts[(op, phase, round)]; an `InstrEvent` is built only when an observer wants it (hub.py).
+Labels (shared-memory region, buffer coordinates) come from the front end's `labels` object.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 
 from . import isa
-from .config import WARP_SIZE, KernelConfig
-from .events import (ROUND_PROLOGUE, Checkpoint, CheckpointEvent, GmemAccess, InstrEvent, Op, Phase,
-                     Site, SmemAccess, Tensor, Tile)
+from .errors import KernelFault
+from .events import ROUND_PROLOGUE, CheckpointEvent, GmemAccess, InstrEvent, Op, SmemAccess, SourceLoc
 from .hub import Hub, pad_ctas
+from .isa.sm80 import WARP_SIZE
+from .memory import GlobalMemory
 from .tensorcore import EXACT, FusedDotModel
 
 
 @dataclass(frozen=True)
 class Instr:
-    """One static call site of the kernel program: R = `repeat` instructions at pcs pc .. pc+R-1."""
+    """One static instruction site: R = `repeat` instructions at pcs pc .. pc+R-1. `tag` is the
+    front end's own (the program's synchronisation Site); the machine ignores it."""
 
     pc: int
     op: Op
-    phase: Phase
+    phase: str
     ptx: str
     label: str
     repeat: int = 1
-    site: Site | None = None
-
-
-@dataclass
-class ProgramText:
-    """Builds the static call sites in program text order (pc = instructions before it)."""
-
-    sites: list[Instr] = field(default_factory=list)
-
-    def add(self, op: Op, phase: Phase, ptx: str, label: str, repeat: int = 1, site: Site | None = None) -> Instr:
-        pc = self.sites[-1].pc + self.sites[-1].repeat if self.sites else 0
-        instr = Instr(pc, op, phase, ptx, label, repeat, site)
-        self.sites.append(instr)
-        return instr
+    tag: object = None
+    src: SourceLoc | None = None
+    ptx_line: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class SmemLanes:
-    """Static shared-memory side of R instructions issued back to back (same for every CTA).
+    """Shared-memory addresses of R instructions issued back to back.
 
-    addr, row, col: [W, L, R] int64, the byte address each lane supplies and the logical tile
-    coordinate of the first element there; lanes: [L] bool lanes that supply an address.
+    addr: [W, L, R] int64 byte addresses shared by every CTA, or [C, W, L, R] per CTA;
+    lanes: [L] bool lanes that supply an address (None: all). Gather indices derived from static
+    addresses are computed once and cached on the object.
     """
 
-    tile: Tile
     width: int
     addr: np.ndarray
-    row: np.ndarray
-    col: np.ndarray
-    lanes: np.ndarray
+    lanes: np.ndarray | None = None
+
+    @property
+    def per_cta(self) -> bool:
+        return self.addr.ndim == 4
 
     @property
     def repeat(self) -> int:
         return self.addr.shape[-1]
 
-    def access(self, write: bool, active: np.ndarray) -> SmemAccess:
-        """The event side for C CTAs: active [C, W, L] -> arrays [R, C, W, L]."""
-        shape = (self.repeat, *active.shape)
-        def ev(x):  # [W, L, R] -> [R, C, W, L] (a broadcast view)
-            return np.broadcast_to(np.moveaxis(x, -1, 0)[:, None], shape)
-        mask = np.broadcast_to((active & self.lanes)[None], shape)
-        return SmemAccess(write, self.width, ev(self.addr), mask, self.tile, ev(self.row), ev(self.col))
+    @cached_property
+    def units(self) -> np.ndarray:
+        """[..., W, L, R, k] index of each accessed unit (isa.shared_units)."""
+        return isa.shared_units(self.addr, self.width)
+
+    def ldsm_index(self, num: int, trans: bool) -> isa.LdmatrixIndex:
+        """Where every received half comes from ([..., W, L, R, num(, 2)]), cached."""
+        cache = self.__dict__.setdefault("_ldsm", {})
+        key = (num, trans)
+        if key not in cache:
+            addr = np.moveaxis(self.addr, -1, -2)  # [..., W, R, L]
+            lead = addr.ndim - 3
+            cache[key] = isa.ldmatrix_index(addr, num, trans).moved(lead + 1, lead + 2)
+        return cache[key]
 
 
-@dataclass(frozen=True, eq=False)
-class LdsmPlan:
-    """R ldmatrix instructions: where lanes point and where each received half comes from."""
+class Labels(Protocol):
+    """What a front end tells the machine about its memory, for events (all optional)."""
 
-    lanes: SmemLanes
-    index: isa.LdmatrixIndex  # arrays [W, L, R, num(, 2)]
+    def smem(self, addr: np.ndarray, mask: np.ndarray, round: int) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:
+        """addr, mask [R, C, W, L] -> (region name, row, col) of the first element each lane touches."""
 
-
-@dataclass(frozen=True, eq=False)
-class WordsPlan:
-    """R ld/st.shared or cp.async instructions; words: [W, L, R, width/4] int64 word indices."""
-
-    lanes: SmemLanes
-    words: np.ndarray
-
-    @property
-    def chunks(self) -> np.ndarray:
-        """[W, L, R] 16-byte chunk index (cp.async destinations)."""
-        return self.lanes.addr // isa.cp_async.CP_SIZE
+    def gmem(self, buffer, offset: np.ndarray, cta: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Byte offsets [R, C, W, L] into `buffer` -> logical (row, col), or (None, None)."""
 
 
-@dataclass(eq=False)
-class GlobalMemory:
-    """The launch's tensors, one batch-head per leading index: q/o [BH, Nq, d], k/v [BH, Nk, d]
-    as uint16 fp16 bits, lse [BH, Nq] float32."""
+class NoLabels:
+    def smem(self, addr, mask, round):
+        return None, None, None
 
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    o: np.ndarray
-    lse: np.ndarray
-
-    def tensor(self, t: Tensor) -> np.ndarray:
-        return {Tensor.Q: self.q, Tensor.K: self.k, Tensor.V: self.v, Tensor.O: self.o, Tensor.LSE: self.lse}[t]
-
-    def chunks(self, t: Tensor) -> np.ndarray:
-        return isa.as_chunks(self.tensor(t))
-
-    def words(self, t: Tensor) -> np.ndarray:
-        return self.tensor(t).reshape(-1).view(np.uint32)
+    def gmem(self, buffer, offset, cta):
+        return None, None
 
 
 @dataclass(eq=False)
 class _Flight:
-    """cp.async copies of one instruction batch: dst [W, L, R] chunk, data [k, W, L, R, 2] uint64,
-    group / issued / landed [k, W, L] per issuing thread."""
+    """cp.async copies of one instruction: dst [k, W, L, R] byte address, data [k, W, L, R, size]
+    uint8; group / issued / landed [k, W, L] per issuing thread."""
 
     dst: np.ndarray
     data: np.ndarray
     group: np.ndarray
-    issued: np.ndarray
     landed: np.ndarray
 
 
 class Machine:
     """A wave of C CTAs: shared memory, cp.async groups, the active mask; executes instructions."""
 
-    def __init__(self, config: KernelConfig, gmem: GlobalMemory, cta: np.ndarray, bh: np.ndarray, hub: Hub,
-                 mma_model: FusedDotModel = EXACT):
-        self.config = config
+    def __init__(self, n_warps: int, smem_bytes: int, memory: GlobalMemory, cta: np.ndarray, hub: Hub,
+                 mma_model: FusedDotModel = EXACT, labels: Labels | None = None):
+        self.n_warps = int(n_warps)
+        self.smem_bytes = int(smem_bytes)
         self.mma_model = mma_model  # tensor-core accumulation (fa_sim.tensorcore)
-        self.gmem = gmem
+        self.memory = memory
         self.cta = np.asarray(cta, dtype=np.int64)  # [C] linear CTA ids
-        self.bh = np.asarray(bh, dtype=np.int64)  # [C] batch-head of each CTA
         self.hub = hub
-        c, w = len(self.cta), config.n_warps
-        self.smem = np.zeros((c, config.smem_bytes), dtype=np.uint8)  # [C, smem_bytes] uint8
-        self.committed = np.zeros((c, w, WARP_SIZE), dtype=np.int64)  # [C, W, L] groups committed
+        self.labels = labels or NoLabels()
+        c = len(self.cta)
+        self.smem = np.zeros((c, -(-self.smem_bytes // 16) * 16), dtype=np.uint8)  # [C, bytes] uint8
+        self.committed = np.zeros((c, self.n_warps, WARP_SIZE), dtype=np.int64)  # [C, W, L] groups
         self._flights: list[_Flight] = []
         self.round = ROUND_PROLOGUE
         self.set_live(c)
@@ -167,10 +149,12 @@ class Machine:
     def n_ctas(self) -> int:
         return len(self.cta)
 
-    def set_live(self, live: int) -> None:
-        """Narrow execution to the first `live` CTAs (all lanes active)."""
+    def set_live(self, live: int, active: np.ndarray | None = None) -> None:
+        """Narrow execution to the first `live` CTAs (active [live, W, L]; None: all lanes)."""
         self.live = int(live)
-        self._set_active(np.ones((self.live, self.config.n_warps, WARP_SIZE), dtype=bool))
+        if active is None:
+            active = np.ones((self.live, self.n_warps, WARP_SIZE), dtype=bool)
+        self._set_active(active)
 
     def _set_active(self, active: np.ndarray) -> None:
         self.active = active  # [live, W, L] bool
@@ -191,18 +175,15 @@ class Machine:
         """Count the instruction; return the observers that want its event."""
         if self._warps == 0:
             return ()
-        if instr.op is not Op.REG:
+        if instr.op is not Op.REG and instr.op is not Op.CTRL:
             self.hub.counts[(instr.op, instr.phase, self.round)] += instr.repeat * self._warps
         return self.hub.instr_listeners(instr.op, instr.phase, self.round)
 
-    def _event(self, instr: Instr, listeners: tuple, lanes: SmemLanes | None = None, write: bool = False,
-               **fields) -> None:
-        """Build the event and hand it to `listeners`; `lanes` gives its shared-memory side."""
+    def event(self, instr: Instr, listeners: tuple, **fields) -> None:
+        """Build the event for `listeners` (front ends call this for register-only instructions)."""
         active = pad_ctas(self.active, 0, self.n_ctas)
-        if lanes is not None:
-            fields["smem"] = lanes.access(write, active)
         ev = InstrEvent(instr.op, instr.phase, self.round, instr.pc, instr.ptx, instr.label, self.cta,
-                        active, repeat=instr.repeat, site=instr.site, **fields)
+                        active, repeat=instr.repeat, src=instr.src, ptx_line=instr.ptx_line, **fields)
         self.hub.emit_instr(listeners, ev)
 
     def regs_event(self, x: np.ndarray, repeat: int) -> np.ndarray:
@@ -211,36 +192,52 @@ class Machine:
         y = x.reshape(*lead, repeat, -1) if repeat > 1 else x.reshape(*lead, 1, -1)
         return pad_ctas(np.moveaxis(y, 3, 0), 1, self.n_ctas)
 
-    def _lanes_event(self, x: np.ndarray) -> np.ndarray:
+    def lanes_event(self, x: np.ndarray) -> np.ndarray:
         """A per-lane array [live, W, L, R] as event lanes [R, C, W, L] (padded)."""
         return pad_ctas(np.moveaxis(x, -1, 0), 1, self.n_ctas)
 
+    def _smem_access(self, lanes: SmemLanes, write: bool, ldsm: tuple[int, bool] | None = None) -> SmemAccess:
+        shape = (lanes.repeat, self.n_ctas, self.n_warps, WARP_SIZE)
+        if lanes.per_cta:
+            addr = self.lanes_event(lanes.addr)
+        else:
+            addr = np.broadcast_to(np.moveaxis(lanes.addr, -1, 0)[:, None], shape)
+        on = self.active if lanes.lanes is None else self.active & lanes.lanes
+        mask = np.broadcast_to(pad_ctas(on, 0, self.n_ctas)[None], shape)
+        region, row, col = self.labels.smem(addr, mask, self.round)
+        return SmemAccess(write, lanes.width, addr, mask, region, row, col, ldsm)
+
+    def _gmem_access(self, addr: np.ndarray, width: int, mask: np.ndarray, write: bool) -> GmemAccess:
+        """addr, mask [live, W, L, R] -> the event side, labelled by the buffer they fall in."""
+        ev_addr, ev_mask = self.lanes_event(addr), self.lanes_event(mask)
+        buf, off = self.memory.locate(ev_addr, width, ev_mask)
+        row, col = (None, None) if buf is None else self.labels.gmem(buf, off, self.cta)
+        return GmemAccess(write, width, ev_addr, ev_mask, None if buf is None else buf.name, row, col)
+
     # -- cp.async ----------------------------------------------------------------------------------
-    def cp_async(self, instr: Instr, plan: WordsPlan, tensor: Tensor, row0: np.ndarray, seqlen: int) -> None:
-        """R cp.async.cg of 16 bytes: tile row r of this CTA <- global row row0[c] + r (zero fill
-        past seqlen, source clamped to row 0 of the batch-head)."""
+    def cp_async(self, instr: Instr, dst: SmemLanes, src: np.ndarray, src_size: np.ndarray) -> None:
+        """R cp.async of dst.width bytes: src [live, W, L, R] global byte addresses, src_size
+        [live, W, L, R] bytes read (the rest zero-filled; 0: nothing is read)."""
         listeners = self._issue(instr)
         if self._warps == 0:
             return
-        k, lanes, d = self.live, plan.lanes, self.config.head_dim
-        rows = row0[:k, None, None, None] + lanes.row  # [k, W, L, R] global row
-        pred = rows < seqlen  # [k, W, L, R] in bounds
-        src_row = np.where(pred, rows, 0)  # [k, W, L, R] clamped source row
-        chunk = ((self.bh[:k, None, None, None] * seqlen + src_row) * d + lanes.col) // 8  # [k, W, L, R]
-        data = isa.cp_async_cg(self.gmem.chunks(tensor), chunk, np.where(pred, 16, 0))  # [k, W, L, R, 2]
-        issued = self.active.copy()  # [k, W, L] threads that issued
-        self._flights.append(_Flight(plan.chunks, data, self.committed[:k].copy(), issued, ~issued))
+        k, size = self.live, dst.width
+        src_size = np.broadcast_to(src_size, src.shape)
+        reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
+        data = isa.zero_fill(self.memory.gather(src, size, reads, "cp.async source"), src_size)  # [k,W,L,R,size]
+        dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], src.shape)
+        self._check_smem(dst, "cp.async destination")
+        self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy()))
         if listeners:
-            ev, col = self._lanes_event, np.broadcast_to(lanes.col, rows.shape)
-            gm = GmemAccess(False, tensor, 16, ev(src_row), ev(col), ev(pred), self.bh)
-            self._event(instr, listeners, lanes, write=True, gmem=gm)
+            gm = self._gmem_access(src, size, reads, write=False)
+            self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
 
     def commit_group(self, instr: Instr) -> None:
         listeners = self._issue(instr)
         k = self.live
         self.committed[:k] = isa.commit_group(self.committed[:k], self.active)
         if listeners:
-            self._event(instr, listeners)
+            self.event(instr, listeners)
 
     def wait_group(self, instr: Instr, n: int) -> None:
         """cp.async.wait_group n: land every copy the active threads' wait completes, in issue order."""
@@ -254,75 +251,96 @@ class Machine:
                 self._land(f, done)
         self._flights = [f for f in self._flights if not f.landed.all()]
         if listeners:
-            self._event(instr, listeners, wait_n=n)
+            self.event(instr, listeners, wait_n=n)
 
     def _land(self, f: _Flight, done: np.ndarray) -> None:
-        kk = done.shape[0]
-        chunks = self.smem[:kk].view(np.uint64).reshape(kk, -1, 2)  # [kk, smem_bytes/16, 2]
-        if done.all() and kk == f.data.shape[0]:
-            chunks[:, f.dst] = f.data
-        else:
-            flat = np.arange(kk)[:, None, None, None] * chunks.shape[1] + f.dst  # [kk, W, L, R]
-            sel = np.broadcast_to(done[..., None], flat.shape)
-            chunks.reshape(-1, 2)[flat[sel]] = f.data[:kk][sel]
+        """Write the bytes of the copies whose threads are `done` [kk, W, L]."""
+        kk, size = done.shape[0], f.data.shape[-1]
+        unit = {16: np.uint64, 8: np.uint64, 4: np.uint32}[size]
+        per = np.dtype(unit).itemsize
+        smem = self.smem[:kk].reshape(-1).view(unit)  # all CTAs' bytes in units
+        cta_units = self.smem.shape[1] // per
+        idx = (np.arange(kk)[:, None, None, None] * cta_units + f.dst[:kk] // per)[..., None] \
+            + np.arange(size // per)  # [kk, W, L, R, units]
+        values = np.ascontiguousarray(f.data[:kk]).view(unit)  # [kk, W, L, R, units]
+        sel = np.broadcast_to(done[..., None], f.dst[:kk].shape)
+        smem[idx[sel]] = values[sel]
         f.landed[:kk] |= done
 
     # -- shared memory ------------------------------------------------------------------------------
-    def ldmatrix(self, instr: Instr, plan: LdsmPlan, name: str) -> np.ndarray:
+    def _check_smem(self, lanes: SmemLanes, what: str) -> None:
+        addr = lanes.addr
+        if addr.size and (addr.min() < 0 or addr.max() + lanes.width > self.smem_bytes):
+            bad = addr[(addr < 0) | (addr + lanes.width > self.smem_bytes)][0]
+            raise KernelFault(f"{what}: shared-memory address {int(bad)} is outside the CTA's "
+                              f"{self.smem_bytes} bytes")
+
+    def ldmatrix(self, instr: Instr, lanes: SmemLanes, num: int, trans: bool, name: str) -> np.ndarray:
         """R ldmatrix.x{num}: -> registers [live, W, L, R, num] uint32."""
         listeners = self._issue(instr)
-        regs = isa.ldmatrix(self.smem[: self.live], plan.index)
+        self._check_smem(lanes, instr.ptx)
+        regs = isa.ldmatrix(self.smem[: self.live], lanes.ldsm_index(num, trans), lanes.per_cta)
         if listeners:
-            self._event(instr, listeners, plan.lanes, regs_out={name: self.regs_event(regs, instr.repeat)})
+            self.event(instr, listeners, smem=self._smem_access(lanes, False, (num, trans)),
+                       regs_out={name: self.regs_event(regs, instr.repeat)})
         return regs
 
-    def ld_shared(self, instr: Instr, plan: WordsPlan, name: str) -> np.ndarray:
-        """R ld.shared of width bytes: -> [live, W, L, R, width/4] uint32."""
+    def ld_shared(self, instr: Instr, lanes: SmemLanes, name: str) -> np.ndarray:
+        """R ld.shared: -> [live, W, L, R, k] uint32 words (uint8/uint16 for 1/2-byte accesses)."""
         listeners = self._issue(instr)
-        values = isa.ld_shared(self.smem[: self.live], plan.words)
+        self._check_smem(lanes, instr.ptx)
+        values = isa.ld_shared(self.smem[: self.live], lanes.units, lanes.width, lanes.per_cta)
         if listeners:
-            self._event(instr, listeners, plan.lanes, regs_out={name: self.regs_event(values, instr.repeat)})
+            self.event(instr, listeners, smem=self._smem_access(lanes, False),
+                       regs_out={name: self.regs_event(values, instr.repeat)})
         return values
 
-    def st_shared(self, instr: Instr, plan: WordsPlan, values: np.ndarray, name: str) -> None:
-        """R st.shared of width bytes from values [live, W, L, R, width/4] uint32."""
+    def st_shared(self, instr: Instr, lanes: SmemLanes, values: np.ndarray, name: str) -> None:
+        """R st.shared from values [live, W, L, R, k] (units as ld_shared returns them)."""
         listeners = self._issue(instr)
-        mask = None if self.active.all() else np.broadcast_to(self.active[..., None], values.shape[:-1])
-        isa.st_shared(self.smem[: self.live], plan.words, values, mask)
+        self._check_smem(lanes, instr.ptx)
+        on = self.active if lanes.lanes is None else self.active & lanes.lanes
+        isa.st_shared(self.smem[: self.live], lanes.units, values, lanes.width, on, lanes.per_cta)
         if listeners:
-            self._event(instr, listeners, plan.lanes, write=True, regs_in={name: self.regs_event(values, instr.repeat)})
+            self.event(instr, listeners, smem=self._smem_access(lanes, True),
+                       regs_in={name: self.regs_event(values, instr.repeat)})
 
     # -- global memory -----------------------------------------------------------------------------
-    def st_global(self, instr: Instr, tensor: Tensor, row: np.ndarray, col: np.ndarray, pred: np.ndarray,
-                  values: np.ndarray, name: str) -> None:
-        """R st.global: row/col/pred [live, W, L, R] element coordinates in the CTA's batch-head,
-        values [live, W, L, R, k] uint32 (k words from (row, col) on)."""
+    def ld_global(self, instr: Instr, addr: np.ndarray, width: int, pred: np.ndarray, name: str) -> np.ndarray:
+        """R ld.global of width bytes at addr [live, W, L, R] where pred: -> [live, W, L, R, width]
+        uint8 (zeros where predicated off)."""
         listeners = self._issue(instr)
-        k = self.live
-        dst = self.gmem.tensor(tensor)
-        per_row = int(np.prod(dst.shape[2:], dtype=np.int64))  # elements per sequence row
-        elem = (self.bh[:k, None, None, None] * dst.shape[1] + row) * per_row + col
-        words = (elem * dst.itemsize) // 4
-        words = words[..., None] + np.arange(values.shape[-1])  # [k, W, L, R, k_words]
-        pred = pred & self.active[..., None]
-        isa.st_global(self.gmem.words(tensor), words, values, pred)
+        on = pred & self.active[..., None]
+        data = self.memory.gather(addr, width, on)
         if listeners:
-            ev = self._lanes_event
-            gm = GmemAccess(True, tensor, 4 * values.shape[-1], ev(row), ev(col), ev(pred), self.bh)
-            self._event(instr, listeners, gmem=gm, regs_in={name: self.regs_event(values, instr.repeat)})
+            self.event(instr, listeners, gmem=self._gmem_access(addr, width, on, False),
+                       regs_out={name: self.regs_event(data, instr.repeat)})
+        return data
+
+    def st_global(self, instr: Instr, addr: np.ndarray, values: np.ndarray, pred: np.ndarray, name: str) -> None:
+        """R st.global: addr [live, W, L, R] byte addresses, values [live, W, L, R, k] (any unsigned
+        dtype; its bytes are stored), where pred."""
+        listeners = self._issue(instr)
+        on = pred & self.active[..., None]
+        data = np.ascontiguousarray(values).view(np.uint8).reshape(*values.shape[:-1], -1)
+        self.memory.scatter(addr, data, on)
+        if listeners:
+            self.event(instr, listeners, gmem=self._gmem_access(addr, data.shape[-1], on, True),
+                       regs_in={name: self.regs_event(values, instr.repeat)})
 
     # -- warp-level compute --------------------------------------------------------------------------
     def mma(self, instr: Instr, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The MI x NJ m16n8k16 MMAs of one k16 step (isa.mma.mma_tiles shapes); R = MI * NJ in
         order mi-major: instruction r = mi * NJ + nj updates c[..., nj, mi, :]."""
         listeners = self._issue(instr)
+        self._require_full_warps(instr)
         d = isa.mma_tiles(a, b, c, self.mma_model)
         if listeners:
             self._mma_event(instr, listeners, a, b, c, d)
         return d
 
     def _mma_event(self, instr, listeners, a, b, c, d) -> None:
-        """Operands per instruction r = mi * NJ + nj; views of the registers when MI = 1."""
+        """Operands per instruction r = mi * NJ + nj."""
         k, w, l, mi, _ = a.shape
         nj = b.shape[-2]
         def acc(x):  # [k, W, L, NJ, MI, 4] -> [k, W, L, R, 4]
@@ -331,34 +349,53 @@ class Machine:
         b_r = np.broadcast_to(b[:, :, :, None], (k, w, l, mi, nj, b.shape[-1])).reshape(k, w, l, mi * nj, -1)
         regs_in = {"a": self.regs_event(a_r, instr.repeat), "b": self.regs_event(b_r, instr.repeat),
                    "c": self.regs_event(acc(c), instr.repeat)}
-        self._event(instr, listeners, regs_in=regs_in, regs_out={"d": self.regs_event(acc(d), instr.repeat)})
+        self.event(instr, listeners, regs_in=regs_in, regs_out={"d": self.regs_event(acc(d), instr.repeat)})
 
-    def shfl_bfly(self, instr: Instr, x: np.ndarray, lane_mask: int, name: str) -> np.ndarray:
-        """R shfl.sync.bfly.b32 (R = values per lane): x [live, W, L, ...] -> the partners' values."""
+    def shfl(self, instr: Instr, x: np.ndarray, mode: str, b, c, name: str, member_mask: int = isa.FULL_MASK):
+        """R shfl.sync.{mode}.b32 (R = values per lane): x [live, W, L, ...] -> (received values,
+        in-range predicate [live, W, L]) - PTX #data-movement-and-conversion-instructions-shfl-sync."""
         listeners = self._issue(instr)
-        y, src = isa.shfl_bfly(x, lane_mask, lane_axis=2, active=self.active)
+        y, valid, src = isa.shfl_sync(x, mode, b, c, self.active, member_mask)
         if listeners:
-            shape = (instr.repeat, self.n_ctas, self.config.n_warps, WARP_SIZE)
-            self._event(instr, listeners, shfl_src=np.broadcast_to(src, shape),
-                        regs_in={name: self.regs_event(x, instr.repeat)},
-                        regs_out={name: self.regs_event(y, instr.repeat)})
-        return y
+            shape = (instr.repeat, self.n_ctas, self.n_warps, WARP_SIZE)
+            self.event(instr, listeners, shfl_src=np.broadcast_to(pad_ctas(src, 0, self.n_ctas)[None], shape),
+                       regs_in={name: self.regs_event(x, instr.repeat)},
+                       regs_out={name: self.regs_event(y, instr.repeat)})
+        return y, valid
 
-    def bar_sync(self, instr: Instr) -> None:
+    def bar_sync(self, instr: Instr, expected: np.ndarray | None = None) -> None:
+        """bar.sync 0: every thread of a CTA that runs must arrive (expected [live, W, L]: the
+        threads that have not exited; None: all)."""
         listeners = self._issue(instr)
-        isa.bar_sync(self.active)
+        try:
+            isa.bar_sync(self.active, expected)
+        except ValueError as exc:
+            raise KernelFault(f"{instr.ptx} at {self._where(instr)}: {exc}") from None
         if listeners:
-            self._event(instr, listeners)
+            self.event(instr, listeners)
+
+    def _require_full_warps(self, instr: Instr) -> None:
+        """.aligned warp-collective instructions need every lane of a warp (or none)."""
+        any_, all_ = self.active.any(axis=-1), self.active.all(axis=-1)
+        if np.any(any_ & ~all_):
+            c, w = np.argwhere(any_ & ~all_)[0]
+            lanes = np.nonzero(self.active[c, w])[0].tolist()
+            raise KernelFault(f"{instr.ptx} at {self._where(instr)} executed by a diverged warp (CTA "
+                              f"{int(self.cta[c])} warp {int(w)}: only lanes {lanes} active)")
+
+    def _where(self, instr: Instr) -> str:
+        src = f" ({instr.src})" if instr.src is not None else ""
+        return (f"PTX line {instr.ptx_line}{src}" if instr.ptx_line is not None else f"pc {instr.pc}{src}")
 
     def reg(self, instr: Instr, regs_in: dict, regs_out: dict) -> None:
-        """A register-only step (not counted): report it to observers that want REG events."""
+        """A register-only step: report it to observers that want REG events."""
         listeners = self._issue(instr)
         if listeners:
-            self._event(instr, listeners, regs_in={k: self.regs_event(v, instr.repeat) for k, v in regs_in.items()},
-                        regs_out={k: self.regs_event(v, instr.repeat) for k, v in regs_out.items()})
+            self.event(instr, listeners, regs_in={k: self.regs_event(v, instr.repeat) for k, v in regs_in.items()},
+                       regs_out={k: self.regs_event(v, instr.repeat) for k, v in regs_out.items()})
 
     # -- checkpoints --------------------------------------------------------------------------------
-    def checkpoint(self, ck: Checkpoint, values, rnd: int | None = None) -> None:
+    def checkpoint(self, ck, values, rnd: int | None = None) -> None:
         """values: () -> [live, T, words] uint32, called only when an observer wants `ck`."""
         rnd = self.round if rnd is None else rnd
         listeners = self.hub.checkpoint_listeners(ck, rnd)
@@ -368,6 +405,14 @@ class Machine:
         event = CheckpointEvent(ck, rnd, self.cta[: self.live][live], np.ascontiguousarray(values()[live]))
         self.hub.emit_checkpoint(listeners, event)
 
+    def emit_checkpoint(self, event: CheckpointEvent) -> None:
+        """Hand a ready checkpoint to the observers that want it (front ends that read them back
+        from memory, like the PTX engine running the checkpoint build)."""
+        listeners = self.hub.checkpoint_listeners(event.checkpoint, event.round)
+        if listeners:
+            self.hub.emit_checkpoint(listeners, event)
+
     def smem_halves(self, byte_offset: int, halves: int) -> np.ndarray:
-        """[live, halves] uint16: a tile's bytes as stored."""
+        """[live, halves] uint16: a range of shared memory as stored."""
         return self.smem[: self.live].view(np.uint16)[:, byte_offset // 2: byte_offset // 2 + halves]
+

@@ -28,11 +28,12 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import HEAD_DIMS, KernelConfig
-from .events import COUNTED_OPS, LaunchInfo, Op, Phase
+from .events import COUNTED_OPS, Op
 from . import tensorcore
 from .hub import Hub
-from .kernels import NO_MUTATION, Mutation, Problem, flash_fwd, wave_order
-from .machine import GlobalMemory, Machine
+from .kernels import NO_MUTATION, FA2Labels, Mutation, Pointers, Problem, flash_fwd, launch_info, wave_order
+from .machine import Machine
+from .memory import GlobalMemory
 
 DEFAULT_WAVE_CTAS = 256  # bounds temporaries to a few hundred MB at head_dim 128
 PROGRESS_MIN_ROUNDS = 2048  # CTA-rounds above which progress=None shows a bar
@@ -44,7 +45,7 @@ class SimResult:
 
     o: np.ndarray  # [B, H, Nq, d] float16
     lse: np.ndarray  # [B, H, Nq] float32
-    counts: Mapping[tuple[Op, Phase, int], int]  # warp instructions per (class, phase, round)
+    counts: Mapping[tuple[Op, str, int], int]  # warp instructions per (class, phase, round)
     instructions: Mapping[Op, int]  # totals per counted class (events.COUNTED_OPS)
     seconds: float
     config: KernelConfig
@@ -160,20 +161,25 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     model = tensorcore.resolve(mma_model)
     prob = Problem(b, h, nq, nk, bool(causal), _check_scale(scale, d), _check_config(config, d))
-    gmem = GlobalMemory(q=q16.reshape(b * h, nq, d).view(np.uint16), k=k16.reshape(b * h, nk, d).view(np.uint16),
-                        v=v16.reshape(b * h, nk, d).view(np.uint16), o=np.zeros((b * h, nq, d), np.uint16),
-                        lse=np.zeros((b * h, nq), np.float32))
+    gmem = GlobalMemory()
+    bufs = {name: gmem.alloc(name, a) for name, a in (
+        ("q", q16.reshape(b * h, nq, d).view(np.uint16)), ("k", k16.reshape(b * h, nk, d).view(np.uint16)),
+        ("v", v16.reshape(b * h, nk, d).view(np.uint16)), ("o", np.zeros((b * h, nq, d), np.uint16)),
+        ("lse", np.zeros((b * h, nq), np.float32)))}
+    ptr = Pointers(*(bufs[n].base for n in ("q", "k", "v", "o", "lse")))
+    labels = FA2Labels(prob.config, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq})
     hub = Hub(_observers(observers))
-    hub.launch(LaunchInfo(prob.config, b, h, nq, nk, prob.causal, prob.scale, prob.n_m_blocks, prob.n_ctas))
+    cfg = prob.config
+    hub.launch(launch_info(prob))
     ctas = np.arange(prob.n_ctas, dtype=np.int64)
     waves = [wave_order(prob, ctas[i: i + wave_ctas]) for i in range(0, prob.n_ctas, wave_ctas)]
     cta_rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) * len(w) for w in waves)
     with _progress_bar(progress, cta_rounds) as bar:
         for wave in waves:
-            m = Machine(prob.config, gmem, wave, wave // prob.n_m_blocks, hub, model)
-            flash_fwd(m, prob, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
+            m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
+            flash_fwd(m, prob, ptr, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
     hub.finish()
     counts = dict(hub.counts)
-    return SimResult(o=gmem.o.view(np.float16).reshape(b, h, nq, d), lse=gmem.lse.reshape(b, h, nq),
+    return SimResult(o=bufs["o"].array.view(np.float16).reshape(b, h, nq, d), lse=bufs["lse"].array.reshape(b, h, nq),
                      counts=counts, instructions=_totals(counts), seconds=time.perf_counter() - start,
                      config=prob.config, causal=prob.causal, scale=prob.scale)

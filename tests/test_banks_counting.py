@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import LaunchInfo, Op, Phase, Tile
+from fa_sim.events import Op
+from fa_sim.kernels import Problem, launch_info
+from fa_sim.kernels.labels import Phase, Tile
 from fa_sim.observers import synthetic
 from fa_sim.observers.bank_tables import format_compare, format_report
 from fa_sim.observers.banks import (BankCounter, SmemClass, bank_of, instruction_cost, phase_wavefronts,
@@ -89,7 +91,7 @@ def test_vectorised_count_matches_per_lane_oracle(kind, slots, mask):
 
 def run_counter(cfg, seqlen=128):
     counter = BankCounter()
-    counter.on_launch(LaunchInfo(cfg, 1, 1, seqlen, seqlen, False, 0.125, -(-seqlen // cfg.block_m), -(-seqlen // cfg.block_m)))
+    counter.on_launch(launch_info(Problem(1, 1, seqlen, seqlen, False, 0.125, cfg)))
     for ev in synthetic.memory_program(cfg, seqlen):
         if counter.wants(ev.op, ev.phase, ev.round):
             counter.on_instr(ev)
@@ -153,9 +155,11 @@ def test_word_wavefront_of_plain_ldmatrix_stacks_rows():
 
 def test_tile_of_rows():
     rep = run_counter(KernelConfig())
-    assert {r.tile for r in rep.rows} == {Tile.SQ, Tile.SK, Tile.SV, Tile.SO}
-    with pytest.raises(ValueError):
-        phase_words(np.zeros(32, np.int64), np.ones(32, bool), Op.LDS, 2)
+    assert {r.region for r in rep.rows} == {Tile.SQ, Tile.SK, Tile.SV, Tile.SO}
+    with pytest.raises(ValueError):  # no access is 3 bytes wide
+        phase_words(np.zeros(32, np.int64), np.ones(32, bool), Op.LDS, 3)
+    # 1- and 2-byte accesses are one phase of 32 lanes, like 4-byte ones
+    assert phase_words(4 * np.arange(32), np.ones(32, bool), Op.LDS, 2).shape == (1, 32)
 
 
 def test_ldgsts_rule_reproduces_the_h200_probe():

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import Op, Phase, Tile
+from fa_sim.events import Op
+from fa_sim.kernels.labels import Phase, Tile
 from fa_sim.observers import synthetic
 from fa_sim.observers.banks import BankCounter, SmemClass
 from fa_sim.observers.runs import Problem, run_banks, simulate
@@ -68,7 +69,7 @@ def test_rounds_phases_and_classes_add_up(reports):
     qk = rep.group("phase", "cls")[(Phase.QK, C.LDSM)]
     pv = rep.group("phase", "cls")[(Phase.PV, C.LDSM)]
     assert (qk.instructions, pv.instructions) == (320, 256)  # (4 Q + 16 K) and 16 V per warp-round
-    assert {r.tile for r in rep.rows if r.cls is C.LDSM} == {Tile.SQ, Tile.SK, Tile.SV}
+    assert {r.region for r in rep.rows if r.cls is C.LDSM} == {Tile.SQ, Tile.SK, Tile.SV}
 
 
 def test_causal_skips_are_not_counted():
@@ -87,7 +88,7 @@ class _Ldsm:
 
     def on_instr(self, ev):
         a = np.asarray(ev.smem.addr)[:, 0]  # [R, W, L]
-        self.addr.setdefault(ev.smem.tile, []).extend(map(bytes, a.astype(np.int64)))
+        self.addr.setdefault(ev.smem.region, []).extend(map(bytes, a.astype(np.int64)))
 
 
 @pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=8,

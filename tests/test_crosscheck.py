@@ -7,7 +7,7 @@ from fa_sim import KernelConfig
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
 from fa_sim.crosscheck import (BOUNDS, BoundKind, compare_checkpoints, f16_ulps, output_stats, rounds_per_cta,
                                simulate_with_checkpoints)
-from fa_sim.events import Checkpoint
+from fa_sim.checkpoints import Checkpoint
 
 
 def _inputs(nq=130, nk=150, d=64, seed=0):

@@ -15,7 +15,7 @@ import pytest
 
 from fa_sim import KernelConfig
 from fa_sim.crosscheck import build_report, simulate_with_checkpoints
-from fa_sim.events import Checkpoint
+from fa_sim.checkpoints import Checkpoint
 from fa_sim.tensorcore import EXACT, H200, fit
 
 DATA = Path(__file__).parent / "data" / "h200"

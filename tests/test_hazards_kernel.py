@@ -5,7 +5,8 @@ the exact hazard it creates (notes/gpu_facts.md: cp.async visibility, bar.sync).
 import pytest
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import Op, Site, Tile
+from fa_sim.events import Op
+from fa_sim.kernels.labels import Site, Tile
 from fa_sim.kernels.fa2_fwd import Mutation
 from fa_sim.observers.hazards import HazardChecker, HazardKind, format_hazards
 from fa_sim.observers.runs import Problem, run_hazards, simulate

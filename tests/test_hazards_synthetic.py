@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import GmemAccess, LaunchInfo, Op, Phase, Site, Tensor, Tile
+from fa_sim.errors import KernelFault
+from fa_sim.events import Op
+from fa_sim.kernels import Problem, launch_info
+from fa_sim.kernels.labels import Phase, Site, Tile
+from fa_sim.memory import GlobalMemory
 from fa_sim.observers import synthetic
 from fa_sim.observers.hazards import HazardChecker, HazardKind, format_hazards
 
@@ -16,7 +20,7 @@ K = HazardKind
 
 def check(cfg, events, seqlen=128):
     hc = HazardChecker()
-    hc.on_launch(LaunchInfo(cfg, 1, 1, seqlen, seqlen, False, 0.125, 1, 1))
+    hc.on_launch(launch_info(Problem(1, 1, seqlen, seqlen, False, 0.125, cfg)))
     for ev in events:
         if hc.wants(ev.op, ev.phase, ev.round):
             hc.on_instr(ev)
@@ -53,7 +57,7 @@ def test_first_hazard_names_instruction_lane_and_writer():
     cfg = KernelConfig()
     rep = check(cfg, synthetic.memory_program(cfg, 128, drop=frozenset({Site.BAR_QK})))
     h = rep.hazards[0]
-    assert (h.kind, h.op, h.round, h.cta, h.warp, h.tile) == (K.RAW_NO_BARRIER, Op.LDSM, 0, 0, 0, Tile.SQ)
+    assert (h.kind, h.op, h.round, h.cta, h.warp, h.region) == (K.RAW_NO_BARRIER, Op.LDSM, 0, 0, 0, Tile.SQ)
     # lane h.lane points at tile row h.row, col h.col; the copy map says thread 8*row + col/8 wrote it
     assert h.other_thread == 8 * (h.row % 16) + h.col // 8 and h.other_thread != h.lane
     assert h.addr == 2 * cfg.smem_offset(h.row, h.col)
@@ -67,7 +71,7 @@ def test_writer_reading_its_own_cp_async_before_wait():
     commit = synthetic.sync_event(cfg, Op.LDGDEPBAR, Phase.Q_LOAD, -1, 1)
     # thread 0 copies sQ row 0 chunk 0 and reads it back itself (ld.shared) before waiting
     rd = synthetic.lds_o(cfg)
-    rd = dataclasses.replace(rd, smem=dataclasses.replace(rd.smem, tile=Tile.SQ))
+    rd = dataclasses.replace(rd, smem=dataclasses.replace(rd.smem, region=Tile.SQ))
     rep = check(cfg, [cp, commit, rd])
     assert (K.RAW_ASYNC, Tile.SQ) in rep.kinds()
     own = [h for h in rep.hazards if h.warp == 0 and h.lane == 0]
@@ -95,17 +99,19 @@ def test_out_of_bounds_and_misaligned_shared():
     assert [(h.warp, h.lane) for h in mis] == [(1, 5)]
 
 
-def test_out_of_bounds_global():
-    cfg = KernelConfig()
-    ev = synthetic.copy_tile(cfg, Tile.SK, 64, Phase.K_LOAD, seq_rows=None)  # every row claims in-bounds
-    rep = check(cfg, [ev], seqlen=40)
-    assert rep.kinds() == {(K.OOB_GLOBAL, Tensor.K)}
-    assert rep.total == 128 * 4 * (64 - 40) // 64
-    assert min(h.row for h in rep.hazards) == 40
-    bad = dataclasses.replace(ev, gmem=GmemAccess(False, Tensor.K, 16, ev.gmem.row, ev.gmem.col + 4,
-                                                  ev.gmem.mask, ev.gmem.bh))
-    kinds = {k for k, _ in check(cfg, [bad], seqlen=64).kinds()}
-    assert kinds == {K.MISALIGNED, K.OOB_GLOBAL}  # col 60 + 8 halves passes d = 64 too
+def test_global_access_outside_every_buffer_is_a_fault():
+    """Global addresses are checked by the machine's memory (an illegal address on hardware)."""
+    mem = GlobalMemory()
+    k = mem.alloc("k", np.zeros((40, 64), np.uint16))
+    inside = k.base + 128 * np.arange(40)
+    assert mem.gather(inside, 16, np.ones(40, bool)).shape == (40, 16)
+    with pytest.raises(KernelFault, match="outside every buffer.*'k'"):
+        mem.gather(k.base + 128 * np.arange(41), 16, np.ones(41, bool))
+    with pytest.raises(KernelFault, match="misaligned"):
+        mem.gather(inside + 8, 16, np.ones(40, bool))
+    # predicated-off lanes are not checked (cp.async with src-size 0 reads nothing)
+    off = np.arange(41) < 40
+    assert not mem.gather(k.base + 128 * np.arange(41), 16, off)[40].any()
 
 
 def test_waw_between_threads_without_barrier():
@@ -123,7 +129,7 @@ def test_waw_between_threads_without_barrier():
 def test_counts_all_but_keeps_limit():
     cfg = KernelConfig()
     hc = HazardChecker(limit=5)
-    hc.on_launch(LaunchInfo(cfg, 1, 1, 128, 128, False, 0.125, 1, 1))
+    hc.on_launch(launch_info(Problem(1, 1, 128, 128, False, 0.125, cfg)))
     for ev in synthetic.memory_program(cfg, 128, drop=frozenset({Site.BAR_EPILOGUE})):
         hc.on_instr(ev)
     rep = hc.report()

@@ -26,7 +26,8 @@ import fa_hw
 from fa_hw import check
 from fa_sim.checkpoints import CheckpointLayout
 from fa_sim.config import KernelConfig, SmemLayout
-from fa_sim.events import Checkpoint, decode_f16x2
+from fa_sim.checkpoints import Checkpoint
+from fa_sim.events import decode_f16x2
 
 pytestmark = pytest.mark.gpu
 FAMILY = KernelConfig.family()

@@ -5,30 +5,25 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fa_sim.isa import as_chunks, commit_group, cp_async_cg, wait_group_done
+from fa_sim.isa import commit_group, wait_group_done, zero_fill
+from fa_sim.isa.cp_async import check_sizes
 
 FIXED = settings(derandomize=True, database=None, max_examples=40, deadline=None)
 
 
-def _global():
-    return np.arange(64 * 8, dtype=np.uint16).reshape(64, 8)  # 64 chunks of 8 halves: element ids
-
-
-def test_full_copy_moves_the_16_bytes_of_the_chunk():
-    data = cp_async_cg(as_chunks(_global()), np.array([[5, 63]]), np.array([[16, 16]]))
-    halves = data.view(np.uint16).reshape(1, 2, 8)
-    np.testing.assert_array_equal(halves[0, 0], np.arange(40, 48))
-    np.testing.assert_array_equal(halves[0, 1], np.arange(504, 512))
-
-
 def test_src_size_zero_fills():
-    data = cp_async_cg(as_chunks(_global()), np.array([3, 3, 3]), np.array([16, 0, 6]))
-    b = data.view(np.uint8).reshape(3, 16)
+    data = np.tile(np.arange(1, 17, dtype=np.uint8), (3, 1))  # [3 lanes, 16 bytes] as read
+    b = zero_fill(data, np.array([16, 0, 6]))
+    np.testing.assert_array_equal(b[0], data[0])
     assert (b[1] == 0).all()
-    np.testing.assert_array_equal(b[2, :6], b[0, :6])
+    np.testing.assert_array_equal(b[2, :6], data[2, :6])
     assert (b[2, 6:] == 0).all()
+    assert zero_fill(data, np.full(3, 16)) is data  # nothing to fill: no copy
     with pytest.raises(ValueError, match="src-size"):
-        cp_async_cg(as_chunks(_global()), np.array([0]), np.array([17]))
+        check_sizes(16, np.array([17]), "cg")
+    with pytest.raises(ValueError, match="copies 16 bytes"):
+        check_sizes(8, np.array([8]), "cg")
+    check_sizes(8, np.array([4]), "ca")
 
 
 def _oracle(program, n_threads):

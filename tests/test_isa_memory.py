@@ -1,49 +1,72 @@
-"""isa.shared, isa.global_mem, isa.barrier: ld/st.shared of 4, 8, 16 bytes, predicated global
+"""isa.shared, isa.barrier and the global memory: ld/st.shared of 1 to 16 bytes, predicated global
 accesses, bar.sync (PTX `#data-movement-and-conversion-instructions-ld`, `...-st`,
 `#parallel-synchronization-and-communication-instructions-bar`)."""
 
 import numpy as np
 import pytest
 
-from fa_sim.isa import bar_sync, ld_global, ld_shared, shared_words, st_global, st_shared
+from fa_sim.errors import KernelFault
+from fa_sim.isa import bar_sync, ld_shared, shared_units, st_shared, unit_dtype
+from fa_sim.memory import GlobalMemory
 
 
-@pytest.mark.parametrize("width", [4, 8, 16])
-def test_store_then_load_round_trips_element_ids(width):
+@pytest.mark.parametrize("width", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("per_cta", [False, True])
+def test_store_then_load_round_trips_element_ids(width, per_cta):
     smem = np.zeros((2, 4096), np.uint8)
     addr = np.arange(32, dtype=np.int64)[::-1] * width + 64  # [32], lanes in reverse order
-    words = shared_words(addr, width)  # [32, width/4]
-    ids = np.arange(2 * 32 * (width // 4), dtype=np.uint32).reshape(2, 32, width // 4)
-    st_shared(smem, words, ids)
-    np.testing.assert_array_equal(ld_shared(smem, words), ids)
-    flat = smem.view(np.uint32)
-    lane = 7
-    np.testing.assert_array_equal(flat[1, addr[lane] // 4: addr[lane] // 4 + width // 4], ids[1, lane])
+    if per_cta:  # CTA 1 uses other addresses
+        addr = np.stack([addr, addr + 16 * width])
+    units = shared_units(addr, width)  # [(C,) 32, k]
+    k = units.shape[-1]
+    ids = np.arange(2 * 32 * k).reshape(2, 32, k).astype(unit_dtype(width))
+    st_shared(smem, units, ids, width, np.ones((2, 32), bool), per_cta)
+    np.testing.assert_array_equal(ld_shared(smem, units, width, per_cta), ids)
+    view = smem.view(unit_dtype(width))
+    lane, a = 7, (addr[1] if per_cta else addr)[7]
+    u = a // min(width, 4)
+    np.testing.assert_array_equal(view[1, u: u + k], ids[1, lane])
 
 
 def test_masked_store_skips_lanes():
     smem = np.zeros((1, 256), np.uint8)
-    words = shared_words(np.arange(32) * 4, 4)
+    units = shared_units(np.arange(32) * 4, 4)
     mask = np.zeros((1, 32), bool)
     mask[0, ::3] = True
-    st_shared(smem, words, np.full((1, 32, 1), 9, np.uint32), mask)
+    st_shared(smem, units, np.full((1, 32, 1), 9, np.uint32), 4, mask)
     assert (smem.view(np.uint32)[0, :32] == np.where(mask[0], 9, 0)).all()
 
 
 def test_shared_preconditions():
-    with pytest.raises(ValueError, match="aligned"):
-        shared_words(np.arange(32) * 16 + 8, 16)
+    with pytest.raises(KernelFault, match="misaligned"):
+        shared_units(np.arange(32) * 16 + 8, 16)
     with pytest.raises(ValueError, match="width"):
-        shared_words(np.arange(32) * 4, 12)
+        shared_units(np.arange(32) * 4, 12)
 
 
 def test_global_predication():
-    mem = np.arange(100, dtype=np.uint32)
-    words = np.array([[3, 4], [50, 51], [98, 99]])
+    mem = GlobalMemory()
+    buf = mem.alloc("x", np.arange(100, dtype=np.uint32))
+    addr = buf.base + 4 * np.array([2, 50, 98])
     pred = np.array([True, False, True])
-    np.testing.assert_array_equal(ld_global(mem, words, pred), [[3, 4], [0, 0], [98, 99]])
-    st_global(mem, words, np.full((3, 2), 7, np.uint32), pred)
-    assert mem[3] == 7 and mem[50] == 50 and mem[99] == 7
+    got = mem.gather(addr, 8, pred).view(np.uint32)
+    np.testing.assert_array_equal(got, [[2, 3], [0, 0], [98, 99]])
+    mem.scatter(addr, np.full((3, 2), 7, np.uint32).view(np.uint8).reshape(3, 8), pred)
+    assert buf.array[3] == 7 and buf.array[50] == 50 and buf.array[99] == 7
+    with pytest.raises(KernelFault, match="misaligned"):
+        mem.gather(buf.base + np.array([12]), 8, np.array([True]))
+    with pytest.raises(KernelFault, match="outside every buffer"):
+        mem.gather(buf.base + 4 * np.array([99]), 8, np.array([True]))  # 4 bytes past the end
+
+
+def test_global_access_spanning_two_buffers():
+    mem = GlobalMemory()
+    a = mem.alloc("a", np.arange(4, dtype=np.uint32))
+    b = mem.alloc("b", np.arange(10, 14, dtype=np.uint32))
+    addr = np.array([a.base + 4, b.base + 8])
+    np.testing.assert_array_equal(mem.gather(addr, 4, np.ones(2, bool)).view(np.uint32)[:, 0], [1, 12])
+    mem.scatter(addr, np.array([[7, 0, 0, 0], [9, 0, 0, 0]], np.uint8), np.ones(2, bool))
+    assert a.array[1] == 7 and b.array[2] == 9
 
 
 def test_barrier_needs_the_whole_cta():
@@ -51,5 +74,5 @@ def test_barrier_needs_the_whole_cta():
     active[1] = False
     assert bar_sync(active).tolist() == [True, False, True]
     active[2, 0, 0] = False
-    with pytest.raises(ValueError, match="part of a CTA"):
+    with pytest.raises(ValueError, match="part of CTA 2"):
         bar_sync(active)

@@ -3,6 +3,8 @@ and the quad all-reduce of spec tables 5-7."""
 
 import numpy as np
 import pytest
+
+from fa_sim.errors import KernelFault
 from hypothesis import given, settings, strategies as st
 
 from fa_sim.isa import bfly_source, shfl_bfly
@@ -54,7 +56,7 @@ def test_butterfly_laws(mask, seed):
 
 
 def test_preconditions():
-    with pytest.raises(ValueError, match="partially active"):
+    with pytest.raises(KernelFault, match="partially active"):
         active = np.ones((1, 32), bool)
         active[0, 5] = False
         shfl_bfly(np.zeros((1, 32), np.float32), 1, 1, active)

@@ -9,10 +9,13 @@ import pytest
 
 import fa_sim
 from fa_sim.config import KernelConfig
-from fa_sim.events import Checkpoint, Op, Phase, ROUND_EPILOGUE, ROUND_PROLOGUE, Site, decode_f16x2
+from fa_sim.checkpoints import Checkpoint
+from fa_sim.events import Op, ROUND_EPILOGUE, ROUND_PROLOGUE, decode_f16x2
+from fa_sim.kernels.labels import Phase, Site
 from fa_sim.isa import mma
 from fa_sim.kernels import Mutation
-from fa_sim.kernels.plan import Step, kernel_plan
+from fa_sim.kernels.plan import kernel_plan
+from fa_sim.kernels.sites import Step
 from fa_sim.kernels.softmax import rowcol
 
 SEED = KernelConfig()
@@ -315,8 +318,8 @@ def test_late_wait_comes_right_after_the_first_dependent_ldmatrix():
         res, rec = run(q, k, v, mutation=Mutation(late_wait=frozenset({site})), ops={Op.LDSM, Op.DEPBAR})
         labels = [e.label for e in rec.events if e.round == 0]
         i = labels.index(first)
-        assert rec.events[i + 1].op is Op.DEPBAR and rec.events[i + 1].site is site
-        assert [e.site for e in rec.events if e.round == 0 and e.op is Op.DEPBAR].count(site) == 1
+        assert rec.events[i + 1].op is Op.DEPBAR and rec.events[i + 1].label == f"{site.name} (late)"
+        assert [e.label.split()[0] for e in rec.events if e.round == 0 and e.op is Op.DEPBAR].count(site.name) == 1
     ok = fa_sim.simulate(q, k, v)
     late_qk = fa_sim.simulate(q, k, v, mutation=Mutation(late_wait=frozenset({Site.WAIT_QK})))
     assert not np.array_equal(ok.o, late_qk.o)  # round 0 read sQ (h = 0) before it landed

@@ -6,19 +6,31 @@ import pytest
 import fa_sim
 from fa_sim import machine as machine_mod
 from fa_sim.config import KernelConfig
-from fa_sim.events import Checkpoint, Op, Phase, Tensor, Tile
+from fa_sim.checkpoints import Checkpoint
+from fa_sim.events import Op
+from fa_sim.errors import KernelFault
 from fa_sim.hub import Hub
-from fa_sim.kernels.plan import kernel_plan, tile_base
-from fa_sim.machine import GlobalMemory, Machine
+from fa_sim.kernels.fa2_fwd import load_tile
+from fa_sim.kernels.labels import Phase, Tile, tile_base
+from fa_sim.kernels.plan import kernel_plan
+from fa_sim.machine import Machine
+from fa_sim.memory import GlobalMemory
 
 CFG = KernelConfig()
 
 
 def _machine(n_ctas=2, seqlen=64, observers=()):
+    """A machine with one CTA per batch-head; q (= k) in global memory as [C, seqlen, 64]."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((n_ctas, seqlen, 64)).astype(np.float16).view(np.uint16)
-    gm = GlobalMemory(q=q, k=q.copy(), v=q.copy(), o=np.zeros_like(q), lse=np.zeros((n_ctas, seqlen), np.float32))
-    return Machine(CFG, gm, np.arange(n_ctas), np.arange(n_ctas), Hub(observers)), q
+    gm = GlobalMemory()
+    m = Machine(CFG.n_warps, CFG.smem_bytes, gm, np.arange(n_ctas), Hub(observers))
+    m.q_base, m.k_base = gm.alloc("q", q).base, gm.alloc("k", q.copy()).base
+    return m, q
+
+
+def _load(m, instr, lanes, base, row0, seqlen=64):
+    load_tile(m, instr, lanes, base, np.arange(m.n_ctas), np.asarray(row0), seqlen, 64)
 
 
 def _sq_image(m):
@@ -34,7 +46,7 @@ def _logical(image):
 def test_cp_async_bytes_land_at_the_wait_not_before():
     m, q = _machine()
     plan = kernel_plan(CFG)
-    m.cp_async(plan.sites.cp_q, plan.copy_q, Tensor.Q, np.zeros(2, np.int64), 64)
+    _load(m, plan.sites.cp_q, plan.copy_q, m.q_base, np.zeros(2, np.int64))
     assert (_sq_image(m) == 0).all()  # issued, not visible
     m.commit_group(plan.sites.commit_prologue)
     m.wait_group(plan.sites.wait_qk, 0)
@@ -45,9 +57,9 @@ def test_wait_group_1_leaves_the_most_recent_group_pending():
     m, q = _machine()
     plan = kernel_plan(CFG)
     s = plan.sites
-    m.cp_async(s.cp_q, plan.copy_q, Tensor.Q, np.zeros(2, np.int64), 64)
+    _load(m, s.cp_q, plan.copy_q, m.q_base, np.zeros(2, np.int64))
     m.commit_group(s.commit_prologue)
-    m.cp_async(s.cp_k0, plan.copy_kv[0], Tensor.K, np.zeros(2, np.int64), 64)
+    _load(m, s.cp_k0, plan.copy_kv[0], m.k_base, np.zeros(2, np.int64))
     m.commit_group(s.commit_prologue)
     m.wait_group(s.wait_qk, 1)
     np.testing.assert_array_equal(_logical(_sq_image(m)), q)
@@ -60,7 +72,7 @@ def test_wait_group_1_leaves_the_most_recent_group_pending():
 def test_rows_past_the_sequence_are_zero_filled():
     m, q = _machine(seqlen=64)
     plan = kernel_plan(CFG)
-    m.cp_async(plan.sites.cp_q, plan.copy_q, Tensor.Q, np.array([0, 40]), 64)  # CTA 1: rows 40..103
+    _load(m, plan.sites.cp_q, plan.copy_q, m.q_base, np.array([0, 40]))  # CTA 1: rows 40..103
     m.commit_group(plan.sites.commit_prologue)
     m.wait_group(plan.sites.wait_qk, 0)
     tile = _logical(_sq_image(m))
@@ -73,7 +85,7 @@ def test_counts_are_repeat_times_warps_with_an_active_lane():
     plan = kernel_plan(CFG)
     m.round = 0
     m.set_live(2)  # CTA 2 has left the loop
-    m.ldmatrix(plan.sites.ldsm_k[0], plan.ldsm_k[0], "tCrK")  # R = 4
+    m.ldmatrix(plan.sites.ldsm_k[0], plan.ldsm_k[0], 4, False, "tCrK")  # R = 4
     assert m.hub.counts[(Op.LDSM, Phase.QK, 0)] == 4 * 4 * 2
     lane_mask = np.zeros((2, 4, 32), bool)
     lane_mask[0, 1, 3] = True  # one lane of one warp
@@ -93,7 +105,7 @@ def test_partially_arrived_barrier_is_rejected():
     m, _ = _machine()
     lanes = np.ones((2, 4, 32), bool)
     lanes[0, 0, 0] = False
-    with m.branch(lanes), pytest.raises(ValueError, match="bar.sync"):
+    with m.branch(lanes), pytest.raises(KernelFault, match="bar.sync"):
         m.bar_sync(kernel_plan(CFG).sites.bar_qk)
 
 

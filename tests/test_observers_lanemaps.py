@@ -58,7 +58,7 @@ def test_ldmatrix_received_equals_layout_ldsm():
     lane, value = np.arange(32)[:, None], np.arange(8)[None, :]
     for kind, ev in ((L.Ldsm.Q, synthetic.ldsm_q(cfg, 0)), (L.Ldsm.K, synthetic.ldsm_k(cfg, 0)),
                      (L.Ldsm.V_TRANS, synthetic.ldsm_v(cfg, 0))):
-        rows, cols = ldsm_received(ev.smem, ev.ptx)
+        rows, cols = ldsm_received(ev.smem)
         want = kind.received(lane, value)
         assert same((rows[0, 0, 0], cols[0, 0, 0]), want), kind
 

@@ -6,19 +6,22 @@ import numpy as np
 import pytest
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import ROUND_PROLOGUE, Checkpoint, CheckpointEvent, LaunchInfo, Op, Phase, encode_f16x2
+from fa_sim.checkpoints import Checkpoint
+from fa_sim.events import ROUND_PROLOGUE, CheckpointEvent, Op, encode_f16x2
+from fa_sim.kernels import Problem, launch_info
+from fa_sim.kernels.labels import Phase
 from fa_sim.observers import synthetic
-from fa_sim.observers.trace import TraceFilter, TraceRecorder, ldsm_form, ldsm_received
+from fa_sim.observers.trace import TraceFilter, TraceRecorder, ldsm_received
 from fa_sim.observers.trace_io import load_trace, save_trace, to_perfetto
 
 CFG = KernelConfig()
-LAUNCH = LaunchInfo(CFG, 1, 1, 128, 128, False, 0.125, 2, 2)
+LAUNCH = launch_info(Problem(1, 1, 128, 128, False, 0.125, CFG))
 
 
 def with_values(ev):
     """Give an ldmatrix event register values: the received halves encode their tile coordinate
     (64*row + col), as an fp16 integer."""
-    rows, cols = ldsm_received(ev.smem, ev.ptx)
+    rows, cols = ldsm_received(ev.smem)
     halves = (64 * rows + cols).astype(np.float16)  # exact below 2048
     return type(ev)(**{**ev.__dict__, "regs_out": {"tCrX": encode_f16x2(halves)}})
 
@@ -32,24 +35,23 @@ def record(filt, events=None):
     return rec
 
 
-def test_ldsm_form():
-    assert ldsm_form("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (4, True)
-    assert ldsm_form("ldmatrix.sync.aligned.m8n8.x2.shared.b16") == (2, False)
-    with pytest.raises(ValueError):
-        ldsm_form("mma.sync")
+def test_ldmatrix_events_carry_their_form():
+    assert synthetic.ldsm_q(CFG, 0).smem.ldsm == (4, False)
+    assert synthetic.ldsm_v(CFG, 0).smem.ldsm == (4, True)
+    assert synthetic.sts_o(CFG).smem.ldsm is None
 
 
 def test_lane0_receives_q_rows_0_8_at_d_0_1_8_9():
     """Spec, "32 个 lane 共同提供一条 MMA 的输入": lane 0 holds query 0, 8 at d = 0, 1, 8, 9."""
-    rows, cols = ldsm_received(synthetic.ldsm_q(CFG, 0).smem, synthetic.LDSM_X4)
+    rows, cols = ldsm_received(synthetic.ldsm_q(CFG, 0).smem)
     got = set(zip(rows[0, 0, 0, 0].tolist(), cols[0, 0, 0, 0].tolist()))
     assert got == {(q, d) for q in (0, 8) for d in (0, 1, 8, 9)}
     # K: lane 0 gets key 0 at d 0, 1, 8, 9 (first n8 atom) and key 8 (second atom)
-    rows, cols = ldsm_received(synthetic.ldsm_k(CFG, 0).smem, synthetic.LDSM_X4)
+    rows, cols = ldsm_received(synthetic.ldsm_k(CFG, 0).smem)
     assert list(zip(rows[0, 0, 0, 0].tolist(), cols[0, 0, 0, 0].tolist())) == [
         (0, 0), (0, 1), (0, 8), (0, 9), (8, 0), (8, 1), (8, 8), (8, 9)]
     # V.trans: lane 0 gets keys 0, 1 (b0, b1) and 8, 9 (b2, b3) of d column 0, then column 8
-    rows, cols = ldsm_received(synthetic.ldsm_v(CFG, 0).smem, synthetic.LDSM_X4_T)
+    rows, cols = ldsm_received(synthetic.ldsm_v(CFG, 0).smem)
     assert list(zip(rows[0, 0, 0, 0].tolist(), cols[0, 0, 0, 0].tolist())) == [
         (0, 0), (1, 0), (8, 0), (9, 0), (0, 8), (1, 8), (8, 8), (9, 8)]
 
@@ -97,7 +99,7 @@ def assert_same(a, b):
     assert a.launch == b.launch and a.filter == b.filter and (a.threads == b.threads).all()
     assert len(a.records) == len(b.records)
     for x, y in zip(a.records, b.records):
-        for f in ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "site"):
+        for f in ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "src", "ptx_line"):
             assert getattr(x, f) == getattr(y, f), f
         assert (x.cta == y.cta).all() and (x.active == y.active).all()
         for side in ("smem", "gmem"):
@@ -105,7 +107,7 @@ def assert_same(a, b):
             assert (sx is None) == (sy is None)
             if sx is not None:
                 for k, v in sx.__dict__.items():
-                    assert np.array_equal(v, getattr(sy, k)), (side, k)
+                    assert (v == getattr(sy, k)) if not isinstance(v, np.ndarray) else np.array_equal(v, getattr(sy, k)), (side, k)
         for regs in ("regs_in", "regs_out"):
             rx, ry = getattr(x, regs), getattr(y, regs)
             assert list(rx) == list(ry)
@@ -121,7 +123,7 @@ def test_archive_round_trip(tmp_path):
     tr = rec.trace
     assert_same(tr, load_trace(save_trace(tr, tmp_path / "t")))
     manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
-    assert manifest["format"] == "flashsim-trace" and manifest["version"] == 1
+    assert manifest["format"] == "flashsim-trace" and manifest["version"] == 2
     manifest["version"] = 99
     (tmp_path / "t" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="v99"):

@@ -18,7 +18,7 @@ spec = importlib.util.spec_from_file_location("traces_regenerate", ROOT / "regen
 regenerate = sys.modules.setdefault("traces_regenerate", importlib.util.module_from_spec(spec))
 spec.loader.exec_module(regenerate)
 
-EXACT = ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "site")
+EXACT = ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "src", "ptx_line")
 
 
 def assert_values(a, b, where):

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from fa_sim.config import KernelConfig
-from fa_sim.events import Checkpoint, Op, Phase
+from fa_sim.checkpoints import Checkpoint
+from fa_sim.events import Op
+from fa_sim.kernels.labels import Phase
 from fa_sim.observers.runs import Problem, run_trace
 from fa_sim.observers.story import format_story, lane_story, story_json
 from fa_sim.observers.trace import TraceFilter

@@ -1,9 +1,10 @@
-"""cp.async.cg.shared.global (16 bytes, zero-fill), cp.async.commit_group, cp.async.wait_group N.
+"""cp.async.{ca,cg}.shared.global (zero fill past src-size), cp.async.commit_group, wait_group N.
 
 PTX anchors: `#data-movement-and-conversion-instructions-cp-async`,
 `#data-movement-and-conversion-instructions-cp-async-commit-group`,
 `#data-movement-and-conversion-instructions-cp-async-wait-group` (notes/gpu_facts.md).
-- .cg copies exactly 16 bytes; a src-size below 16 zero-fills the rest (src-size 0: all zeros).
+- .cg copies exactly 16 bytes, .ca 4, 8 or 16; a src-size below cp-size zero-fills the rest
+  (src-size 0: all zeros, nothing is read).
 - Groups are per thread: commit_group closes the thread's open group (possibly empty);
   wait_group N returns once at most N of the thread's most recent committed groups are pending.
 - The bytes become visible to the issuing thread after its wait (the machine writes them then).
@@ -17,36 +18,23 @@ from __future__ import annotations
 
 import numpy as np
 
-CP_SIZE = 16  # bytes per .cg copy
-CHUNK_WORDS = 2  # a 16-byte chunk as two uint64
+CG_BYTES = 16
+CA_BYTES = (4, 8, 16)
 
 
-def as_chunks(buf: np.ndarray) -> np.ndarray:
-    """A contiguous buffer viewed as 16-byte chunks: [n_chunks, 2] uint64."""
-    flat = np.ascontiguousarray(buf).reshape(-1)
-    if flat.nbytes % CP_SIZE:
-        raise ValueError(f"buffer of {flat.nbytes} bytes is not a whole number of 16-byte chunks")
-    return flat.view(np.uint64).reshape(-1, CHUNK_WORDS)
+def check_sizes(cp_size: int, src_size: np.ndarray, cache: str) -> None:
+    allowed = (CG_BYTES,) if cache == "cg" else CA_BYTES
+    if cp_size not in allowed:
+        raise ValueError(f"cp.async.{cache} copies {' or '.join(map(str, allowed))} bytes, not {cp_size}")
+    if np.any((src_size < 0) | (src_size > cp_size)):
+        raise ValueError(f"cp.async src-size must lie in 0..{cp_size}")
 
 
-def cp_async_cg(src_chunks: np.ndarray, src_chunk: np.ndarray, src_size: np.ndarray) -> np.ndarray:
-    """The 16 bytes each lane copies: src_chunks [G, 2] uint64 (global memory as chunks),
-    src_chunk [...] int64 chunk index per lane, src_size [...] int64 bytes read (0..16).
-
-    Returns [..., 2] uint64: the source bytes, zero past src-size."""
-    src_size = np.asarray(src_size)
-    if np.any((src_size < 0) | (src_size > CP_SIZE)):
-        raise ValueError("cp.async.cg src-size must lie in 0..16")
-    data = np.take(src_chunks, src_chunk, axis=0)  # [..., 2] u64
-    full = src_size == CP_SIZE
-    if np.all(full):
+def zero_fill(data: np.ndarray, src_size: np.ndarray) -> np.ndarray:
+    """data [..., cp_size] uint8 as read; bytes at or past each lane's src_size [...] become 0."""
+    if np.all(src_size >= data.shape[-1]):
         return data
-    if np.all(full | (src_size == 0)):
-        data[~full] = 0
-        return data
-    keep = np.arange(CP_SIZE) < src_size[..., None]  # [..., 16] bool
-    data_bytes = data.view(np.uint8) * keep
-    return np.ascontiguousarray(data_bytes, dtype=np.uint8).view(np.uint64)
+    return data * (np.arange(data.shape[-1]) < np.asarray(src_size)[..., None])
 
 
 def commit_group(committed: np.ndarray, active: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import WARP_SIZE
+from .sm80 import WARP_SIZE
 
 LANE = np.arange(WARP_SIZE, dtype=np.int64)  # [32]
 GROUP = LANE >> 2  # [32] g: the quad a lane belongs to

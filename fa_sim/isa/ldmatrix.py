@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lanes import GROUP, IN_GROUP, check_lane_axis
+from .shared import ld_shared
 
 ROW_BYTES = 16  # one 8-half row of an 8x8 matrix
 NUMS = (1, 2, 4)
@@ -71,9 +72,10 @@ def ldmatrix_index(addr: np.ndarray, num: int, trans: bool) -> LdmatrixIndex:
     return LdmatrixIndex(num, trans, halves, words)
 
 
-def ldmatrix(smem: np.ndarray, index: LdmatrixIndex) -> np.ndarray:
-    """smem: [C, nbytes] uint8 -> received registers [C, ..., 32, num] uint32 (f16x2 words)."""
+def ldmatrix(smem: np.ndarray, index: LdmatrixIndex, per_cta: bool = False) -> np.ndarray:
+    """smem: [C, nbytes] uint8 -> received registers [C, ..., 32, num] uint32 (f16x2 words).
+    index: the same for every CTA, or (per_cta) with a leading [C] axis."""
     if index.words is not None:
-        return np.take(smem.view(np.uint32), index.words, axis=1)
-    halves = np.take(smem.view(np.uint16), index.halves, axis=1)  # [C, ..., 32, num, 2] u16
-    return halves.view(np.uint32)[..., 0]
+        return ld_shared(smem, index.words, 4, per_cta)
+    halves = ld_shared(smem, index.halves, 2, per_cta)  # [C, ..., 32, num, 2] u16
+    return np.ascontiguousarray(halves).view(np.uint32)[..., 0]

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from .sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
 from ..tensorcore import EXACT, FusedDotModel
 from .lanes import GROUP, IN_GROUP, check_lane_axis
 

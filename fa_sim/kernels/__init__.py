@@ -1,5 +1,8 @@
-"""Kernel programs for the simulated machine (fa2_fwd: the FlashAttention-2 forward pass)."""
+"""The attention kernel as a hand-written program for the SM80 machine (front end 1), with its
+labels, lane plans and program text."""
 
-from .fa2_fwd import NO_MUTATION, Mutation, Problem, flash_fwd, wave_order
+from .fa2_fwd import NO_MUTATION, Mutation, Pointers, Problem, flash_fwd, launch_info, wave_order
+from .labels import FA2Labels, Phase, Site, Tensor, Tile, tile_base
 
-__all__ = ["Mutation", "NO_MUTATION", "Problem", "flash_fwd", "wave_order"]
+__all__ = ["FA2Labels", "Mutation", "NO_MUTATION", "Phase", "Pointers", "Problem", "Site", "Tensor", "Tile",
+           "flash_fwd", "launch_info", "tile_base", "wave_order"]

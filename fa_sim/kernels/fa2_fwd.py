@@ -28,11 +28,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..checkpoints import CheckpointLayout
-from ..config import WARP_SIZE, KernelConfig
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Site, Tensor, Tile, tile_base
+from ..checkpoints import Checkpoint, CheckpointLayout
+from ..config import KernelConfig
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
+from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .plan import KernelPlan, Step, kernel_plan
+from .labels import Site, Tensor, Tile, tile_base
+from .plan import KernelPlan, TileLanes, kernel_plan
+from .sites import Step
 from .softmax import NEG_INF, scale_rows, softmax_rescale_o
 
 
@@ -90,10 +93,44 @@ class Problem:
         return -(-keys // cfg.block_n)
 
 
+def launch_info(prob: Problem) -> LaunchInfo:
+    """What observers learn about a launch of the kernel for `prob`."""
+    cfg = prob.config
+    return LaunchInfo("fa2_fwd_kernel", (prob.n_m_blocks, prob.batch * prob.heads, 1), (cfg.n_threads, 1, 1),
+                      cfg.smem_bytes, prob)
+
+
 def wave_order(prob: Problem, ctas: np.ndarray) -> np.ndarray:
     """The wave's CTAs by decreasing loop length (stable), so live CTAs form a prefix."""
     nbm = prob.n_block_max(ctas % prob.n_m_blocks)
     return ctas[np.argsort(-nbm, kind="stable")]
+
+
+@dataclass(frozen=True)
+class Pointers:
+    """The kernel's pointer parameters: global byte addresses of q, k, v, o ([B*H, N, d] fp16)
+    and lse ([B*H, Nq] fp32), as fa2_fwd_kernel receives them."""
+
+    q: int
+    k: int
+    v: int
+    o: int
+    lse: int
+
+    def of(self, tensor: Tensor) -> int:
+        return {Tensor.Q: self.q, Tensor.K: self.k, Tensor.V: self.v, Tensor.O: self.o, Tensor.LSE: self.lse}[tensor]
+
+
+def load_tile(m: Machine, instr: Instr, lanes: TileLanes, base: int, bh: np.ndarray, row0: np.ndarray,
+              seqlen: int, head_dim: int) -> None:
+    """copy_tile: tile row r of each CTA <- global row row0 + r of its batch-head (16-byte
+    cp.async.cg; rows past seqlen zero-fill with src-size 0, the source clamped to row 0)."""
+    k = m.live
+    rows = row0[:k, None, None, None] + lanes.row  # [k, W, L, R] global row
+    pred = rows < seqlen  # [k, W, L, R]
+    src_row = np.where(pred, rows, 0)
+    src = base + 2 * ((bh[:k, None, None, None] * seqlen + src_row) * head_dim + lanes.col)  # [k, W, L, R] bytes
+    m.cp_async(instr, lanes.smem, src, np.where(pred, 16, 0))
 
 
 @dataclass
@@ -112,9 +149,9 @@ def _thread_words(x: np.ndarray) -> np.ndarray:
 
 
 def _sync(m: Machine, mut: Mutation, wait: Instr, bar: Instr) -> None:
-    if wait.site not in mut.drop and wait.site not in mut.late_wait:
+    if wait.tag not in mut.drop and wait.tag not in mut.late_wait:
         m.wait_group(wait, 0)
-    if bar.site not in mut.drop:
+    if bar.tag not in mut.drop:
         m.bar_sync(bar)
 
 
@@ -132,10 +169,10 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
     for h in range(-1, n_h):
         nxt = h + 1
         if nxt < n_h:
-            tCrQ[nxt] = m.ldmatrix(S.ldsm_q[nxt], plan.ldsm_q[nxt], "tCrQ")  # [k, W, L, MI, 4]
+            tCrQ[nxt] = m.ldmatrix(S.ldsm_q[nxt], plan.ldsm_q[nxt], 4, False, "tCrQ")  # [k, W, L, MI, 4]
             if nxt == 0 and after_first_load is not None:
                 after_first_load()
-            regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt], "tCrK")  # [k, W, L, NJ/2, 4]
+            regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt], 4, False, "tCrK")  # [k, W, L, NJ/2, 4]
             tCrK[nxt] = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJ, 2]
         if h >= 0:
             tCrS = m.mma(S.mma_qk[h], tCrQ[h], tCrK[h], tCrS)
@@ -148,7 +185,7 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
     S = plan.sites
     k, w, l, _, mi, _ = tCrP.shape
     for h in range(plan.config.pv_k_segments):
-        regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h], "tCrV")  # [k, W, L, d/16, 4]
+        regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h], 4, True, "tCrV")  # [k, W, L, d/16, 4]
         if h == 0 and after_first_load is not None:
             after_first_load()
         tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]
@@ -180,26 +217,44 @@ def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, t: int, m_bl
     return out
 
 
-def _round(m: Machine, prob: Problem, plan: KernelPlan, st: _State, t: int, m_block: np.ndarray,
-           nbm: np.ndarray, mut: Mutation, layout: CheckpointLayout) -> None:
-    """One K/V iteration for the live CTAs (m_block, nbm: [live])."""
+@dataclass(frozen=True, eq=False)
+class _Wave:
+    """What every step of one wave needs: the launch, its pointers, the wave's CTAs."""
+
+    prob: Problem
+    plan: KernelPlan
+    ptr: Pointers
+    mut: Mutation
+    layout: CheckpointLayout
+    m_block: np.ndarray  # [C] Q block of each CTA
+    bh: np.ndarray  # [C] batch-head of each CTA
+    nbm: np.ndarray  # [C] K/V rounds of each CTA, non-increasing
+
+    def load(self, m: Machine, instr: Instr, lanes: TileLanes, tensor: Tensor, row0: np.ndarray) -> None:
+        seqlen = self.prob.seqlen_q if tensor is Tensor.Q else self.prob.seqlen_k
+        load_tile(m, instr, lanes, self.ptr.of(tensor), self.bh, row0, seqlen, self.prob.config.head_dim)
+
+
+def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
+    """One K/V iteration for the live CTAs."""
+    prob, plan, mut, layout = wv.prob, wv.plan, wv.mut, wv.layout
     cfg, S, k = prob.config, plan.sites, m.live
     tCrS = np.zeros((k, cfg.n_warps, WARP_SIZE, cfg.s_n_tiles, cfg.m_repeats, 4), np.float32)  # [k,W,L,NJ,MI,4]
     _sync(m, mut, S.wait_qk, S.bar_qk)
     _tile_checkpoint(m, layout, Checkpoint.SQ, Tile.SQ)
     _tile_checkpoint(m, layout, Checkpoint.SK, Tile.SK)
-    m.cp_async(S.cp_v, plan.copy_kv[1], Tensor.V, np.full(k, t * cfg.block_n), prob.seqlen_k)
+    wv.load(m, S.cp_v, plan.copy_kv[1], Tensor.V, np.full(k, t * cfg.block_n))
     m.commit_group(S.commit_v)
     late_qk = (lambda: m.wait_group(S.wait_qk_late, 0)) if mut.late(Site.WAIT_QK) else None
     tCrS = gemm_smem(m, plan, tCrS, late_qk)
     m.checkpoint(Checkpoint.S_ACC, lambda: _thread_words(tCrS))
-    tCrS = mask_within_nblock(m, prob, plan, t, m_block, tCrS)
+    tCrS = mask_within_nblock(m, prob, plan, t, wv.m_block[:k], tCrS)
     m.checkpoint(Checkpoint.S_MASKED, lambda: _thread_words(tCrS))
     _sync(m, mut, S.wait_pv, S.bar_pv)
     _tile_checkpoint(m, layout, Checkpoint.SV, Tile.SV)
-    with m.branch(nbm > t + 1) as taken:
+    with m.branch(wv.nbm[:k] > t + 1) as taken:
         if taken:
-            m.cp_async(S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n), prob.seqlen_k)
+            wv.load(m, S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n))
             m.commit_group(S.commit_k)
     p, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
         m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k])
@@ -213,12 +268,10 @@ def _round(m: Machine, prob: Problem, plan: KernelPlan, st: _State, t: int, m_bl
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
 
 
-def epilogue(m: Machine, prob: Problem, plan: KernelPlan, st: _State, m_block: np.ndarray, mut: Mutation,
-             layout: CheckpointLayout) -> None:
-    """Divide by l, LSE = s m + log l, stage O through sO (= sQ bytes), coalesced global stores."""
-    cfg, S, c = prob.config, plan.sites, m.n_ctas
-    m.round = ROUND_EPILOGUE
-    m.set_live(c)
+def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarray]:
+    """tCrO /= l (frcp_rn), LSE = s m + logf(l); rows without weight (l == 0 or NaN) keep O and
+    get LSE = +inf. Returns (tCrO, lse)."""
+    S, scale = wv.plan.sites, np.float32(wv.prob.scale)
     l_sum = st.rRowSum
     bad = (l_sum == 0) | np.isnan(l_sum)  # [C, W, L, MI, 2]
     inv = np.divide(np.float32(1), l_sum, out=np.ones_like(l_sum), where=~bad)  # frcp_rn
@@ -226,41 +279,53 @@ def epilogue(m: Machine, prob: Problem, plan: KernelPlan, st: _State, m_block: n
     m.reg(S.epilogue[Step.NORMALIZE], {"tCrO": st.tCrO, "rRowSum": l_sum}, {"tCrO": tCrO})
     m.checkpoint(Checkpoint.O_FINAL, lambda: _thread_words(tCrO), rnd=0)
     log_l = np.log(np.where(bad, np.float32(1), l_sum))  # [C, W, L, MI, 2] f32 (logf)
-    lse = np.where(bad, np.float32(np.inf), st.rRowMax * np.float32(prob.scale) + log_l)  # [C, W, L, MI, 2]
+    lse = np.where(bad, np.float32(np.inf), st.rRowMax * scale + log_l)  # [C, W, L, MI, 2]
     m.reg(S.epilogue[Step.LSE], {"rRowMax": st.rRowMax, "rRowSum": l_sum}, {"rLSE": lse})
+    return tCrO, lse
+
+
+def epilogue(m: Machine, wv: _Wave, st: _State) -> None:
+    """Divide by l, LSE = s m + log l, stage O through sO (= sQ bytes), coalesced global stores."""
+    prob, plan = wv.prob, wv.plan
+    cfg, S, c = prob.config, plan.sites, m.n_ctas
+    m.round = ROUND_EPILOGUE
+    m.set_live(c)
+    tCrO, lse = _normalize(m, wv, st)
     rO = tCrO.astype(np.float16).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2
     m.reg(S.epilogue[Step.CONVERT_O], {"tCrO": tCrO}, {"rO": rO})
-    m.st_shared(S.sts_o, plan.sts_o, rO.reshape(*rO.shape[:3], -1, 1), "rO")
-    if Site.BAR_EPILOGUE not in mut.drop:
+    m.st_shared(S.sts_o, plan.sts_o.smem, rO.reshape(*rO.shape[:3], -1, 1), "rO")
+    if Site.BAR_EPILOGUE not in wv.mut.drop:
         m.bar_sync(S.bar_epilogue)
-    _tile_checkpoint(m, layout, Checkpoint.SO, Tile.SO, rnd=0)
-    tOrO = m.ld_shared(S.lds_o, plan.lds_o, "tOrO")  # [C, W, L, R, 4] u32
-    rows = (m_block * cfg.block_m)[:, None, None, None] + plan.lds_o.lanes.row  # [C, W, L, R]
-    cols = np.broadcast_to(plan.lds_o.lanes.col, rows.shape)
-    m.st_global(S.stg_o, Tensor.O, rows, cols, rows < prob.seqlen_q, tOrO, "tOrO")
+    _tile_checkpoint(m, wv.layout, Checkpoint.SO, Tile.SO, rnd=0)
+    tOrO = m.ld_shared(S.lds_o, plan.lds_o.smem, "tOrO")  # [C, W, L, R, 4] u32
+    rows = (wv.m_block * cfg.block_m)[:, None, None, None] + plan.lds_o.row  # [C, W, L, R]
+    bh = wv.bh[:, None, None, None]
+    addr = wv.ptr.o + 2 * ((bh * prob.seqlen_q + rows) * cfg.head_dim + plan.lds_o.col)  # [C, W, L, R]
+    m.st_global(S.stg_o, addr, tOrO, rows < prob.seqlen_q, "tOrO")
     lane0 = (np.arange(WARP_SIZE) % 4 == 0)[None, None, :]  # [1, 1, L]: one lane per quad
     with m.branch(np.broadcast_to(lane0, (c, cfg.n_warps, WARP_SIZE))):
         slot_rows = plan.slot_row.reshape(cfg.n_warps, WARP_SIZE, -1)  # [W, L, 2 MI] tile row per slot
-        rows = (m_block * cfg.block_m)[:, None, None, None] + slot_rows  # [C, W, L, 2 MI]
+        rows = (wv.m_block * cfg.block_m)[:, None, None, None] + slot_rows  # [C, W, L, 2 MI]
         lse_words = lse.view(np.uint32).reshape(*rows.shape, 1)  # [C, W, L, 2 MI, 1]
-        m.st_global(S.stg_lse, Tensor.LSE, rows, np.zeros_like(rows), rows < prob.seqlen_q, lse_words, "rLSE")
+        addr = wv.ptr.lse + 4 * (bh * prob.seqlen_q + rows)
+        m.st_global(S.stg_lse, addr, lse_words, rows < prob.seqlen_q, "rLSE")
 
 
-def flash_fwd(m: Machine, prob: Problem, mutation: Mutation = NO_MUTATION,
+def flash_fwd(m: Machine, prob: Problem, ptr: Pointers, mutation: Mutation = NO_MUTATION,
               on_round: Callable[[], None] | None = None) -> None:
     """Run the kernel for the machine's wave of CTAs (ordered by `wave_order`)."""
     cfg = prob.config
     plan = kernel_plan(cfg)
     S = plan.sites
-    layout = CheckpointLayout(cfg, prob.n_rounds)
     m_block = m.cta % prob.n_m_blocks  # [C]
     nbm = prob.n_block_max(m_block)  # [C], non-increasing
     if np.any(np.diff(nbm) > 0):
         raise ValueError("the wave must be ordered by wave_order (decreasing loop length)")
+    wv = _Wave(prob, plan, ptr, mutation, CheckpointLayout(cfg, prob.n_rounds), m_block, m.cta // prob.n_m_blocks, nbm)
     c, shape = m.n_ctas, (m.n_ctas, cfg.n_warps, WARP_SIZE)
     m.round = ROUND_PROLOGUE
-    m.cp_async(S.cp_q, plan.copy_q, Tensor.Q, m_block * cfg.block_m, prob.seqlen_q)
-    m.cp_async(S.cp_k0, plan.copy_kv[0], Tensor.K, np.zeros(c, np.int64), prob.seqlen_k)
+    wv.load(m, S.cp_q, plan.copy_q, Tensor.Q, m_block * cfg.block_m)
+    wv.load(m, S.cp_k0, plan.copy_kv[0], Tensor.K, np.zeros(c, np.int64))
     m.commit_group(S.commit_prologue)
     st = _State(tCrO=np.zeros((*shape, cfg.o_n_tiles, cfg.m_repeats, 4), np.float32),
                 rRowMax=np.full((*shape, cfg.m_repeats, 2), NEG_INF, np.float32),
@@ -268,8 +333,7 @@ def flash_fwd(m: Machine, prob: Problem, mutation: Mutation = NO_MUTATION,
     for t in range(int(nbm.max())):
         m.round = t
         m.set_live(int(np.count_nonzero(nbm > t)))
-        k = m.live
-        _round(m, prob, plan, st, t, m_block[:k], nbm[:k], mutation, layout)
+        _round(m, wv, st, t)
         if on_round is not None:
             on_round()
-    epilogue(m, prob, plan, st, m_block, mutation, layout)
+    epilogue(m, wv, st)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..isa.fp32 import ex2_approx_ftz, fma_rn, scale_log2
 from ..machine import Machine
-from .plan import Sites, Step
+from .sites import Sites, Step
 
 NEG_INF = np.float32(-np.inf)
 
@@ -48,7 +48,7 @@ def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
     """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7)."""
     for site, reg, mask in zip(shfl, regs, (2, 1)):
-        y = m.shfl_bfly(site, x, mask, name)
+        y, _ = m.shfl(site, x, "bfly", mask, 0x1F, name)
         out = op(x, y)
         m.reg(reg, {name: x, "partner": y}, {name: out})
         x = out

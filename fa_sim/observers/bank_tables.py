@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..events import ROUND_EPILOGUE, Phase
+from ..events import ROUND_EPILOGUE
 from .banks import CONFLICT_CLASSES, ROUND_NAMES, BankReport, Counts, SmemClass
 
 HEAD = f"{'instr':>7} {'wavefr':>7} {'ideal':>6} {'confl':>6} {'wf/instr':>8}"
@@ -30,10 +30,10 @@ def format_report(rep: BankReport, title: str = "") -> str:
     lines.append(f"{'total':<12} {_cells(rep.total())}   (LDSM + LDS + STS)")
     lines += ["", f"{'phase':<9} {'class':<7} {HEAD}"]
     grouped = rep.group("phase", "cls")
-    for phase in Phase:
+    for phase in rep.phases():
         for cls in SmemClass:
             if (phase, cls) in grouped:
-                lines.append(f"{phase.value:<9} {cls.value:<7} {_cells(grouped[(phase, cls)])}")
+                lines.append(f"{phase:<9} {cls.value:<7} {_cells(grouped[(phase, cls)])}")
     lines += ["", f"{'round':<9} {'class':<7} {HEAD}"]
     for (rnd, cls), counts in sorted(rep.group("round", "cls").items(),
                                      key=lambda kv: (kv[0][0] == ROUND_EPILOGUE, kv[0][0], kv[0][1].value)):
@@ -64,10 +64,11 @@ def format_compare(reports: dict[str, BankReport], title: str = "") -> str:
     lines.append(row("total", lambda r: r.total()))
     lines.append("")
     lines.append("conflicts per kernel phase (LDSM + LDS + STS):")
-    for phase in Phase:
+    phases = list(dict.fromkeys(p for n in names for p in reports[n].phases()))
+    for phase in phases:
         vals = [sum((v for (p, c), v in reports[n].group("phase", "cls").items()
-                     if p is phase and c in CONFLICT_CLASSES), Counts()) for n in names]
+                     if p == phase and c in CONFLICT_CLASSES), Counts()) for n in names]
         if any(v.instructions for v in vals):
-            lines.append(f"  {phase.value:<10} " + "  ".join(f"{n} {v.conflicts:>6}" for n, v in zip(names, vals)))
+            lines.append(f"  {phase:<10} " + "  ".join(f"{n} {v.conflicts:>6}" for n, v in zip(names, vals)))
     lines.append(FOOTNOTE)
     return "\n".join(lines)

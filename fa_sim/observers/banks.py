@@ -24,11 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, InstrEvent, LaunchInfo, Op, Phase, SmemAccess, Tile
-
-N_BANKS = 32
-BANK_BYTES = 4
-WARP = 32
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, InstrEvent, LaunchInfo, Op, SmemAccess
+from ..isa.sm80 import BANK_BYTES, N_BANKS
+from ..isa.sm80 import WARP_SIZE as WARP
 
 
 class SmemClass(enum.Enum):
@@ -56,7 +54,7 @@ def lanes_per_phase(op: Op, width: int) -> int:
     if op is Op.LDSM:
         return 8
     try:
-        return {4: 32, 8: 16, 16: 8}[width]
+        return {1: 32, 2: 32, 4: 32, 8: 16, 16: 8}[width]
     except KeyError:
         raise ValueError(f"shared-memory access width {width} is not 4, 8 or 16 bytes") from None
 
@@ -177,12 +175,12 @@ class BankRow:
     """Totals of one static instruction (pc) in one round."""
 
     cls: SmemClass
-    phase: Phase
+    phase: str
     round: int
     pc: int
     ptx: str
     label: str
-    tile: Tile
+    region: str | None
     counts: Counts
 
 
@@ -198,7 +196,7 @@ class BankCounter:
         self._rows: dict[tuple, BankRow] = {}
         self.per_instruction: dict[SmemClass, Counter] = {c: Counter() for c in SmemClass}
 
-    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+    def wants(self, op: Op, phase: str, round: int) -> bool:
         return op in SMEM_OPS
 
     def on_launch(self, launch: LaunchInfo) -> None:
@@ -220,18 +218,18 @@ class BankCounter:
         old = self._rows.get(key)
         counts = add if old is None else old.counts + add
         self._rows[key] = BankRow(cls, event.phase, event.round, event.pc, event.ptx, event.label,
-                                  event.smem.tile, counts)
+                                  event.smem.region, counts)
 
     def _ldgsts_cost(self, event: InstrEvent, cost: "InstrCost") -> "InstrCost":
         """cp.async wavefronts by ncu's rule (ldgsts_wavefronts); the ideal stays one per phase."""
-        g, d = event.gmem, self.launch.config.head_dim
-        src = (np.asarray(g.row, np.int64) * d + np.asarray(g.col, np.int64)) * 2  # [R, C, W, L] bytes
+        src = np.asarray(event.gmem.addr, np.int64)  # [R, C, W, L] source byte addresses
         mask = np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
         wf = ldgsts_wavefronts(np.asarray(event.smem.addr, np.int64), src, mask).sum(-1)
         return InstrCost(wf * cost.executed, cost.ideal, cost.executed)
 
     def report(self) -> "BankReport":
-        smem = getattr(getattr(self.launch, "config", None), "smem", None)
+        problem = getattr(self.launch, "problem", None)
+        smem = None if problem is None else problem.config.smem
         rows = tuple(sorted(self._rows.values(), key=lambda r: (r.round == ROUND_EPILOGUE, r.round, r.pc)))
         per = {c: dict(sorted((int(k), int(v)) for k, v in cnt.items()))
                for c, cnt in self.per_instruction.items()}
@@ -255,6 +253,13 @@ class BankReport:
             out[key] = out.get(key, Counts()) + row.counts
         return out
 
+    def phases(self) -> list[str]:
+        """The phase labels in program order (by the first pc each appears at)."""
+        first: dict = {}
+        for row in self.rows:
+            first[row.phase] = min(first.get(row.phase, row.pc), row.pc)
+        return sorted(first, key=first.get)
+
     def by_class(self) -> dict[SmemClass, Counts]:
         got = self.group("cls")
         return {c: got.get(c, Counts()) for c in SmemClass}
@@ -267,7 +272,7 @@ class BankReport:
     def to_json(self) -> dict:
         phases: dict = {}
         for (phase, cls), counts in self.group("phase", "cls").items():
-            phases.setdefault(phase.value, {})[cls.value] = counts.to_json()
+            phases.setdefault(str(phase), {})[cls.value] = counts.to_json()
         rounds: dict = {}
         for (rnd, cls), counts in self.group("round", "cls").items():
             rounds.setdefault(ROUND_NAMES.get(rnd, str(rnd)), {})[cls.value] = counts.to_json()

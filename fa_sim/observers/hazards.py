@@ -9,9 +9,10 @@ notes/gpu_facts.md ("cp.async", "bar.sync"):
 - an ordinary store is visible to other threads after the next barrier;
 - a write over bytes another thread read in the same barrier epoch is a WAR race, over bytes
   another thread wrote and nobody ordered, a WAW race;
-- shared accesses must lie inside the CTA's dynamic shared memory, global accesses inside their
-  tensor; ldmatrix rows and cp.async addresses must be 16-byte aligned, ld/st.shared aligned to
-  their width.
+- shared accesses must lie inside the CTA's shared memory; ldmatrix rows and cp.async
+  destinations must be 16-byte aligned, ld/st.shared aligned to their width (the machine faults on
+  these too; the checker reports them for events from any source). Global addresses outside every
+  buffer are the machine's KernelFault.
 
 Barrier epochs advance per CTA at every bar.sync. Warps run in lockstep in the simulator, so a
 hazard here means the program relies on an order the hardware does not promise.
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import WARP_SIZE
-from ..events import GmemAccess, InstrEvent, LaunchInfo, Op, Phase, SmemAccess, Tensor, Tile
+from ..events import InstrEvent, LaunchInfo, Op, SmemAccess, SourceLoc
+from ..isa.sm80 import WARP_SIZE
 
 PENDING = np.iinfo(np.int32).max  # async data whose writer has not waited yet
 READS = frozenset({Op.LDSM, Op.LDS})
@@ -42,38 +43,37 @@ class HazardKind(enum.Enum):
     WAW = "overwrite of another thread's unordered write"
     UNINITIALIZED = "read of shared memory no instruction wrote"
     OOB_SHARED = "shared-memory access outside the CTA's allocation"
-    OOB_GLOBAL = "global access outside its tensor"
     MISALIGNED = "misaligned address"
 
 
 @dataclass(frozen=True)
 class Hazard:
-    """One hazard of one lane. addr: shared byte offset (or global element offset row*cols+col);
-    row/col: the logical coordinate the lane touched; other_thread/other_pc: the writer (RAW, WAW)
-    or reader (WAR) it races with."""
+    """One hazard of one lane. addr: shared byte offset; region/row/col: the front end's name of
+    what the lane touched (row, col -1 when unknown); src: CUDA source line (PTX engine);
+    other_thread/other_pc: the writer (RAW, WAW) or reader (WAR) it races with."""
 
     kind: HazardKind
     op: Op
     pc: int
     ptx: str
     label: str
-    phase: Phase
+    phase: str
     round: int
     cta: int
     warp: int
     lane: int
     addr: int
-    tile: Tile | None
-    tensor: Tensor | None
+    region: str | None
     row: int
     col: int
     other_thread: int | None = None
     other_pc: int | None = None
+    src: SourceLoc | None = None
 
 
 @dataclass(frozen=True)
 class HazardReport:
-    """All hazards: the first `limit` in full, and counts by (kind, tile or tensor, pc)."""
+    """All hazards: the first `limit` in full, and counts by (kind, region, pc)."""
 
     hazards: tuple[Hazard, ...]
     counts: dict
@@ -84,16 +84,17 @@ class HazardReport:
         return self.total == 0
 
     def kinds(self) -> set[tuple[HazardKind, object]]:
-        """{(kind, tile or tensor)} of everything found."""
+        """{(kind, region)} of everything found."""
         return {(k, where) for k, where, _ in self.counts}
 
     def to_json(self) -> dict:
         return {"total": self.total,
-                "counts": [{"kind": k.name, "where": w.value if w else None, "pc": pc, "n": n}
+                "counts": [{"kind": k.name, "where": None if w is None else str(w), "pc": pc, "n": n}
                            for (k, w, pc), n in self.counts.items()],
                 "hazards": [{"kind": h.kind.name, "pc": h.pc, "ptx": h.ptx, "label": h.label,
                              "round": h.round, "cta": h.cta, "warp": h.warp, "lane": h.lane,
-                             "addr": h.addr, "where": (h.tile or h.tensor).value, "row": h.row, "col": h.col,
+                             "addr": h.addr, "where": None if h.region is None else str(h.region), "row": h.row,
+                             "col": h.col, "src": None if h.src is None else str(h.src),
                              "other_thread": h.other_thread, "other_pc": h.other_pc} for h in self.hazards]}
 
 
@@ -145,7 +146,7 @@ class HazardChecker:
         self._shadow: _Shadow | None = None
         self.launch: LaunchInfo | None = None
 
-    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+    def wants(self, op: Op, phase: str, round: int) -> bool:
         return op in CHECKED_OPS
 
     def on_launch(self, launch: LaunchInfo) -> None:
@@ -169,16 +170,13 @@ class HazardChecker:
             sh.committed += active.reshape(sh.committed.shape)
         elif ev.op is Op.DEPBAR:
             self._wait(sh, active.reshape(sh.committed.shape), ev.wait_n or 0)
-        for r in range(ev.repeat):
-            if ev.gmem is not None:
-                self._check_gmem(ev, r, active)
-            if ev.smem is not None:
+        if ev.smem is not None:
+            for r in range(ev.repeat):
                 self._smem(sh, ev, r, active, thread)
 
     def _wave(self, cta: np.ndarray) -> _Shadow:
         if self._shadow is None or not np.array_equal(self._shadow.cta, cta):
-            cfg = self.launch.config
-            self._shadow = _Shadow.new(cta, cfg.smem_bytes, cfg.n_threads)
+            self._shadow = _Shadow.new(cta, self.launch.smem_bytes, self.launch.n_threads)
         return self._shadow
 
     @staticmethod
@@ -251,20 +249,6 @@ class HazardChecker:
             sh.w_group.ravel()[idx] = -1
             sh.w_ready.ravel()[idx] = e
 
-    # -- global memory ---------------------------------------------------------------------------
-    def _check_gmem(self, ev: InstrEvent, r: int, active: np.ndarray) -> None:
-        g: GmemAccess = ev.gmem
-        la = self.launch
-        rows_total = la.seqlen_k if g.tensor in (Tensor.K, Tensor.V) else la.seqlen_q
-        elem, cols_total = (4, 1) if g.tensor is Tensor.LSE else (2, la.config.head_dim)
-        row, col = np.asarray(g.row[r], dtype=np.int64), np.asarray(g.col[r], dtype=np.int64)
-        on = np.asarray(g.mask[r], dtype=bool) & active
-        bad = on & ((row < 0) | (row >= rows_total) | (col < 0) | (col + max(g.width // elem, 1) > cols_total))
-        addr = row * cols_total + col
-        self._emit(HazardKind.OOB_GLOBAL, ev, r, bad, addr, gmem=(row, col))
-        if ev.op is Op.LDGSTS:
-            self._emit(HazardKind.MISALIGNED, ev, r, on & ((addr * elem) % 16 != 0), addr, gmem=(row, col))
-
     # -- reporting -------------------------------------------------------------------------------
     def _emit_bytes(self, kind, ev, r, bad, addr, other, other_pc) -> None:
         """bad: [C, W, L, width] per byte -> one hazard per lane at its first bad byte."""
@@ -276,24 +260,22 @@ class HazardChecker:
                    other=np.take_along_axis(other, first, -1)[..., 0],
                    other_pc=np.take_along_axis(other_pc, first, -1)[..., 0])
 
-    def _emit(self, kind, ev, r, bad, addr, other=None, other_pc=None, gmem=None) -> None:
+    def _emit(self, kind, ev, r, bad, addr, other=None, other_pc=None) -> None:
         """Count the lanes in `bad` [C, W, L]; keep the first ones in full up to `limit`."""
         n = int(bad.sum())
         if n == 0:
             return
-        self._counts[(kind, ev.gmem.tensor if gmem is not None else ev.smem.tile, ev.pc)] += n
+        s = ev.smem
+        self._counts[(kind, s.region, ev.pc)] += n
         self._total += n
         room = self.limit - len(self._hazards)
         for c, w, l in np.argwhere(bad)[: max(room, 0)]:
             at = (c, w, l)
-            if gmem is not None:
-                place = (None, ev.gmem.tensor, int(gmem[0][at]), int(gmem[1][at]))
-            else:
-                place = (ev.smem.tile, None, int(ev.smem.row[(r, *at)]), int(ev.smem.col[(r, *at)]))
+            row, col = ((-1, -1) if s.row is None else (int(s.row[(r, *at)]), int(s.col[(r, *at)])))
             self._hazards.append(Hazard(
                 kind, ev.op, ev.pc, ev.ptx, ev.label, ev.phase, ev.round, int(ev.cta[c]), int(w), int(l),
-                int(addr[at]), *place, None if other is None else int(other[at]),
-                None if other_pc is None else int(other_pc[at])))
+                int(addr[at]), s.region, row, col, None if other is None else int(other[at]),
+                None if other_pc is None else int(other_pc[at]), ev.src))
 
 
 def format_hazards(report: HazardReport) -> str:
@@ -302,11 +284,12 @@ def format_hazards(report: HazardReport) -> str:
         return "hazards: none"
     lines = [f"hazards: {report.total}"]
     for (kind, where, pc), n in sorted(report.counts.items(), key=lambda kv: (kv[0][0].name, kv[0][2])):
-        lines.append(f"  {n:6d}  {kind.name:<15} {where.value:<4} pc {pc:<4} {kind.value}")
+        lines.append(f"  {n:6d}  {kind.name:<15} {str(where or '-'):<4} pc {pc:<4} {kind.value}")
     lines.append(f"first {len(report.hazards)}:")
     for h in report.hazards:
         other = "" if h.other_thread is None else f"  vs thread {h.other_thread} (pc {h.other_pc})"
-        place = (h.tile or h.tensor).value
+        place = f"{h.region}({h.row},{h.col})" if h.region is not None else "smem"
+        src = f"  {h.src}" if h.src is not None else ""
         lines.append(f"  {h.kind.name:<15} round {h.round:>2} cta {h.cta} warp {h.warp} lane {h.lane:>2}  "
-                     f"pc {h.pc} {h.ptx}  [{h.label}]  {place}({h.row},{h.col}) @ {h.addr}{other}")
+                     f"pc {h.pc} {h.ptx}  [{h.label}]  {place} @ {h.addr}{other}{src}")
     return "\n".join(lines)

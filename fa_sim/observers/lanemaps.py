@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE, CHUNK_HALVES, KernelConfig
+from ..config import CHUNK_HALVES, KernelConfig
+from ..isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
 
 
 def _gt(lane):

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checkpoints import Checkpoint
 from ..config import KernelConfig, SmemLayout
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Op, Phase, Tile
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
+from ..kernels.labels import Phase, Tile
 from . import lanemaps
 from .trace import Trace, TraceRecord
 from .trace_io import json_list, json_number, reg_values
@@ -90,19 +92,19 @@ def config_of(launch: dict) -> KernelConfig:
     return KernelConfig(c["block_m"], c["block_n"], c["head_dim"], c["n_warps"], SmemLayout(c["smem"]))
 
 
-def _tile_row0(tile: Tile, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
-    """Global row of tile row 0 when the record ran (K[t+1] is loaded in round t)."""
+def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
+    """Global row of tile row 0 of what an ldmatrix or ld/st.shared touched: the Q block, or the
+    K/V block of the round (the tile a round reads holds that round's block)."""
     if tile in (Tile.SQ, Tile.SO):
         return m_block * cfg.block_m
-    ahead = rec.op is Op.LDGSTS and rec.round >= 0 and tile is Tile.SK
-    return cfg.block_n * (max(rec.round, 0) + ahead)
+    return cfg.block_n * max(rec.round, 0)
 
 
 def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
     """'sQ(r,c) -> byte -> bank b[-b+3]' of the lane's own shared-memory access."""
     sm = rec.smem
     b, nb = int(sm.bank[r, c, s]), BANKS_PER_ROW.get(sm.width, 1)
-    text = (f"{sm.tile.value}({int(sm.row[r, c, s])},{int(sm.col[r, c, s])}) -> {int(sm.addr[r, c, s])}B -> "
+    text = (f"{sm.region}({int(sm.row[r, c, s])},{int(sm.col[r, c, s])}) -> {int(sm.addr[r, c, s])}B -> "
             f"bank {b}" + (f"-{b + nb - 1}" if nb > 1 else ""))
     return text if sm.mask[r, c, s] else text + " (off)"
 
@@ -110,11 +112,11 @@ def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
 def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int) -> tuple:
     """Global (row, col) of the 4 accumulators mma r produced. The machine orders the R mmas of a
     k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per gpu_facts.md."""
-    nj_count = cfg.s_n_tiles if rec.phase is Phase.QK else cfg.o_n_tiles
+    nj_count = cfg.s_n_tiles if rec.phase == Phase.QK else cfg.o_n_tiles
     mi, nj = divmod(r, nj_count)
     e = np.arange(4) + 4 * (mi + cfg.m_repeats * nj)  # CuTe order of the same slots
     rows, cols = lanemaps.acc_coords(cfg, thread, e)
-    k0 = cfg.block_n * rec.round if rec.phase is Phase.QK else 0
+    k0 = cfg.block_n * rec.round if rec.phase == Phase.QK else 0
     return tuple(zip((rows + m_block * cfg.block_m).tolist(), (cols + k0).tolist()))
 
 
@@ -128,18 +130,20 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
     touch, matrix, coords, detail = "", "", (), ""
     values = _regs(rec.regs_out, r, c, s) or (_regs(rec.regs_in, r, c, s) if rec.op is Op.STS else ())
     if rec.smem is not None:
-        touch, matrix = _touch(rec, r, c, s), TILE_TENSOR[rec.smem.tile]
-        row0 = _tile_row0(rec.smem.tile, rec, cfg, m_block)
+        touch, matrix = _touch(rec, r, c, s), TILE_TENSOR.get(rec.smem.region, str(rec.smem.region))
+        row0 = _tile_row0(rec.smem.region, rec, cfg, m_block)
         coords = tuple(zip((rec.smem.elem_row[r, c, s] + row0).tolist(), rec.smem.elem_col[r, c, s].tolist()))
     if rec.op is Op.HMMA:
-        matrix, coords = ("S" if rec.phase is Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block)
+        matrix, coords = ("S" if rec.phase == Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block)
     if rec.gmem is not None:
         g = rec.gmem
-        detail = f"{g.tensor.value}[{int(g.row[r, c, s])}, {int(g.col[r, c, s])}:+{g.width // 2}]"
+        detail = f"{str(g.buffer).upper()}[{int(g.row[r, c, s])}, {int(g.col[r, c, s])}:+{g.width // 2}]"
         detail += "" if g.mask[r, c, s] else " (predicated off)"
+        if rec.op is Op.LDGSTS and g.mask[r, c, s]:  # a copy: the elements are where they come from
+            coords = tuple((int(g.row[r, c, s]), int(g.col[r, c, s]) + i) for i in range(g.width // 2))
     partner = None if rec.shfl_src is None else int(rec.shfl_src[r, c, s])
     sent = _regs(rec.regs_in, r, c, s) if partner is not None else ()
-    return Step(rec.seq, r, rec.pc, rec.op, rec.phase.value, rec.round, rec.label, rec.ptx, touch, matrix, values,
+    return Step(rec.seq, r, rec.pc, rec.op, str(rec.phase), rec.round, rec.label, rec.ptx, touch, matrix, values,
                 coords, partner, sent, detail)
 
 

@@ -18,10 +18,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import MMA_K, MMA_M, MMA_N, WARP_SIZE, KernelConfig
-from ..events import (ROUND_EPILOGUE, ROUND_PROLOGUE, GmemAccess, InstrEvent, Op, Phase, Site,
-                      SmemAccess, Tensor, Tile, tile_base)
+from ..config import KernelConfig
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, GmemAccess, InstrEvent, Op, SmemAccess
+from ..isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from ..kernels.labels import Phase, Site, Tensor, Tile, tile_base
 from . import lanemaps
+
+GMEM_BASE = 0x7F00_0000_0000  # where the synthetic global tensors start (256-byte aligned)
 
 LDSM_X4 = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDSM_X4_T = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
@@ -42,9 +45,10 @@ def smem_event(config: KernelConfig, op: Op, ptx: str, tile: Tile, rows, cols, *
     cols = np.asarray(cols, dtype=np.int64)[:, None]
     addr = tile_base(config, tile) + 2 * config.smem_offset(rows, cols)  # [R, 1, W, L]
     mask = np.ones(addr.shape, dtype=bool) if mask is None else np.asarray(mask)[:, None]
-    smem = SmemAccess(write, width, addr, mask, tile, rows, cols)
+    ldsm = (4, ".trans" in ptx) if op is Op.LDSM else None
+    smem = SmemAccess(write, width, addr, mask, tile, rows, cols, ldsm)
     active = np.ones((1, config.n_warps, WARP_SIZE), dtype=bool)
-    return InstrEvent(op, phase, round, pc, ptx, label or f"{op.value} {tile.value}", np.zeros(1, np.int64),
+    return InstrEvent(op, phase, round, pc, ptx, label or f"{op.value} {tile}", np.zeros(1, np.int64),
                       active, repeat=addr.shape[0], smem=smem, gmem=gmem)
 
 
@@ -92,10 +96,11 @@ def copy_tile(config: KernelConfig, tile: Tile, n_rows: int, phase: Phase, seq_r
     rows, cols = _grid(config, n, *lanemaps.copy_coords(config, WARP_SIZE * w + lane, np.arange(n)[:, None, None]))
     inb = (row0 + rows) < (seq_rows if seq_rows is not None else 1 << 40)
     tensor = {Tile.SQ: Tensor.Q, Tile.SK: Tensor.K, Tile.SV: Tensor.V}[tile]
-    gmem = GmemAccess(False, tensor, 16, np.where(inb, row0 + rows, 0)[:, None], cols[:, None],
-                      inb[:, None], np.zeros(1, np.int64))
+    src_row = np.where(inb, row0 + rows, 0)[:, None]
+    addr = GMEM_BASE + 2 * (src_row * config.head_dim + cols[:, None])
+    gmem = GmemAccess(False, 16, addr, inb[:, None], tensor.lower(), src_row, cols[:, None])
     return smem_event(config, Op.LDGSTS, CP_ASYNC, tile, rows, cols, write=True, width=16,
-                      phase=phase, label=f"{tile.value} <- {tensor.value}", gmem=gmem, **kw)
+                      phase=phase, label=f"{tile} <- {tensor}", gmem=gmem, **kw)
 
 
 def sts_o(config: KernelConfig, **kw) -> InstrEvent:
@@ -124,7 +129,7 @@ def sync_event(config: KernelConfig, op: Op, phase: Phase, round: int, pc: int, 
            Op.BAR: "bar.sync 0"}[op]
     active = np.ones((1, config.n_warps, WARP_SIZE), dtype=bool)
     return InstrEvent(op, phase, round, pc, ptx, site.name if site else ptx, np.zeros(1, np.int64),
-                      active, wait_n=wait_n, site=site)
+                      active, wait_n=wait_n)
 
 
 def memory_program(config: KernelConfig, seqlen: int, *, drop=frozenset(), late_wait=frozenset()

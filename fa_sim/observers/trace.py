@@ -13,27 +13,15 @@ Record arrays use the event axes with the CTA and thread axes reduced to the sel
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..checkpoints import ROUND0_ONLY
-from ..config import WARP_SIZE
-from ..events import (Checkpoint, CheckpointEvent, InstrEvent, LaunchInfo, Op, Phase, Site, SmemAccess,
-                      Tensor, Tile)
+from ..events import CheckpointEvent, InstrEvent, LaunchInfo, Op, SmemAccess, SourceLoc
+from ..isa.sm80 import WARP_SIZE
 from . import lanemaps
 from .banks import bank_of
-
-_LDSM_FORM = re.compile(r"\.x(?P<n>[124])(?P<trans>\.trans)?")
-
-
-def ldsm_form(ptx: str) -> tuple[int, bool]:
-    """'ldmatrix...x4.trans...' -> (4, True): matrices per instruction and transpose flag."""
-    m = _LDSM_FORM.search(ptx)
-    if m is None:
-        raise ValueError(f"not an ldmatrix mnemonic: {ptx!r}")
-    return int(m["n"]), m["trans"] is not None
 
 
 @dataclass(frozen=True)
@@ -50,9 +38,9 @@ class TraceFilter:
     threads: tuple[int, ...] | None = None
     rounds: tuple[int, ...] | None = None
     ops: frozenset[Op] | None = None
-    phases: frozenset[Phase] | None = None
+    phases: frozenset[str] | None = None
 
-    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+    def wants(self, op: Op, phase: str, round: int) -> bool:
         return ((self.ops is None or op in self.ops) and (self.phases is None or phase in self.phases)
                 and (self.rounds is None or round in self.rounds or round < 0))
 
@@ -72,17 +60,19 @@ class TraceFilter:
 
     def to_json(self) -> dict:
         def seq(x):
-            return None if x is None else sorted(v.name if hasattr(v, "name") else int(v) for v in x)
-        return {k: seq(getattr(self, k)) for k in ("ctas", "warps", "lanes", "threads", "rounds", "ops", "phases")}
+            return None if x is None else sorted(int(v) for v in x)
+        def names(x, f):
+            return None if x is None else sorted(f(v) for v in x)
+        out = {k: seq(getattr(self, k)) for k in ("ctas", "warps", "lanes", "threads", "rounds")}
+        return out | {"ops": names(self.ops, lambda o: o.name), "phases": names(self.phases, str)}
 
     @classmethod
     def from_json(cls, d: dict) -> "TraceFilter":
         def tup(x):
             return None if x is None else tuple(int(v) for v in x)
-        def enums(e, x):
-            return None if x is None else frozenset(e[v] for v in x)
-        return cls(tup(d["ctas"]), tup(d["warps"]), tup(d["lanes"]), tup(d["threads"]), tup(d["rounds"]),
-                   enums(Op, d["ops"]), enums(Phase, d["phases"]))
+        ops = None if d["ops"] is None else frozenset(Op[v] for v in d["ops"])
+        phases = None if d["phases"] is None else frozenset(str(v) for v in d["phases"])
+        return cls(tup(d["ctas"]), tup(d["warps"]), tup(d["lanes"]), tup(d["threads"]), tup(d["rounds"]), ops, phases)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,17 +80,18 @@ class SmemRecord:
     """Shared-memory side for the selected lanes. addr/bank/row/col/mask: [R, Cs, S] (the lane's
     own access: for LDSM the row address it supplies); elem_row/elem_col: [R, Cs, S, k] the tile
     elements behind the lane's values (LDSM: the halves it receives; others: the halves it
-    touches)."""
+    touches; -1 where the front end gave no coordinates). ldsm: (matrices, transposed)."""
 
     write: bool
     width: int
-    tile: Tile
+    region: str | None
     addr: np.ndarray
     mask: np.ndarray
     row: np.ndarray
     col: np.ndarray
     elem_row: np.ndarray
     elem_col: np.ndarray
+    ldsm: tuple[int, bool] | None = None
 
     @property
     def bank(self) -> np.ndarray:
@@ -109,11 +100,13 @@ class SmemRecord:
 
 @dataclass(frozen=True, eq=False)
 class GmemRecord:
-    """Global side for the selected lanes: row/col/mask [R, Cs, S]."""
+    """Global side for the selected lanes: addr/row/col/mask [R, Cs, S] (row, col -1 where the
+    front end gave no coordinates)."""
 
     write: bool
-    tensor: Tensor
+    buffer: str | None
     width: int
+    addr: np.ndarray
     row: np.ndarray
     col: np.ndarray
     mask: np.ndarray
@@ -127,7 +120,7 @@ class TraceRecord:
 
     seq: int
     op: Op
-    phase: Phase
+    phase: str
     round: int
     pc: int
     ptx: str
@@ -141,14 +134,15 @@ class TraceRecord:
     regs_out: dict = field(default_factory=dict)
     shfl_src: np.ndarray | None = None
     wait_n: int | None = None
-    site: Site | None = None
+    src: SourceLoc | None = None
+    ptx_line: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class CheckpointRecord:
     """A checkpoint for the selection: values [Cs, S, k] uint32 words."""
 
-    checkpoint: Checkpoint
+    checkpoint: object  # fa_sim.checkpoints.Checkpoint
     round: int
     cta: np.ndarray
     values: np.ndarray
@@ -173,21 +167,27 @@ class Trace:
 
 
 def launch_json(launch: LaunchInfo) -> dict:
-    cfg = launch.config
-    return {"config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "head_dim": cfg.head_dim,
-                       "n_warps": cfg.n_warps, "smem": cfg.smem.value},
-            "batch": launch.batch, "heads": launch.heads, "seqlen_q": launch.seqlen_q,
-            "seqlen_k": launch.seqlen_k, "causal": bool(launch.causal), "scale": float(launch.scale),
-            "n_m_blocks": launch.n_m_blocks, "n_ctas": launch.n_ctas}
+    """The launch as plain JSON: kernel, grid, block, shared memory, and the attention problem."""
+    out = {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
+           "smem_bytes": launch.smem_bytes, "n_ctas": launch.n_ctas}
+    if launch.problem is not None:
+        p = launch.problem
+        cfg = p.config
+        config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "head_dim": cfg.head_dim,
+                  "n_warps": cfg.n_warps, "smem": cfg.smem.value}
+        out |= {"config": config, "batch": p.batch, "heads": p.heads, "seqlen_q": p.seqlen_q,
+                "seqlen_k": p.seqlen_k, "causal": bool(p.causal), "scale": float(p.scale),
+                "n_m_blocks": launch.n_m_blocks}
+    return out
 
 
-def ldsm_received(smem: SmemAccess, ptx: str) -> tuple[np.ndarray, np.ndarray]:
+def ldsm_received(smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
     """[R, C, W, L, 2N] tile (row, col) of every half each lane receives from ldmatrix.xN.
 
     Matrix m's row r comes from the address of lane 8m + r (gpu_facts.md); half k = 2m + i of the
     result is register m, low half first.
     """
-    n, trans = ldsm_form(ptx)
+    n, trans = smem.ldsm
     lane = np.arange(WARP_SIZE)[:, None, None]
     m = np.arange(n)[None, :, None]
     half = np.arange(2)[None, None, :]
@@ -199,9 +199,9 @@ def ldsm_received(smem: SmemAccess, ptx: str) -> tuple[np.ndarray, np.ndarray]:
     return rows, cols
 
 
-def _elements(op: Op, ptx: str, smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
-    if op is Op.LDSM:
-        return ldsm_received(smem, ptx)
+def _elements(op: Op, smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
+    if op is Op.LDSM and smem.ldsm is not None:
+        return ldsm_received(smem)
     k = np.arange(max(smem.width // 2, 1))
     rows = np.broadcast_to(np.asarray(smem.row)[..., None], (*smem.row.shape, k.size))
     return rows, np.asarray(smem.col)[..., None] + k
@@ -218,14 +218,14 @@ class TraceRecorder:
         self._checkpoints: list[CheckpointRecord] = []
         self._wave: tuple | None = None
 
-    def wants(self, op: Op, phase: Phase, round: int) -> bool:
+    def wants(self, op: Op, phase: str, round: int) -> bool:
         return self.filter.wants(op, phase, round)
 
     def on_launch(self, launch: LaunchInfo) -> None:
         """A new launch starts a new trace."""
         self.__init__(self.filter)
         self._launch = launch_json(launch)
-        self._threads = self.filter.select_threads(launch.config.n_warps)
+        self._threads = self.filter.select_threads(launch.n_warps)
         self._w, self._l = self._threads // WARP_SIZE, self._threads % WARP_SIZE
         self._wu, self._wpos = np.unique(self._w, return_inverse=True)  # warps traced; S -> position
 
@@ -253,23 +253,33 @@ class TraceRecorder:
             len(self._records), ev.op, ev.phase, ev.round, ev.pc, ev.ptx, ev.label, ev.repeat,
             np.asarray(ev.cta)[csel].copy(), active,
             smem=None if ev.smem is None else self._smem(ev, csel, take),
-            gmem=None if ev.gmem is None else GmemRecord(
-                ev.gmem.write, ev.gmem.tensor, ev.gmem.width, take(ev.gmem.row), take(ev.gmem.col), take(ev.gmem.mask)),
+            gmem=None if ev.gmem is None else self._gmem(ev.gmem, take),
             regs_in={k: take(v) for k, v in ev.regs_in.items()},
             regs_out={k: take(v) for k, v in ev.regs_out.items()},
             shfl_src=None if ev.shfl_src is None else take(ev.shfl_src),
-            wait_n=ev.wait_n, site=ev.site))
+            wait_n=ev.wait_n, src=ev.src, ptx_line=ev.ptx_line))
+
+    @staticmethod
+    def _gmem(g, take) -> GmemRecord:
+        addr = take(g.addr)
+        coord = (lambda a: np.full(addr.shape, -1, np.int64) if a is None else take(a))  # noqa: E731
+        return GmemRecord(g.write, g.buffer, g.width, addr, coord(g.row), coord(g.col), take(g.mask))
 
     def _smem(self, ev: InstrEvent, csel, take) -> SmemRecord:
         s = ev.smem
         # element maps need every lane of a traced warp (ldmatrix rows come from other lanes)
         def warps(a):  # [R, C, W, L] -> [R, Cs, Wu, L]
             return np.asarray(a)[:, csel][:, :, self._wu]
-        sub = SmemAccess(s.write, s.width, warps(s.addr), warps(s.mask), s.tile, warps(s.row), warps(s.col))
-        er, ec = (a[:, :, self._wpos, self._l] for a in _elements(ev.op, ev.ptx, sub))
-        return SmemRecord(s.write, s.width, s.tile, take(s.addr), take(s.mask), take(s.row), take(s.col), er, ec)
+        if s.row is None:  # no coordinates from the front end
+            none = np.full(take(s.addr).shape + (1,), -1, np.int64)
+            return SmemRecord(s.write, s.width, s.region, take(s.addr), take(s.mask), none[..., 0], none[..., 0],
+                              none, none, s.ldsm)
+        sub = SmemAccess(s.write, s.width, warps(s.addr), warps(s.mask), s.region, warps(s.row), warps(s.col), s.ldsm)
+        er, ec = (a[:, :, self._wpos, self._l] for a in _elements(ev.op, sub))
+        return SmemRecord(s.write, s.width, s.region, take(s.addr), take(s.mask), take(s.row), take(s.col), er, ec,
+                          s.ldsm)
 
-    def wants_checkpoint(self, checkpoint: Checkpoint, round: int) -> bool:
+    def wants_checkpoint(self, checkpoint, round: int) -> bool:
         rounds = self.filter.rounds
         return rounds is None or round in rounds or checkpoint in ROUND0_ONLY
 

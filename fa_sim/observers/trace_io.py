@@ -1,10 +1,11 @@
 """Trace archives (manifest JSON + npz arrays) and Chrome/Perfetto trace-event export.
 
-Archive format `flashsim-trace` version 1 (traces/README.md): a directory holding
+Archive format `flashsim-trace` version 2 (traces/README.md): a directory holding
 `manifest.json` (launch, filter, one entry per record and checkpoint: the typed scalar fields)
 and `arrays.npz` (every array of every record, keyed `r{seq}.{field}` / `c{index}.{field}`).
 Register arrays are keyed by position (`r{seq}.in{i}`, `r{seq}.out{i}`); their names and dtypes
-live in the manifest, so no register name has to be a valid file name.
+live in the manifest, so no register name has to be a valid file name. Version 1 archives (phase,
+tile and tensor as enum names, no addresses on the global side, no source lines) still load.
 """
 
 from __future__ import annotations
@@ -15,27 +16,49 @@ from pathlib import Path
 
 import numpy as np
 
-from ..events import Checkpoint, Op, Phase, Site, Tensor, Tile, decode_f16x2
+from ..checkpoints import Checkpoint
+from ..events import Op, SourceLoc, decode_f16x2
 from .trace import CheckpointRecord, GmemRecord, SmemRecord, Trace, TraceFilter, TraceRecord
 
 FORMAT = "flashsim-trace"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 SMEM_ARRAYS = ("addr", "mask", "row", "col", "elem_row", "elem_col")
-GMEM_ARRAYS = ("row", "col", "mask")
+GMEM_ARRAYS = ("addr", "row", "col", "mask")
+# Version 1 wrote enum names; their values are what events carry now.
+V1_PHASES = {"Q_LOAD": "Q load", "K_LOAD": "K load", "V_LOAD": "V load", "QK": "QK", "MASK": "mask",
+             "SOFTMAX": "softmax", "PV": "PV", "EPILOGUE": "epilogue"}
+V1_NAMES = {"SQ": "sQ", "SK": "sK", "SV": "sV", "SO": "sO"}
+
+
+def _src_json(src: SourceLoc | None):
+    if src is None:
+        return None
+    return {"file": src.file, "line": src.line, "col": src.col, "function": src.function,
+            "inlined_at": [list(x) for x in src.inlined_at]}
+
+
+def _src_load(d) -> SourceLoc | None:
+    if d is None:
+        return None
+    return SourceLoc(d["file"], d["line"], d["col"], d["function"], tuple(tuple(x) for x in d["inlined_at"]))
 
 
 def _record_manifest(rec: TraceRecord, arrays: dict) -> dict:
     key = f"r{rec.seq}"
     arrays[f"{key}.cta"], arrays[f"{key}.active"] = rec.cta, rec.active
-    entry = {"seq": rec.seq, "op": rec.op.name, "phase": rec.phase.name, "round": rec.round, "pc": rec.pc,
+    entry = {"seq": rec.seq, "op": rec.op.name, "phase": str(rec.phase), "round": rec.round, "pc": rec.pc,
              "ptx": rec.ptx, "label": rec.label, "repeat": rec.repeat, "wait_n": rec.wait_n,
-             "site": None if rec.site is None else rec.site.name, "smem": None, "gmem": None,
+             "src": _src_json(rec.src), "ptx_line": rec.ptx_line, "smem": None, "gmem": None,
              "regs_in": list(rec.regs_in), "regs_out": list(rec.regs_out), "shfl": rec.shfl_src is not None}
     if rec.smem is not None:
-        entry["smem"] = {"write": rec.smem.write, "width": rec.smem.width, "tile": rec.smem.tile.name}
+        sm = rec.smem
+        entry["smem"] = {"write": sm.write, "width": sm.width, "region": None if sm.region is None else str(sm.region),
+                         "ldsm": None if sm.ldsm is None else list(sm.ldsm)}
         arrays.update({f"{key}.smem.{f}": getattr(rec.smem, f) for f in SMEM_ARRAYS})
     if rec.gmem is not None:
-        entry["gmem"] = {"write": rec.gmem.write, "width": rec.gmem.width, "tensor": rec.gmem.tensor.name}
+        entry["gmem"] = {"write": rec.gmem.write, "width": rec.gmem.width,
+                         "buffer": None if rec.gmem.buffer is None else str(rec.gmem.buffer)}
         arrays.update({f"{key}.gmem.{f}": getattr(rec.gmem, f) for f in GMEM_ARRAYS})
     for side, regs in (("in", rec.regs_in), ("out", rec.regs_out)):
         arrays.update({f"{key}.{side}{i}": v for i, v in enumerate(regs.values())})
@@ -61,33 +84,50 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def _load_record(entry: dict, a) -> TraceRecord:
+def _load_record(entry: dict, a, version: int) -> TraceRecord:
     key = f"r{entry['seq']}"
     smem = gmem = None
     if entry["smem"] is not None:
         s = entry["smem"]
-        smem = SmemRecord(s["write"], s["width"], Tile[s["tile"]], *(a[f"{key}.smem.{f}"] for f in SMEM_ARRAYS))
+        region = V1_NAMES[s["tile"]] if version == 1 else s["region"]
+        ldsm = _v1_ldsm(entry["ptx"]) if version == 1 else (None if s["ldsm"] is None else tuple(s["ldsm"]))
+        smem = SmemRecord(s["write"], s["width"], region, *(a[f"{key}.smem.{f}"] for f in SMEM_ARRAYS), ldsm)
     if entry["gmem"] is not None:
         g = entry["gmem"]
-        gmem = GmemRecord(g["write"], Tensor[g["tensor"]], g["width"], *(a[f"{key}.gmem.{f}"] for f in GMEM_ARRAYS))
+        if version == 1:  # no addresses were kept
+            row = a[f"{key}.gmem.row"]
+            gmem = GmemRecord(g["write"], g["tensor"].lower(), g["width"], np.full(row.shape, -1, np.int64), row,
+                              a[f"{key}.gmem.col"], a[f"{key}.gmem.mask"])
+        else:
+            gmem = GmemRecord(g["write"], g["buffer"], g["width"], *(a[f"{key}.gmem.{f}"] for f in GMEM_ARRAYS))
     regs = {side: {n: a[f"{key}.{side}{i}"] for i, n in enumerate(entry[f"regs_{side}"])} for side in ("in", "out")}
-    return TraceRecord(entry["seq"], Op[entry["op"]], Phase[entry["phase"]], entry["round"], entry["pc"],
+    phase = V1_PHASES[entry["phase"]] if version == 1 else entry["phase"]
+    return TraceRecord(entry["seq"], Op[entry["op"]], phase, entry["round"], entry["pc"],
                        entry["ptx"], entry["label"], entry["repeat"], a[f"{key}.cta"], a[f"{key}.active"],
                        smem=smem, gmem=gmem, regs_in=regs["in"], regs_out=regs["out"],
                        shfl_src=a[f"{key}.shfl_src"] if entry["shfl"] else None, wait_n=entry["wait_n"],
-                       site=None if entry["site"] is None else Site[entry["site"]])
+                       src=_src_load(entry.get("src")), ptx_line=entry.get("ptx_line"))
+
+
+def _v1_ldsm(ptx: str) -> tuple[int, bool] | None:
+    """Version 1 kept the ldmatrix form only in its PTX mnemonic."""
+    if not ptx.startswith("ldmatrix"):
+        return None
+    num = next(int(p[1:]) for p in ptx.split(".") if p in ("x1", "x2", "x4"))
+    return num, ".trans" in ptx
 
 
 def load_trace(path: str | Path) -> Trace:
     """Read an archive written by save_trace; refuses other formats and newer versions."""
     path = Path(path)
     manifest = json.loads((path / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{path}: not a {FORMAT} v{VERSION} archive "
-                         f"(found {manifest.get('format')!r} v{manifest.get('version')!r})")
+    version = manifest.get("version")
+    if manifest.get("format") != FORMAT or version not in READABLE:
+        raise ValueError(f"{path}: not a {FORMAT} archive of a version this flashsim reads {READABLE} "
+                         f"(found {manifest.get('format')!r} v{version!r})")
     with np.load(path / "arrays.npz") as npz:
         a = {k: npz[k] for k in npz.files}
-    records = tuple(_load_record(e, a) for e in manifest["records"])
+    records = tuple(_load_record(e, a, version) for e in manifest["records"])
     checkpoints = tuple(CheckpointRecord(Checkpoint[c["checkpoint"]], c["round"], a[f"c{i}.cta"], a[f"c{i}.values"])
                         for i, c in enumerate(manifest["checkpoints"]))
     return Trace(manifest["launch"], TraceFilter.from_json(manifest["filter"]), a["threads"], records, checkpoints)
@@ -122,13 +162,13 @@ def lane_args(rec: TraceRecord, r: int, c: int, s: int) -> dict:
     out: dict = {"active": bool(rec.active[c, s])}
     if rec.smem is not None:
         sm = rec.smem
-        out["smem"] = {"tile": sm.tile.value, "addr": int(sm.addr[r, c, s]), "bank": int(sm.bank[r, c, s]),
+        out["smem"] = {"region": sm.region, "addr": int(sm.addr[r, c, s]), "bank": int(sm.bank[r, c, s]),
                        "row": int(sm.row[r, c, s]), "col": int(sm.col[r, c, s]), "on": bool(sm.mask[r, c, s]),
                        "elements": np.stack([sm.elem_row[r, c, s], sm.elem_col[r, c, s]], -1).tolist()}
     if rec.gmem is not None:
         g = rec.gmem
-        out["gmem"] = {"tensor": g.tensor.value, "row": int(g.row[r, c, s]), "col": int(g.col[r, c, s]),
-                       "on": bool(g.mask[r, c, s])}
+        out["gmem"] = {"buffer": g.buffer, "addr": int(g.addr[r, c, s]), "row": int(g.row[r, c, s]),
+                       "col": int(g.col[r, c, s]), "on": bool(g.mask[r, c, s])}
     for side, regs in (("in", rec.regs_in), ("out", rec.regs_out)):
         if regs:
             out[side] = {k: json_list(reg_values(v[r, c, s])) for k, v in regs.items()}
@@ -152,8 +192,9 @@ def to_perfetto(trace: Trace) -> dict:
                 for w in np.unique(warps[rec.active[ci]]):
                     lanes = np.nonzero(warps == w)[0]
                     args = {"ptx": rec.ptx, "pc": rec.pc, "round": rec.round, "instr": r,
+                            "src": None if rec.src is None else str(rec.src),
                             "lanes": {f"lane {int(trace.threads[s]) % 32}": lane_args(rec, r, ci, s) for s in lanes}}
-                    events.append({"name": rec.label, "cat": rec.phase.value, "ph": "X", "ts": step, "dur": 1,
+                    events.append({"name": rec.label, "cat": str(rec.phase), "ph": "X", "ts": step, "dur": 1,
                                    "pid": int(cta), "tid": int(w), "args": args})
             step += 1
     return {"traceEvents": events, "displayTimeUnit": "ns",

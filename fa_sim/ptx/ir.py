@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from ..events import SourceLoc  # noqa: F401  (one type for both front ends)
+
 
 @dataclass(frozen=True)
 class Reg:
@@ -72,18 +74,6 @@ class Sink:
 
 
 Operand = Union[Reg, Imm, Sym, Addr, Vec, PredPair, Sink]
-
-
-@dataclass(frozen=True)
-class SourceLoc:
-    """Where a PTX instruction came from (.loc). `inlined_at` is the chain of call sites, innermost
-    first, each (file, line, col); `function` the inlined function's name when NVRTC names it."""
-
-    file: str
-    line: int
-    col: int = 0
-    function: str | None = None
-    inlined_at: tuple = ()
 
 
 @dataclass(frozen=True)

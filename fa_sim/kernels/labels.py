@@ -1,0 +1,125 @@
+"""Labels of the attention kernel: its phases, shared-memory tiles, global tensors and
+synchronisation sites, and the `FA2Labels` that names the machine's accesses in those terms.
+
+The machine knows addresses only (fa_sim/machine.py). Both front ends of the attention kernel -
+the hand-written program and the PTX engine running fa2_fwd.cu - hand the machine an `FA2Labels`,
+so events say 'sK(12, 8)' or 'Q[row 70, col 16]' the same way whichever front end ran.
+Phases, tiles and tensors are string enums: event fields compare equal to their plain values.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import cached_property
+
+import numpy as np
+
+from ..config import KernelConfig
+from ..events import ROUND_EPILOGUE
+from ..layout import smem_layout
+
+
+class Phase(enum.StrEnum):
+    """Kernel phase an instruction belongs to (spec: main-loop order)."""
+
+    Q_LOAD = "Q load"
+    K_LOAD = "K load"
+    V_LOAD = "V load"
+    QK = "QK"
+    MASK = "mask"
+    SOFTMAX = "softmax"
+    PV = "PV"
+    EPILOGUE = "epilogue"
+
+
+class Tile(enum.StrEnum):
+    """Shared-memory tiles. sO reuses sQ's bytes (spec: output through shared memory)."""
+
+    SQ = "sQ"
+    SK = "sK"
+    SV = "sV"
+    SO = "sO"
+
+
+class Tensor(enum.StrEnum):
+    """Global tensors of one launch (the kernel's pointer parameters)."""
+
+    Q = "Q"
+    K = "K"
+    V = "V"
+    O = "O"
+    LSE = "LSE"
+
+
+class Site(enum.Enum):
+    """Synchronisation points of the kernel, named so that mutation tests can drop or move them
+    (fa_sim.kernels.Mutation for the program; FA_DROP_* macros for fa2_fwd.cu)."""
+
+    WAIT_QK = "cp.async.wait_group 0 before QK (Q, K[t] ready)"
+    BAR_QK = "__syncthreads before QK"
+    WAIT_PV = "cp.async.wait_group 0 before softmax/PV (V[t] ready)"
+    BAR_PV = "__syncthreads before softmax/PV"
+    BAR_EPILOGUE = "__syncthreads between sO stores and sO loads"
+
+
+def tile_base(config: KernelConfig, tile: Tile) -> int:
+    """Byte offset of a tile from the shared-memory base (sO reuses sQ)."""
+    return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
+            Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
+
+
+class FA2Labels:
+    """Names shared-memory bytes as (tile, row, col) and global bytes as (row, col) of a tensor.
+
+    Shared memory: the tile is the region the first active lane's address falls in (sQ, sK, sV;
+    sQ's bytes are sO in the epilogue); (row, col) is the inverse of the tile's layout
+    (KernelConfig.smem_offset) at each lane's address. Global memory: q, k, v, o are
+    [B*H, N, d] fp16 and lse [B*H, N] fp32; (row, col) is the position inside the batch-head.
+    """
+
+    def __init__(self, config: KernelConfig, seqlens: dict[str, int]):
+        self.config = config
+        self.seqlens = seqlens  # tensor name -> rows per batch-head
+
+    @cached_property
+    def _regions(self) -> list[tuple[Tile, int, int]]:
+        cfg = self.config
+        return [(Tile.SQ, tile_base(cfg, Tile.SQ), cfg.block_m), (Tile.SK, tile_base(cfg, Tile.SK), cfg.block_n),
+                (Tile.SV, tile_base(cfg, Tile.SV), cfg.block_n)]
+
+    def _inverse(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """half offset inside a tile of `rows` rows -> (row, col); -1 for padding."""
+        cache = self.__dict__.setdefault("_inv", {})
+        if rows not in cache:
+            cfg = self.config
+            r, c = np.meshgrid(np.arange(rows), np.arange(cfg.head_dim), indexing="ij")
+            off = np.asarray(smem_layout(cfg, rows)(r, c)).reshape(-1)
+            row = np.full(cfg.tile_halves(rows), -1, np.int64)
+            col = np.full(cfg.tile_halves(rows), -1, np.int64)
+            row[off], col[off] = r.reshape(-1), c.reshape(-1)
+            cache[rows] = (row, col)
+        return cache[rows]
+
+    def smem(self, addr: np.ndarray, mask: np.ndarray, round: int):
+        a = np.asarray(addr, np.int64)
+        on = a[np.asarray(mask, bool)]
+        first = int(on[0]) if on.size else int(a.reshape(-1)[0])
+        for tile, base, rows in self._regions:
+            size = 2 * self.config.tile_halves(rows)
+            if base <= first < base + size:
+                row, col = self._inverse(rows)
+                half = np.clip((a - base) // 2, 0, row.size - 1)
+                name = Tile.SO if tile is Tile.SQ and round == ROUND_EPILOGUE else tile
+                return name, row[half], col[half]
+        return None, None, None
+
+    def gmem(self, buffer, offset: np.ndarray, cta: np.ndarray):
+        name = buffer.name.upper()
+        if name not in self.seqlens:
+            return None, None
+        off = np.asarray(offset, np.int64)
+        if name == Tensor.LSE:
+            return (off // 4) % self.seqlens[name], np.zeros_like(off)
+        elem = off // 2
+        d = self.config.head_dim
+        return (elem // d) % self.seqlens[name], elem % d

@@ -1,0 +1,157 @@
+"""Global memory of a launch: named buffers at 64-bit byte addresses, as a kernel sees its
+pointer parameters (PTX `#state-spaces-global`; generic addresses of global memory are global
+addresses, so `cvta.to.global` is the identity here).
+
+Buffers are placed 256-byte aligned (what cudaMalloc guarantees) from a base that looks like a
+device address. Every access names its lanes' addresses; an active lane whose access is not inside
+one buffer, or not aligned to its width, is a `KernelFault` (the hardware's illegal / misaligned
+address), reported with the address and the nearest buffer. Accesses are vectorised: the common
+case - all active addresses inside one buffer - is one gather or scatter on a typed view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import KernelFault
+
+BASE_ADDRESS = 0x7F00_0000_0000  # first buffer; looks like a CUDA device address
+ALIGN = 256
+WORD_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclass(eq=False)
+class Buffer:
+    """One allocation: `data` is its bytes (a uint8 view of the array it was made from)."""
+
+    name: str
+    base: int
+    data: np.ndarray  # [nbytes] uint8
+    array: np.ndarray  # the array as allocated (shape and dtype kept for the caller)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size
+
+    @property
+    def end(self) -> int:
+        return self.base + self.data.size
+
+
+class GlobalMemory:
+    """The launch's buffers; `alloc` places one and returns it (its `.base` is the pointer)."""
+
+    def __init__(self) -> None:
+        self.buffers: list[Buffer] = []
+        self._next = BASE_ADDRESS
+
+    def alloc(self, name: str, array: np.ndarray) -> Buffer:
+        """Place `array` (kept, not copied, when it is C-contiguous) at the next aligned address."""
+        a = np.ascontiguousarray(array)
+        buf = Buffer(name, self._next, a.reshape(-1).view(np.uint8), a)
+        self.buffers.append(buf)
+        self._next += -(-max(a.nbytes, 1) // ALIGN) * ALIGN
+        return buf
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"no global buffer named {name!r} (have: {[b.name for b in self.buffers]})")
+
+    # -- locating addresses ------------------------------------------------------------------------
+    def locate(self, addr: np.ndarray, width: int, mask: np.ndarray, what: str = "access") -> tuple[Buffer | None, np.ndarray]:
+        """The one buffer every active address falls in, and the byte offsets into it.
+
+        addr, mask: same shape; returns (buffer, offsets addr - base, also for masked-off lanes,
+        whose offsets may lie outside the buffer: use `safe`). When the
+        active addresses span several buffers, returns (None, offsets into a flat index of all
+        buffers) - see `gather`/`scatter`. Faults on addresses outside every buffer or misaligned.
+        """
+        addr = np.asarray(addr, dtype=np.int64)
+        on = np.asarray(mask, dtype=bool)
+        if not on.any():
+            return (self.buffers[0] if self.buffers else None), np.zeros(addr.shape, np.int64)
+        lo, hi = int(addr[on].min()), int(addr[on].max()) + width
+        for b in self.buffers:
+            if b.base <= lo and hi <= b.end:
+                self._check_align(addr, on, width, what)
+                return b, addr - b.base
+        return None, self._multi(addr, on, width, what)
+
+    def _check_align(self, addr, on, width, what) -> None:
+        bad = on & (addr % width != 0)
+        if bad.any():
+            a = int(addr[bad][0])
+            raise KernelFault(f"misaligned global {what}: {width}-byte access at address {a:#x}")
+
+    def _multi(self, addr, on, width, what) -> np.ndarray:
+        """Offsets into the concatenation of all buffers (for accesses spanning buffers)."""
+        bases = np.array([b.base for b in self.buffers], dtype=np.int64)
+        ends = np.array([b.end for b in self.buffers], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum([b.nbytes for b in self.buffers])[:-1]])
+        i = np.clip(np.searchsorted(bases, addr, side="right") - 1, 0, len(bases) - 1)
+        inside = (addr >= bases[i]) & (addr + width <= ends[i])
+        bad = on & ~inside
+        if bad.any():
+            raise KernelFault(f"illegal global {what}: {self._describe(int(addr[bad][0]), width)}")
+        self._check_align(addr, on, width, what)
+        return np.where(on, addr - bases[i] + starts[i], 0)
+
+    def _describe(self, a: int, width: int) -> str:
+        if not self.buffers:
+            return f"{width} bytes at {a:#x}, no buffer is allocated"
+        near = min(self.buffers, key=lambda b: min(abs(a - b.base), abs(a - b.end)))
+        return (f"{width} bytes at {a:#x}, outside every buffer (nearest: {near.name!r} "
+                f"[{near.base:#x}, {near.end:#x}), {a - near.base:+d} bytes from its start)")
+
+    def _flat(self) -> np.ndarray:
+        return np.concatenate([b.data for b in self.buffers])
+
+    # -- data ----------------------------------------------------------------------------------------
+    def gather(self, addr: np.ndarray, width: int, mask: np.ndarray, what: str = "load") -> np.ndarray:
+        """Bytes at each active address: [..., width] uint8 (zeros where masked off)."""
+        buf, off = self.locate(addr, width, mask, what)
+        off = np.where(np.asarray(mask, bool), off, 0)
+        data = buf.data if buf is not None else self._flat()
+        if width in WORD_DTYPES and width > 1:
+            words = data.view(WORD_DTYPES[width])[off // width]
+            out = words.view(np.uint8).reshape(*off.shape, width)
+        elif width % 8 == 0:
+            idx = (off // 8)[..., None] + np.arange(width // 8)
+            out = data.view(np.uint64)[idx].view(np.uint8).reshape(*off.shape, width)
+        else:
+            out = data[off[..., None] + np.arange(width)]
+        return np.where(np.asarray(mask, bool)[..., None], out, np.uint8(0))
+
+    def scatter(self, addr: np.ndarray, values: np.ndarray, mask: np.ndarray, what: str = "store") -> None:
+        """Store values [..., width] uint8 at the active addresses (later lanes win on overlap)."""
+        width = values.shape[-1]
+        buf, off = self.locate(addr, width, mask, what)
+        on = np.asarray(mask, bool)
+        off = np.where(on, off, 0)
+        if buf is None:
+            for b, (lo, hi) in self._spans():
+                sel = on & (off >= lo) & (off < hi)
+                if sel.any():
+                    self._store(b, off - lo, values, sel)
+            return
+        self._store(buf, off, values, on)
+
+    def _spans(self):
+        start = 0
+        for b in self.buffers:
+            yield b, (start, start + b.nbytes)
+            start += b.nbytes
+
+    @staticmethod
+    def _store(buf: Buffer, off: np.ndarray, values: np.ndarray, on: np.ndarray) -> None:
+        width = values.shape[-1]
+        if width in WORD_DTYPES and width > 1:
+            words = np.ascontiguousarray(values).view(WORD_DTYPES[width])[..., 0]
+            buf.data.view(WORD_DTYPES[width])[off[on] // width] = words[on]
+        else:
+            idx = off[..., None] + np.arange(width)
+            buf.data[idx[on]] = values[on]
