@@ -1,0 +1,356 @@
+"""The PTX engine: every thread of every CTA of a wave executes a parsed kernel at once.
+
+Execution model (DESIGN.md, "one SM80 machine, two front ends"):
+- Registers are arrays over the wave's threads (regs.RegisterFile). Threads at the same pc form a
+  group; each step executes the lowest pc's group (min-pc scheduling), so threads that diverge at
+  a branch run their paths one after the other and reconverge where the paths meet - the
+  immediate post-dominator of structured code - and threads whose loop ends wait at its exit
+  while the others iterate. A guard `@p` narrows one instruction to the threads where p holds.
+- Memory, barriers, cp.async and the warp-collective instructions go through the machine
+  (fa_sim/machine.py) with the group as the active mask, so the same events reach the same
+  observers as from the hand-written program. A warp-collective instruction whose warp is only
+  partly in the group, or a barrier that part of a CTA cannot reach, is a KernelFault.
+- `round`: the kernel's main loop (the outermost loop that holds a bar.sync or an mma, else the
+  largest) numbers its iterations; instructions before it are ROUND_PROLOGUE, after it
+  ROUND_EPILOGUE, as the program's rounds.
+- Every opcode dispatches through a table: fa_sim.ptx.ops.TABLE (register-only families, pure lane
+  math) or ENGINE_OPS (memory, synchronisation, warp collectives). An opcode or form nobody handles
+  is an error naming it with its PTX line and CUDA source line; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import KernelFault
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
+from ..isa.sm80 import WARP_SIZE
+from ..machine import Instr, Machine
+from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
+from .ops import TABLE, Unsupported
+from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
+
+EngineOp = Callable[["Engine", "Group", Instruction], None]
+ENGINE_OPS: dict[str, EngineOp] = {}
+CONTROL = frozenset({"bra", "ret", "exit", "brx"})
+
+
+def engine_op(*opcodes: str):
+    """Register an engine-level handler (memory, synchronisation, collectives)."""
+    def deco(f: EngineOp) -> EngineOp:
+        for name in opcodes:
+            ENGINE_OPS[name] = f
+        return f
+    return deco
+
+
+class Group:
+    """Threads at one pc: `mask` [N] bool (None: every thread of the wave)."""
+
+    __slots__ = ("mask", "_idx", "n")
+
+    def __init__(self, mask: np.ndarray | None, n_all: int):
+        self.mask = mask
+        self._idx = None
+        self.n = n_all if mask is None else int(mask.sum())
+
+    @property
+    def idx(self):
+        """Index array of the threads (None: all) - what register reads and writes use."""
+        if self.mask is None:
+            return None
+        if self._idx is None:
+            self._idx = np.flatnonzero(self.mask)
+        return self._idx
+
+    def full(self, n_all: int) -> np.ndarray:
+        return np.ones(n_all, bool) if self.mask is None else self.mask
+
+
+class Lanes:
+    """The fa_sim.ptx.ops.Lanes protocol over one group of the engine."""
+
+    __slots__ = ("eng", "idx", "n", "reads", "writes")
+
+    def __init__(self, eng: "Engine", group: Group, record: bool = False):
+        self.eng, self.idx, self.n = eng, group.idx, group.n
+        self.reads = {} if record else None
+        self.writes = {} if record else None
+
+    def read(self, operand, ptype: str) -> np.ndarray:
+        v = self.eng.read(operand, ptype, self.idx, self.n)
+        if self.reads is not None and isinstance(operand, Reg):
+            self.reads[operand.name] = v
+        return v
+
+    def write(self, operand, value, ptype: str) -> None:
+        self.eng.write(operand, value, ptype, self.idx, self.n)
+        if self.writes is not None and isinstance(operand, Reg):
+            self.writes[operand.name] = np.broadcast_to(np.asarray(value).astype(
+                bool if ptype == "pred" else np.dtype(_EVENT_DTYPE.get(ptype, "uint32"))), (self.n,))
+
+
+_EVENT_DTYPE = {"f32": "float32", "f64": "float64", "s32": "int32", "s64": "int64", "u64": "uint64",
+                "b64": "uint64", "f16": "float16", "u16": "uint16", "s16": "int16", "b16": "uint16", "pred": "bool"}
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The main loop: pcs head..tail (tail = the back-edge branch)."""
+
+    head: int
+    tail: int
+
+
+def main_loop(kernel: Kernel) -> Loop | None:
+    """Back edges (a branch to a pc at or before it) define loops; the main loop is the outermost
+    one holding a bar.sync or mma (else the largest)."""
+    loops = []
+    for ins in kernel.instructions:
+        if ins.opcode == "bra":
+            target = kernel.labels[ins.operands[0].name]
+            if target <= ins.pc:
+                loops.append(Loop(target, ins.pc))
+    if not loops:
+        return None
+    def weight(lp: Loop):
+        body = kernel.instructions[lp.head: lp.tail + 1]
+        busy = any(i.opcode in ("bar", "barrier", "mma") for i in body)
+        return (busy, lp.tail - lp.head)
+    return max(loops, key=weight)
+
+
+class Engine:
+    """One wave: registers, the machine, the kernel's parameter bytes and shared variables."""
+
+    def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
+                 params: bytes, symbols: dict[str, int], loop: Loop | None):
+        self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
+        self.params, self.symbols, self.loop = params, symbols, loop
+        self.n = geometry.n
+        self.regs = RegisterFile(kernel, self.n)
+        self.special = special_registers(geometry, machine.smem_bytes)
+        self.exited = np.zeros(self.n, bool)
+        self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
+        self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
+
+    # -- operands ----------------------------------------------------------------------------------
+    def read(self, op, ptype: str, idx, n: int) -> np.ndarray:
+        if isinstance(op, Reg):
+            if op.name in self.special:
+                v = self.special[op.name]
+                return to_type(v if idx is None else v[idx], 32, ptype)
+            raw, width = self.regs.slot(op.name)
+            v = to_type(raw if idx is None else raw[idx], width, ptype)
+            return ~v if op.negate else v
+        if isinstance(op, Imm):
+            return np.broadcast_to(immediate(op, ptype), (n,))
+        if isinstance(op, Sym):
+            if op.name not in self.symbols:
+                raise Unsupported(f"symbol {op.name} has no address (not a variable of this kernel)")
+            return np.broadcast_to(np.asarray(self.symbols[op.name]).astype(np.dtype(_EVENT_DTYPE.get(ptype, "uint32"))), (n,))
+        raise Unsupported(f"operand {op!r} cannot be read as a value")
+
+    def write(self, op, value, ptype: str, idx, n: int) -> None:
+        if isinstance(op, Sink):
+            return
+        if not isinstance(op, Reg) or op.name in self.special:
+            raise Unsupported(f"operand {op!r} is not a writable register")
+        raw, width = self.regs.slot(op.name)
+        bits_ = from_type(np.broadcast_to(value, (n,)) if np.ndim(value) == 0 else value, ptype, width)
+        if idx is None:
+            raw[:] = bits_
+        else:
+            raw[idx] = bits_
+
+    def vector(self, op, ptype: str, group: Group) -> list:
+        """The elements of a vector operand (or a single register) as arrays over the group."""
+        items = op.items if isinstance(op, Vec) else (op,)
+        return [self.read(x, ptype, group.idx, group.n) for x in items]
+
+    def scatter(self, values: np.ndarray, group: Group, fill=0) -> np.ndarray:
+        """[n] values of a group -> [C, W, L] lane array (fill elsewhere), for the machine."""
+        if group.mask is None:
+            return np.asarray(values).reshape(self.cw)
+        out = np.full(self.n, fill, dtype=np.asarray(values).dtype)
+        out[group.idx] = values
+        return out.reshape(self.cw)
+
+    def scatter_rows(self, values: np.ndarray, group: Group) -> np.ndarray:
+        """[n, k] values of a group -> [C, W, L, k] (zeros elsewhere)."""
+        if group.mask is None:
+            return values.reshape(*self.cw, -1)
+        out = np.zeros((self.n, values.shape[-1]), values.dtype)
+        out[group.idx] = values
+        return out.reshape(*self.cw, -1)
+
+    def gather(self, lanes: np.ndarray, group: Group) -> np.ndarray:
+        """[C, W, L, ...] lane array -> [n, ...] values of the group."""
+        flat = lanes.reshape(self.n, *lanes.shape[3:])
+        return flat if group.mask is None else flat[group.idx]
+
+    # -- parameters ----------------------------------------------------------------------------------
+    def param_offset(self, name: str) -> int:
+        for p in self.kernel.params:
+            if p.name == name:
+                return p.offset
+        raise Unsupported(f"{name} is not a parameter of {self.kernel.name}")
+
+    def param_bytes(self, offset: np.ndarray, size: int) -> np.ndarray:
+        """[n, size] uint8 of the parameter buffer at each thread's offset (uniform in practice)."""
+        buf = np.frombuffer(self.params, np.uint8)
+        off = np.asarray(offset, np.int64)
+        if off.size and (off.min() < 0 or off.max() + size > buf.size):
+            raise KernelFault(f"ld.param outside the {buf.size}-byte parameter buffer")
+        return buf[off[:, None] + np.arange(size)]
+
+    # -- machine state for one instruction -----------------------------------------------------------
+    def activate(self, pc: int, group: Group) -> Instr:
+        """Point the machine at this instruction: round, active lanes. Returns its Instr."""
+        self.m.round = self.round_of(pc, group)
+        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        return self.instrs[pc]
+
+    def round_of(self, pc: int, group: Group) -> int:
+        if self.loop is None or pc < self.loop.head:
+            return ROUND_PROLOGUE
+        if pc > self.loop.tail:
+            return ROUND_EPILOGUE
+        r = self.round if group.mask is None else self.round[group.idx]
+        return int(r[0])
+
+    @property
+    def running(self) -> np.ndarray:
+        """[C, W, L] threads that have not exited."""
+        return (~self.exited).reshape(self.cw)
+
+    # -- the run -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        groups: dict[int, np.ndarray | None] = {0: None}
+        code = self.kernel.instructions
+        while groups:
+            pc = min(groups)
+            mask = groups.pop(pc)
+            if pc >= len(code):
+                raise KernelFault(f"threads ran past the end of {self.kernel.name} without ret or exit")
+            group = Group(mask, self.n)
+            if group.n == 0:
+                continue
+            for nxt, m in self.step(code[pc], group):
+                if m is not None and not m.any():
+                    continue
+                old = groups.get(nxt, False)
+                if old is False:
+                    groups[nxt] = m
+                elif old is None or m is None:
+                    groups[nxt] = None
+                else:
+                    both = old | m
+                    groups[nxt] = None if both.all() else both
+
+    def step(self, ins: Instruction, group: Group) -> list:
+        """Execute one instruction for a group; return the successors [(pc, mask)]."""
+        pc = ins.pc
+        if self.loop is not None and pc == self.loop.head:
+            fresh = self.round[group.idx if group.mask is not None else slice(None)] < 0
+            if fresh.any():
+                sel = group.idx[fresh] if group.mask is not None else np.flatnonzero(fresh)
+                self.round[sel] = 0
+        if ins.opcode in CONTROL:
+            return self._control(ins, group)
+        run = group
+        if ins.guard is not None:
+            g = self.read(ins.guard.reg, "pred", group.idx, group.n)
+            take = ~g if ins.guard.negate else g
+            sub = group.full(self.n).copy()
+            sub[sub] = take
+            run = Group(sub, self.n)
+        if run.n:
+            self._execute(ins, run)
+        return [(pc + 1, group.mask)]
+
+    def _control(self, ins: Instruction, group: Group) -> list:
+        pc = ins.pc
+        taken = group.full(self.n)
+        if ins.guard is not None:
+            g = self.read(ins.guard.reg, "pred", group.idx, group.n)
+            g = ~g if ins.guard.negate else g
+            taken = taken.copy()
+            taken[taken] = g
+        rest = group.full(self.n) & ~taken
+        if ins.opcode in ("ret", "exit"):
+            self.exited |= taken
+            return [(pc + 1, rest if rest.any() else np.zeros(self.n, bool))]
+        if ins.opcode != "bra":
+            raise Unsupported(f"{ins.opcode} (indirect branches) is not supported")
+        target = self.kernel.labels[ins.operands[0].name]
+        if self.loop is not None and pc == self.loop.tail and taken.any():
+            self.round[taken] += 1
+        out = []
+        if taken.any():
+            out.append((target, None if taken.all() else taken))
+        if rest.any():
+            out.append((pc + 1, None if rest.all() else rest))
+        return out
+
+    def _execute(self, ins: Instruction, group: Group) -> None:
+        try:
+            op = ENGINE_OPS.get(ins.opcode)
+            if op is not None:
+                op(self, group, ins)
+                return
+            handler = TABLE.get(ins.opcode)
+            if handler is None:
+                raise Unsupported(f"opcode {ins.opcode}")
+            instr = self.instrs[ins.pc]
+            self.m.round = self.round_of(ins.pc, group)
+            listeners = self.m.hub.instr_listeners(instr.op, instr.phase, self.m.round)
+            lanes = Lanes(self, group, record=bool(listeners))
+            handler(lanes, ins)
+            if listeners:
+                self._reg_event(instr, listeners, group, lanes)
+        except Unsupported as exc:
+            raise Unsupported(f"{exc} in `{ins.text}` at {ins.where()}") from None
+        except KernelFault as exc:
+            msg = str(exc)
+            raise KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})") from None
+
+    def _reg_event(self, instr: Instr, listeners, group: Group, lanes: Lanes) -> None:
+        """A register-only instruction as an event: the values it read and wrote."""
+        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        def lanes_of(v):
+            return self.scatter(np.asarray(v), group)[None, ..., None]  # [1, C, W, L, 1]
+        self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},
+                     regs_out={k: lanes_of(v) for k, v in lanes.writes.items()})
+
+
+def sass_class(ins: Instruction) -> Op:
+    """The SASS instruction class an instruction is counted as (what ncu counts)."""
+    op, mods = ins.opcode, ins.mods
+    if op == "cp":
+        if "commit_group" in mods:
+            return Op.LDGDEPBAR
+        if "wait_group" in mods or "wait_all" in mods:
+            return Op.DEPBAR
+        return Op.LDGSTS
+    if op == "ldmatrix":
+        return Op.LDSM
+    if op == "mma":
+        return Op.HMMA
+    if op == "shfl":
+        return Op.SHFL
+    if op in ("bar", "barrier"):
+        return Op.BAR
+    if op in ("ld", "st"):
+        space = next((m for m in mods if m in ("shared", "global", "param", "local", "const")), "generic")
+        if space == "shared":
+            return Op.LDS if op == "ld" else Op.STS
+        if space in ("global", "generic"):
+            return Op.LDG if op == "ld" else Op.STG
+        return Op.REG
+    if op in CONTROL:
+        return Op.CTRL
+    return Op.REG

@@ -1,0 +1,274 @@
+"""PTX instructions that go through the machine: loads and stores in every state space, cp.async,
+ldmatrix, mma, shfl, barriers, address conversion.
+
+PTX anchors: `#data-movement-and-conversion-instructions-ld`, `...-st`, `...-cp-async`,
+`...-cvta`, `#warp-level-matrix-instructions-ldmatrix`, `#warp-level-matrix-instructions-mma`,
+`#data-movement-and-conversion-instructions-shfl-sync`,
+`#parallel-synchronization-and-communication-instructions-bar`.
+
+Addresses: shared memory is the CTA's window from 0 (what `mov r, shared_var` gives); generic
+addresses of shared memory are that offset plus SHARED_WINDOW (`cvta.shared`), anything else
+generic is global. Parameters are read from the launch's parameter bytes. Every handler builds
+full [C, W, L] lane arrays for the machine (threads outside the group inactive) and writes the
+results back to the group's registers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..machine import SmemLanes
+from .engine import Engine, Group, engine_op
+from .ir import Addr, Instruction, PredPair, Sym, Vec
+from .ops import Unsupported
+from .types import DTYPES, bits, is_type
+
+SHARED_WINDOW = 0x0001_0000_0000_0000  # generic address of shared byte 0
+SPACES = ("param", "shared", "global", "local", "const")
+
+
+def _space(ins: Instruction) -> str:
+    return next((m.split("::")[0] for m in ins.mods if m.split("::")[0] in SPACES), "generic")
+
+
+def _vtype(ins: Instruction) -> tuple[int, str]:
+    """(vector length, element type) of a load or store."""
+    n = next((int(m[1:]) for m in ins.mods if m in ("v2", "v4", "v8")), 1)
+    t = [m for m in ins.mods if is_type(m)]
+    if not t:
+        raise Unsupported(f"{ins.mnemonic} has no type")
+    return n, t[-1]
+
+
+def address(eng: Engine, op: Addr, group: Group, space: str) -> np.ndarray:
+    """[n] int64 byte addresses of a memory operand [base + offset]."""
+    if not isinstance(op, Addr):
+        raise Unsupported(f"{op!r} is not a memory operand")
+    base = op.base
+    if base is None:
+        a = np.zeros(group.n, np.int64)
+    elif isinstance(base, Sym):
+        if space == "param":
+            a = np.full(group.n, eng.param_offset(base.name), np.int64)
+        else:
+            a = np.asarray(eng.read(base, "u64", group.idx, group.n)).astype(np.int64)
+    else:
+        raw, width = eng.regs.slot(base.name)
+        a = eng.read(base, "u64" if width == 64 else "u32", group.idx, group.n).astype(np.int64)
+    return a + op.offset
+
+
+def _elements_to_bytes(values: list, etype: str) -> np.ndarray:
+    """[n] arrays of one type -> [n, N * size] uint8."""
+    dt = DTYPES[etype] if etype != "pred" else np.dtype(np.uint8)
+    cols = [np.ascontiguousarray(np.asarray(v).astype(dt, copy=False)) for v in values]
+    return np.stack(cols, axis=-1).view(np.uint8).reshape(cols[0].shape[0], -1)
+
+
+def _bytes_to_elements(data: np.ndarray, n_el: int, etype: str) -> list:
+    """[n, N * size] uint8 -> N arrays [n] of etype."""
+    arr = np.ascontiguousarray(data).view(DTYPES[etype]).reshape(data.shape[0], n_el)
+    return [arr[:, i] for i in range(n_el)]
+
+
+def _write_vector(eng: Engine, op, values: list, etype: str, group: Group) -> None:
+    items = op.items if isinstance(op, Vec) else (op,)
+    for item, v in zip(items, values):
+        eng.write(item, v, etype, group.idx, group.n)
+
+
+def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group) -> SmemLanes:
+    return SmemLanes(width, eng.scatter(addr.astype(np.int64), group)[..., None])  # [C, W, L, 1]
+
+
+def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> str:
+    """Resolve the generic space of an access: shared when every address is in the shared window."""
+    if space != "generic":
+        return space
+    in_shared = (addr >= SHARED_WINDOW) & (addr < SHARED_WINDOW + eng.m.smem_bytes)
+    if in_shared.all():
+        return "shared"
+    if in_shared.any():
+        raise Unsupported("a generic access whose lanes mix shared and global addresses")
+    return "global"
+
+
+@engine_op("ld")
+def ld(eng: Engine, group: Group, ins: Instruction) -> None:
+    n_el, etype = _vtype(ins)
+    space = _space(ins)
+    size = bits(etype) // 8 * n_el
+    addr = address(eng, ins.operands[1], group, space)
+    space = _region(eng, addr, space, size)
+    if space == "param":
+        data = eng.param_bytes(addr, size)
+    elif space == "shared":
+        if _space(ins) == "generic":
+            addr = addr - SHARED_WINDOW
+        instr = eng.activate(ins.pc, group)
+        lanes = _smem_lanes(eng, addr, size, group)
+        units = eng.m.ld_shared(instr, lanes, _reg_name(ins.operands[0]))  # [C, W, L, 1, k]
+        data = eng.gather(np.ascontiguousarray(units).view(np.uint8).reshape(*eng.cw, size), group)
+    elif space == "global":
+        instr = eng.activate(ins.pc, group)
+        got = eng.m.ld_global(instr, eng.scatter(addr, group)[..., None], size,
+                              np.ones((*eng.cw, 1), bool), _reg_name(ins.operands[0]))  # [C, W, L, 1, size]
+        data = eng.gather(got[..., 0, :], group)
+    else:
+        raise Unsupported(f"ld.{space}")
+    _write_vector(eng, ins.operands[0], _bytes_to_elements(data, n_el, etype), etype, group)
+
+
+@engine_op("st")
+def st(eng: Engine, group: Group, ins: Instruction) -> None:
+    n_el, etype = _vtype(ins)
+    space = _space(ins)
+    size = bits(etype) // 8 * n_el
+    addr = address(eng, ins.operands[0], group, space)
+    space = _region(eng, addr, space, size)
+    data = _elements_to_bytes(eng.vector(ins.operands[1], etype, group), etype)  # [n, size]
+    instr = eng.activate(ins.pc, group)
+    name = _reg_name(ins.operands[1])
+    if space == "shared":
+        if _space(ins) == "generic":
+            addr = addr - SHARED_WINDOW
+        unit = {1: np.uint8, 2: np.uint16}.get(size, np.uint32)
+        words = eng.scatter_rows(np.ascontiguousarray(data).view(unit), group)  # [C, W, L, k]
+        eng.m.st_shared(instr, _smem_lanes(eng, addr, size, group), words[..., None, :], name)
+    elif space == "global":
+        unit = {1: np.uint8, 2: np.uint16}.get(size, np.uint32)
+        words = eng.scatter_rows(np.ascontiguousarray(data).view(unit), group)
+        eng.m.st_global(instr, eng.scatter(addr, group)[..., None], words[..., None, :],
+                        np.ones((*eng.cw, 1), bool), name)
+    else:
+        raise Unsupported(f"st.{space}")
+
+
+def _reg_name(op) -> str:
+    if isinstance(op, Vec):
+        return "{" + ", ".join(getattr(x, "name", "_") for x in op.items) + "}"
+    return getattr(op, "name", "value")
+
+
+@engine_op("cp")
+def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
+    if not ins.mods or ins.mods[0] != "async":
+        raise Unsupported(f"{ins.mnemonic}")
+    instr = eng.activate(ins.pc, group)
+    if "commit_group" in ins.mods:
+        eng.m.commit_group(instr)
+        return
+    if "wait_group" in ins.mods:
+        eng.m.wait_group(instr, int(_uniform(eng, ins.operands[0], group)))
+        return
+    if "wait_all" in ins.mods:
+        eng.m.commit_group(instr)
+        eng.m.wait_group(instr, 0)
+        return
+    cache = "cg" if "cg" in ins.mods else "ca" if "ca" in ins.mods else None
+    spaces = [m.split("::")[0] for m in ins.mods]
+    if cache is None or "shared" not in spaces or "global" not in spaces:
+        raise Unsupported(f"{ins.mnemonic} (only cp.async.{{ca,cg}}.shared.global)")
+    dst, src, cp_size = ins.operands[0], ins.operands[1], int(_uniform(eng, ins.operands[2], group))
+    src_size = eng.read(ins.operands[3], "u32", group.idx, group.n) if len(ins.operands) > 3 else np.full(group.n, cp_size)
+    from ..isa.cp_async import check_sizes
+    check_sizes(cp_size, np.asarray(src_size), cache)
+    d = address(eng, dst, group, "shared")
+    s = address(eng, src, group, "global")
+    eng.m.cp_async(instr, _smem_lanes(eng, d, cp_size, group), eng.scatter(s, group)[..., None],
+                   eng.scatter(np.asarray(src_size, np.int64), group)[..., None])
+
+
+def _uniform(eng: Engine, op, group: Group):
+    v = np.asarray(eng.read(op, "s64", group.idx, group.n))
+    if v.size and not (v == v.flat[0]).all():
+        raise Unsupported("a value that must be the same for every thread differs between threads")
+    return v.flat[0] if v.size else 0
+
+
+@engine_op("cvta")
+def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
+    t = next(m for m in reversed(ins.mods) if is_type(m))
+    to = "to" in ins.mods
+    space = next((m for m in ins.mods if m in SPACES), None)
+    a = eng.read(ins.operands[1], t, group.idx, group.n).astype(np.int64)
+    if space == "shared":
+        a = a - SHARED_WINDOW if to else a + SHARED_WINDOW
+    elif space != "global":
+        raise Unsupported(f"cvta to/from .{space}")
+    eng.write(ins.operands[0], a.astype(DTYPES[t]), t, group.idx, group.n)
+
+
+@engine_op("ldmatrix")
+def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
+    num = next(int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4"))
+    trans = "trans" in ins.mods
+    if "m8n8" not in ins.mods or "b16" not in ins.mods:
+        raise Unsupported(f"{ins.mnemonic} (only m8n8 .b16)")
+    addr = address(eng, ins.operands[1], group, "shared")
+    instr = eng.activate(ins.pc, group)
+    regs = eng.m.ldmatrix(instr, _smem_lanes(eng, addr, 16, group), num, trans, _reg_name(ins.operands[0]))
+    values = eng.gather(regs[..., 0, :], group)  # [n, num]
+    _write_vector(eng, ins.operands[0], [values[:, i] for i in range(num)], "b32", group)
+
+
+MMA_FORM = ("sync", "aligned", "m16n8k16", "row", "col", "f32", "f16", "f16", "f32")
+
+
+@engine_op("mma")
+def mma(eng: Engine, group: Group, ins: Instruction) -> None:
+    if ins.mods != MMA_FORM:
+        raise Unsupported(f"{ins.mnemonic} (the engine models mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32)")
+    d, a, b, c = ins.operands
+    def lanes(op, t):  # -> [C, W, L, k]
+        return np.stack([eng.scatter(v, group) for v in eng.vector(op, t, group)], axis=-1)
+    instr = eng.activate(ins.pc, group)
+    out = eng.m.mma(instr, lanes(a, "b32")[..., None, :], lanes(b, "b32")[..., None, :],
+                    lanes(c, "f32")[..., None, None, :])  # [C, W, L, 1, 1, 4]
+    values = eng.gather(out[..., 0, 0, :], group)
+    _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
+
+
+@engine_op("shfl")
+def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
+    mode = ins.mods[1] if len(ins.mods) > 1 else ""
+    if ins.mods[0] != "sync" or "b32" not in ins.mods:
+        raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
+    dst, a, b, c, mask = ins.operands
+    x = eng.scatter(eng.read(a, "b32", group.idx, group.n), group)
+    bb, cc = (eng.scatter(eng.read(o, "b32", group.idx, group.n).astype(np.int64), group) for o in (b, c))
+    mm = eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group)
+    mm = mm & ~_exited_bits(eng)  # lanes that exited owe the shuffle nothing
+    instr = eng.activate(ins.pc, group)
+    y, valid = eng.m.shfl(instr, x, mode, bb, cc, _reg_name(a), mm)
+    if isinstance(dst, PredPair):
+        eng.write(dst.p, eng.gather(y, group), "b32", group.idx, group.n)
+        eng.write(dst.q, eng.gather(valid, group), "pred", group.idx, group.n)
+    else:
+        eng.write(dst, eng.gather(y, group), "b32", group.idx, group.n)
+
+
+def _exited_bits(eng: Engine) -> np.ndarray:
+    """[C, W, L] int64: per warp, the bit mask of its exited lanes (on every lane of the warp)."""
+    ex = (~eng.running).astype(np.int64) << np.arange(32)
+    return np.broadcast_to(ex.sum(axis=-1, keepdims=True), eng.cw)
+
+
+@engine_op("bar", "barrier")
+def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
+    if ins.mods and ins.mods[0] not in ("sync", "cta") and ins.mods != ("sync",):
+        raise Unsupported(f"{ins.mnemonic} (only bar.sync / barrier.sync)")
+    if len(ins.operands) > 1:
+        count = int(_uniform(eng, ins.operands[1], group))
+        if count != eng.geo.threads:
+            raise Unsupported(f"bar.sync with a thread count ({count}) below the CTA's {eng.geo.threads}")
+    if int(_uniform(eng, ins.operands[0], group)) != 0:
+        raise Unsupported("named barriers other than 0")
+    instr = eng.activate(ins.pc, group)
+    eng.m.bar_sync(instr, eng.running)
+
+
+@engine_op("membar", "fence")
+def fence(eng: Engine, group: Group, ins: Instruction) -> None:
+    """Memory ordering only: warps run in lockstep and memory is sequentially consistent here."""
+

@@ -1,0 +1,97 @@
+"""A parsed kernel made ready to run: each instruction's SASS class, phase label and source text,
+the main loop, and the layout of its shared variables.
+
+Phases come from the CUDA source when it is available: a comment line `// phase: NAME` in the
+kernel's body starts a section, and an instruction belongs to the section of the kernel-body line
+it comes from (for code inlined from a helper, the line of the outermost call). fa2_fwd.cu marks
+Q load, K load, V load, QK, mask, softmax, PV and epilogue this way, the phases of the hand-written
+program. Without markers (or without the source) the phase is the inlined function the
+instruction comes from, or the kernel's name. The label is the CUDA source line itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..machine import Instr
+from .engine import Loop, main_loop, sass_class
+from .ir import Instruction, Kernel, Module
+
+PHASE_MARK = re.compile(r"^\s*//\s*phase:\s*(?P<name>\S.*?)\s*$")
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """One kernel of a module, with everything static the engine needs."""
+
+    module: Module
+    kernel: Kernel
+    instrs: tuple[Instr, ...]
+    loop: Loop | None
+    static_smem: dict  # shared variable -> byte offset in the CTA's window
+    static_smem_bytes: int  # bytes of the static shared variables (extern arrays start there)
+
+
+def _body_line(ins: Instruction, source_file: str | None) -> int | None:
+    """The kernel-body line an instruction comes from: its own, or its outermost call site."""
+    loc = ins.loc
+    if loc is None or loc.line == 0:
+        return None
+    if loc.inlined_at:
+        return loc.inlined_at[-1][1]
+    return loc.line
+
+
+def phase_sections(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every `// phase: NAME` marker, in order."""
+    return [(i, m["name"]) for i, text in enumerate(source.splitlines(), start=1)
+            if (m := PHASE_MARK.match(text))]
+
+
+def _phase(ins: Instruction, sections: list[tuple[int, str]], fallback: str) -> str:
+    line = _body_line(ins, None)
+    if sections and line is not None:
+        name = ""
+        for start, label in sections:
+            if start > line:
+                break
+            name = label
+        if name:
+            return name
+    if ins.loc is not None and ins.loc.function:
+        from .debuginfo import short_name
+        return short_name(ins.loc.function)
+    return fallback
+
+
+def build_program(module: Module, kernel_name: str | None = None, source: str | None = None) -> Program:
+    """Annotate `kernel_name` (the only kernel when None) of a parsed module."""
+    kernel = module.kernel(kernel_name)
+    lines = source.splitlines() if source is not None else None
+    sections = phase_sections(source) if source is not None else []
+    instrs = []
+    for ins in kernel.instructions:
+        label = ins.text
+        if lines is not None and ins.loc is not None and 0 < ins.loc.line <= len(lines):
+            label = lines[ins.loc.line - 1].strip()
+        instrs.append(Instr(ins.pc, sass_class(ins), _phase(ins, sections, kernel.name), ins.text, label,
+                            src=ins.loc, ptx_line=ins.ptx_line))
+    offsets, size = {}, 0
+    for var in (*module.variables, *kernel.variables):
+        if var.space != "shared" or var.extern:
+            continue
+        size = -(-size // var.align) * var.align
+        offsets[var.name] = size
+        size += var.size
+    return Program(module, kernel, tuple(instrs), main_loop(kernel), offsets, size)
+
+
+def read_source(path: str | Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None

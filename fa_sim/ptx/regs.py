@@ -1,0 +1,151 @@
+"""Registers of every thread of a wave, and how instructions read and write operands.
+
+PTX anchors: `#register-state-space` (registers are typed storage of a declared width),
+`#operand-size-exceeding-instruction-type-size` (reading a wider register truncates it; writing a
+narrower value into a wider register zero- or sign-extends it by the instruction's type),
+`#special-registers`, `#state-spaces-param`.
+
+Storage: each declared register prefix ('%r', '%f', '%rd', '%p', ...) is one array
+[count, N] of unsigned words of its width (bool for predicates), N = threads of the wave (CTA-major:
+thread n = cta * T + tid). Arrays are allocated lazily (np.zeros), so registers never written cost
+no memory. An instruction reads an operand as an array over the threads of its group, viewed as the
+instruction's type; special registers and immediates are computed or broadcast.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Imm, Kernel, Reg, Sink, Sym
+from .ops import Unsupported
+from .types import DTYPES, STORAGE, bits
+
+_NAME = re.compile(r"^(%[A-Za-z_$][A-Za-z_$]*?)(\d+)$")
+SIGNED = frozenset({"s8", "s16", "s32", "s64"})
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The wave's threads: grid and block shapes, the wave's CTA ids, threads per CTA."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    ctas: np.ndarray  # [C] linear CTA ids
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def n(self) -> int:
+        return len(self.ctas) * self.threads
+
+
+def special_registers(g: Geometry, dynamic_smem: int) -> dict[str, np.ndarray]:
+    """[N] values of every special register the engine provides."""
+    t = np.tile(np.arange(g.threads, dtype=np.int64), len(g.ctas))  # [N] linear thread id
+    c = np.repeat(g.ctas, g.threads)  # [N] linear CTA id
+    bx, by, _ = g.block
+    gx, gy, _ = g.grid
+    lane = t % 32
+    out = {"%tid.x": t % bx, "%tid.y": (t // bx) % by, "%tid.z": t // (bx * by),
+           "%ctaid.x": c % gx, "%ctaid.y": (c // gx) % gy, "%ctaid.z": c // (gx * gy),
+           "%laneid": lane, "%warpid": t // 32, "%nwarpid": np.full_like(t, -(-g.threads // 32)),
+           "%smid": np.zeros_like(t), "%nsmid": np.ones_like(t), "%gridid": np.zeros_like(t),
+           "%dynamic_smem_size": np.full_like(t, dynamic_smem)}
+    for axis, size in zip("xyz", g.block):
+        out[f"%ntid.{axis}"] = np.full_like(t, size)
+    for axis, size in zip("xyz", g.grid):
+        out[f"%nctaid.{axis}"] = np.full_like(t, size)
+    one = np.int64(1)
+    for name, mask in (("eq", one << lane), ("lt", (one << lane) - 1), ("le", (one << (lane + 1)) - 1)):
+        out[f"%lanemask_{name}"] = mask & 0xFFFFFFFF
+    out["%lanemask_ge"] = (~out["%lanemask_lt"]) & 0xFFFFFFFF
+    out["%lanemask_gt"] = (~out["%lanemask_le"]) & 0xFFFFFFFF
+    return {k: v.astype(np.uint32) for k, v in out.items()}
+
+
+class RegisterFile:
+    """Every register of every thread of the wave (see module docstring)."""
+
+    def __init__(self, kernel: Kernel, n: int):
+        self.n = n
+        self._files: dict[str, np.ndarray] = {}
+        self._slot: dict[str, tuple[str, int, int]] = {}  # name -> (prefix, row, bits)
+        for prefix, (ptype, count) in kernel.regs.items():  # %r<N>: %r0 .. %r{N-1}
+            self._files[prefix] = np.zeros((count, n), STORAGE[bits(ptype)])
+        for name, ptype in getattr(kernel, "named_regs", {}).items():  # declared one by one
+            self._files[name] = np.zeros((1, n), STORAGE[bits(ptype)])
+            self._slot[name] = (name, 0, bits(ptype))
+
+    def slot(self, name: str) -> tuple[np.ndarray, int]:
+        """(storage row [N], register width in bits) of a register name."""
+        hit = self._slot.get(name)
+        if hit is None:
+            m = _NAME.match(name)
+            if m is None or m.group(1) not in self._files:
+                raise Unsupported(f"register {name} is not declared")
+            prefix, row = m.group(1), int(m.group(2))
+            if row >= self._files[prefix].shape[0]:
+                raise Unsupported(f"register {name} is outside its declaration {prefix}<{self._files[prefix].shape[0]}>")
+            width = 1 if self._files[prefix].dtype == bool else self._files[prefix].dtype.itemsize * 8
+            hit = self._slot[name] = (prefix, row, width)
+        prefix, row, width = hit
+        return self._files[prefix][row], width
+
+
+def to_type(raw: np.ndarray, width: int, ptype: str) -> np.ndarray:
+    """Register bits (storage dtype of `width`) seen as `ptype`: same width reinterprets, a wider
+    register is truncated, a narrower one extended (sign by its own value for signed types)."""
+    want = bits(ptype)
+    if ptype == "pred" or width == 1:
+        if ptype != "pred" or width != 1:
+            raise Unsupported(f"a predicate register read as .{ptype} (or the other way round)")
+        return raw
+    if want == width:
+        return raw.view(DTYPES[ptype])
+    storage = STORAGE[want]
+    if want < width:
+        return raw.astype(storage).view(DTYPES[ptype])
+    if ptype in SIGNED:
+        signed = raw.view(np.dtype(f"int{width}"))
+        return signed.astype(DTYPES[ptype])
+    return raw.astype(storage).view(DTYPES[ptype])
+
+
+def from_type(value: np.ndarray, ptype: str, width: int) -> np.ndarray:
+    """A value of `ptype` as the bits a `width`-bit register stores (extended or truncated)."""
+    if ptype == "pred":
+        return np.asarray(value, dtype=bool)
+    v = np.asarray(value).astype(DTYPES[ptype], copy=False)
+    have = bits(ptype)
+    raw = v.view(STORAGE[have]) if v.dtype != bool else v.astype(STORAGE[have])
+    if have == width:
+        return raw
+    if have > width:
+        return raw.astype(STORAGE[width])
+    if ptype in SIGNED:
+        return v.astype(np.dtype(f"int{width}")).view(STORAGE[width])
+    return raw.astype(STORAGE[width])
+
+
+def immediate(op: Imm, ptype: str):
+    """An immediate as a numpy scalar of `ptype` (hex floats keep their bit pattern)."""
+    dtype = DTYPES[ptype]
+    if op.bits is not None:
+        raw = np.uint32(op.bits) if op.width == 32 else np.uint64(op.bits)
+        value = raw.view(np.float32 if op.width == 32 else np.float64)
+        return value.astype(dtype) if ptype != "pred" else bool(value)
+    if ptype == "pred":
+        return np.bool_(op.value)
+    if dtype.kind == "f":
+        return dtype.type(op.value)
+    width = dtype.itemsize * 8  # integers wrap to the type's width, as PTX immediates do
+    return np.array(int(op.value) & ((1 << width) - 1), dtype=STORAGE[width]).view(dtype)[()]
+
+
+__all__ = ["Geometry", "RegisterFile", "Sink", "Sym", "Reg", "from_type", "immediate", "special_registers",
+           "to_type"]
