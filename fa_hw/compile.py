@@ -11,16 +11,15 @@ NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fa_sim.cache import cache_key, cache_root, store_atomic
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
 from fa_sim.config import KernelConfig
+from fa_sim.ptx.nvrtc import nvrtc_version
 
 from .errors import CompileError
 
@@ -121,19 +120,8 @@ class CompiledKernel:
         return disassemble(self.cubin)
 
 
-@functools.cache
-def nvrtc_version() -> tuple[int, int]:
-    from cuda.bindings import nvrtc
-
-    err, major, minor = nvrtc.nvrtcVersion()
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise CompileError(f"nvrtcVersion failed: {err}")
-    return int(major), int(minor)
-
-
 def cache_dir() -> Path:
-    root = os.environ.get("FLASHSIM_CACHE") or Path.home() / ".cache" / "flashsim"
-    return Path(root) / "cubin"
+    return cache_root() / "cubin"
 
 
 def _options(build: KernelBuild):
@@ -144,9 +132,8 @@ def _options(build: KernelBuild):
 
 
 def _cache_key(source: str, build: KernelBuild) -> str:
-    blob = json.dumps({"source": source, "macros": build.macros(), "arch": build.arch,
-                       "options": ["std=c++17", "ptxas -v"], "nvrtc": nvrtc_version()}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return cache_key(source=source, macros=build.macros(), arch=build.arch,
+                     options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())
 
 
 class _Log:
@@ -196,13 +183,7 @@ def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKern
 
 
 def _store(path: Path, cubin: bytes, meta: str) -> None:
-    """Write atomically (parallel test workers may compile the same kernel); the cache is only an
-    optimisation, so a read-only or full cache directory is not an error."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for target, data in ((path, cubin), (path.with_suffix(".json"), meta.encode())):
-            tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
-    except OSError:
-        pass
+    """Cubin first, metadata last: an entry counts only once both exist (fa_sim.cache writes each
+    atomically and treats a read-only or full cache directory as no cache)."""
+    if store_atomic(path, cubin):
+        store_atomic(path.with_suffix(".json"), meta.encode())

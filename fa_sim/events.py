@@ -58,7 +58,13 @@ ROUND_EPILOGUE = -2  # `round` of instructions after it
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """Where an instruction comes from in the CUDA source (PTX `.loc`, NVRTC -lineinfo)."""
+    """Where an instruction comes from in the CUDA source (PTX `.loc`, NVRTC -lineinfo).
+
+    `inlined_at` is the chain of call sites, innermost first, each (file, line, col); `function`
+    the innermost function: the inlined function's (mangled) name when NVRTC names it
+    (`function_name`, resolved through .debug_str), else the .entry / .func that holds the
+    instruction. Line 0 is DWARF's "no source line" (code the compiler made up, e.g. a hoisted
+    constant). fa_sim.ptx.debuginfo.short_name gives a readable name ('fa::load_qk_frags')."""
 
     file: str
     line: int
@@ -67,8 +73,7 @@ class SourceLoc:
     inlined_at: tuple = ()  # ((file, line, col), ...) innermost call site first
 
     def __str__(self) -> str:
-        name = self.file.rsplit("/", 1)[-1]
-        return f"{name}:{self.line}" + (f" ({self.function})" if self.function else "")
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,13 +17,34 @@ from typing import Union
 from ..events import SourceLoc  # noqa: F401  (one type for both front ends)
 
 
+#: Special registers (#special-registers) as operands name them; the vector ones by component.
+SPECIAL_REGISTERS = frozenset(
+    [f"%{v}.{c}" for v in ("tid", "ntid", "ctaid", "nctaid", "clusterid", "nclusterid",
+                           "cluster_ctaid", "cluster_nctaid") for c in "xyz"]
+    + [f"%{n}" for n in ("laneid", "warpid", "nwarpid", "smid", "nsmid", "gridid", "clock",
+                         "clock_hi", "clock64", "globaltimer", "globaltimer_lo", "globaltimer_hi",
+                         "lanemask_eq", "lanemask_le", "lanemask_lt", "lanemask_ge", "lanemask_gt",
+                         "dynamic_smem_size", "total_smem_size", "aggr_smem_size",
+                         "reserved_smem_offset_begin", "reserved_smem_offset_end",
+                         "reserved_smem_offset_cap", "is_explicit_cluster", "cluster_ctarank",
+                         "cluster_nctarank", "current_graph_exec")]
+    + [f"%pm{i}" for i in range(8)] + [f"%pm{i}_64" for i in range(8)]
+    + [f"%envreg{i}" for i in range(32)] + [f"%reserved_smem_offset_{i}" for i in range(2)])
+
+
 @dataclass(frozen=True)
 class Reg:
     """A register operand: '%r12', '%f3', '%rd7', '%p1', or a special register such as '%tid.x'.
-    `negate` is the '!' of a predicate source operand (e.g. `setp.lt.and.s32 p, a, b, !q`)."""
+    `negate` is the '!' of a predicate source operand (e.g. `setp.lt.and.s32 p, a, b, !q`).
+    Registers declared by name without '%' (inline assembly's `.reg .b16 lo;`) keep that name."""
 
     name: str
     negate: bool = False
+
+    @property
+    def special(self) -> bool:
+        """A special register (%tid.x, %laneid, %clock64, ...): read-only, computed by the engine."""
+        return self.name in SPECIAL_REGISTERS
 
 
 @dataclass(frozen=True)
@@ -73,11 +94,25 @@ class Sink:
     """The '_' bit bucket operand."""
 
 
-Operand = Union[Reg, Imm, Sym, Addr, Vec, PredPair, Sink]
+@dataclass(frozen=True)
+class ParamList:
+    """A parenthesised list of `call`: the return values `(retval0)` or the arguments
+    `(param0, param1)` (elements Sym for .param variables, Reg or Imm).
+
+    A parsed `call` always has the operands (returns, callee, arguments[, prototype]): returns
+    and arguments are ParamLists (empty when the call has none), the callee a Sym (a .func name)
+    or a Reg (an indirect call through a function address), the optional prototype a Sym."""
+
+    items: tuple
+
+
+Operand = Union[Reg, Imm, Sym, Addr, Vec, PredPair, Sink, ParamList]
 
 
 @dataclass(frozen=True)
 class Guard:
+    """The guard predicate `@%p1` (negate False) or `@!%p1` (negate True)."""
+
     reg: Reg
     negate: bool = False
 
@@ -91,8 +126,9 @@ class Instruction:
     mods: the dot-suffixes in order, without dots: 'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32'
         -> ('sync', 'aligned', 'm16n8k16', 'row', 'col', 'f32', 'f16', 'f16', 'f32');
         'cp.async.cg.shared.global' -> opcode 'cp', mods ('async', 'cg', 'shared', 'global').
-    operands: destination(s) first, as written.
-    text: the statement as written (without the guard), for messages and traces.
+    operands: destination(s) first, as written (`call`: see ParamList).
+    text: the statement as written without the guard, whitespace runs made one space, with its
+        ';' (e.g. 'add.s32 %r69, %r3, 64;'), for messages and traces.
     ptx_line: 1-based line in the PTX text.
     loc: the CUDA source location from the last .loc before it (None without -lineinfo).
     """
@@ -144,23 +180,55 @@ class Variable:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One .entry: parameters, registers declared per prefix, variables, labels and instructions."""
+    """One .entry (or, in Module.functions, one .func): parameters, registers declared per
+    prefix, variables, labels and instructions.
+
+    regs holds the `%r<N>` declarations (registers %r0 .. %r{N-1}); named_regs the registers
+    declared one by one (`.reg .b64 %SP;`, inline assembly's `.reg .b16 lo;`). variables holds
+    the function-scope .shared / .local variables and the .param variables of call sequences
+    (one per name, the largest declaration). returns: a .func's return parameters. linkage:
+    'visible', 'weak', 'extern' or '' (.extern: declared here, defined elsewhere, no body)."""
 
     name: str
     params: tuple[Param, ...]
     regs: dict = field(default_factory=dict)  # prefix ('%r') -> (ptx type, count)
-    variables: tuple[Variable, ...] = ()  # function-scope .shared / .local
+    variables: tuple[Variable, ...] = ()  # function-scope .shared / .local / call .param
     labels: dict = field(default_factory=dict)  # label -> pc
     instructions: tuple[Instruction, ...] = ()
     maxntid: tuple[int, ...] | None = None
     reqntid: tuple[int, ...] | None = None
     minnctapersm: int | None = None
+    named_regs: dict = field(default_factory=dict)  # name ('%SP', 'lo') -> ptx type
+    returns: tuple[Param, ...] = ()
+    entry: bool = True  # .entry (a kernel) or .func
+    linkage: str = ""
+    maxnreg: int | None = None
+    pragmas: tuple[str, ...] = ()  # .pragma strings, e.g. ('nounroll',)
+    noreturn: bool = False
+
+    def reg_type(self, name: str) -> str | None:
+        """The declared PTX type of register `name` ('%r12' -> 'b32'), None if undeclared."""
+        if name in self.named_regs:
+            return self.named_regs[name]
+        stem = name.rstrip("0123456789")
+        if stem != name and stem in self.regs:
+            ptype, count = self.regs[stem]
+            index = name[len(stem):]
+            if int(index) < count and (index == "0" or index[0] != "0"):
+                return ptype
+        return None
+
+    @property
+    def param_bytes(self) -> int:
+        """Size of the parameter buffer (the last parameter's end)."""
+        return max((p.offset + p.size for p in self.params), default=0)
 
 
 @dataclass(frozen=True)
 class Module:
-    """A PTX module: version, target, address size, module-scope variables, kernels, and the
-    source files named by .file (id -> path)."""
+    """A PTX module: version, target, address size, module-scope variables, kernels (.entry),
+    functions (.func, defined or .extern-declared), and the source files named by .file
+    (id -> path)."""
 
     version: str
     target: str
@@ -169,3 +237,16 @@ class Module:
     kernels: dict  # name -> Kernel
     files: dict = field(default_factory=dict)
     text: str = ""
+    functions: dict = field(default_factory=dict)  # name -> Kernel (entry=False)
+
+    def kernel(self, name: str | None = None) -> Kernel:
+        """The kernel called `name`, or the only kernel when name is None."""
+        if name is None:
+            if len(self.kernels) != 1:
+                raise ValueError(f"the module has {len(self.kernels)} kernels "
+                                 f"({', '.join(self.kernels) or 'none'}): name one")
+            return next(iter(self.kernels.values()))
+        try:
+            return self.kernels[name]
+        except KeyError:
+            raise ValueError(f"no kernel {name!r} in the module; it has: {', '.join(self.kernels) or 'none'}") from None
