@@ -32,6 +32,10 @@ class Hub:
         self._ckpt_cache: dict[tuple, tuple] = {}
         self.counts: dict[CountKey, int] = defaultdict(int)
 
+    @property
+    def observers(self) -> tuple:
+        return self._all
+
     def instr_listeners(self, op: Op, phase: str, rnd: int) -> tuple:
         key = (op, phase, rnd)
         hit = self._instr_cache.get(key)

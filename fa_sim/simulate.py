@@ -118,13 +118,13 @@ def _check_config(config, head_dim: int) -> KernelConfig:
     return config
 
 
-def _progress_bar(progress, total: int):
+def _progress_bar(progress, total: int, unit: str = "CTA-round"):
     """progress=None: a bar for long runs when stderr is a terminal (tqdm's disable=None)."""
     if progress is None:
-        disable = None if total >= PROGRESS_MIN_ROUNDS else True
+        disable = None if total >= (PROGRESS_MIN_ROUNDS if unit == "CTA-round" else 64) else True
     else:
         disable = not progress
-    return tqdm(total=total, disable=disable, unit="CTA-round", desc="fa_sim", leave=False)
+    return tqdm(total=total, disable=disable, unit=unit, desc="fa_sim", leave=False)
 
 
 def _totals(counts: Mapping) -> dict[Op, int]:
@@ -144,9 +144,12 @@ def _observers(observers) -> tuple:
         raise ValueError(f"observers must be a sequence of observers, got {type(observers).__name__}") from None
 
 
+ENGINES = ("program", "ptx")
+
+
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-             observers=(), *, mutation: Mutation | None = None, progress: bool | None = None,
-             wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None) -> SimResult:
+             observers=(), *, engine: str = "program", kernel=None, mutation: Mutation | None = None,
+             progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     q16, k16, v16 = (_as_f16(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
@@ -159,6 +162,13 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
     if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "program" and kernel is not None:
+        raise ValueError("kernel= names a .cu for the PTX engine; pass engine='ptx' with it")
+    if engine == "ptx" and mutation is not None:
+        raise ValueError("mutation= changes the hand-written program; for the PTX engine compile a mutated .cu "
+                         "(kernel=) instead")
     model = tensorcore.resolve(mma_model)
     prob = Problem(b, h, nq, nk, bool(causal), _check_scale(scale, d), _check_config(config, d))
     gmem = GlobalMemory()
@@ -171,13 +181,20 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     hub = Hub(_observers(observers))
     cfg = prob.config
     hub.launch(launch_info(prob))
-    ctas = np.arange(prob.n_ctas, dtype=np.int64)
-    waves = [wave_order(prob, ctas[i: i + wave_ctas]) for i in range(0, prob.n_ctas, wave_ctas)]
-    cta_rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) * len(w) for w in waves)
-    with _progress_bar(progress, cta_rounds) as bar:
-        for wave in waves:
-            m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
-            flash_fwd(m, prob, ptr, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
+    if engine == "ptx":
+        from .ptx.fa2 import run_attention
+
+        with _progress_bar(progress, prob.n_ctas, "CTA") as bar:
+            run_attention(prob, gmem, ptr, hub, kernel=kernel, mma_model=model, wave_ctas=wave_ctas,
+                          on_wave=bar.update)
+    else:
+        ctas = np.arange(prob.n_ctas, dtype=np.int64)
+        waves = [wave_order(prob, ctas[i: i + wave_ctas]) for i in range(0, prob.n_ctas, wave_ctas)]
+        cta_rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) * len(w) for w in waves)
+        with _progress_bar(progress, cta_rounds) as bar:
+            for wave in waves:
+                m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
+                flash_fwd(m, prob, ptr, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
     hub.finish()
     counts = dict(hub.counts)
     return SimResult(o=bufs["o"].array.view(np.float16).reshape(b, h, nq, d), lse=bufs["lse"].array.reshape(b, h, nq),

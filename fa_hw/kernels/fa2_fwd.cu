@@ -15,6 +15,13 @@
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
 //   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
+//   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
+//                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
+//                                                  WAIT_PV, BAR_PV, BAR_EPILOGUE), or move a wait to
+//                                                  right after the first ldmatrix that needs it
+//
+// `// phase: NAME` comments split the kernel body into the phases the simulator reports
+// (fa_sim/ptx/program.py): an instruction belongs to the phase of the kernel line it comes from.
 //
 // Thread -> data maps (PTX ISA #warp-level-matrix-fragment-mma-16816-float and
 // #warp-level-matrix-instructions-ldmatrix). g = lane / 4, tq = lane % 4. As in CuTe's TiledMMA
@@ -34,6 +41,28 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_DIAG_ACCURATE_EXP
 #define FA_DIAG_ACCURATE_EXP 0
+#endif
+// Mutation builds (tests only; fa_sim.kernels.Site names the same sites in the program).
+#ifndef FA_DROP_WAIT_QK
+#define FA_DROP_WAIT_QK 0
+#endif
+#ifndef FA_DROP_BAR_QK
+#define FA_DROP_BAR_QK 0
+#endif
+#ifndef FA_DROP_WAIT_PV
+#define FA_DROP_WAIT_PV 0
+#endif
+#ifndef FA_DROP_BAR_PV
+#define FA_DROP_BAR_PV 0
+#endif
+#ifndef FA_DROP_BAR_EPILOGUE
+#define FA_DROP_BAR_EPILOGUE 0
+#endif
+#ifndef FA_LATE_WAIT_QK
+#define FA_LATE_WAIT_QK 0
+#endif
+#ifndef FA_LATE_WAIT_PV
+#define FA_LATE_WAIT_PV 0
 #endif
 
 namespace fa {
@@ -234,6 +263,7 @@ __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0,
 __device__ __forceinline__ void load_qk_frags(u32 (&tCrQ)[kMRep][4], u32 (&tCrK)[kSN][2], u32 oQ, u32 oK, int h) {
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi) ldsm_x4(tCrQ[mi], sQ_base() + shift_off(oQ, 16 * kNWarps * mi, 16 * h));
+  if (FA_LATE_WAIT_QK && h == 0) cp_async_wait_all();  // mutation: WAIT_QK after the first Q read
 #pragma unroll
   for (int jj = 0; jj < kSN / 2; ++jj) {
     u32 r[4];
@@ -361,6 +391,7 @@ __device__ __forceinline__ void gemm_pv(float (&tCrO)[kMRep][kON][4], const u32 
       ldsm_x4_trans(r, sV_base() + shift_off(oV, 16 * h, 16 * jj));
       tCrV[2 * jj][0] = r[0], tCrV[2 * jj][1] = r[1], tCrV[2 * jj + 1][0] = r[2], tCrV[2 * jj + 1][1] = r[3];
     }
+    if (FA_LATE_WAIT_PV && h == 0) cp_async_wait_all();  // mutation: WAIT_PV after the first V read
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
@@ -450,8 +481,10 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   }
 #endif
 
-  copy_tile<kBlockM>(sQ, gQ, row0, seqlen_q);  // Q_LOAD
-  copy_tile<kBlockN>(sK, gK, 0, seqlen_k);     // K_LOAD (K[0])
+  // phase: Q load
+  copy_tile<kBlockM>(sQ, gQ, row0, seqlen_q);
+  // phase: K load
+  copy_tile<kBlockN>(sK, gK, 0, seqlen_k);  // K[0]
   cp_async_commit();
   float tCrO[kMRep][kON][4];
 #pragma unroll
@@ -463,43 +496,52 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   for (int mi = 0; mi < kMRep; ++mi) rRowMax[mi][0] = rRowMax[mi][1] = neg_inf(), rRowSum[mi][0] = rRowSum[mi][1] = 0.f;
 
   for (int t = 0; t < n_block_max; ++t) {
+    // phase: QK
     float tCrS[kMRep][kSN][4];
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
       for (int nj = 0; nj < kSN; ++nj) tCrS[mi][nj][0] = tCrS[mi][nj][1] = tCrS[mi][nj][2] = tCrS[mi][nj][3] = 0.f;
-    cp_async_wait_all();  // WAIT_QK: Q and K[t] have landed (this thread's copies)
-    __syncthreads();      // BAR_QK: everyone's copies visible; sV free again
+    if (!FA_DROP_WAIT_QK && !FA_LATE_WAIT_QK) cp_async_wait_all();  // WAIT_QK: Q and K[t] have landed
+    if (!FA_DROP_BAR_QK) __syncthreads();  // BAR_QK: everyone's copies visible; sV free again
     FA_CK(ck_tile(ck, FA_CK_SQ, t, sQ, kBlockM * kPitch / 2); ck_tile(ck, FA_CK_SK, t, sK, kBlockN * kPitch / 2));
-    copy_tile<kBlockN>(sV, gV, t * kBlockN, seqlen_k);  // V_LOAD
+    // phase: V load
+    copy_tile<kBlockN>(sV, gV, t * kBlockN, seqlen_k);
     cp_async_commit();
-    gemm_qk(tCrS, oQ, oK);  // QK
+    // phase: QK
+    gemm_qk(tCrS, oQ, oK);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
+    // phase: mask
     const int key0 = t * kBlockN;
     if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
-    cp_async_wait_all();  // WAIT_PV: V[t] has landed
-    __syncthreads();      // BAR_PV: V[t] visible; sK (and sQ at the end) free
+    // phase: softmax
+    if (!FA_DROP_WAIT_PV && !FA_LATE_WAIT_PV) cp_async_wait_all();  // WAIT_PV: V[t] has landed
+    if (!FA_DROP_BAR_PV) __syncthreads();  // BAR_PV: V[t] visible; sK (and sQ at the end) free
     FA_CK(ck_tile(ck, FA_CK_SV, t, sV, kBlockN * kPitch / 2));
+    // phase: K load
     if (t + 1 < n_block_max) {
-      copy_tile<kBlockN>(sK, gK, (t + 1) * kBlockN, seqlen_k);  // K_LOAD (K[t+1])
+      copy_tile<kBlockN>(sK, gK, (t + 1) * kBlockN, seqlen_k);  // K[t+1]
       cp_async_commit();
     }
+    // phase: softmax
     if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
     else softmax_rescale_o<false>(tCrS, tCrO, rRowMax, rRowSum, scale);
     FA_CK(ck_rows(ck, FA_CK_ROW_MAX, t, rRowMax); ck_rows(ck, FA_CK_ROW_SUM, t, rRowSum));
+    // phase: PV
     u32 tCrP[kMRep][kPVSeg][4];
     convert_p(tCrS, tCrP);
     FA_CK(ck_p(ck, t, tCrP));
-    gemm_pv(tCrO, tCrP, oV);  // PV
+    gemm_pv(tCrO, tCrP, oV);
     FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t, tCrO));
   }
 
+  // phase: epilogue
   float rLSE[kMRep][2];
   normalize(tCrO, rRowMax, rRowSum, rLSE, scale);
   FA_CK(ck_frag<kON>(ck, FA_CK_O_FINAL, 0, tCrO));
   store_o_smem(tCrO, sQ);  // sO reuses sQ: every warp passed BAR_PV after its last read of sQ
-  __syncthreads();         // BAR_EPILOGUE
+  if (!FA_DROP_BAR_EPILOGUE) __syncthreads();  // BAR_EPILOGUE
   FA_CK(ck_tile(ck, FA_CK_SO, 0, sQ, kBlockM * kPitch / 2));
   store_o_lse(sQ, o + (u64)bh * seqlen_q * kHeadDim, lse + (u64)bh * seqlen_q, rLSE, row0, seqlen_q);
 }

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..machine import Instr
 from .engine import Loop, main_loop, sass_class
@@ -86,12 +85,3 @@ def build_program(module: Module, kernel_name: str | None = None, source: str | 
         offsets[var.name] = size
         size += var.size
     return Program(module, kernel, tuple(instrs), main_loop(kernel), offsets, size)
-
-
-def read_source(path: str | Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None

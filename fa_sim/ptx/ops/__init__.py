@@ -42,6 +42,15 @@ Handler = Callable[[Lanes, Instruction], None]
 TABLE: dict[str, Handler] = {}
 
 
+def load_families() -> None:
+    """Import every family module of this package, so their handlers are in TABLE."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
 def handles(*opcodes: str) -> Callable[[Handler], Handler]:
     """Register a handler for base opcodes (Instruction.opcode)."""
 

@@ -1,0 +1,129 @@
+"""The attention kernel through the PTX engine: fa_hw's fa2_fwd.cu (or a user's variant with the
+same parameters and FA_* macros) compiled for sm_80, run on the same machine, labels, observers and
+checkpoint contract as the hand-written program.
+
+- The config and causal flag become the FA_* macros fa_hw.compile gives the GPU build, so the
+  engine runs exactly the code the GPU runs (`KernelBuild.macros`).
+- Checkpoints come from the kernel's own debug build (FA_CHECKPOINTS): its checkpoint stores are
+  ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after each wave the
+  buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
+  checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
+  stores are real instructions of that build and are counted as such.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
+from ..events import CheckpointEvent
+from ..hub import Hub
+from ..kernels import FA2Labels, Pointers, Problem
+from ..memory import GlobalMemory
+from .launch import DEFAULT_WAVE_CTAS, run_program
+from .load import load_module
+from .ops import load_families
+from .program import Program, build_program
+
+KERNEL_NAME = "fa2_fwd_kernel"
+
+
+def default_kernel() -> Path:
+    from fa_hw.compile import SOURCE_PATH
+
+    return SOURCE_PATH
+
+
+def _check_kernel(path) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--kernel / kernel= {p}: no such file (expected a .cu with fa2_fwd_kernel's parameters)")
+    if p.suffix != ".cu":
+        raise ValueError(f"kernel= {p}: expected a CUDA source file ending in .cu")
+    return p
+
+
+@lru_cache(maxsize=64)
+def _program(path: str, text: str, config, causal: bool, checkpoints: bool) -> Program:
+    from fa_hw.compile import KernelBuild
+
+    macros = KernelBuild(config, causal, "sm_80", checkpoints).macros()
+    module = load_module(text, name=path, macros=macros)
+    if KERNEL_NAME not in module.kernels:
+        raise ValueError(f"{path} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
+    return build_program(module, KERNEL_NAME, text)
+
+
+def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None) -> Program:
+    """The annotated program of the attention kernel for a config (cached by source text)."""
+    path = _check_kernel(kernel) if kernel is not None else default_kernel()
+    return _program(str(path), path.read_text(), config, bool(causal), bool(checkpoints))
+
+
+def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
+    """CTAs whose checkpoints some observer wants (None: no observer wants any)."""
+    observers = [o for o in hub.observers if callable(getattr(o, "on_checkpoint", None))]
+    if not observers:
+        return None
+    want: set[int] = set()
+    for o in observers:
+        ctas = getattr(o, "checkpoint_ctas", None)
+        if ctas is None:
+            return np.arange(n_ctas)
+        want.update(int(c) for c in ctas if 0 <= c < n_ctas)
+    return np.array(sorted(want), dtype=np.int64)
+
+
+def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, *, kernel=None, mma_model=None,
+                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None) -> None:
+    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`."""
+    load_families()
+    cfg = prob.config
+    sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
+    program = attention_program(cfg, prob.causal, sel is not None, kernel)
+    args = [ptr.q, ptr.k, ptr.v, ptr.o, ptr.lse, np.int32(prob.seqlen_q), np.int32(prob.seqlen_k),
+            np.float32(prob.scale)]
+    ck = None
+    if sel is not None:
+        layout = CheckpointLayout(cfg, prob.n_rounds)
+        ck = memory.alloc("ck_buf", layout.empty(len(sel)))
+        slot = np.full(prob.n_ctas, -1, np.int32)
+        slot[sel] = np.arange(len(sel), dtype=np.int32)
+        args += [ck.base, memory.alloc("ck_sel", slot).base, np.int32(prob.n_rounds)]
+    params = _pack(program, args)
+    labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
+                             "LSE": prob.seqlen_q})
+    grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
+    run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, {}, hub,
+                mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_wave=on_wave)
+    if ck is not None:
+        _emit_checkpoints(prob, hub, ck.array, sel)
+
+
+def _pack(program: Program, args: list) -> bytes:
+    out = bytearray(max(p.offset + p.size for p in program.kernel.params))
+    if len(args) != len(program.kernel.params):
+        raise ValueError(f"{program.kernel.name} takes {len(program.kernel.params)} parameters, not the "
+                         f"{len(args)} of fa2_fwd_kernel (is the --kernel file a variant of fa2_fwd.cu?)")
+    for p, a in zip(program.kernel.params, args):
+        raw = np.uint64(a).tobytes() if isinstance(a, int) else np.asarray(a).tobytes()
+        if len(raw) != p.size:
+            raise ValueError(f"parameter {p.name} of {program.kernel.name} is .{p.type}; fa2_fwd_kernel's "
+                             f"parameter there takes {len(raw)} bytes")
+        out[p.offset: p.offset + p.size] = raw
+    return bytes(out)
+
+
+def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
+    """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
+    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected CTA ran
+    for ck_i, ck in enumerate(CHECKPOINTS):
+        for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
+            listeners = hub.checkpoint_listeners(ck, rnd)
+            ran = np.ones(len(sel), bool) if ck in ROUND0_ONLY else rounds > rnd
+            if listeners and ran.any():
+                ev = CheckpointEvent(ck, rnd, sel[ran], np.ascontiguousarray(buf[ran, ck_i, rnd]))
+                hub.emit_checkpoint(listeners, ev)

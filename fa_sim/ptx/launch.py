@@ -1,0 +1,162 @@
+"""`launch`: run any kernel's PTX on the simulated SM80 machine, with numpy buffers as its memory.
+
+    import numpy as np, fa_sim.ptx
+    a = np.arange(256, dtype=np.float32); out = np.zeros_like(a)
+    res = fa_sim.ptx.launch(SOURCE, grid=(1,), block=(256,), args=[a, out, np.int32(256)])
+    # out now holds what the kernel stored
+
+`source_or_ptx`: CUDA C++ text, PTX text, or a path to a .cu / .ptx file (compiled with NVRTC
+for sm_80 with -lineinfo; parsed programs are cached on disk like cubins, fa_sim.ptx.load).
+`args` follow the kernel's parameters: a numpy array for a pointer parameter (it becomes a global
+buffer; the kernel writes straight into a C-contiguous array, others are copied back), a number
+for a scalar (use np.int32 / np.float32 / ... to say its type; plain ints and floats take the
+parameter's declared type). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
+The grid runs in waves of `wave_ctas` CTAs, each wave all at once. Observers see the same events
+as from the hand-written attention program (fa_sim.events), labelled by the front end: phases from
+`// phase: NAME` comments in the source, labels from its lines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import tensorcore
+from ..events import COUNTED_OPS, LaunchInfo, Op
+from ..hub import Hub
+from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
+from ..machine import Labels, Machine
+from ..memory import GlobalMemory
+from . import machine_ops  # noqa: F401  (registers the engine's memory and warp handlers)
+from .engine import Engine
+from .load import _is_ptx, _read, load_module
+from .ops import load_families
+from .program import Program, build_program
+from .regs import Geometry
+
+DEFAULT_WAVE_CTAS = 128
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchResult:
+    """What a launch counted: warp instructions per (class, phase, round), totals, seconds, and
+    the global buffers (name -> the array the kernel saw) for the arguments that were arrays."""
+
+    counts: Mapping[tuple[Op, str, int], int]
+    instructions: Mapping[Op, int]
+    seconds: float
+    buffers: Mapping[str, np.ndarray]
+
+
+def _dim3(x, what: str) -> tuple[int, int, int]:
+    t = (x,) if isinstance(x, (int, np.integer)) else tuple(x)
+    if not 1 <= len(t) <= 3 or any(not isinstance(v, (int, np.integer)) or v < 1 for v in t):
+        raise ValueError(f"{what} must be 1 to 3 positive integers, got {x!r}")
+    return tuple(int(v) for v in t) + (1,) * (3 - len(t))
+
+
+def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple[bytes, dict]:
+    """The parameter buffer: arrays become buffers (their addresses), numbers take the parameter's
+    type. Returns (bytes, {buffer name: (buffer, original array)})."""
+    params = program.kernel.params
+    if len(args) != len(params):
+        raise ValueError(f"{program.kernel.name} takes {len(params)} parameters "
+                         f"({', '.join(p.name for p in params)}), got {len(args)} arguments")
+    out = bytearray(max((p.offset + p.size for p in params), default=0))
+    bufs = {}
+    for i, (p, a) in enumerate(zip(params, args)):
+        if isinstance(a, np.ndarray):
+            if p.size != 8:
+                raise ValueError(f"argument {i} is an array but parameter {p.name} is .{p.type} ({p.size} bytes)")
+            buf = memory.alloc(f"arg{i}", a)
+            bufs[buf.name] = (buf, a)
+            raw = np.uint64(buf.base).tobytes()
+        else:
+            raw = _scalar(a, p, i)
+        out[p.offset: p.offset + p.size] = raw
+    return bytes(out), bufs
+
+
+def _scalar(a, p, i: int) -> bytes:
+    types = {"u8": np.uint8, "s8": np.int8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
+             "u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32, "u64": np.uint64,
+             "s64": np.int64, "b64": np.uint64, "f64": np.float64}
+    if isinstance(a, np.generic):
+        raw = a.tobytes()
+    elif isinstance(a, (bool, int, float)) and p.type in types:
+        raw = np.asarray(a).astype(types[p.type]).tobytes()
+    else:
+        raise ValueError(f"argument {i} ({type(a).__name__}) does not fit parameter {p.name} (.{p.type})")
+    if len(raw) != p.size:
+        raise ValueError(f"argument {i} has {len(raw)} bytes, parameter {p.name} (.{p.type}) takes {p.size}")
+    return raw
+
+
+def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
+    """Module-scope .global / .const variables become buffers (with their initial bytes)."""
+    symbols = {}
+    for var in program.module.variables:
+        if var.space in ("global", "const"):
+            data = np.frombuffer(var.init, np.uint8).copy() if var.init else np.zeros(max(var.size, 1), np.uint8)
+            symbols[var.name] = memory.alloc(var.name, data).base
+    return symbols
+
+
+def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, memory: GlobalMemory,
+                symbols: dict, hub: Hub, *, mma_model=None, labels: Labels | None = None,
+                wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None) -> None:
+    """Run every CTA of the grid, wave by wave (the machine and engine of each wave)."""
+    threads = block[0] * block[1] * block[2]
+    if threads > MAX_THREADS_PER_CTA:
+        raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
+    n_warps = -(-threads // WARP_SIZE)
+    smem = program.static_smem_bytes + int(smem_bytes)
+    symbols = {**symbols, **program.static_smem}
+    for var in (*program.module.variables, *program.kernel.variables):
+        if var.space == "shared" and var.extern:
+            symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
+    n_ctas = grid[0] * grid[1] * grid[2]
+    model = tensorcore.resolve(mma_model)
+    for start in range(0, n_ctas, wave_ctas):
+        ctas = np.arange(start, min(start + wave_ctas, n_ctas), dtype=np.int64)
+        m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
+        geo = Geometry(grid, block, ctas)
+        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop).run()
+        if on_wave is not None:
+            on_wave(len(ctas))
+
+
+def totals(counts: Mapping) -> dict[Op, int]:
+    out = {op: 0 for op in COUNTED_OPS}
+    for (op, _, _), n in counts.items():
+        if op in out:
+            out[op] += n
+    return out
+
+
+def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (), *, kernel: str | None = None,
+           observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS) -> LaunchResult:
+    """Simulate one launch of a kernel; see the module docstring."""
+    start = time.perf_counter()
+    load_families()
+    grid, block = _dim3(grid, "grid"), _dim3(block, "block")
+    module = load_module(source_or_ptx, macros=macros)
+    text, path = _read(source_or_ptx)
+    program = build_program(module, kernel, None if _is_ptx(text, path) else text)
+    memory = GlobalMemory()
+    params, bufs = pack_params(program, args, memory)
+    symbols = _globals(program, memory)
+    hub = Hub(tuple(observers) if not hasattr(observers, "on_instr") else (observers,))
+    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + int(smem_bytes)))
+    run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=mma_model,
+                wave_ctas=wave_ctas)
+    hub.finish()
+    for buf, original in bufs.values():
+        if buf.array is not original:  # a copy was made (non-contiguous input): give the results back
+            np.copyto(original, buf.array.reshape(original.shape))
+    counts = dict(hub.counts)
+    return LaunchResult(counts, totals(counts), time.perf_counter() - start,
+                        {name: original for name, (_, original) in bufs.items()})
