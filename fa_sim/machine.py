@@ -171,12 +171,15 @@ class Machine:
         finally:
             self._set_active(outer)
 
-    def _issue(self, instr: Instr) -> tuple:
-        """Count the instruction; return the observers that want its event."""
+    def _issue(self, instr: Instr, guarded: np.ndarray | None = None) -> tuple:
+        """Count the instruction; return the observers that want its event. `guarded`
+        [live, W, L, R]: per instruction r, the lanes a branch lets through (a warp whose lanes all
+        branch around instruction r does not execute it)."""
         if self._warps == 0:
             return ()
         if instr.op is not Op.REG and instr.op is not Op.CTRL:
-            self.hub.counts[(instr.op, instr.phase, self.round)] += instr.repeat * self._warps
+            n = instr.repeat * self._warps if guarded is None else int(guarded.any(axis=2).sum())
+            self.hub.counts[(instr.op, instr.phase, self.round)] += n
         return self.hub.instr_listeners(instr.op, instr.phase, self.round)
 
     def event(self, instr: Instr, listeners: tuple, **fields) -> None:
@@ -307,10 +310,10 @@ class Machine:
 
     # -- global memory -----------------------------------------------------------------------------
     def ld_global(self, instr: Instr, addr: np.ndarray, width: int, pred: np.ndarray, name: str) -> np.ndarray:
-        """R ld.global of width bytes at addr [live, W, L, R] where pred: -> [live, W, L, R, width]
-        uint8 (zeros where predicated off)."""
-        listeners = self._issue(instr)
+        """R ld.global of width bytes at addr [live, W, L, R] where pred (a branch around each
+        load: `if (pred) x = *p`): -> [live, W, L, R, width] uint8 (zeros elsewhere)."""
         on = pred & self.active[..., None]
+        listeners = self._issue(instr, on)
         data = self.memory.gather(addr, width, on)
         if listeners:
             self.event(instr, listeners, gmem=self._gmem_access(addr, width, on, False),
@@ -319,9 +322,9 @@ class Machine:
 
     def st_global(self, instr: Instr, addr: np.ndarray, values: np.ndarray, pred: np.ndarray, name: str) -> None:
         """R st.global: addr [live, W, L, R] byte addresses, values [live, W, L, R, k] (any unsigned
-        dtype; its bytes are stored), where pred."""
-        listeners = self._issue(instr)
+        dtype; its bytes are stored), where pred (a branch around each store: `if (pred) *p = x`)."""
         on = pred & self.active[..., None]
+        listeners = self._issue(instr, on)
         data = np.ascontiguousarray(values).view(np.uint8).reshape(*values.shape[:-1], -1)
         self.memory.scatter(addr, data, on)
         if listeners:

@@ -31,6 +31,7 @@ import numpy as np
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..config import KernelConfig
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
+from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
 from .labels import Site, Tensor, Tile, tile_base
@@ -278,7 +279,7 @@ def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarra
     tCrO = scale_rows(st.tCrO, inv)  # [C, W, L, NJo, MI, 4] f32
     m.reg(S.epilogue[Step.NORMALIZE], {"tCrO": st.tCrO, "rRowSum": l_sum}, {"tCrO": tCrO})
     m.checkpoint(Checkpoint.O_FINAL, lambda: _thread_words(tCrO), rnd=0)
-    log_l = np.log(np.where(bad, np.float32(1), l_sum))  # [C, W, L, MI, 2] f32 (logf)
+    log_l = logf(np.where(bad, np.float32(1), l_sum))  # [C, W, L, MI, 2] f32, CUDA's logf bit for bit
     lse = np.where(bad, np.float32(np.inf), st.rRowMax * scale + log_l)  # [C, W, L, MI, 2]
     m.reg(S.epilogue[Step.LSE], {"rRowMax": st.rRowMax, "rRowSum": l_sum}, {"rLSE": lse})
     return tCrO, lse

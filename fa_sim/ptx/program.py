@@ -49,20 +49,33 @@ def phase_sections(source: str) -> list[tuple[int, str]]:
             if (m := PHASE_MARK.match(text))]
 
 
-def _phase(ins: Instruction, sections: list[tuple[int, str]], fallback: str) -> str:
+def _section(ins: Instruction, sections: list[tuple[int, str]]) -> str | None:
+    """The marked section of the kernel-body line an instruction comes from (None: unmarked)."""
     line = _body_line(ins, None)
-    if sections and line is not None:
-        name = ""
+    name = None
+    if line is not None:
         for start, label in sections:
             if start > line:
                 break
             name = label
-        if name:
-            return name
-    if ins.loc is not None and ins.loc.function:
-        from .debuginfo import short_name
-        return short_name(ins.loc.function)
-    return fallback
+    return name
+
+
+def _phases(kernel: Kernel, sections: list[tuple[int, str]]) -> list[str]:
+    """Each instruction's phase: its section; code the compiler placed without a usable line
+    (line 0, or an inlined line it did not attribute) takes the section of the code before it."""
+    from .debuginfo import short_name
+
+    out, last = [], None
+    for ins in kernel.instructions:
+        name = _section(ins, sections) if sections else None
+        if name is None and sections and last is not None:
+            name = last
+        if name is None:
+            name = short_name(ins.loc.function) if ins.loc is not None and ins.loc.function else kernel.name
+        last = name if sections else last
+        out.append(name)
+    return out
 
 
 def build_program(module: Module, kernel_name: str | None = None, source: str | None = None) -> Program:
@@ -71,12 +84,11 @@ def build_program(module: Module, kernel_name: str | None = None, source: str | 
     lines = source.splitlines() if source is not None else None
     sections = phase_sections(source) if source is not None else []
     instrs = []
-    for ins in kernel.instructions:
+    for ins, phase in zip(kernel.instructions, _phases(kernel, sections)):
         label = ins.text
         if lines is not None and ins.loc is not None and 0 < ins.loc.line <= len(lines):
             label = lines[ins.loc.line - 1].strip()
-        instrs.append(Instr(ins.pc, sass_class(ins), _phase(ins, sections, kernel.name), ins.text, label,
-                            src=ins.loc, ptx_line=ins.ptx_line))
+        instrs.append(Instr(ins.pc, sass_class(ins), phase, ins.text, label, src=ins.loc, ptx_line=ins.ptx_line))
     offsets, size = {}, 0
     for var in (*module.variables, *kernel.variables):
         if var.space != "shared" or var.extern:
