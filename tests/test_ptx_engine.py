@@ -1,0 +1,131 @@
+"""The PTX engine on small CUDA kernels: divergence and reconvergence, loops whose trip count
+differs per thread and per CTA, early exit, barriers, shuffles in every mode, the hardware's
+preconditions as KernelFaults, and clear errors for what it does not execute."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
+
+from fa_sim.errors import KernelFault  # noqa: E402
+from fa_sim.observers import BankCounter, HazardChecker  # noqa: E402
+from fa_sim.ptx import launch  # noqa: E402
+from fa_sim.ptx.ops import Unsupported  # noqa: E402
+
+BRANCHY = r"""
+extern "C" __global__ void branchy(const int* a, int* out, int n) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;                     // guarded tail: these threads exit early
+  int x;
+  if (t % 3 == 0) x = a[t];               // three-way divergence
+  else if (t % 3 == 1) x = 2 * a[t];
+  else x = -a[t];
+  int acc = 0;
+  for (int i = 0; i < t % 5; ++i) acc += i * x + 1;   // per-thread trip count
+  out[t] = acc;
+}
+"""
+
+
+def test_divergence_reconvergence_and_early_exit():
+    n = 200
+    a = np.arange(n, dtype=np.int32) * 7 - 300
+    out = np.full(256, -1, np.int32)
+    launch(BRANCHY, grid=(2,), block=(128,), args=[a, out, np.int32(n)])
+    t = np.arange(n)
+    x = np.where(t % 3 == 0, a, np.where(t % 3 == 1, 2 * a, -a))
+    want = np.array([sum(i * xi + 1 for i in range(ti % 5)) for ti, xi in zip(t, x)])
+    np.testing.assert_array_equal(out[:n], want)
+    assert (out[n:] == -1).all()  # threads past n returned before storing
+
+
+ROUNDS = r"""
+extern "C" __global__ void rounds(int* out) {
+  __shared__ int s[64];
+  int acc = 0;
+  for (int t = 0; t <= blockIdx.x; ++t) {   // CTA b runs b + 1 rounds
+    s[threadIdx.x] = t * 100 + threadIdx.x;
+    __syncthreads();
+    acc += s[(threadIdx.x + 1) % 64];
+    __syncthreads();
+  }
+  out[blockIdx.x * 64 + threadIdx.x] = acc;
+}
+"""
+
+
+def test_loop_trip_count_per_cta_with_barriers_and_rounds():
+    out = np.zeros(4 * 64, np.int32)
+    rec = BankCounter()
+    hz = HazardChecker()
+    res = launch(ROUNDS, grid=(4,), block=(64,), args=[out], observers=[rec, hz])
+    b, tid = np.divmod(np.arange(4 * 64), 64)
+    want = np.array([sum(t * 100 + (ti + 1) % 64 for t in range(bi + 1)) for bi, ti in zip(b, tid)])
+    np.testing.assert_array_equal(out, want)
+    assert hz.report().ok
+    rounds = sorted({r for (_, _, r) in res.counts})
+    assert rounds[-1] == 3 and -2 in rounds  # CTA 3 ran rounds 0..3; the store is in the epilogue
+    from fa_sim.events import Op
+    bars = {r: n for (op, _, r), n in res.counts.items() if op is Op.BAR}
+    assert bars == {0: 2 * 8, 1: 2 * 6, 2: 2 * 4, 3: 2 * 2}  # 2 warps per CTA still looping
+
+
+SHFL = r"""
+extern "C" __global__ void shfl(const int* a, int* out) {
+  int v = a[threadIdx.x];
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffff, v, 5);
+  out[32 + threadIdx.x] = __shfl_up_sync(0xffffffff, v, 3);
+  out[64 + threadIdx.x] = __shfl_down_sync(0xffffffff, v, 4, 16);
+  out[96 + threadIdx.x] = __shfl_sync(0xffffffff, v, 7, 8);
+}
+"""
+
+
+def test_shuffles_in_every_mode():
+    a = np.arange(100, 132, dtype=np.int32)
+    out = np.zeros(128, np.int32)
+    launch(SHFL, grid=1, block=32, args=[a, out])
+    lane = np.arange(32)
+    np.testing.assert_array_equal(out[:32], a[lane ^ 5])
+    np.testing.assert_array_equal(out[32:64], a[np.where(lane >= 3, lane - 3, lane)])
+    seg = lane // 16 * 16  # width 16: lanes past the segment keep their value
+    np.testing.assert_array_equal(out[64:96], a[np.where(lane + 4 < seg + 16, lane + 4, lane)])
+    np.testing.assert_array_equal(out[96:], a[lane // 8 * 8 + 7])
+
+
+def test_barrier_reached_by_part_of_a_cta_is_a_fault():
+    src = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+    with pytest.raises(KernelFault, match="bar.sync.*only part"):
+        launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
+
+
+def test_shuffle_in_a_diverged_warp_is_a_fault():
+    src = r"""extern "C" __global__ void k(int* o) {
+      int v = threadIdx.x;
+      if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffffff, v, 1);
+      o[threadIdx.x] = v; }"""
+    with pytest.raises(KernelFault, match="shfl.sync"):
+        launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
+
+
+def test_out_of_bounds_store_is_a_fault_naming_the_line():
+    src = r"""extern "C" __global__ void k(int* o) {
+      o[threadIdx.x + 1] = 1; }"""
+    with pytest.raises(KernelFault, match=r"outside every buffer.*kernel.cu:2"):
+        launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
+
+
+def test_an_instruction_it_does_not_execute_is_named_with_its_lines():
+    src = r"""extern "C" __global__ void k(int* o) {
+      atomicAdd(o, 1); }"""
+    with pytest.raises(Unsupported, match=r"atom.*PTX line \d+ \(.*:2\)"):
+        launch(src, grid=1, block=32, args=[np.zeros(1, np.int32)])
+
+
+def test_arguments_are_checked_against_the_parameters():
+    with pytest.raises(ValueError, match="takes 3 parameters"):
+        launch(BRANCHY, grid=1, block=32, args=[np.zeros(4, np.int32)])
+    with pytest.raises(ValueError, match="does not fit parameter"):
+        launch(BRANCHY, grid=1, block=32, args=[np.zeros(4, np.int32), np.zeros(4, np.int32), "n"])
+    with pytest.raises(ValueError, match="grid must be"):
+        launch(BRANCHY, grid=(0,), block=32, args=[np.zeros(4, np.int32), np.zeros(4, np.int32), 4])
