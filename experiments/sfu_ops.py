@@ -126,6 +126,12 @@ HALF_OPS: tuple[HalfOp, ...] = (
     HalfOp("tanh_bf16", "tanh.approx.bf16", "tanh", "bf16", "MUFU.TANH.BF16", "tanh"),
 )
 
+# Bytes per results file: a device run returns at most 8 files of 16 MB and 64 MB in all; the
+# summary JSON stays under 1 MB. ex2 (the kernel's op) gets the most room, rsq holds two units.
+FAMILY_BUDGET = {"ex2": 13_000_000, "lg2": 8_000_000, "rcp": 6_500_000, "rsq": 11_000_000,
+                 "sin": 7_500_000, "cos": 7_500_000, "tanh": 8_000_000}
+TOTAL_BUDGET = 62_000_000
+
 BY_NAME = {op.name: op for op in OPS}
 HALF_BY_NAME = {op.name: op for op in HALF_OPS}
 FAMILIES = tuple(dict.fromkeys(op.family for op in OPS))

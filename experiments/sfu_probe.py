@@ -9,13 +9,16 @@ Run 1, per fp32 op, over all 2^32 inputs on the device: hw(x) against the correc
 (from double precision), a histogram of signed ulp differences by sign+exponent band, the first
 mismatch of each band, which low input bits ever change the output (per band), structure
 hypotheses (sfu_ops.Op.hypotheses), then the outputs of whole bands (adaptive stride, sfu_results)
-and ~20k recorded samples per op with all the edge cases. The 16-bit forms: all 2^16 outputs, and
-the packed x2 forms against them on all 2^32 inputs. Results: sfu_summary.json and one
-sfu_<family>.npz per family (7 files, each under 15.5 MB); the table is printed at the end.
-Run 2 sweeps the same way against the candidate's `__device__ float model_<op>(float)` functions.
-Expected device time: compile ~10-20 s, then ~1-3 s per op (sweeps are milliseconds; the
-double-precision sin/cos references and the dump encoding dominate): run 1 about 1 minute, run 2
-about 30 s.
+and 20-45k recorded samples per op with all the edge cases (~440k in all). The 16-bit forms: all
+2^16 outputs, the fp32 unit on the same values, and the packed x2 forms against the scalar ones on
+all 2^32 inputs. Results: sfu_summary.json and one sfu_<family>.npz per family (8 files; the
+families stay within sfu_ops.FAMILY_BUDGET, 61.5 MB in all; dump bands past a budget are left out
+lowest priority first and listed); one line per op while it runs, the full table at the end.
+Run 2 sweeps the same way against the candidate's `__device__ float model_<op>(float)` functions
+and writes sfu_verify.json.
+Expected device time: compile ~5-15 s; per op a few 2^32 sweeps of milliseconds to ~0.2 s (the
+double-precision sin/cos references are the slowest) plus the dumps' transfer and encoding
+(~1-4 s on 16 cores): run 1 about 1-1.5 minutes, run 2 about 20-30 s.
 
 SASS for sm_90 (ptxas 13.0, nvdisasm; `sass` re-checks it): the .ftz forms are the raw unit,
   ex2.approx.ftz.f32   MUFU.EX2            lg2.approx.ftz.f32   MUFU.LG2
@@ -51,17 +54,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from sfu_ops import (BY_NAME, FAMILIES, HALF_OPS, OPS, band, band_label, program_source,  # noqa: E402
-                     sample_inputs)
-from sfu_results import (FILE_BUDGET, FamilyFile, band_inputs, check_summary, class_summary,  # noqa: E402
+from sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_OPS, OPS, band, band_label,  # noqa: E402
+                     program_source, sample_inputs)
+from sfu_results import (FamilyFile, band_inputs, check_summary, class_summary,  # noqa: E402
                          dump_arrays, dump_stride_log2, encode_band, fit_budget, format_table, ignored_bits,
                          half_compare, half_reference, half_to_f32_bits, load_family, read_dumps, round_to_half,
                          sweep_summary, write_json)
 
 SUMMARY = "sfu_summary.json"
 VERIFY = "sfu_verify.json"
-RESERVE_OP = 1_000_000   # bytes a later fp32 op of the same family adds at most (counters ~0.3 MB, samples)
-RESERVE_HALF = 200_000   # bytes a 16-bit form adds (its 2^16 outputs)
+RESERVE_OP = 750_000     # bytes a later fp32 op of the same family adds at most (counters 0.3 MB, samples)
+RESERVE_HALF = 450_000   # bytes a 16-bit form adds (its 2^16 outputs and the fp32 unit's on them)
 N_EXAMPLES = 32
 
 
@@ -127,8 +130,9 @@ def _stage(row: dict, name: str, fn) -> None:
         row.setdefault("stage_errors", {})[name] = f"{type(exc).__name__}: {exc}"
 
 
-def probe_op(dev, op, fam: FamilyFile, reserve: int) -> dict:
-    """Run 1 for one op; its arrays go to `fam` as soon as each stage has them."""
+def probe_op(dev, op, fam: FamilyFile, reserve: int, sharers: int = 1) -> dict:
+    """Run 1 for one op; its arrays go to `fam` as soon as each stage has them. Its dumps get
+    1/sharers of what the family budget leaves after `reserve` bytes for the family's later ops."""
     t0 = time.time()
     row, arrays = _sweep_row(dev, op, model=False)
     fam.put(op.name, arrays)
@@ -145,8 +149,8 @@ def probe_op(dev, op, fam: FamilyFile, reserve: int) -> dict:
         row["samples"] = int(x.size)
 
     def dumps():
-        arrays, row["dumps"], row["dumps_dropped"] = _dumps(dev, op, fam.arrays[f"{op.name}__sweep_changes"],
-                                                           FILE_BUDGET - fam.used() - reserve)
+        budget = (FAMILY_BUDGET[op.family] - fam.used() - reserve) // sharers
+        arrays, row["dumps"], row["dumps_dropped"] = _dumps(dev, op, fam.arrays[f"{op.name}__sweep_changes"], budget)
         fam.put(op.name, arrays)
 
     _stage(row, "check", check)
@@ -204,11 +208,13 @@ def run_probe(dev, out: Path, ops, halves, log=print) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - nvdisasm may be missing on the device; not fatal
         summary["sass"] = {"error": repr(exc)}
     families = {f: FamilyFile(family_path(out, f)) for f in FAMILIES}
+    log(format_table([]).splitlines()[0])
     for i, op in enumerate(ops):
-        reserve = (RESERVE_OP * sum(o.family == op.family for o in ops[i + 1:])
-                   + RESERVE_HALF * sum(h.family == op.family for h in halves))
+        rest = [o for o in ops[i:] if o.family == op.family]
+        reserve = RESERVE_OP * (len(rest) - 1) + RESERVE_HALF * sum(h.family == op.family for h in halves)
+        sharers = max(1, sum(bool(o.dump) for o in rest))  # the family's dumping ops share its budget
         try:
-            row = probe_op(dev, op, families[op.family], reserve)
+            row = probe_op(dev, op, families[op.family], reserve, sharers)
         except Exception as exc:  # noqa: BLE001 - one op failing must not lose the others
             row = {"op": op.name, "error": f"{type(exc).__name__}: {exc}"}
         summary["ops"].append(row)
@@ -251,7 +257,8 @@ def _report(rows: list[dict], halves: list[dict]) -> str:
             lines.append(f"  {r['op']:10s} {c['hypothesis']:44s} {c['mismatches']:>11d} / {c['applicable']:<11d}"
                          f" first {c['first_mismatch']}")
         if r.get("dumps_dropped"):
-            lines.append(f"  {r['op']:10s} dumps dropped (budget): {', '.join(r['dumps_dropped'])}")
+            d = r["dumps_dropped"]
+            lines.append(f"  {r['op']:10s} {len(r['dumps'])} bands dumped; {len(d)} left out by the budget, from {d[0]}")
         for stage, err in r.get("stage_errors", {}).items():
             lines.append(f"  {r['op']:10s} {stage} FAILED: {err}")
     for h in halves:

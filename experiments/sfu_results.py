@@ -26,7 +26,6 @@ import numpy as np
 from sfu_ops import DCLIP, N_BANDS, N_CHANGE, band_label
 
 ESCAPE = -128
-FILE_BUDGET = 15_500_000  # bytes per results file (the device returns files of at most 16 MB)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import sfu_probe  # noqa: E402
 from sfu_device import Check, Sweep  # noqa: E402
-from sfu_ops import BY_NAME, HALF_BY_NAME, HALF_OPS, OPS, SPECIALS, band, neighbours, program_source, sample_inputs  # noqa: E402
+from sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_BY_NAME, HALF_OPS, OPS, SPECIALS, TOTAL_BUDGET,  # noqa: E402
+                     band, neighbours, program_source, sample_inputs)
 from sfu_results import (DCLIP, band_inputs, decode_blobs, dump_stride_log2, encode_band, fit_budget,  # noqa: E402
                          load_family, read_dumps, round_bf16, ulp_bins)
 
@@ -133,6 +134,11 @@ def test_stride_keeps_one_input_per_block_of_constant_output():
     changes[[5, 9]] = 3
     u = band_inputs(band(1, 0), dump_stride_log2(changes))
     assert u.size == 2**18 and u[0] == band(1, 0) << 23 and np.all(np.diff(u) == 32)
+
+
+def test_family_budgets_fit_what_a_device_run_returns():
+    assert set(FAMILY_BUDGET) == set(FAMILIES) and len(FAMILIES) + 1 <= 8  # + sfu_summary.json
+    assert max(FAMILY_BUDGET.values()) < 16_000_000 and sum(FAMILY_BUDGET.values()) <= TOTAL_BUDGET <= 63_000_000
 
 
 def test_fit_budget_keeps_the_priority_prefix():
