@@ -246,3 +246,73 @@ def test_bad_arguments_get_one_line(tmp_path, argv, message):
     with pytest.raises(SystemExit) as exc:
         sfu_probe.main(argv)
     assert message in str(exc.value)
+
+
+# ---- the launch layer against the kernel signatures (cupy and the launch replaced by recorders) ----
+
+class _Array(np.ndarray):
+    """A numpy array with cupy's .data.ptr and .get()."""
+
+    @property
+    def data(self):
+        return type("Ptr", (), {"ptr": 0x1000 + id(self) % 4096 * 16})()
+
+    def get(self):
+        return np.asarray(self)
+
+
+class _FakeCupy:
+    uint16, uint32, uint64, int32 = np.uint16, np.uint32, np.uint64, np.int32
+    cuda = type("cuda", (), {"runtime": type("rt", (), {"deviceSynchronize": staticmethod(lambda: None)})})
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype).view(_Array)
+
+    def full(self, shape, value, dtype):
+        return np.full(shape, value, dtype).view(_Array)
+
+    def empty(self, shape, dtype):
+        return np.zeros(shape, dtype).view(_Array)
+
+    def asarray(self, a):
+        return np.asarray(a).view(_Array)
+
+    def asnumpy(self, a):
+        return np.asarray(a)
+
+
+def _signatures() -> dict[str, list[str]]:
+    """Kernel name prefix -> parameter kinds ('ptr' or the scalar type) from sfu_probe.cu's macros."""
+    import re
+
+    src = (Path(__file__).resolve().parents[1] / "experiments" / "sfu_probe.cu").read_text()
+    out = {}
+    for prefix, params in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)_##NAME\(([^)]*)\)', src):
+        out[prefix] = ["ptr" if "*" in p else p.split()[0] for p in params.split(",")]
+    return out
+
+
+def test_the_launch_layer_passes_what_each_kernel_declares(monkeypatch):
+    pytest.importorskip("cuda.core")
+    import cuda.core
+    import sfu_device
+
+    calls = []
+    monkeypatch.setattr(cuda.core, "launch", lambda stream, cfg, kernel, *args: calls.append((kernel, args)))
+    dev = object.__new__(sfu_device.CudaBackend)
+    dev.cp = _FakeCupy()
+    dev.module = type("M", (), {"get_kernel": staticmethod(lambda name: name)})()
+    dev.stream = type("S", (), {"sync": staticmethod(lambda: None)})()
+    dev.sweep("ex2_ftz")
+    dev.sweep("ex2_ftz", model=True)
+    dev.check("rcp_ftz")
+    dev.eval("tanh", np.arange(300, dtype=np.uint32))
+    dev.eval("tanh", np.arange(3, dtype=np.uint32), model=True, expected=False)
+    dev.half_x2("ex2_f16", dev.half_all("ex2_f16"))
+    sigs = _signatures()
+    kinds = {"ptr": int, "u32": np.uint32}
+    assert [k.rsplit("_", 2)[0] if k.startswith("half") else k.split("_")[0] for k, _ in calls] == \
+        ["sweep", "vsweep", "check", "eval", "veval", "half_all", "half_x2"]
+    for kernel, args in calls:
+        prefix = next(p for p in sorted(sigs, key=len, reverse=True) if kernel.startswith(p + "_"))
+        assert [type(a) for a in args] == [kinds[k] for k in sigs[prefix]], kernel
