@@ -174,8 +174,7 @@ class Trace:
 
 def launch_json(launch: LaunchInfo) -> dict:
     cfg = launch.config
-    return {"config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "head_dim": cfg.head_dim,
-                       "n_warps": cfg.n_warps, "smem": cfg.smem.value},
+    return {"config": cfg.to_json(),
             "batch": launch.batch, "heads": launch.heads, "seqlen_q": launch.seqlen_q,
             "seqlen_k": launch.seqlen_k, "causal": bool(launch.causal), "scale": float(launch.scale),
             "n_m_blocks": launch.n_m_blocks, "n_ctas": launch.n_ctas}
