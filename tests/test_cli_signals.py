@@ -124,6 +124,11 @@ def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, c
     path = tmp_path / "run.npz"
     assert main(["compare", "--save", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().err
+    saved = np.load(path)
+    assert str(saved["config"]) == "m64n64d64w4-swizzled"  # the tag older readers use
+    from fa_sim.config import KernelConfig
+
+    assert KernelConfig.from_json(str(saved["config_json"])) == KernelConfig()
     assert main(["compare", "--gpu-npz", str(path)]) == 0
     assert "all checkpoints within their bounds" in capsys.readouterr().out
     assert main(["compare", "--save", str(path)]) == 2

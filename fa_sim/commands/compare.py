@@ -6,8 +6,8 @@ checkpoint the fraction of bit-identical values, the largest difference in ulps 
 documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and LSE statistics.
 Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
-`--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config, causal flag, scale)
-in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
+`--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
+KernelConfig JSON, causal flag, scale) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
 with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
@@ -71,10 +71,12 @@ class Recording:
     scale: float
 
 
-def _recorded_config(text: str, path) -> KernelConfig:
-    """The config as JSON (KernelConfig.to_json), or as a tag in recordings made before that."""
+def _recorded_config(data: dict, path) -> KernelConfig:
+    """`config_json` (KernelConfig.to_json) where the recording has it; else its tag, which is
+    all that recordings made before it hold."""
+    text = str(data["config_json"] if "config_json" in data else data["config"])
     try:
-        if text.lstrip().startswith("{"):
+        if "config_json" in data:
             return KernelConfig.from_json(text)
         return {c.tag: c for c in KernelConfig.family()}[text]
     except (ValueError, KeyError) as exc:
@@ -82,9 +84,10 @@ def _recorded_config(text: str, path) -> KernelConfig:
 
 
 def load_recording(path) -> Recording:
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED)
+    """A saved GPU run; bad files are one UsageError naming --gpu-npz and the file."""
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json",))
     return Recording(Path(path), data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
-                     tuple(int(c) for c in np.ravel(data["ctas"])), _recorded_config(str(data["config"]), path),
+                     tuple(int(c) for c in np.ravel(data["ctas"])), _recorded_config(data, path),
                      bool(data["causal"]), float(data["scale"]))
 
 
@@ -142,8 +145,8 @@ def _launch(args, save: Output | None):
     if save is not None:
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
             np.savez_compressed(f, q=q, k=k, v=v, o=out.o, lse=out.lse, checkpoints=out.checkpoints,
-                                ctas=np.asarray(ctas), config=json.dumps(config.to_json()), causal=args.causal,
-                                scale=out.scale)
+                                ctas=np.asarray(ctas), config=config.tag, config_json=json.dumps(config.to_json()),
+                                causal=args.causal, scale=out.scale)
         print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
 

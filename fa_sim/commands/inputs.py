@@ -66,8 +66,8 @@ def _sniff(option: str, path: Path, accepted: str) -> None:
         raise _refuse(option, path, "is not an .npz archive (not a zip file)" if head else "is empty", accepted)
 
 
-def load_npz(path, names, option: str, accepted: str) -> dict[str, np.ndarray]:
-    """The named arrays of an .npz file (see the module docstring)."""
+def load_npz(path, names, option: str, accepted: str, optional=()) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file, and those of `optional` it holds (module docstring)."""
     path = Path(path)
     _sniff(option, path, accepted)
     out = {}
@@ -76,7 +76,7 @@ def load_npz(path, names, option: str, accepted: str) -> dict[str, np.ndarray]:
             missing = [n for n in names if n not in data.files]
             if missing:
                 raise _refuse(option, path, f"lacks array(s) {', '.join(missing)}", accepted)
-            for name in names:
+            for name in [*names, *(n for n in optional if n in data.files)]:
                 try:
                     out[name] = data[name]
                 except ValueError as exc:
