@@ -6,7 +6,8 @@ wrong, everywhere:
 
 - bad input (a UsageError of fa_sim.commands, a ValueError of the library, any fa_hw.FaHwError):
   one line `fa CMD: error: ...` on stderr, exit status 2; argparse's own errors (an unknown option,
-  a value that is not a number) are one line too, exit status 2;
+  a value that is not a number) are one line too, exit status 2; so is running out of memory on
+  sizes the up-front checks let through;
 - Ctrl-C: one line `fa CMD: interrupted`, exit status 130 (128 + SIGINT); outputs are written
   atomically (commands/outputs.py), so no partial file is left behind;
 - a closed pipe (`fa explain | head -1`): silence, exit status 141 (128 + SIGPIPE), as a shell
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except _known_errors() as exc:
         print(f"fa {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError as exc:  # sizes the up-front estimate let through
+        print(f"fa {command}: error: out of memory ({exc or 'allocation failed'}); choose smaller sizes",
+              file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -274,3 +274,13 @@ def test_fa_hw_errors_are_recognised_by_class_not_module(monkeypatch, capsys):
 def test_usage_error_is_not_a_value_error():
     """argparse would swallow a ValueError from a type function into a generic message."""
     assert not issubclass(UsageError, (ValueError, TypeError, argparse.ArgumentTypeError))
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    def too_big(*a, **k):
+        raise MemoryError("Unable to allocate 512. GiB for an array with shape (1, 16, 65536, 65536)")
+
+    monkeypatch.setattr("fa_sim.commands.explain.run", too_big)
+    assert main(["explain"]) == 2
+    assert capsys.readouterr().err == ("fa explain: error: out of memory (Unable to allocate 512. GiB for an array "
+                                       "with shape (1, 16, 65536, 65536)); choose smaller sizes\n")
