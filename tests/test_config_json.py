@@ -90,7 +90,8 @@ def test_a_new_field_appears_everywhere(monkeypatch, capsys):
         main(["layout", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "how the exp2 argument is formed (default fma; one of fma, fmul-fsub)" in out
-    assert "--unroll unroll the K loop" in out
+    assert "--unroll, --no-unroll unroll the K loop (default off)" in out
+    assert main(["layout", "--no-unroll"]) == 0 and seen["config"].unroll is False
 
 
 def test_trace_archives_carry_the_config_as_json(tmp_path):

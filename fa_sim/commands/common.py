@@ -12,6 +12,7 @@ names the option, and `fa_sim/cli.py` prints it as one line with exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
 import typing
@@ -132,12 +133,13 @@ class ConfigOption:
 
     def parse(self, text: str):
         """argparse type: a value of the field's type among its allowed values."""
-        if self.hint is int:
-            value = int_in(self.option, -(2**63))(text)
-        elif self.hint is float:
-            value = positive_float(self.option)(text) if self.choices is None else float(text)
-        else:
-            value = text.lower()
+        value = text.lower()
+        if self.hint in (int, float):
+            kind = "an integer" if self.hint is int else "a number"
+            try:
+                value = int(text, 10) if self.hint is int else float(text)
+            except ValueError:
+                raise UsageError(f"{self.option} takes {kind}, got {text!r}") from None
         if self.choices is not None and value not in self.choices:
             raise UsageError(f"{self.option} {text}: {self.dest}={value!r} is not one of "
                              f"({', '.join(map(str, self.choices))})")
@@ -160,8 +162,9 @@ def add_config_arguments(p) -> None:
     group = p.add_argument_group("kernel config (fa_sim.KernelConfig; combinations are checked together)")
     for opt in config_options():
         if opt.hint is bool:
-            group.add_argument(opt.option, dest=opt.dest, action="store_true" if not opt.default else "store_false",
-                               help=opt.help())
+            meaning = opt.field.metadata.get(FIELD_HELP, f"KernelConfig.{opt.dest}")
+            group.add_argument(opt.option, dest=opt.dest, action=argparse.BooleanOptionalAction, default=opt.default,
+                               help=describe(meaning, "on" if opt.default else "off"))
         else:
             metavar = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else opt.dest.upper()
             group.add_argument(opt.option, dest=opt.dest, type=opt.parse, default=opt.default, metavar=metavar,

@@ -91,6 +91,12 @@ def load_recording(path) -> Recording:
                      bool(data["causal"]), float(data["scale"]))
 
 
+def _given(dest: str, value) -> str:
+    """How a value reads as options: '--seqlen 128', '--causal on'."""
+    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    return f"{option_name(dest)} {shown}"
+
+
 def _check_against(args, rec: Recording) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
@@ -100,10 +106,9 @@ def _check_against(args, rec: Recording) -> None:
     for dest, value in recorded.items():
         mine = getattr(args, dest)
         if dest in explicit(args) and mine != value:
-            shown = "on" if value is True else "off" if value is False else value
-            raise UsageError(f"{option_name(dest)} {'' if isinstance(mine, bool) else mine} disagrees with --gpu-npz "
-                             f"{rec.path}, recorded with {option_name(dest)} {shown}; drop the option (the file "
-                             f"fixes inputs, config, causal flag and scale)".replace("  ", " "))
+            raise UsageError(f"{_given(dest, mine)} disagrees with --gpu-npz {rec.path}, recorded with "
+                             f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag "
+                             f"and scale)")
     if "seed" in explicit(args):
         again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed)
         if not all(np.array_equal(x, y) for x, y in zip(again, (rec.q, rec.k, rec.v))):
