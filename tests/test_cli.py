@@ -119,7 +119,8 @@ TABLE = [
     (["compare", "--gpu-npz", SEED_RUN, "--save", "{exists}"], "--save does not apply with --gpu-npz", 2),
     (["compare", "--gpu-npz", SEED_RUN, "--banks"], "--banks does not apply with --gpu-npz", 2),
     # --gpu-npz uses what the file recorded and refuses a disagreement
-    (["compare", "--gpu-npz", SEED_RUN, "--causal"], "--causal disagrees with --gpu-npz", 2),
+    (["compare", "--gpu-npz", SEED_RUN, "--causal"], f"--causal on disagrees with --gpu-npz {SEED_RUN}, "
+                                                     "recorded with --causal off", 2),
     (["compare", "--gpu-npz", SEED_RUN, "--seqlen", "256"], "--seqlen 256 disagrees with --gpu-npz "
                                                             f"{SEED_RUN}, recorded with --seqlen 128", 2),
     (["compare", "--gpu-npz", SEED_RUN, "--smem", "plain"], "recorded with --smem swizzled", 2),
