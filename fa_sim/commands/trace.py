@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import WARP_SIZE
 from ..kernels import Problem
 from .common import (PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, int_in,
-                     parse_ops, random_inputs, refuse)
+                     parse_ops, problem_shape, random_inputs, refuse)
 from .inputs import load_qkv
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
 from . import UsageError
@@ -110,8 +110,7 @@ def run(args) -> int:
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs([save, perfetto], args.force)
-    b, h, nq, _ = inputs[0].shape if inputs is not None else (args.batch, args.heads, args.seqlen, 0)
-    nk = inputs[1].shape[2] if inputs is not None else (args.seqlen_k or args.seqlen)
+    b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
     warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
     if inputs is None:
         inputs = random_inputs(args)
