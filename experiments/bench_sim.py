@@ -1,8 +1,11 @@
 """Benchmark (issue 2, "Speed"): the untraced simulator beside a tile-level interpreter, same run.
 
     python experiments/bench_sim.py                 # both parts, the issue's two shapes
-    python experiments/bench_sim.py --skip-triton   # fa_sim only (no torch / triton needed)
+    python experiments/bench_sim.py --skip-triton   # fa_sim only
     python experiments/bench_sim.py --json
+
+Without torch or triton the Triton part is skipped with a note on stderr (checked before any
+timing starts), so the simulator's numbers still come out.
 
 Targets: (B, H, N, d) = (1, 4, 4096, 64) non-causal in <= 40 s and (1, 1, 128, 64) in <= 0.5 s on the
 2-core development machine, peak memory <= 4 GB. Beside each, the FlashAttention forward of
@@ -18,6 +21,7 @@ This is a benchmark, not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import sys
@@ -92,6 +96,12 @@ def bench_triton(shape, q, k, v) -> Row:
     return Row("triton-interpret", shape, seconds, first, *errors(o.numpy(), lse.numpy(), q, k, v))
 
 
+def triton_missing() -> str | None:
+    """Why the Triton part cannot run here (a missing package), or None."""
+    missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    return None if not missing else f"{' and '.join(missing)} not installed"
+
+
 # ==== report ===========================================================================================
 def render(rows: list[Row]) -> str:
     head = (f"{'backend':<18}{'shape (B,H,N,d)':<20}{'seconds':>9}{'first run':>11}{'rel_err_o':>11}"
@@ -112,11 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON list of rows")
     args = parser.parse_args(argv)
     shapes = SHAPES if args.shapes is None else tuple(tuple(int(x) for x in s.split(",")) for s in args.shapes)
+    skip = "--skip-triton" if args.skip_triton else triton_missing()
+    if skip is not None and not args.skip_triton:
+        print(f"bench_sim: the Triton interpreter part is skipped ({skip}; pip install torch triton adds it)",
+              file=sys.stderr)
     inputs = {shape: make_inputs(shape) for shape in shapes}
     rows = [bench_fa_sim(shape, *inputs[shape]) for shape in shapes]
-    if not args.skip_triton:
+    if skip is None:
         rows += [bench_triton(shape, *inputs[shape]) for shape in shapes]
     print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows))
+    if skip is not None and not args.json:
+        print(f"(Triton interpreter: skipped, {skip})")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -106,8 +107,7 @@ def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelCon
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "inputs.npz")
         np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
-                 block_m=config.block_m, block_n=config.block_n, head_dim=config.head_dim,
-                 n_warps=config.n_warps, smem=config.smem.value)
+                 config=json.dumps(config.to_json()))
         cmd = [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics), "--kernel-name",
                "regex:fa2", "--launch-count", "1", sys.executable, "-m", "fa_hw.profile", "--target", npz]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -135,7 +135,7 @@ class BankComparison:
 
     def to_json(self) -> dict:
         return {"config": self.config.tag,
-                "classes": {c.value: {"sim": self.sim[c].to_json(), "ncu": self.ncu_counts(c),
+                "classes": {c.value: {"sim": self.sim[c].to_json(c), "ncu": self.ncu_counts(c),
                                       "match": self.matches(c)} for c in SmemClass},
                 "ncu_metrics": {m: self.ncu.get(m) for m in _metric_names()}}
 
@@ -169,8 +169,7 @@ def _target(npz: str) -> None:
     import fa_hw
 
     d = np.load(npz)
-    cfg = KernelConfig(block_m=int(d["block_m"]), block_n=int(d["block_n"]), head_dim=int(d["head_dim"]),
-                       n_warps=int(d["n_warps"]), smem=str(d["smem"]))
+    cfg = KernelConfig.from_json(str(d["config"]))
     scale = None if np.isnan(d["scale"]) else float(d["scale"])
     fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg)
 

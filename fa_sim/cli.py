@@ -1,33 +1,62 @@
 """The `fa` command: one entry point, one module per subcommand (fa_sim/commands, fa_hw).
 
 Each subcommand module exposes `register(subparsers)`, which adds its parser and sets
-`func(args) -> int`. The CLI only parses and calls the library; library errors that describe bad
-input (ValueError, and fa_hw's errors) become one line on stderr and exit status 2.
+`func(args) -> int`. The CLI only parses and calls the library. What a user sees when things go
+wrong, everywhere:
+
+- bad input (a UsageError of fa_sim.commands, a ValueError of the library, any fa_hw.FaHwError):
+  one line `fa CMD: error: ...` on stderr, exit status 2; argparse's own errors (an unknown option,
+  a value that is not a number) are one line too, exit status 2; so is running out of memory on
+  sizes the up-front checks let through;
+- Ctrl-C: one line `fa CMD: interrupted`, exit status 130 (128 + SIGINT); outputs are written
+  atomically (commands/outputs.py), so no partial file is left behind;
+- a closed pipe (`fa explain | head -1`): silence, exit status 141 (128 + SIGPIPE), as a shell
+  tool killed by SIGPIPE reports.
+
+`args.explicit` holds the destinations the command line gave explicitly, so commands can refuse
+options that do not apply (common.refuse).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# (module, attribute) of every subcommand, in the order `fa --help` lists them.
+from .commands import UsageError
+
+# Every subcommand's module, in the order `fa --help` lists them.
 SUBCOMMANDS = (
     "fa_sim.commands.sim",
     "fa_sim.commands.trace",
     "fa_sim.commands.banks",
+    "fa_sim.commands.layout",
     "fa_sim.commands.explain",
     "fa_hw.command",
     "fa_sim.commands.compare",
 )
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and no abbreviated options, so adding an
+    option never makes an abbreviation ambiguous."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fa",
         description="flashsim: the FlashAttention-2 forward kernel, lane by lane on the CPU (fa_sim) and for real on the GPU (fa_hw).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     for name in SUBCOMMANDS:
         try:
             module = importlib.import_module(name)
@@ -39,23 +68,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _UsageError(Exception):
-    pass
+def _suppress_defaults(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _suppress_defaults(child)
+        else:
+            action.default = argparse.SUPPRESS
+
+
+def explicit_options(argv: list[str]) -> frozenset[str]:
+    """Destinations the command line sets: a second parse in which no option has a default."""
+    parser = build_parser()
+    _suppress_defaults(parser)
+    return frozenset(vars(parser.parse_args(argv))) - {"command", "func"}
+
+
+def _known_errors() -> tuple[type, ...]:
+    try:
+        from fa_hw.errors import FaHwError
+    except ImportError:  # fa_hw's dependencies are not installed: it raised nothing either
+        return (UsageError, ValueError)
+    return (UsageError, ValueError, FaHwError)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, _UsageError) as exc:
-        print(f"fa {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # fa_hw errors carry their own message
-        if type(exc).__module__.startswith("fa_hw"):
-            print(f"fa {args.command}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+        args = build_parser().parse_args(argv)
+        command = args.command
+        args.explicit = explicit_options(argv)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return status
+    except KeyboardInterrupt:
+        print(f"fa {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except _known_errors() as exc:
+        print(f"fa {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError as exc:  # sizes the up-front estimate let through
+        print(f"fa {command}: error: out of memory ({exc or 'allocation failed'}); choose smaller sizes",
+              file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

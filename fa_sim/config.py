@@ -15,13 +15,20 @@ must divide block_m and block_n. Anything else is rejected up front by `__post_i
 message that lists what is supported, in the spirit of CuTe's `can_implement`.
 
 Causal masking and the softmax scale are call arguments, not part of the kernel shape.
+
+Every field carries `metadata` (FIELD_HELP, FIELD_CHOICES, FIELD_OPTION): its meaning, allowed
+values and command-line option. The `fa` commands generate their config options from the fields
+(fa_sim/commands/common.py) and `to_json` / `from_json` walk the same fields, so a new field needs
+only its declaration here.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
+import json
+import typing
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -34,6 +41,19 @@ N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
 PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
 SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
+
+
+def _json_value(value):
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _from_json_value(hint, name: str, value):
+    """A JSON value for a field of type `hint`: enums by value; ints stay exact (no 64.0 -> 64)."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value  # __post_init__ parses and names bad values
+    if hint is int and isinstance(value, float):
+        raise ValueError(f"KernelConfig JSON field {name} must be an integer, got {value!r}")
+    return value
 
 
 class SmemLayout(enum.Enum):
@@ -54,15 +74,26 @@ class SmemLayout(enum.Enum):
             raise ValueError(f"smem layout {value!r} is not supported; choose one of: {choices}") from None
 
 
+FIELD_HELP, FIELD_CHOICES, FIELD_OPTION = "help", "choices", "option"  # KernelConfig field metadata keys
+
+
+def _meta(help: str, choices=None, option: str | None = None) -> dict:
+    out = {FIELD_HELP: help, FIELD_CHOICES: choices}
+    return out if option is None else {**out, FIELD_OPTION: option}
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes, warp count and shared-memory layout of one kernel instance."""
 
-    block_m: int = 64
-    block_n: int = 64
-    head_dim: int = 64
-    n_warps: int = 4
-    smem: SmemLayout = SmemLayout.SWIZZLED
+    block_m: int = field(default=64, metadata=_meta("query rows per CTA (kBlockM)", BLOCK_MS))
+    block_n: int = field(default=64, metadata=_meta("keys per K/V round (kBlockN)", BLOCK_NS))
+    head_dim: int = field(default=64, metadata=_meta("head dimension d", HEAD_DIMS))
+    n_warps: int = field(default=4, metadata=_meta("warps per CTA; block_m must be a multiple of 16 x warps",
+                                                   N_WARPS, option="--warps"))
+    smem: SmemLayout = field(default=SmemLayout.SWIZZLED, metadata=_meta(
+        "shared-memory layout of the Q/K/V tiles: swizzled (XOR of the 16-byte chunk with the row, "
+        "spec table 11), plain (row-major), padded (rows + 16 bytes)", tuple(m.value for m in SmemLayout)))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
@@ -95,10 +126,34 @@ class KernelConfig:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
         return out
 
+    # -- serialisation -------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """{field: value}, enums by value: what archives, recordings and JSON reports store."""
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: "dict | str") -> "KernelConfig":
+        """Inverse of to_json; also takes the JSON text. Fields absent from `data` take their
+        defaults (archives written before a field existed); unknown fields and bad values are a
+        ValueError naming them."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"KernelConfig JSON is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"KernelConfig JSON must be an object of fields, got {type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"KernelConfig JSON has unknown field(s) {', '.join(map(str, unknown))}; "
+                             f"fields are {', '.join(names)}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _from_json_value(hints[k], k, v) for k, v in data.items()})
+
     # -- naming --------------------------------------------------------------------------------
     def describe(self) -> str:
-        return (f"block_m={self.block_m}, block_n={self.block_n}, head_dim={self.head_dim}, "
-                f"n_warps={self.n_warps}, smem={self.smem.value}")
+        return ", ".join(f"{k}={v}" for k, v in self.to_json().items())
 
     @property
     def tag(self) -> str:

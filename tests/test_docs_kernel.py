@@ -190,12 +190,12 @@ def test_swizzle_offsets():
 
 
 def test_ldmatrix_banks_of_the_three_layouts():
-    addr = {s: kernel_plan(KernelConfig(smem=s)).ldsm_q[0].lanes for s in SmemLayout}
+    addr = {s: kernel_plan(KernelConfig(smem=s)).ldsm_q[0] for s in SmemLayout}
     for row in KT["ldsm-banks"]:
         ln = int(row["lane"])
         assert int(addr[SmemLayout.SWIZZLED].row[0, ln, 0]) == int(row["Q row"])
         for s in SmemLayout:
-            byte = int(addr[s].addr[0, ln, 0])
+            byte = int(addr[s].smem.addr[0, ln, 0])
             bank = byte // 4 % 32
             assert (byte, f"{bank}-{bank + 3}") == (int(row[f"{s.value}: byte"]), row[f"{s.value}: banks"])
 
@@ -246,7 +246,7 @@ def test_fragment_shapes():
 
 def test_ldmatrix_lane_addresses():
     plan = kernel_plan(SEED)
-    lanes = {"tCrQ": plan.ldsm_q[0].lanes, "tCrK": plan.ldsm_k[0].lanes, "tCrV": plan.ldsm_v[0].lanes}
+    lanes = {"tCrQ": plan.ldsm_q[0], "tCrK": plan.ldsm_k[0], "tCrV": plan.ldsm_v[0]}
     assert [ldsm.trans for ldsm in Ldsm] == [False, False, True]
     for row in KT["ldsm-lanes"]:
         ln = int(row["lane"])

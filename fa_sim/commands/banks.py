@@ -1,15 +1,28 @@
 """`fa banks`: shared-memory bank conflicts of the kernel, counted with Nsight Compute's rules
 (notes/gpu_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
-three smem layouts side by side; `--plot DIR` writes the figures."""
+three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
+conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
+--force.
+
+LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
+layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
+them "excess_wavefronts", the tables print them on their own line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 from ..config import KernelConfig, SmemLayout
-from .common import add_config_arguments, add_problem_arguments, config_from_args, seqlen_k
+from .common import add_config_arguments, add_problem_arguments, config_from_args, problem_shape, random_inputs, refuse
+from .outputs import Kind, Output, check_outputs, save_figure
+
+FIGURE = "bank_conflicts_by_class"
+FORMATS = ("png", "svg")
 
 
 def register(subparsers) -> None:
@@ -17,38 +30,51 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
-    p.add_argument("--compare", action="store_true", help="all three smem layouts side by side")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--plot", metavar="DIR", help="write the conflict figures (PNG and SVG) into DIR")
+    p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help=f"write the conflict figure {FIGURE}.png/.svg into DIR, created if missing (default: none)")
+    p.add_argument("--force", action="store_true", help="overwrite existing figure files (default: refuse)")
     p.set_defaults(func=run)
 
 
-def _config(args, smem: str) -> KernelConfig:
-    return dataclasses.replace(config_from_args(args), smem=SmemLayout(smem))
+def _report(config: KernelConfig, inputs, causal: bool):
+    from ..observers import runs
+    from ..observers.banks import BankCounter
+
+    counter = BankCounter()
+    runs.simulate(*inputs, causal=causal, config=config, observers=[counter])
+    return counter.report()
 
 
 def run(args) -> int:
-    from ..observers import bank_tables, runs
+    from ..observers import bank_tables
 
-    problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
-    layouts = [m.value for m in SmemLayout] if args.compare else [args.smem]
-    reports = {s: runs.run_banks(_config(args, s), problem, args.causal) for s in layouts}
-    nk = seqlen_k(args)
-    keys = "" if nk == args.seqlen else f", Nk={nk}"
-    shape = (f"(B,H,N,d) = ({args.batch},{args.heads},{args.seqlen},{args.head_dim}){keys}"
-             f"{' causal' if args.causal else ''}, config {_config(args, layouts[0]).tag.rsplit('-', 1)[0]}")
+    if args.compare:
+        refuse(args, ("smem",), "with --compare, which counts all three layouts")
+    plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
+                                                 tuple(f"{FIGURE}.{f}" for f in FORMATS))
+    check_outputs([plot], args.force)
+    base = config_from_args(args)
+    layouts = list(SmemLayout) if args.compare else [base.smem]
+    inputs = random_inputs(args)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal) for s in layouts}
+    b, h, nq, nk, d = problem_shape(args)
+    keys = "" if nk == nq else f", Nk={nk}"
+    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
+             f"config {base.tag.rsplit('-', 1)[0]}")
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
-        meta = {"problem": dataclasses.asdict(problem), "causal": args.causal}
-        print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[layouts[0]]}, indent=1))
+        meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},
+                "config": base.to_json(), "causal": args.causal}
+        print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[base.smem.value]}, indent=1))
     elif args.compare:
         print(bank_tables.format_compare(reports, f"fa banks --compare: {shape}"))
     else:
-        print(bank_tables.format_report(reports[layouts[0]], f"fa banks: {shape}"))
-    if args.plot:
+        print(bank_tables.format_report(reports[base.smem.value], f"fa banks: {shape}"))
+    if plot is not None:
         from ..observers import figures
 
-        for path in figures.save(figures.conflicts_by_class(reports), f"{args.plot}/bank_conflicts_by_class",
-                                 ("png", "svg")):
-            print(f"wrote {path}")
+        for path in save_figure(figures.conflicts_by_class(reports), plot.path / FIGURE, FORMATS):
+            print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,71 +1,201 @@
-"""Arguments and inputs shared by the subcommands that run the kernel on a problem
-(`fa sim`, `fa hw`, `fa compare`): the problem shape, the kernel shape, seeded random inputs."""
+"""Arguments shared by the subcommands that run the kernel (`fa sim`, `trace`, `banks`, `hw`,
+`compare`, `layout`): the problem shape, the kernel config, ranges and refusals.
+
+Config options are generated from KernelConfig's fields (their metadata: meaning, allowed values,
+option name), so a new field is an option of every command and reaches `config_from_args`
+without an edit here. Every option's help states its meaning, default and allowed values.
+
+Values outside their range raise `UsageError` from inside argparse's type call: argparse passes
+any exception that is not a ValueError/TypeError through, so the message keeps our wording and
+names the option, and `fa_sim/cli.py` prints it as one line with exit status 2.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import enum
+import typing
+
 import numpy as np
 
-from ..config import KernelConfig, SmemLayout
+from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..reference import random_inputs as _random_inputs
+from . import UsageError
+from .inputs import check_host_memory
+
+INT32_MAX = 2**31 - 1  # the CUDA kernel takes batch, heads and sequence lengths as int
+SIZE_RANGE = f"1 .. {INT32_MAX}"
+SIZE_ERROR = f"1 .. {INT32_MAX}, the kernel's 32-bit sizes"
+
+
+def describe(meaning: str, default=None, allowed: str | None = None) -> str:
+    """Help text: meaning, then default and allowed values (argparse escapes: %% for %)."""
+    parts = [] if default is None else [f"default {default}"]
+    parts += [] if allowed is None else [allowed]
+    text = f"{meaning} ({'; '.join(parts)})" if parts else meaning
+    return text.replace("%", "%%")
+
+
+def int_in(option: str, lo: int, hi: int | None = None, allowed: str | None = None):
+    """argparse type: an integer in lo..hi (hi None: unbounded); the error names the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise UsageError(f"{option} takes an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            rng = allowed or (f"{lo} .. {hi}" if hi is not None else f"{lo} or more")
+            raise UsageError(f"{option} {text} is out of range; allowed: {rng}")
+        return value
+    return parse
+
+
+def positive_float(option: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{option} takes a number, got {text!r}") from None
+        if not (0 < value < float("inf")):
+            raise UsageError(f"{option} {text} is out of range; allowed: a positive finite number")
+        return value
+    return parse
+
+
+# -- the problem: shapes, causal flag, scale, seed --------------------------------------------------
+PROBLEM_DESTS = ("batch", "heads", "seqlen", "seqlen_k", "head_dim", "seed")
 
 
 def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = True) -> None:
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=heads)
-    p.add_argument("--seqlen", type=int, default=seqlen, help=f"query length Nq (default {seqlen})")
-    p.add_argument("--seqlen-k", type=int, default=None, help="key/value length Nk (default: Nq)")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--causal", action="store_true", help="top-left aligned causal mask (key <= query)")
+    """--batch --heads --seqlen --seqlen-k --causal [--scale] --seed (--head-dim is a config field)."""
+    size = SIZE_RANGE
+    p.add_argument("--batch", type=int_in("--batch", 1, INT32_MAX, SIZE_ERROR), default=1, metavar="B",
+                   help=describe("batch size B", 1, size))
+    p.add_argument("--heads", type=int_in("--heads", 1, INT32_MAX, SIZE_ERROR), default=heads, metavar="H",
+                   help=describe("attention heads H", heads, size))
+    p.add_argument("--seqlen", type=int_in("--seqlen", 1, INT32_MAX, SIZE_ERROR), default=seqlen, metavar="N",
+                   help=describe("query length Nq", seqlen, size))
+    p.add_argument("--seqlen-k", type=int_in("--seqlen-k", 1, INT32_MAX, SIZE_ERROR), default=None, metavar="N",
+                   help=describe("key/value length Nk", "Nq", size))
+    p.add_argument("--causal", action="store_true",
+                   help="top-left aligned causal mask: key k is visible to query q iff k <= q (default off)")
     if scale:
-        p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(d))")
-    p.add_argument("--seed", type=int, default=0)
-
-
-def add_config_arguments(p) -> None:
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--smem", default=SmemLayout.SWIZZLED.value, choices=[s.value for s in SmemLayout])
+        p.add_argument("--scale", type=positive_float("--scale"), default=None, metavar="S",
+                       help=describe("softmax scale s", "1/sqrt(head_dim)", "a positive finite number"))
+    p.add_argument("--seed", type=int_in("--seed", 0), default=0, metavar="N",
+                   help=describe("seed of the standard-normal fp16 inputs (fa_sim.reference.random_inputs)",
+                                 0, "0 or more"))
 
 
 def seqlen_k(args) -> int:
-    """Nk from the arguments (default Nq), after checking every size is at least 1."""
-    nk = args.seqlen if args.seqlen_k is None else args.seqlen_k
-    for name, value in (("batch", args.batch), ("heads", args.heads), ("seqlen", args.seqlen), ("seqlen-k", nk)):
-        if value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
-    return nk
+    """Nk from the arguments (default Nq)."""
+    return args.seqlen if args.seqlen_k is None else args.seqlen_k
+
+
+def problem_shape(args) -> tuple[int, int, int, int, int]:
+    """(B, H, Nq, Nk, d) of the random inputs the options describe."""
+    return args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim
 
 
 def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference)."""
-    return _random_inputs(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
+    refused up front when they cannot fit in this machine's memory."""
+    b, h, nq, nk, d = problem_shape(args)
+    # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
+    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
+    check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
+                      "lower --batch, --heads, --seqlen or --seqlen-k")
+    return _random_inputs(b, h, nq, nk, d, args.seed)
 
 
-def config_from_args(args, head_dim: int | None = None) -> KernelConfig:
-    return KernelConfig(block_m=args.block_m, block_n=args.block_n, n_warps=args.warps, smem=args.smem,
-                        head_dim=args.head_dim if head_dim is None else head_dim)
+# -- the kernel config, generated from KernelConfig's fields ------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ConfigOption:
+    field: dataclasses.Field
+    option: str
+    hint: type
+
+    @property
+    def dest(self) -> str:
+        return self.field.name
+
+    @property
+    def default(self):
+        d = self.field.default
+        return d.value if isinstance(d, enum.Enum) else d
+
+    @property
+    def choices(self) -> tuple | None:
+        if isinstance(self.hint, type) and issubclass(self.hint, enum.Enum):
+            return tuple(m.value for m in self.hint)
+        return self.field.metadata.get(FIELD_CHOICES)
+
+    def parse(self, text: str):
+        """argparse type: a value of the field's type among its allowed values."""
+        value = text.lower()
+        if self.hint in (int, float):
+            kind = "an integer" if self.hint is int else "a number"
+            try:
+                value = int(text, 10) if self.hint is int else float(text)
+            except ValueError:
+                raise UsageError(f"{self.option} takes {kind}, got {text!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise UsageError(f"{self.option} {text}: {self.dest}={value!r} is not one of "
+                             f"({', '.join(map(str, self.choices))})")
+        return value
+
+    def help(self) -> str:
+        meaning = self.field.metadata.get(FIELD_HELP, f"KernelConfig.{self.dest}")
+        allowed = None if self.choices is None else "one of " + ", ".join(map(str, self.choices))
+        return describe(meaning, self.default, allowed)
 
 
-def load_npz(path, names=("q", "k", "v")) -> dict[str, np.ndarray]:
-    """The named arrays of an .npz file; a missing or unreadable file or array is a ValueError."""
-    try:
-        with np.load(path) as data:
-            missing = [n for n in names if n not in data]
-            if missing:
-                raise ValueError(f"{path} lacks array(s) {', '.join(missing)} (needs {', '.join(names)})")
-            return {n: data[n] for n in names}
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
+def config_options() -> tuple[ConfigOption, ...]:
+    hints = typing.get_type_hints(KernelConfig)
+    return tuple(ConfigOption(f, f.metadata.get(FIELD_OPTION) or "--" + f.name.replace("_", "-"), hints[f.name])
+                 for f in dataclasses.fields(KernelConfig))
 
 
-def load_qkv(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v [B, H, N, d] from an .npz; a missing array or one of another rank is a ValueError."""
-    data = load_npz(path)
-    for name, x in data.items():
-        if x.ndim != 4:
-            raise ValueError(f"{path}: {name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {x.shape}")
-    return data["q"], data["k"], data["v"]
+def add_config_arguments(p) -> None:
+    """One option per KernelConfig field (bool fields as --x / --no-x)."""
+    group = p.add_argument_group("kernel config (fa_sim.KernelConfig; combinations are checked together)")
+    for opt in config_options():
+        if opt.hint is bool:
+            meaning = opt.field.metadata.get(FIELD_HELP, f"KernelConfig.{opt.dest}")
+            group.add_argument(opt.option, dest=opt.dest, action=argparse.BooleanOptionalAction, default=opt.default,
+                               help=describe(meaning, "on" if opt.default else "off"))
+        else:
+            metavar = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else opt.dest.upper()
+            group.add_argument(opt.option, dest=opt.dest, type=opt.parse, default=opt.default, metavar=metavar,
+                               help=opt.help())
+
+
+def config_from_args(args, **override) -> KernelConfig:
+    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file)."""
+    values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
+    return KernelConfig(**{**values, **override})
+
+
+# -- options that do not apply ---------------------------------------------------------------------
+def option_name(dest: str) -> str:
+    for opt in config_options():
+        if opt.dest == dest:
+            return opt.option
+    return "--" + dest.replace("_", "-")
+
+
+def explicit(args) -> frozenset[str]:
+    """Destinations given on the command line (fa_sim/cli.py sets args.explicit)."""
+    return getattr(args, "explicit", frozenset())
+
+
+def refuse(args, dests, reason: str) -> None:
+    """UsageError if any of `dests` was given explicitly: '--seqlen does not apply <reason>'."""
+    given = [option_name(d) for d in dests if d in explicit(args)]
+    if given:
+        verb = "does" if len(given) == 1 else "do"
+        raise UsageError(f"{', '.join(given)} {verb} not apply {reason}")
 
 
 def parse_ops(text: str | None):
@@ -77,5 +207,5 @@ def parse_ops(text: str | None):
     names = [t.strip().upper() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in Op.__members__]
     if bad:
-        raise ValueError(f"unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
+        raise UsageError(f"--ops: unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
     return frozenset(Op[n] for n in names)

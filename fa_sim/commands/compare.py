@@ -6,20 +6,35 @@ checkpoint the fraction of bit-identical values, the largest difference in ulps 
 documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and LSE statistics.
 Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
-`--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer) in an .npz; `--gpu-npz FILE`
+`--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
+KernelConfig JSON, causal flag, scale) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
 compares against such a file instead of launching, so the comparison runs on machines without a
-GPU. `--banks` sets the simulator's shared-memory counts beside Nsight Compute's (needs ncu).
+GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
+with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
+simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
+from ..config import KernelConfig
 from ..crosscheck import build_report, format_report, simulate_with_checkpoints
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, random_inputs
+from ..reference import random_inputs as reference_inputs
+from . import UsageError
+from .common import (add_config_arguments, add_problem_arguments, config_from_args, config_options, explicit,
+                     option_name, random_inputs, refuse)
+from .inputs import load_npz
+from .outputs import Kind, Output, atomic_path, check_outputs
+
+FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
+ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
 
 
 def register(subparsers) -> None:
@@ -27,60 +42,135 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
-    p.add_argument("--ctas", default=None, help="comma-separated linear CTA ids to checkpoint (default: first,last)")
-    p.add_argument("--save", metavar="FILE", default=None, help="save the GPU side to an .npz")
-    p.add_argument("--gpu-npz", metavar="FILE", default=None, help="compare against a saved GPU run (no GPU needed)")
-    p.add_argument("--banks", action="store_true", help="bank conflicts: simulator beside Nsight Compute")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--ctas", default=None,
+                   help="comma-separated linear CTA ids to checkpoint (default: the first and the last)")
+    p.add_argument("--save", metavar="FILE", default=None,
+                   help="save the GPU side to FILE (.npz) for later --gpu-npz runs (default: not saved)")
+    p.add_argument("--gpu-npz", metavar="FILE", default=None,
+                   help="compare against a saved GPU run instead of launching: no GPU needed (default: launch)")
+    p.add_argument("--banks", action="store_true", help="bank conflicts: simulator beside Nsight Compute (needs ncu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --save file (default: refuse)")
     p.set_defaults(func=run)
 
 
-def _ctas(text, n_ctas: int) -> list[int]:
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """A saved GPU run (fa compare --save)."""
+
+    path: Path
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    checkpoints: np.ndarray  # [cta_sel, checkpoint, round, thread, word] uint32
+    ctas: tuple[int, ...]
+    config: KernelConfig
+    causal: bool
+    scale: float
+
+
+def _recorded_config(data: dict, path) -> KernelConfig:
+    """`config_json` (KernelConfig.to_json) where the recording has it; else its tag, which is
+    all that recordings made before it hold."""
+    text = str(data["config_json"] if "config_json" in data else data["config"])
+    try:
+        if "config_json" in data:
+            return KernelConfig.from_json(text)
+        return {c.tag: c for c in KernelConfig.family()}[text]
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"--gpu-npz {path}: its config {text!r} is not one this version accepts ({exc})") from None
+
+
+def load_recording(path) -> Recording:
+    """A saved GPU run; bad files are one UsageError naming --gpu-npz and the file."""
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json",))
+    return Recording(Path(path), data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
+                     tuple(int(c) for c in np.ravel(data["ctas"])), _recorded_config(data, path),
+                     bool(data["causal"]), float(data["scale"]))
+
+
+def _given(dest: str, value) -> str:
+    """How a value reads as options: '--seqlen 128', '--causal on'."""
+    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    return f"{option_name(dest)} {shown}"
+
+
+def _check_against(args, rec: Recording) -> None:
+    """Refuse explicit options that disagree with what the file recorded."""
+    refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
+    b, h, nq, d = rec.q.shape
+    recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
+                "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
+    for dest, value in recorded.items():
+        mine = getattr(args, dest)
+        if dest in explicit(args) and mine != value:
+            raise UsageError(f"{_given(dest, mine)} disagrees with --gpu-npz {rec.path}, recorded with "
+                             f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag "
+                             f"and scale)")
+    if "seed" in explicit(args):
+        again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed)
+        if not all(np.array_equal(x, y) for x, y in zip(again, (rec.q, rec.k, rec.v))):
+            raise UsageError(f"--seed {args.seed}: the inputs in --gpu-npz {rec.path} are not the random inputs "
+                             f"of this seed; drop --seed (the file holds its inputs)")
+
+
+def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
     if text is None:
-        return sorted({0, n_ctas - 1})
+        return list(allowed) if allowed is not None else sorted({0, n_ctas - 1})
     try:
         ctas = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"--ctas takes comma-separated integers, got {text!r}") from None
+        raise UsageError(f"--ctas takes comma-separated integers, got {text!r}") from None
     if not ctas or any(not 0 <= c < n_ctas for c in ctas) or len(set(ctas)) != len(ctas):
-        raise ValueError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}, got {text!r}")
+        raise UsageError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}, got {text!r}")
+    if allowed is not None and not set(ctas) <= set(allowed):
+        raise UsageError(f"--ctas {text}: the recording holds checkpoints of CTAs {list(allowed)} only")
     return ctas
 
 
-def _gpu_side(args, q, k, v, config, ctas):
-    """(o, lse, checkpoint buffer, scale) from the GPU or from a saved run."""
-    if args.gpu_npz is not None:
-        data = load_npz(args.gpu_npz, ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale"))
-        for name, mine in (("q", q), ("k", k), ("v", v)):
-            if data[name].shape != mine.shape or not np.array_equal(data[name], mine):
-                raise ValueError(f"{args.gpu_npz} was recorded on other inputs ({name} differs); "
-                                 f"pass the same shape/--seed options it was saved with")
-        if list(data["ctas"]) != list(ctas) or str(data["config"]) != config.tag or bool(data["causal"]) != args.causal:
-            raise ValueError(f"{args.gpu_npz} holds config {data['config']}, causal={bool(data['causal'])}, "
-                             f"CTAs {list(data['ctas'])}: pass the same options")
-        return data["o"], data["lse"], data["checkpoints"], float(data["scale"])
+def _replay(args):
+    rec = load_recording(args.gpu_npz)
+    _check_against(args, rec)
+    b, h, nq, _ = rec.q.shape
+    ctas = _ctas(args.ctas, -(-nq // rec.config.block_m) * b * h, rec.ctas)
+    rows = [rec.ctas.index(c) for c in ctas]
+    return (rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale)
+
+
+def _launch(args, save: Output | None):
     import fa_hw
 
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
-    if args.save is not None:
-        np.savez_compressed(args.save, q=q, k=k, v=v, o=out.o, lse=out.lse, checkpoints=out.checkpoints,
-                            ctas=np.asarray(ctas), config=config.tag, causal=args.causal, scale=out.scale)
-    return out.o, out.lse, out.checkpoints, out.scale
-
-
-def run(args) -> int:
     q, k, v = random_inputs(args)
     config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, -(-nq // config.block_m) * b * h)
-    o, lse, gpu_buf, scale = _gpu_side(args, q, k, v, config, ctas)
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, args.causal, scale, config, ctas)
-    report = build_report(q, k, v, args.causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
+    if save is not None:
+        with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
+            np.savez_compressed(f, q=q, k=k, v=v, o=out.o, lse=out.lse, checkpoints=out.checkpoints,
+                                ctas=np.asarray(ctas), config=config.tag, config_json=json.dumps(config.to_json()),
+                                causal=args.causal, scale=out.scale)
+        print(f"wrote {save.path}", file=sys.stderr)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
+
+
+def run(args) -> int:
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
+    if args.gpu_npz is not None:
+        (q, k, v), config, causal, ctas, gpu = _replay(args)
+    else:
+        check_outputs([save], args.force)
+        (q, k, v), config, causal, ctas, gpu = _launch(args, save)
+    o, lse, gpu_buf, scale = gpu
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas)
+    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison
 
-        banks = bank_comparison(q, k, v, args.causal, scale, config)
+        banks = bank_comparison(q, k, v, causal, scale, config)
     if args.json:
         obj = report.to_json()
         if banks is not None:

@@ -122,8 +122,8 @@ def register(subparsers) -> None:
         "explain", help="the spec's two-round worked example with exact fractions",
         description="Replay the spec's worked example (s = ln 2, figures 4-10, table 1) round by round "
                     "in exact fractions; --causal for figure 12.")
-    p.add_argument("--causal", action="store_true", help="the causal variant (figure 12)")
+    p.add_argument("--causal", action="store_true", help="the causal variant (figure 12) (default off)")
     p.add_argument("--block-n", type=_positive, default=SPEC_EXAMPLE.block_n,
-                   help=f"keys per K/V round (spec: {SPEC_EXAMPLE.block_n})")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+                   help=f"keys per K/V round (default {SPEC_EXAMPLE.block_n}, the spec's B_c; 1 or more)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.set_defaults(func=run)

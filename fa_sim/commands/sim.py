@@ -1,12 +1,14 @@
 """`fa sim`: run the simulator on random or given inputs and measure it against float64.
 
 Random inputs (standard normal, fp16) come from --batch --heads --seqlen --seqlen-k --head-dim
---seed; `--npz FILE` reads q, k, v ([B, H, N, d]) instead. The kernel shape comes from --block-m
---block-n --warps --smem (the head dim from the inputs). Prints the relative Frobenius error of O
-and the max abs LSE error against fa_sim.reference.attention, warp-instruction counts per class
-and wall time; `--json` prints one object {rel_err_o, max_abs_err_lse, seconds, instructions}.
-`--check-hazards` attaches the shared-memory hazard checker (fa_sim.observers.hazards), prints
-its report (JSON: an extra key "hazards") and exits 1 when it finds any.
+--seed; `--npz FILE` reads q, k, v ([B, H, N, d]) instead, and the shape options are then
+refused (the file fixes the shape and the head dim). The kernel shape comes from --block-m
+--block-n --warps --smem. Sizes whose inputs cannot fit in this machine's memory are refused up
+front. Prints the relative Frobenius error of O and the max abs LSE error against
+fa_sim.reference.attention, warp-instruction counts per class and wall time; `--json` prints one
+object {rel_err_o, max_abs_err_lse, seconds, instructions}. `--check-hazards` attaches the
+shared-memory hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key
+"hazards") and exits 1 when it finds any.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 from ..events import COUNTED_OPS
 from ..reference import attention
 from ..simulate import SimResult, simulate
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_qkv, random_inputs
+from .common import PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, random_inputs, refuse
+from .inputs import load_qkv
 
 
 def register(subparsers) -> None:
@@ -27,17 +30,22 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
-    p.add_argument("--npz", metavar="FILE", default=None, help=".npz with arrays q, k, v [B, H, N, d]")
+    p.add_argument("--npz", metavar="FILE", default=None,
+                   help="inputs from an .npz with arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez) "
+                        "instead of random ones (default: random)")
     p.add_argument("--mma", default="exact", choices=["exact", "h200"],
-                   help="tensor-core accumulation: exact sum rounded once (fast) or the H200's (bit-exact)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--check-hazards", action="store_true", help="report shared-memory races (exit 1 if any)")
+                   help="tensor-core accumulation: exact sum rounded once (fast) or the H200's fitted model "
+                        "(bit-exact, about 50x slower) (default exact; one of exact, h200)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--check-hazards", action="store_true",
+                   help="attach the shared-memory hazard checker; exit 1 if it finds any race")
     p.set_defaults(func=run)
 
 
 def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if args.npz is not None:
-        return load_qkv(args.npz)
+        refuse(args, PROBLEM_DESTS, "with --npz: the file's q, k, v fix the shape")
+        return load_qkv(args.npz, "--npz")
     return random_inputs(args)
 
 
@@ -53,7 +61,7 @@ def errors(res: SimResult, q, k, v) -> tuple[float, float]:
 def run(args) -> int:
     q, k, v = _inputs(args)
     d = np.shape(q)[-1] if args.npz is not None else args.head_dim
-    config = config_from_args(args, head_dim=d)
+    config = config_from_args(args, head_dim=int(d))
     checker = None
     if args.check_hazards:
         from ..observers.hazards import HazardChecker  # the simulator core does not need the observers

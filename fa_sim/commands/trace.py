@@ -1,54 +1,125 @@
 """`fa trace`: one lane's story through one round: every instruction it executed, the tile
 coordinates, byte addresses and banks it touched, the values it received, its shuffle partners,
-and its S, m, l, P~ and O slots at their (query, key) / (query, d) coordinates."""
+and its S, m, l, P~ and O slots at their (query, key) / (query, d) coordinates.
+
+The CTA, warp, lane (or thread) and round are checked against the grid before the simulation
+runs: a round the CTA does not execute is refused with the rounds it does run and why (Nk in
+blocks of block_n; under --causal a CTA stops after the block holding its last query).
+`--save DIR` writes the trace archive (traces/README.md), `--perfetto FILE` Chrome/Perfetto
+trace-event JSON: both are checked before the simulation (an existing file is refused unless
+--force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-import numpy as np
+from ..config import WARP_SIZE
+from ..kernels import Problem
+from .common import (PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, int_in,
+                     parse_ops, problem_shape, random_inputs, refuse)
+from .inputs import load_qkv
+from .outputs import Kind, Output, check_outputs, save_directory, write_text
+from . import UsageError
 
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_qkv, parse_ops, seqlen_k
+ARCHIVE_FILES = ("manifest.json", "arrays.npz")  # fa_sim.observers.trace_io.save_trace
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="one lane through one round, instruction by instruction",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cta", type=int, default=0, help="linear CTA id (m_block + n_m_blocks * batch_head)")
-    p.add_argument("--warp", type=int, default=0)
-    p.add_argument("--lane", type=int, default=0)
-    p.add_argument("--thread", type=int, help="thread id in the CTA (overrides --warp/--lane)")
-    p.add_argument("--round", type=int, default=0, help="K/V iteration t")
+    p.add_argument("--cta", type=int_in("--cta", 0), default=0,
+                   help="linear CTA id, m_block + ceil(Nq/block_m) * (batch * H + head) (default 0; 0 .. CTAs-1)")
+    p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
+    p.add_argument("--lane", type=int_in("--lane", 0), default=0, help="lane of the warp (default 0; 0 .. 31)")
+    p.add_argument("--thread", type=int_in("--thread", 0), default=None,
+                   help="thread of the CTA, 32 * warp + lane, instead of --warp/--lane (default: by --warp/--lane; "
+                        "0 .. 32 * warps - 1)")
+    p.add_argument("--round", type=int_in("--round", 0), default=0,
+                   help="K/V iteration t (default 0; 0 .. the CTA's rounds - 1)")
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
-    p.add_argument("--input", metavar="NPZ", help="q, k, v arrays instead of random normal inputs")
-    p.add_argument("--ops", help="comma-separated instruction classes to keep, e.g. LDSM,SHFL")
-    p.add_argument("--json", action="store_true", help="print the story as JSON")
-    p.add_argument("--save", metavar="DIR", help="also write the trace archive (manifest.json + arrays.npz)")
-    p.add_argument("--perfetto", metavar="FILE", help="also write Chrome/Perfetto trace-event JSON")
+    p.add_argument("--input", metavar="NPZ", default=None,
+                   help="q, k, v from an .npz (numpy.savez) instead of random normal inputs (default: random)")
+    p.add_argument("--ops", default=None,
+                   help="comma-separated instruction classes to keep, e.g. LDSM,SHFL (default: all)")
+    p.add_argument("--json", action="store_true", help="print the story as JSON instead of the table")
+    p.add_argument("--save", metavar="DIR", default=None,
+                   help="also write the trace archive (manifest.json + arrays.npz) into DIR, created if missing "
+                        "(default: none)")
+    p.add_argument("--perfetto", metavar="FILE", default=None,
+                   help="also write Chrome/Perfetto trace-event JSON to FILE, for ui.perfetto.dev (default: none)")
+    p.add_argument("--force", action="store_true", help="overwrite existing output files (default: refuse)")
     p.set_defaults(func=run)
+
+
+def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
+    """Why round `rnd` is not one CTA `cta` runs (SCHEDULE.md's n_block_max), or None."""
+    cfg, m_block = prob.config, cta % prob.n_m_blocks
+    n = int(prob.n_block_max(m_block))
+    if rnd < n:
+        return None
+    runs = "round 0 only" if n == 1 else f"rounds 0..{n - 1}"
+    if n < prob.n_rounds:  # causal: the block holding the CTA's last query ends the loop
+        last = (m_block + 1) * cfg.block_m - 1
+        why = (f"under --causal its queries {m_block * cfg.block_m}..{last} see keys 0..{last} only "
+               f"(block_n = {cfg.block_n}); CTAs of later query blocks run up to {prob.n_rounds} rounds")
+    else:
+        why = f"Nk = {prob.seqlen_k} keys in blocks of block_n = {cfg.block_n}"
+    return UsageError(f"--round {rnd} is not a round of CTA {cta}: it runs {runs}; {why}")
+
+
+def _check_selection(args, prob: Problem) -> tuple[int, int]:
+    """(warp, lane) after checking CTA, warp, lane, thread and round against the grid."""
+    cfg = prob.config
+    if args.cta >= prob.n_ctas:
+        raise UsageError(f"--cta {args.cta} is outside the grid: {prob.n_ctas} CTAs, 0..{prob.n_ctas - 1}")
+    if args.thread is not None:
+        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
+        if args.thread >= cfg.n_threads:
+            raise UsageError(f"--thread {args.thread} is outside the CTA: {cfg.n_threads} threads "
+                             f"({cfg.n_warps} warps), 0..{cfg.n_threads - 1}")
+        warp, lane = divmod(args.thread, WARP_SIZE)
+    else:
+        warp, lane = args.warp, args.lane
+        if warp >= cfg.n_warps:
+            raise UsageError(f"--warp {warp} is outside the CTA: {cfg.n_warps} warps, 0..{cfg.n_warps - 1}")
+        if lane >= WARP_SIZE:
+            raise UsageError(f"--lane {lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    error = _round_error(prob, args.cta, args.round)
+    if error is not None:
+        raise error
+    return warp, lane
 
 
 def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
 
-    cfg = config_from_args(args)
-    warp, lane = (args.thread // 32, args.thread % 32) if args.thread is not None else (args.warp, args.lane)
+    if args.input is not None:
+        refuse(args, PROBLEM_DESTS, "with --input: the file's q, k, v fix the shape")
+        inputs = load_qkv(args.input, "--input")
+        cfg = config_from_args(args, head_dim=int(inputs[0].shape[-1]))
+    else:
+        cfg = config_from_args(args)
+        inputs = None
     ops = parse_ops(args.ops)
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
+    perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
+    check_outputs([save, perfetto], args.force)
+    b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
+    warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
+    if inputs is None:
+        inputs = random_inputs(args)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    problem = runs.Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim, args.seed)
-    inputs = load_qkv(args.input) if args.input else None
-    n_ctas = -(-np.shape(inputs[0])[2] // cfg.block_m) * int(np.prod(np.shape(inputs[0])[:2])) if inputs else \
-        -(-args.seqlen // cfg.block_m) * args.batch * args.heads
-    if not 0 <= args.cta < n_ctas:
-        raise ValueError(f"--cta {args.cta} is outside the grid of {n_ctas} CTAs (0..{n_ctas - 1})")
-    tr = runs.run_trace(cfg, filt, problem, args.causal, inputs)
+    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
-    if args.save:
-        print(f"wrote {trace_io.save_trace(tr, args.save)}")
-    if args.perfetto:
-        print(f"wrote {trace_io.save_perfetto(tr, args.perfetto)}")
+    if save is not None:
+        print(f"wrote {save_directory(save.path, lambda tmp: trace_io.save_trace(tr, tmp))}", file=sys.stderr)
+    if perfetto is not None:
+        print(f"wrote {write_text(perfetto.path, json.dumps(trace_io.to_perfetto(tr)))}", file=sys.stderr)
     return 0

@@ -170,10 +170,10 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
     for h in range(-1, n_h):
         nxt = h + 1
         if nxt < n_h:
-            tCrQ[nxt] = m.ldmatrix(S.ldsm_q[nxt], plan.ldsm_q[nxt], 4, False, "tCrQ")  # [k, W, L, MI, 4]
+            tCrQ[nxt] = m.ldmatrix(S.ldsm_q[nxt], plan.ldsm_q[nxt].smem, 4, False, "tCrQ")  # [k, W, L, MI, 4]
             if nxt == 0 and after_first_load is not None:
                 after_first_load()
-            regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt], 4, False, "tCrK")  # [k, W, L, NJ/2, 4]
+            regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt].smem, 4, False, "tCrK")  # [k, W, L, NJ/2, 4]
             tCrK[nxt] = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJ, 2]
         if h >= 0:
             tCrS = m.mma(S.mma_qk[h], tCrQ[h], tCrK[h], tCrS)
@@ -186,7 +186,7 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
     S = plan.sites
     k, w, l, _, mi, _ = tCrP.shape
     for h in range(plan.config.pv_k_segments):
-        regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h], 4, True, "tCrV")  # [k, W, L, d/16, 4]
+        regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
         if h == 0 and after_first_load is not None:
             after_first_load()
         tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]

@@ -65,26 +65,25 @@ def _block_origin(config: KernelConfig, gemm: Gemm, op: Operand, atom, h) -> tup
     return mma.tv(op)(warp0, value)
 
 
-def _ldsm(config: KernelConfig, tile: Tile, which: Ldsm, row0, col0) -> SmemLanes:
+def _ldsm(config: KernelConfig, tile: Tile, which: Ldsm, row0, col0) -> TileLanes:
     lane = np.arange(WARP_SIZE)[None, :, None]
     idx = which.addr(lane)  # r + 16 c inside the 16x16 block
-    out = _tile_lanes(config, tile, 16, row0 + idx % 16, col0 + idx // 16)
-    return out.smem
+    return _tile_lanes(config, tile, 16, row0 + idx % 16, col0 + idx // 16)
 
 
-def ldsm_q(config: KernelConfig, h: int) -> SmemLanes:
+def ldsm_q(config: KernelConfig, h: int) -> TileLanes:
     mi = np.arange(config.m_repeats)[None, None, :]
     r0, c0 = _block_origin(config, Gemm.QK, Operand.A, mi, h)  # [W, 1, MI]
     return _ldsm(config, Tile.SQ, Ldsm.Q, r0, c0)
 
 
-def ldsm_k(config: KernelConfig, h: int) -> SmemLanes:
+def ldsm_k(config: KernelConfig, h: int) -> TileLanes:
     p = np.arange(config.block_n // 16)[None, None, :]
     n0, k0 = _block_origin(config, Gemm.QK, Operand.B, 2 * p, h)  # (key, d) of atoms 2p
     return _ldsm(config, Tile.SK, Ldsm.K, n0, k0)
 
 
-def ldsm_v(config: KernelConfig, h: int) -> SmemLanes:
+def ldsm_v(config: KernelConfig, h: int) -> TileLanes:
     p = np.arange(config.head_dim // 16)[None, None, :]
     n0, k0 = _block_origin(config, Gemm.PV, Operand.B, 2 * p, h)  # (d, key) of atoms 2p
     return _ldsm(config, Tile.SV, Ldsm.V_TRANS, k0, n0)  # stored [key][d], read with .trans
@@ -115,9 +114,9 @@ class KernelPlan:
     sites: Sites
     copy_q: TileLanes  # [W, L, block_m / rows_per_pass]
     copy_kv: tuple[TileLanes, TileLanes]  # sK, sV tiles
-    ldsm_q: tuple[SmemLanes, ...]  # per h, R = m_repeats
-    ldsm_k: tuple[SmemLanes, ...]  # per h, R = block_n / 16
-    ldsm_v: tuple[SmemLanes, ...]  # per h, R = head_dim / 16
+    ldsm_q: tuple[TileLanes, ...]  # per h, R = m_repeats: the row address each lane supplies
+    ldsm_k: tuple[TileLanes, ...]  # per h, R = block_n / 16
+    ldsm_v: tuple[TileLanes, ...]  # per h, R = head_dim / 16
     s_row: np.ndarray  # [W, L, NJ, MI, 4] tile row of each tCrS element
     s_col: np.ndarray  # [W, L, NJ, MI, 4] tile col (key in the block)
     slot_row: np.ndarray  # [W, L, MI, 2] tile row of each rRowMax / rRowSum slot

@@ -13,7 +13,8 @@ ncu metrics this mirrors, per SASS class:
   LDS   smsp__sass_inst_executed_op_shared_ld.sum, ..._wavefronts_mem_shared_op_ld.sum
   STS   smsp__sass_inst_executed_op_shared_st.sum, ..._wavefronts_mem_shared_op_st.sum
   LDGSTS smsp__inst_executed_op_ldgsts.sum; ncu never calls its cost a bank conflict (its shared
-        side shows in ..._op_ldgsts_cache_bypass wavefronts), so it is reported apart.
+        side shows in ..._op_ldgsts_cache_bypass wavefronts), so its wavefronts - ideal are
+        reported apart, as "excess_wavefronts" (JSON) and outside the conflict column (tables).
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ class SmemClass(enum.Enum):
 
 #: Classes whose excess wavefronts ncu calls bank conflicts.
 CONFLICT_CLASSES = (SmemClass.LDSM, SmemClass.LDS, SmemClass.STS)
+EXCESS_WAVEFRONTS = "excess_wavefronts"  # LDGSTS: wavefronts - ideal, which ncu does not call conflicts
 SMEM_OPS = frozenset({Op.LDSM, Op.LDS, Op.STS, Op.LDGSTS})
 ROUND_NAMES = {ROUND_PROLOGUE: "prologue", ROUND_EPILOGUE: "epilogue"}
+
+
+def excess_name(cls: "SmemClass | None") -> str:
+    """JSON name of wavefronts - ideal for class `cls` (None: a sum over the conflict classes)."""
+    return EXCESS_WAVEFRONTS if cls is SmemClass.LDGSTS else "conflicts"
 
 
 def bank_of(addr) -> np.ndarray:
@@ -115,9 +122,11 @@ class Counts:
         return Counts(self.instructions + other.instructions, self.wavefronts + other.wavefronts,
                       self.ideal + other.ideal)
 
-    def to_json(self) -> dict:
+    def to_json(self, cls: "SmemClass | None" = None) -> dict:
+        """The counts of class `cls`; the excess over ideal is named "conflicts" where Nsight
+        Compute calls it bank conflicts, "excess_wavefronts" for LDGSTS, where it does not."""
         return {"instructions": self.instructions, "wavefronts": self.wavefronts,
-                "ideal": self.ideal, "conflicts": self.conflicts}
+                "ideal": self.ideal, excess_name(cls): self.conflicts}
 
 
 @dataclass(frozen=True)
@@ -272,13 +281,13 @@ class BankReport:
     def to_json(self) -> dict:
         phases: dict = {}
         for (phase, cls), counts in self.group("phase", "cls").items():
-            phases.setdefault(str(phase), {})[cls.value] = counts.to_json()
+            phases.setdefault(str(phase), {})[cls.value] = counts.to_json(cls)
         rounds: dict = {}
         for (rnd, cls), counts in self.group("round", "cls").items():
-            rounds.setdefault(ROUND_NAMES.get(rnd, str(rnd)), {})[cls.value] = counts.to_json()
+            rounds.setdefault(ROUND_NAMES.get(rnd, str(rnd)), {})[cls.value] = counts.to_json(cls)
         return {
             "smem": self.smem,
-            "classes": {c.value: v.to_json() for c, v in self.by_class().items()},
+            "classes": {c.value: v.to_json(c) for c, v in self.by_class().items()},
             "phases": phases,
             "rounds": rounds,
             "total": self.total().to_json(),

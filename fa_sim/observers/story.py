@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoints import Checkpoint
-from ..config import KernelConfig, SmemLayout
+from ..config import KernelConfig
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from ..kernels.labels import Phase, Tile
 from . import lanemaps
@@ -88,8 +88,7 @@ class LaneStory:
 
 
 def config_of(launch: dict) -> KernelConfig:
-    c = launch["config"]
-    return KernelConfig(c["block_m"], c["block_n"], c["head_dim"], c["n_warps"], SmemLayout(c["smem"]))
+    return KernelConfig.from_json(launch["config"])
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:

@@ -172,10 +172,7 @@ def launch_json(launch: LaunchInfo) -> dict:
            "smem_bytes": launch.smem_bytes, "n_ctas": launch.n_ctas}
     if launch.problem is not None:
         p = launch.problem
-        cfg = p.config
-        config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "head_dim": cfg.head_dim,
-                  "n_warps": cfg.n_warps, "smem": cfg.smem.value}
-        out |= {"config": config, "batch": p.batch, "heads": p.heads, "seqlen_q": p.seqlen_q,
+        out |= {"config": p.config.to_json(), "batch": p.batch, "heads": p.heads, "seqlen_q": p.seqlen_q,
                 "seqlen_k": p.seqlen_k, "causal": bool(p.causal), "scale": float(p.scale),
                 "n_m_blocks": launch.n_m_blocks}
     return out

@@ -1,0 +1,101 @@
+"""Input files and sizes of the `fa` commands, checked before any long work.
+
+`load_npz` reads only what numpy.savez writes: a zip archive of plain numeric arrays, never
+pickled objects (loading a pickle can run arbitrary code). Anything else - a missing, truncated
+or corrupt file, a single .npy array, a pickle, an object array - is one UsageError naming the
+option, the file, what is wrong and what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from . import UsageError
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end record
+PICKLE_PROTO = b"\x80"  # pickle protocol 2 and later start with PROTO
+QKV = "arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez(FILE, q=q, k=k, v=v))"
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_host_memory(need: int, shape: str, what: str, fix: str) -> None:
+    """UsageError when `need` bytes exceed the machine's physical memory."""
+    have = host_memory_bytes()
+    if have is not None and need > have:
+        raise UsageError(f"{shape}: {what} alone need {gib(need)}, more than this machine's {gib(have)} of "
+                         f"memory; {fix}")
+
+
+def _refuse(option: str, path, problem: str, accepted: str) -> UsageError:
+    return UsageError(f"{option} {path}: {problem}; {option} takes an .npz archive holding {accepted}")
+
+
+def _sniff(option: str, path: Path, accepted: str) -> None:
+    """Refuse what is not a zip archive before numpy guesses at it."""
+    if not path.exists():
+        raise _refuse(option, path, "no such file", accepted)
+    if path.is_dir():
+        raise _refuse(option, path, "is a directory", accepted)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise _refuse(option, path, f"cannot be read ({exc.strerror})", accepted) from None
+    if head.startswith(NPY_MAGIC):
+        raise _refuse(option, path, "is a single .npy array, not an .npz archive", accepted)
+    if head.startswith(PICKLE_PROTO):
+        raise _refuse(option, path, "is a pickle file, which is never loaded (it could run code)", accepted)
+    if not head.startswith(ZIP_MAGICS):
+        raise _refuse(option, path, "is not an .npz archive (not a zip file)" if head else "is empty", accepted)
+
+
+def load_npz(path, names, option: str, accepted: str, optional=()) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file, and those of `optional` it holds (module docstring)."""
+    path = Path(path)
+    _sniff(option, path, accepted)
+    out = {}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [n for n in names if n not in data.files]
+            if missing:
+                raise _refuse(option, path, f"lacks array(s) {', '.join(missing)}", accepted)
+            for name in [*names, *(n for n in optional if n in data.files)]:
+                try:
+                    out[name] = data[name]
+                except ValueError as exc:
+                    if "allow_pickle" not in str(exc):
+                        raise
+                    raise _refuse(option, path, f"array {name} holds Python objects, which are never loaded",
+                                  accepted) from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _refuse(option, path, f"is truncated or corrupt ({type(exc).__name__}: {exc})", accepted) from None
+    return out
+
+
+def load_qkv(path, option: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v [B, H, N, d] of numeric dtype from an .npz."""
+    data = load_npz(path, ("q", "k", "v"), option, QKV)
+    for name, x in data.items():
+        if x.ndim != 4:
+            raise _refuse(option, path, f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape "
+                                        f"{x.shape}", QKV)
+        if x.dtype.kind not in "fiu":
+            raise _refuse(option, path, f"{name} has dtype {x.dtype}, not a number type", QKV)
+    return data["q"], data["k"], data["v"]
