@@ -45,6 +45,20 @@ for s in $STEPS; do case $s in
     step memcheck 200 "$SAN" --tool memcheck --error-exitcode 3 python -m fa_hw.sanitize
     step racecheck 300 "$SAN" --tool racecheck --error-exitcode 3 python -m fa_hw.sanitize ;;
   bench) TAIL=40 step bench 300 python experiments/bench_hw.py --out "$W" --warmup 10 --reps 30 --diagnose ;;
+  sfu) TAIL=40 step sfu 400 python experiments/sfu_probe.py run --out "$W/sfu" ;;
+  profile)  # Nsight Compute's full set on one launch each: the seed kernel, a d=128 config, SDPA flash
+    mkdir -p "$W/ncu"
+    for spec in "seed||" "d128|--shape 4,16,4096,128 --config {\"block_m\":128,\"block_n\":32,\"head_dim\":128}|" \
+                "seed_causal|--causal|"; do
+      IFS='|' read -r name extra _ <<< "$spec"
+      eval "step ncu_$name 240 '$NCU' --set full -k regex:fa2_fwd_kernel -c 1 -f -o '$W/ncu/$name' python experiments/ncu_profile.py fa_hw $extra"
+      "$NCU" --import "$W/ncu/$name.ncu-rep" --page details --csv > "$W/ncu/$name.csv" 2>&1
+    done
+    step ncu_flash 240 "$NCU" --set full -k regex:flash -c 1 -f -o "$W/ncu/flash" python experiments/ncu_profile.py sdpa
+    "$NCU" --import "$W/ncu/flash.ncu-rep" --page details --csv > "$W/ncu/flash.csv" 2>&1
+    step ncu_flash128 240 "$NCU" --set full -k regex:flash -c 1 -f -o "$W/ncu/flash128" python experiments/ncu_profile.py sdpa --shape 4,16,4096,128
+    "$NCU" --import "$W/ncu/flash128.ncu-rep" --page details --csv > "$W/ncu/flash128.csv" 2>&1
+    rm -f "$W"/ncu/*.ncu-rep ;;
 esac; done
 
 tar czf - -C "$(dirname "$W")" device | split -b 15m - "$OUT/result.tgz."
