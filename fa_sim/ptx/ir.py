@@ -66,10 +66,13 @@ class Sym:
 
 @dataclass(frozen=True)
 class Addr:
-    """A memory operand [base + offset]: base a Reg, a Sym or None (absolute address)."""
+    """A memory operand [base + offset]: base a Reg, a Sym or None (absolute address).
+    `offset_written` remembers an explicit '+0' (`[param0+0]`) for rendering only: it takes no
+    part in equality."""
 
     base: Union[Reg, Sym, None]
     offset: int = 0
+    offset_written: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

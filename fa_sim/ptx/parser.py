@@ -33,6 +33,7 @@ _DIRECTIVE = re.compile(r"\.(\w+)\s*(.*)", re.S)
 _PRAGMA = re.compile(r'\.pragma\s+((?:"(?:[^"\\]|\\.)*"\s*,?\s*)+)', re.S)
 _SECTION = re.compile(r"\.section\s+([\w.$]+)\s*\{(.*)\}", re.S)
 _INDEXED = re.compile(r"(.*?)(0|[1-9][0-9]*)")
+_MNEMONICS: dict[str, tuple[str, tuple[str, ...]]] = {}  # 'add.s32' -> ('add', ('s32',))
 _CLUSTER = ("explicitcluster", "reqnctapercluster", "maxclusterrank")
 _PERF = {"maxntid": 3, "reqntid": 3, "minnctapersm": 1, "maxnreg": 1}  # directive -> most values
 
@@ -126,6 +127,9 @@ class _Function:
             else:
                 self.declare_variable(text, line)
             return
+        self.instruction(text, line)
+
+    def instruction(self, text: str, line: int) -> None:
         m = _INSTR.fullmatch(text)
         if m is None:
             raise ParseError(line, text, "not an instruction ('[@p] opcode.mods operands')")
@@ -135,13 +139,15 @@ class _Function:
             guard = Guard(self.operands.parse(guard_reg, line, text), bool(neg))
             if not isinstance(guard.reg, Reg) or guard.reg.negate:
                 raise ParseError(line, text, f"guard {guard_reg} is not a predicate register")
-        opcode, *mods = mnemonic.split(".")
-        ops = tuple(self.operands.parse(p, line, text) for p in split_operands(rest.strip() if rest else ""))
-        if opcode == "call":
+        split = _MNEMONICS.get(mnemonic)
+        if split is None:
+            opcode, *mods = mnemonic.split(".")
+            split = _MNEMONICS[mnemonic] = (opcode, tuple(mods))
+        ops = self.operands.parse_all(rest, line, text) if rest else ()
+        if split[0] == "call":
             ops = _call_operands(ops, line, text)
         body = text[m.start(3):] if guard is not None else text
-        self.raw.append((opcode, tuple(mods), ops, guard, " ".join(body.split()) + ";", line,
-                         self.locs.current))
+        self.raw.append((*split, ops, guard, " ".join(body.split()) + ";", line, self.locs.current))
 
     def label(self, name: str, line: int) -> None:
         if name in self.labels:
@@ -151,12 +157,14 @@ class _Function:
     # -- the result ----------------------------------------------------------------------------
     def finish(self, locs: LocTable, names: set[str]) -> Kernel:
         instructions = tuple(Instruction(pc, op, mods, ops, guard, text, line,
-                                         locs.resolve(raw, self.name, line))
+                                         locs.resolve(raw, self.name))
                              for pc, (op, mods, ops, guard, text, line, raw) in enumerate(self.raw))
         known = names | self.labels.keys() | self.variables.keys() | \
             {p.name for p in self.params + self.returns}
-        for ins in instructions:
-            _check_names(ins, known, self.labels)
+        for name, (line, text) in self.operands.symbols.items():
+            if name not in known:
+                raise ParseError(line, text, f"{name} is not a label, parameter, variable or function")
+        _check_branches(instructions, self.labels)
         return Kernel(self.name, self.params, dict(self.regs), tuple(self.variables.values()),
                       dict(self.labels), instructions, self.perf.get("maxntid"), self.perf.get("reqntid"),
                       self.perf.get("minnctapersm"), dict(self.named), self.returns, self.entry,
@@ -184,29 +192,13 @@ def _call_operands(ops: tuple, line: int, text: str) -> tuple:
     return (rets, callee, args, *rest)
 
 
-def _check_names(ins: Instruction, known: set[str], labels: dict) -> None:
-    if ins.opcode in ("bra", "brx"):
-        target = ins.operands[-1] if ins.operands else None
-        if ins.opcode == "bra" and not (isinstance(target, Sym) and target.name in labels):
-            raise ParseError(ins.ptx_line, ins.text, f"branch target {target and _name(target)} is not a label of this function")
-    for op in ins.operands:
-        for sym in _symbols(op):
-            if sym not in known:
-                raise ParseError(ins.ptx_line, ins.text, f"{sym} is not a label, parameter, variable or function")
-
-
-def _name(op) -> str:
-    return getattr(op, "name", repr(op))
-
-
-def _symbols(op):
-    if isinstance(op, Sym):
-        yield op.name
-    elif isinstance(op, ParamList):
-        for item in op.items:
-            yield from _symbols(item)
-    elif getattr(op, "base", None) is not None and isinstance(op.base, Sym):
-        yield op.base.name
+def _check_branches(instructions: tuple, labels: dict) -> None:
+    for ins in instructions:
+        if ins.opcode == "bra":
+            target = ins.operands[-1] if ins.operands else None
+            if not (isinstance(target, Sym) and target.name in labels):
+                name = getattr(target, "name", "(none)")
+                raise ParseError(ins.ptx_line, ins.text, f"branch target {name} is not a label of this function")
 
 
 class _ModuleParser:
