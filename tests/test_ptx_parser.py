@@ -171,6 +171,7 @@ ERRORS = [
     (".loc 7 1 1\nret;", 10, "no .file"),
     (".loc 1 1 1, function_name $L__info_string9, inlined_at 1 1 1\nret;", 10, "not in .debug_str"),
     ("@%r99 bra $L1;", 10, "not declared"),
+    ("@%r1 bra $L1;\n$L1:\nret;", 10, "not a .pred register"),
     ("ld.shared.v2.b32 {%r1, [%rd1]}, [%rd2];", 10, "vector"),
 ]
 

@@ -225,20 +225,25 @@ class Kernel:
 
     def reg_type(self, name: str) -> str | None:
         """The declared PTX type of register `name` ('%r12' -> 'b32'), None if undeclared."""
-        if name in self.named_regs:
-            return self.named_regs[name]
-        stem = name.rstrip("0123456789")
-        if stem != name and stem in self.regs:
-            ptype, count = self.regs[stem]
-            index = name[len(stem):]
-            if int(index) < count and (index == "0" or index[0] != "0"):
-                return ptype
-        return None
+        return register_type(self.regs, self.named_regs, name)
 
     @property
     def param_bytes(self) -> int:
         """Size of the parameter buffer (the last parameter's end)."""
         return max((p.offset + p.size for p in self.params), default=0)
+
+
+def register_type(regs: dict, named_regs: dict, name: str) -> str | None:
+    """The type `%r<N>`-style declarations (regs) or single ones (named_regs) give `name`."""
+    if name in named_regs:
+        return named_regs[name]
+    stem = name.rstrip("0123456789")
+    if stem != name and stem in regs:
+        ptype, count = regs[stem]
+        index = name[len(stem):]
+        if int(index) < count and (index == "0" or index[0] != "0"):
+            return ptype
+    return None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .parser import parse
 _PARSER_SOURCES = ("ir.py", "lexer.py", "operands.py", "decls.py", "debuginfo.py", "parser.py")
 _PTX_TEXT = re.compile(r"^\s*\.version\s+\d", re.M)
 _MEMO_SIZE = 16
+_MEMO: dict[str, Module] = {}  # key -> Module, oldest first
 
 
 def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, arch: str = DEFAULT_ARCH,
@@ -57,14 +58,19 @@ def parsed(ptx: str, *, use_cache: bool = True) -> Module:
     return _memo(hashlib.sha256(ptx.encode()).hexdigest()[:32] + parser_fingerprint(), ptx)
 
 
-def _memo(key: str, ptx: str, _table: dict = {}) -> Module:
-    module = _table.get(key)
+def _memo(key: str, ptx: str) -> Module:
+    module = _MEMO.get(key)
     if module is None:
         module = _from_disk(key, ptx)
-        if len(_table) >= _MEMO_SIZE:
-            _table.pop(next(iter(_table)))
-        _table[key] = module
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = module
     return module
+
+
+def clear_memo() -> None:
+    """Forget the modules parsed in this process (the disk cache stays)."""
+    _MEMO.clear()
 
 
 def _from_disk(key: str, ptx: str) -> Module:

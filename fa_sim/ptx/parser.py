@@ -20,7 +20,8 @@ import re
 
 from .debuginfo import LocTable, LocTracker, debug_strings, parse_file
 from .decls import parse_params, parse_reg, parse_variable
-from .ir import Guard, Instruction, Kernel, Module, ParamList, Reg, SPECIAL_REGISTERS, Sym, Variable
+from .ir import (SPECIAL_REGISTERS, Guard, Instruction, Kernel, Module, ParamList, Reg, Sym, Variable,
+                 register_type)
 from .lexer import ParseError, Piece, Unit, scan, strip_comments
 from .operands import OperandParser, split_operands
 
@@ -32,7 +33,6 @@ _HEADER = re.compile(r"((?:\.(?:visible|weak|extern)\s+)*)\.(entry|func)\s*(?:\(
 _DIRECTIVE = re.compile(r"\.(\w+)\s*(.*)", re.S)
 _PRAGMA = re.compile(r'\.pragma\s+((?:"(?:[^"\\]|\\.)*"\s*,?\s*)+)', re.S)
 _SECTION = re.compile(r"\.section\s+([\w.$]+)\s*\{(.*)\}", re.S)
-_INDEXED = re.compile(r"(.*?)(0|[1-9][0-9]*)")
 _MNEMONICS: dict[str, tuple[str, tuple[str, ...]]] = {}  # 'add.s32' -> ('add', ('s32',))
 _CLUSTER = ("explicitcluster", "reqnctapercluster", "maxclusterrank")
 _PERF = {"maxntid": 3, "reqntid": 3, "minnctapersm": 1, "maxnreg": 1}  # directive -> most values
@@ -73,10 +73,7 @@ class _Function:
 
     # -- declarations ------------------------------------------------------------------------
     def is_register(self, name: str) -> bool:
-        if name in self.named or name in SPECIAL_REGISTERS:
-            return True
-        m = _INDEXED.fullmatch(name)
-        return m is not None and m[1] in self.regs and int(m[2]) < self.regs[m[1]][1]
+        return name in SPECIAL_REGISTERS or register_type(self.regs, self.named, name) is not None
 
     def declare_regs(self, text: str, line: int) -> None:
         ptype, items = parse_reg(text, line)
@@ -137,8 +134,8 @@ class _Function:
         guard = None
         if guard_reg is not None:
             guard = Guard(self.operands.parse(guard_reg, line, text), bool(neg))
-            if not isinstance(guard.reg, Reg) or guard.reg.negate:
-                raise ParseError(line, text, f"guard {guard_reg} is not a predicate register")
+            if not isinstance(guard.reg, Reg) or register_type(self.regs, self.named, guard_reg) != "pred":
+                raise ParseError(line, text, f"guard {guard_reg} is not a .pred register")
         split = _MNEMONICS.get(mnemonic)
         if split is None:
             opcode, *mods = mnemonic.split(".")
