@@ -196,6 +196,7 @@ def test_errors_name_the_ptx_line_and_text(body, line, reason):
     (HEAD + ".visible .entry k(.reg .u64 a)\n{\nret;\n}\n", "only .param"),
     (HEAD + ".visible .entry k()\n.maxntid 1, 2, 3, 4\n{\nret;\n}\n", "malformed directive .maxntid"),
     (HEAD + "mov.u32 %r1, 1;\n", "unknown directive"),
+    (HEAD + ".func f()\n;\n.func f()\n{\nret;\n}\n.func f()\n{\nret;\n}\n", "defined twice"),
 ])
 def test_module_level_errors(text, reason):
     with pytest.raises(ParseError, match=reason):
@@ -210,25 +211,28 @@ def test_parse_rejects_bytes():
 USER_CU = Path(__file__).parent / "data" / "ptx_user_kernel.cu"
 
 
-def test_user_kernel_from_nvrtc(tmp_path, monkeypatch):
+@pytest.mark.parametrize("options", [(), ("-use_fast_math",), ("-G",)], ids=["default", "fast-math", "debug-G"])
+def test_user_kernel_from_nvrtc(options, tmp_path, monkeypatch):
+    """-G adds forward .func declarations, DWARF sections and many labels: all read or skipped."""
     pytest.importorskip("cuda.bindings")
     from fa_sim.ptx.nvrtc import compile_ptx
 
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
-    ptx = compile_ptx(USER_CU.read_text(), name=str(USER_CU))
+    ptx = compile_ptx(USER_CU.read_text(), name=str(USER_CU), options=options)
     m = parse(ptx)
     k = m.kernel("user_kernel")
     lines = ptx.split("\n")
     for ins in k.instructions:  # every instruction renders back to its statement in the text
-        stmt = "".join(lines[ins.ptx_line - 1:]).split(";")[0].split("//")[0]
+        stmt = "".join(ln.split("//")[0] for ln in lines[ins.ptx_line - 1:ins.ptx_line + 12]).split(";")[0]
         if ins.guard is None:
             stmt = re.sub(r"^\s*\{", "", stmt)  # an inline-asm scope opened on the same line
         assert re.sub(r"\s", "", render(ins)) == re.sub(r"\s", "", stmt) + ";"
         assert ins.loc.file == str(USER_CU) and ins.loc.function == "user_kernel"
+        assert ins.loc.line == 0 or 5 <= ins.loc.line <= 19  # the kernel's lines in the .cu
     assert [p.size for p in k.params] == [8, 8, 16, 4] and [p.offset for p in k.params] == [0, 8, 16, 32]
-    assert {"%SP", "%SPL", "lo", "hi"} <= set(k.named_regs)
-    ops = {i.opcode for i in k.instructions}
-    assert {"call", "atom", "bar", "st", "ld", "cvta"} <= ops
+    assert {"%SP", "lo", "hi"} <= set(k.named_regs)
+    ops = {i.opcode for fn in (k, *m.functions.values()) for i in fn.instructions}
+    assert {"call", "atom", "bar", "st", "ld", "cvta"} <= ops  # -G: atom inside __iAtomicAdd
     assert m.functions["vprintf"].linkage == "extern" and m.functions["vprintf"].instructions == ()
     twice = m.functions["_Z5twicefi"]
     assert short_name(twice.name) == "twice" and twice.returns[0].name == "func_retval0"

@@ -221,13 +221,14 @@ class _ModuleParser:
     def module(self, text: str) -> Module:
         locs = LocTable(self.files, self.strings)
         names = set(self.variables) | {f.name for f in self.functions}
-        kernels, funcs = {}, {}
-        for fn in self.functions:
+        kernels, funcs, defined = {}, {}, set()
+        for fn in self.functions:  # a definition replaces its forward declaration
             table = kernels if fn.entry else funcs
-            if fn.name in table and (table[fn.name].instructions or fn.raw):
+            if fn.has_body and fn.name in defined:
                 raise ParseError(fn.line, fn.name, f"function {fn.name} defined twice")
             if fn.has_body or fn.name not in table:
                 table[fn.name] = fn.finish(locs, names)
+            defined.update([fn.name] if fn.has_body else [])
         return Module(str(self.head["version"]), str(self.head["target"]), int(self.head["address_size"]),
                       tuple(self.variables.values()), kernels, dict(self.files), text, funcs)
 
