@@ -30,7 +30,8 @@ def kernel(body: str, params: str = ".param .u64 k_param_0", decls: str = "") ->
 def test_directives_params_and_variables():
     decls = (".global .align 4 .u32 gCount = 7;\n.const .align 4 .f32 kT[4] = {1.0, 0f40200000, -3};\n"
              ".extern .shared .align 128 .b8 smem[];\n.global .align 1 .b8 msg[] = {104, 105, 0};\n"
-             ".shared .align 16 .v4 .u32 quad[2];\n.global .u16 grid[2][3] = {{1, 2, 3}, {4}};\n")
+             ".shared .align 16 .v4 .u32 quad[2];\n.global .u16 grid[2][3] = {{1}, {4, 5}};\n"
+             ".global .v2 .u8 pairs[] = {{1, 2}, {3}};\n")
     params = (".param .u64 k_param_0,\n.param .u8 k_param_1,\n.param .align 8 .b8 k_param_2[12],\n"
               ".param .u64 .ptr .global .align 16 k_param_3,\n.param .f32 k_param_4")
     m = parse(kernel("ret;", params, decls).replace(".maxntid 128, 1, 1\n", ".reqntid 64\n.minnctapersm 2\n.maxnreg 96\n"))
@@ -47,7 +48,8 @@ def test_directives_params_and_variables():
     assert (v["smem"].size, v["smem"].align, v["smem"].extern, v["smem"].init) == (0, 128, True, None)
     assert v["msg"].init == b"hi\0" and v["msg"].size == 3
     assert (v["quad"].size, v["quad"].type) == (32, "u32")
-    assert v["grid"].init == struct.pack("<6H", 1, 2, 3, 4, 0, 0)
+    assert v["grid"].init == struct.pack("<6H", 1, 0, 0, 4, 5, 0)  # a sub-list fills one row
+    assert v["pairs"].init == bytes([1, 2, 3, 0]) and v["pairs"].size == 4
     assert k.reg_type("%r19") == "b32" and k.reg_type("%r20") is None and k.reg_type("%p0") == "pred"
 
 
@@ -193,6 +195,8 @@ def test_errors_name_the_ptx_line_and_text(body, line, reason):
     (".target sm_80\n.address_size 64\n", "no .version"),
     (HEAD + ".global .u32 x = generic(y);\n", "address initializers"),
     (HEAD + ".global .u8 x[2] = {1, 2, 3};\n", "3 initial values for 2 elements"),
+    (HEAD + ".global .u8 x[2][2] = {{1, 2, 3}};\n", "3 initial values for 2 elements"),
+    (HEAD + ".global .u8 x[2] = {1, {2}};\n", "mixes values and sub-lists"),
     (HEAD + ".visible .entry k(.reg .u64 a)\n{\nret;\n}\n", "only .param"),
     (HEAD + ".visible .entry k()\n.maxntid 1, 2, 3, 4\n{\nret;\n}\n", "malformed directive .maxntid"),
     (HEAD + "mov.u32 %r1, 1;\n", "unknown directive"),

@@ -4,8 +4,9 @@
 PTX cache), the PTX through the parser, and the parsed Module is pickled under
 `fa_sim.cache.cache_root()/ptx-parsed`, keyed by the PTX text and by the source of the parser
 modules themselves (a changed parser never reads an old pickle). A warm load is a hash, a file
-read and an unpickle: a few milliseconds for fa2_fwd.cu (README, "PTX front end" numbers in
-tests/test_ptx_load.py). Modules are shared values: do not mutate their dicts.
+read and an unpickle: about 6 ms of CPU for fa2_fwd.cu, plus about 45 ms once per process to load
+NVRTC, whose version is part of the PTX cache key (measured, tests/test_ptx_load.py); a repeated
+load in one process comes from a memo. Modules are shared values: do not mutate their dicts.
 """
 
 from __future__ import annotations

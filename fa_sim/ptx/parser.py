@@ -10,8 +10,10 @@ in debuginfo.py. It reads everything NVRTC 13 emits for fa2_fwd.cu and for ordin
 ParseError naming the PTX line and its text, never a silent skip.
 
 Checked while parsing, so the engine may rely on it: every register is declared (or special),
-every name resolves (a label, parameter, variable or function), every `bra` target is a label
-of its function, and `call` has the normalized operands described at ir.ParamList.
+every guard is a .pred register, every name resolves (a label, parameter, variable or function),
+every `bra` target is a label of its function, and `call` has the normalized operands described
+at ir.ParamList. Opcodes and modifiers are syntax here: which ones execute is the engine's
+dispatch table's business (it names the ones it does not know).
 """
 
 from __future__ import annotations
