@@ -95,16 +95,19 @@ def test_locations_inlining_chain_and_debug_str():
     .loc 1 131 3, function_name $L__info_string0, inlined_at 1 10 3
     .loc 2 7 1, function_name $L__info_string1, inlined_at 1 131 3
     shl.b32 %r2, %r1, 1;
+    .loc 2 8 1, function_name $L__info_string1+2, inlined_at 1 131 3
+    shl.b32 %r3, %r1, 2;
     .loc 1 0 3
     ret;"""
-    text = kernel(body) + (f'.file 1 "/src/fa2_fwd.cu"\n.file 2 "/src/helpers.cuh", 1700000000, 2048\n'
+    text = kernel(body) + ('.file 1 "/src/fa2_fwd.cu"\n.file 2 "/src/helpers.cuh", 1700000000, 2048\n'
                            ".section .debug_str\n{\n$L__info_string0:\n.b8 " + ",".join(map(str, name)) +
                            ",0\n$L__info_string1:\n.b8 104,101\n.b8 108,112,0\n}\n"
                            ".section .debug_abbrev\n{\n.b8 1,17,1\n.b32 .debug_info\n}\n")
     k = parse(text).kernel()
-    mov, shl, ret = k.instructions
+    mov, shl, shl2, ret = k.instructions
     assert mov.loc == SourceLoc("/src/fa2_fwd.cu", 10, 3, "k", ())
     assert shl.loc == SourceLoc("/src/helpers.cuh", 7, 1, "help", (("/src/fa2_fwd.cu", 131, 3), ("/src/fa2_fwd.cu", 10, 3)))
+    assert shl2.loc.function == "lp"  # label+offset: a string inside the block
     assert ret.loc.line == 0 and ret.loc.function == "k"
     assert "helpers.cuh:7 in help, inlined at fa2_fwd.cu:131 < fa2_fwd.cu:10" in describe(shl)
     assert short_name(name.decode()) == "fa::quad_max"
@@ -172,6 +175,7 @@ ERRORS = [
     (".reg .b64 %r<4>;", 10, "declared again with another type"),
     (".loc 7 1 1\nret;", 10, "no .file"),
     (".loc 1 1 1, function_name $L__info_string9, inlined_at 1 1 1\nret;", 10, "not in .debug_str"),
+    (".loc 1 1 1, function_name $L__info_string9 + 4, inlined_at 1 1 1\nret;", 10, "not in .debug_str"),
     ("@%r99 bra $L1;", 10, "not declared"),
     ("@%r1 bra $L1;\n$L1:\nret;", 10, "not a .pred register"),
     ("ld.shared.v2.b32 {%r1, [%rd1]}, [%rd2];", 10, "vector"),

@@ -26,7 +26,8 @@ from .ir import SourceLoc
 from .lexer import ParseError
 
 _LOC = re.compile(r"\.loc\s+(\d+)\s+(\d+)\s+(\d+)"
-                  r"(?:\s*,\s*function_name\s+([\w$.]+)\s*,\s*inlined_at\s+(\d+)\s+(\d+)\s+(\d+))?\s*")
+                  r"(?:\s*,\s*function_name\s+([\w$.]+(?:\s*\+\s*\d+)?)\s*,"
+                  r"\s*inlined_at\s+(\d+)\s+(\d+)\s+(\d+))?\s*")
 _FILE = re.compile(r'\.file\s+(\d+)\s+"((?:[^"\\]|\\.)*)"(?:\s*,\s*(\d+)\s*,\s*(\d+))?\s*')
 _STR_LABEL = re.compile(r"([\w$.]+)\s*:")
 _B8 = re.compile(r"\.b8\s+([0-9,\s]+)")
@@ -78,9 +79,10 @@ def parse_file(text: str, line: int) -> tuple[int, str]:
     return int(m[1]), m[2].encode().decode("unicode_escape") if "\\" in m[2] else m[2]
 
 
-def debug_strings(body: str, line: int) -> dict[str, str]:
-    """label -> string of a `.debug_str` section body (the text between its braces)."""
-    out: dict[str, str] = {}
+def debug_strings(body: str, line: int) -> dict[str, bytes]:
+    """label -> the bytes from that label to the next, of a `.debug_str` section body (the text
+    between its braces)."""
+    out: dict[str, bytes] = {}
     parts = _STR_LABEL.split(body)
     if parts[0].strip():
         raise ParseError(line, parts[0], ".debug_str data before its first label")
@@ -89,14 +91,14 @@ def debug_strings(body: str, line: int) -> dict[str, str]:
         rest = _B8.sub("", data).strip()
         if rest or any(v > 255 for v in values):
             raise ParseError(line, data, f".debug_str entry {label} holds something other than .b8 bytes")
-        out[label] = bytes(values).split(b"\0", 1)[0].decode("utf-8", errors="replace")
+        out[label] = bytes(values)
     return out
 
 
 class LocTable:
     """Resolves RawLocs into shared SourceLoc values once .file and .debug_str are known."""
 
-    def __init__(self, files: dict[int, str], strings: dict[str, str]) -> None:
+    def __init__(self, files: dict[int, str], strings: dict[str, bytes]) -> None:
         self._files, self._strings = files, strings
         self._memo: dict[tuple, SourceLoc] = {}
 
@@ -117,11 +119,13 @@ class LocTable:
         except KeyError:
             raise ParseError(raw.at, raw.text, f"file id {fid} has no .file directive") from None
 
-    def _string(self, label: str, raw: RawLoc) -> str:
-        try:
-            return self._strings[label]
-        except KeyError:
-            raise ParseError(raw.at, raw.text, f"function_name {label} is not in .debug_str") from None
+    def _string(self, ref: str, raw: RawLoc) -> str:
+        """The NUL-terminated string at `label` or `label+offset` (`#debugging-directives-loc`)."""
+        label, _, offset = (part.strip() for part in ref.partition("+"))
+        data = self._strings.get(label)
+        if data is None or int(offset or 0) >= len(data):
+            raise ParseError(raw.at, raw.text, f"function_name {ref} is not in .debug_str")
+        return data[int(offset or 0):].split(b"\0", 1)[0].decode("utf-8", errors="replace")
 
 
 _SOURCE_NAME = re.compile(r"(\d+)")

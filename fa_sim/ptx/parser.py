@@ -25,7 +25,7 @@ from .decls import parse_params, parse_reg, parse_variable
 from .ir import (SPECIAL_REGISTERS, Guard, Instruction, Kernel, Module, ParamList, Reg, Sym, Variable,
                  register_type)
 from .lexer import ParseError, Piece, Unit, scan, strip_comments
-from .operands import OperandParser, split_operands
+from .operands import OperandParser
 
 __all__ = ["ParseError", "parse"]
 
