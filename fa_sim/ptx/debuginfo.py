@@ -66,9 +66,9 @@ class LocTracker:
             parent = self._last_at.get(site)
             chain = (site, *(parent.chain if parent is not None else ()))
         self.current = RawLoc(f, ln, col, m[4], chain, line, text)
-        seen = self._last_at.get((f, ln, col))
-        if seen is None or seen.label is None or m[4] is not None:
-            self._last_at[(f, ln, col)] = self.current
+        known = self._last_at.get((f, ln, col))
+        if known is None or chain or not known.chain:  # NVVM sometimes repeats an inlined line
+            self._last_at[(f, ln, col)] = self.current  # without its function: keep the chain
 
 
 def parse_file(text: str, line: int) -> tuple[int, str]:
