@@ -1,8 +1,23 @@
 """fa_sim.ptx: the second front end of the SM80 machine - the PTX that NVRTC emits for a .cu,
 parsed (parser.py, ir.py) and executed every thread of every CTA of a wave at once (engine.py,
-ops/, machine_ops.py). `launch` runs any kernel on numpy buffers; fa2.py runs the attention
-kernel for fa_sim.simulate(engine="ptx")."""
+ops/, machine_ops.py).
+
+Front end (no GPU needed):
+    compile_ptx(source, name=, arch=, macros=, options=) -> PTX text   (nvrtc.py, cached)
+    kernel_ptx(build) -> PTX of fa_hw's own kernel for a fa_hw.compile.KernelBuild
+    parse(ptx) -> ir.Module; render(ins) / describe(ins) -> text        (parser.py, render.py)
+    load_module(source_or_ptx_or_path, macros=...) -> ir.Module         (load.py, cached)
+    kernel_module(build) -> ir.Module of fa_hw's own kernel
+Execution:
+    launch(source_or_ptx, grid, block, smem_bytes, args, observers=...) (launch.py): any kernel on
+        numpy buffers; fa2.py runs the attention kernel for fa_sim.simulate(engine="ptx")
+"""
 
 from .launch import LaunchResult, launch
+from .load import kernel_module, load_module
+from .nvrtc import PtxCompileError, compile_ptx, kernel_ptx
+from .parser import ParseError, parse
+from .render import describe, render
 
-__all__ = ["LaunchResult", "launch"]
+__all__ = ["LaunchResult", "ParseError", "PtxCompileError", "compile_ptx", "describe", "kernel_module",
+           "kernel_ptx", "launch", "load_module", "parse", "render"]

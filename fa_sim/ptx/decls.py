@@ -117,27 +117,65 @@ def _count(dims, data, esize, extern, line, text) -> int:
 
 
 def pack_init(init: str, ptype: str, vec: int, dims: list[int | None], line: int, text: str) -> bytes:
-    """Little-endian bytes of an initializer `= 5`, `= {1, 2}`, `= {{1, 2}, {3, 4}}`; missing
-    trailing elements are zero (`#initializers`)."""
-    values = [v for v in split_operands(init.replace("{", " ").replace("}", " ")) if v]
-    if not values:
-        raise ParseError(line, text, "empty initializer")
+    """Little-endian bytes of an initializer `= 5`, `= {1, 2}`, `= {{1, 2}, {3}}` (`#initializers`):
+    each braced sub-list fills one row of the next dimension, missing trailing elements are zero;
+    a flat list fills the elements in order. A vector type (.v4) is one more, innermost dimension."""
+    shape = list(dims) + ([vec] if vec > 1 else [])
+    values = _flatten(_nest(init, line, text), shape or [1], line, text)
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    total = -(-len(values) // inner) * inner if shape and shape[0] is None else inner * (shape[0] if shape else 1)
     esize = bits(ptype) // 8
     out = bytearray()
-    for v in values:
-        imm = parse_imm(v)
+    for v in values + [None] * (total - len(values)):
+        imm = Imm(0) if v is None else parse_imm(v)
         if imm is None:
             raise ParseError(line, text, f"initializer {v!r} is not a number (address initializers such "
                                          "as generic(name) are not supported)")
         out += _pack(imm, ptype, esize, line, text)
-    total = vec * esize
-    for d in dims:
-        total *= d if d is not None else 1
-    if dims and dims[0] is None:
-        total = max(total, -(-len(out) // total) * total)
-    if len(out) > total:
-        raise ParseError(line, text, f"{len(values)} initial values for {total // esize} elements")
-    return bytes(out) + bytes(total - len(out))
+    return bytes(out)
+
+
+def _nest(init: str, line: int, text: str):
+    """The initializer as nested lists of value strings (a bare value stays a str)."""
+    stack: list[list] = [[]]
+    for tok in re.findall(r"[{},]|[^{},\s]+", init):
+        if tok == "{":
+            stack.append([])
+        elif tok == "}":
+            if len(stack) == 1:
+                raise ParseError(line, text, "unbalanced '}' in the initializer")
+            done = stack.pop()
+            stack[-1].append(done)
+        elif tok != ",":
+            stack[-1].append(tok)
+    if len(stack) != 1 or len(stack[0]) != 1:
+        raise ParseError(line, text, "an initializer is one value or one braced list")
+    return stack[0][0]
+
+
+def _flatten(node, shape: list[int | None], line: int, text: str) -> list[str | None]:
+    """Element values in order, rows padded with None (zero) to the size of their dimension."""
+    size, inner = shape[0], 1
+    for d in shape[1:]:
+        inner *= d
+    if isinstance(node, str):
+        node = [node]
+    if all(isinstance(v, str) for v in node):
+        out: list[str | None] = list(node)
+    elif all(isinstance(v, list) for v in node) and len(shape) > 1:
+        out = []
+        for sub in node:
+            out += _flatten(sub, shape[1:], line, text)
+            out += [None] * (-len(out) % inner)
+    else:
+        raise ParseError(line, text, "an initializer list mixes values and sub-lists, or nests too deep")
+    if size is not None and len(out) > size * inner:
+        raise ParseError(line, text, f"{len(out)} initial values for {size * inner} elements")
+    if not out:
+        raise ParseError(line, text, "empty initializer")
+    return out
 
 
 def _pack(imm: Imm, ptype: str, esize: int, line: int, text: str) -> bytes:

@@ -68,10 +68,13 @@ class Sym:
 
 @dataclass(frozen=True)
 class Addr:
-    """A memory operand [base + offset]: base a Reg, a Sym or None (absolute address)."""
+    """A memory operand [base + offset]: base a Reg, a Sym or None (absolute address).
+    `offset_written` remembers an explicit '+0' (`[param0+0]`) for rendering only: it takes no
+    part in equality."""
 
     base: Union[Reg, Sym, None]
     offset: int = 0
+    offset_written: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -208,20 +211,25 @@ class Kernel:
 
     def reg_type(self, name: str) -> str | None:
         """The declared PTX type of register `name` ('%r12' -> 'b32'), None if undeclared."""
-        if name in self.named_regs:
-            return self.named_regs[name]
-        stem = name.rstrip("0123456789")
-        if stem != name and stem in self.regs:
-            ptype, count = self.regs[stem]
-            index = name[len(stem):]
-            if int(index) < count and (index == "0" or index[0] != "0"):
-                return ptype
-        return None
+        return register_type(self.regs, self.named_regs, name)
 
     @property
     def param_bytes(self) -> int:
         """Size of the parameter buffer (the last parameter's end)."""
         return max((p.offset + p.size for p in self.params), default=0)
+
+
+def register_type(regs: dict, named_regs: dict, name: str) -> str | None:
+    """The type `%r<N>`-style declarations (regs) or single ones (named_regs) give `name`."""
+    if name in named_regs:
+        return named_regs[name]
+    stem = name.rstrip("0123456789")
+    if stem != name and stem in regs:
+        ptype, count = regs[stem]
+        index = name[len(stem):]
+        if int(index) < count and (index == "0" or index[0] != "0"):
+            return ptype
+    return None
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ def scan(text: str) -> Iterator[Piece]:
 
 
 def _why_not(rest: str) -> str:
-    if ";" not in rest and "}" not in rest:
+    stop = re.search(r"[;{}]", rest)
+    if stop is None or stop.group() != ";":
         return "statement without its terminating ';'"
-    return "unbalanced braces or unknown statement"
+    return "unbalanced or too deeply nested braces in a statement"

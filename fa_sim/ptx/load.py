@@ -4,8 +4,9 @@
 PTX cache), the PTX through the parser, and the parsed Module is pickled under
 `fa_sim.cache.cache_root()/ptx-parsed`, keyed by the PTX text and by the source of the parser
 modules themselves (a changed parser never reads an old pickle). A warm load is a hash, a file
-read and an unpickle: a few milliseconds for fa2_fwd.cu (README, "PTX front end" numbers in
-tests/test_ptx_load.py). Modules are shared values: do not mutate their dicts.
+read and an unpickle: about 6 ms of CPU for fa2_fwd.cu, plus about 45 ms once per process to load
+NVRTC, whose version is part of the PTX cache key (measured, tests/test_ptx_load.py); a repeated
+load in one process comes from a memo. Modules are shared values: do not mutate their dicts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .parser import parse
 _PARSER_SOURCES = ("ir.py", "lexer.py", "operands.py", "decls.py", "debuginfo.py", "parser.py")
 _PTX_TEXT = re.compile(r"^\s*\.version\s+\d", re.M)
 _MEMO_SIZE = 16
+_MEMO: dict[str, Module] = {}  # key -> Module, oldest first
 
 
 def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, arch: str = DEFAULT_ARCH,
@@ -57,14 +59,19 @@ def parsed(ptx: str, *, use_cache: bool = True) -> Module:
     return _memo(hashlib.sha256(ptx.encode()).hexdigest()[:32] + parser_fingerprint(), ptx)
 
 
-def _memo(key: str, ptx: str, _table: dict = {}) -> Module:
-    module = _table.get(key)
+def _memo(key: str, ptx: str) -> Module:
+    module = _MEMO.get(key)
     if module is None:
         module = _from_disk(key, ptx)
-        if len(_table) >= _MEMO_SIZE:
-            _table.pop(next(iter(_table)))
-        _table[key] = module
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = module
     return module
+
+
+def clear_memo() -> None:
+    """Forget the modules parsed in this process (the disk cache stays)."""
+    _MEMO.clear()
 
 
 def _from_disk(key: str, ptx: str) -> Module:

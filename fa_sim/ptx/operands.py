@@ -29,7 +29,7 @@ _INT = re.compile(r"(-)?(?:0[xX]([0-9a-fA-F]+)|0[bB]([01]+)|0([0-7]+)|([0-9]+))U
 _HEXFLOAT = re.compile(r"0([fFdD])([0-9a-fA-F]+)")
 _DECFLOAT = re.compile(r"-?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][+-]?[0-9]+)?")
 _ADDR = re.compile(rf"(?P<base>%?{_NAME}(?:\.[xyz])?)?\s*(?:(?P<sign>\+\s*-|\+|-)?\s*(?P<off>[0-9][0-9a-fA-FxXbBU]*))?")
-_SPLIT = re.compile(r",(?![^{(\[]*[})\]])")  # a comma not inside {..}, (..) or [..]
+_PUNCT = re.compile(r"[{}()\[\],]")
 
 
 def parse_int(s: str) -> int | None:
@@ -63,10 +63,23 @@ def parse_imm(s: str) -> Imm | None:
 
 
 def split_operands(text: str) -> list[str]:
-    """Top-level comma-separated pieces, stripped ('' for no operands)."""
+    """Top-level comma-separated pieces, stripped ('' for no operands); commas inside {..},
+    (..) and [..] (at any depth) do not split."""
     if not text:
         return []
-    return [p.strip() for p in _SPLIT.split(text)]
+    if "{" not in text and "(" not in text and "[" not in text:
+        return [p.strip() for p in text.split(",")]
+    out, depth, start = [], 0, 0
+    for m in _PUNCT.finditer(text):
+        c = m.group()
+        if c == ",":
+            if not depth:
+                out.append(text[start:m.start()].strip())
+                start = m.end()
+        else:
+            depth += 1 if c in "{([" else -1
+    out.append(text[start:].strip())
+    return out
 
 
 class OperandParser:
@@ -77,6 +90,17 @@ class OperandParser:
     def __init__(self, is_register: Callable[[str], bool]) -> None:
         self._is_register = is_register
         self._cache: dict[str, Operand] = {}
+        self.symbols: dict[str, tuple[int, str]] = {}  # Sym name -> (line, statement) of first use
+
+    def parse_all(self, text: str, line: int, stmt: str) -> tuple:
+        """The operands of a comma-separated operand list."""
+        cache, out = self._cache, []
+        for piece in split_operands(text.strip()):
+            op = cache.get(piece)
+            if op is None:
+                op = cache[piece] = self._parse(piece, line, stmt)
+            out.append(op)
+        return tuple(out)
 
     def parse(self, text: str, line: int, stmt: str) -> Operand:
         op = self._cache.get(text)
@@ -105,7 +129,7 @@ class OperandParser:
         if imm is not None:
             return imm
         if _SYM.fullmatch(s):
-            return Reg(s) if self._is_register(s) else Sym(s)
+            return Reg(s) if self._is_register(s) else self._sym(s, line, stmt)
         if "|" in s:
             p, _, q = s.partition("|")
             return PredPair(self._reg(p.strip(), line, stmt), self._reg(q.strip(), line, stmt))
@@ -128,12 +152,16 @@ class OperandParser:
             if value is None or (m["base"] is not None and m["sign"] is None):
                 raise ParseError(line, stmt, f"address {s!r}: bad offset")
             offset = -value if m["sign"] and "-" in m["sign"] else value
-        base = m["base"]
+        base, written = m["base"], m["off"] is not None and m["base"] is not None
         if base is None:
             return Addr(None, offset)
         if base[0] == "%":
-            return Addr(self._reg(base, line, stmt), offset)
-        return Addr(Reg(base) if self._is_register(base) else Sym(base), offset)
+            return Addr(self._reg(base, line, stmt), offset, written)
+        return Addr(Reg(base) if self._is_register(base) else self._sym(base, line, stmt), offset, written)
+
+    def _sym(self, name: str, line: int, stmt: str) -> Sym:
+        self.symbols.setdefault(name, (line, stmt))
+        return Sym(name)
 
     def _group(self, s: str, line: int, stmt: str) -> Vec | ParamList:
         close = "}" if s[0] == "{" else ")"
@@ -161,7 +189,7 @@ def render_operand(op: Operand) -> str:
         return op.name
     if isinstance(op, Addr):
         base = "" if op.base is None else render_operand(op.base)
-        if not op.offset:
+        if not op.offset and not (base and op.offset_written):
             return f"[{base or 0}]"
         return f"[{base}+{op.offset}]" if base else f"[{op.offset}]"
     if isinstance(op, Vec):

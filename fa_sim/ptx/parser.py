@@ -10,8 +10,10 @@ in debuginfo.py. It reads everything NVRTC 13 emits for fa2_fwd.cu and for ordin
 ParseError naming the PTX line and its text, never a silent skip.
 
 Checked while parsing, so the engine may rely on it: every register is declared (or special),
-every name resolves (a label, parameter, variable or function), every `bra` target is a label
-of its function, and `call` has the normalized operands described at ir.ParamList.
+every guard is a .pred register, every name resolves (a label, parameter, variable or function),
+every `bra` target is a label of its function, and `call` has the normalized operands described
+at ir.ParamList. Opcodes and modifiers are syntax here: which ones execute is the engine's
+dispatch table's business (it names the ones it does not know).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import re
 
 from .debuginfo import LocTable, LocTracker, debug_strings, parse_file
 from .decls import parse_params, parse_reg, parse_variable
-from .ir import Guard, Instruction, Kernel, Module, ParamList, Reg, SPECIAL_REGISTERS, Sym, Variable
+from .ir import (SPECIAL_REGISTERS, Guard, Instruction, Kernel, Module, ParamList, Reg, Sym, Variable,
+                 register_type)
 from .lexer import ParseError, Piece, Unit, scan, strip_comments
-from .operands import OperandParser, split_operands
+from .operands import OperandParser
 
 __all__ = ["ParseError", "parse"]
 
@@ -32,7 +35,7 @@ _HEADER = re.compile(r"((?:\.(?:visible|weak|extern)\s+)*)\.(entry|func)\s*(?:\(
 _DIRECTIVE = re.compile(r"\.(\w+)\s*(.*)", re.S)
 _PRAGMA = re.compile(r'\.pragma\s+((?:"(?:[^"\\]|\\.)*"\s*,?\s*)+)', re.S)
 _SECTION = re.compile(r"\.section\s+([\w.$]+)\s*\{(.*)\}", re.S)
-_INDEXED = re.compile(r"(.*?)(0|[1-9][0-9]*)")
+_MNEMONICS: dict[str, tuple[str, tuple[str, ...]]] = {}  # 'add.s32' -> ('add', ('s32',))
 _CLUSTER = ("explicitcluster", "reqnctapercluster", "maxclusterrank")
 _PERF = {"maxntid": 3, "reqntid": 3, "minnctapersm": 1, "maxnreg": 1}  # directive -> most values
 
@@ -72,10 +75,7 @@ class _Function:
 
     # -- declarations ------------------------------------------------------------------------
     def is_register(self, name: str) -> bool:
-        if name in self.named or name in SPECIAL_REGISTERS:
-            return True
-        m = _INDEXED.fullmatch(name)
-        return m is not None and m[1] in self.regs and int(m[2]) < self.regs[m[1]][1]
+        return name in SPECIAL_REGISTERS or register_type(self.regs, self.named, name) is not None
 
     def declare_regs(self, text: str, line: int) -> None:
         ptype, items = parse_reg(text, line)
@@ -126,6 +126,9 @@ class _Function:
             else:
                 self.declare_variable(text, line)
             return
+        self.instruction(text, line)
+
+    def instruction(self, text: str, line: int) -> None:
         m = _INSTR.fullmatch(text)
         if m is None:
             raise ParseError(line, text, "not an instruction ('[@p] opcode.mods operands')")
@@ -133,15 +136,17 @@ class _Function:
         guard = None
         if guard_reg is not None:
             guard = Guard(self.operands.parse(guard_reg, line, text), bool(neg))
-            if not isinstance(guard.reg, Reg) or guard.reg.negate:
-                raise ParseError(line, text, f"guard {guard_reg} is not a predicate register")
-        opcode, *mods = mnemonic.split(".")
-        ops = tuple(self.operands.parse(p, line, text) for p in split_operands(rest.strip() if rest else ""))
-        if opcode == "call":
+            if not isinstance(guard.reg, Reg) or register_type(self.regs, self.named, guard_reg) != "pred":
+                raise ParseError(line, text, f"guard {guard_reg} is not a .pred register")
+        split = _MNEMONICS.get(mnemonic)
+        if split is None:
+            opcode, *mods = mnemonic.split(".")
+            split = _MNEMONICS[mnemonic] = (opcode, tuple(mods))
+        ops = self.operands.parse_all(rest, line, text) if rest else ()
+        if split[0] == "call":
             ops = _call_operands(ops, line, text)
         body = text[m.start(3):] if guard is not None else text
-        self.raw.append((opcode, tuple(mods), ops, guard, " ".join(body.split()) + ";", line,
-                         self.locs.current))
+        self.raw.append((*split, ops, guard, " ".join(body.split()) + ";", line, self.locs.current))
 
     def label(self, name: str, line: int) -> None:
         if name in self.labels:
@@ -151,12 +156,14 @@ class _Function:
     # -- the result ----------------------------------------------------------------------------
     def finish(self, locs: LocTable, names: set[str]) -> Kernel:
         instructions = tuple(Instruction(pc, op, mods, ops, guard, text, line,
-                                         locs.resolve(raw, self.name, line))
+                                         locs.resolve(raw, self.name))
                              for pc, (op, mods, ops, guard, text, line, raw) in enumerate(self.raw))
         known = names | self.labels.keys() | self.variables.keys() | \
             {p.name for p in self.params + self.returns}
-        for ins in instructions:
-            _check_names(ins, known, self.labels)
+        for name, (line, text) in self.operands.symbols.items():
+            if name not in known:
+                raise ParseError(line, text, f"{name} is not a label, parameter, variable or function")
+        _check_branches(instructions, self.labels)
         return Kernel(self.name, self.params, dict(self.regs), tuple(self.variables.values()),
                       dict(self.labels), instructions, self.perf.get("maxntid"), self.perf.get("reqntid"),
                       self.perf.get("minnctapersm"), dict(self.named), self.returns, self.entry,
@@ -184,29 +191,13 @@ def _call_operands(ops: tuple, line: int, text: str) -> tuple:
     return (rets, callee, args, *rest)
 
 
-def _check_names(ins: Instruction, known: set[str], labels: dict) -> None:
-    if ins.opcode in ("bra", "brx"):
-        target = ins.operands[-1] if ins.operands else None
-        if ins.opcode == "bra" and not (isinstance(target, Sym) and target.name in labels):
-            raise ParseError(ins.ptx_line, ins.text, f"branch target {target and _name(target)} is not a label of this function")
-    for op in ins.operands:
-        for sym in _symbols(op):
-            if sym not in known:
-                raise ParseError(ins.ptx_line, ins.text, f"{sym} is not a label, parameter, variable or function")
-
-
-def _name(op) -> str:
-    return getattr(op, "name", repr(op))
-
-
-def _symbols(op):
-    if isinstance(op, Sym):
-        yield op.name
-    elif isinstance(op, ParamList):
-        for item in op.items:
-            yield from _symbols(item)
-    elif getattr(op, "base", None) is not None and isinstance(op.base, Sym):
-        yield op.base.name
+def _check_branches(instructions: tuple, labels: dict) -> None:
+    for ins in instructions:
+        if ins.opcode == "bra":
+            target = ins.operands[-1] if ins.operands else None
+            if not (isinstance(target, Sym) and target.name in labels):
+                name = getattr(target, "name", "(none)")
+                raise ParseError(ins.ptx_line, ins.text, f"branch target {name} is not a label of this function")
 
 
 class _ModuleParser:
@@ -232,13 +223,14 @@ class _ModuleParser:
     def module(self, text: str) -> Module:
         locs = LocTable(self.files, self.strings)
         names = set(self.variables) | {f.name for f in self.functions}
-        kernels, funcs = {}, {}
-        for fn in self.functions:
+        kernels, funcs, defined = {}, {}, set()
+        for fn in self.functions:  # a definition replaces its forward declaration
             table = kernels if fn.entry else funcs
-            if fn.name in table and (table[fn.name].instructions or fn.raw):
+            if fn.has_body and fn.name in defined:
                 raise ParseError(fn.line, fn.name, f"function {fn.name} defined twice")
             if fn.has_body or fn.name not in table:
                 table[fn.name] = fn.finish(locs, names)
+            defined.update([fn.name] if fn.has_body else [])
         return Module(str(self.head["version"]), str(self.head["target"]), int(self.head["address_size"]),
                       tuple(self.variables.values()), kernels, dict(self.files), text, funcs)
 
