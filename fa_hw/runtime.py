@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compile import KERNEL_NAME, KernelBuild, compile_build
+from .cubin import ResourceUsage
 from .errors import FaHwError, KernelFault, NoGPUError
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -73,22 +74,28 @@ def _driver_call(result, what: str):
 class LoadedKernel:
     build: KernelBuild
     kernel: object  # cuda.core Kernel
-    registers: int
+    usage: ResourceUsage  # as the driver reports it for the loaded kernel (Kernel.attributes)
+
+    @property
+    def registers(self) -> int:
+        return self.usage.registers
 
 
 @functools.cache
 def load_kernel(build: KernelBuild) -> LoadedKernel:
-    """Compile (cached), load on the current device, raise the dynamic-smem limit if needed."""
+    """Compile (cached), load on the current device, raise the dynamic-smem limit if needed.
+    Registers and local memory are the driver's (the loaded kernel's attributes)."""
     dev = device()
     compiled = compile_build(build)
     try:
         kernel = compiled.object_code().get_kernel(KERNEL_NAME)
+        usage = ResourceUsage.from_kernel(kernel)
     except Exception as exc:
         raise KernelFault(f"loading the cubin of {build.describe()} failed: {_short(exc)}") from None
     smem = build.config.smem_bytes
     if smem > DEFAULT_SMEM_LIMIT:
         _set_max_dynamic_smem(kernel, smem, dev.device_id)
-    return LoadedKernel(build, kernel, compiled.usage.registers)
+    return LoadedKernel(build, kernel, usage)
 
 
 def _set_max_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:

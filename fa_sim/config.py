@@ -15,6 +15,11 @@ must divide block_m and block_n. Anything else is rejected up front by `__post_i
 message that lists what is supported, in the spirit of CuTe's `can_implement`.
 
 Causal masking and the softmax scale are call arguments, not part of the kernel shape.
+
+`softmax` picks the arithmetic of the exp2 argument (SCHEDULE.md, "Arithmetic rules"):
+`fmul_fsub` (default) is robust over the whole fp16 input range; `ffma` is FlashAttention-2's
+single-FFMA form, kept as a named diagnostic (faster by one instruction per score, but the row
+maximum's exponent is the rounding residue of m*s*log2(e), which overflows 2^x for large scores).
 """
 
 from __future__ import annotations
@@ -54,6 +59,23 @@ class SmemLayout(enum.Enum):
             raise ValueError(f"smem layout {value!r} is not supported; choose one of: {choices}") from None
 
 
+class SoftmaxForm(enum.Enum):
+    """How the kernel forms x*s*log2(e) - m*s*log2(e), the argument of ex2 (SCHEDULE.md)."""
+
+    FMUL_FSUB = "fmul_fsub"  # fsub(fmul(x, sl2), fmul(m, sl2)): exactly 0 for the row maximum
+    FFMA = "ffma"  # fma(x, sl2, -fmul(m, sl2)): FlashAttention-2's form; diagnostic only
+
+    @classmethod
+    def parse(cls, value: "SoftmaxForm | str") -> "SoftmaxForm":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ValueError(f"softmax form {value!r} is not supported; choose one of: {choices}") from None
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes, warp count and shared-memory layout of one kernel instance."""
@@ -63,9 +85,11 @@ class KernelConfig:
     head_dim: int = 64
     n_warps: int = 4
     smem: SmemLayout = SmemLayout.SWIZZLED
+    softmax: SoftmaxForm = SoftmaxForm.FMUL_FSUB
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
+        object.__setattr__(self, "softmax", SoftmaxForm.parse(self.softmax))
         problems = self._problems()
         if problems:
             raise ValueError(
@@ -73,7 +97,7 @@ class KernelConfig:
                 f"Supported: head_dim {HEAD_DIMS}, block_m {BLOCK_MS}, block_n {BLOCK_NS}, "
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
-                f"{tuple(m.value for m in SmemLayout)}"
+                f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}"
             )
 
     def _problems(self) -> list[str]:
@@ -97,17 +121,21 @@ class KernelConfig:
 
     # -- naming --------------------------------------------------------------------------------
     def describe(self) -> str:
+        extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f", softmax={self.softmax.value}"
         return (f"block_m={self.block_m}, block_n={self.block_n}, head_dim={self.head_dim}, "
-                f"n_warps={self.n_warps}, smem={self.smem.value}")
+                f"n_warps={self.n_warps}, smem={self.smem.value}{extra}")
 
     @property
     def tag(self) -> str:
-        """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables)."""
-        return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}"
+        """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
+        diagnostic softmax form adds a suffix: 'm64n64d64w4-swizzled-ffma'."""
+        extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
+        return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}{extra}"
 
     @classmethod
     def family(cls) -> list["KernelConfig"]:
-        """Every supported configuration, in a stable order (seed first)."""
+        """Every supported configuration, in a stable order (seed first), in the default softmax
+        form (the form is arithmetic, not shape)."""
         seed = cls()
         out = [seed]
         for d, bm, bn, w, s in itertools.product(HEAD_DIMS, BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):

@@ -202,7 +202,7 @@ def _round(m: Machine, prob: Problem, plan: KernelPlan, st: _State, t: int, m_bl
             m.cp_async(S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n), prob.seqlen_k)
             m.commit_group(S.commit_k)
     p, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
-        m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k])
+        m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
     tCrP = p.astype(np.float16).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3)
