@@ -5,7 +5,8 @@ thread, word], for the same selected CTAs. `compare_checkpoints` walks it and re
 checkpoint: how many values were compared, the fraction that is bit-identical, the largest
 difference in units in the last place, and the first mismatch as (checkpoint, round, warp, lane,
 register, simulator value, GPU value). `BOUNDS` is the documented largest difference each
-checkpoint may show; `fa compare` exits 0 only when all are met.
+checkpoint may show; `fa compare` exits 0 only when all are met. `SavedRun` is the versioned
+.npz of a GPU run (`fa compare --save`, `--gpu-npz`), so the comparison also runs without a GPU.
 
 Why the bounds are what they are (measured on the H200; see README, "Simulator against GPU"):
 - sQ, sK, sV and s_acc, s_masked, row_max are bit-exact: data movement is exact, and the
@@ -18,12 +19,14 @@ Why the bounds are what they are (measured on the H200; see README, "Simulator a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import re
+import zipfile
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
-from .config import WARP_SIZE, KernelConfig
+from .config import WARP_SIZE, KernelConfig, SoftmaxForm
 from .events import Checkpoint, CheckpointEvent, LaunchInfo
 from .kernels import Problem
 
@@ -288,3 +291,81 @@ def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))
+
+
+# ---- saved GPU runs ---------------------------------------------------------------------------
+SAVED_RUN_FORMAT = 2  # 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
+_TAG = re.compile(r"m(\d+)n(\d+)d(\d+)w(\d+)-([a-z]+)(?:-([a-z_]+))?")
+
+
+def config_from_tag(tag: str, softmax: SoftmaxForm = SoftmaxForm.FMUL_FSUB) -> KernelConfig:
+    """KernelConfig.tag back to a config, e.g. 'm64n64d64w4-swizzled' or '...-swizzled-ffma';
+    `softmax` is the form of a tag without a suffix."""
+    m = _TAG.fullmatch(str(tag))
+    if not m:
+        raise ValueError(f"{tag!r} is not a config tag like {KernelConfig().tag!r}")
+    bm, bn, d, w, smem, form = m.groups()
+    return KernelConfig(block_m=int(bm), block_n=int(bn), head_dim=int(d), n_warps=int(w), smem=smem,
+                        softmax=SoftmaxForm.parse(form) if form else softmax)
+
+
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
+_SAVED_ARRAYS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
+
+
+def _read_npz(path) -> dict[str, np.ndarray]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except _READ_ERRORS as exc:  # missing, not a zip, truncated, a pickle (allow_pickle=False)
+        why = "not an .npz archive (only a pickle could be read, which is refused)" if "pickle" in str(exc) \
+            else " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"cannot read {path}: {why}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"cannot read {path}: it holds one array, not an .npz archive of a saved GPU run")
+    try:
+        with archive:
+            return {name: archive[name] for name in archive.files}
+    except _READ_ERRORS as exc:  # a truncated or corrupt member
+        raise ValueError(f"cannot read {path}: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class SavedRun:
+    """One GPU run kept for comparison: inputs, O, LSE, the checkpoint buffer of `ctas`, and what
+    selected the kernel. Files written before the format was versioned (format 1) were all made
+    with the FFMA softmax form, the only one the kernel had; they load as such."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    checkpoints: np.ndarray  # uint32 [cta_sel, checkpoint, round, thread, word]
+    ctas: tuple[int, ...]
+    config: KernelConfig
+    causal: bool
+    scale: float
+
+    def save(self, path) -> None:
+        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=self.q, k=self.k, v=self.v, o=self.o, lse=self.lse,
+                            checkpoints=self.checkpoints, ctas=np.asarray(self.ctas, np.int64),
+                            config=self.config.tag, causal=self.causal, scale=self.scale)
+
+    @classmethod
+    def load(cls, path) -> "SavedRun":
+        """Read a run; an unreadable file, a missing array or an unknown format is one ValueError."""
+        data = _read_npz(path)
+        missing = [n for n in _SAVED_ARRAYS if n not in data]
+        if missing:
+            raise ValueError(f"{path} is not a saved GPU run (fa compare --save): it lacks {', '.join(missing)}")
+        fmt = int(data["format"]) if "format" in data else 1
+        if fmt not in (1, SAVED_RUN_FORMAT):
+            raise ValueError(f"{path} has saved-run format {fmt}; this flashsim reads formats 1 and {SAVED_RUN_FORMAT}")
+        default = SoftmaxForm.FFMA if fmt == 1 else SoftmaxForm.FMUL_FSUB
+        return cls(data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
+                   tuple(int(c) for c in data["ctas"]), config_from_tag(str(data["config"]), default),
+                   bool(data["causal"]), float(data["scale"]))
+
+    def with_config(self, config: KernelConfig) -> KernelConfig:
+        """`config` in this run's softmax form: the form is part of what the GPU ran."""
+        return replace(config, softmax=self.config.softmax)

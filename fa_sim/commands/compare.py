@@ -18,8 +18,8 @@ import json
 
 import numpy as np
 
-from ..crosscheck import build_report, format_report, simulate_with_checkpoints
-from .common import add_config_arguments, add_problem_arguments, config_from_args, load_npz, random_inputs
+from ..crosscheck import SavedRun, build_report, format_report, simulate_with_checkpoints
+from .common import add_config_arguments, add_problem_arguments, config_from_args, random_inputs
 
 
 def register(subparsers) -> None:
@@ -48,24 +48,25 @@ def _ctas(text, n_ctas: int) -> list[int]:
 
 
 def _gpu_side(args, q, k, v, config, ctas):
-    """(o, lse, checkpoint buffer, scale) from the GPU or from a saved run."""
+    """(o, lse, checkpoint buffer, scale, config) from the GPU or from a saved run, whose softmax
+    form (part of the kernel it ran) the simulator then follows."""
     if args.gpu_npz is not None:
-        data = load_npz(args.gpu_npz, ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale"))
+        run = SavedRun.load(args.gpu_npz)
+        config = run.with_config(config)
         for name, mine in (("q", q), ("k", k), ("v", v)):
-            if data[name].shape != mine.shape or not np.array_equal(data[name], mine):
+            if getattr(run, name).shape != mine.shape or not np.array_equal(getattr(run, name), mine):
                 raise ValueError(f"{args.gpu_npz} was recorded on other inputs ({name} differs); "
                                  f"pass the same shape/--seed options it was saved with")
-        if list(data["ctas"]) != list(ctas) or str(data["config"]) != config.tag or bool(data["causal"]) != args.causal:
-            raise ValueError(f"{args.gpu_npz} holds config {data['config']}, causal={bool(data['causal'])}, "
-                             f"CTAs {list(data['ctas'])}: pass the same options")
-        return data["o"], data["lse"], data["checkpoints"], float(data["scale"])
+        if list(run.ctas) != list(ctas) or run.config != config or run.causal != args.causal:
+            raise ValueError(f"{args.gpu_npz} holds config {run.config.tag}, causal={run.causal}, "
+                             f"CTAs {list(run.ctas)}: pass the same options")
+        return run.o, run.lse, run.checkpoints, run.scale, config
     import fa_hw
 
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
     if args.save is not None:
-        np.savez_compressed(args.save, q=q, k=k, v=v, o=out.o, lse=out.lse, checkpoints=out.checkpoints,
-                            ctas=np.asarray(ctas), config=config.tag, causal=args.causal, scale=out.scale)
-    return out.o, out.lse, out.checkpoints, out.scale
+        SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale).save(args.save)
+    return out.o, out.lse, out.checkpoints, out.scale, config
 
 
 def run(args) -> int:
@@ -73,7 +74,7 @@ def run(args) -> int:
     config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, -(-nq // config.block_m) * b * h)
-    o, lse, gpu_buf, scale = _gpu_side(args, q, k, v, config, ctas)
+    o, lse, gpu_buf, scale, config = _gpu_side(args, q, k, v, config, ctas)
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, args.causal, scale, config, ctas)
     report = build_report(q, k, v, args.causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
