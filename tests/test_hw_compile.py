@@ -53,7 +53,7 @@ def test_family_compiles(arch, cfg, causal, record_property):
     assert KERNEL_NAME.encode() in ck.cubin
     assert 0 < ck.usage.registers <= 255
     record_property("registers", ck.usage.registers)
-    record_property("spill_stores", ck.usage.spill_stores)
+    record_property("stack_bytes", ck.usage.stack_bytes)
 
 
 SUBSET = [
