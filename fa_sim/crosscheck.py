@@ -28,7 +28,7 @@ import numpy as np
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
 from .config import WARP_SIZE, KernelConfig, SoftmaxForm
 from .events import Checkpoint, CheckpointEvent, LaunchInfo
-from .kernels import Problem
+from .problem import Problem
 
 
 class ValueKind(enum.Enum):
@@ -73,7 +73,7 @@ class CheckpointRecorder:
 
     def on_launch(self, launch: LaunchInfo) -> None:
         cfg = launch.config
-        self.layout = CheckpointLayout(cfg, -(-launch.seqlen_k // cfg.block_n))
+        self.layout = CheckpointLayout(cfg, launch.problem.n_rounds)
         bad = [c for c in self.ctas if not 0 <= c < launch.n_ctas]
         if bad:
             raise ValueError(f"checkpoint CTAs {bad} are outside the grid of {launch.n_ctas} CTAs")
@@ -154,8 +154,7 @@ def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
     """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
-    prob = Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config)
-    return prob.n_block_max(np.asarray(ctas, dtype=np.int64) % prob.n_m_blocks)
+    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config).rounds_per_cta(ctas)
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,

@@ -247,6 +247,13 @@ class LaunchInfo:
     n_m_blocks: int  # grid x
     n_ctas: int  # grid x * grid y
 
+    @property
+    def problem(self):
+        """The launch as a fa_sim.problem.Problem (grid, rounds per CTA)."""
+        from .problem import Problem
+
+        return Problem(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.causal, self.scale, self.config)
+
 
 def decode_f16x2(words: np.ndarray) -> np.ndarray:
     """uint32 f16x2 words [..., k] -> float16 [..., 2k] (low half first, as PTX packs them)."""

@@ -29,9 +29,10 @@ from typing import Callable
 import numpy as np
 
 from ..checkpoints import CheckpointLayout
-from ..config import WARP_SIZE, KernelConfig
+from ..config import WARP_SIZE
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Checkpoint, Site, Tensor, Tile, tile_base
 from ..machine import Instr, Machine
+from ..problem import Problem
 from .plan import KernelPlan, Step, kernel_plan
 from .softmax import NEG_INF, scale_rows, softmax_rescale_o
 
@@ -55,39 +56,6 @@ class Mutation:
 
 
 NO_MUTATION = Mutation()
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One launch: shapes, causal flag, softmax scale (fp32 in the kernel) and config."""
-
-    batch: int
-    heads: int
-    seqlen_q: int
-    seqlen_k: int
-    causal: bool
-    scale: float
-    config: KernelConfig
-
-    @property
-    def n_m_blocks(self) -> int:
-        return -(-self.seqlen_q // self.config.block_m)
-
-    @property
-    def n_ctas(self) -> int:
-        return self.n_m_blocks * self.batch * self.heads
-
-    @property
-    def n_rounds(self) -> int:
-        return -(-self.seqlen_k // self.config.block_n)
-
-    def n_block_max(self, m_block: np.ndarray) -> np.ndarray:
-        """K/V rounds of each Q block (spec, causal skipping; the min with seqlen_k is ours)."""
-        cfg = self.config
-        keys = np.full_like(m_block, self.seqlen_k)
-        if self.causal:
-            keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
-        return -(-keys // cfg.block_n)
 
 
 def wave_order(prob: Problem, ctas: np.ndarray) -> np.ndarray:
