@@ -2,7 +2,7 @@
 
     est = estimate(Problem(1, 16, 65536, 65536, False, 0.125, KernelConfig()))
     print(est.describe())       # about 3.6 h and 1.0 GiB for the simulation ...
-    est.check(reference=True)   # ValueError past the memory this machine has available
+    est.check(reference=True)   # ValueError past the memory this machine has (machine_bytes)
 
 Both backends' unit of work is the CTA-round (Problem.cta_rounds). The coefficients below were
 measured on the development machine (2 shared cores, numpy 2.4, `experiments/bench_sim.py` and a
@@ -36,19 +36,41 @@ WAVE_BYTES_H200 = 850  # * block_m * max(block_n, head_dim) per CTA of a wave
 GIB = 1 << 30
 
 
-def available_bytes() -> int:
-    """Memory this process can still take: MemAvailable (Linux), else physical memory."""
+def _meminfo(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def machine_bytes() -> int:
+    """The memory this process can have at most: physical memory (MemTotal, else sysconf), or the
+    container's limit (cgroup v2 memory.max) if lower. Refusals compare against this, not against
+    what happens to be free now, which other processes move from second to second."""
+    total = _meminfo("MemTotal")
+    if total is None:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 1 << 62  # unknown: refuse nothing
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: do not refuse
+    return total
+
+
+def available_bytes() -> int:
+    """Memory free for new work now (MemAvailable), for the estimate's report."""
+    free = _meminfo("MemAvailable")
+    return machine_bytes() if free is None else min(free, machine_bytes())
 
 
 @dataclass(frozen=True)
@@ -59,28 +81,30 @@ class Estimate:
     sim_bytes: int
     reference_seconds: float
     reference_bytes: int
-    available: int
+    machine: int  # machine_bytes(): what a run may need at most
+    available: int  # available_bytes() when estimated: reported, not enforced
 
     def needed(self, reference: bool = False) -> int:
         return self.sim_bytes + (self.reference_bytes if reference else 0)
 
     def check(self, reference: bool = False) -> None:
-        """ValueError when the run (and the reference) would not fit in the available memory."""
+        """ValueError when the run (and the reference) would need more memory than the machine has."""
         need = self.needed(reference)
-        if need > self.available:
+        if need > self.machine:
             what = "simulation and float64 reference" if reference else "simulation"
             raise ValueError(f"{self.problem.describe()}: the {what} need about {_size(need)}, more than the "
-                             f"{_size(self.available)} this machine has available; choose a smaller problem")
+                             f"{_size(self.machine)} of memory this machine has; choose a smaller problem")
 
     def describe(self) -> str:
         return (f"estimate: about {_duration(self.sim_seconds)} and {_size(self.sim_bytes)} for the simulation "
                 f"({self.problem.cta_rounds:,} CTA-rounds), about {_duration(self.reference_seconds)} and "
-                f"{_size(self.reference_bytes)} for the float64 reference; {_size(self.available)} available")
+                f"{_size(self.reference_bytes)} for the float64 reference; {_size(self.available)} of "
+                f"{_size(self.machine)} available")
 
     def to_json(self) -> dict:
         return {"cta_rounds": self.problem.cta_rounds, "sim_seconds": self.sim_seconds, "sim_bytes": self.sim_bytes,
                 "reference_seconds": self.reference_seconds, "reference_bytes": self.reference_bytes,
-                "available_bytes": self.available}
+                "machine_bytes": self.machine, "available_bytes": self.available}
 
 
 def estimate(problem: Problem, mma_model=None, wave_ctas: int = 256) -> Estimate:
@@ -97,8 +121,8 @@ def estimate(problem: Problem, mma_model=None, wave_ctas: int = 256) -> Estimate
     io = rows * (2 * p.seqlen_q * cfg.head_dim * 2 + 2 * p.seqlen_k * cfg.head_dim * 2 + 4 * p.seqlen_q)
     scores = rows * p.seqlen_q * p.seqlen_k
     return Estimate(problem, wave_ctas, p.cta_rounds * per_round, io + wave * per_cta,
-                    scores * (R0_S + R1_S * cfg.head_dim), BLOCK_BYTES + 2 * 8 * p.seqlen_k * cfg.head_dim,
-                    available_bytes())
+                    scores * (R0_S + R1_S * cfg.head_dim), min(BLOCK_BYTES, 16 * p.seqlen_q * p.seqlen_k)
+                    + 2 * 8 * p.seqlen_k * cfg.head_dim, machine_bytes(), available_bytes())
 
 
 def _size(n: float) -> str:

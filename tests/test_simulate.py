@@ -254,7 +254,7 @@ def test_a_terminal_gets_a_tqdm_bar(monkeypatch):
 def test_a_run_past_the_available_memory_is_refused_before_it_starts(monkeypatch):
     import fa_sim.estimate as est
 
-    monkeypatch.setattr(est, "available_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(est, "machine_bytes", lambda: 1 << 20)
     q, k, v = _inputs(1, 2, 300, 300, 64, 0)
-    with pytest.raises(ValueError, match=r"need about .* more than the 1 MiB this machine has available"):
+    with pytest.raises(ValueError, match=r"need about .* more than the 1 MiB of memory this machine has"):
         fa_sim.simulate(q, k, v)
