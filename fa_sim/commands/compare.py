@@ -19,6 +19,7 @@ import json
 import numpy as np
 
 from ..crosscheck import SavedRun, build_report, format_report, simulate_with_checkpoints
+from ..problem import Problem
 from .common import add_config_arguments, add_problem_arguments, config_from_args, random_inputs
 
 
@@ -73,7 +74,7 @@ def run(args) -> int:
     q, k, v = random_inputs(args)
     config = config_from_args(args)
     b, h, nq, _ = q.shape
-    ctas = _ctas(args.ctas, -(-nq // config.block_m) * b * h)
+    ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
     o, lse, gpu_buf, scale, config = _gpu_side(args, q, k, v, config, ctas)
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, args.causal, scale, config, ctas)
     report = build_report(q, k, v, args.causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
