@@ -182,6 +182,18 @@ def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKern
     return out
 
 
+def compile_many(builds, workers: int | None = None) -> list[CompiledKernel]:
+    """compile_build for many builds in parallel processes (one NVRTC compile uses one core),
+    filling the on-disk cache: what a machine with many cores does before a test run."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    builds = list(builds)
+    if workers == 1 or len(builds) < 2:
+        return [compile_build(b) for b in builds]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(compile_build, builds))
+
+
 def _usage(cubin: bytes, build: KernelBuild) -> ResourceUsage:
     try:
         return ResourceUsage.from_cubin(cubin, KERNEL_NAME)

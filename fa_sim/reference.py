@@ -53,6 +53,25 @@ def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 
+EXTREME_CASES = ("q=k=65504", "q=-k=65504", "constant 12000", "N(0,300)")
+
+
+def extreme_inputs(case: str, shape=(1, 1, 64, 64), seed: int = 0):
+    """fp16 q, k, v at the edges of the fp16 range (issue 8; SCHEDULE.md "Arithmetic rules"):
+    q = k = 65504, q = -k = 65504, q = k = 12000 everywhere, or q, k ~ N(0, 300); v ~ N(0, 1).
+    Their scores reach d * 65504^2; the FFMA softmax form overflows on the first three."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape).astype(np.float16)
+    big = np.full(shape, 65504, np.float16)
+    qk = {"q=k=65504": (big, big), "q=-k=65504": (big, -big),
+          "constant 12000": (np.full(shape, 12000, np.float16),) * 2}
+    if case == "N(0,300)":
+        return (rng.standard_normal(shape) * 300).astype(np.float16), (rng.standard_normal(shape) * 300).astype(np.float16), v
+    if case not in qk:
+        raise ValueError(f"unknown extreme case {case!r}; choose one of {EXTREME_CASES}")
+    return (*qk[case], v)
+
+
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     """[Nq, Nk] bool, True where key k is visible to query q: k <= q (top-left, spec figure 12)."""
     return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None]

@@ -173,3 +173,13 @@ def test_a_cubin_without_the_kernel_is_a_clear_error():
     cubin = compile_kernel(SEED, arch="sm_90").cubin
     with pytest.raises(CubinError, match="'other_kernel' is not in the cubin's symbol table"):
         ResourceUsage.from_cubin(cubin, "other_kernel")
+
+
+def test_compile_many_fills_the_cache_in_parallel(tmp_path, monkeypatch):
+    from fa_hw.compile import compile_many
+
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
+    builds = [KernelBuild(SEED, arch="sm_90"), KernelBuild(KernelConfig(softmax="ffma"), causal=True, arch="sm_90")]
+    got = compile_many(builds, workers=2)
+    assert [c.build for c in got] == builds and len(list(tmp_path.rglob("*.cubin"))) == 2
+    assert [c.usage for c in got] == [compile_kernel(b.config, causal=b.causal, arch="sm_90").usage for b in builds]
