@@ -3,8 +3,11 @@
     out = fa_hw.forward(q, k, v, causal=False, scale=None, config=None)
     out.o    [B, H, Nq, d] float16        out.lse  [B, H, Nq] float32 (natural log)
 
-O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors). config=None
-means the seed configuration at the inputs' head_dim. With `checkpoint_ctas` (linear CTA ids
+O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors). Inputs follow
+fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
+integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
+fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
+the inputs' head_dim; config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
 uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py.
 """

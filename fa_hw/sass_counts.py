@@ -44,7 +44,7 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
-from fa_sim.kernels import Problem
+from fa_sim.problem import Problem
 from fa_sim.kernels.plan import program_sites
 from fa_sim.simulate import simulate
 
