@@ -36,7 +36,7 @@ class NonFinite:
     """Rows of O or LSE that are not finite where float64 is, sharing one cause."""
 
     what: str  # "O" or "LSE"
-    rows: int  # query rows concerned (among the diagnosed ones when cause is shared)
+    rows: int  # every bad row when one cause explains all diagnosed rows, else the diagnosed ones with this cause
     first: tuple[int, int, int]  # (batch, head, query) of the first
     value: float  # the result there (nan / inf)
     cause: str
