@@ -132,7 +132,23 @@ def markdown(rows, gpu_name: str) -> str:
         lines.append(f"| {tuple(r['case'])} | {r['causal']} | {r['backend']} | {r['config'] or '-'} | {f(r['ms'], 3)} | "
                      f"{f(r['tflops'], 1)} | {f(r['vs_flash'], 2)} | {r['registers'] or '-'} | "
                      f"{'-' if r['rel_err_vs_flash'] is None else format(r['rel_err_vs_flash'], '.1e')} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + form_costs(rows)) + "\n"
+
+
+def form_costs(rows) -> list[str]:
+    """The robust softmax form (default) against its '-ffma' twin, where both ran (--extra)."""
+    ours = {(tuple(r["case"]), r["causal"], r["config"]): r for r in rows if r["backend"] == "fa_hw"}
+    pairs = [(key, ours[key[:2] + (key[2] + "-ffma",)]) for key in ours if key[:2] + (key[2] + "-ffma",) in ours]
+    if not pairs:
+        return []
+    out = ["", "Softmax form: fmul_fsub (robust, default) against ffma (diagnostic), same run:", "",
+           "| B, H, N, d | causal | config | fmul_fsub ms | ffma ms | fmul_fsub / ffma time | TFLOP/s fmul_fsub / ffma |",
+           "|---|---|---|---:|---:|---:|---:|"]
+    for (case, causal, tag), twin in pairs:
+        r = ours[(case, causal, tag)]
+        out.append(f"| {case} | {causal} | {tag} | {r['ms']:.3f} | {twin['ms']:.3f} | {r['ms'] / twin['ms']:.3f} | "
+                   f"{r['tflops']:.1f} / {twin['tflops']:.1f} |")
+    return out
 
 
 def main(argv=None) -> int:
