@@ -2,9 +2,9 @@
 # All GPU-side work in one call: an `fa hw` smoke run, the tensor-core probe, the simulator-vs-GPU
 # sweep and compare runs, the Nsight Compute bank counters beside the simulator's, the GPU tests,
 # compute-sanitizer memcheck and racecheck, and the benchmark. Everything lands in one archive split into <= 15 MB parts under $OUT:
-# The numerics of issue 8 (empty NVRTC log, extreme inputs, softmax form timing): experiments/device_numerics.sh.
 #   cat $OUT/result.tgz.* | tar xz      (-> device/...)
 #   STEPS="probe sweep" bash experiments/device_crosscheck.sh     # a subset
+# The numerics of issue 8 (empty NVRTC log, extreme inputs, softmax form timing): experiments/device_numerics.sh.
 set -u
 OUT=${OUT:-experiments/out}
 W=$(mktemp -d)/device
