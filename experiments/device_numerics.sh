@@ -51,8 +51,7 @@ cc = os.path.expanduser("~/.nv/ComputeCache")
 print(f"NVRTC log: {len(ck.log)} chars; usage from the cubin: {ck.usage}; ComputeCache entries:",
       sum(len(f) for _, _, f in os.walk(cc)) if os.path.isdir(cc) else "none")'
 
-WARM='import itertools, sys
-from fa_hw import device_arch
+WARM='from fa_hw import device_arch
 from fa_hw.compile import KernelBuild, compile_many
 from fa_sim import KernelConfig
 arch, C = device_arch(), KernelConfig

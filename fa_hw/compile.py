@@ -185,12 +185,14 @@ def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKern
 def compile_many(builds, workers: int | None = None) -> list[CompiledKernel]:
     """compile_build for many builds in parallel processes (one NVRTC compile uses one core),
     filling the on-disk cache: what a machine with many cores does before a test run."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     builds = list(builds)
     if workers == 1 or len(builds) < 2:
         return [compile_build(b) for b in builds]
-    with ProcessPoolExecutor(workers) as pool:
+    # spawn, not fork: the caller may hold a CUDA context (device_arch()), which a fork must not copy
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(compile_build, builds))
 
 
