@@ -4,6 +4,7 @@
 # compute-sanitizer memcheck and racecheck, and the benchmark. Everything lands in one archive split into <= 15 MB parts under $OUT:
 #   cat $OUT/result.tgz.* | tar xz      (-> device/...)
 #   STEPS="probe sweep" bash experiments/device_crosscheck.sh     # a subset
+# The numerics of issue 8 (empty NVRTC log, extreme inputs, softmax form timing): experiments/device_numerics.sh.
 set -u
 OUT=${OUT:-experiments/out}
 W=$(mktemp -d)/device

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fa_sim import KernelConfig
+from fa_sim import KernelConfig, Problem
 from fa_sim.checkpoints import CHECKPOINTS
 from fa_sim.crosscheck import CompareReport, build_report, simulate_with_checkpoints
 from fa_sim.reference import random_inputs
@@ -46,7 +46,7 @@ class Case:
     @property
     def ctas(self) -> list[int]:
         """First, middle and last CTA of the grid (the last holds the tails and, causal, the most rounds)."""
-        n = -(-self.seqlen_q // self.config.block_m) * self.batch * self.heads
+        n = Problem(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.causal, 1.0, self.config).n_ctas
         return sorted({0, n // 2, n - 1})
 
 

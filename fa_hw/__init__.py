@@ -5,10 +5,11 @@ checkpoint layout as the simulator.
     import fa_hw
     out = fa_hw.forward(q, k, v, causal=False, scale=None, config=None)   # .o .lse .kernel_ms
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
-    ck.usage.registers, ck.sass()
+    ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin
 """
 
-from .compile import CompiledKernel, KernelBuild, ResourceUsage, compile_kernel
+from .compile import CompiledKernel, KernelBuild, compile_kernel
+from .cubin import ResourceUsage
 from .errors import CompileError, FaHwError, KernelFault, NoGPUError
 from .forward import HwResult, forward
 from .runtime import device_arch, has_gpu

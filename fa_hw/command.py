@@ -4,8 +4,10 @@
     fa hw --seqlen 300 --seqlen-k 77 --smem padded --json # one JSON object
 
 Prints the relative Frobenius error of O and the max abs error of LSE against the float64
-reference, the kernel time (CUDA events), TFLOP/s and the kernel's register count. Without a GPU
-it exits with status 2 and one line (fa_hw.NoGPUError, printed by fa_sim/cli.py).
+reference (fa_sim.accuracy: streamed in blocks; any non-finite O or LSE is reported with its cause,
+null in JSON, exit status 1), the kernel time (CUDA events), TFLOP/s and the kernel's register
+count. Without a GPU it exits with status 2 and one line (fa_hw.NoGPUError, printed by
+fa_sim/cli.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from fa_sim.accuracy import measure
 from fa_sim.commands.common import (add_config_arguments, add_problem_arguments, config_from_args, random_inputs,
                                     seqlen_k)
 
@@ -34,19 +37,25 @@ def run(args: argparse.Namespace) -> int:
     nk = seqlen_k(args)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config)
-    o_ref, lse_ref = check.reference(q, k, v, args.causal, out.scale)
+    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
     report = {
         "config": config.tag, "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
-        "scale": out.scale, "rel_err_o": check.rel_err(out.o, o_ref), "max_abs_err_lse": check.max_abs_err(out.lse, lse_ref),
+        "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
     if args.json:
-        print(json.dumps(report))
-        return 0
+        print(json.dumps(report, allow_nan=False))
+        return 0 if acc.ok else 1
     print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}")
-    print(f"  rel err O (Frobenius, vs float64) {report['rel_err_o']:.3e}")
-    print(f"  max abs err LSE                   {report['max_abs_err_lse']:.3e}")
+    print(f"  rel err O (Frobenius, vs float64) {_num(acc.rel_err_o)}")
+    print(f"  max abs err LSE                   {_num(acc.max_abs_err_lse)}")
+    for finding in acc.nonfinite:
+        print(f"  NOT FINITE: {finding}")
     print(f"  kernel time                       {report['kernel_ms']:.4f} ms   ({report['tflops']:.1f} TFLOP/s, first launch)")
     print(f"  registers per thread              {report['registers']}")
-    return 0
+    return 0 if acc.ok else 1
+
+
+def _num(x: float | None) -> str:
+    return "not finite (see below)" if x is None else f"{x:.3e}"

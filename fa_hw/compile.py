@@ -2,25 +2,30 @@
 
 One `KernelBuild` (KernelConfig + causal + arch + debug checkpoints) is one NVRTC program: the
 config becomes FA_* macros, so every shape constant in the kernel is compile-time. Cubins are
-cached on disk under $FLASHSIM_CACHE or ~/.cache/flashsim, keyed by the source text, the macros,
-the NVRTC options and the NVRTC version. Compiling needs no GPU (cuda-core >= 1.0 produces cubin
-without a driver when the arch is given). A cubin for the exact arch is what runs: a PTX from an
-NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm_90
+cached on disk under $FLASHSIM_CACHE or ~/.cache/flashsim, keyed by the cache format, the source
+text, the macros, the NVRTC options and the NVRTC version. Compiling needs no GPU (cuda-core >= 1.0
+produces cubin without a driver when the arch is given). A cubin for the exact arch is what runs: a
+PTX from an NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm_90
 (shared/notes/gpu_facts.md).
+
+Registers and local memory come from the cubin (fa_hw.cubin), never from ptxas's log: NVRTC 13
+returns an empty log when its own compute cache (~/.nv/ComputeCache) already holds the program.
+The log is kept for reading only (`CompiledKernel.log`, possibly empty).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from fa_sim.cache import cache_key, cache_root, store_atomic
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
-from fa_sim.config import KernelConfig
+from fa_sim.config import KernelConfig, SoftmaxForm
 from fa_sim.ptx.nvrtc import nvrtc_version
 
+from .cubin import CubinError, ResourceUsage
 from .errors import CompileError
 
 SOURCE_PATH = Path(__file__).parent / "kernels" / "fa2_fwd.cu"
@@ -28,6 +33,7 @@ KERNEL_NAME = "fa2_fwd_kernel"
 REGISTER_FILE = 65536  # 32-bit registers per SM, sm_80 and sm_90
 SMEM_PER_SM = 164 * 1024  # sm_80's shared memory per SM (sm_90 has 228 KB)
 SMEM_RESERVED = 1024  # the driver's per-CTA reservation
+CACHE_FORMAT = 2  # 2: resource usage read from the cubin; 1 (unversioned): parsed from the log
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class KernelBuild:
                    FA_N_WARPS=cfg.n_warps, FA_ROW_PITCH=cfg.row_pitch, FA_SWZ_B=b, FA_SWZ_M=m,
                    FA_SWZ_S=s, FA_SK_OFFSET=cfg.sk_offset_bytes, FA_SV_OFFSET=cfg.sv_offset_bytes,
                    FA_SMEM_BYTES=cfg.smem_bytes, FA_CAUSAL=int(self.causal),
-                   FA_MIN_BLOCKS=self.min_blocks, FA_CHECKPOINTS=int(self.checkpoints))
+                   FA_MIN_BLOCKS=self.min_blocks, FA_CHECKPOINTS=int(self.checkpoints),
+                   FA_SOFTMAX_FFMA=int(cfg.softmax is SoftmaxForm.FFMA))
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
@@ -78,28 +85,6 @@ def min_blocks_per_sm(config: KernelConfig) -> int:
     by_regs = REGISTER_FILE // (config.n_threads * (accumulators + 64))
     by_smem = SMEM_PER_SM // (config.smem_bytes + SMEM_RESERVED)
     return max(1, min(by_regs, by_smem))
-
-
-@dataclass(frozen=True)
-class ResourceUsage:
-    """What ptxas reported for the kernel (its -v output)."""
-
-    registers: int
-    spill_stores: int
-    spill_loads: int
-    stack_bytes: int
-
-    @classmethod
-    def parse(cls, log: str) -> "ResourceUsage":
-        regs = re.search(r"Used (\d+) registers", log)
-        spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        if not regs or not spill:
-            raise CompileError("ptxas did not report register and spill counts", log)
-        return cls(int(regs.group(1)), int(spill.group(2)), int(spill.group(3)), int(spill.group(1)))
-
-    @property
-    def spills(self) -> bool:
-        return bool(self.spill_stores or self.spill_loads)
 
 
 @dataclass(frozen=True)
@@ -132,7 +117,7 @@ def _options(build: KernelBuild):
 
 
 def _cache_key(source: str, build: KernelBuild) -> str:
-    return cache_key(source=source, macros=build.macros(), arch=build.arch,
+    return cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
                      options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())
 
 
@@ -173,13 +158,37 @@ def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKern
     path = cache_dir() / f"{_cache_key(source, build)}.cubin"
     meta = path.with_suffix(".json")
     if use_cache and path.exists() and meta.exists():
-        info = json.loads(meta.read_text())
-        return CompiledKernel(build, path.read_bytes(), info["log"], ResourceUsage(**info["usage"]))
+        cubin = path.read_bytes()
+        try:
+            return CompiledKernel(build, cubin, json.loads(meta.read_text()).get("log", ""), _usage(cubin, build))
+        except (ValueError, CompileError):  # a truncated or foreign entry: compile afresh
+            pass
     cubin, log = _nvrtc(source, build)
-    out = CompiledKernel(build, cubin, log, ResourceUsage.parse(log))
+    out = CompiledKernel(build, cubin, log, _usage(cubin, build))
     if use_cache:
-        _store(path, cubin, json.dumps({"log": log, "usage": asdict(out.usage), "build": build.describe()}))
+        _store(path, cubin, json.dumps({"format": CACHE_FORMAT, "log": log, "build": build.describe()}))
     return out
+
+
+def compile_many(builds, workers: int | None = None) -> list[CompiledKernel]:
+    """compile_build for many builds in parallel processes (one NVRTC compile uses one core),
+    filling the on-disk cache: what a machine with many cores does before a test run."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    builds = list(builds)
+    if workers == 1 or len(builds) < 2:
+        return [compile_build(b) for b in builds]
+    # spawn, not fork: the caller may hold a CUDA context (device_arch()), which a fork must not copy
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(compile_build, builds))
+
+
+def _usage(cubin: bytes, build: KernelBuild) -> ResourceUsage:
+    try:
+        return ResourceUsage.from_cubin(cubin, KERNEL_NAME)
+    except CubinError as exc:
+        raise CompileError(f"the cubin of {build.describe()} is unreadable: {exc}") from None
 
 
 def _store(path: Path, cubin: bytes, meta: str) -> None:

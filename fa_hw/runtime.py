@@ -4,7 +4,7 @@ Models the host half of a CUDA program, top to bottom as in the cuda.core exampl
 Device -> Program.compile("cubin") (fa_hw.compile) -> ObjectCode.get_kernel -> LaunchConfig ->
 launch -> sync. A `LaunchPlan` is one ready launch of fa2_fwd_kernel:
 
-  grid   (ceil(Nq / block_m), B*H)       block  n_threads       dynamic smem  config.smem_bytes
+  grid   Problem.grid = (ceil(Nq / block_m), B*H)   block  n_threads   dynamic smem  config.smem_bytes
   args   q k v o lse (device pointers, 8-byte ints), seqlen_q, seqlen_k (np.int32), scale
          (np.float32) [+ checkpoint buffer, CTA selection (pointers), n_rounds (np.int32)]
 
@@ -21,11 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fa_sim.problem import Problem
+
 from .compile import KERNEL_NAME, KernelBuild, compile_build
+from .cubin import ResourceUsage
 from .errors import FaHwError, KernelFault, NoGPUError
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
 MAX_GRID_Y = 65535
+MAX_SEQLEN = 2**31 - 1  # seqlen_q, seqlen_k are int32 kernel arguments
 
 
 def _short(exc: BaseException) -> str:
@@ -73,22 +77,28 @@ def _driver_call(result, what: str):
 class LoadedKernel:
     build: KernelBuild
     kernel: object  # cuda.core Kernel
-    registers: int
+    usage: ResourceUsage  # as the driver reports it for the loaded kernel (Kernel.attributes)
+
+    @property
+    def registers(self) -> int:
+        return self.usage.registers
 
 
 @functools.cache
 def load_kernel(build: KernelBuild) -> LoadedKernel:
-    """Compile (cached), load on the current device, raise the dynamic-smem limit if needed."""
+    """Compile (cached), load on the current device, raise the dynamic-smem limit if needed.
+    Registers and local memory are the driver's (the loaded kernel's attributes)."""
     dev = device()
     compiled = compile_build(build)
     try:
         kernel = compiled.object_code().get_kernel(KERNEL_NAME)
+        usage = ResourceUsage.from_kernel(kernel)
     except Exception as exc:
         raise KernelFault(f"loading the cubin of {build.describe()} failed: {_short(exc)}") from None
     smem = build.config.smem_bytes
     if smem > DEFAULT_SMEM_LIMIT:
         _set_max_dynamic_smem(kernel, smem, dev.device_id)
-    return LoadedKernel(build, kernel, compiled.usage.registers)
+    return LoadedKernel(build, kernel, usage)
 
 
 def _set_max_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:
@@ -159,13 +169,18 @@ class LaunchPlan:
     args: tuple
 
     @classmethod
-    def make(cls, build: KernelBuild, ptrs: tuple[int, ...], seqlen_q: int, seqlen_k: int, scale: float,
-             batch_heads: int, checkpoint_args: tuple = ()) -> "LaunchPlan":
-        if batch_heads > MAX_GRID_Y:
-            raise ValueError(f"batch*heads = {batch_heads} exceeds the grid's y limit {MAX_GRID_Y}")
+    def make(cls, build: KernelBuild, ptrs: tuple[int, ...], problem: Problem,
+             checkpoint_args: tuple = ()) -> "LaunchPlan":
+        grid_x, grid_y = problem.grid
+        if grid_y > MAX_GRID_Y:
+            raise ValueError(f"batch*heads = {grid_y} exceeds the grid's y limit {MAX_GRID_Y}")
+        if max(problem.seqlen_q, problem.seqlen_k) > MAX_SEQLEN:
+            raise ValueError(f"sequence lengths up to {MAX_SEQLEN} fit the kernel's int32 arguments, "
+                             f"got Nq={problem.seqlen_q}, Nk={problem.seqlen_k}")
         cfg = build.config
-        grid = (-(-seqlen_q // cfg.block_m), batch_heads, 1)
-        args = tuple(int(p) for p in ptrs) + (np.int32(seqlen_q), np.int32(seqlen_k), np.float32(scale))
+        grid = (grid_x, grid_y, 1)
+        args = tuple(int(p) for p in ptrs) + (np.int32(problem.seqlen_q), np.int32(problem.seqlen_k),
+                                              np.float32(problem.scale))
         if build.checkpoints:
             ck_buf, ck_sel, n_rounds = checkpoint_args
             args += (int(ck_buf), int(ck_sel), np.int32(n_rounds))

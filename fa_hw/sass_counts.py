@@ -44,7 +44,7 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
-from fa_sim.kernels import Problem
+from fa_sim.problem import Problem
 from fa_sim.kernels.plan import program_sites
 from fa_sim.simulate import simulate
 
@@ -417,8 +417,8 @@ def per_warp_table(cfg: KernelConfig, causal: bool = False, arch: str = "sm_90",
     off = {r: sorted({tuple(sorted(off_classes(w).items())) for w in ks.paths(r)}) for r in ("prologue", "trip", "last_trip")}
     lines.append("issued with a false guard, per path: " + "; ".join(f"{r} {v}" for r, v in off.items()))
     if any(local := local_memory_bytes(text)):
-        lines.append(f"spills (not in the simulator): {local[0]} B STL, {local[1]} B LDL (ptxas: "
-                     f"{ck.usage.spill_stores}, {ck.usage.spill_loads})")
+        lines.append(f"spills (not in the simulator): {local[0]} B STL, {local[1]} B LDL "
+                     f"(stack frame {ck.usage.stack_bytes} B per thread)")
     return "\n".join(lines)
 
 

@@ -1,15 +1,16 @@
-"""Inputs and outputs of fa_hw.forward: validation, fp16 conversion, device placement, DLPack.
+"""Inputs and outputs of fa_hw.forward: validation, device placement, DLPack.
 
 q [B, H, Nq, d], k and v [B, H, Nk, d]. Accepted kinds, all three alike:
-  numpy arrays          copied to the device; O and LSE come back as numpy
+  numpy arrays          copied to the device; O and LSE come back as numpy (so do other host
+                        arrays with __array__ / __dlpack__)
   torch tensors         CUDA tensors are used in place (zero copy when already fp16 and
                         contiguous), on torch's current stream; O and LSE are torch tensors on the
                         same device. CPU tensors go through numpy and come back as CPU tensors.
   cupy arrays           as torch, on cupy's current stream; O and LSE are cupy arrays.
-Bad input raises ValueError with the simulator's checks and words (fa_sim/simulate.py: rank,
-shapes, a dtype convertible to fp16, no NaN/Inf, nothing empty, head_dim of the family, a
-positive finite scale): numpy data goes through the simulator's own functions, GPU tensors through
-a transcription of them that tests/test_hw_gpu.py holds to the same messages.
+Validation is fa_sim.validate's, the simulator's own policy and words, run in the tensors' own
+library (on the GPU for device tensors): fp16, or values fp16 holds exactly (anything that would
+round or overflow is refused with the fix), finite, rank 4, matching shapes, a head_dim of the
+family, a positive scale within validate.max_scale, a config of that head_dim.
 """
 
 from __future__ import annotations
@@ -18,77 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fa_sim.simulate import _as_f16, _check_config, _check_scale, _check_shapes  # the simulator's checks
-from fa_sim.config import KernelConfig
+from fa_sim import validate
+from fa_sim.problem import Problem
+from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
-
-NUMPY, TORCH, CUPY = "numpy", "torch", "cupy"
-
-
-# ---- validation: the simulator's own checks and messages (fa_sim/simulate.py) ------------------
-class _Shape:
-    """Stands in for a tensor where only `.shape` (as a tuple) is read."""
-
-    def __init__(self, shape) -> None:
-        self.shape = tuple(int(n) for n in shape)
-
-
-def check_problem(q, k, v, causal, scale, config) -> tuple[tuple[int, int, int, int, int], float, KernelConfig]:
-    """Shapes, causal, scale, config with the simulator's messages -> ((B, H, Nq, Nk, d), scale, config)."""
-    _check_shapes(_Shape(q.shape), _Shape(k.shape), _Shape(v.shape))
-    if not isinstance(causal, (bool, np.bool_)):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    b, h, nq, d = (int(n) for n in q.shape)
-    return (b, h, nq, int(k.shape[2]), d), _check_scale(scale, d), _check_config(config, d)
-
-
-def kind_of(x) -> str:
-    module = type(x).__module__.split(".")[0]
-    if isinstance(x, np.ndarray):
-        return NUMPY
-    if module == "torch":
-        return TORCH
-    if module == "cupy":
-        return CUPY
-    raise ValueError(f"unsupported input type {type(x).__name__}: pass numpy arrays, torch tensors or cupy arrays")
-
-
-# ---- per-kind conversion to contiguous fp16 ----------------------------------------------------
-def _numpy_f16(name: str, x) -> np.ndarray:
-    return _as_f16(x, name)  # dtype, rank, emptiness, NaN/Inf, fp16 range
-
-
-def _device_f16(name: str, x, dtype_kind: str, isfinite, to_f16):
-    """The checks of fa_sim.simulate._as_f16, in its order and words, for a torch/cupy GPU tensor."""
-    if dtype_kind not in "fiu":
-        dtype = str(x.dtype).removeprefix("torch.")  # numpy's spelling, as the simulator prints it
-        raise ValueError(f"{name} has dtype {dtype}, which does not convert to fp16 (need float or integer)")
-    shape = tuple(int(n) for n in x.shape)
-    if len(shape) != 4:
-        raise ValueError(f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {shape}")
-    if 0 in shape:
-        raise ValueError(f"{name} is empty (shape {shape}); every dimension must be >= 1")
-    if dtype_kind == "f" and not bool(isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or Inf")
-    h = to_f16(x)
-    if not bool(isfinite(h).all()):
-        raise ValueError(f"{name} has values beyond the fp16 range (|x| > 65504)")
-    return h
-
-
-def _torch_f16(name: str, x):
-    import torch
-
-    kind = "f" if x.is_floating_point() else ("u" if x.dtype == torch.uint8 else "i" if not x.is_complex() and x.dtype != torch.bool else "c")
-    return _device_f16(name, x, kind, torch.isfinite, lambda t: t.to(torch.float16).contiguous())
-
-
-def _cupy_f16(name: str, x):
-    import cupy
-
-    return _device_f16(name, x, x.dtype.kind, cupy.isfinite,
-                       lambda a: cupy.ascontiguousarray(a.astype(cupy.float16, copy=False)))
 
 
 @dataclass
@@ -96,9 +31,7 @@ class DeviceProblem:
     """A validated problem on the device: pointers for the kernel plus what gives O, LSE back."""
 
     kind: str
-    shape: tuple[int, int, int, int, int]  # B, H, Nq, Nk, d
-    scale: float
-    config: KernelConfig
+    problem: Problem
     stream: object
     q_ptr: int
     k_ptr: int
@@ -110,9 +43,18 @@ class DeviceProblem:
     torch_cpu: bool = False
     keep: list = field(default_factory=list)  # converted inputs / buffers kept alive
 
+    @property
+    def config(self):
+        return self.problem.config
+
+    @property
+    def scale(self) -> float:
+        return self.problem.scale
+
     def results(self):
         """(O, LSE) in the caller's kind; for numpy this copies back and synchronises."""
-        b, h, nq, _, d = self.shape
+        p = self.problem
+        b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
         if self.kind != NUMPY:
             return self.o, self.lse
         o = runtime.download(self.o_ptr, np.empty((b, h, nq, d), np.float16), self.stream)
@@ -124,36 +66,36 @@ class DeviceProblem:
         return o, lse
 
 
-def to_device(q, k, v, causal, scale, config: KernelConfig | None) -> DeviceProblem:
-    """Validate, convert to contiguous fp16, place on the GPU, allocate O and LSE."""
-    kinds = {kind_of(x) for x in (q, k, v)}
+def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
+    """Validate (fa_sim.validate), make contiguous fp16, place on the GPU, allocate O and LSE."""
+    qh, kh, vh = (validate.to_fp16(x, name) for name, x in zip("qkv", (q, k, v)))
+    kinds = sorted({validate.kind_of(x) for x in (qh, kh, vh)})
     if len(kinds) != 1:
-        raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {sorted(kinds)}")
-    kind = kinds.pop()
-    torch_cpu = kind == TORCH and not q.is_cuda
-    if kind == NUMPY or torch_cpu:
-        q, k, v = (_numpy_f16(n, x) for n, x in zip("qkv", (q, k, v)))
-    else:
-        q, k, v = ((_torch_f16 if kind == TORCH else _cupy_f16)(n, x) for n, x in zip("qkv", (q, k, v)))
-    shape, scale, config = check_problem(q, k, v, causal, scale, config)
-    if kind == NUMPY or torch_cpu:
-        problem = _numpy_problem(q, k, v, shape, scale, config)
-        problem.torch_cpu = torch_cpu
-        return problem
-    return (_torch_problem if kind == TORCH else _cupy_problem)(q, k, v, shape, scale, config)
+        raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
+    problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)
+    kind = kinds[0]
+    if kind == TORCH and not qh.is_cuda:
+        out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
+        out.torch_cpu = True
+        return out
+    return {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
 
 
-def _numpy_problem(qh, kh, vh, shape, scale, config) -> DeviceProblem:
+def _outputs_shape(p: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return (p.batch, p.heads, p.seqlen_q, p.head_dim), (p.batch, p.heads, p.seqlen_q)
+
+
+def _numpy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     stream = runtime.own_stream()
     bufs = [runtime.upload(x, stream) for x in (qh, kh, vh)]
-    b, h, nq, _, d = shape
-    o = runtime.allocate(b * h * nq * d * 2, stream)
-    lse = runtime.allocate(b * h * nq * 4, stream)
+    o_shape, lse_shape = _outputs_shape(problem)
+    o = runtime.allocate(int(np.prod(o_shape)) * 2, stream)
+    lse = runtime.allocate(int(np.prod(lse_shape)) * 4, stream)
     ptrs = [int(x.handle) for x in (*bufs, o, lse)]
-    return DeviceProblem(NUMPY, shape, scale, config, stream, *ptrs, o, lse, keep=bufs)
+    return DeviceProblem(NUMPY, problem, stream, *ptrs, o, lse, keep=bufs)
 
 
-def _torch_problem(qh, kh, vh, shape, scale, config) -> DeviceProblem:
+def _torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     import torch
 
     dev = qh.device
@@ -161,23 +103,23 @@ def _torch_problem(qh, kh, vh, shape, scale, config) -> DeviceProblem:
         raise ValueError(f"q, k, v must be on one device, got {qh.device}, {kh.device}, {vh.device}")
     if dev.index not in (None, runtime.device().device_id):
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
-    b, h, nq, _, d = shape
-    o = torch.empty((b, h, nq, d), dtype=torch.float16, device=dev)
-    lse = torch.empty((b, h, nq), dtype=torch.float32, device=dev)
+    o_shape, lse_shape = _outputs_shape(problem)
+    o = torch.empty(o_shape, dtype=torch.float16, device=dev)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
     stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
     ptrs = [x.data_ptr() for x in (qh, kh, vh, o, lse)]
-    return DeviceProblem(TORCH, shape, scale, config, stream, *ptrs, o, lse, keep=[qh, kh, vh])
+    return DeviceProblem(TORCH, problem, stream, *ptrs, o, lse, keep=[qh, kh, vh])
 
 
-def _cupy_problem(qh, kh, vh, shape, scale, config) -> DeviceProblem:
+def _cupy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     import cupy
 
     ids = {x.device.id for x in (qh, kh, vh)}
     if ids != {runtime.device().device_id}:
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the arrays are on {sorted(ids)}")
-    b, h, nq, _, d = shape
-    o = cupy.empty((b, h, nq, d), dtype=cupy.float16)
-    lse = cupy.empty((b, h, nq), dtype=cupy.float32)
+    o_shape, lse_shape = _outputs_shape(problem)
+    o = cupy.empty(o_shape, dtype=cupy.float16)
+    lse = cupy.empty(lse_shape, dtype=cupy.float32)
     stream = runtime.foreign_stream(cupy.cuda.get_current_stream().ptr)
     ptrs = [x.data.ptr for x in (qh, kh, vh, o, lse)]
-    return DeviceProblem(CUPY, shape, scale, config, stream, *ptrs, o, lse, keep=[qh, kh, vh])
+    return DeviceProblem(CUPY, problem, stream, *ptrs, o, lse, keep=[qh, kh, vh])

@@ -20,6 +20,11 @@ Every field carries `metadata` (FIELD_HELP, FIELD_CHOICES, FIELD_OPTION): its me
 values and command-line option. The `fa` commands generate their config options from the fields
 (fa_sim/commands/common.py) and `to_json` / `from_json` walk the same fields, so a new field needs
 only its declaration here.
+
+`softmax` picks the arithmetic of the exp2 argument (SCHEDULE.md, "Arithmetic rules"):
+`fmul_fsub` (default) is robust over the whole fp16 input range; `ffma` is FlashAttention-2's
+single-FFMA form, kept as a named diagnostic (faster by one instruction per score, but the row
+maximum's exponent is the rounding residue of m*s*log2(e), which overflows 2^x for large scores).
 """
 
 from __future__ import annotations
@@ -82,6 +87,23 @@ def _meta(help: str, choices=None, option: str | None = None) -> dict:
     return out if option is None else {**out, FIELD_OPTION: option}
 
 
+class SoftmaxForm(enum.Enum):
+    """How the kernel forms x*s*log2(e) - m*s*log2(e), the argument of ex2 (SCHEDULE.md)."""
+
+    FMUL_FSUB = "fmul_fsub"  # fsub(fmul(x, sl2), fmul(m, sl2)): exactly 0 for the row maximum
+    FFMA = "ffma"  # fma(x, sl2, -fmul(m, sl2)): FlashAttention-2's form; diagnostic only
+
+    @classmethod
+    def parse(cls, value: "SoftmaxForm | str") -> "SoftmaxForm":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ValueError(f"softmax form {value!r} is not supported; choose one of: {choices}") from None
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes, warp count and shared-memory layout of one kernel instance."""
@@ -94,9 +116,14 @@ class KernelConfig:
     smem: SmemLayout = field(default=SmemLayout.SWIZZLED, metadata=_meta(
         "shared-memory layout of the Q/K/V tiles: swizzled (XOR of the 16-byte chunk with the row, "
         "spec table 11), plain (row-major), padded (rows + 16 bytes)", tuple(m.value for m in SmemLayout)))
+    softmax: SoftmaxForm = field(default=SoftmaxForm.FMUL_FSUB, metadata=_meta(
+        "arithmetic of the exp2 argument: fmul_fsub (robust over the whole fp16 range) or ffma "
+        "(FlashAttention-2's single FFMA, a diagnostic that overflows for large scores)",
+        tuple(m.value for m in SoftmaxForm)))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
+        object.__setattr__(self, "softmax", SoftmaxForm.parse(self.softmax))
         problems = self._problems()
         if problems:
             raise ValueError(
@@ -104,7 +131,7 @@ class KernelConfig:
                 f"Supported: head_dim {HEAD_DIMS}, block_m {BLOCK_MS}, block_n {BLOCK_NS}, "
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
-                f"{tuple(m.value for m in SmemLayout)}"
+                f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}"
             )
 
     def _problems(self) -> list[str]:
@@ -157,12 +184,15 @@ class KernelConfig:
 
     @property
     def tag(self) -> str:
-        """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables)."""
-        return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}"
+        """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
+        diagnostic softmax form adds a suffix: 'm64n64d64w4-swizzled-ffma'."""
+        extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
+        return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}{extra}"
 
     @classmethod
     def family(cls) -> list["KernelConfig"]:
-        """Every supported configuration, in a stable order (seed first)."""
+        """Every supported configuration, in a stable order (seed first), in the default softmax
+        form (the form is arithmetic, not shape)."""
         seed = cls()
         out = [seed]
         for d, bm, bn, w, s in itertools.product(HEAD_DIMS, BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):

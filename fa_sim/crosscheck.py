@@ -5,7 +5,8 @@ thread, word], for the same selected CTAs. `compare_checkpoints` walks it and re
 checkpoint: how many values were compared, the fraction that is bit-identical, the largest
 difference in units in the last place, and the first mismatch as (checkpoint, round, warp, lane,
 register, simulator value, GPU value). `BOUNDS` is the documented largest difference each
-checkpoint may show; `fa compare` exits 0 only when all are met.
+checkpoint may show; `fa compare` exits 0 only when all are met. `SavedRun` is the versioned
+.npz of a GPU run (`fa compare --save`, `--gpu-npz`), so the comparison also runs without a GPU.
 
 Why the bounds are what they are (measured on the H200; see README, "Simulator against GPU"):
 - sQ, sK, sV and s_acc, s_masked, row_max are bit-exact: data movement is exact, and the
@@ -18,16 +19,19 @@ Why the bounds are what they are (measured on the H200; see README, "Simulator a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import json
+import re
+import zipfile
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
-from .config import KernelConfig
-from .isa.sm80 import WARP_SIZE
 from .checkpoints import Checkpoint
+from .config import KernelConfig, SoftmaxForm
 from .events import CheckpointEvent, LaunchInfo
-from .kernels import Problem
+from .isa.sm80 import WARP_SIZE
+from .problem import Problem
 
 
 class ValueKind(enum.Enum):
@@ -72,7 +76,7 @@ class CheckpointRecorder:
 
     def on_launch(self, launch: LaunchInfo) -> None:
         cfg = launch.config
-        self.layout = CheckpointLayout(cfg, -(-launch.seqlen_k // cfg.block_n))
+        self.layout = CheckpointLayout(cfg, launch.problem.n_rounds)
         bad = [c for c in self.ctas if not 0 <= c < launch.n_ctas]
         if bad:
             raise ValueError(f"checkpoint CTAs {bad} are outside the grid of {launch.n_ctas} CTAs")
@@ -153,8 +157,7 @@ def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
     """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
-    prob = Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config)
-    return prob.n_block_max(np.asarray(ctas, dtype=np.int64) % prob.n_m_blocks)
+    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config).rounds_per_cta(ctas)
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
@@ -290,3 +293,89 @@ def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))
+
+
+# ---- saved GPU runs ---------------------------------------------------------------------------
+SAVED_RUN_FORMAT = 2  # 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
+_TAG = re.compile(r"m(\d+)n(\d+)d(\d+)w(\d+)-([a-z]+)(?:-([a-z_]+))?")
+
+
+def config_from_tag(tag: str, softmax: SoftmaxForm = SoftmaxForm.FMUL_FSUB) -> KernelConfig:
+    """KernelConfig.tag back to a config, e.g. 'm64n64d64w4-swizzled' or '...-swizzled-ffma';
+    `softmax` is the form of a tag without a suffix."""
+    m = _TAG.fullmatch(str(tag))
+    if not m:
+        raise ValueError(f"{tag!r} is not a config tag like {KernelConfig().tag!r}")
+    bm, bn, d, w, smem, form = m.groups()
+    return KernelConfig(block_m=int(bm), block_n=int(bn), head_dim=int(d), n_warps=int(w), smem=smem,
+                        softmax=SoftmaxForm.parse(form) if form else softmax)
+
+
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
+_SAVED_ARRAYS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
+
+
+def _read_npz(path) -> dict[str, np.ndarray]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except _READ_ERRORS as exc:  # missing, not a zip, truncated, a pickle (allow_pickle=False)
+        why = "not an .npz archive (only a pickle could be read, which is refused)" if "pickle" in str(exc) \
+            else " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"cannot read {path}: {why}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"cannot read {path}: it holds one array, not an .npz archive of a saved GPU run")
+    try:
+        with archive:
+            return {name: archive[name] for name in archive.files}
+    except _READ_ERRORS as exc:  # a truncated or corrupt member
+        raise ValueError(f"cannot read {path}: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class SavedRun:
+    """One GPU run kept for comparison: inputs, O, LSE, the checkpoint buffer of `ctas`, and what
+    selected the kernel. Files written before the format was versioned (format 1) were all made
+    with the FFMA softmax form, the only one the kernel had; they load as such."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    checkpoints: np.ndarray  # uint32 [cta_sel, checkpoint, round, thread, word]
+    ctas: tuple[int, ...]
+    config: KernelConfig
+    causal: bool
+    scale: float
+
+    def save(self, path) -> None:
+        """Write the run to `path` (a file name or an open binary file)."""
+        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=self.q, k=self.k, v=self.v, o=self.o, lse=self.lse,
+                            checkpoints=self.checkpoints, ctas=np.asarray(self.ctas, np.int64),
+                            config=self.config.tag, config_json=json.dumps(self.config.to_json()),
+                            causal=self.causal, scale=self.scale)
+
+    @classmethod
+    def load(cls, path) -> "SavedRun":
+        """Read a run; an unreadable file, a missing array or an unknown format is one ValueError."""
+        return cls.from_arrays(_read_npz(path), path)
+
+    @classmethod
+    def from_arrays(cls, data: dict, path) -> "SavedRun":
+        """The run from the arrays of its .npz (format 1 files hold only the config's tag)."""
+        missing = [n for n in _SAVED_ARRAYS if n not in data]
+        if missing:
+            raise ValueError(f"{path} is not a saved GPU run (fa compare --save): it lacks {', '.join(missing)}")
+        fmt = int(data["format"]) if "format" in data else 1
+        if fmt not in (1, SAVED_RUN_FORMAT):
+            raise ValueError(f"{path} has saved-run format {fmt}; this flashsim reads formats 1 and {SAVED_RUN_FORMAT}")
+        if "config_json" in data:
+            config = KernelConfig.from_json(str(data["config_json"]))
+        else:
+            config = config_from_tag(str(data["config"]), SoftmaxForm.FFMA if fmt == 1 else SoftmaxForm.FMUL_FSUB)
+        return cls(data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
+                   tuple(int(c) for c in np.ravel(data["ctas"])), config, bool(data["causal"]), float(data["scale"]))
+
+    def with_config(self, config: KernelConfig) -> KernelConfig:
+        """`config` in this run's softmax form: the form is part of what the GPU ran."""
+        return replace(config, softmax=self.config.softmax)

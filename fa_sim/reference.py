@@ -3,7 +3,9 @@
 `attention` is the oracle the simulator and the GPU kernel are measured against:
     S = Q K^T,  P = softmax_row(s S),  O = P V,  LSE = log sum_k exp(s S)      (spec, first formulas)
 with top-left causal alignment (key k visible to query q iff k <= q; spec figure 12), any
-seqlen_k >= 1, and s = 1/sqrt(d) by default.
+seqlen_k >= 1, and s = 1/sqrt(d) by default. It works in blocks of query rows
+(`attention_blocks`), so its memory is bounded whatever the problem size: every problem the
+simulator can run also gets its float64 error (fa_sim.accuracy streams the blocks).
 
 `walkthrough` replays the kernel's algorithm (spec "将刚才的过程写成通用更新", FlashAttention-2
 Algorithm 1) exactly, in `fractions.Fraction`, for any block sizes: per query block and per K/V round
@@ -18,10 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Iterator
 
 import numpy as np
 
 NEG_INF = float("-inf")  # a masked score (spec table 4: exp(s(-inf - m)) = 0)
+BLOCK_BYTES = 64 << 20  # float64 scores and weights of one block of query rows
 
 Scalar = Fraction | float  # Fraction, or NEG_INF for a masked score / an empty max
 Matrix = tuple[tuple[Scalar, ...], ...]
@@ -49,25 +53,82 @@ def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 
+EXTREME_CASES = ("q=k=65504", "q=-k=65504", "constant 12000", "N(0,300)")
+
+
+def extreme_inputs(case: str, shape=(1, 1, 64, 64), seed: int = 0):
+    """fp16 q, k, v at the edges of the fp16 range (issue 8; SCHEDULE.md "Arithmetic rules"):
+    q = k = 65504, q = -k = 65504, q = k = 12000 everywhere, or q, k ~ N(0, 300); v ~ N(0, 1).
+    Their scores reach d * 65504^2; the FFMA softmax form overflows on the first three."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape).astype(np.float16)
+    big = np.full(shape, 65504, np.float16)
+    qk = {"q=k=65504": (big, big), "q=-k=65504": (big, -big),
+          "constant 12000": (np.full(shape, 12000, np.float16),) * 2}
+    if case == "N(0,300)":
+        return (rng.standard_normal(shape) * 300).astype(np.float16), (rng.standard_normal(shape) * 300).astype(np.float16), v
+    if case not in qk:
+        raise ValueError(f"unknown extreme case {case!r}; choose one of {EXTREME_CASES}")
+    return (*qk[case], v)
+
+
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     """[Nq, Nk] bool, True where key k is visible to query q: k <= q (top-left, spec figure 12)."""
     return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None]
 
 
-def attention(q, k, v, causal: bool = False, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys: (o [..., Nq, dv], lse [..., Nq])."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+def block_rows(seqlen_k: int, block_bytes: int = BLOCK_BYTES) -> int:
+    """Query rows per block so that the block's float64 scores and weights fit `block_bytes`."""
+    return max(1, int(block_bytes) // (8 * 2 * seqlen_k))
+
+
+@dataclass(frozen=True)
+class Block:
+    """Float64 attention of one block of query rows of one [Nq, d] slice of the inputs."""
+
+    index: int  # into the leading dimensions, flattened (b * H + h for [B, H, N, d])
+    rows: slice  # query rows
+    o: np.ndarray  # [rows, dv] float64
+    lse: np.ndarray  # [rows] float64
+
+
+def attention_blocks(q, k, v, causal: bool = False, scale: float | None = None,
+                     block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+    """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys, one block of query rows at
+    a time: memory stays at `block_bytes` plus one slice of k and v in float64, whatever the size."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
     _check_inputs(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale}")
-    s = scale * (q @ np.swapaxes(k, -1, -2))  # [..., Nq, Nk]
-    if causal:
-        s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)  # finite: every query sees key 0
-    p = np.exp(s - m)
-    l = p.sum(axis=-1, keepdims=True)
-    return (p @ v) / l, (m + np.log(l))[..., 0]
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    rows = block_rows(n_k, block_bytes)
+    qs, ks, vs = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    for i in range(qs.shape[0]):
+        k64, v64 = ks[i].astype(np.float64), vs[i].astype(np.float64)
+        for r0 in range(0, n_q, rows):
+            r = slice(r0, min(n_q, r0 + rows))
+            s = scale * (qs[i, r].astype(np.float64) @ k64.T)  # [rows, Nk]
+            if causal:
+                s[np.arange(n_k)[None, :] > np.arange(r0, r.stop)[:, None]] = -np.inf
+            m = s.max(axis=-1, keepdims=True)  # finite: every query sees key 0
+            p = np.exp(np.subtract(s, m, out=s), out=s)
+            l = p.sum(axis=-1, keepdims=True)
+            yield Block(i, r, (p @ v64) / l, (m + np.log(l))[:, 0])
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None,
+              block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys: (o [..., Nq, dv], lse [..., Nq]),
+    computed in blocks of query rows (`attention_blocks`)."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    _check_inputs(q, k, v)
+    lead = q.shape[:-2]
+    o = np.empty((math.prod(lead), q.shape[-2], v.shape[-1]))
+    lse = np.empty((math.prod(lead), q.shape[-2]))
+    for blk in attention_blocks(q, k, v, causal, scale, block_bytes):
+        o[blk.index, blk.rows], lse[blk.index, blk.rows] = blk.o, blk.lse
+    return o.reshape(*lead, *o.shape[1:]), lse.reshape(*lead, lse.shape[-1])
 
 
 # -- exact ---------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
   experiments/mma_probe.py on the H200. fa_sim.tensorcore.H200 must reproduce all 24,576 outputs
   bit for bit, and be the best member of the model family.
 - compare_*.npz: `fa compare --save` runs on the H200 (inputs, O, LSE, checkpoint buffers of two
-  CTAs). The simulator must agree checkpoint by checkpoint within fa_sim.crosscheck.BOUNDS, with
-  data movement and S bit-exact.
+  CTAs), made with the FFMA softmax form (saved-run format 1). The simulator, in that form, must
+  agree checkpoint by checkpoint within fa_sim.crosscheck.BOUNDS, with data movement and S
+  bit-exact.
 """
 
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from fa_sim import KernelConfig
-from fa_sim.crosscheck import build_report, simulate_with_checkpoints
+from fa_sim.crosscheck import SavedRun, build_report, simulate_with_checkpoints
 from fa_sim.checkpoints import Checkpoint
 from fa_sim.tensorcore import EXACT, H200, fit
 
@@ -55,13 +56,12 @@ EXACT_CHECKPOINTS = (Checkpoint.S_ACC, Checkpoint.S_MASKED, Checkpoint.ROW_MAX, 
 
 @pytest.mark.parametrize("name", ["compare_seed_n128", "compare_causal_tails"])
 def test_simulator_matches_recorded_h200_checkpoints(name):
-    d = np.load(DATA / f"{name}.npz")
-    config = KernelConfig()
-    assert str(d["config"]) == config.tag
-    ctas = [int(c) for c in d["ctas"]]
-    causal = bool(d["causal"])
-    res, buf = simulate_with_checkpoints(d["q"], d["k"], d["v"], causal, float(d["scale"]), config, ctas)
-    rep = build_report(d["q"], d["k"], d["v"], causal, config, ctas, res, buf, d["o"], d["lse"], d["checkpoints"])
+    d = SavedRun.load(DATA / f"{name}.npz")  # recorded before the format was versioned: FFMA form
+    config = d.config
+    assert config == KernelConfig(softmax="ffma")
+    ctas = list(d.ctas)
+    res, buf = simulate_with_checkpoints(d.q, d.k, d.v, d.causal, d.scale, config, ctas)
+    rep = build_report(d.q, d.k, d.v, d.causal, config, ctas, res, buf, d.o, d.lse, d.checkpoints)
     stats = {s.checkpoint: s for s in rep.checkpoints}
     for ck in EXACT_CHECKPOINTS:
         assert stats[ck].fraction_identical == 1.0, (ck, stats[ck].first)

@@ -10,6 +10,9 @@ What each test covers, honestly:
   spanning every axis of the family (head dims, tile sizes, warps, layouts, causal, debug build).
 - `test_seed_sass`: the seed kernel's SASS holds the SM80 instructions the schedule names, and
   no local-memory spills.
+- Registers and local memory are read from the cubin (fa_hw.cubin), never from ptxas's log, which
+  NVRTC 13 leaves empty on a compute-cache hit: the cubin's numbers equal ptxas's report where
+  there is one, and an empty log changes nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import re
 
 import pytest
 
-from fa_hw import CompileError, compile_kernel
+from fa_hw import CompileError, ResourceUsage, compile_kernel
+from fa_hw import compile as compile_module
 from fa_hw.compile import KERNEL_NAME, KernelBuild, _nvrtc
+from fa_hw.cubin import CubinError
 from fa_hw.sass import opcode_counts
 from fa_sim.config import KernelConfig
 
@@ -48,7 +53,7 @@ def test_family_compiles(arch, cfg, causal, record_property):
     assert KERNEL_NAME.encode() in ck.cubin
     assert 0 < ck.usage.registers <= 255
     record_property("registers", ck.usage.registers)
-    record_property("spill_stores", ck.usage.spill_stores)
+    record_property("stack_bytes", ck.usage.stack_bytes)
 
 
 SUBSET = [
@@ -64,7 +69,7 @@ SUBSET = [
 def test_representative_subset_compiles_uncached(arch, cfg, causal, debug):
     ck = compile_kernel(cfg, causal=causal, arch=arch, checkpoints=debug, use_cache=False)
     assert _elf_sm(ck.cubin) == int(arch[3:])
-    assert re.search(r"Used \d+ registers", ck.log)
+    assert 0 < ck.usage.registers <= 255
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -81,7 +86,7 @@ def test_seed_sass(arch, capsys):
     assert ops["HMMA.16816.F32"] == 64 and ops["LDSM.16.MT88.4"] == 16
     with capsys.disabled():
         print(f"\n[fa_hw] seed kernel {arch}: {ck.usage.registers} registers, "
-              f"{ck.usage.spill_stores} B spill stores, HMMA {ops['HMMA.16816.F32']}, "
+              f"{ck.usage.stack_bytes} B stack frame, HMMA {ops['HMMA.16816.F32']}, "
               f"LDSM {ops['LDSM.16.M88.4']} + {ops['LDSM.16.MT88.4']} (.trans)")
 
 
@@ -100,3 +105,81 @@ def test_debug_build_static_checks_hold_for_the_family_sample():
     # the kernel static_asserts its checkpoint slot width against fa_sim.checkpoints
     for cfg in (SEED, KernelConfig(block_m=128, block_n=128, head_dim=32, n_warps=8)):
         assert compile_kernel(cfg, arch="sm_90", checkpoints=True).usage.registers > 0
+
+
+# ---- resource usage from the cubin, whatever the log says ---------------------------------------
+SPILLS = KernelConfig(block_m=128, block_n=128, head_dim=128, n_warps=4)  # > 255 registers: spills
+
+
+def _ptxas_report(log: str) -> tuple[int, int, int, int] | None:
+    """(registers, stack frame, spill stores, spill loads) from ptxas -v, None if the log is empty."""
+    regs = re.search(r"Used (\d+) registers", log)
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return None if not (regs and frame) else (int(regs[1]), int(frame[1]), int(frame[2]), int(frame[3]))
+
+
+@pytest.mark.parametrize("cfg,arch", [(SEED, "sm_90"), (SEED, "sm_80"), (SPILLS, "sm_90"),
+                                      (KernelConfig(head_dim=32, block_n=32, smem="padded"), "sm_80")],
+                         ids=lambda x: getattr(x, "tag", str(x)))
+def test_cubin_usage_equals_ptxas_report(cfg, arch):
+    from fa_hw.sass_counts import local_memory_bytes
+
+    ck = compile_kernel(cfg, arch=arch, use_cache=False)
+    report = _ptxas_report(ck.log)
+    if report is None:
+        pytest.skip("NVRTC returned no ptxas report (a compute-cache hit): nothing to compare with")
+    regs, frame, stores, loads = report
+    assert (ck.usage.registers, ck.usage.stack_bytes) == (regs, frame)
+    assert local_memory_bytes(ck.sass()) == (stores, loads)  # spill bytes: counted from the SASS
+    assert ck.usage.spills == (cfg == SPILLS)
+
+
+def test_an_empty_nvrtc_log_changes_nothing(monkeypatch, tmp_path):
+    """NVRTC 13 returns an empty log on a compute-cache hit: usage must not depend on it."""
+    want = compile_kernel(SEED, arch="sm_90", use_cache=False).usage
+    real = compile_module._nvrtc
+    monkeypatch.setattr(compile_module, "_nvrtc", lambda source, build: (real(source, build)[0], ""))
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
+    fresh = compile_kernel(SEED, arch="sm_90")  # compiles (empty cache) and stores
+    cached = compile_kernel(SEED, arch="sm_90")  # reads the entry back
+    assert fresh.log == cached.log == "" and fresh.usage == cached.usage == want
+    meta = next(tmp_path.rglob("*.json")).read_text()
+    assert '"format": 2' in meta
+
+
+def test_cache_entries_are_keyed_by_format(tmp_path, monkeypatch):
+    build = KernelBuild(SEED, arch="sm_90")
+    source = compile_module.SOURCE_PATH.read_text()
+    key = compile_module._cache_key(source, build)
+    monkeypatch.setattr(compile_module, "CACHE_FORMAT", compile_module.CACHE_FORMAT + 1)
+    assert compile_module._cache_key(source, build) != key
+
+
+def test_a_corrupt_cache_entry_is_recompiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
+    want = compile_kernel(SEED, arch="sm_90")
+    cubin = next(tmp_path.rglob("*.cubin"))
+    cubin.write_bytes(cubin.read_bytes()[:200])  # truncated by a full disk, say
+    assert compile_kernel(SEED, arch="sm_90").usage == want.usage
+
+
+@pytest.mark.parametrize("blob, message", [(b"not an elf", "not a 64-bit"), (b"\x7fELF\x02\x01" + bytes(10), "malformed")])
+def test_bad_cubin_bytes_are_a_clear_error(blob, message):
+    with pytest.raises(CubinError, match=message):
+        ResourceUsage.from_cubin(blob, KERNEL_NAME)
+
+
+def test_a_cubin_without_the_kernel_is_a_clear_error():
+    cubin = compile_kernel(SEED, arch="sm_90").cubin
+    with pytest.raises(CubinError, match="'other_kernel' is not in the cubin's symbol table"):
+        ResourceUsage.from_cubin(cubin, "other_kernel")
+
+
+def test_compile_many_fills_the_cache_in_parallel(tmp_path, monkeypatch):
+    from fa_hw.compile import compile_many
+
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
+    builds = [KernelBuild(SEED, arch="sm_90"), KernelBuild(KernelConfig(softmax="ffma"), causal=True, arch="sm_90")]
+    got = compile_many(builds, workers=2)
+    assert [c.build for c in got] == builds and len(list(tmp_path.rglob("*.cubin"))) == 2
+    assert [c.usage for c in got] == [compile_kernel(b.config, causal=b.causal, arch="sm_90").usage for b in builds]

@@ -42,14 +42,37 @@ def test_bad_input_messages_match_the_simulator(case):
 
 
 def test_unsupported_type_is_a_value_error():
-    with pytest.raises(ValueError, match="numpy arrays, torch tensors or cupy arrays"):
+    with pytest.raises(ValueError, match="q must be a numpy array, a torch tensor, a cupy array or an object with"):
         fa_hw.forward(Q.tolist(), Q, Q)
 
 
 @pytest.fixture
 def no_gpu():
+    """A machine with the hw extra (cuda.core) but no GPU/driver: the case these tests describe."""
+    pytest.importorskip("cuda.core", reason="the hw extra (cuda-core) is not installed")
     if fa_hw.has_gpu():
         pytest.skip("a GPU is present here")
+
+
+def test_without_the_hw_extra_the_error_says_what_to_install(monkeypatch):
+    import builtins
+
+    from fa_hw import runtime
+
+    real_import = builtins.__import__
+
+    def no_cuda_core(name, *args, **kwargs):
+        if name.startswith("cuda.core"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cuda_core)
+    runtime.device.cache_clear()
+    try:
+        with pytest.raises(fa_hw.NoGPUError, match=r"cuda.core is not installed; install flashsim\[hw\]"):
+            fa_hw.forward(Q, Q, Q)
+    finally:
+        runtime.device.cache_clear()
 
 
 def test_no_gpu_is_one_clear_error(no_gpu):

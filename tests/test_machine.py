@@ -85,7 +85,7 @@ def test_counts_are_repeat_times_warps_with_an_active_lane():
     plan = kernel_plan(CFG)
     m.round = 0
     m.set_live(2)  # CTA 2 has left the loop
-    m.ldmatrix(plan.sites.ldsm_k[0], plan.ldsm_k[0], 4, False, "tCrK")  # R = 4
+    m.ldmatrix(plan.sites.ldsm_k[0], plan.ldsm_k[0].smem, 4, False, "tCrK")  # R = 4
     assert m.hub.counts[(Op.LDSM, Phase.QK, 0)] == 4 * 4 * 2
     lane_mask = np.zeros((2, 4, 32), bool)
     lane_mask[0, 1, 3] = True  # one lane of one warp

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fa_sim.reference import (
-    NEG_INF, SPEC_EXAMPLE, Ln, attention, attention_exact, causal_mask, exact_scale, walkthrough,
+    NEG_INF, SPEC_EXAMPLE, Ln, attention, attention_blocks, attention_exact, block_rows, causal_mask, exact_scale,
+    walkthrough,
 )
 
 INF = NEG_INF
@@ -138,6 +139,40 @@ def test_float64_reference_matches_the_naive_formula(data, batch, n_q, n_k, d, d
     assert o.shape == batch + (n_q, dv) and lse.shape == batch + (n_q,)
     np.testing.assert_allclose(o, o_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, lse_ref, rtol=1e-12, atol=1e-12)
+
+
+def _unblocked(q, k, v, causal, scale):
+    """The definition over whole arrays at once (test oracle for the blocked reference)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    return (p @ v) / p.sum(axis=-1, keepdims=True), (m + np.log(p.sum(axis=-1, keepdims=True)))[..., 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 70), st.integers(1, 70), st.booleans(), st.integers(1, 9),
+       st.integers(0, 2**16))
+def test_blocked_reference_equals_the_unblocked_one(heads, n_q, n_k, causal, rows, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((2, heads, n, 16)).astype(np.float16) for n in (n_q, n_k, n_k))
+    o, lse = attention(q, k, v, causal=causal, block_bytes=rows * 16 * n_k)  # `rows` query rows per block
+    o_ref, lse_ref = _unblocked(q, k, v, causal, 0.25)
+    np.testing.assert_allclose(o, o_ref, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, lse_ref, rtol=1e-14, atol=1e-14)
+
+
+def test_blocks_cover_every_row_once_within_the_budget():
+    q = np.ones((1, 2, 1000, 8), np.float16)
+    budget = 16 * 300 * 37
+    blocks = list(attention_blocks(q, q[:, :, :300], q[:, :, :300], block_bytes=budget))
+    assert block_rows(300, budget) == 37 and {b.rows.stop - b.rows.start for b in blocks} == {37, 1000 % 37}
+    seen = np.zeros((2, 1000), int)
+    for b in blocks:
+        seen[b.index, b.rows] += 1
+    assert np.all(seen == 1)
 
 
 def test_float64_reference_is_stable_for_large_scores():

@@ -10,8 +10,9 @@ Where the two cannot match one to one, the exact relation is asserted instead:
   The simulator runs the program, so it matches the instructions that are on; the ones that are
   off are only ever LDGSTS, and only whole copies of a tile (`test_false_guards_are_whole_copies`).
 - Spills. A few large configs (block_m=128, 4 warps, with d=128 or block_n=128; 3 on sm_80, 6 on
-  sm_90) exceed 255 registers: ptxas adds STL/LDL, which the simulator has no notion of. They are left out of the comparison and checked
-  against ptxas itself: their static bytes are exactly the spill stores / loads it reports.
+  sm_90) exceed 255 registers: ptxas adds STL/LDL, which the simulator has no notion of. They are
+  left out of the comparison; they occur exactly where the cubin records a stack frame, and their
+  static bytes are ptxas's spill stores / loads (tests/test_hw_compile.py).
 - `@!PT LDS RZ, [RZ]` (three before each LDGSTS group) never execute and are not counted.
 - DEPBAR / LDGDEPBAR: one DEPBAR.LE SB0, 0x0 per cp.async.wait_group 0 and one LDGDEPBAR per
   commit_group, one to one; no relation needed.
@@ -81,8 +82,9 @@ def test_sim_counts_equal_sass_per_round(cfg, causal, arch):
         sim, prob = _sim(cfg, causal, nq, nk, heads=2)
         bad = mismatches(sim, sass_round_counts(ks, prob))  # the SASS side leaves LDL/STL out
         assert not bad, f"{cfg.tag} causal={causal} {arch} Nq={nq} Nk={nk}: " + "; ".join(bad)
-    # the relation for what is left out: local memory is exactly ptxas's spill traffic
-    assert local_memory_bytes(sass) == (ck.usage.spill_stores, ck.usage.spill_loads)
+    # what is left out is local memory, and only where the cubin's stack frame says there is some
+    # (tests/test_hw_compile.py: these bytes equal ptxas's spill report)
+    assert (local_memory_bytes(sass) != (0, 0)) == ck.usage.spills
 
 
 @pytest.mark.parametrize("cfg,causal,arch", [CASES[i] for i in (0, 6, 10)], ids=[ID[i] for i in (0, 6, 10)])

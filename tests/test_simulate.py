@@ -149,7 +149,8 @@ def test_cli_json(capsys):
     assert main(["sim", "--json", "--seqlen", "70", "--seqlen-k", "33", "--causal", "--head-dim", "32",
                  "--block-n", "32", "--heads", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"rel_err_o", "max_abs_err_lse", "seconds", "instructions"}
+    assert set(out) == {"rel_err_o", "max_abs_err_lse", "max_rel_err_lse", "nonfinite", "seconds", "instructions"}
+    assert out["nonfinite"] == []
     assert out["rel_err_o"] <= O_TOL and out["max_abs_err_lse"] <= LSE_TOL
     assert set(out["instructions"]) == {"LDGSTS", "LDSM", "HMMA", "SHFL", "BAR", "LDS", "STS"}
 
@@ -195,7 +196,65 @@ def test_progress_bar_total_is_the_cta_rounds_it_counts(monkeypatch, causal):
         def update(self, n):
             self.n += n
 
-    monkeypatch.setattr(sim_module, "_progress_bar", lambda progress, total: bars.append(Bar(total)) or bars[-1])
+    monkeypatch.setattr(sim_module, "_progress_bar", lambda progress, total, seconds: bars.append(Bar(total)) or bars[-1])
     q, k, v = _inputs(1, 1, 5 * 64 - 3, 150, 64, 0)
     fa_sim.simulate(q, k, v, causal=causal, wave_ctas=2)
     assert bars[0].n == bars[0].total > 0
+
+
+# ---- progress off a terminal ------------------------------------------------------------------------
+def _sim_module():
+    import sys
+
+    return sys.modules["fa_sim.simulate"]  # the module (fa_sim.simulate is the function)
+
+
+def test_progress_prints_lines_when_stderr_is_not_a_terminal(monkeypatch, capsys):
+    monkeypatch.setattr(_sim_module(), "PROGRESS_INTERVAL_S", 0.0)  # a line at every update
+    q, k, v = _inputs(1, 1, 3 * 64, 150, 64, 0)
+    fa_sim.simulate(q, k, v, wave_ctas=1, progress=True)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and len(lines) == 3 * 3 + 1  # 3 CTAs x 3 rounds, and the closing line
+    assert all(line.startswith("fa_sim: ") and "CTA-rounds" in line and "elapsed" in line for line in lines)
+    assert lines[0].startswith("fa_sim: 1/9 CTA-rounds (11.1%)") and lines[-1].startswith("fa_sim: 9/9 CTA-rounds (100.0%)")
+
+
+def test_progress_lines_are_spaced_by_the_interval(monkeypatch, capsys):
+    clock = iter(range(0, 1000, 2))  # every call to the clock advances 2 s
+    monkeypatch.setattr(_sim_module().time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(_sim_module(), "PROGRESS_INTERVAL_S", 5.0)
+    q, k, v = _inputs(1, 1, 3 * 64, 150, 64, 0)
+    fa_sim.simulate(q, k, v, wave_ctas=1, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert 2 <= len(lines) <= 5  # 9 updates 2 s apart: one line per >= 5 s, and the closing one
+
+
+def test_progress_none_follows_the_estimate(monkeypatch, capsys):
+    q, k, v = _inputs(1, 1, 64, 64, 64, 0)
+    fa_sim.simulate(q, k, v)  # estimated far below PROGRESS_MIN_SECONDS: silent
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(_sim_module(), "PROGRESS_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(_sim_module(), "PROGRESS_INTERVAL_S", 0.0)
+    fa_sim.simulate(q, k, v)
+    assert capsys.readouterr().err.startswith("fa_sim: 1/1 CTA-rounds")
+
+
+def test_a_terminal_gets_a_tqdm_bar(monkeypatch):
+    from tqdm import tqdm
+
+    monkeypatch.setattr(_sim_module().sys.stderr, "isatty", lambda: True, raising=False)
+    with _sim_module()._progress_bar(True, 10) as bar:
+        assert isinstance(bar, tqdm) and not bar.disable
+    with _sim_module()._progress_bar(None, 10, seconds=0.1) as bar:
+        assert bar.disable
+
+
+# ---- memory and time up front -----------------------------------------------------------------------
+def test_a_run_past_the_available_memory_is_refused_before_it_starts(monkeypatch):
+    import fa_sim.estimate as est
+
+    monkeypatch.setattr(est, "machine_bytes", lambda: 1 << 20)
+    q, k, v = _inputs(1, 2, 300, 300, 64, 0)
+    with pytest.raises(ValueError, match=r"need about .* more than the 1 MiB of memory this machine has"):
+        fa_sim.simulate(q, k, v)

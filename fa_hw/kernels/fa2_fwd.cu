@@ -14,6 +14,8 @@
 //   FA_SK_OFFSET FA_SV_OFFSET                      byte offsets of sK and sV (sQ at 0)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
 //   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
+//   FA_SOFTMAX_FFMA                                the exp2 argument as one FFMA (diagnostic form,
+//                                                  KernelConfig.softmax = "ffma"); 0: FMUL then FSUB
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -63,6 +65,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_LATE_WAIT_PV
 #define FA_LATE_WAIT_PV 0
+#endif
+#ifndef FA_SOFTMAX_FFMA
+#define FA_SOFTMAX_FFMA 0
 #endif
 
 namespace fa {
@@ -302,8 +307,12 @@ __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int ke
 }
 
 // ---- softmax arithmetic (SCHEDULE.md "Arithmetic rules") --------------------------------------
-// FlashAttention-2's form: exp(s (x - m)) = 2^(x s log2(e) - m s log2(e)), one FFMA and one
-// ex2.approx.ftz (MUFU.EX2) per score. The fp32 constant log2(e) = 0x3FB8AA3B.
+// exp(s (x - m)) = 2^(x s log2(e) - m s log2(e)) with one ex2.approx.ftz (MUFU.EX2) per score; the
+// fp32 constant log2(e) = 0x3FB8AA3B. The argument is fsub(fmul(x, sl2), fmul(m, sl2)): exactly 0
+// for the row maximum and <= 0 for every other score (rounding is monotone), whatever the size
+// of the scores. FA_SOFTMAX_FFMA selects FlashAttention-2's single FFMA, fma(x, sl2, -fmul(m, sl2)),
+// one instruction less per score, but its value at the maximum is the rounding residue of m*sl2
+// (1342.6 for q = k = 65504, d = 64, s = 1/8), so 2^x overflows for large scores: diagnostic only.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -318,7 +327,11 @@ __device__ __forceinline__ float row_offset(float m, float scale) {
   return m == neg_inf() ? 0.f : __fmul_rn(m, scale_log2(scale));
 }
 __device__ __forceinline__ float exp_score(float x, float scale, float ms) {
+#if FA_SOFTMAX_FFMA
   return ex2_approx(__fmaf_rn(x, scale_log2(scale), -ms));
+#else
+  return ex2_approx(__fsub_rn(__fmul_rn(x, scale_log2(scale)), ms));
+#endif
 }
 #else
 // DIAGNOSTIC ONLY (experiments/bench_hw.py --diagnose; never the library's kernel): the spec's

@@ -17,7 +17,6 @@ simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import KernelConfig
-from ..crosscheck import build_report, format_report, simulate_with_checkpoints
+from ..crosscheck import SavedRun, build_report, format_report, simulate_with_checkpoints
+from ..problem import Problem
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (add_config_arguments, add_problem_arguments, config_from_args, config_options, explicit,
@@ -33,7 +33,7 @@ from .common import (add_config_arguments, add_problem_arguments, config_from_ar
 from .inputs import load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 
-FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
+FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")  # SavedRun
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
 
 
@@ -54,41 +54,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-@dataclasses.dataclass(frozen=True)
-class Recording:
-    """A saved GPU run (fa compare --save)."""
-
-    path: Path
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    o: np.ndarray
-    lse: np.ndarray
-    checkpoints: np.ndarray  # [cta_sel, checkpoint, round, thread, word] uint32
-    ctas: tuple[int, ...]
-    config: KernelConfig
-    causal: bool
-    scale: float
-
-
-def _recorded_config(data: dict, path) -> KernelConfig:
-    """`config_json` (KernelConfig.to_json) where the recording has it; else its tag, which is
-    all that recordings made before it hold."""
-    text = str(data["config_json"] if "config_json" in data else data["config"])
+def load_recording(path) -> SavedRun:
+    """A saved GPU run (fa_sim.crosscheck.SavedRun); bad files are one UsageError naming --gpu-npz
+    and the file."""
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format"))
     try:
-        if "config_json" in data:
-            return KernelConfig.from_json(text)
-        return {c.tag: c for c in KernelConfig.family()}[text]
-    except (ValueError, KeyError) as exc:
-        raise UsageError(f"--gpu-npz {path}: its config {text!r} is not one this version accepts ({exc})") from None
-
-
-def load_recording(path) -> Recording:
-    """A saved GPU run; bad files are one UsageError naming --gpu-npz and the file."""
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json",))
-    return Recording(Path(path), data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
-                     tuple(int(c) for c in np.ravel(data["ctas"])), _recorded_config(data, path),
-                     bool(data["causal"]), float(data["scale"]))
+        return SavedRun.from_arrays(data, path)
+    except ValueError as exc:
+        raise UsageError(f"--gpu-npz {path}: {exc}") from None
 
 
 def _given(dest: str, value) -> str:
@@ -97,7 +70,7 @@ def _given(dest: str, value) -> str:
     return f"{option_name(dest)} {shown}"
 
 
-def _check_against(args, rec: Recording) -> None:
+def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
     b, h, nq, d = rec.q.shape
@@ -106,13 +79,13 @@ def _check_against(args, rec: Recording) -> None:
     for dest, value in recorded.items():
         mine = getattr(args, dest)
         if dest in explicit(args) and mine != value:
-            raise UsageError(f"{_given(dest, mine)} disagrees with --gpu-npz {rec.path}, recorded with "
+            raise UsageError(f"{_given(dest, mine)} disagrees with --gpu-npz {path}, recorded with "
                              f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag "
                              f"and scale)")
     if "seed" in explicit(args):
         again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed)
         if not all(np.array_equal(x, y) for x, y in zip(again, (rec.q, rec.k, rec.v))):
-            raise UsageError(f"--seed {args.seed}: the inputs in --gpu-npz {rec.path} are not the random inputs "
+            raise UsageError(f"--seed {args.seed}: the inputs in --gpu-npz {path} are not the random inputs "
                              f"of this seed; drop --seed (the file holds its inputs)")
 
 
@@ -132,9 +105,9 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
 
 def _replay(args):
     rec = load_recording(args.gpu_npz)
-    _check_against(args, rec)
+    _check_against(args, rec, args.gpu_npz)
     b, h, nq, _ = rec.q.shape
-    ctas = _ctas(args.ctas, -(-nq // rec.config.block_m) * b * h, rec.ctas)
+    ctas = _ctas(args.ctas, Problem(b, h, nq, rec.k.shape[2], rec.causal, rec.scale, rec.config).n_ctas, rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
     return (rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale)
 
@@ -145,13 +118,11 @@ def _launch(args, save: Output | None):
     q, k, v = random_inputs(args)
     config = config_from_args(args)
     b, h, nq, _ = q.shape
-    ctas = _ctas(args.ctas, -(-nq // config.block_m) * b * h)
+    ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
     if save is not None:
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
-            np.savez_compressed(f, q=q, k=k, v=v, o=out.o, lse=out.lse, checkpoints=out.checkpoints,
-                                ctas=np.asarray(ctas), config=config.tag, config_json=json.dumps(config.to_json()),
-                                causal=args.causal, scale=out.scale)
+            SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
 

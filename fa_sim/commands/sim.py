@@ -3,12 +3,14 @@
 Random inputs (standard normal, fp16) come from --batch --heads --seqlen --seqlen-k --head-dim
 --seed; `--npz FILE` reads q, k, v ([B, H, N, d]) instead, and the shape options are then
 refused (the file fixes the shape and the head dim). The kernel shape comes from --block-m
---block-n --warps --smem. Sizes whose inputs cannot fit in this machine's memory are refused up
+--block-n --warps --smem --softmax. Sizes that cannot fit in this machine's memory are refused up
 front. Prints the relative Frobenius error of O and the max abs LSE error against
 fa_sim.reference.attention, warp-instruction counts per class and wall time; `--json` prints one
-object {rel_err_o, max_abs_err_lse, seconds, instructions}. `--check-hazards` attaches the
-shared-memory hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key
-"hazards") and exits 1 when it finds any.
+object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, seconds, instructions}. Where O or
+LSE is not finite although float64 is, each case is reported with its cause (fa_sim.accuracy), the
+numbers are null in JSON, and the exit status is 1. `--check-hazards` attaches the shared-memory
+hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key "hazards") and
+exits 1 when it finds any.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import numpy as np
 
 from ..events import COUNTED_OPS
-from ..reference import attention
+from ..accuracy import Accuracy, measure
 from ..simulate import SimResult, simulate
 from .common import PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, random_inputs, refuse
 from .inputs import load_qkv
@@ -49,13 +51,11 @@ def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return random_inputs(args)
 
 
-def errors(res: SimResult, q, k, v) -> tuple[float, float]:
-    """(relative Frobenius error of O, max abs LSE error) against the float64 reference, on the
-    fp16 inputs the kernel saw."""
+def errors(res: SimResult, q, k, v) -> Accuracy:
+    """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
+    blocks, fa_sim.accuracy), with the cause of anything non-finite."""
     q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
-    o_ref, lse_ref = attention(q, k, v, causal=res.causal, scale=res.scale)
-    rel = float(np.linalg.norm(res.o.astype(np.float64) - o_ref) / max(np.linalg.norm(o_ref), 1e-300))
-    return rel, float(np.max(np.abs(res.lse.astype(np.float64) - lse_ref)))
+    return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
 def run(args) -> int:
@@ -68,21 +68,23 @@ def run(args) -> int:
         checker = HazardChecker()
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma)
-    rel, lse_err = errors(res, q, k, v)
+    acc = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
-    status = 1 if report is not None and not report.ok else 0
+    status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
-        out = {"rel_err_o": rel, "max_abs_err_lse": lse_err, "seconds": res.seconds, "instructions": counts}
+        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts}
         if report is not None:
             out["hazards"] = report.to_json()
-        print(json.dumps(out))
+        print(json.dumps(out, allow_nan=False))  # non-finite numbers are null (fa_sim.accuracy)
         return status
     b, h, nq, _ = res.o.shape
     print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}")
-    print(f"  relative Frobenius error of O  {rel:.3e}")
-    print(f"  max |LSE error|                {lse_err:.3e}")
+    print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")
+    print(f"  max |LSE error|                {_num(acc.max_abs_err_lse)}   (relative {_num(acc.max_rel_err_lse)})")
+    for finding in acc.nonfinite:
+        print(f"  NOT FINITE: {finding}")
     print("  warp instructions")
     for name, n in counts.items():
         print(f"    {name:<8}{n:>14,}")
@@ -91,3 +93,7 @@ def run(args) -> int:
         from ..observers.hazards import format_hazards
         print(format_hazards(report))
     return status
+
+
+def _num(x: float | None) -> str:
+    return "not finite (see below)" if x is None else f"{x:.3e}"

@@ -1,7 +1,8 @@
 """The attention kernel as a hand-written program for the SM80 machine (front end 1), with its
 labels, lane plans and program text."""
 
-from .fa2_fwd import NO_MUTATION, Mutation, Pointers, Problem, flash_fwd, launch_info, wave_order
+from ..problem import Problem  # the public type; re-exported for the kernel programs
+from .fa2_fwd import NO_MUTATION, Mutation, Pointers, flash_fwd, launch_info, wave_order
 from .labels import FA2Labels, Phase, Site, Tensor, Tile, tile_base
 
 __all__ = ["FA2Labels", "Mutation", "NO_MUTATION", "Phase", "Pointers", "Problem", "Site", "Tensor", "Tile",

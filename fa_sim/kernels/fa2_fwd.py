@@ -29,11 +29,11 @@ from typing import Callable
 import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
-from ..config import KernelConfig
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from ..problem import Problem
 from .labels import Site, Tensor, Tile, tile_base
 from .plan import KernelPlan, TileLanes, kernel_plan
 from .sites import Step
@@ -59,39 +59,6 @@ class Mutation:
 
 
 NO_MUTATION = Mutation()
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One launch: shapes, causal flag, softmax scale (fp32 in the kernel) and config."""
-
-    batch: int
-    heads: int
-    seqlen_q: int
-    seqlen_k: int
-    causal: bool
-    scale: float
-    config: KernelConfig
-
-    @property
-    def n_m_blocks(self) -> int:
-        return -(-self.seqlen_q // self.config.block_m)
-
-    @property
-    def n_ctas(self) -> int:
-        return self.n_m_blocks * self.batch * self.heads
-
-    @property
-    def n_rounds(self) -> int:
-        return -(-self.seqlen_k // self.config.block_n)
-
-    def n_block_max(self, m_block: np.ndarray) -> np.ndarray:
-        """K/V rounds of each Q block (spec, causal skipping; the min with seqlen_k is ours)."""
-        cfg = self.config
-        keys = np.full_like(m_block, self.seqlen_k)
-        if self.causal:
-            keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
-        return -(-keys // cfg.block_n)
 
 
 def launch_info(prob: Problem) -> LaunchInfo:
@@ -258,7 +225,7 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
             wv.load(m, S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n))
             m.commit_group(S.commit_k)
     p, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
-        m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k])
+        m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
     tCrP = p.astype(np.float16).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3)

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..config import KernelConfig
+from ..config import KernelConfig, SoftmaxForm
 from ..events import Op
 from ..machine import Instr
 from .labels import Phase, Site
@@ -41,7 +41,7 @@ class Step(enum.Enum):
     MAX_XOR1 = "rRowMax <- max(rRowMax, shfl_xor(rRowMax, 1))"
     ALPHA = "alpha <- ex2((rRowMax_prev - m_cur) * s*log2e)"
     RESCALE = "rRowSum *= alpha; tCrO *= alpha"
-    EXP = "tCrS <- ex2(fma(tCrS, s*log2e, -rRowMax * s*log2e))"
+    EXP = "tCrS <- ex2(fsub(fmul(tCrS, s*log2e), rRowMax * s*log2e))"
     SUM_LOCAL = "dl <- sum of the thread's columns, ascending key"
     SUM_XOR2 = "dl <- dl + shfl_xor(dl, 2)"
     SUM_XOR1 = "dl <- dl + shfl_xor(dl, 1)"
@@ -50,6 +50,9 @@ class Step(enum.Enum):
     NORMALIZE = "tCrO *= frcp_rn(rRowSum)"
     LSE = "rLSE <- rRowMax * s + logf(rRowSum)"
     CONVERT_O = "rO <- cvt.rn.f16x2.f32(tCrO)"
+
+
+EXP_FFMA_LABEL = "tCrS <- ex2(fma(tCrS, s*log2e, -rRowMax * s*log2e))"  # Step.EXP, softmax="ffma"
 
 
 
@@ -102,12 +105,13 @@ class Sites:
     stg_lse: Instr
 
 
-def _softmax_sites(p: ProgramText, rows: int) -> tuple[dict, tuple, tuple]:
+def _softmax_sites(p: ProgramText, rows: int, form: SoftmaxForm) -> tuple[dict, tuple, tuple]:
     """softmax_rescale_o in text order (spec table 8): m, its two shuffles, alpha, rescale, exp,
     the local sum, its two shuffles, the update of l; then the fp16 conversion of P."""
     reg = {}
     def step(s: Step, phase: Phase = Phase.SOFTMAX) -> None:
-        reg[s] = p.add(Op.REG, phase, "", s.value)
+        ffma = s is Step.EXP and form is SoftmaxForm.FFMA
+        reg[s] = p.add(Op.REG, phase, "", EXP_FFMA_LABEL if ffma else s.value)
     step(Step.M_PREV)
     step(Step.MAX_LOCAL)
     shfl_max = [None, None]
@@ -161,7 +165,7 @@ def program_sites(cfg: KernelConfig) -> Sites:
     s["bar_pv"] = p.add(Op.BAR, Phase.SOFTMAX, BAR, Site.BAR_PV.name, site=Site.BAR_PV)
     s["cp_k"] = p.add(Op.LDGSTS, Phase.K_LOAD, CP_ASYNC, "sK <- gK[t+1]", rows_kv)
     s["commit_k"] = p.add(Op.LDGDEPBAR, Phase.K_LOAD, COMMIT, "commit K[t+1]")
-    s["softmax"], s["shfl_max"], s["shfl_sum"] = _softmax_sites(p, cfg.rows_per_thread)
+    s["softmax"], s["shfl_max"], s["shfl_sum"] = _softmax_sites(p, cfg.rows_per_thread, cfg.softmax)
     s["convert_p"] = p.add(Op.REG, Phase.PV, "cvt.rn.f16x2.f32", Step.CONVERT_P.value)
     v, mma_pv, late_pv = [], [], None
     for h in range(cfg.pv_k_segments):

@@ -6,9 +6,11 @@ Registers (k = live CTAs, W warps, L = 32 lanes; MI = m atoms per warp, NJ = n8 
            thread column ni = b + 2 nj (b = v & 1), i.e. ascending key order (spec table 6)
   rRowMax, rRowSum  [k, W, L, MI, 2] f32, slot half + 2 mi (checkpoints.py)
 
-Arithmetic follows SCHEDULE.md "Arithmetic rules": FlashAttention-2's exp2 form, p = ex2(fma(x,
-s log2 e, -m s log2 e)) (fa_sim/isa/fp32.py models fma.rn and ex2.approx.ftz); every other fp32
-operation is one numpy float32 operation (rounded once); the thread-local sum walks the columns left to right;
+Arithmetic follows SCHEDULE.md "Arithmetic rules": the exp2 form p = ex2(x sl2 - m sl2) with
+sl2 = fmul(s, log2 e), its argument formed as `config.softmax` says (`exp2_argument`: FMUL then
+FSUB by default, robust over the whole fp16 range; FlashAttention-2's single FFMA as a
+diagnostic); fa_sim/isa/fp32.py models fma.rn and ex2.approx.ftz. Every other fp32 operation is
+one numpy float32 operation (rounded once); the thread-local sum walks the columns left to right;
 the quad all-reduce uses shfl.bfly with XOR 2 then XOR 1 (spec tables 5-7). Both rows of a thread
 are reduced by one batched shuffle (R = 2 MI independent shuffles).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import SoftmaxForm
 from ..isa.fp32 import ex2_approx_ftz, fma_rn, scale_log2
 from ..machine import Machine
 from .sites import Sites, Step
@@ -63,8 +66,24 @@ def thread_sum(p: np.ndarray) -> np.ndarray:
     return dl
 
 
+def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
+    """ms = (m == -inf) ? 0 : fmul(m, sl2): a fully masked row subtracts nothing."""
+    return np.where(row_max == NEG_INF, np.float32(0), row_max * sl2)
+
+
+def exp2_argument(x: np.ndarray, sl2: np.float32, ms: np.ndarray, form: SoftmaxForm) -> np.ndarray:
+    """x [..., cols], ms [...] -> the argument of ex2 for every score (SCHEDULE.md).
+    FMUL_FSUB: fsub(fmul(x, sl2), ms), exactly 0 for the row maximum (rounding is monotone, so
+    every other score gives <= 0). FFMA: fma(x, sl2, -ms), whose value at the maximum is the
+    rounding residue of m*sl2 (up to half an ulp of it: 2^1342 for m*sl2 ~ 5e10)."""
+    if form is SoftmaxForm.FFMA:
+        return fma_rn(x, sl2, -ms[..., None])
+    return x * sl2 - ms[..., None]  # two float32 operations, each rounded once
+
+
 def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, tCrS: np.ndarray,
-                      tCrO: np.ndarray, rRowMax: np.ndarray, rRowSum: np.ndarray):
+                      tCrO: np.ndarray, rRowMax: np.ndarray, rRowSum: np.ndarray,
+                      form: SoftmaxForm = SoftmaxForm.FMUL_FSUB):
     """One round of online softmax (spec table 8). Returns (P~ as f32 in tCrS order, tCrO
     rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
     reg = sites.softmax
@@ -80,14 +99,14 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
                              np.maximum, "rRowMax")
     if not first:
         m_cur = np.where(row_max == NEG_INF, np.float32(0), row_max)
-        alpha = ex2_approx_ftz((m_prev - m_cur) * sl2)  # [k, W, L, MI, 2] f32
+        alpha = ex2_approx_ftz((m_prev - m_cur) * sl2)  # [k, W, L, MI, 2] f32, <= 1 in both forms
         m.reg(reg[Step.ALPHA], {"rRowMax_prev": m_prev, "rRowMax": row_max}, {"alpha": alpha})
         new_sum, new_o = rRowSum * alpha, scale_rows(tCrO, alpha)
         m.reg(reg[Step.RESCALE], {"alpha": alpha, "rRowSum": rRowSum, "tCrO": tCrO},
               {"rRowSum": new_sum, "tCrO": new_o})
         rRowSum, tCrO = new_sum, new_o
-    ms = np.where(row_max == NEG_INF, np.float32(0), row_max * sl2)  # [k, W, L, MI, 2] f32
-    p_rc = ex2_approx_ftz(fma_rn(s_rc, sl2, -ms[..., None]))  # [k, W, L, MI, 2, 2NJ] f32
+    ms = row_offset(row_max, sl2)  # [k, W, L, MI, 2] f32
+    p_rc = ex2_approx_ftz(exp2_argument(s_rc, sl2, ms, form))  # [k, W, L, MI, 2, 2NJ] f32
     p = from_rowcol(p_rc)
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
     dl = thread_sum(p_rc)  # [k, W, L, MI, 2] f32

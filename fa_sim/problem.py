@@ -1,0 +1,117 @@
+"""Problem: one launch of the FlashAttention-2 forward kernel and the grid it implies.
+
+SCHEDULE.md, "Problem and grid": q [B, H, Nq, d], k and v [B, H, Nk, d]; the grid is
+(ceil(Nq / block_m), B*H) CTAs, CTA linear id = m_block + n_m_blocks * bh; CTA m_block runs
+n_block_max(m_block) K/V rounds, ceil(Nk / block_n), or with causal skipping (spec, causal
+section; the `min` with Nk is ours) ceil(min(Nk, (m_block + 1) block_m) / block_n).
+
+This is the one place these formulas live: the simulator, the GPU launch, the checkpoint
+buffers, the cross-check and the estimates all ask a Problem. Both backends build it from their
+inputs through fa_sim.validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import KernelConfig
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shapes, causal flag, softmax scale (fp32 in the kernel) and config of one launch."""
+
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    causal: bool
+    scale: float
+    config: KernelConfig
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"Problem.{name} must be an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not isinstance(self.config, KernelConfig):
+            raise ValueError(f"Problem.config must be a KernelConfig, got {type(self.config).__name__}")
+        object.__setattr__(self, "causal", bool(self.causal))
+        object.__setattr__(self, "scale", float(self.scale))
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def n_m_blocks(self) -> int:
+        """Query blocks per (batch, head): grid x."""
+        return -(-self.seqlen_q // self.config.block_m)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(grid x, grid y) = (ceil(Nq / block_m), B*H)."""
+        return self.n_m_blocks, self.batch * self.heads
+
+    @property
+    def n_ctas(self) -> int:
+        return self.n_m_blocks * self.batch * self.heads
+
+    @property
+    def n_rounds(self) -> int:
+        """K/V blocks of the keys, the most rounds any CTA runs (checkpoint buffers have as many)."""
+        return -(-self.seqlen_k // self.config.block_n)
+
+    def n_block_max(self, m_block: np.ndarray) -> np.ndarray:
+        """K/V rounds of each Q block (spec, causal skipping; the min with seqlen_k is ours)."""
+        cfg = self.config
+        keys = np.full_like(m_block, self.seqlen_k)
+        if self.causal:
+            keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
+        return -(-keys // cfg.block_n)
+
+    def rounds_per_cta(self, ctas) -> np.ndarray:
+        """n_block_max of linear CTA ids (int64 array)."""
+        return self.n_block_max(np.asarray(ctas, dtype=np.int64) % self.n_m_blocks)
+
+    @property
+    def cta_rounds(self) -> int:
+        """Rounds summed over the grid: the unit of work of both backends (closed form, so that it
+        costs nothing for any size). Causal: Q blocks m < J = Nk // block_m see (m + 1) block_m
+        keys, the others all Nk."""
+        bm, bn = self.config.block_m, self.config.block_n
+        per_bh = self.n_m_blocks * self.n_rounds
+        if self.causal:
+            j = min(self.n_m_blocks, self.seqlen_k // bm)
+            per_bh = _sum_ceil(j, bm, bn) + (self.n_m_blocks - j) * self.n_rounds
+        return per_bh * self.batch * self.heads
+
+    @property
+    def flops(self) -> float:
+        """4 B H Nq Nk d (QK and PV), halved for causal: the benchmark convention."""
+        full = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+        return full / 2 if self.causal else full
+
+    def check_cta(self, cta: int, what: str = "CTA") -> int:
+        """A linear CTA id inside the grid, or a ValueError naming the grid."""
+        if isinstance(cta, bool) or not isinstance(cta, (int, np.integer)) or not 0 <= cta < self.n_ctas:
+            raise ValueError(f"{what} {cta!r} is outside the grid of {self.n_ctas} CTAs "
+                             f"({self.n_m_blocks} x {self.batch * self.heads})")
+        return int(cta)
+
+    def describe(self) -> str:
+        return (f"B={self.batch} H={self.heads} Nq={self.seqlen_q} Nk={self.seqlen_k} d={self.head_dim} "
+                f"{'causal' if self.causal else 'non-causal'} scale={self.scale:.6g} config {self.config.tag}")
+
+
+
+def _sum_ceil(n: int, a: int, b: int) -> int:
+    """sum_{j=1..n} ceil(j a / b) for a, b where one divides the other (powers of two here)."""
+    if a % b == 0:
+        return a // b * n * (n + 1) // 2
+    r = b // a  # ceil(j / r): r equal terms per step
+    g, t = divmod(n, r)
+    return r * g * (g + 1) // 2 + t * (g + 1)
