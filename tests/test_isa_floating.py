@@ -126,6 +126,18 @@ def test_fma_rn_f64_double_rounding_trap():
     assert F.fma(a, b, c)[0] == 1 + 2.0 ** -52
 
 
+def test_fma_rn_f32_double_rounding_in_the_subnormal_range():
+    # (2^36 + 1) = 1774001 * 38737, so a * b = 2^-150 + 2^-186 exactly; with c = 2^-127 the float64
+    # sum drops 2^-186 and lands on the f32 midpoint 2^-127 + 2^-150, which ties down to even;
+    # the exact sum lies above it and rounds up.
+    a = np.float32([1774001 * 2.0 ** -93])
+    b = np.float32([38737 * 2.0 ** -93])
+    c = np.float32([2.0 ** -127])
+    want = ref.fma(float(a[0]), float(b[0]), float(c[0]), ref.F32, "rn")
+    assert want == 2.0 ** -127 + 2.0 ** -149
+    assert F.fma(a, b, c)[0] == want
+
+
 def test_ftz_flushes_after_rounding_and_keeps_the_sign():
     # #floating-point-instructions-add: .ftz flushes subnormal inputs and results to sign-preserving zero.
     tiny = np.float32([2.0 ** -127])  # subnormal; tiny + tiny is the smallest normal

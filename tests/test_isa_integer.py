@@ -172,6 +172,10 @@ def test_shifts_clamp_to_the_width(dt, data):
         k = min(int(n[i]), w)
         assert int(B.shl(a, n)[i]) == wrap(x << k, dt)
         assert int(B.shr(a, n)[i]) == (x >> k if k < w else (-1 if x < 0 else 0))
+    for k in (0, 1, w - 1, w, w + 1, 2 ** 32 - 1):  # an immediate amount takes the scalar path
+        full = np.full(len(rows), k, np.uint32)
+        assert np.array_equal(B.shl(a, np.uint32(k)), B.shl(a, full))
+        assert np.array_equal(B.shr(a, np.uint32(k)), B.shr(a, full))
 
 
 @FIXED
@@ -245,6 +249,9 @@ def test_bfe_bfi(dt, data):
         ux, uf = int(a.view(ud)[i]), int(f.view(ud)[i])
         assert int(got_e.view(ud)[i]) == bfe_ref(ux, int(pos[i]), int(ln[i]), w, signed(dt))
         assert int(got_i[i]) == bfi_ref(uf, ux, int(pos[i]), int(ln[i]), w)
+    p0, l0 = pos[0], ln[0]  # immediates take the scalar path
+    assert np.array_equal(B.bfi(f.view(ud), a.view(ud), p0, l0), B.bfi(f.view(ud), a.view(ud), np.full(n, p0), np.full(n, l0)))
+    assert np.array_equal(B.bfe(a, p0, l0), B.bfe(a, np.full(n, p0), np.full(n, l0)))
 
 
 PRMT_TABLE = {  # #data-movement-and-conversion-instructions-prmt: d.b3 d.b2 d.b1 d.b0 per selector

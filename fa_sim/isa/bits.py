@@ -42,13 +42,23 @@ def _u32(x) -> np.ndarray:
 
 def shl(a: np.ndarray, n) -> np.ndarray:
     """shl.b{16,32,64}: amounts >= the width give 0."""
-    n, w = _u32(n), _width(a)
+    w = _width(a)
+    if np.ndim(n) == 0:  # an immediate amount: no per-lane clamp
+        k = int(n) & 0xFFFFFFFF
+        return np.zeros_like(a) if k >= w else a << a.dtype.type(k)
+    n = _u32(n)
     return np.where(n >= w, 0, a << np.minimum(n, w - 1).astype(a.dtype)).astype(a.dtype)
 
 
 def shr(a: np.ndarray, n) -> np.ndarray:
     """shr: arithmetic for signed dtypes (amounts >= width replicate the sign), logical otherwise."""
-    n, w = _u32(n), _width(a)
+    w = _width(a)
+    if np.ndim(n) == 0:
+        k = int(n) & 0xFFFFFFFF
+        if k >= w and a.dtype.kind == "u":
+            return np.zeros_like(a)
+        return a >> a.dtype.type(min(k, w - 1))
+    n = _u32(n)
     shifted = a >> np.minimum(n, w - 1).astype(a.dtype)
     if a.dtype.kind == "i":
         return shifted  # a >> (w - 1) is already the sign fill
@@ -140,6 +150,12 @@ def bfe(a: np.ndarray, pos, length) -> np.ndarray:
 def bfi(f: np.ndarray, b: np.ndarray, pos, length) -> np.ndarray:
     """bfi.b{32,64}: insert the length low bits of f into b at pos (8-bit pos/len)."""
     w, ud = _width(b), np.dtype(f"u{b.dtype.itemsize}")
+    if np.ndim(pos) == 0 and np.ndim(length) == 0:  # immediates: one mask for all lanes
+        p, k = int(pos) & 0xFF, int(length) & 0xFF
+        if p >= w or k == 0:
+            return b.copy()
+        mask = ud.type(((1 << min(k, w - p)) - 1) << p)
+        return ((_u(b) & ~mask) | ((_u(f) << ud.type(p)) & mask)).view(b.dtype)
     pos, length = (_u32(pos) & 0xFF).astype(np.int64), (_u32(length) & 0xFF).astype(np.int64)
     inside = np.clip(np.minimum(length, w - pos), 0, w)
     sh = np.minimum(pos, w - 1).astype(ud)

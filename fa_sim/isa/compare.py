@@ -89,3 +89,14 @@ def combine(t: np.ndarray, op: BoolOp | None, c: np.ndarray | None) -> np.ndarra
     if op is BoolOp.OR:
         return t | c
     return t ^ c
+
+
+def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.where(mask, a, b) for arrays of one dtype, bits copied unchanged. Done with bit
+    operations: np.where with an irregular mask is about ten times slower (branch misses)."""
+    a = np.asarray(a)
+    b = np.asarray(b, a.dtype)
+    u = np.dtype(f"u{a.dtype.itemsize}")
+    ones = u.type(0) - np.asarray(mask, bool).view(np.uint8).astype(u)  # 0 or all ones
+    ua, ub = a.view(u), b.view(u)
+    return (ub ^ ((ua ^ ub) & ones)).view(a.dtype)

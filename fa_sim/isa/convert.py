@@ -59,9 +59,9 @@ def encode(v, fmt: Format) -> np.ndarray:
 
 
 def f32_to_f16_rn(x) -> np.ndarray:
-    """cvt.rn.f16.f32 as uint16 bits: numpy's float32 -> float16 conversion rounds to nearest
-    even directly from the float32 bits, subnormals included (tests check it against the
-    generic path on every exponent); NaN -> 0x7fff."""
+    """cvt.rn.f16.f32 as uint16 bits: numpy's float32 -> float16 cast rounds to nearest even
+    directly from the float32 bits, subnormals included (tests check it against the exact path
+    on every rounding boundary); NaN -> 0x7fff. Faster than a bit-level rewrite measured here."""
     x = np.asarray(x, np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         h = x.astype(np.float16).view(np.uint16)
@@ -96,6 +96,12 @@ def float_to_int(v, src: Format, dtype, rnd: Rnd, ftz: bool = False) -> np.ndarr
     out = np.where(r >= hi_f, info.max, out).astype(dtype)
     nan_value = 1 << (dtype.itemsize * 8 - 1) if (src is F64 or dtype.itemsize == 8) else 0
     return np.where(nan, np.array(nan_value).astype(dtype), out)
+
+
+def int_to_f32_rn(a: np.ndarray) -> np.ndarray:
+    """cvt.rn.f32.{s,u}{8,16,32}: exact in float64, then one rounding to float32."""
+    with np.errstate(over="ignore"):
+        return a.astype(np.float64).astype(np.float32)
 
 
 def int_to_float(a: np.ndarray, fmt: Format, rnd: Rnd, sat: bool = False) -> np.ndarray:

@@ -102,8 +102,30 @@ def fma(a, b, c, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.
     with np.errstate(invalid="ignore", over="ignore"):
         p = a.astype(np.float64) * b  # exact: 48 significant bits, exponents within float64
         c64 = c.astype(np.float64)
-        r = to_f32(exact_zero_sign(round_odd_sum(p, c64), p, c64, rnd), rnd)
+        if rnd is Rnd.RN:
+            r = to_f32(_sum_for_f32_rn(p, c64))
+        else:
+            r = to_f32(exact_zero_sign(round_odd_sum(p, c64), p, c64, rnd), rnd)
     return _out32(r, ftz, sat)
+
+
+_F32_HALF_ULP_BITS = np.uint64(1 << 28)  # an f32 midpoint, seen in float64's 29 extra bits
+_F32_EXTRA_BITS = np.uint64((1 << 29) - 1)
+
+
+def _sum_for_f32_rn(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """p + c in float64, good for rounding to f32 to nearest. The float64 sum s rounds to f32
+    like the exact sum unless s is itself an f32 midpoint (no f32 midpoint can lie strictly
+    between the exact sum and its nearest float64) or lies in f32's subnormal range; only
+    those lanes are recomputed, rounded to odd. The fast path of fma.rn.f32."""
+    s = np.asarray(p + c)  # 0-d inputs give a scalar; keep an array to patch
+    extra = s.view(np.uint64) & _F32_EXTRA_BITS
+    suspect = (extra == _F32_HALF_ULP_BITS) | ((np.abs(s) < F32.tiny) & (s != 0))
+    if suspect.any():
+        i = np.flatnonzero(suspect)
+        s = s.copy()
+        s.flat[i] = round_odd_sum(p.flat[i], c.flat[i])
+    return s
 
 
 def _add64(a, b, rnd: Rnd):

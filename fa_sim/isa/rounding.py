@@ -124,11 +124,10 @@ def two_sum(x: np.ndarray, y: np.ndarray):
 def round_odd_sum(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """x + y (float64) rounded to odd: the truncated sum, with its last bit set when inexact."""
     s, err = two_sum(x, y)
-    inexact = (err != 0) & np.isfinite(s)
-    if not inexact.any():
-        return s
-    even = (s.view(np.int64) & 1) == 0
-    return np.where(inexact & even, np.nextafter(s, np.copysign(np.inf, err)), s)
+    bits = s.view(np.int64)
+    fix = (err != 0) & ((bits & 1) == 0) & np.isfinite(s)  # inexact and even: step toward err
+    toward = ((bits ^ err.view(np.int64)) >> 63) * 2 + 1  # +1 (away from 0) if err has s's sign, else -1
+    return (bits + toward * fix).view(np.float64)
 
 
 def exact_zero_sign(s: np.ndarray, x: np.ndarray, y: np.ndarray, rnd: Rnd) -> np.ndarray:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ...isa.rounding import Rnd
 from ..ir import Imm, Instruction
 from ..types import DTYPES
@@ -59,6 +61,13 @@ class Form:
             raise self.unsupported(f"expects one type modifier, has {len(types)}")
         return types[0]
 
+    def type_in(self, allowed) -> str:
+        """The single type modifier, which must be one of `allowed`."""
+        ptype = self.type()
+        if ptype not in allowed:
+            raise self.unsupported(f"type .{ptype} (expects {' '.join('.' + t for t in sorted(allowed))})")
+        return ptype
+
     def check_flags(self, allowed) -> None:
         """Every non-type modifier must be in `allowed`."""
         for flag in self.flags:
@@ -80,7 +89,7 @@ class Form:
 
 def kind(ptype: str) -> str:
     """The family a type belongs to: 'float', 'half' or 'int'."""
-    if ptype in FLOAT_TYPES:
+    if ptype in FLOAT_TYPES or ptype == "f32x2":
         return "float"
     if ptype in HALF_TYPES:
         return "half"
@@ -140,6 +149,14 @@ def immediate(form: Form, operand, what: str) -> int:
     if not isinstance(operand, Imm) or not isinstance(operand.value, int):
         raise form.unsupported(f"{what} must be an integer constant")
     return operand.value
+
+
+def read_u32(lanes: Lanes, operand):
+    """A .u32 shift amount, bit position or length: an immediate stays one integer (the
+    semantics then build one mask for all lanes), a register is read per lane."""
+    if isinstance(operand, Imm) and isinstance(operand.value, int):
+        return np.uint32(operand.value & 0xFFFFFFFF)
+    return lanes.read(operand, "u32")
 
 
 def unary(form: Form, ptype: str, fn, out_type: str | None = None) -> Exec:

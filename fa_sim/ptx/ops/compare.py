@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 
 from ...isa import half
-from ...isa.compare import FLOAT_ONLY, INTEGER_ONLY, BoolOp, CmpOp, combine, compare_float, compare_int
+from ...isa.compare import FLOAT_ONLY, INTEGER_ONLY, BoolOp, CmpOp, combine, compare_float, compare_int, select
 from ...isa.rounding import F32, flush_subnormal
 from ..ir import PredPair
 from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity, compiles
@@ -139,8 +139,8 @@ def _selp(opcode: str, form: Form) -> Exec:
 
     def selp(lanes, ops):
         arity(form, ops, 4)
-        lanes.write(ops[0], np.where(lanes.read(ops[3], "pred"), lanes.read(ops[1], reg),
-                                     lanes.read(ops[2], reg)), reg)
+        lanes.write(ops[0], select(lanes.read(ops[3], "pred"), lanes.read(ops[1], reg),
+                                   lanes.read(ops[2], reg)), reg)
     return selp
 
 
@@ -162,5 +162,5 @@ def _slct(opcode: str, form: Form) -> Exec:
         c = flush(lanes.read(ops[3], ctype))
         with np.errstate(invalid="ignore"):
             pick_a = c >= 0  # -0 >= 0; NaN selects b
-        lanes.write(ops[0], np.where(pick_a, lanes.read(ops[1], reg), lanes.read(ops[2], reg)), reg)
+        lanes.write(ops[0], select(pick_a, lanes.read(ops[1], reg), lanes.read(ops[2], reg)), reg)
     return slct

@@ -74,6 +74,8 @@ def _semantics(form: Form, dtype: str, atype: str, frnd: list, irnd: list, flags
     if afmt is None:  # int -> float
         if not frnd:
             raise form.unsupported("integer-to-float conversions need .rn .rz .rm or .rp")
+        if dfmt is F32 and frnd[0] is Rnd.RN and not sat and DTYPES[atype].itemsize < 8:
+            return convert.int_to_f32_rn  # the fast path of cvt.rn.f32.s32
         return lambda a: convert.encode(convert.int_to_float(a, dfmt, frnd[0], sat), dfmt)
     if (afmt, dfmt, frnd, irnd, flags) == (F32, F16, [Rnd.RN], [], {"rn"}):
         return lambda a: convert.f32_to_f16_rn(a).view(np.float16)

@@ -13,9 +13,10 @@ from functools import partial
 
 from ...isa import bits, integer
 from ...isa.integer import MulMode
-from .common import Exec, Form, arity, binary, compiles, ternary, unary
+from .common import Exec, Form, arity, binary, compiles, read_u32, ternary, unary
 
 _SIMD = {"u16x2": False, "s16x2": True}
+_ARITH = frozenset({"u16", "u32", "u64", "s16", "s32", "s64"})  # #integer-arithmetic-instructions
 
 
 def _wide(ptype: str) -> str:
@@ -37,7 +38,7 @@ def _no_carry(form: Form) -> None:
 def _add_sub(opcode: str, form: Form) -> Exec:
     _no_carry(form)
     form.check_flags({"sat"})
-    ptype = form.type()
+    ptype = form.type_in(_ARITH | set(_SIMD))
     sat = "sat" in form.flags
     if sat and ptype != "s32":
         raise form.unsupported(".sat applies to .s32 only")
@@ -60,7 +61,7 @@ def _mode(form: Form) -> MulMode:
 @compiles("mul", kind="int")
 def _mul(opcode: str, form: Form) -> Exec:
     form.check_flags({"lo", "hi", "wide"})
-    mode, ptype = _mode(form), form.type()
+    mode, ptype = _mode(form), form.type_in(_ARITH)
     out = _wide(ptype) if mode is MulMode.WIDE else ptype
     if mode is MulMode.WIDE and ptype[1:] not in ("16", "32"):
         raise form.unsupported(".wide applies to 16- and 32-bit types only")
@@ -71,7 +72,7 @@ def _mul(opcode: str, form: Form) -> Exec:
 def _mad(opcode: str, form: Form) -> Exec:
     _no_carry(form)
     form.check_flags({"lo", "hi", "wide", "sat"})
-    mode, ptype = _mode(form), form.type()
+    mode, ptype = _mode(form), form.type_in(_ARITH)
     sat = "sat" in form.flags
     if sat and (mode is not MulMode.HI or ptype != "s32"):
         raise form.unsupported(".sat applies to mad.hi.s32 only")
@@ -95,7 +96,7 @@ def _mul24(opcode: str, form: Form) -> Exec:
 @compiles("sad", "div", "rem", "abs", "neg", kind="int")
 def _plain(opcode: str, form: Form) -> Exec:
     form.check_flags(())
-    ptype = form.type()
+    ptype = form.type_in(_ARITH)
     if opcode in ("abs", "neg"):
         if ptype[0] != "s":
             raise form.unsupported(f"{opcode} applies to signed types only")
@@ -108,7 +109,7 @@ def _plain(opcode: str, form: Form) -> Exec:
 @compiles("min", "max", kind="int")
 def _min_max(opcode: str, form: Form) -> Exec:
     form.check_flags({"relu"})
-    ptype, relu = form.type(), "relu" in form.flags
+    ptype, relu = form.type_in(_ARITH | set(_SIMD)), "relu" in form.flags
     if relu and ptype not in ("s32", "s16x2"):
         raise form.unsupported(".relu applies to .s32 and .s16x2 only")
     fn = partial(integer.min_ if opcode == "min" else integer.max_, relu=relu)
@@ -138,8 +139,8 @@ def _bit_fields(opcode: str, form: Form) -> Exec:
 
         def bfe(lanes, ops):
             arity(form, ops, 4)
-            lanes.write(ops[0], bits.bfe(lanes.read(ops[1], ptype), lanes.read(ops[2], "u32"),
-                                         lanes.read(ops[3], "u32")), ptype)
+            lanes.write(ops[0], bits.bfe(lanes.read(ops[1], ptype), read_u32(lanes, ops[2]),
+                                         read_u32(lanes, ops[3])), ptype)
         return bfe
     if ptype not in ("b32", "b64"):
         raise form.unsupported(f"type .{ptype} (expects .b32 .b64)")
@@ -147,7 +148,7 @@ def _bit_fields(opcode: str, form: Form) -> Exec:
     def bfi(lanes, ops):
         arity(form, ops, 5)
         lanes.write(ops[0], bits.bfi(lanes.read(ops[1], ptype), lanes.read(ops[2], ptype),
-                                     lanes.read(ops[3], "u32"), lanes.read(ops[4], "u32")), ptype)
+                                     read_u32(lanes, ops[3]), read_u32(lanes, ops[4])), ptype)
     return bfi
 
 

@@ -10,7 +10,7 @@ import operator
 from functools import partial
 
 from ...isa import bits
-from .common import Exec, Form, arity, binary, compiles, immediate, unary
+from .common import Exec, Form, arity, binary, compiles, immediate, read_u32, unary
 
 _LOGIC_TYPES = ("pred", "b16", "b32", "b64")
 
@@ -50,7 +50,12 @@ def _shift(opcode: str, form: Form) -> Exec:
     if ptype not in (("b16", "b32", "b64") if opcode == "shl" else
                      ("b16", "b32", "b64", "u16", "u32", "u64", "s16", "s32", "s64")):
         raise form.unsupported(f"type .{ptype} is not a {opcode} type")
-    return binary(form, ptype, bits.shl if opcode == "shl" else bits.shr, b_type="u32")
+    fn = bits.shl if opcode == "shl" else bits.shr
+
+    def shift(lanes, ops):
+        arity(form, ops, 3)
+        lanes.write(ops[0], fn(lanes.read(ops[1], ptype), read_u32(lanes, ops[2])), ptype)
+    return shift
 
 
 @compiles("shf")

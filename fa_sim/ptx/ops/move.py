@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Sink, Vec
-from ..types import bits
+from ..types import DTYPES, bits
 from .common import Exec, Form, arity, compiles
 
 
@@ -22,6 +22,8 @@ def _mov(opcode: str, form: Form) -> Exec:
     ptype = form.type()
     if ptype == "b128":
         raise form.unsupported(".b128 registers are not supported")
+    if ptype not in DTYPES:
+        raise form.unsupported(f"type .{ptype} is not a register type")
     width = bits(ptype)
 
     def mov(lanes, ops):
