@@ -299,3 +299,20 @@ def test_every_alu_form_of_fa2_fwd_has_a_handler_and_runs(causal, checkpoints, c
                 lanes.symbols[op.name] = 0x400
         TABLE[i.opcode](lanes, i)
         assert lanes.writes and lanes.writes[-1][0].startswith("%"), mnemonic
+
+
+def test_the_gpu_probe_compiles_and_every_form_runs_here():
+    """experiments/alu_probe.py: its kernels are valid PTX for the H200 (sm_90) and each of its
+    forms runs through the handlers (the GPU comparison itself is tests/test_alu_gpu.py)."""
+    import sys
+    from pathlib import Path
+
+    core = pytest.importorskip("cuda.core")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import alu_probe
+
+    prog = core.Program(alu_probe.kernel_source(), code_type="c++",
+                        options=core.ProgramOptions(arch="sm_90", std="c++17"))
+    assert len(prog.compile("cubin").code) > 0
+    for k, form in enumerate(alu_probe.FORMS):
+        assert alu_probe.run_on_simulator(k).shape == (alu_probe.N,), form.ptx

@@ -34,11 +34,12 @@ from .rounding import (BF16, CANONICAL_NAN_F16, CANONICAL_NAN_F32, F16, F32, F64
 def decode(x, fmt: Format) -> np.ndarray:
     """Register values of fmt -> exact float64."""
     x = np.asarray(x)
-    if fmt is BF16:
-        return (x.astype(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-    if fmt is TF32:
-        return x.astype(np.uint32).view(np.float32).astype(np.float64)
-    return x.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        if fmt is BF16:
+            return (x.astype(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+        if fmt is TF32:
+            return x.astype(np.uint32).view(np.float32).astype(np.float64)
+        return x.astype(np.float64)
 
 
 def encode(v, fmt: Format) -> np.ndarray:

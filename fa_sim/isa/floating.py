@@ -137,7 +137,8 @@ def _add64(a, b, rnd: Rnd):
     toward = {Rnd.RZ: -s, Rnd.RM: np.full_like(s, -np.inf), Rnd.RP: np.full_like(s, np.inf)}[rnd]
     wrong_side = {Rnd.RZ: (err != 0) & (np.signbit(err) != np.signbit(s)), Rnd.RM: err < 0,
                   Rnd.RP: err > 0}[rnd]
-    s = np.where(finite & wrong_side, np.nextafter(s, toward), s)
+    with np.errstate(over="ignore"):  # stepping up from the largest finite is the overflow
+        s = np.where(finite & wrong_side, np.nextafter(s, toward), s)
     s = exact_zero_sign(s, a, b, rnd)
     overflowed = np.isinf(s) & np.isfinite(a) & np.isfinite(b)  # the directed result may be finite
     return _patch(s, overflowed, partial(exact.add, rnd=rnd), a, b)

@@ -33,9 +33,10 @@ def pack_x2(lo, hi) -> np.ndarray:
 def to_f64(bits, fmt: Format) -> np.ndarray:
     """16-bit patterns -> their exact float64 values."""
     bits = np.asarray(bits, np.uint16)
-    if fmt is F16:
-        return bits.view(np.float16).astype(np.float64)
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        if fmt is F16:
+            return bits.view(np.float16).astype(np.float64)
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
 
 
 def from_f64(v, fmt: Format, rnd: Rnd = Rnd.RN) -> np.ndarray:

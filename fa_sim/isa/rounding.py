@@ -74,7 +74,8 @@ _INTEGER_ROUND = {
 
 def round_integral(v: np.ndarray, rnd: Rnd) -> np.ndarray:
     """v rounded to an integral value in direction rnd (same dtype; signed zeros kept)."""
-    return _INTEGER_ROUND[rnd](v)
+    with np.errstate(invalid="ignore"):
+        return _INTEGER_ROUND[rnd](v)
 
 
 def round_to(v, fmt: Format, rnd: Rnd = Rnd.RN) -> np.ndarray:
