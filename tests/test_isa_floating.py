@@ -138,6 +138,16 @@ def test_fma_rn_f32_double_rounding_in_the_subnormal_range():
     assert F.fma(a, b, c)[0] == want
 
 
+def test_fma_broadcasts_its_operands():
+    # The program calls fma_rn(s[..., k], scale, -m[..., None]); the midpoint lanes are patched in place.
+    a = np.float32([[1 + 2.0 ** -12], [3.0]])  # a*a = 1 + 2^-11 + 2^-24: an f32 midpoint
+    c = np.float32([2.0 ** -80, -(2.0 ** -80), 0.0])
+    got = F.fma(a, a, c)
+    assert got.shape == (2, 3)
+    want = [[ref.fma(float(x), float(x), float(z), ref.F32, "rn") for z in c] for x in a[:, 0]]
+    assert got.tolist() == want
+
+
 def test_ftz_flushes_after_rounding_and_keeps_the_sign():
     # #floating-point-instructions-add: .ftz flushes subnormal inputs and results to sign-preserving zero.
     tiny = np.float32([2.0 ** -127])  # subnormal; tiny + tiny is the smallest normal

@@ -124,7 +124,7 @@ def _sum_for_f32_rn(p: np.ndarray, c: np.ndarray) -> np.ndarray:
     if suspect.any():
         i = np.flatnonzero(suspect)
         s = s.copy()
-        s.flat[i] = round_odd_sum(p.flat[i], c.flat[i])
+        s.flat[i] = round_odd_sum(np.broadcast_to(p, s.shape).flat[i], np.broadcast_to(c, s.shape).flat[i])
     return s
 
 

@@ -5,6 +5,11 @@ call fa_sim.isa.floating (exact in every rounding mode); the approximate forms (
 div.full, rcp.approx, sqrt.approx) call the MUFU models of fa_sim.isa.sfu. A rounding modifier
 is required where PTX gives no default (fma, div, rcp, sqrt); `mad.f32` without one is fma.rn
 (PTX errata). `.f32x2` (sm_100) is not supported.
+
+add/sub/mul without a rounding modifier execute as PTX defines them (round to nearest, separately
+rounded). PTX lets ptxas fuse such a mul/add pair into one FFMA on the GPU, which no PTX-level
+engine can know; in fa2_fwd's PTX the unrounded forms come from logf and none can be fused that
+way (their mul operands are exact scalings or feed an fma.rn).
 """
 
 from __future__ import annotations
