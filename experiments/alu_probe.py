@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 N = 4096
-_KIND = {"f32": ("f", "float", 32), "f64": ("d", "double", 64), "b32": ("r", "unsigned", 32),
-         "b64": ("l", "unsigned long long", 64), "b16": ("h", "unsigned short", 16)}
 _SIM_REG = {"f32": "%f", "f64": "%fd", "b32": "%r", "b64": "%rd", "b16": "%rs"}
 
 

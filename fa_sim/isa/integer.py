@@ -8,11 +8,11 @@ results have the same dtype (`.wide` forms: twice the width). `.sat` (s32) clamp
 [INT32_MIN, INT32_MAX]. The 16x2 forms apply the operation to both halfwords (`simd16x2`).
 
 Division by zero, which PTX leaves "unspecified, machine-specific": the quotient and the
-remainder are all ones (0xffffffff for 32-bit types, -1 signed), what the division sequences ptxas
-emits return (the quotient is set to ~divisor when the divisor is 0). Recorded on NVIDIA GPUs by
-PyTorch: pytorch/pytorch#165650 (int64 remainder by zero gives 4294967295, the all-ones of the
-32-bit path NVVM takes when both operands fit in 32 bits) and the comment in
-test_binary_ufuncs.py (int32: -1, uint8: 255). INT_MIN / -1 wraps to INT_MIN, remainder 0.
+remainder are all ones (0xffffffff for 32-bit types, -1 signed). That is what NVIDIA GPUs give as
+recorded by PyTorch: pytorch/pytorch#165650 (int64 remainder by zero gives 4294967295, the all
+ones of the 32-bit path NVVM takes when both operands fit in 32 bits) and the comment in its
+test_binary_ufuncs.py (int32: -1, uint8: 255); experiments/alu_probe.py checks it on the device.
+INT_MIN / -1 wraps to INT_MIN, remainder 0.
 """
 
 from __future__ import annotations
