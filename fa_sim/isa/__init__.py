@@ -8,6 +8,19 @@
   shfl        shfl.sync.{up,down,bfly,idx}.b32
   shared      ld.shared / st.shared of 1, 2, 4, 8 and 16 bytes
   barrier     bar.sync 0
+
+and the arithmetic the PTX engine executes for any kernel (fa_sim.ptx.ops calls them):
+
+  integer     add sub mul mad mul24 mad24 sad div rem abs neg min max dp4a dp2a
+  bits        and/or/xor/not cnot lop3 shl shr shf popc clz brev bfind bfe bfi prmt fns szext bmsk
+  floating    f32/f64 add sub mul fma div rcp sqrt (exact in every rounding mode) abs neg min max
+  half        f16/f16x2/bf16/bf16x2 add sub mul fma neg abs min max
+  convert     cvt between all integer and floating types
+  compare     setp/set comparisons and Boolean combination, bit-exact select
+  sfu         the MUFU models (ex2 lg2 rcp rsqrt sqrt sin cos tanh .approx), not yet bit-exact
+  rounding    exact rounding to f16/bf16/tf32/f32/f64 (round-to-odd), .ftz, .sat
+  exact       float64 in directed rounding modes through Python integers (the slow path)
+  fp32        the hand-written program's fma_rn / ex2_approx_ftz (delegating to the above)
 """
 
 from .barrier import bar_sync

@@ -31,11 +31,15 @@ class Lanes(Protocol):
 
     def read(self, operand, ptype: str) -> np.ndarray:
         """The operand's value per active thread as the numpy dtype of `ptype` (types.DTYPES):
-        registers reinterpret their bits (PTX operand-size rules), immediates broadcast, special
-        registers (%tid.x, %laneid, ...) are computed."""
+        registers reinterpret their bits, truncated to the type's width when the register is
+        wider (#operand-size-exceeding-instruction-type-size); immediates broadcast; special
+        registers (%tid.x, %laneid, ...) are computed; a variable's name (Sym) gives its address.
+        A predicate Reg with `negate` ('!p') reads as the complement."""
 
     def write(self, operand, value: np.ndarray, ptype: str) -> None:
-        """Store value ([n] or scalar, converted to `ptype`'s bits) into a register operand."""
+        """Store value ([n] or scalar, of `ptype`'s dtype) into a register operand, sign-extended
+        (signed integer types) or zero-extended (all others) when the register is wider than the
+        type. Writing to the sink '_' (ir.Sink) does nothing."""
 
 
 Handler = Callable[[Lanes, Instruction], None]
@@ -62,3 +66,7 @@ def handles(*opcodes: str) -> Callable[[Handler], Handler]:
         return f
 
     return deco
+
+
+# The arithmetic, logic, compare/select, move, convert and MUFU families register themselves.
+from . import compare, convert, floating, half, integer, logic, move, sfu  # noqa: E402,F401

@@ -1,0 +1,154 @@
+"""cvt between integer and floating-point types, with every PTX rounding and clamping rule.
+
+PTX anchor: `#data-movement-and-conversion-instructions-cvt` (and
+`#operand-size-exceeding-instruction-type-size` for the register widths, which the engine's
+Lanes applies).
+
+- int -> int: sign- or zero-extension by the source type, truncation to the destination;
+  `.sat` clamps to the destination's range.
+- float -> int (`.rni .rzi .rmi .rpi`): rounded to an integer, clamped to the destination's
+  range (always: PTX makes `.sat` redundant); NaN -> 0, except 1 << (width - 1) when the source
+  is .f64 or the destination is 64-bit.
+- int -> float (`.rn .rz .rm .rp`): correctly rounded, 64-bit integers included (split in two
+  halves, summed exactly with TwoSum, rounded to odd).
+- float -> float: narrowing rounds once in the given direction; widening is exact; same-size
+  with `.rni ...` rounds to an integral value. `.ftz` flushes f32 subnormal inputs and results,
+  `.sat` clamps to [0, 1] (NaN -> +0), `.relu` clamps negatives to +0 (NaN stays NaN),
+  `.satfinite` turns overflow and infinities into the largest finite value of the sign.
+- NaN results are the canonical NaN of the format (f32 0x7fffffff, f16 and bf16 0x7fff);
+  f64 results keep numpy's NaN.
+
+Floating values travel as float64 (every PTX format is exact in it); `decode` / `encode`
+convert to and from the register representation of each format (float16, float32, float64,
+uint16 bits for bf16, uint32 f32 bits with 13 zero low bits for tf32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rounding import (BF16, CANONICAL_NAN_F16, CANONICAL_NAN_F32, F16, F32, F64, TF32, Format, Rnd,
+                       flush_subnormal, round_integral, round_odd_sum, round_to, saturate, two_sum)
+
+
+def decode(x, fmt: Format) -> np.ndarray:
+    """Register values of fmt -> exact float64."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        if fmt is BF16:
+            return (x.astype(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+        if fmt is TF32:
+            return x.astype(np.uint32).view(np.float32).astype(np.float64)
+        return x.astype(np.float64)
+
+
+def encode(v, fmt: Format) -> np.ndarray:
+    """float64 values representable in fmt -> register values; NaN -> the canonical NaN."""
+    v = np.asarray(v, np.float64)
+    if fmt is F64:
+        return v
+    nan = np.isnan(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt is F32:
+            return np.where(nan, CANONICAL_NAN_F32, v.astype(np.float32))
+        if fmt is F16:
+            return np.where(nan, CANONICAL_NAN_F16, v.astype(np.float16))
+        bits = v.astype(np.float32).view(np.uint32)
+    if fmt is TF32:
+        return np.where(nan, CANONICAL_NAN_F32.view(np.uint32), bits)
+    return np.where(nan, np.uint16(0x7FFF), (bits >> np.uint32(16)).astype(np.uint16))
+
+
+def f32_to_f16_rn(x) -> np.ndarray:
+    """cvt.rn.f16.f32 as uint16 bits: numpy's float32 -> float16 cast rounds to nearest even
+    directly from the float32 bits, subnormals included (tests check it against the exact path
+    on every rounding boundary); NaN -> 0x7fff. Faster than a bit-level rewrite measured here."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    return np.where(nan, np.uint16(0x7FFF), h) if nan.any() else h
+
+
+def int_to_int(a: np.ndarray, dtype, sat: bool = False) -> np.ndarray:
+    """cvt{.sat}.dtype.atype between integer types."""
+    dtype = np.dtype(dtype)
+    if sat:
+        info = np.iinfo(dtype)
+        src = np.iinfo(a.dtype)
+        lo, hi = max(info.min, src.min), min(info.max, src.max)  # bounds within both ranges
+        a = np.clip(a, np.array(lo).astype(a.dtype), np.array(hi).astype(a.dtype))
+    return a.astype(dtype)
+
+
+def float_to_int(v, src: Format, dtype, rnd: Rnd, ftz: bool = False) -> np.ndarray:
+    """cvt.{rni,rzi,rmi,rpi}{.ftz}.dtype.ftype: v holds the exact float64 values."""
+    dtype = np.dtype(dtype)
+    v = np.asarray(v, np.float64)
+    if ftz and src is F32:
+        v = flush_subnormal(v, F32)
+    info = np.iinfo(dtype)
+    r = round_integral(v, rnd)
+    nan = np.isnan(r)
+    hi_f = float(info.max) + 1.0  # 2^(w) or 2^(w-1): exact as float64
+    with np.errstate(invalid="ignore"):
+        inside = np.where((r >= hi_f) | nan, 0.0, np.maximum(r, float(info.min)))
+        out = inside.astype(dtype)
+    out = np.where(r >= hi_f, info.max, out).astype(dtype)
+    nan_value = 1 << (dtype.itemsize * 8 - 1) if (src is F64 or dtype.itemsize == 8) else 0
+    return np.where(nan, np.array(nan_value).astype(dtype), out)
+
+
+def int_to_f32_rn(a: np.ndarray) -> np.ndarray:
+    """cvt.rn.f32.{s,u}{8,16,32}: exact in float64, then one rounding to float32."""
+    with np.errstate(over="ignore"):
+        return a.astype(np.float64).astype(np.float32)
+
+
+def int_to_float(a: np.ndarray, fmt: Format, rnd: Rnd, sat: bool = False) -> np.ndarray:
+    """cvt.{rn,rz,rm,rp}{.sat}.ftype.itype -> float64 values representable in fmt."""
+    if a.dtype.itemsize < 8:
+        v = a.astype(np.float64)  # exact
+        r = v if fmt is F64 else round_to(v, fmt, rnd)
+    else:
+        hi = (a >> a.dtype.type(32)).astype(np.float64) * 4294967296.0  # exact
+        lo = (a & a.dtype.type(0xFFFFFFFF)).astype(np.float64)
+        if fmt is F64:
+            r = _directed_sum(hi, lo, rnd)
+        else:
+            r = round_to(round_odd_sum(hi, lo), fmt, rnd)
+    return saturate(r) if sat else r
+
+
+def _directed_sum(x, y, rnd: Rnd):
+    """x + y rounded to float64 in direction rnd, for finite sums (TwoSum gives the error)."""
+    s, err = two_sum(x, y)
+    if rnd is Rnd.RN:
+        return s
+    step = {Rnd.RZ: (err != 0) & (np.signbit(err) != np.signbit(s)), Rnd.RM: err < 0, Rnd.RP: err > 0}[rnd]
+    toward = {Rnd.RZ: 0.0, Rnd.RM: -np.inf, Rnd.RP: np.inf}[rnd]
+    return np.where(step, np.nextafter(s, toward), s)
+
+
+def float_to_float(v, src: Format, dst: Format, rnd: Rnd | None = None, integral: bool = False,
+                   ftz: bool = False, sat: bool = False, relu: bool = False,
+                   satfinite: bool = False) -> np.ndarray:
+    """cvt between floating formats: v holds src's exact float64 values; returns float64 values
+    representable in dst. rnd: the rounding direction (narrowing), or with integral=True the
+    direction of `.rni .rzi .rmi .rpi`; None for exact widening."""
+    v = np.asarray(v, np.float64)
+    if ftz and src is F32:
+        v = flush_subnormal(v, F32)
+    if integral:
+        r = round_integral(v, rnd)
+    elif rnd is None or dst.precision >= src.precision and dst.emin <= src.emin:
+        r = v  # exact widening (or same format)
+    else:
+        r = round_to(v, dst, rnd)
+    if ftz and dst is F32:
+        r = flush_subnormal(r, F32)
+    if satfinite:
+        r = np.where(np.isinf(r), np.copysign(dst.max_finite, r), r)
+    if relu:
+        r = np.where(r < 0, 0.0, r)
+    return saturate(r) if sat else r

@@ -1,0 +1,307 @@
+"""f32 and f64 arithmetic with the rounding PTX specifies, elementwise over lane arrays.
+
+PTX anchors: `#floating-point-instructions` and its sections `-add -sub -mul -fma -mad -div -abs
+-neg -min -max -rcp -sqrt -testp -copysign`.
+
+Operands are numpy float32 or float64 arrays (the instruction type follows their dtype); every
+rounding mode is exact:
+- f32 `.rn` add/sub/mul: numpy's own float32 arithmetic (IEEE, subnormals kept): the fast path.
+- f32 in any mode: the product of two f32 is exact in float64 and a sum is rounded to odd
+  (rounding.round_odd_sum), then rounded once to f32; a quotient or square root rounded to
+  float64 (53 >= 2 * 24 + 2 bits) is never a tie or an f32 number unless exact, so it rounds to
+  f32 correctly in every direction.
+- f64 `.rn` add/sub/mul/div/sqrt: numpy. fma.rn.f64: error-free transforms (Dekker's product,
+  Knuth's TwoSum) and Boldo-Melquiond's emulated FMA where no intermediate can underflow or
+  overflow; the other lanes, and the directed modes, through fa_sim.isa.exact.
+- `.ftz` (f32 only) flushes subnormal inputs and results to sign-preserving zero, the result
+  after rounding. `.sat` clamps to [0, 1] with NaN -> +0.
+- NaN results: f32 gives the canonical NaN 0x7fffffff (PTX: "an unspecified NaN"); f64 keeps
+  numpy's NaN (PTX: "NaN payloads are supported for double-precision instructions").
+
+Approximate forms (`.approx`, `.full`) are MUFU models and live in fa_sim.isa.sfu.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import partial
+
+import numpy as np
+
+from . import exact
+from .rounding import (CANONICAL_NAN_F32, F32, Rnd, canonical_nan, exact_zero_sign, flush_subnormal,
+                       round_odd_sum, saturate, to_f32, two_sum)
+
+_F64_SAFE = 2.0 ** 900  # |a b|, |c| below this and above its inverse: no transform under/overflows
+_F64_SPLIT_MAX = 2.0 ** 960  # Veltkamp's split multiplies by 2^27 + 1
+_SPLITTER = 134217729.0  # 2^27 + 1
+
+
+# --- operand and result conditioning -------------------------------------------------------------
+
+def _in32(x, ftz: bool) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return flush_subnormal(x, F32) if ftz else x
+
+
+def _out32(r: np.ndarray, ftz: bool, sat: bool) -> np.ndarray:
+    if ftz:
+        r = flush_subnormal(r, F32)
+    if sat:
+        return saturate(r)
+    return canonical_nan(r, CANONICAL_NAN_F32)
+
+
+def _is64(a) -> bool:
+    return np.asarray(a).dtype == np.float64
+
+
+# --- add, sub, mul, fma ----------------------------------------------------------------------------
+
+def add(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
+    """add{.rnd}{.ftz}{.sat}.f32 / add{.rnd}.f64."""
+    if _is64(a):
+        return _add64(np.asarray(a), np.asarray(b, np.float64), rnd)
+    a, b = _in32(a, ftz), _in32(b, ftz)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if rnd is Rnd.RN:
+            r = a + b
+        else:
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            r = to_f32(exact_zero_sign(round_odd_sum(a64, b64), a64, b64, rnd), rnd)
+    return _out32(r, ftz, sat)
+
+
+def sub(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
+    """sub: a + (-b), exactly (negation is exact)."""
+    if _is64(a) and rnd is Rnd.RN:
+        with np.errstate(all="ignore"):
+            return np.asarray(a) - np.asarray(b, np.float64)  # keeps b's NaN payload unflipped
+    return add(a, -np.asarray(b), rnd, ftz, sat)
+
+
+def mul(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
+    """mul{.rnd}{.ftz}{.sat}.f32 / mul{.rnd}.f64."""
+    if _is64(a):
+        a, b = np.asarray(a), np.asarray(b, np.float64)
+        if rnd is Rnd.RN:
+            with np.errstate(all="ignore"):
+                return a * b
+        return exact.mul(a, b, rnd)
+    a, b = _in32(a, ftz), _in32(b, ftz)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = a * b if rnd is Rnd.RN else to_f32(a.astype(np.float64) * b, rnd)
+    return _out32(r, ftz, sat)
+
+
+def fma(a, b, c, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
+    """fma.rnd{.ftz}{.sat}.f32 / fma.rnd.f64 (and mad.rnd): a * b + c rounded once."""
+    if _is64(a):
+        return _fma64(np.asarray(a), np.asarray(b, np.float64), np.asarray(c, np.float64), rnd)
+    a, b, c = _in32(a, ftz), _in32(b, ftz), _in32(c, ftz)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = a.astype(np.float64) * b  # exact: 48 significant bits, exponents within float64
+        c64 = c.astype(np.float64)
+        if rnd is Rnd.RN:
+            r = to_f32(_sum_for_f32_rn(p, c64))
+        else:
+            r = to_f32(exact_zero_sign(round_odd_sum(p, c64), p, c64, rnd), rnd)
+    return _out32(r, ftz, sat)
+
+
+_F32_HALF_ULP_BITS = np.uint64(1 << 28)  # an f32 midpoint, seen in float64's 29 extra bits
+_F32_EXTRA_BITS = np.uint64((1 << 29) - 1)
+
+
+def _sum_for_f32_rn(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """p + c in float64, good for rounding to f32 to nearest. The float64 sum s rounds to f32
+    like the exact sum unless s is itself an f32 midpoint (no f32 midpoint can lie strictly
+    between the exact sum and its nearest float64) or lies in f32's subnormal range; only
+    those lanes are recomputed, rounded to odd. The fast path of fma.rn.f32."""
+    s = np.asarray(p + c)  # 0-d inputs give a scalar; keep an array to patch
+    extra = s.view(np.uint64) & _F32_EXTRA_BITS
+    suspect = (extra == _F32_HALF_ULP_BITS) | ((np.abs(s) < F32.tiny) & (s != 0))
+    if suspect.any():
+        i = np.flatnonzero(suspect)
+        s = s.copy()
+        s.flat[i] = round_odd_sum(np.broadcast_to(p, s.shape).flat[i], np.broadcast_to(c, s.shape).flat[i])
+    return s
+
+
+def _add64(a, b, rnd: Rnd):
+    if rnd is Rnd.RN:
+        with np.errstate(all="ignore"):
+            return a + b
+    s, err = two_sum(a, b)  # exact wherever s is finite
+    finite = np.isfinite(s)
+    toward = {Rnd.RZ: -s, Rnd.RM: np.full_like(s, -np.inf), Rnd.RP: np.full_like(s, np.inf)}[rnd]
+    wrong_side = {Rnd.RZ: (err != 0) & (np.signbit(err) != np.signbit(s)), Rnd.RM: err < 0,
+                  Rnd.RP: err > 0}[rnd]
+    with np.errstate(over="ignore"):  # stepping up from the largest finite is the overflow
+        s = np.where(finite & wrong_side, np.nextafter(s, toward), s)
+    s = exact_zero_sign(s, a, b, rnd)
+    overflowed = np.isinf(s) & np.isfinite(a) & np.isfinite(b)  # the directed result may be finite
+    return _patch(s, overflowed, partial(exact.add, rnd=rnd), a, b)
+
+
+def _split(x):
+    t = _SPLITTER * x
+    hi = t - (t - x)
+    return hi, x - hi
+
+
+def _fma64(a, b, c, rnd: Rnd):
+    if rnd is not Rnd.RN:
+        return exact.fma(a, b, c, rnd)
+    a, b, c = np.broadcast_arrays(a, b, c)
+    with np.errstate(all="ignore"):
+        p = a * b
+        simple = np.where((c == 0) & (a != 0) & (b != 0), p, p + c)  # no rounding in p, or c == +-0
+        ap, ac = np.abs(p), np.abs(c)
+        fast = ((ap >= 1 / _F64_SAFE) & (ap <= _F64_SAFE) & (ac <= _F64_SAFE)
+                & (np.abs(a) <= _F64_SPLIT_MAX) & (np.abs(b) <= _F64_SPLIT_MAX) & (c != 0))
+        (ah, al), (bh, bl) = _split(a), _split(b)
+        ul = ((ah * bh - p) + ah * bl + al * bh) + al * bl  # Dekker: p + ul == a * b exactly
+        th, tl = two_sum(c, p)
+        r = th + round_odd_sum(tl, ul)  # Boldo-Melquiond, Algorithm 5
+    plain = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) & ((a == 0) | (b == 0) | (c == 0))
+    out = np.where(fast, r, simple)
+    slow = ~fast & ~plain & np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    slow |= np.isinf(c) & np.isfinite(a) & np.isfinite(b)  # finite a*b may overflow alone
+    return _patch(out, slow, partial(exact.fma, rnd=rnd), a, b, c)
+
+
+def _patch(out: np.ndarray, mask: np.ndarray, fn, *args) -> np.ndarray:
+    """out with fn(*args) on the lanes of mask only (fn is the slow exact path)."""
+    i = np.flatnonzero(mask)
+    if i.size:
+        out = np.array(out, copy=True)
+        out.flat[i] = fn(*(np.broadcast_to(x, mask.shape).flat[i] for x in args))
+    return out
+
+
+# --- div, rcp, sqrt --------------------------------------------------------------------------------
+
+def div(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
+    """div.rnd{.ftz}.f32 / div.rnd.f64 (IEEE)."""
+    if _is64(a):
+        a, b = np.asarray(a), np.asarray(b, np.float64)
+        if rnd is Rnd.RN:
+            with np.errstate(all="ignore"):
+                return a / b
+        return exact.div(a, b, rnd)
+    a, b = _in32(a, ftz), _in32(b, ftz)
+    with np.errstate(all="ignore"):
+        r = to_f32(a.astype(np.float64) / b, rnd)
+    return _out32(r, ftz, False)
+
+
+def rcp(a, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
+    """rcp.rnd{.ftz}.f32 / rcp.rnd.f64: 1 / a rounded once."""
+    a = np.asarray(a)
+    return div(np.ones_like(a), a, rnd, ftz)
+
+
+def sqrt(a, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
+    """sqrt.rnd{.ftz}.f32 / sqrt.rnd.f64."""
+    if _is64(a):
+        a = np.asarray(a)
+        if rnd is Rnd.RN:
+            with np.errstate(invalid="ignore"):
+                return np.sqrt(a)
+        return exact.sqrt(a, rnd)
+    a = _in32(a, ftz)
+    with np.errstate(invalid="ignore"):
+        r = to_f32(np.sqrt(a.astype(np.float64)), rnd)
+    return _out32(r, ftz, False)
+
+
+# --- abs, neg, min, max, copysign, testp ------------------------------------------------------------
+
+def abs_(a, ftz: bool = False) -> np.ndarray:
+    """abs{.ftz}.f32 / abs.f64: clears the sign bit; a NaN passes through unchanged (PTX: the f64
+    NaN is passed through, the f32 NaN is unspecified)."""
+    a = np.asarray(a)
+    if ftz:
+        a = flush_subnormal(a, F32)
+    return np.where(np.isnan(a), a, np.abs(a))
+
+
+def neg(a, ftz: bool = False) -> np.ndarray:
+    """neg{.ftz}.f32 / neg.f64: flips the sign bit; a NaN passes through unchanged."""
+    a = np.asarray(a)
+    if ftz:
+        a = flush_subnormal(a, F32)
+    return np.where(np.isnan(a), a, -a)
+
+
+def _min_max(a, b, is_max: bool, ftz: bool, propagate_nan: bool, xorsign_abs: bool):
+    a, b = np.asarray(a), np.asarray(b, np.asarray(a).dtype)
+    if ftz:
+        a, b = flush_subnormal(a, F32), flush_subnormal(b, F32)
+    if xorsign_abs:
+        sign = np.signbit(a) ^ np.signbit(b)
+        a, b = np.abs(a), np.abs(b)
+    r = (np.fmax if is_max else np.fmin)(a, b)  # a NaN operand gives the other one
+    zeros = (a == 0) & (b == 0)
+    if zeros.any():  # PTX: +0.0 > -0.0
+        neg = (np.signbit(a) & np.signbit(b)) if is_max else (np.signbit(a) | np.signbit(b))
+        r = np.where(zeros, np.where(neg, -0.0, 0.0).astype(r.dtype), r)
+    if xorsign_abs:
+        r = np.where(np.isnan(r), r, np.copysign(r, np.where(sign, -1, 1).astype(r.dtype)))
+    nan = np.isnan(a) | np.isnan(b) if propagate_nan else np.isnan(a) & np.isnan(b)
+    if nan.any():
+        r = np.where(nan, _canonical_nan(r.dtype), r)
+    return r
+
+
+def _canonical_nan(dtype):
+    return CANONICAL_NAN_F32 if dtype == np.float32 else np.float64(np.nan)
+
+
+def min_(a, b, ftz: bool = False, propagate_nan: bool = False, xorsign_abs: bool = False):
+    """min{.ftz}{.NaN}{.xorsign.abs}.f32 / min.f64 (#floating-point-instructions-min): a NaN
+    operand gives the other one, two NaNs (or any NaN with .NaN) the canonical NaN; -0 < +0."""
+    return _min_max(a, b, False, ftz, propagate_nan, xorsign_abs)
+
+
+def max_(a, b, ftz: bool = False, propagate_nan: bool = False, xorsign_abs: bool = False):
+    """max{.ftz}{.NaN}{.xorsign.abs}.f32 / max.f64 (#floating-point-instructions-max)."""
+    return _min_max(a, b, True, ftz, propagate_nan, xorsign_abs)
+
+
+def copysign(a, b) -> np.ndarray:
+    """copysign: the sign bit of a with the rest of b (bitwise, NaN included)."""
+    a, b = np.asarray(a), np.asarray(b)
+    bits = np.dtype(f"u{b.dtype.itemsize}")
+    top = bits.type(1) << bits.type(8 * b.dtype.itemsize - 1)
+    return ((b.view(bits) & ~top) | (a.view(bits) & top)).view(b.dtype)
+
+
+class FpClass(enum.Enum):
+    """testp.op (#floating-point-instructions-testp)."""
+
+    FINITE = "finite"
+    INFINITE = "infinite"
+    NUMBER = "number"
+    NOTANUMBER = "notanumber"
+    NORMAL = "normal"  # zeros count as normal
+    SUBNORMAL = "subnormal"
+
+
+def testp(op: FpClass, a) -> np.ndarray:
+    """[n] bool."""
+    a = np.asarray(a)
+    tiny = np.finfo(a.dtype).tiny
+    if op is FpClass.FINITE:
+        return np.isfinite(a)
+    if op is FpClass.INFINITE:
+        return np.isinf(a)
+    if op is FpClass.NUMBER:
+        return ~np.isnan(a)
+    if op is FpClass.NOTANUMBER:
+        return np.isnan(a)
+    mag = np.abs(a)
+    if op is FpClass.NORMAL:
+        return np.isfinite(a) & ((mag >= tiny) | (a == 0))
+    return (mag < tiny) & (a != 0)
