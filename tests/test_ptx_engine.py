@@ -43,7 +43,8 @@ ROUNDS = r"""
 extern "C" __global__ void rounds(int* out) {
   __shared__ int s[64];
   int acc = 0;
-  for (int t = 0; t <= blockIdx.x; ++t) {   // CTA b runs b + 1 rounds
+#pragma unroll 1
+  for (int t = 0; t <= blockIdx.x; ++t) {   // CTA b runs b + 1 rounds (not unrolled: rounds are iterations)
     s[threadIdx.x] = t * 100 + threadIdx.x;
     __syncthreads();
     acc += s[(threadIdx.x + 1) % 64];

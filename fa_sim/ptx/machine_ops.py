@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import KernelFault
 from ..machine import SmemLanes
 from .engine import Engine, Group, engine_op
 from .ir import Addr, Instruction, PredPair, Sym, Vec
@@ -237,8 +238,8 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     dst, a, b, c, mask = ins.operands
     x = eng.scatter(eng.read(a, "b32", group.idx, group.n), group)
     bb, cc = (eng.scatter(eng.read(o, "b32", group.idx, group.n).astype(np.int64), group) for o in (b, c))
-    mm = eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group)
-    mm = mm & ~_exited_bits(eng)  # lanes that exited owe the shuffle nothing
+    mm = _warp_membermask(eng, eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group),
+                          group)
     instr = eng.activate(ins.pc, group)
     y, valid = eng.m.shfl(instr, x, mode, bb, cc, _reg_name(a), mm)
     if isinstance(dst, PredPair):
@@ -246,6 +247,16 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
         eng.write(dst.q, eng.gather(valid, group), "pred", group.idx, group.n)
     else:
         eng.write(dst, eng.gather(y, group), "b32", group.idx, group.n)
+
+
+def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:
+    """[C, W, L] the membermask each warp's executing lanes give (they must agree), minus lanes that
+    exited (they owe the shuffle nothing), on every lane of the warp."""
+    active = group.full(eng.n).reshape(eng.cw)
+    warp = np.where(active, mm, 0).max(axis=-1, keepdims=True)  # [C, W, 1]
+    if np.any(active & (mm != warp)):
+        raise KernelFault("shfl.sync: lanes of one warp give different membermasks")
+    return np.broadcast_to(warp, eng.cw) & ~_exited_bits(eng)
 
 
 def _exited_bits(eng: Engine) -> np.ndarray:

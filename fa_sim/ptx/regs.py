@@ -135,10 +135,14 @@ def from_type(value: np.ndarray, ptype: str, width: int) -> np.ndarray:
 def immediate(op: Imm, ptype: str):
     """An immediate as a numpy scalar of `ptype` (hex floats keep their bit pattern)."""
     dtype = DTYPES[ptype]
-    if op.bits is not None:
+    if op.bits is not None:  # 0fXXXXXXXX / 0dXXXXXXXXXXXXXXXX: a bit pattern
         raw = np.uint32(op.bits) if op.width == 32 else np.uint64(op.bits)
-        value = raw.view(np.float32 if op.width == 32 else np.float64)
-        return value.astype(dtype) if ptype != "pred" else bool(value)
+        if dtype.kind == "f" and dtype.itemsize * 8 != op.width:  # e.g. 0d... used as .f32: the value
+            return raw.view(np.float32 if op.width == 32 else np.float64).astype(dtype)
+        if ptype == "pred":
+            return np.bool_(raw != 0)
+        width = dtype.itemsize * 8  # same width: the bits as they are; other widths: truncated / extended
+        return np.array(int(raw) & ((1 << width) - 1), dtype=STORAGE[width]).view(dtype)[()]
     if ptype == "pred":
         return np.bool_(op.value)
     if dtype.kind == "f":
