@@ -1,0 +1,145 @@
+"""The attention kernel on the PTX engine: fa2_fwd.cu itself, bit for bit against the
+hand-written program, and the mutations that used to pass unseen without a GPU.
+
+Agreement: for all 78 configurations x causal, on shapes with tails (Nq, Nk not multiples of the
+tiles, Nk != Nq, N = 1), O, LSE, warp-instruction counts per (class, phase, round), bank counts
+and every checkpoint are equal bit for bit. Mutations of the .cu - a user's edit - are simulated
+by compiling the edited file (`kernel=`): a dropped barrier or wait is a hazard report with the
+CUDA source line, a changed shuffle or constant shows in the results.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
+
+import fa_sim  # noqa: E402
+from fa_sim.checkpoints import CHECKPOINTS  # noqa: E402
+from fa_sim.crosscheck import CheckpointRecorder  # noqa: E402
+from fa_sim.observers import BankCounter, HazardChecker, HazardKind  # noqa: E402
+from fa_sim.ptx.fa2 import default_kernel  # noqa: E402
+
+FAMILY = fa_sim.KernelConfig.family()
+SHAPES = ((70, 130), (128, 128), (1, 50), (200, 33))  # (Nq, Nk): tails, Nk > Nq, N = 1, Nk < Nq
+
+
+def _inputs(cfg, nq, nk, seed=0, heads=2):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, heads, nq, cfg.head_dim)).astype(np.float16)
+    k, v = (rng.standard_normal((1, heads, nk, cfg.head_dim)).astype(np.float16) for _ in range(2))
+    return q, k, v
+
+
+def _run(engine, q, k, v, cfg, causal, kernel=None, ctas=(0,)):
+    banks, ck = BankCounter(), CheckpointRecorder(ctas)
+    res = fa_sim.simulate(q, k, v, causal=causal, config=cfg, engine=engine, kernel=kernel, observers=[banks])
+    res_ck = fa_sim.simulate(q, k, v, causal=causal, config=cfg, engine=engine, kernel=kernel, observers=[ck])
+    return res, banks.report().to_json(), ck.buffer, res_ck
+
+
+def assert_same(a, b):
+    (ra, ba, ca, _), (rb, bb, cb, _) = a, b
+    assert np.array_equal(ra.o.view(np.uint16), rb.o.view(np.uint16)), "O differs"
+    assert np.array_equal(ra.lse.view(np.uint32), rb.lse.view(np.uint32)), "LSE differs"
+    assert dict(ra.counts) == dict(rb.counts), "instruction counts differ"
+    assert ba == bb, "bank counts differ"
+    for i, ck in enumerate(CHECKPOINTS):
+        assert np.array_equal(ca[:, i], cb[:, i]), f"checkpoint {ck.value} differs"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("cfg", FAMILY, ids=lambda c: c.tag)
+def test_ptx_engine_equals_the_program(cfg, causal):
+    i = FAMILY.index(cfg)
+    nq, nk = SHAPES[(i + causal) % len(SHAPES)]
+    q, k, v = _inputs(cfg, nq, nk, seed=i)
+    n_ctas = -(-nq // cfg.block_m) * 2
+    ctas = sorted({0, n_ctas - 1})
+    assert_same(_run("program", q, k, v, cfg, causal, ctas=ctas), _run("ptx", q, k, v, cfg, causal, ctas=ctas))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(nq=st.integers(1, 300), nk=st.integers(1, 300), causal=st.booleans(),
+       cfg=st.sampled_from([FAMILY[0], fa_sim.KernelConfig(block_m=128, n_warps=8, smem="padded"),
+                            fa_sim.KernelConfig(head_dim=32, block_n=32, smem="plain")]))
+def test_ptx_engine_equals_the_program_on_any_shape(nq, nk, causal, cfg):
+    q, k, v = _inputs(cfg, nq, nk, seed=nq * 1000 + nk, heads=1)
+    a = fa_sim.simulate(q, k, v, causal=causal, config=cfg)
+    b = fa_sim.simulate(q, k, v, causal=causal, config=cfg, engine="ptx")
+    assert np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
+    assert np.array_equal(a.lse.view(np.uint32), b.lse.view(np.uint32))
+    assert dict(a.counts) == dict(b.counts)
+
+
+def _edited(tmp_path: Path, old: str, new: str, count: int = 1) -> Path:
+    """fa2_fwd.cu with one edit, as a user would make it."""
+    text = default_kernel().read_text()
+    assert text.count(old) >= 1, old
+    path = tmp_path / "fa2_fwd_edited.cu"
+    path.write_text(text.replace(old, new, count))
+    return path
+
+
+def _source_line(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+# Each synchronisation site of the kernel, the edit that removes (or moves) it, and the hazard
+# it must produce (SCHEDULE.md; the program's fa_sim.kernels.Mutation has the same sites).
+SYNC_MUTATIONS = {
+    "drop BAR_QK": ("#define FA_DROP_BAR_QK 1\n", HazardKind.RAW_NO_BARRIER, "ldsm_x4(tCrQ[mi]"),
+    "drop BAR_PV": ("#define FA_DROP_BAR_PV 1\n", HazardKind.RAW_NO_BARRIER, "ldsm_x4_trans(r,"),
+    "drop BAR_EPILOGUE": ("#define FA_DROP_BAR_EPILOGUE 1\n", HazardKind.RAW_NO_BARRIER, "lds128(x,"),
+    "late WAIT_QK": ("#define FA_LATE_WAIT_QK 1\n", HazardKind.RAW_ASYNC, "ldsm_x4(tCrQ[mi]"),
+    "late WAIT_PV": ("#define FA_LATE_WAIT_PV 1\n", HazardKind.RAW_ASYNC, "ldsm_x4_trans(r,"),
+}
+
+
+@pytest.mark.parametrize("name", list(SYNC_MUTATIONS))
+def test_a_missing_barrier_or_wait_in_the_cu_is_a_hazard_at_its_source_line(name, tmp_path):
+    define, kind, reader = SYNC_MUTATIONS[name]
+    path = tmp_path / "fa2_fwd_mutated.cu"
+    path.write_text(define + default_kernel().read_text())
+    cfg = FAMILY[0]
+    q, k, v = _inputs(cfg, 128, 192)
+    clean = HazardChecker()
+    fa_sim.simulate(q, k, v, config=cfg, engine="ptx", observers=[clean])
+    assert clean.report().ok
+    hz = HazardChecker(limit=10**6)  # every hazard kept: the first ones may be of another kind
+    fa_sim.simulate(q, k, v, config=cfg, engine="ptx", kernel=path, observers=[hz])
+    rep = hz.report()
+    hits = [h for h in rep.hazards if h.kind is kind]
+    assert hits, f"{name}: no {kind.name} reported"
+    h = hits[0]
+    assert h.src is not None and h.src.file.endswith(path.name)
+    lines = {h.src.line} | {line for _, line, _ in h.src.inlined_at}  # the asm helper, and its callers
+    assert _source_line(path, reader) in lines, (name, h.src, h.ptx)
+    assert 0 <= h.warp < cfg.n_warps and 0 <= h.lane < 32 and h.region in ("sQ", "sK", "sV", "sO")
+
+
+# Edits of the arithmetic or data movement that every CPU test used to miss: each makes the PTX
+# engine disagree with the hand-written program (the readable model of the spec). (An XOR 3 in
+# the second sum shuffle would not: it adds the same quad in the same order - an equivalent edit.)
+VALUE_MUTATIONS = {
+    "first quad shuffle XOR 2 -> 4": ("x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));",
+                                      "x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));"),
+    "second sum shuffle XOR 1 -> 2": ("return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));",
+                                      "return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));"),
+    "log2(e) one ulp off": ("1.4426950408889634f", "1.4426951f"),
+    "K fragment halves swapped": ("tCrK[2 * jj][0] = r[0], tCrK[2 * jj][1] = r[1]",
+                                  "tCrK[2 * jj][0] = r[1], tCrK[2 * jj][1] = r[0]"),
+}
+
+
+@pytest.mark.parametrize("name", list(VALUE_MUTATIONS))
+def test_a_changed_cu_no_longer_agrees_with_the_program(name, tmp_path):
+    path = _edited(tmp_path, *VALUE_MUTATIONS[name])
+    cfg = FAMILY[0]
+    q, k, v = _inputs(cfg, 128, 128)
+    a = fa_sim.simulate(q, k, v, config=cfg)
+    b = fa_sim.simulate(q, k, v, config=cfg, engine="ptx", kernel=path)
+    assert not (np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
+                and np.array_equal(a.lse.view(np.uint32), b.lse.view(np.uint32))), name
