@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sfu_ops import DCLIP, N_BANDS, N_CHANGE, band_label
+from sfu_ops import DCLIP, N_CHANGE, band_label
 
 ESCAPE = -128
 

@@ -16,8 +16,15 @@ import argparse
 import json
 
 from fa_sim.accuracy import measure
-from fa_sim.commands.common import (add_config_arguments, add_problem_arguments, config_from_args, random_inputs,
-                                    seqlen_k)
+from fa_sim.commands.common import (
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    config_from_args,
+    kernel_from_args,
+    random_inputs,
+    seqlen_k,
+)
 
 from . import check
 from .forward import forward
@@ -28,6 +35,7 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p, seqlen=1024, heads=4)
     add_config_arguments(p)
+    add_engine_arguments(p, simulator=False)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -36,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     nk = seqlen_k(args)
     q, k, v = random_inputs(args)
-    out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config)
+    out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel_from_args(args))
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
     report = {

@@ -16,7 +16,6 @@ The log is kept for reading only (`CompiledKernel.log`, possibly empty).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +43,7 @@ class KernelBuild:
     causal: bool = False
     arch: str = "sm_90"
     checkpoints: bool = False
+    source: str = ""  # path of a variant of fa2_fwd.cu (same parameters and FA_* macros); "" = fa_hw's own
     # Performance experiments only (experiments/bench_hw.py --diagnose), never set by forward():
     min_blocks_override: int = 0  # __launch_bounds__ minimum CTAs per SM instead of the heuristic
     diag_accurate_exp: bool = False  # the spec's literal expf instead of the exp2 form: not modelled by fa_sim
@@ -74,7 +74,12 @@ class KernelBuild:
         extra += ", checkpoints" if self.checkpoints else ""
         extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
         extra += ", DIAGNOSTIC accurate expf" if self.diag_accurate_exp else ""
+        extra += f", from {self.source}" if self.source else ""
         return f"KernelConfig({self.config.describe()}){extra} for {self.arch}"
+
+    @property
+    def source_path(self) -> Path:
+        return Path(self.source) if self.source else SOURCE_PATH
 
 
 def min_blocks_per_sm(config: KernelConfig) -> int:
@@ -153,8 +158,11 @@ def compile_kernel(config: KernelConfig = KernelConfig(), *, causal: bool = Fals
 
 
 def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKernel:
-    """Cubin for one KernelBuild, through the on-disk cache."""
-    source = SOURCE_PATH.read_text()
+    """Cubin for one KernelBuild, through the on-disk cache (keyed by the source text)."""
+    try:
+        source = build.source_path.read_text()
+    except OSError as exc:
+        raise CompileError(f"cannot read the kernel source {build.source_path}: {exc.strerror or exc}") from None
     path = cache_dir() / f"{_cache_key(source, build)}.cubin"
     meta = path.with_suffix(".json")
     if use_cache and path.exists() and meta.exists():

@@ -41,23 +41,37 @@ class HwResult:
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-            checkpoint_ctas=None, diagnostics: dict | None = None):
+            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     dev = to_device(q, k, v, causal, scale, config)  # validates first: ValueError needs no GPU
     prob = dev.problem
     ctas = _select_ctas(prob, checkpoint_ctas)
-    build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, **(diagnostics or {}))
+    build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, kernel_source(kernel),
+                        **(diagnostics or {}))
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
     plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args)
     return plan, dev, (ctas, ck_args, ck_host)
 
 
+def kernel_source(kernel) -> str:
+    """`kernel=`: None (fa_hw's own fa2_fwd.cu) or the path of a variant, checked before any work."""
+    if kernel is None:
+        return ""
+    from pathlib import Path
+
+    p = Path(kernel)
+    if not p.is_file() or p.suffix != ".cu":
+        raise ValueError(f"kernel={kernel}: expected an existing .cu file with fa2_fwd_kernel's parameters")
+    return str(p.resolve())
+
+
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-            *, checkpoint_ctas=None) -> HwResult:
-    """Run fa2_fwd_kernel once on (q, k, v); see the module docstring."""
-    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas)
+            *, checkpoint_ctas=None, kernel=None) -> HwResult:
+    """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: the path of a
+    variant of fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes)."""
+    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel)
     ms = plan.run(dev.stream)
     checkpoints = None
     if ctas is not None:

@@ -275,13 +275,14 @@ def format_report(rep: CompareReport) -> str:
     return "\n".join(lines)
 
 
-def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200"):
+def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine="program", kernel=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against."""
     from .simulate import simulate
 
     rec = CheckpointRecorder(ctas)
-    res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model)
+    res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
+                   engine=engine, kernel=kernel)
     return res, rec.buffer
 
 

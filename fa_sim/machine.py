@@ -28,7 +28,7 @@ Labels (shared-memory region, buffer coordinates) come from the front end's `lab
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 

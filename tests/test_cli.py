@@ -47,6 +47,14 @@ def files(tmp_path_factory):
 
 # (argv, fragment of the one-line message, exit status); {name} is a path from `files`
 TABLE = [
+    # --engine and --kernel (the PTX engine; the same file on the GPU)
+    (["sim", "--engine", "program", "--kernel", "fa_hw/kernels/fa2_fwd.cu"],
+     "--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx", 2),
+    (["sim", "--kernel", "{missing}"], "--kernel {missing}: no such file (expected a variant of fa2_fwd.cu)", 2),
+    (["banks", "--kernel", "{exists}"], "--kernel {exists}: expected a CUDA source file ending in .cu", 2),
+    (["trace", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
+    (["compare", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
+    (["hw", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
     # --npz, --input, --gpu-npz: every kind of bad file names the option, the file and what is accepted
     (["sim", "--npz", "{trunc}"], "--npz {trunc}: is truncated or corrupt", 2),
     (["sim", "--npz", "{corrupt}"], "--npz {corrupt}: is truncated or corrupt", 2),

@@ -19,7 +19,7 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with 
 import fa_sim  # noqa: E402
 from fa_sim.checkpoints import CHECKPOINTS  # noqa: E402
 from fa_sim.crosscheck import CheckpointRecorder  # noqa: E402
-from fa_sim.observers import BankCounter, HazardChecker, HazardKind  # noqa: E402
+from fa_sim.observers import BankCounter, HazardChecker, HazardKind, SmemClass  # noqa: E402
 from fa_sim.ptx.fa2 import default_kernel  # noqa: E402
 
 FAMILY = fa_sim.KernelConfig.family()
@@ -143,3 +143,21 @@ def test_a_changed_cu_no_longer_agrees_with_the_program(name, tmp_path):
     b = fa_sim.simulate(q, k, v, config=cfg, engine="ptx", kernel=path)
     assert not (np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
                 and np.array_equal(a.lse.view(np.uint32), b.lse.view(np.uint32))), name
+
+
+def test_a_weaker_swizzle_variant_costs_two_wavefronts_per_matrix():
+    """experiments/variants/fa2_fwd_swizzle_r4.cu XORs the chunk with r % 4: rows r and r + 4 of an
+    8x8 matrix share banks, so ldmatrix.x4 costs 8 wavefronts (not 4) and the sO stores 2 (not 1);
+    the results are those of the seed kernel, which computes the same thing."""
+    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    cfg = FAMILY[0]
+    q, k, v = _inputs(cfg, 128, 128)
+    counts = {}
+    for name, kernel in (("seed", None), ("variant", variant)):
+        banks = BankCounter()
+        res = fa_sim.simulate(q, k, v, config=cfg, engine="ptx", kernel=kernel, observers=[banks])
+        per = banks.report().per_instruction
+        counts[name] = (dict(per[SmemClass.LDSM]), dict(per[SmemClass.STS]), res)
+    assert counts["seed"][0] == {4: 1152} and counts["seed"][1] == {1: 256}  # 2 heads x 2 CTAs
+    assert counts["variant"][0] == {8: 1152} and counts["variant"][1] == {2: 256}
+    assert np.array_equal(counts["seed"][2].o, counts["variant"][2].o)

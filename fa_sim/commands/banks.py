@@ -18,7 +18,16 @@ import sys
 from pathlib import Path
 
 from ..config import KernelConfig, SmemLayout
-from .common import add_config_arguments, add_problem_arguments, config_from_args, problem_shape, random_inputs, refuse
+from .common import (
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    config_from_args,
+    engine_from_args,
+    problem_shape,
+    random_inputs,
+    refuse,
+)
 from .outputs import Kind, Output, check_outputs, save_figure
 
 FIGURE = "bank_conflicts_by_class"
@@ -30,6 +39,7 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--plot", metavar="DIR", default=None,
@@ -38,12 +48,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool):
+def _report(config: KernelConfig, inputs, causal: bool, engine: str = "program", kernel=None):
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    runs.simulate(*inputs, causal=causal, config=config, observers=[counter])
+    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=engine, kernel=kernel)
     return counter.report()
 
 
@@ -56,13 +66,16 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     base = config_from_args(args)
+    engine, kernel = engine_from_args(args)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     inputs = random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal) for s in layouts}
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)
+               for s in layouts}
     b, h, nq, nk, d = problem_shape(args)
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
-             f"config {base.tag.rsplit('-', 1)[0]}")
+             f"config {base.tag.rsplit('-', 1)[0]}" + ("" if engine == "program" else
+                                                       f", PTX of {kernel.name if kernel else 'fa2_fwd.cu'}"))
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
         meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},

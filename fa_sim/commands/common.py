@@ -63,6 +63,48 @@ def positive_float(option: str):
     return parse
 
 
+# -- the simulator's front end and the kernel source ------------------------------------------------
+ENGINES = ("program", "ptx")
+
+
+def add_engine_arguments(p, simulator: bool = True) -> None:
+    """--engine (simulators) and --kernel (every command that runs the kernel)."""
+    if simulator:
+        p.add_argument("--engine", choices=ENGINES, default=None, metavar="{program,ptx}",
+                       help=describe("simulator front end: program = the hand-written readable model "
+                                     "(fa_sim/kernels/fa2_fwd.py); ptx = the PTX NVRTC emits for the kernel "
+                                     "source, executed instruction by instruction", "program; ptx with --kernel",
+                                     "one of program, ptx"))
+    p.add_argument("--kernel", metavar="FILE.cu", default=None,
+                   help=describe("a variant of fa2_fwd.cu (same parameters and FA_* macros) to " +
+                                 ("simulate on the PTX engine" if simulator else "compile and run") +
+                                 ("; `fa compare` also runs it on the GPU" if simulator else ""),
+                                 "fa_hw/kernels/fa2_fwd.cu", "an existing .cu file"))
+
+
+def kernel_from_args(args):
+    """The --kernel file (checked: exists, .cu), or None."""
+    from pathlib import Path
+
+    if getattr(args, "kernel", None) is None:
+        return None
+    path = Path(args.kernel)
+    if not path.is_file():
+        raise UsageError(f"--kernel {args.kernel}: no such file (expected a variant of fa2_fwd.cu)")
+    if path.suffix != ".cu":
+        raise UsageError(f"--kernel {args.kernel}: expected a CUDA source file ending in .cu")
+    return path
+
+
+def engine_from_args(args) -> tuple[str, object]:
+    """(engine, kernel path or None): --kernel means the PTX engine; --engine program with it is refused."""
+    kernel = kernel_from_args(args)
+    engine = args.engine or ("ptx" if kernel is not None else "program")
+    if kernel is not None and engine != "ptx":
+        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
+    return engine, kernel
+
+
 # -- the problem: shapes, causal flag, scale, seed --------------------------------------------------
 PROBLEM_DESTS = ("batch", "heads", "seqlen", "seqlen_k", "head_dim", "seed")
 

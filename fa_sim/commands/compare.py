@@ -23,13 +23,28 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import KernelConfig
-from ..crosscheck import SavedRun, build_report, format_report, simulate_with_checkpoints
+from ..crosscheck import (
+    SavedRun,
+    build_report,
+    format_report,
+    simulate_with_checkpoints,
+)
 from ..problem import Problem
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
-from .common import (add_config_arguments, add_problem_arguments, config_from_args, config_options, explicit,
-                     option_name, random_inputs, refuse)
+from .common import (
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    config_from_args,
+    config_options,
+    engine_from_args,
+    explicit,
+    kernel_from_args,
+    option_name,
+    random_inputs,
+    refuse,
+)
 from .inputs import load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 
@@ -42,6 +57,7 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--ctas", default=None,
                    help="comma-separated linear CTA ids to checkpoint (default: the first and the last)")
     p.add_argument("--save", metavar="FILE", default=None,
@@ -119,7 +135,8 @@ def _launch(args, save: Output | None):
     config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
+                        kernel=kernel_from_args(args))
     if save is not None:
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
             SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale).save(f)
@@ -135,7 +152,8 @@ def run(args) -> int:
         check_outputs([save], args.force)
         (q, k, v), config, causal, ctas, gpu = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas)
+    engine, kernel = engine_from_args(args)
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
     if args.banks:

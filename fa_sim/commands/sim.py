@@ -20,10 +20,19 @@ import json
 
 import numpy as np
 
-from ..events import COUNTED_OPS
 from ..accuracy import Accuracy, measure
+from ..events import COUNTED_OPS
 from ..simulate import SimResult, simulate
-from .common import PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, random_inputs, refuse
+from .common import (
+    PROBLEM_DESTS,
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    config_from_args,
+    engine_from_args,
+    random_inputs,
+    refuse,
+)
 from .inputs import load_qkv
 
 
@@ -32,6 +41,7 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--npz", metavar="FILE", default=None,
                    help="inputs from an .npz with arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez) "
                         "instead of random ones (default: random)")
@@ -64,23 +74,28 @@ def run(args) -> int:
     config = config_from_args(args, head_dim=int(d))
     checker = None
     if args.check_hazards:
-        from ..observers.hazards import HazardChecker  # the simulator core does not need the observers
+        from ..observers.hazards import (
+            HazardChecker,  # the simulator core does not need the observers
+        )
         checker = HazardChecker()
+    engine, kernel = engine_from_args(args)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
-                   observers=() if checker is None else (checker,), mma_model=args.mma)
+                   observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel)
     acc = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
-        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts}
+        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts, "engine": engine,
+               "kernel": None if kernel is None else str(kernel)}
         if report is not None:
             out["hazards"] = report.to_json()
         print(json.dumps(out, allow_nan=False))  # non-finite numbers are null (fa_sim.accuracy)
         return status
     b, h, nq, _ = res.o.shape
     print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
-          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}")
+          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}"
+          + ("" if engine == "program" else f" engine ptx ({kernel.name if kernel is not None else 'fa2_fwd.cu'})"))
     print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")
     print(f"  max |LSE error|                {_num(acc.max_abs_err_lse)}   (relative {_num(acc.max_rel_err_lse)})")
     for finding in acc.nonfinite:

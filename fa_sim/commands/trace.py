@@ -19,11 +19,22 @@ from pathlib import Path
 
 from ..config import WARP_SIZE
 from ..kernels import Problem
-from .common import (PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, int_in,
-                     parse_ops, problem_shape, random_inputs, refuse)
+from . import UsageError
+from .common import (
+    PROBLEM_DESTS,
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    config_from_args,
+    engine_from_args,
+    int_in,
+    parse_ops,
+    problem_shape,
+    random_inputs,
+    refuse,
+)
 from .inputs import load_qkv
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
-from . import UsageError
 
 ARCHIVE_FILES = ("manifest.json", "arrays.npz")  # fa_sim.observers.trace_io.save_trace
 
@@ -42,6 +53,7 @@ def register(subparsers) -> None:
                    help="K/V iteration t (default 0; 0 .. the CTA's rounds - 1)")
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--input", metavar="NPZ", default=None,
                    help="q, k, v from an .npz (numpy.savez) instead of random normal inputs (default: random)")
     p.add_argument("--ops", default=None,
@@ -115,7 +127,8 @@ def run(args) -> int:
     if inputs is None:
         inputs = random_inputs(args)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs)
+    engine, kernel = engine_from_args(args)
+    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=engine, kernel=kernel)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
     if save is not None:

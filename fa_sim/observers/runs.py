@@ -30,12 +30,14 @@ class Problem:
         return random_inputs(self.batch, self.heads, self.seqlen, nk, self.head_dim, self.seed)
 
 
-def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None):
+def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None,
+             engine: str = "program", kernel=None):
     """fa_sim.simulate, imported late (the machine imports nothing from the observers)."""
     from ..simulate import simulate as _simulate
 
     kwargs = {} if mutation is None else {"mutation": mutation}
-    return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers), **kwargs)
+    return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers),
+                     engine=engine, kernel=kernel, **kwargs)
 
 
 def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool = False) -> BankReport:
@@ -45,10 +47,10 @@ def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool =
 
 
 def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
-              inputs=None) -> Trace:
+              inputs=None, engine: str = "program", kernel=None) -> Trace:
     recorder = TraceRecorder(filter)
     q, k, v = problem.inputs() if inputs is None else inputs
-    simulate(q, k, v, causal=causal, config=config, observers=[recorder])
+    simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel)
     return recorder.trace
 
 

@@ -1,0 +1,575 @@
+// VARIANT of fa_hw/kernels/fa2_fwd.cu (experiments/variants/README.md): a weaker swizzle.
+//
+// The seed kernel XORs the 16-byte chunk index of a 64-half row with r % 8 (Swizzle<3,3,3>, spec
+// table 11), so the 8 rows an ldmatrix matrix reads fall in 8 different 4-bank groups. This
+// variant XORs with r % 4 only (Swizzle<2,3,3> on the same offsets): rows r and r + 4 of a matrix
+// land in the same banks, so every ldmatrix.x4 of Q, K and V costs 2 wavefronts per matrix
+// instead of 1, and the O stores to sO 2-way conflict too. Everything else is the seed kernel.
+// Simulate it:   fa banks --kernel experiments/variants/fa2_fwd_swizzle_r4.cu
+// Run it:        fa hw --kernel experiments/variants/fa2_fwd_swizzle_r4.cu
+// Check both:    fa compare --kernel experiments/variants/fa2_fwd_swizzle_r4.cu --banks
+// (for the swizzled d=64 configs only: the variant assumes head_dim 64.)
+// FlashAttention-2 forward, SM80 instructions (fp16 in, fp32 accumulate), header-free for NVRTC.
+//
+// Follows fa_sim/kernels/SCHEDULE.md step by step (the simulator follows the same file) and the
+// spec shared/spec/000_660624cf06b8f110.txt: one Q tile per CTA, grid (ceil(Nq/kBlockM), B*H);
+// Q, K[t], V[t] tiles in shared memory (sQ | sK | sV; sO reuses sQ); cp.async.cg 16-byte copies
+// with zero fill past the sequence end; ldmatrix.x4 (Q, K) and ldmatrix.x4.trans (V); mma.sync
+// m16n8k16 f16 -> f32; quad reductions with shfl.sync.bfly XOR 2 then XOR 1; explicitly rounded
+// fp32 arithmetic (no FMA contraction) so that the simulator can match it bit for bit.
+//
+// Everything shape-like is a compile-time macro set by fa_hw/compile.py from fa_sim.KernelConfig:
+//   FA_BLOCK_M FA_BLOCK_N FA_HEAD_DIM FA_N_WARPS   tile sizes and warps
+//   FA_ROW_PITCH                                   halves between tile rows (head_dim [+ 8 padded])
+//   FA_SWZ_B FA_SWZ_M FA_SWZ_S                     Swizzle<B,M,S> of the row-major offset (B=0: none)
+//   FA_SK_OFFSET FA_SV_OFFSET                      byte offsets of sK and sV (sQ at 0)
+//   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
+//   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
+//   FA_SOFTMAX_FFMA                                the exp2 argument as one FFMA (diagnostic form,
+//                                                  KernelConfig.softmax = "ffma"); 0: FMUL then FSUB
+//   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
+//   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
+//                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
+//                                                  WAIT_PV, BAR_PV, BAR_EPILOGUE), or move a wait to
+//                                                  right after the first ldmatrix that needs it
+//
+// `// phase: NAME` comments split the kernel body into the phases the simulator reports
+// (fa_sim/ptx/program.py): an instruction belongs to the phase of the kernel line it comes from.
+//
+// Thread -> data maps (PTX ISA #warp-level-matrix-fragment-mma-16816-float and
+// #warp-level-matrix-instructions-ldmatrix). g = lane / 4, tq = lane % 4. As in CuTe's TiledMMA
+// (warps along M, the 16*kNWarps-row tile repeated kMRep times), m16 atom mi of warp w owns rows
+//   16 * (w + kNWarps * mi) + g + 8 * half,   half = 0, 1,
+// and tCrS[mi][nj][v] (v = c0..c3) holds key 8*nj + 2*tq + (v & 1) of row half = v >> 1.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef FA_BLOCK_M
+#error "fa2_fwd.cu is compiled by fa_hw/compile.py, which defines the FA_* macros"
+#endif
+#if FA_SWZ_B == 3 && FA_SWZ_M == 3 && FA_SWZ_S == 3  // VARIANT: Swizzle<3,3,3> -> Swizzle<2,3,3>
+#undef FA_SWZ_B
+#define FA_SWZ_B 2
+#endif
+#ifndef FA_CHECKPOINTS
+#define FA_CHECKPOINTS 0
+#endif
+#ifndef FA_DIAG_ACCURATE_EXP
+#define FA_DIAG_ACCURATE_EXP 0
+#endif
+// Mutation builds (tests only; fa_sim.kernels.Site names the same sites in the program).
+#ifndef FA_DROP_WAIT_QK
+#define FA_DROP_WAIT_QK 0
+#endif
+#ifndef FA_DROP_BAR_QK
+#define FA_DROP_BAR_QK 0
+#endif
+#ifndef FA_DROP_WAIT_PV
+#define FA_DROP_WAIT_PV 0
+#endif
+#ifndef FA_DROP_BAR_PV
+#define FA_DROP_BAR_PV 0
+#endif
+#ifndef FA_DROP_BAR_EPILOGUE
+#define FA_DROP_BAR_EPILOGUE 0
+#endif
+#ifndef FA_LATE_WAIT_QK
+#define FA_LATE_WAIT_QK 0
+#endif
+#ifndef FA_LATE_WAIT_PV
+#define FA_LATE_WAIT_PV 0
+#endif
+#ifndef FA_SOFTMAX_FFMA
+#define FA_SOFTMAX_FFMA 0
+#endif
+
+namespace fa {
+
+constexpr int kBlockM = FA_BLOCK_M;
+constexpr int kBlockN = FA_BLOCK_N;
+constexpr int kHeadDim = FA_HEAD_DIM;
+constexpr int kNWarps = FA_N_WARPS;
+constexpr int kThreads = 32 * kNWarps;
+constexpr int kMRep = kBlockM / (16 * kNWarps);  // MMA_M: m16 atoms per warp
+constexpr int kSN = kBlockN / 8;                 // MMA_N of QK: n8 tiles along the keys
+constexpr int kON = kHeadDim / 8;                // MMA_N of PV: n8 tiles along head_dim
+constexpr int kQKSeg = kHeadDim / 16;            // K segments of QK (gemm_smem pipeline)
+constexpr int kPVSeg = kBlockN / 16;             // K segments of PV
+constexpr int kPitch = FA_ROW_PITCH;             // halves
+constexpr int kCopyTPR = kHeadDim / 8;           // threads per row of the 16-byte copy
+constexpr int kCopyRows = kThreads / kCopyTPR;   // rows per copy pass (a multiple of 8)
+constexpr bool kSwizzled = FA_SWZ_B > 0;
+constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
+constexpr bool kCausal = FA_CAUSAL != 0;
+
+static_assert(kBlockM % (16 * kNWarps) == 0, "block_m must be a multiple of 16 * n_warps");
+static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the block");
+static_assert(kCopyRows % 8 == 0, "copy passes step whole swizzle periods");
+static_assert(kPitch >= kHeadDim && kPitch % 8 == 0, "rows hold head_dim halves, 16-byte aligned");
+// A row step of 8 moves the offset by a multiple of 2^(B+M+S): the swizzle reads bits it does not
+// change, so it commutes with adding 8-row multiples (used by shift_off below).
+static_assert(!kSwizzled || (8 * kPitch) % (1 << (FA_SWZ_B + FA_SWZ_M + FA_SWZ_S)) == 0, "swizzle period");
+static_assert(!kSwizzled || FA_SWZ_M == 3, "the swizzle permutes 16-byte chunks");
+
+// ---- shared memory: sQ | sK | sV (sO = sQ); KernelConfig.smem_offset, in bytes ----------------
+extern __shared__ __align__(128) unsigned char smem[];
+__device__ __forceinline__ u32 sQ_base() { return (u32)__cvta_generic_to_shared(smem); }
+__device__ __forceinline__ u32 sK_base() { return sQ_base() + FA_SK_OFFSET; }
+__device__ __forceinline__ u32 sV_base() { return sQ_base() + FA_SV_OFFSET; }
+
+__device__ __forceinline__ u32 smem_off(int r, int c) {
+  u32 p = (u32)(r * kPitch + c);
+  return 2u * (p ^ ((p & kSwzMask) >> FA_SWZ_S));
+}
+// Byte offset of (r0 + dr, c0 + dc) from base = smem_off(r0, c0), for dr a multiple of 8 and
+// dc a multiple of 16 with c0 % 16 in {0, 8}: the chunk bits of c0 and dc are disjoint, so the
+// swizzle's XOR of the chunk index commutes with adding dc (checked in tests/test_hw_layout.py).
+__device__ __forceinline__ u32 shift_off(u32 base, int dr, int dc) {
+  return kSwizzled ? (base ^ (u32)(2 * dc)) + (u32)(2 * dr * kPitch) : base + (u32)(2 * (dr * kPitch + dc));
+}
+
+// ---- inline PTX -------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ u32 lds32(u32 addr) {
+  u32 r;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void lds128(u32 (&r)[4], u32 addr) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void stg128(void* ptr, const u32 (&r)[4]) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3]) : "memory");
+}
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+
+// ---- debug build: checkpoints in the layout of fa_sim/checkpoints.py ---------------------------
+#if FA_CHECKPOINTS
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int kSWords = kBlockM * kBlockN / kThreads;
+constexpr int kOWords = kBlockM * kHeadDim / kThreads;
+constexpr int kQTileWords = kBlockM * kPitch / 2;
+constexpr int kKVTileWords = kBlockN * kPitch / 2;
+constexpr int kCkWords = cmax(cmax(kSWords, kOWords), cmax(ceil_div(kQTileWords, kThreads), ceil_div(kKVTileWords, kThreads)));
+static_assert(kCkWords == FA_CK_WORDS, "checkpoint slot width differs from fa_sim.checkpoints");
+
+// One CTA's view of the buffer [cta_sel, checkpoint, round, thread, word]; base == 0: not selected.
+struct CkSink {
+  u32* base;
+  int n_rounds;
+  __device__ u32* slot(int ck, int round) const {
+    return base + ((u64)(ck * n_rounds + round) * kThreads + threadIdx.x) * kCkWords;
+  }
+};
+// Accumulator fragment [kMRep][kN][4] in CuTe order e = v + 4 * (mi + kMRep * nj).
+template <int kN>
+__device__ __forceinline__ void ck_frag(const CkSink& s, int ck, int round, const float (&x)[kMRep][kN][4]) {
+  if (!s.base) return;
+  u32* dst = s.slot(ck, round);
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kN; ++nj)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) dst[v + 4 * (mi + kMRep * nj)] = __float_as_uint(x[mi][nj][v]);
+}
+// Row state [kMRep][2]: slot = half + 2 * mi.
+__device__ __forceinline__ void ck_rows(const CkSink& s, int ck, int round, const float (&x)[kMRep][2]) {
+  if (!s.base) return;
+  u32* dst = s.slot(ck, round);
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi) dst[2 * mi] = __float_as_uint(x[mi][0]), dst[2 * mi + 1] = __float_as_uint(x[mi][1]);
+}
+// P operand tCrP[mi][h][4] (a0..a3 of PV segment h): word k packs tCrS elements 2k, 2k+1.
+__device__ __forceinline__ void ck_p(const CkSink& s, int round, const u32 (&p)[kMRep][kPVSeg][4]) {
+  if (!s.base) return;
+  u32* dst = s.slot(FA_CK_P_F16, round);
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int h = 0; h < kPVSeg; ++h)
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {  // a0: (2h, c0c1) a1: (2h, c2c3) a2: (2h+1, c0c1) a3: (2h+1, c2c3)
+        const int nj = 2 * h + (a >> 1);
+        dst[(a & 1) + 2 * (mi + kMRep * nj)] = p[mi][h][a];
+      }
+}
+// Physical image of a tile, thread t holding words [t*w, (t+1)*w).
+__device__ __forceinline__ void ck_tile(const CkSink& s, int ck, int round, u32 sTile, int tile_words) {
+  if (!s.base) return;
+  u32* dst = s.slot(ck, round);
+  const int w = ceil_div(tile_words, kThreads);
+  for (int i = 0; i < w; ++i) {
+    const int word = threadIdx.x * w + i;
+    if (word < tile_words) dst[i] = lds32(sTile + 4u * word);
+  }
+}
+#define FA_CK(stmt) stmt
+#else
+#define FA_CK(stmt)
+#endif
+
+// ---- cooperative copy global -> shared (spec "TiledCopy") ------------------------------------
+// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunk t%kCopyTPR; rows >= seqlen zero-fill
+// (src-size 0) with the source clamped to row 0 of the same batch-head.
+template <int kRows>
+__device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0, int seqlen) {
+  const int r_in = threadIdx.x / kCopyTPR;
+  const int c = 8 * (threadIdx.x % kCopyTPR);
+  const u16* gTile = gBase + (u64)row0 * kHeadDim;  // CTA-uniform
+  const u32 dst = sTile + smem_off(r_in, c);  // kCopyRows is a multiple of 8: row steps are adds
+  if (row0 + kRows <= seqlen) {  // interior tile (uniform branch): no predicate, immediate offsets
+    const u16* src = gTile + r_in * kHeadDim + c;
+#pragma unroll
+    for (int i = 0; i < kRows / kCopyRows; ++i)
+      cp_async_cg16(dst + 2u * kCopyRows * i * kPitch, src + kCopyRows * i * kHeadDim, 16u);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kRows / kCopyRows; ++i) {
+    const int r = r_in + kCopyRows * i;
+    const bool ok = r < seqlen - row0;
+    const int off = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
+    cp_async_cg16(dst + 2u * kCopyRows * i * kPitch, gTile + off, ok ? 16u : 0u);
+  }
+}
+
+// ---- QK: gemm_smem pipeline over the head_dim segments ----------------------------------------
+// oQ: this lane's ldmatrix row offset in sQ for (atom 0, h = 0): row 16w + lane%16, col 8(lane/16).
+// oK: in sK for (keys 0..15, h = 0): row lane%8 + 8(lane/16), col 8((lane/8)%2).
+__device__ __forceinline__ void load_qk_frags(u32 (&tCrQ)[kMRep][4], u32 (&tCrK)[kSN][2], u32 oQ, u32 oK, int h) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi) ldsm_x4(tCrQ[mi], sQ_base() + shift_off(oQ, 16 * kNWarps * mi, 16 * h));
+  if (FA_LATE_WAIT_QK && h == 0) cp_async_wait_all();  // mutation: WAIT_QK after the first Q read
+#pragma unroll
+  for (int jj = 0; jj < kSN / 2; ++jj) {
+    u32 r[4];
+    ldsm_x4(r, sK_base() + shift_off(oK, 16 * jj, 16 * h));
+    tCrK[2 * jj][0] = r[0], tCrK[2 * jj][1] = r[1], tCrK[2 * jj + 1][0] = r[2], tCrK[2 * jj + 1][1] = r[3];
+  }
+}
+
+__device__ __forceinline__ void gemm_qk(float (&tCrS)[kMRep][kSN][4], u32 oQ, u32 oK) {
+  u32 tCrQ[2][kMRep][4];
+  u32 tCrK[2][kSN][2];
+  load_qk_frags(tCrQ[0], tCrK[0], oQ, oK, 0);
+#pragma unroll
+  for (int h = 0; h < kQKSeg; ++h) {
+    if (h + 1 < kQKSeg) load_qk_frags(tCrQ[(h + 1) & 1], tCrK[(h + 1) & 1], oQ, oK, h + 1);
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kSN; ++nj) mma_16816(tCrS[mi][nj], tCrQ[h & 1][mi], tCrK[h & 1][nj][0], tCrK[h & 1][nj][1]);
+  }
+}
+
+// ---- mask in registers: keys past seqlen_k, and (causal) keys after the query ----------------
+__device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int key0, int row0, int seqlen_k) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int key = key0 + 8 * nj + 2 * (lane % 4) + (v & 1);
+        const int query = row0 + 16 * (warp + kNWarps * mi) + lane / 4 + 8 * (v >> 1);
+        if (key >= seqlen_k || (kCausal && key > query)) tCrS[mi][nj][v] = neg_inf();
+      }
+}
+
+// ---- softmax arithmetic (SCHEDULE.md "Arithmetic rules") --------------------------------------
+// exp(s (x - m)) = 2^(x s log2(e) - m s log2(e)) with one ex2.approx.ftz (MUFU.EX2) per score; the
+// fp32 constant log2(e) = 0x3FB8AA3B. The argument is fsub(fmul(x, sl2), fmul(m, sl2)): exactly 0
+// for the row maximum and <= 0 for every other score (rounding is monotone), whatever the size
+// of the scores. FA_SOFTMAX_FFMA selects FlashAttention-2's single FFMA, fma(x, sl2, -fmul(m, sl2)),
+// one instruction less per score, but its value at the maximum is the rounding residue of m*sl2
+// (1342.6 for q = k = 65504, d = 64, s = 1/8), so 2^x overflows for large scores: diagnostic only.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float scale_log2(float scale) { return __fmul_rn(scale, 1.4426950408889634f); }
+#if !FA_DIAG_ACCURATE_EXP
+__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {  // alpha
+  return ex2_approx(__fmul_rn(__fsub_rn(m_prev, m_cur), scale_log2(scale)));
+}
+__device__ __forceinline__ float row_offset(float m, float scale) {
+  return m == neg_inf() ? 0.f : __fmul_rn(m, scale_log2(scale));
+}
+__device__ __forceinline__ float exp_score(float x, float scale, float ms) {
+#if FA_SOFTMAX_FFMA
+  return ex2_approx(__fmaf_rn(x, scale_log2(scale), -ms));
+#else
+  return ex2_approx(__fsub_rn(__fmul_rn(x, scale_log2(scale)), ms));
+#endif
+}
+#else
+// DIAGNOSTIC ONLY (experiments/bench_hw.py --diagnose; never the library's kernel): the spec's
+// literal expf (CUDA's accurate expf) with separately rounded multiply and subtract, to measure
+// what it costs against the exp2 form above. The simulator does not model this build.
+__device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, float scale) {
+  return expf(__fmul_rn(__fsub_rn(m_prev, m_cur), scale));
+}
+__device__ __forceinline__ float row_offset(float m, float scale) { return m == neg_inf() ? 0.f : __fmul_rn(m, scale); }
+__device__ __forceinline__ float exp_score(float x, float scale, float ms) { return expf(__fsub_rn(__fmul_rn(x, scale), ms)); }
+#endif
+
+// ---- softmax_rescale_o: online softmax on the thread's row slots (mi, half) -------------------
+template <bool kFirst>
+__device__ __forceinline__ void softmax_rescale_o(float (&tCrS)[kMRep][kSN][4], float (&tCrO)[kMRep][kON][4],
+                                                  float (&rRowMax)[kMRep][2], float (&rRowSum)[kMRep][2], float scale) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m_prev = rRowMax[mi][half];
+      float m = kFirst ? tCrS[mi][0][2 * half] : m_prev;
+#pragma unroll
+      for (int ni = kFirst ? 1 : 0; ni < 2 * kSN; ++ni) m = fmaxf(m, tCrS[mi][ni / 2][2 * half + ni % 2]);
+      m = quad_max(m);
+      if (!kFirst) {
+        const float m_cur = m == neg_inf() ? 0.f : m;
+        const float alpha = exp_scaled_diff(m_prev, m_cur, scale);
+        rRowSum[mi][half] = __fmul_rn(rRowSum[mi][half], alpha);
+#pragma unroll
+        for (int nj = 0; nj < kON; ++nj)
+          tCrO[mi][nj][2 * half] = __fmul_rn(tCrO[mi][nj][2 * half], alpha),
+          tCrO[mi][nj][2 * half + 1] = __fmul_rn(tCrO[mi][nj][2 * half + 1], alpha);
+      }
+      rRowMax[mi][half] = m;
+      const float ms = row_offset(m, scale);
+      float dl = 0.f;
+#pragma unroll
+      for (int ni = 0; ni < 2 * kSN; ++ni) {  // ascending key order: ni = b + 2 * nj
+        float& x = tCrS[mi][ni / 2][2 * half + ni % 2];
+        x = exp_score(x, scale, ms);
+        dl = ni == 0 ? x : __fadd_rn(dl, x);
+      }
+      dl = quad_sum(dl);
+      rRowSum[mi][half] = kFirst ? dl : __fadd_rn(rRowSum[mi][half], dl);
+    }
+}
+
+// ---- PV: P (fp16, the S registers reused as the A operand) times V via ldmatrix.trans ----------
+// oV: this lane's row offset in sV for (keys 0..15, d 0..15): row lane%8 + 8((lane/8)%2), col 8(lane/16).
+__device__ __forceinline__ void convert_p(const float (&tCrS)[kMRep][kSN][4], u32 (&tCrP)[kMRep][kPVSeg][4]) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int h = 0; h < kPVSeg; ++h) {
+      tCrP[mi][h][0] = pack_f16x2(tCrS[mi][2 * h][0], tCrS[mi][2 * h][1]);
+      tCrP[mi][h][1] = pack_f16x2(tCrS[mi][2 * h][2], tCrS[mi][2 * h][3]);
+      tCrP[mi][h][2] = pack_f16x2(tCrS[mi][2 * h + 1][0], tCrS[mi][2 * h + 1][1]);
+      tCrP[mi][h][3] = pack_f16x2(tCrS[mi][2 * h + 1][2], tCrS[mi][2 * h + 1][3]);
+    }
+}
+
+__device__ __forceinline__ void gemm_pv(float (&tCrO)[kMRep][kON][4], const u32 (&tCrP)[kMRep][kPVSeg][4], u32 oV) {
+#pragma unroll
+  for (int h = 0; h < kPVSeg; ++h) {
+    u32 tCrV[kON][2];
+#pragma unroll
+    for (int jj = 0; jj < kON / 2; ++jj) {
+      u32 r[4];
+      ldsm_x4_trans(r, sV_base() + shift_off(oV, 16 * h, 16 * jj));
+      tCrV[2 * jj][0] = r[0], tCrV[2 * jj][1] = r[1], tCrV[2 * jj + 1][0] = r[2], tCrV[2 * jj + 1][1] = r[3];
+    }
+    if (FA_LATE_WAIT_PV && h == 0) cp_async_wait_all();  // mutation: WAIT_PV after the first V read
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kON; ++nj) mma_16816(tCrO[mi][nj], tCrP[mi][h], tCrV[nj][0], tCrV[nj][1]);
+  }
+}
+
+// ---- epilogue: O / l, LSE, O staged through sO (= sQ) and stored with the copy thread map ------
+__device__ __forceinline__ void normalize(float (&tCrO)[kMRep][kON][4], const float (&rRowMax)[kMRep][2],
+                                          const float (&rRowSum)[kMRep][2], float (&rLSE)[kMRep][2], float scale) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float l = rRowSum[mi][half];
+      const bool empty = l == 0.f || l != l;
+      const float inv = empty ? 1.f : __frcp_rn(l);
+#pragma unroll
+      for (int nj = 0; nj < kON; ++nj)
+        tCrO[mi][nj][2 * half] = __fmul_rn(tCrO[mi][nj][2 * half], inv),
+        tCrO[mi][nj][2 * half + 1] = __fmul_rn(tCrO[mi][nj][2 * half + 1], inv);
+      rLSE[mi][half] = empty ? __int_as_float(0x7f800000u) : __fadd_rn(__fmul_rn(rRowMax[mi][half], scale), logf(l));
+    }
+}
+
+__device__ __forceinline__ void store_o_smem(const float (&tCrO)[kMRep][kON][4], u32 sO) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int nj = 0; nj < kON; ++nj)  // fragment order (nj, mi, half), as the simulator's plan
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi) {
+      const int r = 16 * (warp + kNWarps * mi) + lane / 4, c = 8 * nj + 2 * (lane % 4);
+      sts32(sO + smem_off(r, c), pack_f16x2(tCrO[mi][nj][0], tCrO[mi][nj][1]));
+      sts32(sO + smem_off(r + 8, c), pack_f16x2(tCrO[mi][nj][2], tCrO[mi][nj][3]));
+    }
+}
+
+__device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const float (&rLSE)[kMRep][2], int row0, int seqlen_q) {
+  const int r_in = threadIdx.x / kCopyTPR, c = 8 * (threadIdx.x % kCopyTPR);
+#pragma unroll
+  for (int i = 0; i < kBlockM / kCopyRows; ++i) {
+    const int r = r_in + kCopyRows * i;
+    u32 x[4];
+    lds128(x, sO + smem_off(r, c));
+    if (row0 + r < seqlen_q) stg128(gO + (u64)(row0 + r) * kHeadDim + c, x);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane % 4 != 0) return;
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 16 * (warp + kNWarps * mi) + lane / 4 + 8 * half;
+      if (row < seqlen_q) gLSE[row] = rLSE[mi][half];
+    }
+}
+
+}  // namespace fa
+
+// ---- the kernel: SCHEDULE.md "Program" -----------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(fa::kThreads, FA_MIN_BLOCKS)
+fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+               u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k, float scale
+#if FA_CHECKPOINTS
+               , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
+#endif
+) {
+  using namespace fa;
+  const int m_block = blockIdx.x, bh = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
+  const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
+  const u16* gK = k + (u64)bh * seqlen_k * kHeadDim;
+  const u16* gV = v + (u64)bh * seqlen_k * kHeadDim;
+  const int row0 = m_block * kBlockM;
+  const int n_keys = kCausal ? min(seqlen_k, row0 + kBlockM) : seqlen_k;
+  const int n_block_max = (n_keys + kBlockN - 1) / kBlockN;
+  const u32 oQ = smem_off(16 * warp + lane % 16, 8 * (lane / 16));
+  const u32 oK = smem_off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+  const u32 oV = smem_off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+#if FA_CHECKPOINTS
+  const int sel = ck_sel[m_block + gridDim.x * bh];
+  const CkSink ck{sel < 0 ? nullptr : ck_buf + (u64)sel * FA_CK_COUNT * n_rounds * kThreads * kCkWords, n_rounds};
+  if (kPitch != kHeadDim) {  // padded rows: zero the padding so tile images are deterministic
+    for (int i = threadIdx.x; i < FA_SMEM_BYTES / 4; i += kThreads) reinterpret_cast<u32*>(smem)[i] = 0u;
+    __syncthreads();
+  }
+#endif
+
+  // phase: Q load
+  copy_tile<kBlockM>(sQ, gQ, row0, seqlen_q);
+  // phase: K load
+  copy_tile<kBlockN>(sK, gK, 0, seqlen_k);  // K[0]
+  cp_async_commit();
+  float tCrO[kMRep][kON][4];
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kON; ++nj) tCrO[mi][nj][0] = tCrO[mi][nj][1] = tCrO[mi][nj][2] = tCrO[mi][nj][3] = 0.f;
+  float rRowMax[kMRep][2], rRowSum[kMRep][2];  // set by round 0 (every row sees key 0)
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi) rRowMax[mi][0] = rRowMax[mi][1] = neg_inf(), rRowSum[mi][0] = rRowSum[mi][1] = 0.f;
+
+  for (int t = 0; t < n_block_max; ++t) {
+    // phase: QK
+    float tCrS[kMRep][kSN][4];
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kSN; ++nj) tCrS[mi][nj][0] = tCrS[mi][nj][1] = tCrS[mi][nj][2] = tCrS[mi][nj][3] = 0.f;
+    if (!FA_DROP_WAIT_QK && !FA_LATE_WAIT_QK) cp_async_wait_all();  // WAIT_QK: Q and K[t] have landed
+    if (!FA_DROP_BAR_QK) __syncthreads();  // BAR_QK: everyone's copies visible; sV free again
+    FA_CK(ck_tile(ck, FA_CK_SQ, t, sQ, kBlockM * kPitch / 2); ck_tile(ck, FA_CK_SK, t, sK, kBlockN * kPitch / 2));
+    // phase: V load
+    copy_tile<kBlockN>(sV, gV, t * kBlockN, seqlen_k);
+    cp_async_commit();
+    // phase: QK
+    gemm_qk(tCrS, oQ, oK);
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
+    // phase: mask
+    const int key0 = t * kBlockN;
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
+    // phase: softmax
+    if (!FA_DROP_WAIT_PV && !FA_LATE_WAIT_PV) cp_async_wait_all();  // WAIT_PV: V[t] has landed
+    if (!FA_DROP_BAR_PV) __syncthreads();  // BAR_PV: V[t] visible; sK (and sQ at the end) free
+    FA_CK(ck_tile(ck, FA_CK_SV, t, sV, kBlockN * kPitch / 2));
+    // phase: K load
+    if (t + 1 < n_block_max) {
+      copy_tile<kBlockN>(sK, gK, (t + 1) * kBlockN, seqlen_k);  // K[t+1]
+      cp_async_commit();
+    }
+    // phase: softmax
+    if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    else softmax_rescale_o<false>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    FA_CK(ck_rows(ck, FA_CK_ROW_MAX, t, rRowMax); ck_rows(ck, FA_CK_ROW_SUM, t, rRowSum));
+    // phase: PV
+    u32 tCrP[kMRep][kPVSeg][4];
+    convert_p(tCrS, tCrP);
+    FA_CK(ck_p(ck, t, tCrP));
+    gemm_pv(tCrO, tCrP, oV);
+    FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t, tCrO));
+  }
+
+  // phase: epilogue
+  float rLSE[kMRep][2];
+  normalize(tCrO, rRowMax, rRowSum, rLSE, scale);
+  FA_CK(ck_frag<kON>(ck, FA_CK_O_FINAL, 0, tCrO));
+  store_o_smem(tCrO, sQ);  // sO reuses sQ: every warp passed BAR_PV after its last read of sQ
+  if (!FA_DROP_BAR_EPILOGUE) __syncthreads();  // BAR_EPILOGUE
+  FA_CK(ck_tile(ck, FA_CK_SO, 0, sQ, kBlockM * kPitch / 2));
+  store_o_lse(sQ, o + (u64)bh * seqlen_q * kHeadDim, lse + (u64)bh * seqlen_q, rLSE, row0, seqlen_q);
+}
