@@ -46,6 +46,8 @@ class Step:
     partner: int | None
     sent: tuple
     detail: str
+    src: str = ""  # CUDA source line (PTX engine)
+    regs: str = ""  # 'name=value ...' of the registers written (PTX engine: named registers)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
         touch, matrix = _touch(rec, r, c, s), TILE_TENSOR.get(rec.smem.region, str(rec.smem.region))
         row0 = _tile_row0(rec.smem.region, rec, cfg, m_block)
         coords = tuple(zip((rec.smem.elem_row[r, c, s] + row0).tolist(), rec.smem.elem_col[r, c, s].tolist()))
-    if rec.op is Op.HMMA:
+    if rec.op is Op.HMMA and rec.src is None:  # the program's mma order (r = mi * NJ + nj) gives coordinates
         matrix, coords = ("S" if rec.phase == Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block)
     if rec.gmem is not None:
         g = rec.gmem
@@ -142,8 +144,14 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
             coords = tuple((int(g.row[r, c, s]), int(g.col[r, c, s]) + i) for i in range(g.width // 2))
     partner = None if rec.shfl_src is None else int(rec.shfl_src[r, c, s])
     sent = _regs(rec.regs_in, r, c, s) if partner is not None else ()
+    src, regs = "", ""
+    if rec.src is not None:  # the PTX engine: name what each register holds
+        outer = rec.src.inlined_at[-1][1] if rec.src.inlined_at else None  # the kernel line that called it
+        src = f"{rec.src.file.rsplit('/', 1)[-1]}:{rec.src.line}" + (f"<{outer}" if outer else "")
+        named = rec.regs_out or (rec.regs_in if rec.op in (Op.STS, Op.STG) else {})
+        regs = " ".join(f"{k}={'/'.join(_fmt(x) for x in _regs({k: v}, r, c, s))}" for k, v in named.items())
     return Step(rec.seq, r, rec.pc, rec.op, str(rec.phase), rec.round, rec.label, rec.ptx, touch, matrix, values,
-                coords, partner, sent, detail)
+                coords, partner, sent, detail, src, regs)
 
 
 def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int) -> dict:
@@ -238,10 +246,17 @@ def format_story(story: LaneStory) -> str:
     head = (f"CTA {story.cta} (m_block {story.m_block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
             f"  (thread {32 * story.warp + story.lane})  round {story.round}\n"
             f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
-    lines = [head, f"{'pc':>4} {'phase':<8} {'instruction':<44} {'smem coord -> byte -> bank':<34} values"]
-    for st in story.steps:
-        name = f"{st.label}" + (f" #{st.instr}" if st.instr else "")
-        lines.append(f"{st.pc:>4} {st.phase:<8} {name[:44]:<44} {st.touch:<34} {_values(st)}")
+    if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line
+        lines = [head, f"{'pc':>5} {'phase':<8} {'source (line<call)':<19} {'PTX instruction':<52} "
+                       f"{'smem coord -> byte -> bank':<34} registers written"]
+        for st in story.steps:
+            text = f"{st.regs} {st.detail}".strip() or _values(st)
+            lines.append(f"{st.pc:>5} {st.phase[:8]:<8} {st.src:<19} {st.ptx[:52]:<52} {st.touch:<34} {text}")
+    else:
+        lines = [head, f"{'pc':>4} {'phase':<8} {'instruction':<44} {'smem coord -> byte -> bank':<34} values"]
+        for st in story.steps:
+            name = f"{st.label}" + (f" #{st.instr}" if st.instr else "")
+            lines.append(f"{st.pc:>4} {st.phase:<8} {name[:44]:<44} {st.touch:<34} {_values(st)}")
     partners = story.partners
     if partners:
         lines.append("shuffle partners: " + ", ".join(f"lane {p}" for p in partners))
@@ -257,7 +272,8 @@ def story_json(story: LaneStory) -> dict:
     return {"cta": story.cta, "warp": story.warp, "lane": story.lane, "round": story.round,
             "m_block": story.m_block, "bh": story.bh, "launch": story.launch,
             "steps": [{"seq": s.seq, "instr": s.instr, "pc": s.pc, "op": s.op.value, "phase": s.phase,
-                       "round": s.round, "label": s.label, "ptx": s.ptx, "touch": s.touch, "detail": s.detail,
+                       "round": s.round, "label": s.label, "ptx": s.ptx, "src": s.src, "regs": s.regs,
+                       "touch": s.touch, "detail": s.detail,
                        "matrix": s.matrix, "values": list(s.values), "coords": [list(c) for c in s.coords],
                        "partner": s.partner, "sent": list(s.sent)}
                       for s in story.steps],

@@ -32,6 +32,7 @@ from ..machine import Instr, Machine
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import TABLE, Unsupported
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
+from .types import DTYPES
 
 EngineOp = Callable[["Engine", "Group", Instruction], None]
 ENGINE_OPS: dict[str, EngineOp] = {}
@@ -83,18 +84,20 @@ class Lanes:
     def read(self, operand, ptype: str) -> np.ndarray:
         v = self.eng.read(operand, ptype, self.idx, self.n)
         if self.reads is not None and isinstance(operand, Reg):
-            self.reads[operand.name] = v
+            self.reads[operand.name] = np.asarray(v).astype(np.dtype(_EVENT_DTYPE.get(ptype, "int64")))
         return v
 
     def write(self, operand, value, ptype: str) -> None:
         self.eng.write(operand, value, ptype, self.idx, self.n)
         if self.writes is not None and isinstance(operand, Reg):
             self.writes[operand.name] = np.broadcast_to(np.asarray(value).astype(
-                bool if ptype == "pred" else np.dtype(_EVENT_DTYPE.get(ptype, "uint32"))), (self.n,))
+                np.dtype(_EVENT_DTYPE.get(ptype, "int64"))), (self.n,))
 
 
-_EVENT_DTYPE = {"f32": "float32", "f64": "float64", "s32": "int32", "s64": "int64", "u64": "uint64",
-                "b64": "uint64", "f16": "float16", "u16": "uint16", "s16": "int16", "b16": "uint16", "pred": "bool"}
+# How register values appear in events: floats as floats, f16x2 words as uint32 (traces show their
+# two halves), integers and bit patterns as int64 (uint64 for 64-bit ones), predicates as bool.
+_EVENT_DTYPE = {"f32": "float32", "f64": "float64", "f16": "float16", "f16x2": "uint32", "bf16x2": "uint32",
+                "u64": "uint64", "b64": "uint64", "pred": "bool"}
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class Engine:
         if isinstance(op, Sym):
             if op.name not in self.symbols:
                 raise Unsupported(f"symbol {op.name} has no address (not a variable of this kernel)")
-            return np.broadcast_to(np.asarray(self.symbols[op.name]).astype(np.dtype(_EVENT_DTYPE.get(ptype, "uint32"))), (n,))
+            return np.broadcast_to(np.asarray(self.symbols[op.name]).astype(DTYPES[ptype]), (n,))
         raise Unsupported(f"operand {op!r} cannot be read as a value")
 
     def write(self, op, value, ptype: str, idx, n: int) -> None:
