@@ -123,17 +123,6 @@ def _observers(observers) -> tuple:
 ENGINES = ("program", "ptx")
 
 
-class _WaveProgress:
-    """Advances the bar by the CTA-rounds of each finished wave of CTAs (in grid order)."""
-
-    def __init__(self, rounds: np.ndarray, bar) -> None:
-        self.rounds, self.bar, self.done = rounds, bar, 0
-
-    def __call__(self, n: int) -> None:
-        self.bar.update(int(self.rounds[self.done: self.done + n].sum()))
-        self.done += n
-
-
 def _check_engine(engine: str, kernel, mutation) -> None:
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -184,7 +173,7 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
             from .ptx.fa2 import run_attention
 
             run_attention(prob, gmem, ptr, hub, kernel=kernel, mma_model=model, wave_ctas=wave_ctas,
-                          on_wave=_WaveProgress(prob.n_block_max(ctas % prob.n_m_blocks), bar))
+                          on_rounds=bar.update)
         else:
             for wave in waves:
                 m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)

@@ -130,15 +130,17 @@ class Engine:
     """One wave: registers, the machine, the kernel's parameter bytes and shared variables."""
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
-                 params: bytes, symbols: dict[str, int], loop: Loop | None):
+                 params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
         self.params, self.symbols, self.loop = params, symbols, loop
+        self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
         self.n = geometry.n
         self.regs = RegisterFile(kernel, self.n)
         self.special = special_registers(geometry, machine.smem_bytes)
         self.exited = np.zeros(self.n, bool)
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
+        self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
 
     # -- operands ----------------------------------------------------------------------------------
     def read(self, op, ptype: str, idx, n: int) -> np.ndarray:
@@ -262,6 +264,7 @@ class Engine:
             if fresh.any():
                 sel = group.idx[fresh] if group.mask is not None else np.flatnonzero(fresh)
                 self.round[sel] = 0
+                self._rounds_started(sel)
         if ins.opcode in CONTROL:
             return self._control(ins, group)
         run = group
@@ -292,12 +295,17 @@ class Engine:
         target = self.kernel.labels[ins.operands[0].name]
         if self.loop is not None and pc == self.loop.tail and taken.any():
             self.round[taken] += 1
+            self._rounds_started(np.flatnonzero(taken))
         out = []
         if taken.any():
             out.append((target, None if taken.all() else taken))
         if rest.any():
             out.append((pc + 1, None if rest.all() else rest))
         return out
+
+    def _rounds_started(self, threads: np.ndarray) -> None:
+        if self.on_rounds is not None:
+            self.on_rounds(int(np.unique(threads // self.geo.threads).size))
 
     def _execute(self, ins: Instruction, group: Group) -> None:
         try:

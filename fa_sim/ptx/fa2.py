@@ -78,7 +78,7 @@ def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
 
 
 def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, *, kernel=None, mma_model=None,
-                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None) -> None:
+                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None) -> None:
     """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`."""
     load_families()
     cfg = prob.config
@@ -98,7 +98,7 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
     run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, {}, hub,
-                mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_wave=on_wave)
+                mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds)
     if ck is not None:
         _emit_checkpoints(prob, hub, ck.array, sel)
 

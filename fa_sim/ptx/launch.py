@@ -107,8 +107,9 @@ def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
 
 def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, memory: GlobalMemory,
                 symbols: dict, hub: Hub, *, mma_model=None, labels: Labels | None = None,
-                wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None) -> None:
-    """Run every CTA of the grid, wave by wave (the machine and engine of each wave)."""
+                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None) -> None:
+    """Run every CTA of the grid, wave by wave (the machine and engine of each wave). `on_rounds(n)`
+    is told each time n CTAs start a round of the main loop (progress)."""
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS_PER_CTA:
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
@@ -124,9 +125,7 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         ctas = np.arange(start, min(start + wave_ctas, n_ctas), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop).run()
-        if on_wave is not None:
-            on_wave(len(ctas))
+        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds).run()
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

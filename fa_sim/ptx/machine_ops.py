@@ -79,7 +79,20 @@ def _write_vector(eng: Engine, op, values: list, etype: str, group: Group) -> No
 
 
 def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group) -> SmemLanes:
-    return SmemLanes(width, eng.scatter(addr.astype(np.int64), group)[..., None])  # [C, W, L, 1]
+    """The lanes' shared addresses [C, W, L, 1] as SmemLanes. Kernels issue the same addresses
+    round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
+    when the addresses repeat."""
+    full = np.ascontiguousarray(eng.scatter(addr.astype(np.int64), group))
+    key = (width, full.tobytes())
+    hit = eng.smem_lanes.get(key)
+    if hit is None:
+        if len(eng.smem_lanes) >= SMEM_LANES_CACHE:
+            eng.smem_lanes.pop(next(iter(eng.smem_lanes)))
+        hit = eng.smem_lanes[key] = SmemLanes(width, full[..., None])  # [C, W, L, 1]
+    return hit
+
+
+SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
 
 
 def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> str:
