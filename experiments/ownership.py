@@ -1,7 +1,7 @@
 """Ownership maps of the seed kernel, drawn like CuTe's print_latex: which thread holds which
 element of the S/O accumulators and of the Q/K/V ldmatrix fragments, and which thread copies
-which 16-byte chunk (closed-form maps of notes/gpu_facts.md, fa_sim/observers/lanemaps.py,
-checked against fa_sim.layout by tests/test_observers_lanemaps.py).
+which 16-byte chunk (fa_sim/observers/lanemaps.py, through the CuTe layouts of fa_sim/layout.py,
+checked against the spec's closed forms by tests/test_observers_lanemaps.py).
 
     python experiments/ownership.py [--out experiments/out/ownership]
 

@@ -6,8 +6,9 @@ the four-lane reductions and the online-softmax state across rounds, checked on 
 each check is a computation over the maps the simulator executes - kernels/plan.py's lane
 addresses and accumulator coordinates, and the kernel's own gemm, mask and reduction code run on
 a one-CTA probe machine with crafted shared memory and registers - held against a second
-derivation: CuTe's algebra (fa_sim/layout.py), the closed-form PTX lane maps
-(fa_sim/observers/lanemaps.py), or the definition (a partition, a product, the mask formula).
+derivation: CuTe's algebra (fa_sim/layout.py), the spec's closed formulas
+(fa_sim/spec_maps.py, built on the PTX ISA's fragment formulas), or the definition (a partition,
+a product, the mask formula).
 
 Every check can fail: each comparison is elementwise over the whole tile, and a failure names the
 first element that disagrees (tests/test_layout_checks.py breaks maps on purpose).
@@ -29,7 +30,7 @@ from .kernels.plan import kernel_plan
 from .kernels.sites import Step
 from .machine import Machine
 from .memory import GlobalMemory
-from .observers import lanemaps
+from . import spec_maps
 from .reference import SPEC_EXAMPLE, attention_exact
 
 AX3 = ("warp", "lane", "instr")  # [W, L, R] lane arrays of the plan
@@ -118,7 +119,7 @@ def check_copy(cfg: KernelConfig) -> CheckResult:
         row, col = wp.row, wp.col  # [W, L, R] int64
         t, i = _threads(cfg, 1), np.arange(row.shape[-1])
         tally.equal(f"{name}: plan vs CuTe copy_tv", (row, col), L.copy_tv(cfg, rows)(t, (0, i)), AX3)
-        tally.equal(f"{name}: plan vs closed form", (row, col), lanemaps.copy_coords(cfg, t, i), AX3)
+        tally.equal(f"{name}: plan vs closed form", (row, col), spec_maps.copy_coords(cfg, t, i), AX3)
         inside = (row >= 0) & (row < rows) & (col >= 0) & (col < cfg.head_dim) & (col % CHUNK_HALVES == 0)
         tally.require(inside, f"{name}: chunks outside the {rows}x{cfg.head_dim} tile or not 16-byte aligned")
         counts = np.bincount((row * tpr + col // CHUNK_HALVES)[inside], minlength=rows * tpr)
@@ -177,7 +178,7 @@ def check_ldmatrix(cfg: KernelConfig) -> CheckResult:
         got = tuple(x[ld.halves] for x in inv[Tile.SQ])  # (query row, d)
         mi, i = np.arange(cfg.m_repeats)[:, None, None], 2 * m + j
         tally.equal(f"tCrQ(h={h}) vs CuTe A fragment", got, qk.tv(L.Operand.A)(t, (i, mi, h)), AXF)
-        tally.equal(f"tCrQ(h={h}) vs closed form", got, lanemaps.a_fragment(cfg, t, mi, h, i), AXF)
+        tally.equal(f"tCrQ(h={h}) vs closed form", got, spec_maps.a_fragment(cfg, t, mi, h, i), AXF)
         tally.elements += ld.halves.size
     for name, tile, plans, mma in (("tCrK", Tile.SK, plan.ldsm_k, qk), ("tCrV", Tile.SV, plan.ldsm_v, pv)):
         for h, lanes in enumerate(plans):
@@ -187,7 +188,7 @@ def check_ldmatrix(cfg: KernelConfig) -> CheckResult:
             nj, i = 2 * p + m // 2, 2 * (m % 2) + j  # x4 register m = b-register m % 2 of n8 atom 2p + m // 2
             n, k = mma.tv(L.Operand.B)(t, (i, nj, h))  # QK: (key, d); PV: (d, key)
             want = (n, k) if tile is Tile.SK else (k, n)
-            closed = (lanemaps.qk_b_fragment if tile is Tile.SK else lanemaps.pv_b_fragment)(t, nj, h, i)
+            closed = (spec_maps.qk_b_fragment if tile is Tile.SK else spec_maps.pv_b_fragment)(t, nj, h, i)
             tally.equal(f"{name}(h={h}) vs CuTe B fragment", (key, dim), want, AXF)
             tally.equal(f"{name}(h={h}) vs closed form", (key, dim), closed, AXF)
             tally.elements += ld.halves.size
@@ -216,7 +217,7 @@ def check_mma(cfg: KernelConfig) -> CheckResult:
                                       (L.Gemm.PV, cfg.o_n_tiles, kplan.acc_coords(cfg, cfg.o_n_tiles))):
         t, e = _acc(cfg, n_tiles)
         tally.equal(f"{gemm.value} accumulators: plan vs CuTe C", (row, col), L.TiledMma(cfg, gemm).tv(L.Operand.C)(t, e), AX5)
-        tally.equal(f"{gemm.value} accumulators: plan vs closed form", (row, col), lanemaps.acc_coords(cfg, t, e), AX5)
+        tally.equal(f"{gemm.value} accumulators: plan vs closed form", (row, col), spec_maps.acc_coords(cfg, t, e), AX5)
     probe = _probe(cfg)
     q, k = _ints((cfg.block_m, cfg.head_dim), 1), _ints((cfg.block_n, cfg.head_dim), 2)
     _put(probe, cfg, Tile.SQ, q)
@@ -288,7 +289,7 @@ def check_quad_reductions(cfg: KernelConfig) -> CheckResult:
     w, lanes, mi, bn = cfg.n_warps, WARP_SIZE, cfg.m_repeats, cfg.block_n
     slot = np.arange(2)[None, None, None, :] + 2 * np.arange(mi)[None, None, :, None]  # [1, 1, MI, 2]
     tally.equal("rRowMax slot rows: plan vs closed form", (plan.slot_row,),
-                (lanemaps.row_slot_rows(cfg, _threads(cfg, 2), slot),), ("warp", "lane", "mi", "half"))
+                (spec_maps.row_slot_rows(cfg, _threads(cfg, 2), slot),), ("warp", "lane", "mi", "half"))
     rows6 = plan.s_row.reshape(w, lanes, -1, mi, 2, 2)  # [W, L, NJ, MI, half, b]
     tally.equal("tCrS rows vs their slot's row", (rows6,), (plan.slot_row[:, :, None, :, :, None],),
                 ("warp", "lane", "nj", "mi", "half", "b"))

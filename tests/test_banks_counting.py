@@ -10,7 +10,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.events import Op
 from fa_sim.kernels import Problem, launch_info
 from fa_sim.kernels.labels import Phase, Tile
-from fa_sim.observers import synthetic
+import synthetic  # tests/synthetic.py: the memory instructions from the spec's closed forms
 from fa_sim.observers.bank_tables import format_compare, format_report
 from fa_sim.observers.banks import (BankCounter, SmemClass, bank_of, instruction_cost, phase_wavefronts,
                                     phase_words, word_wavefront)

@@ -8,7 +8,7 @@ import pytest
 from fa_sim.config import KernelConfig
 from fa_sim.events import Op
 from fa_sim.kernels.labels import Phase, Tile
-from fa_sim.observers import synthetic
+import synthetic  # tests/synthetic.py: the memory instructions from the spec's closed forms
 from fa_sim.observers.banks import BankCounter, SmemClass
 from fa_sim.observers.runs import Problem, run_banks, simulate
 

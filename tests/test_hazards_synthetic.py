@@ -12,7 +12,7 @@ from fa_sim.events import Op
 from fa_sim.kernels import Problem, launch_info
 from fa_sim.kernels.labels import Phase, Site, Tile
 from fa_sim.memory import GlobalMemory
-from fa_sim.observers import synthetic
+import synthetic  # tests/synthetic.py: the memory instructions from the spec's closed forms
 from fa_sim.observers.hazards import HazardChecker, HazardKind, format_hazards
 
 K = HazardKind

@@ -478,8 +478,8 @@ def _same(xs, ys) -> bool:
 
 
 def test_agrees_with_the_closed_form_lane_maps():
-    """Two derivations of one truth: the layouts here and fa_sim.observers.lanemaps' closed forms."""
-    lanemaps = pytest.importorskip("fa_sim.observers.lanemaps")
+    """Two derivations of one truth: the layouts here and the spec's closed forms (fa_sim.spec_maps)."""
+    from fa_sim import spec_maps as lanemaps
     for cfg in (SEED, KernelConfig(block_m=128, head_dim=128, block_n=32)):
         qk, pv = TiledMma(cfg, Gemm.QK), TiledMma(cfg, Gemm.PV)
         t = np.arange(cfg.n_threads)[:, None, None, None]  # [thread, value, repeat, segment]

@@ -5,7 +5,9 @@ import pytest
 
 from fa_sim.config import KernelConfig
 from fa_sim.events import Op
-from fa_sim.observers import figures, lanemaps, synthetic
+from fa_sim.observers import figures, lanemaps
+
+import synthetic  # tests/synthetic.py
 from fa_sim.observers.runs import Problem, run_banks
 
 

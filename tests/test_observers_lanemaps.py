@@ -1,13 +1,16 @@
-"""The observers' closed-form lane maps (gpu_facts.md formulas) against fa_sim.layout's CuTe
-algebra, and the ownership grids the figures draw (spec tables 2, 6, TiledCopy)."""
+"""The spec's closed-form lane maps (fa_sim.spec_maps, on the PTX fragment formulas) against
+fa_sim.layout's CuTe algebra - the one source the kernel's plan and the observers use - and the
+ownership grids the figures draw (spec tables 2, 6, TiledCopy)."""
 
 import numpy as np
 import pytest
 
 from fa_sim import layout as L
 from fa_sim.config import KernelConfig
+from fa_sim import spec_maps as S
 from fa_sim.observers import lanemaps as M
-from fa_sim.observers import synthetic
+
+import synthetic
 from fa_sim.observers.trace import ldsm_received
 
 CONFIGS = KernelConfig.family()[::4]
@@ -24,7 +27,7 @@ def test_accumulator_maps_equal_tiled_mma(cfg):
     for gemm, n in ((L.Gemm.QK, cfg.s_values_per_thread), (L.Gemm.PV, cfg.o_values_per_thread)):
         e = np.arange(n)[None, :]
         want = L.TiledMma(cfg, gemm).tv(L.Operand.C)(t, e)
-        assert same(M.acc_coords(cfg, t, e), want)
+        assert same(S.acc_coords(cfg, t, e), want)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.tag)
@@ -34,15 +37,15 @@ def test_operand_maps_equal_tiled_mma(cfg):
     i, h = np.arange(8)[None, :, None], np.arange(cfg.qk_k_segments)[None, None, :]
     for m in range(cfg.m_repeats):
         want = qk.tv(L.Operand.A)(t, i + 8 * (m + cfg.m_repeats * h))
-        assert same(M.a_fragment(cfg, t, m, h, i), want)
+        assert same(S.a_fragment(cfg, t, m, h, i), want)
     i4 = np.arange(4)[None, :, None]
     for nj in range(cfg.s_n_tiles):
         want = qk.tv(L.Operand.B)(t, i4 + 4 * (nj + cfg.s_n_tiles * h))  # (key, d)
-        assert same(M.qk_b_fragment(t, nj, h, i4), want)
+        assert same(S.qk_b_fragment(t, nj, h, i4), want)
     hv = np.arange(cfg.pv_k_segments)[None, None, :]
     for nj in range(cfg.o_n_tiles):
         d, key = pv.tv(L.Operand.B)(t, i4 + 4 * (nj + cfg.o_n_tiles * hv))  # (N, K) = (d, key)
-        assert same(M.pv_b_fragment(t, nj, hv, i4), (key, d))
+        assert same(S.pv_b_fragment(t, nj, hv, i4), (key, d))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.tag)
@@ -50,7 +53,7 @@ def test_copy_map_equals_copy_tv(cfg):
     t = np.arange(cfg.n_threads)[:, None]
     i = np.arange(cfg.block_n // cfg.copy_rows_per_pass)[None, :]
     row, col = L.copy_tv(cfg, cfg.block_n)(t, (0, i))
-    assert same(M.copy_coords(cfg, t, i), (row, col))
+    assert same(S.copy_coords(cfg, t, i), (row, col))
 
 
 def test_ldmatrix_received_equals_layout_ldsm():

@@ -10,7 +10,7 @@ from fa_sim.checkpoints import Checkpoint
 from fa_sim.events import ROUND_PROLOGUE, CheckpointEvent, Op, encode_f16x2
 from fa_sim.kernels import Problem, launch_info
 from fa_sim.kernels.labels import Phase
-from fa_sim.observers import synthetic
+import synthetic  # tests/synthetic.py: the memory instructions from the spec's closed forms
 from fa_sim.observers.trace import TraceFilter, TraceRecorder, ldsm_received
 from fa_sim.observers.trace_io import load_trace, save_trace, to_perfetto
 

@@ -9,8 +9,8 @@ of them.
   HazardChecker                 shadow memory: races across cp.async / barriers, bounds and
                                 alignment (hazards.py, `format_hazards` for `fa sim --check-hazards`)
 
-lanemaps.py holds the closed-form lane maps of notes/gpu_facts.md, synthetic.py the kernel's
-memory instructions built from them (an oracle for tests), figures.py the matplotlib figures.
+lanemaps.py holds the lane maps the observers draw and tell (the PTX fragment formulas; the
+kernel's maps through fa_sim/layout.py), figures.py the matplotlib figures.
 """
 
 from .banks import BankCounter, BankReport, Counts, SmemClass

@@ -1,13 +1,12 @@
-"""Closed-form lane maps of the kernel: who holds which element (notes/gpu_facts.md).
+"""Lane maps for the observers: who holds which element (docs/gpu_facts.md).
 
 Every function is vectorised over numpy arrays of lanes/threads and returns tile coordinates.
-PTX anchors: `#warp-level-matrix-fragment-mma-16816-float` (A, B, C/D fragments of
-mma.m16n8k16), `#warp-level-matrix-instructions-ldmatrix` (which lane receives which row).
-
-Kernel-level placement (spec table 2/3, CuTe TiledMMA with the warps stacked along M):
-m16 atom `mi` of warp `w` covers tile rows `16*n_warps*mi + 16*w + [0, 16)`; n8 atom `nj` covers
-columns `8*nj + [0, 8)`. Fragment element order is CuTe's (checkpoints.py):
-`e = v + 4*(mi + m_repeats*nj)` with v the C register c0..c3.
+The hardware's own maps are closed forms of the PTX ISA (`#warp-level-matrix-fragment-mma-16816-float`:
+A, B, C/D fragments of one mma.m16n8k16; `#warp-level-matrix-instructions-ldmatrix`: which lane
+receives which row). The kernel's maps (its fragments, the copy, ownership pictures) come from the
+CuTe layouts of fa_sim/layout.py, the one source the kernel's plan is built from; the spec's
+closed formulas of the same maps live in fa_sim/spec_maps.py, where `fa layout` checks them.
+Fragment element order is CuTe's (checkpoints.py): `e = v + 4*(mi + m_repeats*nj)`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import CHUNK_HALVES, KernelConfig
-from ..isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from ..isa.sm80 import MMA_K, WARP_SIZE
 
 
 def _gt(lane):
@@ -60,51 +59,49 @@ def ldmatrix_source(lane, half, trans: bool):
     return lane >> 2, 2 * (lane & 3) + half
 
 
-# -- the kernel's fragments ------------------------------------------------------------------------
+# -- the kernel's fragments, from the CuTe layouts that drive the plan (fa_sim/layout.py) ----------
 def acc_coords(config: KernelConfig, thread, e):
-    """S (tCrS) or O (tCrO) accumulator element e (CuTe order) of `thread` -> (row, col)."""
-    thread = np.asarray(thread, dtype=np.int64)
-    e = np.asarray(e, dtype=np.int64)
-    w, lane = thread // WARP_SIZE, thread % WARP_SIZE
-    v, rest = e % 4, e // 4
-    mi, nj = rest % config.m_repeats, rest // config.m_repeats
-    r, c = mma_c(lane, v)
-    return MMA_M * config.n_warps * mi + MMA_M * w + r, MMA_N * nj + c
+    """S (tCrS) or O (tCrO) accumulator element e (CuTe order) of `thread` -> tile (row, col)."""
+    from ..layout import Operand, TiledMma
+
+    return TiledMma(config).tv(Operand.C)(np.asarray(thread, dtype=np.int64), np.asarray(e, dtype=np.int64))
 
 
 def row_slot_rows(config: KernelConfig, thread, slot):
-    """rRowMax / rRowSum slot (half + 2*mi) of `thread` -> tile row (checkpoints.py)."""
-    thread = np.asarray(thread, dtype=np.int64)
+    """rRowMax / rRowSum slot (half + 2*mi) of `thread` -> tile row (checkpoints.py): the row of
+    accumulator c0 (half 0) or c2 (half 1) of atom mi."""
     slot = np.asarray(slot, dtype=np.int64)
-    w, lane = thread // WARP_SIZE, thread % WARP_SIZE
-    half, mi = slot % 2, slot // 2
-    return MMA_M * config.n_warps * mi + MMA_M * w + (lane >> 2) + 8 * half
-
-
-def a_fragment(config: KernelConfig, thread, mi, h, i):
-    """QK's A operand (tCrQ(mi, h), element a_i) -> (query row, d) in the Q tile."""
-    thread = np.asarray(thread, dtype=np.int64)
-    r, c = mma_a(thread % WARP_SIZE, i)
-    return MMA_M * config.n_warps * np.asarray(mi) + MMA_M * (thread // WARP_SIZE) + r, MMA_K * np.asarray(h) + c
-
-
-def qk_b_fragment(thread, nj, h, i):
-    """QK's B operand (tCrK(nj, h), element b_i) -> (key row, d) in the K tile."""
-    k, n = mma_b(np.asarray(thread, dtype=np.int64) % WARP_SIZE, i)
-    return MMA_N * np.asarray(nj) + n, MMA_K * np.asarray(h) + k
-
-
-def pv_b_fragment(thread, nj, h, i):
-    """PV's B operand (tCrV(nj, h) from sVt, element b_i) -> (key row, d) in the V tile."""
-    k, n = mma_b(np.asarray(thread, dtype=np.int64) % WARP_SIZE, i)
-    return MMA_K * np.asarray(h) + k, MMA_N * np.asarray(nj) + n
+    return acc_coords(config, thread, 2 * (slot % 2) + 4 * (slot // 2))[0]
 
 
 def copy_coords(config: KernelConfig, thread, i):
     """Cooperative 16-byte copy (SCHEDULE.md): chunk i of `thread` -> (row, first col)."""
-    thread = np.asarray(thread, dtype=np.int64)
-    tpr = config.copy_threads_per_row
-    return thread // tpr + config.copy_rows_per_pass * np.asarray(i), CHUNK_HALVES * (thread % tpr)
+    from ..layout import copy_tv
+
+    rows = config.copy_rows_per_pass * (int(np.max(i)) + 1)
+    return copy_tv(config, rows)(np.asarray(thread, dtype=np.int64), CHUNK_HALVES * np.asarray(i, dtype=np.int64))
+
+
+def a_fragment(config: KernelConfig, thread, mi, h, i):
+    """QK's A operand (tCrQ(mi, h), element a_i) -> (query row, d) in the Q tile."""
+    from ..layout import Operand, TiledMma
+
+    return TiledMma(config).tv(Operand.A)(np.asarray(thread, dtype=np.int64), (i, mi, h))
+
+
+def qk_b_fragment(config: KernelConfig, thread, nj, h, i):
+    """QK's B operand (tCrK(nj, h), element b_i) -> (key row, d) in the K tile."""
+    from ..layout import Operand, TiledMma
+
+    return TiledMma(config).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
+
+
+def pv_b_fragment(config: KernelConfig, thread, nj, h, i):
+    """PV's B operand (tCrV(nj, h) from sVt, element b_i) -> (key row, d) in the V tile."""
+    from ..layout import Gemm, Operand, TiledMma
+
+    d, key = TiledMma(config, Gemm.PV).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
+    return key, d
 
 
 def ownership_grid(coords, shape):
@@ -148,7 +145,7 @@ def k_ownership(config: KernelConfig, h: int = 0):
     holds all of B)."""
     t = np.arange(WARP_SIZE)[:, None]
     v = np.arange(4 * config.s_n_tiles)[None, :]
-    r, c = qk_b_fragment(t, v // 4, h, v % 4)
+    r, c = qk_b_fragment(config, t, v // 4, h, v % 4)
     return ownership_grid((r, c - MMA_K * h), (config.block_n, MMA_K))
 
 
@@ -156,7 +153,7 @@ def v_ownership(config: KernelConfig, h: int = 0):
     """[16, head_dim] lane and B slot (i + 4*nj) of V's key segment h (keys 16h..16h+15), warp 0."""
     t = np.arange(WARP_SIZE)[:, None]
     v = np.arange(4 * config.o_n_tiles)[None, :]
-    r, c = pv_b_fragment(t, v // 4, h, v % 4)
+    r, c = pv_b_fragment(config, t, v // 4, h, v % 4)
     return ownership_grid((r - MMA_K * h, c), (MMA_K, config.head_dim))
 
 

@@ -1,4 +1,5 @@
-"""The kernel's memory instructions built from closed-form maps, without running the machine.
+"""The kernel's memory instructions built from the spec's closed-form maps, without running the
+machine (a test helper: the observers' independent oracle).
 
 An independent oracle for the observers: the addresses every lane of one CTA supplies to the
 shared-memory instructions of SCHEDULE.md (cp.async copy, ldmatrix of Q/K, ldmatrix.trans of V,
@@ -18,11 +19,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import KernelConfig
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, GmemAccess, InstrEvent, Op, SmemAccess
-from ..isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
-from ..kernels.labels import Phase, Site, Tensor, Tile, tile_base
-from . import lanemaps
+from fa_sim.config import KernelConfig
+from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, GmemAccess, InstrEvent, Op, SmemAccess
+from fa_sim.isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
+from fa_sim.kernels.labels import Phase, Site, Tensor, Tile, tile_base
+from fa_sim import spec_maps as lanemaps
 
 GMEM_BASE = 0x7F00_0000_0000  # where the synthetic global tensors start (256-byte aligned)
 
