@@ -279,8 +279,9 @@ class Machine:
                               f"{self.smem_bytes} bytes")
 
     def ldmatrix(self, instr: Instr, lanes: SmemLanes, num: int, trans: bool, name: str) -> np.ndarray:
-        """R ldmatrix.x{num}: -> registers [live, W, L, R, num] uint32."""
+        """R ldmatrix.x{num}: -> registers [live, W, L, R, num] uint32 (.sync.aligned: whole warps)."""
         listeners = self._issue(instr)
+        self._require_full_warps(instr)
         self._check_smem(lanes, instr.ptx)
         regs = isa.ldmatrix(self.smem[: self.live], lanes.ldsm_index(num, trans), lanes.per_cta)
         if listeners:

@@ -130,3 +130,18 @@ def test_arguments_are_checked_against_the_parameters():
         launch(BRANCHY, grid=1, block=32, args=[np.zeros(4, np.int32), np.zeros(4, np.int32), "n"])
     with pytest.raises(ValueError, match="grid must be"):
         launch(BRANCHY, grid=(0,), block=32, args=[np.zeros(4, np.int32), np.zeros(4, np.int32), 4])
+
+
+def test_ldmatrix_in_a_diverged_warp_is_a_fault():
+    src = r"""extern "C" __global__ void k(int* o) {
+      __shared__ __align__(16) unsigned short s[8 * 8];
+      s[threadIdx.x] = threadIdx.x; s[threadIdx.x + 32] = threadIdx.x;
+      __syncthreads();
+      unsigned r = 0;
+      if (threadIdx.x < 8) {
+        unsigned a = (unsigned)__cvta_generic_to_shared(s + 8 * (threadIdx.x % 8));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(a));
+      }
+      o[threadIdx.x] = r; }"""
+    with pytest.raises(KernelFault, match="ldmatrix.*diverged warp"):
+        launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
