@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,6 +78,7 @@ class HazardReport:
     hazards: tuple[Hazard, ...]
     counts: dict
     total: int
+    sources: dict = field(default_factory=dict)  # pc -> its CUDA source line (PTX engine)
 
     @property
     def ok(self) -> bool:
@@ -142,6 +143,7 @@ class HazardChecker:
         self.limit = limit
         self._hazards: list[Hazard] = []
         self._counts: Counter = Counter()
+        self._sources: dict = {}
         self._total = 0
         self._shadow: _Shadow | None = None
         self.launch: LaunchInfo | None = None
@@ -155,7 +157,7 @@ class HazardChecker:
         self.launch = launch
 
     def report(self) -> HazardReport:
-        return HazardReport(tuple(self._hazards), dict(self._counts), self._total)
+        return HazardReport(tuple(self._hazards), dict(self._counts), self._total, dict(self._sources))
 
     # -- events ----------------------------------------------------------------------------------
     def on_instr(self, ev: InstrEvent) -> None:
@@ -267,6 +269,8 @@ class HazardChecker:
             return
         s = ev.smem
         self._counts[(kind, s.region, ev.pc)] += n
+        if ev.src is not None:
+            self._sources[ev.pc] = source_line(ev.src)
         self._total += n
         room = self.limit - len(self._hazards)
         for c, w, l in np.argwhere(bad)[: max(room, 0)]:
@@ -278,18 +282,31 @@ class HazardChecker:
                 None if other_pc is None else int(other_pc[at]), ev.src))
 
 
-def format_hazards(report: HazardReport) -> str:
-    """Human-readable hazard report for `fa sim --check-hazards`."""
+def source_line(src) -> str:
+    """'fa2_fwd.cu:127<526': the instruction's line, and the kernel line that called it."""
+    outer = src.inlined_at[-1][1] if src.inlined_at else None
+    return f"{src.file.rsplit('/', 1)[-1]}:{src.line}" + (f"<{outer}" if outer else "")
+
+
+def format_hazards(report: HazardReport, shown: int = 20) -> str:
+    """Human-readable hazard report for `fa sim --check-hazards`: counts per instruction (per CUDA
+    source line when the PTX engine ran the kernel), then the first `shown` hazards in full."""
     if report.ok:
         return "hazards: none"
     lines = [f"hazards: {report.total}"]
-    for (kind, where, pc), n in sorted(report.counts.items(), key=lambda kv: (kv[0][0].name, kv[0][2])):
-        lines.append(f"  {n:6d}  {kind.name:<15} {str(where or '-'):<4} pc {pc:<4} {kind.value}")
-    lines.append(f"first {len(report.hazards)}:")
-    for h in report.hazards:
+    grouped: Counter = Counter()
+    for (kind, where, pc), n in report.counts.items():
+        grouped[(kind, where, report.sources.get(pc, f"pc {pc}"))] += n
+    first_pc = {key: min(pc for (k, w, pc) in report.counts if (k, w, report.sources.get(pc, f"pc {pc}")) == key)
+                for key in grouped}
+    for (kind, where, at), n in sorted(grouped.items(), key=lambda kv: (kv[0][0].name, first_pc[kv[0]])):
+        lines.append(f"  {n:6d}  {kind.name:<15} {str(where or '-'):<4} {at:<20} {kind.value}")
+    lines.append(f"first {min(shown, len(report.hazards))} of {report.total}"
+                 + (" (--json lists the first 200)" if report.total > shown else "") + ":")
+    for h in report.hazards[:shown]:
         other = "" if h.other_thread is None else f"  vs thread {h.other_thread} (pc {h.other_pc})"
         place = f"{h.region}({h.row},{h.col})" if h.region is not None else "smem"
-        src = f"  {h.src}" if h.src is not None else ""
+        src = f"  {source_line(h.src)}" if h.src is not None else ""
         lines.append(f"  {h.kind.name:<15} round {h.round:>2} cta {h.cta} warp {h.warp} lane {h.lane:>2}  "
                      f"pc {h.pc} {h.ptx}  [{h.label}]  {place} @ {h.addr}{other}{src}")
     return "\n".join(lines)

@@ -78,6 +78,22 @@ def _phases(kernel: Kernel, sections: list[tuple[int, str]]) -> list[str]:
     return out
 
 
+def _label(ins: Instruction, lines: list[str] | None) -> str:
+    """The CUDA line an instruction stands for: its own line, or - when that line is an inline-asm
+    wrapper - the line that called the wrapper (`ldsm_x4(tCrQ[mi], ...)`, not `asm volatile(...)`)."""
+    loc = ins.loc
+    if lines is None or loc is None:
+        return ins.text
+    chain = [loc.line] + [line for _, line, _ in loc.inlined_at]
+    texts = [lines[n - 1].strip() for n in chain if 0 < n <= len(lines)]
+    if not texts:
+        return ins.text
+    own = texts[0]
+    if (own.startswith("asm") or own.startswith(":")) and len(texts) > 1:
+        return texts[1]
+    return own
+
+
 def build_program(module: Module, kernel_name: str | None = None, source: str | None = None) -> Program:
     """Annotate `kernel_name` (the only kernel when None) of a parsed module."""
     kernel = module.kernel(kernel_name)
@@ -85,9 +101,7 @@ def build_program(module: Module, kernel_name: str | None = None, source: str | 
     sections = phase_sections(source) if source is not None else []
     instrs = []
     for ins, phase in zip(kernel.instructions, _phases(kernel, sections)):
-        label = ins.text
-        if lines is not None and ins.loc is not None and 0 < ins.loc.line <= len(lines):
-            label = lines[ins.loc.line - 1].strip()
+        label = _label(ins, lines)
         instrs.append(Instr(ins.pc, sass_class(ins), phase, ins.text, label, src=ins.loc, ptx_line=ins.ptx_line))
     offsets, size = {}, 0
     for var in (*module.variables, *kernel.variables):
