@@ -145,3 +145,22 @@ def test_ldmatrix_in_a_diverged_warp_is_a_fault():
       o[threadIdx.x] = r; }"""
     with pytest.raises(KernelFault, match="ldmatrix.*diverged warp"):
         launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
+
+
+LOCAL = r"""
+extern "C" __global__ void local_array(const int* a, int* o) {
+  int buf[16];                                   // indexed by data: it lives in local memory
+  for (int i = 0; i < 16; ++i) buf[i] = a[threadIdx.x * 16 + i] * 2;
+  int j = a[threadIdx.x] & 15;
+  o[threadIdx.x] = buf[j] + buf[(j + 3) & 15];
+}
+"""
+
+
+def test_local_memory_per_thread():
+    a = np.random.default_rng(1).integers(-100, 100, 32 * 16).astype(np.int32)
+    out = np.zeros(32, np.int32)
+    launch(LOCAL, grid=1, block=32, args=[a, out])
+    buf = 2 * a.reshape(32, 16)
+    j = a[:32] & 15
+    np.testing.assert_array_equal(out, buf[np.arange(32), j] + buf[np.arange(32), (j + 3) & 15])

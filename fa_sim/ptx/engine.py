@@ -130,7 +130,7 @@ class Engine:
     """One wave: registers, the machine, the kernel's parameter bytes and shared variables."""
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
-                 params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None):
+                 params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
@@ -141,6 +141,7 @@ class Engine:
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
+        self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
 
     # -- operands ----------------------------------------------------------------------------------
     def read(self, op, ptype: str, idx, n: int) -> np.ndarray:

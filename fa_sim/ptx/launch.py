@@ -115,7 +115,7 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
     n_warps = -(-threads // WARP_SIZE)
     smem = program.static_smem_bytes + int(smem_bytes)
-    symbols = {**symbols, **program.static_smem}
+    symbols = {**symbols, **program.static_smem, **program.local_vars}
     for var in (*program.module.variables, *program.kernel.variables):
         if var.space == "shared" and var.extern:
             symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
@@ -125,7 +125,8 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         ctas = np.arange(start, min(start + wave_ctas, n_ctas), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds).run()
+        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
+               program.local_bytes).run()
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

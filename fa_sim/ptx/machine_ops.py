@@ -25,6 +25,7 @@ from .ops import Unsupported
 from .types import DTYPES, bits, is_type
 
 SHARED_WINDOW = 0x0001_0000_0000_0000  # generic address of shared byte 0
+LOCAL_WINDOW = 0x0002_0000_0000_0000  # generic address of each thread's local byte 0
 SPACES = ("param", "shared", "global", "local", "const")
 
 
@@ -95,16 +96,29 @@ def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group) -> Smem
 SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
 
 
-def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> str:
-    """Resolve the generic space of an access: shared when every address is in the shared window."""
+def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> tuple[str, np.ndarray]:
+    """Resolve the generic space of an access (shared or local when every address lies in that
+    window, else global): -> (space, addresses in it)."""
     if space != "generic":
-        return space
-    in_shared = (addr >= SHARED_WINDOW) & (addr < SHARED_WINDOW + eng.m.smem_bytes)
-    if in_shared.all():
-        return "shared"
-    if in_shared.any():
-        raise Unsupported("a generic access whose lanes mix shared and global addresses")
-    return "global"
+        return space, addr
+    for name, base, size in (("shared", SHARED_WINDOW, eng.m.smem_bytes), ("local", LOCAL_WINDOW, eng.local.shape[1])):
+        inside = (addr >= base) & (addr < base + size)
+        if inside.all():
+            return name, addr - base
+        if inside.any():
+            raise Unsupported(f"a generic access whose lanes mix {name} and other addresses")
+    return "global", addr
+
+
+def _local(eng: Engine, addr: np.ndarray, size: int, group: Group, data: np.ndarray | None = None):
+    """ld.local / st.local: each thread's own bytes [addr, addr + size) (KernelFault outside)."""
+    if addr.size and (addr.min() < 0 or addr.max() + size > eng.local.shape[1]):
+        raise KernelFault(f"local-memory access outside the thread's {eng.local.shape[1]} bytes")
+    rows = np.arange(eng.n)[:, None] if group.mask is None else group.idx[:, None]
+    cols = addr[:, None] + np.arange(size)
+    if data is None:
+        return eng.local[rows, cols]
+    eng.local[rows, cols] = data
 
 
 @engine_op("ld")
@@ -113,12 +127,12 @@ def ld(eng: Engine, group: Group, ins: Instruction) -> None:
     space = _space(ins)
     size = bits(etype) // 8 * n_el
     addr = address(eng, ins.operands[1], group, space)
-    space = _region(eng, addr, space, size)
+    space, addr = _region(eng, addr, space, size)
     if space == "param":
         data = eng.param_bytes(addr, size)
+    elif space == "local":
+        data = _local(eng, addr, size, group)
     elif space == "shared":
-        if _space(ins) == "generic":
-            addr = addr - SHARED_WINDOW
         instr = eng.activate(ins.pc, group)
         lanes = _smem_lanes(eng, addr, size, group)
         units = eng.m.ld_shared(instr, lanes, _reg_name(ins.operands[0]))  # [C, W, L, 1, k]
@@ -139,13 +153,14 @@ def st(eng: Engine, group: Group, ins: Instruction) -> None:
     space = _space(ins)
     size = bits(etype) // 8 * n_el
     addr = address(eng, ins.operands[0], group, space)
-    space = _region(eng, addr, space, size)
+    space, addr = _region(eng, addr, space, size)
     data = _elements_to_bytes(eng.vector(ins.operands[1], etype, group), etype)  # [n, size]
+    if space == "local":
+        _local(eng, addr, size, group, data)
+        return
     instr = eng.activate(ins.pc, group)
     name = _reg_name(ins.operands[1])
     if space == "shared":
-        if _space(ins) == "generic":
-            addr = addr - SHARED_WINDOW
         unit = {1: np.uint8, 2: np.uint16}.get(size, np.uint32)
         words = eng.scatter_rows(np.ascontiguousarray(data).view(unit), group)  # [C, W, L, k]
         eng.m.st_shared(instr, _smem_lanes(eng, addr, size, group), words[..., None, :], name)
@@ -206,8 +221,9 @@ def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
     to = "to" in ins.mods
     space = next((m for m in ins.mods if m in SPACES), None)
     a = eng.read(ins.operands[1], t, group.idx, group.n).astype(np.int64)
-    if space == "shared":
-        a = a - SHARED_WINDOW if to else a + SHARED_WINDOW
+    if space in ("shared", "local"):
+        base = SHARED_WINDOW if space == "shared" else LOCAL_WINDOW
+        a = a - base if to else a + base
     elif space != "global":
         raise Unsupported(f"cvta to/from .{space}")
     eng.write(ins.operands[0], a.astype(DTYPES[t]), t, group.idx, group.n)

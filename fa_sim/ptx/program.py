@@ -31,6 +31,8 @@ class Program:
     loop: Loop | None
     static_smem: dict  # shared variable -> byte offset in the CTA's window
     static_smem_bytes: int  # bytes of the static shared variables (extern arrays start there)
+    local_vars: dict  # .local variable -> byte offset in each thread's local window
+    local_bytes: int  # local memory per thread
 
 
 def _body_line(ins: Instruction, source_file: str | None) -> int | None:
@@ -103,11 +105,17 @@ def build_program(module: Module, kernel_name: str | None = None, source: str | 
     for ins, phase in zip(kernel.instructions, _phases(kernel, sections)):
         label = _label(ins, lines)
         instrs.append(Instr(ins.pc, sass_class(ins), phase, ins.text, label, src=ins.loc, ptx_line=ins.ptx_line))
+    variables = (*module.variables, *kernel.variables)
+    smem, smem_bytes = _place(v for v in variables if v.space == "shared" and not v.extern)
+    local, local_bytes = _place(v for v in variables if v.space == "local")
+    return Program(module, kernel, tuple(instrs), main_loop(kernel), smem, smem_bytes, local, local_bytes)
+
+
+def _place(variables) -> tuple[dict, int]:
+    """Offsets of variables laid out one after the other at their alignment, and the total."""
     offsets, size = {}, 0
-    for var in (*module.variables, *kernel.variables):
-        if var.space != "shared" or var.extern:
-            continue
+    for var in variables:
         size = -(-size // var.align) * var.align
         offsets[var.name] = size
         size += var.size
-    return Program(module, kernel, tuple(instrs), main_loop(kernel), offsets, size)
+    return offsets, size
