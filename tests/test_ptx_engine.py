@@ -118,9 +118,9 @@ def test_out_of_bounds_store_is_a_fault_naming_the_line():
 
 def test_an_instruction_it_does_not_execute_is_named_with_its_lines():
     src = r"""extern "C" __global__ void k(int* o) {
-      atomicAdd(o, 1); }"""
-    with pytest.raises(Unsupported, match=r"atom.*PTX line \d+ \(.*:2\)"):
-        launch(src, grid=1, block=32, args=[np.zeros(1, np.int32)])
+      o[threadIdx.x] = __match_any_sync(0xffffffff, o[threadIdx.x]); }"""
+    with pytest.raises(Unsupported, match=r"match.*PTX line \d+ \(.*:2\)"):
+        launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
 
 
 def test_arguments_are_checked_against_the_parameters():
@@ -164,3 +164,31 @@ def test_local_memory_per_thread():
     buf = 2 * a.reshape(32, 16)
     j = a[:32] & 15
     np.testing.assert_array_equal(out, buf[np.arange(32), j] + buf[np.arange(32), (j + 3) & 15])
+
+
+ATOMICS = r"""
+extern "C" __global__ void atomics(int* counter, float* fsum, int* olds, int* smax) {
+  __shared__ int best;
+  if (threadIdx.x == 0) best = -1000;
+  __syncthreads();
+  olds[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1);
+  atomicAdd(fsum, 0.5f * threadIdx.x);
+  atomicMax(&best, (int)((threadIdx.x * 37) % 101));
+  __syncthreads();
+  if (threadIdx.x == 0) smax[blockIdx.x] = best;
+}
+"""
+
+
+def test_atomics_apply_in_thread_order_and_return_old_values():
+    counter, fsum = np.zeros(1, np.int32), np.zeros(1, np.float32)
+    olds, smax = np.zeros(2 * 64, np.int32), np.zeros(2, np.int32)
+    launch(ATOMICS, grid=2, block=64, args=[counter, fsum, olds, smax])
+    assert counter[0] == 128 and sorted(olds.tolist()) == list(range(128))
+    np.testing.assert_array_equal(olds, np.arange(128))  # ascending thread order
+    want = np.float32(0)
+    for _ in range(2):
+        for t in range(64):
+            want = np.float32(want + np.float32(0.5 * t))
+    assert fsum[0] == want
+    assert smax.tolist() == [max(t * 37 % 101 for t in range(64))] * 2

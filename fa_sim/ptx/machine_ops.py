@@ -312,3 +312,77 @@ def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
 def fence(eng: Engine, group: Group, ins: Instruction) -> None:
     """Memory ordering only: warps run in lockstep and memory is sequentially consistent here."""
 
+
+
+# -- atomics ---------------------------------------------------------------------------------------
+ATOM_OPS = {
+    "add": lambda old, b, c: old + b, "min": lambda old, b, c: np.minimum(old, b),
+    "max": lambda old, b, c: np.maximum(old, b), "and": lambda old, b, c: old & b,
+    "or": lambda old, b, c: old | b, "xor": lambda old, b, c: old ^ b, "exch": lambda old, b, c: b,
+    "inc": lambda old, b, c: np.where(old >= b, 0, old + 1).astype(old.dtype),
+    "dec": lambda old, b, c: np.where((old == 0) | (old > b), b, old - 1).astype(old.dtype),
+    "cas": lambda old, b, c: np.where(old == b, c, old),
+}
+
+
+@engine_op("atom", "red")
+def atomic(eng: Engine, group: Group, ins: Instruction) -> None:
+    """atom / red on global or shared memory (#parallel-synchronization-and-communication-instructions-atom).
+
+    The threads' operations are applied one after another in ascending thread order (CTA, then
+    thread): each step updates every distinct address once, so a float sum is that sequential sum.
+    atom returns each thread's old value. Atomics are executed, not observed: they produce no
+    events, so the bank counter and the hazard checker do not see them."""
+    space = next((m for m in ins.mods if m in ("global", "shared")), "generic")
+    op = next((m for m in ins.mods if m in ATOM_OPS), None)
+    etype = [m for m in ins.mods if is_type(m)]
+    if op is None or not etype or any(m.startswith("v") and m[1:].isdigit() for m in ins.mods):
+        raise Unsupported(f"{ins.mnemonic} (atom/red: add, min, max, and, or, xor, exch, inc, dec, cas on scalars)")
+    etype = etype[-1]
+    ret = ins.opcode == "atom"
+    ops = ins.operands[1:] if ret else ins.operands
+    addr = address(eng, ops[0], group, space)
+    space, addr = _region(eng, addr, space, bits(etype) // 8)
+    b = eng.read(ops[1], etype, group.idx, group.n)
+    c = eng.read(ops[2], etype, group.idx, group.n) if op == "cas" else None
+    old = _apply_atomics(eng, space, addr, np.asarray(b), None if c is None else np.asarray(c), etype, op, group)
+    if ret:
+        eng.write(ins.operands[0], old, etype, group.idx, group.n)
+
+
+def _apply_atomics(eng: Engine, space: str, addr, b, c, etype: str, op: str, group: Group) -> np.ndarray:
+    size, dtype = bits(etype) // 8, DTYPES[etype]
+    n = addr.size
+    thread = np.arange(eng.n) if group.mask is None else group.idx
+    key = addr if space == "global" else addr + (thread // eng.geo.threads) * (1 << 40)  # shared: per CTA
+    order = np.lexsort((thread, key))  # by address, then thread
+    ks = key[order]
+    first = np.ones(n, bool)
+    first[1:] = ks[1:] != ks[:-1]
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    old = np.empty(n, dtype)
+    for r in range(int(rank.max()) + 1 if n else 0):  # each step touches every address at most once
+        sel = np.flatnonzero(rank == r)
+        cur = _atomic_load(eng, space, addr[sel], size, thread[sel]).view(dtype)[:, 0]
+        old[sel] = cur
+        new = ATOM_OPS[op](cur, b[sel], None if c is None else c[sel]).astype(dtype)
+        _atomic_store(eng, space, addr[sel], np.ascontiguousarray(new).view(np.uint8).reshape(-1, size), thread[sel])
+    return old
+
+
+def _atomic_load(eng: Engine, space: str, addr, size: int, thread) -> np.ndarray:
+    if space == "global":
+        return eng.m.memory.gather(addr, size, np.ones(addr.shape, bool), "atomic")
+    cta, smem = thread // eng.geo.threads, eng.m.smem
+    if addr.size and (addr.min() < 0 or addr.max() + size > eng.m.smem_bytes):
+        raise KernelFault("atomic on shared memory outside the CTA's allocation")
+    return smem[cta[:, None], addr[:, None] + np.arange(size)]
+
+
+def _atomic_store(eng: Engine, space: str, addr, data, thread) -> None:
+    if space == "global":
+        eng.m.memory.scatter(addr, data, np.ones(addr.shape, bool), "atomic")
+    else:
+        cta = thread // eng.geo.threads
+        eng.m.smem[cta[:, None], addr[:, None] + np.arange(data.shape[1])] = data
