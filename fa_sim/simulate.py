@@ -17,7 +17,9 @@ the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
 (fa_sim/kernels/fa2_fwd.py, the readable model of the spec); "ptx" runs the PTX NVRTC emits for
 fa2_fwd.cu (fa_hw's kernel, or `kernel=` a path to a variant with the same parameters and FA_*
-macros) instruction by instruction (fa_sim/ptx). Both agree bit for bit on fa_hw's kernel.
+macros) instruction by instruction (fa_sim/ptx). Both agree bit for bit on fa_hw's kernel. The
+program is the spec's schedule only: a config with schedule options (kv_stages, q_in_regs,
+heavy_first, defer_pv; KernelConfig.schedule_options) runs on engine="ptx", and "program" refuses it.
 
 Before it starts, the run's time and memory are estimated (fa_sim.estimate); a run that would not
 fit in the memory this machine has available is refused with a ValueError. The grid
@@ -41,7 +43,8 @@ from .estimate import estimate
 from .events import COUNTED_OPS, Op
 from . import tensorcore
 from .hub import Hub
-from .kernels import NO_MUTATION, FA2Labels, Mutation, Pointers, flash_fwd, launch_info, wave_order
+from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, check_program_config, flash_fwd, launch_info,
+                      wave_order)
 from .machine import Machine
 from .memory import GlobalMemory
 from .validate import host_fp16, make_problem
@@ -166,6 +169,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     prob = make_problem(q16.shape, k16.shape, v16.shape, causal, scale, config)
     b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
     _check_engine(engine, kernel, mutation)
+    if engine == "program":
+        check_program_config(prob.config)
     if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     model = tensorcore.resolve(mma_model)
