@@ -142,9 +142,10 @@ class BankComparison:
 
 def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> BankComparison:
     from fa_sim import simulate
+    from fa_sim.kernels import engine_for
 
-    counter = BankCounter()
-    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter])
+    counter = BankCounter()  # a config with schedule options runs on the PTX engine
+    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], engine=engine_for(config))
     return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config))
 
 

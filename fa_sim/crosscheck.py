@@ -276,11 +276,15 @@ def format_report(rep: CompareReport) -> str:
 
 def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200"):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
-    model defaults to the H200's, which the GPU side is compared against."""
+    model defaults to the H200's, which the GPU side is compared against; a config with schedule
+    options runs on the PTX engine (fa_sim.kernels.engine_for)."""
     from .simulate import simulate
 
+    from .kernels import engine_for
+
     rec = CheckpointRecorder(ctas)
-    res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model)
+    res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
+                   engine=engine_for(config))
     return res, rec.buffer
 
 

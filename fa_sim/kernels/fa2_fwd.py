@@ -68,7 +68,13 @@ def check_program_config(config) -> None:
     if opts:
         verb = "changes" if len(opts) == 1 else "change"
         raise ValueError(f"engine='program' runs the spec's schedule only; {', '.join(opts)} {verb} it: "
-                         f"run this config with engine='ptx' (fa2_fwd.cu as compiled, --engine ptx)")
+                         f"run this config with engine='ptx' (the PTX engine runs fa2_fwd.cu as NVRTC compiles it)")
+
+
+def engine_for(config) -> str:
+    """The simulator front end that runs `config`: the hand-written program for the spec's
+    schedule, the PTX engine for configs with schedule options."""
+    return "program" if config.spec_schedule else "ptx"
 
 
 def launch_info(prob: Problem) -> LaunchInfo:
