@@ -157,9 +157,18 @@ def config_options() -> tuple[ConfigOption, ...]:
                  for f in dataclasses.fields(KernelConfig))
 
 
+AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
+
+
 def add_config_arguments(p) -> None:
-    """One option per KernelConfig field (bool fields as --x / --no-x)."""
+    """One option per KernelConfig field (bool fields as --x / --no-x), and --config auto."""
     group = p.add_argument_group("kernel config (fa_sim.KernelConfig; combinations are checked together)")
+    group.add_argument("--config", choices=(AUTO_CONFIG,), default=None,
+                       help=describe("'auto': the fastest measured config of the GPU for this problem's head_dim, "
+                                     "causal flag and size (fa_hw.tuned: the GPU's table, else a documented "
+                                     "heuristic); for the commands that run the GPU kernel (fa hw, fa compare), "
+                                     "with --head-dim the only config option", "the config options below",
+                                     f"one of {AUTO_CONFIG}"))
     for opt in config_options():
         if opt.hint is bool:
             meaning = opt.field.metadata.get(FIELD_HELP, f"KernelConfig.{opt.dest}")
@@ -171,8 +180,20 @@ def add_config_arguments(p) -> None:
                                help=opt.help())
 
 
+def auto_requested(args) -> bool:
+    """True for --config auto, after refusing the config options it chooses (all but --head-dim)."""
+    if getattr(args, "config", None) != AUTO_CONFIG:
+        return False
+    refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"], "with --config auto, which chooses it")
+    return True
+
+
 def config_from_args(args, **override) -> KernelConfig:
-    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file)."""
+    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file).
+    --config auto is for the GPU commands (`auto_requested`); elsewhere it is a UsageError."""
+    if getattr(args, "config", None) == AUTO_CONFIG:
+        raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
+                         "here give the config's options (fa hw --config auto reports the tag it ran)")
     values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
     return KernelConfig(**{**values, **override})
 

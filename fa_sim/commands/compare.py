@@ -28,8 +28,8 @@ from ..crosscheck import SavedRun, build_report, format_report, simulate_with_ch
 from ..problem import Problem
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
-from .common import (add_config_arguments, add_problem_arguments, config_from_args, config_options, explicit,
-                     option_name, random_inputs, refuse)
+from .common import (add_config_arguments, add_problem_arguments, auto_requested, config_from_args, config_options,
+                     explicit, option_name, random_inputs, refuse)
 from .inputs import load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 
@@ -73,6 +73,7 @@ def _given(dest: str, value) -> str:
 def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
+    refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -116,7 +117,12 @@ def _launch(args, save: Output | None):
     import fa_hw
 
     q, k, v = random_inputs(args)
-    config = config_from_args(args)
+    if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
+        from fa_hw.tuned import auto_for_device
+
+        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
+    else:
+        config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas)
