@@ -43,6 +43,17 @@ TABLE_FORMAT = 1
 SIZE_CLASSES = ("short", "medium", "long")
 SHORT_MAX_KEYS, MEDIUM_MAX_KEYS = 1024, 4096
 AUTO = "auto"
+# The configs experiments/tune_hw.py times (its docstring says why these), by head_dim; causal
+# launches time each with heavy_first as well (`candidates`).
+CANDIDATES = {
+    64: ("m64n64d64w4-swizzled", "m128n64d64w4-swizzled", "m128n128d64w4-swizzled", "m128n128d64w4-swizzled-s2",
+         "m128n64d64w4-swizzled-s2", "m128n64d64w4-swizzled-s2-qr", "m128n64d64w4-swizzled-s2-dp",
+         "m128n64d64w4-swizzled-s2-qr-dp", "m128n64d64w4-swizzled-s3-qr-dp", "m128n128d64w8-swizzled-s2-dp"),
+    128: ("m64n64d128w4-swizzled", "m128n32d128w4-swizzled", "m128n32d128w4-swizzled-s2",
+          "m128n32d128w4-swizzled-s2-dp", "m128n32d128w4-swizzled-s3-dp", "m128n64d128w4-swizzled",
+          "m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-s2-dp", "m64n64d128w4-swizzled-s2-qr",
+          "m128n128d128w8-swizzled-s2"),
+}
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
              128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4)}
@@ -147,6 +158,18 @@ def table_for(gpu: str, directory: Path = TUNED_DIR) -> Table | None:
 class Choice:
     config: KernelConfig
     source: str  # where it came from, for reports: 'h200.json (d=64, causal, medium)' or 'heuristic (...)'
+
+
+def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
+    """What tune_hw.py times for this head_dim: CANDIDATES; causal, each with heavy_first, plus
+    the seed and the heuristic's config without it (what heavy_first alone changes)."""
+    from dataclasses import replace
+
+    base = [KernelConfig.from_tag(t) for t in CANDIDATES.get(head_dim, ())]
+    if not causal:
+        return base
+    plain = [c for c in (KernelConfig(head_dim=head_dim), HEURISTIC.get(head_dim)) if c is not None]
+    return [replace(c, heavy_first=True) for c in base] + plain
 
 
 def heuristic(head_dim: int) -> KernelConfig:

@@ -51,11 +51,11 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .isa.sm80 import MAX_THREADS_PER_SM, MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
+from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
 
 HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
-MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the occupancy heuristic of fa_hw.compile
+MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_hw.compile; 8 x 256 threads = an SM's 2048
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
@@ -186,7 +186,7 @@ class KernelConfig:
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
                 f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}; "
-                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS} with min_blocks*n_threads <= {MAX_THREADS_PER_SM}"
+                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; defer_pv with kv_stages >= 2"
             )
 
     def _problems(self) -> list[str]:
@@ -201,9 +201,6 @@ class KernelConfig:
                 out.append(f"{name}={getattr(self, name)!r} is not a bool")
         if out:
             return out
-        if self.min_blocks * self.n_threads > MAX_THREADS_PER_SM:
-            out.append(f"min_blocks={self.min_blocks} CTAs of {self.n_threads} threads exceed the SM's "
-                       f"{MAX_THREADS_PER_SM} threads")
         if self.defer_pv and self.kv_stages < 2:
             out.append("defer_pv keeps round t's V tile until round t+1: it needs kv_stages >= 2")
         if self.block_m % (MMA_M * self.n_warps):

@@ -30,4 +30,3 @@ SMEM_RESERVED_BYTES = 1024  # the driver's per-CTA reservation
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80 and sm_90)
 MAX_THREADS_PER_CTA = 1024
-MAX_THREADS_PER_SM = 2048  # resident threads per SM (sm_80 and sm_90)
