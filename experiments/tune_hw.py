@@ -4,7 +4,8 @@
 
 For each benchmark shape (bench_hw.CASES) and causal flag, SDPA-flash is timed, then every
 candidate of that head_dim (`candidates`). Per key (head_dim, causal, size class of fa_hw.tuned)
-the winner has the best geometric mean, over the key's shapes, of SDPA-flash time / our time. A
+the winner has the best worst ratio SDPA-flash time / our time over the key's shapes (the target is
+every row), ties broken by the best geometric mean. A
 candidate that fails to compile or launch, or whose O differs from SDPA-flash's by more than
 SANITY_REL_ERR (a broken build, not rounding: the two differ by ~4e-4 in the recorded runs), is
 reported and never chosen; experiments/bench_hw.py checks the chosen ones against float64.
@@ -89,7 +90,8 @@ def choose(results: dict) -> list[Entry]:
             for r in rows:
                 ok = r["ms"] is not None and r["note"] is None
                 score.setdefault(r["tag"], []).append(math.log(r["vs_flash"]) if ok else -math.inf)
-        tag, logs = max(score.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))
+        # the issue asks for every row: the best worst shape first, then the best geometric mean
+        tag, logs = max(score.items(), key=lambda kv: (min(kv[1]), sum(kv[1]) / len(kv[1])))
         if not all(math.isfinite(x) for x in logs):
             print(f"no candidate ran on every shape of d={d} causal={causal} {size}: no entry", flush=True)
             continue
@@ -111,7 +113,7 @@ def markdown(results: dict, entries: list[Entry], gpu: str) -> str:
             x = "-" if r["vs_flash"] is None else f"{r['vs_flash']:.2f}"
             e = "-" if r["err_vs_flash"] is None else f"{r['err_vs_flash']:.1e}"
             lines.append(f"| {tuple(case)} | {causal} | {r['tag']} | {ms} | {x} | {e} | {r.get('regs', '-')} | {r['note'] or ''} |")
-    lines += ["", "Chosen (fa_hw.tuned entries; x flash = geometric mean over the key's shapes):", "",
+    lines += ["", "Chosen (fa_hw.tuned entries: best worst shape, then geometric mean; x flash = the geometric mean):", "",
               "| head_dim | causal | size | config | TFLOP/s | x flash |", "|---:|---|---|---|---:|---:|"]
     lines += [f"| {e.head_dim} | {e.causal} | {e.size} | {e.config.tag} | {e.tflops:.1f} | {e.vs_flash:.2f} |" for e in entries]
     return "\n".join(lines) + "\n"
@@ -130,7 +132,10 @@ def main(argv=None) -> int:
     for i, case in enumerate(CASES):
         if args.cases is None or i in args.cases:
             for causal in (False, True):
-                results[(tuple(case), causal)] = measure_case(case, causal, args)
+                try:
+                    results[(tuple(case), causal)] = measure_case(case, causal, args)
+                except Exception as exc:  # SDPA-flash itself failed here: this shape has no reference
+                    print(f"{case} causal={causal}: not measured ({' '.join(str(exc).split())[:200]})", flush=True)
     entries = choose(results)
     major, minor = nvrtc_version()
     table = Table(dev.name, device_arch(), tuple(entries), f"{major}.{minor}")
