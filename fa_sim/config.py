@@ -268,8 +268,9 @@ class KernelConfig:
         for part in filter(None, m["rest"].split("-")):
             key, value = _tag_suffix(part)
             if key is None:
-                raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; suffixes are "
-                                 f"{', '.join(f.value for f in SoftmaxForm)}, s<kv_stages>, {', '.join(_BOOL_SUFFIX)}, b<min_blocks>")
+                raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
+                                 f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
+                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>")
             values[key] = value
         return cls(**values)
 
