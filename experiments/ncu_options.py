@@ -39,13 +39,14 @@ METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_acti
            "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "smsp__inst_executed_op_ldsm.sum",
            "l1tex__throughput.avg.pct_of_peak_sustained_active"]
-COLUMNS = [  # (heading, metric, format)
-    ("us", "gpu__time_duration.sum", "{:.0f}"), ("regs", "launch__registers_per_thread", "{:.0f}"),
-    ("occ %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.1f}"),
-    ("Minstr", "smsp__inst_executed.sum", "{:.0f}"), ("IPC", "sm__inst_executed.avg.per_cycle_active", "{:.2f}"),
-    ("cyc/issue", "smsp__average_warps_active_per_issue_active.ratio", "{:.2f}"),
-    ("tensor %", METRICS[0], "{:.1f}"), ("L1 %", METRICS[5], "{:.1f}"), ("LDSM M", METRICS[4], "{:.1f}"),
-    ("LDSM confl", METRICS[2], "{:.0f}"), ("STS confl", METRICS[3], "{:.0f}"),
+COLUMNS = [  # (heading, metric or alternatives (the first ncu reported), format, scale)
+    ("us", "gpu__time_duration.sum", "{:.0f}", 1.0), ("regs", "launch__registers_per_thread", "{:.0f}", 1.0),
+    ("occ %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.1f}", 1.0),
+    ("M instr", "smsp__inst_executed.sum", "{:.0f}", 1e-6), ("IPC", "sm__inst_executed.avg.per_cycle_active", "{:.2f}", 1.0),
+    ("cyc/issue", "smsp__average_warps_active_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("tensor %", (METRICS[0], "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                  "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"), "{:.1f}", 1.0), ("L1 %", METRICS[5], "{:.1f}", 1.0), ("M LDSM", METRICS[4], "{:.1f}", 1e-6),
+    ("LDSM confl", METRICS[2], "{:.0f}", 1.0), ("STS confl", METRICS[3], "{:.0f}", 1.0),
 ]
 STALL = "smsp__average_warps_issue_stalled_"
 
@@ -113,19 +114,19 @@ def _num(x: str | None) -> float | None:
 def summarize(raw: str, order: list[dict]) -> str:
     kernels, units = parse_raw(raw)
     lines = ["Nsight Compute, one launch each (ncu locks clocks: times are not the benchmark's).", "",
-             "| shape | causal | backend | config | " + " | ".join(h for h, _, _ in COLUMNS) + " | top stalls (cycles/issue) |",
+             "| shape | causal | backend | config | " + " | ".join(c[0] for c in COLUMNS) + " | top stalls (cycles/issue) |",
              "|---|---|---|---|" + "---:|" * len(COLUMNS) + "---|"]
     if len(kernels) != len(order):
-        lines.insert(1, f"WARNING: {len(kernels)} profiled kernels for {len(order)} launches; rows paired in order")
-    for o, k in zip(order, kernels):
+        lines.insert(1, f"WARNING: {len(kernels)} profiled kernels for {len(order)} recorded launches; paired in order")
+    for i, k in enumerate(kernels):
+        o = order[i] if i < len(order) else dict(shape=[], causal="?", backend="?", config="")
         cells = []
-        for _, metric, fmt in COLUMNS:
+        for _, names, fmt, scale in COLUMNS:
+            metric = next((m for m in ((names,) if isinstance(names, str) else names) if m in k), None)
             v = _num(k.get(metric))
             if v is not None and metric == "gpu__time_duration.sum":
                 v *= US_PER.get(units.get(metric, "usecond"), 1.0)
-            if v is not None and metric.endswith("inst_executed.sum"):
-                v = v / 1e6
-            cells.append("-" if v is None else fmt.format(v))
+            cells.append("-" if v is None else fmt.format(v * scale))
         stalls = sorted(((m[len(STALL):].replace("_per_issue_active.ratio", ""), _num(v)) for m, v in k.items()
                          if m.startswith(STALL) and m.endswith("_per_issue_active.ratio") and _num(v) is not None),
                         key=lambda kv: -kv[1])[:4]
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
     elif args.cmd == "launch":
         launch(args.order, args.tuned_dir)
     else:
-        print(summarize(Path(args.raw).read_text(), json.loads(Path(args.order).read_text())))
+        order = Path(args.order)
+        print(summarize(Path(args.raw).read_text(), json.loads(order.read_text()) if order.is_file() else []))
     return 0
 
 
