@@ -38,6 +38,9 @@
 //
 // `// phase: NAME` comments split the kernel body into the phases the simulator reports
 // (fa_sim/ptx/program.py): an instruction belongs to the phase of the kernel line it comes from.
+// The markers are read as text, before the preprocessor: a marker inside an #if branch the build
+// leaves out still starts a section, so every #if / #else / #endif branch below opens with the
+// marker its first line needs.
 //
 // Thread -> data maps (PTX ISA #warp-level-matrix-fragment-mma-16816-float and
 // #warp-level-matrix-instructions-ldmatrix). g = lane / 4, tq = lane % 4. As in CuTe's TiledMMA
