@@ -4,6 +4,7 @@ checkpoint layout as the simulator.
 
     import fa_hw
     out = fa_hw.forward(q, k, v, causal=False, scale=None, config=None)   # .o .lse .kernel_ms
+    out = fa_hw.forward(q, k, v, config="auto")   # this GPU's fastest measured config (fa_hw.tuned)
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
     ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin
 """

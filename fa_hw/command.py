@@ -2,6 +2,7 @@
 
     fa hw --batch 1 --heads 4 --seqlen 1024 --causal      # table
     fa hw --seqlen 300 --seqlen-k 77 --smem padded --json # one JSON object
+    fa hw --seqlen 4096 --head-dim 128 --config auto      # the GPU's fastest measured config (fa_hw.tuned)
 
 Prints the relative Frobenius error of O and the max abs error of LSE against the float64
 reference (fa_sim.accuracy: streamed in blocks; any non-finite O or LSE is reported with its cause,
@@ -20,6 +21,7 @@ from fa_sim.commands.common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    auto_requested,
     config_from_args,
     kernel_from_args,
     random_inputs,
@@ -28,6 +30,7 @@ from fa_sim.commands.common import (
 
 from . import check
 from .forward import forward
+from .tuned import auto_for_device
 
 
 def register(subparsers) -> None:
@@ -41,14 +44,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
     nk = seqlen_k(args)
+    source = None
+    if auto_requested(args):
+        choice = auto_for_device(args.head_dim, args.causal, nk)
+        config, source = choice.config, choice.source
+    else:
+        config = config_from_args(args)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel_from_args(args))
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
     report = {
-        "config": config.tag, "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
+        "config": config.tag, "config_source": source, "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
@@ -56,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, allow_nan=False))
         return 0 if acc.ok else 1
     print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}")
+    if source is not None:
+        print(f"  config auto: {source}")
     print(f"  rel err O (Frobenius, vs float64) {_num(acc.rel_err_o)}")
     print(f"  max abs err LSE                   {_num(acc.max_abs_err_lse)}")
     for finding in acc.nonfinite:

@@ -50,7 +50,8 @@ class KernelBuild:
 
     @property
     def min_blocks(self) -> int:
-        return self.min_blocks_override or min_blocks_per_sm(self.config)
+        """The diagnostic override, else the config's min_blocks, else the heuristic."""
+        return self.min_blocks_override or self.config.min_blocks or min_blocks_per_sm(self.config)
 
     def macros(self) -> dict[str, int]:
         cfg = self.config
@@ -60,7 +61,9 @@ class KernelBuild:
                    FA_SWZ_S=s, FA_SK_OFFSET=cfg.sk_offset_bytes, FA_SV_OFFSET=cfg.sv_offset_bytes,
                    FA_SMEM_BYTES=cfg.smem_bytes, FA_CAUSAL=int(self.causal),
                    FA_MIN_BLOCKS=self.min_blocks, FA_CHECKPOINTS=int(self.checkpoints),
-                   FA_SOFTMAX_FFMA=int(cfg.softmax is SoftmaxForm.FFMA))
+                   FA_SOFTMAX_FFMA=int(cfg.softmax is SoftmaxForm.FFMA), FA_KV_STAGES=cfg.kv_stages,
+                   FA_Q_IN_REGS=int(cfg.q_in_regs), FA_HEAVY_FIRST=int(cfg.heavy_first),
+                   FA_DEFER_PV=int(cfg.defer_pv))
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py

@@ -7,7 +7,9 @@ O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors).
 fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
 fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
-the inputs' head_dim; config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
+the inputs' head_dim; config="auto" the fastest measured config of this GPU for the problem's
+head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
+out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
 uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py.
 """
@@ -40,15 +42,16 @@ class HwResult:
     checkpoint_ctas: tuple[int, ...] = ()
 
 
-def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
+def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
+    source = kernel_source(kernel)
     dev = to_device(q, k, v, causal, scale, config)  # validates first: ValueError needs no GPU
     prob = dev.problem
     ctas = _select_ctas(prob, checkpoint_ctas)
-    build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, kernel_source(kernel),
+    build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, source,
                         **(diagnostics or {}))
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
     plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args)
@@ -67,7 +70,7 @@ def kernel_source(kernel) -> str:
     return str(p.resolve())
 
 
-def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
+def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, checkpoint_ctas=None, kernel=None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: the path of a
     variant of fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes)."""

@@ -101,13 +101,14 @@ def parse_raw_csv(text: str) -> dict[str, float]:
     return out
 
 
-def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> dict[str, float]:
-    """Run ncu on one launch of the kernel; {metric: value} for every metric ncu reported."""
+def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> dict[str, float]:
+    """Run ncu on one launch of the kernel (`kernel`: a variant .cu, else fa_hw's own); {metric:
+    value} for every metric ncu reported."""
     metrics = _metric_names()
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "inputs.npz")
         np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
-                 config=json.dumps(config.to_json()))
+                 config=json.dumps(config.to_json()), kernel="" if kernel is None else str(kernel))
         cmd = [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics), "--kernel-name",
                "regex:fa2", "--launch-count", "1", sys.executable, "-m", "fa_hw.profile", "--target", npz]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -140,12 +141,14 @@ class BankComparison:
                 "ncu_metrics": {m: self.ncu.get(m) for m in _metric_names()}}
 
 
-def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig) -> BankComparison:
+def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> BankComparison:
+    """The simulator's shared-memory counts beside Nsight Compute's for one launch. The simulator
+    runs the PTX engine for a `kernel` variant or a config with schedule options, else the program."""
     from fa_sim import simulate
 
     counter = BankCounter()
-    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter])
-    return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config))
+    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel)
+    return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config, kernel))
 
 
 def format_bank_comparison(cmp: BankComparison) -> str:
@@ -171,7 +174,8 @@ def _target(npz: str) -> None:
     d = np.load(npz)
     cfg = KernelConfig.from_json(str(d["config"]))
     scale = None if np.isnan(d["scale"]) else float(d["scale"])
-    fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg)
+    kernel = str(d["kernel"]) if "kernel" in d.files and str(d["kernel"]) else None
+    fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Target program for compute-sanitizer: the seed configuration in all three shared-memory
-layouts, causal and not, on small shapes with tails (Nq, Nk not multiples of the tiles, Nq != Nk),
-normal and debug (checkpoint) builds. Exits 1 if any output is off, so a sanitizer run also
-checks the numbers.
+layouts (or the configs named by tag), causal and not, on small shapes with tails (Nq, Nk not
+multiples of the tiles, Nq != Nk), normal and debug (checkpoint) builds. Exits 1 if any output is
+off, so a sanitizer run also checks the numbers.
 
     compute-sanitizer --tool memcheck  --error-exitcode 3 python -m fa_hw.sanitize
     compute-sanitizer --tool racecheck --error-exitcode 3 python -m fa_hw.sanitize
+    compute-sanitizer --tool racecheck --error-exitcode 3 python -m fa_hw.sanitize m128n64d64w4-swizzled-s2-qr-dp-hf
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ SHAPES = ((1, 2, 130, 130), (1, 1, 77, 200), (1, 1, 200, 77))
 
 
 def main(argv: list[str] | None = None) -> int:
+    tags = sys.argv[1:] if argv is None else argv
+    try:
+        configs = [KernelConfig.from_tag(t) for t in tags] or [KernelConfig(smem=smem) for smem in SmemLayout]
+    except ValueError as exc:
+        print(f"fa_hw.sanitize: {exc}", file=sys.stderr)
+        return 2
     worst = 0.0
-    for smem in SmemLayout:
-        cfg = KernelConfig(smem=smem)
+    for cfg in configs:
         for causal in (False, True):
             for i, (b, h, nq, nk) in enumerate(SHAPES):
                 q, k, v = check.random_inputs(b, h, nq, nk, cfg.head_dim, seed=i)

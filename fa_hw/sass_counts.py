@@ -45,6 +45,7 @@ import numpy as np
 from fa_sim.config import KernelConfig
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from fa_sim.problem import Problem
+from fa_sim.kernels import engine_for
 from fa_sim.kernels.plan import program_sites
 from fa_sim.simulate import simulate
 
@@ -259,13 +260,15 @@ class KernelSass:
     epilogue: Counts  # union of the blocks after the loop (= the heaviest path)
     notes: str
 
-    def paths(self, region: str, ex2: int | None = None, ldgdepbar: int | None = None) -> list:
+    def paths(self, region: str, ex2: int | None = None, ldgdepbar: int | None = None, **classes: int) -> list:
+        """Paths of `region` with these path features: EX2 and LDGDEPBAR on-counts, and any
+        counted class given by name in `classes` ({"LDGSTS": 8, "HMMA": 64}, see `_trip_key`)."""
+        want = {EX2: ex2, "LDGDEPBAR": ldgdepbar, **classes}
         ws = {"prologue": self.prologue, "trip": self.trip, "last_trip": self.last_trip}[region]
-        return [w for w in ws if (ex2 is None or dict(w).get(EX2, 0) == ex2)
-                and (ldgdepbar is None or dict(w).get("LDGDEPBAR", 0) == ldgdepbar)]
+        return [w for w in ws if all(n is None or dict(w).get(c, 0) == n for c, n in want.items())]
 
     def pick(self, region: str, **key) -> Counts:
-        """On-counts of the paths of `region` with this key (ex2=, ldgdepbar=); they must agree."""
+        """On-counts of the paths of `region` with this key (`paths`' features); they must agree."""
         hits = {frozenset(on_classes(w).items()) for w in self.paths(region, **key)}
         if len(hits) != 1:
             have = sorted((dict(w).get(EX2, 0), dict(w).get("LDGDEPBAR", 0)) for w in self.paths(region))
@@ -357,7 +360,7 @@ def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: i
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((1, heads, n, cfg.head_dim)).astype(np.float16) for n in (nq, nk, nk))
     widths = _WidthCounter()
-    res = simulate(q, k, v, causal=causal, config=cfg, observers=[widths], progress=False)
+    res = simulate(q, k, v, causal=causal, config=cfg, observers=[widths], progress=False, engine=engine_for(cfg))
     sites = program_sites(cfg)
     ldsm = {s.phase: "LDSM.MT88" if ".trans" in s.ptx else "LDSM.M88" for s in (*sites.ldsm_q, *sites.ldsm_k, *sites.ldsm_v)}
     out: dict[int, Counts] = collections.defaultdict(Counts)
@@ -371,20 +374,55 @@ def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: i
 
 def sass_round_counts(ks: KernelSass, prob: Problem) -> dict[int, Counts]:
     """What the SASS issues (on-counts) per round of this launch: every warp of a CTA takes the
-    path its CTA-uniform decisions select (round 0 or later, K[t+1] load or not, last trip)."""
+    path its CTA-uniform decisions select (round 0 or later, K[t+1] load or not, last trip; with
+    kernel options, the prefetches and round-0 work `_trip_key` names)."""
     cfg = prob.config
     warps = cfg.n_warps * prob.batch * prob.heads
     out: dict[int, Counts] = collections.defaultdict(Counts)
     def _times(c: Counts) -> Counts:
         return Counts({k: v * warps for k, v in c.items()})
     for nbm in prob.n_block_max(np.arange(prob.n_m_blocks)).tolist():
-        out[ROUND_PROLOGUE] += _times(ks.pick("prologue"))
+        out[ROUND_PROLOGUE] += _times(ks.pick("prologue", **_prologue_key(cfg, nbm)))
         for t in range(nbm):
-            ex2 = cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread
             region = "last_trip" if t == nbm - 1 else "trip"
-            out[t] += _times(ks.pick(region, ex2=ex2, ldgdepbar=1 + (t + 1 < nbm)))
+            out[t] += _times(ks.pick(region, **_trip_key(cfg, t, nbm)))
         out[ROUND_EPILOGUE] += _times(ks.epilogue)
     return dict(out)
+
+
+def _copies(cfg: KernelConfig, tiles: int) -> int:
+    """LDGSTS per warp for `tiles` K/V tiles (each thread copies block_n / rows_per_pass chunks)."""
+    return tiles * cfg.block_n // cfg.copy_rows_per_pass
+
+
+def _prologue_key(cfg: KernelConfig, nbm: int) -> dict:
+    """The prologue's path feature with kv_stages > 1: which of the tiles it prefetches (K[s],
+    V[s] for s < S-1; defer_pv: V[s-1]) lie inside the sequence, as LDGSTS per warp."""
+    if cfg.kv_stages == 1:
+        return {}
+    q = cfg.block_m // cfg.copy_rows_per_pass
+    k_tiles = sum(s < nbm for s in range(cfg.kv_stages - 1))
+    v_tiles = sum(s - cfg.defer_pv < nbm for s in range(cfg.defer_pv, cfg.kv_stages - 1))
+    return {"LDGSTS": q + _copies(cfg, k_tiles + v_tiles)}
+
+
+def _trip_key(cfg: KernelConfig, t: int, nbm: int) -> dict:
+    """What tells round t's path apart, from the schedule: EX2 (alpha after round 0); the spec's
+    K[t+1] load (a second LDGDEPBAR), or, with kv_stages > 1 (one group per round), the
+    prefetches of K[t+S-1] and V[t+S-1] (defer_pv: V[t+S-2]) still inside the sequence (LDGSTS);
+    q_in_regs: Q's ldmatrix in round 0 only; defer_pv: the previous round's PV MMAs after round 0."""
+    key = {"ex2": cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread}
+    if cfg.kv_stages == 1:
+        key["ldgdepbar"] = 1 + (t + 1 < nbm)
+    else:
+        ahead = t + cfg.kv_stages - 1
+        key.update(ldgdepbar=1, LDGSTS=_copies(cfg, (ahead < nbm) + (ahead - cfg.defer_pv < nbm)))
+    if cfg.q_in_regs:
+        key["LDSM.M88"] = cfg.qk_k_segments * (cfg.s_n_tiles // 2 + (t == 0) * cfg.m_repeats)
+    if cfg.defer_pv:
+        qk = cfg.m_repeats * cfg.s_n_tiles * cfg.qk_k_segments
+        key["HMMA"] = qk + (t > 0) * cfg.m_repeats * cfg.o_n_tiles * cfg.pv_k_segments
+    return key
 
 
 def mismatches(sim: dict, sass: dict) -> list[str]:
@@ -424,13 +462,15 @@ def per_warp_table(cfg: KernelConfig, causal: bool = False, arch: str = "sm_90",
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa_hw.sass_counts", description="simulator vs SASS instruction counts")
-    ap.add_argument("--config", default=KernelConfig().tag, help="config tag, e.g. m64n64d64w4-swizzled")
+    ap.add_argument("--config", default=KernelConfig().tag,
+                    help="config tag, e.g. m64n64d64w4-swizzled or m128n64d64w4-swizzled-s2-dp (options: PTX engine)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args(argv)
-    cfg = next((c for c in KernelConfig.family() if c.tag == args.config), None)
-    if cfg is None:
-        ap.error(f"unknown config {args.config!r}; tags look like {KernelConfig().tag}")
+    try:
+        cfg = KernelConfig.from_tag(args.config)
+    except ValueError as exc:
+        ap.error(str(exc))
     print(per_warp_table(cfg, args.causal, args.arch))
     return 0
 

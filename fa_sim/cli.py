@@ -7,7 +7,11 @@ wrong, everywhere:
 - bad input (a UsageError of fa_sim.commands, a ValueError of the library, any fa_hw.FaHwError):
   one line `fa CMD: error: ...` on stderr, exit status 2; argparse's own errors (an unknown option,
   a value that is not a number) are one line too, exit status 2; so is running out of memory on
-  sizes the up-front checks let through;
+  sizes the up-front checks let through, and an instruction the PTX engine does not execute
+  (fa_sim.ptx.ops.Unsupported, named with its PTX and CUDA source lines);
+- a kernel fault of a simulated kernel (fa_sim.errors.KernelFault: an illegal or misaligned
+  address, a warp-collective instruction in a diverged warp): one line `fa CMD: kernel fault: ...`,
+  exit status 1, as for a failed check;
 - Ctrl-C: one line `fa CMD: interrupted`, exit status 130 (128 + SIGINT); outputs are written
   atomically (commands/outputs.py), so no partial file is left behind;
 - a closed pipe (`fa explain | head -1`): silence, exit status 141 (128 + SIGPIPE), as a shell
@@ -25,6 +29,7 @@ import os
 import sys
 
 from .commands import UsageError
+from .errors import KernelFault
 
 # Every subcommand's module, in the order `fa --help` lists them.
 SUBCOMMANDS = (
@@ -85,11 +90,15 @@ def explicit_options(argv: list[str]) -> frozenset[str]:
 
 
 def _known_errors() -> tuple[type, ...]:
+    """Errors that are one line and exit 2: bad usage or input, an instruction the PTX engine does
+    not execute, and fa_hw's errors (compile, launch, no GPU)."""
+    from .ptx.ops import Unsupported
+
     try:
         from fa_hw.errors import FaHwError
     except ImportError:  # fa_hw's dependencies are not installed: it raised nothing either
-        return (UsageError, ValueError)
-    return (UsageError, ValueError, FaHwError)
+        return (UsageError, ValueError, Unsupported)
+    return (UsageError, ValueError, Unsupported, FaHwError)
 
 
 def _silence_stdout() -> None:
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except KernelFault as exc:  # the simulated kernel did something illegal: its bug, reported like a failed check
+        print(f"fa {command}: kernel fault: {exc}", file=sys.stderr)
+        return 1
     except _known_errors() as exc:
         print(f"fa {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,6 +25,19 @@ only its declaration here.
 `fmul_fsub` (default) is robust over the whole fp16 input range; `ffma` is FlashAttention-2's
 single-FFMA form, kept as a named diagnostic (faster by one instruction per score, but the row
 maximum's exponent is the rounding residue of m*s*log2(e), which overflows 2^x for large scores).
+
+Kernel options (issue 11; SCHEDULE.md "Kernel options"), compile-time like the tiles, each at a
+default that is the spec's kernel, so `family()` and the seed are what they were:
+  kv_stages    1 (the spec's schedule) | 2 | 3: K/V tiles of the next kv_stages-1 rounds in flight
+               (cp.async) while this round computes, one wait_group and one barrier per round;
+               sK and sV hold kv_stages tiles each
+  q_in_regs    ldmatrix the Q fragments once (round 0) and keep them in registers
+  heavy_first  causal launches: the Q blocks with the most K/V rounds start first
+  defer_pv     (kv_stages >= 2) PV of round t in round t+1, beside its softmax: tensor core and
+               ALUs overlap within a warp; O's operations stay in the spec's order
+  min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_hw.compile's heuristic)
+kv_stages, q_in_regs, heavy_first and defer_pv change the schedule: the hand-written program (engine="program") runs only the
+spec's schedule and refuses them; the PTX engine runs fa2_fwd.cu as compiled for any option.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import re
 import typing
 from dataclasses import dataclass, field, fields
 
@@ -40,12 +54,33 @@ import numpy as np
 from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
 
 HEAD_DIMS = (32, 64, 128)
+KV_STAGES = (1, 2, 3)
+MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_hw.compile; 8 x 256 threads = an SM's 2048
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
 PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
 SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
+
+
+_TAG = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)d(?P<d>\d+)w(?P<w>\d+)-(?P<smem>[a-z]+)(?P<rest>(?:-[a-z0-9_]+)*)")
+
+
+_BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv")  # schedule options that are flags
+_BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv"}  # their tag suffixes
+
+
+def _tag_suffix(part: str) -> tuple[str | None, object]:
+    """One '-suffix' of a tag -> (field, value); (None, None) when unknown."""
+    if part in {f.value for f in SoftmaxForm}:
+        return "softmax", part
+    if part in _BOOL_SUFFIX:
+        return _BOOL_SUFFIX[part], True
+    m = re.fullmatch(r"([sb])(\d+)", part)
+    if m:
+        return {"s": "kv_stages", "b": "min_blocks"}[m[1]], int(m[2])
+    return None, None
 
 
 def _json_value(value):
@@ -120,10 +155,29 @@ class KernelConfig:
         "arithmetic of the exp2 argument: fmul_fsub (robust over the whole fp16 range) or ffma "
         "(FlashAttention-2's single FFMA, a diagnostic that overflows for large scores)",
         tuple(m.value for m in SoftmaxForm)))
+    kv_stages: int = field(default=1, metadata=_meta(
+        "K/V shared-memory stages: 1 is the spec's schedule (two waits and barriers per round); 2 or 3 "
+        "keep the next 1 or 2 rounds' K and V tiles in flight (cp.async) while this round computes, "
+        "with one wait and one barrier per round", KV_STAGES))
+    q_in_regs: bool = field(default=False, metadata=_meta(
+        "load the Q fragments from shared memory once (round 0) and keep them in registers, instead of "
+        "an ldmatrix of Q in every round (the spec)"))
+    heavy_first: bool = field(default=False, metadata=_meta(
+        "causal launches: start the Q blocks with the most K/V rounds first (m_block = gridDim.x-1-blockIdx.x), "
+        "so light blocks fill the tail of the grid; no effect without causal"))
+    defer_pv: bool = field(default=False, metadata=_meta(
+        "run round t's PV in round t+1, in one block with the softmax of round t+1 so that the tensor core "
+        "and the ALUs overlap within a warp (O's operations keep the spec's order); needs kv_stages >= 2"))
+    min_blocks: int = field(default=0, metadata=_meta(
+        "__launch_bounds__ minimum CTAs per SM (caps registers per thread); 0 = fa_hw.compile's heuristic",
+        MIN_BLOCKS))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
         object.__setattr__(self, "softmax", SoftmaxForm.parse(self.softmax))
+        for name in _BOOL_OPTIONS:
+            if isinstance(getattr(self, name), np.bool_):
+                object.__setattr__(self, name, bool(getattr(self, name)))
         problems = self._problems()
         if problems:
             raise ValueError(
@@ -131,18 +185,24 @@ class KernelConfig:
                 f"Supported: head_dim {HEAD_DIMS}, block_m {BLOCK_MS}, block_n {BLOCK_NS}, "
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
-                f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}"
+                f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}; "
+                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; defer_pv with kv_stages >= 2"
             )
 
     def _problems(self) -> list[str]:
         out = []
-        for name, allowed in (("head_dim", HEAD_DIMS), ("block_m", BLOCK_MS),
-                              ("block_n", BLOCK_NS), ("n_warps", N_WARPS)):
+        for name, allowed in (("head_dim", HEAD_DIMS), ("block_m", BLOCK_MS), ("block_n", BLOCK_NS),
+                              ("n_warps", N_WARPS), ("kv_stages", KV_STAGES), ("min_blocks", MIN_BLOCKS)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value not in allowed:
                 out.append(f"{name}={value!r} is not one of {allowed}")
+        for name in _BOOL_OPTIONS:
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                out.append(f"{name}={getattr(self, name)!r} is not a bool")
         if out:
             return out
+        if self.defer_pv and self.kv_stages < 2:
+            out.append("defer_pv keeps round t's V tile until round t+1: it needs kv_stages >= 2")
         if self.block_m % (MMA_M * self.n_warps):
             out.append(f"block_m={self.block_m} is not a multiple of 16*n_warps={MMA_M * self.n_warps}")
         rows = self.copy_rows_per_pass
@@ -185,9 +245,44 @@ class KernelConfig:
     @property
     def tag(self) -> str:
         """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
-        diagnostic softmax form adds a suffix: 'm64n64d64w4-swizzled-ffma'."""
+        diagnostic softmax form and options away from their defaults add suffixes, in this order:
+        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv),
+        '-b3' (min_blocks)."""
         extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
+        extra += f"-s{self.kv_stages}" if self.kv_stages != 1 else ""
+        extra += "-qr" if self.q_in_regs else ""
+        extra += "-hf" if self.heavy_first else ""
+        extra += "-dp" if self.defer_pv else ""
+        extra += f"-b{self.min_blocks}" if self.min_blocks else ""
         return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}{extra}"
+
+    @classmethod
+    def from_tag(cls, tag: str, softmax: "SoftmaxForm | str" = SoftmaxForm.FMUL_FSUB) -> "KernelConfig":
+        """Inverse of `tag`; `softmax` is the form of a tag without a softmax suffix. A malformed
+        tag or an unknown suffix is a ValueError naming it."""
+        m = _TAG.fullmatch(str(tag))
+        if not m:
+            raise ValueError(f"{tag!r} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
+        values = dict(block_m=int(m["m"]), block_n=int(m["n"]), head_dim=int(m["d"]), n_warps=int(m["w"]),
+                      smem=m["smem"], softmax=softmax)
+        for part in filter(None, m["rest"].split("-")):
+            key, value = _tag_suffix(part)
+            if key is None:
+                raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
+                                 f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
+                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>")
+            values[key] = value
+        return cls(**values)
+
+    @property
+    def spec_schedule(self) -> bool:
+        """True when no option changes the spec's schedule (what engine="program" runs)."""
+        return not self.schedule_options()
+
+    def schedule_options(self) -> list[str]:
+        """The options, as 'field=value', that make this config's schedule differ from the spec's."""
+        out = [f"kv_stages={self.kv_stages}"] if self.kv_stages != 1 else []
+        return out + [f"{name}=True" for name in _BOOL_OPTIONS if getattr(self, name)]
 
     @classmethod
     def family(cls) -> list["KernelConfig"]:
@@ -302,10 +397,20 @@ class KernelConfig:
         return 2 * self.tile_halves(self.block_m)
 
     @property
+    def kv_tile_bytes(self) -> int:
+        """Bytes of one K or V stage (block_n rows)."""
+        return 2 * self.tile_halves(self.block_n)
+
+    @property
     def sv_offset_bytes(self) -> int:
-        return self.sk_offset_bytes + 2 * self.tile_halves(self.block_n)
+        return self.sk_offset_bytes + self.kv_stages * self.kv_tile_bytes
+
+    def stage_offset_bytes(self, stage: int) -> int:
+        """Offset of K/V stage `stage` from the sK (or sV) base: stages lie back to back."""
+        return stage * self.kv_tile_bytes
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per CTA: sQ (reused as sO), sK, sV."""
-        return self.sv_offset_bytes + 2 * self.tile_halves(self.block_n)
+        """Dynamic shared memory per CTA: sQ (reused as sO), then kv_stages sK tiles, then
+        kv_stages sV tiles (sQ | sK | sV in the spec's single-stage kernel)."""
+        return self.sv_offset_bytes + self.kv_stages * self.kv_tile_bytes

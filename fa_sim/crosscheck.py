@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 import zipfile
 from dataclasses import dataclass, replace
 
@@ -275,9 +274,10 @@ def format_report(rep: CompareReport) -> str:
     return "\n".join(lines)
 
 
-def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine="program", kernel=None):
+def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
-    model defaults to the H200's, which the GPU side is compared against."""
+    model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
+    for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
     from .simulate import simulate
 
     rec = CheckpointRecorder(ctas)
@@ -298,18 +298,10 @@ def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse
 
 # ---- saved GPU runs ---------------------------------------------------------------------------
 SAVED_RUN_FORMAT = 2  # 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
-_TAG = re.compile(r"m(\d+)n(\d+)d(\d+)w(\d+)-([a-z]+)(?:-([a-z_]+))?")
-
-
 def config_from_tag(tag: str, softmax: SoftmaxForm = SoftmaxForm.FMUL_FSUB) -> KernelConfig:
     """KernelConfig.tag back to a config, e.g. 'm64n64d64w4-swizzled' or '...-swizzled-ffma';
-    `softmax` is the form of a tag without a suffix."""
-    m = _TAG.fullmatch(str(tag))
-    if not m:
-        raise ValueError(f"{tag!r} is not a config tag like {KernelConfig().tag!r}")
-    bm, bn, d, w, smem, form = m.groups()
-    return KernelConfig(block_m=int(bm), block_n=int(bn), head_dim=int(d), n_warps=int(w), smem=smem,
-                        softmax=SoftmaxForm.parse(form) if form else softmax)
+    `softmax` is the form of a tag without a suffix (KernelConfig.from_tag)."""
+    return KernelConfig.from_tag(tag, softmax)
 
 
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)

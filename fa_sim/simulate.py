@@ -17,7 +17,10 @@ the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
 (fa_sim/kernels/fa2_fwd.py, the readable model of the spec); "ptx" runs the PTX NVRTC emits for
 fa2_fwd.cu (fa_hw's kernel, or `kernel=` a path to a variant with the same parameters and FA_*
-macros) instruction by instruction (fa_sim/ptx). Both agree bit for bit on fa_hw's kernel.
+macros) instruction by instruction (fa_sim/ptx). Both agree bit for bit on fa_hw's kernel. The
+program is the spec's schedule only: a config with schedule options (kv_stages, q_in_regs,
+heavy_first, defer_pv; KernelConfig.schedule_options) runs on engine="ptx", and "program" refuses
+it. engine=None (the default) picks "program" for the spec's schedule and "ptx" for such configs.
 
 Before it starts, the run's time and memory are estimated (fa_sim.estimate); a run that would not
 fit in the memory this machine has available is refused with a ValueError. The grid
@@ -41,7 +44,8 @@ from .estimate import estimate
 from .events import COUNTED_OPS, Op
 from . import tensorcore
 from .hub import Hub
-from .kernels import NO_MUTATION, FA2Labels, Mutation, Pointers, flash_fwd, launch_info, wave_order
+from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, check_program_config, engine_for, flash_fwd,
+                      launch_info, wave_order)
 from .machine import Machine
 from .memory import GlobalMemory
 from .validate import host_fp16, make_problem
@@ -147,14 +151,18 @@ def _global_memory(prob, q16, k16, v16) -> tuple[GlobalMemory, dict, Pointers]:
 
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-             observers=(), *, engine: str = "program", kernel=None, mutation: Mutation | None = None,
+             observers=(), *, engine: str | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     q16, k16, v16 = (host_fp16(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     prob = make_problem(q16.shape, k16.shape, v16.shape, causal, scale, config)
     b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
+    if engine is None:
+        engine = "ptx" if kernel is not None else engine_for(prob.config)
     _check_engine(engine, kernel, mutation)
+    if engine == "program":
+        check_program_config(prob.config)
     if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     model = tensorcore.resolve(mma_model)

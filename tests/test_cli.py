@@ -12,6 +12,8 @@ import pytest
 
 from fa_sim.cli import build_parser, main
 from fa_sim.commands import UsageError
+from fa_sim.errors import KernelFault
+from fa_sim.ptx.ops import Unsupported
 
 H200 = Path(__file__).parent / "data" / "h200"
 SEED_RUN = str(H200 / "compare_seed_n128.npz")
@@ -104,6 +106,11 @@ TABLE = [
     (["sim", "--bogus"], "unrecognized arguments: --bogus", 2),
     (["sim", "--seq", "64"], "unrecognized arguments: --seq 64", 2),  # no abbreviations
     (["explain", "--block-n", "0"], "argument --block-n: must be a positive integer, got 0", 2),
+    (["sim", "--config", "m64x"], "--config m64x: 'm64x' is not a config tag like", 2),
+    (["sim", "--config", "m64n64d64w4-swizzled", "--block-n", "32"],
+     "--block-n does not apply with --config m64n64d64w4-swizzled, which names every field", 2),
+    (["sim", "--config", "m64n64d64w4-swizzled-s2", "--engine", "program"], "run this config with engine='ptx'", 2),
+    (["sim", "--config", "m64n64d32w4-plain", "--seqlen", "64"], None, 0),
     # trace selections speak of what the user named
     (["trace", "--warp", "99"], "--warp 99 is outside the CTA: 4 warps, 0..3", 2),
     (["trace", "--warp", "4", "--warps", "8", "--block-m", "128"], None, 0),
@@ -293,3 +300,18 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     assert main(["explain"]) == 2
     assert capsys.readouterr().err == ("fa explain: error: out of memory (Unable to allocate 512. GiB for an array "
                                        "with shape (1, 16, 65536, 65536)); choose smaller sizes\n")
+
+
+@pytest.mark.parametrize("exc, head, status", [
+    (KernelFault("illegal global load: 4 bytes at 0x7f0000000100, outside every buffer"), "kernel fault: illegal", 1),
+    (Unsupported("opcode match in `match.any.sync.b32 %r3, %r2, -1;` at PTX line 30 (k.cu:2)"),
+     "error: opcode match", 2),
+])
+def test_engine_faults_and_unknown_instructions_are_one_line(exc, head, status, monkeypatch, capsys):
+    def fail(*a, **k):
+        raise exc
+
+    monkeypatch.setattr("fa_sim.commands.sim.simulate", fail)
+    assert main(["sim", "--engine", "ptx"]) == status
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fa sim: {head}"), err

@@ -24,7 +24,9 @@ def test_round_trip_over_the_family(cfg):
 
 def test_fields_and_defaults():
     assert KernelConfig().to_json() == {"block_m": 64, "block_n": 64, "head_dim": 64, "n_warps": 4,
-                                        "smem": "swizzled", "softmax": "fmul_fsub"}
+                                        "smem": "swizzled", "softmax": "fmul_fsub", "kv_stages": 1,
+                                        "q_in_regs": False, "heavy_first": False, "defer_pv": False,
+                                        "min_blocks": 0}
     assert KernelConfig.from_json({}) == KernelConfig()  # absent fields take their defaults
     assert KernelConfig.from_json({"smem": "padded"}).smem is SmemLayout.PADDED
 

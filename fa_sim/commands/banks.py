@@ -66,7 +66,7 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     base = config_from_args(args)
-    engine, kernel = engine_from_args(args)
+    engine, kernel = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     inputs = random_inputs(args)
     reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)

@@ -96,10 +96,13 @@ def kernel_from_args(args):
     return path
 
 
-def engine_from_args(args) -> tuple[str, object]:
-    """(engine, kernel path or None): --kernel means the PTX engine; --engine program with it is refused."""
+def engine_from_args(args, config: KernelConfig) -> tuple[str, object]:
+    """(engine, kernel path or None): --kernel means the PTX engine; --engine program with it is refused;
+    neither: the engine `config` needs (fa_sim.kernels.engine_for: ptx for schedule options)."""
+    from ..kernels import engine_for
+
     kernel = kernel_from_args(args)
-    engine = args.engine or ("ptx" if kernel is not None else "program")
+    engine = args.engine or ("ptx" if kernel is not None else engine_for(config))
     if kernel is not None and engine != "ptx":
         raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
     return engine, kernel
@@ -199,9 +202,30 @@ def config_options() -> tuple[ConfigOption, ...]:
                  for f in dataclasses.fields(KernelConfig))
 
 
+AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
+
+
+def _config_value(text: str) -> str:
+    """--config: 'auto' or a config tag (KernelConfig.from_tag checks it here, before any work)."""
+    if text != AUTO_CONFIG:
+        try:
+            KernelConfig.from_tag(text)
+        except ValueError as exc:
+            raise UsageError(f"--config {text}: {exc}") from None
+    return text
+
+
 def add_config_arguments(p) -> None:
-    """One option per KernelConfig field (bool fields as --x / --no-x)."""
+    """One option per KernelConfig field (bool fields as --x / --no-x), and --config TAG|auto."""
     group = p.add_argument_group("kernel config (fa_sim.KernelConfig; combinations are checked together)")
+    group.add_argument("--config", type=_config_value, default=None, metavar="TAG|auto",
+                       help=describe("a whole config by its tag, as the tools print it (e.g. "
+                                     "m128n64d64w4-swizzled-s2), instead of the options below; or 'auto': the "
+                                     "fastest measured config of the GPU for this problem's head_dim, causal flag "
+                                     "and size (fa_hw.tuned: the GPU's table, else a documented heuristic), for the "
+                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim the "
+                                     "only config option", "the config options below",
+                                     f"{AUTO_CONFIG} or a tag of KernelConfig.from_tag"))
     for opt in config_options():
         if opt.hint is bool:
             meaning = opt.field.metadata.get(FIELD_HELP, f"KernelConfig.{opt.dest}")
@@ -213,8 +237,24 @@ def add_config_arguments(p) -> None:
                                help=opt.help())
 
 
+def auto_requested(args) -> bool:
+    """True for --config auto, after refusing the config options it chooses (all but --head-dim)."""
+    if getattr(args, "config", None) != AUTO_CONFIG:
+        return False
+    refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"], "with --config auto, which chooses it")
+    return True
+
+
 def config_from_args(args, **override) -> KernelConfig:
-    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file)."""
+    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file).
+    --config auto is for the GPU commands (`auto_requested`); elsewhere it is a UsageError."""
+    if getattr(args, "config", None) == AUTO_CONFIG:
+        raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
+                         "here give the config's options (fa hw --config auto reports the tag it ran)")
+    tag = getattr(args, "config", None)
+    if tag is not None:  # a whole config: the field options would be ignored, so they are refused
+        refuse(args, [o.dest for o in config_options()], f"with --config {tag}, which names every field")
+        return dataclasses.replace(KernelConfig.from_tag(tag), **override)
     values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
     return KernelConfig(**{**values, **override})
 

@@ -36,6 +36,7 @@ from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    auto_requested,
     config_from_args,
     config_options,
     engine_from_args,
@@ -89,6 +90,7 @@ def _given(dest: str, value) -> str:
 def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
+    refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -132,7 +134,12 @@ def _launch(args, save: Output | None):
     import fa_hw
 
     q, k, v = random_inputs(args)
-    config = config_from_args(args)
+    if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
+        from fa_hw.tuned import auto_for_device
+
+        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
+    else:
+        config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
@@ -152,14 +159,14 @@ def run(args) -> int:
         check_outputs([save], args.force)
         (q, k, v), config, causal, ctas, gpu = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
-    engine, kernel = engine_from_args(args)
+    engine, kernel = engine_from_args(args, config)
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison
 
-        banks = bank_comparison(q, k, v, causal, scale, config)
+        banks = bank_comparison(q, k, v, causal, scale, config, kernel)
     if args.json:
         obj = report.to_json()
         if banks is not None:

@@ -78,7 +78,7 @@ def run(args) -> int:
             HazardChecker,  # the simulator core does not need the observers
         )
         checker = HazardChecker()
-    engine, kernel = engine_from_args(args)
+    engine, kernel = engine_from_args(args, config)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel)
     acc = errors(res, q, k, v)

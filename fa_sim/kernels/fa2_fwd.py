@@ -61,6 +61,22 @@ class Mutation:
 NO_MUTATION = Mutation()
 
 
+def check_program_config(config) -> None:
+    """The hand-written program is the spec's schedule: a config whose options change the schedule
+    (KernelConfig.schedule_options) is a ValueError that points to the PTX engine."""
+    opts = config.schedule_options()
+    if opts:
+        verb = "changes" if len(opts) == 1 else "change"
+        raise ValueError(f"engine='program' runs the spec's schedule only; {', '.join(opts)} {verb} it: "
+                         f"run this config with engine='ptx' (the PTX engine runs fa2_fwd.cu as NVRTC compiles it)")
+
+
+def engine_for(config) -> str:
+    """The simulator front end that runs `config`: the hand-written program for the spec's
+    schedule, the PTX engine for configs with schedule options."""
+    return "program" if config.spec_schedule else "ptx"
+
+
 def launch_info(prob: Problem) -> LaunchInfo:
     """What observers learn about a launch of the kernel for `prob`."""
     cfg = prob.config
@@ -283,6 +299,7 @@ def flash_fwd(m: Machine, prob: Problem, ptr: Pointers, mutation: Mutation = NO_
               on_round: Callable[[], None] | None = None) -> None:
     """Run the kernel for the machine's wave of CTAs (ordered by `wave_order`)."""
     cfg = prob.config
+    check_program_config(cfg)
     plan = kernel_plan(cfg)
     S = plan.sites
     m_block = m.cta % prob.n_m_blocks  # [C]

@@ -63,7 +63,7 @@ class Site(enum.Enum):
 
 
 def tile_base(config: KernelConfig, tile: Tile) -> int:
-    """Byte offset of a tile from the shared-memory base (sO reuses sQ)."""
+    """Byte offset of a tile (its stage 0) from the shared-memory base (sO reuses sQ)."""
     return {Tile.SQ: config.sq_offset_bytes, Tile.SO: config.sq_offset_bytes,
             Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
 
@@ -83,9 +83,10 @@ class FA2Labels:
 
     @cached_property
     def _regions(self) -> list[tuple[Tile, int, int]]:
-        cfg = self.config
-        return [(Tile.SQ, tile_base(cfg, Tile.SQ), cfg.block_m), (Tile.SK, tile_base(cfg, Tile.SK), cfg.block_n),
-                (Tile.SV, tile_base(cfg, Tile.SV), cfg.block_n)]
+        cfg = self.config  # kv_stages > 1: every stage of sK and of sV is named sK / sV
+        return [(Tile.SQ, tile_base(cfg, Tile.SQ), cfg.block_m)] + [
+            (tile, tile_base(cfg, tile) + cfg.stage_offset_bytes(s), cfg.block_n)
+            for tile in (Tile.SK, Tile.SV) for s in range(cfg.kv_stages)]
 
     def _inverse(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """half offset inside a tile of `rows` rows -> (row, col); -1 for padding."""

@@ -1,0 +1,210 @@
+"""config="auto": the fastest measured kernel config for a problem, from a table per GPU.
+
+    fa_hw.forward(q, k, v, causal=True, config="auto")
+    choice = fa_hw.tuned.auto_config(head_dim=128, causal=True, seqlen_k=8192, gpu="NVIDIA H200", arch="sm_90")
+    choice.config, choice.source
+
+Tables. `experiments/tune_hw.py` times a set of candidate configs on the device for every
+(head_dim, causal, size class) of its shapes and writes the fastest per key as JSON; the package
+ships one file per GPU, named by `gpu_key` ("NVIDIA H200" -> fa_hw/tuned/h200.json):
+
+    {"format": 1, "gpu": "NVIDIA H200", "arch": "sm_90", "nvrtc": "13.0", "entries": [
+      {"head_dim": 64, "causal": false, "size": "medium", "config": {KernelConfig JSON},
+       "tflops": 331.0, "vs_flash": 1.1, "shapes": [[4, 16, 4096, 64]]}, ...]}
+
+Size classes (what a config choice depends on besides head_dim and causal: rounds per CTA, which
+amortise the prologue and epilogue and set how many loads a pipeline can keep in flight):
+seqlen_k <= 1024 "short", <= 4096 "medium", above "long".
+
+Lookup. The entry for (head_dim, causal, size) of the device's table whose arch is the device's;
+else that GPU's entry for the same head_dim and causal in the nearest size class; else the
+heuristic below. A table that is missing, unreadable or for another GPU is simply not used (the
+heuristic answers, and `Choice.source` says so); a table whose entries are malformed is a
+ValueError naming the file, never a silent wrong config.
+
+Heuristic (no table entry): the H200 profiles of issue 11 show the seed tile (16 query rows per
+warp) bound by shared-memory bandwidth (L1/TEX 74 %, one ldmatrix.x4 per two MMAs), so the
+heuristic takes 32 rows per warp (block_m 128, 4 warps), which halves ldmatrix per MMA, with the
+block_n of the best family member measured there before tuning: 128 at head_dim 64 (1.08x
+SDPA-flash), 32 at head_dim 128 (0.88x; block_n 64 spills at 255 registers), 64 at head_dim 32.
+It adds no unmeasured schedule option. The default of fa_hw.forward stays the seed config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fa_sim.config import HEAD_DIMS, KernelConfig
+
+TUNED_DIR = Path(__file__).parent / "tuned"
+TABLE_FORMAT = 1
+SIZE_CLASSES = ("short", "medium", "long")
+SHORT_MAX_KEYS, MEDIUM_MAX_KEYS = 1024, 4096
+AUTO = "auto"
+# The configs experiments/tune_hw.py times (its docstring says why these), by head_dim; causal
+# launches time each with heavy_first as well (`candidates`).
+CANDIDATES = {
+    64: ("m64n64d64w4-swizzled", "m128n64d64w4-swizzled", "m128n128d64w4-swizzled", "m128n128d64w4-swizzled-s2",
+         "m128n64d64w4-swizzled-s2", "m128n64d64w4-swizzled-s2-qr", "m128n64d64w4-swizzled-s2-dp",
+         "m128n64d64w4-swizzled-s2-qr-dp", "m128n64d64w4-swizzled-s3-qr-dp", "m128n128d64w8-swizzled-s2-dp"),
+    128: ("m64n64d128w4-swizzled", "m128n32d128w4-swizzled", "m128n32d128w4-swizzled-s2",
+          "m128n32d128w4-swizzled-s2-dp", "m128n32d128w4-swizzled-s3-dp", "m128n64d128w4-swizzled",
+          "m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-s2-dp", "m64n64d128w4-swizzled-s2-qr",
+          "m128n128d128w8-swizzled-s2"),
+}
+HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
+             64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
+             128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4)}
+
+
+def size_class(seqlen_k: int) -> str:
+    """'short' (seqlen_k <= 1024), 'medium' (<= 4096) or 'long'."""
+    return "short" if seqlen_k <= SHORT_MAX_KEYS else "medium" if seqlen_k <= MEDIUM_MAX_KEYS else "long"
+
+
+def gpu_key(name: str) -> str:
+    """The table's file stem for a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100_sxm4_80gb'."""
+    words = str(name).lower().replace("nvidia", " ").split()
+    return "_".join("".join(c if c.isalnum() else " " for c in " ".join(words)).split())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The fastest measured config for one (head_dim, causal, size) key."""
+
+    head_dim: int
+    causal: bool
+    size: str
+    config: KernelConfig
+    tflops: float | None = None
+    vs_flash: float | None = None
+    shapes: tuple = ()
+
+    @property
+    def key(self) -> tuple[int, bool, str]:
+        return self.head_dim, self.causal, self.size
+
+    def to_json(self) -> dict:
+        return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "config": self.config.to_json(),
+                "tflops": self.tflops, "vs_flash": self.vs_flash, "shapes": [list(s) for s in self.shapes]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Entry":
+        head_dim, causal, size = data["head_dim"], data["causal"], data["size"]
+        if head_dim not in HEAD_DIMS or not isinstance(causal, bool) or size not in SIZE_CLASSES:
+            raise ValueError(f"bad key (head_dim={head_dim!r}, causal={causal!r}, size={size!r}); head_dim is one "
+                             f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
+        config = KernelConfig.from_json(data["config"])
+        if config.head_dim != head_dim:
+            raise ValueError(f"entry for head_dim {head_dim} holds a config of head_dim {config.head_dim}")
+        return cls(head_dim, causal, size, config, data.get("tflops"), data.get("vs_flash"),
+                   tuple(tuple(s) for s in data.get("shapes", ())))
+
+
+@dataclass(frozen=True)
+class Table:
+    """One GPU's measured entries."""
+
+    gpu: str
+    arch: str
+    entries: tuple[Entry, ...]
+    nvrtc: str = ""
+
+    def to_json(self) -> dict:
+        return {"format": TABLE_FORMAT, "gpu": self.gpu, "arch": self.arch, "nvrtc": self.nvrtc,
+                "entries": [e.to_json() for e in sorted(self.entries, key=lambda e: (e.head_dim, e.causal,
+                                                                                     SIZE_CLASSES.index(e.size)))]}
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "tuned table") -> "Table":
+        try:
+            if data.get("format") != TABLE_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {TABLE_FORMAT}")
+            entries = tuple(Entry.from_json(e) for e in data["entries"])
+            keys = [e.key for e in entries]
+            if len(set(keys)) != len(keys):
+                raise ValueError("two entries for one (head_dim, causal, size)")
+            return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"{where} is not a valid tuned table: {exc}") from None
+
+    @classmethod
+    def load(cls, path) -> "Table":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read the tuned table {path}: {exc}") from None
+        return cls.from_json(data, str(path))
+
+    def lookup(self, head_dim: int, causal: bool, size: str) -> Entry | None:
+        """The entry of this key, else the same head_dim and causal in the nearest size class."""
+        same = [e for e in self.entries if e.head_dim == head_dim and e.causal == causal]
+        if not same:
+            return None
+        want = SIZE_CLASSES.index(size)
+        return min(same, key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
+
+
+def table_for(gpu: str, directory: Path = TUNED_DIR) -> Table | None:
+    """The shipped table of this GPU (None when there is none)."""
+    path = Path(directory) / f"{gpu_key(gpu)}.json"
+    return Table.load(path) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: KernelConfig
+    source: str  # where it came from, for reports: 'h200.json (d=64, causal, medium)' or 'heuristic (...)'
+
+
+def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
+    """What tune_hw.py times for this head_dim: CANDIDATES; causal, each with heavy_first, plus
+    the seed and the heuristic's config without it (what heavy_first alone changes)."""
+    from dataclasses import replace
+
+    base = [KernelConfig.from_tag(t) for t in CANDIDATES.get(head_dim, ())]
+    if not causal:
+        return base
+    plain = [c for c in (KernelConfig(head_dim=head_dim), HEURISTIC.get(head_dim)) if c is not None]
+    return [replace(c, heavy_first=True) for c in base] + plain
+
+
+def heuristic(head_dim: int) -> KernelConfig:
+    if head_dim not in HEURISTIC:
+        raise ValueError(f"config='auto' covers head_dim {HEAD_DIMS}, got {head_dim}")
+    return HEURISTIC[head_dim]
+
+
+def auto_config(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str,
+                directory: Path = TUNED_DIR) -> Choice:
+    """The config "auto" means for this problem on this GPU (module docstring: lookup order)."""
+    size = size_class(seqlen_k)
+    table = table_for(gpu, directory)
+    entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
+    if entry is not None:
+        exact = "" if entry.size == size else f", nearest to {size}"
+        return Choice(entry.config, f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, "
+                                    f"{entry.size}{exact})")
+    why = "no table for this GPU" if table is None else (
+        f"the table is for {table.arch}" if table.arch != arch else f"no entry for d={head_dim}")
+    return Choice(heuristic(head_dim), f"heuristic ({why})")
+
+
+def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:
+    """auto_config for the current GPU (its name and exact arch)."""
+    from .runtime import device, device_arch
+
+    return auto_config(int(head_dim), bool(causal), int(seqlen_k), device().name, device_arch())
+
+
+def resolve(config, q_shape, k_shape, causal: bool):
+    """forward()'s config argument: KernelConfig or None as given; "auto" -> the current GPU's
+    choice for these shapes; any other string is a ValueError."""
+    if not isinstance(config, str):
+        return config
+    if config != AUTO:
+        raise ValueError(f"config must be a KernelConfig, None (the seed config) or 'auto', got {config!r}")
+    return auto_for_device(int(q_shape[3]), causal, int(k_shape[2])).config
