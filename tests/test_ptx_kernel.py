@@ -161,3 +161,17 @@ def test_a_weaker_swizzle_variant_costs_two_wavefronts_per_matrix():
     assert counts["seed"][0] == {4: 1152} and counts["seed"][1] == {1: 256}  # 2 heads x 2 CTAs
     assert counts["variant"][0] == {8: 1152} and counts["variant"][1] == {2: 256}
     assert np.array_equal(counts["seed"][2].o, counts["variant"][2].o)
+
+
+def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
+    """tests/data/h200/compare_variant_swizzle_r4.npz: `fa compare --kernel
+    experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2 --save ...` on the H200 (its
+    Nsight Compute counts: LDSM 36,864 wavefronts for 4,608 instructions, STS 1,024 for 512, equal
+    to the simulator's). Replayed here: the variant's tile images and everything up to the softmax
+    are bit-identical, the rest within crosscheck.BOUNDS."""
+    from fa_sim.cli import main
+
+    root = Path(__file__).parent.parent
+    run = root / "tests" / "data" / "h200" / "compare_variant_swizzle_r4.npz"
+    variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant), "--json"]) == 0
