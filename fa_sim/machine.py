@@ -355,16 +355,19 @@ class Machine:
                    "c": self.regs_event(acc(c), instr.repeat)}
         self.event(instr, listeners, regs_in=regs_in, regs_out={"d": self.regs_event(acc(d), instr.repeat)})
 
-    def shfl(self, instr: Instr, x: np.ndarray, mode: str, b, c, name: str, member_mask: int = isa.FULL_MASK):
+    def shfl(self, instr: Instr, x: np.ndarray, mode: str, b, c, name: str | tuple[str, str],
+             member_mask: int = isa.FULL_MASK):
         """R shfl.sync.{mode}.b32 (R = values per lane): x [live, W, L, ...] -> (received values,
-        in-range predicate [live, W, L]) - PTX #data-movement-and-conversion-instructions-shfl-sync."""
+        in-range predicate [live, W, L]) - PTX #data-movement-and-conversion-instructions-shfl-sync.
+        `name`: the register's name in events, or (source, destination) names."""
+        src_name, dst_name = (name, name) if isinstance(name, str) else name
         listeners = self._issue(instr)
         y, valid, src = isa.shfl_sync(x, mode, b, c, self.active, member_mask)
         if listeners:
             shape = (instr.repeat, self.n_ctas, self.n_warps, WARP_SIZE)
             self.event(instr, listeners, shfl_src=np.broadcast_to(pad_ctas(src, 0, self.n_ctas)[None], shape),
-                       regs_in={name: self.regs_event(x, instr.repeat)},
-                       regs_out={name: self.regs_event(y, instr.repeat)})
+                       regs_in={src_name: self.regs_event(x, instr.repeat)},
+                       regs_out={dst_name: self.regs_event(y, instr.repeat)})
         return y, valid
 
     def bar_sync(self, instr: Instr, expected: np.ndarray | None = None) -> None:

@@ -145,3 +145,26 @@ def test_fa_trace_cli(capsys):
     js = json.loads(capsys.readouterr().out)
     assert js["lane"] == 1 and js["kept_keys"] == {"0": [], "8": [2, 3]}
     assert js["partners"][:4] == [3, 3, 0, 0]
+
+
+def test_ptx_trace_names_the_shuffled_register_and_its_value():
+    """On the PTX engine a shfl.sync.bfly.b32 line names its destination register with the word it
+    received and that word's fp32 reading; the (partner, value) pairs are the program's (spec tables
+    5-7: XOR 2, then XOR 1, for each of the lane's two rows; the PTX finishes one row before the
+    other, the program does both rows at once)."""
+    import re
+
+    inputs = int_inputs()
+    filt = TraceFilter(ctas=(0,), warps=(0,), lanes=(0,), rounds=(0,), ops=(Op.SHFL,))
+    ptx = lane_story(run_trace(CFG, filt, inputs=inputs, engine="ptx"), 0, 0, 0, 0)
+    prog = lane_story(run_trace(CFG, filt, inputs=inputs), 0, 0, 0, 0)
+    got = []
+    for s in ptx.steps:
+        dst = s.ptx.split()[1].split("|")[0].rstrip(",")
+        m = re.fullmatch(rf"{re.escape(dst)}=0x([0-9a-f]{{8}})\((\S+)\)", s.regs)
+        assert m, s.regs
+        word = float(np.uint32(int(m.group(1), 16)).view(np.float32))
+        assert f"{word:.6g}" == m.group(2), s.regs
+        got.append((s.partner, word))
+    want = [(p.partner, float(v)) for p in prog.steps for v in p.values]
+    assert len(got) == 8 and sorted(got) == sorted(want)

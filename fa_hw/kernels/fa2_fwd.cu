@@ -591,6 +591,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
 #endif
 ) {
+  // phase: setup
   using namespace fa;
 #if FA_HEAVY_FIRST && FA_CAUSAL
   const int m_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;  // the longest causal loops first

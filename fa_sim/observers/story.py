@@ -149,7 +149,7 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
         outer = rec.src.inlined_at[-1][1] if rec.src.inlined_at else None  # the kernel line that called it
         src = f"{rec.src.file.rsplit('/', 1)[-1]}:{rec.src.line}" + (f"<{outer}" if outer else "")
         named = rec.regs_out or (rec.regs_in if rec.op in (Op.STS, Op.STG) else {})
-        regs = " ".join(f"{k}={'/'.join(_fmt(x) for x in _regs({k: v}, r, c, s))}" for k, v in named.items())
+        regs = " ".join(f"{k}={_ptx_value(v[r, c, s])}" for k, v in named.items())
     return Step(rec.seq, r, rec.pc, rec.op, str(rec.phase), rec.round, rec.label, rec.ptx, touch, matrix, values,
                 coords, partner, sent, detail, src, regs)
 
@@ -212,6 +212,15 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
 
 
 # -- rendering ---------------------------------------------------------------------------------------
+def _ptx_value(v) -> str:
+    """A PTX register's value: untyped 32-bit words (.b32: shuffled, moved or packed) as their bits
+    and their fp32 reading; typed values as numbers."""
+    v = np.asarray(v).reshape(-1)
+    if v.dtype == np.uint32:
+        return "/".join(f"0x{int(w):08x}({_fmt(float(f))})" for w, f in zip(v, v.view(np.float32)))
+    return "/".join(_fmt(x) for x in json_list(v))
+
+
 def _fmt(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 

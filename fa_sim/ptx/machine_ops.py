@@ -270,7 +270,8 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     mm = _warp_membermask(eng, eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group),
                           group)
     instr = eng.activate(ins.pc, group)
-    y, valid = eng.m.shfl(instr, x, mode, bb, cc, _reg_name(a), mm)
+    out = dst.p if isinstance(dst, PredPair) else dst
+    y, valid = eng.m.shfl(instr, x, mode, bb, cc, (_reg_name(a), _reg_name(out)), mm)
     if isinstance(dst, PredPair):
         eng.write(dst.p, eng.gather(y, group), "b32", group.idx, group.n)
         eng.write(dst.q, eng.gather(valid, group), "pred", group.idx, group.n)
