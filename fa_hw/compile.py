@@ -160,12 +160,30 @@ def compile_kernel(config: KernelConfig = KernelConfig(), *, causal: bool = Fals
     return compile_build(KernelBuild(config, bool(causal), arch, bool(checkpoints)), use_cache=use_cache)
 
 
+#: Macro values a kernel may ignore without changing what it computes: the spec's schedule.
+NEUTRAL_MACROS = {"FA_KV_STAGES": 1, "FA_Q_IN_REGS": 0, "FA_HEAVY_FIRST": 0, "FA_DEFER_PV": 0,
+                  "FA_SOFTMAX_FFMA": 0, "FA_MIN_BLOCKS": None}
+
+
+def check_macros_used(source: str, macros: dict[str, int], name: str) -> None:
+    """A variant .cu that never mentions a macro its config sets to a non-neutral value would
+    silently build something else (an older copy of fa2_fwd.cu and kv_stages=2, say): refuse it."""
+    missing = [f"{k}={v}" for k, v in macros.items()
+               if k not in source and (k not in NEUTRAL_MACROS or (NEUTRAL_MACROS[k] not in (None, v)))]
+    if missing:
+        raise ValueError(f"{name} does not use {', '.join(missing)}, which this config needs; "
+                         "start the variant from the current fa_hw/kernels/fa2_fwd.cu or choose a config "
+                         "without those options")
+
+
 def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKernel:
     """Cubin for one KernelBuild, through the on-disk cache (keyed by the source text)."""
     try:
         source = build.source_path.read_text()
     except OSError as exc:
         raise CompileError(f"cannot read the kernel source {build.source_path}: {exc.strerror or exc}") from None
+    if build.source:
+        check_macros_used(source, build.macros(), build.source)
     path = cache_dir() / f"{_cache_key(source, build)}.cubin"
     meta = path.with_suffix(".json")
     if use_cache and path.exists() and meta.exists():

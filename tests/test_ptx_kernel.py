@@ -175,3 +175,20 @@ def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
     run = root / "tests" / "data" / "h200" / "compare_variant_swizzle_r4.npz"
     variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
     assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant), "--json"]) == 0
+
+
+def test_a_variant_that_ignores_an_option_its_config_sets_is_refused(tmp_path):
+    """A copy of fa2_fwd.cu from before an option existed would build the spec's schedule under a
+    config that says otherwise: both backends refuse it, naming the macro."""
+    from fa_hw.compile import KernelBuild, compile_build
+
+    old = tmp_path / "old_copy.cu"
+    old.write_text(default_kernel().read_text().replace("FA_KV_STAGES", "FA_STAGES_RENAMED"))
+    cfg = fa_sim.KernelConfig(block_m=128, kv_stages=2)
+    q, k, v = _inputs(cfg, 64, 64)
+    with pytest.raises(ValueError, match=r"old_copy.cu does not use FA_KV_STAGES=2"):
+        fa_sim.simulate(q, k, v, config=cfg, kernel=old)
+    with pytest.raises(ValueError, match=r"does not use FA_KV_STAGES=2"):
+        compile_build(KernelBuild(cfg, False, "sm_90", source=str(old)), use_cache=False)
+    spec = fa_sim.KernelConfig(block_m=128)  # kv_stages=1: the macro may be ignored
+    assert fa_sim.simulate(q, k, v, config=spec, kernel=old).o.shape == q.shape

@@ -27,14 +27,31 @@
 //   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
 //   FA_SOFTMAX_FFMA                                the exp2 argument as one FFMA (diagnostic form,
 //                                                  KernelConfig.softmax = "ffma"); 0: FMUL then FSUB
+//   FA_KV_STAGES                                   K/V stages (KernelConfig.kv_stages): 1 = the spec's
+//                                                  schedule; S > 1: sK and sV hold S tiles each, the
+//                                                  K/V tiles of rounds t+1 .. t+S-1 are in flight
+//                                                  while round t computes; one wait_group and one
+//                                                  barrier per round (SCHEDULE.md "Kernel options")
+//   FA_Q_IN_REGS                                   Q fragments ldmatrix'ed once (round 0), kept in
+//                                                  registers (KernelConfig.q_in_regs)
+//   FA_HEAVY_FIRST                                 causal: m_block = gridDim.x-1-blockIdx.x, the Q blocks
+//                                                  with the most rounds start first (heavy_first)
+//   FA_DEFER_PV                                    (FA_KV_STAGES > 1) PV of round t runs in round t+1,
+//                                                  beside softmax(t+1): tensor core and ALUs overlap
+//                                                  within a warp; O's operations keep the spec's order
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
 //                                                  WAIT_PV, BAR_PV, BAR_EPILOGUE), or move a wait to
-//                                                  right after the first ldmatrix that needs it
+//                                                  right after the first ldmatrix that needs it;
+//                                                  FA_KV_STAGES > 1 has only WAIT_QK and BAR_QK (and
+//                                                  BAR_EPILOGUE): a PV mutation there is an #error
 //
 // `// phase: NAME` comments split the kernel body into the phases the simulator reports
 // (fa_sim/ptx/program.py): an instruction belongs to the phase of the kernel line it comes from.
+// The markers are read as text, before the preprocessor: a marker inside an #if branch the build
+// leaves out still starts a section, so every #if / #else / #endif branch below opens with the
+// marker its first line needs.
 //
 // Thread -> data maps (PTX ISA #warp-level-matrix-fragment-mma-16816-float and
 // #warp-level-matrix-instructions-ldmatrix). g = lane / 4, tq = lane % 4. As in CuTe's TiledMMA
@@ -84,6 +101,24 @@ typedef unsigned long long u64;
 #ifndef FA_SOFTMAX_FFMA
 #define FA_SOFTMAX_FFMA 0
 #endif
+#ifndef FA_KV_STAGES
+#define FA_KV_STAGES 1
+#endif
+#ifndef FA_Q_IN_REGS
+#define FA_Q_IN_REGS 0
+#endif
+#ifndef FA_HEAVY_FIRST
+#define FA_HEAVY_FIRST 0
+#endif
+#ifndef FA_DEFER_PV
+#define FA_DEFER_PV 0
+#endif
+#if FA_DEFER_PV && FA_KV_STAGES < 2
+#error "FA_DEFER_PV keeps round t's V tile until round t+1: it needs FA_KV_STAGES >= 2"
+#endif
+#if FA_KV_STAGES > 1 && (FA_DROP_WAIT_PV || FA_DROP_BAR_PV || FA_LATE_WAIT_PV)
+#error "FA_KV_STAGES > 1 waits and synchronises once per round (WAIT_QK, BAR_QK): it has no WAIT_PV or BAR_PV to mutate"
+#endif
 
 namespace fa {
 
@@ -103,6 +138,8 @@ constexpr int kCopyRows = kThreads / kCopyTPR;   // rows per copy pass (a multip
 constexpr bool kSwizzled = FA_SWZ_B > 0;
 constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
 constexpr bool kCausal = FA_CAUSAL != 0;
+constexpr int kStages = FA_KV_STAGES;                     // K/V stages (1: the spec's schedule)
+constexpr u32 kKVTileBytes = 2u * kBlockN * kPitch;       // one K or V stage
 
 static_assert(kBlockM % (16 * kNWarps) == 0, "block_m must be a multiple of 16 * n_warps");
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the block");
@@ -112,6 +149,11 @@ static_assert(kPitch >= kHeadDim && kPitch % 8 == 0, "rows hold head_dim halves,
 // change, so it commutes with adding 8-row multiples (used by shift_off below).
 static_assert(!kSwizzled || (8 * kPitch) % (1 << (FA_SWZ_B + FA_SWZ_M + FA_SWZ_S)) == 0, "swizzle period");
 static_assert(!kSwizzled || FA_SWZ_M == 3, "the swizzle permutes 16-byte chunks");
+static_assert(kStages >= 1 && kStages <= 3, "FA_KV_STAGES is 1, 2 or 3");
+static_assert(FA_SV_OFFSET == FA_SK_OFFSET + kStages * kKVTileBytes, "sK holds kStages tiles, then sV");
+// A stage offset (a multiple of kKVTileBytes) added to a lane's tile offset commutes with
+// shift_off: it leaves the chunk bits the swizzle XORs untouched.
+static_assert(!kSwizzled || kKVTileBytes % 256 == 0, "stage offsets above the swizzled chunk bits");
 
 // ---- shared memory: sQ | sK | sV (sO = sQ); KernelConfig.smem_offset, in bytes ----------------
 extern __shared__ __align__(128) unsigned char smem[];
@@ -136,6 +178,8 @@ __device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, u32 src_
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N>  // all but the N most recent groups of this thread have landed
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -306,6 +350,38 @@ __device__ __forceinline__ void gemm_qk(float (&tCrS)[kMRep][kSN][4], u32 oQ, u3
   }
 }
 
+// ---- QK with Q in registers (FA_Q_IN_REGS): Q's fragments of every segment, loaded in round 0 ----
+__device__ __forceinline__ void load_q_frags(u32 (&tCrQ)[kQKSeg][kMRep][4], u32 oQ) {
+#pragma unroll
+  for (int h = 0; h < kQKSeg; ++h)
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi) ldsm_x4(tCrQ[h][mi], sQ_base() + shift_off(oQ, 16 * kNWarps * mi, 16 * h));
+}
+
+__device__ __forceinline__ void load_k_frags(u32 (&tCrK)[kSN][2], u32 oK, int h) {
+#pragma unroll
+  for (int jj = 0; jj < kSN / 2; ++jj) {
+    u32 r[4];
+    ldsm_x4(r, sK_base() + shift_off(oK, 16 * jj, 16 * h));
+    if (FA_LATE_WAIT_QK && h == 0 && jj == 0) cp_async_wait_all();  // mutation: WAIT_QK after the first K read
+    tCrK[2 * jj][0] = r[0], tCrK[2 * jj][1] = r[1], tCrK[2 * jj + 1][0] = r[2], tCrK[2 * jj + 1][1] = r[3];
+  }
+}
+
+// The gemm_smem pipeline over K alone: segment h+1's K fragments load before segment h's MMAs.
+__device__ __forceinline__ void gemm_qk_rq(float (&tCrS)[kMRep][kSN][4], const u32 (&tCrQ)[kQKSeg][kMRep][4], u32 oK) {
+  u32 tCrK[2][kSN][2];
+  load_k_frags(tCrK[0], oK, 0);
+#pragma unroll
+  for (int h = 0; h < kQKSeg; ++h) {
+    if (h + 1 < kQKSeg) load_k_frags(tCrK[(h + 1) & 1], oK, h + 1);
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kSN; ++nj) mma_16816(tCrS[mi][nj], tCrQ[h][mi], tCrK[h & 1][nj][0], tCrK[h & 1][nj][1]);
+  }
+}
+
 // ---- mask in registers: keys past seqlen_k, and (causal) keys after the query ----------------
 __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int key0, int row0, int seqlen_k) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -395,6 +471,49 @@ __device__ __forceinline__ void softmax_rescale_o(float (&tCrS)[kMRep][kSN][4], 
     }
 }
 
+// ---- FA_DEFER_PV: softmax_rescale_o split in two, so that PV of the previous round fits between --
+// softmax_rows: the same per-row operations in the same order, leaving O alone and returning alpha;
+// rescale_o then multiplies O by it (after PV(t-1) has accumulated), as softmax_rescale_o would
+// have before PV(t-1)'s successor: O's operation sequence is the spec's, bit for bit.
+template <bool kFirst>
+__device__ __forceinline__ void softmax_rows(float (&tCrS)[kMRep][kSN][4], float (&rRowMax)[kMRep][2],
+                                             float (&rRowSum)[kMRep][2], float (&rAlpha)[kMRep][2], float scale) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m_prev = rRowMax[mi][half];
+      float m = kFirst ? tCrS[mi][0][2 * half] : m_prev;
+#pragma unroll
+      for (int ni = kFirst ? 1 : 0; ni < 2 * kSN; ++ni) m = fmaxf(m, tCrS[mi][ni / 2][2 * half + ni % 2]);
+      m = quad_max(m);
+      if (!kFirst) {
+        rAlpha[mi][half] = exp_scaled_diff(m_prev, m == neg_inf() ? 0.f : m, scale);
+        rRowSum[mi][half] = __fmul_rn(rRowSum[mi][half], rAlpha[mi][half]);
+      }
+      rRowMax[mi][half] = m;
+      const float ms = row_offset(m, scale);
+      float dl = 0.f;
+#pragma unroll
+      for (int ni = 0; ni < 2 * kSN; ++ni) {  // ascending key order: ni = b + 2 * nj
+        float& x = tCrS[mi][ni / 2][2 * half + ni % 2];
+        x = exp_score(x, scale, ms);
+        dl = ni == 0 ? x : __fadd_rn(dl, x);
+      }
+      dl = quad_sum(dl);
+      rRowSum[mi][half] = kFirst ? dl : __fadd_rn(rRowSum[mi][half], dl);
+    }
+}
+
+__device__ __forceinline__ void rescale_o(float (&tCrO)[kMRep][kON][4], const float (&rAlpha)[kMRep][2]) {
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kON; ++nj)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) tCrO[mi][nj][v] = __fmul_rn(tCrO[mi][nj][v], rAlpha[mi][v >> 1]);
+}
+
 // ---- PV: P (fp16, the S registers reused as the A operand) times V via ldmatrix.trans ----------
 // oV: this lane's row offset in sV for (keys 0..15, d 0..15): row lane%8 + 8((lane/8)%2), col 8(lane/16).
 __device__ __forceinline__ void convert_p(const float (&tCrS)[kMRep][kSN][4], u32 (&tCrP)[kMRep][kPVSeg][4]) {
@@ -479,7 +598,7 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
 
 }  // namespace fa
 
-// ---- the kernel: SCHEDULE.md "Program" -----------------------------------------------------------
+// ---- the kernel: SCHEDULE.md "Program" (FA_KV_STAGES > 1: "Kernel options") --------------------
 extern "C" __global__ void __launch_bounds__(fa::kThreads, FA_MIN_BLOCKS)
 fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k, float scale
@@ -487,8 +606,13 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
 #endif
 ) {
+  // phase: setup
   using namespace fa;
+#if FA_HEAVY_FIRST && FA_CAUSAL
+  const int m_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;  // the longest causal loops first
+#else
   const int m_block = blockIdx.x, bh = blockIdx.y;
+#endif
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
@@ -513,7 +637,24 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   copy_tile<kBlockM>(sQ, gQ, row0, seqlen_q);
   // phase: K load
   copy_tile<kBlockN>(sK, gK, 0, seqlen_k);  // K[0]
+#if FA_KV_STAGES > 1
+  // Groups: g holds K[g] (and V[g], or with FA_DEFER_PV V[g-1]); Q joins group 0.
+  // phase: V load
+  if (!FA_DEFER_PV) copy_tile<kBlockN>(sV, gV, 0, seqlen_k);  // V[0]
   cp_async_commit();
+#pragma unroll
+  for (int s = 1; s < kStages - 1; ++s) {  // groups 1 .. kStages-2, empty past the last round
+    // phase: K load
+    if (s < n_block_max) copy_tile<kBlockN>(sK + s * kKVTileBytes, gK, s * kBlockN, seqlen_k);  // K[s]
+    // phase: V load
+    const int vs = FA_DEFER_PV ? s - 1 : s;
+    if (vs < n_block_max) copy_tile<kBlockN>(sV + vs * kKVTileBytes, gV, vs * kBlockN, seqlen_k);  // V[vs]
+    cp_async_commit();
+  }
+#else
+  // phase: K load
+  cp_async_commit();
+#endif
   float tCrO[kMRep][kON][4];
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi)
@@ -522,7 +663,104 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   float rRowMax[kMRep][2], rRowSum[kMRep][2];  // set by round 0 (every row sees key 0)
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi) rRowMax[mi][0] = rRowMax[mi][1] = neg_inf(), rRowSum[mi][0] = rRowSum[mi][1] = 0.f;
+#if FA_Q_IN_REGS
+  u32 tCrQ[kQKSeg][kMRep][4];  // Q's A fragments of every head-dim segment, loaded in round 0
+#endif
 
+#if FA_KV_STAGES > 1
+  // Round t reads K (and V; with FA_DEFER_PV, V of round t-1) in stage t % kStages. After BAR_QK
+  // every warp is past round t-1, so stage (t-1) % kStages takes K[t+kStages-1] (and V of that
+  // round, or with FA_DEFER_PV, V[t+kStages-2], whose stage round t-1's PV read last).
+  int stage = 0;
+#if FA_DEFER_PV
+  u32 tCrP[kMRep][kPVSeg][4];  // P of the previous round, for its PV in this one
+  float rAlpha[kMRep][2];
+#endif
+  for (int t = 0; t < n_block_max; ++t) {
+    // phase: QK
+    float tCrS[kMRep][kSN][4];
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kSN; ++nj) tCrS[mi][nj][0] = tCrS[mi][nj][1] = tCrS[mi][nj][2] = tCrS[mi][nj][3] = 0.f;
+    if (!FA_DROP_WAIT_QK && !FA_LATE_WAIT_QK) cp_async_wait<kStages - 2>();  // WAIT_QK: this round's group landed
+    if (!FA_DROP_BAR_QK) __syncthreads();  // BAR_QK: everyone's copies visible; stage t-1 free
+    const int prev = stage == 0 ? kStages - 1 : stage - 1;
+    const u32 kv = (u32)stage * kKVTileBytes, kv_prev = (u32)prev * kKVTileBytes;
+    FA_CK(ck_tile(ck, FA_CK_SQ, t, sQ, kBlockM * kPitch / 2); ck_tile(ck, FA_CK_SK, t, sK + kv, kBlockN * kPitch / 2));
+#if FA_DEFER_PV
+    FA_CK(if (t > 0) ck_tile(ck, FA_CK_SV, t - 1, sV + kv_prev, kBlockN * kPitch / 2));
+    const int v_next = t + kStages - 2;
+    const u32 kv_v = (u32)(kStages == 2 ? stage : (stage + 1) % kStages) * kKVTileBytes;  // stage of V[v_next]
+#else
+    FA_CK(ck_tile(ck, FA_CK_SV, t, sV + kv, kBlockN * kPitch / 2));
+    const int v_next = t + kStages - 1;
+    const u32 kv_v = kv_prev;
+#endif
+    const int t_next = t + kStages - 1;
+    // phase: K load
+    if (t_next < n_block_max) copy_tile<kBlockN>(sK + kv_prev, gK, t_next * kBlockN, seqlen_k);
+    // phase: V load
+    if (v_next < n_block_max) copy_tile<kBlockN>(sV + kv_v, gV, v_next * kBlockN, seqlen_k);
+    cp_async_commit();  // one group per round (empty ones at the end keep the wait count)
+    // phase: QK
+#if FA_Q_IN_REGS
+    if (t == 0) load_q_frags(tCrQ, oQ);
+    gemm_qk_rq(tCrS, tCrQ, oK + kv);
+#else
+    gemm_qk(tCrS, oQ, oK + kv);
+#endif
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
+    // phase: mask
+    const int key0 = t * kBlockN;
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
+    // phase: softmax
+#if FA_DEFER_PV
+    if (t == 0) {
+      softmax_rows<true>(tCrS, rRowMax, rRowSum, rAlpha, scale);
+    } else {  // one basic block: ptxas interleaves PV(t-1)'s MMAs with this round's exponentials
+      softmax_rows<false>(tCrS, rRowMax, rRowSum, rAlpha, scale);
+      // phase: PV
+      gemm_pv(tCrO, tCrP, oV + kv_prev);  // PV of round t-1
+      FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t - 1, tCrO));
+      // phase: softmax
+      rescale_o(tCrO, rAlpha);
+    }
+    FA_CK(ck_rows(ck, FA_CK_ROW_MAX, t, rRowMax); ck_rows(ck, FA_CK_ROW_SUM, t, rRowSum));
+    // phase: PV
+    convert_p(tCrS, tCrP);
+    FA_CK(ck_p(ck, t, tCrP));
+#else
+    // phase: softmax
+    if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    else softmax_rescale_o<false>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    FA_CK(ck_rows(ck, FA_CK_ROW_MAX, t, rRowMax); ck_rows(ck, FA_CK_ROW_SUM, t, rRowSum));
+    // phase: PV
+    u32 tCrP[kMRep][kPVSeg][4];
+    convert_p(tCrS, tCrP);
+    FA_CK(ck_p(ck, t, tCrP));
+    gemm_pv(tCrO, tCrP, oV + kv);
+    FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t, tCrO));
+#endif
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+#if FA_DEFER_PV
+  // phase: PV
+  cp_async_wait_all();  // V of the last round landed (and, below, every warp's last sQ read is done)
+  __syncthreads();
+  {
+    const u32 kv_last = (u32)(stage == 0 ? kStages - 1 : stage - 1) * kKVTileBytes;
+    FA_CK(ck_tile(ck, FA_CK_SV, n_block_max - 1, sV + kv_last, kBlockN * kPitch / 2));
+    gemm_pv(tCrO, tCrP, oV + kv_last);  // PV of the last round
+    FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, n_block_max - 1, tCrO));
+  }
+#else
+  // phase: epilogue
+  __syncthreads();  // no BAR_PV here: every warp's last sQ read (and, debug build, sK/sV image) before sO
+#endif
+#else
+  // phase: K load
   for (int t = 0; t < n_block_max; ++t) {
     // phase: QK
     float tCrS[kMRep][kSN][4];
@@ -537,7 +775,12 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     copy_tile<kBlockN>(sV, gV, t * kBlockN, seqlen_k);
     cp_async_commit();
     // phase: QK
+#if FA_Q_IN_REGS
+    if (t == 0) load_q_frags(tCrQ, oQ);
+    gemm_qk_rq(tCrS, tCrQ, oK);
+#else
     gemm_qk(tCrS, oQ, oK);
+#endif
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
     // phase: mask
     const int key0 = t * kBlockN;
@@ -563,6 +806,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     gemm_pv(tCrO, tCrP, oV);
     FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t, tCrO));
   }
+#endif
 
   // phase: epilogue
   float rLSE[kMRep][2];

@@ -48,9 +48,11 @@ def _check_kernel(path) -> Path:
 
 @lru_cache(maxsize=64)
 def _program(path: str, text: str, config, causal: bool, checkpoints: bool) -> Program:
-    from fa_hw.compile import KernelBuild
+    from fa_hw.compile import KernelBuild, check_macros_used
 
     macros = KernelBuild(config, causal, "sm_80", checkpoints).macros()
+    if Path(path) != default_kernel():
+        check_macros_used(text, macros, path)
     module = load_module(text, name=path, macros=macros)
     if KERNEL_NAME not in module.kernels:
         raise ValueError(f"{path} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
