@@ -51,19 +51,21 @@ def run(args: argparse.Namespace) -> int:
         config, source = choice.config, choice.source
     else:
         config = config_from_args(args)
+    kernel = kernel_from_args(args)
     q, k, v = random_inputs(args)
-    out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel_from_args(args))
+    out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
     report = {
-        "config": config.tag, "config_source": source, "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
+        "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
     if args.json:
         print(json.dumps(report, allow_nan=False))
         return 0 if acc.ok else 1
-    print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}")
+    print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}"
+          + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:
         print(f"  config auto: {source}")
     print(f"  rel err O (Frobenius, vs float64) {_num(acc.rel_err_o)}")
