@@ -1,0 +1,216 @@
+"""Bit-exact model of the H200's special-function unit (MUFU) behind PTX's .approx fp32 ops.
+
+PTX anchors: #floating-point-instructions-ex2, -lg2, -rcp, -rsqrt, -sqrt, -sin, -cos, -tanh.
+PTX specifies only error bounds; this algorithm was derived from exhaustive measurements on an
+H200 (issue 10; experiments/sfu_notes.md; tables fitted by experiments/sfu_fit.py) and reproduces
+every recorded output. The interpolator itself is in fa_sim/isa/mufu_table.py.
+
+Each op maps its fp32 input to a 23-bit fraction f of a fundamental interval with exact integer
+steps, evaluates the table there, truncates to 24 bits and rebuilds the exponent:
+- ex2: x as sign-magnitude fixed point with 23 fraction bits, truncated: |x| = n + f. Negative x
+  uses 2^-(n+1) * 2^(~f) (ones' complement of f), except f = 0, which is exact.
+- rcp: 1/(2^e m) = 2^-e / m; rsqrt, sqrt: x = 4^k m4, m4 in [1, 4), one table bank per octave;
+  rsqrt of an exact power of 4 is exact.
+- lg2: L(m) at 2^-36, then F = e + L in fixed point; a negative F is read as its ones' complement;
+  log2(1) = +0.
+- sin, cos: t = x * (1/2pi) rounded toward zero in fp32 (the FMUL.RZ ptxas emits before MUFU),
+  its 25-bit fixed-point angle in revolutions: quadrant q and a 23-bit f, mirrored by ones'
+  complement in odd quadrants, negated in quadrants 2 and 3; cos is sin a quadrant later. The
+  result is a fixed-point value at 2^-37, so sin is accurate in absolute, not relative, terms.
+The .ftz forms are the raw unit (subnormal inputs read as zero, subnormal results flushed to +-0,
+NaN results canonical 0x7fffffff). ftz=False applies the fp32 wrapping ptxas 13.0 emits for sm_90
+(experiments/sfu_probe.py's docstring): prescaling subnormal inputs, squaring ex2 below -126.
+
+Inputs: float32 arrays (or anything numpy converts exactly to float32), any shape; outputs float32
+of the same shape. MUFU.TANH is not modelled: `tanh` raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fa_sim.isa import mufu_table as mt
+
+_TINY = np.float32(2.0**-126)
+_INV_2PI = np.float64(np.float32(0.15915494))  # 0x3E22F983, the constant ptxas multiplies by
+_CHUNK = 1 << 16                                 # elements per pass: the temporaries stay in cache
+_NAN, _INF, _SIGN = 0x7FFFFFFF, 0x7F800000, np.uint32(0x80000000)
+
+
+def _f32(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype == np.float32:
+        return a
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"mufu.{name} takes a float32 array (got dtype {a.dtype})")
+    return a.astype(np.float32)
+
+
+def _by_chunks(fn, x: np.ndarray) -> np.ndarray:
+    """fn: uint32 bit patterns -> int64 result bits, applied a cache-sized chunk at a time."""
+    u = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
+    out = np.empty(u.size, dtype=np.uint32)
+    for i in range(0, u.size, _CHUNK):
+        out[i:i + _CHUNK] = fn(u[i:i + _CHUNK])
+    return out.view(np.float32).reshape(x.shape)
+
+
+def _fields(u: np.ndarray):
+    """(sign bool, unbiased exponent, mantissa) as int64, from uint32 bit patterns."""
+    w = u.astype(np.int64)
+    return (w >> 31) == 1, ((w >> 23) & 0xFF) - 127, w & mt.MASK23
+
+
+# ---- ex2 ----
+
+def _ex2_bits(u: np.ndarray) -> np.ndarray:
+    x = u.view(np.float32)
+    mag = np.minimum(np.abs(x), np.float32(255.0))         # beyond 2^8 only saturation matters
+    fix = (mag * np.float32(2.0**23)).astype(np.int64)     # exact product, truncated; NaN fixed below
+    neg = x < 0
+    fix = np.where(neg, ~fix + ((fix & mt.MASK23) == 0), fix)  # -(n+1) + ~f, or exactly -n
+    f = fix & mt.MASK23
+    q = mt.tables()["ex2"].at(f)                             # 2^f at 2^-38, in [2^38, 2^39)
+    bits = mt.pack(q >> 15, fix >> 23)
+    return np.where(np.isnan(x), _NAN, bits)
+
+
+def ex2(x, ftz: bool = True) -> np.ndarray:
+    """ex2.approx[.ftz].f32: MUFU.EX2; without ftz, x < -126 is halved and the result squared."""
+    x = _f32(x, "ex2")
+    if ftz:
+        return _by_chunks(_ex2_bits, x)
+    low = x < -126
+    y = _by_chunks(_ex2_bits, np.where(low, x * np.float32(0.5), x))
+    return np.where(low, y * y, y)
+
+
+# ---- rcp, rsqrt, sqrt ----
+
+def _special(u: np.ndarray, bits: np.ndarray, zero, inf, negative) -> np.ndarray:
+    """Results for +-0/subnormal (`zero`), +-inf (`inf`), NaN, and negative inputs (`negative`,
+    or None to keep the computed bits); each value is applied with the input's sign bit."""
+    w = u.astype(np.int64)
+    sign = w & 0x80000000
+    mag = w & 0x7FFFFFFF
+    out = np.where(mag < 0x00800000, zero | sign, bits)
+    out = np.where(mag == _INF, inf | sign, out)
+    if negative is not None:
+        out = np.where((sign != 0) & (mag >= 0x00800000), negative, out)
+    return np.where(mag > _INF, _NAN, out)
+
+
+def _rcp_bits(u: np.ndarray) -> np.ndarray:
+    neg, e, m = _fields(u)
+    q = mt.tables()["rcp"].at(m)                            # 1/m at 2^-39, in [2^38, 2^39]
+    bits = mt.pack(q >> 15, -e - 1) | (neg.astype(np.int64) << 31)
+    return _special(u, bits, _INF, 0, None)
+
+
+def _root(u: np.ndarray, op: str) -> np.ndarray:
+    _, e, m = _fields(u)
+    octave = e & 1
+    q = mt.tables()[op].at(m, octave)                        # at 2^-40
+    k = e >> 1                                               # x = 4^k * m4
+    if op == "rsqrt":
+        sig = np.where((m == 0) & (octave == 0), 1 << 24, q >> 16)
+        return _special(u, mt.pack(sig, -k - 1), _INF, 0, _NAN)
+    return _special(u, mt.pack(q >> 17, k), 0, _INF, _NAN)
+
+
+def _prescaled(fn, x: np.ndarray, post: np.float32) -> np.ndarray:
+    """The non-ftz wrapping of lg2/rsqrt/sqrt: |x| < 2^-126 -> fn(x * 2^24) then `post`."""
+    small = np.abs(x) < _TINY
+    y = _by_chunks(fn, np.where(small, x * np.float32(2.0**24), x))
+    return np.where(small, y * post, y)
+
+
+def rcp(x, ftz: bool = True) -> np.ndarray:
+    """rcp.approx[.ftz].f32: MUFU.RCP; without ftz, s * RCP(x * s), s = 2^24 / 1 / 0.25."""
+    x = _f32(x, "rcp")
+    if ftz:
+        return _by_chunks(_rcp_bits, x)
+    a = np.abs(x)
+    s = np.where(a < _TINY, np.float32(2.0**24), np.where(a > np.float32(2.0**126), np.float32(0.25), np.float32(1)))
+    return s * _by_chunks(_rcp_bits, x * s)
+
+
+def rsqrt(x, ftz: bool = True) -> np.ndarray:
+    """rsqrt.approx[.ftz].f32: MUFU.RSQ; without ftz, subnormals via x * 2^24 and * 2^12."""
+    x = _f32(x, "rsqrt")
+    fn = lambda u: _root(u, "rsqrt")  # noqa: E731
+    return _by_chunks(fn, x) if ftz else _prescaled(fn, x, np.float32(2.0**12))
+
+
+def sqrt(x, ftz: bool = True) -> np.ndarray:
+    """sqrt.approx[.ftz].f32: MUFU.SQRT; without ftz, subnormals via x * 2^24 and * 2^-12."""
+    x = _f32(x, "sqrt")
+    fn = lambda u: _root(u, "sqrt")  # noqa: E731
+    return _by_chunks(fn, x) if ftz else _prescaled(fn, x, np.float32(2.0**-12))
+
+
+# ---- lg2 ----
+
+def _fixed_to_f32(mag: np.ndarray, frac_bits: int, neg: np.ndarray) -> np.ndarray:
+    """Bits of -+RZ24(mag) * 2^-frac_bits for non-negative int64 mag (a zero keeps its sign)."""
+    v = np.ldexp(mt.rz24(mag).astype(np.float64), -frac_bits).astype(np.float32)  # exact
+    return v.view(np.uint32).astype(np.int64) | (neg.astype(np.int64) << 31)
+
+
+def _lg2_bits(u: np.ndarray) -> np.ndarray:
+    _, e, m = _fields(u)
+    fixed = (e << 36) + (mt.tables()["lg2"].at(m) >> 2)     # e + log2(m) at 2^-36
+    neg = fixed < 0
+    bits = _fixed_to_f32(np.where(neg, ~fixed, fixed), 36, neg)
+    bits = np.where(u == 0x3F800000, 0, bits)                # log2(1) = +0, not L(0) = 2^-23.2
+    return _special(u, bits, 0xFF800000, _INF, _NAN) & 0xFFFFFFFF
+
+
+def lg2(x, ftz: bool = True) -> np.ndarray:
+    """lg2.approx[.ftz].f32: MUFU.LG2; without ftz, subnormals via lg2(x * 2^24) - 24."""
+    x = _f32(x, "lg2")
+    if ftz:
+        return _by_chunks(_lg2_bits, x)
+    small = np.abs(x) < _TINY
+    y = _by_chunks(_lg2_bits, np.where(small, x * np.float32(2.0**24), x))
+    return np.where(small, y - np.float32(24), y)
+
+
+# ---- sin, cos ----
+
+def mul_rz_inv2pi(x: np.ndarray) -> np.ndarray:
+    """FMUL.RZ x * 0x3E22F983 (float32): the product is exact in float64; truncate to fp32."""
+    p = np.asarray(x, np.float32).astype(np.float64) * _INV_2PI
+    t = p.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        over = np.abs(t.astype(np.float64)) > np.abs(p)
+    return np.where(over, np.nextafter(t, np.float32(0)), t)
+
+
+def _trig_bits(u: np.ndarray, quarter: int) -> np.ndarray:
+    x = u.view(np.float32)
+    t = np.abs(mul_rz_inv2pi(x)).astype(np.float64)
+    angle = (np.where(t < 2.0**24, t, 0.0) * 2.0**25).astype(np.int64) + quarter  # exact: t has <= 24 bits
+    q = (angle >> 23) & 3
+    f = angle & mt.MASK23
+    g = np.where(q & 1, mt.MASK23 - f, f)
+    s = mt.tables()["sin"].at(g) >> 1                        # sin(pi/2 * g / 2^23) at 2^-37
+    neg = (q >= 2) ^ ((u >> 31 == 1) & (quarter == 0))
+    bits = _fixed_to_f32(s, 37, neg)  # zeros too: sin(-0) = -0, sin(pi) = -0
+    return np.where(np.isfinite(x), bits, _NAN)
+
+
+def sin(x, ftz: bool = True) -> np.ndarray:
+    """sin.approx[.ftz].f32: FMUL.RZ by 1/2pi, then MUFU.SIN (the same SASS with and without ftz)."""
+    return _by_chunks(lambda u: _trig_bits(u, 0), _f32(x, "sin"))
+
+
+def cos(x, ftz: bool = True) -> np.ndarray:
+    """cos.approx[.ftz].f32: FMUL.RZ by 1/2pi, then MUFU.COS (the same SASS with and without ftz)."""
+    return _by_chunks(lambda u: _trig_bits(u, 1 << 23), _f32(x, "cos"))
+
+
+def tanh(x) -> np.ndarray:
+    """tanh.approx.f32 (MUFU.TANH): not modelled bit-exactly yet."""
+    raise NotImplementedError("mufu.tanh: MUFU.TANH is not modelled bit-exactly (issue 10); "
+                              "run 1's tanh dumps are in experiments/out/device1, the algorithm is not derived")
