@@ -2,6 +2,7 @@
 
     python experiments/sfu_fit.py fit DIR [--out fa_sim/isa/mufu_data/mufu_tables.json]
     python experiments/sfu_fit.py check DIR       (every dumped output and sample against the model)
+    python experiments/sfu_fit.py replay DIR      (the compact replay set of tests/data/h200/)
 
 DIR is a run-1 result directory (sfu_summary.json, sfu_<family>.npz). How the unit works is in
 fa_sim/isa/mufu_table.py and experiments/sfu_notes.md; this script only finds the numbers.
@@ -36,6 +37,7 @@ from sfu_results import load_family, read_dumps  # noqa: E402
 from fa_sim.isa import mufu_table as mt  # noqa: E402
 from fa_sim.isa.mufu import mul_rz_inv2pi  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 MANT = mt.MASK23
 FREE = 1 << 60  # interval bound of a point without data
 WINDOW = 3  # coefficient search half-width around the least-squares estimate, in coefficient units
@@ -229,6 +231,43 @@ def cmd_check(args) -> int:
     return 1 if bad_total else 0
 
 
+REPLAY_PER_BAND = 1536  # dumped outputs per band kept for the CPU replay tests (random positions)
+REPLAY_OPS = ("ex2_ftz", "ex2", "lg2_ftz", "lg2", "rcp_ftz", "rcp", "rsqrt_ftz", "rsqrt", "sqrt_ftz", "sqrt",
+              "sin_ftz", "sin", "cos_ftz", "cos", "tanh")
+
+
+def cmd_replay(args) -> int:
+    """A compact replay set: every recorded sample (all the edge cases) of every op, plus
+    REPLAY_PER_BAND random outputs of each dumped band; inputs delta-coded, outputs as measured."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for family in ("ex2", "lg2", "rcp", "rsq", "sin", "cos", "tanh"):
+        for op, a in load_family(args.dir / f"sfu_{family}.npz").items():
+            if op not in REPLAY_OPS:
+                continue
+            xs, ys = [a["samples_x"]], [a["samples_y"]]
+            for bx, by in (read_dumps(a).values() if "dump_meta" in a else ()):
+                k = rng.choice(bx.size, min(bx.size, REPLAY_PER_BAND), replace=False)
+                xs.append(bx[k])
+                ys.append(by[k])
+            x, first = np.unique(np.concatenate(xs), return_index=True)
+            arrays[f"{op}__dx"] = np.diff(x.astype(np.int64), prepend=0).astype(np.uint32)
+            arrays[f"{op}__y"] = np.concatenate(ys)[first]
+    arrays["source"] = np.array(f"H200 (sm_90) run 1 of experiments/sfu_probe.py; experiments/sfu_fit.py replay")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **arrays)
+    n = sum(v.size for k, v in arrays.items() if k.endswith("__y"))
+    print(f"wrote {args.out}: {n} recorded outputs of {len(REPLAY_OPS)} ops, {args.out.stat().st_size} bytes")
+    return 0
+
+
+def load_replay(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """op -> (inputs, hardware outputs) as uint32, from a file written by `replay`."""
+    with np.load(path) as z:
+        ops = sorted({k.split("__")[0] for k in z.files if "__" in k})
+        return {op: (np.cumsum(z[f"{op}__dx"], dtype=np.uint64).astype(np.uint32), z[f"{op}__y"]) for op in ops}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -238,10 +277,13 @@ def main(argv=None) -> int:
     f.add_argument("--ops", help="comma-separated subset (default: all)")
     c = sub.add_parser("check", help="replay every recorded output of run 1 on the model")
     c.add_argument("dir", type=Path)
+    r = sub.add_parser("replay", help="write the compact replay set for the CPU tests")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "h200" / "mufu_replay.npz")
     args = p.parse_args(argv)
     if not (args.dir / "sfu_summary.json").is_file():
         raise SystemExit(f"{args.dir}: not a run-1 result directory (no sfu_summary.json)")
-    return cmd_fit(args) if args.cmd == "fit" else cmd_check(args)
+    return {"fit": cmd_fit, "check": cmd_check, "replay": cmd_replay}[args.cmd](args)
 
 
 if __name__ == "__main__":
