@@ -39,13 +39,19 @@ _CHUNK = 1 << 15                                 # elements per pass: the tempor
 _NAN, _INF, _SIGN = 0x7FFFFFFF, 0x7F800000, np.uint32(0x80000000)
 
 
-def _f32(x, name: str) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype == np.float32:
-        return a
-    if a.dtype.kind not in "fiub":
-        raise TypeError(f"mufu.{name} takes a float32 array (got dtype {a.dtype})")
-    return a.astype(np.float32)
+def _op(fn):
+    """A public op: x as float32 (other real dtypes are converted, anything else is refused in one
+    line), fp32 exceptions silent (inf and NaN are results here, not errors)."""
+    @functools.wraps(fn)
+    def op(x, ftz: bool = True) -> np.ndarray:
+        a = np.asarray(x)
+        if a.dtype != np.float32:
+            if a.dtype.kind not in "fiub":
+                raise TypeError(f"mufu.{fn.__name__} takes float32 values (got dtype {a.dtype})")
+            a = a.astype(np.float32)
+        with np.errstate(all="ignore"):
+            return fn(a, bool(ftz))
+    return op
 
 
 def _by_chunks(fn, x: np.ndarray) -> np.ndarray:
@@ -98,18 +104,17 @@ def _ex2_chunk(x: np.ndarray) -> np.ndarray:
     return q.astype(np.float32)
 
 
+@_op
 def ex2(x, ftz: bool = True) -> np.ndarray:
     """ex2.approx[.ftz].f32: MUFU.EX2; without ftz, x < -126 is halved and the result squared."""
-    x = _f32(x, "ex2")
     if not ftz:
         low = x < -126
         y = ex2(np.where(low, x * np.float32(0.5), x))
         return np.where(low, y * y, y)
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for i in range(0, flat.size, _CHUNK):
-            out[i:i + _CHUNK] = _ex2_chunk(flat[i:i + _CHUNK])
+    for i in range(0, flat.size, _CHUNK):
+        out[i:i + _CHUNK] = _ex2_chunk(flat[i:i + _CHUNK])
     nan = np.isnan(flat)
     if nan.any():
         out[nan] = np.uint32(_NAN).view(np.float32)
@@ -156,9 +161,9 @@ def _prescaled(fn, x: np.ndarray, post: np.float32) -> np.ndarray:
     return np.where(small, y * post, y)
 
 
+@_op
 def rcp(x, ftz: bool = True) -> np.ndarray:
     """rcp.approx[.ftz].f32: MUFU.RCP; without ftz, s * RCP(x * s), s = 2^24 / 1 / 0.25."""
-    x = _f32(x, "rcp")
     if ftz:
         return _by_chunks(_rcp_bits, x)
     a = np.abs(x)
@@ -166,16 +171,16 @@ def rcp(x, ftz: bool = True) -> np.ndarray:
     return s * _by_chunks(_rcp_bits, x * s)
 
 
+@_op
 def rsqrt(x, ftz: bool = True) -> np.ndarray:
     """rsqrt.approx[.ftz].f32: MUFU.RSQ; without ftz, subnormals via x * 2^24 and * 2^12."""
-    x = _f32(x, "rsqrt")
     fn = lambda u: _root(u, "rsqrt")  # noqa: E731
     return _by_chunks(fn, x) if ftz else _prescaled(fn, x, np.float32(2.0**12))
 
 
+@_op
 def sqrt(x, ftz: bool = True) -> np.ndarray:
     """sqrt.approx[.ftz].f32: MUFU.SQRT; without ftz, subnormals via x * 2^24 and * 2^-12."""
-    x = _f32(x, "sqrt")
     fn = lambda u: _root(u, "sqrt")  # noqa: E731
     return _by_chunks(fn, x) if ftz else _prescaled(fn, x, np.float32(2.0**-12))
 
@@ -197,9 +202,9 @@ def _lg2_bits(u: np.ndarray) -> np.ndarray:
     return _special(u, bits, 0xFF800000, _INF, _NAN) & 0xFFFFFFFF
 
 
+@_op
 def lg2(x, ftz: bool = True) -> np.ndarray:
     """lg2.approx[.ftz].f32: MUFU.LG2; without ftz, subnormals via lg2(x * 2^24) - 24."""
-    x = _f32(x, "lg2")
     if ftz:
         return _by_chunks(_lg2_bits, x)
     small = np.abs(x) < _TINY
@@ -213,8 +218,7 @@ def mul_rz_inv2pi(x: np.ndarray) -> np.ndarray:
     """FMUL.RZ x * 0x3E22F983 (float32): the product is exact in float64; truncate to fp32."""
     p = np.asarray(x, np.float32).astype(np.float64) * _INV_2PI
     t = p.astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        over = np.abs(t.astype(np.float64)) > np.abs(p)
+    over = np.abs(t.astype(np.float64)) > np.abs(p)
     return np.where(over, np.nextafter(t, np.float32(0)), t)
 
 
@@ -231,17 +235,20 @@ def _trig_bits(u: np.ndarray, quarter: int) -> np.ndarray:
     return np.where(np.isfinite(x), bits, _NAN)
 
 
+@_op
 def sin(x, ftz: bool = True) -> np.ndarray:
     """sin.approx[.ftz].f32: FMUL.RZ by 1/2pi, then MUFU.SIN (the same SASS with and without ftz)."""
-    return _by_chunks(lambda u: _trig_bits(u, 0), _f32(x, "sin"))
+    return _by_chunks(lambda u: _trig_bits(u, 0), x)
 
 
+@_op
 def cos(x, ftz: bool = True) -> np.ndarray:
     """cos.approx[.ftz].f32: FMUL.RZ by 1/2pi, then MUFU.COS (the same SASS with and without ftz)."""
-    return _by_chunks(lambda u: _trig_bits(u, 1 << 23), _f32(x, "cos"))
+    return _by_chunks(lambda u: _trig_bits(u, 1 << 23), x)
 
 
 def tanh(x) -> np.ndarray:
-    """tanh.approx.f32 (MUFU.TANH): not modelled bit-exactly yet."""
-    raise NotImplementedError("mufu.tanh: MUFU.TANH is not modelled bit-exactly (issue 10); "
-                              "run 1's tanh dumps are in experiments/out/device1, the algorithm is not derived")
+    """tanh.approx.f32 (MUFU.TANH): not modelled bit-exactly, so no result is returned."""
+    raise NotImplementedError("mufu.tanh: MUFU.TANH (tanh.approx.f32) is not modelled bit-exactly; run 1 "
+                              "recorded its outputs (tests/data/h200/mufu_replay.npz) but its algorithm is not "
+                              "derived (experiments/sfu_notes.md)")
