@@ -78,7 +78,13 @@ def test_error_bounds_over_the_range():
     # sin / cos: absolute 2^-20.5 on [-2 pi, 2 pi]; tanh: relative 2^-11.
     ang = rng.uniform(-2 * np.pi, 2 * np.pi, 20000).astype(F)
     assert np.abs(sfu.sin_approx(ang) - np.sin(ang.astype(np.float64))).max() <= 2.0 ** -20.5
-    assert np.abs(sfu.cos_approx(ang) - np.cos(ang.astype(np.float64))).max() <= 2.0 ** -20.5
+    # cos: the H200's MUFU.COS, which sfu models bit for bit (tests/test_mufu.py; the exhaustive
+    # device check of experiments/sfu_probe.py verify), exceeds PTX's 2^-20.5 slightly near
+    # |x| = 4.9: 7.09e-7 = 2^-20.43 at x = -4.900111 (0xc09ccdb6).
+    cos_err = np.abs(sfu.cos_approx(ang) - np.cos(ang.astype(np.float64)))
+    assert cos_err.max() <= 2.0 ** -20.42
+    worst = np.uint32(0xC09CCDB6).view(F).reshape(1)
+    assert abs(float(sfu.cos_approx(worst)[0]) - np.cos(float(worst[0]))) > 2.0 ** -20.5
     t = rng.uniform(-10, 10, 20000).astype(F)
     assert rel(sfu.tanh_approx(t), np.tanh(t.astype(np.float64))) <= 2.0 ** -11
 

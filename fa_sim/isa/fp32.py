@@ -2,9 +2,8 @@
 
 - `fma_rn(a, b, c)`: fma.rn.f32, a*b + c rounded once (fa_sim.isa.floating.fma: the exact
   product in float64, the sum rounded to odd, one rounding to fp32).
-- `ex2_approx_ftz(x)`: ex2.approx.ftz.f32 (#floating-point-instructions-ex2), the MUFU model of
-  fa_sim.isa.sfu (correctly rounded 2^x with .ftz; not yet bit-exact, see that module). How far
-  the H200 differs is measured by the cross-check (fa compare, p_f16 and after).
+- `ex2_approx_ftz(x)`: ex2.approx.ftz.f32 (#floating-point-instructions-ex2), the H200's MUFU.EX2
+  bit for bit (fa_sim.isa.mufu through fa_sim.isa.sfu).
 
 The PTX engine executes the same functions, so the two front ends agree bit for bit.
 """

@@ -1,12 +1,14 @@
-"""The special-function unit (MUFU) and the approximate PTX forms built on it: a stable API.
+"""The special-function unit (MUFU) and the approximate PTX forms built on it.
 
-NOT YET BIT-EXACT. PTX specifies these instructions only by error bounds; the hardware's MUFU
-tables are not published. Today every function returns the correctly rounded value of the exact
-function (computed by numpy in float64, then rounded once to the target format: correctly
-rounded except in rare near-tie cases where numpy's float64 result is one float64 ulp off) with
-PTX's special values (NaN, +-0, +-inf) and `.ftz` behaviour. A bit-exact model of the H200's
-MUFU will replace the bodies behind the same signatures (issue 10); callers must not depend on
-more than PTX guarantees. The error bounds PTX states (PTX ISA 9.0):
+Bit-exact where the H200 has been modelled: the fp32 forms of ex2, lg2, rcp, rsqrt, sqrt, sin and
+cos (`.ftz` or not) call fa_sim.isa.mufu, the table-lookup quadratic interpolator fitted to
+exhaustive measurements on the H200; with it the simulator's softmax is the GPU's to the bit, and
+div.approx (a * rcp.approx(b)) follows. The other forms - tanh.approx.f32, div.full.f32, the f16,
+bf16 and f64 approximations - are modelled by the correctly rounded value of the exact function
+(numpy in float64, rounded once) with PTX's special values and `.ftz`: within the error bound PTX
+states, but not necessarily the hardware's bits. Each such form warns once per process
+(NotBitExactWarning), so a user sees which results may differ from the GPU's. PTX's bounds (PTX ISA
+9.0):
 
   ex2.approx.f32      2 ulp from the correctly rounded result, full range  #floating-point-instructions-ex2
   lg2.approx.f32      abs. error 2^-22 for x in (0.5, 2), else rel. 2^-22  #floating-point-instructions-lg2
@@ -22,22 +24,37 @@ more than PTX guarantees. The error bounds PTX states (PTX ISA 9.0):
   tanh.approx.f16     abs. error 2^-10.987; .bf16 2^-8                   #half-precision-floating-point-instructions-tanh
   rcp.approx.ftz.f64, rsqrt.approx.ftz.f64: upper 32 bits (1.11.20 format) in and out, low word 0
 
-`ex2_approx(x, ftz=True)` is the model the hand-written FA2 program has always used (formerly
-fa_sim.isa.fp32.ex2_approx_ftz); the PTX engine and the program share it. All functions take and
-return numpy arrays: float32 for the f32 forms, float16 for f16, uint16 bits for bf16, float64 for
-f64. NaN results are the canonical NaN of the format (f32 0x7fffffff).
+`ex2_approx(x, ftz=True)` is what the hand-written FA2 program calls (fa_sim.isa.fp32); the PTX
+engine and the program share every function here. All functions take and return numpy arrays:
+float32 for the f32 forms, float16 for f16, uint16 bits for bf16, float64 for f64. NaN results are
+the canonical NaN of the format (f32 0x7fffffff).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import functools
+import warnings
+
+from . import mufu
 from .floating import mul
 from .rounding import (BF16, CANONICAL_NAN_BF16_BITS, CANONICAL_NAN_F16, CANONICAL_NAN_F32, F16, F32,
                        Format, Rnd, canonical_nan, flush_subnormal, round_to, to_f32)
 
 _UPPER_WORD = Format("f64-upper-word", 21, -1022, 1023)  # 1.11.20: the high half of an f64
 _CANONICAL_NAN_F64_UPPER = np.uint64(0x7FFFFFFF00000000).view(np.float64)
+
+
+class NotBitExactWarning(UserWarning):
+    """An instruction ran on a model within PTX's error bound that is not the H200's bits."""
+
+
+@functools.cache
+def _warn_not_exact(form: str) -> None:
+    warnings.warn(f"{form} is modelled within PTX's error bound, not bit-exact to the H200's MUFU "
+                  "(fa_sim.isa.sfu): its results may differ from the GPU's in the last bits",
+                  NotBitExactWarning, stacklevel=3)
 
 
 def _f32(fn, x, ftz: bool) -> np.ndarray:
@@ -53,42 +70,47 @@ def _f32(fn, x, ftz: bool) -> np.ndarray:
 
 
 def ex2_approx(x, ftz: bool = False) -> np.ndarray:
-    """ex2.approx{.ftz}.f32: 2^x. -inf -> +0, +-0 -> 1, +inf -> +inf."""
-    return _f32(np.exp2, x, ftz)
+    """ex2.approx{.ftz}.f32: 2^x. -inf -> +0, +-0 -> 1, +inf -> +inf.
+    Bit-exact: fa_sim.isa.mufu.ex2."""
+    return mufu.ex2(x, ftz)
 
 
 def lg2_approx(x, ftz: bool = False) -> np.ndarray:
-    """lg2.approx{.ftz}.f32: log2(x). Negative -> NaN, +-0 -> -inf, +inf -> +inf."""
-    return _f32(np.log2, x, ftz)
+    """lg2.approx{.ftz}.f32: log2(x). Negative -> NaN, +-0 -> -inf, +inf -> +inf.
+    Bit-exact: fa_sim.isa.mufu.lg2."""
+    return mufu.lg2(x, ftz)
 
 
 def rcp_approx(x, ftz: bool = False) -> np.ndarray:
-    """rcp.approx{.ftz}.f32: 1/x. +-0 -> +-inf, +-inf -> +-0."""
-    return _f32(lambda v: 1.0 / v, x, ftz)
+    """rcp.approx{.ftz}.f32: 1/x. +-0 -> +-inf, +-inf -> +-0. Bit-exact (fa_sim.isa.mufu.rcp)."""
+    return mufu.rcp(x, ftz)
 
 
 def rsqrt_approx(x, ftz: bool = False) -> np.ndarray:
-    """rsqrt.approx{.ftz}.f32: 1/sqrt(x). Negative -> NaN, +-0 -> +-inf, +inf -> +0."""
-    return _f32(lambda v: 1.0 / np.sqrt(v), x, ftz)
+    """rsqrt.approx{.ftz}.f32: 1/sqrt(x). Negative -> NaN, +-0 -> +-inf, +inf -> +0.
+    Bit-exact: fa_sim.isa.mufu.rsqrt."""
+    return mufu.rsqrt(x, ftz)
 
 
 def sqrt_approx(x, ftz: bool = False) -> np.ndarray:
-    """sqrt.approx{.ftz}.f32. Negative -> NaN, +-0 -> +-0, +inf -> +inf."""
-    return _f32(np.sqrt, x, ftz)
+    """sqrt.approx{.ftz}.f32. Negative -> NaN, +-0 -> +-0, +inf -> +inf.
+    Bit-exact: fa_sim.isa.mufu.sqrt."""
+    return mufu.sqrt(x, ftz)
 
 
 def sin_approx(x, ftz: bool = False) -> np.ndarray:
-    """sin.approx{.ftz}.f32 (radians). +-inf -> NaN, +-0 -> +-0."""
-    return _f32(np.sin, x, ftz)
+    """sin.approx{.ftz}.f32 (radians). +-inf -> NaN, +-0 -> +-0. Bit-exact (fa_sim.isa.mufu.sin)."""
+    return mufu.sin(x, ftz)
 
 
 def cos_approx(x, ftz: bool = False) -> np.ndarray:
-    """cos.approx{.ftz}.f32 (radians). +-inf -> NaN, +-0 -> 1."""
-    return _f32(np.cos, x, ftz)
+    """cos.approx{.ftz}.f32 (radians). +-inf -> NaN, +-0 -> 1. Bit-exact (fa_sim.isa.mufu.cos)."""
+    return mufu.cos(x, ftz)
 
 
 def tanh_approx(x) -> np.ndarray:
-    """tanh.approx.f32. +-inf -> +-1; subnormals pass through (PTX: tanh(x) ~ x)."""
+    """tanh.approx.f32. +-inf -> +-1; subnormals pass through (PTX: tanh(x) ~ x). Not bit-exact."""
+    _warn_not_exact("tanh.approx.f32")
     return _f32(np.tanh, x, False)
 
 
@@ -99,7 +121,8 @@ def div_approx(a, b, ftz: bool = False) -> np.ndarray:
 
 
 def div_full(a, b, ftz: bool = False) -> np.ndarray:
-    """div.full{.ftz}.f32: full-range approximate division (within 2 ulp)."""
+    """div.full{.ftz}.f32: full-range approximate division (within 2 ulp). Not bit-exact."""
+    _warn_not_exact("div.full.f32")
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     if ftz:
         a, b = flush_subnormal(a, F32), flush_subnormal(b, F32)
@@ -119,11 +142,13 @@ def _upper_word(fn, x) -> np.ndarray:
 
 def rcp_approx_ftz_f64(x) -> np.ndarray:
     """rcp.approx.ftz.f64 (#floating-point-instructions-rcp-approx-ftz-f64)."""
+    _warn_not_exact("rcp.approx.ftz.f64")
     return _upper_word(lambda v: 1.0 / v, x)
 
 
 def rsqrt_approx_ftz_f64(x) -> np.ndarray:
     """rsqrt.approx.ftz.f64 (#floating-point-instructions-rsqrt-approx-ftz-f64)."""
+    _warn_not_exact("rsqrt.approx.ftz.f64")
     return _upper_word(lambda v: 1.0 / np.sqrt(v), x)
 
 
@@ -156,19 +181,23 @@ def _bf16(fn, bits, ftz: bool) -> np.ndarray:
 
 def ex2_approx_f16(h) -> np.ndarray:
     """ex2.approx.f16 (float16 in and out; subnormals supported)."""
+    _warn_not_exact("ex2.approx.f16")
     return _f16(np.exp2, h)
 
 
 def tanh_approx_f16(h) -> np.ndarray:
     """tanh.approx.f16."""
+    _warn_not_exact("tanh.approx.f16")
     return _f16(np.tanh, h)
 
 
 def ex2_approx_ftz_bf16(bits) -> np.ndarray:
     """ex2.approx.ftz.bf16 (uint16 bits in and out)."""
+    _warn_not_exact("ex2.approx.ftz.bf16")
     return _bf16(np.exp2, bits, ftz=True)
 
 
 def tanh_approx_bf16(bits) -> np.ndarray:
     """tanh.approx.bf16 (uint16 bits in and out)."""
+    _warn_not_exact("tanh.approx.bf16")
     return _bf16(np.tanh, bits, ftz=False)
