@@ -157,3 +157,40 @@ def test_widening_is_exact_and_canonicalizes_nan():
     v = C.float_to_float(C.decode(h, F16), F16, F32)
     out = C.encode(v, F32)
     assert out.tolist()[:2] == [2.0 ** -24, 65504.0] and out.view(np.uint32)[2] == 0x7FFFFFFF
+
+
+def test_relu_turns_minus_zero_into_plus_zero():
+    # H200 (tests/data/h200/alu_probe.npz): cvt.rn.relu.f16x2.f32 of -0.0 writes 0x0000.
+    x = C.decode(np.float32([-0.0, -(2.0 ** -30), 0.0]), F32)
+    out = C.encode(C.float_to_float(x, F32, F16, Rnd.RN, relu=True), F16)
+    assert out.view(np.uint16).tolist() == [0, 0, 0]
+
+
+# NaN conversions that keep the payload, rows of the H200 recording (source bits -> GPU bits).
+NAN_ROWS = [
+    (F64, F32, Rnd.RN, np.uint64, [0x7FF8000000001234, 0xFFF38C18A0788691, 0x7FF0000000000001],
+     np.uint32, [0x7FC00000, 0xFFDC60C5, 0x7FC00000]),
+    (F64, F32, Rnd.RZ, np.uint64, [0xFFF8000000000001, 0xFFF1A65C0D482E1B], np.uint32, [0xFFC00000, 0xFFCD32E0]),
+    (F32, F64, None, np.uint32, [0x7F800001, 0xFFD0F16B], np.uint64, [0x7FF8000020000000, 0xFFFA1E2D60000000]),
+    (BF16, F32, None, np.uint16, [0x7FFF, 0xFF8F], np.uint32, [0x7FFF0000, 0xFF8F0000]),  # sNaN kept
+    (F32, TF32, Rnd.RNA, np.uint32, [0x7FA59277, 0x7F800001, 0xFFC00001], np.uint32, [0x7FA58000, 0x7F800000, 0xFFC00000]),
+    (F16, F32, None, np.uint16, [0x7C01, 0xFE00], np.uint32, [0x7FFFFFFF, 0x7FFFFFFF]),  # canonical
+]
+
+
+@pytest.mark.parametrize("src, dst, rnd, sdt, sbits, ddt, want", NAN_ROWS)
+def test_nan_conversion_follows_the_h200(src, dst, rnd, sdt, sbits, ddt, want):
+    reg = {F64: np.float64, F32: np.float32, F16: np.float16}
+    a = np.array(sbits, sdt)
+    a = a.view(reg[src]) if src in reg else a
+    with np.errstate(invalid="ignore"):
+        out = C.nan_payload(C.encode(C.float_to_float(C.decode(a, src), src, dst, rnd), dst), a, src, dst, rnd)
+    assert np.asarray(out).view(ddt).tolist() == want
+
+
+def test_nan_payload_leaves_sat_results_alone():
+    # .sat turns NaN into +0 (#data-movement-and-conversion-instructions-cvt): no NaN lane to patch.
+    a = np.array([0x7FF8000000001234], np.uint64).view(np.float64)
+    out = C.nan_payload(C.encode(C.float_to_float(C.decode(a, F64), F64, F32, Rnd.RN, sat=True), F32),
+                        a, F64, F32, Rnd.RN)
+    assert out.view(np.uint32).tolist() == [0]

@@ -5,6 +5,7 @@ NaN and signed-zero rules (#floating-point-instructions). Oracle: fractions.Frac
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import fp_oracle as ref
@@ -221,3 +222,50 @@ def test_testp_table():
     assert F.testp(FpClass.NOTANUMBER, x).tolist() == [0, 0, 0, 0, 0, 1]
     assert F.testp(FpClass.NORMAL, x).tolist() == [1, 1, 1, 0, 0, 0]
     assert F.testp(FpClass.SUBNORMAL, x).tolist() == [0, 0, 0, 1, 0, 0]
+
+
+# f64 NaN results (fa_sim.isa.nans): golden rows of the H200 recording tests/data/h200/alu_probe.npz
+# (inputs -> GPU output, bits). QNAN_P is a quiet NaN with a payload, SNAN a signalling one.
+QNAN, QNAN_P, NQNAN, SNAN = 0x7FF8000000000000, 0x7FF8000000001234, 0xFFF8000000000001, 0x7FF0000000000001
+F64_NAN_ROWS = [  # op, a, b, GPU
+    ("add", QNAN_P, QNAN, QNAN), ("add", QNAN, SNAN, 0x7FF8000000000001), ("add", SNAN, 1.0, 0x7FF8000000000001),
+    ("mul", 0xFFF6256E9337238E, 0x7FF6256E93372391, 0x7FFE256E93372391),
+    ("sub", NQNAN, QNAN, QNAN), ("sub", 0x0, NQNAN, NQNAN),  # b's NaN wins, not negated
+    ("min", QNAN, QNAN_P, QNAN_P), ("max", QNAN, SNAN, 0x7FF8000000000001), ("min", SNAN, 1.0, 1.0),
+    ("div", QNAN, SNAN, QNAN), ("div", SNAN, QNAN, 0x7FF8000000000001),  # a's NaN first
+    ("add", math.inf, -math.inf, 0xFFF8000000000000), ("mul", 0.0, math.inf, 0xFFF8000000000000),
+]
+
+
+def _f64(x):
+    return np.array([x], np.float64) if isinstance(x, float) else np.array([x], np.uint64).view(np.float64)
+
+
+@pytest.mark.parametrize("rnd", list(Rnd)[:4])
+@pytest.mark.parametrize("op, a, b, gpu", F64_NAN_ROWS)
+def test_f64_nan_results_follow_the_h200(op, a, b, gpu, rnd):
+    fn = {"add": F.add, "sub": F.sub, "mul": F.mul, "div": F.div, "min": F.min_, "max": F.max_}[op]
+    args = (_f64(a), _f64(b)) + (() if op in ("min", "max") else (rnd,))
+    with np.errstate(invalid="ignore"):
+        got = fn(*args)
+    assert hex(int(got.view(np.uint64)[0])) == hex(int(_f64(gpu).view(np.uint64)[0]))
+
+
+def test_f64_fma_nan_precedence_b_then_a_then_c():
+    # H200: DFMA with NaNs in a, b and c returns b's (0x7ffc71e372ed3549 0xfffc71e372ed3547
+    # 0xfffc71e372ed354c -> 0xfffc71e372ed3547); a before c is the model's assumption.
+    a, b, c = (_f64(x) for x in (0x7FFC71E372ED3549, 0xFFFC71E372ED3547, 0xFFFC71E372ED354C))
+    for rnd in list(Rnd)[:4]:
+        assert int(F.fma(a, b, c, rnd).view(np.uint64)[0]) == 0xFFFC71E372ED3547
+        assert int(F.fma(a, _f64(2.0), c, rnd).view(np.uint64)[0]) == 0x7FFC71E372ED3549
+
+
+def test_abs_neg_nan_f32_canonical_f64_quieted_with_sign():
+    # H200: abs/neg.f32 (FADD |a|, -RZ) write 0x7fffffff; abs/neg.f64 (DADD -RZ, |a|) quiet the
+    # NaN and keep its sign (0xfff5e3663d997400 -> 0xfffde3663d997400).
+    x = np.array([0x7FC00000, 0xFFC00001, 0x7F800001], np.uint32).view(np.float32)
+    for fn in (F.abs_, F.neg):
+        assert (fn(x).view(np.uint32) == CANON32).all() and (fn(x, ftz=True).view(np.uint32) == CANON32).all()
+    d = np.array([0xFFF5E3663D997400, 0x7FF0000000000001, 0xFFF8000000000001], np.uint64).view(np.float64)
+    want = [0xFFFDE3663D997400, 0x7FF8000000000001, 0xFFF8000000000001]
+    assert F.abs_(d).view(np.uint64).tolist() == want and F.neg(d).view(np.uint64).tolist() == want

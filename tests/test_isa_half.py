@@ -72,7 +72,8 @@ def test_f16_ftz_sat_relu(rs):
     check(H.fma(a, b, c, F16, ftz=True), want, F16, "fma.rn.ftz.f16")
     sat = [0.0 if math.isnan(w) else min(max(w, 0.0), 1.0) for w in want]
     check(H.fma(a, b, c, F16, ftz=True, sat=True), [abs(s) for s in sat], F16, "fma.rn.ftz.sat.f16")
-    relu = [w if math.isnan(w) or w >= 0 else 0.0 for w in want]
+    # .relu: negatives and -0 -> +0 (H200: fma.rn.ftz.relu.f16x2, tests/data/h200/alu_probe.npz)
+    relu = [w if math.isnan(w) or w > 0 else 0.0 for w in want]
     check(H.fma(a, b, c, F16, ftz=True, relu=True), relu, F16, "fma.rn.ftz.relu.f16")
 
 
@@ -90,10 +91,12 @@ def test_min_max_table():
     assert H.max_(np.array([0xC000], np.uint16), np.array([0x3F80], np.uint16), BF16).tolist() == [0x3F80]
 
 
-def test_neg_abs_flip_the_sign_bit_and_keep_nan():
-    a = np.array([0x3C00, 0x8000, 0x7E01, 0x0001], np.uint16)
-    assert H.neg(a, F16).tolist() == [0xBC00, 0x0000, 0x7E01, 0x8001]
-    assert H.abs_(np.array([0xBC00, 0x8001], np.uint16), F16).tolist() == [0x3C00, 0x0001]
+def test_neg_abs_flip_the_sign_bit_and_canonicalize_nan():
+    # A NaN becomes 0x7fff: the H200 (neg.f16x2, abs.ftz.f16x2, neg.bf16x2 in alu_probe.npz).
+    a = np.array([0x3C00, 0x8000, 0x7E01, 0x0001, 0xFC01], np.uint16)
+    assert H.neg(a, F16).tolist() == [0xBC00, 0x0000, 0x7FFF, 0x8001, 0x7FFF]
+    assert H.abs_(np.array([0xBC00, 0x8001, 0xFFC1], np.uint16), F16).tolist() == [0x3C00, 0x0001, 0x7FFF]
+    assert H.neg(np.array([0x3F80, 0xFF81], np.uint16), BF16).tolist() == [0xBF80, 0x7FFF]
     assert H.neg(a, F16, ftz=True).tolist()[3] == 0x8000  # the subnormal flushed, then negated
 
 

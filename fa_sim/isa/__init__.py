@@ -19,6 +19,7 @@ and the arithmetic the PTX engine executes for any kernel (fa_sim.ptx.ops calls 
   compare     setp/set comparisons and Boolean combination, bit-exact select
   sfu         the MUFU models (ex2 lg2 rcp rsqrt sqrt sin cos tanh .approx), not yet bit-exact
   rounding    exact rounding to f16/bf16/tf32/f32/f64 (round-to-odd), .ftz, .sat
+  nans        the NaN bit patterns the H200 writes (f64 payload precedence), measured
   exact       float64 in directed rounding modes through Python integers (the slow path)
   fp32        the hand-written program's fma_rn / ex2_approx_ftz (delegating to the above)
 """

@@ -180,8 +180,11 @@ def prmt(a, b, c, mode: str | None = None) -> np.ndarray:
 def fns(mask, base, offset) -> np.ndarray:
     """fns.b32: position of the |offset|-th set bit of mask counting from base, upward for
     offset > 0 and downward for offset < 0 (offset 0: base itself if set); 0xffffffff if none.
-    base must lie in 0..31 (PTX: undefined otherwise; taken mod 32 here)."""
-    mask, base = _u32(mask).reshape(-1), (_u32(base).reshape(-1) & 31).astype(np.int64)
+    A base above 31 (PTX: undefined) finds nothing, as PTX's pseudo-code reads (its loop runs
+    while 0 <= pos < 32) and as the H200 answers: 0xffffffff for every base in 32..70 with
+    offsets 0..70 (experiments/alu_probe.py)."""
+    base_in = _u32(base).reshape(-1)
+    mask, base = _u32(mask).reshape(-1), (base_in & 31).astype(np.int64)
     offset = np.broadcast_to(np.asarray(offset).astype(np.int64).reshape(-1), base.shape)
     pos = np.arange(32)
     bit = ((mask[:, None] >> pos.astype(np.uint32)) & 1).astype(bool)  # [n, 32]
@@ -192,7 +195,8 @@ def fns(mask, base, offset) -> np.ndarray:
     out = np.where(hit.any(axis=1), np.argmax(hit, axis=1), 0xFFFFFFFF)  # at most one hit
     zero = offset == 0
     at_base = bit[np.arange(bit.shape[0]), base]
-    return np.where(zero, np.where(at_base, base, 0xFFFFFFFF), out).astype(np.uint32)
+    out = np.where(zero, np.where(at_base, base, 0xFFFFFFFF), out)
+    return np.where(base_in > 31, 0xFFFFFFFF, out).astype(np.uint32)
 
 
 def szext(a, n, clamp: bool, signed: bool) -> np.ndarray:

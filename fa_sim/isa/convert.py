@@ -13,10 +13,10 @@ Lanes applies).
   halves, summed exactly with TwoSum, rounded to odd).
 - float -> float: narrowing rounds once in the given direction; widening is exact; same-size
   with `.rni ...` rounds to an integral value. `.ftz` flushes f32 subnormal inputs and results,
-  `.sat` clamps to [0, 1] (NaN -> +0), `.relu` clamps negatives to +0 (NaN stays NaN),
+  `.sat` clamps to [0, 1] (NaN -> +0), `.relu` clamps negatives and -0 to +0 (NaN stays NaN),
   `.satfinite` turns overflow and infinities into the largest finite value of the sign.
-- NaN results are the canonical NaN of the format (f32 0x7fffffff, f16 and bf16 0x7fff);
-  f64 results keep numpy's NaN.
+- NaN results are the canonical NaN of the format (f32 0x7fffffff, f16 and bf16 0x7fff), except
+  where the H200 keeps the payload (`nan_payload`: f64 <-> f32, bf16 -> f32, .rna -> tf32).
 
 Floating values travel as float64 (every PTX format is exact in it); `decode` / `encode`
 convert to and from the register representation of each format (float16, float32, float64,
@@ -149,6 +149,57 @@ def float_to_float(v, src: Format, dst: Format, rnd: Rnd | None = None, integral
         r = flush_subnormal(r, F32)
     if satfinite:
         r = np.where(np.isinf(r), np.copysign(dst.max_finite, r), r)
-    if relu:
-        r = np.where(r < 0, 0.0, r)
+    if relu:  # -0 -> +0 as well: cvt.rn.relu.f16x2.f32 of -0.0 is 0x0000 on the H200
+        r = np.where(r <= 0, 0.0, r)
     return saturate(r) if sat else r
+
+
+_QUIET32, _QUIET64 = np.uint32(0x00400000), np.uint64(0x0008000000000000)
+_SIGN64 = np.uint64(1 << 63)
+_TF32_KEPT = np.uint32(0xFFFFE000)
+
+
+def _f64_to_f32_nan(a: np.ndarray) -> np.ndarray:
+    # F2F.F32.F64: sign, the payload's top 23 bits, quieted (0xfff38c18a0788691 -> 0xffdc60c5)
+    b = a.view(np.uint64)
+    top = ((b & _SIGN64) >> np.uint64(32)) | ((b >> np.uint64(29)) & np.uint64(0x7FFFFF))
+    return (top.astype(np.uint32) | np.uint32(0x7F800000) | _QUIET32).view(np.float32)
+
+
+def _f32_to_f64_nan(a: np.ndarray) -> np.ndarray:
+    # F2F.F64.F32: sign and payload widened, quieted (0x7f800001 -> 0x7ff8000020000000)
+    b = a.view(np.uint32).astype(np.uint64)
+    wide = ((b & np.uint64(0x80000000)) << np.uint64(32)) | ((b & np.uint64(0x7FFFFF)) << np.uint64(29))
+    return (wide | np.uint64(0x7FF0000000000000) | _QUIET64).view(np.float64)
+
+
+def _bf16_to_f32_nan(a: np.ndarray) -> np.ndarray:
+    # ptxas emits a shift (SHF.L.U32 16): every bit kept, a signalling NaN stays signalling
+    return (a.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _f32_to_tf32_rna_nan(a: np.ndarray) -> np.ndarray:
+    # ptxas: NaN and infinities skip the rounding add and are masked (LOP3 & 0xffffe000), so
+    # 0x7fa59277 -> 0x7fa58000 and the signalling 0x7f800001 -> 0x7f800000, an infinity
+    return a.view(np.uint32) & _TF32_KEPT
+
+
+_NAN_RULES = {  # (source, destination, rounding or None): the H200's NaN, measured by alu_probe
+    (F64, F32, Rnd.RN): _f64_to_f32_nan, (F64, F32, Rnd.RZ): _f64_to_f32_nan,
+    (F64, F32, Rnd.RM): _f64_to_f32_nan, (F64, F32, Rnd.RP): _f64_to_f32_nan,  # the same F2F
+    (F32, F64, None): _f32_to_f64_nan,
+    (BF16, F32, None): _bf16_to_f32_nan,
+    (F32, TF32, Rnd.RNA): _f32_to_tf32_rna_nan,
+}
+
+
+def nan_payload(out: np.ndarray, a: np.ndarray, src: Format, dst: Format, rnd: Rnd | None) -> np.ndarray:
+    """out (register values of dst, from `encode`) with its NaN lanes recomputed from the source
+    register values a where the H200 does not write the canonical NaN (`_NAN_RULES`); lanes
+    that .sat or .relu turned into numbers stay numbers."""
+    rule = _NAN_RULES.get((src, dst, rnd))
+    if rule is None:
+        return out
+    a = np.asarray(a)
+    nan = np.isnan(decode(a, src)) & np.isnan(decode(out, dst))
+    return np.where(nan, rule(a), out) if nan.any() else out

@@ -15,8 +15,10 @@ rounding mode is exact:
   overflow; the other lanes, and the directed modes, through fa_sim.isa.exact.
 - `.ftz` (f32 only) flushes subnormal inputs and results to sign-preserving zero, the result
   after rounding. `.sat` clamps to [0, 1] with NaN -> +0.
-- NaN results: f32 gives the canonical NaN 0x7fffffff (PTX: "an unspecified NaN"); f64 keeps
-  numpy's NaN (PTX: "NaN payloads are supported for double-precision instructions").
+- NaN results (fa_sim.isa.nans, measured on the H200): f32 gives the canonical NaN 0x7fffffff
+  (PTX: "an unspecified NaN"), abs and neg included; f64 gives a NaN operand quieted, with its
+  payload and sign (PTX: "NaN payloads are supported for double-precision instructions"), b's
+  before a's (then c's) for add/sub/mul/fma/min/max, a's before b's for div.
 
 Approximate forms (`.approx`, `.full`) are MUFU models and live in fa_sim.isa.sfu.
 """
@@ -29,6 +31,7 @@ from functools import partial
 import numpy as np
 
 from . import exact
+from .nans import f64_nan
 from .rounding import (CANONICAL_NAN_F32, F32, Rnd, canonical_nan, exact_zero_sign, flush_subnormal,
                        round_odd_sum, saturate, to_f32, two_sum)
 
@@ -61,7 +64,8 @@ def _is64(a) -> bool:
 def add(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
     """add{.rnd}{.ftz}{.sat}.f32 / add{.rnd}.f64."""
     if _is64(a):
-        return _add64(np.asarray(a), np.asarray(b, np.float64), rnd)
+        a, b = np.asarray(a), np.asarray(b, np.float64)
+        return f64_nan(_add64(a, b, rnd), b, a)  # DADD Ra, Rb: b's NaN wins (H200)
     a, b = _in32(a, ftz), _in32(b, ftz)
     with np.errstate(invalid="ignore", over="ignore"):
         if rnd is Rnd.RN:
@@ -74,9 +78,10 @@ def add(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.nda
 
 def sub(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
     """sub: a + (-b), exactly (negation is exact)."""
-    if _is64(a) and rnd is Rnd.RN:
-        with np.errstate(all="ignore"):
-            return np.asarray(a) - np.asarray(b, np.float64)  # keeps b's NaN payload unflipped
+    if _is64(a):
+        a, b = np.asarray(a), np.asarray(b, np.float64)
+        r = add(a, -b, rnd)
+        return f64_nan(r, b, a)  # DADD Ra, -Rb: b's NaN wins, its sign not flipped (H200)
     return add(a, -np.asarray(b), rnd, ftz, sat)
 
 
@@ -86,8 +91,8 @@ def mul(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.nda
         a, b = np.asarray(a), np.asarray(b, np.float64)
         if rnd is Rnd.RN:
             with np.errstate(all="ignore"):
-                return a * b
-        return exact.mul(a, b, rnd)
+                return f64_nan(a * b, b, a)  # DMUL Ra, Rb: b's NaN wins (H200)
+        return f64_nan(exact.mul(a, b, rnd), b, a)
     a, b = _in32(a, ftz), _in32(b, ftz)
     with np.errstate(invalid="ignore", over="ignore"):
         r = a * b if rnd is Rnd.RN else to_f32(a.astype(np.float64) * b, rnd)
@@ -97,7 +102,8 @@ def mul(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.nda
 def fma(a, b, c, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
     """fma.rnd{.ftz}{.sat}.f32 / fma.rnd.f64 (and mad.rnd): a * b + c rounded once."""
     if _is64(a):
-        return _fma64(np.asarray(a), np.asarray(b, np.float64), np.asarray(c, np.float64), rnd)
+        a, b, c = np.asarray(a), np.asarray(b, np.float64), np.asarray(c, np.float64)
+        return f64_nan(_fma64(a, b, c, rnd), b, a, c)  # DFMA: b's NaN first (H200); a before c assumed
     a, b, c = _in32(a, ftz), _in32(b, ftz), _in32(c, ftz)
     with np.errstate(invalid="ignore", over="ignore"):
         p = a.astype(np.float64) * b  # exact: 48 significant bits, exponents within float64
@@ -188,8 +194,10 @@ def div(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
         a, b = np.asarray(a), np.asarray(b, np.float64)
         if rnd is Rnd.RN:
             with np.errstate(all="ignore"):
-                return a / b
-        return exact.div(a, b, rnd)
+                r = a / b
+        else:
+            r = exact.div(a, b, rnd)
+        return f64_nan(r, a, b)  # the division sequence returns a's NaN before b's (H200)
     a, b = _in32(a, ftz), _in32(b, ftz)
     with np.errstate(all="ignore"):
         r = to_f32(a.astype(np.float64) / b, rnd)
@@ -208,8 +216,8 @@ def sqrt(a, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
         a = np.asarray(a)
         if rnd is Rnd.RN:
             with np.errstate(invalid="ignore"):
-                return np.sqrt(a)
-        return exact.sqrt(a, rnd)
+                return f64_nan(np.sqrt(a), a)
+        return f64_nan(exact.sqrt(a, rnd), a)
     a = _in32(a, ftz)
     with np.errstate(invalid="ignore"):
         r = to_f32(np.sqrt(a.astype(np.float64)), rnd)
@@ -219,20 +227,24 @@ def sqrt(a, rnd: Rnd = Rnd.RN, ftz: bool = False) -> np.ndarray:
 # --- abs, neg, min, max, copysign, testp ------------------------------------------------------------
 
 def abs_(a, ftz: bool = False) -> np.ndarray:
-    """abs{.ftz}.f32 / abs.f64: clears the sign bit; a NaN passes through unchanged (PTX: the f64
-    NaN is passed through, the f32 NaN is unspecified)."""
-    a = np.asarray(a)
-    if ftz:
-        a = flush_subnormal(a, F32)
-    return np.where(np.isnan(a), a, np.abs(a))
+    """abs{.ftz}.f32 / abs.f64: clears the sign bit of a number. A NaN (PTX: unspecified for f32,
+    passed through for f64) follows the H200: ptxas emits `FADD |a|, -RZ`, so an f32 NaN becomes
+    0x7fffffff; `DADD -RZ, |a|` quiets an f64 NaN and keeps its sign."""
+    return _sign_op(np.abs, a, ftz)
 
 
 def neg(a, ftz: bool = False) -> np.ndarray:
-    """neg{.ftz}.f32 / neg.f64: flips the sign bit; a NaN passes through unchanged."""
+    """neg{.ftz}.f32 / neg.f64: flips the sign bit of a number; NaN as for abs_ (H200)."""
+    return _sign_op(np.negative, a, ftz)
+
+
+def _sign_op(op, a, ftz: bool) -> np.ndarray:
     a = np.asarray(a)
     if ftz:
         a = flush_subnormal(a, F32)
-    return np.where(np.isnan(a), a, -a)
+    if a.dtype == np.float64:
+        return f64_nan(op(a), a)
+    return canonical_nan(op(a), CANONICAL_NAN_F32)
 
 
 def _min_max(a, b, is_max: bool, ftz: bool, propagate_nan: bool, xorsign_abs: bool):
@@ -242,26 +254,27 @@ def _min_max(a, b, is_max: bool, ftz: bool, propagate_nan: bool, xorsign_abs: bo
     if xorsign_abs:
         sign = np.signbit(a) ^ np.signbit(b)
         a, b = np.abs(a), np.abs(b)
-    r = (np.fmax if is_max else np.fmin)(a, b)  # a NaN operand gives the other one
+    with np.errstate(invalid="ignore"):  # a NaN operand gives the other one, signalling or not
+        r = (np.maximum if is_max else np.minimum)(a, b)  # (np.fmin's short-array path returns
+        r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))  # NaN for a signalling one)
     zeros = (a == 0) & (b == 0)
     if zeros.any():  # PTX: +0.0 > -0.0
         neg = (np.signbit(a) & np.signbit(b)) if is_max else (np.signbit(a) | np.signbit(b))
         r = np.where(zeros, np.where(neg, -0.0, 0.0).astype(r.dtype), r)
     if xorsign_abs:
         r = np.where(np.isnan(r), r, np.copysign(r, np.where(sign, -1, 1).astype(r.dtype)))
+    if r.dtype == np.float64:  # two NaNs: b's, quieted (DSETP.MIN + SEL on the H200)
+        return f64_nan(r, b, a)
     nan = np.isnan(a) | np.isnan(b) if propagate_nan else np.isnan(a) & np.isnan(b)
     if nan.any():
-        r = np.where(nan, _canonical_nan(r.dtype), r)
+        r = np.where(nan, CANONICAL_NAN_F32, r)
     return r
-
-
-def _canonical_nan(dtype):
-    return CANONICAL_NAN_F32 if dtype == np.float32 else np.float64(np.nan)
 
 
 def min_(a, b, ftz: bool = False, propagate_nan: bool = False, xorsign_abs: bool = False):
     """min{.ftz}{.NaN}{.xorsign.abs}.f32 / min.f64 (#floating-point-instructions-min): a NaN
-    operand gives the other one, two NaNs (or any NaN with .NaN) the canonical NaN; -0 < +0."""
+    operand gives the other one; two NaNs (or any NaN with .NaN) the canonical NaN in f32, b's
+    NaN quieted in f64 (H200); -0 < +0."""
     return _min_max(a, b, False, ftz, propagate_nan, xorsign_abs)
 
 

@@ -8,7 +8,8 @@ instruction is the same operation on both halves: `unpack_x2` / `pack_x2` split 
 Exact: a sum or product of two halves is exact in float64 except a bf16 sum, which is rounded to
 odd, as is the fma sum; one rounding to the format follows (`.rn` is PTX's only mode here).
 `.ftz` flushes subnormal inputs and results (f16 only in PTX), `.sat` clamps to [0, 1] (NaN ->
-+0), `.relu` clamps negative results to +0. NaN results are the canonical 0x7fff.
++0), `.relu` clamps negative results and -0 to +0. NaN results are the canonical 0x7fff, neg and
+abs included (measured on the H200, see fa_sim.isa.nans).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def _result(v, fmt: Format, ftz: bool, sat: bool, relu: bool = False) -> np.ndar
         r = flush_subnormal(r, fmt)
     if sat:
         r = saturate(r)
-    if relu:
-        r = np.where(r < 0, 0.0, r)  # NaN stays NaN (made canonical below)
+    if relu:  # -0 becomes +0 too (H200: fma.rn.relu.bf16x2 of -1 * 2^-133 + 0 is 0x0000)
+        r = np.where(r <= 0, 0.0, r)  # NaN stays NaN (made canonical below)
     return from_f64(r, fmt)
 
 
@@ -94,19 +95,22 @@ def fma(a, b, c, fmt: Format, ftz: bool = False, sat: bool = False, relu: bool =
 
 
 def neg(a, fmt: Format, ftz: bool = False) -> np.ndarray:
-    """neg{.ftz}: flips the sign bit (NaN unchanged)."""
-    a = np.asarray(a, np.uint16)
-    if ftz:
-        a = _flush_bits(a, fmt)
-    return np.where(_is_nan(a, fmt), a, a ^ np.uint16(0x8000))
+    """neg{.ftz}: flips the sign bit of a number; a NaN becomes the canonical 0x7fff (PTX: an
+    unspecified NaN; the H200 writes 0x7fff: ptxas emits `HADD2 -a, -RZ`)."""
+    return _sign_op(a, fmt, ftz, lambda x: x ^ np.uint16(0x8000))
 
 
 def abs_(a, fmt: Format, ftz: bool = False) -> np.ndarray:
-    """abs{.ftz}: clears the sign bit (NaN unchanged)."""
+    """abs{.ftz}: clears the sign bit of a number; a NaN becomes 0x7fff (H200, measured for
+    abs.ftz.f16x2; ptxas emits `HADD2 |a|, -RZ` / `HFMA2.BF16 -RZ, RZ, |a|` for every form)."""
+    return _sign_op(a, fmt, ftz, lambda x: x & np.uint16(0x7FFF))
+
+
+def _sign_op(a, fmt: Format, ftz: bool, op) -> np.ndarray:
     a = np.asarray(a, np.uint16)
     if ftz:
         a = _flush_bits(a, fmt)
-    return np.where(_is_nan(a, fmt), a, a & np.uint16(0x7FFF))
+    return np.where(_is_nan(a, fmt), CANONICAL_NAN_BF16_BITS, op(a))
 
 
 def _exponent_mask(fmt: Format) -> np.uint16:

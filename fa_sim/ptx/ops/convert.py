@@ -92,7 +92,7 @@ def _semantics(form: Form, dtype: str, atype: str, frnd: list, irnd: list, flags
     def float_to_float(a):
         v = convert.float_to_float(convert.decode(a, afmt), afmt, dfmt, rnd, bool(irnd), ftz, sat,
                                    relu, satfinite)
-        return convert.encode(v, dfmt)
+        return convert.nan_payload(convert.encode(v, dfmt), a, afmt, dfmt, None if irnd else rnd)
     return float_to_float
 
 
