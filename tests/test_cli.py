@@ -240,7 +240,7 @@ def test_compare_replays_a_recording_with_its_own_inputs_config_and_causal_flag(
     assert js["causal"] is True and js["shape"] == [1, 2, 200, 333, 64] and js["ctas"] == [0, 7]
     assert main(["compare", "--gpu-npz", SEED_RUN]) == 0
     out = capsys.readouterr().out
-    assert "checkpoints of CTAs [0, 1]" in out and "all checkpoints within their bounds" in out
+    assert "checkpoints of CTAs [0, 1]" in out and "every checkpoint, O and LSE bit-identical" in out
     assert "np.int64" not in out
 
 

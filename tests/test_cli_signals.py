@@ -112,7 +112,8 @@ def test_outputs_are_written_and_force_replaces_them(tmp_path, capsys):
 
 
 def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, capsys):
-    """`fa compare --save` on a machine with a GPU, stood in for by the recorded H200 run."""
+    """`fa compare --save` on a machine with a GPU, stood in for by the recorded H200 run (made with
+    the FFMA softmax form, so the command asks for that form)."""
     import fa_hw
 
     rec = np.load(Path(__file__).parent / "data" / "h200" / "compare_seed_n128.npz")
@@ -122,14 +123,16 @@ def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(fa_hw, "forward", lambda *a, **k: Out)
     path = tmp_path / "run.npz"
-    assert main(["compare", "--save", str(path)]) == 0
+    assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().err
     saved = np.load(path)
-    assert str(saved["config"]) == "m64n64d64w4-swizzled"  # the tag older readers use
+    assert str(saved["config"]) == "m64n64d64w4-swizzled-ffma"  # the tag older readers use
+    from fa_hw.compile import SOURCE_PATH
     from fa_sim.config import KernelConfig
 
-    assert KernelConfig.from_json(str(saved["config_json"])) == KernelConfig()
+    assert KernelConfig.from_json(str(saved["config_json"])) == KernelConfig(softmax="ffma")
+    assert str(saved["kernel_source"]) == SOURCE_PATH.read_text() and str(saved["kernel_name"]) == "fa2_fwd.cu"
     assert main(["compare", "--gpu-npz", str(path)]) == 0
-    assert "all checkpoints within their bounds" in capsys.readouterr().out
-    assert main(["compare", "--save", str(path)]) == 2
+    assert "every checkpoint, O and LSE bit-identical" in capsys.readouterr().out
+    assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["run.npz"]

@@ -17,12 +17,14 @@ simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from ..cache import cache_root, read_entry, store_atomic
 from ..crosscheck import (
     SavedRun,
     build_report,
@@ -74,7 +76,7 @@ def register(subparsers) -> None:
 def load_recording(path) -> SavedRun:
     """A saved GPU run (fa_sim.crosscheck.SavedRun); bad files are one UsageError naming --gpu-npz
     and the file."""
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format"))
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format", "kernel_name", "kernel_source"))
     try:
         return SavedRun.from_arrays(data, path)
     except ValueError as exc:
@@ -121,13 +123,40 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
     return ctas
 
 
+def _recorded_kernel(args, rec: SavedRun):
+    """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
+    shipped kernel when the recording ran it (or predates recorded sources), else the recorded
+    source itself, written once to the cache (the PTX engine simulates it)."""
+    from fa_hw.compile import SOURCE_PATH
+
+    given = kernel_from_args(args)
+    if not rec.kernel_source:
+        return given
+    if given is not None:
+        if given.read_text() != rec.kernel_source:
+            raise UsageError(f"--kernel {given} is not the kernel --gpu-npz {args.gpu_npz} was recorded with "
+                             f"({rec.kernel_name}); drop --kernel to replay the recorded source")
+        return given
+    if rec.kernel_source == SOURCE_PATH.read_text():
+        return None
+    text = rec.kernel_source.encode()
+    path = cache_root() / "recorded_kernels" / f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if read_entry(path) != text and not store_atomic(path, text):
+        raise UsageError(f"--gpu-npz {args.gpu_npz}: cannot write its recorded kernel to {path.parent}")
+    print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
+    return path
+
+
 def _replay(args):
     rec = load_recording(args.gpu_npz)
     _check_against(args, rec, args.gpu_npz)
+    kernel = _recorded_kernel(args, rec)
     b, h, nq, _ = rec.q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, rec.k.shape[2], rec.causal, rec.scale, rec.config).n_ctas, rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
-    return (rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale)
+    return ((rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale),
+            kernel)
 
 
 def _launch(args, save: Output | None):
@@ -142,11 +171,16 @@ def _launch(args, save: Output | None):
         config = config_from_args(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
+    kernel = kernel_from_args(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
-                        kernel=kernel_from_args(args))
+                        kernel=kernel)
     if save is not None:
+        from fa_hw.compile import SOURCE_PATH
+
+        source = kernel if kernel is not None else SOURCE_PATH
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
-            SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale).save(f)
+            SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
+                     source.name, source.read_text()).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
 
@@ -154,12 +188,18 @@ def _launch(args, save: Output | None):
 def run(args) -> int:
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu = _replay(args)
+        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
     else:
         check_outputs([save], args.force)
         (q, k, v), config, causal, ctas, gpu = _launch(args, save)
+        recorded = kernel_from_args(args)
     o, lse, gpu_buf, scale = gpu
     engine, kernel = engine_from_args(args, config)
+    if recorded is not None:
+        if args.engine == "program":
+            raise UsageError("--engine program runs the shipped kernel; this run's kernel "
+                             f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
+        engine, kernel = "ptx", recorded
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
