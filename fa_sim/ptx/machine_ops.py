@@ -132,6 +132,8 @@ def ld(eng: Engine, group: Group, ins: Instruction) -> None:
         data = eng.param_bytes(addr, size)
     elif space == "local":
         data = _local(eng, addr, size, group)
+    elif space == "const":  # __constant__ variables are global buffers, read through the constant cache: no event
+        data = eng.m.memory.gather(addr, size, np.ones(addr.shape, bool), "ld.const")
     elif space == "shared":
         instr = eng.activate(ins.pc, group)
         lanes = _smem_lanes(eng, addr, size, group)
