@@ -125,7 +125,7 @@ def test_an_instruction_it_does_not_execute_is_named_with_its_lines():
 
 def test_printf_is_named_as_a_call_it_does_not_execute():
     src = r"""extern "C" __global__ void k(int* o) {
-      if (threadIdx.x == 0) printf("%d\\n", o[0]); }"""
+      if (threadIdx.x == 0) printf("%d\n", o[0]); }"""
     with pytest.raises(Unsupported, match=r"does not execute function calls: printf.*PTX line \d+ \(.*:2\)"):
         launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
 
