@@ -100,6 +100,16 @@ def test_barrier_reached_by_part_of_a_cta_is_a_fault():
         launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
 
 
+@pytest.mark.parametrize("form", ["bar.cta.arrive 0, 64;", "bar.arrive 0, 64;", "bar.red.popc.u32 %0, 0, 1;"])
+def test_barrier_forms_other_than_sync_are_named(form):
+    out = '"=r"(r)' if "%0" in form else ""
+    src = f'extern "C" __global__ void k(int* o) {{ unsigned r = 0; asm volatile("{form}" : {out}); o[threadIdx.x] = r; }}'
+    with pytest.raises(Unsupported, match=r"only bar\{\.cta\}\.sync"):
+        launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
+    ok = 'extern "C" __global__ void k(int* o) { asm volatile("barrier.cta.sync.aligned 0;"); o[threadIdx.x] = 1; }'
+    launch(ok, grid=1, block=64, args=[np.zeros(64, np.int32)])
+
+
 def test_shuffle_in_a_diverged_warp_is_a_fault():
     src = r"""extern "C" __global__ void k(int* o) {
       int v = threadIdx.x;

@@ -299,8 +299,8 @@ def _exited_bits(eng: Engine) -> np.ndarray:
 
 @engine_op("bar", "barrier")
 def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
-    if ins.mods and ins.mods[0] not in ("sync", "cta") and ins.mods != ("sync",):
-        raise Unsupported(f"{ins.mnemonic} (only bar.sync / barrier.sync)")
+    if set(ins.mods) - {"cta", "aligned"} != {"sync"}:  # not .arrive / .red (bar.cta.arrive is no bar.sync)
+        raise Unsupported(f"{ins.mnemonic} (only bar{{.cta}}.sync / barrier{{.cta}}.sync{{.aligned}})")
     if len(ins.operands) > 1:
         count = int(_uniform(eng, ins.operands[1], group))
         if count != eng.geo.threads:
