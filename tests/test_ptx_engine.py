@@ -98,6 +98,10 @@ def test_barrier_reached_by_part_of_a_cta_is_a_fault():
     src = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
     with pytest.raises(KernelFault, match="bar.sync.*only part"):
         launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
+    late = r"""extern "C" __global__ void k(int* o) {
+      if (blockIdx.x != 3 || threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+    with pytest.raises(KernelFault, match="only part of CTA 3's threads"):  # CTA 3 is the second of wave 2
+        launch(late, grid=4, block=64, args=[np.zeros(64, np.int32)], wave_ctas=2)
 
 
 @pytest.mark.parametrize("form", ["bar.cta.arrive 0, 64;", "bar.arrive 0, 64;", "bar.red.popc.u32 %0, 0, 1;"])
