@@ -123,6 +123,16 @@ def test_shuffle_in_a_diverged_warp_is_a_fault():
         launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
 
 
+def test_cp_async_with_a_src_size_above_its_cp_size_is_a_fault_naming_the_line():
+    src = r"""extern "C" __global__ void k(const int4* g, int* o) {
+      __shared__ int4 s[32];
+      unsigned d = (unsigned)__cvta_generic_to_shared(s + threadIdx.x);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, 20;" :: "r"(d), "l"(g + threadIdx.x));
+      o[threadIdx.x] = 0; }"""
+    with pytest.raises(KernelFault, match=r"src-size must lie in 0\.\.16.*PTX line \d+ \(.*:4\)"):
+        launch(src, grid=1, block=32, args=[np.zeros((32, 4), np.int32), np.zeros(32, np.int32)])
+
+
 def test_out_of_bounds_store_is_a_fault_naming_the_line():
     src = r"""extern "C" __global__ void k(int* o) {
       o[threadIdx.x + 1] = 1; }"""

@@ -203,7 +203,10 @@ def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
     dst, src, cp_size = ins.operands[0], ins.operands[1], int(_uniform(eng, ins.operands[2], group))
     src_size = eng.read(ins.operands[3], "u32", group.idx, group.n) if len(ins.operands) > 3 else np.full(group.n, cp_size)
     from ..isa.cp_async import check_sizes
-    check_sizes(cp_size, np.asarray(src_size), cache)
+    try:
+        check_sizes(cp_size, np.asarray(src_size), cache)
+    except ValueError as exc:  # undefined on hardware: the kernel's bug, reported with its lines
+        raise KernelFault(str(exc)) from None
     d = address(eng, dst, group, "shared")
     s = address(eng, src, group, "global")
     eng.m.cp_async(instr, _smem_lanes(eng, d, cp_size, group), eng.scatter(s, group)[..., None],
