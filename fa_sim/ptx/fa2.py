@@ -5,7 +5,7 @@ checkpoint contract as the hand-written program.
 - The config and causal flag become the FA_* macros fa_hw.compile gives the GPU build, so the
   engine runs exactly the code the GPU runs (`KernelBuild.macros`).
 - Checkpoints come from the kernel's own debug build (FA_CHECKPOINTS): its checkpoint stores are
-  ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after each wave the
+  ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
   checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
   stores are real instructions of that build and are counted as such.
