@@ -375,7 +375,7 @@ class Machine:
         threads that have not exited; None: all)."""
         listeners = self._issue(instr)
         try:
-            isa.bar_sync(self.active, expected)
+            isa.bar_sync(self.active, expected, self.cta[: self.live])
         except ValueError as exc:
             raise KernelFault(f"{instr.ptx} at {self._where(instr)}: {exc}") from None
         if listeners:

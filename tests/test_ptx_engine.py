@@ -98,6 +98,20 @@ def test_barrier_reached_by_part_of_a_cta_is_a_fault():
     src = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
     with pytest.raises(KernelFault, match="bar.sync.*only part"):
         launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
+    late = r"""extern "C" __global__ void k(int* o) {
+      if (blockIdx.x != 3 || threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+    with pytest.raises(KernelFault, match="only part of CTA 3's threads"):  # CTA 3 is the second of wave 2
+        launch(late, grid=4, block=64, args=[np.zeros(64, np.int32)], wave_ctas=2)
+
+
+@pytest.mark.parametrize("form", ["bar.cta.arrive 0, 64;", "bar.arrive 0, 64;", "bar.red.popc.u32 %0, 0, 1;"])
+def test_barrier_forms_other_than_sync_are_named(form):
+    out = '"=r"(r)' if "%0" in form else ""
+    src = f'extern "C" __global__ void k(int* o) {{ unsigned r = 0; asm volatile("{form}" : {out}); o[threadIdx.x] = r; }}'
+    with pytest.raises(Unsupported, match=r"only bar\{\.cta\}\.sync"):
+        launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
+    ok = 'extern "C" __global__ void k(int* o) { asm volatile("barrier.cta.sync.aligned 0;"); o[threadIdx.x] = 1; }'
+    launch(ok, grid=1, block=64, args=[np.zeros(64, np.int32)])
 
 
 def test_shuffle_in_a_diverged_warp_is_a_fault():
@@ -107,6 +121,16 @@ def test_shuffle_in_a_diverged_warp_is_a_fault():
       o[threadIdx.x] = v; }"""
     with pytest.raises(KernelFault, match="shfl.sync"):
         launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
+
+
+def test_cp_async_with_a_src_size_above_its_cp_size_is_a_fault_naming_the_line():
+    src = r"""extern "C" __global__ void k(const int4* g, int* o) {
+      __shared__ int4 s[32];
+      unsigned d = (unsigned)__cvta_generic_to_shared(s + threadIdx.x);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, 20;" :: "r"(d), "l"(g + threadIdx.x));
+      o[threadIdx.x] = 0; }"""
+    with pytest.raises(KernelFault, match=r"src-size must lie in 0\.\.16.*PTX line \d+ \(.*:4\)"):
+        launch(src, grid=1, block=32, args=[np.zeros((32, 4), np.int32), np.zeros(32, np.int32)])
 
 
 def test_out_of_bounds_store_is_a_fault_naming_the_line():
@@ -120,6 +144,13 @@ def test_an_instruction_it_does_not_execute_is_named_with_its_lines():
     src = r"""extern "C" __global__ void k(int* o) {
       o[threadIdx.x] = __match_any_sync(0xffffffff, o[threadIdx.x]); }"""
     with pytest.raises(Unsupported, match=r"match.*PTX line \d+ \(.*:2\)"):
+        launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
+
+
+def test_printf_is_named_as_a_call_it_does_not_execute():
+    src = r"""extern "C" __global__ void k(int* o) {
+      if (threadIdx.x == 0) printf("%d\n", o[0]); }"""
+    with pytest.raises(Unsupported, match=r"does not execute function calls: printf.*PTX line \d+ \(.*:2\)"):
         launch(src, grid=1, block=32, args=[np.zeros(32, np.int32)])
 
 

@@ -203,7 +203,8 @@ class Engine:
         for p in self.kernel.params:
             if p.name == name:
                 return p.offset
-        raise Unsupported(f"{name} is not a parameter of {self.kernel.name}")
+        raise Unsupported(f"{name} is not a parameter of {self.kernel.name} (an argument of a `call`? the engine "
+                          f"does not execute function calls: printf and non-inlined device functions)")
 
     def param_bytes(self, offset: np.ndarray, size: int) -> np.ndarray:
         """[n, size] uint8 of the parameter buffer at each thread's offset (uniform in practice)."""

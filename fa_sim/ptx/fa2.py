@@ -5,7 +5,7 @@ checkpoint contract as the hand-written program.
 - The config and causal flag become the FA_* macros fa_hw.compile gives the GPU build, so the
   engine runs exactly the code the GPU runs (`KernelBuild.macros`).
 - Checkpoints come from the kernel's own debug build (FA_CHECKPOINTS): its checkpoint stores are
-  ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after each wave the
+  ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
   checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
   stores are real instructions of that build and are counted as such.
@@ -23,7 +23,7 @@ from ..events import CheckpointEvent
 from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
-from .launch import DEFAULT_WAVE_CTAS, run_program
+from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
 from .load import load_module
 from .ops import load_families
 from .program import Program, build_program
@@ -99,7 +99,8 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
-    run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, {}, hub,
+    symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
+    run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
                 mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds)
     if ck is not None:
         _emit_checkpoints(prob, hub, ck.array, sel)

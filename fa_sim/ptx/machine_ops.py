@@ -132,6 +132,8 @@ def ld(eng: Engine, group: Group, ins: Instruction) -> None:
         data = eng.param_bytes(addr, size)
     elif space == "local":
         data = _local(eng, addr, size, group)
+    elif space == "const":  # __constant__ variables are global buffers, read through the constant cache: no event
+        data = eng.m.memory.gather(addr, size, np.ones(addr.shape, bool), "ld.const")
     elif space == "shared":
         instr = eng.activate(ins.pc, group)
         lanes = _smem_lanes(eng, addr, size, group)
@@ -201,7 +203,10 @@ def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
     dst, src, cp_size = ins.operands[0], ins.operands[1], int(_uniform(eng, ins.operands[2], group))
     src_size = eng.read(ins.operands[3], "u32", group.idx, group.n) if len(ins.operands) > 3 else np.full(group.n, cp_size)
     from ..isa.cp_async import check_sizes
-    check_sizes(cp_size, np.asarray(src_size), cache)
+    try:
+        check_sizes(cp_size, np.asarray(src_size), cache)
+    except ValueError as exc:  # undefined on hardware: the kernel's bug, reported with its lines
+        raise KernelFault(str(exc)) from None
     d = address(eng, dst, group, "shared")
     s = address(eng, src, group, "global")
     eng.m.cp_async(instr, _smem_lanes(eng, d, cp_size, group), eng.scatter(s, group)[..., None],
@@ -297,8 +302,8 @@ def _exited_bits(eng: Engine) -> np.ndarray:
 
 @engine_op("bar", "barrier")
 def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
-    if ins.mods and ins.mods[0] not in ("sync", "cta") and ins.mods != ("sync",):
-        raise Unsupported(f"{ins.mnemonic} (only bar.sync / barrier.sync)")
+    if set(ins.mods) - {"cta", "aligned"} != {"sync"}:  # not .arrive / .red (bar.cta.arrive is no bar.sync)
+        raise Unsupported(f"{ins.mnemonic} (only bar{{.cta}}.sync / barrier{{.cta}}.sync{{.aligned}})")
     if len(ins.operands) > 1:
         count = int(_uniform(eng, ins.operands[1], group))
         if count != eng.geo.threads:
