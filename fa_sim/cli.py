@@ -35,6 +35,7 @@ SUBCOMMANDS = (
     "fa_sim.commands.explain",
     "fa_hw.command",
     "fa_sim.commands.compare",
+    "fa_sim.commands.sweep",
 )
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
@@ -85,11 +86,13 @@ def explicit_options(argv: list[str]) -> frozenset[str]:
 
 
 def _known_errors() -> tuple[type, ...]:
+    from fa_sim.parallel.errors import ParallelError  # a worker or cluster lost: the run is incomplete
+
     try:
         from fa_hw.errors import FaHwError
     except ImportError:  # fa_hw's dependencies are not installed: it raised nothing either
-        return (UsageError, ValueError)
-    return (UsageError, ValueError, FaHwError)
+        return (UsageError, ValueError, ParallelError)
+    return (UsageError, ValueError, ParallelError, FaHwError)
 
 
 def _silence_stdout() -> None:

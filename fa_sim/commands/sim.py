@@ -10,7 +10,9 @@ object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, seconds, instruc
 LSE is not finite although float64 is, each case is reported with its cause (fa_sim.accuracy), the
 numbers are null in JSON, and the exit status is 1. `--check-hazards` attaches the shared-memory
 hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key "hazards") and
-exits 1 when it finds any.
+exits 1 when it finds any. `--workers N` (default: one per core) shares the grid's waves out over
+local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
+bit-identical to one process; a worker or cluster lost is one error line naming the shard.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 from ..events import COUNTED_OPS
 from ..accuracy import Accuracy, measure
 from ..simulate import SimResult, simulate
-from .common import PROBLEM_DESTS, add_config_arguments, add_problem_arguments, config_from_args, random_inputs, refuse
+from .common import (PROBLEM_DESTS, add_config_arguments, add_parallel_arguments, add_problem_arguments,
+                     config_from_args, random_inputs, refuse)
 from .inputs import load_qkv
 
 
@@ -41,6 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
+    add_parallel_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -67,7 +71,8 @@ def run(args) -> int:
         from ..observers.hazards import HazardChecker  # the simulator core does not need the observers
         checker = HazardChecker()
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
-                   observers=() if checker is None else (checker,), mma_model=args.mma)
+                   observers=() if checker is None else (checker,), mma_model=args.mma, workers=args.workers,
+                   cluster=args.cluster)
     acc = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()

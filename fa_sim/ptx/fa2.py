@@ -78,8 +78,11 @@ def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
 
 
 def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, *, kernel=None, mma_model=None,
-                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None) -> None:
-    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`."""
+                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_wave=None, cta_range: tuple[int, int] | None = None) -> None:
+    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`.
+    `cta_range` (lo, hi): only those CTAs (a shard of fa_sim.parallel; lo starts a wave). The
+    checkpoint buffer keeps its slots for every wanted CTA of the grid, so addresses do not depend
+    on the range; each wave's checkpoints reach observers after that wave."""
     load_families()
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
@@ -97,10 +100,14 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
-    run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, {}, hub,
-                mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_wave=on_wave)
-    if ck is not None:
-        _emit_checkpoints(prob, hub, ck.array, sel)
+    lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
+    for start in range(lo, hi, wave_ctas):
+        wave = (start, min(start + wave_ctas, hi))
+        run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, {}, hub,
+                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_wave=on_wave, cta_range=wave)
+        if ck is not None:
+            rows = (sel >= wave[0]) & (sel < wave[1])
+            _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 
 def _pack(program: Program, args: list) -> bytes:
