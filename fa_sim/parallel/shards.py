@@ -29,17 +29,19 @@ class Shard:
 
 
 def plan_shards(spec, n_shards: int) -> list[Shard]:
-    """At most n_shards shards of whole waves, cut where the cumulative work crosses k / n_shards."""
+    """min(n_shards, waves) shards of whole waves, cut where the cumulative work crosses
+    k / n_shards (each cut moved just enough that no shard is empty)."""
     waves = spec.waves(range(spec.prob.n_ctas))
-    cost = np.array([spec.cta_rounds(w) for w in waves], dtype=np.float64)
+    cost = np.array([spec.cta_rounds(w) for w in waves], dtype=np.int64)
     n = max(1, min(int(n_shards), len(waves)))
     cum = np.cumsum(cost)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n) / n, side="left") + 1  # waves before each cut
-    bounds = sorted(set([0, *cuts.tolist(), len(waves)]))
-    bounds = [b for b in bounds if 0 <= b <= len(waves)]
-    groups = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-    return [Shard(i, len(groups), range(waves[lo].start, waves[hi - 1].stop), int(cost[lo:hi].sum()))
-            for i, (lo, hi) in enumerate(groups)]
+    bounds = [0]
+    for k in range(1, n):
+        cut = int(np.searchsorted(cum, cum[-1] * k / n, side="left")) + 1  # waves before the cut
+        bounds.append(min(max(cut, bounds[-1] + 1), len(waves) - (n - k)))
+    bounds.append(len(waves))
+    return [Shard(i, n, range(waves[lo].start, waves[hi - 1].stop), int(cost[lo:hi].sum()))
+            for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def row_slab(prob, ctas: range) -> slice:
