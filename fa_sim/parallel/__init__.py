@@ -11,8 +11,9 @@ merge.py is the observers' merge protocol, sharded.py the sharded simulation, po
 worker processes, cluster.py the Dask backend, job.py what both run.
 
 `workers`: None or 1 = this process; an integer N >= 1; "auto" = the cores this process may use.
-Grids of one wave run here whatever `workers` says (nothing to share out); an observer without
-fresh/partial/merge makes an explicit `workers` or `cluster` a ValueError, and "auto" serial.
+Grids of one wave run here whatever `workers` says (nothing to share out), and so do runs
+estimated under AUTO_MIN_SECONDS with "auto"; an observer without fresh/partial/merge makes an
+explicit `workers` or `cluster` a ValueError, and "auto" serial.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .pool import LocalPool, cpu_count
 from .shards import Shard, plan_shards
 
 AUTO = "auto"
+AUTO_MIN_SECONDS = 2.0  # "auto" runs shorter simulations (fa_sim.estimate) here: starting workers costs ~0.5 s
 
 __all__ = ["AUTO", "CLUSTER_EXTRA", "ClusterError", "Job", "LocalPool", "ParallelError", "Shard", "ShardError",
            "Task", "choose_pool", "cpu_count", "mergeable", "merge_counts", "plan_shards", "pmap", "resolve_workers",
@@ -67,7 +69,7 @@ def choose_pool(spec, observers, workers, cluster, plan):
         raise ValueError(f"observer(s) {', '.join(bad)} cannot be split over workers (no fresh/partial/merge, "
                          "fa_sim.parallel.merge); run with workers=1 or give them those methods")
     waves = len(spec.waves(range(spec.prob.n_ctas)))
-    if cluster is None and waves == 1:
+    if cluster is None and (waves == 1 or (workers == AUTO and plan.sim_seconds < AUTO_MIN_SECONDS)):
         return None
     if cluster is None:
         _check_memory(spec, n, plan)
