@@ -185,14 +185,15 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_stops_every_worker_one_line_exit_130():
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     proc = subprocess.Popen([sys.executable, "-m", "fa_sim.cli", "sim", "--seqlen", "8192", "--heads", "4",
-                             "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.monotonic() + 120
     while proc.poll() is None and len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)  # the resource tracker and two workers
     time.sleep(2.0)  # the workers are simulating
     workers = _children(proc.pid)
     assert proc.poll() is None and len(workers) >= 2, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the foreground group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert err.decode().splitlines()[-1:] == ["fa sim: interrupted"] and "Traceback" not in err.decode()
