@@ -96,3 +96,17 @@ def test_sim_vs_hw_simulator_side_in_parallel_is_the_serial_comparison(sim_vs_hw
     assert list(one) == list(two) == [c.name for c in cases]
     assert [r.to_json() for r in one.values()] == [r.to_json() for r in two.values()]
     assert all(r.ok and all(s.fraction_identical == 1.0 for s in r.checkpoints) for r in two.values())
+
+
+def test_bool_config_fields_take_on_and_off():
+    """A bool KernelConfig field (the kernel options of other branches) as a sweep axis."""
+    import dataclasses
+
+    from fa_sim.commands.sweep import parse_item
+    from fa_sim.commands import UsageError
+
+    opt = dataclasses.make_dataclass("Opt", ["option", "hint"])("--q-in-regs", bool)
+    assert [parse_item(opt, t) for t in ("on", "OFF", "true", "0")] == [True, False, True, False]
+    with pytest.raises(UsageError, match="--q-in-regs maybe: expected on or off"):
+        parse_item(opt, "maybe")
+

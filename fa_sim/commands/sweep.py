@@ -29,6 +29,7 @@ FIGURE = "sweep"
 FORMATS = ("png", "svg")
 CAUSAL = {"off": (False,), "on": (True,), "both": (False, True)}
 DEFAULT_SHAPES = ("1,2,256",)
+BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
 def register(subparsers) -> None:
@@ -36,8 +37,9 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     group = p.add_argument_group("kernel configs (comma-separated lists; the sweep runs their product)")
     for opt in config_options():
-        default = "swizzled,plain,padded" if opt.dest == "smem" else str(opt.default)
-        allowed = None if opt.choices is None else "each one of " + ", ".join(map(str, opt.choices))
+        default = "swizzled,plain,padded" if opt.dest == "smem" else _text(opt, opt.default)
+        allowed = ("each on or off" if opt.hint is bool else
+                   None if opt.choices is None else "each one of " + ", ".join(map(str, opt.choices)))
         group.add_argument(opt.option, dest=opt.dest, default=default, metavar="LIST",
                            help=describe(opt.help().split(" (default")[0], default, allowed))
     p.add_argument("--shape", dest="shapes", action="append", default=None, metavar="B,H,Nq[,Nk]",
@@ -65,7 +67,7 @@ def configs_from_args(args) -> list[KernelConfig]:
         items = [t.strip() for t in str(getattr(args, opt.dest)).split(",") if t.strip()]
         if not items:
             raise UsageError(f"{opt.option} takes a comma-separated list of values, got an empty one")
-        axes.append(list(dict.fromkeys(opt.parse(t) for t in items)))
+        axes.append(list(dict.fromkeys(parse_item(opt, t) for t in items)))
     out = []
     for values in itertools.product(*axes):
         try:
@@ -74,6 +76,20 @@ def configs_from_args(args) -> list[KernelConfig]:
             combo = " ".join(f"{o.option} {v}" for o, v in zip(opts, values))
             raise UsageError(f"{combo}: {exc} (narrow the lists so that every combination is valid)") from None
     return out
+
+
+def _text(opt, value) -> str:
+    return ("on" if value else "off") if opt.hint is bool else str(value)
+
+
+def parse_item(opt, text: str):
+    """One value of a config option's list: on/off for a bool field, else the option's own parse."""
+    if opt.hint is not bool:
+        return opt.parse(text)
+    value = BOOLS.get(text.lower())
+    if value is None:
+        raise UsageError(f"{opt.option} {text}: expected on or off")
+    return value
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
