@@ -16,6 +16,14 @@ fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
 Part 1 (fa_sim) runs first and before torch/triton are imported, so the process's peak resident
 set size after it (ru_maxrss) is the simulator's peak, interpreter and numpy included.
 This is a benchmark, not a test: nothing here asserts a time.
+
+    python experiments/bench_sim.py --parallel      # part 3: serial against --workers (default 2)
+
+Part 3 (issue 12) times the first shape serially and with `workers=N` (same bits, checked), the
+measured cost per CTA-round of the seed config and of head_dim 128, a local worker pool's start-up,
+and - with the [cluster] extra - a local Dask cluster's start-up and scatter bandwidth; from them it
+prints the time model for N cores on M machines (bench_parallel.py) and what it predicts for
+(1, 32, 8192, 128).
 """
 
 from __future__ import annotations
@@ -120,7 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=None, metavar="B,H,N,d",
                         help="shapes to run (default: 1,4,4096,64 1,1,128,64)")
     parser.add_argument("--json", action="store_true", help="print one JSON list of rows")
+    parser.add_argument("--parallel", action="store_true",
+                        help="part 3 only: serial against --workers on the first shape, and the scaling model")
+    parser.add_argument("--workers", type=int, default=2, help="workers of part 3 (default 2)")
     args = parser.parse_args(argv)
+    if args.parallel:
+        import bench_parallel
+
+        shape = SHAPES[0] if args.shapes is None else tuple(int(x) for x in args.shapes[0].split(","))
+        report = bench_parallel.run(shape, args.workers)
+        print(json.dumps(report.to_json(), indent=1) if args.json else report.render())
+        return 0
     shapes = SHAPES if args.shapes is None else tuple(tuple(int(x) for x in s.split(",")) for s in args.shapes)
     skip = "--skip-triton" if args.skip_triton else triton_missing()
     if skip is not None and not args.skip_triton:

@@ -7,7 +7,10 @@ Anywhere:    python experiments/sim_vs_hw.py report --gpu DIR/gpu_runs.npz --out
              redoes the comparison on the CPU against a saved GPU sweep (same table and figure).
 
 Each case uses seeded standard-normal inputs; the first, middle and last CTA are checkpointed,
-O and LSE are compared over the whole grid.
+O and LSE are compared over the whole grid. The GPU side runs the cases one after another in this
+process (one process per GPU); the simulator side spreads them over `--workers` local processes
+(default: one per core) or a Dask cluster (`--cluster local` or a scheduler address), one case per
+task (fa_sim.parallel.pmap).
 """
 
 from __future__ import annotations
@@ -66,10 +69,26 @@ def cases() -> list[Case]:
     return out
 
 
-def compare_case(case: Case, gpu_o, gpu_lse, gpu_buf, scale) -> CompareReport:
+def simulate_case(item: tuple[Case, float]):
+    """The simulator side of one case (a pmap task): (SimResult, checkpoint buffer)."""
+    case, scale = item
     q, k, v = case.inputs()
-    res, buf = simulate_with_checkpoints(q, k, v, case.causal, scale, case.config, case.ctas)
-    return build_report(q, k, v, case.causal, case.config, case.ctas, res, buf, gpu_o, gpu_lse, gpu_buf)
+    return simulate_with_checkpoints(q, k, v, case.causal, scale, case.config, case.ctas)
+
+
+def compare_cases(all_cases: list[Case], saved: dict, workers="auto", cluster=None) -> dict[str, CompareReport]:
+    """Simulate every case in parallel, then compare each with its saved GPU run."""
+    from fa_sim.parallel import pmap
+
+    items = [(c, float(saved[f"{c.name}/scale"])) for c in all_cases]
+    sims = pmap(simulate_case, items, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in all_cases])
+    reports = {}
+    for case, (res, buf) in zip(all_cases, sims):
+        q, k, v = case.inputs()
+        reports[case.name] = build_report(q, k, v, case.causal, case.config, case.ctas, res, buf,
+                                          saved[f"{case.name}/o"], saved[f"{case.name}/lse"],
+                                          saved[f"{case.name}/checkpoints"])
+    return reports
 
 
 def run_gpu(all_cases: list[Case]) -> dict[str, np.ndarray]:
@@ -131,7 +150,13 @@ def main(argv=None) -> int:
     rep = sub.add_parser("report")
     rep.add_argument("--gpu", type=Path, required=True)
     rep.add_argument("--out", type=Path, required=True)
+    for parser in (r, rep):
+        parser.add_argument("--workers", default="auto",
+                            help="local processes for the simulator side (default auto: one per core)")
+        parser.add_argument("--cluster", default=None,
+                            help="run the simulator side on a Dask cluster: local or a scheduler address")
     args = p.parse_args(argv)
+    workers = args.workers if args.workers == "auto" else int(args.workers)
     all_cases = cases()
     if args.cmd == "run":
         saved = run_gpu(all_cases)
@@ -139,9 +164,7 @@ def main(argv=None) -> int:
         np.savez_compressed(args.out / "gpu_runs.npz", **saved)
     else:
         saved = dict(np.load(args.gpu))
-    reports = {c.name: compare_case(c, saved[f"{c.name}/o"], saved[f"{c.name}/lse"],
-                                    saved[f"{c.name}/checkpoints"], float(saved[f"{c.name}/scale"]))
-               for c in all_cases}
+    reports = compare_cases(all_cases, saved, workers, args.cluster)
     write_outputs(reports, args.out)
     return 0 if all(r.ok for r in reports.values()) else 1
 

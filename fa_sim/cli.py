@@ -40,6 +40,7 @@ SUBCOMMANDS = (
     "fa_sim.commands.explain",
     "fa_hw.command",
     "fa_sim.commands.compare",
+    "fa_sim.commands.sweep",
 )
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
@@ -91,14 +92,17 @@ def explicit_options(argv: list[str]) -> frozenset[str]:
 
 def _known_errors() -> tuple[type, ...]:
     """Errors that are one line and exit 2: bad usage or input, an instruction the PTX engine does
-    not execute, and fa_hw's errors (compile, launch, no GPU)."""
+    not execute, a lost worker or cluster (the run is incomplete), and fa_hw's errors (compile,
+    launch, no GPU)."""
+    from fa_sim.parallel.errors import ParallelError
+
     from .ptx.ops import Unsupported
 
     try:
         from fa_hw.errors import FaHwError
     except ImportError:  # fa_hw's dependencies are not installed: it raised nothing either
-        return (UsageError, ValueError, Unsupported)
-    return (UsageError, ValueError, Unsupported, FaHwError)
+        return (UsageError, ValueError, Unsupported, ParallelError)
+    return (UsageError, ValueError, Unsupported, ParallelError, FaHwError)
 
 
 def _silence_stdout() -> None:

@@ -67,6 +67,7 @@ class CheckpointRecorder:
         if bad:
             raise ValueError(f"checkpoint CTAs {bad} are outside the grid of {launch.n_ctas} CTAs")
         self.buffer = self.layout.empty(len(self.ctas))
+        self._written: set[int] = set()
 
     def on_checkpoint(self, event: CheckpointEvent) -> None:
         ck_i = CHECKPOINTS.index(event.checkpoint)
@@ -75,6 +76,20 @@ class CheckpointRecorder:
             if slot is not None:
                 vals = event.values[row]  # [T, k] uint32
                 self.buffer[slot, ck_i, event.round, :, : vals.shape[-1]] = vals
+                self._written.add(slot)
+
+    # -- shards (fa_sim.parallel.merge): each CTA, hence each slot, belongs to one shard ----------
+    def fresh(self) -> "CheckpointRecorder":
+        return CheckpointRecorder(self.ctas)
+
+    def partial(self) -> tuple[np.ndarray, np.ndarray]:
+        slots = np.array(sorted(self._written), dtype=np.int64)
+        return slots, self.buffer[slots]
+
+    def merge(self, part: tuple[np.ndarray, np.ndarray]) -> None:
+        slots, values = part
+        self.buffer[slots] = values
+        self._written.update(slots.tolist())
 
 
 def _ordered(bits: np.ndarray, kind: ValueKind) -> np.ndarray:

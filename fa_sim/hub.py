@@ -6,7 +6,9 @@ events.Observer) and two optional filters:
   wants_checkpoint(checkpoint, round) -> bool  checkpoints it wants (default: all)
 The machine builds an event only when some observer wants it, so an untraced run pays for a dict
 lookup per warp instruction and nothing else. Instruction counts (per Op, Phase, round: R x warps
-with any active lane) are kept here for every run, observed or not.
+with any active lane) are kept here for every run, observed or not. When the grid is split over
+workers (fa_sim.parallel), each shard has its own Hub; counts add up and observers merge through
+fresh/partial/merge (fa_sim/parallel/merge.py).
 """
 
 from __future__ import annotations

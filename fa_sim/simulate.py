@@ -24,9 +24,15 @@ it. engine=None (the default) picks "program" for the spec's schedule and "ptx" 
 
 Before it starts, the run's time and memory are estimated (fa_sim.estimate); a run that would not
 fit in the memory this machine has available is refused with a ValueError. The grid
-(ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas` CTAs, each wave fully
-vectorised. Progress (`progress=None`: for runs estimated at PROGRESS_MIN_SECONDS or more): a tqdm
-bar on a terminal, else a plain line on stderr every PROGRESS_INTERVAL_S seconds (logs, pipes).
+(ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas` CTAs (grid order), each wave
+fully vectorised.
+`workers` spreads the waves over local processes (fa_sim.parallel): None or 1 runs here, an integer
+N uses N processes, "auto" one per core; `cluster` ("local" or a Dask scheduler address) runs them
+on a Dask cluster instead. The split never changes the waves, so O, LSE, the counts and every
+observer's results are bit for bit those of the serial run; observers merge their shards' results
+through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused (ValueError).
+Progress (`progress=None`: for runs estimated at PROGRESS_MIN_SECONDS or more): a tqdm bar on a
+terminal, else a plain line on stderr every PROGRESS_INTERVAL_S seconds (logs, pipes).
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ from .machine import Machine
 from .memory import GlobalMemory
 from .validate import host_fp16, make_problem
 
-DEFAULT_WAVE_CTAS = 256  # bounds temporaries to a few hundred MB at head_dim 128
+DEFAULT_WAVE_CTAS = 64  # per CTA as fast as waves of 256 (measured: (1, 4, 4096, 64) in 6.7 s against
+# 8.6 s); bounds temporaries to tens of MB at head_dim 128 and gives `workers` whole waves to share out
 PROGRESS_MIN_SECONDS = 5.0  # estimated run time from which progress=None shows progress
 PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines when stderr is not a terminal
 
@@ -139,25 +146,69 @@ def _check_engine(engine: str, kernel, mutation) -> None:
         raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
 
 
-def _global_memory(prob, q16, k16, v16) -> tuple[GlobalMemory, dict, Pointers]:
-    """The kernel's buffers q, k, v, o ([B*H, N, d] fp16 bits) and lse ([B*H, Nq] fp32)."""
+def _global_memory(prob, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:
+    """The kernel's buffers q, k, v, o ([B*H, N, d] fp16 bits) and lse ([B*H, Nq] fp32); o and lse
+    are new zeros unless given (a worker of fa_sim.parallel writes into shared ones)."""
     b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
+    o = np.zeros((b * h, nq, d), np.uint16) if o is None else o.reshape(b * h, nq, d).view(np.uint16)
+    lse = np.zeros((b * h, nq), np.float32) if lse is None else lse.reshape(b * h, nq)
     gmem = GlobalMemory()
     bufs = {name: gmem.alloc(name, a) for name, a in (
         ("q", q16.reshape(b * h, nq, d).view(np.uint16)), ("k", k16.reshape(b * h, nk, d).view(np.uint16)),
-        ("v", v16.reshape(b * h, nk, d).view(np.uint16)), ("o", np.zeros((b * h, nq, d), np.uint16)),
-        ("lse", np.zeros((b * h, nq), np.float32)))}
+        ("v", v16.reshape(b * h, nk, d).view(np.uint16)), ("o", o), ("lse", lse))}
     return gmem, bufs, Pointers(*(bufs[n].base for n in ("q", "k", "v", "o", "lse")))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What runs, besides the inputs: the problem, front end and machine model (all picklable, so
+    a worker of fa_sim.parallel runs the same)."""
+
+    prob: object  # fa_sim.problem.Problem
+    engine: str
+    kernel: object
+    mutation: Mutation | None
+    mma_model: object
+    wave_ctas: int
+
+    def waves(self, ctas: range) -> list[range]:
+        """The grid's waves inside `ctas` (which starts at a wave boundary)."""
+        return [range(lo, min(lo + self.wave_ctas, ctas.stop)) for lo in range(ctas.start, ctas.stop, self.wave_ctas)]
+
+    def cta_rounds(self, ctas: range) -> int:
+        """Progress units of `ctas`: per wave, its CTAs times its longest loop."""
+        p = self.prob
+        return sum(int(p.n_block_max(np.arange(w.start, w.stop) % p.n_m_blocks).max()) * len(w) for w in self.waves(ctas))
+
+
+def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, ctas: range, on_rounds) -> None:
+    """Run the waves of `ctas` on either front end, telling on_rounds(n) about n CTA-rounds done.
+    The serial run runs the whole grid; a worker of fa_sim.parallel runs its shard."""
+    prob, model = spec.prob, tensorcore.resolve(spec.mma_model)
+    if spec.engine == "ptx":
+        from .ptx.fa2 import run_attention
+
+        run_attention(prob, gmem, ptr, hub, kernel=spec.kernel, mma_model=model, wave_ctas=spec.wave_ctas,
+                      on_rounds=on_rounds, cta_range=(ctas.start, ctas.stop))
+        return
+    cfg = prob.config
+    labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
+                             "LSE": prob.seqlen_q})
+    for w in spec.waves(ctas):
+        wave = wave_order(prob, np.arange(w.start, w.stop, dtype=np.int64))
+        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
+        flash_fwd(m, prob, ptr, spec.mutation or NO_MUTATION, on_round=lambda n=len(wave): on_rounds(n))
 
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
              observers=(), *, engine: str | None = None, kernel=None, mutation: Mutation | None = None,
-             progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None) -> SimResult:
+             progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
+             workers: int | str | None = None, cluster: str | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     q16, k16, v16 = (host_fp16(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     prob = make_problem(q16.shape, k16.shape, v16.shape, causal, scale, config)
-    b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
+    b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
     if engine is None:
         engine = "ptx" if kernel is not None else engine_for(prob.config)
     _check_engine(engine, kernel, mutation)
@@ -165,29 +216,24 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         check_program_config(prob.config)
     if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
-    model = tensorcore.resolve(mma_model)
-    plan = estimate(prob, model, int(wave_ctas))
+    plan = estimate(prob, tensorcore.resolve(mma_model), int(wave_ctas))
     plan.check()  # before any allocation of the run's own
-    gmem, bufs, ptr = _global_memory(prob, q16, k16, v16)
-    cfg = prob.config
-    labels = FA2Labels(cfg, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq})
+    spec = RunSpec(prob, engine, kernel, mutation, mma_model, int(wave_ctas))
     hub = Hub(_observers(observers))
-    hub.launch(launch_info(prob))
-    ctas = np.arange(prob.n_ctas, dtype=np.int64)
-    waves = [wave_order(prob, ctas[i: i + wave_ctas]) for i in range(0, prob.n_ctas, wave_ctas)]
-    cta_rounds = sum(int(prob.n_block_max(w % prob.n_m_blocks).max()) * len(w) for w in waves)
-    with _progress_bar(progress, cta_rounds, plan.sim_seconds) as bar:
-        if engine == "ptx":
-            from .ptx.fa2 import run_attention
+    from .parallel import choose_pool
 
-            run_attention(prob, gmem, ptr, hub, kernel=kernel, mma_model=model, wave_ctas=wave_ctas,
-                          on_rounds=bar.update)
+    pool = choose_pool(spec, hub.observers, workers, cluster, plan)  # None: run here
+    hub.launch(launch_info(prob))
+    whole = range(prob.n_ctas)
+    with _progress_bar(progress, spec.cta_rounds(whole), plan.sim_seconds) as bar:
+        if pool is None:
+            gmem, bufs, ptr = _global_memory(prob, q16, k16, v16)
+            run_ctas(spec, gmem, ptr, hub, whole, bar.update)
+            o, lse = bufs["o"].array, bufs["lse"].array
         else:
-            for wave in waves:
-                m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
-                flash_fwd(m, prob, ptr, mutation or NO_MUTATION, on_round=lambda n=len(wave): bar.update(n))
+            o, lse = pool.simulate(spec, q16, k16, v16, hub, bar.update)
     hub.finish()
     counts = dict(hub.counts)
-    return SimResult(o=bufs["o"].array.view(np.float16).reshape(b, h, nq, d), lse=bufs["lse"].array.reshape(b, h, nq),
+    return SimResult(o=o.view(np.float16).reshape(b, h, nq, d), lse=lse.reshape(b, h, nq),
                      counts=counts, instructions=_totals(counts), seconds=time.perf_counter() - start,
                      config=prob.config, causal=prob.causal, scale=prob.scale)

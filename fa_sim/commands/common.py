@@ -291,3 +291,25 @@ def parse_ops(text: str | None):
     if bad:
         raise UsageError(f"--ops: unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
     return frozenset(Op[n] for n in names)
+
+
+# -- parallel runs (fa_sim.parallel) -----------------------------------------------------------------
+def workers_count(text: str):
+    """argparse type of --workers: 'auto' or an integer >= 1."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not text.strip().isdigit():
+        raise UsageError(f"--workers takes auto or an integer >= 1, got {text!r}")
+    return int_in("--workers", 1, None, "auto or an integer >= 1")(text)
+
+
+def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
+    """--workers N|auto and --cluster ADDRESS."""
+    p.add_argument("--workers", type=workers_count, default="auto", metavar="N",
+                   help=describe(f"local processes that share out {what}; results are bit-identical to one "
+                                 "process; with --cluster local, the local cluster's workers", "auto (one per core)",
+                                 "auto or an integer >= 1"))
+    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "
+                                 "scheduler address such as tcp://host:8786 (needs pip install flashsim[cluster])",
+                                 "none: local processes", "local or a scheduler address"))

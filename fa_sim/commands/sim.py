@@ -10,7 +10,9 @@ object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, seconds, instruc
 LSE is not finite although float64 is, each case is reported with its cause (fa_sim.accuracy), the
 numbers are null in JSON, and the exit status is 1. `--check-hazards` attaches the shared-memory
 hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key "hazards") and
-exits 1 when it finds any.
+exits 1 when it finds any. `--workers N` (default: one per core) shares the grid's waves out over
+local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
+bit-identical to one process; a worker or cluster lost is one error line naming the shard.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .common import (
     PROBLEM_DESTS,
     add_config_arguments,
     add_engine_arguments,
+    add_parallel_arguments,
     add_problem_arguments,
     config_from_args,
     engine_from_args,
@@ -51,6 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
+    add_parallel_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -80,7 +84,8 @@ def run(args) -> int:
         checker = HazardChecker()
     engine, kernel = engine_from_args(args, config)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
-                   observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel)
+                   observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
+                   workers=args.workers, cluster=args.cluster)
     acc = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()

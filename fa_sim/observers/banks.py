@@ -19,6 +19,7 @@ ncu metrics this mirrors, per SASS class:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import Counter
 from dataclasses import dataclass
@@ -235,6 +236,21 @@ class BankCounter:
         mask = np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
         wf = ldgsts_wavefronts(np.asarray(event.smem.addr, np.int64), src, mask).sum(-1)
         return InstrCost(wf * cost.executed, cost.ideal, cost.executed)
+
+    # -- shards (fa_sim.parallel.merge): rows add up; a row's labels are its latest event's --------
+    def fresh(self) -> "BankCounter":
+        return BankCounter()
+
+    def partial(self) -> tuple[dict, dict]:
+        return self._rows, self.per_instruction
+
+    def merge(self, part: tuple[dict, dict]) -> None:
+        rows, per = part
+        for key, row in rows.items():
+            old = self._rows.get(key)
+            self._rows[key] = row if old is None else dataclasses.replace(row, counts=old.counts + row.counts)
+        for cls, counter in per.items():
+            self.per_instruction[cls].update(counter)
 
     def report(self) -> "BankReport":
         problem = getattr(self.launch, "problem", None)

@@ -159,6 +159,19 @@ class HazardChecker:
     def report(self) -> HazardReport:
         return HazardReport(tuple(self._hazards), dict(self._counts), self._total, dict(self._sources))
 
+    # -- shards (fa_sim.parallel.merge): counts add up, the first `limit` hazards in grid order ----
+    def fresh(self) -> "HazardChecker":
+        return HazardChecker(self.limit)
+
+    def partial(self) -> HazardReport:
+        return self.report()  # not the shadow state: it dies with its wave
+
+    def merge(self, part: HazardReport) -> None:
+        self._hazards.extend(part.hazards[: max(self.limit - len(self._hazards), 0)])
+        self._counts.update(part.counts)
+        self._total += part.total
+        self._sources.update(part.sources)
+
     # -- events ----------------------------------------------------------------------------------
     def on_instr(self, ev: InstrEvent) -> None:
         if ev.op not in CHECKED_OPS:

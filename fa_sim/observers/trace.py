@@ -13,6 +13,7 @@ Record arrays use the event axes with the CTA and thread axes reduced to the sel
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -288,6 +289,19 @@ class TraceRecorder:
             return
         values = np.asarray(ev.values)[csel][:, self._threads].copy()
         self._checkpoints.append(CheckpointRecord(ev.checkpoint, ev.round, np.asarray(ev.cta)[csel].copy(), values))
+
+    # -- shards (fa_sim.parallel.merge): records follow in grid order, numbered on ---------------
+    def fresh(self) -> "TraceRecorder":
+        return TraceRecorder(self.filter)
+
+    def partial(self) -> tuple[list, list]:
+        return self._records, self._checkpoints
+
+    def merge(self, part: tuple[list, list]) -> None:
+        records, checkpoints = part
+        base = len(self._records)
+        self._records.extend(dataclasses.replace(r, seq=base + r.seq) for r in records)
+        self._checkpoints.extend(checkpoints)
 
     @property
     def trace(self) -> Trace:

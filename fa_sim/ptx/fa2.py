@@ -80,8 +80,12 @@ def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
 
 
 def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, *, kernel=None, mma_model=None,
-                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None) -> None:
-    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`."""
+                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None) -> None:
+    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`.
+    `on_rounds(n)`: progress (n CTAs started a round). `cta_range` (lo, hi): only those CTAs (a
+    shard of fa_sim.parallel; lo starts a wave). The checkpoint buffer keeps its slots for every
+    wanted CTA of the grid, so addresses do not depend on the range; each wave's checkpoints reach
+    observers after that wave."""
     load_families()
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
@@ -100,10 +104,14 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
-    run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
-                mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds)
-    if ck is not None:
-        _emit_checkpoints(prob, hub, ck.array, sel)
+    lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
+    for start in range(lo, hi, wave_ctas):
+        wave = (start, min(start + wave_ctas, hi))
+        run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
+                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave)
+        if ck is not None:
+            rows = (sel >= wave[0]) & (sel < wave[1])
+            _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 
 def _pack(program: Program, args: list) -> bytes:

@@ -107,9 +107,10 @@ def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
 
 def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, memory: GlobalMemory,
                 symbols: dict, hub: Hub, *, mma_model=None, labels: Labels | None = None,
-                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None) -> None:
+                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None) -> None:
     """Run every CTA of the grid, wave by wave (the machine and engine of each wave). `on_rounds(n)`
-    is told each time n CTAs start a round of the main loop (progress)."""
+    is told each time n CTAs start a round of the main loop (progress); `cta_range` (lo, hi) runs
+    only those linear CTA ids, in waves of wave_ctas from lo."""
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS_PER_CTA:
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
@@ -121,8 +122,9 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
             symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
     n_ctas = grid[0] * grid[1] * grid[2]
     model = tensorcore.resolve(mma_model)
-    for start in range(0, n_ctas, wave_ctas):
-        ctas = np.arange(start, min(start + wave_ctas, n_ctas), dtype=np.int64)
+    lo, hi = (0, n_ctas) if cta_range is None else cta_range
+    for start in range(lo, hi, wave_ctas):
+        ctas = np.arange(start, min(start + wave_ctas, hi), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
         Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,

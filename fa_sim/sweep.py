@@ -1,0 +1,194 @@
+"""Sweeps: configs x shapes x causal, each case simulated with the bank counter and the hazard
+checker attached and measured against float64, the cases spread over local processes or a Dask
+cluster (fa_sim.parallel.pmap; one case per task, each case serial inside its worker).
+
+    cases = make_cases([KernelConfig(smem=s) for s in SmemLayout], [(1, 2, 256, 256)], (False, True))
+    results = run_sweep(cases, workers="auto")
+    print(format_table(results)); fig = figure(results)
+
+A case's numbers: warp instructions per counted class (events.COUNTED_OPS), shared-memory bank
+conflicts per class as Nsight Compute counts them (LDGSTS: excess wavefronts, which ncu does not
+call conflicts; observers/banks.py), the hazard count, the relative Frobenius error of O and the
+largest |LSE error| against fa_sim.reference (None where not finite; fa_sim.accuracy).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .config import KernelConfig
+from .events import COUNTED_OPS
+from .observers.banks import SmemClass
+
+Shape = tuple[int, int, int, int]  # B, H, Nq, Nk
+
+
+@dataclass(frozen=True)
+class Case:
+    config: KernelConfig
+    shape: Shape
+    causal: bool
+    seed: int = 0
+    mma: str = "exact"
+
+    @property
+    def name(self) -> str:
+        b, h, nq, nk = self.shape
+        return f"{self.config.tag} {b}x{h}x{nq}x{nk}{' causal' if self.causal else ''}"
+
+    def problem(self):
+        from .problem import Problem
+
+        b, h, nq, nk = self.shape
+        return Problem(b, h, nq, nk, self.causal, self.config.head_dim ** -0.5, self.config)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: Case
+    instructions: dict  # counted class name -> warp instructions
+    banks: dict  # SmemClass value -> {"instructions", "wavefronts", "ideal", "conflicts" | "excess_wavefronts"}
+    hazards: int
+    rel_err_o: float | None
+    max_abs_err_lse: float | None
+    nonfinite: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.NonFinite
+    seconds: float = 0.0
+
+    @property
+    def conflicts(self) -> int:
+        """Bank conflicts over the classes ncu counts them for (LDSM, LDS, STS)."""
+        return sum(v["conflicts"] for k, v in self.banks.items() if "conflicts" in v)
+
+    @property
+    def ok(self) -> bool:
+        return self.hazards == 0 and not self.nonfinite
+
+    def to_json(self) -> dict:
+        b, h, nq, nk = self.case.shape
+        return {"case": self.case.name, "config": self.case.config.to_json(), "shape": [b, h, nq, nk],
+                "causal": self.case.causal, "seed": self.case.seed, "mma": self.case.mma,
+                "instructions": self.instructions, "banks": self.banks, "conflicts": self.conflicts,
+                "hazards": self.hazards, "rel_err_o": self.rel_err_o, "max_abs_err_lse": self.max_abs_err_lse,
+                "nonfinite": list(self.nonfinite), "seconds": self.seconds, "ok": self.ok}
+
+
+def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact") -> list[Case]:
+    """The product configs x shapes x causal flags, in that nesting order."""
+    return [Case(c, tuple(int(x) for x in s), bool(cz), seed, mma) for c in configs for s in shapes for cz in causals]
+
+
+def check_cases(cases) -> float:
+    """Refuse, before anything runs, a case whose simulation cannot fit in this machine's memory;
+    returns the estimated seconds of the whole sweep on one core."""
+    from .estimate import estimate
+
+    seconds = 0.0
+    for case in cases:
+        est = estimate(case.problem(), case.mma)
+        try:
+            est.check(reference=True)
+        except ValueError as exc:
+            raise ValueError(f"case {case.name}: {exc}") from None
+        seconds += est.sim_seconds + est.reference_seconds
+    return seconds
+
+
+def run_case(case: Case) -> CaseResult:
+    """One case, in this process (pmap's task)."""
+    from .accuracy import measure
+    from .observers.banks import BankCounter
+    from .observers.hazards import HazardChecker
+    from .reference import random_inputs
+    from .simulate import simulate
+
+    b, h, nq, nk = case.shape
+    q, k, v = random_inputs(b, h, nq, nk, case.config.head_dim, case.seed)
+    banks, hazards = BankCounter(), HazardChecker()
+    start = time.perf_counter()
+    res = simulate(q, k, v, causal=case.causal, config=case.config, observers=[banks, hazards], mma_model=case.mma,
+                   progress=False, workers=1)
+    seconds = time.perf_counter() - start
+    acc = measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
+    by_class = banks.report().by_class()
+    return CaseResult(case, {op.value: int(res.instructions[op]) for op in COUNTED_OPS},
+                      {c.value: by_class[c].to_json(c) for c in SmemClass}, hazards.report().total,
+                      acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds)
+
+
+def run_sweep(cases, *, workers="auto", cluster: str | None = None, progress: bool | None = None) -> list[CaseResult]:
+    """Every case (checked up front), spread over workers; results in case order."""
+    from .parallel import pmap
+    from .simulate import _progress_bar
+
+    cases = list(cases)
+    seconds = check_cases(cases)
+    with _progress_bar(progress, len(cases), seconds) as bar:
+        return pmap(run_case, cases, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in cases],
+                    on_done=lambda i, r: bar.update(1))
+
+
+# -- reporting ---------------------------------------------------------------------------------------------
+def _num(x) -> str:
+    return "not finite" if x is None else f"{x:.2e}"
+
+
+def format_table(results: list[CaseResult], title: str = "fa sweep") -> str:
+    head = (f"{'case':<42}{'warp instr':>12}{'LDSM cf':>9}{'LDS cf':>8}{'STS cf':>8}{'LDGSTS ex':>11}"
+            f"{'hazards':>9}{'rel err O':>11}{'max|dLSE|':>11}{'s':>7}")
+    lines = [title, head, "-" * len(head)]
+    for r in results:
+        b = r.banks
+        lines.append(f"{r.case.name:<42}{sum(r.instructions.values()):>12,}{b['LDSM']['conflicts']:>9,}"
+                     f"{b['LDS']['conflicts']:>8,}{b['STS']['conflicts']:>8,}{b['LDGSTS']['excess_wavefronts']:>11,}"
+                     f"{r.hazards:>9,}{_num(r.rel_err_o):>11}{_num(r.max_abs_err_lse):>11}{r.seconds:>7.2f}")
+    bad = [r for r in results if not r.ok]
+    lines.append(f"{len(results)} cases, {len(bad)} with hazards or non-finite results" if bad
+                 else f"{len(results)} cases, no hazards, all results finite")
+    for r in bad:
+        for finding in r.nonfinite:
+            lines.append(f"  {r.case.name}: NOT FINITE: {finding}")
+    return "\n".join(lines)
+
+
+def figure(results: list[CaseResult]):
+    """Four panels over the cases: warp instructions per class, bank conflicts per class, hazards,
+    and the errors against float64."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r.case.name for r in results]
+    x = np.arange(len(results))
+    fig, axes = plt.subplots(4, 1, figsize=(max(8.0, 0.55 * len(results) + 3), 13), sharex=True)
+    _bars(axes[0], x, {op.value: [r.instructions[op.value] for r in results] for op in COUNTED_OPS},
+          "warp instructions", log=True)
+    _bars(axes[1], x, {**{c: [r.banks[c]["conflicts"] for r in results] for c in ("LDSM", "LDS", "STS")},
+                       "LDGSTS excess": [r.banks["LDGSTS"]["excess_wavefronts"] for r in results]},
+          "bank conflicts (wavefronts - ideal)")
+    hazards = [r.hazards for r in results]
+    axes[2].bar(x, hazards, color="tab:red")
+    axes[2].set_ylim(0, max(1, max(hazards, default=0)) * 1.1)
+    axes[2].set_ylabel("hazards")
+    for label, vals in (("rel. Frobenius error of O", [r.rel_err_o for r in results]),
+                        ("max |LSE error|", [r.max_abs_err_lse for r in results])):
+        axes[3].plot(x, [np.nan if v is None else v for v in vals], "o-", label=label)
+    axes[3].set_yscale("log")
+    axes[3].set_ylabel("error vs float64")
+    axes[3].legend(fontsize=8)
+    axes[3].set_xticks(x, names, rotation=60, ha="right", fontsize=7)
+    axes[0].set_title("fa sweep: configs x shapes x causal")
+    fig.tight_layout()
+    return fig
+
+
+def _bars(ax, x, series: dict, ylabel: str, log: bool = False) -> None:
+    width = 0.8 / max(len(series), 1)
+    for i, (label, vals) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, label=label)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncol=len(series))
