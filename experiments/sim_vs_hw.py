@@ -1,10 +1,12 @@
 """Simulator against GPU over a sweep of configs x causal x shapes: per-checkpoint agreement.
 
-On the GPU:  python experiments/sim_vs_hw.py run --out DIR
+On the GPU:  python experiments/sim_vs_hw.py run --out DIR [--gpu-only]
              runs both backends on every case, writes DIR/sim_vs_hw.md, .json, .png and
-             DIR/gpu_runs.npz (the GPU side of every case: O, LSE, checkpoint buffers).
-Anywhere:    python experiments/sim_vs_hw.py report --gpu DIR/gpu_runs.npz --out DIR
+             DIR/gpu_runs.npz (the GPU side of every case: O, LSE, checkpoint buffers);
+             --gpu-only stops after the GPU side.
+Anywhere:    python experiments/sim_vs_hw.py report --gpu DIR/gpu_runs.npz --out DIR [--engine ptx]
              redoes the comparison on the CPU against a saved GPU sweep (same table and figure).
+The sweep: 17 configs (CONFIGS) x causal x 3 shapes (SHAPES) = 102 cases.
 
 Each case uses seeded standard-normal inputs; the first, middle and last CTA are checkpointed,
 O and LSE are compared over the whole grid. The GPU side runs the cases one after another in this
@@ -53,34 +55,40 @@ class Case:
         return sorted({0, n // 2, n - 1})
 
 
+#: The family's corners (layouts, head dims, tiles, warps), the schedule options config="auto"
+#: picks on the H200, and the FFMA softmax diagnostic.
+CONFIGS = tuple(KernelConfig.from_tag(t) for t in (
+    "m64n64d64w4-swizzled", "m64n64d64w4-plain", "m64n64d64w4-padded", "m64n32d32w4-swizzled",
+    "m128n64d128w8-swizzled", "m128n128d64w4-swizzled", "m64n32d128w4-padded", "m128n128d32w8-plain",
+    "m128n64d64w4-swizzled", "m128n128d64w4-swizzled-s2", "m128n128d64w4-swizzled-s2-hf",
+    "m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-hf", "m128n32d128w4-swizzled-s2-dp",
+    "m128n64d64w4-swizzled-s2-qr-dp", "m64n64d128w4-swizzled-s3", "m64n64d64w4-swizzled-ffma"))
+
+#: (batch, heads, Nq, Nk): whole tiles; tails with Nk > Nq; tails with Nk < Nq over two batches.
+SHAPES = ((1, 2, 128, 128), (1, 1, 200, 333), (2, 1, 333, 200))
+
+
 def cases() -> list[Case]:
-    configs = [KernelConfig(smem=s) for s in ("swizzled", "plain", "padded")] + [
-        KernelConfig(head_dim=32, block_n=32),
-        KernelConfig(head_dim=128, block_m=128, block_n=64, n_warps=8),
-        KernelConfig(block_m=128, block_n=128, n_warps=4),
-        KernelConfig(head_dim=128, block_n=32, smem="padded"),
-        KernelConfig(head_dim=32, block_m=128, block_n=128, n_warps=8, smem="plain"),
-    ]
-    out = []
-    for cfg in configs:
-        for causal in (False, True):
-            out.append(Case(cfg, causal, 1, 2, 128, 128))
-            out.append(Case(cfg, causal, 1, 1, 200, 333))  # tails, Nk != Nq
-    return out
+    return [Case(cfg, causal, *shape) for cfg in CONFIGS for causal in (False, True) for shape in SHAPES]
 
 
-def simulate_case(item: tuple[Case, float]):
+def simulate_case(item: tuple[Case, float, str | None]):
     """The simulator side of one case (a pmap task): (SimResult, checkpoint buffer)."""
-    case, scale = item
+    case, scale, engine = item
     q, k, v = case.inputs()
-    return simulate_with_checkpoints(q, k, v, case.causal, scale, case.config, case.ctas)
+    return simulate_with_checkpoints(q, k, v, case.causal, scale, case.config, case.ctas, engine=engine)
 
 
-def compare_cases(all_cases: list[Case], saved: dict, workers="auto", cluster=None) -> dict[str, CompareReport]:
-    """Simulate every case in parallel, then compare each with its saved GPU run."""
+def compare_cases(all_cases: list[Case], saved: dict, workers="auto", cluster=None,
+                  engine: str | None = None) -> dict[str, CompareReport]:
+    """Simulate every case in parallel (`engine` None: the one each config needs, see
+    fa_sim.kernels.engine_for), then compare each with its saved GPU run."""
+    from fa_sim.kernels import engine_for
     from fa_sim.parallel import pmap
 
-    items = [(c, float(saved[f"{c.name}/scale"])) for c in all_cases]
+    if engine == "program":  # the hand-written program runs the spec's schedule only
+        all_cases = [c for c in all_cases if engine_for(c.config) == "program"]
+    items = [(c, float(saved[f"{c.name}/scale"]), engine) for c in all_cases]
     sims = pmap(simulate_case, items, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in all_cases])
     reports = {}
     for case, (res, buf) in zip(all_cases, sims):
@@ -147,10 +155,15 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--gpu-only", action="store_true",
+                   help="run and save the GPU side only (DIR/gpu_runs.npz); compare later with `report`")
     rep = sub.add_parser("report")
     rep.add_argument("--gpu", type=Path, required=True)
     rep.add_argument("--out", type=Path, required=True)
     for parser in (r, rep):
+        parser.add_argument("--engine", choices=("program", "ptx"), default=None,
+                            help="simulator front end (default: program for the spec's schedule, ptx for "
+                                 "configs with schedule options; program skips those cases)")
         parser.add_argument("--workers", default="auto",
                             help="local processes for the simulator side (default auto: one per core)")
         parser.add_argument("--cluster", default=None,
@@ -162,9 +175,12 @@ def main(argv=None) -> int:
         saved = run_gpu(all_cases)
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.out / "gpu_runs.npz", **saved)
+        if args.gpu_only:
+            print(f"wrote {args.out / 'gpu_runs.npz'}: {len(all_cases)} cases")
+            return 0
     else:
         saved = dict(np.load(args.gpu))
-    reports = compare_cases(all_cases, saved, workers, args.cluster)
+    reports = compare_cases(all_cases, saved, workers, args.cluster, args.engine)
     write_outputs(reports, args.out)
     return 0 if all(r.ok for r in reports.values()) else 1
 

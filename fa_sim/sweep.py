@@ -31,6 +31,8 @@ class Case:
     causal: bool
     seed: int = 0
     mma: str = "exact"
+    engine: str | None = None  # None: the one the config needs (fa_sim.kernels.engine_for)
+    kernel: str | None = None  # a variant .cu for the PTX engine; None: fa_hw's own
 
     @property
     def name(self) -> str:
@@ -68,14 +70,17 @@ class CaseResult:
         b, h, nq, nk = self.case.shape
         return {"case": self.case.name, "config": self.case.config.to_json(), "shape": [b, h, nq, nk],
                 "causal": self.case.causal, "seed": self.case.seed, "mma": self.case.mma,
+                "engine": self.case.engine, "kernel": self.case.kernel,
                 "instructions": self.instructions, "banks": self.banks, "conflicts": self.conflicts,
                 "hazards": self.hazards, "rel_err_o": self.rel_err_o, "max_abs_err_lse": self.max_abs_err_lse,
                 "nonfinite": list(self.nonfinite), "seconds": self.seconds, "ok": self.ok}
 
 
-def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact") -> list[Case]:
+def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engine: str | None = None,
+               kernel: str | None = None) -> list[Case]:
     """The product configs x shapes x causal flags, in that nesting order."""
-    return [Case(c, tuple(int(x) for x in s), bool(cz), seed, mma) for c in configs for s in shapes for cz in causals]
+    return [Case(c, tuple(int(x) for x in s), bool(cz), seed, mma, engine, kernel)
+            for c in configs for s in shapes for cz in causals]
 
 
 def check_cases(cases) -> float:
@@ -107,7 +112,7 @@ def run_case(case: Case) -> CaseResult:
     banks, hazards = BankCounter(), HazardChecker()
     start = time.perf_counter()
     res = simulate(q, k, v, causal=case.causal, config=case.config, observers=[banks, hazards], mma_model=case.mma,
-                   progress=False, workers=1)
+                   progress=False, workers=1, engine=case.engine, kernel=case.kernel)
     seconds = time.perf_counter() - start
     acc = measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
     by_class = banks.report().by_class()

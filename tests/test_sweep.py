@@ -88,7 +88,7 @@ def test_sim_vs_hw_simulator_side_in_parallel_is_the_serial_comparison(sim_vs_hw
     saved = {}
     for c in cases:
         scale = c.config.head_dim ** -0.5
-        res, buf = sim_vs_hw.simulate_case((c, scale))
+        res, buf = sim_vs_hw.simulate_case((c, scale, None))
         saved |= {f"{c.name}/o": res.o, f"{c.name}/lse": res.lse, f"{c.name}/checkpoints": buf,
                   f"{c.name}/scale": np.float64(scale)}
     one = sim_vs_hw.compare_cases(cases, saved, workers=1)
@@ -110,3 +110,16 @@ def test_bool_config_fields_take_on_and_off():
     with pytest.raises(UsageError, match="--q-in-regs maybe: expected on or off"):
         parse_item(opt, "maybe")
 
+
+
+def test_fa_sweep_runs_a_kernel_variant_on_the_ptx_engine(capsys):
+    """--kernel: every case runs the variant (experiments/variants/fa2_fwd_swizzle_r4.cu: 2 wavefronts
+    per ldmatrix matrix in the swizzled layout, so 2,304 LDSM conflicts at N = 128)."""
+    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    assert main(["sweep", "--smem", "swizzled", "--shape", "1,1,128", "--causal", "off", "--kernel", str(variant),
+                 "--workers", "1",
+                 "--json"]) == 0
+    (case,) = json.loads(capsys.readouterr().out)
+    assert case["engine"] == "ptx" and case["kernel"] == str(variant)
+    assert case["banks"]["LDSM"]["conflicts"] == 2304 and case["hazards"] == 0
+    assert main(["sweep", "--kernel", str(variant), "--engine", "program"]) == 2

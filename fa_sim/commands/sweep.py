@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ..config import KernelConfig
 from . import UsageError
-from .common import (INT32_MAX, add_parallel_arguments, config_options, describe, int_in)
+from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, int_in,
+                     kernel_from_args)
 from .outputs import Kind, Output, check_outputs, save_figure
 
 FIGURE = "sweep"
@@ -55,6 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="DIR", default=None,
                    help=f"write the figure {FIGURE}.png/.svg into DIR, created if missing (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite existing figure files (default: refuse)")
+    add_engine_arguments(p)
     add_parallel_arguments(p, "the cases")
     p.set_defaults(func=run)
 
@@ -112,7 +114,12 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
-    cases = sweep.make_cases(configs_from_args(args), shapes, CAUSAL[args.causal], args.seed, args.mma)
+    kernel = kernel_from_args(args)
+    if kernel is not None and args.engine == "program":
+        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
+    engine = args.engine or ("ptx" if kernel is not None else None)
+    cases = sweep.make_cases(configs_from_args(args), shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
+                             None if kernel is None else str(kernel))
     results = sweep.run_sweep(cases, workers=args.workers, cluster=args.cluster)
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=1, allow_nan=False))
