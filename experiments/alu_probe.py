@@ -129,12 +129,16 @@ def _convert_compare() -> list[Form]:
     return out
 
 
+#: MUFU forms modelled bit for bit (fa_sim.isa.mufu; exhaustively checked by sfu_probe.py verify);
+#: the others are modelled within PTX's error bound only (fa_sim.isa.sfu) and are measured here.
+MUFU_EXACT = ("ex2.approx.ftz.f32", "ex2.approx.f32", "lg2.approx.f32", "lg2.approx.ftz.f32", "rcp.approx.f32",
+              "rcp.approx.ftz.f32", "rsqrt.approx.f32", "sqrt.approx.f32", "sqrt.approx.ftz.f32", "sin.approx.f32",
+              "cos.approx.ftz.f32")
+
+
 def _mufu() -> list[Form]:
-    out = [_f(f"{t} $d, $a", "f32", "f32", exact=False) for t in (
-        "ex2.approx.ftz.f32", "ex2.approx.f32", "lg2.approx.f32", "lg2.approx.ftz.f32", "rcp.approx.f32",
-        "rcp.approx.ftz.f32", "rsqrt.approx.f32", "sqrt.approx.f32", "sqrt.approx.ftz.f32", "sin.approx.f32",
-        "cos.approx.ftz.f32", "tanh.approx.f32")]
-    out += [_f("div.approx.f32 $d, $a, $b", "f32", "f32", "f32", exact=False),
+    out = [_f(f"{t} $d, $a", "f32", "f32", exact=t in MUFU_EXACT) for t in (*MUFU_EXACT, "tanh.approx.f32")]
+    out += [_f("div.approx.f32 $d, $a, $b", "f32", "f32", "f32"),  # a * rcp.approx(b): exact with the model
             _f("div.full.f32 $d, $a, $b", "f32", "f32", "f32", exact=False)]
     out += [_f(f"{t} $d, $a", "b32", "b32", exact=False) for t in (
         "ex2.approx.f16x2", "tanh.approx.f16x2", "ex2.approx.ftz.bf16x2")]

@@ -1,4 +1,4 @@
-"""Benchmark (issue 2, "Speed"): the untraced simulator beside a tile-level interpreter, same run.
+"""Benchmark: the untraced simulator, both front ends, beside a tile-level interpreter, same run.
 
     python experiments/bench_sim.py                 # both parts, the issue's two shapes
     python experiments/bench_sim.py --skip-triton   # fa_sim only
@@ -8,7 +8,10 @@ Without torch or triton the Triton part is skipped with a note on stderr (checke
 timing starts), so the simulator's numbers still come out.
 
 Targets: (B, H, N, d) = (1, 4, 4096, 64) non-causal in <= 40 s and (1, 1, 128, 64) in <= 0.5 s on the
-2-core development machine, peak memory <= 4 GB. Beside each, the FlashAttention forward of
+2-core development machine, peak memory <= 4 GB; the PTX engine (fa_sim/ptx, which executes the PTX
+NVRTC emits for fa2_fwd.cu) at most 3x the program's time on the first shape, and on the second
+under 1 s cold - compilation to PTX and parsing included, measured in a fresh process with an
+empty cache (the column 'cold') - and 0.1 s warm. Beside each, the FlashAttention forward of
 experiments/triton_fa.py under the Triton interpreter (TRITON_INTERPRET=1, CPU torch tensors),
 BLOCK_M = BLOCK_N = 64. Both report their error against the float64 reference on the same
 fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
@@ -58,6 +61,7 @@ class Row:
     rel_err_o: float
     max_abs_err_lse: float
     peak_rss_mb: float | None = None
+    cold_seconds: float | None = None  # PTX engine: fresh process, empty cache (compile + parse + run)
 
 
 def make_inputs(shape, seed: int = 0):
@@ -88,10 +92,38 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
-# ==== part 1: fa_sim (the simulator engineer's) ========================================================
-def bench_fa_sim(shape, q, k, v) -> Row:
-    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v))
-    return Row("fa_sim", shape, seconds, first, *errors(res.o, res.lse, q, k, v), peak_rss_mb())
+# ==== part 1: fa_sim, both front ends ==================================================================
+def bench_fa_sim(shape, q, k, v, engine: str = "program") -> Row:
+    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v, engine=engine, workers=1))
+    cold = cold_seconds(shape) if engine == "ptx" else None
+    return Row(f"fa_sim {engine}", shape, seconds, first, *errors(res.o, res.lse, q, k, v), peak_rss_mb(), cold)
+
+
+COLD = """import sys, time
+import numpy as np
+import fa_sim
+shape = tuple(int(x) for x in sys.argv[1].split(","))
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal(shape).astype(np.float16) for _ in range(3))
+t0 = time.perf_counter()
+fa_sim.simulate(q, k, v, engine="ptx", workers=1)
+print(time.perf_counter() - t0)
+"""
+
+
+def cold_seconds(shape) -> float:
+    """The PTX engine's first simulate() in a fresh process with an empty cache: NVRTC to PTX, parsing
+    and the run (interpreter start and imports not included)."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", COLD, ",".join(map(str, shape))], capture_output=True, text=True,
+                             env={**os.environ, "FLASHSIM_CACHE": cache}, cwd=Path(__file__).resolve().parent.parent)
+    if out.returncode != 0:
+        raise RuntimeError(f"the cold PTX run failed: {out.stderr[-1000:]}")
+    return float(out.stdout.split()[-1])
 
 
 # ==== part 2: Triton interpreter (the layout/reference engineer's) =====================================
@@ -112,13 +144,18 @@ def triton_missing() -> str | None:
 
 # ==== report ===========================================================================================
 def render(rows: list[Row]) -> str:
-    head = (f"{'backend':<18}{'shape (B,H,N,d)':<20}{'seconds':>9}{'first run':>11}{'rel_err_o':>11}"
+    head = (f"{'backend':<18}{'shape (B,H,N,d)':<20}{'seconds':>9}{'first run':>11}{'cold':>8}{'rel_err_o':>11}"
             f"{'max|dLSE|':>11}{'peak RSS MB':>13}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rss = f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb is not None else "-"
-        lines.append(f"{r.backend:<18}{str(r.shape):<20}{r.seconds:>9.3f}{r.first_seconds:>11.3f}"
+        cold = f"{r.cold_seconds:.3f}" if r.cold_seconds is not None else "-"
+        lines.append(f"{r.backend:<18}{str(r.shape):<20}{r.seconds:>9.3f}{r.first_seconds:>11.3f}{cold:>8}"
                      f"{r.rel_err_o:>11.2e}{r.max_abs_err_lse:>11.2e}{rss:>13}")
+    by = {(r.backend, r.shape): r.seconds for r in rows}
+    for shape in dict.fromkeys(r.shape for r in rows):
+        if ("fa_sim ptx", shape) in by and ("fa_sim program", shape) in by:
+            lines.append(f"PTX engine / program at {shape}: {by['fa_sim ptx', shape] / by['fa_sim program', shape]:.2f}x")
     return "\n".join(lines)
 
 
@@ -145,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_sim: the Triton interpreter part is skipped ({skip}; pip install torch triton adds it)",
               file=sys.stderr)
     inputs = {shape: make_inputs(shape) for shape in shapes}
-    rows = [bench_fa_sim(shape, *inputs[shape]) for shape in shapes]
+    rows = [bench_fa_sim(shape, *inputs[shape], engine) for engine in ("program", "ptx") for shape in shapes]
     if skip is None:
         rows += [bench_triton(shape, *inputs[shape]) for shape in shapes]
     print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows))

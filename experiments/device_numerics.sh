@@ -64,7 +64,7 @@ print(len(compile_many(builds, 16)), "builds in the cache")'
 for s in $STEPS; do case $s in
   info) step info 30 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw, cuda.core; print(fa_hw.device_arch(), cuda.core.__version__)'; ls -d ~/.nv/ComputeCache 2>&1" ;;
   log_before|log_after) step $s 60 python -c "$LOG_PROBE" ;;
-  bench1) FLASHSIM_CACHE=$W/cache1 TAIL=40 step bench1 150 python experiments/bench_hw.py --out "$W/b1" --extra $EXTRA --reps 50
+  bench1) FLASHSIM_CACHE=$W/cache1 TAIL=40 step bench1 170 python experiments/bench_hw.py --out "$W/b1" --cases 0 3 --extra $EXTRA --reps 30 --diagnose
     cp "$W/b1/bench_hw.md" "$OUT/bench1.md" 2>/dev/null ;;
   sanitize1) FLASHSIM_CACHE=$W/cache1 TAIL=2 step sanitize1 90 python -m fa_hw.sanitize ;;
   bench2) FLASHSIM_CACHE=$W/cache2 TAIL=20 step bench2 90 python experiments/bench_hw.py --out "$W/b2" --cases 0 3 --extra $EXTRA --reps 50

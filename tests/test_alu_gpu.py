@@ -1,8 +1,8 @@
 """The PTX engine's ALU handlers against the GPU, bit for bit (experiments/alu_probe.py).
 
 Marked `gpu`: skipped cleanly without an NVIDIA GPU. Every exact form (IEEE arithmetic in all
-rounding modes, integer, bit, compare/select and cvt forms) must match; the MUFU forms are
-measured, not asserted (their models are not bit-exact yet, see fa_sim.isa.sfu).
+rounding modes, integer, bit, compare/select and cvt forms, and the MUFU forms of
+alu_probe.MUFU_EXACT) must match; the other MUFU forms are measured, not asserted (fa_sim.isa.sfu).
 """
 
 import sys

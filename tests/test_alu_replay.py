@@ -37,7 +37,7 @@ def recording():
 def test_the_recording_holds_the_first_forms_of_the_probe(recording):
     gpu, seed = recording
     assert gpu.shape == (RECORDED_FORMS, alu_probe.N) and gpu.dtype == np.uint64 and seed == 0
-    assert len(EXACT) == 199
+    assert len(EXACT) == 211
 
 
 @pytest.mark.parametrize("k", EXACT, ids=_form_id)

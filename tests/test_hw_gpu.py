@@ -324,13 +324,10 @@ def test_simulator_and_gpu_agree(gpu, causal, capsys):
     import fa_sim
 
     q, k, v = check.random_inputs(1, 2, 130, 100, 64, seed=2)
-    sim = fa_sim.simulate(q, k, v, causal=causal)
+    sim = fa_sim.simulate(q, k, v, causal=causal, mma_model="h200")  # the H200's tensor core and MUFU
     hw = fa_hw.forward(q, k, v, causal=causal)
     o_ref, _ = check.reference(q, k, v, causal)
     assert check.rel_err(sim.o, o_ref) <= 1e-3 and check.rel_err(hw.o, o_ref) <= 1e-3
-    ulps = int(check.f16_ulps(sim.o, hw.o).max())
-    dlse = check.max_abs_err(sim.lse, hw.lse)
-    with capsys.disabled():
-        print(f"\n[fa_hw] sim vs hw causal={causal}: max |O| diff {ulps} fp16 ulps, "
-              f"{np.mean(sim.o.view(np.uint16) == hw.o.view(np.uint16)):.4f} of O identical, max LSE diff {dlse:.3e}")
-    assert math.isfinite(dlse)
+    hw_o, hw_lse = check.to_numpy(hw.o), check.to_numpy(hw.lse)
+    assert np.array_equal(sim.o.view(np.uint16), hw_o.view(np.uint16))
+    assert np.array_equal(sim.lse.view(np.uint32), np.ascontiguousarray(hw_lse, np.float32).view(np.uint32))

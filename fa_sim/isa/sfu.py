@@ -116,7 +116,15 @@ def tanh_approx(x) -> np.ndarray:
 
 def div_approx(a, b, ftz: bool = False) -> np.ndarray:
     """div.approx{.ftz}.f32: a * (1/b) with the MUFU reciprocal, which flushes its subnormal
-    results: for 2^126 < |b| < 2^128 the quotient is a signed zero, or NaN when a is infinite."""
+    results: for 2^126 < |b| < 2^128 the quotient is a signed zero, or NaN when a is infinite.
+    Without .ftz a subnormal b is first scaled, with a, by 2^24 (what the H200 computes: every
+    recorded quotient by a subnormal, experiments/alu_probe.py); .ftz reads it as zero."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if not ftz:
+        with np.errstate(all="ignore"):
+            sub = (b != 0) & (np.abs(b) < np.float32(2.0 ** -126))
+            a = np.where(sub, a * np.float32(2.0 ** 24), a)
+            b = np.where(sub, b * np.float32(2.0 ** 24), b)
     return mul(a, rcp_approx(b, ftz=True), ftz=ftz)
 
 
