@@ -253,7 +253,7 @@ def cmd_replay(args) -> int:
             x, first = np.unique(np.concatenate(xs), return_index=True)
             arrays[f"{op}__dx"] = np.diff(x.astype(np.int64), prepend=0).astype(np.uint32)
             arrays[f"{op}__y"] = np.concatenate(ys)[first]
-    arrays["source"] = np.array(f"H200 (sm_90) run 1 of experiments/sfu_probe.py; experiments/sfu_fit.py replay")
+    arrays["source"] = np.array("H200 (sm_90) run 1 of experiments/sfu_probe.py; experiments/sfu_fit.py replay")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)
     n = sum(v.size for k, v in arrays.items() if k.endswith("__y"))
