@@ -132,3 +132,25 @@ def _cause(what, where, q, k, v, causal, scale, config) -> str:
                 f"(2^-12 relative) of 65504")
     return ("not explained by the kernel's known overflows (FFMA residue, fp16 range of O): please report it "
             "with the inputs (fa sim --npz)")
+
+
+def lse_error_bound(q, k, causal: bool, scale: float, lse_ref) -> np.ndarray:
+    """[B, H, Nq] a bound on |LSE - float64| that follows from the kernel's fp32 arithmetic.
+
+    LSE = s m + log l, and its error is dominated by the error of the row maximum m of S = Q K^T.
+    The tensor core accumulates each k16 step into fp32 and, on the H200, truncates (rounds toward
+    zero; fa_sim.tensorcore 'h200'), so each of the d/16 steps, plus the final sum, may lose up to
+    one fp32 ulp of a partial sum no larger than sum_i |q_i k_i|: |dm| <= (d/16 + 1) 2^-23
+    max_k sum_i |q_i k_i| over the keys the row sees. Plus 4 ulps of LSE itself (its own roundings).
+    Inputs of large magnitude (|q|, |k| ~ 300) make this exceed a relative 1e-6 legitimately."""
+    q64, k64 = (np.abs(np.asarray(x, np.float64)) for x in (q, k))
+    d, nk = q64.shape[-1], k64.shape[2]
+    worst = np.empty(q64.shape[:3])
+    for lo in range(0, q64.shape[2], 256):  # [B, H, rows, Nk] a block of query rows at a time
+        absdot = np.einsum("bhqd,bhkd->bhqk", q64[:, :, lo:lo + 256], k64)
+        if causal:
+            rows = np.arange(lo, lo + absdot.shape[2])[:, None]
+            absdot = np.where(np.arange(nk)[None, :] <= rows, absdot, 0.0)
+        worst[:, :, lo:lo + absdot.shape[2]] = absdot.max(axis=-1)
+    lse32 = np.abs(np.asarray(lse_ref, np.float64)).astype(np.float32)
+    return scale * (d / 16 + 1) * 2.0 ** -23 * worst + 4 * np.spacing(lse32).astype(np.float64)

@@ -251,13 +251,16 @@ def test_f64_nan_results_follow_the_h200(op, a, b, gpu, rnd):
     assert hex(int(got.view(np.uint64)[0])) == hex(int(_f64(gpu).view(np.uint64)[0]))
 
 
-def test_f64_fma_nan_precedence_b_then_a_then_c():
+def test_f64_fma_nan_precedence_b_then_c_then_a():
     # H200: DFMA with NaNs in a, b and c returns b's (0x7ffc71e372ed3549 0xfffc71e372ed3547
-    # 0xfffc71e372ed354c -> 0xfffc71e372ed3547); a before c is the model's assumption.
+    # 0xfffc71e372ed354c -> 0xfffc71e372ed3547); with NaNs in a and c, c's (fma.rn.f64 $d, $a, $c, $b
+    # of 0x7ff8000000001234, 0x7ff8000000000000, 0 -> 0x7ff8000000000000).
     a, b, c = (_f64(x) for x in (0x7FFC71E372ED3549, 0xFFFC71E372ED3547, 0xFFFC71E372ED354C))
     for rnd in list(Rnd)[:4]:
         assert int(F.fma(a, b, c, rnd).view(np.uint64)[0]) == 0xFFFC71E372ED3547
-        assert int(F.fma(a, _f64(2.0), c, rnd).view(np.uint64)[0]) == 0x7FFC71E372ED3549
+        assert int(F.fma(a, _f64(2.0), c, rnd).view(np.uint64)[0]) == 0xFFFC71E372ED354C
+    a, c = _f64(0x7FF8000000001234), _f64(0x7FF8000000000000)
+    assert int(F.fma(a, _f64(0.0), c).view(np.uint64)[0]) == 0x7FF8000000000000
 
 
 def test_abs_neg_nan_f32_canonical_f64_quieted_with_sign():

@@ -184,12 +184,36 @@ def _f32_to_tf32_rna_nan(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32) & _TF32_KEPT
 
 
+def _f32_to_tf32_nan(a: np.ndarray) -> np.ndarray:
+    # .rn / .rz: the canonical f32 NaN masked to tf32 (0x7fc00000 -> 0x7fffe000, H200)
+    return np.full(a.shape, np.uint32(0x7FFFFFFF) & _TF32_KEPT, np.uint32)
+
+
+def _f64_to_narrow_nan(a: np.ndarray, mant: int, exp_mask: int) -> np.ndarray:
+    # F2F to f16 / bf16: sign, the payload's top `mant` bits, quieted (0x7ff8000000000000 ->
+    # 0x7e00 in f16, 0x7fc0 in bf16; H200)
+    b = a.view(np.uint64)
+    top = (b >> np.uint64(52 - mant)) & np.uint64((1 << mant) - 1)
+    sign = (b >> np.uint64(48)) & np.uint64(0x8000)
+    return (sign | np.uint64(exp_mask) | np.uint64(1 << (mant - 1)) | top).astype(np.uint16)
+
+
+def _f64_to_f16_nan(a: np.ndarray) -> np.ndarray:
+    return _f64_to_narrow_nan(a, 10, 0x7C00).view(np.float16)
+
+
+def _f64_to_bf16_nan(a: np.ndarray) -> np.ndarray:
+    return _f64_to_narrow_nan(a, 7, 0x7F80)
+
+
 _NAN_RULES = {  # (source, destination, rounding or None): the H200's NaN, measured by alu_probe
     (F64, F32, Rnd.RN): _f64_to_f32_nan, (F64, F32, Rnd.RZ): _f64_to_f32_nan,
     (F64, F32, Rnd.RM): _f64_to_f32_nan, (F64, F32, Rnd.RP): _f64_to_f32_nan,  # the same F2F
     (F32, F64, None): _f32_to_f64_nan,
     (BF16, F32, None): _bf16_to_f32_nan,
     (F32, TF32, Rnd.RNA): _f32_to_tf32_rna_nan,
+    (F32, TF32, Rnd.RN): _f32_to_tf32_nan, (F32, TF32, Rnd.RZ): _f32_to_tf32_nan,
+    (F64, F16, Rnd.RN): _f64_to_f16_nan, (F64, BF16, Rnd.RN): _f64_to_bf16_nan,
 }
 
 

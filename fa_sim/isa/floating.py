@@ -103,7 +103,7 @@ def fma(a, b, c, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.
     """fma.rnd{.ftz}{.sat}.f32 / fma.rnd.f64 (and mad.rnd): a * b + c rounded once."""
     if _is64(a):
         a, b, c = np.asarray(a), np.asarray(b, np.float64), np.asarray(c, np.float64)
-        return f64_nan(_fma64(a, b, c, rnd), b, a, c)  # DFMA: b's NaN first (H200); a before c assumed
+        return f64_nan(_fma64(a, b, c, rnd), b, c, a)  # DFMA: b's NaN, then c's, then a's (H200)
     a, b, c = _in32(a, ftz), _in32(b, ftz), _in32(c, ftz)
     with np.errstate(invalid="ignore", over="ignore"):
         p = a.astype(np.float64) * b  # exact: 48 significant bits, exponents within float64

@@ -15,8 +15,8 @@ ptxas 13.0 emits for sm_90 (fa_hw.sass):
   operands the one in PTX's b slot wins, then a (`DADD R, Ra, Rb`: b's NaN). sub's b is not
   negated (`DADD Ra, -Rb` leaves a NaN's sign alone). An invalid operation on non-NaN operands
   writes 0xfff8000000000000. div, rcp and sqrt.f64 (software sequences) prefer a over b.
-- fma.f64's c slot ranks after b (one recorded triple NaN); that a outranks c is not yet
-  measured: the probe form `fma.rn.f64 $d, $a, $c, $b` settles it on the next device run.
+- fma.f64 (DFMA): b's NaN, then c's, then a's (the probe forms `fma.rn/.rm.f64 $d, $a, $c, $b`:
+  with NaNs in a and c, c's is returned).
 """
 
 from __future__ import annotations
