@@ -169,3 +169,15 @@ def test_fa_sim_exits_1_and_names_the_cause(tmp_path, capsys, monkeypatch):
     assert "NOT FINITE: O is nan in 64 row(s)" in text and "not finite (see below)" in text
     monkeypatch.undo()
     assert main(["sim", "--npz", str(tmp_path / "extreme.npz"), "--scale", "0.125"]) == 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_engines_write_the_same_bits_even_where_the_ffma_form_breaks(case):
+    """NaN results too: the program converts to fp16 as cvt.rn.f16.f32 does (any NaN -> 0x7fff, the
+    H200's canonical NaN), so its O is the PTX engine's bit for bit."""
+    q, k, v = extreme_inputs(case)
+    cfg = KernelConfig(softmax="ffma")
+    with np.errstate(all="ignore"):
+        a, b = (fa_sim.simulate(q, k, v, scale=SCALE, config=cfg, mma_model="h200", engine=e) for e in ("program", "ptx"))
+    assert np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
+    assert np.array_equal(a.lse.view(np.uint32), b.lse.view(np.uint32))

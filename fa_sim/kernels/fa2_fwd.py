@@ -30,6 +30,7 @@ import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
+from ..isa.convert import f32_to_f16_rn
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
@@ -244,7 +245,7 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
         m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
-    tCrP = p.astype(np.float16).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3)
+    tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
     m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
     m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
     late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
@@ -275,7 +276,7 @@ def epilogue(m: Machine, wv: _Wave, st: _State) -> None:
     m.round = ROUND_EPILOGUE
     m.set_live(c)
     tCrO, lse = _normalize(m, wv, st)
-    rO = tCrO.astype(np.float16).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2
+    rO = f32_to_f16_rn(tCrO).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2; NaN -> 0x7fff as cvt.rn does
     m.reg(S.epilogue[Step.CONVERT_O], {"tCrO": tCrO}, {"rO": rO})
     m.st_shared(S.sts_o, plan.sts_o.smem, rO.reshape(*rO.shape[:3], -1, 1), "rO")
     if Site.BAR_EPILOGUE not in wv.mut.drop:
