@@ -6,7 +6,9 @@
 
 Both backends' unit of work is the CTA-round (Problem.cta_rounds). The coefficients below were
 measured on the development machine (2 shared cores, numpy 2.4, `experiments/bench_sim.py` and a
-sweep over the family with tracemalloc): times hold to about +-50 %, memory to about +-25 %.
+sweep over the family with tracemalloc): times hold to about +-50 % at the load they were fitted
+under, memory to about +-25 %. The machine's own speed moves more: the same (1, 4, 4096, 64) run took
+12.6 s when they were fitted and 7.0 s later, so the estimate errs on the long side (1.3-1.9x).
 - simulation time per CTA-round: A * block_m * block_n + B * block_m * block_n * head_dim
   (exact-sum tensor core; the H200 model adds H * block_m * block_n * head_dim: every product
   separately);

@@ -55,3 +55,29 @@ def test_the_reference_counts_when_asked(monkeypatch):
 
 def test_machine_memory_is_read():
     assert est.machine_bytes() >= est.available_bytes() > 0
+
+
+def test_fa_sim_prints_the_estimate_before_a_long_run(monkeypatch, capsys):
+    """`fa sim` states the time and memory it expects on stderr before any run that shows progress;
+    a short run stays quiet."""
+    import importlib
+
+    from fa_sim.cli import main
+
+    simulate_module = importlib.import_module("fa_sim.simulate")  # the package re-exports the function
+
+    assert main(["sim", "--seqlen", "64"]) == 0
+    assert "estimate:" not in capsys.readouterr().err
+    monkeypatch.setattr(simulate_module, "PROGRESS_MIN_SECONDS", 0.0)
+    assert main(["sim", "--seqlen", "64"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("fa sim: estimate: about ") and "for the float64 reference" in err and "available" in err
+
+
+def test_fa_sim_refuses_a_reference_that_cannot_fit(monkeypatch, capsys):
+    from fa_sim.cli import main
+
+    monkeypatch.setattr(est, "machine_bytes", lambda: 1000)
+    assert main(["sim", "--seqlen", "64"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "simulation and float64 reference need about" in err and "choose a smaller problem" in err

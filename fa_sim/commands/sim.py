@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 
@@ -72,6 +73,19 @@ def errors(res: SimResult, q, k, v) -> Accuracy:
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
+def _announce(q, k, v, args, config) -> None:
+    """Refuse a run whose simulation and float64 reference cannot fit in this machine's memory, and
+    print the estimate (fa_sim.estimate) on stderr before a run long enough to show progress."""
+    from ..estimate import estimate
+    from ..simulate import PROGRESS_MIN_SECONDS
+    from ..validate import make_problem
+
+    est = estimate(make_problem(np.shape(q), np.shape(k), np.shape(v), args.causal, args.scale, config), args.mma)
+    est.check(reference=True)
+    if est.sim_seconds + est.reference_seconds >= PROGRESS_MIN_SECONDS:
+        print(f"fa sim: {est.describe()}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     q, k, v = _inputs(args)
     d = np.shape(q)[-1] if args.npz is not None else args.head_dim
@@ -83,6 +97,7 @@ def run(args) -> int:
         )
         checker = HazardChecker()
     engine, kernel = engine_from_args(args, config)
+    _announce(q, k, v, args, config)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
                    workers=args.workers, cluster=args.cluster)

@@ -1,0 +1,103 @@
+"""README.md against the code: every `fa` command it shows parses, every output marked
+`<!-- output: COMMAND -->` is what that command prints today (wall-clock times aside), its links
+and the files it names exist, and it stands alone (nothing outside the repository).
+
+    python -m pytest -q tests/test_readme.py      # a failure prints the command's output today
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+
+import pytest
+from test_docs import ROOT, _slug, read_outputs
+
+README = ROOT / "README.md"
+TEXT = README.read_text()
+# Files the README's commands make before using them: path -> its text from fa2_fwd.cu.
+MADE_BY_THE_READER = {"/tmp/no_bar.cu": lambda cu: "#define FA_DROP_BAR_QK 1\n" + cu}
+NEEDS_NVRTC = ("--kernel", "--engine ptx", "--gpu-npz")  # the PTX engine, or replaying a recorded kernel
+WALL_TIME = re.compile(r"(wall time\s+)\d+\.\d+ s$")
+
+
+def bash_commands() -> list[str]:
+    """The `fa ...` commands of the README's bash blocks (one per line or `&&` part, comments dropped),
+    then those quoted inline."""
+    out, block = [], False
+    for line in TEXT.splitlines():
+        if line.startswith("```"):
+            block = line.strip() == "```bash"
+            continue
+        if block:
+            for part in line.split("#", 1)[0].split("&&"):
+                part = part.strip()
+                if part.startswith("fa "):
+                    out.append(part)
+    inline = (" ".join(c.split("|")[0].split()) for c in re.findall(r"`(fa [^`]+)`", TEXT))  # in tables and prose
+    return out + [c for c in inline if c not in out]
+
+
+def test_the_readme_shows_commands():
+    assert len(bash_commands()) >= 15 and len(read_outputs(README)) >= 7
+
+
+@pytest.mark.parametrize("command", bash_commands())
+def test_every_command_parses(command):
+    from fa_sim.cli import build_parser
+
+    argv = shlex.split(command)[1:]
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's error exit
+        pytest.fail(f"`{command}` does not parse (exit {exc.code})")
+
+
+def _normal(lines: list[str]) -> list[str]:
+    return [WALL_TIME.sub(r"\1<t> s", line.rstrip()) for line in lines]
+
+
+@pytest.mark.parametrize("command, lines", read_outputs(README), ids=lambda x: x if isinstance(x, str) else "")
+def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monkeypatch):
+    from fa_sim.cli import main
+    from fa_sim.ptx.fa2 import default_kernel
+
+    if any(k in command for k in NEEDS_NVRTC) and importlib.util.find_spec("cuda.bindings") is None:
+        pytest.skip("needs NVRTC (the hw extra)")
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(command)
+    for i, arg in enumerate(argv):
+        if arg in MADE_BY_THE_READER:
+            made = tmp_path / arg.rsplit("/", 1)[-1]
+            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
+            argv[i] = str(made)
+    assert argv[0] == "fa", command
+    main(argv[1:])
+    out, want = _normal(capsys.readouterr().out.splitlines()), _normal(lines)
+    n = len(want)
+    assert any(out[i:i + n] == want for i in range(len(out) - n + 1)), (
+        f"`{command}` no longer prints the README's excerpt; it prints:\n" + "\n".join(out))
+
+
+def test_links_and_named_files_exist():
+    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", TEXT, re.MULTILINE)}
+    for target in re.findall(r"\]\(([^)]+)\)", TEXT):
+        if target.startswith("http"):
+            continue
+        file, _, anchor = target.partition("#")
+        if file:
+            assert (ROOT / file).exists(), f"link to missing {file}"
+        elif anchor:
+            assert anchor in anchors, f"no heading for #{anchor}"
+    named = re.findall(r"`((?:fa_sim|fa_hw|experiments|tests|docs|traces)/[\w/.-]+\.(?:py|cu|md|json|npz|txt|sh))`", TEXT)
+    named += re.findall(r"python (experiments/\w+\.py)", TEXT)
+    assert len(named) > 20
+    for ref in named:
+        assert (ROOT / ref).exists(), f"README names {ref}, which does not exist"
+
+
+def test_the_readme_stands_alone():
+    """Users have the repository only: no paths into the developers' notes, no issue numbers."""
+    assert "shared/" not in TEXT and "../" not in TEXT
+    assert not re.search(r"\bissue\s*#?\d", TEXT, re.IGNORECASE)
