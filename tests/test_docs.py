@@ -104,8 +104,12 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-@pytest.mark.parametrize("path", [KERNEL, FACTS, DOCS / "README.md"], ids=lambda p: p.name)
-def test_links_resolve(path):
+NAMED_FILE = re.compile(r"`((?:fa_sim|fa_hw|experiments|tests|docs|traces)/[\w/.-]+\.(?:py|cu|md|json|npz|txt|sh))`")
+
+
+def check_links(path: Path) -> int:
+    """Every relative link of the Markdown file `path` and every repository file it names in
+    backticks exists, and every #anchor is a heading of it; returns how many files it names."""
     text = path.read_text()
     anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
     for target in re.findall(r"\]\(([^)]+)\)", text):
@@ -116,8 +120,15 @@ def test_links_resolve(path):
             assert (path.parent / file).exists(), f"{path.name}: link to missing {file}"
         elif anchor:
             assert anchor in anchors, f"{path.name}: no heading for #{anchor}"
-    for ref in re.findall(r"`((?:fa_sim|fa_hw|experiments|tests)/[\w/.]+\.(?:py|cu|md|json))`", text):
+    named = NAMED_FILE.findall(text)
+    for ref in named:
         assert (ROOT / ref).exists(), f"{path.name}: {ref} does not exist"
+    return len(named)
+
+
+@pytest.mark.parametrize("path", [KERNEL, FACTS, DOCS / "README.md"], ids=lambda p: p.name)
+def test_links_resolve(path):
+    check_links(path)
 
 
 # == gpu_facts.md =======================================================================================

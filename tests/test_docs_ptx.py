@@ -9,7 +9,6 @@ that command prints today, and its links resolve.
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from collections import defaultdict
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from test_docs import DOCS, ROOT, _slug, read_outputs, read_tables
+from test_docs import DOCS, ROOT, check_links, read_outputs, read_tables
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
 
@@ -123,18 +122,7 @@ def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monke
 
 # == links and measured claims ==========================================================================
 def test_links_resolve():
-    text = PTX_DOC.read_text()
-    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
-    for target in re.findall(r"\]\(([^)]+)\)", text):
-        if target.startswith("http"):
-            continue
-        file, _, anchor = target.partition("#")
-        if file:
-            assert (PTX_DOC.parent / file).exists(), f"link to missing {file}"
-        elif anchor:
-            assert anchor in anchors, f"no heading for #{anchor}"
-    for ref in re.findall(r"`((?:fa_sim|fa_hw|experiments|tests|docs)/[\w/.]+\.(?:py|cu|md|json))`", text):
-        assert (ROOT / ref).exists(), f"{ref} does not exist"
+    check_links(PTX_DOC)
     assert "ptx_engine.md" in (DOCS / "README.md").read_text()
 
 

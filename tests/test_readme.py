@@ -12,7 +12,7 @@ import re
 import shlex
 
 import pytest
-from test_docs import ROOT, _slug, read_outputs
+from test_docs import ROOT, check_links, read_outputs
 
 README = ROOT / "README.md"
 TEXT = README.read_text()
@@ -81,20 +81,10 @@ def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monke
 
 
 def test_links_and_named_files_exist():
-    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", TEXT, re.MULTILINE)}
-    for target in re.findall(r"\]\(([^)]+)\)", TEXT):
-        if target.startswith("http"):
-            continue
-        file, _, anchor = target.partition("#")
-        if file:
-            assert (ROOT / file).exists(), f"link to missing {file}"
-        elif anchor:
-            assert anchor in anchors, f"no heading for #{anchor}"
-    named = re.findall(r"`((?:fa_sim|fa_hw|experiments|tests|docs|traces)/[\w/.-]+\.(?:py|cu|md|json|npz|txt|sh))`", TEXT)
-    named += re.findall(r"python (experiments/\w+\.py)", TEXT)
-    assert len(named) > 20
-    for ref in named:
-        assert (ROOT / ref).exists(), f"README names {ref}, which does not exist"
+    scripts = re.findall(r"python (experiments/\w+\.py)", TEXT)
+    assert check_links(README) > 20 and scripts
+    for ref in scripts:
+        assert (ROOT / ref).exists(), f"README runs {ref}, which does not exist"
 
 
 def test_the_readme_stands_alone():
