@@ -97,6 +97,48 @@ def test_every_marked_table_is_checked():
     assert all(KT.values()) and all(FT.values())
 
 
+# == command output excerpts ============================================================================
+# Files the docs' commands make before using them: path -> its text from fa2_fwd.cu.
+MADE_BY_THE_READER = {"/tmp/no_bar.cu": lambda cu: "#define FA_DROP_BAR_QK 1\n" + cu}
+WALL_TIME = re.compile(r"(wall time\s+)\d+\.\d+ s$")
+
+
+def _normal(lines: list[str]) -> list[str]:
+    """Trailing blanks dropped, wall-clock times masked: what an excerpt must match."""
+    return [WALL_TIME.sub(r"\1<t> s", line.rstrip()) for line in lines]
+
+
+def assert_prints(command: str, lines: list[str], doc: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Run `command` as the doc shows it (`fa ...`, or `python SCRIPT.py` calling its main()) from the
+    repository root and require `lines` among its output, contiguous; files the doc has the reader
+    make first (MADE_BY_THE_READER) are made in tmp_path."""
+    import importlib.util
+    import shlex
+
+    from fa_sim.cli import main
+    from fa_sim.ptx.fa2 import default_kernel
+
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(command)
+    for i, arg in enumerate(argv):
+        if arg in MADE_BY_THE_READER:
+            made = tmp_path / arg.rsplit("/", 1)[-1]
+            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
+            argv[i] = str(made)
+    if argv[0] == "fa":
+        main(argv[1:])
+    else:
+        assert argv[0] == "python" and len(argv) == 2, command
+        spec = importlib.util.spec_from_file_location("doc_example", ROOT / argv[1])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.main()
+    out, want = _normal(capsys.readouterr().out.splitlines()), _normal(lines)
+    n = len(want)
+    assert any(out[i:i + n] == want for i in range(len(out) - n + 1)), (
+        f"`{command}` no longer prints the excerpt of {doc}; it prints:\n" + "\n".join(out))
+
+
 # == links ============================================================================================
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""

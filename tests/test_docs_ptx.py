@@ -16,13 +16,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from test_docs import DOCS, ROOT, check_links, read_outputs, read_tables
+from test_docs import DOCS, ROOT, assert_prints, check_links, read_outputs, read_tables
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
 
 PTX_DOC = DOCS / "ptx_engine.md"
-# Files the doc's commands name that the reader makes first: path -> its text from fa2_fwd.cu.
-MADE_BY_THE_READER = {"/tmp/no_bar.cu": lambda cu: "#define FA_DROP_BAR_QK 1\n" + cu}
 
 
 # == the dispatch table ===============================================================================
@@ -90,34 +88,9 @@ def test_every_marked_table_is_checked():
 
 
 # == command output ===================================================================================
-def _run_example(path: str) -> None:
-    spec = importlib.util.spec_from_file_location("doc_example", ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main()
-
-
 @pytest.mark.parametrize("command, lines", read_outputs(PTX_DOC), ids=lambda x: x if isinstance(x, str) else "")
 def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monkeypatch):
-    from fa_sim.cli import main
-    from fa_sim.ptx.fa2 import default_kernel
-
-    monkeypatch.chdir(ROOT)
-    argv = command.split()
-    for i, arg in enumerate(argv):
-        if arg in MADE_BY_THE_READER:
-            made = tmp_path / arg.rsplit("/", 1)[-1]
-            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
-            argv[i] = str(made)
-    if argv[0] == "fa":
-        main(argv[1:])
-    else:
-        assert argv[0] == "python" and len(argv) == 2, command
-        _run_example(argv[1])
-    out = capsys.readouterr().out.splitlines()
-    n = len(lines)
-    assert any(out[i:i + n] == lines for i in range(len(out) - n + 1)), (
-        f"`{command}` no longer prints the doc's excerpt; it prints:\n" + "\n".join(out))
+    assert_prints(command, lines, PTX_DOC.name, tmp_path, capsys, monkeypatch)
 
 
 # == links and measured claims ==========================================================================

@@ -12,14 +12,11 @@ import re
 import shlex
 
 import pytest
-from test_docs import ROOT, check_links, read_outputs
+from test_docs import ROOT, assert_prints, check_links, read_outputs
 
 README = ROOT / "README.md"
 TEXT = README.read_text()
-# Files the README's commands make before using them: path -> its text from fa2_fwd.cu.
-MADE_BY_THE_READER = {"/tmp/no_bar.cu": lambda cu: "#define FA_DROP_BAR_QK 1\n" + cu}
 NEEDS_NVRTC = ("--kernel", "--engine ptx", "--gpu-npz")  # the PTX engine, or replaying a recorded kernel
-WALL_TIME = re.compile(r"(wall time\s+)\d+\.\d+ s$")
 
 
 def bash_commands() -> list[str]:
@@ -54,30 +51,11 @@ def test_every_command_parses(command):
         pytest.fail(f"`{command}` does not parse (exit {exc.code})")
 
 
-def _normal(lines: list[str]) -> list[str]:
-    return [WALL_TIME.sub(r"\1<t> s", line.rstrip()) for line in lines]
-
-
 @pytest.mark.parametrize("command, lines", read_outputs(README), ids=lambda x: x if isinstance(x, str) else "")
 def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monkeypatch):
-    from fa_sim.cli import main
-    from fa_sim.ptx.fa2 import default_kernel
-
     if any(k in command for k in NEEDS_NVRTC) and importlib.util.find_spec("cuda.bindings") is None:
         pytest.skip("needs NVRTC (the hw extra)")
-    monkeypatch.chdir(ROOT)
-    argv = shlex.split(command)
-    for i, arg in enumerate(argv):
-        if arg in MADE_BY_THE_READER:
-            made = tmp_path / arg.rsplit("/", 1)[-1]
-            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
-            argv[i] = str(made)
-    assert argv[0] == "fa", command
-    main(argv[1:])
-    out, want = _normal(capsys.readouterr().out.splitlines()), _normal(lines)
-    n = len(want)
-    assert any(out[i:i + n] == want for i in range(len(out) - n + 1)), (
-        f"`{command}` no longer prints the README's excerpt; it prints:\n" + "\n".join(out))
+    assert_prints(command, lines, README.name, tmp_path, capsys, monkeypatch)
 
 
 def test_links_and_named_files_exist():
