@@ -96,6 +96,18 @@ def _from_json_value(hint, name: str, value):
     return value
 
 
+def _parse_choice(cls: type[enum.Enum], value, noun: str):
+    """The member of the string enum `cls` that `value` is or names (any case); a ValueError naming
+    the accepted values otherwise."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise ValueError(f"{noun} {value!r} is not supported; choose one of: {choices}") from None
+
+
 class SmemLayout(enum.Enum):
     """How a (row, col) tile coordinate maps to a shared-memory offset."""
 
@@ -105,13 +117,7 @@ class SmemLayout(enum.Enum):
 
     @classmethod
     def parse(cls, value: "SmemLayout | str") -> "SmemLayout":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            choices = ", ".join(m.value for m in cls)
-            raise ValueError(f"smem layout {value!r} is not supported; choose one of: {choices}") from None
+        return _parse_choice(cls, value, "smem layout")
 
 
 FIELD_HELP, FIELD_CHOICES, FIELD_OPTION = "help", "choices", "option"  # KernelConfig field metadata keys
@@ -130,13 +136,7 @@ class SoftmaxForm(enum.Enum):
 
     @classmethod
     def parse(cls, value: "SoftmaxForm | str") -> "SoftmaxForm":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            choices = ", ".join(m.value for m in cls)
-            raise ValueError(f"softmax form {value!r} is not supported; choose one of: {choices}") from None
+        return _parse_choice(cls, value, "softmax form")
 
 
 @dataclass(frozen=True)
