@@ -107,6 +107,8 @@ TABLE = [
     (["sim", "--seq", "64"], "unrecognized arguments: --seq 64", 2),  # no abbreviations
     (["explain", "--block-n", "0"], "argument --block-n: must be a positive integer, got 0", 2),
     (["sim", "--config", "m64x"], "--config m64x: 'm64x' is not a config tag like", 2),
+    (["sim", "--config", "m64n64d64w4-swizzled-s2-s3"], "suffix 's3' contradicts 's2' (both set kv_stages)", 2),
+    (["hw", "--config", "m64n64d64w4-swizzled-ffma-fmul_fsub"], "suffix 'fmul_fsub' contradicts 'ffma'", 2),
     (["sim", "--config", "m64n64d64w4-swizzled", "--block-n", "32"],
      "--block-n does not apply with --config m64n64d64w4-swizzled, which names every field", 2),
     (["sim", "--config", "m64n64d64w4-swizzled-s2", "--engine", "program"], "run this config with engine='ptx'", 2),

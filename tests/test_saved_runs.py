@@ -52,7 +52,10 @@ def test_every_tag_parses_back():
 
 
 @pytest.mark.parametrize("tag, message", [("seed", "not a config tag"), ("m64n64d64w4-swizzled-fma", "softmax form"),
-                                          ("m64n64d48w4-swizzled", "head_dim=48")])
+                                          ("m64n64d48w4-swizzled", "head_dim=48"),
+                                          ("m64n64d64w4-swizzled-s2-s3", "'s3' contradicts 's2'"),
+                                          ("m64n64d64w4-swizzled-ffma-fmul_fsub", "'fmul_fsub' contradicts 'ffma'"),
+                                          ("m64n64d64w4-swizzled-hf-hf", "'hf' repeats 'hf'")])
 def test_bad_tags_are_value_errors(tag, message):
     with pytest.raises(ValueError, match=message):
         config_from_tag(tag)
