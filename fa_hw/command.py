@@ -53,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     kernel = kernel_from_args(args)
     q, k, v = random_inputs(args)
+    d = q.shape[-1]  # --head-dim, or the head_dim a --config tag names (common.problem_head_dim)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
-    flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
+    flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)
     report = {
-        "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
+        "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, d],
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }

@@ -113,6 +113,16 @@ TABLE = [
      "--block-n does not apply with --config m64n64d64w4-swizzled, which names every field", 2),
     (["sim", "--config", "m64n64d64w4-swizzled-s2", "--engine", "program"], "run this config with engine='ptx'", 2),
     (["sim", "--config", "m64n64d32w4-plain", "--seqlen", "64"], None, 0),
+    # a tag names the problem's head_dim in every command; --head-dim may repeat it, not contradict it
+    (["banks", "--config", "m128n64d128w4-swizzled-s2", "--seqlen", "64"], None, 0),
+    (["banks", "--config", "m128n64d128w4-swizzled-s2", "--head-dim", "128", "--seqlen", "64"], None, 0),
+    (["trace", "--config", "m64n64d32w4-plain", "--seqlen", "64"], None, 0),
+    (["sim", "--config", "m64n64d128w4-plain", "--head-dim", "64"],
+     "--head-dim 64 disagrees with --config m64n64d128w4-plain, whose head_dim is 128", 2),
+    (["hw", "--config", "m64n64d32w4-plain", "--head-dim", "128"],
+     "--head-dim 128 disagrees with --config m64n64d32w4-plain, whose head_dim is 32", 2),
+    (["sim", "--npz", "{good}", "--config", "m64n64d128w4-plain"],
+     "--npz {good} holds inputs of head_dim 64, but --config m64n64d128w4-plain has head_dim 128", 2),
     # trace selections speak of what the user named
     (["trace", "--warp", "99"], "--warp 99 is outside the CTA: 4 warps, 0..3", 2),
     (["trace", "--warp", "4", "--warps", "8", "--block-m", "128"], None, 0),
@@ -222,6 +232,32 @@ def test_help_of_one_option(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--warp WARP" in out and "warp of the CTA (default 0; 0 .. warps-1)" in out
     assert "--block-m {64,128}" in out and "query rows per CTA (kBlockM) (default 64; one of 64, 128)" in out
+
+
+class Launched(Exception):
+    """Raised by a stand-in for the GPU launch, carrying what it was given."""
+
+
+def _capture_launch(q, k, v, **kwargs):
+    raise Launched(q.shape, kwargs["config"])
+
+
+@pytest.mark.parametrize("command", ["hw", "compare"])
+def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
+    """--config m128n64d128w4-swizzled-s2 reaches the launch with d = 128 inputs (it once met
+    "inputs have head_dim 64 but config.head_dim is 128"), with or without a repeated --head-dim."""
+    import sys
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    module = sys.modules[sub.choices[command].get_default("func").__module__]
+    monkeypatch.setattr("fa_hw.forward", _capture_launch)
+    if hasattr(module, "forward"):
+        monkeypatch.setattr(module, "forward", _capture_launch)
+    for extra in ([], ["--head-dim", "128"]):
+        with pytest.raises(Launched) as info:
+            main([command, "--config", "m128n64d128w4-swizzled-s2", "--seqlen", "64", *extra])
+        shape, config = info.value.args
+        assert shape[-1] == 128 and config.tag == "m128n64d128w4-swizzled-s2"
 
 
 def test_npz_inputs_of_another_rank_are_one_line_errors(tmp_path, capsys):

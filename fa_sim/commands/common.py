@@ -138,9 +138,22 @@ def seqlen_k(args) -> int:
     return args.seqlen if args.seqlen_k is None else args.seqlen_k
 
 
+def problem_head_dim(args) -> int:
+    """The problem's head_dim d: the --config tag's when a tag names the config (an explicit
+    --head-dim must agree with it), else --head-dim."""
+    tag = getattr(args, "config", None)
+    if tag is None or tag == AUTO_CONFIG:
+        return args.head_dim
+    d = KernelConfig.from_tag(tag).head_dim
+    if "head_dim" in explicit(args) and args.head_dim != d:
+        raise UsageError(f"--head-dim {args.head_dim} disagrees with --config {tag}, whose head_dim is {d}; "
+                         f"drop --head-dim (the tag names it) or give a d{args.head_dim} tag")
+    return d
+
+
 def problem_shape(args) -> tuple[int, int, int, int, int]:
-    """(B, H, Nq, Nk, d) of the random inputs the options describe."""
-    return args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim
+    """(B, H, Nq, Nk, d) of the random inputs the options describe (d: `problem_head_dim`)."""
+    return args.batch, args.heads, args.seqlen, seqlen_k(args), problem_head_dim(args)
 
 
 def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -245,18 +258,26 @@ def auto_requested(args) -> bool:
     return True
 
 
-def config_from_args(args, **override) -> KernelConfig:
-    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file).
+def config_from_args(args, head_dim: int | None = None, inputs: str | None = None) -> KernelConfig:
+    """The KernelConfig the options name. `head_dim`: that of an input file (`inputs` names the
+    option and file, e.g. '--npz q.npz'), which a --config tag must agree with. A tag names the
+    problem's head_dim too (`problem_head_dim`: --head-dim may repeat it, not contradict it).
     --config auto is for the GPU commands (`auto_requested`); elsewhere it is a UsageError."""
     if getattr(args, "config", None) == AUTO_CONFIG:
         raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
                          "here give the config's options (fa hw --config auto reports the tag it ran)")
     tag = getattr(args, "config", None)
     if tag is not None:  # a whole config: the field options would be ignored, so they are refused
-        refuse(args, [o.dest for o in config_options()], f"with --config {tag}, which names every field")
-        return dataclasses.replace(KernelConfig.from_tag(tag), **override)
+        refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"],
+               f"with --config {tag}, which names every field")
+        config = KernelConfig.from_tag(tag)
+        problem_head_dim(args)  # an explicit --head-dim must agree with the tag
+        if head_dim is not None and head_dim != config.head_dim:
+            raise UsageError(f"{inputs or 'the inputs'} holds inputs of head_dim {head_dim}, but --config {tag} "
+                             f"has head_dim {config.head_dim}; give a d{head_dim} tag")
+        return config
     values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
-    return KernelConfig(**{**values, **override})
+    return KernelConfig(**{**values, **({} if head_dim is None else {"head_dim": head_dim})})
 
 
 # -- options that do not apply ---------------------------------------------------------------------

@@ -166,7 +166,7 @@ def _launch(args, save: Output | None):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
+        config = auto_for_device(q.shape[-1], args.causal, k.shape[2]).config
     else:
         config = config_from_args(args)
     b, h, nq, _ = q.shape

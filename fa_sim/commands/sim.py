@@ -88,8 +88,9 @@ def _announce(q, k, v, args, config) -> None:
 
 def run(args) -> int:
     q, k, v = _inputs(args)
-    d = np.shape(q)[-1] if args.npz is not None else args.head_dim
-    config = config_from_args(args, head_dim=int(d))
+    config = (config_from_args(args) if args.npz is None else
+              config_from_args(args, head_dim=int(np.shape(q)[-1]), inputs=f"--npz {args.npz}"))
+    d = config.head_dim
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (

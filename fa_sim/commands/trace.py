@@ -114,7 +114,7 @@ def run(args) -> int:
     if args.input is not None:
         refuse(args, PROBLEM_DESTS, "with --input: the file's q, k, v fix the shape")
         inputs = load_qkv(args.input, "--input")
-        cfg = config_from_args(args, head_dim=int(inputs[0].shape[-1]))
+        cfg = config_from_args(args, head_dim=int(inputs[0].shape[-1]), inputs=f"--input {args.input}")
     else:
         cfg = config_from_args(args)
         inputs = None
