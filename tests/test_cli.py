@@ -37,6 +37,10 @@ def files(tmp_path_factory):
     np.savez(d / "objects.npz", q=np.array([{"a": 1}], dtype=object), k=x, v=x)
     np.savez(d / "strings.npz", q=np.full((1, 1, 2, 2), "a"), k=x, v=x)
     np.savez(d / "noq.npz", k=x, v=x)
+    run = {k: np.asarray(v) for k, v in np.load(H200 / "compare_causal_s200_k333.npz").items()}
+    np.savez(d / "causal_no.npz", **{**run, "causal": np.array("no")})
+    np.savez(d / "short_o.npz", **{**run, "o": run["o"][:, :, :100]})
+    np.savez(d / "tag_json.npz", **{**run, "config": np.array("m128n64d64w4-swizzled")})
     (d / "exists.json").write_text("{}")
     (d / "figs").mkdir()
     (d / "figs" / "bank_conflicts_by_class.png").write_bytes(b"old figure")
@@ -44,7 +48,8 @@ def files(tmp_path_factory):
         "good": "good.npz", "trunc": "truncated.npz", "corrupt": "corrupt.npz", "badcrc": "badcrc.npz",
         "empty": "empty.npz", "npy": "single.npy", "pkl": "pickled.pkl", "obj": "objects.npz",
         "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "figs": "figs", "dir": ".",
-        "missing": "missing.npz"}.items()}
+        "missing": "missing.npz", "causal_no": "causal_no.npz", "short_o": "short_o.npz",
+        "tag_json": "tag_json.npz"}.items()}
 
 
 # (argv, fragment of the one-line message, exit status); {name} is a path from `files`
@@ -75,6 +80,10 @@ TABLE = [
     (["compare", "--gpu-npz", "{npy}"], "--gpu-npz {npy}: is a single .npy array", 2),
     (["compare", "--gpu-npz", "{trunc}"], "--gpu-npz {trunc}: is truncated or corrupt", 2),
     (["compare", "--gpu-npz", "{good}"], "--gpu-npz {good}: lacks array(s) o, lse, checkpoints, ctas", 2),
+    (["compare", "--gpu-npz", "{causal_no}"], "--gpu-npz {causal_no}: field causal holds 'no' (<U2); a saved run "
+                                              "holds the causal flag, True or False there", 2),
+    (["compare", "--gpu-npz", "{short_o}"], "--gpu-npz {short_o}: field o holds an array of shape (1, 2, 100, 64)", 2),
+    (["compare", "--gpu-npz", "{tag_json}"], "field config 'm128n64d64w4-swizzled' contradicts field config_json", 2),
     # output paths: checked before the simulation; existing files refused unless --force
     (["trace", "--perfetto", "/proc/fa_trace.json"], "--perfetto /proc/fa_trace.json: cannot write in /proc", 2),
     (["trace", "--perfetto", "{dir}"], "is a directory; --perfetto takes a file name", 2),

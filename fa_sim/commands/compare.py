@@ -32,6 +32,7 @@ from ..crosscheck import (
     simulate_with_checkpoints,
 )
 from ..problem import Problem
+from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
@@ -51,7 +52,7 @@ from .common import (
 from .inputs import load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 
-FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")  # SavedRun
+FIELDS = SAVED_ARRAYS
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
 
 
@@ -76,9 +77,9 @@ def register(subparsers) -> None:
 def load_recording(path) -> SavedRun:
     """A saved GPU run (fa_sim.crosscheck.SavedRun); bad files are one UsageError naming --gpu-npz
     and the file."""
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format", "kernel_name", "kernel_source"))
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=OPTIONAL_ARRAYS)
     try:
-        return SavedRun.from_arrays(data, path)
+        return SavedRun.from_arrays(data)
     except ValueError as exc:
         raise UsageError(f"--gpu-npz {path}: {exc}") from None
 
