@@ -258,10 +258,21 @@ def auto_requested(args) -> bool:
     return True
 
 
-def config_from_args(args, head_dim: int | None = None, inputs: str | None = None) -> KernelConfig:
-    """The KernelConfig the options name. `head_dim`: that of an input file (`inputs` names the
-    option and file, e.g. '--npz q.npz'), which a --config tag must agree with. A tag names the
-    problem's head_dim too (`problem_head_dim`: --head-dim may repeat it, not contradict it).
+def inputs_head_dim(args, q, option: str) -> int:
+    """The head_dim of inputs read from a file (`option`, e.g. '--npz q.npz'), which a --config
+    tag must agree with."""
+    d = int(np.shape(q)[-1])
+    tag = getattr(args, "config", None)
+    if tag is not None and tag != AUTO_CONFIG and KernelConfig.from_tag(tag).head_dim != d:
+        raise UsageError(f"{option} holds inputs of head_dim {d}, but --config {tag} has head_dim "
+                         f"{KernelConfig.from_tag(tag).head_dim}; give a d{d} tag")
+    return d
+
+
+def config_from_args(args, head_dim: int | None = None) -> KernelConfig:
+    """The KernelConfig the options name. `head_dim`: that of an input file (`inputs_head_dim`),
+    which a --config tag must agree with. A tag names the problem's head_dim too
+    (`problem_head_dim`: --head-dim may repeat it, not contradict it).
     --config auto is for the GPU commands (`auto_requested`); elsewhere it is a UsageError."""
     if getattr(args, "config", None) == AUTO_CONFIG:
         raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
@@ -273,8 +284,8 @@ def config_from_args(args, head_dim: int | None = None, inputs: str | None = Non
         config = KernelConfig.from_tag(tag)
         problem_head_dim(args)  # an explicit --head-dim must agree with the tag
         if head_dim is not None and head_dim != config.head_dim:
-            raise UsageError(f"{inputs or 'the inputs'} holds inputs of head_dim {head_dim}, but --config {tag} "
-                             f"has head_dim {config.head_dim}; give a d{head_dim} tag")
+            raise UsageError(f"the inputs have head_dim {head_dim}, but --config {tag} has head_dim "
+                             f"{config.head_dim}; give a d{head_dim} tag")
         return config
     values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
     return KernelConfig(**{**values, **({} if head_dim is None else {"head_dim": head_dim})})

@@ -34,6 +34,8 @@ from .common import (
     add_problem_arguments,
     config_from_args,
     engine_from_args,
+    inputs_head_dim,
+    problem_head_dim,
     random_inputs,
     refuse,
 )
@@ -88,9 +90,8 @@ def _announce(q, k, v, args, config) -> None:
 
 def run(args) -> int:
     q, k, v = _inputs(args)
-    config = (config_from_args(args) if args.npz is None else
-              config_from_args(args, head_dim=int(np.shape(q)[-1]), inputs=f"--npz {args.npz}"))
-    d = config.head_dim
+    d = problem_head_dim(args) if args.npz is None else inputs_head_dim(args, q, f"--npz {args.npz}")
+    config = config_from_args(args, head_dim=d)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (

@@ -27,6 +27,7 @@ from .common import (
     add_problem_arguments,
     config_from_args,
     engine_from_args,
+    inputs_head_dim,
     int_in,
     parse_ops,
     problem_shape,
@@ -114,7 +115,7 @@ def run(args) -> int:
     if args.input is not None:
         refuse(args, PROBLEM_DESTS, "with --input: the file's q, k, v fix the shape")
         inputs = load_qkv(args.input, "--input")
-        cfg = config_from_args(args, head_dim=int(inputs[0].shape[-1]), inputs=f"--input {args.input}")
+        cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs[0], f"--input {args.input}"))
     else:
         cfg = config_from_args(args)
         inputs = None
