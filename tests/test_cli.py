@@ -362,3 +362,20 @@ def test_engine_faults_and_unknown_instructions_are_one_line(exc, head, status, 
     assert main(["sim", "--engine", "ptx"]) == status
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"fa sim: {head}"), err
+
+
+def test_a_kernel_that_returns_at_once_fails_fa_sim(tmp_path, capsys):
+    """Finite but wrong (O = 0, LSE = 0: relative error 1.0) is exit status 1, named, like a
+    non-finite result (fa_sim.accuracy's documented bounds; fa hw reports through the same)."""
+    source = (Path(__file__).parent.parent / "fa_hw" / "kernels" / "fa2_fwd.cu").read_text()
+    entry = "  // phase: setup\n  using namespace fa;\n"
+    assert entry in source
+    noop = tmp_path / "noop.cu"
+    noop.write_text(source.replace(entry, entry + "  if (seqlen_q > 0) return;  // does nothing\n", 1))
+    assert main(["sim", "--kernel", str(noop), "--seqlen", "64"]) == 1
+    out = capsys.readouterr().out
+    assert "ABOVE BOUND: O's relative Frobenius error 1.000e+00 is above its documented bound 1e-03" in out
+    assert "ABOVE BOUND: LSE errs by up to" in out
+    assert main(["sim", "--kernel", str(noop), "--seqlen", "64", "--json"]) == 1
+    js = json.loads(capsys.readouterr().out)
+    assert js["rel_err_o"] == 1.0 and js["nonfinite"] == [] and [f["what"] for f in js["above_bound"]] == ["O", "LSE"]

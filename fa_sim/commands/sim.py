@@ -6,9 +6,11 @@ refused (the file fixes the shape and the head dim). The kernel shape comes from
 --block-n --warps --smem --softmax. Sizes that cannot fit in this machine's memory are refused up
 front. Prints the relative Frobenius error of O and the max abs LSE error against
 fa_sim.reference.attention, warp-instruction counts per class and wall time; `--json` prints one
-object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, seconds, instructions}. Where O or
-LSE is not finite although float64 is, each case is reported with its cause (fa_sim.accuracy), the
-numbers are null in JSON, and the exit status is 1. `--check-hazards` attaches the shared-memory
+object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, above_bound, seconds,
+instructions}. Where O or LSE is not finite although float64 is, each case is reported with its
+cause (fa_sim.accuracy), the numbers are null in JSON, and the exit status is 1; so is an error
+above its documented bound (O's relative error above 1e-3, an LSE row above
+fa_sim.accuracy.lse_error_bound: a kernel that returns at once, say), reported as ABOVE BOUND. `--check-hazards` attaches the shared-memory
 hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key "hazards") and
 exits 1 when it finds any. `--workers N` (default: one per core) shares the grid's waves out over
 local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
@@ -120,8 +122,8 @@ def run(args) -> int:
           + ("" if engine == "program" else f" engine ptx ({kernel.name if kernel is not None else 'fa2_fwd.cu'})"))
     print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")
     print(f"  max |LSE error|                {_num(acc.max_abs_err_lse)}   (relative {_num(acc.max_rel_err_lse)})")
-    for finding in acc.nonfinite:
-        print(f"  NOT FINITE: {finding}")
+    for line in acc.failures():
+        print(f"  {line}")
     print("  warp instructions")
     for name, n in counts.items():
         print(f"    {name:<8}{n:>14,}")
