@@ -22,8 +22,10 @@ from fa_sim.commands.common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_scale,
     config_from_args,
     kernel_from_args,
+    problem_head_dim,
     random_inputs,
     seqlen_k,
 )
@@ -52,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = config_from_args(args)
     kernel = kernel_from_args(args)
+    d = problem_head_dim(args)  # --head-dim, or the head_dim a --config tag names
+    check_scale(args, d)
     q, k, v = random_inputs(args)
-    d = q.shape[-1]  # --head-dim, or the head_dim a --config tag names (common.problem_head_dim)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)

@@ -109,12 +109,23 @@ TABLE = [
     (["sim", "--seqlen", "1e3"], "--seqlen takes an integer, got '1e3'", 2),
     (["sim", "--scale", "-1"], "--scale -1 is out of range; allowed: a positive finite number", 2),
     (["sim", "--scale", "inf"], "--scale inf is out of range", 2),
+    (["sim", "--scale", "1e308"], "--scale 1e308 is out of range; allowed: a positive number that is finite and "
+                                  "nonzero in fp32", 2),
+    (["sim", "--scale", "1e-50"], "--scale 1e-50 is out of range", 2),
+    (["sim", "--scale", "1e30"], "--scale 1e+30 is out of range at head_dim 64; allowed: at most 4.29e+26", 2),
+    (["hw", "--scale", "1e30", "--config", "m64n64d128w4-plain"], "--scale 1e+30 is out of range at head_dim 128", 2),
     (["sim", "--head-dim", "48"], "--head-dim 48: head_dim=48 is not one of (32, 64, 128)", 2),
     (["sim", "--smem", "diagonal"], "--smem diagonal: smem='diagonal' is not one of (swizzled, plain, padded)", 2),
     (["sim", "--block-m", "64", "--warps", "8"], "block_m=64 is not a multiple of 16*n_warps=128", 2),
     (["sim", "--bogus"], "unrecognized arguments: --bogus", 2),
     (["sim", "--seq", "64"], "unrecognized arguments: --seq 64", 2),  # no abbreviations
     (["explain", "--block-n", "0"], "argument --block-n: must be a positive integer, got 0", 2),
+    (["explain", "--block-n", "abc"], "fa explain: error: --block-n takes a positive integer, got 'abc'", 2),
+    # an option of another subcommand: this subcommand's help, and who takes it
+    (["sim", "--cta", "3"], "fa sim: error: unrecognized arguments: --cta 3; --cta is an option of fa trace "
+                            "(see fa sim --help)", 2),
+    (["layout", "--seqlen=64"], "--seqlen is an option of fa sim, fa trace, fa banks, fa hw, fa compare "
+                                "(see fa layout --help)", 2),
     (["sim", "--config", "m64x"], "--config m64x: 'm64x' is not a config tag like", 2),
     (["sim", "--config", "m64n64d64w4-swizzled-s2-s3"], "suffix 's3' contradicts 's2' (both set kv_stages)", 2),
     (["hw", "--config", "m64n64d64w4-swizzled-ffma-fmul_fsub"], "suffix 'fmul_fsub' contradicts 'ffma'", 2),
@@ -144,6 +155,7 @@ TABLE = [
                                             "--causal its queries 0..63 see keys 0..63 only", 2),
     (["trace", "--round", "1", "--causal", "--cta", "1"], None, 0),
     (["trace", "--ops", "FOO"], "--ops: unknown instruction class(es) FOO", 2),
+    (["trace", "--ops", ",,,"], "--ops ',,,' names no instruction class; give a comma-separated list", 2),
     # options that do not apply in a combination are refused, not ignored
     (["sim", "--npz", "{good}", "--seqlen", "64"], "--seqlen does not apply with --npz: the file's q, k, v fix the shape", 2),
     (["sim", "--npz", "{good}", "--heads", "2", "--seed", "3"], "--heads, --seed do not apply with --npz", 2),
@@ -379,3 +391,21 @@ def test_a_kernel_that_returns_at_once_fails_fa_sim(tmp_path, capsys):
     assert main(["sim", "--kernel", str(noop), "--seqlen", "64", "--json"]) == 1
     js = json.loads(capsys.readouterr().out)
     assert js["rel_err_o"] == 1.0 and js["nonfinite"] == [] and [f["what"] for f in js["above_bound"]] == ["O", "LSE"]
+
+
+def test_expected_overflow_leaks_no_numpy_warning(tmp_path, capsys):
+    """The FFMA form overflows on q = k = 65504 (reported as NOT FINITE with its cause), and
+    --scale 1e308 overflows fp32: neither prints a numpy RuntimeWarning."""
+    import warnings
+
+    from fa_sim.reference import extreme_inputs
+
+    q, k, v = extreme_inputs("q=k=65504")
+    np.savez(tmp_path / "big.npz", q=q, k=k, v=v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["sim", "--npz", str(tmp_path / "big.npz"), "--softmax", "ffma", "--scale", "0.125"]) == 1
+        assert "NOT FINITE: O is nan" in capsys.readouterr().out
+        assert main(["sim", "--scale", "1e308"]) == 2
+    assert "Warning" not in capsys.readouterr().err
+

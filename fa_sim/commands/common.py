@@ -51,7 +51,9 @@ def int_in(option: str, lo: int, hi: int | None = None, allowed: str | None = No
     return parse
 
 
-def positive_float(option: str):
+def positive_float(option: str, fp32: bool = False):
+    """argparse type: a positive finite number; with `fp32`, also finite and nonzero in fp32 (the
+    kernel's type for it), checked without numpy's overflow warnings."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -59,8 +61,26 @@ def positive_float(option: str):
             raise UsageError(f"{option} takes a number, got {text!r}") from None
         if not (0 < value < float("inf")):
             raise UsageError(f"{option} {text} is out of range; allowed: a positive finite number")
+        if fp32:
+            with np.errstate(over="ignore", under="ignore"):  # the overflow is what is checked here
+                single = np.float32(value)
+            if not (0 < single < np.inf):
+                raise UsageError(f"{option} {text} is out of range; allowed: a positive number that is finite "
+                                 f"and nonzero in fp32 (at most {float(np.finfo(np.float32).max):.4g})")
         return value
     return parse
+
+
+def check_scale(args, head_dim: int) -> None:
+    """--scale against the largest scale of this head_dim (fa_sim.validate.max_scale), named as the
+    option, before any work."""
+    from ..validate import max_scale
+
+    scale = getattr(args, "scale", None)
+    if scale is not None and scale > max_scale(head_dim):
+        raise UsageError(f"--scale {scale:g} is out of range at head_dim {head_dim}; allowed: at most "
+                         f"{max_scale(head_dim):.3g}, so that scale*log2(e)*q.k stays finite in fp32 for every "
+                         f"fp16 input")
 
 
 # -- the simulator's front end and the kernel source ------------------------------------------------
@@ -126,8 +146,9 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
     p.add_argument("--causal", action="store_true",
                    help="top-left aligned causal mask: key k is visible to query q iff k <= q (default off)")
     if scale:
-        p.add_argument("--scale", type=positive_float("--scale"), default=None, metavar="S",
-                       help=describe("softmax scale s", "1/sqrt(head_dim)", "a positive finite number"))
+        p.add_argument("--scale", type=positive_float("--scale", fp32=True), default=None, metavar="S",
+                       help=describe("softmax scale s", "1/sqrt(head_dim)",
+                                     "a positive number, finite in fp32, at most fa_sim.validate.max_scale(head_dim)"))
     p.add_argument("--seed", type=int_in("--seed", 0), default=0, metavar="N",
                    help=describe("seed of the standard-normal fp16 inputs (fa_sim.reference.random_inputs)",
                                  0, "0 or more"))
@@ -313,12 +334,16 @@ def refuse(args, dests, reason: str) -> None:
 
 
 def parse_ops(text: str | None):
-    """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all)."""
+    """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all); a list naming no class is refused,
+    since it would trace nothing."""
     from ..events import Op
 
-    if not text:
+    if text is None:
         return None
     names = [t.strip().upper() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"--ops {text!r} names no instruction class; give a comma-separated list such as "
+                         f"LDSM,SHFL from {', '.join(Op.__members__)}, or drop --ops to keep all")
     bad = [n for n in names if n not in Op.__members__]
     if bad:
         raise UsageError(f"--ops: unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")

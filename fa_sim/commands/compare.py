@@ -40,12 +40,14 @@ from .common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_scale,
     config_from_args,
     config_options,
     engine_from_args,
     explicit,
     kernel_from_args,
     option_name,
+    problem_head_dim,
     random_inputs,
     refuse,
 )
@@ -163,6 +165,7 @@ def _replay(args):
 def _launch(args, save: Output | None):
     import fa_hw
 
+    check_scale(args, problem_head_dim(args))
     q, k, v = random_inputs(args)
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device

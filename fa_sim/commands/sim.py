@@ -34,6 +34,7 @@ from .common import (
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    check_scale,
     config_from_args,
     engine_from_args,
     inputs_head_dim,
@@ -94,6 +95,7 @@ def run(args) -> int:
     q, k, v = _inputs(args)
     d = problem_head_dim(args) if args.npz is None else inputs_head_dim(args, q, f"--npz {args.npz}")
     config = config_from_args(args, head_dim=d)
+    check_scale(args, d)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (

@@ -112,6 +112,7 @@ def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
 
+    ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
     if args.input is not None:
         refuse(args, PROBLEM_DESTS, "with --input: the file's q, k, v fix the shape")
         inputs = load_qkv(args.input, "--input")
@@ -119,7 +120,6 @@ def run(args) -> int:
     else:
         cfg = config_from_args(args)
         inputs = None
-    ops = parse_ops(args.ops)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs([save, perfetto], args.force)
