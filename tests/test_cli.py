@@ -75,6 +75,15 @@ TABLE = [
     (["sim", "--npz", "{missing}"], "--npz {missing}: no such file", 2),
     (["sim", "--npz", "{dir}"], "is a directory; --npz takes an .npz archive", 2),
     (["trace", "--input", "{npy}"], "--input {npy}: is a single .npy array", 2),
+    (["trace", "--npz", "{npy}"], "--npz {npy}: is a single .npy array", 2),
+    (["banks", "--npz", "{pkl}"], "--npz {pkl}: is a pickle file", 2),
+    (["trace", "--npz", "{good}", "--seqlen", "64"], "--seqlen does not apply with --npz", 2),
+    (["banks", "--npz", "{good}", "--seed", "1"], "--seed does not apply with --npz", 2),
+    (["trace", "--npz", "{good}", "--config", "m64n64d32w4-plain"],
+     "--npz {good} holds inputs of head_dim 64, but --config m64n64d32w4-plain has head_dim 32", 2),
+    (["trace", "--npz", "{good}"], None, 0),
+    (["trace", "--input", "{good}"], None, 0),  # the former name, kept as a hidden alias
+    (["banks", "--npz", "{good}"], None, 0),
     (["trace", "--input", "{trunc}"], "--input {trunc}: is truncated or corrupt", 2),
     (["trace", "--input", "{pkl}"], "--input {pkl}: is a pickle file", 2),
     (["compare", "--gpu-npz", "{npy}"], "--gpu-npz {npy}: is a single .npy array", 2),
@@ -281,8 +290,19 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
         assert shape[-1] == 128 and config.tag == "m128n64d128w4-swizzled-s2"
 
 
+def test_one_name_for_the_input_file():
+    """--npz in every command that reads q, k, v from a file; --input (fa trace's former name) is a
+    hidden alias: accepted, not in the help."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("sim", "trace", "banks"):
+        parser = sub.choices[name]
+        assert parser._option_string_actions["--npz"] is parser._option_string_actions["--input"]
+        text = parser.format_help()
+        assert "--npz FILE" in text and "--input" not in text, name
+
+
 def test_npz_inputs_of_another_rank_are_one_line_errors(tmp_path, capsys):
-    for command in (["sim", "--npz"], ["trace", "--input"]):
+    for command in (["sim", "--npz"], ["trace", "--input"], ["trace", "--npz"], ["banks", "--npz"]):
         for shape in [(), (2, 64, 64)]:
             path = tmp_path / "qkv.npz"
             np.savez(path, q=np.zeros(shape, np.float16), k=np.zeros(shape, np.float16),

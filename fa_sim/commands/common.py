@@ -22,7 +22,7 @@ import numpy as np
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..reference import random_inputs as _random_inputs
 from . import UsageError
-from .inputs import check_host_memory
+from .inputs import check_host_memory, inputs_option, load_qkv
 
 INT32_MAX = 2**31 - 1  # the CUDA kernel takes batch, heads and sequence lengths as int
 SIZE_RANGE = f"1 .. {INT32_MAX}"
@@ -279,14 +279,26 @@ def auto_requested(args) -> bool:
     return True
 
 
-def inputs_head_dim(args, q, option: str) -> int:
-    """The head_dim of inputs read from a file (`option`, e.g. '--npz q.npz'), which a --config
-    tag must agree with."""
-    d = int(np.shape(q)[-1])
+def file_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """q, k, v of --npz FILE, whose arrays fix the shape (the shape options are refused), or None
+    for random inputs (`random_inputs`, drawn after every check)."""
+    if getattr(args, "npz", None) is None:
+        return None
+    option = inputs_option(args)
+    refuse(args, PROBLEM_DESTS, f"with {option}: the file's q, k, v fix the shape")
+    return load_qkv(args.npz, option)
+
+
+def inputs_head_dim(args, inputs) -> int:
+    """The problem's head_dim: that of the file's `inputs` (a --config tag must agree with it), or
+    `problem_head_dim` for random ones (inputs None)."""
+    if inputs is None:
+        return problem_head_dim(args)
+    d = int(np.shape(inputs[0])[-1])
     tag = getattr(args, "config", None)
     if tag is not None and tag != AUTO_CONFIG and KernelConfig.from_tag(tag).head_dim != d:
-        raise UsageError(f"{option} holds inputs of head_dim {d}, but --config {tag} has head_dim "
-                         f"{KernelConfig.from_tag(tag).head_dim}; give a d{d} tag")
+        raise UsageError(f"{inputs_option(args)} {args.npz} holds inputs of head_dim {d}, but --config {tag} has "
+                         f"head_dim {KernelConfig.from_tag(tag).head_dim}; give a d{d} tag")
     return d
 
 

@@ -19,7 +19,6 @@ bit-identical to one process; a worker or cluster lost is one error line naming 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -29,7 +28,6 @@ from ..accuracy import Accuracy, measure
 from ..events import COUNTED_OPS
 from ..simulate import SimResult, simulate
 from .common import (
-    PROBLEM_DESTS,
     add_config_arguments,
     add_engine_arguments,
     add_parallel_arguments,
@@ -37,23 +35,20 @@ from .common import (
     check_scale,
     config_from_args,
     engine_from_args,
+    file_inputs,
     inputs_head_dim,
-    problem_head_dim,
     random_inputs,
-    refuse,
 )
-from .inputs import load_qkv
+from .inputs import HelpFormatter, add_inputs_argument
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sim", help="run the lane-accurate simulator and compare with float64",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
     add_engine_arguments(p)
-    p.add_argument("--npz", metavar="FILE", default=None,
-                   help="inputs from an .npz with arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez) "
-                        "instead of random ones (default: random)")
+    add_inputs_argument(p)
     p.add_argument("--mma", default="exact", choices=["exact", "h200"],
                    help="tensor-core accumulation: exact sum rounded once (fast) or the H200's fitted model "
                         "(bit-exact, about 50x slower) (default exact; one of exact, h200)")
@@ -62,13 +57,6 @@ def register(subparsers) -> None:
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
     add_parallel_arguments(p)
     p.set_defaults(func=run)
-
-
-def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if args.npz is not None:
-        refuse(args, PROBLEM_DESTS, "with --npz: the file's q, k, v fix the shape")
-        return load_qkv(args.npz, "--npz")
-    return random_inputs(args)
 
 
 def errors(res: SimResult, q, k, v) -> Accuracy:
@@ -92,10 +80,11 @@ def _announce(q, k, v, args, config) -> None:
 
 
 def run(args) -> int:
-    q, k, v = _inputs(args)
-    d = problem_head_dim(args) if args.npz is None else inputs_head_dim(args, q, f"--npz {args.npz}")
+    files = file_inputs(args)
+    d = inputs_head_dim(args, files)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)
+    q, k, v = files if files is not None else random_inputs(args)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (
