@@ -77,6 +77,8 @@ TABLE = [
     (["trace", "--input", "{npy}"], "--input {npy}: is a single .npy array", 2),
     (["trace", "--npz", "{npy}"], "--npz {npy}: is a single .npy array", 2),
     (["banks", "--npz", "{pkl}"], "--npz {pkl}: is a pickle file", 2),
+    (["compare", "--npz", "{pkl}"], "--npz {pkl}: is a pickle file", 2),
+    (["compare", "--npz", "{good}", "--heads", "2"], "--heads does not apply with --npz", 2),
     (["trace", "--npz", "{good}", "--seqlen", "64"], "--seqlen does not apply with --npz", 2),
     (["banks", "--npz", "{good}", "--seed", "1"], "--seed does not apply with --npz", 2),
     (["trace", "--npz", "{good}", "--config", "m64n64d32w4-plain"],
@@ -175,6 +177,8 @@ TABLE = [
     (["banks", "--compare", "--smem", "plain"], "--smem does not apply with --compare, which counts all three", 2),
     (["compare", "--gpu-npz", SEED_RUN, "--save", "{exists}"], "--save does not apply with --gpu-npz", 2),
     (["compare", "--gpu-npz", SEED_RUN, "--banks"], "--banks does not apply with --gpu-npz", 2),
+    (["compare", "--gpu-npz", SEED_RUN, "--npz", "{good}"], "--npz does not apply with --gpu-npz, whose recording "
+                                                            "holds the inputs", 2),
     # --gpu-npz uses what the file recorded and refuses a disagreement
     (["compare", "--gpu-npz", SEED_RUN, "--causal"], f"--causal on disagrees with --gpu-npz {SEED_RUN}, "
                                                      "recorded with --causal off", 2),
@@ -290,11 +294,19 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
         assert shape[-1] == 128 and config.tag == "m128n64d128w4-swizzled-s2"
 
 
+def test_compare_launches_on_the_inputs_of_an_npz(files, monkeypatch):
+    monkeypatch.setattr("fa_hw.forward", _capture_launch)
+    with pytest.raises(Launched) as info:
+        main(["compare", "--npz", files["good"]])
+    shape, config = info.value.args
+    assert shape == (1, 1, 64, 64) and config.head_dim == 64
+
+
 def test_one_name_for_the_input_file():
     """--npz in every command that reads q, k, v from a file; --input (fa trace's former name) is a
     hidden alias: accepted, not in the help."""
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    for name in ("sim", "trace", "banks"):
+    for name in ("sim", "trace", "banks", "compare"):
         parser = sub.choices[name]
         assert parser._option_string_actions["--npz"] is parser._option_string_actions["--input"]
         text = parser.format_help()

@@ -8,7 +8,7 @@ blocks of block_n; under --causal a CTA stops after the block holding its last q
 `--save DIR` writes the trace archive (traces/README.md), `--perfetto FILE` Chrome/Perfetto
 trace-event JSON: both are checked before the simulation (an existing file is refused unless
 --force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
-`--npz FILE` takes q, k, v from a file, as in `fa sim` (`--input`, its former name here, still works).
+`--npz FILE` takes q, k, v from a file, as in `fa sim`.
 """
 
 from __future__ import annotations
