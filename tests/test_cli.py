@@ -101,6 +101,11 @@ TABLE = [
     (["trace", "--perfetto", "{exists}"], "--perfetto {exists}: it exists; pass --force to overwrite", 2),
     (["trace", "--perfetto", "/nonexistent/dir/t.json"], "directory /nonexistent/dir does not exist", 2),
     (["trace", "--save", "{exists}"], "--save {exists}: is a file; --save takes a directory", 2),
+    (["trace", "--perfetto", "{figs}/p.json", "--save", "{figs}/p.json"],
+     "--perfetto {figs}/p.json and --save {figs}/p.json: --perfetto writes a file where --save needs a directory", 2),
+    (["trace", "--perfetto", "{figs}/p.json", "--save", "{figs}/p.json/archive"], "where --save needs a directory", 2),
+    (["trace", "--perfetto", "{figs}/manifest.json", "--save", "{figs}"], "would both write", 2),
+    (["trace", "--perfetto", "{exists}/p.json"], "--perfetto {exists}/p.json: {exists} is a file, not a directory", 2),
     (["trace", "--save", "/proc/fa_archive"], "--save /proc/fa_archive: cannot write in /proc", 2),
     (["banks", "--plot", "{exists}"], "--plot {exists}: is a file; --plot takes a directory", 2),
     (["banks", "--plot", "{figs}"], "--plot {figs}: it holds bank_conflicts_by_class.png; pass --force", 2),
@@ -221,6 +226,8 @@ def _no_launch(*args, **kwargs):
 
 
 @pytest.mark.parametrize("argv", [["trace", "--perfetto", "{exists}"], ["trace", "--warp", "99"],
+                                  ["trace", "--perfetto", "{figs}/p.json", "--save", "{figs}/p.json"],
+                                  ["trace", "--ops", ",,,"], ["sim", "--scale", "1e30"],
                                   ["sim", "--seqlen", "2000000000"], ["banks", "--plot", "{figs}"]])
 def test_checks_come_before_the_simulation(argv, files, capsys, monkeypatch):
     def boom(*a, **k):
