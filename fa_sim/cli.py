@@ -56,6 +56,32 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments left over after a subcommand are that subcommand's error
+        (`fa sim --cta 3` points to `fa sim --help`, and names the subcommands that take --cta)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = self._subcommands()
+            parser = commands.get(getattr(namespace, "command", None), self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{_taken_by(extras, commands)}")
+        return namespace
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def _taken_by(extras: list[str], commands: dict[str, argparse.ArgumentParser]) -> str:
+    """'; --cta is an option of fa trace' for each unrecognized option another subcommand takes."""
+    notes = []
+    for option in dict.fromkeys(e.split("=", 1)[0] for e in extras if e.startswith("--")):
+        owners = [f"fa {name}" for name, p in commands.items() if option in p._option_string_actions]
+        if owners:
+            notes.append(f"{option} is an option of {', '.join(owners)}")
+    return "".join(f"; {n}" for n in notes)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(

@@ -9,7 +9,8 @@ cluster (fa_sim.parallel.pmap; one case per task, each case serial inside its wo
 A case's numbers: warp instructions per counted class (events.COUNTED_OPS), shared-memory bank
 conflicts per class as Nsight Compute counts them (LDGSTS: excess wavefronts, which ncu does not
 call conflicts; observers/banks.py), the hazard count, the relative Frobenius error of O and the
-largest |LSE error| against fa_sim.reference (None where not finite; fa_sim.accuracy).
+largest |LSE error| against fa_sim.reference (None where not finite; fa_sim.accuracy). A case fails
+(`CaseResult.ok` False) on a hazard, a non-finite result or an error above its documented bound.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class CaseResult:
     max_abs_err_lse: float | None
     nonfinite: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.NonFinite
     seconds: float = 0.0
+    above_bound: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.AboveBound
 
     @property
     def conflicts(self) -> int:
@@ -64,7 +66,8 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.hazards == 0 and not self.nonfinite
+        """No hazards, every result finite and every error within its documented bound."""
+        return self.hazards == 0 and not self.nonfinite and not self.above_bound
 
     def to_json(self) -> dict:
         b, h, nq, nk = self.case.shape
@@ -73,7 +76,8 @@ class CaseResult:
                 "engine": self.case.engine, "kernel": self.case.kernel,
                 "instructions": self.instructions, "banks": self.banks, "conflicts": self.conflicts,
                 "hazards": self.hazards, "rel_err_o": self.rel_err_o, "max_abs_err_lse": self.max_abs_err_lse,
-                "nonfinite": list(self.nonfinite), "seconds": self.seconds, "ok": self.ok}
+                "nonfinite": list(self.nonfinite), "above_bound": list(self.above_bound), "seconds": self.seconds,
+                "ok": self.ok}
 
 
 def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engine: str | None = None,
@@ -118,7 +122,8 @@ def run_case(case: Case) -> CaseResult:
     by_class = banks.report().by_class()
     return CaseResult(case, {op.value: int(res.instructions[op]) for op in COUNTED_OPS},
                       {c.value: by_class[c].to_json(c) for c in SmemClass}, hazards.report().total,
-                      acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds)
+                      acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds,
+                      tuple(str(f) for f in acc.above_bound))
 
 
 def run_sweep(cases, *, workers="auto", cluster: str | None = None, progress: bool | None = None) -> list[CaseResult]:
@@ -148,11 +153,13 @@ def format_table(results: list[CaseResult], title: str = "fa sweep") -> str:
                      f"{b['LDS']['conflicts']:>8,}{b['STS']['conflicts']:>8,}{b['LDGSTS']['excess_wavefronts']:>11,}"
                      f"{r.hazards:>9,}{_num(r.rel_err_o):>11}{_num(r.max_abs_err_lse):>11}{r.seconds:>7.2f}")
     bad = [r for r in results if not r.ok]
-    lines.append(f"{len(results)} cases, {len(bad)} with hazards or non-finite results" if bad
-                 else f"{len(results)} cases, no hazards, all results finite")
+    lines.append(f"{len(results)} cases, {len(bad)} with hazards, non-finite results or errors above their bound"
+                 if bad else f"{len(results)} cases, no hazards, all results finite and within their error bounds")
     for r in bad:
         for finding in r.nonfinite:
             lines.append(f"  {r.case.name}: NOT FINITE: {finding}")
+        for finding in r.above_bound:
+            lines.append(f"  {r.case.name}: ABOVE BOUND: {finding}")
     return "\n".join(lines)
 
 

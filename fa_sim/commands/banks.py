@@ -2,7 +2,7 @@
 (notes/gpu_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
 three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
 conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
---force.
+--force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`.
 
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
@@ -11,7 +11,6 @@ them "excess_wavefronts", the tables print them on their own line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -24,10 +23,12 @@ from .common import (
     add_problem_arguments,
     config_from_args,
     engine_from_args,
-    problem_shape,
+    file_inputs,
+    inputs_head_dim,
     random_inputs,
     refuse,
 )
+from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_figure
 
 FIGURE = "bank_conflicts_by_class"
@@ -36,10 +37,11 @@ FORMATS = ("png", "svg")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("banks", help="shared-memory bank conflicts per instruction class and phase",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
     add_engine_arguments(p)
+    add_inputs_argument(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--plot", metavar="DIR", default=None,
@@ -65,13 +67,15 @@ def run(args) -> int:
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
-    base = config_from_args(args)
+    files = file_inputs(args)
+    d = inputs_head_dim(args, files)
+    base = config_from_args(args, head_dim=d)
     engine, kernel = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
-    inputs = random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)
+    q, k, v = files if files is not None else random_inputs(args)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, engine, kernel)
                for s in layouts}
-    b, h, nq, nk, d = problem_shape(args)
+    (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
              f"config {base.tag.rsplit('-', 1)[0]}" + ("" if engine == "program" else

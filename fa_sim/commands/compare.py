@@ -1,6 +1,7 @@
 """`fa compare`: the simulator against the GPU on the same seeded inputs, checkpoint by checkpoint.
 
-Runs fa_sim.simulate and fa_hw.forward (debug build) on the same inputs, recording the
+Runs fa_sim.simulate and fa_hw.forward (debug build) on the same inputs (random, or q, k, v from
+`--npz FILE` as in `fa sim`), recording the
 checkpoints of the chosen CTAs (default: the first and the last CTA of the grid), and prints per
 checkpoint the fraction of bit-identical values, the largest difference in ulps against its
 documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and LSE statistics.
@@ -16,7 +17,6 @@ simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -32,6 +32,7 @@ from ..crosscheck import (
     simulate_with_checkpoints,
 )
 from ..problem import Problem
+from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
@@ -39,28 +40,33 @@ from .common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_scale,
     config_from_args,
     config_options,
     engine_from_args,
     explicit,
     kernel_from_args,
+    file_inputs,
+    inputs_head_dim,
     option_name,
     random_inputs,
     refuse,
+    seqlen_k,
 )
-from .inputs import load_npz
+from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 
-FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")  # SavedRun
+FIELDS = SAVED_ARRAYS
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="simulator against GPU, checkpoint by checkpoint",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
     add_engine_arguments(p)
+    add_inputs_argument(p)
     p.add_argument("--ctas", default=None,
                    help="comma-separated linear CTA ids to checkpoint (default: the first and the last)")
     p.add_argument("--save", metavar="FILE", default=None,
@@ -76,9 +82,9 @@ def register(subparsers) -> None:
 def load_recording(path) -> SavedRun:
     """A saved GPU run (fa_sim.crosscheck.SavedRun); bad files are one UsageError naming --gpu-npz
     and the file."""
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format", "kernel_name", "kernel_source"))
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=OPTIONAL_ARRAYS)
     try:
-        return SavedRun.from_arrays(data, path)
+        return SavedRun.from_arrays(data)
     except ValueError as exc:
         raise UsageError(f"--gpu-npz {path}: {exc}") from None
 
@@ -93,6 +99,7 @@ def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
+    refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -162,13 +169,16 @@ def _replay(args):
 def _launch(args, save: Output | None):
     import fa_hw
 
-    q, k, v = random_inputs(args)
+    files = file_inputs(args)
+    d = inputs_head_dim(args, files)
+    check_scale(args, d)
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
+        config = auto_for_device(d, args.causal, files[1].shape[2] if files else seqlen_k(args)).config
     else:
-        config = config_from_args(args)
+        config = config_from_args(args, head_dim=d)
+    q, k, v = files if files is not None else random_inputs(args)
     b, h, nq, _ = q.shape
     ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
     kernel = kernel_from_args(args)

@@ -8,8 +8,8 @@ front with its reason. `--shape B,H,Nq[,Nk]` may be repeated (Nk defaults to Nq)
 off, on or both. Prints one row per case: warp instructions, bank conflicts per class (LDGSTS:
 excess wavefronts, which Nsight Compute does not call conflicts), hazards, relative error of O and
 max |LSE error|; `--json` prints a list of objects instead; `--plot DIR` writes the figure
-sweep.png/.svg (checked before the sweep runs). Exit status 1 when a case shows hazards or a
-non-finite result, else 0.
+sweep.png/.svg (checked before the sweep runs). Exit status 1 when a case shows hazards, a
+non-finite result or an error above its documented bound (fa_sim.accuracy), else 0.
 """
 
 from __future__ import annotations
