@@ -148,64 +148,87 @@ STORE_CLASS = ByForm(MappingProxyType({"shared": Op.STS, "global": Op.STG} | _NO
 CP_ASYNC_CLASS = ByForm(MappingProxyType({"commit_group": Op.LDGDEPBAR, "wait_group": Op.DEPBAR,
                                           "wait_all": Op.DEPBAR}), Op.LDGSTS)
 
-I, F, H = integer, floating, half
+#: One row per opcode: _one(opcode, family, handler, SASS class; REG - not counted - when left
+#: out), or for an arithmetic opcode routed by type _typed(opcode, its integer, f32/f64 and
+#: f16/bf16 compilers; None where that family does not take it), counted as REG.
 ROWS: tuple[OpDef, ...] = (
-    # -- routed by type:   integer            f32 and f64        f16/bf16 (and x2)
-    _typed("abs",          I.plain,           F.abs_neg,         H.neg_abs),
-    _typed("add",          I.add_sub,         F.add_sub_mul,     H.add_sub_mul),
-    _typed("div",          I.plain,           F.div,             None),
-    _typed("fma",          None,              F.fma,             H.fma),
-    _typed("mad",          I.mad,             F.fma,             None),
-    _typed("max",          I.min_max,         F.min_max,         H.min_max),
-    _typed("min",          I.min_max,         F.min_max,         H.min_max),
-    _typed("mul",          I.mul,             F.add_sub_mul,     H.add_sub_mul),
-    _typed("neg",          I.plain,           F.abs_neg,         H.neg_abs),
-    _typed("rem",          I.plain,           None,              None),
-    _typed("sad",          I.plain,           None,              None),
-    _typed("sub",          I.add_sub,         F.add_sub_mul,     H.add_sub_mul),
-    _typed("copysign",     None,              F.copysign,        None),
-    _typed("rcp",          None,              F.rcp_sqrt,        None),
-    _typed("sqrt",         None,              F.rcp_sqrt,        None),
-    _typed("testp",        None,              F.testp,           None),
+    # -- routed by type:  integer           f32 and f64             f16/bf16 (and x2)
+    _typed("abs",       integer.plain,      floating.abs_neg,       half.neg_abs),
+    _typed("add",       integer.add_sub,    floating.add_sub_mul,   half.add_sub_mul),
+    _typed("div",       integer.plain,      floating.div,           None),
+    _typed("fma",       None,               floating.fma,           half.fma),
+    _typed("mad",       integer.mad,        floating.fma,           None),
+    _typed("max",       integer.min_max,    floating.min_max,       half.min_max),
+    _typed("min",       integer.min_max,    floating.min_max,       half.min_max),
+    _typed("mul",       integer.mul,        floating.add_sub_mul,   half.add_sub_mul),
+    _typed("neg",       integer.plain,      floating.abs_neg,       half.neg_abs),
+    _typed("rem",       integer.plain,      None,                   None),
+    _typed("sad",       integer.plain,      None,                   None),
+    _typed("sub",       integer.add_sub,    floating.add_sub_mul,   half.add_sub_mul),
+    _typed("copysign",  None,               floating.copysign,      None),
+    _typed("rcp",       None,               floating.rcp_sqrt,      None),
+    _typed("sqrt",      None,               floating.rcp_sqrt,      None),
+    _typed("testp",     None,               floating.testp,         None),
     # -- integer arithmetic on any type modifier (the compiler checks it)
-    *(_one(op, Family.INTEGER, I.carry) for op in ("addc", "subc", "madc")),
-    *(_one(op, Family.INTEGER, I.mul24) for op in ("mul24", "mad24")),
-    *(_one(op, Family.INTEGER, I.bit_counts) for op in ("popc", "clz", "brev", "bfind")),
-    *(_one(op, Family.INTEGER, I.bit_fields) for op in ("bfe", "bfi")),
-    _one("fns", Family.INTEGER, I.fns),
-    *(_one(op, Family.INTEGER, I.masks) for op in ("szext", "bmsk")),
-    *(_one(op, Family.INTEGER, I.dot) for op in ("dp4a", "dp2a")),
+    _one("addc",     Family.INTEGER, integer.carry),
+    _one("subc",     Family.INTEGER, integer.carry),
+    _one("madc",     Family.INTEGER, integer.carry),
+    _one("mul24",    Family.INTEGER, integer.mul24),
+    _one("mad24",    Family.INTEGER, integer.mul24),
+    _one("popc",     Family.INTEGER, integer.bit_counts),
+    _one("clz",      Family.INTEGER, integer.bit_counts),
+    _one("brev",     Family.INTEGER, integer.bit_counts),
+    _one("bfind",    Family.INTEGER, integer.bit_counts),
+    _one("bfe",      Family.INTEGER, integer.bit_fields),
+    _one("bfi",      Family.INTEGER, integer.bit_fields),
+    _one("fns",      Family.INTEGER, integer.fns),
+    _one("szext",    Family.INTEGER, integer.masks),
+    _one("bmsk",     Family.INTEGER, integer.masks),
+    _one("dp4a",     Family.INTEGER, integer.dot),
+    _one("dp2a",     Family.INTEGER, integer.dot),
     # -- the other register-only families
-    _one("cvt", Family.CONVERT, convert.cvt),
-    _one("setp", Family.COMPARE, compare.setp),
-    _one("set", Family.COMPARE, compare.set_),
-    _one("selp", Family.COMPARE, compare.selp),
-    _one("slct", Family.COMPARE, compare.slct),
-    *(_one(op, Family.LOGIC, logic.logic) for op in ("and", "or", "xor", "not", "cnot")),
-    _one("lop3", Family.LOGIC, logic.lop3),
-    *(_one(op, Family.LOGIC, logic.shift) for op in ("shl", "shr")),
-    _one("shf", Family.LOGIC, logic.funnel),
-    _one("prmt", Family.LOGIC, logic.prmt),
-    _one("mov", Family.MOVE, move.mov),
-    *(_one(op, Family.SFU, sfu.mufu) for op in ("ex2", "lg2", "sin", "cos", "tanh", "rsqrt")),
+    _one("cvt",      Family.CONVERT, convert.cvt),
+    _one("setp",     Family.COMPARE, compare.setp),
+    _one("set",      Family.COMPARE, compare.set_),
+    _one("selp",     Family.COMPARE, compare.selp),
+    _one("slct",     Family.COMPARE, compare.slct),
+    _one("and",      Family.LOGIC, logic.logic),
+    _one("or",       Family.LOGIC, logic.logic),
+    _one("xor",      Family.LOGIC, logic.logic),
+    _one("not",      Family.LOGIC, logic.logic),
+    _one("cnot",     Family.LOGIC, logic.logic),
+    _one("lop3",     Family.LOGIC, logic.lop3),
+    _one("shl",      Family.LOGIC, logic.shift),
+    _one("shr",      Family.LOGIC, logic.shift),
+    _one("shf",      Family.LOGIC, logic.funnel),
+    _one("prmt",     Family.LOGIC, logic.prmt),
+    _one("mov",      Family.MOVE, move.mov),
+    _one("ex2",      Family.SFU, sfu.mufu),
+    _one("lg2",      Family.SFU, sfu.mufu),
+    _one("sin",      Family.SFU, sfu.mufu),
+    _one("cos",      Family.SFU, sfu.mufu),
+    _one("tanh",     Family.SFU, sfu.mufu),
+    _one("rsqrt",    Family.SFU, sfu.mufu),
     # -- through the machine
-    _one("ld", Family.MEMORY, machine_ops.ld, LOAD_CLASS),
-    _one("st", Family.MEMORY, machine_ops.st, STORE_CLASS),
-    _one("cvta", Family.MEMORY, machine_ops.cvta),
-    _one("cp", Family.ASYNC_COPY, machine_ops.cp_async, CP_ASYNC_CLASS),
+    _one("ld",       Family.MEMORY, machine_ops.ld, LOAD_CLASS),
+    _one("st",       Family.MEMORY, machine_ops.st, STORE_CLASS),
+    _one("cvta",     Family.MEMORY, machine_ops.cvta),
+    _one("cp",       Family.ASYNC_COPY, machine_ops.cp_async, CP_ASYNC_CLASS),
     _one("ldmatrix", Family.MATRIX, machine_ops.ldmatrix, Op.LDSM),
-    _one("mma", Family.MATRIX, machine_ops.mma, Op.HMMA),
-    _one("shfl", Family.SHUFFLE, machine_ops.shfl, Op.SHFL),
-    _one("bar", Family.SYNC, machine_ops.barrier, Op.BAR),
-    _one("barrier", Family.SYNC, machine_ops.barrier, Op.BAR),
-    _one("membar", Family.SYNC, machine_ops.fence),
-    _one("fence", Family.SYNC, machine_ops.fence),
-    _one("atom", Family.ATOMIC, machine_ops.atomic),
-    _one("red", Family.ATOMIC, machine_ops.atomic),
+    _one("mma",      Family.MATRIX, machine_ops.mma, Op.HMMA),
+    _one("shfl",     Family.SHUFFLE, machine_ops.shfl, Op.SHFL),
+    _one("bar",      Family.SYNC, machine_ops.barrier, Op.BAR),
+    _one("barrier",  Family.SYNC, machine_ops.barrier, Op.BAR),
+    _one("membar",   Family.SYNC, machine_ops.fence),
+    _one("fence",    Family.SYNC, machine_ops.fence),
+    _one("atom",     Family.ATOMIC, machine_ops.atomic),
+    _one("red",      Family.ATOMIC, machine_ops.atomic),
     # -- control flow (Engine._control; brx, the indirect branch, is refused there)
-    *(_one(op, Family.CONTROL, None, Op.CTRL) for op in ("bra", "ret", "exit", "brx")),
+    _one("bra",      Family.CONTROL, None, Op.CTRL),
+    _one("ret",      Family.CONTROL, None, Op.CTRL),
+    _one("exit",     Family.CONTROL, None, Op.CTRL),
+    _one("brx",      Family.CONTROL, None, Op.CTRL),
 )
-del I, F, H
 
 
 def _index(rows: tuple[OpDef, ...]) -> Mapping[str, OpDef]:
@@ -214,7 +237,8 @@ def _index(rows: tuple[OpDef, ...]) -> Mapping[str, OpDef]:
         if row.name in table:
             raise RuntimeError(f"two rows for PTX opcode {row.name!r}")
         if len({i.family.unit for i in row.impls}) != 1 or (len(row.impls) > 1 and not row.impls[0].routed):
-            raise RuntimeError(f"PTX opcode {row.name!r}: only register-only opcodes routed by type have several families")
+            raise RuntimeError(f"PTX opcode {row.name!r}: only register-only opcodes routed by type "
+                               "have several families")
         table[row.name] = row
     return MappingProxyType(table)
 
