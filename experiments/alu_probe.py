@@ -286,7 +286,7 @@ def _statements(form: Form) -> list[str]:
 def run_on_simulator(k: int, seed: int = 0) -> np.ndarray:
     from fake_lanes import FakeLanes, ins
 
-    from fa_sim.ptx.ops import TABLE
+    from fa_sim.ptx.optable import execute_lanes
 
     form = FORMS[k]
     lanes = FakeLanes(N)
@@ -295,7 +295,7 @@ def run_on_simulator(k: int, seed: int = 0) -> np.ndarray:
         lanes.set(f"{_SIM_REG[ty]}{j + 1}", x.astype(np.dtype(f"u{w // 8}")), f"b{w}")
     for text in _statements(form):
         i = ins(text)
-        TABLE[i.opcode](lanes, i)
+        execute_lanes(lanes, i)
     return lanes.get(_SIM_REG[form.d] + "0", f"b{_WIDTH[form.d]}").astype(np.uint64)
 
 

@@ -11,15 +11,15 @@ import pytest
 from fake_lanes import FakeLanes, ins
 from fa_sim.isa import floating, fp32, sfu
 from fa_sim.isa.rounding import Rnd
-from fa_sim.ptx.ops import TABLE, Unsupported
-from fa_sim.ptx.ops.common import compile_form
+from fa_sim.ptx.ops import Unsupported
+from fa_sim.ptx.optable import OPCODES, Unit, compile_form, execute_lanes
 
 N = 64
 
 
 def run(lanes, text):
     i = ins(text)
-    TABLE[i.opcode](lanes, i)
+    execute_lanes(lanes, i)
 
 
 def lanes_with(**regs):
@@ -292,12 +292,12 @@ def test_every_alu_form_of_fa2_fwd_has_a_handler_and_runs(causal, checkpoints, c
     lanes = FakeLanes(N, seed=1, symbols={})
     for mnemonic, line in sorted(forms.items()):
         i = ins(line)
-        assert i.opcode in TABLE, f"no handler for {mnemonic}"
+        assert i.opcode in OPCODES and OPCODES[i.opcode].unit is Unit.LANES, f"no handler for {mnemonic}"
         compile_form(i.opcode, i.mods)  # raises Unsupported naming the form
         for op in i.operands:  # symbols (mov.u64 %rd, smem) read as some address
             if type(op).__name__ == "Sym":
                 lanes.symbols[op.name] = 0x400
-        TABLE[i.opcode](lanes, i)
+        execute_lanes(lanes, i)
         assert lanes.writes and lanes.writes[-1][0].startswith("%"), mnemonic
 
 
