@@ -1,8 +1,8 @@
 """Fit MUFU's interpolator tables to the H200's run-1 measurements, and replay run 1 on the model.
 
-    python experiments/sfu_fit.py fit DIR [--out fa_sim/isa/mufu_data/mufu_tables.json]
-    python experiments/sfu_fit.py check DIR       (every dumped output and sample against the model)
-    python experiments/sfu_fit.py replay DIR      (the compact replay set of tests/data/h200/)
+    python -m fa_sim.calibrate.sfu_fit fit DIR [--out fa_sim/isa/mufu_data/mufu_tables.json]
+    python -m fa_sim.calibrate.sfu_fit check DIR    (every dumped output and sample against the model)
+    python -m fa_sim.calibrate.sfu_fit replay DIR   (the compact replay set of tests/data/h200/)
 
 DIR is a run-1 result directory (sfu_summary.json, sfu_<family>.npz). How the unit works is in
 fa_sim/isa/mufu_table.py and experiments/sfu_notes.md; this script only finds the numbers.
@@ -28,16 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from ..isa import mufu_table as mt
+from ..isa.mufu import mul_rz_inv2pi
+from .sfu_ops import band
+from .sfu_results import load_family, read_dumps
 
-from sfu_ops import band  # noqa: E402
-from sfu_results import load_family, read_dumps  # noqa: E402
-
-from fa_sim.isa import mufu_table as mt  # noqa: E402
-from fa_sim.isa.mufu import mul_rz_inv2pi  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 MANT = mt.MASK23
 FREE = 1 << 60  # interval bound of a point without data
 WINDOW = 3  # coefficient search half-width around the least-squares estimate, in coefficient units
@@ -186,7 +181,7 @@ def fit(d: Path, design: Design, log=print) -> dict:
 
 
 def cmd_fit(args) -> int:
-    out = {"source": f"experiments/sfu_fit.py fit {args.dir}: H200 (sm_90) run 1 of experiments/sfu_probe.py",
+    out = {"source": f"fa_sim.calibrate.sfu_fit fit {args.dir}: H200 (sm_90) run 1 of fa_sim.calibrate.sfu_probe",
            "formula": "Q = C0 + C1*xl + C2*sq(xl) at 2^-sum_bits; see fa_sim/isa/mufu_table.py",
            "tables": {}}
     ops = args.ops.split(",") if args.ops else [dz.op for dz in DESIGNS]
@@ -253,7 +248,7 @@ def cmd_replay(args) -> int:
             x, first = np.unique(np.concatenate(xs), return_index=True)
             arrays[f"{op}__dx"] = np.diff(x.astype(np.int64), prepend=0).astype(np.uint32)
             arrays[f"{op}__y"] = np.concatenate(ys)[first]
-    arrays["source"] = np.array("H200 (sm_90) run 1 of experiments/sfu_probe.py; experiments/sfu_fit.py replay")
+    arrays["source"] = np.array("H200 (sm_90) run 1 of fa_sim.calibrate.sfu_probe; fa_sim.calibrate.sfu_fit replay")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)
     n = sum(v.size for k, v in arrays.items() if k.endswith("__y"))
@@ -279,7 +274,7 @@ def main(argv=None) -> int:
     c.add_argument("dir", type=Path)
     r = sub.add_parser("replay", help="write the compact replay set for the CPU tests")
     r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "h200" / "mufu_replay.npz")
+    r.add_argument("--out", type=Path, required=True, help="the .npz to write (tests/data/h200/mufu_replay.npz)")
     args = p.parse_args(argv)
     if not (args.dir / "sfu_summary.json").is_file():
         raise SystemExit(f"{args.dir}: not a run-1 result directory (no sfu_summary.json)")
