@@ -5,7 +5,7 @@ arg-max and arg-min of the fit's C0 interval, for the stored (C1, C2) and its ne
 model must reproduce them bit for bit, and a change of any one coefficient of any row must change
 at least one of them: C0 one below its interval (it is stored as the lowest) or just above it,
 C1 +-1, C2 +-its unit. The random replay set of test_mufu.py misses most such changes (one unit
-of ex2's C0[16] changes 5 of the segment's 131,072 outputs).
+of ex2's C0[16] changes 4 of the segment's 131,072 outputs in [1, 2)).
 
 The file's `origin` says where its outputs come from: the GPU's name for a device recording
 (`python -m fa_sim.calibrate.sfu_binding record`), "model" for the stand-in generated from the

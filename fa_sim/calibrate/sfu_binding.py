@@ -9,13 +9,13 @@
 The fit (sfu_fit) keeps a segment's (C1, C2) because it alone leaves C0 a non-empty interval
 [max(lo - P), min(hi - P)] over the segment's points (P = C1 xl + C2 sq(xl)), and stores the
 lowest C0. The points where that max and that min are reached bind the coefficients, and a
-random replay sample rarely hits them (one unit of one ex2 C0 changes 5 of the segment's 131,072
-outputs). Per segment this module takes them for the stored (C1, C2), which pins C0 from below
-and above, and for each neighbour (C1 + d, C2) and (C1, C2 + d), d = +-1, +-2, +-3 and +-2^k:
-a neighbour leaves the stored C0 no room, so C0 lies below the neighbour's max (the changed
-model leaves the output's cell at the arg-max) or above its min (at the arg-min). With the
-unit's outputs at those inputs, a change of any one coefficient changes a replayed output,
-unless it changes no output at all (C0 moved within its interval).
+random replay sample rarely hits them (one unit of ex2's C0[16] changes 4 of the segment's
+131,072 outputs in [1, 2)). Per segment this module takes them for the stored (C1, C2), which
+pins C0 from below and above, and for each neighbour (C1 + d, C2) and (C1, C2 + d), d = +-1,
++-2, +-3 and +-2^k: a neighbour leaves the stored C0 no room, so C0 lies below the neighbour's
+max (the changed model leaves the output's cell at the arg-max) or above its min (at the
+arg-min). With the unit's outputs at those inputs, a change of any one coefficient changes a
+replayed output, unless it changes no output at all (C0 moved within its interval).
 
 The intervals come from the model's outputs on the fit's own domains, read by the fit's domain
 code: the model equals the H200 on all 2^32 inputs of every op (experiments/sfu_verify_h200.txt).
