@@ -18,7 +18,7 @@ truncated below a fixed number of bits, summed exactly, and the block result is 
 simulator's fast default. `H200` is the member that reproduces the H200 bit for bit: one fused
 16-term step, exponents ea + eb, 24 + 2 bits kept, truncation toward zero, result toward zero.
 `fit()` picks, from measured hardware outputs, the members of the family that reproduce every
-value bit for bit (experiments/mma_probe.py collects them on the GPU).
+value bit for bit (fa_sim/calibrate/mma_probe.py collects them on the GPU).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _round_f32(x: np.ndarray, rounding: Rounding) -> np.ndarray:
 
 EXACT = FusedDotModel(block=16, extra_bits=None, rounding=Rounding.NEAREST_EVEN)
 
-#: Fitted to the H200 (sm_90) with experiments/mma_probe.py: 1,048,576 of 1,048,576 outputs of
+#: Fitted to the H200 (sm_90) with fa_sim/calibrate/mma_probe.py: 1,048,576 of 1,048,576 outputs of
 #: random m16n8k16 MMAs (wide exponent spread, C = 0 and C != 0) reproduced bit for bit.
 H200 = FusedDotModel(block=16, extra_bits=2, rounding=Rounding.TOWARD_ZERO, align=Rounding.TOWARD_ZERO,
                      nominal_exponents=True)

@@ -9,7 +9,6 @@ that command prints today, and its links resolve.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -147,8 +146,7 @@ def test_the_agreement_suite_is_what_the_doc_says():
     assert f"(Nq, Nk) in {shapes}" in text
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # fa_sim comes from the installed checkout (pip install -e), as test_docs imports it
     from fa_sim.ptx.optable import Family
 
     families = dispatch_families()

@@ -1,5 +1,5 @@
 """fa_sim.ptx.ops: the arithmetic, logic, compare/select, move, convert and MUFU handlers, run
-through FakeLanes (tests/fake_lanes.py); and every such form in the PTX NVRTC emits for
+through FakeLanes (fa_sim/calibrate/lanes.py); and every such form in the PTX NVRTC emits for
 fa2_fwd.cu has a handler."""
 
 import functools
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from fake_lanes import FakeLanes, ins
+from fa_sim.calibrate.lanes import FakeLanes, ins
 from fa_sim.isa import floating, fp32, sfu
 from fa_sim.isa.rounding import Rnd
 from fa_sim.ptx.ops import Unsupported
@@ -302,14 +302,10 @@ def test_every_alu_form_of_fa2_fwd_has_a_handler_and_runs(causal, checkpoints, c
 
 
 def test_the_gpu_probe_compiles_and_every_form_runs_here():
-    """experiments/alu_probe.py: its kernels are valid PTX for the H200 (sm_90) and each of its
+    """fa_sim/calibrate/alu_probe.py: its kernels are valid PTX for the H200 (sm_90) and each of its
     forms runs through the handlers (the GPU comparison itself is tests/test_alu_gpu.py)."""
-    import sys
-    from pathlib import Path
-
     core = pytest.importorskip("cuda.core")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import alu_probe
+    from fa_sim.calibrate import alu_probe
 
     prog = core.Program(alu_probe.kernel_source(), code_type="c++",
                         options=core.ProgramOptions(arch="sm_90", std="c++17"))
