@@ -315,3 +315,11 @@ def test_engine_faults_and_unknown_instructions_are_one_line(exc, head, status, 
     assert main(["sim", "--engine", "ptx"]) == status
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"fa sim: {head}"), err
+
+
+def test_an_unusable_cache_directory_is_no_cache(monkeypatch, capsys):
+    """FLASHSIM_CACHE where no directory can be made: the recorded variant kernel is replayed from
+    a temporary file, as fa_sim/cache.py promises (the cache is never an error)."""
+    monkeypatch.setenv("FLASHSIM_CACHE", "/proc/nocache")
+    assert main(["compare", "--gpu-npz", str(H200 / "compare_variant_swizzle_r4.npz")]) == 0
+    assert "every checkpoint, O and LSE bit-identical" in capsys.readouterr().out

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import cache_root, read_entry, store_atomic
+from ..cache import stored_file
 from ..crosscheck import (
     SavedRun,
     build_report,
@@ -126,7 +126,8 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
 def _recorded_kernel(args, rec: SavedRun):
     """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
     shipped kernel when the recording ran it (or predates recorded sources), else the recorded
-    source itself, written once to the cache (the PTX engine simulates it)."""
+    source itself, written once to the cache, or to a temporary file where there is no usable cache
+(the PTX engine simulates it)."""
     from fa_hw.compile import SOURCE_PATH
 
     given = kernel_from_args(args)
@@ -140,10 +141,7 @@ def _recorded_kernel(args, rec: SavedRun):
     if rec.kernel_source == SOURCE_PATH.read_text():
         return None
     text = rec.kernel_source.encode()
-    path = cache_root() / "recorded_kernels" / f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if read_entry(path) != text and not store_atomic(path, text):
-        raise UsageError(f"--gpu-npz {args.gpu_npz}: cannot write its recorded kernel to {path.parent}")
+    path = stored_file("recorded_kernels", f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}", text)
     print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
     return path
 
