@@ -22,11 +22,14 @@ from fa_sim.commands.common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_input_memory,
     config_from_args,
     kernel_from_args,
+    problem_shape,
     random_inputs,
     seqlen_k,
 )
+from fa_sim.commands.preflight import announce, check_gpu, problem_of, qkv_shapes
 
 from . import check
 from .forward import forward
@@ -52,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = config_from_args(args)
     kernel = kernel_from_args(args)
+    # every check before the inputs are made (fa_sim/commands/preflight.py): memory, the GPU and the
+    # kernel's cubin, then the float64 reference's estimate
+    check_input_memory(args)
+    check_gpu(config, args.causal, kernel)
+    announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)

@@ -22,6 +22,7 @@ from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
     problem_shape,
@@ -29,6 +30,7 @@ from .common import (
     refuse,
 )
 from .outputs import Kind, Output, check_outputs, save_figure
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 FIGURE = "bank_conflicts_by_class"
 FORMATS = ("png", "svg")
@@ -68,6 +70,11 @@ def run(args) -> int:
     base = config_from_args(args)
     engine, kernel = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
+    for s in layouts:  # every check before the inputs are made (commands/preflight.py)
+        check_engine(engine, kernel, dataclasses.replace(base, smem=s), args.causal)
+    check_input_memory(args)
+    announce("banks", problem_of(qkv_shapes(problem_shape(args)), args.causal, None, base), reference=False,
+             runs=len(layouts))
     inputs = random_inputs(args)
     reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)
                for s in layouts}

@@ -40,16 +40,22 @@ from .common import (
     add_problem_arguments,
     auto_requested,
     config_from_args,
+    check_input_memory,
     config_options,
     engine_from_args,
     explicit,
     kernel_from_args,
     option_name,
     random_inputs,
+    problem_shape,
     refuse,
+    seqlen_k,
 )
 from .inputs import load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
+from .preflight import announce, check_engine, check_gpu, problem_of, qkv_shapes
+
+SIM_MMA = "h200"  # the tensor-core model simulate_with_checkpoints runs (fa_sim.crosscheck)
 
 FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")  # SavedRun
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
@@ -157,19 +163,28 @@ def _replay(args):
             kernel)
 
 
-def _launch(args, save: Output | None):
-    import fa_hw
-
-    q, k, v = random_inputs(args)
+def _launch_config(args):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
-    else:
-        config = config_from_args(args)
-    b, h, nq, _ = q.shape
-    ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
+        return auto_for_device(args.head_dim, args.causal, seqlen_k(args)).config
+    return config_from_args(args)
+
+
+def _launch(args, save: Output | None):
+    """Every check (commands/preflight.py), then the inputs, then the GPU run."""
+    import fa_hw
+
+    config = _launch_config(args)
+    ctas = _ctas(args.ctas, Problem(args.batch, args.heads, args.seqlen, seqlen_k(args), args.causal, 1.0,
+                                    config).n_ctas)
     kernel = kernel_from_args(args)
+    engine, sim_kernel = _engine(args, config, kernel)
+    check_input_memory(args)
+    check_gpu(config, args.causal, kernel, checkpoints=True)
+    announce("compare", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), SIM_MMA,
+             reference=False)
+    q, k, v = random_inputs(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel)
     if save is not None:
@@ -180,24 +195,31 @@ def _launch(args, save: Output | None):
             SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
                      source.name, source.read_text()).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
-    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), (engine, sim_kernel)
 
 
-def run(args) -> int:
-    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
-    if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
-    else:
-        check_outputs([save], args.force)
-        (q, k, v), config, causal, ctas, gpu = _launch(args, save)
-        recorded = kernel_from_args(args)
-    o, lse, gpu_buf, scale = gpu
+def _engine(args, config, recorded):
+    """The simulator's engine and kernel for this run (the kernel the GPU ran, if any), checked
+    (commands/preflight.check_engine: a PTX program is compiled now)."""
     engine, kernel = engine_from_args(args, config)
     if recorded is not None:
         if args.engine == "program":
             raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                              f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
         engine, kernel = "ptx", recorded
+    check_engine(engine, kernel, config, args.causal, checkpoints=True)
+    return engine, kernel
+
+
+def run(args) -> int:
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
+    if args.gpu_npz is not None:
+        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
+        engine, kernel = _engine(args, config, recorded)
+    else:
+        check_outputs([save], args.force)
+        (q, k, v), config, causal, ctas, gpu, (engine, kernel) = _launch(args, save)
+    o, lse, gpu_buf, scale = gpu
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None

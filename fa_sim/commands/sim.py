@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -32,12 +31,16 @@ from .common import (
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
+    kernel_from_args,
+    problem_shape,
     random_inputs,
     refuse,
 )
 from .inputs import load_qkv
+from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
 
 
 def register(subparsers) -> None:
@@ -59,13 +62,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if args.npz is not None:
-        refuse(args, PROBLEM_DESTS, "with --npz: the file's q, k, v fix the shape")
-        return load_qkv(args.npz, "--npz")
-    return random_inputs(args)
-
-
 def errors(res: SimResult, q, k, v) -> Accuracy:
     """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
     blocks, fa_sim.accuracy), with the cause of anything non-finite."""
@@ -73,22 +69,29 @@ def errors(res: SimResult, q, k, v) -> Accuracy:
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
-def _announce(q, k, v, args, config) -> None:
-    """Refuse a run whose simulation and float64 reference cannot fit in this machine's memory, and
-    print the estimate (fa_sim.estimate) on stderr before a run long enough to show progress."""
-    from ..estimate import estimate
-    from ..simulate import PROGRESS_MIN_SECONDS
-    from ..validate import make_problem
+def _load(args):
+    """q, k, v of --npz (its shape fixes the problem), or None for random inputs."""
+    if args.npz is None:
+        return None
+    refuse(args, PROBLEM_DESTS, "with --npz: the file's q, k, v fix the shape")
+    return load_qkv(args.npz, "--npz")
 
-    est = estimate(make_problem(np.shape(q), np.shape(k), np.shape(v), args.causal, args.scale, config), args.mma)
-    est.check(reference=True)
-    if est.sim_seconds + est.reference_seconds >= PROGRESS_MIN_SECONDS:
-        print(f"fa sim: {est.describe()}", file=sys.stderr, flush=True)
+
+def _inputs(args, loaded, config, engine, kernel):
+    """The --npz arrays, or random inputs made after every check (commands/preflight.py)."""
+    check_engine(engine, kernel, config, args.causal)
+    if loaded is None:
+        check_input_memory(args)
+    check_cluster(args.cluster)
+    shapes = qkv_shapes(problem_shape(args)) if loaded is None else [np.shape(x) for x in loaded]
+    announce("sim", problem_of(shapes, args.causal, args.scale, config), args.mma)
+    return random_inputs(args) if loaded is None else loaded
 
 
 def run(args) -> int:
-    q, k, v = _inputs(args)
-    d = np.shape(q)[-1] if args.npz is not None else args.head_dim
+    kernel_from_args(args)  # the file, before anything is read or made
+    loaded = _load(args)
+    d = args.head_dim if loaded is None else loaded[0].shape[-1]
     config = config_from_args(args, head_dim=int(d))
     checker = None
     if args.check_hazards:
@@ -97,7 +100,7 @@ def run(args) -> int:
         )
         checker = HazardChecker()
     engine, kernel = engine_from_args(args, config)
-    _announce(q, k, v, args, config)
+    q, k, v = _inputs(args, loaded, config, engine, kernel)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
                    workers=args.workers, cluster=args.cluster)
