@@ -146,6 +146,7 @@ def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, c
         o, lse, checkpoints, scale = rec["o"], rec["lse"], rec["checkpoints"], float(rec["scale"])
 
     monkeypatch.setattr(fa_hw, "forward", lambda *a, **k: Out)
+    monkeypatch.setattr("fa_sim.commands.compare.check_gpu", lambda *a, **k: None)  # the GPU and its cubin
     path = tmp_path / "run.npz"
     assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().err

@@ -24,7 +24,6 @@ import sys
 
 from ..estimate import Estimate, estimate
 from ..kernels import check_program_config
-from ..simulate import PROGRESS_MIN_SECONDS
 
 
 def check_engine(engine: str, kernel, config, causal: bool, checkpoints: bool = False) -> None:
@@ -78,6 +77,8 @@ def announce(command: str, problem, mma=None, *, simulation: bool = True, refere
              runs: int = 1) -> Estimate:
     """Refuse a run (of `runs` simulations, and the float64 reference if `reference`) that cannot
     fit in this machine's memory; print the estimate on stderr when it is long."""
+    from ..simulate import PROGRESS_MIN_SECONDS  # read at each call (tests lower it)
+
     est = estimate(problem, mma)
     if simulation:
         est.check(reference=reference)
