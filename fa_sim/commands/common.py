@@ -330,6 +330,6 @@ def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
                                  "auto or an integer >= 1"))
     p.add_argument("--cluster", metavar="ADDRESS", type=cluster_address, default=None,
                    help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "
-                                 f"running scheduler's address, which must answer within {CONNECT_TIMEOUT_S} s (needs pip install "
-                                 "flashsim[cluster])", "none: local processes",
+                                 f"running scheduler's address, which must answer within {CONNECT_TIMEOUT_S} s "
+                                 "(needs pip install flashsim[cluster])", "none: local processes",
                                  "local, tcp://HOST:PORT or HOST:PORT"))

@@ -147,7 +147,8 @@ def _recorded_kernel(args, rec: SavedRun):
     if rec.kernel_source == SOURCE_PATH.read_text():
         return None
     text = rec.kernel_source.encode()
-    path = stored_file("recorded_kernels", f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}", text)
+    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
+    path = stored_file("recorded_kernels", name, text)
     print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
     return path
 
