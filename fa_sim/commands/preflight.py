@@ -55,8 +55,9 @@ def check_cluster(address: str | None) -> None:
     no cluster need nothing."""
     from ..parallel.cluster import LOCAL, check_address, probe_scheduler
 
-    if address is not None and check_address(address) != LOCAL:
-        probe_scheduler(check_address(address))
+    address = None if address is None else check_address(address, "--cluster ")
+    if address not in (None, LOCAL):
+        probe_scheduler(address)
 
 
 def qkv_shapes(shape) -> list[tuple[int, int, int, int]]:
