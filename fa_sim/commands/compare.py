@@ -39,15 +39,15 @@ from .common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
-    config_from_args,
     check_input_memory,
+    config_from_args,
     config_options,
     engine_from_args,
     explicit,
     kernel_from_args,
     option_name,
-    random_inputs,
     problem_shape,
+    random_inputs,
     refuse,
     seqlen_k,
 )
@@ -133,7 +133,7 @@ def _recorded_kernel(args, rec: SavedRun):
     """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
     shipped kernel when the recording ran it (or predates recorded sources), else the recorded
     source itself, written once to the cache, or to a temporary file where there is no usable cache
-(the PTX engine simulates it)."""
+    (the PTX engine simulates it)."""
     from fa_hw.compile import SOURCE_PATH
 
     given = kernel_from_args(args)

@@ -177,6 +177,9 @@ class DaskPool:
             else:
                 probe_scheduler(self.address)
                 self.client = d.Client(self.address, timeout=CONNECT_TIMEOUT_S)
+        except ClusterError:  # the probe's one line
+            self.__exit__(None, None, None)
+            raise
         except (OSError, TimeoutError) as exc:
             self.__exit__(None, None, None)
             raise ClusterError(f"cannot reach the Dask scheduler at {self.address}: {exc}") from None
