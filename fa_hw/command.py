@@ -22,13 +22,16 @@ from fa_sim.commands.common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_input_memory,
     check_scale,
     config_from_args,
     kernel_from_args,
     problem_head_dim,
+    problem_shape,
     random_inputs,
     seqlen_k,
 )
+from fa_sim.commands.preflight import announce, check_gpu, problem_of, qkv_shapes
 
 from . import check
 from .forward import forward
@@ -56,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     kernel = kernel_from_args(args)
     d = problem_head_dim(args)  # --head-dim, or the head_dim a --config tag names
     check_scale(args, d)
+    # every check before the inputs are made (fa_sim/commands/preflight.py): memory, the GPU and the
+    # kernel's cubin, then the float64 reference's estimate
+    check_input_memory(args)
+    check_gpu(config, args.causal, kernel)
+    announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)

@@ -87,12 +87,28 @@ def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engi
             for c in configs for s in shapes for cz in causals]
 
 
-def check_cases(cases) -> float:
+@dataclass(frozen=True)
+class SweepEstimate:
+    """Time of a whole sweep (fa_sim.estimate per case, summed) and its largest case's memory."""
+
+    cases: int
+    seconds: float  # one core, simulations and references
+    largest_bytes: int
+
+    def describe(self, workers: int = 1) -> str:
+        from .estimate import _duration, _size
+
+        spread = "" if workers <= 1 else f", about {_duration(self.seconds / workers)} on {workers} workers"
+        return (f"{self.cases} case{'s' if self.cases != 1 else ''}; estimate: about {_duration(self.seconds)} on "
+                f"one core{spread}; the largest case needs about {_size(self.largest_bytes)}")
+
+
+def estimate_cases(cases) -> SweepEstimate:
     """Refuse, before anything runs, a case whose simulation cannot fit in this machine's memory;
-    returns the estimated seconds of the whole sweep on one core."""
+    the estimate of the whole sweep."""
     from .estimate import estimate
 
-    seconds = 0.0
+    seconds, largest = 0.0, 0
     for case in cases:
         est = estimate(case.problem(), case.mma)
         try:
@@ -100,7 +116,13 @@ def check_cases(cases) -> float:
         except ValueError as exc:
             raise ValueError(f"case {case.name}: {exc}") from None
         seconds += est.sim_seconds + est.reference_seconds
-    return seconds
+        largest = max(largest, est.needed(reference=True))
+    return SweepEstimate(len(cases), seconds, largest)
+
+
+def check_cases(cases) -> float:
+    """estimate_cases(cases).seconds: the estimated seconds of the whole sweep on one core."""
+    return estimate_cases(cases).seconds
 
 
 def run_case(case: Case) -> CaseResult:
@@ -126,16 +148,36 @@ def run_case(case: Case) -> CaseResult:
                       tuple(str(f) for f in acc.above_bound))
 
 
+class CaseProgress:
+    """One line on stderr per finished case: which, how long it took, how many are left and the
+    time left at the pace so far (a sweep's unit of work is a case, so lines stay few)."""
+
+    def __init__(self, cases, stream=None) -> None:
+        self.cases, self.done, self.start = list(cases), 0, time.monotonic()
+        self.stream = stream
+
+    def __call__(self, index: int, result: CaseResult) -> None:
+        import sys
+
+        self.done += 1
+        spent = time.monotonic() - self.start
+        left = spent * (len(self.cases) - self.done) / self.done
+        print(f"fa sweep: case {self.done}/{len(self.cases)} done ({self.cases[index].name}, {result.seconds:.1f} s); "
+              f"{spent:.0f} s elapsed, about {left:.0f} s left", file=self.stream or sys.stderr, flush=True)
+
+
 def run_sweep(cases, *, workers="auto", cluster: str | None = None, progress: bool | None = None) -> list[CaseResult]:
-    """Every case (checked up front), spread over workers; results in case order."""
+    """Every case (checked up front), spread over workers; results in case order. progress: a line
+    per finished case on stderr (CaseProgress); None shows it for sweeps estimated at
+    fa_sim.simulate.PROGRESS_MIN_SECONDS or more, on one core."""
     from .parallel import pmap
-    from .simulate import _progress_bar
+    from .simulate import PROGRESS_MIN_SECONDS
 
     cases = list(cases)
     seconds = check_cases(cases)
-    with _progress_bar(progress, len(cases), seconds) as bar:
-        return pmap(run_case, cases, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in cases],
-                    on_done=lambda i, r: bar.update(1))
+    show = seconds >= PROGRESS_MIN_SECONDS if progress is None else bool(progress)
+    return pmap(run_case, cases, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in cases],
+                on_done=CaseProgress(cases) if show else None)
 
 
 # -- reporting ---------------------------------------------------------------------------------------------

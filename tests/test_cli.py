@@ -43,16 +43,21 @@ def files(tmp_path_factory):
     np.savez(d / "tag_json.npz", **{**run, "config": np.array("m128n64d64w4-swizzled")})
     (d / "exists.json").write_text("{}")
     (d / "figs").mkdir()
+    source = (Path(__file__).parent.parent / "fa_hw" / "kernels" / "fa2_fwd.cu").read_text()
+    (d / "broken.cu").write_text(source + "\nthis is not C++;\n")  # every macro used; NVRTC refuses it
+    (d / "old.cu").write_text('extern "C" __global__ void fa2_fwd_kernel() {}\n')  # no FA_* macro
     (d / "figs" / "bank_conflicts_by_class.png").write_bytes(b"old figure")
     return {k: str(d / v) for k, v in {
         "good": "good.npz", "trunc": "truncated.npz", "corrupt": "corrupt.npz", "badcrc": "badcrc.npz",
         "empty": "empty.npz", "npy": "single.npy", "pkl": "pickled.pkl", "obj": "objects.npz",
         "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "figs": "figs", "dir": ".",
         "missing": "missing.npz", "causal_no": "causal_no.npz", "short_o": "short_o.npz",
-        "tag_json": "tag_json.npz"}.items()}
+        "tag_json": "tag_json.npz", "broken": "broken.cu", "old": "old.cu"}.items()}
 
 
 # (argv, fragment of the one-line message, exit status); {name} is a path from `files`
+# 12-16 s of input generation on the development machine
+BIG = ["--seqlen", "32768", "--heads", "32", "--head-dim", "128", "--warps", "8", "--block-m", "128"]
 TABLE = [
     # --engine and --kernel (the PTX engine; the same file on the GPU)
     (["sim", "--engine", "program", "--kernel", "fa_hw/kernels/fa2_fwd.cu"],
@@ -195,6 +200,23 @@ TABLE = [
     (["compare", "--gpu-npz", SEED_RUN, "--seqlen", "128", "--seed", "0", "--ctas", "1"], None, 0),
     (["compare", "--gpu-npz", str(H200 / "compare_causal_tails.npz")], None, 0),
     (["compare", "--ctas", "99"], "--ctas must be distinct CTA ids in 0..1", 2),
+    # checks after long work (issue 16): every one of these comes before the inputs are made (the
+    # table test makes input generation fail), so a large problem is refused at once
+    (["sim", *BIG, "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
+    (["sim", *BIG, "--kernel", "{broken}"], "NVRTC could not compile", 2),
+    (["sim", *BIG, "--kernel", "{old}"], "does not use FA_BLOCK_M=128", 2),
+    (["sim", *BIG, "--engine", "program", "--kv-stages", "2"], "kv_stages=2 changes it: run this config with "
+                                                               "engine='ptx'", 2),
+    (["trace", *BIG, "--kernel", "{broken}"], "NVRTC could not compile", 2),
+    (["banks", *BIG, "--kernel", "{broken}"], "NVRTC could not compile", 2),
+    (["compare", *BIG, "--kernel", "{broken}"], "NVRTC could not compile", 2),
+    (["sweep", "--shape", "1,32,32768", "--kernel", "{broken}"], "NVRTC could not compile", 2),
+    (["sweep", "--shape", "1,32,32768", "--kv-stages", "2", "--engine", "program"], "run this config with "
+                                                                                    "engine='ptx'", 2),
+    (["sim", "--cluster", "LOCAL"], "--cluster 'LOCAL' is not a Dask scheduler address (write local in lower "
+                                    "case); accepted: local, tcp://HOST:PORT or HOST:PORT", 2),
+    (["sweep", "--cluster", "not-an-address"], "--cluster 'not-an-address' is not a Dask scheduler address; "
+                                               "accepted: local, tcp://HOST:PORT or HOST:PORT", 2),
 ]
 
 
@@ -210,6 +232,8 @@ def _run(argv, capsys) -> tuple[int, str]:
 def test_bad_input_is_one_line_naming_the_option(argv, fragment, status, files, capsys, monkeypatch):
     if argv[0] == "compare" and status == 2 and "--gpu-npz" not in argv and "--ctas" not in argv:
         monkeypatch.setattr("fa_hw.forward", _no_launch)  # checked before any launch
+    if status == 2:
+        monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)  # checked before any input
     argv = [a.format(**files) for a in argv]
     got, err = _run(argv, capsys)
     assert got == status, err
@@ -223,6 +247,10 @@ def test_bad_input_is_one_line_naming_the_option(argv, fragment, status, files, 
 
 def _no_launch(*args, **kwargs):
     raise AssertionError("the GPU was launched before the command line was checked")
+
+
+def _no_inputs(*args, **kwargs):
+    raise AssertionError("the inputs were made before the command line was checked")
 
 
 @pytest.mark.parametrize("argv", [["trace", "--perfetto", "{exists}"], ["trace", "--warp", "99"],
@@ -292,6 +320,7 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     module = sys.modules[sub.choices[command].get_default("func").__module__]
     monkeypatch.setattr("fa_hw.forward", _capture_launch)
+    monkeypatch.setattr(module, "check_gpu", lambda *a, **k: None)  # no GPU here: the probe passes
     if hasattr(module, "forward"):
         monkeypatch.setattr(module, "forward", _capture_launch)
     for extra in ([], ["--head-dim", "128"]):
@@ -302,7 +331,10 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
 
 
 def test_compare_launches_on_the_inputs_of_an_npz(files, monkeypatch):
+    from fa_sim.commands import compare
+
     monkeypatch.setattr("fa_hw.forward", _capture_launch)
+    monkeypatch.setattr(compare, "check_gpu", lambda *a, **k: None)  # no GPU here: the probe passes
     with pytest.raises(Launched) as info:
         main(["compare", "--npz", files["good"]])
     shape, config = info.value.args
@@ -448,3 +480,105 @@ def test_expected_overflow_leaks_no_numpy_warning(tmp_path, capsys):
         assert main(["sim", "--scale", "1e308"]) == 2
     assert "Warning" not in capsys.readouterr().err
 
+
+
+def test_an_unusable_cache_directory_is_no_cache(monkeypatch, capsys):
+    """FLASHSIM_CACHE where no directory can be made: the recorded variant kernel is replayed from
+    a temporary file, as fa_sim/cache.py promises (the cache is never an error)."""
+    monkeypatch.setenv("FLASHSIM_CACHE", "/proc/nocache")
+    assert main(["compare", "--gpu-npz", str(H200 / "compare_variant_swizzle_r4.npz")]) == 0
+    assert "every checkpoint, O and LSE bit-identical" in capsys.readouterr().out
+
+
+class _Stop(KeyboardInterrupt):
+    """Raised where the inputs would be made, after the test looked at what came before."""
+
+
+@pytest.mark.parametrize("argv, head", [
+    (["sim", "--seqlen", "8192", "--heads", "4"], "fa sim: estimate: about "),
+    (["trace", "--seqlen", "8192", "--heads", "4"], "fa trace: estimate: about "),
+    (["banks", "--seqlen", "8192", "--heads", "4", "--compare"], "fa banks: estimate: about "),
+])
+def test_the_estimate_of_a_long_run_comes_before_the_inputs(argv, head, monkeypatch, capsys):
+    """(1, 4, 8192, 64) is estimated at about a minute: the estimate is on stderr before any input
+    exists (the issue: 170 s of silence for a large run)."""
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(capsys.readouterr().err)
+        raise _Stop
+
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", stop)
+    assert main(argv) == 130
+    assert seen and seen[0].startswith(head), seen
+    assert ("3 runs" in seen[0]) == ("--compare" in argv) and ("float64 reference" in seen[0]) == (argv[0] == "sim")
+
+
+@pytest.mark.parametrize("argv", [["hw", "--seqlen", "100000", "--heads", "32"],
+                                  ["compare", "--seqlen", "100000", "--heads", "64"]])
+def test_gpu_commands_probe_the_gpu_before_the_inputs(argv, capsys, monkeypatch):
+    """Without a GPU: 'no usable NVIDIA GPU' at once (the issue: after 38 s and 103 s of inputs)."""
+    from fa_hw import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is present")
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no usable NVIDIA GPU" in err, err
+
+
+@pytest.mark.parametrize("argv", [["hw", "--seqlen", "100000", "--heads", "32"],
+                                  ["compare", "--seqlen", "100000", "--heads", "64"]])
+def test_gpu_commands_compile_the_kernel_before_the_inputs(argv, capsys, monkeypatch):
+    """With a GPU (stood in for): the cubin is built before the inputs, so a kernel NVRTC refuses
+    is one line at once; then, for fa hw, the float64 reference's estimate (hours here)."""
+    from fa_hw import runtime
+    from fa_hw.errors import CompileError
+
+    builds = []
+
+    def refuse(build):
+        builds.append(build)
+        raise CompileError(f"NVRTC failed to compile {build.describe()}: error: stand-in")
+
+    monkeypatch.setattr(runtime, "device", lambda ordinal=0: None)
+    monkeypatch.setattr(runtime, "device_arch", lambda ordinal=0: "sm_90")
+    monkeypatch.setattr(runtime, "load_kernel", refuse)
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)
+    assert main(argv) == 2
+    assert "error: stand-in" in capsys.readouterr().err
+    assert builds[0].arch == "sm_90" and builds[0].checkpoints == (argv[0] == "compare")
+    monkeypatch.setattr(runtime, "load_kernel", lambda build: None)
+
+    def stop(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", stop)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    if argv[0] == "hw":
+        assert err.startswith("fa hw: estimate: about ") and " h and " in err and "for the simulation" not in err
+    else:
+        assert err.startswith("fa compare: estimate: about ") and "for the simulation" in err
+
+
+def test_sweep_prints_its_estimate_before_and_a_line_per_case_while_it_runs(monkeypatch, capsys):
+    import fa_sim.sweep
+
+    def stop(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(fa_sim.sweep, "run_sweep", stop)
+    assert main(["sweep", "--shape", "1,2,4096", "--smem", "swizzled,plain", "--workers", "2"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("fa sweep: 4 cases; estimate: about ") and "on one core, about " in err, err
+    assert "on 2 workers; the largest case needs about " in err
+    monkeypatch.undo()
+    results = fa_sim.sweep.run_sweep(fa_sim.sweep.make_cases([fa_sim.KernelConfig()], [(1, 1, 64, 64)], (False, True)),
+                                     workers=1, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(results) == 2 and len(lines) == 2
+    assert lines[0].startswith("fa sweep: case 1/2 done (m64n64d64w4-swizzled 1x1x64x64, ")
+    assert lines[1].startswith("fa sweep: case 2/2 done (m64n64d64w4-swizzled 1x1x64x64 causal, ")
+    assert lines[1].endswith("about 0 s left")

@@ -16,20 +16,25 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ..config import KernelConfig, SmemLayout
 from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
     file_inputs,
     inputs_head_dim,
+    problem_shape,
     random_inputs,
     refuse,
 )
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_figure
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 FIGURE = "bank_conflicts_by_class"
 FORMATS = ("png", "svg")
@@ -72,6 +77,12 @@ def run(args) -> int:
     base = config_from_args(args, head_dim=d)
     engine, kernel = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
+    for s in layouts:  # every check before the inputs are made (commands/preflight.py)
+        check_engine(engine, kernel, dataclasses.replace(base, smem=s), args.causal)
+    if files is None:
+        check_input_memory(args)
+    shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args))
+    announce("banks", problem_of(shapes, args.causal, None, base), reference=False, runs=len(layouts))
     q, k, v = files if files is not None else random_inputs(args)
     reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, engine, kernel)
                for s in layouts}

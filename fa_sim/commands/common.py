@@ -177,14 +177,21 @@ def problem_shape(args) -> tuple[int, int, int, int, int]:
     return args.batch, args.heads, args.seqlen, seqlen_k(args), problem_head_dim(args)
 
 
-def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
-    refused up front when they cannot fit in this machine's memory."""
+def check_input_memory(args) -> None:
+    """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
     # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
     need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
+
+
+def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
+    refused up front when they cannot fit in this machine's memory. Commands call it last, after
+    every check (commands/preflight.py)."""
+    check_input_memory(args)
+    b, h, nq, nk, d = problem_shape(args)
     return _random_inputs(b, h, nq, nk, d, args.seed)
 
 
@@ -372,13 +379,26 @@ def workers_count(text: str):
     return int_in("--workers", 1, None, "auto or an integer >= 1")(text)
 
 
+def cluster_address(text: str) -> str:
+    """argparse type of --cluster: local, tcp://HOST:PORT or HOST:PORT (fa_sim.parallel.cluster)."""
+    from ..parallel.cluster import check_address
+
+    try:
+        return check_address(text, "--cluster ")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
     """--workers N|auto and --cluster ADDRESS."""
+    from ..parallel.cluster import CONNECT_TIMEOUT_S
+
     p.add_argument("--workers", type=workers_count, default="auto", metavar="N",
                    help=describe(f"local processes that share out {what}; results are bit-identical to one "
                                  "process; with --cluster local, the local cluster's workers", "auto (one per core)",
                                  "auto or an integer >= 1"))
-    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+    p.add_argument("--cluster", metavar="ADDRESS", type=cluster_address, default=None,
                    help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "
-                                 "scheduler address such as tcp://host:8786 (needs pip install flashsim[cluster])",
-                                 "none: local processes", "local or a scheduler address"))
+                                 f"running scheduler's address, which must answer within {CONNECT_TIMEOUT_S} s "
+                                 "(needs pip install flashsim[cluster])", "none: local processes",
+                                 "local, tcp://HOST:PORT or HOST:PORT"))

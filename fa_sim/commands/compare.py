@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import cache_root, read_entry, store_atomic
+from ..cache import stored_file
 from ..crosscheck import (
     SavedRun,
     build_report,
@@ -40,6 +40,7 @@ from .common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_input_memory,
     check_scale,
     config_from_args,
     config_options,
@@ -49,12 +50,15 @@ from .common import (
     file_inputs,
     inputs_head_dim,
     option_name,
+    problem_shape,
     random_inputs,
     refuse,
-    seqlen_k,
 )
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
+from .preflight import announce, check_engine, check_gpu, problem_of, qkv_shapes
+
+SIM_MMA = "h200"  # the tensor-core model simulate_with_checkpoints runs (fa_sim.crosscheck)
 
 FIELDS = SAVED_ARRAYS
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
@@ -133,7 +137,8 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
 def _recorded_kernel(args, rec: SavedRun):
     """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
     shipped kernel when the recording ran it (or predates recorded sources), else the recorded
-    source itself, written once to the cache (the PTX engine simulates it)."""
+    source itself, written once to the cache, or to a temporary file where there is no usable cache
+    (the PTX engine simulates it)."""
     from fa_hw.compile import SOURCE_PATH
 
     given = kernel_from_args(args)
@@ -147,10 +152,8 @@ def _recorded_kernel(args, rec: SavedRun):
     if rec.kernel_source == SOURCE_PATH.read_text():
         return None
     text = rec.kernel_source.encode()
-    path = cache_root() / "recorded_kernels" / f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if read_entry(path) != text and not store_atomic(path, text):
-        raise UsageError(f"--gpu-npz {args.gpu_npz}: cannot write its recorded kernel to {path.parent}")
+    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
+    path = stored_file("recorded_kernels", name, text)
     print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
     return path
 
@@ -166,22 +169,32 @@ def _replay(args):
             kernel)
 
 
+def _launch_config(args, d: int, nk: int):
+    if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
+        from fa_hw.tuned import auto_for_device
+
+        return auto_for_device(d, args.causal, nk).config
+    return config_from_args(args, head_dim=d)
+
+
 def _launch(args, save: Output | None):
+    """Every check (commands/preflight.py), then the inputs, then the GPU run."""
     import fa_hw
 
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
-    if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
-        from fa_hw.tuned import auto_for_device
-
-        config = auto_for_device(d, args.causal, files[1].shape[2] if files else seqlen_k(args)).config
-    else:
-        config = config_from_args(args, head_dim=d)
-    q, k, v = files if files is not None else random_inputs(args)
-    b, h, nq, _ = q.shape
-    ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
+    shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
+    (b, h, nq, _), nk = shapes[0], shapes[1][2]
+    config = _launch_config(args, d, nk)
+    ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     kernel = kernel_from_args(args)
+    engine, sim_kernel = _engine(args, config, kernel)
+    if files is None:
+        check_input_memory(args)
+    check_gpu(config, args.causal, kernel, checkpoints=True)
+    announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
+    q, k, v = files if files is not None else random_inputs(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel)
     if save is not None:
@@ -192,24 +205,31 @@ def _launch(args, save: Output | None):
             SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
                      source.name, source.read_text()).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
-    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), (engine, sim_kernel)
 
 
-def run(args) -> int:
-    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
-    if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
-    else:
-        check_outputs([save], args.force)
-        (q, k, v), config, causal, ctas, gpu = _launch(args, save)
-        recorded = kernel_from_args(args)
-    o, lse, gpu_buf, scale = gpu
+def _engine(args, config, recorded):
+    """The simulator's engine and kernel for this run (the kernel the GPU ran, if any), checked
+    (commands/preflight.check_engine: a PTX program is compiled now)."""
     engine, kernel = engine_from_args(args, config)
     if recorded is not None:
         if args.engine == "program":
             raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                              f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
         engine, kernel = "ptx", recorded
+    check_engine(engine, kernel, config, args.causal, checkpoints=True)
+    return engine, kernel
+
+
+def run(args) -> int:
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
+    if args.gpu_npz is not None:
+        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
+        engine, kernel = _engine(args, config, recorded)
+    else:
+        check_outputs([save], args.force)
+        (q, k, v), config, causal, ctas, gpu, (engine, kernel) = _launch(args, save)
+    o, lse, gpu_buf, scale = gpu
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None

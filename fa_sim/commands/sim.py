@@ -20,7 +20,6 @@ bit-identical to one process; a worker or cluster lost is one error line naming 
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 
@@ -32,14 +31,18 @@ from .common import (
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    check_input_memory,
     check_scale,
     config_from_args,
     engine_from_args,
     file_inputs,
     inputs_head_dim,
+    kernel_from_args,
+    problem_shape,
     random_inputs,
 )
 from .inputs import HelpFormatter, add_inputs_argument
+from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
 
 
 def register(subparsers) -> None:
@@ -66,25 +69,23 @@ def errors(res: SimResult, q, k, v) -> Accuracy:
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
-def _announce(q, k, v, args, config) -> None:
-    """Refuse a run whose simulation and float64 reference cannot fit in this machine's memory, and
-    print the estimate (fa_sim.estimate) on stderr before a run long enough to show progress."""
-    from ..estimate import estimate
-    from ..simulate import PROGRESS_MIN_SECONDS
-    from ..validate import make_problem
-
-    est = estimate(make_problem(np.shape(q), np.shape(k), np.shape(v), args.causal, args.scale, config), args.mma)
-    est.check(reference=True)
-    if est.sim_seconds + est.reference_seconds >= PROGRESS_MIN_SECONDS:
-        print(f"fa sim: {est.describe()}", file=sys.stderr, flush=True)
+def _inputs(args, loaded, config, engine, kernel):
+    """The --npz arrays, or random inputs made after every check (commands/preflight.py)."""
+    check_engine(engine, kernel, config, args.causal)
+    if loaded is None:
+        check_input_memory(args)
+    check_cluster(args.cluster)
+    shapes = qkv_shapes(problem_shape(args)) if loaded is None else [np.shape(x) for x in loaded]
+    announce("sim", problem_of(shapes, args.causal, args.scale, config), args.mma)
+    return random_inputs(args) if loaded is None else loaded
 
 
 def run(args) -> int:
-    files = file_inputs(args)
-    d = inputs_head_dim(args, files)
+    kernel_from_args(args)  # the file, before anything is read or made
+    loaded = file_inputs(args)
+    d = inputs_head_dim(args, loaded)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)
-    q, k, v = files if files is not None else random_inputs(args)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (
@@ -92,7 +93,7 @@ def run(args) -> int:
         )
         checker = HazardChecker()
     engine, kernel = engine_from_args(args, config)
-    _announce(q, k, v, args, config)
+    q, k, v = _inputs(args, loaded, config, engine, kernel)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
                    workers=args.workers, cluster=args.cluster)

@@ -24,11 +24,13 @@ from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
     file_inputs,
     inputs_head_dim,
     int_in,
+    kernel_from_args,
     parse_ops,
     problem_shape,
     random_inputs,
@@ -36,6 +38,7 @@ from .common import (
 )
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 ARCHIVE_FILES = ("manifest.json", "arrays.npz")  # fa_sim.observers.trace_io.save_trace
 
@@ -111,6 +114,7 @@ def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
 
+    kernel_from_args(args)  # the file, before anything is read or made
     ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
     inputs = file_inputs(args)  # None: random, drawn after the checks
     cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
@@ -119,10 +123,13 @@ def run(args) -> int:
     check_outputs([save, perfetto], args.force)
     b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
     warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
-    if inputs is None:
+    engine, kernel = engine_from_args(args, cfg)
+    check_engine(engine, kernel, cfg, args.causal)
+    if inputs is None:  # made after every check (commands/preflight.py)
+        check_input_memory(args)
+        announce("trace", problem_of(qkv_shapes(problem_shape(args)), args.causal, None, cfg), reference=False)
         inputs = random_inputs(args)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    engine, kernel = engine_from_args(args, cfg)
     tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=engine, kernel=kernel)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
