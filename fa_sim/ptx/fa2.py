@@ -23,6 +23,7 @@ from ..events import CheckpointEvent
 from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
+from .budget import step_budget
 from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
 from .load import load_module
 from .ops import load_families
@@ -103,12 +104,14 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
+    budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
     lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
     for start in range(lo, hi, wave_ctas):
         wave = (start, min(start + wave_ctas, hi))
         run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
-                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave)
+                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave,
+                    budget=budget)
         if ck is not None:
             rows = (sel >= wave[0]) & (sel < wave[1])
             _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
