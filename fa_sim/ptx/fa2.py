@@ -98,7 +98,7 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
         layout = CheckpointLayout(cfg, prob.n_rounds)
         ck = memory.alloc("ck_buf", layout.empty(len(sel)))
         slot = np.full(prob.n_ctas, -1, np.int32)
-        slot[sel] = np.arange(len(sel), dtype=np.int32)
+        slot[prob.q_block_index(sel)] = np.arange(len(sel), dtype=np.int32)  # the kernel indexes by Q block
         args += [ck.base, memory.alloc("ck_sel", slot).base, np.int32(prob.n_rounds)]
     params = _pack(program, args)
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
@@ -133,7 +133,7 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected CTA ran
+    rounds = prob.rounds_per_cta(sel)  # [S] rounds each selected CTA ran
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)
