@@ -158,8 +158,7 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     if max_steps is not None:
         parse_max_steps(max_steps, "max_steps")
     model = tensorcore.resolve(mma_model)
-    check.source(source_or_ptx)
-    module = load_module(source_or_ptx, macros=macros)
+    module = load_module(source_or_ptx, macros=macros)  # checks that a path names a file
     text, path = _read(source_or_ptx)
     program = build_program(module, kernel, None if _is_ptx(text, path) else text)
     smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
