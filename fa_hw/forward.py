@@ -104,7 +104,7 @@ def _checkpoint_buffers(dev: DeviceProblem, ctas: list[int]):
     buf = runtime.allocate(host.nbytes, stream)
     runtime.memset_zero(int(buf.handle), host.nbytes, stream)
     sel = np.full(prob.n_ctas, -1, dtype=np.int32)
-    sel[prob.q_block_index(ctas)] = np.arange(len(ctas), dtype=np.int32)  # the kernel indexes by Q block
+    sel[np.asarray(ctas)] = np.arange(len(ctas), dtype=np.int32)
     sel_buf = runtime.upload(sel, stream)
     dev.keep += [buf, sel_buf]
     return (int(buf.handle), int(sel_buf.handle), layout.n_rounds), host

@@ -87,8 +87,9 @@ class Problem:
         return self.n_m_blocks - 1 - x if self.reversed_m_blocks else x
 
     def q_block_index(self, ctas) -> np.ndarray:
-        """m_block + n_m_blocks * bh of linear CTA ids: the index fa2_fwd.cu's debug build reads its
-        checkpoint slot at (ck_sel), which is the CTA id itself unless the m_blocks are reversed."""
+        """m_block + n_m_blocks * bh of linear CTA ids: the id checkpoints name a CTA by (fa2_fwd.cu's
+        debug build records under it, so a heavy_first run's checkpoints line up with the plain
+        run's); the CTA id itself unless the m_blocks are reversed. Its own inverse."""
         ctas = np.asarray(ctas, dtype=np.int64)
         return self.m_block_of(ctas) + self.n_m_blocks * (ctas // self.n_m_blocks)
 

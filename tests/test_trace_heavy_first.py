@@ -64,13 +64,16 @@ def test_the_help_says_what_cta_names(capsys):
     assert "linear CTA id in the grid" in text and "ceil(Nq/block_m) - 1 - blockIdx.x" in text
 
 
-def test_checkpoints_are_those_of_the_cta_named():
-    """CheckpointEvents name grid CTAs: heavy_first's CTA 1 (Q block 2) records what the plain
-    launch's CTA 2 records, for every round it runs."""
+def test_checkpoints_name_q_blocks_so_heavy_first_lines_up_with_the_plain_run():
+    """CheckpointEvents name a CTA by its Q block (what the debug build records): every slot of a
+    heavy_first run equals the plain run's, over two waves of 3 CTAs that cut a head's Q blocks
+    apart (Q block 2 of head 0 is computed by grid CTA 1, in the first wave)."""
     rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 1, 256, 64)).astype(np.float16) for _ in range(3))
-    heavy, plain = CheckpointRecorder((1,)), CheckpointRecorder((2,))
-    a = fa_sim.simulate(q, k, v, causal=True, config=HF, observers=[heavy])
-    b = fa_sim.simulate(q, k, v, causal=True, config=fa_sim.KernelConfig(), engine="ptx", observers=[plain])
+    q, k, v = (rng.standard_normal((1, 2, 256, 64)).astype(np.float16) for _ in range(3))
+    heavy, plain = CheckpointRecorder(range(8)), CheckpointRecorder(range(8))
+    a = fa_sim.simulate(q, k, v, causal=True, config=HF, observers=[heavy], wave_ctas=3)
+    b = fa_sim.simulate(q, k, v, causal=True, config=fa_sim.KernelConfig(), engine="ptx", observers=[plain],
+                        wave_ctas=3)
     assert np.array_equal(a.o.view(np.uint16), b.o.view(np.uint16))
-    assert np.array_equal(heavy.buffer, plain.buffer) and heavy.buffer[:, :, 2].any()  # round 2 was recorded
+    assert np.array_equal(heavy.buffer, plain.buffer)
+    assert heavy.buffer[3, :, 3].any() and not heavy.buffer[0, :7, 1:].any()  # Q block 3: 4 rounds; 0: 1

@@ -8,7 +8,9 @@ checkpoint contract as the hand-written program.
   ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
   checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
-  stores are real instructions of that build and are counted as such.
+  stores are real instructions of that build and are counted as such. Checkpoints name a CTA by
+  its Q block (Problem.q_block_index; the build records under it), which differs from the grid
+  index only under heavy_first with causal.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
         layout = CheckpointLayout(cfg, prob.n_rounds)
         ck = memory.alloc("ck_buf", layout.empty(len(sel)))
         slot = np.full(prob.n_ctas, -1, np.int32)
-        slot[prob.q_block_index(sel)] = np.arange(len(sel), dtype=np.int32)  # the kernel indexes by Q block
+        slot[sel] = np.arange(len(sel), dtype=np.int32)
         args += [ck.base, memory.alloc("ck_sel", slot).base, np.int32(prob.n_rounds)]
     params = _pack(program, args)
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
@@ -113,7 +115,8 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
                     mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave,
                     budget=budget)
         if ck is not None:
-            rows = (sel >= wave[0]) & (sel < wave[1])
+            ran = prob.q_block_index(sel)  # the grid CTA that computes each selected Q block (heavy_first)
+            rows = (ran >= wave[0]) & (ran < wave[1])
             _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 
@@ -133,7 +136,7 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.rounds_per_cta(sel)  # [S] rounds each selected CTA ran
+    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)
