@@ -31,8 +31,8 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
+from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import TABLE, Unsupported
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
 from .types import DTYPES
@@ -243,7 +243,7 @@ class Engine:
     def run(self) -> None:
         groups: dict[int, np.ndarray | None] = {0: None}
         code = self.kernel.instructions
-        limit, steps, pc = self.budget.limit, 0, 0
+        limit, steps = self.budget.limit, 0
         heartbeat = Heartbeat(self._ctas())
         while groups:
             pc = min(groups)

@@ -18,9 +18,10 @@ the kernel's static shared memory; a path must name an existing file). Each wave
 `max_steps` instructions (default: fa_sim.ptx.budget's, from the kernel's size and its arguments;
 the environment variable FLASHSIM_MAX_STEPS also sets it): a kernel that never ends is a
 KernelFault naming where its threads were. A launch of very many waves says up front how long it
-takes at least, a long one reports progress on stderr, and Ctrl-C stops it. Observers see the same events
-as from the hand-written attention program (fa_sim.events), labelled by the front end: phases from
-`// phase: NAME` comments in the source, labels from its lines.
+takes at least, a long one reports progress on stderr, and Ctrl-C stops it.
+Observers see the same events as from the hand-written attention program (fa_sim.events),
+labelled by the front end: phases from `// phase: NAME` comments in the source, labels from its
+lines.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from ..hub import Hub
 from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
 from ..machine import Labels, Machine
 from ..memory import GlobalMemory
-from . import machine_ops  # noqa: F401  (registers the engine's memory and warp handlers)
 from . import launch_args as check
-from .budget import LONG_LAUNCH_SECONDS, Heartbeat, MIN_TRIPS, MIN_WAVE_SECONDS, StepBudget, parse_max_steps, step_budget
+from . import machine_ops  # noqa: F401  (registers the engine's memory and warp handlers)
+from .budget import (LONG_LAUNCH_SECONDS, MIN_TRIPS, MIN_WAVE_SECONDS, Heartbeat, StepBudget, parse_max_steps,
+                     step_budget)
 from .engine import Engine
 from .load import _is_ptx, _read, load_module
 from .ops import load_families
