@@ -226,8 +226,11 @@ def test_a_bad_launch_argument_is_one_line_naming_it(name):
 
 @pytest.mark.parametrize("source", ["no_such_kernel.cu", Path("no_such_dir/kernel.ptx"), "kernels/missing"])
 def test_a_missing_path_is_not_taken_for_cuda_source(source):
-    with pytest.raises(ValueError, match=r"^source_or_ptx '.*': no such file \(pass CUDA C\+\+ or PTX text"):
+    named = r"cannot read no_such_dir/kernel\.ptx" if isinstance(source, Path) else f"source_or_ptx '{source}'"
+    with pytest.raises(ValueError, match=rf"^{named}: no such file \(pass CUDA C\+\+ or PTX text"):
         launch(source, **OK)
+    with pytest.raises(ValueError, match="expected CUDA source, PTX text or a path, not int"):
+        launch(42, **OK)
 
 
 def test_the_largest_grid_is_announced_up_front_with_its_least_time(capsys):

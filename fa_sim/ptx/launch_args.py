@@ -85,13 +85,15 @@ def macros(x) -> Mapping:
 def source(x) -> None:
     """A path that names no file is an error, not CUDA source: a str of one line without `{` (no
     kernel fits on such a line) or an os.PathLike must name an existing file."""
-    if isinstance(x, os.PathLike) or (isinstance(x, str) and "\n" not in x and "{" not in x):
-        try:
-            exists = Path(x).is_file()
-        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-            exists = False
-        if not exists:
-            raise ValueError(f"source_or_ptx {str(x)!r:.200}: no such file (pass CUDA C++ or PTX text, "
-                             f"or the path of an existing {', '.join(SOURCE_SUFFIXES)} file)")
-    elif not isinstance(x, str):
-        raise ValueError(f"source_or_ptx must be CUDA C++ text, PTX text or a path, not {type(x).__name__}")
+    if not isinstance(x, (str, os.PathLike)):
+        raise ValueError(f"expected CUDA source, PTX text or a path, not {type(x).__name__}")
+    if isinstance(x, str) and ("\n" in x or "{" in x):
+        return
+    try:
+        exists = Path(x).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        exists = False
+    if not exists:
+        what = f"cannot read {x}" if isinstance(x, os.PathLike) else f"source_or_ptx {x!r:.200}"
+        raise ValueError(f"{what}: no such file (pass CUDA C++ or PTX text, or the path of an existing "
+                         f"{', '.join(SOURCE_SUFFIXES)} file)")
