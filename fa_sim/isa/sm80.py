@@ -30,3 +30,5 @@ SMEM_RESERVED_BYTES = 1024  # the driver's per-CTA reservation
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80 and sm_90)
 MAX_THREADS_PER_CTA = 1024
+MAX_BLOCK_DIM = (1024, 1024, 64)  # blockDim.x, .y, .z (and x * y * z <= MAX_THREADS_PER_CTA)
+MAX_GRID_DIM = (2**31 - 1, 65535, 65535)  # gridDim.x, .y, .z

@@ -17,6 +17,7 @@ from ..checkpoints import Checkpoint
 from ..config import KernelConfig
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from ..kernels.labels import Phase, Tile
+from ..problem import Problem
 from . import lanemaps
 from .trace import Trace, TraceRecord
 from .trace_io import json_list, json_number, reg_values
@@ -91,6 +92,13 @@ class LaneStory:
 
 def config_of(launch: dict) -> KernelConfig:
     return KernelConfig.from_json(launch["config"])
+
+
+def m_block_of(launch: dict, cta: int) -> int:
+    """The Q block a linear CTA id computes (blockIdx.x, reversed under heavy_first with causal)."""
+    prob = Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
+                   launch["scale"], config_of(launch))
+    return int(prob.m_block_of(cta))
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
@@ -193,7 +201,7 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
                          f"(warp 0..{cfg.n_warps - 1}, lane 0..31)")
     thread = 32 * warp + lane
     s = trace.thread_index(thread)
-    m_block = cta % trace.launch["n_m_blocks"]
+    m_block = m_block_of(trace.launch, cta)
     last = max((r.round for r in trace.records if r.round >= 0 and cta in r.cta), default=-1)
     keep = {round} | ({ROUND_PROLOGUE} if round == 0 else set()) | ({ROUND_EPILOGUE} if round == last else set())
     steps = []
@@ -252,7 +260,9 @@ SECTIONS = ((Checkpoint.S_ACC, "S accumulated, S(query,key) (tCrS after QK)"),
 
 def format_story(story: LaneStory) -> str:
     la = story.launch
-    head = (f"CTA {story.cta} (m_block {story.m_block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
+    x = story.cta % la["n_m_blocks"]
+    block = f"m_block {story.m_block}" if x == story.m_block else f"blockIdx.x {x} -> m_block {story.m_block} (heavy_first)"
+    head = (f"CTA {story.cta} ({block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
             f"  (thread {32 * story.warp + story.lane})  round {story.round}\n"
             f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line

@@ -8,7 +8,9 @@ checkpoint contract as the hand-written program.
   ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
   checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
-  stores are real instructions of that build and are counted as such.
+  stores are real instructions of that build and are counted as such. Checkpoints name a CTA by
+  its Q block (Problem.q_block_index; the build records under it), which differs from the grid
+  index only under heavy_first with causal.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..events import CheckpointEvent
 from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
+from .budget import step_budget
 from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
 from .load import load_module
 from .program import Program, build_program
@@ -101,14 +104,17 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
+    budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
     lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
     for start in range(lo, hi, wave_ctas):
         wave = (start, min(start + wave_ctas, hi))
         run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
-                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave)
+                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave,
+                    budget=budget)
         if ck is not None:
-            rows = (sel >= wave[0]) & (sel < wave[1])
+            ran = prob.q_block_index(sel)  # the grid CTA that computes each selected Q block (heavy_first)
+            rows = (ran >= wave[0]) & (ran < wave[1])
             _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 
@@ -128,7 +134,7 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected CTA ran
+    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..cache import cache_root, read_entry, store_atomic
 from .ir import Module
+from .launch_args import source as check_source
 from .nvrtc import DEFAULT_ARCH, compile_ptx, kernel_ptx
 from .parser import parse
 
@@ -40,7 +41,9 @@ def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, ar
     source_or_ptx: a path (os.PathLike, or a one-line str naming an existing file; '.ptx' files
     are PTX, others CUDA), or the text itself (PTX when it has a `.version` directive, else
     CUDA C++). name: the CUDA program name shown in source locations (default: the file's path,
-    or 'kernel.cu'). arch, macros, options: as fa_sim.ptx.nvrtc.compile_ptx (ignored for PTX)."""
+    or 'kernel.cu'). arch, macros, options: as fa_sim.ptx.nvrtc.compile_ptx (ignored for PTX).
+    A one-line str without `{` that names no file is a ValueError, not CUDA source."""
+    check_source(source_or_ptx)
     text, path = _read(source_or_ptx)
     if _is_ptx(text, path):
         return parsed(text, use_cache=use_cache)
