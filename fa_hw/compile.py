@@ -6,7 +6,7 @@ cached on disk under $FLASHSIM_CACHE or ~/.cache/flashsim, keyed by the cache fo
 text, the macros, the NVRTC options and the NVRTC version. Compiling needs no GPU (cuda-core >= 1.0
 produces cubin without a driver when the arch is given). A cubin for the exact arch is what runs: a
 PTX from an NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm_90
-(shared/notes/gpu_facts.md).
+(docs/hardware_facts.md).
 
 Registers and local memory come from the cubin (fa_hw.cubin), never from ptxas's log: NVRTC 13
 returns an empty log when its own compute cache (~/.nv/ComputeCache) already holds the program.

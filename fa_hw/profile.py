@@ -1,7 +1,7 @@
 """Nsight Compute runs of the kernel and their shared-memory counters beside the simulator's.
 
 `bank_comparison(q, k, v, causal, scale, config)` profiles one launch of fa2_fwd with `ncu`
-(metrics below, per SASS instruction class, as notes/gpu_facts.md lists them), runs the simulator's
+(metrics below, per SASS instruction class, as docs/hardware_facts.md lists them), runs the simulator's
 BankCounter on the same inputs, and returns both sets of counts. `fa compare --banks` prints it.
 
 The profiled process is this module itself (`python -m fa_hw.profile --target FILE`), which
@@ -128,7 +128,7 @@ class BankComparison:
 
     def matches(self, cls: SmemClass) -> bool:
         """Instructions, wavefronts and conflicts equal; for LDGSTS instructions and wavefronts
-        only, since ncu calls none of its extra wavefronts bank conflicts (gpu_facts.md)."""
+        only, since ncu calls none of its extra wavefronts bank conflicts (docs/hardware_facts.md)."""
         got, mine = self.ncu_counts(cls), self.sim[cls]
         want = {"instructions": mine.instructions, "wavefronts": mine.wavefronts, "conflicts": mine.conflicts}
         compared = ("instructions", "wavefronts") if cls is SmemClass.LDGSTS else tuple(got)

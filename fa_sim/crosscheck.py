@@ -1,4 +1,4 @@
-"""Simulator against GPU, checkpoint by checkpoint (DESIGN.md, "Checkpoints").
+"""Simulator against GPU, checkpoint by checkpoint (docs/architecture.md, "Checkpoints").
 
 Both backends fill the buffer of fa_sim/checkpoints.py, uint32 [cta_sel, checkpoint, round,
 thread, word], for the same selected CTAs. `compare_checkpoints` walks it and reports, per

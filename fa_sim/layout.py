@@ -5,7 +5,7 @@ tuples congruent with `shape`, an integer is a flat index unpacked colexicograph
 may be numpy arrays (one call evaluates every lane). `Swizzle(B, M, S)` is CuTe's XOR map on offsets,
 `ComposedLayout` is swizzle o layout, `TvMap` a CuTe thread-value layout read as (row, col).
 
-The kernel of spec/000_660624cf06b8f110.txt in that algebra: `smem_layout` (SmemLayoutQ/K/V, table
+The kernel of the spec (docs/walkthrough.md) in that algebra: `smem_layout` (SmemLayoutQ/K/V, table
 11), `copy_tv` (TiledCopy), `MMA_A/B/C` and `TiledMma` (PTX `#warp-level-matrix-fragment-mma-16816-float`,
 table 3; atom mi of warp w at rows 16*n_warps*mi + 16*w), `Ldsm` (PTX
 `#warp-level-matrix-instructions-ldmatrix`), `acc_rowcol` / `acc_as_a_operand` (tables 4-9).

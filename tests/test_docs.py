@@ -1,5 +1,5 @@
 """docs/ against the code. Every table marked `<!-- table: NAME -->` in docs/kernel.md and
-docs/gpu_facts.md is recomputed from fa_sim / fa_hw and compared cell by cell (gpu_facts.md here,
+docs/hardware_facts.md is recomputed from fa_sim / fa_hw and compared cell by cell (hardware_facts.md here,
 kernel.md in test_docs_kernel.py), every `<!-- output: COMMAND -->` excerpt must appear verbatim in
 that command's output, and every internal link must resolve. A table added to the docs without a
 check fails `test_every_marked_table_is_checked`."""
@@ -20,7 +20,7 @@ from fa_sim.isa.mma import a_coords, b_coords, c_coords
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
-KERNEL, FACTS = DOCS / "kernel.md", DOCS / "gpu_facts.md"
+KERNEL, FACTS = DOCS / "kernel.md", DOCS / "hardware_facts.md"
 SEED = KernelConfig()
 TAG = re.compile(r"m(\d+)n(\d+)d(\d+)w(\d+)(?:-(\w+))?$")
 
@@ -173,7 +173,7 @@ def test_links_resolve(path):
     check_links(path)
 
 
-# == gpu_facts.md =======================================================================================
+# == hardware_facts.md ==================================================================================
 def test_mma_fragment_of_lane_5():
     coords = {"A": a_coords(), "B": b_coords(), "C": c_coords()}
     for row in FT["mma-lane5"]:

@@ -1,4 +1,4 @@
-"""Lane maps for the observers: who holds which element (docs/gpu_facts.md).
+"""Lane maps for the observers: who holds which element (docs/hardware_facts.md).
 
 Every function is vectorised over numpy arrays of lanes/threads and returns tile coordinates.
 The hardware's own maps are closed forms of the PTX ISA (`#warp-level-matrix-fragment-mma-16816-float`:
@@ -22,7 +22,7 @@ def _gt(lane):
     return lane >> 2, lane & 3
 
 
-# -- mma.m16n8k16 fragments (gpu_facts.md, "mma.sync...m16n8k16") --------------------------------
+# -- mma.m16n8k16 fragments (docs/hardware_facts.md, "mma.sync...m16n8k16") ---------------------
 def mma_a(lane, i):
     """A (16x16, row-major [m][k]) element a_i of `lane` -> (row, col); i = 0..7."""
     g, t = _gt(lane)
@@ -44,7 +44,7 @@ def mma_c(lane, i):
     return g + 8 * (i >> 1), 2 * t + (i & 1)
 
 
-# -- ldmatrix (gpu_facts.md, "ldmatrix.sync.aligned.m8n8") ----------------------------------------
+# -- ldmatrix (docs/hardware_facts.md, "ldmatrix") -----------------------------------------------
 def ldmatrix_source(lane, half, trans: bool):
     """For the received half `half` (0, 1) of one matrix register of `lane`: which row-address lane
     of that matrix (0..7) supplied the row, and the column offset inside the 8-half row.

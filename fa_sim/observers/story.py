@@ -4,7 +4,7 @@ Steps come from the trace records (each instruction the lane executed: the tile 
 byte address and banks it touched, the values it received, its shuffle partner); the state
 sections come from the checkpoints (S accumulated, after masking, m, l, P~ and O slots), placed at
 their global (query, key) or (query, d) coordinates with the closed-form maps of lanemaps.py
-(spec: "将具体坐标推广到任意 lane", tables 4-9).
+(docs/walkthrough.md, section 5 "Any lane's coordinates", tables 4-9).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
 
 def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int) -> tuple:
     """Global (row, col) of the 4 accumulators mma r produced. The machine orders the R mmas of a
-    k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per gpu_facts.md."""
+    k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per docs/hardware_facts.md."""
     nj_count = cfg.s_n_tiles if rec.phase == Phase.QK else cfg.o_n_tiles
     mi, nj = divmod(r, nj_count)
     e = np.arange(4) + 4 * (mi + cfg.m_repeats * nj)  # CuTe order of the same slots

@@ -154,7 +154,7 @@ def launch_json(launch: LaunchInfo) -> dict:
 def ldsm_received(smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
     """[R, C, W, L, 2N] tile (row, col) of every half each lane receives from ldmatrix.xN.
 
-    Matrix m's row r comes from the address of lane 8m + r (gpu_facts.md); half k = 2m + i of the
+    Matrix m's row r comes from the address of lane 8m + r (docs/hardware_facts.md); half k = 2m + i of the
     result is register m, low half first.
     """
     n, trans = smem.ldsm

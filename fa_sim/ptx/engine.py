@@ -1,6 +1,6 @@
 """The PTX engine: every thread of every CTA of a wave executes a parsed kernel at once.
 
-Execution model (DESIGN.md, "one SM80 machine, two front ends"):
+Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
 - Registers are arrays over the wave's threads (regs.RegisterFile). Threads at the same pc form a
   group; each step executes the lowest pc's group (min-pc scheduling), so threads that diverge at
   a branch run their paths one after the other and reconverge where the paths meet - the

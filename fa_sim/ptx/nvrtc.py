@@ -3,7 +3,7 @@
 This is the first step of the PTX front end: the simulator executes the PTX that NVRTC emits, so
 it compiles to a virtual architecture (compute_80 by default: SM80 is what fa_sim models) with
 `-lineinfo`, which gives every PTX instruction its CUDA source line (`.loc`). NVRTC needs no GPU
-and no driver here; cuda.core's `compile("ptx")` does (shared/notes/gpu_facts.md), hence the raw
+and no driver here; cuda.core's `compile("ptx")` does (docs/hardware_facts.md), hence the raw
 bindings.
 
 NVRTC records the program name in the PTX's `.file` directive, prefixed by the working directory
