@@ -54,10 +54,12 @@ IGNORED_DIRS = tuple(line.strip() for line in (ROOT / ".gitignore").read_text().
 
 
 def _is_script_output(path: str, citing: str) -> bool:
-    if not citing.startswith("experiments/"):
-        return False
+    """A file a command writes: under a placeholder folder (OUTDIR/summary.txt), or named by an
+    experiments/ script (a bare name, a folder .gitignore ignores)."""
     first = path.split("/")[0]
-    return "/" not in path or first.isupper() or path.startswith(IGNORED_DIRS)
+    if "/" in path and first.isupper():
+        return True
+    return citing.startswith("experiments/") and ("/" not in path or path.startswith(IGNORED_DIRS))
 
 
 def _exists(path: str, citing: str) -> bool:
