@@ -26,7 +26,7 @@ def builds(arch: str) -> list:
     from ncu_options import LAUNCHES
     from test_hw_gpu_options import CONFIGS, SANITIZED, SPAN, twin
 
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_hw.tuned import HEURISTIC, candidates
     from fa_sim.config import KernelConfig
 

@@ -1,11 +1,13 @@
-"""Errors of the GPU backend. The `fa` CLI prints any exception whose module starts with `fa_hw`
-as one line and exits with status 2 (fa_sim/cli.py), so every message is one self-contained line;
+"""Errors of the GPU backend. Every one is a fa_sim.contract.ToolError, which the `fa` CLI prints
+as one line and exit status 2 (fa_sim/cli.py), so every message is one self-contained line;
 longer material (the compiler log) travels as an attribute."""
 
 from __future__ import annotations
 
+from fa_sim.contract.errors import ToolError
 
-class FaHwError(Exception):
+
+class FaHwError(ToolError):
     """Base class of everything fa_hw raises on purpose."""
 
 

@@ -1,4 +1,4 @@
-"""fa_hw compiles without a GPU: NVRTC (cuda.core) -> cubin for sm_80 and sm_90, SASS by nvdisasm.
+"""fa_hw compiles without a GPU: NVRTC (fa_sim.contract.nvrtc) -> cubin for sm_80 and sm_90, SASS by nvdisasm.
 
 What each test covers, honestly:
 - `test_family_compiles`: every KernelConfig of the family, causal and not, for sm_80 and sm_90
@@ -10,7 +10,7 @@ What each test covers, honestly:
   spanning every axis of the family (head dims, tile sizes, warps, layouts, causal, debug build).
 - `test_seed_sass`: the seed kernel's SASS holds the SM80 instructions the schedule names, and
   no local-memory spills.
-- Registers and local memory are read from the cubin (fa_hw.cubin), never from ptxas's log, which
+- Registers and local memory are read from the cubin (fa_sim.contract.cubin), never from ptxas's log, which
   NVRTC 13 leaves empty on a compute-cache hit: the cubin's numbers equal ptxas's report where
   there is one, and an empty log changes nothing.
 """
@@ -23,10 +23,11 @@ import pytest
 
 from fa_hw import CompileError, ResourceUsage, compile_kernel
 from fa_hw import compile as compile_module
-from fa_hw.compile import KERNEL_NAME, KernelBuild, _nvrtc
-from fa_hw.cubin import CubinError
-from fa_hw.sass import opcode_counts
+from fa_hw.compile import _nvrtc
 from fa_sim.config import KernelConfig
+from fa_sim.contract import KERNEL_NAME, SEED_PATH, KernelBuild
+from fa_sim.contract.cubin import CubinError
+from fa_sim.contract.sass import opcode_counts
 
 pytest.importorskip("cuda.core")
 
@@ -149,7 +150,7 @@ def test_an_empty_nvrtc_log_changes_nothing(monkeypatch, tmp_path):
 
 def test_cache_entries_are_keyed_by_format(tmp_path, monkeypatch):
     build = KernelBuild(SEED, arch="sm_90")
-    source = compile_module.SOURCE_PATH.read_text()
+    source = SEED_PATH.read_text()
     key = compile_module._cache_key(source, build)
     monkeypatch.setattr(compile_module, "CACHE_FORMAT", compile_module.CACHE_FORMAT + 1)
     assert compile_module._cache_key(source, build) != key

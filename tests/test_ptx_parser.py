@@ -223,7 +223,7 @@ USER_CU = Path(__file__).parent / "data" / "ptx_user_kernel.cu"
 def test_user_kernel_from_nvrtc(options, tmp_path, monkeypatch):
     """-G adds forward .func declarations, DWARF sections and many labels: all read or skipped."""
     pytest.importorskip("cuda.bindings")
-    from fa_sim.ptx.nvrtc import compile_ptx
+    from fa_sim.contract.nvrtc import compile_ptx
 
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
     ptx = compile_ptx(USER_CU.read_text(), name=str(USER_CU), options=options)
@@ -254,9 +254,9 @@ def test_parse_speed_of_the_seed_kernel():
     20 ms on the 2-core development machine. The best of three is asserted, with slack for a
     loaded machine."""
     pytest.importorskip("cuda.bindings")
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_sim.config import KernelConfig
-    from fa_sim.ptx.nvrtc import kernel_ptx
+    from fa_sim.contract.nvrtc import kernel_ptx
 
     ptx = kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80"))
     best = min(_timed(parse, ptx) for _ in range(3))

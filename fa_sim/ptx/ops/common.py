@@ -20,7 +20,7 @@ import numpy as np
 from ...isa.rounding import Rnd
 from ..ir import Imm, Instruction
 from ..types import DTYPES
-from . import Lanes, Unsupported, handles
+from .base import Lanes, Unsupported, handles
 
 Exec = Callable[[Lanes, tuple], None]
 Compiler = Callable[[str, "Form"], Exec]
