@@ -17,6 +17,7 @@ What each test covers, honestly:
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -184,3 +185,24 @@ def test_compile_many_fills_the_cache_in_parallel(tmp_path, monkeypatch):
     got = compile_many(builds, workers=2)
     assert [c.build for c in got] == builds and len(list(tmp_path.rglob("*.cubin"))) == 2
     assert [c.usage for c in got] == [compile_kernel(b.config, causal=b.causal, arch="sm_90").usage for b in builds]
+
+
+@pytest.mark.parametrize("build", [KernelBuild(SEED, arch="sm_90"),
+                                   KernelBuild(KernelConfig(smem="padded", head_dim=32, block_n=32), True, "sm_80", True)],
+                         ids=lambda b: f"{b.config.tag}-{b.arch}")
+def test_the_contract_cubin_is_cuda_core_s_cubin(build):
+    """fa_sim.contract.nvrtc drives cuda.bindings.nvrtc with the options cuda.core's ProgramOptions
+    writes: the cubin is byte for byte that of cuda.core.Program, the log the same report (ptxas's
+    compile time aside; NVRTC's own compute cache may leave either log empty, see above)."""
+    from cuda.core import Program, ProgramOptions
+
+    source = build.source().text
+    options = ProgramOptions(name="fa2_fwd.cu", arch=build.arch, std="c++17", ptxas_options=["-v"],
+                             define_macro=[(k, str(v)) for k, v in sorted(build.macros().items())])
+    logs = []
+    want = Program(source, "c++", options).compile("cubin", logs=type("Log", (), {"write": lambda _, t: logs.append(t)})())
+    cubin, log = _nvrtc(source, build)
+    assert cubin == bytes(want.code)
+    untimed = functools.partial(re.sub, r"time = [\d.]+ ms", "time = ? ms")
+    want_log = "".join(logs).rstrip("\x00")
+    assert not (log and want_log) or untimed(log) == untimed(want_log)
