@@ -170,17 +170,20 @@ def test_both_backends_build_the_patched_text():
 @pytest.fixture
 def no_cuda(monkeypatch):
     """A Python without the cuda packages: importing them fails as it would there."""
+    from fa_hw import device
     from fa_sim.contract import nvrtc
     from fa_sim.ptx import fa2, load
 
     for name in [m for m in sys.modules if m == "cuda" or m.startswith("cuda.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "cuda", None)
-    nvrtc.nvrtc_version.cache_clear()
-    fa2._program.cache_clear()
+    caches = (nvrtc.nvrtc_version, device.device, fa2._program)
+    for cached in caches:
+        cached.cache_clear()
     load.clear_memo()
     yield
-    nvrtc.nvrtc_version.cache_clear()
+    for cached in caches:
+        cached.cache_clear()
 
 
 def test_compiling_without_the_hw_extra_says_what_to_install(no_cuda):
@@ -194,14 +197,16 @@ def test_compiling_without_the_hw_extra_says_what_to_install(no_cuda):
 
 
 @pytest.mark.parametrize("argv", [["sim", "--engine", "ptx", "--seqlen", "64"],
-                                  ["sim", "--kernel", str(VARIANT), "--seqlen", "64"]])
-def test_fa_sim_without_the_hw_extra_is_one_line(no_cuda, argv, capsys):
+                                  ["sim", "--kernel", str(VARIANT), "--seqlen", "64"],
+                                  ["hw", "--seqlen", "16"], ["compare", "--seqlen", "16"]])
+def test_commands_without_the_hw_extra_are_one_line(no_cuda, argv, capsys):
     from fa_sim.cli import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("fa sim: error: ") and 'pip install -e ".[hw]"' in err and 'pip install "flashsim[hw]"' in err
+    assert err.startswith(f"fa {argv[0]}: error: ") and 'pip install -e ".[hw]"' in err
+    assert 'pip install "flashsim[hw]"' in err
 
 
 # ---- occupancy -----------------------------------------------------------------------------------

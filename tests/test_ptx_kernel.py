@@ -192,7 +192,7 @@ def test_a_variant_that_ignores_an_option_its_config_sets_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"old_copy.cu does not use FA_KV_STAGES=2"):
         fa_sim.simulate(q, k, v, config=cfg, kernel=old)
     with pytest.raises(ValueError, match=r"does not use FA_KV_STAGES=2"):
-        compile_build(KernelBuild(cfg, False, "sm_90", kernel_source(old)), use_cache=False)
+        compile_build(KernelBuild(cfg, False, "sm_90", kernel=kernel_source(old)), use_cache=False)
     spec = fa_sim.KernelConfig(block_m=128)  # kv_stages=1: the macro may be ignored
     assert fa_sim.simulate(q, k, v, config=spec, kernel=old).o.shape == q.shape
 
