@@ -38,12 +38,14 @@ def files(tmp_path_factory):
     np.savez(d / "strings.npz", q=np.full((1, 1, 2, 2), "a"), k=x, v=x)
     np.savez(d / "noq.npz", k=x, v=x)
     (d / "exists.json").write_text("{}")
+    (d / "binary.cu").write_bytes(bytes(range(128, 256)))
+    (d / "stale.patch").write_text("--- a/fa2_fwd.cu\n+++ b/fa2_fwd.cu\n@@ -2,1 +2,1 @@\n-int not_in_the_seed;\n+x\n")
     (d / "figs").mkdir()
     (d / "figs" / "bank_conflicts_by_class.png").write_bytes(b"old figure")
     return {k: str(d / v) for k, v in {
         "good": "good.npz", "trunc": "truncated.npz", "corrupt": "corrupt.npz", "badcrc": "badcrc.npz",
         "empty": "empty.npz", "npy": "single.npy", "pkl": "pickled.pkl", "obj": "objects.npz",
-        "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "figs": "figs", "dir": ".",
+        "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "binary": "binary.cu", "stale": "stale.patch", "figs": "figs", "dir": ".",
         "missing": "missing.npz"}.items()}
 
 
@@ -57,6 +59,8 @@ TABLE = [
     (["trace", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
     (["compare", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
     (["hw", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
+    (["sim", "--kernel", "{binary}"], "--kernel {binary}: binary.cu is not UTF-8 text (byte 0x80 at offset 0)", 2),
+    (["hw", "--kernel", "{stale}"], "--kernel {stale}: hunk 1 (@@ -2,1 +2,1 @@) does not apply to fa2_fwd.cu: line 2", 2),
     # --npz, --input, --gpu-npz: every kind of bad file names the option, the file and what is accepted
     (["sim", "--npz", "{trunc}"], "--npz {trunc}: is truncated or corrupt", 2),
     (["sim", "--npz", "{corrupt}"], "--npz {corrupt}: is truncated or corrupt", 2),

@@ -142,7 +142,7 @@ def test_bad_kernel_files_are_one_line_naming_the_file(tmp_path):
         KernelBuild(kernel="some.cu")
 
 
-@pytest.mark.parametrize("command", ["sim", "banks", "trace", "hw", "compare"])
+@pytest.mark.parametrize("command", ["sim", "banks", "trace", "hw", "compare", "sweep"])
 def test_the_cli_refuses_a_binary_or_unapplicable_kernel_in_one_line(command, tmp_path, capsys):
     from fa_sim.cli import main
 
