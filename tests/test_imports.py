@@ -1,6 +1,7 @@
 """The import structure of fa_sim and fa_hw, read from the source (ast): the kernel contract sits
 below both backends, fa_sim reaches the GPU backend only in the commands that ask for the GPU,
-fa_hw never imports the CLI, and the modules import each other without cycles."""
+fa_hw never imports the CLI, no import runs up the layers, and the modules import each other
+without cycles."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ BELOW_CONTRACT = ("fa_sim.contract", "fa_sim.config", "fa_sim.cute", "fa_sim.isa
                   "fa_sim.cache")
 #: Cycles still to be broken (simulate <-> parallel: the CTA loop moving below both).
 KNOWN_CYCLES = [{"fa_sim.simulate", "fa_sim.parallel", "fa_sim.parallel.sharded"}]
+#: The layers, bottom to top: a module imports its own layer and those below, never one above
+#: (a module belongs to the layer of its longest matching prefix; a new module needs a layer here).
+LAYERS = (
+    ("hardware", ("fa_sim.isa", "fa_sim.tensorcore", "fa_sim.events", "fa_sim.errors", "fa_sim.cache", "fa_sim.cute")),
+    ("config", ("fa_sim.config", "fa_sim.layout", "fa_sim.checkpoints", "fa_sim.problem")),
+    ("machine", ("fa_sim.machine", "fa_sim.memory", "fa_sim.hub")),
+    ("contract", ("fa_sim.contract",)),
+    ("front ends", ("fa_sim.kernels", "fa_sim.ptx")),
+    ("run", ("fa_sim.run",)),
+    ("simulation", ("fa_sim", "fa_sim.simulate", "fa_sim.parallel", "fa_sim.observers", "fa_sim.crosscheck",
+                    "fa_sim.reference", "fa_sim.accuracy", "fa_sim.estimate", "fa_sim.validate", "fa_sim.sweep",
+                    "fa_sim.spec_maps", "fa_sim.layout_checks")),
+    ("GPU", ("fa_hw",)),
+    ("CLI", ("fa_sim.commands", "fa_sim.cli")),
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -85,6 +101,23 @@ def test_the_contract_sits_below_both_front_ends():
     found = {f"{m}:{line} {target}" for m, imports in GRAPH.items() if m.startswith("fa_sim.contract")
              for target, line, _ in imports if not target.startswith(BELOW_CONTRACT)}
     assert not found
+
+
+def _layer(module: str) -> int | None:
+    found = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    return max(found)[1] if found else None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if _layer(m) is None] == []
+
+
+def test_no_import_runs_up_the_layers():
+    up = [f"{m}:{line} imports {target} ({LAYERS[_layer(m)][0]} -> {LAYERS[_layer(target)][0]})"
+          for m, imports in GRAPH.items() if _layer(m) is not None
+          for target, line, _ in imports if _layer(target) is not None and _layer(target) > _layer(m)]
+    assert up == []
 
 
 def _cycles() -> list[set[str]]:
