@@ -133,9 +133,9 @@ def parse_seconds() -> tuple[float, int] | None:
     """(best of 3 seconds to parse the seed kernel's causal PTX, its lines), or None without NVRTC."""
     if importlib.util.find_spec("cuda") is None:
         return None
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_sim.config import KernelConfig
-    from fa_sim.ptx.nvrtc import kernel_ptx
+    from fa_sim.contract.nvrtc import kernel_ptx
     from fa_sim.ptx.parser import parse
 
     ptx = kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80"))

@@ -26,8 +26,10 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.observers.banks import BankCounter, Counts, SmemClass
+from fa_sim.simulate import simulate
 
 from .errors import FaHwError
+from .forward import forward
 
 #: ncu's counters per class and quantity, as `ncu --query-metrics` lists them on the H200
 #: (experiments/device_crosscheck.sh keeps that list). A quantity is a metric, or (a, b) for a - b.
@@ -144,8 +146,6 @@ class BankComparison:
 def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> BankComparison:
     """The simulator's shared-memory counts beside Nsight Compute's for one launch. The simulator
     runs the PTX engine for a `kernel` variant or a config with schedule options, else the program."""
-    from fa_sim import simulate
-
     counter = BankCounter()
     simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel)
     return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config, kernel))
@@ -169,13 +169,11 @@ def format_bank_comparison(cmp: BankComparison) -> str:
 
 def _target(npz: str) -> None:
     """The profiled process: one launch of the kernel on the saved inputs."""
-    import fa_hw
-
     d = np.load(npz)
     cfg = KernelConfig.from_json(str(d["config"]))
     scale = None if np.isnan(d["scale"]) else float(d["scale"])
     kernel = str(d["kernel"]) if "kernel" in d.files and str(d["kernel"]) else None
-    fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
+    forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,14 @@ from itertools import takewhile
 import numpy as np
 
 from fa_sim.config import KernelConfig
+from fa_sim.contract import KERNEL_NAME
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from fa_sim.problem import Problem
 from fa_sim.kernels import engine_for
 from fa_sim.kernels.plan import program_sites
 from fa_sim.simulate import simulate
 
-from .compile import KERNEL_NAME, compile_kernel
+from .compile import compile_kernel
 from .errors import FaHwError
 
 Counts = collections.Counter

@@ -116,14 +116,14 @@ def assert_prints(command: str, lines: list[str], doc: str, tmp_path: Path, caps
     import shlex
 
     from fa_sim.cli import main
-    from fa_sim.ptx.fa2 import default_kernel
+    from fa_sim.contract import SEED_PATH
 
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     for i, arg in enumerate(argv):
         if arg in MADE_BY_THE_READER:
             made = tmp_path / arg.rsplit("/", 1)[-1]
-            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
+            made.write_text(MADE_BY_THE_READER[arg](SEED_PATH.read_text()))
             argv[i] = str(made)
     if argv[0] == "fa":
         main(argv[1:])

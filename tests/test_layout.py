@@ -11,11 +11,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fa_sim.config import KernelConfig, SmemLayout
+from fa_sim.cute import (
+    ComposedLayout, Layout, Swizzle, blocked_product, coalesce, composition, cosize, crd2idx, flatten, idx2crd,
+    product, size, tile_to_shape,
+)
 from fa_sim.layout import (
-    LDSM_DST, MMA_A, MMA_B, MMA_C, ComposedLayout, Gemm, Layout, Ldsm, Operand, Swizzle, TiledMma,
-    acc_as_a_operand, acc_rowcol, acc_rowcol_coords, blocked_product, coalesce, composition,
-    copy_thread_layout, copy_tv, cosize, crd2idx, flatten, idx2crd, ldsm_view, product, size,
-    smem_layout, tile_to_shape,
+    LDSM_DST, MMA_A, MMA_B, MMA_C, Gemm, Ldsm, Operand, TiledMma, acc_as_a_operand, acc_rowcol, acc_rowcol_coords,
+    copy_thread_layout, copy_tv, ldsm_view, smem_layout,
 )
 
 FAMILY = KernelConfig.family()

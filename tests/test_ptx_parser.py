@@ -222,7 +222,7 @@ USER_CU = Path(__file__).parent / "data" / "ptx_user_kernel.cu"
 def test_user_kernel_from_nvrtc(options, tmp_path, monkeypatch):
     """-G adds forward .func declarations, DWARF sections and many labels: all read or skipped."""
     pytest.importorskip("cuda.bindings")
-    from fa_sim.ptx.nvrtc import compile_ptx
+    from fa_sim.contract.nvrtc import compile_ptx
 
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
     ptx = compile_ptx(USER_CU.read_text(), name=str(USER_CU), options=options)
@@ -253,9 +253,9 @@ def test_the_seed_kernel_parses():
     business, not a test's: experiments/bench_sim.py reports the parse time; a timing assertion
     failed here under load.)"""
     pytest.importorskip("cuda.bindings")
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_sim.config import KernelConfig
-    from fa_sim.ptx.nvrtc import kernel_ptx
+    from fa_sim.contract.nvrtc import kernel_ptx
 
     ptx = kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80"))
     assert 3000 < ptx.count("\n") < 3600

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import CHUNK_HALVES, KernelConfig
 from ..isa.sm80 import MMA_K, WARP_SIZE
+from ..layout import Gemm, Operand, TiledMma, copy_tv
 
 
 def _gt(lane):
@@ -62,8 +63,6 @@ def ldmatrix_source(lane, half, trans: bool):
 # -- the kernel's fragments, from the CuTe layouts that drive the plan (fa_sim/layout.py) ----------
 def acc_coords(config: KernelConfig, thread, e):
     """S (tCrS) or O (tCrO) accumulator element e (CuTe order) of `thread` -> tile (row, col)."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.C)(np.asarray(thread, dtype=np.int64), np.asarray(e, dtype=np.int64))
 
 
@@ -76,30 +75,22 @@ def row_slot_rows(config: KernelConfig, thread, slot):
 
 def copy_coords(config: KernelConfig, thread, i):
     """Cooperative 16-byte copy (SCHEDULE.md): chunk i of `thread` -> (row, first col)."""
-    from ..layout import copy_tv
-
     rows = config.copy_rows_per_pass * (int(np.max(i)) + 1)
     return copy_tv(config, rows)(np.asarray(thread, dtype=np.int64), CHUNK_HALVES * np.asarray(i, dtype=np.int64))
 
 
 def a_fragment(config: KernelConfig, thread, mi, h, i):
     """QK's A operand (tCrQ(mi, h), element a_i) -> (query row, d) in the Q tile."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.A)(np.asarray(thread, dtype=np.int64), (i, mi, h))
 
 
 def qk_b_fragment(config: KernelConfig, thread, nj, h, i):
     """QK's B operand (tCrK(nj, h), element b_i) -> (key row, d) in the K tile."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
 
 
 def pv_b_fragment(config: KernelConfig, thread, nj, h, i):
     """PV's B operand (tCrV(nj, h) from sVt, element b_i) -> (key row, d) in the V tile."""
-    from ..layout import Gemm, Operand, TiledMma
-
     d, key = TiledMma(config, Gemm.PV).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
     return key, d
 

@@ -1,9 +1,10 @@
 """The attention kernel through the PTX engine: fa_hw's fa2_fwd.cu (or a user's variant with the
-same parameters and FA_* macros) compiled for sm_80, run on the same machine, labels, observers and
-checkpoint contract as the hand-written program.
+same parameters and FA_* macros: a .cu, or a patch of fa2_fwd.cu) compiled for sm_80, run on the
+same machine, labels, observers and checkpoint contract as the hand-written program.
 
-- The config and causal flag become the FA_* macros fa_hw.compile gives the GPU build, so the
-  engine runs exactly the code the GPU runs (`KernelBuild.macros`).
+- The kernel source, the config and the causal flag make the same fa_sim.contract.KernelBuild the
+  GPU backend compiles (its FA_* macros, its check that a variant uses them), so the engine runs
+  exactly the code the GPU runs.
 - Checkpoints come from the kernel's own debug build (FA_CHECKPOINTS): its checkpoint stores are
   ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
@@ -16,55 +17,33 @@ checkpoint contract as the hand-written program.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
 from ..checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
+from ..contract import KERNEL_NAME, KernelBuild, KernelSource, kernel_source
 from ..events import CheckpointEvent
 from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
 from .budget import step_budget
 from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
-from .load import load_module
+from .load import kernel_module
 from .program import Program, build_program
-
-KERNEL_NAME = "fa2_fwd_kernel"
-
-
-def default_kernel() -> Path:
-    from fa_hw.compile import SOURCE_PATH
-
-    return SOURCE_PATH
-
-
-def _check_kernel(path) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--kernel / kernel= {p}: no such file (expected a .cu with fa2_fwd_kernel's parameters)")
-    if p.suffix != ".cu":
-        raise ValueError(f"kernel= {p}: expected a CUDA source file ending in .cu")
-    return p
 
 
 @lru_cache(maxsize=64)
-def _program(path: str, text: str, config, causal: bool, checkpoints: bool) -> Program:
-    from fa_hw.compile import KernelBuild, check_macros_used
-
-    macros = KernelBuild(config, causal, "sm_80", checkpoints).macros()
-    if Path(path) != default_kernel():
-        check_macros_used(text, macros, path)
-    module = load_module(text, name=path, macros=macros)
+def _program(source: KernelSource, config, causal: bool, checkpoints: bool) -> Program:
+    module = kernel_module(KernelBuild(config, causal, "sm_80", checkpoints, source))
     if KERNEL_NAME not in module.kernels:
-        raise ValueError(f"{path} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
-    return build_program(module, KERNEL_NAME, text)
+        raise ValueError(f"{source.origin} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
+    return build_program(module, KERNEL_NAME, source.text)
 
 
 def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None) -> Program:
-    """The annotated program of the attention kernel for a config (cached by source text)."""
-    path = _check_kernel(kernel) if kernel is not None else default_kernel()
-    return _program(str(path), path.read_text(), config, bool(causal), bool(checkpoints))
+    """The annotated program of the attention kernel for a config (cached by source text).
+    kernel: None (fa2_fwd.cu), or a variant as fa_sim.contract.kernel_source takes it."""
+    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints))
 
 
 def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
