@@ -19,7 +19,7 @@ import fa_sim  # noqa: E402
 from fa_sim.errors import KernelFault  # noqa: E402
 from fa_sim.memory import GUARD, GlobalMemory  # noqa: E402
 from fa_sim.ptx import budget, launch  # noqa: E402
-from fa_sim.ptx.fa2 import default_kernel  # noqa: E402
+from fa_sim.contract import SEED_PATH  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_a_store_before_the_start_of_a_buffer_is_a_fault():
 
 
 def _variant(tmp_path, name, old, new):
-    text = default_kernel().read_text()
+    text = SEED_PATH.read_text()
     assert text.count(old) == 1, old
     path = tmp_path / name
     path.write_text(text.replace(old, new))
