@@ -48,8 +48,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fa_hw import check  # lazy on purpose: the GPU backend, only when the user asks for the GPU
-    from fa_hw.forward import forward
+    import fa_hw  # lazy on purpose: the GPU backend, only when the user asks for the GPU
+    from fa_hw import check
     from fa_hw.runtime import check_launch
     from fa_hw.tuned import auto_for_device
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_launch(config, args.causal, kernel)
     announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
     q, k, v = random_inputs(args)
-    out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)
     report = {
