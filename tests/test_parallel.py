@@ -19,7 +19,8 @@ from fa_sim.parallel import ShardError, plan_shards, pmap, resolve_workers
 from fa_sim.parallel.shards import row_slab
 from fa_sim.problem import Problem
 from fa_sim.reference import random_inputs
-from fa_sim.simulate import RunSpec
+from fa_sim.run import ProgramFrontEnd, RunSpec
+from fa_sim.tensorcore import EXACT
 
 from parallel_helpers import RACY, FailOnCta, KillOnCta, Unmergeable, observers, results, same, slow_square
 
@@ -120,7 +121,7 @@ def test_an_error_in_a_shard_is_the_serial_error_with_the_shard_named():
        wave=st.integers(1, 9), n=st.integers(1, 12))
 def test_shards_are_whole_waves_covering_the_grid_once(bh, nq, nk, causal, wave, n):
     prob = Problem(1, bh, nq, nk, causal, 0.125, KernelConfig())
-    spec = RunSpec(prob, "program", None, None, None, wave)
+    spec = RunSpec(prob, ProgramFrontEnd(), EXACT, wave)
     shards = plan_shards(spec, n)
     assert [s.index for s in shards] == list(range(len(shards))) and all(s.of == len(shards) for s in shards)
     assert shards[0].ctas.start == 0 and shards[-1].ctas.stop == prob.n_ctas
@@ -136,7 +137,7 @@ def test_shards_are_whole_waves_covering_the_grid_once(bh, nq, nk, causal, wave,
 
 def test_shards_balance_the_work_of_a_causal_grid():
     prob = Problem(1, 1, 64 * 64, 64 * 64, True, 0.125, KernelConfig())
-    shards = plan_shards(RunSpec(prob, "program", None, None, None, 4), 4)
+    shards = plan_shards(RunSpec(prob, ProgramFrontEnd(), EXACT, 4), 4)
     work = [s.cta_rounds for s in shards]
     assert max(work) <= 1.25 * sum(work) / len(work)  # equal CTA counts would give 7:1
 
@@ -187,8 +188,8 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
                              "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while proc.poll() is None and len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the resource tracker and two workers
+    while proc.poll() is None and len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the two workers
     time.sleep(2.0)  # the workers are simulating
     workers = _children(proc.pid)
     assert proc.poll() is None and len(workers) >= 2, "the run ended before it could be interrupted"

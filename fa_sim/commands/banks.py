@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ..config import KernelConfig, SmemLayout
+from ..run import FrontEnd
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -48,12 +49,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool, engine: str = "program", kernel=None):
+def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd):
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=engine, kernel=kernel)
+    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front)
     return counter.report()
 
 
@@ -66,10 +67,10 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     base = config_from_args(args)
-    engine, kernel = engine_from_args(args, base)
+    front = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     inputs = random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, front)
                for s in layouts}
     b, h, nq, nk, d = problem_shape(args)
     keys = "" if nk == nq else f", Nk={nk}"

@@ -17,10 +17,13 @@ import dataclasses
 import enum
 import typing
 
+from pathlib import Path
+
 import numpy as np
 
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..reference import random_inputs as _random_inputs
+from ..run import CLI, ENGINES, FrontEnd, choose_front_end, kernel_file
 from . import UsageError
 from .inputs import check_host_memory
 
@@ -64,9 +67,6 @@ def positive_float(option: str):
 
 
 # -- the simulator's front end and the kernel source ------------------------------------------------
-ENGINES = ("program", "ptx")
-
-
 def add_engine_arguments(p, simulator: bool = True) -> None:
     """--engine (simulators) and --kernel (every command that runs the kernel)."""
     if simulator:
@@ -82,30 +82,29 @@ def add_engine_arguments(p, simulator: bool = True) -> None:
                                  "fa_hw/kernels/fa2_fwd.cu", "an existing .cu file"))
 
 
-def kernel_from_args(args):
-    """The --kernel file (checked: exists, .cu), or None."""
-    from pathlib import Path
-
+def kernel_from_args(args) -> Path | None:
+    """The --kernel file (checked by fa_sim.run.kernel_file: exists, .cu), or None."""
     if getattr(args, "kernel", None) is None:
         return None
-    path = Path(args.kernel)
-    if not path.is_file():
-        raise UsageError(f"--kernel {args.kernel}: no such file (expected a variant of fa2_fwd.cu)")
-    if path.suffix != ".cu":
-        raise UsageError(f"--kernel {args.kernel}: expected a CUDA source file ending in .cu")
-    return path
+    try:
+        return kernel_file(args.kernel, CLI)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def engine_from_args(args, config: KernelConfig) -> tuple[str, object]:
-    """(engine, kernel path or None): --kernel means the PTX engine; --engine program with it is refused;
-    neither: the engine `config` needs (fa_sim.kernels.engine_for: ptx for schedule options)."""
-    from ..kernels import engine_for
+def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
+    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError."""
+    try:
+        return choose_front_end(engine, kernel, config, names=CLI)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
-    kernel = kernel_from_args(args)
-    engine = args.engine or ("ptx" if kernel is not None else engine_for(config))
-    if kernel is not None and engine != "ptx":
-        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
-    return engine, kernel
+
+def engine_from_args(args, config: KernelConfig) -> FrontEnd:
+    """The front end --engine and --kernel choose for `config`: --kernel means the PTX engine
+    (--engine program with it is refused); neither: the one `config` needs (the PTX engine for
+    schedule options). Commands pass the value down to fa_sim.simulate(engine=...)."""
+    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config)
 
 
 # -- the problem: shapes, causal flag, scale, seed --------------------------------------------------

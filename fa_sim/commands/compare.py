@@ -41,8 +41,8 @@ from .common import (
     auto_requested,
     config_from_args,
     config_options,
-    engine_from_args,
     explicit,
+    front_end,
     kernel_from_args,
     option_name,
     random_inputs,
@@ -194,13 +194,12 @@ def run(args) -> int:
         (q, k, v), config, causal, ctas, gpu = _launch(args, save)
         recorded = kernel_from_args(args)
     o, lse, gpu_buf, scale = gpu
-    engine, kernel = engine_from_args(args, config)
-    if recorded is not None:
-        if args.engine == "program":
-            raise UsageError("--engine program runs the shipped kernel; this run's kernel "
-                             f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
-        engine, kernel = "ptx", recorded
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
+    if recorded is not None and args.engine == "program":
+        raise UsageError("--engine program runs the shipped kernel; this run's kernel "
+                         f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
+    front = front_end(args.engine, recorded, config)  # the run's kernel: --kernel's, or the recording's
+    kernel = getattr(front, "kernel", None)
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None
     if args.banks:

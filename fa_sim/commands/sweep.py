@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..config import KernelConfig
 from . import UsageError
-from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, int_in,
-                     kernel_from_args)
+from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, front_end,
+                     int_in, kernel_from_args)
 from .outputs import Kind, Output, check_outputs, save_figure
 
 FIGURE = "sweep"
@@ -114,11 +114,12 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
+    configs = configs_from_args(args)
+    for config in configs:  # each config's front end (fa_sim.run), refused before any case runs
+        front_end(args.engine, args.kernel, config)
     kernel = kernel_from_args(args)
-    if kernel is not None and args.engine == "program":
-        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
     engine = args.engine or ("ptx" if kernel is not None else None)
-    cases = sweep.make_cases(configs_from_args(args), shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
+    cases = sweep.make_cases(configs, shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
                              None if kernel is None else str(kernel))
     results = sweep.run_sweep(cases, workers=args.workers, cluster=args.cluster)
     if args.json:

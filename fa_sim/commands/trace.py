@@ -127,8 +127,7 @@ def run(args) -> int:
     if inputs is None:
         inputs = random_inputs(args)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    engine, kernel = engine_from_args(args, cfg)
-    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=engine, kernel=kernel)
+    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=engine_from_args(args, cfg))
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
     if save is not None:

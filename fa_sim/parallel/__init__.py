@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from ..estimate import Estimate, estimate
+from ..run import RunSpec
+from .cluster import DaskPool, check_available
 from .errors import CLUSTER_EXTRA, ClusterError, ParallelError, ShardError
 from .job import Job, Task, call_with, no_setup
 from .merge import mergeable, merge_counts, unmergeable
 from .pool import LocalPool, cpu_count
+from .sharded import ShardedRun
 from .shards import Shard, plan_shards
 
 AUTO = "auto"
@@ -46,19 +50,13 @@ def resolve_workers(workers) -> int:
 
 
 def _pool(workers: int, cluster: str | None):
-    if cluster is None:
-        return LocalPool(workers)
-    from .cluster import DaskPool
-
-    return DaskPool(cluster, workers)
+    return LocalPool(workers) if cluster is None else DaskPool(cluster, workers)
 
 
-def choose_pool(spec, observers, workers, cluster, plan):
+def choose_pool(spec: RunSpec, observers, workers, cluster, plan: Estimate) -> ShardedRun | None:
     """The ShardedRun that fa_sim.simulate delegates to, or None to run in this process."""
     n = resolve_workers(workers)
     if cluster is not None:
-        from .cluster import check_available
-
         check_available()
     elif n == 1:
         return None
@@ -72,18 +70,13 @@ def choose_pool(spec, observers, workers, cluster, plan):
     if cluster is None and (waves == 1 or (workers == AUTO and plan.sim_seconds < AUTO_MIN_SECONDS)):
         return None
     if cluster is None:
-        _check_memory(spec, n, plan)
-    from .sharded import ShardedRun
-
+        _check_memory(spec, min(n, waves), plan)  # LocalPool starts at most one process per wave
     return ShardedRun(_pool(n, cluster), tuple(o.fresh() for o in observers))
 
 
-def _check_memory(spec, n: int, plan) -> None:
+def _check_memory(spec: RunSpec, n: int, plan: Estimate) -> None:
     """Workers share the inputs; each holds the temporaries of one wave."""
-    from ..estimate import estimate
-    from ..tensorcore import resolve
-
-    one, two = (estimate(spec.prob, resolve(spec.mma_model), w).sim_bytes for w in (1, 2))
+    one, two = (estimate(spec.prob, spec.mma_model, w).sim_bytes for w in (1, 2))
     per_cta, io = two - one, one - (two - one)
     need = 2 * io + n * min(spec.wave_ctas, spec.prob.n_ctas) * per_cta
     if need > plan.machine:

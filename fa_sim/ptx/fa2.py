@@ -13,6 +13,7 @@ checkpoint contract as the hand-written program.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,12 +38,20 @@ def default_kernel() -> Path:
     return SOURCE_PATH
 
 
-def _check_kernel(path) -> Path:
+KERNEL_SUFFIXES = (".cu",)  # what a kernel variant's file may be
+
+
+def check_kernel_file(path, option: str = "kernel=") -> Path:
+    """The one check of a kernel variant's path: `kernel=` of simulate and `--kernel` of every fa
+    command (`option` names it in the message). A ValueError says what is accepted."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"{option} takes the path of a kernel source file ({', '.join(KERNEL_SUFFIXES)}, a variant "
+                         f"of fa2_fwd.cu) as a str or os.PathLike, got {type(path).__name__} {path!r}")
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"--kernel / kernel= {p}: no such file (expected a .cu with fa2_fwd_kernel's parameters)")
-    if p.suffix != ".cu":
-        raise ValueError(f"kernel= {p}: expected a CUDA source file ending in .cu")
+        raise ValueError(f"{option} {path}: no such file (expected a variant of fa2_fwd.cu)")
+    if p.suffix not in KERNEL_SUFFIXES:
+        raise ValueError(f"{option} {path}: expected a CUDA source file ending in {' or '.join(KERNEL_SUFFIXES)}")
     return p
 
 
@@ -61,7 +70,7 @@ def _program(path: str, text: str, config, causal: bool, checkpoints: bool) -> P
 
 def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None) -> Program:
     """The annotated program of the attention kernel for a config (cached by source text)."""
-    path = _check_kernel(kernel) if kernel is not None else default_kernel()
+    path = check_kernel_file(kernel) if kernel is not None else default_kernel()
     return _program(str(path), path.read_text(), config, bool(causal), bool(checkpoints))
 
 
