@@ -4,6 +4,7 @@ checkpoints) - on both front ends; shards cut where they should; a dead worker, 
 and an observer that cannot merge are clear errors, never a partial result (issue 12)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -201,3 +202,89 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
     assert [p for p in workers if _alive(p)] == []
     if os.path.isdir("/dev/shm"):
         assert not [f for f in set(os.listdir("/dev/shm")) - shm if f.startswith("flashsim-")]
+
+
+# -- workers start at fa_sim's entry point, not by re-running the user's script ------------------------
+SCRIPT = """
+import fa_sim
+from fa_sim.reference import random_inputs
+print("start", flush=True)
+{body}
+"""
+SHARDED_RUN = """q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
+serial = fa_sim.simulate(q, k, v, wave_ctas=1)
+split = fa_sim.simulate(q, k, v, wave_ctas=1, workers=2)  # 4 waves: two workers
+print("same", bool((serial.o == split.o).all() and (serial.lse == split.lse).all() and serial.counts == split.counts))
+"""
+OBSERVER_IN_MAIN = """
+class Count:
+    def __init__(self): self.n = 0
+    def on_instr(self, ev): self.n += 1
+    def fresh(self): return Count()
+    def partial(self): return self.n
+    def merge(self, part): self.n += part
+
+def main():
+    q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
+    one, two = Count(), Count()
+    fa_sim.simulate(q, k, v, wave_ctas=1, observers=[one])
+    fa_sim.simulate(q, k, v, wave_ctas=1, workers=2, observers=[two])
+    print("same", one.n == two.n > 0)
+
+{call}
+"""
+
+
+def _script(tmp_path, text: str, stdin: bool = False):
+    """Run `text` as a user's script (a file, or `python -` reading stdin) in a directory of its own."""
+    path = tmp_path / "user_script.py"
+    path.write_text(text)
+    argv = [sys.executable, "-"] if stdin else [sys.executable, str(path)]
+    return subprocess.run(argv, cwd=tmp_path, env=_env(), input=text if stdin else None, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+def test_a_script_without_a_main_guard_runs_its_workers_once(tmp_path, stdin):
+    out = _script(tmp_path, SCRIPT.format(body=SHARDED_RUN), stdin)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["start", "same True"]  # the script ran once: workers never re-run it
+
+
+def test_an_observer_defined_in_the_script_reaches_the_workers(tmp_path):
+    """Guarded, the workers import the script to find the class (as multiprocessing's spawn does);
+    unguarded, that import would start workers again: refused, saying what to write."""
+    guarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call='if __name__ == "__main__":\n    main()')))
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout.splitlines()[-1] == "same True"
+    unguarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call="main()")))
+    assert unguarded.returncode == 1 and "Traceback" in unguarded.stderr
+    assert ("tried to start worker processes of its own" in unguarded.stderr
+            and 'put those calls under `if __name__ == "__main__":`' in unguarded.stderr)
+    from_stdin = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call="main()")), stdin=True)
+    assert from_stdin.returncode == 1
+    assert ("Count is defined in the __main__ of a script read from stdin, -c or an interactive session, which a "
+            "worker process cannot import; define it in a module") in from_stdin.stderr
+
+
+def test_more_workers_than_cores_says_so(monkeypatch, capfd):
+    import fa_sim.parallel.pool as pool
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 1)
+    assert pmap(slow_square, range(5), workers=1000) == [x * x for x in range(5)]
+    assert ("fa_sim: starting 5 worker processes (workers=1000) on the 1 core this process may use; they share the "
+            "cores (no faster, more memory)") in capfd.readouterr().err
+    monkeypatch.setattr(pool, "cpu_count", lambda: 2)
+    assert pmap(slow_square, range(5), workers=2) == [x * x for x in range(5)]
+    assert "worker processes" not in capfd.readouterr().err
+
+
+def test_fa_workers_past_the_cores_says_so(monkeypatch, capfd):
+    import fa_sim.parallel.pool as pool
+    from fa_sim.cli import main
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 1)
+    assert main(["sweep", "--shape", "1,1,64", "--causal", "off", "--block-n", "32,64", "--workers", "1000"]) == 0
+    err = capfd.readouterr().err
+    assert re.search(r"^fa_sim: starting \d+ worker processes \(workers=1000\) on the 1 core this process may use; ",
+                     err, re.M), err

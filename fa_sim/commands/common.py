@@ -306,7 +306,8 @@ def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
     """--workers N|auto and --cluster ADDRESS."""
     p.add_argument("--workers", type=workers_count, default="auto", metavar="N",
                    help=describe(f"local processes that share out {what}; results are bit-identical to one "
-                                 "process; with --cluster local, the local cluster's workers", "auto (one per core)",
+                                 "process; more than the cores is allowed, with a line on stderr that says so; with "
+                                 "--cluster local, the local cluster's workers", "auto (one per core)",
                                  "auto or an integer >= 1"))
     p.add_argument("--cluster", metavar="ADDRESS", default=None,
                    help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "
