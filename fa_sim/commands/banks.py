@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ..config import KernelConfig, SmemLayout
-from ..run import FrontEnd
+from ..run import FrontEnd, PtxFrontEnd
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -75,8 +75,8 @@ def run(args) -> int:
     b, h, nq, nk, d = problem_shape(args)
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
-             f"config {base.tag.rsplit('-', 1)[0]}" + ("" if engine == "program" else
-                                                       f", PTX of {kernel.name if kernel else 'fa2_fwd.cu'}"))
+             f"config {base.tag.rsplit('-', 1)[0]}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
+                                                       if isinstance(front, PtxFrontEnd) else ""))
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
         meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},

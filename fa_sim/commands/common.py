@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import enum
 import typing
-
 from pathlib import Path
 
 import numpy as np
