@@ -73,23 +73,26 @@ FRONT_ENDS = (ProgramFrontEnd, PtxFrontEnd)
 class Names:
     """What the chooser's messages call its inputs: simulate's keywords or the fa command's options."""
 
-    engine: str  # the engine argument itself
-    kernel: str  # the kernel argument, before its value
-    engine_value: str  # the engine argument with a value ({} the value)
+    engine: str
+    kernel: str
+    keywords: bool  # name=value (simulate) or name value (the fa command)
 
-    def given(self, engine: Engine) -> str:
-        return self.engine_value.format(engine.value)
+    def given(self, name: str, value: str) -> str:
+        return f"{name}={value!r}" if self.keywords else f"{name} {value}"
+
+    def before_value(self, name: str) -> str:
+        return f"{name}=" if self.keywords else name
 
 
-API = Names("engine", "kernel=", "engine='{}'")
-CLI = Names("--engine", "--kernel", "--engine {}")
+API = Names("engine", "kernel", keywords=True)
+CLI = Names("--engine", "--kernel", keywords=False)
 
 
 def kernel_file(kernel, names: Names = API) -> Path:
     """The checked path of a kernel variant (fa_sim.ptx.fa2.check_kernel_file, named as `names` say)."""
     from .ptx.fa2 import check_kernel_file  # the PTX front end loads (about 0.1 s) only for runs that name a kernel
 
-    return check_kernel_file(kernel, names.kernel)
+    return check_kernel_file(kernel, names.before_value(names.kernel))
 
 
 def choose_front_end(engine, kernel, config: KernelConfig, mutation: Mutation | None = None,
@@ -117,8 +120,8 @@ def _choose(engine, kernel, config: KernelConfig, mutation, names: Names) -> Fro
     path = None if kernel is None else kernel_file(kernel, names)
     chosen = Engine(engine) if engine is not None else Engine.PTX if path is not None else Engine(engine_for(config))
     if chosen is Engine.PROGRAM and path is not None:
-        raise ValueError(f"{names.kernel.rstrip('=')} is simulated by the PTX engine; drop {names.given(Engine.PROGRAM)} "
-                         f"or use {names.given(Engine.PTX)}")
+        raise ValueError(f"{names.kernel} is simulated by the PTX engine; drop "
+                         f"{names.given(names.engine, Engine.PROGRAM.value)} or use {names.given(names.engine, Engine.PTX.value)}")
     if mutation is not None and not isinstance(mutation, Mutation):
         raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
     if chosen is Engine.PTX:

@@ -6,15 +6,16 @@ workers dies, every pending future fails with the same BrokenProcessPool and not
 the dead worker held; tasks cannot report progress while they run; and every start method but fork
 (which the caller's threads or CUDA context rule out) re-runs the user's __main__ in each child, so
 `fa_sim.simulate(..., workers=2)` in a script without an `if __name__ == "__main__":` guard, or read
-from stdin, would fail. Here each worker is `python -m fa_sim.parallel.worker` (worker.py: fa_sim's
-own entry point, which imports the user's __main__ only when the job needs something defined
-there) in a session of its own, with its own socket; it runs `job.setup(job.context)` once, then one
-task at a time, and sends PROGRESS, then DONE or FAILED, for each. The parent waits on every socket
+from stdin, would fail. Here each worker is a fresh interpreter running fa_sim.parallel.worker.main
+(fa_sim's own entry point, which imports the user's __main__ only when the job needs something
+defined there), with its own socket; it runs `job.setup(job.context)` once, then one task at a
+time, and sends PROGRESS, then DONE or FAILED, for each. The parent waits on every socket
 at once, so a worker that exits without answering (killed, out of memory, a crash in native code)
 is reported with the task it held and how it ended.
 
-Workers live in their own session, so a terminal's Ctrl-C reaches the parent only: its
-KeyboardInterrupt stops every worker (terminate, then kill) and propagates; a worker whose parent
+Workers ignore SIGINT from their first instruction (WORKER_BOOT): on a terminal's Ctrl-C the
+parent's KeyboardInterrupt stops every worker (terminate, then kill) and propagates; they stay in
+the terminal's process group, so Ctrl-Z stops them with the parent. A worker whose parent
 disappears exits by itself. More processes than this process's cores are started as asked, with a
 line on stderr that says so (they share the cores: no faster, more memory).
 """
@@ -36,7 +37,10 @@ from .errors import ParallelError, ShardError
 from .job import IN_WORKER_ENV, Job, Msg, Task, WorkerStart
 
 STOP_GRACE_S = 2.0  # after terminate(), how long a worker may take before it is killed
-WORKER_MODULE = "fa_sim.parallel.worker"
+# `python -c WORKER_BOOT FD PID`, equivalent to `python -m fa_sim.parallel.worker FD PID` except that
+# SIGINT is ignored before fa_sim's imports (a Ctrl-C during them would print a worker's traceback)
+WORKER_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
+               "from fa_sim.parallel.worker import main; main(sys.argv[1:])")
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds fa_sim
 
 
@@ -88,13 +92,13 @@ class _Worker:
 
 
 def _start_worker() -> _Worker:
-    """`python -m fa_sim.parallel.worker FD PID` with fa_sim importable, in a session of its own."""
+    """A fresh interpreter at WORKER_BOOT, fa_sim importable, holding one end of a socket pair."""
     mine, theirs = socket.socketpair()
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(theirs.fileno()), str(os.getpid())],
-                                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOT, str(theirs.fileno()), str(os.getpid())],
+                                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
     except BaseException:
         mine.close()
         raise

@@ -1,4 +1,5 @@
-"""A local worker process of fa_sim.parallel: `python -m fa_sim.parallel.worker FD PARENT_PID`.
+"""A local worker process of fa_sim.parallel: `python -m fa_sim.parallel.worker FD PARENT_PID`
+(pool.WORKER_BOOT: the same `main`, SIGINT ignored from the start).
 
 pool.LocalPool starts every worker here, at fa_sim's own entry point, not through
 multiprocessing's spawn, which re-runs the user's __main__ in each child: a script without an
@@ -11,8 +12,8 @@ READY, then PROGRESS and DONE or FAILED per task (job.Msg).
 The user's __main__ is imported here only when the job refers to something defined there (pmap's
 function or an observer class of the script), exactly as spawn would, and the worker's own pools
 are refused (job.IN_WORKER_ENV), so an unguarded script that re-runs says what to write.
-Nothing imports this module: run with -m, it is __main__, so whatever travels by pickle (job.Msg,
-job.WorkerStart) lives in job.py.
+Whatever travels by pickle (job.Msg, job.WorkerStart) lives in job.py, so that the module works as
+__main__ too (run with -m).
 
 Workers ignore SIGINT (the parent owns Ctrl-C and stops them), exit on SIGTERM through Python's
 finalizers, and exit by themselves when the parent disappears (`_orphan_watch`).
@@ -156,6 +157,8 @@ def serve(conn: Connection, loader: _Loader) -> None:
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops us
     signal.signal(signal.SIGTERM, _exit_on_term)
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        sys.exit("usage: python -m fa_sim.parallel.worker FD PARENT_PID (started by fa_sim.parallel.pool, not by hand)")
     fd, parent = int(argv[0]), int(argv[1])
     os.set_inheritable(fd, False)  # nothing this worker starts holds the parent's line open
     os.environ[IN_WORKER_ENV] = "1"
