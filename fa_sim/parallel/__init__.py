@@ -7,10 +7,14 @@
     results = pmap(fn, items, workers="auto")        # any picklable module-level fn, e.g. sweep cases
 
 Modules: shards.py cuts the grid (whole waves, so results are bit-identical to the serial run),
-merge.py is the observers' merge protocol, sharded.py the sharded simulation, pool.py the local
-worker processes, cluster.py the Dask backend, job.py what both run.
+merge.py is the observers' merge protocol, sharded.py the sharded simulation (on fa_sim.run, the
+serial run's own loop), pool.py the local worker processes and worker.py their entry point (they
+never re-run the user's script: no `if __name__ == "__main__":` guard is needed), cluster.py the
+Dask backend, job.py what both run.
 
 `workers`: None or 1 = this process; an integer N >= 1; "auto" = the cores this process may use.
+A local pool starts min(N, tasks) processes (a grid has at most one task per wave); more than the
+cores this process may use is allowed (a line on stderr says so: they share the cores).
 Grids of one wave run here whatever `workers` says (nothing to share out), and so do runs
 estimated under AUTO_MIN_SECONDS with "auto"; an observer without fresh/partial/merge makes an
 explicit `workers` or `cluster` a ValueError, and "auto" serial.
