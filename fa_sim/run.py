@@ -77,11 +77,12 @@ class Names:
     kernel: str
     keywords: bool  # name=value (simulate) or name value (the fa command)
 
-    def given(self, name: str, value: str) -> str:
-        return f"{name}={value!r}" if self.keywords else f"{name} {value}"
+    def engine_is(self, engine: Engine) -> str:
+        return f"{self.engine}={engine.value!r}" if self.keywords else f"{self.engine} {engine.value}"
 
-    def before_value(self, name: str) -> str:
-        return f"{name}=" if self.keywords else name
+    def kernel_is(self) -> str:
+        """The kernel argument before its value, as a message names it."""
+        return f"{self.kernel}=" if self.keywords else self.kernel
 
 
 API = Names("engine", "kernel", keywords=True)
@@ -92,7 +93,7 @@ def kernel_file(kernel, names: Names = API) -> Path:
     """The checked path of a kernel variant (fa_sim.ptx.fa2.check_kernel_file, named as `names` say)."""
     from .ptx.fa2 import check_kernel_file  # the PTX front end loads (about 0.1 s) only for runs that name a kernel
 
-    return check_kernel_file(kernel, names.before_value(names.kernel))
+    return check_kernel_file(kernel, names.kernel_is())
 
 
 def choose_front_end(engine, kernel, config: KernelConfig, mutation: Mutation | None = None,
@@ -120,8 +121,8 @@ def _choose(engine, kernel, config: KernelConfig, mutation, names: Names) -> Fro
     path = None if kernel is None else kernel_file(kernel, names)
     chosen = Engine(engine) if engine is not None else Engine.PTX if path is not None else Engine(engine_for(config))
     if chosen is Engine.PROGRAM and path is not None:
-        raise ValueError(f"{names.kernel} is simulated by the PTX engine; drop "
-                         f"{names.given(names.engine, Engine.PROGRAM.value)} or use {names.given(names.engine, Engine.PTX.value)}")
+        raise ValueError(f"{names.kernel} is simulated by the PTX engine; drop {names.engine_is(Engine.PROGRAM)} "
+                         f"or use {names.engine_is(Engine.PTX)}")
     if mutation is not None and not isinstance(mutation, Mutation):
         raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
     if chosen is Engine.PTX:
@@ -149,7 +150,8 @@ class RunSpec:
     def cta_rounds(self, ctas: range) -> int:
         """Progress units of `ctas`: per wave, its CTAs times its longest loop."""
         p = self.prob
-        return sum(int(p.n_block_max(np.arange(w.start, w.stop) % p.n_m_blocks).max()) * len(w) for w in self.waves(ctas))
+        return sum(int(p.n_block_max(np.arange(w.start, w.stop) % p.n_m_blocks).max()) * len(w)
+                   for w in self.waves(ctas))
 
 
 def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:

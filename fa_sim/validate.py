@@ -178,8 +178,8 @@ class Input:
         inexact = lib.differs(a, h)
         if bool(inexact.any()):
             idx = lib.first(inexact)
-            raise ValueError(f"{name} ({lib.dtype(a)}) holds {int(inexact.sum()):,} values that fp16 does not represent "
-                             f"exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(h[idx]):.9g}; the kernel "
+            raise ValueError(f"{name} ({lib.dtype(a)}) holds {int(inexact.sum()):,} values that fp16 does not "
+                             f"represent exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(h[idx]):.9g}; the kernel "
                              f"reads fp16: convert explicitly ({lib.fix.format(name=name)}) to accept the rounding")
         return h
 

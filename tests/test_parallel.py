@@ -254,7 +254,8 @@ def test_a_script_without_a_main_guard_runs_its_workers_once(tmp_path, stdin):
 def test_an_observer_defined_in_the_script_reaches_the_workers(tmp_path):
     """Guarded, the workers import the script to find the class (as multiprocessing's spawn does);
     unguarded, that import would start workers again: refused, saying what to write."""
-    guarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call='if __name__ == "__main__":\n    main()')))
+    guard = 'if __name__ == "__main__":\n    main()'
+    guarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call=guard)))
     assert guarded.returncode == 0, guarded.stderr
     assert guarded.stdout.splitlines()[-1] == "same True"
     unguarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call="main()")))
