@@ -34,8 +34,8 @@ run it describes). The grid
 fully vectorised.
 `workers` spreads the waves over local processes (fa_sim.parallel): None or 1 runs here, an integer
 N uses N processes (a line on stderr says so when that is more than this process's cores), "auto"
-one per core; workers start from fa_sim's own entry point, so a script needs no
-`if __name__ == "__main__":` guard; `cluster` ("local" or a Dask scheduler address) runs them
+one per core; neither they nor a local Dask cluster re-run the caller's script, so a script
+(or one read from stdin) needs no `if __name__ == "__main__":` guard; `cluster` ("local" or a Dask scheduler address) runs them
 on a Dask cluster instead. The split never changes the waves, so O, LSE, the counts and every
 observer's results are bit for bit those of the serial run; observers merge their shards' results
 through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused (ValueError).
