@@ -29,16 +29,17 @@ of fa_sim.events.Observer.
 Before it starts, the run's time and memory are estimated (fa_sim.estimate) from the inputs' shapes
 alone; a run that would not fit in the memory this machine has available is refused with a
 ValueError before any value is read or copied (a broadcast view of a small array is sized as the
-run it describes). The grid
-(ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas` CTAs (grid order), each wave
-fully vectorised.
+run it describes). The grid (ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas`
+CTAs (grid order), each wave fully vectorised.
 `workers` spreads the waves over local processes (fa_sim.parallel): None or 1 runs here, an integer
 N uses N processes (a line on stderr says so when that is more than this process's cores), "auto"
-one per core; neither they nor a local Dask cluster re-run the caller's script, so a script
-(or one read from stdin) needs no `if __name__ == "__main__":` guard; `cluster` ("local" or a Dask scheduler address) runs them
-on a Dask cluster instead. The split never changes the waves, so O, LSE, the counts and every
-observer's results are bit for bit those of the serial run; observers merge their shards' results
-through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused (ValueError).
+one per core; `cluster` ("local" or a Dask scheduler address) runs them on a Dask cluster instead.
+Neither re-runs the caller's script, so a script (or one read from stdin) needs no
+`if __name__ == "__main__":` guard, unless it gives local workers an observer class of its own
+(they import the script to find it, as multiprocessing would; fa_sim.parallel.worker). The split never changes the waves, so O, LSE, the counts and
+every observer's results are bit for bit those of the serial run; observers merge their shards'
+results through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused
+(ValueError).
 Progress (`progress=None`: for runs estimated at PROGRESS_MIN_SECONDS or more): a tqdm bar on a
 terminal, else a plain line on stderr every PROGRESS_INTERVAL_S seconds (logs, pipes).
 """
