@@ -9,8 +9,8 @@
 Modules: shards.py cuts the grid (whole waves, so results are bit-identical to the serial run),
 merge.py is the observers' merge protocol, sharded.py the sharded simulation (on fa_sim.run, the
 serial run's own loop), pool.py the local worker processes and worker.py their entry point (they
-never re-run the user's script: no `if __name__ == "__main__":` guard is needed), cluster.py the
-Dask backend, job.py what both run.
+import the user's script only to find a class or function defined there, so a script needs no
+`if __name__ == "__main__":` guard otherwise), cluster.py the Dask backend, job.py what both run.
 
 `workers`: None or 1 = this process; an integer N >= 1; "auto" = the cores this process may use.
 A local pool starts min(N, tasks) processes (a grid has at most one task per wave); more than the
