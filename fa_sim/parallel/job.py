@@ -58,12 +58,11 @@ IN_WORKER_ENV = "FLASHSIM_WORKER"  # set in every local worker's environment: a 
 @dataclass(frozen=True)
 class WorkerStart:
     """The first message to a local worker: what it needs before it can unpickle its job. The
-    parent's import path and argv, and where its __main__ came from (`python -m NAME` or a script
+    parent's argv, and where its __main__ came from (`python -m NAME` or a script
     FILE; neither for stdin, -c or an interactive session): the worker imports that __main__ only
     if the job refers to something defined there (a function or class of the user's script), as
     multiprocessing's spawn would, and never otherwise."""
 
-    sys_path: tuple[str, ...]
     argv: tuple[str, ...]
     main_name: str | None
     main_path: str | None
@@ -74,4 +73,4 @@ class WorkerStart:
         name = getattr(getattr(main, "__spec__", None), "name", None)
         path = getattr(main, "__file__", None)
         path = os.path.abspath(path) if path is not None and os.path.isfile(path) else None  # not "<stdin>"
-        return cls(tuple(sys.path), tuple(sys.argv), name, path)
+        return cls(tuple(sys.argv), name, path)

@@ -22,6 +22,7 @@ line on stderr that says so (they share the cores: no faster, more memory).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -30,18 +31,17 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import ParallelError, ShardError
 from .job import IN_WORKER_ENV, Job, Msg, Task, WorkerStart
 
 STOP_GRACE_S = 2.0  # after terminate(), how long a worker may take before it is killed
-# `python -c WORKER_BOOT FD PID`, equivalent to `python -m fa_sim.parallel.worker FD PID` except that
-# SIGINT is ignored before fa_sim's imports (a Ctrl-C during them would print a worker's traceback)
-WORKER_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
-               "from fa_sim.parallel.worker import main; main(sys.argv[1:])")
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds fa_sim
+# `python -c WORKER_BOOT FD PID SYS_PATH`, as `python -m fa_sim.parallel.worker FD PID SYS_PATH`
+# except that SIGINT is ignored, and the parent's import path (JSON) set, before fa_sim is imported:
+# the worker imports the parent's own fa_sim, and a Ctrl-C during the imports prints nothing
+WORKER_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import json, sys; "
+               "sys.path[:] = json.loads(sys.argv[3]); from fa_sim.parallel.worker import main; main(sys.argv[1:])")
 
 
 def cpu_count() -> int:
@@ -92,13 +92,12 @@ class _Worker:
 
 
 def _start_worker() -> _Worker:
-    """A fresh interpreter at WORKER_BOOT, fa_sim importable, holding one end of a socket pair."""
+    """A fresh interpreter at WORKER_BOOT with this process's import path, holding one end of a
+    socket pair."""
     mine, theirs = socket.socketpair()
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")}
     try:
-        proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOT, str(theirs.fileno()), str(os.getpid())],
-                                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOT, str(theirs.fileno()), str(os.getpid()),
+                                 json.dumps(sys.path)], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     except BaseException:
         mine.close()
         raise

@@ -1,12 +1,12 @@
-"""A local worker process of fa_sim.parallel: `python -m fa_sim.parallel.worker FD PARENT_PID`
-(pool.WORKER_BOOT: the same `main`, SIGINT ignored from the start).
+"""A local worker process of fa_sim.parallel: `python -m fa_sim.parallel.worker FD PARENT_PID SYS_PATH`
+(pool.WORKER_BOOT: the same `main`, SIGINT ignored and the parent's import path set from the start).
 
 pool.LocalPool starts every worker here, at fa_sim's own entry point, not through
 multiprocessing's spawn, which re-runs the user's __main__ in each child: a script without an
 `if __name__ == "__main__":` guard, or one read from stdin, would then run again in every worker
 (and die in multiprocessing's bootstrapping check). The worker talks to its parent over the socket
-FD (a multiprocessing Connection): first a job.WorkerStart (the parent's import path), then the
-job's (setup, context), then one (index, work, payload) per task and None to stop; it answers
+FD (a multiprocessing Connection): first a job.WorkerStart (the parent's argv and __main__), then
+the job's (setup, context), then one (index, work, payload) per task and None to stop; it answers
 READY, then PROGRESS and DONE or FAILED per task (job.Msg).
 
 The user's __main__ is imported here only when the job refers to something defined there (pmap's
@@ -22,6 +22,7 @@ finalizers, and exit by themselves when the parent disappears (`_orphan_watch`).
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import signal
@@ -157,9 +158,11 @@ def serve(conn: Connection, loader: _Loader) -> None:
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops us
     signal.signal(signal.SIGTERM, _exit_on_term)
-    if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        sys.exit("usage: python -m fa_sim.parallel.worker FD PARENT_PID (started by fa_sim.parallel.pool, not by hand)")
+    if len(argv) != 3 or not all(a.isdigit() for a in argv[:2]):
+        sys.exit("usage: python -m fa_sim.parallel.worker FD PARENT_PID SYS_PATH (JSON; started by "
+                 "fa_sim.parallel.pool, not by hand)")
     fd, parent = int(argv[0]), int(argv[1])
+    sys.path[:] = json.loads(argv[2])  # the parent's, as multiprocessing's spawn sets it
     os.set_inheritable(fd, False)  # nothing this worker starts holds the parent's line open
     os.environ[IN_WORKER_ENV] = "1"
     keep_freed_memory()
@@ -169,7 +172,6 @@ def main(argv: list[str]) -> None:
             start = conn.recv()
         except (EOFError, OSError):
             return
-        sys.path[:] = start.sys_path
         sys.argv[:] = start.argv
         serve(conn, _Loader(start))
 
