@@ -80,7 +80,7 @@ class Report:
                  f"(load average {self.load_before:.2f} before, {self.load_after:.2f} after; {os.cpu_count()} cores)",
                  f"  serial, this process        {self.serial_s:8.2f} s",
                  f"  serial, one worker process  {self.serial_worker_s:8.2f} s   (its start and tuned allocator "
-                 "included: pool.keep_freed_memory)",
+                 "included: worker.keep_freed_memory)",
                  f"  workers={self.workers:<19} {self.parallel_s:8.2f} s   speedup {self.speedup:.2f}x over this "
                  f"process, {self.serial_worker_s / self.parallel_s:.2f}x over one worker; "
                  f"bit-identical: {'yes' if self.identical else 'NO'}",

@@ -20,17 +20,26 @@ fa2_fwd.cu (fa_hw's kernel, or `kernel=` a path to a variant with the same param
 macros) instruction by instruction (fa_sim/ptx). Both agree bit for bit on fa_hw's kernel. The
 program is the spec's schedule only: a config with schedule options (kv_stages, q_in_regs,
 heavy_first, defer_pv; KernelConfig.schedule_options) runs on engine="ptx", and "program" refuses
-it. engine=None (the default) picks "program" for the spec's schedule and "ptx" for such configs.
+it. engine=None (the default) picks "program" for the spec's schedule and "ptx" for such configs
+(or with `kernel=`). `engine` may also be a front end already chosen (fa_sim.run.choose_front_end,
+as the fa command does): ProgramFrontEnd(mutation) or PtxFrontEnd(kernel). `kernel=` takes a str
+or os.PathLike path; `observers` one observer or a sequence, each with at least one of the hooks
+of fa_sim.events.Observer.
 
-Before it starts, the run's time and memory are estimated (fa_sim.estimate); a run that would not
-fit in the memory this machine has available is refused with a ValueError. The grid
-(ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas` CTAs (grid order), each wave
-fully vectorised.
+Before it starts, the run's time and memory are estimated (fa_sim.estimate) from the inputs' shapes
+alone; a run that would not fit in the memory this machine has available is refused with a
+ValueError before any value is read or copied (a broadcast view of a small array is sized as the
+run it describes). The grid (ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas`
+CTAs (grid order), each wave fully vectorised.
 `workers` spreads the waves over local processes (fa_sim.parallel): None or 1 runs here, an integer
-N uses N processes, "auto" one per core; `cluster` ("local" or a Dask scheduler address) runs them
-on a Dask cluster instead. The split never changes the waves, so O, LSE, the counts and every
-observer's results are bit for bit those of the serial run; observers merge their shards' results
-through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused (ValueError).
+N uses N processes (a line on stderr says so when that is more than this process's cores), "auto"
+one per core; `cluster` ("local" or a Dask scheduler address) runs them on a Dask cluster instead.
+Neither re-runs the caller's script, so a script (or one read from stdin) needs no
+`if __name__ == "__main__":` guard, unless it gives local workers an observer class of its own
+(they import the script to find it, as multiprocessing would; fa_sim.parallel.worker). The split never changes the waves, so O, LSE, the counts and
+every observer's results are bit for bit those of the serial run; observers merge their shards'
+results through fresh/partial/merge (fa_sim.parallel.merge), and one that cannot is refused
+(ValueError).
 Progress (`progress=None`: for runs estimated at PROGRESS_MIN_SECONDS or more): a tqdm bar on a
 terminal, else a plain line on stderr every PROGRESS_INTERVAL_S seconds (logs, pipes).
 """
@@ -50,11 +59,10 @@ from .estimate import estimate
 from .events import COUNTED_OPS, Op
 from . import tensorcore
 from .hub import Hub
-from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, check_program_config, engine_for, flash_fwd,
-                      launch_info, wave_order)
-from .machine import Machine
-from .memory import GlobalMemory
-from .validate import host_fp16, make_problem
+from .kernels import Mutation, launch_info
+from .parallel import choose_pool
+from .run import FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
+from .validate import check_input, make_problem
 
 DEFAULT_WAVE_CTAS = 64  # per CTA as fast as waves of 256 (measured: (1, 4, 4096, 64) in 6.7 s against
 # 8.6 s); bounds temporaries to tens of MB at head_dim 128 and gives `workers` whole waves to share out
@@ -122,112 +130,53 @@ def _totals(counts: Mapping) -> dict[Op, int]:
     return out
 
 
+OBSERVER_HOOKS = ("on_instr", "on_checkpoint", "on_launch", "on_finish")  # events.Observer
+
+
+def _is_observer(o) -> bool:
+    return any(callable(getattr(o, hook, None)) for hook in OBSERVER_HOOKS)
+
+
 def _observers(observers) -> tuple:
-    if any(hasattr(observers, hook) for hook in ("on_instr", "on_checkpoint", "on_launch", "on_finish")):
+    """observers= as a tuple: one observer, or a sequence of them; anything with none of the hooks
+    is refused (it would see nothing), naming it."""
+    if _is_observer(observers):
         return (observers,)  # a single observer
     try:
-        return tuple(observers)
+        out = tuple(observers)
     except TypeError:
         raise ValueError(f"observers must be a sequence of observers, got {type(observers).__name__}") from None
-
-
-ENGINES = ("program", "ptx")
-
-
-def _check_engine(engine: str, kernel, mutation) -> None:
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "program" and kernel is not None:
-        raise ValueError("kernel= names a .cu for the PTX engine; pass engine='ptx' with it")
-    if engine == "ptx" and mutation is not None:
-        raise ValueError("mutation= changes the hand-written program; for the PTX engine compile a mutated .cu "
-                         "(kernel=) instead")
-    if mutation is not None and not isinstance(mutation, Mutation):
-        raise ValueError(f"mutation must be a fa_sim.kernels.Mutation, got {type(mutation).__name__}")
-
-
-def _global_memory(prob, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:
-    """The kernel's buffers q, k, v, o ([B*H, N, d] fp16 bits) and lse ([B*H, Nq] fp32); o and lse
-    are new zeros unless given (a worker of fa_sim.parallel writes into shared ones)."""
-    b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
-    o = np.zeros((b * h, nq, d), np.uint16) if o is None else o.reshape(b * h, nq, d).view(np.uint16)
-    lse = np.zeros((b * h, nq), np.float32) if lse is None else lse.reshape(b * h, nq)
-    gmem = GlobalMemory()
-    bufs = {name: gmem.alloc(name, a) for name, a in (
-        ("q", q16.reshape(b * h, nq, d).view(np.uint16)), ("k", k16.reshape(b * h, nk, d).view(np.uint16)),
-        ("v", v16.reshape(b * h, nk, d).view(np.uint16)), ("o", o), ("lse", lse))}
-    return gmem, bufs, Pointers(*(bufs[n].base for n in ("q", "k", "v", "o", "lse")))
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What runs, besides the inputs: the problem, front end and machine model (all picklable, so
-    a worker of fa_sim.parallel runs the same)."""
-
-    prob: object  # fa_sim.problem.Problem
-    engine: str
-    kernel: object
-    mutation: Mutation | None
-    mma_model: object
-    wave_ctas: int
-
-    def waves(self, ctas: range) -> list[range]:
-        """The grid's waves inside `ctas` (which starts at a wave boundary)."""
-        return [range(lo, min(lo + self.wave_ctas, ctas.stop)) for lo in range(ctas.start, ctas.stop, self.wave_ctas)]
-
-    def cta_rounds(self, ctas: range) -> int:
-        """Progress units of `ctas`: per wave, its CTAs times its longest loop."""
-        p = self.prob
-        return sum(int(p.rounds_per_cta(np.arange(w.start, w.stop)).max()) * len(w) for w in self.waves(ctas))
-
-
-def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, ctas: range, on_rounds) -> None:
-    """Run the waves of `ctas` on either front end, telling on_rounds(n) about n CTA-rounds done.
-    The serial run runs the whole grid; a worker of fa_sim.parallel runs its shard."""
-    prob, model = spec.prob, tensorcore.resolve(spec.mma_model)
-    if spec.engine == "ptx":
-        from .ptx.fa2 import run_attention
-
-        run_attention(prob, gmem, ptr, hub, kernel=spec.kernel, mma_model=model, wave_ctas=spec.wave_ctas,
-                      on_rounds=on_rounds, cta_range=(ctas.start, ctas.stop))
-        return
-    cfg = prob.config
-    labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
-                             "LSE": prob.seqlen_q})
-    for w in spec.waves(ctas):
-        wave = wave_order(prob, np.arange(w.start, w.stop, dtype=np.int64))
-        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
-        flash_fwd(m, prob, ptr, spec.mutation or NO_MUTATION, on_round=lambda n=len(wave): on_rounds(n))
+    for i, o in enumerate(out):
+        if not _is_observer(o):
+            raise ValueError(f"observers[{i}] ({type(o).__name__}) is not an observer: it has none of the hooks "
+                             f"{', '.join(OBSERVER_HOOKS)} (fa_sim.events.Observer)")
+    return out
 
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-             observers=(), *, engine: str | None = None, kernel=None, mutation: Mutation | None = None,
+             observers=(), *, engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
              workers: int | str | None = None, cluster: str | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
-    q16, k16, v16 = (host_fp16(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
-    prob = make_problem(q16.shape, k16.shape, v16.shape, causal, scale, config)
-    b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
-    if engine is None:
-        engine = "ptx" if kernel is not None else engine_for(prob.config)
-    _check_engine(engine, kernel, mutation)
-    if engine == "program":
-        check_program_config(prob.config)
-    if not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
+    inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]  # reads no values yet
+    prob = make_problem(*(i.shape for i in inputs), causal, scale, config)
+    front = choose_front_end(engine, kernel, prob.config, mutation)
+    if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
-    plan = estimate(prob, tensorcore.resolve(mma_model), int(wave_ctas))
-    plan.check()  # before any allocation of the run's own
-    spec = RunSpec(prob, engine, kernel, mutation, mma_model, int(wave_ctas))
+    model = tensorcore.resolve(mma_model)
     hub = Hub(_observers(observers))
-    from .parallel import choose_pool
-
+    plan = estimate(prob, model, int(wave_ctas))
+    plan.check()  # before any copy of the inputs or allocation of the run's own
+    spec = RunSpec(prob, front, model, int(wave_ctas))
     pool = choose_pool(spec, hub.observers, workers, cluster, plan)  # None: run here
+    q16, k16, v16 = (i.host_fp16() for i in inputs)
+    b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
     hub.launch(launch_info(prob))
     whole = range(prob.n_ctas)
     with _progress_bar(progress, spec.cta_rounds(whole), plan.sim_seconds) as bar:
         if pool is None:
-            gmem, bufs, ptr = _global_memory(prob, q16, k16, v16)
+            gmem, bufs, ptr = global_memory(prob, q16, k16, v16)
             run_ctas(spec, gmem, ptr, hub, whole, bar.update)
             o, lse = bufs["o"].array, bufs["lse"].array
         else:

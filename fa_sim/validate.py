@@ -25,6 +25,7 @@ GPU for device tensors, and `to_fp16` returns the same kind); anything else with
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -148,9 +149,50 @@ def _at(name: str, idx: tuple[int, ...]) -> str:
     return f"{name}[{', '.join(map(str, idx))}]"
 
 
-def to_fp16(x, name: str):
-    """x as contiguous fp16 of its own kind (numpy for host inputs), after every value check of the
-    policy (module docstring); ValueError otherwise."""
+@dataclass(frozen=True, eq=False)
+class Input:
+    """One input after the checks that read no values (`check_input`): its library, dtype kind, rank
+    and non-empty shape. Its shape is enough to size the run (fa_sim.estimate) before `fp16`
+    reads, checks and copies every value."""
+
+    name: str
+    array: object  # numpy (host inputs), torch or cupy
+    lib: object
+    shape: tuple[int, ...]
+
+    def fp16(self):
+        """The array as contiguous fp16 of its own kind, after every value check of the policy."""
+        name, a, lib = self.name, self.array, self.lib
+        if lib.kind(a) == "f":
+            bad = ~lib.isfinite(a)
+            if bool(bad.any()):
+                raise ValueError(f"{name} contains NaN or Inf, first at {_at(name, lib.first(bad))}")
+        h = lib.to_f16(a)
+        if lib.dtype(a) == "float16":
+            return h
+        over = ~lib.isfinite(h)
+        if bool(over.any()):
+            idx = lib.first(over)
+            raise ValueError(f"{name} has values beyond the fp16 range (|x| > 65504), e.g. {_at(name, idx)} = "
+                             f"{float(a[idx]):.9g}; the kernel reads fp16: rescale the inputs")
+        inexact = lib.differs(a, h)
+        if bool(inexact.any()):
+            idx = lib.first(inexact)
+            raise ValueError(f"{name} ({lib.dtype(a)}) holds {int(inexact.sum()):,} values that fp16 does not "
+                             f"represent exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(h[idx]):.9g}; the kernel "
+                             f"reads fp16: convert explicitly ({lib.fix.format(name=name)}) to accept the rounding")
+        return h
+
+    def host_fp16(self) -> np.ndarray:
+        """fp16, then on the host as a numpy array (the simulator's inputs)."""
+        h = self.fp16()
+        if isinstance(h, np.ndarray):
+            return h
+        return h.cpu().numpy() if kind_of(h) == TORCH else h.get()
+
+
+def check_input(x, name: str) -> Input:
+    """x after the checks of the policy that read no values (module docstring); ValueError otherwise."""
     try:
         kind = kind_of(x)
     except ValueError as exc:
@@ -165,33 +207,18 @@ def to_fp16(x, name: str):
         raise ValueError(f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {shape}")
     if 0 in shape:
         raise ValueError(f"{name} is empty (shape {shape}); every dimension must be >= 1")
-    if lib.kind(a) == "f":
-        bad = ~lib.isfinite(a)
-        if bool(bad.any()):
-            raise ValueError(f"{name} contains NaN or Inf, first at {_at(name, lib.first(bad))}")
-    h = lib.to_f16(a)
-    if lib.dtype(a) == "float16":
-        return h
-    over = ~lib.isfinite(h)
-    if bool(over.any()):
-        idx = lib.first(over)
-        raise ValueError(f"{name} has values beyond the fp16 range (|x| > 65504), e.g. {_at(name, idx)} = "
-                         f"{float(a[idx]):.9g}; the kernel reads fp16: rescale the inputs")
-    inexact = lib.differs(a, h)
-    if bool(inexact.any()):
-        idx = lib.first(inexact)
-        raise ValueError(f"{name} ({lib.dtype(a)}) holds {int(inexact.sum()):,} values that fp16 does not represent "
-                         f"exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(h[idx]):.9g}; the kernel "
-                         f"reads fp16: convert explicitly ({lib.fix.format(name=name)}) to accept the rounding")
-    return h
+    return Input(name, a, lib, shape)
+
+
+def to_fp16(x, name: str):
+    """x as contiguous fp16 of its own kind (numpy for host inputs), after every value check of the
+    policy (module docstring); ValueError otherwise."""
+    return check_input(x, name).fp16()
 
 
 def host_fp16(x, name: str) -> np.ndarray:
     """to_fp16, then on the host as a numpy array (the simulator's inputs)."""
-    h = to_fp16(x, name)
-    if isinstance(h, np.ndarray):
-        return h
-    return h.cpu().numpy() if kind_of(h) == TORCH else h.get()
+    return check_input(x, name).host_fp16()
 
 
 def check_shapes(q_shape, k_shape, v_shape) -> None:

@@ -201,3 +201,34 @@ def test_a_cluster_that_disappears_names_a_shard_and_returns_nothing():
         worker.kill()
         scheduler.wait(10)
         worker.wait(10)
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+def test_a_local_cluster_from_a_script_without_a_main_guard(tmp_path, stdin):
+    """The local cluster's workers start through spawn, which would re-run the script (and fail, or
+    not find a script read from stdin); they start without it, and a class the script defines
+    still reaches them (cloudpickle sends it by value)."""
+    text = """
+import fa_sim
+from fa_sim.reference import random_inputs
+print("start", flush=True)
+
+class Count:
+    def __init__(self): self.n = 0
+    def on_instr(self, ev): self.n += 1
+    def fresh(self): return Count()
+    def partial(self): return self.n
+    def merge(self, part): self.n += part
+
+q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
+one, two = Count(), Count()
+serial = fa_sim.simulate(q, k, v, wave_ctas=1, observers=[one])
+split = fa_sim.simulate(q, k, v, wave_ctas=1, cluster="local", workers=2, observers=[two])
+print("same", bool((serial.o == split.o).all()) and serial.counts == split.counts and one.n == two.n > 0)
+"""
+    (tmp_path / "user_script.py").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-"] if stdin else [sys.executable, "user_script.py"], cwd=tmp_path,
+                         env=env, input=text if stdin else None, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["start", "same True"]

@@ -4,6 +4,7 @@ checkpoints) - on both front ends; shards cut where they should; a dead worker, 
 and an observer that cannot merge are clear errors, never a partial result (issue 12)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from fa_sim.parallel import ShardError, plan_shards, pmap, resolve_workers
 from fa_sim.parallel.shards import row_slab
 from fa_sim.problem import Problem
 from fa_sim.reference import random_inputs
-from fa_sim.simulate import RunSpec
+from fa_sim.run import ProgramFrontEnd, RunSpec
+from fa_sim.tensorcore import EXACT
 
 from parallel_helpers import RACY, FailOnCta, KillOnCta, Unmergeable, observers, results, same, slow_square
 
@@ -115,7 +117,7 @@ def test_an_error_in_a_shard_is_the_serial_error_with_the_shard_named():
        wave=st.integers(1, 9), n=st.integers(1, 12))
 def test_shards_are_whole_waves_covering_the_grid_once(bh, nq, nk, causal, wave, n):
     prob = Problem(1, bh, nq, nk, causal, 0.125, KernelConfig())
-    spec = RunSpec(prob, "program", None, None, None, wave)
+    spec = RunSpec(prob, ProgramFrontEnd(), EXACT, wave)
     shards = plan_shards(spec, n)
     assert [s.index for s in shards] == list(range(len(shards))) and all(s.of == len(shards) for s in shards)
     assert shards[0].ctas.start == 0 and shards[-1].ctas.stop == prob.n_ctas
@@ -131,7 +133,7 @@ def test_shards_are_whole_waves_covering_the_grid_once(bh, nq, nk, causal, wave,
 
 def test_shards_balance_the_work_of_a_causal_grid():
     prob = Problem(1, 1, 64 * 64, 64 * 64, True, 0.125, KernelConfig())
-    shards = plan_shards(RunSpec(prob, "program", None, None, None, 4), 4)
+    shards = plan_shards(RunSpec(prob, ProgramFrontEnd(), EXACT, 4), 4)
     work = [s.cta_rounds for s in shards]
     assert max(work) <= 1.25 * sum(work) / len(work)  # equal CTA counts would give 7:1
 
@@ -182,8 +184,8 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
                              "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while proc.poll() is None and len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the resource tracker and two workers
+    while proc.poll() is None and len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the two workers
     time.sleep(2.0)  # the workers are simulating
     workers = _children(proc.pid)
     assert proc.poll() is None and len(workers) >= 2, "the run ended before it could be interrupted"
@@ -195,3 +197,90 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
     assert [p for p in workers if _alive(p)] == []
     if os.path.isdir("/dev/shm"):
         assert not [f for f in set(os.listdir("/dev/shm")) - shm if f.startswith("flashsim-")]
+
+
+# -- workers start at fa_sim's entry point, not by re-running the user's script ------------------------
+SCRIPT = """
+import fa_sim
+from fa_sim.reference import random_inputs
+print("start", flush=True)
+{body}
+"""
+SHARDED_RUN = """q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
+serial = fa_sim.simulate(q, k, v, wave_ctas=1)
+split = fa_sim.simulate(q, k, v, wave_ctas=1, workers=2)  # 4 waves: two workers
+print("same", bool((serial.o == split.o).all() and (serial.lse == split.lse).all() and serial.counts == split.counts))
+"""
+OBSERVER_IN_MAIN = """
+class Count:
+    def __init__(self): self.n = 0
+    def on_instr(self, ev): self.n += 1
+    def fresh(self): return Count()
+    def partial(self): return self.n
+    def merge(self, part): self.n += part
+
+def main():
+    q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
+    one, two = Count(), Count()
+    fa_sim.simulate(q, k, v, wave_ctas=1, observers=[one])
+    fa_sim.simulate(q, k, v, wave_ctas=1, workers=2, observers=[two])
+    print("same", one.n == two.n > 0)
+
+{call}
+"""
+
+
+def _script(tmp_path, text: str, stdin: bool = False):
+    """Run `text` as a user's script (a file, or `python -` reading stdin) in a directory of its own."""
+    path = tmp_path / "user_script.py"
+    path.write_text(text)
+    argv = [sys.executable, "-"] if stdin else [sys.executable, str(path)]
+    return subprocess.run(argv, cwd=tmp_path, env=_env(), input=text if stdin else None, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+def test_a_script_without_a_main_guard_runs_its_workers_once(tmp_path, stdin):
+    out = _script(tmp_path, SCRIPT.format(body=SHARDED_RUN), stdin)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["start", "same True"]  # the script ran once: workers never re-run it
+
+
+def test_an_observer_defined_in_the_script_reaches_the_workers(tmp_path):
+    """Guarded, the workers import the script to find the class (as multiprocessing's spawn does);
+    unguarded, that import would start workers again: refused, saying what to write."""
+    guard = 'if __name__ == "__main__":\n    main()'
+    guarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call=guard)))
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout.splitlines()[-1] == "same True"
+    unguarded = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call="main()")))
+    assert unguarded.returncode == 1 and "Traceback" in unguarded.stderr
+    assert ("tried to start worker processes of its own" in unguarded.stderr
+            and 'put those calls under `if __name__ == "__main__":`' in unguarded.stderr)
+    from_stdin = _script(tmp_path, SCRIPT.format(body=OBSERVER_IN_MAIN.format(call="main()")), stdin=True)
+    assert from_stdin.returncode == 1
+    assert ("Count is defined in the __main__ of a script read from stdin, -c or an interactive session, which a "
+            "worker process cannot import; define it in a module") in from_stdin.stderr
+
+
+def test_more_workers_than_cores_says_so(monkeypatch, capfd):
+    import fa_sim.parallel.pool as pool
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 1)
+    assert pmap(slow_square, range(5), workers=1000) == [x * x for x in range(5)]
+    assert ("fa_sim: starting 5 worker processes (workers=1000) on the 1 core this process may use; they share the "
+            "cores (no faster, more memory)") in capfd.readouterr().err
+    monkeypatch.setattr(pool, "cpu_count", lambda: 2)
+    assert pmap(slow_square, range(5), workers=2) == [x * x for x in range(5)]
+    assert "worker processes" not in capfd.readouterr().err
+
+
+def test_fa_workers_past_the_cores_says_so(monkeypatch, capfd):
+    import fa_sim.parallel.pool as pool
+    from fa_sim.cli import main
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 1)
+    assert main(["sweep", "--shape", "1,1,64", "--causal", "off", "--block-n", "32,64", "--workers", "1000"]) == 0
+    err = capfd.readouterr().err
+    assert re.search(r"^fa_sim: starting \d+ worker processes \(workers=1000\) on the 1 core this process may use; ",
+                     err, re.M), err

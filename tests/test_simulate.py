@@ -260,3 +260,69 @@ def test_a_run_past_the_available_memory_is_refused_before_it_starts(monkeypatch
     q, k, v = _inputs(1, 2, 300, 300, 64, 0)
     with pytest.raises(ValueError, match=r"need about .* more than the 1 MiB of memory this machine has"):
         fa_sim.simulate(q, k, v)
+
+
+def test_broadcast_inputs_are_sized_before_any_value_is_read_or_copied():
+    """Three broadcast views of a small array describe a (1, 64, 4e6, 128) run: the estimate refuses
+    it at once, before the value checks would materialise tens of GiB (a numpy MemoryError)."""
+    import time
+
+    for dtype in (np.float16, np.float32):
+        x = np.broadcast_to(np.ones((1, 1, 1, 128), dtype), (1, 64, 4_000_000, 128))
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=r"B=1 H=64 Nq=4000000 .* need about .* GiB, more than the .* of memory "
+                                             r"this machine has; choose a smaller problem"):
+            fa_sim.simulate(x, x, x)
+        assert time.perf_counter() - start < 1.0  # nothing of the run's size was touched
+
+
+# ---- the front end, chosen once (fa_sim.run) ---------------------------------------------------------
+KERNEL = "fa_hw/kernels/fa2_fwd.cu"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(kernel=123), "kernel= takes the path of a .cu file or of a .patch/.diff against fa2_fwd.cu (or a "
+                       "fa_sim.contract.KernelSource), not int 123"),
+    (dict(kernel=b"x.cu"), "kernel= takes the path of a .cu file"),
+    (dict(kernel="no/such/variant.cu"), "kernel= no/such/variant.cu: no such file (expected a variant of fa2_fwd.cu)"),
+    (dict(kernel="README.md"), "kernel= README.md: expected a CUDA source file ending in .cu"),
+    (dict(engine="program", kernel=KERNEL), "kernel is simulated by the PTX engine; drop engine='program' or use "
+                                            "engine='ptx'"),
+    (dict(engine="gpu"), "engine must be one of ('program', 'ptx'), got 'gpu'"),
+    (dict(engine="ptx", mutation=fa_sim.Mutation()), "mutation= changes the hand-written program"),
+    (dict(engine="program", config=KernelConfig(kv_stages=2)), "engine='program' runs the spec's schedule only"),
+    (dict(observers=[object()]), r"observers\[0\] \(object\) is not an observer: it has none of the hooks on_instr, "
+                                 "on_checkpoint, on_launch, on_finish"),
+    (dict(observers=[None, object()]), r"observers\[0\] \(NoneType\) is not an observer"),
+    (dict(wave_ctas=True), "wave_ctas must be a positive integer"),
+])
+def test_bad_front_end_and_observer_arguments_say_what_is_accepted(kw, message):
+    import re
+
+    with pytest.raises(ValueError, match=message if "\\" in message else re.escape(message)):
+        fa_sim.simulate(*GOOD, **kw)
+
+
+def test_the_front_end_is_chosen_once_and_can_be_passed_chosen():
+    from fa_sim.contract import kernel_source
+    from fa_sim.run import CLI, ProgramFrontEnd, PtxFrontEnd, choose_front_end
+
+    seed, staged = KernelConfig(), KernelConfig(kv_stages=2)
+    assert choose_front_end(None, None, seed) == ProgramFrontEnd()
+    assert choose_front_end(None, None, staged) == PtxFrontEnd()
+    assert choose_front_end(None, KERNEL, seed) == PtxFrontEnd(kernel_source(KERNEL))
+    assert choose_front_end("ptx", None, seed) == PtxFrontEnd()
+    with pytest.raises(ValueError, match="^--kernel is simulated by the PTX engine; drop --engine program or use "
+                                         "--engine ptx$"):
+        choose_front_end("program", KERNEL, seed, names=CLI)
+    with pytest.raises(ValueError, match="^--kernel x.cu: no such file"):
+        choose_front_end(None, "x.cu", seed, names=CLI)
+    with pytest.raises(ValueError, match="give its kernel and mutation inside it"):
+        choose_front_end(PtxFrontEnd(), KERNEL, seed)
+    with pytest.raises(ValueError, match="spec's schedule only"):
+        choose_front_end(ProgramFrontEnd(), None, staged)
+    # a chosen value runs exactly what its names run
+    by_name = fa_sim.simulate(*GOOD, engine="program")
+    by_value = fa_sim.simulate(*GOOD, engine=ProgramFrontEnd())
+    np.testing.assert_array_equal(by_name.o, by_value.o)
+    assert by_name.counts == by_value.counts

@@ -166,3 +166,19 @@ def test_torch_tensors_follow_the_same_policy():
     assert "k (bfloat16) holds 1,024 values that fp16 does not represent exactly" in _message(host_fp16, tiny, "k")
     assert "convert explicitly (q.half())" in _message(host_fp16, x + 1e-4, "q")
     assert _message(fa_sim.simulate, x + 1e-4, x, x) == _message(fa_hw.forward, x + 1e-4, x, x)
+
+
+# ---- shapes before values ----------------------------------------------------------------------------
+def test_check_input_sizes_an_input_without_reading_its_values():
+    """check_input gives the shape (what fa_sim.estimate needs) after the checks that read no values,
+    with to_fp16's words; a huge broadcast view is not copied until fp16() is asked for."""
+    huge = np.broadcast_to(np.float32(0.5), (1, 64, 4_000_000, 128))
+    checked = validate.check_input(huge, "q")
+    assert checked.shape == (1, 64, 4_000_000, 128) and checked.array.base is not None  # still the view
+    for bad in (Q16[0], Q16[:, :, :0], Q16 > 0, "abc"):
+        assert _message(validate.check_input, bad, "q") == _message(to_fp16, bad, "q")
+    nan = Q16.astype(np.float32)
+    nan[0, 1, 2, 3] = np.nan
+    assert validate.check_input(nan, "k").shape == Q16.shape  # values are fp16()'s business
+    assert "k contains NaN or Inf, first at k[0, 1, 2, 3]" in _message(validate.check_input(nan, "k").fp16)
+    assert np.array_equal(validate.check_input(Q16.astype(np.float64), "q").host_fp16(), Q16)

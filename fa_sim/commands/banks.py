@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import KernelConfig, SmemLayout
+from ..run import FrontEnd, PtxFrontEnd
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -55,12 +56,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool, engine: str = "program", kernel=None):
+def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd):
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=engine, kernel=kernel)
+    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front)
     return counter.report()
 
 
@@ -75,22 +76,22 @@ def run(args) -> int:
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     base = config_from_args(args, head_dim=d)
-    engine, kernel = engine_from_args(args, base)
+    front = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     for s in layouts:  # every check before the inputs are made (commands/preflight.py)
-        check_engine(engine, kernel, dataclasses.replace(base, smem=s), args.causal)
+        check_engine(front, dataclasses.replace(base, smem=s), args.causal)
     if files is None:
         check_input_memory(args)
     shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args))
     announce("banks", problem_of(shapes, args.causal, None, base), reference=False, runs=len(layouts))
     q, k, v = files if files is not None else random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, engine, kernel)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front)
                for s in layouts}
     (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
-             f"config {base.tag.rsplit('-', 1)[0]}" + ("" if engine == "program" else
-                                                       f", PTX of {kernel.name if kernel else 'fa2_fwd.cu'}"))
+             f"config {base.tag.rsplit('-', 1)[0]}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
+                                                       if isinstance(front, PtxFrontEnd) else ""))
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
         meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},

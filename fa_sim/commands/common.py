@@ -23,6 +23,7 @@ import numpy as np
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..contract import KernelSourceError, kernel_source
 from ..reference import random_inputs as _random_inputs
+from ..run import CLI, ENGINES, FrontEnd, choose_front_end
 from . import UsageError
 from .inputs import check_host_memory, inputs_option, load_qkv
 
@@ -86,9 +87,6 @@ def check_scale(args, head_dim: int) -> None:
 
 
 # -- the simulator's front end and the kernel source ------------------------------------------------
-ENGINES = ("program", "ptx")
-
-
 def add_engine_arguments(p, simulator: bool = True) -> None:
     """--engine (simulators) and --kernel (every command that runs the kernel)."""
     if simulator:
@@ -117,16 +115,19 @@ def kernel_from_args(args) -> Path | None:
     return Path(args.kernel)
 
 
-def engine_from_args(args, config: KernelConfig) -> tuple[str, object]:
-    """(engine, kernel path or None): --kernel means the PTX engine; --engine program with it is refused;
-    neither: the engine `config` needs (fa_sim.kernels.engine_for: ptx for schedule options)."""
-    from ..kernels import engine_for
+def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
+    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError."""
+    try:
+        return choose_front_end(engine, kernel, config, names=CLI)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
-    kernel = kernel_from_args(args)
-    engine = args.engine or ("ptx" if kernel is not None else engine_for(config))
-    if kernel is not None and engine != "ptx":
-        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
-    return engine, kernel
+
+def engine_from_args(args, config: KernelConfig) -> FrontEnd:
+    """The front end --engine and --kernel choose for `config`: --kernel means the PTX engine
+    (--engine program with it is refused); neither: the one `config` needs (the PTX engine for
+    schedule options). Commands pass the value down to fa_sim.simulate(engine=...)."""
+    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config)
 
 
 # -- the problem: shapes, causal flag, scale, seed --------------------------------------------------
@@ -396,7 +397,8 @@ def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
 
     p.add_argument("--workers", type=workers_count, default="auto", metavar="N",
                    help=describe(f"local processes that share out {what}; results are bit-identical to one "
-                                 "process; with --cluster local, the local cluster's workers", "auto (one per core)",
+                                 "process; more than the cores is allowed, with a line on stderr that says so; with "
+                                 "--cluster local, the local cluster's workers", "auto (one per core)",
                                  "auto or an integer >= 1"))
     p.add_argument("--cluster", metavar="ADDRESS", type=cluster_address, default=None,
                    help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "

@@ -24,18 +24,19 @@ import sys
 
 from ..estimate import Estimate, estimate
 from ..kernels import check_program_config
+from ..run import PtxFrontEnd
 
 
-def check_engine(engine: str, kernel, config, causal: bool, checkpoints: bool = False) -> None:
-    """The front end can run `config`: the program refuses schedule options (ValueError); the PTX
-    engine's program for the kernel (None: fa2_fwd.cu) is compiled and parsed now, so NVRTC's
-    error or a missing macro comes before any input is made."""
-    if engine == "program":
+def check_engine(front, config, causal: bool, checkpoints: bool = False) -> None:
+    """The front end can run `config`: the program refuses schedule options (fa_sim.run's chooser
+    already said so); the PTX engine's program for its kernel (fa2_fwd.cu or a variant) is compiled
+    and parsed now, so NVRTC's error or a missing macro comes before any input is made."""
+    if isinstance(front, PtxFrontEnd):
+        from ..ptx.fa2 import attention_program  # lazy on purpose: the PTX front end loads only when it runs
+
+        attention_program(config, bool(causal), bool(checkpoints), front.kernel)
+    else:
         check_program_config(config)
-        return
-    from ..ptx.fa2 import attention_program
-
-    attention_program(config, bool(causal), bool(checkpoints), kernel)
 
 
 def check_cluster(address: str | None) -> None:

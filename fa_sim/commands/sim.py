@@ -25,6 +25,7 @@ import numpy as np
 
 from ..accuracy import Accuracy, measure
 from ..events import COUNTED_OPS
+from ..run import PtxFrontEnd
 from ..simulate import SimResult, simulate
 from .common import (
     add_config_arguments,
@@ -69,9 +70,9 @@ def errors(res: SimResult, q, k, v) -> Accuracy:
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
-def _inputs(args, loaded, config, engine, kernel):
+def _inputs(args, loaded, config, front):
     """The --npz arrays, or random inputs made after every check (commands/preflight.py)."""
-    check_engine(engine, kernel, config, args.causal)
+    check_engine(front, config, args.causal)
     if loaded is None:
         check_input_memory(args)
     check_cluster(args.cluster)
@@ -92,17 +93,18 @@ def run(args) -> int:
             HazardChecker,  # the simulator core does not need the observers
         )
         checker = HazardChecker()
-    engine, kernel = engine_from_args(args, config)
-    q, k, v = _inputs(args, loaded, config, engine, kernel)
+    front = engine_from_args(args, config)
+    q, k, v = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
-                   observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
+                   observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
                    workers=args.workers, cluster=args.cluster)
     acc = errors(res, q, k, v)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
-        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts, "engine": engine,
+        kernel = getattr(front, "kernel", None)
+        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
                "kernel": None if kernel is None else str(kernel)}
         if report is not None:
             out["hazards"] = report.to_json()
@@ -111,7 +113,8 @@ def run(args) -> int:
     b, h, nq, _ = res.o.shape
     print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}"
-          + ("" if engine == "program" else f" engine ptx ({kernel.name if kernel is not None else 'fa2_fwd.cu'})"))
+          + (f" engine ptx ({front.kernel.name if front.kernel is not None else 'fa2_fwd.cu'})"
+             if isinstance(front, PtxFrontEnd) else ""))
     print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")
     print(f"  max |LSE error|                {_num(acc.max_abs_err_lse)}   (relative {_num(acc.max_rel_err_lse)})")
     for line in acc.failures():

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..config import KernelConfig
 from . import UsageError
-from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, int_in,
-                     kernel_from_args)
+from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, front_end,
+                     int_in, kernel_from_args)
 from .outputs import Kind, Output, check_outputs, save_figure
 from .preflight import check_cluster, check_engine
 
@@ -114,15 +114,13 @@ def _check(cases, args) -> None:
     build fails here), a --cluster scheduler's answer, then the estimate of the whole sweep
     (refused past this machine's memory) on stderr."""
     from .. import sweep
-    from ..kernels import engine_for
     from ..parallel import resolve_workers
+    from ..run import PtxFrontEnd
 
-    ptx = [c for c in cases if (c.engine or engine_for(c.config)) == "ptx"]
-    for case in cases:
-        if case not in ptx:
-            check_engine("program", None, case.config, case.causal)
-    if ptx:
-        check_engine("ptx", ptx[0].kernel, ptx[0].config, ptx[0].causal)
+    fronts = [front_end(c.engine, c.kernel, c.config) for c in cases]  # the program's configs: checked here
+    ptx = next(((f, c) for f, c in zip(fronts, cases) if isinstance(f, PtxFrontEnd)), None)
+    if ptx is not None:
+        check_engine(ptx[0], ptx[1].config, ptx[1].causal)
     check_cluster(args.cluster)
     workers = 1 if args.cluster is not None else min(resolve_workers(args.workers), len(cases))
     print(f"fa sweep: {sweep.estimate_cases(cases).describe(workers)}", file=sys.stderr, flush=True)
@@ -135,11 +133,11 @@ def run(args) -> int:
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
     shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
-    kernel = kernel_from_args(args)
-    if kernel is not None and args.engine == "program":
-        raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
-    engine = args.engine or ("ptx" if kernel is not None else None)
     configs = configs_from_args(args)
+    for config in configs:  # each config's front end (fa_sim.run), refused before any case runs
+        front_end(args.engine, args.kernel, config)
+    kernel = kernel_from_args(args)
+    engine = args.engine or ("ptx" if kernel is not None else None)
     cases = sweep.make_cases(configs, shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
                              None if kernel is None else str(kernel))
     _check(cases, args)

@@ -63,9 +63,9 @@ def kernel_source(kernel=None, *, option: str = "kernel=") -> KernelSource:
         return kernel
     if not isinstance(kernel, (str, os.PathLike)):
         raise KernelSourceError(f"{option} takes the path of a .cu file or of a .patch/.diff against {SEED_NAME} "
-                                f"(or a fa_sim.contract.KernelSource), not {type(kernel).__name__}")
+                                f"(or a fa_sim.contract.KernelSource), not {type(kernel).__name__} {kernel!r}")
     path = Path(kernel)
-    shown = f"{option}{'' if option.endswith('=') else ' '}{kernel}"
+    shown = f"{option} {kernel}"
     if not path.is_file():
         raise KernelSourceError(f"{shown}: no such file (expected a variant of {SEED_NAME}): give a .cu file, "
                                 f"or a .patch/.diff against {SEED_NAME}")

@@ -7,10 +7,14 @@
     results = pmap(fn, items, workers="auto")        # any picklable module-level fn, e.g. sweep cases
 
 Modules: shards.py cuts the grid (whole waves, so results are bit-identical to the serial run),
-merge.py is the observers' merge protocol, sharded.py the sharded simulation, pool.py the local
-worker processes, cluster.py the Dask backend, job.py what both run.
+merge.py is the observers' merge protocol, sharded.py the sharded simulation (on fa_sim.run, the
+serial run's own loop), pool.py the local worker processes and worker.py their entry point (they
+import the user's script only to find a class or function defined there, so a script needs no
+`if __name__ == "__main__":` guard otherwise), cluster.py the Dask backend, job.py what both run.
 
 `workers`: None or 1 = this process; an integer N >= 1; "auto" = the cores this process may use.
+A local pool starts min(N, tasks) processes (a grid has at most one task per wave); more than the
+cores this process may use is allowed (a line on stderr says so: they share the cores).
 Grids of one wave run here whatever `workers` says (nothing to share out), and so do runs
 estimated under AUTO_MIN_SECONDS with "auto"; an observer without fresh/partial/merge makes an
 explicit `workers` or `cluster` a ValueError, and "auto" serial.
@@ -20,10 +24,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from ..estimate import Estimate, estimate
+from ..run import RunSpec
+from .cluster import DaskPool, check_available
 from .errors import CLUSTER_EXTRA, ClusterError, ParallelError, ShardError
 from .job import Job, Task, call_with, no_setup
 from .merge import mergeable, merge_counts, unmergeable
 from .pool import LocalPool, cpu_count
+from .sharded import ShardedRun
 from .shards import Shard, plan_shards
 
 AUTO = "auto"
@@ -46,19 +54,13 @@ def resolve_workers(workers) -> int:
 
 
 def _pool(workers: int, cluster: str | None):
-    if cluster is None:
-        return LocalPool(workers)
-    from .cluster import DaskPool
-
-    return DaskPool(cluster, workers)
+    return LocalPool(workers) if cluster is None else DaskPool(cluster, workers)
 
 
-def choose_pool(spec, observers, workers, cluster, plan):
+def choose_pool(spec: RunSpec, observers, workers, cluster, plan: Estimate) -> ShardedRun | None:
     """The ShardedRun that fa_sim.simulate delegates to, or None to run in this process."""
     n = resolve_workers(workers)
     if cluster is not None:
-        from .cluster import check_available
-
         check_available()
     elif n == 1:
         return None
@@ -72,18 +74,13 @@ def choose_pool(spec, observers, workers, cluster, plan):
     if cluster is None and (waves == 1 or (workers == AUTO and plan.sim_seconds < AUTO_MIN_SECONDS)):
         return None
     if cluster is None:
-        _check_memory(spec, n, plan)
-    from .sharded import ShardedRun
-
+        _check_memory(spec, min(n, waves), plan)  # LocalPool starts at most one process per wave
     return ShardedRun(_pool(n, cluster), tuple(o.fresh() for o in observers))
 
 
-def _check_memory(spec, n: int, plan) -> None:
+def _check_memory(spec: RunSpec, n: int, plan: Estimate) -> None:
     """Workers share the inputs; each holds the temporaries of one wave."""
-    from ..estimate import estimate
-    from ..tensorcore import resolve
-
-    one, two = (estimate(spec.prob, resolve(spec.mma_model), w).sim_bytes for w in (1, 2))
+    one, two = (estimate(spec.prob, spec.mma_model, w).sim_bytes for w in (1, 2))
     per_cta, io = two - one, one - (two - one)
     need = 2 * io + n * min(spec.wave_ctas, spec.prob.n_ctas) * per_cta
     if need > plan.machine:

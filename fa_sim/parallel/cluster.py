@@ -29,9 +29,12 @@ remaining futures are cancelled; a local cluster is closed with its worker proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import sys
 import threading
+import types
 import uuid
 from typing import Callable, Sequence
 
@@ -149,6 +152,21 @@ def _quiet() -> Callable[[], None]:
     return restore
 
 
+@contextlib.contextmanager
+def _spawn_without_main():
+    """A local cluster's workers start through multiprocessing's spawn, which re-runs the parent's
+    __main__ in each: a script without an `if __name__ == "__main__":` guard would start the
+    cluster again (and fail), one read from stdin cannot be found. A Dask worker needs nothing from
+    __main__ (cloudpickle sends what a script defines by value), so while the cluster starts,
+    __main__ is a bare module that spawn leaves alone (no __file__, no __spec__)."""
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
 def _run_task(setup, context, work, payload):
     return work(setup(context), payload, lambda n: None)
 
@@ -171,8 +189,9 @@ class DaskPool:
         self._restore = _quiet()  # Dask's errors come back as one ClusterError / ShardError
         try:
             if self.address == "local":
-                self.cluster = d.LocalCluster(n_workers=self.workers or 1, threads_per_worker=1, processes=True,
-                                              dashboard_address=None, silence_logs=logging.ERROR)
+                with _spawn_without_main():
+                    self.cluster = d.LocalCluster(n_workers=self.workers or 1, threads_per_worker=1, processes=True,
+                                                  dashboard_address=None, silence_logs=logging.ERROR)
                 self.client = d.Client(self.cluster)
             else:
                 probe_scheduler(self.address)

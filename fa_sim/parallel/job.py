@@ -5,10 +5,16 @@ once in each worker process (the context travels once per worker locally, once p
 Dask's scatter), `work(state, payload, progress) -> result` once per task; `progress(n)` reports n
 units of the task's `weight` done (the local pool forwards them, Dask reports whole tasks). setup
 and work must be module-level functions (pickled by reference).
+
+A local worker (pool.py) is a process of its own, started at fa_sim's entry point (worker.py); the
+messages between the two are defined at the end.
 """
 
 from __future__ import annotations
 
+import enum
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,3 +42,35 @@ def no_setup(context):
 def call_with(state, payload, progress):
     """work for `pmap`: the state is the function, the payload its argument."""
     return state(payload)
+
+
+# -- what a local worker process and its parent say to each other (pool.py, worker.py) --------------
+class Msg(enum.Enum):
+    READY = "ready"
+    PROGRESS = "progress"
+    DONE = "done"
+    FAILED = "failed"
+
+
+IN_WORKER_ENV = "FLASHSIM_WORKER"  # set in every local worker's environment: a worker starts no pool of its own
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """The first message to a local worker: what it needs before it can unpickle its job. The
+    parent's argv, and where its __main__ came from (`python -m NAME` or a script
+    FILE; neither for stdin, -c or an interactive session): the worker imports that __main__ only
+    if the job refers to something defined there (a function or class of the user's script), as
+    multiprocessing's spawn would, and never otherwise."""
+
+    argv: tuple[str, ...]
+    main_name: str | None
+    main_path: str | None
+
+    @classmethod
+    def of_this_process(cls) -> "WorkerStart":
+        main = sys.modules.get("__main__")
+        name = getattr(getattr(main, "__spec__", None), "name", None)
+        path = getattr(main, "__file__", None)
+        path = os.path.abspath(path) if path is not None and os.path.isfile(path) else None  # not "<stdin>"
+        return cls(tuple(sys.argv), name, path)

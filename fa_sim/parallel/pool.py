@@ -1,46 +1,47 @@
 """Local worker processes: a small pool that runs a Job's tasks and says which task a dead worker
 was running.
 
-Why not concurrent.futures.ProcessPoolExecutor: when one of its workers dies, every pending future
-fails with the same BrokenProcessPool and nothing says which task the dead worker held; tasks
-cannot report progress while they run. Here each worker is a spawned process (no fork: the caller
-may hold threads or a CUDA context) with its own pipe; it runs `job.setup(job.context)` once, then
-one task at a time, and sends PROGRESS, then DONE or FAILED, for each. The parent waits on every
-pipe and every process sentinel at once, so a worker that exits without answering (killed, out of
-memory, a crash in native code) is reported with the task it held and how it ended.
+Why not concurrent.futures.ProcessPoolExecutor or multiprocessing: when one of the executor's
+workers dies, every pending future fails with the same BrokenProcessPool and nothing says which task
+the dead worker held; tasks cannot report progress while they run; and every start method but fork
+(which the caller's threads or CUDA context rule out) re-runs the user's __main__ in each child, so
+`fa_sim.simulate(..., workers=2)` in a script without an `if __name__ == "__main__":` guard, or read
+from stdin, would fail. Here each worker is a fresh interpreter running fa_sim.parallel.worker.main
+(fa_sim's own entry point, which imports the user's __main__ only when the job needs something
+defined there), with its own socket; it runs `job.setup(job.context)` once, then one task at a
+time, and sends PROGRESS, then DONE or FAILED, for each. The parent waits on every socket
+at once, so a worker that exits without answering (killed, out of memory, a crash in native code)
+is reported with the task it held and how it ended.
 
-Workers ignore SIGINT: on Ctrl-C the parent's KeyboardInterrupt stops every worker (terminate,
-then kill) and propagates; a worker whose parent disappears exits by itself (`_orphan_watch`).
+Workers ignore SIGINT from their first instruction (WORKER_BOOT): on a terminal's Ctrl-C the
+parent's KeyboardInterrupt stops every worker (terminate, then kill) and propagates; they stay in
+the terminal's process group, so Ctrl-Z stops them with the parent. A worker whose parent
+disappears exits by itself. More processes than this process's cores are started as asked, with a
+line on stderr that says so (they share the cores: no faster, more memory).
 """
 
 from __future__ import annotations
 
-import enum
-import multiprocessing
+import json
 import os
-import pickle
 import signal
+import socket
+import subprocess
 import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
-from .errors import ShardError
-from .job import Job, Task
+from .errors import ParallelError, ShardError
+from .job import IN_WORKER_ENV, Job, Msg, Task, WorkerStart
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
-PROGRESS_EVERY_S = 0.2  # a worker batches progress messages to at most five a second
 STOP_GRACE_S = 2.0  # after terminate(), how long a worker may take before it is killed
-
-
-class Msg(enum.Enum):
-    READY = "ready"
-    PROGRESS = "progress"
-    DONE = "done"
-    FAILED = "failed"
+# `python -c WORKER_BOOT FD PID SYS_PATH`, as `python -m fa_sim.parallel.worker FD PID SYS_PATH`
+# except that SIGINT is ignored, and the parent's import path (JSON) set, before fa_sim is imported:
+# the worker imports the parent's own fa_sim, and a Ctrl-C during the imports prints nothing
+WORKER_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import json, sys; "
+               "sys.path[:] = json.loads(sys.argv[3]); from fa_sim.parallel.worker import main; main(sys.argv[1:])")
 
 
 def cpu_count() -> int:
@@ -49,88 +50,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-# -- the worker side ---------------------------------------------------------------------------------
-class _Progress:
-    """progress(n) inside a task: batched into one PROGRESS message per PROGRESS_EVERY_S."""
-
-    def __init__(self, conn, index: int) -> None:
-        self.conn, self.index, self.pending, self.last = conn, index, 0, time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        self.pending += n
-        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            self.conn.send((Msg.PROGRESS, self.index, self.pending))
-            self.pending, self.last = 0, time.monotonic()
-
-
-def _orphan_watch(parent: int) -> None:
-    """Exit when the parent is gone (killed hard, so it could not stop us)."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-def _failure(exc: BaseException) -> tuple[BaseException, str]:
-    """The exception itself when it pickles (the parent re-raises the same type), and its traceback."""
-    text = "".join(traceback.format_exception(exc))
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc, text
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for reuse instead of giving every large temporary
-    back to the OS (M_TRIM_THRESHOLD 1 GiB, M_MMAP_THRESHOLD its 32 MiB maximum): a simulation
-    allocates and frees the same wave-sized arrays at every instruction, and with the defaults
-    each one is page-faulted in anew (measured: 15-20 % of a worker's CPU time, all of it system
-    time). Only for processes we own (workers); a no-op elsewhere than glibc."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20))
-    except (OSError, AttributeError):
-        return False
-
-
-def _exit_on_term(signum, frame) -> None:
-    sys.exit(128 + signum)  # unwinds, so multiprocessing's finalizers release what we hold
-
-
-def _worker_main(conn, parent: int, setup: Callable, context) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops us
-    signal.signal(signal.SIGTERM, _exit_on_term)
-    keep_freed_memory()
-    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
-    try:
-        state = setup(context)
-    except Exception as exc:  # reported to the parent, which raises it
-        conn.send((Msg.FAILED, -1, *_failure(exc)))
-        return
-    conn.send((Msg.READY,))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        index, work, payload = msg
-        progress = _Progress(conn, index)
-        try:
-            result = work(state, payload, progress)
-            progress.flush()
-            conn.send((Msg.DONE, index, result))
-        except Exception as exc:  # reported to the parent, which raises it
-            conn.send((Msg.FAILED, index, *_failure(exc)))
 
 
 # -- the parent side ---------------------------------------------------------------------------------
@@ -149,15 +68,62 @@ def describe_exit(code: int | None) -> str:
 
 @dataclass
 class _Worker:
-    proc: multiprocessing.process.BaseProcess
-    conn: object
+    proc: subprocess.Popen
+    conn: Connection
     task: Task | None = None
-    ready: bool = False
     retired: bool = False
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:  # its socket closed: the worker is gone
+            raise self.died() from None
+
+    def died(self) -> ShardError:
+        """The error of a worker whose socket closed: it is exiting (killed if it lingers)."""
+        try:
+            code = self.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        what = f"{self.task.name}: its" if self.task is not None else "a"
+        return ShardError(f"{what} worker process (pid {self.proc.pid}) died, {describe_exit(code)}; "
+                          "no result is returned")
+
+
+def _start_worker() -> _Worker:
+    """A fresh interpreter at WORKER_BOOT with this process's import path, holding one end of a
+    socket pair."""
+    mine, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOT, str(theirs.fileno()), str(os.getpid()),
+                                 json.dumps(sys.path)], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    return _Worker(proc, Connection(mine.detach()))
+
+
+def _refuse_in_worker() -> None:
+    if os.environ.get(IN_WORKER_ENV):
+        raise ParallelError("a worker process of fa_sim.parallel tried to start worker processes of its own. If a "
+                            "script defines what the workers run (pmap's function, an observer class) and calls "
+                            "fa_sim at its top level, the worker ran the script again to find it: put those calls "
+                            'under `if __name__ == "__main__":` (or define the function or class in a module)')
+
+
+def _say_oversubscribed(started: int, asked: int) -> None:
+    cores = cpu_count()
+    if started > cores:
+        print(f"fa_sim: starting {started} worker processes (workers={asked}) on the {cores} core"
+              f"{'s' if cores != 1 else ''} this process may use; they share the cores (no faster, more memory)",
+              file=sys.stderr, flush=True)
 
 
 class LocalPool:
-    """`workers` spawned processes; `run` hands out tasks, largest weight first."""
+    """`workers` local processes (at most one per task); `run` hands out tasks, largest weight first."""
 
     def __init__(self, workers: int) -> None:
         if workers < 1:
@@ -182,17 +148,18 @@ class LocalPool:
             on_result: Callable[[Task, object], None]) -> None:
         """Run every task; on_result(task, result) in completion order. A failed task raises its
         own exception (with a note naming the task); a dead worker raises ShardError."""
-        ctx = multiprocessing.get_context("spawn")
+        _refuse_in_worker()
         queue = sorted(tasks, key=lambda t: -t.weight)
         workers: list[_Worker] = []
+        n = min(self.workers, len(tasks))
+        _say_oversubscribed(n, self.workers)
         try:
-            for _ in range(min(self.workers, len(tasks))):
-                mine, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_worker_main, args=(theirs, os.getpid(), job.setup, job.context),
-                                   daemon=True, name="flashsim-worker")
-                proc.start()
-                theirs.close()
-                workers.append(_Worker(proc, mine))
+            for _ in range(n):
+                workers.append(_start_worker())
+            start = WorkerStart.of_this_process()
+            for w in workers:  # all started first: they import fa_sim at the same time
+                w.send(start)
+                w.send((job.setup, job.context))
             self._loop(job, workers, queue, len(tasks), on_progress, on_result)
         finally:
             _stop(workers)
@@ -201,21 +168,21 @@ class LocalPool:
         done = 0
         while done < total:
             live = [w for w in workers if not w.retired]
-            ready = wait([w.conn for w in live] + [w.proc.sentinel for w in live])
+            ready = wait([w.conn for w in live])
             for w in live:
-                if w.conn in ready or w.proc.sentinel in ready:
+                if w.conn in ready:
                     done += self._serve(job, w, queue, on_progress, on_result)
 
     def _serve(self, job, w: _Worker, queue, on_progress, on_result) -> int:
         """Handle what worker w sent (or its death); returns the number of tasks it finished."""
         finished = 0
-        while True:
+        while not w.retired:
             try:
                 if not w.conn.poll():
-                    break
+                    return finished
                 msg = w.conn.recv()
-            except (EOFError, OSError):
-                break
+            except (EOFError, OSError):  # its socket closed: the worker is gone
+                raise w.died() from None
             if msg[0] is Msg.PROGRESS:
                 on_progress(msg[2])
             elif msg[0] is Msg.FAILED:
@@ -225,22 +192,16 @@ class LocalPool:
                     task, w.task = w.task, None
                     on_result(task, msg[2])
                     finished += 1
-                w.ready = True
                 self._next(job, w, queue)
-        if not w.retired and not w.proc.is_alive():
-            w.proc.join()
-            what = f"{w.task.name}: its" if w.task is not None else "a"
-            raise ShardError(f"{what} worker process (pid {w.proc.pid}) died, {describe_exit(w.proc.exitcode)}; "
-                             "no result is returned")
         return finished
 
     @staticmethod
     def _next(job: Job, w: _Worker, queue: list) -> None:
         if queue:
             w.task = queue.pop(0)
-            w.conn.send((w.task.index, job.work, w.task.payload))
+            w.send((w.task.index, job.work, w.task.payload))
         else:
-            w.conn.send(None)
+            w.send(None)
             w.retired = True
 
 
@@ -253,18 +214,26 @@ def _raise_failure(w: _Worker, msg) -> None:
 
 def _stop(workers: list[_Worker]) -> None:
     """Every worker ends: retired ones on their own, busy ones asked (terminate), then forced
-    (kill); pipes closed."""
+    (kill); sockets closed."""
     deadline = time.monotonic() + STOP_GRACE_S
     for w in workers:
         if w.retired:
-            w.proc.join(max(deadline - time.monotonic(), 0.0))
+            _wait(w.proc, deadline)
     for w in workers:
-        if w.proc.is_alive():
+        if w.proc.poll() is None:
             w.proc.terminate()
     deadline = time.monotonic() + STOP_GRACE_S
     for w in workers:
-        w.proc.join(max(deadline - time.monotonic(), 0.0))
-        if w.proc.is_alive():
+        if not _wait(w.proc, deadline):
             w.proc.kill()
-            w.proc.join()
+            w.proc.wait()
         w.conn.close()
+
+
+def _wait(proc: subprocess.Popen, deadline: float) -> bool:
+    """Whether proc ended by `deadline`."""
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0.0))
+        return True
+    except subprocess.TimeoutExpired:
+        return False

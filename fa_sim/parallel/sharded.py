@@ -3,7 +3,7 @@
 Locally the inputs and outputs live in one file in /dev/shm (`SharedFile`, memory-mapped by
 every worker: q, k, v are written once and never copied per worker; each shard writes its own
 rows of O and LSE in place). On a Dask cluster q, k, v are scattered once and every shard returns
-its slab of O and LSE (shards.row_slab). Each shard runs its waves through simulate.run_ctas, the
+its slab of O and LSE (shards.row_slab). Each shard runs its waves through fa_sim.run.run_ctas, the
 serial run's own loop, with fresh copies of the observers, and returns its instruction counts and
 each observer's partial(); the parent merges them in shard order (fa_sim.parallel.merge), whatever
 order they finish in, and returns only when every shard has been merged.
@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hub import Hub
+from ..kernels import launch_info
+from ..run import RunSpec, global_memory, run_ctas
 from .errors import ShardError
 from .job import Job, Task
 from .merge import merge_counts
@@ -77,7 +80,7 @@ class ShardContext:
     """What every worker gets once: the run, the observers' fresh prototypes, and the inputs
     (`shared`: the mapped file, locally; `qkv`: the arrays themselves, on a cluster)."""
 
-    spec: object  # fa_sim.simulate.RunSpec
+    spec: RunSpec
     prototypes: tuple
     shared: SharedFile | None = None
     qkv: tuple | None = None
@@ -98,17 +101,13 @@ def attach(ctx: ShardContext) -> ShardContext:
 
 def run_shard(ctx: ShardContext, shard: Shard, progress) -> ShardResult:
     """work: the shard's waves on the serial run's loop, with fresh observers."""
-    from ..hub import Hub
-    from ..kernels import launch_info
-    from ..simulate import _global_memory, run_ctas
-
     prob = ctx.spec.prob
     if ctx.shared is not None:
         a = ctx.shared.open()
         q, k, v, o, lse = a["q"], a["k"], a["v"], a["o"], a["lse"]
     else:
         (q, k, v), o, lse = ctx.qkv, None, None
-    gmem, bufs, ptr = _global_memory(prob, q, k, v, o, lse)
+    gmem, bufs, ptr = global_memory(prob, q, k, v, o, lse)
     hub = Hub([p.fresh() for p in ctx.prototypes])
     hub.launch(launch_info(prob))
     run_ctas(ctx.spec, gmem, ptr, hub, shard.ctas, progress)
@@ -160,7 +159,7 @@ class ShardedRun:
     pool: object
     prototypes: tuple
 
-    def simulate(self, spec, q16, k16, v16, hub, update) -> tuple[np.ndarray, np.ndarray]:
+    def simulate(self, spec: RunSpec, q16, k16, v16, hub: Hub, update) -> tuple[np.ndarray, np.ndarray]:
         """Run every shard, merge into hub's counts and observers; returns (o uint16, lse float32)."""
         with self.pool as pool:
             shards = plan_shards(spec, TASKS_PER_WORKER * pool.threads())
