@@ -47,6 +47,7 @@ class KernelBuild:
     # Performance experiments only (experiments/bench_hw.py --diagnose), never set by forward():
     min_blocks_override: int = 0  # __launch_bounds__ minimum CTAs per SM instead of the heuristic
     diag_accurate_exp: bool = False  # the spec's literal expf instead of the exp2 form: not modelled by fa_sim
+    lineinfo: bool = False  # -lineinfo: CUDA source lines for nvdisasm -g (the same code; fa_sim.timing)
 
     @property
     def min_blocks(self) -> int:
@@ -120,13 +121,13 @@ def cache_dir() -> Path:
 def _options(build: KernelBuild):
     from cuda.core import ProgramOptions
 
-    return ProgramOptions(name="fa2_fwd.cu", arch=build.arch, std="c++17", ptxas_options=["-v"],
+    return ProgramOptions(name="fa2_fwd.cu", arch=build.arch, std="c++17", ptxas_options=["-v"], lineinfo=build.lineinfo,
                           define_macro=[(k, str(v)) for k, v in sorted(build.macros().items())])
 
 
 def _cache_key(source: str, build: KernelBuild) -> str:
     return cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
-                     options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())
+                     options=["std=c++17", "ptxas -v"] + ["lineinfo"] * build.lineinfo, nvrtc=nvrtc_version())
 
 
 class _Log:
