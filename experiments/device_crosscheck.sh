@@ -28,8 +28,8 @@ for s in $STEPS; do case $s in
   info) step info 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'" ;;
   smoke) step smoke 120 python -m fa_sim.cli hw --batch 2 --heads 4 --seqlen 1000 --seqlen-k 777 --causal --json ;;
   metrics) step metrics 120 bash -c "'$NCU' --query-metrics --chip gh100 | grep -E 'shared_op|ldgsts|ldsm' " ;;
-  ldgsts) step ldgsts 120 python experiments/ldgsts_probe.py profile --out "$W" ;;
-  probe) step probe 120 python experiments/mma_probe.py run --out "$W" --tiles 8192 ;;
+  ldgsts) step ldgsts 120 python -m fa_sim.calibrate.ldgsts_probe profile --out "$W" ;;
+  probe) step probe 120 python -m fa_sim.calibrate.mma_probe run --out "$W" --tiles 8192 ;;
   sweep) TAIL=3 step sweep 300 python experiments/sim_vs_hw.py run --out "$W/sweep" ;;
   compare)
     for c in "" "--causal" "--seqlen 200 --seqlen-k 333 --causal --heads 2" "--smem plain --seqlen 256" \
@@ -46,7 +46,7 @@ for s in $STEPS; do case $s in
     step memcheck 200 "$SAN" --tool memcheck --error-exitcode 3 python -m fa_hw.sanitize
     step racecheck 300 "$SAN" --tool racecheck --error-exitcode 3 python -m fa_hw.sanitize ;;
   bench) TAIL=40 step bench 300 python experiments/bench_hw.py --out "$W" --warmup 10 --reps 30 --diagnose ;;
-  sfu) TAIL=40 step sfu 400 python experiments/sfu_probe.py run --out "$W/sfu" ;;
+  sfu) TAIL=40 step sfu 400 python -m fa_sim.calibrate.sfu_probe run --out "$W/sfu" ;;
   profile)  # Nsight Compute's full set on one launch each: the seed kernel, a d=128 config, SDPA flash
     mkdir -p "$W/ncu"
     for spec in "seed||" "d128|--shape 4,16,4096,128 --config {\"block_m\":128,\"block_n\":32,\"head_dim\":128}|" \

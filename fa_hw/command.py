@@ -22,11 +22,16 @@ from fa_sim.commands.common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_input_memory,
+    check_scale,
     config_from_args,
     kernel_from_args,
+    problem_head_dim,
+    problem_shape,
     random_inputs,
     seqlen_k,
 )
+from fa_sim.commands.preflight import announce, check_gpu, problem_of, qkv_shapes
 
 from . import check
 from .forward import forward
@@ -52,12 +57,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = config_from_args(args)
     kernel = kernel_from_args(args)
+    d = problem_head_dim(args)  # --head-dim, or the head_dim a --config tag names
+    check_scale(args, d)
+    # every check before the inputs are made (fa_sim/commands/preflight.py): memory, the GPU and the
+    # kernel's cubin, then the float64 reference's estimate
+    check_input_memory(args)
+    check_gpu(config, args.causal, kernel)
+    announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
-    flops = check.attention_flops(args.batch, args.heads, args.seqlen, args.head_dim, args.causal, nk)
+    flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)
     report = {
-        "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, args.head_dim],
+        "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, d],
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
@@ -70,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  config auto: {source}")
     print(f"  rel err O (Frobenius, vs float64) {_num(acc.rel_err_o)}")
     print(f"  max abs err LSE                   {_num(acc.max_abs_err_lse)}")
-    for finding in acc.nonfinite:
-        print(f"  NOT FINITE: {finding}")
+    for line in acc.failures():  # non-finite results and errors above their documented bound
+        print(f"  {line}")
     print(f"  kernel time                       {report['kernel_ms']:.4f} ms   ({report['tflops']:.1f} TFLOP/s, first launch)")
     print(f"  registers per thread              {report['registers']}")
     return 0 if acc.ok else 1

@@ -15,7 +15,11 @@ wrong, everywhere:
 - Ctrl-C: one line `fa CMD: interrupted`, exit status 130 (128 + SIGINT); outputs are written
   atomically (commands/outputs.py), so no partial file is left behind;
 - a closed pipe (`fa explain | head -1`): silence, exit status 141 (128 + SIGPIPE), as a shell
-  tool killed by SIGPIPE reports.
+  tool killed by SIGPIPE reports;
+- standard output that cannot be written (`fa sim > /dev/full`: a full disk, an I/O error) or is
+  closed (`fa explain >&-`, checked before any work): one line `fa CMD: error: cannot write the
+  output: ...`, exit status 2, as for any run that produced no result (exit status 1 stays the
+  verdict of a check that ran).
 
 `args.explicit` holds the destinations the command line gave explicitly, so commands can refuse
 options that do not apply (common.refuse).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
 
@@ -55,6 +60,32 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments left over after a subcommand are that subcommand's error
+        (`fa sim --cta 3` points to `fa sim --help`, and names the subcommands that take --cta)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = self._subcommands()
+            parser = commands.get(getattr(namespace, "command", None), self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{_taken_by(extras, commands)}")
+        return namespace
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def _taken_by(extras: list[str], commands: dict[str, argparse.ArgumentParser]) -> str:
+    """'; --cta is an option of fa trace' for each unrecognized option another subcommand takes."""
+    notes = []
+    for option in dict.fromkeys(e.split("=", 1)[0] for e in extras if e.startswith("--")):
+        owners = [f"fa {name}" for name, p in commands.items() if option in p._option_string_actions]
+        if owners:
+            notes.append(f"{option} is an option of {', '.join(owners)}")
+    return "".join(f"; {n}" for n in notes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,15 +136,72 @@ def _known_errors() -> tuple[type, ...]:
     return (UsageError, ValueError, Unsupported, ParallelError, FaHwError)
 
 
+class OutputError(Exception):
+    """Standard output could not be written (not a closed pipe: that is BrokenPipeError)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.strerror or str(cause))
+
+
+class _CheckedStdout:
+    """sys.stdout during a command: a failed write or flush is an OutputError, so it cannot be
+    mistaken for an OSError of the command's own files; everything else is the stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._call(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._call(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    @staticmethod
+    def _call(method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from None
+
+
 def _silence_stdout() -> None:
-    """After EPIPE: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    """After EPIPE or a failed write: point stdout at /dev/null so the interpreter's final flush
+    of what is still buffered stays quiet."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # no file descriptor (captured in tests)
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, fd)
     os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    stdout = sys.stdout
+    if stdout is None:  # started with file descriptor 1 closed: nothing could be printed
+        print(f"fa {command}: error: cannot write the output: standard output is closed", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout = _CheckedStdout(stdout)
+    try:
+        return _run(argv)
+    except OutputError as exc:
+        sys.stdout = stdout
+        _silence_stdout()
+        print(f"fa {command}: error: cannot write the output: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        sys.stdout = stdout
+
+
+def _run(argv: list[str]) -> int:
+    """Parse and run; every known failure becomes one line on stderr and an exit status."""
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
         args = build_parser().parse_args(argv)

@@ -265,12 +265,18 @@ class KernelConfig:
             raise ValueError(f"{tag!r} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
         values = dict(block_m=int(m["m"]), block_n=int(m["n"]), head_dim=int(m["d"]), n_warps=int(m["w"]),
                       smem=m["smem"], softmax=softmax)
+        seen: dict[str, str] = {}  # field -> the suffix that set it
         for part in filter(None, m["rest"].split("-")):
             key, value = _tag_suffix(part)
             if key is None:
                 raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
                                  f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
                                  f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>")
+            if key in seen:  # '-s2-s3', '-ffma-fmul_fsub': no suffix may silently override another
+                what = "contradicts" if seen[key] != part else "repeats"
+                raise ValueError(f"config tag {tag!r}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
+                                 f"give each field once")
+            seen[key] = part
             values[key] = value
         return cls(**values)
 

@@ -5,8 +5,9 @@ thread, word], for the same selected CTAs. `compare_checkpoints` walks it and re
 checkpoint: how many values were compared, the fraction that is bit-identical, the largest
 difference in units in the last place, and the first mismatch as (checkpoint, round, warp, lane,
 register, simulator value, GPU value). `BOUNDS` is the documented largest difference each
-checkpoint may show; `fa compare` exits 0 only when all are met. `SavedRun` is the versioned
-.npz of a GPU run (`fa compare --save`, `--gpu-npz`), so the comparison also runs without a GPU.
+checkpoint may show; `fa compare` exits 0 only when all are met. `SavedRun` (fa_sim.saved_run) is
+the versioned .npz of a GPU run (`fa compare --save`, `--gpu-npz`), so the comparison also runs
+without a GPU.
 
 Why every bound is 0 (measured on the H200; README, "Simulator against GPU"): data movement is
 exact; the simulator runs the tensor core's accumulation as the H200 does it (fa_sim.tensorcore,
@@ -20,18 +21,17 @@ units differ from the H200's (the models were fitted to it).
 from __future__ import annotations
 
 import enum
-import json
-import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
 from .checkpoints import Checkpoint
-from .config import KernelConfig, SoftmaxForm
+from .config import KernelConfig
 from .events import CheckpointEvent, LaunchInfo
 from .isa.sm80 import WARP_SIZE
 from .problem import Problem
+from .saved_run import SAVED_RUN_FORMAT, SavedRun, config_from_tag  # noqa: F401 (public names of fa_sim.crosscheck)
 
 
 class ValueKind(enum.Enum):
@@ -294,90 +294,3 @@ def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))
-
-
-# ---- saved GPU runs ---------------------------------------------------------------------------
-SAVED_RUN_FORMAT = 3  # 3: + the kernel's file name and source; 2: the config tag names the softmax form;
-#                       1 (no "format" entry): FFMA form
-def config_from_tag(tag: str, softmax: SoftmaxForm = SoftmaxForm.FMUL_FSUB) -> KernelConfig:
-    """KernelConfig.tag back to a config, e.g. 'm64n64d64w4-swizzled' or '...-swizzled-ffma';
-    `softmax` is the form of a tag without a suffix (KernelConfig.from_tag)."""
-    return KernelConfig.from_tag(tag, softmax)
-
-
-_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
-_SAVED_ARRAYS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
-
-
-def _read_npz(path) -> dict[str, np.ndarray]:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except _READ_ERRORS as exc:  # missing, not a zip, truncated, a pickle (allow_pickle=False)
-        why = "not an .npz archive (only a pickle could be read, which is refused)" if "pickle" in str(exc) \
-            else " ".join(str(exc).split()) or type(exc).__name__
-        raise ValueError(f"cannot read {path}: {why}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"cannot read {path}: it holds one array, not an .npz archive of a saved GPU run")
-    try:
-        with archive:
-            return {name: archive[name] for name in archive.files}
-    except _READ_ERRORS as exc:  # a truncated or corrupt member
-        raise ValueError(f"cannot read {path}: {' '.join(str(exc).split()) or type(exc).__name__}") from None
-
-
-@dataclass(frozen=True, eq=False)
-class SavedRun:
-    """One GPU run kept for comparison: inputs, O, LSE, the checkpoint buffer of `ctas`, and what
-    selected the kernel: its config and (format 3) the CUDA source the GPU compiled, so a later
-    replay simulates exactly that kernel even after fa2_fwd.cu or a variant has changed. Formats 1
-    and 2 hold no source (kernel_source ""): they were made with fa_hw's own kernel. Format 1 files
-    were all made with the FFMA softmax form, the only one the kernel had; they load as such."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    o: np.ndarray
-    lse: np.ndarray
-    checkpoints: np.ndarray  # uint32 [cta_sel, checkpoint, round, thread, word]
-    ctas: tuple[int, ...]
-    config: KernelConfig
-    causal: bool
-    scale: float
-    kernel_name: str = "fa2_fwd.cu"
-    kernel_source: str = ""
-
-    def save(self, path) -> None:
-        """Write the run to `path` (a file name or an open binary file)."""
-        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=self.q, k=self.k, v=self.v, o=self.o, lse=self.lse,
-                            checkpoints=self.checkpoints, ctas=np.asarray(self.ctas, np.int64),
-                            config=self.config.tag, config_json=json.dumps(self.config.to_json()),
-                            causal=self.causal, scale=self.scale, kernel_name=self.kernel_name,
-                            kernel_source=self.kernel_source)
-
-    @classmethod
-    def load(cls, path) -> "SavedRun":
-        """Read a run; an unreadable file, a missing array or an unknown format is one ValueError."""
-        return cls.from_arrays(_read_npz(path), path)
-
-    @classmethod
-    def from_arrays(cls, data: dict, path) -> "SavedRun":
-        """The run from the arrays of its .npz (format 1 files hold only the config's tag)."""
-        missing = [n for n in _SAVED_ARRAYS if n not in data]
-        if missing:
-            raise ValueError(f"{path} is not a saved GPU run (fa compare --save): it lacks {', '.join(missing)}")
-        fmt = int(data["format"]) if "format" in data else 1
-        if not 1 <= fmt <= SAVED_RUN_FORMAT:
-            raise ValueError(f"{path} has saved-run format {fmt}; this flashsim reads formats 1 to {SAVED_RUN_FORMAT}")
-        if "config_json" in data:
-            config = KernelConfig.from_json(str(data["config_json"]))
-        else:
-            config = config_from_tag(str(data["config"]), SoftmaxForm.FFMA if fmt == 1 else SoftmaxForm.FMUL_FSUB)
-        kernel = {"kernel_name": str(data["kernel_name"]), "kernel_source": str(data["kernel_source"])} \
-            if "kernel_source" in data else {}
-        return cls(data["q"], data["k"], data["v"], data["o"], data["lse"], data["checkpoints"],
-                   tuple(int(c) for c in np.ravel(data["ctas"])), config, bool(data["causal"]), float(data["scale"]),
-                   **kernel)
-
-    def with_config(self, config: KernelConfig) -> KernelConfig:
-        """`config` in this run's softmax form: the form is part of what the GPU ran."""
-        return replace(config, softmax=self.config.softmax)

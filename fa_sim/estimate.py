@@ -97,11 +97,17 @@ class Estimate:
             raise ValueError(f"{self.problem.describe()}: the {what} need about {_size(need)}, more than the "
                              f"{_size(self.machine)} of memory this machine has; choose a smaller problem")
 
-    def describe(self) -> str:
-        return (f"estimate: about {_duration(self.sim_seconds)} and {_size(self.sim_bytes)} for the simulation "
-                f"({self.problem.cta_rounds:,} CTA-rounds), about {_duration(self.reference_seconds)} and "
-                f"{_size(self.reference_bytes)} for the float64 reference; {_size(self.available)} of "
-                f"{_size(self.machine)} available")
+    def describe(self, *, simulation: bool = True, reference: bool = True, runs: int = 1) -> str:
+        """One line: the simulation (`runs` of it, e.g. one per smem layout) and/or the reference."""
+        parts = []
+        if simulation:
+            each = "" if runs == 1 else f" each, {runs} runs"
+            parts.append(f"about {_duration(self.sim_seconds)} and {_size(self.sim_bytes)} for the simulation "
+                         f"({self.problem.cta_rounds:,} CTA-rounds{each})")
+        if reference:
+            parts.append(f"about {_duration(self.reference_seconds)} and {_size(self.reference_bytes)} for the "
+                         "float64 reference")
+        return f"estimate: {', '.join(parts)}; {_size(self.available)} of {_size(self.machine)} available"
 
     def to_json(self) -> dict:
         return {"cta_rounds": self.problem.cta_rounds, "sim_seconds": self.sim_seconds, "sim_bytes": self.sim_bytes,

@@ -139,6 +139,9 @@ class InstrEvent:
     wait_n: N of cp.async.wait_group.
     src: CUDA source location; ptx_line: line in the PTX text (PTX engine).
     repeat: R.
+
+    A trace keeps the events it selects as this same type restricted to its lanes
+    (fa_sim.observers.trace.TraceRecord: a numbered InstrEvent whose lane axes are the selection's).
     """
 
     op: Op

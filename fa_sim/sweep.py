@@ -9,7 +9,8 @@ cluster (fa_sim.parallel.pmap; one case per task, each case serial inside its wo
 A case's numbers: warp instructions per counted class (events.COUNTED_OPS), shared-memory bank
 conflicts per class as Nsight Compute counts them (LDGSTS: excess wavefronts, which ncu does not
 call conflicts; observers/banks.py), the hazard count, the relative Frobenius error of O and the
-largest |LSE error| against fa_sim.reference (None where not finite; fa_sim.accuracy).
+largest |LSE error| against fa_sim.reference (None where not finite; fa_sim.accuracy). A case fails
+(`CaseResult.ok` False) on a hazard, a non-finite result or an error above its documented bound.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class CaseResult:
     max_abs_err_lse: float | None
     nonfinite: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.NonFinite
     seconds: float = 0.0
+    above_bound: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.AboveBound
 
     @property
     def conflicts(self) -> int:
@@ -64,7 +66,8 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.hazards == 0 and not self.nonfinite
+        """No hazards, every result finite and every error within its documented bound."""
+        return self.hazards == 0 and not self.nonfinite and not self.above_bound
 
     def to_json(self) -> dict:
         b, h, nq, nk = self.case.shape
@@ -73,7 +76,8 @@ class CaseResult:
                 "engine": self.case.engine, "kernel": self.case.kernel,
                 "instructions": self.instructions, "banks": self.banks, "conflicts": self.conflicts,
                 "hazards": self.hazards, "rel_err_o": self.rel_err_o, "max_abs_err_lse": self.max_abs_err_lse,
-                "nonfinite": list(self.nonfinite), "seconds": self.seconds, "ok": self.ok}
+                "nonfinite": list(self.nonfinite), "above_bound": list(self.above_bound), "seconds": self.seconds,
+                "ok": self.ok}
 
 
 def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engine: str | None = None,
@@ -83,12 +87,28 @@ def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engi
             for c in configs for s in shapes for cz in causals]
 
 
-def check_cases(cases) -> float:
+@dataclass(frozen=True)
+class SweepEstimate:
+    """Time of a whole sweep (fa_sim.estimate per case, summed) and its largest case's memory."""
+
+    cases: int
+    seconds: float  # one core, simulations and references
+    largest_bytes: int
+
+    def describe(self, workers: int = 1) -> str:
+        from .estimate import _duration, _size
+
+        spread = "" if workers <= 1 else f", about {_duration(self.seconds / workers)} on {workers} workers"
+        return (f"{self.cases} case{'s' if self.cases != 1 else ''}; estimate: about {_duration(self.seconds)} on "
+                f"one core{spread}; the largest case needs about {_size(self.largest_bytes)}")
+
+
+def estimate_cases(cases) -> SweepEstimate:
     """Refuse, before anything runs, a case whose simulation cannot fit in this machine's memory;
-    returns the estimated seconds of the whole sweep on one core."""
+    the estimate of the whole sweep."""
     from .estimate import estimate
 
-    seconds = 0.0
+    seconds, largest = 0.0, 0
     for case in cases:
         est = estimate(case.problem(), case.mma)
         try:
@@ -96,7 +116,13 @@ def check_cases(cases) -> float:
         except ValueError as exc:
             raise ValueError(f"case {case.name}: {exc}") from None
         seconds += est.sim_seconds + est.reference_seconds
-    return seconds
+        largest = max(largest, est.needed(reference=True))
+    return SweepEstimate(len(cases), seconds, largest)
+
+
+def check_cases(cases) -> float:
+    """estimate_cases(cases).seconds: the estimated seconds of the whole sweep on one core."""
+    return estimate_cases(cases).seconds
 
 
 def run_case(case: Case) -> CaseResult:
@@ -118,19 +144,40 @@ def run_case(case: Case) -> CaseResult:
     by_class = banks.report().by_class()
     return CaseResult(case, {op.value: int(res.instructions[op]) for op in COUNTED_OPS},
                       {c.value: by_class[c].to_json(c) for c in SmemClass}, hazards.report().total,
-                      acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds)
+                      acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds,
+                      tuple(str(f) for f in acc.above_bound))
+
+
+class CaseProgress:
+    """One line on stderr per finished case: which, how long it took, how many are left and the
+    time left at the pace so far (a sweep's unit of work is a case, so lines stay few)."""
+
+    def __init__(self, cases, stream=None) -> None:
+        self.cases, self.done, self.start = list(cases), 0, time.monotonic()
+        self.stream = stream
+
+    def __call__(self, index: int, result: CaseResult) -> None:
+        import sys
+
+        self.done += 1
+        spent = time.monotonic() - self.start
+        left = spent * (len(self.cases) - self.done) / self.done
+        print(f"fa sweep: case {self.done}/{len(self.cases)} done ({self.cases[index].name}, {result.seconds:.1f} s); "
+              f"{spent:.0f} s elapsed, about {left:.0f} s left", file=self.stream or sys.stderr, flush=True)
 
 
 def run_sweep(cases, *, workers="auto", cluster: str | None = None, progress: bool | None = None) -> list[CaseResult]:
-    """Every case (checked up front), spread over workers; results in case order."""
+    """Every case (checked up front), spread over workers; results in case order. progress: a line
+    per finished case on stderr (CaseProgress); None shows it for sweeps estimated at
+    fa_sim.simulate.PROGRESS_MIN_SECONDS or more, on one core."""
     from .parallel import pmap
-    from .simulate import _progress_bar
+    from .simulate import PROGRESS_MIN_SECONDS
 
     cases = list(cases)
     seconds = check_cases(cases)
-    with _progress_bar(progress, len(cases), seconds) as bar:
-        return pmap(run_case, cases, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in cases],
-                    on_done=lambda i, r: bar.update(1))
+    show = seconds >= PROGRESS_MIN_SECONDS if progress is None else bool(progress)
+    return pmap(run_case, cases, workers=workers, cluster=cluster, names=[f"case {c.name}" for c in cases],
+                on_done=CaseProgress(cases) if show else None)
 
 
 # -- reporting ---------------------------------------------------------------------------------------------
@@ -148,11 +195,13 @@ def format_table(results: list[CaseResult], title: str = "fa sweep") -> str:
                      f"{b['LDS']['conflicts']:>8,}{b['STS']['conflicts']:>8,}{b['LDGSTS']['excess_wavefronts']:>11,}"
                      f"{r.hazards:>9,}{_num(r.rel_err_o):>11}{_num(r.max_abs_err_lse):>11}{r.seconds:>7.2f}")
     bad = [r for r in results if not r.ok]
-    lines.append(f"{len(results)} cases, {len(bad)} with hazards or non-finite results" if bad
-                 else f"{len(results)} cases, no hazards, all results finite")
+    lines.append(f"{len(results)} cases, {len(bad)} with hazards, non-finite results or errors above their bound"
+                 if bad else f"{len(results)} cases, no hazards, all results finite and within their error bounds")
     for r in bad:
         for finding in r.nonfinite:
             lines.append(f"  {r.case.name}: NOT FINITE: {finding}")
+        for finding in r.above_bound:
+            lines.append(f"  {r.case.name}: ABOVE BOUND: {finding}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ truncated below a fixed number of bits, summed exactly, and the block result is 
 simulator's fast default. `H200` is the member that reproduces the H200 bit for bit: one fused
 16-term step, exponents ea + eb, 24 + 2 bits kept, truncation toward zero, result toward zero.
 `fit()` picks, from measured hardware outputs, the members of the family that reproduce every
-value bit for bit (experiments/mma_probe.py collects them on the GPU).
+value bit for bit (fa_sim/calibrate/mma_probe.py collects them on the GPU).
 """
 
 from __future__ import annotations
@@ -67,10 +67,13 @@ class FusedDotModel:
         return acc
 
     def matmul_add(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """D = C + A @ B: c [..., M, N] f32, a [..., M, K] f16, b [..., K, N] f16 -> [..., M, N] f32."""
-        if self == EXACT:
-            return (np.matmul(a.astype(np.float64), b.astype(np.float64)) + c).astype(np.float32)
-        return self.dot_add(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], c)
+        """D = C + A @ B: c [..., M, N] f32, a [..., M, K] f16, b [..., K, N] f16 -> [..., M, N] f32.
+        Inf and NaN operands (P~ overflowing fp16 in the FFMA softmax form) give inf and NaN as
+        the tensor core does, without numpy's warnings: fa_sim.accuracy reports them with their cause."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self == EXACT:
+                return (np.matmul(a.astype(np.float64), b.astype(np.float64)) + c).astype(np.float32)
+            return self.dot_add(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], c)
 
 
 NO_LEAD = -(1 << 20)  # exponent of a zero term: below everything
@@ -111,7 +114,7 @@ def _round_f32(x: np.ndarray, rounding: Rounding) -> np.ndarray:
 
 EXACT = FusedDotModel(block=16, extra_bits=None, rounding=Rounding.NEAREST_EVEN)
 
-#: Fitted to the H200 (sm_90) with experiments/mma_probe.py: 1,048,576 of 1,048,576 outputs of
+#: Fitted to the H200 (sm_90) with fa_sim/calibrate/mma_probe.py: 1,048,576 of 1,048,576 outputs of
 #: random m16n8k16 MMAs (wide exponent spread, C = 0 and C != 0) reproduced bit for bit.
 H200 = FusedDotModel(block=16, extra_bits=2, rounding=Rounding.TOWARD_ZERO, align=Rounding.TOWARD_ZERO,
                      nominal_exponents=True)

@@ -217,7 +217,9 @@ def check_scale(scale, head_dim: int) -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     s = float(scale)
-    if not math.isfinite(s) or s <= 0 or not math.isfinite(float(np.float32(s))) or np.float32(s) == 0:
+    with np.errstate(over="ignore", under="ignore"):  # 1e308 overflows fp32: that is what is checked
+        s32 = np.float32(s)
+    if not math.isfinite(s) or s <= 0 or not math.isfinite(float(s32)) or s32 == 0:
         raise ValueError(f"scale must be a positive finite number (in fp32), got {scale!r}")
     if s > max_scale(head_dim):
         raise ValueError(f"scale {scale!r} is too large: at head_dim {head_dim} it must be at most "

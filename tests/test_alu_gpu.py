@@ -1,19 +1,14 @@
-"""The PTX engine's ALU handlers against the GPU, bit for bit (experiments/alu_probe.py).
+"""The PTX engine's ALU handlers against the GPU, bit for bit (fa_sim/calibrate/alu_probe.py).
 
 Marked `gpu`: skipped cleanly without an NVIDIA GPU. Every exact form (IEEE arithmetic in all
 rounding modes, integer, bit, compare/select and cvt forms, and the MUFU forms of
 alu_probe.MUFU_EXACT) must match; the other MUFU forms are measured, not asserted (fa_sim.isa.sfu).
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
 import fa_hw
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import alu_probe  # noqa: E402
+from fa_sim.calibrate import alu_probe
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """The PTX engine's ALU handlers against the H200, bit for bit, on the CPU (no GPU needed).
 
-tests/data/h200/alu_probe.npz is `python experiments/alu_probe.py all` as run on the H200 (sm_90,
+tests/data/h200/alu_probe.npz is `python -m fa_sim.calibrate.alu_probe all` as run on the H200 (sm_90,
 driver 580 / CUDA 13.0; issue 9): the GPU's outputs of the first 219 probe forms, 4096 inputs
 each, which the probe regenerates from the recorded seed. Each recorded exact form (IEEE
 arithmetic in every rounding mode, integer, bit, compare/select, cvt, f16x2/bf16x2, with every
@@ -11,14 +11,12 @@ by tests/test_alu_gpu.py on a GPU.
 """
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import alu_probe  # noqa: E402
+from fa_sim.calibrate import alu_probe
 
 RECORDING = Path(__file__).parent / "data" / "h200" / "alu_probe.npz"
 RECORDED_FORMS = 231  # the forms of the latest device run

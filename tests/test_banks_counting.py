@@ -163,7 +163,7 @@ def test_tile_of_rows():
 
 
 def test_ldgsts_rule_reproduces_the_h200_probe():
-    """banks.ldgsts_wavefronts against Nsight Compute on the H200 (experiments/ldgsts_probe.py):
+    """banks.ldgsts_wavefronts against Nsight Compute on the H200 (fa_sim/calibrate/ldgsts_probe.py):
     every pattern the kernel can issue agrees; the one scattered pattern it never issues is the
     known exception named in the docstring."""
     import json

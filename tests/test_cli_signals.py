@@ -1,5 +1,6 @@
-"""`fa` under a closed pipe and Ctrl-C, as real processes: a closed pipe is silent (exit 141),
-Ctrl-C is one line and exit 130, and neither leaves partial output files (issue 8, "CLI")."""
+"""`fa` under a closed pipe, Ctrl-C and an unwritable standard output, as real processes: a closed
+pipe is silent (exit 141), Ctrl-C is one line and exit 130, and neither leaves partial output
+files (issue 8, "CLI"); stdout on a full device or closed is one line and exit 2 (issue 16)."""
 
 import os
 import signal
@@ -38,6 +39,29 @@ def test_pipe_into_head_prints_only_what_head_keeps():
     assert out.returncode == 0
     assert out.stderr == b"", out.stderr.decode()
     assert out.stdout.decode().startswith("The spec's worked example")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["sim", "--seqlen", "64"], ["explain"], ["explain", "--json"], ["sim", "--help"]])
+def test_stdout_on_a_full_device_is_one_line_exit_2(argv):
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([*FA, *argv], cwd=ROOT, env=_env(), stdout=full, stderr=subprocess.PIPE, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.decode() == f"fa {argv[0]}: error: cannot write the output: No space left on device\n"
+
+
+@pytest.mark.parametrize("argv", [["sim", "--seqlen", "64"], ["explain"]])
+def test_closed_stdout_is_one_line_exit_2_before_any_work(argv):
+    def fail_if_simulated(argv):  # runs in the child: `fa` must stop before the command runs
+        return [sys.executable, "-c", "import sys, fa_sim.commands.sim as s, fa_sim.commands.explain as e; "
+                "s.run = e.run = lambda a: sys.exit(99); from fa_sim.cli import main; sys.exit(main(sys.argv[1:]))",
+                *argv]
+
+    for cmd in ([*FA, *argv], fail_if_simulated(argv)):
+        out = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             timeout=120, preexec_fn=lambda: os.close(1))
+        assert out.returncode == 2
+        assert out.stderr.decode() == f"fa {argv[0]}: error: cannot write the output: standard output is closed\n"
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -122,6 +146,7 @@ def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, c
         o, lse, checkpoints, scale = rec["o"], rec["lse"], rec["checkpoints"], float(rec["scale"])
 
     monkeypatch.setattr(fa_hw, "forward", lambda *a, **k: Out)
+    monkeypatch.setattr("fa_sim.commands.compare.check_gpu", lambda *a, **k: None)  # the GPU and its cubin
     path = tmp_path / "run.npz"
     assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().err

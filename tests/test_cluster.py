@@ -1,7 +1,9 @@
 """fa_sim.simulate(cluster=...): the same shards on a Dask cluster (the [cluster] extra, which
 `dev` includes so that CI runs this): a local two-worker cluster gives the serial bits; a missing
 extra, an unreachable scheduler and a scheduler that disappears are one clear error each
-(issue 12)."""
+(issue 12); an address of another form, and a server that is not a Dask scheduler (garbage, HTTP,
+silence), are one clear error each within the connection timeout, checked before any input is
+made (issue 16)."""
 
 import builtins
 import os
@@ -64,11 +66,112 @@ def test_unreachable_scheduler_is_one_line_exit_2(monkeypatch, capsys):
     from fa_sim.parallel import cluster
 
     monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)  # the scheduler is probed first
     port = _free_port()  # nothing listens there
     assert main(["sim", "--cluster", f"tcp://127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"fa sim: error: cannot reach the Dask scheduler at tcp://127.0.0.1:{port}")
     assert err.count("\n") == 1  # one line
+
+
+@pytest.mark.parametrize("address, dask", [("local", "local"), ("tcp://127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+                                           ("127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+                                           (" sched.example:1 ", "tcp://sched.example:1"),
+                                           ("[::1]:8786", "tcp://[::1]:8786")])
+def test_accepted_address_forms(address, dask):
+    from fa_sim.parallel.cluster import check_address
+
+    assert check_address(address) == dask
+
+
+@pytest.mark.parametrize("address", ["LOCAL", "not-an-address", "tcp://127.0.0.1", "127.0.0.1:0", "host:99999",
+                                     "http://127.0.0.1:8786", "tcp://:8786", "", 8786])
+def test_other_address_forms_name_the_accepted_ones(address):
+    from fa_sim.parallel.cluster import check_address
+
+    with pytest.raises(ValueError, match=r"is not a Dask scheduler address.*; accepted: local, tcp://HOST:PORT or "
+                                         r"HOST:PORT"):
+        check_address(address)
+
+
+@pytest.mark.parametrize("address, hint", [("LOCAL", " (write local in lower case)"), ("not-an-address", "")])
+def test_the_cli_names_cluster_and_its_forms_before_any_work(address, hint, capsys, monkeypatch):
+    from fa_sim.cli import main
+
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)
+    for command in ("sim", "sweep"):
+        assert main([command, "--cluster", address]) == 2
+        assert capsys.readouterr().err == (f"fa {command}: error: --cluster {address!r} is not a Dask scheduler "
+                                           f"address{hint}; accepted: local, tcp://HOST:PORT or HOST:PORT "
+                                           "(e.g. tcp://10.0.0.5:8786)\n")
+
+
+def _no_inputs(*args, **kwargs):
+    raise AssertionError("inputs were made before the command line was checked")
+
+
+class _Server:
+    """A TCP server on loopback that is not a Dask scheduler: on each connection it sends
+    `greeting` (garbage), or answers the first bytes it receives with `answer` (HTTP), or says
+    nothing; it stops when the test ends."""
+
+    def __init__(self, greeting: bytes = b"", answer: bytes = b"") -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port, self.greeting, self.answer = self.sock.getsockname()[1], greeting, answer
+        self.stop, self.conns = threading.Event(), []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.conns.append(conn)
+            conn.settimeout(5)
+            try:
+                if self.greeting:
+                    conn.sendall(self.greeting)
+                if self.answer and conn.recv(1024):
+                    conn.sendall(self.answer)
+                    conn.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for c in [*self.conns, self.sock]:
+            c.close()
+
+
+HTTP_400 = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("server, message", [
+    (dict(greeting=b"\xff" * 64), "is not a Dask scheduler (it answers, but not in Dask's protocol)"),
+    (dict(answer=HTTP_400), "is not a Dask scheduler (it answers, but not in Dask's protocol)"),
+    (dict(), "accepted a connection but did not answer as a Dask scheduler within 1 s"),  # an HTTP server waiting
+], ids=["garbage", "http-400", "silent"])
+def test_a_server_that_is_not_a_dask_scheduler_is_one_line_in_bounded_time(server, message, monkeypatch, capsys):
+    from fa_sim.cli import main
+    from fa_sim.parallel import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr("fa_sim.commands.common._random_inputs", _no_inputs)
+    srv = _Server(**server)
+    try:
+        start = time.monotonic()
+        assert main(["sim", "--cluster", f"127.0.0.1:{srv.port}"]) == 2
+        assert time.monotonic() - start < 10
+    finally:
+        srv.close()
+    err = capsys.readouterr().err
+    assert err == f"fa sim: error: the server at tcp://127.0.0.1:{srv.port} {message}" + (
+        "; --cluster / cluster= takes local, tcp://HOST:PORT or HOST:PORT (e.g. tcp://10.0.0.5:8786)\n"
+        if "not a Dask" in message else "; is this the address `dask scheduler` printed?\n"), err
 
 
 def test_a_cluster_that_disappears_names_a_shard_and_returns_nothing():

@@ -1,6 +1,6 @@
-"""docs/ptx_engine.md against the code: its instruction table is the PTX engine's dispatch table
-(fa_sim.ptx.ops.TABLE by family module, fa_sim.ptx.engine.ENGINE_OPS by handler, and the control
-opcodes the engine executes), every `<!-- output: COMMAND -->` excerpt appears verbatim in what
+"""docs/ptx_engine.md against the code: its instruction table is the PTX engine's opcode table
+(fa_sim.ptx.optable.OPCODES by family: handlers, SASS classes, opcodes; of the control opcodes
+those the engine executes), every `<!-- output: COMMAND -->` excerpt appears verbatim in what
 that command prints today, and its links resolve.
 
     python tests/test_docs_ptx.py     # prints the table's rows from the code (to update the doc)
@@ -9,7 +9,6 @@ that command prints today, and its links resolve.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -25,11 +24,12 @@ PTX_DOC = DOCS / "ptx_engine.md"
 
 # == the dispatch table ===============================================================================
 def control_executed() -> list[str]:
-    """The control opcodes (engine.CONTROL) that Engine._control executes, found by running it on
-    one instruction of each: the others raise Unsupported."""
-    from fa_sim.ptx.engine import CONTROL, Engine, Group
+    """The control opcodes (the table's CONTROL family) that Engine._control executes, found by
+    running it on one instruction of each: the others raise Unsupported."""
+    from fa_sim.ptx.engine import Engine, Group
     from fa_sim.ptx.ir import Sym
     from fa_sim.ptx.ops import Unsupported
+    from fa_sim.ptx.optable import CONTROL
 
     out = []
     for op in sorted(CONTROL):
@@ -43,44 +43,78 @@ def control_executed() -> list[str]:
     return out
 
 
-def dispatch_families() -> dict[str, list[str]]:
-    """handler -> its opcodes, sorted: 'ops/integer.py' per register-only family module (an opcode
-    routed by type, like add, is listed under each family that takes it), 'machine_ops.ld' per
-    engine handler, 'engine._control' for branches and exits."""
-    from fa_sim.ptx import engine, launch  # noqa: F401  (launch registers the machine_ops handlers)
-    from fa_sim.ptx.ops import TABLE, load_families
-    from fa_sim.ptx.ops.common import _COMPILERS, run
+def dispatch_families() -> dict[str, dict[str, list[str]]]:
+    """family title -> its handlers, SASS classes and opcodes, read from the opcode table
+    (fa_sim.ptx.optable.OPCODES): 'ops/integer.py' for the compilers of a register-only family
+    (an opcode routed by type, like add, is listed under each family that takes it),
+    'machine_ops.ld' per machine handler, 'engine._control' for the branches and exits it executes."""
+    from fa_sim.ptx.optable import OPCODES, Unit
 
-    load_families()
-    out: dict[str, set] = defaultdict(set)
-    for (op, _), compiler in _COMPILERS.items():
-        out[f"ops/{compiler.__module__.rsplit('.', 1)[-1]}.py"].add(op)
-    for op, handler in TABLE.items():
-        if handler is not run:
-            out[f"ops/{handler.__module__.rsplit('.', 1)[-1]}.py"].add(op)
-    for op, handler in engine.ENGINE_OPS.items():
-        out[f"{handler.__module__.rsplit('.', 1)[-1]}.{handler.__name__}"].add(op)
-    out["engine._control"] = set(control_executed())
-    return {k: sorted(v) for k, v in out.items()}
+    executed = set(control_executed())
+    out: dict = defaultdict(lambda: defaultdict(set))
+    for row in OPCODES.values():
+        for impl in row.impls:
+            if impl.family.unit is Unit.CONTROL and row.name not in executed:
+                continue
+            handler = {Unit.LANES: lambda h: f"ops/{h.__module__.rsplit('.', 1)[-1]}.py",
+                       Unit.MACHINE: lambda h: f"machine_ops.{h.__name__}",
+                       Unit.CONTROL: lambda h: "engine._control"}[impl.family.unit](impl.handler)
+            fam = out[impl.family.title]
+            fam["handler"].add(handler)
+            fam["sass"] |= {c.value for c in row.classes}
+            fam["opcodes"].add(row.name)
+    return {title: {k: sorted(v) for k, v in cols.items()} for title, cols in out.items()}
 
 
 def test_the_instruction_table_is_the_dispatch_table():
-    from fa_sim.ptx.engine import CONTROL, ENGINE_OPS
-    from fa_sim.ptx.ops import TABLE
+    from fa_sim.ptx.optable import CONTROL, OPCODES, Family
 
     families = dispatch_families()
+    assert set(families) == {f.title for f in Family}
     rows = read_tables(PTX_DOC)["ptx-dispatch"]
-    seen: list[str] = []
+    assert sorted(row["family"] for row in rows) == sorted(families), "every family in exactly one row"
     for row in rows:
-        handlers = [h.strip() for h in row["handler"].split(",")]
-        seen += handlers
-        want = sorted({op for h in handlers for op in families.get(h, [f"<no handler {h}>"])})
-        assert row["opcodes"].split(", ") == want, (row["family"], want)
-    assert sorted(seen) == sorted(families), "every handler in exactly one row"
+        want = families[row["family"]]
+        assert sorted(h.strip() for h in row["handler"].split(",")) == want["handler"], row["family"]
+        assert row["SASS class"].split(", ") == want["sass"], row["family"]
+        assert row["opcodes"].split(", ") == want["opcodes"], row["family"]
     listed = {op for row in rows for op in row["opcodes"].split(", ")}
-    assert listed == set(TABLE) | set(ENGINE_OPS) | set(control_executed())
     refused = sorted(set(CONTROL) - set(control_executed()))
+    assert listed == set(OPCODES) - set(refused)
     assert refused == ["brx"] and "`brx`" in PTX_DOC.read_text()  # the doc names what it refuses
+
+
+def test_the_engine_dispatches_through_the_table(monkeypatch):
+    """An opcode the table does not have is Unsupported with its PTX and source line, and the
+    engine runs the handler the table names (a row replaced in the table is what runs)."""
+    from fa_sim.ptx import launch, optable  # launch: the function
+    from fa_sim.ptx.ops import Unsupported
+
+    ptx = PTX_KERNEL.replace("OP", "nanosleep.u32 %r1;")
+    with pytest.raises(Unsupported, match=r"opcode nanosleep in `nanosleep.u32 %r1;` at PTX line \d+"):
+        launch(ptx, 1, 32)
+    ran = []
+    row = optable.OPCODES["membar"]
+    swapped = dict(optable.OPCODES, membar=optable.OpDef("membar", (optable.Impl(
+        optable.Family.SYNC, lambda eng, group, ins: ran.append((ins.opcode, group.n))),), row.sass))
+    monkeypatch.setattr(optable, "OPCODES", swapped)
+    launch(PTX_KERNEL.replace("OP", "membar.cta;"), 1, 32)
+    assert ran == [("membar", 32)]
+
+
+PTX_KERNEL = """
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry k()
+{
+    .reg .b32 %r<2>;
+    mov.u32 %r1, 1;
+    OP
+    ret;
+}
+"""
 
 
 def test_every_marked_table_is_checked():
@@ -112,7 +146,10 @@ def test_the_agreement_suite_is_what_the_doc_says():
     assert f"(Nq, Nk) in {shapes}" in text
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    for handler, ops in dispatch_families().items():
-        print(f"{handler:<28} {', '.join(ops)}")
+if __name__ == "__main__":  # fa_sim comes from the installed checkout (pip install -e), as test_docs imports it
+    from fa_sim.ptx.optable import Family
+
+    families = dispatch_families()
+    for title, cols in ((f.title, families[f.title]) for f in Family):
+        handlers = ", ".join(f"`{h}`" for h in cols["handler"])
+        print(f"| {title} | {handlers} | {', '.join(cols['sass'])} | {', '.join(cols['opcodes'])} |")

@@ -1,7 +1,7 @@
 """The simulator against recordings of the H200 (CPU-only: the GPU side is stored in tests/data/h200).
 
 - mma_probe_192.npz: 192 random m16n8k16 MMAs (wide exponent spread; 64 with C = 0) run by
-  experiments/mma_probe.py on the H200. fa_sim.tensorcore.H200 must reproduce all 24,576 outputs
+  fa_sim/calibrate/mma_probe.py on the H200. fa_sim.tensorcore.H200 must reproduce all 24,576 outputs
   bit for bit, and be the best member of the model family.
 - compare_*.npz: `fa compare --save` runs on the H200 (inputs, O, LSE, checkpoint buffers of two
   CTAs), made with the FFMA softmax form (saved-run format 1), and the swizzle variant's run

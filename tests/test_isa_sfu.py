@@ -79,7 +79,7 @@ def test_error_bounds_over_the_range():
     ang = rng.uniform(-2 * np.pi, 2 * np.pi, 20000).astype(F)
     assert np.abs(sfu.sin_approx(ang) - np.sin(ang.astype(np.float64))).max() <= 2.0 ** -20.5
     # cos: the H200's MUFU.COS, which sfu models bit for bit (tests/test_mufu.py; the exhaustive
-    # device check of experiments/sfu_probe.py verify), exceeds PTX's 2^-20.5 slightly near
+    # device check of fa_sim/calibrate/sfu_probe.py verify), exceeds PTX's 2^-20.5 slightly near
     # |x| = 4.9: 7.09e-7 = 2^-20.43 at x = -4.900111 (0xc09ccdb6).
     cos_err = np.abs(sfu.cos_approx(ang) - np.cos(ang.astype(np.float64)))
     assert cos_err.max() <= 2.0 ** -20.42

@@ -21,7 +21,7 @@ EDGES = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x
 
 
 def _replay() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """op -> (inputs, H200 outputs), uint32 bit patterns (experiments/sfu_fit.py replay)."""
+    """op -> (inputs, H200 outputs), uint32 bit patterns (fa_sim/calibrate/sfu_fit.py replay)."""
     with np.load(REPLAY) as z:
         ops = {k.split("__")[0] for k in z.files if "__" in k}
         return {op: (np.cumsum(z[f"{op}__dx"], dtype=np.uint64).astype(np.uint32), z[f"{op}__y"]) for op in ops}

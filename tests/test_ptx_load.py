@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("cuda.bindings")
 
 from fa_hw.compile import KERNEL_NAME, KernelBuild  # noqa: E402
+from fa_sim import cache  # noqa: E402
 from fa_sim.config import KernelConfig  # noqa: E402
 from fa_sim.ptx import load  # noqa: E402
 from fa_sim.ptx.ir import Module  # noqa: E402
@@ -110,3 +111,22 @@ def _cpu(f, *args) -> float:
     t = time.process_time()
     f(*args)
     return time.process_time() - t
+
+
+@pytest.mark.parametrize("junk", [b"\x80\xff not utf-8", b"// damaged\n.version 7.0\n.target sm_80\n.entry x(\n"])
+def test_a_damaged_cached_ptx_is_compiled_again_and_replaced(cache_root, junk):
+    first = load_module(CU)
+    (entry,) = (cache_root / "ptx").glob("*.ptx")
+    good = entry.read_bytes()
+    entry.write_bytes(junk)
+    clear_memo()
+    assert load_module(CU) == first
+    assert entry.read_bytes() == good  # rewritten by the fresh compile
+
+
+def test_a_cache_root_that_cannot_be_a_directory_is_no_cache(monkeypatch):
+    monkeypatch.setenv("FLASHSIM_CACHE", "/proc/nocache")
+    clear_memo()
+    assert list(load_module(CU).kernels) == ["scale"]
+    path = cache.stored_file("recorded_kernels", "k.cu", b"// a recorded kernel\n")
+    assert path.read_bytes() == b"// a recorded kernel\n" and not str(path).startswith("/proc")

@@ -1,5 +1,5 @@
 """fa_sim.ptx.ops: the arithmetic, logic, compare/select, move, convert and MUFU handlers, run
-through FakeLanes (tests/fake_lanes.py); and every such form in the PTX NVRTC emits for
+through FakeLanes (fa_sim/calibrate/lanes.py); and every such form in the PTX NVRTC emits for
 fa2_fwd.cu has a handler."""
 
 import functools
@@ -8,18 +8,18 @@ import re
 import numpy as np
 import pytest
 
-from fake_lanes import FakeLanes, ins
+from fa_sim.calibrate.lanes import FakeLanes, ins
 from fa_sim.isa import floating, fp32, sfu
 from fa_sim.isa.rounding import Rnd
-from fa_sim.ptx.ops import TABLE, Unsupported
-from fa_sim.ptx.ops.common import compile_form
+from fa_sim.ptx.ops import Unsupported
+from fa_sim.ptx.optable import OPCODES, Unit, compile_form, execute_lanes
 
 N = 64
 
 
 def run(lanes, text):
     i = ins(text)
-    TABLE[i.opcode](lanes, i)
+    execute_lanes(lanes, i)
 
 
 def lanes_with(**regs):
@@ -292,24 +292,20 @@ def test_every_alu_form_of_fa2_fwd_has_a_handler_and_runs(causal, checkpoints, c
     lanes = FakeLanes(N, seed=1, symbols={})
     for mnemonic, line in sorted(forms.items()):
         i = ins(line)
-        assert i.opcode in TABLE, f"no handler for {mnemonic}"
+        assert i.opcode in OPCODES and OPCODES[i.opcode].unit is Unit.LANES, f"no handler for {mnemonic}"
         compile_form(i.opcode, i.mods)  # raises Unsupported naming the form
         for op in i.operands:  # symbols (mov.u64 %rd, smem) read as some address
             if type(op).__name__ == "Sym":
                 lanes.symbols[op.name] = 0x400
-        TABLE[i.opcode](lanes, i)
+        execute_lanes(lanes, i)
         assert lanes.writes and lanes.writes[-1][0].startswith("%"), mnemonic
 
 
 def test_the_gpu_probe_compiles_and_every_form_runs_here():
-    """experiments/alu_probe.py: its kernels are valid PTX for the H200 (sm_90) and each of its
+    """fa_sim/calibrate/alu_probe.py: its kernels are valid PTX for the H200 (sm_90) and each of its
     forms runs through the handlers (the GPU comparison itself is tests/test_alu_gpu.py)."""
-    import sys
-    from pathlib import Path
-
     core = pytest.importorskip("cuda.core")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import alu_probe
+    from fa_sim.calibrate import alu_probe
 
     prog = core.Program(alu_probe.kernel_source(), code_type="c++",
                         options=core.ProgramOptions(arch="sm_90", std="c++17"))

@@ -1,5 +1,5 @@
 """The PTX engine runs kernels that are not attention: the two probes that measured the H200
-(experiments/mma_probe.py, experiments/ldgsts_probe.py) reproduce their recordings.
+(fa_sim/calibrate/mma_probe.py, fa_sim/calibrate/ldgsts_probe.py) reproduce their recordings.
 
 - mma_probe: 192 random m16n8k16 MMAs; with the fitted tensor-core model (fa_sim.tensorcore.H200)
   the engine's D equals the H200's bit for bit (tests/data/h200/mma_probe_192.npz).
@@ -8,9 +8,7 @@
   pattern the rule covers, and the copied bytes land where the pattern says.
 """
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
 
+from fa_sim.calibrate import ldgsts_probe, mma_probe  # noqa: E402
 from fa_sim.observers import BankCounter, SmemClass  # noqa: E402
 from fa_sim.ptx import launch  # noqa: E402
 
@@ -27,16 +26,8 @@ WAVEFRONTS = "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cac
 RULE_EXCEPTION = "stride 32B"  # never issued by the kernel; fa_sim.observers.banks.ldgsts_wavefronts says why
 
 
-def _experiment(name: str):
-    spec = importlib.util.spec_from_file_location(f"experiments_{name}", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_mma_probe_reproduces_the_h200_recording():
-    probe = _experiment("mma_probe")
+    probe = mma_probe
     rec = np.load(H200 / "mma_probe_192.npz")
     a, b, c, d = rec["a"], rec["b"], rec["c"], rec["d"]
     n = a.shape[0]
@@ -51,7 +42,7 @@ def test_mma_probe_reproduces_the_h200_recording():
 
 
 def test_ldgsts_probe_reproduces_ncu_on_the_h200():
-    probe = _experiment("ldgsts_probe")
+    probe = ldgsts_probe
     data = json.loads((H200 / "ldgsts_probe.json").read_text())
     src = (np.arange(4 * 32, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)  # lane l: words 4l..4l+3
     checked = 0

@@ -1,4 +1,4 @@
-"""experiments/sfu_model.cu, the CUDA twin of fa_sim/isa/mufu.py that run 2 compares with the H200 on all
+"""fa_sim/calibrate/sfu_model.cu, the CUDA twin of fa_sim/isa/mufu.py that run 2 compares with the H200 on all
 2^32 inputs: it is generated from the shipped tables, compiled for the host it agrees with the numpy
 model bit for bit, it builds into the probe's verify program for sm_90, and `verify` run against a
 stand-in device (numpy model as the unit, host-compiled C as the candidate) reports 0 mismatches,
@@ -6,21 +6,16 @@ while a corrupted table is caught."""
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-
-import sfu_model_gen as gen  # noqa: E402
-import sfu_probe  # noqa: E402
-from sfu_device import Sweep  # noqa: E402
-from sfu_ops import BY_NAME, program_source  # noqa: E402
-from sfu_results import ulp_bins  # noqa: E402
-
-from fa_sim.isa import mufu_table as mt  # noqa: E402
+from fa_sim.calibrate import sfu_model_gen as gen
+from fa_sim.calibrate import sfu_probe
+from fa_sim.calibrate.sfu_device import Sweep
+from fa_sim.calibrate.sfu_ops import BY_NAME, program_source
+from fa_sim.calibrate.sfu_results import ulp_bins
+from fa_sim.isa import mufu_table as mt
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler (g++)")
 
@@ -47,7 +42,7 @@ def test_host_compiled_model_equals_the_numpy_model():
 
 def test_verify_build_compiles_for_sm90_with_the_model():
     pytest.importorskip("cuda.core")
-    from sfu_device import compile_cubin
+    from fa_sim.calibrate.sfu_device import compile_cubin
 
     src = gen.MODEL_CU.read_text()
     cubin = compile_cubin(program_source(model_source=src, model_ops=[BY_NAME[op] for op in gen.OPS]), "sm_90")

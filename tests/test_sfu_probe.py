@@ -1,25 +1,21 @@
-"""experiments/sfu_probe.py on the CPU: the program compiles for sm_90 to the SASS it documents,
+"""fa_sim/calibrate/sfu_probe.py on the CPU: the program compiles for sm_90 to the SASS it documents,
 the dump codec round-trips, and run 1 / run 2 write and read back their files end to end against
 a numpy stand-in for the device (the GPU runs themselves happen on the H200, issue 10)."""
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-
-import sfu_probe  # noqa: E402
-from sfu_device import Check, Sweep  # noqa: E402
-from sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_BY_NAME, HALF_OPS, OPS, SPECIALS, TOTAL_BUDGET,  # noqa: E402
-                     band, neighbours, program_source, sample_inputs)
-from sfu_results import (DCLIP, band_inputs, decode_blobs, dump_stride_log2, encode_band, fit_budget,  # noqa: E402
-                         load_family, read_dumps, round_bf16, ulp_bins)
+from fa_sim.calibrate import sfu_device, sfu_probe
+from fa_sim.calibrate.sfu_device import Check, Sweep
+from fa_sim.calibrate.sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_BY_NAME, HALF_OPS, KERNEL_SOURCE, OPS,
+                                      SPECIALS, TOTAL_BUDGET, band, neighbours, program_source, sample_inputs)
+from fa_sim.calibrate.sfu_results import (DCLIP, band_inputs, decode_blobs, dump_stride_log2, encode_band, fit_budget,
+                                          load_family, read_dumps, round_bf16, ulp_bins)
 
 FUNCS = {"ex2": np.exp2, "lg2": np.log2, "rcp": np.reciprocal, "rsqrt": lambda v: 1 / np.sqrt(v), "sqrt": np.sqrt,
          "sin": np.sin, "cos": np.cos, "tanh": np.tanh}
@@ -93,7 +89,7 @@ class FakeBackend:
 
 def test_every_op_compiles_for_sm90_to_the_documented_sass():
     pytest.importorskip("cuda.core")
-    from sfu_device import compile_cubin, op_sass, sass_by_kernel
+    from fa_sim.calibrate.sfu_device import compile_cubin, op_sass, sass_by_kernel
 
     try:
         kernels = sass_by_kernel(compile_cubin(program_source(), "sm_90"))
@@ -109,7 +105,7 @@ def test_every_op_compiles_for_sm90_to_the_documented_sass():
 
 def test_the_verify_build_compiles_with_a_candidate_model():
     pytest.importorskip("cuda.core")
-    from sfu_device import compile_cubin
+    from fa_sim.calibrate.sfu_device import compile_cubin
 
     model = "__device__ float model_ex2_ftz(float x) { return exp2f(x); }\n"
     assert sfu_probe.MODEL_FN.findall(model) == ["ex2_ftz"]
@@ -285,7 +281,7 @@ def _signatures() -> dict[str, list[str]]:
     """Kernel name prefix -> parameter kinds ('ptr' or the scalar type) from sfu_probe.cu's macros."""
     import re
 
-    src = (Path(__file__).resolve().parents[1] / "experiments" / "sfu_probe.cu").read_text()
+    src = KERNEL_SOURCE.read_text()
     out = {}
     for prefix, params in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)_##NAME\(([^)]*)\)', src):
         out[prefix] = ["ptr" if "*" in p else p.split()[0] for p in params.split(",")]
@@ -295,7 +291,6 @@ def _signatures() -> dict[str, list[str]]:
 def test_the_launch_layer_passes_what_each_kernel_declares(monkeypatch):
     pytest.importorskip("cuda.core")
     import cuda.core
-    import sfu_device
 
     calls = []
     monkeypatch.setattr(cuda.core, "launch", lambda stream, cfg, kernel, *args: calls.append((kernel, args)))

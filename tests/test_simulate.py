@@ -149,10 +149,10 @@ def test_cli_json(capsys):
     assert main(["sim", "--json", "--seqlen", "70", "--seqlen-k", "33", "--causal", "--head-dim", "32",
                  "--block-n", "32", "--heads", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"rel_err_o", "max_abs_err_lse", "max_rel_err_lse", "nonfinite", "seconds", "instructions",
-                        "engine", "kernel"}
+    assert set(out) == {"rel_err_o", "max_abs_err_lse", "max_rel_err_lse", "nonfinite", "above_bound", "seconds",
+                        "instructions", "engine", "kernel"}
     assert out["engine"] == "program" and out["kernel"] is None
-    assert out["nonfinite"] == []
+    assert out["nonfinite"] == [] and out["above_bound"] == []
     assert out["rel_err_o"] <= O_TOL and out["max_abs_err_lse"] <= LSE_TOL
     assert set(out["instructions"]) == {"LDGSTS", "LDSM", "HMMA", "SHFL", "BAR", "LDS", "STS"}
 

@@ -123,3 +123,23 @@ def test_fa_sweep_runs_a_kernel_variant_on_the_ptx_engine(capsys):
     assert case["engine"] == "ptx" and case["kernel"] == str(variant)
     assert case["banks"]["LDSM"]["conflicts"] == 2304 and case["hazards"] == 0
     assert main(["sweep", "--kernel", str(variant), "--engine", "program"]) == 2
+
+
+def test_fa_sweep_fails_a_kernel_whose_results_are_finite_but_wrong(tmp_path, capsys):
+    """A kernel that returns at once leaves O = 0 and LSE = 0: finite, and wrong (relative error
+    1.0). Such a case fails like a non-finite one, named in the table, exit status 1."""
+    source = (ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_text()
+    entry = "  // phase: setup\n  using namespace fa;\n"
+    assert entry in source
+    noop = tmp_path / "noop.cu"
+    noop.write_text(source.replace(entry, entry + "  if (seqlen_q > 0) return;  // does nothing\n", 1))
+    argv = ["sweep", "--smem", "swizzled", "--shape", "1,1,64", "--causal", "off", "--kernel", str(noop),
+            "--workers", "1"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "1 cases, 1 with hazards, non-finite results or errors above their bound" in out
+    assert "ABOVE BOUND: O's relative Frobenius error 1.000e+00 is above its documented bound 1e-03" in out
+    assert "all results finite" not in out
+    assert main([*argv, "--json"]) == 1
+    (case,) = json.loads(capsys.readouterr().out)
+    assert not case["ok"] and case["nonfinite"] == [] and len(case["above_bound"]) == 2

@@ -1,5 +1,6 @@
 """Trace recording, archive round trip and Perfetto export on hand-built events."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -7,11 +8,11 @@ import pytest
 
 from fa_sim.config import KernelConfig
 from fa_sim.checkpoints import Checkpoint
-from fa_sim.events import ROUND_PROLOGUE, CheckpointEvent, Op, encode_f16x2
+from fa_sim.events import ROUND_PROLOGUE, CheckpointEvent, GmemAccess, InstrEvent, Op, SmemAccess, encode_f16x2
 from fa_sim.kernels import Problem, launch_info
 from fa_sim.kernels.labels import Phase
 import synthetic  # tests/synthetic.py: the memory instructions from the spec's closed forms
-from fa_sim.observers.trace import TraceFilter, TraceRecorder, ldsm_received
+from fa_sim.observers.trace import LANE_FIELDS, TraceFilter, TraceRecorder, ldsm_received
 from fa_sim.observers.trace_io import load_trace, save_trace, to_perfetto
 
 CFG = KernelConfig()
@@ -81,6 +82,23 @@ def test_recorder_slices_the_selected_lanes():
     assert (r.smem.addr[0, 0] == ev.smem.addr[0, 0, 1, [0, 5]]).all()
     # warp 1 lane 0: query rows 16 and 24
     assert set(r.smem.elem_row[0, 0, 0].tolist()) == {16, 24}
+
+
+def test_a_record_is_the_machines_event_on_the_selected_lanes():
+    """One event type: a record is an InstrEvent (its smem a SmemAccess, its gmem a GmemAccess);
+    every field that is not a lane array is the event's own, the lane arrays are sliced."""
+    events = [with_values(synthetic.ldsm_q(CFG, 0, round=0)), *(
+        ev for ev in synthetic.memory_program(CFG, 128) if ev.gmem is not None)][:3]
+    rec = record(TraceFilter(warps=(1,), lanes=(0, 5)), events)
+    assert len(rec.trace.records) == 3
+    for seq, (r, ev) in enumerate(zip(rec.trace.records, events)):
+        assert isinstance(r, InstrEvent) and r.seq == seq
+        assert r.smem is None or isinstance(r.smem, SmemAccess)
+        assert r.gmem is None or isinstance(r.gmem, GmemAccess)
+        kept = [f.name for f in dataclasses.fields(InstrEvent) if f.name not in LANE_FIELDS]
+        assert [getattr(r, f) for f in kept] == [getattr(ev, f) for f in kept]
+        assert r.active.shape == (1, 2) and (r.active == np.asarray(ev.active)[:, 1, [0, 5]]).all()
+    assert rec.trace.records[1].gmem.addr.shape[-1] == 2
 
 
 def test_checkpoints_follow_rounds():

@@ -4,19 +4,15 @@ Everything that is data movement or schedule (instructions, pcs, labels, address
 masks, shuffle sources, ldmatrix and mma values from integer inputs) must match exactly; values
 computed through expf/logf may move in the last bits between numpy builds (rtol 1e-6)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fa_sim.calibrate import golden_traces as regenerate
 from fa_sim.observers.trace_io import load_trace, reg_values
 
 ROOT = Path(__file__).resolve().parent.parent / "traces"
-spec = importlib.util.spec_from_file_location("traces_regenerate", ROOT / "regenerate.py")
-regenerate = sys.modules.setdefault("traces_regenerate", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(regenerate)
 
 EXACT = ("seq", "op", "phase", "round", "pc", "ptx", "label", "repeat", "wait_n", "src", "ptx_line")
 

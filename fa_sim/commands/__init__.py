@@ -1,5 +1,6 @@
 """The subcommands of `fa` (fa_sim/cli.py): one module each, plus the arguments, inputs and
-output paths they share (common.py, inputs.py, outputs.py)."""
+output paths they share (common.py, inputs.py, outputs.py) and the order of their checks, all
+before any input is made (preflight.py)."""
 
 
 class UsageError(Exception):

@@ -2,7 +2,7 @@
 (notes/gpu_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
 three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
 conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
---force.
+--force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`.
 
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
@@ -11,24 +11,30 @@ them "excess_wavefronts", the tables print them on their own line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from ..config import KernelConfig, SmemLayout
 from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
+    file_inputs,
+    inputs_head_dim,
     problem_shape,
     random_inputs,
     refuse,
 )
+from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_figure
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 FIGURE = "bank_conflicts_by_class"
 FORMATS = ("png", "svg")
@@ -36,10 +42,11 @@ FORMATS = ("png", "svg")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("banks", help="shared-memory bank conflicts per instruction class and phase",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
     add_engine_arguments(p)
+    add_inputs_argument(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--plot", metavar="DIR", default=None,
@@ -65,13 +72,21 @@ def run(args) -> int:
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs([plot], args.force)
-    base = config_from_args(args)
+    files = file_inputs(args)
+    d = inputs_head_dim(args, files)
+    base = config_from_args(args, head_dim=d)
     engine, kernel = engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
-    inputs = random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), inputs, args.causal, engine, kernel)
+    for s in layouts:  # every check before the inputs are made (commands/preflight.py)
+        check_engine(engine, kernel, dataclasses.replace(base, smem=s), args.causal)
+    if files is None:
+        check_input_memory(args)
+    shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args))
+    announce("banks", problem_of(shapes, args.causal, None, base), reference=False, runs=len(layouts))
+    q, k, v = files if files is not None else random_inputs(args)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, engine, kernel)
                for s in layouts}
-    b, h, nq, nk, d = problem_shape(args)
+    (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
              f"config {base.tag.rsplit('-', 1)[0]}" + ("" if engine == "program" else

@@ -22,7 +22,7 @@ import numpy as np
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..reference import random_inputs as _random_inputs
 from . import UsageError
-from .inputs import check_host_memory
+from .inputs import check_host_memory, inputs_option, load_qkv
 
 INT32_MAX = 2**31 - 1  # the CUDA kernel takes batch, heads and sequence lengths as int
 SIZE_RANGE = f"1 .. {INT32_MAX}"
@@ -51,7 +51,9 @@ def int_in(option: str, lo: int, hi: int | None = None, allowed: str | None = No
     return parse
 
 
-def positive_float(option: str):
+def positive_float(option: str, fp32: bool = False):
+    """argparse type: a positive finite number; with `fp32`, also finite and nonzero in fp32 (the
+    kernel's type for it), checked without numpy's overflow warnings."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -59,8 +61,26 @@ def positive_float(option: str):
             raise UsageError(f"{option} takes a number, got {text!r}") from None
         if not (0 < value < float("inf")):
             raise UsageError(f"{option} {text} is out of range; allowed: a positive finite number")
+        if fp32:
+            with np.errstate(over="ignore", under="ignore"):  # the overflow is what is checked here
+                single = np.float32(value)
+            if not (0 < single < np.inf):
+                raise UsageError(f"{option} {text} is out of range; allowed: a positive number that is finite "
+                                 f"and nonzero in fp32 (at most {float(np.finfo(np.float32).max):.4g})")
         return value
     return parse
+
+
+def check_scale(args, head_dim: int) -> None:
+    """--scale against the largest scale of this head_dim (fa_sim.validate.max_scale), named as the
+    option, before any work."""
+    from ..validate import max_scale
+
+    scale = getattr(args, "scale", None)
+    if scale is not None and scale > max_scale(head_dim):
+        raise UsageError(f"--scale {scale:g} is out of range at head_dim {head_dim}; allowed: at most "
+                         f"{max_scale(head_dim):.3g}, so that scale*log2(e)*q.k stays finite in fp32 for every "
+                         f"fp16 input")
 
 
 # -- the simulator's front end and the kernel source ------------------------------------------------
@@ -126,8 +146,9 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
     p.add_argument("--causal", action="store_true",
                    help="top-left aligned causal mask: key k is visible to query q iff k <= q (default off)")
     if scale:
-        p.add_argument("--scale", type=positive_float("--scale"), default=None, metavar="S",
-                       help=describe("softmax scale s", "1/sqrt(head_dim)", "a positive finite number"))
+        p.add_argument("--scale", type=positive_float("--scale", fp32=True), default=None, metavar="S",
+                       help=describe("softmax scale s", "1/sqrt(head_dim)",
+                                     "a positive number, finite in fp32, at most fa_sim.validate.max_scale(head_dim)"))
     p.add_argument("--seed", type=int_in("--seed", 0), default=0, metavar="N",
                    help=describe("seed of the standard-normal fp16 inputs (fa_sim.reference.random_inputs)",
                                  0, "0 or more"))
@@ -138,19 +159,39 @@ def seqlen_k(args) -> int:
     return args.seqlen if args.seqlen_k is None else args.seqlen_k
 
 
+def problem_head_dim(args) -> int:
+    """The problem's head_dim d: the --config tag's when a tag names the config (an explicit
+    --head-dim must agree with it), else --head-dim."""
+    tag = getattr(args, "config", None)
+    if tag is None or tag == AUTO_CONFIG:
+        return args.head_dim
+    d = KernelConfig.from_tag(tag).head_dim
+    if "head_dim" in explicit(args) and args.head_dim != d:
+        raise UsageError(f"--head-dim {args.head_dim} disagrees with --config {tag}, whose head_dim is {d}; "
+                         f"drop --head-dim (the tag names it) or give a d{args.head_dim} tag")
+    return d
+
+
 def problem_shape(args) -> tuple[int, int, int, int, int]:
-    """(B, H, Nq, Nk, d) of the random inputs the options describe."""
-    return args.batch, args.heads, args.seqlen, seqlen_k(args), args.head_dim
+    """(B, H, Nq, Nk, d) of the random inputs the options describe (d: `problem_head_dim`)."""
+    return args.batch, args.heads, args.seqlen, seqlen_k(args), problem_head_dim(args)
 
 
-def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
-    refused up front when they cannot fit in this machine's memory."""
+def check_input_memory(args) -> None:
+    """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
     # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
     need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
+
+
+def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
+    refused up front when they cannot fit in this machine's memory. Commands call it last, after
+    every check (commands/preflight.py)."""
+    check_input_memory(args)
+    b, h, nq, nk, d = problem_shape(args)
     return _random_inputs(b, h, nq, nk, d, args.seed)
 
 
@@ -245,18 +286,49 @@ def auto_requested(args) -> bool:
     return True
 
 
-def config_from_args(args, **override) -> KernelConfig:
-    """The KernelConfig the options name; `override` replaces fields (e.g. head_dim of an input file).
+def file_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """q, k, v of --npz FILE, whose arrays fix the shape (the shape options are refused), or None
+    for random inputs (`random_inputs`, drawn after every check)."""
+    if getattr(args, "npz", None) is None:
+        return None
+    option = inputs_option(args)
+    refuse(args, PROBLEM_DESTS, f"with {option}: the file's q, k, v fix the shape")
+    return load_qkv(args.npz, option)
+
+
+def inputs_head_dim(args, inputs) -> int:
+    """The problem's head_dim: that of the file's `inputs` (a --config tag must agree with it), or
+    `problem_head_dim` for random ones (inputs None)."""
+    if inputs is None:
+        return problem_head_dim(args)
+    d = int(np.shape(inputs[0])[-1])
+    tag = getattr(args, "config", None)
+    if tag is not None and tag != AUTO_CONFIG and KernelConfig.from_tag(tag).head_dim != d:
+        raise UsageError(f"{inputs_option(args)} {args.npz} holds inputs of head_dim {d}, but --config {tag} has "
+                         f"head_dim {KernelConfig.from_tag(tag).head_dim}; give a d{d} tag")
+    return d
+
+
+def config_from_args(args, head_dim: int | None = None) -> KernelConfig:
+    """The KernelConfig the options name. `head_dim`: that of an input file (`inputs_head_dim`),
+    which a --config tag must agree with. A tag names the problem's head_dim too
+    (`problem_head_dim`: --head-dim may repeat it, not contradict it).
     --config auto is for the GPU commands (`auto_requested`); elsewhere it is a UsageError."""
     if getattr(args, "config", None) == AUTO_CONFIG:
         raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
                          "here give the config's options (fa hw --config auto reports the tag it ran)")
     tag = getattr(args, "config", None)
     if tag is not None:  # a whole config: the field options would be ignored, so they are refused
-        refuse(args, [o.dest for o in config_options()], f"with --config {tag}, which names every field")
-        return dataclasses.replace(KernelConfig.from_tag(tag), **override)
+        refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"],
+               f"with --config {tag}, which names every field")
+        config = KernelConfig.from_tag(tag)
+        problem_head_dim(args)  # an explicit --head-dim must agree with the tag
+        if head_dim is not None and head_dim != config.head_dim:
+            raise UsageError(f"the inputs have head_dim {head_dim}, but --config {tag} has head_dim "
+                             f"{config.head_dim}; give a d{head_dim} tag")
+        return config
     values = {opt.dest: getattr(args, opt.dest) for opt in config_options()}
-    return KernelConfig(**{**values, **override})
+    return KernelConfig(**{**values, **({} if head_dim is None else {"head_dim": head_dim})})
 
 
 # -- options that do not apply ---------------------------------------------------------------------
@@ -281,12 +353,16 @@ def refuse(args, dests, reason: str) -> None:
 
 
 def parse_ops(text: str | None):
-    """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all)."""
+    """--ops 'LDSM,SHFL' -> frozenset of events.Op (None: all); a list naming no class is refused,
+    since it would trace nothing."""
     from ..events import Op
 
-    if not text:
+    if text is None:
         return None
     names = [t.strip().upper() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"--ops {text!r} names no instruction class; give a comma-separated list such as "
+                         f"LDSM,SHFL from {', '.join(Op.__members__)}, or drop --ops to keep all")
     bad = [n for n in names if n not in Op.__members__]
     if bad:
         raise UsageError(f"--ops: unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
@@ -303,13 +379,26 @@ def workers_count(text: str):
     return int_in("--workers", 1, None, "auto or an integer >= 1")(text)
 
 
+def cluster_address(text: str) -> str:
+    """argparse type of --cluster: local, tcp://HOST:PORT or HOST:PORT (fa_sim.parallel.cluster)."""
+    from ..parallel.cluster import check_address
+
+    try:
+        return check_address(text, "--cluster ")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
     """--workers N|auto and --cluster ADDRESS."""
+    from ..parallel.cluster import CONNECT_TIMEOUT_S
+
     p.add_argument("--workers", type=workers_count, default="auto", metavar="N",
                    help=describe(f"local processes that share out {what}; results are bit-identical to one "
                                  "process; with --cluster local, the local cluster's workers", "auto (one per core)",
                                  "auto or an integer >= 1"))
-    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+    p.add_argument("--cluster", metavar="ADDRESS", type=cluster_address, default=None,
                    help=describe(f"run {what} on a Dask cluster: 'local' starts one on this machine, else a "
-                                 "scheduler address such as tcp://host:8786 (needs pip install flashsim[cluster])",
-                                 "none: local processes", "local or a scheduler address"))
+                                 f"running scheduler's address, which must answer within {CONNECT_TIMEOUT_S} s "
+                                 "(needs pip install flashsim[cluster])", "none: local processes",
+                                 "local, tcp://HOST:PORT or HOST:PORT"))

@@ -1,6 +1,7 @@
 """`fa compare`: the simulator against the GPU on the same seeded inputs, checkpoint by checkpoint.
 
-Runs fa_sim.simulate and fa_hw.forward (debug build) on the same inputs, recording the
+Runs fa_sim.simulate and fa_hw.forward (debug build) on the same inputs (random, or q, k, v from
+`--npz FILE` as in `fa sim`), recording the
 checkpoints of the chosen CTAs (default: the first and the last CTA of the grid), and prints per
 checkpoint the fraction of bit-identical values, the largest difference in ulps against its
 documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and LSE statistics.
@@ -16,7 +17,6 @@ simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import cache_root, read_entry, store_atomic
+from ..cache import stored_file
 from ..crosscheck import (
     SavedRun,
     build_report,
@@ -32,6 +32,7 @@ from ..crosscheck import (
     simulate_with_checkpoints,
 )
 from ..problem import Problem
+from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
@@ -39,28 +40,37 @@ from .common import (
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
+    check_input_memory,
+    check_scale,
     config_from_args,
     config_options,
     engine_from_args,
     explicit,
     kernel_from_args,
+    file_inputs,
+    inputs_head_dim,
     option_name,
+    problem_shape,
     random_inputs,
     refuse,
 )
-from .inputs import load_npz
+from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
+from .preflight import announce, check_engine, check_gpu, problem_of, qkv_shapes
 
-FIELDS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")  # SavedRun
+SIM_MMA = "h200"  # the tensor-core model simulate_with_checkpoints runs (fa_sim.crosscheck)
+
+FIELDS = SAVED_ARRAYS
 ACCEPTED = "a GPU run written by fa compare --save (arrays " + ", ".join(FIELDS) + ")"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="simulator against GPU, checkpoint by checkpoint",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
     add_engine_arguments(p)
+    add_inputs_argument(p)
     p.add_argument("--ctas", default=None,
                    help="comma-separated linear CTA ids to checkpoint (default: the first and the last)")
     p.add_argument("--save", metavar="FILE", default=None,
@@ -76,9 +86,9 @@ def register(subparsers) -> None:
 def load_recording(path) -> SavedRun:
     """A saved GPU run (fa_sim.crosscheck.SavedRun); bad files are one UsageError naming --gpu-npz
     and the file."""
-    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=("config_json", "format", "kernel_name", "kernel_source"))
+    data = load_npz(path, FIELDS, "--gpu-npz", ACCEPTED, optional=OPTIONAL_ARRAYS)
     try:
-        return SavedRun.from_arrays(data, path)
+        return SavedRun.from_arrays(data)
     except ValueError as exc:
         raise UsageError(f"--gpu-npz {path}: {exc}") from None
 
@@ -93,6 +103,7 @@ def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
     refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
+    refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -126,7 +137,8 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
 def _recorded_kernel(args, rec: SavedRun):
     """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
     shipped kernel when the recording ran it (or predates recorded sources), else the recorded
-    source itself, written once to the cache (the PTX engine simulates it)."""
+    source itself, written once to the cache, or to a temporary file where there is no usable cache
+    (the PTX engine simulates it)."""
     from fa_hw.compile import SOURCE_PATH
 
     given = kernel_from_args(args)
@@ -140,10 +152,8 @@ def _recorded_kernel(args, rec: SavedRun):
     if rec.kernel_source == SOURCE_PATH.read_text():
         return None
     text = rec.kernel_source.encode()
-    path = cache_root() / "recorded_kernels" / f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if read_entry(path) != text and not store_atomic(path, text):
-        raise UsageError(f"--gpu-npz {args.gpu_npz}: cannot write its recorded kernel to {path.parent}")
+    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
+    path = stored_file("recorded_kernels", name, text)
     print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
     return path
 
@@ -159,19 +169,32 @@ def _replay(args):
             kernel)
 
 
-def _launch(args, save: Output | None):
-    import fa_hw
-
-    q, k, v = random_inputs(args)
+def _launch_config(args, d: int, nk: int):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        config = auto_for_device(args.head_dim, args.causal, k.shape[2]).config
-    else:
-        config = config_from_args(args)
-    b, h, nq, _ = q.shape
-    ctas = _ctas(args.ctas, Problem(b, h, nq, k.shape[2], args.causal, 1.0, config).n_ctas)
+        return auto_for_device(d, args.causal, nk).config
+    return config_from_args(args, head_dim=d)
+
+
+def _launch(args, save: Output | None):
+    """Every check (commands/preflight.py), then the inputs, then the GPU run."""
+    import fa_hw
+
+    files = file_inputs(args)
+    d = inputs_head_dim(args, files)
+    check_scale(args, d)
+    shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
+    (b, h, nq, _), nk = shapes[0], shapes[1][2]
+    config = _launch_config(args, d, nk)
+    ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     kernel = kernel_from_args(args)
+    engine, sim_kernel = _engine(args, config, kernel)
+    if files is None:
+        check_input_memory(args)
+    check_gpu(config, args.causal, kernel, checkpoints=True)
+    announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
+    q, k, v = files if files is not None else random_inputs(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel)
     if save is not None:
@@ -182,24 +205,31 @@ def _launch(args, save: Output | None):
             SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
                      source.name, source.read_text()).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
-    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), (engine, sim_kernel)
 
 
-def run(args) -> int:
-    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
-    if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
-    else:
-        check_outputs([save], args.force)
-        (q, k, v), config, causal, ctas, gpu = _launch(args, save)
-        recorded = kernel_from_args(args)
-    o, lse, gpu_buf, scale = gpu
+def _engine(args, config, recorded):
+    """The simulator's engine and kernel for this run (the kernel the GPU ran, if any), checked
+    (commands/preflight.check_engine: a PTX program is compiled now)."""
     engine, kernel = engine_from_args(args, config)
     if recorded is not None:
         if args.engine == "program":
             raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                              f"({recorded.name}) is simulated by the PTX engine: drop --engine program")
         engine, kernel = "ptx", recorded
+    check_engine(engine, kernel, config, args.causal, checkpoints=True)
+    return engine, kernel
+
+
+def run(args) -> int:
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
+    if args.gpu_npz is not None:
+        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
+        engine, kernel = _engine(args, config, recorded)
+    else:
+        check_outputs([save], args.force)
+        (q, k, v), config, causal, ctas, gpu, (engine, kernel) = _launch(args, save)
+    o, lse, gpu_buf, scale = gpu
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=engine, kernel=kernel)
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
     banks = None

@@ -15,6 +15,7 @@ import json
 from fractions import Fraction
 
 from ..reference import NEG_INF, SPEC_EXAMPLE, Round, Walkthrough
+from . import UsageError
 
 # Where each quantity appears in the spec (only for its block size, B_c = 2).
 FIGURES = {
@@ -105,7 +106,12 @@ def to_json(w: Walkthrough) -> dict:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    """argparse type of --block-n. Not a ValueError for a non-integer: argparse would print its
+    generic "invalid _positive value" instead of our wording (fa_sim.commands.UsageError)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise UsageError(f"--block-n takes a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value

@@ -8,6 +8,8 @@ option, the file, what is wrong and what is accepted.
 
 from __future__ import annotations
 
+import argparse
+import copy
 import os
 import zipfile
 import zlib
@@ -21,6 +23,40 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end record
 PICKLE_PROTO = b"\x80"  # pickle protocol 2 and later start with PROTO
 QKV = "arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez(FILE, q=q, k=k, v=v))"
+
+# -- --npz FILE: the one name of the q, k, v input file in every command ---------------------------------
+INPUTS_OPTION = "--npz"
+HIDDEN_ALIASES = ("--input",)  # fa trace's former name of --npz: old command lines keep working
+
+
+class _InputsFile(argparse.Action):
+    """Stores the file and the spelling used, so that messages name the option as it was typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, "npz_option", option_string)
+
+
+def add_inputs_argument(p) -> None:
+    """--npz FILE (hidden alias --input): q, k, v from a file instead of random ones."""
+    p.add_argument(INPUTS_OPTION, *HIDDEN_ALIASES, dest="npz", action=_InputsFile, metavar="FILE", default=None,
+                   help=f"inputs from an .npz with {QKV} instead of random ones; the file fixes the shape "
+                        f"(default: random)")
+
+
+def inputs_option(args) -> str:
+    """How the command line spelled the input file's option (--npz, or its alias)."""
+    return getattr(args, "npz_option", None) or INPUTS_OPTION
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The subcommands' help: descriptions as written, hidden aliases (HIDDEN_ALIASES) left out."""
+
+    def _format_action_invocation(self, action):
+        if set(action.option_strings) & set(HIDDEN_ALIASES):
+            action = copy.copy(action)
+            action.option_strings = [o for o in action.option_strings if o not in HIDDEN_ALIASES]
+        return super()._format_action_invocation(action)
 
 
 def host_memory_bytes() -> int | None:

@@ -5,7 +5,8 @@ Policy: an existing file is never overwritten unless the command was given --for
 written to a temporary name in its own directory and renamed into place, so an interrupted or
 failed run leaves neither a partial file nor a half-replaced old one. A FILE output must not be a
 directory and its directory must exist; a DIR output (trace archives, figures) is created, with
-its parents, when the results are written. Writability is probed by creating (and removing) a
+its parents, when the results are written. Two outputs of one command may not write the same file,
+nor one a file where the other needs a directory (`--perfetto D/p.json --save D/p.json`). Writability is probed by creating (and removing) a
 file where the output will go, which also tells the truth when running as root.
 """
 
@@ -64,8 +65,11 @@ def _check_one(out: Output, force: bool) -> None:
     if out.kind is Kind.FILE:
         if path.is_dir():
             raise UsageError(f"{option} {path}: is a directory; {option} takes a file name")
-        if not path.absolute().parent.is_dir():
-            raise UsageError(f"{option} {path}: directory {path.absolute().parent} does not exist")
+        parent = path.absolute().parent
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"{option} {path}: {parent} is a file, not a directory")
+        if not parent.is_dir():
+            raise UsageError(f"{option} {path}: directory {parent} does not exist")
         where = path.absolute().parent
     else:
         if path.exists() and not path.is_dir():
@@ -84,17 +88,31 @@ def _check_one(out: Output, force: bool) -> None:
     _probe(option, path, where)
 
 
-def check_outputs(outputs, force: bool) -> None:
-    """Refuse, as one UsageError, any output that could not be written or would overwrite
-    something without --force; also two outputs that name the same file."""
-    outs = [o for o in outputs if o is not None]
+def _check_apart(outs: list[Output]) -> None:
+    """Two outputs must not write the same file, nor a file where the other makes a directory
+    (`--perfetto D/p.json --save D/p.json`, or a directory inside the other's file)."""
     seen: dict[Path, str] = {}
     for out in outs:
         for t in out.targets():
-            key = t.absolute()
+            key = t.resolve()
             if key in seen:
                 raise UsageError(f"{out.option} {out.path} and {seen[key]} would both write {t}")
             seen[key] = f"{out.option} {out.path}"
+    for a in outs:
+        for b in outs:
+            if a is b or a.kind is not Kind.FILE:
+                continue
+            file, other = a.path.resolve(), b.path.resolve()
+            if file == other or file in other.parents:
+                raise UsageError(f"{a.option} {a.path} and {b.option} {b.path}: {a.option} writes a file where "
+                                 f"{b.option} needs a directory; give them different paths")
+
+
+def check_outputs(outputs, force: bool) -> None:
+    """Refuse, as one UsageError, any output that could not be written or would overwrite
+    something without --force; also two outputs that collide (`_check_apart`)."""
+    outs = [o for o in outputs if o is not None]
+    _check_apart(outs)
     for out in outs:
         _check_one(out, force)
 

@@ -6,9 +6,11 @@ refused (the file fixes the shape and the head dim). The kernel shape comes from
 --block-n --warps --smem --softmax. Sizes that cannot fit in this machine's memory are refused up
 front. Prints the relative Frobenius error of O and the max abs LSE error against
 fa_sim.reference.attention, warp-instruction counts per class and wall time; `--json` prints one
-object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, seconds, instructions}. Where O or
-LSE is not finite although float64 is, each case is reported with its cause (fa_sim.accuracy), the
-numbers are null in JSON, and the exit status is 1. `--check-hazards` attaches the shared-memory
+object {rel_err_o, max_abs_err_lse, max_rel_err_lse, nonfinite, above_bound, seconds,
+instructions}. Where O or LSE is not finite although float64 is, each case is reported with its
+cause (fa_sim.accuracy), the numbers are null in JSON, and the exit status is 1; so is an error
+above its documented bound (O's relative error above 1e-3, an LSE row above
+fa_sim.accuracy.lse_error_bound: a kernel that returns at once, say), reported as ABOVE BOUND. `--check-hazards` attaches the shared-memory
 hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key "hazards") and
 exits 1 when it finds any. `--workers N` (default: one per core) shares the grid's waves out over
 local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
@@ -17,9 +19,7 @@ bit-identical to one process; a worker or cluster lost is one error line naming 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -27,28 +27,31 @@ from ..accuracy import Accuracy, measure
 from ..events import COUNTED_OPS
 from ..simulate import SimResult, simulate
 from .common import (
-    PROBLEM_DESTS,
     add_config_arguments,
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    check_input_memory,
+    check_scale,
     config_from_args,
     engine_from_args,
+    file_inputs,
+    inputs_head_dim,
+    kernel_from_args,
+    problem_shape,
     random_inputs,
-    refuse,
 )
-from .inputs import load_qkv
+from .inputs import HelpFormatter, add_inputs_argument
+from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sim", help="run the lane-accurate simulator and compare with float64",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_problem_arguments(p)
     add_config_arguments(p)
     add_engine_arguments(p)
-    p.add_argument("--npz", metavar="FILE", default=None,
-                   help="inputs from an .npz with arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez) "
-                        "instead of random ones (default: random)")
+    add_inputs_argument(p)
     p.add_argument("--mma", default="exact", choices=["exact", "h200"],
                    help="tensor-core accumulation: exact sum rounded once (fast) or the H200's fitted model "
                         "(bit-exact, about 50x slower) (default exact; one of exact, h200)")
@@ -59,13 +62,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if args.npz is not None:
-        refuse(args, PROBLEM_DESTS, "with --npz: the file's q, k, v fix the shape")
-        return load_qkv(args.npz, "--npz")
-    return random_inputs(args)
-
-
 def errors(res: SimResult, q, k, v) -> Accuracy:
     """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
     blocks, fa_sim.accuracy), with the cause of anything non-finite."""
@@ -73,23 +69,23 @@ def errors(res: SimResult, q, k, v) -> Accuracy:
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
-def _announce(q, k, v, args, config) -> None:
-    """Refuse a run whose simulation and float64 reference cannot fit in this machine's memory, and
-    print the estimate (fa_sim.estimate) on stderr before a run long enough to show progress."""
-    from ..estimate import estimate
-    from ..simulate import PROGRESS_MIN_SECONDS
-    from ..validate import make_problem
-
-    est = estimate(make_problem(np.shape(q), np.shape(k), np.shape(v), args.causal, args.scale, config), args.mma)
-    est.check(reference=True)
-    if est.sim_seconds + est.reference_seconds >= PROGRESS_MIN_SECONDS:
-        print(f"fa sim: {est.describe()}", file=sys.stderr, flush=True)
+def _inputs(args, loaded, config, engine, kernel):
+    """The --npz arrays, or random inputs made after every check (commands/preflight.py)."""
+    check_engine(engine, kernel, config, args.causal)
+    if loaded is None:
+        check_input_memory(args)
+    check_cluster(args.cluster)
+    shapes = qkv_shapes(problem_shape(args)) if loaded is None else [np.shape(x) for x in loaded]
+    announce("sim", problem_of(shapes, args.causal, args.scale, config), args.mma)
+    return random_inputs(args) if loaded is None else loaded
 
 
 def run(args) -> int:
-    q, k, v = _inputs(args)
-    d = np.shape(q)[-1] if args.npz is not None else args.head_dim
-    config = config_from_args(args, head_dim=int(d))
+    kernel_from_args(args)  # the file, before anything is read or made
+    loaded = file_inputs(args)
+    d = inputs_head_dim(args, loaded)
+    config = config_from_args(args, head_dim=d)
+    check_scale(args, d)
     checker = None
     if args.check_hazards:
         from ..observers.hazards import (
@@ -97,7 +93,7 @@ def run(args) -> int:
         )
         checker = HazardChecker()
     engine, kernel = engine_from_args(args, config)
-    _announce(q, k, v, args, config)
+    q, k, v = _inputs(args, loaded, config, engine, kernel)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=engine, kernel=kernel,
                    workers=args.workers, cluster=args.cluster)
@@ -118,8 +114,8 @@ def run(args) -> int:
           + ("" if engine == "program" else f" engine ptx ({kernel.name if kernel is not None else 'fa2_fwd.cu'})"))
     print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")
     print(f"  max |LSE error|                {_num(acc.max_abs_err_lse)}   (relative {_num(acc.max_rel_err_lse)})")
-    for finding in acc.nonfinite:
-        print(f"  NOT FINITE: {finding}")
+    for line in acc.failures():
+        print(f"  {line}")
     print("  warp instructions")
     for name, n in counts.items():
         print(f"    {name:<8}{n:>14,}")

@@ -8,8 +8,8 @@ front with its reason. `--shape B,H,Nq[,Nk]` may be repeated (Nk defaults to Nq)
 off, on or both. Prints one row per case: warp instructions, bank conflicts per class (LDGSTS:
 excess wavefronts, which Nsight Compute does not call conflicts), hazards, relative error of O and
 max |LSE error|; `--json` prints a list of objects instead; `--plot DIR` writes the figure
-sweep.png/.svg (checked before the sweep runs). Exit status 1 when a case shows hazards or a
-non-finite result, else 0.
+sweep.png/.svg (checked before the sweep runs). Exit status 1 when a case shows hazards, a
+non-finite result or an error above its documented bound (fa_sim.accuracy), else 0.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from . import UsageError
 from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, int_in,
                      kernel_from_args)
 from .outputs import Kind, Output, check_outputs, save_figure
+from .preflight import check_cluster, check_engine
 
 FIGURE = "sweep"
 FORMATS = ("png", "svg")
@@ -107,6 +108,26 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return tuple(vals) if len(vals) == 4 else (*vals, vals[2])
 
 
+def _check(cases, args) -> None:
+    """Before any case runs (commands/preflight.py): every config on its engine (the program
+    refuses schedule options; the first PTX case's program is compiled, so a --kernel that does not
+    build fails here), a --cluster scheduler's answer, then the estimate of the whole sweep
+    (refused past this machine's memory) on stderr."""
+    from .. import sweep
+    from ..kernels import engine_for
+    from ..parallel import resolve_workers
+
+    ptx = [c for c in cases if (c.engine or engine_for(c.config)) == "ptx"]
+    for case in cases:
+        if case not in ptx:
+            check_engine("program", None, case.config, case.causal)
+    if ptx:
+        check_engine("ptx", ptx[0].kernel, ptx[0].config, ptx[0].causal)
+    check_cluster(args.cluster)
+    workers = 1 if args.cluster is not None else min(resolve_workers(args.workers), len(cases))
+    print(f"fa sweep: {sweep.estimate_cases(cases).describe(workers)}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     from .. import sweep
 
@@ -118,8 +139,10 @@ def run(args) -> int:
     if kernel is not None and args.engine == "program":
         raise UsageError("--kernel is simulated by the PTX engine; drop --engine program or use --engine ptx")
     engine = args.engine or ("ptx" if kernel is not None else None)
-    cases = sweep.make_cases(configs_from_args(args), shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
+    configs = configs_from_args(args)
+    cases = sweep.make_cases(configs, shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
                              None if kernel is None else str(kernel))
+    _check(cases, args)
     results = sweep.run_sweep(cases, workers=args.workers, cluster=args.cluster)
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=1, allow_nan=False))

@@ -8,11 +8,11 @@ blocks of block_n; under --causal a CTA stops after the block holding its last q
 `--save DIR` writes the trace archive (traces/README.md), `--perfetto FILE` Chrome/Perfetto
 trace-event JSON: both are checked before the simulation (an existing file is refused unless
 --force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
+`--npz FILE` takes q, k, v from a file, as in `fa sim`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,27 +21,31 @@ from ..config import WARP_SIZE
 from ..kernels import Problem
 from . import UsageError
 from .common import (
-    PROBLEM_DESTS,
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    check_input_memory,
     config_from_args,
     engine_from_args,
+    file_inputs,
+    inputs_head_dim,
     int_in,
+    kernel_from_args,
     parse_ops,
     problem_shape,
     random_inputs,
     refuse,
 )
-from .inputs import load_qkv
+from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 ARCHIVE_FILES = ("manifest.json", "arrays.npz")  # fa_sim.observers.trace_io.save_trace
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="one lane through one round, instruction by instruction",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--cta", type=int_in("--cta", 0), default=0,
                    help="linear CTA id, m_block + ceil(Nq/block_m) * (batch * H + head) (default 0; 0 .. CTAs-1)")
     p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
@@ -54,8 +58,7 @@ def register(subparsers) -> None:
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
     add_engine_arguments(p)
-    p.add_argument("--input", metavar="NPZ", default=None,
-                   help="q, k, v from an .npz (numpy.savez) instead of random normal inputs (default: random)")
+    add_inputs_argument(p)
     p.add_argument("--ops", default=None,
                    help="comma-separated instruction classes to keep, e.g. LDSM,SHFL (default: all)")
     p.add_argument("--json", action="store_true", help="print the story as JSON instead of the table")
@@ -111,23 +114,22 @@ def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
 
-    if args.input is not None:
-        refuse(args, PROBLEM_DESTS, "with --input: the file's q, k, v fix the shape")
-        inputs = load_qkv(args.input, "--input")
-        cfg = config_from_args(args, head_dim=int(inputs[0].shape[-1]))
-    else:
-        cfg = config_from_args(args)
-        inputs = None
-    ops = parse_ops(args.ops)
+    kernel_from_args(args)  # the file, before anything is read or made
+    ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
+    inputs = file_inputs(args)  # None: random, drawn after the checks
+    cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs([save, perfetto], args.force)
     b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
     warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
-    if inputs is None:
+    engine, kernel = engine_from_args(args, cfg)
+    check_engine(engine, kernel, cfg, args.causal)
+    if inputs is None:  # made after every check (commands/preflight.py)
+        check_input_memory(args)
+        announce("trace", problem_of(qkv_shapes(problem_shape(args)), args.causal, None, cfg), reference=False)
         inputs = random_inputs(args)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    engine, kernel = engine_from_args(args, cfg)
     tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=engine, kernel=kernel)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))

@@ -182,7 +182,7 @@ def fns(mask, base, offset) -> np.ndarray:
     offset > 0 and downward for offset < 0 (offset 0: base itself if set); 0xffffffff if none.
     A base above 31 (PTX: undefined) finds nothing, as PTX's pseudo-code reads (its loop runs
     while 0 <= pos < 32) and as the H200 answers: 0xffffffff for every base in 32..70 with
-    offsets 0..70 (experiments/alu_probe.py)."""
+    offsets 0..70 (fa_sim/calibrate/alu_probe.py)."""
     base_in = _u32(base).reshape(-1)
     mask, base = _u32(mask).reshape(-1), (base_in & 31).astype(np.int64)
     offset = np.broadcast_to(np.asarray(offset).astype(np.int64).reshape(-1), base.shape)

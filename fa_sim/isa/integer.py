@@ -11,7 +11,7 @@ Division by zero, which PTX leaves "unspecified, machine-specific": the quotient
 remainder are all ones (0xffffffff for 32-bit types, -1 signed). That is what NVIDIA GPUs give as
 recorded by PyTorch: pytorch/pytorch#165650 (int64 remainder by zero gives 4294967295, the all
 ones of the 32-bit path NVVM takes when both operands fit in 32 bits) and the comment in its
-test_binary_ufuncs.py (int32: -1, uint8: 255); experiments/alu_probe.py checks it on the device.
+test_binary_ufuncs.py (int32: -1, uint8: 255); fa_sim/calibrate/alu_probe.py checks it on the device.
 INT_MIN / -1 wraps to INT_MIN, remainder 0.
 """
 

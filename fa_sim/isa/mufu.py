@@ -2,7 +2,7 @@
 
 PTX anchors: #floating-point-instructions-ex2, -lg2, -rcp, -rsqrt, -sqrt, -sin, -cos, -tanh.
 PTX specifies only error bounds; this algorithm was derived from exhaustive measurements on an
-H200 (issue 10; experiments/sfu_notes.md; tables fitted by experiments/sfu_fit.py) and reproduces
+H200 (issue 10; experiments/sfu_notes.md; tables fitted by fa_sim/calibrate/sfu_fit.py) and reproduces
 every recorded output. The interpolator itself is in fa_sim/isa/mufu_table.py.
 
 Each op maps its fp32 input to a 23-bit fraction f of a fundamental interval with exact integer
@@ -19,7 +19,7 @@ steps, evaluates the table there, truncates to 24 bits and rebuilds the exponent
   result is a fixed-point value at 2^-37, so sin is accurate in absolute, not relative, terms.
 The .ftz forms are the raw unit (subnormal inputs read as zero, subnormal results flushed to +-0,
 NaN results canonical 0x7fffffff). ftz=False applies the fp32 wrapping ptxas 13.0 emits for sm_90
-(experiments/sfu_probe.py's docstring): prescaling subnormal inputs, squaring ex2 below -126.
+(fa_sim/calibrate/sfu_probe.py's docstring): prescaling subnormal inputs, squaring ex2 below -126.
 
 Inputs: float32 arrays (or anything numpy converts exactly to float32), any shape; outputs float32
 of the same shape. MUFU.TANH is not modelled: `tanh` raises NotImplementedError.

@@ -1,6 +1,6 @@
 """The interpolator inside the H200's MUFU: tables, the truncated squarer, truncation to 24 bits.
 
-Shared by fa_sim/isa/mufu.py (the ops) and experiments/sfu_fit.py (which fits the tables from the
+Shared by fa_sim/isa/mufu.py (the ops) and fa_sim/calibrate/sfu_fit.py (which fits the tables from the
 run-1 measurements, issue 10). One table per function: a 23-bit fraction f = [s | xl] selects
 segment s (its top bits) and the unit computes the integer
 
@@ -72,7 +72,7 @@ class Table:
 
 def load(path: Path = DATA) -> dict[str, Table]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: MUFU tables missing (written by experiments/sfu_fit.py)")
+        raise FileNotFoundError(f"{path}: MUFU tables missing (written by fa_sim/calibrate/sfu_fit.py)")
     doc = json.loads(path.read_text())
     out = {}
     for op, t in doc["tables"].items():

@@ -4,7 +4,7 @@ PTX anchors: `#floating-point-instructions` ("NaN payloads are supported for dou
 instructions"; an f32 NaN result is "unspecified"), `#half-precision-floating-point-instructions`,
 `#data-movement-and-conversion-instructions-cvt`.
 
-Source of every rule: experiments/alu_probe.py on the H200 (the recording is
+Source of every rule: fa_sim/calibrate/alu_probe.py on the H200 (the recording is
 tests/data/h200/alu_probe.npz, replayed by tests/test_alu_replay.py), read with the SASS that
 ptxas 13.0 emits for sm_90 (fa_hw.sass):
 - f32, f16 and bf16 arithmetic, abs and neg included, writes the canonical NaN (0x7fffffff,

@@ -118,7 +118,7 @@ def div_approx(a, b, ftz: bool = False) -> np.ndarray:
     """div.approx{.ftz}.f32: a * (1/b) with the MUFU reciprocal, which flushes its subnormal
     results: for 2^126 < |b| < 2^128 the quotient is a signed zero, or NaN when a is infinite.
     Without .ftz a subnormal b is first scaled, with a, by 2^24 (what the H200 computes: every
-    recorded quotient by a subnormal, experiments/alu_probe.py); .ftz reads it as zero."""
+    recorded quotient by a subnormal, fa_sim/calibrate/alu_probe.py); .ftz reads it as zero."""
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     if not ftz:
         with np.errstate(all="ignore"):

@@ -153,7 +153,7 @@ def ldgsts_wavefronts(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> np.
     """Shared-side wavefronts of cp.async.cg as Nsight Compute counts them: [..., 32] destination
     and source byte addresses, mask -> [..., 4] per quarter-warp phase.
 
-    Fitted to the H200 (experiments/ldgsts_probe.py, tests/data/h200/ldgsts_probe.json): data
+    Fitted to the H200 (fa_sim/calibrate/ldgsts_probe.py, tests/data/h200/ldgsts_probe.json): data
     moves in 32-byte source sectors into 128-byte destination lines. Per phase, the 16-byte chunks
     bound for one destination line split into two classes by their shift (dst - src) mod 32: 0
     (sectors stay whole) or 16 (sectors straddle). Each class present costs the largest number of

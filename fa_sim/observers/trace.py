@@ -1,4 +1,4 @@
-"""Per-lane instruction traces: a filter, typed records, and the recording observer.
+"""Per-lane instruction traces: a filter, the recorded events, and the recording observer.
 
 A `TraceFilter` names what to keep (CTAs, warps x lanes or explicit threads, rounds, instruction
 classes, kernel phases). Its `wants(op, phase, round)` lets the machine skip building events
@@ -6,9 +6,11 @@ nobody asked for; `TraceRecorder.on_instr` then slices the selected CTAs and thr
 event, so a trace of one lane of a long run stays small (triton-viz style: typed records holding
 arrays, analyses as observers of one interpreter).
 
-Record arrays use the event axes with the CTA and thread axes reduced to the selection:
-`[R, Cs, S, ...]` where Cs = selected CTAs present in the wave, S = selected threads
-(thread = 32 * warp + lane, in `Trace.threads` order).
+A record is the machine's own event type restricted to the selection (`TraceRecord` is an
+`InstrEvent` with a sequence number), so the trace and the observers speak of one thing. Record
+arrays use the event axes with the CTA and thread axes reduced to the selection: `[R, Cs, S, ...]`
+where Cs = selected CTAs present in the wave, S = selected threads (thread = 32 * warp + lane, in
+`Trace.threads` order).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..checkpoints import ROUND0_ONLY
-from ..events import CheckpointEvent, InstrEvent, LaunchInfo, Op, SmemAccess, SourceLoc
+from ..events import CheckpointEvent, GmemAccess, InstrEvent, LaunchInfo, Op, SmemAccess
 from ..isa.sm80 import WARP_SIZE
 from . import lanemaps
 from .banks import bank_of
@@ -77,22 +79,15 @@ class TraceFilter:
 
 
 @dataclass(frozen=True, eq=False)
-class SmemRecord:
-    """Shared-memory side for the selected lanes. addr/bank/row/col/mask: [R, Cs, S] (the lane's
-    own access: for LDSM the row address it supplies); elem_row/elem_col: [R, Cs, S, k] the tile
-    elements behind the lane's values (LDSM: the halves it receives; others: the halves it
-    touches; -1 where the front end gave no coordinates). ldsm: (matrices, transposed)."""
+class SmemRecord(SmemAccess):
+    """A SmemAccess restricted to the selected lanes: addr/mask/row/col [R, Cs, S] (the lane's own
+    access: for LDSM the row address it supplies; row, col -1 where the front end gave no
+    coordinates), and the tile elements behind the lane's values, elem_row/elem_col [R, Cs, S, k]
+    (LDSM: the halves it receives, which other lanes addressed, so they are found before the
+    restriction; others: the halves it touches; -1 where the front end gave no coordinates)."""
 
-    write: bool
-    width: int
-    region: str | None
-    addr: np.ndarray
-    mask: np.ndarray
-    row: np.ndarray
-    col: np.ndarray
-    elem_row: np.ndarray
-    elem_col: np.ndarray
-    ldsm: tuple[int, bool] | None = None
+    elem_row: np.ndarray = field(kw_only=True)
+    elem_col: np.ndarray = field(kw_only=True)
 
     @property
     def bank(self) -> np.ndarray:
@@ -100,43 +95,20 @@ class SmemRecord:
 
 
 @dataclass(frozen=True, eq=False)
-class GmemRecord:
-    """Global side for the selected lanes: addr/row/col/mask [R, Cs, S] (row, col -1 where the
-    front end gave no coordinates)."""
+class TraceRecord(InstrEvent):
+    """The machine's InstrEvent restricted to a trace's selection, number `seq` of the trace.
 
-    write: bool
-    buffer: str | None
-    width: int
-    addr: np.ndarray
-    row: np.ndarray
-    col: np.ndarray
-    mask: np.ndarray
+    Every field means what it means in the event; the lane arrays have the selection's axes:
+    cta [Cs]; active [Cs, S]; smem (a SmemRecord), gmem (a GmemAccess, row and col -1 where the
+    front end gave no coordinates) and shfl_src [R, Cs, S]; regs_in / regs_out: name ->
+    [R, Cs, S, k] copies (dtype as the machine keeps them: float32 values, uint32 f16x2 words)."""
+
+    seq: int = field(kw_only=True)
 
 
-@dataclass(frozen=True, eq=False)
-class TraceRecord:
-    """One event, restricted to the selection. cta: [Cs]; active: [Cs, S]; regs: name ->
-    [R, Cs, S, k] (copies, dtype as the machine keeps them: float32 values, uint32 f16x2 words);
-    shfl_src: [R, Cs, S] source lanes."""
-
-    seq: int
-    op: Op
-    phase: str
-    round: int
-    pc: int
-    ptx: str
-    label: str
-    repeat: int
-    cta: np.ndarray
-    active: np.ndarray
-    smem: SmemRecord | None = None
-    gmem: GmemRecord | None = None
-    regs_in: dict = field(default_factory=dict)
-    regs_out: dict = field(default_factory=dict)
-    shfl_src: np.ndarray | None = None
-    wait_n: int | None = None
-    src: SourceLoc | None = None
-    ptx_line: int | None = None
+#: The InstrEvent fields that hold lane arrays (restricted to the selection); the trace keeps
+#: every other field of the event as it is.
+LANE_FIELDS = frozenset({"cta", "active", "smem", "gmem", "regs_in", "regs_out", "shfl_src"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,21 +219,21 @@ class TraceRecorder:
         if not active.any():
             return
         take = lambda a: self._take(a, csel)  # noqa: E731
-        self._records.append(TraceRecord(
-            len(self._records), ev.op, ev.phase, ev.round, ev.pc, ev.ptx, ev.label, ev.repeat,
-            np.asarray(ev.cta)[csel].copy(), active,
+        lanes = dict(
+            cta=np.asarray(ev.cta)[csel].copy(), active=active,
             smem=None if ev.smem is None else self._smem(ev, csel, take),
             gmem=None if ev.gmem is None else self._gmem(ev.gmem, take),
             regs_in={k: take(v) for k, v in ev.regs_in.items()},
             regs_out={k: take(v) for k, v in ev.regs_out.items()},
-            shfl_src=None if ev.shfl_src is None else take(ev.shfl_src),
-            wait_n=ev.wait_n, src=ev.src, ptx_line=ev.ptx_line))
+            shfl_src=None if ev.shfl_src is None else take(ev.shfl_src))
+        kept = {f.name: getattr(ev, f.name) for f in dataclasses.fields(InstrEvent) if f.name not in LANE_FIELDS}
+        self._records.append(TraceRecord(**kept, **lanes, seq=len(self._records)))
 
     @staticmethod
-    def _gmem(g, take) -> GmemRecord:
+    def _gmem(g: GmemAccess, take) -> GmemAccess:
         addr = take(g.addr)
         coord = (lambda a: np.full(addr.shape, -1, np.int64) if a is None else take(a))  # noqa: E731
-        return GmemRecord(g.write, g.buffer, g.width, addr, coord(g.row), coord(g.col), take(g.mask))
+        return GmemAccess(g.write, g.width, addr, take(g.mask), g.buffer, coord(g.row), coord(g.col))
 
     def _smem(self, ev: InstrEvent, csel, take) -> SmemRecord:
         s = ev.smem
@@ -270,12 +242,12 @@ class TraceRecorder:
             return np.asarray(a)[:, csel][:, :, self._wu]
         if s.row is None:  # no coordinates from the front end
             none = np.full(take(s.addr).shape + (1,), -1, np.int64)
-            return SmemRecord(s.write, s.width, s.region, take(s.addr), take(s.mask), none[..., 0], none[..., 0],
-                              none, none, s.ldsm)
+            return SmemRecord(s.write, s.width, take(s.addr), take(s.mask), s.region, none[..., 0], none[..., 0],
+                              s.ldsm, elem_row=none, elem_col=none)
         sub = SmemAccess(s.write, s.width, warps(s.addr), warps(s.mask), s.region, warps(s.row), warps(s.col), s.ldsm)
         er, ec = (a[:, :, self._wpos, self._l] for a in _elements(ev.op, sub))
-        return SmemRecord(s.write, s.width, s.region, take(s.addr), take(s.mask), take(s.row), take(s.col), er, ec,
-                          s.ldsm)
+        return SmemRecord(s.write, s.width, take(s.addr), take(s.mask), s.region, take(s.row), take(s.col), s.ldsm,
+                          elem_row=er, elem_col=ec)
 
     def wants_checkpoint(self, checkpoint, round: int) -> bool:
         rounds = self.filter.rounds

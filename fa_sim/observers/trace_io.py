@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints import Checkpoint
-from ..events import Op, SourceLoc, decode_f16x2
-from .trace import CheckpointRecord, GmemRecord, SmemRecord, Trace, TraceFilter, TraceRecord
+from ..events import GmemAccess, Op, SourceLoc, decode_f16x2
+from .trace import CheckpointRecord, SmemRecord, Trace, TraceFilter, TraceRecord
 
 FORMAT = "flashsim-trace"
 VERSION = 2
@@ -91,22 +91,23 @@ def _load_record(entry: dict, a, version: int) -> TraceRecord:
         s = entry["smem"]
         region = V1_NAMES[s["tile"]] if version == 1 else s["region"]
         ldsm = _v1_ldsm(entry["ptx"]) if version == 1 else (None if s["ldsm"] is None else tuple(s["ldsm"]))
-        smem = SmemRecord(s["write"], s["width"], region, *(a[f"{key}.smem.{f}"] for f in SMEM_ARRAYS), ldsm)
+        arr = {f: a[f"{key}.smem.{f}"] for f in SMEM_ARRAYS}
+        smem = SmemRecord(s["write"], s["width"], arr["addr"], arr["mask"], region, arr["row"], arr["col"], ldsm,
+                          elem_row=arr["elem_row"], elem_col=arr["elem_col"])
     if entry["gmem"] is not None:
         g = entry["gmem"]
+        arr = {f: a[f"{key}.gmem.{f}"] for f in GMEM_ARRAYS if f"{key}.gmem.{f}" in a}
         if version == 1:  # no addresses were kept
-            row = a[f"{key}.gmem.row"]
-            gmem = GmemRecord(g["write"], g["tensor"].lower(), g["width"], np.full(row.shape, -1, np.int64), row,
-                              a[f"{key}.gmem.col"], a[f"{key}.gmem.mask"])
-        else:
-            gmem = GmemRecord(g["write"], g["buffer"], g["width"], *(a[f"{key}.gmem.{f}"] for f in GMEM_ARRAYS))
+            arr["addr"] = np.full(arr["row"].shape, -1, np.int64)
+        buffer = g["tensor"].lower() if version == 1 else g["buffer"]
+        gmem = GmemAccess(g["write"], g["width"], arr["addr"], arr["mask"], buffer, arr["row"], arr["col"])
     regs = {side: {n: a[f"{key}.{side}{i}"] for i, n in enumerate(entry[f"regs_{side}"])} for side in ("in", "out")}
     phase = V1_PHASES[entry["phase"]] if version == 1 else entry["phase"]
-    return TraceRecord(entry["seq"], Op[entry["op"]], phase, entry["round"], entry["pc"],
-                       entry["ptx"], entry["label"], entry["repeat"], a[f"{key}.cta"], a[f"{key}.active"],
-                       smem=smem, gmem=gmem, regs_in=regs["in"], regs_out=regs["out"],
+    return TraceRecord(Op[entry["op"]], phase, entry["round"], entry["pc"], entry["ptx"], entry["label"],
+                       a[f"{key}.cta"], a[f"{key}.active"], repeat=entry["repeat"], smem=smem, gmem=gmem,
+                       regs_in=regs["in"], regs_out=regs["out"],
                        shfl_src=a[f"{key}.shfl_src"] if entry["shfl"] else None, wait_n=entry["wait_n"],
-                       src=_src_load(entry.get("src")), ptx_line=entry.get("ptx_line"))
+                       src=_src_load(entry.get("src")), ptx_line=entry.get("ptx_line"), seq=entry["seq"])
 
 
 def _v1_ldsm(ptx: str) -> tuple[int, bool] | None:

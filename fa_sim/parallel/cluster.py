@@ -2,6 +2,15 @@
 
     DaskPool("local", workers=2)           # starts a LocalCluster of 2 single-threaded processes here
     DaskPool("tcp://10.0.0.5:8786")        # a running scheduler (`dask scheduler`, `dask worker ADDR`)
+    DaskPool("10.0.0.5:8786")              # the same
+
+An address is "local", tcp://HOST:PORT or HOST:PORT (HOST a name, an IPv4 address or an IPv6
+address in brackets), checked before anything connects (`check_address`: a ValueError naming the
+accepted forms). Before the Dask client starts, the address gets CONNECT_TIMEOUT_S (5 s) to accept
+a connection and answer Dask's handshake and an identity request as a scheduler does: nothing
+listening, no answer (an unreachable host, an HTTP server waiting for a request) and an answer
+that is not a Dask scheduler's (garbage, HTTP) are each one ClusterError line, never a hang or
+Dask's own errors (which for a foreign server include a MemoryError for an absurd frame length).
 
 Why Dask rather than Ray: the extra is a few pure-Python wheels (about 5 MB with its dependencies,
 against about 80 MB for Ray's wheel and its gRPC stack), installs on any Python the project runs
@@ -19,15 +28,21 @@ remaining futures are cancelled; a local cluster is closed with its worker proce
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import threading
 import uuid
 from typing import Callable, Sequence
 
 from .errors import CLUSTER_EXTRA, ClusterError, ShardError
 from .job import Job, Task
 
-CONNECT_TIMEOUT_S = 20  # reaching a scheduler, and reconnecting to one that went away
+CONNECT_TIMEOUT_S = 5  # a scheduler's connection and first answer; reconnecting to one that went away
+LOCAL = "local"
+ADDRESS_FORMS = "local, tcp://HOST:PORT or HOST:PORT (e.g. tcp://10.0.0.5:8786)"
+_ADDRESS = re.compile(r"(?:tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)"
+                      r":(?P<port>\d{1,5})")
 POLL_S = 1.0  # how often a wait for results looks whether the cluster is still there
 
 
@@ -43,6 +58,80 @@ def _distributed():
 def check_available() -> None:
     """ClusterError naming the extra when Dask distributed is missing."""
     _distributed()
+
+
+def check_address(address, option: str = "cluster=") -> str:
+    """'local', or the scheduler address as Dask takes it (tcp://HOST:PORT); a ValueError naming
+    `option` and the accepted forms for anything else."""
+    text = address.strip() if isinstance(address, str) else None
+    if text == LOCAL:
+        return LOCAL
+    match = None if text is None else _ADDRESS.fullmatch(text)
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        hint = f" (write {LOCAL} in lower case)" if text is not None and text.lower() == LOCAL else ""
+        raise ValueError(f"{option}{address!r} is not a Dask scheduler address{hint}; accepted: {ADDRESS_FORMS}")
+    return f"tcp://{match['host']}:{int(match['port'])}"
+
+
+async def _identity(d, address: str, timeout: float, outcome: dict):
+    """Dask's handshake and the scheduler's answer to an identity request (a dict whose type is
+    'Scheduler'); outcome["connected"] is set once a plain TCP connection succeeded, so a failure
+    after it is the server's answer, not its absence. The caller bounds the exchange in time."""
+    host, port = d.comm.addressing.parse_host_port(address.removeprefix("tcp://"))
+    _, writer = await asyncio.open_connection(host, port)
+    writer.close()
+    outcome["connected"] = True
+    comm = await d.comm.connect(address, timeout=timeout)
+    try:
+        await comm.write({"op": "identity"})
+        return await comm.read()
+    finally:
+        comm.abort()
+
+
+def probe_scheduler(address: str, timeout: float | None = None) -> None:
+    """ClusterError unless a Dask scheduler at `address` answers within `timeout` seconds
+    (default CONNECT_TIMEOUT_S). Runs its own event loop in a thread, so it works where the caller
+    already runs one (Jupyter)."""
+    d = _distributed()
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["reply"] = asyncio.run(asyncio.wait_for(_identity(d, address, timeout, outcome), timeout))
+        except BaseException as exc:  # noqa: BLE001 - reported below, whatever a foreign server caused
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="flashsim-cluster-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 5)
+    _raise_probe_error(address, timeout, outcome)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+
+
+def _raise_probe_error(address: str, timeout: float, outcome: dict) -> None:
+    """The one-line ClusterError for a failed probe (`outcome`: its reply or its error), if any."""
+    err, reply, connected = outcome.get("error"), outcome.get("reply"), outcome.get("connected", False)
+    timed_out = ("error" not in outcome and "reply" not in outcome) or isinstance(err, (asyncio.TimeoutError,
+                                                                                        TimeoutError))
+    if not connected:
+        why = f"no connection within {timeout:g} s" if timed_out else _short(err)
+        raise ClusterError(f"cannot reach the Dask scheduler at {address} ({why}); is the scheduler running, "
+                           "and is this the address `dask scheduler` printed?")
+    if timed_out:
+        raise ClusterError(f"the server at {address} accepted a connection but did not answer as a Dask scheduler "
+                           f"within {timeout:g} s; is this the address `dask scheduler` printed?")
+    if err is not None or not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        # what Dask makes of a foreign answer is no help (a garbage frame length reads as a
+        # MemoryError for exabytes): say what happened
+        what = "it answers, but not in Dask's protocol" if err is not None else "it answers as a Dask " + (
+            f"{reply.get('type')}" if isinstance(reply, dict) and reply.get("type") else "peer of another kind")
+        raise ClusterError(f"the server at {address} is not a Dask scheduler ({what}); --cluster / cluster= takes "
+                           f"{ADDRESS_FORMS}")
 
 
 def _quiet() -> Callable[[], None]:
@@ -70,9 +159,7 @@ class DaskPool:
     shares_memory = False
 
     def __init__(self, address: str, workers: int | None = None) -> None:
-        if not isinstance(address, str) or not address.strip():
-            raise ValueError(f"cluster must be 'local' or a Dask scheduler address like tcp://host:8786, got {address!r}")
-        self.address, self.workers = address.strip(), workers
+        self.address, self.workers = check_address(address), workers
         self.client = self.cluster = None
 
     def describe(self) -> str:
@@ -88,7 +175,11 @@ class DaskPool:
                                               dashboard_address=None, silence_logs=logging.ERROR)
                 self.client = d.Client(self.cluster)
             else:
+                probe_scheduler(self.address)
                 self.client = d.Client(self.address, timeout=CONNECT_TIMEOUT_S)
+        except ClusterError:  # the probe's one line
+            self.__exit__(None, None, None)
+            raise
         except (OSError, TimeoutError) as exc:
             self.__exit__(None, None, None)
             raise ClusterError(f"cannot reach the Dask scheduler at {self.address}: {exc}") from None

@@ -13,40 +13,27 @@ Execution model (DESIGN.md, "one SM80 machine, two front ends"):
 - `round`: the kernel's main loop (the outermost loop that holds a bar.sync or an mma, else the
   largest) numbers its iterations; instructions before it are ROUND_PROLOGUE, after it
   ROUND_EPILOGUE, as the program's rounds.
-- Every opcode dispatches through a table: fa_sim.ptx.ops.TABLE (register-only families, pure lane
-  math) or ENGINE_OPS (memory, synchronisation, warp collectives). An opcode or form nobody handles
-  is an error naming it with its PTX line and CUDA source line; nothing is skipped.
+- Every opcode dispatches through one table, fa_sim/ptx/optable.py: register-only families (pure
+  lane math, fa_sim/ptx/ops), the machine's handlers (memory, synchronisation, warp collectives,
+  fa_sim/ptx/machine_ops.py) or the control flow here. An opcode or form nobody handles is an
+  error naming it with its PTX line and CUDA source line; nothing is skipped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ..errors import KernelFault
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
-from .ops import TABLE, Unsupported
+from .ops import Unsupported
+from .optable import CONTROL, Unit, execute_lanes, lookup
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
 from .types import DTYPES
-
-EngineOp = Callable[["Engine", "Group", Instruction], None]
-ENGINE_OPS: dict[str, EngineOp] = {}
-CONTROL = frozenset({"bra", "ret", "exit", "brx"})
-
-
-def engine_op(*opcodes: str):
-    """Register an engine-level handler (memory, synchronisation, collectives)."""
-    def deco(f: EngineOp) -> EngineOp:
-        for name in opcodes:
-            ENGINE_OPS[name] = f
-        return f
-    return deco
-
 
 class Group:
     """Threads at one pc: `mask` [N] bool (None: every thread of the wave)."""
@@ -311,18 +298,15 @@ class Engine:
 
     def _execute(self, ins: Instruction, group: Group) -> None:
         try:
-            op = ENGINE_OPS.get(ins.opcode)
-            if op is not None:
-                op(self, group, ins)
+            row = lookup(ins.opcode)
+            if row.unit is Unit.MACHINE:
+                row.handler(self, group, ins)
                 return
-            handler = TABLE.get(ins.opcode)
-            if handler is None:
-                raise Unsupported(f"opcode {ins.opcode}")
             instr = self.instrs[ins.pc]
             self.m.round = self.round_of(ins.pc, group)
             listeners = self.m.hub.instr_listeners(instr.op, instr.phase, self.m.round)
             lanes = Lanes(self, group, record=bool(listeners))
-            handler(lanes, ins)
+            execute_lanes(lanes, ins)
             if listeners:
                 self._reg_event(instr, listeners, group, lanes)
         except Unsupported as exc:
@@ -339,31 +323,3 @@ class Engine:
         self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},
                      regs_out={k: lanes_of(v) for k, v in lanes.writes.items()})
 
-
-def sass_class(ins: Instruction) -> Op:
-    """The SASS instruction class an instruction is counted as (what ncu counts)."""
-    op, mods = ins.opcode, ins.mods
-    if op == "cp":
-        if "commit_group" in mods:
-            return Op.LDGDEPBAR
-        if "wait_group" in mods or "wait_all" in mods:
-            return Op.DEPBAR
-        return Op.LDGSTS
-    if op == "ldmatrix":
-        return Op.LDSM
-    if op == "mma":
-        return Op.HMMA
-    if op == "shfl":
-        return Op.SHFL
-    if op in ("bar", "barrier"):
-        return Op.BAR
-    if op in ("ld", "st"):
-        space = next((m for m in mods if m in ("shared", "global", "param", "local", "const")), "generic")
-        if space == "shared":
-            return Op.LDS if op == "ld" else Op.STS
-        if space in ("global", "generic"):
-            return Op.LDG if op == "ld" else Op.STG
-        return Op.REG
-    if op in CONTROL:
-        return Op.CTRL
-    return Op.REG

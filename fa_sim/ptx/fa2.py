@@ -25,7 +25,6 @@ from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
 from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
 from .load import load_module
-from .ops import load_families
 from .program import Program, build_program
 
 KERNEL_NAME = "fa2_fwd_kernel"
@@ -86,7 +85,6 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     shard of fa_sim.parallel; lo starts a wave). The checkpoint buffer keeps its slots for every
     wanted CTA of the grid, so addresses do not depend on the range; each wave's checkpoints reach
     observers after that wave."""
-    load_families()
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
     program = attention_program(cfg, prob.causal, sel is not None, kernel)

@@ -30,10 +30,8 @@ from ..hub import Hub
 from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
 from ..machine import Labels, Machine
 from ..memory import GlobalMemory
-from . import machine_ops  # noqa: F401  (registers the engine's memory and warp handlers)
 from .engine import Engine
 from .load import _is_ptx, _read, load_module
-from .ops import load_families
 from .program import Program, build_program
 from .regs import Geometry
 
@@ -143,7 +141,6 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
            observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS) -> LaunchResult:
     """Simulate one launch of a kernel; see the module docstring."""
     start = time.perf_counter()
-    load_families()
     grid, block = _dim3(grid, "grid"), _dim3(block, "block")
     module = load_module(source_or_ptx, macros=macros)
     text, path = _read(source_or_ptx)

@@ -7,6 +7,8 @@ modules themselves (a changed parser never reads an old pickle). A warm load is 
 read and an unpickle: about 6 ms of CPU for fa2_fwd.cu, plus about 45 ms once per process to load
 NVRTC, whose version is part of the PTX cache key (measured, tests/test_ptx_load.py); a repeated
 load in one process comes from a memo. Modules are shared values: do not mutate their dicts.
+A cached PTX text that does not parse (a damaged entry) is compiled again once, replacing it; only
+NVRTC's own output failing to parse is an error.
 """
 
 from __future__ import annotations
@@ -42,14 +44,29 @@ def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, ar
     text, path = _read(source_or_ptx)
     if _is_ptx(text, path):
         return parsed(text, use_cache=use_cache)
-    ptx = compile_ptx(text, name=name or (str(path) if path else "kernel.cu"), arch=arch, macros=macros,
-                      options=options, use_cache=use_cache)
-    return parsed(ptx, use_cache=use_cache)
+    return _compiled(lambda refresh: compile_ptx(text, name=name or (str(path) if path else "kernel.cu"), arch=arch,
+                                                 macros=macros, options=options, use_cache=use_cache,
+                                                 refresh=refresh), use_cache)
 
 
 def kernel_module(build, *, use_cache: bool = True) -> Module:
     """The parsed PTX of fa_hw's own kernel for a fa_hw.compile.KernelBuild (SM80)."""
-    return parsed(kernel_ptx(build, use_cache=use_cache), use_cache=use_cache)
+    return _compiled(lambda refresh: kernel_ptx(build, use_cache=use_cache, refresh=refresh), use_cache)
+
+
+def _compiled(compile_ptx_text, use_cache: bool) -> Module:
+    """parsed(compile_ptx_text(refresh=False)); when that PTX came from the cache and does not
+    parse, the entry is damaged: compile again (refresh=True replaces it) and parse that."""
+    ptx = compile_ptx_text(False)
+    try:
+        return parsed(ptx, use_cache=use_cache)
+    except ValueError:  # ParseError, or text the lexer cannot make sense of
+        if not use_cache:
+            raise
+        fresh = compile_ptx_text(True)
+        if fresh == ptx:  # NVRTC's own output: a real parse error
+            raise
+        return parsed(fresh, use_cache=use_cache)
 
 
 def parsed(ptx: str, *, use_cache: bool = True) -> Module:

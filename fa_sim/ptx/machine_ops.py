@@ -10,19 +10,24 @@ Addresses: shared memory is the CTA's window from 0 (what `mov r, shared_var` gi
 addresses of shared memory are that offset plus SHARED_WINDOW (`cvta.shared`), anything else
 generic is global. Parameters are read from the launch's parameter bytes. Every handler builds
 full [C, W, L] lane arrays for the machine (threads outside the group inactive) and writes the
-results back to the group's registers.
+results back to the group's registers. The opcode table (fa_sim/ptx/optable.py) says which
+handler executes which opcode.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import KernelFault
 from ..machine import SmemLanes
-from .engine import Engine, Group, engine_op
 from .ir import Addr, Instruction, PredPair, Sym, Vec
 from .ops import Unsupported
 from .types import DTYPES, bits, is_type
+
+if TYPE_CHECKING:  # the engine calls these handlers through the opcode table (optable.py)
+    from .engine import Engine, Group
 
 SHARED_WINDOW = 0x0001_0000_0000_0000  # generic address of shared byte 0
 LOCAL_WINDOW = 0x0002_0000_0000_0000  # generic address of each thread's local byte 0
@@ -121,7 +126,6 @@ def _local(eng: Engine, addr: np.ndarray, size: int, group: Group, data: np.ndar
     eng.local[rows, cols] = data
 
 
-@engine_op("ld")
 def ld(eng: Engine, group: Group, ins: Instruction) -> None:
     n_el, etype = _vtype(ins)
     space = _space(ins)
@@ -149,7 +153,6 @@ def ld(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, ins.operands[0], _bytes_to_elements(data, n_el, etype), etype, group)
 
 
-@engine_op("st")
 def st(eng: Engine, group: Group, ins: Instruction) -> None:
     n_el, etype = _vtype(ins)
     space = _space(ins)
@@ -181,7 +184,6 @@ def _reg_name(op) -> str:
     return getattr(op, "name", "value")
 
 
-@engine_op("cp")
 def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
     if not ins.mods or ins.mods[0] != "async":
         raise Unsupported(f"{ins.mnemonic}")
@@ -220,7 +222,6 @@ def _uniform(eng: Engine, op, group: Group):
     return v.flat[0] if v.size else 0
 
 
-@engine_op("cvta")
 def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
     t = next(m for m in reversed(ins.mods) if is_type(m))
     to = "to" in ins.mods
@@ -234,7 +235,6 @@ def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
     eng.write(ins.operands[0], a.astype(DTYPES[t]), t, group.idx, group.n)
 
 
-@engine_op("ldmatrix")
 def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
     num = next(int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4"))
     trans = "trans" in ins.mods
@@ -250,7 +250,6 @@ def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
 MMA_FORM = ("sync", "aligned", "m16n8k16", "row", "col", "f32", "f16", "f16", "f32")
 
 
-@engine_op("mma")
 def mma(eng: Engine, group: Group, ins: Instruction) -> None:
     if ins.mods != MMA_FORM:
         raise Unsupported(f"{ins.mnemonic} (the engine models mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32)")
@@ -264,7 +263,6 @@ def mma(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
 
 
-@engine_op("shfl")
 def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     mode = ins.mods[1] if len(ins.mods) > 1 else ""
     if ins.mods[0] != "sync" or "b32" not in ins.mods:
@@ -300,7 +298,6 @@ def _exited_bits(eng: Engine) -> np.ndarray:
     return np.broadcast_to(ex.sum(axis=-1, keepdims=True), eng.cw)
 
 
-@engine_op("bar", "barrier")
 def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
     if set(ins.mods) - {"cta", "aligned"} != {"sync"}:  # not .arrive / .red (bar.cta.arrive is no bar.sync)
         raise Unsupported(f"{ins.mnemonic} (only bar{{.cta}}.sync / barrier{{.cta}}.sync{{.aligned}})")
@@ -314,7 +311,6 @@ def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
     eng.m.bar_sync(instr, eng.running)
 
 
-@engine_op("membar", "fence")
 def fence(eng: Engine, group: Group, ins: Instruction) -> None:
     """Memory ordering only: warps run in lockstep and memory is sequentially consistent here."""
 
@@ -331,7 +327,6 @@ ATOM_OPS = {
 }
 
 
-@engine_op("atom", "red")
 def atomic(eng: Engine, group: Group, ins: Instruction) -> None:
     """atom / red on global or shared memory (#parallel-synchronization-and-communication-instructions-atom).
 

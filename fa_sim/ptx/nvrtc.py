@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..cache import cache_key, cache_root, read_entry, store_atomic
+from ..cache import cache_key, cache_root, read_text_entry, store_atomic
 
 DEFAULT_ARCH = "compute_80"
 BASE_OPTIONS = ("-lineinfo", "-std=c++17")
@@ -80,34 +80,36 @@ def nvrtc_options(arch: str = DEFAULT_ARCH, macros: Mapping[str, int | str] = {}
 
 def compile_ptx(source: str, *, name: str = "kernel.cu", arch: str = DEFAULT_ARCH,
                 macros: Mapping[str, int | str] = {}, options: Sequence[str] = (),
-                use_cache: bool = True) -> str:
+                use_cache: bool = True, refresh: bool = False) -> str:
     """The PTX NVRTC emits for `source` (CUDA C++), through the on-disk cache.
 
     name: the program's file name, as `.file` and NVRTC's messages will show it (made absolute).
     arch: 'compute_NN' or 'sm_NN' (both give the compute_NN PTX). macros: -DNAME=value each.
     options: further NVRTC options (e.g. '-I/path', '-use_fast_math').
+    refresh: compile even when cached and replace the entry (fa_sim.ptx.load, when a cached PTX
+    does not parse); an entry that is not UTF-8 text is compiled afresh anyway.
     Raises PtxCompileError with NVRTC's log when the source or an option is rejected."""
     if not isinstance(source, str):
         raise ValueError(f"source must be CUDA C++ text (str), not {type(source).__name__}")
     name = os.path.abspath(name)
     opts = nvrtc_options(arch, macros, options)
     path = cache_dir() / f"{cache_key(source=source, name=name, options=opts, nvrtc=nvrtc_version())}.ptx"
-    if use_cache and (hit := read_entry(path)) is not None:
-        return hit.decode()
+    if use_cache and not refresh and (hit := read_text_entry(path)) is not None:
+        return hit
     ptx = _run_nvrtc(source, name, opts)
     if use_cache:
         store_atomic(path, ptx.encode())
     return ptx
 
 
-def kernel_ptx(build, *, arch: str = DEFAULT_ARCH, use_cache: bool = True) -> str:
+def kernel_ptx(build, *, arch: str = DEFAULT_ARCH, use_cache: bool = True, refresh: bool = False) -> str:
     """The PTX of fa_hw's own kernel (fa_hw/kernels/fa2_fwd.cu) for a `fa_hw.compile.KernelBuild`:
     its macros(), for SM80 whatever `build.arch` says (the cubin's arch is the GPU's business;
     the simulator models SM80)."""
     from fa_hw.compile import SOURCE_PATH
 
     return compile_ptx(SOURCE_PATH.read_text(), name=str(SOURCE_PATH), arch=arch,
-                       macros=build.macros(), use_cache=use_cache)
+                       macros=build.macros(), use_cache=use_cache, refresh=refresh)
 
 
 def _run_nvrtc(source: str, name: str, opts: list[str]) -> str:

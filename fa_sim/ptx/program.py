@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from ..machine import Instr
-from .engine import Loop, main_loop, sass_class
+from .engine import Loop, main_loop
+from .optable import sass_class
 from .ir import Instruction, Kernel, Module
 
 PHASE_MARK = re.compile(r"^\s*//\s*phase:\s*(?P<name>\S.*?)\s*$")

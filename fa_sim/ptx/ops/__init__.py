@@ -1,72 +1,19 @@
-"""Instruction handlers of the PTX engine, one module per family, dispatched through one table.
+"""The register-only instruction families of the PTX engine: pure lane math, one module per family.
 
-A handler executes one PTX instruction for the active threads of the executing group:
+    integer.py   integer arithmetic          floating.py  f32 and f64
+    half.py      f16, bf16 and x2 pairs      convert.py   cvt
+    compare.py   setp, set, selp, slct       logic.py     logic, shift, permute
+    move.py      mov, pack, unpack           sfu.py       MUFU (.approx)
 
-    @handles("add", "sub")
-    def add_sub(lanes: Lanes, ins: Instruction) -> None: ...
+Each module defines compilers (common.py says what a compiler and its executor are); the opcode
+table fa_sim/ptx/optable.py says which compiler runs each opcode, and the engine dispatches
+through that table. The family modules import only common.py, never this package, so importing
+any of them imports no other.
 
-`Lanes` (below) is all a handler sees: `read` an operand as an array over the active threads,
-`write` a destination. Handlers are pure lane math (they call fa_sim.isa for the semantics);
-control flow, memory, barriers and events belong to the engine. An opcode or form a handler does
-not know raises `Unsupported`, which the engine reports with the PTX and CUDA source line.
+`Unsupported` (an opcode, modifier or operand form the engine does not execute) and the `Lanes`
+protocol are defined in common.py and named here, where the engine's users import them from.
 """
 
-from __future__ import annotations
+from .common import Lanes, Unsupported
 
-from typing import Callable, Protocol
-
-import numpy as np
-
-from ..ir import Instruction
-
-
-class Unsupported(Exception):
-    """An opcode, modifier or operand form the engine does not execute (never skipped silently)."""
-
-
-class Lanes(Protocol):
-    """The active threads of one executing group, as a handler sees them."""
-
-    n: int  # number of active threads; every array below is [n]
-
-    def read(self, operand, ptype: str) -> np.ndarray:
-        """The operand's value per active thread as the numpy dtype of `ptype` (types.DTYPES):
-        registers reinterpret their bits, truncated to the type's width when the register is
-        wider (#operand-size-exceeding-instruction-type-size); immediates broadcast; special
-        registers (%tid.x, %laneid, ...) are computed; a variable's name (Sym) gives its address.
-        A predicate Reg with `negate` ('!p') reads as the complement."""
-
-    def write(self, operand, value: np.ndarray, ptype: str) -> None:
-        """Store value ([n] or scalar, of `ptype`'s dtype) into a register operand, sign-extended
-        (signed integer types) or zero-extended (all others) when the register is wider than the
-        type. Writing to the sink '_' (ir.Sink) does nothing."""
-
-
-Handler = Callable[[Lanes, Instruction], None]
-TABLE: dict[str, Handler] = {}
-
-
-def load_families() -> None:
-    """Import every family module of this package, so their handlers are in TABLE."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
-
-
-def handles(*opcodes: str) -> Callable[[Handler], Handler]:
-    """Register a handler for base opcodes (Instruction.opcode)."""
-
-    def deco(f: Handler) -> Handler:
-        for name in opcodes:
-            if name in TABLE:
-                raise RuntimeError(f"two handlers for PTX opcode {name!r}")
-            TABLE[name] = f
-        return f
-
-    return deco
-
-
-# The arithmetic, logic, compare/select, move, convert and MUFU families register themselves.
-from . import compare, convert, floating, half, integer, logic, move, sfu  # noqa: E402,F401
+__all__ = ["Lanes", "Unsupported"]

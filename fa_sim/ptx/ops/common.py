@@ -1,26 +1,54 @@
-"""What the arithmetic handler families share: one compiled executor per instruction form.
+"""The base of the register-only instruction families: what a handler sees and what they share.
 
-An instruction's form is its (opcode, mods). The first time a form runs, the family's compiler
-decodes its modifiers once (types, rounding, .ftz, .sat, comparison ...) and returns an executor
-`ex(lanes, operands)` that only reads, computes and writes; the executor is cached by form, so a
-kernel's ~100k dynamic instructions pay the decoding ~70 times. An opcode shared by several
-families (add: integer, f32/f64, f16/bf16) is routed by its type modifier.
+A family module (integer.py, floating.py, ...) defines *compilers*: `compiler(opcode, form)`
+decodes an instruction form's modifiers once (types, rounding, .ftz, .sat, comparison ...) and
+returns an executor `ex(lanes, operands)` that only reads, computes and writes. Which compiler an
+opcode runs is not decided here but in the opcode table (fa_sim/ptx/optable.py), which also
+caches the executors by form, so a kernel's ~100k dynamic instructions pay the decoding ~70 times.
 
-A form no family knows raises Unsupported naming the mnemonic; the engine adds the PTX and
-source line.
+`Lanes` (below) is all an executor sees: `read` an operand as an array over the active threads,
+`write` a destination. Executors are pure lane math (they call fa_sim.isa for the semantics);
+control flow, memory, barriers and events belong to the engine. A form no compiler takes raises
+`Unsupported` naming the mnemonic; the engine adds the PTX and source line.
+
+It imports nothing of the ops package, so the package (which names Unsupported and Lanes from
+here), the family modules and the opcode table all import it without an import cycle.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from ...isa.rounding import Rnd
-from ..ir import Imm, Instruction
+from ..ir import Imm
 from ..types import DTYPES
-from . import Lanes, Unsupported, handles
+
+
+class Unsupported(Exception):
+    """An opcode, modifier or operand form the engine does not execute (never skipped silently)."""
+
+
+class Lanes(Protocol):
+    """The active threads of one executing group, as an executor sees them."""
+
+    n: int  # number of active threads; every array below is [n]
+
+    def read(self, operand, ptype: str) -> np.ndarray:
+        """The operand's value per active thread as the numpy dtype of `ptype` (types.DTYPES):
+        registers reinterpret their bits, truncated to the type's width when the register is
+        wider (#operand-size-exceeding-instruction-type-size); immediates broadcast; special
+        registers (%tid.x, %laneid, ...) are computed; a variable's name (Sym) gives its address.
+        A predicate Reg with `negate` ('!p') reads as the complement."""
+
+    def write(self, operand, value: np.ndarray, ptype: str) -> None:
+        """Store value ([n] or scalar, of `ptype`'s dtype) into a register operand, sign-extended
+        (signed integer types) or zero-extended (all others) when the register is wider than the
+        type. Writing to the sink '_' (ir.Sink) does nothing."""
+
 
 Exec = Callable[[Lanes, tuple], None]
 Compiler = Callable[[str, "Form"], Exec]
@@ -87,55 +115,21 @@ class Form:
         return Unsupported(f"{self.mnemonic}: {why}")
 
 
-def kind(ptype: str) -> str:
-    """The family a type belongs to: 'float', 'half' or 'int'."""
+class TypeKind(enum.Enum):
+    """The kinds of type an opcode shared by several families is routed by (add.s32, add.f32, add.f16)."""
+
+    INT = "integer"
+    FLOAT = "f32/f64"
+    HALF = "f16/bf16"
+
+
+def kind(ptype: str) -> TypeKind:
+    """The kind of a type modifier."""
     if ptype in FLOAT_TYPES or ptype == "f32x2":
-        return "float"
+        return TypeKind.FLOAT
     if ptype in HALF_TYPES:
-        return "half"
-    return "int"
-
-
-_COMPILERS: dict[tuple[str, str | None], Compiler] = {}
-_EXECS: dict[tuple[str, tuple[str, ...]], Exec] = {}
-
-
-def compiles(*opcodes: str, kind: str | None = None) -> Callable[[Compiler], Compiler]:
-    """Register a compiler for opcodes; with `kind`, only for forms whose type is of that kind."""
-
-    def deco(fn: Compiler) -> Compiler:
-        for op in opcodes:
-            key = (op, kind)
-            if key in _COMPILERS:
-                raise RuntimeError(f"two compilers for PTX opcode {op!r} ({kind or 'any type'})")
-            if not any(k[0] == op for k in _COMPILERS):
-                handles(op)(run)
-            _COMPILERS[key] = fn
-        return fn
-
-    return deco
-
-
-def compile_form(opcode: str, mods: tuple[str, ...]) -> Exec:
-    form = Form(opcode, tuple(mods))
-    comp = _COMPILERS.get((opcode, None))
-    if comp is None:
-        types = form.types
-        if not types:
-            raise form.unsupported("no type modifier")
-        comp = _COMPILERS.get((opcode, kind(types[-1])))
-        if comp is None:
-            raise form.unsupported(f"{opcode} on .{types[-1]} operands is not supported")
-    return comp(opcode, form)
-
-
-def run(lanes: Lanes, ins: Instruction) -> None:
-    """The TABLE handler of every arithmetic opcode: the cached executor of the form."""
-    key = (ins.opcode, ins.mods)
-    ex = _EXECS.get(key)
-    if ex is None:
-        ex = _EXECS[key] = compile_form(*key)
-    ex(lanes, ins.operands)
+        return TypeKind.HALF
+    return TypeKind.INT
 
 
 def arity(form: Form, operands: tuple, *counts: int) -> None:

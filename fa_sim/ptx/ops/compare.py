@@ -16,7 +16,7 @@ from ...isa import half
 from ...isa.compare import FLOAT_ONLY, INTEGER_ONLY, BoolOp, CmpOp, combine, compare_float, compare_int, select
 from ...isa.rounding import F32, flush_subnormal
 from ..ir import PredPair
-from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity, compiles
+from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity
 from .half import fmt_of
 
 _BITS = {16: "b16", 32: "b32", 64: "b64"}
@@ -72,8 +72,7 @@ def _results(form: Form, lanes, ops, cmp, bool_op, read, cmp_fn):
     return [cmp_fn(cmp, a, b)], c
 
 
-@compiles("setp")
-def _setp(opcode: str, form: Form) -> Exec:
+def setp(opcode: str, form: Form) -> Exec:
     cmp, bool_op, ftz = _condition(form)
     stype = form.type()
     read, cmp_fn = _reader(form, stype, cmp, ftz)
@@ -99,8 +98,7 @@ _TRUE_BITS = {"u32": 0xFFFFFFFF, "s32": 0xFFFFFFFF, "f32": 0x3F800000, "u16": 0x
               "f16": 0x3C00, "bf16": 0x3F80}
 
 
-@compiles("set")
-def _set(opcode: str, form: Form) -> Exec:
+def set_(opcode: str, form: Form) -> Exec:
     cmp, bool_op, ftz = _condition(form)
     types = form.types
     if len(types) != 2:
@@ -129,8 +127,7 @@ def _set(opcode: str, form: Form) -> Exec:
     return set_
 
 
-@compiles("selp")
-def _selp(opcode: str, form: Form) -> Exec:
+def selp(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type()
     if ptype not in _WIDTH or ptype in ("f16", "bf16"):
@@ -144,8 +141,7 @@ def _selp(opcode: str, form: Form) -> Exec:
     return selp
 
 
-@compiles("slct")
-def _slct(opcode: str, form: Form) -> Exec:
+def slct(opcode: str, form: Form) -> Exec:
     form.check_flags({"ftz"})
     types = form.types
     if len(types) != 2 or types[1] not in ("s32", "f32") or types[0] not in _WIDTH:

@@ -15,7 +15,7 @@ import numpy as np
 from ...isa import convert, half
 from ...isa.rounding import BF16, F16, F32, F64, TF32, Rnd
 from ..types import DTYPES
-from .common import INT_ROUNDING, INT_TYPES, ROUNDING, Exec, Form, arity, compiles
+from .common import INT_ROUNDING, INT_TYPES, ROUNDING, Exec, Form, arity
 
 _FORMATS = {"f16": F16, "bf16": BF16, "f32": F32, "f64": F64, "tf32": TF32}
 _SCALAR_INTS = INT_TYPES - {"u16x2", "s16x2"}
@@ -27,8 +27,7 @@ def _register_type(ptype: str) -> str:
     return "b32" if ptype == "tf32" else ptype
 
 
-@compiles("cvt")
-def _cvt(opcode: str, form: Form) -> Exec:
+def cvt(opcode: str, form: Form) -> Exec:
     form.check_flags(_FLAGS)
     types = form.types
     if len(types) != 2:

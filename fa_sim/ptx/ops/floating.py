@@ -18,7 +18,7 @@ from functools import partial
 
 from ...isa import floating, sfu
 from ...isa.floating import FpClass
-from .common import Exec, Form, binary, compiles, ternary, unary
+from .common import Exec, Form, binary, ternary, unary
 
 
 def _ptype(form: Form) -> str:
@@ -40,8 +40,7 @@ def _ftz_sat(form: Form, ptype: str, sat_ok: bool) -> tuple[bool, bool]:
 _RND = {"rn", "rz", "rm", "rp"}
 
 
-@compiles("add", "sub", "mul", kind="float")
-def _add_sub_mul(opcode: str, form: Form) -> Exec:
+def add_sub_mul(opcode: str, form: Form) -> Exec:
     form.check_flags(_RND | {"ftz", "sat"})
     ptype = _ptype(form)
     ftz, sat = _ftz_sat(form, ptype, True)
@@ -49,8 +48,7 @@ def _add_sub_mul(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, partial(fn, rnd=form.rounding(), ftz=ftz, sat=sat))
 
 
-@compiles("fma", "mad", kind="float")
-def _fma(opcode: str, form: Form) -> Exec:
+def fma(opcode: str, form: Form) -> Exec:
     form.check_flags(_RND | {"ftz", "sat"})
     ptype = _ptype(form)
     ftz, sat = _ftz_sat(form, ptype, True)
@@ -58,8 +56,7 @@ def _fma(opcode: str, form: Form) -> Exec:
     return ternary(form, ptype, partial(floating.fma, rnd=rnd, ftz=ftz, sat=sat))
 
 
-@compiles("div", kind="float")
-def _div(opcode: str, form: Form) -> Exec:
+def div(opcode: str, form: Form) -> Exec:
     form.check_flags(_RND | {"ftz", "approx", "full"})
     ptype = _ptype(form)
     ftz, _ = _ftz_sat(form, ptype, False)
@@ -71,8 +68,7 @@ def _div(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, partial(floating.div, rnd=form.rounding(required=True), ftz=ftz))
 
 
-@compiles("rcp", "sqrt", kind="float")
-def _rcp_sqrt(opcode: str, form: Form) -> Exec:
+def rcp_sqrt(opcode: str, form: Form) -> Exec:
     form.check_flags(_RND | {"ftz", "approx"})
     ptype = _ptype(form)
     ftz = "ftz" in form.flags
@@ -88,16 +84,14 @@ def _rcp_sqrt(opcode: str, form: Form) -> Exec:
     return unary(form, ptype, partial(fn, rnd=form.rounding(required=True), ftz=ftz))
 
 
-@compiles("abs", "neg", kind="float")
-def _abs_neg(opcode: str, form: Form) -> Exec:
+def abs_neg(opcode: str, form: Form) -> Exec:
     form.check_flags({"ftz"})
     ptype = _ptype(form)
     ftz, _ = _ftz_sat(form, ptype, False)
     return unary(form, ptype, partial(floating.abs_ if opcode == "abs" else floating.neg, ftz=ftz))
 
 
-@compiles("min", "max", kind="float")
-def _min_max(opcode: str, form: Form) -> Exec:
+def min_max(opcode: str, form: Form) -> Exec:
     form.check_flags({"ftz", "NaN", "xorsign", "abs"})
     ptype = _ptype(form)
     ftz, _ = _ftz_sat(form, ptype, False)
@@ -110,14 +104,12 @@ def _min_max(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, partial(fn, ftz=ftz, propagate_nan="NaN" in flags, xorsign_abs="abs" in flags))
 
 
-@compiles("copysign", kind="float")
-def _copysign(opcode: str, form: Form) -> Exec:
+def copysign(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     return binary(form, _ptype(form), floating.copysign)
 
 
-@compiles("testp", kind="float")
-def _testp(opcode: str, form: Form) -> Exec:
+def testp(opcode: str, form: Form) -> Exec:
     ops = list(form.flags)
     if len(ops) != 1 or ops[0] not in {t.value for t in FpClass}:
         raise form.unsupported("expects one of " + " ".join("." + t.value for t in FpClass))

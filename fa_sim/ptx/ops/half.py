@@ -13,7 +13,7 @@ import numpy as np
 
 from ...isa import half
 from ...isa.rounding import BF16, F16
-from .common import Exec, Form, arity, compiles
+from .common import Exec, Form, arity
 
 
 def lanewise(form: Form, ptype: str, fn, n_inputs: int) -> Exec:
@@ -48,15 +48,13 @@ def _setup(form: Form, allowed: set[str]):
     return ptype, fmt, flags
 
 
-@compiles("add", "sub", "mul", kind="half")
-def _add_sub_mul(opcode: str, form: Form) -> Exec:
+def add_sub_mul(opcode: str, form: Form) -> Exec:
     ptype, fmt, flags = _setup(form, {"rn", "ftz", "sat"})
     fn = {"add": half.add, "sub": half.sub, "mul": half.mul}[opcode]
     return lanewise(form, ptype, partial(fn, fmt=fmt, ftz="ftz" in flags, sat="sat" in flags), 2)
 
 
-@compiles("fma", kind="half")
-def _fma(opcode: str, form: Form) -> Exec:
+def fma(opcode: str, form: Form) -> Exec:
     ptype, fmt, flags = _setup(form, {"rn", "ftz", "sat", "relu"})
     if "rn" not in flags:
         raise form.unsupported("a rounding modifier (.rn) is required")
@@ -66,15 +64,13 @@ def _fma(opcode: str, form: Form) -> Exec:
     return lanewise(form, ptype, fn, 3)
 
 
-@compiles("neg", "abs", kind="half")
-def _neg_abs(opcode: str, form: Form) -> Exec:
+def neg_abs(opcode: str, form: Form) -> Exec:
     ptype, fmt, flags = _setup(form, {"ftz"})
     fn = half.neg if opcode == "neg" else half.abs_
     return lanewise(form, ptype, partial(fn, fmt=fmt, ftz="ftz" in flags), 1)
 
 
-@compiles("min", "max", kind="half")
-def _min_max(opcode: str, form: Form) -> Exec:
+def min_max(opcode: str, form: Form) -> Exec:
     ptype, fmt, flags = _setup(form, {"ftz", "NaN", "xorsign", "abs"})
     if ("xorsign" in flags) != ("abs" in flags):
         raise form.unsupported(".xorsign and .abs go together")

@@ -13,7 +13,7 @@ from functools import partial
 
 from ...isa import bits, integer
 from ...isa.integer import MulMode
-from .common import Exec, Form, arity, binary, compiles, read_u32, ternary, unary
+from .common import Exec, Form, arity, binary, read_u32, ternary, unary
 
 _SIMD = {"u16x2": False, "s16x2": True}
 _ARITH = frozenset({"u16", "u32", "u64", "s16", "s32", "s64"})  # #integer-arithmetic-instructions
@@ -34,8 +34,7 @@ def _no_carry(form: Form) -> None:
         raise form.unsupported("the carry flag CC.CF (extended-precision arithmetic) is not modelled")
 
 
-@compiles("add", "sub", kind="int")
-def _add_sub(opcode: str, form: Form) -> Exec:
+def add_sub(opcode: str, form: Form) -> Exec:
     _no_carry(form)
     form.check_flags({"sat"})
     ptype = form.type_in(_ARITH | set(_SIMD))
@@ -46,8 +45,7 @@ def _add_sub(opcode: str, form: Form) -> Exec:
     return _simd_or_plain(form, ptype, partial(fn, sat=sat) if sat else fn)
 
 
-@compiles("addc", "subc", "madc")
-def _carry(opcode: str, form: Form) -> Exec:
+def carry(opcode: str, form: Form) -> Exec:
     raise form.unsupported("the carry flag CC.CF (extended-precision arithmetic) is not modelled")
 
 
@@ -58,8 +56,7 @@ def _mode(form: Form) -> MulMode:
     return modes[0]
 
 
-@compiles("mul", kind="int")
-def _mul(opcode: str, form: Form) -> Exec:
+def mul(opcode: str, form: Form) -> Exec:
     form.check_flags({"lo", "hi", "wide"})
     mode, ptype = _mode(form), form.type_in(_ARITH)
     out = _wide(ptype) if mode is MulMode.WIDE else ptype
@@ -68,8 +65,7 @@ def _mul(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, partial(integer.mul, mode=mode), out_type=out)
 
 
-@compiles("mad", kind="int")
-def _mad(opcode: str, form: Form) -> Exec:
+def mad(opcode: str, form: Form) -> Exec:
     _no_carry(form)
     form.check_flags({"lo", "hi", "wide", "sat"})
     mode, ptype = _mode(form), form.type_in(_ARITH)
@@ -80,8 +76,7 @@ def _mad(opcode: str, form: Form) -> Exec:
     return ternary(form, ptype, partial(integer.mad, mode=mode, sat=sat), out_type=wide, c_type=wide)
 
 
-@compiles("mul24", "mad24")
-def _mul24(opcode: str, form: Form) -> Exec:
+def mul24(opcode: str, form: Form) -> Exec:
     form.check_flags({"lo", "hi", "sat"})
     ptype, hi, sat = form.type(), "hi" in form.flags, "sat" in form.flags
     if ptype not in ("u32", "s32") or ("lo" in form.flags) == hi:
@@ -93,8 +88,7 @@ def _mul24(opcode: str, form: Form) -> Exec:
     return ternary(form, ptype, partial(integer.mad24, hi=hi, sat=sat))
 
 
-@compiles("sad", "div", "rem", "abs", "neg", kind="int")
-def _plain(opcode: str, form: Form) -> Exec:
+def plain(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type_in(_ARITH)
     if opcode in ("abs", "neg"):
@@ -106,8 +100,7 @@ def _plain(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, integer.div if opcode == "div" else integer.rem)
 
 
-@compiles("min", "max", kind="int")
-def _min_max(opcode: str, form: Form) -> Exec:
+def min_max(opcode: str, form: Form) -> Exec:
     form.check_flags({"relu"})
     ptype, relu = form.type_in(_ARITH | set(_SIMD)), "relu" in form.flags
     if relu and ptype not in ("s32", "s16x2"):
@@ -116,8 +109,7 @@ def _min_max(opcode: str, form: Form) -> Exec:
     return _simd_or_plain(form, ptype, fn)
 
 
-@compiles("popc", "clz", "brev", "bfind")
-def _bit_counts(opcode: str, form: Form) -> Exec:
+def bit_counts(opcode: str, form: Form) -> Exec:
     form.check_flags({"shiftamt"} if opcode == "bfind" else ())
     ptype = form.type()
     allowed = ("u32", "u64", "s32", "s64") if opcode == "bfind" else ("b32", "b64")
@@ -129,8 +121,7 @@ def _bit_counts(opcode: str, form: Form) -> Exec:
     return unary(form, ptype, fn, out_type="u32")
 
 
-@compiles("bfe", "bfi")
-def _bit_fields(opcode: str, form: Form) -> Exec:
+def bit_fields(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type()
     if opcode == "bfe":
@@ -152,8 +143,7 @@ def _bit_fields(opcode: str, form: Form) -> Exec:
     return bfi
 
 
-@compiles("fns")
-def _fns(opcode: str, form: Form) -> Exec:
+def fns(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     if form.type() != "b32":
         raise form.unsupported("expects .b32")
@@ -165,8 +155,7 @@ def _fns(opcode: str, form: Form) -> Exec:
     return fns
 
 
-@compiles("szext", "bmsk")
-def _masks(opcode: str, form: Form) -> Exec:
+def masks(opcode: str, form: Form) -> Exec:
     form.check_flags({"clamp", "wrap"})
     if ("clamp" in form.flags) == ("wrap" in form.flags):
         raise form.unsupported("needs exactly one of .clamp .wrap")
@@ -180,8 +169,7 @@ def _masks(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, partial(bits.szext, clamp=clamp, signed=ptype == "s32"), b_type="u32")
 
 
-@compiles("dp4a", "dp2a")
-def _dot(opcode: str, form: Form) -> Exec:
+def dot(opcode: str, form: Form) -> Exec:
     form.check_flags({"lo", "hi"} if opcode == "dp2a" else ())
     types = form.types
     if len(types) != 2 or any(t not in ("u32", "s32") for t in types):

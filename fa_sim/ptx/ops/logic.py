@@ -10,13 +10,12 @@ import operator
 from functools import partial
 
 from ...isa import bits
-from .common import Exec, Form, arity, binary, compiles, immediate, read_u32, unary
+from .common import Exec, Form, arity, binary, immediate, read_u32, unary
 
 _LOGIC_TYPES = ("pred", "b16", "b32", "b64")
 
 
-@compiles("and", "or", "xor", "not", "cnot")
-def _logic(opcode: str, form: Form) -> Exec:
+def logic(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type()
     allowed = _LOGIC_TYPES[1:] if opcode == "cnot" else _LOGIC_TYPES
@@ -29,8 +28,7 @@ def _logic(opcode: str, form: Form) -> Exec:
     return binary(form, ptype, {"and": operator.and_, "or": operator.or_, "xor": operator.xor}[opcode])
 
 
-@compiles("lop3")
-def _lop3(opcode: str, form: Form) -> Exec:
+def lop3(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     if form.type() != "b32":
         raise form.unsupported("expects .b32 (the .BoolOp form with a predicate result is not supported)")
@@ -43,8 +41,7 @@ def _lop3(opcode: str, form: Form) -> Exec:
     return lop3
 
 
-@compiles("shl", "shr")
-def _shift(opcode: str, form: Form) -> Exec:
+def shift(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type()
     if ptype not in (("b16", "b32", "b64") if opcode == "shl" else
@@ -58,8 +55,7 @@ def _shift(opcode: str, form: Form) -> Exec:
     return shift
 
 
-@compiles("shf")
-def _funnel(opcode: str, form: Form) -> Exec:
+def funnel(opcode: str, form: Form) -> Exec:
     form.check_flags({"l", "r", "clamp", "wrap"})
     flags = set(form.flags)
     if form.type() != "b32" or len(flags & {"l", "r"}) != 1 or len(flags & {"clamp", "wrap"}) != 1:
@@ -73,8 +69,7 @@ def _funnel(opcode: str, form: Form) -> Exec:
     return shf
 
 
-@compiles("prmt")
-def _prmt(opcode: str, form: Form) -> Exec:
+def prmt(opcode: str, form: Form) -> Exec:
     form.check_flags(set(bits.PRMT_MODES))
     if form.type() != "b32":
         raise form.unsupported("expects .b32")

@@ -13,11 +13,10 @@ import numpy as np
 
 from ..ir import Sink, Vec
 from ..types import DTYPES, bits
-from .common import Exec, Form, arity, compiles
+from .common import Exec, Form, arity
 
 
-@compiles("mov")
-def _mov(opcode: str, form: Form) -> Exec:
+def mov(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     ptype = form.type()
     if ptype == "b128":

@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 
 from ...isa import sfu
-from .common import Exec, Form, compiles, unary
+from .common import Exec, Form, unary
 from .half import lanewise
 
 _F32 = {"ex2": sfu.ex2_approx, "lg2": sfu.lg2_approx, "sin": sfu.sin_approx, "cos": sfu.cos_approx,
@@ -25,8 +25,7 @@ def _bits_f16(fn):
     return lambda h: fn(np.asarray(h, np.uint16).view(np.float16)).view(np.uint16)
 
 
-@compiles("ex2", "lg2", "sin", "cos", "tanh", "rsqrt")
-def _mufu(opcode: str, form: Form) -> Exec:
+def mufu(opcode: str, form: Form) -> Exec:
     form.check_flags({"approx", "ftz"})
     if "approx" not in form.flags:
         raise form.unsupported(f"{opcode} exists only as .approx")

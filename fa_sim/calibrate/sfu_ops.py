@@ -1,4 +1,4 @@
-"""The ops experiments/sfu_probe.py measures, the CUDA program it builds, and its recorded inputs.
+"""The ops fa_sim.calibrate.sfu_probe measures, the CUDA program it builds, and its recorded inputs.
 
 One `Op` per PTX instruction (#floating-point-instructions-ex2, -lg2, -rcp-approx-ftz-f64 and
 neighbours, -sin, -cos, -tanh): its kernel suffix, the SASS ptxas 13.0 emits for sm_90, the

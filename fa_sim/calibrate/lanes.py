@@ -1,6 +1,7 @@
-"""Test doubles for the PTX handlers: FakeLanes (dict-backed registers implementing the Lanes
-protocol of fa_sim.ptx.ops) and `ins(text)`, a one-line PTX instruction reader good enough for
-tests (the real parser is fa_sim.ptx.parser)."""
+"""PTX handlers outside the engine: FakeLanes (dict-backed registers of n threads implementing the
+Lanes protocol of fa_sim.ptx.ops) and `ins(text)`, a one-line PTX instruction reader good enough for
+single instructions (the real parser is fa_sim.ptx.parser). The ALU probe (alu_probe.py) runs its
+forms through them on the CPU; the handler tests use them as test doubles."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import re
 
 import numpy as np
 
-from fa_sim.ptx.ir import Imm, Instruction, PredPair, Reg, Sink, Sym, Vec
-from fa_sim.ptx.types import DTYPES, bits
+from ..ptx.ir import Imm, Instruction, PredPair, Reg, Sink, Sym, Vec
+from ..ptx.types import DTYPES, bits
 
 #: Register width by name prefix, as NVRTC declares them (%p pred, %rs b16, %r b32, %rd b64,
 #: %f f32, %fd f64, %h / %hh for f16 / f16x2).

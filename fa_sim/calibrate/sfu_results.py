@@ -1,4 +1,4 @@
-"""What experiments/sfu_probe.py brings back, and how it reads it again.
+"""What fa_sim.calibrate.sfu_probe brings back, and how it reads it again.
 
 Dumps. A dumped band holds hw(x) for x = band start + j * 2^s, where s is the lowest mantissa bit
 whose flip ever changed the output inside that band on the device (the sweep's change histogram):
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sfu_ops import DCLIP, N_CHANGE, band_label
+from .sfu_ops import DCLIP, N_CHANGE, band_label
 
 ESCAPE = -128
 

@@ -1,7 +1,8 @@
 """Probe the H200's mma.sync m16n8k16 f32 accumulation and fit fa_sim.tensorcore's model to it.
 
-On the GPU:   python experiments/mma_probe.py run --out DIR      (writes DIR/mma_probe.npz)
-Anywhere:     python experiments/mma_probe.py fit DIR/mma_probe.npz
+On the GPU:   python -m fa_sim.calibrate.mma_probe run --out DIR      (writes DIR/mma_probe.npz)
+Anywhere:     python -m fa_sim.calibrate.mma_probe fit DIR/mma_probe.npz
+Anywhere:     python -m fa_sim.calibrate.mma_probe excerpt DIR/mma_probe.npz --tiles 0:64,4096:4224 --out FILE
 
 Inputs are random fp16 A (16x16, row) and B (8x16, col) with a wide exponent spread, and random
 fp32 C (a quarter of the tiles with C = 0, as in the kernel's first K segment), so that alignment,
@@ -86,6 +87,30 @@ def dot_operands(a, b, c):
     return av, bv, c
 
 
+def parse_tiles(text: str) -> np.ndarray:
+    """'0:64,4096:4224' -> the tile indices of those half-open ranges, in order."""
+    try:
+        ranges = [tuple(int(v) for v in part.split(":")) for part in text.split(",")]
+        if any(len(r) != 2 or not 0 <= r[0] < r[1] for r in ranges):
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--tiles {text!r}: expects comma-separated START:STOP ranges, 0 <= START < STOP") from None
+    return np.concatenate([np.arange(a, b) for a, b in ranges])
+
+
+def excerpt(src: Path, tiles: np.ndarray, out: Path) -> None:
+    """Keep some tiles of a recording (tests/data/h200/mma_probe_192.npz is tiles 0:64 and
+    4096:4224 of `run --tiles 8192`: 64 with C = 0, 128 with random C)."""
+    with np.load(src) as rec:
+        n = rec["a"].shape[0]
+        if tiles.max() >= n:
+            raise SystemExit(f"--tiles reaches tile {tiles.max()}, but {src} holds {n} tiles")
+        arrays = {k: rec[k][tiles] for k in ("a", "b", "c", "d")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **arrays)
+    print(f"wrote {out} ({tiles.size} tiles of {n})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -95,7 +120,14 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     f = sub.add_parser("fit")
     f.add_argument("npz", type=Path)
+    e = sub.add_parser("excerpt", help="keep some tiles of a recording (no GPU)")
+    e.add_argument("npz", type=Path)
+    e.add_argument("--tiles", required=True, help="START:STOP ranges, e.g. 0:64,4096:4224")
+    e.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.cmd == "excerpt":
+        excerpt(args.npz, parse_tiles(args.tiles), args.out)
+        return 0
     if args.cmd == "run":
         a, b, c = make_inputs(args.tiles, args.seed)
         d = run_on_gpu(a, b, c)
@@ -103,7 +135,7 @@ def main(argv=None) -> int:
         np.savez_compressed(args.out / "mma_probe.npz", a=a, b=b, c=c, d=d)
         print(f"wrote {args.out / 'mma_probe.npz'} ({args.tiles} tiles)")
         return 0
-    from fa_sim.tensorcore import fit
+    from ..tensorcore import fit
 
     data = np.load(args.npz)
     av, bv, c = dot_operands(data["a"], data["b"], data["c"])

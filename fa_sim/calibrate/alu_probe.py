@@ -1,13 +1,13 @@
 """Probe the GPU's ALU and MUFU instructions against the PTX engine's handlers, bit for bit.
 
-On the GPU:   python experiments/alu_probe.py run --out DIR      (writes DIR/alu_probe.npz, ~1 MB)
-Anywhere:     python experiments/alu_probe.py compare DIR/alu_probe.npz [--json FILE]
-Both:         python experiments/alu_probe.py all --out DIR
+On the GPU:   python -m fa_sim.calibrate.alu_probe run --out DIR      (writes DIR/alu_probe.npz, ~1 MB)
+Anywhere:     python -m fa_sim.calibrate.alu_probe compare DIR/alu_probe.npz [--json FILE]
+Both:         python -m fa_sim.calibrate.alu_probe all --out DIR
 
 One kernel per instruction form (inline PTX), every form over the same N inputs per operand:
 special values (+-0, +-inf, NaNs with payloads, subnormals, the largest finite), random bit
 patterns, ordinary magnitudes and near-cancelling pairs. The CPU side regenerates the inputs
-from the seed and runs the same PTX text through fa_sim.ptx.ops (tests/fake_lanes.FakeLanes).
+from the seed and runs the same PTX text through fa_sim.ptx.ops (fa_sim.calibrate.lanes.FakeLanes).
 It settles what PTX leaves open (NaN bit patterns, integer division by zero, -0 under .sat and
 .relu, .ftz after rounding) and measures the MUFU models (not bit-exact yet: issue 10).
 Exact forms should show 0 mismatches; MUFU forms report mismatches and the largest difference
@@ -23,9 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]  # this checkout's fa_sim, not an installed one
 
 N = 4096
 _SIM_REG = {"f32": "%f", "f64": "%fd", "b32": "%r", "b64": "%rd", "b16": "%rs"}
@@ -284,9 +281,8 @@ def _statements(form: Form) -> list[str]:
 
 
 def run_on_simulator(k: int, seed: int = 0) -> np.ndarray:
-    from fake_lanes import FakeLanes, ins
-
-    from fa_sim.ptx.ops import TABLE
+    from ..ptx.optable import execute_lanes
+    from .lanes import FakeLanes, ins
 
     form = FORMS[k]
     lanes = FakeLanes(N)
@@ -295,7 +291,7 @@ def run_on_simulator(k: int, seed: int = 0) -> np.ndarray:
         lanes.set(f"{_SIM_REG[ty]}{j + 1}", x.astype(np.dtype(f"u{w // 8}")), f"b{w}")
     for text in _statements(form):
         i = ins(text)
-        TABLE[i.opcode](lanes, i)
+        execute_lanes(lanes, i)
     return lanes.get(_SIM_REG[form.d] + "0", f"b{_WIDTH[form.d]}").astype(np.uint64)
 
 

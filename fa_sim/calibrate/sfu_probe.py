@@ -1,9 +1,9 @@
 """Exhaustive measurement of the H200's special-function unit (MUFU), for a bit-exact model (issue 10).
 
-On the GPU (run 1, measurement):   python experiments/sfu_probe.py run --out $OUT
-On the GPU (run 2, a candidate):   python experiments/sfu_probe.py verify --model FILE.cu --out $OUT
-Anywhere (no GPU):                 python experiments/sfu_probe.py sass      (compile for sm_90, check SASS)
-Anywhere:                          python experiments/sfu_probe.py show DIR  (table, decode + CRC-check dumps)
+On the GPU (run 1, measurement):   python -m fa_sim.calibrate.sfu_probe run --out $OUT
+On the GPU (run 2, a candidate):   python -m fa_sim.calibrate.sfu_probe verify --model FILE.cu --out $OUT
+Anywhere (no GPU):                 python -m fa_sim.calibrate.sfu_probe sass      (compile for sm_90, check SASS)
+Anywhere:                          python -m fa_sim.calibrate.sfu_probe show DIR  (table, decode + CRC-check dumps)
 
 Run 1, per fp32 op, over all 2^32 inputs on the device: hw(x) against the correctly rounded value
 (from double precision), a histogram of signed ulp differences by sign+exponent band, the first
@@ -51,12 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-
-from sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_OPS, OPS, band, band_label,  # noqa: E402
-                     program_source, sample_inputs)
-from sfu_results import (FamilyFile, band_inputs, check_summary, class_summary,  # noqa: E402
+from .sfu_ops import (BY_NAME, FAMILIES, FAMILY_BUDGET, HALF_OPS, OPS, band, band_label, program_source,
+                      sample_inputs)
+from .sfu_results import (FamilyFile, band_inputs, check_summary, class_summary,
                          dump_arrays, dump_stride_log2, encode_band, fit_budget, format_table, ignored_bits,
                          half_compare, half_reference, half_to_f32_bits, load_family, read_dumps, round_to_half,
                          sweep_summary, write_json)
@@ -191,7 +188,7 @@ def _environment(dev) -> dict:
 
 def _sass_check(cubin: bytes) -> dict:
     """Which ops compiled to the SASS recorded in sfu_ops (on the device: its own ptxas)."""
-    from sfu_device import op_sass, sass_by_kernel
+    from .sfu_device import op_sass, sass_by_kernel
 
     kernels = sass_by_kernel(cubin)
     out = {op.name: list(op_sass(kernels.get("sass_" + op.name, []))) for op in OPS}
@@ -290,7 +287,7 @@ def _out_dir(path: Path) -> Path:
 
 
 def _backend(source: str):
-    from sfu_device import CudaBackend
+    from .sfu_device import CudaBackend
 
     t0 = time.time()
     dev = CudaBackend(source)
@@ -328,7 +325,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_sass(args) -> int:
-    from sfu_device import compile_cubin
+    from .sfu_device import compile_cubin
 
     t0 = time.time()
     got = _sass_check(compile_cubin(program_source(), args.arch))

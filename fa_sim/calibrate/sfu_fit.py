@@ -1,8 +1,8 @@
 """Fit MUFU's interpolator tables to the H200's run-1 measurements, and replay run 1 on the model.
 
-    python experiments/sfu_fit.py fit DIR [--out fa_sim/isa/mufu_data/mufu_tables.json]
-    python experiments/sfu_fit.py check DIR       (every dumped output and sample against the model)
-    python experiments/sfu_fit.py replay DIR      (the compact replay set of tests/data/h200/)
+    python -m fa_sim.calibrate.sfu_fit fit DIR [--out fa_sim/isa/mufu_data/mufu_tables.json]
+    python -m fa_sim.calibrate.sfu_fit check DIR    (every dumped output and sample against the model)
+    python -m fa_sim.calibrate.sfu_fit replay DIR   (the compact replay set of tests/data/h200/)
 
 DIR is a run-1 result directory (sfu_summary.json, sfu_<family>.npz). How the unit works is in
 fa_sim/isa/mufu_table.py and experiments/sfu_notes.md; this script only finds the numbers.
@@ -23,21 +23,17 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from ..isa import mufu_table as mt
+from ..isa.mufu import mul_rz_inv2pi
+from .sfu_ops import band
+from .sfu_results import load_family, read_dumps
 
-from sfu_ops import band  # noqa: E402
-from sfu_results import load_family, read_dumps  # noqa: E402
-
-from fa_sim.isa import mufu_table as mt  # noqa: E402
-from fa_sim.isa.mufu import mul_rz_inv2pi  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 MANT = mt.MASK23
 FREE = 1 << 60  # interval bound of a point without data
 WINDOW = 3  # coefficient search half-width around the least-squares estimate, in coefficient units
@@ -75,16 +71,21 @@ def widen(lo: np.ndarray, hi: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     return lo << k, ((hi + 1) << k) - 1
 
 
-def _dumps(d: Path, family: str, op: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    return read_dumps(load_family(d / f"sfu_{family}.npz")[op])
+#: (family, op) -> {band: (inputs, outputs)}: the dumped bands of one op, as uint32 bit patterns
+Dumps = Callable[[str, str], dict[int, tuple[np.ndarray, np.ndarray]]]
 
 
-def domain_direct(d: Path, op: str, design: Design) -> tuple[np.ndarray, np.ndarray]:
+def run1_dumps(d: Path) -> Dumps:
+    """The dumps of a run-1 result directory (sfu_<family>.npz)."""
+    return lambda family, op: read_dumps(load_family(d / f"sfu_{family}.npz")[op])
+
+
+def domain_direct(dumps: Dumps, op: str, design: Design) -> tuple[np.ndarray, np.ndarray]:
     """ex2, rcp, rsqrt, sqrt: Q's interval for every point of the domain (rsqrt/sqrt: 2^24 points,
     octave bit first); the output is RZ24(Q) at 2^-R directly."""
     family, ftz, octaves = {"ex2": ("ex2", "ex2_ftz", (0,)), "rcp": ("rcp", "rcp_ftz", (0,)),
                             "rsqrt": ("rsq", "rsqrt_ftz", (0, 1)), "sqrt": ("rsq", "sqrt_ftz", (0, 1))}[op]
-    dumps = _dumps(d, family, ftz)
+    dumps = dumps(family, ftz)
     los, his = [], []
     for octave in octaves:
         _, y = dumps[band(0, octave)]
@@ -98,10 +99,10 @@ def domain_direct(d: Path, op: str, design: Design) -> tuple[np.ndarray, np.ndar
     return np.concatenate(los), np.concatenate(his)
 
 
-def domain_lg2(d: Path, design: Design) -> tuple[np.ndarray, np.ndarray]:
+def domain_lg2(dumps: Dumps, design: Design) -> tuple[np.ndarray, np.ndarray]:
     """L(m) at 2^-36 confined by x in [1,2) (F = L), [2,4) (F = 2^36 + L) and [0.5,1)
     (F = -2^36 + L, read as its ones' complement), intersected; then widened to 2^-R."""
-    dumps = _dumps(d, "lg2", "lg2_ftz")
+    dumps = dumps("lg2", "lg2_ftz")
     one = np.int64(1) << 36
     v0 = scaled(dumps[band(0, 0)][1], 36)
     lo, hi = v0.copy(), v0 + cell(v0) - 1
@@ -115,13 +116,13 @@ def domain_lg2(d: Path, design: Design) -> tuple[np.ndarray, np.ndarray]:
     return widen(lo, hi, design.sum_bits - 36)
 
 
-def domain_sin(d: Path, design: Design) -> tuple[np.ndarray, np.ndarray]:
+def domain_sin(dumps: Dumps, design: Design) -> tuple[np.ndarray, np.ndarray]:
     """S(g) = sin(pi/2 * g/2^23) at 2^-37, from every dumped sin and cos output: t = RZ(x/2pi),
     u = the 25-bit angle, quadrant q = u >> 23, g = f or its ones' complement in odd quadrants."""
     lo = np.full(1 << 23, -FREE, dtype=np.int64)
     hi = np.full(1 << 23, FREE, dtype=np.int64)
     for family, shift in (("sin", 0), ("cos", 1 << 23)):
-        for x, y in _dumps(d, family, family + "_ftz").values():
+        for x, y in dumps(family, family + "_ftz").values():
             u = (angle(x) + shift) & ((1 << 25) - 1)
             f = u & MANT
             g = np.where((u >> 23) & 1, MANT - f, f)
@@ -160,14 +161,18 @@ def solve_segment(lo: np.ndarray, hi: np.ndarray, design: Design) -> list[tuple[
     return out
 
 
-def fit(d: Path, design: Design, log=print) -> dict:
-    t0 = time.time()
+def domain(dumps: Dumps, design: Design) -> tuple[np.ndarray, np.ndarray]:
+    """Q's interval at 2^-R for every point of the design's domain (segment by segment)."""
     if design.op == "lg2":
-        lo, hi = domain_lg2(d, design)
-    elif design.op == "sin":
-        lo, hi = domain_sin(d, design)
-    else:
-        lo, hi = domain_direct(d, design.op, design)
+        return domain_lg2(dumps, design)
+    if design.op == "sin":
+        return domain_sin(dumps, design)
+    return domain_direct(dumps, design.op, design)
+
+
+def fit(dumps: Dumps, design: Design, log=print) -> dict:
+    t0 = time.time()
+    lo, hi = domain(dumps, design)
     n = 1 << design.xl_bits
     rows, widths, bad = [], [], []
     for s in range(lo.size // n):
@@ -186,7 +191,7 @@ def fit(d: Path, design: Design, log=print) -> dict:
 
 
 def cmd_fit(args) -> int:
-    out = {"source": f"experiments/sfu_fit.py fit {args.dir}: H200 (sm_90) run 1 of experiments/sfu_probe.py",
+    out = {"source": f"fa_sim.calibrate.sfu_fit fit {args.dir}: H200 (sm_90) run 1 of fa_sim.calibrate.sfu_probe",
            "formula": "Q = C0 + C1*xl + C2*sq(xl) at 2^-sum_bits; see fa_sim/isa/mufu_table.py",
            "tables": {}}
     ops = args.ops.split(",") if args.ops else [dz.op for dz in DESIGNS]
@@ -194,7 +199,7 @@ def cmd_fit(args) -> int:
         out["tables"] = json.loads(args.out.read_text())["tables"]
     for design in DESIGNS:
         if design.op in ops:
-            out["tables"][design.op] = fit(args.dir, design)
+            out["tables"][design.op] = fit(run1_dumps(args.dir), design)
     if not all(t["unique"] for t in out["tables"].values()):
         print("some segment has no unique solution: tables not written")
         return 1
@@ -253,7 +258,7 @@ def cmd_replay(args) -> int:
             x, first = np.unique(np.concatenate(xs), return_index=True)
             arrays[f"{op}__dx"] = np.diff(x.astype(np.int64), prepend=0).astype(np.uint32)
             arrays[f"{op}__y"] = np.concatenate(ys)[first]
-    arrays["source"] = np.array("H200 (sm_90) run 1 of experiments/sfu_probe.py; experiments/sfu_fit.py replay")
+    arrays["source"] = np.array("H200 (sm_90) run 1 of fa_sim.calibrate.sfu_probe; fa_sim.calibrate.sfu_fit replay")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)
     n = sum(v.size for k, v in arrays.items() if k.endswith("__y"))
@@ -279,7 +284,7 @@ def main(argv=None) -> int:
     c.add_argument("dir", type=Path)
     r = sub.add_parser("replay", help="write the compact replay set for the CPU tests")
     r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "h200" / "mufu_replay.npz")
+    r.add_argument("--out", type=Path, required=True, help="the .npz to write (tests/data/h200/mufu_replay.npz)")
     args = p.parse_args(argv)
     if not (args.dir / "sfu_summary.json").is_file():
         raise SystemExit(f"{args.dir}: not a run-1 result directory (no sfu_summary.json)")

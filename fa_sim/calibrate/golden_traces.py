@@ -1,7 +1,8 @@
 """Regenerate the golden traces of traces/golden/ (see traces/README.md).
 
-    python traces/regenerate.py          # rewrite them from the current simulator
-    python traces/regenerate.py --check  # exit 1 if the simulator no longer reproduces them
+    python -m fa_sim.calibrate.golden_traces            # rewrite them from the current simulator
+    python -m fa_sim.calibrate.golden_traces --out DIR  # write them to DIR instead
+    python -m fa_sim.calibrate.golden_traces --check    # exit 1 if the simulator no longer reproduces them
 
 Inputs are integer-valued fp16 (exact products and sums), so the goldens depend on the kernel's
 schedule and data movement, not on floating-point luck; only values behind expf/logf can move in
@@ -11,21 +12,17 @@ the last bits between numpy builds, and the comparison allows for that (tests/te
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
+from ..config import KernelConfig
+from ..observers import story, trace_io
+from ..observers.runs import run_trace
+from ..observers.trace import Trace, TraceFilter
 
-from fa_sim.config import KernelConfig  # noqa: E402
-from fa_sim.observers import story, trace_io  # noqa: E402
-from fa_sim.observers.runs import run_trace  # noqa: E402
-from fa_sim.observers.trace import Trace, TraceFilter  # noqa: E402
-
-GOLDEN = ROOT / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "golden"  # in a checkout of the repository
 SEQLEN = 128
 
 
@@ -55,19 +52,21 @@ GOLDENS = (
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check", action="store_true", help="compare the story texts with --out's, write nothing")
+    ap.add_argument("--out", type=Path, default=GOLDEN, help="directory of the goldens (default: traces/golden)")
     args = ap.parse_args(argv)
     stale = []
     for g in GOLDENS:
         tr = g.trace()
         text = g.story_text(tr)
         if args.check:
-            if (GOLDEN / f"{g.name}.txt").read_text() != text:
+            if (args.out / f"{g.name}.txt").read_text() != text:
                 stale.append(g.name)
             continue
-        trace_io.save_trace(tr, GOLDEN / g.name)
-        (GOLDEN / f"{g.name}.txt").write_text(text)
-        print(f"wrote {GOLDEN / g.name} and {g.name}.txt")
+        args.out.mkdir(parents=True, exist_ok=True)
+        trace_io.save_trace(tr, args.out / g.name)
+        (args.out / f"{g.name}.txt").write_text(text)
+        print(f"wrote {args.out / g.name} and {g.name}.txt")
     if stale:
         print("stale goldens:", ", ".join(stale))
     return 1 if stale else 0

@@ -1,4 +1,4 @@
-"""Launch layer of experiments/sfu_probe.py: NVRTC through cuda.core, device memory through cupy.
+"""Launch layer of fa_sim.calibrate.sfu_probe: NVRTC through cuda.core, device memory through cupy.
 
 `compile_cubin` needs no GPU (cuda.core >= 1.0 with an explicit arch); `CudaBackend` runs the
 kernels of sfu_probe.cu and returns numpy arrays. The orchestration in sfu_probe.py only sees the
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sfu_ops import N_BANDS, N_BINS, N_CHANGE, N_HYP
+from .sfu_ops import N_BANDS, N_BINS, N_CHANGE, N_HYP
 
 THREADS = 256
 BLOCK_SHIFT = 16           # inputs per sweep block: 256 threads x 256

@@ -1,4 +1,4 @@
-// Kernels of experiments/sfu_probe.py: exhaustive measurement of the special-function unit (MUFU).
+// Kernels of fa_sim/calibrate/sfu_probe.py: exhaustive measurement of the special-function unit (MUFU).
 // The host prepends `enum Op { OP_EX2_FTZ, ... }` (from sfu_ops.OPS) and appends one
 // SFU_KERNELS / SFU_VERIFY line per op, so the op list lives in one place (the Python table).
 //

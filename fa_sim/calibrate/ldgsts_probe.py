@@ -5,7 +5,7 @@ swizzled and plain layouts but not for the padded one (ncu: 10.5 per instruction
 This probe launches one warp per pattern, each lane copying 16 bytes to a chosen shared-memory
 offset, and reads ncu's counters per launch, so the rule can be read off.
 
-On the GPU:  python experiments/ldgsts_probe.py profile --out DIR   (runs itself under ncu)
+On the GPU:  python -m fa_sim.calibrate.ldgsts_probe profile --out DIR   (runs itself under ncu)
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ extern "C" __global__ void ldgsts_probe(const unsigned* src, const int* offsets,
 }
 """
 
+MODULE = "fa_sim.calibrate.ldgsts_probe"  # what ncu launches (this file, by module name)
 METRICS = ("smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum",
            "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts_cache_bypass.sum",
            "smsp__inst_executed_op_ldgsts.sum",
@@ -88,7 +89,7 @@ def run() -> None:
 def profile(out: Path) -> None:
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     cmd = [ncu, "--csv", "--page", "raw", "--metrics", ",".join(METRICS), "--kernel-name", "ldgsts_probe",
-           sys.executable, __file__, "run"]
+           sys.executable, "-m", MODULE, "run"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     text = proc.stdout
     table = [r for r in csv.reader(io.StringIO(text[text.find('"ID"'):])) if r]

@@ -1,0 +1,228 @@
+"""Every recorded file under tests/data and traces/golden, the command that regenerates it, and
+the comparison of a regenerated file with the committed one.
+
+    python -m fa_sim.calibrate.recordings list           (file, GPU or not, command)
+    python -m fa_sim.calibrate.recordings commands --out OUT --work W   (the GPU commands, for the device)
+    python -m fa_sim.calibrate.recordings compare DIR    (each file of DIR against the committed one)
+
+tests/data/README.md is this table in prose; experiments/device_regenerate.sh runs the GPU
+commands on the device and then `compare`. A regenerated file equals the committed one when
+every array (or JSON value) the committed file holds is equal in the new one; provenance text
+(`source`, `origin`, the kernel source a saved run carries) is reported, not compared, and a
+saved run of an older format is compared field by field through crosscheck.SavedRun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]  # a checkout of the repository
+H200 = "tests/data/h200"
+
+
+class Kind(enum.Enum):
+    """How a regenerated file is compared with the committed one."""
+    ARRAYS = "arrays"          # every array of the committed .npz, equal (provenance text reported)
+    ALU = "alu"                # alu_probe.npz: the committed forms, a prefix of today's
+    SAVED_RUN = "saved run"    # fa compare --save: inputs, config, outputs, checkpoints
+    JSON = "json"              # equal JSON values
+    TEXT = "text"              # equal bytes
+
+
+@dataclass(frozen=True)
+class Recording:
+    path: str           # relative to the repository root
+    gpu: bool           # the command needs an NVIDIA GPU (the H200 for the committed values)
+    command: str        # OUT: the directory the regenerated files go to
+    records: str
+    kind: Kind
+    seconds: int = 0    # the device script's time limit for the command (about 3x its time on the H200)
+
+
+def _compare(args: str, name: str) -> str:
+    return f"python -m fa_sim.cli compare {args} --save OUT/{name} --force"
+
+
+RECORDINGS = (
+    Recording(f"{H200}/alu_probe.npz", True, "python -m fa_sim.calibrate.alu_probe run --out OUT",
+              "4096 inputs of each ALU/MUFU probe form and the GPU's outputs", Kind.ALU, 180),
+    Recording(f"{H200}/mma_probe_192.npz", True,
+              "python -m fa_sim.calibrate.mma_probe run --tiles 8192 --out W && python -m fa_sim.calibrate.mma_probe "
+              "excerpt W/mma_probe.npz --tiles 0:64,4096:4224 --out OUT/mma_probe_192.npz",
+              "192 m16n8k16 MMAs (64 with C = 0): A, B, C and the tensor core's D", Kind.ARRAYS, 120),
+    Recording(f"{H200}/ldgsts_probe.json", True, "python -m fa_sim.calibrate.ldgsts_probe profile --out OUT",
+              "Nsight Compute's LDGSTS wavefront counters per cp.async shared-memory pattern (needs ncu)", Kind.JSON, 150),
+    Recording(f"{H200}/compare_seed_n128.npz", True,
+              _compare("--seqlen 128 --heads 1 --softmax ffma", "compare_seed_n128.npz"),
+              "a saved GPU run (seed config, FFMA softmax): inputs, O, LSE, checkpoints of CTAs 0 and 1",
+              Kind.SAVED_RUN, 120),
+    Recording(f"{H200}/compare_causal_tails.npz", True,
+              _compare("--causal --seqlen 200 --seqlen-k 333 --heads 2 --softmax ffma", "compare_causal_tails.npz"),
+              "a saved causal GPU run with partial tiles (FFMA softmax), CTAs 0 and 7", Kind.SAVED_RUN, 120),
+    Recording(f"{H200}/compare_causal_s200_k333.npz", True,
+              _compare("--causal --seqlen 200 --seqlen-k 333 --heads 2", "compare_causal_s200_k333.npz"),
+              "the README's saved causal GPU run (default softmax), CTAs 0 and 7", Kind.SAVED_RUN, 120),
+    Recording(f"{H200}/compare_variant_swizzle_r4.npz", True,
+              _compare("--kernel experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2",
+                       "compare_variant_swizzle_r4.npz"),
+              "a saved GPU run of the swizzle variant, with the source the GPU compiled", Kind.SAVED_RUN, 180),
+    Recording(f"{H200}/mufu_replay.npz", True,
+              "python -m fa_sim.calibrate.sfu_probe run --out W/sfu && python -m fa_sim.calibrate.sfu_fit replay "
+              "W/sfu --out OUT/mufu_replay.npz",
+              "MUFU outputs: every edge-case sample of run 1 and 1536 random points per dumped band, per op",
+              Kind.ARRAYS, 300),
+    Recording(f"{H200}/mufu_binding.npz", True, "python -m fa_sim.calibrate.sfu_binding record --out OUT/mufu_binding.npz",
+              "MUFU outputs at the inputs that bind each table coefficient (the committed file may be the "
+              "model's stand-in, origin 'model', until the H200 recording replaces it)", Kind.ARRAYS, 180),
+    Recording("tests/data/seed_sass_sha256.json", False,
+              "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
+              "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),
+    Recording("traces/golden", False, "python -m fa_sim.calibrate.golden_traces --out OUT/golden",
+              "two golden traces and their lane stories (the simulator; no GPU)", Kind.TEXT),
+)
+BY_NAME = {Path(r.path).name: r for r in RECORDINGS}
+PROVENANCE = ("source", "origin", "kernel_source", "kernel_name")  # reported, not compared
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    equal: bool
+    detail: str
+
+
+def _npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def compare_arrays(new: Path, old: Path) -> tuple[bool, str]:
+    a, b = _npz(new), _npz(old)
+    missing = [k for k in b if k not in a]
+    differ = [k for k in b if k in a and k not in PROVENANCE and not _same(a[k], b[k])]
+    notes = [f"{k} differs" for k in PROVENANCE if k in a and k in b and not _same(a[k], b[k])]
+    bad = [f"missing {', '.join(missing)}"] * bool(missing) + [f"DIFFERENT {', '.join(differ)}"] * bool(differ)
+    return not bad, "; ".join(bad + notes) or "identical arrays"
+
+
+def compare_alu(new: Path, old: Path) -> tuple[bool, str]:
+    a, b = _npz(new), _npz(old)
+    n = b["gpu"].shape[0]
+    if list(a["forms"][:n]) != list(b["forms"]) or int(a["seed"]) != int(b["seed"]):
+        return False, "DIFFERENT form list or seed"
+    bad = [str(b["forms"][k]) for k in range(n) if not np.array_equal(a["gpu"][k], b["gpu"][k])]
+    extra = a["gpu"].shape[0] - n
+    return not bad, (f"DIFFERENT outputs of {len(bad)} forms, first {bad[0]}" if bad else
+                     f"the {n} committed forms identical" + (f"; {extra} forms more (added since)" if extra else ""))
+
+
+def compare_saved_run(new: Path, old: Path) -> tuple[bool, str]:
+    from ..crosscheck import SavedRun
+
+    a, b = SavedRun.load(new), SavedRun.load(old)
+    differ = [f for f in ("q", "k", "v", "o", "lse", "checkpoints") if not _same(getattr(a, f), getattr(b, f))]
+    differ += [f for f in ("ctas", "config", "causal", "scale") if getattr(a, f) != getattr(b, f)]
+    note = "" if a.kernel_source == b.kernel_source else "; the kernel source is not the recorded one (edited since)"
+    return not differ, (f"DIFFERENT {', '.join(differ)}" if differ else "identical inputs, config, O, LSE, checkpoints") + note
+
+
+def compare_json(new: Path, old: Path) -> tuple[bool, str]:
+    a, b = json.loads(new.read_text()), json.loads(old.read_text())
+    notes = "; source differs" if isinstance(a, dict) and a.get("source") != b.get("source") else ""
+    if isinstance(a, dict):
+        a, b = ({k: v for k, v in d.items() if k != "source"} for d in (a, b))
+    return a == b, ("identical values" if a == b else "DIFFERENT values") + notes
+
+
+def compare_tree(new: Path, old: Path) -> tuple[bool, str]:
+    """A directory of goldens: every committed file, byte for byte (npz: array for array)."""
+    bad = []
+    for f in sorted(p for p in old.rglob("*") if p.is_file()):
+        g = new / f.relative_to(old)
+        if not g.is_file():
+            bad.append(f"missing {f.relative_to(old)}")
+        elif f.suffix == ".npz":
+            bad += [] if compare_arrays(g, f)[0] else [f"DIFFERENT {f.relative_to(old)}"]
+        elif f.read_bytes() != g.read_bytes():
+            bad.append(f"DIFFERENT {f.relative_to(old)}")
+    return not bad, "; ".join(bad) or "identical files"
+
+
+COMPARE = {Kind.ARRAYS: compare_arrays, Kind.ALU: compare_alu, Kind.SAVED_RUN: compare_saved_run,
+           Kind.JSON: compare_json, Kind.TEXT: compare_tree}
+
+
+def compare(new: Path, rec: Recording, root: Path = ROOT) -> Verdict:
+    name = Path(rec.path).name
+    target = new / name
+    if not target.exists():
+        return Verdict(name, False, "not regenerated (see the step's log)")
+    try:
+        ok, detail = COMPARE[rec.kind](target, root / rec.path)
+    except Exception as exc:  # noqa: BLE001 - one unreadable file must not hide the others' verdicts
+        ok, detail = False, f"cannot compare: {type(exc).__name__}: {exc}"
+    return Verdict(name, ok, detail)
+
+
+def command(rec: Recording, out: str, work: str) -> str:
+    """The recording's command with its output directory OUT and scratch directory W filled in."""
+    return re.sub(r"\bW\b", work, re.sub(r"\bOUT\b", out, rec.command))
+
+
+def cmd_list(args) -> int:
+    for r in RECORDINGS:
+        print(f"{r.path:46s} {'GPU' if r.gpu else 'CPU'}  {r.command}")
+    return 0
+
+
+def cmd_commands(args) -> int:
+    """One line per GPU recording for experiments/device_regenerate.sh: name, time limit, command."""
+    for r in RECORDINGS:
+        if r.gpu:
+            print(f"{Path(r.path).stem}\t{r.seconds}\t{command(r, args.out, args.work)}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    if not args.dir.is_dir():
+        raise SystemExit(f"{args.dir}: not a directory (the OUT of the regeneration commands)")
+    wanted = {"all": lambda r: True, "gpu": lambda r: r.gpu, "cpu": lambda r: not r.gpu,
+              "present": lambda r: (args.dir / Path(r.path).name).exists()}[args.which]
+    recs = [r for r in RECORDINGS if wanted(r)]
+    verdicts = [compare(args.dir, r) for r in recs]
+    width = max(len(v.name) for v in verdicts)
+    print(f"{'file':{width}s}  verdict  detail")
+    for v in verdicts:
+        print(f"{v.name:{width}s}  {'equal  ' if v.equal else 'DIFFERS'}  {v.detail}")
+    return 0 if all(v.equal for v in verdicts) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="every recorded file and its command")
+    m = sub.add_parser("commands", help="the GPU commands with OUT and W filled in (tab-separated: name, limit, command)")
+    m.add_argument("--out", required=True)
+    m.add_argument("--work", required=True)
+    c = sub.add_parser("compare", help="regenerated files (named as the committed ones) against the committed ones")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--which", choices=("all", "gpu", "cpu", "present"), default="all",
+                   help="which recordings: all (default), those made on the GPU or on the CPU, or those DIR holds")
+    args = p.parse_args(argv)
+    return {"list": cmd_list, "commands": cmd_commands, "compare": cmd_compare}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Checks before long work: what a command can refuse without its inputs is refused before the
+inputs are made (the random inputs of a large problem take tens of seconds, a float64 reference
+of one can take hours), and a long run says how long it will take before it starts.
+
+The order, in every command that runs the kernel (fa sim, trace, banks, hw, compare, sweep):
+1. the arguments: argparse's types, the combinations (common.refuse), the config, the --kernel
+   file (it exists, ends in .cu), the CTAs or lanes a command selects;
+2. the output paths (outputs.check_outputs);
+3. the engine and config together (`check_engine`): the hand-written program refuses schedule
+   options; the PTX engine compiles and parses its kernel now, so a --kernel that does not
+   compile, or lacks a macro its config needs, fails here (the program is cached on disk and in
+   the process: the run reuses it);
+4. the machine: the inputs' own memory (common.check_input_memory), for the GPU commands the
+   GPU's presence and the kernel's cubin (`check_gpu`: a cheap device probe, then the cached
+   compile), a --cluster scheduler's answer (`check_cluster`, fa_sim.parallel.cluster's timeout);
+5. the estimate (`announce`, fa_sim.estimate): refused past this machine's memory, printed on
+   stderr when the run is estimated at PROGRESS_MIN_SECONDS or more;
+then the inputs are made and the run starts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..estimate import Estimate, estimate
+from ..kernels import check_program_config
+
+
+def check_engine(engine: str, kernel, config, causal: bool, checkpoints: bool = False) -> None:
+    """The front end can run `config`: the program refuses schedule options (ValueError); the PTX
+    engine's program for the kernel (None: fa2_fwd.cu) is compiled and parsed now, so NVRTC's
+    error or a missing macro comes before any input is made."""
+    if engine == "program":
+        check_program_config(config)
+        return
+    from ..ptx.fa2 import attention_program
+
+    attention_program(config, bool(causal), bool(checkpoints), kernel)
+
+
+def check_gpu(config, causal: bool, kernel, checkpoints: bool = False) -> None:
+    """A usable GPU (fa_hw.NoGPUError otherwise), and the cubin fa_hw.forward will launch, compiled
+    (cached, so the launch reuses it): a kernel that does not compile fails before any input."""
+    from fa_hw import runtime
+    from fa_hw.compile import KernelBuild
+    from fa_hw.forward import kernel_source
+
+    source = kernel_source(kernel)
+    runtime.device()
+    runtime.load_kernel(KernelBuild(config, bool(causal), runtime.device_arch(), bool(checkpoints), source))
+
+
+def check_cluster(address: str | None) -> None:
+    """A --cluster scheduler answers as one (fa_sim.parallel.cluster.probe_scheduler); 'local' and
+    no cluster need nothing."""
+    from ..parallel.cluster import LOCAL, check_address, probe_scheduler
+
+    address = None if address is None else check_address(address, "--cluster ")
+    if address not in (None, LOCAL):
+        probe_scheduler(address)
+
+
+def qkv_shapes(shape) -> list[tuple[int, int, int, int]]:
+    """The shapes of q, k and v for (B, H, Nq, Nk, d)."""
+    b, h, nq, nk, d = shape
+    return [(b, h, nq, d), (b, h, nk, d), (b, h, nk, d)]
+
+
+def problem_of(shapes, causal: bool, scale, config):
+    """The Problem that q, k, v of these shapes describe, checked as simulate checks it
+    (fa_sim.validate), before the inputs exist."""
+    from ..validate import make_problem
+
+    return make_problem(*shapes, causal, scale, config)
+
+
+def announce(command: str, problem, mma=None, *, simulation: bool = True, reference: bool = True,
+             runs: int = 1) -> Estimate:
+    """Refuse a run (of `runs` simulations, and the float64 reference if `reference`) that cannot
+    fit in this machine's memory; print the estimate on stderr when it is long."""
+    from ..simulate import PROGRESS_MIN_SECONDS  # read at each call (tests lower it)
+
+    est = estimate(problem, mma)
+    if simulation:
+        est.check(reference=reference)
+    seconds = runs * est.sim_seconds * simulation + est.reference_seconds * reference
+    if seconds >= PROGRESS_MIN_SECONDS:
+        print(f"fa {command}: {est.describe(simulation=simulation, reference=reference, runs=runs)}",
+              file=sys.stderr, flush=True)
+    return est

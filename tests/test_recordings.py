@@ -1,0 +1,147 @@
+"""Every recorded file has a command that regenerates it (fa_sim/calibrate/recordings.py,
+tests/data/README.md), without a GPU where the file needs none.
+
+- The table names every file under tests/data and traces/golden, the README lists the same
+  files and commands, and experiments/device_regenerate.sh runs every GPU command.
+- The CPU recordings regenerate equal to the committed files (seed_sass_sha256.json under NVRTC
+  13.0, the golden traces).
+- The CPU side of each GPU command reproduces what the committed file holds: the saved compare
+  runs' inputs, config, causal flag and CTAs come from their `fa compare` command line, the
+  MMA excerpt's tiles from `mma_probe run --tiles 8192` at the documented tiles, the ALU forms
+  and the LDGSTS patterns from their probes.
+- The comparison finds a changed value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fa_sim.calibrate import golden_traces, ldgsts_probe, mma_probe, recordings, seed_sass
+from fa_sim.calibrate.recordings import RECORDINGS, Kind, Recording
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+HAND_WRITTEN = {"tests/data/ptx_user_kernel.cu", "tests/data/README.md"}
+GPU = [r for r in RECORDINGS if r.gpu]
+
+
+def test_every_recorded_file_has_a_command():
+    files = {p.relative_to(ROOT).as_posix() for p in DATA.rglob("*") if p.is_file()} - HAND_WRITTEN
+    listed = {r.path for r in RECORDINGS}
+    assert files | {"traces/golden"} == listed
+    assert all((ROOT / r.path).exists() for r in RECORDINGS)
+
+
+def test_the_readme_lists_every_file_and_its_command():
+    text = (DATA / "README.md").read_text()
+    for r in RECORDINGS:
+        name = Path(r.path).name
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| `")]
+        cells = next((c for c in rows if c[0].strip("`").rstrip("/").endswith(name)), None)
+        assert cells is not None, f"tests/data/README.md has no row for {name}"
+        assert cells[1].startswith("yes" if r.gpu else "no"), name
+        commands = re.findall(r"`([^`]+)`", cells[2])
+        assert " && ".join(commands) == r.command, name
+
+
+def test_the_device_script_runs_every_gpu_command():
+    script = (ROOT / "experiments" / "device_regenerate.sh").read_text()
+    lanes = [line.split("#")[0].split()[1:] for line in script.splitlines() if line.startswith("lane ")]
+    named = [name for lane in lanes for name in lane if name != "&"]
+    assert sorted(named) == sorted(Path(r.path).stem for r in GPU)
+    assert sum(r.seconds for r in GPU) > 0 and all(r.seconds > 0 for r in GPU)
+
+
+# ---- the CPU recordings, regenerated ------------------------------------------------------------
+def test_seed_sass_hashes_regenerate(tmp_path):
+    pytest.importorskip("cuda.core")
+    committed = json.loads((DATA / "seed_sass_sha256.json").read_text())
+    if seed_sass.nvrtc() != committed["nvrtc"]:
+        pytest.skip(f"the committed hashes are NVRTC {committed['nvrtc']}'s")
+    out = tmp_path / "seed_sass_sha256.json"
+    assert seed_sass.main(["--out", str(out)]) == 0
+    assert out.read_bytes() == (DATA / "seed_sass_sha256.json").read_bytes()
+
+
+def test_golden_traces_regenerate(tmp_path):
+    assert golden_traces.main(["--out", str(tmp_path / "golden")]) == 0
+    verdict = recordings.compare(tmp_path, recordings.BY_NAME["golden"])
+    assert verdict.equal, verdict.detail
+
+
+# ---- the CPU side of the GPU commands -----------------------------------------------------------
+def _argv(rec: Recording) -> list[str]:
+    return shlex.split(recordings.command(rec, "OUT", "W"))
+
+
+@pytest.mark.parametrize("rec", [r for r in GPU if r.kind is Kind.SAVED_RUN], ids=lambda r: Path(r.path).stem)
+def test_saved_runs_come_from_their_command_line(rec):
+    from fa_sim.cli import build_parser, explicit_options
+    from fa_sim.commands.common import config_from_args, random_inputs
+    from fa_sim.crosscheck import SavedRun
+    from fa_sim.problem import Problem
+
+    argv = _argv(rec)[3:]  # after "python -m fa_sim.cli"
+    args = build_parser().parse_args(argv)
+    args.explicit = explicit_options(argv)
+    run = SavedRun.load(ROOT / rec.path)
+    q, k, v = random_inputs(args)
+    assert all(np.array_equal(a, b) for a, b in ((q, run.q), (k, run.k), (v, run.v)))
+    assert (config_from_args(args), args.causal) == (run.config, run.causal)
+    n_ctas = Problem(*q.shape[:3], k.shape[2], run.causal, run.scale, run.config).n_ctas
+    assert run.ctas == (0, n_ctas - 1)  # fa compare's default CTAs: the first and the last
+    if args.kernel is not None:
+        assert (ROOT / args.kernel).is_file() and Path(args.kernel).name == run.kernel_name
+
+
+def test_the_mma_excerpt_holds_the_documented_tiles(tmp_path):
+    argv = _argv(recordings.BY_NAME["mma_probe_192.npz"])
+    run, excerpt = argv[: argv.index("&&")], argv[argv.index("&&") + 1:]
+    tiles = int(run[run.index("--tiles") + 1])
+    a, b, c = mma_probe.make_inputs(tiles, 0)
+    np.savez(tmp_path / "mma_probe.npz", a=a, b=b, c=c, d=np.zeros_like(c))  # the GPU's D aside
+    keep = excerpt[excerpt.index("--tiles") + 1]
+    assert mma_probe.main(["excerpt", str(tmp_path / "mma_probe.npz"), "--tiles", keep,
+                           "--out", str(tmp_path / "mma_probe_192.npz")]) == 0
+    got, want = np.load(tmp_path / "mma_probe_192.npz"), np.load(DATA / "h200" / "mma_probe_192.npz")
+    assert all(np.array_equal(got[x], want[x]) for x in "abc")
+
+
+def test_the_ldgsts_recording_holds_the_probes_patterns():
+    data = json.loads((DATA / "h200" / "ldgsts_probe.json").read_text())
+    assert data["patterns"] == ldgsts_probe.patterns() and set(data["ncu"]) == set(data["patterns"])
+
+
+def test_the_alu_recording_holds_the_probes_leading_forms():
+    from fa_sim.calibrate import alu_probe
+
+    gpu, seed = alu_probe.load_recording(DATA / "h200" / "alu_probe.npz")  # refuses another form list
+    assert seed == 0 and gpu.shape[0] <= len(alu_probe.FORMS)
+
+
+# ---- the comparison ----------------------------------------------------------------------------
+def test_a_regenerated_copy_compares_equal_and_a_changed_value_does_not(tmp_path):
+    for name in ("mufu_binding.npz", "compare_causal_tails.npz", "alu_probe.npz", "ldgsts_probe.json"):
+        shutil.copy(DATA / "h200" / name, tmp_path / name)
+    for name in ("mufu_binding.npz", "compare_causal_tails.npz", "alu_probe.npz", "ldgsts_probe.json"):
+        assert recordings.compare(tmp_path, recordings.BY_NAME[name]).equal, name
+    z = dict(np.load(tmp_path / "mufu_binding.npz"))
+    z["ex2_ftz__y"] = z["ex2_ftz__y"].copy()
+    z["ex2_ftz__y"][7] ^= 1
+    np.savez(tmp_path / "mufu_binding.npz", **z)
+    verdict = recordings.compare(tmp_path, recordings.BY_NAME["mufu_binding.npz"])
+    assert not verdict.equal and "ex2_ftz__y" in verdict.detail
+    run = dict(np.load(tmp_path / "compare_causal_tails.npz"))
+    run["o"] = run["o"].copy()
+    run["o"].flat[5] += np.float16(1)
+    np.savez(tmp_path / "compare_causal_tails.npz", **run)
+    verdict = recordings.compare(tmp_path, recordings.BY_NAME["compare_causal_tails.npz"])
+    assert not verdict.equal and "o" in verdict.detail
+    assert not recordings.compare(tmp_path / "nowhere", recordings.BY_NAME["alu_probe.npz"]).equal
