@@ -59,10 +59,10 @@ def load(path: Path = DATA) -> list[Measured]:
 def cycles(case: Measured, gpu: GpuModel) -> float:
     """Predicted makespan in SM cycles (the clock and launch overhead come after)."""
     prob = case.problem()
-    model = kernel_model(prob.config, prob.causal, gpu.name, str(ROOT / case.kernel) if case.kernel else None)
+    model = kernel_model(prob.config, prob.causal, gpu.arch, str(ROOT / case.kernel) if case.kernel else None)
     k = occupancy(model, gpu)
     rates = sm_rates(model, gpu, k, account=False)
-    return dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))
+    return dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))[0]
 
 
 def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:

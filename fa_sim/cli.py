@@ -46,6 +46,7 @@ SUBCOMMANDS = (
     "fa_hw.command",
     "fa_sim.commands.compare",
     "fa_sim.commands.sweep",
+    "fa_sim.commands.time",
 )
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 

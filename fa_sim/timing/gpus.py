@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class GpuModel:
     name: str
+    marketing_name: str  # as the driver names it (fa_hw.tuned's tables are keyed by it)
+    arch: str  # the cubin the model reads
     validated: bool  # measured against this GPU (tests/data/<gpu>/timing_cases.json)
     sms: int
     clock_ghz: float  # effective SM clock during the measured runs (fitted: boost varies with load)
@@ -50,11 +52,11 @@ class GpuModel:
 
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
-H200 = GpuModel(name="h200", validated=True, sms=132, clock_ghz=1.755)
+H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.755)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.
-A100 = GpuModel(name="a100", validated=False, sms=108, clock_ghz=1.41, smem_per_sm=167936, fma_cycles=2,
+A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80", validated=False, sms=108, clock_ghz=1.41, smem_per_sm=167936, fma_cycles=2,
                 global_latency=500, global_bytes_per_cycle=48.0)
 
 GPUS = {g.name: g for g in (H200, A100)}

@@ -47,13 +47,14 @@ class Prediction:
     achieved_occupancy: float  # resident warps / the SM's 64
     stalls: dict  # Nsight Compute reason -> warp-cycles per issued instruction
     cycles_per_round: tuple  # c_j, j = 1..occupancy
+    instructions: int  # warp instructions the grid issues (Nsight Compute: smsp__inst_executed.sum)
     notes: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"kernel_ms": self.kernel_ms, "tflops": self.tflops, "occupancy": self.occupancy,
                 "limiter": self.limiter, "pipes": self.pipes, "issue_slots": self.issue_slots,
                 "achieved_occupancy": self.achieved_occupancy, "stalls": self.stalls,
-                "cycles_per_round": list(self.cycles_per_round), **self.notes}
+                "cycles_per_round": list(self.cycles_per_round), "instructions": self.instructions, **self.notes}
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,17 @@ class KernelModel:
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
-        """One CTA's warp stream for `rounds` K/V rounds, the last `masked` of them masked."""
+    def cta_walk(self, rounds: int, masked: int = 0) -> list:
+        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked."""
         cfg, ks = self.config, self.sass
-        out = self.steps(ks.walk("prologue", **prologue_key(cfg, rounds)), gpu)
+        out = list(ks.walk("prologue", **prologue_key(cfg, rounds)))
         for t in range(rounds):
             region = "last_trip" if t == rounds - 1 else "trip"
-            out += self.steps(ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds)), gpu)
-        return out + self.steps(ks.walk("epilogue", longest=True), gpu)
+            out += ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds))
+        return out + ks.walk("epilogue", longest=True)
+
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked), gpu)
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -112,21 +116,26 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     return Rates(tuple(float(c) for c in per), tuple(float(o) for o in fixed), run)
 
 
-def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> float:
-    """Makespan in cycles: CTAs in launch order to free SM slots; an SM with j residents advances
-    each by 1/c_j rounds per cycle (processor sharing); a CTA's work is o_j/c_j + its rounds."""
+def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> tuple[float, list[list[int]]]:
+    """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
+    slots; an SM with j residents advances each by 1/c_j rounds per cycle (processor sharing); a
+    CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra)."""
     k = len(rates.per_round)
-    order = np.arange(prob.n_ctas)
-    mb = order % prob.n_m_blocks
-    if prob.config.heavy_first and prob.causal:
-        mb = prob.n_m_blocks - 1 - mb
+    mb = launch_order(prob)
     work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
-    queue = list(work)[::-1]  # pop() takes the next CTA in launch order
+    queue = list(zip(work.tolist(), mb.tolist()))[::-1]  # pop() takes the next CTA in launch order
     active: list[list[float]] = [[] for _ in range(sms)]
+    ran: list[list[int]] = [[] for _ in range(sms)]
+
+    def take(s: int) -> None:
+        w, m = queue.pop()
+        active[s].append(w)
+        ran[s].append(m)
+
     for _ in range(k):  # the first wave: slots filled round-robin over the SMs
         for s in range(sms):
             if queue:
-                active[s].append(queue.pop())
+                take(s)
     heap = [(min(a) * rates.per_round[len(a) - 1], s) for s, a in enumerate(active) if a]
     heapq.heapify(heap)
     end = 0.0
@@ -136,23 +145,85 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) ->
         step_rounds = min(mine)
         mine[:] = [w - step_rounds for w in mine if w - step_rounds > 1e-9]
         while queue and len(mine) < k:
-            mine.append(queue.pop())
+            take(s)
         end = max(end, t)
         if mine:
             heapq.heappush(heap, (t + min(mine) * rates.per_round[len(mine) - 1], s))
-    return end
+    return end, ran
 
 
-def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None) -> Prediction:
+def launch_order(prob: Problem) -> np.ndarray:
+    """The Q block of each CTA in launch order (blockIdx.x fastest; heavy_first with causal reverses
+    the Q blocks, longest first)."""
+    mb = np.arange(prob.n_ctas) % prob.n_m_blocks
+    if prob.config.heavy_first and prob.causal:
+        mb = prob.n_m_blocks - 1 - mb
+    return mb
+
+
+def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: list[list[int]]) -> float:
+    """Every CTA timed: each SM runs its CTAs (as `dispatch` assigned them), `k` resident at a time,
+    cycle by cycle; the slowest SM's end. For shapes small enough (EXACT_MAX_CTA_ROUNDS)."""
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks)).tolist()
+    masked = _masked_rounds(prob).tolist()
+    streams: dict = {}
+    ends: dict = {}
+    for mbs in ran:
+        key = tuple(mbs)
+        if key and key not in ends:
+            for m in key:
+                if (rounds[m], masked[m]) not in streams:
+                    streams[(rounds[m], masked[m])] = model.cta_stream(rounds[m], gpu, masked[m])
+            run = run_sm([streams[(rounds[m], masked[m])] for m in key], model.config.n_warps, gpu, account=False,
+                         slots=k)
+            ends[key] = run.cycles
+    return max(ends.values())
+
+
+EXACT_MAX_CTA_ROUNDS = 20000  # per SM-queue sum, above which exact=True is refused (minutes of CPU)
+
+
+def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False) -> Prediction:
+    """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
+    representative CTAs (small shapes only)."""
     gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
-    model = kernel_model(prob.config, prob.causal, gpu.name, kernel)
+    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
     rates = sm_rates(model, gpu, k)
-    cycles = dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))
+    cycles, ran = dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))
+    if exact:
+        work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
+        if work > EXACT_MAX_CTA_ROUNDS:
+            raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
+                             f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
+        cycles = exact_cycles(model, prob, gpu, k, ran)
     ms = cycles / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3
-    return _report(prob, model, gpu, k, rates, ms)
+    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
+
+
+def grid_instructions(model: KernelModel, prob: Problem) -> int:
+    """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
+    its warps."""
+    cfg = model.config
+    mb = np.arange(prob.n_m_blocks)
+    rounds = prob.n_block_max(mb)
+    masked = _masked_rounds(prob)
+    per = {}
+    for r, m in zip(rounds.tolist(), masked.tolist()):
+        if (r, m) not in per:
+            per[(r, m)] = len(model.cta_walk(r, m))
+    return int(sum(per[(r, m)] for r, m in zip(rounds.tolist(), masked.tolist()))) * cfg.n_warps * prob.batch * prob.heads
+
+
+def _masked_rounds(prob: Problem) -> np.ndarray:
+    """Masked rounds per Q block: the causal diagonal's, else a key tail's last round."""
+    cfg = prob.config
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+    if prob.causal:
+        return np.minimum(-(-cfg.block_m // cfg.block_n), rounds)
+    return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
 
 
 def _masked_extra(model: KernelModel, prob: Problem, gpu: GpuModel, rates: Rates) -> np.ndarray:
@@ -162,16 +233,10 @@ def _masked_extra(model: KernelModel, prob: Problem, gpu: GpuModel, rates: Rates
     plain = len(ks.walk("trip", **trip_key(cfg, 1, 3)))
     masked = len(ks.walk("trip", longest=True, **trip_key(cfg, 1, 3)))
     ratio = masked / plain - 1
-    mb = np.arange(prob.n_m_blocks)
-    n_masked = np.zeros(prob.n_m_blocks)
-    if prob.causal:
-        n_masked += -(-cfg.block_m // cfg.block_n)
-    elif prob.seqlen_k % cfg.block_n:
-        n_masked += 1
-    return np.minimum(n_masked, prob.n_block_max(mb)) * ratio
+    return _masked_rounds(prob) * ratio
 
 
-def _report(prob, model, gpu, k, rates: Rates, ms: float) -> Prediction:
+def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> Prediction:
     run = rates.run
     smsp_cycles = run.cycles * 4
     pipes = {name.lower(): min(1.0, busy / (run.cycles if name == "SMEM" else smsp_cycles))
@@ -185,11 +250,12 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float) -> Prediction:
     limiter = f"{kind}: issue {issue:.0%}, " + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2])
     return Prediction(kernel_ms=ms, tflops=prob.flops / (ms * 1e-3) / 1e12, occupancy=k, limiter=limiter,
                       pipes=pipes, issue_slots=issue, achieved_occupancy=run.warp_cycles / run.cycles / 64,
-                      stalls=stalls, cycles_per_round=rates.per_round, notes={"gpu": gpu.name})
+                      stalls=stalls, cycles_per_round=rates.per_round, instructions=instructions,
+                      notes={"gpu": gpu.name})
 
 
 @functools.lru_cache(maxsize=256)
-def kernel_model(config: KernelConfig, causal: bool, gpu_name: str, kernel=None) -> KernelModel:
+def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
     """Compile, disassemble, cut into paths, cost the shared-memory classes (cached)."""
     from fa_hw.compile import KernelBuild, compile_build  # MERGE: through the kernel contract
     from fa_hw.sass import nvdisasm_path  # MERGE: through the kernel contract
@@ -197,7 +263,6 @@ def kernel_model(config: KernelConfig, causal: bool, gpu_name: str, kernel=None)
     import subprocess
     import tempfile
 
-    arch = {"h200": "sm_90", "a100": "sm_80"}[gpu_name]
     ck = compile_build(KernelBuild(config, causal, arch, False, str(kernel) if kernel else ""))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.cubin)

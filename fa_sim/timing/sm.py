@@ -56,6 +56,7 @@ class _Cta:
     arrived: int = 0
     live: int = 0
     done_at: float = -1.0
+    slot: int = 0
 
 
 @dataclass
@@ -70,19 +71,29 @@ class SmRun:
     warp_cycles: float  # resident warps summed over cycles
 
 
-def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True,
+def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
            max_cycles: float = 5e8) -> SmRun:
-    """Run CTAs (one stream each, shared by its `n_warps` warps) resident together on one SM;
+    """Run CTAs (one stream each, shared by its `n_warps` warps) on one SM: `slots` of them resident
+    at a time (None: all at once), the next starting in the slot of the first to finish;
     `account`: charge every non-issuing warp-cycle to a stall reason (slower)."""
-    ctas, warps = [], []
-    for c, stream in enumerate(streams):
+    slots = len(streams) if slots is None else slots
+    ctas: list[_Cta] = []
+    warps: list[_Warp] = []
+    by_smsp: list[list[_Warp]] = [[] for _ in range(N_SMSP)]
+
+    def start(slot: int, t: float) -> None:
         cta = _Cta(live=n_warps)
+        cta.slot = slot
         for w in range(n_warps):
-            warp = _Warp(cta, stream, (c * n_warps + w) % N_SMSP)
+            warp = _Warp(cta, streams[len(ctas)], (slot * n_warps + w) % N_SMSP)
+            warp.ready = t
             cta.warps.append(warp)
             warps.append(warp)
+            by_smsp[warp.smsp].append(warp)
         ctas.append(cta)
-    by_smsp = [[w for w in warps if w.smsp == s] for s in range(N_SMSP)]
+
+    for slot in range(min(slots, len(streams))):
+        start(slot, 0.0)
     pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
     state = {"mio_free": 0.0, "global_free": 0.0}
     events: list = []  # (time, seq, warp, scoreboard)
@@ -118,6 +129,13 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                 if pick.pc >= len(pick.stream):
                     live -= 1
                     last[s] = None
+                    if pick.cta.live == 0:  # the CTA is done: its warps leave, the next CTA takes its slot
+                        for w in pick.cta.warps:
+                            warps.remove(w)
+                            by_smsp[w.smsp].remove(w)
+                        if len(ctas) < len(streams):
+                            start(pick.cta.slot, t + 1)
+                            live += n_warps
             elif account:
                 stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
         nxt = t + 1 if any_issue else _next_time(t, warps, events, pipe_free, state, gpu)
@@ -166,7 +184,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     w.pc += 1
     w.ready = t + max(1, st.stall)
     pipes[st.slot] = t + st.cycles
-    busy[st.pipe.name] += st.cycles
+    busy[Pipe(st.slot).name] += st.cycles
     done = t
     if st.sync is Sync.GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
