@@ -1,4 +1,4 @@
-"""Bank conflicts of the kernel in the three shared-memory layouts (notes/gpu_facts.md rules).
+"""Bank conflicts of the kernel in the three shared-memory layouts (docs/hardware_facts.md rules).
 
     python experiments/bank_conflicts.py [--seqlen 128] [--out experiments/out/bank_conflicts]
 

@@ -18,7 +18,10 @@ fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
 
 Part 1 (fa_sim) runs first and before torch/triton are imported, so the process's peak resident
 set size after it (ru_maxrss) is the simulator's peak, interpreter and numpy included.
-This is a benchmark, not a test: nothing here asserts a time.
+This is a benchmark, not a test: nothing here asserts a time. It also reports how long the PTX
+parser takes on the seed kernel's PTX (fa2_fwd.cu, causal: about 3,300 lines; best of 3, NVRTC's
+compile excluded; about 20 ms on the development machine, target well under 0.2 s; the text
+report only).
 
     python experiments/bench_sim.py --parallel      # part 3: serial against --workers (default 2)
 
@@ -126,6 +129,32 @@ def cold_seconds(shape) -> float:
     return float(out.stdout.split()[-1])
 
 
+def parse_seconds() -> tuple[float, int] | None:
+    """(best of 3 seconds to parse the seed kernel's causal PTX, its lines), or None without NVRTC."""
+    if importlib.util.find_spec("cuda") is None:
+        return None
+    from fa_sim.contract import KernelBuild
+    from fa_sim.config import KernelConfig
+    from fa_sim.contract.nvrtc import kernel_ptx
+    from fa_sim.ptx.parser import parse
+
+    ptx = kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80"))
+    best = min(timed_once(parse, ptx) for _ in range(3))
+    return best, ptx.count("\n")
+
+
+def timed_once(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def render_parse(parse: tuple[float, int] | None) -> str:
+    if parse is None:
+        return "PTX parse of fa2_fwd.cu: skipped (NVRTC, the hw extra, is not installed)"
+    return f"PTX parse of fa2_fwd.cu (seed, causal, {parse[1]:,} lines): {parse[0] * 1e3:.0f} ms (best of 3)"
+
+
 # ==== part 2: Triton interpreter (the layout/reference engineer's) =====================================
 def bench_triton(shape, q, k, v) -> Row:
     import torch
@@ -183,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     inputs = {shape: make_inputs(shape) for shape in shapes}
     rows = [bench_fa_sim(shape, *inputs[shape], engine) for engine in ("program", "ptx") for shape in shapes]
+    parse = None if args.json else parse_seconds()  # the JSON rows keep their one schema
     if skip is None:
         rows += [bench_triton(shape, *inputs[shape]) for shape in shapes]
-    print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows))
+    print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows) + "\n" + render_parse(parse))
     if skip is not None and not args.json:
         print(f"(Triton interpreter: skipped, {skip})")
     return 0

@@ -52,7 +52,8 @@ print(f"NVRTC log: {len(ck.log)} chars; usage from the cubin: {ck.usage}; Comput
       sum(len(f) for _, _, f in os.walk(cc)) if os.path.isdir(cc) else "none")'
 
 WARM='from fa_hw import device_arch
-from fa_hw.compile import KernelBuild, compile_many
+from fa_hw.compile import compile_many
+from fa_sim.contract import KernelBuild
 from fa_sim import KernelConfig
 arch, C = device_arch(), KernelConfig
 builds = [KernelBuild(c, causal, arch) for c in C.family() for causal in (False, True)]

@@ -26,7 +26,7 @@ def builds(arch: str) -> list:
     from ncu_options import LAUNCHES
     from test_hw_gpu_options import CONFIGS, SANITIZED, SPAN, twin
 
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_hw.tuned import HEURISTIC, candidates
     from fa_sim.config import KernelConfig
 
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--arch", default=None, help="e.g. sm_90 (default: the GPU's)")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     args = p.parse_args(argv)
-    from fa_hw.compile import cache_dir, compile_many
+    from fa_sim.contract.cubins import cache_dir, compile_many
 
     arch = args.arch
     if arch is None:

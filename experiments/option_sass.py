@@ -14,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from fa_hw.compile import KernelBuild, compile_build
+from fa_sim.contract.cubins import compile_build
+from fa_sim.contract import KernelBuild
 from fa_hw.sass_counts import analyze, sass_round_counts
 from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem

@@ -35,7 +35,7 @@ from pathlib import Path
 from fa_sim.config import KernelConfig, SoftmaxForm
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANT = ROOT / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+VARIANT = ROOT / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
 # (B, H, Nq, Nk): 132 SMs x 2-4 resident CTAs; lengths both multiples of 128 and not
 SHAPES = ((4, 16, 2048, 2048), (2, 16, 4096, 4096), (8, 8, 1024, 1024), (1, 32, 3000, 3000),
           (16, 16, 512, 512), (1, 16, 8192, 8192), (2, 24, 1500, 1500), (4, 8, 2500, 1700))

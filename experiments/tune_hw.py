@@ -37,7 +37,7 @@ from fa_hw.runtime import device, device_arch
 from fa_hw.tuned import Entry, Table, gpu_key, size_class
 from fa_hw.tuned import candidates as tuned_candidates
 from fa_sim.config import KernelConfig
-from fa_sim.ptx.nvrtc import nvrtc_version
+from fa_sim.contract.nvrtc import nvrtc_version
 
 SANITY_REL_ERR = 2e-3
 QUICK = {64: 3, 128: 3}  # --quick (a smoke run): the first candidates of each head_dim

@@ -7,13 +7,19 @@ checkpoint layout as the simulator.
     out = fa_hw.forward(q, k, v, config="auto")   # this GPU's fastest measured config (fa_hw.tuned)
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
     ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin
+
+The kernel contract both backends share (the kernel source and its variants, KernelBuild and its
+FA_* macros, the NVRTC wrapper, cubin and SASS reading) lives in fa_sim.contract; KernelBuild and
+ResourceUsage are re-exported here as part of fa_hw's API.
 """
 
-from .compile import CompiledKernel, KernelBuild, compile_kernel
-from .cubin import ResourceUsage
+from fa_sim.contract import KernelBuild
+from fa_sim.contract.cubin import ResourceUsage
+
+from .compile import CompiledKernel, compile_kernel
+from .device import device_arch, has_gpu
 from .errors import CompileError, FaHwError, KernelFault, NoGPUError
 from .forward import HwResult, forward
-from .runtime import device_arch, has_gpu
 
 __all__ = [
     "CompileError", "CompiledKernel", "FaHwError", "HwResult", "KernelBuild", "KernelFault", "NoGPUError",

@@ -22,10 +22,10 @@ import numpy as np
 
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
 from fa_sim.config import KernelConfig
+from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
 from . import runtime
-from .compile import KernelBuild
 from .tensors import DeviceProblem, to_device
 
 
@@ -47,7 +47,7 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
-    source = kernel_source(kernel)
+    source = None if kernel is None else kernel_source(kernel)  # checked before any work
     dev = to_device(q, k, v, causal, scale, config)  # validates first: ValueError needs no GPU
     prob = dev.problem
     ctas = _select_ctas(prob, checkpoint_ctas)
@@ -58,22 +58,11 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     return plan, dev, (ctas, ck_args, ck_host)
 
 
-def kernel_source(kernel) -> str:
-    """`kernel=`: None (fa_hw's own fa2_fwd.cu) or the path of a variant, checked before any work."""
-    if kernel is None:
-        return ""
-    from pathlib import Path
-
-    p = Path(kernel)
-    if not p.is_file() or p.suffix != ".cu":
-        raise ValueError(f"kernel={kernel}: expected an existing .cu file with fa2_fwd_kernel's parameters")
-    return str(p.resolve())
-
-
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, checkpoint_ctas=None, kernel=None) -> HwResult:
-    """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: the path of a
-    variant of fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes)."""
+    """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
+    fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
+    or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel)
     ms = plan.run(dev.stream)
     checkpoints = None

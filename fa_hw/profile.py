@@ -1,7 +1,7 @@
 """Nsight Compute runs of the kernel and their shared-memory counters beside the simulator's.
 
 `bank_comparison(q, k, v, causal, scale, config)` profiles one launch of fa2_fwd with `ncu`
-(metrics below, per SASS instruction class, as notes/gpu_facts.md lists them), runs the simulator's
+(metrics below, per SASS instruction class, as docs/hardware_facts.md lists them), runs the simulator's
 BankCounter on the same inputs, and returns both sets of counts. `fa compare --banks` prints it.
 
 The profiled process is this module itself (`python -m fa_hw.profile --target FILE`), which
@@ -26,8 +26,10 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.observers.banks import BankCounter, Counts, SmemClass
+from fa_sim.simulate import simulate
 
 from .errors import FaHwError
+from .forward import forward
 
 #: ncu's counters per class and quantity, as `ncu --query-metrics` lists them on the H200
 #: (experiments/device_crosscheck.sh keeps that list). A quantity is a metric, or (a, b) for a - b.
@@ -129,7 +131,7 @@ class BankComparison:
 
     def matches(self, cls: SmemClass) -> bool:
         """Instructions, wavefronts and conflicts equal; for LDGSTS instructions and wavefronts
-        only, since ncu calls none of its extra wavefronts bank conflicts (gpu_facts.md)."""
+        only, since ncu calls none of its extra wavefronts bank conflicts (docs/hardware_facts.md)."""
         got, mine = self.ncu_counts(cls), self.sim[cls]
         want = {"instructions": mine.instructions, "wavefronts": mine.wavefronts, "conflicts": mine.conflicts}
         compared = ("instructions", "wavefronts") if cls is SmemClass.LDGSTS else tuple(got)
@@ -145,8 +147,6 @@ class BankComparison:
 def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> BankComparison:
     """The simulator's shared-memory counts beside Nsight Compute's for one launch. The simulator
     runs the PTX engine for a `kernel` variant or a config with schedule options, else the program."""
-    from fa_sim import simulate
-
     counter = BankCounter()
     simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel)
     return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config, kernel))
@@ -242,13 +242,11 @@ def format_timing_comparison(cmp: TimingComparison) -> str:
 
 def _target(npz: str) -> None:
     """The profiled process: one launch of the kernel on the saved inputs."""
-    import fa_hw
-
     d = np.load(npz)
     cfg = KernelConfig.from_json(str(d["config"]))
     scale = None if np.isnan(d["scale"]) else float(d["scale"])
     kernel = str(d["kernel"]) if "kernel" in d.files and str(d["kernel"]) else None
-    fa_hw.forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
+    forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The GPU side of fa_hw through cuda.core: device, loaded kernels, buffers, launches, CUDA events.
 
 Models the host half of a CUDA program, top to bottom as in the cuda.core examples:
-Device -> Program.compile("cubin") (fa_hw.compile) -> ObjectCode.get_kernel -> LaunchConfig ->
-launch -> sync. A `LaunchPlan` is one ready launch of fa2_fwd_kernel:
+Device (fa_hw.device) -> cubin (fa_hw.compile, NVRTC through fa_sim.contract) ->
+ObjectCode.get_kernel -> LaunchConfig -> launch -> sync. A `LaunchPlan` is one ready launch of fa2_fwd_kernel:
 
   grid   Problem.grid = (ceil(Nq / block_m), B*H)   block  n_threads   dynamic smem  config.smem_bytes
   args   q k v o lse (device pointers, 8-byte ints), seqlen_q, seqlen_k (np.int32), scale
@@ -21,47 +21,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fa_sim.contract import KERNEL_NAME, KernelBuild, kernel_source
+from fa_sim.contract.cubin import ResourceUsage
+from fa_sim.contract.cubins import compile_build
 from fa_sim.problem import Problem
 
-from .compile import KERNEL_NAME, KernelBuild, compile_build
-from .cubin import ResourceUsage
+from .device import device, device_arch, has_gpu
+from .device import short as _short
 from .errors import FaHwError, KernelFault, NoGPUError
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
 MAX_GRID_Y = 65535
 MAX_SEQLEN = 2**31 - 1  # seqlen_q, seqlen_k are int32 kernel arguments
-
-
-def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
-
-
-@functools.cache
-def device(ordinal: int = 0):
-    """The cuda.core Device, made current; NoGPUError when there is no driver or no GPU."""
-    try:
-        from cuda.core import Device
-    except ImportError:
-        raise NoGPUError("cuda.core is not installed; install flashsim[hw] to run the GPU backend") from None
-    try:
-        dev = Device(ordinal)
-        dev.set_current()
-    except Exception as exc:  # no libcuda.so (no driver), CUDA_ERROR_NO_DEVICE, bad ordinal
-        raise NoGPUError(f"no usable NVIDIA GPU/driver for fa_hw (device {ordinal}): {_short(exc)}") from None
-    return dev
-
-
-def device_arch(ordinal: int = 0) -> str:
-    """'sm_90' on the H200: the exact arch to compile the cubin for."""
-    return f"sm_{device(ordinal).arch}"
-
-
-def has_gpu() -> bool:
-    try:
-        device()
-    except NoGPUError:
-        return False
-    return True
 
 
 def _driver_call(result, what: str):
@@ -99,6 +70,14 @@ def load_kernel(build: KernelBuild) -> LoadedKernel:
     if smem > DEFAULT_SMEM_LIMIT:
         _set_max_dynamic_smem(kernel, smem, dev.device_id)
     return LoadedKernel(build, kernel, usage)
+
+
+def check_launch(config, causal: bool, kernel=None, checkpoints: bool = False) -> None:
+    """Before any input is made (fa hw, fa compare): a usable GPU (NoGPUError otherwise), and the
+    cubin the launch will use compiled and loaded (cached, so the launch reuses it): a kernel that
+    does not compile fails at once."""
+    device()
+    load_kernel(KernelBuild(config, bool(causal), device_arch(), bool(checkpoints), kernel_source(kernel)))
 
 
 def _set_max_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:

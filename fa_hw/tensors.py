@@ -24,6 +24,7 @@ from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
+from .tuned import resolve
 
 
 @dataclass
@@ -73,8 +74,6 @@ def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
     if isinstance(config, str):  # "auto": the tuned choice for these shapes on this GPU (fa_hw.tuned)
-        from .tuned import resolve
-
         validate.check_shapes(qh.shape, kh.shape, vh.shape)
         config = resolve(config, qh.shape, kh.shape, validate.check_causal(causal))
     problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)

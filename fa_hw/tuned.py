@@ -38,6 +38,8 @@ from pathlib import Path
 
 from fa_sim.config import HEAD_DIMS, KernelConfig
 
+from .device import device, device_arch
+
 TUNED_DIR = Path(__file__).parent / "tuned"
 TABLE_FORMAT = 1
 SIZE_CLASSES = ("short", "medium", "long")
@@ -195,8 +197,6 @@ def auto_config(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str,
 
 def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:
     """auto_config for the current GPU (its name and exact arch)."""
-    from .runtime import device, device_arch
-
     return auto_config(int(head_dim), bool(causal), int(seqlen_k), device().name, device_arch())
 
 

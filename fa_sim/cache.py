@@ -1,5 +1,5 @@
 """The on-disk cache shared by everything flashsim compiles or parses: cubins (fa_hw.compile),
-PTX (fa_sim.ptx.nvrtc) and parsed PTX modules (fa_sim.ptx.load).
+PTX (fa_sim.contract.nvrtc) and parsed PTX modules (fa_sim.ptx.load).
 
 One root, $FLASHSIM_CACHE or ~/.cache/flashsim, one subfolder per kind of artefact. Entries are
 named by a hash of everything that determines them, so an entry is never stale, only unused.

@@ -1,4 +1,4 @@
-"""The checkpoint buffer both backends fill (DESIGN.md, "Checkpoints").
+"""The checkpoint buffer both backends fill (docs/architecture.md, "Checkpoints").
 
     buffer: uint32 [cta_sel, checkpoint, round, thread, word]
 
@@ -29,7 +29,7 @@ from .config import KernelConfig
 
 
 class Checkpoint(enum.Enum):
-    """Named per-thread snapshots shared by both backends (DESIGN.md, checkpoint contract)."""
+    """Named per-thread snapshots shared by both backends (docs/architecture.md, "Checkpoints")."""
 
     S_ACC = "s_acc"  # QK accumulators after round t, before masking: f32 tCrS
     S_MASKED = "s_masked"  # after the causal / tail mask: f32 tCrS

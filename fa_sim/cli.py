@@ -1,10 +1,12 @@
-"""The `fa` command: one entry point, one module per subcommand (fa_sim/commands, fa_hw).
+"""The `fa` command: one entry point, one module per subcommand (fa_sim/commands).
 
 Each subcommand module exposes `register(subparsers)`, which adds its parser and sets
-`func(args) -> int`. The CLI only parses and calls the library. What a user sees when things go
-wrong, everywhere:
+`func(args) -> int`. The CLI only parses and calls the library. The commands that use the GPU
+(`fa hw`, `fa compare`) import fa_hw when they run, so the CLI starts without it. What a user sees
+when things go wrong, everywhere:
 
-- bad input (a UsageError of fa_sim.commands, a ValueError of the library, any fa_hw.FaHwError):
+- bad input (a UsageError of fa_sim.commands, a ValueError of the library, a
+  fa_sim.contract.ToolError: fa_hw's errors, a missing `hw` extra, NVRTC or nvdisasm failing):
   one line `fa CMD: error: ...` on stderr, exit status 2; argparse's own errors (an unknown option,
   a value that is not a number) are one line too, exit status 2; so is running out of memory on
   sizes the up-front checks let through, and an instruction the PTX engine does not execute
@@ -28,26 +30,22 @@ options that do not apply (common.refuse).
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import os
 import sys
 
-from .commands import UsageError
+from .commands import UsageError, banks, compare, explain, hw, layout, sim, sweep, time, trace
+from .contract.errors import ToolError
 from .errors import KernelFault
+from .parallel.errors import ParallelError
+from .ptx.ops import Unsupported
 
 # Every subcommand's module, in the order `fa --help` lists them.
-SUBCOMMANDS = (
-    "fa_sim.commands.sim",
-    "fa_sim.commands.trace",
-    "fa_sim.commands.banks",
-    "fa_sim.commands.layout",
-    "fa_sim.commands.explain",
-    "fa_hw.command",
-    "fa_sim.commands.compare",
-    "fa_sim.commands.sweep",
-    "fa_sim.commands.time",
-)
+SUBCOMMANDS = (sim, trace, banks, layout, explain, hw, compare, sweep, time)
+#: Errors that are one line and exit 2: bad usage or input, an instruction the PTX engine does not
+#: execute, a lost worker or cluster (the run is incomplete), and the toolchain's and fa_hw's errors
+#: (compile, launch, no GPU, a missing hw extra).
+KNOWN_ERRORS = (UsageError, ValueError, Unsupported, ParallelError, ToolError)
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 
@@ -95,13 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="flashsim: the FlashAttention-2 forward kernel, lane by lane on the CPU (fa_sim) and for real on the GPU (fa_hw).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency inside the module: let it surface
-                raise
-            continue
+    for module in SUBCOMMANDS:
         module.register(sub)
     return parser
 
@@ -120,21 +112,6 @@ def explicit_options(argv: list[str]) -> frozenset[str]:
     parser = build_parser()
     _suppress_defaults(parser)
     return frozenset(vars(parser.parse_args(argv))) - {"command", "func"}
-
-
-def _known_errors() -> tuple[type, ...]:
-    """Errors that are one line and exit 2: bad usage or input, an instruction the PTX engine does
-    not execute, a lost worker or cluster (the run is incomplete), and fa_hw's errors (compile,
-    launch, no GPU)."""
-    from fa_sim.parallel.errors import ParallelError
-
-    from .ptx.ops import Unsupported
-
-    try:
-        from fa_hw.errors import FaHwError
-    except ImportError:  # fa_hw's dependencies are not installed: it raised nothing either
-        return (UsageError, ValueError, Unsupported, ParallelError)
-    return (UsageError, ValueError, Unsupported, ParallelError, FaHwError)
 
 
 class OutputError(Exception):
@@ -220,7 +197,7 @@ def _run(argv: list[str]) -> int:
     except KernelFault as exc:  # the simulated kernel did something illegal: its bug, reported like a failed check
         print(f"fa {command}: kernel fault: {exc}", file=sys.stderr)
         return 1
-    except _known_errors() as exc:
+    except KNOWN_ERRORS as exc:
         print(f"fa {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except MemoryError as exc:  # sizes the up-front estimate let through

@@ -35,7 +35,7 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   heavy_first  causal launches: the Q blocks with the most K/V rounds start first
   defer_pv     (kv_stages >= 2) PV of round t in round t+1, beside its softmax: tensor core and
                ALUs overlap within a warp; O's operations stay in the spec's order
-  min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_hw.compile's heuristic)
+  min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_sim.contract's heuristic)
 kv_stages, q_in_regs, heavy_first and defer_pv change the schedule: the hand-written program (engine="program") runs only the
 spec's schedule and refuses them; the PTX engine runs fa2_fwd.cu as compiled for any option.
 """
@@ -51,11 +51,12 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from .cute import Swizzle
 from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
 
 HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
-MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_hw.compile; 8 x 256 threads = an SM's 2048
+MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
@@ -169,7 +170,7 @@ class KernelConfig:
         "run round t's PV in round t+1, in one block with the softmax of round t+1 so that the tensor core "
         "and the ALUs overlap within a warp (O's operations keep the spec's order); needs kv_stages >= 2"))
     min_blocks: int = field(default=0, metadata=_meta(
-        "__launch_bounds__ minimum CTAs per SM (caps registers per thread); 0 = fa_hw.compile's heuristic",
+        "__launch_bounds__ minimum CTAs per SM (caps registers per thread); 0 = fa_sim.contract's heuristic",
         MIN_BLOCKS))
 
     def __post_init__(self) -> None:
@@ -384,8 +385,6 @@ class KernelConfig:
 
     def smem_offset(self, r, c) -> np.ndarray:
         """Offset in halves of logical tile element (r, c) from the tile base; vectorised."""
-        from .layout import Swizzle  # the one definition of the swizzle (layout imports config)
-
         p = np.asarray(r, dtype=np.int64) * self.row_pitch + np.asarray(c, dtype=np.int64)
         bms = self.swizzle_bms
         return p if bms is None else Swizzle(*bms)(p)

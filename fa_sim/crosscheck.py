@@ -1,4 +1,4 @@
-"""Simulator against GPU, checkpoint by checkpoint (DESIGN.md, "Checkpoints").
+"""Simulator against GPU, checkpoint by checkpoint (docs/architecture.md, "Checkpoints").
 
 Both backends fill the buffer of fa_sim/checkpoints.py, uint32 [cta_sel, checkpoint, round,
 thread, word], for the same selected CTAs. `compare_checkpoints` walks it and reports, per
@@ -32,6 +32,7 @@ from .events import CheckpointEvent, LaunchInfo
 from .isa.sm80 import WARP_SIZE
 from .problem import Problem
 from .saved_run import SAVED_RUN_FORMAT, SavedRun, config_from_tag  # noqa: F401 (public names of fa_sim.crosscheck)
+from .simulate import simulate
 
 
 class ValueKind(enum.Enum):
@@ -278,8 +279,6 @@ def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
     for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
-    from .simulate import simulate
-
     rec = CheckpointRecorder(ctas)
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
                    engine=engine, kernel=kernel)

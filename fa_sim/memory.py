@@ -2,10 +2,14 @@
 pointer parameters (PTX `#state-spaces-global`; generic addresses of global memory are global
 addresses, so `cvta.to.global` is the identity here).
 
-Buffers are placed 256-byte aligned (what cudaMalloc guarantees) from a base that looks like a
-device address. Every access names its lanes' addresses; an active lane whose access is not inside
-one buffer, or not aligned to its width, is a `KernelFault` (the hardware's illegal / misaligned
-address), reported with the address and the nearest buffer. Accesses are vectorised: the common
+Each buffer starts at its own 64 GiB slot (`SLOT`, from a base that looks like a device address;
+more than 256-byte aligned, what cudaMalloc guarantees) and at least `GUARD` (4 GiB) of unmapped
+addresses follow it, so that an index past the end of one buffer (or before its start) does not
+land in its neighbour: every access names its lanes' addresses, and an active lane whose access is
+not inside one buffer, or not aligned to its width, is a `KernelFault` (the hardware's illegal /
+misaligned address), reported with the address and the nearest buffer. (A GPU's allocator may
+pack buffers next to each other, where such a bug corrupts a neighbour silently; the simulator
+reports it instead.) Accesses are vectorised: the common
 case - all active addresses inside one buffer - is one gather or scatter on a typed view.
 """
 
@@ -18,7 +22,9 @@ import numpy as np
 from .errors import KernelFault
 
 BASE_ADDRESS = 0x7F00_0000_0000  # first buffer; looks like a CUDA device address
-ALIGN = 256
+ALIGN = 256  # cudaMalloc's guarantee (every SLOT boundary is one)
+SLOT = 1 << 36  # each buffer starts on a 64 GiB boundary: addresses stay readable (0x7f1000000000, ...)
+GUARD = 1 << 32  # unmapped bytes at least after every buffer: a stray index faults, not corrupts
 WORD_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -48,11 +54,11 @@ class GlobalMemory:
         self._next = BASE_ADDRESS
 
     def alloc(self, name: str, array: np.ndarray) -> Buffer:
-        """Place `array` (kept, not copied, when it is C-contiguous) at the next aligned address."""
+        """Place `array` (kept, not copied, when it is C-contiguous) at the next free slot."""
         a = np.ascontiguousarray(array)
         buf = Buffer(name, self._next, a.reshape(-1).view(np.uint8), a)
         self.buffers.append(buf)
-        self._next += -(-max(a.nbytes, 1) // ALIGN) * ALIGN
+        self._next += -(-(max(a.nbytes, 1) + GUARD) // SLOT) * SLOT
         return buf
 
     def buffer(self, name: str) -> Buffer:
@@ -104,8 +110,11 @@ class GlobalMemory:
         if not self.buffers:
             return f"{width} bytes at {a:#x}, no buffer is allocated"
         near = min(self.buffers, key=lambda b: min(abs(a - b.base), abs(a - b.end)))
+        side = (f"{a + width - near.end} bytes past its end" if a >= near.base
+                else f"{near.base - a} bytes before its start")
         return (f"{width} bytes at {a:#x}, outside every buffer (nearest: {near.name!r} "
-                f"[{near.base:#x}, {near.end:#x}), {a - near.base:+d} bytes from its start)")
+                f"[{near.base:#x}, {near.end:#x}) of {near.nbytes} bytes, {a - near.base:+d} bytes from its "
+                f"start: {side})")
 
     def _flat(self) -> np.ndarray:
         return np.concatenate([b.data for b in self.buffers])

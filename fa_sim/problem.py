@@ -1,7 +1,9 @@
 """Problem: one launch of the FlashAttention-2 forward kernel and the grid it implies.
 
 SCHEDULE.md, "Problem and grid": q [B, H, Nq, d], k and v [B, H, Nk, d]; the grid is
-(ceil(Nq / block_m), B*H) CTAs, CTA linear id = m_block + n_m_blocks * bh; CTA m_block runs
+(ceil(Nq / block_m), B*H) CTAs, CTA linear id = blockIdx.x + n_m_blocks * bh, and the Q block a
+CTA computes is m_block = blockIdx.x (`heavy_first` with causal: n_m_blocks - 1 - blockIdx.x, the
+longest loops first; `m_block_of`); CTA m_block runs
 n_block_max(m_block) K/V rounds, ceil(Nk / block_n), or with causal skipping (spec, causal
 section; the `min` with Nk is ours) ceil(min(Nk, (m_block + 1) block_m) / block_n).
 
@@ -73,9 +75,27 @@ class Problem:
             keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
         return -(-keys // cfg.block_n)
 
+    @property
+    def reversed_m_blocks(self) -> bool:
+        """heavy_first with causal: blockIdx.x counts the Q blocks from the last (fa2_fwd.cu
+        FA_HEAVY_FIRST && FA_CAUSAL), so the CTAs with the most K/V rounds start first."""
+        return self.config.heavy_first and self.causal
+
+    def m_block_of(self, ctas) -> np.ndarray:
+        """The Q block (m_block) each linear CTA id computes (int64 array)."""
+        x = np.asarray(ctas, dtype=np.int64) % self.n_m_blocks
+        return self.n_m_blocks - 1 - x if self.reversed_m_blocks else x
+
+    def q_block_index(self, ctas) -> np.ndarray:
+        """m_block + n_m_blocks * bh of linear CTA ids: the id checkpoints name a CTA by (fa2_fwd.cu's
+        debug build records under it, so a heavy_first run's checkpoints line up with the plain
+        run's); the CTA id itself unless the m_blocks are reversed. Its own inverse."""
+        ctas = np.asarray(ctas, dtype=np.int64)
+        return self.m_block_of(ctas) + self.n_m_blocks * (ctas // self.n_m_blocks)
+
     def rounds_per_cta(self, ctas) -> np.ndarray:
         """n_block_max of linear CTA ids (int64 array)."""
-        return self.n_block_max(np.asarray(ctas, dtype=np.int64) % self.n_m_blocks)
+        return self.n_block_max(self.m_block_of(ctas))
 
     @property
     def cta_rounds(self) -> int:

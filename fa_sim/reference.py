@@ -7,7 +7,7 @@ seqlen_k >= 1, and s = 1/sqrt(d) by default. It works in blocks of query rows
 (`attention_blocks`), so its memory is bounded whatever the problem size: every problem the
 simulator can run also gets its float64 error (fa_sim.accuracy streams the blocks).
 
-`walkthrough` replays the kernel's algorithm (spec "将刚才的过程写成通用更新", FlashAttention-2
+`walkthrough` replays the kernel's algorithm (docs/walkthrough.md, section 3; FlashAttention-2
 Algorithm 1) exactly, in `fractions.Fraction`, for any block sizes: per query block and per K/V round
 it records S, the masked S, m, alpha, P~, rowsum(P~), l, P~ V and the O numerator; at the end
 O = diag(l)^-1 O and LSE = s m + ln l. Exactness needs s = ln(b) for a rational b > 1 and integer

@@ -178,7 +178,7 @@ class RunSpec:
     def cta_rounds(self, ctas: range) -> int:
         """Progress units of `ctas`: per wave, its CTAs times its longest loop."""
         p = self.prob
-        return sum(int(p.n_block_max(np.arange(w.start, w.stop) % p.n_m_blocks).max()) * len(w) for w in self.waves(ctas))
+        return sum(int(p.rounds_per_cta(np.arange(w.start, w.stop)).max()) * len(w) for w in self.waves(ctas))
 
 
 def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, ctas: range, on_rounds) -> None:

@@ -3,7 +3,7 @@ layouts against (fa_sim/layout_checks.py).
 
 The layouts of fa_sim/layout.py drive the kernel's plan, so comparing the plan with them checks
 nothing; these formulas are the spec's own statement of the same maps (spec tables 2, 3, 10-12;
-notes on the PTX fragments in docs/gpu_facts.md), written out once, here, for checking only.
+notes on the PTX fragments in docs/hardware_facts.md), written out once, here, for checking only.
 Kernel-level placement: m16 atom `mi` of warp `w` covers tile rows `16*n_warps*mi + 16*w + [0, 16)`;
 n8 atom `nj` covers columns `8*nj + [0, 8)`; fragment element e = v + 4*(mi + m_repeats*nj).
 """

@@ -7,7 +7,7 @@ the sO stores and loads), and the synchronisation skeleton of the program (commi
 as `InstrEvent`s with C = 1. Tests feed them to the bank counter and the hazard checker; the
 end-to-end tests compare them with what the machine emits.
 
-Lane -> address rules (notes/gpu_facts.md): A operand from row-major [m][k]: lane l points at
+Lane -> address rules (docs/hardware_facts.md): A operand from row-major [m][k]: lane l points at
 row l & 15, k offset 8 (l >> 4). B operand of QK (x4 = two n8 atoms, keys as rows): lane l points
 at key (l & 7) + 8 (l >> 4), d offset 8 ((l >> 3) & 1). B operand of PV (.trans, keys as rows):
 key (l & 7) + 8 ((l >> 3) & 1), d offset 8 (l >> 4).

@@ -1,4 +1,4 @@
-"""Bank-conflict counting by the Nsight Compute rules of notes/gpu_facts.md, on hand-built
+"""Bank-conflict counting by the Nsight Compute rules of docs/hardware_facts.md, on hand-built
 instructions (no simulator needed)."""
 
 import numpy as np
@@ -39,7 +39,7 @@ def test_bank_of_is_word_mod_32():
 
 
 def test_ldmatrix_x4_plain_tile_costs_32_wavefronts_swizzled_4():
-    """gpu_facts.md: a 64x64 fp16 tile with 128-byte rows puts the 8 rows of an 8x8 matrix in the
+    """docs/hardware_facts.md: a 64x64 fp16 tile with 128-byte rows puts the 8 rows of an 8x8 matrix in the
     same 4 banks, so ldmatrix.x4 costs 32 wavefronts; Swizzle<3,3,3> brings it to the ideal 4."""
     for smem, expect in (("plain", 32), ("swizzled", 4), ("padded", 4)):
         cfg = KernelConfig(smem=smem)

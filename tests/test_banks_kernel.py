@@ -1,4 +1,4 @@
-"""Bank conflicts of the simulated kernel (notes/gpu_facts.md rules; issue acceptance numbers)."""
+"""Bank conflicts of the simulated kernel (docs/hardware_facts.md rules; issue acceptance numbers)."""
 
 import json
 
@@ -29,7 +29,7 @@ def test_seed_swizzled_is_conflict_free(reports):
 
 
 def test_plain_ldmatrix_costs_32_wavefronts_and_o_stores_are_8_way(reports):
-    """gpu_facts.md: every ldmatrix.x4 of a 128-byte-row tile costs 32 wavefronts instead of 4;
+    """docs/hardware_facts.md: every ldmatrix.x4 of a 128-byte-row tile costs 32 wavefronts instead of 4;
     the f16x2 O stores (st.shared.b32) to sO hit one bank with 8 lanes (8 wavefronts for 1)."""
     rep = reports["plain"]
     assert rep.per_instruction[C.LDSM] == {32: 576}
@@ -94,7 +94,8 @@ class _Ldsm:
 @pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=8,
                                                                 smem="plain")], ids=lambda c: c.tag)
 def test_machine_addresses_match_the_closed_form_maps(cfg):
-    """The ldmatrix row addresses the machine emits equal the gpu_facts.md lane maps (synthetic.py)."""
+    """The ldmatrix row addresses the machine emits equal the lane maps of docs/hardware_facts.md
+    (synthetic.py)."""
     obs = _Ldsm()
     simulate(*Problem(seqlen=cfg.block_m, head_dim=cfg.head_dim).inputs(), causal=False, config=cfg, observers=[obs])
     expect = {Tile.SQ: [synthetic.ldsm_q(cfg, h) for h in range(cfg.qk_k_segments)],

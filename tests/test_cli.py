@@ -42,6 +42,8 @@ def files(tmp_path_factory):
     np.savez(d / "short_o.npz", **{**run, "o": run["o"][:, :, :100]})
     np.savez(d / "tag_json.npz", **{**run, "config": np.array("m128n64d64w4-swizzled")})
     (d / "exists.json").write_text("{}")
+    (d / "binary.cu").write_bytes(bytes(range(128, 256)))
+    (d / "stale.patch").write_text("--- a/fa2_fwd.cu\n+++ b/fa2_fwd.cu\n@@ -2,1 +2,1 @@\n-int not_in_the_seed;\n+x\n")
     (d / "figs").mkdir()
     source = (Path(__file__).parent.parent / "fa_hw" / "kernels" / "fa2_fwd.cu").read_text()
     (d / "broken.cu").write_text(source + "\nthis is not C++;\n")  # every macro used; NVRTC refuses it
@@ -50,8 +52,8 @@ def files(tmp_path_factory):
     return {k: str(d / v) for k, v in {
         "good": "good.npz", "trunc": "truncated.npz", "corrupt": "corrupt.npz", "badcrc": "badcrc.npz",
         "empty": "empty.npz", "npy": "single.npy", "pkl": "pickled.pkl", "obj": "objects.npz",
-        "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "figs": "figs", "dir": ".",
-        "missing": "missing.npz", "causal_no": "causal_no.npz", "short_o": "short_o.npz",
+        "str": "strings.npz", "noq": "noq.npz", "exists": "exists.json", "binary": "binary.cu", "stale": "stale.patch",
+        "figs": "figs", "dir": ".", "missing": "missing.npz", "causal_no": "causal_no.npz", "short_o": "short_o.npz",
         "tag_json": "tag_json.npz", "broken": "broken.cu", "old": "old.cu"}.items()}
 
 
@@ -67,6 +69,8 @@ TABLE = [
     (["trace", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
     (["compare", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
     (["hw", "--kernel", "{missing}"], "--kernel {missing}: no such file", 2),
+    (["sim", "--kernel", "{binary}"], "--kernel {binary}: binary.cu is not UTF-8 text (byte 0x80 at offset 0)", 2),
+    (["hw", "--kernel", "{stale}"], "--kernel {stale}: hunk 1 (@@ -2,1 +2,1 @@) does not apply to fa2_fwd.cu: line 2", 2),
     # --npz, --input, --gpu-npz: every kind of bad file names the option, the file and what is accepted
     (["sim", "--npz", "{trunc}"], "--npz {trunc}: is truncated or corrupt", 2),
     (["sim", "--npz", "{corrupt}"], "--npz {corrupt}: is truncated or corrupt", 2),
@@ -320,7 +324,7 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     module = sys.modules[sub.choices[command].get_default("func").__module__]
     monkeypatch.setattr("fa_hw.forward", _capture_launch)
-    monkeypatch.setattr(module, "check_gpu", lambda *a, **k: None)  # no GPU here: the probe passes
+    monkeypatch.setattr("fa_hw.runtime.check_launch", lambda *a, **k: None)  # no GPU here: the probe passes
     if hasattr(module, "forward"):
         monkeypatch.setattr(module, "forward", _capture_launch)
     for extra in ([], ["--head-dim", "128"]):
@@ -331,10 +335,8 @@ def test_gpu_commands_run_a_config_tag_at_its_head_dim(command, monkeypatch):
 
 
 def test_compare_launches_on_the_inputs_of_an_npz(files, monkeypatch):
-    from fa_sim.commands import compare
-
     monkeypatch.setattr("fa_hw.forward", _capture_launch)
-    monkeypatch.setattr(compare, "check_gpu", lambda *a, **k: None)  # no GPU here: the probe passes
+    monkeypatch.setattr("fa_hw.runtime.check_launch", lambda *a, **k: None)  # no GPU here: the probe passes
     with pytest.raises(Launched) as info:
         main(["compare", "--npz", files["good"]])
     shape, config = info.value.args

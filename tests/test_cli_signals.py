@@ -146,17 +146,17 @@ def test_compare_save_is_written_atomically_and_replays(tmp_path, monkeypatch, c
         o, lse, checkpoints, scale = rec["o"], rec["lse"], rec["checkpoints"], float(rec["scale"])
 
     monkeypatch.setattr(fa_hw, "forward", lambda *a, **k: Out)
-    monkeypatch.setattr("fa_sim.commands.compare.check_gpu", lambda *a, **k: None)  # the GPU and its cubin
+    monkeypatch.setattr("fa_hw.runtime.check_launch", lambda *a, **k: None)  # the GPU and its cubin
     path = tmp_path / "run.npz"
     assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().err
     saved = np.load(path)
     assert str(saved["config"]) == "m64n64d64w4-swizzled-ffma"  # the tag older readers use
-    from fa_hw.compile import SOURCE_PATH
+    from fa_sim.contract import SEED_PATH
     from fa_sim.config import KernelConfig
 
     assert KernelConfig.from_json(str(saved["config_json"])) == KernelConfig(softmax="ffma")
-    assert str(saved["kernel_source"]) == SOURCE_PATH.read_text() and str(saved["kernel_name"]) == "fa2_fwd.cu"
+    assert str(saved["kernel_source"]) == SEED_PATH.read_text() and str(saved["kernel_name"]) == "fa2_fwd.cu"
     assert main(["compare", "--gpu-npz", str(path)]) == 0
     assert "every checkpoint, O and LSE bit-identical" in capsys.readouterr().out
     assert main(["compare", "--softmax", "ffma", "--save", str(path)]) == 2

@@ -1,5 +1,5 @@
 """docs/ against the code. Every table marked `<!-- table: NAME -->` in docs/kernel.md and
-docs/gpu_facts.md is recomputed from fa_sim / fa_hw and compared cell by cell (gpu_facts.md here,
+docs/hardware_facts.md is recomputed from fa_sim / fa_hw and compared cell by cell (hardware_facts.md here,
 kernel.md in test_docs_kernel.py), every `<!-- output: COMMAND -->` excerpt must appear verbatim in
 that command's output, and every internal link must resolve. A table added to the docs without a
 check fails `test_every_marked_table_is_checked`."""
@@ -20,7 +20,7 @@ from fa_sim.isa.mma import a_coords, b_coords, c_coords
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
-KERNEL, FACTS = DOCS / "kernel.md", DOCS / "gpu_facts.md"
+KERNEL, FACTS = DOCS / "kernel.md", DOCS / "hardware_facts.md"
 SEED = KernelConfig()
 TAG = re.compile(r"m(\d+)n(\d+)d(\d+)w(\d+)(?:-(\w+))?$")
 
@@ -116,14 +116,14 @@ def assert_prints(command: str, lines: list[str], doc: str, tmp_path: Path, caps
     import shlex
 
     from fa_sim.cli import main
-    from fa_sim.ptx.fa2 import default_kernel
+    from fa_sim.contract import SEED_PATH
 
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     for i, arg in enumerate(argv):
         if arg in MADE_BY_THE_READER:
             made = tmp_path / arg.rsplit("/", 1)[-1]
-            made.write_text(MADE_BY_THE_READER[arg](default_kernel().read_text()))
+            made.write_text(MADE_BY_THE_READER[arg](SEED_PATH.read_text()))
             argv[i] = str(made)
     if argv[0] == "fa":
         main(argv[1:])
@@ -173,7 +173,7 @@ def test_links_resolve(path):
     check_links(path)
 
 
-# == gpu_facts.md =======================================================================================
+# == hardware_facts.md ==================================================================================
 def test_mma_fragment_of_lane_5():
     coords = {"A": a_coords(), "B": b_coords(), "C": c_coords()}
     for row in FT["mma-lane5"]:

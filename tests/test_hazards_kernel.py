@@ -1,6 +1,6 @@
 """The hazard checker on the simulated kernel: the unmodified program is race-free in every
 configuration; each synchronisation mutation (fa_sim.kernels.fa2_fwd.Mutation) is reported as
-the exact hazard it creates (notes/gpu_facts.md: cp.async visibility, bar.sync)."""
+the exact hazard it creates (docs/hardware_facts.md: cp.async visibility, bar.sync)."""
 
 import pytest
 

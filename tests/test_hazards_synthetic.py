@@ -1,5 +1,5 @@
 """The hazard checker on the kernel's memory skeleton built from closed-form maps (synthetic.py),
-and on hand-made faulty instructions (notes/gpu_facts.md: cp.async visibility, bar.sync)."""
+and on hand-made faulty instructions (docs/hardware_facts.md: cp.async visibility, bar.sync)."""
 
 import dataclasses
 

@@ -286,7 +286,7 @@ def test_ffma_diagnostic_fails_as_the_residue_says(gpu, case):
                                  KernelConfig(smem="padded", softmax="ffma")], ids=lambda c: c.tag)
 def test_driver_reports_the_cubins_resources(gpu, cfg):
     from fa_hw import compile_kernel
-    from fa_hw.compile import KernelBuild
+    from fa_sim.contract import KernelBuild
     from fa_hw.runtime import load_kernel
 
     loaded = load_kernel(KernelBuild(cfg, arch=gpu))
@@ -297,7 +297,7 @@ def test_driver_reports_the_cubins_resources(gpu, cfg):
 FAULT = """
 import fa_hw
 from fa_hw import runtime
-from fa_hw.compile import KernelBuild
+from fa_sim.contract import KernelBuild
 from fa_sim import KernelConfig
 build = KernelBuild(KernelConfig(smem="plain"), arch=fa_hw.device_arch())
 from fa_sim import Problem

@@ -51,7 +51,8 @@ def gpu():
 @pytest.fixture(scope="module", autouse=True)
 def warm_cache(gpu):
     """Compile every build this module runs, in parallel, before the first test needs one."""
-    from fa_hw.compile import KernelBuild, compile_many
+    from fa_sim.contract.cubins import compile_many
+    from fa_sim.contract import KernelBuild
 
     cfgs = [KernelConfig.from_tag(t) for t in CONFIGS]
     builds = [KernelBuild(c, causal, gpu) for c in cfgs + [twin(c) for c in cfgs] for causal in (False, True)]

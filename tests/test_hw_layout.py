@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fa_hw.compile import KernelBuild, min_blocks_per_sm
+from fa_sim.contract import KernelBuild, min_blocks_per_sm
 from fa_sim.config import KernelConfig, SmemLayout
 
 FAMILY = KernelConfig.family()

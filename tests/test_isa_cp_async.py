@@ -1,5 +1,5 @@
 """isa.cp_async: 16-byte .cg copies with zero fill, and per-thread commit/wait groups
-(notes/gpu_facts.md; PTX `#data-movement-and-conversion-instructions-cp-async`)."""
+(docs/hardware_facts.md; PTX `#data-movement-and-conversion-instructions-cp-async`)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""isa.ldmatrix against notes/gpu_facts.md (PTX `#warp-level-matrix-instructions-ldmatrix`),
+"""isa.ldmatrix against docs/hardware_facts.md (PTX `#warp-level-matrix-instructions-ldmatrix`),
 with shared memory filled with each half's own index."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""isa.mma: m16n8k16 lane maps and arithmetic against notes/gpu_facts.md
+"""isa.mma: m16n8k16 lane maps and arithmetic against docs/hardware_facts.md
 (PTX `#warp-level-matrix-fragment-mma-16816-float`). Per-lane loops here are test oracles."""
 
 import numpy as np
@@ -9,7 +9,7 @@ from fa_sim.isa import mma
 FIXED = settings(derandomize=True, database=None, max_examples=25, deadline=None)
 
 
-def test_lane0_coordinates_match_gpu_facts():
+def test_lane0_coordinates_match_hardware_facts():
     ar, ac = mma.a_coords()
     assert ar[0].tolist() == [0, 0, 8, 8, 0, 0, 8, 8]
     assert ac[0].tolist() == [0, 1, 0, 1, 8, 9, 8, 9]

@@ -1,5 +1,5 @@
 """The FlashAttention-2 forward kernel program against the spec's golden numbers
-(shared/spec/000_660624cf06b8f110.txt) and SCHEDULE.md, observed through the machine's events
+(docs/walkthrough.md) and SCHEDULE.md, observed through the machine's events
 and checkpoints. Each test names its table or figure."""
 
 import math
@@ -66,7 +66,7 @@ def decode_ids(words):
     return ids // 64, ids % 64
 
 
-# -- counts (spec "一轮 QK 每个 warp 执行 8×4=32 条 MMA"; table 3; SCHEDULE.md counts) --------------
+# -- counts (spec section 5: 8 x 4 = 32 MMAs per warp per QK round; table 3; SCHEDULE.md counts) -----
 def test_mma_counts_per_warp_block_and_two_rounds():
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 1, 64, 64)).astype(np.float16)
@@ -123,7 +123,7 @@ def test_table2_each_warp_loads_its_16_query_rows():
             assert sorted(set(ev.smem.row[0, 0, w].tolist())) == list(range(16 * w, 16 * w + 16))
 
 
-# -- lane 0's operands and the general lane formulas (spec "32 个 lane 共同提供一条 MMA 的输入") ----
+# -- lane 0's operands and the general lane formulas (spec section 5, "32 lanes feed one MMA") ----
 def _operand_events():
     q, k = id_tensor(64), id_tensor(64)
     _, rec = run(bhnd(q), bhnd(k), bhnd(q), ops={Op.LDSM})

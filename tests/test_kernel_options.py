@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fa_sim
 from fa_hw import tuned
-from fa_hw.compile import KernelBuild
+from fa_sim.contract import KernelBuild
 from fa_sim.cli import main
 from fa_sim.config import KV_STAGES, MIN_BLOCKS, SMEM_LIMIT_BYTES, KernelConfig
 from fa_sim.kernels import FA2Labels, Tile, engine_for

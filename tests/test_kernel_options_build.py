@@ -9,8 +9,9 @@
 - The PTX engine (fa_sim.simulate(engine="ptx")) runs every option: hazard-free, O within 1e-3 of
   float64, O, LSE and the whole checkpoint buffer bit for bit those of the spec-schedule twin,
   the same shared-memory bank counts (fewer Q ldmatrix with q_in_regs), simulator and SASS counts
-  per round equal; synchronisation mutations are reported as hazards. Where the engine of this tree
-  cannot run fa2_fwd.cu yet (fa_sim.ptx.ops.Unsupported) these tests skip and say so.
+  per round equal; synchronisation mutations are reported as hazards. The engine runs every build
+  here: an instruction it does not support (fa_sim.ptx.ops.Unsupported) fails these tests, it never
+  turns them into skips.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import pytest
 
 pytest.importorskip("cuda.core")
 
-from fa_hw.compile import SOURCE_PATH, KernelBuild, _nvrtc, compile_build  # noqa: E402
-from fa_hw.cubin import _sections  # noqa: E402
+from fa_sim.contract.cubins import _nvrtc, compile_build  # noqa: E402
+from fa_sim.contract import SEED_PATH, KernelBuild  # noqa: E402
+from fa_sim.contract.cubin import _sections  # noqa: E402
 from fa_hw.errors import CompileError  # noqa: E402
 from fa_hw.sass_counts import analyze, per_warp_table, sass_round_counts  # noqa: E402
 from fa_sim import simulate  # noqa: E402
@@ -36,8 +38,7 @@ from fa_sim.crosscheck import CheckpointRecorder  # noqa: E402
 from fa_sim.observers.banks import BankCounter, SmemClass  # noqa: E402
 from fa_sim.observers.hazards import HazardChecker, HazardKind, format_hazards  # noqa: E402
 from fa_sim.problem import Problem  # noqa: E402
-from fa_sim.ptx.nvrtc import nvrtc_version  # noqa: E402
-from fa_sim.ptx.ops import Unsupported  # noqa: E402
+from fa_sim.contract.nvrtc import nvrtc_version  # noqa: E402
 from fa_sim.reference import attention  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_sass_sha256.json").read_text())
@@ -87,7 +88,7 @@ def test_options_debug_build_compiles(tag):
 def test_pv_mutations_of_a_pipelined_build_are_compile_errors(macro):
     build = KernelBuild(KernelConfig(kv_stages=2), arch="sm_90")
     with pytest.raises(CompileError, match="FA_KV_STAGES > 1 waits and synchronises once per round"):
-        _nvrtc(f"#define {macro} 1\n" + SOURCE_PATH.read_text(), build)
+        _nvrtc(f"#define {macro} 1\n" + SEED_PATH.read_text(), build)
 
 
 # ---- SASS per round -----------------------------------------------------------------------------------
@@ -110,10 +111,7 @@ def test_sass_rounds_follow_the_schedule(tag):
 
 # ---- the PTX engine ----------------------------------------------------------------------------------
 def ptx(q, k, v, **kw):
-    try:
-        return simulate(q, k, v, engine="ptx", progress=False, **kw)
-    except Unsupported as exc:
-        pytest.skip(f"the PTX engine of this tree cannot run fa2_fwd.cu yet: {exc}")
+    return simulate(q, k, v, engine="ptx", progress=False, **kw)
 
 
 def _inputs(cfg, seed=1, heads=2, nq=None, nk=None):
@@ -161,10 +159,7 @@ def test_ptx_engine_runs_every_option_like_its_twin(tag, causal):
 
 @pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled-s2", "m128n64d64w4-swizzled-s3-qr-dp"])
 def test_simulator_and_sass_counts_agree(tag):
-    try:
-        table = per_warp_table(KernelConfig.from_tag(tag), False, "sm_90")
-    except Unsupported as exc:
-        pytest.skip(f"the PTX engine of this tree cannot run fa2_fwd.cu yet: {exc}")
+    table = per_warp_table(KernelConfig.from_tag(tag), False, "sm_90")
     assert "sim / SASS agree" in table, table
 
 
@@ -181,7 +176,7 @@ MUTATIONS = {  # macro -> (hazard kinds it must produce in a pipelined build, ki
 @pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled-s2-dp", "m64n64d64w4-swizzled-s3-qr"])
 def test_mutations_of_pipelined_builds_are_hazards(tag, macro, tmp_path):
     path = tmp_path / "fa2_mutated.cu"
-    path.write_text(f"#define {macro} 1\n" + SOURCE_PATH.read_text())
+    path.write_text(f"#define {macro} 1\n" + SEED_PATH.read_text())
     cfg = KernelConfig.from_tag(tag)
     q, k, v = _inputs(cfg, heads=1, nq=64, nk=256)
     hz = HazardChecker()

@@ -1,5 +1,5 @@
 """fa_sim.layout: the laws of the algebra at every point of the domain, and the kernel's maps
-against the spec (shared/spec/000_660624cf06b8f110.txt), each test citing its table."""
+against the spec (docs/walkthrough.md), each test citing its table."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fa_sim.config import KernelConfig, SmemLayout
+from fa_sim.cute import (
+    ComposedLayout, Layout, Swizzle, blocked_product, coalesce, composition, cosize, crd2idx, flatten, idx2crd,
+    product, size, tile_to_shape,
+)
 from fa_sim.layout import (
-    LDSM_DST, MMA_A, MMA_B, MMA_C, ComposedLayout, Gemm, Layout, Ldsm, Operand, Swizzle, TiledMma,
-    acc_as_a_operand, acc_rowcol, acc_rowcol_coords, blocked_product, coalesce, composition,
-    copy_thread_layout, copy_tv, cosize, crd2idx, flatten, idx2crd, ldsm_view, product, size,
-    smem_layout, tile_to_shape,
+    LDSM_DST, MMA_A, MMA_B, MMA_C, Gemm, Ldsm, Operand, TiledMma, acc_as_a_operand, acc_rowcol, acc_rowcol_coords,
+    copy_thread_layout, copy_tv, ldsm_view, smem_layout,
 )
 
 FAMILY = KernelConfig.family()
@@ -252,7 +254,7 @@ def test_copy_map_is_a_bijection_with_the_spec_formula(cfg):
 
 # == the MMA: atoms, TiledMMA and fragments (tables 2, 3, 12, lane formulas) =========================
 def test_mma_atoms_match_the_ptx_fragments():
-    """PTX #warp-level-matrix-fragment-mma-16816-float (notes/gpu_facts.md), g = lane>>2, t = lane&3."""
+    """PTX #warp-level-matrix-fragment-mma-16816-float (docs/hardware_facts.md), g = lane>>2, t = lane&3."""
     lane = np.arange(32)[:, None]
     g, t = lane >> 2, lane & 3
     i = np.arange(8)[None, :]
@@ -282,7 +284,7 @@ def test_fragments_partition_their_tiles(cfg, gemm):
 
 
 def test_general_lane_formulas_of_the_seed():
-    """Spec, "将具体坐标推广到任意 lane": A query 16w+{g,g+8}, d 16h+{2a,2a+1,2a+8,2a+9};
+    """Spec section 5, "Any lane's coordinates": A query 16w+{g,g+8}, d 16h+{2a,2a+1,2a+8,2a+9};
     B key 8j+g, same d; C query 16w+{g,g+8}, key 8j+{2a,2a+1}."""
     mma = TiledMma(SEED)
     tid = np.arange(128)

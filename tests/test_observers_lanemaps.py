@@ -87,7 +87,7 @@ def test_seed_ownership_facts():
     # table 6: thread a of quad 0 owns keys 8j + 2a + {0,1} of query 0, slots 0,1 then 4,5, ...
     assert owner[0, :8].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and slot[0, 8:10].tolist() == [4, 5]
     assert slot[8, :2].tolist() == [2, 3]
-    # TiledCopy: threads 0, 7, 8, 32 copy rows 0/16/32/48, 0, 1, 4 (spec "thread 0 : 行 0、16、32、48")
+    # TiledCopy: threads 0, 7, 8, 32 copy rows 0/16/32/48, 0, 1, 4 (spec section 12, TiledCopy)
     cp, npass = M.copy_ownership(cfg, 64)
     assert cp[[0, 16, 32, 48], 0].tolist() == [0, 0, 0, 0] and npass[[0, 16, 32, 48], 0].tolist() == [0, 1, 2, 3]
     assert cp[0, 7] == 7 and cp[1, 0] == 8 and cp[4, 0] == 32

@@ -1,6 +1,6 @@
 """The PTX parser on every build of fa2_fwd.cu: 78 configs x causal x the checkpoint build, SM80.
 
-Each of the 312 PTX texts comes from NVRTC through the on-disk PTX cache (fa_sim.ptx.nvrtc;
+Each of the 312 PTX texts comes from NVRTC through the on-disk PTX cache (fa_sim.contract.nvrtc;
 cold, NVRTC takes about 70 s for all 312 on the 2-core development machine, warm the cache
 answers in about 1 s) and is parsed for real here (no parsed-module cache), then checked
 against oracles read independently from the raw PTX text and from fa2_fwd.cu:
@@ -23,7 +23,7 @@ from collections import Counter
 
 import pytest
 
-from fa_hw.compile import KERNEL_NAME, SOURCE_PATH, KernelBuild
+from fa_sim.contract import KERNEL_NAME, SEED_PATH, KernelBuild
 from fa_sim.config import KernelConfig
 from fa_sim.ptx.debuginfo import short_name
 from fa_sim.ptx.parser import parse
@@ -33,7 +33,7 @@ pytest.importorskip("cuda.bindings")
 
 BUILDS = [KernelBuild(cfg, causal, "sm_80", ck) for cfg in KernelConfig.family()
           for causal in (False, True) for ck in (False, True)]
-CU = SOURCE_PATH.read_text()
+CU = SEED_PATH.read_text()
 CU_LINES = CU.count("\n") + 1
 KERNEL_LINE = CU[: CU.index(f"{KERNEL_NAME}(")].count("\n") + 1
 C_TO_PTX = {"float": ("f32", 4), "int": ("u32", 4)}
@@ -84,7 +84,7 @@ def raw_instructions(body: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def ptx_of():
-    from fa_sim.ptx.nvrtc import kernel_ptx
+    from fa_sim.contract.nvrtc import kernel_ptx
 
     return kernel_ptx
 
@@ -134,7 +134,7 @@ def _check_locations(k, body) -> None:
             raw_locs.append(last_loc)
     assert [(i.loc.line, i.loc.col) for i in k.instructions] == raw_locs
     files = {i.loc.file for i in k.instructions} | {f for i in k.instructions for f, _, _ in i.loc.inlined_at}
-    assert files == {str(SOURCE_PATH)} and max(i.loc.line for i in k.instructions) <= CU_LINES
+    assert files == {str(SEED_PATH)} and max(i.loc.line for i in k.instructions) <= CU_LINES
     # NVRTC sometimes drops the inlining scope of a sunk instruction (`.loc 1 408 5` alone): the
     # PTX's word is kept, so a location without a chain is the kernel's own
     assert all(i.loc.function == KERNEL_NAME for i in k.instructions if not i.loc.inlined_at)

@@ -20,7 +20,7 @@ import fa_sim  # noqa: E402
 from fa_sim.checkpoints import CHECKPOINTS  # noqa: E402
 from fa_sim.crosscheck import CheckpointRecorder  # noqa: E402
 from fa_sim.observers import BankCounter, HazardChecker, HazardKind, SmemClass  # noqa: E402
-from fa_sim.ptx.fa2 import default_kernel  # noqa: E402
+from fa_sim.contract import SEED_PATH  # noqa: E402
 
 FAMILY = fa_sim.KernelConfig.family()
 SHAPES = ((70, 130), (128, 128), (1, 50), (200, 33))  # (Nq, Nk): tails, Nk > Nq, N = 1, Nk < Nq
@@ -76,7 +76,7 @@ def test_ptx_engine_equals_the_program_on_any_shape(nq, nk, causal, cfg):
 
 def _edited(tmp_path: Path, old: str, new: str, count: int = 1) -> Path:
     """fa2_fwd.cu with one edit, as a user would make it."""
-    text = default_kernel().read_text()
+    text = SEED_PATH.read_text()
     assert text.count(old) >= 1, old
     path = tmp_path / "fa2_fwd_edited.cu"
     path.write_text(text.replace(old, new, count))
@@ -102,7 +102,7 @@ SYNC_MUTATIONS = {
 def test_a_missing_barrier_or_wait_in_the_cu_is_a_hazard_at_its_source_line(name, tmp_path):
     define, kind, reader = SYNC_MUTATIONS[name]
     path = tmp_path / "fa2_fwd_mutated.cu"
-    path.write_text(define + default_kernel().read_text())
+    path.write_text(define + SEED_PATH.read_text())
     cfg = FAMILY[0]
     q, k, v = _inputs(cfg, 128, 192)
     clean = HazardChecker()
@@ -146,10 +146,10 @@ def test_a_changed_cu_no_longer_agrees_with_the_program(name, tmp_path):
 
 
 def test_a_weaker_swizzle_variant_costs_two_wavefronts_per_matrix():
-    """experiments/variants/fa2_fwd_swizzle_r4.cu XORs the chunk with r % 4: rows r and r + 4 of an
+    """experiments/variants/fa2_fwd_swizzle_r4.patch XORs the chunk with r % 4: rows r and r + 4 of an
     8x8 matrix share banks, so ldmatrix.x4 costs 8 wavefronts (not 4) and the sO stores 2 (not 1);
     the results are those of the seed kernel, which computes the same thing."""
-    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
     cfg = FAMILY[0]
     q, k, v = _inputs(cfg, 128, 128)
     counts = {}
@@ -165,15 +165,16 @@ def test_a_weaker_swizzle_variant_costs_two_wavefronts_per_matrix():
 
 def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
     """tests/data/h200/compare_variant_swizzle_r4.npz: `fa compare --kernel
-    experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2 --save ...` on the H200 (its
-    Nsight Compute counts: LDSM 36,864 wavefronts for 4,608 instructions, STS 1,024 for 512, equal
-    to the simulator's). Replayed here from the source the GPU compiled (stored in the run): every
-    checkpoint, O and LSE bit-identical; today's variant file is a different text and is refused."""
+    experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2 --save ...` on the H200, when
+    the variant was a whole .cu copy (its Nsight Compute counts: LDSM 36,864 wavefronts for 4,608
+    instructions, STS 1,024 for 512, equal to the simulator's). Replayed here from the source the GPU compiled (stored in the run): every
+    checkpoint, O and LSE bit-identical; today's variant (the patch applied to today's fa2_fwd.cu)
+    is a different text and is refused."""
     from fa_sim.cli import main
 
     root = Path(__file__).parent.parent
     run = root / "tests" / "data" / "h200" / "compare_variant_swizzle_r4.npz"
-    variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
     assert main(["compare", "--gpu-npz", str(run), "--json"]) == 0
     assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant)]) == 2
 
@@ -181,16 +182,17 @@ def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
 def test_a_variant_that_ignores_an_option_its_config_sets_is_refused(tmp_path):
     """A copy of fa2_fwd.cu from before an option existed would build the spec's schedule under a
     config that says otherwise: both backends refuse it, naming the macro."""
-    from fa_hw.compile import KernelBuild, compile_build
+    from fa_sim.contract.cubins import compile_build
+    from fa_sim.contract import KernelBuild, kernel_source
 
     old = tmp_path / "old_copy.cu"
-    old.write_text(default_kernel().read_text().replace("FA_KV_STAGES", "FA_STAGES_RENAMED"))
+    old.write_text(SEED_PATH.read_text().replace("FA_KV_STAGES", "FA_STAGES_RENAMED"))
     cfg = fa_sim.KernelConfig(block_m=128, kv_stages=2)
     q, k, v = _inputs(cfg, 64, 64)
     with pytest.raises(ValueError, match=r"old_copy.cu does not use FA_KV_STAGES=2"):
         fa_sim.simulate(q, k, v, config=cfg, kernel=old)
     with pytest.raises(ValueError, match=r"does not use FA_KV_STAGES=2"):
-        compile_build(KernelBuild(cfg, False, "sm_90", source=str(old)), use_cache=False)
+        compile_build(KernelBuild(cfg, False, "sm_90", kernel=kernel_source(old)), use_cache=False)
     spec = fa_sim.KernelConfig(block_m=128)  # kv_stages=1: the macro may be ignored
     assert fa_sim.simulate(q, k, v, config=spec, kernel=old).o.shape == q.shape
 
@@ -198,7 +200,7 @@ def test_a_variant_that_ignores_an_option_its_config_sets_is_refused(tmp_path):
 def test_a_variant_may_read_its_own_device_variables(tmp_path):
     """A __device__ / __constant__ variable of a variant is a global buffer with its initial bytes,
     as fa_sim.ptx.launch gives any kernel (it used to be 'symbol ... has no address')."""
-    text = default_kernel().read_text()
+    text = SEED_PATH.read_text()
     head = 'extern "C" __global__ void __launch_bounds__'
     assert text.count(head) == 1 and text.count("  // phase: setup\n") == 1
     text = text.replace(head, "__device__ int fa_skip_flag = 0;\n__constant__ float fa_one[1] = {1.f};\n" + head)

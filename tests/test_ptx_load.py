@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from fa_hw.compile import KERNEL_NAME, KernelBuild  # noqa: E402
 from fa_sim import cache  # noqa: E402
+from fa_sim.contract import KERNEL_NAME, KernelBuild  # noqa: E402
 from fa_sim.config import KernelConfig  # noqa: E402
 from fa_sim.ptx import load  # noqa: E402
 from fa_sim.ptx.ir import Module  # noqa: E402

@@ -1,4 +1,4 @@
-"""fa_sim.ptx.nvrtc: PTX from CUDA C++ through cuda.bindings.nvrtc, with -lineinfo, macros, a
+"""fa_sim.contract.nvrtc: PTX from CUDA C++ through cuda.bindings.nvrtc, with -lineinfo, macros, a
 clear error carrying NVRTC's log, and the on-disk cache shared with fa_hw (fa_sim/cache.py)."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from fa_hw.compile import KERNEL_NAME, SOURCE_PATH, KernelBuild  # noqa: E402
+from fa_sim.contract import KERNEL_NAME, SEED_PATH, KernelBuild  # noqa: E402
 from fa_sim import cache  # noqa: E402
 from fa_sim.config import KernelConfig  # noqa: E402
-from fa_sim.ptx import nvrtc  # noqa: E402
-from fa_sim.ptx.nvrtc import PtxCompileError, compile_ptx, kernel_ptx, nvrtc_options  # noqa: E402
+from fa_sim.contract import nvrtc  # noqa: E402
+from fa_sim.contract.nvrtc import NvrtcError  # noqa: E402
+from fa_sim.contract.nvrtc import compile_ptx, kernel_ptx, nvrtc_options  # noqa: E402
 
 SRC = """
 #if SCALE != 3
@@ -48,7 +49,7 @@ def test_cache_hit_needs_no_nvrtc_and_keys_on_macros(cache_dir, monkeypatch):
     def no_nvrtc(*args):
         raise AssertionError("NVRTC ran although the PTX was cached")
 
-    monkeypatch.setattr(nvrtc, "_run_nvrtc", no_nvrtc)
+    monkeypatch.setattr(nvrtc, "run_nvrtc", no_nvrtc)
     assert compile_ptx(SRC, name="/k/axpy.cu", macros={"SCALE": 3}) == first
     with pytest.raises(AssertionError, match="NVRTC ran"):  # another name is another program
         compile_ptx(SRC, name="/k/other.cu", macros={"SCALE": 3})
@@ -66,11 +67,11 @@ def test_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):
 
 
 def test_compile_error_carries_the_log(cache_dir):
-    with pytest.raises(PtxCompileError, match=r"axpy\.cu.*SCALE must be 3") as err:
+    with pytest.raises(NvrtcError, match=r"axpy\.cu.*SCALE must be 3") as err:
         compile_ptx(SRC, name="/k/axpy.cu", macros={"SCALE": 4})
     assert "SCALE must be 3" in err.value.log and "error detected in the compilation" in err.value.log
     assert isinstance(err.value, ValueError)  # the CLI prints it as one line
-    with pytest.raises(PtxCompileError, match="NVRTC could not compile"):
+    with pytest.raises(NvrtcError, match="NVRTC could not compile"):
         compile_ptx(SRC, name="/k/axpy.cu", macros={"SCALE": 3}, options=["--no-such-option"])
 
 
@@ -102,6 +103,6 @@ def test_fa_kernel_ptx_is_sm80_whatever_the_cubin_arch(cache_dir):
     build = KernelBuild(KernelConfig(), causal=True, arch="sm_90", checkpoints=True)
     ptx = kernel_ptx(build)
     assert re.search(r"^\.target sm_80$", ptx, re.M) and f".entry {KERNEL_NAME}(" in ptx
-    assert f'"{SOURCE_PATH}"' in ptx  # locations point at fa_hw's own kernel source
+    assert f'"{SEED_PATH}"' in ptx  # locations point at fa_hw's own kernel source
     assert ptx.count(f"{KERNEL_NAME}_param_") >= 11
     assert ptx == kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80", checkpoints=True))

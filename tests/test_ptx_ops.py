@@ -262,13 +262,13 @@ INSTRUCTION = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)(\s+[^;]*)?;", re.M)
 @functools.cache
 def fa2_ptx(causal: bool, checkpoints: bool, config_index: int) -> str:
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from fa_hw.compile import SOURCE_PATH, KernelBuild
+    from fa_sim.contract import SEED_PATH, KernelBuild
     from fa_sim.config import KernelConfig
 
     config = KernelConfig.family()[config_index]
     macros = KernelBuild(config, causal, "sm_80", checkpoints).macros()
     opts = [b"-arch=compute_80", b"-std=c++17"] + [f"-D{k}={v}".encode() for k, v in macros.items()]
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"fa2_fwd.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(SEED_PATH.read_bytes(), b"fa2_fwd.cu", 0, [], [])
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"NVRTC failed on {config.describe()}"
     err, size = nvrtc.nvrtcGetPTXSize(prog)

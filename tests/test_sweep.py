@@ -113,9 +113,9 @@ def test_bool_config_fields_take_on_and_off():
 
 
 def test_fa_sweep_runs_a_kernel_variant_on_the_ptx_engine(capsys):
-    """--kernel: every case runs the variant (experiments/variants/fa2_fwd_swizzle_r4.cu: 2 wavefronts
+    """--kernel: every case runs the variant (experiments/variants/fa2_fwd_swizzle_r4.patch: 2 wavefronts
     per ldmatrix matrix in the swizzled layout, so 2,304 LDSM conflicts at N = 128)."""
-    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.cu"
+    variant = Path(__file__).parent.parent / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
     assert main(["sweep", "--smem", "swizzled", "--shape", "1,1,128", "--causal", "off", "--kernel", str(variant),
                  "--workers", "1",
                  "--json"]) == 0

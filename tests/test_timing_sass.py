@@ -14,15 +14,15 @@ independent checks that the bits are sliced right:
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from fa_hw.compile import KERNEL_NAME, KernelBuild, compile_build  # noqa: E402
-from fa_hw.sass import nvdisasm_path  # noqa: E402
 from fa_sim.config import KernelConfig  # noqa: E402
+from fa_sim.contract import KERNEL_NAME, KernelBuild  # noqa: E402
+from fa_sim.contract.cubins import compile_build  # noqa: E402
+from fa_sim.contract.sass import disassemble  # noqa: E402
 from fa_sim.timing.sass import Control, SassFormatError, control_words, parse  # noqa: E402
 
 FAMILY = KernelConfig.family()
@@ -30,14 +30,8 @@ _REG = re.compile(r"(?<![\w.])R(\d+)(?:\.(64|128))?")
 _BLOCK_END = ("BRA", "EXIT", "RET", "CALL", "BSYNC", "BSSY", "WARPSYNC", "BAR")
 
 
-def listing(cubin: bytes, *flags: str) -> str:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(nvdisasm_path()), "-hex", *flags, "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
+def listing(cubin: bytes, lines: bool = False) -> str:
+    return disassemble(cubin, encodings=True, lines=lines)
 
 
 def regs(text: str) -> set[int]:
@@ -127,7 +121,7 @@ def test_source_lines_with_lineinfo():
     """With -lineinfo every instruction carries its CUDA source line, and the code is the same."""
     build = KernelBuild(KernelConfig(), False, "sm_90")
     plain = parse(listing(compile_build(build).cubin))
-    lined = parse(listing(compile_build(KernelBuild(KernelConfig(), False, "sm_90", lineinfo=True)).cubin, "-g"))
+    lined = parse(listing(compile_build(KernelBuild(KernelConfig(), False, "sm_90", lineinfo=True)).cubin, lines=True))
     assert [(i.opcode, i.operands, i.high) for i in lined] == [(i.opcode, i.operands, i.high) for i in plain]
     assert all(i.source is not None and i.source.file.endswith("fa2_fwd.cu") for i in lined)
     hmma = {i.source.line for i in lined if i.opcode.startswith("HMMA")}

@@ -43,7 +43,7 @@ def test_ldmatrix_events_carry_their_form():
 
 
 def test_lane0_receives_q_rows_0_8_at_d_0_1_8_9():
-    """Spec, "32 个 lane 共同提供一条 MMA 的输入": lane 0 holds query 0, 8 at d = 0, 1, 8, 9."""
+    """Spec section 5, "32 lanes feed one MMA": lane 0 holds query 0, 8 at d = 0, 1, 8, 9."""
     rows, cols = ldsm_received(synthetic.ldsm_q(CFG, 0).smem)
     got = set(zip(rows[0, 0, 0, 0].tolist(), cols[0, 0, 0, 0].tolist()))
     assert got == {(q, d) for q in (0, 8) for d in (0, 1, 8, 9)}

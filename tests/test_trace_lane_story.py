@@ -46,7 +46,7 @@ def steps(story, op, phase=None):
 
 
 def test_lane0_operands_and_accumulators(quad):
-    """Spec "32 个 lane 共同提供一条 MMA 的输入": lane 0 holds Q rows 0, 8 at d 0, 1, 8, 9, K key 0 at
+    """Spec section 5, "32 lanes feed one MMA": lane 0 holds Q rows 0, 8 at d 0, 1, 8, 9, K key 0 at
     the same d, and accumulates S(0,0), S(0,1), S(8,0), S(8,1)."""
     (q, k, _), tr, _ = quad
     st = lane_story(tr, 0, 0, 0, 0)
@@ -65,8 +65,8 @@ def test_lane0_operands_and_accumulators(quad):
 
 
 def test_s_slots_sit_at_their_coordinates():
-    """Spec "将具体坐标推广到任意 lane": with S(q,k) = q + 128k, every S slot of lanes 0..31 of warp 1,
-    round 1, holds exactly its own coordinate; so does every mma output of the trace."""
+    """Spec section 5, "Any lane's coordinates": with S(q,k) = q + 128k, every S slot of lanes 0..31
+    of warp 1, round 1, holds exactly its own coordinate; so does every mma output of the trace."""
     tr = run_trace(CFG, TraceFilter(ctas=(0,), warps=(1,), rounds=(1,)), inputs=coord_inputs())
     for lane in range(32):
         st = lane_story(tr, 0, 1, lane, 1)

@@ -31,21 +31,22 @@ def key(causal: bool, arch: str, checkpoints: bool) -> str:
 
 def text_sha256(cubin: bytes) -> str:
     """sha256 of the kernel's SASS section of a cubin."""
-    from fa_hw.cubin import _sections
+    from ..contract.cubin import _sections
 
     sec = next(s for s in _sections(cubin) if s.name == KERNEL_SECTION)
     return hashlib.sha256(cubin[sec.offset: sec.offset + sec.size]).hexdigest()
 
 
 def nvrtc() -> str:
-    from ..ptx.nvrtc import nvrtc_version
+    from ..contract.nvrtc import nvrtc_version
 
     return "{}.{}".format(*nvrtc_version())
 
 
 def hashes() -> dict:
     """The file's content for this machine's NVRTC."""
-    from fa_hw.compile import KernelBuild, compile_build
+    from ..contract import KernelBuild
+    from ..contract.cubins import compile_build
 
     from ..config import KernelConfig
 

@@ -132,7 +132,7 @@ _PLUMBING = ("S2R", "S2UR", "LDG", "STG", "EXIT", "BRA", "NOP", "MOV", "ULDC", "
 
 def sass_by_kernel(cubin: bytes) -> dict[str, list[str]]:
     """Kernel name -> its opcodes (with modifiers) in program order."""
-    from fa_hw.sass import disassemble, opcodes
+    from fa_sim.contract.sass import disassemble, opcodes
 
     text = disassemble(cubin)
     heads = list(_SECTION.finditer(text))

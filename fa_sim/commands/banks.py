@@ -1,5 +1,5 @@
 """`fa banks`: shared-memory bank conflicts of the kernel, counted with Nsight Compute's rules
-(notes/gpu_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
+(docs/hardware_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
 three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
 conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
 --force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`.

@@ -16,10 +16,12 @@ import argparse
 import dataclasses
 import enum
 import typing
+from pathlib import Path
 
 import numpy as np
 
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
+from ..contract import KernelSourceError, kernel_source
 from ..reference import random_inputs as _random_inputs
 from . import UsageError
 from .inputs import check_host_memory, inputs_option, load_qkv
@@ -95,25 +97,24 @@ def add_engine_arguments(p, simulator: bool = True) -> None:
                                      "(fa_sim/kernels/fa2_fwd.py); ptx = the PTX NVRTC emits for the kernel "
                                      "source, executed instruction by instruction", "program; ptx with --kernel",
                                      "one of program, ptx"))
-    p.add_argument("--kernel", metavar="FILE.cu", default=None,
+    p.add_argument("--kernel", metavar="FILE", default=None,
                    help=describe("a variant of fa2_fwd.cu (same parameters and FA_* macros) to " +
                                  ("simulate on the PTX engine" if simulator else "compile and run") +
                                  ("; `fa compare` also runs it on the GPU" if simulator else ""),
-                                 "fa_hw/kernels/fa2_fwd.cu", "an existing .cu file"))
+                                 "fa_hw/kernels/fa2_fwd.cu",
+                                 "an existing .cu file, or a .patch/.diff against fa2_fwd.cu applied to it"))
 
 
-def kernel_from_args(args):
-    """The --kernel file (checked: exists, .cu), or None."""
-    from pathlib import Path
-
+def kernel_from_args(args) -> Path | None:
+    """The --kernel file, checked by the kernel contract (an existing UTF-8 .cu, or a .patch/.diff
+    whose hunks apply to fa2_fwd.cu), or None."""
     if getattr(args, "kernel", None) is None:
         return None
-    path = Path(args.kernel)
-    if not path.is_file():
-        raise UsageError(f"--kernel {args.kernel}: no such file (expected a variant of fa2_fwd.cu)")
-    if path.suffix != ".cu":
-        raise UsageError(f"--kernel {args.kernel}: expected a CUDA source file ending in .cu")
-    return path
+    try:
+        kernel_source(args.kernel, option="--kernel")
+    except KernelSourceError as exc:
+        raise UsageError(str(exc)) from None
+    return Path(args.kernel)
 
 
 def engine_from_args(args, config: KernelConfig) -> tuple[str, object]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import stored_file
+from ..contract import kernel_source, seed_source
 from ..crosscheck import (
     SavedRun,
     build_report,
@@ -57,7 +58,7 @@ from .common import (
 )
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
-from .preflight import announce, check_engine, check_gpu, problem_of, qkv_shapes
+from .preflight import announce, check_engine, problem_of, qkv_shapes
 
 SIM_MMA = "h200"  # the tensor-core model simulate_with_checkpoints runs (fa_sim.crosscheck)
 
@@ -139,24 +140,23 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
 
 
 def _recorded_kernel(args, rec: SavedRun):
-    """The .cu to simulate for a recording: --kernel if given (it must be the recorded source), the
-    shipped kernel when the recording ran it (or predates recorded sources), else the recorded
-    source itself, written once to the cache, or to a temporary file where there is no usable cache
-    (the PTX engine simulates it)."""
-    from fa_hw.compile import SOURCE_PATH
-
+    """The kernel to simulate for a recording: --kernel if given (its source must be the recorded
+    one), the shipped kernel when the recording ran it (or predates recorded sources), else the
+    recorded source itself, written once to the cache, or to a temporary file where there is no
+    usable cache (the PTX engine simulates it)."""
     given = kernel_from_args(args)
     if not rec.kernel_source:
         return given
     if given is not None:
-        if given.read_text() != rec.kernel_source:
+        if kernel_source(given).text != rec.kernel_source:
             raise UsageError(f"--kernel {given} is not the kernel --gpu-npz {args.gpu_npz} was recorded with "
                              f"({rec.kernel_name}); drop --kernel to replay the recorded source")
         return given
-    if rec.kernel_source == SOURCE_PATH.read_text():
+    if rec.kernel_source == seed_source().text:
         return None
     text = rec.kernel_source.encode()
-    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).name}"
+    # the recorded text is CUDA C++ even when the run came from a patch: a .cu file either way
+    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).stem}.cu"
     path = stored_file("recorded_kernels", name, text)
     print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
     return path
@@ -196,18 +196,18 @@ def _launch(args, save: Output | None):
     engine, sim_kernel = _engine(args, config, kernel)
     if files is None:
         check_input_memory(args)
-    check_gpu(config, args.causal, kernel, checkpoints=True)
+    from fa_hw.runtime import check_launch
+
+    check_launch(config, args.causal, kernel, checkpoints=True)
     announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
     q, k, v = files if files is not None else random_inputs(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel)
     if save is not None:
-        from fa_hw.compile import SOURCE_PATH
-
-        source = kernel if kernel is not None else SOURCE_PATH
+        source = kernel_source(kernel)  # what the GPU compiled: a patch is saved applied
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
             SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
-                     source.name, source.read_text()).save(f)
+                     source.name, source.text).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), (engine, sim_kernel)
 

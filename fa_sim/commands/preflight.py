@@ -11,8 +11,8 @@ The order, in every command that runs the kernel (fa sim, trace, banks, hw, comp
    compile, or lacks a macro its config needs, fails here (the program is cached on disk and in
    the process: the run reuses it);
 4. the machine: the inputs' own memory (common.check_input_memory), for the GPU commands the
-   GPU's presence and the kernel's cubin (`check_gpu`: a cheap device probe, then the cached
-   compile), a --cluster scheduler's answer (`check_cluster`, fa_sim.parallel.cluster's timeout);
+   GPU's presence and the kernel's cubin (fa_hw.runtime.check_launch, which fa hw and fa compare
+   call: a cheap device probe, then the cached compile), a --cluster scheduler's answer (`check_cluster`, fa_sim.parallel.cluster's timeout);
 5. the estimate (`announce`, fa_sim.estimate): refused past this machine's memory, printed on
    stderr when the run is estimated at PROGRESS_MIN_SECONDS or more;
 then the inputs are made and the run starts.
@@ -36,18 +36,6 @@ def check_engine(engine: str, kernel, config, causal: bool, checkpoints: bool = 
     from ..ptx.fa2 import attention_program
 
     attention_program(config, bool(causal), bool(checkpoints), kernel)
-
-
-def check_gpu(config, causal: bool, kernel, checkpoints: bool = False) -> None:
-    """A usable GPU (fa_hw.NoGPUError otherwise), and the cubin fa_hw.forward will launch, compiled
-    (cached, so the launch reuses it): a kernel that does not compile fails before any input."""
-    from fa_hw import runtime
-    from fa_hw.compile import KernelBuild
-    from fa_hw.forward import kernel_source
-
-    source = kernel_source(kernel)
-    runtime.device()
-    runtime.load_kernel(KernelBuild(config, bool(causal), runtime.device_arch(), bool(checkpoints), source))
 
 
 def check_cluster(address: str | None) -> None:

@@ -47,7 +47,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="one lane through one round, instruction by instruction",
                               description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--cta", type=int_in("--cta", 0), default=0,
-                   help="linear CTA id, m_block + ceil(Nq/block_m) * (batch * H + head) (default 0; 0 .. CTAs-1)")
+                   help="linear CTA id in the grid, blockIdx.x + ceil(Nq/block_m) * (batch * H + head); the Q block "
+                        "it computes (m_block, in the story's header) is blockIdx.x, or under --heavy-first --causal "
+                        "ceil(Nq/block_m) - 1 - blockIdx.x (default 0; 0 .. CTAs-1)")
     p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
     p.add_argument("--lane", type=int_in("--lane", 0), default=0, help="lane of the warp (default 0; 0 .. 31)")
     p.add_argument("--thread", type=int_in("--thread", 0), default=None,
@@ -73,7 +75,7 @@ def register(subparsers) -> None:
 
 def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
     """Why round `rnd` is not one CTA `cta` runs (SCHEDULE.md's n_block_max), or None."""
-    cfg, m_block = prob.config, cta % prob.n_m_blocks
+    cfg, m_block = prob.config, int(prob.m_block_of(cta))
     n = int(prob.n_block_max(m_block))
     if rnd < n:
         return None
@@ -84,7 +86,9 @@ def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
                f"(block_n = {cfg.block_n}); CTAs of later query blocks run up to {prob.n_rounds} rounds")
     else:
         why = f"Nk = {prob.seqlen_k} keys in blocks of block_n = {cfg.block_n}"
-    return UsageError(f"--round {rnd} is not a round of CTA {cta}: it runs {runs}; {why}")
+    who = f"CTA {cta}" + (f" (blockIdx.x {cta % prob.n_m_blocks}: Q block m_block {m_block} under --heavy-first "
+                          f"--causal)" if prob.reversed_m_blocks else "")
+    return UsageError(f"--round {rnd} is not a round of {who}: it runs {runs}; {why}")
 
 
 def _check_selection(args, prob: Problem) -> tuple[int, int]:

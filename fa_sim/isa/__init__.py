@@ -1,5 +1,5 @@
 """SM80 instruction semantics, one module per family, each a pure function over lane arrays
-`[..., W, 32, ...]` (PTX ISA; see notes/gpu_facts.md). Nothing here knows of attention:
+`[..., W, 32, ...]` (PTX ISA; see docs/hardware_facts.md). Nothing here knows of attention:
 
   sm80        the machine's constants (warp, banks, MMA shapes, shared-memory limits)
   cp_async    cp.async.{ca,cg} with zero fill, commit_group, wait_group N (per-thread groups)
@@ -17,7 +17,12 @@ and the arithmetic the PTX engine executes for any kernel (fa_sim.ptx.ops calls 
   half        f16/f16x2/bf16/bf16x2 add sub mul fma neg abs min max
   convert     cvt between all integer and floating types
   compare     setp/set comparisons and Boolean combination, bit-exact select
-  sfu         the MUFU models (ex2 lg2 rcp rsqrt sqrt sin cos tanh .approx), not yet bit-exact
+  sfu         the .approx forms: the fp32 ex2 lg2 rcp rsqrt sqrt sin cos (and div.approx) bit-exact
+              through mufu; tanh.approx.f32, div.full.f32 and the f16/bf16/f64 approximations
+              within PTX's error bound only, each warning NotBitExactWarning once
+  mufu        the H200's MUFU, bit-exact: table lookup and quadratic interpolation (mufu_table,
+              coefficients in mufu_data/mufu_tables.json)
+  cuda_math   CUDA math-library functions as NVRTC compiles them, operation by operation
   rounding    exact rounding to f16/bf16/tf32/f32/f64 (round-to-odd), .ftz, .sat
   nans        the NaN bit patterns the H200 writes (f64 payload precedence), measured
   exact       float64 in directed rounding modes through Python integers (the slow path)

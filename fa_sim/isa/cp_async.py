@@ -2,7 +2,7 @@
 
 PTX anchors: `#data-movement-and-conversion-instructions-cp-async`,
 `#data-movement-and-conversion-instructions-cp-async-commit-group`,
-`#data-movement-and-conversion-instructions-cp-async-wait-group` (notes/gpu_facts.md).
+`#data-movement-and-conversion-instructions-cp-async-wait-group` (docs/hardware_facts.md).
 - .cg copies exactly 16 bytes, .ca 4, 8 or 16; a src-size below cp-size zero-fills the rest
   (src-size 0: all zeros, nothing is read).
 - Groups are per thread: commit_group closes the thread's open group (possibly empty);

@@ -1,6 +1,6 @@
 """ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 on lane arrays.
 
-PTX anchor: `#warp-level-matrix-instructions-ldmatrix` (notes/gpu_facts.md).
+PTX anchor: `#warp-level-matrix-instructions-ldmatrix` (docs/hardware_facts.md).
 - Lanes 8m..8m+7 supply the 8 row addresses of matrix m (16-byte aligned; other lanes ignored).
 - Without .trans, lane l receives in register m: row l/4 of matrix m, columns 2(l%4) and
   2(l%4)+1 (low half first). With .trans: rows 2(l%4) and 2(l%4)+1 of column l/4.

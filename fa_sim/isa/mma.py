@@ -1,6 +1,6 @@
 """mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 on lane arrays.
 
-PTX anchor: `#warp-level-matrix-fragment-mma-16816-float` (notes/gpu_facts.md). With g = lane >> 2,
+PTX anchor: `#warp-level-matrix-fragment-mma-16816-float` (docs/hardware_facts.md). With g = lane >> 2,
 t = lane & 3:
   A (16x16, 4 regs f16x2 = a0..a7): row g (a0,a1,a4,a5) or g+8 (a2,a3,a6,a7), col 2t + (i & 1),
     plus 8 for a4..a7.

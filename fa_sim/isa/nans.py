@@ -6,7 +6,7 @@ instructions"; an f32 NaN result is "unspecified"), `#half-precision-floating-po
 
 Source of every rule: fa_sim/calibrate/alu_probe.py on the H200 (the recording is
 tests/data/h200/alu_probe.npz, replayed by tests/test_alu_replay.py), read with the SASS that
-ptxas 13.0 emits for sm_90 (fa_hw.sass):
+ptxas 13.0 emits for sm_90 (fa_sim.contract.sass):
 - f32, f16 and bf16 arithmetic, abs and neg included, writes the canonical NaN (0x7fffffff,
   0x7fff; fa_sim.isa.rounding): abs.f32 is `FADD |a|, -RZ`, neg.f16x2 `HADD2 -a, -RZ`, abs.bf16
   `HFMA2.BF16 -RZ, RZ, |a|`.

@@ -30,3 +30,13 @@ SMEM_RESERVED_BYTES = 1024  # the driver's per-CTA reservation
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80 and sm_90)
 MAX_THREADS_PER_CTA = 1024
+MAX_BLOCK_DIM = (1024, 1024, 64)  # blockDim.x, .y, .z (and x * y * z <= MAX_THREADS_PER_CTA)
+MAX_GRID_DIM = (2**31 - 1, 65535, 65535)  # gridDim.x, .y, .z
+
+# Occupancy (CUDA programming guide, compute capability 8.0; the CUDA occupancy calculator's rules)
+MAX_THREADS_PER_SM = 2048
+MAX_CTAS_PER_SM = 32
+MAX_REGISTERS_PER_THREAD = 255
+SM_SUB_PARTITIONS = 4  # registers are allocated per warp within one of 4 sub-partitions
+REGISTER_ALLOC_UNIT = 256  # registers per warp are allocated in units of 256
+SMEM_ALLOC_UNIT = 128  # shared memory per CTA is allocated in units of 128 bytes

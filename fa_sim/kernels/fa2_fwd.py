@@ -1,4 +1,4 @@
-"""The FlashAttention-2 forward kernel (spec/000_660624cf06b8f110.txt; SCHEDULE.md), as a program
+"""The FlashAttention-2 forward kernel (the spec: docs/walkthrough.md; SCHEDULE.md), as a program
 for the simulated machine. It reads like flash_attention_v2_cutlass_kernel:
 
   prologue   sQ <- gQ, sK <- gK[0] (cp.async, one group); tCrO = 0

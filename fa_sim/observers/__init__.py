@@ -1,6 +1,6 @@
-"""Observers of the simulated machine (DESIGN.md, "Observers, not flags"): they subscribe to the
-machine's InstrEvents and CheckpointEvents (fa_sim/events.py); the kernel program knows nothing
-of them.
+"""Observers of the simulated machine (docs/architecture.md, "Observers, not flags"): they
+subscribe to the machine's InstrEvents and CheckpointEvents (fa_sim/events.py); the kernel program
+knows nothing of them.
 
   TraceRecorder + TraceFilter   per-lane traces (trace.py), archives and Perfetto export
                                 (trace_io.py), one lane's story (story.py, `fa trace`)

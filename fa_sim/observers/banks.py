@@ -1,6 +1,6 @@
 """Shared-memory bank conflicts, counted the way Nsight Compute counts them.
 
-Rules (notes/gpu_facts.md, "Shared-memory bank conflicts as Nsight Compute counts them"):
+Rules (docs/hardware_facts.md, "Shared-memory bank conflicts as Nsight Compute counts them"):
 32 banks x 4 bytes, bank = (byte address / 4) mod 32. A warp instruction splits into phases:
 4-byte accesses 1 phase of 32 lanes, 8-byte 2 phases of 16 lanes, 16-byte 4 phases of 8 lanes,
 ldmatrix.xN one phase per matrix (lanes 8m..8m+7, 16 bytes each). The wavefronts of a phase are the

@@ -2,7 +2,7 @@
 bank x wavefront picture of one instruction, the swizzle map, and CuTe print_latex-style
 ownership grids (which thread holds which element).
 
-Bank rules: notes/gpu_facts.md (see banks.py). Ownership maps: lanemaps.py.
+Bank rules: docs/hardware_facts.md (see banks.py). Ownership maps: lanemaps.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Hazard checker: shadow state for every shared-memory byte, as DESIGN.md describes.
+"""Hazard checker: shadow state for every shared-memory byte (docs/architecture.md, "Hazards").
 
 Each byte of each resident CTA remembers its last writer (thread, pc, cp.async group, the barrier
 epoch from which the write is visible) and who read it in the current epoch. The rules follow
-notes/gpu_facts.md ("cp.async", "bar.sync"):
+docs/hardware_facts.md ("cp.async", "bar.sync"):
 
 - cp.async data is visible to its issuing thread after that thread's wait_group retires the
   group, and to other threads only after a barrier that follows the wait (racecheck's RAW);

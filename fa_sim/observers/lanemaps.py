@@ -1,4 +1,4 @@
-"""Lane maps for the observers: who holds which element (docs/gpu_facts.md).
+"""Lane maps for the observers: who holds which element (docs/hardware_facts.md).
 
 Every function is vectorised over numpy arrays of lanes/threads and returns tile coordinates.
 The hardware's own maps are closed forms of the PTX ISA (`#warp-level-matrix-fragment-mma-16816-float`:
@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import CHUNK_HALVES, KernelConfig
 from ..isa.sm80 import MMA_K, WARP_SIZE
+from ..layout import Gemm, Operand, TiledMma, copy_tv
 
 
 def _gt(lane):
@@ -22,7 +23,7 @@ def _gt(lane):
     return lane >> 2, lane & 3
 
 
-# -- mma.m16n8k16 fragments (gpu_facts.md, "mma.sync...m16n8k16") --------------------------------
+# -- mma.m16n8k16 fragments (docs/hardware_facts.md, "mma.sync...m16n8k16") ---------------------
 def mma_a(lane, i):
     """A (16x16, row-major [m][k]) element a_i of `lane` -> (row, col); i = 0..7."""
     g, t = _gt(lane)
@@ -44,7 +45,7 @@ def mma_c(lane, i):
     return g + 8 * (i >> 1), 2 * t + (i & 1)
 
 
-# -- ldmatrix (gpu_facts.md, "ldmatrix.sync.aligned.m8n8") ----------------------------------------
+# -- ldmatrix (docs/hardware_facts.md, "ldmatrix") -----------------------------------------------
 def ldmatrix_source(lane, half, trans: bool):
     """For the received half `half` (0, 1) of one matrix register of `lane`: which row-address lane
     of that matrix (0..7) supplied the row, and the column offset inside the 8-half row.
@@ -62,8 +63,6 @@ def ldmatrix_source(lane, half, trans: bool):
 # -- the kernel's fragments, from the CuTe layouts that drive the plan (fa_sim/layout.py) ----------
 def acc_coords(config: KernelConfig, thread, e):
     """S (tCrS) or O (tCrO) accumulator element e (CuTe order) of `thread` -> tile (row, col)."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.C)(np.asarray(thread, dtype=np.int64), np.asarray(e, dtype=np.int64))
 
 
@@ -76,30 +75,22 @@ def row_slot_rows(config: KernelConfig, thread, slot):
 
 def copy_coords(config: KernelConfig, thread, i):
     """Cooperative 16-byte copy (SCHEDULE.md): chunk i of `thread` -> (row, first col)."""
-    from ..layout import copy_tv
-
     rows = config.copy_rows_per_pass * (int(np.max(i)) + 1)
     return copy_tv(config, rows)(np.asarray(thread, dtype=np.int64), CHUNK_HALVES * np.asarray(i, dtype=np.int64))
 
 
 def a_fragment(config: KernelConfig, thread, mi, h, i):
     """QK's A operand (tCrQ(mi, h), element a_i) -> (query row, d) in the Q tile."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.A)(np.asarray(thread, dtype=np.int64), (i, mi, h))
 
 
 def qk_b_fragment(config: KernelConfig, thread, nj, h, i):
     """QK's B operand (tCrK(nj, h), element b_i) -> (key row, d) in the K tile."""
-    from ..layout import Operand, TiledMma
-
     return TiledMma(config).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
 
 
 def pv_b_fragment(config: KernelConfig, thread, nj, h, i):
     """PV's B operand (tCrV(nj, h) from sVt, element b_i) -> (key row, d) in the V tile."""
-    from ..layout import Gemm, Operand, TiledMma
-
     d, key = TiledMma(config, Gemm.PV).tv(Operand.B)(np.asarray(thread, dtype=np.int64), (i, nj, h))
     return key, d
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..config import KernelConfig
 from ..reference import random_inputs
+from ..simulate import simulate as _simulate
 from .banks import BankCounter, BankReport
 from .hazards import HazardChecker, HazardReport
 from .trace import Trace, TraceFilter, TraceRecorder
@@ -32,9 +33,8 @@ class Problem:
 
 def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None,
              engine: str = "program", kernel=None):
-    """fa_sim.simulate, imported late (the machine imports nothing from the observers)."""
-    from ..simulate import simulate as _simulate
-
+    """fa_sim.simulate with the observers of a run (the observers sit above the machine: it imports
+    nothing from them)."""
     kwargs = {} if mutation is None else {"mutation": mutation}
     return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers),
                      engine=engine, kernel=kernel, **kwargs)

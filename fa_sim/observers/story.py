@@ -4,7 +4,7 @@ Steps come from the trace records (each instruction the lane executed: the tile 
 byte address and banks it touched, the values it received, its shuffle partner); the state
 sections come from the checkpoints (S accumulated, after masking, m, l, P~ and O slots), placed at
 their global (query, key) or (query, d) coordinates with the closed-form maps of lanemaps.py
-(spec: "将具体坐标推广到任意 lane", tables 4-9).
+(docs/walkthrough.md, section 5 "Any lane's coordinates", tables 4-9).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..checkpoints import Checkpoint
 from ..config import KernelConfig
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
 from ..kernels.labels import Phase, Tile
+from ..problem import Problem
 from . import lanemaps
 from .trace import Trace, TraceRecord
 from .trace_io import json_list, json_number, reg_values
@@ -93,6 +94,13 @@ def config_of(launch: dict) -> KernelConfig:
     return KernelConfig.from_json(launch["config"])
 
 
+def m_block_of(launch: dict, cta: int) -> int:
+    """The Q block a linear CTA id computes (blockIdx.x, reversed under heavy_first with causal)."""
+    prob = Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
+                   launch["scale"], config_of(launch))
+    return int(prob.m_block_of(cta))
+
+
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
     """Global row of tile row 0 of what an ldmatrix or ld/st.shared touched: the Q block, or the
     K/V block of the round (the tile a round reads holds that round's block)."""
@@ -112,7 +120,7 @@ def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
 
 def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int) -> tuple:
     """Global (row, col) of the 4 accumulators mma r produced. The machine orders the R mmas of a
-    k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per gpu_facts.md."""
+    k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per docs/hardware_facts.md."""
     nj_count = cfg.s_n_tiles if rec.phase == Phase.QK else cfg.o_n_tiles
     mi, nj = divmod(r, nj_count)
     e = np.arange(4) + 4 * (mi + cfg.m_repeats * nj)  # CuTe order of the same slots
@@ -193,7 +201,7 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
                          f"(warp 0..{cfg.n_warps - 1}, lane 0..31)")
     thread = 32 * warp + lane
     s = trace.thread_index(thread)
-    m_block = cta % trace.launch["n_m_blocks"]
+    m_block = m_block_of(trace.launch, cta)
     last = max((r.round for r in trace.records if r.round >= 0 and cta in r.cta), default=-1)
     keep = {round} | ({ROUND_PROLOGUE} if round == 0 else set()) | ({ROUND_EPILOGUE} if round == last else set())
     steps = []
@@ -252,7 +260,9 @@ SECTIONS = ((Checkpoint.S_ACC, "S accumulated, S(query,key) (tCrS after QK)"),
 
 def format_story(story: LaneStory) -> str:
     la = story.launch
-    head = (f"CTA {story.cta} (m_block {story.m_block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
+    x = story.cta % la["n_m_blocks"]
+    block = f"m_block {story.m_block}" if x == story.m_block else f"blockIdx.x {x} -> m_block {story.m_block} (heavy_first)"
+    head = (f"CTA {story.cta} ({block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
             f"  (thread {32 * story.warp + story.lane})  round {story.round}\n"
             f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line

@@ -154,7 +154,7 @@ def launch_json(launch: LaunchInfo) -> dict:
 def ldsm_received(smem: SmemAccess) -> tuple[np.ndarray, np.ndarray]:
     """[R, C, W, L, 2N] tile (row, col) of every half each lane receives from ldmatrix.xN.
 
-    Matrix m's row r comes from the address of lane 8m + r (gpu_facts.md); half k = 2m + i of the
+    Matrix m's row r comes from the address of lane 8m + r (docs/hardware_facts.md); half k = 2m + i of the
     result is register m, low half first.
     """
     n, trans = smem.ldsm
@@ -187,6 +187,7 @@ class TraceRecorder:
         self._records: list[TraceRecord] = []
         self._checkpoints: list[CheckpointRecord] = []
         self._wave: tuple | None = None
+        self._problem = None
 
     def wants(self, op: Op, phase: str, round: int) -> bool:
         return self.filter.wants(op, phase, round)
@@ -195,6 +196,7 @@ class TraceRecorder:
         """A new launch starts a new trace."""
         self.__init__(self.filter)
         self._launch = launch_json(launch)
+        self._problem = launch.problem
         self._threads = self.filter.select_threads(launch.n_warps)
         self._w, self._l = self._threads // WARP_SIZE, self._threads % WARP_SIZE
         self._wu, self._wpos = np.unique(self._w, return_inverse=True)  # warps traced; S -> position
@@ -256,11 +258,13 @@ class TraceRecorder:
     def on_checkpoint(self, ev: CheckpointEvent) -> None:
         if not self.wants_checkpoint(ev.checkpoint, ev.round):
             return
-        csel = self._ctas(np.asarray(ev.cta))
+        cta = np.asarray(ev.cta)  # checkpoints name Q blocks: recorded here by grid CTA, as instructions are
+        cta = cta if self._problem is None else self._problem.q_block_index(cta)
+        csel = self._ctas(cta)
         if csel.size == 0:
             return
         values = np.asarray(ev.values)[csel][:, self._threads].copy()
-        self._checkpoints.append(CheckpointRecord(ev.checkpoint, ev.round, np.asarray(ev.cta)[csel].copy(), values))
+        self._checkpoints.append(CheckpointRecord(ev.checkpoint, ev.round, cta[csel].copy(), values))
 
     # -- shards (fa_sim.parallel.merge): records follow in grid order, numbered on ---------------
     def fresh(self) -> "TraceRecorder":

@@ -3,19 +3,21 @@ parsed (parser.py, ir.py) and executed every thread of every CTA of a wave at on
 ops/, machine_ops.py).
 
 Front end (no GPU needed):
-    compile_ptx(source, name=, arch=, macros=, options=) -> PTX text   (nvrtc.py, cached)
-    kernel_ptx(build) -> PTX of fa_hw's own kernel for a fa_hw.compile.KernelBuild
+    compile_ptx(source, name=, arch=, macros=, options=) -> PTX text   (fa_sim.contract.nvrtc, cached)
+    kernel_ptx(build) -> PTX of the kernel of a fa_sim.contract.KernelBuild
     parse(ptx) -> ir.Module; render(ins) / describe(ins) -> text        (parser.py, render.py)
     load_module(source_or_ptx_or_path, macros=...) -> ir.Module         (load.py, cached)
-    kernel_module(build) -> ir.Module of fa_hw's own kernel
+    kernel_module(build) -> ir.Module of a KernelBuild's kernel
+    PtxCompileError: NVRTC rejected a source (fa_sim.contract.nvrtc.NvrtcError, a ValueError)
 Execution:
     launch(source_or_ptx, grid, block, smem_bytes, args, observers=...) (launch.py): any kernel on
         numpy buffers; fa2.py runs the attention kernel for fa_sim.simulate(engine="ptx")
 """
 
+from ..contract.nvrtc import NvrtcError as PtxCompileError
+from ..contract.nvrtc import compile_ptx, kernel_ptx
 from .launch import LaunchResult, launch
 from .load import kernel_module, load_module
-from .nvrtc import PtxCompileError, compile_ptx, kernel_ptx
 from .parser import ParseError, parse
 from .render import describe, render
 

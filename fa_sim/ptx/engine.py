@@ -1,6 +1,6 @@
 """The PTX engine: every thread of every CTA of a wave executes a parsed kernel at once.
 
-Execution model (DESIGN.md, "one SM80 machine, two front ends"):
+Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
 - Registers are arrays over the wave's threads (regs.RegisterFile). Threads at the same pc form a
   group; each step executes the lowest pc's group (min-pc scheduling), so threads that diverge at
   a branch run their paths one after the other and reconverge where the paths meet - the
@@ -17,6 +17,8 @@ Execution model (DESIGN.md, "one SM80 machine, two front ends"):
   lane math, fa_sim/ptx/ops), the machine's handlers (memory, synchronisation, warp collectives,
   fa_sim/ptx/machine_ops.py) or the control flow here. An opcode or form nobody handles is an
   error naming it with its PTX line and CUDA source line; nothing is skipped.
+- A wave issues at most its step budget of instructions (fa_sim/ptx/budget.py): a kernel that
+  never ends is a KernelFault naming where its threads were, not a silent spin.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
@@ -117,8 +120,10 @@ class Engine:
     """One wave: registers, the machine, the kernel's parameter bytes and shared variables."""
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
-                 params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0):
+                 params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0,
+                 budget: StepBudget | None = None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
+        self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
         self.n = geometry.n
@@ -225,6 +230,8 @@ class Engine:
     def run(self) -> None:
         groups: dict[int, np.ndarray | None] = {0: None}
         code = self.kernel.instructions
+        limit, steps = self.budget.limit, 0
+        heartbeat = Heartbeat(self._ctas())
         while groups:
             pc = min(groups)
             mask = groups.pop(pc)
@@ -233,6 +240,12 @@ class Engine:
             group = Group(mask, self.n)
             if group.n == 0:
                 continue
+            steps += 1
+            if steps > limit:
+                raise self.budget.exceeded(self._where(pc, groups), self._ctas())
+            if not steps % LOOK_EVERY:
+                heartbeat.look(lambda: f"{steps:,} of {limit:,} instruction issues ({self.budget.why}); "
+                                       f"threads at {self._where(pc, groups)}")
             for nxt, m in self.step(code[pc], group):
                 if m is not None and not m.any():
                     continue
@@ -244,6 +257,20 @@ class Engine:
                 else:
                     both = old | m
                     groups[nxt] = None if both.all() else both
+        self.steps = steps  # the wave's instruction issues (what the budget counts)
+
+    def _ctas(self) -> str:
+        c = self.geo.ctas
+        return f"CTA {c[0]}" if len(c) == 1 else f"CTAs {c[0]}..{c[-1]}"
+
+    def _where(self, pc: int, waiting: dict) -> str:
+        """The instruction at pc (and where the other groups of threads wait), for messages."""
+        code = self.kernel.instructions
+        ins = code[pc]
+        others = sorted(p for p in waiting if p != pc and p < len(code))
+        rest = "" if not others else f" (other threads at {', '.join(code[p].where() for p in others[:3])}" + \
+            (", ..." if len(others) > 3 else "") + ")"
+        return f"`{ins.text}` at {ins.where()}{rest}"
 
     def step(self, ins: Instruction, group: Group) -> list:
         """Execute one instruction for a group; return the successors [(pc, mask)]."""

@@ -1,67 +1,49 @@
 """The attention kernel through the PTX engine: fa_hw's fa2_fwd.cu (or a user's variant with the
-same parameters and FA_* macros) compiled for sm_80, run on the same machine, labels, observers and
-checkpoint contract as the hand-written program.
+same parameters and FA_* macros: a .cu, or a patch of fa2_fwd.cu) compiled for sm_80, run on the
+same machine, labels, observers and checkpoint contract as the hand-written program.
 
-- The config and causal flag become the FA_* macros fa_hw.compile gives the GPU build, so the
-  engine runs exactly the code the GPU runs (`KernelBuild.macros`).
+- The kernel source, the config and the causal flag make the same fa_sim.contract.KernelBuild the
+  GPU backend compiles (its FA_* macros, its check that a variant uses them), so the engine runs
+  exactly the code the GPU runs.
 - Checkpoints come from the kernel's own debug build (FA_CHECKPOINTS): its checkpoint stores are
   ordinary global stores into a buffer laid out as fa_sim/checkpoints.py says; after the run the
   buffer is handed to observers as CheckpointEvents. That build runs only when an observer wants
   checkpoints, for the CTAs observers name (`checkpoint_ctas`, None = all). Its extra loads and
-  stores are real instructions of that build and are counted as such.
+  stores are real instructions of that build and are counted as such. Checkpoints name a CTA by
+  its Q block (Problem.q_block_index; the build records under it), which differs from the grid
+  index only under heavy_first with causal.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
 from ..checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
+from ..contract import KERNEL_NAME, KernelBuild, KernelSource, kernel_source
 from ..events import CheckpointEvent
 from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
+from .budget import step_budget
 from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
-from .load import load_module
+from .load import kernel_module
 from .program import Program, build_program
-
-KERNEL_NAME = "fa2_fwd_kernel"
-
-
-def default_kernel() -> Path:
-    from fa_hw.compile import SOURCE_PATH
-
-    return SOURCE_PATH
-
-
-def _check_kernel(path) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--kernel / kernel= {p}: no such file (expected a .cu with fa2_fwd_kernel's parameters)")
-    if p.suffix != ".cu":
-        raise ValueError(f"kernel= {p}: expected a CUDA source file ending in .cu")
-    return p
 
 
 @lru_cache(maxsize=64)
-def _program(path: str, text: str, config, causal: bool, checkpoints: bool) -> Program:
-    from fa_hw.compile import KernelBuild, check_macros_used
-
-    macros = KernelBuild(config, causal, "sm_80", checkpoints).macros()
-    if Path(path) != default_kernel():
-        check_macros_used(text, macros, path)
-    module = load_module(text, name=path, macros=macros)
+def _program(source: KernelSource, config, causal: bool, checkpoints: bool) -> Program:
+    module = kernel_module(KernelBuild(config, causal, "sm_80", checkpoints, source))
     if KERNEL_NAME not in module.kernels:
-        raise ValueError(f"{path} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
-    return build_program(module, KERNEL_NAME, text)
+        raise ValueError(f"{source.origin} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
+    return build_program(module, KERNEL_NAME, source.text)
 
 
 def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None) -> Program:
-    """The annotated program of the attention kernel for a config (cached by source text)."""
-    path = _check_kernel(kernel) if kernel is not None else default_kernel()
-    return _program(str(path), path.read_text(), config, bool(causal), bool(checkpoints))
+    """The annotated program of the attention kernel for a config (cached by source text).
+    kernel: None (fa2_fwd.cu), or a variant as fa_sim.contract.kernel_source takes it."""
+    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints))
 
 
 def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
@@ -101,14 +83,17 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
+    budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
     lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
     for start in range(lo, hi, wave_ctas):
         wave = (start, min(start + wave_ctas, hi))
         run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
-                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave)
+                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave,
+                    budget=budget)
         if ck is not None:
-            rows = (sel >= wave[0]) & (sel < wave[1])
+            ran = prob.q_block_index(sel)  # the grid CTA that computes each selected Q block (heavy_first)
+            rows = (ran >= wave[0]) & (ran < wave[1])
             _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 
@@ -128,7 +113,7 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected CTA ran
+    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)

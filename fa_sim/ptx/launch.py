@@ -11,13 +11,22 @@ for sm_80 with -lineinfo; parsed programs are cached on disk like cubins, fa_sim
 buffer; the kernel writes straight into a C-contiguous array, others are copied back), a number
 for a scalar (use np.int32 / np.float32 / ... to say its type; plain ints and floats take the
 parameter's declared type). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
-The grid runs in waves of `wave_ctas` CTAs, each wave all at once. Observers see the same events
-as from the hand-written attention program (fa_sim.events), labelled by the front end: phases from
-`// phase: NAME` comments in the source, labels from its lines.
+The grid runs in waves of `wave_ctas` CTAs, each wave all at once.
+Arguments are checked against SM80's launch limits first (one ValueError line naming the argument:
+grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to 163 KB less
+the kernel's static shared memory; a path must name an existing file). Each wave may issue at most
+`max_steps` instructions (default: fa_sim.ptx.budget's, from the kernel's size and its arguments;
+the environment variable FLASHSIM_MAX_STEPS also sets it): a kernel that never ends is a
+KernelFault naming where its threads were. A launch of very many waves says up front how long it
+takes at least, a long one reports progress on stderr, and Ctrl-C stops it.
+Observers see the same events as from the hand-written attention program (fa_sim.events),
+labelled by the front end: phases from `// phase: NAME` comments in the source, labels from its
+lines.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -30,6 +39,9 @@ from ..hub import Hub
 from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
 from ..machine import Labels, Machine
 from ..memory import GlobalMemory
+from . import launch_args as check
+from .budget import (LONG_LAUNCH_SECONDS, MIN_TRIPS, MIN_WAVE_SECONDS, Heartbeat, StepBudget, parse_max_steps,
+                     step_budget)
 from .engine import Engine
 from .load import _is_ptx, _read, load_module
 from .program import Program, build_program
@@ -47,13 +59,6 @@ class LaunchResult:
     instructions: Mapping[Op, int]
     seconds: float
     buffers: Mapping[str, np.ndarray]
-
-
-def _dim3(x, what: str) -> tuple[int, int, int]:
-    t = (x,) if isinstance(x, (int, np.integer)) else tuple(x)
-    if not 1 <= len(t) <= 3 or any(not isinstance(v, (int, np.integer)) or v < 1 for v in t):
-        raise ValueError(f"{what} must be 1 to 3 positive integers, got {x!r}")
-    return tuple(int(v) for v in t) + (1,) * (3 - len(t))
 
 
 def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple[bytes, dict]:
@@ -105,10 +110,12 @@ def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
 
 def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, memory: GlobalMemory,
                 symbols: dict, hub: Hub, *, mma_model=None, labels: Labels | None = None,
-                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None) -> None:
+                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None,
+                budget: StepBudget | None = None) -> None:
     """Run every CTA of the grid, wave by wave (the machine and engine of each wave). `on_rounds(n)`
     is told each time n CTAs start a round of the main loop (progress); `cta_range` (lo, hi) runs
-    only those linear CTA ids, in waves of wave_ctas from lo."""
+    only those linear CTA ids, in waves of wave_ctas from lo; `budget`: the steps each wave may
+    issue (default: fa_sim.ptx.budget's for MIN_TRIPS)."""
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS_PER_CTA:
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
@@ -121,12 +128,14 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
     n_ctas = grid[0] * grid[1] * grid[2]
     model = tensorcore.resolve(mma_model)
     lo, hi = (0, n_ctas) if cta_range is None else cta_range
+    heartbeat = Heartbeat(f"the launch of {program.kernel.name}")
     for start in range(lo, hi, wave_ctas):
+        heartbeat.look(lambda: f"{start - lo:,} of {hi - lo:,} CTAs done")
         ctas = np.arange(start, min(start + wave_ctas, hi), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
         Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
-               program.local_bytes).run()
+               program.local_bytes, budget).run()
 
 
 def totals(counts: Mapping) -> dict[Op, int]:
@@ -138,20 +147,29 @@ def totals(counts: Mapping) -> dict[Op, int]:
 
 
 def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (), *, kernel: str | None = None,
-           observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS) -> LaunchResult:
+           observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS,
+           max_steps: int | None = None) -> LaunchResult:
     """Simulate one launch of a kernel; see the module docstring."""
     start = time.perf_counter()
-    grid, block = _dim3(grid, "grid"), _dim3(block, "block")
-    module = load_module(source_or_ptx, macros=macros)
+    grid, block = check.grid_and_block(grid, block)
+    wave_ctas, observers = check.wave_ctas(wave_ctas), check.observers(observers)
+    args, macros = check.arguments(args), check.macros(macros)
+    if max_steps is not None:
+        parse_max_steps(max_steps, "max_steps")
+    model = tensorcore.resolve(mma_model)
+    module = load_module(source_or_ptx, macros=macros)  # checks that a path names a file
     text, path = _read(source_or_ptx)
     program = build_program(module, kernel, None if _is_ptx(text, path) else text)
+    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    budget = step_budget(len(program.kernel.instructions), _trips(args), max_steps)
     memory = GlobalMemory()
     params, bufs = pack_params(program, args, memory)
     symbols = _globals(program, memory)
-    hub = Hub(tuple(observers) if not hasattr(observers, "on_instr") else (observers,))
-    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + int(smem_bytes)))
-    run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=mma_model,
-                wave_ctas=wave_ctas)
+    hub = Hub(observers)
+    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + smem_bytes))
+    announce_long_launch(grid[0] * grid[1] * grid[2], wave_ctas)
+    run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model,
+                wave_ctas=wave_ctas, budget=budget)
     hub.finish()
     for buf, original in bufs.values():
         if buf.array is not original:  # a copy was made (non-contiguous input): give the results back
@@ -159,3 +177,29 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     counts = dict(hub.counts)
     return LaunchResult(counts, totals(counts), time.perf_counter() - start,
                         {name: original for name, (_, original) in bufs.items()})
+
+
+def _trips(args: Sequence) -> int:
+    """The most loop trips a launch's arguments explain: the largest array's elements or the largest
+    integer argument (fa_sim.ptx.budget), at least MIN_TRIPS."""
+    sizes = [a.size for a in args if isinstance(a, np.ndarray)]
+    ints = [abs(int(a)) for a in args if isinstance(a, (int, np.integer)) and not isinstance(a, bool)]
+    return max([MIN_TRIPS, *sizes, *ints])
+
+
+def announce_long_launch(n_ctas: int, wave_ctas: int) -> None:
+    """Say up front on stderr when a launch has so many waves that it cannot be quick: each wave
+    costs at least MIN_WAVE_SECONDS (a trivial kernel's measured cost, fa_sim.ptx.budget)."""
+    waves = -(-n_ctas // wave_ctas)
+    least = waves * MIN_WAVE_SECONDS
+    if least >= LONG_LAUNCH_SECONDS:
+        print(f"fa_sim.ptx.launch: {n_ctas:,} CTAs in {waves:,} waves of {wave_ctas}: at least "
+              f"{_duration(least)} (each wave costs at least {MIN_WAVE_SECONDS * 1e3:.1f} ms); Ctrl-C stops it",
+              file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.0f} s"

@@ -1,7 +1,7 @@
 """Parsed PTX modules from CUDA source or PTX text, cached on disk and in the process.
 
-`load_module` is what the engine calls: CUDA C++ goes through NVRTC (fa_sim.ptx.nvrtc, its own
-PTX cache), the PTX through the parser, and the parsed Module is pickled under
+`load_module` is what the engine calls: CUDA C++ goes through NVRTC (fa_sim.contract.nvrtc, its
+own PTX cache), the PTX through the parser, and the parsed Module is pickled under
 `fa_sim.cache.cache_root()/ptx-parsed`, keyed by the PTX text and by the source of the parser
 modules themselves (a changed parser never reads an old pickle). A warm load is a hash, a file
 read and an unpickle: about 6 ms of CPU for fa2_fwd.cu, plus about 45 ms once per process to load
@@ -22,8 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..cache import cache_root, read_entry, store_atomic
+from ..contract.build import KernelBuild
+from ..contract.nvrtc import DEFAULT_ARCH, compile_ptx, kernel_ptx
 from .ir import Module
-from .nvrtc import DEFAULT_ARCH, compile_ptx, kernel_ptx
+from .launch_args import source as check_source
 from .parser import parse
 
 _PARSER_SOURCES = ("ir.py", "lexer.py", "operands.py", "decls.py", "debuginfo.py", "parser.py")
@@ -40,7 +42,9 @@ def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, ar
     source_or_ptx: a path (os.PathLike, or a one-line str naming an existing file; '.ptx' files
     are PTX, others CUDA), or the text itself (PTX when it has a `.version` directive, else
     CUDA C++). name: the CUDA program name shown in source locations (default: the file's path,
-    or 'kernel.cu'). arch, macros, options: as fa_sim.ptx.nvrtc.compile_ptx (ignored for PTX)."""
+    or 'kernel.cu'). arch, macros, options: as fa_sim.contract.nvrtc.compile_ptx (ignored for PTX).
+    A one-line str without `{` that names no file is a ValueError, not CUDA source."""
+    check_source(source_or_ptx)
     text, path = _read(source_or_ptx)
     if _is_ptx(text, path):
         return parsed(text, use_cache=use_cache)
@@ -49,8 +53,8 @@ def load_module(source_or_ptx: str | os.PathLike, *, name: str | None = None, ar
                                                  refresh=refresh), use_cache)
 
 
-def kernel_module(build, *, use_cache: bool = True) -> Module:
-    """The parsed PTX of fa_hw's own kernel for a fa_hw.compile.KernelBuild (SM80)."""
+def kernel_module(build: KernelBuild, *, use_cache: bool = True) -> Module:
+    """The parsed PTX of a KernelBuild's kernel (fa2_fwd.cu or the build's variant), for SM80."""
     return _compiled(lambda refresh: kernel_ptx(build, use_cache=use_cache, refresh=refresh), use_cache)
 
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..machine import Instr
+from .debuginfo import short_name
 from .engine import Loop, main_loop
 from .optable import sass_class
 from .ir import Instruction, Kernel, Module
@@ -67,8 +68,6 @@ def _section(ins: Instruction, sections: list[tuple[int, str]]) -> str | None:
 def _phases(kernel: Kernel, sections: list[tuple[int, str]]) -> list[str]:
     """Each instruction's phase: its section; code the compiler placed without a usable line
     (line 0, or an inlined line it did not attribute) takes the section of the code before it."""
-    from .debuginfo import short_name
-
     out, last = [], None
     for ins in kernel.instructions:
         name = _section(ins, sections) if sections else None

@@ -28,7 +28,8 @@ class GpuModel:
     threads_per_sm: int = 2048
     ctas_per_sm: int = 32
     # issue: cycles one warp instruction occupies its pipe in a sub-partition (32 lanes / lanes per clock)
-    hmma_cycles: float = 6.7  # HMMA.16816.F32 (fitted, bounded by the measured mma.sync peak)
+    hmma_cycles: float = 6.7  # HMMA.16816.F32: 4096 FLOP at the 638 TFLOP/s mma.sync peak measured on the
+    # H200 (README, "The GPU kernel") over 528 sub-partitions at 1.98 GHz
     fma_cycles: int = 1  # FP32 FFMA/FADD/FMUL: 32 lanes per sub-partition per clock on sm_90
     alu_cycles: int = 2  # integer and logic: 16 lanes per sub-partition per clock
     xu_cycles: int = 8  # MUFU (and conversions): 4 lanes per sub-partition per clock
@@ -44,7 +45,7 @@ class GpuModel:
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
     mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
     global_latency: int = 600  # LDGSTS issue to data in shared memory (L2 hit; fitted)
-    global_bytes_per_cycle: float = 64.0  # per SM, L2 -> SM (fitted)
+    global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
     launch_us: float = 2.0  # launch and drain overhead per kernel (fitted)
 
     def with_(self, **changes) -> "GpuModel":
@@ -52,7 +53,8 @@ class GpuModel:
 
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
-H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.755)
+H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.9218,
+                launch_us=3.291)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.

@@ -39,8 +39,8 @@ import re
 from itertools import takewhile
 
 from ..config import KernelConfig
+from ..contract import KERNEL_NAME
 
-KERNEL_NAME = "fa2_fwd_kernel"  # MERGE: from the kernel contract
 
 Counts = collections.Counter
 EX2 = "#EX2"  # path feature, not a class: MUFU.EX2 instructions that are on

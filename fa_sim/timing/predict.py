@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import KernelConfig
+from ..contract import KernelBuild, kernel_source
+from ..contract.cubins import compile_build
+from ..contract.sass import disassemble
 from ..problem import Problem
 from .gpus import GPUS, GpuModel
 from .paths import KernelSass, analyze, prologue_key, trip_key
@@ -257,18 +260,8 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> 
 @functools.lru_cache(maxsize=256)
 def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
     """Compile, disassemble, cut into paths, cost the shared-memory classes (cached)."""
-    from fa_hw.compile import KernelBuild, compile_build  # MERGE: through the kernel contract
-    from fa_hw.sass import nvdisasm_path  # MERGE: through the kernel contract
-
-    import subprocess
-    import tempfile
-
-    ck = compile_build(KernelBuild(config, causal, arch, False, str(kernel) if kernel else ""))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.cubin)
-        f.flush()
-        text = subprocess.run([str(nvdisasm_path()), "-hex", "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
+    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
+    text = disassemble(ck.cubin, encodings=True)
     controls = {i.addr: i.control for i in parse(text)}
     return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config))
 

@@ -2,8 +2,9 @@
 
 PTX anchors: `#floating-point-instructions-ex2 -lg2 -sin -cos -tanh -rsqrt
 -rsqrt-approx-ftz-f64`, `#half-precision-floating-point-instructions-ex2 -tanh`. The models are
-fa_sim.isa.sfu's (not yet bit-exact; see that module). rcp.approx, sqrt.approx and div.approx
-are in floating.py with their IEEE siblings.
+fa_sim.isa.sfu's: the fp32 forms are bit-exact to the H200 (fa_sim.isa.mufu); tanh.approx.f32 and
+the f16/bf16/f64 forms are within PTX's error bound only and warn NotBitExactWarning (see that
+module). rcp.approx, sqrt.approx and div.approx are in floating.py with their IEEE siblings.
 """
 
 from __future__ import annotations

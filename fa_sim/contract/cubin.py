@@ -17,6 +17,8 @@ the log is no source of truth. The cubin always holds the numbers the driver its
 
 Spill traffic in bytes is not stored in the cubin; `fa_hw.sass_counts.local_memory_bytes`
 counts it from the SASS (equal to ptxas's spill stores / loads, tests/test_sass_counts.py).
+Reading a cubin needs no GPU: fa_hw uses it for every compiled kernel, and a timing model of the
+simulator can use it with occupancy.resident_ctas.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .errors import FaHwError
+from .errors import ToolError
 
 SHT_SYMTAB = 2
 SHT_CUDA_INFO = 0x70000000
@@ -33,7 +35,7 @@ EIATTR_FRAME_SIZE = 0x11
 EIATTR_REGCOUNT = 0x2F
 
 
-class CubinError(FaHwError):
+class CubinError(ToolError):
     """The bytes are not a CUDA ELF cubin, or lack the kernel's resource attributes."""
 
 

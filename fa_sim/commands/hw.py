@@ -8,7 +8,10 @@ Prints the relative Frobenius error of O and the max abs error of LSE against th
 reference (fa_sim.accuracy: streamed in blocks; any non-finite O or LSE is reported with its cause,
 null in JSON, exit status 1), the kernel time (CUDA events), TFLOP/s and the kernel's register
 count. Without a GPU it exits with status 2 and one line (fa_hw.NoGPUError, printed by
-fa_sim/cli.py).
+fa_sim/cli.py); so it does without the `hw` extra (the line says what to install).
+
+The GPU backend is imported when the command runs, not when the CLI starts: the other commands
+do not depend on it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from fa_sim.accuracy import measure
-from fa_sim.commands.common import (
+from ..accuracy import measure
+from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
@@ -31,11 +34,7 @@ from fa_sim.commands.common import (
     random_inputs,
     seqlen_k,
 )
-from fa_sim.commands.preflight import announce, check_gpu, problem_of, qkv_shapes
-
-from . import check
-from .forward import forward
-from .tuned import auto_for_device
+from .preflight import announce, problem_of, qkv_shapes
 
 
 def register(subparsers) -> None:
@@ -49,6 +48,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fa_hw import check  # lazy on purpose: the GPU backend, only when the user asks for the GPU
+    from fa_hw.forward import forward
+    from fa_hw.runtime import check_launch
+    from fa_hw.tuned import auto_for_device
+
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     # every check before the inputs are made (fa_sim/commands/preflight.py): memory, the GPU and the
     # kernel's cubin, then the float64 reference's estimate
     check_input_memory(args)
-    check_gpu(config, args.causal, kernel)
+    check_launch(config, args.causal, kernel)
     announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
     q, k, v = random_inputs(args)
     out = forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)

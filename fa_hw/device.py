@@ -1,0 +1,47 @@
+"""The GPU itself, through cuda.core: the current Device, its exact arch, whether there is one.
+
+Below both fa_hw.compile (which compiles for the current GPU's arch when none is given) and
+fa_hw.runtime (which loads and launches), so neither imports the other to ask.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fa_sim.contract.errors import HW_EXTRA_INSTALL
+
+from .errors import NoGPUError
+
+
+def short(exc: BaseException) -> str:
+    """An exception's text on one line, at most 300 characters."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+@functools.cache
+def device(ordinal: int = 0):
+    """The cuda.core Device, made current; NoGPUError when there is no driver or no GPU."""
+    try:
+        from cuda.core import Device  # lazy on purpose: the hw extra is optional
+    except ImportError:
+        raise NoGPUError(f"cuda.core is not installed; install flashsim[hw] to run the GPU backend "
+                         f"({HW_EXTRA_INSTALL})") from None
+    try:
+        dev = Device(ordinal)
+        dev.set_current()
+    except Exception as exc:  # no libcuda.so (no driver), CUDA_ERROR_NO_DEVICE, bad ordinal
+        raise NoGPUError(f"no usable NVIDIA GPU/driver for fa_hw (device {ordinal}): {short(exc)}") from None
+    return dev
+
+
+def device_arch(ordinal: int = 0) -> str:
+    """'sm_90' on the H200: the exact arch to compile the cubin for."""
+    return f"sm_{device(ordinal).arch}"
+
+
+def has_gpu() -> bool:
+    try:
+        device()
+    except NoGPUError:
+        return False
+    return True
