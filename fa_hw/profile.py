@@ -103,10 +103,11 @@ def parse_raw_csv(text: str) -> dict[str, float]:
     return out
 
 
-def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> dict[str, float]:
+def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None,
+                   metrics: list[str] | None = None) -> dict[str, float]:
     """Run ncu on one launch of the kernel (`kernel`: a variant .cu, else fa_hw's own); {metric:
-    value} for every metric ncu reported."""
-    metrics = _metric_names()
+    value} for every metric ncu reported (`metrics`: the bank counters by default)."""
+    metrics = _metric_names() if metrics is None else metrics
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "inputs.npz")
         np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
@@ -164,6 +165,78 @@ def format_bank_comparison(cmp: BankComparison) -> str:
         lines.append(f"  {c.value:<8}{s.instructions:>11,}{cell(n['instructions']):>11}{s.wavefronts:>12,}"
                      f"{cell(n['wavefronts']):>12}{s.conflicts:>11,}{conf:>11}  {'yes' if cmp.matches(c) else 'NO'}")
     lines.append("  (LDS conflicts: l1tex op_ld conflicts minus LDSM's; LDGSTS: cp.async.cg, cache-bypass path)")
+    return "\n".join(lines)
+
+
+#: Nsight Compute's warp-state reasons (WarpStateStats section), per issued instruction.
+STALL_REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scoreboard", "barrier",
+                 "math_pipe_throttle", "mio_throttle", "no_instruction", "dispatch_stall", "branch_resolving",
+                 "lg_throttle", "membar", "drain", "misc", "sleeping", "tex_throttle", "imc_miss")
+TIMING_METRICS = ("smsp__inst_executed.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                  "sm__warps_active.avg.pct_of_peak_sustained_active", "gpu__time_duration.sum",
+                  *(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS))
+
+
+@dataclass(frozen=True)
+class TimingComparison:
+    """The measured kernel time and Nsight Compute's warp states beside the timing model's."""
+
+    config: KernelConfig
+    measured_ms: float  # median over batches of the per-batch medians (CUDA events)
+    batch_ms: tuple
+    prediction: object  # fa_sim.timing.Prediction
+    ncu: dict
+
+    def stall(self, reason: str) -> float | None:
+        return self.ncu.get(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio")
+
+    def to_json(self) -> dict:
+        return {"config": self.config.tag, "measured_ms": self.measured_ms, "batch_ms": list(self.batch_ms),
+                "predicted": self.prediction.to_json(),
+                "error": self.prediction.kernel_ms / self.measured_ms - 1,
+                "ncu": {"inst_executed": self.ncu.get("smsp__inst_executed.sum"),
+                        "issue_active_pct": self.ncu.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+                        "stalls": {r: self.stall(r) for r in STALL_REASONS}}}
+
+
+def measure_time(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, warmup: int = 5,
+                 reps: int = 20, batches: int = 3) -> tuple[float, tuple]:
+    """(median, per-batch medians) of the kernel time in ms: CUDA events around each launch after warm-up."""
+    import statistics
+
+    from .forward import prepare
+
+    plan, dev, _ = prepare(q, k, v, causal, scale, config, kernel=kernel)
+    medians = tuple(statistics.median(plan.time(dev.stream, warmup, reps)) for _ in range(batches))
+    return statistics.median(medians), medians
+
+
+def timing_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None,
+                      gpu: str = "h200") -> TimingComparison:
+    """fa compare --timing: measure the launch, profile one with Nsight Compute, predict it."""
+    from fa_sim.problem import Problem
+    from fa_sim.timing import predict
+
+    ms, batches = measure_time(q, k, v, causal, scale, config, kernel)
+    b, h, nq, _ = q.shape
+    pred = predict(Problem(b, h, nq, k.shape[2], causal, 1.0, config), gpu, kernel)
+    ncu = profile_launch(q, k, v, causal, scale, config, kernel, list(TIMING_METRICS))
+    return TimingComparison(config, ms, batches, pred, ncu)
+
+
+def format_timing_comparison(cmp: TimingComparison) -> str:
+    p = cmp.prediction
+    inst = cmp.ncu.get("smsp__inst_executed.sum")
+    lines = [f"kernel time, measured vs the timing model ({cmp.config.tag})",
+             f"  measured   {cmp.measured_ms:.4f} ms (CUDA events, median of {len(cmp.batch_ms)} batches: "
+             + ", ".join(f"{x:.4f}" for x in cmp.batch_ms) + ")",
+             f"  predicted  {p.kernel_ms:.4f} ms ({p.kernel_ms / cmp.measured_ms - 1:+.1%}); {p.limiter}",
+             f"  warp instructions executed: ncu {'-' if inst is None else f'{int(inst):,}'}, model {p.instructions:,}",
+             f"  {'stall reason':<22}{'ncu':>8}{'model':>8}   (warp-cycles per issued instruction)"]
+    for r in STALL_REASONS:
+        got, mine = cmp.stall(r), p.stalls.get(r)
+        if (got or 0) >= 0.005 or mine:
+            lines.append(f"  {r:<22}{'-' if got is None else f'{got:.2f}':>8}{'-' if mine is None else f'{mine:.2f}':>8}")
     return "\n".join(lines)
 
 

@@ -2,339 +2,32 @@
 beside the simulator's (issue 5, section 3). `python -m fa_hw.sass_counts [--config TAG]
 [--causal] [--arch sm_90]` prints the table.
 
-Model. nvdisasm -c text -> instructions (address, guard, opcode, operands) -> basic blocks (cut at
-branch targets and after BRA / EXIT / a CALL to a label of the kernel, which is how sm_80 leaves
-the loop), reachable from the entry only (the `BRA self` sentinel after EXIT is dropped). The K/V
-loop is the one backward branch; it must be left at its bottom. Per warp, in the simulator's class
-names (`sass_class`), per path: prologue = paths entry -> header; a trip = paths header -> back
-edge, or -> exit edge for the last round (loop body counted once per trip); epilogue = union of
-the blocks after the loop, which a warp issues whatever its lanes' divergence (lane % 4 != 0 exits
-before the LSE stores; the __frcp_rn slow-path call, whose callee must hold no counted class) -
-checked to equal the heaviest single path.
-
-Guards. `@!PT` never runs (ptxas puts three `@!PT LDS RZ, [RZ]` before each LDGSTS group): not
-counted. Any other guarded instruction is issued, but ptxas if-converts short arms, so some are
-provably off: of a pair `@P X` / `@!P X` (one class, P not rewritten between) one is on and one
-off; one guarded like the block's closing `@P BRA` is on along one edge, off along the other.
-Off instructions are counted apart (`off:CLASS`); the simulator runs the program, so it is
-compared with what is on. Unresolved guards (`@!P3 STG`, rows < seqlen_q) count as on, as the
-simulator counts predicated stores. LDL/STL (spills) are kept out of the comparison.
-
-What NVRTC 13.0 does (sm_80 and sm_90, whole config family): no peeling, no unrolling of the K/V
-loop; both softmax arms (`softmax_rescale_o<true|false>`, each with its own shuffles) are in the
-body; the K[t+1] load, the mask and the interior / boundary copies are branches or if-converted
-arms (a 1-instruction copy: both the plain and the zero-fill LDGSTS issued, one off; a longer one:
-the interior arm predicated into the boundary arm). Zero fill is LDGSTS with an ignore-src
-predicate, one per 16-byte chunk as in the simulator. A trip's path is told by EX2 (MUFU.EX2, one
-per exponential: the P values, plus one alpha per row slot after round 0), LDGDEPBAR (2 with the
-K[t+1] load) and being the last; other branches (mask, copy arms) must not change the on-counts,
-else `SassStructureError`.
+The SASS side (basic blocks, the K/V loop, the paths of prologue, trip and epilogue, guards) is
+fa_sim.timing.paths, which says how each is cut and counted; this module runs the simulator on the
+same problem and compares the two per round and class.
 """
-
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
-import graphlib
-import re
-from itertools import takewhile
 
 import numpy as np
 
 from fa_sim.config import KernelConfig
-from fa_sim.contract import KERNEL_NAME
 from fa_sim.events import ROUND_EPILOGUE, ROUND_PROLOGUE, Op
-from fa_sim.problem import Problem
 from fa_sim.kernels import engine_for
 from fa_sim.kernels.plan import program_sites
+from fa_sim.problem import Problem
 from fa_sim.simulate import simulate
+from fa_sim.timing.paths import (EX2, Counts, KernelSass, SassStructureError, analyze, local_memory_bytes,
+                                 off_classes, on_classes, prologue_key, trip_key)
 
 from .compile import compile_kernel
-from .errors import FaHwError
 
-Counts = collections.Counter
-EX2 = "#EX2"  # path feature, not a class: MUFU.EX2 instructions that are on
-_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P(?:T|\d))\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
-_TARGET = re.compile(r"`\(([^)]+)\)")
-_LABEL = re.compile(r"^\s*([$\w.]+):\s*$")
-_FUNC = re.compile(r"\.type\s+([$\w.]+),@function")
-_PRED = re.compile(r"U?P[0-6T]")
-_WIDTH = {"8", "16", "32", "64", "128"}
+__all__ = ["EX2", "KernelSass", "SassStructureError", "analyze", "local_memory_bytes", "mismatches",
+           "on_classes", "off_classes", "per_warp_table", "sass_round_counts", "sim_round_counts"]
+
 _ROUND = {ROUND_PROLOGUE: "prologue", ROUND_EPILOGUE: "epilogue"}
-_EXACT = {"HMMA.16816.F32": "HMMA", "LDSM.16.M88.4": "LDSM.M88", "LDSM.16.MT88.4": "LDSM.MT88",
-          "SHFL.BFLY": "SHFL", "DEPBAR.LE": "DEPBAR", "LDGDEPBAR": "LDGDEPBAR",
-          "BAR.SYNC.DEFER_BLOCKING": "BAR", "BAR.SYNC": "BAR", "LDGSTS.E.BYPASS.128": "LDGSTS",
-          "LDGSTS.E.BYPASS.LTC128B.128": "LDGSTS"}
-_OWN_COLUMN = {"HMMA", "LDSM", "SHFL", "DEPBAR", "BAR", "LDGSTS", "ATOM", "ATOMS", "ATOMG", "RED", "LD",
-               "ST", "MEMBAR"}  # unmodelled shapes of these keep their full opcode as a column
-
-
-class SassStructureError(FaHwError):
-    """The SASS does not have the shape this analysis models (one natural loop, ...)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SassInstr:
-    addr: int
-    guard: str  # '' when unguarded, else e.g. '@!P0'
-    opcode: str  # with modifiers, e.g. 'LDSM.16.MT88.4'
-    operands: str
-
-    @property
-    def base(self) -> str:
-        return self.opcode.split(".")[0]
-
-    @property
-    def target(self) -> str | None:
-        m = _TARGET.search(self.operands)
-        return m.group(1) if m else None
-
-    @property
-    def literal(self) -> tuple[str, bool] | None:
-        """(predicate, negated) of a real guard; None when unguarded or @PT."""
-        return None if self.guard in ("", "@PT") else (self.guard.lstrip("@!"), "!" in self.guard)
-
-    def writes(self, pred: str) -> bool:
-        """Conservatively: the predicate is among the leading destinations (first operand and the
-        predicates right after it: ISETP P0, PT, ...; IADD3 R4, P0, P1, ...), or R2P PR, ..."""
-        ops = [o.strip() for o in self.operands.split(",")]
-        return ops[0] == "PR" or pred in ops[:1] + list(takewhile(_PRED.fullmatch, ops[1:]))
-
-
-def parse_functions(sass: str) -> tuple[dict[str, list[SassInstr]], dict[str, int]]:
-    """nvdisasm text -> instructions per function, and every label's address."""
-    names = set(_FUNC.findall(sass))
-    funcs: dict[str, list[SassInstr]] = {}
-    labels: dict[str, int] = {}
-    current, pending = None, []
-    for line in sass.splitlines():
-        m = _LINE.match(line)
-        if m:
-            ins = SassInstr(int(m.group(1), 16), m.group(2) or "", m.group(3), m.group(4))
-            labels.update({name: ins.addr for name in pending})
-            pending = []
-            if current is not None:
-                funcs[current].append(ins)
-        elif lab := _LABEL.match(line):
-            pending.append(lab.group(1))
-            if lab.group(1) in names:
-                current = lab.group(1)
-                funcs[current] = []
-    return funcs, labels
-
-
-def sass_class(ins: SassInstr) -> str | None:
-    """The simulator class an instruction counts as (None: not counted). LDS/STS/LDG/STG carry
-    their width (STG.128); LDL/STL (spills) and unmodelled shapes keep their opcode."""
-    if ins.opcode in _EXACT:
-        return _EXACT[ins.opcode]
-    if ins.base in ("LDS", "STS", "LDG", "STG"):
-        bits = [m.lstrip("US") for m in ins.opcode.split(".")[1:] if m.lstrip("US") in _WIDTH]
-        return f"{ins.base}.{bits[-1] if bits else 32}"
-    if ins.base in _OWN_COLUMN or ins.base in ("LDL", "STL"):
-        return ins.opcode
-    return None
-
-
-def _tags(ins: SassInstr) -> list[str]:
-    cls = sass_class(ins)
-    return ([cls] if cls else []) + ([EX2] if ins.opcode.startswith("MUFU.EX2") else [])
-
-
-@dataclasses.dataclass
-class _Block:
-    instrs: list[SassInstr]
-    succ: list[int]  # successor block starts: [taken target, fall-through] for a conditional BRA
-
-
-def _block_weights(b: _Block) -> dict[int | None, Counts]:
-    """Counts of a block per outgoing edge (None: leaving through EXIT), guards resolved."""
-    base, pend = Counts(), []
-    for i, ins in enumerate(b.instrs):
-        if ins.guard != "@!PT" and _tags(ins):
-            if ins.literal:
-                pend.append(i)
-            else:
-                base.update(_tags(ins))
-    _pair_off(b.instrs, pend, base)
-    last, edges = b.instrs[-1], {s: Counts() for s in b.succ}
-    if last.base == "EXIT":
-        edges[None] = Counts()
-    resolvable = (last.base in ("BRA", "CALL") and last.literal and len(set(b.succ)) == 2
-                  and not last.operands.startswith(("P", "!P", "UP", "!UP")))  # not `BRA P1, target`
-    for i in pend:
-        ins = b.instrs[i]
-        pred, neg = ins.literal
-        tied = resolvable and pred == last.literal[0] and not any(x.writes(pred) for x in b.instrs[i + 1:-1])
-        for k, (s, c) in enumerate(edges.items()):
-            on = not tied or (neg == last.literal[1]) == (k == 0)
-            c.update(_tags(ins) if on else [f"off:{t}" for t in _tags(ins)])
-    return {s: base + c for s, c in edges.items()}
-
-
-def _pair_off(instrs: list[SassInstr], pend: list[int], base: Counts) -> None:
-    """Resolve `@P X` / `@!P X` pairs of one class in place: one on, one off."""
-    for i in list(pend):
-        if i not in pend:
-            continue
-        pred, neg = instrs[i].literal
-        for j in pend:
-            if j > i and instrs[j].literal == (pred, not neg) and _tags(instrs[j]) == _tags(instrs[i]):
-                if not any(x.writes(pred) for x in instrs[i + 1:j]):
-                    base.update(_tags(instrs[i]) + [f"off:{t}" for t in _tags(instrs[i])])
-                    pend.remove(i), pend.remove(j)
-                    break
-
-
-def _cfg(instrs: list[SassInstr], labels: dict[str, int], functions) -> dict[int, _Block]:
-    """Basic blocks by start address, only those reachable from the entry. A CALL to a label of
-    the same function is a jump (sm_80 leaves the K/V loop with `@P0 CALL.REL.NOINC` to the exit)."""
-    def jump(ins):
-        return ins.base == "BRA" or (ins.base == "CALL" and ins.target not in functions)
-    leaders = {instrs[0].addr}
-    for ins, nxt in zip(instrs, instrs[1:]):
-        if ins.base in ("BRX", "JMX", "JMP", "BREAK", "KILL"):
-            raise SassStructureError(f"unsupported control flow at {ins.addr:#06x}: {ins.opcode}")
-        if jump(ins) or ins.base in ("EXIT", "RET"):
-            leaders |= {nxt.addr} | ({labels[ins.target]} if jump(ins) else set())
-    blocks, cur = {}, []
-    for i, ins in enumerate(instrs):
-        cur.append(ins)
-        nxt = instrs[i + 1].addr if i + 1 < len(instrs) else None
-        if nxt is None or nxt in leaders:
-            fall = [nxt] if nxt is not None else []
-            if jump(ins):
-                succ = [labels[ins.target]] + (fall if ins.literal else [])
-            else:
-                succ = fall if ins.base not in ("EXIT", "RET") or ins.literal else []
-            blocks[cur[0].addr], cur = _Block(cur, succ), []
-    reach = _reach({a: b.succ for a, b in blocks.items()}, [instrs[0].addr])
-    return {a: b for a, b in blocks.items() if a in reach}
-
-
-def _reach(succ: dict, starts, allowed=None) -> set:
-    """Nodes reachable from `starts` along `succ` (node -> successors), staying inside `allowed`."""
-    seen, todo = set(), list(starts)
-    while todo:
-        n = todo.pop()
-        if n not in seen and (allowed is None or n in allowed):
-            seen.add(n)
-            todo += succ[n]
-    return seen
-
-
-def _path_weights(blocks: dict[int, _Block], nodes: set[int], start: int, ends: set, skip: set) -> set:
-    """Counts of every path from `start` through the DAG `nodes` (edges in `skip` removed) that
-    leaves by one of the edges `ends` (block, successor or None), as frozensets of items."""
-    weights = {n: _block_weights(blocks[n]) for n in nodes}
-    preds = {n: [p for p in nodes if n in blocks[p].succ and (p, n) not in skip] for n in nodes}
-    at: dict[int, set] = {start: {frozenset()}}
-    for n in graphlib.TopologicalSorter(preds).static_order():
-        if n != start:
-            at[n] = {_plus(w, weights[p][n]) for p in preds[n] for w in at.get(p, ())}
-    return {_plus(w, weights[u][s]) for u, s in ends for w in at.get(u, ())}
-
-
-def _plus(w: frozenset, c: Counts) -> frozenset:
-    return frozenset((Counts(dict(w)) + c).items())
-
-
-def on_classes(w) -> Counts:
-    """The simulator-comparable part of a path weight: classes that are on, without local memory
-    (spills, which the simulator has no notion of: see `local_memory_bytes`)."""
-    return Counts({k: v for k, v in dict(w).items() if k != EX2 and not k.startswith(("off:", "LDL", "STL"))})
-
-
-def off_classes(w) -> Counts:
-    """Instructions issued with their guard provably false (if-converted arms), per class."""
-    return Counts({k[4:]: v for k, v in dict(w).items() if k.startswith("off:")})
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelSass:
-    """Per-warp path weights of one kernel's three regions (see the module docstring)."""
-
-    prologue: frozenset  # paths entry -> loop header
-    trip: frozenset  # paths header -> latch -> back edge (rounds before the last)
-    last_trip: frozenset  # paths header -> latch -> loop exit (the last round)
-    epilogue: Counts  # union of the blocks after the loop (= the heaviest path)
-    notes: str
-
-    def paths(self, region: str, ex2: int | None = None, ldgdepbar: int | None = None, **classes: int) -> list:
-        """Paths of `region` with these path features: EX2 and LDGDEPBAR on-counts, and any
-        counted class given by name in `classes` ({"LDGSTS": 8, "HMMA": 64}, see `_trip_key`)."""
-        want = {EX2: ex2, "LDGDEPBAR": ldgdepbar, **classes}
-        ws = {"prologue": self.prologue, "trip": self.trip, "last_trip": self.last_trip}[region]
-        return [w for w in ws if all(n is None or dict(w).get(c, 0) == n for c, n in want.items())]
-
-    def pick(self, region: str, **key) -> Counts:
-        """On-counts of the paths of `region` with this key (`paths`' features); they must agree."""
-        hits = {frozenset(on_classes(w).items()) for w in self.paths(region, **key)}
-        if len(hits) != 1:
-            have = sorted((dict(w).get(EX2, 0), dict(w).get("LDGDEPBAR", 0)) for w in self.paths(region))
-            raise SassStructureError(f"{region}: {len(hits)} distinct on-counts for {key} (paths' EX2, LDGDEPBAR: {have})")
-        return Counts(dict(next(iter(hits))))
-
-
-def analyze(sass: str, function: str = KERNEL_NAME) -> KernelSass:
-    """Cut the kernel's SASS into prologue / K-V loop trip / epilogue and weigh every path."""
-    funcs, labels = parse_functions(sass)
-    blocks = _cfg(funcs[function], labels, funcs)
-    entry = funcs[function][0].addr
-    back = [(u, s) for u, b in blocks.items() for s in b.succ if s <= u]  # backward branches
-    if len({h for _, h in back}) != 1:
-        raise SassStructureError(f"expected one loop (the K/V loop), found back edges {back}")
-    header, latches = back[0][1], {u for u, _ in back}
-    loop, exits = _loop(blocks, header, latches)
-    outside = set(blocks) - loop
-    pro = _path_weights(blocks, outside, entry, {(n, header) for n in outside if header in blocks[n].succ}, set())
-    trip = _path_weights(blocks, loop, header, set(back), set(back))
-    last = _path_weights(blocks, loop, header, exits, set(back))
-    for name in {i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"} & set(funcs):
-        if any(sass_class(i) for i in funcs[name]):  # the __frcp_rn slow path must issue no class
-            raise SassStructureError(f"{function} calls {name}, which issues counted instructions")
-    end = max(blocks[u].instrs[-1].addr for u in latches)
-    notes = (f"K/V loop {header:#06x}..{end:#06x}: {len(loop)} blocks, "
-             f"{sum(len(blocks[n].succ) == 2 for n in loop)} two-way branches, {len(trip | last)} trip paths")
-    return KernelSass(frozenset(pro), frozenset(trip), frozenset(last), _epilogue(blocks, next(iter(exits))[1]), notes)
-
-
-def _loop(blocks: dict[int, _Block], header: int, latches: set[int]) -> tuple[set[int], set]:
-    """The natural loop of `header` and its exit edges, checked to be bottom-tested: every
-    header -> latch path passes an exiting block that is not the header (one-block loops aside),
-    so a trip ends at the back edge or, the last one, at the exit edge."""
-    succ = {a: b.succ for a, b in blocks.items()}
-    preds = {a: [p for p in blocks if a in blocks[p].succ] for a in blocks}
-    loop = {header} | _reach(preds, latches, set(blocks) - {header})
-    exits = {(u, s) for u in loop for s in succ[u] if s not in loop}
-    exiting = {u for u, _ in exits}
-    inner = _reach(succ, [header], loop - exiting)
-    if len({s for _, s in exits}) != 1 or inner & latches or (header in exiting and loop != {header}):
-        raise SassStructureError(f"the K/V loop must be left at its bottom only, exits: {sorted(exits)}")
-    return loop, exits
-
-
-def _epilogue(blocks: dict[int, _Block], start: int) -> Counts:
-    reach = _reach({a: b.succ for a, b in blocks.items()}, [start])
-    union = Counts()
-    for n in reach:  # a block is issued once if any lane gets there; take its heaviest edge
-        ws = [on_classes(w) for w in _block_weights(blocks[n]).values()]
-        union += Counts({k: max(w[k] for w in ws) for k in set().union(*ws)})
-    ends = {(n, None) for n in reach if blocks[n].instrs[-1].base in ("EXIT", "RET")}
-    if not any(on_classes(w) == union for w in _path_weights(blocks, reach, start, ends, set())):
-        raise SassStructureError(f"epilogue: no single path issues every counted instruction {dict(union)}")
-    return union
-
-
-def local_memory_bytes(sass: str, function: str = KERNEL_NAME) -> tuple[int, int]:
-    """Static (STL, LDL) bytes of the function: what ptxas -v reports as spill stores / loads."""
-    out = {"STL": 0, "LDL": 0}
-    for ins in parse_functions(sass)[0][function]:
-        if ins.base in out:
-            bits = [m for m in ins.opcode.split(".")[1:] if m in _WIDTH]
-            out[ins.base] += int(bits[-1] if bits else 32) // 8
-    return out["STL"], out["LDL"]
 
 
 # ---- the simulator's side ------------------------------------------------------------------------
@@ -376,54 +69,19 @@ def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: i
 def sass_round_counts(ks: KernelSass, prob: Problem) -> dict[int, Counts]:
     """What the SASS issues (on-counts) per round of this launch: every warp of a CTA takes the
     path its CTA-uniform decisions select (round 0 or later, K[t+1] load or not, last trip; with
-    kernel options, the prefetches and round-0 work `_trip_key` names)."""
+    kernel options, the prefetches and round-0 work `trip_key` names)."""
     cfg = prob.config
     warps = cfg.n_warps * prob.batch * prob.heads
     out: dict[int, Counts] = collections.defaultdict(Counts)
     def _times(c: Counts) -> Counts:
         return Counts({k: v * warps for k, v in c.items()})
     for nbm in prob.n_block_max(np.arange(prob.n_m_blocks)).tolist():
-        out[ROUND_PROLOGUE] += _times(ks.pick("prologue", **_prologue_key(cfg, nbm)))
+        out[ROUND_PROLOGUE] += _times(ks.pick("prologue", **prologue_key(cfg, nbm)))
         for t in range(nbm):
             region = "last_trip" if t == nbm - 1 else "trip"
-            out[t] += _times(ks.pick(region, **_trip_key(cfg, t, nbm)))
+            out[t] += _times(ks.pick(region, **trip_key(cfg, t, nbm)))
         out[ROUND_EPILOGUE] += _times(ks.epilogue)
     return dict(out)
-
-
-def _copies(cfg: KernelConfig, tiles: int) -> int:
-    """LDGSTS per warp for `tiles` K/V tiles (each thread copies block_n / rows_per_pass chunks)."""
-    return tiles * cfg.block_n // cfg.copy_rows_per_pass
-
-
-def _prologue_key(cfg: KernelConfig, nbm: int) -> dict:
-    """The prologue's path feature with kv_stages > 1: which of the tiles it prefetches (K[s],
-    V[s] for s < S-1; defer_pv: V[s-1]) lie inside the sequence, as LDGSTS per warp."""
-    if cfg.kv_stages == 1:
-        return {}
-    q = cfg.block_m // cfg.copy_rows_per_pass
-    k_tiles = sum(s < nbm for s in range(cfg.kv_stages - 1))
-    v_tiles = sum(s - cfg.defer_pv < nbm for s in range(cfg.defer_pv, cfg.kv_stages - 1))
-    return {"LDGSTS": q + _copies(cfg, k_tiles + v_tiles)}
-
-
-def _trip_key(cfg: KernelConfig, t: int, nbm: int) -> dict:
-    """What tells round t's path apart, from the schedule: EX2 (alpha after round 0); the spec's
-    K[t+1] load (a second LDGDEPBAR), or, with kv_stages > 1 (one group per round), the
-    prefetches of K[t+S-1] and V[t+S-1] (defer_pv: V[t+S-2]) still inside the sequence (LDGSTS);
-    q_in_regs: Q's ldmatrix in round 0 only; defer_pv: the previous round's PV MMAs after round 0."""
-    key = {"ex2": cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread}
-    if cfg.kv_stages == 1:
-        key["ldgdepbar"] = 1 + (t + 1 < nbm)
-    else:
-        ahead = t + cfg.kv_stages - 1
-        key.update(ldgdepbar=1, LDGSTS=_copies(cfg, (ahead < nbm) + (ahead - cfg.defer_pv < nbm)))
-    if cfg.q_in_regs:
-        key["LDSM.M88"] = cfg.qk_k_segments * (cfg.s_n_tiles // 2 + (t == 0) * cfg.m_repeats)
-    if cfg.defer_pv:
-        qk = cfg.m_repeats * cfg.s_n_tiles * cfg.qk_k_segments
-        key["HMMA"] = qk + (t > 0) * cfg.m_repeats * cfg.o_n_tiles * cfg.pv_k_segments
-    return key
 
 
 def mismatches(sim: dict, sass: dict) -> list[str]:

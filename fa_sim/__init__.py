@@ -5,5 +5,6 @@ from .config import KernelConfig, SmemLayout, SoftmaxForm
 from .kernels import Mutation
 from .problem import Problem
 from .simulate import SimResult, simulate
+from .timing import predict_time
 
-__all__ = ["KernelConfig", "Mutation", "Problem", "SimResult", "SmemLayout", "SoftmaxForm", "simulate"]
+__all__ = ["KernelConfig", "Mutation", "Problem", "SimResult", "SmemLayout", "SoftmaxForm", "predict_time", "simulate"]

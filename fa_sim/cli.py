@@ -34,14 +34,14 @@ import io
 import os
 import sys
 
-from .commands import UsageError, banks, compare, explain, hw, layout, sim, sweep, trace
+from .commands import UsageError, banks, compare, explain, hw, layout, sim, sweep, time, trace
 from .contract.errors import ToolError
 from .errors import KernelFault
 from .parallel.errors import ParallelError
 from .ptx.ops import Unsupported
 
 # Every subcommand's module, in the order `fa --help` lists them.
-SUBCOMMANDS = (sim, trace, banks, layout, explain, hw, compare, sweep)
+SUBCOMMANDS = (sim, trace, banks, layout, explain, hw, compare, sweep, time)
 #: Errors that are one line and exit 2: bad usage or input, an instruction the PTX engine does not
 #: execute, a lost worker or cluster (the run is incomplete), and the toolchain's and fa_hw's errors
 #: (compile, launch, no GPU, a missing hw extra).

@@ -34,6 +34,7 @@ class Case:
     mma: str = "exact"
     engine: str | None = None  # None: the one the config needs (fa_sim.kernels.engine_for)
     kernel: str | None = None  # a variant .cu for the PTX engine; None: fa_hw's own
+    timing: str | None = None  # a GPU model (fa_sim.timing.GPUS) to predict the kernel time on
 
     @property
     def name(self) -> str:
@@ -58,6 +59,7 @@ class CaseResult:
     nonfinite: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.NonFinite
     seconds: float = 0.0
     above_bound: tuple = field(default_factory=tuple)  # str of each fa_sim.accuracy.AboveBound
+    predicted_ms: float | None = None  # the timing model's kernel time (Case.timing)
 
     @property
     def conflicts(self) -> int:
@@ -77,13 +79,14 @@ class CaseResult:
                 "instructions": self.instructions, "banks": self.banks, "conflicts": self.conflicts,
                 "hazards": self.hazards, "rel_err_o": self.rel_err_o, "max_abs_err_lse": self.max_abs_err_lse,
                 "nonfinite": list(self.nonfinite), "above_bound": list(self.above_bound), "seconds": self.seconds,
-                "ok": self.ok}
+                "ok": self.ok, **({} if self.case.timing is None else
+                                  {"timing_gpu": self.case.timing, "predicted_ms": self.predicted_ms})}
 
 
 def make_cases(configs, shapes, causals, seed: int = 0, mma: str = "exact", engine: str | None = None,
-               kernel: str | None = None) -> list[Case]:
+               kernel: str | None = None, timing: str | None = None) -> list[Case]:
     """The product configs x shapes x causal flags, in that nesting order."""
-    return [Case(c, tuple(int(x) for x in s), bool(cz), seed, mma, engine, kernel)
+    return [Case(c, tuple(int(x) for x in s), bool(cz), seed, mma, engine, kernel, timing)
             for c in configs for s in shapes for cz in causals]
 
 
@@ -142,10 +145,15 @@ def run_case(case: Case) -> CaseResult:
     seconds = time.perf_counter() - start
     acc = measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
     by_class = banks.report().by_class()
+    predicted = None
+    if case.timing is not None:
+        from .timing import predict
+
+        predicted = predict(case.problem(), case.timing, case.kernel).kernel_ms
     return CaseResult(case, {op.value: int(res.instructions[op]) for op in COUNTED_OPS},
                       {c.value: by_class[c].to_json(c) for c in SmemClass}, hazards.report().total,
                       acc.rel_err_o, acc.max_abs_err_lse, tuple(str(f) for f in acc.nonfinite), seconds,
-                      tuple(str(f) for f in acc.above_bound))
+                      tuple(str(f) for f in acc.above_bound), predicted)
 
 
 class CaseProgress:
@@ -186,14 +194,16 @@ def _num(x) -> str:
 
 
 def format_table(results: list[CaseResult], title: str = "fa sweep") -> str:
+    timed = any(r.case.timing is not None for r in results)
     head = (f"{'case':<42}{'warp instr':>12}{'LDSM cf':>9}{'LDS cf':>8}{'STS cf':>8}{'LDGSTS ex':>11}"
-            f"{'hazards':>9}{'rel err O':>11}{'max|dLSE|':>11}{'s':>7}")
+            f"{'hazards':>9}{'rel err O':>11}{'max|dLSE|':>11}{'s':>7}" + (f"{'pred ms':>10}" if timed else ""))
     lines = [title, head, "-" * len(head)]
     for r in results:
         b = r.banks
+        pred = "" if not timed else f"{r.predicted_ms:>10.4f}" if r.predicted_ms is not None else f"{'-':>10}"
         lines.append(f"{r.case.name:<42}{sum(r.instructions.values()):>12,}{b['LDSM']['conflicts']:>9,}"
                      f"{b['LDS']['conflicts']:>8,}{b['STS']['conflicts']:>8,}{b['LDGSTS']['excess_wavefronts']:>11,}"
-                     f"{r.hazards:>9,}{_num(r.rel_err_o):>11}{_num(r.max_abs_err_lse):>11}{r.seconds:>7.2f}")
+                     f"{r.hazards:>9,}{_num(r.rel_err_o):>11}{_num(r.max_abs_err_lse):>11}{r.seconds:>7.2f}{pred}")
     bad = [r for r in results if not r.ok]
     lines.append(f"{len(results)} cases, {len(bad)} with hazards, non-finite results or errors above their bound"
                  if bad else f"{len(results)} cases, no hazards, all results finite and within their error bounds")

@@ -12,7 +12,8 @@ KernelConfig JSON, causal flag, scale) in an .npz (refused if FILE exists, unles
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
 with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
-simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU).
+simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
+kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--gpu-npz", metavar="FILE", default=None,
                    help="compare against a saved GPU run instead of launching: no GPU needed (default: launch)")
     p.add_argument("--banks", action="store_true", help="bank conflicts: simulator beside Nsight Compute (needs ncu)")
+    p.add_argument("--timing", action="store_true",
+                   help="kernel time: measured (CUDA events) and Nsight Compute's stall reasons beside the timing "
+                        "model's prediction (fa time; needs ncu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--force", action="store_true", help="overwrite an existing --save file (default: refuse)")
     p.set_defaults(func=run)
@@ -102,7 +106,7 @@ def _given(dest: str, value) -> str:
 
 def _check_against(args, rec: SavedRun, path) -> None:
     """Refuse explicit options that disagree with what the file recorded."""
-    refuse(args, ("save", "banks"), "with --gpu-npz, which launches nothing")
+    refuse(args, ("save", "banks", "timing"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
     b, h, nq, d = rec.q.shape
@@ -236,13 +240,24 @@ def run(args) -> int:
         from fa_hw.profile import bank_comparison, format_bank_comparison
 
         banks = bank_comparison(q, k, v, causal, scale, config, kernel)
+    timing = None
+    if args.timing:
+        from fa_hw.profile import timing_comparison
+
+        timing = timing_comparison(q, k, v, causal, scale, config, kernel)
     if args.json:
         obj = report.to_json()
         if banks is not None:
             obj["banks"] = banks.to_json()
+        if timing is not None:
+            obj["timing"] = timing.to_json()
         print(json.dumps(obj))
     else:
         print(format_report(report))
         if banks is not None:
             print(format_bank_comparison(banks))
+        if timing is not None:
+            from fa_hw.profile import format_timing_comparison
+
+            print(format_timing_comparison(timing))
     return 0 if report.ok else 1

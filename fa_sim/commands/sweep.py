@@ -7,7 +7,8 @@ Each kernel-config option takes a comma-separated list and the sweep runs their 
 front with its reason. `--shape B,H,Nq[,Nk]` may be repeated (Nk defaults to Nq); `--causal` is
 off, on or both. Prints one row per case: warp instructions, bank conflicts per class (LDGSTS:
 excess wavefronts, which Nsight Compute does not call conflicts), hazards, relative error of O and
-max |LSE error|; `--json` prints a list of objects instead; `--plot DIR` writes the figure
+max |LSE error|, and with `--timing` the timing model's predicted kernel time (fa time); `--json`
+prints a list of objects instead; `--plot DIR` writes the figure
 sweep.png/.svg (checked before the sweep runs). Exit status 1 when a case shows hazards, a
 non-finite result or an error above its documented bound (fa_sim.accuracy), else 0.
 """
@@ -53,6 +54,9 @@ def register(subparsers) -> None:
                    help=describe("seed of every case's standard-normal fp16 inputs", 0, "0 or more"))
     p.add_argument("--mma", default="exact", choices=["exact", "h200"],
                    help="tensor-core accumulation (default exact; one of exact, h200)")
+    p.add_argument("--timing", nargs="?", const="h200", default=None, choices=("h200", "a100"), metavar="GPU",
+                   help="add the timing model's predicted kernel time (fa time) for each case (GPU default h200; "
+                        "one of h200, a100)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per case, instead of the table")
     p.add_argument("--plot", metavar="DIR", default=None,
                    help=f"write the figure {FIGURE}.png/.svg into DIR, created if missing (default: none)")
@@ -139,7 +143,7 @@ def run(args) -> int:
     kernel = kernel_from_args(args)
     engine = args.engine or ("ptx" if kernel is not None else None)
     cases = sweep.make_cases(configs, shapes, CAUSAL[args.causal], args.seed, args.mma, engine,
-                             None if kernel is None else str(kernel))
+                             None if kernel is None else str(kernel), args.timing)
     _check(cases, args)
     results = sweep.run_sweep(cases, workers=args.workers, cluster=args.cluster)
     if args.json:

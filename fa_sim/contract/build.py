@@ -35,6 +35,7 @@ class KernelBuild:
     # Performance experiments only (experiments/bench_hw.py --diagnose), never set by forward():
     min_blocks_override: int = 0  # __launch_bounds__ minimum CTAs per SM instead of the heuristic
     diag_accurate_exp: bool = False  # the spec's literal expf instead of the exp2 form: not modelled by fa_sim
+    lineinfo: bool = False  # -lineinfo: CUDA source lines for nvdisasm -g (the same code; fa_sim.timing)
 
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, KernelSource):

@@ -56,13 +56,14 @@ def cache_dir() -> Path:
 
 def _cache_key(source: str, build: KernelBuild) -> str:
     return cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
-                     options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())
+                     options=["std=c++17", "ptxas -v"] + ["lineinfo"] * build.lineinfo, nvrtc=nvrtc_version())
 
 
 def _nvrtc(source: str, build: KernelBuild) -> tuple[bytes, str]:
     """(cubin, log) of `source` with the build's macros, for its arch; CompileError names the build."""
     try:
-        return compile_cubin(source, name=PROGRAM_NAME, arch=build.arch, macros=build.macros())
+        return compile_cubin(source, name=PROGRAM_NAME, arch=build.arch, macros=build.macros(),
+                             lineinfo=build.lineinfo)
     except NvrtcError as exc:
         raise CompileError(f"NVRTC failed to compile {build.describe()}: {exc.detail}", exc.log) from None
 

@@ -153,10 +153,12 @@ def kernel_ptx(build: KernelBuild, *, arch: str = DEFAULT_ARCH, use_cache: bool 
                        use_cache=use_cache, refresh=refresh)
 
 
-def compile_cubin(source: str, *, name: str, arch: str, macros: Mapping[str, int | str] = {}) -> tuple[bytes, str]:
-    """(cubin, NVRTC's log) of `source` for the real arch `arch` (uncached: fa_hw.compile caches
-    cubins by KernelBuild). Raises NvrtcError with the log when NVRTC rejects the source."""
-    cubin, log = run_nvrtc(source, name, cubin_options(arch, macros), Output.CUBIN)
+def compile_cubin(source: str, *, name: str, arch: str, macros: Mapping[str, int | str] = {},
+                  lineinfo: bool = False) -> tuple[bytes, str]:
+    """(cubin, NVRTC's log) of `source` for the real arch `arch` (uncached: cubins.py caches cubins
+    by KernelBuild); `lineinfo`: with CUDA source lines (-lineinfo, the same code). Raises
+    NvrtcError with the log when NVRTC rejects the source."""
+    cubin, log = run_nvrtc(source, name, cubin_options(arch, macros) + ["-lineinfo"] * lineinfo, Output.CUBIN)
     return cubin, log
 
 

@@ -46,11 +46,15 @@ def nvdisasm_path() -> Path:
                          "PATH, $CUDA_HOME/bin nor /usr/local/cuda/bin")
 
 
-def disassemble(cubin: bytes) -> str:
+def disassemble(cubin: bytes, encodings: bool = False, lines: bool = False) -> str:
+    """nvdisasm's listing of a cubin's code; `encodings`: each instruction's two 64-bit words too
+    (-hex: the control bits fa_sim.timing.sass decodes); `lines`: the CUDA source line of each
+    instruction (-g; the cubin must be built with -lineinfo)."""
+    flags = ["-hex"] * encodings + ["-g"] * lines
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        run = subprocess.run([str(nvdisasm_path()), "-c", f.name], capture_output=True, text=True)
+        run = subprocess.run([str(nvdisasm_path()), *flags, "-c", f.name], capture_output=True, text=True)
     if run.returncode:
         raise NvdisasmError(f"nvdisasm failed: {' '.join(run.stderr.split())[:300]}")
     return run.stdout

@@ -1,0 +1,180 @@
+"""Measured kernel times of the validation cases of the timing model (fa_sim.timing), on the GPU.
+
+    python experiments/timing_measure.py --out DIR              # every case, 3 timed batches each
+    python experiments/timing_measure.py --list                 # the cases, no GPU needed
+    ncu --csv --page raw --section WarpStateStats ... python experiments/timing_measure.py --profile --out DIR
+                                                                # one launch per profiled case
+
+The cases (`cases()`, deterministic): every config of the family (KernelConfig.family(): the three
+shared-memory layouts, d = 32/64/128, 4 and 8 warps, every tile) once without and once with the
+causal mask, on a rotating list of shapes that fill the H200's 132 SMs with several waves and
+include lengths that are not multiples of the tiles; every schedule option (kv_stages 2 and 3,
+q_in_regs, heavy_first, defer_pv (which needs kv_stages >= 2), min_blocks, the FFMA softmax form) alone
+and in pairs on six
+base configs, each beside its base config on the same shape (the sign of its speedup); a kernel
+variant (experiments/variants) beside the kernel it varies. Each case is split into the fitting half or
+the validation half by `half()`, so the model is fitted on one and reported on the other.
+
+Timing: the inputs are random normal fp16 torch tensors (never zeros); each batch is `--warmup`
+launches, then `--reps` launches each bracketed by CUDA events; a case's time is the median of each
+batch, and the three batch medians give the spread. Inputs stay in L2 between launches where they
+fit (H200: 50 MB), as in a model's repeated layers. Writes timing_cases.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fa_sim.config import KernelConfig, SoftmaxForm
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANT = ROOT / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
+# (B, H, Nq, Nk): 132 SMs x 2-4 resident CTAs; lengths both multiples of 128 and not
+SHAPES = ((4, 16, 2048, 2048), (2, 16, 4096, 4096), (8, 8, 1024, 1024), (1, 32, 3000, 3000),
+          (16, 16, 512, 512), (1, 16, 8192, 8192), (2, 24, 1500, 1500), (4, 8, 2500, 1700))
+OPTION_BASES = ("m64n64d64w4-swizzled", "m128n64d64w4-swizzled", "m128n128d64w8-swizzled",
+                "m64n64d128w4-swizzled", "m128n64d128w8-swizzled", "m64n32d32w4-swizzled")
+OPTIONS = ({"kv_stages": 2}, {"kv_stages": 3}, {"q_in_regs": True}, {"heavy_first": True}, {"defer_pv": True},
+           {"min_blocks": 2}, {"softmax": SoftmaxForm.FFMA}, {"kv_stages": 2, "defer_pv": True},
+           {"kv_stages": 3, "defer_pv": True}, {"kv_stages": 2, "q_in_regs": True},
+           {"kv_stages": 2, "heavy_first": True})
+
+
+@dataclass(frozen=True)
+class Case:
+    tag: str  # KernelConfig.tag (suffixes: options and softmax form)
+    shape: tuple[int, int, int, int, int]  # B, H, Nq, Nk, d
+    causal: bool
+    kernel: str = ""  # a variant's path relative to the repository, "" = fa_hw's own
+
+    @property
+    def key(self) -> str:
+        b, h, nq, nk, d = self.shape
+        return f"{self.tag}/{b}x{h}x{nq}x{nk}x{d}/{'causal' if self.causal else 'full'}" + \
+            (f"/{Path(self.kernel).stem}" if self.kernel else "")
+
+    def half(self) -> str:
+        """'fit' or 'validate', by a hash of the key (stable across runs and machines)."""
+        return "fit" if hashlib.sha256(self.key.encode()).digest()[0] % 2 == 0 else "validate"
+
+    def config(self) -> KernelConfig:
+        return KernelConfig.from_tag(self.tag)
+
+
+def _with(base: KernelConfig, changes: dict) -> KernelConfig | None:
+    from dataclasses import replace
+
+    try:
+        return replace(base, **changes)
+    except ValueError:
+        return None
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    for i, cfg in enumerate(KernelConfig.family()):
+        for j, causal in enumerate((False, True)):
+            b, h, nq, nk = SHAPES[(2 * i + j) % len(SHAPES)]
+            out.append(Case(cfg.tag, (b, h, nq, nk, cfg.head_dim), causal))
+    for i, tag in enumerate(OPTION_BASES):
+        base = KernelConfig.from_tag(tag)
+        for j, changes in enumerate(OPTIONS):
+            cfg = _with(base, changes)
+            if cfg is None:
+                continue
+            causal = bool(changes.get("heavy_first")) or (i + j) % 2 == 1
+            b, h, nq, nk = SHAPES[(i + 3 * j) % len(SHAPES)]
+            out.append(Case(cfg.tag, (b, h, nq, nk, cfg.head_dim), causal))
+            out.append(Case(base.tag, (b, h, nq, nk, cfg.head_dim), causal))  # the option's speedup, same shape
+    for causal, (b, h, nq, nk) in ((False, SHAPES[0]), (True, SHAPES[1])):
+        out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal, str(VARIANT.relative_to(ROOT))))
+        out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal))
+    return list(dict.fromkeys(out))  # each case once
+
+
+def _inputs(case: Case):
+    import torch
+
+    b, h, nq, nk, d = case.shape
+    g = torch.Generator(device="cuda").manual_seed(int(hashlib.sha256(case.key.encode()).hexdigest()[:8], 16))
+    return [torch.randn((b, h, n, d), generator=g, device="cuda", dtype=torch.float16) for n in (nq, nk, nk)]
+
+
+def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
+    from fa_hw.forward import prepare
+
+    q, k, v = _inputs(case)
+    plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(),
+                           kernel=str(ROOT / case.kernel) if case.kernel else None)
+    medians = [statistics.median(plan.time(dev.stream, warmup, reps)) for _ in range(batches)]
+    return {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
+            "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
+            "smem_bytes": plan.smem_bytes}
+
+
+def _precompile(selected: list[Case]) -> None:
+    """Every cubin in parallel (one NVRTC compile per core) before the first timed launch."""
+    from fa_hw.compile import KernelBuild, compile_many
+    from fa_hw.runtime import device_arch
+
+    arch = device_arch()
+    builds = {KernelBuild(c.config(), c.causal, arch, False, str((ROOT / c.kernel).resolve()) if c.kernel else "")
+              for c in selected}
+    compile_many(sorted(builds, key=repr))
+
+
+def profile_subset(all_cases: list[Case], n: int = 12) -> list[Case]:
+    """Spread over the list: the cases Nsight Compute profiles (one launch each)."""
+    step = max(1, len(all_cases) // n)
+    return all_cases[::step][:n]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
+    p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
+    args = p.parse_args(argv)
+    all_cases = cases()
+    if args.list:
+        for c in all_cases:
+            print(c.half(), c.key)
+        print(f"{len(all_cases)} cases, {sum(c.half() == 'fit' for c in all_cases)} to fit", file=sys.stderr)
+        return 0
+    selected = profile_subset(all_cases) if args.profile else all_cases
+    t0 = time.time()
+    _precompile(selected)
+    print(f"compiled {len(selected)} cases in {time.time() - t0:.0f} s", flush=True)
+    if args.profile:
+        for c in selected:
+            measure(c, 0, 1, 1)
+            print("profiled", c.key, flush=True)
+        return 0
+    import torch
+
+    rows = []
+    for i, c in enumerate(selected):
+        rows.append(measure(c, args.warmup, args.reps, args.batches))
+        r = rows[-1]
+        print(f"{i:3d} {c.key:60s} {r['kernel_ms']:.4f} ms  spread {max(r['batch_ms']) / min(r['batch_ms']) - 1:.2%}",
+              flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "batches": args.batches,
+            "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}
+    (args.out / "timing_cases.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
+    print(f"wrote {len(rows)} cases to {args.out / 'timing_cases.json'} in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

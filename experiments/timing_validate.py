@@ -1,0 +1,186 @@
+"""The timing model against the H200: fit on one half of the measured cases, report on the other.
+
+    python experiments/timing_validate.py                 # report with the shipped H200 parameters
+    python experiments/timing_validate.py --fit           # refit on the fitting half, then report
+    python experiments/timing_validate.py --limit 20      # a quick look at every 20th case
+
+The measured cases are tests/data/h200/timing_cases.json (experiments/timing_measure.py on the
+H200: medians of CUDA-event times, three batches each). Each case belongs to the 'fit' or the
+'validate' half by a hash of its key. --fit searches the SM parameters named in FITTED (coordinate
+search over 0.6x and 1.5x of each value) on every --fit-step-th fitting case, then the effective clock
+and launch overhead by least squares of relative error on all fitting cases; parameters are
+printed for fa_sim/timing/gpus.py. The report: MAPE and Spearman rank correlation on each half,
+the sign of each option's speedup (the option against its base config on the same shape), the
+worst cases, and the scatter plot experiments/figures/timing_h200.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fa_sim.config import KernelConfig
+from fa_sim.problem import Problem
+from fa_sim.timing.gpus import H200, GpuModel
+from fa_sim.timing.predict import dispatch, kernel_model, occupancy, sm_rates, _masked_extra
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
+FITTED = ("mio_queue", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
+
+
+@dataclass(frozen=True)
+class Measured:
+    key: str
+    half: str
+    tag: str
+    shape: tuple
+    causal: bool
+    kernel: str
+    ms: float
+
+    def problem(self) -> Problem:
+        b, h, nq, nk, _ = self.shape
+        return Problem(b, h, nq, nk, self.causal, 1.0, KernelConfig.from_tag(self.tag))
+
+
+def load(path: Path = DATA) -> list[Measured]:
+    rows = json.loads(path.read_text())["cases"]
+    return [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], r["kernel_ms"])
+            for r in rows]
+
+
+def cycles(case: Measured, gpu: GpuModel) -> float:
+    """Predicted makespan in SM cycles (the clock and launch overhead come after)."""
+    prob = case.problem()
+    model = kernel_model(prob.config, prob.causal, gpu.arch, str(ROOT / case.kernel) if case.kernel else None)
+    k = occupancy(model, gpu)
+    rates = sm_rates(model, gpu, k, account=False)
+    return dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))[0]
+
+
+def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
+    """(clock GHz, launch us) minimising the squared relative error of cyc / clock + launch."""
+    a = np.stack([cyc / ms, 1 / ms], axis=1)
+    (inv_clock, launch), *_ = np.linalg.lstsq(a, np.ones_like(ms), rcond=None)
+    return 1 / inv_clock / 1e6, launch * 1e3
+
+
+def predictions(cases, gpu: GpuModel) -> np.ndarray:
+    return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3 for c in cases])
+
+
+def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuModel:
+    fit_cases = [c for c in cases if c.half == "fit"]
+    sample = fit_cases[::step]
+    ms = np.array([c.ms for c in sample])
+
+    def score(g: GpuModel) -> tuple[float, GpuModel]:
+        cyc = np.array([cycles(c, g) for c in sample])
+        clock, launch = clock_fit(cyc, ms)
+        g = g.with_(clock_ghz=clock, launch_us=launch)
+        pred = cyc / (clock * 1e6) + launch / 1e3
+        return float(np.mean(np.abs(pred / ms - 1))), g
+
+    best, gpu = score(gpu)
+    log(f"start: MAPE {best:.2%} on {len(sample)} fitting cases")
+    for _ in range(1):
+        for name in FITTED:
+            value = getattr(gpu, name)
+            for factor in (0.6, 1.5):
+                trial = type(value)(value * factor) if isinstance(value, int) else value * factor
+                err, g = score(gpu.with_(**{name: trial}))
+                if err < best:
+                    best, gpu = err, g
+                    log(f"  {name} = {trial}: MAPE {best:.2%}")
+    cyc = np.array([cycles(c, gpu) for c in fit_cases])
+    clock, launch = clock_fit(cyc, np.array([c.ms for c in fit_cases]))
+    return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3))
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def option_signs(cases: list[Measured], pred: dict) -> list[tuple[str, float, float]]:
+    """(option case, measured speedup, predicted speedup) against its base on the same shape."""
+    by_shape = {(c.tag, c.shape, c.causal, c.kernel): c for c in cases}
+    out = []
+    for c in cases:
+        base_tag = KernelConfig.from_tag(c.tag).tag
+        cfg = KernelConfig.from_tag(c.tag)
+        plain = KernelConfig(block_m=cfg.block_m, block_n=cfg.block_n, head_dim=cfg.head_dim, n_warps=cfg.n_warps,
+                             smem=cfg.smem).tag
+        base = by_shape.get((plain, c.shape, c.causal, ""))
+        if base is None or base.key == c.key or (base_tag == plain and not c.kernel):
+            continue
+        out.append((c.key, base.ms / c.ms - 1, pred[base.key] / pred[c.key] - 1))
+    return out
+
+
+def report(cases: list[Measured], pred: dict, out: Path) -> str:
+    lines = ["| half | cases | MAPE | Spearman | worst |", "|---|---|---|---|---|"]
+    for half in ("fit", "validate"):
+        sel = [c for c in cases if c.half == half and c.key in pred]
+        m, p = np.array([c.ms for c in sel]), np.array([pred[c.key] for c in sel])
+        err = np.abs(p / m - 1)
+        w = sel[int(np.argmax(err))]
+        lines.append(f"| {half} | {len(sel)} | {err.mean():.1%} | {spearman(m, p):.3f} | {w.key} {err.max():+.0%} |")
+    signs = option_signs(cases, pred)
+    right = sum((a > 0) == (b > 0) for _, a, b in signs)
+    lines += ["", f"option speedup signs predicted right: {right} of {len(signs)}"]
+    lines += [f"  {k}: measured {a:+.1%}, predicted {b:+.1%}" for k, a, b in signs if (a > 0) != (b > 0)]
+    _scatter(cases, pred, out)
+    return "\n".join(lines)
+
+
+def _scatter(cases, pred, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for half, color in (("fit", "tab:blue"), ("validate", "tab:orange")):
+        sel = [c for c in cases if c.half == half and c.key in pred]
+        ax.scatter([c.ms for c in sel], [pred[c.key] for c in sel], s=10, color=color, label=half)
+    lim = [min(c.ms for c in cases) * 0.8, max(c.ms for c in cases) * 1.25]
+    ax.plot(lim, lim, color="gray", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured on the H200 (ms)",
+           ylabel="predicted by fa_sim.timing (ms)", title="Kernel time, predicted vs measured")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
+    ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
+    ap.add_argument("--json", type=Path, default=None, help="write the predictions here")
+    args = ap.parse_args(argv)
+    cases = load()[:: args.limit]
+    gpu = H200
+    t0 = time.time()
+    if args.fit:
+        gpu = fit(cases, gpu, args.fit_step, log=lambda m: print(m, flush=True))
+        print(f"fitted: {gpu}")
+    pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
+    print(report(cases, pred, args.out))
+    print(f"{len(cases)} cases in {time.time() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": repr(gpu), "predicted_ms": pred}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

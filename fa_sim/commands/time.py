@@ -1,0 +1,86 @@
+"""`fa time`: the predicted kernel time of one launch on a GPU model, its limiter and stall
+reasons, without a GPU (fa_sim.timing).
+
+    fa time --batch 4 --heads 16 --seqlen 2048                 # the seed config on the H200 model
+    fa time --seqlen 4096 --head-dim 128 --config auto --causal
+    fa time --config m128n64d64w4-swizzled-s2 --json           # one JSON object, kernel_ms inside
+
+How the prediction is made: NVRTC compiles the kernel for the GPU's arch; its SASS with the
+control bits ptxas sets (stall counts, scoreboards) is cut into the paths each K/V round takes;
+one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
+grid's CTAs are not all timed, and co-resident CTAs start together); the grid is then dispatched
+over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
+fa_sim/timing/gpus.py (the A100's from public figures, not validated). Accuracy on the H200 and
+how it was measured: README, "Time".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..problem import Problem
+from ..timing import GPUS, predict
+from .common import (
+    add_config_arguments,
+    add_engine_arguments,
+    add_problem_arguments,
+    auto_requested,
+    check_scale,
+    config_from_args,
+    kernel_from_args,
+    problem_head_dim,
+    seqlen_k,
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("time", help="predict the kernel time on a GPU model, its limiter and stalls (no GPU)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_problem_arguments(p, seqlen=2048, heads=16)
+    add_config_arguments(p)
+    add_engine_arguments(p, simulator=False)
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h200",
+                   help="the GPU model (default h200; a100: public figures, not validated)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the prediction under kernel_ms)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    d = problem_head_dim(args)
+    check_scale(args, d)
+    nk = seqlen_k(args)
+    source = None
+    if auto_requested(args):
+        from fa_hw.tuned import auto_config
+
+        gpu = GPUS[args.gpu]
+        choice = auto_config(d, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch)
+        config, source = choice.config, choice.source
+    else:
+        config = config_from_args(args, head_dim=d)
+    kernel = kernel_from_args(args)
+    prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config)
+    pred = predict(prob, args.gpu, kernel)
+    if args.json:
+        print(json.dumps({"config": config.tag, "config_source": source, "causal": args.causal, "gpu": args.gpu,
+                          "shape": [args.batch, args.heads, args.seqlen, nk, d],
+                          "kernel": None if kernel is None else str(kernel), **pred.to_json()}))
+        return 0
+    print(f"fa time  {config.tag}  (B, H, Nq, Nk, d) = ({args.batch}, {args.heads}, {args.seqlen}, {nk}, {d})"
+          f"  {'causal' if args.causal else 'non-causal'}  on the {args.gpu} model"
+          + ("" if GPUS[args.gpu].validated else " (not validated)")
+          + ("" if kernel is None else f"  kernel {kernel.name}"))
+    if source is not None:
+        print(f"  config auto: {source}")
+    print(f"  predicted kernel time   {pred.kernel_ms:.4f} ms   ({pred.tflops:.1f} TFLOP/s)")
+    print(f"  limiter                 {pred.limiter}")
+    print(f"  occupancy               {pred.occupancy} CTAs per SM, {pred.achieved_occupancy:.0%} of the SM's warps "
+          "achieved")
+    print(f"  issue slots used        {pred.issue_slots:.0%}")
+    pipes = sorted(pred.pipes.items(), key=lambda kv: -kv[1])
+    print("  pipe utilisation        " + "  ".join(f"{n} {v:.0%}" for n, v in pipes if v >= 0.005))
+    print("  warp stalls per issued instruction (Nsight Compute's reasons):")
+    for name, v in sorted(pred.stalls.items(), key=lambda kv: -kv[1]):
+        print(f"    {name:<20}{v:6.2f}")
+    return 0

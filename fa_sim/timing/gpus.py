@@ -1,0 +1,64 @@
+"""The parameters of each GPU the timing model knows, in one small table, each with its source.
+
+Every latency and throughput the SM model (fa_sim.timing.sm) uses is a named field here, in the
+GPGPU-Sim tradition of one config per GPU. Sources: NVIDIA's architecture white papers (SM
+counts, clocks, per-SM unit counts), the CUDA C++ Programming Guide's "Compute Capabilities" table
+(occupancy limits, arithmetic throughput per SM per clock), Nsight Compute measurements on the
+H200 (tests/data/h200/timing_ncu.json) and the fit of `experiments/timing_validate.py` on the
+fitting half of the measured cases (tests/data/h200/timing_cases.json), marked "fitted".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    marketing_name: str  # as the driver names it (fa_hw.tuned's tables are keyed by it)
+    arch: str  # the cubin the model reads
+    validated: bool  # measured against this GPU (tests/data/<gpu>/timing_cases.json)
+    sms: int
+    clock_ghz: float  # effective SM clock during the measured runs (fitted: boost varies with load)
+    # occupancy (CUDA C++ Programming Guide, compute capability table)
+    regs_per_sm: int = 65536
+    smem_per_sm: int = 233472  # bytes a CTA may use summed over the SM (sm_90: 228 KB)
+    smem_reserved: int = 1024  # per CTA, reserved by the driver
+    threads_per_sm: int = 2048
+    ctas_per_sm: int = 32
+    # issue: cycles one warp instruction occupies its pipe in a sub-partition (32 lanes / lanes per clock)
+    hmma_cycles: float = 6.7  # HMMA.16816.F32: 4096 FLOP at the 638 TFLOP/s mma.sync peak measured on the
+    # H200 (README, "The GPU kernel") over 528 sub-partitions at 1.98 GHz
+    fma_cycles: int = 1  # FP32 FFMA/FADD/FMUL: 32 lanes per sub-partition per clock on sm_90
+    alu_cycles: int = 2  # integer and logic: 16 lanes per sub-partition per clock
+    xu_cycles: int = 8  # MUFU (and conversions): 4 lanes per sub-partition per clock
+    # latencies in cycles, from issue to the scoreboard's release
+    mufu_latency: int = 18
+    smem_latency: int = 24  # LDSM / LDS / STS after the last wavefront left the shared-memory pipe
+    shfl_latency: int = 24
+    s2r_latency: int = 20
+    const_latency: int = 12  # LDC (cached constant)
+    read_latency: int = 6  # a read scoreboard: sources read
+    bar_latency: int = 20  # BAR.SYNC: last arrival to release
+    # shared memory and global memory
+    smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
+    mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
+    global_latency: int = 600  # LDGSTS issue to data in shared memory (L2 hit; fitted)
+    global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
+    launch_us: float = 2.0  # launch and drain overhead per kernel (fitted)
+
+    def with_(self, **changes) -> "GpuModel":
+        return replace(self, **changes)
+
+
+#: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
+H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.9218,
+                launch_us=3.291)
+
+#: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
+#: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.
+A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80", validated=False, sms=108, clock_ghz=1.41, smem_per_sm=167936, fma_cycles=2,
+                global_latency=500, global_bytes_per_cycle=48.0)
+
+GPUS = {g.name: g for g in (H200, A100)}

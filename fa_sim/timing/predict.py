@@ -1,0 +1,289 @@
+"""Predicted kernel time of one launch on a GPU model, from the cubin, without a GPU.
+
+How (what `fa time --help` says too):
+1. The cubin NVRTC builds for the GPU's arch, disassembled with its control bits
+   (fa_sim.timing.sass) and cut into the paths a warp takes (fa_sim.timing.paths): prologue, one
+   K/V round (first, steady, masked, last) and epilogue; every warp of a CTA takes its CTA's path.
+2. Shared-memory cost per instruction class from the bank model on a one-CTA simulation
+   (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
+3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
+4. One SM, cycle by cycle (fa_sim.timing.sm), with j identical CTAs resident (j = 1, the
+   occupancy, and half of it from 4 on; linear in between), each for two loop lengths: the cycles
+   per round c_j and the fixed cost o_j of a CTA when j share the SM. This is the
+   representative-CTA approximation: CTAs are not all timed, and co-resident CTAs start together.
+5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
+   free slots; each SM runs its resident CTAs at the rate of its occupancy; the last CTA's end,
+   at the GPU's effective clock, plus the launch overhead, is the kernel time.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import KernelConfig
+from ..contract import KernelBuild, kernel_source
+from ..contract.cubins import compile_build
+from ..contract.sass import disassemble
+from ..problem import Problem
+from .gpus import GPUS, GpuModel
+from .paths import KernelSass, analyze, prologue_key, trip_key
+from .program import Step, step
+from .sass import parse
+from .sm import REASONS, SmRun, run_sm
+
+ROUNDS = (2, 4)  # loop lengths of the two timed runs per occupancy level
+
+
+@dataclass(frozen=True)
+class Prediction:
+    kernel_ms: float
+    tflops: float
+    occupancy: int  # resident CTAs per SM
+    limiter: str
+    pipes: dict  # pipe -> utilisation of its peak (0..1) in the full-occupancy run
+    issue_slots: float  # issued / (cycles x 4 sub-partitions)
+    achieved_occupancy: float  # resident warps / the SM's 64
+    stalls: dict  # Nsight Compute reason -> warp-cycles per issued instruction
+    cycles_per_round: tuple  # c_j, j = 1..occupancy
+    instructions: int  # warp instructions the grid issues (Nsight Compute: smsp__inst_executed.sum)
+    notes: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kernel_ms": self.kernel_ms, "tflops": self.tflops, "occupancy": self.occupancy,
+                "limiter": self.limiter, "pipes": self.pipes, "issue_slots": self.issue_slots,
+                "achieved_occupancy": self.achieved_occupancy, "stalls": self.stalls,
+                "cycles_per_round": list(self.cycles_per_round), "instructions": self.instructions, **self.notes}
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """The static part of a prediction: one compiled kernel, its paths and costs."""
+
+    config: KernelConfig
+    causal: bool
+    sass: KernelSass
+    controls: dict  # address -> Control
+    registers: int
+    wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
+
+    def steps(self, instrs, gpu: GpuModel) -> list[Step]:
+        return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
+
+    def cta_walk(self, rounds: int, masked: int = 0) -> list:
+        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked."""
+        cfg, ks = self.config, self.sass
+        out = list(ks.walk("prologue", **prologue_key(cfg, rounds)))
+        for t in range(rounds):
+            region = "last_trip" if t == rounds - 1 else "trip"
+            out += ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds))
+        return out + ks.walk("epilogue", longest=True)
+
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked), gpu)
+
+
+def occupancy(model: KernelModel, gpu: GpuModel) -> int:
+    cfg = model.config
+    regs_per_warp = -(-model.registers * 32 // 256) * 256  # allocated per warp in units of 256
+    by_regs = gpu.regs_per_sm // (regs_per_warp * cfg.n_warps)
+    by_smem = gpu.smem_per_sm // (cfg.smem_bytes + gpu.smem_reserved)
+    by_threads = gpu.threads_per_sm // cfg.n_threads
+    return max(0, min(by_regs, by_smem, by_threads, gpu.ctas_per_sm))
+
+
+@dataclass(frozen=True)
+class Rates:
+    per_round: tuple  # c_j for j = 1..k
+    fixed: tuple  # o_j
+    run: SmRun  # the longer full-occupancy run (for utilisation and stalls)
+
+
+def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) -> Rates:
+    """c_j and o_j for j = 1..k: timed at j = 1, k (and k // 2 from k = 4), linear in j between."""
+    r1, r2 = ROUNDS
+    s1, s2 = model.cta_stream(r1, gpu), model.cta_stream(r2, gpu)
+    timed, run = {}, None
+    for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
+        a = run_sm([s1] * j, model.config.n_warps, gpu, account=False)
+        run = run_sm([s2] * j, model.config.n_warps, gpu, account=account and j == k)
+        c = (run.cycles - a.cycles) / (r2 - r1)
+        timed[j] = (c, max(0.0, a.cycles - r1 * c))
+    levels = sorted(timed)
+    per = np.interp(range(1, k + 1), levels, [timed[j][0] for j in levels])
+    fixed = np.interp(range(1, k + 1), levels, [timed[j][1] for j in levels])
+    return Rates(tuple(float(c) for c in per), tuple(float(o) for o in fixed), run)
+
+
+def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> tuple[float, list[list[int]]]:
+    """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
+    slots; an SM with j residents advances each by 1/c_j rounds per cycle (processor sharing); a
+    CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra)."""
+    k = len(rates.per_round)
+    mb = launch_order(prob)
+    work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
+    queue = list(zip(work.tolist(), mb.tolist()))[::-1]  # pop() takes the next CTA in launch order
+    active: list[list[float]] = [[] for _ in range(sms)]
+    ran: list[list[int]] = [[] for _ in range(sms)]
+
+    def take(s: int) -> None:
+        w, m = queue.pop()
+        active[s].append(w)
+        ran[s].append(m)
+
+    for _ in range(k):  # the first wave: slots filled round-robin over the SMs
+        for s in range(sms):
+            if queue:
+                take(s)
+    heap = [(min(a) * rates.per_round[len(a) - 1], s) for s, a in enumerate(active) if a]
+    heapq.heapify(heap)
+    end = 0.0
+    while heap:
+        t, s = heapq.heappop(heap)
+        mine = active[s]
+        step_rounds = min(mine)
+        mine[:] = [w - step_rounds for w in mine if w - step_rounds > 1e-9]
+        while queue and len(mine) < k:
+            take(s)
+        end = max(end, t)
+        if mine:
+            heapq.heappush(heap, (t + min(mine) * rates.per_round[len(mine) - 1], s))
+    return end, ran
+
+
+def launch_order(prob: Problem) -> np.ndarray:
+    """The Q block of each CTA in launch order (blockIdx.x fastest; heavy_first with causal reverses
+    the Q blocks, longest first)."""
+    mb = np.arange(prob.n_ctas) % prob.n_m_blocks
+    if prob.config.heavy_first and prob.causal:
+        mb = prob.n_m_blocks - 1 - mb
+    return mb
+
+
+def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: list[list[int]]) -> float:
+    """Every CTA timed: each SM runs its CTAs (as `dispatch` assigned them), `k` resident at a time,
+    cycle by cycle; the slowest SM's end. For shapes small enough (EXACT_MAX_CTA_ROUNDS)."""
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks)).tolist()
+    masked = _masked_rounds(prob).tolist()
+    streams: dict = {}
+    ends: dict = {}
+    for mbs in ran:
+        key = tuple(mbs)
+        if key and key not in ends:
+            for m in key:
+                if (rounds[m], masked[m]) not in streams:
+                    streams[(rounds[m], masked[m])] = model.cta_stream(rounds[m], gpu, masked[m])
+            run = run_sm([streams[(rounds[m], masked[m])] for m in key], model.config.n_warps, gpu, account=False,
+                         slots=k)
+            ends[key] = run.cycles
+    return max(ends.values())
+
+
+EXACT_MAX_CTA_ROUNDS = 20000  # per SM-queue sum, above which exact=True is refused (minutes of CPU)
+
+
+def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False) -> Prediction:
+    """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
+    representative CTAs (small shapes only)."""
+    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
+    k = occupancy(model, gpu)
+    if k < 1:
+        raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
+    rates = sm_rates(model, gpu, k)
+    cycles, ran = dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))
+    if exact:
+        work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
+        if work > EXACT_MAX_CTA_ROUNDS:
+            raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
+                             f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
+        cycles = exact_cycles(model, prob, gpu, k, ran)
+    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3
+    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
+
+
+def grid_instructions(model: KernelModel, prob: Problem) -> int:
+    """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
+    its warps."""
+    cfg = model.config
+    mb = np.arange(prob.n_m_blocks)
+    rounds = prob.n_block_max(mb)
+    masked = _masked_rounds(prob)
+    per = {}
+    for r, m in zip(rounds.tolist(), masked.tolist()):
+        if (r, m) not in per:
+            per[(r, m)] = len(model.cta_walk(r, m))
+    return int(sum(per[(r, m)] for r, m in zip(rounds.tolist(), masked.tolist()))) * cfg.n_warps * prob.batch * prob.heads
+
+
+def _masked_rounds(prob: Problem) -> np.ndarray:
+    """Masked rounds per Q block: the causal diagonal's, else a key tail's last round."""
+    cfg = prob.config
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+    if prob.causal:
+        return np.minimum(-(-cfg.block_m // cfg.block_n), rounds)
+    return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
+
+
+def _masked_extra(model: KernelModel, prob: Problem, gpu: GpuModel, rates: Rates) -> np.ndarray:
+    """Extra rounds' worth of cycles per Q block for its masked rounds (causal diagonal, a key tail),
+    by the instruction count of the masked path over the plain one."""
+    cfg, ks = model.config, model.sass
+    plain = len(ks.walk("trip", **trip_key(cfg, 1, 3)))
+    masked = len(ks.walk("trip", longest=True, **trip_key(cfg, 1, 3)))
+    ratio = masked / plain - 1
+    return _masked_rounds(prob) * ratio
+
+
+def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> Prediction:
+    run = rates.run
+    smsp_cycles = run.cycles * 4
+    pipes = {name.lower(): min(1.0, busy / (run.cycles if name == "SMEM" else smsp_cycles))
+             for name, busy in run.busy.items()}
+    issued = run.issued
+    stalls = {r: run.stalls.get(r, 0) / issued for r in REASONS if run.stalls.get(r)}
+    top = sorted(((v, n) for n, v in pipes.items() if n in ("tensor", "smem", "fma", "alu", "xu")), reverse=True)
+    issue = issued / smsp_cycles
+    kind = "issue bound" if issue > 0.8 else ("shared-memory bound" if top and top[0][1] == "smem" and top[0][0] > 0.6
+                                              else "latency bound")
+    limiter = f"{kind}: issue {issue:.0%}, " + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2])
+    return Prediction(kernel_ms=ms, tflops=prob.flops / (ms * 1e-3) / 1e12, occupancy=k, limiter=limiter,
+                      pipes=pipes, issue_slots=issue, achieved_occupancy=run.warp_cycles / run.cycles / 64,
+                      stalls=stalls, cycles_per_round=rates.per_round, instructions=instructions,
+                      notes={"gpu": gpu.name})
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
+    """Compile, disassemble, cut into paths, cost the shared-memory classes (cached)."""
+    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
+    text = disassemble(ck.cubin, encodings=True)
+    controls = {i.addr: i.control for i in parse(text)}
+    return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config))
+
+
+@functools.lru_cache(maxsize=256)
+def bank_wavefronts(config: KernelConfig) -> dict:
+    """Average shared-memory wavefronts per warp instruction of each class, from a one-CTA run."""
+    from ..observers.banks import BankCounter
+    from ..simulate import simulate
+
+    rng = np.random.default_rng(0)
+    d = config.head_dim
+    q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (config.block_m, 3 * config.block_n,
+                                                                                3 * config.block_n))
+    counter = BankCounter()
+    simulate(q, k, v, config=config, observers=[counter], progress=False)
+    # LDGSTS: its shared-memory writes take the pipe at the ideal rate (one wavefront per 128 bytes);
+    # the excess Nsight Compute counts for it (observers.banks.ldgsts_wavefronts) is not pipe time
+    # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)
+    return {cls.value: (c.ideal if cls.value == "LDGSTS" else c.wavefronts) / c.instructions
+            for cls, c in counter.report().by_class().items() if c.instructions}
+
+
+def stall_counter_total(run: SmRun) -> Counter:
+    return Counter(run.stalls)

@@ -1,0 +1,99 @@
+"""What the SM model needs of each SASS instruction: its pipe, its control bits, its cost.
+
+`Step` is one instruction of a warp's dynamic stream, reduced to numbers: the pipe it occupies and
+for how long, the stall count and scoreboards ptxas set (fa_sim.timing.sass), the latency after
+which its write scoreboard is released, the shared-memory wavefronts it costs (from the bank
+model, fa_sim.observers.banks, per instruction class of this config), and its role in
+synchronisation (BAR.SYNC, LDGDEPBAR, DEPBAR.LE). Pipes follow Nsight Compute's names: tensor
+(HMMA), fma, alu, xu (MUFU and conversions), uniform, cbu (branches), and the MIO path shared by
+the SM (shared memory, shuffles, global copies).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from .gpus import GpuModel
+from .sass import Control
+
+
+class Pipe(enum.IntEnum):
+    TENSOR = 0
+    FMA = 1
+    FMA_HEAVY = 2  # IMAD, IMUL: the fma pipe's heavy half
+    ALU = 3
+    XU = 4
+    UNIFORM = 5
+    CBU = 6
+    MIO = 7  # shared memory, shuffles, LDGSTS, S2R, LDC: the SM's memory input/output queue
+
+
+class Sync(enum.IntEnum):
+    NONE = 0
+    BAR = 1  # BAR.SYNC: every warp of the CTA
+    LDGDEPBAR = 2  # closes a cp.async group of this warp
+    DEPBAR = 3  # DEPBAR.LE SB0, n: at most n groups of this warp in flight
+    EXIT = 4
+    GLOBAL_COPY = 5  # LDGSTS: global -> shared, completes with its group
+
+
+_PIPES = {
+    Pipe.TENSOR: ("HMMA",),
+    Pipe.FMA: ("FFMA", "FADD", "FMUL", "FFMA32I", "FADD32I", "FMUL32I"),
+    Pipe.FMA_HEAVY: ("IMAD", "IMUL", "IMAD32I"),
+    Pipe.XU: ("MUFU", "I2F", "F2I", "FRND", "I2FP", "F2IP"),
+    Pipe.CBU: ("BRA", "BSSY", "BSYNC", "WARPSYNC", "EXIT", "CALL", "RET", "NOP", "YIELD", "BMOV", "JMP"),
+    Pipe.MIO: ("LDSM", "LDS", "STS", "SHFL", "LDGSTS", "LDG", "STG", "S2R", "CS2R", "LDC", "LDGDEPBAR",
+               "DEPBAR", "BAR", "MEMBAR", "ATOMS", "ATOMG", "RED", "LDL", "STL"),
+}
+_PIPE_OF = {op: pipe for pipe, ops in _PIPES.items() for op in ops}
+_DEPBAR = re.compile(r"SB0,\s*(0x[0-9a-f]+|\d+)")
+
+
+@dataclass(frozen=True)
+class Step:
+    pipe: Pipe
+    cycles: float  # pipe occupancy in its sub-partition (MIO: in the SM's shared-memory pipe)
+    stall: int
+    write_sb: int  # -1: none
+    read_sb: int  # -1: none
+    wait_mask: int
+    latency: int  # issue (or MIO completion) to the write scoreboard's release
+    wavefronts: int  # shared-memory wavefronts (MIO)
+    sync: Sync
+    depbar_n: int  # DEPBAR.LE's n
+    bytes: int  # LDGSTS: bytes copied from global memory per warp
+    name: str  # opcode, for reports
+    slot: int  # the pipe whose occupancy it takes (the heavy fma half takes the fma pipe)
+    is_mio: bool
+
+
+def smem_class(opcode: str) -> str | None:
+    base = opcode.split(".")[0]
+    return base if base in ("LDSM", "LDS", "STS", "LDGSTS") else None
+
+
+def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel,
+         wavefronts: dict[str, float]) -> Step:
+    """One instruction as the SM model sees it; `wavefronts`: average per warp instruction of each
+    shared-memory class (LDSM, LDS, STS, LDGSTS) for this config (the bank model)."""
+    base = opcode.split(".")[0]
+    pipe = Pipe.UNIFORM if base.startswith("U") or base in ("R2UR", "S2UR") else _PIPE_OF.get(base, Pipe.ALU)
+    cycles = {Pipe.TENSOR: gpu.hmma_cycles, Pipe.FMA: gpu.fma_cycles, Pipe.FMA_HEAVY: 2 * gpu.fma_cycles,
+              Pipe.ALU: gpu.alu_cycles, Pipe.XU: gpu.xu_cycles}.get(pipe, 1)
+    latency = {"MUFU": gpu.mufu_latency, "SHFL": gpu.shfl_latency, "S2R": gpu.s2r_latency, "CS2R": gpu.s2r_latency,
+               "LDC": gpu.const_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
+    cls = smem_class(opcode)
+    wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
+    sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
+            "LDGSTS": Sync.GLOBAL_COPY}.get(base, Sync.NONE)
+    if guard in ("@!PT",):  # never executes, but issues
+        sync = Sync.NONE if sync is Sync.GLOBAL_COPY else sync
+    m = _DEPBAR.search(operands) if sync is Sync.DEPBAR else None
+    width = 16 if opcode.endswith(".128") else 8 if opcode.endswith(".64") else 4
+    return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
+                -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
+                int(m.group(1), 0) if m else 0, 32 * width if sync is Sync.GLOBAL_COPY else 0, base,
+                int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO)

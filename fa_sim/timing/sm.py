@@ -1,0 +1,257 @@
+"""One SM, cycle by cycle: four sub-partitions issuing the warps' SASS streams under ptxas's
+control bits.
+
+The model (parameters: fa_sim.timing.gpus):
+- Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
+  SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
+  keeps issuing while it can, else the oldest eligible warp.
+- A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
+  in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
+  its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
+  SM's shared-memory pipe has at most `mio_queue` cycles of work queued.
+- Issuing sets the write / read scoreboard; it is released after the instruction's latency: MIO
+  instructions first wait their turn in the SM's shared-memory pipe, which drains
+  `smem_wavefronts_per_cycle` wavefronts per cycle (the bank model's exact count per instruction);
+  LDGSTS copies queue on the SM's share of L2 bandwidth and arrive `global_latency` later, when
+  their shared-memory writes take the shared-memory pipe; a cp.async group (LDGDEPBAR's
+  scoreboard) is released when its last copy arrived.
+- BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
+Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
+barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
+count), math_pipe_throttle, mio_throttle, not_selected; the issuing warp counts as selected.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .gpus import GpuModel
+from .program import Pipe, Step, Sync
+
+N_SMSP = 4
+REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scoreboard", "barrier",
+           "math_pipe_throttle", "mio_throttle", "no_instruction")
+
+
+class Deadlock(RuntimeError):
+    """No warp can ever issue again (a barrier some warp never reaches, a scoreboard never set)."""
+
+
+class _Warp:
+    __slots__ = ("cta", "stream", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb")
+
+    def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
+        self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
+        self.sb = [0] * 6
+        self.at_bar = False
+        self.open_arrival = 0.0
+        self.long_sb = 0  # scoreboards last set by a cp.async group: waits on them are long
+
+
+@dataclass
+class _Cta:
+    warps: list = field(default_factory=list)
+    arrived: int = 0
+    live: int = 0
+    done_at: float = -1.0
+    slot: int = 0
+
+
+@dataclass
+class SmRun:
+    """What one SM did: the cycle each CTA finished, issue and pipe activity, stall reasons."""
+
+    cycles: float
+    done_at: list[float]
+    issued: int
+    busy: dict  # pipe name -> busy cycles summed over the SMSPs
+    stalls: Counter  # reason -> warp-cycles
+    warp_cycles: float  # resident warps summed over cycles
+
+
+def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
+           max_cycles: float = 5e8) -> SmRun:
+    """Run CTAs (one stream each, shared by its `n_warps` warps) on one SM: `slots` of them resident
+    at a time (None: all at once), the next starting in the slot of the first to finish;
+    `account`: charge every non-issuing warp-cycle to a stall reason (slower)."""
+    slots = len(streams) if slots is None else slots
+    ctas: list[_Cta] = []
+    warps: list[_Warp] = []
+    by_smsp: list[list[_Warp]] = [[] for _ in range(N_SMSP)]
+
+    def start(slot: int, t: float) -> None:
+        cta = _Cta(live=n_warps)
+        cta.slot = slot
+        for w in range(n_warps):
+            warp = _Warp(cta, streams[len(ctas)], (slot * n_warps + w) % N_SMSP)
+            warp.ready = t
+            cta.warps.append(warp)
+            warps.append(warp)
+            by_smsp[warp.smsp].append(warp)
+        ctas.append(cta)
+
+    for slot in range(min(slots, len(streams))):
+        start(slot, 0.0)
+    pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
+    state = {"mio_free": 0.0, "global_free": 0.0}
+    events: list = []  # (time, seq, warp, scoreboard)
+    last: list = [None] * N_SMSP
+    stalls: Counter = Counter()
+    busy: Counter = Counter()
+    issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
+    live = len(warps)
+    while live:
+        while events and events[0][0] <= t:
+            when, _, w, sb = heapq.heappop(events)
+            if sb >= 0:
+                w.sb[sb] -= 1
+            else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
+                state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
+        any_issue = False
+        for s in range(N_SMSP):
+            ls = last[s]
+            pick = ls if ls is not None and _blocked(ls, ls.stream[ls.pc], t, pipe_free[s], state, gpu) is None else None
+            if pick is None:
+                for w in by_smsp[s]:
+                    if w is not ls and w.pc < len(w.stream) and \
+                            _blocked(w, w.stream[w.pc], t, pipe_free[s], state, gpu) is None:
+                        pick = w
+                        break
+            if pick is not None:
+                if account:
+                    stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, pick))
+                seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
+                issued += 1
+                any_issue = True
+                last[s] = pick
+                if pick.pc >= len(pick.stream):
+                    live -= 1
+                    last[s] = None
+                    if pick.cta.live == 0:  # the CTA is done: its warps leave, the next CTA takes its slot
+                        for w in pick.cta.warps:
+                            warps.remove(w)
+                            by_smsp[w.smsp].remove(w)
+                        if len(ctas) < len(streams):
+                            start(pick.cta.slot, t + 1)
+                            live += n_warps
+            elif account:
+                stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
+        nxt = t + 1 if any_issue else _next_time(t, warps, events, pipe_free, state, gpu)
+        warp_cycles += live * (nxt - t)
+        if account and nxt - t > 1:  # the skipped cycles, charged to the same reasons
+            gap = nxt - t - 1
+            stalls.update({r: n * gap for r, n in Counter(_reasons(warps, t, pipe_free, state, gpu, None)).items()})
+        t = nxt
+        if t > max_cycles:
+            raise Deadlock(f"no end after {max_cycles:.0f} cycles")
+    return SmRun(t, [c.done_at for c in ctas], issued, dict(busy), stalls, warp_cycles)
+
+
+def _reasons(warps, t, pipe_free, state, gpu, pick):
+    for w in warps:
+        if w.pc < len(w.stream):
+            if w is pick:
+                yield "selected"
+            else:
+                yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+
+
+def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
+    """None when `w` may issue `st` at cycle t, else the stall reason."""
+    if w.at_bar:
+        return "barrier"
+    if st.sync is Sync.DEPBAR:
+        if w.sb[0] > st.depbar_n:
+            return "long_scoreboard"
+    elif st.wait_mask:
+        for b in range(6):
+            if st.wait_mask >> b & 1 and w.sb[b]:
+                return "long_scoreboard" if w.long_sb >> b & 1 else "short_scoreboard"
+    if t < w.ready:
+        return "wait"
+    if pipes[st.slot] > t:
+        return "mio_throttle" if st.is_mio else "math_pipe_throttle"
+    if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
+        return "mio_throttle"
+    return None
+
+
+def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, events: list, seq: int,
+           busy: Counter) -> int:
+    st = w.stream[w.pc]
+    w.pc += 1
+    w.ready = t + max(1, st.stall)
+    pipes[st.slot] = t + st.cycles
+    busy[Pipe(st.slot).name] += st.cycles
+    done = t
+    if st.sync is Sync.GLOBAL_COPY:
+        state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
+        arrival = state["global_free"] + gpu.global_latency
+        w.open_arrival = max(w.open_arrival, arrival)
+        if st.wavefronts:
+            heapq.heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
+            seq += 1
+            busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+    elif st.is_mio and st.wavefronts:
+        begin = max(state["mio_free"], t)
+        state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
+        done = state["mio_free"]
+        busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+    if st.write_sb >= 0:
+        w.sb[st.write_sb] += 1
+        bit = 1 << st.write_sb
+        w.long_sb = w.long_sb | bit if st.sync is Sync.LDGDEPBAR else w.long_sb & ~bit
+        when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
+        heapq.heappush(events, (when, seq, w, st.write_sb))
+        seq += 1
+    if st.sync is Sync.LDGDEPBAR:
+        w.open_arrival = 0.0
+    if st.read_sb >= 0:
+        w.sb[st.read_sb] += 1
+        heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
+        seq += 1
+    if st.sync is Sync.BAR:
+        _arrive(w, t, gpu)
+    elif st.sync is Sync.EXIT or w.pc >= len(w.stream):
+        _leave(w, t, gpu)
+    return seq
+
+
+def _arrive(w: _Warp, t: float, gpu: GpuModel) -> None:
+    cta = w.cta
+    w.at_bar = True
+    cta.arrived += 1
+    if cta.arrived == cta.live:
+        _release(cta, t + gpu.bar_latency)
+
+
+def _release(cta: _Cta, when: float) -> None:
+    cta.arrived = 0
+    for x in cta.warps:
+        if x.at_bar:
+            x.at_bar = False
+            x.ready = max(x.ready, when)
+
+
+def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
+    w.pc = len(w.stream)
+    cta = w.cta
+    cta.live -= 1
+    if cta.live == 0:
+        cta.done_at = t
+    elif cta.arrived and cta.arrived == cta.live:  # the others wait at a barrier this warp skipped
+        _release(cta, t + gpu.bar_latency)
+
+
+def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
+    """The next cycle at which anything can change, when nothing issued at t."""
+    cands = [events[0][0]] if events else []
+    cands += [w.ready for w in warps if w.pc < len(w.stream) and w.ready > t and not w.at_bar]
+    cands += [p for pipes in pipe_free for p in pipes if p > t]
+    if state["mio_free"] - gpu.mio_queue > t:
+        cands.append(state["mio_free"] - gpu.mio_queue)
+    if not cands:
+        raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
+    return max(t + 1, min(cands))

@@ -1,0 +1,189 @@
+"""The timing model (fa_sim.timing): its units on synthetic instruction streams, the grid's
+instruction count against Nsight Compute, the measured H200 cases replayed, and its interfaces.
+
+- Units: one SM of fa_sim.timing.sm on streams whose time follows from the rules alone (stall
+  counts, the tensor pipe's rate, the shared-memory pipe's wavefronts, scoreboards, a barrier, a
+  cp.async group), each against the closed-form cycle count.
+- Nsight Compute: `smsp__inst_executed.sum` of 12 kernels profiled on the H200
+  (tests/data/h200/timing_ncu.json) against the model's dynamic SASS stream of every CTA.
+- Replay: a fixed sample of the validation half of tests/data/h200/timing_cases.json (measured
+  with experiments/timing_measure.py; the parameters were fitted on the other half): the
+  predictions must stay within the accuracy the README reports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cuda.bindings")
+
+from fa_sim.config import KernelConfig  # noqa: E402
+from fa_sim.problem import Problem  # noqa: E402
+from fa_sim.timing import GPUS, predict, predict_time  # noqa: E402
+from fa_sim.timing.program import step  # noqa: E402
+from fa_sim.timing.sass import Control  # noqa: E402
+from fa_sim.timing.sm import run_sm  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "h200"
+H200 = GPUS["h200"]
+NONE = 7  # no scoreboard
+
+
+def ctl(stall=1, wb=NONE, rb=NONE, wait=0) -> Control:
+    return Control.decode((stall | (1 << 4) | (wb << 5) | (rb << 8) | (wait << 11)) << 41)
+
+
+def ins(opcode, operands="R0, R1, R2", stall=1, wb=NONE, rb=NONE, wait=0, wavefronts=None, gpu=H200):
+    return step(opcode, operands, "", ctl(stall, wb, rb, wait), gpu, wavefronts or {})
+
+
+EXIT = ins("EXIT", "")
+
+
+# ---- units -------------------------------------------------------------------------------------------
+def test_stall_counts_pace_one_warp():
+    stream = [ins("FFMA", stall=4)] * 100 + [EXIT]
+    assert run_sm([stream], 1, H200).cycles == 4 * 100 + 1
+
+
+def test_four_warps_issue_in_their_own_sub_partitions():
+    stream = [ins("FFMA", stall=1)] * 100 + [EXIT]
+    one = run_sm([stream], 1, H200).cycles
+    assert run_sm([stream], 4, H200).cycles == one  # one warp per sub-partition: no contention
+    assert run_sm([stream], 8, H200).cycles == 2 * 101  # two per sub-partition share one issue slot
+
+
+def test_the_tensor_pipe_rate():
+    gpu = H200.with_(hmma_cycles=8)
+    stream = [ins("HMMA.16816.F32", stall=1, gpu=gpu)] * 50 + [EXIT]
+    assert run_sm([stream], 1, gpu).cycles == pytest.approx(8 * 49 + 1 + 1)
+
+
+def test_shared_memory_wavefronts_pace_the_sm():
+    """LDSM.x4 of 4 wavefronts each: 4 warps x 25 of them need 400 cycles of the shared-memory pipe,
+    which the last one's consumer waits for; 8-way conflicts (32 wavefronts) take 8 times as long."""
+    gpu = H200.with_(mio_queue=10**6, smem_latency=20)
+
+    def stream(wf):
+        load = ins("LDSM.16.M88.4", "R4, [R8]", wb=1, wavefronts={"LDSM": wf}, gpu=gpu)
+        return [load] * 25 + [ins("HMMA.16816.F32", "R0, R4, R6, R0", wait=1 << 1, gpu=gpu), EXIT]
+
+    run = run_sm([stream(4)], 4, gpu)
+    assert run.busy["SMEM"] == 400 and run.cycles == pytest.approx(400 + 20 + 2, abs=2)
+    assert run_sm([stream(32)], 4, gpu).cycles == pytest.approx(8 * 400 + 20 + 2, abs=2)
+
+
+def test_a_scoreboard_holds_the_consumer_until_the_result():
+    gpu = H200.with_(mufu_latency=30)
+    stream = [ins("MUFU.EX2", "R1, R2", wb=2, gpu=gpu), ins("FFMA", wait=1 << 2, gpu=gpu), EXIT]
+    run = run_sm([stream], 1, gpu)
+    assert run.cycles == 30 + 1 + 1  # issue at 0, release at 30, the consumer at 30, EXIT at 31
+    assert run.stalls["short_scoreboard"] > 0
+
+
+def test_a_barrier_releases_every_warp_after_the_last_arrival():
+    gpu = H200.with_(bar_latency=20)
+    stream = [ins("FFMA", stall=3)] * 10 + [ins("BAR.SYNC.DEFER_BLOCKING", "0x0"), EXIT]
+    run = run_sm([stream], 8, gpu)  # 2 warps per sub-partition: the second arrives 10 cycles later
+    assert run.cycles == pytest.approx(31 + 20 + 1, abs=2)
+    assert run.stalls["barrier"] > 0
+
+
+def test_a_cp_async_group_completes_after_the_global_latency():
+    gpu = H200.with_(global_latency=500, global_bytes_per_cycle=512.0)
+    stream = [ins("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", rb=1, wavefronts={"LDGSTS": 4}, gpu=gpu),
+              ins("LDGDEPBAR", "", wb=0, gpu=gpu), ins("DEPBAR.LE", "SB0, 0x0", gpu=gpu), EXIT]
+    run = run_sm([stream], 1, gpu)
+    assert 500 <= run.cycles <= 510
+    assert run.stalls["long_scoreboard"] >= 490
+
+
+def test_ctas_queue_for_the_slots():
+    stream = [ins("FFMA", stall=2)] * 50 + [EXIT]
+    assert run_sm([stream] * 3, 4, H200, slots=1).cycles == pytest.approx(3 * 101, abs=3)
+
+
+# ---- against Nsight Compute ------------------------------------------------------------------------
+NCU = json.loads((DATA / "timing_ncu.json").read_text())["kernels"]
+
+
+def _problem(key: str) -> Problem:
+    tag, shape, causal = key.split("/")[:3]
+    b, h, nq, nk, _ = map(int, shape.split("x"))
+    return Problem(b, h, nq, nk, causal == "causal", 1.0, KernelConfig.from_tag(tag))
+
+
+@pytest.mark.parametrize("row", NCU, ids=lambda r: r["key"])
+def test_executed_instructions_equal_nsight_compute(row):
+    """Every CTA's path through the SASS (its rounds, masked rounds, first and last round) times
+    its warps: Nsight Compute's smsp__inst_executed.sum within 0.25 % (the residue: which arm of a
+    divergent epilogue branch a warp issues)."""
+    from fa_sim.timing.predict import grid_instructions, kernel_model
+
+    prob = _problem(row["key"])
+    model = kernel_model(prob.config, prob.causal, "sm_90")
+    assert grid_instructions(model, prob) == pytest.approx(row["smsp__inst_executed.sum"], rel=2.5e-3)
+
+
+# ---- the measured cases, replayed -----------------------------------------------------------------
+CASES = [c for c in json.loads((DATA / "timing_cases.json").read_text())["cases"] if c["half"] == "validate"][::8]
+
+
+def test_validation_cases_replay_within_the_reported_accuracy():
+    """16 of the 127 held-out cases (every 8th): mean absolute percentage error at most 10 % and
+    rank correlation at least 0.95, the issue's goals (the README reports all 127: 7.4 %, 0.991)."""
+    measured, predicted = [], []
+    for c in CASES:
+        b, h, nq, nk, _ = c["shape"]
+        prob = Problem(b, h, nq, nk, c["causal"], 1.0, KernelConfig.from_tag(c["tag"]))
+        kernel = str(Path(__file__).parents[1] / c["kernel"]) if c["kernel"] else None
+        measured.append(c["kernel_ms"])
+        predicted.append(predict(prob, "h200", kernel).kernel_ms)
+    m, p = np.array(measured), np.array(predicted)
+    mape = float(np.mean(np.abs(p / m - 1)))
+    ranks = np.corrcoef(np.argsort(np.argsort(m)), np.argsort(np.argsort(p)))[0, 1]
+    assert len(CASES) == 16 and mape <= 0.10 and ranks >= 0.95, (mape, ranks)
+
+
+@pytest.mark.parametrize("tag, shape, causal", [("m64n64d64w4-swizzled", (1, 2, 256, 256), False),
+                                                ("m64n64d64w4-swizzled", (2, 8, 512, 512), True),
+                                                ("m128n64d128w8-swizzled", (1, 4, 1024, 1024), False),
+                                                ("m128n128d64w8-swizzled-hf", (2, 16, 1024, 1024), True)])
+def test_representative_ctas_agree_with_timing_every_cta(tag, shape, causal):
+    prob = Problem(*shape, causal, 1.0, KernelConfig.from_tag(tag))
+    fast, exact = predict(prob).kernel_ms, predict(prob, exact=True).kernel_ms
+    assert fast == pytest.approx(exact, rel=0.025)
+
+
+# ---- interfaces -----------------------------------------------------------------------------------
+def test_predict_time_names_its_bad_arguments():
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        predict_time(1, 1, 128, gpu="b200")
+    with pytest.raises(ValueError, match="head_dim 128 disagrees"):
+        predict_time(1, 1, 128, head_dim=128, config=KernelConfig(head_dim=32))
+
+
+def test_fa_time_prints_the_prediction_and_json(capsys):
+    from fa_sim.cli import main
+
+    assert main(["time", "--batch", "1", "--heads", "2", "--seqlen", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted kernel time" in out and "limiter" in out and "short_scoreboard" in out
+    assert main(["time", "--batch", "1", "--heads", "2", "--seqlen", "256", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["kernel_ms"] > 0 and {"limiter", "pipes", "stalls", "issue_slots", "achieved_occupancy",
+                                     "instructions"} <= set(obj)
+    with pytest.raises(SystemExit) as info:  # argparse's one line (fa_sim.cli.Parser)
+        main(["time", "--seqlen", "256", "--gpu", "b200"])
+    assert info.value.code == 2 and "invalid choice: 'b200'" in capsys.readouterr().err
+
+
+def test_the_a100_table_is_marked_not_validated(capsys):
+    from fa_sim.cli import main
+
+    assert main(["time", "--batch", "1", "--heads", "2", "--seqlen", "256", "--gpu", "a100"]) == 0
+    assert "(not validated)" in capsys.readouterr().out
