@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -121,11 +122,12 @@ def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
 
 def _precompile(selected: list[Case]) -> None:
     """Every cubin in parallel (one NVRTC compile per core) before the first timed launch."""
-    from fa_hw.compile import KernelBuild, compile_many
     from fa_hw.runtime import device_arch
+    from fa_sim.contract import KernelBuild, kernel_source
+    from fa_sim.contract.cubins import compile_many
 
     arch = device_arch()
-    builds = {KernelBuild(c.config(), c.causal, arch, False, str((ROOT / c.kernel).resolve()) if c.kernel else "")
+    builds = {KernelBuild(c.config(), c.causal, arch, False, kernel_source(ROOT / c.kernel) if c.kernel else None)
               for c in selected}
     compile_many(sorted(builds, key=repr))
 
@@ -136,6 +138,43 @@ def profile_subset(all_cases: list[Case], n: int = 12) -> list[Case]:
     return all_cases[::step][:n]
 
 
+#: What tests/data/h200/timing_ncu.json keeps of Nsight Compute's raw page, per profiled launch.
+NCU_KEEP = re.compile(r"smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio|smsp__inst_executed\.sum|"
+                      r"sm__cycles_elapsed\.max|smsp__cycles_active\.avg|gpu__time_duration\.sum|"
+                      r"sm__warps_active\.avg\.pct_of_peak_sustained_active|"
+                      r"smsp__issue_active\.avg\.pct_of_peak_sustained_active|"
+                      r"sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active|launch__occupancy_limit_\w+|"
+                      r"launch__registers_per_thread|launch__grid_size|launch__block_size|smsp__warps_launched\.sum|"
+                      r"l1tex__data_pipe_lsu_wavefronts\.avg\.pct_of_peak_sustained_elapsed|"
+                      r"dram__bytes\.sum\.per_second|lts__t_bytes\.sum\.per_second|"
+                      r"sm__throughput\.avg\.pct_of_peak_sustained_elapsed")
+
+
+def ncu_summary(csv_text: str) -> dict:
+    """timing_ncu.json from `ncu --csv --page raw` over `--profile`: the kept metrics of each launch,
+    named by the case the --profile run printed before it."""
+    import csv
+    import io
+
+    keys = [line.split(" ", 1)[1].strip() for line in csv_text.splitlines() if line.startswith("profiled ")]
+    rows = list(csv.reader(io.StringIO(csv_text[csv_text.index('"ID"'):])))
+    head, data = rows[0], [r for r in rows[2:] if r]
+    if len(data) != len(keys):
+        raise SystemExit(f"ncu reported {len(data)} launches for {len(keys)} profiled cases")
+
+    def number(text: str):
+        try:
+            return float(text.replace(",", ""))
+        except ValueError:
+            return text
+
+    kernels = [{"key": key, **{h: number(v) for h, v in zip(head, row) if NCU_KEEP.fullmatch(h)}}
+               for key, row in zip(keys, data)]
+    return {"meta": {"tool": "ncu --csv --page raw (sections WarpStateStats SchedulerStats Occupancy LaunchStats "
+                             "SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis)",
+                     "gpu": "NVIDIA H200"}, "kernels": kernels}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
@@ -144,7 +183,13 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
+    p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
+                   help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
     args = p.parse_args(argv)
+    if args.ncu_csv is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
+        return 0
     all_cases = cases()
     if args.list:
         for c in all_cases:

@@ -17,12 +17,16 @@ amortise the prologue and epilogue and set how many loads a pipeline can keep in
 seqlen_k <= 1024 "short", <= 4096 "medium", above "long".
 
 Lookup. The entry for (head_dim, causal, size) of the device's table whose arch is the device's;
-else that GPU's entry for the same head_dim and causal in the nearest size class; else the
-heuristic below. A table that is missing, unreadable or for another GPU is simply not used (the
-heuristic answers, and `Choice.source` says so); a table whose entries are malformed is a
+else that GPU's entry for the same head_dim and causal in the nearest size class; else the timing
+model's ranking (below). A table that is missing, unreadable or for another GPU is simply not used
+(the model answers, and `Choice.source` says so); a table whose entries are malformed is a
 ValueError naming the file, never a silent wrong config.
 
-Heuristic (no table entry): the H200 profiles of issue 11 show the seed tile (16 query rows per
+No table entry: the timing model (fa_sim.timing.rank) ranks the candidates on the GPU's model
+(sm_90: the H200's, sm_80: the A100's, from public figures) and the fastest predicted is chosen;
+`Choice.source` says so. Where no model covers the arch, the heuristic below answers.
+
+Heuristic (no table entry and no timing model): the H200 profiles of issue 11 show the seed tile (16 query rows per
 warp) bound by shared-memory bandwidth (L1/TEX 74 %, one ldmatrix.x4 per two MMAs), so the
 heuristic takes 32 rows per warp (block_m 128, 4 warps), which halves ldmatrix per MMA, with the
 block_n of the best family member measured there before tuning: 128 at head_dim 64 (1.08x
@@ -192,7 +196,26 @@ def auto_config(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str,
                                     f"{entry.size}{exact})")
     why = "no table for this GPU" if table is None else (
         f"the table is for {table.arch}" if table.arch != arch else f"no entry for d={head_dim}")
-    return Choice(heuristic(head_dim), f"heuristic ({why})")
+    model = MODEL_OF_ARCH.get(arch)
+    if model is None or head_dim not in HEURISTIC:
+        return Choice(heuristic(head_dim), f"heuristic ({why}; no timing model for {arch})")
+    return model_choice(head_dim, causal, seqlen_k, model, why)
+
+
+#: The timing model (fa_sim.timing.GPUS) that ranks the candidates on a GPU of this arch without a table.
+MODEL_OF_ARCH = {"sm_90": "h200", "sm_80": "a100"}
+
+
+def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: str = "") -> Choice:
+    """The candidate the timing model predicts fastest (fa_sim.timing.rank), for a GPU or problem
+    class without a measured entry; `why` says why the table did not answer."""
+    from fa_sim.timing.rank import family_candidates, rank
+
+    pool = tuple(candidates(head_dim, causal)) or tuple(family_candidates(head_dim))
+    best = rank(pool, int(seqlen_k), bool(causal), model)[0]
+    note = f"{why}; " if why else ""
+    return Choice(best.config, f"timing model ({note}ranked {len(pool)} candidates on the {model} model: "
+                               f"{best.kernel_ms:.3f} ms predicted)")
 
 
 def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:

@@ -129,9 +129,9 @@ def test_bad_kernel_files_are_one_line_naming_the_file(tmp_path):
     binary.write_bytes(b"\x80\x81\x00binary")
     nul = tmp_path / "nul.cu"
     nul.write_bytes(b"__global__ void f() {}\x00")
-    cases = {tmp_path / "missing.cu": "no such file", tmp_path / "k.txt": "ending in .cu, or a unified diff",
+    cases = {tmp_path / "missing.cu": "no such file", tmp_path / "k.cuh": "ending in .cu, or a unified diff",
              binary: r"blob\.cu is not UTF-8 text \(byte 0x80 at offset 0\)", nul: "nul.cu is a binary file"}
-    (tmp_path / "k.txt").write_text("x")
+    (tmp_path / "k.cuh").write_text("x")
     for path, message in cases.items():
         with pytest.raises(KernelSourceError, match=message) as info:
             kernel_source(path, option="--kernel")

@@ -69,8 +69,8 @@ def test_the_recorded_variant_replays_from_its_own_source(tmp_path):
     """compare_variant_swizzle_r4.npz holds the source the GPU compiled; the replay simulates that
     source, not today's file, and reproduces the run bit for bit."""
     d = SavedRun.load(DATA / "compare_variant_swizzle_r4.npz")
-    assert d.kernel_name == "fa2_fwd_swizzle_r4.cu" and "Swizzle<2,3,3>" in d.kernel_source
-    src = tmp_path / d.kernel_name
+    assert d.kernel_name == "fa2_fwd_swizzle_r4.patch" and "Swizzle<2,3,3>" in d.kernel_source
+    src = tmp_path / f"{Path(d.kernel_name).stem}.cu"  # the source as compiled (a patch's, applied)
     src.write_text(d.kernel_source)
     ctas = list(d.ctas)
     res, buf = simulate_with_checkpoints(d.q, d.k, d.v, d.causal, d.scale, d.config, ctas, kernel=src)

@@ -28,7 +28,7 @@ LAYERS = (
     ("run", ("fa_sim.run",)),
     ("simulation", ("fa_sim", "fa_sim.simulate", "fa_sim.parallel", "fa_sim.observers", "fa_sim.crosscheck",
                     "fa_sim.reference", "fa_sim.accuracy", "fa_sim.estimate", "fa_sim.validate", "fa_sim.sweep",
-                    "fa_sim.spec_maps", "fa_sim.layout_checks", "fa_sim.saved_run")),
+                    "fa_sim.spec_maps", "fa_sim.layout_checks", "fa_sim.saved_run", "fa_sim.timing")),
     ("calibration", ("fa_sim.calibrate",)),
     ("GPU", ("fa_hw",)),
     ("CLI", ("fa_sim.commands", "fa_sim.cli")),

@@ -152,11 +152,18 @@ def test_auto_config_reads_the_gpus_table(tmp_path):
     assert got.config.tag == "m128n32d128w4-swizzled-s2-hf-dp" and got.source == "h200.json (d=128, causal, long)"
     near = tuned.auto_config(128, True, 512, "NVIDIA H200", "sm_90", tmp_path)
     assert near.config == got.config and "nearest to short" in near.source
-    for args, why in (((64, True, 8192, "NVIDIA H200", "sm_90"), "no entry for d=64"),
-                      ((128, True, 8192, "NVIDIA H200", "sm_80"), "the table is for sm_90"),
-                      ((128, True, 8192, "NVIDIA B200", "sm_100"), "no table for this GPU")):
+    from fa_sim.timing.rank import rank
+
+    # no entry: the timing model of the arch ranks the candidates (sm_90: the H200's, sm_80: the A100's)
+    for args, why, model in (((64, True, 8192, "NVIDIA H200", "sm_90"), "no entry for d=64", "h200"),
+                             ((128, True, 2048, "NVIDIA H200", "sm_80"), "the table is for sm_90", "a100")):
         choice = tuned.auto_config(*args, tmp_path)
-        assert choice.config == tuned.heuristic(args[0]) and why in choice.source
+        ranked = rank(tuple(tuned.candidates(args[0], True)), args[2], True, model)
+        assert choice.config == ranked[0].config and why in choice.source and "timing model" in choice.source
+        assert [r.kernel_ms for r in ranked] == sorted(r.kernel_ms for r in ranked)
+    # an arch no timing model covers: the heuristic
+    choice = tuned.auto_config(128, True, 8192, "NVIDIA B200", "sm_100", tmp_path)
+    assert choice.config == tuned.heuristic(128) and "no table for this GPU" in choice.source
 
 
 @pytest.mark.parametrize("text, message", [

@@ -8,7 +8,7 @@ import pytest
 
 from fa_sim.machine import SmemLanes
 
-from fa_sim import isa
+from fa_sim import cute, isa
 from fa_sim import layout as L
 from fa_sim import layout_checks as LC
 from fa_sim.cli import main
@@ -93,7 +93,7 @@ def _ldsm_k_rows_swapped(original):
 
 BREAKS = {  # check that must fail: (object, attribute, replacement built from the original)
     "copy": (L, "copy_tv", lambda f: lambda cfg, rows: _Shifted(f(cfg, rows))),
-    "smem": (L.Swizzle, "__call__", lambda f: lambda self, p: L._leaf(p)),  # CuTe without its swizzle
+    "smem": (L.Swizzle, "__call__", lambda f: lambda self, p: cute._leaf(p)),  # CuTe without its swizzle
     "ldmatrix": (kplan, "ldsm_k", _ldsm_k_rows_swapped),
     "mma": (lanemaps, "mma_c", lambda f: lambda lane, i: (lambda r, c: (r, c ^ 1))(*f(lane, i))),
     "p-as-a": (fa2_fwd, "gemm_A_in_regs", _swap_pairs),

@@ -165,18 +165,19 @@ def test_a_weaker_swizzle_variant_costs_two_wavefronts_per_matrix():
 
 def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
     """tests/data/h200/compare_variant_swizzle_r4.npz: `fa compare --kernel
-    experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2 --save ...` on the H200, when
-    the variant was a whole .cu copy (its Nsight Compute counts: LDSM 36,864 wavefronts for 4,608
-    instructions, STS 1,024 for 512, equal to the simulator's). Replayed here from the source the GPU compiled (stored in the run): every
-    checkpoint, O and LSE bit-identical; today's variant (the patch applied to today's fa2_fwd.cu)
-    is a different text and is refused."""
+    experiments/variants/fa2_fwd_swizzle_r4.patch --seqlen 256 --heads 2 --save ...` on the H200
+    (its Nsight Compute counts: LDSM 36,864 wavefronts for 4,608 instructions, STS 1,024 for 512,
+    equal to the simulator's). Replayed here from the source the GPU compiled (stored in the run):
+    every checkpoint, O and LSE bit-identical; --kernel with the patch is accepted because it gives
+    the recorded text, and a kernel of another text is refused."""
     from fa_sim.cli import main
 
     root = Path(__file__).parent.parent
     run = root / "tests" / "data" / "h200" / "compare_variant_swizzle_r4.npz"
     variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
     assert main(["compare", "--gpu-npz", str(run), "--json"]) == 0
-    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant)]) == 2
+    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant)]) == 0
+    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(SEED_PATH)]) == 2
 
 
 def test_a_variant_that_ignores_an_option_its_config_sets_is_refused(tmp_path):

@@ -35,6 +35,7 @@ class Kind(enum.Enum):
     SAVED_RUN = "saved run"    # fa compare --save: inputs, config, outputs, checkpoints
     JSON = "json"              # equal JSON values
     TEXT = "text"              # equal bytes
+    TIMES = "times"            # measured times: the same cases, each within TIME_TOLERANCE (timing_*.json)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ RECORDINGS = (
               _compare("--causal --seqlen 200 --seqlen-k 333 --heads 2", "compare_causal_s200_k333.npz"),
               "the README's saved causal GPU run (default softmax), CTAs 0 and 7", Kind.SAVED_RUN, 120),
     Recording(f"{H200}/compare_variant_swizzle_r4.npz", True,
-              _compare("--kernel experiments/variants/fa2_fwd_swizzle_r4.cu --seqlen 256 --heads 2",
+              _compare("--kernel experiments/variants/fa2_fwd_swizzle_r4.patch --seqlen 256 --heads 2",
                        "compare_variant_swizzle_r4.npz"),
               "a saved GPU run of the swizzle variant, with the source the GPU compiled", Kind.SAVED_RUN, 180),
     Recording(f"{H200}/mufu_replay.npz", True,
@@ -82,6 +83,20 @@ RECORDINGS = (
     Recording(f"{H200}/mufu_binding.npz", True, "python -m fa_sim.calibrate.sfu_binding record --out OUT/mufu_binding.npz",
               "MUFU outputs at the inputs that bind each table coefficient (the committed file may be the "
               "model's stand-in, origin 'model', until the H200 recording replaces it)", Kind.ARRAYS, 180),
+    Recording(f"{H200}/timing_cases.json", True, "python experiments/timing_measure.py --out OUT",
+              "the timing model's cases: kernel times (CUDA events, medians of 3 batches) of 252 launches",
+              Kind.TIMES, 240),
+    Recording(f"{H200}/timing_ncu.json", True,
+              "ncu --target-processes all -k fa2_fwd_kernel --section WarpStateStats --section SchedulerStats "
+              "--section Occupancy --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis "
+              "--section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum,sm__cycles_elapsed.max,"
+              "smsp__cycles_active.avg --csv --page raw python experiments/timing_measure.py --profile > W/ncu.csv "
+              "&& python experiments/timing_measure.py --ncu-csv W/ncu.csv --out OUT",
+              "Nsight Compute on 12 of those launches: instructions executed, stall reasons, pipes (needs ncu)",
+              Kind.TIMES, 240),
+    Recording(f"{H200}/timing_auto.json", True, "python experiments/timing_auto.py --measure --out OUT",
+              "every config=auto candidate timed on 12 problems (the model's pick against the measured best)",
+              Kind.TIMES, 200),
     Recording("tests/data/seed_sass_sha256.json", False,
               "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
               "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),
@@ -160,8 +175,31 @@ def compare_tree(new: Path, old: Path) -> tuple[bool, str]:
     return not bad, "; ".join(bad) or "identical files"
 
 
+TIME_TOLERANCE = 0.05  # measured times of one case on two machine sessions: median 0.5 %, at most 3.8 % apart
+
+
+def _measurements(data: dict) -> dict:
+    """{case: what is compared} of a timing file: kernel times, or Nsight Compute's exact counts."""
+    if "cases" in data:
+        return {c["key"]: c["kernel_ms"] for c in data["cases"]}
+    if "kernels" in data:
+        return {k["key"]: int(k["smsp__inst_executed.sum"]) for k in data["kernels"]}
+    return {(tuple(r["problem"]), r["tag"]): r["kernel_ms"] for r in data["rows"]}
+
+
+def compare_times(new: Path, old: Path) -> tuple[bool, str]:
+    """The same cases; times within TIME_TOLERANCE, instruction counts equal."""
+    a, b = (_measurements(json.loads(p.read_text())) for p in (new, old))
+    if set(a) != set(b):
+        return False, f"DIFFERENT cases ({len(set(a) ^ set(b))} not in both)"
+    off = [k for k in b if (a[k] != b[k] if isinstance(b[k], int) else abs(a[k] / b[k] - 1) > TIME_TOLERANCE)]
+    worst = max((abs(a[k] / b[k] - 1) for k in b), default=0.0)
+    return not off, (f"{len(b)} cases, at most {worst:.1%} apart" if not off else
+                     f"{len(off)} of {len(b)} cases DIFFER beyond {TIME_TOLERANCE:.0%} (e.g. {off[0]})")
+
+
 COMPARE = {Kind.ARRAYS: compare_arrays, Kind.ALU: compare_alu, Kind.SAVED_RUN: compare_saved_run,
-           Kind.JSON: compare_json, Kind.TEXT: compare_tree}
+           Kind.JSON: compare_json, Kind.TEXT: compare_tree, Kind.TIMES: compare_times}
 
 
 def compare(new: Path, rec: Recording, root: Path = ROOT) -> Verdict:
