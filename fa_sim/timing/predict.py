@@ -250,7 +250,7 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> 
     issue = issued / smsp_cycles
     kind = "issue bound" if issue > 0.8 else ("shared-memory bound" if top and top[0][1] == "smem" and top[0][0] > 0.6
                                               else "latency bound")
-    limiter = f"{kind}: issue {issue:.0%}, " + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2])
+    limiter = f"{kind}: issue slots {issue:.0%}, " + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2])
     return Prediction(kernel_ms=ms, tflops=prob.flops / (ms * 1e-3) / 1e12, occupancy=k, limiter=limiter,
                       pipes=pipes, issue_slots=issue, achieved_occupancy=run.warp_cycles / run.cycles / 64,
                       stalls=stalls, cycles_per_round=rates.per_round, instructions=instructions,
