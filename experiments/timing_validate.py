@@ -28,7 +28,7 @@ import numpy as np
 from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.timing.gpus import H200, GpuModel
-from fa_sim.timing.predict import dispatch, kernel_model, occupancy, sm_rates, _masked_extra
+from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
@@ -62,7 +62,7 @@ def cycles(case: Measured, gpu: GpuModel) -> float:
     model = kernel_model(prob.config, prob.causal, gpu.arch, str(ROOT / case.kernel) if case.kernel else None)
     k = occupancy(model, gpu)
     rates = sm_rates(model, gpu, k, account=False)
-    return dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))[0]
+    return dispatch(prob, rates, gpu.sms, masked_extra(model, prob))[0]
 
 
 def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:

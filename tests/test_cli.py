@@ -149,8 +149,8 @@ TABLE = [
     # an option of another subcommand: this subcommand's help, and who takes it
     (["sim", "--cta", "3"], "fa sim: error: unrecognized arguments: --cta 3; --cta is an option of fa trace "
                             "(see fa sim --help)", 2),
-    (["layout", "--seqlen=64"], "--seqlen is an option of fa sim, fa trace, fa banks, fa hw, fa compare "
-                                "(see fa layout --help)", 2),
+    (["layout", "--seqlen=64"], "--seqlen is an option of fa sim, fa trace, fa banks, fa hw, fa compare, "
+                                "fa time (see fa layout --help)", 2),
     (["sim", "--config", "m64x"], "--config m64x: 'm64x' is not a config tag like", 2),
     (["sim", "--config", "m64n64d64w4-swizzled-s2-s3"], "suffix 's3' contradicts 's2' (both set kv_stages)", 2),
     (["hw", "--config", "m64n64d64w4-swizzled-ffma-fmul_fsub"], "suffix 'fmul_fsub' contradicts 'ffma'", 2),

@@ -31,10 +31,9 @@ def key(causal: bool, arch: str, checkpoints: bool) -> str:
 
 def text_sha256(cubin: bytes) -> str:
     """sha256 of the kernel's SASS section of a cubin."""
-    from ..contract.cubin import _sections
+    from ..contract.cubin import kernel_code
 
-    sec = next(s for s in _sections(cubin) if s.name == KERNEL_SECTION)
-    return hashlib.sha256(cubin[sec.offset: sec.offset + sec.size]).hexdigest()
+    return hashlib.sha256(kernel_code(cubin, KERNEL_SECTION.removeprefix(".text."))).hexdigest()
 
 
 def nvrtc() -> str:

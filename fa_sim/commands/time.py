@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p, simulator=False)
     p.add_argument("--gpu", choices=sorted(GPUS), default="h200",
-                   help="the GPU model (default h200; a100: public figures, not validated)")
+                   help="the GPU model (default h200; one of a100, h200; a100: public figures, not validated)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the prediction under kernel_ms)")
     p.set_defaults(func=run)
 

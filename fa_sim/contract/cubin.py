@@ -63,6 +63,14 @@ def _sections(cubin: bytes) -> list[_Section]:
     return [_Section(name(r[0]), r[1], r[4], r[5], r[6]) for r in raw]
 
 
+def kernel_code(cubin: bytes, kernel: str) -> bytes:
+    """The machine code of `kernel`: the bytes of its `.text.<kernel>` section."""
+    sec = next((s for s in _sections(cubin) if s.name == f".text.{kernel}"), None)
+    if sec is None:
+        raise CubinError(f"the cubin has no section .text.{kernel}")
+    return cubin[sec.offset: sec.offset + sec.size]
+
+
 def _symbol_index(cubin: bytes, sections: list[_Section], kernel: str) -> int:
     """Index of `kernel` in .symtab (Elf64_Sym: 24 bytes, name offset into the linked strtab)."""
     symtab = next((s for s in sections if s.type == SHT_SYMTAB), None)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,7 +194,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
     rates = sm_rates(model, gpu, k)
-    cycles, ran = dispatch(prob, rates, gpu.sms, _masked_extra(model, prob, gpu, rates))
+    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(model, prob))
     if exact:
         work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
         if work > EXACT_MAX_CTA_ROUNDS:
@@ -229,7 +228,7 @@ def _masked_rounds(prob: Problem) -> np.ndarray:
     return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
 
 
-def _masked_extra(model: KernelModel, prob: Problem, gpu: GpuModel, rates: Rates) -> np.ndarray:
+def masked_extra(model: KernelModel, prob: Problem) -> np.ndarray:
     """Extra rounds' worth of cycles per Q block for its masked rounds (causal diagonal, a key tail),
     by the instruction count of the masked path over the plain one."""
     cfg, ks = model.config, model.sass
@@ -283,7 +282,3 @@ def bank_wavefronts(config: KernelConfig) -> dict:
     # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)
     return {cls.value: (c.ideal if cls.value == "LDGSTS" else c.wavefronts) / c.instructions
             for cls, c in counter.report().by_class().items() if c.instructions}
-
-
-def stall_counter_total(run: SmRun) -> Counter:
-    return Counter(run.stalls)

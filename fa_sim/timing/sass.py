@@ -17,7 +17,7 @@ Ampere and Hopper, as CuAssembler and the sm_80/sm_90 cubins this module reads s
     bits 122-125  reuse      operand reuse-cache flags for source slots a, b, c, d
 
 `parse` reads nvdisasm's `-hex` listing (optionally with `-g` source lines), `control_words`
-the raw `.text` section of the cubin, so each decode can be checked against an independent read
+the raw `.text` section of the cubin (fa_sim.contract.cubin.kernel_code), so each decode can be checked against an independent read
 of the same bytes (tests/test_timing_sass.py). docs/sass_control.md documents the fields with
 examples from the seed kernel.
 """
@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+
+from ..contract.cubin import kernel_code
 
 NO_BARRIER = 7  # the 3-bit scoreboard index meaning "none"
 N_SCOREBOARDS = 6
@@ -126,25 +128,9 @@ def parse(text: str) -> tuple[SassInstruction, ...]:
     return tuple(out)
 
 
-def text_section(cubin: bytes, kernel: str) -> bytes:
-    """The raw bytes of `.text.<kernel>` in an ELF64 cubin."""
-    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
-        raise SassFormatError("not a 64-bit little-endian ELF cubin")
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names = heads[shstrndx][4]
-    want = f".text.{kernel}".encode()
-    for name, _, _, _, offset, size, *_ in heads:
-        start = names + name
-        if cubin[start: cubin.index(b"\0", start)] == want:
-            return cubin[offset: offset + size]
-    raise SassFormatError(f"the cubin has no section .text.{kernel}")
-
-
 def control_words(cubin: bytes, kernel: str) -> list[tuple[int, int]]:
     """(low, high) 64-bit words of every 16-byte instruction of the kernel, straight from the ELF."""
-    text = text_section(cubin, kernel)
+    text = kernel_code(cubin, kernel)
     if len(text) % 16:
         raise SassFormatError(f".text.{kernel} is {len(text)} bytes, not a whole number of 128-bit instructions")
     return [struct.unpack_from("<QQ", text, i) for i in range(0, len(text), 16)]
