@@ -187,3 +187,20 @@ def test_the_a100_table_is_marked_not_validated(capsys):
 
     assert main(["time", "--batch", "1", "--heads", "2", "--seqlen", "256", "--gpu", "a100"]) == 0
     assert "(not validated)" in capsys.readouterr().out
+
+
+def test_the_issue_timeline_has_a_track_per_warp(tmp_path, capsys):
+    """fa time --perfetto: Chrome trace events, one track per resident warp, one slice per issued
+    instruction, each from its issue cycle for its stall count."""
+    from fa_sim.cli import main
+
+    out = tmp_path / "issue.json"
+    assert main(["time", "--batch", "1", "--heads", "2", "--seqlen", "256", "--perfetto", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    tracks = {(e["pid"], e["tid"]) for e in slices}
+    assert len(tracks) == trace["otherData"]["ctas"] * 4  # 4 warps per CTA of the seed config
+    assert all(e["dur"] >= 1 and e["ts"] >= 0 for e in slices)
+    assert {e["name"] for e in slices} >= {"HMMA", "LDSM", "MUFU", "BAR", "EXIT"}
+    assert max(e["ts"] for e in slices) < trace["otherData"]["cycles"]
+    assert main(["time", "--seqlen", "256", "--perfetto", str(out)]) == 2  # exists: refused without --force

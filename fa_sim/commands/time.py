@@ -11,16 +11,20 @@ one SM is run cycle by cycle with 1, half and all of its resident CTAs (represen
 grid's CTAs are not all timed, and co-resident CTAs start together); the grid is then dispatched
 over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
 fa_sim/timing/gpus.py (the A100's from public figures, not validated). Accuracy on the H200 and
-how it was measured: README, "Time".
+how it was measured: README, "How long it runs". `--perfetto FILE.json` writes each warp's
+instruction issue on one SM as a timeline (Perfetto, chrome://tracing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from ..problem import Problem
 from ..timing import GPUS, predict
+from ..timing.predict import issue_timeline
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -32,6 +36,7 @@ from .common import (
     problem_head_dim,
     seqlen_k,
 )
+from .outputs import Kind, Output, check_outputs, write_text
 
 
 def register(subparsers) -> None:
@@ -43,6 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", choices=sorted(GPUS), default="h200",
                    help="the GPU model (default h200; one of a100, h200; a100: public figures, not validated)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the prediction under kernel_ms)")
+    p.add_argument("--perfetto", metavar="FILE.json", default=None,
+                   help="write each warp's instruction issue on one SM (its resident CTAs, 4 rounds) as Chrome "
+                        "trace events for Perfetto or chrome://tracing (default: none)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --perfetto file (default: refuse)")
     p.set_defaults(func=run)
 
 
@@ -60,8 +69,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = config_from_args(args, head_dim=d)
     kernel = kernel_from_args(args)
+    perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
+    check_outputs([perfetto], args.force)
     prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config)
     pred = predict(prob, args.gpu, kernel)
+    if perfetto is not None:
+        write_text(perfetto.path, json.dumps(issue_timeline(prob, args.gpu, kernel)))
+        print(f"wrote {perfetto.path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"config": config.tag, "config_source": source, "causal": args.causal, "gpu": args.gpu,
                           "shape": [args.batch, args.heads, args.seqlen, nk, d],

@@ -228,6 +228,27 @@ def _masked_rounds(prob: Problem) -> np.ndarray:
     return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
 
 
+def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = ROUNDS[1]) -> dict:
+    """Chrome trace-event JSON (Perfetto, chrome://tracing) of one SM with its resident CTAs running
+    `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
+    instruction a slice from its issue cycle (ts, in cycles) for its stall count."""
+    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
+    k = occupancy(model, gpu)
+    issued: list = []
+    run = run_sm([model.cta_stream(rounds, gpu)] * k, prob.config.n_warps, gpu, account=False, timeline=issued)
+    tracks = sorted({(smsp, cta, warp) for _, cta, warp, smsp, _, _ in issued})
+    events = [{"ph": "M", "name": "process_name", "pid": smsp, "args": {"name": f"sub-partition {smsp}"}}
+              for smsp in sorted({t[0] for t in tracks})]
+    events += [{"ph": "M", "name": "thread_name", "pid": smsp, "tid": cta * 64 + warp,
+                "args": {"name": f"CTA {cta} warp {warp}"}} for smsp, cta, warp in tracks]
+    events += [{"name": name, "ph": "X", "ts": t, "dur": max(1, stall), "pid": smsp, "tid": cta * 64 + warp}
+               for t, cta, warp, smsp, name, stall in issued]
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"config": prob.config.tag, "gpu": gpu.name, "ctas": k, "rounds": rounds,
+                          "cycles": run.cycles, "unit": "ts and dur are SM cycles"}}
+
+
 def masked_extra(model: KernelModel, prob: Problem) -> np.ndarray:
     """Extra rounds' worth of cycles per Q block for its masked rounds (causal diagonal, a key tail),
     by the instruction count of the masked path over the plain one."""

@@ -72,10 +72,11 @@ class SmRun:
 
 
 def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
-           max_cycles: float = 5e8) -> SmRun:
+           max_cycles: float = 5e8, timeline: list | None = None) -> SmRun:
     """Run CTAs (one stream each, shared by its `n_warps` warps) on one SM: `slots` of them resident
     at a time (None: all at once), the next starting in the slot of the first to finish;
-    `account`: charge every non-issuing warp-cycle to a stall reason (slower)."""
+    `account`: charge every non-issuing warp-cycle to a stall reason (slower); `timeline`: append
+    (cycle, CTA, warp, sub-partition, opcode, stall) for every instruction issued."""
     slots = len(streams) if slots is None else slots
     ctas: list[_Cta] = []
     warps: list[_Warp] = []
@@ -122,6 +123,9 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             if pick is not None:
                 if account:
                     stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, pick))
+                if timeline is not None:
+                    st = pick.stream[pick.pc]
+                    timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
                 issued += 1
                 any_issue = True
