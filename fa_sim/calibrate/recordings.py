@@ -97,6 +97,9 @@ RECORDINGS = (
     Recording(f"{H200}/timing_auto.json", True, "python experiments/timing_auto.py --measure --out OUT",
               "every config=auto candidate timed on 12 problems (the model's pick against the measured best)",
               Kind.TIMES, 200),
+    Recording(f"{H200}/timing_microbench.json", True, "python -m fa_sim.calibrate.timing_microbench --measure --out OUT",
+              "SM clock cycles of the timing model's unit microbenchmarks (tensor, MUFU, fma and shared-memory pipes)",
+              Kind.TIMES, 120),
     Recording("tests/data/seed_sass_sha256.json", False,
               "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
               "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),
@@ -184,6 +187,8 @@ def _measurements(data: dict) -> dict:
         return {c["key"]: c["kernel_ms"] for c in data["cases"]}
     if "kernels" in data:
         return {k["key"]: int(k["smsp__inst_executed.sum"]) for k in data["kernels"]}
+    if isinstance(data["rows"], dict):  # timing_microbench.json: cycles per benchmark
+        return {name: row["cycles"] for name, row in data["rows"].items()}
     return {(tuple(r["problem"]), r["tag"]): r["kernel_ms"] for r in data["rows"]}
 
 

@@ -1,0 +1,155 @@
+"""Microbenchmarks of the SM units the timing model (fa_sim.timing) parameterises, on the GPU and in
+the model, side by side.
+
+    python -m fa_sim.calibrate.timing_microbench --measure --out DIR   # on the GPU: timing_microbench.json
+    python -m fa_sim.calibrate.timing_microbench                       # the model against the recording
+
+Each benchmark is a straight-line CUDA kernel (its block written out, no loop) that reads the SM clock
+(clock64) before and after a block of one kind of instruction, in 4 warps of one CTA on one SM
+(one warp per sub-partition) or 16 (four each): the tensor pipe's rate (independent HMMA.16816),
+MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma pipe's rate, the
+shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one.
+--measure records the cycles between the two clock reads of every warp; a benchmark's time is its
+slowest warp's (median over 20 launches: the block is done when every warp is).
+The model runs the same cubin's SASS (NVRTC for sm_90, decoded by fa_sim.timing.sass) on its SM
+and takes the cycles between the same two instructions' issue; tests/test_timing_model.py holds
+the model to the recording (tests/data/h200/timing_microbench.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "h200" / "timing_microbench.json"
+HEAD = r"""
+extern "C" __global__ void bench(unsigned long long* cycles, float* sink) {
+  unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __shared__ __align__(16) unsigned short smem[8192];
+  for (int i = threadIdx.x; i < 8192; i += blockDim.x) smem[i] = (unsigned short)i;
+  __syncthreads();
+  float f0 = lane * 0.001f, f1 = f0 + 1, f2 = f0 + 2, f3 = f0 + 3, f4 = f0 + 4, f5 = f0 + 5, f6 = f0 + 6,
+        f7 = f0 + 7;
+  unsigned r0 = lane, r1 = lane * 3, r2 = lane * 5, r3 = lane * 7, b0 = lane * 11, b1 = lane * 13;
+  float c[4][4] = {};
+  unsigned addr = (unsigned)__cvta_generic_to_shared(smem) + ADDRESS;
+  unsigned long long t0 = clock64();
+BODY
+  unsigned long long t1 = clock64();
+  if (lane == 0) cycles[blockIdx.x * 32 + warp] = t1 - t0;
+  float s = 0;
+  for (int j = 0; j < 4; ++j) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+  sink[threadIdx.x] = f0 + f1 + f2 + f3 + f4 + f5 + f6 + f7 + s + r0 + r1;
+}
+"""
+MMA = ('    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, '
+       '{%0,%1,%2,%3};" : "+f"(c[J][0]), "+f"(c[J][1]), "+f"(c[J][2]), "+f"(c[J][3]) : "r"(r0), "r"(r1), "r"(r2), '
+       '"r"(r3), "r"(b0 + J), "r"(b1));')
+EX2 = '    asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(fJ));'
+FMA = '    asm volatile("fma.rn.f32 %0, %0, %0, %0;" : "+f"(fJ));'
+LDSM = ('    { unsigned x0, x1, x2, x3; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" '
+        ': "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr + STEP * I)); r0 ^= x0 ^ x1 ^ x2 ^ x3; }')
+
+# name: (statement, chains J, repeats I, warps, the address each lane gives ldmatrix, its step per repeat);
+# every ldmatrix reads other addresses (ptxas merges loads of one address); rows 16 bytes apart are
+# conflict-free, rows 128 bytes apart put a phase's 8 rows in the same banks (8-way)
+BENCHES = {
+    "hmma_rate": (MMA, 4, 32, 4, "0", 0),
+    "ex2_rate": (EX2, 8, 32, 4, "0", 0),
+    "ex2_latency": (EX2, 1, 128, 4, "0", 0),
+    "ffma_rate": (FMA, 8, 64, 4, "0", 0),
+    "ldsm_rate": (LDSM, 1, 63, 16, "(lane * 16) % 512", 256),
+    "ldsm_8way": (LDSM, 1, 32, 16, "(lane * 128) % 4096", 16),
+}
+
+
+def source(name: str) -> str:
+    stmt, chains, repeat, _, address, step = BENCHES[name]
+    body = "\n".join(stmt.replace("J", str(j)).replace("STEP", str(step)).replace("I", str(i))
+                     for i in range(repeat) for j in range(chains))  # written out: straight-line SASS
+    return HEAD.replace("BODY", body).replace("ADDRESS", address)
+
+
+def measure(out: Path) -> None:
+    import numpy as np
+    from cuda.core import Device, LaunchConfig, ObjectCode, launch
+
+    from ..contract.nvrtc import compile_cubin
+
+    dev = Device()
+    dev.set_current()
+    arch = f"sm_{''.join(map(str, dev.compute_capability))}"
+    stream = dev.create_stream()
+    rows = {}
+    for name, (_, _, _, warps, _, _) in BENCHES.items():
+        cubin, _ = compile_cubin(source(name), name=f"{name}.cu", arch=arch)
+        kernel = ObjectCode.from_cubin(cubin).get_kernel("bench")
+        cycles = dev.allocate(8 * 32, stream=stream)
+        sink = dev.allocate(4 * 32 * warps, stream=stream)
+        per_launch = []
+        for _ in range(21):
+            launch(stream, LaunchConfig(grid=1, block=32 * warps), kernel, cycles.handle, sink.handle)
+            stream.sync()
+            host = np.empty(32, np.uint64)
+            from cuda.bindings import driver
+            driver.cuMemcpyDtoH(host.ctypes.data, int(cycles.handle), host.nbytes)
+            per_launch.append(host[:warps].astype(float).tolist())
+        block = [max(w) for w in per_launch[1:]]  # the block of every warp: its slowest warp
+        rows[name] = {"warps": warps, "cycles": statistics.median(block), "per_warp": per_launch[1:]}
+        print(name, rows[name]["cycles"], flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timing_microbench.json").write_text(json.dumps({"gpu": dev.name, "arch": arch, "rows": rows}, indent=1))
+
+
+def model_cycles(name: str, gpu=None) -> float:
+    """The model's cycles between the two clock reads of the slowest warp, on the same SASS."""
+    from ..contract.nvrtc import compile_cubin
+    from ..contract.sass import disassemble
+    from ..timing import GPUS
+    from ..timing.program import step
+    from ..timing.sass import parse
+    from ..timing.sm import run_sm
+
+    gpu = gpu or GPUS["h200"]
+    _, _, _, warps, _, _ = BENCHES[name]
+    cubin, _ = compile_cubin(source(name), name=f"{name}.cu", arch=gpu.arch)
+    instrs = [i for i in parse(disassemble(cubin, encodings=True)) if i.guard != "@!PT"]
+    end = next(n for n, i in enumerate(instrs) if i.opcode == "EXIT") + 1
+    wavefronts = {"LDSM": 32 if name == "ldsm_8way" else 4}
+    stream = [step(i.opcode, i.operands, i.guard, i.control, gpu, wavefronts) for i in instrs[:end]]
+    clocks = [n for n, i in enumerate(instrs[:end]) if i.opcode.startswith("CS2R") and "SR_CLOCK" in i.operands]
+    issued: list = []
+    run_sm([stream], warps, gpu, account=False, timeline=issued)
+    at = {}
+    for t, _, warp, _, _, _ in issued:
+        at.setdefault(warp, []).append(t)
+    return float(max(at[w][clocks[1]] - at[w][clocks[0]] for w in at))
+
+
+def report() -> str:
+    rec = json.loads(DATA.read_text())["rows"]
+    lines = ["| benchmark | warps | H200 cycles | model cycles | model / H200 |", "|---|---|---|---|---|"]
+    for name, r in rec.items():
+        m = model_cycles(name)
+        lines.append(f"| {name} | {r['warps']} | {r['cycles']:.0f} | {m:.0f} | {m / r['cycles']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--measure", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
+    args = ap.parse_args(argv)
+    if args.measure:
+        measure(args.out)
+    else:
+        print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
