@@ -95,3 +95,20 @@ class Unmergeable:
 
 def slow_square(x: int) -> int:
     return x * x
+
+
+#: A user's script that runs the simulator (the tests of workers that must not re-run it): its
+#: header, and an observer class it defines (workers receive the class from the script).
+USER_SCRIPT_HEAD = """
+import fa_sim
+from fa_sim.reference import random_inputs
+print("start", flush=True)
+"""
+COUNT_OBSERVER = """
+class Count:
+    def __init__(self): self.n = 0
+    def on_instr(self, ev): self.n += 1
+    def fresh(self): return Count()
+    def partial(self): return self.n
+    def merge(self, part): self.n += part
+"""

@@ -20,7 +20,7 @@ import fa_sim
 from fa_sim.parallel import ClusterError, pmap
 from fa_sim.reference import random_inputs
 
-from parallel_helpers import RACY, observers, results, same, slow_square
+from parallel_helpers import COUNT_OBSERVER, RACY, USER_SCRIPT_HEAD, observers, results, same, slow_square
 
 distributed = pytest.importorskip("distributed", reason="the [cluster] extra is not installed")
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,18 +208,7 @@ def test_a_local_cluster_from_a_script_without_a_main_guard(tmp_path, stdin):
     """The local cluster's workers start through spawn, which would re-run the script (and fail, or
     not find a script read from stdin); they start without it, and a class the script defines
     still reaches them (cloudpickle sends it by value)."""
-    text = """
-import fa_sim
-from fa_sim.reference import random_inputs
-print("start", flush=True)
-
-class Count:
-    def __init__(self): self.n = 0
-    def on_instr(self, ev): self.n += 1
-    def fresh(self): return Count()
-    def partial(self): return self.n
-    def merge(self, part): self.n += part
-
+    text = USER_SCRIPT_HEAD + COUNT_OBSERVER + """
 q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
 one, two = Count(), Count()
 serial = fa_sim.simulate(q, k, v, wave_ctas=1, observers=[one])

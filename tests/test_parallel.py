@@ -23,7 +23,8 @@ from fa_sim.reference import random_inputs
 from fa_sim.run import ProgramFrontEnd, RunSpec
 from fa_sim.tensorcore import EXACT
 
-from parallel_helpers import RACY, FailOnCta, KillOnCta, Unmergeable, observers, results, same, slow_square
+from parallel_helpers import (COUNT_OBSERVER, RACY, USER_SCRIPT_HEAD, FailOnCta, KillOnCta, Unmergeable, observers,
+                              results, same, slow_square)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXED = settings(derandomize=True, database=None, max_examples=40, deadline=None)
@@ -200,25 +201,13 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
 
 
 # -- workers start at fa_sim's entry point, not by re-running the user's script ------------------------
-SCRIPT = """
-import fa_sim
-from fa_sim.reference import random_inputs
-print("start", flush=True)
-{body}
-"""
+SCRIPT = USER_SCRIPT_HEAD + "{body}\n"
 SHARDED_RUN = """q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
 serial = fa_sim.simulate(q, k, v, wave_ctas=1)
 split = fa_sim.simulate(q, k, v, wave_ctas=1, workers=2)  # 4 waves: two workers
 print("same", bool((serial.o == split.o).all() and (serial.lse == split.lse).all() and serial.counts == split.counts))
 """
-OBSERVER_IN_MAIN = """
-class Count:
-    def __init__(self): self.n = 0
-    def on_instr(self, ev): self.n += 1
-    def fresh(self): return Count()
-    def partial(self): return self.n
-    def merge(self, part): self.n += part
-
+OBSERVER_IN_MAIN = COUNT_OBSERVER.replace("{", "{{").replace("}", "}}") + """
 def main():
     q, k, v = random_inputs(1, 1, 256, 256, 64, 0)
     one, two = Count(), Count()
