@@ -10,7 +10,8 @@ writes the launch order; `summarize` reads ncu's raw CSV (one row per profiled l
 order) and prints, per launch: time, registers, achieved occupancy, instructions, IPC, warp cycles
 per issued instruction and its largest stall reasons, tensor-pipe and L1 utilisation, shared-memory
 wavefronts and bank conflicts of ldmatrix. The options are orthogonal, so the rows are arranged as
-steps: the seed, its tile with 32 rows per warp, then one option more per row.
+steps: the seed, its tile with 32 rows per warp, then one option more per row (--set issue11), or
+issue 19's lazy_sum and poly_exp on the best tiles (--set issue19), with the MUFU (xu) and FMA pipes.
 """
 
 from __future__ import annotations
@@ -32,13 +33,25 @@ LAUNCHES = [  # (head_dim, causal, tag): each row one step from the one before i
     (128, False, "m128n32d128w4-swizzled-s2-dp"), (128, False, "m128n64d128w4-swizzled-s2"),
     (128, False, "m64n64d128w4-swizzled-s2-qr"),
 ]
+LAUNCHES_19 = [  # issue 19's options, each from the best tile of issue 11: lazy_sum (-ls), poly_exp (-e1, -e2)
+    (64, False, "m128n128d64w4-swizzled-s2"), (64, False, "m128n128d64w4-swizzled-s2-ls"),
+    (64, False, "m128n128d64w4-swizzled-s2-e1"), (64, False, "m128n128d64w4-swizzled-s2-e2"),
+    (64, False, "m128n128d64w4-swizzled-s2-ls-e1"), (64, True, "m128n128d64w4-swizzled-s2-hf"),
+    (64, True, "m128n128d64w4-swizzled-s2-hf-ls"),
+    (128, False, "m128n64d128w4-swizzled-s2"), (128, False, "m128n64d128w4-swizzled-s2-ls"),
+    (128, False, "m128n64d128w4-swizzled-s2-e1"), (128, False, "m128n64d128w4-swizzled-s2-ls-e1"),
+    (128, True, "m128n64d128w4-swizzled-s2-hf"), (128, True, "m128n64d128w4-swizzled-s2-hf-ls"),
+]
+LAUNCH_SETS = {"issue11": LAUNCHES, "issue19": LAUNCHES_19}
 SECTIONS = ["SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",
             "InstructionStats"]
 METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum",
            "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "smsp__inst_executed_op_ldsm.sum",
-           "l1tex__throughput.avg.pct_of_peak_sustained_active"]
+           "l1tex__throughput.avg.pct_of_peak_sustained_active",
+           "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"]
 COLUMNS = [  # (heading, metric or alternatives (the first ncu reported), format, scale)
     ("us", "gpu__time_duration.sum", "{:.0f}", 1.0), ("regs", "launch__registers_per_thread", "{:.0f}", 1.0),
     ("occ %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.1f}", 1.0),
@@ -47,6 +60,7 @@ COLUMNS = [  # (heading, metric or alternatives (the first ncu reported), format
     ("tensor %", (METRICS[0], "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
                   "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"), "{:.1f}", 1.0), ("L1 %", METRICS[5], "{:.1f}", 1.0), ("M LDSM", METRICS[4], "{:.1f}", 1e-6),
     ("LDSM confl", METRICS[2], "{:.0f}", 1.0), ("STS confl", METRICS[3], "{:.0f}", 1.0),
+    ("xu (MUFU) %", METRICS[6], "{:.1f}", 1.0), ("fma %", METRICS[7], "{:.1f}", 1.0),
 ]
 STALL = "smsp__average_warps_issue_stalled_"
 
@@ -55,7 +69,7 @@ def ncu_args() -> str:
     return " ".join([f"--section {s}" for s in SECTIONS] + [f"--metrics {','.join(METRICS)}"])
 
 
-def launch(order_path: str, tuned_dir: str | None) -> None:
+def launch(order_path: str, tuned_dir: str | None, launches=LAUNCHES) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -65,7 +79,7 @@ def launch(order_path: str, tuned_dir: str | None) -> None:
     from fa_hw.tuned import auto_config
     from fa_sim.config import KernelConfig
 
-    plan = [(d, causal, KernelConfig.from_tag(tag), "") for d, causal, tag in LAUNCHES]
+    plan = [(d, causal, KernelConfig.from_tag(tag), "") for d, causal, tag in launches]
     if tuned_dir:
         for d in SHAPES:
             for causal in (False, True):
@@ -101,7 +115,7 @@ def parse_raw(text: str) -> tuple[list[dict[str, str]], dict[str, str]]:
     return [dict(zip(header, r)) for r in rows[2:]], dict(zip(header, rows[1]))
 
 
-US_PER = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+US_PER = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def _num(x: str | None) -> float | None:
@@ -143,6 +157,7 @@ def main(argv=None) -> int:
     a = sub.add_parser("launch", help="the profiled process")
     a.add_argument("--order", required=True)
     a.add_argument("--tuned-dir", default=None)
+    a.add_argument("--set", default="issue11", choices=list(LAUNCH_SETS), help="which option steps to launch")
     s = sub.add_parser("summarize", help="raw CSV -> markdown table")
     s.add_argument("raw")
     s.add_argument("--order", required=True)
@@ -150,7 +165,7 @@ def main(argv=None) -> int:
     if args.cmd == "ncu-args":
         print(ncu_args())
     elif args.cmd == "launch":
-        launch(args.order, args.tuned_dir)
+        launch(args.order, args.tuned_dir, LAUNCH_SETS[args.set])
     else:
         order = Path(args.order)
         print(summarize(Path(args.raw).read_text(), json.loads(order.read_text()) if order.is_file() else []))

@@ -1,11 +1,13 @@
 """Time candidate kernel configs on the GPU and write the table that config="auto" reads (fa_hw.tuned).
 
-    python experiments/tune_hw.py [--out DIR] [--warmup 5] [--reps 20] [--cases 0 3] [--quick]
+    python experiments/tune_hw.py [--out DIR] [--runs 3] [--warmup 5] [--reps 20] [--cases 0 3] [--quick]
 
-For each benchmark shape (bench_hw.CASES) and causal flag, SDPA-flash is timed, then every
-candidate of that head_dim (`candidates`). Per key (head_dim, causal, size class of fa_hw.tuned)
-the winner has the best worst ratio SDPA-flash time / our time over the key's shapes (the target is
-every row), ties broken by the best geometric mean. A
+For each TRAINING shape (experiments/hw_sets.py TRAIN; the held-out TEST set is never timed here)
+and causal flag, SDPA-flash and every candidate of that head_dim (`candidates`) are timed in --runs
+round-robin runs on the same inputs (hw_sets.round_robin); a candidate's ratio on a shape is the
+median over runs of SDPA-flash time / our time. Per key (head_dim, causal, size class of
+fa_hw.tuned) the winner has the best worst ratio over the key's shapes (the target is every row),
+ties broken by the best geometric mean. A
 candidate that fails to compile or launch, or whose O differs from SDPA-flash's by more than
 SANITY_REL_ERR (a broken build, not rounding: the two differ by ~4e-4 in the recorded runs), is
 reported and never chosen; experiments/bench_hw.py checks the chosen ones against float64.
@@ -31,7 +33,8 @@ import os
 import sys
 from pathlib import Path
 
-from bench_hw import CASES, rel_err_gpu, sdpa_rows, time_ours
+from bench_hw import ours_timer, rel_err_gpu, sdpa_timers
+from hw_sets import TRAIN, Spread, check_sets, ratios, round_robin
 from fa_hw import check
 from fa_hw.runtime import device, device_arch
 from fa_hw.tuned import Entry, Table, gpu_key, size_class
@@ -40,7 +43,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.contract.nvrtc import nvrtc_version
 
 SANITY_REL_ERR = 2e-3
-QUICK = {64: 3, 128: 3}  # --quick (a smoke run): the first candidates of each head_dim
+QUICK = {32: 3, 64: 3, 128: 3}  # --quick (a smoke run): the first candidates of each head_dim
 
 
 def candidates(head_dim: int, causal: bool, quick: bool = False) -> list[KernelConfig]:
@@ -49,33 +52,52 @@ def candidates(head_dim: int, causal: bool, quick: bool = False) -> list[KernelC
     return out[: QUICK.get(head_dim, 0)] if quick else out
 
 
-def measure_case(case, causal, args) -> tuple[float, list[dict]]:
-    """SDPA-flash's median ms and one row per candidate: tag, ms, ratio to flash, error, note."""
+def measure_case(case, causal, args) -> tuple[Spread, list[dict]]:
+    """SDPA-flash's ms over the runs and one row per candidate: tag, ms and ratio to flash (median
+    over runs, with min and max), error against SDPA-flash, note."""
     import torch
 
     b, h, n, d = case
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn((b, h, n, d), generator=gen, device="cuda", dtype=torch.float16) for _ in range(3))
-    sdpa, outs = sdpa_rows(q, k, v, causal, args.warmup, args.reps)
-    flash_ms, ref = next(ms for name, ms, _ in sdpa if name == "sdpa-flash"), outs["sdpa-flash"]
-    rows = []
+    timers, outs, notes = sdpa_timers(q, k, v, causal, args.warmup, args.reps, ("sdpa-flash",))
+    if "sdpa-flash" not in timers:
+        raise RuntimeError(notes.get("sdpa-flash", "SDPA-flash did not run"))
+    ref = outs.pop("sdpa-flash")
+    rows = {}
     for cfg in candidates(d, causal, args.quick):
         row = dict(config=cfg.to_json(), tag=cfg.tag, ms=None, vs_flash=None, err_vs_flash=None, note=None)
         try:
-            ms, regs, o = time_ours(q, k, v, causal, cfg, args.warmup, args.reps)
+            timers[cfg.tag], regs, o = ours_timer(q, k, v, causal, cfg, args.warmup, args.reps)
             err = rel_err_gpu(o, ref)
-            row.update(ms=ms, vs_flash=flash_ms / ms, err_vs_flash=err, regs=regs)
+            row.update(err_vs_flash=err, regs=regs)
             if not err <= SANITY_REL_ERR:
                 row["note"] = f"O differs from SDPA-flash by {err:.1e}: not chosen"
         except Exception as exc:  # a config that does not build or run here: recorded, not chosen
             row["note"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-        rows.append(row)
-        print(f"  {str(case):20s} causal={causal!s:5s} {cfg.tag:36s} "
-              f"{'fail' if row['ms'] is None else format(row['ms'], '8.3f') + ' ms ' + format(row['vs_flash'], '5.2f') + 'x'}"
+        rows[cfg.tag] = row
+    runs = round_robin(timers, args.runs)
+    flash = Spread.of(runs["sdpa-flash"])
+    for tag, row in rows.items():
+        if tag in runs:
+            ms, vs = Spread.of(runs[tag]), ratios(runs["sdpa-flash"], runs[tag])
+            row.update(ms=ms.median, ms_min=ms.lo, ms_max=ms.hi, vs_flash=vs.median, vs_min=vs.lo, vs_max=vs.hi)
+        print(f"  {str(case):20s} causal={causal!s:5s} {tag:36s} "
+              f"{'fail' if row['ms'] is None else format(row['ms'], '8.3f') + ' ms ' + format(row['vs_flash'], '5.3f') + 'x'}"
               f"{'  ' + row['note'] if row['note'] else ''}", flush=True)
-    del q, k, v
+    del q, k, v, ref
     torch.cuda.empty_cache()
-    return flash_ms, rows
+    return flash, list(rows.values())
+
+
+def warm_cache(head_dims, quick: bool) -> None:
+    """Compile every candidate build in parallel before the first is timed."""
+    from fa_sim.contract import KernelBuild
+    from fa_sim.contract.cubins import compile_many
+
+    arch = device_arch()
+    builds = {KernelBuild(c, causal, arch) for d in head_dims for causal in (False, True) for c in candidates(d, causal, quick)}
+    compile_many(sorted(builds, key=str), os.cpu_count())
 
 
 def choose(results: dict) -> list[Entry]:
@@ -102,15 +124,17 @@ def choose(results: dict) -> list[Entry]:
     return out
 
 
-def markdown(results: dict, entries: list[Entry], gpu: str) -> str:
-    lines = [f"GPU: {gpu}. Median ms per launch; x flash = SDPA-flash time / ours (same inputs, same run).", "",
-             "| B, H, N, d | causal | config | ms | x flash | err vs flash | regs/CTAs | note |",
+def markdown(results: dict, entries: list[Entry], gpu: str, runs: int) -> str:
+    lines = [f"GPU: {gpu}. Training shapes (experiments/hw_sets.py TRAIN) only. Every backend timed in {runs} "
+             "round-robin runs on the same inputs (a run: the median of CUDA-event times per launch); ms and x flash "
+             "(SDPA-flash time / ours, per run) are the median over runs [min, max].", "",
+             "| B, H, N, d | causal | config | ms [min, max] | x flash [min, max] | err vs flash | regs/CTAs | note |",
              "|---|---|---|---:|---:|---:|---:|---|"]
-    for (case, causal), (flash_ms, rows) in results.items():
-        lines.append(f"| {tuple(case)} | {causal} | SDPA-flash | {flash_ms:.3f} | 1.00 | - | - | |")
+    for (case, causal), (flash, rows) in results.items():
+        lines.append(f"| {tuple(case)} | {causal} | SDPA-flash | {flash.fmt()} | 1.00 | - | - | |")
         for r in sorted(rows, key=lambda r: r["ms"] or math.inf):
-            ms = "fail" if r["ms"] is None else f"{r['ms']:.3f}"
-            x = "-" if r["vs_flash"] is None else f"{r['vs_flash']:.2f}"
+            ms = "fail" if r["ms"] is None else f"{r['ms']:.3f} [{r['ms_min']:.3f}, {r['ms_max']:.3f}]"
+            x = "-" if r["vs_flash"] is None else f"{r['vs_flash']:.3f} [{r['vs_min']:.3f}, {r['vs_max']:.3f}]"
             e = "-" if r["err_vs_flash"] is None else f"{r['err_vs_flash']:.1e}"
             lines.append(f"| {tuple(case)} | {causal} | {r['tag']} | {ms} | {x} | {e} | {r.get('regs', '-')} | {r['note'] or ''} |")
     lines += ["", "Chosen (fa_hw.tuned entries: best worst shape, then geometric mean; x flash = the geometric mean):", "",
@@ -122,14 +146,17 @@ def markdown(results: dict, entries: list[Entry], gpu: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "experiments/out")
+    p.add_argument("--runs", type=int, default=3, help="round-robin runs per candidate and shape")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into bench_hw.CASES")
+    p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into hw_sets.TRAIN")
     p.add_argument("--quick", action="store_true", help="three candidates per head_dim (a smoke run)")
     args = p.parse_args(argv)
+    check_sets()
     dev = device()
+    warm_cache([d for d in {c[3] for c in TRAIN}], args.quick)
     results = {}
-    for i, case in enumerate(CASES):
+    for i, case in enumerate(TRAIN):
         if args.cases is None or i in args.cases:
             for causal in (False, True):
                 try:
@@ -142,7 +169,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{gpu_key(dev.name)}.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
-    (out / "tune_hw.md").write_text(markdown(results, entries, dev.name))
+    (out / "tune_hw.md").write_text(markdown(results, entries, dev.name, args.runs))
     for e in entries:
         print(f"chosen: d={e.head_dim} causal={e.causal!s:5s} {e.size:6s} {e.config.tag:36s} "
               f"{e.tflops:6.1f} TFLOP/s {e.vs_flash:.2f}x flash", flush=True)

@@ -50,15 +50,22 @@ SIZE_CLASSES = ("short", "medium", "long")
 SHORT_MAX_KEYS, MEDIUM_MAX_KEYS = 1024, 4096
 AUTO = "auto"
 # The configs experiments/tune_hw.py times (its docstring says why these), by head_dim; causal
-# launches time each with heavy_first as well (`candidates`).
+# launches time each with heavy_first as well (`candidates`). lazy_sum (-ls) and poly_exp (-e1, -e2)
+# are issue 19's options on the best tiles of issue 11.
 CANDIDATES = {
+    32: ("m64n64d32w4-swizzled", "m128n64d32w4-swizzled", "m128n128d32w4-swizzled", "m128n64d32w4-swizzled-s2",
+         "m128n128d32w4-swizzled-s2", "m128n128d32w4-swizzled-s2-ls", "m128n128d32w4-swizzled-s2-e1",
+         "m128n128d32w4-swizzled-s2-ls-e1", "m128n64d32w4-swizzled-s2-ls"),
     64: ("m64n64d64w4-swizzled", "m128n64d64w4-swizzled", "m128n128d64w4-swizzled", "m128n128d64w4-swizzled-s2",
          "m128n64d64w4-swizzled-s2", "m128n64d64w4-swizzled-s2-qr", "m128n64d64w4-swizzled-s2-dp",
-         "m128n64d64w4-swizzled-s2-qr-dp", "m128n64d64w4-swizzled-s3-qr-dp", "m128n128d64w8-swizzled-s2-dp"),
+         "m128n64d64w4-swizzled-s2-qr-dp", "m128n64d64w4-swizzled-s3-qr-dp", "m128n128d64w8-swizzled-s2-dp",
+         "m64n64d64w4-swizzled-ls", "m128n128d64w4-swizzled-s2-ls", "m128n128d64w4-swizzled-s2-e1",
+         "m128n128d64w4-swizzled-s2-e2", "m128n128d64w4-swizzled-s2-ls-e1"),
     128: ("m64n64d128w4-swizzled", "m128n32d128w4-swizzled", "m128n32d128w4-swizzled-s2",
           "m128n32d128w4-swizzled-s2-dp", "m128n32d128w4-swizzled-s3-dp", "m128n64d128w4-swizzled",
           "m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-s2-dp", "m64n64d128w4-swizzled-s2-qr",
-          "m128n128d128w8-swizzled-s2"),
+          "m128n128d128w8-swizzled-s2", "m128n64d128w4-swizzled-ls", "m128n64d128w4-swizzled-s2-ls",
+          "m128n64d128w4-swizzled-e1", "m128n64d128w4-swizzled-s2-e1", "m128n64d128w4-swizzled-s2-ls-e1"),
 }
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),

@@ -36,8 +36,14 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   defer_pv     (kv_stages >= 2) PV of round t in round t+1, beside its softmax: tensor core and
                ALUs overlap within a warp; O's operations stay in the spec's order
   min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_sim.contract's heuristic)
-kv_stages, q_in_regs, heavy_first and defer_pv change the schedule: the hand-written program (engine="program") runs only the
-spec's schedule and refuses them; the PTX engine runs fa2_fwd.cu as compiled for any option.
+  lazy_sum     the quad adds its lanes' partial row sums once, in the epilogue (FlashAttention-2's
+               order), not every round; values differ from the spec's in the last bits
+  poly_exp     eighths of the exponentials computed by a degree-4 polynomial on the FMA pipe instead
+               of MUFU.EX2 (relative error 2.7e-6): the MUFU pipe is the
+               softmax's bottleneck; values differ from the spec's in the last bits
+kv_stages, q_in_regs, heavy_first and defer_pv change the schedule, lazy_sum and poly_exp the arithmetic: the
+hand-written program (engine="program") runs only the spec's kernel and refuses them; the PTX engine
+runs fa2_fwd.cu as compiled for any option.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
 
 HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
+POLY_EXPS = (0, 1, 2, 3, 4)  # eighths of the exponentials on the FMA pipe (0: all on MUFU, the spec)
 MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
@@ -68,8 +75,8 @@ SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
 _TAG = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)d(?P<d>\d+)w(?P<w>\d+)-(?P<smem>[a-z]+)(?P<rest>(?:-[a-z0-9_]+)*)")
 
 
-_BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv")  # schedule options that are flags
-_BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv"}  # their tag suffixes
+_BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv", "lazy_sum")  # options that are flags
+_BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv", "ls": "lazy_sum"}  # their tag suffixes
 
 
 def _tag_suffix(part: str) -> tuple[str | None, object]:
@@ -78,9 +85,9 @@ def _tag_suffix(part: str) -> tuple[str | None, object]:
         return "softmax", part
     if part in _BOOL_SUFFIX:
         return _BOOL_SUFFIX[part], True
-    m = re.fullmatch(r"([sb])(\d+)", part)
+    m = re.fullmatch(r"([sbe])(\d+)", part)
     if m:
-        return {"s": "kv_stages", "b": "min_blocks"}[m[1]], int(m[2])
+        return {"s": "kv_stages", "b": "min_blocks", "e": "poly_exp"}[m[1]], int(m[2])
     return None, None
 
 
@@ -169,9 +176,16 @@ class KernelConfig:
     defer_pv: bool = field(default=False, metadata=_meta(
         "run round t's PV in round t+1, in one block with the softmax of round t+1 so that the tensor core "
         "and the ALUs overlap within a warp (O's operations keep the spec's order); needs kv_stages >= 2"))
+    lazy_sum: bool = field(default=False, metadata=_meta(
+        "each lane keeps its partial row sum across rounds and the quad adds them once in the epilogue "
+        "(FlashAttention-2's order) instead of a quad reduction per round (values differ in the last bits)"))
     min_blocks: int = field(default=0, metadata=_meta(
         "__launch_bounds__ minimum CTAs per SM (caps registers per thread); 0 = fa_sim.contract's heuristic",
         MIN_BLOCKS))
+    poly_exp: int = field(default=0, metadata=_meta(
+        "eighths of each row's exponentials computed by a degree-4 polynomial on the FMA pipe instead of "
+        "MUFU.EX2 (relative error 2.7e-6; values differ from the spec's in the last bits); 0 = all on MUFU",
+        POLY_EXPS))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
@@ -187,13 +201,14 @@ class KernelConfig:
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
                 f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}; "
-                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; defer_pv with kv_stages >= 2"
+                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; poly_exp {POLY_EXPS}; defer_pv with kv_stages >= 2"
             )
 
     def _problems(self) -> list[str]:
         out = []
         for name, allowed in (("head_dim", HEAD_DIMS), ("block_m", BLOCK_MS), ("block_n", BLOCK_NS),
-                              ("n_warps", N_WARPS), ("kv_stages", KV_STAGES), ("min_blocks", MIN_BLOCKS)):
+                              ("n_warps", N_WARPS), ("kv_stages", KV_STAGES), ("min_blocks", MIN_BLOCKS),
+                              ("poly_exp", POLY_EXPS)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value not in allowed:
                 out.append(f"{name}={value!r} is not one of {allowed}")
@@ -247,14 +262,16 @@ class KernelConfig:
     def tag(self) -> str:
         """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
         diagnostic softmax form and options away from their defaults add suffixes, in this order:
-        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv),
-        '-b3' (min_blocks)."""
+        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv), '-ls' (lazy_sum),
+        '-b3' (min_blocks), '-e1' (poly_exp)."""
         extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
         extra += f"-s{self.kv_stages}" if self.kv_stages != 1 else ""
         extra += "-qr" if self.q_in_regs else ""
         extra += "-hf" if self.heavy_first else ""
         extra += "-dp" if self.defer_pv else ""
+        extra += "-ls" if self.lazy_sum else ""
         extra += f"-b{self.min_blocks}" if self.min_blocks else ""
+        extra += f"-e{self.poly_exp}" if self.poly_exp else ""
         return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}{extra}"
 
     @classmethod
@@ -272,7 +289,7 @@ class KernelConfig:
             if key is None:
                 raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
                                  f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
-                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>")
+                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>, e<poly_exp>")
             if key in seen:  # '-s2-s3', '-ffma-fmul_fsub': no suffix may silently override another
                 what = "contradicts" if seen[key] != part else "repeats"
                 raise ValueError(f"config tag {tag!r}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
@@ -283,13 +300,15 @@ class KernelConfig:
 
     @property
     def spec_schedule(self) -> bool:
-        """True when no option changes the spec's schedule (what engine="program" runs)."""
+        """True when no option changes the spec's schedule or arithmetic (what engine="program" runs)."""
         return not self.schedule_options()
 
     def schedule_options(self) -> list[str]:
-        """The options, as 'field=value', that make this config's schedule differ from the spec's."""
+        """The options, as 'field=value', that make this config's kernel differ from the spec's: its
+        schedule (kv_stages and the flags) or its exponentials (poly_exp)."""
         out = [f"kv_stages={self.kv_stages}"] if self.kv_stages != 1 else []
-        return out + [f"{name}=True" for name in _BOOL_OPTIONS if getattr(self, name)]
+        out += [f"{name}=True" for name in _BOOL_OPTIONS if getattr(self, name)]
+        return out + ([f"poly_exp={self.poly_exp}"] if self.poly_exp else [])
 
     @classmethod
     def family(cls) -> list["KernelConfig"]:

@@ -28,6 +28,16 @@
 //   FA_DEFER_PV                                    (FA_KV_STAGES > 1) PV of round t runs in round t+1,
 //                                                  beside softmax(t+1): tensor core and ALUs overlap
 //                                                  within a warp; O's operations keep the spec's order
+//   FA_POLY_EXP                                    eighths of the exponentials (scores with
+//                                                  ni % 8 < FA_POLY_EXP) computed by ex2_poly on the
+//                                                  FMA pipe instead of MUFU.EX2 (KernelConfig.poly_exp):
+//                                                  the MUFU pipe, 4 lanes per clock per scheduler, is
+//                                                  the softmax's bottleneck; 0: every one on MUFU
+//   FA_LAZY_SUM                                    each lane keeps its partial row sum (its keys
+//                                                  only) across rounds and the quad adds them once,
+//                                                  in the epilogue (FlashAttention-2's order), instead
+//                                                  of two SHFL + FADD per row and round
+//                                                  (KernelConfig.lazy_sum); alpha is quad-uniform
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -97,6 +107,18 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_DEFER_PV
 #define FA_DEFER_PV 0
+#endif
+#ifndef FA_POLY_EXP
+#define FA_POLY_EXP 0
+#endif
+#ifndef FA_LAZY_SUM
+#define FA_LAZY_SUM 0
+#endif
+#if FA_POLY_EXP < 0 || FA_POLY_EXP > 8
+#error "FA_POLY_EXP counts eighths of the exponentials: 0 .. 8"
+#endif
+#if FA_POLY_EXP && FA_DIAG_ACCURATE_EXP
+#error "FA_DIAG_ACCURATE_EXP replaces the exp2 form that FA_POLY_EXP computes in part"
 #endif
 #if FA_DEFER_PV && FA_KV_STAGES < 2
 #error "FA_DEFER_PV keeps round t's V tile until round t+1: it needs FA_KV_STAGES >= 2"
@@ -402,13 +424,14 @@ __device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, floa
 __device__ __forceinline__ float row_offset(float m, float scale) {
   return m == neg_inf() ? 0.f : __fmul_rn(m, scale_log2(scale));
 }
-__device__ __forceinline__ float exp_score(float x, float scale, float ms) {
+__device__ __forceinline__ float exp2_arg(float x, float scale, float ms) {
 #if FA_SOFTMAX_FFMA
-  return ex2_approx(__fmaf_rn(x, scale_log2(scale), -ms));
+  return __fmaf_rn(x, scale_log2(scale), -ms);
 #else
-  return ex2_approx(__fsub_rn(__fmul_rn(x, scale_log2(scale)), ms));
+  return __fsub_rn(__fmul_rn(x, scale_log2(scale)), ms);
 #endif
 }
+__device__ __forceinline__ float exp_score(float x, float scale, float ms) { return ex2_approx(exp2_arg(x, scale, ms)); }
 #else
 // DIAGNOSTIC ONLY (experiments/bench_hw.py --diagnose; never the library's kernel): the spec's
 // literal expf (CUDA's accurate expf) with separately rounded multiply and subtract, to measure
@@ -419,6 +442,32 @@ __device__ __forceinline__ float exp_scaled_diff(float m_prev, float m_cur, floa
 __device__ __forceinline__ float row_offset(float m, float scale) { return m == neg_inf() ? 0.f : __fmul_rn(m, scale); }
 __device__ __forceinline__ float exp_score(float x, float scale, float ms) { return expf(__fsub_rn(__fmul_rn(x, scale), ms)); }
 #endif
+
+// ---- FA_POLY_EXP: 2^x on the FMA pipe (x <= 0, -inf or NaN; the exp2 argument above) ------------
+// x = j + f with j = floor(x) (one FADD.RM against 1.5 * 2^23 leaves j in the low mantissa bits) and
+// f in [0, 1); 2^f by a degree-4 minimax polynomial (relative error 2.7e-6 in fp32 Horner form; an
+// fp16 ulp of P is 9.8e-4), then times 2^j built from j's bits. x is first clamped to -127 (NaN kept): j = -127
+// gives the factor +0, so masked scores (-inf) and 2^x below 2^-126 give 0 as ex2.approx.ftz does.
+__device__ __forceinline__ float ex2_poly(float x) {
+  float xc;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.f));
+  const float t = __fadd_rd(xc, 12582912.f);  // 1.5 * 2^23 + floor(xc)
+  const float f = __fsub_rn(xc, __fsub_rn(t, 12582912.f));  // xc - floor(xc), exact
+  float p = __fmaf_rn(f, 0.013534167781472206f, 0.052011460065841675f);
+  p = __fmaf_rn(p, f, 0.2414427548646927f);
+  p = __fmaf_rn(p, f, 0.6930038332939148f);
+  p = __fmaf_rn(p, f, 1.0000026226043701f);
+  // t's low bits hold j (two's complement): (t << 23) + bits(1.0) is the float 2^j (+0 for j = -127)
+  return __fmul_rn(p, __int_as_float((int)((u32)__float_as_int(t) << 23) + 0x3f800000));
+}
+// Score ni of a row (ascending key order) on MUFU or, for ni % 8 < FA_POLY_EXP, on the FMA pipe
+// (ni is a constant of an unrolled loop: the choice is made at compile time).
+__device__ __forceinline__ float exp_score_at(int ni, float x, float scale, float ms) {
+#if FA_POLY_EXP
+  if (ni % 8 < FA_POLY_EXP) return ex2_poly(exp2_arg(x, scale, ms));
+#endif
+  return exp_score(x, scale, ms);
+}
 
 // ---- softmax_rescale_o: online softmax on the thread's row slots (mi, half) -------------------
 template <bool kFirst>
@@ -448,10 +497,10 @@ __device__ __forceinline__ void softmax_rescale_o(float (&tCrS)[kMRep][kSN][4], 
 #pragma unroll
       for (int ni = 0; ni < 2 * kSN; ++ni) {  // ascending key order: ni = b + 2 * nj
         float& x = tCrS[mi][ni / 2][2 * half + ni % 2];
-        x = exp_score(x, scale, ms);
+        x = exp_score_at(ni, x, scale, ms);
         dl = ni == 0 ? x : __fadd_rn(dl, x);
       }
-      dl = quad_sum(dl);
+      if (!FA_LAZY_SUM) dl = quad_sum(dl);  // FA_LAZY_SUM: the quad's partial sums, reduced in normalize
       rRowSum[mi][half] = kFirst ? dl : __fadd_rn(rRowSum[mi][half], dl);
     }
 }
@@ -482,10 +531,10 @@ __device__ __forceinline__ void softmax_rows(float (&tCrS)[kMRep][kSN][4], float
 #pragma unroll
       for (int ni = 0; ni < 2 * kSN; ++ni) {  // ascending key order: ni = b + 2 * nj
         float& x = tCrS[mi][ni / 2][2 * half + ni % 2];
-        x = exp_score(x, scale, ms);
+        x = exp_score_at(ni, x, scale, ms);
         dl = ni == 0 ? x : __fadd_rn(dl, x);
       }
-      dl = quad_sum(dl);
+      if (!FA_LAZY_SUM) dl = quad_sum(dl);  // FA_LAZY_SUM: the quad's partial sums, reduced in normalize
       rRowSum[mi][half] = kFirst ? dl : __fadd_rn(rRowSum[mi][half], dl);
     }
 }
@@ -538,7 +587,7 @@ __device__ __forceinline__ void normalize(float (&tCrO)[kMRep][kON][4], const fl
   for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float l = rRowSum[mi][half];
+      const float l = FA_LAZY_SUM ? quad_sum(rRowSum[mi][half]) : rRowSum[mi][half];
       const bool empty = l == 0.f || l != l;
       const float inv = empty ? 1.f : __frcp_rn(l);
 #pragma unroll

@@ -385,11 +385,13 @@ def prologue_key(cfg: KernelConfig, nbm: int) -> dict:
 
 
 def trip_key(cfg: KernelConfig, t: int, nbm: int) -> dict:
-    """What tells round t's path apart, from the schedule: EX2 (alpha after round 0); the spec's
+    """What tells round t's path apart, from the schedule: EX2 (alpha after round 0; poly_exp's
+    exponentials are not MUFU.EX2); the spec's
     K[t+1] load (a second LDGDEPBAR), or, with kv_stages > 1 (one group per round), the
     prefetches of K[t+S-1] and V[t+S-1] (defer_pv: V[t+S-2]) still inside the sequence (LDGSTS);
     q_in_regs: Q's ldmatrix in round 0 only; defer_pv: the previous round's PV MMAs after round 0."""
-    key = {"ex2": cfg.s_values_per_thread + (t > 0) * cfg.rows_per_thread}
+    mufu_scores = cfg.s_values_per_thread * (8 - cfg.poly_exp) // 8  # poly_exp: eighths on the FMA pipe
+    key = {"ex2": mufu_scores + (t > 0) * cfg.rows_per_thread}
     if cfg.kv_stages == 1:
         key["ldgdepbar"] = 1 + (t + 1 < nbm)
     else:
