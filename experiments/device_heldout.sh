@@ -7,9 +7,9 @@
 #             3 runs, SDPA-flash and cuDNN beside, every output against float64 -> bench_hw_test.md/.json
 #   benchtrain  the same on the training shapes (in-sample, for comparison) -> bench_hw_train.md
 #   ncu       Nsight Compute on issue 19's option steps (ncu_options.py --set issue19) -> ncu_options.md
-#   tests     the gpu tests of the new options (tests/test_hw_gpu_options.py -k "lazy or poly")
+#   tests     tests/test_hw_gpu_options.py (gpu) but the sanitizer cases: every option and tuned candidate
 #   compare   fa compare on lazy_sum and poly_exp configs: PTX engine against the GPU, bit for bit
-#   sanitize  compute-sanitizer racecheck and memcheck on the new options
+#   sanitize  compute-sanitizer racecheck and memcheck (the pipelined builds and the new options)
 #
 #   STEPS="info tune bench ncu" bash experiments/device_heldout.sh      # results in $OUT
 set -u
@@ -56,7 +56,7 @@ for s in $STEPS; do case $s in
   bench) TAIL=30 step bench ${BENCH_S:-150} python experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "${TUNED:-$OUT}" ;;
   benchtrain) TAIL=30 step benchtrain 150 python experiments/bench_hw.py --set train --out "$OUT" --tuned-dir "${TUNED:-$OUT}" ;;
   ncu) TAIL=30 step ncu 120 bash -c "$(declare -f ncu_run); W=$W OUT=$OUT NCU=$NCU; ncu_run" ;;
-  tests) TAIL=12 step tests 150 python -m pytest -m gpu tests/test_hw_gpu_options.py -q -rfEs -p no:cacheprovider -k "lazy or poly" ;;
+  tests) TAIL=12 step tests 200 python -m pytest -m gpu tests/test_hw_gpu_options.py -q -rfEs -p no:cacheprovider -k "not sanitizer" ;;
   compare) TAIL=40 step compare 100 bash -c "python -m fa_sim.cli compare --seqlen 300 --seqlen-k 200 --heads 2 --block-m 128 --block-n 128 --kv-stages 2 --lazy-sum --poly-exp 1 --causal; python -m fa_sim.cli compare --seqlen 200 --head-dim 128 --block-m 128 --kv-stages 2 --lazy-sum --poly-exp 2" ;;
   sanitize) TAIL=6 step sanitize 150 python -m pytest -m gpu tests/test_hw_gpu_options.py -q -rfEs -p no:cacheprovider -k "sanitizer" ;;
   *) echo "== unknown step $s" | tee -a "$OUT/summary.txt" ;;
