@@ -5,7 +5,8 @@
     choice.config, choice.source
 
 Tables. `experiments/tune_hw.py` times a set of candidate configs on the device for every
-(head_dim, causal, size class) of its shapes and writes the fastest per key as JSON; the package
+(head_dim, causal, size class) of its training shapes (experiments/hw_sets.py TRAIN; the benchmark
+reports on the disjoint TEST set) and writes the fastest per key as JSON; the package
 ships one file per GPU, named by `gpu_key` ("NVIDIA H200" -> fa_hw/tuned/h200.json):
 
     {"format": 1, "gpu": "NVIDIA H200", "arch": "sm_90", "nvrtc": "13.0", "entries": [
