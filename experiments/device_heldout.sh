@@ -45,7 +45,6 @@ ncu_run() {  # the profiled process under ncu; without the extra metrics if ncu 
     "$NCU" --csv --page raw -k regex:"fa2_fwd_kernel|flash_fwd" ${args%%--metrics*} "${launch[@]}" > "$W/ncu_raw.csv" 2> "$W/ncu_err.log"
   fi
   tail -3 "$W/ncu_err.log"
-  cp "$W/ncu_raw.csv" "$OUT/ncu_raw.csv"
   python experiments/ncu_options.py summarize "$W/ncu_raw.csv" --order "$W/order.json" > "$OUT/ncu_options.md"
   cat "$OUT/ncu_options.md"
 }
@@ -54,7 +53,8 @@ for s in $STEPS; do case $s in
   info) step info 30 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'" ;;
   tune) TAIL=40 step tune ${TUNE_S:-200} python experiments/tune_hw.py --out "$OUT" ;;
   bench) TAIL=30 step bench ${BENCH_S:-150} python experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "${TUNED:-$OUT}" ;;
-  benchtrain) TAIL=30 step benchtrain 150 python experiments/bench_hw.py --set train --out "$OUT" --tuned-dir "${TUNED:-$OUT}" ;;
+  benchtrain) TAIL=30 step benchtrain 150 python experiments/bench_hw.py --set train --out "$W/train" --tuned-dir "${TUNED:-$OUT}"
+    cp "$W/train/bench_hw_train.md" "$OUT/" 2>/dev/null ;;
   ncu) TAIL=30 step ncu 120 bash -c "$(declare -f ncu_run); W=$W OUT=$OUT NCU=$NCU; ncu_run" ;;
   tests) TAIL=12 step tests 200 python -m pytest -m gpu tests/test_hw_gpu_options.py -q -rfEs -p no:cacheprovider -k "not sanitizer" ;;
   compare) TAIL=40 step compare 100 bash -c "python -m fa_sim.cli compare --seqlen 300 --seqlen-k 200 --heads 2 --block-m 128 --block-n 128 --kv-stages 2 --lazy-sum --poly-exp 1 --causal; python -m fa_sim.cli compare --seqlen 200 --head-dim 128 --block-m 128 --kv-stages 2 --lazy-sum --poly-exp 2" ;;

@@ -33,7 +33,7 @@ LAUNCHES = [  # (head_dim, causal, tag): each row one step from the one before i
     (128, False, "m128n32d128w4-swizzled-s2-dp"), (128, False, "m128n64d128w4-swizzled-s2"),
     (128, False, "m64n64d128w4-swizzled-s2-qr"),
 ]
-LAUNCHES_19 = [  # issue 19's options, each from the best tile of issue 11: lazy_sum (-ls), poly_exp (-e1, -e2)
+LAUNCHES_19 = [  # issue 19's options, each from the best tile of issue 11: lazy_sum (-ls), poly_exp (-e1, -e2), pingpong
     (64, False, "m128n128d64w4-swizzled-s2"), (64, False, "m128n128d64w4-swizzled-s2-ls"),
     (64, False, "m128n128d64w4-swizzled-s2-e1"), (64, False, "m128n128d64w4-swizzled-s2-e2"),
     (64, False, "m128n128d64w4-swizzled-s2-ls-e1"), (64, True, "m128n128d64w4-swizzled-s2-hf"),
@@ -41,6 +41,11 @@ LAUNCHES_19 = [  # issue 19's options, each from the best tile of issue 11: lazy
     (128, False, "m128n64d128w4-swizzled-s2"), (128, False, "m128n64d128w4-swizzled-s2-ls"),
     (128, False, "m128n64d128w4-swizzled-s2-e1"), (128, False, "m128n64d128w4-swizzled-s2-ls-e1"),
     (128, True, "m128n64d128w4-swizzled-s2-hf"), (128, True, "m128n64d128w4-swizzled-s2-hf-ls"),
+    # pingpong (-pp): the 256-row tile of 8 warps without and with the two groups half a round apart
+    (64, False, "m256n128d64w8-swizzled-s2"), (64, False, "m256n128d64w8-swizzled-s2-pp"),
+    (64, False, "m256n128d64w8-swizzled-s2-pp-ls"), (128, False, "m256n64d128w8-swizzled-s2"),
+    (128, False, "m256n64d128w8-swizzled-s2-pp"), (128, False, "m256n64d128w8-swizzled-s2-pp-ls"),
+    (128, True, "m256n64d128w8-swizzled-s2-hf-pp-ls"),
 ]
 LAUNCH_SETS = {"issue11": LAUNCHES, "issue19": LAUNCHES_19}
 SECTIONS = ["SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",

@@ -52,21 +52,25 @@ SHORT_MAX_KEYS, MEDIUM_MAX_KEYS = 1024, 4096
 AUTO = "auto"
 # The configs experiments/tune_hw.py times (its docstring says why these), by head_dim; causal
 # launches time each with heavy_first as well (`candidates`). lazy_sum (-ls) and poly_exp (-e1, -e2)
-# are issue 19's options on the best tiles of issue 11.
+# are issue 19's options on the best tiles of issue 11; pingpong (-pp) runs 256-row tiles of 8 warps.
 CANDIDATES = {
     32: ("m64n64d32w4-swizzled", "m128n64d32w4-swizzled", "m128n128d32w4-swizzled", "m128n64d32w4-swizzled-s2",
          "m128n128d32w4-swizzled-s2", "m128n128d32w4-swizzled-s2-ls", "m128n128d32w4-swizzled-s2-e1",
-         "m128n128d32w4-swizzled-s2-ls-e1", "m128n64d32w4-swizzled-s2-ls"),
+         "m128n128d32w4-swizzled-s2-ls-e1", "m128n64d32w4-swizzled-s2-ls", "m256n128d32w8-swizzled-s2-pp-ls",
+         "m256n64d32w8-swizzled-s2-pp"),
     64: ("m64n64d64w4-swizzled", "m128n64d64w4-swizzled", "m128n128d64w4-swizzled", "m128n128d64w4-swizzled-s2",
          "m128n64d64w4-swizzled-s2", "m128n64d64w4-swizzled-s2-qr", "m128n64d64w4-swizzled-s2-dp",
          "m128n64d64w4-swizzled-s2-qr-dp", "m128n64d64w4-swizzled-s3-qr-dp", "m128n128d64w8-swizzled-s2-dp",
          "m64n64d64w4-swizzled-ls", "m128n128d64w4-swizzled-s2-ls", "m128n128d64w4-swizzled-s2-e1",
-         "m128n128d64w4-swizzled-s2-e2", "m128n128d64w4-swizzled-s2-ls-e1"),
+         "m128n128d64w4-swizzled-s2-e2", "m128n128d64w4-swizzled-s2-ls-e1", "m256n128d64w8-swizzled-s2-pp",
+         "m256n128d64w8-swizzled-s2-pp-ls", "m256n64d64w8-swizzled-s2-pp-ls", "m256n64d64w8-swizzled-s3-pp-ls"),
     128: ("m64n64d128w4-swizzled", "m128n32d128w4-swizzled", "m128n32d128w4-swizzled-s2",
           "m128n32d128w4-swizzled-s2-dp", "m128n32d128w4-swizzled-s3-dp", "m128n64d128w4-swizzled",
           "m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-s2-dp", "m64n64d128w4-swizzled-s2-qr",
           "m128n128d128w8-swizzled-s2", "m128n64d128w4-swizzled-ls", "m128n64d128w4-swizzled-s2-ls",
-          "m128n64d128w4-swizzled-e1", "m128n64d128w4-swizzled-s2-e1", "m128n64d128w4-swizzled-s2-ls-e1"),
+          "m128n64d128w4-swizzled-e1", "m128n64d128w4-swizzled-s2-e1", "m128n64d128w4-swizzled-s2-ls-e1",
+          "m256n64d128w8-swizzled-s2-pp", "m256n64d128w8-swizzled-s2-pp-ls", "m256n32d128w8-swizzled-s2-pp-ls",
+          "m256n32d128w8-swizzled-s3-pp-ls"),
 }
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
@@ -219,7 +223,8 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
     class without a measured entry; `why` says why the table did not answer."""
     from fa_sim.timing.rank import family_candidates, rank
 
-    pool = tuple(candidates(head_dim, causal)) or tuple(family_candidates(head_dim))
+    # the timing model does not model pingpong (fa_sim.timing.predict.kernel_model): measured only
+    pool = tuple(c for c in candidates(head_dim, causal) if not c.pingpong) or tuple(family_candidates(head_dim))
     best = rank(pool, int(seqlen_k), bool(causal), model)[0]
     note = f"{why}; " if why else ""
     return Choice(best.config, f"timing model ({note}ranked {len(pool)} candidates on the {model} model: "

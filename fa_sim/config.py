@@ -4,7 +4,7 @@ The seed configuration is the one the spec walks through (kBlockM = kBlockN = 64
 4 warps, Swizzle<3,3,3> shared memory). The family around it is what both backends accept:
 
   head_dim   32, 64, 128
-  block_m    64, 128          (each warp owns 16 * m_repeats query rows)
+  block_m    64, 128, 256     (each warp owns 16 * m_repeats query rows; 256 with 8 warps only)
   block_n    32, 64, 128
   n_warps    4, 8             (block_m must be a multiple of 16 * n_warps)
   smem       swizzled | plain | padded
@@ -35,13 +35,16 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   heavy_first  causal launches: the Q blocks with the most K/V rounds start first
   defer_pv     (kv_stages >= 2) PV of round t in round t+1, beside its softmax: tensor core and
                ALUs overlap within a warp; O's operations stay in the spec's order
+  pingpong     (kv_stages >= 2, 8 warps, typically block_m 256) two warp groups half a round apart:
+               group 1's PV of round t runs after round t+1's barrier, so that on every scheduler
+               one group's MMAs overlap the other's softmax; O's operations stay in the spec's order
   min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_sim.contract's heuristic)
   lazy_sum     the quad adds its lanes' partial row sums once, in the epilogue (FlashAttention-2's
                order), not every round; values differ from the spec's in the last bits
   poly_exp     eighths of the exponentials computed by a degree-4 polynomial on the FMA pipe instead
                of MUFU.EX2 (relative error 2.7e-6): the MUFU pipe is the
                softmax's bottleneck; values differ from the spec's in the last bits
-kv_stages, q_in_regs, heavy_first and defer_pv change the schedule, lazy_sum and poly_exp the arithmetic: the
+kv_stages, q_in_regs, heavy_first, defer_pv and pingpong change the schedule, lazy_sum and poly_exp the arithmetic: the
 hand-written program (engine="program") runs only the spec's kernel and refuses them; the PTX engine
 runs fa2_fwd.cu as compiled for any option.
 """
@@ -64,7 +67,8 @@ HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
 POLY_EXPS = (0, 1, 2, 3, 4)  # eighths of the exponentials on the FMA pipe (0: all on MUFU, the spec)
 MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
-BLOCK_MS = (64, 128)
+BLOCK_MS = (64, 128, 256)  # 256: 8 warps of 32 rows (the pingpong tile); family() has 64 and 128
+FAMILY_BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
@@ -75,8 +79,9 @@ SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
 _TAG = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)d(?P<d>\d+)w(?P<w>\d+)-(?P<smem>[a-z]+)(?P<rest>(?:-[a-z0-9_]+)*)")
 
 
-_BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv", "lazy_sum")  # options that are flags
-_BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv", "ls": "lazy_sum"}  # their tag suffixes
+_BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv", "pingpong", "lazy_sum")  # options that are flags
+_BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv", "pp": "pingpong",
+                "ls": "lazy_sum"}  # their tag suffixes
 
 
 def _tag_suffix(part: str) -> tuple[str | None, object]:
@@ -176,6 +181,10 @@ class KernelConfig:
     defer_pv: bool = field(default=False, metadata=_meta(
         "run round t's PV in round t+1, in one block with the softmax of round t+1 so that the tensor core "
         "and the ALUs overlap within a warp (O's operations keep the spec's order); needs kv_stages >= 2"))
+    pingpong: bool = field(default=False, metadata=_meta(
+        "two warp groups half a round apart (8 warps; kv_stages >= 2): warps 4-7 run a round's PV after the "
+        "next round's barrier, so that on every scheduler one group's MMAs overlap the other's softmax; sV "
+        "holds kv_stages + 1 stages; O's operations keep the spec's order"))
     lazy_sum: bool = field(default=False, metadata=_meta(
         "each lane keeps its partial row sum across rounds and the quad adds them once in the epilogue "
         "(FlashAttention-2's order) instead of a quad reduction per round (values differ in the last bits)"))
@@ -219,6 +228,10 @@ class KernelConfig:
             return out
         if self.defer_pv and self.kv_stages < 2:
             out.append("defer_pv keeps round t's V tile until round t+1: it needs kv_stages >= 2")
+        if self.pingpong and (self.kv_stages < 2 or self.n_warps != 8 or self.defer_pv):
+            out.append("pingpong needs kv_stages >= 2, n_warps 8 (two groups of 4 warps) and no defer_pv")
+        if self.block_m == 256 and self.n_warps != 8:
+            out.append("block_m=256 needs n_warps 8 (32 rows per warp)")
         if self.block_m % (MMA_M * self.n_warps):
             out.append(f"block_m={self.block_m} is not a multiple of 16*n_warps={MMA_M * self.n_warps}")
         rows = self.copy_rows_per_pass
@@ -262,13 +275,14 @@ class KernelConfig:
     def tag(self) -> str:
         """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
         diagnostic softmax form and options away from their defaults add suffixes, in this order:
-        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv), '-ls' (lazy_sum),
+        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv), '-pp' (pingpong), '-ls' (lazy_sum),
         '-b3' (min_blocks), '-e1' (poly_exp)."""
         extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
         extra += f"-s{self.kv_stages}" if self.kv_stages != 1 else ""
         extra += "-qr" if self.q_in_regs else ""
         extra += "-hf" if self.heavy_first else ""
         extra += "-dp" if self.defer_pv else ""
+        extra += "-pp" if self.pingpong else ""
         extra += "-ls" if self.lazy_sum else ""
         extra += f"-b{self.min_blocks}" if self.min_blocks else ""
         extra += f"-e{self.poly_exp}" if self.poly_exp else ""
@@ -316,7 +330,7 @@ class KernelConfig:
         form (the form is arithmetic, not shape)."""
         seed = cls()
         out = [seed]
-        for d, bm, bn, w, s in itertools.product(HEAD_DIMS, BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
+        for d, bm, bn, w, s in itertools.product(HEAD_DIMS, FAMILY_BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
             try:
                 cfg = cls(block_m=bm, block_n=bn, head_dim=d, n_warps=w, smem=s)
             except ValueError:
@@ -434,7 +448,12 @@ class KernelConfig:
         return stage * self.kv_tile_bytes
 
     @property
+    def v_stages(self) -> int:
+        """sV tiles: kv_stages, one more with pingpong (group 1 reads V[t-1] in round t)."""
+        return self.kv_stages + self.pingpong
+
+    @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA: sQ (reused as sO), then kv_stages sK tiles, then
-        kv_stages sV tiles (sQ | sK | sV in the spec's single-stage kernel)."""
-        return self.sv_offset_bytes + self.kv_stages * self.kv_tile_bytes
+        v_stages sV tiles (sQ | sK | sV in the spec's single-stage kernel)."""
+        return self.sv_offset_bytes + self.v_stages * self.kv_tile_bytes

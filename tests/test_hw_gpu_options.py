@@ -37,11 +37,12 @@ SPAN = [  # every option alone, in combinations, across head dims, layouts and w
     "m64n64d64w4-swizzled-s2-dp", "m64n64d64w4-swizzled-s3-dp", "m64n64d64w4-swizzled-b5",
     "m64n32d32w4-padded-s3-qr-dp", "m128n64d32w8-plain-s2-hf-dp", "m128n32d128w4-padded-s2-dp",
     "m128n128d128w8-swizzled-s2-qr", "m128n64d64w4-swizzled-s2-qr-hf-dp-b2",
+    "m256n64d64w8-swizzled-s2-pp", "m256n64d32w8-padded-s3-qr-hf-pp", "m256n32d128w8-plain-s2-pp-ls",
 ]
 TUNED = sorted({c.tag for d in CANDIDATES for causal in (False, True) for c in candidates(d, causal)})
 CONFIGS = SPAN + [t for t in TUNED if t not in SPAN]
 SHAPES = [(1, 2, 200, 200), (1, 2, 77, 300), (2, 1, 300, 77), (1, 1, 1, 1), (1, 1, 333, 129), (1, 2, 128, 256)]
-SANITIZED = ["m128n64d64w4-swizzled-s2-qr-hf-dp", "m64n32d32w4-padded-s3-qr-dp"]
+SANITIZED = ["m128n64d64w4-swizzled-s2-qr-hf-dp", "m64n32d32w4-padded-s3-qr-dp", "m256n64d64w8-swizzled-s3-hf-pp"]
 ARITH = ["m64n64d64w4-swizzled-ls", "m64n64d64w4-swizzled-e4", "m128n128d64w4-swizzled-s2-ls-e1",
          "m128n64d128w4-swizzled-s2-ls-e2", "m64n32d32w4-padded-ls-e3", "m128n64d32w8-plain-s2-hf-ls-e2",
          "m128n128d32w4-swizzled-s2-ls", "m128n64d128w4-swizzled-hf-ls-e1"]
@@ -69,7 +70,7 @@ def warm_cache(gpu):
 
 def twin(cfg: KernelConfig) -> KernelConfig:
     """The same tiles in the spec's schedule, without any option."""
-    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, min_blocks=0)
+    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, pingpong=False, min_blocks=0)
 
 
 def _same_bits(a, b) -> bool:

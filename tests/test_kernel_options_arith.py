@@ -46,7 +46,7 @@ UNCHANGED = {"lazy_sum": {Checkpoint.S_ACC, Checkpoint.S_MASKED, Checkpoint.ROW_
 
 def spec(cfg: KernelConfig) -> KernelConfig:
     """The same tiles without any option: what the program runs."""
-    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, min_blocks=0,
+    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, pingpong=False, min_blocks=0,
                    lazy_sum=False, poly_exp=0)
 
 

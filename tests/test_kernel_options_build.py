@@ -44,14 +44,15 @@ from fa_sim.reference import attention  # noqa: E402
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_sass_sha256.json").read_text())
 OPTIONS = ["m64n64d64w4-swizzled-s2", "m64n64d64w4-swizzled-s3", "m64n64d64w4-swizzled-qr", "m64n64d64w4-swizzled-hf",
            "m64n64d64w4-swizzled-s2-dp", "m64n64d64w4-swizzled-s3-qr-dp", "m64n32d32w4-padded-s3-qr-dp",
-           "m128n64d32w8-plain-s2-hf-dp", "m128n32d128w4-padded-s2-dp", "m128n64d64w4-swizzled-s2-qr-hf-dp"]
+           "m128n64d32w8-plain-s2-hf-dp", "m128n32d128w4-padded-s2-dp", "m128n64d64w4-swizzled-s2-qr-hf-dp",
+           "m256n64d64w8-swizzled-s2-pp", "m256n64d32w8-padded-s3-qr-hf-pp"]
 SPILLING = {"m128n64d128w4-swizzled-s2", "m128n64d128w4-swizzled-s2-dp"}  # FlashAttention-2's d=128 tile, 255 regs
 NO_SPILL = ["m128n64d64w4-swizzled-s2-dp", "m128n64d64w4-swizzled-s2-qr-dp", "m128n32d128w4-swizzled-s2-dp",
             "m128n32d128w4-swizzled-s3-dp", "m128n128d64w4-swizzled-s2", "m64n64d128w4-swizzled-s2-qr"]
 
 
 def twin(cfg: KernelConfig) -> KernelConfig:
-    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, min_blocks=0)
+    return replace(cfg, kv_stages=1, q_in_regs=False, heavy_first=False, defer_pv=False, pingpong=False, min_blocks=0)
 
 
 # ---- compile ----------------------------------------------------------------------------------------

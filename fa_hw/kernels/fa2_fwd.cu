@@ -38,6 +38,11 @@
 //                                                  in the epilogue (FlashAttention-2's order), instead
 //                                                  of two SHFL + FADD per row and round
 //                                                  (KernelConfig.lazy_sum); alpha is quad-uniform
+//   FA_PINGPONG                                    (FA_KV_STAGES > 1, 8 warps) two warp groups half a
+//                                                  round apart: warps 4-7 run PV(t) after the next
+//                                                  round's barrier, so that on every scheduler one
+//                                                  group's MMAs overlap the other's softmax; sV holds
+//                                                  FA_KV_STAGES + 1 stages (KernelConfig.pingpong)
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -114,6 +119,12 @@ typedef unsigned long long u64;
 #ifndef FA_LAZY_SUM
 #define FA_LAZY_SUM 0
 #endif
+#ifndef FA_PINGPONG
+#define FA_PINGPONG 0
+#endif
+#if FA_PINGPONG && (FA_KV_STAGES < 2 || FA_DEFER_PV || FA_N_WARPS != 8)
+#error "FA_PINGPONG needs FA_KV_STAGES >= 2, FA_N_WARPS 8 (two groups of 4) and no FA_DEFER_PV"
+#endif
 #if FA_POLY_EXP < 0 || FA_POLY_EXP > 8
 #error "FA_POLY_EXP counts eighths of the exponentials: 0 .. 8"
 #endif
@@ -146,6 +157,7 @@ constexpr bool kSwizzled = FA_SWZ_B > 0;
 constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
 constexpr bool kCausal = FA_CAUSAL != 0;
 constexpr int kStages = FA_KV_STAGES;                     // K/V stages (1: the spec's schedule)
+constexpr int kVStages = kStages + FA_PINGPONG;           // V stages (FA_PINGPONG: one more)
 constexpr u32 kKVTileBytes = 2u * kBlockN * kPitch;       // one K or V stage
 
 static_assert(kBlockM % (16 * kNWarps) == 0, "block_m must be a multiple of 16 * n_warps");
@@ -701,7 +713,76 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   u32 tCrQ[kQKSeg][kMRep][4];  // Q's A fragments of every head-dim segment, loaded in round 0
 #endif
 
-#if FA_KV_STAGES > 1
+#if FA_PINGPONG
+  // Round t reads K[t] in stage t % kStages and V[t] in V stage t % kVStages; group 1 also reads
+  // V[t-1] (its PV of round t-1). After BAR_QK every warp is past round t-1: K stage (t-1) % kStages
+  // takes K[t+kStages-1], V stage (t+kStages-1) % kVStages (V[t-2]'s, which group 1 read in round
+  // t-1) takes V[t+kStages-1]. O's operations keep the spec's order in both groups: group 1's
+  // PV(t-1) comes before softmax_rescale_o of round t.
+  const bool late_pv = warp >= kNWarps / 2;  // group 1 (one warp of each group per scheduler)
+  int stage = 0, vstage = 0;
+  u32 tCrP[kMRep][kPVSeg][4];  // group 1: P of the previous round, for its PV in this one
+  for (int t = 0; t < n_block_max; ++t) {
+    // phase: QK
+    if (!FA_DROP_WAIT_QK && !FA_LATE_WAIT_QK) cp_async_wait<kStages - 2>();  // WAIT_QK: this round's group landed
+    if (!FA_DROP_BAR_QK) __syncthreads();  // BAR_QK: everyone's copies visible; stage t-1 free
+    const int prev = stage == 0 ? kStages - 1 : stage - 1;
+    const int vprev = vstage == 0 ? kVStages - 1 : vstage - 1;
+    const int vnext = (vstage + kStages - 1) % kVStages;
+    const u32 kv = (u32)stage * kKVTileBytes, v_cur = (u32)vstage * kKVTileBytes;
+    FA_CK(ck_tile(ck, FA_CK_SQ, t, sQ, kBlockM * kPitch / 2); ck_tile(ck, FA_CK_SK, t, sK + kv, kBlockN * kPitch / 2));
+    FA_CK(ck_tile(ck, FA_CK_SV, t, sV + v_cur, kBlockN * kPitch / 2));
+    const int t_next = t + kStages - 1;
+    // phase: K load
+    if (t_next < n_block_max) copy_tile<kBlockN>(sK + (u32)prev * kKVTileBytes, gK, t_next * kBlockN, seqlen_k);
+    // phase: V load
+    if (t_next < n_block_max) copy_tile<kBlockN>(sV + (u32)vnext * kKVTileBytes, gV, t_next * kBlockN, seqlen_k);
+    cp_async_commit();  // one group per round (empty ones at the end keep the wait count)
+    // phase: PV
+    if (late_pv && t > 0) {
+      gemm_pv(tCrO, tCrP, oV + (u32)vprev * kKVTileBytes);  // group 1: PV of round t-1
+      FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t - 1, tCrO));
+    }
+    // phase: QK
+    float tCrS[kMRep][kSN][4];
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kSN; ++nj) tCrS[mi][nj][0] = tCrS[mi][nj][1] = tCrS[mi][nj][2] = tCrS[mi][nj][3] = 0.f;
+#if FA_Q_IN_REGS
+    if (t == 0) load_q_frags(tCrQ, oQ);
+    gemm_qk_rq(tCrS, tCrQ, oK + kv);
+#else
+    gemm_qk(tCrS, oQ, oK + kv);
+#endif
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
+    // phase: mask
+    const int key0 = t * kBlockN;
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
+    // phase: softmax
+    if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    else softmax_rescale_o<false>(tCrS, tCrO, rRowMax, rRowSum, scale);
+    FA_CK(ck_rows(ck, FA_CK_ROW_MAX, t, rRowMax); ck_rows(ck, FA_CK_ROW_SUM, t, rRowSum));
+    // phase: PV
+    convert_p(tCrS, tCrP);
+    FA_CK(ck_p(ck, t, tCrP));
+    if (!late_pv) {
+      gemm_pv(tCrO, tCrP, oV + v_cur);  // group 0: PV of this round
+      FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, t, tCrO));
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    vstage = vstage + 1 == kVStages ? 0 : vstage + 1;
+  }
+  // phase: PV
+  cp_async_wait_all();  // (every group landed; the last ones are empty)
+  __syncthreads();      // every warp's last sQ read is done before sO below
+  if (late_pv) {
+    const u32 v_last = (u32)(vstage == 0 ? kVStages - 1 : vstage - 1) * kKVTileBytes;
+    gemm_pv(tCrO, tCrP, oV + v_last);  // group 1: PV of the last round
+    FA_CK(ck_frag<kON>(ck, FA_CK_O_ACC, n_block_max - 1, tCrO));
+  }
+#elif FA_KV_STAGES > 1
   // Round t reads K (and V; with FA_DEFER_PV, V of round t-1) in stage t % kStages. After BAR_QK
   // every warp is past round t-1, so stage (t-1) % kStages takes K[t+kStages-1] (and V of that
   // round, or with FA_DEFER_PV, V[t+kStages-2], whose stage round t-1's PV read last).

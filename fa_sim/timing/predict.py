@@ -280,6 +280,9 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> 
 @functools.lru_cache(maxsize=256)
 def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
     """Compile, disassemble, cut into paths, cost the shared-memory classes (cached)."""
+    if config.pingpong:  # every warp of a CTA is modelled on one path per round; pingpong's groups take two
+        raise ValueError(f"{config.tag}: the timing model does not model pingpong (its two warp groups take "
+                         "different paths through a round)")
     ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
     text = disassemble(ck.cubin, encodings=True)
     controls = {i.addr: i.control for i in parse(text)}
