@@ -6,7 +6,7 @@
 The problems: head_dim 32, 64 and 128, causal and not, key lengths 1500 and 5000 (shapes
 fa_hw/tuned's table was not tuned on), each at batch 4 and 16 heads (fa_sim.timing.rank.RANK_SHAPE).
 The candidates are those the model ranks when no table answers (fa_hw.tuned.model_choice:
-fa_hw.tuned.candidates, or the family's swizzled configs at that head_dim). --measure times each
+fa_hw.tuned.model_candidates, or the family's swizzled configs at that head_dim). --measure times each
 (experiments/timing_measure.measure: CUDA events, medians of 3 batches) and writes timing_auto.json;
 the report ranks the same candidates with the model and counts the problems whose predicted-fastest
 config is within 3 % of the measured fastest.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from timing_measure import Case, _precompile, measure
 
-from fa_hw.tuned import candidates
+from fa_hw.tuned import model_candidates
 from fa_sim.timing.rank import RANK_SHAPE, family_candidates, rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ WITHIN = 0.03
 
 
 def pool(head_dim: int, causal: bool) -> list:
-    return candidates(head_dim, causal) or family_candidates(head_dim)
+    return model_candidates(head_dim, causal) or family_candidates(head_dim)
 
 
 def cases() -> list[tuple[tuple, Case]]:

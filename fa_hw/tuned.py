@@ -190,6 +190,12 @@ def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
     return [replace(c, heavy_first=True) for c in base] + plain
 
 
+def model_candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
+    """The candidates the timing model ranks: all but pingpong's, which it does not model
+    (fa_sim.timing.predict.kernel_model) and which are chosen by measurement only."""
+    return [c for c in candidates(head_dim, causal) if not c.pingpong]
+
+
 def heuristic(head_dim: int) -> KernelConfig:
     if head_dim not in HEURISTIC:
         raise ValueError(f"config='auto' covers head_dim {HEAD_DIMS}, got {head_dim}")
@@ -223,8 +229,7 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
     class without a measured entry; `why` says why the table did not answer."""
     from fa_sim.timing.rank import family_candidates, rank
 
-    # the timing model does not model pingpong (fa_sim.timing.predict.kernel_model): measured only
-    pool = tuple(c for c in candidates(head_dim, causal) if not c.pingpong) or tuple(family_candidates(head_dim))
+    pool = tuple(model_candidates(head_dim, causal)) or tuple(family_candidates(head_dim))
     best = rank(pool, int(seqlen_k), bool(causal), model)[0]
     note = f"{why}; " if why else ""
     return Choice(best.config, f"timing model ({note}ranked {len(pool)} candidates on the {model} model: "

@@ -37,7 +37,7 @@ def test_fields_and_defaults():
     ('{"block_q": 64}', "unknown field(s) block_q; fields are block_m, block_n, head_dim, n_warps, smem"),
     ('{"smem": "diagonal"}', "smem layout 'diagonal' is not supported"),
     ('{"block_m": 64.0}', "field block_m must be an integer, got 64.0"),
-    ('{"block_m": "64"}', "block_m='64' is not one of (64, 128)"),
+    ('{"block_m": "64"}', "block_m='64' is not one of (64, 128, 256)"),
     ('{"block_m": 64, "n_warps": 8}', "block_m=64 is not a multiple of 16*n_warps=128"),
 ])
 def test_bad_json_is_a_clear_value_error(text, message):

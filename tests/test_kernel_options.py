@@ -158,9 +158,10 @@ def test_auto_config_reads_the_gpus_table(tmp_path):
     for args, why, model in (((64, True, 8192, "NVIDIA H200", "sm_90"), "no entry for d=64", "h200"),
                              ((128, True, 2048, "NVIDIA H200", "sm_80"), "the table is for sm_90", "a100")):
         choice = tuned.auto_config(*args, tmp_path)
-        ranked = rank(tuple(tuned.candidates(args[0], True)), args[2], True, model)
+        ranked = rank(tuple(tuned.model_candidates(args[0], True)), args[2], True, model)
         assert choice.config == ranked[0].config and why in choice.source and "timing model" in choice.source
         assert [r.kernel_ms for r in ranked] == sorted(r.kernel_ms for r in ranked)
+    assert all(not c.pingpong for c in tuned.model_candidates(64, True)) and any(c.pingpong for c in tuned.candidates(64, True))
     # an arch no timing model covers: the heuristic
     choice = tuned.auto_config(128, True, 8192, "NVIDIA B200", "sm_100", tmp_path)
     assert choice.config == tuned.heuristic(128) and "no table for this GPU" in choice.source
