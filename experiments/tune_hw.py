@@ -21,7 +21,9 @@ warp (block_m 128, 4 warps) halves that, as FlashAttention-2 does. Around those 
 and 3 (one barrier per round, next tiles in flight), defer_pv (the previous round's PV MMAs beside
 this round's exponentials), q_in_regs where registers allow, heavy_first for causal launches, and
 the block_n that keeps registers under 255 without spills (d=128: n32; n64 spills a little). The
-seed and the pre-tuning best family members stay in the set as references.
+seed and the pre-tuning best family members stay in the set as references. Issue 19 adds, on the
+best of those tiles, lazy_sum (-ls), poly_exp (-e1, -e2) and the pingpong tiles (m256 ... w8 -pp),
+and the d=32 candidates.
 """
 
 from __future__ import annotations

@@ -210,7 +210,9 @@ class KernelConfig:
                 f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
                 f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
                 f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}; "
-                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; poly_exp {POLY_EXPS}; defer_pv with kv_stages >= 2"
+                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; poly_exp {POLY_EXPS}; defer_pv with "
+                f"kv_stages >= 2; pingpong with kv_stages >= 2, n_warps 8 and no defer_pv; block_m 256 "
+                f"with n_warps 8"
             )
 
     def _problems(self) -> list[str]:

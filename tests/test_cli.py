@@ -304,7 +304,7 @@ def test_help_of_one_option(capsys):
         main(["trace", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--warp WARP" in out and "warp of the CTA (default 0; 0 .. warps-1)" in out
-    assert "--block-m {64,128}" in out and "query rows per CTA (kBlockM) (default 64; one of 64, 128)" in out
+    assert "--block-m {64,128,256}" in out and "query rows per CTA (kBlockM) (default 64; one of 64, 128, 256)" in out
 
 
 class Launched(Exception):
