@@ -9,9 +9,9 @@ nearest-class fallback or the heuristic. LEGACY: the six shapes of the earlier b
 on which the previous table was tuned.
 
 Timing: a *run* is one median of `reps` CUDA-event-timed launches after `warmup`; every backend of a
-case is measured once unrecorded, then `runs` times, round-robin (flash, ours, flash, ours, ...), on the same inputs in one
-process, so slow drift hits them alike. A row reports the median over runs and the spread (min, max)
-of the time and of the per-run ratio SDPA-flash time / our time.
+case is measured once unrecorded, then `runs` times, round-robin (flash, ours, flash, ours, ...), on
+the same inputs in one process, so slow drift hits them alike. A row reports the median over runs
+and the spread (min, max) of the time and of the per-run ratio SDPA-flash time / our time.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def check_sets() -> None:
     overlap = set(TRAIN) & set(TEST)
     missing = keys(TEST) - keys(TRAIN)
     if overlap or missing:
-        raise ValueError(f"bad shape sets: in both {sorted(overlap)}; test keys without training shapes {sorted(missing)}")
+        raise ValueError(f"bad shape sets: in both {sorted(overlap)}; "
+                         f"test keys without training shapes {sorted(missing)}")
 
 
 @dataclass(frozen=True)

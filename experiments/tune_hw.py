@@ -98,7 +98,8 @@ def warm_cache(head_dims, quick: bool) -> None:
     from fa_sim.contract.cubins import compile_many
 
     arch = device_arch()
-    builds = {KernelBuild(c, causal, arch) for d in head_dims for causal in (False, True) for c in candidates(d, causal, quick)}
+    builds = {KernelBuild(c, causal, arch)
+              for d in head_dims for causal in (False, True) for c in candidates(d, causal, quick)}
     compile_many(sorted(builds, key=str), os.cpu_count())
 
 

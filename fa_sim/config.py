@@ -42,11 +42,11 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   lazy_sum     the quad adds its lanes' partial row sums once, in the epilogue (FlashAttention-2's
                order), not every round; values differ from the spec's in the last bits
   poly_exp     eighths of the exponentials computed by a degree-4 polynomial on the FMA pipe instead
-               of MUFU.EX2 (relative error 2.7e-6): the MUFU pipe is the
-               softmax's bottleneck; values differ from the spec's in the last bits
-kv_stages, q_in_regs, heavy_first, defer_pv and pingpong change the schedule, lazy_sum and poly_exp the arithmetic: the
-hand-written program (engine="program") runs only the spec's kernel and refuses them; the PTX engine
-runs fa2_fwd.cu as compiled for any option.
+               of MUFU.EX2 (relative error 2.7e-6), to offload the MUFU pipe; values differ from the
+               spec's in the last bits
+kv_stages, q_in_regs, heavy_first, defer_pv and pingpong change the schedule, lazy_sum and poly_exp
+the arithmetic: the hand-written program (engine="program") runs only the spec's kernel and refuses
+them; the PTX engine runs fa2_fwd.cu as compiled for any option.
 """
 
 from __future__ import annotations
@@ -277,8 +277,8 @@ class KernelConfig:
     def tag(self) -> str:
         """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
         diagnostic softmax form and options away from their defaults add suffixes, in this order:
-        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv), '-pp' (pingpong), '-ls' (lazy_sum),
-        '-b3' (min_blocks), '-e1' (poly_exp)."""
+        '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv),
+        '-pp' (pingpong), '-ls' (lazy_sum), '-b3' (min_blocks), '-e1' (poly_exp)."""
         extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
         extra += f"-s{self.kv_stages}" if self.kv_stages != 1 else ""
         extra += "-qr" if self.q_in_regs else ""

@@ -30,9 +30,9 @@
 //                                                  within a warp; O's operations keep the spec's order
 //   FA_POLY_EXP                                    eighths of the exponentials (scores with
 //                                                  ni % 8 < FA_POLY_EXP) computed by ex2_poly on the
-//                                                  FMA pipe instead of MUFU.EX2 (KernelConfig.poly_exp):
-//                                                  the MUFU pipe, 4 lanes per clock per scheduler, is
-//                                                  the softmax's bottleneck; 0: every one on MUFU
+//                                                  FMA pipe instead of MUFU.EX2 (KernelConfig.poly_exp),
+//                                                  to offload the MUFU pipe (4 lanes per clock per
+//                                                  scheduler); 0: every one on MUFU
 //   FA_LAZY_SUM                                    each lane keeps its partial row sum (its keys
 //                                                  only) across rounds and the quad adds them once,
 //                                                  in the epilogue (FlashAttention-2's order), instead
@@ -456,10 +456,10 @@ __device__ __forceinline__ float exp_score(float x, float scale, float ms) { ret
 #endif
 
 // ---- FA_POLY_EXP: 2^x on the FMA pipe (x <= 0, -inf or NaN; the exp2 argument above) ------------
-// x = j + f with j = floor(x) (one FADD.RM against 1.5 * 2^23 leaves j in the low mantissa bits) and
-// f in [0, 1); 2^f by a degree-4 minimax polynomial (relative error 2.7e-6 in fp32 Horner form; an
-// fp16 ulp of P is 9.8e-4), then times 2^j built from j's bits. x is first clamped to -127 (NaN kept): j = -127
-// gives the factor +0, so masked scores (-inf) and 2^x below 2^-126 give 0 as ex2.approx.ftz does.
+// x = j + f, j = floor(x) (one FADD.RM against 1.5 * 2^23 leaves j in the low mantissa bits), f in
+// [0, 1); 2^f by a degree-4 minimax polynomial (relative error 2.7e-6 in fp32 Horner form), times 2^j
+// built from j's bits. x is first clamped to -127 (NaN kept): j = -127 gives the factor +0, so masked
+// scores (-inf) and 2^x below 2^-126 give 0 as ex2.approx.ftz does.
 __device__ __forceinline__ float ex2_poly(float x) {
   float xc;
   asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.f));
