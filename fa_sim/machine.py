@@ -343,6 +343,24 @@ class Machine:
             self._mma_event(instr, listeners, a, b, c, d)
         return d
 
+    def observed(self, *instrs: Instr) -> bool:
+        """Whether an observer wants the event of any of `instrs` this round (a front end may
+        reorder work that no observer can see)."""
+        return any(self.hub.instr_listeners(i.op, i.phase, self.round) for i in instrs)
+
+    def mma_chain(self, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
+        """The k16 steps of a warp-level GEMM: `mma(instrs[i], a_steps[i], b_steps[i], .)` for
+        i = 0, 1, ... on the accumulator c, with the same counts, events and bits; unobserved,
+        the accumulator stays in matrix form between steps (isa.mma.mma_chain)."""
+        if self.observed(*instrs):
+            for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
+                c = self.mma(instr, a, b, c)
+            return c
+        for instr in instrs:
+            self._issue(instr)
+            self._require_full_warps(instr)
+        return isa.mma_chain(a_steps, b_steps, c, self.mma_model)
+
     def _mma_event(self, instr, listeners, a, b, c, d) -> None:
         """Operands per instruction r = mi * NJ + nj."""
         k, w, l, mi, _ = a.shape

@@ -87,6 +87,33 @@ def _tile_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return a_src, b_src, c_pos, c_src.reshape(MMA_M * mi, MMA_N * nj)
 
 
+def _check(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[int, int]:
+    """The operand shapes of one k16 step -> (MI, NJ)."""
+    check_lane_axis(a, -3, "mma A")
+    check_lane_axis(b, -3, "mma B")
+    check_lane_axis(c, -4, "mma C")
+    mi, nj = a.shape[-2], b.shape[-2]
+    if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
+        raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
+    return mi, nj
+
+
+def _a_matrix(a: np.ndarray, a_src: np.ndarray) -> np.ndarray:
+    """A fragments [..., 32, MI, 4] uint32 -> A [..., 16MI, 16] f16."""
+    a16 = np.ascontiguousarray(a).view(np.float16).reshape(*a.shape[:-3], -1)  # [..., 32*MI*8] f16
+    return np.take(a16, a_src, axis=-1)
+
+
+def _b_matrix(b: np.ndarray, b_src: np.ndarray) -> np.ndarray:
+    """B fragments [..., 32, NJ, 2] uint32 -> B [..., 16, 8NJ] f16. When every index of the axis
+    before the lanes (the warps of a CTA) holds the same fragments - the warps of a warp-level
+    GEMM that all multiply by one tile - that axis is kept at length 1 (it broadcasts)."""
+    if b.ndim > 3 and b.shape[-4] > 1 and np.array_equal(b, np.broadcast_to(b[..., :1, :, :, :], b.shape)):
+        b = b[..., :1, :, :, :]
+    b16 = np.ascontiguousarray(b).view(np.float16).reshape(*b.shape[:-3], -1)  # [..., 32*NJ*4] f16
+    return np.take(b16, b_src, axis=-1)
+
+
 def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
     """Lane fragments -> (C [..., 16MI, 8NJ] f32, A [..., 16MI, 16] f16, B [..., 16, 8NJ] f16).
 
@@ -107,17 +134,23 @@ def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel 
     a: [..., 32, MI, 4] uint32 (f16x2), b: [..., 32, NJ, 2] uint32 (f16x2),
     c: [..., 32, NJ, MI, 4] float32 -> d: [..., 32, NJ, MI, 4] float32.
     """
-    check_lane_axis(a, -3, "mma A")
-    check_lane_axis(b, -3, "mma B")
-    check_lane_axis(c, -4, "mma C")
-    mi, nj = a.shape[-2], b.shape[-2]
-    if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
-        raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
-    cm, am, bm = fragments_to_matrices(a, b, c)
-    d = accumulate(cm, am, bm, model)  # [..., 16MI, 8NJ] f32
-    _, _, c_pos, _ = _tile_maps(mi, nj)
-    lead = a.shape[:-3]
-    return np.take(d.reshape(*lead, -1), c_pos, axis=-1)
+    return mma_chain((a,), (b,), c, model)
+
+
+def mma_chain(a_steps, b_steps, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
+    """The k16 steps of a warp-level GEMM, one after another: d = mma_tiles(a[n-1], b[n-1], ...
+    mma_tiles(a[0], b[0], c)) bit for bit. Each step rounds its MI x NJ results to fp32
+    elementwise, so the accumulator stays in matrix form between steps (two gathers per GEMM,
+    not per step). Shapes as `mma_tiles`; every step has the same MI and NJ."""
+    shapes = {_check(a, b, c) for a, b in zip(a_steps, b_steps, strict=True)}
+    if len(shapes) != 1:
+        raise ValueError(f"mma_chain: the steps' MI x NJ differ: {sorted(shapes)}")
+    (mi, nj), = shapes
+    a_src, b_src, c_pos, c_src = _tile_maps(mi, nj)
+    lead = c.shape[:-4]
+    acc = np.take(c.reshape(*lead, -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
+    acc = model.matmul_chain(acc, ((_a_matrix(a, a_src), _b_matrix(b, b_src)) for a, b in zip(a_steps, b_steps)))
+    return np.take(acc.reshape(*acc.shape[:-2], -1), c_pos, axis=-1)
 
 
 def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:

@@ -147,9 +147,12 @@ def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile:
 
 
 def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h."""
+    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h.
+    When no observer sees these instructions, the MMAs run after the loads as one chain
+    (Machine.mma_chain: the same counts and bits, no event order to keep)."""
     S = plan.sites
     n_h = plan.config.qk_k_segments
+    chained = not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk)
     tCrQ, tCrK = [None] * n_h, [None] * n_h
     for h in range(-1, n_h):
         nxt = h + 1
@@ -159,9 +162,9 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
                 after_first_load()
             regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt].smem, 4, False, "tCrK")  # [k, W, L, NJ/2, 4]
             tCrK[nxt] = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJ, 2]
-        if h >= 0:
+        if h >= 0 and not chained:
             tCrS = m.mma(S.mma_qk[h], tCrQ[h], tCrK[h], tCrS)
-    return tCrS
+    return m.mma_chain(S.mma_qk, tCrQ, tCrK, tCrS) if chained else tCrS
 
 
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
@@ -169,14 +172,20 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
     """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9)."""
     S = plan.sites
     k, w, l, _, mi, _ = tCrP.shape
+    chained = not m.observed(*S.ldsm_v, *S.mma_pv)  # as in gemm_smem
+    a_steps, b_steps = [], []
     for h in range(plan.config.pv_k_segments):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
         if h == 0 and after_first_load is not None:
             after_first_load()
         tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]
         a = tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)  # [k,W,L,MI,4]
-        tCrO = m.mma(S.mma_pv[h], a, tCrV, tCrO)
-    return tCrO
+        if chained:
+            a_steps.append(a)
+            b_steps.append(tCrV)
+        else:
+            tCrO = m.mma(S.mma_pv[h], a, tCrV, tCrO)
+    return m.mma_chain(S.mma_pv, a_steps, b_steps, tCrO) if chained else tCrO
 
 
 def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, t: int, m_block: np.ndarray,
