@@ -85,6 +85,22 @@ class SmemLanes:
         """[..., W, L, R, k] index of each accessed unit (isa.shared_units)."""
         return isa.shared_units(self.addr, self.width)
 
+    def landing(self, unit_bytes: int) -> tuple[int | None, np.ndarray]:
+        """Where the units (`unit_bytes` each) of a write by every lane land in a CTA's shared
+        memory, in [W, L, R, units] order, cached: (lo, inv) when they cover [lo, lo + n) once
+        each (unit lo + j comes from written unit inv[j]: one gather into a slice), else (None,
+        the unit index of each written unit). Shared addresses only."""
+        cache = self.__dict__.setdefault("_landing", {})
+        if unit_bytes not in cache:
+            idx = (self.addr // unit_bytes)[..., None] + np.arange(self.width // unit_bytes)  # [W, L, R, units]
+            idx = idx.reshape(-1)
+            lo = int(idx.min()) if idx.size else 0
+            inv = np.full(idx.size, -1, np.int64)
+            if idx.size and int(idx.max()) - lo < idx.size:
+                inv[idx - lo] = np.arange(idx.size)
+            cache[unit_bytes] = (lo, inv) if idx.size and (inv >= 0).all() else (None, idx)
+        return cache[unit_bytes]
+
     def ldsm_index(self, num: int, trans: bool) -> isa.LdmatrixIndex:
         """Where every received half comes from ([..., W, L, R, num(, 2)]), cached."""
         cache = self.__dict__.setdefault("_ldsm", {})
@@ -123,6 +139,7 @@ class _Flight:
     data: np.ndarray
     group: np.ndarray
     landed: np.ndarray
+    lanes: SmemLanes | None = None  # the destination's lanes when every CTA shares them
 
 
 class Machine:
@@ -230,7 +247,8 @@ class Machine:
         data = isa.zero_fill(self.memory.gather(src, size, reads, "cp.async source"), src_size)  # [k,W,L,R,size]
         dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], src.shape)
         self._check_smem(dst, "cp.async destination")
-        self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy()))
+        self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy(),
+                                     None if dst.per_cta else dst))
         if listeners:
             gm = self._gmem_access(src, size, reads, write=False)
             self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
@@ -261,6 +279,16 @@ class Machine:
         kk, size = done.shape[0], f.data.shape[-1]
         unit = {16: np.uint64, 8: np.uint64, 4: np.uint32}[size]
         per = np.dtype(unit).itemsize
+        if f.lanes is not None and done.all():  # every lane of the live CTAs: a static pattern
+            lo, where = f.lanes.landing(per)
+            values = np.ascontiguousarray(f.data[:kk]).view(unit).reshape(kk, -1)  # [kk, W*L*R*units]
+            smem = self.smem[:kk].view(unit)  # [kk, CTA units]
+            if lo is None:
+                smem[:, where] = values
+            else:
+                smem[:, lo:lo + where.size] = np.take(values, where, axis=1)
+            f.landed[:kk] = True
+            return
         smem = self.smem[:kk].reshape(-1).view(unit)  # all CTAs' bytes in units
         cta_units = self.smem.shape[1] // per
         idx = (np.arange(kk)[:, None, None, None] * cta_units + f.dst[:kk] // per)[..., None] \

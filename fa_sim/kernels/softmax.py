@@ -2,8 +2,10 @@
 
 Registers (k = live CTAs, W warps, L = 32 lanes; MI = m atoms per warp, NJ = n8 atoms):
   tCrS     [k, W, L, NJ, MI, 4] f32  CuTe fragment order, element (nj, mi, v)
-  rowcol   [k, W, L, MI, 2, 2*NJ] f32  convert_layout_acc_rowcol: row slot (mi, half = v >> 1),
-           thread column ni = b + 2 nj (b = v & 1), i.e. ascending key order (spec table 6)
+  rows     the same array viewed [k, W, L, NJ, MI, 2, 2]: element (nj, mi, half, b) is row slot
+           (mi, half = v >> 1) and thread column ni = b + 2 nj of convert_layout_acc_rowcol (spec
+           table 6, ascending key order). Per-row work reduces over the (NJ, b) axes of this view,
+           so no copy into the rowcol order is made.
   rRowMax, rRowSum  [k, W, L, MI, 2] f32, slot half + 2 mi (checkpoints.py)
 
 Arithmetic follows SCHEDULE.md "Arithmetic rules": the exp2 form p = ex2(x sl2 - m sl2) with
@@ -27,25 +29,28 @@ from .sites import Sites, Step
 NEG_INF = np.float32(-np.inf)
 
 
-def rowcol(acc: np.ndarray) -> np.ndarray:
-    """[k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2, 2*NJ] (a copy; columns in ascending key order)."""
+def rows(acc: np.ndarray) -> np.ndarray:
+    """[k, W, L, NJ, MI, 4] -> the view [k, W, L, NJ, MI, 2, 2] (nj, mi, half, b): row slot
+    (mi, half), column ni = b + 2 nj. No copy."""
     k, w, l, nj, mi, _ = acc.shape
-    x = acc.reshape(k, w, l, nj, mi, 2, 2).transpose(0, 1, 2, 4, 5, 3, 6)
-    return x.reshape(k, w, l, mi, 2, 2 * nj)
+    return acc.reshape(k, w, l, nj, mi, 2, 2)
 
 
-def from_rowcol(x: np.ndarray) -> np.ndarray:
-    """Inverse of rowcol: [k, W, L, MI, 2, 2*NJ] -> [k, W, L, NJ, MI, 4]."""
-    k, w, l, mi, _, cols = x.shape
-    y = x.reshape(k, w, l, mi, 2, cols // 2, 2).transpose(0, 1, 2, 5, 3, 4, 6)
-    return y.reshape(k, w, l, cols // 2, mi, 4)
+def rowcol(acc: np.ndarray) -> np.ndarray:
+    """[k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2, 2*NJ] (a copy; columns in ascending key order):
+    convert_layout_acc_rowcol as CuTe writes it."""
+    k, w, l, nj, mi, _ = acc.shape
+    return rows(acc).transpose(0, 1, 2, 4, 5, 3, 6).reshape(k, w, l, mi, 2, 2 * nj)
+
+
+def per_row(x: np.ndarray) -> np.ndarray:
+    """A per-row value [k, W, L, MI, 2] broadcast against `rows` (one value per row slot)."""
+    return x[:, :, :, None, :, :, None]
 
 
 def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """acc [k, W, L, NJ, MI, 4] times its row's factor [k, W, L, MI, 2] (one fmul per element)."""
-    k, w, l, nj, mi, _ = acc.shape
-    y = acc.reshape(k, w, l, nj, mi, 2, 2) * factor[:, :, :, None, :, :, None]
-    return y.reshape(acc.shape)
+    return (rows(acc) * per_row(factor)).reshape(acc.shape)
 
 
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
@@ -59,10 +64,12 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
 
 
 def thread_sum(p: np.ndarray) -> np.ndarray:
-    """dl = p[col 0]; dl = fadd(dl, p[col i]) for i = 1.. (left to right, fp32)."""
-    dl = p[..., 0].copy()
-    for i in range(1, p.shape[-1]):
-        dl += p[..., i]
+    """p [k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2]: dl = p[col 0]; dl = fadd(dl, p[col ni]) for
+    ni = 1 .. 2 NJ - 1 (left to right, fp32), column ni = b + 2 nj."""
+    r = rows(p)  # [k, W, L, NJ, MI, 2, 2]
+    dl = r[:, :, :, 0, :, :, 0].copy()
+    for ni in range(1, 2 * r.shape[3]):
+        dl += r[:, :, :, ni // 2, :, :, ni % 2]
     return dl
 
 
@@ -72,13 +79,16 @@ def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
 
 
 def exp2_argument(x: np.ndarray, sl2: np.float32, ms: np.ndarray, form: SoftmaxForm) -> np.ndarray:
-    """x [..., cols], ms [...] -> the argument of ex2 for every score (SCHEDULE.md).
+    """x [k, W, L, NJ, MI, 4], ms [k, W, L, MI, 2] -> the argument of ex2 for every score,
+    [k, W, L, NJ, MI, 4] (SCHEDULE.md).
     FMUL_FSUB: fsub(fmul(x, sl2), ms), exactly 0 for the row maximum (rounding is monotone, so
     every other score gives <= 0). FFMA: fma(x, sl2, -ms), whose value at the maximum is the
     rounding residue of m*sl2 (up to half an ulp of it: 2^1342 for m*sl2 ~ 5e10)."""
     if form is SoftmaxForm.FFMA:
-        return fma_rn(x, sl2, -ms[..., None])
-    return x * sl2 - ms[..., None]  # two float32 operations, each rounded once
+        return fma_rn(rows(x), sl2, -per_row(ms)).reshape(x.shape)
+    arg = rows(x) * sl2  # two float32 operations, each rounded once
+    arg -= per_row(ms)
+    return arg.reshape(x.shape)
 
 
 def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, tCrS: np.ndarray,
@@ -88,11 +98,10 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
     rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
     reg = sites.softmax
     sl2 = scale_log2(scale)  # fmul(s, log2 e)
-    s_rc = rowcol(tCrS)  # [k, W, L, MI, 2, 2NJ] f32
     m_prev = rRowMax
     if not first:
         m.reg(reg[Step.M_PREV], {"rRowMax": rRowMax}, {"rRowMax_prev": m_prev})
-    local = s_rc.max(axis=-1)  # [k, W, L, MI, 2]
+    local = rows(tCrS).max(axis=(3, 6))  # [k, W, L, MI, 2]; in any order (no -0 or NaN scores)
     row_max = local if first else np.maximum(m_prev, local)
     m.reg(reg[Step.MAX_LOCAL], {"tCrS": tCrS}, {"rRowMax": row_max})
     row_max = quad_allreduce(m, sites.shfl_max, (reg[Step.MAX_XOR2], reg[Step.MAX_XOR1]), row_max,
@@ -106,10 +115,9 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
               {"rRowSum": new_sum, "tCrO": new_o})
         rRowSum, tCrO = new_sum, new_o
     ms = row_offset(row_max, sl2)  # [k, W, L, MI, 2] f32
-    p_rc = ex2_approx_ftz(exp2_argument(s_rc, sl2, ms, form))  # [k, W, L, MI, 2, 2NJ] f32
-    p = from_rowcol(p_rc)
+    p = ex2_approx_ftz(exp2_argument(tCrS, sl2, ms, form))  # [k, W, L, NJ, MI, 4] f32
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
-    dl = thread_sum(p_rc)  # [k, W, L, MI, 2] f32
+    dl = thread_sum(p)  # [k, W, L, MI, 2] f32
     m.reg(reg[Step.SUM_LOCAL], {"tCrS": p}, {"dl": dl})
     dl = quad_allreduce(m, sites.shfl_sum, (reg[Step.SUM_XOR2], reg[Step.SUM_XOR1]), dl, np.add, "dl")
     new_sum = dl if first else rRowSum + dl
