@@ -175,7 +175,9 @@ class Machine:
 
     def _set_active(self, active: np.ndarray) -> None:
         self.active = active  # [live, W, L] bool
-        self._warps = int(active.any(axis=-1).sum())
+        any_ = active.any(axis=-1)  # [live, W]
+        self._warps = int(any_.sum())
+        self._diverged = bool(self._warps) and not bool((active.all(axis=-1) == any_).all())
 
     @contextlib.contextmanager
     def branch(self, taken: np.ndarray):
@@ -300,11 +302,15 @@ class Machine:
 
     # -- shared memory ------------------------------------------------------------------------------
     def _check_smem(self, lanes: SmemLanes, what: str) -> None:
+        if not lanes.per_cta and lanes.__dict__.get("_inside") == self.smem_bytes:
+            return  # static addresses already checked against this shared-memory size
         addr = lanes.addr
         if addr.size and (addr.min() < 0 or addr.max() + lanes.width > self.smem_bytes):
             bad = addr[(addr < 0) | (addr + lanes.width > self.smem_bytes)][0]
             raise KernelFault(f"{what}: shared-memory address {int(bad)} is outside the CTA's "
                               f"{self.smem_bytes} bytes")
+        if not lanes.per_cta:
+            lanes.__dict__["_inside"] = self.smem_bytes
 
     def ldmatrix(self, instr: Instr, lanes: SmemLanes, num: int, trans: bool, name: str) -> np.ndarray:
         """R ldmatrix.x{num}: -> registers [live, W, L, R, num] uint32 (.sync.aligned: whole warps)."""
@@ -429,6 +435,8 @@ class Machine:
 
     def _require_full_warps(self, instr: Instr) -> None:
         """.aligned warp-collective instructions need every lane of a warp (or none)."""
+        if not self._diverged:
+            return
         any_, all_ = self.active.any(axis=-1), self.active.all(axis=-1)
         if np.any(any_ & ~all_):
             c, w = np.argwhere(any_ & ~all_)[0]
