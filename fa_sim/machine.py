@@ -382,18 +382,15 @@ class Machine:
         reorder work that no observer can see)."""
         return any(self.hub.instr_listeners(i.op, i.phase, self.round) for i in instrs)
 
-    def mma_chain(self, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
-        """The k16 steps of a warp-level GEMM: `mma(instrs[i], a_steps[i], b_steps[i], .)` for
-        i = 0, 1, ... on the accumulator c, with the same counts, events and bits; unobserved,
-        the accumulator stays in matrix form between steps (isa.mma.mma_chain)."""
-        if self.observed(*instrs):
-            for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
-                c = self.mma(instr, a, b, c)
-            return c
-        for instr in instrs:
-            self._issue(instr)
+    def count(self, instr: Instr, aligned: bool = False, smem: SmemLanes | None = None) -> None:
+        """Execute `instr` for its effects on the machine's books only, when no observer wants its
+        event (`observed`) and its result is computed elsewhere (fa_sim/gemm.py): the counts,
+        the .aligned whole-warp check, the shared-memory bounds check."""
+        self._issue(instr)
+        if aligned:
             self._require_full_warps(instr)
-        return isa.mma_chain(a_steps, b_steps, c, self.mma_model)
+        if smem is not None:
+            self._check_smem(smem, instr.ptx)
 
     def _mma_event(self, instr, listeners, a, b, c, d) -> None:
         """Operands per instruction r = mi * NJ + nj."""

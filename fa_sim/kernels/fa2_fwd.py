@@ -33,6 +33,8 @@ from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
 from ..isa.convert import f32_to_f16_rn
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
+from ..gemm import LdsmOperand, mma_chain
+from ..layout import Operand
 from ..machine import Instr, Machine
 from ..problem import Problem
 from .labels import Site, Tensor, Tile, tile_base
@@ -148,11 +150,14 @@ def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile:
 
 def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
     """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h.
-    When no observer sees these instructions, the MMAs run after the loads as one chain
-    (Machine.mma_chain: the same counts and bits, no event order to keep)."""
+    Unobserved and without a late wait to place after the first load, the loads and MMAs run as
+    one fa_sim.gemm.mma_chain (the same counts and bits, in matrix form)."""
     S = plan.sites
     n_h = plan.config.qk_k_segments
-    chained = not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk)
+    if after_first_load is None and not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk):
+        a = [LdsmOperand(S.ldsm_q[h], plan.ldsm_q[h].smem, False, Operand.A, "tCrQ") for h in range(n_h)]
+        b = [LdsmOperand(S.ldsm_k[h], plan.ldsm_k[h].smem, False, Operand.B, "tCrK") for h in range(n_h)]
+        return mma_chain(m, S.mma_qk, a, b, tCrS)
     tCrQ, tCrK = [None] * n_h, [None] * n_h
     for h in range(-1, n_h):
         nxt = h + 1
@@ -162,30 +167,33 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
                 after_first_load()
             regs = m.ldmatrix(S.ldsm_k[nxt], plan.ldsm_k[nxt].smem, 4, False, "tCrK")  # [k, W, L, NJ/2, 4]
             tCrK[nxt] = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJ, 2]
-        if h >= 0 and not chained:
+        if h >= 0:
             tCrS = m.mma(S.mma_qk[h], tCrQ[h], tCrK[h], tCrS)
-    return m.mma_chain(S.mma_qk, tCrQ, tCrK, tCrS) if chained else tCrS
+    return tCrS
+
+
+def _a_operand(tCrP: np.ndarray, h: int) -> np.ndarray:
+    """P's A fragments of segment h: S atoms 2h, 2h+1 (spec table 9), [k, W, L, MI, 4]."""
+    k, w, l, _, mi, _ = tCrP.shape
+    return tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)
 
 
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
                    after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9)."""
+    """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
+    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem)."""
     S = plan.sites
-    k, w, l, _, mi, _ = tCrP.shape
-    chained = not m.observed(*S.ldsm_v, *S.mma_pv)  # as in gemm_smem
-    a_steps, b_steps = [], []
-    for h in range(plan.config.pv_k_segments):
+    n_h = plan.config.pv_k_segments
+    if after_first_load is None:
+        b = [LdsmOperand(S.ldsm_v[h], plan.ldsm_v[h].smem, True, Operand.B, "tCrV") for h in range(n_h)]
+        return mma_chain(m, S.mma_pv, [_a_operand(tCrP, h) for h in range(n_h)], b, tCrO)
+    for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
-        if h == 0 and after_first_load is not None:
+        if h == 0:
             after_first_load()
-        tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]
-        a = tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)  # [k,W,L,MI,4]
-        if chained:
-            a_steps.append(a)
-            b_steps.append(tCrV)
-        else:
-            tCrO = m.mma(S.mma_pv[h], a, tCrV, tCrO)
-    return m.mma_chain(S.mma_pv, a_steps, b_steps, tCrO) if chained else tCrO
+        tCrV = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJo, 2]
+        tCrO = m.mma(S.mma_pv[h], _a_operand(tCrP, h), tCrV, tCrO)
+    return tCrO
 
 
 def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, t: int, m_block: np.ndarray,

@@ -1,0 +1,84 @@
+"""Warp-level GEMMs on the SM80 machine: the k16 steps of one GEMM as a chain of mma.sync
+(isa.mma.gemm_chain), with operands from registers or loaded by ldmatrix for the MMAs alone.
+
+A front end hands `mma_chain` the GEMM's instructions in program order. When an observer wants
+any of their events, the chain executes them one by one through the machine's ldmatrix and mma
+(the events, counts and bits as ever). Otherwise it counts them and computes in matrix form: the
+accumulator is gathered into matrices once per GEMM, not per step, and an operand that ldmatrix
+loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
+composed once per SmemLanes - one gather per CTA when every warp loads the same tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .isa import mma as isa_mma
+from .layout import Operand
+from .machine import Instr, Machine, SmemLanes
+
+LDSM_NUM = 4  # ldmatrix.x4: four 8x8 matrices, one 16x16 A block or two 16x8 B blocks
+
+
+@dataclass(frozen=True, eq=False)
+class LdsmOperand:
+    """R ldmatrix.x4 whose registers only feed the MMAs: the R A fragments [.., R, 4] (operand A,
+    MI = R) or the 2R B fragments of two registers (operand B, NJ = 2R). `name`: the registers'
+    name in events."""
+
+    instr: Instr
+    lanes: SmemLanes
+    trans: bool
+    operand: Operand
+    name: str
+
+    def registers(self, m: Machine) -> np.ndarray:
+        """Execute the ldmatrix: the fragments as mma takes them."""
+        regs = m.ldmatrix(self.instr, self.lanes, LDSM_NUM, self.trans, self.name)  # [k, W, L, R, 4]
+        return regs if self.operand is Operand.A else regs.reshape(*regs.shape[:3], -1, 2)
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        """The operand matrices the MMAs read, [live, W or 1, rows, cols] f16, without registers."""
+        m.count(self.instr, aligned=True, smem=self.lanes)
+        idx = _matrix_index(self.lanes, self.trans, self.operand)  # [W or 1, rows, cols] halves
+        return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
+
+
+def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> np.ndarray:
+    """The shared-memory half each element of the operand matrices comes from: ldmatrix's map
+    composed with mma's fragment -> matrix map, cached on `lanes`; one warp's when all agree."""
+    cache = lanes.__dict__.setdefault("_mma_matrix", {})
+    key = (trans, operand)
+    if key not in cache:
+        if lanes.per_cta:
+            raise ValueError("LdsmOperand takes addresses every CTA shares")
+        halves = lanes.ldsm_index(LDSM_NUM, trans).halves  # [W, L, R, 4, 2]
+        w, l, r = halves.shape[:3]
+        if operand is Operand.A:
+            idx = isa_mma.a_matrix_map(halves.reshape(w, l, r, 2 * LDSM_NUM))  # [W, 16R, 16]
+        else:
+            idx = isa_mma.b_matrix_map(halves.reshape(w, l, 2 * r, LDSM_NUM))  # [W, 16, 16R]
+        cache[key] = idx[:1] if (idx == idx[:1]).all() else idx
+    return cache[key]
+
+
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
+    """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
+    b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
+    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence."""
+    loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
+    if m.observed(*instrs, *loads):
+        for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
+            c = m.mma(instr, _registers(m, a), _registers(m, b), c)
+        return c
+    a_mats = [a.matrix(m) if isinstance(a, LdsmOperand) else isa_mma.a_matrix(a) for a in a_steps]
+    b_mats = [b.matrix(m) if isinstance(b, LdsmOperand) else isa_mma.b_matrix(b) for b in b_steps]
+    for instr in instrs:
+        m.count(instr, aligned=True)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
+
+
+def _registers(m: Machine, x) -> np.ndarray:
+    return x.registers(m) if isinstance(x, LdsmOperand) else x
