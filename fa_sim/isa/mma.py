@@ -167,6 +167,9 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT) -> n
     results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
     gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS."""
     nj, mi = c.shape[-3], c.shape[-2]
+    if model.float64_sum:  # convert each operand once, not once per chunk
+        a_mats = [a.astype(np.float64) for a in a_mats]
+        b_mats = [b.astype(np.float64) for b in b_mats]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
     if c.ndim < 5 or n >= c.shape[0]:

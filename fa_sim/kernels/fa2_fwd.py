@@ -113,6 +113,11 @@ def load_tile(m: Machine, instr: Instr, lanes: TileLanes, base: int, bh: np.ndar
     """copy_tile: tile row r of each CTA <- global row row0 + r of its batch-head (16-byte
     cp.async.cg; rows past seqlen zero-fill with src-size 0, the source clamped to row 0)."""
     k = m.live
+    if np.all(row0[:k] + int(lanes.row.max()) < seqlen):  # the whole tile in range: src-size 16 everywhere
+        start = base + 2 * (bh[:k] * seqlen + row0[:k]) * head_dim  # [k] byte address of each tile's row 0
+        m.cp_async(instr, lanes.smem, start[:, None, None, None] + 2 * (lanes.row * head_dim + lanes.col),
+                   np.int64(16))
+        return
     rows = row0[:k, None, None, None] + lanes.row  # [k, W, L, R] global row
     pred = rows < seqlen  # [k, W, L, R]
     src_row = np.where(pred, rows, 0)
