@@ -6,7 +6,8 @@ any of their events, the chain executes them one by one through the machine's ld
 (the events, counts and bits as ever). Otherwise it counts them and computes in matrix form: the
 accumulator is gathered into matrices once per GEMM, not per step, and an operand that ldmatrix
 loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
-composed once per SmemLanes - one gather per CTA when every warp loads the same tile.
+composed once per SmemLanes - one gather per CTA when every warp loads the same tile - and an
+operand held in registers of another layout (`RegisterOperand`) straight from those registers.
 """
 
 from __future__ import annotations
@@ -46,6 +47,33 @@ class LdsmOperand:
         return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
 
 
+@dataclass(frozen=True, eq=False)
+class RegisterOperand:
+    """An A operand held in registers of another layout: register i of lane l's fragments is word
+    `words[l, .., i]` of its warp's registers in `source` [k, W, ...] (uint32, C order);
+    `halves` [16MI, 16] is where each A element lies among the warp's registers as f16 halves
+    (isa.mma.a_matrix_map of the words' halves; both maps static, made once by the front end)."""
+
+    source: np.ndarray
+    words: np.ndarray  # [32, MI, 4]
+    halves: np.ndarray  # [16MI, 16]
+
+    def registers(self, m: Machine) -> np.ndarray:
+        k, w = self.source.shape[:2]
+        return np.take(self.source.reshape(k, w, -1), self.words, axis=-1)  # [k, W, 32, MI, 4]
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        k, w = self.source.shape[:2]
+        src = np.ascontiguousarray(self.source).reshape(k, w, -1).view(np.uint16)
+        return np.take(src, self.halves, axis=-1).view(np.float16)  # [k, W, 16MI, 16]
+
+    @staticmethod
+    def maps(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(words, halves) for fragment words [32, MI, 4]."""
+        halves = (2 * words[..., None] + np.arange(2)).reshape(*words.shape[:-1], 8)  # low half first
+        return words, isa_mma.a_matrix_map(halves)
+
+
 def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> np.ndarray:
     """The shared-memory half each element of the operand matrices comes from: ldmatrix's map
     composed with mma's fragment -> matrix map, cached on `lanes`; one warp's when all agree."""
@@ -73,12 +101,15 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
             c = m.mma(instr, _registers(m, a), _registers(m, b), c)
         return c
-    a_mats = [a.matrix(m) if isinstance(a, LdsmOperand) else isa_mma.a_matrix(a) for a in a_steps]
-    b_mats = [b.matrix(m) if isinstance(b, LdsmOperand) else isa_mma.b_matrix(b) for b in b_steps]
+    a_mats = [a.matrix(m) if isinstance(a, _OPERANDS) else isa_mma.a_matrix(a) for a in a_steps]
+    b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
     return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
 
 
+_OPERANDS = (LdsmOperand, RegisterOperand)
+
+
 def _registers(m: Machine, x) -> np.ndarray:
-    return x.registers(m) if isinstance(x, LdsmOperand) else x
+    return x.registers(m) if isinstance(x, _OPERANDS) else x

@@ -24,6 +24,7 @@ ldmatrix that reads what it waits for (WAIT_QK: after tCrQ(h=0); WAIT_PV: after 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
 from ..isa.convert import f32_to_f16_rn
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
-from ..gemm import LdsmOperand, mma_chain
+from ..gemm import LdsmOperand, RegisterOperand, mma_chain
 from ..layout import Operand
 from ..machine import Instr, Machine
 from ..problem import Problem
@@ -183,6 +184,13 @@ def _a_operand(tCrP: np.ndarray, h: int) -> np.ndarray:
     return tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)
 
 
+@lru_cache(maxsize=None)
+def _a_operand_maps(nj: int, mi: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """RegisterOperand maps of `_a_operand`: which word of a warp's tCrP each fragment register is."""
+    words = _a_operand(np.arange(WARP_SIZE * nj * mi * 2).reshape(1, 1, WARP_SIZE, nj, mi, 2), h)[0, 0]
+    return RegisterOperand.maps(words)
+
+
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
                    after_first_load: Callable | None) -> np.ndarray:
     """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
@@ -191,7 +199,9 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
     n_h = plan.config.pv_k_segments
     if after_first_load is None:
         b = [LdsmOperand(S.ldsm_v[h], plan.ldsm_v[h].smem, True, Operand.B, "tCrV") for h in range(n_h)]
-        return mma_chain(m, S.mma_pv, [_a_operand(tCrP, h) for h in range(n_h)], b, tCrO)
+        nj, mi = tCrP.shape[3:5]
+        a = [RegisterOperand(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
+        return mma_chain(m, S.mma_pv, a, b, tCrO)
     for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
         if h == 0:
