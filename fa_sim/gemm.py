@@ -43,8 +43,11 @@ class LdsmOperand:
     def matrix(self, m: Machine) -> np.ndarray:
         """The operand matrices the MMAs read, [live, W or 1, rows, cols] f16, without registers."""
         m.count(self.instr, aligned=True, smem=self.lanes)
-        idx = _matrix_index(self.lanes, self.trans, self.operand)  # [W or 1, rows, cols] halves
-        return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
+        idx, chunks = _matrix_index(self.lanes, self.trans, self.operand)
+        if chunks is None:  # [W or 1, rows, cols] halves
+            return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
+        rows = np.take(m.smem[: m.live].view(CHUNK), chunks, axis=1).view(np.float16)  # whole 16-byte rows
+        return rows if chunks.shape[-2] == idx.shape[-2] else np.swapaxes(rows, -1, -2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,9 +77,12 @@ class RegisterOperand:
         return words, isa_mma.a_matrix_map(halves)
 
 
-def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> np.ndarray:
-    """The shared-memory half each element of the operand matrices comes from: ldmatrix's map
-    composed with mma's fragment -> matrix map, cached on `lanes`; one warp's when all agree."""
+def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> tuple[np.ndarray, np.ndarray | None]:
+    """The shared-memory half each element of the operand matrices comes from ([W or 1, rows,
+    cols]: ldmatrix's map composed with mma's fragment -> matrix map; one warp's when all agree),
+    and, when every 8 halves along a row (or a column) are one 16-byte chunk - ldmatrix reads
+    whole 16-byte rows - the chunk indices [W or 1, rows, cols / 8] (or of the transpose), so the
+    gather moves 16 bytes at a time. Cached on `lanes`."""
     cache = lanes.__dict__.setdefault("_mma_matrix", {})
     key = (trans, operand)
     if key not in cache:
@@ -88,8 +94,25 @@ def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> np.ndarray
             idx = isa_mma.a_matrix_map(halves.reshape(w, l, r, 2 * LDSM_NUM))  # [W, 16R, 16]
         else:
             idx = isa_mma.b_matrix_map(halves.reshape(w, l, 2 * r, LDSM_NUM))  # [W, 16, 16R]
-        cache[key] = idx[:1] if (idx == idx[:1]).all() else idx
+        idx = idx[:1] if (idx == idx[:1]).all() else idx
+        cache[key] = (idx, _chunks(idx))
+        if cache[key][1] is None:
+            cache[key] = (idx, _chunks(np.swapaxes(idx, -1, -2)))
     return cache[key]
+
+
+CHUNK = np.dtype((np.void, 16))  # one ldmatrix row: 8 halves
+CHUNK_HALVES = CHUNK.itemsize // 2
+
+
+def _chunks(idx: np.ndarray) -> np.ndarray | None:
+    """idx [.., cols] halves -> [.., cols / 8] 16-byte chunk indices, or None unless every 8
+    consecutive entries are one aligned chunk."""
+    if idx.shape[-1] % CHUNK_HALVES:
+        return None
+    c = idx.reshape(*idx.shape[:-1], -1, CHUNK_HALVES)
+    whole = (c[..., 0] % CHUNK_HALVES == 0).all() and (c == c[..., :1] + np.arange(CHUNK_HALVES)).all()
+    return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
 
 
 def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
