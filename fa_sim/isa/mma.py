@@ -179,16 +179,24 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT) -> n
         rows = slice(i, i + n)
         def part(x):
             return x[rows] if x.ndim == c.ndim - 2 and x.shape[0] == c.shape[0] else x
-        out[rows] = _gemm_chain([part(a) for a in a_mats], [part(b) for b in b_mats], c[rows], model)
+        _gemm_chain([part(a) for a in a_mats], [part(b) for b in b_mats], c[rows], model, out[rows])
     return out
 
 
-def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel) -> np.ndarray:
+def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None) -> np.ndarray:
     nj, mi = c.shape[-3], c.shape[-2]
     _, _, c_pos, c_src = _tile_maps(mi, nj)
     acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
     acc = model.matmul_chain(acc, zip(a_mats, b_mats))
-    return np.take(acc.reshape(*acc.shape[:-2], -1), c_pos, axis=-1)
+    lead = acc.shape[:-2]
+    if out is None or out.shape[:-4] != lead:
+        d = np.take(acc.reshape(*lead, -1), c_pos, axis=-1)
+        if out is None:
+            return d
+        out[...] = d
+        return out
+    np.take(acc.reshape(*lead, -1), c_pos, axis=-1, out=out.reshape(*lead, *c_pos.shape), mode="wrap")
+    return out
 
 
 def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
