@@ -15,13 +15,15 @@ program orders a wave by decreasing loop length, so CTAs still in their loop for
 instructions touch only those, and events still describe all C CTAs with the others inactive.
 Inside the live prefix `active` [live, W, L] masks lanes (branches, exited threads).
 
-Addresses: shared accesses take `SmemLanes` - byte addresses [W, L, R] that every CTA shares (the
-program's static plans, with their derived gather indices cached) or [live, W, L, R] per CTA (the
-PTX engine). Global accesses take byte addresses [live, W, L, R]. Out-of-range or misaligned
+Addresses: shared accesses take `SmemLanes` (fa_sim/smem_lanes.py) - byte addresses [W, L, R] that
+every CTA shares (the program's static plans, with their derived gather indices cached) or
+[live, W, L, R] per CTA (the PTX engine). Global accesses take byte addresses [live, W, L, R]. Out-of-range or misaligned
 addresses are a KernelFault, as on hardware.
 
 Counting and events. Every warp instruction adds R x (warps with an active lane) to
 hub.counts[(op, phase, round)]; an `InstrEvent` is built only when an observer wants it (hub.py).
+A front end may ask whether anyone wants an instruction's event (`observed`) and, if not, compute
+its result elsewhere and only `count` it (fa_sim/gemm.py does so for unobserved GEMMs).
 Labels (shared-memory region, buffer coordinates) come from the front end's `labels` object.
 """
 
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -40,6 +41,7 @@ from .events import ROUND_PROLOGUE, CheckpointEvent, GmemAccess, InstrEvent, Op,
 from .hub import Hub, pad_ctas
 from .isa.sm80 import WARP_SIZE
 from .memory import GlobalMemory
+from .smem_lanes import SmemLanes
 from .tensorcore import EXACT, FusedDotModel
 
 
@@ -57,59 +59,6 @@ class Instr:
     tag: object = None
     src: SourceLoc | None = None
     ptx_line: int | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class SmemLanes:
-    """Shared-memory addresses of R instructions issued back to back.
-
-    addr: [W, L, R] int64 byte addresses shared by every CTA, or [C, W, L, R] per CTA;
-    lanes: [L] bool lanes that supply an address (None: all). Gather indices derived from static
-    addresses are computed once and cached on the object.
-    """
-
-    width: int
-    addr: np.ndarray
-    lanes: np.ndarray | None = None
-
-    @property
-    def per_cta(self) -> bool:
-        return self.addr.ndim == 4
-
-    @property
-    def repeat(self) -> int:
-        return self.addr.shape[-1]
-
-    @cached_property
-    def units(self) -> np.ndarray:
-        """[..., W, L, R, k] index of each accessed unit (isa.shared_units)."""
-        return isa.shared_units(self.addr, self.width)
-
-    def landing(self, unit_bytes: int) -> tuple[int | None, np.ndarray]:
-        """Where the units (`unit_bytes` each) of a write by every lane land in a CTA's shared
-        memory, in [W, L, R, units] order, cached: (lo, inv) when they cover [lo, lo + n) once
-        each (unit lo + j comes from written unit inv[j]: one gather into a slice), else (None,
-        the unit index of each written unit). Shared addresses only."""
-        cache = self.__dict__.setdefault("_landing", {})
-        if unit_bytes not in cache:
-            idx = (self.addr // unit_bytes)[..., None] + np.arange(self.width // unit_bytes)  # [W, L, R, units]
-            idx = idx.reshape(-1)
-            lo = int(idx.min()) if idx.size else 0
-            inv = np.full(idx.size, -1, np.int64)
-            if idx.size and int(idx.max()) - lo < idx.size:
-                inv[idx - lo] = np.arange(idx.size)
-            cache[unit_bytes] = (lo, inv) if idx.size and (inv >= 0).all() else (None, idx)
-        return cache[unit_bytes]
-
-    def ldsm_index(self, num: int, trans: bool) -> isa.LdmatrixIndex:
-        """Where every received half comes from ([..., W, L, R, num(, 2)]), cached."""
-        cache = self.__dict__.setdefault("_ldsm", {})
-        key = (num, trans)
-        if key not in cache:
-            addr = np.moveaxis(self.addr, -1, -2)  # [..., W, R, L]
-            lead = addr.ndim - 3
-            cache[key] = isa.ldmatrix_index(addr, num, trans).moved(lead + 1, lead + 2)
-        return cache[key]
 
 
 class Labels(Protocol):

@@ -31,10 +31,10 @@ import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
+from ..gemm import LdsmOperand, RegisterOperand, mma_chain
 from ..isa.convert import f32_to_f16_rn
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
-from ..gemm import LdsmOperand, RegisterOperand, mma_chain
 from ..layout import Operand
 from ..machine import Instr, Machine
 from ..problem import Problem
