@@ -7,7 +7,8 @@ Measured here (seconds, on this machine, with its load printed beside them):
 - the wall time of the shape serially in this process, serially in one worker process of the
   pool (its start and its allocator setting included), and with workers=N - best of REPEATS
   alternating runs (same bits: O, LSE and counts are compared);
-- c: seconds per CTA-round of one process, for the seed config (d = 64) and for head_dim 128;
+- c: seconds per CTA-round of one process, for the seed config (d = 64) and for head_dim 128,
+  on (1, 1, 4096, d): one full wave of 64 CTAs, as a large run is made of;
 - S_pool: what a local pool adds besides the work (spawning N interpreters, imports, the shared
   file, merging), from a grid of N one-CTA waves;
 - with the [cluster] extra: S_cluster, the start of a two-worker LocalCluster, and the scatter
@@ -113,6 +114,9 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
+C_SHAPE = (1, 1, 4096, None)  # c is measured on one full default wave (64 CTAs of block_m 64), as large runs have
+
+
 def per_cta_round(config: KernelConfig, shape) -> float:
     b, h, n, d = shape
     q, k, v = random_inputs(b, h, n, n, d, 0)
@@ -196,8 +200,8 @@ def run(shape, workers: int) -> Report:
                  and serial.counts == par.counts)
     worker_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     parent_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    costs = Costs({KernelConfig().tag: per_cta_round(KernelConfig(), (1, 1, 1024, 64)),
-                   KernelConfig(head_dim=128).tag: per_cta_round(KernelConfig(head_dim=128), (1, 1, 1024, 128))},
+    costs = Costs({KernelConfig().tag: per_cta_round(KernelConfig(), C_SHAPE[:3] + (64,)),
+                   KernelConfig(head_dim=128).tag: per_cta_round(KernelConfig(head_dim=128), C_SHAPE[:3] + (128,))},
                   pool_start(workers), *cluster_costs())
     rounds = Problem(b, h, n, n, False, d ** -0.5, KernelConfig(head_dim=d)).cta_rounds
     return Report(tuple(shape), workers, rounds, serial_s, worker_s, parallel_s, identical, before, after, parent_rss,

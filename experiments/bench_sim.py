@@ -7,13 +7,14 @@
 Without torch or triton the Triton part is skipped with a note on stderr (checked before any
 timing starts), so the simulator's numbers still come out.
 
-Targets: (B, H, N, d) = (1, 4, 4096, 64) non-causal in <= 40 s and (1, 1, 128, 64) in <= 0.5 s on the
-2-core development machine, peak memory <= 4 GB; the PTX engine (fa_sim/ptx, which executes the PTX
-NVRTC emits for fa2_fwd.cu) at most 3x the program's time on the first shape, and on the second
-under 1 s cold - compilation to PTX and parsing included, measured in a fresh process with an
-empty cache (the column 'cold') - and 0.1 s warm. Beside each, the FlashAttention forward of
-experiments/triton_fa.py under the Triton interpreter (TRITON_INTERPRET=1, CPU torch tensors),
-BLOCK_M = BLOCK_N = 64. Both report their error against the float64 reference on the same
+Targets (issue 18), on the 2-core development machine: (B, H, N, d) = (1, 4, 4096, 64) non-causal
+untraced with both front ends at most 0.05x the Triton interpreter's time on the same shape, the PTX
+engine (fa_sim/ptx, which executes the PTX NVRTC emits for fa2_fwd.cu) no slower than the program;
+(1, 1, 128, 64) under 1 s cold - compilation to PTX and parsing included, measured in a fresh
+process with an empty cache (the column 'cold') - and 0.05 s warm; peak memory <= 4 GB; and
+(1, 32, 8192, 128) with `--workers 2` under 2 minutes (part 3 predicts it from the measured cost
+per CTA-round). Beside each, the FlashAttention forward of experiments/triton_fa.py under the
+Triton interpreter (TRITON_INTERPRET=1, CPU torch tensors), BLOCK_M = BLOCK_N = 64. Both report their error against the float64 reference on the same
 fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
 
 Part 1 (fa_sim) runs first and before torch/triton are imported, so the process's peak resident

@@ -15,13 +15,15 @@ program orders a wave by decreasing loop length, so CTAs still in their loop for
 instructions touch only those, and events still describe all C CTAs with the others inactive.
 Inside the live prefix `active` [live, W, L] masks lanes (branches, exited threads).
 
-Addresses: shared accesses take `SmemLanes` - byte addresses [W, L, R] that every CTA shares (the
-program's static plans, with their derived gather indices cached) or [live, W, L, R] per CTA (the
-PTX engine). Global accesses take byte addresses [live, W, L, R]. Out-of-range or misaligned
+Addresses: shared accesses take `SmemLanes` (fa_sim/smem_lanes.py) - byte addresses [W, L, R] that
+every CTA shares (the program's static plans, with their derived gather indices cached) or
+[live, W, L, R] per CTA (the PTX engine). Global accesses take byte addresses [live, W, L, R]. Out-of-range or misaligned
 addresses are a KernelFault, as on hardware.
 
 Counting and events. Every warp instruction adds R x (warps with an active lane) to
 hub.counts[(op, phase, round)]; an `InstrEvent` is built only when an observer wants it (hub.py).
+A front end may ask whether anyone wants an instruction's event (`observed`) and, if not, compute
+its result elsewhere and only `count` it (fa_sim/gemm.py does so for unobserved GEMMs).
 Labels (shared-memory region, buffer coordinates) come from the front end's `labels` object.
 """
 
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -40,6 +41,7 @@ from .events import ROUND_PROLOGUE, CheckpointEvent, GmemAccess, InstrEvent, Op,
 from .hub import Hub, pad_ctas
 from .isa.sm80 import WARP_SIZE
 from .memory import GlobalMemory
+from .smem_lanes import SmemLanes
 from .tensorcore import EXACT, FusedDotModel
 
 
@@ -57,43 +59,6 @@ class Instr:
     tag: object = None
     src: SourceLoc | None = None
     ptx_line: int | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class SmemLanes:
-    """Shared-memory addresses of R instructions issued back to back.
-
-    addr: [W, L, R] int64 byte addresses shared by every CTA, or [C, W, L, R] per CTA;
-    lanes: [L] bool lanes that supply an address (None: all). Gather indices derived from static
-    addresses are computed once and cached on the object.
-    """
-
-    width: int
-    addr: np.ndarray
-    lanes: np.ndarray | None = None
-
-    @property
-    def per_cta(self) -> bool:
-        return self.addr.ndim == 4
-
-    @property
-    def repeat(self) -> int:
-        return self.addr.shape[-1]
-
-    @cached_property
-    def units(self) -> np.ndarray:
-        """[..., W, L, R, k] index of each accessed unit (isa.shared_units)."""
-        return isa.shared_units(self.addr, self.width)
-
-    def ldsm_index(self, num: int, trans: bool) -> isa.LdmatrixIndex:
-        """Where every received half comes from ([..., W, L, R, num(, 2)]), cached."""
-        cache = self.__dict__.setdefault("_ldsm", {})
-        key = (num, trans)
-        if key not in cache:
-            addr = np.moveaxis(self.addr, -1, -2)  # [..., W, R, L]
-            lead = addr.ndim - 3
-            cache[key] = isa.ldmatrix_index(addr, num, trans).moved(lead + 1, lead + 2)
-        return cache[key]
 
 
 class Labels(Protocol):
@@ -123,6 +88,7 @@ class _Flight:
     data: np.ndarray
     group: np.ndarray
     landed: np.ndarray
+    lanes: SmemLanes | None = None  # the destination's lanes when every CTA shares them
 
 
 class Machine:
@@ -158,7 +124,9 @@ class Machine:
 
     def _set_active(self, active: np.ndarray) -> None:
         self.active = active  # [live, W, L] bool
-        self._warps = int(active.any(axis=-1).sum())
+        any_ = active.any(axis=-1)  # [live, W]
+        self._warps = int(any_.sum())
+        self._diverged = bool(self._warps) and not bool((active.all(axis=-1) == any_).all())
 
     @contextlib.contextmanager
     def branch(self, taken: np.ndarray):
@@ -230,7 +198,8 @@ class Machine:
         data = isa.zero_fill(self.memory.gather(src, size, reads, "cp.async source"), src_size)  # [k,W,L,R,size]
         dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], src.shape)
         self._check_smem(dst, "cp.async destination")
-        self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy()))
+        self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy(),
+                                     None if dst.per_cta else dst))
         if listeners:
             gm = self._gmem_access(src, size, reads, write=False)
             self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
@@ -261,6 +230,16 @@ class Machine:
         kk, size = done.shape[0], f.data.shape[-1]
         unit = {16: np.uint64, 8: np.uint64, 4: np.uint32}[size]
         per = np.dtype(unit).itemsize
+        if f.lanes is not None and done.all():  # every lane of the live CTAs: a static pattern
+            lo, where = f.lanes.landing(per)
+            values = np.ascontiguousarray(f.data[:kk]).view(unit).reshape(kk, -1)  # [kk, W*L*R*units]
+            smem = self.smem[:kk].view(unit)  # [kk, CTA units]
+            if lo is None:
+                smem[:, where] = values
+            else:
+                smem[:, lo:lo + where.size] = np.take(values, where, axis=1)
+            f.landed[:kk] = True
+            return
         smem = self.smem[:kk].reshape(-1).view(unit)  # all CTAs' bytes in units
         cta_units = self.smem.shape[1] // per
         idx = (np.arange(kk)[:, None, None, None] * cta_units + f.dst[:kk] // per)[..., None] \
@@ -272,11 +251,15 @@ class Machine:
 
     # -- shared memory ------------------------------------------------------------------------------
     def _check_smem(self, lanes: SmemLanes, what: str) -> None:
+        if not lanes.per_cta and lanes.__dict__.get("_inside") == self.smem_bytes:
+            return  # static addresses already checked against this shared-memory size
         addr = lanes.addr
         if addr.size and (addr.min() < 0 or addr.max() + lanes.width > self.smem_bytes):
             bad = addr[(addr < 0) | (addr + lanes.width > self.smem_bytes)][0]
             raise KernelFault(f"{what}: shared-memory address {int(bad)} is outside the CTA's "
                               f"{self.smem_bytes} bytes")
+        if not lanes.per_cta:
+            lanes.__dict__["_inside"] = self.smem_bytes
 
     def ldmatrix(self, instr: Instr, lanes: SmemLanes, num: int, trans: bool, name: str) -> np.ndarray:
         """R ldmatrix.x{num}: -> registers [live, W, L, R, num] uint32 (.sync.aligned: whole warps)."""
@@ -343,6 +326,21 @@ class Machine:
             self._mma_event(instr, listeners, a, b, c, d)
         return d
 
+    def observed(self, *instrs: Instr) -> bool:
+        """Whether an observer wants the event of any of `instrs` this round (a front end may
+        reorder work that no observer can see)."""
+        return any(self.hub.instr_listeners(i.op, i.phase, self.round) for i in instrs)
+
+    def count(self, instr: Instr, aligned: bool = False, smem: SmemLanes | None = None) -> None:
+        """Execute `instr` for its effects on the machine's books only, when no observer wants its
+        event (`observed`) and its result is computed elsewhere (fa_sim/gemm.py): the counts,
+        the .aligned whole-warp check, the shared-memory bounds check."""
+        self._issue(instr)
+        if aligned:
+            self._require_full_warps(instr)
+        if smem is not None:
+            self._check_smem(smem, instr.ptx)
+
     def _mma_event(self, instr, listeners, a, b, c, d) -> None:
         """Operands per instruction r = mi * NJ + nj."""
         k, w, l, mi, _ = a.shape
@@ -383,6 +381,8 @@ class Machine:
 
     def _require_full_warps(self, instr: Instr) -> None:
         """.aligned warp-collective instructions need every lane of a warp (or none)."""
+        if not self._diverged:
+            return
         any_, all_ = self.active.any(axis=-1), self.active.all(axis=-1)
         if np.any(any_ & ~all_):
             c, w = np.argwhere(any_ & ~all_)[0]

@@ -78,9 +78,14 @@ class GlobalMemory:
         """
         addr = np.asarray(addr, dtype=np.int64)
         on = np.asarray(mask, dtype=bool)
-        if not on.any():
+        if on.all():  # the common case: no lane masked off, no boolean selection needed
+            if not addr.size:
+                return (self.buffers[0] if self.buffers else None), np.zeros(addr.shape, np.int64)
+            lo, hi = int(addr.min()), int(addr.max()) + width
+        elif not on.any():
             return (self.buffers[0] if self.buffers else None), np.zeros(addr.shape, np.int64)
-        lo, hi = int(addr[on].min()), int(addr[on].max()) + width
+        else:
+            lo, hi = int(addr[on].min()), int(addr[on].max()) + width
         for b in self.buffers:
             if b.base <= lo and hi <= b.end:
                 self._check_align(addr, on, width, what)
@@ -88,6 +93,9 @@ class GlobalMemory:
         return None, self._multi(addr, on, width, what)
 
     def _check_align(self, addr, on, width, what) -> None:
+        if width & (width - 1) == 0:  # a power of two: a mask, not a division
+            if not np.bitwise_and(addr, width - 1).any():
+                return
         bad = on & (addr % width != 0)
         if bad.any():
             a = int(addr[bad][0])
@@ -123,9 +131,13 @@ class GlobalMemory:
     def gather(self, addr: np.ndarray, width: int, mask: np.ndarray, what: str = "load") -> np.ndarray:
         """Bytes at each active address: [..., width] uint8 (zeros where masked off)."""
         buf, off = self.locate(addr, width, mask, what)
-        off = np.where(np.asarray(mask, bool), off, 0)
+        on = np.asarray(mask, bool)
+        everywhere = on.all()
+        off = off if everywhere else np.where(on, off, 0)
         data = buf.data if buf is not None else self._flat()
-        if width in WORD_DTYPES and width > 1:
+        if width == 16 and buf is not None and data.size % 16 == 0:  # one 16-byte row per access
+            out = np.take(data.reshape(-1, 16), off // 16, axis=0)
+        elif width in WORD_DTYPES and width > 1:
             words = data.view(WORD_DTYPES[width])[off // width]
             out = words.view(np.uint8).reshape(*off.shape, width)
         elif width % 8 == 0:
@@ -133,7 +145,7 @@ class GlobalMemory:
             out = data.view(np.uint64)[idx].view(np.uint8).reshape(*off.shape, width)
         else:
             out = data[off[..., None] + np.arange(width)]
-        return np.where(np.asarray(mask, bool)[..., None], out, np.uint8(0))
+        return out if everywhere else np.where(on[..., None], out, np.uint8(0))
 
     def scatter(self, addr: np.ndarray, values: np.ndarray, mask: np.ndarray, what: str = "store") -> None:
         """Store values [..., width] uint8 at the active addresses (later lanes win on overlap)."""

@@ -64,8 +64,9 @@ from .parallel import choose_pool
 from .run import FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
 from .validate import check_input, make_problem
 
-DEFAULT_WAVE_CTAS = 64  # per CTA as fast as waves of 256 (measured: (1, 4, 4096, 64) in 6.7 s against
-# 8.6 s); bounds temporaries to tens of MB at head_dim 128 and gives `workers` whole waves to share out
+DEFAULT_WAVE_CTAS = 64  # the fastest per CTA (measured, CPU seconds of (1, 4, 4096, 64): 3.4 with waves
+# of 16, 3.0 of 32, 2.9 of 64, 3.0 of 128, 3.5 of 256); bounds temporaries to tens of MB at head_dim 128
+# and gives `workers` whole waves to share out
 PROGRESS_MIN_SECONDS = 5.0  # estimated run time from which progress=None shows progress
 PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines when stderr is not a terminal
 

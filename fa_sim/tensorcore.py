@@ -71,9 +71,41 @@ class FusedDotModel:
         Inf and NaN operands (P~ overflowing fp16 in the FFMA softmax form) give inf and NaN as
         the tensor core does, without numpy's warnings: fa_sim.accuracy reports them with their cause."""
         with np.errstate(invalid="ignore", over="ignore"):
-            if self == EXACT:
-                return (np.matmul(a.astype(np.float64), b.astype(np.float64)) + c).astype(np.float32)
+            if self.float64_sum:
+                d = np.matmul(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False))
+                return _add_into(d, c).astype(np.float32)  # in place: the same float64 sum
             return self.dot_add(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], c)
+
+    @property
+    def float64_sum(self) -> bool:
+        """Whether this is EXACT: float64 matmuls (fed float64 operands, they convert nothing)."""
+        return self is EXACT or self == EXACT
+
+    def matmul_chain(self, c: np.ndarray, steps) -> np.ndarray:
+        """D = C, then D = matmul_add(D, A, B) for each (A, B) of `steps` in turn, bit for bit.
+        EXACT keeps D in float64 between steps (each step's sum rounded to fp32 and widened back,
+        which is exact), so no step adds float32 to float64 (numpy's slow mixed-type loop)."""
+        steps = list(steps)
+        if not self.float64_sum:
+            for a, b in steps:
+                c = self.matmul_add(c, a, b)
+            return np.asarray(c, np.float32)
+        acc = np.asarray(c, np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for i, (a, b) in enumerate(steps):
+                d = _add_into(np.matmul(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)), acc)
+                acc = d.astype(np.float32)
+                if i + 1 < len(steps):
+                    acc = acc.astype(np.float64)
+        return np.asarray(acc, np.float32)
+
+
+def _add_into(d: np.ndarray, x) -> np.ndarray:
+    """d + x, in place when x broadcasts to d's shape."""
+    if d.shape == np.shape(x) or np.broadcast_shapes(d.shape, np.shape(x)) == d.shape:
+        d += x
+        return d
+    return d + x
 
 
 NO_LEAD = -(1 << 20)  # exponent of a zero term: below everything

@@ -23,7 +23,7 @@ BELOW_CONTRACT = ("fa_sim.contract", "fa_sim.config", "fa_sim.cute", "fa_sim.isa
 LAYERS = (
     ("hardware", ("fa_sim.isa", "fa_sim.tensorcore", "fa_sim.events", "fa_sim.errors", "fa_sim.cache", "fa_sim.cute")),
     ("config", ("fa_sim.config", "fa_sim.layout", "fa_sim.checkpoints", "fa_sim.problem")),
-    ("machine", ("fa_sim.machine", "fa_sim.memory", "fa_sim.hub")),
+    ("machine", ("fa_sim.machine", "fa_sim.memory", "fa_sim.hub", "fa_sim.smem_lanes", "fa_sim.gemm")),
     ("contract", ("fa_sim.contract",)),
     ("front ends", ("fa_sim.kernels", "fa_sim.ptx")),
     ("run", ("fa_sim.run",)),

@@ -32,10 +32,10 @@ and the arithmetic the PTX engine executes for any kernel (fa_sim.ptx.ops calls 
 from .barrier import bar_sync
 from .cp_async import commit_group, wait_group_done, zero_fill
 from .ldmatrix import LdmatrixIndex, ldmatrix, ldmatrix_index
-from .mma import accumulate, mma_m16n8k16, mma_tiles
+from .mma import accumulate, mma_chain, mma_m16n8k16, mma_tiles
 from .shared import ld_shared, shared_units, st_shared, unit_dtype
 from .shfl import FULL_MASK, bfly_source, shfl_bfly, shfl_source, shfl_sync
 
 __all__ = ["FULL_MASK", "LdmatrixIndex", "accumulate", "bar_sync", "bfly_source", "commit_group", "ld_shared",
-           "ldmatrix", "ldmatrix_index", "mma_m16n8k16", "mma_tiles", "shared_units", "shfl_bfly", "shfl_source",
+           "ldmatrix", "ldmatrix_index", "mma_chain", "mma_m16n8k16", "mma_tiles", "shared_units", "shfl_bfly", "shfl_source",
            "shfl_sync", "st_shared", "unit_dtype", "wait_group_done", "zero_fill"]

@@ -87,6 +87,44 @@ def _tile_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return a_src, b_src, c_pos, c_src.reshape(MMA_M * mi, MMA_N * nj)
 
 
+def _check(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[int, int]:
+    """The operand shapes of one k16 step -> (MI, NJ)."""
+    check_lane_axis(a, -3, "mma A")
+    check_lane_axis(b, -3, "mma B")
+    check_lane_axis(c, -4, "mma C")
+    mi, nj = a.shape[-2], b.shape[-2]
+    if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
+        raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
+    return mi, nj
+
+
+def a_matrix(a: np.ndarray) -> np.ndarray:
+    """A fragments [..., 32, MI, 4] uint32 -> A [..., 16MI, 16] f16."""
+    a16 = np.ascontiguousarray(a).view(np.float16).reshape(*a.shape[:-3], -1)  # [..., 32*MI*8] f16
+    return np.take(a16, _tile_maps(a.shape[-2], 1)[0], axis=-1)
+
+
+def b_matrix(b: np.ndarray) -> np.ndarray:
+    """B fragments [..., 32, NJ, 2] uint32 -> B [..., 16, 8NJ] f16. When every index of the axis
+    before the lanes (the warps of a CTA) holds the same fragments - the warps of a warp-level
+    GEMM that all multiply by one tile - that axis is kept at length 1 (it broadcasts)."""
+    if b.ndim > 3 and b.shape[-4] > 1 and np.array_equal(b, np.broadcast_to(b[..., :1, :, :, :], b.shape)):
+        b = b[..., :1, :, :, :]
+    b16 = np.ascontiguousarray(b).view(np.float16).reshape(*b.shape[:-3], -1)  # [..., 32*NJ*4] f16
+    return np.take(b16, _tile_maps(1, b.shape[-2])[1], axis=-1)
+
+
+def a_matrix_map(halves: np.ndarray) -> np.ndarray:
+    """`a_matrix` applied to a map instead of registers: halves [..., 32, MI, 8] (what each half of
+    each A fragment is, e.g. its shared-memory half offset) -> [..., 16MI, 16]."""
+    return np.take(halves.reshape(*halves.shape[:-3], -1), _tile_maps(halves.shape[-2], 1)[0], axis=-1)
+
+
+def b_matrix_map(halves: np.ndarray) -> np.ndarray:
+    """`b_matrix` (without the sharing) applied to a map: halves [..., 32, NJ, 4] -> [..., 16, 8NJ]."""
+    return np.take(halves.reshape(*halves.shape[:-3], -1), _tile_maps(1, halves.shape[-2])[1], axis=-1)
+
+
 def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
     """Lane fragments -> (C [..., 16MI, 8NJ] f32, A [..., 16MI, 16] f16, B [..., 16, 8NJ] f16).
 
@@ -107,17 +145,58 @@ def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel 
     a: [..., 32, MI, 4] uint32 (f16x2), b: [..., 32, NJ, 2] uint32 (f16x2),
     c: [..., 32, NJ, MI, 4] float32 -> d: [..., 32, NJ, MI, 4] float32.
     """
-    check_lane_axis(a, -3, "mma A")
-    check_lane_axis(b, -3, "mma B")
-    check_lane_axis(c, -4, "mma C")
-    mi, nj = a.shape[-2], b.shape[-2]
-    if c.shape[-3:] != (nj, mi, C_REGS) or a.shape[-1] != A_REGS or b.shape[-1] != B_REGS:
-        raise ValueError(f"mma operand shapes disagree: a {a.shape}, b {b.shape}, c {c.shape}")
-    cm, am, bm = fragments_to_matrices(a, b, c)
-    d = accumulate(cm, am, bm, model)  # [..., 16MI, 8NJ] f32
-    _, _, c_pos, _ = _tile_maps(mi, nj)
-    lead = a.shape[:-3]
-    return np.take(d.reshape(*lead, -1), c_pos, axis=-1)
+    return mma_chain((a,), (b,), c, model)
+
+
+def mma_chain(a_steps, b_steps, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
+    """The k16 steps of a warp-level GEMM, one after another: d = mma_tiles(a[n-1], b[n-1], ...
+    mma_tiles(a[0], b[0], c)) bit for bit. Shapes as `mma_tiles`; every step has the same MI, NJ."""
+    shapes = {_check(a, b, c) for a, b in zip(a_steps, b_steps, strict=True)}
+    if len(shapes) > 1:
+        raise ValueError(f"mma_chain: the steps' MI x NJ differ: {sorted(shapes)}")
+    return gemm_chain([a_matrix(a) for a in a_steps], [b_matrix(b) for b in b_steps], c, model)
+
+
+CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of gemm_chain: its float64 temporaries stay in
+# cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
+
+
+def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
+    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16, b_mats [..., 16, 8NJ] f16 (lead
+    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
+    results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
+    gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS."""
+    nj, mi = c.shape[-3], c.shape[-2]
+    if model.float64_sum:  # convert each operand once, not once per chunk
+        a_mats = [a.astype(np.float64) for a in a_mats]
+        b_mats = [b.astype(np.float64) for b in b_mats]
+    per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
+    n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
+    if c.ndim < 5 or n >= c.shape[0]:
+        return _gemm_chain(a_mats, b_mats, c, model)
+    out = np.empty(c.shape, np.float32)
+    for i in range(0, c.shape[0], n):
+        rows = slice(i, i + n)
+        def part(x):
+            return x[rows] if x.ndim == c.ndim - 2 and x.shape[0] == c.shape[0] else x
+        _gemm_chain([part(a) for a in a_mats], [part(b) for b in b_mats], c[rows], model, out[rows])
+    return out
+
+
+def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None) -> np.ndarray:
+    nj, mi = c.shape[-3], c.shape[-2]
+    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
+    acc = model.matmul_chain(acc, zip(a_mats, b_mats))
+    lead = acc.shape[:-2]
+    if out is None or out.shape[:-4] != lead:
+        d = np.take(acc.reshape(*lead, -1), c_pos, axis=-1)
+        if out is None:
+            return d
+        out[...] = d
+        return out
+    np.take(acc.reshape(*lead, -1), c_pos, axis=-1, out=out.reshape(*lead, *c_pos.shape), mode="wrap")
+    return out
 
 
 def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:

@@ -55,6 +55,10 @@ def shfl_sync(x: np.ndarray, mode: str, b, c, active: np.ndarray, member_mask=FU
     Returns (received values like x, in-range predicate [..., 32], source lanes [..., 32])."""
     axis = active.ndim - 1
     check_lane_axis(x, axis, f"shfl.sync.{mode}")
+    if np.ndim(b) == 0 and np.ndim(c) == 0 and np.ndim(member_mask) == 0 and int(member_mask) == FULL_MASK \
+            and active.all():  # every lane executes and takes part: nothing to check
+        j, ok = shfl_source(mode, b, c)  # [32]
+        return np.take(x, j, axis=axis), np.broadcast_to(ok, active.shape), np.broadcast_to(j, active.shape)
     member = ((np.asarray(member_mask, dtype=np.int64) >> LANE) & 1).astype(bool)  # [..., 32]
     member = np.broadcast_to(member.astype(bool), active.shape)
     running = active.any(axis=-1, keepdims=True)

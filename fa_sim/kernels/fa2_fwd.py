@@ -24,15 +24,18 @@ ldmatrix that reads what it waits for (WAIT_QK: after tCrQ(h=0); WAIT_PV: after 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
+from ..gemm import LdsmOperand, RegisterOperand, mma_chain
 from ..isa.convert import f32_to_f16_rn
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
+from ..layout import Operand
 from ..machine import Instr, Machine
 from ..problem import Problem
 from .labels import Site, Tensor, Tile, tile_base
@@ -111,6 +114,11 @@ def load_tile(m: Machine, instr: Instr, lanes: TileLanes, base: int, bh: np.ndar
     """copy_tile: tile row r of each CTA <- global row row0 + r of its batch-head (16-byte
     cp.async.cg; rows past seqlen zero-fill with src-size 0, the source clamped to row 0)."""
     k = m.live
+    if np.all(row0[:k] + int(lanes.row.max()) < seqlen):  # the whole tile in range: src-size 16 everywhere
+        start = base + 2 * (bh[:k] * seqlen + row0[:k]) * head_dim  # [k] byte address of each tile's row 0
+        m.cp_async(instr, lanes.smem, start[:, None, None, None] + 2 * (lanes.row * head_dim + lanes.col),
+                   np.int64(16))
+        return
     rows = row0[:k, None, None, None] + lanes.row  # [k, W, L, R] global row
     pred = rows < seqlen  # [k, W, L, R]
     src_row = np.where(pred, rows, 0)
@@ -147,9 +155,15 @@ def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile:
 
 
 def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h."""
+    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h.
+    Unobserved and without a late wait to place after the first load, the loads and MMAs run as
+    one fa_sim.gemm.mma_chain (the same counts and bits, in matrix form)."""
     S = plan.sites
     n_h = plan.config.qk_k_segments
+    if after_first_load is None and not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk):
+        a = [LdsmOperand(S.ldsm_q[h], plan.ldsm_q[h].smem, False, Operand.A, "tCrQ") for h in range(n_h)]
+        b = [LdsmOperand(S.ldsm_k[h], plan.ldsm_k[h].smem, False, Operand.B, "tCrK") for h in range(n_h)]
+        return mma_chain(m, S.mma_qk, a, b, tCrS)
     tCrQ, tCrK = [None] * n_h, [None] * n_h
     for h in range(-1, n_h):
         nxt = h + 1
@@ -164,18 +178,36 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
     return tCrS
 
 
+def _a_operand(tCrP: np.ndarray, h: int) -> np.ndarray:
+    """P's A fragments of segment h: S atoms 2h, 2h+1 (spec table 9), [k, W, L, MI, 4]."""
+    k, w, l, _, mi, _ = tCrP.shape
+    return tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)
+
+
+@lru_cache(maxsize=None)
+def _a_operand_maps(nj: int, mi: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """RegisterOperand maps of `_a_operand`: which word of a warp's tCrP each fragment register is."""
+    words = _a_operand(np.arange(WARP_SIZE * nj * mi * 2).reshape(1, 1, WARP_SIZE, nj, mi, 2), h)[0, 0]
+    return RegisterOperand.maps(words)
+
+
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
                    after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9)."""
+    """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
+    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem)."""
     S = plan.sites
-    k, w, l, _, mi, _ = tCrP.shape
-    for h in range(plan.config.pv_k_segments):
+    n_h = plan.config.pv_k_segments
+    if after_first_load is None:
+        b = [LdsmOperand(S.ldsm_v[h], plan.ldsm_v[h].smem, True, Operand.B, "tCrV") for h in range(n_h)]
+        nj, mi = tCrP.shape[3:5]
+        a = [RegisterOperand(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
+        return mma_chain(m, S.mma_pv, a, b, tCrO)
+    for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
-        if h == 0 and after_first_load is not None:
+        if h == 0:
             after_first_load()
-        tCrV = regs.reshape(k, w, l, -1, 2)  # [k, W, L, NJo, 2]
-        a = tCrP[:, :, :, 2 * h: 2 * h + 2].transpose(0, 1, 2, 4, 3, 5).reshape(k, w, l, mi, 4)  # [k,W,L,MI,4]
-        tCrO = m.mma(S.mma_pv[h], a, tCrV, tCrO)
+        tCrV = regs.reshape(*regs.shape[:3], -1, 2)  # [k, W, L, NJo, 2]
+        tCrO = m.mma(S.mma_pv[h], _a_operand(tCrP, h), tCrV, tCrO)
     return tCrO
 
 

@@ -2,8 +2,9 @@
 
 Registers (k = live CTAs, W warps, L = 32 lanes; MI = m atoms per warp, NJ = n8 atoms):
   tCrS     [k, W, L, NJ, MI, 4] f32  CuTe fragment order, element (nj, mi, v)
-  rowcol   [k, W, L, MI, 2, 2*NJ] f32  convert_layout_acc_rowcol: row slot (mi, half = v >> 1),
-           thread column ni = b + 2 nj (b = v & 1), i.e. ascending key order (spec table 6)
+  by_column  a copy [NJ, 2, MI, 2, k*W*L]: element (nj, b, mi, half, thread) is thread column
+           ni = b + 2 nj (ascending key order) of row slot (mi, half = v >> 1) of
+           convert_layout_acc_rowcol (spec table 6); row reductions run over its leading axes
   rRowMax, rRowSum  [k, W, L, MI, 2] f32, slot half + 2 mi (checkpoints.py)
 
 Arithmetic follows SCHEDULE.md "Arithmetic rules": the exp2 form p = ex2(x sl2 - m sl2) with
@@ -17,6 +18,8 @@ are reduced by one batched shuffle (R = 2 MI independent shuffles).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..config import SoftmaxForm
@@ -28,24 +31,43 @@ NEG_INF = np.float32(-np.inf)
 
 
 def rowcol(acc: np.ndarray) -> np.ndarray:
-    """[k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2, 2*NJ] (a copy; columns in ascending key order)."""
+    """[k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2, 2*NJ] (a copy; columns in ascending key order):
+    convert_layout_acc_rowcol as CuTe writes it."""
     k, w, l, nj, mi, _ = acc.shape
-    x = acc.reshape(k, w, l, nj, mi, 2, 2).transpose(0, 1, 2, 4, 5, 3, 6)
-    return x.reshape(k, w, l, mi, 2, 2 * nj)
+    return acc.reshape(k, w, l, nj, mi, 2, 2).transpose(0, 1, 2, 4, 5, 3, 6).reshape(k, w, l, mi, 2, 2 * nj)
 
 
-def from_rowcol(x: np.ndarray) -> np.ndarray:
-    """Inverse of rowcol: [k, W, L, MI, 2, 2*NJ] -> [k, W, L, NJ, MI, 4]."""
-    k, w, l, mi, _, cols = x.shape
-    y = x.reshape(k, w, l, mi, 2, cols // 2, 2).transpose(0, 1, 2, 5, 3, 4, 6)
-    return y.reshape(k, w, l, cols // 2, mi, 4)
+def by_column(acc: np.ndarray) -> np.ndarray:
+    """[k, W, L, NJ, MI, 4] -> [NJ, 2, MI, 2, k*W*L] (a copy): element (nj, b, mi, half, thread) is
+    column ni = b + 2 nj of row slot (mi, half). Row-wise work then runs over long contiguous
+    blocks (numpy is slow on the fragment order's 2-element innermost axes)."""
+    k, w, l, nj, mi, _ = acc.shape
+    return np.ascontiguousarray(acc.reshape(k * w * l, nj, mi, 2, 2).transpose(1, 4, 2, 3, 0))
+
+
+def row_slots(x: np.ndarray, lead: tuple) -> np.ndarray:
+    """A per-row value [MI, 2, k*W*L] -> [k, W, L, MI, 2]."""
+    return np.ascontiguousarray(np.moveaxis(x, -1, 0)).reshape(*lead, *x.shape[:2])
+
+
+@lru_cache(maxsize=None)
+def _slot_of_element(nj: int, mi: int) -> np.ndarray:
+    """[NJ * MI * 4]: the row slot (2 mi + half) of every fragment element (nj, mi, v), half = v >> 1."""
+    return np.broadcast_to((2 * np.arange(mi)[:, None] + np.arange(4)[None, :] // 2), (nj, mi, 4)).reshape(-1)
+
+
+def per_element(x: np.ndarray, nj: int) -> np.ndarray:
+    """A per-row value [k, W, L, MI, 2] -> [k, W, L, NJ, MI, 4], each element its row's value."""
+    k, w, l, mi, _ = x.shape
+    out = np.take(x.reshape(k * w * l, 2 * mi), _slot_of_element(nj, mi), axis=1)
+    return out.reshape(k, w, l, nj, mi, 4)
 
 
 def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """acc [k, W, L, NJ, MI, 4] times its row's factor [k, W, L, MI, 2] (one fmul per element)."""
-    k, w, l, nj, mi, _ = acc.shape
-    y = acc.reshape(k, w, l, nj, mi, 2, 2) * factor[:, :, :, None, :, :, None]
-    return y.reshape(acc.shape)
+    out = per_element(factor, acc.shape[3])
+    out *= acc
+    return out
 
 
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
@@ -59,11 +81,20 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
 
 
 def thread_sum(p: np.ndarray) -> np.ndarray:
-    """dl = p[col 0]; dl = fadd(dl, p[col i]) for i = 1.. (left to right, fp32)."""
-    dl = p[..., 0].copy()
-    for i in range(1, p.shape[-1]):
-        dl += p[..., i]
-    return dl
+    """p [k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2]: dl = p[col 0]; dl = fadd(dl, p[col ni]) for
+    ni = 1 .. 2 NJ - 1 (left to right, fp32), column ni = b + 2 nj."""
+    cols = by_column(p).reshape(2 * p.shape[3], p.shape[4], 2, -1)  # [2NJ, MI, 2, kWL]
+    dl = cols[0].copy()
+    for ni in range(1, cols.shape[0]):
+        dl += cols[ni]
+    return row_slots(dl, p.shape[:3])
+
+
+def max_per_row(x: np.ndarray) -> np.ndarray:
+    """x [k, W, L, NJ, MI, 4] -> the max of each row slot over its 2 NJ columns, [k, W, L, MI, 2]
+    (max is exact in any order: scores are never NaN, and never -0)."""
+    cols = by_column(x)
+    return row_slots(cols.reshape(cols.shape[0] * 2, *cols.shape[2:]).max(axis=0), x.shape[:3])
 
 
 def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
@@ -72,13 +103,17 @@ def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
 
 
 def exp2_argument(x: np.ndarray, sl2: np.float32, ms: np.ndarray, form: SoftmaxForm) -> np.ndarray:
-    """x [..., cols], ms [...] -> the argument of ex2 for every score (SCHEDULE.md).
+    """x [k, W, L, NJ, MI, 4], ms [k, W, L, MI, 2] -> the argument of ex2 for every score,
+    [k, W, L, NJ, MI, 4] (SCHEDULE.md).
     FMUL_FSUB: fsub(fmul(x, sl2), ms), exactly 0 for the row maximum (rounding is monotone, so
     every other score gives <= 0). FFMA: fma(x, sl2, -ms), whose value at the maximum is the
     rounding residue of m*sl2 (up to half an ulp of it: 2^1342 for m*sl2 ~ 5e10)."""
+    ms = per_element(ms, x.shape[3])
     if form is SoftmaxForm.FFMA:
-        return fma_rn(x, sl2, -ms[..., None])
-    return x * sl2 - ms[..., None]  # two float32 operations, each rounded once
+        return fma_rn(x, sl2, -ms)
+    arg = x * sl2  # two float32 operations, each rounded once
+    arg -= ms
+    return arg
 
 
 def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, tCrS: np.ndarray,
@@ -88,11 +123,10 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
     rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
     reg = sites.softmax
     sl2 = scale_log2(scale)  # fmul(s, log2 e)
-    s_rc = rowcol(tCrS)  # [k, W, L, MI, 2, 2NJ] f32
     m_prev = rRowMax
     if not first:
         m.reg(reg[Step.M_PREV], {"rRowMax": rRowMax}, {"rRowMax_prev": m_prev})
-    local = s_rc.max(axis=-1)  # [k, W, L, MI, 2]
+    local = max_per_row(tCrS)  # [k, W, L, MI, 2]
     row_max = local if first else np.maximum(m_prev, local)
     m.reg(reg[Step.MAX_LOCAL], {"tCrS": tCrS}, {"rRowMax": row_max})
     row_max = quad_allreduce(m, sites.shfl_max, (reg[Step.MAX_XOR2], reg[Step.MAX_XOR1]), row_max,
@@ -106,10 +140,9 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
               {"rRowSum": new_sum, "tCrO": new_o})
         rRowSum, tCrO = new_sum, new_o
     ms = row_offset(row_max, sl2)  # [k, W, L, MI, 2] f32
-    p_rc = ex2_approx_ftz(exp2_argument(s_rc, sl2, ms, form))  # [k, W, L, MI, 2, 2NJ] f32
-    p = from_rowcol(p_rc)
+    p = ex2_approx_ftz(exp2_argument(tCrS, sl2, ms, form))  # [k, W, L, NJ, MI, 4] f32
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
-    dl = thread_sum(p_rc)  # [k, W, L, MI, 2] f32
+    dl = thread_sum(p)  # [k, W, L, MI, 2] f32
     m.reg(reg[Step.SUM_LOCAL], {"tCrS": p}, {"dl": dl})
     dl = quad_allreduce(m, sites.shfl_sum, (reg[Step.SUM_XOR2], reg[Step.SUM_XOR1]), dl, np.add, "dl")
     new_sum = dl if first else rRowSum + dl

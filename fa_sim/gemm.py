@@ -1,0 +1,138 @@
+"""Warp-level GEMMs on the SM80 machine: the k16 steps of one GEMM as a chain of mma.sync
+(isa.mma.gemm_chain), with operands from registers or loaded by ldmatrix for the MMAs alone.
+
+A front end hands `mma_chain` the GEMM's instructions in program order. When an observer wants
+any of their events, the chain executes them one by one through the machine's ldmatrix and mma
+(the events, counts and bits as ever). Otherwise it counts them and computes in matrix form: the
+accumulator is gathered into matrices once per GEMM, not per step, and an operand that ldmatrix
+loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
+composed once per SmemLanes - one gather per CTA when every warp loads the same tile - and an
+operand held in registers of another layout (`RegisterOperand`) straight from those registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .isa import mma as isa_mma
+from .layout import Operand
+from .machine import Instr, Machine, SmemLanes
+
+LDSM_NUM = 4  # ldmatrix.x4: four 8x8 matrices, one 16x16 A block or two 16x8 B blocks
+
+
+@dataclass(frozen=True, eq=False)
+class LdsmOperand:
+    """R ldmatrix.x4 whose registers only feed the MMAs: the R A fragments [.., R, 4] (operand A,
+    MI = R) or the 2R B fragments of two registers (operand B, NJ = 2R). `name`: the registers'
+    name in events."""
+
+    instr: Instr
+    lanes: SmemLanes
+    trans: bool
+    operand: Operand
+    name: str
+
+    def registers(self, m: Machine) -> np.ndarray:
+        """Execute the ldmatrix: the fragments as mma takes them."""
+        regs = m.ldmatrix(self.instr, self.lanes, LDSM_NUM, self.trans, self.name)  # [k, W, L, R, 4]
+        return regs if self.operand is Operand.A else regs.reshape(*regs.shape[:3], -1, 2)
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        """The operand matrices the MMAs read, [live, W or 1, rows, cols] f16, without registers."""
+        m.count(self.instr, aligned=True, smem=self.lanes)
+        idx, chunks = _matrix_index(self.lanes, self.trans, self.operand)
+        if chunks is None:  # [W or 1, rows, cols] halves
+            return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
+        rows = np.take(m.smem[: m.live].view(CHUNK), chunks, axis=1).view(np.float16)  # whole 16-byte rows
+        return rows if chunks.shape[-2] == idx.shape[-2] else np.swapaxes(rows, -1, -2)
+
+
+@dataclass(frozen=True, eq=False)
+class RegisterOperand:
+    """An A operand held in registers of another layout: register i of lane l's fragments is word
+    `words[l, .., i]` of its warp's registers in `source` [k, W, ...] (uint32, C order);
+    `halves` [16MI, 16] is where each A element lies among the warp's registers as f16 halves
+    (isa.mma.a_matrix_map of the words' halves; both maps static, made once by the front end)."""
+
+    source: np.ndarray
+    words: np.ndarray  # [32, MI, 4]
+    halves: np.ndarray  # [16MI, 16]
+
+    def registers(self, m: Machine) -> np.ndarray:
+        k, w = self.source.shape[:2]
+        return np.take(self.source.reshape(k, w, -1), self.words, axis=-1)  # [k, W, 32, MI, 4]
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        k, w = self.source.shape[:2]
+        src = np.ascontiguousarray(self.source).reshape(k, w, -1).view(np.uint16)
+        return np.take(src, self.halves, axis=-1).view(np.float16)  # [k, W, 16MI, 16]
+
+    @staticmethod
+    def maps(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(words, halves) for fragment words [32, MI, 4]."""
+        halves = (2 * words[..., None] + np.arange(2)).reshape(*words.shape[:-1], 8)  # low half first
+        return words, isa_mma.a_matrix_map(halves)
+
+
+def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> tuple[np.ndarray, np.ndarray | None]:
+    """The shared-memory half each element of the operand matrices comes from ([W or 1, rows,
+    cols]: ldmatrix's map composed with mma's fragment -> matrix map; one warp's when all agree),
+    and, when every 8 halves along a row (or a column) are one 16-byte chunk - ldmatrix reads
+    whole 16-byte rows - the chunk indices [W or 1, rows, cols / 8] (or of the transpose), so the
+    gather moves 16 bytes at a time. Cached on `lanes`."""
+    cache = lanes.__dict__.setdefault("_mma_matrix", {})
+    key = (trans, operand)
+    if key not in cache:
+        if lanes.per_cta:
+            raise ValueError("LdsmOperand takes addresses every CTA shares")
+        halves = lanes.ldsm_index(LDSM_NUM, trans).halves  # [W, L, R, 4, 2]
+        w, l, r = halves.shape[:3]
+        if operand is Operand.A:
+            idx = isa_mma.a_matrix_map(halves.reshape(w, l, r, 2 * LDSM_NUM))  # [W, 16R, 16]
+        else:
+            idx = isa_mma.b_matrix_map(halves.reshape(w, l, 2 * r, LDSM_NUM))  # [W, 16, 16R]
+        idx = idx[:1] if (idx == idx[:1]).all() else idx
+        cache[key] = (idx, _chunks(idx))
+        if cache[key][1] is None:
+            cache[key] = (idx, _chunks(np.swapaxes(idx, -1, -2)))
+    return cache[key]
+
+
+CHUNK = np.dtype((np.void, 16))  # one ldmatrix row: 8 halves
+CHUNK_HALVES = CHUNK.itemsize // 2
+
+
+def _chunks(idx: np.ndarray) -> np.ndarray | None:
+    """idx [.., cols] halves -> [.., cols / 8] 16-byte chunk indices, or None unless every 8
+    consecutive entries are one aligned chunk."""
+    if idx.shape[-1] % CHUNK_HALVES:
+        return None
+    c = idx.reshape(*idx.shape[:-1], -1, CHUNK_HALVES)
+    whole = (c[..., 0] % CHUNK_HALVES == 0).all() and (c == c[..., :1] + np.arange(CHUNK_HALVES)).all()
+    return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
+
+
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
+    """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
+    b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
+    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence."""
+    loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
+    if m.observed(*instrs, *loads):
+        for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
+            c = m.mma(instr, _registers(m, a), _registers(m, b), c)
+        return c
+    a_mats = [a.matrix(m) if isinstance(a, _OPERANDS) else isa_mma.a_matrix(a) for a in a_steps]
+    b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
+    for instr in instrs:
+        m.count(instr, aligned=True)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
+
+
+_OPERANDS = (LdsmOperand, RegisterOperand)
+
+
+def _registers(m: Machine, x) -> np.ndarray:
+    return x.registers(m) if isinstance(x, _OPERANDS) else x
