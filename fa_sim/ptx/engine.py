@@ -31,12 +31,14 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from .blocks import Compiled
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
+from .machine_ops import mma_batch
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
-from .types import DTYPES
+from .types import DTYPES, bits
 
 class Group:
     """Threads at one pc: `mask` [N] bool (None: every thread of the wave)."""
@@ -121,8 +123,13 @@ class Engine:
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
                  params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0,
-                 budget: StepBudget | None = None):
+                 budget: StepBudget | None = None, compiled: Compiled | None = None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
+        self.compiled = compiled or Compiled(kernel, instrs)
+        # an observer of instruction events: register-only instructions then build their events
+        self.observed = any(callable(getattr(o, "on_instr", None)) for o in machine.hub.observers)
+        self._views: dict = {}  # (id(operand), type) -> (operand, array): reads of the whole wave
+        self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
@@ -137,6 +144,21 @@ class Engine:
 
     # -- operands ----------------------------------------------------------------------------------
     def read(self, op, ptype: str, idx, n: int) -> np.ndarray:
+        """An operand as `ptype` over the group's threads (idx None: the whole wave). A read of the
+        whole wave that is a view (a register of the type's width, a special register, an
+        immediate, an address) stays valid while the wave runs: it is made once per operand."""
+        if idx is not None:
+            return self._read(op, ptype, idx, n)
+        key = (id(op), ptype)
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is op:  # the entry holds op, so its id is not reused
+            return hit[1]
+        v = self._read(op, ptype, None, n)
+        if isinstance(v, np.ndarray) and v.base is not None:
+            self._views[key] = (op, v)
+        return v
+
+    def _read(self, op, ptype: str, idx, n: int) -> np.ndarray:
         if isinstance(op, Reg):
             if op.name in self.special:
                 v = self.special[op.name]
@@ -153,6 +175,17 @@ class Engine:
         raise Unsupported(f"operand {op!r} cannot be read as a value")
 
     def write(self, op, value, ptype: str, idx, n: int) -> None:
+        """Store a value of `ptype` into a register over the group's threads (extended or
+        truncated to the register's width)."""
+        if idx is None:
+            hit = self._targets.get((id(op), ptype))
+            if hit is not None and hit[0] is op:  # same width: the cast is the whole conversion
+                np.copyto(hit[1], np.asarray(value), casting="unsafe")
+                return
+            if isinstance(op, Reg) and not op.negate and op.name not in self.special:
+                raw, width = self.regs.slot(op.name)
+                if width == bits(ptype):
+                    self._targets[(id(op), ptype)] = (op, raw if ptype == "pred" else raw.view(DTYPES[ptype]))
         if isinstance(op, Sink):
             return
         if not isinstance(op, Reg) or op.name in self.special:
@@ -228,8 +261,10 @@ class Engine:
 
     # -- the run -------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Min-pc scheduling; a group runs a whole stretch (fa_sim/ptx/blocks.py) per turn: up to the
+        next control instruction or branch target, or the pc where the next group waits."""
         groups: dict[int, np.ndarray | None] = {0: None}
-        code = self.kernel.instructions
+        code, stop = self.kernel.instructions, self.compiled.stop
         limit, steps = self.budget.limit, 0
         heartbeat = Heartbeat(self._ctas())
         while groups:
@@ -240,13 +275,16 @@ class Engine:
             group = Group(mask, self.n)
             if group.n == 0:
                 continue
-            steps += 1
+            end = min(stop[pc], min(groups, default=len(code)))
+            if end <= pc or steps + (end - pc) > limit:  # a control instruction, or the budget ends here
+                end = pc + 1
+            before, steps = steps, steps + (end - pc)
             if steps > limit:
                 raise self.budget.exceeded(self._where(pc, groups), self._ctas())
-            if not steps % LOOK_EVERY:
+            if before // LOOK_EVERY != steps // LOOK_EVERY:
                 heartbeat.look(lambda: f"{steps:,} of {limit:,} instruction issues ({self.budget.why}); "
                                        f"threads at {self._where(pc, groups)}")
-            for nxt, m in self.step(code[pc], group):
+            for nxt, m in (self.step(code[pc], group) if end == pc + 1 else self.stretch(pc, end, group)):
                 if m is not None and not m.any():
                     continue
                 old = groups.get(nxt, False)
@@ -258,6 +296,13 @@ class Engine:
                     both = old | m
                     groups[nxt] = None if both.all() else both
         self.steps = steps  # the wave's instruction issues (what the budget counts)
+
+    def stretch(self, pc: int, end: int, group: Group) -> list:
+        """Execute pcs pc .. end - 1 (no control instruction among them) for a group."""
+        self._enter(pc, group)
+        for step in self.compiled.steps(pc, end):
+            step(self, group)
+        return [(end, group.mask)]
 
     def _ctas(self) -> str:
         c = self.geo.ctas
@@ -274,15 +319,23 @@ class Engine:
 
     def step(self, ins: Instruction, group: Group) -> list:
         """Execute one instruction for a group; return the successors [(pc, mask)]."""
-        pc = ins.pc
+        self._enter(ins.pc, group)
+        if ins.opcode in CONTROL:
+            return self._control(ins, group)
+        self.issue(ins, group)
+        return [(ins.pc + 1, group.mask)]
+
+    def _enter(self, pc: int, group: Group) -> None:
+        """Threads arriving at the main loop's head for the first time start its round 0."""
         if self.loop is not None and pc == self.loop.head:
             fresh = self.round[group.idx if group.mask is not None else slice(None)] < 0
             if fresh.any():
                 sel = group.idx[fresh] if group.mask is not None else np.flatnonzero(fresh)
                 self.round[sel] = 0
                 self._rounds_started(sel)
-        if ins.opcode in CONTROL:
-            return self._control(ins, group)
+
+    def issue(self, ins: Instruction, group: Group) -> None:
+        """Execute a non-control instruction for a group (narrowed by its guard)."""
         run = group
         if ins.guard is not None:
             g = self.read(ins.guard.reg, "pred", group.idx, group.n)
@@ -292,7 +345,15 @@ class Engine:
             run = Group(sub, self.n)
         if run.n:
             self._execute(ins, run)
-        return [(pc + 1, group.mask)]
+
+    def mma_run(self, run, group: Group) -> None:
+        """A run of independent mma.sync as one machine call (fa_sim/ptx/blocks.py MmaRun)."""
+        try:
+            mma_batch(self, group, run)
+        except KernelFault as exc:
+            ins = run.inss[0]
+            msg = str(exc)
+            raise KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})") from None
 
     def _control(self, ins: Instruction, group: Group) -> list:
         pc = ins.pc
@@ -328,6 +389,9 @@ class Engine:
             row = lookup(ins.opcode)
             if row.unit is Unit.MACHINE:
                 row.handler(self, group, ins)
+                return
+            if not self.observed:  # no event to build: no round, no listeners, no recording
+                execute_lanes(Lanes(self, group), ins)
                 return
             instr = self.instrs[ins.pc]
             self.m.round = self.round_of(ins.pc, group)

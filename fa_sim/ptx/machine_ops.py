@@ -263,6 +263,22 @@ def mma(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
 
 
+def mma_batch(eng: Engine, group: Group, run) -> None:
+    """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
+    of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
+    The fragments move between the register file and lane arrays in one gather and one store."""
+    r, regs = len(run.ops), eng.regs
+    shape = (len(eng.geo.ctas), eng.geo.threads)
+    a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
+    b = regs.lane_major(tuple(x for op in run.ops for x in op.b), shape)  # [C, T, 2R]
+    c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]
+    eng.activate(run.inss[0].pc, group)
+    out = eng.m.mma(run.instr, a.reshape(*eng.cw, 1, 4), b.reshape(*eng.cw, r, 2),
+                    c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
+    regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
+                        np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
+
+
 def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     mode = ins.mods[1] if len(ins.mods) > 1 else ""
     if ins.mods[0] != "sync" or "b32" not in ins.mods:

@@ -1,0 +1,157 @@
+"""The PTX engine's compiled form of a kernel: straight-line stretches and the steps that run them.
+
+Min-pc scheduling (fa_sim/ptx/engine.py) runs the group of threads with the lowest pc one
+instruction at a time. Between two control instructions, and up to the next branch target, a group
+cannot split, and no other group can join it before it reaches the pc where that group waits. So
+the engine runs a group from its pc to `stop[pc]` (the next control instruction or branch target)
+or to the next waiting group's pc, whichever comes first, as one *stretch* - the same instructions,
+in the same order, for the same threads as one step at a time, with the per-step bookkeeping
+(scheduling, dispatch, operand decoding) paid once per stretch.
+
+A stretch compiles once per kernel (`Compiled.steps`, cached on the Program with the parsed
+module) into steps:
+- `One`: one instruction, executed as the engine always executes it.
+- `MmaRun`: consecutive `mma.sync` instructions that share their A fragment, read nothing an
+  earlier one of the run writes and write distinct registers. Each mma is independent (its
+  accumulation is the tensor-core model's, per instruction), so the run executes as one machine
+  call of R = run length MMAs (fa_sim.machine.Machine.mma with MI = 1, NJ = R: the batched form the
+  hand-written program issues). The machine counts R warp instructions per warp, as R calls would.
+  When an observer wants its events, or only part of the wave executes it, the run executes one
+  instruction at a time, so events and faults are those of single instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from .ir import Instruction, Kernel, Reg, Vec
+from .machine_ops import MMA_FORM
+from .optable import CONTROL
+
+if TYPE_CHECKING:
+    from ..machine import Instr
+    from .engine import Engine, Group
+
+MAX_MMA_RUN = 64  # MMAs per batched call (bounds the temporaries of one call)
+
+
+def stops(kernel: Kernel) -> tuple[int, ...]:
+    """stop[pc]: the first pc >= pc that is a control instruction, or > pc that is a branch target
+    (len(code) at the end): a group starting at pc runs pc .. stop[pc] - 1 without splitting."""
+    code = kernel.instructions
+    targets = set(kernel.labels.values())
+    out = [len(code)] * (len(code) + 1)
+    nxt = len(code)
+    for pc in range(len(code) - 1, -1, -1):
+        if code[pc].opcode in CONTROL:
+            nxt = pc
+        out[pc] = nxt
+        if pc in targets:
+            nxt = pc  # a stretch starting before a branch target ends there
+    return tuple(out)
+
+
+@dataclass(frozen=True, eq=False)
+class One:
+    """One instruction, executed by Engine.issue."""
+
+    ins: Instruction
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        eng.issue(self.ins, group)
+
+
+def _names(op) -> tuple[str, ...] | None:
+    """Register names of a vector operand of registers (None: anything else in it)."""
+    items = op.items if isinstance(op, Vec) else (op,)
+    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
+        return None
+    return tuple(x.name for x in items)
+
+
+@dataclass(frozen=True)
+class MmaOperands:
+    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
+
+    d: tuple[str, ...]
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    c: tuple[str, ...]
+
+    @staticmethod
+    def of(ins: Instruction) -> MmaOperands | None:
+        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
+        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
+            return None
+        names = [_names(op) for op in ins.operands]
+        if any(n is None for n in names):
+            return None
+        ops = MmaOperands(*names)
+        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
+            return None
+        return ops
+
+
+@dataclass(frozen=True, eq=False)
+class MmaRun:
+    """Consecutive independent mma.sync sharing their A fragment (see the module docstring)."""
+
+    inss: tuple[Instruction, ...]
+    ops: tuple[MmaOperands, ...]
+    instr: Instr  # the first one's site with repeat = R: how the machine counts the run
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            for ins in self.inss:
+                eng.issue(ins, group)
+            return
+        eng.mma_run(self, group)
+
+
+def _mma_runs(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
+    """The steps of pcs start .. end - 1: mma runs where they form, One elsewhere."""
+    steps, pc = [], start
+    while pc < end:
+        first = MmaOperands.of(code[pc])
+        run = [pc] if first is not None else []
+        written: set[str] = set(first.d) if first is not None else set()
+        while run and pc + len(run) < end and len(run) < MAX_MMA_RUN:
+            nxt = MmaOperands.of(code[pc + len(run)])
+            if (nxt is None or nxt.a != first.a or instrs[pc + len(run)].phase != instrs[pc].phase
+                    or written & set(nxt.a + nxt.b + nxt.c + nxt.d)):
+                break
+            run.append(pc + len(run))
+            written |= set(nxt.d)
+        if len(run) > 1:
+            steps.append(MmaRun(tuple(code[p] for p in run), tuple(MmaOperands.of(code[p]) for p in run),
+                                replace(instrs[pc], repeat=len(run))))
+            pc += len(run)
+        else:
+            steps.append(One(code[pc]))
+            pc += 1
+    return steps
+
+
+class Compiled:
+    """A kernel's stretches and their steps, compiled on first use (one per Program)."""
+
+    def __init__(self, kernel: Kernel, instrs) -> None:
+        self.kernel, self.instrs = kernel, tuple(instrs)
+        self._steps: dict[tuple[int, int], tuple] = {}
+
+    @cached_property
+    def stop(self) -> tuple[int, ...]:
+        return stops(self.kernel)
+
+    def steps(self, start: int, end: int) -> tuple:
+        """The compiled steps of the stretch start .. end - 1 (no control instruction in it)."""
+        key = (start, end)
+        hit = self._steps.get(key)
+        if hit is None:
+            hit = self._steps[key] = tuple(_mma_runs(self.kernel.instructions, start, end, self.instrs))
+        return hit
+
+
+__all__ = ["Compiled", "MmaOperands", "MmaRun", "One", "stops"]
