@@ -140,6 +140,8 @@ class Engine:
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
+        self.smem_recent: dict = {}  # (pc, width) -> [(addresses, SmemLanes)], most recent first
+        self._all_active = True  # the machine's active mask is every lane (as Machine() starts)
         self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
 
     # -- operands ----------------------------------------------------------------------------------
@@ -243,8 +245,13 @@ class Engine:
     def activate(self, pc: int, group: Group) -> Instr:
         """Point the machine at this instruction: round, active lanes. Returns its Instr."""
         self.m.round = self.round_of(pc, group)
-        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        if group.mask is not None or not self._all_active or self.observed:  # else: already every lane
+            self._set_active(group)
         return self.instrs[pc]
+
+    def _set_active(self, group: Group) -> None:
+        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        self._all_active = group.mask is None
 
     def round_of(self, pc: int, group: Group) -> int:
         if self.loop is None or pc < self.loop.head:
@@ -408,7 +415,7 @@ class Engine:
 
     def _reg_event(self, instr: Instr, listeners, group: Group, lanes: Lanes) -> None:
         """A register-only instruction as an event: the values it read and wrote."""
-        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        self._set_active(group)
         def lanes_of(v):
             return self.scatter(np.asarray(v), group)[None, ..., None]  # [1, C, W, L, 1]
         self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},
