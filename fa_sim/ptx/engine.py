@@ -19,6 +19,9 @@ Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
   error naming it with its PTX line and CUDA source line; nothing is skipped.
 - A wave issues at most its step budget of instructions (fa_sim/ptx/budget.py): a kernel that
   never ends is a KernelFault naming where its threads were, not a silent spin.
+- A scheduling turn runs the group through a whole stretch (fa_sim/ptx/blocks.py): up to the next
+  control instruction or branch target, or the pc where the next group waits - what min-pc
+  scheduling would run one step at a time - as the stretch's compiled steps (mma runs batched).
 """
 
 from __future__ import annotations
