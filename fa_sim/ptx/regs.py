@@ -96,37 +96,15 @@ class RegisterFile:
         prefix, row, width = hit
         return self._files[prefix][row], width
 
-    def rows(self, names: tuple[str, ...]) -> tuple[np.ndarray, list[int]] | None:
-        """(storage [count, N], row of each name) when every name is a row of one declared
-        prefix; None otherwise."""
-        for name in names:
-            self.slot(name)  # declared, and its row known
-        hits = [self._slot[name] for name in names]
-        if len({h[0] for h in hits}) != 1:
-            return None
-        return self._files[hits[0][0]], [h[1] for h in hits]
-
     def lane_major(self, names: tuple[str, ...], shape: tuple[int, int]) -> np.ndarray:
-        """The registers `names` of every thread as one array [C, T, len(names)] (storage dtype).
-        Rows are gathered, then transposed through [k, C, T]: numpy's direct transpose of
-        [k, N] rows, whose stride is a power of two, is an order of magnitude slower."""
-        found = self.rows(names)
-        if found is None:
-            x = np.stack([self.slot(name)[0] for name in names])
-        else:
-            file, rows = found
-            x = file[rows]
-        return np.ascontiguousarray(np.moveaxis(x.reshape(len(names), *shape), 0, -1))
+        """The registers `names` of every thread as one array [C, T, len(names)] (storage dtype)."""
+        return np.stack([self.slot(name)[0] for name in names], axis=-1).reshape(*shape, len(names))
 
     def set_lane_major(self, names: tuple[str, ...], values: np.ndarray) -> None:
-        """Store values [C, T, len(names)] (storage dtype) into the registers `names`."""
-        rows = np.ascontiguousarray(np.moveaxis(values, -1, 0)).reshape(len(names), -1)
-        found = self.rows(names)
-        if found is not None and len(set(found[1])) == len(names):
-            found[0][found[1]] = rows
-            return
-        for name, row in zip(names, rows):
-            self.slot(name)[0][:] = row
+        """Store values [C, T, len(names)] (storage dtype) into the registers `names`, in order."""
+        cols = values.reshape(self.n, len(names))
+        for j, name in enumerate(names):
+            self.slot(name)[0][:] = cols[:, j]
 
 
 def to_type(raw: np.ndarray, width: int, ptype: str) -> np.ndarray:
