@@ -130,3 +130,90 @@ def test_runs_are_at_most_max_mma_run_long(monkeypatch, length):
     mmas = [i.pc for i in prog.kernel.instructions if i.opcode == "mma"]
     steps = blocks.Compiled(prog.kernel, prog.instrs).steps(mmas[0], mmas[1] + 1)
     assert [len(getattr(s, "inss", (s,))) for s in steps] == ([1, 1] if length == 1 else [2])
+
+
+# One warp stores 2 KB into shared memory, then loads two ldmatrix.x4 (one batched run) and
+# stores the registers.
+LDSM = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+LDSM_PTX = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry ldsm(.param .u64 psrc, .param .u64 pout)
+{{
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<8>;
+    .shared .align 16 .b8 buf[2048];
+    ld.param.u64 %rd1, [psrc];
+    ld.param.u64 %rd2, [pout];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd3, %r0, 64;
+    add.s64 %rd4, %rd1, %rd3;
+    mov.u32 %r1, buf;
+    shl.b32 %r2, %r0, 6;
+    add.s32 %r3, %r1, %r2;
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
+    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
+    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
+    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
+    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
+    bar.sync 0;
+    shl.b32 %r8, %r0, 4;
+    add.s32 %r9, %r1, %r8;
+    add.s32 %r10, %r9, 512;
+    {LDSM} {{%r11, %r12, %r13, %r14}}, [%r9];
+    {LDSM} {{%r15, %r16, %r17, %r18}}, [%r10];
+    mul.wide.u32 %rd5, %r0, 32;
+    add.s64 %rd6, %rd2, %rd5;
+    st.global.v4.b32 [%rd6], {{%r11, %r12, %r13, %r14}};
+    st.global.v4.b32 [%rd6+16], {{%r15, %r16, %r17, %r18}};
+    ret;
+}}
+"""
+
+
+def ldsm_reference(src: np.ndarray) -> np.ndarray:
+    """ldmatrix.x4 by its definition: lane t's register i is the 32-bit word t % 4 of row t // 4
+    of matrix i, whose row address lane 8i + t // 4 supplies (row l at byte 16 l, plus 512)."""
+    words = src.view(np.uint32)
+    t = np.arange(32)[:, None]
+    out = []
+    for base in (0, 512):
+        row = 8 * np.arange(4)[None, :] + t // 4
+        out.append(words[(base + 16 * row + 4 * (t % 4)) // 4])
+    return np.concatenate(out, axis=1)  # [32, 8]
+
+
+def run_ldsm(observers=()):
+    src = np.random.default_rng(1).integers(0, 2**32, 512, dtype=np.uint32)
+    out = np.zeros(32 * 8, np.uint32)
+    res = launch(LDSM_PTX, grid=(1,), block=(32,), args=[src, out], observers=observers)
+    return src, out.reshape(32, 8), res
+
+
+def test_batched_ldmatrix_gives_the_registers_and_counts_of_single_instructions(monkeypatch):
+    calls = []
+    batch = engine.ldmatrix_batch
+    monkeypatch.setattr(engine, "ldmatrix_batch",
+                        lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
+    src, batched, res = run_ldsm()
+    assert calls == [2]
+    _, single, res_single = run_ldsm([Watcher()])
+    assert calls == [2]  # observed: no batch
+    np.testing.assert_array_equal(batched, ldsm_reference(src))
+    np.testing.assert_array_equal(single, batched)
+    assert res.counts == res_single.counts and res.instructions[Op.LDSM] == 2
+
+
+def test_an_ldmatrix_whose_address_an_earlier_one_loads_is_not_in_its_run():
+    ptx = LDSM_PTX.replace("[%r10];", "[%r12];")  # the second address comes from the first's registers
+    prog = build_program(parse(ptx))
+    loads = [i.pc for i in prog.kernel.instructions if i.opcode == "ldmatrix"]
+    steps = blocks.Compiled(prog.kernel, prog.instrs).steps(loads[0], loads[1] + 1)
+    assert [type(s) for s in steps] == [blocks.One, blocks.One]
+    steps = build_program(parse(LDSM_PTX)).compiled.steps(loads[0], loads[1] + 1)
+    assert [type(s) for s in steps] == [blocks.LdsmRun]

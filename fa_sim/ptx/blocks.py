@@ -18,6 +18,10 @@ module) into steps:
   hand-written program issues). The machine counts R warp instructions per warp, as R calls would.
   When an observer wants its events, or only part of the wave executes it, the run executes one
   instruction at a time, so events and faults are those of single instructions.
+- `LdsmRun`: consecutive ldmatrix of one form into distinct registers, none loading the address
+  register of a later one: one machine call of R loads (its SmemLanes [C, W, L, R]), counted as R;
+  one at a time in the same cases as an mma run, and when the batched call faults (so the error
+  names the instruction whose address is wrong).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .ir import Instruction, Kernel, Reg, Vec
+from .ir import Addr, Instruction, Kernel, Reg, Sym, Vec
 from .machine_ops import MMA_FORM
 from .optable import CONTROL
 
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 # within 3 % of each other: the tensor-core arithmetic per MMA is about the same, and the operand
 # gathers grow with the run. 2 was the fastest, by a little.
 MAX_MMA_RUN = 2
+MAX_LDSM_RUN = 4  # ldmatrix per batched call
 
 
 def stops(kernel: Kernel) -> tuple[int, ...]:
@@ -113,27 +118,89 @@ class MmaRun:
         eng.mma_run(self, group)
 
 
+@dataclass(frozen=True)
+class LdsmOperands:
+    """The registers of one ldmatrix: its destinations and the base of its address (None: a
+    variable or an absolute address)."""
+
+    d: tuple[str, ...]
+    base: str | None
+
+    @staticmethod
+    def of(ins: Instruction) -> LdsmOperands | None:
+        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
+        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
+            return None
+        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
+        d, addr = _names(ins.operands[0]), ins.operands[1]
+        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
+            return None
+        base = addr.base
+        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
+            return None
+        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
+
+
+@dataclass(frozen=True, eq=False)
+class LdsmRun:
+    """Consecutive ldmatrix of one form whose addresses no earlier one of the run writes, into
+    distinct registers: one machine call of R loads (counted as R per warp), or one at a time as
+    MmaRun."""
+
+    inss: tuple[Instruction, ...]
+    instr: Instr  # the first one's site with repeat = R
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            for ins in self.inss:
+                eng.issue(ins, group)
+            return
+        eng.ldsm_run(self, group)
+
+
+def _mma_run(code, pc: int, end: int, instrs) -> list[int]:
+    first = MmaOperands.of(code[pc])
+    if first is None:
+        return []
+    run, written = [pc], set(first.d)
+    while pc + len(run) < end and len(run) < MAX_MMA_RUN:
+        nxt = MmaOperands.of(code[pc + len(run)])
+        if (nxt is None or nxt.a != first.a or instrs[pc + len(run)].phase != instrs[pc].phase
+                or written & set(nxt.a + nxt.b + nxt.c + nxt.d)):
+            break
+        run.append(pc + len(run))
+        written |= set(nxt.d)
+    return run
+
+
+def _ldsm_run(code, pc: int, end: int, instrs) -> list[int]:
+    first = LdsmOperands.of(code[pc])
+    if first is None:
+        return []
+    run, written = [pc], set(first.d)
+    while pc + len(run) < end and len(run) < MAX_LDSM_RUN:
+        nxt, ins = LdsmOperands.of(code[pc + len(run)]), code[pc + len(run)]
+        if (nxt is None or ins.mods != code[pc].mods or instrs[pc + len(run)].phase != instrs[pc].phase
+                or written & {*nxt.d, nxt.base}):
+            break
+        run.append(pc + len(run))
+        written |= set(nxt.d)
+    return run
+
+
 def _mma_runs(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
-    """The steps of pcs start .. end - 1: mma runs where they form, One elsewhere."""
+    """The steps of pcs start .. end - 1: mma and ldmatrix runs where they form, One elsewhere."""
     steps, pc = [], start
     while pc < end:
-        first = MmaOperands.of(code[pc])
-        run = [pc] if first is not None else []
-        written: set[str] = set(first.d) if first is not None else set()
-        while run and pc + len(run) < end and len(run) < MAX_MMA_RUN:
-            nxt = MmaOperands.of(code[pc + len(run)])
-            if (nxt is None or nxt.a != first.a or instrs[pc + len(run)].phase != instrs[pc].phase
-                    or written & set(nxt.a + nxt.b + nxt.c + nxt.d)):
-                break
-            run.append(pc + len(run))
-            written |= set(nxt.d)
-        if len(run) > 1:
-            steps.append(MmaRun(tuple(code[p] for p in run), tuple(MmaOperands.of(code[p]) for p in run),
-                                replace(instrs[pc], repeat=len(run))))
-            pc += len(run)
+        mma, ldsm = _mma_run(code, pc, end, instrs), _ldsm_run(code, pc, end, instrs)
+        if len(mma) > 1:
+            steps.append(MmaRun(tuple(code[p] for p in mma), tuple(MmaOperands.of(code[p]) for p in mma),
+                                replace(instrs[pc], repeat=len(mma))))
+        elif len(ldsm) > 1:
+            steps.append(LdsmRun(tuple(code[p] for p in ldsm), replace(instrs[pc], repeat=len(ldsm))))
         else:
             steps.append(One(code[pc]))
-            pc += 1
+        pc += len(getattr(steps[-1], "inss", (None,)))
     return steps
 
 
@@ -157,4 +224,4 @@ class Compiled:
         return hit
 
 
-__all__ = ["Compiled", "MmaOperands", "MmaRun", "One", "stops"]
+__all__ = ["Compiled", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

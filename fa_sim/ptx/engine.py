@@ -37,7 +37,7 @@ from ..machine import Instr, Machine
 from .blocks import Compiled
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
-from .machine_ops import mma_batch
+from .machine_ops import ldmatrix_batch, mma_batch
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
@@ -355,6 +355,16 @@ class Engine:
             run = Group(sub, self.n)
         if run.n:
             self._execute(ins, run)
+
+    def ldsm_run(self, run, group: Group) -> None:
+        """A run of ldmatrix as one machine call (fa_sim/ptx/blocks.py LdsmRun). A fault (an
+        address outside shared memory) or a form it does not model runs them again one at a
+        time, so that the error names the instruction it is about."""
+        try:
+            ldmatrix_batch(self, group, run)
+        except (KernelFault, Unsupported):
+            for ins in run.inss:
+                self.issue(ins, group)
 
     def mma_run(self, run, group: Group) -> None:
         """A run of independent mma.sync as one machine call (fa_sim/ptx/blocks.py MmaRun)."""

@@ -89,19 +89,22 @@ def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int
     round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
     when the addresses repeat: first among the last patterns of the same instruction (compared
     as arrays), then among all the wave's patterns (by their bytes)."""
-    full = np.ascontiguousarray(eng.scatter(addr.astype(np.int64), group))
+    if addr.ndim == 2:  # [N, R] addresses of R instructions (a batched run: the whole wave)
+        full = np.ascontiguousarray(addr.astype(np.int64).reshape(*eng.cw, -1))
+    else:
+        full = np.ascontiguousarray(eng.scatter(addr.astype(np.int64), group))[..., None]
     recent = eng.smem_recent.setdefault((pc, width), [])
     for i, (seen, hit) in enumerate(recent):
         if np.array_equal(seen, full):
             if i:
                 recent.insert(0, recent.pop(i))
             return hit
-    key = (width, full.tobytes())
+    key = (width, full.shape, full.tobytes())
     hit = eng.smem_lanes.get(key)
     if hit is None:
         if len(eng.smem_lanes) >= SMEM_LANES_CACHE:
             eng.smem_lanes.pop(next(iter(eng.smem_lanes)))
-        hit = eng.smem_lanes[key] = SmemLanes(width, full[..., None])  # [C, W, L, 1]
+        hit = eng.smem_lanes[key] = SmemLanes(width, full)  # [C, W, L, R]
     recent.insert(0, (full, hit))
     del recent[SMEM_RECENT:]
     return hit
@@ -271,6 +274,20 @@ def mma(eng: Engine, group: Group, ins: Instruction) -> None:
                     lanes(c, "f32")[..., None, None, :])  # [C, W, L, 1, 1, 4]
     values = eng.gather(out[..., 0, 0, :], group)
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
+
+
+def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
+    """R ldmatrix of one form (fa_sim/ptx/blocks.py LdsmRun), every thread of the wave: one
+    machine call of R loads, counted as R instructions per warp."""
+    first, r = run.inss[0], len(run.inss)
+    num = next(int(m[1:]) for m in first.mods if m in ("x1", "x2", "x4"))
+    if "m8n8" not in first.mods or "b16" not in first.mods:
+        raise Unsupported(f"{first.mnemonic} (only m8n8 .b16)")
+    addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in run.inss], axis=-1)  # [N, R]
+    eng.activate(first.pc, group)
+    regs = eng.m.ldmatrix(run.instr, _smem_lanes(eng, addr, 16, group, first.pc), num, "trans" in first.mods,
+                          _reg_name(first.operands[0]))  # [C, W, L, R, num]
+    eng.regs.set_lane_major(tuple(x.name for ins in run.inss for x in ins.operands[0].items), regs)
 
 
 def mma_batch(eng: Engine, group: Group, run) -> None:
