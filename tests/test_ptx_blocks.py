@@ -7,7 +7,7 @@ import pytest
 
 from fa_sim import isa
 from fa_sim.events import Op
-from fa_sim.ptx import blocks, engine, launch, parse
+from fa_sim.ptx import blocks, launch, parse
 from fa_sim.ptx.program import build_program
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -89,8 +89,8 @@ def run(observers=()):
 
 def test_batched_mma_gives_the_bits_and_counts_of_single_instructions(monkeypatch):
     calls = []
-    batch = engine.mma_batch
-    monkeypatch.setattr(engine, "mma_batch", lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
+    batch = blocks.mma_batch
+    monkeypatch.setattr(blocks, "mma_batch", lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
     batched, res = run()
     assert calls == [2]  # mma 1 and 2 in one machine call, mma 3 alone
     watcher = Watcher()
@@ -197,8 +197,8 @@ def run_ldsm(observers=()):
 
 def test_batched_ldmatrix_gives_the_registers_and_counts_of_single_instructions(monkeypatch):
     calls = []
-    batch = engine.ldmatrix_batch
-    monkeypatch.setattr(engine, "ldmatrix_batch",
+    batch = blocks.ldmatrix_batch
+    monkeypatch.setattr(blocks, "ldmatrix_batch",
                         lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
     src, batched, res = run_ldsm()
     assert calls == [2]

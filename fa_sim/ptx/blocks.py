@@ -1,4 +1,5 @@
-"""The PTX engine's compiled form of a kernel: straight-line stretches and the steps that run them.
+"""The PTX engine's compiled form of a kernel: its main loop, straight-line stretches and the
+steps that run them.
 
 Min-pc scheduling (fa_sim/ptx/engine.py) runs the group of threads with the lowest pc one
 instruction at a time. Between two control instructions, and up to the next branch target, a group
@@ -16,12 +17,15 @@ module) into steps:
   accumulation is the tensor-core model's, per instruction), so the run executes as one machine
   call of R = run length MMAs (fa_sim.machine.Machine.mma with MI = 1, NJ = R: the batched form the
   hand-written program issues). The machine counts R warp instructions per warp, as R calls would.
-  When an observer wants its events, or only part of the wave executes it, the run executes one
-  instruction at a time, so events and faults are those of single instructions.
+  When an observer wants its events, only part of the wave executes it, or the batched call
+  fails, the run executes one instruction at a time, so events and errors are those of single
+  instructions.
 - `LdsmRun`: consecutive ldmatrix of one form into distinct registers, none loading the address
   register of a later one: one machine call of R loads (its SmemLanes [C, W, L, R]), counted as R;
-  one at a time in the same cases as an mma run, and when the batched call faults (so the error
-  names the instruction whose address is wrong).
+  one at a time in the same cases as an mma run (a fault then names the instruction whose address
+  is wrong).
+
+`main_loop` finds the kernel's main loop, whose iterations are the rounds of events and counts.
 """
 
 from __future__ import annotations
@@ -30,8 +34,12 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..errors import KernelFault
 from .ir import Addr, Instruction, Kernel, Reg, Sym, Vec
-from .machine_ops import MMA_FORM
+from .machine_ops import MMA_FORM, _reg_name, _smem_lanes, address
+from .ops import Unsupported
 from .optable import CONTROL
 
 if TYPE_CHECKING:
@@ -43,6 +51,32 @@ if TYPE_CHECKING:
 # gathers grow with the run. 2 was the fastest, by a little.
 MAX_MMA_RUN = 2
 MAX_LDSM_RUN = 4  # ldmatrix per batched call
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The main loop: pcs head..tail (tail = the back-edge branch)."""
+
+    head: int
+    tail: int
+
+
+def main_loop(kernel: Kernel) -> Loop | None:
+    """Back edges (a branch to a pc at or before it) define loops; the main loop is the outermost
+    one holding a bar.sync or mma (else the largest)."""
+    loops = []
+    for ins in kernel.instructions:
+        if ins.opcode == "bra":
+            target = kernel.labels[ins.operands[0].name]
+            if target <= ins.pc:
+                loops.append(Loop(target, ins.pc))
+    if not loops:
+        return None
+    def weight(lp: Loop):
+        body = kernel.instructions[lp.head: lp.tail + 1]
+        busy = any(i.opcode in ("bar", "barrier", "mma") for i in body)
+        return (busy, lp.tail - lp.head)
+    return max(loops, key=weight)
 
 
 def stops(kernel: Kernel) -> tuple[int, ...]:
@@ -111,11 +145,7 @@ class MmaRun:
     instr: Instr  # the first one's site with repeat = R: how the machine counts the run
 
     def __call__(self, eng: Engine, group: Group) -> None:
-        if group.mask is not None or eng.observed:
-            for ins in self.inss:
-                eng.issue(ins, group)
-            return
-        eng.mma_run(self, group)
+        _batched(eng, group, self, mma_batch)
 
 
 @dataclass(frozen=True)
@@ -151,11 +181,7 @@ class LdsmRun:
     instr: Instr  # the first one's site with repeat = R
 
     def __call__(self, eng: Engine, group: Group) -> None:
-        if group.mask is not None or eng.observed:
-            for ins in self.inss:
-                eng.issue(ins, group)
-            return
-        eng.ldsm_run(self, group)
+        _batched(eng, group, self, ldmatrix_batch)
 
 
 def _mma_run(code, pc: int, end: int, instrs) -> list[int]:
@@ -202,6 +228,51 @@ def _mma_runs(code: tuple[Instruction, ...], start: int, end: int, instrs) -> li
             steps.append(One(code[pc]))
         pc += len(getattr(steps[-1], "inss", (None,)))
     return steps
+
+
+def _batched(eng: Engine, group: Group, run, execute) -> None:
+    """A run as one machine call when the whole wave runs it unobserved; else - and when the call
+    fails (a fault, a form it does not model) - one instruction at a time, so that events and
+    errors are those of single instructions."""
+    if group.mask is None and not eng.observed:
+        try:
+            execute(eng, group, run)
+            return
+        except (KernelFault, Unsupported):
+            pass  # nothing was written yet: the single instructions raise it with their lines
+    for ins in run.inss:
+        eng.issue(ins, group)
+
+
+def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
+    """R ldmatrix of one form (fa_sim/ptx/blocks.py LdsmRun), every thread of the wave: one
+    machine call of R loads, counted as R instructions per warp."""
+    first = run.inss[0]
+    num = next(int(m[1:]) for m in first.mods if m in ("x1", "x2", "x4"))
+    if "m8n8" not in first.mods or "b16" not in first.mods:
+        raise Unsupported(f"{first.mnemonic} (only m8n8 .b16)")
+    addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in run.inss], axis=-1)  # [N, R]
+    eng.activate(first.pc, group)
+    regs = eng.m.ldmatrix(run.instr, _smem_lanes(eng, addr, 16, group, first.pc), num, "trans" in first.mods,
+                          _reg_name(first.operands[0]))  # [C, W, L, R, num]
+    eng.regs.set_lane_major(tuple(x.name for ins in run.inss for x in ins.operands[0].items), regs)
+
+
+def mma_batch(eng: Engine, group: Group, run) -> None:
+    """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
+    of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
+    The fragments move between the register file and lane arrays in one gather and one store."""
+    r, regs = len(run.ops), eng.regs
+    shape = (len(eng.geo.ctas), eng.geo.threads)
+    a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
+    b = regs.lane_major(tuple(x for op in run.ops for x in op.b), shape)  # [C, T, 2R]
+    c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]
+    eng.activate(run.inss[0].pc, group)
+    out = eng.m.mma(run.instr, a.reshape(*eng.cw, 1, 4), b.reshape(*eng.cw, r, 2),
+                    c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
+    regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
+                        np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
+
 
 
 class Compiled:

@@ -26,18 +26,15 @@ Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .blocks import Compiled
+from .blocks import Compiled, Loop
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
-from .machine_ops import ldmatrix_batch, mma_batch
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
@@ -93,32 +90,6 @@ class Lanes:
 # two halves), integers and bit patterns as int64 (uint64 for 64-bit ones), predicates as bool.
 _EVENT_DTYPE = {"f32": "float32", "f64": "float64", "f16": "float16", "f16x2": "uint32", "bf16x2": "uint32",
                 "u64": "uint64", "b64": "uint64", "pred": "bool"}
-
-
-@dataclass(frozen=True)
-class Loop:
-    """The main loop: pcs head..tail (tail = the back-edge branch)."""
-
-    head: int
-    tail: int
-
-
-def main_loop(kernel: Kernel) -> Loop | None:
-    """Back edges (a branch to a pc at or before it) define loops; the main loop is the outermost
-    one holding a bar.sync or mma (else the largest)."""
-    loops = []
-    for ins in kernel.instructions:
-        if ins.opcode == "bra":
-            target = kernel.labels[ins.operands[0].name]
-            if target <= ins.pc:
-                loops.append(Loop(target, ins.pc))
-    if not loops:
-        return None
-    def weight(lp: Loop):
-        body = kernel.instructions[lp.head: lp.tail + 1]
-        busy = any(i.opcode in ("bar", "barrier", "mma") for i in body)
-        return (busy, lp.tail - lp.head)
-    return max(loops, key=weight)
 
 
 class Engine:
@@ -355,25 +326,6 @@ class Engine:
             run = Group(sub, self.n)
         if run.n:
             self._execute(ins, run)
-
-    def ldsm_run(self, run, group: Group) -> None:
-        """A run of ldmatrix as one machine call (fa_sim/ptx/blocks.py LdsmRun). A fault (an
-        address outside shared memory) or a form it does not model runs them again one at a
-        time, so that the error names the instruction it is about."""
-        try:
-            ldmatrix_batch(self, group, run)
-        except (KernelFault, Unsupported):
-            for ins in run.inss:
-                self.issue(ins, group)
-
-    def mma_run(self, run, group: Group) -> None:
-        """A run of independent mma.sync as one machine call (fa_sim/ptx/blocks.py MmaRun)."""
-        try:
-            mma_batch(self, group, run)
-        except KernelFault as exc:
-            ins = run.inss[0]
-            msg = str(exc)
-            raise KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})") from None
 
     def _control(self, ins: Instruction, group: Group) -> list:
         pc = ins.pc

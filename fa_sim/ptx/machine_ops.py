@@ -276,36 +276,6 @@ def mma(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
 
 
-def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
-    """R ldmatrix of one form (fa_sim/ptx/blocks.py LdsmRun), every thread of the wave: one
-    machine call of R loads, counted as R instructions per warp."""
-    first, r = run.inss[0], len(run.inss)
-    num = next(int(m[1:]) for m in first.mods if m in ("x1", "x2", "x4"))
-    if "m8n8" not in first.mods or "b16" not in first.mods:
-        raise Unsupported(f"{first.mnemonic} (only m8n8 .b16)")
-    addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in run.inss], axis=-1)  # [N, R]
-    eng.activate(first.pc, group)
-    regs = eng.m.ldmatrix(run.instr, _smem_lanes(eng, addr, 16, group, first.pc), num, "trans" in first.mods,
-                          _reg_name(first.operands[0]))  # [C, W, L, R, num]
-    eng.regs.set_lane_major(tuple(x.name for ins in run.inss for x in ins.operands[0].items), regs)
-
-
-def mma_batch(eng: Engine, group: Group, run) -> None:
-    """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
-    of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
-    The fragments move between the register file and lane arrays in one gather and one store."""
-    r, regs = len(run.ops), eng.regs
-    shape = (len(eng.geo.ctas), eng.geo.threads)
-    a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
-    b = regs.lane_major(tuple(x for op in run.ops for x in op.b), shape)  # [C, T, 2R]
-    c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]
-    eng.activate(run.inss[0].pc, group)
-    out = eng.m.mma(run.instr, a.reshape(*eng.cw, 1, 4), b.reshape(*eng.cw, r, 2),
-                    c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
-    regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
-                        np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
-
-
 def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     mode = ins.mods[1] if len(ins.mods) > 1 else ""
     if ins.mods[0] != "sync" or "b32" not in ins.mods:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..machine import Instr
-from .blocks import Compiled
+from .blocks import Compiled, Loop, main_loop
 from .debuginfo import short_name
-from .engine import Loop, main_loop
 from .optable import sass_class
 from .ir import Instruction, Kernel, Module
 
