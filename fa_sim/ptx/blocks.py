@@ -11,7 +11,9 @@ in the same order, for the same threads as one step at a time, with the per-step
 
 A stretch compiles once per kernel (`Compiled.steps`, cached on the Program with the parsed
 module) into steps:
-- `One`: one instruction, executed as the engine always executes it.
+- `One`: one instruction, executed as the engine always executes it; `Lane` for an unguarded
+  register-only one, whose executor is decoded once and called straight when the whole wave runs
+  it unobserved.
 - `MmaRun`: consecutive `mma.sync` instructions that share their A fragment, read nothing an
   earlier one of the run writes and write distinct registers. Each mma is independent (its
   accumulation is the tensor-core model's, per instruction), so the run executes as one machine
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -40,7 +42,7 @@ from ..errors import KernelFault
 from .ir import Addr, Instruction, Kernel, Reg, Sym, Vec
 from .machine_ops import MMA_FORM, _reg_name, _smem_lanes, address
 from .ops import Unsupported
-from .optable import CONTROL
+from .optable import CONTROL, OPCODES, Unit, executor
 
 if TYPE_CHECKING:
     from ..machine import Instr
@@ -95,6 +97,14 @@ def stops(kernel: Kernel) -> tuple[int, ...]:
     return tuple(out)
 
 
+def located(exc: Exception, ins: Instruction) -> Exception:
+    """An Unsupported or KernelFault of an instruction, with its text, PTX line and CUDA line."""
+    if isinstance(exc, Unsupported):
+        return Unsupported(f"{exc} in `{ins.text}` at {ins.where()}")
+    msg = str(exc)
+    return KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})")
+
+
 @dataclass(frozen=True, eq=False)
 class One:
     """One instruction, executed by Engine.issue."""
@@ -103,6 +113,35 @@ class One:
 
     def __call__(self, eng: Engine, group: Group) -> None:
         eng.issue(self.ins, group)
+
+
+@dataclass(frozen=True, eq=False)
+class Lane:
+    """An unguarded register-only instruction: with the whole wave and no observer, its executor
+    (decoded once, fa_sim/ptx/optable.py) runs straight on the engine's lanes - what Engine.issue
+    would do, without the dispatch; otherwise Engine.issue."""
+
+    ins: Instruction
+    ex: Callable
+
+    @staticmethod
+    def of(ins: Instruction) -> Lane | None:
+        row = OPCODES.get(ins.opcode)
+        if row is None or row.unit is not Unit.LANES or ins.guard is not None:
+            return None
+        try:
+            return Lane(ins, executor(ins.opcode, ins.mods))
+        except Unsupported:  # raised when it runs, with its lines
+            return None
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            eng.issue(self.ins, group)
+            return
+        try:
+            self.ex(eng.everyone, self.ins.operands)
+        except (Unsupported, KernelFault) as exc:
+            raise located(exc, self.ins) from None
 
 
 def _names(op) -> tuple[str, ...] | None:
@@ -225,7 +264,7 @@ def _mma_runs(code: tuple[Instruction, ...], start: int, end: int, instrs) -> li
         elif len(ldsm) > 1:
             steps.append(LdsmRun(tuple(code[p] for p in ldsm), replace(instrs[pc], repeat=len(ldsm))))
         else:
-            steps.append(One(code[pc]))
+            steps.append(Lane.of(code[pc]) or One(code[pc]))
         pc += len(getattr(steps[-1], "inss", (None,)))
     return steps
 
@@ -295,4 +334,4 @@ class Compiled:
         return hit
 
 
-__all__ = ["Compiled", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]
+__all__ = ["Compiled", "Lane", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

@@ -32,7 +32,7 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .blocks import Compiled, Loop
+from .blocks import Compiled, Loop, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
@@ -115,6 +115,7 @@ class Engine:
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
         self.smem_recent: dict = {}  # (pc, width) -> [(addresses, SmemLanes)], most recent first
+        self.everyone = Lanes(self, Group(None, self.n))  # register-only instructions of the whole wave
         self._all_active = True  # the machine's active mask is every lane (as Machine() starts)
         self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
 
@@ -372,11 +373,8 @@ class Engine:
             execute_lanes(lanes, ins)
             if listeners:
                 self._reg_event(instr, listeners, group, lanes)
-        except Unsupported as exc:
-            raise Unsupported(f"{exc} in `{ins.text}` at {ins.where()}") from None
-        except KernelFault as exc:
-            msg = str(exc)
-            raise KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})") from None
+        except (Unsupported, KernelFault) as exc:
+            raise located(exc, ins) from None
 
     def _reg_event(self, instr: Instr, listeners, group: Group, lanes: Lanes) -> None:
         """A register-only instruction as an event: the values it read and wrote."""
