@@ -115,9 +115,16 @@ class Engine:
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
         self.smem_recent: dict = {}  # (pc, width) -> [(addresses, SmemLanes)], most recent first
-        self.everyone = Lanes(self, Group(None, self.n))  # register-only instructions of the whole wave
+        self.wave = Group(None, self.n)  # every thread of the wave
         self._all_active = True  # the machine's active mask is every lane (as Machine() starts)
         self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
+
+    @property
+    def everyone(self) -> Lanes:
+        """The lanes of every thread, for register-only instructions (made per use: an engine
+        holding its own Lanes would be a reference cycle, and a wave's registers would outlive it
+        until the garbage collector runs)."""
+        return Lanes(self, self.wave)
 
     # -- operands ----------------------------------------------------------------------------------
     def read(self, op, ptype: str, idx, n: int) -> np.ndarray:
