@@ -253,8 +253,8 @@ def _ldsm_run(code, pc: int, end: int, instrs) -> list[int]:
     return run
 
 
-def _mma_runs(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
-    """The steps of pcs start .. end - 1: mma and ldmatrix runs where they form, One elsewhere."""
+def _steps(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
+    """The steps of pcs start .. end - 1: mma and ldmatrix runs where they form, Lane or One elsewhere."""
     steps, pc = [], start
     while pc < end:
         mma, ldsm = _mma_run(code, pc, end, instrs), _ldsm_run(code, pc, end, instrs)
@@ -278,7 +278,7 @@ def _batched(eng: Engine, group: Group, run, execute) -> None:
             execute(eng, group, run)
             return
         except (KernelFault, Unsupported):
-            pass  # nothing was written yet: the single instructions raise it with their lines
+            pass  # no register was written yet: the single instructions raise it with their lines
     for ins in run.inss:
         eng.issue(ins, group)
 
@@ -300,7 +300,7 @@ def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
 def mma_batch(eng: Engine, group: Group, run) -> None:
     """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
     of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
-    The fragments move between the register file and lane arrays in one gather and one store."""
+    The fragments move between the register file and lane arrays register by register (regs.py)."""
     r, regs = len(run.ops), eng.regs
     shape = (len(eng.geo.ctas), eng.geo.threads)
     a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
@@ -311,7 +311,6 @@ def mma_batch(eng: Engine, group: Group, run) -> None:
                     c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
     regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
                         np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
-
 
 
 class Compiled:
@@ -330,7 +329,7 @@ class Compiled:
         key = (start, end)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = tuple(_mma_runs(self.kernel.instructions, start, end, self.instrs))
+            hit = self._steps[key] = tuple(_steps(self.kernel.instructions, start, end, self.instrs))
         return hit
 
 
