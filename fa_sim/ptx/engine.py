@@ -19,11 +19,12 @@ Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
   error naming it with its PTX line and CUDA source line; nothing is skipped.
 - A wave issues at most its step budget of instructions (fa_sim/ptx/budget.py): a kernel that
   never ends is a KernelFault naming where its threads were, not a silent spin.
+- A scheduling turn runs the group through a whole stretch (fa_sim/ptx/blocks.py): up to the next
+  control instruction or branch target, or the pc where the next group waits - what min-pc
+  scheduling would run one step at a time - as the stretch's compiled steps (mma runs batched).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,12 +32,13 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from .blocks import Compiled, Loop, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
 from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
-from .types import DTYPES
+from .types import DTYPES, bits
 
 class Group:
     """Threads at one pc: `mask` [N] bool (None: every thread of the wave)."""
@@ -90,39 +92,18 @@ _EVENT_DTYPE = {"f32": "float32", "f64": "float64", "f16": "float16", "f16x2": "
                 "u64": "uint64", "b64": "uint64", "pred": "bool"}
 
 
-@dataclass(frozen=True)
-class Loop:
-    """The main loop: pcs head..tail (tail = the back-edge branch)."""
-
-    head: int
-    tail: int
-
-
-def main_loop(kernel: Kernel) -> Loop | None:
-    """Back edges (a branch to a pc at or before it) define loops; the main loop is the outermost
-    one holding a bar.sync or mma (else the largest)."""
-    loops = []
-    for ins in kernel.instructions:
-        if ins.opcode == "bra":
-            target = kernel.labels[ins.operands[0].name]
-            if target <= ins.pc:
-                loops.append(Loop(target, ins.pc))
-    if not loops:
-        return None
-    def weight(lp: Loop):
-        body = kernel.instructions[lp.head: lp.tail + 1]
-        busy = any(i.opcode in ("bar", "barrier", "mma") for i in body)
-        return (busy, lp.tail - lp.head)
-    return max(loops, key=weight)
-
-
 class Engine:
     """One wave: registers, the machine, the kernel's parameter bytes and shared variables."""
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
                  params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0,
-                 budget: StepBudget | None = None):
+                 budget: StepBudget | None = None, compiled: Compiled | None = None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
+        self.compiled = compiled or Compiled(kernel, instrs)
+        # an observer of instruction events: register-only instructions then build their events
+        self.observed = any(callable(getattr(o, "on_instr", None)) for o in machine.hub.observers)
+        self._views: dict = {}  # (id(operand), type) -> (operand, array): reads of the whole wave
+        self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
@@ -133,10 +114,35 @@ class Engine:
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
+        self.smem_recent: dict = {}  # (pc, width) -> [(addresses, SmemLanes)], most recent first
+        self.wave = Group(None, self.n)  # every thread of the wave
+        self._all_active = True  # the machine's active mask is every lane (as Machine() starts)
         self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
+
+    @property
+    def everyone(self) -> Lanes:
+        """The lanes of every thread, for register-only instructions (made per use: an engine
+        holding its own Lanes would be a reference cycle, and a wave's registers would outlive it
+        until the garbage collector runs)."""
+        return Lanes(self, self.wave)
 
     # -- operands ----------------------------------------------------------------------------------
     def read(self, op, ptype: str, idx, n: int) -> np.ndarray:
+        """An operand as `ptype` over the group's threads (idx None: the whole wave). A read of the
+        whole wave that is a view (a register of the type's width, a special register, an
+        immediate, an address) stays valid while the wave runs: it is made once per operand."""
+        if idx is not None:
+            return self._read(op, ptype, idx, n)
+        key = (id(op), ptype)
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is op:  # the entry holds op, so its id is not reused
+            return hit[1]
+        v = self._read(op, ptype, None, n)
+        if isinstance(v, np.ndarray) and v.base is not None:
+            self._views[key] = (op, v)
+        return v
+
+    def _read(self, op, ptype: str, idx, n: int) -> np.ndarray:
         if isinstance(op, Reg):
             if op.name in self.special:
                 v = self.special[op.name]
@@ -153,6 +159,17 @@ class Engine:
         raise Unsupported(f"operand {op!r} cannot be read as a value")
 
     def write(self, op, value, ptype: str, idx, n: int) -> None:
+        """Store a value of `ptype` into a register over the group's threads (extended or
+        truncated to the register's width)."""
+        if idx is None:
+            hit = self._targets.get((id(op), ptype))
+            if hit is not None and hit[0] is op:  # same width: the cast is the whole conversion
+                np.copyto(hit[1], np.asarray(value), casting="unsafe")
+                return
+            if isinstance(op, Reg) and not op.negate and op.name not in self.special:
+                raw, width = self.regs.slot(op.name)
+                if width == bits(ptype):
+                    self._targets[(id(op), ptype)] = (op, raw if ptype == "pred" else raw.view(DTYPES[ptype]))
         if isinstance(op, Sink):
             return
         if not isinstance(op, Reg) or op.name in self.special:
@@ -210,8 +227,13 @@ class Engine:
     def activate(self, pc: int, group: Group) -> Instr:
         """Point the machine at this instruction: round, active lanes. Returns its Instr."""
         self.m.round = self.round_of(pc, group)
-        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        if group.mask is not None or not self._all_active or self.observed:  # else: already every lane
+            self._set_active(group)
         return self.instrs[pc]
+
+    def _set_active(self, group: Group) -> None:
+        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        self._all_active = group.mask is None
 
     def round_of(self, pc: int, group: Group) -> int:
         if self.loop is None or pc < self.loop.head:
@@ -228,8 +250,10 @@ class Engine:
 
     # -- the run -------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Min-pc scheduling; a group runs a whole stretch (fa_sim/ptx/blocks.py) per turn: up to the
+        next control instruction or branch target, or the pc where the next group waits."""
         groups: dict[int, np.ndarray | None] = {0: None}
-        code = self.kernel.instructions
+        code, stop = self.kernel.instructions, self.compiled.stop
         limit, steps = self.budget.limit, 0
         heartbeat = Heartbeat(self._ctas())
         while groups:
@@ -240,13 +264,16 @@ class Engine:
             group = Group(mask, self.n)
             if group.n == 0:
                 continue
-            steps += 1
+            end = min(stop[pc], min(groups, default=len(code)))
+            if end <= pc or steps + (end - pc) > limit:  # a control instruction, or the budget ends here
+                end = pc + 1
+            before, steps = steps, steps + (end - pc)
             if steps > limit:
                 raise self.budget.exceeded(self._where(pc, groups), self._ctas())
-            if not steps % LOOK_EVERY:
+            if before // LOOK_EVERY != steps // LOOK_EVERY:
                 heartbeat.look(lambda: f"{steps:,} of {limit:,} instruction issues ({self.budget.why}); "
                                        f"threads at {self._where(pc, groups)}")
-            for nxt, m in self.step(code[pc], group):
+            for nxt, m in (self.step(code[pc], group) if end == pc + 1 else self.stretch(pc, end, group)):
                 if m is not None and not m.any():
                     continue
                 old = groups.get(nxt, False)
@@ -258,6 +285,13 @@ class Engine:
                     both = old | m
                     groups[nxt] = None if both.all() else both
         self.steps = steps  # the wave's instruction issues (what the budget counts)
+
+    def stretch(self, pc: int, end: int, group: Group) -> list:
+        """Execute pcs pc .. end - 1 (no control instruction among them) for a group."""
+        self._enter(pc, group)
+        for step in self.compiled.steps(pc, end):
+            step(self, group)
+        return [(end, group.mask)]
 
     def _ctas(self) -> str:
         c = self.geo.ctas
@@ -274,15 +308,23 @@ class Engine:
 
     def step(self, ins: Instruction, group: Group) -> list:
         """Execute one instruction for a group; return the successors [(pc, mask)]."""
-        pc = ins.pc
+        self._enter(ins.pc, group)
+        if ins.opcode in CONTROL:
+            return self._control(ins, group)
+        self.issue(ins, group)
+        return [(ins.pc + 1, group.mask)]
+
+    def _enter(self, pc: int, group: Group) -> None:
+        """Threads arriving at the main loop's head for the first time start its round 0."""
         if self.loop is not None and pc == self.loop.head:
             fresh = self.round[group.idx if group.mask is not None else slice(None)] < 0
             if fresh.any():
                 sel = group.idx[fresh] if group.mask is not None else np.flatnonzero(fresh)
                 self.round[sel] = 0
                 self._rounds_started(sel)
-        if ins.opcode in CONTROL:
-            return self._control(ins, group)
+
+    def issue(self, ins: Instruction, group: Group) -> None:
+        """Execute a non-control instruction for a group (narrowed by its guard)."""
         run = group
         if ins.guard is not None:
             g = self.read(ins.guard.reg, "pred", group.idx, group.n)
@@ -292,7 +334,6 @@ class Engine:
             run = Group(sub, self.n)
         if run.n:
             self._execute(ins, run)
-        return [(pc + 1, group.mask)]
 
     def _control(self, ins: Instruction, group: Group) -> list:
         pc = ins.pc
@@ -329,6 +370,9 @@ class Engine:
             if row.unit is Unit.MACHINE:
                 row.handler(self, group, ins)
                 return
+            if not self.observed:  # no event to build: no round, no listeners, no recording
+                execute_lanes(Lanes(self, group), ins)
+                return
             instr = self.instrs[ins.pc]
             self.m.round = self.round_of(ins.pc, group)
             listeners = self.m.hub.instr_listeners(instr.op, instr.phase, self.m.round)
@@ -336,15 +380,12 @@ class Engine:
             execute_lanes(lanes, ins)
             if listeners:
                 self._reg_event(instr, listeners, group, lanes)
-        except Unsupported as exc:
-            raise Unsupported(f"{exc} in `{ins.text}` at {ins.where()}") from None
-        except KernelFault as exc:
-            msg = str(exc)
-            raise KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})") from None
+        except (Unsupported, KernelFault) as exc:
+            raise located(exc, ins) from None
 
     def _reg_event(self, instr: Instr, listeners, group: Group, lanes: Lanes) -> None:
         """A register-only instruction as an event: the values it read and wrote."""
-        self.m.set_live(self.m.n_ctas, None if group.mask is None else group.mask.reshape(self.cw))
+        self._set_active(group)
         def lanes_of(v):
             return self.scatter(np.asarray(v), group)[None, ..., None]  # [1, C, W, L, 1]
         self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},

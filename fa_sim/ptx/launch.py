@@ -135,7 +135,7 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
         Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
-               program.local_bytes, budget).run()
+               program.local_bytes, budget, program.compiled).run()
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

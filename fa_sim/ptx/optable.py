@@ -277,10 +277,15 @@ def compile_form(opcode: str, mods: tuple[str, ...]) -> Exec:
     return row.compiler(form)(opcode, form)
 
 
-def execute_lanes(lanes: Lanes, ins: Instruction) -> None:
-    """Run a register-only instruction on the lanes: the cached executor of its form."""
-    key = (ins.opcode, ins.mods)
+def executor(opcode: str, mods: tuple[str, ...]) -> Exec:
+    """The cached executor of a register-only form (Unsupported as compile_form)."""
+    key = (opcode, mods)
     ex = _EXECS.get(key)
     if ex is None:
         ex = _EXECS[key] = compile_form(*key)
-    ex(lanes, ins.operands)
+    return ex
+
+
+def execute_lanes(lanes: Lanes, ins: Instruction) -> None:
+    """Run a register-only instruction on the lanes: the cached executor of its form."""
+    executor(ins.opcode, ins.mods)(lanes, ins.operands)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..machine import Instr
+from .blocks import Compiled, Loop, main_loop
 from .debuginfo import short_name
-from .engine import Loop, main_loop
 from .optable import sass_class
 from .ir import Instruction, Kernel, Module
 
@@ -35,6 +36,12 @@ class Program:
     static_smem_bytes: int  # bytes of the static shared variables (extern arrays start there)
     local_vars: dict  # .local variable -> byte offset in each thread's local window
     local_bytes: int  # local memory per thread
+
+    @cached_property
+    def compiled(self) -> Compiled:
+        """The kernel's stretches and steps (fa_sim/ptx/blocks.py), compiled as waves need them and
+        kept with the program, so every wave and launch of it reuses them."""
+        return Compiled(self.kernel, self.instrs)
 
 
 def _body_line(ins: Instruction, source_file: str | None) -> int | None:

@@ -96,6 +96,16 @@ class RegisterFile:
         prefix, row, width = hit
         return self._files[prefix][row], width
 
+    def lane_major(self, names: tuple[str, ...], shape: tuple[int, int]) -> np.ndarray:
+        """The registers `names` of every thread as one array [C, T, len(names)] (storage dtype)."""
+        return np.stack([self.slot(name)[0] for name in names], axis=-1).reshape(*shape, len(names))
+
+    def set_lane_major(self, names: tuple[str, ...], values: np.ndarray) -> None:
+        """Store values [C, T, len(names)] (storage dtype) into the registers `names`, in order."""
+        cols = values.reshape(self.n, len(names))
+        for j, name in enumerate(names):
+            self.slot(name)[0][:] = cols[:, j]
+
 
 def to_type(raw: np.ndarray, width: int, ptype: str) -> np.ndarray:
     """Register bits (storage dtype of `width`) seen as `ptype`: same width reinterprets, a wider

@@ -1,0 +1,336 @@
+"""The PTX engine's compiled form of a kernel: its main loop, straight-line stretches and the
+steps that run them.
+
+Min-pc scheduling (fa_sim/ptx/engine.py) runs the group of threads with the lowest pc one
+instruction at a time. Between two control instructions, and up to the next branch target, a group
+cannot split, and no other group can join it before it reaches the pc where that group waits. So
+the engine runs a group from its pc to `stop[pc]` (the next control instruction or branch target)
+or to the next waiting group's pc, whichever comes first, as one *stretch* - the same instructions,
+in the same order, for the same threads as one step at a time, with the per-step bookkeeping
+(scheduling, dispatch, operand decoding) paid once per stretch.
+
+A stretch compiles once per kernel (`Compiled.steps`, cached on the Program with the parsed
+module) into steps:
+- `One`: one instruction, executed as the engine always executes it; `Lane` for an unguarded
+  register-only one, whose executor is decoded once and called straight when the whole wave runs
+  it unobserved.
+- `MmaRun`: consecutive `mma.sync` instructions that share their A fragment, read nothing an
+  earlier one of the run writes and write distinct registers. Each mma is independent (its
+  accumulation is the tensor-core model's, per instruction), so the run executes as one machine
+  call of R = run length MMAs (fa_sim.machine.Machine.mma with MI = 1, NJ = R: the batched form the
+  hand-written program issues). The machine counts R warp instructions per warp, as R calls would.
+  When an observer wants its events, only part of the wave executes it, or the batched call
+  fails, the run executes one instruction at a time, so events and errors are those of single
+  instructions.
+- `LdsmRun`: consecutive ldmatrix of one form into distinct registers, none loading the address
+  register of a later one: one machine call of R loads (its SmemLanes [C, W, L, R]), counted as R;
+  one at a time in the same cases as an mma run (a fault then names the instruction whose address
+  is wrong).
+
+`main_loop` finds the kernel's main loop, whose iterations are the rounds of events and counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..errors import KernelFault
+from .ir import Addr, Instruction, Kernel, Reg, Sym, Vec
+from .machine_ops import MMA_FORM, _reg_name, _smem_lanes, address
+from .ops import Unsupported
+from .optable import CONTROL, OPCODES, Unit, executor
+
+if TYPE_CHECKING:
+    from ..machine import Instr
+    from .engine import Engine, Group
+
+# MMAs per batched call. Measured on (1, 1, 4096, 64) with the EXACT model, runs of 1 to 8 are
+# within 3 % of each other: the tensor-core arithmetic per MMA is about the same, and the operand
+# gathers grow with the run. 2 was the fastest, by a little.
+MAX_MMA_RUN = 2
+MAX_LDSM_RUN = 4  # ldmatrix per batched call
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The main loop: pcs head..tail (tail = the back-edge branch)."""
+
+    head: int
+    tail: int
+
+
+def main_loop(kernel: Kernel) -> Loop | None:
+    """Back edges (a branch to a pc at or before it) define loops; the main loop is the outermost
+    one holding a bar.sync or mma (else the largest)."""
+    loops = []
+    for ins in kernel.instructions:
+        if ins.opcode == "bra":
+            target = kernel.labels[ins.operands[0].name]
+            if target <= ins.pc:
+                loops.append(Loop(target, ins.pc))
+    if not loops:
+        return None
+    def weight(lp: Loop):
+        body = kernel.instructions[lp.head: lp.tail + 1]
+        busy = any(i.opcode in ("bar", "barrier", "mma") for i in body)
+        return (busy, lp.tail - lp.head)
+    return max(loops, key=weight)
+
+
+def stops(kernel: Kernel) -> tuple[int, ...]:
+    """stop[pc]: the first pc >= pc that is a control instruction, or > pc that is a branch target
+    (len(code) at the end): a group starting at pc runs pc .. stop[pc] - 1 without splitting."""
+    code = kernel.instructions
+    targets = set(kernel.labels.values())
+    out = [len(code)] * (len(code) + 1)
+    nxt = len(code)
+    for pc in range(len(code) - 1, -1, -1):
+        if code[pc].opcode in CONTROL:
+            nxt = pc
+        out[pc] = nxt
+        if pc in targets:
+            nxt = pc  # a stretch starting before a branch target ends there
+    return tuple(out)
+
+
+def located(exc: Exception, ins: Instruction) -> Exception:
+    """An Unsupported or KernelFault of an instruction, with its text, PTX line and CUDA line."""
+    if isinstance(exc, Unsupported):
+        return Unsupported(f"{exc} in `{ins.text}` at {ins.where()}")
+    msg = str(exc)
+    return KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})")
+
+
+@dataclass(frozen=True, eq=False)
+class One:
+    """One instruction, executed by Engine.issue."""
+
+    ins: Instruction
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        eng.issue(self.ins, group)
+
+
+@dataclass(frozen=True, eq=False)
+class Lane:
+    """An unguarded register-only instruction: with the whole wave and no observer, its executor
+    (decoded once, fa_sim/ptx/optable.py) runs straight on the engine's lanes - what Engine.issue
+    would do, without the dispatch; otherwise Engine.issue."""
+
+    ins: Instruction
+    ex: Callable
+
+    @staticmethod
+    def of(ins: Instruction) -> Lane | None:
+        row = OPCODES.get(ins.opcode)
+        if row is None or row.unit is not Unit.LANES or ins.guard is not None:
+            return None
+        try:
+            return Lane(ins, executor(ins.opcode, ins.mods))
+        except Unsupported:  # raised when it runs, with its lines
+            return None
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            eng.issue(self.ins, group)
+            return
+        try:
+            self.ex(eng.everyone, self.ins.operands)
+        except (Unsupported, KernelFault) as exc:
+            raise located(exc, self.ins) from None
+
+
+def _names(op) -> tuple[str, ...] | None:
+    """Register names of a vector operand of registers (None: anything else in it)."""
+    items = op.items if isinstance(op, Vec) else (op,)
+    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
+        return None
+    return tuple(x.name for x in items)
+
+
+@dataclass(frozen=True)
+class MmaOperands:
+    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
+
+    d: tuple[str, ...]
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    c: tuple[str, ...]
+
+    @staticmethod
+    def of(ins: Instruction) -> MmaOperands | None:
+        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
+        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
+            return None
+        names = [_names(op) for op in ins.operands]
+        if any(n is None for n in names):
+            return None
+        ops = MmaOperands(*names)
+        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
+            return None
+        return ops
+
+
+@dataclass(frozen=True, eq=False)
+class MmaRun:
+    """Consecutive independent mma.sync sharing their A fragment (see the module docstring)."""
+
+    inss: tuple[Instruction, ...]
+    ops: tuple[MmaOperands, ...]
+    instr: Instr  # the first one's site with repeat = R: how the machine counts the run
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        _batched(eng, group, self, mma_batch)
+
+
+@dataclass(frozen=True)
+class LdsmOperands:
+    """The registers of one ldmatrix: its destinations and the base of its address (None: a
+    variable or an absolute address)."""
+
+    d: tuple[str, ...]
+    base: str | None
+
+    @staticmethod
+    def of(ins: Instruction) -> LdsmOperands | None:
+        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
+        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
+            return None
+        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
+        d, addr = _names(ins.operands[0]), ins.operands[1]
+        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
+            return None
+        base = addr.base
+        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
+            return None
+        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
+
+
+@dataclass(frozen=True, eq=False)
+class LdsmRun:
+    """Consecutive ldmatrix of one form whose addresses no earlier one of the run writes, into
+    distinct registers: one machine call of R loads (counted as R per warp), or one at a time as
+    MmaRun."""
+
+    inss: tuple[Instruction, ...]
+    instr: Instr  # the first one's site with repeat = R
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        _batched(eng, group, self, ldmatrix_batch)
+
+
+def _mma_run(code, pc: int, end: int, instrs) -> list[int]:
+    first = MmaOperands.of(code[pc])
+    if first is None:
+        return []
+    run, written = [pc], set(first.d)
+    while pc + len(run) < end and len(run) < MAX_MMA_RUN:
+        nxt = MmaOperands.of(code[pc + len(run)])
+        if (nxt is None or nxt.a != first.a or instrs[pc + len(run)].phase != instrs[pc].phase
+                or written & set(nxt.a + nxt.b + nxt.c + nxt.d)):
+            break
+        run.append(pc + len(run))
+        written |= set(nxt.d)
+    return run
+
+
+def _ldsm_run(code, pc: int, end: int, instrs) -> list[int]:
+    first = LdsmOperands.of(code[pc])
+    if first is None:
+        return []
+    run, written = [pc], set(first.d)
+    while pc + len(run) < end and len(run) < MAX_LDSM_RUN:
+        nxt, ins = LdsmOperands.of(code[pc + len(run)]), code[pc + len(run)]
+        if (nxt is None or ins.mods != code[pc].mods or instrs[pc + len(run)].phase != instrs[pc].phase
+                or written & {*nxt.d, nxt.base}):
+            break
+        run.append(pc + len(run))
+        written |= set(nxt.d)
+    return run
+
+
+def _steps(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
+    """The steps of pcs start .. end - 1: mma and ldmatrix runs where they form, Lane or One elsewhere."""
+    steps, pc = [], start
+    while pc < end:
+        mma, ldsm = _mma_run(code, pc, end, instrs), _ldsm_run(code, pc, end, instrs)
+        if len(mma) > 1:
+            steps.append(MmaRun(tuple(code[p] for p in mma), tuple(MmaOperands.of(code[p]) for p in mma),
+                                replace(instrs[pc], repeat=len(mma))))
+        elif len(ldsm) > 1:
+            steps.append(LdsmRun(tuple(code[p] for p in ldsm), replace(instrs[pc], repeat=len(ldsm))))
+        else:
+            steps.append(Lane.of(code[pc]) or One(code[pc]))
+        pc += len(getattr(steps[-1], "inss", (None,)))
+    return steps
+
+
+def _batched(eng: Engine, group: Group, run, execute) -> None:
+    """A run as one machine call when the whole wave runs it unobserved; else - and when the call
+    fails (a fault, a form it does not model) - one instruction at a time, so that events and
+    errors are those of single instructions."""
+    if group.mask is None and not eng.observed:
+        try:
+            execute(eng, group, run)
+            return
+        except (KernelFault, Unsupported):
+            pass  # no register was written yet: the single instructions raise it with their lines
+    for ins in run.inss:
+        eng.issue(ins, group)
+
+
+def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
+    """R ldmatrix of one form (fa_sim/ptx/blocks.py LdsmRun), every thread of the wave: one
+    machine call of R loads, counted as R instructions per warp."""
+    first = run.inss[0]
+    num = next(int(m[1:]) for m in first.mods if m in ("x1", "x2", "x4"))
+    if "m8n8" not in first.mods or "b16" not in first.mods:
+        raise Unsupported(f"{first.mnemonic} (only m8n8 .b16)")
+    addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in run.inss], axis=-1)  # [N, R]
+    eng.activate(first.pc, group)
+    regs = eng.m.ldmatrix(run.instr, _smem_lanes(eng, addr, 16, group, first.pc), num, "trans" in first.mods,
+                          _reg_name(first.operands[0]))  # [C, W, L, R, num]
+    eng.regs.set_lane_major(tuple(x.name for ins in run.inss for x in ins.operands[0].items), regs)
+
+
+def mma_batch(eng: Engine, group: Group, run) -> None:
+    """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
+    of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
+    The fragments move between the register file and lane arrays register by register (regs.py)."""
+    r, regs = len(run.ops), eng.regs
+    shape = (len(eng.geo.ctas), eng.geo.threads)
+    a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
+    b = regs.lane_major(tuple(x for op in run.ops for x in op.b), shape)  # [C, T, 2R]
+    c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]
+    eng.activate(run.inss[0].pc, group)
+    out = eng.m.mma(run.instr, a.reshape(*eng.cw, 1, 4), b.reshape(*eng.cw, r, 2),
+                    c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
+    regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
+                        np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
+
+
+class Compiled:
+    """A kernel's stretches and their steps, compiled on first use (one per Program)."""
+
+    def __init__(self, kernel: Kernel, instrs) -> None:
+        self.kernel, self.instrs = kernel, tuple(instrs)
+        self._steps: dict[tuple[int, int], tuple] = {}
+
+    @cached_property
+    def stop(self) -> tuple[int, ...]:
+        return stops(self.kernel)
+
+    def steps(self, start: int, end: int) -> tuple:
+        """The compiled steps of the stretch start .. end - 1 (no control instruction in it)."""
+        key = (start, end)
+        hit = self._steps.get(key)
+        if hit is None:
+            hit = self._steps[key] = tuple(_steps(self.kernel.instructions, start, end, self.instrs))
+        return hit
+
+
+__all__ = ["Compiled", "Lane", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

@@ -1,0 +1,219 @@
+"""The PTX engine's compiled stretches (fa_sim/ptx/blocks.py): where a stretch stops, which
+mma.sync form a batched run, and that a batched run gives the bits and counts of single
+instructions (an observer of instruction events makes the engine run them one at a time)."""
+
+import numpy as np
+import pytest
+
+from fa_sim import isa
+from fa_sim.events import Op
+from fa_sim.ptx import blocks, launch, parse
+from fa_sim.ptx.program import build_program
+
+MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+
+# One warp: A (4 words), three B fragments (2 words each) and three C fragments (4 floats each)
+# per lane from global memory; mma 1 and 2 share A and are independent, mma 3 reads mma 1's D as
+# its C; every D is stored.
+PTX = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry mmas(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u64 pd)
+{{
+    .reg .b32 %r<12>;
+    .reg .f32 %f<13>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u64 %rd4, [pd];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd5, %r0, 16;
+    add.s64 %rd6, %rd1, %rd5;
+    ld.global.v4.b32 {{%r1, %r2, %r3, %r4}}, [%rd6];
+    mul.wide.u32 %rd7, %r0, 24;
+    add.s64 %rd8, %rd2, %rd7;
+    ld.global.v2.b32 {{%r5, %r6}}, [%rd8];
+    ld.global.v2.b32 {{%r7, %r8}}, [%rd8+8];
+    ld.global.v2.b32 {{%r9, %r10}}, [%rd8+16];
+    mul.wide.u32 %rd9, %r0, 48;
+    add.s64 %rd10, %rd3, %rd9;
+    ld.global.v4.f32 {{%f1, %f2, %f3, %f4}}, [%rd10];
+    ld.global.v4.f32 {{%f5, %f6, %f7, %f8}}, [%rd10+16];
+    ld.global.v4.f32 {{%f9, %f10, %f11, %f12}}, [%rd10+32];
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r5, %r6}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f5, %f6, %f7, %f8}}, {{%r1, %r2, %r3, %r4}}, {{%r7, %r8}}, {{%f5, %f6, %f7, %f8}};
+    {MMA} {{%f9, %f10, %f11, %f12}}, {{%r1, %r2, %r3, %r4}}, {{%r9, %r10}}, {{%f1, %f2, %f3, %f4}};
+    add.s64 %rd11, %rd4, %rd9;
+    st.global.v4.f32 [%rd11], {{%f1, %f2, %f3, %f4}};
+    st.global.v4.f32 [%rd11+16], {{%f5, %f6, %f7, %f8}};
+    st.global.v4.f32 [%rd11+32], {{%f9, %f10, %f11, %f12}};
+    ret;
+}}
+"""
+
+
+def operands(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    halves = lambda n: rng.standard_normal(32 * n).astype(np.float16).view(np.uint32)  # noqa: E731
+    return halves(8), halves(12), rng.standard_normal(32 * 12).astype(np.float32)
+
+
+def reference(a, b, c) -> np.ndarray:
+    """The three MMAs one instruction at a time (fa_sim.isa), [32 lanes, 12] f32."""
+    a, b, c = a.reshape(32, 4), b.reshape(32, 3, 2), c.reshape(32, 3, 4)
+    d1 = isa.mma_m16n8k16(a, b[:, 0], c[:, 0])
+    d2 = isa.mma_m16n8k16(a, b[:, 1], c[:, 1])
+    d3 = isa.mma_m16n8k16(a, b[:, 2], d1)
+    return np.concatenate([d1, d2, d3], axis=1)
+
+
+class Watcher:
+    """An observer of instruction events: the engine then runs every instruction by itself."""
+
+    def __init__(self):
+        self.hmma = 0
+
+    def on_instr(self, ev):
+        self.hmma += ev.op is Op.HMMA
+
+
+def run(observers=()):
+    a, b, c = operands()
+    out = np.zeros(32 * 12, np.float32)
+    res = launch(PTX, grid=(1,), block=(32,), args=[a, b, c, out], observers=observers)
+    return out.reshape(32, 12), res
+
+
+def test_batched_mma_gives_the_bits_and_counts_of_single_instructions(monkeypatch):
+    calls = []
+    batch = blocks.mma_batch
+    monkeypatch.setattr(blocks, "mma_batch", lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
+    batched, res = run()
+    assert calls == [2]  # mma 1 and 2 in one machine call, mma 3 alone
+    watcher = Watcher()
+    single, res_single = run([watcher])
+    assert calls == [2]  # observed: no batch
+    np.testing.assert_array_equal(batched.view(np.uint32), reference(*operands()).view(np.uint32))
+    np.testing.assert_array_equal(single.view(np.uint32), batched.view(np.uint32))
+    assert watcher.hmma == 3  # one event per mma, as single instructions
+    assert res.counts == res_single.counts and res.instructions[Op.HMMA] == 3
+
+
+def program():
+    return build_program(parse(PTX))
+
+
+def test_a_stretch_runs_to_the_next_control_instruction():
+    prog = program()
+    code = prog.kernel.instructions
+    ret = next(i.pc for i in code if i.opcode == "ret")
+    assert blocks.stops(prog.kernel)[:ret + 1] == (ret,) * (ret + 1)
+
+
+def test_a_run_holds_independent_mmas_sharing_a_and_stops_at_a_dependence(monkeypatch):
+    monkeypatch.setattr(blocks, "MAX_MMA_RUN", 64)
+    prog = program()
+    mmas = [i.pc for i in prog.kernel.instructions if i.opcode == "mma"]
+    steps = blocks.Compiled(prog.kernel, prog.instrs).steps(mmas[0], mmas[-1] + 1)
+    assert [type(s) for s in steps] == [blocks.MmaRun, blocks.One]
+    assert [i.pc for i in steps[0].inss] == mmas[:2] and steps[0].instr.repeat == 2
+    assert steps[1].ins.pc == mmas[2]  # it reads the first one's D
+
+
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_runs_are_at_most_max_mma_run_long(monkeypatch, length):
+    monkeypatch.setattr(blocks, "MAX_MMA_RUN", length)
+    prog = program()
+    mmas = [i.pc for i in prog.kernel.instructions if i.opcode == "mma"]
+    steps = blocks.Compiled(prog.kernel, prog.instrs).steps(mmas[0], mmas[1] + 1)
+    assert [len(getattr(s, "inss", (s,))) for s in steps] == ([1, 1] if length == 1 else [2])
+
+
+# One warp stores 2 KB into shared memory, then loads two ldmatrix.x4 (one batched run) and
+# stores the registers.
+LDSM = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+LDSM_PTX = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry ldsm(.param .u64 psrc, .param .u64 pout)
+{{
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<8>;
+    .shared .align 16 .b8 buf[2048];
+    ld.param.u64 %rd1, [psrc];
+    ld.param.u64 %rd2, [pout];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd3, %r0, 64;
+    add.s64 %rd4, %rd1, %rd3;
+    mov.u32 %r1, buf;
+    shl.b32 %r2, %r0, 6;
+    add.s32 %r3, %r1, %r2;
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
+    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
+    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
+    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
+    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
+    bar.sync 0;
+    shl.b32 %r8, %r0, 4;
+    add.s32 %r9, %r1, %r8;
+    add.s32 %r10, %r9, 512;
+    {LDSM} {{%r11, %r12, %r13, %r14}}, [%r9];
+    {LDSM} {{%r15, %r16, %r17, %r18}}, [%r10];
+    mul.wide.u32 %rd5, %r0, 32;
+    add.s64 %rd6, %rd2, %rd5;
+    st.global.v4.b32 [%rd6], {{%r11, %r12, %r13, %r14}};
+    st.global.v4.b32 [%rd6+16], {{%r15, %r16, %r17, %r18}};
+    ret;
+}}
+"""
+
+
+def ldsm_reference(src: np.ndarray) -> np.ndarray:
+    """ldmatrix.x4 by its definition: lane t's register i is the 32-bit word t % 4 of row t // 4
+    of matrix i, whose row address lane 8i + t // 4 supplies (row l at byte 16 l, plus 512)."""
+    words = src.view(np.uint32)
+    t = np.arange(32)[:, None]
+    out = []
+    for base in (0, 512):
+        row = 8 * np.arange(4)[None, :] + t // 4
+        out.append(words[(base + 16 * row + 4 * (t % 4)) // 4])
+    return np.concatenate(out, axis=1)  # [32, 8]
+
+
+def run_ldsm(observers=()):
+    src = np.random.default_rng(1).integers(0, 2**32, 512, dtype=np.uint32)
+    out = np.zeros(32 * 8, np.uint32)
+    res = launch(LDSM_PTX, grid=(1,), block=(32,), args=[src, out], observers=observers)
+    return src, out.reshape(32, 8), res
+
+
+def test_batched_ldmatrix_gives_the_registers_and_counts_of_single_instructions(monkeypatch):
+    calls = []
+    batch = blocks.ldmatrix_batch
+    monkeypatch.setattr(blocks, "ldmatrix_batch",
+                        lambda eng, group, r: calls.append(len(r.inss)) or batch(eng, group, r))
+    src, batched, res = run_ldsm()
+    assert calls == [2]
+    _, single, res_single = run_ldsm([Watcher()])
+    assert calls == [2]  # observed: no batch
+    np.testing.assert_array_equal(batched, ldsm_reference(src))
+    np.testing.assert_array_equal(single, batched)
+    assert res.counts == res_single.counts and res.instructions[Op.LDSM] == 2
+
+
+def test_an_ldmatrix_whose_address_an_earlier_one_loads_is_not_in_its_run():
+    ptx = LDSM_PTX.replace("[%r10];", "[%r12];")  # the second address comes from the first's registers
+    prog = build_program(parse(ptx))
+    loads = [i.pc for i in prog.kernel.instructions if i.opcode == "ldmatrix"]
+    steps = blocks.Compiled(prog.kernel, prog.instrs).steps(loads[0], loads[1] + 1)
+    assert [type(s) for s in steps] == [blocks.One, blocks.One]
+    steps = build_program(parse(LDSM_PTX)).compiled.steps(loads[0], loads[1] + 1)
+    assert [type(s) for s in steps] == [blocks.LdsmRun]
