@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import KernelFault
-from .ir import Addr, Instruction, Kernel, Reg, Sym, Vec
-from .machine_ops import MMA_FORM, _reg_name, _smem_lanes, address
+from .chains import LdsmOperands, MmaOperands, stretch_steps
+from .ir import Instruction, Kernel
+from .machine_ops import _reg_name, _smem_lanes, address
 from .ops import Unsupported
 from .optable import CONTROL, OPCODES, Unit, executor
 
@@ -144,37 +145,6 @@ class Lane:
             raise located(exc, self.ins) from None
 
 
-def _names(op) -> tuple[str, ...] | None:
-    """Register names of a vector operand of registers (None: anything else in it)."""
-    items = op.items if isinstance(op, Vec) else (op,)
-    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
-        return None
-    return tuple(x.name for x in items)
-
-
-@dataclass(frozen=True)
-class MmaOperands:
-    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
-
-    d: tuple[str, ...]
-    a: tuple[str, ...]
-    b: tuple[str, ...]
-    c: tuple[str, ...]
-
-    @staticmethod
-    def of(ins: Instruction) -> MmaOperands | None:
-        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
-        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
-            return None
-        names = [_names(op) for op in ins.operands]
-        if any(n is None for n in names):
-            return None
-        ops = MmaOperands(*names)
-        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
-            return None
-        return ops
-
-
 @dataclass(frozen=True, eq=False)
 class MmaRun:
     """Consecutive independent mma.sync sharing their A fragment (see the module docstring)."""
@@ -185,29 +155,6 @@ class MmaRun:
 
     def __call__(self, eng: Engine, group: Group) -> None:
         _batched(eng, group, self, mma_batch)
-
-
-@dataclass(frozen=True)
-class LdsmOperands:
-    """The registers of one ldmatrix: its destinations and the base of its address (None: a
-    variable or an absolute address)."""
-
-    d: tuple[str, ...]
-    base: str | None
-
-    @staticmethod
-    def of(ins: Instruction) -> LdsmOperands | None:
-        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
-        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
-            return None
-        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
-        d, addr = _names(ins.operands[0]), ins.operands[1]
-        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
-            return None
-        base = addr.base
-        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
-            return None
-        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,7 +276,7 @@ class Compiled:
         key = (start, end)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = tuple(_steps(self.kernel.instructions, start, end, self.instrs))
+            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs, _steps))
         return hit
 
 

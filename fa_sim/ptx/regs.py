@@ -106,6 +106,21 @@ class RegisterFile:
         for j, name in enumerate(names):
             self.slot(name)[0][:] = cols[:, j]
 
+    def words(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(storage [count, N], rows) when the registers `names` are rows of one file of 32-bit
+        registers - what a GEMM's operands are - so that one fancy index reads or writes them all
+        (None otherwise: the caller takes the one-at-a-time path). Cached by names."""
+        cache = self.__dict__.setdefault("_words", {})
+        if names not in cache:
+            try:
+                slots = [self.slot(name) for name in names]  # declared (raises Unsupported otherwise)
+            except Unsupported:
+                slots = None
+            prefixes = {self._slot[name][0] for name in names} if slots else set()
+            ok = len(prefixes) == 1 and all(width == 32 for _, width in slots)
+            cache[names] = (self._files[prefixes.pop()], np.array([self._slot[n][1] for n in names])) if ok else None
+        return cache[names]
+
 
 def to_type(raw: np.ndarray, width: int, ptype: str) -> np.ndarray:
     """Register bits (storage dtype of `width`) seen as `ptype`: same width reinterprets, a wider

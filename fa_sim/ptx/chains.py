@@ -1,0 +1,288 @@
+"""Warp-level GEMMs in the PTX engine: the mma.sync of a stretch that form chains, computed in
+matrix form.
+
+In the PTX NVRTC emits, one round's GEMM (S = Q K^T, O += P V) is straight-line code: runs of
+mma.sync, each continuing an accumulator chain (its C is its own D, written by an earlier mma of
+the chain), interleaved with the ldmatrix that load the next k16 step's operands and with lane
+math (addresses, zeroing the accumulators). A `Gemm` step covers such a region. When the whole
+wave runs it unobserved, it executes the region's other instructions in program order (their
+compiled steps) and then every mma at once: the chains are grouped into grids of MI x NJ
+accumulators that read the same A fragments at each step (and the same B fragments per column),
+their operands gathered from the register file once per GEMM into matrices, and each grid is one
+fa_sim.isa.mma.gemm_chain - the k16 steps in program order, each rounded as the run's
+tensor-core model rounds one mma.sync, so the bits are those of the single instructions (the
+program's GEMMs use the same function). The machine counts every mma (Machine.count, as
+fa_sim/gemm.py does).
+
+Moving the mmas to the end of the region is legal when (checked when the stretch compiles, the
+region ends before the first instruction that breaks it):
+- no other instruction after an mma names a register the mma reads or writes (no read of its D
+  before the deferred write, no write of its A, B or C before the deferred read);
+- an mma reads no register an earlier mma writes, except its C when C and D are the same
+  registers as the D of an earlier mma (the chain's accumulator), and writes no register an
+  earlier mma of another chain writes;
+- the other instructions are register-only lane math or ldmatrix (mma touches no memory, so loads
+  keep their order with every store: there is none among them).
+An observer, part of the wave, or a register layout the gather does not take runs the region's
+ordinary steps in program order. When one of the other instructions fails, the mmas before it
+execute one by one first, so the registers and the error are those of program order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..isa import mma as isa_mma
+from .ir import Addr, Instruction, PredPair, Reg, Sym, Vec
+from .machine_ops import MMA_FORM
+from .optable import OPCODES, Unit
+
+if TYPE_CHECKING:
+    from ..machine import Instr
+    from .engine import Engine, Group
+
+MIN_GEMM_MMAS = 4  # fewer mmas than this run as MmaRun steps (a GEMM's gathers would not pay)
+
+
+def _names(op) -> tuple[str, ...] | None:
+    """Register names of a vector operand of registers (None: anything else in it)."""
+    items = op.items if isinstance(op, Vec) else (op,)
+    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
+        return None
+    return tuple(x.name for x in items)
+
+
+@dataclass(frozen=True)
+class MmaOperands:
+    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
+
+    d: tuple[str, ...]
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    c: tuple[str, ...]
+
+    @staticmethod
+    def of(ins: Instruction) -> MmaOperands | None:
+        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
+        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
+            return None
+        names = [_names(op) for op in ins.operands]
+        if any(n is None for n in names):
+            return None
+        ops = MmaOperands(*names)
+        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
+            return None
+        return ops
+
+
+@dataclass(frozen=True)
+class LdsmOperands:
+    """The registers of one ldmatrix: its destinations and the base of its address (None: a
+    variable or an absolute address)."""
+
+    d: tuple[str, ...]
+    base: str | None
+
+    @staticmethod
+    def of(ins: Instruction) -> LdsmOperands | None:
+        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
+        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
+            return None
+        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
+        d, addr = _names(ins.operands[0]), ins.operands[1]
+        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
+            return None
+        base = addr.base
+        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
+            return None
+        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
+
+
+def _named(op) -> set[str]:
+    """Every register an operand names (read or written)."""
+    if isinstance(op, Reg):
+        return {op.name}
+    if isinstance(op, Vec):
+        return set().union(*(_named(x) for x in op.items))
+    if isinstance(op, Addr):
+        return _named(op.base) if op.base is not None else set()
+    if isinstance(op, PredPair):
+        return {op.p.name, op.q.name}
+    return set()
+
+
+def touched(ins: Instruction) -> set[str] | None:
+    """The registers an instruction that may share a GEMM region with its mmas reads or writes
+    (None: it may not - it is not unguarded lane math or an ldmatrix)."""
+    ldsm = LdsmOperands.of(ins)
+    if ldsm is not None:
+        return set(ldsm.d) | ({ldsm.base} if ldsm.base else set())
+    row = OPCODES.get(ins.opcode)
+    if row is None or row.unit is not Unit.LANES or ins.guard is not None:
+        return None
+    return set().union(*(_named(op) for op in ins.operands))
+
+
+class _Region:
+    """The mmas of a region as it grows: their chains (by D registers), reads and writes."""
+
+    def __init__(self) -> None:
+        self.chains: dict[tuple[str, ...], list[MmaOperands]] = {}
+        self.reads: set[str] = set()
+        self.writes: set[str] = set()
+        self.mmas: list[int] = []
+
+    def joins(self, op: MmaOperands) -> bool:
+        """Whether the mma can execute with the region's earlier mmas in matrix form."""
+        if set(op.a + op.b) & self.writes:
+            return False
+        if op.d in self.chains:
+            return op.c == op.d  # the chain's next k16 step
+        return not (set(op.d) | set(op.c)) & self.writes
+
+    def add(self, pc: int, op: MmaOperands) -> None:
+        self.chains.setdefault(op.d, []).append(op)
+        self.reads |= set(op.a + op.b + op.c)
+        self.writes |= set(op.d)
+        self.mmas.append(pc)
+
+
+def region(code, pc: int, end: int) -> tuple[int, list[int], dict]:
+    """The GEMM region that starts at the mma at pc: (its end, its mmas' pcs, its chains)."""
+    reg, last = _Region(), pc
+    for p in range(pc, end):
+        op = MmaOperands.of(code[p])
+        if op is not None:
+            if not reg.joins(op):
+                break
+            reg.add(p, op)
+            last = p + 1
+            continue
+        names = touched(code[p])
+        if names is None or names & (reg.reads | reg.writes):
+            break
+    return last, [p for p in reg.mmas if p < last], reg.chains
+
+
+@dataclass(frozen=True)
+class Grid:
+    """MI x NJ accumulator chains of K steps that read the same A fragments at each step (row mi)
+    and the same B fragments at each step (column nj): register names a [K, MI, 4], b [K, NJ, 2],
+    c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles)."""
+
+    k: int
+    mi: int
+    nj: int
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    c: tuple[str, ...]
+    d: tuple[str, ...]
+
+    def ready(self, regs) -> bool:
+        """Whether every operand is rows of one file of 32-bit registers (regs.words)."""
+        return all(regs.words(names) is not None for names in (self.a, self.b, self.c, self.d))
+
+    def run(self, eng: Engine) -> None:
+        """The K steps of every chain at once: operands gathered once, D written once."""
+        regs, (cs, w, lanes) = eng.regs, eng.cw
+        k, mi, nj = self.k, self.mi, self.nj
+        def rows(names):  # -> [len(names), C, W, L] words
+            file, idx = regs.words(names)
+            return file[idx].reshape(len(names), cs, w, lanes)
+        a = rows(self.a).reshape(k, mi, 4, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, MI, 4]
+        b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
+        c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
+        d = isa_mma.gemm_chain(list(isa_mma.a_matrix(a)), list(isa_mma.b_matrix(b)),
+                               np.ascontiguousarray(c).view(np.float32), eng.m.mma_model)
+        file, idx = regs.words(self.d)
+        file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+
+
+def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
+    """The chains as grids: chains with the same A registers at every step are a row, rows with
+    the same B registers column by column (in the order the chains start) one grid."""
+    rows: dict[tuple, list] = {}
+    for d, steps in chains.items():
+        rows.setdefault(tuple(s.a for s in steps), []).append((tuple(s.b for s in steps), steps[0].c, d))
+    same: dict[tuple, list] = {}
+    for a, cols in rows.items():
+        same.setdefault(tuple(b for b, _, _ in cols), []).append((a, cols))
+    out = []
+    for bs, members in same.items():
+        k, mi, nj = len(bs[0]), len(members), len(bs)
+        def flat(x):
+            return tuple(name for item in x for name in item)
+        a = flat(members[m][0][s] for s in range(k) for m in range(mi))
+        b = flat(bs[n][s] for s in range(k) for n in range(nj))
+        c = flat(members[m][1][n][1] for n in range(nj) for m in range(mi))
+        d = flat(members[m][1][n][2] for n in range(nj) for m in range(mi))
+        out.append(Grid(k, mi, nj, a, b, c, d))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Gemm:
+    """A GEMM region of a stretch (see the module docstring)."""
+
+    slow: tuple  # the region's ordinary steps, in program order
+    segments: tuple  # (first pc, steps) of each run of the region's other instructions
+    mmas: tuple[Instruction, ...]
+    counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
+    grids: tuple[Grid, ...]
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed or not all(g.ready(eng.regs) for g in self.grids):
+            for step in self.slow:
+                step(eng, group)
+            return
+        for first, steps in self.segments:
+            try:
+                for step in steps:
+                    step(eng, group)
+            except Exception:
+                for ins in self.mmas:  # program order up to the failing instruction, then its error
+                    if ins.pc < first:
+                        eng.issue(ins, group)
+                raise
+        eng.activate(self.mmas[0].pc, group)
+        for instr in self.counted:
+            eng.m.count(instr, aligned=True)
+        for grid in self.grids:
+            grid.run(eng)
+
+
+def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable) -> Gemm:
+    segments, run = [], []
+    for p in range(start, stop + 1):
+        if (p == stop or p in mmas) and run:
+            segments.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
+            run = []
+        elif p < stop and p not in mmas:
+            run.append(p)
+    phases: dict[str, list[int]] = {}
+    for p in mmas:
+        phases.setdefault(instrs[p].phase, []).append(p)
+    counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
+    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas),
+                counted, tuple(grids(chains)))
+
+
+def stretch_steps(code, start: int, end: int, instrs, plain: Callable) -> list:
+    """The steps of pcs start .. end - 1: a Gemm for each region of at least MIN_GEMM_MMAS mmas,
+    `plain(code, a, b, instrs)` (fa_sim/ptx/blocks.py) for the instructions between them."""
+    out, pc, done = [], start, start
+    while pc < end:
+        if MmaOperands.of(code[pc]) is None:
+            pc += 1
+            continue
+        stop, mmas, chains = region(code, pc, end)
+        if len(mmas) < MIN_GEMM_MMAS:
+            pc += 1
+            continue
+        out += plain(code, done, pc, instrs)
+        out.append(_gemm(code, pc, stop, mmas, chains, instrs, plain))
+        pc = done = stop
+    return out + plain(code, done, end, instrs)
