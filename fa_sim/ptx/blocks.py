@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import KernelFault
-from .chains import LdsmOperands, MmaOperands, stretch_steps
+from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps
 from .ir import Instruction, Kernel
 from .machine_ops import _reg_name, _smem_lanes, address
 from .ops import Unsupported
@@ -271,12 +271,17 @@ class Compiled:
     def stop(self) -> tuple[int, ...]:
         return stops(self.kernel)
 
+    @cached_property
+    def uses(self) -> dict[str, frozenset[int]]:
+        return register_uses(self.kernel)
+
     def steps(self, start: int, end: int) -> tuple:
         """The compiled steps of the stretch start .. end - 1 (no control instruction in it)."""
         key = (start, end)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs, _steps))
+            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs, _steps,
+                                                         self.uses))
         return hit
 
 

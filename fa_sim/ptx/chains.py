@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..isa import mma as isa_mma
-from .ir import Addr, Instruction, PredPair, Reg, Sym, Vec
+from .ir import Addr, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
+from .chain_operands import fed_matrices, load, materialize
 from .machine_ops import MMA_FORM
 from .optable import OPCODES, Unit
 
@@ -105,7 +106,7 @@ def _named(op) -> set[str]:
     """Every register an operand names (read or written)."""
     if isinstance(op, Reg):
         return {op.name}
-    if isinstance(op, Vec):
+    if isinstance(op, (Vec, ParamList)):
         return set().union(*(_named(x) for x in op.items))
     if isinstance(op, Addr):
         return _named(op.base) if op.base is not None else set()
@@ -124,6 +125,16 @@ def touched(ins: Instruction) -> set[str] | None:
     if row is None or row.unit is not Unit.LANES or ins.guard is not None:
         return None
     return set().union(*(_named(op) for op in ins.operands))
+
+
+def register_uses(kernel: Kernel) -> dict[str, frozenset[int]]:
+    """The pcs of the instructions that name each register (read, write or guard)."""
+    out: dict[str, set[int]] = {}
+    for ins in kernel.instructions:
+        names = set().union(*(_named(op) for op in ins.operands))
+        for name in names | ({ins.guard.reg.name} if ins.guard is not None else set()):
+            out.setdefault(name, set()).add(ins.pc)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 class _Region:
@@ -171,7 +182,9 @@ def region(code, pc: int, end: int) -> tuple[int, list[int], dict]:
 class Grid:
     """MI x NJ accumulator chains of K steps that read the same A fragments at each step (row mi)
     and the same B fragments at each step (column nj): register names a [K, MI, 4], b [K, NJ, 2],
-    c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles)."""
+    c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
+    [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
+    shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment."""
 
     k: int
     mi: int
@@ -180,23 +193,37 @@ class Grid:
     b: tuple[str, ...]
     c: tuple[str, ...]
     d: tuple[str, ...]
+    a_fed: tuple[int, ...] | None = None
+    b_fed: tuple[tuple[int, int], ...] | None = None
 
     def ready(self, regs) -> bool:
         """Whether every operand is rows of one file of 32-bit registers (regs.words)."""
         return all(regs.words(names) is not None for names in (self.a, self.b, self.c, self.d))
 
-    def run(self, eng: Engine) -> None:
-        """The K steps of every chain at once: operands gathered once, D written once."""
+    def run(self, eng: Engine, loads: dict) -> None:
+        """The K steps of every chain at once: operands gathered once, D written once. `loads`:
+        the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
         regs, (cs, w, lanes) = eng.regs, eng.cw
         k, mi, nj = self.k, self.mi, self.nj
         def rows(names):  # -> [len(names), C, W, L] words
             file, idx = regs.words(names)
             return file[idx].reshape(len(names), cs, w, lanes)
-        a = rows(self.a).reshape(k, mi, 4, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, MI, 4]
-        b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
+        if self.a_fed is not None and all(loads[p] is not None for p in self.a_fed):
+            a_mats = fed_matrices(eng, [loads[p] for p in self.a_fed], self.a_fed, k, True,
+                                  self.__dict__.setdefault("_a_index", {}))
+        else:
+            materialize(eng, loads, self.a_fed or ())
+            a = rows(self.a).reshape(k, mi, 4, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, MI, 4]
+            a_mats = list(isa_mma.a_matrix(a))
+        if self.b_fed is not None and all(loads[p] is not None for p, _ in self.b_fed):
+            b_mats = fed_matrices(eng, [loads[p] for p, _ in self.b_fed], self.b_fed, k, False,
+                                  self.__dict__.setdefault("_b_index", {}))
+        else:
+            materialize(eng, loads, tuple(p for p, _ in self.b_fed or ()))
+            b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
+            b_mats = list(isa_mma.b_matrix(b))
         c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
-        d = isa_mma.gemm_chain(list(isa_mma.a_matrix(a)), list(isa_mma.b_matrix(b)),
-                               np.ascontiguousarray(c).view(np.float32), eng.m.mma_model)
+        d = isa_mma.gemm_chain(a_mats, b_mats, np.ascontiguousarray(c).view(np.float32), eng.m.mma_model)
         file, idx = regs.words(self.d)
         file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
 
@@ -223,12 +250,42 @@ def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
     return out
 
 
+def feed(code, grids_: list[Grid], pcs: range, mmas: list[int], uses) -> tuple[list[Grid], set[int]]:
+    """Which ldmatrix of a region load registers that only its mmas read as A or B (every
+    instruction of the kernel that names them is the ldmatrix or such an mma), so that the
+    operands they feed come from shared memory without registers: the grids with a_fed / b_fed
+    where every fragment of the operand is such a load, and the loads that feed them."""
+    later = {p: {q for q in mmas if q > p} for p in pcs}
+    cand = {}
+    for p in pcs:
+        ld = LdsmOperands.of(code[p])
+        if ld is not None and len(ld.d) == 4 and {"m8n8", "b16"} <= set(code[p].mods) and \
+                all(uses.get(r, frozenset()) - {p} <= later[p] for r in ld.d):
+            cand[p] = ld.d
+    while True:
+        a_of = {d: p for p, d in cand.items()}
+        b_of = {**{d[:2]: (p, 0) for p, d in cand.items()}, **{d[2:]: (p, 1) for p, d in cand.items()}}
+        out, used, read = [], set(), set()  # read: registers that a side gathered from registers reads
+        for g in grids_:
+            a = [a_of.get(g.a[4 * i: 4 * i + 4]) for i in range(g.k * g.mi)]
+            b = [b_of.get(g.b[2 * i: 2 * i + 2]) for i in range(g.k * g.nj)]
+            a_fed = tuple(a) if None not in a else None
+            b_fed = tuple(b) if None not in b else None
+            used |= set(a_fed or ()) | {p for p, _ in b_fed or ()}
+            read |= set(g.c) | set(g.d) | (set() if a_fed else set(g.a)) | (set() if b_fed else set(g.b))
+            out.append(replace(g, a_fed=a_fed, b_fed=b_fed))
+        keep = {p: d for p, d in cand.items() if p in used and not set(d) & read}
+        if keep == cand:
+            return out, set(cand)
+        cand = keep
+
+
 @dataclass(frozen=True, eq=False)
 class Gemm:
     """A GEMM region of a stretch (see the module docstring)."""
 
     slow: tuple  # the region's ordinary steps, in program order
-    segments: tuple  # (first pc, steps) of each run of the region's other instructions
+    segments: tuple  # (first pc, steps) of each run of the other instructions; steps None: a fed ldmatrix
     mmas: tuple[Instruction, ...]
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
@@ -238,12 +295,17 @@ class Gemm:
             for step in self.slow:
                 step(eng, group)
             return
+        code, loads = eng.kernel.instructions, {}
         for first, steps in self.segments:
             try:
+                if steps is None:
+                    loads[first] = load(eng, group, code[first])
+                    continue
                 for step in steps:
                     step(eng, group)
-            except Exception:
-                for ins in self.mmas:  # program order up to the failing instruction, then its error
+            except Exception:  # program order up to the failing instruction, then its error
+                materialize(eng, loads, loads)
+                for ins in self.mmas:
                     if ins.pc < first:
                         eng.issue(ins, group)
                 raise
@@ -251,15 +313,18 @@ class Gemm:
         for instr in self.counted:
             eng.m.count(instr, aligned=True)
         for grid in self.grids:
-            grid.run(eng)
+            grid.run(eng, loads)
 
 
-def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable) -> Gemm:
+def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
+    grids_, fed = feed(code, grids(chains), range(start, stop), mmas, uses)
     segments, run = [], []
     for p in range(start, stop + 1):
-        if (p == stop or p in mmas) and run:
+        if (p == stop or p in mmas or p in fed) and run:
             segments.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
             run = []
+        if p in fed:
+            segments.append((p, None))
         elif p < stop and p not in mmas:
             run.append(p)
     phases: dict[str, list[int]] = {}
@@ -267,12 +332,13 @@ def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: C
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
     return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas),
-                counted, tuple(grids(chains)))
+                counted, tuple(grids_))
 
 
-def stretch_steps(code, start: int, end: int, instrs, plain: Callable) -> list:
+def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
     """The steps of pcs start .. end - 1: a Gemm for each region of at least MIN_GEMM_MMAS mmas,
-    `plain(code, a, b, instrs)` (fa_sim/ptx/blocks.py) for the instructions between them."""
+    `plain(code, a, b, instrs)` (fa_sim/ptx/blocks.py) for the instructions between them. `uses`:
+    register_uses of the kernel."""
     out, pc, done = [], start, start
     while pc < end:
         if MmaOperands.of(code[pc]) is None:
@@ -282,7 +348,10 @@ def stretch_steps(code, start: int, end: int, instrs, plain: Callable) -> list:
         if len(mmas) < MIN_GEMM_MMAS:
             pc += 1
             continue
-        out += plain(code, done, pc, instrs)
-        out.append(_gemm(code, pc, stop, mmas, chains, instrs, plain))
+        first = pc  # the lane math and loads before the first mma join the region (they stay in order)
+        while first > done and touched(code[first - 1]) is not None:
+            first -= 1
+        out += plain(code, done, first, instrs)
+        out.append(_gemm(code, first, stop, mmas, chains, instrs, plain, uses))
         pc = done = stop
     return out + plain(code, done, end, instrs)

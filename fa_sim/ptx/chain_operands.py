@@ -1,0 +1,106 @@
+"""Operands of a GEMM chain (fa_sim/ptx/chains.py) that ldmatrix loads for its mmas alone: taken
+from shared memory straight into the operand matrices, without registers.
+
+An ldmatrix whose registers no instruction but the region's mmas reads (as A or B) is *fed*: at
+its place in program order the engine computes its addresses and does what the machine does for
+it besides loading registers (the count, the whole-warp check, the shared-memory bounds check:
+Machine.count, as fa_sim/gemm.py's LdsmOperand); the GEMM then gathers each operand matrix from
+shared memory with one index per operand - ldmatrix's map from lanes to shared-memory halves
+composed with mma's map from fragments to matrices (fa_sim.isa.mma.a_matrix_map, b_matrix_map),
+cached for the address patterns (SmemLanes) that repeat round after round. Shared memory does not
+change between the load and the GEMM: the region holds no store (chains.touched). The values are
+those the registers would hold, so the bits are those of the single instructions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import isa
+from ..isa import mma as isa_mma
+from ..machine import SmemLanes
+from .ir import Instruction
+from .machine_ops import _smem_lanes, address
+
+if TYPE_CHECKING:
+    from .engine import Engine, Group
+
+LDSM_NUM = 4  # a fed ldmatrix is .x4: one A fragment, or the B fragments of two n8 tiles
+INDEX_CACHE = 8  # composed indices kept per operand (a kernel's buffers alternate between a few)
+
+
+def load(eng: Engine, group: Group, ins: Instruction) -> SmemLanes | None:
+    """A fed ldmatrix at its place: its addresses, counted and checked as the machine does. When
+    anything fails, the ldmatrix executes as a single instruction (loading its registers, or
+    raising its error with its lines): None."""
+    try:
+        lanes = _smem_lanes(eng, address(eng, ins.operands[1], group, "shared"), 16, group, ins.pc)
+        lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
+    except Exception:
+        eng.issue(ins, group)
+        return None
+    try:
+        eng.m.count(eng.activate(ins.pc, group), aligned=True, smem=lanes)
+    except Exception:  # counted: the single instruction raises the same error with its lines
+        eng.issue(ins, group)
+        raise
+    return lanes
+
+
+def _index(lanes: SmemLanes, trans: bool, operand_a: bool) -> np.ndarray:
+    """[C, W, 16, 16] shared-memory halves of the A matrix (or the two n8 B tiles) one
+    ldmatrix.x4 loads, cached on `lanes`."""
+    cache = lanes.__dict__.setdefault("_chain_index", {})
+    key = (trans, operand_a)
+    if key not in cache:
+        halves = lanes.ldsm_index(LDSM_NUM, trans).halves  # [C, W, L, 1, 4, 2]
+        c, w, l = halves.shape[:3]
+        cache[key] = (isa_mma.a_matrix_map(halves.reshape(c, w, l, 1, 2 * LDSM_NUM)) if operand_a
+                      else isa_mma.b_matrix_map(halves.reshape(c, w, l, 2, LDSM_NUM)))
+    return cache[key]
+
+
+def fed_matrices(eng: Engine, loads: list[SmemLanes], fed: tuple, k: int, operand_a: bool,
+                 cache: dict) -> list[np.ndarray]:
+    """The K operand matrices [C, W, rows, cols] f16 of a fed operand: `fed` [K, MI] ldmatrix pcs
+    (A) or [K, NJ] (pc, half) (B), `loads` their SmemLanes in the same order."""
+    smem = eng.m.smem[: eng.cw[0]]
+    key = (tuple(map(id, loads)), smem.shape)
+    hit = cache.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], loads)):
+        hit = cache[key] = (tuple(loads), _compose(eng, loads, fed, k, operand_a, smem.shape))
+        while len(cache) > INDEX_CACHE:
+            cache.pop(next(iter(cache)))
+    mats = np.take(smem.view(np.uint16).reshape(-1), hit[1]).view(np.float16)  # [C, K, W, rows, cols]
+    return [mats[:, s] for s in range(k)]
+
+
+def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool, shape) -> np.ndarray:
+    code = eng.kernel.instructions
+    def trans(i):
+        return "trans" in code[fed[i] if operand_a else fed[i][0]].mods
+    n = len(fed) // k
+    if operand_a:  # rows of the A matrices stack along the rows
+        parts = [_index(loads[i], trans(i), True) for i in range(len(fed))]
+        steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-2) for s in range(k)]
+    else:  # column tiles side by side
+        parts = [_index(loads[i], trans(i), False)[..., 8 * fed[i][1]: 8 * fed[i][1] + 8] for i in range(len(fed))]
+        steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-1) for s in range(k)]
+    idx = np.stack(steps, axis=1)  # [C, K, W, rows, cols] halves in each CTA's shared memory
+    return idx + (np.arange(shape[0]) * (shape[1] // 2)).reshape(-1, *(1,) * (idx.ndim - 1))
+
+
+def materialize(eng: Engine, loads: dict, pcs) -> None:
+    """Load the registers of fed ldmatrix (an operand that must come from registers after all:
+    one of its loads fell back to a single instruction)."""
+    code = eng.kernel.instructions
+    for p in dict.fromkeys(pcs):
+        lanes = loads[p]
+        if lanes is None:
+            continue  # loaded its registers itself
+        regs = isa.ldmatrix(eng.m.smem[: eng.cw[0]], lanes.ldsm_index(LDSM_NUM, "trans" in code[p].mods),
+                            lanes.per_cta)  # [C, W, L, 1, 4]
+        eng.regs.set_lane_major(tuple(x.name for x in code[p].operands[0].items),
+                                np.ascontiguousarray(regs).reshape(eng.cw[0], -1, LDSM_NUM))
