@@ -7,7 +7,7 @@ import pytest
 
 from fa_sim import isa
 from fa_sim.events import Op
-from fa_sim.ptx import blocks, launch, parse
+from fa_sim.ptx import blocks, chains, launch, parse
 from fa_sim.ptx.program import build_program
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -217,3 +217,144 @@ def test_an_ldmatrix_whose_address_an_earlier_one_loads_is_not_in_its_run():
     assert [type(s) for s in steps] == [blocks.One, blocks.One]
     steps = build_program(parse(LDSM_PTX)).compiled.steps(loads[0], loads[1] + 1)
     assert [type(s) for s in steps] == [blocks.LdsmRun]
+
+
+# GEMM chains (fa_sim/ptx/chains.py): one warp, five mma.sync accumulating into %f1..%f4 with the
+# same A and five B fragments; INSERT goes right after the first mma.
+CHAIN_PTX = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry chain(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u64 pd)
+{{
+    .reg .b32 %r<24>;
+    .reg .f32 %f<24>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u64 %rd4, [pd];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd5, %r0, 16;
+    add.s64 %rd6, %rd1, %rd5;
+    ld.global.v4.b32 {{%r1, %r2, %r3, %r4}}, [%rd6];
+    mul.wide.u32 %rd7, %r0, 40;
+    add.s64 %rd8, %rd2, %rd7;
+    ld.global.v2.b32 {{%r5, %r6}}, [%rd8];
+    ld.global.v2.b32 {{%r7, %r8}}, [%rd8+8];
+    ld.global.v2.b32 {{%r9, %r10}}, [%rd8+16];
+    ld.global.v2.b32 {{%r11, %r12}}, [%rd8+24];
+    ld.global.v2.b32 {{%r13, %r14}}, [%rd8+32];
+    add.s64 %rd10, %rd3, %rd5;
+    ld.global.v4.f32 {{%f1, %f2, %f3, %f4}}, [%rd10];
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r5, %r6}}, {{%f1, %f2, %f3, %f4}};
+    INSERT
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r7, %r8}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r9, %r10}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r11, %r12}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r1, %r2, %r3, %r4}}, {{%r13, %r14}}, {{%f1, %f2, %f3, %f4}};
+    mul.wide.u32 %rd9, %r0, 32;
+    add.s64 %rd11, %rd4, %rd9;
+    st.global.v4.f32 [%rd11], {{%f1, %f2, %f3, %f4}};
+    st.global.v4.f32 [%rd11+16], {{%f20, %f21, %f22, %f23}};
+    ret;
+}}
+"""
+
+# (instruction after the first mma, whether the five mmas form one chain): a write of a register
+# the first mma reads, or a read of its D, must stay after it - the chain then starts at mma 2.
+INSERTS = {
+    "mov.b32 %r20, %r1;": True,  # registers no mma names
+    "mov.b32 %r5, %r1;": False,  # overwrites the first mma's B
+    "add.f32 %f20, %f1, %f2;": False,  # reads the first mma's D
+    "mov.f32 %f4, 0f00000000;": False,  # overwrites the accumulator
+}
+
+
+def chain_operands(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(32 * 8).astype(np.float16).view(np.uint32)
+    b = rng.standard_normal(32 * 20).astype(np.float16).view(np.uint32)
+    return a, b, rng.standard_normal(32 * 4).astype(np.float32)
+
+
+def chain_reference(insert: str) -> np.ndarray:
+    """The five mmas and the inserted instruction one at a time (fa_sim.isa), [32, 8] f32."""
+    a, b, c = chain_operands()
+    a, b, d = a.reshape(32, 4), b.reshape(32, 5, 2).copy(), c.reshape(32, 4)
+    extra = np.zeros((32, 4), np.float32)
+    for i in range(5):
+        d = isa.mma_m16n8k16(a, b[:, i], d)
+        if i == 0 and insert.startswith("mov.b32 %r5"):
+            b[:, 0, 0] = a[:, 0]
+        elif i == 0 and insert.startswith("add.f32"):
+            extra[:, 0] = d[:, 0] + d[:, 1]
+        elif i == 0 and insert.startswith("mov.f32"):
+            d = d.copy()
+            d[:, 3] = 0
+    return np.concatenate([d, extra], axis=1)
+
+
+@pytest.mark.parametrize("insert", list(INSERTS))
+def test_a_chain_is_one_gemm_only_where_the_registers_allow_the_reorder(insert):
+    ptx = CHAIN_PTX.replace("INSERT", insert)
+    prog = build_program(parse(ptx))
+    code = prog.kernel.instructions
+    mmas = [i.pc for i in code if i.opcode == "mma"]
+    steps = prog.compiled.steps(0, prog.compiled.stop[0])
+    gemms = [s for s in steps if isinstance(s, chains.Gemm)]
+    assert len(gemms) == 1
+    assert [i.pc for i in gemms[0].mmas] == (mmas if INSERTS[insert] else mmas[1:])
+    outs = []
+    for observers in ((), [Watcher()]):
+        out = np.zeros(32 * 8, np.float32)
+        res = launch(ptx, grid=(1,), block=(32,), args=[*chain_operands(), out], observers=observers)
+        outs.append((out.reshape(32, 8), res))
+    (chained, res), (single, res_single) = outs
+    np.testing.assert_array_equal(chained.view(np.uint32), chain_reference(insert).view(np.uint32))
+    np.testing.assert_array_equal(single.view(np.uint32), chained.view(np.uint32))
+    assert res.counts == res_single.counts and res.instructions[Op.HMMA] == 5
+
+
+def test_no_chain_across_a_store_or_a_guarded_instruction():
+    for insert in ("st.global.f32 [%rd4], %f20;", "setp.eq.s32 %p1, %r0, 0;\n@%p1 mov.b32 %r20, %r1;"):
+        ptx = CHAIN_PTX.replace("INSERT", insert).replace(".reg .b64 %rd<12>;", ".reg .b64 %rd<12>;\n.reg .pred %p<2>;")
+        prog = build_program(parse(ptx))
+        steps = prog.compiled.steps(0, prog.compiled.stop[0])
+        gemms = [s for s in steps if isinstance(s, chains.Gemm)]
+        assert [len(g.mmas) for g in gemms] == [4]  # mma 2 .. 5 only
+
+
+CHAIN_CASES = [  # (config fields, causal, seqlen, tensor-core model)
+    (dict(head_dim=64), False, 192, "exact"),
+    (dict(head_dim=32), True, 160, "exact"),
+    (dict(head_dim=128), False, 100, "exact"),
+    (dict(block_m=128, head_dim=64), True, 200, "exact"),  # MI = 2 rows of A per warp
+    (dict(head_dim=64), True, 136, "h200"),
+    (dict(block_m=128, head_dim=32), False, 96, "h200"),
+]
+
+
+@pytest.mark.parametrize("fields, causal, seqlen, model", CHAIN_CASES)
+def test_attention_chains_give_the_bits_and_counts_of_single_instructions(monkeypatch, fields, causal, seqlen, model):
+    import fa_sim
+    from fa_sim.config import KernelConfig
+    fed, grids = [], []
+    run_grid = chains.Grid.run
+    def spy(self, eng, loads):
+        grids.append((self.mi, self.a_fed is not None, self.b_fed is not None))
+        return run_grid(self, eng, loads)
+    monkeypatch.setattr(chains.Grid, "run", spy)
+    rng = np.random.default_rng(seqlen)
+    q, k, v = (rng.standard_normal((1, 2, seqlen, fields["head_dim"])).astype(np.float16) for _ in range(3))
+    cfg = KernelConfig(**fields)
+    chained = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model)
+    assert grids and any(a and b for _, a, b in grids)  # the QK^T GEMM: both operands from shared memory
+    assert {mi for mi, _, _ in grids} == {cfg.block_m // 16 // cfg.n_warps}
+    grids.clear()
+    single = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model, observers=[Watcher()])
+    assert not grids  # observed: one instruction at a time
+    np.testing.assert_array_equal(chained.o.view(np.uint16), single.o.view(np.uint16))
+    np.testing.assert_array_equal(chained.lse.view(np.uint32), single.lse.view(np.uint32))
+    assert chained.counts == single.counts

@@ -64,20 +64,28 @@ def _index(lanes: SmemLanes, trans: bool, operand_a: bool) -> np.ndarray:
 
 def fed_matrices(eng: Engine, loads: list[SmemLanes], fed: tuple, k: int, operand_a: bool,
                  cache: dict) -> list[np.ndarray]:
-    """The K operand matrices [C, W, rows, cols] f16 of a fed operand: `fed` [K, MI] ldmatrix pcs
-    (A) or [K, NJ] (pc, half) (B), `loads` their SmemLanes in the same order."""
+    """The K operand matrices [C, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
+    ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their SmemLanes in the same order."""
     smem = eng.m.smem[: eng.cw[0]]
     key = (tuple(map(id, loads)), smem.shape)
     hit = cache.get(key)
     if hit is None or any(a is not b for a, b in zip(hit[0], loads)):
-        hit = cache[key] = (tuple(loads), _compose(eng, loads, fed, k, operand_a, smem.shape))
+        hit = cache[key] = (tuple(loads), *_plan(_compose(eng, loads, fed, k, operand_a), smem.shape))
         while len(cache) > INDEX_CACHE:
             cache.pop(next(iter(cache)))
-    mats = np.take(smem.view(np.uint16).reshape(-1), hit[1]).view(np.float16)  # [C, K, W, rows, cols]
+    _, index, transposed = hit
+    if transposed is None:  # halves
+        mats = np.take(smem.view(np.uint16).reshape(-1), index).view(np.float16)
+    else:  # whole 16-byte rows of ldmatrix: 8 halves per index
+        mats = np.take(smem.view(CHUNK).reshape(-1), index).view(np.float16)
+        if transposed:
+            mats = np.swapaxes(mats, -1, -2)
     return [mats[:, s] for s in range(k)]
 
 
-def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool, shape) -> np.ndarray:
+def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool) -> np.ndarray:
+    """[C, K, W or 1, rows, cols] shared-memory halves of each CTA (W 1 when every warp reads
+    the same: the B operand of a warp-level GEMM)."""
     code = eng.kernel.instructions
     def trans(i):
         return "trans" in code[fed[i] if operand_a else fed[i][0]].mods
@@ -88,8 +96,27 @@ def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool, shape) -> 
     else:  # column tiles side by side
         parts = [_index(loads[i], trans(i), False)[..., 8 * fed[i][1]: 8 * fed[i][1] + 8] for i in range(len(fed))]
         steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-1) for s in range(k)]
-    idx = np.stack(steps, axis=1)  # [C, K, W, rows, cols] halves in each CTA's shared memory
-    return idx + (np.arange(shape[0]) * (shape[1] // 2)).reshape(-1, *(1,) * (idx.ndim - 1))
+    idx = np.stack(steps, axis=1)
+    return idx[:, :, :1] if (idx == idx[:, :, :1]).all() else idx
+
+
+CHUNK = np.dtype((np.void, 16))  # one ldmatrix row: 8 halves
+CHUNK_HALVES = 8
+
+
+def _plan(idx: np.ndarray, shape) -> tuple[np.ndarray, bool | None]:
+    """The gather of halves idx [C, ...] from each CTA's shared memory (shape [C, bytes]) as flat
+    indices: of 16-byte chunks when every 8 consecutive halves along the columns (transposed:
+    False) or the rows (True) are one chunk, else of halves (None)."""
+    cta = np.arange(shape[0]).reshape(-1, *(1,) * (idx.ndim - 1))
+    for transposed in (False, True):
+        t = np.swapaxes(idx, -1, -2) if transposed else idx
+        if t.shape[-1] % CHUNK_HALVES:
+            continue
+        c = t.reshape(*t.shape[:-1], -1, CHUNK_HALVES)
+        if (c[..., 0] % CHUNK_HALVES == 0).all() and (c == c[..., :1] + np.arange(CHUNK_HALVES)).all():
+            return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES + cta * (shape[1] // 16)), transposed
+    return idx + cta * (shape[1] // 2), None
 
 
 def materialize(eng: Engine, loads: dict, pcs) -> None:

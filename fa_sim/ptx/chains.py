@@ -16,8 +16,8 @@ fa_sim/gemm.py does).
 
 Moving the mmas to the end of the region is legal when (checked when the stretch compiles, the
 region ends before the first instruction that breaks it):
-- no other instruction after an mma names a register the mma reads or writes (no read of its D
-  before the deferred write, no write of its A, B or C before the deferred read);
+- no other instruction after an mma reads its D (before the deferred write) or writes a register
+  the mma reads or writes (its A, B or C before the deferred read, its D before the deferred write);
 - an mma reads no register an earlier mma writes, except its C when C and D are the same
   registers as the D of an earlier mma (the chain's accumulator), and writes no register an
   earlier mma of another chain writes;
@@ -115,16 +115,17 @@ def _named(op) -> set[str]:
     return set()
 
 
-def touched(ins: Instruction) -> set[str] | None:
-    """The registers an instruction that may share a GEMM region with its mmas reads or writes
-    (None: it may not - it is not unguarded lane math or an ldmatrix)."""
+def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
+    """(registers read, registers written) of an instruction that may share a GEMM region with
+    its mmas (None: it may not - it is not unguarded lane math or an ldmatrix). Lane math writes
+    its first operand (PTX puts destinations first); every register it names counts as read."""
     ldsm = LdsmOperands.of(ins)
     if ldsm is not None:
-        return set(ldsm.d) | ({ldsm.base} if ldsm.base else set())
+        return ({ldsm.base} if ldsm.base else set()), set(ldsm.d)
     row = OPCODES.get(ins.opcode)
-    if row is None or row.unit is not Unit.LANES or ins.guard is not None:
+    if row is None or row.unit is not Unit.LANES or ins.guard is not None or not ins.operands:
         return None
-    return set().union(*(_named(op) for op in ins.operands))
+    return set().union(*(_named(op) for op in ins.operands)), _named(ins.operands[0])
 
 
 def register_uses(kernel: Kernel) -> dict[str, frozenset[int]]:
@@ -172,8 +173,8 @@ def region(code, pc: int, end: int) -> tuple[int, list[int], dict]:
             reg.add(p, op)
             last = p + 1
             continue
-        names = touched(code[p])
-        if names is None or names & (reg.reads | reg.writes):
+        regs = touched(code[p])
+        if regs is None or regs[0] & reg.writes or regs[1] & (reg.reads | reg.writes):
             break
     return last, [p for p in reg.mmas if p < last], reg.chains
 
