@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fa_sim import isa
+from fa_sim.errors import KernelFault
 from fa_sim.events import Op
 from fa_sim.ptx import blocks, chains, launch, parse
 from fa_sim.ptx.program import build_program
@@ -269,6 +270,8 @@ INSERTS = {
     "mov.b32 %r5, %r1;": False,  # overwrites the first mma's B
     "add.f32 %f20, %f1, %f2;": False,  # reads the first mma's D
     "mov.f32 %f4, 0f00000000;": False,  # overwrites the accumulator
+    # an mma of another chain that overwrites the first mma's B (its D and C: %r5, %r6, %r15, %r16)
+    f"{MMA} {{%r5, %r6, %r15, %r16}}, {{%r1, %r2, %r3, %r4}}, {{%r7, %r8}}, {{%r5, %r6, %r15, %r16}};": False,
 }
 
 
@@ -280,7 +283,8 @@ def chain_operands(seed: int = 3):
 
 
 def chain_reference(insert: str) -> np.ndarray:
-    """The five mmas and the inserted instruction one at a time (fa_sim.isa), [32, 8] f32."""
+    """The five mmas and the inserted instruction one at a time (fa_sim.isa), [32, 8] f32 (an
+    inserted mma changes no stored value)."""
     a, b, c = chain_operands()
     a, b, d = a.reshape(32, 4), b.reshape(32, 5, 2).copy(), c.reshape(32, 4)
     extra = np.zeros((32, 4), np.float32)
@@ -314,7 +318,7 @@ def test_a_chain_is_one_gemm_only_where_the_registers_allow_the_reorder(insert):
     (chained, res), (single, res_single) = outs
     np.testing.assert_array_equal(chained.view(np.uint32), chain_reference(insert).view(np.uint32))
     np.testing.assert_array_equal(single.view(np.uint32), chained.view(np.uint32))
-    assert res.counts == res_single.counts and res.instructions[Op.HMMA] == 5
+    assert res.counts == res_single.counts and res.instructions[Op.HMMA] == len(mmas)
 
 
 def test_no_chain_across_a_store_or_a_guarded_instruction():
@@ -358,3 +362,88 @@ def test_attention_chains_give_the_bits_and_counts_of_single_instructions(monkey
     np.testing.assert_array_equal(chained.o.view(np.uint16), single.o.view(np.uint16))
     np.testing.assert_array_equal(chained.lse.view(np.uint32), single.lse.view(np.uint32))
     assert chained.counts == single.counts
+
+
+# A GEMM whose operands ldmatrix loads for its mmas alone (fed from shared memory): one warp,
+# two k16 steps of two n8 columns; the last B load's offset is a parameter (1536: in bounds).
+FED_PTX = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry fed(.param .u64 psrc, .param .u64 pout, .param .u32 poff)
+{{
+    .reg .b32 %r<32>;
+    .reg .f32 %f<9>;
+    .reg .b64 %rd<8>;
+    .shared .align 16 .b8 buf[2048];
+    ld.param.u64 %rd1, [psrc];
+    ld.param.u64 %rd2, [pout];
+    ld.param.u32 %r30, [poff];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd3, %r0, 64;
+    add.s64 %rd4, %rd1, %rd3;
+    mov.u32 %r1, buf;
+    shl.b32 %r2, %r0, 6;
+    add.s32 %r3, %r1, %r2;
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
+    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
+    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
+    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
+    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
+    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
+    bar.sync 0;
+    shl.b32 %r8, %r0, 4;
+    add.s32 %r9, %r1, %r8;
+    add.s32 %r10, %r9, 512;
+    add.s32 %r11, %r9, 1024;
+    add.s32 %r12, %r9, %r30;
+    mov.f32 %f1, 0f00000000;
+    mov.f32 %f2, %f1;
+    mov.f32 %f3, %f1;
+    mov.f32 %f4, %f1;
+    mov.f32 %f5, %f1;
+    mov.f32 %f6, %f1;
+    mov.f32 %f7, %f1;
+    mov.f32 %f8, %f1;
+    {LDSM} {{%r13, %r14, %r15, %r16}}, [%r9];
+    {LDSM} {{%r17, %r18, %r19, %r20}}, [%r10];
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r13, %r14, %r15, %r16}}, {{%r17, %r18}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f5, %f6, %f7, %f8}}, {{%r13, %r14, %r15, %r16}}, {{%r19, %r20}}, {{%f5, %f6, %f7, %f8}};
+    {LDSM} {{%r21, %r22, %r23, %r24}}, [%r11];
+    {LDSM}.trans {{%r25, %r26, %r27, %r28}}, [%r12];
+    {MMA} {{%f1, %f2, %f3, %f4}}, {{%r21, %r22, %r23, %r24}}, {{%r25, %r26}}, {{%f1, %f2, %f3, %f4}};
+    {MMA} {{%f5, %f6, %f7, %f8}}, {{%r21, %r22, %r23, %r24}}, {{%r27, %r28}}, {{%f5, %f6, %f7, %f8}};
+    mul.wide.u32 %rd5, %r0, 32;
+    add.s64 %rd6, %rd2, %rd5;
+    st.global.v4.f32 [%rd6], {{%f1, %f2, %f3, %f4}};
+    st.global.v4.f32 [%rd6+16], {{%f5, %f6, %f7, %f8}};
+    ret;
+}}
+""".replace(f"{LDSM}.trans", LDSM.replace(".shared", ".trans.shared"))
+
+
+def run_fed(offset: int, observers=()):
+    src = np.random.default_rng(5).standard_normal(1024).astype(np.float16).view(np.uint32)
+    out = np.zeros(32 * 8, np.float32)
+    res = launch(FED_PTX, grid=(1,), block=(32,), args=[src, out, np.uint32(offset)], observers=observers)
+    return out.reshape(32, 8), res
+
+
+def test_fed_operands_give_the_bits_counts_and_faults_of_single_instructions(monkeypatch):
+    fed = []
+    matrices = chains.fed_matrices
+    monkeypatch.setattr(chains, "fed_matrices", lambda *a: fed.append(a[4]) or matrices(*a))
+    chained, res = run_fed(1536)
+    assert sorted(fed) == [False, True]  # A and B from shared memory
+    single, res_single = run_fed(1536, [Watcher()])
+    np.testing.assert_array_equal(chained.view(np.uint32), single.view(np.uint32))
+    assert res.counts == res_single.counts and res.instructions[Op.LDSM] == 4
+    errors = []
+    for observers in ((), [Watcher()]):
+        with pytest.raises(KernelFault) as info:
+            run_fed(4096, observers)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "ldmatrix" in errors[0] and "outside" in errors[0]

@@ -27,6 +27,13 @@ module) into steps:
   one at a time in the same cases as an mma run (a fault then names the instruction whose address
   is wrong).
 
+- `Gemm` (fa_sim/ptx/chains.py): a region of a stretch whose mma.sync form accumulator chains -
+  a warp-level GEMM with the ldmatrix and lane math between its k16 steps - computed in matrix
+  form when the whole wave runs it unobserved and the register dependences allow the mmas to move
+  to its end; its other instructions run as the steps above (ldmatrix that feed only its mmas load
+  no registers: fa_sim/ptx/chain_operands.py). Regions of fewer than MIN_GEMM_MMAS mmas stay
+  MmaRun steps.
+
 `main_loop` finds the kernel's main loop, whose iterations are the rounds of events and counts.
 """
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import isa
 from ..isa import mma as isa_mma
-from ..machine import SmemLanes
+from ..machine import Instr, SmemLanes
 from .ir import Instruction
 from .machine_ops import _smem_lanes, address
 
@@ -31,10 +31,26 @@ LDSM_NUM = 4  # a fed ldmatrix is .x4: one A fragment, or the B fragments of two
 INDEX_CACHE = 8  # composed indices kept per operand (a kernel's buffers alternate between a few)
 
 
-def load(eng: Engine, group: Group, ins: Instruction) -> SmemLanes | None:
-    """A fed ldmatrix at its place: its addresses, counted and checked as the machine does. When
-    anything fails, the ldmatrix executes as a single instruction (loading its registers, or
-    raising its error with its lines): None."""
+def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr) -> dict:
+    """R fed ldmatrix of one form at their place (`instr`: the first one's site with repeat R):
+    their addresses, counted and checked as the machine does -> {pc: (SmemLanes, column)}. When
+    anything fails, they execute one at a time (so that a fault names its instruction), and one
+    that fails alone executes as a single instruction (loading its registers, or raising its
+    error with its lines): None."""
+    if len(inss) > 1:
+        try:
+            addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in inss], axis=-1)  # [N, R]
+            lanes = _smem_lanes(eng, addr, 16, group, inss[0].pc)
+            lanes.ldsm_index(LDSM_NUM, "trans" in inss[0].mods)  # the alignment check
+            eng.activate(inss[0].pc, group)
+            eng.m.count(instr, aligned=True, smem=lanes)  # a fault: counted again by the single one, which raises it
+            return {ins.pc: (lanes, r) for r, ins in enumerate(inss)}
+        except Exception:
+            pass  # one at a time
+    return {ins.pc: _load_one(eng, group, ins) for ins in inss}
+
+
+def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, int] | None:
     try:
         lanes = _smem_lanes(eng, address(eng, ins.operands[1], group, "shared"), 16, group, ins.pc)
         lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
@@ -46,31 +62,31 @@ def load(eng: Engine, group: Group, ins: Instruction) -> SmemLanes | None:
     except Exception:  # counted: the single instruction raises the same error with its lines
         eng.issue(ins, group)
         raise
-    return lanes
+    return lanes, 0
 
 
-def _index(lanes: SmemLanes, trans: bool, operand_a: bool) -> np.ndarray:
-    """[C, W, 16, 16] shared-memory halves of the A matrix (or the two n8 B tiles) one
-    ldmatrix.x4 loads, cached on `lanes`."""
+def _index(lanes: SmemLanes, r: int, trans: bool, operand_a: bool) -> np.ndarray:
+    """[C, W, 16, 16] shared-memory halves of the A matrix (or the two n8 B tiles) that the
+    ldmatrix.x4 of column r of `lanes` loads, cached on `lanes`."""
     cache = lanes.__dict__.setdefault("_chain_index", {})
-    key = (trans, operand_a)
+    key = (r, trans, operand_a)
     if key not in cache:
-        halves = lanes.ldsm_index(LDSM_NUM, trans).halves  # [C, W, L, 1, 4, 2]
+        halves = lanes.ldsm_index(LDSM_NUM, trans).halves[:, :, :, r:r + 1]  # [C, W, L, 1, 4, 2]
         c, w, l = halves.shape[:3]
         cache[key] = (isa_mma.a_matrix_map(halves.reshape(c, w, l, 1, 2 * LDSM_NUM)) if operand_a
                       else isa_mma.b_matrix_map(halves.reshape(c, w, l, 2, LDSM_NUM)))
     return cache[key]
 
 
-def fed_matrices(eng: Engine, loads: list[SmemLanes], fed: tuple, k: int, operand_a: bool,
-                 cache: dict) -> list[np.ndarray]:
+def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, cache: dict) -> list[np.ndarray]:
     """The K operand matrices [C, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
-    ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their SmemLanes in the same order."""
+    ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their (SmemLanes, column) in the same
+    order."""
     smem = eng.m.smem[: eng.cw[0]]
-    key = (tuple(map(id, loads)), smem.shape)
+    key = (tuple((id(x), r) for x, r in loads), smem.shape)
     hit = cache.get(key)
-    if hit is None or any(a is not b for a, b in zip(hit[0], loads)):
-        hit = cache[key] = (tuple(loads), *_plan(_compose(eng, loads, fed, k, operand_a), smem.shape))
+    if hit is None or any(a is not b for a, (b, _) in zip(hit[0], loads)):
+        hit = cache[key] = (tuple(x for x, _ in loads), *_plan(_compose(eng, loads, fed, k, operand_a), smem.shape))
         while len(cache) > INDEX_CACHE:
             cache.pop(next(iter(cache)))
     _, index, transposed = hit
@@ -91,10 +107,10 @@ def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool) -> np.ndar
         return "trans" in code[fed[i] if operand_a else fed[i][0]].mods
     n = len(fed) // k
     if operand_a:  # rows of the A matrices stack along the rows
-        parts = [_index(loads[i], trans(i), True) for i in range(len(fed))]
+        parts = [_index(*loads[i], trans(i), True) for i in range(len(fed))]
         steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-2) for s in range(k)]
     else:  # column tiles side by side
-        parts = [_index(loads[i], trans(i), False)[..., 8 * fed[i][1]: 8 * fed[i][1] + 8] for i in range(len(fed))]
+        parts = [_index(*loads[i], trans(i), False)[..., 8 * fed[i][1]: 8 * fed[i][1] + 8] for i in range(len(fed))]
         steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-1) for s in range(k)]
     idx = np.stack(steps, axis=1)
     return idx[:, :, :1] if (idx == idx[:, :, :1]).all() else idx
@@ -124,10 +140,10 @@ def materialize(eng: Engine, loads: dict, pcs) -> None:
     one of its loads fell back to a single instruction)."""
     code = eng.kernel.instructions
     for p in dict.fromkeys(pcs):
-        lanes = loads[p]
-        if lanes is None:
+        if loads[p] is None:
             continue  # loaded its registers itself
+        lanes, r = loads[p]
         regs = isa.ldmatrix(eng.m.smem[: eng.cw[0]], lanes.ldsm_index(LDSM_NUM, "trans" in code[p].mods),
-                            lanes.per_cta)  # [C, W, L, 1, 4]
+                            lanes.per_cta)[:, :, :, r]  # [C, W, L, 4]
         eng.regs.set_lane_major(tuple(x.name for x in code[p].operands[0].items),
                                 np.ascontiguousarray(regs).reshape(eng.cw[0], -1, LDSM_NUM))

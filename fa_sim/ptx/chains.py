@@ -20,7 +20,7 @@ region ends before the first instruction that breaks it):
   the mma reads or writes (its A, B or C before the deferred read, its D before the deferred write);
 - an mma reads no register an earlier mma writes, except its C when C and D are the same
   registers as the D of an earlier mma (the chain's accumulator), and writes no register an
-  earlier mma of another chain writes;
+  earlier mma of another chain reads or writes;
 - the other instructions are register-only lane math or ldmatrix (mma touches no memory, so loads
   keep their order with every store: there is none among them).
 An observer, part of the wave, or a register layout the gather does not take runs the region's
@@ -153,7 +153,9 @@ class _Region:
             return False
         if op.d in self.chains:
             return op.c == op.d  # the chain's next k16 step
-        return not (set(op.d) | set(op.c)) & self.writes
+        # a new chain: it reads nothing an earlier mma writes and writes nothing an earlier mma
+        # reads or writes (the grids gather their operands one after another)
+        return not (set(op.d) | set(op.c)) & self.writes and not set(op.d) & self.reads
 
     def add(self, pc: int, op: MmaOperands) -> None:
         self.chains.setdefault(op.d, []).append(op)
@@ -286,7 +288,7 @@ class Gemm:
     """A GEMM region of a stretch (see the module docstring)."""
 
     slow: tuple  # the region's ordinary steps, in program order
-    segments: tuple  # (first pc, steps) of each run of the other instructions; steps None: a fed ldmatrix
+    segments: tuple  # (first pc, steps) of each run of the other instructions, or (first pc, FedLoads)
     mmas: tuple[Instruction, ...]
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
@@ -296,11 +298,11 @@ class Gemm:
             for step in self.slow:
                 step(eng, group)
             return
-        code, loads = eng.kernel.instructions, {}
+        loads: dict = {}
         for first, steps in self.segments:
             try:
-                if steps is None:
-                    loads[first] = load(eng, group, code[first])
+                if isinstance(steps, FedLoads):
+                    loads.update(load(eng, group, steps.inss, steps.instr))
                     continue
                 for step in steps:
                     step(eng, group)
@@ -317,23 +319,42 @@ class Gemm:
             grid.run(eng, loads)
 
 
-def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    grids_, fed = feed(code, grids(chains), range(start, stop), mmas, uses)
-    segments, run = [], []
+@dataclass(frozen=True, eq=False)
+class FedLoads:
+    """Consecutive fed ldmatrix of one form and phase (mmas between them are deferred anyway)."""
+
+    inss: tuple[Instruction, ...]
+    instr: Instr  # the first one's site with repeat = R
+
+
+def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instrs, plain: Callable) -> list:
+    """(first pc, steps or FedLoads) of the region's instructions but its mmas, in program order."""
+    out, run = [], []
     for p in range(start, stop + 1):
         if (p == stop or p in mmas or p in fed) and run:
-            segments.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
+            out.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
             run = []
         if p in fed:
-            segments.append((p, None))
+            last = out[-1][1] if out else None
+            if isinstance(last, FedLoads) and code[p].mods == last.inss[0].mods and \
+                    instrs[p].phase == last.instr.phase:
+                inss = (*last.inss, code[p])
+                out[-1] = (out[-1][0], FedLoads(inss, replace(last.instr, repeat=len(inss))))
+            else:
+                out.append((p, FedLoads((code[p],), instrs[p])))
         elif p < stop and p not in mmas:
             run.append(p)
+    return out
+
+
+def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
+    grids_, fed = feed(code, grids(chains), range(start, stop), mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas),
-                counted, tuple(grids_))
+    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(_segments(code, start, stop, mmas, fed, instrs, plain)),
+                tuple(code[p] for p in mmas), counted, tuple(grids_))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
