@@ -331,12 +331,14 @@ def test_no_chain_across_a_store_or_a_guarded_instruction():
 
 
 CHAIN_CASES = [  # (config fields, causal, seqlen, tensor-core model)
-    (dict(head_dim=64), False, 192, "exact"),
-    (dict(head_dim=32), True, 160, "exact"),
-    (dict(head_dim=128), False, 100, "exact"),
-    (dict(block_m=128, head_dim=64), True, 200, "exact"),  # MI = 2 rows of A per warp
-    (dict(head_dim=64), True, 136, "h200"),
-    (dict(block_m=128, head_dim=32), False, 96, "h200"),
+    ({"head_dim": 64}, False, 192, "exact"),
+    ({"head_dim": 32}, True, 160, "exact"),
+    ({"head_dim": 128}, False, 100, "exact"),
+    ({"block_m": 128, "head_dim": 64}, True, 200, "exact"),  # MI = 2 rows of A per warp
+    ({"head_dim": 64}, True, 136, "h200"),
+    ({"block_m": 128, "head_dim": 32}, False, 96, "h200"),
+    ({"q_in_regs": True}, True, 150, "exact"),  # A of QK^T from registers loaded in round 0
+    ({"kv_stages": 2, "defer_pv": True}, False, 200, "exact"),  # PV beside the next round's softmax
 ]
 
 
@@ -344,17 +346,18 @@ CHAIN_CASES = [  # (config fields, causal, seqlen, tensor-core model)
 def test_attention_chains_give_the_bits_and_counts_of_single_instructions(monkeypatch, fields, causal, seqlen, model):
     import fa_sim
     from fa_sim.config import KernelConfig
-    fed, grids = [], []
+    grids = []
     run_grid = chains.Grid.run
     def spy(self, eng, loads):
         grids.append((self.mi, self.a_fed is not None, self.b_fed is not None))
         return run_grid(self, eng, loads)
     monkeypatch.setattr(chains.Grid, "run", spy)
     rng = np.random.default_rng(seqlen)
-    q, k, v = (rng.standard_normal((1, 2, seqlen, fields["head_dim"])).astype(np.float16) for _ in range(3))
     cfg = KernelConfig(**fields)
+    q, k, v = (rng.standard_normal((1, 2, seqlen, cfg.head_dim)).astype(np.float16) for _ in range(3))
     chained = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model)
-    assert grids and any(a and b for _, a, b in grids)  # the QK^T GEMM: both operands from shared memory
+    assert grids and all(b for _, _, b in grids)  # B (K, V) from shared memory
+    assert any(a for _, a, _ in grids) != cfg.q_in_regs  # QK^T's A too, unless Q stays in registers
     assert {mi for mi, _, _ in grids} == {cfg.block_m // 16 // cfg.n_warps}
     grids.clear()
     single = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model, observers=[Watcher()])

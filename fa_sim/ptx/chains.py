@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..isa import mma as isa_mma
-from .ir import Addr, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
 from .chain_operands import fed_matrices, load, materialize
+from .ir import Addr, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
 from .machine_ops import MMA_FORM
 from .optable import OPCODES, Unit
 
