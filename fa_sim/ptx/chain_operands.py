@@ -19,15 +19,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import isa
+from ..errors import KernelFault
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
 from .ir import Instruction
 from .machine_ops import _smem_lanes, address
+from .ops import Unsupported
 
 if TYPE_CHECKING:
     from .engine import Engine, Group
 
 LDSM_NUM = 4  # a fed ldmatrix is .x4: one A fragment, or the B fragments of two n8 tiles
+# what computing a load's addresses can raise: an operand the engine does not take, an address
+# outside shared memory, a row address not 16-byte aligned (isa.ldmatrix_index)
+LOAD_ERRORS = (Unsupported, KernelFault, ValueError)
 INDEX_CACHE = 8  # composed indices kept per operand (a kernel's buffers alternate between a few)
 
 
@@ -45,7 +50,7 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
             eng.activate(inss[0].pc, group)
             eng.m.count(instr, aligned=True, smem=lanes)  # a fault: counted again by the single one, which raises it
             return {ins.pc: (lanes, r) for r, ins in enumerate(inss)}
-        except Exception:
+        except LOAD_ERRORS:
             pass  # one at a time
     return {ins.pc: _load_one(eng, group, ins) for ins in inss}
 
@@ -54,12 +59,12 @@ def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, i
     try:
         lanes = _smem_lanes(eng, address(eng, ins.operands[1], group, "shared"), 16, group, ins.pc)
         lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
-    except Exception:
+    except LOAD_ERRORS:
         eng.issue(ins, group)
         return None
     try:
         eng.m.count(eng.activate(ins.pc, group), aligned=True, smem=lanes)
-    except Exception:  # counted: the single instruction raises the same error with its lines
+    except LOAD_ERRORS:  # counted: the single instruction raises the same error with its lines
         eng.issue(ins, group)
         raise
     return lanes, 0
