@@ -62,7 +62,7 @@ def cycles(case: Measured, gpu: GpuModel) -> float:
     model = kernel_model(prob.config, prob.causal, gpu.arch, str(ROOT / case.kernel) if case.kernel else None)
     k = occupancy(model, gpu)
     rates = sm_rates(model, gpu, k, account=False)
-    return dispatch(prob, rates, gpu.sms, masked_extra(model, prob))[0]
+    return dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))[0]
 
 
 def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:

@@ -47,7 +47,7 @@ class GpuModel:
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
     mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
-    global_latency: int = 600  # LDGSTS issue to data in shared memory (L2 hit; fitted)
+    global_latency: int = 300  # LDGSTS issue to data in shared memory (L2 hit; fitted)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
     launch_us: float = 2.0  # launch and drain overhead per kernel (fitted)
 
