@@ -8,12 +8,15 @@ How (what `fa time --help` says too):
    (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm), with j identical CTAs resident (j = 1, the
-   occupancy, and half of it from 4 on; linear in between), each for two loop lengths: the cycles
-   per round c_j and the fixed cost o_j of a CTA when j share the SM. This is the
-   representative-CTA approximation: CTAs are not all timed, and co-resident CTAs start together.
+   occupancy, and half of it from 4 on; linear in between), started a j-th of a round apart (a
+   running grid's CTAs are at spread-out points of their rounds): the cycles of a steady round
+   c_j and the fixed cost o_j of a CTA when j share the SM; the first wave's fixed cost from j
+   CTAs started together; a masked round's time over a plain one's. This is the
+   representative-CTA approximation: CTAs are not all timed.
 5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
-   free slots; each SM runs its resident CTAs at the rate of its occupancy; the last CTA's end,
-   at the GPU's effective clock, plus the launch overhead, is the kernel time.
+   free slots (SMs freeing slots together are refilled one CTA each in turn); each SM runs its
+   resident CTAs at the rate of its occupancy; the last CTA's end, at the GPU's effective clock,
+   plus the launch overhead, is the kernel time.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
 
-ROUNDS = (2, 4)  # loop lengths of the two timed runs per occupancy level
-STEADY_RUN = 8  # K/V rounds of the CTAs timed per occupancy level
+STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
+TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
+TIMELINE_ROUNDS = 4  # K/V rounds of the CTAs of `issue_timeline`
 
 
 @dataclass(frozen=True)
@@ -121,12 +125,12 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     not in lockstep (lockstep CTAs all want the shared-memory pipe, then all the tensor pipe, at
     once). c_j is the mean time of a steady round (from round 1 to the first round that prefetches
     nothing), o_j the rest of a CTA's start-to-end time."""
-    short = model.cta_stream(ROUNDS[0], gpu)
+    short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run = {}, None
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
         c, run = _steady(model, gpu, j, 0, account and j == k)
         together = run_sm([short] * j, model.config.n_warps, gpu, account=False)
-        timed[j] = (c, max(0.0, _life(run) - STEADY_RUN * c), max(0.0, _life(together) - ROUNDS[0] * c))
+        timed[j] = (c, max(0.0, _life(run) - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
     masked = _steady(model, gpu, k, STEADY_RUN, False)[0] / timed[k][0] - 1
@@ -271,7 +275,7 @@ def _masked_rounds(prob: Problem) -> np.ndarray:
     return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
 
 
-def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = ROUNDS[1]) -> dict:
+def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = TIMELINE_ROUNDS) -> dict:
     """Chrome trace-event JSON (Perfetto, chrome://tracing) of one SM with its resident CTAs running
     `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
     instruction a slice from its issue cycle (ts, in cycles) for its stall count."""

@@ -4,7 +4,9 @@ control bits.
 The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
   SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
-  keeps issuing while it can, else the oldest eligible warp.
+  keeps issuing while it can, else the oldest eligible warp. The SMSPs take their turn at the
+  SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
+  cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
   its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
