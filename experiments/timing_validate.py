@@ -137,8 +137,8 @@ def report(cases: list[Measured], pred: dict, out: Path) -> str:
         sel = [c for c in cases if c.half == half and c.key in pred]
         m, p = np.array([c.ms for c in sel]), np.array([pred[c.key] for c in sel])
         err = np.abs(p / m - 1)
-        w = sel[int(np.argmax(err))]
-        lines.append(f"| {half} | {len(sel)} | {err.mean():.1%} | {spearman(m, p):.3f} | {w.key} {err.max():+.0%} |")
+        i = int(np.argmax(err))
+        lines.append(f"| {half} | {len(sel)} | {err.mean():.1%} | {spearman(m, p):.3f} | {sel[i].key} {p[i] / m[i] - 1:+.0%} |")
     signs = option_signs(cases, pred)
     right = sum((a > 0) == (b > 0) for _, a, b in signs)
     lines += ["", f"option speedup signs predicted right: {right} of {len(signs)}"]
