@@ -8,8 +8,9 @@ reasons, without a GPU (fa_sim.timing).
 How the prediction is made: NVRTC compiles the kernel for the GPU's arch; its SASS with the
 control bits ptxas sets (stall counts, scoreboards) is cut into the paths each K/V round takes;
 one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
-grid's CTAs are not all timed, and co-resident CTAs start together); the grid is then dispatched
-over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
+grid's CTAs are not all timed; co-resident CTAs start a fraction of a round apart, as in a running
+grid, and the first wave's start-up is timed with its CTAs started together); the grid is then
+dispatched over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
 fa_sim/timing/gpus.py (the A100's from public figures, not validated). Accuracy on the H200 and
 how it was measured: README, "How long it runs". `--perfetto FILE.json` writes each warp's
 instruction issue on one SM as a timeline (Perfetto, chrome://tracing).

@@ -8,12 +8,15 @@ How (what `fa time --help` says too):
    (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm), with j identical CTAs resident (j = 1, the
-   occupancy, and half of it from 4 on; linear in between), each for two loop lengths: the cycles
-   per round c_j and the fixed cost o_j of a CTA when j share the SM. This is the
-   representative-CTA approximation: CTAs are not all timed, and co-resident CTAs start together.
+   occupancy, and half of it from 4 on; linear in between), started a j-th of a round apart (a
+   running grid's CTAs are at spread-out points of their rounds): the cycles of a steady round
+   c_j and the fixed cost o_j of a CTA when j share the SM; the first wave's fixed cost from j
+   CTAs started together; a masked round's time over a plain one's. This is the
+   representative-CTA approximation: CTAs are not all timed.
 5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
-   free slots; each SM runs its resident CTAs at the rate of its occupancy; the last CTA's end,
-   at the GPU's effective clock, plus the launch overhead, is the kernel time.
+   free slots (SMs freeing slots together are refilled one CTA each in turn); each SM runs its
+   resident CTAs at the rate of its occupancy; the last CTA's end, at the GPU's effective clock,
+   plus the launch overhead, is the kernel time.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
 
-ROUNDS = (2, 4)  # loop lengths of the two timed runs per occupancy level
+STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
+TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
+TIMELINE_ROUNDS = 4  # K/V rounds of the CTAs of `issue_timeline`
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,20 @@ class KernelModel:
 
     def cta_walk(self, rounds: int, masked: int = 0) -> list:
         """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked."""
+        return [i for part in self._walk_parts(rounds, masked) for i in part]
+
+    def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
+        """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
+        sizes = [len(p) for p in self._walk_parts(rounds, masked)]
+        return [sum(sizes[: t + 1]) for t in range(rounds)]
+
+    def _walk_parts(self, rounds: int, masked: int) -> list[list]:
         cfg, ks = self.config, self.sass
-        out = list(ks.walk("prologue", **prologue_key(cfg, rounds)))
+        out = [ks.walk("prologue", **prologue_key(cfg, rounds))]
         for t in range(rounds):
             region = "last_trip" if t == rounds - 1 else "trip"
-            out += ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds))
-        return out + ks.walk("epilogue", longest=True)
+            out.append(ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds)))
+        return out + [ks.walk("epilogue", longest=True)]
 
     def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
         return self.steps(self.cta_walk(rounds, masked), gpu)
@@ -99,32 +112,59 @@ def occupancy(model: KernelModel, gpu: GpuModel) -> int:
 class Rates:
     per_round: tuple  # c_j for j = 1..k
     fixed: tuple  # o_j
+    first_fixed: tuple  # o_j of the first wave's CTAs, which start together
+    masked: float  # a masked round's cycles over a plain one's, less 1 (full occupancy)
     run: SmRun  # the longer full-occupancy run (for utilisation and stalls)
 
 
 def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) -> Rates:
-    """c_j and o_j for j = 1..k: timed at j = 1, k (and k // 2 from k = 4), linear in j between."""
-    r1, r2 = ROUNDS
-    s1, s2 = model.cta_stream(r1, gpu), model.cta_stream(r2, gpu)
+    """c_j and o_j for j = 1..k: timed at j = 1, k (and k // 2 from k = 4), linear in j between.
+
+    Co-resident CTAs start staggered, one j-th of a round's instructions apart: in a running grid
+    an SM's CTAs started whenever a slot freed, so they are at spread-out points of their rounds,
+    not in lockstep (lockstep CTAs all want the shared-memory pipe, then all the tensor pipe, at
+    once). c_j is the mean time of a steady round (from round 1 to the first round that prefetches
+    nothing), o_j the rest of a CTA's start-to-end time."""
+    short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run = {}, None
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
-        a = run_sm([s1] * j, model.config.n_warps, gpu, account=False)
-        run = run_sm([s2] * j, model.config.n_warps, gpu, account=account and j == k)
-        c = (run.cycles - a.cycles) / (r2 - r1)
-        timed[j] = (c, max(0.0, a.cycles - r1 * c))
+        c, run = _steady(model, gpu, j, 0, account and j == k)
+        together = run_sm([short] * j, model.config.n_warps, gpu, account=False)
+        timed[j] = (c, max(0.0, _life(run) - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
-    per = np.interp(range(1, k + 1), levels, [timed[j][0] for j in levels])
-    fixed = np.interp(range(1, k + 1), levels, [timed[j][1] for j in levels])
-    return Rates(tuple(float(c) for c in per), tuple(float(o) for o in fixed), run)
+    per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
+    masked = _steady(model, gpu, k, STEADY_RUN, False)[0] / timed[k][0] - 1
+    return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run)
+
+
+def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, SmRun]:
+    """Cycles of a steady round with j CTAs resident, staggered (`masked`: rounds masked), and the run."""
+    stream = model.cta_stream(STEADY_RUN, gpu, masked)
+    starts = model.round_starts(STEADY_RUN, masked)
+    first, last = 1, STEADY_RUN - model.config.kv_stages
+    per_round = (starts[last] - starts[first]) / (last - first)
+    stagger = [round(i * per_round / j) for i in range(1, j)]
+    run = run_sm([stream] * j, model.config.n_warps, gpu, account=account, stagger=stagger,
+                 marks=(starts[first], starts[last]))
+    return float(np.mean([b - a for a, b in run.marked])) / (last - first), run
+
+
+def _life(run: SmRun) -> float:
+    """A CTA's mean start-to-end time."""
+    return float(np.mean(np.subtract(run.done_at, run.started_at)))
 
 
 def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> tuple[float, list[list[int]]]:
     """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
-    slots; an SM with j residents advances each by 1/c_j rounds per cycle (processor sharing); a
-    CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra)."""
+    slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
+    does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
+    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra)."""
     k = len(rates.per_round)
     mb = launch_order(prob)
     work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
+    first = min(len(mb), k * sms)  # the first wave: j CTAs start together on each SM, CTA i on SM i % sms
+    j = np.minimum(first // sms + (np.arange(first) % sms < first % sms), k) - 1
+    work[:first] += (np.array(rates.first_fixed)[j] / np.array(rates.per_round)[j]) - rates.fixed[-1] / rates.per_round[-1]
     queue = list(zip(work.tolist(), mb.tolist()))[::-1]  # pop() takes the next CTA in launch order
     active: list[list[float]] = [[] for _ in range(sms)]
     ran: list[list[int]] = [[] for _ in range(sms)]
@@ -143,14 +183,21 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) ->
     end = 0.0
     while heap:
         t, s = heapq.heappop(heap)
-        mine = active[s]
-        step_rounds = min(mine)
-        mine[:] = [w - step_rounds for w in mine if w - step_rounds > 1e-9]
-        while queue and len(mine) < k:
-            take(s)
+        freed = [s]  # every SM whose CTA ends now (identical SMs end together)
+        while heap and heap[0][0] <= t + 1e-9 * max(1.0, t):
+            freed.append(heapq.heappop(heap)[1])
+        for s in freed:
+            mine = active[s]
+            step_rounds = min(mine)
+            mine[:] = [w - step_rounds for w in mine if w - step_rounds > 1e-9]
+        while queue and any(len(active[s]) < k for s in freed):  # refilled breadth-first, like the first wave
+            for s in sorted(freed):
+                if queue and len(active[s]) < k:
+                    take(s)
         end = max(end, t)
-        if mine:
-            heapq.heappush(heap, (t + min(mine) * rates.per_round[len(mine) - 1], s))
+        for s in freed:
+            if active[s]:
+                heapq.heappush(heap, (t + min(active[s]) * rates.per_round[len(active[s]) - 1], s))
     return end, ran
 
 
@@ -194,7 +241,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
     rates = sm_rates(model, gpu, k)
-    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(model, prob))
+    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))
     if exact:
         work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
         if work > EXACT_MAX_CTA_ROUNDS:
@@ -228,7 +275,7 @@ def _masked_rounds(prob: Problem) -> np.ndarray:
     return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
 
 
-def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = ROUNDS[1]) -> dict:
+def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = TIMELINE_ROUNDS) -> dict:
     """Chrome trace-event JSON (Perfetto, chrome://tracing) of one SM with its resident CTAs running
     `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
     instruction a slice from its issue cycle (ts, in cycles) for its stall count."""
@@ -249,14 +296,11 @@ def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rou
                           "cycles": run.cycles, "unit": "ts and dur are SM cycles"}}
 
 
-def masked_extra(model: KernelModel, prob: Problem) -> np.ndarray:
-    """Extra rounds' worth of cycles per Q block for its masked rounds (causal diagonal, a key tail),
-    by the instruction count of the masked path over the plain one."""
-    cfg, ks = model.config, model.sass
-    plain = len(ks.walk("trip", **trip_key(cfg, 1, 3)))
-    masked = len(ks.walk("trip", longest=True, **trip_key(cfg, 1, 3)))
-    ratio = masked / plain - 1
-    return _masked_rounds(prob) * ratio
+def masked_extra(rates: Rates, prob: Problem) -> np.ndarray:
+    """Extra rounds' worth of cycles per Q block for its masked rounds (causal diagonal, a key tail):
+    a masked round's time over a plain one's, timed at full occupancy (the masking's ALU work
+    overlaps the other warps' as the rest of the round does)."""
+    return _masked_rounds(prob) * rates.masked
 
 
 def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> Prediction:
@@ -286,12 +330,13 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> 
     ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
     text = disassemble(ck.cubin, encodings=True)
     controls = {i.addr: i.control for i in parse(text)}
-    return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config))
+    return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config, kernel))
 
 
 @functools.lru_cache(maxsize=256)
-def bank_wavefronts(config: KernelConfig) -> dict:
-    """Average shared-memory wavefronts per warp instruction of each class, from a one-CTA run."""
+def bank_wavefronts(config: KernelConfig, kernel=None) -> dict:
+    """Average shared-memory wavefronts per warp instruction of each class, from a one-CTA run of
+    the kernel (a --kernel variant runs on the PTX engine: its own layout's conflicts)."""
     from ..observers.banks import BankCounter
     from ..simulate import simulate
 
@@ -300,7 +345,7 @@ def bank_wavefronts(config: KernelConfig) -> dict:
     q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (config.block_m, 3 * config.block_n,
                                                                                 3 * config.block_n))
     counter = BankCounter()
-    simulate(q, k, v, config=config, observers=[counter], progress=False)
+    simulate(q, k, v, config=config, observers=[counter], progress=False, kernel=kernel)
     # LDGSTS: its shared-memory writes take the pipe at the ideal rate (one wavefront per 128 bytes);
     # the excess Nsight Compute counts for it (observers.banks.ldgsts_wavefronts) is not pipe time
     # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)

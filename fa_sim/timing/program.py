@@ -49,6 +49,7 @@ _PIPES = {
                "DEPBAR", "BAR", "MEMBAR", "ATOMS", "ATOMG", "RED", "LDL", "STL"),
 }
 _PIPE_OF = {op: pipe for pipe, ops in _PIPES.items() for op in ops}
+_LOCAL = ("LDL", "STL")  # local memory: the L1 cache shares the shared-memory data pipe
 _DEPBAR = re.compile(r"SB0,\s*(0x[0-9a-f]+|\d+)")
 
 
@@ -86,13 +87,15 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     latency = {"MUFU": gpu.mufu_latency, "SHFL": gpu.shfl_latency, "S2R": gpu.s2r_latency, "CS2R": gpu.s2r_latency,
                "LDC": gpu.const_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
     cls = smem_class(opcode)
+    width = 16 if ".128" in opcode else 8 if ".64" in opcode else 4
     wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
+    if base in _LOCAL:  # a spill: each lane's word of local memory, interleaved, through the L1 data pipe
+        wf = -(-32 * width // 128)
     sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
             "LDGSTS": Sync.GLOBAL_COPY}.get(base, Sync.NONE)
     if guard in ("@!PT",):  # never executes, but issues
         sync = Sync.NONE if sync is Sync.GLOBAL_COPY else sync
     m = _DEPBAR.search(operands) if sync is Sync.DEPBAR else None
-    width = 16 if opcode.endswith(".128") else 8 if opcode.endswith(".64") else 4
     return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
                 int(m.group(1), 0) if m else 0, 32 * width if sync is Sync.GLOBAL_COPY else 0, base,

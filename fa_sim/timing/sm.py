@@ -4,7 +4,9 @@ control bits.
 The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
   SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
-  keeps issuing while it can, else the oldest eligible warp.
+  keeps issuing while it can, else the oldest eligible warp. The SMSPs take their turn at the
+  SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
+  cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
   its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
@@ -57,6 +59,8 @@ class _Cta:
     live: int = 0
     done_at: float = -1.0
     slot: int = 0
+    started: float = 0.0
+    marked: list = field(default_factory=list)
 
 
 @dataclass
@@ -65,6 +69,8 @@ class SmRun:
 
     cycles: float
     done_at: list[float]
+    started_at: list[float]
+    marked: list[tuple]  # per CTA: the cycles its first warp issued the instructions at `marks`
     issued: int
     busy: dict  # pipe name -> busy cycles summed over the SMSPs
     stalls: Counter  # reason -> warp-cycles
@@ -72,19 +78,24 @@ class SmRun:
 
 
 def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
-           max_cycles: float = 5e8, timeline: list | None = None) -> SmRun:
+           max_cycles: float = 5e8, timeline: list | None = None, stagger: list[int] | None = None,
+           marks: tuple[int, ...] = ()) -> SmRun:
     """Run CTAs (one stream each, shared by its `n_warps` warps) on one SM: `slots` of them resident
     at a time (None: all at once), the next starting in the slot of the first to finish;
     `account`: charge every non-issuing warp-cycle to a stall reason (slower); `timeline`: append
-    (cycle, CTA, warp, sub-partition, opcode, stall) for every instruction issued."""
+    (cycle, CTA, warp, sub-partition, opcode, stall) for every instruction issued; `stagger`: the
+    first slots' CTAs after the first start one by one, CTA i + 1 when the first CTA's first warp
+    has issued stagger[i] instructions (None: all at cycle 0); `marks`: instruction indices whose
+    issue cycle in each CTA's first warp is recorded (SmRun.marked)."""
     slots = len(streams) if slots is None else slots
+    pending = list(stagger or [])[: max(0, min(slots, len(streams)) - 1)]
     ctas: list[_Cta] = []
     warps: list[_Warp] = []
     by_smsp: list[list[_Warp]] = [[] for _ in range(N_SMSP)]
 
     def start(slot: int, t: float) -> None:
         cta = _Cta(live=n_warps)
-        cta.slot = slot
+        cta.slot, cta.started = slot, t
         for w in range(n_warps):
             warp = _Warp(cta, streams[len(ctas)], (slot * n_warps + w) % N_SMSP)
             warp.ready = t
@@ -93,8 +104,9 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             by_smsp[warp.smsp].append(warp)
         ctas.append(cta)
 
-    for slot in range(min(slots, len(streams))):
+    for slot in range(min(slots, len(streams)) - len(pending)):
         start(slot, 0.0)
+    lead = warps[0]
     pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
     state = {"mio_free": 0.0, "global_free": 0.0}
     events: list = []  # (time, seq, warp, scoreboard)
@@ -111,7 +123,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                 state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
         any_issue = False
-        for s in range(N_SMSP):
+        first = int(t) % N_SMSP  # the SM's shared queues serve the sub-partitions round-robin
+        for s in (*range(first, N_SMSP), *range(first)):
             ls = last[s]
             pick = ls if ls is not None and _blocked(ls, ls.stream[ls.pc], t, pipe_free[s], state, gpu) is None else None
             if pick is None:
@@ -126,7 +139,13 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                 if timeline is not None:
                     st = pick.stream[pick.pc]
                     timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
+                if pick.pc in marks and pick is pick.cta.warps[0]:
+                    pick.cta.marked.append(t)
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
+                while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= len(pick.stream)):
+                    pending.pop(0)
+                    start(len(ctas), t + 1)
+                    live += n_warps
                 issued += 1
                 any_issue = True
                 last[s] = pick
@@ -150,7 +169,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         t = nxt
         if t > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
-    return SmRun(t, [c.done_at for c in ctas], issued, dict(busy), stalls, warp_cycles)
+    return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued, dict(busy), stalls, warp_cycles)
 
 
 def _reasons(warps, t, pipe_free, state, gpu, pick):
