@@ -7,7 +7,8 @@ any of their events, the chain executes them one by one through the machine's ld
 accumulator is gathered into matrices once per GEMM, not per step, and an operand that ldmatrix
 loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
 composed once per SmemLanes - one gather per CTA when every warp loads the same tile - and an
-operand held in registers of another layout (`RegisterOperand`) straight from those registers.
+operand held in registers of another layout (`RegisterOperand`) straight from those registers
+(or, when the front end kept them, from their f16 values as float32: `HalfValueOperand`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,26 @@ class RegisterOperand:
         return words, isa_mma.a_matrix_map(halves)
 
 
+@dataclass(frozen=True, eq=False)
+class HalfValueOperand:
+    """An A operand given by its f16 values, held as float32 in the registers' half order:
+    element i of a warp's `values` [k, W, ...] is half i of the words a RegisterOperand with the
+    same maps reads (what cvt.rn.f16.f32 wrote: fa_sim.isa.convert.f32_to_f16_values), so its
+    matrix is one gather with no f16 decoding."""
+
+    values: np.ndarray
+    words: np.ndarray  # [32, MI, 4]
+    halves: np.ndarray  # [16MI, 16]
+
+    def registers(self, m: Machine) -> np.ndarray:
+        bits = np.ascontiguousarray(self.values).astype(np.float16).view(np.uint32)  # exact: f16 values
+        return RegisterOperand(bits, self.words, self.halves).registers(m)
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        k, w = self.values.shape[:2]
+        return np.take(self.values.reshape(k, w, -1), self.halves, axis=-1)  # [k, W, 16MI, 16] f32
+
+
 def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> tuple[np.ndarray, np.ndarray | None]:
     """The shared-memory half each element of the operand matrices comes from ([W or 1, rows,
     cols]: ldmatrix's map composed with mma's fragment -> matrix map; one warp's when all agree),
@@ -131,7 +152,7 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray
     return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
 
 
-_OPERANDS = (LdsmOperand, RegisterOperand)
+_OPERANDS = (LdsmOperand, RegisterOperand, HalfValueOperand)
 
 
 def _registers(m: Machine, x) -> np.ndarray:
