@@ -81,7 +81,8 @@ def f32_to_f16_values(x) -> np.ndarray | None:
     but at least f16's -14, rounds x to a multiple of M's ulp 2^(e - 10), f16's ulp at e, ties
     to even (x + M stays in M's binade); the sign of a zero result is x's; |x| >= 65520 -> inf."""
     x = np.asarray(x, np.float32)
-    top = np.abs(x).max(initial=np.float32(0))
+    signed = x.size and x.view(np.int32).min() < 0  # a sign bit set (-0 included): sign fix-ups needed
+    top = np.max(np.abs(x) if signed else x, initial=np.float32(0))
     if np.isnan(top):
         return None
     m = x.view(np.int32) & np.int32(0x7F800000)
@@ -91,7 +92,8 @@ def f32_to_f16_values(x) -> np.ndarray | None:
     with np.errstate(over="ignore", invalid="ignore"):
         y = x + m
         y -= m
-    np.copysign(y, x, out=y)
+    if signed:
+        np.copysign(y, x, out=y)  # x + M - M is +0 where a negative x rounds to zero
     if top >= F16_OVERFLOW_F32:
         big = np.abs(x) >= F16_OVERFLOW_F32
         y[big] = np.copysign(np.float32(np.inf), x[big])
