@@ -136,10 +136,11 @@ def _chunks(idx: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
 
 
-def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
     """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
     b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
-    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence."""
+    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence.
+    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather)."""
     loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
     if m.observed(*instrs, *loads):
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
@@ -149,7 +150,7 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray
     b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
-    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero)
 
 
 _OPERANDS = (LdsmOperand, RegisterOperand, HalfValueOperand)

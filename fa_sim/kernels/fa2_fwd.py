@@ -155,7 +155,8 @@ def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile:
 
 
 def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h.
+    """flash::gemm_smem: tCrS += sQ sK^T (tCrS: the round's cleared +0s), loading segment h+1
+    before the MMAs of segment h.
     Unobserved and without a late wait to place after the first load, the loads and MMAs run as
     one fa_sim.gemm.mma_chain (the same counts and bits, in matrix form)."""
     S = plan.sites
@@ -163,7 +164,7 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
     if after_first_load is None and not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk):
         a = [LdsmOperand(S.ldsm_q[h], plan.ldsm_q[h].smem, False, Operand.A, "tCrQ") for h in range(n_h)]
         b = [LdsmOperand(S.ldsm_k[h], plan.ldsm_k[h].smem, False, Operand.B, "tCrK") for h in range(n_h)]
-        return mma_chain(m, S.mma_qk, a, b, tCrS)
+        return mma_chain(m, S.mma_qk, a, b, tCrS, c_is_zero=True)
     tCrQ, tCrK = [None] * n_h, [None] * n_h
     for h in range(-1, n_h):
         nxt = h + 1
