@@ -7,7 +7,8 @@ any of their events, the chain executes them one by one through the machine's ld
 accumulator is gathered into matrices once per GEMM, not per step, and an operand that ldmatrix
 loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
 composed once per SmemLanes - one gather per CTA when every warp loads the same tile - and an
-operand held in registers of another layout (`RegisterOperand`) straight from those registers.
+operand held in registers of another layout (`RegisterOperand`) straight from those registers
+(or, when the front end kept them, from their f16 values as float32: `HalfValueOperand`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,26 @@ class RegisterOperand:
         return words, isa_mma.a_matrix_map(halves)
 
 
+@dataclass(frozen=True, eq=False)
+class HalfValueOperand:
+    """An A operand given by its f16 values, held as float32 in the registers' half order:
+    element i of a warp's `values` [k, W, ...] is half i of the words a RegisterOperand with the
+    same maps reads (what cvt.rn.f16.f32 wrote: fa_sim.isa.convert.f32_to_f16_values), so its
+    matrix is one gather with no f16 decoding."""
+
+    values: np.ndarray
+    words: np.ndarray  # [32, MI, 4]
+    halves: np.ndarray  # [16MI, 16]
+
+    def registers(self, m: Machine) -> np.ndarray:
+        bits = np.ascontiguousarray(self.values).astype(np.float16).view(np.uint32)  # exact: f16 values
+        return RegisterOperand(bits, self.words, self.halves).registers(m)
+
+    def matrix(self, m: Machine) -> np.ndarray:
+        k, w = self.values.shape[:2]
+        return np.take(self.values.reshape(k, w, -1), self.halves, axis=-1)  # [k, W, 16MI, 16] f32
+
+
 def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> tuple[np.ndarray, np.ndarray | None]:
     """The shared-memory half each element of the operand matrices comes from ([W or 1, rows,
     cols]: ldmatrix's map composed with mma's fragment -> matrix map; one warp's when all agree),
@@ -115,10 +136,11 @@ def _chunks(idx: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
 
 
-def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray:
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
     """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
     b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
-    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence."""
+    LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence.
+    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather)."""
     loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
     if m.observed(*instrs, *loads):
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
@@ -128,10 +150,10 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray) -> np.ndarray
     b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
-    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero)
 
 
-_OPERANDS = (LdsmOperand, RegisterOperand)
+_OPERANDS = (LdsmOperand, RegisterOperand, HalfValueOperand)
 
 
 def _registers(m: Machine, x) -> np.ndarray:

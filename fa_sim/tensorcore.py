@@ -102,7 +102,8 @@ class FusedDotModel:
 
 def _add_into(d: np.ndarray, x) -> np.ndarray:
     """d + x, in place when x broadcasts to d's shape."""
-    if d.shape == np.shape(x) or np.broadcast_shapes(d.shape, np.shape(x)) == d.shape:
+    shape = x.shape if isinstance(x, np.ndarray) else np.shape(x)
+    if d.shape == shape or np.broadcast_shapes(d.shape, shape) == d.shape:
         d += x
         return d
     return d + x

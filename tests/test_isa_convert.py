@@ -110,6 +110,20 @@ def test_f32_to_f16_fast_path_matches_the_exact_path():
     assert C.f32_to_f16_rn(np.float32([np.nan]))[0] == 0x7FFF
 
 
+def test_f32_to_f16_values_are_the_cast_bit_for_bit():
+    """The float32-arithmetic rounding (the program's P~ before the PV GEMM) against the f16 cast:
+    every tie and boundary case, both signs, every 97th bit pattern below 2^17, overflow, zeros."""
+    wide = np.arange(0, 0x48000000, 97, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([_f16_tie_cases(), wide.view(np.float32), (wide | 0x80000000).view(np.float32),
+                        np.float32([np.inf, -np.inf, 65520.0, -65520.0, 65519.99, 65504.0, 3e38, -3e38,
+                                    0.0, -0.0, 2.0 ** -25, -2.0 ** -25, 2.0 ** -24 * 1.5, 2.0 ** -126])])
+    for part in (x, np.abs(x)):  # with signs, and the non-negative path
+        got = C.f32_to_f16_values(part)
+        want = C.f32_to_f16_rn(part).view(np.float16).astype(np.float32)
+        assert got.dtype == np.float32 and (got.view(np.uint32) == want.view(np.uint32)).all()
+    assert C.f32_to_f16_values(np.float32([1.0, np.nan])) is None  # NaN: the caller needs the bits
+
+
 @FIXED
 @given(st.lists(f64_values(), min_size=1, max_size=24), st.sampled_from(list(RND)),
        st.sampled_from([(F32, ref.F32), (F16, ref.F16), (BF16, ref.BF16)]))

@@ -70,6 +70,36 @@ def f32_to_f16_rn(x) -> np.ndarray:
     return np.where(nan, np.uint16(0x7FFF), h) if nan.any() else h
 
 
+F16_MAX_F32 = np.float32(65504.0)
+F16_OVERFLOW_F32 = np.float32(65520.0)  # the least |x| cvt.rn.f16.f32 takes to infinity
+
+
+def f32_to_f16_values(x) -> np.ndarray | None:
+    """cvt.rn.f16.f32's results as float32 values (each exactly an f16), or None when x holds a
+    NaN (whose f16 bits f32_to_f16_rn gives). Rounded in float32 arithmetic, a few fast passes
+    instead of numpy's scalar float16 cast: x + M - M with M = 1.5 * 2^(e + 13), e = x's exponent
+    but at least f16's -14, rounds x to a multiple of M's ulp 2^(e - 10), f16's ulp at e, ties
+    to even (x + M stays in M's binade); the sign of a zero result is x's; |x| >= 65520 -> inf."""
+    x = np.asarray(x, np.float32)
+    signed = x.size and x.view(np.int32).min() < 0  # a sign bit set (-0 included): sign fix-ups needed
+    top = np.max(np.abs(x) if signed else x, initial=np.float32(0))
+    if np.isnan(top):
+        return None
+    m = x.view(np.int32) & np.int32(0x7F800000)
+    np.maximum(m, np.int32(113 << 23), out=m)  # 2^-14: below it f16's ulp stays 2^-24
+    m += np.int32((13 << 23) | (1 << 22))  # 1.5 * 2^(e + 13); wraps only for |x| >= 2^115 (fixed below)
+    m = m.view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x + m
+        y -= m
+    if signed:
+        np.copysign(y, x, out=y)  # x + M - M is +0 where a negative x rounds to zero
+    if top >= F16_OVERFLOW_F32:
+        big = np.abs(x) >= F16_OVERFLOW_F32
+        y[big] = np.copysign(np.float32(np.inf), x[big])
+    return y
+
+
 def int_to_int(a: np.ndarray, dtype, sat: bool = False) -> np.ndarray:
     """cvt{.sat}.dtype.atype between integer types."""
     dtype = np.dtype(dtype)

@@ -161,32 +161,52 @@ CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of gemm_chain: its flo
 # cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
 
 
-def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
-    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16, b_mats [..., 16, 8NJ] f16 (lead
-    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
-    results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
-    gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS."""
+def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
+    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32),
+    b_mats [..., 16, 8NJ] f16 (lead axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d
+    like c. Each step rounds its results to fp32 elementwise, so the accumulator stays in matrix
+    form between steps (two gathers per GEMM, not per step); the leading axis is cut into chunks
+    of about CHUNK_ELEMENTS. `c_is_zero`: the caller vouches that c is +0 everywhere, so it is
+    not gathered."""
     nj, mi = c.shape[-3], c.shape[-2]
     if model.float64_sum:  # convert each operand once, not once per chunk
-        a_mats = [a.astype(np.float64) for a in a_mats]
-        b_mats = [b.astype(np.float64) for b in b_mats]
+        a_mats = [_to_float64(a) for a in a_mats]
+        b_mats = [_to_float64(b) for b in b_mats]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
     if c.ndim < 5 or n >= c.shape[0]:
-        return _gemm_chain(a_mats, b_mats, c, model)
+        return _gemm_chain(a_mats, b_mats, c, model, c_is_zero=c_is_zero)
     out = np.empty(c.shape, np.float32)
     for i in range(0, c.shape[0], n):
         rows = slice(i, i + n)
         def part(x):
             return x[rows] if x.ndim == c.ndim - 2 and x.shape[0] == c.shape[0] else x
-        _gemm_chain([part(a) for a in a_mats], [part(b) for b in b_mats], c[rows], model, out[rows])
+        _gemm_chain([part(a) for a in a_mats], [part(b) for b in b_mats], c[rows], model, out[rows], c_is_zero)
     return out
 
 
-def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None) -> np.ndarray:
+@lru_cache(maxsize=None)
+def _f16_values() -> np.ndarray:
+    """Every float16 bit pattern's value as float64 (512 KB)."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+def _to_float64(x: np.ndarray) -> np.ndarray:
+    """An operand matrix as float64: float16 through a table of all its values (a gather is
+    faster than numpy's scalar float16 cast; the same values, NaN payloads included)."""
+    if x.dtype != np.float16:
+        return x.astype(np.float64)
+    return np.take(_f16_values(), x.view(np.uint16), mode="wrap")
+
+
+def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,
+                c_is_zero: bool = False) -> np.ndarray:
     nj, mi = c.shape[-3], c.shape[-2]
     _, _, c_pos, c_src = _tile_maps(mi, nj)
-    acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
+    if c_is_zero:  # the same +0s the gather would give, already float64
+        acc = np.zeros((*c.shape[:-4], *c_src.shape), np.float64 if model.float64_sum else np.float32)
+    else:
+        acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
     acc = model.matmul_chain(acc, zip(a_mats, b_mats))
     lead = acc.shape[:-2]
     if out is None or out.shape[:-4] != lead:

@@ -74,34 +74,41 @@ def _fields(u: np.ndarray):
 @functools.cache
 def _ex2_kernel_tables():
     """ex2's coefficients / 2^15 as float64 (Q / 2^15 is then exact: < 2^24 with 15 fraction
-    bits), the squarer as float32, and 2^(n - 23) for n = -256..255 with flush-to-zero / inf."""
+    bits) and the squarer as float32."""
     t = mt.tables()["ex2"]
-    n = np.arange(-256, 256)
-    scale = np.where(n < -126, 0.0, np.where(n > 127, np.inf, np.ldexp(1.0, np.clip(n, -126, 127) - 23)))
-    return (t.c0 / 2.0**15, t.c1 / 2.0**15, t.c2 / 2.0**15,
-            mt.squarer_table(t.xl_bits).astype(np.float32), scale)
+    return t.c0 / 2.0**15, t.c1 / 2.0**15, t.c2 / 2.0**15, mt.squarer_table(t.xl_bits).astype(np.float32)
+
+
+_EX2_MIN_N, _EX2_MAX_N = -126, 127  # 2^n outside fp32's normal range: flushed to +0, or +inf
+_EX2_BIAS = np.int32(126)  # fp32 bits of sig * 2^(n - 23), sig in [2^23, 2^24]: ((n + 126) << 23) + sig
 
 
 def _ex2_chunk(x: np.ndarray) -> np.ndarray:
     """MUFU.EX2 on a float32 chunk (NaN lanes left to the caller). Float64 arithmetic on exact
-    integers: the fastest exact form numpy offers (gathers from small tables, no int64 products)."""
-    c0, c1, c2, sq, scale = _ex2_kernel_tables()
+    integers (gathers from small tables, no int64 products), the result's bits assembled in
+    int32: the fastest exact form numpy offers."""
+    c0, c1, c2, sq = _ex2_kernel_tables()
     w = np.clip(x, np.float32(-255), np.float32(255))   # beyond 2^8 only saturation matters
     w *= np.float32(2.0**23)
     z = w.astype(np.int32)                               # |x| in fixed point, truncated; signed
     # negative x: 2^-(n+1) * 2^(~f), i.e. one less, unless f = 0 (exact)
     z -= (z >> 31) & (((z & mt.MASK23) + mt.MASK23) >> 23)
     f = z & mt.MASK23
-    seg = f >> 17
+    seg = (f >> 17).astype(np.intp)                      # three gathers: index them once
     xl = f & 0x1FFFF
     q = np.take(c1, seg, mode="wrap") * xl.astype(np.float64)
     q += np.take(c0, seg, mode="wrap")
     q += np.take(c2, seg, mode="wrap") * np.take(sq, xl, mode="wrap")
-    np.floor(q, out=q)                                   # truncation to 24 bits: 2^f in [2^23, 2^24)
-    z >>= 23
-    z += 256
-    q *= np.take(scale, z, mode="wrap")
-    return q.astype(np.float32)
+    sig = q.astype(np.int32)                             # truncation to 24 bits: 2^f in [2^23, 2^24]
+    z >>= 23                                             # n: the result is sig * 2^(n - 23)
+    lo, hi = z.min(), z.max()
+    bits = z + _EX2_BIAS
+    bits <<= 23
+    bits += sig                                          # a carry out of sig (2^24) is exact: 2^(n + 1)
+    if lo < _EX2_MIN_N or hi > _EX2_MAX_N:
+        bits[z < _EX2_MIN_N] = 0
+        bits[z > _EX2_MAX_N] = _INF
+    return bits.view(np.float32)
 
 
 @_op

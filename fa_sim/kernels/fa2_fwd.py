@@ -31,8 +31,8 @@ import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
-from ..gemm import LdsmOperand, RegisterOperand, mma_chain
-from ..isa.convert import f32_to_f16_rn
+from ..gemm import HalfValueOperand, LdsmOperand, RegisterOperand, mma_chain
+from ..isa.convert import f32_to_f16_rn, f32_to_f16_values
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..layout import Operand
@@ -155,7 +155,8 @@ def _tile_checkpoint(m: Machine, layout: CheckpointLayout, ck: Checkpoint, tile:
 
 
 def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: Callable | None) -> np.ndarray:
-    """flash::gemm_smem: tCrS += sQ sK^T, loading segment h+1 before the MMAs of segment h.
+    """flash::gemm_smem: tCrS += sQ sK^T (tCrS: the round's cleared +0s), loading segment h+1
+    before the MMAs of segment h.
     Unobserved and without a late wait to place after the first load, the loads and MMAs run as
     one fa_sim.gemm.mma_chain (the same counts and bits, in matrix form)."""
     S = plan.sites
@@ -163,7 +164,7 @@ def gemm_smem(m: Machine, plan: KernelPlan, tCrS: np.ndarray, after_first_load: 
     if after_first_load is None and not m.observed(*S.ldsm_q, *S.ldsm_k, *S.mma_qk):
         a = [LdsmOperand(S.ldsm_q[h], plan.ldsm_q[h].smem, False, Operand.A, "tCrQ") for h in range(n_h)]
         b = [LdsmOperand(S.ldsm_k[h], plan.ldsm_k[h].smem, False, Operand.B, "tCrK") for h in range(n_h)]
-        return mma_chain(m, S.mma_qk, a, b, tCrS)
+        return mma_chain(m, S.mma_qk, a, b, tCrS, c_is_zero=True)
     tCrQ, tCrK = [None] * n_h, [None] * n_h
     for h in range(-1, n_h):
         nxt = h + 1
@@ -194,13 +195,15 @@ def _a_operand_maps(nj: int, mi: int, h: int) -> tuple[np.ndarray, np.ndarray]:
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
                    after_first_load: Callable | None) -> np.ndarray:
     """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
-    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem)."""
+    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem); there tCrP may also be
+    P's f16 values as float32 [k, W, L, NJ, MI, 4] (`_p_values`), not its f16x2 words."""
     S = plan.sites
     n_h = plan.config.pv_k_segments
     if after_first_load is None:
         b = [LdsmOperand(S.ldsm_v[h], plan.ldsm_v[h].smem, True, Operand.B, "tCrV") for h in range(n_h)]
         nj, mi = tCrP.shape[3:5]
-        a = [RegisterOperand(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
+        kind = HalfValueOperand if tCrP.dtype == np.float32 else RegisterOperand
+        a = [kind(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
         return mma_chain(m, S.mma_pv, a, b, tCrO)
     for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
@@ -277,12 +280,26 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
         m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
-    tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
-    m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
-    m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
     late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
+    tCrP = _p_values(m, S, p, late_pv)
+    if tCrP is None:
+        tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
+        m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
+        m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
+    else:
+        m.count(S.convert_p)  # no observer wants its registers (_p_values)
+        m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(f32_to_f16_rn(p).view(np.uint32)))
     st.tCrO[:k] = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv)
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
+
+
+def _p_values(m: Machine, S, p: np.ndarray, late_pv: Callable | None) -> np.ndarray | None:
+    """P~'s f16 values as float32 [k, W, L, NJ, MI, 4] when nothing observes the conversion or
+    the PV GEMM and no wait sits inside it: the chain then reads them with no f16 decoding, and
+    no f16x2 word is built. None otherwise, or when P~ holds a NaN (its bits matter)."""
+    if late_pv is not None or m.observed(S.convert_p, *S.ldsm_v, *S.mma_pv):
+        return None
+    return f32_to_f16_values(p)
 
 
 def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarray]:

@@ -80,21 +80,31 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
     return x
 
 
-def thread_sum(p: np.ndarray) -> np.ndarray:
-    """p [k, W, L, NJ, MI, 4] -> [k, W, L, MI, 2]: dl = p[col 0]; dl = fadd(dl, p[col ni]) for
-    ni = 1 .. 2 NJ - 1 (left to right, fp32), column ni = b + 2 nj."""
-    cols = by_column(p).reshape(2 * p.shape[3], p.shape[4], 2, -1)  # [2NJ, MI, 2, kWL]
+def from_columns(cols: np.ndarray, lead: tuple) -> np.ndarray:
+    """The inverse of `by_column`: [NJ, 2, MI, 2, k*W*L] -> [k, W, L, NJ, MI, 4] (a copy)."""
+    nj, _, mi = cols.shape[:3]
+    return np.ascontiguousarray(cols.transpose(4, 0, 2, 3, 1)).reshape(*lead, nj, mi, 4)
+
+
+def column_rows(x: np.ndarray) -> np.ndarray:
+    """A per-row value [k, W, L, MI, 2] -> [MI, 2, k*W*L], which broadcasts against `by_column`."""
+    return np.ascontiguousarray(np.moveaxis(x.reshape(-1, *x.shape[-2:]), 0, -1))
+
+
+def thread_sum(cols: np.ndarray, lead: tuple) -> np.ndarray:
+    """p by column [NJ, 2, MI, 2, k*W*L] -> [k, W, L, MI, 2]: dl = p[col 0]; dl = fadd(dl, p[col ni])
+    for ni = 1 .. 2 NJ - 1 (left to right, fp32), column ni = b + 2 nj."""
+    cols = cols.reshape(-1, *cols.shape[2:])  # [2NJ, MI, 2, kWL]
     dl = cols[0].copy()
     for ni in range(1, cols.shape[0]):
         dl += cols[ni]
-    return row_slots(dl, p.shape[:3])
+    return row_slots(dl, lead)
 
 
-def max_per_row(x: np.ndarray) -> np.ndarray:
-    """x [k, W, L, NJ, MI, 4] -> the max of each row slot over its 2 NJ columns, [k, W, L, MI, 2]
-    (max is exact in any order: scores are never NaN, and never -0)."""
-    cols = by_column(x)
-    return row_slots(cols.reshape(cols.shape[0] * 2, *cols.shape[2:]).max(axis=0), x.shape[:3])
+def max_per_row(cols: np.ndarray, lead: tuple) -> np.ndarray:
+    """x by column [NJ, 2, MI, 2, k*W*L] -> the max of each row slot over its 2 NJ columns,
+    [k, W, L, MI, 2] (max is exact in any order: scores are never NaN, and never -0)."""
+    return row_slots(cols.reshape(-1, *cols.shape[2:]).max(axis=0), lead)
 
 
 def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
@@ -103,12 +113,12 @@ def row_offset(row_max: np.ndarray, sl2: np.float32) -> np.ndarray:
 
 
 def exp2_argument(x: np.ndarray, sl2: np.float32, ms: np.ndarray, form: SoftmaxForm) -> np.ndarray:
-    """x [k, W, L, NJ, MI, 4], ms [k, W, L, MI, 2] -> the argument of ex2 for every score,
-    [k, W, L, NJ, MI, 4] (SCHEDULE.md).
+    """x by column [NJ, 2, MI, 2, k*W*L], ms [k, W, L, MI, 2] -> the argument of ex2 for every
+    score, by column (SCHEDULE.md).
     FMUL_FSUB: fsub(fmul(x, sl2), ms), exactly 0 for the row maximum (rounding is monotone, so
     every other score gives <= 0). FFMA: fma(x, sl2, -ms), whose value at the maximum is the
     rounding residue of m*sl2 (up to half an ulp of it: 2^1342 for m*sl2 ~ 5e10)."""
-    ms = per_element(ms, x.shape[3])
+    ms = column_rows(ms)  # [MI, 2, kWL]: broadcasts over the columns with long contiguous loops
     if form is SoftmaxForm.FFMA:
         return fma_rn(x, sl2, -ms)
     arg = x * sl2  # two float32 operations, each rounded once
@@ -126,7 +136,9 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
     m_prev = rRowMax
     if not first:
         m.reg(reg[Step.M_PREV], {"rRowMax": rRowMax}, {"rRowMax_prev": m_prev})
-    local = max_per_row(tCrS)  # [k, W, L, MI, 2]
+    lead = tCrS.shape[:3]
+    cols = by_column(tCrS)  # [NJ, 2, MI, 2, kWL]: the rows' work runs on this copy
+    local = max_per_row(cols, lead)  # [k, W, L, MI, 2]
     row_max = local if first else np.maximum(m_prev, local)
     m.reg(reg[Step.MAX_LOCAL], {"tCrS": tCrS}, {"rRowMax": row_max})
     row_max = quad_allreduce(m, sites.shfl_max, (reg[Step.MAX_XOR2], reg[Step.MAX_XOR1]), row_max,
@@ -140,9 +152,10 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
               {"rRowSum": new_sum, "tCrO": new_o})
         rRowSum, tCrO = new_sum, new_o
     ms = row_offset(row_max, sl2)  # [k, W, L, MI, 2] f32
-    p = ex2_approx_ftz(exp2_argument(tCrS, sl2, ms, form))  # [k, W, L, NJ, MI, 4] f32
+    p_cols = ex2_approx_ftz(exp2_argument(cols, sl2, ms, form))  # by column, f32
+    p = from_columns(p_cols, lead)  # [k, W, L, NJ, MI, 4]
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
-    dl = thread_sum(p)  # [k, W, L, MI, 2] f32
+    dl = thread_sum(p_cols, lead)  # [k, W, L, MI, 2] f32
     m.reg(reg[Step.SUM_LOCAL], {"tCrS": p}, {"dl": dl})
     dl = quad_allreduce(m, sites.shfl_sum, (reg[Step.SUM_XOR2], reg[Step.SUM_XOR1]), dl, np.add, "dl")
     new_sum = dl if first else rRowSum + dl
