@@ -14,6 +14,13 @@ slowest warp's (median over 20 launches: the block is done when every warp is).
 The model runs the same cubin's SASS (NVRTC for sm_90, decoded by fa_sim.timing.sass) on its SM
 and takes the cycles between the same two instructions' issue; tests/test_timing_model.py holds
 the model to the recording (tests/data/h200/timing_microbench.json).
+
+The issue-policy probes (POLICY) run one CTA of 4 k warps (k = 2, 3, 4 per sub-partition), every
+warp the same block of FFMAs, and record each warp's two clock reads themselves (the SM's clock),
+relative to the CTA's first read: with 8 independent chains one warp can issue every cycle, so a
+greedy scheduler finishes its warps one after another (staggered by a warp's block) while a
+round-robin one finishes them together; with one dependent chain (latency-bound) both interleave.
+`--measure --policy-only` records only these (the "policy" key of the recording).
 """
 
 from __future__ import annotations
@@ -67,14 +74,54 @@ BENCHES = {
 }
 
 
+# name: (chains, repeats, warps); every warp runs chains x repeats FFMAs
+POLICY = {f"{kind}_{w}w": (chains, repeat, w) for w in (8, 12, 16)
+          for kind, chains, repeat in (("ffma_indep", 8, 48), ("ffma_dep", 1, 192))}
+
+
 def source(name: str) -> str:
+    if name in POLICY:
+        chains, repeat, _ = POLICY[name]
+        body = "\n".join(FMA.replace("J", str(j)) for _ in range(repeat) for j in range(chains))
+        head = HEAD.replace("if (lane == 0) cycles[blockIdx.x * 32 + warp] = t1 - t0;",
+                            "if (lane == 0) { cycles[2 * warp] = t0; cycles[2 * warp + 1] = t1; }")
+        return head.replace("BODY", body).replace("ADDRESS", "0")
     stmt, chains, repeat, _, address, step = BENCHES[name]
     body = "\n".join(stmt.replace("J", str(j)).replace("STEP", str(step)).replace("I", str(i))
                      for i in range(repeat) for j in range(chains))  # written out: straight-line SASS
     return HEAD.replace("BODY", body).replace("ADDRESS", address)
 
 
-def measure(out: Path) -> None:
+def _policy_rows(dev, stream, arch) -> dict:
+    """Per policy probe: each warp's (start, end) clock relative to the CTA's first start, medians
+    over 20 launches (after one warm-up)."""
+    import numpy as np
+    from cuda.bindings import driver
+    from cuda.core import LaunchConfig, ObjectCode, launch
+
+    from ..contract.nvrtc import compile_cubin
+
+    rows = {}
+    for name, (_, _, warps) in POLICY.items():
+        cubin, _ = compile_cubin(source(name), name=f"{name}.cu", arch=arch)
+        kernel = ObjectCode.from_cubin(cubin).get_kernel("bench")
+        cycles = dev.allocate(8 * 2 * warps, stream=stream)
+        sink = dev.allocate(4 * 32 * warps, stream=stream)
+        runs = []
+        for _ in range(21):
+            launch(stream, LaunchConfig(grid=1, block=32 * warps), kernel, cycles.handle, sink.handle)
+            stream.sync()
+            host = np.empty(2 * warps, np.uint64)
+            driver.cuMemcpyDtoH(host.ctypes.data, int(cycles.handle), host.nbytes)
+            rel = host.astype(np.int64) - int(host[0::2].min())
+            runs.append(rel.reshape(warps, 2).tolist())
+        med = np.median(np.array(runs[1:], float), axis=0)
+        rows[name] = {"warps": warps, "start": med[:, 0].tolist(), "end": med[:, 1].tolist(), "runs": runs[1:]}
+        print(name, "end", med[:, 1].round().astype(int).tolist(), flush=True)
+    return rows
+
+
+def measure(out: Path, policy_only: bool = False) -> None:
     import numpy as np
     from cuda.core import Device, LaunchConfig, ObjectCode, launch
 
@@ -85,7 +132,8 @@ def measure(out: Path) -> None:
     arch = f"sm_{''.join(map(str, dev.compute_capability))}"
     stream = dev.create_stream()
     rows = {}
-    for name, (_, _, _, warps, _, _) in BENCHES.items():
+    policy = _policy_rows(dev, stream, arch)
+    for name, (_, _, _, warps, _, _) in ({} if policy_only else BENCHES).items():
         cubin, _ = compile_cubin(source(name), name=f"{name}.cu", arch=arch)
         kernel = ObjectCode.from_cubin(cubin).get_kernel("bench")
         cycles = dev.allocate(8 * 32, stream=stream)
@@ -102,20 +150,19 @@ def measure(out: Path) -> None:
         rows[name] = {"warps": warps, "cycles": statistics.median(block), "per_warp": per_launch[1:]}
         print(name, rows[name]["cycles"], flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "timing_microbench.json").write_text(json.dumps({"gpu": dev.name, "arch": arch, "rows": rows}, indent=1))
+    (out / "timing_microbench.json").write_text(json.dumps({"gpu": dev.name, "arch": arch, "rows": rows, "policy": policy},
+                                                                indent=1))
 
 
-def model_cycles(name: str, gpu=None) -> float:
-    """The model's cycles between the two clock reads of the slowest warp, on the same SASS."""
+def _model_clocks(name: str, gpu) -> dict:
+    """Per warp of the model's run of `name`'s SASS: the issue cycles of its two clock reads."""
     from ..contract.nvrtc import compile_cubin
     from ..contract.sass import disassemble
-    from ..timing import GPUS
     from ..timing.program import step
     from ..timing.sass import parse
     from ..timing.sm import run_sm
 
-    gpu = gpu or GPUS["h200"]
-    _, _, _, warps, _, _ = BENCHES[name]
+    warps = POLICY[name][2] if name in POLICY else BENCHES[name][3]
     cubin, _ = compile_cubin(source(name), name=f"{name}.cu", arch=gpu.arch)
     instrs = [i for i in parse(disassemble(cubin, encodings=True)) if i.guard != "@!PT"]
     end = next(n for n, i in enumerate(instrs) if i.opcode == "EXIT") + 1
@@ -124,10 +171,26 @@ def model_cycles(name: str, gpu=None) -> float:
     clocks = [n for n, i in enumerate(instrs[:end]) if i.opcode.startswith("CS2R") and "SR_CLOCK" in i.operands]
     issued: list = []
     run_sm([stream], warps, gpu, account=False, timeline=issued)
-    at = {}
+    at: dict = {}
     for t, _, warp, _, _, _ in issued:
         at.setdefault(warp, []).append(t)
-    return float(max(at[w][clocks[1]] - at[w][clocks[0]] for w in at))
+    return {w: (at[w][clocks[0]], at[w][clocks[1]]) for w in sorted(at)}
+
+
+def model_cycles(name: str, gpu=None) -> float:
+    """The model's cycles between the two clock reads of the slowest warp, on the same SASS."""
+    from ..timing import GPUS
+
+    return float(max(b - a for a, b in _model_clocks(name, gpu or GPUS["h200"]).values()))
+
+
+def model_policy(name: str, gpu=None) -> tuple[list[float], list[float]]:
+    """A policy probe in the model: each warp's (start, end) clock read, relative to the first start."""
+    from ..timing import GPUS
+
+    clocks = _model_clocks(name, gpu or GPUS["h200"])
+    first = min(a for a, _ in clocks.values())
+    return [a - first for a, _ in clocks.values()], [b - first for _, b in clocks.values()]
 
 
 def report() -> str:
@@ -142,10 +205,11 @@ def report() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true")
+    ap.add_argument("--policy-only", action="store_true", help="with --measure: only the issue-policy probes")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
     args = ap.parse_args(argv)
     if args.measure:
-        measure(args.out)
+        measure(args.out, args.policy_only)
     else:
         print(report())
     return 0
