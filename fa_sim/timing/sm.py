@@ -4,7 +4,10 @@ control bits.
 The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
   SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
-  keeps issuing while it can, else the oldest eligible warp. The SMSPs take their turn at the
+  keeps issuing while it can, else the oldest eligible warp. Measured on the H200
+  (fa_sim.calibrate.timing_microbench's POLICY probes, tests/test_timing_model.py): warps that can
+  each issue every cycle run one at a time (the first of k finishes after one warp's block, the
+  last after k), latency-bound ones interleave. The SMSPs take their turn at the
   SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
   cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
