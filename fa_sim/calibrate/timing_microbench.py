@@ -150,8 +150,8 @@ def measure(out: Path, policy_only: bool = False) -> None:
         rows[name] = {"warps": warps, "cycles": statistics.median(block), "per_warp": per_launch[1:]}
         print(name, rows[name]["cycles"], flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "timing_microbench.json").write_text(json.dumps({"gpu": dev.name, "arch": arch, "rows": rows, "policy": policy},
-                                                                indent=1))
+    record = {"gpu": dev.name, "arch": arch, "rows": rows, "policy": policy}
+    (out / "timing_microbench.json").write_text(json.dumps(record, indent=1))
 
 
 def _model_clocks(name: str, gpu) -> dict:
