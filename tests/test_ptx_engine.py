@@ -94,6 +94,28 @@ def test_shuffles_in_every_mode():
     np.testing.assert_array_equal(out[96:], a[lane // 8 * 8 + 7])
 
 
+def test_shuffles_whose_operands_differ_between_warps_or_follow_exits():
+    """The engine gives the machine one [32] source pattern when b, c and the membermask hold one
+    value on every thread of the wave and no thread exited; operands that differ between warps,
+    and a wave some of whose warps exited, take the per-lane path - the same values either way."""
+    per_warp = r"""extern "C" __global__ void k(const int* a, int* o) {
+      int v = a[threadIdx.x + 64 * blockIdx.x];
+      o[threadIdx.x + 64 * blockIdx.x] = __shfl_xor_sync(0xffffffff, v, threadIdx.x / 32 + blockIdx.x + 1); }"""
+    a = np.arange(1000, 1128, dtype=np.int32)
+    out = np.zeros(128, np.int32)
+    launch(per_warp, grid=2, block=64, args=[a, out])
+    t = np.arange(128)
+    np.testing.assert_array_equal(out, a[(t // 32 * 32) + (t % 32 ^ (t % 64 // 32 + t // 64 + 1))])
+    exits = r"""extern "C" __global__ void k(const int* a, int* o) {
+      if (threadIdx.x >= 32) return;
+      int v = a[threadIdx.x];
+      o[threadIdx.x] = __shfl_xor_sync(0xffffffff, v, 1); }"""
+    out = np.full(64, -1, np.int32)
+    launch(exits, grid=1, block=64, args=[a[:64], out])
+    np.testing.assert_array_equal(out[:32], a[np.arange(32) ^ 1])
+    assert (out[32:] == -1).all()
+
+
 def test_barrier_reached_by_part_of_a_cta_is_a_fault():
     src = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
     with pytest.raises(KernelFault, match="bar.sync.*only part"):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import KernelFault
+from ..isa.sm80 import FULL_MASK
 from ..machine import SmemLanes
 from .ir import Addr, Instruction, PredPair, Sym, Vec
 from .ops import Unsupported
@@ -282,9 +283,13 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
         raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
     dst, a, b, c, mask = ins.operands
     x = eng.scatter(eng.read(a, "b32", group.idx, group.n), group)
-    bb, cc = (eng.scatter(eng.read(o, "b32", group.idx, group.n).astype(np.int64), group) for o in (b, c))
-    mm = _warp_membermask(eng, eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group),
-                          group)
+    static = _static_shfl(eng, group, b, c, mask)
+    if static is not None:
+        bb, cc, mm = static
+    else:
+        bb, cc = (eng.scatter(eng.read(o, "b32", group.idx, group.n).astype(np.int64), group) for o in (b, c))
+        mm = _warp_membermask(eng, eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group),
+                              group)
     instr = eng.activate(ins.pc, group)
     out = dst.p if isinstance(dst, PredPair) else dst
     y, valid = eng.m.shfl(instr, x, mode, bb, cc, (_reg_name(a), _reg_name(out)), mm)
@@ -293,6 +298,25 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
         eng.write(dst.q, eng.gather(valid, group), "pred", group.idx, group.n)
     else:
         eng.write(dst, eng.gather(y, group), "b32", group.idx, group.n)
+
+
+def _static_shfl(eng: Engine, group: Group, b, c, mask) -> tuple[int, int, int] | None:
+    """(b, c, membermask) as integers when the whole wave runs with no thread exited and each of
+    them has one value on every thread (registers set by a mov, in fa2_fwd's PTX), the mask being
+    every lane: each warp's membermask is then FULL_MASK on every lane and the shuffle's source
+    lanes are the same [32] in every warp (the isa's one-take path: the same values and checks as
+    with per-lane operands). None otherwise."""
+    if group.mask is not None or eng.exited.any():
+        return None
+    out = []
+    for op in (mask, b, c):
+        v = eng.read(op, "b32", None, group.n)
+        first = v[0]
+        if not (v == first).all():
+            return None
+        out.append(int(first))
+    member, bb, cc = out
+    return (bb, cc, member) if member == FULL_MASK else None
 
 
 def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:
