@@ -157,7 +157,7 @@ def mma_chain(a_steps, b_steps, c: np.ndarray, model: FusedDotModel = EXACT) -> 
     return gemm_chain([a_matrix(a) for a in a_steps], [b_matrix(b) for b in b_steps], c, model)
 
 
-CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of gemm_chain: its float64 temporaries stay in
+CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its float64 temporaries stay in
 # cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
 
 
@@ -168,10 +168,9 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     form between steps (two gathers per GEMM, not per step); the leading axis is cut into chunks
     of about CHUNK_ELEMENTS. `c_is_zero`: the caller vouches that c is +0 everywhere, so it is
     not gathered."""
+    if model.float64_sum:
+        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero)
     nj, mi = c.shape[-3], c.shape[-2]
-    if model.float64_sum:  # convert each operand once, not once per chunk
-        a_mats = [_to_float64(a) for a in a_mats]
-        b_mats = [_to_float64(b) for b in b_mats]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
     if c.ndim < 5 or n >= c.shape[0]:
@@ -185,18 +184,64 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     return out
 
 
-@lru_cache(maxsize=None)
-def _f16_values() -> np.ndarray:
-    """Every float16 bit pattern's value as float64 (512 KB)."""
-    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+    """`gemm_chain` with the EXACT model: per chunk of the leading axis, the operands of every step
+    are converted to float64 into one buffer each and multiplied by one batched matmul (the
+    products of all k16 steps at once), then the steps are summed in order, each sum rounded to
+    fp32 (P[s] += acc; acc = fp32(P[s]): the float64 sum of the exact products and C, rounded once,
+    as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
+    lanes (the warps of a CTA multiply by one tile), that axis joins A's rows: one matmul of
+    W*16MI rows per CTA instead of W of 16MI."""
+    nj, mi = c.shape[-3], c.shape[-2]
+    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    lead, steps = c.shape[:-4], len(a_mats)
+    rows, cols = c_src.shape
+    join = len(lead) >= 1 and all(b.ndim < 3 or b.shape[-3] == 1 for b in b_mats)
+    batch = lead[:-1] if join else lead  # matmul batch axes; the first one is cut into chunks
+    m_rows = rows * (lead[-1] if join else 1)
+    flat = (int(np.prod(batch, dtype=np.int64)),)
+    a3 = [np.broadcast_to(a, (*lead, rows, MMA_K)).reshape(*flat, m_rows, MMA_K) for a in a_mats]
+    b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
+    c3 = None if c_is_zero else c.reshape(*flat, -1, c_src.size)  # [batch, W or 1, fragments]
+    out = np.empty(c.shape, np.float32)
+    o3 = out.reshape(*flat, -1, *c_pos.shape)
+    n = max(1, CHUNK_ELEMENTS // (m_rows * cols))
+    a64 = np.empty((steps, min(n, flat[0]), m_rows, MMA_K))
+    b64 = np.empty((steps, a64.shape[1], MMA_K, cols))
+    prods = np.empty((steps, a64.shape[1], m_rows, cols))
+    acc = np.empty((a64.shape[1], m_rows, cols), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
+        for i in range(0, flat[0], n):
+            k = min(n, flat[0] - i)
+            _exact_part(a3, b3, c3, c_src, c_pos, (i, k), (a64[:, :k], b64[:, :k], prods[:, :k], acc[:k]), o3)
+    return out
 
 
-def _to_float64(x: np.ndarray) -> np.ndarray:
-    """An operand matrix as float64: float16 through a table of all its values (a gather is
-    faster than numpy's scalar float16 cast; the same values, NaN payloads included)."""
-    if x.dtype != np.float16:
-        return x.astype(np.float64)
-    return np.take(_f16_values(), x.view(np.uint16), mode="wrap")
+def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
+    """B broadcast to the matmul batch: lead without its last axis when that axis joins A's rows."""
+    if join:
+        b = b.reshape(*b.shape[:-3], *b.shape[-2:]) if b.ndim >= 3 else b
+        return np.broadcast_to(b, (*lead[:-1], *b.shape[-2:]))
+    return np.broadcast_to(b, (*lead, *b.shape[-2:]))
+
+
+def _exact_part(a3, b3, c3, c_src, c_pos, part, bufs, o3) -> None:
+    """One chunk of `exact_chain`: batch indices part = (first, count) into the buffers bufs."""
+    i, k = part
+    a64, b64, prods, acc = bufs
+    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
+        np.copyto(a64[s], a[i:i + k])  # exact: f16 values
+        np.copyto(b64[s], b[i:i + k] if b.shape[0] > 1 else b)
+    np.matmul(a64, b64, out=prods)
+    if c3 is None:
+        prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
+    else:
+        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).reshape(prods.shape[1:])
+    for s in range(len(a3)):
+        np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
+        if s + 1 < len(a3):
+            prods[s + 1] += acc
+    np.take(acc.reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,
