@@ -193,28 +193,76 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     lanes (the warps of a CTA multiply by one tile), that axis joins A's rows: one matmul of
     W*16MI rows per CTA instead of W of 16MI."""
     nj, mi = c.shape[-3], c.shape[-2]
-    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    c_pos, c_src = _pair_maps(mi, nj)
     lead, steps = c.shape[:-4], len(a_mats)
-    rows, cols = c_src.shape
+    rows, cols = MMA_M * mi, MMA_N * nj
     join = len(lead) >= 1 and all(b.ndim < 3 or b.shape[-3] == 1 for b in b_mats)
-    batch = lead[:-1] if join else lead  # matmul batch axes; the first one is cut into chunks
+    batch = lead[:-1] if join else lead  # matmul batch axes, flattened; cut into chunks
     m_rows = rows * (lead[-1] if join else 1)
-    flat = (int(np.prod(batch, dtype=np.int64)),)
-    a3 = [np.broadcast_to(a, (*lead, rows, MMA_K)).reshape(*flat, m_rows, MMA_K) for a in a_mats]
+    flat = int(np.prod(batch, dtype=np.int64))
+    a3 = [np.broadcast_to(a, (*lead, rows, MMA_K)).reshape(flat, m_rows, MMA_K) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
-    c3 = None if c_is_zero else c.reshape(*flat, -1, c_src.size)  # [batch, W or 1, fragments]
+    c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
     out = np.empty(c.shape, np.float32)
-    o3 = out.reshape(*flat, -1, *c_pos.shape)
-    n = max(1, CHUNK_ELEMENTS // (m_rows * cols))
-    a64 = np.empty((steps, min(n, flat[0]), m_rows, MMA_K))
-    b64 = np.empty((steps, a64.shape[1], MMA_K, cols))
-    prods = np.empty((steps, a64.shape[1], m_rows, cols))
-    acc = np.empty((a64.shape[1], m_rows, cols), np.float32)
+    o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
+    n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
+    a64 = np.empty((steps, n, m_rows, MMA_K))
+    shared = join and flat > 1 and all(_same_everywhere(b) for b in b3)
+    b64 = _like_last2((steps, 1 if shared else n, MMA_K, cols), b3[0])
+    if shared:  # one B for the whole batch (a wave of CTAs of one head: one K or V tile): converted once
+        for s, b in enumerate(b3):
+            np.copyto(b64[s], b[:1])
+        b3 = None
+    prods = np.empty((steps, n, m_rows, cols))
+    acc = np.empty((n, m_rows, cols), np.float32)
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
-        for i in range(0, flat[0], n):
-            k = min(n, flat[0] - i)
-            _exact_part(a3, b3, c3, c_src, c_pos, (i, k), (a64[:, :k], b64[:, :k], prods[:, :k], acc[:k]), o3)
+        for i in range(0, flat, n):
+            k = min(n, flat - i)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k), (a64[:, :k], b64[:, :k], prods[:, :k], acc[:k]), o3)
     return out
+
+
+BLAS_SERIAL_MNK = 1 << 18  # OpenBLAS runs a gemm with M*N*K up to this on one thread; more threads on
+# a few shared cores cost far more than they give (measured: 8x the CPU time)
+
+
+def _matrices_per_matmul(m_rows: int, cols: int) -> int:
+    """How many m_rows x 16 A matrices one matmul against a shared B takes: as many as stay serial."""
+    return max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K))
+
+
+def _same_everywhere(b: np.ndarray) -> bool:
+    """Whether every matrix of b [batch, 16, N] equals the first (bit for bit)."""
+    if b.shape[0] == 1 or b.strides[0] == 0:
+        return True
+    dense = b if b.strides[-1] <= b.strides[-2] else np.swapaxes(b, -1, -2)
+    if dense.flags.c_contiguous and dense[0].nbytes % 8 == 0:  # compare 8-byte words
+        words = dense.reshape(b.shape[0], -1).view(np.uint64)
+        return bool((words == words[:1]).all())
+    return bool((b.view(np.uint16) == b[:1].view(np.uint16)).all()) if b.dtype == np.float16 else \
+        bool((b == b[:1]).all())
+
+
+@lru_cache(maxsize=None)
+def _pair_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_tile_maps`' c_pos and c_src on pairs of f32: C elements 2j, 2j + 1 of a lane are columns
+    2j', 2j' + 1 of one matrix row, so each pair moves as one 8-byte word (half the gathers)."""
+    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    return c_pos[..., 0::2] // 2, c_src[:, 0::2] // 2
+
+
+def _pairs(x: np.ndarray) -> np.ndarray:
+    """f32 [..., even] -> the same bytes as [..., / 2] 8-byte words."""
+    return np.ascontiguousarray(x).view(np.uint64)
+
+
+def _like_last2(shape: tuple, src: np.ndarray) -> np.ndarray:
+    """An empty float64 array of `shape` whose last two axes have the memory order of src's (a
+    transposed view when src is), so that converting src into it reads and writes in order; matmul
+    takes either order."""
+    if src.strides[-2] >= src.strides[-1]:
+        return np.empty(shape)
+    return np.swapaxes(np.empty((*shape[:-2], shape[-1], shape[-2])), -1, -2)
 
 
 def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
@@ -225,23 +273,29 @@ def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
     return np.broadcast_to(b, (*lead, *b.shape[-2:]))
 
 
-def _exact_part(a3, b3, c3, c_src, c_pos, part, bufs, o3) -> None:
+def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
     """One chunk of `exact_chain`: batch indices part = (first, count) into the buffers bufs."""
-    i, k = part
+    (c_pos, c_src), (i, k) = maps, part
     a64, b64, prods, acc = bufs
-    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
+    for s, a in enumerate(a3):
         np.copyto(a64[s], a[i:i + k])  # exact: f16 values
-        np.copyto(b64[s], b[i:i + k] if b.shape[0] > 1 else b)
-    np.matmul(a64, b64, out=prods)
+        if b3 is not None:
+            np.copyto(b64[s], b3[s][i:i + k])
+    if b3 is None and k % (per := _matrices_per_matmul(a64.shape[2], b64.shape[3])) == 0:
+        # one B for every matrix of the chunk: `per` matrices' rows per matmul
+        steps, m_rows = a64.shape[0], a64.shape[2] * per
+        np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, prods.shape[3]))
+    else:
+        np.matmul(a64, b64, out=prods)
     if c3 is None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
     else:
-        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).reshape(prods.shape[1:])
+        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).view(np.float32).reshape(prods.shape[1:])
     for s in range(len(a3)):
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
         if s + 1 < len(a3):
             prods[s + 1] += acc
-    np.take(acc.reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
+    np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,
