@@ -190,8 +190,8 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     products of all k16 steps at once), then the steps are summed in order, each sum rounded to
     fp32 (P[s] += acc; acc = fp32(P[s]): the float64 sum of the exact products and C, rounded once,
     as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
-    lanes (the warps of a CTA multiply by one tile), that axis joins A's rows: one matmul of
-    W*16MI rows per CTA instead of W of 16MI."""
+    lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
+    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul."""
     nj, mi = c.shape[-3], c.shape[-2]
     c_pos, c_src = _pair_maps(mi, nj)
     lead, steps = c.shape[:-4], len(a_mats)
@@ -206,19 +206,13 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     out = np.empty(c.shape, np.float32)
     o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
-    a64 = np.empty((steps, n, m_rows, MMA_K))
-    shared = join and flat > 1 and all(_same_everywhere(b) for b in b3)
-    b64 = _like_last2((steps, 1 if shared else n, MMA_K, cols), b3[0])
-    if shared:  # one B for the whole batch (a wave of CTAs of one head: one K or V tile): converted once
-        for s, b in enumerate(b3):
-            np.copyto(b64[s], b[:1])
-        b3 = None
-    prods = np.empty((steps, n, m_rows, cols))
-    acc = np.empty((n, m_rows, cols), np.float32)
+    group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
+    bufs = (np.empty((steps, n, m_rows, MMA_K)), _like_last2((steps, n // group, MMA_K, cols), b3[0]),
+            np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
         for i in range(0, flat, n):
             k = min(n, flat - i)
-            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k), (a64[:, :k], b64[:, :k], prods[:, :k], acc[:k]), o3)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group), bufs, o3)
     return out
 
 
@@ -226,21 +220,27 @@ BLAS_SERIAL_MNK = 1 << 18  # OpenBLAS runs a gemm with M*N*K up to this on one t
 # a few shared cores cost far more than they give (measured: 8x the CPU time)
 
 
-def _matrices_per_matmul(m_rows: int, cols: int) -> int:
-    """How many m_rows x 16 A matrices one matmul against a shared B takes: as many as stay serial."""
-    return max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K))
+def _group(b3, flat: int, n: int, most: int) -> int:
+    """How many consecutive matrices of the batch share each matmul: the largest power of two up to
+    `most` that divides the chunk size n and the batch, where every group's B are equal; else 1."""
+    group = 1
+    while 2 * group <= most and n % (2 * group) == 0 and flat % (2 * group) == 0:
+        group *= 2
+    while group > 1 and not all(_same_in_groups(b, group) for b in b3):
+        group //= 2
+    return group
 
 
-def _same_everywhere(b: np.ndarray) -> bool:
-    """Whether every matrix of b [batch, 16, N] equals the first (bit for bit)."""
-    if b.shape[0] == 1 or b.strides[0] == 0:
+def _same_in_groups(b: np.ndarray, group: int) -> bool:
+    """Whether every matrix of b [batch, 16, N] equals the first of its group of `group` (bit for bit)."""
+    if b.strides[0] == 0:
         return True
     dense = b if b.strides[-1] <= b.strides[-2] else np.swapaxes(b, -1, -2)
     if dense.flags.c_contiguous and dense[0].nbytes % 8 == 0:  # compare 8-byte words
-        words = dense.reshape(b.shape[0], -1).view(np.uint64)
-        return bool((words == words[:1]).all())
-    return bool((b.view(np.uint16) == b[:1].view(np.uint16)).all()) if b.dtype == np.float16 else \
-        bool((b == b[:1]).all())
+        words = dense.reshape(b.shape[0] // group, group, -1).view(np.uint64)
+    else:
+        words = np.ascontiguousarray(dense).reshape(b.shape[0] // group, group, -1).view(np.uint8)
+    return bool((words == words[:, :1]).all())
 
 
 @lru_cache(maxsize=None)
@@ -274,19 +274,14 @@ def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
 
 
 def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
-    """One chunk of `exact_chain`: batch indices part = (first, count) into the buffers bufs."""
-    (c_pos, c_src), (i, k) = maps, part
-    a64, b64, prods, acc = bufs
-    for s, a in enumerate(a3):
+    """One chunk of `exact_chain`: batch indices part = (first, count, group) into the buffers."""
+    (c_pos, c_src), (i, k, group) = maps, part
+    a64, b64, prods, acc = bufs[0][:, :k], bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
+    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
         np.copyto(a64[s], a[i:i + k])  # exact: f16 values
-        if b3 is not None:
-            np.copyto(b64[s], b3[s][i:i + k])
-    if b3 is None and k % (per := _matrices_per_matmul(a64.shape[2], b64.shape[3])) == 0:
-        # one B for every matrix of the chunk: `per` matrices' rows per matmul
-        steps, m_rows = a64.shape[0], a64.shape[2] * per
-        np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, prods.shape[3]))
-    else:
-        np.matmul(a64, b64, out=prods)
+        np.copyto(b64[s], b[i:i + k:group])
+    steps, m_rows, cols = a64.shape[0], a64.shape[2] * group, prods.shape[3]
+    np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, cols))
     if c3 is None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
     else:
