@@ -114,6 +114,16 @@ def b_matrix(b: np.ndarray) -> np.ndarray:
     return np.take(b16, _tile_maps(1, b.shape[-2])[1], axis=-1)
 
 
+def a_fragments(mat: np.ndarray) -> np.ndarray:
+    """The inverse of `a_matrix`: A [..., 16MI, 16] f16 -> fragments [..., 32, MI, 4] uint32."""
+    mi = mat.shape[-2] // MMA_M
+    a_src = _tile_maps(mi, 1)[0]
+    pos = np.empty(a_src.size, np.intp)
+    pos[a_src.reshape(-1)] = np.arange(a_src.size)  # matrix element of each fragment half
+    halves = np.take(np.ascontiguousarray(mat, np.float16).reshape(*mat.shape[:-2], -1), pos, axis=-1)
+    return halves.view(np.uint32).reshape(*mat.shape[:-2], WARP_SIZE, mi, A_REGS)
+
+
 def a_matrix_map(halves: np.ndarray) -> np.ndarray:
     """`a_matrix` applied to a map instead of registers: halves [..., 32, MI, 8] (what each half of
     each A fragment is, e.g. its shared-memory half offset) -> [..., 16MI, 16]."""
@@ -162,8 +172,9 @@ CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its floa
 
 
 def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
-    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32),
-    b_mats [..., 16, 8NJ] f16 (lead axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d
+    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32;
+    with the EXACT model also a view in blocked axes, `_batch_a`), b_mats [..., 16, 8NJ] f16 (lead
+    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d
     like c. Each step rounds its results to fp32 elementwise, so the accumulator stays in matrix
     form between steps (two gathers per GEMM, not per step); the leading axis is cut into chunks
     of about CHUNK_ELEMENTS. `c_is_zero`: the caller vouches that c is +0 everywhere, so it is
@@ -200,7 +211,7 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     batch = lead[:-1] if join else lead  # matmul batch axes, flattened; cut into chunks
     m_rows = rows * (lead[-1] if join else 1)
     flat = int(np.prod(batch, dtype=np.int64))
-    a3 = [np.broadcast_to(a, (*lead, rows, MMA_K)).reshape(flat, m_rows, MMA_K) for a in a_mats]
+    a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
     c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
     out = np.empty(c.shape, np.float32)
@@ -265,6 +276,15 @@ def _like_last2(shape: tuple, src: np.ndarray) -> np.ndarray:
     return np.swapaxes(np.empty((*shape[:-2], shape[-1], shape[-2])), -1, -2)
 
 
+def _batch_a(a: np.ndarray, lead: tuple, n_batch: int, flat: int) -> np.ndarray:
+    """A broadcast to the chain's lead axes, its batch axes flattened: [flat, ...] whose other axes
+    flatten in C order to the matmul's m_rows x 16. A is [..., 16MI, 16], or a view with every
+    lead axis whose row axes and column axes each flatten in C order to 16MI and 16 (values in a
+    front end's own layout, copied straight into the chain's buffer)."""
+    tail = a.shape[len(lead):] if a.ndim > len(lead) + 2 else a.shape[-2:]
+    return np.broadcast_to(a, (*lead, *tail)).reshape(flat, *lead[n_batch:], *tail)
+
+
 def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
     """B broadcast to the matmul batch: lead without its last axis when that axis joins A's rows."""
     if join:
@@ -278,7 +298,7 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
     (c_pos, c_src), (i, k, group) = maps, part
     a64, b64, prods, acc = bufs[0][:, :k], bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
     for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
-        np.copyto(a64[s], a[i:i + k])  # exact: f16 values
+        np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
         np.copyto(b64[s], b[i:i + k:group])
     steps, m_rows, cols = a64.shape[0], a64.shape[2] * group, prods.shape[3]
     np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, cols))
