@@ -71,7 +71,16 @@ def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
 
 
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
-    """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7)."""
+    """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7). When no
+    observer wants these instructions and every lane is active, each shuffle is counted and its
+    partner read by reversing an axis: lane 4g + 2 t1 + t0 pairs with t1 (XOR 2) or t0 (XOR 1)
+    flipped."""
+    if not m.observed(*shfl, *regs) and m.active.all():
+        for site, axis in zip(shfl, (3, 4)):  # [k, W, g, t1, t0, ...]
+            m.count(site)
+            x6 = x.reshape(*x.shape[:2], 8, 2, 2, *x.shape[3:])
+            x = op(x6, np.flip(x6, axis)).reshape(x.shape)
+        return x
     for site, reg, mask in zip(shfl, regs, (2, 1)):
         y, _ = m.shfl(site, x, "bfly", mask, 0x1F, name)
         out = op(x, y)
