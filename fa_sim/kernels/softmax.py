@@ -18,6 +18,8 @@ are reduced by one batched shuffle (R = 2 MI independent shuffles).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..config import SoftmaxForm
@@ -48,12 +50,24 @@ def row_slots(x: np.ndarray, lead: tuple) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(x, -1, 0)).reshape(*lead, *x.shape[:2])
 
 
+@lru_cache(maxsize=None)
+def _slot_of_element(nj: int, mi: int) -> np.ndarray:
+    """[NJ * MI * 4]: the row slot (2 mi + half) of every fragment element (nj, mi, v), half = v >> 1."""
+    return np.broadcast_to((2 * np.arange(mi)[:, None] + np.arange(4)[None, :] // 2), (nj, mi, 4)).reshape(-1)
+
+
+def per_element(x: np.ndarray, nj: int) -> np.ndarray:
+    """A per-row value [k, W, L, MI, 2] -> [k, W, L, NJ, MI, 4], each element its row's value."""
+    k, w, l, mi, _ = x.shape
+    out = np.take(x.reshape(k * w * l, 2 * mi), _slot_of_element(nj, mi), axis=1)
+    return out.reshape(k, w, l, nj, mi, 4)
+
+
 def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
-    """acc [k, W, L, NJ, MI, 4] times its row's factor [k, W, L, MI, 2] (one fmul per element:
-    element (nj, mi, v) is in row slot (mi, v >> 1), so the factor broadcasts over nj and v & 1)."""
-    k, w, l, nj, mi, _ = acc.shape
-    out = np.multiply(factor.reshape(k, w, l, 1, mi, 2, 1), acc.reshape(k, w, l, nj, mi, 2, 2))
-    return out.reshape(acc.shape)
+    """acc [k, W, L, NJ, MI, 4] times its row's factor [k, W, L, MI, 2] (one fmul per element)."""
+    out = per_element(factor, acc.shape[3])
+    out *= acc
+    return out
 
 
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
