@@ -174,11 +174,11 @@ CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its floa
 def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
     """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32;
     with the EXACT model also a view in blocked axes, `_batch_a`), b_mats [..., 16, 8NJ] f16 (lead
-    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d
-    like c. Each step rounds its results to fp32 elementwise, so the accumulator stays in matrix
-    form between steps (two gathers per GEMM, not per step); the leading axis is cut into chunks
-    of about CHUNK_ELEMENTS. `c_is_zero`: the caller vouches that c is +0 everywhere, so it is
-    not gathered."""
+    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
+    results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
+    gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS.
+    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. EXACT runs
+    `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
     if model.float64_sum:
         return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero)
     nj, mi = c.shape[-3], c.shape[-2]
@@ -317,8 +317,8 @@ def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.nda
                 c_is_zero: bool = False) -> np.ndarray:
     nj, mi = c.shape[-3], c.shape[-2]
     _, _, c_pos, c_src = _tile_maps(mi, nj)
-    if c_is_zero:  # the same +0s the gather would give, already float64
-        acc = np.zeros((*c.shape[:-4], *c_src.shape), np.float64 if model.float64_sum else np.float32)
+    if c_is_zero:  # the same +0s the gather would give
+        acc = np.zeros((*c.shape[:-4], *c_src.shape), np.float32)
     else:
         acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
     acc = model.matmul_chain(acc, zip(a_mats, b_mats))
