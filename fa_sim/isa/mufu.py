@@ -28,6 +28,7 @@ of the same shape. MUFU.TANH is not modelled: `tanh` raises NotImplementedError.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -104,6 +105,22 @@ class _Ex2Buffers:
         return tuple(getattr(self, k)[:n] for k in ("w", "z", "f", "sig", "seg", "xl", "q", "t", "u", "sq"))
 
 
+_LOCAL = threading.local()  # each thread's _Ex2Buffers by size
+_KEPT_SIZES = 8
+
+
+def _buffers(size: int) -> _Ex2Buffers:
+    """The calling thread's temporaries for chunks of `size` elements, kept between calls (the PTX
+    engine runs ex2 on many small arrays of a few sizes, where allocating them would cost as much
+    as the arithmetic)."""
+    kept = _LOCAL.__dict__.setdefault("ex2", {})
+    if size not in kept:
+        if len(kept) >= _KEPT_SIZES:
+            kept.clear()
+        kept[size] = _Ex2Buffers(size)
+    return kept[size]
+
+
 def _ex2_chunk(x: np.ndarray, out: np.ndarray, bufs: _Ex2Buffers) -> None:
     """MUFU.EX2 on a float32 chunk into out (float32, same size). Float64 arithmetic on exact
     integers (gathers from small tables, no int64 products), the result's bits assembled in
@@ -151,7 +168,7 @@ def ex2(x, ftz: bool = True) -> np.ndarray:
         return np.where(low, y * y, y)
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    bufs = _Ex2Buffers(min(flat.size, _CHUNK))
+    bufs = _buffers(min(flat.size, _CHUNK))
     for i in range(0, flat.size, _CHUNK):
         _ex2_chunk(flat[i:i + _CHUNK], out[i:i + _CHUNK], bufs)
     return out.reshape(x.shape)
