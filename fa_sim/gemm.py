@@ -8,7 +8,8 @@ accumulator is gathered into matrices once per GEMM, not per step, and an operan
 loads (`LdsmOperand`) is gathered from shared memory straight into its matrix with an index
 composed once per SmemLanes - one gather per CTA when every warp loads the same tile - and an
 operand held in registers of another layout (`RegisterOperand`) straight from those registers
-(or, when the front end kept them, from their f16 values as float32: `HalfValueOperand`).
+(or, when the front end kept them, from their f16 values as float32 in its own layout:
+`BlockedValueOperand`).
 """
 
 from __future__ import annotations
@@ -79,23 +80,24 @@ class RegisterOperand:
 
 
 @dataclass(frozen=True, eq=False)
-class HalfValueOperand:
-    """An A operand given by its f16 values, held as float32 in the registers' half order:
-    element i of a warp's `values` [k, W, ...] is half i of the words a RegisterOperand with the
-    same maps reads (what cvt.rn.f16.f32 wrote: fa_sim.isa.convert.f32_to_f16_values), so its
-    matrix is one gather with no f16 decoding."""
+class BlockedValueOperand:
+    """An A operand given by the f16 values (float32) of its matrices in a front end's own layout:
+    `values` [k, W, *rows, *cols], a view whose row axes flatten (C order) to the 16MI rows and
+    column axes to the 16 columns (P~ by column in fa_sim/kernels/softmax.py). The EXACT chain
+    copies it straight into its float64 buffer; other models get the matrices."""
 
     values: np.ndarray
-    words: np.ndarray  # [32, MI, 4]
-    halves: np.ndarray  # [16MI, 16]
+    rows: int  # 16MI
+
+    def matrices(self) -> np.ndarray:
+        k, w = self.values.shape[:2]
+        return np.ascontiguousarray(self.values).reshape(k, w, self.rows, -1)  # [k, W, 16MI, 16] f32
 
     def registers(self, m: Machine) -> np.ndarray:
-        bits = np.ascontiguousarray(self.values).astype(np.float16).view(np.uint32)  # exact: f16 values
-        return RegisterOperand(bits, self.words, self.halves).registers(m)
+        return isa_mma.a_fragments(self.matrices().astype(np.float16))  # exact: f16 values
 
     def matrix(self, m: Machine) -> np.ndarray:
-        k, w = self.values.shape[:2]
-        return np.take(self.values.reshape(k, w, -1), self.halves, axis=-1)  # [k, W, 16MI, 16] f32
+        return self.values if m.mma_model.float64_sum else self.matrices()
 
 
 def _matrix_index(lanes: SmemLanes, trans: bool, operand: Operand) -> tuple[np.ndarray, np.ndarray | None]:
@@ -153,7 +155,7 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero:
     return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero)
 
 
-_OPERANDS = (LdsmOperand, RegisterOperand, HalfValueOperand)
+_OPERANDS = (LdsmOperand, RegisterOperand, BlockedValueOperand)
 
 
 def _registers(m: Machine, x) -> np.ndarray:

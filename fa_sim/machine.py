@@ -395,11 +395,15 @@ class Machine:
         return (f"PTX line {instr.ptx_line}{src}" if instr.ptx_line is not None else f"pc {instr.pc}{src}")
 
     def reg(self, instr: Instr, regs_in: dict, regs_out: dict) -> None:
-        """A register-only step: report it to observers that want REG events."""
+        """A register-only step: report it to observers that want REG events. A value may be a
+        callable that makes the register array, called only when an observer wants the event (a
+        front end that holds the values in another layout converts them only then)."""
         listeners = self._issue(instr)
         if listeners:
-            self.event(instr, listeners, regs_in={k: self.regs_event(v, instr.repeat) for k, v in regs_in.items()},
-                       regs_out={k: self.regs_event(v, instr.repeat) for k, v in regs_out.items()})
+            def ev(v):
+                return self.regs_event(v() if callable(v) else v, instr.repeat)
+            self.event(instr, listeners, regs_in={k: ev(v) for k, v in regs_in.items()},
+                       regs_out={k: ev(v) for k, v in regs_out.items()})
 
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, ck, values, rnd: int | None = None) -> None:

@@ -105,3 +105,26 @@ def test_result_is_one_rounding_of_the_float64_sum(seed):
     c = rng.standard_normal((16, 8)).astype(np.float32)
     exact = (a.astype(np.float64) @ b.astype(np.float64) + c).astype(np.float32)
     np.testing.assert_array_equal(_run(a, b, c), exact)
+
+
+@FIXED
+@given(ctas=st.sampled_from([1, 3, 8, 16]), share=st.sampled_from(["none", "cta", "pairs", "all"]),
+       zero=st.booleans(), seed=st.integers(0, 2**16))
+def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed):
+    """gemm_chain's matrix form (B shared by a CTA's warps, by groups of CTAs, or by none) against
+    the k16 steps as independent instructions, each rounded to fp32."""
+    rng = np.random.default_rng(seed)
+    steps, w, mi, nj = 3, 2, 1, 4
+    a = [rng.standard_normal((ctas, w, 16 * mi, 16)).astype(np.float16) for _ in range(steps)]
+    b_shape = {"none": (ctas, w), "cta": (ctas, 1), "pairs": (ctas, 1), "all": (1, 1)}[share]
+    b = [rng.standard_normal((*b_shape, 16, 8 * nj)).astype(np.float16) for _ in range(steps)]
+    if share == "pairs":
+        b = [np.repeat(x[::2], 2, axis=0)[:ctas] for x in b]
+    c = np.zeros((ctas, w, 32, nj, mi, 4), np.float32) if zero else \
+        rng.standard_normal((ctas, w, 32, nj, mi, 4)).astype(np.float32)
+    _, _, c_pos, c_src = mma._tile_maps(mi, nj)
+    want = np.take(c.reshape(ctas, w, -1), c_src, axis=-1)
+    for x, y in zip(a, b):
+        want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
+    want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
+    np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))

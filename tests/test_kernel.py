@@ -299,6 +299,20 @@ def test_table9_pv_reads_the_p_registers_in_place():
     assert lane0_keys == [[0, 1, 8, 9], [16, 17, 24, 25], [32, 33, 40, 41], [48, 49, 56, 57]]
 
 
+def test_pv_a_view_is_the_a_operand_of_the_p_registers():
+    """The unobserved PV chain's A matrices, read from P~ by column (softmax.pv_a_view), are the
+    matrices of the A fragments that gemm_A_in_regs takes from tCrP in registers."""
+    from fa_sim.kernels.fa2_fwd import _a_operand
+    from fa_sim.kernels.softmax import by_column, pv_a_view
+    k, w, nj, mi = 3, 4, 8, 2
+    p = np.random.default_rng(9).standard_normal((k, w, 32, nj, mi, 4)).astype(np.float16).astype(np.float32)
+    words = p.astype(np.float16).view(np.uint32)  # [k, W, L, NJ, MI, 2]: (c0, c1), (c2, c3)
+    for h in range(nj // 2):
+        want = mma.a_matrix(_a_operand(words, h))  # [k, W, 16 MI, 16] f16
+        got = pv_a_view(by_column(p), w, h).reshape(k, w, 16 * mi, 16)
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 # -- mutations (for the hazard checker) ----------------------------------------------------------
 def _random(n=128, seed=8):
     rng = np.random.default_rng(seed)

@@ -114,6 +114,16 @@ def b_matrix(b: np.ndarray) -> np.ndarray:
     return np.take(b16, _tile_maps(1, b.shape[-2])[1], axis=-1)
 
 
+def a_fragments(mat: np.ndarray) -> np.ndarray:
+    """The inverse of `a_matrix`: A [..., 16MI, 16] f16 -> fragments [..., 32, MI, 4] uint32."""
+    mi = mat.shape[-2] // MMA_M
+    a_src = _tile_maps(mi, 1)[0]
+    pos = np.empty(a_src.size, np.intp)
+    pos[a_src.reshape(-1)] = np.arange(a_src.size)  # matrix element of each fragment half
+    halves = np.take(np.ascontiguousarray(mat, np.float16).reshape(*mat.shape[:-2], -1), pos, axis=-1)
+    return halves.view(np.uint32).reshape(*mat.shape[:-2], WARP_SIZE, mi, A_REGS)
+
+
 def a_matrix_map(halves: np.ndarray) -> np.ndarray:
     """`a_matrix` applied to a map instead of registers: halves [..., 32, MI, 8] (what each half of
     each A fragment is, e.g. its shared-memory half offset) -> [..., 16MI, 16]."""
@@ -157,21 +167,21 @@ def mma_chain(a_steps, b_steps, c: np.ndarray, model: FusedDotModel = EXACT) -> 
     return gemm_chain([a_matrix(a) for a in a_steps], [b_matrix(b) for b in b_steps], c, model)
 
 
-CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of gemm_chain: its float64 temporaries stay in
+CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its float64 temporaries stay in
 # cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
 
 
 def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
-    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32),
-    b_mats [..., 16, 8NJ] f16 (lead axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d
-    like c. Each step rounds its results to fp32 elementwise, so the accumulator stays in matrix
-    form between steps (two gathers per GEMM, not per step); the leading axis is cut into chunks
-    of about CHUNK_ELEMENTS. `c_is_zero`: the caller vouches that c is +0 everywhere, so it is
-    not gathered."""
+    """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32;
+    with the EXACT model also a view in blocked axes, `_batch_a`), b_mats [..., 16, 8NJ] f16 (lead
+    axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
+    results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
+    gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS.
+    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. EXACT runs
+    `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    if model.float64_sum:
+        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero)
     nj, mi = c.shape[-3], c.shape[-2]
-    if model.float64_sum:  # convert each operand once, not once per chunk
-        a_mats = [_to_float64(a) for a in a_mats]
-        b_mats = [_to_float64(b) for b in b_mats]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
     if c.ndim < 5 or n >= c.shape[0]:
@@ -185,26 +195,130 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     return out
 
 
+def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+    """`gemm_chain` with the EXACT model: per chunk of the leading axis, the operands of every step
+    are converted to float64 into one buffer each and multiplied by one batched matmul (the
+    products of all k16 steps at once), then the steps are summed in order, each sum rounded to
+    fp32 (P[s] += acc; acc = fp32(P[s]): the float64 sum of the exact products and C, rounded once,
+    as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
+    lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
+    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul."""
+    nj, mi = c.shape[-3], c.shape[-2]
+    c_pos, c_src = _pair_maps(mi, nj)
+    lead, steps = c.shape[:-4], len(a_mats)
+    rows, cols = MMA_M * mi, MMA_N * nj
+    join = len(lead) >= 1 and all(b.ndim < 3 or b.shape[-3] == 1 for b in b_mats)
+    batch = lead[:-1] if join else lead  # matmul batch axes, flattened; cut into chunks
+    m_rows = rows * (lead[-1] if join else 1)
+    flat = int(np.prod(batch, dtype=np.int64))
+    a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
+    b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
+    c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
+    out = np.empty(c.shape, np.float32)
+    o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
+    n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
+    group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
+    bufs = (np.empty((steps, n, m_rows, MMA_K)), _like_last2((steps, n // group, MMA_K, cols), b3[0]),
+            np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
+        for i in range(0, flat, n):
+            k = min(n, flat - i)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group), bufs, o3)
+    return out
+
+
+BLAS_SERIAL_MNK = 1 << 18  # OpenBLAS runs a gemm with M*N*K up to this on one thread; more threads on
+# a few shared cores cost far more than they give (measured: 8x the CPU time)
+
+
+def _group(b3, flat: int, n: int, most: int) -> int:
+    """How many consecutive matrices of the batch share each matmul: the largest power of two up to
+    `most` that divides the chunk size n and the batch, where every group's B are equal; else 1."""
+    group = 1
+    while 2 * group <= most and n % (2 * group) == 0 and flat % (2 * group) == 0:
+        group *= 2
+    while group > 1 and not all(_same_in_groups(b, group) for b in b3):
+        group //= 2
+    return group
+
+
+def _same_in_groups(b: np.ndarray, group: int) -> bool:
+    """Whether every matrix of b [batch, 16, N] equals the first of its group of `group` (bit for bit)."""
+    if b.strides[0] == 0:
+        return True
+    dense = b if b.strides[-1] <= b.strides[-2] else np.swapaxes(b, -1, -2)
+    if dense.flags.c_contiguous and dense[0].nbytes % 8 == 0:  # compare 8-byte words
+        words = dense.reshape(b.shape[0] // group, group, -1).view(np.uint64)
+    else:
+        words = np.ascontiguousarray(dense).reshape(b.shape[0] // group, group, -1).view(np.uint8)
+    return bool((words == words[:, :1]).all())
+
+
 @lru_cache(maxsize=None)
-def _f16_values() -> np.ndarray:
-    """Every float16 bit pattern's value as float64 (512 KB)."""
-    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+def _pair_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_tile_maps`' c_pos and c_src on pairs of f32: C elements 2j, 2j + 1 of a lane are columns
+    2j', 2j' + 1 of one matrix row, so each pair moves as one 8-byte word (half the gathers)."""
+    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    return c_pos[..., 0::2] // 2, c_src[:, 0::2] // 2
 
 
-def _to_float64(x: np.ndarray) -> np.ndarray:
-    """An operand matrix as float64: float16 through a table of all its values (a gather is
-    faster than numpy's scalar float16 cast; the same values, NaN payloads included)."""
-    if x.dtype != np.float16:
-        return x.astype(np.float64)
-    return np.take(_f16_values(), x.view(np.uint16), mode="wrap")
+def _pairs(x: np.ndarray) -> np.ndarray:
+    """f32 [..., even] -> the same bytes as [..., / 2] 8-byte words."""
+    return np.ascontiguousarray(x).view(np.uint64)
+
+
+def _like_last2(shape: tuple, src: np.ndarray) -> np.ndarray:
+    """An empty float64 array of `shape` whose last two axes have the memory order of src's (a
+    transposed view when src is), so that converting src into it reads and writes in order; matmul
+    takes either order."""
+    if src.strides[-2] >= src.strides[-1]:
+        return np.empty(shape)
+    return np.swapaxes(np.empty((*shape[:-2], shape[-1], shape[-2])), -1, -2)
+
+
+def _batch_a(a: np.ndarray, lead: tuple, n_batch: int, flat: int) -> np.ndarray:
+    """A broadcast to the chain's lead axes, its batch axes flattened: [flat, ...] whose other axes
+    flatten in C order to the matmul's m_rows x 16. A is [..., 16MI, 16], or a view with every
+    lead axis whose row axes and column axes each flatten in C order to 16MI and 16 (values in a
+    front end's own layout, copied straight into the chain's buffer)."""
+    tail = a.shape[len(lead):] if a.ndim > len(lead) + 2 else a.shape[-2:]
+    return np.broadcast_to(a, (*lead, *tail)).reshape(flat, *lead[n_batch:], *tail)
+
+
+def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
+    """B broadcast to the matmul batch: lead without its last axis when that axis joins A's rows."""
+    if join:
+        b = b.reshape(*b.shape[:-3], *b.shape[-2:]) if b.ndim >= 3 else b
+        return np.broadcast_to(b, (*lead[:-1], *b.shape[-2:]))
+    return np.broadcast_to(b, (*lead, *b.shape[-2:]))
+
+
+def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
+    """One chunk of `exact_chain`: batch indices part = (first, count, group) into the buffers."""
+    (c_pos, c_src), (i, k, group) = maps, part
+    a64, b64, prods, acc = bufs[0][:, :k], bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
+    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
+        np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
+        np.copyto(b64[s], b[i:i + k:group])
+    steps, m_rows, cols = a64.shape[0], a64.shape[2] * group, prods.shape[3]
+    np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, cols))
+    if c3 is None:
+        prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
+    else:
+        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).view(np.float32).reshape(prods.shape[1:])
+    for s in range(len(a3)):
+        np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
+        if s + 1 < len(a3):
+            prods[s + 1] += acc
+    np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,
                 c_is_zero: bool = False) -> np.ndarray:
     nj, mi = c.shape[-3], c.shape[-2]
     _, _, c_pos, c_src = _tile_maps(mi, nj)
-    if c_is_zero:  # the same +0s the gather would give, already float64
-        acc = np.zeros((*c.shape[:-4], *c_src.shape), np.float64 if model.float64_sum else np.float32)
+    if c_is_zero:  # the same +0s the gather would give
+        acc = np.zeros((*c.shape[:-4], *c_src.shape), np.float32)
     else:
         acc = np.take(c.reshape(*c.shape[:-4], -1), c_src, axis=-1)  # [..., 16MI, 8NJ] f32
     acc = model.matmul_chain(acc, zip(a_mats, b_mats))

@@ -28,6 +28,7 @@ of the same shape. MUFU.TANH is not modelled: `tanh` raises NotImplementedError.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -74,41 +75,88 @@ def _fields(u: np.ndarray):
 @functools.cache
 def _ex2_kernel_tables():
     """ex2's coefficients / 2^15 as float64 (Q / 2^15 is then exact: < 2^24 with 15 fraction
-    bits) and the squarer as float32."""
+    bits), C0 with the exponent bias 126 * 2^23 added (still exact: < 2^31 with 15 fraction bits,
+    and Q > 0, so truncating the biased sum truncates Q), and the squarer as uint16 (its values are
+    below 2^15; a 256 KB table stays in cache where float64 would not)."""
     t = mt.tables()["ex2"]
-    return t.c0 / 2.0**15, t.c1 / 2.0**15, t.c2 / 2.0**15, mt.squarer_table(t.xl_bits).astype(np.float32)
+    sq = mt.squarer_table(t.xl_bits)
+    if sq.max() >= 1 << 16:
+        raise ValueError("mufu: the ex2 squarer no longer fits uint16")
+    return t.c0 / 2.0**15 + _EX2_BIAS_Q, t.c1 / 2.0**15, t.c2 / 2.0**15, sq.astype(np.uint16)
 
 
 _EX2_MIN_N, _EX2_MAX_N = -126, 127  # 2^n outside fp32's normal range: flushed to +0, or +inf
-_EX2_BIAS = np.int32(126)  # fp32 bits of sig * 2^(n - 23), sig in [2^23, 2^24]: ((n + 126) << 23) + sig
+_EX2_BIAS_Q = 126.0 * 2**23  # fp32 bits of sig * 2^(n - 23), sig in [2^23, 2^24]: (n << 23) + (126 << 23) + sig
+_EX2_LO = np.float32(-126 * 2.0**23 - 1)  # x * 2^23 above this (and below _EX2_HI): n in [-126, 127]
+_EX2_HI = np.float32(2.0**30)
 
 
-def _ex2_chunk(x: np.ndarray) -> np.ndarray:
-    """MUFU.EX2 on a float32 chunk (NaN lanes left to the caller). Float64 arithmetic on exact
+class _Ex2Buffers:
+    """The temporaries of `_ex2_chunk` for chunks of up to `size` elements, allocated once per call."""
+
+    def __init__(self, size: int) -> None:
+        self.w = np.empty(size, np.float32)
+        self.z, self.f, self.sig = (np.empty(size, np.int32) for _ in range(3))
+        self.seg, self.xl = np.empty(size, np.intp), np.empty(size, np.intp)
+        self.q, self.t, self.u = (np.empty(size) for _ in range(3))
+        self.sq = np.empty(size, np.uint16)
+
+    def take(self, n: int):
+        return tuple(getattr(self, k)[:n] for k in ("w", "z", "f", "sig", "seg", "xl", "q", "t", "u", "sq"))
+
+
+_LOCAL = threading.local()  # each thread's _Ex2Buffers by size
+_KEPT_SIZES = 8
+
+
+def _buffers(size: int) -> _Ex2Buffers:
+    """The calling thread's temporaries for chunks of `size` elements, kept between calls (the PTX
+    engine runs ex2 on many small arrays of a few sizes, where allocating them would cost as much
+    as the arithmetic)."""
+    kept = _LOCAL.__dict__.setdefault("ex2", {})
+    if size not in kept:
+        if len(kept) >= _KEPT_SIZES:
+            kept.clear()
+        kept[size] = _Ex2Buffers(size)
+    return kept[size]
+
+
+def _ex2_chunk(x: np.ndarray, out: np.ndarray, bufs: _Ex2Buffers) -> None:
+    """MUFU.EX2 on a float32 chunk into out (float32, same size). Float64 arithmetic on exact
     integers (gathers from small tables, no int64 products), the result's bits assembled in
-    int32: the fastest exact form numpy offers."""
+    int32, every pass into a buffer of `bufs` (numpy's fastest exact form: same-type operations,
+    gathers with precomputed intp indices)."""
     c0, c1, c2, sq = _ex2_kernel_tables()
-    w = np.clip(x, np.float32(-255), np.float32(255))   # beyond 2^8 only saturation matters
+    w, z, f, sig, seg, xl, q, t, u, sqv = bufs.take(x.size)
+    np.clip(x, np.float32(-255), np.float32(255), out=w)  # beyond 2^8 only saturation matters
     w *= np.float32(2.0**23)
-    z = w.astype(np.int32)                               # |x| in fixed point, truncated; signed
-    # negative x: 2^-(n+1) * 2^(~f), i.e. one less, unless f = 0 (exact)
-    z -= (z >> 31) & (((z & mt.MASK23) + mt.MASK23) >> 23)
-    f = z & mt.MASK23
-    seg = (f >> 17).astype(np.intp)                      # three gathers: index them once
-    xl = f & 0x1FFFF
-    q = np.take(c1, seg, mode="wrap") * xl.astype(np.float64)
-    q += np.take(c0, seg, mode="wrap")
-    q += np.take(c2, seg, mode="wrap") * np.take(sq, xl, mode="wrap")
-    sig = q.astype(np.int32)                             # truncation to 24 bits: 2^f in [2^23, 2^24]
-    z >>= 23                                             # n: the result is sig * 2^(n - 23)
-    lo, hi = z.min(), z.max()
-    bits = z + _EX2_BIAS
-    bits <<= 23
-    bits += sig                                          # a carry out of sig (2^24) is exact: 2^(n + 1)
-    if lo < _EX2_MIN_N or hi > _EX2_MAX_N:
-        bits[z < _EX2_MIN_N] = 0
-        bits[z > _EX2_MAX_N] = _INF
-    return bits.view(np.float32)
+    lo, hi = w.min(), w.max()                          # NaN makes both comparisons below fail
+    np.copyto(z, w, casting="unsafe")                  # |x| in fixed point, truncated; signed
+    np.bitwise_and(z, mt.MASK23, out=f)
+    # negative x: 2^-(n+1) * 2^(~f), i.e. the fraction one less unless it is 0 (exact); n = z >> 23
+    # (floor) is then already right, and f - 1 only where f > 0
+    np.right_shift(z, 31, out=sig)                     # -1 where negative
+    f += sig
+    np.maximum(f, 0, out=f)
+    np.right_shift(f, 17, out=seg, casting="unsafe")   # segment and offset: gather indices, once
+    np.bitwise_and(f, 0x1FFFF, out=xl, casting="unsafe")
+    np.take(c1, seg, out=q, mode="wrap")
+    np.copyto(t, xl)
+    q *= t
+    q += np.take(c0, seg, out=t, mode="wrap")
+    np.take(c2, seg, out=t, mode="wrap")
+    np.copyto(u, np.take(sq, xl, out=sqv, mode="wrap"))
+    t *= u
+    q += t
+    np.copyto(sig, q, casting="unsafe")                # truncation: (126 << 23) + 2^f in [2^23, 2^24]
+    z &= np.int32(~mt.MASK23)                          # n << 23
+    z += sig                                           # a carry out of sig (2^24) is exact: 2^(n + 1)
+    if not (lo > _EX2_LO and hi < _EX2_HI):
+        n = w.astype(np.int32) >> 23
+        z[n < _EX2_MIN_N] = 0
+        z[n > _EX2_MAX_N] = _INF
+        z[np.isnan(x)] = _NAN
+    out.view(np.int32)[...] = z
 
 
 @_op
@@ -120,11 +168,9 @@ def ex2(x, ftz: bool = True) -> np.ndarray:
         return np.where(low, y * y, y)
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
+    bufs = _buffers(min(flat.size, _CHUNK))
     for i in range(0, flat.size, _CHUNK):
-        out[i:i + _CHUNK] = _ex2_chunk(flat[i:i + _CHUNK])
-    nan = np.isnan(flat)
-    if nan.any():
-        out[nan] = np.uint32(_NAN).view(np.float32)
+        _ex2_chunk(flat[i:i + _CHUNK], out[i:i + _CHUNK], bufs)
     return out.reshape(x.shape)
 
 

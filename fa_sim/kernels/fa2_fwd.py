@@ -31,7 +31,7 @@ import numpy as np
 
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
-from ..gemm import HalfValueOperand, LdsmOperand, RegisterOperand, mma_chain
+from ..gemm import BlockedValueOperand, LdsmOperand, RegisterOperand, mma_chain
 from ..isa.convert import f32_to_f16_rn, f32_to_f16_values
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
@@ -41,7 +41,7 @@ from ..problem import Problem
 from .labels import Site, Tensor, Tile, tile_base
 from .plan import KernelPlan, TileLanes, kernel_plan
 from .sites import Step
-from .softmax import NEG_INF, scale_rows, softmax_rescale_o
+from .softmax import NEG_INF, from_columns, pv_a_view, scale_rows, softmax_rescale_o
 
 
 @dataclass(frozen=True)
@@ -196,14 +196,17 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
                    after_first_load: Callable | None) -> np.ndarray:
     """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
     Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem); there tCrP may also be
-    P's f16 values as float32 [k, W, L, NJ, MI, 4] (`_p_values`), not its f16x2 words."""
+    P's f16 values as float32 by column [NJ, 2, MI, 2, k*W*L] (`_p_values`), not its f16x2 words."""
     S = plan.sites
     n_h = plan.config.pv_k_segments
     if after_first_load is None:
         b = [LdsmOperand(S.ldsm_v[h], plan.ldsm_v[h].smem, True, Operand.B, "tCrV") for h in range(n_h)]
-        nj, mi = tCrP.shape[3:5]
-        kind = HalfValueOperand if tCrP.dtype == np.float32 else RegisterOperand
-        a = [kind(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
+        if tCrP.dtype == np.float32:  # f16 values by column
+            mi = tCrP.shape[2]
+            a = [BlockedValueOperand(pv_a_view(tCrP, plan.config.n_warps, h), 16 * mi) for h in range(n_h)]
+        else:
+            nj, mi = tCrP.shape[3:5]
+            a = [RegisterOperand(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
         return mma_chain(m, S.mma_pv, a, b, tCrO)
     for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
@@ -276,30 +279,33 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
         if taken:
             wv.load(m, S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n))
             m.commit_group(S.commit_k)
-    p, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
+    p_cols, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
         m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
     late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
-    tCrP = _p_values(m, S, p, late_pv)
+    tCrP = _p_values(m, S, p_cols, late_pv)  # by column
     if tCrP is None:
+        p = from_columns(p_cols, tCrS.shape[:3])  # [k, W, L, NJ, MI, 4] f32
         tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
         m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
         m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
     else:
         m.count(S.convert_p)  # no observer wants its registers (_p_values)
-        m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(f32_to_f16_rn(p).view(np.uint32)))
+        m.checkpoint(Checkpoint.P_F16,
+                     lambda: _thread_words(f32_to_f16_rn(from_columns(p_cols, tCrS.shape[:3])).view(np.uint32)))
     st.tCrO[:k] = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv)
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
 
 
-def _p_values(m: Machine, S, p: np.ndarray, late_pv: Callable | None) -> np.ndarray | None:
-    """P~'s f16 values as float32 [k, W, L, NJ, MI, 4] when nothing observes the conversion or
-    the PV GEMM and no wait sits inside it: the chain then reads them with no f16 decoding, and
-    no f16x2 word is built. None otherwise, or when P~ holds a NaN (its bits matter)."""
+def _p_values(m: Machine, S, p_cols: np.ndarray, late_pv: Callable | None) -> np.ndarray | None:
+    """P~'s f16 values as float32 by column [NJ, 2, MI, 2, k*W*L] when nothing observes the
+    conversion or the PV GEMM and no wait sits inside it: the chain then reads them with no f16
+    decoding, straight from this layout, and no f16x2 word is built. None otherwise, or when P~
+    holds a NaN (its bits matter)."""
     if late_pv is not None or m.observed(S.convert_p, *S.ldsm_v, *S.mma_pv):
         return None
-    return f32_to_f16_values(p)
+    return f32_to_f16_values(p_cols)
 
 
 def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarray]:

@@ -71,7 +71,16 @@ def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
 
 
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
-    """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7)."""
+    """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7). When no
+    observer wants these instructions and every lane is active, each shuffle is counted and its
+    partner read by reversing an axis: lane 4g + 2 t1 + t0 pairs with t1 (XOR 2) or t0 (XOR 1)
+    flipped."""
+    if not m.observed(*shfl, *regs) and m.active.all():
+        for site, axis in zip(shfl, (3, 4)):  # [k, W, g, t1, t0, ...]
+            m.count(site)
+            x6 = x.reshape(*x.shape[:2], 8, 2, 2, *x.shape[3:])
+            x = op(x6, np.flip(x6, axis)).reshape(x.shape)
+        return x
     for site, reg, mask in zip(shfl, regs, (2, 1)):
         y, _ = m.shfl(site, x, "bfly", mask, 0x1F, name)
         out = op(x, y)
@@ -84,6 +93,15 @@ def from_columns(cols: np.ndarray, lead: tuple) -> np.ndarray:
     """The inverse of `by_column`: [NJ, 2, MI, 2, k*W*L] -> [k, W, L, NJ, MI, 4] (a copy)."""
     nj, _, mi = cols.shape[:3]
     return np.ascontiguousarray(cols.transpose(4, 0, 2, 3, 1)).reshape(*lead, nj, mi, 4)
+
+
+def pv_a_view(cols: np.ndarray, n_warps: int, h: int) -> np.ndarray:
+    """P~ by column [NJ, 2, MI, 2, k*W*L] -> the A matrices of the PV GEMM's step h (S atoms 2h,
+    2h+1; spec table 9) as a view [k, W, MI, 2, 8, 2, 4, 2]: row (mi, half, g) = 16 mi + 8 half + g,
+    column (nj', t, b) = 8 nj' + 2 t + b, for lane L = 4 g + t (fa_sim.gemm.BlockedValueOperand)."""
+    nj, _, mi = cols.shape[:3]
+    v = cols.reshape(nj // 2, 2, 2, mi, 2, -1, n_warps, 8, 4)[h]  # (nj', b, mi, half, k, W, g, t)
+    return v.transpose(4, 5, 2, 3, 6, 0, 7, 1)
 
 
 def column_rows(x: np.ndarray) -> np.ndarray:
@@ -129,8 +147,9 @@ def exp2_argument(x: np.ndarray, sl2: np.float32, ms: np.ndarray, form: SoftmaxF
 def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, tCrS: np.ndarray,
                       tCrO: np.ndarray, rRowMax: np.ndarray, rRowSum: np.ndarray,
                       form: SoftmaxForm = SoftmaxForm.FMUL_FSUB):
-    """One round of online softmax (spec table 8). Returns (P~ as f32 in tCrS order, tCrO
-    rescaled by alpha, rRowMax, rRowSum). `first` selects softmax_rescale_o<true>."""
+    """One round of online softmax (spec table 8). Returns (P~ as f32 by column (`by_column`;
+    `from_columns` gives tCrS order), tCrO rescaled by alpha, rRowMax, rRowSum). `first` selects
+    softmax_rescale_o<true>."""
     reg = sites.softmax
     sl2 = scale_log2(scale)  # fmul(s, log2 e)
     m_prev = rRowMax
@@ -153,11 +172,12 @@ def softmax_rescale_o(m: Machine, sites: Sites, scale: np.float32, first: bool, 
         rRowSum, tCrO = new_sum, new_o
     ms = row_offset(row_max, sl2)  # [k, W, L, MI, 2] f32
     p_cols = ex2_approx_ftz(exp2_argument(cols, sl2, ms, form))  # by column, f32
-    p = from_columns(p_cols, lead)  # [k, W, L, NJ, MI, 4]
+    def p():  # [k, W, L, NJ, MI, 4], for observers only
+        return from_columns(p_cols, lead)
     m.reg(reg[Step.EXP], {"tCrS": tCrS, "rRowMax": row_max}, {"tCrS": p})
     dl = thread_sum(p_cols, lead)  # [k, W, L, MI, 2] f32
     m.reg(reg[Step.SUM_LOCAL], {"tCrS": p}, {"dl": dl})
     dl = quad_allreduce(m, sites.shfl_sum, (reg[Step.SUM_XOR2], reg[Step.SUM_XOR1]), dl, np.add, "dl")
     new_sum = dl if first else rRowSum + dl
     m.reg(reg[Step.SUM_ADD], {"rRowSum": rRowSum, "dl": dl}, {"rRowSum": new_sum})
-    return p, tCrO, row_max, new_sum
+    return p_cols, tCrO, row_max, new_sum
