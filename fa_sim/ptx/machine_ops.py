@@ -89,24 +89,28 @@ def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int
     """The lanes' shared addresses [C, W, L, 1] as SmemLanes. Kernels issue the same addresses
     round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
     when the addresses repeat: first among the last patterns of the same instruction (compared
-    as arrays), then among all the wave's patterns (by their bytes)."""
+    as arrays), then among all the wave's patterns (by their bytes). Shared-memory addresses
+    rarely depend on the CTA: when every CTA gives the same, the SmemLanes hold one CTA's [W, L,
+    R] (the machine's static form: its indices are C times smaller, cp.async lands as one copy
+    per instruction); otherwise [C, W, L, R]."""
     if addr.ndim == 2:  # [N, R] addresses of R instructions (a batched run: the whole wave)
-        full = np.ascontiguousarray(addr.astype(np.int64).reshape(*eng.cw, -1))
+        full = addr.astype(np.int64, copy=False).reshape(*eng.cw, -1)
     else:
-        full = np.ascontiguousarray(eng.scatter(addr.astype(np.int64), group))[..., None]
+        full = eng.scatter(addr.astype(np.int64, copy=False), group)[..., None]
     recent = eng.smem_recent.setdefault((pc, width), [])
     for i, (seen, hit) in enumerate(recent):
-        if np.array_equal(seen, full):
+        if seen.shape in (full.shape, full.shape[1:]) and (full == seen).all():  # shared ones broadcast
             if i:
                 recent.insert(0, recent.pop(i))
             return hit
-    key = (width, full.shape, full.tobytes())
+    pattern = np.ascontiguousarray(full[0] if (full == full[:1]).all() else full)
+    key = (width, pattern.shape, pattern.tobytes())
     hit = eng.smem_lanes.get(key)
     if hit is None:
         if len(eng.smem_lanes) >= SMEM_LANES_CACHE:
             eng.smem_lanes.pop(next(iter(eng.smem_lanes)))
-        hit = eng.smem_lanes[key] = SmemLanes(width, full)  # [C, W, L, R]
-    recent.insert(0, (full, hit))
+        hit = eng.smem_lanes[key] = SmemLanes(width, pattern)  # [W, L, R] or [C, W, L, R]
+    recent.insert(0, (pattern, hit))
     del recent[SMEM_RECENT:]
     return hit
 
