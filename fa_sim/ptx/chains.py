@@ -37,9 +37,10 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize
-from .ir import Addr, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
+from .ir import Addr, Imm, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
 from .machine_ops import MMA_FORM
 from .optable import OPCODES, Unit
+from .regs import immediate
 
 if TYPE_CHECKING:
     from ..machine import Instr
@@ -181,13 +182,53 @@ def region(code, pc: int, end: int) -> tuple[int, list[int], dict]:
     return last, [p for p in reg.mmas if p < last], reg.chains
 
 
+ZERO_MOVS = ("f32", "b32", "u32", "s32")  # movs of 32 bits: a +0 source leaves every bit clear
+
+
+def _zero_source(ins: Instruction, zero: set[str]) -> bool:
+    """Whether `ins` is an unguarded 32-bit mov into a register of +0 (all bits clear): an
+    immediate whose bits are 0 or a register of `zero`."""
+    if ins.opcode != "mov" or ins.guard is not None or len(ins.mods) != 1 or ins.mods[0] not in ZERO_MOVS:
+        return False
+    d, a = ins.operands
+    if not isinstance(d, Reg) or d.negate or d.special:
+        return False
+    if isinstance(a, Reg):
+        return not a.negate and a.name in zero
+    return isinstance(a, Imm) and int(np.asarray(immediate(a, ins.mods[0])).view(np.uint32)) == 0
+
+
+def zero_chains(code, start: int, stop: int, mmas: list[int]) -> set[tuple[str, ...]]:
+    """The chains (by D registers) of a region whose first mma reads a C of +0 (every bit clear)
+    on every thread: its registers were set so within the region, by movs of a zero immediate or
+    of such a register, and nothing wrote them after (the region's order), so the GEMM need not
+    read them (fa_sim.isa.mma.gemm_chain's c_is_zero)."""
+    zero: set[str] = set()
+    out, seen, pcs = set(), set(), set(mmas)
+    for p in range(start, stop):
+        op = MmaOperands.of(code[p]) if p in pcs else None
+        if op is not None:
+            if op.d not in seen and set(op.c) <= zero:
+                out.add(op.d)
+            seen.add(op.d)
+            zero -= set(op.d)
+            continue
+        put = _zero_source(code[p], zero)
+        regs = touched(code[p])
+        zero -= regs[1] if regs is not None else set().union(*(_named(x) for x in code[p].operands))
+        if put:
+            zero.add(code[p].operands[0].name)
+    return out
+
+
 @dataclass(frozen=True)
 class Grid:
     """MI x NJ accumulator chains of K steps that read the same A fragments at each step (row mi)
     and the same B fragments at each step (column nj): register names a [K, MI, 4], b [K, NJ, 2],
     c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
     [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
-    shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment."""
+    shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment.
+    c_zero: every C register holds +0 when the chains start (zero_chains): C is not read."""
 
     k: int
     mi: int
@@ -198,6 +239,7 @@ class Grid:
     d: tuple[str, ...]
     a_fed: tuple[int, ...] | None = None
     b_fed: tuple[tuple[int, int], ...] | None = None
+    c_zero: bool = False
 
     def ready(self, regs) -> bool:
         """Whether every operand is rows of one file of 32-bit registers (regs.words)."""
@@ -225,15 +267,20 @@ class Grid:
             materialize(eng, loads, tuple(p for p, _ in self.b_fed or ()))
             b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
             b_mats = list(isa_mma.b_matrix(b))
-        c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
-        d = isa_mma.gemm_chain(a_mats, b_mats, np.ascontiguousarray(c).view(np.float32), eng.m.mma_model)
+        if self.c_zero:
+            c = np.broadcast_to(np.float32(0), (cs, w, lanes, nj, mi, 4))
+        else:
+            c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
+            c = np.ascontiguousarray(c).view(np.float32)
+        d = isa_mma.gemm_chain(a_mats, b_mats, c, eng.m.mma_model, c_is_zero=self.c_zero)
         file, idx = regs.words(self.d)
         file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
 
 
-def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
+def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:
     """The chains as grids: chains with the same A registers at every step are a row, rows with
-    the same B registers column by column (in the order the chains start) one grid."""
+    the same B registers column by column (in the order the chains start) one grid. `zero`: the
+    chains whose C is +0 (zero_chains); a grid of only such chains does not read C."""
     rows: dict[tuple, list] = {}
     for d, steps in chains.items():
         rows.setdefault(tuple(s.a for s in steps), []).append((tuple(s.b for s in steps), steps[0].c, d))
@@ -249,7 +296,8 @@ def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
         b = flat(bs[n][s] for s in range(k) for n in range(nj))
         c = flat(members[m][1][n][1] for n in range(nj) for m in range(mi))
         d = flat(members[m][1][n][2] for n in range(nj) for m in range(mi))
-        out.append(Grid(k, mi, nj, a, b, c, d))
+        c_zero = all(col[2] in zero for _, cols in members for col in cols)
+        out.append(Grid(k, mi, nj, a, b, c, d, c_zero=c_zero))
     return out
 
 
@@ -348,7 +396,7 @@ def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instr
 
 
 def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    grids_, fed = feed(code, grids(chains), range(start, stop), mmas, uses)
+    grids_, fed = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
