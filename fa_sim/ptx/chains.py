@@ -249,32 +249,46 @@ class Grid:
         """The K steps of every chain at once: operands gathered once, D written once. `loads`:
         the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
         regs, (cs, w, lanes) = eng.regs, eng.cw
-        k, mi, nj = self.k, self.mi, self.nj
-        def rows(names):  # -> [len(names), C, W, L] words
-            file, idx = regs.words(names)
-            return file[idx].reshape(len(names), cs, w, lanes)
-        if self.a_fed is not None and all(loads[p] is not None for p in self.a_fed):
-            a_mats = fed_matrices(eng, [loads[p] for p in self.a_fed], self.a_fed, k, True,
-                                  self.__dict__.setdefault("_a_index", {}))
-        else:
-            materialize(eng, loads, self.a_fed or ())
-            a = rows(self.a).reshape(k, mi, 4, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, MI, 4]
-            a_mats = list(isa_mma.a_matrix(a))
-        if self.b_fed is not None and all(loads[p] is not None for p, _ in self.b_fed):
-            b_mats = fed_matrices(eng, [loads[p] for p, _ in self.b_fed], self.b_fed, k, False,
-                                  self.__dict__.setdefault("_b_index", {}))
-        else:
-            materialize(eng, loads, tuple(p for p, _ in self.b_fed or ()))
-            b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
-            b_mats = list(isa_mma.b_matrix(b))
+        model = eng.m.mma_model
+        a_mats = _values(self._matrices(eng, loads, True), model)
+        b_mats = _values(self._matrices(eng, loads, False), model)
         if self.c_zero:
-            c = np.broadcast_to(np.float32(0), (cs, w, lanes, nj, mi, 4))
+            c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
         else:
-            c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
-            c = np.ascontiguousarray(c).view(np.float32)
-        d = isa_mma.gemm_chain(a_mats, b_mats, c, eng.m.mma_model, c_is_zero=self.c_zero)
+            c = _rows(regs, self.c, eng.cw).reshape(self.nj, self.mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)
+            c = np.ascontiguousarray(c).view(np.float32)  # [C, W, L, NJ, MI, 4]
+        d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
         file, idx = regs.words(self.d)
         file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+
+    def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
+        """The K matrices of operand A (or B): from shared memory when every load that feeds it
+        gathered its addresses, else from the registers (loading those of fed loads first)."""
+        fed = self.a_fed if operand_a else self.b_fed
+        pcs = tuple(fed or ()) if operand_a else tuple(p for p, _ in fed or ())
+        if fed is not None and all(loads[p] is not None for p in pcs):
+            cache = self.__dict__.setdefault("_a_index" if operand_a else "_b_index", {})
+            return fed_matrices(eng, [loads[p] for p in pcs], fed, self.k, operand_a, cache)
+        materialize(eng, loads, pcs)
+        cs, w, lanes = eng.cw
+        if operand_a:
+            a = _rows(eng.regs, self.a, eng.cw).reshape(self.k, self.mi, 4, cs, w, lanes)
+            return list(isa_mma.a_matrix(a.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, MI, 4]
+        b = _rows(eng.regs, self.b, eng.cw).reshape(self.k, self.nj, 2, cs, w, lanes)
+        return list(isa_mma.b_matrix(b.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, NJ, 2]
+
+
+def _rows(regs, names: tuple[str, ...], cw) -> np.ndarray:
+    """The registers `names` of every thread: [len(names), C, W, L] words."""
+    file, idx = regs.words(names)
+    return file[idx].reshape(len(names), *cw)
+
+
+def _values(mats: list[np.ndarray], model) -> list[np.ndarray]:
+    """f16 operand matrices as gemm_chain computes with them: for the float64 sum (EXACT), their
+    values as float64 (numpy's f16 -> f64 cast: exact, NaN payloads kept - the same values as
+    gemm_chain's own conversion, and several times faster than its table), else as they are."""
+    return [m.astype(np.float64) for m in mats] if model.float64_sum else mats
 
 
 def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:
