@@ -23,7 +23,7 @@ from ..errors import KernelFault
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
 from .ir import Instruction
-from .machine_ops import _smem_lanes, address
+from .shared_lanes import operand_lanes
 from .ops import Unsupported
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
     error with its lines): None."""
     if len(inss) > 1:
         try:
-            addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in inss], axis=-1)  # [N, R]
-            lanes = _smem_lanes(eng, addr, 16, group, inss[0].pc)
+            lanes = operand_lanes(eng, tuple(ins.operands[1] for ins in inss), 16, group, inss[0].pc)  # [.., R]
             lanes.ldsm_index(LDSM_NUM, "trans" in inss[0].mods)  # the alignment check
             eng.activate(inss[0].pc, group)
             eng.m.count(instr, aligned=True, smem=lanes)  # a fault: counted again by the single one, which raises it
@@ -57,7 +56,7 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
 
 def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, int] | None:
     try:
-        lanes = _smem_lanes(eng, address(eng, ins.operands[1], group, "shared"), 16, group, ins.pc)
+        lanes = operand_lanes(eng, (ins.operands[1],), 16, group, ins.pc)
         lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
     except LOAD_ERRORS:
         eng.issue(ins, group)
