@@ -37,106 +37,14 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize
-from .ir import Addr, Imm, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
-from .machine_ops import MMA_FORM
-from .optable import OPCODES, Unit
-from .regs import immediate
+from .chain_regs import LdsmOperands, MmaOperands, dead_zeros, register_uses, touched, zero_movs
+from .ir import Instruction
 
 if TYPE_CHECKING:
     from ..machine import Instr
     from .engine import Engine, Group
 
 MIN_GEMM_MMAS = 4  # fewer mmas than this run as MmaRun steps (a GEMM's gathers would not pay)
-
-
-def _names(op) -> tuple[str, ...] | None:
-    """Register names of a vector operand of registers (None: anything else in it)."""
-    items = op.items if isinstance(op, Vec) else (op,)
-    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
-        return None
-    return tuple(x.name for x in items)
-
-
-@dataclass(frozen=True)
-class MmaOperands:
-    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
-
-    d: tuple[str, ...]
-    a: tuple[str, ...]
-    b: tuple[str, ...]
-    c: tuple[str, ...]
-
-    @staticmethod
-    def of(ins: Instruction) -> MmaOperands | None:
-        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
-        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
-            return None
-        names = [_names(op) for op in ins.operands]
-        if any(n is None for n in names):
-            return None
-        ops = MmaOperands(*names)
-        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
-            return None
-        return ops
-
-
-@dataclass(frozen=True)
-class LdsmOperands:
-    """The registers of one ldmatrix: its destinations and the base of its address (None: a
-    variable or an absolute address)."""
-
-    d: tuple[str, ...]
-    base: str | None
-
-    @staticmethod
-    def of(ins: Instruction) -> LdsmOperands | None:
-        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
-        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
-            return None
-        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
-        d, addr = _names(ins.operands[0]), ins.operands[1]
-        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
-            return None
-        base = addr.base
-        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
-            return None
-        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
-
-
-def _named(op) -> set[str]:
-    """Every register an operand names (read or written)."""
-    if isinstance(op, Reg):
-        return {op.name}
-    if isinstance(op, (Vec, ParamList)):
-        return set().union(*(_named(x) for x in op.items))
-    if isinstance(op, Addr):
-        return _named(op.base) if op.base is not None else set()
-    if isinstance(op, PredPair):
-        return {op.p.name, op.q.name}
-    return set()
-
-
-def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
-    """(registers read, registers written) of an instruction that may share a GEMM region with
-    its mmas (None: it may not - it is not unguarded lane math or an ldmatrix). Lane math writes
-    its first operand (PTX puts destinations first); every register it names counts as read."""
-    ldsm = LdsmOperands.of(ins)
-    if ldsm is not None:
-        return ({ldsm.base} if ldsm.base else set()), set(ldsm.d)
-    row = OPCODES.get(ins.opcode)
-    if row is None or row.unit is not Unit.LANES or ins.guard is not None or not ins.operands:
-        return None
-    return set().union(*(_named(op) for op in ins.operands)), _named(ins.operands[0])
-
-
-def register_uses(kernel: Kernel) -> dict[str, frozenset[int]]:
-    """The pcs of the instructions that name each register (read, write or guard)."""
-    out: dict[str, set[int]] = {}
-    for ins in kernel.instructions:
-        names = set().union(*(_named(op) for op in ins.operands))
-        for name in names | ({ins.guard.reg.name} if ins.guard is not None else set()):
-            out.setdefault(name, set()).add(ins.pc)
-    return {k: frozenset(v) for k, v in out.items()}
 
 
 class _Region:
@@ -182,45 +90,6 @@ def region(code, pc: int, end: int) -> tuple[int, list[int], dict]:
     return last, [p for p in reg.mmas if p < last], reg.chains
 
 
-ZERO_MOVS = ("f32", "b32", "u32", "s32")  # movs of 32 bits: a +0 source leaves every bit clear
-
-
-def _zero_source(ins: Instruction, zero: set[str]) -> bool:
-    """Whether `ins` is an unguarded 32-bit mov into a register of +0 (all bits clear): an
-    immediate whose bits are 0 or a register of `zero`."""
-    if ins.opcode != "mov" or ins.guard is not None or len(ins.mods) != 1 or ins.mods[0] not in ZERO_MOVS:
-        return False
-    d, a = ins.operands
-    if not isinstance(d, Reg) or d.negate or d.special:
-        return False
-    if isinstance(a, Reg):
-        return not a.negate and a.name in zero
-    return isinstance(a, Imm) and int(np.asarray(immediate(a, ins.mods[0])).view(np.uint32)) == 0
-
-
-def zero_chains(code, start: int, stop: int, mmas: list[int]) -> set[tuple[str, ...]]:
-    """The chains (by D registers) of a region whose first mma reads a C of +0 (every bit clear)
-    on every thread: its registers were set so within the region, by movs of a zero immediate or
-    of such a register, and nothing wrote them after (the region's order), so the GEMM need not
-    read them (fa_sim.isa.mma.gemm_chain's c_is_zero)."""
-    zero: set[str] = set()
-    out, seen, pcs = set(), set(), set(mmas)
-    for p in range(start, stop):
-        op = MmaOperands.of(code[p]) if p in pcs else None
-        if op is not None:
-            if op.d not in seen and set(op.c) <= zero:
-                out.add(op.d)
-            seen.add(op.d)
-            zero -= set(op.d)
-            continue
-        put = _zero_source(code[p], zero)
-        regs = touched(code[p])
-        zero -= regs[1] if regs is not None else set().union(*(_named(x) for x in code[p].operands))
-        if put:
-            zero.add(code[p].operands[0].name)
-    return out
-
-
 @dataclass(frozen=True)
 class Grid:
     """MI x NJ accumulator chains of K steps that read the same A fragments at each step (row mi)
@@ -228,7 +97,7 @@ class Grid:
     c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
     [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
     shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment.
-    c_zero: every C register holds +0 when the chains start (zero_chains): C is not read."""
+    c_zero: every C register holds +0 when the chains start (chain_regs.zero_movs): C is not read."""
 
     k: int
     mi: int
@@ -294,7 +163,7 @@ def _values(mats: list[np.ndarray], model) -> list[np.ndarray]:
 def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:
     """The chains as grids: chains with the same A registers at every step are a row, rows with
     the same B registers column by column (in the order the chains start) one grid. `zero`: the
-    chains whose C is +0 (zero_chains); a grid of only such chains does not read C."""
+    chains whose C is +0 (chain_regs.zero_movs); a grid of only such chains does not read C."""
     rows: dict[tuple, list] = {}
     for d, steps in chains.items():
         rows.setdefault(tuple(s.a for s in steps), []).append((tuple(s.b for s in steps), steps[0].c, d))
@@ -354,6 +223,7 @@ class Gemm:
     mmas: tuple[Instruction, ...]
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
+    dead: tuple[tuple[int, str], ...] = ()  # (pc, register) of the movs of +0 it does not execute
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed or not all(g.ready(eng.regs) for g in self.grids):
@@ -370,6 +240,9 @@ class Gemm:
                     step(eng, group)
             except Exception:  # program order up to the failing instruction, then its error
                 materialize(eng, loads, loads)
+                for pc, name in self.dead:
+                    if pc < first:
+                        eng.regs.slot(name)[0][:] = 0  # what the mov wrote: +0, every bit clear
                 for ins in self.mmas:
                     if ins.pc < first:
                         eng.issue(ins, group)
@@ -389,11 +262,13 @@ class FedLoads:
     instr: Instr  # the first one's site with repeat = R
 
 
-def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instrs, plain: Callable) -> list:
-    """(first pc, steps or FedLoads) of the region's instructions but its mmas, in program order."""
+def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], dead: set[int], instrs,
+              plain: Callable) -> list:
+    """(first pc, steps or FedLoads) of the region's instructions but its mmas and dead movs
+    (chain_regs.dead_zeros), in program order."""
     out, run = [], []
     for p in range(start, stop + 1):
-        if (p == stop or p in mmas or p in fed) and run:
+        if (p == stop or p in mmas or p in fed or p in dead) and run:
             out.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
             run = []
         if p in fed:
@@ -404,19 +279,23 @@ def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instr
                 out[-1] = (out[-1][0], FedLoads(inss, replace(last.instr, repeat=len(inss))))
             else:
                 out.append((p, FedLoads((code[p],), instrs[p])))
-        elif p < stop and p not in mmas:
+        elif p < stop and p not in mmas and p not in dead:
             run.append(p)
     return out
 
 
 def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    grids_, fed = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
+    zero, movs = zero_movs(code, start, stop, mmas)
+    grids_, fed = feed(code, grids(chains, zero), range(start, stop), mmas, uses)
+    c_zero = set().union(*(g.c for g in grids_ if g.c_zero))
+    dead = dead_zeros(movs, c_zero, set().union(*(g.d for g in grids_)), start, stop, mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(_segments(code, start, stop, mmas, fed, instrs, plain)),
-                tuple(code[p] for p in mmas), counted, tuple(grids_))
+    segments = _segments(code, start, stop, mmas, fed, set(dead), instrs, plain)
+    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas), counted,
+                tuple(grids_), tuple(dead.items()))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
@@ -439,3 +318,6 @@ def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> 
         out.append(_gemm(code, first, stop, mmas, chains, instrs, plain, uses))
         pc = done = stop
     return out + plain(code, done, end, instrs)
+
+
+__all__ = ["Gemm", "Grid", "LdsmOperands", "MmaOperands", "fed_matrices", "grids", "register_uses", "stretch_steps"]
