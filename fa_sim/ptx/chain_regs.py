@@ -3,10 +3,8 @@ mma.sync and ldmatrix, what its other instructions read and write, where the ker
 register, and which accumulators the region sets to +0 before its chains start.
 
 Accumulators at +0: NVRTC zeroes the accumulator of S = Q K^T with movs right before its mmas
-(`mov.f32 %f1, 0f00000000; mov.f32 %f2, %f1; ...`). A chain whose first mma reads such a C needs
-no C (gemm_chain's c_is_zero), and a mov of +0 into a register that only the region's mmas read,
-as C, and whose GEMM writes it as D at the region's end, is dead in matrix form: the GEMM does
-not execute it (the Gemm step writes the +0 itself when it must fall back to program order).
+(`mov.f32 %f1, 0f00000000; mov.f32 %f2, %f1; ...`); a chain whose first mma reads such a C needs
+no C (gemm_chain's c_is_zero). The movs still execute: the registers hold +0 as in program order.
 """
 
 from __future__ import annotations
@@ -127,14 +125,13 @@ def _zero_source(ins: Instruction, zero: set[str]) -> bool:
     return isinstance(a, Imm) and int(np.asarray(immediate(a, ins.mods[0])).view(np.uint32)) == 0
 
 
-def zero_movs(code, start: int, stop: int, mmas: list[int]) -> tuple[set[tuple[str, ...]], dict[int, str]]:
+def zero_chains(code, start: int, stop: int, mmas: list[int]) -> set[tuple[str, ...]]:
     """The chains (by D registers) of a region whose first mma reads a C of +0 (every bit clear)
     on every thread - its registers were set so within the region, by movs of a zero immediate or
     of such a register, and nothing wrote them after (the region's order), so the GEMM need not
-    read them (fa_sim.isa.mma.gemm_chain's c_is_zero) - and {pc: register} of every mov in the
-    region that puts +0 into a register."""
+    read them (fa_sim.isa.mma.gemm_chain's c_is_zero)."""
     zero: set[str] = set()
-    chains, movs, seen, pcs = set(), {}, set(), set(mmas)
+    chains, seen, pcs = set(), set(), set(mmas)
     for p in range(start, stop):
         op = MmaOperands.of(code[p]) if p in pcs else None
         if op is not None:
@@ -148,15 +145,4 @@ def zero_movs(code, start: int, stop: int, mmas: list[int]) -> tuple[set[tuple[s
         zero -= regs[1] if regs is not None else set().union(*(_named(x) for x in code[p].operands))
         if put:
             zero.add(code[p].operands[0].name)
-            movs[p] = code[p].operands[0].name
-    return chains, movs
-
-
-def dead_zeros(movs: dict[int, str], c_zero: set[str], d: set[str], start: int, stop: int, mmas: list[int],
-               uses: dict[str, frozenset[int]]) -> dict[int, str]:
-    """The movs of +0 (`movs`: {pc: register}) that matrix form need not execute: into a C
-    register of a grid that does not read C (`c_zero`), which the GEMM writes as D (`d`), and
-    which no instruction of the region but the mov and the mmas names."""
-    inside, pcs = range(start, stop), set(mmas)
-    return {p: r for p, r in movs.items()
-            if r in c_zero and r in d and all(q == p or q in pcs for q in uses.get(r, ()) if q in inside)}
+    return chains

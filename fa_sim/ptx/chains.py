@@ -37,7 +37,7 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize
-from .chain_regs import LdsmOperands, MmaOperands, dead_zeros, register_uses, touched, zero_movs
+from .chain_regs import LdsmOperands, MmaOperands, register_uses, touched, zero_chains
 from .ir import Instruction
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Grid:
     c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
     [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
     shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment.
-    c_zero: every C register holds +0 when the chains start (chain_regs.zero_movs): C is not read."""
+    c_zero: every C register holds +0 when the chains start (chain_regs.zero_chains): C is not read."""
 
     k: int
     mi: int
@@ -163,7 +163,7 @@ def _values(mats: list[np.ndarray], model) -> list[np.ndarray]:
 def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:
     """The chains as grids: chains with the same A registers at every step are a row, rows with
     the same B registers column by column (in the order the chains start) one grid. `zero`: the
-    chains whose C is +0 (chain_regs.zero_movs); a grid of only such chains does not read C."""
+    chains whose C is +0 (chain_regs.zero_chains); a grid of only such chains does not read C."""
     rows: dict[tuple, list] = {}
     for d, steps in chains.items():
         rows.setdefault(tuple(s.a for s in steps), []).append((tuple(s.b for s in steps), steps[0].c, d))
@@ -223,7 +223,6 @@ class Gemm:
     mmas: tuple[Instruction, ...]
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
-    dead: tuple[tuple[int, str], ...] = ()  # (pc, register) of the movs of +0 it does not execute
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed or not all(g.ready(eng.regs) for g in self.grids):
@@ -240,9 +239,6 @@ class Gemm:
                     step(eng, group)
             except Exception:  # program order up to the failing instruction, then its error
                 materialize(eng, loads, loads)
-                for pc, name in self.dead:
-                    if pc < first:
-                        eng.regs.slot(name)[0][:] = 0  # what the mov wrote: +0, every bit clear
                 for ins in self.mmas:
                     if ins.pc < first:
                         eng.issue(ins, group)
@@ -262,13 +258,11 @@ class FedLoads:
     instr: Instr  # the first one's site with repeat = R
 
 
-def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], dead: set[int], instrs,
-              plain: Callable) -> list:
-    """(first pc, steps or FedLoads) of the region's instructions but its mmas and dead movs
-    (chain_regs.dead_zeros), in program order."""
+def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instrs, plain: Callable) -> list:
+    """(first pc, steps or FedLoads) of the region's instructions but its mmas, in program order."""
     out, run = [], []
     for p in range(start, stop + 1):
-        if (p == stop or p in mmas or p in fed or p in dead) and run:
+        if (p == stop or p in mmas or p in fed) and run:
             out.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
             run = []
         if p in fed:
@@ -279,23 +273,20 @@ def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], dead:
                 out[-1] = (out[-1][0], FedLoads(inss, replace(last.instr, repeat=len(inss))))
             else:
                 out.append((p, FedLoads((code[p],), instrs[p])))
-        elif p < stop and p not in mmas and p not in dead:
+        elif p < stop and p not in mmas:
             run.append(p)
     return out
 
 
 def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    zero, movs = zero_movs(code, start, stop, mmas)
-    grids_, fed = feed(code, grids(chains, zero), range(start, stop), mmas, uses)
-    c_zero = set().union(*(g.c for g in grids_ if g.c_zero))
-    dead = dead_zeros(movs, c_zero, set().union(*(g.d for g in grids_)), start, stop, mmas, uses)
+    grids_, fed = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    segments = _segments(code, start, stop, mmas, fed, set(dead), instrs, plain)
+    segments = _segments(code, start, stop, mmas, fed, instrs, plain)
     return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas), counted,
-                tuple(grids_), tuple(dead.items()))
+                tuple(grids_))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
