@@ -128,7 +128,8 @@ class Grid:
             c = np.ascontiguousarray(c).view(np.float32)  # [C, W, L, NJ, MI, 4]
         d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
         file, idx = regs.words(self.d)
-        file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+        d = np.ascontiguousarray(d, np.float32).view(np.uint32)  # [C, W, L, NJ, MI, 4]
+        file[idx] = d.transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
 
     def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
