@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Union
 
 import numpy as np
 
+from . import heap
 from .config import KernelConfig
 from .contract import KernelSource, kernel_source
 from .hub import Hub
@@ -171,6 +172,7 @@ def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, ctas: r
     """Run the waves of `ctas` on the spec's front end, telling on_rounds(n) about n CTA-rounds done.
     The serial run runs the whole grid; a worker of fa_sim.parallel runs its shard."""
     prob, front = spec.prob, spec.front
+    heap.tune()  # numpy temporaries from the heap, without a page fault per page (fa_sim/heap.py)
     if isinstance(front, PtxFrontEnd):
         from .ptx.fa2 import run_attention  # the PTX engine loads (about 0.1 s) only for runs on it
 

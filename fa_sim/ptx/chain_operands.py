@@ -23,7 +23,7 @@ from ..errors import KernelFault
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
 from .ir import Instruction
-from .machine_ops import _smem_lanes, address
+from .shared_lanes import operand_lanes
 from .ops import Unsupported
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
     error with its lines): None."""
     if len(inss) > 1:
         try:
-            addr = np.stack([address(eng, ins.operands[1], group, "shared") for ins in inss], axis=-1)  # [N, R]
-            lanes = _smem_lanes(eng, addr, 16, group, inss[0].pc)
+            lanes = operand_lanes(eng, tuple(ins.operands[1] for ins in inss), 16, group, inss[0].pc)  # [.., R]
             lanes.ldsm_index(LDSM_NUM, "trans" in inss[0].mods)  # the alignment check
             eng.activate(inss[0].pc, group)
             eng.m.count(instr, aligned=True, smem=lanes)  # a fault: counted again by the single one, which raises it
@@ -57,7 +56,7 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
 
 def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, int] | None:
     try:
-        lanes = _smem_lanes(eng, address(eng, ins.operands[1], group, "shared"), 16, group, ins.pc)
+        lanes = operand_lanes(eng, (ins.operands[1],), 16, group, ins.pc)
         lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
     except LOAD_ERRORS:
         eng.issue(ins, group)
@@ -71,22 +70,23 @@ def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, i
 
 
 def _index(lanes: SmemLanes, r: int, trans: bool, operand_a: bool) -> np.ndarray:
-    """[C, W, 16, 16] shared-memory halves of the A matrix (or the two n8 B tiles) that the
-    ldmatrix.x4 of column r of `lanes` loads, cached on `lanes`."""
+    """[(C,) W, 16, 16] shared-memory halves of the A matrix (or the two n8 B tiles) that the
+    ldmatrix.x4 of column r of `lanes` loads (C: per-CTA addresses), cached on `lanes`."""
     cache = lanes.__dict__.setdefault("_chain_index", {})
     key = (r, trans, operand_a)
     if key not in cache:
-        halves = lanes.ldsm_index(LDSM_NUM, trans).halves[:, :, :, r:r + 1]  # [C, W, L, 1, 4, 2]
-        c, w, l = halves.shape[:3]
-        cache[key] = (isa_mma.a_matrix_map(halves.reshape(c, w, l, 1, 2 * LDSM_NUM)) if operand_a
-                      else isa_mma.b_matrix_map(halves.reshape(c, w, l, 2, LDSM_NUM)))
+        halves = lanes.ldsm_index(LDSM_NUM, trans).halves[..., r:r + 1, :, :]  # [(C,) W, L, 1, 4, 2]
+        lead = halves.shape[:-3]  # [(C,) W, L]
+        cache[key] = (isa_mma.a_matrix_map(halves.reshape(*lead, 1, 2 * LDSM_NUM)) if operand_a
+                      else isa_mma.b_matrix_map(halves.reshape(*lead, 2, LDSM_NUM)))
     return cache[key]
 
 
 def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, cache: dict) -> list[np.ndarray]:
     """The K operand matrices [C, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
     ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their (SmemLanes, column) in the same
-    order."""
+    order. When every CTA's addresses are the same (SmemLanes of one CTA), one index serves all
+    CTAs: the gather runs along each CTA's shared memory."""
     smem = eng.m.smem[: eng.cw[0]]
     key = (tuple((id(x), r) for x, r in loads), smem.shape)
     hit = cache.get(key)
@@ -94,50 +94,61 @@ def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, 
         hit = cache[key] = (tuple(x for x, _ in loads), *_plan(_compose(eng, loads, fed, k, operand_a), smem.shape))
         while len(cache) > INDEX_CACHE:
             cache.pop(next(iter(cache)))
-    _, index, transposed = hit
-    if transposed is None:  # halves
-        mats = np.take(smem.view(np.uint16).reshape(-1), index).view(np.float16)
-    else:  # whole 16-byte rows of ldmatrix: 8 halves per index
-        mats = np.take(smem.view(CHUNK).reshape(-1), index).view(np.float16)
-        if transposed:
-            mats = np.swapaxes(mats, -1, -2)
+    _, index, transposed, per_cta = hit
+    unit = np.uint16 if transposed is None else CHUNK  # halves, or whole 16-byte rows of ldmatrix
+    if per_cta:
+        mats = np.take(smem.view(unit).reshape(-1), index)
+    else:
+        mats = np.take(smem.view(unit), index, axis=1)
+    mats = mats.view(np.float16)
+    if transposed:
+        mats = np.swapaxes(mats, -1, -2)
     return [mats[:, s] for s in range(k)]
 
 
 def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool) -> np.ndarray:
-    """[C, K, W or 1, rows, cols] shared-memory halves of each CTA (W 1 when every warp reads
-    the same: the B operand of a warp-level GEMM)."""
+    """[C, K, W or 1, rows, cols] shared-memory halves of each CTA, or [K, W or 1, rows, cols]
+    when every load's addresses are those of all CTAs (W 1 when every warp reads the same: the
+    B operand of a warp-level GEMM)."""
     code = eng.kernel.instructions
     def trans(i):
         return "trans" in code[fed[i] if operand_a else fed[i][0]].mods
     n = len(fed) // k
     if operand_a:  # rows of the A matrices stack along the rows
         parts = [_index(*loads[i], trans(i), True) for i in range(len(fed))]
-        steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-2) for s in range(k)]
     else:  # column tiles side by side
         parts = [_index(*loads[i], trans(i), False)[..., 8 * fed[i][1]: 8 * fed[i][1] + 8] for i in range(len(fed))]
-        steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=-1) for s in range(k)]
-    idx = np.stack(steps, axis=1)
-    return idx[:, :, :1] if (idx == idx[:, :, :1]).all() else idx
+    if any(p.ndim == 4 for p in parts):  # some addresses differ between CTAs: every index per CTA
+        c = eng.cw[0]
+        parts = [p if p.ndim == 4 else np.broadcast_to(p, (c, *p.shape)) for p in parts]
+    axis = -2 if operand_a else -1
+    steps = [np.concatenate(parts[s * n:(s + 1) * n], axis=axis) for s in range(k)]
+    lead = parts[0].ndim - 3  # 1 with a CTA axis
+    idx = np.stack(steps, axis=lead)
+    w = slice(None, 1)
+    first = idx[:, :, w] if lead else idx[:, w]
+    return first if (idx == first).all() else idx
 
 
 CHUNK = np.dtype((np.void, 16))  # one ldmatrix row: 8 halves
 CHUNK_HALVES = 8
 
 
-def _plan(idx: np.ndarray, shape) -> tuple[np.ndarray, bool | None]:
-    """The gather of halves idx [C, ...] from each CTA's shared memory (shape [C, bytes]) as flat
-    indices: of 16-byte chunks when every 8 consecutive halves along the columns (transposed:
-    False) or the rows (True) are one chunk, else of halves (None)."""
-    cta = np.arange(shape[0]).reshape(-1, *(1,) * (idx.ndim - 1))
+def _plan(idx: np.ndarray, shape) -> tuple[np.ndarray, bool | None, bool]:
+    """The gather of halves idx ([C, ...] per CTA, else the same for every CTA) from each CTA's
+    shared memory (shape [C, bytes]): (indices, transposed, per CTA). Indices of 16-byte chunks
+    when every 8 consecutive halves along the columns (transposed: False) or the rows (True) are
+    one chunk, else of halves (transposed None); per CTA, flat indices into every CTA's bytes."""
+    per_cta = idx.ndim == 5
+    cta = np.arange(shape[0]).reshape(-1, *(1,) * (idx.ndim - 1)) if per_cta else 0
     for transposed in (False, True):
         t = np.swapaxes(idx, -1, -2) if transposed else idx
         if t.shape[-1] % CHUNK_HALVES:
             continue
         c = t.reshape(*t.shape[:-1], -1, CHUNK_HALVES)
         if (c[..., 0] % CHUNK_HALVES == 0).all() and (c == c[..., :1] + np.arange(CHUNK_HALVES)).all():
-            return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES + cta * (shape[1] // 16)), transposed
-    return idx + cta * (shape[1] // 2), None
+            return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES + cta * (shape[1] // 16)), transposed, per_cta
+    return np.ascontiguousarray(idx + cta * (shape[1] // 2)), None, per_cta
 
 
 def materialize(eng: Engine, loads: dict, pcs) -> None:

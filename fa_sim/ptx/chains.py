@@ -37,105 +37,14 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize
-from .ir import Addr, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
-from .machine_ops import MMA_FORM
-from .optable import OPCODES, Unit
+from .chain_regs import LdsmOperands, MmaOperands, register_uses, touched, zero_chains
+from .ir import Instruction
 
 if TYPE_CHECKING:
     from ..machine import Instr
     from .engine import Engine, Group
 
 MIN_GEMM_MMAS = 4  # fewer mmas than this run as MmaRun steps (a GEMM's gathers would not pay)
-
-
-def _names(op) -> tuple[str, ...] | None:
-    """Register names of a vector operand of registers (None: anything else in it)."""
-    items = op.items if isinstance(op, Vec) else (op,)
-    if not all(isinstance(x, Reg) and not x.negate and not x.special for x in items):
-        return None
-    return tuple(x.name for x in items)
-
-
-@dataclass(frozen=True)
-class MmaOperands:
-    """The register names of one mma.sync: d (4), a (4), b (2), c (4)."""
-
-    d: tuple[str, ...]
-    a: tuple[str, ...]
-    b: tuple[str, ...]
-    c: tuple[str, ...]
-
-    @staticmethod
-    def of(ins: Instruction) -> MmaOperands | None:
-        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
-        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
-            return None
-        names = [_names(op) for op in ins.operands]
-        if any(n is None for n in names):
-            return None
-        ops = MmaOperands(*names)
-        if (len(ops.d), len(ops.a), len(ops.b), len(ops.c)) != (4, 4, 2, 4) or len(set(ops.d)) != 4:
-            return None
-        return ops
-
-
-@dataclass(frozen=True)
-class LdsmOperands:
-    """The registers of one ldmatrix: its destinations and the base of its address (None: a
-    variable or an absolute address)."""
-
-    d: tuple[str, ...]
-    base: str | None
-
-    @staticmethod
-    def of(ins: Instruction) -> LdsmOperands | None:
-        """The operands of a batchable ldmatrix (unguarded, registers for destinations)."""
-        if ins.opcode != "ldmatrix" or ins.guard is not None or len(ins.operands) != 2:
-            return None
-        num = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), None)
-        d, addr = _names(ins.operands[0]), ins.operands[1]
-        if num is None or d is None or len(d) != num or len(set(d)) != num or not isinstance(addr, Addr):
-            return None
-        base = addr.base
-        if base is not None and not (isinstance(base, Reg) and not base.special) and not isinstance(base, Sym):
-            return None
-        return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
-
-
-def _named(op) -> set[str]:
-    """Every register an operand names (read or written)."""
-    if isinstance(op, Reg):
-        return {op.name}
-    if isinstance(op, (Vec, ParamList)):
-        return set().union(*(_named(x) for x in op.items))
-    if isinstance(op, Addr):
-        return _named(op.base) if op.base is not None else set()
-    if isinstance(op, PredPair):
-        return {op.p.name, op.q.name}
-    return set()
-
-
-def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
-    """(registers read, registers written) of an instruction that may share a GEMM region with
-    its mmas (None: it may not - it is not unguarded lane math or an ldmatrix). Lane math writes
-    its first operand (PTX puts destinations first); every register it names counts as read."""
-    ldsm = LdsmOperands.of(ins)
-    if ldsm is not None:
-        return ({ldsm.base} if ldsm.base else set()), set(ldsm.d)
-    row = OPCODES.get(ins.opcode)
-    if row is None or row.unit is not Unit.LANES or ins.guard is not None or not ins.operands:
-        return None
-    return set().union(*(_named(op) for op in ins.operands)), _named(ins.operands[0])
-
-
-def register_uses(kernel: Kernel) -> dict[str, frozenset[int]]:
-    """The pcs of the instructions that name each register (read, write or guard)."""
-    out: dict[str, set[int]] = {}
-    for ins in kernel.instructions:
-        names = set().union(*(_named(op) for op in ins.operands))
-        for name in names | ({ins.guard.reg.name} if ins.guard is not None else set()):
-            out.setdefault(name, set()).add(ins.pc)
-    return {k: frozenset(v) for k, v in out.items()}
 
 
 class _Region:
@@ -187,7 +96,8 @@ class Grid:
     and the same B fragments at each step (column nj): register names a [K, MI, 4], b [K, NJ, 2],
     c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
     [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
-    shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment."""
+    shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment.
+    c_zero: every C register holds +0 when the chains start (chain_regs.zero_chains): C is not read."""
 
     k: int
     mi: int
@@ -198,6 +108,7 @@ class Grid:
     d: tuple[str, ...]
     a_fed: tuple[int, ...] | None = None
     b_fed: tuple[tuple[int, int], ...] | None = None
+    c_zero: bool = False
 
     def ready(self, regs) -> bool:
         """Whether every operand is rows of one file of 32-bit registers (regs.words)."""
@@ -207,33 +118,53 @@ class Grid:
         """The K steps of every chain at once: operands gathered once, D written once. `loads`:
         the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
         regs, (cs, w, lanes) = eng.regs, eng.cw
-        k, mi, nj = self.k, self.mi, self.nj
-        def rows(names):  # -> [len(names), C, W, L] words
-            file, idx = regs.words(names)
-            return file[idx].reshape(len(names), cs, w, lanes)
-        if self.a_fed is not None and all(loads[p] is not None for p in self.a_fed):
-            a_mats = fed_matrices(eng, [loads[p] for p in self.a_fed], self.a_fed, k, True,
-                                  self.__dict__.setdefault("_a_index", {}))
+        model = eng.m.mma_model
+        a_mats = _values(self._matrices(eng, loads, True), model)
+        b_mats = _values(self._matrices(eng, loads, False), model)
+        if self.c_zero:
+            c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
         else:
-            materialize(eng, loads, self.a_fed or ())
-            a = rows(self.a).reshape(k, mi, 4, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, MI, 4]
-            a_mats = list(isa_mma.a_matrix(a))
-        if self.b_fed is not None and all(loads[p] is not None for p, _ in self.b_fed):
-            b_mats = fed_matrices(eng, [loads[p] for p, _ in self.b_fed], self.b_fed, k, False,
-                                  self.__dict__.setdefault("_b_index", {}))
-        else:
-            materialize(eng, loads, tuple(p for p, _ in self.b_fed or ()))
-            b = rows(self.b).reshape(k, nj, 2, cs, w, lanes).transpose(0, 3, 4, 5, 1, 2)  # [K, C, W, L, NJ, 2]
-            b_mats = list(isa_mma.b_matrix(b))
-        c = rows(self.c).reshape(nj, mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)  # [C, W, L, NJ, MI, 4]
-        d = isa_mma.gemm_chain(a_mats, b_mats, np.ascontiguousarray(c).view(np.float32), eng.m.mma_model)
+            c = _rows(regs, self.c, eng.cw).reshape(self.nj, self.mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)
+            c = np.ascontiguousarray(c).view(np.float32)  # [C, W, L, NJ, MI, 4]
+        d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
         file, idx = regs.words(self.d)
-        file[idx] = np.ascontiguousarray(d, np.float32).view(np.uint32).transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+        d = np.ascontiguousarray(d, np.float32).view(np.uint32)  # [C, W, L, NJ, MI, 4]
+        file[idx] = d.transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+
+    def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
+        """The K matrices of operand A (or B): from shared memory when every load that feeds it
+        gathered its addresses, else from the registers (loading those of fed loads first)."""
+        fed = self.a_fed if operand_a else self.b_fed
+        pcs = tuple(fed or ()) if operand_a else tuple(p for p, _ in fed or ())
+        if fed is not None and all(loads[p] is not None for p in pcs):
+            cache = self.__dict__.setdefault("_a_index" if operand_a else "_b_index", {})
+            return fed_matrices(eng, [loads[p] for p in pcs], fed, self.k, operand_a, cache)
+        materialize(eng, loads, pcs)
+        cs, w, lanes = eng.cw
+        if operand_a:
+            a = _rows(eng.regs, self.a, eng.cw).reshape(self.k, self.mi, 4, cs, w, lanes)
+            return list(isa_mma.a_matrix(a.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, MI, 4]
+        b = _rows(eng.regs, self.b, eng.cw).reshape(self.k, self.nj, 2, cs, w, lanes)
+        return list(isa_mma.b_matrix(b.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, NJ, 2]
 
 
-def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
+def _rows(regs, names: tuple[str, ...], cw) -> np.ndarray:
+    """The registers `names` of every thread: [len(names), C, W, L] words."""
+    file, idx = regs.words(names)
+    return file[idx].reshape(len(names), *cw)
+
+
+def _values(mats: list[np.ndarray], model) -> list[np.ndarray]:
+    """f16 operand matrices as gemm_chain computes with them: for the float64 sum (EXACT), their
+    values as float64 (numpy's f16 -> f64 cast: exact, NaN payloads kept - the same values as
+    gemm_chain's own conversion, and several times faster than its table), else as they are."""
+    return [m.astype(np.float64) for m in mats] if model.float64_sum else mats
+
+
+def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:
     """The chains as grids: chains with the same A registers at every step are a row, rows with
-    the same B registers column by column (in the order the chains start) one grid."""
+    the same B registers column by column (in the order the chains start) one grid. `zero`: the
+    chains whose C is +0 (chain_regs.zero_chains); a grid of only such chains does not read C."""
     rows: dict[tuple, list] = {}
     for d, steps in chains.items():
         rows.setdefault(tuple(s.a for s in steps), []).append((tuple(s.b for s in steps), steps[0].c, d))
@@ -249,7 +180,8 @@ def grids(chains: dict[tuple[str, ...], list[MmaOperands]]) -> list[Grid]:
         b = flat(bs[n][s] for s in range(k) for n in range(nj))
         c = flat(members[m][1][n][1] for n in range(nj) for m in range(mi))
         d = flat(members[m][1][n][2] for n in range(nj) for m in range(mi))
-        out.append(Grid(k, mi, nj, a, b, c, d))
+        c_zero = all(col[2] in zero for _, cols in members for col in cols)
+        out.append(Grid(k, mi, nj, a, b, c, d, c_zero=c_zero))
     return out
 
 
@@ -348,13 +280,14 @@ def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instr
 
 
 def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    grids_, fed = feed(code, grids(chains), range(start, stop), mmas, uses)
+    grids_, fed = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(_segments(code, start, stop, mmas, fed, instrs, plain)),
-                tuple(code[p] for p in mmas), counted, tuple(grids_))
+    segments = _segments(code, start, stop, mmas, fed, instrs, plain)
+    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas), counted,
+                tuple(grids_))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
@@ -377,3 +310,6 @@ def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> 
         out.append(_gemm(code, first, stop, mmas, chains, instrs, plain, uses))
         pc = done = stop
     return out + plain(code, done, end, instrs)
+
+
+__all__ = ["Gemm", "Grid", "LdsmOperands", "MmaOperands", "fed_matrices", "grids", "register_uses", "stretch_steps"]

@@ -22,9 +22,10 @@ import numpy as np
 
 from ..errors import KernelFault
 from ..isa.sm80 import FULL_MASK
-from ..machine import SmemLanes
-from .ir import Addr, Instruction, PredPair, Sym, Vec
+from .ir import Instruction, PredPair, Vec
 from .ops import Unsupported
+from .shared_lanes import address, operand_lanes
+from .shared_lanes import smem_lanes as _smem_lanes
 from .types import DTYPES, bits, is_type
 
 if TYPE_CHECKING:  # the engine calls these handlers through the opcode table (optable.py)
@@ -48,24 +49,6 @@ def _vtype(ins: Instruction) -> tuple[int, str]:
     return n, t[-1]
 
 
-def address(eng: Engine, op: Addr, group: Group, space: str) -> np.ndarray:
-    """[n] int64 byte addresses of a memory operand [base + offset]."""
-    if not isinstance(op, Addr):
-        raise Unsupported(f"{op!r} is not a memory operand")
-    base = op.base
-    if base is None:
-        a = np.zeros(group.n, np.int64)
-    elif isinstance(base, Sym):
-        if space == "param":
-            a = np.full(group.n, eng.param_offset(base.name), np.int64)
-        else:
-            a = np.asarray(eng.read(base, "u64", group.idx, group.n)).astype(np.int64)
-    else:
-        raw, width = eng.regs.slot(base.name)
-        a = eng.read(base, "u64" if width == 64 else "u32", group.idx, group.n).astype(np.int64)
-    return a + op.offset
-
-
 def _elements_to_bytes(values: list, etype: str) -> np.ndarray:
     """[n] arrays of one type -> [n, N * size] uint8."""
     dt = DTYPES[etype] if etype != "pred" else np.dtype(np.uint8)
@@ -83,36 +66,6 @@ def _write_vector(eng: Engine, op, values: list, etype: str, group: Group) -> No
     items = op.items if isinstance(op, Vec) else (op,)
     for item, v in zip(items, values):
         eng.write(item, v, etype, group.idx, group.n)
-
-
-def _smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int) -> SmemLanes:
-    """The lanes' shared addresses [C, W, L, 1] as SmemLanes. Kernels issue the same addresses
-    round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
-    when the addresses repeat: first among the last patterns of the same instruction (compared
-    as arrays), then among all the wave's patterns (by their bytes)."""
-    if addr.ndim == 2:  # [N, R] addresses of R instructions (a batched run: the whole wave)
-        full = np.ascontiguousarray(addr.astype(np.int64).reshape(*eng.cw, -1))
-    else:
-        full = np.ascontiguousarray(eng.scatter(addr.astype(np.int64), group))[..., None]
-    recent = eng.smem_recent.setdefault((pc, width), [])
-    for i, (seen, hit) in enumerate(recent):
-        if np.array_equal(seen, full):
-            if i:
-                recent.insert(0, recent.pop(i))
-            return hit
-    key = (width, full.shape, full.tobytes())
-    hit = eng.smem_lanes.get(key)
-    if hit is None:
-        if len(eng.smem_lanes) >= SMEM_LANES_CACHE:
-            eng.smem_lanes.pop(next(iter(eng.smem_lanes)))
-        hit = eng.smem_lanes[key] = SmemLanes(width, full)  # [C, W, L, R]
-    recent.insert(0, (full, hit))
-    del recent[SMEM_RECENT:]
-    return hit
-
-
-SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
-SMEM_RECENT = 4  # patterns remembered per instruction (a kernel's buffers alternate between a few)
 
 
 def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> tuple[str, np.ndarray]:
@@ -223,9 +176,8 @@ def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
         check_sizes(cp_size, np.asarray(src_size), cache)
     except ValueError as exc:  # undefined on hardware: the kernel's bug, reported with its lines
         raise KernelFault(str(exc)) from None
-    d = address(eng, dst, group, "shared")
     s = address(eng, src, group, "global")
-    eng.m.cp_async(instr, _smem_lanes(eng, d, cp_size, group, ins.pc), eng.scatter(s, group)[..., None],
+    eng.m.cp_async(instr, operand_lanes(eng, (dst,), cp_size, group, ins.pc), eng.scatter(s, group)[..., None],
                    eng.scatter(np.asarray(src_size, np.int64), group)[..., None])
 
 
@@ -254,9 +206,9 @@ def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
     trans = "trans" in ins.mods
     if "m8n8" not in ins.mods or "b16" not in ins.mods:
         raise Unsupported(f"{ins.mnemonic} (only m8n8 .b16)")
-    addr = address(eng, ins.operands[1], group, "shared")
+    lanes = operand_lanes(eng, (ins.operands[1],), 16, group, ins.pc)
     instr = eng.activate(ins.pc, group)
-    regs = eng.m.ldmatrix(instr, _smem_lanes(eng, addr, 16, group, ins.pc), num, trans, _reg_name(ins.operands[0]))
+    regs = eng.m.ldmatrix(instr, lanes, num, trans, _reg_name(ins.operands[0]))
     values = eng.gather(regs[..., 0, :], group)  # [n, num]
     _write_vector(eng, ins.operands[0], [values[:, i] for i in range(num)], "b32", group)
 

@@ -1,0 +1,107 @@
+"""Addresses of the PTX engine's memory operands, and shared-memory addresses as the machine takes
+them (SmemLanes, fa_sim/smem_lanes.py), cached: kernels issue the same shared-memory addresses
+round after round, and an SmemLanes caches the gather, landing and ldmatrix indices derived from
+its addresses.
+
+`operand_lanes` goes one step further for instructions the whole wave issues: while the base
+registers of their memory operands hold the bits they held when their SmemLanes were made, the
+addresses are those again, so it returns that SmemLanes without computing them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..machine import SmemLanes
+from .ir import Addr, Reg, Sym
+from .ops import Unsupported
+
+if TYPE_CHECKING:
+    from .engine import Engine, Group
+
+
+def address(eng: Engine, op: Addr, group: Group, space: str) -> np.ndarray:
+    """[n] int64 byte addresses of a memory operand [base + offset]."""
+    if not isinstance(op, Addr):
+        raise Unsupported(f"{op!r} is not a memory operand")
+    base = op.base
+    if base is None:
+        a = np.zeros(group.n, np.int64)
+    elif isinstance(base, Sym):
+        if space == "param":
+            a = np.full(group.n, eng.param_offset(base.name), np.int64)
+        else:
+            a = np.asarray(eng.read(base, "u64", group.idx, group.n)).astype(np.int64)
+    else:
+        raw, width = eng.regs.slot(base.name)
+        a = eng.read(base, "u64" if width == 64 else "u32", group.idx, group.n).astype(np.int64)
+    return a + op.offset
+
+
+def smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int) -> SmemLanes:
+    """The lanes' shared addresses [C, W, L, 1] as SmemLanes. Kernels issue the same addresses
+    round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
+    when the addresses repeat: first among the last patterns of the same instruction (compared
+    as arrays), then among all the wave's patterns (by their bytes). Shared-memory addresses
+    rarely depend on the CTA: when every CTA gives the same, the SmemLanes hold one CTA's [W, L,
+    R] (the machine's static form: its indices are C times smaller, cp.async lands as one copy
+    per instruction); otherwise [C, W, L, R]."""
+    if addr.ndim == 2:  # [N, R] addresses of R instructions (a batched run: the whole wave)
+        full = addr.astype(np.int64, copy=False).reshape(*eng.cw, -1)
+    else:
+        full = eng.scatter(addr.astype(np.int64, copy=False), group)[..., None]
+    recent = eng.smem_recent.setdefault((pc, width), [])
+    for i, (seen, hit) in enumerate(recent):
+        if seen.shape in (full.shape, full.shape[1:]) and (full == seen).all():  # shared ones broadcast
+            if i:
+                recent.insert(0, recent.pop(i))
+            return hit
+    pattern = np.ascontiguousarray(full[0] if (full == full[:1]).all() else full)
+    key = (width, pattern.shape, pattern.tobytes())
+    hit = eng.smem_lanes.get(key)
+    if hit is None:
+        if len(eng.smem_lanes) >= SMEM_LANES_CACHE:
+            eng.smem_lanes.pop(next(iter(eng.smem_lanes)))
+        hit = eng.smem_lanes[key] = SmemLanes(width, pattern)  # [W, L, R] or [C, W, L, R]
+    recent.insert(0, (pattern, hit))
+    del recent[SMEM_RECENT:]
+    return hit
+
+
+SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
+SMEM_RECENT = 4  # patterns remembered per instruction (a kernel's buffers alternate between a few)
+
+
+def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) -> SmemLanes:
+    """SmemLanes of R shared-memory operands [base + offset] of instructions issued together (R
+    of one form, or one; pc: the first one's). For the whole wave they are remembered with a copy
+    of each base register's bits, and returned again while those bits are the same."""
+    if group.mask is not None:
+        return smem_lanes(eng, _addresses(eng, ops, group), width, group, pc)
+    rows = [_base_row(eng, op) for op in ops]
+    key = ("operands", pc, width, len(ops))
+    hit = eng.smem_recent.get(key)
+    if hit is not None and hit[0] == ops and all(
+            (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+            for a, b in zip(rows, hit[1])):
+        return hit[2]
+    lanes = smem_lanes(eng, _addresses(eng, ops, group), width, group, pc)
+    eng.smem_recent[key] = (ops, [None if r is None else r.copy() for r in rows], lanes)
+    return lanes
+
+
+def _addresses(eng: Engine, ops: tuple, group: Group) -> np.ndarray:
+    """[n] (one operand) or [n, R] byte addresses in shared memory."""
+    if len(ops) == 1:
+        return address(eng, ops[0], group, "shared")
+    return np.stack([address(eng, op, group, "shared") for op in ops], axis=-1)
+
+
+def _base_row(eng: Engine, op) -> np.ndarray | None:
+    """The bits of an address operand's base register (None: no register - the address is the
+    offset, or a variable's - or not an address)."""
+    if not isinstance(op, Addr) or not isinstance(op.base, Reg) or op.base.special:
+        return None
+    return eng.regs.slot(op.base.name)[0]
