@@ -33,10 +33,11 @@ from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
 from .gpus import GPUS, GpuModel
-from .paths import KernelSass, analyze, prologue_key, trip_key
+from .paths import KernelSass, analyze
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
+from .stream import KernelStream, sass_locations
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
 TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
@@ -74,6 +75,7 @@ class KernelModel:
     controls: dict  # address -> Control
     registers: int
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
+    stream: KernelStream  # the SASS path of each region, from the functional run
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
@@ -88,12 +90,7 @@ class KernelModel:
         return [sum(sizes[: t + 1]) for t in range(rounds)]
 
     def _walk_parts(self, rounds: int, masked: int) -> list[list]:
-        cfg, ks = self.config, self.sass
-        out = [ks.walk("prologue", **prologue_key(cfg, rounds))]
-        for t in range(rounds):
-            region = "last_trip" if t == rounds - 1 else "trip"
-            out.append(ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds)))
-        return out + [ks.walk("epilogue", longest=True)]
+        return self.stream.parts(rounds, masked)
 
     def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
         return self.steps(self.cta_walk(rounds, masked), gpu)
@@ -327,10 +324,13 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> 
     if config.pingpong:  # every warp of a CTA is modelled on one path per round; pingpong's groups take two
         raise ValueError(f"{config.tag}: the timing model does not model pingpong (its two warp groups take "
                          "different paths through a round)")
-    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
-    text = disassemble(ck.cubin, encodings=True)
+    # -lineinfo: the same code, with each instruction's source location (what ties it to the PTX)
+    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True))
+    text = disassemble(ck.cubin, encodings=True, inlined=True)
     controls = {i.addr: i.control for i in parse(text)}
-    return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config, kernel))
+    ks = analyze(text)
+    return KernelModel(config, causal, ks, controls, ck.usage.registers, bank_wavefronts(config, kernel),
+                       KernelStream(config, causal, kernel, ks, sass_locations(text)))
 
 
 @functools.lru_cache(maxsize=256)
