@@ -22,7 +22,8 @@ tail of half a block); any other m (the model's all-masked steady run) is the pl
 rounds with the locations that masking adds (those the masked probe's last round runs and the
 plain one's does not) counted as run in the last m rounds. The control flow depends on shapes,
 not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
-PROBE_ROUNDS-round probe (checked to equal round 2: the steady state), so every CTA has the trip
+PROBE_ROUNDS-round probe's first round from round 1 that the next round repeats (the steady
+state; none is a StreamMismatch), so every CTA has the trip
 count the schedule gives it; a probe whose CTA runs another number of rounds than the schedule
 says is a StreamMismatch. Records are cached on disk by the kernel source, config and shape.
 """
@@ -101,12 +102,15 @@ def ptx_location(src) -> Loc | None:
 # ---- the functional run ------------------------------------------------------------------------
 def probe_rounds(cfg: KernelConfig) -> int:
     """Rounds of the longest probe: enough that round 2 is neither first nor near the end
-    (prefetch stages, masked rounds), so rounds 1 and 2 show the steady state."""
-    return max(PROBE_ROUNDS, -(-cfg.block_m // cfg.block_n) + cfg.kv_stages + 3)
+    (prefetch stages, masked rounds), so rounds 1 and 2 show the steady state; a whole number of
+    diagonal blocks (block_m / block_n rounds), so the diagonal probe's last Q block is full."""
+    per = max(1, cfg.block_m // cfg.block_n)
+    least = max(PROBE_ROUNDS, -(-cfg.block_m // cfg.block_n) + cfg.kv_stages + 3)
+    return -(-least // per) * per
 
 
 def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> tuple[Problem, int]:
-    """The problem and the grid CTA whose Q block has `rounds` rounds of this kind."""
+    """The problem and the Q block (its last) that has `rounds` rounds of this kind."""
     bm, bn = cfg.block_m, cfg.block_n
     nk = rounds * bn - (bn // 2 if kind is Kind.TAIL else 0)
     if kind is Kind.DIAGONAL:
@@ -114,51 +118,91 @@ def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> t
     else:
         nq = (-(-nk // bm) + 1) * bm if causal else bm  # causal: one Q block past every key
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
-    return prob, int(prob.q_block_index(np.array([prob.n_m_blocks - 1]))[0])
+    return prob, prob.n_m_blocks - 1
 
 
 def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int) -> list[dict[int, Region]]:
-    """Per warp of the probe CTA: region (ROUND_PROLOGUE, t, ROUND_EPILOGUE) -> its record
-    (cached on disk by the kernel source, config and probe)."""
-    source = kernel_source(kernel)
-    key = cache_key(v=_VERSION, text=source.text, config=cfg.tag, causal=causal, kind=kind.value, rounds=rounds)
+    """Per warp of the probe CTA of this class: region (ROUND_PROLOGUE, t, ROUND_EPILOGUE) -> its
+    record. The diagonal Q blocks of up to `probe_rounds` rounds come from one run of the longest
+    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA)."""
+    prob, mb = probe_problem(cfg, causal, kind, rounds)
+    if kind is Kind.DIAGONAL and rounds <= probe_rounds(cfg):
+        batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
+        same = np.flatnonzero(batch.n_block_max(np.arange(batch.n_m_blocks)) == rounds)
+        if same.size:
+            return _records(cfg, causal, kernel, batch, tuple(range(batch.n_m_blocks)))[int(same[-1])]
+    return _records(cfg, causal, kernel, prob, (mb,))[mb]
+
+
+def _records(cfg: KernelConfig, causal: bool, kernel, prob: Problem, mbs: tuple) -> dict[int, list]:
+    """Q block -> per warp records of a run of those Q blocks, cached in memory and on disk (by the
+    kernel source, config and shape)."""
+    text = kernel_source(kernel).text
+    return _cached(text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, mbs)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int, mbs: tuple) -> dict[int, list]:
+    key = cache_key(v=_VERSION, text=text, config=cfg.tag, causal=causal, nq=nq, nk=nk, mbs=mbs)
     path = cache_root() / "timing-stream" / f"{key}.json"
-    text = read_text_entry(path)
-    if text is not None:
+    stored = read_text_entry(path)
+    if stored is not None:
         try:
-            return [{int(r): Region(frozenset((c, n) for c, n in reg[0]), frozenset(tuple(x) for x in reg[1]))
-                     for r, reg in warp.items()} for warp in json.loads(text)]
-        except (ValueError, TypeError, IndexError):
+            return {int(mb): [{int(r): Region(frozenset((c, n) for c, n in reg[0]), frozenset(tuple(x) for x in reg[1]))
+                               for r, reg in warp.items()} for warp in warps] for mb, warps in json.loads(stored).items()}
+        except (ValueError, TypeError, IndexError, AttributeError):
             pass  # damaged: run again
-    warps = _run_probe(cfg, causal, kernel, kind, rounds)
-    store_atomic(path, json.dumps([{r: [sorted(reg.counts), sorted(reg.locs)] for r, reg in w.items()}
-                                   for w in warps]).encode())
-    return warps
+    prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
+    out = _run_probe(prob, kernel, mbs)
+    store_atomic(path, json.dumps({mb: [{r: [sorted(reg.counts), sorted(reg.locs)] for r, reg in w.items()}
+                                        for w in warps] for mb, warps in out.items()}).encode())
+    return out
 
 
-def _run_probe(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int) -> list[dict[int, Region]]:
+def _run_probe(prob: Problem, kernel, mbs: tuple) -> dict[int, list[dict[int, Region]]]:
+    """Run the Q blocks `mbs` of `prob` (batch 1, one head) on the PTX engine, recorded."""
     from ..hub import Hub
     from ..observers.rounds import RoundRecorder
     from ..ptx.fa2 import run_attention
     from ..run import global_memory
 
-    prob, cta = probe_problem(cfg, causal, kind, rounds)
+    cfg = prob.config
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, n, cfg.head_dim)).astype(np.float16)
                for n in (prob.seqlen_q, prob.seqlen_k, prob.seqlen_k))
     gmem, _, ptr = global_memory(prob, q, k, v)
     rec = RoundRecorder(prob.n_ctas, cfg.n_warps, ptx_location)
+    ctas = sorted(int(c) for c in prob.q_block_index(np.array(mbs)))  # the grid CTAs that compute them
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
-        run_attention(prob, gmem, ptr, Hub([rec]), kernel=kernel, cta_range=(cta, cta + 1))
+        for lo, hi in _spans(ctas):
+            run_attention(prob, gmem, ptr, Hub([rec]), kernel=kernel, cta_range=(lo, hi))
+    return {mb: _warps(rec, prob, mb) for mb in mbs}
+
+
+def _spans(ctas: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of CTA ids as (lo, hi) ranges."""
+    out: list[list[int]] = []
+    for c in ctas:
+        if out and out[-1][1] == c:
+            out[-1][1] = c + 1
+        else:
+            out.append([c, c + 1])
+    return [(lo, hi) for lo, hi in out]
+
+
+def _warps(rec, prob: Problem, mb: int) -> list[dict[int, Region]]:
+    """The records of Q block mb's warps, after checking its trip count against the schedule's."""
+    cta = int(prob.q_block_index(np.array([mb]))[0])
+    rounds = int(prob.n_block_max(np.array([mb]))[0])
     ran = set(rec.rounds[cta].tolist())
     if ran != {rounds}:
-        raise StreamMismatch(f"{cfg.tag}{' causal' if causal else ''}: the functional run's CTA {cta} "
-                             f"(N_q {prob.seqlen_q}, N_k {prob.seqlen_k}) ran {sorted(ran)} K/V rounds per warp; "
+        raise StreamMismatch(f"{prob.config.tag}{' causal' if prob.causal else ''}: in the functional run Q block "
+                             f"{mb} (N_q {prob.seqlen_q}, N_k {prob.seqlen_k}) runs {sorted(ran)} K/V rounds per warp; "
                              f"the schedule the model dispatches by says {rounds}")
     regions = (ROUND_PROLOGUE, *range(rounds), ROUND_EPILOGUE)
     return [{r: Region(frozenset(c.items()), frozenset(locs)) for r in regions
-             for c, locs in [rec.warp_round(cta, w, r)]} for w in range(cfg.n_warps)]
+             for c, locs in [rec.warp_round(cta, w, r)]} for w in range(prob.config.n_warps)]
 
 
 # ---- the SASS paths they select ----------------------------------------------------------------
@@ -170,14 +214,15 @@ class KernelStream:
         self.block_locs = {b: frozenset(locations[i.addr] for i in blk.instrs if locations.get(i.addr))
                            for b, blk in ks.blocks.items()}
         self.paths = {region: [(_features(w), starts) for w, starts in walks] for region, walks in ks.walks.items()}
-        self._walks = functools.lru_cache(maxsize=None)(self._cta_walks)
+        self.walks = functools.lru_cache(maxsize=None)(self._cta_walks)
 
     def parts(self, rounds: int, masked: int = 0) -> list[list]:
         """The instructions of a CTA of `rounds` rounds, the last `masked` masked: prologue, each
         round, epilogue."""
-        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self._walks(rounds, masked)]
+        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked)]
 
     def _cta_walks(self, rounds: int, masked: int) -> tuple[Walk, ...]:
+        """`walks(rounds, masked)`: the block starts of each region's path (prologue, rounds, epilogue)."""
         real = self._real_masked(rounds)
         if masked == 0 or masked == real:
             return self._extended(Kind.PLAIN if masked == 0 else self._masked_kind(), rounds)
@@ -202,21 +247,23 @@ class KernelStream:
 
     def _extended(self, kind: Kind, rounds: int) -> tuple[Walk, ...]:
         """A CTA of `rounds` rounds: its own probe, or, longer than a probe, the longest probe
-        with its steady round 1 repeated."""
+        with its first steady round (from round 1, one whose path the next round repeats) repeated."""
         base = probe_rounds(self.config)
         if rounds <= base:
             return self._select_cta(self._records(kind, rounds), rounds)
-        walks = self._select_cta(self._records(kind, base), base)
-        if walks[2] != walks[3]:  # prologue, round 0, round 1, round 2, ...
-            raise StreamMismatch(f"{self.config.tag}: rounds 1 and 2 of a {base}-round CTA take different SASS "
-                                 "paths, so no steady round repeats for longer CTAs")
-        return walks[:2] + walks[2:3] * (rounds - base + 1) + walks[3:]
+        walks = self._select_cta(self._records(kind, base), base)  # prologue, round 0, ..., epilogue
+        steady = next((t for t in range(1, base - 1) if walks[1 + t] == walks[2 + t]), None)
+        if steady is None:
+            raise StreamMismatch(f"{self.config.tag}: no two consecutive rounds of a {base}-round CTA take the same "
+                                 "SASS path, so no steady round repeats for longer CTAs")
+        return walks[:1 + steady] + walks[1 + steady:2 + steady] * (rounds - base + 1) + walks[2 + steady:]
 
     def _mask_locations(self) -> frozenset:
-        """Locations the masked probe's last round runs and the plain probe's does not."""
-        base = probe_rounds(self.config)
-        plain, masked = self._records(Kind.PLAIN, base), self._records(self._masked_kind(), base)
-        return frozenset().union(*(m[base - 1].locs - p[base - 1].locs for p, m in zip(plain, masked)))
+        """Locations the last round of the shortest masked probe with a round before its masked
+        ones runs and the last round of the plain probe as long does not."""
+        n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
+        plain, masked = self._records(Kind.PLAIN, n), self._records(self._masked_kind(), n)
+        return frozenset().union(*(m[n - 1].locs - p[n - 1].locs for p, m in zip(plain, masked)))
 
     def _select_cta(self, warps: list[dict[int, Region]], rounds: int) -> tuple[Walk, ...]:
         """Every warp's walks; they must agree."""
