@@ -2,8 +2,10 @@
 
 How (what `fa time --help` says too):
 1. The cubin NVRTC builds for the GPU's arch, disassembled with its control bits
-   (fa_sim.timing.sass) and cut into the paths a warp takes (fa_sim.timing.paths): prologue, one
-   K/V round (first, steady, masked, last) and epilogue; every warp of a CTA takes its CTA's path.
+   (fa_sim.timing.sass) and cut into the paths a warp can take (fa_sim.timing.paths): prologue,
+   one K/V round and epilogue; which path each region of a CTA takes (first, steady, masked, last
+   round) comes from the functional run of a representative CTA on the PTX engine
+   (fa_sim.timing.stream); every warp of a CTA takes its CTA's path.
 2. Shared-memory cost per instruction class from the bank model on a one-CTA simulation
    (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
