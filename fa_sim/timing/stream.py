@@ -17,8 +17,8 @@ the same paths (the SM model runs one stream per CTA): else a StreamMismatch.
 
 Path classes, as the timing model asks for them: a CTA of R rounds, m of them masked. m = 0: a
 plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the diagonal); the
-masked count of a real CTA (causal: the diagonal Q block of N_q = N_k; non-causal, m = 1: a key
-tail of half a block); any other m (the model's all-masked steady run) is the plain CTA's
+masked count of a real CTA (causal: the Q block on the diagonal whose keys end with N_k; non-causal,
+m = 1: a key tail of half a block); any other m (the model's all-masked steady run) is the plain CTA's
 rounds with the locations that masking adds (those the masked probe's last round runs and the
 plain one's does not) counted as run in the last m rounds. The control flow depends on shapes,
 not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
@@ -61,7 +61,7 @@ class StreamMismatch(SassStructureError):
 
 class Kind(enum.Enum):
     PLAIN = "plain"  # no masked round
-    DIAGONAL = "diagonal"  # causal: the Q block on the diagonal of N_q = N_k
+    DIAGONAL = "diagonal"  # causal: the Q block on the diagonal whose keys end with N_k
     TAIL = "tail"  # non-causal: a key tail in the last round
 
 
@@ -110,11 +110,13 @@ def probe_rounds(cfg: KernelConfig) -> int:
 
 
 def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> tuple[Problem, int]:
-    """The problem and the Q block (its last) that has `rounds` rounds of this kind."""
+    """The problem and the Q block (its last, a full one) that has `rounds` rounds of this kind.
+    (A query tail's last Q block is represented by a full one: its SASS issues the stores of the
+    rows past N_q under a guard, on; the PTX branches around them.)"""
     bm, bn = cfg.block_m, cfg.block_n
     nk = rounds * bn - (bn // 2 if kind is Kind.TAIL else 0)
     if kind is Kind.DIAGONAL:
-        nq = nk
+        nq = -(-nk // bm) * bm  # its last Q block reaches the last key
     else:
         nq = (-(-nk // bm) + 1) * bm if causal else bm  # causal: one Q block past every key
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
