@@ -5,7 +5,8 @@ of each warp selects the SASS path of every region.
   1, 2 and 4, the kernel options kv_stages, defer_pv, q_in_regs) x causal, every path class the model uses issues per region exactly the classes and
   EX2 count the config-derived choice (fa_sim.timing.oracle) names; CTAs without masking take the
   very same paths; where a masked round or a key tail takes another arm of equal counts, the
-  functional run's is the copy arm the round runs (a causal diagonal round copies interior tiles).
+  functional run's is the copy arm the round runs (a causal diagonal round copies interior tiles,
+  unless its keys end in a tail).
 - A --kernel variant whose control flow differs gets its own path; a trip count other than the
   schedule's, and a run that no SASS path explains, are StreamMismatch errors.
 
@@ -53,24 +54,25 @@ def _features(st: KernelStream, walks: tuple) -> list[Counter]:
     return [table[(region, w)] for region, w in zip(regions, walks)]
 
 
-def _classes(cfg: KernelConfig, causal: bool) -> list[tuple[int, int]]:
-    """(rounds, masked) the model asks for: plain CTAs of 1, 2, 8 rounds and one longer than a
-    probe; a masked CTA as short and as long as it comes, and one longer than a probe; the
-    all-masked steady run."""
+def _classes(cfg: KernelConfig, causal: bool) -> list[tuple[int, int, bool]]:
+    """(rounds, masked, keys ending in a tail) the model asks for: plain CTAs of 1, 2, 8 rounds and
+    one longer than a probe; a masked CTA as short and as long as it comes, and one longer than a
+    probe (causal: also with a key tail); the all-masked steady run."""
     per = max(1, cfg.block_m // cfg.block_n) if causal else 1
     m = per if causal else 1
     long = probe_rounds(cfg) + 3 * per
-    return [(1, 0), (2, 0), (8, 0), (long, 0), (per, m), (2 * per, m), (long, m), (8, 8)]
+    masked = [(r, m, tail) for r in (per, 2 * per, long) for tail in ((False, True) if causal else (True,))]
+    return [(1, 0, False), (2, 0, False), (8, 0, False), (long, 0, False), *masked, (8, 8, False)]
 
 
 @pytest.mark.parametrize("cfg,causal", CASES, ids=[f"{c.tag}-{'causal' if k else 'full'}" for c, k in CASES])
 def test_functional_run_paths_issue_what_the_schedule_says(cfg, causal):
     st = _stream(cfg, causal)
-    for rounds, masked in _classes(cfg, causal):
-        new = st.walks(rounds, masked)
+    for rounds, masked, tail in _classes(cfg, causal):
+        new = st.walks(rounds, masked, tail)
         old = schedule_walks(st.ks, cfg, rounds, masked)
         assert len(new) == rounds + 2
-        assert _features(st, new) == _features(st, old), (rounds, masked)
+        assert _features(st, new) == _features(st, old), (rounds, masked, tail)
         if masked == 0:
             assert new == old, rounds
 
@@ -80,7 +82,7 @@ def test_a_causal_diagonal_round_copies_interior_tiles():
     N_k = 8 block_n masks, but copies V (and prefetches nothing) through the interior arm."""
     cfg = C()
     st = _stream(cfg, True)
-    walk = st.walks(8, 1)[-2]  # the last round
+    walk = st.walks(8, 1, False)[-2]  # the last round
     lines = {loc[0] for b in walk for loc in st.block_locs[b]}
     source = kernel_source(None).text.splitlines()
     mask_line = next(i + 1 for i, s in enumerate(source) if "tCrS[mi][nj][v] = neg_inf()" in s)
@@ -89,6 +91,8 @@ def test_a_causal_diagonal_round_copies_interior_tiles():
     assert mask_line in lines and interior in lines and boundary not in lines
     old = schedule_walks(st.ks, cfg, 8, 1)[-2]
     assert boundary in {loc[0] for b in old for loc in st.block_locs[b]}  # what the oracle took
+    tail = st.walks(8, 1, True)[-2]  # keys ending in a tail: the boundary arm
+    assert boundary in {loc[0] for b in tail for loc in st.block_locs[b]}
 
 
 def _variant(tmp_path, name: str, old: str, new: str) -> str:

@@ -82,9 +82,10 @@ class KernelModel:
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_walk(self, rounds: int, masked: int = 0) -> list:
-        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked."""
-        return [i for part in self._walk_parts(rounds, masked) for i in part]
+    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False) -> list:
+        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
+        (`tail`: its keys end in a partial block)."""
+        return [i for part in self.stream.parts(rounds, masked, tail) for i in part]
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
         """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
@@ -94,8 +95,8 @@ class KernelModel:
     def _walk_parts(self, rounds: int, masked: int) -> list[list]:
         return self.stream.parts(rounds, masked)
 
-    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
-        return self.steps(self.cta_walk(rounds, masked), gpu)
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked, tail), gpu)
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -212,18 +213,16 @@ def launch_order(prob: Problem) -> np.ndarray:
 def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: list[list[int]]) -> float:
     """Every CTA timed: each SM runs its CTAs (as `dispatch` assigned them), `k` resident at a time,
     cycle by cycle; the slowest SM's end. For shapes small enough (EXACT_MAX_CTA_ROUNDS)."""
-    rounds = prob.n_block_max(np.arange(prob.n_m_blocks)).tolist()
-    masked = _masked_rounds(prob).tolist()
+    classes = cta_classes(prob)
     streams: dict = {}
     ends: dict = {}
     for mbs in ran:
         key = tuple(mbs)
         if key and key not in ends:
             for m in key:
-                if (rounds[m], masked[m]) not in streams:
-                    streams[(rounds[m], masked[m])] = model.cta_stream(rounds[m], gpu, masked[m])
-            run = run_sm([streams[(rounds[m], masked[m])] for m in key], model.config.n_warps, gpu, account=False,
-                         slots=k)
+                if classes[m] not in streams:
+                    streams[classes[m]] = model.cta_stream(classes[m][0], gpu, *classes[m][1:])
+            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, gpu, account=False, slots=k)
             ends[key] = run.cycles
     return max(ends.values())
 
@@ -254,15 +253,16 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
 def grid_instructions(model: KernelModel, prob: Problem) -> int:
     """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
     its warps."""
-    cfg = model.config
-    mb = np.arange(prob.n_m_blocks)
-    rounds = prob.n_block_max(mb)
-    masked = _masked_rounds(prob)
-    per = {}
-    for r, m in zip(rounds.tolist(), masked.tolist()):
-        if (r, m) not in per:
-            per[(r, m)] = len(model.cta_walk(r, m))
-    return int(sum(per[(r, m)] for r, m in zip(rounds.tolist(), masked.tolist()))) * cfg.n_warps * prob.batch * prob.heads
+    classes = cta_classes(prob)
+    per = {c: len(model.cta_walk(*c)) for c in set(classes)}
+    return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
+
+
+def cta_classes(prob: Problem) -> list[tuple[int, int, bool]]:
+    """(rounds, masked rounds, keys ending in a tail block) of each Q block: its path class."""
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+    tail = (rounds * prob.config.block_n > prob.seqlen_k).tolist()
+    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail))
 
 
 def _masked_rounds(prob: Problem) -> np.ndarray:

@@ -17,8 +17,9 @@ the same paths (the SM model runs one stream per CTA): else a StreamMismatch.
 
 Path classes, as the timing model asks for them: a CTA of R rounds, m of them masked. m = 0: a
 plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the diagonal); the
-masked count of a real CTA (causal: the Q block on the diagonal whose keys end with N_k; non-causal,
-m = 1: a key tail of half a block); any other m (the model's all-masked steady run) is the plain CTA's
+masked count of a real CTA (causal: the Q block on the diagonal whose keys end with N_k, a whole
+block or, for a CTA whose keys end in a tail, half of one; non-causal, m = 1: a key tail of half a
+block); any other m (the model's all-masked steady run) is the plain CTA's
 rounds with the locations that masking adds (those the masked probe's last round runs and the
 plain one's does not) counted as run in the last m rounds. The control flow depends on shapes,
 not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
@@ -63,6 +64,7 @@ class Kind(enum.Enum):
     PLAIN = "plain"  # no masked round
     DIAGONAL = "diagonal"  # causal: the Q block on the diagonal whose keys end with N_k
     TAIL = "tail"  # non-causal: a key tail in the last round
+    DIAGONAL_TAIL = "diagonal-tail"  # causal: the diagonal Q block whose last key block is a tail
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,8 @@ def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> t
     (A query tail's last Q block is represented by a full one: its SASS issues the stores of the
     rows past N_q under a guard, on; the PTX branches around them.)"""
     bm, bn = cfg.block_m, cfg.block_n
-    nk = rounds * bn - (bn // 2 if kind is Kind.TAIL else 0)
-    if kind is Kind.DIAGONAL:
+    nk = rounds * bn - (bn // 2 if kind in (Kind.TAIL, Kind.DIAGONAL_TAIL) else 0)
+    if kind in (Kind.DIAGONAL, Kind.DIAGONAL_TAIL):
         nq = -(-nk // bm) * bm  # its last Q block reaches the last key
     else:
         nq = (-(-nk // bm) + 1) * bm if causal else bm  # causal: one Q block past every key
@@ -218,16 +220,18 @@ class KernelStream:
         self.paths = {region: [(_features(w), starts) for w, starts in walks] for region, walks in ks.walks.items()}
         self.walks = functools.lru_cache(maxsize=None)(self._cta_walks)
 
-    def parts(self, rounds: int, masked: int = 0) -> list[list]:
-        """The instructions of a CTA of `rounds` rounds, the last `masked` masked: prologue, each
-        round, epilogue."""
-        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked)]
+    def parts(self, rounds: int, masked: int = 0, tail: bool = False) -> list[list]:
+        """The instructions of a CTA of `rounds` rounds, the last `masked` masked, its keys ending
+        in a tail block (`tail`; non-causal: every masked CTA): prologue, each round, epilogue."""
+        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail)]
 
-    def _cta_walks(self, rounds: int, masked: int) -> tuple[Walk, ...]:
-        """`walks(rounds, masked)`: the block starts of each region's path (prologue, rounds, epilogue)."""
+    def _cta_walks(self, rounds: int, masked: int, tail: bool = False) -> tuple[Walk, ...]:
+        """`walks(rounds, masked, tail)`: the block starts of each region's path (prologue, rounds,
+        epilogue)."""
         real = self._real_masked(rounds)
         if masked == 0 or masked == real:
-            return self._extended(Kind.PLAIN if masked == 0 else self._masked_kind(), rounds)
+            kind = Kind.PLAIN if masked == 0 else self._masked_kind()
+            return self._extended(Kind.DIAGONAL_TAIL if kind is Kind.DIAGONAL and tail else kind, rounds)
         if rounds > probe_rounds(self.config):
             raise ValueError(f"a CTA of {rounds} rounds with {masked} masked is longer than a probe "
                              f"({probe_rounds(self.config)} rounds) and has no real counterpart")
