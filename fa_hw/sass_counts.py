@@ -19,8 +19,9 @@ from fa_sim.kernels import engine_for
 from fa_sim.kernels.plan import program_sites
 from fa_sim.problem import Problem
 from fa_sim.simulate import simulate
+from fa_sim.timing.oracle import prologue_key, trip_key
 from fa_sim.timing.paths import (EX2, Counts, KernelSass, SassStructureError, analyze, local_memory_bytes,
-                                 off_classes, on_classes, prologue_key, trip_key)
+                                 off_classes, on_classes)
 
 from .compile import compile_kernel
 
@@ -69,7 +70,9 @@ def sim_round_counts(cfg: KernelConfig, causal: bool, nq: int, nk: int, heads: i
 def sass_round_counts(ks: KernelSass, prob: Problem) -> dict[int, Counts]:
     """What the SASS issues (on-counts) per round of this launch: every warp of a CTA takes the
     path its CTA-uniform decisions select (round 0 or later, K[t+1] load or not, last trip; with
-    kernel options, the prefetches and round-0 work `trip_key` names)."""
+    kernel options, the prefetches and round-0 work `trip_key` names), as fa_sim.timing.oracle
+    derives it from the config (a static table beside the simulator's counts; the timing model
+    takes each round's path from the functional run, fa_sim.timing.stream)."""
     cfg = prob.config
     warps = cfg.n_warps * prob.batch * prob.heads
     out: dict[int, Counts] = collections.defaultdict(Counts)

@@ -119,14 +119,15 @@ def _problem(key: str) -> Problem:
 
 @pytest.mark.parametrize("row", NCU, ids=lambda r: r["key"])
 def test_executed_instructions_equal_nsight_compute(row):
-    """Every CTA's path through the SASS (its rounds, masked rounds, first and last round) times
-    its warps: Nsight Compute's smsp__inst_executed.sum within 0.25 % (the residue: which arm of a
+    """Every CTA's path through the SASS (its rounds, masked rounds, first and last round, copy
+    arms: from the functional run, fa_sim.timing.stream) times its warps: Nsight Compute's
+    smsp__inst_executed.sum within 0.1 % (measured at most 0.065 %; the residue: which arm of a
     divergent epilogue branch a warp issues)."""
     from fa_sim.timing.predict import grid_instructions, kernel_model
 
     prob = _problem(row["key"])
     model = kernel_model(prob.config, prob.causal, "sm_90")
-    assert grid_instructions(model, prob) == pytest.approx(row["smsp__inst_executed.sum"], rel=2.5e-3)
+    assert grid_instructions(model, prob) == pytest.approx(row["smsp__inst_executed.sum"], rel=1e-3)
 
 
 # ---- the measured cases, replayed -----------------------------------------------------------------

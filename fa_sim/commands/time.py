@@ -6,8 +6,8 @@ reasons, without a GPU (fa_sim.timing).
     fa time --config m128n64d64w4-swizzled-s2 --json           # one JSON object, kernel_ms inside
 
 How the prediction is made: NVRTC compiles the kernel for the GPU's arch; its SASS with the
-control bits ptxas sets (stall counts, scoreboards) is cut into the paths each K/V round takes;
-one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
+control bits ptxas sets (stall counts, scoreboards) is cut into paths, and the functional run of a
+representative CTA on the PTX engine says which path each K/V round takes; one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
 grid's CTAs are not all timed; co-resident CTAs start a fraction of a round apart, as in a running
 grid, and the first wave's start-up is timed with its CTAs started together); the grid is then
 dispatched over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:

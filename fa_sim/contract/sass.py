@@ -46,11 +46,12 @@ def nvdisasm_path() -> Path:
                          "PATH, $CUDA_HOME/bin nor /usr/local/cuda/bin")
 
 
-def disassemble(cubin: bytes, encodings: bool = False, lines: bool = False) -> str:
+def disassemble(cubin: bytes, encodings: bool = False, lines: bool = False, inlined: bool = False) -> str:
     """nvdisasm's listing of a cubin's code; `encodings`: each instruction's two 64-bit words too
     (-hex: the control bits fa_sim.timing.sass decodes); `lines`: the CUDA source line of each
-    instruction (-g; the cubin must be built with -lineinfo)."""
-    flags = ["-hex"] * encodings + ["-g"] * lines
+    instruction (-g; the cubin must be built with -lineinfo); `inlined`: the line with its chain of
+    inlining call sites (-gi, fa_sim.timing.stream)."""
+    flags = ["-hex"] * encodings + (["-gi"] if inlined else ["-g"] * lines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

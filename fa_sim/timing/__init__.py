@@ -4,8 +4,9 @@
     fa time --batch 4 --heads 16 --seqlen 2048              # the same from the command line
 
 Modules, bottom to top: `sass` (the cubin's SASS with the scheduling control information ptxas
-writes into every instruction), `paths` (basic blocks, the K/V loop, the path of each round),
-`program` (an instruction as the SM model sees it), `sm` (one SM cycle by cycle), `gpus` (the
+writes into every instruction), `paths` (basic blocks, the K/V loop, every path through a
+region), `stream` (the path each region takes, from the functional run on the PTX engine; `oracle`
+keeps the config-derived choice for the tests), `program` (an instruction as the SM model sees it), `sm` (one SM cycle by cycle), `gpus` (the
 parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs).
 """
 

@@ -26,8 +26,9 @@ the interior arm predicated into the boundary arm). Zero fill is LDGSTS with an 
 predicate, one per 16-byte chunk. A trip's path is told by EX2 (MUFU.EX2, one per exponential: the
 P values, plus one alpha per row slot after round 0), LDGDEPBAR (2 with the K[t+1] load) and
 being the last; other branches (mask, copy arms) must not change the on-counts, else
-`SassStructureError`. fa_hw/sass_counts.py compares these counts with the simulator's; the timing
-model (fa_sim.timing) runs the instructions of the path each round takes.
+`SassStructureError`. Which path a warp takes through each region comes from the functional run
+(fa_sim.timing.stream); fa_sim.timing.oracle keeps the choice derived from the config, the
+oracle the tests hold the functional run's against and fa_hw/sass_counts.py's static table.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import graphlib
 import re
 from itertools import takewhile
 
-from ..config import KernelConfig
 from ..contract import KERNEL_NAME
 
 
@@ -263,14 +263,17 @@ class KernelSass:
         'epilogue') with these features (`paths`); among paths that issue the same counted classes
         (a masking branch, an if-converted copy arm) the shortest, or with `longest` the longest
         (a round that masks: the causal diagonal, a tail)."""
+        return [ins for b in self.walk_starts(region, longest, **key) for ins in self.blocks[b].instrs]
+
+    def walk_starts(self, region: str, longest: bool = False, **key) -> tuple:
+        """The block starts of the path `walk` takes."""
         want = {EX2: key.pop("ex2", None), "LDGDEPBAR": key.pop("ldgdepbar", None), **key}
         hits = [starts for w, starts in self.walks[region]
                 if all(n is None or dict(w).get(c, 0) == n for c, n in want.items())]
         if not hits:
             raise SassStructureError(f"{region}: no path with {key}")
         size = [sum(len(self.blocks[b].instrs) for b in starts) for starts in hits]
-        starts = hits[size.index(max(size) if longest else min(size))]
-        return [ins for b in starts for ins in self.blocks[b].instrs]
+        return hits[size.index(max(size) if longest else min(size))]
 
     def pick(self, region: str, **key) -> Counts:
         """On-counts of the paths of `region` with this key (`paths`' features); they must agree."""
@@ -364,42 +367,3 @@ def local_memory_bytes(sass: str, function: str = KERNEL_NAME) -> tuple[int, int
             out[ins.base] += int(bits[-1] if bits else 32) // 8
     return out["STL"], out["LDL"]
 
-
-
-
-# ---- which path each round takes, from the config ------------------------------------------------
-def _copies(cfg: KernelConfig, tiles: int) -> int:
-    """LDGSTS per warp for `tiles` K/V tiles (each thread copies block_n / rows_per_pass chunks)."""
-    return tiles * cfg.block_n // cfg.copy_rows_per_pass
-
-
-def prologue_key(cfg: KernelConfig, nbm: int) -> dict:
-    """The prologue's path feature with kv_stages > 1: which of the tiles it prefetches (K[s],
-    V[s] for s < S-1; defer_pv: V[s-1]) lie inside the sequence, as LDGSTS per warp."""
-    if cfg.kv_stages == 1:
-        return {}
-    q = cfg.block_m // cfg.copy_rows_per_pass
-    k_tiles = sum(s < nbm for s in range(cfg.kv_stages - 1))
-    v_tiles = sum(s - cfg.defer_pv < nbm for s in range(cfg.defer_pv, cfg.kv_stages - 1))
-    return {"LDGSTS": q + _copies(cfg, k_tiles + v_tiles)}
-
-
-def trip_key(cfg: KernelConfig, t: int, nbm: int) -> dict:
-    """What tells round t's path apart, from the schedule: EX2 (alpha after round 0; poly_exp's
-    exponentials are not MUFU.EX2); the spec's
-    K[t+1] load (a second LDGDEPBAR), or, with kv_stages > 1 (one group per round), the
-    prefetches of K[t+S-1] and V[t+S-1] (defer_pv: V[t+S-2]) still inside the sequence (LDGSTS);
-    q_in_regs: Q's ldmatrix in round 0 only; defer_pv: the previous round's PV MMAs after round 0."""
-    mufu_scores = cfg.s_values_per_thread * (8 - cfg.poly_exp) // 8  # poly_exp: eighths on the FMA pipe
-    key = {"ex2": mufu_scores + (t > 0) * cfg.rows_per_thread}
-    if cfg.kv_stages == 1:
-        key["ldgdepbar"] = 1 + (t + 1 < nbm)
-    else:
-        ahead = t + cfg.kv_stages - 1
-        key.update(ldgdepbar=1, LDGSTS=_copies(cfg, (ahead < nbm) + (ahead - cfg.defer_pv < nbm)))
-    if cfg.q_in_regs:
-        key["LDSM.M88"] = cfg.qk_k_segments * (cfg.s_n_tiles // 2 + (t == 0) * cfg.m_repeats)
-    if cfg.defer_pv:
-        qk = cfg.m_repeats * cfg.s_n_tiles * cfg.qk_k_segments
-        key["HMMA"] = qk + (t > 0) * cfg.m_repeats * cfg.o_n_tiles * cfg.pv_k_segments
-    return key

@@ -2,8 +2,10 @@
 
 How (what `fa time --help` says too):
 1. The cubin NVRTC builds for the GPU's arch, disassembled with its control bits
-   (fa_sim.timing.sass) and cut into the paths a warp takes (fa_sim.timing.paths): prologue, one
-   K/V round (first, steady, masked, last) and epilogue; every warp of a CTA takes its CTA's path.
+   (fa_sim.timing.sass) and cut into the paths a warp can take (fa_sim.timing.paths): prologue,
+   one K/V round and epilogue; which path each region of a CTA takes (first, steady, masked, last
+   round) comes from the functional run of a representative CTA on the PTX engine
+   (fa_sim.timing.stream); every warp of a CTA takes its CTA's path.
 2. Shared-memory cost per instruction class from the bank model on a one-CTA simulation
    (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
@@ -33,10 +35,11 @@ from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
 from .gpus import GPUS, GpuModel
-from .paths import KernelSass, analyze, prologue_key, trip_key
+from .paths import KernelSass, analyze
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
+from .stream import KernelStream, sass_locations
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
 TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
@@ -74,13 +77,15 @@ class KernelModel:
     controls: dict  # address -> Control
     registers: int
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
+    stream: KernelStream  # the SASS path of each region, from the functional run
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_walk(self, rounds: int, masked: int = 0) -> list:
-        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked."""
-        return [i for part in self._walk_parts(rounds, masked) for i in part]
+    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False) -> list:
+        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
+        (`tail`: its keys end in a partial block)."""
+        return [i for part in self.stream.parts(rounds, masked, tail) for i in part]
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
         """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
@@ -88,15 +93,10 @@ class KernelModel:
         return [sum(sizes[: t + 1]) for t in range(rounds)]
 
     def _walk_parts(self, rounds: int, masked: int) -> list[list]:
-        cfg, ks = self.config, self.sass
-        out = [ks.walk("prologue", **prologue_key(cfg, rounds))]
-        for t in range(rounds):
-            region = "last_trip" if t == rounds - 1 else "trip"
-            out.append(ks.walk(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds)))
-        return out + [ks.walk("epilogue", longest=True)]
+        return self.stream.parts(rounds, masked)
 
-    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0) -> list[Step]:
-        return self.steps(self.cta_walk(rounds, masked), gpu)
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked, tail), gpu)
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -213,18 +213,16 @@ def launch_order(prob: Problem) -> np.ndarray:
 def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: list[list[int]]) -> float:
     """Every CTA timed: each SM runs its CTAs (as `dispatch` assigned them), `k` resident at a time,
     cycle by cycle; the slowest SM's end. For shapes small enough (EXACT_MAX_CTA_ROUNDS)."""
-    rounds = prob.n_block_max(np.arange(prob.n_m_blocks)).tolist()
-    masked = _masked_rounds(prob).tolist()
+    classes = cta_classes(prob)
     streams: dict = {}
     ends: dict = {}
     for mbs in ran:
         key = tuple(mbs)
         if key and key not in ends:
             for m in key:
-                if (rounds[m], masked[m]) not in streams:
-                    streams[(rounds[m], masked[m])] = model.cta_stream(rounds[m], gpu, masked[m])
-            run = run_sm([streams[(rounds[m], masked[m])] for m in key], model.config.n_warps, gpu, account=False,
-                         slots=k)
+                if classes[m] not in streams:
+                    streams[classes[m]] = model.cta_stream(classes[m][0], gpu, *classes[m][1:])
+            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, gpu, account=False, slots=k)
             ends[key] = run.cycles
     return max(ends.values())
 
@@ -255,15 +253,16 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
 def grid_instructions(model: KernelModel, prob: Problem) -> int:
     """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
     its warps."""
-    cfg = model.config
-    mb = np.arange(prob.n_m_blocks)
-    rounds = prob.n_block_max(mb)
-    masked = _masked_rounds(prob)
-    per = {}
-    for r, m in zip(rounds.tolist(), masked.tolist()):
-        if (r, m) not in per:
-            per[(r, m)] = len(model.cta_walk(r, m))
-    return int(sum(per[(r, m)] for r, m in zip(rounds.tolist(), masked.tolist()))) * cfg.n_warps * prob.batch * prob.heads
+    classes = cta_classes(prob)
+    per = {c: len(model.cta_walk(*c)) for c in set(classes)}
+    return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
+
+
+def cta_classes(prob: Problem) -> list[tuple[int, int, bool]]:
+    """(rounds, masked rounds, keys ending in a tail block) of each Q block: its path class."""
+    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+    tail = (rounds * prob.config.block_n > prob.seqlen_k).tolist()
+    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail))
 
 
 def _masked_rounds(prob: Problem) -> np.ndarray:
@@ -327,10 +326,13 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> 
     if config.pingpong:  # every warp of a CTA is modelled on one path per round; pingpong's groups take two
         raise ValueError(f"{config.tag}: the timing model does not model pingpong (its two warp groups take "
                          "different paths through a round)")
-    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel)))
-    text = disassemble(ck.cubin, encodings=True)
+    # -lineinfo: the same code, with each instruction's source location (what ties it to the PTX)
+    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True))
+    text = disassemble(ck.cubin, encodings=True, inlined=True)
     controls = {i.addr: i.control for i in parse(text)}
-    return KernelModel(config, causal, analyze(text), controls, ck.usage.registers, bank_wavefronts(config, kernel))
+    ks = analyze(text)
+    return KernelModel(config, causal, ks, controls, ck.usage.registers, bank_wavefronts(config, kernel),
+                       KernelStream(config, causal, kernel, ks, sass_locations(text)))
 
 
 @functools.lru_cache(maxsize=256)
