@@ -47,6 +47,7 @@ import numpy as np
 
 from ..errors import KernelFault
 from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps
+from .fused import LaneBlock, fusable, lane_block
 from .ir import Instruction, Kernel
 from .machine_ops import _reg_name, _smem_lanes, address
 from .ops import Unsupported
@@ -273,6 +274,7 @@ class Compiled:
     def __init__(self, kernel: Kernel, instrs) -> None:
         self.kernel, self.instrs = kernel, tuple(instrs)
         self._steps: dict[tuple[int, int], tuple] = {}
+        self._blocks: dict[tuple[int, int], LaneBlock] = {}  # (first pc, end) -> its LaneBlock
 
     @cached_property
     def stop(self) -> tuple[int, ...]:
@@ -287,9 +289,28 @@ class Compiled:
         key = (start, end)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs, _steps,
-                                                         self.uses))
+            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs,
+                                                         self._plain, self.uses))
         return hit
+
+    def _plain(self, code, start: int, end: int, instrs) -> list:
+        """_steps, with each run of at least two fusable Lane steps one LaneBlock (fa_sim/ptx/fused.py)."""
+        out, run = [], []
+        for step in (*_steps(code, start, end, instrs), None):
+            if isinstance(step, Lane) and fusable(self.kernel, step.ins):
+                run.append(step)
+                continue
+            out += [self._block(run)] if len(run) > 1 else run
+            run = []
+            if step is not None:
+                out.append(step)
+        return out
+
+    def _block(self, run: list[Lane]) -> LaneBlock:
+        key = (run[0].ins.pc, run[-1].ins.pc + 1)
+        if key not in self._blocks:
+            self._blocks[key] = lane_block(self.kernel, tuple(s.ins for s in run), tuple(s.ex for s in run), self.uses)
+        return self._blocks[key]
 
 
 __all__ = ["Compiled", "Lane", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

@@ -16,7 +16,7 @@ from ...isa import half
 from ...isa.compare import FLOAT_ONLY, INTEGER_ONLY, BoolOp, CmpOp, combine, compare_float, compare_int, select
 from ...isa.rounding import F32, flush_subnormal
 from ..ir import PredPair
-from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity
+from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity, simple
 from .half import fmt_of
 
 _BITS = {16: "b16", 32: "b32", 64: "b64"}
@@ -133,12 +133,7 @@ def selp(opcode: str, form: Form) -> Exec:
     if ptype not in _WIDTH or ptype in ("f16", "bf16"):
         raise form.unsupported(f"type .{ptype}")
     reg = _BITS[_WIDTH[ptype]]  # the selected bits are copied unchanged
-
-    def selp(lanes, ops):
-        arity(form, ops, 4)
-        lanes.write(ops[0], select(lanes.read(ops[3], "pred"), lanes.read(ops[1], reg),
-                                   lanes.read(ops[2], reg)), reg)
-    return selp
+    return simple(form, select, ("pred", reg, reg), reg, order=(3, 1, 2))
 
 
 def slct(opcode: str, form: Form) -> Exec:
