@@ -309,7 +309,7 @@ class Compiled:
     def _block(self, run: list[Lane]) -> LaneBlock:
         key = (run[0].ins.pc, run[-1].ins.pc + 1)
         if key not in self._blocks:
-            self._blocks[key] = lane_block(self.kernel, tuple(s.ins for s in run), tuple(s.ex for s in run), self.uses)
+            self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses)
         return self._blocks[key]
 
 

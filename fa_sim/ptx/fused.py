@@ -122,24 +122,19 @@ class _Env:
                                       ptype, width)
 
 
-@dataclass(frozen=True, eq=False)
-class LaneBlock:
-    """Consecutive register-only instructions as one generated function (module docstring)."""
+# A block compiles on its second run: one that runs once (a prologue's, or an epilogue's) runs its
+# instructions one by one and costs no compile time, which keeps a small launch's cold start short.
+COMPILE_AT_RUN = 2
 
-    inss: tuple[Instruction, ...]
+
+@dataclass(frozen=True, eq=False)
+class Code:
+    """A block's generated function and what it binds per wave."""
+
     run: Callable  # run(engine, bound values, n)
     slots: tuple  # what each bound value is: ("read", operand, type) or ("store", register name, type)
     source: str  # the generated function's text
-
-    def __call__(self, eng: Engine, group: Group) -> None:
-        if group.mask is not None or eng.observed:
-            for ins in self.inss:
-                eng.issue(ins, group)
-            return
-        bound = eng.bound.get(self)
-        if bound is None:
-            bound = eng.bound[self] = self.bind(eng)
-        self.run(eng, bound, eng.n)
+    stores: frozenset[str]  # the registers it stores into the register file
 
     def bind(self, eng: Engine) -> tuple:
         """The wave's arrays for the slots: typed views of register rows, broadcast immediates."""
@@ -153,12 +148,44 @@ class LaneBlock:
         return tuple(out)
 
 
-def lane_block(kernel: Kernel, inss: tuple[Instruction, ...], executors: tuple, uses: dict) -> LaneBlock:
-    """Compile consecutive fusable Lane instructions (their executors) into a LaneBlock."""
-    gen = _Generator(kernel, inss, uses)
-    for k, (ins, ex) in enumerate(zip(inss, executors)):
-        gen.instruction(k, ins, ex)
-    return gen.block()
+class LaneBlock:
+    """Consecutive register-only instructions (their `Lane` steps) as one generated function
+    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by the whole wave."""
+
+    __slots__ = ("lanes", "inss", "_compile", "code", "runs")
+
+    def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
+        self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
+        self.code: Code | None = None
+        self.runs = 0
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            for ins in self.inss:
+                eng.issue(ins, group)
+            return
+        code = self.code
+        if code is None:
+            self.runs += 1
+            if self.runs < COMPILE_AT_RUN:
+                for lane in self.lanes:
+                    lane(eng, group)
+                return
+            code = self.code = self._compile()
+        bound = eng.bound.get(self)
+        if bound is None:
+            bound = eng.bound[self] = code.bind(eng)
+        code.run(eng, bound, eng.n)
+
+
+def lane_block(kernel: Kernel, lanes: tuple, uses: dict) -> LaneBlock:
+    """A LaneBlock of consecutive fusable Lane steps (blocks.Lane: instruction and executor)."""
+    def compile_() -> Code:
+        gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses)
+        for k, lane in enumerate(lanes):
+            gen.instruction(k, lane.ins, lane.ex)
+        return gen.code()
+    return LaneBlock(tuple(lanes), compile_)
 
 
 class _Generator:
@@ -167,7 +194,7 @@ class _Generator:
     def __init__(self, kernel: Kernel, inss: tuple[Instruction, ...], uses: dict):
         self.kernel, self.inss = kernel, inss
         lo, hi = inss[0].pc, inss[-1].pc + 1
-        self.lines: list[str] = []
+        self.lines: list[tuple[int, str]] = []  # (instruction, line of the body)
         self.consts: dict = {}
         self.slots: list = []
         self.slot_of: dict = {}
@@ -185,9 +212,12 @@ class _Generator:
                        if any(not lo <= pc < hi for pc in uses.get(name, ())) or first_read.get(name, len(inss)) <= first_write[name]}
 
     def const(self, value, stem: str) -> str:
-        name = f"{stem}{len(self.consts)}"
+        name = f"{stem}_{value.name}" if isinstance(value, np.dtype) else f"{stem}{len(self.consts)}"
         self.consts[name] = value
         return name
+
+    def emit(self, k: int, line: str) -> None:
+        self.lines.append((k, line))
 
     def width(self, name: str) -> int:
         return bits(self.kernel.reg_type(name))
@@ -228,7 +258,6 @@ class _Generator:
         return f"E.read({self.const(op, 'O')}, {ptype!r}, None, n)"
 
     def instruction(self, k: int, ins: Instruction, ex) -> None:
-        self.lines.append(f"k = {k}  # {ins.text}")
         ops = ins.operands
         spec = getattr(ex, "spec", lambda ops: None)(ops)
         dest = ops[0]
@@ -242,17 +271,17 @@ class _Generator:
         else:
             value = f"AS({self.const(spec.fn, 'F')}({', '.join(args)}), {self.const(DTYPES[spec.out], 'D')}, n)"
         if isinstance(dest, Sink):
-            self.lines.append(value)
+            self.emit(k, value)
             return
         var = f"L{len(self.lines)}"
-        self.lines.append(f"{var} = {value}")
+        self.emit(k, f"{var} = {value}")
         self.local[dest.name] = (var, spec.out)
         if dest.name in self.stored and self.last_write[dest.name] == k:
             width = self.width(dest.name)
             if bits(spec.out) == width and (spec.out == "pred") == (width == 1):
-                self.lines.append(f"copyto({self.slot('store', dest.name, spec.out)}, {var}, casting='unsafe')")
+                self.emit(k, f"copyto({self.slot('store', dest.name, spec.out)}, {var}, casting='unsafe')")
             else:
-                self.lines.append(f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
+                self.emit(k, f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
 
     def generic(self, k: int, ins: Instruction, ex) -> None:
         """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
@@ -263,22 +292,24 @@ class _Generator:
         store = frozenset(r.name for r in _written(ins.operands[0])
                           if r.name in self.stored and self.last_write[r.name] == k)
         env = f"ENV(E, n, {{{local}}}, {self.const(copy, 'S')}, {self.const(store, 'S')})"
-        self.lines.append(f"e = {env}")
-        self.lines.append(f"{self.const(ex, 'X')}(e, {self.const(ins.operands, 'O')})")
+        self.emit(k, f"e = {env}")
+        self.emit(k, f"{self.const(ex, 'X')}(e, {self.const(ins.operands, 'O')})")
         for r in _written(ins.operands[0]):
             var = f"L{len(self.lines)}"
-            self.lines.append(f"{var} = e.out[{r.name!r}]")
+            self.emit(k, f"{var} = e.out[{r.name!r}]")
             self.local[r.name] = (var, RAW)
 
-    def block(self) -> LaneBlock:
-        body = "\n".join(f"        {line}" for line in self.lines)
-        text = (f"def run(E, V, n):\n    k = 0\n    try:\n{body}\n"
-                f"    except (Unsupported, KernelFault) as exc:\n        raise located(exc, INSS[k]) from None\n")
-        from .blocks import located
-        scope = {"np": np, "copyto": np.copyto, "AS": _as, "CONVERT": _convert, "ENV": _Env, "INSS": self.inss,
-                 "Unsupported": Unsupported, "KernelFault": KernelFault, "located": located, **self.consts}
-        exec(compile(text, f"<PTX lane block pc {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
-        return LaneBlock(self.inss, scope["run"], tuple(self.slots), text)
+    def code(self) -> Code:
+        """The function: the body in a try whose handler names the instruction of the failing line."""
+        body = "\n".join(f"        {line}" for _, line in self.lines)
+        text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
+                f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")
+        from .blocks import located  # blocks imports this module
+        scope = {"copyto": np.copyto, "AS": _as, "CONVERT": _convert, "ENV": _Env, "INSS": self.inss,
+                 "OF_LINE": tuple(k for k, _ in self.lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
+                 "located": located, **self.consts}
+        exec(compile(text, f"<PTX lane block, pcs {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
+        return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))
 
 
-__all__ = ["LaneBlock", "fusable", "lane_block"]
+__all__ = ["COMPILE_AT_RUN", "Code", "LaneBlock", "fusable", "lane_block"]
