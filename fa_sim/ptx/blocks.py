@@ -27,6 +27,10 @@ module) into steps:
   one at a time in the same cases as an mma run (a fault then names the instruction whose address
   is wrong).
 
+- `LaneBlock` (fa_sim/ptx/fused.py): two or more consecutive Lane instructions, compiled into one
+  generated function that keeps values only the block uses in local arrays (one at a time in the
+  same cases as Lane).
+
 - `Gemm` (fa_sim/ptx/chains.py): a region of a stretch whose mma.sync form accumulator chains -
   a warp-level GEMM with the ldmatrix and lane math between its k16 steps - computed in matrix
   form when the whole wave runs it unobserved and the register dependences allow the mmas to move

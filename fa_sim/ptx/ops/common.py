@@ -6,6 +6,10 @@ returns an executor `ex(lanes, operands)` that only reads, computes and writes. 
 opcode runs is not decided here but in the opcode table (fa_sim/ptx/optable.py), which also
 caches the executors by form, so a kernel's ~100k dynamic instructions pay the decoding ~70 times.
 
+Most executors are `Simple` (below): one value function of sources read as given types, its
+structure open so that the engine's fused lane blocks (fa_sim/ptx/fused.py) call the function
+straight on their arrays; the others (setp, lop3, vector mov ...) are plain functions.
+
 `Lanes` (below) is all an executor sees: `read` an operand as an array over the active threads,
 `write` a destination. Executors are pure lane math (they call fa_sim.isa for the semantics);
 control flow, memory, barriers and events belong to the engine. A form no compiler takes raises
