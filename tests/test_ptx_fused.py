@@ -1,6 +1,6 @@
 """The PTX engine's fused lane blocks (fa_sim/ptx/fused.py): a run of register-only instructions
 compiled into one function gives the bits of the instructions executed one by one (the engine's
-reference path: a block's first run, part of the wave, an observer), stores only the registers
+reference path: a block's first runs in a wave, part of the wave, an observer), stores only the registers
 something outside the block reads, and names the failing instruction in an error."""
 
 import numpy as np
@@ -90,7 +90,7 @@ class Watcher:
         self.reg += ev.op is Op.REG
 
 
-@pytest.mark.parametrize("compile_at", [1, 2])
+@pytest.mark.parametrize("compile_at", [1, 3])
 def test_a_compiled_block_gives_the_bits_of_single_instructions(monkeypatch, compile_at):
     monkeypatch.setattr(fused, "COMPILE_AT_RUN", 10 ** 9)  # never compiled: one instruction at a time
     single, res_single = run()

@@ -122,9 +122,10 @@ class _Env:
                                       ptype, width)
 
 
-# A block compiles on its second run: one that runs once (a prologue's, or an epilogue's) runs its
-# instructions one by one and costs no compile time, which keeps a small launch's cold start short.
-COMPILE_AT_RUN = 2
+# A block compiles (once per kernel) on its third run in one wave: a prologue's or an epilogue's,
+# and a loop's in a wave of one or two rounds, run their instructions one by one and cost no compile
+# time, which keeps a small launch's first and later calls short.
+COMPILE_AT_RUN = 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,32 +151,30 @@ class Code:
 
 class LaneBlock:
     """Consecutive register-only instructions (their `Lane` steps) as one generated function
-    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by the whole wave."""
+    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave."""
 
-    __slots__ = ("lanes", "inss", "_compile", "code", "runs")
+    __slots__ = ("lanes", "inss", "_compile", "code")
 
     def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
         self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
         self.code: Code | None = None
-        self.runs = 0
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed:
             for ins in self.inss:
                 eng.issue(ins, group)
             return
-        code = self.code
-        if code is None:
-            self.runs += 1
-            if self.runs < COMPILE_AT_RUN:
+        bound = eng.bound.get(self, 0)  # the wave's arrays, or how often it ran the block so far
+        if bound.__class__ is int:
+            if self.code is None and bound + 1 < COMPILE_AT_RUN:
+                eng.bound[self] = bound + 1
                 for lane in self.lanes:
                     lane(eng, group)
                 return
-            code = self.code = self._compile()
-        bound = eng.bound.get(self)
-        if bound is None:
-            bound = eng.bound[self] = code.bind(eng)
-        code.run(eng, bound, eng.n)
+            if self.code is None:
+                self.code = self._compile()
+            bound = eng.bound[self] = self.code.bind(eng)
+        self.code.run(eng, bound, eng.n)
 
 
 def lane_block(kernel: Kernel, lanes: tuple, uses: dict) -> LaneBlock:
