@@ -313,7 +313,7 @@ class Compiled:
     def _block(self, run: list[Lane]) -> LaneBlock:
         key = (run[0].ins.pc, run[-1].ins.pc + 1)
         if key not in self._blocks:
-            self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses)
+            self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses, located)
         return self._blocks[key]
 
 

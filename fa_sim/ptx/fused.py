@@ -177,10 +177,11 @@ class LaneBlock:
         self.code.run(eng, bound, eng.n)
 
 
-def lane_block(kernel: Kernel, lanes: tuple, uses: dict) -> LaneBlock:
-    """A LaneBlock of consecutive fusable Lane steps (blocks.Lane: instruction and executor)."""
+def lane_block(kernel: Kernel, lanes: tuple, uses: dict, locate: Callable) -> LaneBlock:
+    """A LaneBlock of consecutive fusable Lane steps (blocks.Lane: instruction and executor);
+    `locate(exc, ins)` gives an error of an instruction with its lines (blocks.located)."""
     def compile_() -> Code:
-        gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses)
+        gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses, locate)
         for k, lane in enumerate(lanes):
             gen.instruction(k, lane.ins, lane.ex)
         return gen.code()
@@ -190,8 +191,8 @@ def lane_block(kernel: Kernel, lanes: tuple, uses: dict) -> LaneBlock:
 class _Generator:
     """Writes a block's function: one line per source read, call and store."""
 
-    def __init__(self, kernel: Kernel, inss: tuple[Instruction, ...], uses: dict):
-        self.kernel, self.inss = kernel, inss
+    def __init__(self, kernel: Kernel, inss: tuple[Instruction, ...], uses: dict, locate: Callable):
+        self.kernel, self.inss, self.locate = kernel, inss, locate
         lo, hi = inss[0].pc, inss[-1].pc + 1
         self.lines: list[tuple[int, str]] = []  # (instruction, line of the body)
         self.consts: dict = {}
@@ -303,10 +304,9 @@ class _Generator:
         body = "\n".join(f"        {line}" for _, line in self.lines)
         text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
                 f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")
-        from .blocks import located  # blocks imports this module
         scope = {"copyto": np.copyto, "AS": _as, "CONVERT": _convert, "ENV": _Env, "INSS": self.inss,
                  "OF_LINE": tuple(k for k, _ in self.lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
-                 "located": located, **self.consts}
+                 "located": self.locate, **self.consts}
         exec(compile(text, f"<PTX lane block, pcs {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
         return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))
 
