@@ -27,6 +27,10 @@ module) into steps:
   one at a time in the same cases as an mma run (a fault then names the instruction whose address
   is wrong).
 
+- `LaneBlock` (fa_sim/ptx/fused.py): two or more consecutive Lane instructions, compiled into one
+  generated function that keeps values only the block uses in local arrays (one at a time in the
+  same cases as Lane).
+
 - `Gemm` (fa_sim/ptx/chains.py): a region of a stretch whose mma.sync form accumulator chains -
   a warp-level GEMM with the ldmatrix and lane math between its k16 steps - computed in matrix
   form when the whole wave runs it unobserved and the register dependences allow the mmas to move
@@ -47,6 +51,7 @@ import numpy as np
 
 from ..errors import KernelFault
 from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps
+from .fused import LaneBlock, fusable, lane_block
 from .ir import Instruction, Kernel
 from .machine_ops import _reg_name, _smem_lanes, address
 from .ops import Unsupported
@@ -273,6 +278,7 @@ class Compiled:
     def __init__(self, kernel: Kernel, instrs) -> None:
         self.kernel, self.instrs = kernel, tuple(instrs)
         self._steps: dict[tuple[int, int], tuple] = {}
+        self._blocks: dict[tuple[int, int], LaneBlock] = {}  # (first pc, end) -> its LaneBlock
 
     @cached_property
     def stop(self) -> tuple[int, ...]:
@@ -287,9 +293,28 @@ class Compiled:
         key = (start, end)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs, _steps,
-                                                         self.uses))
+            hit = self._steps[key] = tuple(stretch_steps(self.kernel.instructions, start, end, self.instrs,
+                                                         self._plain, self.uses))
         return hit
+
+    def _plain(self, code, start: int, end: int, instrs) -> list:
+        """_steps, with each run of at least two fusable Lane steps one LaneBlock (fa_sim/ptx/fused.py)."""
+        out, run = [], []
+        for step in (*_steps(code, start, end, instrs), None):
+            if isinstance(step, Lane) and fusable(self.kernel, step.ins):
+                run.append(step)
+                continue
+            out += [self._block(run)] if len(run) > 1 else run
+            run = []
+            if step is not None:
+                out.append(step)
+        return out
+
+    def _block(self, run: list[Lane]) -> LaneBlock:
+        key = (run[0].ins.pc, run[-1].ins.pc + 1)
+        if key not in self._blocks:
+            self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses, located)
+        return self._blocks[key]
 
 
 __all__ = ["Compiled", "Lane", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

@@ -104,6 +104,7 @@ class Engine:
         self.observed = any(callable(getattr(o, "on_instr", None)) for o in machine.hub.observers)
         self._views: dict = {}  # (id(operand), type) -> (operand, array): reads of the whole wave
         self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
+        self.bound: dict = {}  # fused.LaneBlock -> the wave's arrays it reads and stores, or its runs so far
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop

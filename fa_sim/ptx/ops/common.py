@@ -6,6 +6,10 @@ returns an executor `ex(lanes, operands)` that only reads, computes and writes. 
 opcode runs is not decided here but in the opcode table (fa_sim/ptx/optable.py), which also
 caches the executors by form, so a kernel's ~100k dynamic instructions pay the decoding ~70 times.
 
+Most executors are `Simple` (below): one value function of sources read as given types, its
+structure open so that the engine's fused lane blocks (fa_sim/ptx/fused.py) call the function
+straight on their arrays; the others (setp, lop3, vector mov ...) are plain functions.
+
 `Lanes` (below) is all an executor sees: `read` an operand as an array over the active threads,
 `write` a destination. Executors are pure lane math (they call fa_sim.isa for the semantics);
 control flow, memory, barriers and events belong to the engine. A form no compiler takes raises
@@ -145,43 +149,63 @@ def immediate(form: Form, operand, what: str) -> int:
     return operand.value
 
 
+#: The read type of a source that PTX gives as a .u32 shift amount, bit position or length: an
+#: immediate stays one integer (the semantics then build one mask for all lanes), a register is read
+#: per lane as .u32 (read_u32).
+U32_OR_IMM = "u32|imm"
+
+
 def read_u32(lanes: Lanes, operand):
-    """A .u32 shift amount, bit position or length: an immediate stays one integer (the
-    semantics then build one mask for all lanes), a register is read per lane."""
+    """A .u32 shift amount, bit position or length (U32_OR_IMM)."""
     if isinstance(operand, Imm) and isinstance(operand.value, int):
         return np.uint32(operand.value & 0xFFFFFFFF)
     return lanes.read(operand, "u32")
 
 
+def read_source(lanes: Lanes, operand, ptype: str):
+    """A source operand read as `ptype`, or as read_u32 reads it (U32_OR_IMM)."""
+    return read_u32(lanes, operand) if ptype == U32_OR_IMM else lanes.read(operand, ptype)
+
+
+@dataclass(frozen=True, eq=False)
+class Simple:
+    """An executor that is one value function of its sources: d = fn(*sources), each source the
+    operand `sources[i][0]` read as type `sources[i][1]` (in that order), d written as `out`. Its
+    structure is open, so the engine's fused lane blocks (fa_sim/ptx/fused.py) call `fn` straight
+    on their values. fn None is the identity (mov)."""
+
+    form: Form
+    fn: Callable | None
+    sources: tuple[tuple[int, str], ...]
+    out: str
+    n_operands: int
+
+    def __call__(self, lanes: Lanes, ops: tuple) -> None:
+        arity(self.form, ops, self.n_operands)
+        args = [read_source(lanes, ops[i], t) for i, t in self.sources]
+        lanes.write(ops[0], args[0] if self.fn is None else self.fn(*args), self.out)
+
+    def spec(self, ops: tuple) -> Simple | None:
+        """Itself when the operands fit it (None: the caller runs the executor as it is)."""
+        return self if len(ops) == self.n_operands else None
+
+
+def simple(form: Form, fn, types: tuple[str, ...], out: str, order: tuple[int, ...] | None = None) -> Simple:
+    """d = fn(sources read as types), the sources operands 1.. (or the operand indices `order`)."""
+    order = order or tuple(range(1, len(types) + 1))
+    return Simple(form, fn, tuple(zip(order, types)), out, max(order) + 1)
+
+
 def unary(form: Form, ptype: str, fn, out_type: str | None = None) -> Exec:
     """d = fn(a)."""
-    out = out_type or ptype
-
-    def ex(lanes: Lanes, ops: tuple) -> None:
-        arity(form, ops, 2)
-        lanes.write(ops[0], fn(lanes.read(ops[1], ptype)), out)
-
-    return ex
+    return simple(form, fn, (ptype,), out_type or ptype)
 
 
 def binary(form: Form, ptype: str, fn, out_type: str | None = None, b_type: str | None = None) -> Exec:
     """d = fn(a, b)."""
-    out, bt = out_type or ptype, b_type or ptype
-
-    def ex(lanes: Lanes, ops: tuple) -> None:
-        arity(form, ops, 3)
-        lanes.write(ops[0], fn(lanes.read(ops[1], ptype), lanes.read(ops[2], bt)), out)
-
-    return ex
+    return simple(form, fn, (ptype, b_type or ptype), out_type or ptype)
 
 
 def ternary(form: Form, ptype: str, fn, out_type: str | None = None, c_type: str | None = None) -> Exec:
     """d = fn(a, b, c)."""
-    out, ct = out_type or ptype, c_type or ptype
-
-    def ex(lanes: Lanes, ops: tuple) -> None:
-        arity(form, ops, 4)
-        lanes.write(ops[0], fn(lanes.read(ops[1], ptype), lanes.read(ops[2], ptype),
-                               lanes.read(ops[3], ct)), out)
-
-    return ex
+    return simple(form, fn, (ptype, ptype, c_type or ptype), out_type or ptype)

@@ -8,7 +8,9 @@ Semantics: fa_sim.isa.compare. `.ftz` flushes subnormal .f32 / .f16 operands bef
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -16,7 +18,7 @@ from ...isa import half
 from ...isa.compare import FLOAT_ONLY, INTEGER_ONLY, BoolOp, CmpOp, combine, compare_float, compare_int, select
 from ...isa.rounding import F32, flush_subnormal
 from ..ir import PredPair
-from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, arity
+from .common import FLOAT_TYPES, HALF_TYPES, Exec, Form, Simple, arity, simple
 from .half import fmt_of
 
 _BITS = {16: "b16", 32: "b32", 64: "b64"}
@@ -91,7 +93,23 @@ def setp(opcode: str, form: Form) -> Exec:
         lanes.write(p_reg, combine(t[0], bool_op, c), "pred")
         if isinstance(dest, PredPair):
             lanes.write(dest.q, combine(~t[0], bool_op, c), "pred")
+    if bool_op is None and not x2 and stype not in HALF_TYPES and not ftz:  # p = cmp(a, b), operands as read
+        return _PlainSetp(form, partial(cmp_fn, cmp), ((1, stype), (2, stype)), "pred", 3, setp)
     return setp
+
+
+@dataclass(frozen=True, eq=False)
+class _PlainSetp(Simple):
+    """setp without a Boolean operation on integer, f32 or f64 operands: a Simple when it writes
+    one predicate; `general` (the executor of every setp) writes p|q."""
+
+    general: Callable
+
+    def __call__(self, lanes, ops: tuple) -> None:
+        self.general(lanes, ops)
+
+    def spec(self, ops: tuple) -> Simple | None:
+        return None if ops and isinstance(ops[0], PredPair) else super().spec(ops)
 
 
 _TRUE_BITS = {"u32": 0xFFFFFFFF, "s32": 0xFFFFFFFF, "f32": 0x3F800000, "u16": 0xFFFF, "s16": 0xFFFF,
@@ -133,12 +151,7 @@ def selp(opcode: str, form: Form) -> Exec:
     if ptype not in _WIDTH or ptype in ("f16", "bf16"):
         raise form.unsupported(f"type .{ptype}")
     reg = _BITS[_WIDTH[ptype]]  # the selected bits are copied unchanged
-
-    def selp(lanes, ops):
-        arity(form, ops, 4)
-        lanes.write(ops[0], select(lanes.read(ops[3], "pred"), lanes.read(ops[1], reg),
-                                   lanes.read(ops[2], reg)), reg)
-    return selp
+    return simple(form, select, ("pred", reg, reg), reg, order=(3, 1, 2))
 
 
 def slct(opcode: str, form: Form) -> Exec:

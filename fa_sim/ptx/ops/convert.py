@@ -15,7 +15,7 @@ import numpy as np
 from ...isa import convert, half
 from ...isa.rounding import BF16, F16, F32, F64, TF32, Rnd
 from ..types import DTYPES
-from .common import INT_ROUNDING, INT_TYPES, ROUNDING, Exec, Form, arity
+from .common import INT_ROUNDING, INT_TYPES, ROUNDING, Exec, Form, simple
 
 _FORMATS = {"f16": F16, "bf16": BF16, "f32": F32, "f64": F64, "tf32": TF32}
 _SCALAR_INTS = INT_TYPES - {"u16x2", "s16x2"}
@@ -48,12 +48,7 @@ def cvt(opcode: str, form: Form) -> Exec:
     if "ftz" in flags and F32 not in (_FORMATS.get(dtype), _FORMATS.get(atype)):
         raise form.unsupported(".ftz applies when one of the types is .f32")
     fn = _semantics(form, dtype, atype, frnd, irnd, flags)
-    src, dst = _register_type(atype), _register_type(dtype)
-
-    def cvt(lanes, ops):
-        arity(form, ops, 2)
-        lanes.write(ops[0], fn(lanes.read(ops[1], src)), dst)
-    return cvt
+    return simple(form, fn, (_register_type(atype),), _register_type(dtype))
 
 
 def _semantics(form: Form, dtype: str, atype: str, frnd: list, irnd: list, flags: set):
@@ -110,8 +105,7 @@ def _pack_x2(form: Form, dtype: str, atype: str, frnd: list, flags: set) -> Exec
         out = convert.encode(v, dfmt)
         return out.view(np.uint16) if dfmt is F16 else out
 
-    def cvt_x2(lanes, ops):
-        arity(form, ops, 3)
-        hi, lo = bits16(lanes.read(ops[1], "f32")), bits16(lanes.read(ops[2], "f32"))
-        lanes.write(ops[0], half.pack_x2(lo, hi), "b32")
-    return cvt_x2
+    def cvt_x2(a, b):
+        hi, lo = bits16(a), bits16(b)
+        return half.pack_x2(lo, hi)
+    return simple(form, cvt_x2, ("f32", "f32"), "b32")

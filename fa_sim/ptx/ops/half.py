@@ -13,25 +13,19 @@ import numpy as np
 
 from ...isa import half
 from ...isa.rounding import BF16, F16
-from .common import Exec, Form, arity
+from .common import Exec, Form, simple
 
 
 def lanewise(form: Form, ptype: str, fn, n_inputs: int) -> Exec:
     """d = fn(inputs...) on 16-bit patterns, both halves of x2 registers in one call."""
-    x2 = ptype.endswith("x2")
-    reg = "b32" if x2 else "b16"
+    if not ptype.endswith("x2"):
+        return simple(form, fn, ("b16",) * n_inputs, "b16")
 
-    def ex(lanes, ops):
-        arity(form, ops, n_inputs + 1)
-        args = [lanes.read(op, reg) for op in ops[1:]]
-        if not x2:
-            lanes.write(ops[0], fn(*args), reg)
-            return
+    def pairs(*args):
         r = fn(*(np.concatenate(half.unpack_x2(a)) for a in args))
         n = r.shape[0] // 2
-        lanes.write(ops[0], half.pack_x2(r[:n], r[n:]), reg)
-
-    return ex
+        return half.pack_x2(r[:n], r[n:])
+    return simple(form, pairs, ("b32",) * n_inputs, "b32")
 
 
 def fmt_of(ptype: str):

@@ -13,10 +13,16 @@ from functools import partial
 
 from ...isa import bits, integer
 from ...isa.integer import MulMode
-from .common import Exec, Form, arity, binary, read_u32, ternary, unary
+from .common import U32_OR_IMM, Exec, Form, arity, binary, simple, ternary, unary
 
 _SIMD = {"u16x2": False, "s16x2": True}
 _ARITH = frozenset({"u16", "u32", "u64", "s16", "s32", "s64"})  # #integer-arithmetic-instructions
+
+
+def _late(name: str):
+    """fa_sim.isa.bits.<name>, looked up when the instruction runs (as these handlers always did:
+    the ALU replay test substitutes a wrong semantics to show that the replay catches it)."""
+    return lambda *args: getattr(bits, name)(*args)
 
 
 def _wide(ptype: str) -> str:
@@ -127,32 +133,17 @@ def bit_fields(opcode: str, form: Form) -> Exec:
     if opcode == "bfe":
         if ptype not in ("u32", "u64", "s32", "s64"):
             raise form.unsupported(f"type .{ptype} (expects .u32 .u64 .s32 .s64)")
-
-        def bfe(lanes, ops):
-            arity(form, ops, 4)
-            lanes.write(ops[0], bits.bfe(lanes.read(ops[1], ptype), read_u32(lanes, ops[2]),
-                                         read_u32(lanes, ops[3])), ptype)
-        return bfe
+        return simple(form, _late("bfe"), (ptype, U32_OR_IMM, U32_OR_IMM), ptype)
     if ptype not in ("b32", "b64"):
         raise form.unsupported(f"type .{ptype} (expects .b32 .b64)")
-
-    def bfi(lanes, ops):
-        arity(form, ops, 5)
-        lanes.write(ops[0], bits.bfi(lanes.read(ops[1], ptype), lanes.read(ops[2], ptype),
-                                     read_u32(lanes, ops[3]), read_u32(lanes, ops[4])), ptype)
-    return bfi
+    return simple(form, _late("bfi"), (ptype, ptype, U32_OR_IMM, U32_OR_IMM), ptype)
 
 
 def fns(opcode: str, form: Form) -> Exec:
     form.check_flags(())
     if form.type() != "b32":
         raise form.unsupported("expects .b32")
-
-    def fns(lanes, ops):
-        arity(form, ops, 4)
-        lanes.write(ops[0], bits.fns(lanes.read(ops[1], "b32"), lanes.read(ops[2], "u32"),
-                                     lanes.read(ops[3], "s32")), "b32")
-    return fns
+    return simple(form, _late("fns"), ("b32", "u32", "s32"), "b32")
 
 
 def masks(opcode: str, form: Form) -> Exec:

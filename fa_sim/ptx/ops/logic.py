@@ -10,7 +10,7 @@ import operator
 from functools import partial
 
 from ...isa import bits
-from .common import Exec, Form, arity, binary, immediate, read_u32, unary
+from .common import U32_OR_IMM, Exec, Form, arity, binary, immediate, simple, unary
 
 _LOGIC_TYPES = ("pred", "b16", "b32", "b64")
 
@@ -48,11 +48,7 @@ def shift(opcode: str, form: Form) -> Exec:
                      ("b16", "b32", "b64", "u16", "u32", "u64", "s16", "s32", "s64")):
         raise form.unsupported(f"type .{ptype} is not a {opcode} type")
     fn = bits.shl if opcode == "shl" else bits.shr
-
-    def shift(lanes, ops):
-        arity(form, ops, 3)
-        lanes.write(ops[0], fn(lanes.read(ops[1], ptype), read_u32(lanes, ops[2])), ptype)
-    return shift
+    return simple(form, fn, (ptype, U32_OR_IMM), ptype)
 
 
 def funnel(opcode: str, form: Form) -> Exec:
@@ -61,12 +57,7 @@ def funnel(opcode: str, form: Form) -> Exec:
     if form.type() != "b32" or len(flags & {"l", "r"}) != 1 or len(flags & {"clamp", "wrap"}) != 1:
         raise form.unsupported("expects shf.{l,r}.{clamp,wrap}.b32")
     fn = partial(bits.shf, left="l" in flags, clamp="clamp" in flags)
-
-    def shf(lanes, ops):
-        arity(form, ops, 4)
-        lanes.write(ops[0], fn(lanes.read(ops[1], "b32"), lanes.read(ops[2], "b32"),
-                               lanes.read(ops[3], "u32")), "b32")
-    return shf
+    return simple(form, fn, ("b32", "b32", "u32"), "b32")
 
 
 def prmt(opcode: str, form: Form) -> Exec:
@@ -77,9 +68,4 @@ def prmt(opcode: str, form: Form) -> Exec:
     if len(modes) > 1:
         raise form.unsupported("at most one mode")
     fn = partial(bits.prmt, mode=modes[0] if modes else None)
-
-    def prmt(lanes, ops):
-        arity(form, ops, 4)
-        lanes.write(ops[0], fn(lanes.read(ops[1], "b32"), lanes.read(ops[2], "b32"),
-                               lanes.read(ops[3], "b32")), "b32")
-    return prmt
+    return simple(form, fn, ("b32", "b32", "b32"), "b32")

@@ -13,7 +13,26 @@ import numpy as np
 
 from ..ir import Sink, Vec
 from ..types import DTYPES, bits
-from .common import Exec, Form, arity
+from .common import Exec, Form, Simple, arity
+
+
+class Mov(Simple):
+    """mov: the identity of one operand (a Simple the fused lane blocks inline), or a pack or
+    unpack when an operand is a vector."""
+
+    def __call__(self, lanes, ops: tuple) -> None:
+        arity(self.form, ops, 2)
+        d, a = ops
+        width = bits(self.out)
+        if isinstance(a, Vec):
+            lanes.write(d, _pack(self.form, lanes, a.items, width), f"b{width}")
+        elif isinstance(d, Vec):
+            _unpack(self.form, lanes, d.items, lanes.read(a, f"b{width}"), width)
+        else:
+            lanes.write(d, lanes.read(a, self.out), self.out)
+
+    def spec(self, ops: tuple) -> Simple | None:
+        return None if len(ops) != 2 or any(isinstance(x, Vec) for x in ops) else self
 
 
 def mov(opcode: str, form: Form) -> Exec:
@@ -23,18 +42,7 @@ def mov(opcode: str, form: Form) -> Exec:
         raise form.unsupported(".b128 registers are not supported")
     if ptype not in DTYPES:
         raise form.unsupported(f"type .{ptype} is not a register type")
-    width = bits(ptype)
-
-    def mov(lanes, ops):
-        arity(form, ops, 2)
-        d, a = ops
-        if isinstance(a, Vec):
-            lanes.write(d, _pack(form, lanes, a.items, width), f"b{width}")
-        elif isinstance(d, Vec):
-            _unpack(form, lanes, d.items, lanes.read(a, f"b{width}"), width)
-        else:
-            lanes.write(d, lanes.read(a, ptype), ptype)
-    return mov
+    return Mov(form, None, ((1, ptype),), ptype, 2)
 
 
 def _element_width(form: Form, n: int, width: int) -> int:

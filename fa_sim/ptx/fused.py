@@ -1,0 +1,314 @@
+"""Consecutive register-only instructions of a stretch as one generated Python function.
+
+A `LaneBlock` covers a run of unguarded lane-math instructions (fa_sim/ptx/blocks.py `Lane`) that
+the whole wave executes unobserved. It compiles once, with the kernel's stretches, into the source
+of one function - one line per instruction calling the executor's value function (the `Simple`
+executors of fa_sim/ptx/ops/common.py) on local arrays - and that source is `exec`uted once. So a
+block pays no per-instruction dispatch, and a value it computes lives in a local variable:
+
+- a register read that the block wrote earlier reads the local (viewed as the reader's type, or
+  converted as a register of its width would store and read it); other reads are the engine's
+  (a typed view of the register's row, bound once per wave, an immediate broadcast, or
+  Engine.read for special registers, variables and reads of another width);
+- a register's value reaches the register file only when an instruction outside the block names
+  the register (fa_sim/ptx/chains.py `register_uses`) or the block reads it before writing it (a
+  loop runs the block again): then its last write in the block is stored, at that instruction.
+  Registers only the block uses are never stored - nothing else reads them;
+- a register the block reads from the file and stores later is read as a copy, so no local
+  aliases a row the block overwrites.
+
+Instructions whose executor is not a `Simple` for their operands (setp, lop3, vector mov ...) run
+their executor on `_Env` lanes over the block's locals. The values are those of the instructions
+one by one: the same executors, in program order, on the same bits. With part of the wave, or an
+observer of instruction events, the block runs instruction by instruction (Engine.issue), as each
+`Lane` would. An error names its instruction (blocks.located).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..errors import KernelFault
+from .ir import Imm, Instruction, Kernel, PredPair, Reg, Sink, Sym, Vec
+from .ops import Unsupported
+from .ops.common import U32_OR_IMM
+from .regs import from_type, immediate, to_type
+from .types import DTYPES, bits
+
+if TYPE_CHECKING:
+    from .engine import Engine, Group
+
+RAW = None  # the tag of a local holding a register's stored bits (what _Env writes)
+
+
+def _as(value, dtype: np.dtype, n: int) -> np.ndarray:
+    """A result as [n] of the written type's dtype: what Engine.write stores, seen as that type."""
+    if value.__class__ is np.ndarray and value.dtype == dtype and value.shape == (n,):
+        return value
+    v = np.asarray(value).astype(dtype, copy=False)
+    return v if v.shape == (n,) else np.broadcast_to(v, (n,))
+
+
+def _convert(x: np.ndarray, tag: str | None, width: int, ptype: str) -> np.ndarray:
+    """A local (written as `tag`, or RAW bits) read as `ptype` from a register of `width` bits:
+    what storing it (from_type) and reading it back (to_type) give."""
+    raw = x if tag is RAW else from_type(x, tag, width)
+    return to_type(raw, width, ptype)
+
+
+def _same_bits(tag: str | None, width: int, ptype: str) -> bool:
+    """Whether reading a local as ptype is a view of it (no extension or truncation between)."""
+    have = width if tag is RAW else bits(tag)
+    return have == bits(ptype) and have <= width and (ptype == "pred") == (have == 1)
+
+
+def _written(op) -> tuple[Reg, ...]:
+    """The registers an instruction's destination operand (its first) writes."""
+    if isinstance(op, Reg):
+        return (op,)
+    if isinstance(op, Vec):
+        return tuple(x for x in op.items if isinstance(x, Reg))
+    if isinstance(op, PredPair):
+        return (op.p, op.q)
+    return ()
+
+
+def _sources(ops) -> list[Reg]:
+    """The registers an instruction's source operands (the others) name."""
+    return [x for op in ops[1:] for x in (op.items if isinstance(op, Vec) else (op,)) if isinstance(x, Reg)]
+
+
+def fusable(kernel: Kernel, ins: Instruction) -> bool:
+    """Whether a Lane instruction can join a block: it writes declared registers (or '_') and
+    reads declared or special ones."""
+    if not ins.operands or not isinstance(ins.operands[0], (Reg, Vec, PredPair, Sink)):
+        return False
+    written = _written(ins.operands[0])
+    if any(r.special or r.negate for r in written):
+        return False
+    names = [r.name for r in written] + [r.name for r in _sources(ins.operands) if not r.special]
+    return all(kernel.reg_type(name) is not None for name in names)
+
+
+class _Env:
+    """The Lanes protocol for an executor inside a block: reads see the block's locals, writes
+    become locals (stored bits) and reach the register file when `store` names the register."""
+
+    __slots__ = ("eng", "n", "locals", "copy", "store", "out")
+
+    def __init__(self, eng: Engine, n: int, local: dict, copy: frozenset, store: frozenset):
+        self.eng, self.n, self.locals, self.copy, self.store, self.out = eng, n, local, copy, store, {}
+
+    def read(self, op, ptype: str) -> np.ndarray:
+        if isinstance(op, Reg) and op.name in self.locals:
+            x, tag, width = self.locals[op.name]
+            v = _convert(x, tag, width, ptype)
+            return ~v if op.negate else v
+        v = self.eng.read(op, ptype, None, self.n)
+        return v.copy() if isinstance(op, Reg) and op.name in self.copy else v
+
+    def write(self, op, value, ptype: str) -> None:
+        if isinstance(op, Sink):
+            return
+        if not isinstance(op, Reg) or op.special:
+            raise Unsupported(f"operand {op!r} is not a writable register")
+        if op.name in self.store:
+            self.eng.write(op, value, ptype, None, self.n)
+        width = self.eng.regs.slot(op.name)[1]
+        self.out[op.name] = from_type(np.broadcast_to(value, (self.n,)) if np.ndim(value) == 0 else value,
+                                      ptype, width)
+
+
+# A block compiles (once per kernel) on its third run in one wave: a prologue's or an epilogue's,
+# and a loop's in a wave of one or two rounds, run their instructions one by one and cost no compile
+# time, which keeps a small launch's first and later calls short.
+COMPILE_AT_RUN = 3
+
+
+@dataclass(frozen=True, eq=False)
+class Code:
+    """A block's generated function and what it binds per wave."""
+
+    run: Callable  # run(engine, bound values, n)
+    slots: tuple  # what each bound value is: ("read", operand, type) or ("store", register name, type)
+    source: str  # the generated function's text
+    stores: frozenset[str]  # the registers it stores into the register file
+
+    def bind(self, eng: Engine) -> tuple:
+        """The wave's arrays for the slots: typed views of register rows, broadcast immediates."""
+        out = []
+        for kind, op, ptype in self.slots:
+            if kind == "read":
+                out.append(eng.read(op, ptype, None, eng.n))
+            else:
+                raw = eng.regs.slot(op)[0]
+                out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
+        return tuple(out)
+
+
+class LaneBlock:
+    """Consecutive register-only instructions (their `Lane` steps) as one generated function
+    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave."""
+
+    __slots__ = ("lanes", "inss", "_compile", "code")
+
+    def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
+        self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
+        self.code: Code | None = None
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        if group.mask is not None or eng.observed:
+            for ins in self.inss:
+                eng.issue(ins, group)
+            return
+        bound = eng.bound.get(self, 0)  # the wave's arrays, or how often it ran the block so far
+        if bound.__class__ is int:
+            if self.code is None and bound + 1 < COMPILE_AT_RUN:
+                eng.bound[self] = bound + 1
+                for lane in self.lanes:
+                    lane(eng, group)
+                return
+            if self.code is None:
+                self.code = self._compile()
+            bound = eng.bound[self] = self.code.bind(eng)
+        self.code.run(eng, bound, eng.n)
+
+
+def lane_block(kernel: Kernel, lanes: tuple, uses: dict, locate: Callable) -> LaneBlock:
+    """A LaneBlock of consecutive fusable Lane steps (blocks.Lane: instruction and executor);
+    `locate(exc, ins)` gives an error of an instruction with its lines (blocks.located)."""
+    def compile_() -> Code:
+        gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses, locate)
+        for k, lane in enumerate(lanes):
+            gen.instruction(k, lane.ins, lane.ex)
+        return gen.code()
+    return LaneBlock(tuple(lanes), compile_)
+
+
+class _Generator:
+    """Writes a block's function: one line per source read, call and store."""
+
+    def __init__(self, kernel: Kernel, inss: tuple[Instruction, ...], uses: dict, locate: Callable):
+        self.kernel, self.inss, self.locate = kernel, inss, locate
+        lo, hi = inss[0].pc, inss[-1].pc + 1
+        self.lines: list[tuple[int, str]] = []  # (instruction, line of the body)
+        self.consts: dict = {}
+        self.slots: list = []
+        self.slot_of: dict = {}
+        self.local: dict[str, tuple[str, str | None]] = {}  # register -> (variable, tag)
+        last_write, first_read, first_write = {}, {}, {}
+        for k, ins in enumerate(inss):
+            for r in _sources(ins.operands):
+                first_read.setdefault(r.name, k)
+            for r in _written(ins.operands[0]):
+                first_write.setdefault(r.name, k)
+                last_write[r.name] = k
+        self.last_write = last_write
+        # stored: named outside the block, or read before the block writes it (the loop's next turn)
+        self.stored = {name for name in last_write
+                       if any(not lo <= pc < hi for pc in uses.get(name, ())) or first_read.get(name, len(inss)) <= first_write[name]}
+
+    def const(self, value, stem: str) -> str:
+        name = f"{stem}_{value.name}" if isinstance(value, np.dtype) else f"{stem}{len(self.consts)}"
+        self.consts[name] = value
+        return name
+
+    def emit(self, k: int, line: str) -> None:
+        self.lines.append((k, line))
+
+    def width(self, name: str) -> int:
+        return bits(self.kernel.reg_type(name))
+
+    def slot(self, kind: str, op, ptype: str) -> str:
+        key = (kind, op, ptype)
+        if key not in self.slot_of:
+            self.slot_of[key] = len(self.slots)
+            self.slots.append(key)
+        return f"V[{self.slot_of[key]}]"
+
+    def source(self, k: int, op, ptype: str) -> str:
+        """The expression of a source operand read as ptype by instruction k."""
+        if ptype == U32_OR_IMM:
+            if isinstance(op, Imm) and isinstance(op.value, int):
+                return self.const(np.uint32(op.value & 0xFFFFFFFF), "C")
+            ptype = "u32"
+        if isinstance(op, Reg) and op.name in self.local:
+            var, tag = self.local[op.name]
+            width = self.width(op.name)
+            if _same_bits(tag, width, ptype):
+                dt = DTYPES[ptype]
+                have = DTYPES[tag] if tag is not RAW else None
+                v = var if have == dt else f"{var}.view({self.const(dt, 'D')})"
+                if tag is RAW and ptype == "pred":
+                    v = var
+            else:
+                v = f"CONVERT({var}, {tag!r}, {width}, {ptype!r})"
+            return f"~{v}" if op.negate else v
+        if isinstance(op, Imm):
+            immediate(op, ptype)  # raises here (the instruction stays a Lane) rather than when bound
+            return self.slot("read", op, ptype)
+        if isinstance(op, Reg) and not op.special and not op.negate and \
+                _same_bits(self.kernel.reg_type(op.name), self.width(op.name), ptype):
+            v = self.slot("read", op, ptype)
+            later = self.last_write.get(op.name, -1) > k and op.name in self.stored
+            return f"{v}.copy()" if later else v
+        return f"E.read({self.const(op, 'O')}, {ptype!r}, None, n)"
+
+    def instruction(self, k: int, ins: Instruction, ex) -> None:
+        ops = ins.operands
+        spec = getattr(ex, "spec", lambda ops: None)(ops)
+        dest = ops[0]
+        if spec is None or not isinstance(dest, (Reg, Sink)) or \
+                any(not isinstance(ops[i], (Reg, Imm, Sym)) for i, _ in spec.sources):
+            self.generic(k, ins, ex)
+            return
+        args = [self.source(k, ops[i], t) for i, t in spec.sources]
+        if spec.fn is None:
+            value = args[0]
+        else:
+            value = f"AS({self.const(spec.fn, 'F')}({', '.join(args)}), {self.const(DTYPES[spec.out], 'D')}, n)"
+        if isinstance(dest, Sink):
+            self.emit(k, value)
+            return
+        var = f"L{len(self.lines)}"
+        self.emit(k, f"{var} = {value}")
+        self.local[dest.name] = (var, spec.out)
+        if dest.name in self.stored and self.last_write[dest.name] == k:
+            width = self.width(dest.name)
+            if bits(spec.out) == width and (spec.out == "pred") == (width == 1):
+                self.emit(k, f"copyto({self.slot('store', dest.name, spec.out)}, {var}, casting='unsafe')")
+            else:
+                self.emit(k, f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
+
+    def generic(self, k: int, ins: Instruction, ex) -> None:
+        """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
+        reads = {r.name for r in _sources(ins.operands)}
+        names = reads & set(self.local)
+        local = ", ".join(f"{n!r}: ({self.local[n][0]}, {self.local[n][1]!r}, {self.width(n)})" for n in sorted(names))
+        copy = frozenset(n for n in reads - names if self.last_write.get(n, -1) > k and n in self.stored)
+        store = frozenset(r.name for r in _written(ins.operands[0])
+                          if r.name in self.stored and self.last_write[r.name] == k)
+        env = f"ENV(E, n, {{{local}}}, {self.const(copy, 'S')}, {self.const(store, 'S')})"
+        self.emit(k, f"e = {env}")
+        self.emit(k, f"{self.const(ex, 'X')}(e, {self.const(ins.operands, 'O')})")
+        for r in _written(ins.operands[0]):
+            var = f"L{len(self.lines)}"
+            self.emit(k, f"{var} = e.out[{r.name!r}]")
+            self.local[r.name] = (var, RAW)
+
+    def code(self) -> Code:
+        """The function: the body in a try whose handler names the instruction of the failing line."""
+        body = "\n".join(f"        {line}" for _, line in self.lines)
+        text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
+                f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")
+        scope = {"copyto": np.copyto, "AS": _as, "CONVERT": _convert, "ENV": _Env, "INSS": self.inss,
+                 "OF_LINE": tuple(k for k, _ in self.lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
+                 "located": self.locate, **self.consts}
+        exec(compile(text, f"<PTX lane block, pcs {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
+        return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))
+
+
+__all__ = ["COMPILE_AT_RUN", "Code", "LaneBlock", "fusable", "lane_block"]
