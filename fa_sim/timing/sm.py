@@ -5,8 +5,8 @@ The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
   SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
   keeps issuing while it can, unless that instruction carries ptxas's yield hint (its control
-  bit 109 clear: maxas's decoder prints `Y` then; ptxas sets it after about one instruction in
-  seven here, and on every stall count above 11), else the oldest eligible warp. Measured on the H200
+  bit 109 clear: maxas's decoder prints `Y` then; ptxas sets it on one instruction in six or
+  seven of the kernel's round, and on its stall counts above 11), else the oldest eligible warp. Measured on the H200
   (fa_sim.calibrate.timing_microbench's POLICY probes, tests/test_timing_model.py): warps that can
   each issue every cycle run one at a time (the first of k finishes after one warp's block, the
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
