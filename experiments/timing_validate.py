@@ -3,13 +3,15 @@
     python experiments/timing_validate.py                 # report with the shipped H200 parameters
     python experiments/timing_validate.py --fit           # refit on the fitting half, then report
     python experiments/timing_validate.py --limit 20      # a quick look at every 20th case
+    python experiments/timing_validate.py --fit-clock     # refit only the clock and overhead, then report
 
 The measured cases are tests/data/h200/timing_cases.json (experiments/timing_measure.py on the
 H200: medians of CUDA-event times, three batches each). Each case belongs to the 'fit' or the
 'validate' half by a hash of its key. --fit searches the SM parameters named in FITTED (coordinate
 search over 0.6x and 1.5x of each value) on every --fit-step-th fitting case, then the effective clock
 and launch overhead by least squares of relative error on all fitting cases; parameters are
-printed for fa_sim/timing/gpus.py. The report: MAPE and Spearman rank correlation on each half,
+printed for fa_sim/timing/gpus.py (--fit-clock: only this last least-squares step, on the whole
+fitting half). The report: MAPE and Spearman rank correlation on each half,
 the sign of each option's speedup (the option against its base config on the same shape), the
 worst cases, and the scatter plot experiments/figures/timing_h200.png.
 """
@@ -45,6 +47,7 @@ class Measured:
     causal: bool
     kernel: str
     ms: float
+    batch_ms: tuple = ()  # the medians of the three timed batches (the run's spread)
 
     def problem(self) -> Problem:
         b, h, nq, nk, _ = self.shape
@@ -53,7 +56,8 @@ class Measured:
 
 def load(path: Path = DATA) -> list[Measured]:
     rows = json.loads(path.read_text())["cases"]
-    return [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], r["kernel_ms"])
+    return [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], r["kernel_ms"],
+                     tuple(r.get("batch_ms", ())))
             for r in rows]
 
 
@@ -105,6 +109,12 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
                 if err < best:
                     best, gpu = err, g
                     log(f"  {name} = {trial}: MAPE {best:.2%}")
+    return fit_clock(cases, gpu)
+
+
+def fit_clock(cases: list[Measured], gpu: GpuModel) -> GpuModel:
+    """The effective clock and the launch overhead by least squares on the whole fitting half."""
+    fit_cases = [c for c in cases if c.half == "fit"]
     cyc = np.array([cycles(c, gpu) for c in fit_cases])
     clock, launch = clock_fit(cyc, np.array([c.ms for c in fit_cases]))
     return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3))
@@ -115,8 +125,32 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def option_signs(cases: list[Measured], pred: dict) -> list[tuple[str, float, float]]:
-    """(option case, measured speedup, predicted speedup) against its base on the same shape."""
+@dataclass(frozen=True)
+class Sign:
+    """One option against its base config on the same shape: speedups (base time / option time - 1)."""
+
+    key: str
+    measured: float
+    predicted: float
+    low: float  # the measured speedup's range over the batches: slowest base batch / fastest option batch - 1
+    high: float
+
+    @property
+    def in_noise(self) -> bool:
+        """The batches' range of the measured speedup holds 0: the run cannot tell its sign."""
+        return self.low <= 0 <= self.high
+
+    @property
+    def right(self) -> bool:
+        """Same sign; a prediction of exactly 0 (the option compiles to the base's cubin) is right
+        where the measured range holds 0."""
+        if self.predicted == 0:
+            return self.in_noise
+        return (self.measured > 0) == (self.predicted > 0)
+
+
+def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
+    """Each option case against its base on the same shape."""
     by_shape = {(c.tag, c.shape, c.causal, c.kernel): c for c in cases}
     out = []
     for c in cases:
@@ -127,7 +161,9 @@ def option_signs(cases: list[Measured], pred: dict) -> list[tuple[str, float, fl
         base = by_shape.get((plain, c.shape, c.causal, ""))
         if base is None or base.key == c.key or (base_tag == plain and not c.kernel):
             continue
-        out.append((c.key, base.ms / c.ms - 1, pred[base.key] / pred[c.key] - 1))
+        b, o = base.batch_ms or (base.ms,), c.batch_ms or (c.ms,)
+        out.append(Sign(c.key, base.ms / c.ms - 1, pred[base.key] / pred[c.key] - 1, min(b) / max(o) - 1,
+                        max(b) / min(o) - 1))
     return out
 
 
@@ -140,12 +176,19 @@ def report(cases: list[Measured], pred: dict, out: Path) -> str:
         i = int(np.argmax(err))
         lines.append(f"| {half} | {len(sel)} | {err.mean():.1%} | {spearman(m, p):.3f} | {sel[i].key} {p[i] / m[i] - 1:+.0%} |")
     signs = option_signs(cases, pred)
-    right = sum((a > 0) == (b > 0) for _, a, b in signs)
-    lines += ["", f"option speedup signs predicted right: {right} of {len(signs)}"]
+    lines += ["", f"option speedup signs predicted right: {sum(g.right for g in signs)} of {len(signs)}"]
     for least in (0.02, 0.05):
-        big = [(a > 0) == (b > 0) for _, a, b in signs if abs(a) >= least]
+        big = [g.right for g in signs if abs(g.measured) >= least]
         lines.append(f"  of the {len(big)} whose measured effect is at least {least:.0%}: {sum(big)} right")
-    lines += [f"  {k}: measured {a:+.1%}, predicted {b:+.1%}" for k, a, b in signs if (a > 0) != (b > 0)]
+    noise = [g for g in signs if g.in_noise]
+    lines.append(f"  {len(noise)} measured effects lie inside their batches' range (it holds 0), "
+                 f"{sum(g.right for g in noise)} of them signed right")
+    lines += ["", "the wrong ones (measured, [range over the batches], predicted):"]
+    lines += [f"  {g.key}: measured {g.measured:+.1%} [{g.low:+.1%}, {g.high:+.1%}]"
+              f"{' inside noise' if g.in_noise else ''}, predicted {g.predicted:+.1%}" for g in signs if not g.right]
+    lines += ["", "| option case | measured | range over the batches | predicted | sign |", "|---|---|---|---|---|"]
+    lines += [f"| {g.key} | {g.measured:+.1%} | [{g.low:+.1%}, {g.high:+.1%}]{' (noise)' if g.in_noise else ''} | "
+              f"{g.predicted:+.1%} | {'right' if g.right else 'WRONG'} |" for g in signs]
     _scatter(cases, pred, out)
     return "\n".join(lines)
 
@@ -172,6 +215,7 @@ def _scatter(cases, pred, out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--fit-clock", action="store_true", help="refit only the clock and launch overhead on the fitting half")
     ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
@@ -183,6 +227,9 @@ def main(argv=None) -> int:
     if args.fit:
         gpu = fit(cases, gpu, args.fit_step, log=lambda m: print(m, flush=True))
         print(f"fitted: {gpu}")
+    elif args.fit_clock:
+        gpu = fit_clock(cases, gpu)
+        print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}")
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
     print(report(cases, pred, args.out))
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")

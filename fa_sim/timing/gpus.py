@@ -58,8 +58,8 @@ class GpuModel:
 
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
-H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.8165,
-                launch_us=10.72)
+H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.7343,
+                launch_us=9.14)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.

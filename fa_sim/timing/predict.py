@@ -10,8 +10,9 @@ How (what `fa time --help` says too):
    (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm), with j identical CTAs resident (j = 1, the
-   occupancy, and half of it from 4 on; linear in between), started a j-th of a round apart (a
-   running grid's CTAs are at spread-out points of their rounds): the cycles of a steady round
+   occupancy, and half of it from 4 on; linear in between), started about a j-th of a round apart
+   (a running grid's CTAs are at spread-out points of their rounds; averaged over PHASES offsets,
+   as the CTAs' relative phases in a running grid are spread too): the cycles of a steady round
    c_j and the fixed cost o_j of a CTA when j share the SM; the first wave's fixed cost from j
    CTAs started together; a masked round's time over a plain one's. This is the
    representative-CTA approximation: CTAs are not all timed.
@@ -43,7 +44,8 @@ from .stream import KernelStream, sass_locations
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
 TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
-TIMELINE_ROUNDS = 4  # K/V rounds of the CTAs of `issue_timeline`
+TIMELINE_ROUNDS = 4
+PHASES = 3  # relative phases of the co-resident CTAs over which a steady round is averaged  # K/V rounds of the CTAs of `issue_timeline`
 
 
 @dataclass(frozen=True)
@@ -124,29 +126,39 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     an SM's CTAs started whenever a slot freed, so they are at spread-out points of their rounds,
     not in lockstep (lockstep CTAs all want the shared-memory pipe, then all the tensor pipe, at
     once). c_j is the mean time of a steady round (from round 1 to the first round that prefetches
-    nothing), o_j the rest of a CTA's start-to-end time."""
+    nothing), o_j the rest of a CTA's start-to-end time; both are means over PHASES relative phases
+    of the CTAs (one fixed offset locks a deterministic model into one phase relation, which alone
+    moved c_j by up to 10 %)."""
     short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run = {}, None
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
-        c, run = _steady(model, gpu, j, 0, account and j == k)
+        c, life, run = _steady(model, gpu, j, 0, account and j == k)
         together = run_sm([short] * j, model.config.n_warps, gpu, account=False)
-        timed[j] = (c, max(0.0, _life(run) - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
+        timed[j] = (c, max(0.0, life - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
     masked = _steady(model, gpu, k, STEADY_RUN, False)[0] / timed[k][0] - 1
     return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run)
 
 
-def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, SmRun]:
-    """Cycles of a steady round with j CTAs resident, staggered (`masked`: rounds masked), and the run."""
+def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, float, SmRun]:
+    """Cycles of a steady round and a CTA's start-to-end time with j CTAs resident, staggered
+    (`masked`: rounds masked), each the mean over PHASES relative phases of the co-resident CTAs,
+    and the run of the middle phase (accounted if `account`)."""
     stream = model.cta_stream(STEADY_RUN, gpu, masked)
     starts = model.round_starts(STEADY_RUN, masked)
     first, last = 1, STEADY_RUN - model.config.kv_stages
     per_round = (starts[last] - starts[first]) / (last - first)
-    stagger = [round(i * per_round / j) for i in range(1, j)]
-    run = run_sm([stream] * j, model.config.n_warps, gpu, account=account, stagger=stagger,
-                 marks=(starts[first], starts[last]))
-    return float(np.mean([b - a for a, b in run.marked])) / (last - first), run
+    rounds, lives, middle = [], [], None
+    for p in range(PHASES if j > 1 else 1):
+        shift = (p + 0.5) / PHASES - 0.5  # CTA i starts (i + shift) / j of a round after the first
+        stagger = [round((i + shift) * per_round / j) for i in range(1, j)]
+        run = run_sm([stream] * j, model.config.n_warps, gpu, account=account and 2 * p + 1 == PHASES,
+                     stagger=stagger, marks=(starts[first], starts[last]))
+        rounds.append(float(np.mean([b - a for a, b in run.marked])) / (last - first))
+        lives.append(_life(run))
+        middle = run if 2 * p + 1 == PHASES or middle is None else middle
+    return float(np.mean(rounds)), float(np.mean(lives)), middle
 
 
 def _life(run: SmRun) -> float:

@@ -69,6 +69,7 @@ class Step:
     name: str  # opcode, for reports
     slot: int  # the pipe whose occupancy it takes (the heavy fma half takes the fma pipe)
     is_mio: bool
+    switch: bool = False  # a yield hint: the scheduler does not keep to this warp after it (fa_sim.timing.sm)
 
 
 def smem_class(opcode: str) -> str | None:
@@ -99,4 +100,5 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
                 int(m.group(1), 0) if m else 0, 32 * width if sync is Sync.GLOBAL_COPY else 0, base,
-                int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO)
+                int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO,
+                not control.yield_hint)  # the hint is the bit's clear state (maxas: `$yield ? '-' : 'Y'`)

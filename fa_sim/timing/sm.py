@@ -4,7 +4,9 @@ control bits.
 The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
   SMSP issues at most one instruction per cycle, greedy-then-oldest: the warp that issued last
-  keeps issuing while it can, else the oldest eligible warp. Measured on the H200
+  keeps issuing while it can, unless that instruction carries ptxas's yield hint (its control
+  bit 109 clear: maxas's decoder prints `Y` then; ptxas sets it on one instruction in six or
+  seven of the kernel's round, and on its stall counts above 11), else the oldest eligible warp. Measured on the H200
   (fa_sim.calibrate.timing_microbench's POLICY probes, tests/test_timing_model.py): warps that can
   each issue every cycle run one at a time (the first of k finishes after one warp's block, the
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
@@ -151,7 +153,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                     live += n_warps
                 issued += 1
                 any_issue = True
-                last[s] = pick
+                last[s] = None if pick.stream[pick.pc - 1].switch else pick  # a yield: no greedy claim
                 if pick.pc >= len(pick.stream):
                     live -= 1
                     last[s] = None
