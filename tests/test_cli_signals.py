@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from interrupt import sigint_default  # tests/interrupt.py
 
 from fa_sim.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from fa_sim.commands.outputs import TMP_PREFIX
@@ -76,7 +77,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_files(tmp_path):
     archive, perfetto = tmp_path / "archive", tmp_path / "trace.json"
     proc = subprocess.Popen([*FA, "trace", "--seqlen", "16384", "--heads", "8", "--save", str(archive),
                              "--perfetto", str(perfetto)], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_default)
     deadline = time.monotonic() + 120
     while _cpu_seconds(proc.pid) < 2.0 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

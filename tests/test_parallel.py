@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from interrupt import sigint_default  # tests/interrupt.py
 
 import fa_sim
 from fa_sim.config import KernelConfig
@@ -183,7 +184,7 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     proc = subprocess.Popen([sys.executable, "-m", "fa_sim.cli", "sim", "--seqlen", "8192", "--heads", "4",
                              "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 120
     while proc.poll() is None and len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)  # the two workers

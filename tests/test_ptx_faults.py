@@ -20,6 +20,7 @@ from fa_sim.errors import KernelFault  # noqa: E402
 from fa_sim.memory import GUARD, GlobalMemory  # noqa: E402
 from fa_sim.ptx import budget, launch  # noqa: E402
 from fa_sim.contract import SEED_PATH  # noqa: E402
+from interrupt import sigint_default  # noqa: E402  tests/interrupt.py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,7 +170,8 @@ def test_a_long_spin_reports_progress_and_stops_on_ctrl_c(tmp_path):
     code = (f"import numpy as np, fa_sim.ptx as P, fa_sim.ptx.budget as B\n"
             f"B.PROGRESS_SECONDS = B.PROGRESS_EVERY = 0.2\n"
             f"P.launch({SPIN!r}, grid=1, block=32, args=[np.zeros(32, np.int32), np.int32(1)], max_steps=10**15)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stderr=subprocess.PIPE,
+                            preexec_fn=sigint_default)
     err = _interrupt_after(proc, b"still running")
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err
     assert b"fa_sim.ptx: CTA 0 still running after 0 s: " in err or b"fa_sim.ptx: CTA 0 still running after 1 s" in err
@@ -181,7 +183,8 @@ def test_fa_sim_on_a_spinning_kernel_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import fa_sim.ptx.budget as B, sys\n"
                              "B.PROGRESS_SECONDS = 0.2\nfrom fa_sim.cli import main\nsys.exit(main())",
                              "sim", "--kernel", str(path), "--seqlen", "64"], cwd=ROOT,
-                            env=_env(**{budget.ENV: str(10**15)}), stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+                            env=_env(**{budget.ENV: str(10**15)}), stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            preexec_fn=sigint_default)
     err = _interrupt_after(proc, b"still running").decode()
     assert proc.returncode == 130, err
     assert err.splitlines()[-1] == "fa sim: interrupted" and "Traceback" not in err
