@@ -82,18 +82,18 @@ def check_scoreboards(program) -> list[str]:
 
 
 def test_decode_fields():
-    # S2R R0, SR_TID.X in the seed kernel: stall 7, yield, result on scoreboard 1
+    # S2R R0, SR_TID.X in the seed kernel: stall 7, yield bit set (no hint), result on scoreboard 1
     c = Control.decode(0x000E6E0000002100)
-    assert (c.stall, c.yield_hint, c.write_barrier, c.read_barrier, c.wait_mask, c.reuse) == (7, True, 1, None, 0, 0)
-    assert str(c) == "[B------:R-:W1:Y:S07]"
+    assert (c.stall, c.yield_hint, c.write_barrier, c.read_barrier, c.wait_mask, c.reuse) == (7, False, 1, None, 0, 0)
+    assert str(c) == "[B------:R-:W1:-:S07]"
     # every field at its extreme, set alone: bits 105-108, 109, 110-112, 113-115, 116-121, 122-125
     assert Control.decode(0xF << 41).stall == 15
-    assert Control.decode(1 << 45).yield_hint
+    assert not Control.decode(1 << 45).yield_hint and Control.decode(0).yield_hint  # the hint is the clear bit
     assert Control.decode(5 << 46).write_barrier == 5
     assert Control.decode(4 << 49).read_barrier == 4
     assert Control.decode(0x3F << 52).waits_on == (0, 1, 2, 3, 4, 5)
     assert Control.decode(0xF << 58).reuse == 0xF
-    assert str(Control.decode((0x7 << 46) | (0x7 << 49) | (0b100101 << 52))) == "[B0-2--5:R-:W-:-:S00]"
+    assert str(Control.decode((0x7 << 46) | (0x7 << 49) | (0b100101 << 52))) == "[B0-2--5:R-:W-:Y:S00]"  # bit 109 clear: Y
 
 
 def test_parse_refuses_a_listing_without_encodings():

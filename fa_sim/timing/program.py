@@ -101,4 +101,4 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
                 int(m.group(1), 0) if m else 0, 32 * width if sync is Sync.GLOBAL_COPY else 0, base,
                 int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO,
-                not control.yield_hint)  # the hint is the bit's clear state (maxas: `$yield ? '-' : 'Y'`)
+                control.yield_hint)

@@ -8,7 +8,8 @@ Architecture via Microbenchmarking", arXiv:1804.06826, section 2.1; the same lay
 Ampere and Hopper, as CuAssembler and the sm_80/sm_90 cubins this module reads show):
 
     bits 105-108  stall      cycles the scheduler waits before issuing this warp's next instruction
-    bit  109      yield      the yield hint (printed `Y` when set, as CuAssembler does)
+    bit  109      yield      clear = the yield hint: the scheduler need not keep to this warp next
+                             (maxas and CuAssembler print `Y` when the bit is clear, `-` when set)
     bits 110-112  write SB   scoreboard (0-5) released when this instruction's result is written;
                              7 = none (fixed-latency results are covered by the stall count)
     bits 113-115  read SB    scoreboard (0-5) released once the source registers have been read
@@ -51,7 +52,7 @@ class Control:
     """The scheduling fields of one instruction (see the module docstring)."""
 
     stall: int  # 0..15 cycles
-    yield_hint: bool
+    yield_hint: bool  # bit 109 clear
     write_barrier: int | None  # 0..5, or None
     read_barrier: int | None  # 0..5, or None
     wait_mask: int  # 6 bits: bit b = waits on scoreboard b
@@ -62,7 +63,7 @@ class Control:
         """Fields from the upper 64-bit word of the instruction."""
         c = (int(high) >> _CONTROL_SHIFT) & ((1 << 21) - 1)
         wb, rb = (c >> 5) & 7, (c >> 8) & 7
-        return cls(stall=c & 0xF, yield_hint=bool((c >> 4) & 1),
+        return cls(stall=c & 0xF, yield_hint=not (c >> 4) & 1,
                    write_barrier=None if wb == NO_BARRIER else wb, read_barrier=None if rb == NO_BARRIER else rb,
                    wait_mask=(c >> 11) & 0x3F, reuse=(c >> 17) & 0xF)
 
