@@ -1,6 +1,6 @@
 """Suite-wide pytest hooks: the NVRTC work of tests marked `nvrtc_ahead(kind, build_of)` starts
-on the spare cores when the session starts (tests/nvrtc_ahead.py), so that a cold cache costs
-the suite's wall time once, beside the tests that need no compiler.
+on the spare cores when the session starts (tests/nvrtc_ahead.py), so that filling a cold cache
+overlaps the tests that need no compiler instead of adding to them.
 
 `build_of` maps the test's parameters (by name) to the KernelBuild it compiles; `kind` is
 nvrtc_ahead.Kind.CUBIN or .PTX. The marker changes no test: each still compiles its own build
