@@ -29,6 +29,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.contract import KERNEL_NAME, SEED_PATH, KernelBuild
 from fa_sim.contract.cubin import CubinError
 from fa_sim.contract.sass import opcode_counts
+from nvrtc_ahead import Kind
 
 pytest.importorskip("cuda.core")
 
@@ -46,6 +47,7 @@ def _elf_sm(cubin: bytes) -> int:
     return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF  # ELF ABI v8 moved the SM byte
 
 
+@pytest.mark.nvrtc_ahead(Kind.CUBIN, lambda arch, cfg, causal: KernelBuild(cfg, causal, arch))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("cfg", FAMILY, ids=lambda c: c.tag)
 @pytest.mark.parametrize("arch", ARCHS)

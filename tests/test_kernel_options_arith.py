@@ -32,6 +32,7 @@ from fa_sim.crosscheck import CheckpointRecorder  # noqa: E402
 from fa_sim.observers.hazards import HazardChecker, format_hazards  # noqa: E402
 from fa_sim.problem import Problem  # noqa: E402
 from fa_sim.reference import attention  # noqa: E402
+from nvrtc_ahead import Kind  # noqa: E402
 
 NO_SPILL = ["m64n64d64w4-swizzled-ls", "m64n64d64w4-swizzled-e4", "m128n128d64w4-swizzled-s2-ls-e1",
             "m128n128d64w4-swizzled-s2-e2", "m128n128d32w4-swizzled-s2-ls-e1", "m128n32d128w4-swizzled-s2-ls-e1"]
@@ -50,6 +51,7 @@ def spec(cfg: KernelConfig) -> KernelConfig:
                    lazy_sum=False, poly_exp=0)
 
 
+@pytest.mark.nvrtc_ahead(Kind.CUBIN, lambda tag, arch, causal: KernelBuild(KernelConfig.from_tag(tag), causal, arch))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("tag", NO_SPILL)

@@ -40,6 +40,7 @@ from fa_sim.observers.hazards import HazardChecker, HazardKind, format_hazards  
 from fa_sim.problem import Problem  # noqa: E402
 from fa_sim.contract.nvrtc import nvrtc_version  # noqa: E402
 from fa_sim.reference import attention  # noqa: E402
+from nvrtc_ahead import Kind  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_sass_sha256.json").read_text())
 OPTIONS = ["m64n64d64w4-swizzled-s2", "m64n64d64w4-swizzled-s3", "m64n64d64w4-swizzled-qr", "m64n64d64w4-swizzled-hf",
@@ -70,6 +71,7 @@ def test_seed_sass_is_the_kernel_before_the_options(key):
     assert _text_sha(compile_build(build).cubin) == GOLDEN["sha256"][key]  # the cache key is source + NVRTC
 
 
+@pytest.mark.nvrtc_ahead(Kind.CUBIN, lambda tag, arch, causal: KernelBuild(KernelConfig.from_tag(tag), causal, arch))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("tag", OPTIONS + NO_SPILL + sorted(SPILLING))

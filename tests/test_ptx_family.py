@@ -28,6 +28,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.ptx.debuginfo import short_name
 from fa_sim.ptx.parser import parse
 from fa_sim.ptx.render import render
+from nvrtc_ahead import Kind
 
 pytest.importorskip("cuda.bindings")
 
@@ -89,6 +90,7 @@ def ptx_of():
     return kernel_ptx
 
 
+@pytest.mark.nvrtc_ahead(Kind.PTX, lambda build: build)
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
 def test_build_parses_completely(build, ptx_of):
     ptx = ptx_of(build)

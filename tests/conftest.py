@@ -1,0 +1,52 @@
+"""Suite-wide pytest hooks: the NVRTC work of tests marked `nvrtc_ahead(kind, build_of)` starts
+on the spare cores when the session starts (tests/nvrtc_ahead.py), so that filling a cold cache
+overlaps the tests that need no compiler instead of adding to them.
+
+`build_of` maps the test's parameters (by name) to the KernelBuild it compiles; `kind` is
+nvrtc_ahead.Kind.CUBIN or .PTX. The marker changes no test: each still compiles its own build
+through the cache and checks what it checked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import nvrtc_ahead
+
+_ahead = None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nvrtc_ahead(kind, build_of): the test compiles build_of(**params) "
+                                       "through the cache; the suite compiles it ahead on a spare core")
+
+
+def _key(item):
+    """(kind, KernelBuild) of a test marked nvrtc_ahead, else None."""
+    marker = item.get_closest_marker("nvrtc_ahead")
+    if marker is None or not hasattr(item, "callspec"):
+        return None
+    kind, build_of = marker.args
+    return kind, build_of(**item.callspec.params)
+
+
+@pytest.hookimpl(trylast=True)  # after any deselection: the items that will run, in their order
+def pytest_collection_modifyitems(session, config, items):
+    global _ahead
+    if config.option.collectonly:
+        return
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401 - without the hw extra these tests skip
+    except ImportError:
+        return
+    _ahead = nvrtc_ahead.start([key for item in items if (key := _key(item)) is not None])
+
+
+def pytest_runtest_setup(item):
+    if _ahead is not None and (key := _key(item)) is not None:
+        _ahead.claim(key)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _ahead is not None:
+        _ahead.stop()
