@@ -24,6 +24,7 @@ import numpy as np
 
 from ..config import SoftmaxForm
 from ..isa.fp32 import ex2_approx_ftz, fma_rn, scale_log2
+from ..isa import shfl as isa_shfl
 from ..machine import Machine
 from .sites import Sites, Step
 
@@ -73,13 +74,12 @@ def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
 def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.ndarray:
     """Allreduce<4>: x = op(x, shfl_xor(x, 2)); x = op(x, shfl_xor(x, 1)) (spec table 7). When no
     observer wants these instructions and every lane is active, each shuffle is counted and its
-    partner read by reversing an axis: lane 4g + 2 t1 + t0 pairs with t1 (XOR 2) or t0 (XOR 1)
-    flipped."""
+    partner taken along the lane axis (x [k, W, L, ...]) from the source lanes the isa's shfl.sync
+    gives every lane: the same semantics as Machine.shfl, without its events and per-warp checks."""
     if not m.observed(*shfl, *regs) and m.active.all():
-        for site, axis in zip(shfl, (3, 4)):  # [k, W, g, t1, t0, ...]
+        for site, mask in zip(shfl, (2, 1)):
             m.count(site)
-            x6 = x.reshape(*x.shape[:2], 8, 2, 2, *x.shape[3:])
-            x = op(x6, np.flip(x6, axis)).reshape(x.shape)
+            x = op(x, np.take(x, _bfly_source(mask), axis=2))
         return x
     for site, reg, mask in zip(shfl, regs, (2, 1)):
         y, _ = m.shfl(site, x, "bfly", mask, 0x1F, name)
@@ -87,6 +87,11 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
         m.reg(reg, {name: x, "partner": y}, {name: out})
         x = out
     return x
+
+
+def _bfly_source(mask: int) -> np.ndarray:
+    """[32] the lane each lane reads in shfl.sync.bfly with this mask, width 32 (fa_sim.isa.shfl)."""
+    return isa_shfl.shfl_source("bfly", mask, isa_shfl.DEFAULT_C)[0]
 
 
 def from_columns(cols: np.ndarray, lead: tuple) -> np.ndarray:
