@@ -4,6 +4,7 @@ instructions (an observer of instruction events makes the engine run them one at
 
 import numpy as np
 import pytest
+from ptx_snippets import STAGE_2KB  # tests/ptx_snippets.py
 
 from fa_sim import isa
 from fa_sim.errors import KernelFault
@@ -149,20 +150,7 @@ LDSM_PTX = f"""
     ld.param.u64 %rd1, [psrc];
     ld.param.u64 %rd2, [pout];
     mov.u32 %r0, %tid.x;
-    mul.wide.u32 %rd3, %r0, 64;
-    add.s64 %rd4, %rd1, %rd3;
-    mov.u32 %r1, buf;
-    shl.b32 %r2, %r0, 6;
-    add.s32 %r3, %r1, %r2;
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
-    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
-    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
-    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
-    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
-    bar.sync 0;
+{STAGE_2KB}
     shl.b32 %r8, %r0, 4;
     add.s32 %r9, %r1, %r8;
     add.s32 %r10, %r9, 512;
@@ -384,20 +372,7 @@ FED_PTX = f"""
     ld.param.u64 %rd2, [pout];
     ld.param.u32 %r30, [poff];
     mov.u32 %r0, %tid.x;
-    mul.wide.u32 %rd3, %r0, 64;
-    add.s64 %rd4, %rd1, %rd3;
-    mov.u32 %r1, buf;
-    shl.b32 %r2, %r0, 6;
-    add.s32 %r3, %r1, %r2;
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
-    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
-    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
-    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
-    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
-    bar.sync 0;
+{STAGE_2KB}
     shl.b32 %r8, %r0, 4;
     add.s32 %r9, %r1, %r8;
     add.s32 %r10, %r9, 512;

@@ -6,6 +6,7 @@ against numpy."""
 
 import numpy as np
 import pytest
+from ptx_snippets import STAGE_2KB  # tests/ptx_snippets.py
 
 from fa_sim.machine import Machine
 from fa_sim.ptx import chains, launch
@@ -81,20 +82,7 @@ FED = f"""
     add.s64 %rd1, %rd1, %rd7;
     mul.wide.u32 %rd8, %r31, 1024;
     add.s64 %rd2, %rd2, %rd8;
-    mul.wide.u32 %rd3, %r0, 64;
-    add.s64 %rd4, %rd1, %rd3;
-    mov.u32 %r1, buf;
-    shl.b32 %r2, %r0, 6;
-    add.s32 %r3, %r1, %r2;
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4];
-    st.shared.v4.b32 [%r3], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+16];
-    st.shared.v4.b32 [%r3+16], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+32];
-    st.shared.v4.b32 [%r3+32], {{%r4, %r5, %r6, %r7}};
-    ld.global.v4.b32 {{%r4, %r5, %r6, %r7}}, [%rd4+48];
-    st.shared.v4.b32 [%r3+48], {{%r4, %r5, %r6, %r7}};
-    bar.sync 0;
+{STAGE_2KB}
     XOR
     xor.b32 %r32, %r0, %r33;
     shl.b32 %r8, %r32, 4;
