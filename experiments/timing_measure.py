@@ -183,6 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
+    p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
+                   help="only the cases whose key matches REGEX (re.search), e.g. to profile chosen cases")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
     args = p.parse_args(argv)
@@ -190,13 +192,15 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
         return 0
-    all_cases = cases()
+    all_cases = [c for c in cases() if args.only is None or args.only.search(c.key)]
+    if not all_cases:
+        raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
     if args.list:
         for c in all_cases:
             print(c.half(), c.key)
         print(f"{len(all_cases)} cases, {sum(c.half() == 'fit' for c in all_cases)} to fit", file=sys.stderr)
         return 0
-    selected = profile_subset(all_cases) if args.profile else all_cases
+    selected = profile_subset(all_cases) if args.profile and args.only is None else all_cases
     t0 = time.time()
     _precompile(selected)
     print(f"compiled {len(selected)} cases in {time.time() - t0:.0f} s", flush=True)
