@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -55,8 +56,10 @@ def read_text_entry(path: Path) -> str | None:
 
 def store_atomic(path: Path, data: bytes) -> bool:
     """Write `data` to `path` through a temporary file and a rename, so a reader never sees half
-    an entry. Returns False (and leaves no temporary behind) when the directory cannot be written."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    an entry. Returns False (and leaves no temporary behind) when the directory cannot be written.
+    The temporary is this thread's own (processes of a parallel test session, or threads of a Dask
+    worker, may fill the same entry at once: the last rename wins, each with a whole file)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)

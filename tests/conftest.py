@@ -1,6 +1,9 @@
 """Suite-wide pytest hooks: the NVRTC work of tests marked `nvrtc_ahead(kind, build_of)` starts
 on the spare cores when the session starts (tests/nvrtc_ahead.py), so that filling a cold cache
-overlaps the tests that need no compiler instead of adding to them.
+overlaps the tests that need no compiler instead of adding to them. Under pytest-xdist (`-n auto`,
+the README's command) the workers already use every core: none of them compiles ahead, and the
+tests marked `slow` (single tests of a minute or more) are taken first, so that none of them is
+what one worker still runs while the others have nothing left.
 
 `build_of` maps the test's parameters (by name) to the KernelBuild it compiles; `kind` is
 nvrtc_ahead.Kind.CUBIN or .PTX. The marker changes no test: each still compiles its own build
@@ -34,6 +37,9 @@ def _key(item):
 def pytest_collection_modifyitems(session, config, items):
     global _ahead
     if config.option.collectonly:
+        return
+    if hasattr(config, "workerinput"):  # an xdist worker: no spare core; every worker orders alike
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: else as collected
         return
     try:
         import cuda.bindings.nvrtc  # noqa: F401 - without the hw extra these tests skip

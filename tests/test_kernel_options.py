@@ -161,6 +161,7 @@ def _ranked_here(model_candidates):
     return candidates
 
 
+@pytest.mark.slow  # ranks candidates on the timing model from a cold cache: a parallel run starts it first
 def test_auto_config_reads_the_gpus_table(tmp_path, monkeypatch):
     real_candidates = tuned.model_candidates
     monkeypatch.setattr(tuned, "model_candidates", _ranked_here(real_candidates))

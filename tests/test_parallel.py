@@ -179,9 +179,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _shared_files(pids: list[int]) -> set[str]:
+    """The shared-memory files (fa_sim.parallel.sharded.SharedFile) these processes map now: those
+    of this run only, whatever other processes (a parallel test session) have open at the time."""
+    out = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:  # gone
+            continue
+        out |= {p for line in maps if len(f := line.split(maxsplit=5)) == 6
+                and (p := f[5].removesuffix(" (deleted)")).rsplit("/", 1)[-1].startswith("flashsim-")}
+    return out
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads child processes from /proc")
 def test_ctrl_c_stops_every_worker_one_line_exit_130():
-    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     proc = subprocess.Popen([sys.executable, "-m", "fa_sim.cli", "sim", "--seqlen", "8192", "--heads", "4",
                              "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=sigint_default)
@@ -191,14 +204,15 @@ def test_ctrl_c_stops_every_worker_one_line_exit_130():
     time.sleep(2.0)  # the workers are simulating
     workers = _children(proc.pid)
     assert proc.poll() is None and len(workers) >= 2, "the run ended before it could be interrupted"
+    shared = _shared_files([proc.pid, *workers])
+    assert shared, "the run maps no shared-memory file"
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the foreground group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert err.decode().splitlines()[-1:] == ["fa sim: interrupted"] and "Traceback" not in err.decode()
     time.sleep(0.5)
     assert [p for p in workers if _alive(p)] == []
-    if os.path.isdir("/dev/shm"):
-        assert not [f for f in set(os.listdir("/dev/shm")) - shm if f.startswith("flashsim-")]
+    assert [f for f in shared if os.path.exists(f)] == []  # its inputs and outputs file is gone
 
 
 # -- workers start at fa_sim's entry point, not by re-running the user's script ------------------------

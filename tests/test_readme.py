@@ -58,6 +58,14 @@ def test_output_excerpts_are_real_output(command, lines, tmp_path, capsys, monke
     assert_prints(command, lines, README.name, tmp_path, capsys, monkeypatch)
 
 
+def test_ci_runs_the_readme_test_command():
+    """.ci/run runs the test command of the README's set-up, as a user would."""
+    setup = re.search(r"```bash\n(.*?)```", TEXT, re.S)[1]
+    (command,) = [line.split("#")[0].strip() for line in setup.splitlines() if "pytest" in line]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python -m pytest")]
+    assert ci == [command]
+
+
 def test_links_and_named_files_exist():
     scripts = re.findall(r"python (experiments/\w+\.py)", TEXT)
     assert check_links(README) > 20 and scripts

@@ -134,6 +134,7 @@ def test_executed_instructions_equal_nsight_compute(row):
 CASES = [c for c in json.loads((DATA / "timing_cases.json").read_text())["cases"] if c["half"] == "validate"][::8]
 
 
+@pytest.mark.slow  # one test of about two minutes: a parallel run starts it first (conftest.py)
 def test_validation_cases_replay_within_the_reported_accuracy():
     """16 of the 127 held-out cases (every 8th): mean absolute percentage error at most 10 % and
     rank correlation at least 0.95, the issue's goals (the README reports all 127: 5.0 %, 0.996)."""
@@ -150,6 +151,7 @@ def test_validation_cases_replay_within_the_reported_accuracy():
     assert len(CASES) == 16 and mape <= 0.10 and ranks >= 0.95, (mape, ranks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tag, shape, causal", [("m64n64d64w4-swizzled", (1, 2, 256, 256), False),
                                                 ("m64n64d64w4-swizzled", (2, 8, 512, 512), True),
                                                 ("m128n64d128w8-swizzled", (1, 4, 1024, 1024), False),
