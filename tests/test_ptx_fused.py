@@ -129,3 +129,78 @@ def test_an_error_in_a_compiled_block_names_its_instruction(monkeypatch):
     with pytest.raises(Unsupported, match=r"%clock.*in `mov.u32 %r7, %clock;` at PTX line"):
         launch(bad, grid=(1,), block=(32,), args=[np.zeros(32, np.float32), np.zeros(128, np.uint32), np.uint32(2)])
 
+
+
+# A loop body of independent instructions with the same value function (packs, fa_sim/ptx/packs.py):
+# muls, subs, ex2s and cvts side by side, shifts by different amounts (not packed: one immediate
+# per call), and %f1 read from the register file (by the add) before a mul of the same level as
+# the first one overwrites it - the pack must not run that mul before the add.
+PACKS = """
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry packs(.param .u64 pin, .param .u64 pout, .param .u32 ptrips)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<12>;
+    .reg .f32 %f<20>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pin];
+    ld.param.u64 %rd2, [pout];
+    ld.param.u32 %r1, [ptrips];
+    mov.u32 %r2, %tid.x;
+    mul.wide.u32 %rd3, %r2, 32;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd4];
+    ld.global.v4.f32 {%f5, %f6, %f7, %f8}, [%rd4+16];
+    mov.u32 %r3, 0;
+    mov.u32 %r8, 0;
+LOOP:
+    mul.rn.f32 %f11, %f3, 0f40000000;
+    add.rn.f32 %f10, %f1, %f2;
+    mul.rn.f32 %f1, %f5, 0f3F000000;
+    mul.rn.f32 %f14, %f6, %f7;
+    mul.rn.f32 %f15, %f8, %f7;
+    mul.rn.f32 %f12, %f10, %f11;
+    sub.rn.f32 %f16, %f14, %f12;
+    sub.rn.f32 %f17, %f15, %f12;
+    ex2.approx.ftz.f32 %f18, %f16;
+    ex2.approx.ftz.f32 %f19, %f17;
+    add.rn.f32 %f2, %f18, %f19;
+    cvt.rn.f16x2.f32 %r4, %f18, %f19;
+    cvt.rn.f16x2.f32 %r5, %f19, %f1;
+    shl.b32 %r6, %r4, 1;
+    shl.b32 %r7, %r5, 2;
+    xor.b32 %r8, %r8, %r6;
+    xor.b32 %r8, %r8, %r7;
+    add.s32 %r3, %r3, 1;
+    setp.lt.s32 %p1, %r3, %r1;
+    @%p1 bra LOOP;
+    mul.wide.u32 %rd5, %r2, 16;
+    add.s64 %rd6, %rd2, %rd5;
+    mov.b32 %r9, %f1;
+    mov.b32 %r10, %f2;
+    st.global.v4.b32 [%rd6], {%r8, %r9, %r10, %r4};
+    ret;
+}
+"""
+
+
+def test_packs_give_the_bits_of_single_instructions(monkeypatch):
+    x = (np.random.default_rng(3).standard_normal(8 * 32) * 3).astype(np.float32)
+    def packs_run():
+        out = np.zeros(4 * 32, np.uint32)
+        launch(PACKS, grid=(2,), block=(32,), args=[x, out, np.uint32(6)])
+        return out
+    monkeypatch.setattr(fused, "COMPILE_AT_RUN", 10 ** 9)
+    single = packs_run()
+    monkeypatch.setattr(fused, "COMPILE_AT_RUN", 1)
+    np.testing.assert_array_equal(packs_run(), single)
+    prog = build_program(parse(PACKS))
+    head = prog.kernel.labels["LOOP"]
+    bra = next(i.pc for i in prog.kernel.instructions if i.opcode == "bra")
+    (block,) = [s for s in prog.compiled.steps(head, bra) if isinstance(s, fused.LaneBlock)]
+    source = block._compile().source
+    assert source.count("ASM(") >= 4  # muls, subs, ex2s, cvts
+    assert "STACK(" in source and "()" in source  # operands stacked, rows gathered from the file

@@ -180,3 +180,89 @@ def test_an_ldmatrix_whose_address_register_moves_loads_from_the_new_rows():
         out = np.zeros((4, 32, 4), np.uint32)
         launch(WALK, grid=(2,), block=(32,), args=[g.view(np.int32), out], observers=observers)  # both CTAs alike
         np.testing.assert_array_equal(out, want)
+
+
+# Two cp.async per thread (a copy run, fa_sim/ptx/copies.py): into chunks t and 128 + t, or - with
+# `overlap` - into chunks t and t + 1 (mod 128), so that chunk t is written by thread t's first copy
+# and then by thread t - 1's second: program order lands every first copy before any second one.
+COPY_RUN = r"""
+extern "C" __global__ void copy_run(const int4* g, int4* o, int overlap) {
+  __shared__ int4 s[256];
+  int t = threadIdx.x, b = blockIdx.x;
+  for (int i = 0; i < 2; ++i) {
+    int slot = ((t + i * overlap) & 127) + 128 * i * (1 - overlap);  // no branch: one stretch
+    unsigned d = (unsigned)__cvta_generic_to_shared(s + slot);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(g + b * 256 + t + 128 * i));
+  }
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
+  o[b * 128 + t] = s[t];
+}
+"""
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_copy_run_is_one_machine_call_unless_its_destinations_overlap(monkeypatch, overlap):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="CUDA source compiles with NVRTC (the hw extra)")
+    repeats = []
+    issue = Machine.cp_async
+    monkeypatch.setattr(Machine, "cp_async", lambda m, instr, dst, *a: repeats.append(dst.repeat) or
+                        issue(m, instr, dst, *a))
+    g = np.random.default_rng(2).integers(-1 << 30, 1 << 30, (4 * 256, 4), dtype=np.int32)
+    t = np.arange(128)
+    want = np.concatenate([g[b * 256 + (128 + (t - 1) % 128 if overlap else t)] for b in range(4)])
+    for observers in ((), [Watcher()]):
+        repeats.clear()
+        out = np.zeros((4 * 128, 4), np.int32)
+        res = launch(COPY_RUN, grid=(4,), block=(128,), args=[g, out, np.int32(overlap)], observers=observers)
+        np.testing.assert_array_equal(out, want)
+        assert repeats == ([1, 1] if overlap or observers else [2])  # one call of R = 2, or the single ones
+        counts = res.counts
+        if observers:
+            assert counts == unobserved
+        unobserved = counts
+
+
+# The main loop (bar.sync: the busy one) reads shared memory at %r1, written before the loop; with
+# REENTER, threads leave the loop, move %r1 and jump back into it.
+LOOP = """
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry loop(.param .u32 pn)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<8>;
+    .shared .align 16 .b8 buf[256];
+    ld.param.u32 %r5, [pn];
+    mov.u32 %r1, buf;
+    mov.u32 %r2, 0;
+LOOP:
+    bar.sync 0;
+    ld.shared.b32 %r3, [%r1];
+INSIDE:
+    add.s32 %r2, %r2, 1;
+    setp.lt.s32 %p1, %r2, %r5;
+    @%p1 bra LOOP;
+    add.s32 %r1, %r1, 16;
+    setp.lt.s32 %p2, %r2, 8;
+    @%p2 bra EXIT;
+EXIT:
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("reenter", [False, True])
+def test_registers_the_main_loop_writes(reenter):
+    from fa_sim.ptx import parse
+    from fa_sim.ptx.program import build_program
+    from fa_sim.ptx.shared_lanes import loop_written
+    prog = build_program(parse(LOOP.replace("bra EXIT;", "bra INSIDE;") if reenter else LOOP))
+    written = loop_written(prog.kernel, prog.loop)
+    if reenter:  # control that left the loop comes back: no register is known to keep its bits
+        assert written is None
+    else:  # %r1, the address, is written before the loop only
+        assert written == {"%r2", "%r3", "%p1"}

@@ -31,6 +31,9 @@ module) into steps:
   generated function that keeps values only the block uses in local arrays (one at a time in the
   same cases as Lane).
 
+- `CopyRun` (fa_sim/ptx/copies.py): the cp.async that copy one tile and the lane math between
+  them: the copies issued at the end as one machine call of R (one at a time in the same cases).
+
 - `Gemm` (fa_sim/ptx/chains.py): a region of a stretch whose mma.sync form accumulator chains -
   a warp-level GEMM with the ldmatrix and lane math between its k16 steps - computed in matrix
   form when the whole wave runs it unobserved and the register dependences allow the mmas to move
@@ -50,7 +53,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import KernelFault
-from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps
+from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps, touched
+from .copies import copy_runs
 from .fused import LaneBlock, fusable, lane_block
 from .ir import Instruction, Kernel
 from .machine_ops import _reg_name, _smem_lanes, address
@@ -272,6 +276,13 @@ def mma_batch(eng: Engine, group: Group, run) -> None:
                         np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
 
 
+def _lane_writes(step) -> set[str] | None:
+    """The registers a Lane or LaneBlock step writes (None: another kind of step)."""
+    if not isinstance(step, (Lane, LaneBlock)):
+        return None
+    return set().union(*(touched(ins)[1] for ins in getattr(step, "inss", None) or (step.ins,)))
+
+
 class Compiled:
     """A kernel's stretches and their steps, compiled on first use (one per Program)."""
 
@@ -308,7 +319,7 @@ class Compiled:
             run = []
             if step is not None:
                 out.append(step)
-        return out
+        return copy_runs(out, instrs, _lane_writes)
 
     def _block(self, run: list[Lane]) -> LaneBlock:
         key = (run[0].ins.pc, run[-1].ins.pc + 1)

@@ -119,8 +119,8 @@ class Grid:
         the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
         regs, (cs, w, lanes) = eng.regs, eng.cw
         model = eng.m.mma_model
-        a_mats = _values(self._matrices(eng, loads, True), model)
-        b_mats = _values(self._matrices(eng, loads, False), model)
+        a_mats = self._matrices(eng, loads, True)  # f16: gemm_chain converts them into its own buffers
+        b_mats = self._matrices(eng, loads, False)
         if self.c_zero:
             c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
         else:
@@ -152,13 +152,6 @@ def _rows(regs, names: tuple[str, ...], cw) -> np.ndarray:
     """The registers `names` of every thread: [len(names), C, W, L] words."""
     file, idx = regs.words(names)
     return file[idx].reshape(len(names), *cw)
-
-
-def _values(mats: list[np.ndarray], model) -> list[np.ndarray]:
-    """f16 operand matrices as gemm_chain computes with them: for the float64 sum (EXACT), their
-    values as float64 (numpy's f16 -> f64 cast: exact, NaN payloads kept - the same values as
-    gemm_chain's own conversion, and several times faster than its table), else as they are."""
-    return [m.astype(np.float64) for m in mats] if model.float64_sum else mats
 
 
 def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozenset()) -> list[Grid]:

@@ -35,6 +35,7 @@ from ..errors import KernelFault
 from .ir import Imm, Instruction, Kernel, PredPair, Reg, Sink, Sym, Vec
 from .ops import Unsupported
 from .ops.common import U32_OR_IMM
+from .packs import FileRead, Node, PackCall, Packer, as_rows
 from .regs import from_type, immediate, to_type
 from .types import DTYPES, bits
 
@@ -143,10 +144,23 @@ class Code:
         for kind, op, ptype in self.slots:
             if kind == "read":
                 out.append(eng.read(op, ptype, None, eng.n))
+            elif kind == "gather":
+                out.append(_gather(eng, op, ptype))
             else:
                 raw = eng.regs.slot(op)[0]
                 out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
         return tuple(out)
+
+
+def _gather(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.ndarray]:
+    """A function that reads the registers `regs` as ptype into one [m, N] array (a pack's operand):
+    one fancy index when they are rows of one file of 32-bit registers, else a stack of their rows."""
+    words = eng.regs.words(tuple(r.name for r in regs)) if bits(ptype) == 32 and ptype != "pred" else None
+    if words is not None:
+        file, idx = words[0].view(DTYPES[ptype]), words[1]
+        return lambda: file[idx]
+    rows = tuple(eng.read(op, ptype, None, eng.n) for op in regs)
+    return lambda: np.stack(rows)
 
 
 class LaneBlock:
@@ -194,8 +208,14 @@ class _Generator:
     def __init__(self, kernel: Kernel, inss: tuple[Instruction, ...], uses: dict, locate: Callable):
         self.kernel, self.inss, self.locate = kernel, inss, locate
         lo, hi = inss[0].pc, inss[-1].pc + 1
-        self.lines: list[tuple[int, str]] = []  # (instruction, line of the body)
+        self.nodes = [Node(k) for k in range(len(inss))]  # each instruction's lines and dependences
+        self.node = self.nodes[0]  # the instruction being written
+        self.producer: dict[str, int] = {}  # local variable -> the instruction that computes it
+        self.file_reads: dict[str, FileRead] = {}  # expression -> the register row it reads
+        self.n_vars = 0
+        self.scalar_of: dict[int, str] = {}  # U32_OR_IMM immediates: one value for all lanes
         self.consts: dict = {}
+        self.const_of: dict[int, str] = {}  # id of a constant object -> its name (one name per object)
         self.slots: list = []
         self.slot_of: dict = {}
         self.local: dict[str, tuple[str, str | None]] = {}  # register -> (variable, tag)
@@ -212,12 +232,24 @@ class _Generator:
                        if any(not lo <= pc < hi for pc in uses.get(name, ())) or first_read.get(name, len(inss)) <= first_write[name]}
 
     def const(self, value, stem: str) -> str:
-        name = f"{stem}_{value.name}" if isinstance(value, np.dtype) else f"{stem}{len(self.consts)}"
+        if isinstance(value, np.dtype):
+            name = f"{stem}_{value.name}"
+        elif id(value) in self.const_of:
+            return self.const_of[id(value)]
+        else:
+            name = self.const_of[id(value)] = f"{stem}{len(self.consts)}"
         self.consts[name] = value
         return name
 
     def emit(self, k: int, line: str) -> None:
-        self.lines.append((k, line))
+        self.nodes[k].lines.append(line)
+
+    def var(self, k: int) -> str:
+        """A new local variable, computed by instruction k."""
+        self.n_vars += 1
+        name = f"L{self.n_vars}"
+        self.producer[name] = k
+        return name
 
     def width(self, name: str) -> int:
         return bits(self.kernel.reg_type(name))
@@ -233,10 +265,14 @@ class _Generator:
         """The expression of a source operand read as ptype by instruction k."""
         if ptype == U32_OR_IMM:
             if isinstance(op, Imm) and isinstance(op.value, int):
-                return self.const(np.uint32(op.value & 0xFFFFFFFF), "C")
+                value = op.value & 0xFFFFFFFF
+                if value not in self.scalar_of:  # one name per value, so equal shift amounts compare equal
+                    self.scalar_of[value] = self.const(np.uint32(value), "C")
+                return self.scalar_of[value]
             ptype = "u32"
         if isinstance(op, Reg) and op.name in self.local:
             var, tag = self.local[op.name]
+            self.nodes[k].deps.add(self.producer[var])
             width = self.width(op.name)
             if _same_bits(tag, width, ptype):
                 dt = DTYPES[ptype]
@@ -254,8 +290,18 @@ class _Generator:
                 _same_bits(self.kernel.reg_type(op.name), self.width(op.name), ptype):
             v = self.slot("read", op, ptype)
             later = self.last_write.get(op.name, -1) > k and op.name in self.stored
-            return f"{v}.copy()" if later else v
+            v = f"{v}.copy()" if later else v
+            self.nodes[k].reads.add(op.name)
+            self.file_reads[v] = FileRead(op, ptype)
+            return v
+        if isinstance(op, Reg):
+            self.nodes[k].reads.add(op.name)
+        self.nodes[k].raises = True  # a special register, a variable, another width: Engine.read can raise
         return f"E.read({self.const(op, 'O')}, {ptype!r}, None, n)"
+
+    def gather(self, regs: tuple[Reg, ...], ptype: str) -> str:
+        """The expression of registers read from the file as one [m, N] array (fused._gather)."""
+        return f"{self.slot('gather', regs, ptype)}()"
 
     def instruction(self, k: int, ins: Instruction, ex) -> None:
         ops = ins.operands
@@ -266,46 +312,53 @@ class _Generator:
             self.generic(k, ins, ex)
             return
         args = [self.source(k, ops[i], t) for i, t in spec.sources]
-        if spec.fn is None:
-            value = args[0]
-        else:
-            value = f"AS({self.const(spec.fn, 'F')}({', '.join(args)}), {self.const(DTYPES[spec.out], 'D')}, n)"
+        fn, dtype = (None, None) if spec.fn is None else (self.const(spec.fn, "F"), self.const(DTYPES[spec.out], "D"))
+        value = args[0] if fn is None else f"AS({fn}({', '.join(args)}), {dtype}, n)"
         if isinstance(dest, Sink):
             self.emit(k, value)
             return
-        var = f"L{len(self.lines)}"
+        var = self.var(k)
         self.emit(k, f"{var} = {value}")
         self.local[dest.name] = (var, spec.out)
         if dest.name in self.stored and self.last_write[dest.name] == k:
+            self.nodes[k].stores.add(dest.name)
             width = self.width(dest.name)
             if bits(spec.out) == width and (spec.out == "pred") == (width == 1):
                 self.emit(k, f"copyto({self.slot('store', dest.name, spec.out)}, {var}, casting='unsafe')")
             else:
                 self.emit(k, f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
+        if fn is not None:
+            self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]))
 
     def generic(self, k: int, ins: Instruction, ex) -> None:
         """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
         reads = {r.name for r in _sources(ins.operands)}
         names = reads & set(self.local)
+        node = self.nodes[k]
+        node.raises = True
+        node.deps |= {self.producer[self.local[n][0]] for n in names}
+        node.reads |= reads - names
         local = ", ".join(f"{n!r}: ({self.local[n][0]}, {self.local[n][1]!r}, {self.width(n)})" for n in sorted(names))
         copy = frozenset(n for n in reads - names if self.last_write.get(n, -1) > k and n in self.stored)
         store = frozenset(r.name for r in _written(ins.operands[0])
                           if r.name in self.stored and self.last_write[r.name] == k)
+        node.stores |= store
         env = f"ENV(E, n, {{{local}}}, {self.const(copy, 'S')}, {self.const(store, 'S')})"
         self.emit(k, f"e = {env}")
         self.emit(k, f"{self.const(ex, 'X')}(e, {self.const(ins.operands, 'O')})")
         for r in _written(ins.operands[0]):
-            var = f"L{len(self.lines)}"
+            var = self.var(k)
             self.emit(k, f"{var} = e.out[{r.name!r}]")
             self.local[r.name] = (var, RAW)
 
     def code(self) -> Code:
         """The function: the body in a try whose handler names the instruction of the failing line."""
-        body = "\n".join(f"        {line}" for _, line in self.lines)
+        lines = Packer(self.nodes, self.file_reads, self.gather, set(self.scalar_of.values())).body()
+        body = "\n".join(f"        {line}" for _, line in lines)
         text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
                 f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")
-        scope = {"copyto": np.copyto, "AS": _as, "CONVERT": _convert, "ENV": _Env, "INSS": self.inss,
-                 "OF_LINE": tuple(k for k, _ in self.lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
+        scope = {"copyto": np.copyto, "AS": _as, "ASM": as_rows, "STACK": np.stack, "CONVERT": _convert, "ENV": _Env,
+                 "INSS": self.inss, "OF_LINE": tuple(k for k, _ in lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
                  "located": self.locate, **self.consts}
         exec(compile(text, f"<PTX lane block, pcs {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
         return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))

@@ -5,7 +5,9 @@ its addresses.
 
 `operand_lanes` goes one step further for instructions the whole wave issues: while the base
 registers of their memory operands hold the bits they held when their SmemLanes were made, the
-addresses are those again, so it returns that SmemLanes without computing them.
+addresses are those again, so it returns that SmemLanes without computing them. Inside the main
+loop, a base register that no instruction of the loop names as its destination keeps its bits from
+one run of the instruction to the next (`loop_written`), so those are not even compared.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..machine import SmemLanes
-from .ir import Addr, Reg, Sym
+from .ir import Addr, ParamList, PredPair, Reg, Sym, Vec
 from .ops import Unsupported
 
 if TYPE_CHECKING:
@@ -84,12 +86,61 @@ def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) ->
     key = ("operands", pc, width, len(ops))
     hit = eng.smem_recent.get(key)
     if hit is not None and hit[0] == ops and all(
-            (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
-            for a, b in zip(rows, hit[1])):
+            kept or (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+            for a, b, kept in zip(rows, hit[1], _kept(eng, ops, pc))):
         return hit[2]
     lanes = smem_lanes(eng, _addresses(eng, ops, group), width, group, pc)
     eng.smem_recent[key] = (ops, [None if r is None else r.copy() for r in rows], lanes)
     return lanes
+
+
+def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool, ...]:
+    """For each operand: whether its base register holds the bits it held at the instruction's last
+    run by the whole wave because pc lies in the main loop, which does not write it (`loop_written`)."""
+    loop = eng.loop
+    if loop is None or not loop.head <= pc <= loop.tail:
+        return (False,) * len(ops)
+    cache = eng.compiled.__dict__
+    written = cache.get("_loop_written")
+    if written is None or written[0] is not loop:
+        written = cache["_loop_written"] = (loop, loop_written(eng.kernel, loop))
+    if written[1] is None:
+        return (False,) * len(ops)
+    return tuple(isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special and
+                 op.base.name not in written[1] for op in ops)
+
+
+def loop_written(kernel, loop) -> frozenset[str] | None:
+    """The registers that some instruction of the main loop (pcs head..tail) names in its first
+    operand (its destination; an address's base counts too, which only adds registers); every other
+    register keeps its bits while threads run the loop. None when control that leaves the loop can
+    come back (a branch from the loop or after it to a pc before the head, or from after the tail
+    back into the loop), or a branch target is not a label: then no register is known to keep its
+    bits. Threads enter the loop once (min-pc scheduling runs the threads before the head first), so
+    between two runs of an instruction in the loop by the whole wave only the loop's instructions
+    run."""
+    for ins in kernel.instructions:
+        if ins.opcode != "bra":
+            continue
+        target = kernel.labels.get(getattr(ins.operands[0], "name", None)) if ins.operands else None
+        if target is None or (ins.pc >= loop.head and target < loop.head) or \
+                (ins.pc > loop.tail and target <= loop.tail):
+            return None
+    return frozenset().union(*(_destination(ins.operands[0]) for ins in kernel.instructions[loop.head: loop.tail + 1]
+                               if ins.operands))
+
+
+def _destination(op) -> set[str]:
+    """Every register a first operand names."""
+    if isinstance(op, Reg):
+        return {op.name}
+    if isinstance(op, (Vec, ParamList)):
+        return set().union(*(_destination(x) for x in op.items))
+    if isinstance(op, Addr):
+        return _destination(op.base) if op.base is not None else set()
+    if isinstance(op, PredPair):
+        return {op.p.name, op.q.name}
+    return set()
 
 
 def _addresses(eng: Engine, ops: tuple, group: Group) -> np.ndarray:

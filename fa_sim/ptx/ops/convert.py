@@ -10,6 +10,8 @@ cvt.pack.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ...isa import convert, half
@@ -106,6 +108,27 @@ def _pack_x2(form: Form, dtype: str, atype: str, frnd: list, flags: set) -> Exec
         return out.view(np.uint16) if dfmt is F16 else out
 
     def cvt_x2(a, b):
+        if dfmt is F16 and frnd[0] is Rnd.RN and not (relu or satfinite) and LITTLE_ENDIAN:
+            return _f16x2_rn(np.asarray(a, np.float32), np.asarray(b, np.float32))
         hi, lo = bits16(a), bits16(b)
         return half.pack_x2(lo, hi)
     return simple(form, cvt_x2, ("f32", "f32"), "b32")
+
+
+LITTLE_ENDIAN = sys.byteorder == "little"  # a uint32 word then holds halves [lo, hi] in memory order
+
+
+def _f16x2_rn(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """cvt.rn.f16x2.f32 d, a, b: the halves that convert.f32_to_f16_rn gives (numpy's float32 ->
+    float16 cast, NaN -> 0x7fff), cast straight into the two halves of each word (no packing pass)."""
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    halves = np.empty((*shape, 2), np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(halves[..., 0], b, casting="unsafe")
+        np.copyto(halves[..., 1], a, casting="unsafe")
+    bits = halves.view(np.uint16)
+    for j, x in ((0, b), (1, a)):
+        nan = np.isnan(x)
+        if nan.any():
+            bits[..., j][np.broadcast_to(nan, shape)] = 0x7FFF
+    return bits.view(np.uint32).reshape(shape)
