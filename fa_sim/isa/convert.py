@@ -85,8 +85,8 @@ def f32_to_f16_values(x) -> np.ndarray | None:
     top = np.max(np.abs(x) if signed else x, initial=np.float32(0))
     if np.isnan(top):
         return None
-    m = x.view(np.int32) & np.int32(0x7F800000)
-    np.maximum(m, np.int32(113 << 23), out=m)  # 2^-14: below it f16's ulp stays 2^-24
+    m = x.view(np.int32) & np.int32(0x7F800000)  # 2^e as float32 (0 for e = -127, inf for inf/NaN)
+    np.maximum(m.view(np.float32), np.float32(2.0**-14), out=m.view(np.float32))  # below it f16's ulp stays 2^-24
     m += np.int32((13 << 23) | (1 << 22))  # 1.5 * 2^(e + 13); wraps only for |x| >= 2^115 (fixed below)
     m = m.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):

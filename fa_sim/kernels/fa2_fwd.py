@@ -116,6 +116,8 @@ def load_tile(m: Machine, instr: Instr, lanes: TileLanes, base: int, bh: np.ndar
     k = m.live
     if np.all(row0[:k] + int(lanes.row.max()) < seqlen):  # the whole tile in range: src-size 16 everywhere
         start = base + 2 * (bh[:k] * seqlen + row0[:k]) * head_dim  # [k] byte address of each tile's row 0
+        if np.all(start == start[0]):  # one tile for all (a wave of one head's K/V): the machine reads it once
+            start = start[:1]
         m.cp_async(instr, lanes.smem, start[:, None, None, None] + 2 * (lanes.row * head_dim + lanes.col),
                    np.int64(16))
         return

@@ -90,8 +90,14 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
 
 
 def _bfly_source(mask: int) -> np.ndarray:
-    """[32] the lane each lane reads in shfl.sync.bfly with this mask, width 32 (fa_sim.isa.shfl)."""
-    return isa_shfl.shfl_source("bfly", mask, isa_shfl.DEFAULT_C)[0]
+    """[32] the lane each lane reads in shfl.sync.bfly with this mask, width 32 (fa_sim.isa.shfl),
+    kept per shfl_source function (a check that replaces it sees its own lanes)."""
+    return _bfly_sources(isa_shfl.shfl_source, mask)
+
+
+@lru_cache(maxsize=None)
+def _bfly_sources(shfl_source, mask: int) -> np.ndarray:
+    return shfl_source("bfly", mask, isa_shfl.DEFAULT_C)[0]
 
 
 def from_columns(cols: np.ndarray, lead: tuple) -> np.ndarray:
