@@ -138,11 +138,14 @@ def _chunks(idx: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
 
 
-def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False,
+              out: np.ndarray | None = None) -> np.ndarray:
     """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
     b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
     LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence.
-    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather)."""
+    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather).
+    `out`: where the matrix form may write the result (isa.mma.gemm_chain's; c itself allowed) -
+    the result is returned either way, so the caller checks whether it is `out`."""
     loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
     if m.observed(*instrs, *loads):
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
@@ -152,7 +155,7 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero:
     b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
-    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero, out=out)
 
 
 _OPERANDS = (LdsmOperand, RegisterOperand, BlockedValueOperand)

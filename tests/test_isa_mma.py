@@ -128,3 +128,27 @@ def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed)
         want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
     want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
     np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))
+
+
+@FIXED
+@given(zero=st.booleans(), seed=st.integers(0, 2**16))
+def test_exact_chain_sums_a_column_major_b_as_a_matmul_of_it_does(zero, seed):
+    """gemm_chain copies every B into a row-major buffer (dgemm is faster so): its sums, in their
+    order, are still those of a float64 matmul of B as given - here column-major, as sK^T reaches
+    the QK GEMM - with operands over fp16's whole exponent range, so that float64 sums round."""
+    rng = np.random.default_rng(seed)
+    ctas, w, mi, nj, steps = 8, 4, 1, 8, 4
+
+    def wide(shape):
+        return (rng.standard_normal(shape) * 2.0 ** rng.integers(-24, 12, shape)).astype(np.float16)
+
+    a = [wide((ctas, w, 16 * mi, 16)) for _ in range(steps)]
+    b = [np.swapaxes(wide((ctas, 1, 8 * nj, 16)), -1, -2) for _ in range(steps)]  # [ctas, 1, 16, 8NJ] column-major
+    c = np.zeros((ctas, w, 32, nj, mi, 4), np.float32) if zero else \
+        rng.standard_normal((ctas, w, 32, nj, mi, 4)).astype(np.float32)
+    _, _, c_pos, c_src = mma._tile_maps(mi, nj)
+    want = np.take(c.reshape(ctas, w, -1), c_src, axis=-1)
+    for x, y in zip(a, b):
+        want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)  # y stays column-major
+    want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
+    np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))

@@ -171,16 +171,23 @@ CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its floa
 # cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
 
 
-def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
+def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False,
+               out: np.ndarray | None = None) -> np.ndarray:
     """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32;
     with the EXACT model also a view in blocked axes, `_batch_a`), b_mats [..., 16, 8NJ] f16 (lead
     axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
     results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
     gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS.
-    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. EXACT runs
-    `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. `out`: a
+    C-contiguous float32 array like c (c itself allowed) that receives d, which is returned. EXACT
+    runs `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    if out is not None and (out.shape != c.shape or out.dtype != np.float32 or not out.flags.c_contiguous):
+        raise ValueError(f"gemm_chain: out must be C-contiguous float32 of shape {c.shape}")
     if model.float64_sum:
-        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero)
+        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero, out=out)
+    if out is not None:
+        out[...] = gemm_chain(a_mats, b_mats, c, model, c_is_zero=c_is_zero)
+        return out
     nj, mi = c.shape[-3], c.shape[-2]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
@@ -195,14 +202,15 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     return out
 
 
-def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """`gemm_chain` with the EXACT model: per chunk of the leading axis, the operands of every step
     are converted to float64 into one buffer each and multiplied by one batched matmul (the
     products of all k16 steps at once), then the steps are summed in order, each sum rounded to
     fp32 (P[s] += acc; acc = fp32(P[s]): the float64 sum of the exact products and C, rounded once,
     as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
     lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
-    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul."""
+    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul.
+    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c."""
     nj, mi = c.shape[-3], c.shape[-2]
     c_pos, c_src = _pair_maps(mi, nj)
     lead, steps = c.shape[:-4], len(a_mats)
@@ -214,11 +222,13 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
     c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
-    out = np.empty(c.shape, np.float32)
+    out = np.empty(c.shape, np.float32) if out is None else out
     o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
     group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
-    bufs = (np.empty((steps, n, m_rows, MMA_K)), _like_last2((steps, n // group, MMA_K, cols), b3[0]),
+    # B row-major whatever its source's order: OpenBLAS's dgemm is about 1.5x faster with K = 16 and
+    # B not transposed (the same sums in the same order: bit for bit, tests/test_isa_mma.py)
+    bufs = (np.empty((steps, n, m_rows, MMA_K)), np.empty((steps, n // group, MMA_K, cols)),
             np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
         for i in range(0, flat, n):
@@ -265,15 +275,6 @@ def _pair_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray]:
 def _pairs(x: np.ndarray) -> np.ndarray:
     """f32 [..., even] -> the same bytes as [..., / 2] 8-byte words."""
     return np.ascontiguousarray(x).view(np.uint64)
-
-
-def _like_last2(shape: tuple, src: np.ndarray) -> np.ndarray:
-    """An empty float64 array of `shape` whose last two axes have the memory order of src's (a
-    transposed view when src is), so that converting src into it reads and writes in order; matmul
-    takes either order."""
-    if src.strides[-2] >= src.strides[-1]:
-        return np.empty(shape)
-    return np.swapaxes(np.empty((*shape[:-2], shape[-1], shape[-2])), -1, -2)
 
 
 def _batch_a(a: np.ndarray, lead: tuple, n_batch: int, flat: int) -> np.ndarray:
