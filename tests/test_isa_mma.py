@@ -131,18 +131,21 @@ def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed)
 
 
 @FIXED
-@given(zero=st.booleans(), seed=st.integers(0, 2**16))
-def test_exact_chain_sums_a_column_major_b_as_a_matmul_of_it_does(zero, seed):
-    """gemm_chain copies every B into a row-major buffer (dgemm is faster so): its sums, in their
-    order, are still those of a float64 matmul of B as given - here column-major, as sK^T reaches
-    the QK GEMM - with operands over fp16's whole exponent range, so that float64 sums round."""
+@given(a_by_column=st.booleans(), zero=st.booleans(), seed=st.integers(0, 2**16))
+def test_exact_chain_sums_column_major_operands_as_a_matmul_of_them_does(a_by_column, zero, seed):
+    """gemm_chain copies every B into a row-major buffer and an A whose columns are not contiguous
+    column by column (dgemm and the copies are faster so): its sums, in their order, are still
+    those of a float64 matmul of the operands as given - here B column-major, as sK^T reaches the
+    QK GEMM, and A row- or column-major - with operands over fp16's whole exponent range, so that
+    float64 sums round."""
     rng = np.random.default_rng(seed)
     ctas, w, mi, nj, steps = 8, 4, 1, 8, 4
 
     def wide(shape):
         return (rng.standard_normal(shape) * 2.0 ** rng.integers(-24, 12, shape)).astype(np.float16)
 
-    a = [wide((ctas, w, 16 * mi, 16)) for _ in range(steps)]
+    a = [np.swapaxes(wide((ctas, w, 16, 16 * mi)), -1, -2) if a_by_column else wide((ctas, w, 16 * mi, 16))
+         for _ in range(steps)]
     b = [np.swapaxes(wide((ctas, 1, 8 * nj, 16)), -1, -2) for _ in range(steps)]  # [ctas, 1, 16, 8NJ] column-major
     c = np.zeros((ctas, w, 32, nj, mi, 4), np.float32) if zero else \
         rng.standard_normal((ctas, w, 32, nj, mi, 4)).astype(np.float32)

@@ -227,13 +227,17 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
     group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
     # B row-major whatever its source's order: OpenBLAS's dgemm is about 1.5x faster with K = 16 and
-    # B not transposed (the same sums in the same order: bit for bit, tests/test_isa_mma.py)
-    bufs = (np.empty((steps, n, m_rows, MMA_K)), np.empty((steps, n // group, MMA_K, cols)),
+    # B not transposed; A column by column when its source's columns are not contiguous (P~ by
+    # column: a copy several times faster, a matmul as fast). The same sums in the same order
+    # either way, bit for bit (tests/test_isa_mma.py).
+    by_column = a3[0].strides[-1] != a3[0].itemsize
+    a_buf = (steps, n // group, MMA_K, group * m_rows) if by_column else (steps, n, m_rows, MMA_K)
+    bufs = (np.empty(a_buf), np.empty((steps, n // group, MMA_K, cols)),
             np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
         for i in range(0, flat, n):
             k = min(n, flat - i)
-            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group), bufs, o3)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group, by_column), bufs, o3)
     return out
 
 
@@ -295,14 +299,24 @@ def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
 
 
 def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
-    """One chunk of `exact_chain`: batch indices part = (first, count, group) into the buffers."""
-    (c_pos, c_src), (i, k, group) = maps, part
-    a64, b64, prods, acc = bufs[0][:, :k], bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
-    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
-        np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
+    """One chunk of `exact_chain`: batch indices part = (first, count, group, A by column) into the
+    buffers."""
+    (c_pos, c_src), (i, k, group, by_column) = maps, part
+    b64, prods, acc = bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
+    steps, m_rows, cols = prods.shape[0], prods.shape[2] * group, prods.shape[3]
+    if by_column:
+        a64 = bufs[0][:, :k // group]  # [steps, k / group, 16, m_rows]
+        for s, a in enumerate(a3):
+            _fill_by_column(a64[s], a[i:i + k], group)  # exact: f16 values
+        a64 = np.swapaxes(a64, -1, -2)
+    else:
+        a64 = bufs[0][:, :k]  # [steps, k, rows, 16]
+        for s, a in enumerate(a3):
+            np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
+        a64 = a64.reshape(steps, -1, m_rows, MMA_K)
+    for s, b in enumerate(b3):
         np.copyto(b64[s], b[i:i + k:group])
-    steps, m_rows, cols = a64.shape[0], a64.shape[2] * group, prods.shape[3]
-    np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, cols))
+    np.matmul(a64, b64, out=prods.reshape(steps, -1, m_rows, cols))
     if c3 is None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
     else:
@@ -312,6 +326,19 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
         if s + 1 < len(a3):
             prods[s + 1] += acc
     np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
+
+
+def _fill_by_column(dst: np.ndarray, src: np.ndarray, group: int) -> None:
+    """dst [k / group, 16, group * rows] <- src [k, *row axes, *column axes] (`_batch_a`'s view): the
+    A matrix of each group of consecutive batch indices stored column by column."""
+    k, n_cols, size = src.shape[0], 0, 1
+    while size < MMA_K:
+        n_cols += 1
+        size *= src.shape[-n_cols]
+    rows, cols = src.shape[1:src.ndim - n_cols], src.shape[src.ndim - n_cols:]
+    d = dst.reshape(k // group, *cols, group, *rows)
+    order = (0, 1 + n_cols, *range(2 + n_cols, d.ndim), *range(1, 1 + n_cols))  # [k / group, group, rows, cols]
+    np.copyto(d.transpose(order), src.reshape(k // group, group, *src.shape[1:]))
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,
