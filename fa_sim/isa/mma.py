@@ -231,13 +231,14 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     # column: a copy several times faster, a matmul as fast). The same sums in the same order
     # either way, bit for bit (tests/test_isa_mma.py).
     by_column = a3[0].strides[-1] != a3[0].itemsize
+    b_once = all(b.strides[0] == 0 for b in b3)  # one B for the whole batch: converted by the first chunk
     a_buf = (steps, n // group, MMA_K, group * m_rows) if by_column else (steps, n, m_rows, MMA_K)
     bufs = (np.empty(a_buf), np.empty((steps, n // group, MMA_K, cols)),
             np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
         for i in range(0, flat, n):
             k = min(n, flat - i)
-            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group, by_column), bufs, o3)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group, by_column, b_once and i > 0), bufs, o3)
     return out
 
 
@@ -299,9 +300,9 @@ def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
 
 
 def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
-    """One chunk of `exact_chain`: batch indices part = (first, count, group, A by column) into the
-    buffers."""
-    (c_pos, c_src), (i, k, group, by_column) = maps, part
+    """One chunk of `exact_chain`: batch indices part = (first, count, group, A by column, B already
+    in its buffer) into the buffers."""
+    (c_pos, c_src), (i, k, group, by_column, b_ready) = maps, part
     b64, prods, acc = bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
     steps, m_rows, cols = prods.shape[0], prods.shape[2] * group, prods.shape[3]
     if by_column:
@@ -314,7 +315,7 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
         for s, a in enumerate(a3):
             np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
         a64 = a64.reshape(steps, -1, m_rows, MMA_K)
-    for s, b in enumerate(b3):
+    for s, b in enumerate(() if b_ready else b3):
         np.copyto(b64[s], b[i:i + k:group])
     np.matmul(a64, b64, out=prods.reshape(steps, -1, m_rows, cols))
     if c3 is None:
