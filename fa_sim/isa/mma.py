@@ -332,14 +332,22 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
 def _fill_by_column(dst: np.ndarray, src: np.ndarray, group: int) -> None:
     """dst [k / group, 16, group * rows] <- src [k, *row axes, *column axes] (`_batch_a`'s view): the
     A matrix of each group of consecutive batch indices stored column by column."""
-    k, n_cols, size = src.shape[0], 0, 1
+    k = src.shape[0]
+    shape, order = _by_column_layout(src.shape[1:], k // group, group)
+    np.copyto(dst.reshape(shape).transpose(order), src.reshape(k // group, group, *src.shape[1:]))
+
+
+@lru_cache(maxsize=64)
+def _by_column_layout(tail: tuple, n_groups: int, group: int) -> tuple[tuple, tuple]:
+    """`_fill_by_column`'s view of dst, [k / group, *column axes, group, *row axes], and the axis
+    order that makes it [k / group, group, *row axes, *column axes] like src."""
+    n_cols, size = 0, 1
     while size < MMA_K:
         n_cols += 1
-        size *= src.shape[-n_cols]
-    rows, cols = src.shape[1:src.ndim - n_cols], src.shape[src.ndim - n_cols:]
-    d = dst.reshape(k // group, *cols, group, *rows)
-    order = (0, 1 + n_cols, *range(2 + n_cols, d.ndim), *range(1, 1 + n_cols))  # [k / group, group, rows, cols]
-    np.copyto(d.transpose(order), src.reshape(k // group, group, *src.shape[1:]))
+        size *= tail[-n_cols]
+    rows, cols = tail[:len(tail) - n_cols], tail[len(tail) - n_cols:]
+    shape = (n_groups, *cols, group, *rows)
+    return shape, (0, 1 + n_cols, *range(2 + n_cols, len(shape)), *range(1, 1 + n_cols))
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,

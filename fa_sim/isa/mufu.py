@@ -108,9 +108,10 @@ class _Ex2Buffers:
         self.seg, self.xl = np.empty(size, np.intp), np.empty(size, np.intp)
         self.q, self.t, self.u = (np.empty(size) for _ in range(3))
         self.sq = np.empty(size, np.uint16)
+        self.whole = (self.w, self.z, self.f, self.i, self.seg, self.xl, self.q, self.t, self.u, self.sq)
 
     def take(self, n: int):
-        return tuple(getattr(self, k)[:n] for k in ("w", "z", "f", "i", "seg", "xl", "q", "t", "u", "sq"))
+        return self.whole if n == self.w.size else tuple(b[:n] for b in self.whole)
 
 
 _LOCAL = threading.local()  # each thread's _Ex2Buffers by size
