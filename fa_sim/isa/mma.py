@@ -318,14 +318,15 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
     for s, b in enumerate(() if b_ready else b3):
         np.copyto(b64[s], b[i:i + k:group])
     np.matmul(a64, b64, out=prods.reshape(steps, -1, m_rows, cols))
-    if c3 is None:
-        prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
-    else:
-        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).view(np.float32).reshape(prods.shape[1:])
-    for s in range(len(a3)):
+    if c3 is None:  # the +0 accumulator: a -0 sum becomes +0 as with any C
+        np.add(prods[0], 0.0, out=acc, casting="same_kind")  # the first step's fp32 result
+    else:  # C gathered into acc, then fp32(P[0] + C) in float64, rounded once
+        np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
+                mode="wrap")
+        np.add(prods[0], acc, out=acc, dtype=np.float64, casting="same_kind")
+    for s in range(1, len(a3)):
+        prods[s] += acc
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
-        if s + 1 < len(a3):
-            prods[s + 1] += acc
     np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
