@@ -194,18 +194,19 @@ class Machine:
         listeners = self._issue(instr)
         if self._warps == 0:
             return
-        k, size = self.live, dst.width
+        k, size, shape = self.live, dst.width, (self.live, *src.shape[1:])
         src_size = np.broadcast_to(src_size, src.shape)
-        reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
         shared = src.shape[0] == 1 and k > 1
-        read_once = reads.any(axis=0, keepdims=True) if shared else reads  # what some CTA's copy reads
-        data = isa.zero_fill(self.memory.gather(src, size, read_once, "cp.async source"), src_size)  # [k or 1,W,L,R,size]
-        dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], reads.shape)
+        active = self.active.any(axis=0, keepdims=True) if shared else self.active  # some CTA's copy reads
+        data = isa.zero_fill(self.memory.gather(src, size, active[..., None] & (src_size > 0), "cp.async source"),
+                             src_size)  # [k or 1, W, L, R, size]
+        dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], shape)
         self._check_smem(dst, "cp.async destination")
         self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy(),
                                      None if dst.per_cta else dst))
         if listeners:
-            gm = self._gmem_access(np.broadcast_to(src, reads.shape), size, reads, write=False)
+            reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
+            gm = self._gmem_access(np.broadcast_to(src, shape), size, reads, write=False)
             self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
 
     def commit_group(self, instr: Instr) -> None:
