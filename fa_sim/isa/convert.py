@@ -81,7 +81,7 @@ def f32_to_f16_values(x) -> np.ndarray | None:
     but at least f16's -14, rounds x to a multiple of M's ulp 2^(e - 10), f16's ulp at e, ties
     to even (x + M stays in M's binade); the sign of a zero result is x's; |x| >= 65520 -> inf."""
     x = np.asarray(x, np.float32)
-    high = np.max(x.view(np.uint32), initial=np.uint32(0))  # without sign bits: the largest |x|'s bits, NaN's above inf's
+    high = np.max(x.view(np.uint32), initial=np.uint32(0))  # no sign bit: the largest |x|'s bits (NaN's above inf's)
     signed = high >= np.uint32(0x80000000)  # a sign bit set (-0 included): sign fix-ups needed
     top = np.max(np.abs(x), initial=np.float32(0)) if signed else np.uint32(high).view(np.float32)
     if np.isnan(top):
