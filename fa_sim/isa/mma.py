@@ -318,8 +318,9 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
     for s, b in enumerate(() if b_ready else b3):
         np.copyto(b64[s], b[i:i + k:group])
     np.matmul(a64, b64, out=prods.reshape(steps, -1, m_rows, cols))
-    if c3 is None:  # the +0 accumulator: a -0 sum becomes +0 as with any C
-        np.add(prods[0], 0.0, out=acc, casting="same_kind")  # the first step's fp32 result
+    if c3 is None:
+        prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
+        np.copyto(acc, prods[0], casting="same_kind")  # the first step's fp32 result
     else:  # C gathered into acc, then fp32(P[0] + C) in float64, rounded once
         np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
                 mode="wrap")
