@@ -321,10 +321,11 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
     if c3 is None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
         np.copyto(acc, prods[0], casting="same_kind")  # the first step's fp32 result
-    else:  # C gathered into acc, then fp32(P[0] + C) in float64, rounded once
+    else:  # C gathered into acc (no temporary, no bounds checks), added to P[0] in float64
         np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
                 mode="wrap")
-        np.add(prods[0], acc, out=acc, dtype=np.float64, casting="same_kind")
+        prods[0] += acc
+        np.copyto(acc, prods[0], casting="same_kind")
     for s in range(1, len(a3)):
         prods[s] += acc
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
