@@ -1,7 +1,7 @@
 """MUFU.EX2's numpy kernel (fa_sim.isa.mufu.ex2, ftz) against the interpolator's integer formula
 (fa_sim.isa.mufu_table) on all 2^32 fp32 inputs, bit for bit.
 
-    python experiments/ex2_exhaustive.py            # about 2 CPU minutes on the development machine
+    python experiments/ex2_exhaustive.py            # about 6 CPU minutes on the development machine
 
 tests/test_mufu.py checks the same on the first octave and 200,000 random inputs; this is the
 exhaustive form for a change to the kernel. The reference: x's fixed point |x| 2^23 truncated
