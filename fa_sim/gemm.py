@@ -42,14 +42,26 @@ class LdsmOperand:
         regs = m.ldmatrix(self.instr, self.lanes, LDSM_NUM, self.trans, self.name)  # [k, W, L, R, 4]
         return regs if self.operand is Operand.A else regs.reshape(*regs.shape[:3], -1, 2)
 
-    def matrix(self, m: Machine) -> np.ndarray:
-        """The operand matrices the MMAs read, [live, W or 1, rows, cols] f16, without registers."""
+    def matrix(self, m: Machine, first_cta: bool = False) -> np.ndarray:
+        """The operand matrices the MMAs read, [live, W or 1, rows, cols] f16, without registers;
+        [1, W or 1, rows, cols] with `first_cta`, which the caller gives when every live CTA holds
+        the same bytes where they are read (`_same_in_every_cta`)."""
         m.count(self.instr, aligned=True, smem=self.lanes)
         idx, chunks = _matrix_index(self.lanes, self.trans, self.operand)
+        smem = m.smem[: 1 if first_cta else m.live]
         if chunks is None:  # [W or 1, rows, cols] halves
-            return np.take(m.smem[: m.live].view(np.uint16), idx, axis=1).view(np.float16)
-        rows = np.take(m.smem[: m.live].view(CHUNK), chunks, axis=1).view(np.float16)  # whole 16-byte rows
+            return np.take(smem.view(np.uint16), idx, axis=1).view(np.float16)
+        rows = np.take(smem.view(CHUNK), chunks, axis=1).view(np.float16)  # whole 16-byte rows
         return rows if chunks.shape[-2] == idx.shape[-2] else np.swapaxes(rows, -1, -2)
+
+    def span(self) -> tuple[int, int]:
+        """The 8-byte words [lo, hi) of shared memory the loads read (cached on the lanes)."""
+        cache = self.lanes.__dict__.setdefault("_mma_span", {})
+        key = (self.trans, self.operand)
+        if key not in cache:
+            idx = _matrix_index(self.lanes, self.trans, self.operand)[0]  # halves
+            cache[key] = (int(idx.min()) // 4, int(idx.max()) // 4 + 1)
+        return cache[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,24 +150,42 @@ def _chunks(idx: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES) if whole else None
 
 
-def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero: bool = False,
+              out: np.ndarray | None = None) -> np.ndarray:
     """The k16 steps of a warp-level GEMM: for i = 0, 1, ...: c = mma(instrs[i], a_steps[i],
     b_steps[i], c), each operand a register array (fragments as Machine.mma takes them) or an
     LdsmOperand (loaded right before its step). Same counts, events and bits as that sequence.
-    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather)."""
+    `c_is_zero`: the caller vouches that c is +0 everywhere (the matrix form then skips its gather).
+    `out`: where the matrix form may write the result (isa.mma.gemm_chain's; c itself allowed) -
+    the result is returned either way, so the caller checks whether it is `out`."""
     loads = [o.instr for o in (*a_steps, *b_steps) if isinstance(o, LdsmOperand)]
     if m.observed(*instrs, *loads):
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
             c = m.mma(instr, _registers(m, a), _registers(m, b), c)
         return c
     a_mats = [a.matrix(m) if isinstance(a, _OPERANDS) else isa_mma.a_matrix(a) for a in a_steps]
-    b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
+    if _same_in_every_cta(m, b_steps):  # one K or V tile for the whole wave: read once, broadcast
+        b_mats = [b.matrix(m, first_cta=True) for b in b_steps]
+    else:
+        b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
-    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero)
+    return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero, out=out)
 
 
 _OPERANDS = (LdsmOperand, RegisterOperand, BlockedValueOperand)
+
+
+def _same_in_every_cta(m: Machine, steps) -> bool:
+    """Whether every step is an LdsmOperand and every live CTA holds the same shared-memory bytes
+    over the words they read (then the CTA-0 matrices are every CTA's): one comparison, where
+    the gathers for every CTA and the chain's search for CTAs sharing B would cost more."""
+    if m.live < 2 or not all(isinstance(s, LdsmOperand) for s in steps):
+        return False
+    spans = [s.span() for s in steps]
+    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+    words = m.smem[: m.live].view(np.uint64)[:, lo:hi]
+    return bool((words[1:] == words[0]).all())
 
 
 def _registers(m: Machine, x) -> np.ndarray:

@@ -85,7 +85,7 @@ class _Flight:
     uint8; group / issued / landed [k, W, L] per issuing thread."""
 
     dst: np.ndarray
-    data: np.ndarray
+    data: np.ndarray  # [1, W, L, R, size] when every CTA copies the same bytes
     group: np.ndarray
     landed: np.ndarray
     lanes: SmemLanes | None = None  # the destination's lanes when every CTA shares them
@@ -187,21 +187,26 @@ class Machine:
 
     # -- cp.async ----------------------------------------------------------------------------------
     def cp_async(self, instr: Instr, dst: SmemLanes, src: np.ndarray, src_size: np.ndarray) -> None:
-        """R cp.async of dst.width bytes: src [live, W, L, R] global byte addresses, src_size
-        [live, W, L, R] bytes read (the rest zero-filled; 0: nothing is read)."""
+        """R cp.async of dst.width bytes: src [live, W, L, R] global byte addresses, or [1, W, L, R]
+        when every live CTA copies from the same ones (the CTAs of a wave that load one K/V tile:
+        the bytes are then read once and land in every CTA); src_size broadcasts to src: bytes
+        read (the rest zero-filled; 0: nothing is read)."""
         listeners = self._issue(instr)
         if self._warps == 0:
             return
-        k, size = self.live, dst.width
+        k, size, shape = self.live, dst.width, (self.live, *src.shape[1:])
         src_size = np.broadcast_to(src_size, src.shape)
-        reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
-        data = isa.zero_fill(self.memory.gather(src, size, reads, "cp.async source"), src_size)  # [k,W,L,R,size]
-        dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], src.shape)
+        shared = src.shape[0] == 1 and k > 1
+        active = self.active.any(axis=0, keepdims=True) if shared else self.active  # some CTA's copy reads
+        data = isa.zero_fill(self.memory.gather(src, size, active[..., None] & (src_size > 0), "cp.async source"),
+                             src_size)  # [k or 1, W, L, R, size]
+        dst_addr = np.broadcast_to(dst.addr if dst.per_cta else dst.addr[None], shape)
         self._check_smem(dst, "cp.async destination")
         self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy(),
                                      None if dst.per_cta else dst))
         if listeners:
-            gm = self._gmem_access(src, size, reads, write=False)
+            reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
+            gm = self._gmem_access(np.broadcast_to(src, shape), size, reads, write=False)
             self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
 
     def commit_group(self, instr: Instr) -> None:
@@ -230,9 +235,10 @@ class Machine:
         kk, size = done.shape[0], f.data.shape[-1]
         unit = {16: np.uint64, 8: np.uint64, 4: np.uint32}[size]
         per = np.dtype(unit).itemsize
+        data = np.ascontiguousarray(f.data[:kk]).view(unit)  # [kk, W, L, R, units], or [1, ...] every CTA's
         if f.lanes is not None and done.all():  # every lane of the live CTAs: a static pattern
             lo, where = f.lanes.landing(per)
-            values = np.ascontiguousarray(f.data[:kk]).view(unit).reshape(kk, -1)  # [kk, W*L*R*units]
+            values = data.reshape(data.shape[0], -1)  # [kk or 1, W*L*R*units]: rows broadcast over the CTAs
             smem = self.smem[:kk].view(unit)  # [kk, CTA units]
             if lo is None:
                 smem[:, where] = values
@@ -244,7 +250,7 @@ class Machine:
         cta_units = self.smem.shape[1] // per
         idx = (np.arange(kk)[:, None, None, None] * cta_units + f.dst[:kk] // per)[..., None] \
             + np.arange(size // per)  # [kk, W, L, R, units]
-        values = np.ascontiguousarray(f.data[:kk]).view(unit)  # [kk, W, L, R, units]
+        values = np.broadcast_to(data, idx.shape)
         sel = np.broadcast_to(done[..., None], f.dst[:kk].shape)
         smem[idx[sel]] = values[sel]
         f.landed[:kk] |= done

@@ -2,6 +2,7 @@
 (PTX `#warp-level-matrix-fragment-mma-16816-float`). Per-lane loops here are test oracles."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from fa_sim.isa import mma
@@ -128,3 +129,53 @@ def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed)
         want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
     want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
     np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))
+
+
+@FIXED
+@given(a_by_column=st.booleans(), zero=st.booleans(), seed=st.integers(0, 2**16))
+def test_exact_chain_sums_column_major_operands_as_a_matmul_of_them_does(a_by_column, zero, seed):
+    """gemm_chain copies every B into a row-major buffer and an A whose columns are not contiguous
+    column by column (dgemm and the copies are faster so): its sums, in their order, are still
+    those of a float64 matmul of the operands as given - here B column-major, as sK^T reaches the
+    QK GEMM, and A row- or column-major - with operands over fp16's whole exponent range, so that
+    float64 sums round."""
+    rng = np.random.default_rng(seed)
+    ctas, w, mi, nj, steps = 8, 4, 1, 8, 4
+
+    def wide(shape):
+        return (rng.standard_normal(shape) * 2.0 ** rng.integers(-24, 12, shape)).astype(np.float16)
+
+    a = [np.swapaxes(wide((ctas, w, 16, 16 * mi)), -1, -2) if a_by_column else wide((ctas, w, 16 * mi, 16))
+         for _ in range(steps)]
+    b = [np.swapaxes(wide((ctas, 1, 8 * nj, 16)), -1, -2) for _ in range(steps)]  # [ctas, 1, 16, 8NJ] column-major
+    c = np.zeros((ctas, w, 32, nj, mi, 4), np.float32) if zero else \
+        rng.standard_normal((ctas, w, 32, nj, mi, 4)).astype(np.float32)
+    _, _, c_pos, c_src = mma._tile_maps(mi, nj)
+    want = np.take(c.reshape(ctas, w, -1), c_src, axis=-1)
+    for x, y in zip(a, b):
+        want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)  # y stays column-major
+    want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
+    np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("a_by_column", [False, True])
+@pytest.mark.parametrize("share", ["pairs", "all"])
+def test_exact_chain_across_many_chunks(a_by_column, share, monkeypatch):
+    """Small chunks (CHUNK_ELEMENTS), so that the chain runs many, with B shared by groups of CTAs
+    or by all of them (then converted once, by the first chunk) and A in either order: the same
+    bits as the steps one after another."""
+    monkeypatch.setattr(mma, "CHUNK_ELEMENTS", 4 * 64 * 64)
+    rng = np.random.default_rng(7)
+    ctas, w, mi, nj, steps = 40, 4, 1, 8, 4
+    a = [rng.standard_normal((ctas, w, 16, 16 * mi)).astype(np.float16) for _ in range(steps)]
+    a = [np.swapaxes(x, -1, -2) if a_by_column else np.ascontiguousarray(np.swapaxes(x, -1, -2)) for x in a]
+    b = [rng.standard_normal((ctas if share == "pairs" else 1, 1, 16, 8 * nj)).astype(np.float16) for _ in range(steps)]
+    if share == "pairs":
+        b = [np.repeat(x[::2], 2, axis=0) for x in b]
+    c = rng.standard_normal((ctas, w, 32, nj, mi, 4)).astype(np.float32)
+    _, _, c_pos, c_src = mma._tile_maps(mi, nj)
+    want = np.take(c.reshape(ctas, w, -1), c_src, axis=-1)
+    for x, y in zip(a, b):
+        want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
+    want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
+    np.testing.assert_array_equal(mma.gemm_chain(a, b, c).view(np.uint32), want.view(np.uint32))

@@ -81,12 +81,13 @@ def f32_to_f16_values(x) -> np.ndarray | None:
     but at least f16's -14, rounds x to a multiple of M's ulp 2^(e - 10), f16's ulp at e, ties
     to even (x + M stays in M's binade); the sign of a zero result is x's; |x| >= 65520 -> inf."""
     x = np.asarray(x, np.float32)
-    signed = x.size and x.view(np.int32).min() < 0  # a sign bit set (-0 included): sign fix-ups needed
-    top = np.max(np.abs(x) if signed else x, initial=np.float32(0))
+    high = np.max(x.view(np.uint32), initial=np.uint32(0))  # no sign bit: the largest |x|'s bits (NaN's above inf's)
+    signed = high >= np.uint32(0x80000000)  # a sign bit set (-0 included): sign fix-ups needed
+    top = np.max(np.abs(x), initial=np.float32(0)) if signed else np.uint32(high).view(np.float32)
     if np.isnan(top):
         return None
-    m = x.view(np.int32) & np.int32(0x7F800000)
-    np.maximum(m, np.int32(113 << 23), out=m)  # 2^-14: below it f16's ulp stays 2^-24
+    m = x.view(np.int32) & np.int32(0x7F800000)  # 2^e as float32 (0 for e = -127, inf for inf/NaN)
+    np.maximum(m.view(np.float32), np.float32(2.0**-14), out=m.view(np.float32))  # below it f16's ulp stays 2^-24
     m += np.int32((13 << 23) | (1 << 22))  # 1.5 * 2^(e + 13); wraps only for |x| >= 2^115 (fixed below)
     m = m.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -256,6 +256,8 @@ def _min_max(a, b, is_max: bool, ftz: bool, propagate_nan: bool, xorsign_abs: bo
         a, b = np.abs(a), np.abs(b)
     with np.errstate(invalid="ignore"):  # a NaN operand gives the other one, signalling or not
         r = (np.maximum if is_max else np.minimum)(a, b)  # (np.fmin's short-array path returns
+        if not xorsign_abs and r.size and not np.isnan(np.max(r)) and np.count_nonzero(r) == r.size:
+            return np.asarray(r)  # no NaN operand (maximum propagates them), no +-0 pair: r as it is
         r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))  # NaN for a signalling one)
     zeros = (a == 0) & (b == 0)
     if zeros.any():  # PTX: +0.0 > -0.0

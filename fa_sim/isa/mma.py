@@ -171,16 +171,23 @@ CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its floa
 # cache (measured: 8 CTAs of the seed config per pass, 1.9x faster than one pass over 64)
 
 
-def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False) -> np.ndarray:
+def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c_is_zero: bool = False,
+               out: np.ndarray | None = None) -> np.ndarray:
     """`mma_chain` on operand matrices: a_mats [..., 16MI, 16] f16 (or their f16 values as f32;
     with the EXACT model also a view in blocked axes, `_batch_a`), b_mats [..., 16, 8NJ] f16 (lead
     axes broadcast), c [..., 32, NJ, MI, 4] f32 fragments -> d like c. Each step rounds its
     results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
     gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS.
-    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. EXACT runs
-    `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. `out`: a
+    C-contiguous float32 array like c (c itself allowed) that receives d, which is returned. EXACT
+    runs `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    if out is not None and (out.shape != c.shape or out.dtype != np.float32 or not out.flags.c_contiguous):
+        raise ValueError(f"gemm_chain: out must be C-contiguous float32 of shape {c.shape}")
     if model.float64_sum:
-        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero)
+        return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero, out=out)
+    if out is not None:
+        out[...] = gemm_chain(a_mats, b_mats, c, model, c_is_zero=c_is_zero)
+        return out
     nj, mi = c.shape[-3], c.shape[-2]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
     n = c.shape[0] if c.ndim < 5 else max(1, CHUNK_ELEMENTS // max(per, 1))
@@ -195,14 +202,15 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     return out
 
 
-def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np.ndarray:
+def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """`gemm_chain` with the EXACT model: per chunk of the leading axis, the operands of every step
     are converted to float64 into one buffer each and multiplied by one batched matmul (the
     products of all k16 steps at once), then the steps are summed in order, each sum rounded to
     fp32 (P[s] += acc; acc = fp32(P[s]): the float64 sum of the exact products and C, rounded once,
     as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
     lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
-    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul."""
+    CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul.
+    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c."""
     nj, mi = c.shape[-3], c.shape[-2]
     c_pos, c_src = _pair_maps(mi, nj)
     lead, steps = c.shape[:-4], len(a_mats)
@@ -214,16 +222,23 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False) -> np
     a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
     c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
-    out = np.empty(c.shape, np.float32)
+    out = np.empty(c.shape, np.float32) if out is None else out
     o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
     group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
-    bufs = (np.empty((steps, n, m_rows, MMA_K)), _like_last2((steps, n // group, MMA_K, cols), b3[0]),
+    # B row-major whatever its source's order: OpenBLAS's dgemm is about 1.5x faster with K = 16 and
+    # B not transposed; A column by column when its source's columns are not contiguous (P~ by
+    # column: a copy several times faster, a matmul as fast). The same sums in the same order
+    # either way, bit for bit (tests/test_isa_mma.py).
+    by_column = a3[0].strides[-1] != a3[0].itemsize
+    b_once = all(b.strides[0] == 0 for b in b3)  # one B for the whole batch: converted by the first chunk
+    a_buf = (steps, n // group, MMA_K, group * m_rows) if by_column else (steps, n, m_rows, MMA_K)
+    bufs = (np.empty(a_buf), np.empty((steps, n // group, MMA_K, cols)),
             np.empty((steps, n, m_rows, cols)), np.empty((n, m_rows, cols), np.float32))
     with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN operands give inf and NaN, silently
         for i in range(0, flat, n):
             k = min(n, flat - i)
-            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group), bufs, o3)
+            _exact_part(a3, b3, c3, (c_pos, c_src), (i, k, group, by_column, b_once and i > 0), bufs, o3)
     return out
 
 
@@ -267,15 +282,6 @@ def _pairs(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).view(np.uint64)
 
 
-def _like_last2(shape: tuple, src: np.ndarray) -> np.ndarray:
-    """An empty float64 array of `shape` whose last two axes have the memory order of src's (a
-    transposed view when src is), so that converting src into it reads and writes in order; matmul
-    takes either order."""
-    if src.strides[-2] >= src.strides[-1]:
-        return np.empty(shape)
-    return np.swapaxes(np.empty((*shape[:-2], shape[-1], shape[-2])), -1, -2)
-
-
 def _batch_a(a: np.ndarray, lead: tuple, n_batch: int, flat: int) -> np.ndarray:
     """A broadcast to the chain's lead axes, its batch axes flattened: [flat, ...] whose other axes
     flatten in C order to the matmul's m_rows x 16. A is [..., 16MI, 16], or a view with every
@@ -294,23 +300,57 @@ def _batch_b(b: np.ndarray, lead: tuple, join: bool) -> np.ndarray:
 
 
 def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
-    """One chunk of `exact_chain`: batch indices part = (first, count, group) into the buffers."""
-    (c_pos, c_src), (i, k, group) = maps, part
-    a64, b64, prods, acc = bufs[0][:, :k], bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
-    for s, (a, b) in enumerate(zip(a3, b3, strict=True)):
-        np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
+    """One chunk of `exact_chain`: batch indices part = (first, count, group, A by column, B already
+    in its buffer) into the buffers."""
+    (c_pos, c_src), (i, k, group, by_column, b_ready) = maps, part
+    b64, prods, acc = bufs[1][:, :k // group], bufs[2][:, :k], bufs[3][:k]
+    steps, m_rows, cols = prods.shape[0], prods.shape[2] * group, prods.shape[3]
+    if by_column:
+        a64 = bufs[0][:, :k // group]  # [steps, k / group, 16, m_rows]
+        for s, a in enumerate(a3):
+            _fill_by_column(a64[s], a[i:i + k], group)  # exact: f16 values
+        a64 = np.swapaxes(a64, -1, -2)
+    else:
+        a64 = bufs[0][:, :k]  # [steps, k, rows, 16]
+        for s, a in enumerate(a3):
+            np.copyto(a64[s].reshape(k, *a.shape[1:]), a[i:i + k])  # exact: f16 values
+        a64 = a64.reshape(steps, -1, m_rows, MMA_K)
+    for s, b in enumerate(() if b_ready else b3):
         np.copyto(b64[s], b[i:i + k:group])
-    steps, m_rows, cols = a64.shape[0], a64.shape[2] * group, prods.shape[3]
-    np.matmul(a64.reshape(steps, -1, m_rows, MMA_K), b64, out=prods.reshape(steps, -1, m_rows, cols))
+    np.matmul(a64, b64, out=prods.reshape(steps, -1, m_rows, cols))
     if c3 is None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
-    else:
-        prods[0] += np.take(c3[i:i + k], c_src, axis=-1).view(np.float32).reshape(prods.shape[1:])
-    for s in range(len(a3)):
+        np.copyto(acc, prods[0], casting="same_kind")  # the first step's fp32 result
+    else:  # C gathered into acc (no temporary, no bounds checks), added to P[0] in float64
+        np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
+                mode="wrap")
+        prods[0] += acc
+        np.copyto(acc, prods[0], casting="same_kind")
+    for s in range(1, len(a3)):
+        prods[s] += acc
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
-        if s + 1 < len(a3):
-            prods[s + 1] += acc
     np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
+
+
+def _fill_by_column(dst: np.ndarray, src: np.ndarray, group: int) -> None:
+    """dst [k / group, 16, group * rows] <- src [k, *row axes, *column axes] (`_batch_a`'s view): the
+    A matrix of each group of consecutive batch indices stored column by column."""
+    k = src.shape[0]
+    shape, order = _by_column_layout(src.shape[1:], k // group, group)
+    np.copyto(dst.reshape(shape).transpose(order), src.reshape(k // group, group, *src.shape[1:]))
+
+
+@lru_cache(maxsize=64)
+def _by_column_layout(tail: tuple, n_groups: int, group: int) -> tuple[tuple, tuple]:
+    """`_fill_by_column`'s view of dst, [k / group, *column axes, group, *row axes], and the axis
+    order that makes it [k / group, group, *row axes, *column axes] like src."""
+    n_cols, size = 0, 1
+    while size < MMA_K:
+        n_cols += 1
+        size *= tail[-n_cols]
+    rows, cols = tail[:len(tail) - n_cols], tail[len(tail) - n_cols:]
+    shape = (n_groups, *cols, group, *rows)
+    return shape, (0, 1 + n_cols, *range(2 + n_cols, len(shape)), *range(1, 1 + n_cols))
 
 
 def _gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel, out: np.ndarray | None = None,

@@ -74,21 +74,29 @@ def _fields(u: np.ndarray):
 
 @functools.cache
 def _ex2_kernel_tables():
-    """ex2's coefficients / 2^15 as float64 (Q / 2^15 is then exact: < 2^24 with 15 fraction
-    bits), C0 with the exponent bias 126 * 2^23 added (still exact: < 2^31 with 15 fraction bits,
-    and Q > 0, so truncating the biased sum truncates Q), and the squarer as uint16 (its values are
-    below 2^15; a 256 KB table stays in cache where float64 would not)."""
+    """ex2's interpolator as the chunk kernel evaluates it, Q / 2^15 = D0[s] + C1[s] f + C2[s] sq(xl)
+    over the whole 23-bit fraction f = s 2^17 + xl: C1, C2 / 2^15 and D0 = (C0 - C1 s 2^17) / 2^15
+    + the exponent bias 126 * 2^23, as float64 (exact: every term and partial sum is a multiple of
+    2^-15 below 2^31, 46 bits, so truncating the biased sum truncates Q), and the squarer as
+    uint16 (below 2^15; a 256 KB table stays in cache where float64 would not). Row 64, which a
+    segment index of -1 wraps to, is the exact power of two: f = -1 stands for a negative
+    integer x (`_ex2_chunk`), whose result is Q(0) with the exponent of x itself."""
     t = mt.tables()["ex2"]
     sq = mt.squarer_table(t.xl_bits)
-    if sq.max() >= 1 << 16:
-        raise ValueError("mufu: the ex2 squarer no longer fits uint16")
-    return t.c0 / 2.0**15 + _EX2_BIAS_Q, t.c1 / 2.0**15, t.c2 / 2.0**15, sq.astype(np.uint16)
+    if sq.max() >= 1 << 16 or t.xl_bits != _EX2_SEG_SHIFT:
+        raise ValueError("mufu: the ex2 table no longer has the layout `_ex2_chunk` assumes")
+    seg = np.arange(t.c0.size, dtype=np.int64)
+    d0 = (t.c0 - t.c1 * (seg << t.xl_bits)) / 2.0**15 + _EX2_BIAS_Q
+    exact_row = t.c0[0] / 2.0**15 + _EX2_BIAS_Q
+    return (np.append(d0, exact_row), np.append(t.c1 / 2.0**15, 0.0), np.append(t.c2 / 2.0**15, 0.0),
+            sq.astype(np.uint16))
 
 
 _EX2_MIN_N, _EX2_MAX_N = -126, 127  # 2^n outside fp32's normal range: flushed to +0, or +inf
 _EX2_BIAS_Q = 126.0 * 2**23  # fp32 bits of sig * 2^(n - 23), sig in [2^23, 2^24]: (n << 23) + (126 << 23) + sig
 _EX2_LO = np.float32(-126 * 2.0**23 - 1)  # x * 2^23 above this (and below _EX2_HI): n in [-126, 127]
 _EX2_HI = np.float32(2.0**30)
+_EX2_SEG_SHIFT = 17  # xl bits of the ex2 table (`_ex2_kernel_tables` checks it)
 
 
 class _Ex2Buffers:
@@ -96,13 +104,14 @@ class _Ex2Buffers:
 
     def __init__(self, size: int) -> None:
         self.w = np.empty(size, np.float32)
-        self.z, self.f, self.sig = (np.empty(size, np.int32) for _ in range(3))
+        self.z, self.f, self.i = (np.empty(size, np.int32) for _ in range(3))
         self.seg, self.xl = np.empty(size, np.intp), np.empty(size, np.intp)
         self.q, self.t, self.u = (np.empty(size) for _ in range(3))
         self.sq = np.empty(size, np.uint16)
+        self.whole = (self.w, self.z, self.f, self.i, self.seg, self.xl, self.q, self.t, self.u, self.sq)
 
     def take(self, n: int):
-        return tuple(getattr(self, k)[:n] for k in ("w", "z", "f", "sig", "seg", "xl", "q", "t", "u", "sq"))
+        return self.whole if n == self.w.size else tuple(b[:n] for b in self.whole)
 
 
 _LOCAL = threading.local()  # each thread's _Ex2Buffers by size
@@ -126,36 +135,41 @@ def _ex2_chunk(x: np.ndarray, out: np.ndarray, bufs: _Ex2Buffers) -> None:
     integers (gathers from small tables, no int64 products), the result's bits assembled in
     int32, every pass into a buffer of `bufs` (numpy's fastest exact form: same-type operations,
     gathers with precomputed intp indices)."""
-    c0, c1, c2, sq = _ex2_kernel_tables()
-    w, z, f, sig, seg, xl, q, t, u, sqv = bufs.take(x.size)
-    np.clip(x, np.float32(-255), np.float32(255), out=w)  # beyond 2^8 only saturation matters
-    w *= np.float32(2.0**23)
+    d0, c1, c2, sq = _ex2_kernel_tables()
+    w, z, f, i, seg, xl, q, t, u, sqv = bufs.take(x.size)
+    np.multiply(x, np.float32(2.0**23), out=w)         # |x| in fixed point (exact), truncated below
     lo, hi = w.min(), w.max()                          # NaN makes both comparisons below fail
-    np.copyto(z, w, casting="unsafe")                  # |x| in fixed point, truncated; signed
-    np.bitwise_and(z, mt.MASK23, out=f)
+    inside = lo > _EX2_LO and hi < _EX2_HI
+    if not inside:                                     # beyond 2^8 only saturation matters
+        np.clip(x, np.float32(-255), np.float32(255), out=w)
+        w *= np.float32(2.0**23)
+    np.copyto(z, w, casting="unsafe")                  # signed
     # negative x: 2^-(n+1) * 2^(~f), i.e. the fraction one less unless it is 0 (exact); n = z >> 23
-    # (floor) is then already right, and f - 1 only where f > 0
-    np.right_shift(z, 31, out=sig)                     # -1 where negative
-    f += sig
-    np.maximum(f, 0, out=f)
-    np.right_shift(f, 17, out=seg, casting="unsafe")   # segment and offset: gather indices, once
-    np.bitwise_and(f, 0x1FFFF, out=xl, casting="unsafe")
+    # (floor) is then already right, and f - 1 only where f > 0: f = -1 (a negative integer x)
+    # selects the tables' exact row through the wrapped segment index -1
+    np.right_shift(z, 31, out=i)                       # -1 where negative
+    np.bitwise_and(z, mt.MASK23, out=f)
+    f += i
+    np.right_shift(f, _EX2_SEG_SHIFT, out=seg, casting="unsafe")  # segment and offset: gather indices, once
+    np.bitwise_and(f, (1 << _EX2_SEG_SHIFT) - 1, out=xl, casting="unsafe")
     np.take(c1, seg, out=q, mode="wrap")
-    np.copyto(t, xl)
+    np.copyto(t, f)
     q *= t
-    q += np.take(c0, seg, out=t, mode="wrap")
+    q += np.take(d0, seg, out=t, mode="wrap")
     np.take(c2, seg, out=t, mode="wrap")
     np.copyto(u, np.take(sq, xl, out=sqv, mode="wrap"))
     t *= u
     q += t
-    np.copyto(sig, q, casting="unsafe")                # truncation: (126 << 23) + 2^f in [2^23, 2^24]
+    np.copyto(i, q, casting="unsafe")                  # truncation: (126 << 23) + 2^f in [2^23, 2^24]
     z &= np.int32(~mt.MASK23)                          # n << 23
-    z += sig                                           # a carry out of sig (2^24) is exact: 2^(n + 1)
-    if not (lo > _EX2_LO and hi < _EX2_HI):
-        n = w.astype(np.int32) >> 23
-        z[n < _EX2_MIN_N] = 0
-        z[n > _EX2_MAX_N] = _INF
-        z[np.isnan(x)] = _NAN
+    if inside:                                         # a carry out of sig (2^24) is exact: 2^(n + 1)
+        np.add(z, i, out=out.view(np.int32))
+        return
+    z += i
+    n = w.astype(np.int32) >> 23
+    z[n < _EX2_MIN_N] = 0
+    z[n > _EX2_MAX_N] = _INF
+    z[np.isnan(x)] = _NAN
     out.view(np.int32)[...] = z
 
 

@@ -161,5 +161,6 @@ def saturate(x: np.ndarray) -> np.ndarray:
 
 def canonical_nan(x: np.ndarray, nan) -> np.ndarray:
     """Replace every NaN of x by the given NaN bit pattern."""
-    isnan = np.isnan(x)
-    return np.where(isnan, nan, x) if isnan.any() else x
+    if np.size(x) == 0 or not np.isnan(np.max(x)):  # max propagates NaN: one reduction finds any
+        return x
+    return np.where(np.isnan(x), nan, x)

@@ -116,6 +116,8 @@ def load_tile(m: Machine, instr: Instr, lanes: TileLanes, base: int, bh: np.ndar
     k = m.live
     if np.all(row0[:k] + int(lanes.row.max()) < seqlen):  # the whole tile in range: src-size 16 everywhere
         start = base + 2 * (bh[:k] * seqlen + row0[:k]) * head_dim  # [k] byte address of each tile's row 0
+        if np.all(start == start[0]):  # one tile for all (a wave of one head's K/V): the machine reads it once
+            start = start[:1]
         m.cp_async(instr, lanes.smem, start[:, None, None, None] + 2 * (lanes.row * head_dim + lanes.col),
                    np.int64(16))
         return
@@ -193,10 +195,11 @@ def _a_operand_maps(nj: int, mi: int, h: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndarray,
-                   after_first_load: Callable | None) -> np.ndarray:
+                   after_first_load: Callable | None, out: np.ndarray | None = None) -> np.ndarray:
     """flash::gemm_A_in_regs: tCrO += tCrP sV, P's segment h = S atoms 2h, 2h+1 (spec table 9).
-    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem); there tCrP may also be
-    P's f16 values as float32 by column [NJ, 2, MI, 2, k*W*L] (`_p_values`), not its f16x2 words."""
+    Without a late wait, as one fa_sim.gemm.mma_chain (see gemm_smem; it may write the result
+    into `out`); there tCrP may also be P's f16 values as float32 by column [NJ, 2, MI, 2, k*W*L]
+    (`_p_values`), not its f16x2 words."""
     S = plan.sites
     n_h = plan.config.pv_k_segments
     if after_first_load is None:
@@ -207,7 +210,7 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
         else:
             nj, mi = tCrP.shape[3:5]
             a = [RegisterOperand(tCrP, *_a_operand_maps(nj, mi, h)) for h in range(n_h)]
-        return mma_chain(m, S.mma_pv, a, b, tCrO)
+        return mma_chain(m, S.mma_pv, a, b, tCrO, out=out)
     for h in range(n_h):
         regs = m.ldmatrix(S.ldsm_v[h], plan.ldsm_v[h].smem, 4, True, "tCrV")  # [k, W, L, d/16, 4]
         if h == 0:
@@ -294,7 +297,10 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
         m.count(S.convert_p)  # no observer wants its registers (_p_values)
         m.checkpoint(Checkpoint.P_F16,
                      lambda: _thread_words(f32_to_f16_rn(from_columns(p_cols, tCrS.shape[:3])).view(np.uint32)))
-    st.tCrO[:k] = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv)
+    acc = st.tCrO[:k]
+    d = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv, out=acc)
+    if d is not acc:
+        acc[...] = d
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
 
 

@@ -51,17 +51,13 @@ def row_slots(x: np.ndarray, lead: tuple) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(x, -1, 0)).reshape(*lead, *x.shape[:2])
 
 
-@lru_cache(maxsize=None)
-def _slot_of_element(nj: int, mi: int) -> np.ndarray:
-    """[NJ * MI * 4]: the row slot (2 mi + half) of every fragment element (nj, mi, v), half = v >> 1."""
-    return np.broadcast_to((2 * np.arange(mi)[:, None] + np.arange(4)[None, :] // 2), (nj, mi, 4)).reshape(-1)
-
-
 def per_element(x: np.ndarray, nj: int) -> np.ndarray:
-    """A per-row value [k, W, L, MI, 2] -> [k, W, L, NJ, MI, 4], each element its row's value."""
+    """A per-row value [k, W, L, MI, 2] -> [k, W, L, NJ, MI, 4], each element its row's value:
+    element (nj, mi, v) is in row slot (mi, half = v >> 1), so each slot's value twice, the whole
+    MI x 4 block NJ times (two contiguous copies, faster than a gather of every element)."""
     k, w, l, mi, _ = x.shape
-    out = np.take(x.reshape(k * w * l, 2 * mi), _slot_of_element(nj, mi), axis=1)
-    return out.reshape(k, w, l, nj, mi, 4)
+    block = np.repeat(x.reshape(k * w * l, 2 * mi), 2, axis=1)  # [kWL, MI * 4]: (mi, half, b)
+    return np.tile(block, (1, nj)).reshape(k, w, l, nj, mi, 4)
 
 
 def scale_rows(acc: np.ndarray, factor: np.ndarray) -> np.ndarray:
@@ -90,8 +86,14 @@ def quad_allreduce(m: Machine, shfl, regs, x: np.ndarray, op, name: str) -> np.n
 
 
 def _bfly_source(mask: int) -> np.ndarray:
-    """[32] the lane each lane reads in shfl.sync.bfly with this mask, width 32 (fa_sim.isa.shfl)."""
-    return isa_shfl.shfl_source("bfly", mask, isa_shfl.DEFAULT_C)[0]
+    """[32] the lane each lane reads in shfl.sync.bfly with this mask, width 32 (fa_sim.isa.shfl),
+    kept per shfl_source function (a check that replaces it sees its own lanes)."""
+    return _bfly_sources(isa_shfl.shfl_source, mask)
+
+
+@lru_cache(maxsize=None)
+def _bfly_sources(shfl_source, mask: int) -> np.ndarray:
+    return shfl_source("bfly", mask, isa_shfl.DEFAULT_C)[0]
 
 
 def from_columns(cols: np.ndarray, lead: tuple) -> np.ndarray:
