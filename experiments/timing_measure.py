@@ -97,7 +97,29 @@ def cases() -> list[Case]:
     for causal, (b, h, nq, nk) in ((False, SHAPES[0]), (True, SHAPES[1])):
         out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal, str(VARIANT.relative_to(ROOT))))
         out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal))
-    return list(dict.fromkeys(out))  # each case once
+    return list(dict.fromkeys(out + small_cases()))  # each case once
+
+
+def small_cases() -> list[Case]:
+    """Launches of one partial wave or a few (what the launch overhead and the grid's fill and drain
+    are fitted on): one CTA of 1, 16 and 64 rounds, one CTA per SM of 1 and 16 rounds, 2 and 4 per
+    SM and two waves, on configs of 1, 4 and 6 resident CTAs per SM; and the short causal shapes
+    with a query and key tail of `fa compare` (the instruction count of a partial last Q block)."""
+    out = []
+    for tag, (bm, d) in (("m64n64d64w4-swizzled", (64, 64)), ("m128n128d64w8-swizzled", (128, 64)),
+                         ("m64n32d32w4-swizzled", (64, 32))):
+        for heads, nk in SMALL_GRIDS:
+            out.append(Case(tag, (1, heads, bm, nk, d), False))
+        for heads, n, causal in SMALL_SHAPES:
+            out.append(Case(tag, (1, heads, n, n, d), causal))
+    return out
+
+
+# (heads, N_k) of one Q block per head: one CTA (1, 16, 64 rounds), a CTA per SM (132), 2 and 4 per SM, two waves
+SMALL_GRIDS = ((1, 64), (1, 1024), (1, 4096), (132, 64), (132, 1024), (264, 1024), (528, 1024), (1056, 1024))
+# (heads, N, causal): fa compare's shapes and query tails
+SMALL_SHAPES = ((8, 512, False), (2, 256, False), (4, 1000, False), (8, 333, True), (16, 1000, True),
+                (4, 1500, True))
 
 
 def _inputs(case: Case):
@@ -108,16 +130,39 @@ def _inputs(case: Case):
     return [torch.randn((b, h, n, d), generator=g, device="cuda", dtype=torch.float16) for n in (nq, nk, nk)]
 
 
-def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
+def measure(case: Case, warmup: int, reps: int, batches: int, backlog: bool = False) -> dict:
     from fa_hw.forward import prepare
 
     q, k, v = _inputs(case)
     plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(),
                            kernel=str(ROOT / case.kernel) if case.kernel else None)
     medians = [statistics.median(plan.time(dev.stream, warmup, reps)) for _ in range(batches)]
-    return {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
-            "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
-            "smem_bytes": plan.smem_bytes}
+    row = {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
+           "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
+           "smem_bytes": plan.smem_bytes}
+    if backlog:
+        queued = [statistics.median(backlogged_times(plan, dev.stream, reps)) for _ in range(batches)]
+        row.update(queued_ms=statistics.median(queued), queued_batch_ms=queued)
+    return row
+
+
+def backlogged_times(plan, stream, reps: int) -> list[float]:
+    """Per-launch times (ms) of `reps` launches queued behind a GPU-side wait (torch.cuda._sleep on
+    the same stream, about 2 ms): the host enqueues them all while the GPU waits, so each interval
+    between events is the GPU's own time per launch in a back-to-back stream, never the host's
+    launch rate (which paces launches of ~10 us timed one after another: `plan.time`)."""
+    import torch
+
+    from fa_hw.runtime import _timing_event
+
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream.handle))):
+        torch.cuda._sleep(4_000_000)  # cycles: ~2 ms at 1.98 GHz, longer than enqueuing `reps` launches
+        marks = [_timing_event(stream)]
+        for _ in range(reps):
+            plan.launch(stream)
+            marks.append(_timing_event(stream))
+    plan.sync(stream)
+    return [float(b - a) for a, b in zip(marks, marks[1:])]
 
 
 def _precompile(selected: list[Case]) -> None:
@@ -185,6 +230,9 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
     p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
                    help="only the cases whose key matches REGEX (re.search), e.g. to profile chosen cases")
+    p.add_argument("--small", action="store_true", help="only the small launches (small_cases())")
+    p.add_argument("--backlog", action="store_true",
+                   help="also time each case with its launches queued behind a GPU-side wait (queued_ms)")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
     args = p.parse_args(argv)
@@ -192,7 +240,7 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
         return 0
-    all_cases = [c for c in cases() if args.only is None or args.only.search(c.key)]
+    all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:
         raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
     if args.list:
@@ -200,7 +248,7 @@ def main(argv=None) -> int:
             print(c.half(), c.key)
         print(f"{len(all_cases)} cases, {sum(c.half() == 'fit' for c in all_cases)} to fit", file=sys.stderr)
         return 0
-    selected = profile_subset(all_cases) if args.profile and args.only is None else all_cases
+    selected = profile_subset(all_cases) if args.profile and args.only is None and not args.small else all_cases
     t0 = time.time()
     _precompile(selected)
     print(f"compiled {len(selected)} cases in {time.time() - t0:.0f} s", flush=True)
@@ -213,10 +261,11 @@ def main(argv=None) -> int:
 
     rows = []
     for i, c in enumerate(selected):
-        rows.append(measure(c, args.warmup, args.reps, args.batches))
+        rows.append(measure(c, args.warmup, args.reps, args.batches, args.backlog))
         r = rows[-1]
-        print(f"{i:3d} {c.key:60s} {r['kernel_ms']:.4f} ms  spread {max(r['batch_ms']) / min(r['batch_ms']) - 1:.2%}",
-              flush=True)
+        queued = f"  queued {r['queued_ms']:.4f} ms" if "queued_ms" in r else ""
+        print(f"{i:3d} {c.key:60s} {r['kernel_ms']:.4f} ms  spread {max(r['batch_ms']) / min(r['batch_ms']) - 1:.2%}"
+              f"{queued}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "batches": args.batches,
             "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}
