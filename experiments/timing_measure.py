@@ -220,6 +220,29 @@ def ncu_summary(csv_text: str) -> dict:
                      "gpu": "NVIDIA H200"}, "kernels": kernels}
 
 
+def sass_counts(pairs: list[str]) -> dict:
+    """timing_sass_counts.json from Nsight Compute's source pages (`ncu -i REPORT --page source --csv
+    --print-source sass`), given as KEY=FILE: per SASS instruction of each case its offset from the
+    kernel's first instruction, opcode and warp instructions executed."""
+    import csv
+
+    kernels = []
+    for pair in pairs:
+        key, path = pair.split("=", 1)
+        rows = list(csv.reader(Path(path).read_text().splitlines()))
+        head = next(r for r in rows if "Instructions Executed" in r)
+        data = [r for r in rows[rows.index(head) + 1:] if r and r[0].startswith("0x")]
+        at, src = head.index("Instructions Executed"), head.index("Source")
+        base = int(data[0][0], 16)
+        kernels.append({"key": key, "instructions": [
+            [f"{int(r[0], 16) - base:04x}", r[src].split()[1 if r[src].lstrip().startswith("@") else 0], int(r[at])]
+            for r in data]})
+    return {"meta": {"tool": "ncu --set full --import-source no; ncu -i REPORT --page source --csv --print-source sass",
+                     "gpu": "NVIDIA H200", "columns": "SASS offset from the kernel's first instruction (hex), opcode, "
+                                                      "Instructions Executed (warp instructions)"},
+            "kernels": kernels}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
@@ -235,7 +258,14 @@ def main(argv=None) -> int:
                    help="also time each case with its launches queued behind a GPU-side wait (queued_ms)")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
+    p.add_argument("--sass-csv", nargs="+", default=None, metavar="KEY=FILE",
+                   help="turn ncu source pages (one per case) into OUT/timing_sass_counts.json (no GPU)")
     args = p.parse_args(argv)
+    if args.sass_csv is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(sass_counts(args.sass_csv), separators=(",", ":")).replace("],[", "],\n[")
+        (args.out / "timing_sass_counts.json").write_text(text)
+        return 0
     if args.ncu_csv is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))

@@ -94,6 +94,14 @@ RECORDINGS = (
               "&& python experiments/timing_measure.py --ncu-csv W/ncu.csv --out OUT",
               "Nsight Compute on 12 of those launches: instructions executed, stall reasons, pipes (needs ncu)",
               Kind.TIMES, 240),
+    Recording(f"{H200}/timing_sass_counts.json", True,
+              "ncu --set full --import-source no -k regex:fa2_fwd_kernel -o W/sass1 -f python experiments/timing_measure.py --profile --only '^m64n32d32w4-swizzled/1x16x8192x8192x32/causal$' && "
+              'ncu -i W/sass1.ncu-rep --page source --csv --print-source sass > W/sass1.csv && '
+              "ncu --set full --import-source no -k regex:fa2_fwd_kernel -o W/sass2 -f python experiments/timing_measure.py --profile --only '^m64n32d32w4-swizzled-s2/1x16x8192x8192x32/causal$' && "
+              'ncu -i W/sass2.ncu-rep --page source --csv --print-source sass > W/sass2.csv && '
+              'python experiments/timing_measure.py --sass-csv m64n32d32w4-swizzled/1x16x8192x8192x32/causal=W/sass1.csv m64n32d32w4-swizzled-s2/1x16x8192x8192x32/causal=W/sass2.csv --out OUT',
+              "Nsight Compute's executed count of every SASS instruction of two causal launches (needs ncu)",
+              Kind.JSON, 240),
     Recording(f"{H200}/timing_auto.json", True, "python experiments/timing_auto.py --measure --out OUT",
               "every config=auto candidate timed on 12 problems (the model's pick against the measured best)",
               Kind.TIMES, 200),

@@ -84,10 +84,10 @@ class KernelModel:
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False) -> list:
+    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list:
         """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
-        (`tail`: its keys end in a partial block)."""
-        return [i for part in self.stream.parts(rounds, masked, tail) for i in part]
+        (`tail`: its keys end in a partial block; `qtail`: its queries do)."""
+        return [i for part in self.stream.parts(rounds, masked, tail, qtail) for i in part]
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
         """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
@@ -97,8 +97,9 @@ class KernelModel:
     def _walk_parts(self, rounds: int, masked: int) -> list[list]:
         return self.stream.parts(rounds, masked)
 
-    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False) -> list[Step]:
-        return self.steps(self.cta_walk(rounds, masked, tail), gpu)
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False,
+                   qtail: bool = False) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked, tail, qtail), gpu)
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -270,11 +271,14 @@ def grid_instructions(model: KernelModel, prob: Problem) -> int:
     return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
 
 
-def cta_classes(prob: Problem) -> list[tuple[int, int, bool]]:
-    """(rounds, masked rounds, keys ending in a tail block) of each Q block: its path class."""
-    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+def cta_classes(prob: Problem) -> list[tuple[int, int, bool, bool]]:
+    """(rounds, masked rounds, keys ending in a tail block, queries ending in a tail block) of each
+    Q block: its path class."""
+    mbs = np.arange(prob.n_m_blocks)
+    rounds = prob.n_block_max(mbs)
     tail = (rounds * prob.config.block_n > prob.seqlen_k).tolist()
-    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail))
+    qtail = ((mbs + 1) * prob.config.block_m > prob.seqlen_q).tolist()
+    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail, qtail))
 
 
 def _masked_rounds(prob: Problem) -> np.ndarray:

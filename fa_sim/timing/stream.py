@@ -111,24 +111,31 @@ def probe_rounds(cfg: KernelConfig) -> int:
     return -(-least // per) * per
 
 
-def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> tuple[Problem, int]:
-    """The problem and the Q block (its last, a full one) that has `rounds` rounds of this kind.
-    (A query tail's last Q block is represented by a full one: its SASS issues the stores of the
-    rows past N_q under a guard, on; the PTX branches around them.)"""
+def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int, qtail: bool = False) -> tuple[Problem, int]:
+    """The problem and the Q block (its last) that has `rounds` rounds of this kind; `qtail`: its
+    rows end half way (a query tail: the CTA copies Q through the boundary arm)."""
     bm, bn = cfg.block_m, cfg.block_n
     nk = rounds * bn - (bn // 2 if kind in (Kind.TAIL, Kind.DIAGONAL_TAIL) else 0)
     if kind in (Kind.DIAGONAL, Kind.DIAGONAL_TAIL):
         nq = -(-nk // bm) * bm  # its last Q block reaches the last key
     else:
         nq = (-(-nk // bm) + 1) * bm if causal else bm  # causal: one Q block past every key
+    nq -= bm // 2 if qtail else 0  # the rounds do not change: they follow the block's first row
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
     return prob, prob.n_m_blocks - 1
 
 
-def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int) -> list[dict[int, Region]]:
+def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int,
+           qtail: bool = False) -> list[dict[int, Region]]:
     """Per warp of the probe CTA of this class: region (ROUND_PROLOGUE, t, ROUND_EPILOGUE) -> its
     record. The diagonal Q blocks of up to `probe_rounds` rounds come from one run of the longest
-    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA)."""
+    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA). `qtail`: the Q
+    block's rows end half way; its epilogue is the full block's (the SASS issues the stores of
+    rows past N_q under a guard, on; the PTX branches around them)."""
+    if qtail:
+        prob, mb = probe_problem(cfg, causal, kind, rounds, qtail=True)
+        full = record(cfg, causal, kernel, kind, rounds)
+        return [{**w, ROUND_EPILOGUE: f[ROUND_EPILOGUE]} for w, f in zip(_records(cfg, causal, kernel, prob, (mb,))[mb], full)]
     prob, mb = probe_problem(cfg, causal, kind, rounds)
     if kind is Kind.DIAGONAL and rounds <= probe_rounds(cfg):
         batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
@@ -220,18 +227,21 @@ class KernelStream:
         self.paths = {region: [(_features(w), starts) for w, starts in walks] for region, walks in ks.walks.items()}
         self.walks = functools.lru_cache(maxsize=None)(self._cta_walks)
 
-    def parts(self, rounds: int, masked: int = 0, tail: bool = False) -> list[list]:
+    def parts(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list]:
         """The instructions of a CTA of `rounds` rounds, the last `masked` masked, its keys ending
-        in a tail block (`tail`; non-causal: every masked CTA): prologue, each round, epilogue."""
-        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail)]
+        in a tail block (`tail`; non-causal: every masked CTA), its queries in a tail block
+        (`qtail`: the last Q block of N_q not a multiple of block_m): prologue, each round, epilogue."""
+        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail, qtail)]
 
-    def _cta_walks(self, rounds: int, masked: int, tail: bool = False) -> tuple[Walk, ...]:
-        """`walks(rounds, masked, tail)`: the block starts of each region's path (prologue, rounds,
-        epilogue)."""
+    def _cta_walks(self, rounds: int, masked: int, tail: bool = False, qtail: bool = False) -> tuple[Walk, ...]:
+        """`walks(rounds, masked, tail, qtail)`: the block starts of each region's path (prologue,
+        rounds, epilogue)."""
         real = self._real_masked(rounds)
         if masked == 0 or masked == real:
             kind = Kind.PLAIN if masked == 0 else self._masked_kind()
-            return self._extended(Kind.DIAGONAL_TAIL if kind is Kind.DIAGONAL and tail else kind, rounds)
+            return self._extended(Kind.DIAGONAL_TAIL if kind is Kind.DIAGONAL and tail else kind, rounds, qtail)
+        if qtail:
+            raise ValueError("a query tail is a real CTA's: its masked rounds are the real ones")
         if rounds > probe_rounds(self.config):
             raise ValueError(f"a CTA of {rounds} rounds with {masked} masked is longer than a probe "
                              f"({probe_rounds(self.config)} rounds) and has no real counterpart")
@@ -248,16 +258,16 @@ class KernelStream:
     def _masked_kind(self) -> Kind:
         return Kind.DIAGONAL if self.causal else Kind.TAIL
 
-    def _records(self, kind: Kind, rounds: int) -> list[dict[int, Region]]:
-        return record(self.config, self.causal, self.kernel, kind, rounds)
+    def _records(self, kind: Kind, rounds: int, qtail: bool = False) -> list[dict[int, Region]]:
+        return record(self.config, self.causal, self.kernel, kind, rounds, qtail)
 
-    def _extended(self, kind: Kind, rounds: int) -> tuple[Walk, ...]:
+    def _extended(self, kind: Kind, rounds: int, qtail: bool = False) -> tuple[Walk, ...]:
         """A CTA of `rounds` rounds: its own probe, or, longer than a probe, the longest probe
         with its first steady round (from round 1, one whose path the next round repeats) repeated."""
         base = probe_rounds(self.config)
         if rounds <= base:
-            return self._select_cta(self._records(kind, rounds), rounds)
-        walks = self._select_cta(self._records(kind, base), base)  # prologue, round 0, ..., epilogue
+            return self._select_cta(self._records(kind, rounds, qtail), rounds)
+        walks = self._select_cta(self._records(kind, base, qtail), base)  # prologue, round 0, ..., epilogue
         steady = next((t for t in range(1, base - 1) if walks[1 + t] == walks[2 + t]), None)
         if steady is None:
             raise StreamMismatch(f"{self.config.tag}: no two consecutive rounds of a {base}-round CTA take the same "
@@ -290,13 +300,17 @@ class KernelStream:
                                  f"issues {_brief(rec.counts)} per warp; no SASS path does (they issue: "
                                  f"{'; '.join(have[:4])}{' ...' if len(have) > 4 else ''})")
         longest = region == "epilogue"
+        known = frozenset().union(*(self.block_locs[b] for s in hits for b in s)) & rec.locs
 
         def score(starts: Walk) -> tuple:
             locs = [self.block_locs[b] for b in starts]
-            missed = sum(len(x - rec.locs) for x in locs)
-            ran = len(frozenset().union(*locs) & rec.locs)
+            have = frozenset().union(*locs)
+            # locations the walk holds and the warp did not run, plus those the warp ran that
+            # another candidate holds and this one does not (an if-converted arm keeps a location
+            # of the other arm: the boundary copy of Q holds one of the interior copy's)
+            wrong = sum(len(x - rec.locs) for x in locs) + len(known - have)
             size = sum(len(self.ks.blocks[b].instrs) for b in starts)
-            return missed, -ran, -size if longest else size
+            return wrong, -len(have & rec.locs), self.ks.slow_calls(starts), -size if longest else size
         return min(hits, key=score)
 
 
