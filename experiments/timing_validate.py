@@ -30,7 +30,7 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
-from fa_sim.timing.gpus import H200, GpuModel
+from fa_sim.timing.gpus import H200, GpuModel, fill_fraction
 from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +64,19 @@ def load(path: Path = DATA) -> list[Measured]:
 def cycles(case: Measured, gpu: GpuModel) -> float:
     """Predicted makespan in SM cycles (the clock and launch overhead come after)."""
     prob = case.problem()
-    rates = _rates(prob.config, prob.causal, case.kernel, gpu.with_(clock_ghz=1.0, launch_us=0.0))
+    rates = _rates(prob.config, prob.causal, case.kernel, _sm_part(gpu))
     return dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))[0]
+
+
+def fill(case: Measured, gpu: GpuModel) -> float:
+    """The share of the GPU's CTA slots the case's first wave fills (GpuModel.overhead_us)."""
+    prob = case.problem()
+    return fill_fraction(prob.n_ctas, gpu.sms, len(_rates(prob.config, prob.causal, case.kernel, _sm_part(gpu)).per_round))
+
+
+def _sm_part(gpu: GpuModel) -> GpuModel:
+    """The parameters one SM's rates depend on (the clock and the launch overhead do not)."""
+    return gpu.with_(clock_ghz=1.0, launch_us=0.0, fill_us=0.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,15 +86,20 @@ def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     return sm_rates(model, gpu, occupancy(model, gpu), account=False)
 
 
-def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
-    """(clock GHz, launch us) minimising the squared relative error of cyc / clock + launch."""
-    a = np.stack([cyc / ms, 1 / ms], axis=1)
-    (inv_clock, launch), *_ = np.linalg.lstsq(a, np.ones_like(ms), rcond=None)
-    return 1 / inv_clock / 1e6, launch * 1e3
+def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0) -> tuple[float, float, float]:
+    """(clock GHz, launch us, fill us) minimising the squared relative error of cyc / clock + launch
+    + fill x filled. Without cases of a partial first wave (every `filled` 1) launch and fill
+    cannot be told apart: the fill keeps `fill_us` and the launch takes the rest."""
+    partial = bool(np.any(filled < 1))
+    a = np.stack([cyc / ms, 1 / ms] + ([filled / ms] if partial else []), axis=1)
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(ms), rcond=None)
+    fill_ms = coef[2] if partial else fill_us / 1e3
+    return 1 / coef[0] / 1e6, (coef[1] - (0 if partial else fill_ms)) * 1e3, fill_ms * 1e3
 
 
 def predictions(cases, gpu: GpuModel) -> np.ndarray:
-    return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3 for c in cases])
+    return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + (gpu.launch_us + gpu.fill_us * fill(c, gpu)) / 1e3
+                     for c in cases])
 
 
 def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuModel:
@@ -92,10 +108,10 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
     ms = np.array([c.ms for c in sample])
 
     def score(g: GpuModel) -> tuple[float, GpuModel]:
-        cyc = np.array([cycles(c, g) for c in sample])
-        clock, launch = clock_fit(cyc, ms)
-        g = g.with_(clock_ghz=clock, launch_us=launch)
-        pred = cyc / (clock * 1e6) + launch / 1e3
+        cyc, filled = np.array([cycles(c, g) for c in sample]), np.array([fill(c, g) for c in sample])
+        clock, launch, fill_us = clock_fit(cyc, filled, ms, g.fill_us)
+        g = g.with_(clock_ghz=clock, launch_us=launch, fill_us=fill_us)
+        pred = cyc / (clock * 1e6) + (launch + fill_us * filled) / 1e3
         return float(np.mean(np.abs(pred / ms - 1))), g
 
     best, gpu = score(gpu)
@@ -113,11 +129,12 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
 
 
 def fit_clock(cases: list[Measured], gpu: GpuModel) -> GpuModel:
-    """The effective clock and the launch overhead by least squares on the whole fitting half."""
+    """The effective clock, the launch latency and the first wave's fill cost by least squares on
+    the whole fitting half."""
     fit_cases = [c for c in cases if c.half == "fit"]
-    cyc = np.array([cycles(c, gpu) for c in fit_cases])
-    clock, launch = clock_fit(cyc, np.array([c.ms for c in fit_cases]))
-    return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3))
+    cyc, filled = np.array([cycles(c, gpu) for c in fit_cases]), np.array([fill(c, gpu) for c in fit_cases])
+    clock, launch, fill_us = clock_fit(cyc, filled, np.array([c.ms for c in fit_cases]), gpu.fill_us)
+    return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3), fill_us=round(fill_us, 3))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -229,7 +246,7 @@ def main(argv=None) -> int:
         print(f"fitted: {gpu}")
     elif args.fit_clock:
         gpu = fit_clock(cases, gpu)
-        print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}")
+        print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}, fill_us={gpu.fill_us}")
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
     print(report(cases, pred, args.out))
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")

@@ -151,14 +151,15 @@ def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: boo
     first, last = 1, STEADY_RUN - model.config.kv_stages
     per_round = (starts[last] - starts[first]) / (last - first)
     rounds, lives, middle = [], [], None
-    for p in range(PHASES if j > 1 else 1):
+    phases = PHASES if j > 1 else 1  # a lone CTA has no relative phase
+    for p in range(phases):
         shift = (p + 0.5) / PHASES - 0.5  # CTA i starts (i + shift) / j of a round after the first
         stagger = [round((i + shift) * per_round / j) for i in range(1, j)]
-        run = run_sm([stream] * j, model.config.n_warps, gpu, account=account and 2 * p + 1 == PHASES,
+        run = run_sm([stream] * j, model.config.n_warps, gpu, account=account and 2 * p + 1 == phases,
                      stagger=stagger, marks=(starts[first], starts[last]))
         rounds.append(float(np.mean([b - a for a, b in run.marked])) / (last - first))
         lives.append(_life(run))
-        middle = run if 2 * p + 1 == PHASES or middle is None else middle
+        middle = run if 2 * p + 1 == phases or middle is None else middle
     return float(np.mean(rounds)), float(np.mean(lives)), middle
 
 
@@ -259,7 +260,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
             raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
                              f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
         cycles = exact_cycles(model, prob, gpu, k, ran)
-    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3
+    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
     return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
 
 
