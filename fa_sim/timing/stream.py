@@ -9,11 +9,14 @@ CUDA line with its chain of inlining call sites, as PTX `.loc` and nvdisasm -gi 
 A region's SASS path must issue exactly the recorded classes and EX2 count (on-counts: guards
 resolved as paths.py says); none doing so is a StreamMismatch naming the region and the counts.
 Paths that issue the same classes (an interior or a boundary copy arm, a masking branch) are told
-apart by the source locations: the path whose blocks hold the fewest locations the warp did not
-run in that region, then the most that it did; left even (branches inside one PTX instruction's
-expansion, such as __frcp_rn's slow path), a round takes the shortest path and the epilogue the
-longest (its divergent arms are issued when any lane takes them). Every warp of a CTA must take
-the same paths (the SM model runs one stream per CTA): else a StreamMismatch.
+apart by the source locations: the path with the fewest wrong locations (those its blocks hold
+that the warp did not run in that region, plus those the warp ran that another candidate holds
+and it does not: an if-converted arm keeps a location of the other), then the most that it ran;
+left even (branches inside one PTX instruction's expansion), the path without a call of
+__frcp_rn's slow path (a row that is not empty sums at least 1: its maximum's exponential is
+exactly 1), then a round the shortest and the epilogue the longest (its divergent arms are
+issued when any lane takes them). Every warp of a CTA must take the same paths (the SM model
+runs one stream per CTA): else a StreamMismatch.
 
 Path classes, as the timing model asks for them: a CTA of R rounds, m of them masked. m = 0: a
 plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the diagonal); the
@@ -21,7 +24,12 @@ masked count of a real CTA (causal: the Q block on the diagonal whose keys end w
 block or, for a CTA whose keys end in a tail, half of one; non-causal, m = 1: a key tail of half a
 block); any other m (the model's all-masked steady run) is the plain CTA's
 rounds with the locations that masking adds (those the masked probe's last round runs and the
-plain one's does not) counted as run in the last m rounds. The control flow depends on shapes,
+plain one's does not) counted as run in the last m rounds. A Q block whose rows end past N_q (a
+query tail) is its own class: it copies Q through the boundary arm (zero fill); its probe has
+half a block of rows; its epilogue is the full block's (the SASS issues the stores of rows past
+N_q under a guard, on, where the PTX branches around them; a warp whose LSE rows all lie past
+N_q leaves at a guarded EXIT before its last store, 2 instructions the model still issues: the
+grid's count is then at most 0.02 % above Nsight Compute's). The control flow depends on shapes,
 not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
 PROBE_ROUNDS-round probe's first round from round 1 that the next round repeats (the steady
 state; none is a StreamMismatch), so every CTA has the trip
