@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,11 +80,17 @@ def _sm_part(gpu: GpuModel) -> GpuModel:
     return gpu.with_(clock_ghz=1.0, launch_us=0.0, fill_us=0.0)
 
 
+RATES_CACHE: dict = {}  # (config tag, causal, kernel, SM parameters) -> Rates: --rates-cache's contents
+
+
 @functools.lru_cache(maxsize=None)
 def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     """One SM's rates for a kernel (shared by the cases of one config; the clock does not enter)."""
-    model = kernel_model(config, causal, gpu.arch, str(ROOT / kernel) if kernel else None)
-    return sm_rates(model, gpu, occupancy(model, gpu), account=False)
+    key = (config.tag, causal, kernel, repr(gpu))
+    if key not in RATES_CACHE:
+        model = kernel_model(config, causal, gpu.arch, str(ROOT / kernel) if kernel else None)
+        RATES_CACHE[key] = replace(sm_rates(model, gpu, occupancy(model, gpu), account=False), run=None)
+    return RATES_CACHE[key]
 
 
 def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0) -> tuple[float, float, float]:
@@ -237,7 +244,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
     ap.add_argument("--json", type=Path, default=None, help="write the predictions here")
+    ap.add_argument("--rates-cache", type=Path, default=None, metavar="FILE",
+                    help="keep each kernel's SM rates in FILE (pickle) across runs: a rerun that changes only "
+                         "the clock or the launch overhead then skips the SM simulations (delete it after a model change)")
     args = ap.parse_args(argv)
+    if args.rates_cache is not None and args.rates_cache.exists():
+        RATES_CACHE.update(pickle.loads(args.rates_cache.read_bytes()))
     cases = load()[:: args.limit]
     gpu = H200
     t0 = time.time()
@@ -248,6 +260,8 @@ def main(argv=None) -> int:
         gpu = fit_clock(cases, gpu)
         print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}, fill_us={gpu.fill_us}")
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
+    if args.rates_cache is not None:
+        args.rates_cache.write_bytes(pickle.dumps(RATES_CACHE))
     print(report(cases, pred, args.out))
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")
     if args.json:
