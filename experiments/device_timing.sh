@@ -6,7 +6,7 @@
 #             SASS source page (per-instruction warp-state samples) of $SASS_KEYS -> $OUT/sass_*.csv
 #   compare   `fa compare --timing --json` on causal shapes with a key tail -> $OUT/compare_*.json
 #   tests     tests/test_timing_gpu.py
-#   small     the small launches (timing_measure.py --small): paced and queued times -> $OUT/small/timing_cases.json,
+#   small     the small launches (timing_measure.py --small): paced and queued times -> $OUT/small/timing_small.json,
 #             Nsight Compute's time, SM cycles, clock and executed instructions of each -> $OUT/ncu_small.csv
 #
 #   ONLY='regex' bash experiments/device_timing.sh        # results in $OUT (at most 8 files)

@@ -2,6 +2,7 @@
 
     python experiments/timing_measure.py --out DIR              # every case, 3 timed batches each
     python experiments/timing_measure.py --list                 # the cases, no GPU needed
+    python experiments/timing_measure.py --small --backlog --out DIR   # the small launches, also queued
     ncu --csv --page raw --section WarpStateStats ... python experiments/timing_measure.py --profile --out DIR
                                                                 # one launch per profiled case
 
@@ -97,12 +98,12 @@ def cases() -> list[Case]:
     for causal, (b, h, nq, nk) in ((False, SHAPES[0]), (True, SHAPES[1])):
         out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal, str(VARIANT.relative_to(ROOT))))
         out.append(Case("m64n64d64w4-swizzled", (b, h, nq, nk, 64), causal))
-    return list(dict.fromkeys(out + small_cases()))  # each case once
+    return list(dict.fromkeys(out))  # each case once
 
 
 def small_cases() -> list[Case]:
-    """Launches of one partial wave or a few (what the launch overhead and the grid's fill and drain
-    are fitted on): one CTA of 1, 16 and 64 rounds, one CTA per SM of 1 and 16 rounds, 2 and 4 per
+    """Launches of one partial wave or a few (`--small`, timing_small.json: what the launch latency
+    and the first wave's fill are fitted on): one CTA of 1, 16 and 64 rounds, one CTA per SM of 1 and 16 rounds, 2 and 4 per
     SM and two waves, on configs of 1, 4 and 6 resident CTAs per SM; and the short causal shapes
     with a query and key tail of `fa compare` (the instruction count of a partial last Q block)."""
     out = []
@@ -257,7 +258,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
     p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
                    help="only the cases whose key matches REGEX (re.search), e.g. to profile chosen cases")
-    p.add_argument("--small", action="store_true", help="only the small launches (small_cases())")
+    p.add_argument("--small", action="store_true",
+                   help="only the small launches (small_cases()), written to timing_small.json")
     p.add_argument("--backlog", action="store_true",
                    help="also time each case with its launches queued behind a GPU-side wait (queued_ms)")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
@@ -303,8 +305,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "batches": args.batches,
             "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}
-    (args.out / "timing_cases.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
-    print(f"wrote {len(rows)} cases to {args.out / 'timing_cases.json'} in {time.time() - t0:.0f} s")
+    name = "timing_small.json" if args.small else "timing_cases.json"
+    (args.out / name).write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
+    print(f"wrote {len(rows)} cases to {args.out / name} in {time.time() - t0:.0f} s")
     return 0
 
 
