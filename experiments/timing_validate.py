@@ -36,6 +36,7 @@ from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupanc
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
+SMALL = ROOT / "tests" / "data" / "h200" / "timing_small.json"  # launches of one partial wave or a few
 FITTED = ("mio_queue", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
 
 
@@ -49,6 +50,7 @@ class Measured:
     kernel: str
     ms: float
     batch_ms: tuple = ()  # the medians of the three timed batches (the run's spread)
+    small: bool = False  # from timing_small.json
 
     def problem(self) -> Problem:
         b, h, nq, nk, _ = self.shape
@@ -56,10 +58,19 @@ class Measured:
 
 
 def load(path: Path = DATA) -> list[Measured]:
+    """The measured cases of `path`; with the default, the small launches of SMALL after them."""
     rows = json.loads(path.read_text())["cases"]
-    return [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], r["kernel_ms"],
-                     tuple(r.get("batch_ms", ())))
-            for r in rows]
+    out = [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], *_time(r),
+                    small=path == SMALL) for r in rows]
+    return out + (load(SMALL) if path == DATA and SMALL.exists() else [])
+
+
+def _time(row: dict) -> tuple[float, tuple]:
+    """A case's measured time and its batches: the GPU's own time per launch where the launches were
+    also timed queued behind a GPU-side wait (timing_measure.py --backlog), else the paced time."""
+    if "queued_ms" in row:
+        return row["queued_ms"], tuple(row["queued_batch_ms"])
+    return row["kernel_ms"], tuple(row.get("batch_ms", ()))
 
 
 def cycles(case: Measured, gpu: GpuModel) -> float:
@@ -193,8 +204,12 @@ def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
 
 def report(cases: list[Measured], pred: dict, out: Path) -> str:
     lines = ["| half | cases | MAPE | Spearman | worst |", "|---|---|---|---|---|"]
-    for half in ("fit", "validate"):
-        sel = [c for c in cases if c.half == half and c.key in pred]
+    groups = [(half, [c for c in cases if c.half == half and not c.small]) for half in ("fit", "validate")]
+    groups += [(f"small, {half}", [c for c in cases if c.half == half and c.small]) for half in ("fit", "validate")]
+    for half, sel in groups:
+        sel = [c for c in sel if c.key in pred]
+        if not sel:
+            continue
         m, p = np.array([c.ms for c in sel]), np.array([pred[c.key] for c in sel])
         err = np.abs(p / m - 1)
         i = int(np.argmax(err))
