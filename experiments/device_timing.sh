@@ -6,7 +6,7 @@
 #             SASS source page (per-instruction warp-state samples) of $SASS_KEYS -> $OUT/sass_*.csv
 #   compare   `fa compare --timing --json` on causal shapes with a key tail -> $OUT/compare_*.json
 #   tests     tests/test_timing_gpu.py
-#   small     the small launches (timing_measure.py --small): paced and queued times -> $OUT/small/timing_small.json,
+#   small     the small launches (timing_measure.py --small) -> $OUT/small/timing_small.json,
 #             Nsight Compute's time, SM cycles, clock and executed instructions of each -> $OUT/ncu_small.csv
 #
 #   ONLY='regex' bash experiments/device_timing.sh        # results in $OUT (at most 8 files)
@@ -38,7 +38,7 @@ for s in $STEPS; do case $s in
       echo "compare $1: rc=$?" | tee -a "$OUT/summary.txt"
     done ;;
   small) log small
-    timeout 150 python experiments/timing_measure.py --small --backlog --batches 3 --reps 30 --out "$OUT/small" 2>&1 \
+    timeout 150 python experiments/timing_measure.py --small --batches 3 --reps 30 --out "$OUT/small" 2>&1 \
       | tail -45 | tee -a "$OUT/summary.txt"
     timeout 200 "$NCU" --csv --page raw -k regex:fa2_fwd_kernel --metrics gpu__time_duration.sum,sm__cycles_elapsed.max,\
 sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,smsp__cycles_active.avg \

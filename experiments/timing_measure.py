@@ -2,7 +2,7 @@
 
     python experiments/timing_measure.py --out DIR              # every case, 3 timed batches each
     python experiments/timing_measure.py --list                 # the cases, no GPU needed
-    python experiments/timing_measure.py --small --backlog --out DIR   # the small launches, also queued
+    python experiments/timing_measure.py --small --out DIR     # the small launches -> timing_small.json
     ncu --csv --page raw --section WarpStateStats ... python experiments/timing_measure.py --profile --out DIR
                                                                 # one launch per profiled case
 
@@ -131,7 +131,7 @@ def _inputs(case: Case):
     return [torch.randn((b, h, n, d), generator=g, device="cuda", dtype=torch.float16) for n in (nq, nk, nk)]
 
 
-def measure(case: Case, warmup: int, reps: int, batches: int, backlog: bool = False) -> dict:
+def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
     from fa_hw.forward import prepare
 
     q, k, v = _inputs(case)
@@ -141,33 +141,7 @@ def measure(case: Case, warmup: int, reps: int, batches: int, backlog: bool = Fa
     row = {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
            "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
            "smem_bytes": plan.smem_bytes}
-    if backlog:
-        try:
-            queued = [statistics.median(backlogged_times(plan, dev.stream, reps)) for _ in range(batches)]
-            row.update(queued_ms=statistics.median(queued), queued_batch_ms=queued)
-        except Exception as exc:  # noqa: BLE001 - the paced times stand; say why the queued ones are missing
-            row["queued_error"] = f"{type(exc).__name__}: {exc}"
-            print(f"  queued timing failed: {row['queued_error']}", flush=True)
     return row
-
-
-def backlogged_times(plan, stream, reps: int) -> list[float]:
-    """Per-launch times (ms) of `reps` launches queued behind a GPU-side wait (torch.cuda._sleep on
-    the same stream, about 2 ms): the host enqueues them all while the GPU waits, so each interval
-    between events is the GPU's own time per launch in a back-to-back stream, never the host's
-    launch rate (which paces launches of ~10 us timed one after another: `plan.time`)."""
-    import torch
-
-    from fa_hw.runtime import _timing_event
-
-    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream.handle))):
-        torch.cuda._sleep(4_000_000)  # cycles: ~2 ms at 1.98 GHz, longer than enqueuing `reps` launches
-        marks = [_timing_event(stream)]
-        for _ in range(reps):
-            plan.launch(stream)
-            marks.append(_timing_event(stream))
-    plan.sync(stream)
-    return [float(b - a) for a, b in zip(marks, marks[1:])]
 
 
 def _precompile(selected: list[Case]) -> None:
@@ -260,8 +234,6 @@ def main(argv=None) -> int:
                    help="only the cases whose key matches REGEX (re.search), e.g. to profile chosen cases")
     p.add_argument("--small", action="store_true",
                    help="only the small launches (small_cases()), written to timing_small.json")
-    p.add_argument("--backlog", action="store_true",
-                   help="also time each case with its launches queued behind a GPU-side wait (queued_ms)")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
     p.add_argument("--sass-csv", nargs="+", default=None, metavar="KEY=FILE",
@@ -297,11 +269,10 @@ def main(argv=None) -> int:
 
     rows = []
     for i, c in enumerate(selected):
-        rows.append(measure(c, args.warmup, args.reps, args.batches, args.backlog))
+        rows.append(measure(c, args.warmup, args.reps, args.batches))
         r = rows[-1]
-        queued = f"  queued {r['queued_ms']:.4f} ms" if "queued_ms" in r else ""
-        print(f"{i:3d} {c.key:60s} {r['kernel_ms']:.4f} ms  spread {max(r['batch_ms']) / min(r['batch_ms']) - 1:.2%}"
-              f"{queued}", flush=True)
+        print(f"{i:3d} {c.key:60s} {r['kernel_ms']:.4f} ms  spread {max(r['batch_ms']) / min(r['batch_ms']) - 1:.2%}",
+              flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "batches": args.batches,
             "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}

@@ -51,6 +51,7 @@ class Measured:
     ms: float
     batch_ms: tuple = ()  # the medians of the three timed batches (the run's spread)
     small: bool = False  # from timing_small.json
+    apart: str = ""  # why a small case is neither fitted nor in the halves' scores ("": it is)
 
     def problem(self) -> Problem:
         b, h, nq, nk, _ = self.shape
@@ -62,14 +63,32 @@ def load(path: Path = DATA) -> list[Measured]:
     rows = json.loads(path.read_text())["cases"]
     out = [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], *_time(r),
                     small=path == SMALL) for r in rows]
+    if path == SMALL:
+        floor = min(c.ms for c in out)
+        out = [replace(c, apart=_apart(c, floor)) for c in out]
     return out + (load(SMALL) if path == DATA and SMALL.exists() else [])
 
 
+HOST_PACED = 1.3  # a paced time within this factor of the fastest launch's: the host's launch rate, not the GPU
+L2_BYTES = 50 * 2**20  # the H200's L2
+
+
+def _apart(case: Measured, floor: float) -> str:
+    """Why a small launch says nothing about the model's time: timed one launch after another, a
+    launch of a few microseconds is paced by the host's launch rate (its time is within HOST_PACED
+    of the fastest launch of the set, a 1-round CTA); a grid of one Q block per head whose K and V
+    exceed the L2 streams every K/V tile from DRAM (no tile is shared by two CTAs), and the model
+    has no DRAM bandwidth."""
+    if case.ms < HOST_PACED * floor:
+        return "paced by the host"
+    prob = case.problem()
+    if prob.n_m_blocks == 1 and 2 * prob.batch * prob.heads * prob.seqlen_k * prob.config.head_dim * 2 > L2_BYTES:
+        return "K/V streamed from DRAM"
+    return ""
+
+
 def _time(row: dict) -> tuple[float, tuple]:
-    """A case's measured time and its batches: the GPU's own time per launch where the launches were
-    also timed queued behind a GPU-side wait (timing_measure.py --backlog), else the paced time."""
-    if "queued_ms" in row:
-        return row["queued_ms"], tuple(row["queued_batch_ms"])
+    """A case's measured time and its batches."""
     return row["kernel_ms"], tuple(row.get("batch_ms", ()))
 
 
@@ -104,15 +123,23 @@ def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     return RATES_CACHE[key]
 
 
-def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0) -> tuple[float, float, float]:
-    """(clock GHz, launch us, fill us) minimising the squared relative error of cyc / clock + launch
-    + fill x filled. Without cases of a partial first wave (every `filled` 1) launch and fill
-    cannot be told apart: the fill keeps `fill_us` and the launch takes the rest."""
-    partial = bool(np.any(filled < 1))
-    a = np.stack([cyc / ms, 1 / ms] + ([filled / ms] if partial else []), axis=1)
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(ms), rcond=None)
-    fill_ms = coef[2] if partial else fill_us / 1e3
-    return 1 / coef[0] / 1e6, (coef[1] - (0 if partial else fill_ms)) * 1e3, fill_ms * 1e3
+def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0,
+              small: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(clock GHz, launch us, fill us) of cyc / clock + launch + fill x filled, by least squares of
+    the relative error in two steps: the clock and the overhead of a full first wave (launch +
+    fill) on the cases whose first wave fills every CTA slot (of the main set, not the `small`
+    launches, where there are such), then the launch latency on those of a partial first wave with
+    the clock and that sum held (so they cannot move the full-wave cases' predictions). Without
+    partial waves the fill keeps `fill_us` and the launch takes the rest."""
+    full = (filled >= 1) & (True if small is None or small.all() else ~small)
+    a = np.stack([cyc[full] / ms[full], 1 / ms[full]], axis=1)
+    (inv_clock, total), *_ = np.linalg.lstsq(a, np.ones(int(full.sum())), rcond=None)
+    if (filled >= 1).all():
+        return 1 / inv_clock / 1e6, total * 1e3 - fill_us, fill_us
+    part, left = filled < 1, 1 - (cyc * inv_clock + total * filled) / ms  # what launch x (1 - filled) must explain
+    x = (1 - filled[part]) / ms[part]
+    launch = float(x @ left[part] / (x @ x))
+    return 1 / inv_clock / 1e6, launch * 1e3, (total - launch) * 1e3
 
 
 def predictions(cases, gpu: GpuModel) -> np.ndarray:
@@ -121,13 +148,13 @@ def predictions(cases, gpu: GpuModel) -> np.ndarray:
 
 
 def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuModel:
-    fit_cases = [c for c in cases if c.half == "fit"]
+    fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
     sample = fit_cases[::step]
     ms = np.array([c.ms for c in sample])
 
     def score(g: GpuModel) -> tuple[float, GpuModel]:
         cyc, filled = np.array([cycles(c, g) for c in sample]), np.array([fill(c, g) for c in sample])
-        clock, launch, fill_us = clock_fit(cyc, filled, ms, g.fill_us)
+        clock, launch, fill_us = clock_fit(cyc, filled, ms, g.fill_us, np.array([c.small for c in sample]))
         g = g.with_(clock_ghz=clock, launch_us=launch, fill_us=fill_us)
         pred = cyc / (clock * 1e6) + (launch + fill_us * filled) / 1e3
         return float(np.mean(np.abs(pred / ms - 1))), g
@@ -148,11 +175,24 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
 
 def fit_clock(cases: list[Measured], gpu: GpuModel) -> GpuModel:
     """The effective clock, the launch latency and the first wave's fill cost by least squares on
-    the whole fitting half."""
-    fit_cases = [c for c in cases if c.half == "fit"]
+    the whole fitting half (small launches set apart excluded)."""
+    fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
     cyc, filled = np.array([cycles(c, gpu) for c in fit_cases]), np.array([fill(c, gpu) for c in fit_cases])
-    clock, launch, fill_us = clock_fit(cyc, filled, np.array([c.ms for c in fit_cases]), gpu.fill_us)
+    clock, launch, fill_us = clock_fit(cyc, filled, np.array([c.ms for c in fit_cases]), gpu.fill_us,
+                                       np.array([c.small for c in fit_cases]))
     return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3), fill_us=round(fill_us, 3))
+
+
+def fit_launch(cases: list[Measured], gpu: GpuModel) -> GpuModel:
+    """The launch latency alone, on the small launches of the fitting half, with the clock and the
+    overhead of a full first wave (launch + fill) held: the 252 main cases' predictions stay."""
+    sel = [c for c in cases if c.half == "fit" and c.small and not c.apart]
+    cyc, filled = np.array([cycles(c, gpu) for c in sel]), np.array([fill(c, gpu) for c in sel])
+    total = gpu.launch_us + gpu.fill_us
+    left = 1 - (cyc / (gpu.clock_ghz * 1e6) + total / 1e3 * filled) / np.array([c.ms for c in sel])
+    x = (1 - filled) / np.array([c.ms for c in sel])
+    launch = round(float(x @ left / (x @ x)) * 1e3, 3)
+    return gpu.with_(launch_us=launch, fill_us=round(total - launch, 3))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -205,7 +245,10 @@ def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
 def report(cases: list[Measured], pred: dict, out: Path) -> str:
     lines = ["| half | cases | MAPE | Spearman | worst |", "|---|---|---|---|---|"]
     groups = [(half, [c for c in cases if c.half == half and not c.small]) for half in ("fit", "validate")]
-    groups += [(f"small, {half}", [c for c in cases if c.half == half and c.small]) for half in ("fit", "validate")]
+    groups += [(f"small, {half}", [c for c in cases if c.half == half and c.small and not c.apart])
+               for half in ("fit", "validate")]
+    groups += [(f"small, {why} (not modelled)", [c for c in cases if c.apart == why])
+               for why in dict.fromkeys(c.apart for c in cases if c.apart)]
     for half, sel in groups:
         sel = [c for c in sel if c.key in pred]
         if not sel:
@@ -255,6 +298,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--fit-clock", action="store_true", help="refit only the clock and launch overhead on the fitting half")
+    ap.add_argument("--fit-launch", action="store_true",
+                    help="refit only the launch latency on the small launches of the fitting half (clock and full-wave overhead held)")
     ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
@@ -274,6 +319,9 @@ def main(argv=None) -> int:
     elif args.fit_clock:
         gpu = fit_clock(cases, gpu)
         print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}, fill_us={gpu.fill_us}")
+    elif args.fit_launch:
+        gpu = fit_launch(cases, gpu)
+        print(f"fitted: launch_us={gpu.launch_us}, fill_us={gpu.fill_us} (clock_ghz={gpu.clock_ghz} held)")
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
     if args.rates_cache is not None:
         args.rates_cache.write_bytes(pickle.dumps(RATES_CACHE))

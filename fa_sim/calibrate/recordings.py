@@ -86,6 +86,9 @@ RECORDINGS = (
     Recording(f"{H200}/timing_cases.json", True, "python experiments/timing_measure.py --out OUT",
               "the timing model's cases: kernel times (CUDA events, medians of 3 batches) of 252 launches",
               Kind.TIMES, 240),
+    Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
+              "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
+              Kind.TIMES, 120),
     Recording(f"{H200}/timing_ncu.json", True,
               "ncu --target-processes all -k fa2_fwd_kernel --section WarpStateStats --section SchedulerStats "
               "--section Occupancy --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis "
