@@ -19,7 +19,8 @@ How (what `fa time --help` says too):
 5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
    free slots (SMs freeing slots together are refilled one CTA each in turn); each SM runs its
    resident CTAs at the rate of its occupancy; the last CTA's end, at the GPU's effective clock,
-   plus the launch overhead, is the kernel time.
+   plus the launch overhead (a fixed latency and the first wave's share of the grid's start-up
+   and drain: GpuModel.overhead_us), is the kernel time.
 """
 
 from __future__ import annotations
