@@ -4,9 +4,12 @@
     python experiments/timing_validate.py --fit           # refit on the fitting half, then report
     python experiments/timing_validate.py --limit 20      # a quick look at every 20th case
     python experiments/timing_validate.py --fit-clock     # refit only the clock and overhead, then report
+    python experiments/timing_validate.py --fit-launch    # refit only the launch latency on the small launches
 
 The measured cases are tests/data/h200/timing_cases.json (experiments/timing_measure.py on the
-H200: medians of CUDA-event times, three batches each). Each case belongs to the 'fit' or the
+H200: medians of CUDA-event times, three batches each) and the small launches of
+tests/data/h200/timing_small.json (`--small`: one CTA to two waves), which fit the launch latency
+and are reported apart (those paced by the host or streaming K/V from DRAM in groups of their own). Each case belongs to the 'fit' or the
 'validate' half by a hash of its key. --fit searches the SM parameters named in FITTED (coordinate
 search over 0.6x and 1.5x of each value) on every --fit-step-th fitting case, then the effective clock
 and launch overhead by least squares of relative error on all fitting cases; parameters are
