@@ -143,7 +143,8 @@ def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int,
     if qtail:
         prob, mb = probe_problem(cfg, causal, kind, rounds, qtail=True)
         full = record(cfg, causal, kernel, kind, rounds)
-        return [{**w, ROUND_EPILOGUE: f[ROUND_EPILOGUE]} for w, f in zip(_records(cfg, causal, kernel, prob, (mb,))[mb], full)]
+        tail = _records(cfg, causal, kernel, prob, (mb,))[mb]
+        return [{**w, ROUND_EPILOGUE: f[ROUND_EPILOGUE]} for w, f in zip(tail, full)]
     prob, mb = probe_problem(cfg, causal, kind, rounds)
     if kind is Kind.DIAGONAL and rounds <= probe_rounds(cfg):
         batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
