@@ -236,6 +236,7 @@ def main(argv=None) -> int:
                    help="only the small launches (small_cases()), written to timing_small.json")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
+    p.add_argument("--ncu-name", default="timing_ncu.json", help="the file --ncu-csv writes in --out")
     p.add_argument("--sass-csv", nargs="+", default=None, metavar="KEY=FILE",
                    help="turn ncu source pages (one per case) into OUT/timing_sass_counts.json (no GPU)")
     args = p.parse_args(argv)
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
         return 0
     if args.ncu_csv is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
+        (args.out / args.ncu_name).write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
         return 0
     all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:

@@ -89,6 +89,13 @@ RECORDINGS = (
     Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
               "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
               Kind.TIMES, 120),
+    Recording(f"{H200}/timing_ncu_small.json", True,
+              "ncu --csv --page raw -k regex:fa2_fwd_kernel --metrics gpu__time_duration.sum,sm__cycles_elapsed.max,"
+              "sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,smsp__cycles_active.avg "
+              "python experiments/timing_measure.py --profile --small > W/ncu_small.csv && "
+              "python experiments/timing_measure.py --ncu-csv W/ncu_small.csv --ncu-name timing_ncu_small.json --out OUT",
+              "Nsight Compute on the 42 small launches: instructions executed (query tails), SM cycles (needs ncu)",
+              Kind.TIMES, 200),
     Recording(f"{H200}/timing_ncu.json", True,
               "ncu --target-processes all -k fa2_fwd_kernel --section WarpStateStats --section SchedulerStats "
               "--section Occupancy --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis "

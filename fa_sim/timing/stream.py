@@ -274,6 +274,8 @@ class KernelStream:
         """A CTA of `rounds` rounds: its own probe, or, longer than a probe, the longest probe
         with its first steady round (from round 1, one whose path the next round repeats) repeated."""
         base = probe_rounds(self.config)
+        if kind is Kind.DIAGONAL_TAIL:  # the tail in the same diagonal key block as the CTA's (its masked rounds)
+            base += (rounds - base) % max(1, self.config.block_m // self.config.block_n)
         if rounds <= base:
             return self._select_cta(self._records(kind, rounds, qtail), rounds)
         walks = self._select_cta(self._records(kind, base, qtail), base)  # prologue, round 0, ..., epilogue
