@@ -6,6 +6,8 @@
 #             SASS source page (per-instruction warp-state samples) of $SASS_KEYS -> $OUT/sass_*.csv
 #   compare   `fa compare --timing --json` on causal shapes with a key tail -> $OUT/compare_*.json
 #   tests     tests/test_timing_gpu.py
+#   small     the small launches (timing_measure.py --small) -> $OUT/small/timing_small.json,
+#             Nsight Compute's time, SM cycles, clock and executed instructions of each -> $OUT/ncu_small.csv
 #
 #   ONLY='regex' bash experiments/device_timing.sh        # results in $OUT (at most 8 files)
 set -u
@@ -35,6 +37,13 @@ for s in $STEPS; do case $s in
       timeout 120 python -m fa_sim.cli compare --seqlen $1 --heads $2 --causal --timing --json > "$OUT/compare_$1.json" 2>&1
       echo "compare $1: rc=$?" | tee -a "$OUT/summary.txt"
     done ;;
+  small) log small
+    timeout 150 python experiments/timing_measure.py --small --batches 3 --reps 30 --out "$OUT/small" 2>&1 \
+      | tail -45 | tee -a "$OUT/summary.txt"
+    timeout 200 "$NCU" --csv --page raw -k regex:fa2_fwd_kernel --metrics gpu__time_duration.sum,sm__cycles_elapsed.max,\
+sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,smsp__cycles_active.avg \
+      python experiments/timing_measure.py --profile --small > "$OUT/ncu_small.csv" 2>> "$OUT/ncu_err.log"
+    echo "rc=$? lines=$(wc -l < "$OUT/ncu_small.csv")" | tee -a "$OUT/summary.txt" ;;
   tests) log tests
     timeout 150 python -m pytest -m gpu tests/test_timing_gpu.py -q -rfEs -p no:cacheprovider 2>&1 | tail -5 | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -2,6 +2,7 @@
 
     python experiments/timing_measure.py --out DIR              # every case, 3 timed batches each
     python experiments/timing_measure.py --list                 # the cases, no GPU needed
+    python experiments/timing_measure.py --small --out DIR     # the small launches -> timing_small.json
     ncu --csv --page raw --section WarpStateStats ... python experiments/timing_measure.py --profile --out DIR
                                                                 # one launch per profiled case
 
@@ -100,6 +101,28 @@ def cases() -> list[Case]:
     return list(dict.fromkeys(out))  # each case once
 
 
+def small_cases() -> list[Case]:
+    """Launches of one partial wave or a few (`--small`, timing_small.json: what the launch latency
+    and the first wave's fill are fitted on): one CTA of 1, 16 and 64 rounds, one CTA per SM of 1 and 16 rounds, 2 and 4 per
+    SM and two waves, on configs of 1, 4 and 6 resident CTAs per SM; and the short causal shapes
+    with a query and key tail of `fa compare` (the instruction count of a partial last Q block)."""
+    out = []
+    for tag, (bm, d) in (("m64n64d64w4-swizzled", (64, 64)), ("m128n128d64w8-swizzled", (128, 64)),
+                         ("m64n32d32w4-swizzled", (64, 32))):
+        for heads, nk in SMALL_GRIDS:
+            out.append(Case(tag, (1, heads, bm, nk, d), False))
+        for heads, n, causal in SMALL_SHAPES:
+            out.append(Case(tag, (1, heads, n, n, d), causal))
+    return out
+
+
+# (heads, N_k) of one Q block per head: one CTA (1, 16, 64 rounds), a CTA per SM (132), 2 and 4 per SM, two waves
+SMALL_GRIDS = ((1, 64), (1, 1024), (1, 4096), (132, 64), (132, 1024), (264, 1024), (528, 1024), (1056, 1024))
+# (heads, N, causal): fa compare's shapes and query tails
+SMALL_SHAPES = ((8, 512, False), (2, 256, False), (4, 1000, False), (8, 333, True), (16, 1000, True),
+                (4, 1500, True))
+
+
 def _inputs(case: Case):
     import torch
 
@@ -115,9 +138,10 @@ def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
     plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(),
                            kernel=str(ROOT / case.kernel) if case.kernel else None)
     medians = [statistics.median(plan.time(dev.stream, warmup, reps)) for _ in range(batches)]
-    return {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
-            "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
-            "smem_bytes": plan.smem_bytes}
+    row = {**asdict(case), "key": case.key, "half": case.half(), "kernel_ms": statistics.median(medians),
+           "batch_ms": medians, "registers": plan.loaded.registers, "grid": list(plan.grid[:2]),
+           "smem_bytes": plan.smem_bytes}
+    return row
 
 
 def _precompile(selected: list[Case]) -> None:
@@ -175,6 +199,29 @@ def ncu_summary(csv_text: str) -> dict:
                      "gpu": "NVIDIA H200"}, "kernels": kernels}
 
 
+def sass_counts(pairs: list[str]) -> dict:
+    """timing_sass_counts.json from Nsight Compute's source pages (`ncu -i REPORT --page source --csv
+    --print-source sass`), given as KEY=FILE: per SASS instruction of each case its offset from the
+    kernel's first instruction, opcode and warp instructions executed."""
+    import csv
+
+    kernels = []
+    for pair in pairs:
+        key, path = pair.split("=", 1)
+        rows = list(csv.reader(Path(path).read_text().splitlines()))
+        head = next(r for r in rows if "Instructions Executed" in r)
+        data = [r for r in rows[rows.index(head) + 1:] if r and r[0].startswith("0x")]
+        at, src = head.index("Instructions Executed"), head.index("Source")
+        base = int(data[0][0], 16)
+        kernels.append({"key": key, "instructions": [
+            [f"{int(r[0], 16) - base:04x}", r[src].split()[1 if r[src].lstrip().startswith("@") else 0], int(r[at])]
+            for r in data]})
+    return {"meta": {"tool": "ncu --set full --import-source no; ncu -i REPORT --page source --csv --print-source sass",
+                     "gpu": "NVIDIA H200", "columns": "SASS offset from the kernel's first instruction (hex), opcode, "
+                                                      "Instructions Executed (warp instructions)"},
+            "kernels": kernels}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
@@ -185,14 +232,24 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
     p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
                    help="only the cases whose key matches REGEX (re.search), e.g. to profile chosen cases")
+    p.add_argument("--small", action="store_true",
+                   help="only the small launches (small_cases()), written to timing_small.json")
     p.add_argument("--ncu-csv", type=Path, default=None, metavar="FILE",
                    help="turn ncu's CSV of a --profile run into OUT/timing_ncu.json (no GPU)")
+    p.add_argument("--ncu-name", default="timing_ncu.json", help="the file --ncu-csv writes in --out")
+    p.add_argument("--sass-csv", nargs="+", default=None, metavar="KEY=FILE",
+                   help="turn ncu source pages (one per case) into OUT/timing_sass_counts.json (no GPU)")
     args = p.parse_args(argv)
+    if args.sass_csv is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(sass_counts(args.sass_csv), separators=(",", ":")).replace("],[", "],\n[")
+        (args.out / "timing_sass_counts.json").write_text(text)
+        return 0
     if args.ncu_csv is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "timing_ncu.json").write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
+        (args.out / args.ncu_name).write_text(json.dumps(ncu_summary(args.ncu_csv.read_text()), indent=1))
         return 0
-    all_cases = [c for c in cases() if args.only is None or args.only.search(c.key)]
+    all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:
         raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
     if args.list:
@@ -200,7 +257,7 @@ def main(argv=None) -> int:
             print(c.half(), c.key)
         print(f"{len(all_cases)} cases, {sum(c.half() == 'fit' for c in all_cases)} to fit", file=sys.stderr)
         return 0
-    selected = profile_subset(all_cases) if args.profile and args.only is None else all_cases
+    selected = profile_subset(all_cases) if args.profile and args.only is None and not args.small else all_cases
     t0 = time.time()
     _precompile(selected)
     print(f"compiled {len(selected)} cases in {time.time() - t0:.0f} s", flush=True)
@@ -220,8 +277,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "batches": args.batches,
             "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}
-    (args.out / "timing_cases.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
-    print(f"wrote {len(rows)} cases to {args.out / 'timing_cases.json'} in {time.time() - t0:.0f} s")
+    name = "timing_small.json" if args.small else "timing_cases.json"
+    (args.out / name).write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
+    print(f"wrote {len(rows)} cases to {args.out / name} in {time.time() - t0:.0f} s")
     return 0
 
 

@@ -4,9 +4,12 @@
     python experiments/timing_validate.py --fit           # refit on the fitting half, then report
     python experiments/timing_validate.py --limit 20      # a quick look at every 20th case
     python experiments/timing_validate.py --fit-clock     # refit only the clock and overhead, then report
+    python experiments/timing_validate.py --fit-launch    # refit only the launch latency on the small launches
 
 The measured cases are tests/data/h200/timing_cases.json (experiments/timing_measure.py on the
-H200: medians of CUDA-event times, three batches each). Each case belongs to the 'fit' or the
+H200: medians of CUDA-event times, three batches each) and the small launches of
+tests/data/h200/timing_small.json (`--small`: one CTA to two waves), which fit the launch latency
+and are reported apart (those paced by the host or streaming K/V from DRAM in groups of their own). Each case belongs to the 'fit' or the
 'validate' half by a hash of its key. --fit searches the SM parameters named in FITTED (coordinate
 search over 0.6x and 1.5x of each value) on every --fit-step-th fitting case, then the effective clock
 and launch overhead by least squares of relative error on all fitting cases; parameters are
@@ -21,20 +24,22 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
-from fa_sim.timing.gpus import H200, GpuModel
+from fa_sim.timing.gpus import H200, GpuModel, fill_fraction
 from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
+SMALL = ROOT / "tests" / "data" / "h200" / "timing_small.json"  # launches of one partial wave or a few
 FITTED = ("mio_queue", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
 
 
@@ -48,6 +53,8 @@ class Measured:
     kernel: str
     ms: float
     batch_ms: tuple = ()  # the medians of the three timed batches (the run's spread)
+    small: bool = False  # from timing_small.json
+    apart: str = ""  # why a small case is neither fitted nor in the halves' scores ("": it is)
 
     def problem(self) -> Problem:
         b, h, nq, nk, _ = self.shape
@@ -55,47 +62,104 @@ class Measured:
 
 
 def load(path: Path = DATA) -> list[Measured]:
+    """The measured cases of `path`; with the default, the small launches of SMALL after them."""
     rows = json.loads(path.read_text())["cases"]
-    return [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], r["kernel_ms"],
-                     tuple(r.get("batch_ms", ())))
-            for r in rows]
+    out = [Measured(r["key"], r["half"], r["tag"], tuple(r["shape"]), r["causal"], r["kernel"], *_time(r),
+                    small=path == SMALL) for r in rows]
+    if path == SMALL:
+        floor = min(c.ms for c in out)
+        out = [replace(c, apart=_apart(c, floor)) for c in out]
+    return out + (load(SMALL) if path == DATA and SMALL.exists() else [])
+
+
+HOST_PACED = 1.3  # a paced time within this factor of the fastest launch's: the host's launch rate, not the GPU
+L2_BYTES = 50 * 2**20  # the H200's L2
+
+
+def _apart(case: Measured, floor: float) -> str:
+    """Why a small launch says nothing about the model's time: timed one launch after another, a
+    launch of a few microseconds is paced by the host's launch rate (its time is within HOST_PACED
+    of the fastest launch of the set, a 1-round CTA); a grid of one Q block per head whose K and V
+    exceed the L2 streams every K/V tile from DRAM (no tile is shared by two CTAs), and the model
+    has no DRAM bandwidth."""
+    if case.ms < HOST_PACED * floor:
+        return "paced by the host"
+    prob = case.problem()
+    if prob.n_m_blocks == 1 and 2 * prob.batch * prob.heads * prob.seqlen_k * prob.config.head_dim * 2 > L2_BYTES:
+        return "K/V streamed from DRAM"
+    return ""
+
+
+def _time(row: dict) -> tuple[float, tuple]:
+    """A case's measured time and its batches."""
+    return row["kernel_ms"], tuple(row.get("batch_ms", ()))
 
 
 def cycles(case: Measured, gpu: GpuModel) -> float:
     """Predicted makespan in SM cycles (the clock and launch overhead come after)."""
     prob = case.problem()
-    rates = _rates(prob.config, prob.causal, case.kernel, gpu.with_(clock_ghz=1.0, launch_us=0.0))
+    rates = _rates(prob.config, prob.causal, case.kernel, _sm_part(gpu))
     return dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))[0]
+
+
+def fill(case: Measured, gpu: GpuModel) -> float:
+    """The share of the GPU's CTA slots the case's first wave fills (GpuModel.overhead_us)."""
+    prob = case.problem()
+    return fill_fraction(prob.n_ctas, gpu.sms, len(_rates(prob.config, prob.causal, case.kernel, _sm_part(gpu)).per_round))
+
+
+def _sm_part(gpu: GpuModel) -> GpuModel:
+    """The parameters one SM's rates depend on (the clock and the launch overhead do not)."""
+    return gpu.with_(clock_ghz=1.0, launch_us=0.0, fill_us=0.0)
+
+
+RATES_CACHE: dict = {}  # (config tag, causal, kernel, SM parameters) -> Rates: --rates-cache's contents
 
 
 @functools.lru_cache(maxsize=None)
 def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     """One SM's rates for a kernel (shared by the cases of one config; the clock does not enter)."""
-    model = kernel_model(config, causal, gpu.arch, str(ROOT / kernel) if kernel else None)
-    return sm_rates(model, gpu, occupancy(model, gpu), account=False)
+    key = (config.tag, causal, kernel, repr(gpu))
+    if key not in RATES_CACHE:
+        model = kernel_model(config, causal, gpu.arch, str(ROOT / kernel) if kernel else None)
+        RATES_CACHE[key] = replace(sm_rates(model, gpu, occupancy(model, gpu), account=False), run=None)
+    return RATES_CACHE[key]
 
 
-def clock_fit(cyc: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
-    """(clock GHz, launch us) minimising the squared relative error of cyc / clock + launch."""
-    a = np.stack([cyc / ms, 1 / ms], axis=1)
-    (inv_clock, launch), *_ = np.linalg.lstsq(a, np.ones_like(ms), rcond=None)
-    return 1 / inv_clock / 1e6, launch * 1e3
+def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0,
+              small: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(clock GHz, launch us, fill us) of cyc / clock + launch + fill x filled, by least squares of
+    the relative error in two steps: the clock and the overhead of a full first wave (launch +
+    fill) on the cases whose first wave fills every CTA slot (of the main set, not the `small`
+    launches, where there are such), then the launch latency on those of a partial first wave with
+    the clock and that sum held (so they cannot move the full-wave cases' predictions). Without
+    partial waves the fill keeps `fill_us` and the launch takes the rest."""
+    full = (filled >= 1) & (True if small is None or small.all() else ~small)
+    a = np.stack([cyc[full] / ms[full], 1 / ms[full]], axis=1)
+    (inv_clock, total), *_ = np.linalg.lstsq(a, np.ones(int(full.sum())), rcond=None)
+    if (filled >= 1).all():
+        return 1 / inv_clock / 1e6, total * 1e3 - fill_us, fill_us
+    part, left = filled < 1, 1 - (cyc * inv_clock + total * filled) / ms  # what launch x (1 - filled) must explain
+    x = (1 - filled[part]) / ms[part]
+    launch = float(x @ left[part] / (x @ x))
+    return 1 / inv_clock / 1e6, launch * 1e3, (total - launch) * 1e3
 
 
 def predictions(cases, gpu: GpuModel) -> np.ndarray:
-    return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3 for c in cases])
+    return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + (gpu.launch_us + gpu.fill_us * fill(c, gpu)) / 1e3
+                     for c in cases])
 
 
 def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuModel:
-    fit_cases = [c for c in cases if c.half == "fit"]
+    fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
     sample = fit_cases[::step]
     ms = np.array([c.ms for c in sample])
 
     def score(g: GpuModel) -> tuple[float, GpuModel]:
-        cyc = np.array([cycles(c, g) for c in sample])
-        clock, launch = clock_fit(cyc, ms)
-        g = g.with_(clock_ghz=clock, launch_us=launch)
-        pred = cyc / (clock * 1e6) + launch / 1e3
+        cyc, filled = np.array([cycles(c, g) for c in sample]), np.array([fill(c, g) for c in sample])
+        clock, launch, fill_us = clock_fit(cyc, filled, ms, g.fill_us, np.array([c.small for c in sample]))
+        g = g.with_(clock_ghz=clock, launch_us=launch, fill_us=fill_us)
+        pred = cyc / (clock * 1e6) + (launch + fill_us * filled) / 1e3
         return float(np.mean(np.abs(pred / ms - 1))), g
 
     best, gpu = score(gpu)
@@ -113,11 +177,25 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
 
 
 def fit_clock(cases: list[Measured], gpu: GpuModel) -> GpuModel:
-    """The effective clock and the launch overhead by least squares on the whole fitting half."""
-    fit_cases = [c for c in cases if c.half == "fit"]
-    cyc = np.array([cycles(c, gpu) for c in fit_cases])
-    clock, launch = clock_fit(cyc, np.array([c.ms for c in fit_cases]))
-    return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3))
+    """The effective clock, the launch latency and the first wave's fill cost by least squares on
+    the whole fitting half (small launches set apart excluded)."""
+    fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
+    cyc, filled = np.array([cycles(c, gpu) for c in fit_cases]), np.array([fill(c, gpu) for c in fit_cases])
+    clock, launch, fill_us = clock_fit(cyc, filled, np.array([c.ms for c in fit_cases]), gpu.fill_us,
+                                       np.array([c.small for c in fit_cases]))
+    return gpu.with_(clock_ghz=round(clock, 4), launch_us=round(launch, 3), fill_us=round(fill_us, 3))
+
+
+def fit_launch(cases: list[Measured], gpu: GpuModel) -> GpuModel:
+    """The launch latency alone, on the small launches of the fitting half, with the clock and the
+    overhead of a full first wave (launch + fill) held: the 252 main cases' predictions stay."""
+    sel = [c for c in cases if c.half == "fit" and c.small and not c.apart]
+    cyc, filled = np.array([cycles(c, gpu) for c in sel]), np.array([fill(c, gpu) for c in sel])
+    total = gpu.launch_us + gpu.fill_us
+    left = 1 - (cyc / (gpu.clock_ghz * 1e6) + total / 1e3 * filled) / np.array([c.ms for c in sel])
+    x = (1 - filled) / np.array([c.ms for c in sel])
+    launch = round(float(x @ left / (x @ x)) * 1e3, 3)
+    return gpu.with_(launch_us=launch, fill_us=round(total - launch, 3))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -169,8 +247,15 @@ def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
 
 def report(cases: list[Measured], pred: dict, out: Path) -> str:
     lines = ["| half | cases | MAPE | Spearman | worst |", "|---|---|---|---|---|"]
-    for half in ("fit", "validate"):
-        sel = [c for c in cases if c.half == half and c.key in pred]
+    groups = [(half, [c for c in cases if c.half == half and not c.small]) for half in ("fit", "validate")]
+    groups += [(f"small, {half}", [c for c in cases if c.half == half and c.small and not c.apart])
+               for half in ("fit", "validate")]
+    groups += [(f"small, {why} (not modelled)", [c for c in cases if c.apart == why])
+               for why in dict.fromkeys(c.apart for c in cases if c.apart)]
+    for half, sel in groups:
+        sel = [c for c in sel if c.key in pred]
+        if not sel:
+            continue
         m, p = np.array([c.ms for c in sel]), np.array([pred[c.key] for c in sel])
         err = np.abs(p / m - 1)
         i = int(np.argmax(err))
@@ -216,11 +301,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--fit-clock", action="store_true", help="refit only the clock and launch overhead on the fitting half")
+    ap.add_argument("--fit-launch", action="store_true",
+                    help="refit only the launch latency on the small launches of the fitting half (clock and full-wave overhead held)")
     ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
     ap.add_argument("--json", type=Path, default=None, help="write the predictions here")
+    ap.add_argument("--rates-cache", type=Path, default=None, metavar="FILE",
+                    help="keep each kernel's SM rates in FILE (pickle) across runs: a rerun that changes only "
+                         "the clock or the launch overhead then skips the SM simulations (delete it after a model change)")
     args = ap.parse_args(argv)
+    if args.rates_cache is not None and args.rates_cache.exists():
+        RATES_CACHE.update(pickle.loads(args.rates_cache.read_bytes()))
     cases = load()[:: args.limit]
     gpu = H200
     t0 = time.time()
@@ -229,8 +321,13 @@ def main(argv=None) -> int:
         print(f"fitted: {gpu}")
     elif args.fit_clock:
         gpu = fit_clock(cases, gpu)
-        print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}")
+        print(f"fitted: clock_ghz={gpu.clock_ghz}, launch_us={gpu.launch_us}, fill_us={gpu.fill_us}")
+    elif args.fit_launch:
+        gpu = fit_launch(cases, gpu)
+        print(f"fitted: launch_us={gpu.launch_us}, fill_us={gpu.fill_us} (clock_ghz={gpu.clock_ghz} held)")
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
+    if args.rates_cache is not None:
+        args.rates_cache.write_bytes(pickle.dumps(RATES_CACHE))
     print(report(cases, pred, args.out))
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")
     if args.json:

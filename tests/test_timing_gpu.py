@@ -30,8 +30,9 @@ def test_compare_timing_sets_measured_beside_predicted(gpu, capsys):
     assert timing["measured_ms"] > 0 and len(timing["batch_ms"]) == 3
     assert timing["predicted"]["kernel_ms"] > 0 and abs(timing["error"]) < 0.5  # the same kernel, roughly its time
     ncu = timing["ncu"]
-    # the model's dynamic SASS stream issues what the GPU executed (docs/timing.md: within 0.25 %)
-    assert ncu["inst_executed"] == pytest.approx(timing["predicted"]["instructions"], rel=2.5e-3)
+    # the model's dynamic SASS stream issues what the GPU executed (docs/timing.md: never fewer, at
+    # most 0.02 % more: warps whose rows all lie past N_q leave before the last LSE store)
+    assert ncu["inst_executed"] <= timing["predicted"]["instructions"] <= ncu["inst_executed"] * (1 + 2e-4)
     assert ncu["stalls"]["selected"] == pytest.approx(1.0, abs=0.01) and ncu["stalls"]["wait"] > 0
     assert main(["compare", "--seqlen", "256", "--heads", "2", "--timing"]) == 0
     out = capsys.readouterr().out

@@ -109,6 +109,10 @@ def test_ctas_queue_for_the_slots():
 
 # ---- against Nsight Compute ------------------------------------------------------------------------
 NCU = json.loads((DATA / "timing_ncu.json").read_text())["kernels"]
+# and the small launches of m64n32d32w4 with a query tail (block_m 64 = 2 block_n: at N = 333 and 1500 the
+# causal diagonal CTA's keys end in its first diagonal key block, so it masks one round, not two)
+NCU += [r for r in json.loads((DATA / "timing_ncu_small.json").read_text())["kernels"]
+        if r["key"].startswith("m64n32d32w4") and int(r["key"].split("/")[1].split("x")[2]) % 64]
 
 
 def _problem(key: str) -> Problem:
@@ -120,14 +124,48 @@ def _problem(key: str) -> Problem:
 @pytest.mark.parametrize("row", NCU, ids=lambda r: r["key"])
 def test_executed_instructions_equal_nsight_compute(row):
     """Every CTA's path through the SASS (its rounds, masked rounds, first and last round, copy
-    arms: from the functional run, fa_sim.timing.stream) times its warps: Nsight Compute's
-    smsp__inst_executed.sum within 0.1 % (measured at most 0.065 %; the residue: which arm of a
-    divergent epilogue branch a warp issues)."""
+    arms, query tail: from the functional run, fa_sim.timing.stream) times its warps: Nsight
+    Compute's smsp__inst_executed.sum, never fewer and at most 0.02 % more (measured: equal on
+    10 of 12, 0.0003 % more on the two with a query tail, 0.0006-0.012 % on the four small
+    launches with one; the residue: a warp whose LSE rows all lie past N_q leaves at the guarded
+    EXIT before the last store, 2 instructions the model issues; 0.065 % before the epilogue took
+    the fast reciprocal and a query tail its own Q copy, 0.46 % at N = 333 before a diagonal CTA
+    longer than a probe kept its tail's masked rounds)."""
     from fa_sim.timing.predict import grid_instructions, kernel_model
 
     prob = _problem(row["key"])
     model = kernel_model(prob.config, prob.causal, "sm_90")
-    assert grid_instructions(model, prob) == pytest.approx(row["smsp__inst_executed.sum"], rel=1e-3)
+    executed = row["smsp__inst_executed.sum"]
+    assert executed <= grid_instructions(model, prob) <= executed * (1 + 2e-4)
+
+
+SASS_COUNTS = json.loads((DATA / "timing_sass_counts.json").read_text())["kernels"]
+
+
+@pytest.mark.parametrize("row", SASS_COUNTS, ids=lambda r: r["key"])
+def test_each_sass_instruction_executes_as_often_as_nsight_compute_counts(row):
+    """Nsight Compute's source page (Instructions Executed per SASS instruction) of a causal launch
+    against the model's dynamic stream, instruction by instruction: equal everywhere. (The epilogue
+    takes __frcp_rn's MUFU.RCP arm, never its slow-path call: a row that is not empty sums at
+    least 1; with the call arm the totals agreed but 16 instructions did not.)"""
+    from collections import Counter
+
+    from fa_sim.timing.predict import cta_classes, kernel_model
+
+    prob = _problem(row["key"])
+    model = kernel_model(prob.config, prob.causal, "sm_90")
+    opcodes = {i.addr: i.opcode for b in model.sass.blocks.values() for i in b.instrs}
+    counts: Counter = Counter()
+    for cls, n in Counter(cta_classes(prob)).items():
+        for i in model.cta_walk(*cls):
+            counts[i.addr] += n * prob.config.n_warps * prob.batch * prob.heads
+    for offset, opcode, executed in row["instructions"]:
+        addr = int(offset, 16)
+        if addr in opcodes:  # the kernel's reachable blocks
+            assert opcodes[addr] == opcode, (offset, "the profiled cubin differs from this one")
+            assert counts[addr] == executed, (offset, opcode)
+        else:  # the slow-path callee, the padding after EXIT: never executed
+            assert executed == 0, (offset, opcode)
 
 
 # ---- the measured cases, replayed -----------------------------------------------------------------
@@ -149,6 +187,24 @@ def test_validation_cases_replay_within_the_reported_accuracy():
     mape = float(np.mean(np.abs(p / m - 1)))
     ranks = np.corrcoef(np.argsort(np.argsort(m)), np.argsort(np.argsort(p)))[0, 1]
     assert len(CASES) == 16 and mape <= 0.10 and ranks >= 0.95, (mape, ranks)
+
+
+SMALL = [c for c in json.loads((DATA / "timing_small.json").read_text())["cases"]
+         if c["tag"] == "m64n64d64w4-swizzled" and c["kernel_ms"] > 0.019 and c["shape"][1] < 132]
+
+
+def test_small_launches_replay_with_the_launch_latency():
+    """The small launches of the seed config that the GPU, not the host's launch rate, times (over
+    19 us: one CTA of 64 rounds; N = 1000 and 1500 causal, with query tails, 64 and 96 CTAs):
+    each within 10 % (measured: -3.0 %, +3.9 %, -1.8 %). With the overhead of a full first wave
+    (9.1 us) charged to every launch, as before the launch latency and the first wave's fill were
+    told apart: +8 %, +19 %, +20 %."""
+    assert len(SMALL) == 3
+    for c in SMALL:
+        b, h, nq, nk, _ = c["shape"]
+        prob = Problem(b, h, nq, nk, c["causal"], 1.0, KernelConfig.from_tag(c["tag"]))
+        assert predict(prob, "h200").kernel_ms == pytest.approx(c["kernel_ms"], rel=0.10), c["key"]
+    assert H200.overhead_us(1, 4) < 3 < 9 < H200.overhead_us(H200.sms * 4, 4)
 
 
 @pytest.mark.slow

@@ -95,6 +95,36 @@ def test_a_causal_diagonal_round_copies_interior_tiles():
     assert boundary in {loc[0] for b in tail for loc in st.block_locs[b]}
 
 
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_a_query_tail_copies_q_through_the_boundary_arm(causal):
+    """The last Q block of N_q not a multiple of block_m copies Q with the zero fill of rows past
+    N_q (the boundary arm, 47 more instructions per warp on the seed's cubin); its rounds and its
+    epilogue are the full block's. Without the query-tail class the grid's count was 0.28 % below
+    Nsight Compute's on N = 333 causal (+47 per warp of each last Q block)."""
+    cfg = C()
+    st = _stream(cfg, causal)
+    source = kernel_source(None).text.splitlines()
+    boundary = next(i + 1 for i, s in enumerate(source) if "const bool ok = r < seqlen - row0" in s)
+    copy_q = next(i + 1 for i, s in enumerate(source) if "copy_tile<kBlockM>(sQ, gQ, row0, seqlen_q)" in s)
+    rounds, masked = (6, 1) if causal else (3, 1)
+    full, qtail = st.walks(rounds, masked, True, False), st.walks(rounds, masked, True, True)
+    assert full[1:] == qtail[1:]
+    q_locs = [{loc for b in walk for loc in st.block_locs[b] if loc[0] == boundary and loc[-1] == copy_q}
+              for walk in (full[0], qtail[0])]
+    assert not q_locs[0] and q_locs[1]
+    size = [sum(len(st.ks.blocks[b].instrs) for b in walk) for walk in (full[0], qtail[0])]
+    assert size[1] > size[0]
+
+
+def test_the_epilogue_takes_the_fast_reciprocal():
+    """normalize's __frcp_rn: a row that is not empty sums at least 1, so every warp takes the
+    MUFU.RCP arm, never the slow-path call (which the oracle's longest epilogue took)."""
+    st = _stream(C(), True)
+    epilogue = st.walks(8, 1, False)[-1]
+    assert st.ks.slow_calls(epilogue) == 0
+    assert any(i.opcode == "MUFU.RCP" for b in epilogue for i in st.ks.blocks[b].instrs)
+
+
 def _variant(tmp_path, name: str, old: str, new: str) -> str:
     text = SEED_PATH.read_text()
     assert old in text

@@ -86,6 +86,16 @@ RECORDINGS = (
     Recording(f"{H200}/timing_cases.json", True, "python experiments/timing_measure.py --out OUT",
               "the timing model's cases: kernel times (CUDA events, medians of 3 batches) of 252 launches",
               Kind.TIMES, 240),
+    Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
+              "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
+              Kind.TIMES, 120),
+    Recording(f"{H200}/timing_ncu_small.json", True,
+              "ncu --csv --page raw -k regex:fa2_fwd_kernel --metrics gpu__time_duration.sum,sm__cycles_elapsed.max,"
+              "sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,smsp__cycles_active.avg "
+              "python experiments/timing_measure.py --profile --small > W/ncu_small.csv && "
+              "python experiments/timing_measure.py --ncu-csv W/ncu_small.csv --ncu-name timing_ncu_small.json --out OUT",
+              "Nsight Compute on the 42 small launches: instructions executed (query tails), SM cycles (needs ncu)",
+              Kind.TIMES, 200),
     Recording(f"{H200}/timing_ncu.json", True,
               "ncu --target-processes all -k fa2_fwd_kernel --section WarpStateStats --section SchedulerStats "
               "--section Occupancy --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis "
@@ -94,6 +104,14 @@ RECORDINGS = (
               "&& python experiments/timing_measure.py --ncu-csv W/ncu.csv --out OUT",
               "Nsight Compute on 12 of those launches: instructions executed, stall reasons, pipes (needs ncu)",
               Kind.TIMES, 240),
+    Recording(f"{H200}/timing_sass_counts.json", True,
+              "ncu --set full --import-source no -k regex:fa2_fwd_kernel -o W/sass1 -f python experiments/timing_measure.py --profile --only '^m64n32d32w4-swizzled/1x16x8192x8192x32/causal$' && "
+              'ncu -i W/sass1.ncu-rep --page source --csv --print-source sass > W/sass1.csv && '
+              "ncu --set full --import-source no -k regex:fa2_fwd_kernel -o W/sass2 -f python experiments/timing_measure.py --profile --only '^m64n32d32w4-swizzled-s2/1x16x8192x8192x32/causal$' && "
+              'ncu -i W/sass2.ncu-rep --page source --csv --print-source sass > W/sass2.csv && '
+              'python experiments/timing_measure.py --sass-csv m64n32d32w4-swizzled/1x16x8192x8192x32/causal=W/sass1.csv m64n32d32w4-swizzled-s2/1x16x8192x8192x32/causal=W/sass2.csv --out OUT',
+              "Nsight Compute's executed count of every SASS instruction of two causal launches (needs ncu)",
+              Kind.JSON, 240),
     Recording(f"{H200}/timing_auto.json", True, "python experiments/timing_auto.py --measure --out OUT",
               "every config=auto candidate timed on 12 problems (the model's pick against the measured best)",
               Kind.TIMES, 200),

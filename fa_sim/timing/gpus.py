@@ -50,16 +50,27 @@ class GpuModel:
     global_latency: int = 300  # LDGSTS issue to data in shared memory: an L2 hit and the write (fitted; 0.6x
     # and 1.5x fit the fitting half worse; L2 hits take 220-340 cycles on recent NVIDIA GPUs, arXiv:2606.22588)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
-    launch_us: float = 2.0  # per kernel: the launch, and the grid's start-up and drain beyond the CTAs' own
-    # fixed costs (fitted)
+    launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
+    fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
+    # wave fills every CTA slot; a partial first wave pays its share (fitted: launch + fill on the main cases)
 
     def with_(self, **changes) -> "GpuModel":
         return replace(self, **changes)
 
+    def overhead_us(self, ctas: int, resident: int) -> float:
+        """What a launch takes beyond its CTAs' cycles: the launch latency, and the share of
+        `fill_us` that its first wave fills of the GPU's CTA slots (`resident` per SM)."""
+        return self.launch_us + self.fill_us * fill_fraction(ctas, self.sms, resident)
+
+
+def fill_fraction(ctas: int, sms: int, resident: int) -> float:
+    """The first wave's CTAs over the GPU's CTA slots (at most 1)."""
+    return min(1.0, ctas / (sms * resident))
+
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
 H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.7343,
-                launch_us=9.14)
+                launch_us=2.417, fill_us=6.723)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.

@@ -21,7 +21,7 @@ def schedule_walks(ks: KernelSass, cfg: KernelConfig, rounds: int, masked: int) 
     for t in range(rounds):
         region = "last_trip" if t == rounds - 1 else "trip"
         out.append(ks.walk_starts(region, longest=t >= rounds - masked, **trip_key(cfg, t, rounds)))
-    return tuple(out + [ks.walk_starts("epilogue", longest=True)])
+    return tuple(out + [ks.epilogue_starts()])
 
 
 def _copies(cfg: KernelConfig, tiles: int) -> int:

@@ -250,6 +250,7 @@ class KernelSass:
     notes: str
     blocks: dict = dataclasses.field(default_factory=dict, compare=False)  # start address -> _Block
     walks: dict = dataclasses.field(default_factory=dict, compare=False)  # region -> ((weight, block starts), ...)
+    callees: frozenset = dataclasses.field(default=frozenset(), compare=False)  # functions the kernel CALLs
 
     def paths(self, region: str, ex2: int | None = None, ldgdepbar: int | None = None, **classes: int) -> list:
         """Paths of `region` with these path features: EX2 and LDGDEPBAR on-counts, and any
@@ -275,6 +276,18 @@ class KernelSass:
         size = [sum(len(self.blocks[b].instrs) for b in starts) for starts in hits]
         return hits[size.index(max(size) if longest else min(size))]
 
+    def slow_calls(self, starts: tuple) -> int:
+        """Blocks of a walk that call another function: the __frcp_rn slow path of normalize, for
+        a row sum outside the normal range. A row that is not empty sums at least 1 (its maximum's
+        exponential is exactly 1), so the warp takes the MUFU.RCP arm (Nsight Compute's per-SASS
+        counts: the call arm is never executed)."""
+        return sum(any(i.base == "CALL" and i.target in self.callees for i in self.blocks[b].instrs) for b in starts)
+
+    def epilogue_starts(self) -> tuple:
+        """The epilogue's walk: every counted instruction, the fast arm of __frcp_rn, the longest."""
+        walks = [starts for _, starts in self.walks["epilogue"]]
+        return min(walks, key=lambda s: (self.slow_calls(s), -sum(len(self.blocks[b].instrs) for b in s)))
+
     def pick(self, region: str, **key) -> Counts:
         """On-counts of the paths of `region` with this key (`paths`' features); they must agree."""
         hits = {frozenset(on_classes(w).items()) for w in self.paths(region, **key)}
@@ -298,7 +311,8 @@ def analyze(sass: str, function: str = KERNEL_NAME) -> KernelSass:
     pro = _path_weights(blocks, outside, entry, {(n, header) for n in outside if header in blocks[n].succ}, set())
     trip = _path_weights(blocks, loop, header, set(back), set(back))
     last = _path_weights(blocks, loop, header, exits, set(back))
-    for name in {i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"} & set(funcs):
+    callees = frozenset({i.target for b in blocks.values() for i in b.instrs if i.base == "CALL"} & set(funcs))
+    for name in callees:
         if any(sass_class(i) for i in funcs[name]):  # the __frcp_rn slow path must issue no class
             raise SassStructureError(f"{function} calls {name}, which issues counted instructions")
     end = max(blocks[u].instrs[-1].addr for u in latches)
@@ -313,7 +327,7 @@ def analyze(sass: str, function: str = KERNEL_NAME) -> KernelSass:
              "epilogue": tuple(w for w in _walks(blocks, reach, after, {(n, None) for n in reach
                                                                           if blocks[n].instrs[-1].base in ("EXIT", "RET")})
                                if on_classes(w[0]) == epilogue)}
-    return KernelSass(frozenset(pro), frozenset(trip), frozenset(last), epilogue, notes, blocks, walks)
+    return KernelSass(frozenset(pro), frozenset(trip), frozenset(last), epilogue, notes, blocks, walks, callees)
 
 
 def _walks(blocks: dict[int, _Block], nodes: set[int], start: int, ends: set, skip: set = frozenset()) -> tuple:

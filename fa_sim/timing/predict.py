@@ -19,7 +19,8 @@ How (what `fa time --help` says too):
 5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
    free slots (SMs freeing slots together are refilled one CTA each in turn); each SM runs its
    resident CTAs at the rate of its occupancy; the last CTA's end, at the GPU's effective clock,
-   plus the launch overhead, is the kernel time.
+   plus the launch overhead (a fixed latency and the first wave's share of the grid's start-up
+   and drain: GpuModel.overhead_us), is the kernel time.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ class KernelModel:
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False) -> list:
+    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list:
         """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
-        (`tail`: its keys end in a partial block)."""
-        return [i for part in self.stream.parts(rounds, masked, tail) for i in part]
+        (`tail`: its keys end in a partial block; `qtail`: its queries do)."""
+        return [i for part in self.stream.parts(rounds, masked, tail, qtail) for i in part]
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
         """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
@@ -97,8 +98,9 @@ class KernelModel:
     def _walk_parts(self, rounds: int, masked: int) -> list[list]:
         return self.stream.parts(rounds, masked)
 
-    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False) -> list[Step]:
-        return self.steps(self.cta_walk(rounds, masked, tail), gpu)
+    def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False,
+                   qtail: bool = False) -> list[Step]:
+        return self.steps(self.cta_walk(rounds, masked, tail, qtail), gpu)
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -150,14 +152,15 @@ def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: boo
     first, last = 1, STEADY_RUN - model.config.kv_stages
     per_round = (starts[last] - starts[first]) / (last - first)
     rounds, lives, middle = [], [], None
-    for p in range(PHASES if j > 1 else 1):
+    phases = PHASES if j > 1 else 1  # a lone CTA has no relative phase
+    for p in range(phases):
         shift = (p + 0.5) / PHASES - 0.5  # CTA i starts (i + shift) / j of a round after the first
         stagger = [round((i + shift) * per_round / j) for i in range(1, j)]
-        run = run_sm([stream] * j, model.config.n_warps, gpu, account=account and 2 * p + 1 == PHASES,
+        run = run_sm([stream] * j, model.config.n_warps, gpu, account=account and 2 * p + 1 == phases,
                      stagger=stagger, marks=(starts[first], starts[last]))
         rounds.append(float(np.mean([b - a for a, b in run.marked])) / (last - first))
         lives.append(_life(run))
-        middle = run if 2 * p + 1 == PHASES or middle is None else middle
+        middle = run if 2 * p + 1 == phases or middle is None else middle
     return float(np.mean(rounds)), float(np.mean(lives)), middle
 
 
@@ -258,7 +261,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
             raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
                              f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
         cycles = exact_cycles(model, prob, gpu, k, ran)
-    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.launch_us / 1e3
+    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
     return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
 
 
@@ -270,11 +273,14 @@ def grid_instructions(model: KernelModel, prob: Problem) -> int:
     return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
 
 
-def cta_classes(prob: Problem) -> list[tuple[int, int, bool]]:
-    """(rounds, masked rounds, keys ending in a tail block) of each Q block: its path class."""
-    rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
+def cta_classes(prob: Problem) -> list[tuple[int, int, bool, bool]]:
+    """(rounds, masked rounds, keys ending in a tail block, queries ending in a tail block) of each
+    Q block: its path class."""
+    mbs = np.arange(prob.n_m_blocks)
+    rounds = prob.n_block_max(mbs)
     tail = (rounds * prob.config.block_n > prob.seqlen_k).tolist()
-    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail))
+    qtail = ((mbs + 1) * prob.config.block_m > prob.seqlen_q).tolist()
+    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail, qtail))
 
 
 def _masked_rounds(prob: Problem) -> np.ndarray:

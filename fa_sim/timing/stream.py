@@ -9,11 +9,14 @@ CUDA line with its chain of inlining call sites, as PTX `.loc` and nvdisasm -gi 
 A region's SASS path must issue exactly the recorded classes and EX2 count (on-counts: guards
 resolved as paths.py says); none doing so is a StreamMismatch naming the region and the counts.
 Paths that issue the same classes (an interior or a boundary copy arm, a masking branch) are told
-apart by the source locations: the path whose blocks hold the fewest locations the warp did not
-run in that region, then the most that it did; left even (branches inside one PTX instruction's
-expansion, such as __frcp_rn's slow path), a round takes the shortest path and the epilogue the
-longest (its divergent arms are issued when any lane takes them). Every warp of a CTA must take
-the same paths (the SM model runs one stream per CTA): else a StreamMismatch.
+apart by the source locations: the path with the fewest wrong locations (those its blocks hold
+that the warp did not run in that region, plus those the warp ran that another candidate holds
+and it does not: an if-converted arm keeps a location of the other), then the most that it ran;
+left even (branches inside one PTX instruction's expansion), the path without a call of
+__frcp_rn's slow path (a row that is not empty sums at least 1: its maximum's exponential is
+exactly 1), then a round the shortest and the epilogue the longest (its divergent arms are
+issued when any lane takes them). Every warp of a CTA must take the same paths (the SM model
+runs one stream per CTA): else a StreamMismatch.
 
 Path classes, as the timing model asks for them: a CTA of R rounds, m of them masked. m = 0: a
 plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the diagonal); the
@@ -21,7 +24,12 @@ masked count of a real CTA (causal: the Q block on the diagonal whose keys end w
 block or, for a CTA whose keys end in a tail, half of one; non-causal, m = 1: a key tail of half a
 block); any other m (the model's all-masked steady run) is the plain CTA's
 rounds with the locations that masking adds (those the masked probe's last round runs and the
-plain one's does not) counted as run in the last m rounds. The control flow depends on shapes,
+plain one's does not) counted as run in the last m rounds. A Q block whose rows end past N_q (a
+query tail) is its own class: it copies Q through the boundary arm (zero fill); its probe has
+half a block of rows; its epilogue is the full block's (the SASS issues the stores of rows past
+N_q under a guard, on, where the PTX branches around them; a warp whose LSE rows all lie past
+N_q leaves at a guarded EXIT before its last store, 2 instructions the model still issues: the
+grid's count is then at most 0.02 % above Nsight Compute's). The control flow depends on shapes,
 not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
 PROBE_ROUNDS-round probe's first round from round 1 that the next round repeats (the steady
 state; none is a StreamMismatch), so every CTA has the trip
@@ -111,24 +119,32 @@ def probe_rounds(cfg: KernelConfig) -> int:
     return -(-least // per) * per
 
 
-def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int) -> tuple[Problem, int]:
-    """The problem and the Q block (its last, a full one) that has `rounds` rounds of this kind.
-    (A query tail's last Q block is represented by a full one: its SASS issues the stores of the
-    rows past N_q under a guard, on; the PTX branches around them.)"""
+def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int, qtail: bool = False) -> tuple[Problem, int]:
+    """The problem and the Q block (its last) that has `rounds` rounds of this kind; `qtail`: its
+    rows end half way (a query tail: the CTA copies Q through the boundary arm)."""
     bm, bn = cfg.block_m, cfg.block_n
     nk = rounds * bn - (bn // 2 if kind in (Kind.TAIL, Kind.DIAGONAL_TAIL) else 0)
     if kind in (Kind.DIAGONAL, Kind.DIAGONAL_TAIL):
         nq = -(-nk // bm) * bm  # its last Q block reaches the last key
     else:
         nq = (-(-nk // bm) + 1) * bm if causal else bm  # causal: one Q block past every key
+    nq -= bm // 2 if qtail else 0  # the rounds do not change: they follow the block's first row
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
     return prob, prob.n_m_blocks - 1
 
 
-def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int) -> list[dict[int, Region]]:
+def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int,
+           qtail: bool = False) -> list[dict[int, Region]]:
     """Per warp of the probe CTA of this class: region (ROUND_PROLOGUE, t, ROUND_EPILOGUE) -> its
     record. The diagonal Q blocks of up to `probe_rounds` rounds come from one run of the longest
-    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA)."""
+    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA). `qtail`: the Q
+    block's rows end half way; its epilogue is the full block's (the SASS issues the stores of
+    rows past N_q under a guard, on; the PTX branches around them)."""
+    if qtail:
+        prob, mb = probe_problem(cfg, causal, kind, rounds, qtail=True)
+        full = record(cfg, causal, kernel, kind, rounds)
+        tail = _records(cfg, causal, kernel, prob, (mb,))[mb]
+        return [{**w, ROUND_EPILOGUE: f[ROUND_EPILOGUE]} for w, f in zip(tail, full)]
     prob, mb = probe_problem(cfg, causal, kind, rounds)
     if kind is Kind.DIAGONAL and rounds <= probe_rounds(cfg):
         batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
@@ -220,18 +236,21 @@ class KernelStream:
         self.paths = {region: [(_features(w), starts) for w, starts in walks] for region, walks in ks.walks.items()}
         self.walks = functools.lru_cache(maxsize=None)(self._cta_walks)
 
-    def parts(self, rounds: int, masked: int = 0, tail: bool = False) -> list[list]:
+    def parts(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list]:
         """The instructions of a CTA of `rounds` rounds, the last `masked` masked, its keys ending
-        in a tail block (`tail`; non-causal: every masked CTA): prologue, each round, epilogue."""
-        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail)]
+        in a tail block (`tail`; non-causal: every masked CTA), its queries in a tail block
+        (`qtail`: the last Q block of N_q not a multiple of block_m): prologue, each round, epilogue."""
+        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail, qtail)]
 
-    def _cta_walks(self, rounds: int, masked: int, tail: bool = False) -> tuple[Walk, ...]:
-        """`walks(rounds, masked, tail)`: the block starts of each region's path (prologue, rounds,
-        epilogue)."""
+    def _cta_walks(self, rounds: int, masked: int, tail: bool = False, qtail: bool = False) -> tuple[Walk, ...]:
+        """`walks(rounds, masked, tail, qtail)`: the block starts of each region's path (prologue,
+        rounds, epilogue)."""
         real = self._real_masked(rounds)
         if masked == 0 or masked == real:
             kind = Kind.PLAIN if masked == 0 else self._masked_kind()
-            return self._extended(Kind.DIAGONAL_TAIL if kind is Kind.DIAGONAL and tail else kind, rounds)
+            return self._extended(Kind.DIAGONAL_TAIL if kind is Kind.DIAGONAL and tail else kind, rounds, qtail)
+        if qtail:
+            raise ValueError("a query tail is a real CTA's: its masked rounds are the real ones")
         if rounds > probe_rounds(self.config):
             raise ValueError(f"a CTA of {rounds} rounds with {masked} masked is longer than a probe "
                              f"({probe_rounds(self.config)} rounds) and has no real counterpart")
@@ -248,16 +267,18 @@ class KernelStream:
     def _masked_kind(self) -> Kind:
         return Kind.DIAGONAL if self.causal else Kind.TAIL
 
-    def _records(self, kind: Kind, rounds: int) -> list[dict[int, Region]]:
-        return record(self.config, self.causal, self.kernel, kind, rounds)
+    def _records(self, kind: Kind, rounds: int, qtail: bool = False) -> list[dict[int, Region]]:
+        return record(self.config, self.causal, self.kernel, kind, rounds, qtail)
 
-    def _extended(self, kind: Kind, rounds: int) -> tuple[Walk, ...]:
+    def _extended(self, kind: Kind, rounds: int, qtail: bool = False) -> tuple[Walk, ...]:
         """A CTA of `rounds` rounds: its own probe, or, longer than a probe, the longest probe
         with its first steady round (from round 1, one whose path the next round repeats) repeated."""
         base = probe_rounds(self.config)
+        if kind is Kind.DIAGONAL_TAIL:  # the tail in the same diagonal key block as the CTA's (its masked rounds)
+            base += (rounds - base) % max(1, self.config.block_m // self.config.block_n)
         if rounds <= base:
-            return self._select_cta(self._records(kind, rounds), rounds)
-        walks = self._select_cta(self._records(kind, base), base)  # prologue, round 0, ..., epilogue
+            return self._select_cta(self._records(kind, rounds, qtail), rounds)
+        walks = self._select_cta(self._records(kind, base, qtail), base)  # prologue, round 0, ..., epilogue
         steady = next((t for t in range(1, base - 1) if walks[1 + t] == walks[2 + t]), None)
         if steady is None:
             raise StreamMismatch(f"{self.config.tag}: no two consecutive rounds of a {base}-round CTA take the same "
@@ -290,13 +311,17 @@ class KernelStream:
                                  f"issues {_brief(rec.counts)} per warp; no SASS path does (they issue: "
                                  f"{'; '.join(have[:4])}{' ...' if len(have) > 4 else ''})")
         longest = region == "epilogue"
+        known = frozenset().union(*(self.block_locs[b] for s in hits for b in s)) & rec.locs
 
         def score(starts: Walk) -> tuple:
             locs = [self.block_locs[b] for b in starts]
-            missed = sum(len(x - rec.locs) for x in locs)
-            ran = len(frozenset().union(*locs) & rec.locs)
+            have = frozenset().union(*locs)
+            # locations the walk holds and the warp did not run, plus those the warp ran that
+            # another candidate holds and this one does not (an if-converted arm keeps a location
+            # of the other arm: the boundary copy of Q holds one of the interior copy's)
+            wrong = sum(len(x - rec.locs) for x in locs) + len(known - have)
             size = sum(len(self.ks.blocks[b].instrs) for b in starts)
-            return missed, -ran, -size if longest else size
+            return wrong, -len(have & rec.locs), self.ks.slow_calls(starts), -size if longest else size
         return min(hits, key=score)
 
 
