@@ -312,3 +312,20 @@ def test_the_issue_policy_against_the_h200_probe(name):
         stagger = (last - first) / last
         assert (stagger > 0.4).all() if greedy else (stagger < 0.1).all(), (name, first, last)
     np.testing.assert_allclose(model, hw, rtol=0.08)
+
+
+def test_sm_rates_are_timed_once_per_config_and_change_no_prediction():
+    """The SM rates depend on the kernel, the GPU and the occupancy, not on the shape: a second shape
+    of the same config reuses them (a cache hit, no SM run) and predicts exactly what a fresh run gives."""
+    import importlib
+
+    pm = importlib.import_module("fa_sim.timing.predict")  # the module (the package's `predict` is its function)
+    cfg = KernelConfig()
+    pm.predict(Problem(1, 4, 512, 512, True, 1.0, cfg))
+    hits = pm._rates.cache_info().hits
+    cached = pm.predict(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
+    assert pm._rates.cache_info().hits == hits + 1
+    pm._rates.cache_clear()
+    fresh = pm.predict(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
+    assert (fresh.kernel_ms, fresh.stalls, fresh.pipes, fresh.instructions) == \
+        (cached.kernel_ms, cached.stalls, cached.pipes, cached.instructions)

@@ -143,6 +143,14 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run)
 
 
+@functools.lru_cache(maxsize=256)
+def _rates(config: KernelConfig, causal: bool, gpu: GpuModel, kernel, k: int) -> Rates:
+    """sm_rates of one kernel at occupancy k, cached: they depend on the kernel, the GPU and the
+    occupancy, not on the shape (which only the dispatch sees), so a sweep over shapes or a ranking
+    over lengths runs each config's SM once."""
+    return sm_rates(kernel_model(config, causal, gpu.arch, kernel), gpu, k)
+
+
 def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, float, SmRun]:
     """Cycles of a steady round and a CTA's start-to-end time with j CTAs resident, staggered
     (`masked`: rounds masked), each the mean over PHASES relative phases of the co-resident CTAs,
@@ -253,7 +261,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     k = occupancy(model, gpu)
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
-    rates = sm_rates(model, gpu, k)
+    rates = _rates(prob.config, prob.causal, gpu, kernel, k)
     cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))
     if exact:
         work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
