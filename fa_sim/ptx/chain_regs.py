@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import Addr, Imm, Instruction, Kernel, ParamList, PredPair, Reg, Sym, Vec
+from .ir import Addr, Imm, Instruction, Kernel, Reg, Sym, Vec, named
 from .machine_ops import MMA_FORM
 from .optable import OPCODES, Unit
 from .regs import immediate
@@ -73,19 +73,6 @@ class LdsmOperands:
         return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
 
 
-def _named(op) -> set[str]:
-    """Every register an operand names (read or written)."""
-    if isinstance(op, Reg):
-        return {op.name}
-    if isinstance(op, (Vec, ParamList)):
-        return set().union(*(_named(x) for x in op.items))
-    if isinstance(op, Addr):
-        return _named(op.base) if op.base is not None else set()
-    if isinstance(op, PredPair):
-        return {op.p.name, op.q.name}
-    return set()
-
-
 def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
     """(registers read, registers written) of an instruction that may share a GEMM region with
     its mmas (None: it may not - it is not unguarded lane math or an ldmatrix). Lane math writes
@@ -96,14 +83,14 @@ def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
     row = OPCODES.get(ins.opcode)
     if row is None or row.unit is not Unit.LANES or ins.guard is not None or not ins.operands:
         return None
-    return set().union(*(_named(op) for op in ins.operands)), _named(ins.operands[0])
+    return set().union(*(named(op) for op in ins.operands)), named(ins.operands[0])
 
 
 def register_uses(kernel: Kernel) -> dict[str, frozenset[int]]:
     """The pcs of the instructions that name each register (read, write or guard)."""
     out: dict[str, set[int]] = {}
     for ins in kernel.instructions:
-        names = set().union(*(_named(op) for op in ins.operands))
+        names = set().union(*(named(op) for op in ins.operands))
         for name in names | ({ins.guard.reg.name} if ins.guard is not None else set()):
             out.setdefault(name, set()).add(ins.pc)
     return {k: frozenset(v) for k, v in out.items()}
@@ -142,7 +129,7 @@ def zero_chains(code, start: int, stop: int, mmas: list[int]) -> set[tuple[str, 
             continue
         put = _zero_source(code[p], zero)
         regs = touched(code[p])
-        zero -= regs[1] if regs is not None else set().union(*(_named(x) for x in code[p].operands))
+        zero -= regs[1] if regs is not None else set().union(*(named(x) for x in code[p].operands))
         if put:
             zero.add(code[p].operands[0].name)
     return chains

@@ -258,3 +258,16 @@ class Module:
             return self.kernels[name]
         except KeyError:
             raise ValueError(f"no kernel {name!r} in the module; it has: {', '.join(self.kernels) or 'none'}") from None
+
+
+def named(op) -> set[str]:
+    """Every register an operand names (read or written)."""
+    if isinstance(op, Reg):
+        return {op.name}
+    if isinstance(op, (Vec, ParamList)):
+        return set().union(*(named(x) for x in op.items))
+    if isinstance(op, Addr):
+        return named(op.base) if op.base is not None else set()
+    if isinstance(op, PredPair):
+        return {op.p.name, op.q.name}
+    return set()

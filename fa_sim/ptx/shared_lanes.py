@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..machine import SmemLanes
-from .ir import Addr, ParamList, PredPair, Reg, Sym, Vec
+from .ir import Addr, Reg, Sym, named
 from .ops import Unsupported
 
 if TYPE_CHECKING:
@@ -126,21 +126,8 @@ def loop_written(kernel, loop) -> frozenset[str] | None:
         if target is None or (ins.pc >= loop.head and target < loop.head) or \
                 (ins.pc > loop.tail and target <= loop.tail):
             return None
-    return frozenset().union(*(_destination(ins.operands[0]) for ins in kernel.instructions[loop.head: loop.tail + 1]
+    return frozenset().union(*(named(ins.operands[0]) for ins in kernel.instructions[loop.head: loop.tail + 1]
                                if ins.operands))
-
-
-def _destination(op) -> set[str]:
-    """Every register a first operand names."""
-    if isinstance(op, Reg):
-        return {op.name}
-    if isinstance(op, (Vec, ParamList)):
-        return set().union(*(_destination(x) for x in op.items))
-    if isinstance(op, Addr):
-        return _destination(op.base) if op.base is not None else set()
-    if isinstance(op, PredPair):
-        return {op.p.name, op.q.name}
-    return set()
 
 
 def _addresses(eng: Engine, ops: tuple, group: Group) -> np.ndarray:
