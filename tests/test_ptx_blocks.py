@@ -337,16 +337,18 @@ def test_attention_chains_give_the_bits_and_counts_of_single_instructions(monkey
     grids = []
     run_grid = chains.Grid.run
     def spy(self, eng, loads):
-        grids.append((self.mi, self.a_fed is not None, self.b_fed is not None))
+        grids.append((self.mi, self.a_fed is not None, self.b_fed is not None, self.a_packs is not None))
         return run_grid(self, eng, loads)
     monkeypatch.setattr(chains.Grid, "run", spy)
     rng = np.random.default_rng(seqlen)
     cfg = KernelConfig(**fields)
     q, k, v = (rng.standard_normal((1, 2, seqlen, cfg.head_dim)).astype(np.float16) for _ in range(3))
     chained = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model)
-    assert grids and all(b for _, _, b in grids)  # B (K, V) from shared memory
-    assert any(a for _, a, _ in grids) != cfg.q_in_regs  # QK^T's A too, unless Q stays in registers
-    assert {mi for mi, _, _ in grids} == {cfg.block_m // 16 // cfg.n_warps}
+    assert grids and all(b for _, _, b, _ in grids)  # B (K, V) from shared memory
+    assert any(a for _, a, _, _ in grids) != cfg.q_in_regs  # QK^T's A too, unless Q stays in registers
+    # PV's A (P~) from the f32 registers its cvt packs, unless the pack is the round before (defer_pv)
+    assert any(p for _, _, _, p in grids) != cfg.defer_pv
+    assert {mi for mi, _, _, _ in grids} == {cfg.block_m // 16 // cfg.n_warps}
     grids.clear()
     single = fa_sim.simulate(q, k, v, causal, config=cfg, engine="ptx", mma_model=model, observers=[Watcher()])
     assert not grids  # observed: one instruction at a time

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import isa
+from ..isa import convert
 from ..errors import KernelFault
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
@@ -149,6 +150,26 @@ def _plan(idx: np.ndarray, shape) -> tuple[np.ndarray, bool | None, bool]:
         if (c[..., 0] % CHUNK_HALVES == 0).all() and (c == c[..., :1] + np.arange(CHUNK_HALVES)).all():
             return np.ascontiguousarray(c[..., 0] // CHUNK_HALVES + cta * (shape[1] // 16)), transposed, per_cta
     return np.ascontiguousarray(idx + cta * (shape[1] // 2)), None, per_cta
+
+
+def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> list:
+    """The K A matrices of an operand that cvt.rn.f16x2.f32 packs for the mmas alone, straight
+    from its f32 registers `halves` [K, MI, 4, 2] (each register's low then high half): rounded
+    as the cvt rounds them (fa_sim.isa.convert, its f16 values as float32, or f16 bits when one is
+    a NaN), in blocked axes [C, W, MI, 2, 8, 2, 4, 2] - rows (MI, register & 1, lane >> 2), columns
+    (register >> 1, lane & 3, half), the A fragment layout (fa_sim.isa.mma.a_coords) - which the
+    EXACT chain copies straight into its buffer, as it does the program's P~ (other models get
+    [C, W, 16MI, 16] matrices)."""
+    file, idx = eng.regs.words(halves)
+    x = file[idx].view(np.float32)
+    values = convert.f32_to_f16_values(x)
+    if values is None:  # a NaN: its f16 bits
+        values = convert.f32_to_f16_rn(x).view(np.float16)
+    c, w, _ = eng.cw
+    blocked = values.reshape(k, mi, 2, 2, 2, c, w, 8, 4).transpose(0, 5, 6, 1, 3, 7, 2, 8, 4)
+    if eng.m.mma_model.float64_sum:
+        return list(blocked)
+    return [np.ascontiguousarray(a).reshape(c, w, 16 * mi, 16) for a in blocked]
 
 
 def materialize(eng: Engine, loads: dict, pcs) -> None:

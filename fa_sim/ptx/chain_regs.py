@@ -73,6 +73,29 @@ class LdsmOperands:
         return LdsmOperands(d, base.name if isinstance(base, Reg) else None)
 
 
+PACK_FORM = ("rn", "f16x2", "f32")  # cvt.rn.f16x2.f32 d, a, b: d = {f16(a) high, f16(b) low}
+
+
+@dataclass(frozen=True)
+class PackOperands:
+    """The registers of a cvt.rn.f16x2.f32 d, a, b that packs two f32 values into an mma operand
+    register (NVRTC packs P~ so for O += P~ V): d, and its sources low (b) then high (a)."""
+
+    d: str
+    halves: tuple[str, str]
+
+    @staticmethod
+    def of(ins: Instruction) -> PackOperands | None:
+        """The operands of a batchable pack (that form, unguarded, registers only)."""
+        if ins.opcode != "cvt" or ins.mods != PACK_FORM or ins.guard is not None or len(ins.operands) != 3:
+            return None
+        names = [_names(op) for op in ins.operands]
+        if any(n is None or len(n) != 1 for n in names):
+            return None
+        (d,), (hi,), (lo,) = names
+        return PackOperands(d, (lo, hi))
+
+
 def touched(ins: Instruction) -> tuple[set[str], set[str]] | None:
     """(registers read, registers written) of an instruction that may share a GEMM region with
     its mmas (None: it may not - it is not unguarded lane math or an ldmatrix). Lane math writes

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..isa import mma as isa_mma
-from .chain_operands import fed_matrices, load, materialize
-from .chain_regs import LdsmOperands, MmaOperands, register_uses, touched, zero_chains
+from .chain_operands import fed_matrices, load, materialize, packed_matrices
+from .chain_regs import LdsmOperands, MmaOperands, PackOperands, register_uses, touched, zero_chains
 from .ir import Instruction
 
 if TYPE_CHECKING:
@@ -97,6 +97,8 @@ class Grid:
     c and d [NJ, MI, 4] (flattened, C order: the layouts of fa_sim.isa.mma.mma_tiles). a_fed
     [K, MI]: the ldmatrix (pc) that loads each A fragment, when the A operand comes straight from
     shared memory (fa_sim/ptx/chain_operands.py); b_fed [K, NJ]: (pc, half) of each B fragment.
+    a_packs [K, MI, 4, 2]: when every A register is packed by a cvt for the mmas alone, the f32
+    registers of its low and high halves (the GEMM rounds them to f16 itself).
     c_zero: every C register holds +0 when the chains start (chain_regs.zero_chains): C is not read."""
 
     k: int
@@ -108,11 +110,13 @@ class Grid:
     d: tuple[str, ...]
     a_fed: tuple[int, ...] | None = None
     b_fed: tuple[tuple[int, int], ...] | None = None
+    a_packs: tuple[str, ...] | None = None
     c_zero: bool = False
 
     def ready(self, regs) -> bool:
         """Whether every operand is rows of one file of 32-bit registers (regs.words)."""
-        return all(regs.words(names) is not None for names in (self.a, self.b, self.c, self.d))
+        names = (self.a, self.b, self.c, self.d) + ((self.a_packs,) if self.a_packs else ())
+        return all(regs.words(x) is not None for x in names)
 
     def run(self, eng: Engine, loads: dict) -> None:
         """The K steps of every chain at once: operands gathered once, D written once. `loads`:
@@ -134,6 +138,8 @@ class Grid:
     def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
         gathered its addresses, else from the registers (loading those of fed loads first)."""
+        if operand_a and self.a_packs is not None:
+            return packed_matrices(eng, self.a_packs, self.k, self.mi)
         fed = self.a_fed if operand_a else self.b_fed
         pcs = tuple(fed or ()) if operand_a else tuple(p for p, _ in fed or ())
         if fed is not None and all(loads[p] is not None for p in pcs):
@@ -178,34 +184,52 @@ def grids(chains: dict[tuple[str, ...], list[MmaOperands]], zero: set = frozense
     return out
 
 
-def feed(code, grids_: list[Grid], pcs: range, mmas: list[int], uses) -> tuple[list[Grid], set[int]]:
+def feed(code, grids_: list[Grid], pcs: range, mmas: list[int], uses) -> tuple[list[Grid], set[int], set[int]]:
     """Which ldmatrix of a region load registers that only its mmas read as A or B (every
     instruction of the kernel that names them is the ldmatrix or such an mma), so that the
-    operands they feed come from shared memory without registers: the grids with a_fed / b_fed
-    where every fragment of the operand is such a load, and the loads that feed them."""
+    operands they feed come from shared memory without registers, and which cvt pack A registers
+    only its mmas read from f32 registers that nothing writes before the region ends (so the GEMM
+    rounds those itself): the grids with a_fed / b_fed / a_packs where every fragment of the
+    operand is such a load (or pack), the loads and the packs that feed them."""
     later = {p: {q for q in mmas if q > p} for p in pcs}
-    cand = {}
+    cand, packs = {}, {}
     for p in pcs:
-        ld = LdsmOperands.of(code[p])
+        ld, pk = LdsmOperands.of(code[p]), PackOperands.of(code[p])
         if ld is not None and len(ld.d) == 4 and {"m8n8", "b16"} <= set(code[p].mods) and \
                 all(uses.get(r, frozenset()) - {p} <= later[p] for r in ld.d):
             cand[p] = ld.d
+        elif pk is not None and uses.get(pk.d, frozenset()) - {p} <= later[p] and \
+                not set(pk.halves) & _written(code, p + 1, pcs.stop, mmas):
+            packs[p] = pk
     while True:
         a_of = {d: p for p, d in cand.items()}
         b_of = {**{d[:2]: (p, 0) for p, d in cand.items()}, **{d[2:]: (p, 1) for p, d in cand.items()}}
+        pack_of = {pk.d: p for p, pk in packs.items()}
         out, used, read = [], set(), set()  # read: registers that a side gathered from registers reads
         for g in grids_:
             a = [a_of.get(g.a[4 * i: 4 * i + 4]) for i in range(g.k * g.mi)]
             b = [b_of.get(g.b[2 * i: 2 * i + 2]) for i in range(g.k * g.nj)]
             a_fed = tuple(a) if None not in a else None
             b_fed = tuple(b) if None not in b else None
-            used |= set(a_fed or ()) | {p for p, _ in b_fed or ()}
-            read |= set(g.c) | set(g.d) | (set() if a_fed else set(g.a)) | (set() if b_fed else set(g.b))
-            out.append(replace(g, a_fed=a_fed, b_fed=b_fed))
+            pk = [pack_of.get(r) for r in g.a] if a_fed is None else [None]
+            a_packs = tuple(h for p in pk for h in packs[p].halves) if None not in pk else None
+            used |= set(a_fed or ()) | {p for p, _ in b_fed or ()} | (set(pk) if a_packs else set())
+            read |= set(g.c) | set(g.d) | (set() if a_fed or a_packs else set(g.a)) | (set() if b_fed else set(g.b))
+            out.append(replace(g, a_fed=a_fed, b_fed=b_fed, a_packs=a_packs))
         keep = {p: d for p, d in cand.items() if p in used and not set(d) & read}
-        if keep == cand:
-            return out, set(cand)
-        cand = keep
+        keep_packs = {p: pk for p, pk in packs.items() if p in used and pk.d not in read}
+        if keep == cand and keep_packs == packs:
+            return out, set(cand), set(packs)
+        cand, packs = keep, keep_packs
+
+
+def _written(code, start: int, stop: int, mmas: list[int]) -> set[str]:
+    """The registers that pcs start .. stop - 1 of a region write (its mmas: their D)."""
+    out: set[str] = set()
+    for p in range(start, stop):
+        op = MmaOperands.of(code[p]) if p in mmas else None
+        out |= set(op.d) if op is not None else touched(code[p])[1]
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,6 +239,7 @@ class Gemm:
     slow: tuple  # the region's ordinary steps, in program order
     segments: tuple  # (first pc, steps) of each run of the other instructions, or (first pc, FedLoads)
     mmas: tuple[Instruction, ...]
+    deferred: tuple[Instruction, ...]  # the mmas and the packs of a_packs, in program order
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
 
@@ -233,7 +258,7 @@ class Gemm:
                     step(eng, group)
             except Exception:  # program order up to the failing instruction, then its error
                 materialize(eng, loads, loads)
-                for ins in self.mmas:
+                for ins in self.deferred:
                     if ins.pc < first:
                         eng.issue(ins, group)
                 raise
@@ -252,11 +277,12 @@ class FedLoads:
     instr: Instr  # the first one's site with repeat = R
 
 
-def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instrs, plain: Callable) -> list:
-    """(first pc, steps or FedLoads) of the region's instructions but its mmas, in program order."""
+def _segments(code, start: int, stop: int, skip: set[int], fed: set[int], instrs, plain: Callable) -> list:
+    """(first pc, steps or FedLoads) of the region's instructions but its mmas and packs (`skip`),
+    in program order."""
     out, run = [], []
     for p in range(start, stop + 1):
-        if (p == stop or p in mmas or p in fed) and run:
+        if (p == stop or p in skip or p in fed) and run:
             out.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
             run = []
         if p in fed:
@@ -267,20 +293,20 @@ def _segments(code, start: int, stop: int, mmas: list[int], fed: set[int], instr
                 out[-1] = (out[-1][0], FedLoads(inss, replace(last.instr, repeat=len(inss))))
             else:
                 out.append((p, FedLoads((code[p],), instrs[p])))
-        elif p < stop and p not in mmas:
+        elif p < stop and p not in skip:
             run.append(p)
     return out
 
 
 def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: Callable, uses) -> Gemm:
-    grids_, fed = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
+    grids_, fed, packs = feed(code, grids(chains, zero_chains(code, start, stop, mmas)), range(start, stop), mmas, uses)
     phases: dict[str, list[int]] = {}
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    segments = _segments(code, start, stop, mmas, fed, instrs, plain)
-    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas), counted,
-                tuple(grids_))
+    segments = _segments(code, start, stop, set(mmas) | packs, fed, instrs, plain)
+    return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas),
+                tuple(code[p] for p in sorted(set(mmas) | packs)), counted, tuple(grids_))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:
