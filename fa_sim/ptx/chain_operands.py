@@ -84,23 +84,26 @@ def _index(lanes: SmemLanes, r: int, trans: bool, operand_a: bool) -> np.ndarray
 
 
 def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, cache: dict) -> list[np.ndarray]:
-    """The K operand matrices [C, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
+    """The K operand matrices [C or 1, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
     ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their (SmemLanes, column) in the same
     order. When every CTA's addresses are the same (SmemLanes of one CTA), one index serves all
-    CTAs: the gather runs along each CTA's shared memory."""
+    CTAs: the gather runs along each CTA's shared memory; and when B's bytes there are the same in
+    every CTA too (a wave of one head reads one K or V tile), CTA 0's matrices are every CTA's
+    (as fa_sim/gemm.py reads them): one gather, and the chain converts B once."""
     smem = eng.m.smem[: eng.cw[0]]
     key = (tuple((id(x), r) for x, r in loads), smem.shape)
     hit = cache.get(key)
     if hit is None or any(a is not b for a, (b, _) in zip(hit[0], loads)):
-        hit = cache[key] = (tuple(x for x, _ in loads), *_plan(_compose(eng, loads, fed, k, operand_a), smem.shape))
+        plan = _plan(_compose(eng, loads, fed, k, operand_a), smem.shape)
+        hit = cache[key] = (tuple(x for x, _ in loads), *plan, _span(*plan))
         while len(cache) > INDEX_CACHE:
             cache.pop(next(iter(cache)))
-    _, index, transposed, per_cta = hit
+    _, index, transposed, per_cta, span = hit
     unit = np.uint16 if transposed is None else CHUNK  # halves, or whole 16-byte rows of ldmatrix
     if per_cta:
         mats = np.take(smem.view(unit).reshape(-1), index)
     else:
-        mats = np.take(smem.view(unit), index, axis=1)
+        mats = np.take(smem[:1 if not operand_a and _same_in_every_cta(smem, span) else None].view(unit), index, axis=1)
     mats = mats.view(np.float16)
     if transposed:
         mats = np.swapaxes(mats, -1, -2)
@@ -170,6 +173,25 @@ def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> li
     if eng.m.mma_model.float64_sum:
         return list(blocked)
     return [np.ascontiguousarray(a).reshape(c, w, 16 * mi, 16) for a in blocked]
+
+
+def _span(index: np.ndarray, transposed: bool | None, per_cta: bool) -> tuple[int, int] | None:
+    """The 8-byte words [lo, hi) of each CTA's shared memory that a gather plan (`_plan`) reads
+    (None: per CTA)."""
+    if per_cta:
+        return None
+    lo, hi = int(index.min()), int(index.max())
+    if transposed is None:  # halves: four to a word
+        return lo // 4, hi // 4 + 1
+    return 2 * lo, 2 * hi + 2  # 16-byte chunks: two words each
+
+
+def _same_in_every_cta(smem: np.ndarray, span: tuple[int, int] | None) -> bool:
+    """Whether every CTA holds the same bytes over the 8-byte words `span` of its shared memory."""
+    if span is None or smem.shape[0] < 2:
+        return False
+    words = smem.view(np.uint64)[:, span[0]:span[1]]
+    return bool((words[1:] == words[0]).all())
 
 
 def materialize(eng: Engine, loads: dict, pcs) -> None:

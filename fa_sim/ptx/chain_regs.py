@@ -4,7 +4,8 @@ register, and which accumulators the region sets to +0 before its chains start.
 
 Accumulators at +0: NVRTC zeroes the accumulator of S = Q K^T with movs right before its mmas
 (`mov.f32 %f1, 0f00000000; mov.f32 %f2, %f1; ...`); a chain whose first mma reads such a C needs
-no C (gemm_chain's c_is_zero). The movs still execute: the registers hold +0 as in program order.
+no C (gemm_chain's c_is_zero). Those movs need not execute either when the GEMM runs in matrix
+form (`dead_movs`): the GEMM's D write overwrites their registers before anything reads them.
 """
 
 from __future__ import annotations
@@ -156,3 +157,25 @@ def zero_chains(code, start: int, stop: int, mmas: list[int]) -> set[tuple[str, 
         if put:
             zero.add(code[p].operands[0].name)
     return chains
+
+
+def dead_movs(code, start: int, stop: int, mmas: list[int], zero_d: set[str], uses) -> set[int]:
+    """The movs of a region into registers of `zero_d` (the D of grids whose chains do not read
+    their C) that no instruction of the region reads but such movs and mmas with the register in
+    their D: when the region runs in matrix form, its D write overwrites what they wrote before
+    anything reads it (after the region, or before it in the next turn of a loop), so they need
+    not execute. `uses`: register_uses of the kernel."""
+    d_of = {p: set(MmaOperands.of(code[p]).d) for p in mmas}
+    dest = {}
+    for p in range(start, stop):
+        ins = code[p]
+        if p not in d_of and ins.opcode == "mov" and ins.guard is None and len(ins.operands) == 2:
+            names = _names(ins.operands[0])
+            if names is not None and len(names) == 1 and names[0] in zero_d:
+                dest[p] = names[0]
+    while True:
+        keep = {p: r for p, r in dest.items()
+                if all(q in dest or r in d_of.get(q, ()) for q in uses.get(r, ()) if start <= q < stop and q != p)}
+        if keep == dest:
+            return set(dest)
+        dest = keep

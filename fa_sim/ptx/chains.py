@@ -37,7 +37,7 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize, packed_matrices
-from .chain_regs import LdsmOperands, MmaOperands, PackOperands, register_uses, touched, zero_chains
+from .chain_regs import LdsmOperands, MmaOperands, PackOperands, dead_movs, register_uses, touched, zero_chains
 from .ir import Instruction
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class Gemm:
     slow: tuple  # the region's ordinary steps, in program order
     segments: tuple  # (first pc, steps) of each run of the other instructions, or (first pc, FedLoads)
     mmas: tuple[Instruction, ...]
-    deferred: tuple[Instruction, ...]  # the mmas and the packs of a_packs, in program order
+    deferred: tuple[Instruction, ...]  # the mmas, the packs of a_packs and dead movs, in program order
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
 
@@ -278,8 +278,8 @@ class FedLoads:
 
 
 def _segments(code, start: int, stop: int, skip: set[int], fed: set[int], instrs, plain: Callable) -> list:
-    """(first pc, steps or FedLoads) of the region's instructions but its mmas and packs (`skip`),
-    in program order."""
+    """(first pc, steps or FedLoads) of the region's instructions but those the GEMM defers or
+    drops (`skip`: its mmas, packs and dead movs), in program order."""
     out, run = [], []
     for p in range(start, stop + 1):
         if (p == stop or p in skip or p in fed) and run:
@@ -304,9 +304,11 @@ def _gemm(code, start: int, stop: int, mmas: list[int], chains, instrs, plain: C
     for p in mmas:
         phases.setdefault(instrs[p].phase, []).append(p)
     counted = tuple(replace(instrs[ps[0]], repeat=len(ps)) for ps in phases.values())
-    segments = _segments(code, start, stop, set(mmas) | packs, fed, instrs, plain)
+    zero_d = {r for g in grids_ if g.c_zero for r in g.d}
+    deferred = set(mmas) | packs | dead_movs(code, start, stop, mmas, zero_d, uses)
+    segments = _segments(code, start, stop, deferred, fed, instrs, plain)
     return Gemm(tuple(plain(code, start, stop, instrs)), tuple(segments), tuple(code[p] for p in mmas),
-                tuple(code[p] for p in sorted(set(mmas) | packs)), counted, tuple(grids_))
+                tuple(code[p] for p in sorted(deferred)), counted, tuple(grids_))
 
 
 def stretch_steps(code, start: int, end: int, instrs, plain: Callable, uses) -> list:

@@ -1,7 +1,9 @@
-"""GEMM regions of the PTX engine (fa_sim/ptx/chains.py) whose A operand cvt.rn.f16x2.f32 packs
-from f32 registers for the mmas alone (P~ of O += P~ V): the GEMM rounds those registers itself
-(fa_sim/ptx/chain_operands.py packed_matrices). It must give the bits, counts and faults of the
-instructions one at a time (an observer of instruction events makes the engine run them so)."""
+"""Operands of the PTX engine's GEMM regions (fa_sim/ptx/chains.py, chain_operands.py) taken
+without registers: an A operand that cvt.rn.f16x2.f32 packs from f32 registers for the mmas alone
+(P~ of O += P~ V), which the GEMM rounds itself, and a B operand that every CTA of the wave holds
+in the same shared-memory bytes (one head's K or V tile), read from CTA 0 once. They must give the
+bits, counts and faults of the instructions one at a time (an observer of instruction events
+makes the engine run them so)."""
 
 import numpy as np
 import pytest
@@ -140,3 +142,43 @@ def test_a_pack_is_fed_only_when_only_the_mmas_read_it_and_its_sources_stay(load
     steps = prog.compiled.steps(0, prog.compiled.stop[0])
     gemms = [s for s in steps if isinstance(s, chains.Gemm)]
     assert len(gemms) == 1 and [g.a_packs is not None for g in gemms[0].grids] == [packed]
+    # the movs of +0 into the accumulators: the GEMM's D write overwrites them before any read
+    assert [i.opcode for i in gemms[0].deferred].count("mov") == 8
+
+
+@pytest.mark.parametrize("heads, shared", [(1, True), (2, False)])
+def test_a_b_tile_every_cta_holds_is_read_once_with_the_bits_of_single_instructions(monkeypatch, heads, shared):
+    import fa_sim
+    from fa_sim.ptx import chain_operands
+    same = []
+    check = chain_operands._same_in_every_cta
+    monkeypatch.setattr(chain_operands, "_same_in_every_cta", lambda *a: same.append(check(*a)) or same[-1])
+    rng = np.random.default_rng(heads)
+    q, k, v = (rng.standard_normal((1, heads, 256, 64)).astype(np.float16) for _ in range(3))
+    chained = fa_sim.simulate(q, k, v, False, engine="ptx")
+    assert same and all(same) == shared and any(same) == shared  # a wave of two heads: two K tiles
+    single = fa_sim.simulate(q, k, v, False, engine="ptx", observers=[Watcher()])
+    np.testing.assert_array_equal(chained.o.view(np.uint16), single.o.view(np.uint16))
+    np.testing.assert_array_equal(chained.lse.view(np.uint32), single.lse.view(np.uint32))
+    assert chained.counts == single.counts
+
+
+def test_a_zeroing_mov_whose_register_the_region_reads_still_executes():
+    # %f21 read by lane math in the region: its mov stays, and so does that of %f20 (its source)
+    ptx = PACK_PTX.replace("LOAD", "").replace("    cvt.rn.f16x2.f32 %r1,", "    add.f32 %f28, %f21, %f21;\n"
+                                               "    cvt.rn.f16x2.f32 %r1,")
+    from fa_sim.ptx.parser import parse
+    from fa_sim.ptx.program import build_program
+    prog = build_program(parse(ptx))
+    steps = prog.compiled.steps(0, prog.compiled.stop[0])
+    gemm = next(s for s in steps if isinstance(s, chains.Gemm))
+    movs = {i.operands[0].name for i in gemm.deferred if i.opcode == "mov"}
+    assert movs == {f"%f{r}" for r in range(22, 28)}
+    outs = []
+    for observers in ((), [Watcher()]):
+        rng = np.random.default_rng(8)
+        b = (rng.standard_normal(32 * 16) / 4).astype(np.float16).view(np.uint32)
+        out = np.zeros(32 * 8, np.float32)
+        launch(ptx, grid=(1,), block=(32,), args=[a_values(False), b, out, np.uint32(0)], observers=observers)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
