@@ -179,22 +179,14 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     results to fp32 elementwise, so the accumulator stays in matrix form between steps (two
     gathers per GEMM, not per step); the leading axis is cut into chunks of about CHUNK_ELEMENTS.
     `c_is_zero`: the caller vouches that c is +0 everywhere, so it is not gathered. `out`: a
-    C-contiguous float32 array like c (c itself allowed) that receives d, which is returned. c and
-    out may also be fa_sim.isa.mma_rows.RegisterRows (the rows of a register file that hold them).
-    EXACT runs `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
-    if out is not None and (out.shape != c.shape or (isinstance(out, np.ndarray) and (
-            out.dtype != np.float32 or not out.flags.c_contiguous))):
+    C-contiguous float32 array like c (c itself allowed) that receives d, which is returned. EXACT
+    runs `exact_chain`; the other models (every product separately) `model.matmul_chain`."""
+    if out is not None and (out.shape != c.shape or out.dtype != np.float32 or not out.flags.c_contiguous):
         raise ValueError(f"gemm_chain: out must be C-contiguous float32 of shape {c.shape}")
     if model.float64_sum:
         return exact_chain(a_mats, b_mats, c, c_is_zero=c_is_zero, out=out)
-    if not isinstance(c, np.ndarray):  # RegisterRows
-        c = np.zeros(c.shape, np.float32) if c_is_zero else c.fragments()
     if out is not None:
-        d = gemm_chain(a_mats, b_mats, c, model, c_is_zero=c_is_zero)
-        if isinstance(out, np.ndarray):
-            out[...] = d
-        else:
-            out.store(d)
+        out[...] = gemm_chain(a_mats, b_mats, c, model, c_is_zero=c_is_zero)
         return out
     nj, mi = c.shape[-3], c.shape[-2]
     per = int(np.prod(c.shape[1:-4], dtype=np.int64)) * 32 * nj * mi * C_REGS
@@ -218,8 +210,7 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
     lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
     CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul.
-    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c. C and
-    out held in register rows (mma_rows.RegisterRows) are gathered and scattered chunk by chunk."""
+    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c."""
     nj, mi = c.shape[-3], c.shape[-2]
     c_pos, c_src = _pair_maps(mi, nj)
     lead, steps = c.shape[:-4], len(a_mats)
@@ -230,10 +221,9 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     flat = int(np.prod(batch, dtype=np.int64))
     a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
-    c3 = None if c_is_zero else c if not isinstance(c, np.ndarray) else \
-        _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
+    c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
     out = np.empty(c.shape, np.float32) if out is None else out
-    o3 = _pairs(out).reshape(flat, -1, *c_pos.shape) if isinstance(out, np.ndarray) else out
+    o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
     group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
     # B row-major whatever its source's order: OpenBLAS's dgemm is about 1.5x faster with K = 16 and
@@ -332,21 +322,14 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
         np.copyto(acc, prods[0], casting="same_kind")  # the first step's fp32 result
     else:  # C gathered into acc (no temporary, no bounds checks), added to P[0] in float64
-        if isinstance(c3, np.ndarray):
-            np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
-                    mode="wrap")
-        else:  # RegisterRows: the warps of batch entries i .. i + k - 1
-            c3.gather(acc.reshape(-1, MMA_M * c3.shape[-2], cols), i * (acc.shape[1] // (MMA_M * c3.shape[-2])))
+        np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
+                mode="wrap")
         prods[0] += acc
         np.copyto(acc, prods[0], casting="same_kind")
     for s in range(1, len(a3)):
         prods[s] += acc
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
-    if isinstance(o3, np.ndarray):
-        np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
-    else:  # RegisterRows
-        warp_rows = MMA_M * o3.shape[-2]
-        o3.scatter(acc.reshape(-1, warp_rows, cols), i * (acc.shape[1] // warp_rows))  # warps per batch entry
+    np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
 def _fill_by_column(dst: np.ndarray, src: np.ndarray, group: int) -> None:

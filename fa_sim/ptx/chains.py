@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..isa import mma as isa_mma
-from ..isa.mma_rows import RegisterRows
 from .chain_operands import fed_matrices, load, materialize, packed_matrices
 from .chain_regs import LdsmOperands, MmaOperands, PackOperands, dead_movs, register_uses, touched, zero_chains
 from .ir import Instruction
@@ -120,13 +119,21 @@ class Grid:
         return all(regs.words(x) is not None for x in names)
 
     def run(self, eng: Engine, loads: dict) -> None:
-        """The K steps of every chain at once: operands gathered once, C read from and D written
-        to their registers (fa_sim.isa.mma_rows) once. `loads`: the SmemLanes of each fed ldmatrix
-        (None: it loaded its registers)."""
+        """The K steps of every chain at once: operands gathered once, D written once. `loads`:
+        the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
+        regs, (cs, w, lanes) = eng.regs, eng.cw
+        model = eng.m.mma_model
         a_mats = self._matrices(eng, loads, True)  # f16: gemm_chain converts them into its own buffers
         b_mats = self._matrices(eng, loads, False)
-        c, d = (_register_rows(eng, names, self.nj, self.mi) for names in (self.c, self.d))
-        isa_mma.gemm_chain(a_mats, b_mats, c, eng.m.mma_model, c_is_zero=self.c_zero, out=d)
+        if self.c_zero:
+            c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
+        else:
+            c = _rows(regs, self.c, eng.cw).reshape(self.nj, self.mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)
+            c = np.ascontiguousarray(c).view(np.float32)  # [C, W, L, NJ, MI, 4]
+        d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
+        file, idx = regs.words(self.d)
+        d = np.ascontiguousarray(d, np.float32).view(np.uint32)  # [C, W, L, NJ, MI, 4]
+        file[idx] = d.transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
 
     def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
@@ -145,12 +152,6 @@ class Grid:
             return list(isa_mma.a_matrix(a.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, MI, 4]
         b = _rows(eng.regs, self.b, eng.cw).reshape(self.k, self.nj, 2, cs, w, lanes)
         return list(isa_mma.b_matrix(b.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, NJ, 2]
-
-
-def _register_rows(eng: Engine, names: tuple[str, ...], nj: int, mi: int) -> RegisterRows:
-    """The C or D registers `names` [NJ, MI, 4] of every warp of the wave."""
-    file, idx = eng.regs.words(names)
-    return RegisterRows(file, idx.reshape(nj, mi, 4), eng.cw[:2])
 
 
 def _rows(regs, names: tuple[str, ...], cw) -> np.ndarray:
