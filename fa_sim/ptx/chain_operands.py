@@ -1,5 +1,6 @@
-"""Operands of a GEMM chain (fa_sim/ptx/chains.py) that ldmatrix loads for its mmas alone: taken
-from shared memory straight into the operand matrices, without registers.
+"""Operands of a GEMM chain (fa_sim/ptx/chains.py) that ldmatrix loads (or cvt packs) for its mmas
+alone: taken from shared memory (or the packs' f32 registers) straight into the operand matrices,
+without registers.
 
 An ldmatrix whose registers no instruction but the region's mmas reads (as A or B) is *fed*: at
 its place in program order the engine computes its addresses and does what the machine does for
@@ -9,7 +10,11 @@ shared memory with one index per operand - ldmatrix's map from lanes to shared-m
 composed with mma's map from fragments to matrices (fa_sim.isa.mma.a_matrix_map, b_matrix_map),
 cached for the address patterns (SmemLanes) that repeat round after round. Shared memory does not
 change between the load and the GEMM: the region holds no store (chains.touched). The values are
-those the registers would hold, so the bits are those of the single instructions.
+those the registers would hold, so the bits are those of the single instructions. A B operand
+every CTA holds in the same bytes (one head's K or V tile) is gathered from CTA 0 alone.
+
+An A operand that cvt.rn.f16x2.f32 packs for the mmas alone comes from the f32 registers the packs
+read (`packed_matrices`), rounded as the cvt rounds them: the packs do not execute.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import isa
-from ..isa import convert
 from ..errors import KernelFault
+from ..isa import convert
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
 from .ir import Instruction

@@ -23,9 +23,18 @@ region ends before the first instruction that breaks it):
   earlier mma of another chain reads or writes;
 - the other instructions are register-only lane math or ldmatrix (mma touches no memory, so loads
   keep their order with every store: there is none among them).
+Operands without registers (fa_sim/ptx/chain_operands.py): an ldmatrix whose registers only
+the region's mmas read is *fed* - the GEMM gathers the operand from shared memory (B from CTA 0
+alone when every CTA holds the same bytes there: one head's K or V tile); a cvt.rn.f16x2.f32 that
+packs an A register only the mmas read, from f32 registers nothing writes before the region ends,
+does not execute - the GEMM rounds those f32 registers to f16 itself (P~ of O += P~ V, in the
+blocked layout the program's P~ has). Movs into the accumulators of chains that read no C, which
+no other instruction of the region reads, do not execute either: the GEMM's D write overwrites
+them (chain_regs.dead_movs).
 An observer, part of the wave, or a register layout the gather does not take runs the region's
 ordinary steps in program order. When one of the other instructions fails, the mmas before it
-execute one by one first, so the registers and the error are those of program order.
+(and the packs and movs it dropped) execute one by one first, so the registers and the error are
+those of program order.
 """
 
 from __future__ import annotations
