@@ -182,3 +182,13 @@ def test_a_zeroing_mov_whose_register_the_region_reads_still_executes():
         launch(ptx, grid=(1,), block=(32,), args=[a_values(False), b, out, np.uint32(0)], observers=observers)
         outs.append(out)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("idx, view", [([5, 4, 3, 2, 1, 0], True), ([0, 2, 4], True), ([49, 48], True),
+                                       ([7], False), ([3, 1, 8], False), ([10, 10], False)])
+def test_pack_sources_are_read_in_place_when_evenly_spaced(idx, view):
+    from fa_sim.ptx.chain_operands import _rows
+    file = np.arange(50 * 3, dtype=np.uint32).reshape(50, 3)
+    rows = _rows(file, np.array(idx))
+    np.testing.assert_array_equal(rows, file[idx])
+    assert np.shares_memory(rows, file) == view

@@ -168,8 +168,7 @@ def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> li
     (register >> 1, lane & 3, half), the A fragment layout (fa_sim.isa.mma.a_coords) - which the
     EXACT chain copies straight into its buffer, as it does the program's P~ (other models get
     [C, W, 16MI, 16] matrices)."""
-    file, idx = eng.regs.words(halves)
-    x = file[idx].view(np.float32)
+    x = _rows(*eng.regs.words(halves)).view(np.float32)
     values = convert.f32_to_f16_values(x)
     if values is None:  # a NaN: its f16 bits
         values = convert.f32_to_f16_rn(x).view(np.float16)
@@ -178,6 +177,17 @@ def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> li
     if eng.m.mma_model.float64_sum:
         return list(blocked)
     return [np.ascontiguousarray(a).reshape(c, w, 16 * mi, 16) for a in blocked]
+
+
+def _rows(file: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """file[idx]; a view when the rows are evenly spaced (NVRTC numbers P~'s f32 registers so, in
+    reverse): the rounding then reads the register file itself, where a copy would cost more
+    than the gather (a fresh megabyte, page by page)."""
+    step = int(idx[1] - idx[0]) if len(idx) > 1 else 0
+    if step and (np.diff(idx) == step).all():
+        stop = int(idx[-1]) + step
+        return file[int(idx[0]): stop if stop >= 0 else None: step]
+    return file[idx]
 
 
 def _span(index: np.ndarray, transposed: bool | None, per_cta: bool) -> tuple[int, int] | None:
