@@ -98,27 +98,27 @@ def a_values(nan: bool) -> np.ndarray:
     return x
 
 
-def run_pack(nan: bool, load: str = "", offset: int = 0, observers=()):
+def run_pack(nan: bool, load: str = "", offset: int = 0, observers=(), model: str = "exact"):
     rng = np.random.default_rng(8)
     b = (rng.standard_normal(32 * 16) / 4).astype(np.float16).view(np.uint32)
     out = np.zeros(32 * 8, np.float32)
     res = launch(PACK_PTX.replace("LOAD", load), grid=(1,), block=(32,),
-                 args=[a_values(nan), b, out, np.uint32(offset)], observers=observers)
+                 args=[a_values(nan), b, out, np.uint32(offset)], observers=observers, mma_model=model)
     return out.reshape(32, 8), res
 
 
 @pytest.mark.parametrize("nan", [False, True])
-@pytest.mark.parametrize("load", ["", LOAD])
-def test_packed_a_gives_the_bits_and_counts_of_single_instructions(monkeypatch, nan, load):
+@pytest.mark.parametrize("load, model", [("", "exact"), (LOAD, "exact"), ("", "h200")])
+def test_packed_a_gives_the_bits_and_counts_of_single_instructions(monkeypatch, nan, load, model):
     packs = []
     run_grid = chains.Grid.run
     monkeypatch.setattr(chains.Grid, "run", lambda self, eng, loads: packs.append(self.a_packs) or
                         run_grid(self, eng, loads))
-    chained, res = run_pack(nan, load)
+    chained, res = run_pack(nan, load, model=model)
     assert packs and all(p is not None for p in packs)
     assert packs[0][:4] == ("%f1", "%f2", "%f3", "%f4")  # each register's low (cvt's b) then high half
     packs.clear()
-    single, res_single = run_pack(nan, load, observers=[Watcher()])
+    single, res_single = run_pack(nan, load, observers=[Watcher()], model=model)
     assert not packs
     np.testing.assert_array_equal(chained.view(np.uint32), single.view(np.uint32))
     assert res.counts == res_single.counts and res.instructions[Op.HMMA] == 4
@@ -146,8 +146,9 @@ def test_a_pack_is_fed_only_when_only_the_mmas_read_it_and_its_sources_stay(load
     assert [i.opcode for i in gemms[0].deferred].count("mov") == 8
 
 
-@pytest.mark.parametrize("heads, shared", [(1, True), (2, False)])
-def test_a_b_tile_every_cta_holds_is_read_once_with_the_bits_of_single_instructions(monkeypatch, heads, shared):
+@pytest.mark.parametrize("heads, shared, model", [(1, True, "exact"), (1, True, "h200"), (2, False, "exact")])
+def test_a_b_tile_every_cta_holds_is_read_once_with_the_bits_of_single_instructions(monkeypatch, heads, shared,
+                                                                                    model):
     import fa_sim
     from fa_sim.ptx import chain_operands
     same = []
@@ -155,9 +156,9 @@ def test_a_b_tile_every_cta_holds_is_read_once_with_the_bits_of_single_instructi
     monkeypatch.setattr(chain_operands, "_same_in_every_cta", lambda *a: same.append(check(*a)) or same[-1])
     rng = np.random.default_rng(heads)
     q, k, v = (rng.standard_normal((1, heads, 256, 64)).astype(np.float16) for _ in range(3))
-    chained = fa_sim.simulate(q, k, v, False, engine="ptx")
+    chained = fa_sim.simulate(q, k, v, False, engine="ptx", mma_model=model)
     assert same and all(same) == shared and any(same) == shared  # a wave of two heads: two K tiles
-    single = fa_sim.simulate(q, k, v, False, engine="ptx", observers=[Watcher()])
+    single = fa_sim.simulate(q, k, v, False, engine="ptx", mma_model=model, observers=[Watcher()])
     np.testing.assert_array_equal(chained.o.view(np.uint16), single.o.view(np.uint16))
     np.testing.assert_array_equal(chained.lse.view(np.uint32), single.lse.view(np.uint32))
     assert chained.counts == single.counts
