@@ -328,7 +328,9 @@ class _Generator:
             else:
                 self.emit(k, f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
         if fn is not None:
-            self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]))
+            fold = getattr(spec, "fold", None)  # ops.common.Folding: a chain of it is one call
+            self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]),
+                                          None if fold is None else self.const(fold, "F"))
 
     def generic(self, k: int, ins: Instruction, ex) -> None:
         """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
