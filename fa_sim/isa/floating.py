@@ -327,8 +327,10 @@ def _min_max_chain(x: np.ndarray, is_max: bool) -> np.ndarray:
     op = np.maximum if is_max else np.minimum
     with np.errstate(invalid="ignore"):
         out = _fold(op, x)
-    if out.size and not np.isnan(out[-1]).any() and np.count_nonzero(out) == out.size:
-        return out
+    if out.size and not np.isnan(out[-1]).any():
+        first, last = (out[0], out[-1]) if is_max else (-out[0], -out[-1])
+        if ((first > 0) | (last < 0)).all() or np.count_nonzero(out) == out.size:
+            return out  # monotone down the chain: no result is zero where it starts above or ends below 0
     nan = np.iinfo(np.int32).min if is_max else np.iinfo(np.int32).max
     k = _fold(op, _ordered(x, nan))
     r = k ^ ((k >> 31) & _KEY_FLIP)

@@ -338,7 +338,7 @@ class Engine:
 
     def _control(self, ins: Instruction, group: Group) -> list:
         if ins.opcode == "bra" and group.mask is None:
-            return self._branch_wave(ins)
+            return _branch_wave(self, ins)
         pc = ins.pc
         taken = group.full(self.n)
         if ins.guard is not None:
@@ -362,32 +362,6 @@ class Engine:
         if rest.any():
             out.append((pc + 1, None if rest.all() else rest))
         return out
-
-    def _branch_wave(self, ins: Instruction) -> list:
-        """A branch of the whole wave: _control's successors, decided by one any() and one all()
-        of the guard (a branch of a whole wave is nearly always uniform: no mask is built then)."""
-        pc, target = ins.pc, self.kernel.labels[ins.operands[0].name]
-        if ins.guard is None:
-            taken = None
-        else:
-            g = self.read(ins.guard.reg, "pred", None, self.n)
-            some, every = bool(g.any()), bool(g.all())
-            if ins.guard.negate:
-                some, every = not every, not some
-            if not some:
-                return [(pc + 1, None)]
-            taken = None if every else (~g if ins.guard.negate else g.copy())
-        if self.loop is not None and pc == self.loop.tail:
-            if taken is None:
-                self.round += 1
-                if self.on_rounds is not None:
-                    self.on_rounds(len(self.geo.ctas))
-            else:
-                self.round[taken] += 1
-                self._rounds_started(np.flatnonzero(taken))
-        if taken is None:
-            return [(target, None)]
-        return [(target, taken), (pc + 1, ~taken)]
 
     def _rounds_started(self, threads: np.ndarray) -> None:
         if self.on_rounds is not None:
@@ -420,3 +394,29 @@ class Engine:
         self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},
                      regs_out={k: lanes_of(v) for k, v in lanes.writes.items()})
 
+
+def _branch_wave(eng: Engine, ins: Instruction) -> list:
+    """A branch of the whole wave: _control's successors, decided by one any() and one all()
+    of the guard (a branch of a whole wave is nearly always uniform: no mask is built then)."""
+    pc, target = ins.pc, eng.kernel.labels[ins.operands[0].name]
+    if ins.guard is None:
+        taken = None
+    else:
+        g = eng.read(ins.guard.reg, "pred", None, eng.n)
+        some, every = bool(g.any()), bool(g.all())
+        if ins.guard.negate:
+            some, every = not every, not some
+        if not some:
+            return [(pc + 1, None)]
+        taken = None if every else (~g if ins.guard.negate else g.copy())
+    if eng.loop is not None and pc == eng.loop.tail:
+        if taken is None:
+            eng.round += 1
+            if eng.on_rounds is not None:
+                eng.on_rounds(len(eng.geo.ctas))
+        else:
+            eng.round[taken] += 1
+            eng._rounds_started(np.flatnonzero(taken))
+    if taken is None:
+        return [(target, None)]
+    return [(target, taken), (pc + 1, ~taken)]
