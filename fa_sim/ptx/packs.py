@@ -55,6 +55,7 @@ class PackCall:
     var: str
     after: tuple[str, ...]
     fold: str | None = None  # the name of fn's fold (ops.common.Folding): a chain of it is one call
+    store: tuple | None = None  # (register, type) when `after` is only its store into the register file
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,9 @@ class Packer:
     the expression of those rows as one [m, N] array; `scalars`: expressions of one value for all
     lanes (a shift amount's immediate), which a pack takes only when all its members pass the same."""
 
-    def __init__(self, nodes: list[Node], file_reads: dict, gather, scalars: set[str]):
+    def __init__(self, nodes: list[Node], file_reads: dict, gather, scalars: set[str], scatter=None):
         self.nodes, self.file_reads, self.gather, self.scalars = nodes, file_reads, gather, scalars
+        self.scatter = scatter  # scatter(regs, ptype): the expression of a function storing [m, N] into them
         self.rows: dict[str, tuple[str, int, int]] = {}  # member variable -> (pack, row, pack size)
         self.out: list[tuple[int, str]] = []
 
@@ -213,10 +215,14 @@ class Packer:
             return
         call = members[0].call
         self.out.append((k, f"{name} = ASM({call.fn}({', '.join(args)}), {call.dtype}, {m}, n)"))
+        stores = [node.call.store for node in members]
+        together = self.scatter is not None and None not in stores and len({t for _, t in stores}) == 1
         for i, node in enumerate(members):
             self.rows[node.call.var] = (name, i, m)
             self.out.append((node.k, f"{node.call.var} = {name}[{i}]"))
-            self.out += [(node.k, line) for line in node.call.after]
+            self.out += [] if together else [(node.k, line) for line in node.call.after]
+        if together:  # every member only stores its value: one store of the pack's rows
+            self.out.append((members[-1].k, f"{self.scatter(tuple(r for r, _ in stores), stores[0][1])}({name})"))
 
     def fold(self, node: Node) -> None:
         """A chain as one call of its fold; its results are the rows of one array, as a pack's."""
