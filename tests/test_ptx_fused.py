@@ -305,4 +305,4 @@ def test_chains_give_the_bits_of_single_instructions(monkeypatch):
     assert len(folds) == 3, source  # the adds (6), the maxes up to the neg (5), the mins up to the sub (4)
     assert ", 6, n)" in source and ", 5, n)" in source and ", 4, n)" in source
     # the three muls that rescale %f11 %f12 %f13 (read after the loop) store their pack at once
-    assert re.search(r"^ *V\[\d+\]\(P\d+\)$", source, re.M), source
+    assert re.search(r"^ *V\[\d+\]\(P\d+\)$", source, re.MULTILINE), source

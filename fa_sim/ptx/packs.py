@@ -21,6 +21,7 @@ order, so a failing block names the instruction that fails first in program orde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def _merge(nodes: list[Node], members: list[int]) -> None:
     """The chain's node (at its last member) in place of its members' nodes."""
     first, last = nodes[members[0]], nodes[members[-1]]
     calls = [nodes[k].call for k in members]
-    others = [next(a for a in call.args if a != prev.var) for prev, call in zip(calls, calls[1:])]
+    others = [next(a for a in call.args if a != prev.var) for prev, call in pairwise(calls)]
     merged = Node(last.k, deps=set().union(*(nodes[k].deps for k in members)) - set(members),
                   reads=set().union(*(nodes[k].reads for k in members)),
                   stores=set().union(*(nodes[k].stores for k in members)),
