@@ -32,7 +32,7 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .blocks import Compiled, Loop, located
+from .blocks import Compiled, Loop, branch_wave, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
@@ -338,7 +338,7 @@ class Engine:
 
     def _control(self, ins: Instruction, group: Group) -> list:
         if ins.opcode == "bra" and group.mask is None:
-            return _branch_wave(self, ins)
+            return branch_wave(self, ins)
         pc = ins.pc
         taken = group.full(self.n)
         if ins.guard is not None:
@@ -394,29 +394,3 @@ class Engine:
         self.m.event(instr, listeners, regs_in={k: lanes_of(v) for k, v in lanes.reads.items()},
                      regs_out={k: lanes_of(v) for k, v in lanes.writes.items()})
 
-
-def _branch_wave(eng: Engine, ins: Instruction) -> list:
-    """A branch of the whole wave: _control's successors, decided by one any() and one all()
-    of the guard (a branch of a whole wave is nearly always uniform: no mask is built then)."""
-    pc, target = ins.pc, eng.kernel.labels[ins.operands[0].name]
-    if ins.guard is None:
-        taken = None
-    else:
-        g = eng.read(ins.guard.reg, "pred", None, eng.n)
-        some, every = bool(g.any()), bool(g.all())
-        if ins.guard.negate:
-            some, every = not every, not some
-        if not some:
-            return [(pc + 1, None)]
-        taken = None if every else (~g if ins.guard.negate else g.copy())
-    if eng.loop is not None and pc == eng.loop.tail:
-        if taken is None:
-            eng.round += 1
-            if eng.on_rounds is not None:
-                eng.on_rounds(len(eng.geo.ctas))
-        else:
-            eng.round[taken] += 1
-            eng._rounds_started(np.flatnonzero(taken))
-    if taken is None:
-        return [(target, None)]
-    return [(target, taken), (pc + 1, ~taken)]
