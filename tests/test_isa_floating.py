@@ -272,3 +272,28 @@ def test_abs_neg_nan_f32_canonical_f64_quieted_with_sign():
     d = np.array([0xFFF5E3663D997400, 0x7FF0000000000001, 0xFFF8000000000001], np.uint64).view(np.float64)
     want = [0xFFFDE3663D997400, 0x7FF8000000000001, 0xFFF8000000000001]
     assert F.abs_(d).view(np.uint64).tolist() == want and F.neg(d).view(np.uint64).tolist() == want
+
+
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.3, 0.8])
+@pytest.mark.parametrize("name", ["add", "max", "min"])
+def test_a_chain_as_one_call_gives_the_bits_of_its_steps(name, density):
+    """add_chain / max_chain / min_chain (what the PTX engine's lane blocks run for a chain of one
+    instruction) against the steps one by one, the earlier result as either operand, on columns
+    with NaNs (signalling, negative), signed zeros, infinities and subnormals, or zeros only."""
+    step, chain = {"add": (F.add, F.add_chain), "max": (F.max_, F.max_chain), "min": (F.min_, F.min_chain)}[name]
+    rng = np.random.default_rng(7)
+    nans = np.array([0x7F800001, 0xFFC00001], np.uint32).view(np.float32)  # signalling, negative quiet
+    special = np.concatenate([np.array(F32_SPECIAL, np.float32), nans])
+    for m in (1, 2, 5, 16):
+        scale = rng.choice([1e-38, 1.0, 1e38], (m + 1, 301))
+        with np.errstate(over="ignore"):  # infinities and subnormals among the f32 operands
+            x = (rng.standard_normal((m + 1, 301)) * scale).astype(np.float32)
+        pick = rng.random(x.shape) < density
+        x[pick] = rng.choice(special, int(pick.sum()))
+        x[:, :3] = [[0.0, -0.0, np.nan]] * (m + 1)  # every step's operands zeros of one sign, or NaNs
+        x[1::2, 3] = -0.0
+        got = chain(x)
+        r = x[0]
+        for i in range(1, m + 1):
+            r = step(r, x[i]) if i % 2 else step(x[i], r)
+            np.testing.assert_array_equal(np.asarray(r, np.float32).view(np.uint32), got[i - 1].view(np.uint32))

@@ -3,6 +3,8 @@ compiled into one function gives the bits of the instructions executed one by on
 reference path: a block's first runs in a wave, part of the wave, an observer), stores only the registers
 something outside the block reads, and names the failing instruction in an error."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -204,3 +206,103 @@ def test_packs_give_the_bits_of_single_instructions(monkeypatch):
     source = block._compile().source
     assert source.count("ASM(") >= 4  # muls, subs, ex2s, cvts
     assert "STACK(" in source and "()" in source  # operands stacked, rows gathered from the file
+
+
+# Chains of one instruction (the adds of a softmax row's sum, the maxes of its maximum) run as one
+# call of a fold (fa_sim/ptx/packs.py fold_chains), and a pack whose members only store their values
+# stores its rows at once (the muls that rescale %f11 .. %f13): an add chain with the earlier sum as either
+# operand and an operand computed inside the block, its last sum stored for the next turn; a max
+# chain that a neg between its members cuts (it stores %f7, which a member before it read from the
+# register file); a min chain cut where a sub reads one of its sums, and a min whose other operand
+# comes from the chain (not a member). The inputs hold NaNs, zeros of both signs, infinities and
+# subnormals, and %f1 changes sign every turn.
+CHAINS = """
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry chains(.param .u64 pin, .param .u64 pout, .param .u32 ptrips)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<4>;
+    .reg .f32 %f<40>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pin];
+    ld.param.u64 %rd2, [pout];
+    ld.param.u32 %r1, [ptrips];
+    mov.u32 %r2, %tid.x;
+    mul.wide.u32 %rd3, %r2, 32;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd4];
+    ld.global.v4.f32 {%f5, %f6, %f7, %f8}, [%rd4+16];
+    mov.f32 %f11, %f5;
+    mov.f32 %f12, %f6;
+    mov.f32 %f13, %f8;
+    mov.u32 %r3, 0;
+LOOP:
+    add.rn.f32 %f20, %f1, %f2;
+    add.rn.f32 %f21, %f3, %f20;
+    add.rn.f32 %f22, %f21, %f4;
+    mul.rn.f32 %f30, %f5, %f6;
+    add.rn.f32 %f23, %f22, %f30;
+    add.rn.f32 %f24, %f23, %f7;
+    add.rn.f32 %f2, %f24, %f8;
+    max.f32 %f25, %f1, %f3;
+    max.f32 %f26, %f4, %f25;
+    max.f32 %f27, %f26, %f5;
+    max.f32 %f28, %f27, %f6;
+    max.f32 %f29, %f28, %f7;
+    neg.f32 %f7, %f8;
+    max.f32 %f31, %f29, %f2;
+    max.f32 %f32, %f31, %f8;
+    min.f32 %f34, %f1, %f4;
+    min.f32 %f35, %f34, %f5;
+    min.f32 %f36, %f35, %f6;
+    min.f32 %f37, %f36, %f3;
+    sub.rn.f32 %f38, %f35, %f1;
+    min.f32 %f39, %f37, %f8;
+    min.f32 %f9, %f39, %f38;
+    mul.rn.f32 %f11, %f11, %f36;
+    mul.rn.f32 %f12, %f12, %f36;
+    mul.rn.f32 %f13, %f13, %f36;
+    mul.rn.f32 %f1, %f1, 0fBF400000;
+    add.s32 %r3, %r3, 1;
+    setp.lt.s32 %p1, %r3, %r1;
+    @%p1 bra LOOP;
+    mul.wide.u32 %rd5, %r2, 48;
+    add.s64 %rd6, %rd2, %rd5;
+    st.global.v4.f32 [%rd6], {%f2, %f32, %f9, %f38};
+    st.global.v4.f32 [%rd6+16], {%f29, %f36, %f37, %f7};
+    st.global.v4.f32 [%rd6+32], {%f11, %f12, %f13, %f13};
+    ret;
+}
+"""
+
+
+def test_chains_give_the_bits_of_single_instructions(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(8 * 64) * 3).astype(np.float32)
+    special = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1e-45, -3e-39, 3e38], np.float32)
+    pick = rng.random(x.size) < 0.3
+    x[pick] = rng.choice(special, size=int(pick.sum()))
+    rows = x.reshape(64, 8)  # threads whose operands are all NaN, all zeros, mostly NaN with zeros
+    rows[0], rows[1], rows[2] = np.nan, [0.0, -0.0, -0.0, 0.0, -0.0, 0.0, 0.0, -0.0], -0.0
+    rows[3] = [np.nan, np.nan, -0.0, np.nan, 0.0, np.nan, -np.inf, np.nan]
+    def chains_run():
+        out = np.zeros(12 * 64, np.uint32)
+        launch(CHAINS, grid=(2,), block=(32,), args=[x, out, np.uint32(5)])
+        return out
+    monkeypatch.setattr(fused, "COMPILE_AT_RUN", 10 ** 9)
+    single = chains_run()
+    monkeypatch.setattr(fused, "COMPILE_AT_RUN", 1)
+    np.testing.assert_array_equal(chains_run(), single)
+    prog = build_program(parse(CHAINS))
+    head = prog.kernel.labels["LOOP"]
+    bra = next(i.pc for i in prog.kernel.instructions if i.opcode == "bra")
+    (block,) = [s for s in prog.compiled.steps(head, bra) if isinstance(s, fused.LaneBlock)]
+    source = block._compile().source
+    folds = [line.split("ASM(")[1].split("(")[0] for line in source.splitlines() if line.lstrip().startswith("R")]
+    assert len(folds) == 3, source  # the adds (6), the maxes up to the neg (5), the mins up to the sub (4)
+    assert ", 6, n)" in source and ", 5, n)" in source and ", 4, n)" in source
+    # the three muls that rescale %f11 %f12 %f13 (read after the loop) store their pack at once
+    assert re.search(r"^ *V\[\d+\]\(P\d+\)$", source, re.MULTILINE), source

@@ -285,6 +285,69 @@ def max_(a, b, ftz: bool = False, propagate_nan: bool = False, xorsign_abs: bool
     return _min_max(a, b, True, ftz, propagate_nan, xorsign_abs)
 
 
+# --- chains: r_1 = op(x_0, x_1), r_i = op(r_(i-1), x_i), as one call ------------------------------------
+# The PTX engine's lane blocks (fa_sim/ptx/packs.py) run a chain of one instruction - the sixteen
+# adds of a softmax row's sum, the sixteen maxes of its maximum - as one call of these: the same
+# bits as the instructions one by one.
+
+def _fold(op, x: np.ndarray) -> np.ndarray:
+    """[op(x_0, x_1), op(that, x_2), ...]: x [m + 1, ...] -> [m, ...], one ufunc call per step into
+    its row (numpy's accumulate along the first axis runs column by column: slower)."""
+    out = np.empty((x.shape[0] - 1, *x.shape[1:]), x.dtype)
+    r = x[0]
+    for i in range(out.shape[0]):
+        r = op(r, x[i + 1], out=out[i])
+    return out
+
+
+def add_chain(x: np.ndarray) -> np.ndarray:
+    """add.rn.f32 (no .ftz, .sat) down x [m + 1, ...] float32 -> [m, ...]: float32 sums in order
+    (what `add` computes; operand order does not change a sum); a NaN stays NaN down the chain, so
+    making NaNs canonical at the end gives every step's bits."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return canonical_nan(_fold(np.add, np.asarray(x, np.float32)), CANONICAL_NAN_F32)
+
+
+_KEY_FLIP = np.int32(0x7FFFFFFF)
+
+
+def _ordered(x: np.ndarray, nan: int) -> np.ndarray:
+    """f32 bits as int32 keys in the order of PTX min/max (-0 < +0), NaN as the key `nan`."""
+    k = x.view(np.int32)
+    k = k ^ ((k >> 31) & _KEY_FLIP)
+    return np.where(np.isnan(x), np.int32(nan), k)
+
+
+def _min_max_chain(x: np.ndarray, is_max: bool) -> np.ndarray:
+    """min/max.f32 (no modifiers) down x [m + 1, ...]: a NaN operand gives the other one, two NaNs
+    the canonical NaN, -0 < +0 (`_min_max`). Without a NaN operand (np.maximum would pass it on to
+    the last row) and a zero result (a choice between +0 and -0), numpy's min/max are PTX's; else
+    the order of the keys, NaN the identity key."""
+    x = np.asarray(x, np.float32)
+    op = np.maximum if is_max else np.minimum
+    with np.errstate(invalid="ignore"):
+        out = _fold(op, x)
+    if out.size and not np.isnan(out[-1]).any():
+        first, last = (out[0], out[-1]) if is_max else (-out[0], -out[-1])
+        if ((first > 0) | (last < 0)).all() or np.count_nonzero(out) == out.size:
+            return out  # monotone down the chain: no result is zero where it starts above or ends below 0
+    nan = np.iinfo(np.int32).min if is_max else np.iinfo(np.int32).max
+    k = _fold(op, _ordered(x, nan))
+    r = k ^ ((k >> 31) & _KEY_FLIP)
+    r[k == nan] = CANONICAL_NAN_F32.view(np.int32)  # every operand so far a NaN
+    return r.view(np.float32)
+
+
+def max_chain(x: np.ndarray) -> np.ndarray:
+    """max.f32 down x [m + 1, ...] float32 -> [m, ...] (`add_chain`'s shape)."""
+    return _min_max_chain(x, True)
+
+
+def min_chain(x: np.ndarray) -> np.ndarray:
+    """min.f32 down x [m + 1, ...] float32 -> [m, ...]."""
+    return _min_max_chain(x, False)
+
+
 def copysign(a, b) -> np.ndarray:
     """copysign: the sign bit of a with the rest of b (bitwise, NaN included)."""
     a, b = np.asarray(a), np.asarray(b)

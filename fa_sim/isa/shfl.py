@@ -14,6 +14,8 @@ from a lane that does: anything else is undefined on hardware and a KernelFault 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import KernelFault
@@ -49,6 +51,15 @@ def shfl_source(mode: str, b, c=DEFAULT_C) -> tuple[np.ndarray, np.ndarray]:
     return j, ok
 
 
+@functools.lru_cache(maxsize=256)
+def warp_source(mode: str, b: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """shfl_source for one b and c (integers), cached read-only: (source lane [32], in range [32])."""
+    j, ok = shfl_source(mode, b, c)
+    j, ok = np.array(j), np.array(ok)
+    j.flags.writeable = ok.flags.writeable = False
+    return j, ok
+
+
 def shfl_sync(x: np.ndarray, mode: str, b, c, active: np.ndarray, member_mask=FULL_MASK):
     """x: [..., 32, ...] values with the lane axis at active.ndim - 1; active [..., 32] bool.
 
@@ -57,7 +68,7 @@ def shfl_sync(x: np.ndarray, mode: str, b, c, active: np.ndarray, member_mask=FU
     check_lane_axis(x, axis, f"shfl.sync.{mode}")
     if np.ndim(b) == 0 and np.ndim(c) == 0 and np.ndim(member_mask) == 0 and int(member_mask) == FULL_MASK \
             and active.all():  # every lane executes and takes part: nothing to check
-        j, ok = shfl_source(mode, b, c)  # [32]
+        j, ok = warp_source(mode, int(b), int(c))  # [32]
         return np.take(x, j, axis=axis), np.broadcast_to(ok, active.shape), np.broadcast_to(j, active.shape)
     member = ((np.asarray(member_mask, dtype=np.int64) >> LANE) & 1).astype(bool)  # [..., 32]
     member = np.broadcast_to(member.astype(bool), active.shape)

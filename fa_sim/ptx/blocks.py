@@ -41,7 +41,8 @@ module) into steps:
   no registers: fa_sim/ptx/chain_operands.py). Regions of fewer than MIN_GEMM_MMAS mmas stay
   MmaRun steps.
 
-`main_loop` finds the kernel's main loop, whose iterations are the rounds of events and counts.
+`main_loop` finds the kernel's main loop, whose iterations are the rounds of events and counts;
+`branch_wave` decides a branch that the whole wave reaches (the engine's scheduling, between stretches).
 """
 
 from __future__ import annotations
@@ -283,6 +284,34 @@ def _lane_writes(step) -> set[str] | None:
     return set().union(*(touched(ins)[1] for ins in getattr(step, "inss", None) or (step.ins,)))
 
 
+def branch_wave(eng: Engine, ins: Instruction) -> list:
+    """A branch of the whole wave (Engine._control): its successors [(pc, mask)], decided by one
+    any() and one all() of the guard (a whole wave's branch is nearly always uniform: no mask is
+    built then); at the main loop's tail the threads that take it start their next round."""
+    pc, target = ins.pc, eng.kernel.labels[ins.operands[0].name]
+    if ins.guard is None:
+        taken = None
+    else:
+        g = eng.read(ins.guard.reg, "pred", None, eng.n)
+        some, every = bool(g.any()), bool(g.all())
+        if ins.guard.negate:
+            some, every = not every, not some
+        if not some:
+            return [(pc + 1, None)]
+        taken = None if every else (~g if ins.guard.negate else g.copy())
+    if eng.loop is not None and pc == eng.loop.tail:
+        if taken is None:
+            eng.round += 1
+            if eng.on_rounds is not None:
+                eng.on_rounds(len(eng.geo.ctas))
+        else:
+            eng.round[taken] += 1
+            eng._rounds_started(np.flatnonzero(taken))
+    if taken is None:
+        return [(target, None)]
+    return [(target, taken), (pc + 1, ~taken)]
+
+
 class Compiled:
     """A kernel's stretches and their steps, compiled on first use (one per Program)."""
 
@@ -328,4 +357,4 @@ class Compiled:
         return self._blocks[key]
 
 
-__all__ = ["Compiled", "Lane", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]
+__all__ = ["Compiled", "Lane", "branch_wave", "located", "LdsmOperands", "LdsmRun", "MmaOperands", "MmaRun", "One", "stops"]

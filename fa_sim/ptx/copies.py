@@ -136,12 +136,22 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
         return False
     if lanes.per_cta or not _disjoint(lanes):
         return False
+    src, src_size = _one_cta(src.reshape(*eng.cw, r), src_size.astype(np.int64).reshape(*eng.cw, r))
     eng.activate(first.pc, group)
     try:
-        eng.m.cp_async(run.instr, lanes, src.reshape(*eng.cw, r), src_size.astype(np.int64).reshape(*eng.cw, r))
+        eng.m.cp_async(run.instr, lanes, src, src_size)
     except KernelFault:  # counted: the single instruction raises the same error with its lines
         return False
     return True
+
+
+def _one_cta(src: np.ndarray, src_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """src, src_size [C, W, L, R] as one CTA's [1, W, L, R] when every CTA copies the same bytes (the
+    CTAs of a wave that load one K or V tile): the machine then reads them once and lands them in
+    every CTA (Machine.cp_async), as the hand-written program's tile loads do; else as they are."""
+    if src.shape[0] > 1 and (src[1:] == src[0]).all() and (src_size[1:] == src_size[0]).all():
+        return src[:1], src_size[:1]
+    return src, src_size
 
 
 def _disjoint(lanes: SmemLanes) -> bool:

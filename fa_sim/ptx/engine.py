@@ -32,7 +32,7 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
-from .blocks import Compiled, Loop, located
+from .blocks import Compiled, Loop, branch_wave, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
@@ -337,6 +337,8 @@ class Engine:
             self._execute(ins, run)
 
     def _control(self, ins: Instruction, group: Group) -> list:
+        if ins.opcode == "bra" and group.mask is None:
+            return branch_wave(self, ins)
         pc = ins.pc
         taken = group.full(self.n)
         if ins.guard is not None:

@@ -146,6 +146,8 @@ class Code:
                 out.append(eng.read(op, ptype, None, eng.n))
             elif kind == "gather":
                 out.append(_gather(eng, op, ptype))
+            elif kind == "scatter":
+                out.append(_scatter(eng, op, ptype))
             else:
                 raw = eng.regs.slot(op)[0]
                 out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
@@ -161,6 +163,22 @@ def _gather(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.n
         return lambda: file[idx]
     rows = tuple(eng.read(op, ptype, None, eng.n) for op in regs)
     return lambda: np.stack(rows)
+
+
+def _scatter(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[np.ndarray], None]:
+    """A function that stores [m, N] values of ptype into the registers `regs` (a pack's stores): one
+    fancy-index assignment when they are rows of one file of 32-bit registers, else row by row."""
+    words = eng.regs.words(tuple(r.name for r in regs)) if bits(ptype) == 32 and ptype != "pred" else None
+    if words is not None:
+        file, idx = words[0].view(DTYPES[ptype]), words[1]
+        def put(values: np.ndarray) -> None:
+            file[idx] = values
+        return put
+    rows = tuple(eng.regs.slot(r.name)[0] for r in regs)
+    def put_rows(values: np.ndarray) -> None:
+        for row, v in zip(rows, values):
+            np.copyto(row if ptype == "pred" else row.view(DTYPES[ptype]), v, casting="unsafe")
+    return put_rows
 
 
 class LaneBlock:
@@ -303,6 +321,10 @@ class _Generator:
         """The expression of registers read from the file as one [m, N] array (fused._gather)."""
         return f"{self.slot('gather', regs, ptype)}()"
 
+    def scatter(self, regs: tuple[Reg, ...], ptype: str) -> str:
+        """The expression of a function that stores [m, N] values of ptype into registers (fused._scatter)."""
+        return self.slot("scatter", regs, ptype)
+
     def instruction(self, k: int, ins: Instruction, ex) -> None:
         ops = ins.operands
         spec = getattr(ex, "spec", lambda ops: None)(ops)
@@ -317,7 +339,7 @@ class _Generator:
         if isinstance(dest, Sink):
             self.emit(k, value)
             return
-        var = self.var(k)
+        var, store = self.var(k), None
         self.emit(k, f"{var} = {value}")
         self.local[dest.name] = (var, spec.out)
         if dest.name in self.stored and self.last_write[dest.name] == k:
@@ -325,10 +347,13 @@ class _Generator:
             width = self.width(dest.name)
             if bits(spec.out) == width and (spec.out == "pred") == (width == 1):
                 self.emit(k, f"copyto({self.slot('store', dest.name, spec.out)}, {var}, casting='unsafe')")
+                store = (dest, spec.out)
             else:
                 self.emit(k, f"E.write({self.const(dest, 'O')}, {var}, {spec.out!r}, None, n)")
         if fn is not None:
-            self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]))
+            fold = getattr(spec, "fold", None)  # ops.common.Folding: a chain of it is one call
+            self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]),
+                                          None if fold is None else self.const(fold, "F"), store)
 
     def generic(self, k: int, ins: Instruction, ex) -> None:
         """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
@@ -353,7 +378,7 @@ class _Generator:
 
     def code(self) -> Code:
         """The function: the body in a try whose handler names the instruction of the failing line."""
-        lines = Packer(self.nodes, self.file_reads, self.gather, set(self.scalar_of.values())).body()
+        lines = Packer(self.nodes, self.file_reads, self.gather, set(self.scalar_of.values()), self.scatter).body()
         body = "\n".join(f"        {line}" for _, line in lines)
         text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
                 f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import KernelFault
+from ..isa import shfl as isa_shfl
 from ..isa.sm80 import FULL_MASK
 from .ir import Instruction, PredPair, Vec
 from .ops import Unsupported
@@ -234,8 +235,11 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     if ins.mods[0] != "sync" or "b32" not in ins.mods:
         raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
     dst, a, b, c, mask = ins.operands
-    x = eng.scatter(eng.read(a, "b32", group.idx, group.n), group)
     static = _static_shfl(eng, group, b, c, mask)
+    if static is not None and not eng.observed and eng.geo.threads % 32 == 0:
+        _shfl_wave(eng, ins, mode, static)
+        return
+    x = eng.scatter(eng.read(a, "b32", group.idx, group.n), group)
     if static is not None:
         bb, cc, mm = static
     else:
@@ -250,6 +254,20 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
         eng.write(dst.q, eng.gather(valid, group), "pred", group.idx, group.n)
     else:
         eng.write(dst, eng.gather(y, group), "b32", group.idx, group.n)
+
+
+def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int, int]) -> None:
+    """shfl.sync of the whole wave, unobserved, with static operands (_static_shfl): what
+    Machine.shfl computes then (counted per warp; every lane takes part, so nothing to check), one
+    gather of the source lanes of every warp straight from the register."""
+    dst, a = ins.operands[:2]
+    j, ok = isa_shfl.warp_source(mode, static[0], static[1])
+    x = eng.read(a, "b32", None, eng.n)
+    eng.m.count(eng.activate(ins.pc, eng.wave))
+    out = dst.p if isinstance(dst, PredPair) else dst
+    eng.write(out, x.reshape(-1, 32)[:, j].reshape(-1), "b32", None, eng.n)
+    if isinstance(dst, PredPair):
+        eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
 
 
 def _static_shfl(eng: Engine, group: Group, b, c, mask) -> tuple[int, int, int] | None:

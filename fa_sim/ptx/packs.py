@@ -21,10 +21,12 @@ order, so a failing block names the instruction that fails first in program orde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
 MIN_PACK = 2  # instructions per pack
+MIN_CHAIN = 4  # instructions per chain run as one call (shorter ones cost no more one by one)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Node:
     stores: set[str] = field(default_factory=set)
     raises: bool = False
     call: PackCall | None = None
+    chain: ChainCall | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,19 @@ class PackCall:
     args: tuple[str, ...]
     var: str
     after: tuple[str, ...]
+    fold: str | None = None  # the name of fn's fold (ops.common.Folding): a chain of it is one call
+    store: tuple | None = None  # (register, type) when `after` is only its store into the register file
+
+
+@dataclass(frozen=True)
+class ChainCall:
+    """A chain of calls (module docstring) as one: fold(the operands x_0 .. x_m as [m + 1, N]) gives
+    the members' values in order; each member (its instruction and PackCall) then runs its `after`."""
+
+    fold: str
+    dtype: str
+    operands: tuple[str, ...]
+    members: tuple[tuple[int, PackCall], ...]
 
 
 @dataclass(frozen=True)
@@ -81,20 +97,100 @@ def levels(nodes: list[Node]) -> list[int]:
     return level
 
 
+def fold_chains(nodes: list[Node]) -> None:
+    """Make each chain of at least MIN_CHAIN calls of one Folding function (module docstring) one
+    node, at its last member's place (the other members' nodes are left empty): it computes every
+    member's value, so what reads one of them depends on it."""
+    ancestors: list[set[int]] = []
+    for node in nodes:
+        ancestors.append(set().union(*(ancestors[d] | {d} for d in node.deps)))
+    users: dict[int, list[int]] = {}
+    for node in nodes:
+        for d in node.deps:
+            users.setdefault(d, []).append(node.k)
+    for members in _chains(nodes, ancestors):
+        members = _cut(nodes, users, members)
+        if len(members) >= MIN_CHAIN:
+            _merge(nodes, members)
+
+
+def _chains(nodes: list[Node], ancestors: list[set[int]]) -> list[list[int]]:
+    """Maximal chains: each member a Folding call that reads the previous member's value and, as its
+    other operand, a value computed from no member of the chain."""
+    producer = {node.call.var: node.k for node in nodes if node.call is not None}
+    chain_of: dict[int, list[int]] = {}
+    out = []
+    for node in nodes:
+        c = node.call
+        if c is None or c.fold is None or node.raises or len(c.args) != 2 or c.args[0] == c.args[1]:
+            continue
+        for a in c.args:
+            p = producer.get(a)
+            prev = None if p is None else nodes[p].call
+            if prev is None or (prev.fold, prev.fn, prev.dtype) != (c.fold, c.fn, c.dtype) or nodes[p].raises:
+                continue
+            chain = chain_of.get(p) or [p]
+            if chain[-1] != p or any((ancestors[d] | {d}) & set(chain) for d in node.deps - {p}):
+                continue
+            if len(chain) == 1:
+                chain_of[p] = chain
+                out.append(chain)
+            chain.append(node.k)
+            chain_of[node.k] = chain
+            break
+    return out
+
+
+def _cut(nodes: list[Node], users: dict, members: list[int]) -> list[int]:
+    """The chain's longest head that can run as one call at its last member's place: no instruction
+    between its members but the next member reads a member's value, or stores a register that a
+    member before it reads from the register file. The head ends before the first such instruction."""
+    while len(members) >= MIN_CHAIN:
+        last, inside = members[-1], set(members)
+        stop = [u for i, k in enumerate(members[:-1]) for u in users.get(k, ()) if u < last and u != members[i + 1]]
+        stop += [k for k in range(members[0] + 1, last) if k not in inside and
+                 nodes[k].stores & set().union(*(nodes[j].reads for j in members if j < k))]
+        if not stop:
+            return members
+        members = [k for k in members if k < min(stop)]
+    return []
+
+
+def _merge(nodes: list[Node], members: list[int]) -> None:
+    """The chain's node (at its last member) in place of its members' nodes."""
+    first, last = nodes[members[0]], nodes[members[-1]]
+    calls = [nodes[k].call for k in members]
+    others = [next(a for a in call.args if a != prev.var) for prev, call in pairwise(calls)]
+    merged = Node(last.k, deps=set().union(*(nodes[k].deps for k in members)) - set(members),
+                  reads=set().union(*(nodes[k].reads for k in members)),
+                  stores=set().union(*(nodes[k].stores for k in members)),
+                  chain=ChainCall(first.call.fold, first.call.dtype, (*first.call.args, *others),
+                                  tuple(zip(members, calls))))
+    for k in members:
+        nodes[k] = Node(k)
+    nodes[last.k] = merged
+    inside = set(members)
+    for node in nodes:
+        if node.deps & inside and node.k != last.k:
+            node.deps = (node.deps - inside) | {last.k}
+
+
 class Packer:
     """Writes the block's body in level order, packs as single calls (module docstring).
     `file_reads`: argument expressions that read a register row (FileRead); `gather(regs, ptype)`:
     the expression of those rows as one [m, N] array; `scalars`: expressions of one value for all
     lanes (a shift amount's immediate), which a pack takes only when all its members pass the same."""
 
-    def __init__(self, nodes: list[Node], file_reads: dict, gather, scalars: set[str]):
+    def __init__(self, nodes: list[Node], file_reads: dict, gather, scalars: set[str], scatter=None):
         self.nodes, self.file_reads, self.gather, self.scalars = nodes, file_reads, gather, scalars
+        self.scatter = scatter  # scatter(regs, ptype): the expression of a function storing [m, N] into them
         self.rows: dict[str, tuple[str, int, int]] = {}  # member variable -> (pack, row, pack size)
         self.out: list[tuple[int, str]] = []
 
     def body(self) -> list[tuple[int, str]]:
         """(instruction, line) of the function body, in the order it runs."""
         by_level: dict[int, list[Node]] = {}
+        fold_chains(self.nodes)
         for node, lv in zip(self.nodes, levels(self.nodes)):
             by_level.setdefault(lv, []).append(node)
         for lv in sorted(by_level):
@@ -103,7 +199,9 @@ class Packer:
                 key = (node.call.fn, node.call.dtype, len(node.call.args)) if node.call else ("single", node.k)
                 groups.setdefault(key, []).append(node)
             for members in sorted(groups.values(), key=lambda g: g[0].k):
-                if len(members) >= MIN_PACK:
+                if members[0].chain is not None:
+                    self.fold(members[0])
+                elif len(members) >= MIN_PACK:
                     self.pack(members)
                 else:
                     self.out += [(members[0].k, line) for line in members[0].lines]
@@ -118,10 +216,26 @@ class Packer:
             return
         call = members[0].call
         self.out.append((k, f"{name} = ASM({call.fn}({', '.join(args)}), {call.dtype}, {m}, n)"))
+        stores = [node.call.store for node in members]
+        together = self.scatter is not None and None not in stores and len({t for _, t in stores}) == 1
         for i, node in enumerate(members):
             self.rows[node.call.var] = (name, i, m)
             self.out.append((node.k, f"{node.call.var} = {name}[{i}]"))
-            self.out += [(node.k, line) for line in node.call.after]
+            self.out += [] if together else [(node.k, line) for line in node.call.after]
+        if together:  # every member only stores its value: one store of the pack's rows
+            self.out.append((members[-1].k, f"{self.scatter(tuple(r for r, _ in stores), stores[0][1])}({name})"))
+
+    def fold(self, node: Node) -> None:
+        """A chain as one call of its fold; its results are the rows of one array, as a pack's."""
+        chain, m = node.chain, len(node.chain.members)
+        ops = list(chain.operands)
+        x = (self.combine(ops) if len(set(ops)) > 1 else None) or f"STACK(({', '.join(ops)},))"
+        name = f"R{len(self.out)}"
+        self.out.append((node.k, f"{name} = ASM({chain.fold}({x}), {chain.dtype}, {m}, n)"))
+        for i, (k, call) in enumerate(chain.members):
+            self.rows[call.var] = (name, i, m)
+            self.out.append((k, f"{call.var} = {name}[{i}]"))
+            self.out += [(k, line) for line in call.after]
 
     def combine(self, exprs: list[str]) -> str | None:
         """One argument of a pack: the members' expressions as one array (broadcast when equal;
@@ -148,4 +262,4 @@ def as_rows(value, dtype: np.dtype, m: int, n: int) -> np.ndarray:
     return v if v.shape == (m, n) else np.broadcast_to(v, (m, n))
 
 
-__all__ = ["FileRead", "MIN_PACK", "Node", "PackCall", "Packer", "as_rows", "levels"]
+__all__ = ["ChainCall", "FileRead", "MIN_CHAIN", "MIN_PACK", "Node", "PackCall", "Packer", "as_rows", "fold_chains", "levels"]

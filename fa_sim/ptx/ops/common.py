@@ -190,6 +190,15 @@ class Simple:
         return self if len(ops) == self.n_operands else None
 
 
+@dataclass(frozen=True, eq=False)
+class Folding(Simple):
+    """A Simple of two sources whose chain - r_1 = fn(x_0, x_1), r_i = fn(r_(i-1), x_i), either
+    operand the earlier result - has a one-call form: fold(x [m + 1, N]) -> [r_1 .. r_m] [m, N]
+    (fa_sim.isa.floating add_chain, max_chain). A lane block runs such a chain as one call."""
+
+    fold: Callable
+
+
 def simple(form: Form, fn, types: tuple[str, ...], out: str, order: tuple[int, ...] | None = None) -> Simple:
     """d = fn(sources read as types), the sources operands 1.. (or the operand indices `order`)."""
     order = order or tuple(range(1, len(types) + 1))

@@ -18,7 +18,8 @@ from functools import partial
 
 from ...isa import floating, sfu
 from ...isa.floating import FpClass
-from .common import Exec, Form, binary, ternary, unary
+from ...isa.rounding import Rnd
+from .common import Exec, Folding, Form, binary, ternary, unary
 
 
 def _ptype(form: Form) -> str:
@@ -45,7 +46,16 @@ def add_sub_mul(opcode: str, form: Form) -> Exec:
     ptype = _ptype(form)
     ftz, sat = _ftz_sat(form, ptype, True)
     fn = {"add": floating.add, "sub": floating.sub, "mul": floating.mul}[opcode]
-    return binary(form, ptype, partial(fn, rnd=form.rounding(), ftz=ftz, sat=sat))
+    rnd = form.rounding()
+    value = partial(fn, rnd=rnd, ftz=ftz, sat=sat)
+    if opcode == "add" and ptype == "f32" and rnd is Rnd.RN and not (ftz or sat):
+        return _folding(form, value, floating.add_chain)
+    return binary(form, ptype, value)
+
+
+def _folding(form: Form, fn, fold) -> Folding:
+    """d = fn(a, b) on .f32, whose chains run as fold (common.Folding)."""
+    return Folding(form, fn, ((1, "f32"), (2, "f32")), "f32", 3, fold)
 
 
 def fma(opcode: str, form: Form) -> Exec:
@@ -101,7 +111,10 @@ def min_max(opcode: str, form: Form) -> Exec:
     if ptype == "f64" and flags - {"ftz"}:
         raise form.unsupported("min/max.f64 has no modifiers")
     fn = floating.min_ if opcode == "min" else floating.max_
-    return binary(form, ptype, partial(fn, ftz=ftz, propagate_nan="NaN" in flags, xorsign_abs="abs" in flags))
+    value = partial(fn, ftz=ftz, propagate_nan="NaN" in flags, xorsign_abs="abs" in flags)
+    if ptype == "f32" and not flags:
+        return _folding(form, value, floating.min_chain if opcode == "min" else floating.max_chain)
+    return binary(form, ptype, value)
 
 
 def copysign(opcode: str, form: Form) -> Exec:
