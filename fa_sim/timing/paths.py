@@ -163,14 +163,6 @@ def _block_weights(b: _Block) -> dict[int | None, Counts]:
 
 def _pair_off(instrs: list[SassInstr], pend: list[int], base: Counts) -> None:
     """Resolve `@P X` / `@!P X` pairs of one class in place: one on, one off."""
-    for i, _ in _pairs(instrs, pend):
-        base.update(_tags(instrs[i]) + [f"off:{t}" for t in _tags(instrs[i])])
-
-
-def _pairs(instrs: list[SassInstr], pend: list[int]) -> list[tuple[int, int]]:
-    """The `@P X` / `@!P X` pairs of one class among the guarded `pend` (removed from it), P not
-    rewritten between: exactly one of each pair runs."""
-    out = []
     for i in list(pend):
         if i not in pend:
             continue
@@ -178,21 +170,9 @@ def _pairs(instrs: list[SassInstr], pend: list[int]) -> list[tuple[int, int]]:
         for j in pend:
             if j > i and instrs[j].literal == (pred, not neg) and _tags(instrs[j]) == _tags(instrs[i]):
                 if not any(x.writes(pred) for x in instrs[i + 1:j]):
-                    out.append((i, j))
+                    base.update(_tags(instrs[i]) + [f"off:{t}" for t in _tags(instrs[i])])
                     pend.remove(i), pend.remove(j)
                     break
-    return out
-
-
-def paired_off(ks: "KernelSass") -> frozenset:
-    """Addresses of one instruction of each `@P X` / `@!P X` pair (the second): exactly one of a
-    pair runs, so the timing model charges the memory traffic of one (an if-converted 1-instruction
-    copy issues the interior and the zero-fill LDGSTS of one tile; both copying doubled its bytes)."""
-    out = set()
-    for b in ks.blocks.values():
-        pend = [i for i, ins in enumerate(b.instrs) if ins.guard != "@!PT" and _tags(ins) and ins.literal]
-        out.update(b.instrs[j].addr for _, j in _pairs(b.instrs, pend))
-    return frozenset(out)
 
 
 def _cfg(instrs: list[SassInstr], labels: dict[str, int], functions) -> dict[int, _Block]:

@@ -37,7 +37,7 @@ from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
 from .gpus import GPUS, GpuModel
-from .paths import KernelSass, analyze, paired_off
+from .paths import KernelSass, analyze
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
@@ -81,11 +81,9 @@ class KernelModel:
     registers: int
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
     stream: KernelStream  # the SASS path of each region, from the functional run
-    off: frozenset = frozenset()  # addresses whose guard is false whenever they issue (paths.paired_off)
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
-        return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts, i.addr in self.off)
-                for i in instrs]
+        return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
     def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list:
         """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
@@ -360,7 +358,7 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> 
     controls = {i.addr: i.control for i in parse(text)}
     ks = analyze(text)
     return KernelModel(config, causal, ks, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, ks, sass_locations(text)), paired_off(ks))
+                       KernelStream(config, causal, kernel, ks, sass_locations(text)))
 
 
 @functools.lru_cache(maxsize=256)

@@ -78,10 +78,9 @@ def smem_class(opcode: str) -> str | None:
 
 
 def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel,
-         wavefronts: dict[str, float], off: bool = False) -> Step:
+         wavefronts: dict[str, float]) -> Step:
     """One instruction as the SM model sees it; `wavefronts`: average per warp instruction of each
-    shared-memory class (LDSM, LDS, STS, LDGSTS) for this config (the bank model); `off`: its guard
-    is false whenever it issues (one of an if-converted `@P X` / `@!P X` pair, paths.paired_off)."""
+    shared-memory class (LDSM, LDS, STS, LDGSTS) for this config (the bank model)."""
     base = opcode.split(".")[0]
     pipe = Pipe.UNIFORM if base.startswith("U") or base in ("R2UR", "S2UR") else _PIPE_OF.get(base, Pipe.ALU)
     cycles = {Pipe.TENSOR: gpu.hmma_cycles, Pipe.FMA: gpu.fma_cycles, Pipe.FMA_HEAVY: 2 * gpu.fma_cycles,
@@ -95,10 +94,8 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
         wf = -(-32 * width // 128)
     sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
             "LDGSTS": Sync.GLOBAL_COPY}.get(base, Sync.NONE)
-    if guard == "@!PT" or off:  # never executes, but issues: no lane touches memory (ptxas's three
-        # `@!PT LDS RZ, [RZ]` before each LDGSTS group took 4 wavefronts each, the LDS class's average)
+    if guard in ("@!PT",):  # never executes, but issues
         sync = Sync.NONE if sync is Sync.GLOBAL_COPY else sync
-        wf = 0
     m = _DEPBAR.search(operands) if sync is Sync.DEPBAR else None
     return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
