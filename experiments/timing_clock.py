@@ -35,11 +35,15 @@ PROXIES = {"issue": "smsp__issue_active.avg.pct_of_peak_sustained_active",
            "dram": "dram__bytes.sum.per_second"}
 
 
+def clock(kernel: dict) -> float:
+    """A profiled launch's SM clock in GHz: its SM cycles per nanosecond of its duration."""
+    return kernel["sm__cycles_elapsed.max"] / kernel["gpu__time_duration.sum"]
+
+
 def ncu_clocks() -> str:
     """Nsight Compute's clock of each profiled launch, by group, and its correlation with the proxies."""
     full = json.loads((DATA / "timing_ncu.json").read_text())["kernels"]
     small = json.loads((DATA / "timing_ncu_small.json").read_text())["kernels"]
-    clock = lambda k: k["sm__cycles_elapsed.max"] / k["gpu__time_duration.sum"]  # noqa: E731 (GHz: cycles per ns)
     lines = ["Nsight Compute's SM clock (cycles / duration) of each profiled launch:"]
     c = np.array([clock(k) for k in full])
     lines.append(f"  timing_ncu.json, {len(c)} grids over every SM: {c.min():.3f}-{c.max():.3f} GHz, mean {c.mean():.3f}, "
@@ -50,7 +54,7 @@ def ncu_clocks() -> str:
                      f"clock change over the range {np.polyfit(x, c, 1)[0] * (x.max() - x.min()) / c.mean():+.1%}")
     for label, sel in (("one CTA", lambda k: k["launch__grid_size"] == 1),
                        ("1 to 4 CTAs per SM", lambda k: 132 <= k["launch__grid_size"]),
-                       ("a few CTAs (2-64)", lambda k: 1 < k["launch__grid_size"] < 132)):
+                       ("2-131 CTAs", lambda k: 1 < k["launch__grid_size"] < 132)):
         g = np.array([clock(k) for k in small if sel(k)])
         if len(g):
             lines.append(f"  timing_ncu_small.json, {label}: {len(g)} launches, {g.min():.3f}-{g.max():.3f} GHz, "
@@ -62,6 +66,7 @@ def event_residuals(predictions: Path, rates_cache: Path) -> str:
     """The model's residual on the event-timed cases against its own load proxies."""
     sys.path.insert(0, str(ROOT / "experiments"))
     import timing_validate as tv
+
     from fa_sim.timing.gpus import H200
     from fa_sim.timing.predict import kernel_model, occupancy
 
