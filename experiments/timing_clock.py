@@ -53,7 +53,7 @@ def ncu_clocks() -> str:
         lines.append(f"    against {name:6s} ({x.min():.3g}-{x.max():.3g}): correlation {np.corrcoef(x, c)[0, 1]:+.2f}, "
                      f"clock change over the range {np.polyfit(x, c, 1)[0] * (x.max() - x.min()) / c.mean():+.1%}")
     for label, sel in (("one CTA", lambda k: k["launch__grid_size"] == 1),
-                       ("1 to 4 CTAs per SM", lambda k: 132 <= k["launch__grid_size"]),
+                       ("132 CTAs or more (every SM)", lambda k: 132 <= k["launch__grid_size"]),
                        ("2-131 CTAs", lambda k: 1 < k["launch__grid_size"] < 132)):
         g = np.array([clock(k) for k in small if sel(k)])
         if len(g):
