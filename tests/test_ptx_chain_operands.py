@@ -193,3 +193,24 @@ def test_pack_sources_are_read_in_place_when_evenly_spaced(idx, view):
     rows = _rows(file, np.array(idx))
     np.testing.assert_array_equal(rows, file[idx])
     assert np.shares_memory(rows, file) == view
+
+
+@pytest.mark.parametrize("idx, runs", [
+    ([1601, 1600, 1599, 1598, 1606, 1607, 1640, 1641, 1642], 3),  # O += P~ V's accumulator
+    (list((570 + 8 * np.arange(8)[:, None] + np.arange(4)).ravel()), 8),  # S = Q K^T's
+    ([5, 4, 3, 2, 1, 0], 1), ([7], 1), ([0, 2, 4, 9], 2), ([1999, 0], 1),
+    (list(range(0, 36, 4)) + list(range(1, 37, 2)), 2),
+    (list(range(0, 40, 4)) + [1, 9, 41, 2, 3], 4), (list((np.arange(10)[:, None] + [0, 100]).ravel()), None),
+    ([10, 10], None)])
+def test_accumulators_are_copied_by_runs_of_evenly_spaced_registers(idx, runs):
+    """chain_regs.row_runs: the runs of rows the GEMM copies C from and D to, file[idx] exactly;
+    None (one fancy index) for more than MAX_RUNS runs or a repeated register."""
+    from fa_sim.ptx.chain_regs import MAX_RUNS, row_runs
+    file = np.arange(2000 * 3, dtype=np.uint32).reshape(2000, 3)
+    got = row_runs(np.array(idx))
+    assert (got is None) == (runs is None) and (got is None or len(got) == runs <= MAX_RUNS)
+    if got is not None:
+        rows = np.empty((len(idx), 3), np.uint32)
+        for first, end, sl in got:
+            rows[first:end] = file[sl]
+        np.testing.assert_array_equal(rows, file[idx])

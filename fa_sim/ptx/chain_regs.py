@@ -179,3 +179,26 @@ def dead_movs(code, start: int, stop: int, mmas: list[int], zero_d: set[str], us
         if keep == dest:
             return set(dest)
         dest = keep
+
+
+MAX_RUNS = 8  # more runs of rows than this: one fancy index instead (a copy per run would not pay)
+
+
+def row_runs(idx: np.ndarray) -> tuple[tuple[int, int, slice], ...] | None:
+    """The rows `idx` of a register file as runs of evenly spaced rows: (first, end, rows) with
+    file[rows] == file[idx[first:end]] - NVRTC numbers a GEMM's accumulators in a few such runs
+    (O += P~ V: three, one in reverse; S = Q K^T: eight of four) - so that the GEMM reads C and
+    writes D by one transposing copy per run, not through a fancy index and a transposed copy
+    of the whole accumulator. None: more than MAX_RUNS runs, or repeated rows."""
+    if len(np.unique(idx)) != len(idx):
+        return None
+    runs, first = [], 0
+    while first < len(idx) and len(runs) < MAX_RUNS:
+        step = int(idx[first + 1] - idx[first]) if first + 1 < len(idx) else 1
+        end = first + 1
+        while end < len(idx) and idx[end] - idx[end - 1] == step:
+            end += 1
+        stop = int(idx[end - 1]) + step
+        runs.append((first, end, slice(int(idx[first]), stop if stop >= 0 else None, step)))
+        first = end
+    return tuple(runs) if first == len(idx) else None

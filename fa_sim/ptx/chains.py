@@ -46,7 +46,8 @@ import numpy as np
 
 from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize, packed_matrices
-from .chain_regs import LdsmOperands, MmaOperands, PackOperands, dead_movs, register_uses, touched, zero_chains
+from .chain_regs import (LdsmOperands, MmaOperands, PackOperands, dead_movs, register_uses, row_runs, touched,
+                         zero_chains)
 from .ir import Instruction
 
 if TYPE_CHECKING:
@@ -137,12 +138,32 @@ class Grid:
         if self.c_zero:
             c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
         else:
-            c = _rows(regs, self.c, eng.cw).reshape(self.nj, self.mi, 4, cs, w, lanes).transpose(3, 4, 5, 0, 1, 2)
-            c = np.ascontiguousarray(c).view(np.float32)  # [C, W, L, NJ, MI, 4]
+            c = np.empty((cs, w, lanes, self.nj, self.mi, 4), np.uint32)
+            self._registers(regs, self.c, c, read=True)
+            c = c.view(np.float32)
         d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
-        file, idx = regs.words(self.d)
-        d = np.ascontiguousarray(d, np.float32).view(np.uint32)  # [C, W, L, NJ, MI, 4]
-        file[idx] = d.transpose(3, 4, 5, 0, 1, 2).reshape(len(idx), -1)
+        self._registers(regs, self.d, np.ascontiguousarray(d, np.float32).view(np.uint32), read=False)
+
+    def _registers(self, regs, names: tuple[str, ...], frags: np.ndarray, read: bool) -> None:
+        """Copy the registers `names` (C or D) of every thread into fragments frags [C, W, L, NJ,
+        MI, 4] (read) or back: one transposing copy per run of evenly spaced rows of their file
+        (chain_regs.row_runs, cached per grid), else through one fancy index."""
+        file, idx = regs.words(names)
+        runs = self.__dict__.setdefault("_runs", {})
+        if names not in runs:
+            runs[names] = row_runs(idx)
+        by_reg = frags.reshape(-1, len(names)).T  # [NJ * MI * 4, C * W * L]: the register file's axes
+        if runs[names] is None:
+            if read:
+                by_reg[...] = file[idx]
+            else:
+                file[idx] = by_reg
+            return
+        for first, end, rows in runs[names]:
+            if read:
+                by_reg[first:end] = file[rows]
+            else:
+                file[rows] = by_reg[first:end]
 
     def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
