@@ -110,12 +110,13 @@ def test_result_is_one_rounding_of_the_float64_sum(seed):
 
 @FIXED
 @given(ctas=st.sampled_from([1, 3, 8, 16]), share=st.sampled_from(["none", "cta", "pairs", "all"]),
-       zero=st.booleans(), seed=st.integers(0, 2**16))
-def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed):
+       zero=st.booleans(), seed=st.integers(0, 2**16), lanes_last=st.booleans(), mi=st.sampled_from([1, 2]))
+def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed, lanes_last, mi):
     """gemm_chain's matrix form (B shared by a CTA's warps, by groups of CTAs, or by none) against
-    the k16 steps as independent instructions, each rounded to fp32."""
+    the k16 steps as independent instructions, each rounded to fp32; also exact_chain with C and
+    D in the lanes-last layout [..., NJ, MI, 4, 32] (the PTX engine's register file order)."""
     rng = np.random.default_rng(seed)
-    steps, w, mi, nj = 3, 2, 1, 4
+    steps, w, nj = 3, 2, 4
     a = [rng.standard_normal((ctas, w, 16 * mi, 16)).astype(np.float16) for _ in range(steps)]
     b_shape = {"none": (ctas, w), "cta": (ctas, 1), "pairs": (ctas, 1), "all": (1, 1)}[share]
     b = [rng.standard_normal((*b_shape, 16, 8 * nj)).astype(np.float16) for _ in range(steps)]
@@ -128,7 +129,12 @@ def test_exact_chain_equals_its_steps_one_after_another(ctas, share, zero, seed)
     for x, y in zip(a, b):
         want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
     want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
-    np.testing.assert_array_equal(mma.gemm_chain(a, b, c, c_is_zero=zero).view(np.uint32), want.view(np.uint32))
+    if lanes_last:
+        c_ll = np.ascontiguousarray(np.moveaxis(c, 2, -1))
+        got = np.moveaxis(mma.exact_chain(a, b, c_ll, c_is_zero=zero, lanes_last=True), -1, 2)
+    else:
+        got = mma.gemm_chain(a, b, c, c_is_zero=zero)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @FIXED
@@ -160,7 +166,8 @@ def test_exact_chain_sums_column_major_operands_as_a_matmul_of_them_does(a_by_co
 
 @pytest.mark.parametrize("a_by_column", [False, True])
 @pytest.mark.parametrize("share", ["pairs", "all"])
-def test_exact_chain_across_many_chunks(a_by_column, share, monkeypatch):
+@pytest.mark.parametrize("lanes_last", [False, True])
+def test_exact_chain_across_many_chunks(a_by_column, share, lanes_last, monkeypatch):
     """Small chunks (CHUNK_ELEMENTS), so that the chain runs many, with B shared by groups of CTAs
     or by all of them (then converted once, by the first chunk) and A in either order: the same
     bits as the steps one after another."""
@@ -178,4 +185,8 @@ def test_exact_chain_across_many_chunks(a_by_column, share, monkeypatch):
     for x, y in zip(a, b):
         want = (x.astype(np.float64) @ y.astype(np.float64) + want).astype(np.float32)
     want = np.take(want.reshape(ctas, w, -1), c_pos, axis=-1)
-    np.testing.assert_array_equal(mma.gemm_chain(a, b, c).view(np.uint32), want.view(np.uint32))
+    if lanes_last:  # C and D [..., NJ, MI, 4, 32]
+        got = np.moveaxis(mma.exact_chain(a, b, np.ascontiguousarray(np.moveaxis(c, 2, -1)), lanes_last=True), -1, 2)
+    else:
+        got = mma.gemm_chain(a, b, c)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -202,7 +202,8 @@ def gemm_chain(a_mats, b_mats, c: np.ndarray, model: FusedDotModel = EXACT, *, c
     return out
 
 
-def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: np.ndarray | None = None,
+                lanes_last: bool = False) -> np.ndarray:
     """`gemm_chain` with the EXACT model: per chunk of the leading axis, the operands of every step
     are converted to float64 into one buffer each and multiplied by one batched matmul (the
     products of all k16 steps at once), then the steps are summed in order, each sum rounded to
@@ -210,9 +211,13 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     as tensorcore.EXACT.matmul_chain). When B is the same for every index of the axis before the
     lanes (the warps of a CTA multiply by one tile), that axis joins A's rows; when consecutive
     CTAs also share B (a wave of one head reads one K or V tile), `group` of them share one matmul.
-    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c."""
-    nj, mi = c.shape[-3], c.shape[-2]
-    c_pos, c_src = _pair_maps(mi, nj)
+    `out` (gemm_chain's): written chunk by chunk after that chunk's C is read, so it may be c.
+    `lanes_last`: c and d are [..., NJ, MI, 4, 32] - each register's 32 lanes side by side, the
+    axes of a register file whose rows are registers (the PTX engine's), from and to which they
+    then move in runs of 32 words, not word by word; gathered a word at a time, not in pairs."""
+    nj, mi = (c.shape[-4], c.shape[-3]) if lanes_last else (c.shape[-3], c.shape[-2])
+    c_pos, c_src = _lane_maps(mi, nj) if lanes_last else _pair_maps(mi, nj)
+    word = np.uint32 if lanes_last else np.uint64
     lead, steps = c.shape[:-4], len(a_mats)
     rows, cols = MMA_M * mi, MMA_N * nj
     join = len(lead) >= 1 and all(b.ndim < 3 or b.shape[-3] == 1 for b in b_mats)
@@ -221,9 +226,9 @@ def exact_chain(a_mats, b_mats, c: np.ndarray, *, c_is_zero: bool = False, out: 
     flat = int(np.prod(batch, dtype=np.int64))
     a3 = [_batch_a(a, lead, len(batch), flat) for a in a_mats]
     b3 = [_batch_b(b, lead, join).reshape(-1, MMA_K, cols) for b in b_mats]
-    c3 = None if c_is_zero else _pairs(c).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
+    c3 = None if c_is_zero else _words(c, word).reshape(flat, -1, c_src.size)  # [batch, W or 1, fragment pairs]
     out = np.empty(c.shape, np.float32) if out is None else out
-    o3 = _pairs(out).reshape(flat, -1, *c_pos.shape)
+    o3 = _words(out, word).reshape(flat, -1, *c_pos.shape)
     n = min(flat, max(1, CHUNK_ELEMENTS // (m_rows * cols)))
     group = _group(b3, flat, n, max(1, BLAS_SERIAL_MNK // (m_rows * cols * MMA_K)))
     # B row-major whatever its source's order: OpenBLAS's dgemm is about 1.5x faster with K = 16 and
@@ -277,9 +282,18 @@ def _pair_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray]:
     return c_pos[..., 0::2] // 2, c_src[:, 0::2] // 2
 
 
-def _pairs(x: np.ndarray) -> np.ndarray:
-    """f32 [..., even] -> the same bytes as [..., / 2] 8-byte words."""
-    return np.ascontiguousarray(x).view(np.uint64)
+@lru_cache(maxsize=None)
+def _lane_maps(mi: int, nj: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_tile_maps`' c_pos and c_src for fragments with the lanes last ([NJ, MI, 4, 32]): c_pos
+    [NJ * MI * 4, 32], c_src indices into the flattened [NJ * MI * 4, 32] fragments."""
+    _, _, c_pos, c_src = _tile_maps(mi, nj)
+    regs = nj * mi * C_REGS
+    return np.ascontiguousarray(c_pos.reshape(WARP_SIZE, regs).T), c_src % regs * WARP_SIZE + c_src // regs
+
+
+def _words(x: np.ndarray, word: type) -> np.ndarray:
+    """f32 [..., even] -> the same bytes as words of `word` (np.uint64: pairs, half as many)."""
+    return np.ascontiguousarray(x).view(word)
 
 
 def _batch_a(a: np.ndarray, lead: tuple, n_batch: int, flat: int) -> np.ndarray:
@@ -322,14 +336,14 @@ def _exact_part(a3, b3, c3, maps, part, bufs, o3) -> None:
         prods[0] += 0.0  # the +0 accumulator: a -0 sum becomes +0 as with any C
         np.copyto(acc, prods[0], casting="same_kind")  # the first step's fp32 result
     else:  # C gathered into acc (no temporary, no bounds checks), added to P[0] in float64
-        np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(np.uint64).reshape(k, c3.shape[1], *c_src.shape),
+        np.take(c3[i:i + k], c_src, axis=-1, out=acc.view(c3.dtype).reshape(k, c3.shape[1], *c_src.shape),
                 mode="wrap")
         prods[0] += acc
         np.copyto(acc, prods[0], casting="same_kind")
     for s in range(1, len(a3)):
         prods[s] += acc
         np.copyto(acc, prods[s], casting="same_kind")  # the step's fp32 result
-    np.take(acc.view(np.uint64).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
+    np.take(acc.view(o3.dtype).reshape(k, o3.shape[1], -1), c_pos, axis=-1, out=o3[i:i + k], mode="wrap")
 
 
 def _fill_by_column(dst: np.ndarray, src: np.ndarray, group: int) -> None:

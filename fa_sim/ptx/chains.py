@@ -135,35 +135,41 @@ class Grid:
         model = eng.m.mma_model
         a_mats = self._matrices(eng, loads, True)  # f16: gemm_chain converts them into its own buffers
         b_mats = self._matrices(eng, loads, False)
+        # EXACT takes C and gives D with each register's lanes side by side, as the register file
+        # holds them (runs of 32 words to copy, not single words); the other models fragments
+        lanes_last = model.float64_sum
+        shape = (cs, w, self.nj, self.mi, 4, lanes) if lanes_last else (cs, w, lanes, self.nj, self.mi, 4)
         if self.c_zero:
-            c = np.broadcast_to(np.float32(0), (cs, w, lanes, self.nj, self.mi, 4))
+            c = np.broadcast_to(np.float32(0), shape)
         else:
-            c = np.empty((cs, w, lanes, self.nj, self.mi, 4), np.uint32)
-            self._registers(regs, self.c, c, read=True)
+            c = np.empty(shape, np.uint32)
+            self._registers(regs, self.c, c, True, lanes_last)
             c = c.view(np.float32)
-        d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
-        self._registers(regs, self.d, np.ascontiguousarray(d, np.float32).view(np.uint32), read=False)
+        if lanes_last:
+            d = isa_mma.exact_chain(a_mats, b_mats, c, c_is_zero=self.c_zero, lanes_last=True)
+        else:
+            d = isa_mma.gemm_chain(a_mats, b_mats, c, model, c_is_zero=self.c_zero)
+        self._registers(regs, self.d, np.ascontiguousarray(d, np.float32).view(np.uint32), False, lanes_last)
 
-    def _registers(self, regs, names: tuple[str, ...], frags: np.ndarray, read: bool) -> None:
-        """Copy the registers `names` (C or D) of every thread into fragments frags [C, W, L, NJ,
-        MI, 4] (read) or back: one transposing copy per run of evenly spaced rows of their file
-        (chain_regs.row_runs, cached per grid), else through one fancy index."""
+    def _registers(self, regs, names: tuple[str, ...], frags: np.ndarray, read: bool, lanes_last: bool) -> None:
+        """Copy the registers `names` (C or D) of every thread into frags [C, W, NJ, MI, 4, L]
+        (lanes_last; else [C, W, L, NJ, MI, 4]) (read) or back: one copy per run of evenly spaced
+        rows of their file (chain_regs.row_runs, cached per grid), else one fancy index."""
         file, idx = regs.words(names)
         runs = self.__dict__.setdefault("_runs", {})
         if names not in runs:
             runs[names] = row_runs(idx)
-        by_reg = frags.reshape(-1, len(names)).T  # [NJ * MI * 4, C * W * L]: the register file's axes
-        if runs[names] is None:
+        cs, w = frags.shape[:2]
+        lanes = frags.shape[-1] if lanes_last else frags.shape[2]
+        by_reg = (frags.reshape(cs, w, len(names), lanes).transpose(2, 0, 1, 3) if lanes_last
+                  else frags.reshape(cs, w, lanes, len(names)).transpose(3, 0, 1, 2))  # [R, C, W, L]: the file's axes
+        for first, end, rows in runs[names] or ((0, len(names), idx),):
             if read:
-                by_reg[...] = file[idx]
+                by_reg[first:end] = file[rows].reshape(end - first, cs, w, lanes)
+            elif isinstance(rows, slice):
+                file[rows].reshape(end - first, cs, w, lanes)[...] = by_reg[first:end]
             else:
-                file[idx] = by_reg
-            return
-        for first, end, rows in runs[names]:
-            if read:
-                by_reg[first:end] = file[rows]
-            else:
-                file[rows] = by_reg[first:end]
+                file[rows] = by_reg.reshape(len(names), -1)
 
     def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
