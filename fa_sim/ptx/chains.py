@@ -8,7 +8,8 @@ math (addresses, zeroing the accumulators). A `Gemm` step covers such a region. 
 wave runs it unobserved, it executes the region's other instructions in program order (their
 compiled steps) and then every mma at once: the chains are grouped into grids of MI x NJ
 accumulators that read the same A fragments at each step (and the same B fragments per column),
-their operands gathered from the register file once per GEMM into matrices, and each grid is one
+their operands gathered from the register file once per GEMM into matrices (C and D copied run by
+run of evenly spaced registers, with EXACT in the file's own order, lanes last), and each grid is one
 fa_sim.isa.mma.gemm_chain - the k16 steps in program order, each rounded as the run's
 tensor-core model rounds one mma.sync, so the bits are those of the single instructions (the
 program's GEMMs use the same function). The machine counts every mma (Machine.count, as
