@@ -161,6 +161,9 @@ def saturate(x: np.ndarray) -> np.ndarray:
 
 def canonical_nan(x: np.ndarray, nan) -> np.ndarray:
     """Replace every NaN of x by the given NaN bit pattern."""
-    if np.size(x) == 0 or not np.isnan(np.max(x)):  # max propagates NaN: one reduction finds any
+    if np.size(x) == 0:
+        return x
+    top = np.maximum.reduce(x, axis=None)  # propagates NaN: one reduction finds any (the ufunc's
+    if top == top:  # own reduce: no np.max wrapper; a NaN is the one value unequal to itself)
         return x
     return np.where(np.isnan(x), nan, x)
