@@ -25,7 +25,7 @@ from ..isa import shfl as isa_shfl
 from ..isa.sm80 import FULL_MASK
 from .ir import Instruction, PredPair, Vec
 from .ops import Unsupported
-from .shared_lanes import address, loop_keeps, operand_lanes
+from .shared_lanes import address, operand_lanes
 from .shared_lanes import smem_lanes as _smem_lanes
 from .types import DTYPES, bits, is_type
 
@@ -235,7 +235,7 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     if ins.mods[0] != "sync" or "b32" not in ins.mods:
         raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
     dst, a, b, c, mask = ins.operands
-    static = _static_shfl(eng, group, b, c, mask, ins.pc)
+    static = _static_shfl(eng, group, b, c, mask)
     if static is not None and not eng.observed and eng.geo.threads % 32 == 0:
         _shfl_wave(eng, ins, mode, static)
         return
@@ -277,22 +277,23 @@ def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int,
         eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
 
 
-def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, int, int] | None:
+def _static_shfl(eng: Engine, group: Group, b, c, mask) -> tuple[int, int, int] | None:
     """(b, c, membermask) as integers when the whole wave runs with no thread exited and each of
     them has one value on every thread (registers set by a mov, in fa2_fwd's PTX), the mask being
     every lane: each warp's membermask is then FULL_MASK on every lane and the shuffle's source
     lanes are the same [32] in every warp (the isa's one-take path: the same values and checks as
-    with per-lane operands). None otherwise. Remembered for the wave while the main loop, which
-    holds pc, does not write the operands' registers (shared_lanes.loop_keeps)."""
+    with per-lane operands). None otherwise."""
     if group.mask is not None or eng.exited.any():
         return None
-    key = ("shfl", pc)
-    if key not in eng.smem_recent or not loop_keeps(eng, (b, c, mask), pc):
-        vals = [eng.read(op, "b32", None, eng.n) for op in (mask, b, c)]
-        uniform = all(v.strides == (0,) or (v == v[0]).all() for v in vals)  # an immediate: one value broadcast
-        member, bb, cc = (int(v[0]) for v in vals)
-        eng.smem_recent[key] = (bb, cc, member) if uniform and member == FULL_MASK else None
-    return eng.smem_recent[key]
+    out = []
+    for op in (mask, b, c):
+        v = eng.read(op, "b32", None, group.n)
+        first = v[0]
+        if v.strides != (0,) and not (v == first).all():  # an immediate is one value broadcast
+            return None
+        out.append(int(first))
+    member, bb, cc = out
+    return (bb, cc, member) if member == FULL_MASK else None
 
 
 def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:

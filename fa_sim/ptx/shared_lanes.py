@@ -97,31 +97,17 @@ def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) ->
 def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool, ...]:
     """For each operand: whether its base register holds the bits it held at the instruction's last
     run by the whole wave because pc lies in the main loop, which does not write it (`loop_written`)."""
-    written = _written_by_loop(eng, pc)
-    if written is None:
-        return (False,) * len(ops)
-    return tuple(isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special and
-                 op.base.name not in written for op in ops)
-
-
-def loop_keeps(eng: Engine, regs: tuple, pc: int) -> bool:
-    """Whether each of `regs` (register operands, or immediates) holds the bits it held at the last
-    run of pc by the whole wave: pc lies in the main loop, which does not write them (`loop_written`)."""
-    written = _written_by_loop(eng, pc)
-    return written is not None and all(
-        not isinstance(r, Reg) or (not r.special and r.name not in written) for r in regs)
-
-
-def _written_by_loop(eng: Engine, pc: int) -> frozenset[str] | None:
-    """loop_written of the engine's main loop (cached), or None when pc is not in it."""
     loop = eng.loop
     if loop is None or not loop.head <= pc <= loop.tail:
-        return None
+        return (False,) * len(ops)
     cache = eng.compiled.__dict__
     written = cache.get("_loop_written")
     if written is None or written[0] is not loop:
         written = cache["_loop_written"] = (loop, loop_written(eng.kernel, loop))
-    return written[1]
+    if written[1] is None:
+        return (False,) * len(ops)
+    return tuple(isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special and
+                 op.base.name not in written[1] for op in ops)
 
 
 def loop_written(kernel, loop) -> frozenset[str] | None:
