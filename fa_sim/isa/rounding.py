@@ -163,7 +163,6 @@ def canonical_nan(x: np.ndarray, nan) -> np.ndarray:
     """Replace every NaN of x by the given NaN bit pattern."""
     if np.size(x) == 0:
         return x
-    top = np.maximum.reduce(x, axis=None)  # propagates NaN: one reduction finds any (the ufunc's
-    if top == top:  # own reduce: no np.max wrapper; a NaN is the one value unequal to itself)
-        return x
+    if not np.isnan(np.maximum.reduce(x, axis=None)):  # max propagates NaN: one reduction finds any
+        return x  # (the ufunc's own reduce: no np.max wrapper)
     return np.where(np.isnan(x), nan, x)
