@@ -61,8 +61,18 @@ def _is64(a) -> bool:
 
 # --- add, sub, mul, fma ----------------------------------------------------------------------------
 
+def _plain32(a, b, rnd: Rnd, ftz: bool, sat: bool) -> bool:
+    """Whether an add or mul is .rn.f32 without .ftz or .sat on float32 arrays: numpy's own
+    arithmetic then NaNs made canonical (the common case, checked without conversions)."""
+    return rnd is Rnd.RN and not ftz and not sat and a.__class__ is np.ndarray and b.__class__ is np.ndarray \
+        and a.dtype == np.float32 and b.dtype == np.float32
+
+
 def add(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
     """add{.rnd}{.ftz}{.sat}.f32 / add{.rnd}.f64."""
+    if _plain32(a, b, rnd, ftz, sat):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return canonical_nan(a + b, CANONICAL_NAN_F32)
     if _is64(a):
         a, b = np.asarray(a), np.asarray(b, np.float64)
         return f64_nan(_add64(a, b, rnd), b, a)  # DADD Ra, Rb: b's NaN wins (H200)
@@ -87,6 +97,9 @@ def sub(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.nda
 
 def mul(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
     """mul{.rnd}{.ftz}{.sat}.f32 / mul{.rnd}.f64."""
+    if _plain32(a, b, rnd, ftz, sat):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return canonical_nan(a * b, CANONICAL_NAN_F32)
     if _is64(a):
         a, b = np.asarray(a), np.asarray(b, np.float64)
         if rnd is Rnd.RN:
@@ -256,7 +269,8 @@ def _min_max(a, b, is_max: bool, ftz: bool, propagate_nan: bool, xorsign_abs: bo
         a, b = np.abs(a), np.abs(b)
     with np.errstate(invalid="ignore"):  # a NaN operand gives the other one, signalling or not
         r = (np.maximum if is_max else np.minimum)(a, b)  # (np.fmin's short-array path returns
-        if not xorsign_abs and r.size and not np.isnan(np.max(r)) and np.count_nonzero(r) == r.size:
+        if not xorsign_abs and r.size and not np.isnan(np.maximum.reduce(r, axis=None)) and \
+                np.count_nonzero(r) == r.size:
             return np.asarray(r)  # no NaN operand (maximum propagates them), no +-0 pair: r as it is
         r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))  # NaN for a signalling one)
     zeros = (a == 0) & (b == 0)

@@ -161,6 +161,8 @@ def saturate(x: np.ndarray) -> np.ndarray:
 
 def canonical_nan(x: np.ndarray, nan) -> np.ndarray:
     """Replace every NaN of x by the given NaN bit pattern."""
-    if np.size(x) == 0 or not np.isnan(np.max(x)):  # max propagates NaN: one reduction finds any
+    if np.size(x) == 0:
         return x
+    if not np.isnan(np.maximum.reduce(x, axis=None)):  # max propagates NaN: one reduction finds any
+        return x  # (the ufunc's own reduce: no np.max wrapper)
     return np.where(np.isnan(x), nan, x)

@@ -286,14 +286,15 @@ def _lane_writes(step) -> set[str] | None:
 
 def branch_wave(eng: Engine, ins: Instruction) -> list:
     """A branch of the whole wave (Engine._control): its successors [(pc, mask)], decided by one
-    any() and one all() of the guard (a whole wave's branch is nearly always uniform: no mask is
+    count of the guard's true lanes (a whole wave's branch is nearly always uniform: no mask is
     built then); at the main loop's tail the threads that take it start their next round."""
     pc, target = ins.pc, eng.kernel.labels[ins.operands[0].name]
     if ins.guard is None:
         taken = None
     else:
         g = eng.read(ins.guard.reg, "pred", None, eng.n)
-        some, every = bool(g.any()), bool(g.all())
+        count = np.count_nonzero(g)
+        some, every = count > 0, count == g.size
         if ins.guard.negate:
             some, every = not every, not some
         if not some:

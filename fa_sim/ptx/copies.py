@@ -127,16 +127,22 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
     try:
         cache = "cg" if "cg" in first.mods else "ca"
         size = int(first.operands[2].value)
-        src_size = np.stack([eng.read(ins.operands[3], "u32", None, eng.n) if len(ins.operands) > 3
-                             else np.full(eng.n, size) for ins in run.copies], axis=-1)  # [N, R]
-        check_sizes(size, src_size, cache)
+        given = [ins.operands[3] if len(ins.operands) > 3 else None for ins in run.copies]
+        if all(op == given[0] for op in given):  # one src-size for the run (fa2_fwd's): read and checked once
+            one = np.full(eng.n, size) if given[0] is None else eng.read(given[0], "u32", None, eng.n)
+            check_sizes(size, one, cache)
+            src_size = np.broadcast_to(np.asarray(one, np.int64)[:, None], (eng.n, r))  # [N, R]
+        else:
+            src_size = np.stack([np.full(eng.n, size) if op is None else eng.read(op, "u32", None, eng.n)
+                                 for op in given], axis=-1)  # [N, R]
+            check_sizes(size, src_size, cache)
         src = np.stack([address(eng, ins.operands[1], group, "global") for ins in run.copies], axis=-1)
         lanes = operand_lanes(eng, tuple(ins.operands[0] for ins in run.copies), size, group, first.pc)
     except (Unsupported, KernelFault, ValueError):
         return False
     if lanes.per_cta or not _disjoint(lanes):
         return False
-    src, src_size = _one_cta(src.reshape(*eng.cw, r), src_size.astype(np.int64).reshape(*eng.cw, r))
+    src, src_size = _one_cta(src.reshape(*eng.cw, r), src_size.astype(np.int64, copy=False).reshape(*eng.cw, r))
     eng.activate(first.pc, group)
     try:
         eng.m.cp_async(run.instr, lanes, src, src_size)
@@ -149,7 +155,8 @@ def _one_cta(src: np.ndarray, src_size: np.ndarray) -> tuple[np.ndarray, np.ndar
     """src, src_size [C, W, L, R] as one CTA's [1, W, L, R] when every CTA copies the same bytes (the
     CTAs of a wave that load one K or V tile): the machine then reads them once and lands them in
     every CTA (Machine.cp_async), as the hand-written program's tile loads do; else as they are."""
-    if src.shape[0] > 1 and (src[1:] == src[0]).all() and (src_size[1:] == src_size[0]).all():
+    col = src_size[..., :1] if src_size.strides[-1] == 0 else src_size  # one size for the R copies: one column
+    if src.shape[0] > 1 and (src[1:] == src[0]).all() and (col[1:] == col[0]).all():
         return src[:1], src_size[:1]
     return src, src_size
 

@@ -125,8 +125,12 @@ class _Env:
 
 # A block compiles (once per kernel) on its third run in one wave: a prologue's or an epilogue's,
 # and a loop's in a wave of one or two rounds, run their instructions one by one and cost no compile
-# time, which keeps a small launch's first and later calls short.
+# time, which keeps a small launch's first and later calls short. A run of a wide wave counts as one
+# run per RUN_LANES threads: one instruction at a time over 8,192 threads costs more than compiling
+# (about 0.5 ms a block; (1, 4, 4096, 64) ran its prologue and epilogue blocks one instruction at a
+# time in every wave, 0.3 s of 4.7 s), while a one-CTA launch keeps its short first call.
 COMPILE_AT_RUN = 3
+RUN_LANES = 2048
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,7 +187,8 @@ def _scatter(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[np.nda
 
 class LaneBlock:
     """Consecutive register-only instructions (their `Lane` steps) as one generated function
-    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave."""
+    (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave (a wide wave's run
+    counts as one per RUN_LANES threads)."""
 
     __slots__ = ("lanes", "inss", "_compile", "code")
 
@@ -198,7 +203,7 @@ class LaneBlock:
             return
         bound = eng.bound.get(self, 0)  # the wave's arrays, or how often it ran the block so far
         if bound.__class__ is int:
-            if self.code is None and bound + 1 < COMPILE_AT_RUN:
+            if self.code is None and (bound + 1) * max(1, eng.n // RUN_LANES) < COMPILE_AT_RUN:
                 eng.bound[self] = bound + 1
                 for lane in self.lanes:
                     lane(eng, group)
@@ -389,4 +394,4 @@ class _Generator:
         return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))
 
 
-__all__ = ["COMPILE_AT_RUN", "Code", "LaneBlock", "fusable", "lane_block"]
+__all__ = ["COMPILE_AT_RUN", "RUN_LANES", "Code", "LaneBlock", "fusable", "lane_block"]

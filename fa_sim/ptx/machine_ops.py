@@ -265,8 +265,15 @@ def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int,
     x = eng.read(a, "b32", None, eng.n)
     eng.m.count(eng.activate(ins.pc, eng.wave))
     out = dst.p if isinstance(dst, PredPair) else dst
-    eng.write(out, x.reshape(-1, 32)[:, j].reshape(-1), "b32", None, eng.n)
-    if isinstance(dst, PredPair):
+    row = eng.regs.row(out, 32)
+    if row is not None and not np.may_share_memory(row, x):  # gathered straight into the register
+        np.take(x.reshape(-1, 32), j, axis=1, out=row.view(x.dtype).reshape(-1, 32))
+    else:
+        eng.write(out, x.reshape(-1, 32)[:, j].reshape(-1), "b32", None, eng.n)
+    pred = eng.regs.row(dst.q, 1) if isinstance(dst, PredPair) else None
+    if pred is not None:
+        pred.reshape(-1, 32)[...] = ok
+    elif isinstance(dst, PredPair):
         eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
 
 
@@ -282,7 +289,7 @@ def _static_shfl(eng: Engine, group: Group, b, c, mask) -> tuple[int, int, int] 
     for op in (mask, b, c):
         v = eng.read(op, "b32", None, group.n)
         first = v[0]
-        if not (v == first).all():
+        if v.strides != (0,) and not (v == first).all():  # an immediate is one value broadcast
             return None
         out.append(int(first))
     member, bb, cc = out

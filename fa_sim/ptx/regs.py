@@ -106,6 +106,17 @@ class RegisterFile:
         for j, name in enumerate(names):
             self.slot(name)[0][:] = cols[:, j]
 
+    def row(self, op, width: int) -> np.ndarray | None:
+        """The storage row of a declared register operand of `width` bits, for a write of the whole
+        register (None: a sink, a negated, special or undeclared register, another width)."""
+        if not isinstance(op, Reg) or op.negate or op.special:
+            return None
+        try:
+            raw, have = self.slot(op.name)
+        except Unsupported:
+            return None
+        return raw if have == width else None
+
     def words(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
         """(storage [count, N], rows) when the registers `names` are rows of one file of 32-bit
         registers - what a GEMM's operands are - so that one fancy index reads or writes them all
