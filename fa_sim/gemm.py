@@ -183,8 +183,13 @@ def _same_in_every_cta(m: Machine, steps) -> bool:
     if m.live < 2 or not all(isinstance(s, LdsmOperand) for s in steps):
         return False
     spans = [s.span() for s in steps]
-    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
-    words = m.smem[: m.live].view(np.uint64)[:, lo:hi]
+    return same_words_in_every_cta(m.smem[: m.live], min(s[0] for s in spans), max(s[1] for s in spans))
+
+
+def same_words_in_every_cta(smem: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether every CTA of `smem` [CTAs, bytes] holds the same 8-byte words [lo, hi) (the program's
+    GEMMs and the PTX engine's fed B operands read such a tile once)."""
+    words = smem.view(np.uint64)[:, lo:hi]
     # a wave of several heads (K and V tiles) differs already between its first and last CTA:
     # that one comparison first, the whole wave's only when they agree
     return bool((words[-1] == words[0]).all()) and bool((words[1:-1] == words[0]).all())

@@ -25,9 +25,11 @@ import numpy as np
 
 from .. import isa
 from ..errors import KernelFault
+from ..gemm import same_words_in_every_cta
 from ..isa import convert
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
+from .chain_regs import row_runs
 from .ir import Instruction
 from .shared_lanes import operand_lanes
 from .ops import Unsupported
@@ -180,14 +182,11 @@ def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> li
 
 
 def _rows(file: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """file[idx]; a view when the rows are evenly spaced (NVRTC numbers P~'s f32 registers so, in
-    reverse): the rounding then reads the register file itself, where a copy would cost more
-    than the gather (a fresh megabyte, page by page)."""
-    step = int(idx[1] - idx[0]) if len(idx) > 1 else 0
-    if step and (np.diff(idx) == step).all():
-        stop = int(idx[-1]) + step
-        return file[int(idx[0]): stop if stop >= 0 else None: step]
-    return file[idx]
+    """file[idx]; a view when the rows are one evenly spaced run (chain_regs.row_runs; NVRTC numbers
+    P~'s f32 registers so, in reverse): the rounding then reads the register file itself, where a
+    copy would cost more than the gather (a fresh megabyte, page by page)."""
+    runs = row_runs(idx) if len(idx) > 1 else None
+    return file[runs[0][2]] if runs is not None and len(runs) == 1 else file[idx]
 
 
 def _span(index: np.ndarray, transposed: bool | None, per_cta: bool) -> tuple[int, int] | None:
@@ -203,12 +202,7 @@ def _span(index: np.ndarray, transposed: bool | None, per_cta: bool) -> tuple[in
 
 def _same_in_every_cta(smem: np.ndarray, span: tuple[int, int] | None) -> bool:
     """Whether every CTA holds the same bytes over the 8-byte words `span` of its shared memory."""
-    if span is None or smem.shape[0] < 2:
-        return False
-    words = smem.view(np.uint64)[:, span[0]:span[1]]
-    # a wave of several heads (K and V tiles) differs already between its first and last CTA:
-    # that one comparison first, the whole wave's only when they agree
-    return bool((words[-1] == words[0]).all()) and bool((words[1:-1] == words[0]).all())
+    return span is not None and smem.shape[0] > 1 and same_words_in_every_cta(smem, *span)
 
 
 def materialize(eng: Engine, loads: dict, pcs) -> None:
