@@ -90,6 +90,11 @@ class _Flight:
     landed: np.ndarray
     lanes: SmemLanes | None = None  # the destination's lanes when every CTA shares them
 
+    def of_ctas(self, pos: np.ndarray) -> _Flight:
+        """The copies of the CTAs at wave positions `pos` (bytes every CTA shares stay shared)."""
+        data = self.data if self.data.shape[0] == 1 else self.data[pos]
+        return _Flight(self.dst[pos], data, self.group[pos], self.landed[pos], self.lanes)
+
 
 class Machine:
     """A wave of C CTAs: shared memory, cp.async groups, the active mask; executes instructions."""
@@ -109,6 +114,18 @@ class Machine:
         self._flights: list[_Flight] = []
         self.round = ROUND_PROLOGUE
         self.set_live(c)
+
+    def of_ctas(self, pos: np.ndarray) -> Machine:
+        """The CTAs at wave positions `pos` (sorted) as a machine of their own: their shared memory,
+        cp.async groups and copies in flight, the same memory, hub and models. Every CTA must be
+        live (a front end narrowing to a prefix does not split its wave)."""
+        if self.live != self.n_ctas:
+            raise ValueError(f"a wave with {self.live} of {self.n_ctas} CTAs live cannot be split")
+        out = Machine(self.n_warps, 0, self.memory, self.cta[pos], self.hub, self.mma_model, self.labels)
+        out.smem_bytes, out.smem, out.committed = self.smem_bytes, self.smem[pos], self.committed[pos]
+        out._flights = [g for g in (f.of_ctas(pos) for f in self._flights) if not g.landed.all()]
+        out.round = self.round
+        return out
 
     # -- execution masks -------------------------------------------------------------------------
     @property

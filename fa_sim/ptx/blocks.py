@@ -58,6 +58,7 @@ from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps, tou
 from .copies import copy_runs
 from .fused import LaneBlock, fusable, lane_block
 from .ir import Instruction, Kernel
+from .live import Live
 from .machine_ops import _reg_name, _smem_lanes, address
 from .ops import Unsupported
 from .optable import CONTROL, OPCODES, Unit, executor
@@ -324,6 +325,10 @@ class Compiled:
     @cached_property
     def stop(self) -> tuple[int, ...]:
         return stops(self.kernel)
+
+    @cached_property
+    def live(self) -> Live:
+        return Live(self.kernel)
 
     @cached_property
     def uses(self) -> dict[str, frozenset[int]]:

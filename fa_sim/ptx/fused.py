@@ -123,9 +123,10 @@ class _Env:
                                       ptype, width)
 
 
-# A block compiles (once per kernel) on its third run in one wave: a prologue's or an epilogue's,
-# and a loop's in a wave of one or two rounds, run their instructions one by one and cost no compile
-# time, which keeps a small launch's first and later calls short. A run of a wide wave counts as one
+# A block compiles (once per kernel) on its third run by any wave of any launch: the first two runs
+# of a prologue's, an epilogue's, and a loop's in a wave of one or two rounds, run their instructions
+# one by one and cost no compile time, which keeps a small launch's first call short; the waves a
+# causal wave splits into (fa_sim/ptx/engine.py) each run its epilogue once. A run of a wide wave counts as one
 # run per RUN_LANES threads: one instruction at a time over 8,192 threads costs more than compiling
 # (about 0.5 ms a block; (1, 4, 4096, 64) ran its prologue and epilogue blocks one instruction at a
 # time in every wave, 0.3 s of 4.7 s), while a one-CTA launch keeps its short first call.
@@ -143,11 +144,16 @@ class Code:
     stores: frozenset[str]  # the registers it stores into the register file
 
     def bind(self, eng: Engine) -> tuple:
-        """The wave's arrays for the slots: typed views of register rows, broadcast immediates."""
+        """The wave's arrays for the slots: typed views of register rows (a read slot's register
+        has the type's width: _Generator.source), broadcast immediates."""
         out = []
         for kind, op, ptype in self.slots:
             if kind == "read":
-                out.append(eng.read(op, ptype, None, eng.n))
+                if op.__class__ is Reg:
+                    raw = eng.regs.slot(op.name)[0]
+                    out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
+                else:
+                    out.append(eng.read(op, ptype, None, eng.n))
             elif kind == "gather":
                 out.append(_gather(eng, op, ptype))
             elif kind == "scatter":
@@ -190,25 +196,26 @@ class LaneBlock:
     (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave (a wide wave's run
     counts as one per RUN_LANES threads)."""
 
-    __slots__ = ("lanes", "inss", "_compile", "code")
+    __slots__ = ("lanes", "inss", "_compile", "code", "runs")
 
     def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
         self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
         self.code: Code | None = None
+        self.runs = 0  # runs by whole waves before it compiled (one per RUN_LANES threads)
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed:
             for ins in self.inss:
                 eng.issue(ins, group)
             return
-        bound = eng.bound.get(self, 0)  # the wave's arrays, or how often it ran the block so far
-        if bound.__class__ is int:
-            if self.code is None and (bound + 1) * max(1, eng.n // RUN_LANES) < COMPILE_AT_RUN:
-                eng.bound[self] = bound + 1
-                for lane in self.lanes:
-                    lane(eng, group)
-                return
+        bound = eng.bound.get(self)  # the wave's arrays
+        if bound is None:
             if self.code is None:
+                self.runs += max(1, eng.n // RUN_LANES)
+                if self.runs < COMPILE_AT_RUN:
+                    for lane in self.lanes:
+                        lane(eng, group)
+                    return
                 self.code = self._compile()
             bound = eng.bound[self] = self.code.bind(eng)
         self.code.run(eng, bound, eng.n)

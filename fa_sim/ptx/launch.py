@@ -134,8 +134,10 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         ctas = np.arange(start, min(start + wave_ctas, hi), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
-               program.local_bytes, budget, program.compiled).run()
+        waves = [Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
+                        program.local_bytes, budget, program.compiled)]
+        while waves:  # a wave that splits (Engine._split) hands on its parts
+            waves[:1] = waves[0].run()
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

@@ -81,6 +81,30 @@ class RegisterFile:
             self._files[name] = np.zeros((1, n), STORAGE[bits(ptype)])
             self._slot[name] = (name, 0, bits(ptype))
 
+    def of_ctas(self, pos: np.ndarray, threads: int, live: frozenset[str], reuse: bool = False) -> RegisterFile:
+        """The registers `live` of the CTAs at wave positions `pos` (sorted; `threads` threads each)
+        as a register file of their own: copied into new storage where every other register is
+        zero, or with `reuse` moved to the front of this file's rows, whose first threads it then
+        views (this file is spent; the other registers hold stale values, and no path reads them
+        before writing them)."""
+        out = object.__new__(RegisterFile)
+        out.n, out._slot = len(pos) * threads, self._slot
+        rows: dict[str, list[int]] = {}
+        for name in live:
+            try:
+                self.slot(name)  # fills self._slot[name]
+            except Unsupported:  # a special register
+                continue
+            prefix, row, _ = self._slot[name]
+            rows.setdefault(prefix, []).append(row)
+        out._files = {}
+        for prefix, f in self._files.items():
+            g = out._files[prefix] = f[:, :out.n] if reuse else np.zeros((f.shape[0], out.n), f.dtype)
+            r = rows.get(prefix)
+            if r:
+                g[r] = f[r].reshape(len(r), -1, threads)[:, pos].reshape(len(r), -1)
+        return out
+
     def slot(self, name: str) -> tuple[np.ndarray, int]:
         """(storage row [N], register width in bits) of a register name."""
         hit = self._slot.get(name)
