@@ -95,6 +95,15 @@ class _Flight:
         data = self.data if self.data.shape[0] == 1 else self.data[pos]
         return _Flight(self.dst[pos], data, self.group[pos], self.landed[pos], self.lanes)
 
+    def placed(self, lo: int, total: int) -> _Flight:
+        """These copies as the CTAs lo.. of a wave of `total` CTAs (the others' landed)."""
+        def put(x: np.ndarray, fill) -> np.ndarray:
+            out = np.full((total, *x.shape[1:]), fill, x.dtype)
+            out[lo:lo + x.shape[0]] = x
+            return out
+        data = self.data if self.data.shape[0] == 1 else put(self.data, 0)
+        return _Flight(put(self.dst, 0), data, put(self.group, 0), put(self.landed, True), self.lanes)
+
 
 class Machine:
     """A wave of C CTAs: shared memory, cp.async groups, the active mask; executes instructions."""
@@ -125,6 +134,20 @@ class Machine:
         out.smem_bytes, out.smem, out.committed = self.smem_bytes, self.smem[pos], self.committed[pos]
         out._flights = [g for g in (f.of_ctas(pos) for f in self._flights) if not g.landed.all()]
         out.round = self.round
+        return out
+
+    @staticmethod
+    def joined(machines: list[Machine]) -> Machine:
+        """Machines of one launch (of_ctas' parts) as one machine of all their CTAs, in order, with
+        every copy in flight."""
+        first = machines[0]
+        out = Machine(first.n_warps, 0, first.memory, np.concatenate([m.cta for m in machines]), first.hub,
+                      first.mma_model, first.labels)
+        out.smem_bytes, out.round = first.smem_bytes, first.round
+        out.smem = np.concatenate([m.smem for m in machines])
+        out.committed = np.concatenate([m.committed for m in machines])
+        starts = np.cumsum([0] + [m.n_ctas for m in machines])
+        out._flights = [f.placed(lo, out.n_ctas) for m, lo in zip(machines, starts) for f in m._flights]
         return out
 
     # -- execution masks -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with 
 import fa_sim  # noqa: E402
 from fa_sim.observers import HazardChecker  # noqa: E402
 from fa_sim.ptx import launch, parse  # noqa: E402
-from fa_sim.ptx.engine import Engine  # noqa: E402
+from fa_sim.ptx import waves  # noqa: E402
 from fa_sim.ptx.live import Live  # noqa: E402
 from fa_sim.ptx.regs import RegisterFile  # noqa: E402
 
@@ -25,29 +25,45 @@ FAMILY = fa_sim.KernelConfig.family()
 
 @pytest.fixture
 def splits(monkeypatch):
-    """The number of waves split off so far (Engine._wave_of calls)."""
+    """The CTAs of each wave split off so far (waves._part calls)."""
     made = []
-    original = Engine._wave_of
-    def counted(self, pos, pc, last):
+    original = waves._part
+    def counted(eng, pos, pc, last):
         made.append(len(pos))
-        return original(self, pos, pc, last)
-    monkeypatch.setattr(Engine, "_wave_of", counted)
+        return original(eng, pos, pc, last)
+    monkeypatch.setattr(waves, "_part", counted)
     return made
 
 
 @pytest.fixture
+def joins(monkeypatch):
+    """The CTAs of each wave joined so far (waves.join calls)."""
+    made = []
+    original = waves.join
+    def counted(parts):
+        made.append(sum(len(p.geo.ctas) for p in parts))
+        return original(parts)
+    monkeypatch.setattr(waves, "join", counted)
+    return made
+
+
+def _poison(out: RegisterFile, live) -> RegisterFile:
+    """Every register of `out` but `live` set to all-ones bits (NaN, -1, true)."""
+    rows = out._rows(live)
+    for prefix, f in out._files.items():
+        dead = np.ones(f.shape[0], bool)
+        dead[rows.get(prefix, [])] = False
+        f[dead] = True if f.dtype == bool else np.iinfo(f.dtype).max
+    return out
+
+
+@pytest.fixture
 def poisoned(monkeypatch):
-    """Registers not live where a wave splits hold all-ones bits (NaN, -1, true) in the new wave."""
-    original = RegisterFile.of_ctas
-    def poison(self, pos, threads, live, reuse=False):
-        out = original(self, pos, threads, live, reuse)
-        keep = {name for name in live if name in out._slot}
-        for prefix, f in out._files.items():
-            rows = np.ones(f.shape[0], bool)
-            rows[[row for name in keep for p, row, _ in (out._slot[name],) if p == prefix]] = False
-            f[rows] = True if f.dtype == bool else np.iinfo(f.dtype).max
-        return out
-    monkeypatch.setattr(RegisterFile, "of_ctas", poison)
+    """Registers not live where a wave splits or joins hold all-ones bits in the new wave."""
+    of_ctas, joined = RegisterFile.of_ctas, RegisterFile.joined
+    monkeypatch.setattr(RegisterFile, "of_ctas", lambda self, pos, threads, live, reuse=False:
+                        _poison(of_ctas(self, pos, threads, live, reuse), live))
+    monkeypatch.setattr(RegisterFile, "joined", staticmethod(lambda files, live: _poison(joined(files, live), live)))
 
 
 def _inputs(cfg, nq, nk, heads, seed):
@@ -77,11 +93,12 @@ OPTIONS = {  # configs with different control flow around and in the main loop
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_causal_waves_split_and_give_the_programs_bits_and_counts(name, splits, poisoned):
+def test_causal_waves_split_and_give_the_programs_bits_and_counts(name, splits, joins, poisoned):
     cfg = OPTIONS[name]
     q, k, v = _inputs(cfg, 3 * cfg.block_m + 7, 3 * cfg.block_m + 29, heads=2, seed=len(name))
     ptx = fa_sim.simulate(q, k, v, causal=True, config=cfg, engine="ptx")
     assert splits, "the causal wave did not split"
+    assert joins, "the parts did not join for the epilogue"
     _same(fa_sim.simulate(q, k, v, causal=True, config=cfg), ptx)
 
 
@@ -95,7 +112,9 @@ def test_an_observed_wave_does_not_split(splits):
 
 # CTA b skips the work if b % 4 == 3 (its threads exit), else runs b % 5 + 1 rounds; each round
 # copies the next tile with cp.async before it waits for the one in flight (a copy is in flight
-# where the CTAs part ways), and a block-wide sum through shared memory needs both barriers.
+# where the CTAs part ways), and a block-wide sum through shared memory needs both barriers. Odd
+# CTAs copy one more tile in their last round and wait for it after the loop: they reach the
+# loop's end, where the parts join, with a copy in flight.
 PREFETCH = r"""
 extern "C" __global__ void prefetch(const int* g, int* out) {
   __shared__ int tile[2][64];
@@ -120,7 +139,15 @@ extern "C" __global__ void prefetch(const int* g, int* out) {
     __syncthreads();
     acc += red[(t + 7) % 64] ^ red[63 - t];
     __syncthreads();
+    if (r + 1 == rounds && b % 2) {  // odd CTAs leave the loop with a copy in flight
+      unsigned d = (unsigned)__cvta_generic_to_shared(&red[t]);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(d), "l"(g + 64 * 5 + t));
+      asm volatile("cp.async.commit_group;");
+    }
   }
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
+  if (b % 2) acc += red[(t + 1) % 64];
   if (t % 2) acc = -acc;
   out[b * 64 + t] = acc;
 }
@@ -128,17 +155,18 @@ extern "C" __global__ void prefetch(const int* g, int* out) {
 
 
 def _prefetch(wave_ctas: int):
-    g = (np.arange(64 * 5, dtype=np.int32) * 37) % 1000 - 300
+    g = (np.arange(64 * 6, dtype=np.int32) * 37) % 1000 - 300
     out = np.full(13 * 64, 12345, np.int32)
     res = launch(PREFETCH, grid=13, block=64, args=[g, out], wave_ctas=wave_ctas)
     return out, res.counts, g
 
 
-def test_a_split_wave_gives_what_waves_of_one_cta_give(splits, poisoned):
+def test_a_split_wave_gives_what_waves_of_one_cta_give(splits, joins, poisoned):
     one, counts_one, g = _prefetch(wave_ctas=1)
     assert not splits  # a wave of one CTA cannot split
     many, counts_many, _ = _prefetch(wave_ctas=13)
     assert len(splits) >= 4  # rounds 1..5 end for different CTAs; b % 4 == 3 exit at once
+    assert joins == [10]  # every CTA but those that returned joins past the loop, copies in flight too
     np.testing.assert_array_equal(many, one)
     assert counts_many == counts_one
     b, t = np.divmod(np.arange(13 * 64), 64)  # the oracle, thread by thread
@@ -150,6 +178,7 @@ def test_a_split_wave_gives_what_waves_of_one_cta_give(splits, poisoned):
         for r in range(b[i] % 5 + 1):
             red = g[64 * r + (np.arange(64) + b[i]) % 64] * (r + 1)
             acc += red[(t[i] + 7) % 64] ^ red[63 - t[i]]
+        acc += g[64 * 5 + (t[i] + 1) % 64] if b[i] % 2 else 0
         want[i] = -acc if t[i] % 2 else acc
     np.testing.assert_array_equal(many, want)
 

@@ -26,14 +26,13 @@ Execution model (docs/architecture.md, "One SM80 machine, two front ends"):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from . import waves
 from .blocks import Compiled, Loop, branch_wave, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
@@ -122,6 +121,7 @@ class Engine:
         self._all_active = True  # the machine's active mask is every lane (as Machine() starts)
         self.local = np.zeros((self.n, -(-local_bytes // 16) * 16), np.uint8)  # [N, bytes] each thread's .local
         self.pc, self.steps = 0, 0  # where the wave starts, and its instruction issues so far
+        self.parks = False  # a part of a split wave: it stops past the main loop (fa_sim/ptx/waves.py)
 
     @property
     def everyone(self) -> Lanes:
@@ -256,18 +256,22 @@ class Engine:
     def run(self) -> list[Engine]:
         """Min-pc scheduling; a group runs a whole stretch (fa_sim/ptx/blocks.py) per turn: up to the
         next control instruction or branch target, or the pc where the next group waits. Returns
-        the waves this one split into (empty when its threads are done): see `_split`."""
+        the waves this one split into (empty when its threads are done), or [self] when it is a
+        part that waits past the main loop (fa_sim/ptx/waves.py)."""
         groups: dict[int, np.ndarray | None] = {self.pc: ~self.exited if self.exited.any() else None}
         code, stop = self.kernel.instructions, self.compiled.stop
         limit, steps = self.budget.limit, self.steps
         heartbeat = Heartbeat(self._ctas())
         while groups:
             if not self.observed and not (len(groups) == 1 and None in groups.values()):
-                parts = self._split(groups)
+                parts = waves.split(self, groups)
                 if parts:
                     self.steps = steps
                     return parts
             pc = min(groups)
+            if self.parks and pc > self.loop.tail and groups[pc] is None and len(groups) == 1:
+                self.pc, self.steps = pc, steps
+                return [self]  # waits past the main loop for the other parts of its wave (waves.run)
             mask = groups.pop(pc)
             if pc >= len(code):
                 raise KernelFault(f"threads ran past the end of {self.kernel.name} without ret or exit")
@@ -296,38 +300,6 @@ class Engine:
                     groups[nxt] = None if both.all() else both
         self.steps = steps  # the wave's instruction issues (what the budget counts)
         return []
-
-    def _split(self, groups: dict) -> list[Engine]:
-        """When each CTA's running threads are all in one group, the groups as waves of their own
-        CTAs (in pc order), each starting with every thread at its pc; else []. CTAs share nothing
-        but global memory, so their values, counts and faults are the same in any wave; a split
-        wave runs its groups' stretches on the whole-wave paths (GEMM regions, compiled blocks,
-        batched runs) rather than one masked instruction at a time. Causal CTAs of a wave run
-        different numbers of K/V rounds: each round's last CTAs leave as a wave of their own. Only
-        unobserved runs split (observers keep state per wave: fa_sim/observers/hazards.py)."""
-        c, t = len(self.geo.ctas), self.geo.threads
-        held = [(pc, (~self.exited if m is None else m).reshape(c, t).any(axis=1)) for pc, m in sorted(groups.items())]
-        if sum(int(h.sum()) for _, h in held) != int(np.any([h for _, h in held], axis=0).sum()):
-            return []  # a CTA with threads in two groups
-        if len(held) == 1 and held[0][1].all():
-            return []  # one group over every CTA: nothing to split off
-        largest = max(range(len(held)), key=lambda j: held[j][1].sum())
-        order = [j for j in range(len(held)) if j != largest] + [largest]  # the last reuses this wave's registers
-        parts = {j: self._wave_of(np.flatnonzero(held[j][1]), held[j][0], j == largest) for j in order}
-        return [parts[j] for j in range(len(held))]
-
-    def _wave_of(self, pos: np.ndarray, pc: int, last: bool) -> Engine:
-        """The CTAs at wave positions `pos` as a wave of their own, every running thread at pc;
-        `last`: the wave's last part, which takes over its register storage."""
-        idx = (pos[:, None] * self.geo.threads + np.arange(self.geo.threads)).ravel()
-        out = Engine(self.kernel, self.instrs, self.m.of_ctas(pos), replace(self.geo, ctas=self.geo.ctas[pos]),
-                     self.params, self.symbols, self.loop, self.on_rounds, 0, self.budget, self.compiled,
-                     self.regs.of_ctas(pos, self.geo.threads, self.compiled.live.at(pc), reuse=last))
-        out.local = self.local[idx]
-        out.smem_lanes = self.smem_lanes  # keyed by address bytes and shape: one CTA's patterns hold in any wave
-        out.exited, out.round = self.exited[idx], self.round[idx]
-        out.pc, out.steps = pc, self.steps
-        return out
 
     def stretch(self, pc: int, end: int, group: Group) -> list:
         """Execute pcs pc .. end - 1 (no control instruction among them) for a group."""

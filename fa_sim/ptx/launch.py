@@ -39,7 +39,7 @@ from ..hub import Hub
 from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
 from ..machine import Labels, Machine
 from ..memory import GlobalMemory
-from . import launch_args as check
+from . import launch_args as check, waves
 from .budget import (LONG_LAUNCH_SECONDS, MIN_TRIPS, MIN_WAVE_SECONDS, Heartbeat, StepBudget, parse_max_steps,
                      step_budget)
 from .engine import Engine
@@ -134,10 +134,8 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         ctas = np.arange(start, min(start + wave_ctas, hi), dtype=np.int64)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        waves = [Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
-                        program.local_bytes, budget, program.compiled)]
-        while waves:  # a wave that splits (Engine._split) hands on its parts
-            waves[:1] = waves[0].run()
+        waves.run(Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
+                         program.local_bytes, budget, program.compiled))
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

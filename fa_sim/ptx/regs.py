@@ -89,14 +89,7 @@ class RegisterFile:
         before writing them)."""
         out = object.__new__(RegisterFile)
         out.n, out._slot = len(pos) * threads, self._slot
-        rows: dict[str, list[int]] = {}
-        for name in live:
-            try:
-                self.slot(name)  # fills self._slot[name]
-            except Unsupported:  # a special register
-                continue
-            prefix, row, _ = self._slot[name]
-            rows.setdefault(prefix, []).append(row)
+        rows = self._rows(live)
         out._files = {}
         for prefix, f in self._files.items():
             g = out._files[prefix] = f[:, :out.n] if reuse else np.zeros((f.shape[0], out.n), f.dtype)
@@ -104,6 +97,30 @@ class RegisterFile:
             if r:
                 g[r] = f[r].reshape(len(r), -1, threads)[:, pos].reshape(len(r), -1)
         return out
+
+    @staticmethod
+    def joined(files: list[RegisterFile], live: frozenset[str]) -> RegisterFile:
+        """The registers `live` of register files of one kernel (of_ctas' parts) as one file of all
+        their threads, in order; every other register of it is zero."""
+        first = files[0]
+        out = object.__new__(RegisterFile)
+        out.n, out._slot = sum(f.n for f in files), first._slot
+        out._files = {prefix: np.zeros((f.shape[0], out.n), f.dtype) for prefix, f in first._files.items()}
+        for prefix, r in first._rows(live).items():
+            out._files[prefix][r] = np.concatenate([f._files[prefix][r] for f in files], axis=1)
+        return out
+
+    def _rows(self, names: frozenset[str]) -> dict[str, list[int]]:
+        """The storage rows of registers, by file (special registers have none)."""
+        rows: dict[str, list[int]] = {}
+        for name in names:
+            try:
+                self.slot(name)  # fills self._slot[name]
+            except Unsupported:  # a special register
+                continue
+            prefix, row, _ = self._slot[name]
+            rows.setdefault(prefix, []).append(row)
+        return rows
 
     def slot(self, name: str) -> tuple[np.ndarray, int]:
         """(storage row [N], register width in bits) of a register name."""

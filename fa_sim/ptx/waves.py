@@ -1,0 +1,94 @@
+"""How the PTX engine's waves split into waves of their own CTAs, and join again.
+
+A wave runs its threads in groups by pc (min-pc scheduling, fa_sim/ptx/engine.py). When CTAs part
+ways - causal CTAs run different numbers of K/V rounds, a CTA past the queries returns - the groups
+hold whole CTAs, and running each group masked (one instruction at a time, over index arrays) is
+what the engine does for threads that diverge inside a warp. CTAs share nothing but global memory,
+so their values, counts and faults are the same in any wave: `split` makes each group a wave of its
+own CTAs, which runs its stretches on the whole-wave paths (GEMM regions, compiled blocks, batched
+runs). A part carries its CTAs' registers live at its pc (fa_sim/ptx/live.py; the largest part
+keeps the wave's register storage), shared memory, cp.async groups and copies in flight.
+
+Parts do not meet again on their own, so the parts of a wave wait where the main loop ends (the
+epilogue every CTA runs once) and `run` joins the ones waiting at the same pc into one wave, with
+their copies in flight: a causal wave of 64 CTAs runs its epilogue once, not once per K/V round.
+
+Only unobserved runs split: observers keep state per wave (fa_sim/observers/hazards.py), and
+events of a wave name its CTAs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..machine import Machine
+from .regs import RegisterFile
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def split(eng: Engine, groups: dict) -> list[Engine]:
+    """The groups (pc -> mask, None: every thread) as waves of their own CTAs, in pc order, when each
+    CTA's running threads are all in one group and there is something to split off; else []."""
+    c, t = len(eng.geo.ctas), eng.geo.threads
+    held = [(pc, (~eng.exited if m is None else m).reshape(c, t).any(axis=1)) for pc, m in sorted(groups.items())]
+    if sum(int(h.sum()) for _, h in held) != int(np.any([h for _, h in held], axis=0).sum()):
+        return []  # a CTA with threads in two groups
+    if len(held) == 1 and held[0][1].all():
+        return []  # one group over every CTA: nothing to split off
+    largest = max(range(len(held)), key=lambda j: held[j][1].sum())
+    order = [j for j in range(len(held)) if j != largest] + [largest]  # the last takes the register storage
+    parts = {j: _part(eng, np.flatnonzero(held[j][1]), held[j][0], j == largest) for j in order}
+    return [parts[j] for j in range(len(held))]
+
+
+def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
+    """The CTAs at wave positions `pos` as a wave of their own, every running thread at pc;
+    `last`: the wave's last part, which takes over its register storage."""
+    idx = (pos[:, None] * eng.geo.threads + np.arange(eng.geo.threads)).ravel()
+    out = eng.__class__(eng.kernel, eng.instrs, eng.m.of_ctas(pos), replace(eng.geo, ctas=eng.geo.ctas[pos]),
+                        eng.params, eng.symbols, eng.loop, eng.on_rounds, 0, eng.budget, eng.compiled,
+                        eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last))
+    out.local, out.exited, out.round = eng.local[idx], eng.exited[idx], eng.round[idx]
+    out.smem_lanes = eng.smem_lanes  # keyed by address bytes and shape: one CTA's patterns hold in any wave
+    out.pc, out.steps = pc, eng.steps
+    out.parks = eng.loop is not None and pc <= eng.loop.tail
+    return out
+
+
+def join(parts: list[Engine]) -> Engine:
+    """Waves of one launch waiting at the same pc past the main loop as one wave of all their CTAs."""
+    first, pc = parts[0], parts[0].pc
+    geo = replace(first.geo, ctas=np.concatenate([p.geo.ctas for p in parts]))
+    out = first.__class__(first.kernel, first.instrs, Machine.joined([p.m for p in parts]), geo, first.params,
+                          first.symbols, first.loop, first.on_rounds, 0, first.budget, first.compiled,
+                          RegisterFile.joined([p.regs for p in parts], first.compiled.live.at(pc)))
+    out.local = np.concatenate([p.local for p in parts])
+    out.exited = np.concatenate([p.exited for p in parts])
+    out.round = np.concatenate([p.round for p in parts])
+    out.smem_lanes, out.pc, out.steps = first.smem_lanes, pc, max(p.steps for p in parts)
+    return out
+
+
+def run(wave: Engine) -> None:
+    """Run a wave and every part it splits into; parts waiting past the main loop run joined, the
+    lowest pc first."""
+    todo, waiting = [wave], {}
+    while todo or waiting:
+        if not todo:
+            parts = waiting.pop(min(waiting))
+            todo = [join(parts) if len(parts) > 1 else parts[0]]
+            todo[0].parks = False
+        eng = todo.pop(0)
+        out = eng.run()
+        if len(out) == 1 and out[0] is eng:
+            waiting.setdefault(eng.pc, []).append(eng)
+        else:
+            todo[:0] = out
+
+
+__all__ = ["join", "run", "split"]
