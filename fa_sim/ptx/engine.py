@@ -263,7 +263,7 @@ class Engine:
         limit, steps = self.budget.limit, self.steps
         heartbeat = Heartbeat(self._ctas())
         while groups:
-            if not self.observed and not (len(groups) == 1 and None in groups.values()):
+            if not self.observed and (len(groups) > 1 or groups[min(groups)] is not None):
                 parts = waves.split(self, groups)
                 if parts:
                     self.steps = steps

@@ -26,7 +26,7 @@ observer of instruction events, the block runs instruction by instruction (Engin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -143,25 +143,43 @@ class Code:
     source: str  # the generated function's text
     stores: frozenset[str]  # the registers it stores into the register file
 
+    plan: list = field(default_factory=list)  # per slot: (file, row, dtype) of a register view, else None
+
     def bind(self, eng: Engine) -> tuple:
         """The wave's arrays for the slots: typed views of register rows (a read slot's register
-        has the type's width: _Generator.source), broadcast immediates."""
-        out = []
-        for kind, op, ptype in self.slots:
-            if kind == "read":
-                if op.__class__ is Reg:
-                    raw = eng.regs.slot(op.name)[0]
-                    out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
-                else:
-                    out.append(eng.read(op, ptype, None, eng.n))
+        has the type's width: _Generator.source), broadcast immediates. Where a register lives is
+        the same in every wave of the kernel: found on the first bind (`plan`)."""
+        if not self.plan:
+            self.plan.extend(_place(eng, *slot) for slot in self.slots)
+        files, n, out = eng.regs.files, eng.n, []
+        for (kind, op, ptype), place in zip(self.slots, self.plan):
+            if place.__class__ is tuple:
+                prefix, row, dtype = place
+                raw = files[prefix][row]
+                out.append(raw if dtype is None else raw.view(dtype))
+            elif place is not None and n <= place.size:  # an immediate, broadcast once
+                out.append(place[:n])
+            elif kind == "read":
+                out.append(eng.read(op, ptype, None, eng.n))
             elif kind == "gather":
                 out.append(_gather(eng, op, ptype))
-            elif kind == "scatter":
-                out.append(_scatter(eng, op, ptype))
             else:
-                raw = eng.regs.slot(op)[0]
-                out.append(raw if ptype == "pred" else raw.view(DTYPES[ptype]))
+                out.append(_scatter(eng, op, ptype))
         return tuple(out)
+
+
+def _place(eng: Engine, kind: str, op, ptype: str) -> tuple[str, int, np.dtype | None] | np.ndarray | None:
+    """Of a slot that is a register's row: (file, row, dtype to view it as; None: as stored); of an
+    immediate: its value broadcast over IMMEDIATE_LANES threads (a wave's is its first threads)."""
+    if kind == "store" or (kind == "read" and op.__class__ is Reg):
+        prefix, row = eng.regs.place(op if kind == "store" else op.name)
+        return prefix, row, None if ptype == "pred" else DTYPES[ptype]
+    if kind == "read" and op.__class__ is Imm:
+        return np.broadcast_to(immediate(op, ptype), (IMMEDIATE_LANES,))
+    return None
+
+
+IMMEDIATE_LANES = 1 << 20  # threads; a wider wave broadcasts its immediates when it binds
 
 
 def _gather(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.ndarray]:

@@ -75,6 +75,7 @@ class RegisterFile:
         self.n = n
         self._files: dict[str, np.ndarray] = {}
         self._slot: dict[str, tuple[str, int, int]] = {}  # name -> (prefix, row, bits)
+        self._word_rows: dict = {}  # names -> (prefix, rows) or None (words)
         for prefix, (ptype, count) in kernel.regs.items():  # %r<N>: %r0 .. %r{N-1}
             self._files[prefix] = np.zeros((count, n), STORAGE[bits(ptype)])
         for name, ptype in getattr(kernel, "named_regs", {}).items():  # declared one by one
@@ -88,7 +89,7 @@ class RegisterFile:
         views (this file is spent; the other registers hold stale values, and no path reads them
         before writing them)."""
         out = object.__new__(RegisterFile)
-        out.n, out._slot = len(pos) * threads, self._slot
+        out.n, out._slot, out._word_rows = len(pos) * threads, self._slot, self._word_rows
         rows = self._rows(live)
         out._files = {}
         for prefix, f in self._files.items():
@@ -104,11 +105,22 @@ class RegisterFile:
         their threads, in order; every other register of it is zero."""
         first = files[0]
         out = object.__new__(RegisterFile)
-        out.n, out._slot = sum(f.n for f in files), first._slot
+        out.n, out._slot, out._word_rows = sum(f.n for f in files), first._slot, first._word_rows
         out._files = {prefix: np.zeros((f.shape[0], out.n), f.dtype) for prefix, f in first._files.items()}
         for prefix, r in first._rows(live).items():
             out._files[prefix][r] = np.concatenate([f._files[prefix][r] for f in files], axis=1)
         return out
+
+    @property
+    def files(self) -> dict[str, np.ndarray]:
+        """The storage: file name (a register prefix, or a register declared by name) -> [rows, N]."""
+        return self._files
+
+    def place(self, name: str) -> tuple[str, int]:
+        """(file, row) of a declared register: where every register file of the kernel keeps it."""
+        self.slot(name)
+        prefix, row, _ = self._slot[name]
+        return prefix, row
 
     def _rows(self, names: frozenset[str]) -> dict[str, list[int]]:
         """The storage rows of registers, by file (special registers have none)."""
@@ -161,17 +173,18 @@ class RegisterFile:
     def words(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
         """(storage [count, N], rows) when the registers `names` are rows of one file of 32-bit
         registers - what a GEMM's operands are - so that one fancy index reads or writes them all
-        (None otherwise: the caller takes the one-at-a-time path). Cached by names."""
-        cache = self.__dict__.setdefault("_words", {})
-        if names not in cache:
+        (None otherwise: the caller takes the one-at-a-time path). The rows are cached by names for
+        every register file of the kernel."""
+        hit = self._word_rows.get(names, False)
+        if hit is False:
             try:
                 slots = [self.slot(name) for name in names]  # declared (raises Unsupported otherwise)
             except Unsupported:
                 slots = None
             prefixes = {self._slot[name][0] for name in names} if slots else set()
             ok = len(prefixes) == 1 and all(width == 32 for _, width in slots)
-            cache[names] = (self._files[prefixes.pop()], np.array([self._slot[n][1] for n in names])) if ok else None
-        return cache[names]
+            hit = self._word_rows[names] = (prefixes.pop(), np.array([self._slot[n][1] for n in names])) if ok else None
+        return None if hit is None else (self._files[hit[0]], hit[1])
 
 
 def to_type(raw: np.ndarray, width: int, ptype: str) -> np.ndarray:

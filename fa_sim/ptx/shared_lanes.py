@@ -72,6 +72,21 @@ def smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int)
     return hit
 
 
+def recent_of_ctas(recent: dict, pos: np.ndarray, threads: int) -> dict:
+    """An engine's recent SmemLanes (`smem_recent`) as they hold for the CTAs at wave positions
+    `pos` running as a wave of their own (fa_sim/ptx/waves.py): the patterns every CTA shares, with
+    the base registers' bits of those CTAs' threads."""
+    out = {}
+    for key, entry in recent.items():
+        if key[0] == "operands":
+            ops, rows, lanes = entry
+            if not lanes.per_cta:
+                out[key] = (ops, [None if r is None else r.reshape(-1, threads)[pos].ravel() for r in rows], lanes)
+        else:
+            out[key] = [(seen, hit) for seen, hit in entry if not hit.per_cta]
+    return out
+
+
 SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
 SMEM_RECENT = 4  # patterns remembered per instruction (a kernel's buffers alternate between a few)
 

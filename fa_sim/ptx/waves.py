@@ -26,6 +26,7 @@ import numpy as np
 
 from ..machine import Machine
 from .regs import RegisterFile
+from .shared_lanes import recent_of_ctas
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -55,6 +56,7 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
                         eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last))
     out.local, out.exited, out.round = eng.local[idx], eng.exited[idx], eng.round[idx]
     out.smem_lanes = eng.smem_lanes  # keyed by address bytes and shape: one CTA's patterns hold in any wave
+    out.smem_recent = recent_of_ctas(eng.smem_recent, pos, eng.geo.threads)
     out.pc, out.steps = pc, eng.steps
     out.parks = eng.loop is not None and pc <= eng.loop.tail
     return out
