@@ -106,6 +106,7 @@ class Engine:
         self._views: dict = {}  # (id(operand), type) -> (operand, array): reads of the whole wave
         self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
         self.bound: dict = {}  # fused.LaneBlock -> the wave's arrays it reads and stores
+        self.block_runs: dict = {}  # fused.LaneBlock -> its runs before it compiled (the wave's and its parts')
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop

@@ -123,10 +123,10 @@ class _Env:
                                       ptype, width)
 
 
-# A block compiles (once per kernel) on its third run by any wave of any launch: the first two runs
-# of a prologue's, an epilogue's, and a loop's in a wave of one or two rounds, run their instructions
-# one by one and cost no compile time, which keeps a small launch's first call short; the waves a
-# causal wave splits into (fa_sim/ptx/engine.py) each run its epilogue once. A run of a wide wave counts as one
+# A block compiles (once per kernel) on its third run in one wave (its parts, fa_sim/ptx/waves.py,
+# count with it): a prologue's or an epilogue's, and a loop's in a wave of one or two rounds, run
+# their instructions one by one and cost no compile time, which keeps a small launch's first and
+# later calls short. A run of a wide wave counts as one
 # run per RUN_LANES threads: one instruction at a time over 8,192 threads costs more than compiling
 # (about 0.5 ms a block; (1, 4, 4096, 64) ran its prologue and epilogue blocks one instruction at a
 # time in every wave, 0.3 s of 4.7 s), while a one-CTA launch keeps its short first call.
@@ -214,12 +214,11 @@ class LaneBlock:
     (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave (a wide wave's run
     counts as one per RUN_LANES threads)."""
 
-    __slots__ = ("lanes", "inss", "_compile", "code", "runs")
+    __slots__ = ("lanes", "inss", "_compile", "code")
 
     def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
         self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
         self.code: Code | None = None
-        self.runs = 0  # runs by whole waves before it compiled (one per RUN_LANES threads)
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed:
@@ -229,8 +228,8 @@ class LaneBlock:
         bound = eng.bound.get(self)  # the wave's arrays
         if bound is None:
             if self.code is None:
-                self.runs += max(1, eng.n // RUN_LANES)
-                if self.runs < COMPILE_AT_RUN:
+                runs = eng.block_runs[self] = eng.block_runs.get(self, 0) + max(1, eng.n // RUN_LANES)
+                if runs < COMPILE_AT_RUN:
                     for lane in self.lanes:
                         lane(eng, group)
                     return

@@ -56,6 +56,7 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
                         eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last))
     out.local, out.exited, out.round = eng.local[idx], eng.exited[idx], eng.round[idx]
     out.smem_lanes = eng.smem_lanes  # keyed by address bytes and shape: one CTA's patterns hold in any wave
+    out.block_runs = eng.block_runs
     out.smem_recent = recent_of_ctas(eng.smem_recent, pos, eng.geo.threads)
     out.pc, out.steps = pc, eng.steps
     out.parks = eng.loop is not None and pc <= eng.loop.tail
@@ -72,7 +73,8 @@ def join(parts: list[Engine]) -> Engine:
     out.local = np.concatenate([p.local for p in parts])
     out.exited = np.concatenate([p.exited for p in parts])
     out.round = np.concatenate([p.round for p in parts])
-    out.smem_lanes, out.pc, out.steps = first.smem_lanes, pc, max(p.steps for p in parts)
+    out.smem_lanes, out.block_runs = first.smem_lanes, first.block_runs
+    out.pc, out.steps = pc, max(p.steps for p in parts)
     return out
 
 
