@@ -3,6 +3,7 @@
     python experiments/bench_sim.py                 # both parts, the issue's two shapes
     python experiments/bench_sim.py --skip-triton   # fa_sim only
     python experiments/bench_sim.py --json
+    python experiments/bench_sim.py --causal --shapes 1,4,2048,64   # causal attention (no 'cold' column)
 
 Without torch or triton the Triton part is skipped with a note on stderr (checked before any
 timing starts), so the simulator's numbers still come out.
@@ -66,6 +67,7 @@ class Row:
     max_abs_err_lse: float
     peak_rss_mb: float | None = None
     cold_seconds: float | None = None  # PTX engine: fresh process, empty cache (compile + parse + run)
+    causal: bool = False
 
 
 def make_inputs(shape, seed: int = 0):
@@ -73,8 +75,8 @@ def make_inputs(shape, seed: int = 0):
     return tuple(rng.standard_normal(shape).astype(np.float16) for _ in range(3))
 
 
-def errors(o, lse, q, k, v) -> tuple[float, float]:
-    o_ref, lse_ref = attention(q, k, v)
+def errors(o, lse, q, k, v, causal: bool = False) -> tuple[float, float]:
+    o_ref, lse_ref = attention(q, k, v, causal=causal)
     o = np.asarray(o, dtype=np.float64)
     return (float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref)),
             float(np.max(np.abs(np.asarray(lse, dtype=np.float64) - lse_ref))))
@@ -97,10 +99,11 @@ def peak_rss_mb() -> float:
 
 
 # ==== part 1: fa_sim, both front ends ==================================================================
-def bench_fa_sim(shape, q, k, v, engine: str = "program") -> Row:
-    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v, engine=engine, workers=1))
-    cold = cold_seconds(shape) if engine == "ptx" else None
-    return Row(f"fa_sim {engine}", shape, seconds, first, *errors(res.o, res.lse, q, k, v), peak_rss_mb(), cold)
+def bench_fa_sim(shape, q, k, v, engine: str = "program", causal: bool = False) -> Row:
+    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v, causal=causal, engine=engine, workers=1))
+    cold = cold_seconds(shape) if engine == "ptx" and not causal else None
+    return Row(f"fa_sim {engine}", shape, seconds, first, *errors(res.o, res.lse, q, k, v, causal), peak_rss_mb(), cold,
+               causal)
 
 
 COLD = """import sys, time
@@ -157,13 +160,14 @@ def render_parse(parse: tuple[float, int] | None) -> str:
 
 
 # ==== part 2: Triton interpreter (the layout/reference engineer's) =====================================
-def bench_triton(shape, q, k, v) -> Row:
+def bench_triton(shape, q, k, v, causal: bool = False) -> Row:
     import torch
     import triton_fa  # sets TRITON_INTERPRET=1 before importing triton
 
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    seconds, first, (o, lse) = timed(lambda: triton_fa.flash_attention(tq, tk, tv))
-    return Row("triton-interpret", shape, seconds, first, *errors(o.numpy(), lse.numpy(), q, k, v))
+    seconds, first, (o, lse) = timed(lambda: triton_fa.flash_attention(tq, tk, tv, causal=causal))
+    return Row("triton-interpret", shape, seconds, first, *errors(o.numpy(), lse.numpy(), q, k, v, causal),
+               causal=causal)
 
 
 def triton_missing() -> str | None:
@@ -174,13 +178,14 @@ def triton_missing() -> str | None:
 
 # ==== report ===========================================================================================
 def render(rows: list[Row]) -> str:
-    head = (f"{'backend':<18}{'shape (B,H,N,d)':<20}{'seconds':>9}{'first run':>11}{'cold':>8}{'rel_err_o':>11}"
+    head = (f"{'backend':<18}{'shape (B,H,N,d)':<24}{'seconds':>9}{'first run':>11}{'cold':>8}{'rel_err_o':>11}"
             f"{'max|dLSE|':>11}{'peak RSS MB':>13}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rss = f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb is not None else "-"
         cold = f"{r.cold_seconds:.3f}" if r.cold_seconds is not None else "-"
-        lines.append(f"{r.backend:<18}{str(r.shape):<20}{r.seconds:>9.3f}{r.first_seconds:>11.3f}{cold:>8}"
+        shape = f"{r.shape}{' causal' if r.causal else ''}"
+        lines.append(f"{r.backend:<18}{shape:<24}{r.seconds:>9.3f}{r.first_seconds:>11.3f}{cold:>8}"
                      f"{r.rel_err_o:>11.2e}{r.max_abs_err_lse:>11.2e}{rss:>13}")
     by = {(r.backend, r.shape): r.seconds for r in rows}
     for shape in dict.fromkeys(r.shape for r in rows):
@@ -194,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-triton", action="store_true", help="time fa_sim only")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="B,H,N,d",
                         help="shapes to run (default: 1,4,4096,64 1,1,128,64)")
+    parser.add_argument("--causal", action="store_true", help="causal attention (default: non-causal, the issue's)")
     parser.add_argument("--json", action="store_true", help="print one JSON list of rows")
     parser.add_argument("--parallel", action="store_true",
                         help="part 3 only: serial against --workers on the first shape, and the scaling model")
@@ -212,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_sim: the Triton interpreter part is skipped ({skip}; pip install torch triton adds it)",
               file=sys.stderr)
     inputs = {shape: make_inputs(shape) for shape in shapes}
-    rows = [bench_fa_sim(shape, *inputs[shape], engine) for engine in ("program", "ptx") for shape in shapes]
+    rows = [bench_fa_sim(shape, *inputs[shape], engine, args.causal) for engine in ("program", "ptx") for shape in shapes]
     parse = None if args.json else parse_seconds()  # the JSON rows keep their one schema
     if skip is None:
-        rows += [bench_triton(shape, *inputs[shape]) for shape in shapes]
+        rows += [bench_triton(shape, *inputs[shape], args.causal) for shape in shapes]
     print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows) + "\n" + render_parse(parse))
     if skip is not None and not args.json:
         print(f"(Triton interpreter: skipped, {skip})")

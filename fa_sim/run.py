@@ -144,14 +144,19 @@ class RunSpec:
     mma_model: FusedDotModel
     wave_ctas: int
 
-    def waves(self, ctas: range) -> list[range]:
-        """The grid's waves inside `ctas` (which starts at a wave boundary)."""
-        return [range(lo, min(lo + self.wave_ctas, ctas.stop)) for lo in range(ctas.start, ctas.stop, self.wave_ctas)]
+    def waves(self) -> list[np.ndarray]:
+        """The grid's waves: linear CTA ids by decreasing K/V rounds (stable: fa_sim.kernels.wave_order),
+        wave_ctas at a time. CTAs of a wave run alike: a causal wave holds a few Q-block rows of
+        every head rather than every Q block of a few heads, so it runs fewer rounds, its live CTAs
+        (the program) and its parts (the PTX engine's split waves, fa_sim/ptx/waves.py) are fewer.
+        Values do not depend on how CTAs are grouped into waves; the order is this one everywhere
+        (serial run, shards, progress)."""
+        order = wave_order(self.prob, np.arange(self.prob.n_ctas, dtype=np.int64))
+        return [order[lo:lo + self.wave_ctas] for lo in range(0, len(order), self.wave_ctas)]
 
-    def cta_rounds(self, ctas: range) -> int:
-        """Progress units of `ctas`: per wave, its CTAs times its longest loop."""
-        p = self.prob
-        return sum(int(p.rounds_per_cta(np.arange(w.start, w.stop)).max()) * len(w) for w in self.waves(ctas))
+    def cta_rounds(self, ctas: np.ndarray) -> int:
+        """Progress units of CTAs (linear ids): their K/V rounds, summed."""
+        return int(self.prob.rounds_per_cta(ctas).sum())
 
 
 def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:
@@ -167,22 +172,20 @@ def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[Globa
     return gmem, bufs, Pointers(*(bufs[n].base for n in ("q", "k", "v", "o", "lse")))
 
 
-def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, ctas: range,
+def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, waves: list[np.ndarray],
              on_rounds: Callable[[int], None]) -> None:
-    """Run the waves of `ctas` on the spec's front end, telling on_rounds(n) about n CTA-rounds done.
-    The serial run runs the whole grid; a worker of fa_sim.parallel runs its shard."""
+    """Run waves (RunSpec.waves) on the spec's front end, telling on_rounds(n) about n CTA-rounds done.
+    The serial run runs them all; a worker of fa_sim.parallel runs its shard's."""
     prob, front = spec.prob, spec.front
     heap.tune()  # numpy temporaries from the heap, without a page fault per page (fa_sim/heap.py)
     if isinstance(front, PtxFrontEnd):
         from .ptx.fa2 import run_attention  # the PTX engine loads (about 0.1 s) only for runs on it
 
-        run_attention(prob, gmem, ptr, hub, kernel=front.kernel, mma_model=spec.mma_model, wave_ctas=spec.wave_ctas,
-                      on_rounds=on_rounds, cta_range=(ctas.start, ctas.stop))
+        run_attention(prob, gmem, ptr, hub, waves, kernel=front.kernel, mma_model=spec.mma_model, on_rounds=on_rounds)
         return
     cfg = prob.config
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
-    for w in spec.waves(ctas):
-        wave = wave_order(prob, np.arange(w.start, w.stop, dtype=np.int64))
+    for wave in waves:
         m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, spec.mma_model, labels)
-        flash_fwd(m, prob, ptr, front.mutation, on_round=lambda n=len(wave): on_rounds(n))
+        flash_fwd(m, prob, ptr, front.mutation, on_round=on_rounds)

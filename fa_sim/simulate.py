@@ -174,11 +174,10 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     q16, k16, v16 = (i.host_fp16() for i in inputs)
     b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
     hub.launch(launch_info(prob))
-    whole = range(prob.n_ctas)
-    with _progress_bar(progress, spec.cta_rounds(whole), plan.sim_seconds) as bar:
+    with _progress_bar(progress, prob.cta_rounds, plan.sim_seconds) as bar:
         if pool is None:
             gmem, bufs, ptr = global_memory(prob, q16, k16, v16)
-            run_ctas(spec, gmem, ptr, hub, whole, bar.update)
+            run_ctas(spec, gmem, ptr, hub, spec.waves(), bar.update)
             o, lse = bufs["o"].array, bufs["lse"].array
         else:
             o, lse = pool.simulate(spec, q16, k16, v16, hub, bar.update)

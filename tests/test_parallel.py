@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from interrupt import sigint_default  # tests/interrupt.py
@@ -18,7 +19,7 @@ from interrupt import sigint_default  # tests/interrupt.py
 import fa_sim
 from fa_sim.config import KernelConfig
 from fa_sim.parallel import ShardError, plan_shards, pmap, resolve_workers
-from fa_sim.parallel.shards import row_slab
+from fa_sim.parallel.shards import rows as shard_rows
 from fa_sim.problem import Problem
 from fa_sim.reference import random_inputs
 from fa_sim.run import ProgramFrontEnd, RunSpec
@@ -120,17 +121,20 @@ def test_an_error_in_a_shard_is_the_serial_error_with_the_shard_named():
 def test_shards_are_whole_waves_covering_the_grid_once(bh, nq, nk, causal, wave, n):
     prob = Problem(1, bh, nq, nk, causal, 0.125, KernelConfig())
     spec = RunSpec(prob, ProgramFrontEnd(), EXACT, wave)
-    shards = plan_shards(spec, n)
+    shards, waves = plan_shards(spec, n), spec.waves()
     assert [s.index for s in shards] == list(range(len(shards))) and all(s.of == len(shards) for s in shards)
-    assert shards[0].ctas.start == 0 and shards[-1].ctas.stop == prob.n_ctas
-    assert all(a.ctas.stop == b.ctas.start for a, b in zip(shards, shards[1:]))
-    assert all(s.ctas.start % wave == 0 and len(s.ctas) > 0 for s in shards)
+    ran = [w for s in shards for w in s.waves]  # consecutive runs of the serial waves, none empty
+    assert len(ran) == len(waves) and all(np.array_equal(a, b) for a, b in zip(ran, waves))
+    assert all(s.waves for s in shards)
+    assert np.array_equal(np.sort(np.concatenate(waves)), np.arange(prob.n_ctas))  # every CTA once
+    assert all(len(w) == wave for w in waves[:-1])
+    rounds = prob.rounds_per_cta(np.concatenate(waves))
+    assert (np.diff(rounds) <= 0).all()  # by decreasing K/V rounds: a wave's CTAs run alike
     assert len(shards) == min(n, -(-prob.n_ctas // wave))
-    assert sum(s.cta_rounds for s in shards) == spec.cta_rounds(range(prob.n_ctas))
-    # the slabs of O rows tile [0, B*H*Nq) in order
-    slabs = [row_slab(prob, s.ctas) for s in shards]
-    assert slabs[0].start == 0 and slabs[-1].stop == bh * nq
-    assert all(a.stop == b.start for a, b in zip(slabs, slabs[1:]))
+    assert sum(s.cta_rounds for s in shards) == prob.cta_rounds
+    # the rows of O the shards write tile [0, B*H*Nq) once
+    written = np.concatenate([shard_rows(prob, s.ctas) for s in shards])
+    assert np.array_equal(np.sort(written), np.arange(bh * nq))
 
 
 def test_shards_balance_the_work_of_a_causal_grid():

@@ -89,9 +89,8 @@ def launch_info(prob: Problem) -> LaunchInfo:
 
 
 def wave_order(prob: Problem, ctas: np.ndarray) -> np.ndarray:
-    """The wave's CTAs by decreasing loop length (stable), so live CTAs form a prefix."""
-    nbm = prob.n_block_max(ctas % prob.n_m_blocks)
-    return ctas[np.argsort(-nbm, kind="stable")]
+    """CTAs (linear ids) by decreasing loop length (stable): a wave's live CTAs form a prefix."""
+    return ctas[np.argsort(-prob.rounds_per_cta(ctas), kind="stable")]
 
 
 @dataclass(frozen=True)
@@ -358,8 +357,9 @@ def epilogue(m: Machine, wv: _Wave, st: _State) -> None:
 
 
 def flash_fwd(m: Machine, prob: Problem, ptr: Pointers, mutation: Mutation = NO_MUTATION,
-              on_round: Callable[[], None] | None = None) -> None:
-    """Run the kernel for the machine's wave of CTAs (ordered by `wave_order`)."""
+              on_round: Callable[[int], None] | None = None) -> None:
+    """Run the kernel for the machine's wave of CTAs (ordered by `wave_order`); on_round(n): n CTAs
+    ran a round."""
     cfg = prob.config
     check_program_config(cfg)
     plan = kernel_plan(cfg)
@@ -382,5 +382,5 @@ def flash_fwd(m: Machine, prob: Problem, ptr: Pointers, mutation: Mutation = NO_
         m.set_live(int(np.count_nonzero(nbm > t)))
         _round(m, wv, st, t)
         if on_round is not None:
-            on_round()
+            on_round(m.live)
     epilogue(m, wv, st)

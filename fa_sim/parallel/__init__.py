@@ -70,7 +70,7 @@ def choose_pool(spec: RunSpec, observers, workers, cluster, plan: Estimate) -> S
             return None
         raise ValueError(f"observer(s) {', '.join(bad)} cannot be split over workers (no fresh/partial/merge, "
                          "fa_sim.parallel.merge); run with workers=1 or give them those methods")
-    waves = len(spec.waves(range(spec.prob.n_ctas)))
+    waves = len(spec.waves())
     if cluster is None and (waves == 1 or (workers == AUTO and plan.sim_seconds < AUTO_MIN_SECONDS)):
         return None
     if cluster is None:

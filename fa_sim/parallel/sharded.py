@@ -3,7 +3,7 @@
 Locally the inputs and outputs live in one file in /dev/shm (`SharedFile`, memory-mapped by
 every worker: q, k, v are written once and never copied per worker; each shard writes its own
 rows of O and LSE in place). On a Dask cluster q, k, v are scattered once and every shard returns
-its slab of O and LSE (shards.row_slab). Each shard runs its waves through fa_sim.run.run_ctas, the
+its rows of O and LSE (shards.rows). Each shard runs its waves through fa_sim.run.run_ctas, the
 serial run's own loop, with fresh copies of the observers, and returns its instruction counts and
 each observer's partial(); the parent merges them in shard order (fa_sim.parallel.merge), whatever
 order they finish in, and returns only when every shard has been merged.
@@ -23,7 +23,7 @@ from ..run import RunSpec, global_memory, run_ctas
 from .errors import ShardError
 from .job import Job, Task
 from .merge import merge_counts
-from .shards import TASKS_PER_WORKER, Shard, plan_shards, row_slab
+from .shards import TASKS_PER_WORKER, Shard, plan_shards, rows as shard_rows
 
 SHM_DIR = "/dev/shm"  # RAM-backed on Linux; elsewhere (or when full) the temporary directory
 ALIGN = 4096
@@ -110,14 +110,14 @@ def run_shard(ctx: ShardContext, shard: Shard, progress) -> ShardResult:
     gmem, bufs, ptr = global_memory(prob, q, k, v, o, lse)
     hub = Hub([p.fresh() for p in ctx.prototypes])
     hub.launch(launch_info(prob))
-    run_ctas(ctx.spec, gmem, ptr, hub, shard.ctas, progress)
+    run_ctas(ctx.spec, gmem, ptr, hub, list(shard.waves), progress)
     partials = [obs.partial() for obs in hub.observers]
     if ctx.shared is not None:
         return ShardResult(dict(hub.counts), partials)
-    rows = row_slab(prob, shard.ctas)
+    mine = shard_rows(prob, shard.ctas)
     d = prob.head_dim
-    return ShardResult(dict(hub.counts), partials, bufs["o"].array.reshape(-1, d)[rows].copy(),
-                       bufs["lse"].array.reshape(-1)[rows].copy())
+    return ShardResult(dict(hub.counts), partials, bufs["o"].array.reshape(-1, d)[mine],
+                       bufs["lse"].array.reshape(-1)[mine])
 
 
 # -- the parent side ---------------------------------------------------------------------------------
@@ -140,9 +140,9 @@ class _Merger:
         for obs, part in zip(self.hub.observers, r.partials, strict=True):
             obs.merge(part)
         if r.o is not None:
-            rows = row_slab(self.prob, shard.ctas)
-            self.o.reshape(-1, self.prob.head_dim)[rows] = r.o
-            self.lse.reshape(-1)[rows] = r.lse
+            mine = shard_rows(self.prob, shard.ctas)
+            self.o.reshape(-1, self.prob.head_dim)[mine] = r.o
+            self.lse.reshape(-1)[mine] = r.lse
 
     def check_complete(self) -> None:
         if self.next != len(self.shards):

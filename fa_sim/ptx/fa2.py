@@ -27,7 +27,7 @@ from ..hub import Hub
 from ..kernels import FA2Labels, Pointers, Problem
 from ..memory import GlobalMemory
 from .budget import step_budget
-from .launch import DEFAULT_WAVE_CTAS, _globals, run_program
+from .launch import _globals, run_program
 from .load import kernel_module
 from .program import Program, build_program
 
@@ -60,13 +60,13 @@ def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
     return np.array(sorted(want), dtype=np.int64)
 
 
-def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, *, kernel=None, mma_model=None,
-                  wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None) -> None:
-    """Run the grid of `prob` on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`.
-    `on_rounds(n)`: progress (n CTAs started a round). `cta_range` (lo, hi): only those CTAs (a
-    shard of fa_sim.parallel; lo starts a wave). The checkpoint buffer keeps its slots for every
-    wanted CTA of the grid, so addresses do not depend on the range; each wave's checkpoints reach
-    observers after that wave."""
+def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, waves: list[np.ndarray], *,
+                  kernel=None, mma_model=None, on_rounds=None) -> None:
+    """Run waves of the grid of `prob` (arrays of linear CTA ids: fa_sim.run.RunSpec.waves, a shard's
+    of them, or any CTAs) on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`.
+    `on_rounds(n)`: progress (n CTAs started a round). The checkpoint buffer keeps its slots for
+    every wanted CTA of the grid, so addresses do not depend on the waves; each wave's checkpoints
+    reach observers after that wave."""
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
     program = attention_program(cfg, prob.causal, sel is not None, kernel)
@@ -85,15 +85,12 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
     budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
-    lo, hi = (0, prob.n_ctas) if cta_range is None else cta_range
-    for start in range(lo, hi, wave_ctas):
-        wave = (start, min(start + wave_ctas, hi))
+    for wave in waves:
         run_program(program, grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, params, memory, symbols, hub,
-                    mma_model=mma_model, labels=labels, wave_ctas=wave_ctas, on_rounds=on_rounds, cta_range=wave,
-                    budget=budget)
+                    mma_model=mma_model, labels=labels, on_rounds=on_rounds, waves=[wave], budget=budget)
         if ck is not None:
             ran = prob.q_block_index(sel)  # the grid CTA that computes each selected Q block (heavy_first)
-            rows = (ran >= wave[0]) & (ran < wave[1])
+            rows = np.isin(ran, wave)
             _emit_checkpoints(prob, hub, ck.array[rows], sel[rows])
 
 

@@ -39,13 +39,14 @@ from ..hub import Hub
 from ..isa.sm80 import MAX_THREADS_PER_CTA, WARP_SIZE
 from ..machine import Labels, Machine
 from ..memory import GlobalMemory
-from . import launch_args as check, waves
+from . import launch_args as check
 from .budget import (LONG_LAUNCH_SECONDS, MIN_TRIPS, MIN_WAVE_SECONDS, Heartbeat, StepBudget, parse_max_steps,
                      step_budget)
 from .engine import Engine
 from .load import _is_ptx, _read, load_module
 from .program import Program, build_program
 from .regs import Geometry
+from .waves import run as run_wave
 
 DEFAULT_WAVE_CTAS = 128
 
@@ -110,12 +111,12 @@ def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
 
 def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, memory: GlobalMemory,
                 symbols: dict, hub: Hub, *, mma_model=None, labels: Labels | None = None,
-                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, cta_range: tuple[int, int] | None = None,
+                wave_ctas: int = DEFAULT_WAVE_CTAS, on_rounds=None, waves: list[np.ndarray] | None = None,
                 budget: StepBudget | None = None) -> None:
-    """Run every CTA of the grid, wave by wave (the machine and engine of each wave). `on_rounds(n)`
-    is told each time n CTAs start a round of the main loop (progress); `cta_range` (lo, hi) runs
-    only those linear CTA ids, in waves of wave_ctas from lo; `budget`: the steps each wave may
-    issue (default: fa_sim.ptx.budget's for MIN_TRIPS)."""
+    """Run every CTA of the grid, wave by wave (the machine and engine of each wave): in grid order,
+    wave_ctas at a time, or the given `waves` (arrays of linear CTA ids). `on_rounds(n)` is told each
+    time n CTAs start a round of the main loop (progress); `budget`: the steps each wave may issue
+    (default: fa_sim.ptx.budget's for MIN_TRIPS)."""
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS_PER_CTA:
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
@@ -127,15 +128,17 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
             symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
     n_ctas = grid[0] * grid[1] * grid[2]
     model = tensorcore.resolve(mma_model)
-    lo, hi = (0, n_ctas) if cta_range is None else cta_range
+    if waves is None:
+        waves = [np.arange(lo, min(lo + wave_ctas, n_ctas), dtype=np.int64) for lo in range(0, n_ctas, wave_ctas)]
     heartbeat = Heartbeat(f"the launch of {program.kernel.name}")
-    for start in range(lo, hi, wave_ctas):
-        heartbeat.look(lambda: f"{start - lo:,} of {hi - lo:,} CTAs done")
-        ctas = np.arange(start, min(start + wave_ctas, hi), dtype=np.int64)
+    done = 0
+    for ctas in waves:
+        heartbeat.look(lambda: f"{done:,} of {sum(len(w) for w in waves):,} CTAs done")
+        done += len(ctas)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        waves.run(Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
-                         program.local_bytes, budget, program.compiled))
+        run_wave(Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
+                        program.local_bytes, budget, program.compiled))
 
 
 def totals(counts: Mapping) -> dict[Op, int]:

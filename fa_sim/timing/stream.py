@@ -196,7 +196,7 @@ def _run_probe(prob: Problem, kernel, mbs: tuple) -> dict[int, list[dict[int, Re
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo, hi in _spans(ctas):
-            run_attention(prob, gmem, ptr, Hub([rec]), kernel=kernel, cta_range=(lo, hi))
+            run_attention(prob, gmem, ptr, Hub([rec]), [np.arange(lo, hi)], kernel=kernel)  # one wave per span
     return {mb: _warps(rec, prob, mb) for mb in mbs}
 
 
