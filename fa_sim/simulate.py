@@ -30,7 +30,8 @@ Before it starts, the run's time and memory are estimated (fa_sim.estimate) from
 alone; a run that would not fit in the memory this machine has available is refused with a
 ValueError before any value is read or copied (a broadcast view of a small array is sized as the
 run it describes). The grid (ceil(Nq / block_m) x B*H CTAs) runs in waves of at most `wave_ctas`
-CTAs (grid order), each wave fully vectorised.
+CTAs, each wave fully vectorised: the CTAs by decreasing K/V rounds (grid order when all run alike,
+fa_sim.run.RunSpec.waves), so a causal wave's CTAs run about as many rounds as each other.
 `workers` spreads the waves over local processes (fa_sim.parallel): None or 1 runs here, an integer
 N uses N processes (a line on stderr says so when that is more than this process's cores), "auto"
 one per core; `cluster` ("local" or a Dask scheduler address) runs them on a Dask cluster instead.

@@ -1,7 +1,7 @@
 """How observers' results merge when the grid is split into shards (issue 12).
 
 A shard is a run of consecutive waves of the grid, exactly the waves the serial run has
-(`wave_ctas` from CTA 0, grid order), so each shard's observers see exactly the events the serial
+(fa_sim.run.RunSpec.waves), so each shard's observers see exactly the events the serial
 run's observers see for those waves. An observer that can take part implements three methods:
 
     fresh()       -> a new observer configured like this one that has seen nothing: the worker's
