@@ -8,6 +8,8 @@ which cannot split. Causal attention splits once per K/V round; the tests below 
 does, and that nothing it leaves behind is read: dead registers are poisoned.
 """
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,22 @@ def test_live_registers_follow_loops_guards_and_kills():
     assert "%p1" not in head  # written before each read
     assert "%rd1" not in live.at(pc["ld.param.u64 %rd1, [out];"])
     assert live.at(pc["st.global.u32 [%rd1], %r7;"]) == {"%rd1", "%r7"}
+
+
+@pytest.mark.parametrize("engine", ["program", "ptx"])
+def test_progress_counts_each_cta_round_once(engine, monkeypatch):
+    """Both front ends report the CTA-rounds their CTAs run (a split wave's parts too), so a causal
+    run's progress ends at its total, Problem.cta_rounds."""
+    sim_module = importlib.import_module("fa_sim.simulate")  # the module (fa_sim.simulate is the function)
+    seen = []
+    real = sim_module._Lines
+    class Counted(real):
+        def update(self, n):
+            seen.append((n, self.total))
+            super().update(n)
+    monkeypatch.setattr(sim_module, "_Lines", Counted)
+    monkeypatch.setattr(sim_module.sys.stderr, "isatty", lambda: False)
+    cfg = K()
+    q, k, v = _inputs(cfg, 5 * cfg.block_m + 3, 5 * cfg.block_m + 3, heads=3, seed=4)
+    fa_sim.simulate(q, k, v, causal=True, engine=engine, progress=True, wave_ctas=5)
+    assert seen and sum(n for n, _ in seen) == seen[0][1]
