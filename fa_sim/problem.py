@@ -128,6 +128,14 @@ class Problem:
 
 
 
+def cta_spans(ctas, most: int = 3) -> str:
+    """Linear CTA ids as runs, for messages: '4..5', '7' or '0..3, 8..11, 16..19, ...' (the first
+    `most` runs; a wave of CTAs taken by K/V rounds need not be one run)."""
+    c = np.sort(np.asarray(ctas, dtype=np.int64))
+    runs = [f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in np.split(c, np.flatnonzero(np.diff(c) != 1) + 1)]
+    return ", ".join(runs[:most]) + (", ..." if len(runs) > most else "")
+
+
 def _sum_ceil(n: int, a: int, b: int) -> int:
     """sum_{j=1..n} ceil(j a / b) for a, b where one divides the other (powers of two here)."""
     if a % b == 0:

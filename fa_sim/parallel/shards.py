@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..problem import cta_spans
+
 TASKS_PER_WORKER = 4  # shards per worker: late shards even out uneven workers and causal grids
 
 
@@ -24,7 +26,7 @@ class Shard:
 
     @property
     def name(self) -> str:
-        return f"shard {self.index + 1} of {self.of} (CTAs {spans(self.ctas)})"
+        return f"shard {self.index + 1} of {self.of} (CTAs {cta_spans(self.ctas)})"
 
     @property
     def ctas(self) -> np.ndarray:
@@ -46,14 +48,6 @@ def plan_shards(spec, n_shards: int) -> list[Shard]:
         bounds.append(min(max(cut, bounds[-1] + 1), len(waves) - (n - k)))
     bounds.append(len(waves))
     return [Shard(i, n, tuple(waves[lo:hi]), int(cost[lo:hi].sum())) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
-
-
-def spans(ctas: np.ndarray, most: int = 3) -> str:
-    """CTA ids as runs, e.g. '4..5' or '0..3, 8..11, 16..19, ...' (the first `most`)."""
-    c = np.sort(np.asarray(ctas))
-    cuts = np.flatnonzero(np.diff(c) != 1) + 1
-    runs = [f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in np.split(c, cuts)]
-    return ", ".join(runs[:most]) + (", ..." if len(runs) > most else "")
 
 
 def rows(prob, ctas: np.ndarray) -> np.ndarray:

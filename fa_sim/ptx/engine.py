@@ -32,6 +32,7 @@ from ..errors import KernelFault
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
+from ..problem import cta_spans
 from . import waves
 from .blocks import Compiled, Loop, branch_wave, located
 from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
@@ -311,7 +312,7 @@ class Engine:
 
     def _ctas(self) -> str:
         c = self.geo.ctas
-        return f"CTA {c[0]}" if len(c) == 1 else f"CTAs {c[0]}..{c[-1]}"
+        return f"CTA {c[0]}" if len(c) == 1 else f"CTAs {cta_spans(c)}"
 
     def _where(self, pc: int, waiting: dict) -> str:
         """The instruction at pc (and where the other groups of threads wait), for messages."""
