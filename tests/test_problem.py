@@ -48,3 +48,11 @@ def test_check_cta_names_the_grid():
     assert p.check_cta(3) == 3
     with pytest.raises(ValueError, match=r"--cta 4 is outside the grid of 4 CTAs \(2 x 2\)"):
         p.check_cta(4, "--cta")
+
+
+def test_cta_spans_name_runs_of_ids():
+    from fa_sim.problem import cta_spans
+
+    assert cta_spans([5, 4]) == "4..5" and cta_spans([7]) == "7"
+    assert cta_spans([*range(8, 12), *range(4), 30]) == "0..3, 8..11, 30"
+    assert cta_spans([0, 2, 4, 6]) == "0, 2, 4, ..."
