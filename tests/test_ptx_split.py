@@ -12,6 +12,7 @@ import importlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
 
@@ -239,3 +240,13 @@ def test_progress_counts_each_cta_round_once(engine, monkeypatch):
     q, k, v = _inputs(cfg, 5 * cfg.block_m + 3, 5 * cfg.block_m + 3, heads=3, seed=4)
     fa_sim.simulate(q, k, v, causal=True, engine=engine, progress=True, wave_ctas=5)
     assert seen and sum(n for n, _ in seen) == seen[0][1]
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None)
+@given(nq=st.integers(1, 300), nk=st.integers(1, 300), heads=st.integers(1, 3), wave=st.sampled_from([2, 3, 5, 64]),
+       cfg=st.sampled_from([K(), K(kv_stages=3, q_in_regs=True), K(block_m=128, n_warps=8, kv_stages=2, pingpong=True),
+                            K(heavy_first=True, kv_stages=2, defer_pv=True)]))
+def test_any_causal_shape_and_wave_size_gives_the_bits_of_waves_of_one_cta(nq, nk, heads, wave, cfg):
+    q, k, v = _inputs(cfg, nq, nk, heads=heads, seed=nq * 1000 + nk)
+    split = fa_sim.simulate(q, k, v, causal=True, config=cfg, engine="ptx", wave_ctas=wave)
+    _same(fa_sim.simulate(q, k, v, causal=True, config=cfg, engine="ptx", wave_ctas=1), split)
