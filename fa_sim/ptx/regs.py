@@ -88,8 +88,7 @@ class RegisterFile:
         zero, or with `reuse` moved to the front of this file's rows, whose first threads it then
         views (this file is spent; the other registers hold stale values, and no path reads them
         before writing them)."""
-        out = object.__new__(RegisterFile)
-        out.n, out._slot, out._word_rows = len(pos) * threads, self._slot, self._word_rows
+        out = self._sibling(len(pos) * threads)
         rows = self._rows(live)
         out._files = {}
         for prefix, f in self._files.items():
@@ -104,11 +103,17 @@ class RegisterFile:
         """The registers `live` of register files of one kernel (of_ctas' parts) as one file of all
         their threads, in order; every other register of it is zero."""
         first = files[0]
-        out = object.__new__(RegisterFile)
-        out.n, out._slot, out._word_rows = sum(f.n for f in files), first._slot, first._word_rows
+        out = first._sibling(sum(f.n for f in files))
         out._files = {prefix: np.zeros((f.shape[0], out.n), f.dtype) for prefix, f in first._files.items()}
         for prefix, r in first._rows(live).items():
             out._files[prefix][r] = np.concatenate([f._files[prefix][r] for f in files], axis=1)
+        return out
+
+    def _sibling(self, n: int) -> RegisterFile:
+        """A register file of n threads of the same kernel, without storage yet (the caller's):
+        it shares where registers live and the GEMM word rows."""
+        out = object.__new__(RegisterFile)
+        out.n, out._slot, out._word_rows = n, self._slot, self._word_rows
         return out
 
     @property

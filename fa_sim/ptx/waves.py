@@ -51,14 +51,10 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
     """The CTAs at wave positions `pos` as a wave of their own, every running thread at pc;
     `last`: the wave's last part, which takes over its register storage."""
     idx = (pos[:, None] * eng.geo.threads + np.arange(eng.geo.threads)).ravel()
-    out = eng.__class__(eng.kernel, eng.instrs, eng.m.of_ctas(pos), replace(eng.geo, ctas=eng.geo.ctas[pos]),
-                        eng.params, eng.symbols, eng.loop, eng.on_rounds, 0, eng.budget, eng.compiled,
-                        eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last))
+    out = _wave(eng, eng.m.of_ctas(pos), eng.geo.ctas[pos],
+                eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last), pc, eng.steps)
     out.local, out.exited, out.round = eng.local[idx], eng.exited[idx], eng.round[idx]
-    out.smem_lanes = eng.smem_lanes  # keyed by address bytes and shape: one CTA's patterns hold in any wave
-    out.block_runs = eng.block_runs
     out.smem_recent = recent_of_ctas(eng.smem_recent, pos, eng.geo.threads)
-    out.pc, out.steps = pc, eng.steps
     out.parks = eng.loop is not None and pc <= eng.loop.tail
     return out
 
@@ -66,15 +62,23 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
 def join(parts: list[Engine]) -> Engine:
     """Waves of one launch waiting at the same pc past the main loop as one wave of all their CTAs."""
     first, pc = parts[0], parts[0].pc
-    geo = replace(first.geo, ctas=np.concatenate([p.geo.ctas for p in parts]))
-    out = first.__class__(first.kernel, first.instrs, Machine.joined([p.m for p in parts]), geo, first.params,
-                          first.symbols, first.loop, first.on_rounds, 0, first.budget, first.compiled,
-                          RegisterFile.joined([p.regs for p in parts], first.compiled.live.at(pc)))
+    out = _wave(first, Machine.joined([p.m for p in parts]), np.concatenate([p.geo.ctas for p in parts]),
+                RegisterFile.joined([p.regs for p in parts], first.compiled.live.at(pc)), pc,
+                max(p.steps for p in parts))
     out.local = np.concatenate([p.local for p in parts])
     out.exited = np.concatenate([p.exited for p in parts])
     out.round = np.concatenate([p.round for p in parts])
-    out.smem_lanes, out.block_runs = first.smem_lanes, first.block_runs
-    out.pc, out.steps = pc, max(p.steps for p in parts)
+    return out
+
+
+def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int) -> Engine:
+    """A wave of the launch of `like` over `ctas` with their machine and registers, at pc after `steps`
+    issues; it shares the launch's caches: SmemLanes (keyed by address bytes and shape, so one CTA's
+    patterns hold in any wave) and the lane blocks' run counts."""
+    out = like.__class__(like.kernel, like.instrs, machine, replace(like.geo, ctas=ctas), like.params, like.symbols,
+                         like.loop, like.on_rounds, 0, like.budget, like.compiled, regs)
+    out.smem_lanes, out.block_runs = like.smem_lanes, like.block_runs
+    out.pc, out.steps = pc, steps
     return out
 
 
