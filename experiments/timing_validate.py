@@ -5,13 +5,15 @@
     python experiments/timing_validate.py --limit 20      # a quick look at every 20th case
     python experiments/timing_validate.py --fit-clock     # refit only the clock and overhead, then report
     python experiments/timing_validate.py --fit-launch    # refit only the launch latency on the small launches
+    python experiments/timing_validate.py --jobs 16       # each kernel's SM rates in 16 processes
 
 The measured cases are tests/data/h200/timing_cases.json (experiments/timing_measure.py on the
 H200: medians of CUDA-event times, three batches each) and the small launches of
 tests/data/h200/timing_small.json (`--small`: one CTA to two waves), which fit the launch latency
 and are reported apart (those paced by the host or streaming K/V from DRAM in groups of their own). Each case belongs to the 'fit' or the
 'validate' half by a hash of its key. --fit searches the SM parameters named in FITTED (coordinate
-search over 0.6x and 1.5x of each value) on every --fit-step-th fitting case, then the effective clock
+search over 0.6x and 1.5x of each value, or the pairs of --fit-factors in turn) on every
+--fit-step-th fitting case, then the effective clock
 and launch overhead by least squares of relative error on all fitting cases; parameters are
 printed for fa_sim/timing/gpus.py (--fit-clock: only this last least-squares step, on the whole
 fitting half). The report: MAPE and Spearman rank correlation on each half,
@@ -22,6 +24,7 @@ worst cases, and the scatter plot experiments/figures/timing_h200.png.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import json
 import pickle
@@ -126,6 +129,28 @@ def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     return RATES_CACHE[key]
 
 
+JOBS = 1  # processes that compute SM rates (--jobs)
+
+
+def _rates_entry(tag: str, causal: bool, kernel: str, gpu: GpuModel):
+    """(RATES_CACHE key, rates) of one kernel, computed in a worker process."""
+    _rates(KernelConfig.from_tag(tag), causal, kernel, gpu)
+    key = (tag, causal, kernel, repr(gpu))
+    return key, RATES_CACHE[key]
+
+
+def prime(cases, gpus) -> None:
+    """Compute the SM rates the cases need under each of `gpus` in JOBS processes at once (each
+    kernel's SM run is independent); with JOBS = 1 they are computed when first asked for."""
+    sm = [_sm_part(g) for g in gpus]
+    todo = {(c.tag, c.causal, c.kernel, g) for c in cases for g in sm} if JOBS > 1 else set()
+    todo = sorted((t for t in todo if (*t[:3], repr(t[3])) not in RATES_CACHE), key=repr)
+    if not todo:
+        return
+    with concurrent.futures.ProcessPoolExecutor(JOBS) as pool:
+        RATES_CACHE.update(pool.map(_rates_entry, *zip(*todo)))
+
+
 def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: float = 0.0,
               small: np.ndarray | None = None) -> tuple[float, float, float]:
     """(clock GHz, launch us, fill us) of cyc / clock + launch + fill x filled, by least squares of
@@ -146,11 +171,16 @@ def clock_fit(cyc: np.ndarray, filled: np.ndarray, ms: np.ndarray, fill_us: floa
 
 
 def predictions(cases, gpu: GpuModel) -> np.ndarray:
+    prime(cases, [gpu])
     return np.array([cycles(c, gpu) / (gpu.clock_ghz * 1e6) + (gpu.launch_us + gpu.fill_us * fill(c, gpu)) / 1e3
                      for c in cases])
 
 
-def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuModel:
+def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print,
+        factors: tuple = ((0.6, 1.5),)) -> GpuModel:
+    """Coordinate search of the FITTED parameters: each in turn times each pair of `factors` (the
+    pairs in order, a finer pair after a coarser one), a trial kept where it lowers the MAPE of
+    every `step`-th fitting case; then fit_clock on the whole fitting half."""
     fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
     sample = fit_cases[::step]
     ms = np.array([c.ms for c in sample])
@@ -162,17 +192,22 @@ def fit(cases: list[Measured], gpu: GpuModel, step: int = 4, log=print) -> GpuMo
         pred = cyc / (clock * 1e6) + (launch + fill_us * filled) / 1e3
         return float(np.mean(np.abs(pred / ms - 1))), g
 
+    def trial(g: GpuModel, name: str, factor: float) -> GpuModel:
+        value = getattr(g, name)
+        return g.with_(**{name: type(value)(value * factor) if isinstance(value, int) else value * factor})
+
+    prime(sample, [gpu])
     best, gpu = score(gpu)
     log(f"start: MAPE {best:.2%} on {len(sample)} fitting cases")
-    for _ in range(1):
+    for pair in factors:
         for name in FITTED:
-            value = getattr(gpu, name)
-            for factor in (0.6, 1.5):
-                trial = type(value)(value * factor) if isinstance(value, int) else value * factor
-                err, g = score(gpu.with_(**{name: trial}))
+            trials = [trial(gpu, name, f) for f in pair]
+            prime(sample, trials)
+            for t in trials:
+                err, g = score(t)
                 if err < best:
                     best, gpu = err, g
-                    log(f"  {name} = {trial}: MAPE {best:.2%}")
+                    log(f"  {name} = {getattr(t, name)}: MAPE {best:.2%}")
     return fit_clock(cases, gpu)
 
 
@@ -180,6 +215,7 @@ def fit_clock(cases: list[Measured], gpu: GpuModel) -> GpuModel:
     """The effective clock, the launch latency and the first wave's fill cost by least squares on
     the whole fitting half (small launches set apart excluded)."""
     fit_cases = [c for c in cases if c.half == "fit" and not c.apart]
+    prime(fit_cases, [gpu])
     cyc, filled = np.array([cycles(c, gpu) for c in fit_cases]), np.array([fill(c, gpu) for c in fit_cases])
     clock, launch, fill_us = clock_fit(cyc, filled, np.array([c.ms for c in fit_cases]), gpu.fill_us,
                                        np.array([c.small for c in fit_cases]))
@@ -303,6 +339,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-clock", action="store_true", help="refit only the clock and launch overhead on the fitting half")
     ap.add_argument("--fit-launch", action="store_true",
                     help="refit only the launch latency on the small launches of the fitting half (clock and full-wave overhead held)")
+    ap.add_argument("--fit-factors", type=float, nargs="+", default=[0.6, 1.5], metavar="F",
+                    help="--fit's trial factors, in pairs (coarse first): 0.6 1.5 0.8 1.25 searches twice")
+    ap.add_argument("--jobs", type=int, default=1, help="processes that compute the SM rates")
     ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "figures" / "timing_h200.png")
@@ -311,13 +350,18 @@ def main(argv=None) -> int:
                     help="keep each kernel's SM rates in FILE (pickle) across runs: a rerun that changes only "
                          "the clock or the launch overhead then skips the SM simulations (delete it after a model change)")
     args = ap.parse_args(argv)
+    if len(args.fit_factors) % 2 or args.jobs < 1:
+        ap.error("--fit-factors takes pairs of factors and --jobs at least 1")
+    global JOBS
+    JOBS = args.jobs
     if args.rates_cache is not None and args.rates_cache.exists():
         RATES_CACHE.update(pickle.loads(args.rates_cache.read_bytes()))
     cases = load()[:: args.limit]
     gpu = H200
     t0 = time.time()
     if args.fit:
-        gpu = fit(cases, gpu, args.fit_step, log=lambda m: print(m, flush=True))
+        pairs = tuple(zip(args.fit_factors[::2], args.fit_factors[1::2]))
+        gpu = fit(cases, gpu, args.fit_step, log=lambda m: print(m, flush=True), factors=pairs)
         print(f"fitted: {gpu}")
     elif args.fit_clock:
         gpu = fit_clock(cases, gpu)
