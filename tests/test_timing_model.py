@@ -329,3 +329,48 @@ def test_sm_rates_are_timed_once_per_config_and_change_no_prediction():
     fresh = pm.predict(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
     assert (fresh.kernel_ms, fresh.stalls, fresh.pipes, fresh.instructions) == \
         (cached.kernel_ms, cached.stalls, cached.pipes, cached.instructions)
+
+
+def test_the_stall_comparison_sets_the_models_reasons_beside_nsight_computes(tmp_path, capsys):
+    """experiments/timing_stalls.py: per recorded profile the GPU's stall reasons (as recorded) and
+    the model's (as predict gives them); a pattern that matches nothing is argparse's error."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "timing_stalls.py"
+    spec = importlib.util.spec_from_file_location("timing_stalls", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    key = "m128n32d128w8-swizzled/2x24x1500x1500x128/full"
+    out = tmp_path / "s.json"
+    assert mod.main(["--only", "m128n32d128w8", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    recorded = next(k for k in json.loads((DATA / "timing_ncu.json").read_text())["kernels"] if k["key"] == key)
+    pred = predict(mod.problem(key), "h200")
+    assert row["key"] == key and row["gpu"]["dispatch_stall"] == recorded[mod.NCU.format("dispatch_stall")]
+    assert row["model"]["barrier"] == pred.stalls["barrier"] and row["model"]["dispatch_stall"] == 0.0
+    assert 0 < row["bank_conflicted"] < 1
+    text = capsys.readouterr().out
+    assert f"| {key} | gpu | {recorded[mod.NCU.format('wait')]:.2f} |" in text and "| model |" in text
+    with pytest.raises(SystemExit):
+        mod.main(["--only", "no-such-kernel"])
+    assert "matches none" in capsys.readouterr().err
+
+
+def test_bank_conflicts_count_registers_the_reuse_cache_does_not_supply():
+    """Two or more source registers in one bank (number mod 2) conflict unless the previous
+    instruction kept the register for reuse in the same operand slot."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    spec = importlib.util.spec_from_file_location(
+        "timing_stalls", Path(__file__).resolve().parents[1] / "experiments" / "timing_stalls.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ins = [NS(addr=0, operands="R0, R2, R4, R7"),    # R2, R4 in bank 0: conflicted; keeps R2 (slot a)
+           NS(addr=16, operands="R1, R2, R4, R9"),   # R2 from the reuse cache: R4 alone in bank 0
+           NS(addr=32, operands="R3, R5, -R9, RZ"),  # R5, R9 in bank 1: conflicted
+           NS(addr=48, operands="R3, R5, 0x3f800000, R6")]  # one register per bank
+    ctl = {0: NS(reuse=0b0001), 16: NS(reuse=0), 32: NS(reuse=0), 48: NS(reuse=0)}
+    assert mod.bank_conflicted(ins, ctl) == 2 / 4
+    ctl[0] = NS(reuse=0)  # without the reuse, the second conflicts too
+    assert mod.bank_conflicted(ins, ctl) == 3 / 4
