@@ -115,9 +115,9 @@ def report(rows: list[dict]) -> str:
     d = np.array([row["gpu"]["dispatch_stall"] for row in rows])
     c = np.array([row["bank_conflicted"] for row in rows])
     if len(rows) > 2:
-        lines += ["", f"dispatch_stall against bank-conflicted instructions over {len(rows)} kernels: correlation "
-                      f"{np.corrcoef(d, c)[0, 1]:+.2f} (dispatch_stall {d.min():.2f}-{d.max():.2f} per instruction, "
-                      f"conflicts on {c.min():.1%}-{c.max():.1%} of the instructions)"]
+        lines += ["", (f"dispatch_stall against bank-conflicted instructions over {len(rows)} kernels: correlation "
+                       f"{np.corrcoef(d, c)[0, 1]:+.2f} (dispatch_stall {d.min():.2f}-{d.max():.2f} per instruction, "
+                       f"conflicts on {c.min():.1%}-{c.max():.1%} of the instructions)")]
     return "\n".join(lines)
 
 
