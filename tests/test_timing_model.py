@@ -77,28 +77,6 @@ def test_shared_memory_wavefronts_pace_the_sm():
     assert run_sm([stream(32)], 4, gpu).cycles == pytest.approx(8 * 400 + 20 + 2, abs=2)
 
 
-def test_the_shared_memory_pipe_takes_the_sub_partitions_in_turn():
-    """mio_order: one warp queues 10 loads of 8 wavefronts at once, another (its own sub-partition)
-    one load 5 cycles later. In issue order ('fifo') that load waits for the 5 queued before it; in
-    turn ('round_robin', 'per_smsp') for the one in the pipe only. The pipe's work is the same."""
-    done = {}
-    for order in ("fifo", "round_robin", "per_smsp"):
-        gpu = H200.with_(mio_queue=10**6, smem_latency=20, mio_order=order)
-        load = ins("LDSM.16.M88.4", "R4, [R8]", wb=1, wavefronts={"LDSM": 8}, gpu=gpu)
-        use = ins("HMMA.16816.F32", "R0, R4, R6, R0", wait=1 << 1, gpu=gpu)
-        many = [load] * 10 + [use, EXIT]
-        late = [ins("FFMA", stall=5, gpu=gpu), load, use, EXIT]
-        run = run_sm([many, late], 1, gpu)  # one warp per CTA: sub-partitions 0 and 1
-        assert run.busy["SMEM"] == 88
-        done[order] = run.done_at
-    f, r, p = done["fifo"], done["round_robin"], done["per_smsp"]
-    assert f[1] == pytest.approx(5 * 8 + 8 + 20 + 1, abs=1)  # behind the 5 loads queued by cycle 5
-    assert r[1] == pytest.approx(8 + 8 + 20 + 1, abs=2) and p[1] == r[1]  # behind the one in the pipe
-    assert f[0] == pytest.approx(88 + 20 + 1, abs=2) and r[0] == f[0]  # the many: last load at 88 either way
-    with pytest.raises(ValueError, match="mio_order must be"):
-        run_sm([late], 1, H200.with_(mio_order="lifo"))
-
-
 def test_a_scoreboard_holds_the_consumer_until_the_result():
     gpu = H200.with_(mufu_latency=30)
     stream = [ins("MUFU.EX2", "R1, R2", wb=2, gpu=gpu), ins("FFMA", wait=1 << 2, gpu=gpu), EXIT]

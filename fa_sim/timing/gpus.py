@@ -47,9 +47,6 @@ class GpuModel:
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
     mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
-    mio_order: str = "fifo"  # how the shared-memory pipe takes the queued work: "fifo" in issue order,
-    # "round_robin" one instruction of each sub-partition (and of the arriving cp.async data) in turn,
-    # "per_smsp" in turn from per-sub-partition queues of mio_queue / 4 cycles each (their own throttle)
     global_latency: int = 300  # LDGSTS issue to data in shared memory: an L2 hit and the write (fitted; 0.6x
     # and 1.5x fit the fitting half worse; L2 hits take 220-340 cycles on recent NVIDIA GPUs, arXiv:2606.22588)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)

@@ -31,7 +31,7 @@ count), math_pipe_throttle, mio_throttle, not_selected; the issuing warp counts 
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .gpus import GpuModel
@@ -114,11 +114,6 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
     lead = warps[0]
     pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
     state = {"mio_free": 0.0, "global_free": 0.0}
-    if gpu.mio_order in ("round_robin", "per_smsp"):  # per source (4 sub-partitions, then cp.async data)
-        state.update(mio_q=[deque() for _ in range(N_SMSP + 1)], mio_next=0, mio_queued=0.0,
-                     mio_own=[0.0] * (N_SMSP + 1), per_smsp=gpu.mio_order == "per_smsp")
-    elif gpu.mio_order != "fifo":
-        raise ValueError(f"mio_order must be 'fifo', 'round_robin' or 'per_smsp', got {gpu.mio_order!r}")
     events: list = []  # (time, seq, warp, scoreboard)
     last: list = [None] * N_SMSP
     stalls: Counter = Counter()
@@ -130,14 +125,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             when, _, w, sb = heapq.heappop(events)
             if sb >= 0:
                 w.sb[sb] -= 1
-            elif "mio_q" in state:  # a cp.async's data arrived: its shared-memory writes queue
-                state["mio_q"][N_SMSP].append((when, None, None, -sb))
-                state["mio_queued"] -= sb / gpu.smem_wavefronts_per_cycle
-                state["mio_own"][N_SMSP] -= sb / gpu.smem_wavefronts_per_cycle
             else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                 state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
-        if "mio_q" in state:
-            seq = _serve(state, t, gpu, events, seq)
         any_issue = False
         first = int(t) % N_SMSP  # the SM's shared queues serve the sub-partitions round-robin
         for s in (*range(first, N_SMSP), *range(first)):
@@ -158,8 +147,6 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                 if pick.pc in marks and pick is pick.cta.warps[0]:
                     pick.cta.marked.append(t)
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
-                if "mio_q" in state:
-                    seq = _serve(state, t, gpu, events, seq)
                 while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= len(pick.stream)):
                     pending.pop(0)
                     start(len(ctas), t + 1)
@@ -214,12 +201,8 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
         return "wait"
     if pipes[st.slot] > t:
         return "mio_throttle" if st.is_mio else "math_pipe_throttle"
-    if st.is_mio and st.wavefronts:
-        if state.get("per_smsp"):
-            if state["mio_own"][w.smsp] > gpu.mio_queue / N_SMSP:
-                return "mio_throttle"
-        elif _backlog(state, t) > gpu.mio_queue:
-            return "mio_throttle"
+    if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
+        return "mio_throttle"
     return None
 
 
@@ -239,12 +222,6 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
             heapq.heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
             seq += 1
             busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-    elif st.is_mio and st.wavefronts and "mio_q" in state:  # served in turn: _serve releases its scoreboards
-        state["mio_q"][w.smsp].append((t, w, st, st.wavefronts))
-        state["mio_queued"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        state["mio_own"][w.smsp] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        done = None
     elif st.is_mio and st.wavefronts:
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
@@ -254,63 +231,20 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         w.sb[st.write_sb] += 1
         bit = 1 << st.write_sb
         w.long_sb = w.long_sb | bit if st.sync is Sync.LDGDEPBAR else w.long_sb & ~bit
-        if done is not None:
-            when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
-            heapq.heappush(events, (when, seq, w, st.write_sb))
-            seq += 1
+        when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
+        heapq.heappush(events, (when, seq, w, st.write_sb))
+        seq += 1
     if st.sync is Sync.LDGDEPBAR:
         w.open_arrival = 0.0
     if st.read_sb >= 0:
         w.sb[st.read_sb] += 1
-        if done is not None:
-            heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
-            seq += 1
+        heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
+        seq += 1
     if st.sync is Sync.BAR:
         _arrive(w, t, gpu)
     elif st.sync is Sync.EXIT or w.pc >= len(w.stream):
         _leave(w, t, gpu)
     return seq
-
-
-def _backlog(state: dict, t: float) -> float:
-    """Cycles of shared-memory work queued or in the pipe at cycle t."""
-    return max(0.0, state["mio_free"] - t) + state.get("mio_queued", 0.0)
-
-
-def _serve(state: dict, t: float, gpu: GpuModel, events: list, seq: int) -> int:
-    """mio_order 'round_robin': whenever the shared-memory pipe is free by cycle t it takes the
-    oldest queued instruction of the next source in turn (the sub-partitions, then the arriving
-    cp.async data) among those queued by then; an instruction's scoreboards are released its
-    latency after its last wavefront left the pipe, as in issue order."""
-    queues = state["mio_q"]
-    rate = gpu.smem_wavefronts_per_cycle
-    while True:
-        free = state["mio_free"]
-        if free > t:
-            return seq
-        heads = [q[0][0] for q in queues if q]
-        if not heads:
-            return seq
-        start = max(free, min(heads))
-        if start > t:
-            return seq
-        n = len(queues)
-        for k in range(n):
-            src = (state["mio_next"] + k) % n
-            if queues[src] and queues[src][0][0] <= start:
-                break
-        _, w, st, wf = queues[src].popleft()
-        state["mio_next"] = (src + 1) % n
-        state["mio_queued"] -= wf / rate
-        state["mio_own"][src] -= wf / rate
-        done = state["mio_free"] = start + wf / rate
-        if st is not None:
-            if st.write_sb >= 0:
-                heapq.heappush(events, (done + st.latency, seq, w, st.write_sb))
-                seq += 1
-            if st.read_sb >= 0:
-                heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
-                seq += 1
 
 
 def _arrive(w: _Warp, t: float, gpu: GpuModel) -> None:
@@ -344,12 +278,7 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
     cands = [events[0][0]] if events else []
     cands += [w.ready for w in warps if w.pc < len(w.stream) and w.ready > t and not w.at_bar]
     cands += [p for pipes in pipe_free for p in pipes if p > t]
-    if "mio_q" in state:
-        if state["mio_free"] > t:
-            cands.append(state["mio_free"])  # the pipe takes its next instruction then
-        if state["mio_free"] + state["mio_queued"] - gpu.mio_queue > t:
-            cands.append(state["mio_free"] + state["mio_queued"] - gpu.mio_queue)
-    elif state["mio_free"] - gpu.mio_queue > t:
+    if state["mio_free"] - gpu.mio_queue > t:
         cands.append(state["mio_free"] - gpu.mio_queue)
     if not cands:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
