@@ -11,8 +11,8 @@ the median of model / GPU. Times can agree while the reasons disagree (the SM pa
 fitted to times, not to stall reasons): the summary says where the model's SM differs from the
 GPU's, which is where an option's sign can come out wrong (docs/timing.md, "Limits").
 
-`dispatch_stall`, which the model does not have, is set beside a candidate cause: register-bank
-conflicts. The last column is the share of the kernel's dynamic instructions (one CTA of 4
+`dispatch_stall`, which the model does not have, is set beside the GPU's issue activity and
+warps active, and beside a candidate cause: register-bank conflicts. The last column is the share of the kernel's dynamic instructions (one CTA of 4
 rounds) with two or more source registers in one of the two register banks (register number mod 2;
 Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", arXiv:1804.06826)
 that the operand reuse cache does not supply (an operand slot whose register the previous
@@ -42,6 +42,7 @@ REASONS = ("wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_
            "not_selected", "dispatch_stall", "no_instruction")
 NCU = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 ISSUE = "smsp__issue_active.avg.pct_of_peak_sustained_active"
+WARPS = "sm__warps_active.avg.pct_of_peak_sustained_active"
 _REG = re.compile(r"^-?\|?R(\d+)(?:\.\w+)*\|?$")  # a general register operand (RZ excluded)
 
 
@@ -91,6 +92,7 @@ def compare(only: str = "") -> list[dict]:
         rows.append({"key": k["key"], "gpu": {r: k[NCU.format(r)] for r in REASONS},
                      "model": {r: pred.stalls.get(r, 0.0) for r in REASONS},
                      "issue_gpu": k[ISSUE] / 100, "issue_model": pred.issue_slots,
+                     "warps_active_gpu": k[WARPS] / 100, "warps_active_model": pred.achieved_occupancy,
                      "bank_conflicted": bank_conflicted(model.cta_walk(4), model.controls)})
     return rows
 
@@ -118,6 +120,10 @@ def report(rows: list[dict]) -> str:
         lines += ["", (f"dispatch_stall against bank-conflicted instructions over {len(rows)} kernels: correlation "
                        f"{np.corrcoef(d, c)[0, 1]:+.2f} (dispatch_stall {d.min():.2f}-{d.max():.2f} per instruction, "
                        f"conflicts on {c.min():.1%}-{c.max():.1%} of the instructions)")]
+        for name, key in (("issue activity", "issue_gpu"), ("warps active", "warps_active_gpu")):
+            x = np.array([row[key] for row in rows])
+            lines.append(f"dispatch_stall against the GPU's {name} ({x.min():.0%}-{x.max():.0%}): correlation "
+                         f"{np.corrcoef(d, x)[0, 1]:+.2f}")
     return "\n".join(lines)
 
 
