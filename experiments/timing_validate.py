@@ -119,10 +119,15 @@ def _sm_part(gpu: GpuModel) -> GpuModel:
 RATES_CACHE: dict = {}  # (config tag, causal, kernel, SM parameters) -> Rates: --rates-cache's contents
 
 
+def _key(tag: str, causal: bool, kernel: str, gpu: GpuModel) -> tuple:
+    """A kernel's entry in RATES_CACHE."""
+    return tag, causal, kernel, repr(gpu)
+
+
 @functools.lru_cache(maxsize=None)
 def _rates(config: KernelConfig, causal: bool, kernel: str, gpu: GpuModel):
     """One SM's rates for a kernel (shared by the cases of one config; the clock does not enter)."""
-    key = (config.tag, causal, kernel, repr(gpu))
+    key = _key(config.tag, causal, kernel, gpu)
     if key not in RATES_CACHE:
         model = kernel_model(config, causal, gpu.arch, str(ROOT / kernel) if kernel else None)
         RATES_CACHE[key] = replace(sm_rates(model, gpu, occupancy(model, gpu), account=False), run=None)
@@ -135,7 +140,7 @@ JOBS = 1  # processes that compute SM rates (--jobs)
 def _rates_entry(tag: str, causal: bool, kernel: str, gpu: GpuModel):
     """(RATES_CACHE key, rates) of one kernel, computed in a worker process."""
     _rates(KernelConfig.from_tag(tag), causal, kernel, gpu)
-    key = (tag, causal, kernel, repr(gpu))
+    key = _key(tag, causal, kernel, gpu)
     return key, RATES_CACHE[key]
 
 
@@ -144,7 +149,7 @@ def prime(cases, gpus) -> None:
     kernel's SM run is independent); with JOBS = 1 they are computed when first asked for."""
     sm = [_sm_part(g) for g in gpus]
     todo = {(c.tag, c.causal, c.kernel, g) for c in cases for g in sm} if JOBS > 1 else set()
-    todo = sorted((t for t in todo if (*t[:3], repr(t[3])) not in RATES_CACHE), key=repr)
+    todo = sorted((t for t in todo if _key(*t) not in RATES_CACHE), key=repr)
     if not todo:
         return
     with concurrent.futures.ProcessPoolExecutor(JOBS) as pool:
