@@ -3,6 +3,7 @@
     python experiments/timing_measure.py --out DIR              # every case, 3 timed batches each
     python experiments/timing_measure.py --list                 # the cases, no GPU needed
     python experiments/timing_measure.py --small --out DIR     # the small launches -> timing_small.json
+    python experiments/timing_measure.py --pairs --out DIR     # each option beside its base, interleaved
     ncu --csv --page raw --section WarpStateStats ... python experiments/timing_measure.py --profile --out DIR
                                                                 # one launch per profiled case
 
@@ -20,6 +21,15 @@ Timing: the inputs are random normal fp16 torch tensors (never zeros); each batc
 launches, then `--reps` launches each bracketed by CUDA events; a case's time is the median of each
 batch, and the three batch medians give the spread. Inputs stay in L2 between launches where they
 fit (H200: 50 MB), as in a model's repeated layers. Writes timing_cases.json to --out.
+
+Pairs (`--pairs`, timing_pairs.json): an option's speedup from two cases timed minutes apart
+carries the GPU's drift between them (the clock, the temperature, the L2's state), which the
+batches of one case do not show: re-measured, three of the recorded signs flipped. So each option
+is also timed beside its base config on the same inputs, interleaved: `--rounds` rounds of one
+batch of each (the order alternating, base first in even rounds), per round the speedup base
+median / option median - 1, and `--passes` passes over all pairs one after another. The pair's
+speedup is the median over every round, its range that of the passes' own medians: the sign is
+told where the range does not hold 0, i.e. where every pass agrees on it.
 """
 
 from __future__ import annotations
@@ -144,6 +154,52 @@ def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
     return row
 
 
+def option_pairs(all_cases: list[Case]) -> list[tuple[Case, Case]]:
+    """(option case, its base case): every case whose config has options (or a kernel variant)
+    beside the plain config on the same shape (cases() measures them in pairs)."""
+    by_key = {(c.tag, c.shape, c.causal, c.kernel): c for c in all_cases}
+    out = []
+    for c in all_cases:
+        cfg = c.config()
+        plain = KernelConfig(block_m=cfg.block_m, block_n=cfg.block_n, head_dim=cfg.head_dim, n_warps=cfg.n_warps,
+                             smem=cfg.smem).tag
+        base = by_key.get((plain, c.shape, c.causal, ""))
+        if base is not None and base is not c:
+            out.append((c, base))
+    return out
+
+
+def measure_pair(option: Case, base: Case, warmup: int, reps: int, rounds: int) -> dict:
+    """One pass: `rounds` rounds of one batch of each, on the option's inputs, the order
+    alternating; the batch medians (ms) of each."""
+    from fa_hw.forward import prepare
+
+    q, k, v = _inputs(option)
+    plans, dev = [], None
+    for c in (base, option):
+        plan, dev, _ = prepare(q, k, v, c.causal, None, c.config(), kernel=str(ROOT / c.kernel) if c.kernel else None)
+        plans.append(plan)
+    times: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+            times[which].append(statistics.median(plans[which].time(dev.stream, warmup, reps)))
+    return {"base_ms": times[0], "option_ms": times[1]}
+
+
+def pair_summary(passes: list[dict]) -> dict:
+    """A pair's speedup from its passes: the median over every round of base / option - 1, and the
+    range of the passes' own medians (the sign is told where every pass agrees on it)."""
+    per_pass = [[b / o - 1 for b, o in zip(p["base_ms"], p["option_ms"])] for p in passes]
+    medians = [statistics.median(s) for s in per_pass]
+    return {"speedup": statistics.median([x for s in per_pass for x in s]), "low": min(medians), "high": max(medians),
+            "pass_speedups": medians}
+
+
+def pairs_json(meta: dict, rows: list[dict]) -> str:
+    """timing_pairs.json's text: one line per pair."""
+    return f'{{"meta": {json.dumps(meta)},\n "pairs": [\n' + ",\n".join(json.dumps(r) for r in rows) + "]}\n"
+
+
 def _precompile(selected: list[Case]) -> None:
     """Every cubin in parallel (one NVRTC compile per core) before the first timed launch."""
     from fa_hw.runtime import device_arch
@@ -228,6 +284,10 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--pairs", action="store_true",
+                   help="each option beside its base, interleaved (--rounds rounds), written to timing_pairs.json")
+    p.add_argument("--rounds", type=int, default=9, help="--pairs: interleaved rounds per pair and pass")
+    p.add_argument("--passes", type=int, default=3, help="--pairs: passes over every pair, one after another")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     p.add_argument("--profile", action="store_true", help="launch each profiled case once (run under ncu)")
     p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
@@ -252,6 +312,8 @@ def main(argv=None) -> int:
     all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:
         raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
+    if args.pairs:
+        return _main_pairs(args, all_cases)
     if args.list:
         for c in all_cases:
             print(c.half(), c.key)
@@ -280,6 +342,37 @@ def main(argv=None) -> int:
     name = "timing_small.json" if args.small else "timing_cases.json"
     (args.out / name).write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
     print(f"wrote {len(rows)} cases to {args.out / name} in {time.time() - t0:.0f} s")
+    return 0
+
+
+def _main_pairs(args, all_cases: list[Case]) -> int:
+    pairs = option_pairs(all_cases)
+    if not pairs:
+        raise SystemExit("no option case with its base among the selected cases (see --list)")
+    if args.list:
+        for option, base in pairs:
+            print(option.key, "beside", base.key)
+        print(f"{len(pairs)} pairs", file=sys.stderr)
+        return 0
+    t0 = time.time()
+    _precompile([c for pair in pairs for c in pair])
+    print(f"compiled {len(pairs)} pairs in {time.time() - t0:.0f} s", flush=True)
+    import torch
+
+    passes: dict[str, list[dict]] = {option.key: [] for option, _ in pairs}
+    for n in range(args.passes):  # pass after pass over every pair: the passes are minutes apart
+        for i, (option, base) in enumerate(pairs):
+            passes[option.key].append(measure_pair(option, base, args.warmup, args.reps, args.rounds))
+            s = pair_summary(passes[option.key][-1:])
+            print(f"pass {n} {i:3d} {option.key:60s} {s['speedup']:+.2%}", flush=True)
+    rows = [{"key": option.key, "base": base.key, **pair_summary(passes[option.key]), "passes": passes[option.key]}
+            for option, base in pairs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "warmup": args.warmup, "reps": args.reps, "rounds": args.rounds,
+            "passes": args.passes,
+            "kernel_sha256": hashlib.sha256((ROOT / "fa_hw" / "kernels" / "fa2_fwd.cu").read_bytes()).hexdigest()}
+    (args.out / "timing_pairs.json").write_text(pairs_json(meta, rows))
+    print(f"wrote {len(rows)} pairs to {args.out / 'timing_pairs.json'} in {time.time() - t0:.0f} s")
     return 0
 
 

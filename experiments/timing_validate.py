@@ -18,7 +18,10 @@ and launch overhead by least squares of relative error on all fitting cases; par
 printed for fa_sim/timing/gpus.py (--fit-clock: only this last least-squares step, on the whole
 fitting half). The report: MAPE and Spearman rank correlation on each half,
 the sign of each option's speedup (the option against its base config on the same shape), the
-worst cases, and the scatter plot experiments/figures/timing_h200.png.
+worst cases, and the scatter plot experiments/figures/timing_h200.png. The signs are judged
+against tests/data/h200/timing_pairs.json (`timing_measure.py --pairs`: each option timed beside
+its base on the same inputs, interleaved, in three passes), beside the speedup of the two cases
+timed apart; `--apart` judges them against the latter, as before the pairs were measured.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupanc
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
 SMALL = ROOT / "tests" / "data" / "h200" / "timing_small.json"  # launches of one partial wave or a few
+PAIRS = ROOT / "tests" / "data" / "h200" / "timing_pairs.json"  # each option beside its base, interleaved
 FITTED = ("mio_queue", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
 
 
@@ -251,12 +255,13 @@ class Sign:
     key: str
     measured: float
     predicted: float
-    low: float  # the measured speedup's range over the batches: slowest base batch / fastest option batch - 1
-    high: float
+    low: float  # the measured speedup's range: of a pair's passes (timing_pairs.json), else over the
+    high: float  # batches: slowest base batch / fastest option batch - 1 and the reverse
+    timed_apart: float = 0.0  # the speedup from the two cases' own times (timing_cases.json), minutes apart
 
     @property
     def in_noise(self) -> bool:
-        """The batches' range of the measured speedup holds 0: the run cannot tell its sign."""
+        """The measured speedup's range holds 0: the measurement cannot tell its sign."""
         return self.low <= 0 <= self.high
 
     @property
@@ -268,9 +273,17 @@ class Sign:
         return (self.measured > 0) == (self.predicted > 0)
 
 
-def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
-    """Each option case against its base on the same shape."""
+def load_pairs(path: Path = PAIRS) -> dict[str, dict]:
+    """The paired measurements (experiments/timing_measure.py --pairs) by option key: speedup, and
+    low / high, the range of its passes' medians."""
+    return {row["key"]: row for row in json.loads(path.read_text())["pairs"]}
+
+
+def option_signs(cases: list[Measured], pred: dict, pairs: dict | None = None) -> list[Sign]:
+    """Each option case against its base on the same shape; measured by the two cases' times, or,
+    for an option in `pairs` (load_pairs), by its paired measurement."""
     by_shape = {(c.tag, c.shape, c.causal, c.kernel): c for c in cases}
+    pairs = pairs or {}
     out = []
     for c in cases:
         base_tag = KernelConfig.from_tag(c.tag).tag
@@ -281,12 +294,19 @@ def option_signs(cases: list[Measured], pred: dict) -> list[Sign]:
         if base is None or base.key == c.key or (base_tag == plain and not c.kernel):
             continue
         b, o = base.batch_ms or (base.ms,), c.batch_ms or (c.ms,)
-        out.append(Sign(c.key, base.ms / c.ms - 1, pred[base.key] / pred[c.key] - 1, min(b) / max(o) - 1,
-                        max(b) / min(o) - 1))
+        timed_apart = base.ms / c.ms - 1
+        paired = pairs.get(c.key)
+        if paired is not None and paired["base"] != base.key:
+            raise ValueError(f"{c.key}: paired with {paired['base']}, timed apart with {base.key}")
+        measured, low, high = (timed_apart, min(b) / max(o) - 1, max(b) / min(o) - 1) if paired is None else \
+            (paired["speedup"], paired["low"], paired["high"])
+        out.append(Sign(c.key, measured, pred[base.key] / pred[c.key] - 1, low, high, timed_apart))
     return out
 
 
-def report(cases: list[Measured], pred: dict, out: Path) -> str:
+def report(cases: list[Measured], pred: dict, out: Path, pairs: dict | None = None) -> str:
+    """MAPE and Spearman per half, the worst cases, and the option signs: against `pairs`
+    (load_pairs) where given, else against the speedups of the cases timed apart."""
     lines = ["| half | cases | MAPE | Spearman | worst |", "|---|---|---|---|---|"]
     groups = [(half, [c for c in cases if c.half == half and not c.small]) for half in ("fit", "validate")]
     groups += [(f"small, {half}", [c for c in cases if c.half == half and c.small and not c.apart])
@@ -301,20 +321,28 @@ def report(cases: list[Measured], pred: dict, out: Path) -> str:
         err = np.abs(p / m - 1)
         i = int(np.argmax(err))
         lines.append(f"| {half} | {len(sel)} | {err.mean():.1%} | {spearman(m, p):.3f} | {sel[i].key} {p[i] / m[i] - 1:+.0%} |")
-    signs = option_signs(cases, pred)
-    lines += ["", f"option speedup signs predicted right: {sum(g.right for g in signs)} of {len(signs)}"]
+    signs = option_signs(cases, pred, pairs)
+    rng = "the range of its passes" if pairs else "the range over the batches"
+    how = ("measured in pairs, interleaved: tests/data/h200/timing_pairs.json" if pairs else
+           "measured apart: the two cases of tests/data/h200/timing_cases.json")
+    lines += ["", f"option speedup signs predicted right: {sum(g.right for g in signs)} of {len(signs)} ({how})"]
     for least in (0.02, 0.05):
         big = [g.right for g in signs if abs(g.measured) >= least]
         lines.append(f"  of the {len(big)} whose measured effect is at least {least:.0%}: {sum(big)} right")
+    told = [g.right for g in signs if not g.in_noise]
+    lines.append(f"  of the {len(told)} whose sign the measurement tells ({rng} does not hold 0): {sum(told)} right")
     noise = [g for g in signs if g.in_noise]
-    lines.append(f"  {len(noise)} measured effects lie inside their batches' range (it holds 0), "
-                 f"{sum(g.right for g in noise)} of them signed right")
-    lines += ["", "the wrong ones (measured, [range over the batches], predicted):"]
+    lines.append(f"  {len(noise)} measured effects whose range holds 0, {sum(g.right for g in noise)} of them signed right")
+    beside = (lambda g: f", timed apart {g.timed_apart:+.1%}") if pairs else (lambda g: "")
+    lines += ["", f"the wrong ones (measured, [{rng}], predicted):"]
     lines += [f"  {g.key}: measured {g.measured:+.1%} [{g.low:+.1%}, {g.high:+.1%}]"
-              f"{' inside noise' if g.in_noise else ''}, predicted {g.predicted:+.1%}" for g in signs if not g.right]
-    lines += ["", "| option case | measured | range over the batches | predicted | sign |", "|---|---|---|---|---|"]
-    lines += [f"| {g.key} | {g.measured:+.1%} | [{g.low:+.1%}, {g.high:+.1%}]{' (noise)' if g.in_noise else ''} | "
-              f"{g.predicted:+.1%} | {'right' if g.right else 'WRONG'} |" for g in signs]
+              f"{' inside noise' if g.in_noise else ''}{beside(g)}, predicted {g.predicted:+.1%}"
+              for g in signs if not g.right]
+    extra, bar = (" timed apart |", "---|") if pairs else ("", "")
+    lines += ["", f"| option case | measured | {rng} |{extra} predicted | sign |", f"|---|---|---|{bar}---|---|"]
+    lines += [f"| {g.key} | {g.measured:+.1%} | [{g.low:+.1%}, {g.high:+.1%}]{' (noise)' if g.in_noise else ''} |"
+              f"{f' {g.timed_apart:+.1%} |' if pairs else ''} {g.predicted:+.1%} | {'right' if g.right else 'WRONG'} |"
+              for g in signs]
     _scatter(cases, pred, out)
     return "\n".join(lines)
 
@@ -346,6 +374,8 @@ def main(argv=None) -> int:
                     help="refit only the launch latency on the small launches of the fitting half (clock and full-wave overhead held)")
     ap.add_argument("--fit-factors", type=float, nargs="+", default=[0.6, 1.5], metavar="F",
                     help="--fit's trial factors, in pairs (coarse first): 0.6 1.5 0.8 1.25 searches twice")
+    ap.add_argument("--apart", action="store_true",
+                    help="the option signs against the two cases timed apart, not the paired measurements")
     ap.add_argument("--jobs", type=int, default=1, help="processes that compute the SM rates")
     ap.add_argument("--limit", type=int, default=1, help="every Nth case only (quick looks)")
     ap.add_argument("--fit-step", type=int, default=4, help="fit the SM parameters on every Nth fitting case")
@@ -377,7 +407,8 @@ def main(argv=None) -> int:
     pred = dict(zip((c.key for c in cases), predictions(cases, gpu)))
     if args.rates_cache is not None:
         args.rates_cache.write_bytes(pickle.dumps(RATES_CACHE))
-    print(report(cases, pred, args.out))
+    pairs = None if args.apart else load_pairs()
+    print(report(cases, pred, args.out, pairs))
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"gpu": repr(gpu), "predicted_ms": pred}, indent=1))

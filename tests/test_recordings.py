@@ -145,3 +145,20 @@ def test_a_regenerated_copy_compares_equal_and_a_changed_value_does_not(tmp_path
     verdict = recordings.compare(tmp_path, recordings.BY_NAME["compare_causal_tails.npz"])
     assert not verdict.equal and "o" in verdict.detail
     assert not recordings.compare(tmp_path / "nowhere", recordings.BY_NAME["alu_probe.npz"]).equal
+
+
+def test_paired_speedups_compare_by_the_signs_both_tell(tmp_path):
+    """timing_pairs.json: a rerun matches where both files' passes agree on a sign; a sign told the
+    other way is a difference, a rerun whose passes disagree (range holding 0) is not."""
+    old = DATA / "h200" / "timing_pairs.json"
+    doc = json.loads(old.read_text())
+    told = next(r for r in doc["pairs"] if r["low"] > 0)
+    new = tmp_path / "timing_pairs.json"
+    assert recordings.compare_signs(old, old)[0]
+    told.update(low=-0.01, high=0.01)  # this rerun cannot tell the sign: not a difference
+    new.write_text(json.dumps(doc))
+    assert recordings.compare_signs(new, old)[0]
+    told.update(low=-0.02, high=-0.01)  # told the other way
+    new.write_text(json.dumps(doc))
+    ok, detail = recordings.compare_signs(new, old)
+    assert not ok and told["key"] in detail

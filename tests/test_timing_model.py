@@ -102,6 +102,21 @@ def test_a_cp_async_group_completes_after_the_global_latency():
     assert run.stalls["long_scoreboard"] >= 490
 
 
+def test_the_copy_latency_rises_with_the_share_of_slots_filled():
+    """GpuModel.loaded: from global_latency_idle (extrapolated to an empty SM) to global_latency with
+    every CTA slot filled, linearly; the SM run of one copy group takes it."""
+    assert (H200.global_latency_idle, H200.global_latency) == (200, 450)
+    assert [H200.loaded(j, 4).global_latency for j in (1, 2, 4)] == [262, 325, 450]
+    assert H200.loaded(1, 1).global_latency == 450 and H200.loaded(1, 4).global_latency_idle is None
+    flat = H200.with_(global_latency_idle=None)
+    assert flat.loaded(1, 4) is flat
+    gpu = H200.with_(global_bytes_per_cycle=512.0)
+    stream = [ins("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", rb=1, wavefronts={"LDGSTS": 4}, gpu=gpu),
+              ins("LDGDEPBAR", "", wb=0, gpu=gpu), ins("DEPBAR.LE", "SB0, 0x0", gpu=gpu), EXIT]
+    alone, full = (run_sm([stream], 1, gpu.loaded(j, 4)).cycles for j in (1, 4))
+    assert 262 <= alone <= 272 and 450 <= full <= 460
+
+
 def test_ctas_queue_for_the_slots():
     stream = [ins("FFMA", stall=2)] * 50 + [EXIT]
     assert run_sm([stream] * 3, 4, H200, slots=1).cycles == pytest.approx(3 * 101, abs=3)
@@ -175,7 +190,7 @@ CASES = [c for c in json.loads((DATA / "timing_cases.json").read_text())["cases"
 @pytest.mark.slow  # one test of about two minutes: a parallel run starts it first (conftest.py)
 def test_validation_cases_replay_within_the_reported_accuracy():
     """16 of the 127 held-out cases (every 8th): mean absolute percentage error at most 10 % and
-    rank correlation at least 0.95, the issue's goals (the README reports all 127: 5.0 %, 0.996)."""
+    rank correlation at least 0.95, the issue's goals (the README reports all 127: 5.2 %, 0.996)."""
     measured, predicted = [], []
     for c in CASES:
         b, h, nq, nk, _ = c["shape"]
@@ -196,15 +211,15 @@ SMALL = [c for c in json.loads((DATA / "timing_small.json").read_text())["cases"
 def test_small_launches_replay_with_the_launch_latency():
     """The small launches of the seed config that the GPU, not the host's launch rate, times (over
     19 us: one CTA of 64 rounds; N = 1000 and 1500 causal, with query tails, 64 and 96 CTAs):
-    each within 10 % (measured: -3.0 %, +3.9 %, -1.8 %). With the overhead of a full first wave
-    (9.1 us) charged to every launch, as before the launch latency and the first wave's fill were
-    told apart: +8 %, +19 %, +20 %."""
+    each within 10 % (-0.1 %, +5.1 %, +2.2 %; -3.0 %, +3.9 %, -1.8 % with the flat copy latency).
+    With the overhead of a full first wave (9.1 us) charged to every launch, as before the launch
+    latency and the first wave's fill were told apart: +8 %, +19 %, +20 %."""
     assert len(SMALL) == 3
     for c in SMALL:
         b, h, nq, nk, _ = c["shape"]
         prob = Problem(b, h, nq, nk, c["causal"], 1.0, KernelConfig.from_tag(c["tag"]))
         assert predict(prob, "h200").kernel_ms == pytest.approx(c["kernel_ms"], rel=0.10), c["key"]
-    assert H200.overhead_us(1, 4) < 3 < 9 < H200.overhead_us(H200.sms * 4, 4)
+    assert H200.overhead_us(1, 4) < 4 < 9 < H200.overhead_us(H200.sms * 4, 4)
 
 
 @pytest.mark.slow
@@ -374,3 +389,60 @@ def test_bank_conflicts_count_registers_the_reuse_cache_does_not_supply():
     assert mod.bank_conflicted(ins, ctl) == 2 / 4
     ctl[0] = NS(reuse=0)  # without the reuse, the second conflicts too
     assert mod.bank_conflicted(ins, ctl) == 3 / 4
+
+
+def _experiment(name: str):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    sys.path.insert(0, str(path.parent))  # timing_validate imports its neighbours as a script does
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
+    return mod
+
+
+def test_the_paired_measurements_hold_every_option_beside_its_base():
+    """tests/data/h200/timing_pairs.json (timing_measure.py --pairs): the 62 options of the report,
+    each with the base the report sets it beside, three passes of nine interleaved rounds each, and
+    its speedup and range recomputed from the recorded batch medians."""
+    measure, validate = _experiment("timing_measure"), _experiment("timing_validate")
+    doc = json.loads((DATA / "timing_pairs.json").read_text())
+    rows = {r["key"]: r for r in doc["pairs"]}
+    pairs = measure.option_pairs(measure.cases())
+    assert len(pairs) == 62 and {o.key: b.key for o, b in pairs} == {k: r["base"] for k, r in rows.items()}
+    for r in rows.values():
+        assert len(r["passes"]) == doc["meta"]["passes"] == 3
+        assert all(len(p["base_ms"]) == len(p["option_ms"]) == doc["meta"]["rounds"] for p in r["passes"])
+        s = measure.pair_summary(r["passes"])
+        assert (s["speedup"], s["low"], s["high"]) == (r["speedup"], r["low"], r["high"])
+        assert r["low"] <= r["speedup"] <= r["high"]  # the pooled median lies between the passes' medians
+    cases = validate.load()
+    pred = {c.key: 1.0 for c in cases}  # predictions do not enter which pairs are formed
+    signs = validate.option_signs(cases, pred, validate.load_pairs())
+    assert {g.key for g in signs} == set(rows) and all(g.measured == rows[g.key]["speedup"] for g in signs)
+    apart = {g.key: g for g in validate.option_signs(cases, pred)}
+    assert all(g.timed_apart == apart[g.key].measured for g in signs)
+
+
+def test_a_pair_measured_beside_another_base_is_refused():
+    validate = _experiment("timing_validate")
+    cases = validate.load()
+    pairs = validate.load_pairs()
+    key = next(iter(pairs))
+    pairs[key] = {**pairs[key], "base": "m64n64d64w4-plain/1x1x64x64x64/full"}
+    with pytest.raises(ValueError, match="paired with m64n64d64w4-plain"):
+        validate.option_signs(cases, {c.key: 1.0 for c in cases}, pairs)
+
+
+def test_a_pairs_summary_is_the_median_of_its_rounds_and_the_range_of_its_passes():
+    measure = _experiment("timing_measure")
+    passes = [{"base_ms": [1.0, 1.1, 1.0], "option_ms": [0.5, 1.0, 1.0]},   # +100 %, +10 %, 0
+              {"base_ms": [1.0, 1.0, 1.0], "option_ms": [1.25, 1.0, 0.8]}]  # -20 %, 0, +25 %
+    s = measure.pair_summary(passes)
+    assert s["pass_speedups"] == pytest.approx([0.1, 0.0]) and s["speedup"] == pytest.approx(0.05)
+    assert (s["low"], s["high"]) == (min(s["pass_speedups"]), max(s["pass_speedups"]))

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     JSON = "json"              # equal JSON values
     TEXT = "text"              # equal bytes
     TIMES = "times"            # measured times: the same cases, each within TIME_TOLERANCE (timing_*.json)
+    SIGNS = "signs"            # paired speedups: the same pairs, the same sign where both files' passes agree
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ RECORDINGS = (
     Recording(f"{H200}/timing_cases.json", True, "python experiments/timing_measure.py --out OUT",
               "the timing model's cases: kernel times (CUDA events, medians of 3 batches) of 252 launches",
               Kind.TIMES, 240),
+    Recording(f"{H200}/timing_pairs.json", True, "python experiments/timing_measure.py --pairs --out OUT",
+              "each option timed beside its base config on the same inputs, interleaved (the option signs)",
+              Kind.SIGNS, 240),
     Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
               "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
               Kind.TIMES, 120),
@@ -221,8 +225,22 @@ def compare_times(new: Path, old: Path) -> tuple[bool, str]:
                      f"{len(off)} of {len(b)} cases DIFFER beyond {TIME_TOLERANCE:.0%} (e.g. {off[0]})")
 
 
+def compare_signs(new: Path, old: Path) -> tuple[bool, str]:
+    """The same pairs; the same sign of the speedup wherever both files' passes agree on one (a range
+    of pass medians that holds 0 tells no sign)."""
+    a, b = ({r["key"]: r for r in json.loads(p.read_text())["pairs"]} for p in (new, old))
+    if set(a) != set(b):
+        return False, f"DIFFERENT pairs ({len(set(a) ^ set(b))} not in both)"
+    def sign(r: dict) -> int:
+        return 0 if r["low"] <= 0 <= r["high"] else 1 if r["low"] > 0 else -1
+    told = [k for k in b if sign(a[k]) and sign(b[k])]
+    off = [k for k in told if sign(a[k]) != sign(b[k])]
+    return not off, (f"{len(b)} pairs, {len(told)} signed in both, all alike" if not off else
+                     f"{len(off)} of {len(told)} signs DIFFER (e.g. {off[0]})")
+
+
 COMPARE = {Kind.ARRAYS: compare_arrays, Kind.ALU: compare_alu, Kind.SAVED_RUN: compare_saved_run,
-           Kind.JSON: compare_json, Kind.TEXT: compare_tree, Kind.TIMES: compare_times}
+           Kind.JSON: compare_json, Kind.TEXT: compare_tree, Kind.TIMES: compare_times, Kind.SIGNS: compare_signs}
 
 
 def compare(new: Path, rec: Recording, root: Path = ROOT) -> Verdict:

@@ -47,8 +47,12 @@ class GpuModel:
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
     mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
-    global_latency: int = 300  # LDGSTS issue to data in shared memory: an L2 hit and the write (fitted; 0.6x
-    # and 1.5x fit the fitting half worse; L2 hits take 220-340 cycles on recent NVIDIA GPUs, arXiv:2606.22588)
+    global_latency: int = 300  # LDGSTS issue to data in shared memory with every CTA slot of the SM filled:
+    # an L2 hit, the write, and the queueing of a loaded chip (L2 hits take 220-340 cycles on recent NVIDIA
+    # GPUs, arXiv:2606.22588; the H200's value below: docs/timing.md, "The copy latency under load")
+    global_latency_idle: int | None = None  # the copy latency rises with the load: linearly in the share of
+    # the SM's CTA slots filled (in a full grid every SM alike), from this (extrapolated to an empty SM)
+    # to global_latency with every slot filled; None: no rise (GpuModel.loaded)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
     fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
@@ -56,6 +60,14 @@ class GpuModel:
 
     def with_(self, **changes) -> "GpuModel":
         return replace(self, **changes)
+
+    def loaded(self, resident: int, slots: int) -> "GpuModel":
+        """The parameters one SM runs under with `resident` of its `slots` CTA slots filled: the copy
+        latency at that load (global_latency_idle), the rest as they are."""
+        if self.global_latency_idle is None:
+            return self
+        rise = (self.global_latency - self.global_latency_idle) * resident / slots
+        return replace(self, global_latency=round(self.global_latency_idle + rise), global_latency_idle=None)
 
     def overhead_us(self, ctas: int, resident: int) -> float:
         """What a launch takes beyond its CTAs' cycles: the launch latency, and the share of
@@ -69,8 +81,8 @@ def fill_fraction(ctas: int, sms: int, resident: int) -> float:
 
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
-H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.7343,
-                launch_us=2.417, fill_us=6.723)
+H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.7399,
+                launch_us=3.245, fill_us=5.97, global_latency=450, global_latency_idle=200)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.

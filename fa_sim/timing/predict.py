@@ -13,7 +13,8 @@ How (what `fa time --help` says too):
    occupancy, and half of it from 4 on; linear in between), started about a j-th of a round apart
    (a running grid's CTAs are at spread-out points of their rounds; averaged over PHASES offsets,
    as the CTAs' relative phases in a running grid are spread too): the cycles of a steady round
-   c_j and the fixed cost o_j of a CTA when j share the SM; the first wave's fixed cost from j
+   c_j and the fixed cost o_j of a CTA when j share the SM, each j under the copy latency of
+   its load (it rises with the share of the SM's CTA slots filled); the first wave's fixed cost from j
    CTAs started together; a masked round's time over a plain one's. This is the
    representative-CTA approximation: CTAs are not all timed.
 5. The GPU: the grid's CTAs in launch order (heavy_first: longest first) dispatched to the SMs'
@@ -122,7 +123,8 @@ class Rates:
 
 
 def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) -> Rates:
-    """c_j and o_j for j = 1..k: timed at j = 1, k (and k // 2 from k = 4), linear in j between.
+    """c_j and o_j for j = 1..k: timed at j = 1, k (and k // 2 from k = 4), linear in j between;
+    each j under the copy latency of its load (GpuModel.loaded).
 
     Co-resident CTAs start staggered, one j-th of a round's instructions apart: in a running grid
     an SM's CTAs started whenever a slot freed, so they are at spread-out points of their rounds,
@@ -134,12 +136,12 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run = {}, None
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
-        c, life, run = _steady(model, gpu, j, 0, account and j == k)
-        together = run_sm([short] * j, model.config.n_warps, gpu, account=False)
+        c, life, run = _steady(model, gpu.loaded(j, k), j, 0, account and j == k)
+        together = run_sm([short] * j, model.config.n_warps, gpu.loaded(j, k), account=False)
         timed[j] = (c, max(0.0, life - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
-    masked = _steady(model, gpu, k, STEADY_RUN, False)[0] / timed[k][0] - 1
+    masked = _steady(model, gpu.loaded(k, k), k, STEADY_RUN, False)[0] / timed[k][0] - 1
     return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run)
 
 
@@ -245,7 +247,8 @@ def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: 
             for m in key:
                 if classes[m] not in streams:
                     streams[classes[m]] = model.cta_stream(classes[m][0], gpu, *classes[m][1:])
-            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, gpu, account=False, slots=k)
+            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, gpu.loaded(min(len(key), k), k),
+                         account=False, slots=k)
             ends[key] = run.cycles
     return max(ends.values())
 

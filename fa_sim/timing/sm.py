@@ -19,7 +19,8 @@ The model (parameters: fa_sim.timing.gpus):
 - Issuing sets the write / read scoreboard; it is released after the instruction's latency: MIO
   instructions first wait their turn in the SM's shared-memory pipe, which drains
   `smem_wavefronts_per_cycle` wavefronts per cycle (the bank model's exact count per instruction);
-  LDGSTS copies queue on the SM's share of L2 bandwidth and arrive `global_latency` later, when
+  LDGSTS copies queue on the SM's share of L2 bandwidth and arrive `global_latency` later (the
+  caller passes the latency at the SM's load: GpuModel.loaded), when
   their shared-memory writes take the shared-memory pipe; a cp.async group (LDGDEPBAR's
   scoreboard) is released when its last copy arrived.
 - BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
