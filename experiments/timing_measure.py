@@ -300,6 +300,10 @@ def main(argv=None) -> int:
     p.add_argument("--sass-csv", nargs="+", default=None, metavar="KEY=FILE",
                    help="turn ncu source pages (one per case) into OUT/timing_sass_counts.json (no GPU)")
     args = p.parse_args(argv)
+    if args.pairs and (args.small or args.profile):
+        p.error("--pairs times the options of the main cases beside their bases; it takes neither --small nor --profile")
+    if args.pairs and min(args.rounds, args.passes) < 1:
+        p.error("--rounds and --passes take at least 1")
     if args.sass_csv is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         text = json.dumps(sass_counts(args.sass_csv), separators=(",", ":")).replace("],[", "],\n[")
@@ -312,8 +316,8 @@ def main(argv=None) -> int:
     all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:
         raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
-    if args.pairs:
-        return _main_pairs(args, all_cases)
+    if args.pairs:  # --only picks options; each is paired with its base whatever --only says of it
+        return _main_pairs(args, [c for c in cases() if args.only is None or args.only.search(c.key)])
     if args.list:
         for c in all_cases:
             print(c.half(), c.key)
@@ -345,8 +349,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def _main_pairs(args, all_cases: list[Case]) -> int:
-    pairs = option_pairs(all_cases)
+def _main_pairs(args, selected: list[Case]) -> int:
+    chosen = {c.key for c in selected}
+    pairs = [(option, base) for option, base in option_pairs(cases()) if option.key in chosen]
     if not pairs:
         raise SystemExit("no option case with its base among the selected cases (see --list)")
     if args.list:

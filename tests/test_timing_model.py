@@ -446,3 +446,18 @@ def test_a_pairs_summary_is_the_median_of_its_rounds_and_the_range_of_its_passes
     s = measure.pair_summary(passes)
     assert s["pass_speedups"] == pytest.approx([0.1, 0.0]) and s["speedup"] == pytest.approx(0.05)
     assert (s["low"], s["high"]) == (min(s["pass_speedups"]), max(s["pass_speedups"]))
+
+
+def test_pairs_pair_the_options_only_selects_with_their_bases(capsys):
+    """timing_measure.py --pairs --list (no GPU): --only picks options, each beside its base even
+    where the pattern does not match the base; --small and bad counts are refused."""
+    measure = _experiment("timing_measure")
+    assert measure.main(["--pairs", "--list", "--only", "s2-qr/1x16x8192"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["m128n128d64w8-swizzled-s2-qr/1x16x8192x8192x64/causal beside "
+                                    "m128n128d64w8-swizzled/1x16x8192x8192x64/causal"] and "1 pairs" in out.err
+    for argv in (["--pairs", "--small"], ["--pairs", "--passes", "0"]):
+        with pytest.raises(SystemExit):
+            measure.main(argv)
+    with pytest.raises(SystemExit, match="no option case"):
+        measure.main(["--pairs", "--list", "--only", "^m64n64d64w4-plain/"])
