@@ -21,8 +21,17 @@ def test_run_sweep_over_workers_is_the_serial_sweep_in_case_order():
     cases = make_cases([KernelConfig(smem=s) for s in SmemLayout], [(1, 1, 130, 70)], (False, True))
     serial = [run_case(c) for c in cases]
     parallel = run_sweep(cases, workers=2, progress=False)
+    # every field alike, the float64 error measures to 1e-12: they are measured against a float64
+    # reference of BLAS matmuls (fa_sim/reference.py), whose summation order is not fixed from one
+    # process to another (OpenBLAS picks kernels and splits by threads and alignment), so the same O
+    # can measure an error that differs in its last bits (seen in CI: 0.00026048772492936534 in the
+    # test's process against ...647 in a worker); the simulated O and LSE are the same bits (test_parallel)
     strip = lambda r: {k: v for k, v in r.to_json().items() if k != "seconds"}  # noqa: E731
-    assert [strip(r) for r in parallel] == [strip(r) for r in serial]
+    measured = ("rel_err_o", "max_abs_err_lse")
+    differ = [(r.case.name, k, v, strip(p)[k]) for r, p in zip(serial, parallel) for k, v in strip(r).items()
+              if (strip(p)[k] != pytest.approx(v, rel=1e-12, abs=0) if k in measured and v is not None
+                  else strip(p)[k] != v)]
+    assert len(parallel) == len(serial) and not differ, differ  # (case, field, serial, parallel)
     by = {r.case.config.smem: r for r in serial if not r.case.causal}
     # bank conflicts as tests/test_banks_kernel.py knows them: swizzled none, plain LDSM conflicts,
     # padded none in LDSM/LDS/STS but excess LDGSTS wavefronts
