@@ -188,7 +188,9 @@ def test_a_cluster_that_disappears_names_a_shard_and_returns_nothing():
         client = distributed.Client(address, timeout=60)
         client.wait_for_workers(1, timeout=60)
         client.close()
-        q, k, v = random_inputs(1, 8, 2048, 2048, 64, seed=1)  # 256 CTAs in 4 shards: far longer than 3 s
+        # 512 CTAs of 64 rounds in 4 shards, far longer than 3 s (256 of 32 rounds took under 3 s in one
+        # CI run, and the test failed: the run ended before the scheduler was killed)
+        q, k, v = random_inputs(1, 8, 4096, 4096, 64, seed=1)
         timer = threading.Timer(3.0, scheduler.kill)
         timer.start()
         start = time.monotonic()
