@@ -154,16 +154,21 @@ def measure(case: Case, warmup: int, reps: int, batches: int) -> dict:
     return row
 
 
+def base_tag(tag: str) -> str:
+    """The tag of a config's base: its tile, warps and layout without any option (what an option case
+    is measured beside)."""
+    cfg = KernelConfig.from_tag(tag)
+    return KernelConfig(block_m=cfg.block_m, block_n=cfg.block_n, head_dim=cfg.head_dim, n_warps=cfg.n_warps,
+                        smem=cfg.smem).tag
+
+
 def option_pairs(all_cases: list[Case]) -> list[tuple[Case, Case]]:
     """(option case, its base case): every case whose config has options (or a kernel variant)
     beside the plain config on the same shape (cases() measures them in pairs)."""
     by_key = {(c.tag, c.shape, c.causal, c.kernel): c for c in all_cases}
     out = []
     for c in all_cases:
-        cfg = c.config()
-        plain = KernelConfig(block_m=cfg.block_m, block_n=cfg.block_n, head_dim=cfg.head_dim, n_warps=cfg.n_warps,
-                             smem=cfg.smem).tag
-        base = by_key.get((plain, c.shape, c.causal, ""))
+        base = by_key.get((base_tag(c.tag), c.shape, c.causal, ""))
         if base is not None and base is not c:
             out.append((c, base))
     return out
@@ -316,8 +321,8 @@ def main(argv=None) -> int:
     all_cases = [c for c in (small_cases() if args.small else cases()) if args.only is None or args.only.search(c.key)]
     if not all_cases:
         raise SystemExit(f"--only {args.only.pattern!r} matches no case (see --list)")
-    if args.pairs:  # --only picks options; each is paired with its base whatever --only says of it
-        return _main_pairs(args, [c for c in cases() if args.only is None or args.only.search(c.key)])
+    if args.pairs:
+        return _main_pairs(args)
     if args.list:
         for c in all_cases:
             print(c.half(), c.key)
@@ -349,9 +354,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def _main_pairs(args, selected: list[Case]) -> int:
-    chosen = {c.key for c in selected}
-    pairs = [(option, base) for option, base in option_pairs(cases()) if option.key in chosen]
+def _main_pairs(args) -> int:
+    # --only picks options; each is paired with its base whatever --only says of the base
+    pairs = [(option, base) for option, base in option_pairs(cases()) if args.only is None or args.only.search(option.key)]
     if not pairs:
         raise SystemExit("no option case with its base among the selected cases (see --list)")
     if args.list:

@@ -42,6 +42,7 @@ from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.timing.gpus import H200, GpuModel, fill_fraction
 from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates
+from timing_measure import base_tag  # experiments/, beside this script (as timing_auto imports it)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
@@ -286,12 +287,8 @@ def option_signs(cases: list[Measured], pred: dict, pairs: dict | None = None) -
     pairs = pairs or {}
     out = []
     for c in cases:
-        base_tag = KernelConfig.from_tag(c.tag).tag
-        cfg = KernelConfig.from_tag(c.tag)
-        plain = KernelConfig(block_m=cfg.block_m, block_n=cfg.block_n, head_dim=cfg.head_dim, n_warps=cfg.n_warps,
-                             smem=cfg.smem).tag
-        base = by_shape.get((plain, c.shape, c.causal, ""))
-        if base is None or base.key == c.key or (base_tag == plain and not c.kernel):
+        base = by_shape.get((base_tag(c.tag), c.shape, c.causal, ""))
+        if base is None or base.key == c.key:
             continue
         b, o = base.batch_ms or (base.ms,), c.batch_ms or (c.ms,)
         timed_apart = base.ms / c.ms - 1

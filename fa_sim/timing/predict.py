@@ -136,8 +136,9 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run = {}, None
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
-        c, life, run = _steady(model, gpu.loaded(j, k), j, 0, account and j == k)
-        together = run_sm([short] * j, model.config.n_warps, gpu.loaded(j, k), account=False)
+        at_load = gpu.loaded(j, k)
+        c, life, run = _steady(model, at_load, j, 0, account and j == k)
+        together = run_sm([short] * j, model.config.n_warps, at_load, account=False)
         timed[j] = (c, max(0.0, life - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
