@@ -162,3 +162,19 @@ def test_paired_speedups_compare_by_the_signs_both_tell(tmp_path):
     new.write_text(json.dumps(doc))
     ok, detail = recordings.compare_signs(new, old)
     assert not ok and told["key"] in detail
+
+
+def test_dispatch_traces_compare_by_each_grids_span(tmp_path):
+    """timing_dispatch.npz: a rerun matches where every grid's span (median over its launches) is
+    within SPAN_TOLERANCE; one grid's CTAs all ending later is a difference."""
+    import numpy as np
+
+    old = DATA / "h200" / "timing_dispatch.npz"
+    assert recordings.compare_spans(old, old) == (True, "24 cases, spans at most 0.0% apart")
+    with np.load(old) as z:
+        arrays = dict(z)
+    arrays["end_ns"] = np.where(arrays["case"] == 3, arrays["end_ns"] * 1.1, arrays["end_ns"]).astype(np.int64)
+    np.savez(tmp_path / "timing_dispatch.npz", **arrays)
+    ok, detail = recordings.compare_spans(tmp_path / "timing_dispatch.npz", old)
+    keys = json.loads(str(arrays["meta"]))["keys"]
+    assert not ok and f"1 of 24 spans DIFFER" in detail and keys[3] in detail

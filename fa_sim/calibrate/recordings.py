@@ -37,6 +37,7 @@ class Kind(enum.Enum):
     TEXT = "text"              # equal bytes
     TIMES = "times"            # measured times: the same cases, each within TIME_TOLERANCE (timing_*.json)
     SIGNS = "signs"            # paired speedups: the same pairs, the same sign where both files' passes agree
+    SPANS = "spans"            # per-CTA traces: the same cases, each grid's span within SPAN_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ RECORDINGS = (
     Recording(f"{H200}/timing_pairs.json", True, "python experiments/timing_measure.py --pairs --out OUT",
               "each option timed beside its base config on the same inputs, interleaved (the option signs)",
               Kind.SIGNS, 240),
+    Recording(f"{H200}/timing_dispatch.npz", True, "python experiments/timing_dispatch.py --measure --out OUT",
+              "each CTA's SM, start and end on the GPU (the trace variant) in 24 causal grids, heavy_first and not",
+              Kind.SPANS, 150),
     Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
               "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
               Kind.TIMES, 120),
@@ -239,8 +243,32 @@ def compare_signs(new: Path, old: Path) -> tuple[bool, str]:
                      f"{len(off)} of {len(told)} signs DIFFER (e.g. {off[0]})")
 
 
+SPAN_TOLERANCE = 0.08  # a grid's span, median of 3 single launches: two recordings a session apart differ
+# by 0.8 % in the median case, at most 4.6 %
+
+
+def _spans(path: Path) -> dict:
+    """{case: the median over its launches of the last CTA's end (ns)} of a timing_dispatch.npz."""
+    with np.load(path) as z:
+        keys, case, launch, end = json.loads(str(z["meta"]))["keys"], z["case"], z["launch"], z["end_ns"]
+    return {key: float(np.median([end[(case == n) & (launch == i)].max() for i in np.unique(launch[case == n])]))
+            for n, key in enumerate(keys)}
+
+
+def compare_spans(new: Path, old: Path) -> tuple[bool, str]:
+    """The same cases; each grid's span within SPAN_TOLERANCE."""
+    a, b = _spans(new), _spans(old)
+    if set(a) != set(b):
+        return False, f"DIFFERENT cases ({len(set(a) ^ set(b))} not in both)"
+    off = [k for k in b if abs(a[k] / b[k] - 1) > SPAN_TOLERANCE]
+    worst = max((abs(a[k] / b[k] - 1) for k in b), default=0.0)
+    return not off, (f"{len(b)} cases, spans at most {worst:.1%} apart" if not off else
+                     f"{len(off)} of {len(b)} spans DIFFER beyond {SPAN_TOLERANCE:.0%} (e.g. {off[0]})")
+
+
 COMPARE = {Kind.ARRAYS: compare_arrays, Kind.ALU: compare_alu, Kind.SAVED_RUN: compare_saved_run,
-           Kind.JSON: compare_json, Kind.TEXT: compare_tree, Kind.TIMES: compare_times, Kind.SIGNS: compare_signs}
+           Kind.JSON: compare_json, Kind.TEXT: compare_tree, Kind.TIMES: compare_times, Kind.SIGNS: compare_signs,
+           Kind.SPANS: compare_spans}
 
 
 def compare(new: Path, rec: Recording, root: Path = ROOT) -> Verdict:

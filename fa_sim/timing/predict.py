@@ -180,25 +180,33 @@ def _life(run: SmRun) -> float:
     return float(np.mean(np.subtract(run.done_at, run.started_at)))
 
 
-def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> tuple[float, list[list[int]]]:
+def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
+             trace: list | None = None) -> tuple[float, list[list[int]]]:
     """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
     slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
     does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
-    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra)."""
+    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra).
+    `trace`: gets [CTA in launch order, SM, start cycle, end cycle] of every CTA (what
+    experiments/timing_dispatch.py sets beside the GPU's)."""
     k = len(rates.per_round)
     mb = launch_order(prob)
     work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
     first = min(len(mb), k * sms)  # the first wave: j CTAs start together on each SM, CTA i on SM i % sms
     j = np.minimum(first // sms + (np.arange(first) % sms < first % sms), k) - 1
     work[:first] += (np.array(rates.first_fixed)[j] / np.array(rates.per_round)[j]) - rates.fixed[-1] / rates.per_round[-1]
-    queue = list(zip(work.tolist(), mb.tolist()))[::-1]  # pop() takes the next CTA in launch order
+    queue = list(zip(work.tolist(), mb.tolist(), range(len(mb))))[::-1]  # pop() takes the next CTA in launch order
     active: list[list[float]] = [[] for _ in range(sms)]
     ran: list[list[int]] = [[] for _ in range(sms)]
+    ids: list[list[int]] = [[] for _ in range(sms)]  # launch indices of `active` (for `trace`)
+    now = 0.0
 
     def take(s: int) -> None:
-        w, m = queue.pop()
+        w, m, i = queue.pop()
         active[s].append(w)
         ran[s].append(m)
+        ids[s].append(i)
+        if trace is not None:
+            trace.append([i, s, now, None])
 
     for _ in range(k):  # the first wave: slots filled round-robin over the SMs
         for s in range(sms):
@@ -212,9 +220,14 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) ->
         freed = [s]  # every SM whose CTA ends now (identical SMs end together)
         while heap and heap[0][0] <= t + 1e-9 * max(1.0, t):
             freed.append(heapq.heappop(heap)[1])
+        now = t
         for s in freed:
             mine = active[s]
             step_rounds = min(mine)
+            if trace is not None:
+                for i in (i for w, i in zip(mine, ids[s]) if w - step_rounds <= 1e-9):
+                    trace[i][3] = t
+            ids[s] = [i for w, i in zip(mine, ids[s]) if w - step_rounds > 1e-9]
             mine[:] = [w - step_rounds for w in mine if w - step_rounds > 1e-9]
         while queue and any(len(active[s]) < k for s in freed):  # refilled breadth-first, like the first wave
             for s in sorted(freed):
