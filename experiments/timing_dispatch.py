@@ -23,7 +23,10 @@ the mean of the SMs' last ends, on each; the SM clock the CTAs ran at (clock64 c
 %globaltimer nanoseconds). Then what the launches show about the GPU's dispatch: how many CTAs
 each SM took in the first wave, whether later CTAs start in launch order, the time from a slot's
 CTA ending to the next CTA starting on that SM, and heavy_first's speedup of the span beside the
-model's.
+model's. The variant also records when each K/V round starts (its first block_m - 8 rounds); kept
+for the first launch of the grids of one CTA per SM, where a CTA's time is its own: the report
+sets the phases of such a CTA (the prologue, round 0 with the first copies' wait, a later round,
+the last round and the epilogue) beside the model's SM running one CTA alone.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing_measure import ROOT, Case, _inputs, cases  # noqa: E402
 
 PATCH = ROOT / "experiments" / "variants" / "fa2_fwd_cta_trace.patch"
+ROUNDS_PATCH = ROOT / "experiments" / "variants" / "fa2_fwd_round_trace.patch"  # also each round's start
 DATA = ROOT / "tests" / "data" / "h200" / "timing_dispatch.npz"
+ROUNDS_DATA = ROOT / "tests" / "data" / "h200" / "timing_rounds.npz"
 RECORD_WORDS = 8  # per CTA, over the first LSE words of its rows (the patch's layout)
 FIELDS = ("sm", "start_ns", "end_ns", "cycles")
 
@@ -83,15 +88,28 @@ def decode(lse: np.ndarray, case: Case) -> dict:
     bx = (n_m - 1 - np.arange(n_m)) if cfg.heavy_first and case.causal else np.arange(n_m)  # the kernel's m_block
     if not np.array_equal(rec[:, :, 1], np.broadcast_to(bx, rec.shape[:2])):
         raise ValueError(f"{case.key}: the LSE records are not the trace's (blockIdx.x does not match)")
-    rec = rec[:, np.argsort(bx)].reshape(-1, RECORD_WORDS)  # launch order: blockIdx.x fastest
+    order = np.argsort(bx)
+    rec = rec[:, order].reshape(-1, RECORD_WORDS)  # launch order: blockIdx.x fastest
     t0 = rec[:, 2] | rec[:, 3] << np.uint64(32)
     t1 = rec[:, 4] | rec[:, 5] << np.uint64(32)
     first = t0.min()
+    # then each recorded round's start (SM cycles from the CTA's start), as many as the Q block has rows for
+    width = cfg.block_m - RECORD_WORDS
+    m = np.broadcast_to(order, (b * h, n_m))  # launch order -> the Q block whose rows hold the record
+    rows = np.minimum(nq - m * cfg.block_m, cfg.block_m).reshape(-1)
+    n = np.minimum(rec[:, 7].astype(np.int64), rows - RECORD_WORDS)
+    at = (m * cfg.block_m + RECORD_WORDS)[..., None] + np.arange(width)
+    starts = np.take_along_axis(words, np.minimum(at, nq - 1).reshape(b * h, -1), axis=1).reshape(-1, width)
+    starts = np.where(np.arange(width) < n[:, None], starts, 0)
     return {"sm": rec[:, 0].astype(np.int16), "start_ns": (t0 - first).astype(np.int64),
-            "end_ns": (t1 - first).astype(np.int64), "cycles": rec[:, 6].astype(np.uint32)}
+            "end_ns": (t1 - first).astype(np.int64), "cycles": rec[:, 6].astype(np.uint32),
+            "round_n": n.astype(np.int32), "round_cycles": starts.astype(np.uint32)}
 
 
-def measure(out: Path, launches: int, warmup: int, only: str | None = None) -> Path:
+def measure(out: Path, launches: int, warmup: int, only: str | None = None, rounds: bool = False) -> Path:
+    """Trace the cases (dispatch_cases) on the GPU: `launches` launches each after `warmup`; with
+    `rounds`, the round-trace variant, keeping the rounds' starts of the first launch of the grids
+    of one CTA per SM (and only those grids) in timing_rounds.npz."""
     import torch
 
     from fa_hw.forward import prepare
@@ -100,27 +118,41 @@ def measure(out: Path, launches: int, warmup: int, only: str | None = None) -> P
     from fa_sim.contract.cubins import compile_many
 
     todo = dispatch_cases(only)
-    arch, source = device_arch(), kernel_source(PATCH)
+    patch = ROUNDS_PATCH if rounds else PATCH
+    arch, source = device_arch(), kernel_source(patch)
     compile_many(sorted({KernelBuild(c.config(), c.causal, arch, False, source) for c in todo}, key=repr))
-    columns: dict = {f: [] for f in ("case", "launch", *FIELDS)}
+    columns: dict = {f: [] for f in ("case", "launch", *FIELDS, "round_n", "round_cycles")}
     for n, case in enumerate(todo):
         q, k, v = _inputs(case)
-        plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(), kernel=str(PATCH))
+        plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(), kernel=str(patch))
         plan.time(dev.stream, warmup, 1)
         spans = []
         for launch in range(launches):
             plan.run(dev.stream)
             rec = decode(dev.results()[1].cpu().numpy(), case)  # torch inputs: torch outputs
-            for f in FIELDS:
+            early = rec["start_ns"] < rec["end_ns"].min()
+            if launch > 0 or np.bincount(rec["sm"][early]).max() > 1:  # rounds kept: one CTA per SM, first launch
+                rec["round_n"] = np.zeros_like(rec["round_n"])
+            for f in (*FIELDS, "round_n"):
                 columns[f].append(rec[f])
+            columns["round_cycles"].append(rec["round_cycles"][np.arange(rec["round_cycles"].shape[1]) < rec["round_n"][:, None]])
             columns["case"].append(np.full(len(rec["sm"]), n, np.int16))
             columns["launch"].append(np.full(len(rec["sm"]), launch, np.int8))
             spans.append(int(rec["end_ns"].max()))
         print(f"{case.key}: span {statistics.median(spans) / 1e3:.1f} us", flush=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "patch": PATCH.name, "launches": launches, "warmup": warmup,
-            "keys": [c.key for c in todo]}
+    keys = [c.key for c in todo]
+    if rounds:  # only the grids whose rounds were kept
+        kept = [n for n in range(len(todo)) if any(r[(c == n)].any() for r, c in zip(columns["round_n"], columns["case"]))]
+        keep = [np.isin(c, kept) for c in columns["case"]]
+        remap = np.full(len(todo), -1, np.int16)
+        remap[kept] = np.arange(len(kept))
+        columns = {f: [x[m] if f != "round_cycles" else x for x, m in zip(col, keep)] for f, col in columns.items()}
+        columns["case"] = [remap[c] for c in columns["case"]]
+        keys = [keys[n] for n in kept]
+    meta = {"gpu": torch.cuda.get_device_name(), "patch": patch.name, "launches": launches, "warmup": warmup,
+            "keys": keys}
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "timing_dispatch.npz"
+    path = out / ("timing_rounds.npz" if rounds else "timing_dispatch.npz")
     np.savez_compressed(path, meta=np.array(json.dumps(meta)), **{f: np.concatenate(c) for f, c in columns.items()})
     return path
 
@@ -134,6 +166,13 @@ class Traced:
     start_ns: np.ndarray
     end_ns: np.ndarray
     cycles: np.ndarray
+    round_n: np.ndarray | None = None  # [launches, CTAs]: rounds whose start was recorded
+    round_cycles: tuple = ()  # per launch: the recorded rounds' starts of every CTA in turn (SM cycles from its start)
+
+    def round_starts(self, launch: int = 0) -> list[np.ndarray]:
+        """Per CTA (launch order): the SM cycle at which each of its recorded rounds started."""
+        cuts = np.cumsum(self.round_n[launch])[:-1]
+        return np.split(self.round_cycles[launch], cuts)
 
     @property
     def spans_us(self) -> np.ndarray:
@@ -184,14 +223,21 @@ def load(path: Path = DATA) -> list[Traced]:
     """The traced cases of a --measure file."""
     with np.load(path) as z:
         meta = json.loads(str(z["meta"]))
-        cols = {f: z[f] for f in ("case", "launch", *FIELDS)}
+        cols = {f: z[f] for f in z.files if f != "meta"}
     by_key = {c.key: c for c in cases()}
-    out = []
+    out, taken = [], 0
     for n, key in enumerate(meta["keys"]):
         rows = cols["case"] == n
         launches = int(cols["launch"][rows].max()) + 1
         arrays = {f: cols[f][rows].reshape(launches, -1) for f in FIELDS}
         case = by_key.get(key) or _case_of(key)
+        if "round_n" in cols:  # the rounds' starts, in the order of the CTA records
+            arrays["round_n"] = cols["round_n"][rows].reshape(launches, -1)
+            flat = []
+            for per_launch in arrays["round_n"]:
+                flat.append(cols["round_cycles"][taken:taken + int(per_launch.sum())])
+                taken += int(per_launch.sum())
+            arrays["round_cycles"] = tuple(flat)
         out.append(Traced(case, **arrays))
     return out
 
@@ -217,11 +263,57 @@ def model_trace(case: Case, gpu=None) -> tuple[float, np.ndarray]:
     return cycles, np.array(trace, float)
 
 
+def model_trace_occupancy(case: Case) -> int:
+    """The model's CTAs per SM for the case's kernel on the H200."""
+    from fa_sim.timing.gpus import H200
+    from fa_sim.timing.predict import kernel_model, occupancy
+
+    prob = _problem(case)
+    return occupancy(kernel_model(prob.config, prob.causal, H200.arch), H200)
+
+
 def _problem(case: Case):
     from fa_sim.problem import Problem
 
     b, h, nq, nk, _ = case.shape
     return Problem(b, h, nq, nk, case.causal, 1.0, case.config())
+
+
+PHASES = ("to round 0", "round 0", "a later round", "the last round and the epilogue")
+
+
+def gpu_phases(t: Traced, launch: int = 0) -> tuple | None:
+    """Median SM cycles of each of PHASES over the CTAs whose every round's start was recorded (and
+    that ran at least 4 rounds); None when there are none."""
+    prob = _problem(t.case)
+    from fa_sim.timing.predict import launch_order
+
+    rounds = prob.n_block_max(launch_order(prob))
+    if t.round_n is None:
+        return None
+    full = [(r.astype(np.int64), int(c)) for r, c, n, want in
+            zip(t.round_starts(launch), t.cycles[launch], t.round_n[launch], rounds) if n == want >= 4]
+    if not full:
+        return None
+    return tuple(float(np.median(x)) for x in zip(*[(r[0], r[1] - r[0], np.median(np.diff(r[1:])), c - r[-1])
+                                                     for r, c in full]))
+
+
+def model_phases(case: Case, rounds: int = 8) -> tuple:
+    """PHASES in the model: one CTA of `rounds` K/V rounds (its causal diagonal's masked) alone on an
+    SM, at the copy latency of a full SM (a grid of one CTA per SM)."""
+    from fa_sim.timing.gpus import H200
+    from fa_sim.timing.predict import _masked_rounds, kernel_model, occupancy
+    from fa_sim.timing.sm import run_sm
+
+    prob = _problem(case)
+    model = kernel_model(prob.config, prob.causal, H200.arch)
+    k = occupancy(model, H200)
+    masked = int(_masked_rounds(prob)[-1])
+    run = run_sm([model.cta_stream(rounds, H200, masked)], prob.config.n_warps, H200.loaded(k, k), account=False,
+                 marks=tuple(model.round_starts(rounds, masked)))
+    m = np.array(run.marked[0])
+    return float(m[0]), float(m[1] - m[0]), float(np.median(np.diff(m[1:]))), float(run.cycles - m[-1])
 
 
 def _model_row(case: Case) -> tuple[str, float, float]:
@@ -234,7 +326,8 @@ def _model_row(case: Case) -> tuple[str, float, float]:
     return case.key, cycles / H200.clock_ghz / 1e3, float(cycles / ends[ends > 0].mean())
 
 
-def report(traced: list[Traced], jobs: int = 1) -> str:
+def report(traced: list[Traced], jobs: int = 1, with_rounds: list[Traced] = ()) -> str:
+    """The report (the module docstring); `with_rounds`: traces with the rounds' starts (--rounds)."""
     from fa_sim.timing.gpus import H200
 
     with concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else _Serial() as pool:
@@ -264,6 +357,15 @@ def report(traced: list[Traced], jobs: int = 1) -> str:
               f"({len(gaps):,} refills; the model starts the next CTA at once)",
               f"SM clock in the kernels: median {np.median(clocks):.3f} GHz (cases {clocks.min():.3f}-{clocks.max():.3f}); "
               f"the model's fitted clock {H200.clock_ghz} GHz"]
+    alone = [(t, gpu_phases(t)) for t in with_rounds if model_trace_occupancy(t.case) == 1]
+    alone = [(t, g) for t, g in alone if g is not None]
+    if alone:
+        lines += ["", "One CTA per SM, SM cycles (the GPU: medians over the CTAs whose every round's start was "
+                  "recorded; the model: one CTA of 8 rounds), GPU / model:", "",
+                  "| case | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
+        for t, g in alone:
+            m = model_phases(t.case)
+            lines.append(f"| {t.case.key} | " + " | ".join(f"{a:.0f} / {b:.0f}" for a, b in zip(g, m)) + " |")
     by_key = {t.case.key: t for t in traced}
     hf = [(by_key[k.replace("-hf/", "/")], t) for k, t in by_key.items()
           if "-hf/" in k and k.replace("-hf/", "/") in by_key]
@@ -297,7 +399,10 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--only", default=None, metavar="REGEX", help="trace the cases of timing_measure.py whose key matches")
+    ap.add_argument("--rounds", action="store_true",
+                    help="with --measure: the round-trace variant (each round's start), to timing_rounds.npz")
     ap.add_argument("--data", type=Path, default=DATA, help="the recording the report reads")
+    ap.add_argument("--rounds-data", type=Path, default=ROUNDS_DATA, help="the --rounds recording it reads")
     ap.add_argument("--jobs", type=int, default=1, help="processes that run the model's SM (one per case)")
     ap.add_argument("--list", action="store_true", help="print the cases and stop")
     args = ap.parse_args(argv)
@@ -305,11 +410,11 @@ def main(argv=None) -> int:
         print("\n".join(c.key for c in dispatch_cases(args.only)))
         return 0
     if args.measure:
-        print(f"wrote {measure(args.out, args.launches, args.warmup, args.only)}")
+        print(f"wrote {measure(args.out, args.launches, args.warmup, args.only, args.rounds)}")
         return 0
     if not args.data.exists():
         raise SystemExit(f"no recording at {args.data}: run with --measure on a GPU first")
-    print(report(load(args.data), args.jobs))
+    print(report(load(args.data), args.jobs, load(args.rounds_data) if args.rounds_data.exists() else ()))
     return 0
 
 

@@ -46,20 +46,25 @@ def _lse_with_records(td, case, sm_of):
             bx = n_m - 1 - m if cfg.heavy_first and case.causal else m  # the kernel's m_block -> blockIdx.x
             i = bh * n_m + bx  # launch order
             t0, t1 = 10_000 + 100 * i, 20_000 + 300 * i + (5 << 32)
-            rec = [sm_of(i), bx, t0 & 0xFFFFFFFF, t0 >> 32, t1 & 0xFFFFFFFF, t1 >> 32, 7 * i, 0]
-            words[bh, m * cfg.block_m:m * cfg.block_m + 8] = rec
+            rounds = [1000 + i, 2000 + i, 3000 + i][:min(3, min(nq - m * cfg.block_m, cfg.block_m) - 8)]
+            rec = [sm_of(i), bx, t0 & 0xFFFFFFFF, t0 >> 32, t1 & 0xFFFFFFFF, t1 >> 32, 7 * i, 3, *rounds]
+            words[bh, m * cfg.block_m:m * cfg.block_m + len(rec)] = rec
     return lse
 
 
 @pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled", "m64n64d64w4-swizzled-hf"])
 def test_decode_reads_each_ctas_record_in_launch_order(td, tag):
-    case = td.Case(tag, (1, 3, 200, 200, 64), True)  # 4 Q blocks, the last of 8 rows
+    case = td.Case(tag, (1, 3, 201, 201, 64), True)  # 4 Q blocks, the last of 9 rows: one round's start
     lse = _lse_with_records(td, case, lambda i: i % 5)
     rec = td.decode(lse, case)
     i = np.arange(12)
     assert rec["sm"].tolist() == (i % 5).tolist() and rec["cycles"].tolist() == (7 * i).tolist()
     assert rec["start_ns"].tolist() == (100 * i).tolist()  # from the launch's first start
     assert rec["end_ns"].tolist() == (10_000 + 300 * i + (5 << 32)).tolist()
+    last = 4 * np.arange(3) + (0 if case.config().heavy_first else 3)  # the CTAs of the 8-row Q block: 1 round
+    assert rec["round_n"].tolist() == [1 if j in last else 3 for j in i]
+    assert rec["round_cycles"][:, 0].tolist() == (1000 + i).tolist()
+    assert rec["round_cycles"][:, 2].tolist() == [0 if j in last else 3000 + j for j in i]
 
 
 def test_decode_refuses_an_lse_without_records_and_a_q_tail_too_short(td):
@@ -118,18 +123,48 @@ def test_the_model_dispatches_like_the_recorded_launches(td):
 
 
 @pytest.mark.parametrize("tag", ["m64n32d32w4-swizzled-hf", "m128n64d64w4-swizzled-s2", "m128n128d64w8-swizzled"])
-def test_the_trace_variant_keeps_the_seed_kernels_registers(td, tag):
-    """The patch stores the start record at once, so the kernel keeps its registers and occupancy."""
+def test_the_cta_trace_keeps_the_seed_kernels_registers(td, tag):
+    """The CTA trace stores its start record at once: the kernel keeps its register allocation."""
     cfg = KernelConfig.from_tag(tag)
     regs = [compile_build(KernelBuild(cfg, True, "sm_90", False, kernel_source(src))).usage.registers
             for src in (None, td.PATCH)]
     assert -(-regs[0] // 8) == -(-regs[1] // 8)  # allocated in units of 8 per thread
 
 
+def test_the_round_trace_keeps_one_cta_per_sm_where_it_is_recorded(td):
+    """The round trace moves the register count (m64n32d32w4 with heavy_first: 7 CTAs per SM -> 6),
+    so its records are kept only where the GPU ran one CTA per SM; on the recorded configs the seed
+    kernel runs one CTA per SM too."""
+    from fa_sim.contract.cubins import compile_many
+    from fa_sim.timing.gpus import H200
+
+    configs = sorted({t.case.config() for t in td.load(td.ROUNDS_DATA)}, key=repr)
+    seed = compile_many([KernelBuild(cfg, True, "sm_90", False, kernel_source(None)) for cfg in configs])
+    for cfg, ck in zip(configs, seed):
+        per_warp = -(-ck.usage.registers * 32 // 256) * 256
+        assert min(H200.regs_per_sm // (per_warp * cfg.n_warps), H200.smem_per_sm // (cfg.smem_bytes + 1024)) == 1
+
+
+def test_a_lone_ctas_later_rounds_take_the_models_time(td):
+    """tests/data/h200/timing_rounds.npz (the round trace, grids of one CTA per SM): a K/V round
+    after the first takes the model's cycles within 7 % (3 % on average); round 0, which waits for
+    the first copies, is the GPU's 350-600 cycles longer (docs/timing.md)."""
+    traced = td.load(td.ROUNDS_DATA)
+    assert len(traced) == 8 and all(td.model_trace_occupancy(t.case) == 1 for t in traced)
+    later, first = [], []
+    for t in traced:
+        g, m = td.gpu_phases(t), td.model_phases(t.case)
+        later.append(g[2] / m[2] - 1)
+        first.append(g[1] - m[1])
+    assert max(map(abs, later)) < 0.07 and np.mean(np.abs(later)) < 0.04
+    assert 300 < min(first) and max(first) < 650
+
+
 @pytest.mark.gpu
 def test_the_trace_variant_on_the_gpu(td):
-    """On a GPU: the variant's O is the seed kernel's, bit for bit; every CTA's record decodes, on
-    an SM of the device, ending after it started, the first wave filling every SM alike."""
+    """On a GPU: the round-trace variant's O is the seed kernel's, bit for bit; every CTA's record
+    decodes, on an SM of the device, ending after it started, its rounds' starts rising, the first
+    wave filling every SM alike."""
     if not fa_hw.has_gpu():
         pytest.skip("no NVIDIA GPU / driver here")
     torch = pytest.importorskip("torch")
@@ -138,13 +173,15 @@ def test_the_trace_variant_on_the_gpu(td):
     case = td.Case("m128n64d64w4-swizzled-hf", (2, 8, 1024, 1024, 64), True)
     q, k, v = td._inputs(case)
     seed = fa_hw.forward(q, k, v, causal=True, config=case.config())
-    plan, dev, _ = prepare(q, k, v, True, None, case.config(), kernel=str(td.PATCH))
+    plan, dev, _ = prepare(q, k, v, True, None, case.config(), kernel=str(td.ROUNDS_PATCH))
     plan.run(dev.stream)
     o, lse = dev.results()
     assert torch.equal(o.view(torch.int16), torch.as_tensor(seed.o).view(torch.int16))
     rec = td.decode(lse.cpu().numpy(), case)
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert rec["sm"].max() < n_sms and (rec["end_ns"] > rec["start_ns"]).all()
+    for n, starts, total in zip(rec["round_n"], rec["round_cycles"], rec["cycles"]):
+        assert n >= 1 and (np.diff(starts[:n].astype(np.int64)) > 0).all() and starts[n - 1] < total
     t = td.Traced(case, *(rec[f][None] for f in td.FIELDS))
     wave = t.first_wave()
     assert len(set(wave[wave > 0].tolist())) == 1
