@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import re
 import statistics
@@ -251,10 +252,15 @@ def _case_of(key: str) -> Case:
 def model_trace(case: Case, gpu=None) -> tuple[float, np.ndarray]:
     """The model's makespan (cycles) and dispatch trace [CTA, (index, SM, start, end)] of a case."""
     from fa_sim.timing.gpus import H200
-    from fa_sim.timing.predict import _rates, dispatch, kernel_model, masked_extra, occupancy
+    from fa_sim.timing.predict import (
+        _rates,
+        dispatch,
+        kernel_model,
+        masked_extra,
+        occupancy,
+    )
 
     gpu = gpu or H200
-    b, h, nq, nk, _ = case.shape
     prob = _problem(case)
     k = occupancy(kernel_model(prob.config, prob.causal, gpu.arch), gpu)
     rates = _rates(prob.config, prob.causal, gpu, None, k)
@@ -330,8 +336,9 @@ def report(traced: list[Traced], jobs: int = 1, with_rounds: list[Traced] = ()) 
     """The report (the module docstring); `with_rounds`: traces with the rounds' starts (--rounds)."""
     from fa_sim.timing.gpus import H200
 
-    with concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else _Serial() as pool:
-        model = {key: (span, tail) for key, span, tail in pool.map(_model_row, [t.case for t in traced])}
+    with concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        rows = (pool.map if pool else map)(_model_row, [t.case for t in traced])
+        model = {key: (span, tail) for key, span, tail in rows}
     lines = ["| case | CTAs | GPU span us (launches' range) | model span us | GPU tail | model tail | SM clock GHz |",
              "|---|---|---|---|---|---|---|"]
     tails = []
@@ -376,20 +383,6 @@ def report(traced: list[Traced], jobs: int = 1, with_rounds: list[Traced] = ()) 
             m = model[base.case.key][0] / model[opt.case.key][0] - 1
             lines.append(f"| {opt.case.key} | {g:+.1%} | {m:+.1%} |")
     return "\n".join(lines)
-
-
-class _Serial:
-    """A stand-in for a process pool of one."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    @staticmethod
-    def map(fn, items):
-        return map(fn, items)
 
 
 def main(argv=None) -> int:

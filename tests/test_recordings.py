@@ -177,4 +177,4 @@ def test_dispatch_traces_compare_by_each_grids_span(tmp_path):
     np.savez(tmp_path / "timing_dispatch.npz", **arrays)
     ok, detail = recordings.compare_spans(tmp_path / "timing_dispatch.npz", old)
     keys = json.loads(str(arrays["meta"]))["keys"]
-    assert not ok and f"1 of 24 spans DIFFER" in detail and keys[3] in detail
+    assert not ok and "1 of 24 spans DIFFER" in detail and keys[3] in detail
