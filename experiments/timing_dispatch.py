@@ -352,12 +352,14 @@ def report(traced: list[Traced], jobs: int = 1, with_rounds: list[Traced] = ()) 
     gaps = np.concatenate([t.refill_gaps_ns() for t in traced])
     waves = [t.first_wave() for t in traced]
     even = sum(len(set(w[w > 0].tolist())) == 1 for w in waves)
+    occupancy = sum(int(w.max()) == model_trace_occupancy(t.case) for w, t in zip(waves, traced))
     clocks = np.array([t.clock_ghz() for t in traced])
     lines += ["", f"{len(traced)} cases, {sum(t.sm.shape[0] for t in traced)} launches, "
               f"{sum(t.sm.size for t in traced):,} CTA records",
               f"tails (span / mean SM end): GPU median {np.median(tg):.3f}, model {np.median(tm):.3f}; "
               f"mean |model - GPU| {np.mean(abs(tm - tg)):.3f}, correlation {np.corrcoef(tg, tm)[0, 1]:.2f}",
-              f"first wave: every SM took the same number of CTAs in {even} of {len(traced)} cases",
+              f"first wave: every SM took the same number of CTAs in {even} of {len(traced)} cases, "
+              f"the model's occupancy in {occupancy}",
               f"later CTAs starting in launch order (within 64 ns): {np.mean([t.in_order() for t in traced]):.1%}",
               f"a freed slot to the next CTA's start on that SM: p10 / p50 / p90 "
               f"{np.percentile(gaps, 10):.0f} / {np.percentile(gaps, 50):.0f} / {np.percentile(gaps, 90):.0f} ns "

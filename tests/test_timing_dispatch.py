@@ -101,11 +101,12 @@ def test_the_dispatch_trace_is_the_schedule_the_makespan_comes_from():
 @pytest.mark.slow
 def test_the_model_dispatches_like_the_recorded_launches(td):
     """tests/data/h200/timing_dispatch.npz (24 causal cases, heavy_first beside its base): the
-    GPU's first wave gives every SM the same number of CTAs, later CTAs start in launch order (all
-    but a few per cent; on the grids of 6-7 CTAs per SM up to a fifth start a little out of it), a
-    freed slot takes its next CTA about half a microsecond later, and the SMs ran near the model's
-    fitted clock; the model's tail (span over the SMs' mean last end) is the GPU's within 0.03 on
-    average, correlation above 0.85 (docs/timing.md, "CTA dispatch on the GPU": 0.026, 0.92)."""
+    GPU's first wave gives every SM the same number of CTAs, the model's occupancy; later CTAs
+    start in launch order (all but a few per cent; on the grids of 6-7 CTAs per SM up to a fifth
+    start a little out of it), a freed slot takes its next CTA about half a microsecond later, and
+    the SMs ran near the model's fitted clock; the model's tail (span over the SMs' mean last end)
+    is the GPU's within 0.03 on average, correlation above 0.85 (docs/timing.md, "CTA dispatch on
+    the GPU": 0.026, 0.92)."""
     from fa_sim.timing.gpus import H200
 
     traced = td.load()
@@ -113,6 +114,7 @@ def test_the_model_dispatches_like_the_recorded_launches(td):
     for t in traced:
         wave = t.first_wave()
         assert len(set(wave[wave > 0].tolist())) == 1 and (wave > 0).sum() == H200.sms
+        assert wave.max() == td.model_trace_occupancy(t.case)
         assert abs(t.clock_ghz() / H200.clock_ghz - 1) < 0.05
     assert np.mean([t.in_order() for t in traced]) > 0.95  # 0.82 on the grids of 6-7 CTAs per SM
     gaps = np.concatenate([t.refill_gaps_ns() for t in traced])
