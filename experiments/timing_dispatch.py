@@ -123,7 +123,8 @@ def measure(out: Path, launches: int, warmup: int, only: str | None = None, roun
     arch, source = device_arch(), kernel_source(patch)
     compile_many(sorted({KernelBuild(c.config(), c.causal, arch, False, source) for c in todo}, key=repr))
     columns: dict = {f: [] for f in ("case", "launch", *FIELDS, "round_n", "round_cycles")}
-    for n, case in enumerate(todo):
+    keys: list[str] = []
+    for case in todo:
         q, k, v = _inputs(case)
         plan, dev, _ = prepare(q, k, v, case.causal, None, case.config(), kernel=str(patch))
         plan.time(dev.stream, warmup, 1)
@@ -131,31 +132,31 @@ def measure(out: Path, launches: int, warmup: int, only: str | None = None, roun
         for launch in range(launches):
             plan.run(dev.stream)
             rec = decode(dev.results()[1].cpu().numpy(), case)  # torch inputs: torch outputs
-            early = rec["start_ns"] < rec["end_ns"].min()
-            if launch > 0 or np.bincount(rec["sm"][early]).max() > 1:  # rounds kept: one CTA per SM, first launch
+            lone = first_wave(rec["sm"], rec["start_ns"], rec["end_ns"]).max() == 1
+            if rounds and launch == 0 and not lone:  # the round trace: grids of one CTA per SM only
+                break
+            if launch > 0 or not lone:  # rounds kept: one CTA per SM, the first launch
                 rec["round_n"] = np.zeros_like(rec["round_n"])
             for f in (*FIELDS, "round_n"):
                 columns[f].append(rec[f])
             columns["round_cycles"].append(rec["round_cycles"][np.arange(rec["round_cycles"].shape[1]) < rec["round_n"][:, None]])
-            columns["case"].append(np.full(len(rec["sm"]), n, np.int16))
+            columns["case"].append(np.full(len(rec["sm"]), len(keys), np.int16))
             columns["launch"].append(np.full(len(rec["sm"]), launch, np.int8))
             spans.append(int(rec["end_ns"].max()))
-        print(f"{case.key}: span {statistics.median(spans) / 1e3:.1f} us", flush=True)
-    keys = [c.key for c in todo]
-    if rounds:  # only the grids whose rounds were kept
-        kept = [n for n in range(len(todo)) if any(r[(c == n)].any() for r, c in zip(columns["round_n"], columns["case"]))]
-        keep = [np.isin(c, kept) for c in columns["case"]]
-        remap = np.full(len(todo), -1, np.int16)
-        remap[kept] = np.arange(len(kept))
-        columns = {f: [x[m] if f != "round_cycles" else x for x, m in zip(col, keep)] for f, col in columns.items()}
-        columns["case"] = [remap[c] for c in columns["case"]]
-        keys = [keys[n] for n in kept]
+        if spans:
+            keys.append(case.key)
+            print(f"{case.key}: span {statistics.median(spans) / 1e3:.1f} us", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "patch": patch.name, "launches": launches, "warmup": warmup,
             "keys": keys}
     out.mkdir(parents=True, exist_ok=True)
     path = out / ("timing_rounds.npz" if rounds else "timing_dispatch.npz")
     np.savez_compressed(path, meta=np.array(json.dumps(meta)), **{f: np.concatenate(c) for f, c in columns.items()})
     return path
+
+
+def first_wave(sm: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """CTAs per SM of one launch that started before any CTA ended."""
+    return np.bincount(sm[start_ns < end_ns.min()])
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,7 @@ class Traced:
 
     def first_wave(self, launch: int = 0) -> np.ndarray:
         """CTAs per SM that started before any CTA ended."""
-        early = self.start_ns[launch] < self.end_ns[launch].min()
-        return np.bincount(self.sm[launch][early])
+        return first_wave(self.sm[launch], self.start_ns[launch], self.end_ns[launch])
 
     def refill_gaps_ns(self) -> np.ndarray:
         """For every CTA after the first wave: its start less the last end on its SM before it."""
