@@ -98,6 +98,9 @@ RECORDINGS = (
               "python experiments/timing_dispatch.py --measure --rounds --launches 1 --out OUT",
               "the same with each K/V round's start (the round-trace variant), the 8 grids of one CTA per SM",
               Kind.SPANS, 120),
+    Recording(f"{H200}/timing_occupancy.json", True, "python experiments/timing_occupancy.py --measure --out OUT",
+              "kernel times of 6 cases at each occupancy from one CTA per SM to their own (dynamic shared memory "
+              "padded, the driver's occupancy checked)", Kind.TIMES, 90),
     Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
               "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
               Kind.TIMES, 120),
@@ -219,6 +222,8 @@ def _measurements(data: dict) -> dict:
         return {k["key"]: int(k["smsp__inst_executed.sum"]) for k in data["kernels"]}
     if isinstance(data["rows"], dict):  # timing_microbench.json: cycles per benchmark
         return {name: row["cycles"] for name, row in data["rows"].items()}
+    if data["rows"] and "ctas_per_sm" in data["rows"][0]:  # timing_occupancy.json: a time per forced occupancy
+        return {(r["key"], r["ctas_per_sm"]): r["kernel_ms"] for r in data["rows"]}
     return {(tuple(r["problem"]), r["tag"]): r["kernel_ms"] for r in data["rows"]}
 
 

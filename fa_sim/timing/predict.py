@@ -270,14 +270,22 @@ def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: 
 EXACT_MAX_CTA_ROUNDS = 20000  # per SM-queue sum, above which exact=True is refused (minutes of CPU)
 
 
-def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False) -> Prediction:
+def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False,
+            ctas_per_sm: int | None = None) -> Prediction:
     """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
-    representative CTAs (small shapes only)."""
+    representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
+    own, as launching it with more dynamic shared memory than it uses does on the GPU
+    (experiments/timing_occupancy.py; None: the kernel's own)."""
     gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
+    if ctas_per_sm is not None:
+        if isinstance(ctas_per_sm, bool) or not isinstance(ctas_per_sm, (int, np.integer)) or not 1 <= ctas_per_sm <= k:
+            raise ValueError(f"ctas_per_sm must be an integer from 1 to {k} ({prob.config.tag}'s own occupancy on "
+                             f"the {gpu.name}), got {ctas_per_sm!r}")
+        k = int(ctas_per_sm)
     rates = _rates(prob.config, prob.causal, gpu, kernel, k)
     cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))
     if exact:
