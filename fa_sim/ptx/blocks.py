@@ -30,6 +30,8 @@ module) into steps:
 - `LaneBlock` (fa_sim/ptx/fused.py): two or more consecutive Lane instructions, compiled into one
   generated function that keeps values only the block uses in local arrays (one at a time in the
   same cases as Lane).
+- In the main loop, a Lane or LaneBlock of invariant instructions (fa_sim/ptx/invariant.py) skips
+  its runs by the whole wave while nothing it reads has changed since it last ran.
 
 - `CopyRun` (fa_sim/ptx/copies.py): the cp.async that copy one tile and the lane math between
   them: the copies issued at the end as one machine call of R (one at a time in the same cases).
@@ -57,6 +59,7 @@ from ..errors import KernelFault
 from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps, touched
 from .copies import copy_runs
 from .fused import LaneBlock, fusable, lane_block
+from .invariant import Invariants, Kept, invariants
 from .ir import Instruction, Kernel
 from .live import Live
 from .machine_ops import _reg_name, _smem_lanes, address
@@ -142,6 +145,7 @@ class Lane:
 
     ins: Instruction
     ex: Callable
+    kept: Kept | None = None  # in the main loop, when the instruction is invariant (fa_sim/ptx/invariant.py)
 
     @staticmethod
     def of(ins: Instruction) -> Lane | None:
@@ -157,10 +161,15 @@ class Lane:
         if group.mask is not None or eng.observed:
             eng.issue(self.ins, group)
             return
+        kept = self.kept
+        if kept is not None and kept.skips(eng):
+            return
         try:
             self.ex(eng.everyone, self.ins.operands)
         except (Unsupported, KernelFault) as exc:
             raise located(exc, self.ins) from None
+        if kept is not None:
+            kept.ran(eng)
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,6 +343,10 @@ class Compiled:
     def uses(self) -> dict[str, frozenset[int]]:
         return register_uses(self.kernel)
 
+    @cached_property
+    def invariants(self) -> Invariants:
+        return invariants(self.kernel, main_loop(self.kernel))
+
     def steps(self, start: int, end: int) -> tuple:
         """The compiled steps of the stretch start .. end - 1 (no control instruction in it)."""
         key = (start, end)
@@ -350,16 +363,21 @@ class Compiled:
             if isinstance(step, Lane) and fusable(self.kernel, step.ins):
                 run.append(step)
                 continue
-            out += [self._block(run)] if len(run) > 1 else run
+            out += [self._block(run)] if len(run) > 1 else [self._lane(lane) for lane in run]
             run = []
             if step is not None:
-                out.append(step)
+                out.append(self._lane(step) if isinstance(step, Lane) else step)
         return copy_runs(out, instrs, _lane_writes)
+
+    def _lane(self, lane: Lane) -> Lane:
+        kept = self.invariants.kept((lane.ins,))
+        return lane if kept is None else replace(lane, kept=kept)
 
     def _block(self, run: list[Lane]) -> LaneBlock:
         key = (run[0].ins.pc, run[-1].ins.pc + 1)
         if key not in self._blocks:
-            self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses, located)
+            block = self._blocks[key] = lane_block(self.kernel, tuple(run), self.uses, located)
+            block.kept = self.invariants.kept(block.inss)
         return self._blocks[key]
 
 

@@ -108,6 +108,8 @@ class Engine:
         self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
         self.bound: dict = {}  # fused.LaneBlock -> the wave's arrays it reads and stores
         self.block_runs: dict = {}  # fused.LaneBlock -> its runs before it compiled (the wave's and its parts')
+        self.stamps: dict[int, int] = {}  # invariant pc -> clock of its last run by the whole wave (invariant.py)
+        self.clock = 0
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
@@ -384,6 +386,12 @@ class Engine:
             self.on_rounds(int(np.unique(threads // self.geo.threads).size))
 
     def _execute(self, ins: Instruction, group: Group) -> None:
+        if ins.pc in self.compiled.invariants.pcs:  # fa_sim/ptx/invariant.py
+            if group.mask is None:  # computed for the whole wave
+                self.clock += 1
+                self.stamps[ins.pc] = self.clock
+            else:
+                self.stamps.clear()
         try:
             row = lookup(ins.opcode)
             if row.unit is Unit.MACHINE:

@@ -41,6 +41,7 @@ from .types import DTYPES, bits
 
 if TYPE_CHECKING:
     from .engine import Engine, Group
+    from .invariant import Kept
 
 RAW = None  # the tag of a local holding a register's stored bits (what _Env writes)
 
@@ -214,17 +215,26 @@ class LaneBlock:
     (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave (a wide wave's run
     counts as one per RUN_LANES threads)."""
 
-    __slots__ = ("lanes", "inss", "_compile", "code")
+    __slots__ = ("lanes", "inss", "_compile", "code", "kept")
 
     def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
         self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
         self.code: Code | None = None
+        self.kept: Kept | None = None  # its invariant instructions in the main loop (fa_sim/ptx/invariant.py)
 
     def __call__(self, eng: Engine, group: Group) -> None:
         if group.mask is not None or eng.observed:
             for ins in self.inss:
                 eng.issue(ins, group)
             return
+        kept = self.kept
+        if kept is not None and kept.skips(eng):
+            return
+        self._run(eng, group)
+        if kept is not None:
+            kept.ran(eng)
+
+    def _run(self, eng: Engine, group: Group) -> None:
         bound = eng.bound.get(self)  # the wave's arrays
         if bound is None:
             if self.code is None:
