@@ -88,10 +88,11 @@ def test_the_invariant_instructions_are_the_math_on_registers_the_loop_does_not_
     code = prog.kernel.instructions
     inv = prog.compiled.invariants
     by_text = {code[p].text.split()[0] + " " + code[p].text.split()[1] for p in inv.pcs}
-    # A and B, and the turn's counter and its test (a step that reads what it writes itself never
-    # skips, nor one that reads what such a step writes: each runs after its producer's run)
+    # A and B, and the turn's counter, its test and the store address (a step that reads what it
+    # writes itself never skips, nor one that reads what such a step writes: each runs after its
+    # producer's run); a store's address names a register it does not write
     assert by_text == {"add.s32 %r20,", "shl.b32 %r22,", "mul.lo.s32 %r21,", "xor.b32 %r24,", "add.s32 %r3,",
-                       "setp.lt.s32 %p2,"}
+                       "setp.lt.s32 %p2,", "add.s64 %rd6,"}
     head = prog.kernel.labels["LOOP"]
     counter = inv.kept((next(i for i in code if i.text.startswith("add.s32 %r3")),))
     assert counter.whole and counter.pcs[0] in counter.producers

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .ir import Imm, Instruction, Kernel, PredPair, Reg, Sink, Vec, named
+from .ir import Addr, Imm, Instruction, Kernel, PredPair, Reg, Sink, Vec, named
 from .optable import OPCODES, Unit
 from .shared_lanes import loop_written
 
@@ -42,7 +42,7 @@ class Invariants:
     register they read (`producers` of a step come from it)."""
 
     pcs: frozenset[int]
-    writers: dict[str, frozenset[int]]
+    writers: dict[str, frozenset[int]]  # the loop's instructions that write each register
 
     def kept(self, inss: tuple[Instruction, ...]) -> Kept | None:
         """A step's Kept (None: none of its instructions is invariant)."""
@@ -90,8 +90,8 @@ def invariants(kernel: Kernel, loop: Loop | None) -> Invariants:
         return Invariants(frozenset(), {})
     body = kernel.instructions[loop.head: loop.tail + 1]
     writers: dict[str, set[int]] = {}
-    for ins in body:
-        for r in named(ins.operands[0]) if ins.operands else ():
+    for ins in body:  # an address operand first (st, cp.async) writes nothing
+        for r in named(ins.operands[0]) if ins.operands and not isinstance(ins.operands[0], Addr) else ():
             writers.setdefault(r, set()).add(ins.pc)
     pcs = {ins.pc for ins in body if _pure(ins) and all(writers[r] == {ins.pc} for r in named(ins.operands[0]))}
     while True:

@@ -78,10 +78,11 @@ def recent_of_ctas(recent: dict, pos: np.ndarray, threads: int) -> dict:
     the base registers' bits of those CTAs' threads."""
     out = {}
     for key, entry in recent.items():
-        if key[0] == "operands":
-            ops, rows, lanes = entry
+        if key[0] == "operands":  # its clock is the engine's: the new one compares the bits
+            ops, rows, lanes, _ = entry
             if not lanes.per_cta:
-                out[key] = (ops, [None if r is None else r.reshape(-1, threads)[pos].ravel() for r in rows], lanes)
+                out[key] = (ops, [None if r is None else r.reshape(-1, threads)[pos].ravel() for r in rows], lanes,
+                            None)
         else:
             out[key] = [(seen, hit) for seen, hit in entry if not hit.per_cta]
     return out
@@ -94,35 +95,69 @@ SMEM_RECENT = 4  # patterns remembered per instruction (a kernel's buffers alter
 def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) -> SmemLanes:
     """SmemLanes of R shared-memory operands [base + offset] of instructions issued together (R
     of one form, or one; pc: the first one's). For the whole wave they are remembered with a copy
-    of each base register's bits, and returned again while those bits are the same."""
+    of each base register's bits, and returned again while those bits are the same (not compared
+    where the register keeps them: `_kept`)."""
     if group.mask is not None:
         return smem_lanes(eng, _addresses(eng, ops, group), width, group, pc)
-    rows = [_base_row(eng, op) for op in ops]
     key = ("operands", pc, width, len(ops))
     hit = eng.smem_recent.get(key)
     if hit is not None and hit[0] == ops and all(
-            kept or (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
-            for a, b, kept in zip(rows, hit[1], _kept(eng, ops, pc))):
+            kept is True or (kept and _not_run_since(eng, kept, hit[3])) or _same_bits(_base_row(eng, op), seen)
+            for op, seen, kept in zip(ops, hit[1], _kept(eng, ops, pc))):
         return hit[2]
+    rows = [_base_row(eng, op) for op in ops]
     lanes = smem_lanes(eng, _addresses(eng, ops, group), width, group, pc)
-    eng.smem_recent[key] = (ops, [None if r is None else r.copy() for r in rows], lanes)
+    eng.smem_recent[key] = (ops, [None if r is None else r.copy() for r in rows], lanes, eng.clock)
     return lanes
 
 
-def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool, ...]:
-    """For each operand: whether its base register holds the bits it held at the instruction's last
-    run by the whole wave because pc lies in the main loop, which does not write it (`loop_written`)."""
+def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool | tuple[int, ...], ...]:
+    """For each operand: True when its base register holds the bits it held at the instruction's
+    last run by the whole wave because pc lies in the main loop, which does not write it
+    (`loop_written`); the pcs that write it when they are the loop's invariant instructions
+    (fa_sim/ptx/invariant.py: it keeps its bits while they do not run, `_not_run_since`); else
+    False."""
     loop = eng.loop
     if loop is None or not loop.head <= pc <= loop.tail:
         return (False,) * len(ops)
     cache = eng.compiled.__dict__
     written = cache.get("_loop_written")
     if written is None or written[0] is not loop:
-        written = cache["_loop_written"] = (loop, loop_written(eng.kernel, loop))
-    if written[1] is None:
-        return (False,) * len(ops)
-    return tuple(isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special and
-                 op.base.name not in written[1] for op in ops)
+        written = cache["_loop_written"] = (loop, loop_written(eng.kernel, loop), {})
+    by_site = written[2]  # (pc, R) -> (ops, the answer): a site issues the same operands every run
+    hit = by_site.get((pc, len(ops)))
+    if hit is None or hit[0] != ops:
+        hit = by_site[pc, len(ops)] = (ops, (False,) * len(ops) if written[1] is None else tuple(
+            _keeps(eng, op, written[1]) for op in ops))
+    return hit[1]
+
+
+def _keeps(eng: Engine, op, written: frozenset[str]) -> bool | tuple[int, ...]:
+    """`_kept` of one operand."""
+    if not (isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special):
+        return False
+    if op.base.name not in written:
+        return True
+    inv = eng.compiled.invariants
+    writers = inv.writers.get(op.base.name, frozenset())
+    return tuple(sorted(writers)) if writers and writers <= inv.pcs else False
+
+
+def _not_run_since(eng: Engine, writers: tuple[int, ...], clock: int | None) -> bool:
+    """Whether invariant instructions last ran for the whole wave at or before `clock` (the engine's,
+    when an operand's bits were remembered) and not at all since: their registers hold the bits
+    they held then. A run for part of the wave forgets the stamps (Engine._execute)."""
+    if clock is None:
+        return False
+    stamps = eng.stamps
+    return all(stamps.get(p, clock + 1) <= clock for p in writers)
+
+
+def _same_bits(row: np.ndarray | None, seen: np.ndarray | None) -> bool:
+    """Whether a base register's bits (None: no register) are those remembered."""
+    if row is None or seen is None:
+        return row is None and seen is None
+    return np.array_equal(row, seen)
 
 
 def loop_written(kernel, loop) -> frozenset[str] | None:
