@@ -130,3 +130,60 @@ def test_without_a_loop_or_when_control_can_enter_it_again_nothing_is_invariant(
     assert invariant.invariants(prog.kernel, None).pcs == frozenset()
     monkeypatch.setattr(invariant, "loop_written", lambda kernel, loop: None)
     assert invariant.invariants(prog.kernel, prog.loop).pcs == frozenset()
+
+
+# A shuffle in the loop whose lane offset and membermask are registers set by movs of immediates
+# in the loop (as fa2_fwd's): read once per engine while the movs ran for the whole wave since the
+# engine last forgot its stamps. The second CTA runs two turns more (a wave of its own).
+SHFL = """
+.version 7.8
+.target sm_80
+.address_size 64
+
+.visible .entry shuffles(.param .u64 pout, .param .u32 ptrips)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [pout];
+    ld.param.u32 %r1, [ptrips];
+    mov.u32 %r10, %tid.x;
+    mov.u32 %r11, %ctaid.x;
+    mad.lo.s32 %r2, %r11, 32, %r10;
+    shl.b32 %r4, %r11, 1;
+    add.s32 %r1, %r1, %r4;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.s64 %rd4, %rd1, %rd3;
+    mov.u32 %r3, 0;
+    mov.u32 %r5, %r2;
+LOOP:
+    mov.u32 %r6, 1;
+    mov.u32 %r7, 31;
+    mov.u32 %r8, -1;
+    shfl.sync.bfly.b32 %r9|%p1, %r5, %r6, %r7, %r8;
+    add.s32 %r5, %r9, %r3;
+    add.s32 %r3, %r3, 1;
+    setp.lt.s32 %p2, %r3, %r1;
+    @%p2 bra LOOP;
+    st.global.u32 [%rd4], %r5;
+    ret;
+}
+"""
+
+
+def test_shuffle_operands_that_hold_a_constant_are_read_once(monkeypatch):
+    def shuffles():
+        out = np.zeros(64, np.uint32)
+        launch(SHFL, grid=(2,), block=(32,), args=[out, np.uint32(TRIPS)])
+        return out
+    held = []
+    original = invariant.Invariants.holds_constant
+    def counted(self, eng, name, pc):
+        held.append(original(self, eng, name, pc))
+        return held[-1]
+    monkeypatch.setattr(invariant.Invariants, "holds_constant", counted)
+    out = shuffles()
+    assert any(held)
+    monkeypatch.setattr(invariant.Invariants, "holds_constant", lambda self, eng, name, pc: False)
+    np.testing.assert_array_equal(out, shuffles())
+    assert out.any()

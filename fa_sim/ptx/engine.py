@@ -110,6 +110,7 @@ class Engine:
         self.block_runs: dict = {}  # fused.LaneBlock -> its runs before it compiled (the wave's and its parts')
         self.stamps: dict[int, int] = {}  # invariant pc -> clock of its last run by the whole wave (invariant.py)
         self.clock = 0
+        self.constants: dict[str, int] = {}  # register -> its b32 value while it holds_constant (invariant.py)
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop

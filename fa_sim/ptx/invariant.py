@@ -43,6 +43,18 @@ class Invariants:
 
     pcs: frozenset[int]
     writers: dict[str, frozenset[int]]  # the loop's instructions that write each register
+    constant: frozenset[int] = frozenset()  # invariant instructions that read no register
+
+    def holds_constant(self, eng: Engine, name: str, pc: int) -> bool:
+        """Whether register `name`, read by the instruction at pc, holds the same bits on every
+        thread in every run: pc lies in the main loop, the register's only writer there is an
+        invariant instruction that reads no register (a mov of an immediate: the same bits on every
+        thread), and that writer ran for the whole wave since the engine last forgot its stamps."""
+        loop = eng.loop
+        if loop is None or not loop.head <= pc <= loop.tail:
+            return False
+        writers = self.writers.get(name, ())
+        return len(writers) == 1 and writers <= self.constant and next(iter(writers)) in eng.stamps
 
     def kept(self, inss: tuple[Instruction, ...]) -> Kept | None:
         """A step's Kept (None: none of its instructions is invariant)."""
@@ -97,7 +109,8 @@ def invariants(kernel: Kernel, loop: Loop | None) -> Invariants:
     while True:
         keep = {p for p in pcs if all(writers.get(r, set()) <= pcs for r in _reads(kernel.instructions[p]))}
         if keep == pcs:
-            return Invariants(frozenset(pcs), {r: frozenset(w) for r, w in writers.items()})
+            constant = frozenset(p for p in pcs if not _reads(kernel.instructions[p]))
+            return Invariants(frozenset(pcs), {r: frozenset(w) for r, w in writers.items()}, constant)
         pcs = keep
 
 

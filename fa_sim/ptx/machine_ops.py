@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import KernelFault
 from ..isa import shfl as isa_shfl
 from ..isa.sm80 import FULL_MASK
-from .ir import Instruction, PredPair, Vec
+from .ir import Instruction, PredPair, Reg, Vec
 from .ops import Unsupported
 from .shared_lanes import address, operand_lanes
 from .shared_lanes import smem_lanes as _smem_lanes
@@ -235,7 +235,7 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
     if ins.mods[0] != "sync" or "b32" not in ins.mods:
         raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
     dst, a, b, c, mask = ins.operands
-    static = _static_shfl(eng, group, b, c, mask)
+    static = _static_shfl(eng, group, b, c, mask, ins.pc)
     if static is not None and not eng.observed and eng.geo.threads % 32 == 0:
         _shfl_wave(eng, ins, mode, static)
         return
@@ -277,21 +277,28 @@ def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int,
         eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
 
 
-def _static_shfl(eng: Engine, group: Group, b, c, mask) -> tuple[int, int, int] | None:
+def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, int, int] | None:
     """(b, c, membermask) as integers when the whole wave runs with no thread exited and each of
     them has one value on every thread (registers set by a mov, in fa2_fwd's PTX), the mask being
     every lane: each warp's membermask is then FULL_MASK on every lane and the shuffle's source
     lanes are the same [32] in every warp (the isa's one-take path: the same values and checks as
-    with per-lane operands). None otherwise."""
+    with per-lane operands). None otherwise. A register that holds its loop writer's constant
+    (fa_sim/ptx/invariant.py `holds_constant`) is read once per engine."""
     if group.mask is not None or eng.exited.any():
         return None
     out = []
     for op in (mask, b, c):
+        const = isinstance(op, Reg) and eng.compiled.invariants.holds_constant(eng, op.name, pc)
+        if const and op.name in eng.constants:
+            out.append(eng.constants[op.name])
+            continue
         v = eng.read(op, "b32", None, group.n)
         first = v[0]
         if v.strides != (0,) and not (v == first).all():  # an immediate is one value broadcast
             return None
         out.append(int(first))
+        if const:
+            eng.constants[op.name] = out[-1]
     member, bb, cc = out
     return (bb, cc, member) if member == FULL_MASK else None
 
