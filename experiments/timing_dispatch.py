@@ -231,7 +231,7 @@ def load(path: Path = DATA) -> list[Traced]:
         rows = cols["case"] == n
         launches = int(cols["launch"][rows].max()) + 1
         arrays = {f: cols[f][rows].reshape(launches, -1) for f in FIELDS}
-        case = by_key.get(key) or _case_of(key)
+        case = by_key.get(key) or Case.from_key(key)
         if "round_n" in cols:  # the rounds' starts, in the order of the CTA records
             arrays["round_n"] = cols["round_n"][rows].reshape(launches, -1)
             flat = []
@@ -241,12 +241,6 @@ def load(path: Path = DATA) -> list[Traced]:
             arrays["round_cycles"] = tuple(flat)
         out.append(Traced(case, **arrays))
     return out
-
-
-def _case_of(key: str) -> Case:
-    """A Case from its key (the heavy_first cases' bases are not all in timing_measure.cases())."""
-    tag, shape, mask = key.split("/")
-    return Case(tag, tuple(int(x) for x in shape.split("x")), mask == "causal")
 
 
 def model_trace(case: Case, gpu=None) -> tuple[float, np.ndarray]:

@@ -79,6 +79,12 @@ class Case:
     def config(self) -> KernelConfig:
         return KernelConfig.from_tag(self.tag)
 
+    @classmethod
+    def from_key(cls, key: str) -> Case:
+        """The case of a key 'tag/BxHxNqxNkxd/causal|full' (fa_hw's own kernel)."""
+        tag, shape, mode = key.split("/")
+        return cls(tag, tuple(int(x) for x in shape.split("x")), mode == "causal")
+
 
 def _with(base: KernelConfig, changes: dict) -> KernelConfig | None:
     from dataclasses import replace

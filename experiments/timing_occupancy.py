@@ -29,37 +29,23 @@ import hashlib
 import json
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fa_sim.config import KernelConfig
+# the timed cases' keys and their seeded inputs
+from timing_measure import ROOT, Case, _inputs
+
 from fa_sim.problem import Problem
 from fa_sim.timing.gpus import H200
 
 DATA = ROOT / "tests" / "data" / "h200" / "timing_occupancy.json"
 
 
-@dataclass(frozen=True)
-class Case:
-    tag: str
-    shape: tuple[int, int, int, int, int]  # B, H, Nq, Nk, d
-    causal: bool
-
-    @property
-    def key(self) -> str:
-        return f"{self.tag}/{'x'.join(map(str, self.shape))}/{'causal' if self.causal else 'full'}"
-
-    def problem(self) -> Problem:
-        b, h, nq, nk, _ = self.shape
-        return Problem(b, h, nq, nk, self.causal, 1.0, KernelConfig.from_tag(self.tag))
-
-    @classmethod
-    def from_key(cls, key: str) -> Case:
-        tag, shape, mode = key.split("/")
-        return cls(tag, tuple(int(x) for x in shape.split("x")), mode == "causal")
+def problem(case: Case) -> Problem:
+    b, h, nq, nk, _ = case.shape
+    return Problem(b, h, nq, nk, case.causal, 1.0, case.config())
 
 
 #: m64n32d32w4 is the config whose options the model gets most wrong (docs/timing.md), causal with
@@ -124,10 +110,8 @@ def measure(out: Path, warmup: int, reps: int, batches: int) -> Path:
 
     rows = []
     for case in CASES:
-        b, h, nq, nk, d = case.shape
-        g = torch.Generator(device="cuda").manual_seed(int(hashlib.sha256(case.key.encode()).hexdigest()[:8], 16))
-        q, k, v = (torch.randn((b, h, n, d), generator=g, device="cuda", dtype=torch.float16) for n in (nq, nk, nk))
-        plan, dev, _ = prepare(q, k, v, case.causal, None, KernelConfig.from_tag(case.tag))
+        q, k, v = _inputs(case)
+        plan, dev, _ = prepare(q, k, v, case.causal, None, case.config())
         threads = plan.block[0]
         runtime._set_max_dynamic_smem(plan.loaded.kernel, H200.smem_per_sm - H200.smem_reserved,
                                       runtime.device().device_id)  # the most any padding asks for
@@ -165,7 +149,7 @@ def model_curve(key: str, levels) -> dict[int, float]:
     """The model's ms of a case at each forced occupancy of `levels`."""
     from fa_sim.timing import predict
 
-    prob = Case.from_key(key).problem()
+    prob = problem(Case.from_key(key))
     return {j: predict(prob, "h200", ctas_per_sm=j).kernel_ms for j in levels}
 
 

@@ -17,9 +17,11 @@ it would write (no other instruction of the loop writes them), from the bits it 
 register the loop does not write keeps its bits while threads run the loop, as shared_lanes'
 `loop_written` argues. Each engine stamps the invariant instructions of every step it runs whole
 with a clock (`Engine.stamps`), so a producer later in the loop than its reader makes the reader
-run once more in the next turn, and a step that reads what it writes itself never skips. Any other
-execution of an invariant instruction (part of the wave, an observer, one instruction at a time:
-Engine._execute) forgets every stamp: each step then runs whole once before it skips again.
+run once more in the next turn, and a step that reads what it writes itself never skips. An
+invariant instruction executed by itself (Engine._execute: under an observer, or as a single step)
+for the whole wave is stamped alone - a step of several skips only when all of them carry one
+stamp, so it runs whole once more first - and one executed for part of the wave forgets every
+stamp.
 """
 
 from __future__ import annotations
