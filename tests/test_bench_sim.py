@@ -26,8 +26,21 @@ def test_missing_torch_and_triton_skip_the_triton_part_with_a_note(bench, monkey
     monkeypatch.setattr(bench, "bench_triton", lambda *a: pytest.fail("the Triton part ran"))
     assert bench.main(["--shapes", "1,1,64,64"]) == 0
     out, err = capsys.readouterr()
-    assert "fa_sim" in out and "(Triton interpreter: skipped, torch and triton not installed)" in out
+    assert "fa_sim" in out and "(Triton interpreter: skipped, torch and triton not installed; pip install" in out
     assert "the Triton interpreter part is skipped (torch and triton not installed" in err
+
+
+def test_an_interpreter_that_fails_on_a_tiny_problem_is_skipped_with_its_error(bench, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("torch", "triton") else real(name, *a))
+    err = "triton.runtime.errors.InterpreterError: TypeError('only 0-dimensional arrays can be converted')"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "Traceback\n" + err))
+    why = bench.triton_missing()
+    assert why.startswith("the Triton interpreter fails on a (1, 1, 64, 64) problem here: " + err)
+    assert "numpy<2.4" in why
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    assert bench.triton_missing() is None
 
 
 def test_skip_triton_needs_no_note(bench, capsys):
