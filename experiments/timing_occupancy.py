@@ -3,6 +3,8 @@
     python experiments/timing_occupancy.py --measure --out DIR     # on the GPU: DIR/timing_occupancy.json
     python experiments/timing_occupancy.py                         # the recording against the model
     python experiments/timing_occupancy.py --data DIR/timing_occupancy.json
+    ncu --csv --page raw --section WarpStateStats --section SchedulerStats \
+        python experiments/timing_occupancy.py --profile            # on the GPU: stalls per occupancy
 
 An SM holds as many CTAs as its registers, shared memory and threads allow (the kernel's own
 occupancy k). Launched with more dynamic shared memory than it uses, the same kernel - the same
@@ -101,14 +103,12 @@ def _driver_occupancy(kernel, threads: int, smem: int) -> int:
     return int(n)
 
 
-def measure(out: Path, warmup: int, reps: int, batches: int) -> Path:
-    """Time every case at each forced occupancy on the GPU; write out/timing_occupancy.json."""
-    import torch
-
+def forced():
+    """(case, j, own, the launch plan padded to j CTAs per SM, its device) for every case of CASES and
+    j = 1 .. own that some padding gives (GPU)."""
     from fa_hw import runtime
     from fa_hw.forward import prepare
 
-    rows = []
     for case in CASES:
         q, k, v = _inputs(case)
         plan, dev, _ = prepare(q, k, v, case.causal, None, case.config())
@@ -123,12 +123,28 @@ def measure(out: Path, warmup: int, reps: int, batches: int) -> Path:
             if smem is None:
                 print(f"{case.key:48s} {j} of {own} CTAs per SM: no padding gives it (skipped)", flush=True)
                 continue
-            padded = replace(plan, smem_bytes=smem)
-            medians = [statistics.median(padded.time(dev.stream, warmup, reps)) for _ in range(batches)]
-            rows.append({"key": case.key, "ctas_per_sm": j, "own": own, "smem_bytes": smem,
-                         "registers": plan.loaded.registers, "kernel_ms": statistics.median(medians),
-                         "batch_ms": medians})
-            print(f"{case.key:48s} {j} of {own} CTAs per SM  {rows[-1]['kernel_ms']:.4f} ms", flush=True)
+            yield case, j, own, replace(plan, smem_bytes=smem), dev
+
+
+def profile() -> None:
+    """One launch of every case at each forced occupancy, for Nsight Compute (each announced by a line
+    `profiled KEY J` before it)."""
+    for case, j, _, padded, dev in forced():
+        print("profiled", case.key, j, flush=True)
+        padded.time(dev.stream, 0, 1)
+
+
+def measure(out: Path, warmup: int, reps: int, batches: int) -> Path:
+    """Time every case at each forced occupancy on the GPU; write out/timing_occupancy.json."""
+    import torch
+
+    rows = []
+    for case, j, own, padded, dev in forced():
+        medians = [statistics.median(padded.time(dev.stream, warmup, reps)) for _ in range(batches)]
+        rows.append({"key": case.key, "ctas_per_sm": j, "own": own, "smem_bytes": padded.smem_bytes,
+                     "registers": padded.loaded.registers, "kernel_ms": statistics.median(medians),
+                     "batch_ms": medians})
+        print(f"{case.key:48s} {j} of {own} CTAs per SM  {rows[-1]['kernel_ms']:.4f} ms", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "timing_occupancy.json"
     meta = {"gpu": torch.cuda.get_device_name(), "warmup": warmup, "reps": reps, "batches": batches,
@@ -173,6 +189,8 @@ def report(measured: dict[str, dict[int, float]]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--measure", action="store_true", help="time the cases on the GPU")
+    ap.add_argument("--profile", action="store_true",
+                    help="launch each case once at each forced occupancy (GPU; run it under ncu)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "out")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)
@@ -181,6 +199,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.measure:
         print(f"wrote {measure(args.out, args.warmup, args.reps, args.batches)}")
+        return 0
+    if args.profile:
+        profile()
         return 0
     if not args.data.exists():
         raise SystemExit(f"no recording at {args.data}: run with --measure on a GPU first")

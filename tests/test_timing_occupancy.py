@@ -107,3 +107,15 @@ def test_the_measurement_forces_the_occupancy_the_driver_confirms(to, tmp_path, 
     rows = json.loads(to.measure(tmp_path, 1, 2, 1).read_text())["rows"]
     assert [r["ctas_per_sm"] for r in rows] == list(range(1, rows[0]["own"] + 1))  # 1 to 4: each one reached
     assert rows[0]["kernel_ms"] > rows[-1]["kernel_ms"] > 0
+
+
+@pytest.mark.gpu
+def test_the_profile_run_launches_each_forced_occupancy_once_and_names_it(to, monkeypatch, capsys):
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    pytest.importorskip("torch")
+    case = to.Case("m64n64d64w4-swizzled", (2, 8, 1024, 1024, 64), False)
+    monkeypatch.setattr(to, "CASES", (case,))
+    to.profile()
+    named = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("profiled ")]
+    assert named == [["profiled", case.key, str(j)] for j in range(1, 5)]  # its own occupancy is 4
