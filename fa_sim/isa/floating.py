@@ -87,7 +87,11 @@ def add(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.nda
 
 
 def sub(a, b, rnd: Rnd = Rnd.RN, ftz: bool = False, sat: bool = False) -> np.ndarray:
-    """sub: a + (-b), exactly (negation is exact)."""
+    """sub: a + (-b), exactly (negation is exact); .rn.f32 on float32 arrays as numpy's subtraction,
+    which IEEE 754 defines as that sum (signed zeros included), NaNs made canonical."""
+    if _plain32(a, b, rnd, ftz, sat):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return canonical_nan(a - b, CANONICAL_NAN_F32)
     if _is64(a):
         a, b = np.asarray(a), np.asarray(b, np.float64)
         r = add(a, -b, rnd)
