@@ -4,10 +4,7 @@ tests/data/h200/timing_dispatch.npz (the GPU part is marked `gpu`)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import experiment_scripts
 import numpy as np
 import pytest
 
@@ -18,20 +15,10 @@ from fa_sim.contract.cubins import compile_build
 from fa_sim.problem import Problem
 from fa_sim.timing.predict import Rates, dispatch
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def td():
-    path = ROOT / "experiments" / "timing_dispatch.py"
-    sys.path.insert(0, str(path.parent))  # it imports timing_measure as a script does
-    try:
-        spec = importlib.util.spec_from_file_location("timing_dispatch", path)
-        mod = sys.modules["timing_dispatch"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
+    return experiment_scripts.load("timing_dispatch")
 
 
 def _lse_with_records(td, case, sm_of):

@@ -3,12 +3,10 @@ experiments/timing_occupancy.py, which sets the GPU's times at each forced occup
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
-from pathlib import Path
 
+import experiment_scripts
 import pytest
 
 import fa_hw
@@ -17,20 +15,10 @@ from fa_sim.problem import Problem
 from fa_sim.timing import predict
 from fa_sim.timing.gpus import H200
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def to():
-    path = ROOT / "experiments" / "timing_occupancy.py"
-    sys.path.insert(0, str(path.parent))  # it imports timing_measure as a script does
-    try:
-        spec = importlib.util.spec_from_file_location("timing_occupancy", path)
-        mod = sys.modules["timing_occupancy"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
+    return experiment_scripts.load("timing_occupancy")
 
 
 SEED = Problem(2, 8, 1024, 1024, False, 1.0, KernelConfig())
