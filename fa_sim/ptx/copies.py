@@ -131,18 +131,18 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
         if all(op == given[0] for op in given):  # one src-size for the run (fa2_fwd's): read and checked once
             one = np.full(eng.n, size) if given[0] is None else eng.read(given[0], "u32", None, eng.n)
             check_sizes(size, one, cache)
-            src_size = np.broadcast_to(np.asarray(one, np.int64)[:, None], (eng.n, r))  # [N, R]
+            src_size = np.asarray(one, np.int64)[None]  # [1, N]: every copy's
         else:
             src_size = np.stack([np.full(eng.n, size) if op is None else eng.read(op, "u32", None, eng.n)
-                                 for op in given], axis=-1)  # [N, R]
+                                 for op in given]).astype(np.int64, copy=False)  # [R, N]
             check_sizes(size, src_size, cache)
-        src = np.stack([address(eng, ins.operands[1], group, "global") for ins in run.copies], axis=-1)
+        src = _sources(eng, run.copies, group)
         lanes = operand_lanes(eng, tuple(ins.operands[0] for ins in run.copies), size, group, first.pc)
     except (Unsupported, KernelFault, ValueError):
         return False
     if lanes.per_cta or not _disjoint(lanes):
         return False
-    src, src_size = _one_cta(src.reshape(*eng.cw, r), src_size.astype(np.int64, copy=False).reshape(*eng.cw, r))
+    src, src_size = _one_cta(src.reshape(r, *eng.cw), src_size.reshape(-1, *eng.cw))
     eng.activate(first.pc, group)
     try:
         eng.m.cp_async(run.instr, lanes, src, src_size)
@@ -151,14 +151,28 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
     return True
 
 
+def _sources(eng: Engine, copies: tuple[Instruction, ...], group: Group) -> np.ndarray:
+    """[R, N] int64 global byte addresses of the copies' sources: `address` of each, written into
+    one array (a 64-bit base register's bits plus the offset, in one pass)."""
+    out = np.empty((len(copies), eng.n), np.int64)
+    for j, ins in enumerate(copies):
+        op = ins.operands[1]
+        row = eng.regs.row(op.base, 64) if isinstance(op, Addr) else None
+        if row is None:
+            out[j] = address(eng, op, group, "global")
+        else:  # address(): the u64 bits as int64, plus the offset (int64 arithmetic, as there)
+            np.add(row.view(np.int64), op.offset, out=out[j])
+    return out
+
+
 def _one_cta(src: np.ndarray, src_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """src, src_size [C, W, L, R] as one CTA's [1, W, L, R] when every CTA copies the same bytes (the
+    """src [R, C, W, L] and src_size [R or 1, C, W, L] (1: one size for the R copies) as the
+    machine's [C, W, L, R] - or one CTA's [1, W, L, R] when every CTA copies the same bytes (the
     CTAs of a wave that load one K or V tile): the machine then reads them once and lands them in
-    every CTA (Machine.cp_async), as the hand-written program's tile loads do; else as they are."""
-    col = src_size[..., :1] if src_size.strides[-1] == 0 else src_size  # one size for the R copies: one column
-    if src.shape[0] > 1 and (src[1:] == src[0]).all() and (col[1:] == col[0]).all():
-        return src[:1], src_size[:1]
-    return src, src_size
+    every CTA (Machine.cp_async), as the hand-written program's tile loads do."""
+    if src.shape[1] > 1 and (src[:, 1:] == src[:, :1]).all() and (src_size[:, 1:] == src_size[:, :1]).all():
+        src, src_size = src[:, :1], src_size[:, :1]
+    return np.ascontiguousarray(src.transpose(1, 2, 3, 0)), src_size.transpose(1, 2, 3, 0)
 
 
 def _disjoint(lanes: SmemLanes) -> bool:
