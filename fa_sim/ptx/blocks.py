@@ -29,7 +29,8 @@ module) into steps:
 
 - `LaneBlock` (fa_sim/ptx/fused.py): two or more consecutive Lane instructions, compiled into one
   generated function that keeps values only the block uses in local arrays (one at a time in the
-  same cases as Lane).
+  same cases as Lane); a `WarpShuffle` (a shfl.sync whose operands the block can take before it
+  runs) joins the block, which gathers it itself when those operands are static.
 - In the main loop, a Lane or LaneBlock of invariant instructions (fa_sim/ptx/invariant.py) skips
   its runs by the whole wave while nothing it reads has changed since it last ran.
 
@@ -60,9 +61,9 @@ from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps, tou
 from .copies import copy_runs
 from .fused import LaneBlock, fusable, lane_block
 from .invariant import Invariants, Kept, invariants
-from .ir import Instruction, Kernel
+from .ir import Instruction, Kernel, named
 from .live import Live
-from .machine_ops import _reg_name, _smem_lanes, address
+from .machine_ops import _reg_name, _smem_lanes, address, block_shuffle, shuffle_operands
 from .ops import Unsupported
 from .optable import CONTROL, OPCODES, Unit, executor
 
@@ -132,6 +133,17 @@ class One:
     """One instruction, executed by Engine.issue."""
 
     ins: Instruction
+
+    def __call__(self, eng: Engine, group: Group) -> None:
+        eng.issue(self.ins, group)
+
+
+@dataclass(frozen=True, eq=False)
+class WarpShuffle:
+    """A shfl.sync that may join a LaneBlock (machine_ops.block_shuffle); by itself, as One."""
+
+    ins: Instruction
+    shuffle = True  # fused.LaneBlock: the block gathers it itself when its operands are static
 
     def __call__(self, eng: Engine, group: Group) -> None:
         eng.issue(self.ins, group)
@@ -238,7 +250,7 @@ def _steps(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
         elif len(ldsm) > 1:
             steps.append(LdsmRun(tuple(code[p] for p in ldsm), replace(instrs[pc], repeat=len(ldsm))))
         else:
-            steps.append(Lane.of(code[pc]) or One(code[pc]))
+            steps.append(Lane.of(code[pc]) or (WarpShuffle(code[pc]) if block_shuffle(code[pc]) else One(code[pc])))
         pc += len(getattr(steps[-1], "inss", (None,)))
     return steps
 
@@ -291,7 +303,7 @@ def _lane_writes(step) -> set[str] | None:
     """The registers a Lane or LaneBlock step writes (None: another kind of step)."""
     if not isinstance(step, (Lane, LaneBlock)):
         return None
-    return set().union(*(touched(ins)[1] for ins in getattr(step, "inss", None) or (step.ins,)))
+    return set().union(*(named(ins.operands[0]) for ins in getattr(step, "inss", None) or (step.ins,)))
 
 
 def branch_wave(eng: Engine, ins: Instruction) -> list:
@@ -321,6 +333,24 @@ def branch_wave(eng: Engine, ins: Instruction) -> list:
     if taken is None:
         return [(target, None)]
     return [(target, taken), (pc + 1, ~taken)]
+
+
+def _shuffles_apart(run: list) -> list[list]:
+    """A run of Lane and WarpShuffle steps as the runs that may each be one LaneBlock: the whole run
+    when the block can take every shuffle's mask, lane and clamp operands before it runs
+    (machine_ops.shuffle_operands); else each shuffle alone, between the runs of Lane steps
+    around it."""
+    inss = tuple(step.ins for step in run)
+    if all(shuffle_operands(inss, k) is not None for k, step in enumerate(run) if isinstance(step, WarpShuffle)):
+        return [run] if run else []
+    out, part = [], []
+    for step in run:
+        if isinstance(step, WarpShuffle):
+            out += [part, [step]] if part else [[step]]
+            part = []
+        else:
+            part.append(step)
+    return out + ([part] if part else [])
 
 
 class Compiled:
@@ -357,19 +387,24 @@ class Compiled:
         return hit
 
     def _plain(self, code, start: int, end: int, instrs) -> list:
-        """_steps, with each run of at least two fusable Lane steps one LaneBlock (fa_sim/ptx/fused.py)."""
+        """_steps, with each run of at least two fusable Lane steps one LaneBlock (fa_sim/ptx/fused.py);
+        a shfl.sync between them joins the run where the run writes none of its lane, clamp and mask
+        operands (the block reads them before it runs: machine_ops.shuffle_lanes)."""
         out, run = [], []
         for step in (*_steps(code, start, end, instrs), None):
-            if isinstance(step, Lane) and fusable(self.kernel, step.ins):
+            if isinstance(step, (Lane, WarpShuffle)) and fusable(self.kernel, step.ins):
                 run.append(step)
                 continue
-            out += [self._block(run)] if len(run) > 1 else [self._lane(lane) for lane in run]
+            for part in _shuffles_apart(run):
+                out += [self._block(part)] if len(part) > 1 else [self._lane(x) for x in part]
             run = []
             if step is not None:
                 out.append(self._lane(step) if isinstance(step, Lane) else step)
         return copy_runs(out, instrs, _lane_writes)
 
-    def _lane(self, lane: Lane) -> Lane:
+    def _lane(self, lane: Lane | WarpShuffle) -> Lane | WarpShuffle:
+        if isinstance(lane, WarpShuffle):
+            return lane
         kept = self.invariants.kept((lane.ins,))
         return lane if kept is None else replace(lane, kept=kept)
 

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import KernelFault
 from .ir import Imm, Instruction, Kernel, PredPair, Reg, Sink, Sym, Vec
 from .ops import Unsupported
+from .machine_ops import shuffle_in_range, shuffle_lanes, shuffle_operands, shuffled
 from .ops.common import U32_OR_IMM
 from .packs import FileRead, Node, PackCall, Packer, as_rows
 from .regs import from_type, immediate, to_type
@@ -215,10 +216,14 @@ class LaneBlock:
     (module docstring), compiled on the block's COMPILE_AT_RUN-th run by a whole wave (a wide wave's run
     counts as one per RUN_LANES threads)."""
 
-    __slots__ = ("lanes", "inss", "_compile", "code", "kept")
+    __slots__ = ("lanes", "inss", "_compile", "code", "kept", "shuffles")
 
     def __init__(self, lanes: tuple, compile_: Callable[[], Code]):
         self.lanes, self.inss, self._compile = lanes, tuple(lane.ins for lane in lanes), compile_
+        # its shfl.sync (blocks.WarpShuffle), which the function gathers with the lanes that
+        # machine_ops.shuffle_lanes finds before each run
+        self.shuffles = tuple((lane.ins, shuffle_operands(self.inss, k)) for k, lane in enumerate(lanes)
+                              if getattr(lane, "shuffle", False))
         self.code: Code | None = None
         self.kept: Kept | None = None  # its invariant instructions in the main loop (fa_sim/ptx/invariant.py)
 
@@ -245,7 +250,15 @@ class LaneBlock:
                     return
                 self.code = self._compile()
             bound = eng.bound[self] = self.code.bind(eng)
-        self.code.run(eng, bound, eng.n)
+        if not self.shuffles:
+            self.code.run(eng, bound, eng.n)
+            return
+        lanes = shuffle_lanes(eng, group, self.shuffles)
+        if lanes is None:  # operands that are not static, exited threads: one at a time
+            for ins in self.inss:
+                eng.issue(ins, group)
+            return
+        self.code.run(eng, bound, eng.n, lanes)
 
 
 def lane_block(kernel: Kernel, lanes: tuple, uses: dict, locate: Callable) -> LaneBlock:
@@ -254,7 +267,10 @@ def lane_block(kernel: Kernel, lanes: tuple, uses: dict, locate: Callable) -> La
     def compile_() -> Code:
         gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses, locate)
         for k, lane in enumerate(lanes):
-            gen.instruction(k, lane.ins, lane.ex)
+            if getattr(lane, "shuffle", False):
+                gen.shuffle(k, lane.ins)
+            else:
+                gen.instruction(k, lane.ins, lane.ex)
         return gen.code()
     return LaneBlock(tuple(lanes), compile_)
 
@@ -270,6 +286,7 @@ class _Generator:
         self.producer: dict[str, int] = {}  # local variable -> the instruction that computes it
         self.file_reads: dict[str, FileRead] = {}  # expression -> the register row it reads
         self.n_vars = 0
+        self.n_shuffles = 0
         self.scalar_of: dict[int, str] = {}  # U32_OR_IMM immediates: one value for all lanes
         self.consts: dict = {}
         self.const_of: dict[int, str] = {}  # id of a constant object -> its name (one name per object)
@@ -394,6 +411,33 @@ class _Generator:
             self.nodes[k].call = PackCall(fn, dtype, tuple(args), var, tuple(self.nodes[k].lines[1:]),
                                           None if fold is None else self.const(fold, "F"), store)
 
+    def shuffle(self, k: int, ins: Instruction) -> None:
+        """A shfl.sync (blocks.WarpShuffle): machine_ops.shuffled on its source, with the source
+        lanes that machine_ops.shuffle_lanes found for this run (J, in the order of the block's
+        shuffles); its predicate (d|p), where the block reads or stores it, the in-range lanes.
+        It counts the instruction, so it keeps its program order with the instructions that can
+        raise."""
+        dst, a = ins.operands[:2]
+        x = self.source(k, a, "b32")
+        lanes = f"J[{self.n_shuffles}]"
+        self.n_shuffles += 1
+        self.nodes[k].raises = True
+        value, pred = (dst.p, dst.q) if isinstance(dst, PredPair) else (dst, None)
+        later = {r.name for i in self.inss[k + 1:] for r in _sources(i.operands)}
+        for reg, tag, expr in ((value, "b32", f"SHFL(E, {self.const(ins, 'O')}, {x}, {lanes})"),
+                               (pred, "pred", f"SHFL_OK({lanes}, n)")):
+            if reg is None or (tag == "pred" and reg.name not in later and reg.name not in self.stored):
+                continue
+            var = self.var(k)
+            self.emit(k, f"{var} = {expr}")
+            self.local[reg.name] = (var, tag)
+            if reg.name in self.stored and self.last_write[reg.name] == k:
+                self.nodes[k].stores.add(reg.name)
+                if self.width(reg.name) == bits(tag):
+                    self.emit(k, f"copyto({self.slot('store', reg.name, tag)}, {var}, casting='unsafe')")
+                else:
+                    self.emit(k, f"E.write({self.const(reg, 'O')}, {var}, {tag!r}, None, n)")
+
     def generic(self, k: int, ins: Instruction, ex) -> None:
         """An executor that is not inlined: it runs on _Env lanes over the locals it reads."""
         reads = {r.name for r in _sources(ins.operands)}
@@ -419,11 +463,12 @@ class _Generator:
         """The function: the body in a try whose handler names the instruction of the failing line."""
         lines = Packer(self.nodes, self.file_reads, self.gather, set(self.scalar_of.values()), self.scatter).body()
         body = "\n".join(f"        {line}" for _, line in lines)
-        text = (f"def run(E, V, n):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
+        text = (f"def run(E, V, n, J=()):\n    try:\n{body}\n    except (Unsupported, KernelFault) as exc:\n"
                 f"        raise located(exc, INSS[OF_LINE[exc.__traceback__.tb_lineno - 3]]) from None\n")
         scope = {"copyto": np.copyto, "AS": _as, "ASM": as_rows, "STACK": np.stack, "CONVERT": _convert, "ENV": _Env,
                  "INSS": self.inss, "OF_LINE": tuple(k for k, _ in lines), "Unsupported": Unsupported, "KernelFault": KernelFault,
-                 "located": self.locate, **self.consts}
+                 "located": self.locate, "SHFL": shuffled, "SHFL_OK": shuffle_in_range,
+                 **self.consts}
         exec(compile(text, f"<PTX lane block, pcs {self.inss[0].pc}..{self.inss[-1].pc}>", "exec"), scope)
         return Code(scope["run"], tuple(self.slots), text, frozenset(self.stored))
 

@@ -23,10 +23,11 @@ import numpy as np
 from ..errors import KernelFault
 from ..isa import shfl as isa_shfl
 from ..isa.sm80 import FULL_MASK
-from .ir import Instruction, PredPair, Reg, Vec
+from .ir import Imm, Instruction, PredPair, Reg, Vec, named
 from .ops import Unsupported
 from .shared_lanes import address, operand_lanes
 from .shared_lanes import smem_lanes as _smem_lanes
+from .regs import immediate
 from .types import DTYPES, bits, is_type
 
 if TYPE_CHECKING:  # the engine calls these handlers through the opcode table (optable.py)
@@ -259,22 +260,103 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
 def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int, int]) -> None:
     """shfl.sync of the whole wave, unobserved, with static operands (_static_shfl): what
     Machine.shfl computes then (counted per warp; every lane takes part, so nothing to check), one
-    gather of the source lanes of every warp straight from the register."""
-    dst, a = ins.operands[:2]
-    j, ok = isa_shfl.warp_source(mode, static[0], static[1])
-    x = eng.read(a, "b32", None, eng.n)
+    gather of the source lanes of every warp straight from the register. The views it gathers
+    from and into are the engine's for as long as it runs: found once per source array
+    (`_shfl_plan`)."""
+    x = eng.read(ins.operands[1], "b32", None, eng.n)
+    key = ("shfl", ins.pc, mode, static[:2])
+    plan = eng.bound.get(key)
+    if plan is None or plan[0] is not x:
+        plan = eng.bound[key] = _shfl_plan(eng, ins, mode, static, x)
+    _, src, j, into, pred, ok = plan
     eng.m.count(eng.activate(ins.pc, eng.wave))
-    out = dst.p if isinstance(dst, PredPair) else dst
-    row = eng.regs.row(out, 32)
-    if row is not None and not np.may_share_memory(row, x):  # gathered straight into the register
-        np.take(x.reshape(-1, 32), j, axis=1, out=row.view(x.dtype).reshape(-1, 32))
+    dst = ins.operands[0]
+    if into is not None:  # gathered straight into the register
+        np.take(src, j, axis=1, out=into)
     else:
-        eng.write(out, x.reshape(-1, 32)[:, j].reshape(-1), "b32", None, eng.n)
-    pred = eng.regs.row(dst.q, 1) if isinstance(dst, PredPair) else None
+        eng.write(dst.p if isinstance(dst, PredPair) else dst, src[:, j].reshape(-1), "b32", None, eng.n)
     if pred is not None:
-        pred.reshape(-1, 32)[...] = ok
+        pred[...] = ok
     elif isinstance(dst, PredPair):
         eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
+
+
+def _shfl_plan(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int, int], x: np.ndarray) -> tuple:
+    """(x, x by warp [N / 32, 32], source lanes j [32], the destination register's row by warp to
+    gather into (None: it is not a 32-bit register, or it shares memory with x), the predicate's
+    row by warp (None: no predicate register to set so), in range [32]) of `_shfl_wave`."""
+    dst = ins.operands[0]
+    j, ok = isa_shfl.warp_source(mode, static[0], static[1])
+    row = eng.regs.row(dst.p if isinstance(dst, PredPair) else dst, 32)
+    into = None if row is None or np.may_share_memory(row, x) else row.view(x.dtype).reshape(-1, 32)
+    pred = eng.regs.row(dst.q, 1) if isinstance(dst, PredPair) else None
+    return x, x.reshape(-1, 32), j, into, None if pred is None else pred.reshape(-1, 32), ok
+
+
+SHUFFLE_MODES = ("up", "down", "bfly", "idx")
+
+
+def block_shuffle(ins: Instruction) -> bool:
+    """Whether a shfl.sync can join a lane block (fa_sim/ptx/fused.py): unguarded shfl.sync.mode.b32
+    from a register into a register (or a register and a predicate: d|p)."""
+    ops = ins.operands
+    dst = (ops[0].p, ops[0].q) if ops and isinstance(ops[0], PredPair) else ops[:1]
+    return (ins.opcode == "shfl" and ins.guard is None and len(ins.mods) == 3 and ins.mods[0] == "sync"
+            and ins.mods[1] in SHUFFLE_MODES and ins.mods[2] == "b32" and len(ops) == 5
+            and all(isinstance(op, Reg) and not op.special and not op.negate for op in (*dst, ops[1])))
+
+
+def shuffle_operands(inss: tuple[Instruction, ...], k: int) -> tuple | None:
+    """The membermask, lane and clamp operands of the shfl inss[k] of a lane block as the block can
+    take them before it runs: an integer where an immediate or the block's last write before the
+    shfl (a mov of an immediate into a 32-bit register) gives their bits, the operand where no
+    instruction of the block before the shfl writes it (read when the block starts); None when
+    another instruction writes one there."""
+    _, _, b, c, mask = inss[k].operands
+    out = []
+    for op in (mask, b, c):
+        if isinstance(op, Imm):
+            out.append(int(np.asarray(immediate(op, "b32"))))
+            continue
+        writer = next((ins for ins in reversed(inss[:k]) if op.name in named(ins.operands[0])), None) \
+            if isinstance(op, Reg) and not op.special else None
+        if writer is None:
+            out.append(op)
+        elif writer.opcode == "mov" and len(writer.mods) == 1 and writer.mods[0] in ("b32", "u32", "s32") and \
+                isinstance(writer.operands[1], Imm) and writer.operands[0] == op:
+            out.append(int(np.asarray(immediate(writer.operands[1], writer.mods[0])).astype(np.int64)) & 0xFFFFFFFF)
+        else:
+            return None
+    return tuple(out)
+
+
+def shuffle_lanes(eng: Engine, group: Group, shuffles: tuple) -> tuple | None:
+    """(source lanes [32], in range [32]) of each shfl of a lane block, `shuffles` its (instruction,
+    shuffle_operands), when the whole wave runs them unobserved with static operands (as
+    _static_shfl finds them; those the block does not set read before it runs) - the case
+    _shfl_wave gathers, where nothing can fail - else None (the block then runs one instruction
+    at a time)."""
+    if group.mask is not None or eng.observed or eng.geo.threads % 32 or eng.exited.any():
+        return None
+    out = []
+    for ins, ops in shuffles:
+        values = [op if isinstance(op, int) else _static_value(eng, op, ins.pc) for op in ops]
+        if None in values or values[0] != FULL_MASK:
+            return None
+        out.append(isa_shfl.warp_source(ins.mods[1], values[1], values[2]))
+    return tuple(out)
+
+
+def shuffled(eng: Engine, ins: Instruction, x: np.ndarray, lanes: tuple) -> np.ndarray:
+    """A lane block's shfl (shuffle_lanes gave its source lanes and in-range lanes) at its place:
+    counted per warp as _shfl_wave counts it, each warp's source lanes of x [N] gathered."""
+    eng.m.count(eng.activate(ins.pc, eng.wave))
+    return np.take(x.reshape(-1, 32), lanes[0], axis=1).reshape(-1)
+
+
+def shuffle_in_range(lanes: tuple, n: int) -> np.ndarray:
+    """A lane block's shfl's predicate (its d|p): each lane's in-range bit, on every warp of n threads."""
+    return np.broadcast_to(lanes[1], (n // 32, 32)).reshape(-1)
 
 
 def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, int, int] | None:
@@ -282,25 +364,33 @@ def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, i
     them has one value on every thread (registers set by a mov, in fa2_fwd's PTX), the mask being
     every lane: each warp's membermask is then FULL_MASK on every lane and the shuffle's source
     lanes are the same [32] in every warp (the isa's one-take path: the same values and checks as
-    with per-lane operands). None otherwise. A register that holds its loop writer's constant
-    (fa_sim/ptx/invariant.py `holds_constant`) is read once per engine."""
+    with per-lane operands). None otherwise."""
     if group.mask is not None or eng.exited.any():
         return None
     out = []
     for op in (mask, b, c):
-        const = isinstance(op, Reg) and eng.compiled.invariants.holds_constant(eng, op.name, pc)
-        if const and op.name in eng.constants:
-            out.append(eng.constants[op.name])
-            continue
-        v = eng.read(op, "b32", None, group.n)
-        first = v[0]
-        if v.strides != (0,) and not (v == first).all():  # an immediate is one value broadcast
+        v = _static_value(eng, op, pc)
+        if v is None:
             return None
-        out.append(int(first))
-        if const:
-            eng.constants[op.name] = out[-1]
+        out.append(v)
     member, bb, cc = out
     return (bb, cc, member) if member == FULL_MASK else None
+
+
+def _static_value(eng: Engine, op, pc: int) -> int | None:
+    """An operand of the shfl at pc as an integer when it has one value (b32) on every thread of
+    the wave, else None. A register that holds its loop writer's constant (fa_sim/ptx/invariant.py
+    `holds_constant`) is read once per engine."""
+    const = isinstance(op, Reg) and eng.compiled.invariants.holds_constant(eng, op.name, pc)
+    if const and op.name in eng.constants:
+        return eng.constants[op.name]
+    v = eng.read(op, "b32", None, eng.n)
+    first = v[0]
+    if v.strides != (0,) and not (v == first).all():  # an immediate is one value broadcast
+        return None
+    if const:
+        eng.constants[op.name] = int(first)
+    return int(first)
 
 
 def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:
