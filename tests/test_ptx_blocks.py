@@ -10,6 +10,7 @@ from fa_sim import isa
 from fa_sim.errors import KernelFault
 from fa_sim.events import Op
 from fa_sim.ptx import blocks, chains, launch, parse
+from fa_sim.ptx.ops import Unsupported
 from fa_sim.ptx.program import build_program
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -427,3 +428,59 @@ def test_fed_operands_give_the_bits_counts_and_faults_of_single_instructions(mon
             run_fed(4096, observers)
         errors.append(str(info.value))
     assert errors[0] == errors[1] and "ldmatrix" in errors[0] and "outside" in errors[0]
+
+
+# FED_PTX with the address math between the fed loads, a write of the first load's address
+# register after it (the loads before it then issue first), and RAISE before the mmas of the
+# second step: nothing, or a read of %clock (not provided: the engine raises).
+FED_LANES_PTX = FED_PTX.replace("""    add.s32 %r10, %r9, 512;
+    add.s32 %r11, %r9, 1024;
+    add.s32 %r12, %r9, %r30;
+""", "").replace(f"""    {LDSM} {{%r13, %r14, %r15, %r16}}, [%r9];
+    {LDSM} {{%r17, %r18, %r19, %r20}}, [%r10];
+""", f"""    {LDSM} {{%r13, %r14, %r15, %r16}}, [%r9];
+    add.s32 %r10, %r9, 512;
+    {LDSM} {{%r17, %r18, %r19, %r20}}, [%r10];
+    add.s32 %r11, %r9, 1024;
+    add.s32 %r12, %r9, %r30;
+    add.s32 %r9, %r9, 0;
+""").replace(f"""    {LDSM} {{%r21, %r22, %r23, %r24}}, [%r11];
+""", f"""    {LDSM} {{%r21, %r22, %r23, %r24}}, [%r11];
+    mov.u32 %r29, %r11;
+""").replace(f"""{{%r25, %r26, %r27, %r28}}, [%r12];
+""", """{%r25, %r26, %r27, %r28}, [%r12];
+    RAISE
+""")
+
+
+@pytest.mark.parametrize("offset, raise_", [(1536, ""), (4096, ""), (4096, "mov.u32 %r31, %clock;"),
+                                            (1536, "mov.u32 %r31, %clock;")],
+                         ids=["in-bounds", "fault", "fault-before-raise", "raise"])
+def test_fed_loads_wait_for_the_lane_math_between_them(monkeypatch, offset, raise_):
+    """Fed ldmatrix of one form issue together after the lane math between them (or before an
+    instruction that writes an address they read): the bits, counts and first error of single
+    instructions - a load's fault before a lane instruction's error."""
+    issued = []
+    load = chains.load
+    monkeypatch.setattr(chains, "load", lambda eng, group, inss, instr: issued.append(len(inss)) or
+                        load(eng, group, inss, instr))
+    ptx = FED_LANES_PTX.replace("RAISE", raise_)
+    def run(observers=()):
+        src = np.random.default_rng(5).standard_normal(1024).astype(np.float16).view(np.uint32)
+        out = np.zeros(32 * 8, np.float32)
+        res = launch(ptx, grid=(1,), block=(32,), args=[src, out, np.uint32(offset)], observers=observers)
+        return out, res
+    if offset == 1536 and not raise_:
+        chained, res = run()
+        assert issued == [2, 1, 1]  # the first two together; the write of %r9 issues them before it
+        single, res_single = run([Watcher()])
+        np.testing.assert_array_equal(chained.view(np.uint32), single.view(np.uint32))
+        assert res.counts == res_single.counts and res.instructions[Op.LDSM] == 4
+        return
+    errors = []
+    for observers in ((), [Watcher()]):
+        with pytest.raises((KernelFault, Unsupported)) as info:
+            run(observers)
+        errors.append(f"{type(info.value).__name__}: {info.value}")
+    assert errors[0] == errors[1]
+    assert ("ldmatrix" in errors[0] and "outside" in errors[0]) if offset == 4096 else "clock" in errors[0]

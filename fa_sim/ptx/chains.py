@@ -281,12 +281,15 @@ class Gemm:
     grids: tuple[Grid, ...]
 
     def __call__(self, eng: Engine, group: Group) -> None:
-        if group.mask is not None or eng.observed or not all(g.ready(eng.regs) for g in self.grids):
+        ready = eng.bound.get(self)  # where registers live is the engine's: checked once
+        if ready is None:
+            ready = eng.bound[self] = all(g.ready(eng.regs) for g in self.grids)
+        if group.mask is not None or eng.observed or not ready:
             for step in self.slow:
                 step(eng, group)
             return
         loads: dict = {}
-        for first, steps in self.segments:
+        for i, (first, steps) in enumerate(self.segments):
             try:
                 if isinstance(steps, FedLoads):
                     loads.update(load(eng, group, steps.inss, steps.instr))
@@ -294,16 +297,29 @@ class Gemm:
                 for step in steps:
                     step(eng, group)
             except Exception:  # program order up to the failing instruction, then its error
-                materialize(eng, loads, loads)
-                for ins in self.deferred:
-                    if ins.pc < first:
-                        eng.issue(ins, group)
+                self._before(eng, group, i, loads)
                 raise
         eng.activate(self.mmas[0].pc, group)
         for instr in self.counted:
             eng.m.count(instr, aligned=True)
         for grid in self.grids:
             grid.run(eng, loads)
+
+
+    def _before(self, eng: Engine, group: Group, i: int, loads: dict) -> None:
+        """What program order executes before segment i, which failed: the fed loads that wait
+        for a later FedLoads (_segments), the registers of fed loads, the mmas, packs and movs
+        the GEMM deferred or dropped."""
+        first = self.segments[i][0]
+        later = next((s for _, s in self.segments[i + 1:] if isinstance(s, FedLoads)), None)
+        waiting = () if isinstance(self.segments[i][1], FedLoads) or later is None else \
+            tuple(ins for ins in later.inss if ins.pc < first)
+        if waiting:  # a fault here comes first: it is earlier in program order
+            loads.update(load(eng, group, waiting, replace(later.instr, repeat=len(waiting))))
+        materialize(eng, loads, loads)
+        for ins in self.deferred:
+            if ins.pc < first:
+                eng.issue(ins, group)
 
 
 @dataclass(frozen=True, eq=False)
@@ -316,21 +332,35 @@ class FedLoads:
 
 def _segments(code, start: int, stop: int, skip: set[int], fed: set[int], instrs, plain: Callable) -> list:
     """(first pc, steps or FedLoads) of the region's instructions but those the GEMM defers or
-    drops (`skip`: its mmas, packs and dead movs), in program order."""
-    out, run = [], []
-    for p in range(start, stop + 1):
-        if (p == stop or p in skip or p in fed) and run:
+    drops (`skip`: its mmas, packs and dead movs), in program order - except that a fed ldmatrix
+    waits for the next fed ldmatrix of another form or phase, for an instruction that writes a
+    register its address reads, or for the region's end, so that the fed loads between become one
+    FedLoads (one machine call: Gemm.__call__ issues the waiting ones first when an instruction
+    fails). A fed load writes no register the other instructions read (feed) and lane math touches
+    no memory, so running the lane math between first changes no value either reads."""
+    out, run, pending = [], [], []
+    def flush_run():
+        if run:
             out.append((run[0], tuple(plain(code, run[0], run[-1] + 1, instrs))))
-            run = []
-        if p in fed:
-            last = out[-1][1] if out else None
-            if isinstance(last, FedLoads) and code[p].mods == last.inss[0].mods and \
-                    instrs[p].phase == last.instr.phase:
-                inss = (*last.inss, code[p])
-                out[-1] = (out[-1][0], FedLoads(inss, replace(last.instr, repeat=len(inss))))
-            else:
-                out.append((p, FedLoads((code[p],), instrs[p])))
-        elif p < stop and p not in skip:
+            run.clear()
+    def flush_loads():
+        if pending:
+            out.append((pending[0].pc, FedLoads(tuple(pending), replace(instrs[pending[0].pc], repeat=len(pending)))))
+            pending.clear()
+    for p in range(start, stop + 1):
+        if p == stop or p in skip or p in fed:
+            flush_run()
+        if p == stop:
+            flush_loads()
+        elif p in fed:
+            if pending and (code[p].mods != pending[0].mods or instrs[p].phase != instrs[pending[0].pc].phase):
+                flush_loads()
+            pending.append(code[p])
+        elif p not in skip:
+            writes = touched(code[p])[1]
+            if pending and writes & {LdsmOperands.of(ins).base for ins in pending}:
+                flush_run()
+                flush_loads()
             run.append(p)
     return out
 

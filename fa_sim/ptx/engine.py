@@ -106,7 +106,7 @@ class Engine:
         self.observed = any(callable(getattr(o, "on_instr", None)) for o in machine.hub.observers)
         self._views: dict = {}  # (id(operand), type) -> (operand, array): reads of the whole wave
         self._targets: dict = {}  # (id(register), type) -> (register, typed view of its row): writes
-        self.bound: dict = {}  # fused.LaneBlock -> the wave's arrays it reads and stores
+        self.bound: dict = {}  # a step (fused.LaneBlock, chains.Gemm, a shuffle) -> what it found for this wave
         self.block_runs: dict = {}  # fused.LaneBlock -> its runs before it compiled (the wave's and its parts')
         self.stamps: dict[int, int] = {}  # invariant pc -> clock of its last run by the whole wave (invariant.py)
         self.clock = 0
