@@ -98,14 +98,14 @@ def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, 
     every CTA too (a wave of one head reads one K or V tile), CTA 0's matrices are every CTA's
     (as fa_sim/gemm.py reads them): one gather, and the chain converts B once."""
     smem = eng.m.smem[: eng.cw[0]]
-    key = (tuple((id(x), r) for x, r in loads), smem.shape)
+    key = (tuple(loads), smem.shape)  # SmemLanes compare by identity; the key keeps them alive
     hit = cache.get(key)
-    if hit is None or any(a is not b for a, (b, _) in zip(hit[0], loads)):
+    if hit is None:
         plan = _plan(_compose(eng, loads, fed, k, operand_a), smem.shape)
-        hit = cache[key] = (tuple(x for x, _ in loads), *plan, _span(*plan))
+        hit = cache[key] = (*plan, _span(*plan))
         while len(cache) > INDEX_CACHE:
             cache.pop(next(iter(cache)))
-    _, index, transposed, per_cta, span = hit
+    index, transposed, per_cta, span = hit
     unit = np.uint16 if transposed is None else CHUNK  # halves, or whole 16-byte rows of ldmatrix
     if per_cta:
         mats = np.take(smem.view(unit).reshape(-1), index)

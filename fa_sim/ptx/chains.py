@@ -178,10 +178,11 @@ class Grid:
         if operand_a and self.a_packs is not None:
             return packed_matrices(eng, self.a_packs, self.k, self.mi)
         fed = self.a_fed if operand_a else self.b_fed
-        pcs = tuple(fed or ()) if operand_a else tuple(p for p, _ in fed or ())
-        if fed is not None and all(loads[p] is not None for p in pcs):
+        pcs = self._fed_pcs(operand_a)
+        got = [loads[p] for p in pcs]
+        if fed is not None and None not in got:
             cache = self.__dict__.setdefault("_a_index" if operand_a else "_b_index", {})
-            return fed_matrices(eng, [loads[p] for p in pcs], fed, self.k, operand_a, cache)
+            return fed_matrices(eng, got, fed, self.k, operand_a, cache)
         materialize(eng, loads, pcs)
         cs, w, lanes = eng.cw
         if operand_a:
@@ -189,6 +190,16 @@ class Grid:
             return list(isa_mma.a_matrix(a.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, MI, 4]
         b = _rows(eng.regs, self.b, eng.cw).reshape(self.k, self.nj, 2, cs, w, lanes)
         return list(isa_mma.b_matrix(b.transpose(0, 3, 4, 5, 1, 2)))  # from [K, C, W, L, NJ, 2]
+
+
+    def _fed_pcs(self, operand_a: bool) -> tuple[int, ...]:
+        """The pcs of the fed loads of each fragment of operand A (or B), in order (cached)."""
+        key = "_a_pcs" if operand_a else "_b_pcs"
+        pcs = self.__dict__.get(key)
+        if pcs is None:
+            fed = (self.a_fed if operand_a else self.b_fed) or ()
+            pcs = self.__dict__[key] = tuple(fed) if operand_a else tuple(p for p, _ in fed)
+        return pcs
 
 
 def _rows(regs, names: tuple[str, ...], cw) -> np.ndarray:
