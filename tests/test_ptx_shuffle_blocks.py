@@ -52,6 +52,11 @@ LOOP:
 # The same with the second shuffle's offset per thread (lane & 3): not static, one at a time.
 PER_LANE = STATIC.replace("mov.u32 %r15, 3;", "and.b32 %r15, %r10, 3;")
 
+# The second shuffle's offset computed in the loop before it (1 + the turn's index mod 4): the
+# block cannot take it before it runs, so the shuffles stand apart from the lane math around them.
+COMPUTED = STATIC.replace("    mul.lo.s32 %r12, %r5, 7;\n", "    mul.lo.s32 %r12, %r5, 7;\n    and.b32 %r17, %r3, 3;\n"
+                          "    add.s32 %r15, %r17, 1;\n", 1)
+
 # Each CTA's second warp exits before the loop: the block takes only a wave without exited threads
 # (one at a time here).
 EXITED = STATIC.replace("    mov.u32 %r3, 0;\n", "    setp.ge.u32 %p0, %r10, 32;\n    @%p0 ret;\n    mov.u32 %r3, 0;\n", 1)
@@ -88,8 +93,8 @@ def one_at_a_time(monkeypatch, ptx):
     return run(ptx)
 
 
-@pytest.mark.parametrize("ptx, fast", [(STATIC, True), (PER_LANE, False), (EXITED, False)],
-                         ids=["static", "per-lane", "exited"])
+@pytest.mark.parametrize("ptx, fast", [(STATIC, True), (PER_LANE, False), (EXITED, False), (COMPUTED, False)],
+                         ids=["static", "per-lane", "exited", "computed"])
 def test_a_block_gathers_its_shuffles_as_they_run_one_at_a_time(monkeypatch, gathered, ptx, fast):
     out, res = run(ptx)
     assert any(gathered) == fast

@@ -340,7 +340,10 @@ def shuffle_lanes(eng: Engine, group: Group, shuffles: tuple) -> tuple | None:
         return None
     out = []
     for ins, ops in shuffles:
-        values = [op if isinstance(op, int) else _static_value(eng, op, ins.pc) for op in ops]
+        try:
+            values = [op if isinstance(op, int) else _static_value(eng, op, ins.pc) for op in ops]
+        except (Unsupported, KernelFault):  # an operand the engine does not read: the single instruction raises
+            return None
         if None in values or values[0] != FULL_MASK:
             return None
         out.append(isa_shfl.warp_source(ins.mods[1], values[1], values[2]))
