@@ -153,15 +153,10 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
 
 def _sources(eng: Engine, copies: tuple[Instruction, ...], group: Group) -> np.ndarray:
     """[R, N] int64 global byte addresses of the copies' sources: `address` of each, written into
-    one array (a 64-bit base register's bits plus the offset, in one pass)."""
+    one array."""
     out = np.empty((len(copies), eng.n), np.int64)
     for j, ins in enumerate(copies):
-        op = ins.operands[1]
-        row = eng.regs.row(op.base, 64) if isinstance(op, Addr) else None
-        if row is None:
-            out[j] = address(eng, op, group, "global")
-        else:  # address(): the u64 bits as int64, plus the offset (int64 arithmetic, as there)
-            np.add(row.view(np.int64), op.offset, out=out[j])
+        address(eng, ins.operands[1], group, "global", out=out[j])
     return out
 
 

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from .engine import Engine, Group
 
 
-def address(eng: Engine, op: Addr, group: Group, space: str) -> np.ndarray:
-    """[n] int64 byte addresses of a memory operand [base + offset]."""
+def address(eng: Engine, op: Addr, group: Group, space: str, out: np.ndarray | None = None) -> np.ndarray:
+    """[n] int64 byte addresses of a memory operand [base + offset] (into `out`, [n] int64, if given:
+    a 64-bit base register's bits plus the offset in one pass)."""
     if not isinstance(op, Addr):
         raise Unsupported(f"{op!r} is not a memory operand")
     base = op.base
@@ -38,8 +39,9 @@ def address(eng: Engine, op: Addr, group: Group, space: str) -> np.ndarray:
             a = np.asarray(eng.read(base, "u64", group.idx, group.n)).astype(np.int64)
     else:
         raw, width = eng.regs.slot(base.name)
-        a = eng.read(base, "u64" if width == 64 else "u32", group.idx, group.n).astype(np.int64)
-    return a + op.offset
+        a = eng.read(base, "u64" if width == 64 else "u32", group.idx, group.n)
+        a = a.view(np.int64) if width == 64 else a.astype(np.int64)  # u64 bits as int64, as astype gives them
+    return np.add(a, op.offset, out=out)
 
 
 def smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int) -> SmemLanes:
