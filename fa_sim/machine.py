@@ -90,8 +90,9 @@ class _Flight:
     landed: np.ndarray
     lanes: SmemLanes | None = None  # the destination's lanes when every CTA shares them
 
-    def of_ctas(self, pos: np.ndarray) -> _Flight:
-        """The copies of the CTAs at wave positions `pos` (bytes every CTA shares stay shared)."""
+    def of_ctas(self, pos: np.ndarray | slice) -> _Flight:
+        """The copies of the CTAs at wave positions `pos` (an array, or a slice: views) (bytes every
+        CTA shares stay shared)."""
         data = self.data if self.data.shape[0] == 1 else self.data[pos]
         return _Flight(self.dst[pos], data, self.group[pos], self.landed[pos], self.lanes)
 
@@ -124,10 +125,11 @@ class Machine:
         self.round = ROUND_PROLOGUE
         self.set_live(c)
 
-    def of_ctas(self, pos: np.ndarray) -> Machine:
-        """The CTAs at wave positions `pos` (sorted) as a machine of their own: their shared memory,
-        cp.async groups and copies in flight, the same memory, hub and models. Every CTA must be
-        live (a front end narrowing to a prefix does not split its wave)."""
+    def of_ctas(self, pos: np.ndarray | slice) -> Machine:
+        """The CTAs at wave positions `pos` (sorted; a slice: consecutive ones, whose arrays it then
+        views) as a machine of their own: their shared memory, cp.async groups and copies in flight,
+        the same memory, hub and models. Every CTA must be live (a front end narrowing to a prefix
+        does not split its wave)."""
         if self.live != self.n_ctas:
             raise ValueError(f"a wave with {self.live} of {self.n_ctas} CTAs live cannot be split")
         out = Machine(self.n_warps, 0, self.memory, self.cta[pos], self.hub, self.mma_model, self.labels)

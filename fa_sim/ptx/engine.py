@@ -99,7 +99,8 @@ class Engine:
 
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
                  params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0,
-                 budget: StepBudget | None = None, compiled: Compiled | None = None, regs: RegisterFile | None = None):
+                 budget: StepBudget | None = None, compiled: Compiled | None = None, regs: RegisterFile | None = None,
+                 special: dict[str, np.ndarray] | None = None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
         self.compiled = compiled or Compiled(kernel, instrs)
         # an observer of instruction events: register-only instructions then build their events
@@ -116,7 +117,7 @@ class Engine:
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
         self.n = geometry.n
         self.regs = regs or RegisterFile(kernel, self.n)
-        self.special = special_registers(geometry, machine.smem_bytes)
+        self.special = special_registers(geometry, machine.smem_bytes) if special is None else special
         self.exited = np.zeros(self.n, bool)
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)

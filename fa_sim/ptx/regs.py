@@ -82,12 +82,18 @@ class RegisterFile:
             self._files[name] = np.zeros((1, n), STORAGE[bits(ptype)])
             self._slot[name] = (name, 0, bits(ptype))
 
-    def of_ctas(self, pos: np.ndarray, threads: int, live: frozenset[str], reuse: bool = False) -> RegisterFile:
+    def of_ctas(self, pos: np.ndarray | slice, threads: int, live: frozenset[str], reuse: bool = False) -> RegisterFile:
         """The registers `live` of the CTAs at wave positions `pos` (sorted; `threads` threads each)
         as a register file of their own: copied into new storage where every other register is
         zero, or with `reuse` moved to the front of this file's rows, whose first threads it then
         views (this file is spent; the other registers hold stale values, and no path reads them
-        before writing them)."""
+        before writing them). `pos` a slice (consecutive CTAs): every row's range of their threads,
+        viewed (their registers as they are; the parts of a spent file hold disjoint CTAs)."""
+        if isinstance(pos, slice):
+            out = self._sibling((pos.stop - pos.start) * threads)
+            lo = pos.start * threads
+            out._files = {prefix: f[:, lo:lo + out.n] for prefix, f in self._files.items()}
+            return out
         out = self._sibling(len(pos) * threads)
         rows = self._rows(live)
         out._files = {}

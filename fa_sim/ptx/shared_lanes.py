@@ -74,10 +74,11 @@ def smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int)
     return hit
 
 
-def recent_of_ctas(recent: dict, pos: np.ndarray, threads: int) -> dict:
+def recent_of_ctas(recent: dict, pos: np.ndarray | slice, threads: int) -> dict:
     """An engine's recent SmemLanes (`smem_recent`) as they hold for the CTAs at wave positions
-    `pos` running as a wave of their own (fa_sim/ptx/waves.py): the patterns every CTA shares, with
-    the base registers' bits of those CTAs' threads."""
+    `pos` (an array, or a slice of consecutive ones) running as a wave of their own
+    (fa_sim/ptx/waves.py): the patterns every CTA shares, with the base registers' bits of those
+    CTAs' threads (copies made when remembered: a slice views them)."""
     out = {}
     for key, entry in recent.items():
         if key[0] == "operands":  # its clock is the engine's: the new one compares the bits

@@ -43,18 +43,33 @@ def split(eng: Engine, groups: dict) -> list[Engine]:
         return []  # one group over every CTA: nothing to split off
     largest = max(range(len(held)), key=lambda j: held[j][1].sum())
     order = [j for j in range(len(held)) if j != largest] + [largest]  # the last takes the register storage
-    parts = {j: _part(eng, np.flatnonzero(held[j][1]), held[j][0], j == largest) for j in order}
+    pos = {j: np.flatnonzero(held[j][1]) for j in order}
+    viewed = any(_consecutive(pos[j]) for j in order if j != largest)  # then no part moves the storage
+    parts = {j: _part(eng, pos[j], held[j][0], j == largest and not viewed) for j in order}
     return [parts[j] for j in range(len(held))]
+
+
+def _consecutive(pos: np.ndarray) -> bool:
+    return int(pos[-1]) - int(pos[0]) + 1 == len(pos)
 
 
 def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
     """The CTAs at wave positions `pos` as a wave of their own, every running thread at pc;
-    `last`: the wave's last part, which takes over its register storage."""
-    idx = (pos[:, None] * eng.geo.threads + np.arange(eng.geo.threads)).ravel()
+    `last`: the wave's last part, which takes over its register storage (moving its CTAs' registers
+    to the front). Consecutive positions (a causal wave's CTAs part in runs: the wave orders them by
+    their K/V rounds) select with a slice, so the part views its range of the wave's arrays -
+    registers, shared memory, cp.async groups, the thread state - instead of copying it (the wave
+    is spent and its parts hold disjoint CTAs; `split` then moves no storage)."""
+    t = eng.geo.threads
+    if _consecutive(pos):
+        pos, idx = slice(int(pos[0]), int(pos[-1]) + 1), slice(int(pos[0]) * t, (int(pos[-1]) + 1) * t)
+        special = {name: v[idx] for name, v in eng.special.items()}
+    else:
+        idx, special = (pos[:, None] * t + np.arange(t)).ravel(), None
     out = _wave(eng, eng.m.of_ctas(pos), eng.geo.ctas[pos],
-                eng.regs.of_ctas(pos, eng.geo.threads, eng.compiled.live.at(pc), reuse=last), pc, eng.steps)
+                eng.regs.of_ctas(pos, t, eng.compiled.live.at(pc), reuse=last), pc, eng.steps, special)
     out.local, out.exited, out.round = eng.local[idx], eng.exited[idx], eng.round[idx]
-    out.smem_recent = recent_of_ctas(eng.smem_recent, pos, eng.geo.threads)
+    out.smem_recent = recent_of_ctas(eng.smem_recent, pos, t)
     out.parks = eng.loop is not None and pc <= eng.loop.tail
     return out
 
@@ -71,12 +86,14 @@ def join(parts: list[Engine]) -> Engine:
     return out
 
 
-def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int) -> Engine:
-    """A wave of the launch of `like` over `ctas` with their machine and registers, at pc after `steps`
-    issues; it shares the launch's caches: SmemLanes (keyed by address bytes and shape, so one CTA's
-    patterns hold in any wave) and the lane blocks' run counts."""
+def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int,
+          special: dict | None = None) -> Engine:
+    """A wave of the launch of `like` over `ctas` with their machine and registers (and special
+    registers, when given), at pc after `steps` issues; it shares the launch's caches: SmemLanes
+    (keyed by address bytes and shape, so one CTA's patterns hold in any wave) and the lane
+    blocks' run counts."""
     out = like.__class__(like.kernel, like.instrs, machine, replace(like.geo, ctas=ctas), like.params, like.symbols,
-                         like.loop, like.on_rounds, 0, like.budget, like.compiled, regs)
+                         like.loop, like.on_rounds, 0, like.budget, like.compiled, regs, special)
     out.smem_lanes, out.block_runs = like.smem_lanes, like.block_runs
     out.pc, out.steps = pc, steps
     return out
