@@ -139,15 +139,17 @@ class Machine:
         return out
 
     @staticmethod
-    def joined(machines: list[Machine]) -> Machine:
+    def joined(machines: list[Machine], smem: np.ndarray | None = None, committed: np.ndarray | None = None,
+               cta: np.ndarray | None = None) -> Machine:
         """Machines of one launch (of_ctas' parts) as one machine of all their CTAs, in order, with
-        every copy in flight."""
+        every copy in flight; `smem`, `committed` and `cta`, when given, are their arrays already
+        joined (views of the storage the parts share)."""
         first = machines[0]
-        out = Machine(first.n_warps, 0, first.memory, np.concatenate([m.cta for m in machines]), first.hub,
-                      first.mma_model, first.labels)
+        out = Machine(first.n_warps, 0, first.memory, np.concatenate([m.cta for m in machines]) if cta is None else cta,
+                      first.hub, first.mma_model, first.labels)
         out.smem_bytes, out.round = first.smem_bytes, first.round
-        out.smem = np.concatenate([m.smem for m in machines])
-        out.committed = np.concatenate([m.committed for m in machines])
+        out.smem = np.concatenate([m.smem for m in machines]) if smem is None else smem
+        out.committed = np.concatenate([m.committed for m in machines]) if committed is None else committed
         starts = np.cumsum([0] + [m.n_ctas for m in machines])
         out._flights = [f.placed(lo, out.n_ctas) for m, lo in zip(machines, starts) for f in m._flights]
         return out
@@ -278,15 +280,21 @@ class Machine:
         unit = {16: np.uint64, 8: np.uint64, 4: np.uint32}[size]
         per = np.dtype(unit).itemsize
         data = np.ascontiguousarray(f.data[:kk]).view(unit)  # [kk, W, L, R, units], or [1, ...] every CTA's
-        if f.lanes is not None and done.all():  # every lane of the live CTAs: a static pattern
+        whole = done.all(axis=(1, 2))  # [kk] CTAs whose every lane is done
+        if f.lanes is not None and (whole.all() or (done == whole[:, None, None]).all()):
+            # every lane of each CTA done, or none (a wave joined from parts, only some of which
+            # copied: fa_sim/ptx/waves.py): the static pattern, in the CTAs done
             lo, where = f.lanes.landing(per)
             values = data.reshape(data.shape[0], -1)  # [kk or 1, W*L*R*units]: rows broadcast over the CTAs
             smem = self.smem[:kk].view(unit)  # [kk, CTA units]
+            rows = slice(None) if whole.all() else np.flatnonzero(whole)
+            if values.shape[0] > 1:
+                values = values[rows]
             if lo is None:
-                smem[:, where] = values
+                smem[rows if isinstance(rows, slice) else rows[:, None], where] = values
             else:
-                smem[:, lo:lo + where.size] = np.take(values, where, axis=1)
-            f.landed[:kk] = True
+                smem[rows, lo:lo + where.size] = np.take(values, where, axis=1)
+            f.landed[:kk] |= done
             return
         smem = self.smem[:kk].reshape(-1).view(unit)  # all CTAs' bytes in units
         cta_units = self.smem.shape[1] // per

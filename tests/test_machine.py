@@ -168,3 +168,20 @@ def test_finished_ctas_are_inactive_in_events():
         ctas = e.cta.tolist()
         assert e.active[ctas.index(1)].all() and not e.active[ctas.index(0)].any()
         assert not e.smem.mask[:, ctas.index(0)].any()
+
+
+def test_a_joined_machine_lands_the_copies_of_the_ctas_that_issued_them():
+    """A wave joined from parts (fa_sim/ptx/waves.py) where only some parts have copies in flight:
+    the wait lands those CTAs' bytes (each CTA whole: the static pattern, in those CTAs) and
+    leaves the others' shared memory as it was."""
+    plan = kernel_plan(CFG)
+    m, q = _machine(n_ctas=2)
+    other, _ = _machine(n_ctas=1)
+    other.smem[...] = 7
+    _load(m, plan.sites.cp_q, plan.copy_q, m.q_base, np.zeros(2, np.int64))
+    m.commit_group(plan.sites.commit_prologue)
+    joined = Machine.joined([m, other])
+    joined.wait_group(plan.sites.wait_qk, 0)
+    np.testing.assert_array_equal(_logical(_sq_image(joined))[:2], q)
+    assert (joined.smem[2] == 7).all()
+    assert not joined._flights

@@ -4,8 +4,9 @@ When every CTA's running threads are in one group, an unobserved wave goes on as
 group, carrying each CTA's registers (those live at the group's pc: fa_sim/ptx/live.py), shared
 memory, cp.async groups and copies in flight. CTAs share nothing but global memory, so the
 results, counts and faults must be those of the wave that never split - and of waves of one CTA,
-which cannot split. Causal attention splits once per K/V round; the tests below check that it
-does, and that nothing it leaves behind is read: dead registers are poisoned.
+which cannot split. Causal attention splits once per K/V round, its parts views of the wave's
+storage (consecutive CTAs); the tests below check that it does, and that nothing it leaves behind
+is read: dead registers are poisoned.
 """
 
 import importlib
@@ -103,6 +104,24 @@ def test_causal_waves_split_and_give_the_programs_bits_and_counts(name, splits, 
     assert splits, "the causal wave did not split"
     assert joins, "the parts did not join for the epilogue"
     _same(fa_sim.simulate(q, k, v, causal=True, config=cfg), ptx)
+
+
+def test_causal_parts_view_the_wave_and_join_as_a_view(splits, monkeypatch):
+    """A causal wave's parts are consecutive CTAs (the grid orders a wave's CTAs by their K/V
+    rounds): each views its range of the wave's storage, and past the main loop they join as one
+    view of it (no copy)."""
+    viewed = []
+    original = waves._joined_views
+    def counted(parts):
+        out = original(parts)
+        viewed.append(out is not None)
+        return out
+    monkeypatch.setattr(waves, "_joined_views", counted)
+    cfg = FAMILY[0]
+    q, k, v = _inputs(cfg, 8 * cfg.block_m, 8 * cfg.block_m, heads=3, seed=5)
+    res = fa_sim.simulate(q, k, v, causal=True, config=cfg, engine="ptx")
+    assert splits and viewed and all(viewed), viewed
+    _same(fa_sim.simulate(q, k, v, causal=True, config=cfg), res)
 
 
 def test_an_observed_wave_does_not_split(splits):

@@ -39,7 +39,7 @@ from .budget import LOOK_EVERY, MIN_TRIPS, Heartbeat, StepBudget, step_budget
 from .ir import Imm, Instruction, Kernel, Reg, Sink, Sym, Vec
 from .ops import Unsupported
 from .optable import CONTROL, Unit, execute_lanes, lookup
-from .regs import Geometry, RegisterFile, from_type, immediate, special_registers, to_type
+from .regs import SPECIAL, Geometry, RegisterFile, from_type, immediate, special_registers, to_type
 from .types import DTYPES, bits
 
 class Group:
@@ -100,7 +100,7 @@ class Engine:
     def __init__(self, kernel: Kernel, instrs: list[Instr], machine: Machine, geometry: Geometry,
                  params: bytes, symbols: dict[str, int], loop: Loop | None, on_rounds=None, local_bytes: int = 0,
                  budget: StepBudget | None = None, compiled: Compiled | None = None, regs: RegisterFile | None = None,
-                 special: dict[str, np.ndarray] | None = None):
+                 special: np.ndarray | None = None):
         self.kernel, self.instrs, self.m, self.geo = kernel, instrs, machine, geometry
         self.compiled = compiled or Compiled(kernel, instrs)
         # an observer of instruction events: register-only instructions then build their events
@@ -117,7 +117,9 @@ class Engine:
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
         self.n = geometry.n
         self.regs = regs or RegisterFile(kernel, self.n)
-        self.special = special_registers(geometry, machine.smem_bytes) if special is None else special
+        # [len(SPECIAL), N] (regs.special_registers; given: a part's or a joined wave's, waves.py) and its rows by name
+        self.special_table = special_registers(geometry, machine.smem_bytes) if special is None else special
+        self.special = dict(zip(SPECIAL, self.special_table))
         self.exited = np.zeros(self.n, bool)
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)

@@ -44,8 +44,15 @@ class Geometry:
         return len(self.ctas) * self.threads
 
 
-def special_registers(g: Geometry, dynamic_smem: int) -> dict[str, np.ndarray]:
-    """[N] values of every special register the engine provides."""
+SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%laneid", "%warpid", "%nwarpid",
+           "%smid", "%nsmid", "%gridid", "%dynamic_smem_size", "%ntid.x", "%ntid.y", "%ntid.z", "%nctaid.x",
+           "%nctaid.y", "%nctaid.z", "%lanemask_eq", "%lanemask_lt", "%lanemask_le", "%lanemask_ge", "%lanemask_gt")
+# the special registers the engine provides, in the order of special_registers' rows
+
+
+def special_registers(g: Geometry, dynamic_smem: int) -> np.ndarray:
+    """[len(SPECIAL), N] uint32: the values of every special register the engine provides, a row
+    each (one array, so a wave's parts slice and join them at once: fa_sim/ptx/waves.py)."""
     t = np.tile(np.arange(g.threads, dtype=np.int64), len(g.ctas))  # [N] linear thread id
     c = np.repeat(g.ctas, g.threads)  # [N] linear CTA id
     bx, by, _ = g.block
@@ -65,7 +72,7 @@ def special_registers(g: Geometry, dynamic_smem: int) -> dict[str, np.ndarray]:
         out[f"%lanemask_{name}"] = mask & 0xFFFFFFFF
     out["%lanemask_ge"] = (~out["%lanemask_lt"]) & 0xFFFFFFFF
     out["%lanemask_gt"] = (~out["%lanemask_le"]) & 0xFFFFFFFF
-    return {k: v.astype(np.uint32) for k, v in out.items()}
+    return np.stack([out[name] for name in SPECIAL]).astype(np.uint32)
 
 
 class RegisterFile:
@@ -102,6 +109,13 @@ class RegisterFile:
             r = rows.get(prefix)
             if r:
                 g[r] = f[r].reshape(len(r), -1, threads)[:, pos].reshape(len(r), -1)
+        return out
+
+    def viewing(self, files: dict[str, np.ndarray], n: int) -> RegisterFile:
+        """A register file of n threads of this kernel whose storage is `files` (arrays of this
+        file's shapes but the thread axis: register files joined as views, fa_sim/ptx/waves.py)."""
+        out = self._sibling(n)
+        out._files = files
         return out
 
     @staticmethod
@@ -252,5 +266,5 @@ def immediate(op: Imm, ptype: str):
     return np.array(int(op.value) & ((1 << width) - 1), dtype=STORAGE[width]).view(dtype)[()]
 
 
-__all__ = ["Geometry", "RegisterFile", "Sink", "Sym", "Reg", "from_type", "immediate", "special_registers",
+__all__ = ["SPECIAL", "Geometry", "RegisterFile", "Sink", "Sym", "Reg", "from_type", "immediate", "special_registers",
            "to_type"]

@@ -12,6 +12,9 @@ keeps the wave's register storage), shared memory, cp.async groups and copies in
 Parts do not meet again on their own, so the parts of a wave wait where the main loop ends (the
 epilogue every CTA runs once) and `run` joins the ones waiting at the same pc into one wave, with
 their copies in flight: a causal wave of 64 CTAs runs its epilogue once, not once per K/V round.
+Parts of consecutive CTAs (a causal wave's, whose CTAs the grid orders by their K/V rounds) view
+ranges of their wave's arrays instead of copying them, and parts that are consecutive ranges of
+one storage join as a view of it.
 
 Only unobserved runs split: observers keep state per wave (fa_sim/observers/hazards.py), and
 events of a wave name its CTAs.
@@ -63,7 +66,7 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
     t = eng.geo.threads
     if _consecutive(pos):
         pos, idx = slice(int(pos[0]), int(pos[-1]) + 1), slice(int(pos[0]) * t, (int(pos[-1]) + 1) * t)
-        special = {name: v[idx] for name, v in eng.special.items()}
+        special = eng.special_table[:, idx]
     else:
         idx, special = (pos[:, None] * t + np.arange(t)).ravel(), None
     out = _wave(eng, eng.m.of_ctas(pos), eng.geo.ctas[pos],
@@ -75,7 +78,16 @@ def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
 
 
 def join(parts: list[Engine]) -> Engine:
-    """Waves of one launch waiting at the same pc past the main loop as one wave of all their CTAs."""
+    """Waves of one launch waiting at the same pc past the main loop as one wave of all their CTAs:
+    a view of their storage when they are consecutive ranges of it (`_spans`), else copies."""
+    viewed = _joined_views(parts)
+    if viewed is not None:
+        return viewed
+    return _joined_copies(parts)
+
+
+def _joined_copies(parts: list[Engine]) -> Engine:
+    """`join` by copying every part's live registers and state into new storage."""
     first, pc = parts[0], parts[0].pc
     out = _wave(first, Machine.joined([p.m for p in parts]), np.concatenate([p.geo.ctas for p in parts]),
                 RegisterFile.joined([p.regs for p in parts], first.compiled.live.at(pc)), pc,
@@ -86,8 +98,51 @@ def join(parts: list[Engine]) -> Engine:
     return out
 
 
+def _joined_views(parts: list[Engine]) -> Engine | None:
+    """`join` of parts whose every per-CTA and per-thread array is a range of one storage, the
+    ranges consecutive in some order of the parts: each array of the wave is one view of it."""
+    def start(p: Engine) -> int:
+        return p.exited.ctypes.data
+    parts = sorted(parts, key=start)
+    first, pc = parts[0], parts[0].pc
+
+    def span(get, axis: int = 0):
+        return _spans([get(p) for p in parts], axis)
+    files = {prefix: span(lambda p, k=prefix: p.regs.files[k], 1) for prefix in first.regs.files}
+    special = span(lambda p: p.special_table, 1)
+    rest = [span(lambda p: p.m.smem), span(lambda p: p.m.committed), span(lambda p: p.geo.ctas),
+            span(lambda p: p.m.cta), span(lambda p: p.local), span(lambda p: p.exited), span(lambda p: p.round)]
+    if any(v is None for v in (*files.values(), special, *rest)):
+        return None
+    smem, committed, ctas, cta, local, exited, rounds = rest
+    m = Machine.joined([p.m for p in parts], smem=smem, committed=committed, cta=cta)
+    regs = first.regs.viewing(files, sum(p.regs.n for p in parts))
+    out = _wave(first, m, ctas, regs, pc, max(p.steps for p in parts), special)
+    out.local, out.exited, out.round = local, exited, rounds
+    return out
+
+
+def _spans(arrays: list[np.ndarray], axis: int) -> np.ndarray | None:
+    """Arrays that are consecutive ranges along `axis` of one array's storage, in this order, as one
+    view of that storage; None when they are not (or when there is one: it is its own view)."""
+    first = arrays[0]
+    base = first.base
+    if base is None or not isinstance(base, np.ndarray):
+        return None
+    rest = first.shape[:axis] + first.shape[axis + 1:]
+    step, at, total = first.strides[axis], first.ctypes.data, 0
+    for a in arrays:
+        if a.base is not base or a.dtype != first.dtype or a.strides != first.strides or \
+                a.shape[:axis] + a.shape[axis + 1:] != rest or a.ctypes.data != at + total * step:
+            return None
+        total += a.shape[axis]
+    shape = first.shape[:axis] + (total,) + first.shape[axis + 1:]
+    # a view of base's buffer (within it: every part is); base stays its .base
+    return np.ndarray(shape, first.dtype, buffer=base, offset=at - base.ctypes.data, strides=first.strides)
+
+
 def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int,
-          special: dict | None = None) -> Engine:
+          special: np.ndarray | None = None) -> Engine:
     """A wave of the launch of `like` over `ctas` with their machine and registers (and special
     registers, when given), at pc after `steps` issues; it shares the launch's caches: SmemLanes
     (keyed by address bytes and shape, so one CTA's patterns hold in any wave) and the lane
