@@ -4,6 +4,7 @@
     python experiments/bench_sim.py --skip-triton   # fa_sim only
     python experiments/bench_sim.py --json
     python experiments/bench_sim.py --causal --shapes 1,4,2048,64   # causal attention (no 'cold' column)
+    python experiments/bench_sim.py --skip-triton --wave-ctas 256   # fa_sim's grid in waves of 256 CTAs
 
 Without torch or triton the Triton part is skipped with a note on stderr (checked before any
 timing starts), so the simulator's numbers still come out.
@@ -20,6 +21,11 @@ fp16 inputs: relative Frobenius error of O and the largest absolute LSE error.
 
 Part 1 (fa_sim) runs first and before torch/triton are imported, so the process's peak resident
 set size after it (ru_maxrss) is the simulator's peak, interpreter and numpy included.
+`--wave-ctas N` runs fa_sim's grid in waves of N CTAs (`fa_sim.simulate(wave_ctas=N)`; default 64):
+each numpy call of either front end then covers N CTAs' threads, so the share of a run that is
+per-call overhead - Python, the interpretation of the PTX - shrinks as N grows, while the work per
+thread stays.
+
 This is a benchmark, not a test: nothing here asserts a time. It also reports how long the PTX
 parser takes on the seed kernel's PTX (fa2_fwd.cu, causal: about 3,300 lines; best of 3, NVRTC's
 compile excluded; about 20 ms on the development machine, target well under 0.2 s; the text
@@ -52,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fa_sim  # noqa: E402
 from fa_sim.reference import attention  # noqa: E402
+from fa_sim.simulate import DEFAULT_WAVE_CTAS  # noqa: E402
 
 SHAPES = ((1, 4, 4096, 64), (1, 1, 128, 64))
 FAST_S = 2.0  # runs faster than this are repeated and the best of 3 is kept
@@ -69,6 +76,7 @@ class Row:
     peak_rss_mb: float | None = None
     cold_seconds: float | None = None  # PTX engine: fresh process, empty cache (compile + parse + run)
     causal: bool = False
+    wave_ctas: int | None = None  # fa_sim's waves (simulate's wave_ctas); None for the interpreter
 
 
 def make_inputs(shape, seed: int = 0):
@@ -104,11 +112,13 @@ def peak_rss_mb() -> float:
 
 
 # ==== part 1: fa_sim, both front ends ==================================================================
-def bench_fa_sim(shape, q, k, v, engine: str = "program", causal: bool = False) -> Row:
-    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v, causal=causal, engine=engine, workers=1))
-    cold = cold_seconds(shape) if engine == "ptx" and not causal else None
+def bench_fa_sim(shape, q, k, v, engine: str = "program", causal: bool = False,
+                 wave_ctas: int = DEFAULT_WAVE_CTAS) -> Row:
+    seconds, first, res = timed(lambda: fa_sim.simulate(q, k, v, causal=causal, engine=engine, workers=1,
+                                                        wave_ctas=wave_ctas))
+    cold = cold_seconds(shape) if engine == "ptx" and not causal and wave_ctas == DEFAULT_WAVE_CTAS else None
     return Row(f"fa_sim {engine}", shape, seconds, first, *errors(res.o, res.lse, q, k, v, causal), peak_rss_mb(), cold,
-               causal)
+               causal, wave_ctas)
 
 
 COLD = """import sys, time
@@ -230,7 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", action="store_true",
                         help="part 3 only: serial against --workers on the first shape, and the scaling model")
     parser.add_argument("--workers", type=int, default=2, help="workers of part 3 (default 2)")
+    parser.add_argument("--wave-ctas", type=int, default=DEFAULT_WAVE_CTAS, metavar="N",
+                        help=f"fa_sim's grid in waves of N CTAs (default {DEFAULT_WAVE_CTAS}; the 'cold' column "
+                             "only at the default)")
     args = parser.parse_args(argv)
+    if args.wave_ctas < 1:
+        parser.error(f"--wave-ctas must be a positive number of CTAs, got {args.wave_ctas}")
+    if args.parallel and args.wave_ctas != DEFAULT_WAVE_CTAS:
+        parser.error("--parallel times fa_sim's default waves; it takes no --wave-ctas")
     if args.parallel:
         import bench_parallel
 
@@ -243,11 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     if skip is not None and not args.skip_triton:
         print(f"bench_sim: the Triton interpreter part is skipped ({skip})", file=sys.stderr)
     inputs = {shape: make_inputs(shape) for shape in shapes}
-    rows = [bench_fa_sim(shape, *inputs[shape], engine, args.causal) for engine in ("program", "ptx") for shape in shapes]
+    rows = [bench_fa_sim(shape, *inputs[shape], engine, args.causal, args.wave_ctas)
+            for engine in ("program", "ptx") for shape in shapes]
     parse = None if args.json else parse_seconds()  # the JSON rows keep their one schema
     if skip is None:
         rows += [bench_triton(shape, *inputs[shape], args.causal) for shape in shapes]
-    print(json.dumps([asdict(r) for r in rows]) if args.json else render(rows) + "\n" + render_parse(parse))
+    n = args.wave_ctas
+    waves = "" if args.json or n == DEFAULT_WAVE_CTAS else f"fa_sim in waves of {n} CTA{'' if n == 1 else 's'}\n"
+    print(json.dumps([asdict(r) for r in rows]) if args.json else waves + render(rows) + "\n" + render_parse(parse))
     if skip is not None and not args.json:
         print(f"(Triton interpreter: skipped, {skip})")
     return 0

@@ -2,6 +2,7 @@
 Triton column is skipped with a note, decided before any timing (issue 8, "Docs and tests")."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,19 @@ def test_the_readme_command_runs_here():
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert "Triton interpreter: skipped" in run.stdout and "Traceback" not in run.stderr
+
+
+def test_wave_ctas_reaches_both_front_ends_and_is_checked(bench, monkeypatch, capsys):
+    """`--wave-ctas N` runs fa_sim's grid in waves of N CTAs (the rows say so); a bad N is a usage error."""
+    calls, real = [], bench.fa_sim.simulate
+    monkeypatch.setattr(bench.fa_sim, "simulate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    assert bench.main(["--shapes", "1,2,128,64", "--skip-triton", "--json", "--wave-ctas", "3"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["backend"] for r in rows} == {"fa_sim program", "fa_sim ptx"}
+    assert all(r["wave_ctas"] == 3 and r["cold_seconds"] is None for r in rows)
+    assert {(k["engine"], k["wave_ctas"]) for k in calls} == {("program", 3), ("ptx", 3)}
+    for bad in (["--wave-ctas", "0"], ["--wave-ctas", "2", "--parallel"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--skip-triton", *bad])
+        assert exc.value.code == 2
+    assert "--wave-ctas" in capsys.readouterr().err
