@@ -46,26 +46,29 @@ def split(eng: Engine, groups: dict) -> list[Engine]:
         return []  # one group over every CTA: nothing to split off
     largest = max(range(len(held)), key=lambda j: held[j][1].sum())
     order = [j for j in range(len(held)) if j != largest] + [largest]  # the last takes the register storage
-    pos = {j: np.flatnonzero(held[j][1]) for j in order}
-    viewed = any(_consecutive(pos[j]) for j in order if j != largest)  # then no part moves the storage
+    pos = {j: _positions(held[j][1]) for j in order}
+    viewed = any(isinstance(pos[j], slice) for j in order if j != largest)  # then no part moves the storage
     parts = {j: _part(eng, pos[j], held[j][0], j == largest and not viewed) for j in order}
     return [parts[j] for j in range(len(held))]
 
 
-def _consecutive(pos: np.ndarray) -> bool:
-    return int(pos[-1]) - int(pos[0]) + 1 == len(pos)
+def _positions(held: np.ndarray) -> np.ndarray | slice:
+    """The wave positions of the CTAs `held` marks: a slice when they are consecutive, else an array."""
+    pos = np.flatnonzero(held)
+    lo, hi = int(pos[0]), int(pos[-1]) + 1
+    return slice(lo, hi) if hi - lo == len(pos) else pos
 
 
-def _part(eng: Engine, pos: np.ndarray, pc: int, last: bool) -> Engine:
-    """The CTAs at wave positions `pos` as a wave of their own, every running thread at pc;
+def _part(eng: Engine, pos: np.ndarray | slice, pc: int, last: bool) -> Engine:
+    """The CTAs at wave positions `pos` (`_positions`) as a wave of their own, every running thread at pc;
     `last`: the wave's last part, which takes over its register storage (moving its CTAs' registers
     to the front). Consecutive positions (a causal wave's CTAs part in runs: the wave orders them by
     their K/V rounds) select with a slice, so the part views its range of the wave's arrays -
     registers, shared memory, cp.async groups, the thread state - instead of copying it (the wave
     is spent and its parts hold disjoint CTAs; `split` then moves no storage)."""
     t = eng.geo.threads
-    if _consecutive(pos):
-        pos, idx = slice(int(pos[0]), int(pos[-1]) + 1), slice(int(pos[0]) * t, (int(pos[-1]) + 1) * t)
+    if isinstance(pos, slice):
+        idx = slice(pos.start * t, pos.stop * t)
         special = eng.special_table[:, idx]
     else:
         idx, special = (pos[:, None] * t + np.arange(t)).ravel(), None
