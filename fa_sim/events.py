@@ -177,6 +177,20 @@ class CheckpointEvent:
     values: np.ndarray
 
 
+@dataclass(frozen=True, eq=False)
+class BranchEvent:
+    """A control instruction (`bra`, `ret`, `exit`) as each warp ran it: which of its lanes were
+    at it and which of them branched (bra: to its target; ret / exit: left the kernel). One event
+    per execution by a group of threads at one pc; a warp whose lanes are in the group is listed
+    once. This is each warp's control flow, which fa_sim.timing ties to the SASS."""
+
+    pc: int  # the instruction's index in its kernel (fa_sim.ptx.ir.Instruction.pc)
+    cta: np.ndarray  # [W] linear CTA id of each warp that ran it
+    warp: np.ndarray  # [W] the warp's index in its CTA
+    active: np.ndarray  # [W] lanes of the warp at the instruction
+    taken: np.ndarray  # [W] of those, the lanes that branched
+
+
 @dataclass(frozen=True)
 class LaunchInfo:
     """What an observer learns at launch: the kernel, grid, block, shared memory, and the front
@@ -231,6 +245,8 @@ class Observer(Protocol):
     def on_instr(self, event: InstrEvent) -> None: ...
 
     def on_checkpoint(self, event: CheckpointEvent) -> None: ...
+
+    def on_branch(self, event: BranchEvent) -> None: ...
 
     def on_finish(self) -> None: ...
 

@@ -132,7 +132,7 @@ def _totals(counts: Mapping) -> dict[Op, int]:
     return out
 
 
-OBSERVER_HOOKS = ("on_instr", "on_checkpoint", "on_launch", "on_finish")  # events.Observer
+OBSERVER_HOOKS = ("on_instr", "on_checkpoint", "on_branch", "on_launch", "on_finish")  # events.Observer
 
 
 def _is_observer(o) -> bool:

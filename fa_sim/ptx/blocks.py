@@ -320,8 +320,12 @@ def branch_wave(eng: Engine, ins: Instruction) -> list:
         if ins.guard.negate:
             some, every = not every, not some
         if not some:
+            if eng.branch_listeners:
+                eng.note_branch(pc, None, False)
             return [(pc + 1, None)]
         taken = None if every else (~g if ins.guard.negate else g.copy())
+    if eng.branch_listeners:
+        eng.note_branch(pc, None, taken)
     if eng.loop is not None and pc == eng.loop.tail:
         if taken is None:
             eng.round += 1

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelFault
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
+from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, BranchEvent
 from ..isa.sm80 import WARP_SIZE
 from ..machine import Instr, Machine
 from ..problem import cta_spans
@@ -115,6 +115,8 @@ class Engine:
         self.budget = budget or step_budget(len(kernel.instructions), MIN_TRIPS)
         self.params, self.symbols, self.loop = params, symbols, loop
         self.on_rounds = on_rounds  # called with the number of CTAs that start a round of the main loop
+        self.branch_listeners = machine.hub.branch_listeners  # observers of control flow (note_branch)
+        self._warp_of: np.ndarray | None = None  # [N] each thread's warp in the wave (note_branch)
         self.n = geometry.n
         self.regs = regs or RegisterFile(kernel, self.n)
         # [len(SPECIAL), N] (regs.special_registers; given: a part's or a joined wave's, waves.py) and its rows by name
@@ -369,6 +371,8 @@ class Engine:
             taken = taken.copy()
             taken[taken] = g
         rest = group.full(self.n) & ~taken
+        if self.branch_listeners:
+            self.note_branch(pc, group.mask, taken)
         if ins.opcode in ("ret", "exit"):
             self.exited |= taken
             return [(pc + 1, rest if rest.any() else np.zeros(self.n, bool))]
@@ -384,6 +388,27 @@ class Engine:
         if rest.any():
             out.append((pc + 1, None if rest.all() else rest))
         return out
+
+    def note_branch(self, pc: int, group_mask: np.ndarray | None, taken) -> None:
+        """Tell the observers of control flow which lanes of each warp ran the control instruction
+        at pc (`group_mask` [N] bool, None: the whole wave) and which of them branched (`taken`:
+        an [N] mask inside the group, None: all of them, False: none): one BranchEvent."""
+        wpc = -(-self.geo.threads // WARP_SIZE)
+        if self._warp_of is None:
+            i = np.arange(self.n)
+            self._warp_of = (i // self.geo.threads) * wpc + (i % self.geo.threads) // WARP_SIZE
+        nw, wo = len(self.geo.ctas) * wpc, self._warp_of
+        active = np.bincount(wo if group_mask is None else wo[group_mask], minlength=nw)
+        if taken is None:
+            took = active
+        elif taken is False:
+            took = np.zeros(nw, np.int64)
+        else:
+            took = np.bincount(wo[taken], minlength=nw)
+        w = np.flatnonzero(active)
+        event = BranchEvent(pc, self.geo.ctas[w // wpc], w % wpc, active[w], took[w])
+        for o in self.branch_listeners:
+            o.on_branch(event)
 
     def _rounds_started(self, threads: np.ndarray) -> None:
         if self.on_rounds is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..isa.sm80 import MAX_BLOCK_DIM, MAX_GRID_DIM, MAX_THREADS_PER_CTA, SMEM_OPT_IN_BYTES
 
-OBSERVER_HOOKS = ("on_launch", "on_instr", "on_checkpoint", "on_finish")
+OBSERVER_HOOKS = ("on_launch", "on_instr", "on_checkpoint", "on_branch", "on_finish")
 SOURCE_SUFFIXES = (".cu", ".cuh", ".ptx")
 
 

@@ -7,10 +7,13 @@ Modules, bottom to top: `sass` (the cubin's SASS with the scheduling control inf
 writes into every instruction), `paths` (basic blocks, the K/V loop, every path through a
 region), `stream` (the path each region takes, from the functional run on the PTX engine; `oracle`
 keeps the config-derived choice for the tests), `program` (an instruction as the SM model sees it), `sm` (one SM cycle by cycle), `gpus` (the
-parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs).
+parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk`
+(each warp's SASS stream from its path in the functional run: any control flow) and `launch`
+(`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed).
 """
 
 from .gpus import GPUS, GpuModel
+from .launch import predict_launch
 from .predict import Prediction, predict
 
 
@@ -30,4 +33,4 @@ def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = N
     return predict(prob, gpu, kernel)
 
 
-__all__ = ["GPUS", "GpuModel", "Prediction", "predict", "predict_time"]
+__all__ = ["GPUS", "GpuModel", "Prediction", "predict", "predict_launch", "predict_time"]

@@ -54,6 +54,9 @@ class GpuModel:
     # the SM's CTA slots filled (in a full grid every SM alike), from this (extrapolated to an empty SM)
     # to global_latency with every slot filled; None: no rise (GpuModel.loaded)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
+    l2_bytes: int = 50 * 2**20  # a launch whose arrays are larger streams from DRAM (fa_sim.timing.launch)
+    dram_bytes_per_cycle: float = 20.9  # per SM: the HBM's peak over the SMs at the effective clock
+    # (H200: 4.8 TB/s / 132 SMs / 1.74 GHz)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
     fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
     # wave fills every CTA slot; a partial first wave pays its share (fitted: launch + fill on the main cases)
@@ -87,6 +90,7 @@ H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validat
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.
 A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80", validated=False, sms=108, clock_ghz=1.41, smem_per_sm=167936, fma_cycles=2,
-                global_latency=500, global_bytes_per_cycle=48.0)
+                global_latency=500, global_bytes_per_cycle=48.0, l2_bytes=40 * 2**20,
+                dram_bytes_per_cycle=13.4)  # 2.04 TB/s / 108 SMs / 1.41 GHz
 
 GPUS = {g.name: g for g in (H200, A100)}

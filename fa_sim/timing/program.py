@@ -37,6 +37,8 @@ class Sync(enum.IntEnum):
     DEPBAR = 3  # DEPBAR.LE SB0, n: at most n groups of this warp in flight
     EXIT = 4
     GLOBAL_COPY = 5  # LDGSTS: global -> shared, completes with its group
+    GLOBAL_LOAD = 6  # LDG: its register arrives after the L2 / DRAM latency, behind the SM's share of bandwidth
+    GLOBAL_STORE = 7  # STG, RED, ATOMG: takes the SM's share of bandwidth; its sources are read at issue
 
 
 _PIPES = {
@@ -93,12 +95,18 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     if base in _LOCAL:  # a spill: each lane's word of local memory, interleaved, through the L1 data pipe
         wf = -(-32 * width // 128)
     sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
-            "LDGSTS": Sync.GLOBAL_COPY}.get(base, Sync.NONE)
+            "LDGSTS": Sync.GLOBAL_COPY, "LDG": Sync.GLOBAL_LOAD, "STG": Sync.GLOBAL_STORE, "RED": Sync.GLOBAL_STORE,
+            "ATOMG": Sync.GLOBAL_STORE}.get(base, Sync.NONE)
+    if sync is Sync.EXIT and guard not in ("", "@PT"):  # a guarded EXIT in a stream: the warp went on past it
+        sync = Sync.NONE  # (a warp that leaves there ends its stream with it)
     if guard in ("@!PT",):  # never executes, but issues
-        sync = Sync.NONE if sync is Sync.GLOBAL_COPY else sync
+        sync = Sync.NONE if sync in (Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE) else sync
+    if sync is Sync.GLOBAL_LOAD:
+        latency = 0  # released when its data arrives (fa_sim.timing.sm)
     m = _DEPBAR.search(operands) if sync is Sync.DEPBAR else None
     return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
-                int(m.group(1), 0) if m else 0, 32 * width if sync is Sync.GLOBAL_COPY else 0, base,
+                int(m.group(1), 0) if m else 0,
+                32 * width if sync in (Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE) else 0, base,
                 int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO,
                 control.yield_hint)

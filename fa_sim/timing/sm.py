@@ -86,7 +86,8 @@ class SmRun:
 def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
            max_cycles: float = 5e8, timeline: list | None = None, stagger: list[int] | None = None,
            marks: tuple[int, ...] = ()) -> SmRun:
-    """Run CTAs (one stream each, shared by its `n_warps` warps) on one SM: `slots` of them resident
+    """Run CTAs (one stream each, shared by its `n_warps` warps, or a list of `n_warps` streams,
+    one per warp: warps of a CTA on different paths) on one SM: `slots` of them resident
     at a time (None: all at once), the next starting in the slot of the first to finish;
     `account`: charge every non-issuing warp-cycle to a stall reason (slower); `timeline`: append
     (cycle, CTA, warp, sub-partition, opcode, stall) for every instruction issued; `stagger`: the
@@ -102,8 +103,12 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
     def start(slot: int, t: float) -> None:
         cta = _Cta(live=n_warps)
         cta.slot, cta.started = slot, t
+        mine = streams[len(ctas)]
+        per_warp = bool(mine) and isinstance(mine[0], list)
+        if per_warp and len(mine) != n_warps:
+            raise ValueError(f"CTA {len(ctas)} has {len(mine)} warp streams for {n_warps} warps")
         for w in range(n_warps):
-            warp = _Warp(cta, streams[len(ctas)], (slot * n_warps + w) % N_SMSP)
+            warp = _Warp(cta, mine[w] if per_warp else mine, (slot * n_warps + w) % N_SMSP)
             warp.ready = t
             cta.warps.append(warp)
             warps.append(warp)
@@ -223,6 +228,10 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
             heapq.heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
             seq += 1
             busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+    elif st.sync is Sync.GLOBAL_LOAD or st.sync is Sync.GLOBAL_STORE:
+        state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
+        if st.sync is Sync.GLOBAL_LOAD:
+            done = state["global_free"] + gpu.global_latency
     elif st.is_mio and st.wavefronts:
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle

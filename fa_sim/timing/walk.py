@@ -1,0 +1,530 @@
+"""Each warp's dynamic SASS stream, from its path in the functional run: the SASS control-flow
+graph walked with every conditional branch decided by the PTX branch it compiles from.
+
+Why this works for any kernel. ptxas keeps the control flow NVVM wrote into the PTX: the SASS
+branches of a kernel are its PTX branches (some if-converted away into predicated instructions,
+which then need no decision) plus branches ptxas adds inside the expansion of one PTX instruction
+(the slow path of `rcp.rn.f32` and `div.rn.f32`: a CALL of an `$__internal_..._slowpath`
+subroutine). So the walk needs, at each SASS conditional branch, one fact the functional run
+knows: did the warp's lanes branch there? Accel-Sim drives its core model with each warp's
+executed SASS trace, taken from the GPU; here the PTX engine's run gives the path
+(fa_sim.observers.branches: per warp, each control instruction's pc and whether ALL, NONE or
+SOME of its lanes branched), and the SASS supplies the instructions, their order and their
+control bits.
+
+The tie (static, once per kernel). Each SASS conditional branch (a guarded BRA, a guarded CALL to
+a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
+- *internal* when exactly one of its arms reaches a CALL of a ptxas-internal subroutine before the
+  arms meet again: the expansion of one PTX instruction. The walk takes the other arm, the fast
+  path: a slow path runs for operands outside the normal range (a reciprocal of a denormal, an
+  infinity, a NaN), which the kernels timed here do not reach (Nsight Compute's per-instruction
+  counts of the attention kernel: the slow path never executes).
+- else *tied* to a PTX control instruction at the same source location (the CUDA line with its
+  chain of inlining call sites; nvdisasm -gi and PTX .loc give both): with as many SASS as PTX
+  candidates at a location they are tied in program order, else each to the candidate whose arms
+  run the most alike locations. The polarity (does the SASS branch jump where the PTX one does,
+  or to its fall-through) is read from the arms: the locations of the first instructions along
+  each arm, those the two arms do not share, compared both ways round; an EXIT counts as a
+  location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
+A SASS conditional branch that is neither has no PTX counterpart: a `TieError` names its
+address and source line. A location whose SASS and PTX branches cannot be told apart is one too.
+
+The walk (per warp). From the kernel's entry, block by block: an unconditional branch is
+followed; a tied branch takes the next outcome of its PTX branch from the warp's path (each PTX
+branch's outcomes are a queue: a SASS branch unrolled or duplicated by ptxas takes them in turn);
+ALL and NONE pick one arm; SOME (the warp diverged) issues both arms one after the other up to the
+point where they meet again (the BSSY target ptxas sets, else the immediate post-dominator), the
+arm the PTX engine runs first (the lower pc) first, as SIMT hardware serialises divergent paths;
+an EXIT with SOME of its lanes leaving goes on with the others. A CALL to a function of the
+kernel is walked into and RET comes back. At the end, every tied PTX branch's outcomes must have
+been taken, else the path and the SASS disagree: a `TieError` naming the line.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import re
+from os.path import basename
+
+from ..observers.branches import ALL, NONE, SOME
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P(?:T|\d))\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
+_TARGET = re.compile(r"`\(([^)]+)\)")
+_LABEL = re.compile(r"^\s*([$\w.]+):\s*$")
+_FUNC = re.compile(r"\.type\s+([$\w.]+),@function")
+_LOC = re.compile(r'^\s*//## File "([^"]*)", line (\d+)(?: inlined at "[^"]*", line (\d+))?')
+
+EXIT = ("<exit>",)  # an arm that leaves the kernel, as a location
+Loc = tuple  # (file basename, line, call-site line, ..., outermost call site)
+
+
+class TieError(ValueError):
+    """The SASS and the functional run's path cannot be tied (see the module docstring)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+    addr: int
+    guard: str  # '' unguarded, '@PT', '@!P0', ...
+    opcode: str
+    operands: str
+    loc: Loc | None
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+    @property
+    def target(self) -> str | None:
+        m = _TARGET.search(self.operands)
+        return m.group(1) if m else None
+
+    @property
+    def conditional(self) -> bool:
+        return self.guard not in ("", "@PT") and self.guard != "@!PT"
+
+    def where(self) -> str:
+        line = f", {self.loc[0]} line {' inlined at '.join(map(str, self.loc[1:]))}" if self.loc else ""
+        return f"SASS {self.addr:#06x} `{self.guard + ' ' if self.guard else ''}{self.opcode} {self.operands}`{line}"
+
+
+@dataclasses.dataclass
+class Block:
+    start: int
+    instrs: list[Instr]
+    succ: list  # [taken, fall] for a conditional branch; addresses; None: leaves (EXIT/RET)
+    func: str
+
+    @property
+    def last(self) -> Instr:
+        return self.instrs[-1]
+
+
+def parse_sass(listing: str) -> tuple[dict[str, list[Instr]], dict[str, int]]:
+    """`nvdisasm -gi -c` text -> instructions per function (with their source locations) and the
+    address of every label."""
+    names = set(_FUNC.findall(listing))
+    funcs: dict[str, list[Instr]] = {}
+    labels: dict[str, int] = {}
+    current, pending = None, []
+    chain: list = []
+    fresh = False
+    for line in listing.splitlines():
+        if m := _LOC.match(line):
+            if not fresh:
+                chain = [basename(m.group(1)), int(m.group(2))]
+            fresh = True
+            if m.group(3):
+                chain.append(int(m.group(3)))
+        elif m := _INSTR.match(line):
+            loc = tuple(dict.fromkeys(chain[1:])) if chain else ()
+            ins = Instr(int(m.group(1), 16), m.group(2) or "", m.group(3), m.group(4),
+                        (chain[0], *loc) if loc else None)
+            fresh = False
+            labels.update({n: ins.addr for n in pending})
+            pending = []
+            if current is not None:
+                funcs[current].append(ins)
+        elif lab := _LABEL.match(line):
+            pending.append(lab.group(1))
+            if lab.group(1) in names:
+                current = lab.group(1)
+                funcs[current] = []
+    return funcs, labels
+
+
+def kernel_listing(listing: str, kernel: str) -> str:
+    """The part of an nvdisasm listing that holds `kernel`'s code section (its own functions too:
+    the subroutines ptxas calls from it); each kernel's addresses start at 0 in its section."""
+    head = re.compile(r"^\s*\.section\s+([^,\s]+)")
+    keep, out, found = True, [], False
+    for line in listing.splitlines():
+        if m := head.match(line):
+            keep = m.group(1) == f".text.{kernel}"
+            found |= keep
+        if keep:
+            out.append(line)
+    if not found:
+        raise TieError(f"the SASS has no code section for kernel {kernel!r}")
+    return "\n".join(out)
+
+
+def ptx_loc(loc) -> Loc | None:
+    """A PTX instruction's SourceLoc in the same form as the SASS's."""
+    if loc is None or loc.line <= 0:
+        return None
+    return (basename(loc.file), *dict.fromkeys([loc.line, *(site[1] for site in loc.inlined_at)]))
+
+
+def post_dominators(succ: dict) -> dict:
+    """Immediate post-dominator of every node of a graph (node -> successors, None: the exit);
+    None when only the exit post-dominates it."""
+    nodes = list(succ)
+    full = set(nodes) | {None}
+    pdom = {a: set(full) for a in nodes}
+    pdom[None] = {None}
+    changed = True
+    while changed:
+        changed = False
+        for a in reversed(nodes):
+            nxt = [s if s in pdom else None for s in succ[a]] or [None]
+            new = {a} | set.intersection(*(pdom[s] for s in nxt))
+            if new != pdom[a]:
+                pdom[a], changed = new, True
+    out = {}
+    for a in nodes:
+        strict = pdom[a] - {a}
+        out[a] = next((d for d in strict if d is not None and pdom[d] == strict), None)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """What one arm of a branch runs before the arms meet again: its locations (EXIT when it
+    leaves the kernel) and how many instructions."""
+
+    locs: frozenset
+    size: int
+
+    @property
+    def tokens(self) -> frozenset:
+        """Its locations, with a token for an arm that runs nothing or only leaves."""
+        if not self.locs:
+            return frozenset({("<empty>",)})
+        return self.locs | ({("<leaves>",)} if self.locs == {EXIT} else set())
+
+
+def region_locs(succ: dict, locs: dict, start, meet, limit: int = 256) -> Arm:
+    """The Arm of the blocks from `start` up to (not into) `meet`."""
+    out, seen, todo, n = set(), set(), [start], 0
+    while todo and n < limit:
+        at = todo.pop()
+        if at == meet and meet is not None:
+            continue
+        if at is None:
+            out.add(EXIT)
+            continue
+        if at in seen or at not in succ:
+            continue
+        seen.add(at)
+        out.update(x for x in locs[at] if x)
+        n += len(locs[at])
+        todo += list(succ[at]) or [None]
+    return Arm(frozenset(out), n)
+
+
+class SassGraph:
+    """The basic blocks of every function of a cubin's SASS."""
+
+    def __init__(self, listing: str, kernel: str):
+        self.funcs, self.labels = parse_sass(kernel_listing(listing, kernel))
+        if kernel not in self.funcs:
+            raise TieError(f"the SASS has no function {kernel!r} (it has {', '.join(sorted(self.funcs))})")
+        self.kernel = kernel
+        self.blocks: dict[int, Block] = {}
+        for name, instrs in self.funcs.items():
+            self._cut(name, instrs)
+        self.entry = self.funcs[kernel][0].addr
+
+    def is_jump(self, ins: Instr) -> bool:
+        """A BRA, or a CALL to a label that is no function (sm_80 leaves a loop with one); one
+        guarded by `@!PT` never jumps."""
+        if ins.guard == "@!PT":
+            return False
+        return ins.base in ("BRA", "JMP") or (ins.base == "CALL" and ins.target is not None
+                                              and ins.target not in self.funcs and ins.target in self.labels)
+
+    def _cut(self, func: str, instrs: list[Instr]) -> None:
+        leaders = {instrs[0].addr}
+        for ins, nxt in zip(instrs, instrs[1:]):
+            if ins.base in ("BRX", "JMX", "BREAK", "KILL"):
+                raise TieError(f"unsupported control flow: {ins.where()} (indirect branches are not modelled)")
+            if self.is_jump(ins) or (ins.base in ("EXIT", "RET", "CALL") and ins.guard != "@!PT"):
+                leaders.add(nxt.addr)
+                if self.is_jump(ins):
+                    leaders.add(self.labels[ins.target])
+        cur: list[Instr] = []
+        for i, ins in enumerate(instrs):
+            cur.append(ins)
+            nxt = instrs[i + 1].addr if i + 1 < len(instrs) else None
+            if nxt is None or nxt in leaders:
+                fall = [nxt] if nxt is not None else [None]
+                if self.is_jump(ins):
+                    succ = [self.labels[ins.target]] + (fall if ins.conditional else [])
+                elif ins.base in ("EXIT", "RET") and ins.guard != "@!PT":
+                    succ = [None] + (fall if ins.conditional else [])
+                else:
+                    succ = fall
+                self.blocks[cur[0].addr] = Block(cur[0].addr, cur, succ, func)
+                cur = []
+
+    def calls_internal(self, start: int | None, stop: int | None, limit: int = 64) -> bool:
+        """Whether the blocks from `start` up to `stop` call a ptxas-internal subroutine before
+        another conditional branch."""
+        todo, seen = [start], set()
+        while todo and len(seen) < limit:
+            at = todo.pop()
+            if at is None or at == stop or at in seen or at not in self.blocks:
+                continue
+            seen.add(at)
+            b = self.blocks[at]
+            if any(i.base == "CALL" and (i.target or "").startswith("$__internal") for i in b.instrs):
+                return True
+            if not b.last.conditional:  # behind another branch it is that branch's arm
+                todo += [s for s in b.succ if s is not None]
+        return False
+
+    @functools.cached_property
+    def succ(self) -> dict:
+        """Successors per block inside its function (None: the function's exit)."""
+        return {a: [x if x in self.blocks and self.blocks[x].func == b.func else None for x in b.succ]
+                for a, b in self.blocks.items()}
+
+    @functools.cached_property
+    def ipdom(self) -> dict:
+        """Immediate post-dominator of every block (None: the exit)."""
+        return post_dominators(self.succ)
+
+    def arms(self, start: int) -> tuple[frozenset, frozenset]:
+        """Locations each arm of the branch ending block `start` runs before the arms meet."""
+        locs = self._locs
+        meet = self.ipdom.get(start)
+        return tuple(region_locs(self.succ, locs, s, meet) for s in self.blocks[start].succ[:2])
+
+    @functools.cached_property
+    def _locs(self) -> dict:
+        return {a: [i.loc for i in b.instrs] + ([EXIT] if b.last.base == "EXIT" and not b.last.conditional else [])
+                for a, b in self.blocks.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tie:
+    """What decides one SASS conditional branch: the PTX control instruction `pc` (`same`: the
+    SASS branch jumps when the PTX one does), or, internal, always the arm `arm` (0 taken, 1 fall)."""
+
+    pc: int | None
+    same: bool = True
+    arm: int | None = None
+
+
+class PtxGraph:
+    """The PTX kernel's basic blocks and the arms of its control instructions, in the same terms."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.code = kernel.instructions
+        n = len(self.code)
+        leaders = {0} | set(kernel.labels.values())
+        for ins in self.code:
+            if ins.opcode in ("bra", "ret", "exit") and ins.pc + 1 < n:
+                leaders.add(ins.pc + 1)
+        starts = sorted(x for x in leaders if x < n)
+        self.block_of = {}
+        self.succ, self.locs = {}, {}
+        for a, b in zip(starts, starts[1:] + [n]):
+            last = self.code[b - 1]
+            fall = b if b < n else None
+            if last.opcode == "bra":
+                target = kernel.labels[last.operands[0].name]
+                succ = [target] + ([fall] if last.guard is not None else [])
+            elif last.opcode in ("ret", "exit"):
+                succ = [None] + ([fall] if last.guard is not None else [])
+            else:
+                succ = [fall]
+            self.succ[a] = succ
+            self.locs[a] = [ptx_loc(i.loc) for i in self.code[a:b]] + (
+                [EXIT] if last.opcode in ("ret", "exit") and last.guard is None else [])
+            for pc in range(a, b):
+                self.block_of[pc] = a
+        leaves = {a for a in self.succ if self.code[a].opcode in ("ret", "exit") and self.code[a].guard is None}
+        self.succ = {a: [None if x in leaves else x for x in succ] for a, succ in self.succ.items()}
+        self.ipdom = post_dominators(self.succ)
+
+    def control(self) -> list:
+        """Conditional control instructions: guarded bra / ret / exit."""
+        return [i for i in self.code if i.opcode in ("bra", "ret", "exit") and i.guard is not None]
+
+    def arms(self, ins) -> tuple[frozenset, frozenset]:
+        """(locations where it branches to, locations of its fall-through), up to where they meet."""
+        a = self.block_of[ins.pc]
+        meet = self.ipdom.get(a)
+        return tuple(region_locs(self.succ, self.locs, s, meet) for s in self.succ[a][:2])
+
+
+def _agreement(s: tuple, p: tuple) -> tuple[float, float]:
+    """(same, swapped): how well the SASS arms match the PTX arms taken-to-taken, and
+    taken-to-fall: the locations (and the tokens of an arm that runs nothing or only leaves) one
+    arm has and the other does not, shared; then, below one, how alike the arms' sizes are."""
+    st, sf = s[0].tokens - s[1].tokens, s[1].tokens - s[0].tokens
+    pt, pf = p[0].tokens - p[1].tokens, p[1].tokens - p[0].tokens
+
+    def sizes(a, b):
+        return 0.5 / (1 + abs(math.log1p(a[0].size) - math.log1p(b[0].size))
+                      + abs(math.log1p(a[1].size) - math.log1p(b[1].size)))
+    return (len(st & pt) + len(sf & pf) + sizes(s, p),
+            len(st & pf) + len(sf & pt) + sizes(s, p[::-1]))
+
+
+def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
+    """The Tie of every SASS conditional branch (by the address of its block's start)."""
+    out: dict[int, Tie] = {}
+    by_loc = collections.defaultdict(list)
+    for ins in ptx.control():
+        by_loc[ptx_loc(ins.loc)].append(ins)
+    pending = collections.defaultdict(list)  # location -> SASS blocks ending in a tied branch
+    for start, b in sorted(sass.blocks.items()):
+        last = b.last
+        if not last.conditional or len(b.succ) != 2 or b.func != sass.kernel:
+            continue
+        meet = sass.ipdom.get(start)
+        slow = [sass.calls_internal(s, meet) for s in b.succ]
+        if slow[0] != slow[1]:
+            out[start] = Tie(None, arm=slow.index(False))
+            continue
+        pending[last.loc].append(start)
+    placed = {loc for loc in pending if by_loc.get(loc)}
+    spare = [i for loc, ins in by_loc.items() if loc not in placed for i in ins]  # PTX branches no SASS one shares a location with
+    for loc, starts in sorted(pending.items(), key=lambda kv: kv[0] not in placed):
+        cands = by_loc.get(loc) or []
+        if not cands:  # ptxas if-converted an arm and branches past the other: the branch takes the
+            # location of a neighbouring instruction; tie it to the PTX branch of the same outermost
+            # call site whose arms are most alike
+            cands = [i for i in spare if loc and ptx_loc(i.loc) and ptx_loc(i.loc)[0] == loc[0]
+                     and ptx_loc(i.loc)[-1] == loc[-1]]
+            scored = sorted(((max(_agreement(sass.arms(s), ptx.arms(i))), i.pc) for s in starts for i in cands),
+                            reverse=True)
+            if not scored or scored[0][0] < 1 or (len(scored) > 1 and scored[1][0] == scored[0][0]
+                                                  and scored[1][1] != scored[0][1]):
+                ins = sass.blocks[starts[0]].last
+                raise TieError(f"{ins.where()}: no PTX branch at that source location decides it, and none near "
+                               "it has alike arms; the timing model ties every SASS branch to the PTX branch it "
+                               "compiles from (a branch ptxas made up is not modelled)")
+            cands = [ptx.code[scored[0][1]]]
+            spare.remove(cands[0])
+        arms = {s: sass.arms(s) for s in starts}
+        parms = {i.pc: ptx.arms(i) for i in cands}
+        if len(starts) == len(cands):
+            pairs = list(zip(starts, cands))
+        elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
+            pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
+        else:  # ptxas unrolled or duplicated the code: its iterations are not the PTX's
+            first = sass.blocks[starts[0]].last
+            raise TieError(f"{first.where()}: ptxas unrolled or duplicated the code of this line ({len(starts)} SASS "
+                           f"branches for {len(cands)} PTX branches), which the walk does not model; keep the loop "
+                           "rolled with `#pragma unroll 1` (PTX .pragma \"nounroll\": ptxas keeps it) or unroll it "
+                           "fully in the source")
+        for s, ins in pairs:
+            same, swapped = _agreement(arms[s], parms[ins.pc])
+            if same == swapped:
+                raise TieError(f"{sass.blocks[s].last.where()}: its arms look alike both ways round against "
+                               f"the PTX branch `{ins.text}` (PTX line {ins.ptx_line}); cannot tell which arm "
+                               "is taken")
+            out[s] = Tie(ins.pc, same > swapped)
+    return out
+
+
+def _align(starts: list, cands: list, score) -> list:
+    """Each of `starts` to a distinct candidate, in order, with the largest total score (the
+    alignment of two sequences, len(starts) <= len(cands))."""
+    m, n = len(starts), len(cands)
+    best = [[0.0] * (n + 1) for _ in range(m + 1)]
+    for i in range(1, m + 1):
+        best[i][i - 1] = float("-inf")
+        for j in range(i, n + 1):
+            best[i][j] = max(best[i][j - 1] if j > i else float("-inf"),
+                             best[i - 1][j - 1] + score(starts[i - 1], cands[j - 1]))
+    pairs, j = [], n
+    for i in range(m, 0, -1):
+        while j > i and best[i][j] == best[i][j - 1]:
+            j -= 1
+        pairs.append((starts[i - 1], cands[j - 1]))
+        j -= 1
+    return pairs[::-1]
+
+
+class Walker:
+    """Each warp's SASS stream from its path (see the module docstring)."""
+
+    def __init__(self, sass: SassGraph, ptx: PtxGraph):
+        self.sass, self.ptx = sass, ptx
+        self.ties = tie(sass, ptx)
+        self.tied_pcs = frozenset(t.pc for t in self.ties.values() if t.pc is not None)
+        self._first = {}  # PTX pc -> which of its arms the engine runs first on divergence (0 taken)
+        for t in self.ties.values():
+            if t.pc is not None and t.pc not in self._first:
+                ins = ptx.code[t.pc]
+                target = ptx.kernel.labels[ins.operands[0].name] if ins.opcode == "bra" else len(ptx.code)
+                self._first[t.pc] = 0 if target < ins.pc + 1 else 1
+        self.walk = functools.lru_cache(maxsize=4096)(self._walk)
+
+    def _walk(self, path: tuple) -> tuple[int, ...]:
+        """The block starts a warp with this path ((pc, outcome), ...) issues, in order."""
+        queues = collections.defaultdict(collections.deque)
+        for pc, outcome in path:
+            if pc in self.tied_pcs:
+                queues[pc].append(outcome)
+        out: list[int] = []
+        self._run(self.sass.entry, None, queues, out, [])
+        left = [pc for pc, q in queues.items() if q]
+        if left:
+            ins = self.ptx.code[min(left)]
+            raise TieError(f"the functional run took the PTX branch `{ins.text}` (PTX line {ins.ptx_line}, "
+                           f"{ins.loc}) {len(queues[min(left)])} more times than the SASS walk reached it: the "
+                           "SASS's control flow does not follow the PTX's there")
+        return tuple(out)
+
+    def _run(self, at, stop, queues, out, calls) -> int | None:
+        """Issue blocks from `at` until reaching `stop` (or the end); return where it stopped."""
+        blocks, steps = self.sass.blocks, 0
+        while at is not None and at != stop:
+            steps += 1
+            if steps > 50_000_000:
+                raise TieError("the SASS walk does not end")
+            b = blocks[at]
+            out.append(at)
+            last = b.last
+            if last.base == "CALL" and not self.sass.is_jump(last) and last.target in self.sass.funcs:
+                if last.conditional:
+                    raise TieError(f"{last.where()}: a conditional call is not modelled")
+                calls.append(b.succ[0])
+                at = self.sass.funcs[last.target][0].addr
+                continue
+            if last.base == "RET":
+                at = calls.pop() if calls else None
+                continue
+            if len(b.succ) == 1:
+                at = b.succ[0]
+                if at is None and last.base not in ("EXIT",):
+                    at = None
+                continue
+            if not b.succ:
+                return None
+            t = self.ties.get(at)
+            if t is None:  # @!PT-like guards never branch; `BRA` with a constant predicate
+                at = b.succ[1]
+                continue
+            if t.pc is None:
+                at = b.succ[t.arm]
+                continue
+            q = queues.get(t.pc)
+            if not q:
+                raise TieError(f"{last.where()}: the SASS walk reaches this branch more often than the functional "
+                               f"run took its PTX branch `{self.ptx.code[t.pc].text}` (PTX line "
+                               f"{self.ptx.code[t.pc].ptx_line})")
+            outcome = q.popleft()
+            if outcome == SOME and last.base == "EXIT":
+                at = b.succ[1]  # some lanes leave, the warp goes on with the others
+                continue
+            if outcome != SOME:
+                jumps = (outcome == ALL) == t.same
+                at = b.succ[0] if jumps else b.succ[1]
+                continue
+            meet = self.sass.ipdom.get(at)
+            first = self._first[t.pc] if t.same else 1 - self._first[t.pc]
+            for arm in (first, 1 - first):
+                self._run(b.succ[arm], meet, queues, out, calls)
+            at = meet
+        return at

@@ -1,0 +1,180 @@
+"""The trace-driven SASS walk (fa_sim/timing/walk.py) and predict_launch (fa_sim/timing/launch.py):
+each warp's SASS stream from its path in the functional run, for any control flow."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fa_sim.ptx
+from fa_sim.config import KernelConfig
+from fa_sim.contract import KernelBuild, kernel_source
+from fa_sim.contract.cubins import compile_build
+from fa_sim.contract.nvrtc import compile_cubin
+from fa_sim.contract.sass import disassemble
+from fa_sim.observers.branches import ALL, NONE, SOME, BranchRecorder
+from fa_sim.ptx.load import kernel_module, load_module
+from fa_sim.timing import predict_launch
+from fa_sim.timing.program import Sync, step
+from fa_sim.timing.sass import Control
+from fa_sim.timing.walk import PtxGraph, SassGraph, TieError, Walker, post_dominators
+
+SRC = r'''
+extern "C" __global__ void branchy(float* out, int n) {
+  const int t = threadIdx.x, w = t / 32;
+  float s = 0.f;
+#pragma unroll 1
+  for (int i = 0; i <= w; ++i) s += out[i * 32 + t % 32] * 0.5f;   // warp w loops w + 1 times
+  if (t % 2) {                                                      // lanes diverge
+#pragma unroll 1
+    for (int j = 0; j < n; ++j) s = s * 0.5f + out[j];
+  } else {
+    out[t + 128] = s;
+    s = s * s - 2.f;
+  }
+  if (w == 3) return;                                               // the last warp leaves early
+  out[t] = s;
+}
+'''
+
+
+def _walker(source: str, kernel: str) -> Walker:
+    cubin, _ = compile_cubin(source, name="kernel.cu", arch="sm_90", lineinfo=True)
+    listing = disassemble(cubin, inlined=True)
+    return Walker(SassGraph(listing, kernel), PtxGraph(load_module(source).kernels[kernel]))
+
+
+def _run(source, kernel, grid, block, args):
+    rec = BranchRecorder()
+    fa_sim.ptx.launch(source, grid, block, 0, args, kernel=kernel, observers=[rec])
+    return rec
+
+
+def test_branch_recorder_sees_each_warps_outcomes():
+    out = np.arange(256, dtype=np.float32)
+    rec = _run(SRC, "branchy", (1,), (128,), [out, np.int32(128)])
+    outcomes = {w: [o for _, o in rec.path(0, w)] for w in range(4)}
+    assert all(SOME in outcomes[w] for w in range(4))  # the t % 2 branch splits every warp
+    assert {o for w in range(4) for o in outcomes[w]} <= {ALL, NONE, SOME}
+    assert len({tuple(rec.path(0, w)) for w in range(4)}) == 4  # four different paths
+
+
+def test_walk_follows_loops_divergence_and_early_exit():
+    out = np.arange(256, dtype=np.float32)
+    rec = _run(SRC, "branchy", (1,), (128,), [out, np.int32(128)])
+    w = _walker(SRC, "branchy")
+    walks = [w.walk(rec.path(0, k)) for k in range(4)]
+    blocks = w.sass.blocks
+    # the loop's back edge: the block whose tied branch jumps backwards
+    back = [a for a, b in blocks.items() if b.func == "branchy" and b.last.base == "BRA"
+            and b.last.conditional and b.succ[0] <= a]
+    if back:  # ptxas kept the loop rolled: warp w issues its body w + 1 times
+        assert [wk.count(back[0]) for wk in walks] == [1, 2, 3, 4]
+    lengths = [sum(len(blocks[b].instrs) for b in wk) for wk in walks]
+    assert lengths[0] < lengths[1] < lengths[2]
+    stores = [sum(i.base == "STG" for b in wk for i in blocks[b].instrs) for wk in walks]
+    # divergence issues both arms (the even lanes' store, the odd lanes' loop); warp 3 leaves
+    # before the last store
+    assert stores[:3] == [2, 2, 2] and stores[3] == 1
+    loads = [sum(i.base == "LDG" for b in wk for i in blocks[b].instrs) for wk in walks]
+    assert all(n > 100 for n in loads)  # the odd arm's loop over n = 128 loads
+
+
+def test_walk_refuses_a_path_the_sass_cannot_follow():
+    out = np.arange(256, dtype=np.float32)
+    rec = _run(SRC, "branchy", (1,), (128,), [out, np.int32(128)])
+    w = _walker(SRC, "branchy")
+    path = rec.path(0, 1)
+    extra = path + tuple(p for p in path if p[0] in w.tied_pcs)[:1]  # one outcome the SASS never reaches
+    with pytest.raises(TieError, match="more times than the SASS walk reached it"):
+        w.walk(extra)
+
+
+def test_post_dominators_of_a_diamond_and_a_loop():
+    succ = {0: [1, 2], 1: [3], 2: [3], 3: [4, 0], 4: [None]}
+    pd = post_dominators(succ)
+    assert pd[0] == 3 and pd[1] == 3 and pd[2] == 3 and pd[3] == 4 and pd[4] is None
+
+
+@pytest.mark.parametrize("causal,nk,qtail", [(False, 192, False), (False, 160, False), (True, 192, False)])
+def test_walk_equals_the_region_paths_of_the_attention_kernel(causal, nk, qtail):
+    """The oracle: on the seed kernel the trace-driven walk of a CTA is, block for block, the path
+    the region matching (fa_sim.timing.stream) selects - for every warp."""
+    from fa_sim.hub import Hub
+    from fa_sim.ptx.fa2 import run_attention
+    from fa_sim.run import global_memory
+    from fa_sim.timing.predict import kernel_model
+    from fa_sim.timing.stream import Kind, probe_problem
+
+    cfg = KernelConfig()
+    kind = (Kind.DIAGONAL if causal else Kind.TAIL) if nk % cfg.block_n or causal else Kind.PLAIN
+    prob, mb = probe_problem(cfg, causal, kind, 3)
+    ck = compile_build(KernelBuild(cfg, causal, "sm_90", False, kernel_source(None), lineinfo=True))
+    module = kernel_module(KernelBuild(cfg, causal, "sm_80", False, kernel_source(None)))
+    kernel = next(iter(module.kernels.values()))
+    walker = Walker(SassGraph(disassemble(ck.cubin, inlined=True), kernel.name), PtxGraph(kernel))
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, cfg.head_dim)).astype(np.float16)
+               for n in (prob.seqlen_q, prob.seqlen_k, prob.seqlen_k))
+    gmem, _, ptr = global_memory(prob, q, k, v)
+    rec = BranchRecorder()
+    cta = int(prob.q_block_index(np.array([mb]))[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_attention(prob, gmem, ptr, Hub([rec]), [np.arange(cta, cta + 1)])
+    model = kernel_model(cfg, causal, "sm_90", None)
+    masked = model.stream._real_masked(3) if kind is not Kind.PLAIN else 0
+    old = tuple(b for part in model.stream.walks(3, masked, kind is Kind.TAIL, qtail) for b in part)
+    for w in range(cfg.n_warps):
+        assert walker.walk(rec.path(cta, w)) == old
+
+
+def test_guarded_exit_passed_is_not_the_warps_end():
+    ctl = Control(1, False, None, None, 0, 0)
+    from fa_sim.timing.gpus import GPUS
+    assert step("EXIT", "", "@P0", ctl, GPUS["h200"], {}).sync is Sync.NONE
+    assert step("EXIT", "", "", ctl, GPUS["h200"], {}).sync is Sync.EXIT
+    ld = step("LDG.E.128", "R4, desc[UR4][R2.64]", "", ctl, GPUS["h200"], {})
+    assert ld.sync is Sync.GLOBAL_LOAD and ld.bytes == 512
+
+
+REDUCE = r'''
+extern "C" __global__ void reduce(const float* __restrict__ x, float* out, int n) {
+  float s = 0.f;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) s += x[i];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+  __shared__ float part[32];
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    s = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    if (threadIdx.x == 0) atomicAdd(out, s);
+  }
+}
+'''
+
+
+def test_predict_launch_times_a_kernel_that_is_not_attention():
+    x = np.random.default_rng(1).standard_normal(1 << 16).astype(np.float32)
+    out = np.zeros(1, np.float32)
+    small = predict_launch(REDUCE, (132,), (256,), [x, out, np.int32(x.size // 4)])
+    big = predict_launch(REDUCE, (132,), (256,), [x, out, np.int32(x.size)])
+    assert out[0] == 0  # the user's arrays are not written
+    assert 0 < small.kernel_ms < big.kernel_ms  # four times the loop trips take longer
+    assert big.notes["sm_ctas"] == 1 and big.occupancy >= 1
+    assert big.instructions > small.instructions
+
+
+def test_predict_launch_refuses_bad_input():
+    x = np.ones(64, np.float32)
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        predict_launch(REDUCE, (1,), (32,), [x, x[:1], np.int32(64)], gpu="h900")
+    with pytest.raises(ValueError, match="needs the CUDA source"):
+        predict_launch(fa_sim.ptx.compile_ptx(REDUCE), (1,), (32,), [x, x[:1], np.int32(64)])
+
+
+def test_a_loop_ptxas_unrolls_is_a_clear_error():
+    src = SRC.replace("#pragma unroll 1\n    for (int j", "    for (int j")
+    with pytest.raises(TieError, match="ptxas unrolled or duplicated"):
+        _walker(src, "branchy")
