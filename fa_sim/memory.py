@@ -137,10 +137,10 @@ class GlobalMemory:
         data = buf.data if buf is not None else self._flat()
         if width == 16 and buf is not None and data.size % 16 == 0:  # one 16-byte row per access
             out = np.take(data.reshape(-1, 16), off // 16, axis=0)
-        elif width in WORD_DTYPES and width > 1:
+        elif width in WORD_DTYPES and width > 1 and data.size % width == 0:  # a word view needs whole words
             words = data.view(WORD_DTYPES[width])[off // width]
             out = words.view(np.uint8).reshape(*off.shape, width)
-        elif width % 8 == 0:
+        elif width % 8 == 0 and data.size % 8 == 0:
             idx = (off // 8)[..., None] + np.arange(width // 8)
             out = data.view(np.uint64)[idx].view(np.uint8).reshape(*off.shape, width)
         else:
@@ -170,7 +170,7 @@ class GlobalMemory:
     @staticmethod
     def _store(buf: Buffer, off: np.ndarray, values: np.ndarray, on: np.ndarray) -> None:
         width = values.shape[-1]
-        if width in WORD_DTYPES and width > 1:
+        if width in WORD_DTYPES and width > 1 and buf.data.size % width == 0:
             words = np.ascontiguousarray(values).view(WORD_DTYPES[width])[..., 0]
             buf.data.view(WORD_DTYPES[width])[off[on] // width] = words[on]
         else:

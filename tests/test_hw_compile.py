@@ -203,9 +203,12 @@ def test_the_contract_cubin_is_cuda_core_s_cubin(build):
     compile time aside; NVRTC's own compute cache may leave either log empty, see above)."""
     from cuda.core import Program, ProgramOptions
 
+    from fa_sim.contract import nvrtc
+
     source = build.source().text
     options = ProgramOptions(name="fa2_fwd.cu", arch=build.arch, std="c++17", ptxas_options=["-v"],
-                             define_macro=[(k, str(v)) for k, v in sorted(build.macros().items())])
+                             define_macro=[(k, str(v)) for k, v in sorted(build.macros().items())],
+                             include_path=list(nvrtc.cuda_include_dirs()) or None)
     logs = []
     want = Program(source, "c++", options).compile("cubin", logs=type("Log", (), {"write": lambda _, t: logs.append(t)})())
     cubin, log = _nvrtc(source, build)

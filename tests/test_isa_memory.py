@@ -59,6 +59,19 @@ def test_global_predication():
         mem.gather(buf.base + 4 * np.array([99]), 8, np.array([True]))  # 4 bytes past the end
 
 
+@pytest.mark.parametrize("width", [8, 16])
+def test_wide_access_to_a_buffer_of_an_odd_number_of_words(width):
+    """A float2 / float4 access to an array of 4 mod 8 bytes (n % 2 == 1 floats) reads and writes
+    its bytes like any other (a uint64 view of such an array does not exist)."""
+    mem = GlobalMemory()
+    buf = mem.alloc("x", np.arange(13, dtype=np.uint32))
+    addr = buf.base + np.array([0, width])
+    got = mem.gather(addr, width, np.ones(2, bool)).view(np.uint32)
+    np.testing.assert_array_equal(got, np.arange(2 * width // 4).reshape(2, -1))
+    mem.scatter(addr, np.full((2, width // 4), 7, np.uint32).view(np.uint8).reshape(2, width), np.ones(2, bool))
+    np.testing.assert_array_equal(buf.array, [7] * (2 * width // 4) + list(range(2 * width // 4, 13)))
+
+
 def test_global_access_spanning_two_buffers():
     mem = GlobalMemory()
     a = mem.alloc("a", np.arange(4, dtype=np.uint32))

@@ -4,6 +4,7 @@ clear error carrying NVRTC's log, and the on-disk cache shared with fa_hw (fa_si
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -94,7 +95,8 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
 
 def test_options_line():
     opts = nvrtc_options("sm_86", {"B": "x", "A": 1}, ["-I/inc"])
-    assert opts == ["--gpu-architecture=compute_86", "-lineinfo", "-std=c++17", "-DA=1", "-DB=x", "-I/inc"]
+    headers = [f"--include-path={d}" for d in nvrtc.cuda_include_dirs()]  # CUDA's own, after the caller's
+    assert opts == ["--gpu-architecture=compute_86", "-lineinfo", "-std=c++17", "-DA=1", "-DB=x", "-I/inc", *headers]
     with pytest.raises(ValueError, match="CUDA C\\+\\+ text"):
         compile_ptx(b"bytes")
 
@@ -106,3 +108,80 @@ def test_fa_kernel_ptx_is_sm80_whatever_the_cubin_arch(cache_dir):
     assert f'"{SEED_PATH}"' in ptx  # locations point at fa_hw's own kernel source
     assert ptx.count(f"{KERNEL_NAME}_param_") >= 11
     assert ptx == kernel_ptx(KernelBuild(KernelConfig(), causal=True, arch="sm_80", checkpoints=True))
+
+
+HEADERS_SRC = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+
+// y[i] = sum of the pair 2 * x[i] (half2 arithmetic), z[i] = their product rounded to bf16
+extern "C" __global__ void halves(const __half2* x, float* y, __nv_bfloat16* z, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float2 f = __half22float2(__hmul2(x[i], __floats2half2_rn(2.0f, 2.0f)));
+    y[i] = f.x + f.y;
+    z[i] = __float2bfloat16(f.x * f.y);
+  }
+}
+
+// one 16x16x16 tile through mma.h's wmma API (compiled, not simulated: the engine runs mma.sync)
+extern "C" __global__ void tile(const __half* A, const __half* B, float* C) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  wmma::fill_fragment(c, 0.0f);
+  wmma::load_matrix_sync(a, A, 16);
+  wmma::load_matrix_sync(b, B, 16);
+  wmma::mma_sync(c, a, b, c);
+  wmma::store_matrix_sync(C, c, 16, wmma::mem_row_major);
+}
+"""
+
+
+def test_cuda_headers_come_from_the_hw_extra_s_wheels():
+    dirs, versions = nvrtc.cuda_headers()
+    assert dirs and all((Path(d) / "cuda_fp16.h").is_file() and (Path(d) / "crt" / "mma.h").is_file() for d in dirs)
+    assert {v.split("==")[0] for v in versions} == {p for p, _ in nvrtc.HEADER_PACKAGES}
+    assert all(v.split("==")[1].startswith("13.0.") for v in versions)  # the pyproject's pin, NVRTC's version
+    assert nvrtc.missing_cuda_headers() == ()
+
+
+def test_a_kernel_with_cuda_headers_compiles_to_ptx_and_cubin(cache_dir):
+    """cuda_fp16.h, cuda_bf16.h and mma.h compile as with nvcc, in PTX for the simulator (sm_80)
+    and in a cubin for the GPU (sm_90)."""
+    ptx = compile_ptx(HEADERS_SRC, name="/k/halves.cu")
+    assert ".visible .entry halves(" in ptx and "wmma.mma.sync" in ptx
+    assert "mul.rn.f16x2" in ptx or "mul.f16x2" in ptx
+    for arch in ("sm_80", "sm_90"):
+        cubin, _ = nvrtc.compile_cubin(HEADERS_SRC, name="halves.cu", arch=arch)
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_a_kernel_with_cuda_headers_runs_on_the_engine(cache_dir):
+    import numpy as np
+
+    from fa_sim.observers import HazardChecker
+    from fa_sim.ptx import launch
+
+    rng = np.random.default_rng(0)
+    n = 100
+    x = rng.integers(-8, 9, (n, 2)).astype(np.float16)  # small integers: every result is exact
+    y, z = np.zeros(n, np.float32), np.zeros(n, np.uint16)
+    hazards = HazardChecker()
+    launch(HEADERS_SRC, grid=2, block=64, args=[x.view(np.uint32).ravel(), y, z, np.int32(n)], kernel="halves",
+           observers=[hazards])
+    twice = x.astype(np.float32) * 2
+    np.testing.assert_array_equal(y, twice.sum(1))
+    np.testing.assert_array_equal((z.astype(np.uint32) << 16).view(np.float32), twice[:, 0] * twice[:, 1])
+    assert hazards.report().ok
+
+
+def test_missing_header_wheels_are_named(cache_dir, monkeypatch):
+    monkeypatch.setattr(nvrtc, "cuda_headers", lambda: ((), ()))
+    with pytest.raises(nvrtc.CudaHeadersMissing, match=r'cuda_fp16\.h.*nvidia-cuda-runtime and nvidia-cuda-crt '
+                       r"wheels of the 'hw' extra, not installed: pip install") as err:
+        compile_ptx(HEADERS_SRC, name="/k/halves.cu")
+    assert "\n" not in str(err.value) and "open source file \"cuda_fp16.h\"" in err.value.log
+    assert ".entry axpy" in compile_ptx(SRC, name="/k/axpy.cu", macros={"SCALE": 3})  # no header: still compiles

@@ -5,9 +5,9 @@ and the timing model (fa_sim.timing, which reads its SASS) build cubins here; co
 One `KernelBuild` (KernelConfig + causal + arch + debug checkpoints + kernel source) is one NVRTC
 program: the config becomes FA_* macros, so every shape constant in the kernel is compile-time.
 Cubins are cached under $FLASHSIM_CACHE or ~/.cache/flashsim, keyed by the cache format, the source
-text, the macros, the NVRTC options and the NVRTC version. A cubin for the exact arch is what runs:
-a PTX from an NVRTC newer than the driver does not load, and an sm_80 cubin does not run on sm_90
-(docs/hardware_facts.md).
+text, the macros, the NVRTC options, the NVRTC version and CUDA's header wheels (nvrtc.cuda_headers).
+A cubin for the exact arch is what runs: a PTX from an NVRTC newer than the driver does not load, and
+an sm_80 cubin does not run on sm_90 (docs/hardware_facts.md).
 
 Registers and local memory come from the cubin (cubin.py), never from ptxas's log: NVRTC 13
 returns an empty log when its own compute cache (~/.nv/ComputeCache) already holds the program.
@@ -26,7 +26,7 @@ from ..cache import cache_key, cache_root, store_atomic
 from .build import KernelBuild
 from .cubin import CubinError, ResourceUsage
 from .errors import CompileError
-from .nvrtc import NvrtcError, compile_cubin, nvrtc_version
+from .nvrtc import NvrtcError, compile_cubin, cuda_headers, nvrtc_version
 from .sass import disassemble
 from .source import KERNEL_NAME
 
@@ -56,7 +56,8 @@ def cache_dir() -> Path:
 
 def _cache_key(source: str, build: KernelBuild) -> str:
     return cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
-                     options=["std=c++17", "ptxas -v"] + ["lineinfo"] * build.lineinfo, nvrtc=nvrtc_version())
+                     options=["std=c++17", "ptxas -v"] + ["lineinfo"] * build.lineinfo, nvrtc=nvrtc_version(),
+                     headers=cuda_headers())
 
 
 def _nvrtc(source: str, build: KernelBuild) -> tuple[bytes, str]:

@@ -16,12 +16,22 @@
 The raw bindings, not cuda.core, because cuda.core's compile("ptx") needs a driver. The bindings
 are imported when something is compiled: without the `hw` extra the simulator's own front end
 still runs, and compiling says which extra to install (HwExtraMissing, one line).
+
+CUDA's own headers (`cuda_fp16.h`, `cuda_bf16.h`, `mma.h`, `cuda_pipeline.h`, ...) come from the
+CUDA wheels of the `hw` extra (nvidia-cuda-runtime, and nvidia-cuda-crt for the `crt/` headers that
+`mma.h` includes), as nvcc finds them in its toolkit: every compile, PTX or cubin, gets their
+directory as the last include path (`--include-path=`, after a caller's own `-I`), found from the
+installed packages' file lists (`cuda_include_dirs`), never from a system CUDA toolkit whose
+version may differ from NVRTC's. Their versions are part of every cache key. Without those wheels
+a source that includes none of them still compiles; one that does stops with one line naming the
+packages to install (`CudaHeadersMissing`).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import importlib.metadata
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -29,13 +39,17 @@ from pathlib import Path
 
 from ..cache import cache_key, cache_root, read_text_entry, store_atomic
 from .build import KernelBuild
-from .errors import HwExtraMissing, ToolError
+from .errors import HW_EXTRA_INSTALL, HwExtraMissing, ToolError
 
 DEFAULT_ARCH = "compute_80"
 BASE_OPTIONS = ("-lineinfo", "-std=c++17")
 _ARCH = re.compile(r"(?:compute|sm)_(\d{2,3}[af]?)")
 _REAL_ARCH = re.compile(r"sm_\d{2,3}[af]?")
 _MACRO = re.compile(r"[A-Za-z_]\w*")
+#: The wheels that ship CUDA's headers, each with one header that marks its include directory
+#: (`mma.h` includes `crt/mma.h`, which nvidia-cuda-crt ships).
+HEADER_PACKAGES = (("nvidia-cuda-runtime", "cuda_fp16.h"), ("nvidia-cuda-crt", "crt/mma.h"))
+_NOT_OPENED = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
 
 class NvrtcError(ToolError, ValueError):
@@ -46,6 +60,10 @@ class NvrtcError(ToolError, ValueError):
         super().__init__(message)
         self.log = log
         self.detail = detail or message
+
+
+class CudaHeadersMissing(NvrtcError):
+    """A source includes a header NVRTC could not find while CUDA's header wheels are missing."""
 
 
 class Output(enum.Enum):
@@ -76,6 +94,46 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+@functools.cache
+def cuda_headers() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(include directories, 'package==version' of each header wheel) of CUDA's headers, from the
+    installed wheels' own file lists (HEADER_PACKAGES); the directories in order, without repeats
+    (both wheels install into one nvidia/cu13/include). A wheel that is not installed, or that
+    lacks its marker header, is left out: `missing_cuda_headers` says which."""
+    dirs, versions = [], []
+    for package, marker in HEADER_PACKAGES:
+        try:
+            dist = importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or ():
+            path = str(f).replace("\\", "/")
+            if path.endswith(f"/include/{marker}"):
+                found = Path(dist.locate_file(f))
+                if found.is_file():
+                    include = str(found.parents[marker.count("/")].resolve())
+                    if include not in dirs:
+                        dirs.append(include)
+                    versions.append(f"{package}=={dist.version}")
+                break
+    return tuple(dirs), tuple(versions)
+
+
+def cuda_include_dirs() -> tuple[str, ...]:
+    """The directories of CUDA's own headers, as installed by the `hw` extra (may be empty)."""
+    return cuda_headers()[0]
+
+
+def missing_cuda_headers() -> tuple[str, ...]:
+    """The header wheels of HEADER_PACKAGES that are not installed (or lack their header)."""
+    have = {v.split("==")[0] for v in cuda_headers()[1]}
+    return tuple(p for p, _ in HEADER_PACKAGES if p not in have)
+
+
+def _include_options() -> list[str]:
+    return [f"--include-path={d}" for d in cuda_include_dirs()]
+
+
 def cache_dir() -> Path:
     return cache_root() / "ptx"
 
@@ -102,21 +160,23 @@ def _macro_options(macros: Mapping[str, int | str], flag: str) -> list[str]:
 def nvrtc_options(arch: str = DEFAULT_ARCH, macros: Mapping[str, int | str] = {},
                   options: Sequence[str] = ()) -> list[str]:
     """The full NVRTC command line of a PTX compile: architecture, -lineinfo, -std=c++17, -D per
-    macro (sorted), then `options` as given."""
+    macro (sorted), `options` as given, then CUDA's header directories (--include-path=, last, so
+    that a caller's own -I comes first, as with nvcc)."""
     out = [f"--gpu-architecture={virtual_arch(arch)}", *BASE_OPTIONS, *_macro_options(macros, "-D")]
     for opt in options:
         if not isinstance(opt, str) or not opt:
             raise ValueError(f"NVRTC option {opt!r} must be a non-empty str")
         out.append(opt)
-    return out
+    return out + _include_options()
 
 
 def cubin_options(arch: str, macros: Mapping[str, int | str] = {}) -> list[str]:
     """The NVRTC command line of a cubin compile, as cuda.core's ProgramOptions(arch=, std='c++17',
-    ptxas_options=['-v'], define_macro=sorted macros) writes it."""
+    ptxas_options=['-v'], define_macro=sorted macros, include_path=cuda_include_dirs()) writes it."""
     if not isinstance(arch, str) or not _REAL_ARCH.fullmatch(arch):
         raise ValueError(f"arch {arch!r}: a cubin is for a real architecture, e.g. 'sm_80' or 'sm_90'")
-    return [f"-arch={arch}", "--ptxas-options=-v", *_macro_options(macros, "--define-macro="), "--std=c++17"]
+    return [f"-arch={arch}", "--ptxas-options=-v", *_macro_options(macros, "--define-macro="), *_include_options(),
+            "--std=c++17"]
 
 
 def compile_ptx(source: str, *, name: str = "kernel.cu", arch: str = DEFAULT_ARCH,
@@ -134,7 +194,8 @@ def compile_ptx(source: str, *, name: str = "kernel.cu", arch: str = DEFAULT_ARC
         raise ValueError(f"source must be CUDA C++ text (str), not {type(source).__name__}")
     name = os.path.abspath(name)
     opts = nvrtc_options(arch, macros, options)
-    path = cache_dir() / f"{cache_key(source=source, name=name, options=opts, nvrtc=nvrtc_version())}.ptx"
+    key = cache_key(source=source, name=name, options=opts, nvrtc=nvrtc_version(), headers=cuda_headers()[1])
+    path = cache_dir() / f"{key}.ptx"
     if use_cache and not refresh and (hit := read_text_entry(path)) is not None:
         return hit
     ptx = run_nvrtc(source, name, opts, Output.PTX)[0].decode()
@@ -194,8 +255,15 @@ def _program_log(nvrtc, prog) -> str:
 
 
 def _compile_error(name: str, opts: list[str], status: str, log: str) -> NvrtcError:
-    """One line naming the first error (or saying the log is empty); the full log as `.log`."""
+    """One line naming the first error (or saying the log is empty); the full log as `.log`. A
+    header NVRTC could not open while CUDA's header wheels are missing: CudaHeadersMissing, naming
+    the wheels and the install command."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     first = next((ln for ln in lines if "error" in ln), lines[0] if lines else None)
     detail = first or f"{status}, and NVRTC gave an empty log (options: {' '.join(opts)})"
+    missing = missing_cuda_headers()
+    if missing and (m := _NOT_OPENED.search(log)):
+        detail = (f"{detail} (CUDA's headers such as {m.group(1)} come from the {' and '.join(missing)} "
+                  f"wheel{'s' * (len(missing) > 1)} of the 'hw' extra, not installed: {HW_EXTRA_INSTALL})")
+        return CudaHeadersMissing(f"NVRTC could not compile {name}: {detail}", log, detail)
     return NvrtcError(f"NVRTC could not compile {name}: {detail}", log, detail)
