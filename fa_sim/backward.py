@@ -18,7 +18,8 @@ instruction's atomics in ascending (CTA, thread) order, docs/backward.md). `obse
 fa_sim.simulate's) see the main kernel's launch, the one with shared memory, barriers and the
 tensor core (kernels 1 and 3 use registers and global memory only; a HazardChecker starts a new
 report at each launch); `kernel` a variant of fa2_bwd.cu (a path), `macros`
-extra FA_* macros (the mutation builds of the hazard tests). Bad input raises one ValueError line
+extra FA_* macros (the mutation builds of the hazard tests); `mma_model` the tensor core's
+accumulation, as fa_sim.simulate's ("h200": the GPU's bits, for the comparison with fa_hw). Bad input raises one ValueError line
 before any kernel runs.
 """
 
@@ -103,7 +104,7 @@ def dq_accum_shape(config: BackwardConfig, batch: int, heads: int, seqlen_q: int
 
 def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
-                      kernel=None, macros: dict | None = None) -> BackwardResult:
+                      kernel=None, macros: dict | None = None, mma_model=None) -> BackwardResult:
     """The backward pass on the PTX engine; see the module docstring."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .simulate import _observers
@@ -126,7 +127,7 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
     dk, dv = np.zeros_like(x.k), np.zeros_like(x.v)
     ptx.launch(src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
                [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32],
-               kernel=MAIN_KERNEL, observers=observers, macros=defs)
+               kernel=MAIN_KERNEL, observers=observers, macros=defs, mma_model=mma_model)
     dq = np.zeros_like(x.q)
     ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [dq_accum, dq, np.int32(nq), np.int32(nk), scale32],
                kernel=CONVERT_KERNEL, macros=defs)

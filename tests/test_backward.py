@@ -15,8 +15,8 @@ from fa_sim.observers import HazardChecker, HazardKind  # noqa: E402
 from fa_sim.reference import attention, attention_backward, random_inputs  # noqa: E402
 
 
-def _problem(nq, nk, d, causal, seed=1):
-    q, k, v = random_inputs(1, 1, nq, nk, d, seed=seed)
+def _problem(nq, nk, d, causal, seed=1, batch=1, heads=1):
+    q, k, v = random_inputs(batch, heads, nq, nk, d, seed=seed)
     do = np.random.default_rng(seed + 100).standard_normal(q.shape).astype(np.float16)
     fwd = fa_sim.simulate(q, k, v, causal=causal)
     return q, k, v, fwd.o, fwd.lse, do
@@ -41,6 +41,19 @@ def test_gradients_within_the_derived_bound_of_float64(shape, deterministic):
         worst = np.unravel_index(np.argmax(err / bound), err.shape)
         assert (err <= bound).all(), f"{name}: error {err[worst]:.3g} over the bound {bound[worst]:.3g} at {worst}"
         assert bound.max() < 0.02 * np.abs(ref).max()  # the bound is a few fp16 ulps, not a loose one
+
+
+def test_batches_and_heads_index_their_own_slices():
+    """B = H = 2 (grid y = 4): each batch-head's gradients within the bound, and equal to running
+    that batch-head alone, bit for bit."""
+    q, k, v, o, lse, do = _problem(40, 70, 32, True, batch=2, heads=2)
+    res = simulate_backward(q, k, v, o, lse, do, causal=True)
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=True, bound=True)
+    for got, ref, bound in zip((res.dq, res.dk, res.dv), want, (bq, bk, bv)):
+        assert (np.abs(got.astype(np.float64) - ref) <= bound).all()
+    one = simulate_backward(*(x[1:, 1:] for x in (q, k, v, o, lse, do)), causal=True)
+    for a, b in ((res.dq, one.dq), (res.dk, one.dk), (res.dv, one.dv)):
+        assert a[1:, 1:].tobytes() == b.tobytes()
 
 
 def test_reference_gradients_are_the_derivatives_of_attention():

@@ -28,3 +28,17 @@ def test_configs_that_do_not_tile_are_refused():
     with pytest.raises(ValueError, match="head_dim 96 is not supported"):
         BackwardConfig(96)
     assert BackwardConfig(128).block_m == 32 and BackwardConfig(64).block_n == 64
+
+
+def test_fa_hw_backward_checks_its_inputs_before_any_gpu_work():
+    import numpy as np
+
+    import fa_hw
+
+    q = np.zeros((1, 1, 16, 32), np.float16)
+    bad = q.copy()
+    bad[0, 0, 2, 3] = np.inf
+    with pytest.raises(ValueError, match=r"do contains NaN or Inf, first at do\[0, 0, 2, 3\]"):
+        fa_hw.backward(q, q, q, q, np.zeros((1, 1, 16), np.float32), bad)
+    with pytest.raises(ValueError, match="lse is missing"):
+        fa_hw.backward(q, q, q, q, None, q)
