@@ -15,7 +15,6 @@ by path instead of importing fa_hw). Compiling needs no GPU.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +169,3 @@ def _usage(cubin: bytes, build: BackwardBuild) -> dict:
         return {name: ResourceUsage.from_cubin(cubin, name) for name in KERNELS}
     except CubinError as exc:
         raise CompileError(f"the cubin of {build.describe()} is unreadable: {exc}") from None
-
-
-def usage_json(compiled: CompiledBackward) -> str:
-    return json.dumps({k: {"registers": u.registers, "stack_bytes": u.stack_bytes} for k, u in compiled.usage.items()})
