@@ -6,6 +6,7 @@ checkpoint layout as the simulator.
     out = fa_hw.forward(q, k, v, causal=False, scale=None, config=None)   # .o .lse .kernel_ms
     out = fa_hw.forward(q, k, v, config="auto")   # this GPU's fastest measured config (fa_hw.tuned)
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
+    g = fa_hw.backward(q, k, v, out.o, out.lse, do, deterministic=False)  # .dq .dk .dv (docs/backward.md)
     ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin
 
 The kernel contract both backends share (the kernel source and its variants, KernelBuild and its
@@ -16,12 +17,13 @@ ResourceUsage are re-exported here as part of fa_hw's API.
 from fa_sim.contract import KernelBuild
 from fa_sim.contract.cubin import ResourceUsage
 
+from .backward import HwBackwardResult, backward
 from .compile import CompiledKernel, compile_kernel
 from .device import device_arch, has_gpu
 from .errors import CompileError, FaHwError, KernelFault, NoGPUError
 from .forward import HwResult, forward
 
 __all__ = [
-    "CompileError", "CompiledKernel", "FaHwError", "HwResult", "KernelBuild", "KernelFault", "NoGPUError",
-    "ResourceUsage", "compile_kernel", "device_arch", "forward", "has_gpu",
+    "CompileError", "CompiledKernel", "FaHwError", "HwBackwardResult", "HwResult", "KernelBuild", "KernelFault",
+    "NoGPUError", "ResourceUsage", "backward", "compile_kernel", "device_arch", "forward", "has_gpu",
 ]

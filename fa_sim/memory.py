@@ -135,7 +135,9 @@ class GlobalMemory:
         everywhere = on.all()
         off = off if everywhere else np.where(on, off, 0)
         data = buf.data if buf is not None else self._flat()
-        if width == 16 and buf is not None and data.size % 16 == 0:  # one 16-byte row per access
+        if buf is None:  # spanning buffers: the concatenation's size and offsets need not be word multiples
+            out = data[off[..., None] + np.arange(width)]
+        elif width == 16 and data.size % 16 == 0:  # one 16-byte row per access
             out = np.take(data.reshape(-1, 16), off // 16, axis=0)
         elif width in WORD_DTYPES and width > 1 and data.size % width == 0:  # a word view needs whole words
             words = data.view(WORD_DTYPES[width])[off // width]

@@ -82,6 +82,20 @@ def test_global_access_spanning_two_buffers():
     assert a.array[1] == 7 and b.array[2] == 9
 
 
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_access_spanning_buffers_whose_sizes_are_not_word_multiples(width):
+    """One access over several buffers reads the concatenation of all of them: a 4-byte buffer
+    (a kernel's __device__ constant) before the others must not break the 8- and 16-byte paths
+    (fa2_bwd.cu's copies of Q and dO in one cp.async run did)."""
+    mem = GlobalMemory()
+    a = mem.alloc("a", np.arange(8, dtype=np.uint32))
+    mem.alloc("c", np.array([5], np.uint32))
+    b = mem.alloc("b", np.arange(100, 108, dtype=np.uint32))
+    got = mem.gather(np.array([a.base + 16, b.base + 16]), width, np.ones(2, bool)).view(np.uint32)
+    n = width // 4
+    np.testing.assert_array_equal(got, [np.arange(4, 4 + n), np.arange(104, 104 + n)])
+
+
 def test_barrier_needs_the_whole_cta():
     active = np.ones((3, 4, 32), bool)
     active[1] = False

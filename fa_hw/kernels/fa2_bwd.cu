@@ -1,0 +1,461 @@
+// FlashAttention-2 backward, SM80 instructions (fp16 in, fp32 accumulate), header-free for NVRTC.
+//
+// Three kernels (docs/backward.md), launched in this order on one stream:
+//   fa2_bwd_preprocess_kernel   D = rowsum(dO o O) per query row (fp32), grid (ceil(Nq/kBlockM), B*H)
+//   fa2_bwd_kernel              FlashAttention-2's Algorithm 2: one CTA per K/V block (kBlockN keys),
+//                               grid (ceil(Nk/kBlockN), B*H), iterating over the Q blocks that see it:
+//                                 S^T  = K Q^T                 (scores, keys x queries)
+//                                 P^T  = exp(s S^T - LSE)      (ex2 of s log2(e) S^T - log2(e) LSE)
+//                                 dV  += P^T dO
+//                                 dP^T = V dO^T
+//                                 dS^T = P^T o (dP^T - D)
+//                                 dK  += dS^T Q                (times s once, in the epilogue)
+//                                 dQ  += dS K                  (fp32, across CTAs: see FA_DETERMINISTIC)
+//   fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16, grid (ceil(Nq/kBlockM), B*H)
+//
+// Every warp owns 16 keys of the CTA's K/V block (kBlockN = 16 * kNWarps) for the whole loop, so
+// S^T, P^T, dP^T and dS^T come out of the tensor core with keys along M: P^T and dS^T are the A
+// operands of dV += P^T dO and dK += dS^T Q straight from the registers (FlashAttention-2's
+// forward reuses its S registers as P the same way), and dV, dK stay in registers until the end.
+// dQ = dS K needs the queries along M: dS^T goes through shared memory (sdS, [key][query]) and
+// comes back transposed by ldmatrix.trans, the warps splitting the kBlockM x d tile of dQ.
+//
+// dQ across CTAs (FA_DETERMINISTIC):
+//   0  red.global.add.f32 into dq_accum [B*H, Nq, d] (zeroed), as FlashAttention-2: the order of
+//      the additions is the GPU's and varies from run to run.
+//   1  each CTA stores its partial dS K of every Q block it visits into its own slice of the
+//      workspace dq_accum [n_kv_blocks, B*H, Nq, d] (zeroed: a causal CTA skips the Q blocks above
+//      its keys); fa2_bwd_convert_dq_kernel sums the slices in ascending K/V block order. Extra
+//      memory: ceil(Nk / kBlockN) * B*H*Nq*d * 4 bytes (n_kv_blocks times the atomic buffer).
+//
+// Compile-time macros (fa_sim/contract/backward.py, BackwardBuild.macros):
+//   FA_BLOCK_M FA_BLOCK_N FA_HEAD_DIM FA_N_WARPS   tiles and warps (FA_BLOCK_N = 16 * FA_N_WARPS)
+//   FA_SMEM_BYTES                                  the main kernel's dynamic shared memory (checked)
+//   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
+//   FA_DETERMINISTIC                               dQ accumulation, above
+//   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests
+//
+// `// phase: NAME` comments split the kernel bodies into phases (fa_sim/ptx/program.py), as in
+// fa2_fwd.cu. Arithmetic is explicitly rounded (__fmul_rn, __fadd_rn, __fsub_rn: no FMA
+// contraction by ptxas), so that the PTX engine and the GPU compute the same bits.
+//
+// Thread -> data maps (PTX ISA #warp-level-matrix-fragment-mma-16816-float): g = lane / 4,
+// tq = lane % 4. Warp w's accumulators of S^T, dP^T, dV and dK hold, in element [nj][v],
+//   key 16 * w + g + 8 * (v >> 1),  column 8 * nj + 2 * tq + (v & 1)   (a query, or a head-dim index).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef FA_BLOCK_M
+#error "fa2_bwd.cu is compiled by fa_sim/contract/backward.py, which defines the FA_* macros"
+#endif
+#ifndef FA_DETERMINISTIC
+#define FA_DETERMINISTIC 0
+#endif
+#ifndef FA_DROP_BAR_LOAD
+#define FA_DROP_BAR_LOAD 0
+#endif
+#ifndef FA_DROP_BAR_DS
+#define FA_DROP_BAR_DS 0
+#endif
+
+namespace fa {
+
+constexpr int kBlockM = FA_BLOCK_M;             // queries per Q block (one loop iteration)
+constexpr int kBlockN = FA_BLOCK_N;             // keys per CTA
+constexpr int kHeadDim = FA_HEAD_DIM;
+constexpr int kNWarps = FA_N_WARPS;
+constexpr int kThreads = 32 * kNWarps;
+constexpr bool kCausal = FA_CAUSAL != 0;
+constexpr int kSN = kBlockM / 8;                // n8 tiles of S^T / dP^T along the queries
+constexpr int kDN = kHeadDim / 8;               // n8 tiles of dV / dK along head_dim
+constexpr int kDSeg = kHeadDim / 16;            // k16 segments of S^T = K Q^T and dP^T = V dO^T
+constexpr int kMSeg = kBlockM / 16;             // k16 segments of dV = P^T dO and dK = dS^T Q
+constexpr int kNSeg = kBlockN / 16;             // k16 segments of dQ = dS K
+constexpr int kWM = kBlockM / 16;               // dQ: warps along the queries (16 rows each) ...
+constexpr int kWN = kNWarps / kWM;              // ... and along head_dim
+constexpr int kQN = kHeadDim / (8 * kWN);       // n8 tiles of a warp's dQ along head_dim
+constexpr int kPitch = kHeadDim + 8;            // halves per row of sQ, sdO, sK, sV (padded: no bank conflicts)
+constexpr int kDSPitch = kBlockM + 8;           // halves per row of sdS [key][query]
+constexpr int kCopyTPR = kHeadDim / 8;          // threads per row of the 16-byte copy
+constexpr int kCopyRows = kThreads / kCopyTPR;  // rows per copy pass
+constexpr u32 kQBytes = 2u * kBlockM * kPitch;
+constexpr u32 kKBytes = 2u * kBlockN * kPitch;
+// Shared memory, in bytes: sQ | sdO | sK | sV | sdS | sLSE | sD.
+constexpr u32 kSdOOff = kQBytes;
+constexpr u32 kSKOff = 2 * kQBytes;
+constexpr u32 kSVOff = kSKOff + kKBytes;
+constexpr u32 kSdSOff = kSVOff + kKBytes;
+constexpr u32 kSLseOff = kSdSOff + 2u * kBlockN * kDSPitch;
+constexpr u32 kSDOff = kSLseOff + 4u * kBlockM;
+constexpr u32 kSmemBytes = kSDOff + 4u * kBlockM;
+
+static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
+static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
+static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
+static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
+static_assert(kBlockM <= kThreads, "one thread per query row loads LSE and D");
+static_assert(kSmemBytes == FA_SMEM_BYTES, "shared memory differs from fa_sim.contract.backward");
+
+extern __shared__ __align__(128) unsigned char smem[];
+__device__ __forceinline__ u32 smem_base() { return (u32)__cvta_generic_to_shared(smem); }
+__device__ __forceinline__ u32 off(int r, int c) { return 2u * (u32)(r * kPitch + c); }      // sQ sdO sK sV
+__device__ __forceinline__ u32 off_ds(int r, int c) { return 2u * (u32)(r * kDSPitch + c); }  // sdS
+
+// ---- inline PTX (as fa2_fwd.cu) -----------------------------------------------------------------
+__device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float f16_to_f32(u32 h) {
+  float r;
+  asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.f32.f16 %0, t; }\n" : "=f"(r) : "r"(h));
+  return r;
+}
+__device__ __forceinline__ float lds_f32(u32 addr) {
+  float r;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ void sts_f32(u32 addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void ldg128(u32 (&r)[4], const void* ptr) {
+  asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(ptr));
+}
+__device__ __forceinline__ void stg32(void* ptr, u32 v) {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_f32(float* ptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(ptr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
+constexpr float kLog2e = 1.4426950408889634f;  // fp32 0x3FB8AA3B, as fa2_fwd.cu
+
+// ---- cooperative copy global -> shared (fa2_fwd.cu's copy_tile, unswizzled) ---------------------
+// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunk t%kCopyTPR; rows >= seqlen zero-fill
+// (src-size 0) with the source clamped to row 0 of the same batch-head.
+template <int kRows>
+__device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0, int seqlen) {
+  const int r_in = threadIdx.x / kCopyTPR, c = 8 * (threadIdx.x % kCopyTPR);
+  const u16* gTile = gBase + (u64)row0 * kHeadDim;
+#pragma unroll
+  for (int i = 0; i < kRows / kCopyRows; ++i) {
+    const int r = r_in + kCopyRows * i;
+    const bool ok = r < seqlen - row0;
+    const int src = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
+    cp_async_cg16(sTile + off(r, c), gTile + src, ok ? 16u : 0u);
+  }
+}
+
+// One Q block's operands: Q and dO (cp.async), log2(e) * LSE and D (one thread per row; rows past
+// the end get LSE = +inf, so that their P is exp2(-inf) = 0, and D = 0).
+__device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
+                                             int row0, int seqlen_q) {
+  const u32 base = smem_base();
+  copy_tile<kBlockM>(base, gQ, row0, seqlen_q);
+  copy_tile<kBlockM>(base + kSdOOff, gdO, row0, seqlen_q);
+  if (threadIdx.x < kBlockM) {
+    const int row = row0 + threadIdx.x;
+    const bool ok = row < seqlen_q;
+    sts_f32(base + kSLseOff + 4u * threadIdx.x, ok ? __fmul_rn(gLSE[row], kLog2e) : pos_inf());
+    sts_f32(base + kSDOff + 4u * threadIdx.x, ok ? gD[row] : 0.f);
+  }
+}
+
+// ---- GEMMs of a warp's 16 keys with the Q block -------------------------------------------------
+// acc[kSN][4] += X_w Y^T: X = sK or sV (this warp's 16 rows, A operand, ldmatrix), Y = sQ or sdO
+// (B operand [query][d] = column-major B, ldmatrix without .trans), over the kDSeg head-dim segments.
+__device__ __forceinline__ void gemm_keys_queries(float (&acc)[kSN][4], u32 sX, u32 sY) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const u32 oA = off(16 * warp + lane % 16, 8 * (lane / 16));
+  const u32 oB = off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+#pragma unroll
+  for (int h = 0; h < kDSeg; ++h) {
+    u32 a[4];
+    ldsm_x4(a, sX + oA + 32u * h);
+#pragma unroll
+    for (int jj = 0; jj < kSN / 2; ++jj) {
+      u32 b[4];
+      ldsm_x4(b, sY + oB + off(16 * jj, 16 * h));
+      mma_16816(acc[2 * jj], a, b[0], b[1]);
+      mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[kDN][4] += A Y: A = P^T or dS^T (fp16 fragments in registers, k = queries), Y = sdO or sQ
+// ([query][d] = row-major B: ldmatrix.trans), over the kMSeg query segments.
+__device__ __forceinline__ void gemm_keys_dim(float (&acc)[kDN][4], const u32 (&a)[kMSeg][4], u32 sY) {
+  const int lane = threadIdx.x % 32;
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+#pragma unroll
+  for (int h = 0; h < kMSeg; ++h)
+#pragma unroll
+    for (int jj = 0; jj < kDN / 2; ++jj) {
+      u32 b[4];
+      ldsm_x4_trans(b, sY + oB + off(16 * h, 16 * jj));
+      mma_16816(acc[2 * jj], a[h], b[0], b[1]);
+      mma_16816(acc[2 * jj + 1], a[h], b[2], b[3]);
+    }
+}
+
+// Accumulator [kSN][4] (keys along M, queries along N) -> A fragments [kMSeg][4] with the queries
+// along K: segment h holds queries 16h .. 16h+15 (fa2_fwd.cu's convert_p).
+__device__ __forceinline__ void to_a_frags(const float (&x)[kSN][4], u32 (&a)[kMSeg][4]) {
+#pragma unroll
+  for (int h = 0; h < kMSeg; ++h) {
+    a[h][0] = pack_f16x2(x[2 * h][0], x[2 * h][1]);
+    a[h][1] = pack_f16x2(x[2 * h][2], x[2 * h][3]);
+    a[h][2] = pack_f16x2(x[2 * h + 1][0], x[2 * h + 1][1]);
+    a[h][3] = pack_f16x2(x[2 * h + 1][2], x[2 * h + 1][3]);
+  }
+}
+
+// ---- dQ of the Q block: dS K, the warps tiling kBlockM x d by 16 x (d / kWN) -------------------
+// A = dS [query][key] from sdS [key][query] by ldmatrix.trans; B = K [key][d] (row-major B: .trans).
+__device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = warp % kWM, wn = warp / kWM;
+  const u32 base = smem_base();
+  const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 16 * wm + 8 * ((lane / 8) % 2));
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
+#pragma unroll
+  for (int h = 0; h < kNSeg; ++h) {
+    u32 a[4];
+    ldsm_x4_trans(a, base + kSdSOff + oA + off_ds(16 * h, 0));
+#pragma unroll
+    for (int jj = 0; jj < kQN / 2; ++jj) {
+      u32 b[4];
+      ldsm_x4_trans(b, base + kSKOff + oB + off(16 * h, 16 * jj));
+      mma_16816(acc[2 * jj], a, b[0], b[1]);
+      mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+}  // namespace fa
+
+// ---- D = rowsum(dO o O) ------------------------------------------------------------------------
+// Thread t reads 8 halves of O and dO of row t/kCopyTPR + kCopyRows*i and adds their 8 products
+// in column order; the kCopyTPR threads of a row (consecutive lanes) add their sums by XOR
+// shuffles 1, 2, 4, ... (fixed order).
+extern "C" __global__ void __launch_bounds__(fa::kThreads)
+fa2_bwd_preprocess_kernel(const u16* __restrict__ o, const u16* __restrict__ dout, float* __restrict__ dpsum,
+                          int seqlen_q) {
+  // phase: preprocess
+  using namespace fa;
+  const int bh = blockIdx.y, row0 = blockIdx.x * kBlockM;
+  const int r_in = threadIdx.x / kCopyTPR, c = 8 * (threadIdx.x % kCopyTPR);
+#pragma unroll
+  for (int i = 0; i < kBlockM / kCopyRows; ++i) {
+    const int row = row0 + r_in + kCopyRows * i;
+    float acc = 0.f;
+    if (row < seqlen_q) {
+      const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + c;
+      u32 x[4], y[4];
+      ldg128(x, o + at);
+      ldg128(y, dout + at);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const u32 sh = 16 * (j % 2);
+        acc = __fadd_rn(acc, __fmul_rn(f16_to_f32(x[j / 2] >> sh), f16_to_f32(y[j / 2] >> sh)));
+      }
+    }
+#pragma unroll
+    for (int m = 1; m < kCopyTPR; m *= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, m));
+    if (row < seqlen_q && threadIdx.x % kCopyTPR == 0) dpsum[(u64)bh * seqlen_q + row] = acc;
+  }
+}
+
+// ---- the main kernel: Algorithm 2 for one K/V block --------------------------------------------
+extern "C" __global__ void __launch_bounds__(fa::kThreads)
+fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+               const u16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dpsum,
+               float* __restrict__ dq_accum, u16* __restrict__ dk, u16* __restrict__ dv,
+               int seqlen_q, int seqlen_k, float scale) {
+  // phase: setup
+  using namespace fa;
+  const int n_block = blockIdx.x, bh = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const u32 base = smem_base();
+  const u32 sQ = base, sdO = base + kSdOOff, sK = base + kSKOff, sV = base + kSVOff;
+  const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
+  const u16* gdO = dout + (u64)bh * seqlen_q * kHeadDim;
+  const float* gLSE = lse + (u64)bh * seqlen_q;
+  const float* gD = dpsum + (u64)bh * seqlen_q;
+  const int key0 = n_block * kBlockN;
+  // Causal: Q block m sees this block when its last query >= key0.
+  const int m_block_min = kCausal ? key0 / kBlockM : 0;
+  const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
+#if FA_DETERMINISTIC
+  float* gdQ = dq_accum + ((u64)n_block * gridDim.y + bh) * seqlen_q * kHeadDim;  // this CTA's slice
+#else
+  float* gdQ = dq_accum + (u64)bh * seqlen_q * kHeadDim;
+#endif
+  const float sl2 = __fmul_rn(scale, kLog2e);
+
+  // phase: K load
+  copy_tile<kBlockN>(sK, k + (u64)bh * seqlen_k * kHeadDim, key0, seqlen_k);
+  copy_tile<kBlockN>(sV, v + (u64)bh * seqlen_k * kHeadDim, key0, seqlen_k);
+  if (m_block_min < m_block_max) load_q_block(gQ, gdO, gLSE, gD, m_block_min * kBlockM, seqlen_q);
+  cp_async_commit();  // K, V and the first Q block: one group
+
+  float tdVrdV[kDN][4], tdKrdK[kDN][4];  // [d / 8][4] fp32: keys 16w + g (+8), columns 8 nj + 2 tq (+1)
+#pragma unroll
+  for (int nj = 0; nj < kDN; ++nj)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tdVrdV[nj][e] = tdKrdK[nj][e] = 0.f;
+
+  for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+    // phase: S
+    const int row0 = m_block * kBlockM;
+    cp_async_wait_all();                  // this thread's copies of the Q block (and K, V) landed
+    if (!FA_DROP_BAR_LOAD) __syncthreads();  // BAR_LOAD: everyone's copies and sLSE, sD visible
+    float tSrS[kSN][4];  // S^T [queries / 8][4] fp32
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
+    gemm_keys_queries(tSrS, sK, sQ);
+    // phase: P
+    // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
+    const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
+        const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
+        float s = tSrS[nj][e];
+        if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
+        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kSLseOff + 4u * qi)));
+      }
+    u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
+    to_a_frags(tSrS, tdVrP);
+    // phase: dV
+    gemm_keys_dim(tdVrdV, tdVrP, sdO);
+    // phase: dP
+    float tdPrdP[kSN][4];  // dP^T [queries / 8][4] fp32
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj) tdPrdP[nj][0] = tdPrdP[nj][1] = tdPrdP[nj][2] = tdPrdP[nj][3] = 0.f;
+    gemm_keys_queries(tdPrdP, sV, sdO);
+    // phase: dS
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
+        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(base + kSDOff + 4u * qi)));
+      }
+    u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
+    to_a_frags(tdPrdP, tdKrdS);
+    // sdS [key][query] <- dS^T (fragment a0: key g, queries 16h + 2tq; a1: key g + 8; a2, a3: queries + 8)
+#pragma unroll
+    for (int h = 0; h < kMSeg; ++h) {
+      const int r = 16 * warp + lane / 4, c = 16 * h + 2 * (lane % 4);
+      sts32(base + kSdSOff + off_ds(r, c), tdKrdS[h][0]);
+      sts32(base + kSdSOff + off_ds(r + 8, c), tdKrdS[h][1]);
+      sts32(base + kSdSOff + off_ds(r, c + 8), tdKrdS[h][2]);
+      sts32(base + kSdSOff + off_ds(r + 8, c + 8), tdKrdS[h][3]);
+    }
+    // phase: dK
+    gemm_keys_dim(tdKrdK, tdKrdS, sQ);
+    // phase: dQ
+    if (!FA_DROP_BAR_DS) __syncthreads();  // BAR_DS: sdS complete; sQ, sdO, sLSE, sD free
+    // phase: Q load
+    if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q);
+    cp_async_commit();
+    // phase: dQ
+    float tdQrdQ[kQN][4];  // dQ partial [d / (8 kWN)][4] fp32: queries 16 wm + g (+8), columns of warp column wn
+#pragma unroll
+    for (int nj = 0; nj < kQN; ++nj) tdQrdQ[nj][0] = tdQrdQ[nj][1] = tdQrdQ[nj][2] = tdQrdQ[nj][3] = 0.f;
+    gemm_dq(tdQrdQ);
+    const int wm = warp % kWM, wn = warp / kWM;
+#pragma unroll
+    for (int nj = 0; nj < kQN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + 16 * wm + lane / 4 + 8 * (e >> 1);
+        const int col = 8 * (kQN * wn + nj) + 2 * (lane % 4) + (e & 1);
+        if (row < seqlen_q) {
+#if FA_DETERMINISTIC
+          gdQ[(u64)row * kHeadDim + col] = tdQrdQ[nj][e];
+#else
+          red_add_f32(gdQ + (u64)row * kHeadDim + col, tdQrdQ[nj][e]);
+#endif
+        }
+      }
+  }
+
+  // phase: epilogue
+  // dV and s dK as fp16, straight from the accumulators (rows past seqlen_k are not stored)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key0 + 16 * warp + lane / 4 + 8 * half;
+    if (key >= seqlen_k) continue;
+    const u64 at = ((u64)bh * seqlen_k + key) * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+    for (int nj = 0; nj < kDN; ++nj) {
+      stg32(dv + at + 8 * nj, pack_f16x2(tdVrdV[nj][2 * half], tdVrdV[nj][2 * half + 1]));
+      stg32(dk + at + 8 * nj, pack_f16x2(__fmul_rn(tdKrdK[nj][2 * half], scale),
+                                         __fmul_rn(tdKrdK[nj][2 * half + 1], scale)));
+    }
+  }
+}
+
+// ---- dQ = s * dQ_accum as fp16 -------------------------------------------------------------------
+// Thread t converts column pairs of the Q block; FA_DETERMINISTIC: the sum over the K/V blocks'
+// slices, 0 + slice 0 + slice 1 + ... in ascending order.
+extern "C" __global__ void __launch_bounds__(fa::kThreads)
+fa2_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, u16* __restrict__ dq, int seqlen_q, int seqlen_k,
+                          float scale) {
+  // phase: convert
+  using namespace fa;
+  const int bh = blockIdx.y, row0 = blockIdx.x * kBlockM;
+  const u64 slice = (u64)gridDim.y * seqlen_q * kHeadDim;  // one K/V block's workspace
+  const int n_slices = FA_DETERMINISTIC ? (seqlen_k + kBlockN - 1) / kBlockN : 1;
+  for (int i = 2 * threadIdx.x; i < kBlockM * kHeadDim; i += 2 * kThreads) {
+    const int row = row0 + i / kHeadDim, col = i % kHeadDim;
+    if (row >= seqlen_q) break;  // i grows with the row
+    const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + col;
+    float x0 = 0.f, x1 = 0.f;
+    for (int n = 0; n < n_slices; ++n) {
+      x0 = __fadd_rn(x0, dq_accum[n * slice + at]);
+      x1 = __fadd_rn(x1, dq_accum[n * slice + at + 1]);
+    }
+    stg32(dq + at, pack_f16x2(__fmul_rn(x0, scale), __fmul_rn(x1, scale)));
+  }
+}

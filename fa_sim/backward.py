@@ -1,0 +1,134 @@
+"""`simulate_backward`: the FlashAttention-2 backward pass (fa_hw/kernels/fa2_bwd.cu) on the PTX engine.
+
+    fwd = fa_sim.simulate(q, k, v, causal=causal)
+    res = fa_sim.simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal)
+    res.dq, res.dk, res.dv       [B, H, N, d] float16
+
+q: [B, H, Nq, d], k and v: [B, H, Nk, d], o and do: [B, H, Nq, d] (the input policy of
+fa_sim.validate: fp16, or values fp16 holds exactly; finite), lse: [B, H, Nq] float32, the
+forward's natural-log LSE (finite). causal and scale as the forward's (they must be the forward's).
+The three kernels of fa2_bwd.cu (docs/backward.md) run one after the other through
+fa_sim.ptx.launch, each on the whole grid, every lane simulated:
+  1. fa2_bwd_preprocess_kernel   D = rowsum(dO o O)            grid (ceil(Nq / block_m), B*H)
+  2. fa2_bwd_kernel              dK, dV, dQ accumulated in fp32  grid (ceil(Nk / block_n), B*H)
+  3. fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16     grid (ceil(Nq / block_m), B*H)
+deterministic=True accumulates dQ through a workspace of one fp32 [B*H, Nq, d] slice per K/V block,
+summed in ascending block order by kernel 3; False by red.global.add.f32 (the engine applies one
+instruction's atomics in ascending (CTA, thread) order, docs/backward.md). `observers` (as
+fa_sim.simulate's) see the main kernel's launch, the one with shared memory, barriers and the
+tensor core (kernels 1 and 3 use registers and global memory only; a HazardChecker starts a new
+report at each launch); `kernel` a variant of fa2_bwd.cu (a path), `macros`
+extra FA_* macros (the mutation builds of the hazard tests); `mma_model` the tensor core's
+accumulation, as fa_sim.simulate's ("h200": the GPU's bits, for the comparison with fa_hw). Bad input raises one ValueError line
+before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .contract.backward import CONVERT_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild, BackwardConfig
+from .validate import check_causal, check_input, check_scale, check_shapes
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardResult:
+    dq: np.ndarray  # [B, H, Nq, d] float16
+    dk: np.ndarray  # [B, H, Nk, d] float16
+    dv: np.ndarray  # [B, H, Nk, d] float16
+    config: BackwardConfig
+    causal: bool
+    scale: float
+    deterministic: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BackwardInputs:
+    """The checked inputs as contiguous host arrays: q, o, do [B, H, Nq, d] fp16, k, v [B, H, Nk, d] fp16,
+    lse [B, H, Nq] fp32."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    do: np.ndarray
+    causal: bool
+    scale: float
+    config: BackwardConfig
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        b, h, nq, d = self.q.shape
+        return b, h, nq, self.k.shape[2], d
+
+
+def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=None) -> BackwardInputs:
+    """Every check of the module docstring, shapes before values; ValueError (one line) otherwise."""
+    if lse is None:
+        raise ValueError("lse is missing: pass the forward's log-sum-exp (fa_sim.simulate(...).lse, [B, H, Nq] float32)")
+    ins = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do"))]
+    qi, ki, vi, oi, doi = ins
+    check_shapes(qi.shape, ki.shape, vi.shape)
+    for x in (oi, doi):
+        if x.shape != qi.shape:
+            raise ValueError(f"{x.name} must have q's shape {qi.shape} [B, H, Nq, d], got {x.shape}")
+    lse = np.asarray(lse)
+    if lse.shape != qi.shape[:3]:
+        raise ValueError(f"lse must have shape {qi.shape[:3]} [B, H, Nq] (the forward's res.lse), got {lse.shape}")
+    if lse.dtype != np.float32:
+        raise ValueError(f"lse must be float32 (the forward's res.lse), got {lse.dtype}")
+    bad = ~np.isfinite(lse)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"lse contains NaN or Inf, first at lse{list(at)} = {lse[at]}; pass the forward's res.lse")
+    d = qi.shape[3]
+    causal, scale = check_causal(causal), check_scale(scale, d)
+    config = BackwardConfig(d) if config is None else config
+    if not isinstance(config, BackwardConfig) or config.head_dim != d:
+        raise ValueError(f"config must be a BackwardConfig with head_dim {d}, got {config!r}")
+    q16, k16, v16, o16, do16 = (x.host_fp16() for x in ins)  # the value checks (NaN in dO: one line)
+    return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
+
+
+def dq_accum_shape(config: BackwardConfig, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
+                   deterministic: bool) -> tuple[int, ...]:
+    """The fp32 dQ accumulator: [B*H, Nq, d], or deterministic one such slice per K/V block."""
+    one = (batch * heads, seqlen_q, config.head_dim)
+    return (config.n_kv_blocks(seqlen_k), *one) if deterministic else one
+
+
+def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                      deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
+                      kernel=None, macros: dict | None = None, mma_model=None) -> BackwardResult:
+    """The backward pass on the PTX engine; see the module docstring."""
+    from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
+    from .simulate import _observers
+
+    start = time.perf_counter()
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    observers = _observers(observers)
+    build = BackwardBuild(x.config, x.causal, bool(deterministic), "sm_80", kernel,
+                          tuple(sorted((macros or {}).items())))
+    cfg, (b, h, nq, nk, d) = x.config, x.shape
+    src, defs = build.path, build.macros()
+    block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
+
+    dpsum = np.zeros((b * h, nq), np.float32)
+    ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [x.o, x.do, dpsum, np.int32(nq)],
+               kernel=PREPROCESS_KERNEL, macros=defs)
+    dq_accum = np.zeros(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)), np.float32)
+    dk, dv = np.zeros_like(x.k), np.zeros_like(x.v)
+    ptx.launch(src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
+               [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32],
+               kernel=MAIN_KERNEL, observers=observers, macros=defs, mma_model=mma_model)
+    dq = np.zeros_like(x.q)
+    ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [dq_accum, dq, np.int32(nq), np.int32(nk), scale32],
+               kernel=CONVERT_KERNEL, macros=defs)
+    return BackwardResult(dq, dk, dv, cfg, x.causal, x.scale, bool(deterministic), time.perf_counter() - start)

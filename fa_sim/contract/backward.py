@@ -1,0 +1,171 @@
+"""The backward kernels' contract: fa_hw/kernels/fa2_bwd.cu, its three kernels, its tiles and
+macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw.backward) share.
+
+    BackwardConfig(head_dim)          tiles: block_m queries per loop iteration, block_n = 16 * n_warps
+                                      keys per CTA (docs/backward.md); smem_bytes of the main kernel
+    BackwardBuild(config, causal, deterministic, arch)
+        .macros()                     the FA_* macros of fa2_bwd.cu
+        .source()                     the CUDA C++ (fa2_bwd.cu, or a variant given as `kernel`)
+    compile_backward(build)           cubin for build.arch (cached on disk like the forward's),
+                                      with each kernel's registers and local memory
+
+The source sits beside fa2_fwd.cu (fa_sim.contract.source explains why the contract names the file
+by path instead of importing fa_hw). Compiling needs no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache import cache_key, cache_root, store_atomic
+from ..config import HEAD_DIMS
+from .cubin import CubinError, ResourceUsage
+from .errors import CompileError, KernelSourceError
+from .nvrtc import NvrtcError, compile_cubin, nvrtc_version
+from .source import SEED_PATH
+
+BWD_PATH = SEED_PATH.parent / "fa2_bwd.cu"
+PREPROCESS_KERNEL = "fa2_bwd_preprocess_kernel"
+MAIN_KERNEL = "fa2_bwd_kernel"
+CONVERT_KERNEL = "fa2_bwd_convert_dq_kernel"
+KERNELS = (PREPROCESS_KERNEL, MAIN_KERNEL, CONVERT_KERNEL)  # in launch order
+CACHE_FORMAT = 1
+DEFAULT_ARCH = "sm_90"
+
+#: (block_m, n_warps) per head_dim: 64 x 64 tiles with 4 warps; head_dim 128 iterates over Q blocks
+#: of 32 rows, which keeps dV, dK (64 fp32 registers each) and the S^T, dP^T tiles within 255
+#: registers without spills (tests/test_backward_build.py reports the counts).
+DEFAULT_TILES = {32: (64, 4), 64: (64, 4), 128: (32, 4)}
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """The tiles of fa2_bwd.cu. block_m: queries per iteration (a multiple of 16, at most
+    16 * n_warps and at most the threads); block_n = 16 * n_warps keys per CTA."""
+
+    head_dim: int = 64
+    block_m: int = 0  # 0: DEFAULT_TILES[head_dim]
+    n_warps: int = 0  # 0: DEFAULT_TILES[head_dim]
+
+    def __post_init__(self) -> None:
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} is not supported; choose one of {HEAD_DIMS}")
+        bm, nw = DEFAULT_TILES[self.head_dim]
+        object.__setattr__(self, "block_m", self.block_m or bm)
+        object.__setattr__(self, "n_warps", self.n_warps or nw)
+        bm, nw, d = self.block_m, self.n_warps, self.head_dim
+        threads, wm = 32 * nw, bm // 16
+        copy_rows = threads // (d // 8)
+        ok = (bm % 16 == 0 and 0 < wm <= nw and nw % wm == 0 and (d // (8 * (nw // wm))) % 2 == 0
+              and bm % copy_rows == 0 and (16 * nw) % copy_rows == 0 and bm <= threads)
+        if not ok:
+            raise ValueError(f"BackwardConfig(head_dim={d}, block_m={bm}, n_warps={nw}) does not tile: block_m must be "
+                             "a multiple of 16 whose 16-row slices divide the warps, and of the copy passes "
+                             f"({copy_rows} rows); defaults: {DEFAULT_TILES}")
+
+    @property
+    def block_n(self) -> int:
+        return 16 * self.n_warps
+
+    @property
+    def n_threads(self) -> int:
+        return 32 * self.n_warps
+
+    @property
+    def smem_bytes(self) -> int:
+        """sQ, sdO ([block_m][d + 8] fp16), sK, sV ([block_n][d + 8]), sdS ([block_n][block_m + 8]),
+        sLSE, sD ([block_m] fp32): fa2_bwd.cu's layout."""
+        pitch = self.head_dim + 8
+        return (2 * 2 * self.block_m * pitch + 2 * 2 * self.block_n * pitch
+                + 2 * self.block_n * (self.block_m + 8) + 2 * 4 * self.block_m)
+
+    def n_kv_blocks(self, seqlen_k: int) -> int:
+        return -(-int(seqlen_k) // self.block_n)
+
+    def n_q_blocks(self, seqlen_q: int) -> int:
+        return -(-int(seqlen_q) // self.block_m)
+
+    def describe(self) -> str:
+        return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}"
+
+
+@dataclass(frozen=True)
+class BackwardBuild:
+    """Everything that selects one compiled fa2_bwd.cu."""
+
+    config: BackwardConfig = BackwardConfig()
+    causal: bool = False
+    deterministic: bool = False
+    arch: str = DEFAULT_ARCH
+    kernel: Path | None = None  # a variant of fa2_bwd.cu (same kernels, parameters, macros); None: the file
+    extra_macros: tuple[tuple[str, int], ...] = field(default=())  # mutation builds (FA_DROP_*), tests only
+
+    def macros(self) -> dict[str, int]:
+        cfg = self.config
+        out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
+                   FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_CAUSAL=int(self.causal),
+                   FA_DETERMINISTIC=int(self.deterministic))
+        out.update(dict(self.extra_macros))
+        return out
+
+    @property
+    def path(self) -> Path:
+        return BWD_PATH if self.kernel is None else Path(os.path.abspath(self.kernel))
+
+    def source(self) -> str:
+        try:
+            return self.path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KernelSourceError(f"cannot read the backward kernel {self.path}: {exc}") from None
+
+    def describe(self) -> str:
+        extra = ", causal" if self.causal else ""
+        extra += ", deterministic dQ" if self.deterministic else ", atomic dQ"
+        extra += "".join(f", {k}={v}" for k, v in self.extra_macros)
+        extra += f", from {self.path}" if self.kernel is not None else ""
+        return f"fa2_bwd.cu ({self.config.describe()}){extra} for {self.arch}"
+
+
+@dataclass(frozen=True)
+class CompiledBackward:
+    build: BackwardBuild
+    cubin: bytes
+    log: str
+    usage: dict  # kernel name -> ResourceUsage
+
+    def object_code(self):
+        from cuda.core import ObjectCode  # lazy on purpose: loading needs the hw extra, compiling does not
+
+        return ObjectCode.from_cubin(self.cubin, name="fa2_bwd")
+
+
+def compile_backward(build: BackwardBuild, *, use_cache: bool = True) -> CompiledBackward:
+    """The cubin of fa2_bwd.cu for build.arch, through the on-disk cache (keyed by the source text,
+    the macros, the arch and the NVRTC version). CompileError names the build."""
+    source = build.source()
+    key = cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
+                    options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())
+    path = cache_root() / "cubin" / f"bwd-{key}.cubin"
+    if use_cache and path.exists():
+        cubin = path.read_bytes()
+        try:
+            return CompiledBackward(build, cubin, "", _usage(cubin, build))
+        except CompileError:  # a truncated entry: compile afresh
+            pass
+    try:
+        cubin, log = compile_cubin(source, name=str(build.path), arch=build.arch, macros=build.macros())
+    except NvrtcError as exc:
+        raise CompileError(f"NVRTC failed to compile {build.describe()}: {exc.detail}", exc.log) from None
+    out = CompiledBackward(build, cubin, log, _usage(cubin, build))
+    if use_cache:
+        store_atomic(path, cubin)
+    return out
+
+
+def _usage(cubin: bytes, build: BackwardBuild) -> dict:
+    try:
+        return {name: ResourceUsage.from_cubin(cubin, name) for name in KERNELS}
+    except CubinError as exc:
+        raise CompileError(f"the cubin of {build.describe()} is unreadable: {exc}") from None
