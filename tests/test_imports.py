@@ -1,7 +1,8 @@
 """The import structure of fa_sim and fa_hw, read from the source (ast): the kernel contract sits
 below both backends, fa_sim reaches the GPU backend only in the commands that ask for the GPU,
-fa_hw never imports the CLI, no import runs up the layers, and the modules import each other
-without cycles."""
+fa_hw never imports the CLI, no import runs up the layers, the modules import each other
+without cycles (counting every import: lazy ones and those for annotations only), and the PTX
+engine's passes sit between the wave's state and the run loop."""
 
 from __future__ import annotations
 
@@ -87,6 +88,31 @@ def _imports(module: str) -> list[tuple[str, int, bool]]:
 GRAPH = {m: _imports(m) for m in MODULES}
 
 
+def _every_import(module: str, source: str | None = None) -> set[str]:
+    """Every module of fa_sim/fa_hw that `module` (or `source` as that module) imports anywhere - at
+    the top, inside a function, under `if TYPE_CHECKING:` (a module typed against another depends
+    on it: a lazy or annotation-only import hides a circle, it does not undo it). `from X import
+    name` counts X and X.name. A package's __init__ is its face: importing it is no edge (its own
+    imports count)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m in MODULES and m != module and MODULES[m].name != "__init__.py"}
+
+
+#: module -> the modules it imports, counting every import (`_every_import`): what the circles count.
+HOUSE = {m: _every_import(m) for m in MODULES}
+
+
 def test_fa_sim_imports_fa_hw_only_in_the_gpu_commands():
     found = {f"{m}:{line}" for m, imports in GRAPH.items() if m.startswith("fa_sim") and m not in GPU_COMMANDS
              for target, line, _ in imports if target.startswith("fa_hw")}
@@ -124,15 +150,17 @@ def test_no_import_runs_up_the_layers():
     assert up == []
 
 
-def _cycles() -> list[set[str]]:
-    """Strongly connected components of more than one module (Tarjan), over every import."""
+def _cycles(graph: dict | None = None) -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan), over every import (HOUSE;
+    or `graph`, module -> its imported modules)."""
+    graph = HOUSE if graph is None else graph
     index, low, stack, on_stack, out = {}, {}, [], set(), []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w, _, _ in GRAPH[v]:
+        for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -150,7 +178,7 @@ def _cycles() -> list[set[str]]:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10 * len(MODULES)))
     try:
-        for v in MODULES:
+        for v in graph:
             if v not in index:
                 visit(v)
     finally:
@@ -159,7 +187,61 @@ def _cycles() -> list[set[str]]:
 
 
 def test_no_import_cycles():
-    assert _cycles() == []
+    """0 circles in fa_sim and fa_hw, counting every import (lazy and annotation-only ones too)."""
+    assert [sorted(c) for c in _cycles()] == []
+
+
+def test_every_import_counts_lazy_and_annotation_only_ones():
+    source = """from typing import TYPE_CHECKING
+from .ir import Instruction
+from . import regs
+if TYPE_CHECKING:
+    from .engine import Engine
+def f():
+    from .blocks import Loop
+"""
+    assert _every_import("fa_sim.ptx.waves", source) == {"fa_sim.ptx.ir", "fa_sim.ptx.regs", "fa_sim.ptx.engine",
+                                                          "fa_sim.ptx.blocks"}  # not the face fa_sim.ptx
+    graph = {"a.engine": {"a.pass"}, "a.pass": {"a.engine", "a.blocks"}, "a.blocks": set(), "a.top": {"a.engine"}}
+    assert _cycles(graph) == [{"a.engine", "a.pass"}]
+    assert _cycles({**graph, "a.pass": {"a.blocks"}}) == []
+    # every import of the running program (GRAPH) but those of a package's face is one of HOUSE's
+    missing = {f"{m} -> {t}" for m in GRAPH for t, _, _ in GRAPH[m]
+               if MODULES[t].name != "__init__.py" and t not in HOUSE[m]}
+    assert missing == set()
+
+
+#: fa_sim.ptx's engine, bottom to top: a wave's state; the passes that take it (the opcode table and
+#: its handlers, one instruction's dispatch, the compiled stretches, the splits and joins); the run
+#: loop. A module of a floor imports its own floor and those below, never one above.
+PTX_FLOORS = (
+    ("state", ("fa_sim.ptx.state",)),
+    ("passes", tuple(f"fa_sim.ptx.{m}" for m in (
+        "shared_lanes", "machine_ops", "optable", "dispatch", "live", "invariant", "chain_regs", "chain_operands",
+        "chains", "copies", "fused", "blocks", "waves"))),
+    ("run loop", ("fa_sim.ptx.engine",)),
+)
+
+
+def test_the_ptx_passes_sit_between_the_wave_state_and_the_run_loop():
+    floor = {m: i for i, (_, modules) in enumerate(PTX_FLOORS) for m in modules}
+    assert set(floor) <= set(MODULES), "a module of PTX_FLOORS is gone"
+    up = [f"{m} imports {t} ({PTX_FLOORS[floor[m]][0]} -> {PTX_FLOORS[floor[t]][0]})"
+          for m in floor for t in sorted(HOUSE[m]) if floor.get(t, -1) > floor[m]]
+    assert up == []
+    # below the state: what it imports imports no floor (the state's own types come first)
+    below = set()
+    todo = [t for t in HOUSE["fa_sim.ptx.state"]]
+    while todo:
+        t = todo.pop()
+        if t not in below:
+            below.add(t)
+            todo += HOUSE[t]
+    assert not below & set(floor)
+    # the run loop's only user in fa_sim.ptx is the launch; no pass imports the engine
+    assert {m for m in MODULES if "fa_sim.ptx.engine" in HOUSE[m]} == {"fa_sim.ptx.launch"}
+    assert all("fa_sim.ptx.state" in HOUSE[m] for m in PTX_FLOORS[1][1] if m not in (
+        "fa_sim.ptx.optable", "fa_sim.ptx.live", "fa_sim.ptx.chain_regs")), "a pass that takes the wave types it"
 
 
 def test_the_cli_starts_without_the_gpu_backend():
@@ -181,7 +263,8 @@ def summary() -> str:
     lines = [f"{len(MODULES)} modules, {len(imports)} internal imports "
              f"({sum(inside for _, _, inside in imports)} inside functions)"]
     lines += [f"  {name:<12} {per[i]:>3} modules" for i, (name, _) in reversed(list(enumerate(LAYERS)))]
-    lines.append(f"circles: {len(_cycles())}" + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in _cycles()))
+    lines.append(f"circles (every import, lazy and annotation-only ones too): {len(_cycles())}"
+                 + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in _cycles()))
     lines.append(f"imports against the layers: {up}")
     return "\n".join(lines)
 

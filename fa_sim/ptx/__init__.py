@@ -2,6 +2,12 @@
 parsed (parser.py, ir.py) and executed every thread of every CTA of a wave at once (engine.py,
 ops/, machine_ops.py).
 
+The engine in three floors, each importing only those below it: a wave's state (state.py:
+registers, groups of threads, Lanes, the main loop); the passes that take it (the opcode table
+optable.py with ops/, machine_ops.py, shared_lanes.py; dispatch.py; the compiled stretches
+blocks.py, fused.py, chains.py, chain_operands.py, chain_regs.py, copies.py, invariant.py,
+live.py; the splits and joins waves.py); the run loop (engine.py), which launch.py runs.
+
 Front end (no GPU needed):
     compile_ptx(source, name=, arch=, macros=, options=) -> PTX text   (fa_sim.contract.nvrtc, cached)
     kernel_ptx(build) -> PTX of the kernel of a fa_sim.contract.KernelBuild

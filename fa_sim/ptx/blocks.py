@@ -59,6 +59,7 @@ import numpy as np
 from ..errors import KernelFault
 from .chains import LdsmOperands, MmaOperands, register_uses, stretch_steps, touched
 from .copies import copy_runs
+from .dispatch import issue, located
 from .fused import LaneBlock, fusable, lane_block
 from .invariant import Invariants, Kept, invariants
 from .ir import Instruction, Kernel, named
@@ -66,24 +67,16 @@ from .live import Live
 from .machine_ops import _reg_name, _smem_lanes, address, block_shuffle, shuffle_operands
 from .ops import Unsupported
 from .optable import CONTROL, OPCODES, Unit, executor
+from .state import Group, Loop, WaveState
 
 if TYPE_CHECKING:
     from ..machine import Instr
-    from .engine import Engine, Group
 
 # MMAs per batched call. Measured on (1, 1, 4096, 64) with the EXACT model, runs of 1 to 8 are
 # within 3 % of each other: the tensor-core arithmetic per MMA is about the same, and the operand
 # gathers grow with the run. 2 was the fastest, by a little.
 MAX_MMA_RUN = 2
 MAX_LDSM_RUN = 4  # ldmatrix per batched call
-
-
-@dataclass(frozen=True)
-class Loop:
-    """The main loop: pcs head..tail (tail = the back-edge branch)."""
-
-    head: int
-    tail: int
 
 
 def main_loop(kernel: Kernel) -> Loop | None:
@@ -120,22 +113,14 @@ def stops(kernel: Kernel) -> tuple[int, ...]:
     return tuple(out)
 
 
-def located(exc: Exception, ins: Instruction) -> Exception:
-    """An Unsupported or KernelFault of an instruction, with its text, PTX line and CUDA line."""
-    if isinstance(exc, Unsupported):
-        return Unsupported(f"{exc} in `{ins.text}` at {ins.where()}")
-    msg = str(exc)
-    return KernelFault(msg if "PTX line" in msg else f"{msg} (`{ins.text}` at {ins.where()})")
-
-
 @dataclass(frozen=True, eq=False)
 class One:
-    """One instruction, executed by Engine.issue."""
+    """One instruction, executed by dispatch.issue."""
 
     ins: Instruction
 
-    def __call__(self, eng: Engine, group: Group) -> None:
-        eng.issue(self.ins, group)
+    def __call__(self, eng: WaveState, group: Group) -> None:
+        issue(eng, self.ins, group)
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,15 +130,15 @@ class WarpShuffle:
     ins: Instruction
     shuffle = True  # fused.LaneBlock: the block gathers it itself when its operands are static
 
-    def __call__(self, eng: Engine, group: Group) -> None:
-        eng.issue(self.ins, group)
+    def __call__(self, eng: WaveState, group: Group) -> None:
+        issue(eng, self.ins, group)
 
 
 @dataclass(frozen=True, eq=False)
 class Lane:
     """An unguarded register-only instruction: with the whole wave and no observer, its executor
-    (decoded once, fa_sim/ptx/optable.py) runs straight on the engine's lanes - what Engine.issue
-    would do, without the dispatch; otherwise Engine.issue."""
+    (decoded once, fa_sim/ptx/optable.py) runs straight on the engine's lanes - what dispatch.issue
+    would do, without the dispatch; otherwise dispatch.issue."""
 
     ins: Instruction
     ex: Callable
@@ -169,9 +154,9 @@ class Lane:
         except Unsupported:  # raised when it runs, with its lines
             return None
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         if group.mask is not None or eng.observed:
-            eng.issue(self.ins, group)
+            issue(eng, self.ins, group)
             return
         kept = self.kept
         if kept is not None and kept.skips(eng):
@@ -192,7 +177,7 @@ class MmaRun:
     ops: tuple[MmaOperands, ...]
     instr: Instr  # the first one's site with repeat = R: how the machine counts the run
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         _batched(eng, group, self, mma_batch)
 
 
@@ -205,7 +190,7 @@ class LdsmRun:
     inss: tuple[Instruction, ...]
     instr: Instr  # the first one's site with repeat = R
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         _batched(eng, group, self, ldmatrix_batch)
 
 
@@ -255,7 +240,7 @@ def _steps(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
     return steps
 
 
-def _batched(eng: Engine, group: Group, run, execute) -> None:
+def _batched(eng: WaveState, group: Group, run, execute) -> None:
     """A run as one machine call when the whole wave runs it unobserved; else - and when the call
     fails (a fault, a form it does not model) - one instruction at a time, so that events and
     errors are those of single instructions."""
@@ -266,10 +251,10 @@ def _batched(eng: Engine, group: Group, run, execute) -> None:
         except (KernelFault, Unsupported):
             pass  # no register was written yet: the single instructions raise it with their lines
     for ins in run.inss:
-        eng.issue(ins, group)
+        issue(eng, ins, group)
 
 
-def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
+def ldmatrix_batch(eng: WaveState, group: Group, run) -> None:
     """R ldmatrix of one form (fa_sim/ptx/blocks.py LdsmRun), every thread of the wave: one
     machine call of R loads, counted as R instructions per warp."""
     first = run.inss[0]
@@ -283,7 +268,7 @@ def ldmatrix_batch(eng: Engine, group: Group, run) -> None:
     eng.regs.set_lane_major(tuple(x.name for ins in run.inss for x in ins.operands[0].items), regs)
 
 
-def mma_batch(eng: Engine, group: Group, run) -> None:
+def mma_batch(eng: WaveState, group: Group, run) -> None:
     """R independent mma.sync sharing their A fragment (fa_sim/ptx/blocks.py MmaRun), every thread
     of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
     The fragments move between the register file and lane arrays register by register (regs.py)."""
@@ -306,8 +291,8 @@ def _lane_writes(step) -> set[str] | None:
     return set().union(*(named(ins.operands[0]) for ins in getattr(step, "inss", None) or (step.ins,)))
 
 
-def branch_wave(eng: Engine, ins: Instruction) -> list:
-    """A branch of the whole wave (Engine._control): its successors [(pc, mask)], decided by one
+def branch_wave(eng: WaveState, ins: Instruction) -> list:
+    """A branch of the whole wave (engine.Engine._control): its successors [(pc, mask)], decided by one
     count of the guard's true lanes (a whole wave's branch is nearly always uniform: no mask is
     built then); at the main loop's tail the threads that take it start their next round."""
     pc, target = ins.pc, eng.kernel.labels[ins.operands[0].name]

@@ -19,7 +19,6 @@ read (`packed_matrices`), rounded as the cvt rounds them: the packs do not execu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,12 +29,11 @@ from ..isa import convert
 from ..isa import mma as isa_mma
 from ..machine import Instr, SmemLanes
 from .chain_regs import row_runs
+from .dispatch import issue
 from .ir import Instruction
 from .shared_lanes import operand_lanes
 from .ops import Unsupported
-
-if TYPE_CHECKING:
-    from .engine import Engine, Group
+from .state import Group, WaveState
 
 LDSM_NUM = 4  # a fed ldmatrix is .x4: one A fragment, or the B fragments of two n8 tiles
 # what computing a load's addresses can raise: an operand the engine does not take, an address
@@ -44,7 +42,7 @@ LOAD_ERRORS = (Unsupported, KernelFault, ValueError)
 INDEX_CACHE = 8  # composed indices kept per operand (a kernel's buffers alternate between a few)
 
 
-def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr) -> dict:
+def load(eng: WaveState, group: Group, inss: tuple[Instruction, ...], instr: Instr) -> dict:
     """R fed ldmatrix of one form at their place (`instr`: the first one's site with repeat R):
     their addresses, counted and checked as the machine does -> {pc: (SmemLanes, column)}. When
     anything fails, they execute one at a time (so that a fault names its instruction), and one
@@ -62,17 +60,17 @@ def load(eng: Engine, group: Group, inss: tuple[Instruction, ...], instr: Instr)
     return {ins.pc: _load_one(eng, group, ins) for ins in inss}
 
 
-def _load_one(eng: Engine, group: Group, ins: Instruction) -> tuple[SmemLanes, int] | None:
+def _load_one(eng: WaveState, group: Group, ins: Instruction) -> tuple[SmemLanes, int] | None:
     try:
         lanes = operand_lanes(eng, (ins.operands[1],), 16, group, ins.pc)
         lanes.ldsm_index(LDSM_NUM, "trans" in ins.mods)  # the alignment check
     except LOAD_ERRORS:
-        eng.issue(ins, group)
+        issue(eng, ins, group)
         return None
     try:
         eng.m.count(eng.activate(ins.pc, group), aligned=True, smem=lanes)
     except LOAD_ERRORS:  # counted: the single instruction raises the same error with its lines
-        eng.issue(ins, group)
+        issue(eng, ins, group)
         raise
     return lanes, 0
 
@@ -90,7 +88,7 @@ def _index(lanes: SmemLanes, r: int, trans: bool, operand_a: bool) -> np.ndarray
     return cache[key]
 
 
-def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, cache: dict) -> list[np.ndarray]:
+def fed_matrices(eng: WaveState, loads: list, fed: tuple, k: int, operand_a: bool, cache: dict) -> list[np.ndarray]:
     """The K operand matrices [C or 1, W or 1, rows, cols] f16 of a fed operand: `fed` [K, MI]
     ldmatrix pcs (A) or [K, NJ] (pc, half) (B), `loads` their (SmemLanes, column) in the same
     order. When every CTA's addresses are the same (SmemLanes of one CTA), one index serves all
@@ -117,7 +115,7 @@ def fed_matrices(eng: Engine, loads: list, fed: tuple, k: int, operand_a: bool, 
     return [mats[:, s] for s in range(k)]
 
 
-def _compose(eng: Engine, loads, fed: tuple, k: int, operand_a: bool) -> np.ndarray:
+def _compose(eng: WaveState, loads, fed: tuple, k: int, operand_a: bool) -> np.ndarray:
     """[C, K, W or 1, rows, cols] shared-memory halves of each CTA, or [K, W or 1, rows, cols]
     when every load's addresses are those of all CTAs (W 1 when every warp reads the same: the
     B operand of a warp-level GEMM)."""
@@ -162,7 +160,7 @@ def _plan(idx: np.ndarray, shape) -> tuple[np.ndarray, bool | None, bool]:
     return np.ascontiguousarray(idx + cta * (shape[1] // 2)), None, per_cta
 
 
-def packed_matrices(eng: Engine, halves: tuple[str, ...], k: int, mi: int) -> list:
+def packed_matrices(eng: WaveState, halves: tuple[str, ...], k: int, mi: int) -> list:
     """The K A matrices of an operand that cvt.rn.f16x2.f32 packs for the mmas alone, straight
     from its f32 registers `halves` [K, MI, 4, 2] (each register's low then high half): rounded
     as the cvt rounds them (fa_sim.isa.convert, its f16 values as float32, or f16 bits when one is
@@ -205,7 +203,7 @@ def _same_in_every_cta(smem: np.ndarray, span: tuple[int, int] | None) -> bool:
     return span is not None and smem.shape[0] > 1 and same_words_in_every_cta(smem, *span)
 
 
-def materialize(eng: Engine, loads: dict, pcs) -> None:
+def materialize(eng: WaveState, loads: dict, pcs) -> None:
     """Load the registers of fed ldmatrix (an operand that must come from registers after all:
     one of its loads fell back to a single instruction)."""
     code = eng.kernel.instructions

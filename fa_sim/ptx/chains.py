@@ -49,11 +49,12 @@ from ..isa import mma as isa_mma
 from .chain_operands import fed_matrices, load, materialize, packed_matrices
 from .chain_regs import (LdsmOperands, MmaOperands, PackOperands, dead_movs, register_uses, row_runs, touched,
                          zero_chains)
+from .dispatch import issue
 from .ir import Instruction
+from .state import Group, WaveState
 
 if TYPE_CHECKING:
     from ..machine import Instr
-    from .engine import Engine, Group
 
 MIN_GEMM_MMAS = 4  # fewer mmas than this run as MmaRun steps (a GEMM's gathers would not pay)
 
@@ -129,7 +130,7 @@ class Grid:
         names = (self.a, self.b, self.c, self.d) + ((self.a_packs,) if self.a_packs else ())
         return all(regs.words(x) is not None for x in names)
 
-    def run(self, eng: Engine, loads: dict) -> None:
+    def run(self, eng: WaveState, loads: dict) -> None:
         """The K steps of every chain at once: operands gathered once, D written once. `loads`:
         the SmemLanes of each fed ldmatrix (None: it loaded its registers)."""
         regs, (cs, w, lanes) = eng.regs, eng.cw
@@ -172,7 +173,7 @@ class Grid:
             else:
                 file[rows] = by_reg.reshape(len(names), -1)
 
-    def _matrices(self, eng: Engine, loads: dict, operand_a: bool) -> list[np.ndarray]:
+    def _matrices(self, eng: WaveState, loads: dict, operand_a: bool) -> list[np.ndarray]:
         """The K matrices of operand A (or B): from shared memory when every load that feeds it
         gathered its addresses, else from the registers (loading those of fed loads first)."""
         if operand_a and self.a_packs is not None:
@@ -291,7 +292,7 @@ class Gemm:
     counted: tuple[Instr, ...]  # per phase: its first mma's site with repeat = its mmas
     grids: tuple[Grid, ...]
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         ready = eng.bound.get(self)  # where registers live is the engine's: checked once
         if ready is None:
             ready = eng.bound[self] = all(g.ready(eng.regs) for g in self.grids)
@@ -317,7 +318,7 @@ class Gemm:
             grid.run(eng, loads)
 
 
-    def _before(self, eng: Engine, group: Group, i: int, loads: dict) -> None:
+    def _before(self, eng: WaveState, group: Group, i: int, loads: dict) -> None:
         """What program order executes before segment i, which failed: the fed loads that wait
         for a later FedLoads (_segments), the registers of fed loads, the mmas, packs and movs
         the GEMM deferred or dropped."""
@@ -330,7 +331,7 @@ class Gemm:
         materialize(eng, loads, loads)
         for ins in self.deferred:
             if ins.pc < first:
-                eng.issue(ins, group)
+                issue(eng, ins, group)
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,13 +29,14 @@ import numpy as np
 
 from ..errors import KernelFault
 from ..isa.cp_async import check_sizes
+from .dispatch import issue
 from .ir import Addr, Imm, Instruction, Reg
 from .ops import Unsupported
 from .shared_lanes import address, operand_lanes
+from .state import Group, WaveState
 
 if TYPE_CHECKING:
     from ..machine import Instr, SmemLanes
-    from .engine import Engine, Group
 
 MIN_COPIES = 2  # cp.async per run
 
@@ -99,7 +100,7 @@ class CopyRun:
     copies: tuple[Instruction, ...]
     instr: Instr  # the first one's site with repeat = R: how the machine counts the run
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         if group.mask is not None or eng.observed:
             for step in self.slow:
                 step(eng, group)
@@ -113,14 +114,14 @@ class CopyRun:
                 step(eng, group)
             except Exception:  # program order: the copies before the failing instruction first
                 for ins in self.copies[:issued]:
-                    eng.issue(ins, group)
+                    issue(eng, ins, group)
                 raise
         if not _batch(eng, group, self):
             for ins in self.copies:
-                eng.issue(ins, group)
+                issue(eng, ins, group)
 
 
-def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
+def _batch(eng: WaveState, group: Group, run: CopyRun) -> bool:
     """The run's copies as one machine call of R; False (nothing done) when that is not exact
     (destinations per CTA or overlapping) or would fault: the single instructions then run."""
     first, r = run.copies[0], len(run.copies)
@@ -151,7 +152,7 @@ def _batch(eng: Engine, group: Group, run: CopyRun) -> bool:
     return True
 
 
-def _sources(eng: Engine, copies: tuple[Instruction, ...], group: Group) -> np.ndarray:
+def _sources(eng: WaveState, copies: tuple[Instruction, ...], group: Group) -> np.ndarray:
     """[R, N] int64 global byte addresses of the copies' sources: `address` of each, written into
     one array."""
     out = np.empty((len(copies), eng.n), np.int64)

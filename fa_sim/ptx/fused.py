@@ -9,7 +9,7 @@ block pays no per-instruction dispatch, and a value it computes lives in a local
 - a register read that the block wrote earlier reads the local (viewed as the reader's type, or
   converted as a register of its width would store and read it); other reads are the engine's
   (a typed view of the register's row, bound once per wave, an immediate broadcast, or
-  Engine.read for special registers, variables and reads of another width);
+  WaveState.read for special registers, variables and reads of another width);
 - a register's value reaches the register file only when an instruction outside the block names
   the register (fa_sim/ptx/chains.py `register_uses`) or the block reads it before writing it (a
   loop runs the block again): then its last write in the block is stored, at that instruction.
@@ -20,8 +20,8 @@ block pays no per-instruction dispatch, and a value it computes lives in a local
 Instructions whose executor is not a `Simple` for their operands (setp, lop3, vector mov ...) run
 their executor on `_Env` lanes over the block's locals. The values are those of the instructions
 one by one: the same executors, in program order, on the same bits. With part of the wave, or an
-observer of instruction events, the block runs instruction by instruction (Engine.issue), as each
-`Lane` would. An error names its instruction (blocks.located).
+observer of instruction events, the block runs instruction by instruction (dispatch.issue), as each
+`Lane` would. An error names its instruction (dispatch.located).
 """
 
 from __future__ import annotations
@@ -32,23 +32,24 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import KernelFault
+from .dispatch import issue
 from .ir import Imm, Instruction, Kernel, PredPair, Reg, Sink, Sym, Vec
 from .ops import Unsupported
 from .machine_ops import shuffle_in_range, shuffle_lanes, shuffle_operands, shuffled
 from .ops.common import U32_OR_IMM
 from .packs import FileRead, Node, PackCall, Packer, as_rows
 from .regs import from_type, immediate, to_type
+from .state import Group, WaveState
 from .types import DTYPES, bits
 
 if TYPE_CHECKING:
-    from .engine import Engine, Group
     from .invariant import Kept
 
 RAW = None  # the tag of a local holding a register's stored bits (what _Env writes)
 
 
 def _as(value, dtype: np.dtype, n: int) -> np.ndarray:
-    """A result as [n] of the written type's dtype: what Engine.write stores, seen as that type."""
+    """A result as [n] of the written type's dtype: what WaveState.write stores, seen as that type."""
     if value.__class__ is np.ndarray and value.dtype == dtype and value.shape == (n,):
         return value
     v = np.asarray(value).astype(dtype, copy=False)
@@ -102,7 +103,7 @@ class _Env:
 
     __slots__ = ("eng", "n", "locals", "copy", "store", "out")
 
-    def __init__(self, eng: Engine, n: int, local: dict, copy: frozenset, store: frozenset):
+    def __init__(self, eng: WaveState, n: int, local: dict, copy: frozenset, store: frozenset):
         self.eng, self.n, self.locals, self.copy, self.store, self.out = eng, n, local, copy, store, {}
 
     def read(self, op, ptype: str) -> np.ndarray:
@@ -147,7 +148,7 @@ class Code:
 
     plan: list = field(default_factory=list)  # per slot: (file, row, dtype) of a register view, else None
 
-    def bind(self, eng: Engine) -> tuple:
+    def bind(self, eng: WaveState) -> tuple:
         """The wave's arrays for the slots: typed views of register rows (a read slot's register
         has the type's width: _Generator.source), broadcast immediates. Where a register lives is
         the same in every wave of the kernel: found on the first bind (`plan`)."""
@@ -170,7 +171,7 @@ class Code:
         return tuple(out)
 
 
-def _place(eng: Engine, kind: str, op, ptype: str) -> tuple[str, int, np.dtype | None] | np.ndarray | None:
+def _place(eng: WaveState, kind: str, op, ptype: str) -> tuple[str, int, np.dtype | None] | np.ndarray | None:
     """Of a slot that is a register's row: (file, row, dtype to view it as; None: as stored); of an
     immediate: its value broadcast over IMMEDIATE_LANES threads (a wave's is its first threads)."""
     if kind == "store" or (kind == "read" and op.__class__ is Reg):
@@ -184,7 +185,7 @@ def _place(eng: Engine, kind: str, op, ptype: str) -> tuple[str, int, np.dtype |
 IMMEDIATE_LANES = 1 << 20  # threads; a wider wave broadcasts its immediates when it binds
 
 
-def _gather(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.ndarray]:
+def _gather(eng: WaveState, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.ndarray]:
     """A function that reads the registers `regs` as ptype into one [m, N] array (a pack's operand):
     one fancy index when they are rows of one file of 32-bit registers, else a stack of their rows."""
     words = eng.regs.words(tuple(r.name for r in regs)) if bits(ptype) == 32 and ptype != "pred" else None
@@ -195,7 +196,7 @@ def _gather(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[], np.n
     return lambda: np.stack(rows)
 
 
-def _scatter(eng: Engine, regs: tuple[Reg, ...], ptype: str) -> Callable[[np.ndarray], None]:
+def _scatter(eng: WaveState, regs: tuple[Reg, ...], ptype: str) -> Callable[[np.ndarray], None]:
     """A function that stores [m, N] values of ptype into the registers `regs` (a pack's stores): one
     fancy-index assignment when they are rows of one file of 32-bit registers, else row by row."""
     words = eng.regs.words(tuple(r.name for r in regs)) if bits(ptype) == 32 and ptype != "pred" else None
@@ -227,10 +228,10 @@ class LaneBlock:
         self.code: Code | None = None
         self.kept: Kept | None = None  # its invariant instructions in the main loop (fa_sim/ptx/invariant.py)
 
-    def __call__(self, eng: Engine, group: Group) -> None:
+    def __call__(self, eng: WaveState, group: Group) -> None:
         if group.mask is not None or eng.observed:
             for ins in self.inss:
-                eng.issue(ins, group)
+                issue(eng, ins, group)
             return
         kept = self.kept
         if kept is not None and kept.skips(eng):
@@ -239,7 +240,7 @@ class LaneBlock:
         if kept is not None:
             kept.ran(eng)
 
-    def _run(self, eng: Engine, group: Group) -> None:
+    def _run(self, eng: WaveState, group: Group) -> None:
         bound = eng.bound.get(self)  # the wave's arrays
         if bound is None:
             if self.code is None:
@@ -256,14 +257,14 @@ class LaneBlock:
         lanes = shuffle_lanes(eng, group, self.shuffles)
         if lanes is None:  # operands that are not static, exited threads: one at a time
             for ins in self.inss:
-                eng.issue(ins, group)
+                issue(eng, ins, group)
             return
         self.code.run(eng, bound, eng.n, lanes)
 
 
 def lane_block(kernel: Kernel, lanes: tuple, uses: dict, locate: Callable) -> LaneBlock:
     """A LaneBlock of consecutive fusable Lane steps (blocks.Lane: instruction and executor);
-    `locate(exc, ins)` gives an error of an instruction with its lines (blocks.located)."""
+    `locate(exc, ins)` gives an error of an instruction with its lines (dispatch.located)."""
     def compile_() -> Code:
         gen = _Generator(kernel, tuple(lane.ins for lane in lanes), uses, locate)
         for k, lane in enumerate(lanes):
@@ -370,7 +371,7 @@ class _Generator:
             return v
         if isinstance(op, Reg):
             self.nodes[k].reads.add(op.name)
-        self.nodes[k].raises = True  # a special register, a variable, another width: Engine.read can raise
+        self.nodes[k].raises = True  # a special register, a variable, another width: WaveState.read can raise
         return f"E.read({self.const(op, 'O')}, {ptype!r}, None, n)"
 
     def gather(self, regs: tuple[Reg, ...], ptype: str) -> str:

@@ -16,9 +16,9 @@ writes a register the step reads before writing it - computed since: its registe
 it would write (no other instruction of the loop writes them), from the bits it would read. A
 register the loop does not write keeps its bits while threads run the loop, as shared_lanes'
 `loop_written` argues. Each engine stamps the invariant instructions of every step it runs whole
-with a clock (`Engine.stamps`), so a producer later in the loop than its reader makes the reader
+with a clock (`WaveState.stamps`), so a producer later in the loop than its reader makes the reader
 run once more in the next turn, and a step that reads what it writes itself never skips. An
-invariant instruction executed by itself (Engine._execute: under an observer, or as a single step)
+invariant instruction executed by itself (dispatch.execute: under an observer, or as a single step)
 for the whole wave is stamped alone - a step of several skips only when all of them carry one
 stamp, so it runs whole once more first - and one executed for part of the wave forgets every
 stamp.
@@ -27,15 +27,11 @@ stamp.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .ir import Addr, Imm, Instruction, Kernel, PredPair, Reg, Sink, Vec, named
 from .optable import OPCODES, Unit
 from .shared_lanes import loop_written
-
-if TYPE_CHECKING:
-    from .blocks import Loop
-    from .engine import Engine
+from .state import Loop, WaveState
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,7 @@ class Invariants:
     writers: dict[str, frozenset[int]]  # the loop's instructions that write each register
     constant: frozenset[int] = frozenset()  # invariant instructions that read no register
 
-    def holds_constant(self, eng: Engine, name: str, pc: int) -> bool:
+    def holds_constant(self, eng: WaveState, name: str, pc: int) -> bool:
         """Whether register `name`, read by the instruction at pc, holds the same bits on every
         thread in every run: pc lies in the main loop, the register's only writer there is an
         invariant instruction that reads no register (a mov of an immediate: the same bits on every
@@ -80,7 +76,7 @@ class Kept:
     producers: tuple[int, ...]  # invariant instructions writing registers the step reads first
     whole: bool
 
-    def skips(self, eng: Engine) -> bool:
+    def skips(self, eng: WaveState) -> bool:
         """Whether the whole wave need not run the step now (module docstring)."""
         if not self.whole:
             return False
@@ -90,7 +86,7 @@ class Kept:
             return False
         return all(stamps.get(p, -1) < last for p in self.producers)
 
-    def ran(self, eng: Engine) -> None:
+    def ran(self, eng: WaveState) -> None:
         """The whole wave ran the step: its invariant instructions computed now."""
         eng.clock += 1
         for p in self.pcs:

@@ -42,11 +42,10 @@ from ..memory import GlobalMemory
 from . import launch_args as check
 from .budget import (LONG_LAUNCH_SECONDS, MIN_TRIPS, MIN_WAVE_SECONDS, Heartbeat, StepBudget, parse_max_steps,
                      step_budget)
-from .engine import Engine
+from .engine import Engine, run_waves
 from .load import _is_ptx, _read, load_module
 from .program import Program, build_program
 from .regs import Geometry
-from .waves import run as run_wave
 
 DEFAULT_WAVE_CTAS = 128
 
@@ -137,7 +136,7 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
         done += len(ctas)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
-        run_wave(Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
+        run_waves(Engine(program.kernel, list(program.instrs), m, geo, params, symbols, program.loop, on_rounds,
                         program.local_bytes, budget, program.compiled))
 
 

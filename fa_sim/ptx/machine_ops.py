@@ -16,7 +16,6 @@ handler executes which opcode.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +27,8 @@ from .ops import Unsupported
 from .shared_lanes import address, operand_lanes
 from .shared_lanes import smem_lanes as _smem_lanes
 from .regs import immediate
+from .state import Group, WaveState
 from .types import DTYPES, bits, is_type
-
-if TYPE_CHECKING:  # the engine calls these handlers through the opcode table (optable.py)
-    from .engine import Engine, Group
 
 SHARED_WINDOW = 0x0001_0000_0000_0000  # generic address of shared byte 0
 LOCAL_WINDOW = 0x0002_0000_0000_0000  # generic address of each thread's local byte 0
@@ -64,13 +61,13 @@ def _bytes_to_elements(data: np.ndarray, n_el: int, etype: str) -> list:
     return [arr[:, i] for i in range(n_el)]
 
 
-def _write_vector(eng: Engine, op, values: list, etype: str, group: Group) -> None:
+def _write_vector(eng: WaveState, op, values: list, etype: str, group: Group) -> None:
     items = op.items if isinstance(op, Vec) else (op,)
     for item, v in zip(items, values):
         eng.write(item, v, etype, group.idx, group.n)
 
 
-def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> tuple[str, np.ndarray]:
+def _region(eng: WaveState, addr: np.ndarray, space: str, width: int) -> tuple[str, np.ndarray]:
     """Resolve the generic space of an access (shared or local when every address lies in that
     window, else global): -> (space, addresses in it)."""
     if space != "generic":
@@ -84,7 +81,7 @@ def _region(eng: Engine, addr: np.ndarray, space: str, width: int) -> tuple[str,
     return "global", addr
 
 
-def _local(eng: Engine, addr: np.ndarray, size: int, group: Group, data: np.ndarray | None = None):
+def _local(eng: WaveState, addr: np.ndarray, size: int, group: Group, data: np.ndarray | None = None):
     """ld.local / st.local: each thread's own bytes [addr, addr + size) (KernelFault outside)."""
     if addr.size and (addr.min() < 0 or addr.max() + size > eng.local.shape[1]):
         raise KernelFault(f"local-memory access outside the thread's {eng.local.shape[1]} bytes")
@@ -95,7 +92,7 @@ def _local(eng: Engine, addr: np.ndarray, size: int, group: Group, data: np.ndar
     eng.local[rows, cols] = data
 
 
-def ld(eng: Engine, group: Group, ins: Instruction) -> None:
+def ld(eng: WaveState, group: Group, ins: Instruction) -> None:
     n_el, etype = _vtype(ins)
     space = _space(ins)
     size = bits(etype) // 8 * n_el
@@ -122,7 +119,7 @@ def ld(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, ins.operands[0], _bytes_to_elements(data, n_el, etype), etype, group)
 
 
-def st(eng: Engine, group: Group, ins: Instruction) -> None:
+def st(eng: WaveState, group: Group, ins: Instruction) -> None:
     n_el, etype = _vtype(ins)
     space = _space(ins)
     size = bits(etype) // 8 * n_el
@@ -153,7 +150,7 @@ def _reg_name(op) -> str:
     return getattr(op, "name", "value")
 
 
-def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
+def cp_async(eng: WaveState, group: Group, ins: Instruction) -> None:
     if not ins.mods or ins.mods[0] != "async":
         raise Unsupported(f"{ins.mnemonic}")
     instr = eng.activate(ins.pc, group)
@@ -183,14 +180,14 @@ def cp_async(eng: Engine, group: Group, ins: Instruction) -> None:
                    eng.scatter(np.asarray(src_size, np.int64), group)[..., None])
 
 
-def _uniform(eng: Engine, op, group: Group):
+def _uniform(eng: WaveState, op, group: Group):
     v = np.asarray(eng.read(op, "s64", group.idx, group.n))
     if v.size and not (v == v.flat[0]).all():
         raise Unsupported("a value that must be the same for every thread differs between threads")
     return v.flat[0] if v.size else 0
 
 
-def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
+def cvta(eng: WaveState, group: Group, ins: Instruction) -> None:
     t = next(m for m in reversed(ins.mods) if is_type(m))
     to = "to" in ins.mods
     space = next((m for m in ins.mods if m in SPACES), None)
@@ -203,7 +200,7 @@ def cvta(eng: Engine, group: Group, ins: Instruction) -> None:
     eng.write(ins.operands[0], a.astype(DTYPES[t]), t, group.idx, group.n)
 
 
-def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
+def ldmatrix(eng: WaveState, group: Group, ins: Instruction) -> None:
     num = next(int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4"))
     trans = "trans" in ins.mods
     if "m8n8" not in ins.mods or "b16" not in ins.mods:
@@ -218,7 +215,7 @@ def ldmatrix(eng: Engine, group: Group, ins: Instruction) -> None:
 MMA_FORM = ("sync", "aligned", "m16n8k16", "row", "col", "f32", "f16", "f16", "f32")
 
 
-def mma(eng: Engine, group: Group, ins: Instruction) -> None:
+def mma(eng: WaveState, group: Group, ins: Instruction) -> None:
     if ins.mods != MMA_FORM:
         raise Unsupported(f"{ins.mnemonic} (the engine models mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32)")
     d, a, b, c = ins.operands
@@ -231,7 +228,7 @@ def mma(eng: Engine, group: Group, ins: Instruction) -> None:
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
 
 
-def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
+def shfl(eng: WaveState, group: Group, ins: Instruction) -> None:
     mode = ins.mods[1] if len(ins.mods) > 1 else ""
     if ins.mods[0] != "sync" or "b32" not in ins.mods:
         raise Unsupported(f"{ins.mnemonic} (only shfl.sync.*.b32)")
@@ -257,7 +254,7 @@ def shfl(eng: Engine, group: Group, ins: Instruction) -> None:
         eng.write(dst, eng.gather(y, group), "b32", group.idx, group.n)
 
 
-def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int, int]) -> None:
+def _shfl_wave(eng: WaveState, ins: Instruction, mode: str, static: tuple[int, int, int]) -> None:
     """shfl.sync of the whole wave, unobserved, with static operands (_static_shfl): what
     Machine.shfl computes then (counted per warp; every lane takes part, so nothing to check), one
     gather of the source lanes of every warp straight from the register. The views it gathers
@@ -281,7 +278,7 @@ def _shfl_wave(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int,
         eng.write(dst.q, np.broadcast_to(ok, (eng.n // 32, 32)).reshape(-1), "pred", None, eng.n)
 
 
-def _shfl_plan(eng: Engine, ins: Instruction, mode: str, static: tuple[int, int, int], x: np.ndarray) -> tuple:
+def _shfl_plan(eng: WaveState, ins: Instruction, mode: str, static: tuple[int, int, int], x: np.ndarray) -> tuple:
     """(x, x by warp [N / 32, 32], source lanes j [32], the destination register's row by warp to
     gather into (None: it is not a 32-bit register, or it shares memory with x), the predicate's
     row by warp (None: no predicate register to set so), in range [32]) of `_shfl_wave`."""
@@ -330,7 +327,7 @@ def shuffle_operands(inss: tuple[Instruction, ...], k: int) -> tuple | None:
     return tuple(out)
 
 
-def shuffle_lanes(eng: Engine, group: Group, shuffles: tuple) -> tuple | None:
+def shuffle_lanes(eng: WaveState, group: Group, shuffles: tuple) -> tuple | None:
     """(source lanes [32], in range [32]) of each shfl of a lane block, `shuffles` its (instruction,
     shuffle_operands), when the whole wave runs them unobserved with static operands (as
     _static_shfl finds them; those the block does not set read before it runs) - the case
@@ -350,7 +347,7 @@ def shuffle_lanes(eng: Engine, group: Group, shuffles: tuple) -> tuple | None:
     return tuple(out)
 
 
-def shuffled(eng: Engine, ins: Instruction, x: np.ndarray, lanes: tuple) -> np.ndarray:
+def shuffled(eng: WaveState, ins: Instruction, x: np.ndarray, lanes: tuple) -> np.ndarray:
     """A lane block's shfl (shuffle_lanes gave its source lanes and in-range lanes) at its place:
     counted per warp as _shfl_wave counts it, each warp's source lanes of x [N] gathered."""
     eng.m.count(eng.activate(ins.pc, eng.wave))
@@ -362,7 +359,7 @@ def shuffle_in_range(lanes: tuple, n: int) -> np.ndarray:
     return np.broadcast_to(lanes[1], (n // 32, 32)).reshape(-1)
 
 
-def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, int, int] | None:
+def _static_shfl(eng: WaveState, group: Group, b, c, mask, pc: int) -> tuple[int, int, int] | None:
     """(b, c, membermask) as integers when the whole wave runs with no thread exited and each of
     them has one value on every thread (registers set by a mov, in fa2_fwd's PTX), the mask being
     every lane: each warp's membermask is then FULL_MASK on every lane and the shuffle's source
@@ -380,7 +377,7 @@ def _static_shfl(eng: Engine, group: Group, b, c, mask, pc: int) -> tuple[int, i
     return (bb, cc, member) if member == FULL_MASK else None
 
 
-def _static_value(eng: Engine, op, pc: int) -> int | None:
+def _static_value(eng: WaveState, op, pc: int) -> int | None:
     """An operand of the shfl at pc as an integer when it has one value (b32) on every thread of
     the wave, else None. A register that holds its loop writer's constant (fa_sim/ptx/invariant.py
     `holds_constant`) is read once per engine."""
@@ -396,7 +393,7 @@ def _static_value(eng: Engine, op, pc: int) -> int | None:
     return int(first)
 
 
-def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:
+def _warp_membermask(eng: WaveState, mm: np.ndarray, group: Group) -> np.ndarray:
     """[C, W, L] the membermask each warp's executing lanes give (they must agree), minus lanes that
     exited (they owe the shuffle nothing), on every lane of the warp."""
     active = group.full(eng.n).reshape(eng.cw)
@@ -406,13 +403,13 @@ def _warp_membermask(eng: Engine, mm: np.ndarray, group: Group) -> np.ndarray:
     return np.broadcast_to(warp, eng.cw) & ~_exited_bits(eng)
 
 
-def _exited_bits(eng: Engine) -> np.ndarray:
+def _exited_bits(eng: WaveState) -> np.ndarray:
     """[C, W, L] int64: per warp, the bit mask of its exited lanes (on every lane of the warp)."""
     ex = (~eng.running).astype(np.int64) << np.arange(32)
     return np.broadcast_to(ex.sum(axis=-1, keepdims=True), eng.cw)
 
 
-def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
+def barrier(eng: WaveState, group: Group, ins: Instruction) -> None:
     if set(ins.mods) - {"cta", "aligned"} != {"sync"}:  # not .arrive / .red (bar.cta.arrive is no bar.sync)
         raise Unsupported(f"{ins.mnemonic} (only bar{{.cta}}.sync / barrier{{.cta}}.sync{{.aligned}})")
     if len(ins.operands) > 1:
@@ -425,7 +422,7 @@ def barrier(eng: Engine, group: Group, ins: Instruction) -> None:
     eng.m.bar_sync(instr, eng.running)
 
 
-def fence(eng: Engine, group: Group, ins: Instruction) -> None:
+def fence(eng: WaveState, group: Group, ins: Instruction) -> None:
     """Memory ordering only: warps run in lockstep and memory is sequentially consistent here."""
 
 
@@ -441,7 +438,7 @@ ATOM_OPS = {
 }
 
 
-def atomic(eng: Engine, group: Group, ins: Instruction) -> None:
+def atomic(eng: WaveState, group: Group, ins: Instruction) -> None:
     """atom / red on global or shared memory (#parallel-synchronization-and-communication-instructions-atom).
 
     The threads' operations are applied one after another in ascending thread order (CTA, then
@@ -465,7 +462,7 @@ def atomic(eng: Engine, group: Group, ins: Instruction) -> None:
         eng.write(ins.operands[0], old, etype, group.idx, group.n)
 
 
-def _apply_atomics(eng: Engine, space: str, addr, b, c, etype: str, op: str, group: Group) -> np.ndarray:
+def _apply_atomics(eng: WaveState, space: str, addr, b, c, etype: str, op: str, group: Group) -> np.ndarray:
     size, dtype = bits(etype) // 8, DTYPES[etype]
     n = addr.size
     thread = np.arange(eng.n) if group.mask is None else group.idx
@@ -486,7 +483,7 @@ def _apply_atomics(eng: Engine, space: str, addr, b, c, etype: str, op: str, gro
     return old
 
 
-def _atomic_load(eng: Engine, space: str, addr, size: int, thread) -> np.ndarray:
+def _atomic_load(eng: WaveState, space: str, addr, size: int, thread) -> np.ndarray:
     if space == "global":
         return eng.m.memory.gather(addr, size, np.ones(addr.shape, bool), "atomic")
     cta, smem = thread // eng.geo.threads, eng.m.smem
@@ -495,7 +492,7 @@ def _atomic_load(eng: Engine, space: str, addr, size: int, thread) -> np.ndarray
     return smem[cta[:, None], addr[:, None] + np.arange(size)]
 
 
-def _atomic_store(eng: Engine, space: str, addr, data, thread) -> None:
+def _atomic_store(eng: WaveState, space: str, addr, data, thread) -> None:
     if space == "global":
         eng.m.memory.scatter(addr, data, np.ones(addr.shape, bool), "atomic")
     else:

@@ -12,19 +12,16 @@ one run of the instruction to the next (`loop_written`), so those are not even c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..machine import SmemLanes
 from .ir import Addr, Reg, Sym, named
 from .ops import Unsupported
-
-if TYPE_CHECKING:
-    from .engine import Engine, Group
+from .state import Group, WaveState
 
 
-def address(eng: Engine, op: Addr, group: Group, space: str, out: np.ndarray | None = None) -> np.ndarray:
+def address(eng: WaveState, op: Addr, group: Group, space: str, out: np.ndarray | None = None) -> np.ndarray:
     """[n] int64 byte addresses of a memory operand [base + offset] (into `out`, [n] int64, if given:
     a 64-bit base register's bits plus the offset in one pass)."""
     if not isinstance(op, Addr):
@@ -44,7 +41,7 @@ def address(eng: Engine, op: Addr, group: Group, space: str, out: np.ndarray | N
     return np.add(a, op.offset, out=out)
 
 
-def smem_lanes(eng: Engine, addr: np.ndarray, width: int, group: Group, pc: int) -> SmemLanes:
+def smem_lanes(eng: WaveState, addr: np.ndarray, width: int, group: Group, pc: int) -> SmemLanes:
     """The lanes' shared addresses [C, W, L, 1] as SmemLanes. Kernels issue the same addresses
     round after round, so SmemLanes (which cache their gather and ldmatrix indices) are reused
     when the addresses repeat: first among the last patterns of the same instruction (compared
@@ -95,7 +92,7 @@ SMEM_LANES_CACHE = 256  # distinct shared-memory address patterns kept per wave
 SMEM_RECENT = 4  # patterns remembered per instruction (a kernel's buffers alternate between a few)
 
 
-def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) -> SmemLanes:
+def operand_lanes(eng: WaveState, ops: tuple, width: int, group: Group, pc: int) -> SmemLanes:
     """SmemLanes of R shared-memory operands [base + offset] of instructions issued together (R
     of one form, or one; pc: the first one's). For the whole wave they are remembered with a copy
     of each base register's bits, and returned again while those bits are the same (not compared
@@ -114,7 +111,7 @@ def operand_lanes(eng: Engine, ops: tuple, width: int, group: Group, pc: int) ->
     return lanes
 
 
-def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool | tuple[int, ...], ...]:
+def _kept(eng: WaveState, ops: tuple, pc: int) -> tuple[bool | tuple[int, ...], ...]:
     """For each operand: True when its base register holds the bits it held at the instruction's
     last run by the whole wave because pc lies in the main loop, which does not write it
     (`loop_written`); the pcs that write it when they are the loop's invariant instructions
@@ -135,7 +132,7 @@ def _kept(eng: Engine, ops: tuple, pc: int) -> tuple[bool | tuple[int, ...], ...
     return hit[1]
 
 
-def _keeps(eng: Engine, op, written: frozenset[str]) -> bool | tuple[int, ...]:
+def _keeps(eng: WaveState, op, written: frozenset[str]) -> bool | tuple[int, ...]:
     """`_kept` of one operand."""
     if not (isinstance(op, Addr) and isinstance(op.base, Reg) and not op.base.special):
         return False
@@ -146,10 +143,10 @@ def _keeps(eng: Engine, op, written: frozenset[str]) -> bool | tuple[int, ...]:
     return tuple(sorted(writers)) if writers and writers <= inv.pcs else False
 
 
-def _not_run_since(eng: Engine, writers: tuple[int, ...], clock: int | None) -> bool:
+def _not_run_since(eng: WaveState, writers: tuple[int, ...], clock: int | None) -> bool:
     """Whether invariant instructions last ran for the whole wave at or before `clock` (the engine's,
     when an operand's bits were remembered) and not at all since: their registers hold the bits
-    they held then. A run for part of the wave forgets the stamps (Engine._execute)."""
+    they held then. A run for part of the wave forgets the stamps (dispatch.execute)."""
     if clock is None:
         return False
     stamps = eng.stamps
@@ -183,14 +180,14 @@ def loop_written(kernel, loop) -> frozenset[str] | None:
                                if ins.operands))
 
 
-def _addresses(eng: Engine, ops: tuple, group: Group) -> np.ndarray:
+def _addresses(eng: WaveState, ops: tuple, group: Group) -> np.ndarray:
     """[n] (one operand) or [n, R] byte addresses in shared memory."""
     if len(ops) == 1:
         return address(eng, ops[0], group, "shared")
     return np.stack([address(eng, op, group, "shared") for op in ops], axis=-1)
 
 
-def _base_row(eng: Engine, op) -> np.ndarray | None:
+def _base_row(eng: WaveState, op) -> np.ndarray | None:
     """The bits of an address operand's base register (None: no register - the address is the
     offset, or a variable's - or not an address)."""
     if not isinstance(op, Addr) or not isinstance(op.base, Reg) or op.base.special:

@@ -10,32 +10,33 @@ runs). A part carries its CTAs' registers live at its pc (fa_sim/ptx/live.py; th
 keeps the wave's register storage), shared memory, cp.async groups and copies in flight.
 
 Parts do not meet again on their own, so the parts of a wave wait where the main loop ends (the
-epilogue every CTA runs once) and `run` joins the ones waiting at the same pc into one wave, with
-their copies in flight: a causal wave of 64 CTAs runs its epilogue once, not once per K/V round.
+epilogue every CTA runs once) and the run loop (engine.run_waves) `join`s the ones waiting at the
+same pc into one wave, with their copies in flight: a causal wave of 64 CTAs runs its epilogue
+once, not once per K/V round.
 Parts of consecutive CTAs (a causal wave's, whose CTAs the grid orders by their K/V rounds) view
 ranges of their wave's arrays instead of copying them, and parts that are consecutive ranges of
 one storage join as a view of it.
 
 Only unobserved runs split: observers keep state per wave (fa_sim/observers/hazards.py), and
 events of a wave name its CTAs.
+
+Its functions take and make waves as state.WaveState (a part is made by the class of the wave it
+splits: the engine's); it does not import the engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..machine import Machine
 from .regs import RegisterFile
 from .shared_lanes import recent_of_ctas
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .state import WaveState
 
 
-def split(eng: Engine, groups: dict) -> list[Engine]:
+def split(eng: WaveState, groups: dict) -> list[WaveState]:
     """The groups (pc -> mask, None: every thread) as waves of their own CTAs, in pc order, when each
     CTA's running threads are all in one group and there is something to split off; else []."""
     c, t = len(eng.geo.ctas), eng.geo.threads
@@ -59,7 +60,7 @@ def _positions(held: np.ndarray) -> np.ndarray | slice:
     return slice(lo, hi) if hi - lo == len(pos) else pos
 
 
-def _part(eng: Engine, pos: np.ndarray | slice, pc: int, last: bool) -> Engine:
+def _part(eng: WaveState, pos: np.ndarray | slice, pc: int, last: bool) -> WaveState:
     """The CTAs at wave positions `pos` (`_positions`) as a wave of their own, every running thread at pc;
     `last`: the wave's last part, which takes over its register storage (moving its CTAs' registers
     to the front). Consecutive positions (a causal wave's CTAs part in runs: the wave orders them by
@@ -80,7 +81,7 @@ def _part(eng: Engine, pos: np.ndarray | slice, pc: int, last: bool) -> Engine:
     return out
 
 
-def join(parts: list[Engine]) -> Engine:
+def join(parts: list[WaveState]) -> WaveState:
     """Waves of one launch waiting at the same pc past the main loop as one wave of all their CTAs:
     a view of their storage when they are consecutive ranges of it (`_spans`), else copies."""
     viewed = _joined_views(parts)
@@ -89,7 +90,7 @@ def join(parts: list[Engine]) -> Engine:
     return _joined_copies(parts)
 
 
-def _joined_copies(parts: list[Engine]) -> Engine:
+def _joined_copies(parts: list[WaveState]) -> WaveState:
     """`join` by copying every part's live registers and state into new storage."""
     first, pc = parts[0], parts[0].pc
     out = _wave(first, Machine.joined([p.m for p in parts]), np.concatenate([p.geo.ctas for p in parts]),
@@ -101,10 +102,10 @@ def _joined_copies(parts: list[Engine]) -> Engine:
     return out
 
 
-def _joined_views(parts: list[Engine]) -> Engine | None:
+def _joined_views(parts: list[WaveState]) -> WaveState | None:
     """`join` of parts whose every per-CTA and per-thread array is a range of one storage, the
     ranges consecutive in some order of the parts: each array of the wave is one view of it."""
-    def start(p: Engine) -> int:
+    def start(p: WaveState) -> int:
         return p.exited.ctypes.data
     parts = sorted(parts, key=start)
     first, pc = parts[0], parts[0].pc
@@ -144,8 +145,8 @@ def _spans(arrays: list[np.ndarray], axis: int) -> np.ndarray | None:
     return np.ndarray(shape, first.dtype, buffer=base, offset=at - base.ctypes.data, strides=first.strides)
 
 
-def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int,
-          special: np.ndarray | None = None) -> Engine:
+def _wave(like: WaveState, machine: Machine, ctas: np.ndarray, regs: RegisterFile, pc: int, steps: int,
+          special: np.ndarray | None = None) -> WaveState:
     """A wave of the launch of `like` over `ctas` with their machine and registers (and special
     registers, when given), at pc after `steps` issues; it shares the launch's caches: SmemLanes
     (keyed by address bytes and shape, so one CTA's patterns hold in any wave) and the lane
@@ -157,21 +158,4 @@ def _wave(like: Engine, machine: Machine, ctas: np.ndarray, regs: RegisterFile, 
     return out
 
 
-def run(wave: Engine) -> None:
-    """Run a wave and every part it splits into; parts waiting past the main loop run joined, the
-    lowest pc first."""
-    todo, waiting = [wave], {}
-    while todo or waiting:
-        if not todo:
-            parts = waiting.pop(min(waiting))
-            todo = [join(parts) if len(parts) > 1 else parts[0]]
-            todo[0].parks = False
-        eng = todo.pop(0)
-        out = eng.run()
-        if len(out) == 1 and out[0] is eng:
-            waiting.setdefault(eng.pc, []).append(eng)
-        else:
-            todo[:0] = out
-
-
-__all__ = ["join", "run", "split"]
+__all__ = ["join", "split"]
