@@ -1,0 +1,90 @@
+"""The user edits of fa2_fwd.cu in experiments/variants/edits/ (experiments/timing_edits.py): every
+edit applies to the current seed, compiles for sm_80 (PTX and cubin) and sm_90 (cubin) and changes
+the SASS; a few run on the PTX engine with the bits and hazards EDITS records (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the edits compile with NVRTC (the hw extra)")
+
+from fa_sim.config import KernelConfig  # noqa: E402
+from fa_sim.contract import KernelBuild, kernel_source  # noqa: E402
+from fa_sim.contract.cubins import compile_build  # noqa: E402
+from fa_sim.contract.nvrtc import kernel_ptx  # noqa: E402
+from fa_sim.contract.sass import opcode_counts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("timing_edits", ROOT / "experiments" / "timing_edits.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+te = _script()
+
+
+def test_the_edits_are_the_directory_s_patches_and_at_least_twelve():
+    on_disk = {p.stem for p in te.EDIT_DIR.glob("*.patch")}
+    assert on_disk == set(te.EDITS) and len(on_disk) >= 12
+    assert all(te.description(n).startswith(f"Edit of fa_hw/kernels/fa2_fwd.cu ({n}): ") for n in te.EDITS)
+    assert any(hazards for _, _, hazards in te.EDITS.values())  # a missing barrier the checker must catch
+    assert any(not o_eq for o_eq, _, _ in te.EDITS.values())  # another softmax
+
+
+@pytest.fixture(scope="module")
+def seed_sass():
+    return opcode_counts(compile_build(KernelBuild(KernelConfig(), False, "sm_90")).sass())
+
+
+@pytest.mark.parametrize("name", list(te.EDITS))
+def test_edit_applies_and_compiles_for_sm80_and_sm90(name, seed_sass):
+    source = kernel_source(str(te.patch_path(name)))
+    assert source.text != kernel_source().text
+    ptx = kernel_ptx(KernelBuild(KernelConfig(), False, "sm_80", False, source))
+    assert ".entry fa2_fwd_kernel(" in ptx
+    compile_build(KernelBuild(KernelConfig(), False, "sm_80", False, source))
+    sass = opcode_counts(compile_build(KernelBuild(KernelConfig(), False, "sm_90", False, source)).sass())
+    assert sass != seed_sass, f"{name}: the same SASS opcode counts as the seed kernel (the compiler undid the edit)"
+
+
+def test_rolled_loops_and_doubled_work_reach_the_sass(seed_sass):
+    """What each edit is for survives ptxas: a loop kept rolled, the QK GEMM's HMMAs doubled, the
+    extra barrier and shuffles, a barrier gone."""
+    def sass(name):
+        return opcode_counts(compile_build(KernelBuild(KernelConfig(), False, "sm_90", False,
+                                                       kernel_source(str(te.patch_path(name))))).sass())
+
+    hmma = "HMMA.16816.F32"
+    bar = "BAR.SYNC.DEFER_BLOCKING"
+    seed = seed_sass
+    assert sass("qk_twice")[hmma] == seed[hmma] + seed[hmma] // 2  # QK is half of the HMMAs
+    assert sass("pv_rolled")[hmma] < seed[hmma] and sass("qk_rolled")[hmma] < seed[hmma]
+    assert sass("extra_barrier")[bar] == seed[bar] + 1 and sass("missing_bar_pv")[bar] == seed[bar] - 1
+    assert sass("extra_shuffles").get("SHFL.IDX", 0) > seed.get("SHFL.IDX", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["missing_bar_pv", "missing_bar_epilogue", "qk_twice", "pv_rolled",
+                                  "warp0_copies_k", "epilogue_early_exit", "softmax_expf"])
+def test_edit_on_the_ptx_engine_gives_the_recorded_bits_and_hazards(name):
+    assert te.check([name])[name] == te.EDITS[name]
+
+
+def test_recorded_measurements_match_the_edits():
+    path = te.DEFAULT_OUT
+    if not path.exists():
+        pytest.skip(f"{path.relative_to(ROOT)} not recorded yet (experiments/timing_edits.py --measure on a GPU)")
+    data = json.loads(path.read_text())
+    got = {(r["edit"], tuple(r["shape"]), r["causal"]) for r in data["rows"]}
+    want = {(n, tuple(s[:4]), s[4]) for s in te.SHAPES for n in ["seed", *te.EDITS]}
+    assert got == want and all(r["ms"] > 0 and len(r["batch_ms"]) == data["batches"] for r in data["rows"])
