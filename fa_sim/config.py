@@ -35,7 +35,7 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   heavy_first  causal launches: the Q blocks with the most K/V rounds start first
   defer_pv     (kv_stages >= 2) PV of round t in round t+1, beside its softmax: tensor core and
                ALUs overlap within a warp; O's operations stay in the spec's order
-  pingpong     (kv_stages >= 2, 8 warps, typically block_m 256) two warp groups half a round apart:
+  pingpong     (kv_stages >= 2, 8 warps: block_m 128 or 256, no defer_pv) two warp groups half a round apart:
                group 1's PV of round t runs after round t+1's barrier, so that on every scheduler
                one group's MMAs overlap the other's softmax; O's operations stay in the spec's order
   min_blocks   __launch_bounds__ minimum CTAs per SM (0: fa_sim.contract's heuristic)
@@ -67,7 +67,7 @@ HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
 POLY_EXPS = (0, 1, 2, 3, 4)  # eighths of the exponentials on the FMA pipe (0: all on MUFU, the spec)
 MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
-BLOCK_MS = (64, 128, 256)  # 256: 8 warps of 32 rows (the pingpong tile); family() has 64 and 128
+BLOCK_MS = (64, 128, 256)  # 256: 8 warps of 32 rows (the measured pingpong configs' tile); family() has 64 and 128
 FAMILY_BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)

@@ -275,3 +275,68 @@ def test_poly_exp_computes_its_eighths_of_the_scores_by_the_polynomial(cfg):
         assert trip_key(replace(cfg, poly_exp=0), t, rounds)["ex2"] == mufu + poly, t
     assert not np.array_equal(res.o.view(np.uint16), base.o.view(np.uint16))
     assert not np.array_equal(res.lse.view(np.uint32), base.lse.view(np.uint32))
+
+
+# ---- the README's table of which command models which option ------------------------------------------
+README_ROWS = {  # row of the README's table -> configs with that option
+    "tiles, --warps": [KernelConfig(block_m=128, n_warps=8)],
+    "--smem layouts": [KernelConfig(smem="plain"), KernelConfig(smem="padded")],
+    "--softmax ffma": [KernelConfig(softmax="ffma")],
+    "--min-blocks": [KernelConfig(min_blocks=2)],
+    "--kv-stages, --q-in-regs, --defer-pv": [KernelConfig(kv_stages=2), KernelConfig(q_in_regs=True),
+                                            KernelConfig(kv_stages=3, defer_pv=True)],
+    "--heavy-first": [KernelConfig(heavy_first=True)],
+    "--pingpong": [PINGPONG],
+    "--lazy-sum, --poly-exp": [KernelConfig(lazy_sum=True), KernelConfig(poly_exp=2)],
+}
+
+
+def _readme_options_table() -> dict:
+    from pathlib import Path
+
+    lines = (Path(__file__).parent.parent / "README.md").read_text().splitlines()
+    start = next(i for i, s in enumerate(lines) if s.startswith("<!-- options by command:"))
+    cells = [[c.strip().replace("`", "") for c in s.strip().strip("|").split("|")]
+             for s in lines[start + 1:] if s.startswith("|")]
+    rows = [row for row in cells[2:] if row]
+    for row in rows[: len(README_ROWS)]:
+        assert len(row) == len(cells[0]), row
+    return {row[0]: dict(zip(cells[0][1:], row[1:])) for row in rows[: len(README_ROWS)]}
+
+
+def test_the_readmes_option_table_says_what_the_program_and_the_timing_model_refuse(monkeypatch):
+    """The hand-written program refuses exactly the rows the README says (the CLI then runs them on
+    the PTX engine), and `fa time` refuses pingpong before it compiles anything, and nothing else."""
+    import importlib
+
+    from fa_sim.kernels.fa2_fwd import check_program_config, engine_for
+
+    predict = importlib.import_module("fa_sim.timing.predict")  # the module (fa_sim.timing.predict is also a function)
+
+    table = _readme_options_table()
+    assert list(table) == list(README_ROWS)
+
+    class Compiled(Exception):
+        pass
+
+    def compile_build(*args, **kwargs):
+        raise Compiled
+
+    monkeypatch.setattr(predict, "compile_build", compile_build)
+    for row, configs in README_ROWS.items():
+        program, time_ = table[row]["fa sim (hand-written program)"], table[row]["fa time"]
+        for cfg in configs:
+            assert (engine_for(cfg) == "ptx") == program.startswith("refuses"), (row, cfg.tag)
+            if program.startswith("refuses"):
+                with pytest.raises(ValueError, match="engine='ptx'"):
+                    check_program_config(cfg)
+            else:
+                check_program_config(cfg)
+            refused = None
+            try:
+                predict.kernel_model(cfg, False, "sm_90")
+            except ValueError as e:
+                refused = str(e)
+            except Compiled:
+                pass
+            assert (refused is not None) == time_.startswith("refuses"), (row, cfg.tag, refused)
