@@ -229,7 +229,7 @@ def run(args) -> int:
         (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
         front = _front(args, config, recorded)
     else:
-        check_outputs([save], args.force)
+        check_outputs(args, save)
         (q, k, v), config, causal, ctas, gpu, front = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args, head_dim=d)
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
-    check_outputs([perfetto], args.force)
+    check_outputs(args, perfetto)
     prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config)
     pred = predict(prob, args.gpu, kernel)
     if perfetto is not None:
