@@ -109,3 +109,15 @@ def test_sweep_estimate_counts_the_observers_and_the_timing_model():
     huge = make_cases([KernelConfig()], [(1, 1, 131072, 131072)], (True,), timing="h200")
     with pytest.raises(ValueError, match=r"case .*: --shape 1,1,131072,131072: the timing model"):
         estimate_cases(huge)
+
+
+def test_compare_timing_is_refused_before_the_gpu_runs(capsys, monkeypatch, no_model):
+    """fa compare --timing predicts after the GPU run: its sizes are checked before the launch."""
+    def no_launch(*a, **k):
+        raise AssertionError("the GPU was launched before --timing's sizes were checked")
+
+    monkeypatch.setattr("fa_hw.forward", no_launch)
+    monkeypatch.setattr("fa_hw.runtime.check_launch", no_launch)
+    status, err = _run(["compare", "--timing", "--seqlen", "1048576", "--causal", "--heads", "1"], capsys)
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith("fa compare: error: --timing at (B, H, Nq, Nk) = (1, 1, 1048576, 1048576): the timing model")

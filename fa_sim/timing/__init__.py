@@ -7,7 +7,8 @@ Modules, bottom to top: `sass` (the cubin's SASS with the scheduling control inf
 writes into every instruction), `paths` (basic blocks, the K/V loop, every path through a
 region), `stream` (the path each region takes, from the functional run on the PTX engine; `oracle`
 keeps the config-derived choice for the tests), `program` (an instruction as the SM model sees it), `sm` (one SM cycle by cycle), `gpus` (the
-parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs).
+parameters per GPU), `cost` (what a prediction costs this machine: checked up front, progress
+while it runs), `predict` (occupancy, representative CTAs, dispatch over the SMs).
 """
 
 from .gpus import GPUS, GpuModel
