@@ -111,9 +111,8 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """4 B H Nq Nk d (QK and PV), halved for causal: the benchmark convention."""
-        full = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
-        return full / 2 if self.causal else full
+        """The useful FLOPs of the launch: `attention_flops`."""
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
 
     def check_cta(self, cta: int, what: str = "CTA") -> int:
         """A linear CTA id inside the grid, or a ValueError naming the grid."""
@@ -126,6 +125,26 @@ class Problem:
         return (f"B={self.batch} H={self.heads} Nq={self.seqlen_q} Nk={self.seqlen_k} d={self.head_dim} "
                 f"{'causal' if self.causal else 'non-causal'} scale={self.scale:.6g} config {self.config.tag}")
 
+
+
+def attention_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """(query, key) pairs of one head that the mask keeps: Nq Nk, or with this kernel's top-left
+    causal mask (key k visible to query q iff k <= q, fa2_fwd.cu's mask_scores) the sum over the
+    queries of min(q + 1, Nk): Nq (Nq + 1) / 2 when Nq <= Nk, else Nk (Nk + 1) / 2 + (Nq - Nk) Nk.
+    Exact for any Nq, Nk (Nq << Nk keeps a triangle of Nq rows, not half of Nq x Nk)."""
+    nq, nk = int(seqlen_q), int(seqlen_k)
+    if not causal:
+        return nq * nk
+    if nq <= nk:
+        return nq * (nq + 1) // 2
+    return nk * (nk + 1) // 2 + (nq - nk) * nk
+
+
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
+    """4 d FLOPs (QK and PV, a multiply-add each) per (query, key) pair the mask keeps
+    (`attention_pairs`), over B H heads. Causal at Nq = Nk: N (N + 1) / 2 pairs, 1/N above the
+    benchmark convention's N^2 / 2; FLOPs of masked pairs the kernel computes anyway do not count."""
+    return 4.0 * batch * heads * head_dim * attention_pairs(seqlen_q, seqlen_k, causal)
 
 
 def cta_spans(ctas, most: int = 3) -> str:

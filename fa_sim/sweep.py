@@ -106,21 +106,42 @@ class SweepEstimate:
                 f"one core{spread}; the largest case needs about {_size(self.largest_bytes)}")
 
 
-def estimate_cases(cases) -> SweepEstimate:
-    """Refuse, before anything runs, a case whose simulation cannot fit in this machine's memory;
-    the estimate of the whole sweep."""
-    from .estimate import estimate
+# What a case attaches beyond the plain simulation that fa_sim.estimate times: the bank counter and
+# the hazard checker see every shared-memory access (measured on the development machine: a
+# (1, 4, 1024) m64n64 run 0.33 s plain, 9.9 s observed; (1, 2, 256) causal 0.03 s and 0.37 s), and
+# with Case.timing the timing model: its kernel model once per config, causal flag, GPU and kernel
+# (compile, SASS paths, a one-CTA bank run, the stream's probe runs on the PTX engine and the SM runs:
+# 8-60 s on that machine, less from the disk cache), then its per-shape cost (fa_sim.timing.cost).
+OBSERVED_S = 2.4e-6  # s per (block_m * block_n) and CTA-round, bank counter and hazard checker
+OBSERVED_FIXED_S = 0.4  # s per case
+TIMING_MODEL_S = 30.0  # s per distinct (config, causal, GPU, kernel) of the timing model
 
-    seconds, largest = 0.0, 0
+
+def estimate_cases(cases) -> SweepEstimate:
+    """Refuse, before anything runs, a case whose simulation cannot fit in this machine's memory or
+    whose timing prediction is past the timing model's limit (fa_sim.timing.cost); the estimate of
+    the whole sweep, the observers each case attaches and its timing prediction included."""
+    from .estimate import estimate
+    from .timing.cost import timing_cost
+
+    seconds, largest, models = 0.0, 0, set()
     for case in cases:
-        est = estimate(case.problem(), case.mma)
+        prob = case.problem()
+        est = estimate(prob, case.mma)
         try:
             est.check(reference=True)
+            if case.timing is not None:
+                cost = timing_cost(prob)
+                cost.check(f"--shape {','.join(map(str, case.shape))}", "lower the shape or drop --timing")
+                seconds += cost.seconds
+                largest = max(largest, cost.bytes)
+                models.add((case.config, case.causal, case.timing, case.kernel))
         except ValueError as exc:
             raise ValueError(f"case {case.name}: {exc}") from None
-        seconds += est.sim_seconds + est.reference_seconds
+        tile = case.config.block_m * case.config.block_n
+        seconds += est.sim_seconds + est.reference_seconds + OBSERVED_FIXED_S + OBSERVED_S * tile * prob.cta_rounds
         largest = max(largest, est.needed(reference=True))
-    return SweepEstimate(len(cases), seconds, largest)
+    return SweepEstimate(len(cases), seconds + TIMING_MODEL_S * len(models), largest)
 
 
 def check_cases(cases) -> float:

@@ -1,6 +1,7 @@
 """fa_sim.Problem: the one place the grid and the rounds per CTA are computed (SCHEDULE.md,
 "Problem and grid"), checked against the schedule written out one CTA at a time (test oracle)."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -25,7 +26,21 @@ def test_grid_and_rounds_follow_the_schedule(b, h, nq, nk, causal, pick):
     rounds = [_rounds_oracle(p, c) for c in range(p.n_ctas)]
     assert p.rounds_per_cta(range(p.n_ctas)).tolist() == rounds
     assert p.cta_rounds == sum(rounds)  # closed form
-    assert p.flops == 4.0 * b * h * nq * nk * p.head_dim / (2 if causal else 1)
+    q, k = np.arange(nq)[:, None], np.arange(nk)[None, :]
+    kept = int(np.count_nonzero(k <= q)) if causal else nq * nk  # fa2_fwd.cu's mask: key > query is -inf
+    assert p.flops == 4.0 * b * h * p.head_dim * kept
+
+
+@pytest.mark.parametrize("nq, nk", [(1, 1), (7, 7), (100, 10000), (10000, 100), (64, 65), (65, 64), (333, 200)])
+def test_causal_flops_count_the_pairs_the_mask_keeps(nq, nk):
+    """Brute force against the reference's mask (fa_sim.reference.causal_mask: True where visible);
+    Nq << Nk keeps a triangle of Nq rows (the issue-36 run reported 334 TFLOP/s from half of Nq x Nk)."""
+    from fa_sim.problem import attention_pairs
+    from fa_sim.reference import causal_mask
+
+    kept = int(np.count_nonzero(causal_mask(nq, nk)))
+    assert attention_pairs(nq, nk, True) == kept and attention_pairs(nq, nk, False) == nq * nk
+    assert Problem(2, 3, nq, nk, True, 0.125, KernelConfig()).flops == 4.0 * 6 * 64 * kept
 
 
 def test_sizes_far_past_memory_cost_nothing():

@@ -72,7 +72,7 @@ def run(args) -> int:
         refuse(args, ("smem",), "with --compare, which counts all three layouts")
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
-    check_outputs([plot], args.force)
+    check_outputs(args, plot)
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     base = config_from_args(args, head_dim=d)

@@ -35,6 +35,7 @@ from ..crosscheck import (
 )
 from ..problem import Problem
 from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
+from ..timing.cost import timing_cost
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
@@ -192,6 +193,12 @@ def _launch(args, save: Output | None):
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
     config = _launch_config(args, d, nk)
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
+    if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
+        try:
+            timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config)).check(
+                f"--timing at (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk})", "drop --timing or lower the sizes")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     kernel = kernel_from_args(args)
     front = _front(args, config, kernel)
     if files is None:
@@ -229,7 +236,7 @@ def run(args) -> int:
         (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
         front = _front(args, config, recorded)
     else:
-        check_outputs([save], args.force)
+        check_outputs(args, save)
         (q, k, v), config, causal, ctas, gpu, front = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
     sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front)

@@ -75,7 +75,7 @@ def run(args) -> int:
 
     cfg = config_from_args(args)
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR, tuple(f"{f}.png" for f in FIGURES))
-    check_outputs([plot], args.force)
+    check_outputs(args, plot)
     results = run_checks(cfg)
     print(json.dumps(results_json(cfg, results), indent=1) if args.json else format_results(cfg, results))
     if plot is not None:

@@ -135,7 +135,7 @@ def run(args) -> int:
 
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
-    check_outputs([plot], args.force)
+    check_outputs(args, plot)
     shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
     configs = configs_from_args(args)
     for config in configs:  # each config's front end (fa_sim.run), refused before any case runs

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from ..problem import Problem
 from ..timing import GPUS, predict
+from ..timing.cost import timing_cost
 from ..timing.predict import issue_timeline
+from . import UsageError
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -56,6 +58,18 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_cost(args, prob: Problem) -> None:
+    """The timing model's cost for these sizes (fa_sim.timing.cost), refused before any work past
+    its limit or this machine's memory, in the options' terms; predict prints the estimate and
+    progress of a long one on stderr."""
+    sizes = f"--batch {prob.batch} --heads {prob.heads} --seqlen {prob.seqlen_q}" + (
+        "" if args.seqlen_k is None else f" --seqlen-k {prob.seqlen_k}")
+    try:
+        timing_cost(prob).check(sizes, "lower --batch, --heads, --seqlen or --seqlen-k")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     d = problem_head_dim(args)
     check_scale(args, d)
@@ -71,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args, head_dim=d)
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
-    check_outputs([perfetto], args.force)
+    check_outputs(args, perfetto)
     prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config)
+    check_cost(args, prob)
     pred = predict(prob, args.gpu, kernel)
     if perfetto is not None:
         write_text(perfetto.path, json.dumps(issue_timeline(prob, args.gpu, kernel)))

@@ -124,7 +124,7 @@ def run(args) -> int:
     cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
-    check_outputs([save, perfetto], args.force)
+    check_outputs(args, save, perfetto)
     b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
     warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
     front = engine_from_args(args, cfg)

@@ -90,5 +90,5 @@ class Heartbeat:
         if now < self.next:
             return
         self.next = now + PROGRESS_EVERY
-        print(f"fa_sim.ptx: {self.who} still running after {now - self.start:.0f} s: {what()}",
-              file=sys.stderr, flush=True)
+        print(f"fa_sim.ptx: simulating {self.who} on the PTX engine, still running after {now - self.start:.0f} s "
+              f"(working, not hung): {what()}", file=sys.stderr, flush=True)

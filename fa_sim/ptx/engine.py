@@ -90,8 +90,8 @@ class Engine(WaveState):
             if steps > limit:
                 raise self.budget.exceeded(self._where(pc, groups), self._ctas())
             if before // LOOK_EVERY != steps // LOOK_EVERY:
-                heartbeat.look(lambda: f"{steps:,} of {limit:,} instruction issues ({self.budget.why}); "
-                                       f"threads at {self._where(pc, groups)}")
+                heartbeat.look(lambda: f"{steps:,} instruction issues so far (a kernel that never ends is stopped "
+                                       f"at {limit:,}: {self.budget.why}); threads at {self._where(pc, groups)}")
             for nxt, m in (self.step(code[pc], group) if end == pc + 1 else self.stretch(pc, end, group)):
                 if m is not None and not m.any():
                     continue

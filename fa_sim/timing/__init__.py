@@ -7,8 +7,9 @@ Modules, bottom to top: `sass` (the cubin's SASS with the scheduling control inf
 writes into every instruction), `paths` (basic blocks, the K/V loop, every path through a
 region), `stream` (the path each region takes, from the functional run on the PTX engine; `oracle`
 keeps the config-derived choice for the tests), `program` (an instruction as the SM model sees it), `sm` (one SM cycle by cycle), `gpus` (the
-parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk`
-(each warp's SASS stream from its path in the functional run: any control flow) and `launch`
+parameters per GPU), `cost` (what a prediction costs this machine: checked up front, progress
+while it runs), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk` (each
+warp's SASS stream from its path in the functional run: any control flow) and `launch`
 (`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed).
 """
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +38,7 @@ from ..contract import KernelBuild, kernel_source
 from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
+from .cost import Progress, timing_cost
 from .gpus import GPUS, GpuModel
 from .paths import KernelSass, analyze
 from .program import Step, step
@@ -90,6 +92,10 @@ class KernelModel:
         """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
         (`tail`: its keys end in a partial block; `qtail`: its queries do)."""
         return [i for part in self.stream.parts(rounds, masked, tail, qtail) for i in part]
+
+    def walk_length(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> int:
+        """len(cta_walk(...)) without building the list (a walk of 2^25 rounds is 10^10 entries)."""
+        return sum(len(part) for part in self.stream.parts(rounds, masked, tail, qtail))
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
         """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
@@ -181,13 +187,13 @@ def _life(run: SmRun) -> float:
 
 
 def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
-             trace: list | None = None) -> tuple[float, list[list[int]]]:
+             trace: list | None = None, progress: Progress | None = None) -> tuple[float, list[list[int]]]:
     """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
     slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
     does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
     cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra).
     `trace`: gets [CTA in launch order, SM, start cycle, end cycle] of every CTA (what
-    experiments/timing_dispatch.py sets beside the GPU's)."""
+    experiments/timing_dispatch.py sets beside the GPU's); `progress`: told every PROGRESS_CTAS CTAs."""
     k = len(rates.per_round)
     mb = launch_order(prob)
     work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
@@ -212,6 +218,9 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
         for s in range(sms):
             if queue:
                 take(s)
+    left, what = len(queue), f"dispatching {len(mb):,} CTAs over {sms} SMs"
+    if progress is not None:
+        progress.step(what, 0, len(mb))  # the step's clock starts
     heap = [(min(a) * rates.per_round[len(a) - 1], s) for s, a in enumerate(active) if a]
     heapq.heapify(heap)
     end = 0.0
@@ -233,6 +242,9 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
             for s in sorted(freed):
                 if queue and len(active[s]) < k:
                     take(s)
+        if progress is not None and len(queue) // PROGRESS_CTAS != left // PROGRESS_CTAS:
+            left = len(queue)
+            progress.step(what, len(mb) - left, len(mb))
         end = max(end, t)
         for s in freed:
             if active[s]:
@@ -267,15 +279,32 @@ def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: 
     return max(ends.values())
 
 
+PROGRESS_CTAS = 4096  # dispatch tells its progress every this many CTAs
 EXACT_MAX_CTA_ROUNDS = 20000  # per SM-queue sum, above which exact=True is refused (minutes of CPU)
 
 
 def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False,
-            ctas_per_sm: int | None = None) -> Prediction:
+            ctas_per_sm: int | None = None, progress: bool | None = None) -> Prediction:
     """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
     representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
     own, as launching it with more dynamic shared memory than it uses does on the GPU
-    (experiments/timing_occupancy.py; None: the kernel's own)."""
+    (experiments/timing_occupancy.py; None: the kernel's own). Refused before any work when its
+    cost (fa_sim.timing.cost) is past the limit or this machine's memory; `progress` None: the
+    estimate and progress lines on stderr for a prediction estimated at
+    fa_sim.simulate.PROGRESS_MIN_SECONDS or more; True: always; False: never."""
+    from ..simulate import PROGRESS_MIN_SECONDS
+
+    if not isinstance(prob, Problem):
+        raise ValueError(f"predict takes a fa_sim.Problem, got {type(prob).__name__}")
+    if isinstance(gpu, str) and gpu not in GPUS:
+        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
+    cost = timing_cost(prob)
+    cost.check(f"batch={prob.batch}, heads={prob.heads}, seqlen_q={prob.seqlen_q}, seqlen_k={prob.seqlen_k}",
+               "lower batch, heads or the sequence lengths")
+    show = cost.seconds >= PROGRESS_MIN_SECONDS if progress is None else bool(progress)
+    if show:
+        print(f"fa_sim.timing: {cost.describe()}", file=sys.stderr, flush=True)
+    meter = Progress(show)
     gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
@@ -287,7 +316,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
                              f"the {gpu.name}), got {ctas_per_sm!r}")
         k = int(ctas_per_sm)
     rates = _rates(prob.config, prob.causal, gpu, kernel, k)
-    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob))
+    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob), progress=meter)
     if exact:
         work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
         if work > EXACT_MAX_CTA_ROUNDS:
@@ -295,14 +324,19 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
                              f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
         cycles = exact_cycles(model, prob, gpu, k, ran)
     ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
-    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
+    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob, meter))
 
 
-def grid_instructions(model: KernelModel, prob: Problem) -> int:
+def grid_instructions(model: KernelModel, prob: Problem, progress: Progress | None = None) -> int:
     """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
     its warps."""
     classes = cta_classes(prob)
-    per = {c: len(model.cta_walk(*c)) for c in set(classes)}
+    distinct = sorted(set(classes))
+    per = {}
+    for i, c in enumerate(distinct):
+        if progress is not None:
+            progress.step(f"walking the paths of {len(distinct):,} CTA classes", i, len(distinct))
+        per[c] = model.walk_length(*c)
     return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
 
 

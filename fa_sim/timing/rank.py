@@ -26,6 +26,23 @@ class Ranked:
     kernel_ms: float
 
 
+def _check_cost(problems: list[Problem], seqlen_k: int) -> None:
+    """The ranking predicts every candidate on (RANK_SHAPE, Nk, Nk): refused up front, in the
+    ranking's terms, when their cost together is past the timing model's limit (fa_sim.timing.cost)."""
+    from ..estimate import _duration
+    from .cost import MAX_SECONDS, timing_cost
+
+    costs = [timing_cost(p) for p in problems]
+    for c in costs:
+        c.check(f"config auto at Nk = {seqlen_k} (the ranking times each candidate config on batch "
+                f"{RANK_SHAPE[0]}, heads {RANK_SHAPE[1]}, Nq = Nk = {seqlen_k})", "lower the key length")
+    seconds = sum(c.seconds for c in costs)
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"config auto at Nk = {seqlen_k}: ranking {len(costs)} candidate configs on the timing model "
+                         f"takes about {_duration(seconds)}, past the {_duration(MAX_SECONDS)} limit; lower the key "
+                         f"length or name a config")
+
+
 def family_candidates(head_dim: int) -> list[KernelConfig]:
     """The family's swizzled configs at this head_dim (the plain and padded layouts are never faster)."""
     return [c for c in KernelConfig.family() if c.head_dim == head_dim and c.smem is SmemLayout.SWIZZLED]
@@ -39,5 +56,7 @@ def rank(candidates: tuple[KernelConfig, ...], seqlen_k: int, causal: bool, gpu:
     if gpu not in GPUS:
         raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
     b, h = RANK_SHAPE
+    problems = [Problem(b, h, seqlen_k, seqlen_k, causal, 1.0, c) for c in candidates]
+    _check_cost(problems, seqlen_k)
     out = [Ranked(c, predict(Problem(b, h, seqlen_k, seqlen_k, causal, 1.0, c), gpu).kernel_ms) for c in candidates]
     return tuple(sorted(out, key=lambda r: r.kernel_ms))
