@@ -176,5 +176,9 @@ def test_predict_launch_refuses_bad_input():
 
 def test_a_loop_ptxas_unrolls_is_a_clear_error():
     src = SRC.replace("#pragma unroll 1\n    for (int j", "    for (int j")
-    with pytest.raises(TieError, match="ptxas unrolled or duplicated"):
-        _walker(src, "branchy")
+    out = np.arange(256, dtype=np.float32)
+    rec = _run(src, "branchy", (1,), (128,), [out, np.int32(128)])
+    w = _walker(src, "branchy")
+    with pytest.raises(TieError, match="loop ptxas unrolled"):
+        for k in range(4):
+            w.walk(rec.path(0, k))

@@ -34,17 +34,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import KernelConfig
-from ..contract import KernelBuild, kernel_source
+from ..contract import KERNEL_NAME, KernelBuild, kernel_source
 from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
 from .cost import Progress, timing_cost
 from .gpus import GPUS, GpuModel
-from .paths import KernelSass, analyze
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
-from .stream import KernelStream, sass_locations
+from .stream import KernelStream, StreamMismatch
+from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
 TOGETHER_RUN = 2  # K/V rounds of the CTAs started together (the first wave's fixed cost)
@@ -79,35 +79,40 @@ class KernelModel:
 
     config: KernelConfig
     causal: bool
-    sass: KernelSass
+    sass: SassGraph  # the kernel's SASS blocks
     controls: dict  # address -> Control
     registers: int
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
-    stream: KernelStream  # the SASS path of each region, from the functional run
+    stream: KernelStream  # per warp, the SASS walk of each region, from the functional run
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
         return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
 
-    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list:
-        """One CTA's warp instructions for `rounds` K/V rounds, the last `masked` of them masked
-        (`tail`: its keys end in a partial block; `qtail`: its queries do)."""
-        return [i for part in self.stream.parts(rounds, masked, tail, qtail) for i in part]
+    def warp_walks(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list]:
+        """Per warp of one CTA, its instructions for `rounds` K/V rounds, the last `masked` of them
+        masked (`tail`: its keys end in a partial block; `qtail`: its queries do)."""
+        return [[i for part in warp for i in part] for warp in self.stream.parts(rounds, masked, tail, qtail)]
+
+    def cta_walk(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False, warp: int = 0) -> list:
+        """One warp's instructions (warp 0: the one whose round starts `round_starts` gives)."""
+        return self.warp_walks(rounds, masked, tail, qtail)[warp]
 
     def walk_length(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> int:
-        """len(cta_walk(...)) without building the list (a walk of 2^25 rounds is 10^10 entries)."""
-        return sum(len(part) for part in self.stream.parts(rounds, masked, tail, qtail))
+        """The warp instructions of one CTA of this class, all its warps, without building the lists
+        (a walk of 2^25 rounds is 10^10 entries)."""
+        blocks = self.sass.blocks
+        return sum(len(blocks[b].instrs) for warp in self.stream.warp_walks(rounds, masked, tail, qtail)
+                   for region in warp for b in region)
 
     def round_starts(self, rounds: int, masked: int = 0) -> list[int]:
-        """Index in `cta_walk(rounds, masked)` of each round's first instruction."""
-        sizes = [len(p) for p in self._walk_parts(rounds, masked)]
+        """Index in warp 0's walk of each round's first instruction."""
+        sizes = [len(p) for p in self.stream.parts(rounds, masked)[0]]
         return [sum(sizes[: t + 1]) for t in range(rounds)]
 
-    def _walk_parts(self, rounds: int, masked: int) -> list[list]:
-        return self.stream.parts(rounds, masked)
-
     def cta_stream(self, rounds: int, gpu: GpuModel, masked: int = 0, tail: bool = False,
-                   qtail: bool = False) -> list[Step]:
-        return self.steps(self.cta_walk(rounds, masked, tail, qtail), gpu)
+                   qtail: bool = False) -> list[list[Step]]:
+        """Per warp, its Steps (what fa_sim.timing.sm.run_sm takes for one CTA)."""
+        return [self.steps(w, gpu) for w in self.warp_walks(rounds, masked, tail, qtail)]
 
 
 def occupancy(model: KernelModel, gpu: GpuModel) -> int:
@@ -328,8 +333,7 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
 
 
 def grid_instructions(model: KernelModel, prob: Problem, progress: Progress | None = None) -> int:
-    """Warp instructions of the whole grid: each CTA's path (its rounds, its masked rounds) times
-    its warps."""
+    """Warp instructions of the whole grid: each CTA's warps' paths (its rounds, its masked rounds)."""
     classes = cta_classes(prob)
     distinct = sorted(set(classes))
     per = {}
@@ -337,7 +341,7 @@ def grid_instructions(model: KernelModel, prob: Problem, progress: Progress | No
         if progress is not None:
             progress.step(f"walking the paths of {len(distinct):,} CTA classes", i, len(distinct))
         per[c] = model.walk_length(*c)
-    return sum(per[c] for c in classes) * model.config.n_warps * prob.batch * prob.heads
+    return sum(per[c] for c in classes) * prob.batch * prob.heads
 
 
 def cta_classes(prob: Problem) -> list[tuple[int, int, bool, bool]]:
@@ -407,17 +411,21 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> 
 
 @functools.lru_cache(maxsize=256)
 def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
-    """Compile, disassemble, cut into paths, cost the shared-memory classes (cached)."""
-    if config.pingpong:  # every warp of a CTA is modelled on one path per round; pingpong's groups take two
-        raise ValueError(f"{config.tag}: the timing model does not model pingpong (its two warp groups take "
-                         "different paths through a round)")
+    """Compile, disassemble, tie the SASS to the PTX the engine runs, cost the shared-memory
+    classes (cached)."""
+    from ..ptx.fa2 import attention_program
+
     # -lineinfo: the same code, with each instruction's source location (what ties it to the PTX)
     ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True))
     text = disassemble(ck.cubin, encodings=True, inlined=True)
-    controls = {i.addr: i.control for i in parse(text)}
-    ks = analyze(text)
-    return KernelModel(config, causal, ks, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, ks, sass_locations(text)))
+    controls = {i.addr: i.control for i in parse(kernel_listing(text, KERNEL_NAME))}
+    program = attention_program(config, causal, False, kernel)
+    if program.loop is None:
+        raise StreamMismatch(f"{config.tag}: the kernel has no loop the rounds could be counted by")
+    graph = SassGraph(text, KERNEL_NAME)
+    walker = Walker(graph, PtxGraph(program.kernel))
+    return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
+                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail))
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,40 +1,30 @@
-"""Each warp's dynamic SASS stream, from the functional run: which path of the SASS control-flow
-graph (fa_sim.timing.paths) the prologue, every K/V round and the epilogue take.
+"""Each warp's dynamic SASS stream through the attention kernel, cut into its regions
+(prologue, each K/V round, epilogue): the representative CTAs the timing model runs.
 
 Model. The PTX engine runs the kernel's real PTX (fa2_fwd.cu, or a --kernel variant: the same
-source the cubin is built from) on a representative CTA of each path class, with a RoundRecorder
-(fa_sim.observers.rounds) noting per warp and region (prologue, round t, epilogue) the warp
-instructions per class in SASS names, the MUFU.EX2 count, and the source locations it ran (the
-CUDA line with its chain of inlining call sites, as PTX `.loc` and nvdisasm -gi both give it).
-A region's SASS path must issue exactly the recorded classes and EX2 count (on-counts: guards
-resolved as paths.py says); none doing so is a StreamMismatch naming the region and the counts.
-Paths that issue the same classes (an interior or a boundary copy arm, a masking branch) are told
-apart by the source locations: the path with the fewest wrong locations (those its blocks hold
-that the warp did not run in that region, plus those the warp ran that another candidate holds
-and it does not: an if-converted arm keeps a location of the other), then the most that it ran;
-left even (branches inside one PTX instruction's expansion), the path without a call of
-__frcp_rn's slow path (a row that is not empty sums at least 1: its maximum's exponential is
-exactly 1), then a round the shortest and the epilogue the longest (its divergent arms are
-issued when any lane takes them). Every warp of a CTA must take the same paths (the SM model
-runs one stream per CTA): else a StreamMismatch.
+source the cubin is built from) on a representative CTA of each path class, with a BranchRecorder
+(fa_sim.observers.branches): every warp's control flow. fa_sim.timing.walk ties it to the SASS and
+walks each warp through it - any control flow: loops rolled or not, warps of one CTA on different
+paths (pingpong's two groups), early exits. The walk is cut into regions at the K/V loop's latch:
+the SASS block whose branch is tied to the back edge of the PTX engine's main loop (the outermost
+loop holding a barrier or an mma, fa_sim.ptx.blocks.main_loop); round t ends at the latch's
+(t + 1)-th visit, round 0 starts at the loop's header (the latch's back target), the prologue is
+before it and the epilogue after the last round. Nothing here knows what the rounds compute.
 
 Path classes, as the timing model asks for them: a CTA of R rounds, m of them masked. m = 0: a
 plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the diagonal); the
 masked count of a real CTA (causal: the Q block on the diagonal whose keys end with N_k, a whole
 block or, for a CTA whose keys end in a tail, half of one; non-causal, m = 1: a key tail of half a
-block); any other m (the model's all-masked steady run) is the plain CTA's
-rounds with the locations that masking adds (those the masked probe's last round runs and the
-plain one's does not) counted as run in the last m rounds. A Q block whose rows end past N_q (a
-query tail) is its own class: it copies Q through the boundary arm (zero fill); its probe has
-half a block of rows; its epilogue is the full block's (the SASS issues the stores of rows past
-N_q under a guard, on, where the PTX branches around them; a warp whose LSE rows all lie past
-N_q leaves at a guarded EXIT before its last store, 2 instructions the model still issues: the
-grid's count is then at most 0.02 % above Nsight Compute's). The control flow depends on shapes,
-not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA repeats round 1 of the
-PROBE_ROUNDS-round probe's first round from round 1 that the next round repeats (the steady
-state; none is a StreamMismatch), so every CTA has the trip
-count the schedule gives it; a probe whose CTA runs another number of rounds than the schedule
-says is a StreamMismatch. Records are cached on disk by the kernel source, config and shape.
+block); any other m (the model's all-masked steady run) is the plain CTA's path with, in its last
+m rounds, the control-flow events in which the last round of the shortest masked probe differs
+from the plain probe's (the masking branch and what it runs) in place of the plain round's.
+A Q block whose rows end past N_q (a query tail) is its own class: its probe has half a block of
+rows (it copies Q through the boundary arm; warps whose rows all lie past N_q leave early). The
+control flow depends on shapes, not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA
+repeats the first steady round (from round 1, one whose walk the next round repeats in every
+warp; none is a StreamMismatch), so every CTA has the trip count the schedule gives it; a probe
+whose warps run another number of rounds than the schedule says is a StreamMismatch. Probes are
+cached on disk by the kernel source, config and shape.
 """
 
 from __future__ import annotations
@@ -42,30 +32,25 @@ from __future__ import annotations
 import enum
 import functools
 import json
-import re
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..cache import cache_key, cache_root, read_text_entry, store_atomic
 from ..config import KernelConfig
 from ..contract import kernel_source
-from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE
 from ..problem import Problem
-from .paths import EX2, KernelSass, SassStructureError, on_classes
+from .walk import SassGraph, TieError, Walker, check_counts
 
 PROBE_ROUNDS = 8  # the longest probe (plus the masked rounds and prefetch stages, see `probe_rounds`)
-_VERSION = 1  # of the cached records' meaning
-_LOC = re.compile(r'^\s*//## File "[^"]*", line (\d+)(?: inlined at "[^"]*", line (\d+))?')
-_ADDR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/")
+_VERSION = 2  # of the cached probes' meaning: per warp, the (pc, outcome) of each control instruction
 
-Loc = tuple  # (line, call-site line, ..., outermost call site)
+Path = tuple  # ((pc, outcome), ...) of one warp
 Walk = tuple  # block start addresses of one region's path, in order
 
 
-class StreamMismatch(SassStructureError):
-    """The functional run takes a path that no SASS path explains (or warps of a CTA disagree)."""
+class StreamMismatch(TieError):
+    """The functional run takes a path the SASS walk or the schedule cannot follow."""
 
 
 class Kind(enum.Enum):
@@ -75,41 +60,6 @@ class Kind(enum.Enum):
     DIAGONAL_TAIL = "diagonal-tail"  # causal: the diagonal Q block whose last key block is a tail
 
 
-@dataclass(frozen=True)
-class Region:
-    """One warp's record of a region: class counts (EX2 included) and the locations it ran."""
-
-    counts: frozenset  # (class, n) items
-    locs: frozenset
-
-
-def sass_locations(listing: str) -> dict[int, Loc]:
-    """Instruction address -> source location with its inlining chain, from `nvdisasm -gi`
-    (a group of `//## File ..., line L inlined at ..., line C` lines, innermost first, then the
-    outermost `line C`; it holds until the next group)."""
-    out: dict[int, Loc] = {}
-    chain: list[int] = []
-    fresh = False
-    for line in listing.splitlines():
-        if m := _LOC.match(line):
-            chain = [int(m.group(1))] if not fresh else chain
-            fresh = True
-            if m.group(2):
-                chain.append(int(m.group(2)))
-        elif m := _ADDR.match(line):
-            out[int(m.group(1), 16)] = tuple(dict.fromkeys(chain))
-            fresh = False
-    return out
-
-
-def ptx_location(src) -> Loc | None:
-    """An event's source location in the same form (None: no line)."""
-    if src is None or src.line <= 0:
-        return None
-    return (src.line, *dict.fromkeys(site[1] for site in src.inlined_at if site[1] != src.line))
-
-
-# ---- the functional run ------------------------------------------------------------------------
 def probe_rounds(cfg: KernelConfig) -> int:
     """Rounds of the longest probe: enough that round 2 is neither first nor near the end
     (prefetch stages, masked rounds), so rounds 1 and 2 show the steady state; a whole number of
@@ -133,57 +83,62 @@ def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int, qtai
     return prob, prob.n_m_blocks - 1
 
 
-def record(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int,
-           qtail: bool = False) -> list[dict[int, Region]]:
-    """Per warp of the probe CTA of this class: region (ROUND_PROLOGUE, t, ROUND_EPILOGUE) -> its
-    record. The diagonal Q blocks of up to `probe_rounds` rounds come from one run of the longest
-    diagonal probe (its Q blocks run in one wave: the cost of its longest CTA). `qtail`: the Q
-    block's rows end half way; its epilogue is the full block's (the SASS issues the stores of
-    rows past N_q under a guard, on; the PTX branches around them)."""
-    if qtail:
-        prob, mb = probe_problem(cfg, causal, kind, rounds, qtail=True)
-        full = record(cfg, causal, kernel, kind, rounds)
-        tail = _records(cfg, causal, kernel, prob, (mb,))[mb]
-        return [{**w, ROUND_EPILOGUE: f[ROUND_EPILOGUE]} for w, f in zip(tail, full)]
-    prob, mb = probe_problem(cfg, causal, kind, rounds)
-    if kind is Kind.DIAGONAL and rounds <= probe_rounds(cfg):
+def paths_of(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False) -> list[Path]:
+    """Per warp, the control flow of the probe CTA of this class. The diagonal Q blocks of up to
+    `probe_rounds` rounds come from one run of the longest diagonal probe (its Q blocks run in one
+    wave: the cost of its longest CTA)."""
+    prob, mb = probe_problem(cfg, causal, kind, rounds, qtail)
+    if kind is Kind.DIAGONAL and not qtail and rounds <= probe_rounds(cfg):
         batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
         same = np.flatnonzero(batch.n_block_max(np.arange(batch.n_m_blocks)) == rounds)
         if same.size:
-            return _records(cfg, causal, kernel, batch, tuple(range(batch.n_m_blocks)))[int(same[-1])]
-    return _records(cfg, causal, kernel, prob, (mb,))[mb]
+            return _probe(cfg, causal, kernel, batch, tuple(range(batch.n_m_blocks)))[int(same[-1])]
+    return _probe(cfg, causal, kernel, prob, (mb,))[mb]
 
 
-def _records(cfg: KernelConfig, causal: bool, kernel, prob: Problem, mbs: tuple) -> dict[int, list]:
-    """Q block -> per warp records of a run of those Q blocks, cached in memory and on disk (by the
-    kernel source, config and shape)."""
-    text = kernel_source(kernel).text
-    return _cached(text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, mbs)
+def _probe(cfg: KernelConfig, causal: bool, kernel, prob: Problem, mbs: tuple) -> dict[int, list[Path]]:
+    return _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, mbs)[0]
+
+
+def probe_counts(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False) -> tuple:
+    """(the Q blocks the probe of this class ran, {class: warp instructions the engine counted})."""
+    prob, mb = probe_problem(cfg, causal, kind, rounds, qtail)
+    if kind is Kind.DIAGONAL and not qtail and rounds <= probe_rounds(cfg):
+        batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
+        if (batch.n_block_max(np.arange(batch.n_m_blocks)) == rounds).any():
+            mbs = tuple(range(batch.n_m_blocks))
+            return batch, mbs, _cached(kernel_source(kernel).text, cfg, causal, kernel, batch.seqlen_q,
+                                       batch.seqlen_k, mbs)[1]
+    return prob, (mb,), _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, (mb,))[1]
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int, mbs: tuple) -> dict[int, list]:
+def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int, mbs: tuple) -> tuple[dict, dict]:
+    """(Q block -> per warp paths, {class: warp instructions}) of a run of those Q blocks, cached in
+    memory and on disk."""
     key = cache_key(v=_VERSION, text=text, config=cfg.tag, causal=causal, nq=nq, nk=nk, mbs=mbs)
-    path = cache_root() / "timing-stream" / f"{key}.json"
+    path = cache_root() / "timing-paths" / f"{key}.json"
     stored = read_text_entry(path)
     if stored is not None:
         try:
-            return {int(mb): [{int(r): Region(frozenset((c, n) for c, n in reg[0]), frozenset(tuple(x) for x in reg[1]))
-                               for r, reg in warp.items()} for warp in warps] for mb, warps in json.loads(stored).items()}
-        except (ValueError, TypeError, IndexError, AttributeError):
+            raw = json.loads(stored)
+            return ({int(mb): [tuple((int(pc), int(o)) for pc, o in warp) for warp in warps]
+                     for mb, warps in raw["paths"].items()}, {str(c): int(n) for c, n in raw["counts"].items()})
+        except (ValueError, TypeError, KeyError, AttributeError):
             pass  # damaged: run again
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
-    out = _run_probe(prob, kernel, mbs)
-    store_atomic(path, json.dumps({mb: [{r: [sorted(reg.counts), sorted(reg.locs)] for r, reg in w.items()}
-                                        for w in warps] for mb, warps in out.items()}).encode())
-    return out
+    out, counts = _run_probe(prob, kernel, mbs)
+    store_atomic(path, json.dumps({"paths": {mb: [list(map(list, w)) for w in warps] for mb, warps in out.items()},
+                                   "counts": counts}).encode())
+    return out, counts
 
 
-def _run_probe(prob: Problem, kernel, mbs: tuple) -> dict[int, list[dict[int, Region]]]:
-    """Run the Q blocks `mbs` of `prob` (batch 1, one head) on the PTX engine, recorded."""
+def _run_probe(prob: Problem, kernel, mbs: tuple) -> tuple[dict, dict]:
+    """Run the Q blocks `mbs` of `prob` (batch 1, one head) on the PTX engine, their branches
+    recorded: (Q block -> per warp paths, {class: warp instructions the engine counted})."""
     from ..hub import Hub
-    from ..observers.rounds import RoundRecorder
-    from ..ptx.fa2 import run_attention
+    from ..observers.branches import BranchRecorder
+    from ..ptx.fa2 import attention_program, run_attention
     from ..run import global_memory
 
     cfg = prob.config
@@ -191,13 +146,29 @@ def _run_probe(prob: Problem, kernel, mbs: tuple) -> dict[int, list[dict[int, Re
     q, k, v = (rng.standard_normal((1, 1, n, cfg.head_dim)).astype(np.float16)
                for n in (prob.seqlen_q, prob.seqlen_k, prob.seqlen_k))
     gmem, _, ptr = global_memory(prob, q, k, v)
-    rec = RoundRecorder(prob.n_ctas, cfg.n_warps, ptx_location)
+    rec = BranchRecorder()
+    hub = Hub([rec])
     ctas = sorted(int(c) for c in prob.q_block_index(np.array(mbs)))  # the grid CTAs that compute them
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo, hi in _spans(ctas):
-            run_attention(prob, gmem, ptr, Hub([rec]), [np.arange(lo, hi)], kernel=kernel)  # one wave per span
-    return {mb: _warps(rec, prob, mb) for mb in mbs}
+            run_attention(prob, gmem, ptr, hub, [np.arange(lo, hi)], kernel=kernel)  # one wave per span
+    counts: dict = {}
+    for (op, _, _), n in hub.counts.items():
+        counts[op.value] = counts.get(op.value, 0) + int(n)
+    latch = attention_program(cfg, prob.causal, False, kernel).loop.tail
+    out = {}
+    for mb in mbs:
+        cta = int(prob.q_block_index(np.array([mb]))[0])
+        rounds = int(prob.n_block_max(np.array([mb]))[0])
+        warps = [rec.path(cta, w) for w in range(cfg.n_warps)]
+        ran = sorted({sum(pc == latch for pc, _ in p) for p in warps})
+        if ran != [rounds]:
+            raise StreamMismatch(f"{cfg.tag}{' causal' if prob.causal else ''}: in the functional run Q block {mb} "
+                                 f"(N_q {prob.seqlen_q}, N_k {prob.seqlen_k}) runs {ran} K/V rounds per warp; the "
+                                 f"schedule the model dispatches by says {rounds}")
+        out[mb] = warps
+    return out, counts
 
 
 def _spans(ctas: list[int]) -> list[tuple[int, int]]:
@@ -211,40 +182,35 @@ def _spans(ctas: list[int]) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in out]
 
 
-def _warps(rec, prob: Problem, mb: int) -> list[dict[int, Region]]:
-    """The records of Q block mb's warps, after checking its trip count against the schedule's."""
-    cta = int(prob.q_block_index(np.array([mb]))[0])
-    rounds = int(prob.n_block_max(np.array([mb]))[0])
-    ran = set(rec.rounds[cta].tolist())
-    if ran != {rounds}:
-        raise StreamMismatch(f"{prob.config.tag}{' causal' if prob.causal else ''}: in the functional run Q block "
-                             f"{mb} (N_q {prob.seqlen_q}, N_k {prob.seqlen_k}) runs {sorted(ran)} K/V rounds per warp; "
-                             f"the schedule the model dispatches by says {rounds}")
-    regions = (ROUND_PROLOGUE, *range(rounds), ROUND_EPILOGUE)
-    return [{r: Region(frozenset(c.items()), frozenset(locs)) for r in regions
-             for c, locs in [rec.warp_round(cta, w, r)]} for w in range(prob.config.n_warps)]
-
-
-# ---- the SASS paths they select ----------------------------------------------------------------
+# ---- the walks -----------------------------------------------------------------------------------
 class KernelStream:
-    """The SASS walks of every path class of one compiled kernel (see the module docstring)."""
+    """Per warp, the SASS walk of every path class of one compiled kernel, in regions."""
 
-    def __init__(self, config: KernelConfig, causal: bool, kernel, ks: KernelSass, locations: dict[int, Loc]):
-        self.config, self.causal, self.kernel, self.ks = config, causal, kernel, ks
-        self.block_locs = {b: frozenset(locations[i.addr] for i in blk.instrs if locations.get(i.addr))
-                           for b, blk in ks.blocks.items()}
-        self.paths = {region: [(_features(w), starts) for w, starts in walks] for region, walks in ks.walks.items()}
-        self.walks = functools.lru_cache(maxsize=None)(self._cta_walks)
+    def __init__(self, config: KernelConfig, causal: bool, kernel, graph: SassGraph, walker: Walker, latch_pc: int):
+        self.config, self.causal, self.kernel = config, causal, kernel
+        self.graph, self.walker, self.latch_pc = graph, walker, latch_pc
+        latches = [(a, t) for a, t in walker.ties.items() if t.pc == latch_pc]
+        if len(latches) != 1:
+            raise StreamMismatch(f"{config.tag}: the K/V loop's back edge (PTX pc {latch_pc}) is tied to "
+                                 f"{len(latches)} SASS branches; the regions need exactly one")
+        self.latch, tie = latches[0]
+        self.header = graph.blocks[self.latch].succ[0 if tie.same else 1]
+        self.warp_walks = functools.lru_cache(maxsize=None)(self._cta_walks)
+        self._checked: set = set()
 
-    def parts(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list]:
-        """The instructions of a CTA of `rounds` rounds, the last `masked` masked, its keys ending
-        in a tail block (`tail`; non-causal: every masked CTA), its queries in a tail block
-        (`qtail`: the last Q block of N_q not a multiple of block_m): prologue, each round, epilogue."""
-        return [[i for b in walk for i in self.ks.blocks[b].instrs] for walk in self.walks(rounds, masked, tail, qtail)]
+    def walks(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> tuple[Walk, ...]:
+        """Warp 0's regions: prologue, each round, epilogue (block starts)."""
+        return self.warp_walks(rounds, masked, tail, qtail)[0]
 
-    def _cta_walks(self, rounds: int, masked: int, tail: bool = False, qtail: bool = False) -> tuple[Walk, ...]:
-        """`walks(rounds, masked, tail, qtail)`: the block starts of each region's path (prologue,
-        rounds, epilogue)."""
+    def parts(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list[list]]:
+        """Per warp, the instructions of each region of a CTA of `rounds` rounds, the last `masked`
+        masked, its keys ending in a tail block (`tail`; non-causal: every masked CTA), its queries
+        in a tail block (`qtail`)."""
+        blocks = self.graph.blocks
+        return [[[i for b in region for i in blocks[b].instrs] for region in warp]
+                for warp in self.warp_walks(rounds, masked, tail, qtail)]
+
+    def _cta_walks(self, rounds: int, masked: int, tail: bool = False, qtail: bool = False) -> tuple:
         real = self._real_masked(rounds)
         if masked == 0 or masked == real:
             kind = Kind.PLAIN if masked == 0 else self._masked_kind()
@@ -254,10 +220,9 @@ class KernelStream:
         if rounds > probe_rounds(self.config):
             raise ValueError(f"a CTA of {rounds} rounds with {masked} masked is longer than a probe "
                              f"({probe_rounds(self.config)} rounds) and has no real counterpart")
-        plain = self._records(Kind.PLAIN, rounds)
-        extra = self._mask_locations()
-        return self._select_cta([{r: (Region(reg.counts, reg.locs | extra) if rounds - masked <= r < rounds else reg)
-                                  for r, reg in w.items()} for w in plain], rounds)
+        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, rounds)
+        segs = self._mask_outcomes()
+        return tuple(self._regions(self._masked(p, g, rounds - masked, rounds), rounds) for p, g in zip(plain, segs))
 
     def _real_masked(self, rounds: int) -> int:
         """Masked rounds of a real CTA with masking (causal: the diagonal's; a key tail: one)."""
@@ -267,79 +232,88 @@ class KernelStream:
     def _masked_kind(self) -> Kind:
         return Kind.DIAGONAL if self.causal else Kind.TAIL
 
-    def _records(self, kind: Kind, rounds: int, qtail: bool = False) -> list[dict[int, Region]]:
-        return record(self.config, self.causal, self.kernel, kind, rounds, qtail)
-
-    def _extended(self, kind: Kind, rounds: int, qtail: bool = False) -> tuple[Walk, ...]:
+    def _extended(self, kind: Kind, rounds: int, qtail: bool = False) -> tuple:
         """A CTA of `rounds` rounds: its own probe, or, longer than a probe, the longest probe
-        with its first steady round (from round 1, one whose path the next round repeats) repeated."""
+        with its first steady round (from round 1, one whose walk the next round repeats in every
+        warp) repeated."""
         base = probe_rounds(self.config)
         if kind is Kind.DIAGONAL_TAIL:  # the tail in the same diagonal key block as the CTA's (its masked rounds)
             base += (rounds - base) % max(1, self.config.block_m // self.config.block_n)
         if rounds <= base:
-            return self._select_cta(self._records(kind, rounds, qtail), rounds)
-        walks = self._select_cta(self._records(kind, base, qtail), base)  # prologue, round 0, ..., epilogue
-        steady = next((t for t in range(1, base - 1) if walks[1 + t] == walks[2 + t]), None)
+            self._check(kind, rounds, qtail)
+            return tuple(self._regions(p, rounds) for p in paths_of(self.config, self.causal, self.kernel, kind,
+                                                                    rounds, qtail))
+        self._check(kind, base, qtail)
+        warps = [self._regions(p, base) for p in paths_of(self.config, self.causal, self.kernel, kind, base, qtail)]
+        steady = next((t for t in range(1, base - 1) if all(w[1 + t] == w[2 + t] for w in warps)), None)
         if steady is None:
             raise StreamMismatch(f"{self.config.tag}: no two consecutive rounds of a {base}-round CTA take the same "
                                  "SASS path, so no steady round repeats for longer CTAs")
-        return walks[:1 + steady] + walks[1 + steady:2 + steady] * (rounds - base + 1) + walks[2 + steady:]
+        return tuple(w[:1 + steady] + w[1 + steady:2 + steady] * (rounds - base + 1) + w[2 + steady:] for w in warps)
 
-    def _mask_locations(self) -> frozenset:
-        """Locations the last round of the shortest masked probe with a round before its masked
-        ones runs and the last round of the plain probe as long does not."""
+    def _check(self, kind: Kind, rounds: int, qtail: bool) -> None:
+        """The walks of the probe's CTAs must explain the engine's instruction counts
+        (fa_sim.timing.walk.check_counts), once per probe."""
+        prob, mbs, counts = probe_counts(self.config, self.causal, self.kernel, kind, rounds, qtail)
+        key = (prob.seqlen_q, prob.seqlen_k, mbs)
+        if key in self._checked:
+            return
+        walks = [self.walker.walk(p) for mb in mbs for p in _probe(self.config, self.causal, self.kernel, prob, (mb,)
+                                                                    if len(mbs) == 1 else mbs)[mb]]
+        check_counts(self.graph, walks, counts, f"{self.config.tag}{' causal' if self.causal else ''} (N_q "
+                                                f"{prob.seqlen_q}, N_k {prob.seqlen_k})")
+        self._checked.add(key)
+
+    def _regions(self, path: Path, rounds: int) -> tuple[Walk, ...]:
+        """One warp's walk cut at the K/V loop: prologue, each round, epilogue."""
+        walk = self.walker.walk(path)
+        ends = [i for i, b in enumerate(walk) if b == self.latch]
+        if len(ends) != rounds or self.header not in walk[: (ends[0] if ends else len(walk)) + 1]:
+            raise StreamMismatch(f"{self.config.tag}: the SASS walk passes the K/V loop's latch {len(ends)} times "
+                                 f"where the functional run made {rounds} rounds")
+        first = walk.index(self.header)
+        cuts = [first] + [e + 1 for e in ends]
+        return (walk[:first], *(walk[a:b] for a, b in zip(cuts, cuts[1:])), walk[cuts[-1]:])
+
+    def _masked(self, path: Path, seg: tuple, lo: int, hi: int) -> Path:
+        """The path with rounds lo..hi-1 masked: in each, the plain round's run of masking branches
+        (`seg`'s first) replaced by the masked round's (its second)."""
+        plain, masked = seg
+        rounds, cur = [], []
+        for ev in path:
+            cur.append(ev)
+            if ev[0] == self.latch_pc:
+                rounds.append(cur)
+                cur = []
+        rounds.append(cur)  # the epilogue's events
+        for r in range(lo, hi):
+            ev = rounds[r]
+            at = next((i for i in range(len(ev) - len(plain) + 1) if ev[i:i + len(plain)] == plain), None)
+            if at is None or not plain:
+                raise StreamMismatch(f"{self.config.tag}: round {r} of a plain CTA does not run the branches a "
+                                     "masked round changes; the all-masked steady run cannot be made from it")
+            rounds[r] = ev[:at] + masked + ev[at + len(plain):]
+        return tuple(e for r in rounds for e in r)
+
+    def _mask_outcomes(self) -> list[tuple]:
+        """Per warp, (plain events, masked events): the run of control-flow events in which the last
+        round of the shortest masked probe with a round before its masked ones differs from the
+        plain probe's (what lies between their common beginning and their common end)."""
         n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
-        plain, masked = self._records(Kind.PLAIN, n), self._records(self._masked_kind(), n)
-        return frozenset().union(*(m[n - 1].locs - p[n - 1].locs for p, m in zip(plain, masked)))
+        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n)
+        masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n)
+        out = []
+        for p, m in zip(plain, masked):
+            lp, lm = self._last_round(p), self._last_round(m)
+            i = 0
+            while i < min(len(lp), len(lm)) and lp[i] == lm[i]:
+                i += 1
+            j = 0
+            while j < min(len(lp), len(lm)) - i and lp[len(lp) - 1 - j] == lm[len(lm) - 1 - j]:
+                j += 1
+            out.append((lp[i:len(lp) - j], lm[i:len(lm) - j]))
+        return out
 
-    def _select_cta(self, warps: list[dict[int, Region]], rounds: int) -> tuple[Walk, ...]:
-        """Every warp's walks; they must agree."""
-        per_warp = [tuple(self.select(_region(r, rounds), w[r]) for r in (ROUND_PROLOGUE, *range(rounds), ROUND_EPILOGUE))
-                    for w in warps]
-        if any(p != per_warp[0] for p in per_warp):
-            bad = next(i for i, p in enumerate(per_warp) if p != per_warp[0])
-            raise StreamMismatch(f"{self.config.tag}: warp {bad} of a {rounds}-round CTA takes other SASS paths than "
-                                 "warp 0; the SM model runs one stream per CTA")
-        return per_warp[0]
-
-    def select(self, region: str, rec: Region) -> Walk:
-        """The SASS walk of `region` that issues the record's counts, best explained by its locations."""
-        hits = [starts for counts, starts in self.paths[region] if counts == rec.counts]
-        if not hits:
-            have = sorted({_brief(c) for c, _ in self.paths[region]})
-            raise StreamMismatch(f"{self.config.tag}{' causal' if self.causal else ''} {region}: the functional run "
-                                 f"issues {_brief(rec.counts)} per warp; no SASS path does (they issue: "
-                                 f"{'; '.join(have[:4])}{' ...' if len(have) > 4 else ''})")
-        longest = region == "epilogue"
-        known = frozenset().union(*(self.block_locs[b] for s in hits for b in s)) & rec.locs
-
-        def score(starts: Walk) -> tuple:
-            locs = [self.block_locs[b] for b in starts]
-            have = frozenset().union(*locs)
-            # locations the walk holds and the warp did not run, plus those the warp ran that
-            # another candidate holds and this one does not (an if-converted arm keeps a location
-            # of the other arm: the boundary copy of Q holds one of the interior copy's)
-            wrong = sum(len(x - rec.locs) for x in locs) + len(known - have)
-            size = sum(len(self.ks.blocks[b].instrs) for b in starts)
-            return wrong, -len(have & rec.locs), self.ks.slow_calls(starts), -size if longest else size
-        return min(hits, key=score)
-
-
-def _region(rnd: int, rounds: int) -> str:
-    if rnd == ROUND_PROLOGUE:
-        return "prologue"
-    if rnd == ROUND_EPILOGUE:
-        return "epilogue"
-    return "last_trip" if rnd == rounds - 1 else "trip"
-
-
-def _features(w) -> frozenset:
-    """A path weight's on-counts with its EX2 count: what a warp's record must equal."""
-    out = on_classes(w)
-    if dict(w).get(EX2):
-        out[EX2] = dict(w)[EX2]
-    return frozenset(out.items())
-
-
-def _brief(counts: frozenset) -> str:
-    return ", ".join(f"{c} {n}" for c, n in sorted(counts))
+    def _last_round(self, path: Path) -> list:
+        ends = [i for i, (pc, _) in enumerate(path) if pc == self.latch_pc]
+        return list(path[ends[-2] + 1: ends[-1] + 1]) if len(ends) > 1 else list(path[: ends[-1] + 1])

@@ -87,7 +87,8 @@ class Instr:
         return self.guard not in ("", "@PT") and self.guard != "@!PT"
 
     def where(self) -> str:
-        line = f", {self.loc[0]} line {' inlined at '.join(map(str, self.loc[1:]))}" if self.loc else ""
+        file = "the kernel source" if self.loc and self.loc[0] == MAIN else self.loc[0] if self.loc else ""
+        line = f", {file} line {' inlined at '.join(map(str, self.loc[1:]))}" if self.loc else ""
         return f"SASS {self.addr:#06x} `{self.guard + ' ' if self.guard else ''}{self.opcode} {self.operands}`{line}"
 
 
@@ -216,6 +217,19 @@ def region_locs(succ: dict, locs: dict, start, meet, limit: int = 256) -> Arm:
     return Arm(frozenset(out), n)
 
 
+MAIN = "<kernel source>"  # the file most instructions come from, as a location names it
+
+
+def _main_file(instrs: list) -> list:
+    """The instructions with their locations' dominant file named MAIN: the kernel's own source,
+    whatever name the compile gave it (a --kernel variant's PTX and cubin may name it apart)."""
+    files = collections.Counter(i.loc[0] for i in instrs if i.loc)
+    if not files:
+        return instrs
+    main = files.most_common(1)[0][0]
+    return [dataclasses.replace(i, loc=(MAIN, *i.loc[1:])) if i.loc and i.loc[0] == main else i for i in instrs]
+
+
 class SassGraph:
     """The basic blocks of every function of a cubin's SASS."""
 
@@ -224,6 +238,7 @@ class SassGraph:
         if kernel not in self.funcs:
             raise TieError(f"the SASS has no function {kernel!r} (it has {', '.join(sorted(self.funcs))})")
         self.kernel = kernel
+        self.funcs = {name: _main_file(instrs) for name, instrs in self.funcs.items()}
         self.blocks: dict[int, Block] = {}
         for name, instrs in self.funcs.items():
             self._cut(name, instrs)
@@ -239,11 +254,12 @@ class SassGraph:
 
     def _cut(self, func: str, instrs: list[Instr]) -> None:
         leaders = {instrs[0].addr}
-        for ins, nxt in zip(instrs, instrs[1:]):
+        for k, ins in enumerate(instrs):  # the last instruction too: out-of-line code ends with a jump back
             if ins.base in ("BRX", "JMX", "BREAK", "KILL"):
                 raise TieError(f"unsupported control flow: {ins.where()} (indirect branches are not modelled)")
             if self.is_jump(ins) or (ins.base in ("EXIT", "RET", "CALL") and ins.guard != "@!PT"):
-                leaders.add(nxt.addr)
+                if k + 1 < len(instrs):
+                    leaders.add(instrs[k + 1].addr)
                 if self.is_jump(ins):
                     leaders.add(self.labels[ins.target])
         cur: list[Instr] = []
@@ -317,6 +333,8 @@ class PtxGraph:
         self.kernel = kernel
         self.code = kernel.instructions
         n = len(self.code)
+        files = collections.Counter(basename(i.loc.file) for i in self.code if i.loc is not None and i.loc.line > 0)
+        self._main = files.most_common(1)[0][0] if files else None
         leaders = {0} | set(kernel.labels.values())
         for ins in self.code:
             if ins.opcode in ("bra", "ret", "exit") and ins.pc + 1 < n:
@@ -335,13 +353,18 @@ class PtxGraph:
             else:
                 succ = [fall]
             self.succ[a] = succ
-            self.locs[a] = [ptx_loc(i.loc) for i in self.code[a:b]] + (
+            self.locs[a] = [self.loc(i) for i in self.code[a:b]] + (
                 [EXIT] if last.opcode in ("ret", "exit") and last.guard is None else [])
             for pc in range(a, b):
                 self.block_of[pc] = a
         leaves = {a for a in self.succ if self.code[a].opcode in ("ret", "exit") and self.code[a].guard is None}
         self.succ = {a: [None if x in leaves else x for x in succ] for a, succ in self.succ.items()}
         self.ipdom = post_dominators(self.succ)
+
+    def loc(self, ins) -> Loc | None:
+        """An instruction's location, its kernel source's file named MAIN."""
+        loc = ptx_loc(ins.loc)
+        return (MAIN, *loc[1:]) if loc and loc[0] == self._main else loc
 
     def control(self) -> list:
         """Conditional control instructions: guarded bra / ret / exit."""
@@ -373,7 +396,7 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
     out: dict[int, Tie] = {}
     by_loc = collections.defaultdict(list)
     for ins in ptx.control():
-        by_loc[ptx_loc(ins.loc)].append(ins)
+        by_loc[ptx.loc(ins)].append(ins)
     pending = collections.defaultdict(list)  # location -> SASS blocks ending in a tied branch
     for start, b in sorted(sass.blocks.items()):
         last = b.last
@@ -392,8 +415,7 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
         if not cands:  # ptxas if-converted an arm and branches past the other: the branch takes the
             # location of a neighbouring instruction; tie it to the PTX branch of the same outermost
             # call site whose arms are most alike
-            cands = [i for i in spare if loc and ptx_loc(i.loc) and ptx_loc(i.loc)[0] == loc[0]
-                     and ptx_loc(i.loc)[-1] == loc[-1]]
+            cands = [i for i in spare if loc and ptx.loc(i) and ptx.loc(i)[0] == loc[0] and ptx.loc(i)[-1] == loc[-1]]
             scored = sorted(((max(_agreement(sass.arms(s), ptx.arms(i))), i.pc) for s in starts for i in cands),
                             reverse=True)
             if not scored or scored[0][0] < 1 or (len(scored) > 1 and scored[1][0] == scored[0][0]
@@ -410,12 +432,10 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
             pairs = list(zip(starts, cands))
         elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
             pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
-        else:  # ptxas unrolled or duplicated the code: its iterations are not the PTX's
-            first = sass.blocks[starts[0]].last
-            raise TieError(f"{first.where()}: ptxas unrolled or duplicated the code of this line ({len(starts)} SASS "
-                           f"branches for {len(cands)} PTX branches), which the walk does not model; keep the loop "
-                           "rolled with `#pragma unroll 1` (PTX .pragma \"nounroll\": ptxas keeps it) or unroll it "
-                           "fully in the source")
+        else:  # ptxas duplicated the code (paths split, a tail copied): each copy to its most alike
+            # candidate, taking that branch's outcomes in turn; were its iterations not the PTX's (a
+            # loop ptxas unrolled), the walk runs out of or leaves outcomes: a TieError there
+            pairs = [(s, max(cands, key=lambda i: (max(_agreement(arms[s], parms[i.pc])), -i.pc))) for s in starts]
         for s, ins in pairs:
             same, swapped = _agreement(arms[s], parms[ins.pc])
             if same == swapped:
@@ -443,6 +463,10 @@ def _align(starts: list, cands: list, score) -> list:
         pairs.append((starts[i - 1], cands[j - 1]))
         j -= 1
     return pairs[::-1]
+
+
+_UNROLLED = ("; a loop ptxas unrolled runs several PTX iterations per SASS iteration, which the walk does not "
+             "model: keep it rolled with `#pragma unroll 1` (PTX .pragma \"nounroll\") or unroll it in the source")
 
 
 class Walker:
@@ -473,7 +497,7 @@ class Walker:
             ins = self.ptx.code[min(left)]
             raise TieError(f"the functional run took the PTX branch `{ins.text}` (PTX line {ins.ptx_line}, "
                            f"{ins.loc}) {len(queues[min(left)])} more times than the SASS walk reached it: the "
-                           "SASS's control flow does not follow the PTX's there")
+                           f"SASS's control flow does not follow the PTX's there{_UNROLLED}")
         return tuple(out)
 
     def _run(self, at, stop, queues, out, calls) -> int | None:
@@ -513,7 +537,7 @@ class Walker:
             if not q:
                 raise TieError(f"{last.where()}: the SASS walk reaches this branch more often than the functional "
                                f"run took its PTX branch `{self.ptx.code[t.pc].text}` (PTX line "
-                               f"{self.ptx.code[t.pc].ptx_line})")
+                               f"{self.ptx.code[t.pc].ptx_line}){_UNROLLED}")
             outcome = q.popleft()
             if outcome == SOME and last.base == "EXIT":
                 at = b.succ[1]  # some lanes leave, the warp goes on with the others
@@ -528,3 +552,41 @@ class Walker:
                 self._run(b.succ[arm], meet, queues, out, calls)
             at = meet
         return at
+
+
+_CLASS_OF = {"HMMA": "HMMA", "LDSM": "LDSM", "SHFL": "SHFL", "BAR": "BAR", "LDGSTS": "LDGSTS", "LDS": "LDS",
+             "STS": "STS"}  # SASS opcode -> the engine's instruction class (fa_sim.events.Op) it counts as
+
+
+def class_counts(graph: SassGraph, walks) -> tuple[dict, dict]:
+    """(issued, unguarded): per engine class, the warp instructions the walks issue, and those of
+    them without a guard (a guarded one may be an if-converted arm the warp's lanes did not run)."""
+    issued, sure = collections.Counter(), collections.Counter()
+    for walk in walks:
+        for b in walk:
+            for i in graph.blocks[b].instrs:
+                cls = _CLASS_OF.get(i.base)
+                if cls is None or i.guard == "@!PT" or (cls == "BAR" and not i.opcode.startswith("BAR.SYNC")):
+                    continue
+                issued[cls] += 1
+                if i.guard in ("", "@PT"):
+                    sure[cls] += 1
+    return dict(issued), dict(sure)
+
+
+_KEPT = ("BAR", "HMMA")  # ptxas never removes these; a load or a shuffle it may reuse (CSE)
+
+
+def check_counts(graph: SassGraph, walks, engine: dict, what: str) -> None:
+    """The walks must explain the engine's count of every class: at least the unguarded SASS
+    instructions, and for barriers and mmas, which ptxas never removes, at most all issued ones (a
+    repeated load or shuffle ptxas may reuse). A barrier or an mma the functional run made that no
+    walk issues (or one the walks issue that it did not) means the SASS is not the PTX's: a TieError."""
+    issued, sure = class_counts(graph, walks)
+    for cls in _CLASS_OF.values():
+        n = int(engine.get(cls, 0))
+        most = issued.get(cls, 0) if cls in _KEPT else float("inf")
+        if not sure.get(cls, 0) <= n <= most:
+            raise TieError(f"{what}: the functional run issues {n} {cls} warp instructions, the SASS walk "
+                           f"{sure.get(cls, 0)} unguarded and {issued.get(cls, 0)} in all: the SASS does not "
+                           "compile this PTX (a kernel source other than the cubin's?)")
