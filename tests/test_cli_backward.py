@@ -67,3 +67,120 @@ def test_fa_explain_backward_prints_the_exact_tables(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["d"] == ["1/8", "3"] and data["dq_over_s"][0] == ["-13/32", "33/64"]
     assert [b["keys"] for b in data["blocks"]] == [[0, 1], [2, 3]]
+
+
+# -- fa sim --backward -------------------------------------------------------------------------------------
+
+
+def _engine():
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the PTX engine compiles with NVRTC (the hw extra)")
+
+
+SMALL = ["--seqlen", "40", "--seqlen-k", "70", "--head-dim", "32", "--causal"]
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "atomic"])
+def test_fa_sim_backward_reports_errors_within_the_bound(capsys, mode):
+    _engine()
+    assert main(["sim", "--backward", *SMALL, "--dq", mode, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dq_mode"] == mode and out["above_bound"] == []
+    # the same numbers as measured here against the float64 reference on the same seeded inputs
+    import fa_sim
+    from fa_sim.reference import random_inputs_backward
+    q, k, v, do = random_inputs_backward(1, 1, 40, 70, 32, seed=0)
+    fwd = fa_sim.simulate(q, k, v, causal=True)
+    res = fa_sim.simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=True, deterministic=mode == "deterministic")
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=True, bound=True)
+    for name, got, ref, bound in zip(("dq", "dk", "dv"), (res.dq, res.dk, res.dv), want, (bq, bk, bv)):
+        err = np.abs(got.astype(np.float64) - ref)
+        g = out["gradients"][name]
+        assert g["max_abs_err"] == pytest.approx(err.max(), rel=1e-12)
+        assert g["rel_err"] == pytest.approx(err.max() / np.abs(ref).max(), rel=1e-12)
+        assert g["err_over_bound"] == pytest.approx((err / bound).max(), rel=1e-12)
+        assert 0 < g["err_over_bound"] <= 1 and g["nonfinite"] == 0
+    main_counts = out["instructions"]["fa2_bwd_kernel"]
+    # Causal, Nk = 70 > Nq = 40: CTA 1 (keys 64..69) sees no query and runs no round; CTA 0 runs one
+    # Q block: 4 warps x 5 GEMMs (S, dV, dP, dK, dQ) of 16 mma each at d = 32, and 2 barriers.
+    assert main_counts["HMMA"] == 4 * 5 * 16 and main_counts["BAR"] == 4 * 2
+
+
+def test_fa_sim_backward_table(capsys):
+    _engine()
+    assert main(["sim", "--backward", "--seqlen", "64", "--head-dim", "32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fa sim --backward: B=1 H=1 Nq=64 Nk=64 d=32 non-causal")
+    for name in ("dQ", "dK", "dV"):
+        assert any(line.split()[:1] == [name] for line in out.splitlines())
+    assert "ABOVE BOUND" not in out and "preprocess" in out and "main" in out
+
+
+def test_fa_sim_backward_bad_input_is_one_line(tmp_path, capsys):
+    _engine()
+    from fa_sim.reference import random_inputs_backward
+    q, k, v, do = random_inputs_backward(1, 1, 16, 16, 32, seed=0)
+    bad = do.copy()
+    bad[0, 0, 3, 5] = np.nan
+    files = {"nodo": dict(q=q, k=k, v=v), "nan": dict(q=q, k=k, v=v, do=bad),
+             "shape": dict(q=q, k=k, v=v, do=do[:, :, :8]), "rank": dict(q=q, k=k, v=v, do=do[0])}
+    want = {"nodo": "lacks array(s) do", "nan": r"do contains NaN or Inf, first at do[0, 0, 3, 5]",
+            "shape": "do must have q's shape (1, 1, 16, 32)", "rank": "do must have rank 4"}
+    for name, arrays in files.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        assert main(["sim", "--backward", "--npz", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert want[name] in err and err.count("\n") == 1, err
+    cases = [(["sim", "--backward", "--block-m", "64"], "--block-m does not apply with --backward"),
+             (["sim", "--dq", "atomic"], "--dq does not apply without --backward"),
+             (["sim", "--backward", "--workers", "2"], "--workers does not apply with --backward"),
+             (["sim", "--backward", "--head-dim", "96"], "head_dim"),
+             (["sim", "--backward", "--kernel", str(tmp_path / "none.cu")], "takes an existing .cu file"),
+             (["banks", "--backward", "--compare"], "--compare does not apply with --backward"),
+             (["banks", "--instructions"], "--instructions does not apply without --backward")]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_fa_sim_backward_check_hazards(tmp_path, capsys):
+    """The main kernel is race-free; a copy of fa2_bwd.cu without BAR_DS is reported, exit 1."""
+    _engine()
+    from fa_sim.contract.backward import BWD_PATH
+    assert main(["sim", "--backward", "--seqlen", "64", "--head-dim", "32", "--check-hazards"]) == 0
+    assert "main kernel (fa2_bwd_kernel) hazards: none" in capsys.readouterr().out
+    text = BWD_PATH.read_text()
+    line = "if (!FA_DROP_BAR_DS) __syncthreads();"
+    assert text.count(line) == 1
+    path = tmp_path / "no_bar_ds.cu"
+    path.write_text(text.replace(line, ";"))
+    argv = ["sim", "--backward", "--seqlen", "64", "--head-dim", "32", "--check-hazards", "--kernel", str(path)]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "RAW_NO_BARRIER" in out and "no_bar_ds.cu:" in out
+    assert main([*argv, "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)["hazards"]
+    assert rep["total"] > 0 and any(h["kind"] == "RAW_NO_BARRIER" for h in rep["hazards"])
+
+
+# -- fa banks --backward ------------------------------------------------------------------------------------
+def test_fa_banks_backward_counts_the_main_kernel(capsys):
+    _engine()
+    from fa_sim.backward import simulate_backward
+    from fa_sim.observers.banks import BankCounter
+    import fa_sim
+    from fa_sim.reference import random_inputs_backward
+    assert main(["banks", "--backward", "--seqlen", "64", "--head-dim", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kernel"] == "fa2_bwd_kernel"
+    q, k, v, do = random_inputs_backward(1, 1, 64, 64, 32, seed=0)
+    fwd = fa_sim.simulate(q, k, v)
+    counter = BankCounter()
+    simulate_backward(q, k, v, fwd.o, fwd.lse, do, observers=[counter])
+    want = counter.report().to_json()
+    assert out["phases"] == want["phases"] and out["rounds"] == want["rounds"]
+    assert set(out["phases"]) >= {"S", "dV", "dP", "dS", "dK", "dQ"}
+    assert main(["banks", "--backward", "--seqlen", "64", "--head-dim", "32"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("fa banks --backward: fa2_bwd_kernel") and "dQ        LDSM" in text
