@@ -184,3 +184,79 @@ def test_fa_banks_backward_counts_the_main_kernel(capsys):
     assert main(["banks", "--backward", "--seqlen", "64", "--head-dim", "32"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("fa banks --backward: fa2_bwd_kernel") and "dQ        LDSM" in text
+
+
+# -- fa trace --backward ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, cta, warp, lane", [
+    (["--seqlen", "100", "--seqlen-k", "70", "--causal"], 1, 0, 9),  # CTA 1 starts at Q block 1; tails both ways
+    (["--seqlen", "64", "--seqlen-k", "128"], 0, 3, 30),  # two K/V blocks; warp 3 of dQ's 4 x 1 warp grid
+])
+def test_fa_trace_backward_values_sit_at_their_coordinates(capsys, argv, cta, warp, lane):
+    """Each traced value equals float64 at the coordinates the view gives it: S = q.k, P, dP = dO.v, dS,
+    dV and dK/s after the round, the dQ partial / s; masked slots P = dS = 0."""
+    _engine()
+    from fa_sim.reference import attention, random_inputs_backward
+    assert main(["trace", "--backward", *argv, "--head-dim", "32", "--cta", str(cta), "--warp", str(warp),
+                 "--lane", str(lane), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    nq, nk = int(argv[1]), int(argv[3])
+    causal = "--causal" in argv
+    q, k, v, do = (x[0, 0].astype(np.float64) for x in random_inputs_backward(1, 1, nq, nk, 32, seed=0))
+    s = 1 / math.sqrt(32)
+    o, lse = attention(q, k, v, causal=causal, scale=s)
+    sc = q @ k.T
+    p = np.exp(s * sc - lse[:, None])
+    if causal:
+        p[np.arange(nk)[None, :] > np.arange(nq)[:, None]] = 0
+    dp = do @ v.T
+    ds = p * (dp - (do * o).sum(-1, keepdims=True))
+    assert out["round"] == 0 and out["m_block"] == (1 if causal else 0) and out["mmas"]["S"] == 16
+    sco = out["scores"]
+    key, query, msk = (np.array(sco[x]) for x in ("key", "query", "masked"))
+    inside = (key < nk) & (query < nq)
+    ki, qi = key[inside], query[inside]
+    got = {x: np.array(sco[x]) for x in ("s", "p", "dp", "ds")}
+    np.testing.assert_allclose(got["s"][inside], sc[qi, ki], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["dp"][inside], dp[qi, ki], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["p"][inside], p[qi, ki], rtol=2e-3, atol=1e-6)
+    np.testing.assert_allclose(got["ds"][inside], ds[qi, ki], rtol=1e-2, atol=2e-3 * np.abs(ds).max())
+    assert (got["p"][msk] == 0).all() and (got["ds"][msk] == 0).all() and msk.any() == (causal or nk % 64 != 0)
+    assert (got["s"][~inside] == 0).all()  # zero-filled rows of the tiles past Nq / Nk
+    # dV and dK / s after round 0: CTA's keys see only this Q block here (causal: Q block 1 is its first and
+    # last; non-causal: Nq = 64 is one Q block), so the accumulators are the whole gradients
+    dv_ref, dk_ref = p.T @ do, ds.T @ q
+    acc = out["accumulators"]
+    ak, ac = np.array(acc["key"]), np.array(acc["col"])
+    ok = ak < nk
+    np.testing.assert_allclose(np.array(acc["dv"])[ok], dv_ref[ak[ok], ac[ok]], rtol=1e-2, atol=3e-3 * np.abs(dv_ref).max())
+    np.testing.assert_allclose(np.array(acc["dk_over_s"])[ok], dk_ref[ak[ok], ac[ok]], rtol=1e-2,
+                               atol=3e-3 * np.abs(dk_ref).max())
+    key0 = (cta % -(-nk // 64)) * 64
+    part = ds[:, key0:key0 + 64] @ k[key0:key0 + 64]
+    dq = out["dq_partial"]
+    dqq, dqc = np.array(dq["query"]), np.array(dq["col"])
+    ok = dqq < nq
+    np.testing.assert_allclose(np.array(dq["dq_over_s"])[ok], part[dqq[ok], dqc[ok]], rtol=1e-2,
+                               atol=3e-3 * np.abs(part).max())
+
+
+def test_fa_trace_backward_refuses_rounds_and_selections_outside_the_grid(capsys):
+    cases = [(["--seqlen", "40", "--seqlen-k", "70", "--causal", "--cta", "1"],
+              "--round 0 is not a round of CTA 1 (K/V block 1): it runs no round; under --causal it starts at Q block 1"),
+             (["--seqlen", "64", "--cta", "1"], "--cta 1 is outside the backward grid: 1 CTAs"),
+             (["--seqlen", "64", "--warp", "4"], "--warp 4 is outside the CTA: 4 warps"),
+             (["--seqlen", "64", "--round", "1"], "it runs round 0 only; Nq = 64 queries in Q blocks of block_m = 64"),
+             (["--seqlen", "64", "--ops", "HMMA"], "--ops does not apply with --backward")]
+    for argv, message in cases:
+        assert main(["trace", "--backward", "--head-dim", "32", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_fa_trace_backward_table(capsys):
+    _engine()
+    assert main(["trace", "--backward", "--seqlen", "64", "--head-dim", "32", "--warp", "1", "--lane", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fa trace --backward: CTA 0 (K/V block 0: keys 0..63, batch-head 0), warp 1, lane 5")
+    assert "mma per phase: S 16, dV 16, dP 16, dK 16, dQ 16" in out
+    assert "  [0][0]     17     2" in out  # key 16 + g = 17, query 2 tq = 2

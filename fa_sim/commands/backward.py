@@ -266,3 +266,64 @@ def banks(args) -> int:
              f"{' causal' if args.causal else ''}, {cfg.describe()}; rounds are Q blocks")
     print(bank_tables.format_report(rep, title, instructions=bool(getattr(args, "instructions", False))))
     return 0
+
+
+# -- fa trace --backward ----------------------------------------------------------------------------------
+def trace(args) -> int:
+    """`fa trace --backward`: one lane's S, P, dP, dS, dV, dK and dQ partial in one round (one Q block)
+    of the main kernel, at their fragment coordinates (fa_sim.observers.backward_lane)."""
+    import json
+
+    from ..contract.backward import BackwardConfig
+    from ..events import Op
+    from ..isa.sm80 import WARP_SIZE
+    from ..observers import backward_lane
+    from ..observers.trace import TraceFilter, TraceRecorder
+
+    check_options(args, ("ops", "save", "perfetto", "kernel"))
+    if getattr(args, "npz", None) is not None:
+        q, k, v, do = load_inputs(args)  # the file fixes the shape: checked before the simulation
+        (b, h, nq, d), nk = np.shape(q), np.shape(k)[2]
+        shape = (b, h, nq, nk, d)
+    else:
+        shape = problem_shape(args)
+    b, h, nq, nk, d = shape
+    cfg = BackwardConfig(d)
+    n_kv = cfg.n_kv_blocks(nk)
+    n_ctas = n_kv * b * h
+    if args.cta >= n_ctas:
+        raise UsageError(f"--cta {args.cta} is outside the backward grid: {n_ctas} CTAs (K/V blocks of "
+                         f"{cfg.block_n} keys x batch-heads), 0..{n_ctas - 1}")
+    if args.thread is not None:
+        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
+        if args.thread >= cfg.n_threads:
+            raise UsageError(f"--thread {args.thread} is outside the CTA: {cfg.n_threads} threads, "
+                             f"0..{cfg.n_threads - 1}")
+        warp, lane = divmod(args.thread, WARP_SIZE)
+    else:
+        warp, lane = args.warp, args.lane
+        if warp >= cfg.n_warps:
+            raise UsageError(f"--warp {warp} is outside the CTA: {cfg.n_warps} warps, 0..{cfg.n_warps - 1}")
+        if lane >= WARP_SIZE:
+            raise UsageError(f"--lane {lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    n_block = args.cta % n_kv
+    rounds = backward_lane.rounds_of(cfg, n_block, nq, args.causal)
+    if args.round >= rounds:
+        key0 = n_block * cfg.block_n
+        runs = ("no round" if rounds == 0 else "round 0 only" if rounds == 1 else f"rounds 0..{rounds - 1}")
+        why = (f"under --causal it starts at Q block {key0 // cfg.block_m} (its first key {key0} // block_m "
+               f"{cfg.block_m}) of {cfg.n_q_blocks(nq)}" if args.causal else
+               f"Nq = {nq} queries in Q blocks of block_m = {cfg.block_m}")
+        raise UsageError(f"--round {args.round} is not a round of CTA {args.cta} (K/V block {n_block}): it runs "
+                         f"{runs}; {why}")
+    recorder = TraceRecorder(TraceFilter(ctas=(args.cta,), threads=(WARP_SIZE * warp + lane,), rounds=(args.round,),
+                                         ops=frozenset({Op.HMMA})))
+    run = run_backward(args, (recorder,))
+    lane_view = backward_lane.lane_values(recorder.trace.records, cfg, args.cta, warp, lane, args.round, n_kv, nq,
+                                          args.causal)
+    if args.json:
+        print(json.dumps(backward_lane.lane_json(lane_view, nq, nk, args.causal), indent=1))
+    else:
+        print(backward_lane.format_lane(lane_view, nq, nk, args.causal))
+    del run
+    return 0
