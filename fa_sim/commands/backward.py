@@ -230,7 +230,8 @@ def sim(args) -> int:
     print("  warp instructions " + "".join(f"{names[k]:>12}" for k in counts))
     for op in COUNTED_OPS:
         print(f"    {op.value:<15}" + "".join(f"{counts[k][op.value]:>12,}" for k in counts))
-    print(f"  wall time                      forward {run.forward_seconds:.3f} s, backward {res.seconds:.3f} s")
+    print(f"  forward wall time              {run.forward_seconds:.3f} s")
+    print(f"  backward wall time             {res.seconds:.3f} s")
     if report is not None:
         from ..observers.hazards import format_hazards
         print("main kernel (fa2_bwd_kernel) " + format_hazards(report))

@@ -108,7 +108,7 @@ def render_backward(w: BackwardWalkthrough) -> str:
         keys = blk.keys
         out += [f"K/V block {j}: keys {', '.join(map(str, keys))}", ""]
         out += ["  S = Q K^T" + (", k > q set to -inf" if w.causal else "")] + _table("q/k", keys, rows, blk.s)
-        out += ["", f"  P = {fmt(w.scale.arg)}^S / {fmt(w.scale.arg)}^LSE = exp(s S - LSE)"]
+        out += ["", f"  P = exp(s S - LSE) = {fmt(w.scale.arg)}^S / e^LSE"]
         out += _table("q/k", keys, rows, blk.p)
         out += ["", "  dV = P^T dO  (this block's keys: final, no other block adds to them)"]
         out += _table("k/d", dims, keys, blk.dv)
