@@ -260,3 +260,45 @@ def test_fa_trace_backward_table(capsys):
     assert out.startswith("fa trace --backward: CTA 0 (K/V block 0: keys 0..63, batch-head 0), warp 1, lane 5")
     assert "mma per phase: S 16, dV 16, dP 16, dK 16, dQ 16" in out
     assert "  [0][0]     17     2" in out  # key 16 + g = 17, query 2 tq = 2
+
+
+# -- fa hw --backward, fa compare --backward ---------------------------------------------------------------
+def test_match_gradients_requires_bits_or_the_bound():
+    """The decision of fa compare --backward, on arrays: one ulp off in dK fails both modes; dQ one ulp
+    off fails the deterministic mode and passes the atomic mode while within the bound."""
+    from fa_sim.commands.backward import match_gradients
+    rng = np.random.default_rng(0)
+    g = {n: rng.standard_normal((1, 1, 8, 4)).astype(np.float16) for n in ("dq", "dk", "dv")}
+    ref = {n: x.astype(np.float64) for n, x in g.items()}
+    bound = {n: np.abs(x) * 2.0**-9 + 1e-6 for n, x in ref.items()}
+    same = match_gradients(g, {n: x.copy() for n, x in g.items()}, ref, bound, True)
+    assert all(m.ok and m.identical == 1.0 and m.max_ulps == 0 for m in same.values())
+    for name, det, ok in (("dk", True, False), ("dk", False, False), ("dq", True, False), ("dq", False, True)):
+        other = {n: x.copy() for n, x in g.items()}
+        bits = other[name].view(np.uint16)
+        bits[0, 0, 3, 1] += 1  # one ulp away from zero
+        res = match_gradients(g, other, ref, bound, det)
+        assert res[name].max_ulps == 1 and res[name].identical == 1 - 1 / 32
+        assert res[name].ok is ok, (name, det)
+    far = {n: x.copy() for n, x in g.items()}
+    far["dq"][0, 0, 0, 0] += np.float16(1.0)
+    assert not match_gradients(g, far, ref, bound, False)["dq"].ok  # atomic dQ outside the bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["deterministic", "atomic"])
+def test_fa_hw_and_fa_compare_backward_on_the_gpu(capsys, mode):
+    """On a GPU: fa hw --backward within the bound; fa compare --backward: the deterministic mode bit for
+    bit against the PTX engine, the atomic mode's dK, dV bit for bit and dQ within the bound."""
+    import fa_hw
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    shape = ["--seqlen", "100", "--seqlen-k", "70", "--heads", "2", "--head-dim", "64", "--causal", "--dq", mode]
+    assert main(["hw", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["above_bound"] == [] and out["dq_mode"] == mode
+    assert main(["compare", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["gradients"]["dk"]["identical"] == 1.0 and out["gradients"]["dv"]["identical"] == 1.0
+    if mode == "deterministic":
+        assert out["gradients"]["dq"]["identical"] == 1.0
