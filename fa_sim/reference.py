@@ -58,7 +58,8 @@ def random_inputs_backward(batch: int, heads: int, seqlen_q: int, seqlen_k: int,
     draw, so that the backward commands see the forward commands' q, k, v for the same options."""
     rng = np.random.default_rng(seed)
     shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
-    return tuple(rng.standard_normal(shapes[0 if i in (0, 3) else 1]).astype(np.float16) for i in range(4))
+    return tuple(rng.standard_normal(shapes[0 if i in (0, 3) else 1]).astype(np.float16)
+                 for i in range(4))
 
 
 EXTREME_CASES = ("q=k=65504", "q=-k=65504", "constant 12000", "N(0,300)")

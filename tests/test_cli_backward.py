@@ -69,6 +69,15 @@ def test_fa_explain_backward_prints_the_exact_tables(capsys):
     assert [b["keys"] for b in data["blocks"]] == [[0, 1], [2, 3]]
 
 
+def test_seeded_do_follows_the_forward_inputs():
+    """--backward sees the forward commands' q, k, v for the same options, and dO the next draw."""
+    from fa_sim.reference import random_inputs, random_inputs_backward
+    q, k, v, do = random_inputs_backward(2, 1, 5, 7, 32, seed=3)
+    for a, b in zip((q, k, v), random_inputs(2, 1, 5, 7, 32, seed=3)):
+        assert a.tobytes() == b.tobytes()
+    assert do.shape == q.shape and do.dtype == np.float16 and not np.array_equal(do, q)
+
+
 # -- fa sim --backward -------------------------------------------------------------------------------------
 
 
@@ -228,7 +237,8 @@ def test_fa_trace_backward_values_sit_at_their_coordinates(capsys, argv, cta, wa
     acc = out["accumulators"]
     ak, ac = np.array(acc["key"]), np.array(acc["col"])
     ok = ak < nk
-    np.testing.assert_allclose(np.array(acc["dv"])[ok], dv_ref[ak[ok], ac[ok]], rtol=1e-2, atol=3e-3 * np.abs(dv_ref).max())
+    np.testing.assert_allclose(np.array(acc["dv"])[ok], dv_ref[ak[ok], ac[ok]], rtol=1e-2,
+                               atol=3e-3 * np.abs(dv_ref).max())
     np.testing.assert_allclose(np.array(acc["dk_over_s"])[ok], dk_ref[ak[ok], ac[ok]], rtol=1e-2,
                                atol=3e-3 * np.abs(dk_ref).max())
     key0 = (cta % -(-nk // 64)) * 64
@@ -242,7 +252,8 @@ def test_fa_trace_backward_values_sit_at_their_coordinates(capsys, argv, cta, wa
 
 def test_fa_trace_backward_refuses_rounds_and_selections_outside_the_grid(capsys):
     cases = [(["--seqlen", "40", "--seqlen-k", "70", "--causal", "--cta", "1"],
-              "--round 0 is not a round of CTA 1 (K/V block 1): it runs no round; under --causal it starts at Q block 1"),
+              "--round 0 is not a round of CTA 1 (K/V block 1): it runs no round; under --causal it starts at "
+              "Q block 1"),
              (["--seqlen", "64", "--cta", "1"], "--cta 1 is outside the backward grid: 1 CTAs"),
              (["--seqlen", "64", "--warp", "4"], "--warp 4 is outside the CTA: 4 warps"),
              (["--seqlen", "64", "--round", "1"], "it runs round 0 only; Nq = 64 queries in Q blocks of block_m = 64"),
@@ -266,7 +277,7 @@ def test_fa_trace_backward_table(capsys):
 def test_match_gradients_requires_bits_or_the_bound():
     """The decision of fa compare --backward, on arrays: one ulp off in dK fails both modes; dQ one ulp
     off fails the deterministic mode and passes the atomic mode while within the bound."""
-    from fa_sim.commands.backward import match_gradients
+    from fa_sim.commands.backward_gpu import match_gradients
     rng = np.random.default_rng(0)
     g = {n: rng.standard_normal((1, 1, 8, 4)).astype(np.float16) for n in ("dq", "dk", "dv")}
     ref = {n: x.astype(np.float64) for n, x in g.items()}

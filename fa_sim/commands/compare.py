@@ -243,7 +243,8 @@ def run(args) -> int:
 
     backward.check_options(args, ("kernel", "ctas", "save", "gpu_npz", "banks", "timing"))
     if args.backward:
-        return backward.compare(args)
+        from .backward_gpu import compare
+        return compare(args)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     if args.gpu_npz is not None:
         (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)

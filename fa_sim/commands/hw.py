@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
     backward.check_options(args, ("kernel",))
     if args.backward:
-        return backward.hw(args)
+        from .backward_gpu import hw
+        return hw(args)
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):
