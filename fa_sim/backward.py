@@ -12,6 +12,7 @@ fa_sim.ptx.launch, each on the whole grid, every lane simulated:
   1. fa2_bwd_preprocess_kernel   D = rowsum(dO o O)            grid (ceil(Nq / block_m), B*H)
   2. fa2_bwd_kernel              dK, dV, dQ accumulated in fp32  grid (ceil(Nk / block_n), B*H)
   3. fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16     grid (ceil(Nq / block_m), B*H)
+`instructions` of the result: each kernel's warp instructions per class (fa_sim.events.Op).
 deterministic=True accumulates dQ through a workspace of one fp32 [B*H, Nq, d] slice per K/V block,
 summed in ascending block order by kernel 3; False by red.global.add.f32 (the engine applies one
 instruction's atomics in ascending (CTA, thread) order, docs/backward.md). `observers` (as
@@ -26,11 +27,13 @@ before any kernel runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
 from .contract.backward import CONVERT_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild, BackwardConfig
+from .events import Op
 from .validate import check_causal, check_input, check_scale, check_shapes
 
 
@@ -44,6 +47,8 @@ class BackwardResult:
     scale: float
     deterministic: bool
     seconds: float
+    # warp instructions per class of each kernel (name -> {Op: count}), in launch order
+    instructions: Mapping[str, Mapping[Op, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,14 +126,19 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
     block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
 
     dpsum = np.zeros((b * h, nq), np.float32)
-    ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [x.o, x.do, dpsum, np.int32(nq)],
-               kernel=PREPROCESS_KERNEL, macros=defs)
+    counts = {}
+    run = ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [x.o, x.do, dpsum, np.int32(nq)],
+                     kernel=PREPROCESS_KERNEL, macros=defs)
+    counts[PREPROCESS_KERNEL] = dict(run.instructions)
     dq_accum = np.zeros(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)), np.float32)
     dk, dv = np.zeros_like(x.k), np.zeros_like(x.v)
-    ptx.launch(src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-               [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32],
-               kernel=MAIN_KERNEL, observers=observers, macros=defs, mma_model=mma_model)
+    run = ptx.launch(src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
+                     [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32],
+                     kernel=MAIN_KERNEL, observers=observers, macros=defs, mma_model=mma_model)
+    counts[MAIN_KERNEL] = dict(run.instructions)
     dq = np.zeros_like(x.q)
-    ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [dq_accum, dq, np.int32(nq), np.int32(nk), scale32],
-               kernel=CONVERT_KERNEL, macros=defs)
-    return BackwardResult(dq, dk, dv, cfg, x.causal, x.scale, bool(deterministic), time.perf_counter() - start)
+    run = ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [dq_accum, dq, np.int32(nq), np.int32(nk), scale32],
+                     kernel=CONVERT_KERNEL, macros=defs)
+    counts[CONVERT_KERNEL] = dict(run.instructions)
+    return BackwardResult(dq, dk, dv, cfg, x.causal, x.scale, bool(deterministic), time.perf_counter() - start,
+                          counts)

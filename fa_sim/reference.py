@@ -53,6 +53,15 @@ def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 
+def random_inputs_backward(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
+    """`random_inputs`'s q, k, v and dO [B, H, Nq, d]: the same generator's next standard-normal fp16
+    draw, so that the backward commands see the forward commands' q, k, v for the same options."""
+    rng = np.random.default_rng(seed)
+    shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
+    return tuple(rng.standard_normal(shapes[0 if i in (0, 3) else 1]).astype(np.float16)
+                 for i in range(4))
+
+
 EXTREME_CASES = ("q=k=65504", "q=-k=65504", "constant 12000", "N(0,300)")
 
 
@@ -382,10 +391,86 @@ class Example:
     scale: Ln = Ln(2)
     block_m: int = 2
     block_n: int = 2
+    do: Matrix = ((1, -1), (2, 1))  # the backward example's upstream gradient (fa explain --backward)
 
     def walkthrough(self, causal: bool = False, block_n: int | None = None) -> Walkthrough:
         return walkthrough(self.q, self.k, self.v, scale=self.scale, block_m=self.block_m,
                            block_n=self.block_n if block_n is None else block_n, causal=causal)
 
+    def walkthrough_backward(self, causal: bool = False, block_n: int | None = None) -> BackwardWalkthrough:
+        return walkthrough_backward(self.q, self.k, self.v, self.do, scale=self.scale,
+                                    block_n=self.block_n if block_n is None else block_n, causal=causal)
+
 
 SPEC_EXAMPLE = Example()
+
+
+# -- exact backward ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BackwardBlock:
+    """One K/V block of the exact backward (the CTA of fa2_bwd.cu that owns these keys), over all queries.
+    With s = ln(b): dK and the dQ partials are s times rationals, kept here divided by s."""
+
+    keys: tuple[int, ...]  # global key indices
+    s: Matrix  # S = Q K_j^T [Nq, keys], unscaled integer scores, NEG_INF where causal hides the key
+    p: Matrix  # P = b**S / (b**m l) = exp(s S - LSE), exact
+    dv: Matrix  # dV_j = P^T dO [keys, d]
+    dp: Matrix  # dP = dO V_j^T [Nq, keys]
+    ds: Matrix  # dS = P o (dP - D)
+    dk_over_s: Matrix  # dK_j / s = dS^T Q [keys, d]
+    dq_over_s: Matrix  # this block's dQ partial / s = dS K_j [Nq, d]
+    dq_sum_over_s: Matrix  # dQ / s after this block: the partials of blocks 0..j summed in order
+
+
+@dataclass(frozen=True)
+class BackwardWalkthrough:
+    scale: Ln
+    block_n: int
+    causal: bool
+    do: Matrix
+    o: Matrix  # the forward's exact O
+    lse: tuple[Ln, ...]
+    d: tuple[Fraction, ...]  # D = rowsum(dO o O)
+    blocks: tuple[BackwardBlock, ...]
+    dq_over_s: Matrix  # dQ / s
+    dk_over_s: Matrix  # dK / s
+    dv: Matrix
+
+
+def walkthrough_backward(q, k, v, do, *, scale=Ln(2), block_n: int | None = None,
+                         causal: bool = False) -> BackwardWalkthrough:
+    """FlashAttention-2's backward (Algorithm 2) in exact fractions over 2-D q [Nq, d], k [Nk, d],
+    v [Nk, dv], do [Nq, dv], one K/V block of `block_n` keys at a time (default: all). With s = ln(b)
+    and integer scores every P = b**S / sum is rational, so are dV, dP, D and dS; dK = s dS^T Q and
+    dQ = s dS K are s times rationals (kept divided by s)."""
+    b = exact_scale(scale).arg
+    q, k, v, s = _scores(q, k, v)
+    do = _fractions(do, "do")
+    if do.shape != (q.shape[0], v.shape[1]):
+        raise ValueError(f"do must have shape [Nq, dv] = {(q.shape[0], v.shape[1])}, got {do.shape}")
+    n_q, n_k = s.shape
+    block_n = n_k if block_n is None else block_n
+    if not (isinstance(block_n, int) and block_n >= 1):
+        raise ValueError(f"block_n must be a positive integer, got {block_n!r}")
+    visible = causal_mask(n_q, n_k) if causal else np.ones(s.shape, dtype=bool)
+    w = np.array([[b ** int(x) if ok else Fraction(0) for x, ok in zip(row, vis)] for row, vis in zip(s, visible)],
+                 dtype=object).reshape(s.shape)
+    total = np.array([sum(row, Fraction(0)) for row in w], dtype=object)
+    p_full = w / total[:, None]
+    o = p_full.dot(v)
+    dsum = np.array([sum(x * y for x, y in zip(r1, r2)) for r1, r2 in zip(do, o)], dtype=object)
+    blocks, dq = [], np.full(q.shape, Fraction(0), dtype=object)
+    dk, dv = np.full(k.shape, Fraction(0), dtype=object), np.full(v.shape, Fraction(0), dtype=object)
+    for k0 in range(0, n_k, block_n):
+        j = slice(k0, min(n_k, k0 + block_n))
+        p = p_full[:, j]
+        dp = do.dot(v[j].T)
+        ds = p * (dp - dsum[:, None])
+        dv[j], dk[j] = p.T.dot(do), ds.T.dot(q)
+        part = ds.dot(k[j])
+        dq = dq + part
+        s_masked = np.where(visible[:, j], s[:, j], NEG_INF)
+        blocks.append(BackwardBlock(tuple(range(j.start, j.stop)), _tuple(s_masked), _tuple(p), _tuple(dv[j]),
+                                    _tuple(dp), _tuple(ds), _tuple(dk[j]), _tuple(part), _tuple(dq)))
+    return BackwardWalkthrough(Ln(b), block_n, causal, _tuple(do), _tuple(o), tuple(Ln(t) for t in total),
+                               tuple(dsum), tuple(blocks), _tuple(dq), _tuple(dk), _tuple(dv))

@@ -15,7 +15,8 @@ ROOT = Path(__file__).parent.parent
 PACKAGES = ("fa_sim", "fa_hw")
 #: The only modules of fa_sim that import fa_hw: the commands the user runs to use the GPU, and
 #: `fa time`, whose --config auto reads the GPU's measured table (fa_hw.tuned).
-GPU_COMMANDS = {"fa_sim.commands.hw", "fa_sim.commands.compare", "fa_sim.commands.time"}
+GPU_COMMANDS = {"fa_sim.commands.hw", "fa_sim.commands.compare", "fa_sim.commands.time",
+                "fa_sim.commands.backward_gpu"}
 #: What the kernel contract may import from fa_sim: the layers below it.
 BELOW_CONTRACT = ("fa_sim.contract", "fa_sim.config", "fa_sim.cute", "fa_sim.isa", "fa_sim.checkpoints",
                   "fa_sim.cache")

@@ -7,6 +7,11 @@ conflict figure (PNG and SVG), checked before the simulation, refused over exist
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
 them "excess_wavefronts", the tables print them on their own line.
+
+`--backward` counts the backward pass's main kernel (fa2_bwd_kernel, docs/backward.md) on q, k, v and
+a seeded dO (or the --npz file's do), per class, phase and round (its rounds are Q blocks);
+`--instructions` adds the per-instruction table there. --compare, --plot and the forward's config
+options do not apply to it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from .common import (
     random_inputs,
     refuse,
 )
+from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_figure
 from .preflight import announce, check_engine, problem_of, qkv_shapes
@@ -53,6 +59,9 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="DIR", default=None,
                    help=f"write the conflict figure {FIGURE}.png/.svg into DIR, created if missing (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite existing figure files (default: refuse)")
+    add_backward_arguments(p, dq_mode=False)
+    p.add_argument("--instructions", action="store_true",
+                   help="with --backward: also the per-instruction table (default off; the forward always prints it)")
     p.set_defaults(func=run)
 
 
@@ -67,7 +76,12 @@ def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd):
 
 def run(args) -> int:
     from ..observers import bank_tables
+    from . import backward
 
+    backward.check_options(args, ("compare", "plot", "kernel"))
+    if args.backward:
+        return backward.banks(args)
+    refuse(args, ("instructions",), "without --backward (the forward's tables always list the instructions)")
     if args.compare:
         refuse(args, ("smem",), "with --compare, which counts all three layouts")
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,

@@ -14,6 +14,12 @@ GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option 
 with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
+
+`--backward` compares the backward pass instead (fa_sim/commands/backward.py): fa_hw.backward on
+the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
+GPU forward's O and LSE, final gradients only (no checkpoints yet): `--dq deterministic` (default)
+requires dQ, dK, dV bit for bit; `--dq atomic` dK, dV bit for bit and dQ within the float64 bound
+on both sides (the GPU's order of the atomic additions varies from run to run).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from .common import (
     random_inputs,
     refuse,
 )
+from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 from .preflight import announce, check_engine, problem_of, qkv_shapes
@@ -86,6 +93,7 @@ def register(subparsers) -> None:
                         "model's prediction (fa time; needs ncu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--force", action="store_true", help="overwrite an existing --save file (default: refuse)")
+    add_backward_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -231,6 +239,12 @@ def _front(args, config, recorded):
 
 
 def run(args) -> int:
+    from . import backward
+
+    backward.check_options(args, ("kernel", "ctas", "save", "gpu_npz", "banks", "timing"))
+    if args.backward:
+        from .backward_gpu import compare
+        return compare(args)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     if args.gpu_npz is not None:
         (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)

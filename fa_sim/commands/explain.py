@@ -6,6 +6,13 @@ LSE = ln 8, ln 9. `--causal` shows the causal variant (figure 12: the masked sco
 O and LSE). `--block-n` replays the same inputs with other K/V block sizes. Everything printed comes
 from `fa_sim.reference.walkthrough`; `--json` prints the same content as one JSON object, fractions
 as strings ("7/8", "-inf").
+
+`--backward` works the same example backwards (FlashAttention-2's Algorithm 2, as fa2_bwd.cu
+computes it: one K/V block at a time, dQ summed over the blocks) with the upstream gradient
+dO = [[1, -1], [2, 1]] (SPEC_EXAMPLE.do): D = rowsum(dO o O), then per K/V block P = 2^S / (2^m l),
+dV = P^T dO, dP = dO V^T, dS = P o (dP - D), dK = s dS^T Q and dQ's partial s dS K. With s = ln 2
+every value but dK and dQ is rational; those two are s times a rational and are printed as
+"ln2 * (fraction)". Everything comes from `fa_sim.reference.walkthrough_backward`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import argparse
 import json
 from fractions import Fraction
 
-from ..reference import NEG_INF, SPEC_EXAMPLE, Round, Walkthrough
+from ..reference import NEG_INF, SPEC_EXAMPLE, BackwardWalkthrough, Round, Walkthrough
 from . import UsageError
 
 # Where each quantity appears in the spec (only for its block size, B_c = 2).
@@ -85,6 +92,56 @@ def render_text(w: Walkthrough) -> str:
     return "\n".join(out)
 
 
+def render_backward(w: BackwardWalkthrough) -> str:
+    """The backward walk-through: the forward's O and LSE, D, then one section per K/V block."""
+    n_q, d = len(w.o), len(w.o[0])
+    rows, dims = range(n_q), range(d)
+    s = str(w.scale)
+    out = [f"The spec's worked example backwards{' (causal, top-left)' if w.causal else ''}: s = {w.scale}, "
+           f"so exp(s*x) = {fmt(w.scale.arg)}^x; one K/V block of B_c = {w.block_n} keys at a time "
+           f"(fa2_bwd.cu: one CTA per K/V block)", ""]
+    out += ["Forward: Q, K, V of figures 1-3; O (figure 10) and LSE"] + _table("q/d", dims, rows, w.o)
+    out += [f"  LSE: {', '.join(str(x) for x in w.lse)}", ""]
+    out += ["dO, the upstream gradient (chosen: small integers)"] + _table("q/d", dims, rows, w.do) + [""]
+    out += ["D = rowsum(dO o O)"] + _table("q", ("D",), rows, [(x,) for x in w.d]) + [""]
+    for j, blk in enumerate(w.blocks):
+        keys = blk.keys
+        out += [f"K/V block {j}: keys {', '.join(map(str, keys))}", ""]
+        out += ["  S = Q K^T" + (", k > q set to -inf" if w.causal else "")] + _table("q/k", keys, rows, blk.s)
+        out += ["", f"  P = exp(s S - LSE) = {fmt(w.scale.arg)}^S / e^LSE"]
+        out += _table("q/k", keys, rows, blk.p)
+        out += ["", "  dV = P^T dO  (this block's keys: final, no other block adds to them)"]
+        out += _table("k/d", dims, keys, blk.dv)
+        out += ["", "  dP = dO V^T"] + _table("q/k", keys, rows, blk.dp)
+        out += ["", "  dS = P o (dP - D)"] + _table("q/k", keys, rows, blk.ds)
+        out += ["", f"  dK = s dS^T Q, in units of s = {s}"] + _table("k/d", dims, keys, blk.dk_over_s)
+        out += ["", f"  dQ partial = s dS K, in units of s"] + _table("q/d", dims, rows, blk.dq_over_s)
+        out += ["", f"  dQ after blocks 0..{j} (partials added in block order), in units of s"]
+        out += _table("q/d", dims, rows, blk.dq_sum_over_s) + [""]
+    row_sums = [sum((sum(blk.ds[i]) for blk in w.blocks), Fraction(0)) for i in rows]
+    out += [f"Check: each row of dS sums to {', '.join(map(fmt, row_sums))} (softmax's gradient: "
+            f"sum_k P (dP - D) = D - D)", ""]
+    out += [f"Gradients (dQ and dK in units of s = {s}; as numbers: multiply by {float(w.scale):.6f})"]
+    out += ["dQ / s"] + _table("q/d", dims, rows, w.dq_over_s)
+    out += ["dK / s"] + _table("k/d", dims, range(len(w.dv)), w.dk_over_s)
+    out += ["dV"] + _table("k/d", dims, range(len(w.dv)), w.dv)
+    return "\n".join(out)
+
+
+def backward_json(w: BackwardWalkthrough) -> dict:
+    return {
+        "scale": str(w.scale), "causal": w.causal, "block_n": w.block_n,
+        "q": _matrix(SPEC_EXAMPLE.q), "k": _matrix(SPEC_EXAMPLE.k), "v": _matrix(SPEC_EXAMPLE.v),
+        "do": _matrix(w.do), "o": _matrix(w.o), "lse": [{"ln": fmt(x.arg), "value": float(x)} for x in w.lse],
+        "d": [fmt(x) for x in w.d],
+        "blocks": [{"keys": list(b.keys), "s": _matrix(b.s), "p": _matrix(b.p), "dv": _matrix(b.dv),
+                    "dp": _matrix(b.dp), "ds": _matrix(b.ds), "dk_over_s": _matrix(b.dk_over_s),
+                    "dq_partial_over_s": _matrix(b.dq_over_s), "dq_sum_over_s": _matrix(b.dq_sum_over_s)}
+                   for b in w.blocks],
+        "dq_over_s": _matrix(w.dq_over_s), "dk_over_s": _matrix(w.dk_over_s), "dv": _matrix(w.dv),
+    }
+
+
 def _matrix(m) -> list[list[str]]:
     return [[fmt(x) for x in row] for row in m]
 
@@ -118,6 +175,10 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backward:
+        wb = SPEC_EXAMPLE.walkthrough_backward(causal=args.causal, block_n=args.block_n)
+        print(json.dumps(backward_json(wb)) if args.json else render_backward(wb))
+        return 0
     w = SPEC_EXAMPLE.walkthrough(causal=args.causal, block_n=args.block_n)
     print(json.dumps(to_json(w)) if args.json else render_text(w))
     return 0
@@ -131,5 +192,8 @@ def register(subparsers) -> None:
     p.add_argument("--causal", action="store_true", help="the causal variant (figure 12) (default off)")
     p.add_argument("--block-n", type=_positive, default=SPEC_EXAMPLE.block_n,
                    help=f"keys per K/V round (default {SPEC_EXAMPLE.block_n}, the spec's B_c; 1 or more)")
+    p.add_argument("--backward", action="store_true",
+                   help="the example backwards: D, P, dP, dS, dV, dK, dQ per K/V block with dO = [[1, -1], [2, 1]] "
+                        "(default off)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.set_defaults(func=run)

@@ -10,6 +10,11 @@ null in JSON, exit status 1), the kernel time (CUDA events), TFLOP/s and the ker
 count. Without a GPU it exits with status 2 and one line (fa_hw.NoGPUError, printed by
 fa_sim/cli.py); so it does without the `hw` extra (the line says what to install).
 
+`--backward` runs fa_hw.forward, then the backward pass fa_hw.backward (fa2_bwd.cu, docs/backward.md)
+on q, k, v and dO seeded after them, and prints dQ, dK, dV's errors against float64 with their
+derived bound (exit 1 above it), each kernel's time and registers; `--dq atomic` sums dQ by
+red.global.add.f32 (default deterministic).
+
 The GPU backend is imported when the command runs, not when the CLI starts: the other commands
 do not depend on it.
 """
@@ -34,6 +39,7 @@ from .common import (
     random_inputs,
     seqlen_k,
 )
+from .backward import add_backward_arguments
 from .preflight import announce, problem_of, qkv_shapes
 
 
@@ -44,6 +50,7 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p, simulator=False)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_backward_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -53,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from fa_hw.runtime import check_launch
     from fa_hw.tuned import auto_for_device
 
+    from . import backward
+
+    backward.check_options(args, ("kernel",))
+    if args.backward:
+        from .backward_gpu import hw
+        return hw(args)
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):

@@ -15,6 +15,16 @@ hazard checker (fa_sim.observers.hazards), prints its report (JSON: an extra key
 exits 1 when it finds any. `--workers N` (default: one per core) shares the grid's waves out over
 local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
 bit-identical to one process; a worker or cluster lost is one error line naming the shard.
+
+`--backward` runs the backward pass after the forward on the same inputs (fa_sim/commands/backward.py:
+dO seeded after q, k, v, or the --npz file's do) and prints dQ, dK, dV's errors against float64
+(fa_sim.reference.attention_backward): max |error|, that over max |gradient|, and the largest
+error over the derived elementwise bound (docs/backward.md), each kernel's warp instructions and
+the wall time; exit status 1 when an error is above its bound (ABOVE BOUND) or not finite. `--dq
+atomic` sums dQ by red.global.add.f32 instead of the deterministic workspace; `--check-hazards`
+checks the main kernel; `--kernel FILE` is then a variant of fa2_bwd.cu; JSON: {gradients: {dq, dk,
+dv: {max_abs_err, rel_err, err_over_bound, nonfinite}}, above_bound, dq_mode, config, seconds,
+instructions, kernel[, hazards]}.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from .common import (
     problem_shape,
     random_inputs,
 )
+from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
 from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
 
@@ -60,6 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
     add_parallel_arguments(p)
+    add_backward_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -82,6 +94,11 @@ def _inputs(args, loaded, config, front):
 
 
 def run(args) -> int:
+    from . import backward
+
+    backward.check_options(args, ("workers", "cluster"))
+    if args.backward:
+        return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
     loaded = file_inputs(args)
     d = inputs_head_dim(args, loaded)

@@ -9,6 +9,13 @@ blocks of block_n; under --causal a CTA stops after the block holding its last q
 trace-event JSON: both are checked before the simulation (an existing file is refused unless
 --force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
 `--npz FILE` takes q, k, v from a file, as in `fa sim`.
+
+`--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
+kernel fa2_bwd_kernel instead: its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
+its dV and dK accumulators after the round at (key, column), and its dQ partial at (query,
+column), read from the mma events of the PTX engine (fa_sim/observers/backward_lane.py; dO
+seeded after q, k, v or the --npz file's do). --ops, --save, --perfetto, --kernel and the forward's
+config options do not apply to it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from .common import (
     random_inputs,
     refuse,
 )
+from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
 from .preflight import announce, check_engine, problem_of, qkv_shapes
@@ -70,6 +78,7 @@ def register(subparsers) -> None:
     p.add_argument("--perfetto", metavar="FILE", default=None,
                    help="also write Chrome/Perfetto trace-event JSON to FILE, for ui.perfetto.dev (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite existing output files (default: refuse)")
+    add_backward_arguments(p, dq_mode=False)
     p.set_defaults(func=run)
 
 
@@ -117,7 +126,11 @@ def _check_selection(args, prob: Problem) -> tuple[int, int]:
 def run(args) -> int:
     from ..observers import runs, story, trace_io
     from ..observers.trace import TraceFilter
+    from . import backward
 
+    backward.check_options(args, ("ops", "save", "perfetto", "kernel"))
+    if args.backward:
+        return backward.trace(args)
     kernel_from_args(args)  # the file, before anything is read or made
     ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
     inputs = file_inputs(args)  # None: random, drawn after the checks

@@ -38,8 +38,8 @@ def _excess(c: Counts) -> str:
             f"ideal {c.ideal / c.instructions:.2f})")
 
 
-def format_report(rep: BankReport, title: str = "") -> str:
-    """Per class, then per kernel phase and class, then per static instruction."""
+def format_report(rep: BankReport, title: str = "", instructions: bool = True) -> str:
+    """Per class, then per kernel phase and class, then (with `instructions`) per static instruction."""
     lines = [title] if title else []
     lines += [f"smem {rep.smem}", f"{'class':<12} {HEAD}"]
     by = rep.by_class()
@@ -56,6 +56,9 @@ def format_report(rep: BankReport, title: str = "") -> str:
     for (rnd, cls), counts in sorted(rep.group("round", "cls").items(),
                                      key=lambda kv: (kv[0][0] == ROUND_EPILOGUE, kv[0][0], kv[0][1].value)):
         lines.append(f"{ROUND_NAMES.get(rnd, str(rnd)):<9} {cls.value:<7} {_cells(counts, cls)}")
+    if not instructions:
+        lines.append(FOOTNOTE)
+        return "\n".join(lines)
     lines += ["", f"{'pc':>4} {'instruction':<34} {'class':<7} {HEAD}"]
     for (pc, cls, label), counts in sorted(rep.group("pc", "cls", "label").items(),
                                          key=lambda kv: kv[0][0]):

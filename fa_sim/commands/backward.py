@@ -1,0 +1,329 @@
+"""`--backward` on `fa sim`, `fa banks` and `fa trace`: the backward pass (fa_hw/kernels/fa2_bwd.cu,
+docs/backward.md) on the PTX engine, through fa_sim.simulate_backward.
+
+Inputs: random q, k, v as the forward commands draw them for the same options, and dO the same
+generator's next standard-normal fp16 draw (fa_sim.reference.random_inputs_backward); or `--npz
+FILE` holding q, k, v and do. The forward (fa_sim.simulate, its default config for head_dim) gives
+O and LSE, then the three backward kernels run. The backward kernel has one tile config per
+head_dim (fa_sim.contract.backward.BackwardConfig: d = 32, 64, 128), so the forward's config
+options, --config and --engine are refused with --backward; `--kernel FILE` names a variant of
+fa2_bwd.cu (an existing .cu file with the same kernels, parameters and FA_* macros). dO is
+checked with simulate_backward's own checks (shape, NaN/Inf) before the forward runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import UsageError
+from .common import (
+    PROBLEM_DESTS,
+    check_input_memory,
+    config_options,
+    problem_shape,
+    refuse,
+)
+from .inputs import _refuse, check_host_memory, inputs_option, load_npz
+
+BACKWARD_FILE = ("arrays q [B, H, Nq, d], k and v [B, H, Nk, d], and with --backward do [B, H, Nq, d] "
+                 "(numpy.savez(FILE, q=q, k=k, v=v, do=do))")
+DQ_MODES = ("deterministic", "atomic")
+GRADIENTS = ("dq", "dk", "dv")
+LABELS = {"dq": "dQ", "dk": "dK", "dv": "dV"}
+KERNEL_COLUMNS = {"fa2_bwd_preprocess_kernel": "preprocess", "fa2_bwd_kernel": "main",
+                  "fa2_bwd_convert_dq_kernel": "convert dQ"}
+
+
+def add_backward_arguments(p, dq_mode: bool = True) -> None:
+    """--backward, and --dq MODE where the dQ accumulation matters."""
+    p.add_argument("--backward", action="store_true",
+                   help="run the backward pass (fa2_bwd.cu on the PTX engine, after the forward) with dO seeded "
+                        "after q, k, v, or the --npz file's array do (default off)")
+    if dq_mode:
+        p.add_argument("--dq", choices=DQ_MODES, default="deterministic",
+                       help="with --backward: how dQ is summed across K/V blocks: deterministic (a workspace slice "
+                            "per K/V block, summed in block order) or atomic (red.global.add.f32) "
+                            "(default deterministic; one of deterministic, atomic)")
+
+
+def check_options(args, refused: tuple[str, ...] = ()) -> None:
+    """Refuse what does not apply with --backward (or --dq without it), before any work."""
+    if not args.backward:
+        refuse(args, ("dq",), "without --backward")
+        return
+    forward = [o.dest for o in config_options() if o.dest != "head_dim"]
+    refuse(args, (*forward, "config", "engine"),
+           "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
+    refuse(args, refused, f"with --backward in fa {args.command} (the backward pass's options: docs/backward.md, "
+                          f"section 7)")
+
+
+def kernel_variant(args) -> Path | None:
+    """--kernel with --backward: a variant of fa2_bwd.cu, an existing .cu file."""
+    if getattr(args, "kernel", None) is None:
+        return None
+    path = Path(args.kernel)
+    if path.suffix != ".cu" or not path.is_file():
+        raise UsageError(f"--kernel {args.kernel}: with --backward, --kernel takes an existing .cu file, a variant of "
+                         f"fa_hw/kernels/fa2_bwd.cu with the same kernels, parameters and FA_* macros")
+    return path
+
+
+def load_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v, dO of --npz FILE (its do array is required), or seeded random ones."""
+    from ..reference import random_inputs_backward
+
+    if getattr(args, "npz", None) is None:
+        check_input_memory(args)
+        b, h, nq, nk, d = problem_shape(args)
+        need = 2 * b * h * nq * d * 4  # dO, dQ and their fp32 workspace besides q, k, v, O
+        check_host_memory(need, f"(B, H, Nq, d) = ({b}, {h}, {nq}, {d})", "dO, dQ and the dQ workspace",
+                          "lower --batch, --heads or --seqlen")
+        return random_inputs_backward(b, h, nq, nk, d, args.seed)
+    option = inputs_option(args)
+    refuse(args, PROBLEM_DESTS, f"with {option}: the file's q, k, v fix the shape")
+    data = load_npz(args.npz, ("q", "k", "v", "do"), option, BACKWARD_FILE)
+    for name, x in data.items():
+        if x.ndim != 4:
+            raise _refuse(option, args.npz, f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape "
+                                            f"{x.shape}", BACKWARD_FILE)
+        if x.dtype.kind not in "fiu":
+            raise _refuse(option, args.npz, f"{name} has dtype {x.dtype}, not a number type", BACKWARD_FILE)
+    return data["q"], data["k"], data["v"], data["do"]
+
+
+def check_inputs(q, k, v, do, causal: bool, scale):
+    """simulate_backward's checks of q, k, v and dO (shapes, head_dim, NaN/Inf), before the forward runs;
+    O and LSE stand in as zeros (the forward makes them). Returns the BackwardConfig."""
+    from ..backward import check_backward_inputs
+    from ..contract.backward import BackwardConfig
+
+    q = np.asarray(q)
+    if q.ndim == 4:
+        BackwardConfig(int(q.shape[3]))  # an unsupported head_dim: one line naming the choices
+    x = check_backward_inputs(q, k, v, np.zeros(q.shape, np.float16), np.zeros(q.shape[:3], np.float32), do,
+                              causal, scale)
+    return x.config
+
+
+@dataclass(frozen=True)
+class Run:
+    """A forward and a backward run on the same inputs."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    do: np.ndarray
+    fwd: object  # fa_sim.SimResult
+    res: object  # fa_sim.BackwardResult
+    forward_seconds: float
+
+
+def run_backward(args, observers=(), kernel=None, mma=None) -> Run:
+    """Inputs, their checks, the forward, then simulate_backward with `observers` on its main kernel."""
+    from ..backward import simulate_backward
+    from ..simulate import simulate
+
+    q, k, v, do = load_inputs(args)
+    scale = getattr(args, "scale", None)
+    check_inputs(q, k, v, do, args.causal, scale)
+    start = time.perf_counter()
+    fwd = simulate(q, k, v, causal=args.causal, scale=scale, mma_model=mma)
+    seconds = time.perf_counter() - start
+    res = simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=args.causal, scale=scale,
+                            deterministic=getattr(args, "dq", "deterministic") == "deterministic",
+                            observers=observers, kernel=kernel, mma_model=mma)
+    return Run(q, k, v, do, fwd, res, seconds)
+
+
+# -- fa sim --backward --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GradError:
+    """One gradient against float64: max |error|, that over max |gradient|, the largest error / bound
+    (None where a value is not finite), and the non-finite count."""
+
+    max_abs: float | None
+    relative: float | None
+    of_bound: float | None
+    nonfinite: int
+
+    @property
+    def ok(self) -> bool:
+        return self.nonfinite == 0 and self.of_bound is not None and self.of_bound <= 1.0
+
+    def to_json(self) -> dict:
+        return {"max_abs_err": self.max_abs, "rel_err": self.relative, "err_over_bound": self.of_bound,
+                "nonfinite": self.nonfinite}
+
+
+def gradient_errors(run: Run) -> dict[str, GradError]:
+    """dQ, dK, dV against fa_sim.reference.attention_backward with its derived elementwise bound."""
+    from ..reference import attention_backward
+
+    *want, bq, bk, bv = attention_backward(run.q.astype(np.float16), run.k.astype(np.float16),
+                                           run.v.astype(np.float16), run.do.astype(np.float16),
+                                           causal=run.res.causal, scale=run.res.scale, bound=True)
+    out = {}
+    for name, got, ref, bound in zip(GRADIENTS, (run.res.dq, run.res.dk, run.res.dv), want, (bq, bk, bv)):
+        g = got.astype(np.float64)
+        bad = int((~np.isfinite(g)).sum())
+        if bad:
+            out[name] = GradError(None, None, None, bad)
+            continue
+        err = np.abs(g - ref)
+        top = float(np.abs(ref).max()) if ref.size else 0.0
+        mx = float(err.max()) if err.size else 0.0
+        out[name] = GradError(mx, mx / top if top > 0 else 0.0, float((err / bound).max()) if err.size else 0.0, 0)
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "not finite" if x is None else f"{x:.3e}"
+
+
+def sim(args) -> int:
+    """`fa sim --backward`: see fa_sim/commands/sim.py."""
+    import json
+
+    from ..events import COUNTED_OPS
+
+    check_options(args, ("workers", "cluster"))
+    kernel = kernel_variant(args)
+    checker = None
+    if args.check_hazards:
+        from ..observers.hazards import HazardChecker
+        checker = HazardChecker()
+    run = run_backward(args, () if checker is None else (checker,), kernel, args.mma)
+    res, errs = run.res, gradient_errors(run)
+    report = None if checker is None else checker.report()
+    above = [n for n, e in errs.items() if not e.ok]
+    status = 1 if above or (report is not None and not report.ok) else 0
+    counts = {kern: {op.value: int(c.get(op, 0)) for op in COUNTED_OPS} for kern, c in res.instructions.items()}
+    mode = "deterministic" if res.deterministic else "atomic"
+    if args.json:
+        out = {"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
+               "dq_mode": mode, "config": {"head_dim": res.config.head_dim, "block_m": res.config.block_m,
+                                           "block_n": res.config.block_n, "warps": res.config.n_warps},
+               "seconds": {"forward": run.forward_seconds, "backward": res.seconds}, "instructions": counts,
+               "kernel": None if kernel is None else str(kernel)}
+        if report is not None:
+            out["hazards"] = report.to_json()
+        print(json.dumps(out, allow_nan=False))
+        return status
+    b, h, nq, d = run.q.shape
+    print(f"fa sim --backward: B={b} H={h} Nq={nq} Nk={run.k.shape[2]} d={d} "
+          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} {res.config.describe()} "
+          f"dQ {mode}" + (f" kernel {kernel.name}" if kernel is not None else ""))
+    print("  gradients against float64 (fa_sim.reference.attention_backward, with its error bound)")
+    print(f"    {'':<4}{'max |error|':>12}{'/ max |grad|':>14}{'error / bound':>15}")
+    for name, e in errs.items():
+        frac = "-" if e.of_bound is None else f"{e.of_bound:.2f}"
+        print(f"    {LABELS[name]:<4}{_num(e.max_abs):>12}{_num(e.relative):>14}{frac:>15}"
+              + (f"   {e.nonfinite} not finite" if e.nonfinite else "")
+              + ("   ABOVE BOUND" if not e.ok else ""))
+    names = {k: KERNEL_COLUMNS.get(k, k) for k in counts}
+    print("  warp instructions " + "".join(f"{names[k]:>12}" for k in counts))
+    for op in COUNTED_OPS:
+        print(f"    {op.value:<15}" + "".join(f"{counts[k][op.value]:>12,}" for k in counts))
+    print(f"  forward wall time              {run.forward_seconds:.3f} s")
+    print(f"  backward wall time             {res.seconds:.3f} s")
+    if report is not None:
+        from ..observers.hazards import format_hazards
+        print("main kernel (fa2_bwd_kernel) " + format_hazards(report))
+    return status
+
+
+# -- fa banks --backward ----------------------------------------------------------------------------------
+def banks(args) -> int:
+    """`fa banks --backward`: BankCounter on the main kernel's launch; per class, phase and round."""
+    import json
+
+    from ..observers import bank_tables
+    from ..observers.banks import BankCounter
+
+    check_options(args, ("compare", "plot", "kernel"))
+    counter = BankCounter()
+    run = run_backward(args, (counter,))
+    rep = counter.report()
+    import dataclasses
+    rep = dataclasses.replace(rep, smem="padded (fa2_bwd.cu: rows of d + 8 halves)")
+    b, h, nq, d = run.q.shape
+    nk = run.k.shape[2]
+    cfg = run.res.config
+    if args.json:
+        meta = {"kernel": "fa2_bwd_kernel",
+                "problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},
+                "config": {"head_dim": d, "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.n_warps},
+                "causal": args.causal}
+        print(json.dumps({**meta, **rep.to_json()}, indent=1))
+        return 0
+    keys = "" if nk == nq else f", Nk={nk}"
+    title = (f"fa banks --backward: fa2_bwd_kernel, (B,H,N,d) = ({b},{h},{nq},{d}){keys}"
+             f"{' causal' if args.causal else ''}, {cfg.describe()}; rounds are Q blocks")
+    print(bank_tables.format_report(rep, title, instructions=bool(getattr(args, "instructions", False))))
+    return 0
+
+
+# -- fa trace --backward ----------------------------------------------------------------------------------
+def trace(args) -> int:
+    """`fa trace --backward`: one lane's S, P, dP, dS, dV, dK and dQ partial in one round (one Q block)
+    of the main kernel, at their fragment coordinates (fa_sim.observers.backward_lane)."""
+    import json
+
+    from ..contract.backward import BackwardConfig
+    from ..events import Op
+    from ..isa.sm80 import WARP_SIZE
+    from ..observers import backward_lane
+    from ..observers.trace import TraceFilter, TraceRecorder
+
+    check_options(args, ("ops", "save", "perfetto", "kernel"))
+    if getattr(args, "npz", None) is not None:
+        q, k, v, do = load_inputs(args)  # the file fixes the shape: checked before the simulation
+        (b, h, nq, d), nk = np.shape(q), np.shape(k)[2]
+        shape = (b, h, nq, nk, d)
+    else:
+        shape = problem_shape(args)
+    b, h, nq, nk, d = shape
+    cfg = BackwardConfig(d)
+    n_kv = cfg.n_kv_blocks(nk)
+    n_ctas = n_kv * b * h
+    if args.cta >= n_ctas:
+        raise UsageError(f"--cta {args.cta} is outside the backward grid: {n_ctas} CTAs (K/V blocks of "
+                         f"{cfg.block_n} keys x batch-heads), 0..{n_ctas - 1}")
+    if args.thread is not None:
+        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
+        if args.thread >= cfg.n_threads:
+            raise UsageError(f"--thread {args.thread} is outside the CTA: {cfg.n_threads} threads, "
+                             f"0..{cfg.n_threads - 1}")
+        warp, lane = divmod(args.thread, WARP_SIZE)
+    else:
+        warp, lane = args.warp, args.lane
+        if warp >= cfg.n_warps:
+            raise UsageError(f"--warp {warp} is outside the CTA: {cfg.n_warps} warps, 0..{cfg.n_warps - 1}")
+        if lane >= WARP_SIZE:
+            raise UsageError(f"--lane {lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    n_block = args.cta % n_kv
+    rounds = backward_lane.rounds_of(cfg, n_block, nq, args.causal)
+    if args.round >= rounds:
+        key0 = n_block * cfg.block_n
+        runs = ("no round" if rounds == 0 else "round 0 only" if rounds == 1 else f"rounds 0..{rounds - 1}")
+        why = (f"under --causal it starts at Q block {key0 // cfg.block_m} (its first key {key0} // block_m "
+               f"{cfg.block_m}) of {cfg.n_q_blocks(nq)}" if args.causal else
+               f"Nq = {nq} queries in Q blocks of block_m = {cfg.block_m}")
+        raise UsageError(f"--round {args.round} is not a round of CTA {args.cta} (K/V block {n_block}): it runs "
+                         f"{runs}; {why}")
+    recorder = TraceRecorder(TraceFilter(ctas=(args.cta,), threads=(WARP_SIZE * warp + lane,), rounds=(args.round,),
+                                         ops=frozenset({Op.HMMA})))
+    run_backward(args, (recorder,))
+    lane_view = backward_lane.lane_values(recorder.trace.records, cfg, args.cta, warp, lane, args.round, n_kv, nq,
+                                          args.causal)
+    if args.json:
+        print(json.dumps(backward_lane.lane_json(lane_view, nq, nk, args.causal), indent=1))
+    else:
+        print(backward_lane.format_lane(lane_view, nq, nk, args.causal))
+    return 0
+

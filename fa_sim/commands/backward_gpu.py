@@ -1,0 +1,147 @@
+"""`fa hw --backward` and `fa compare --backward`: the backward pass (fa2_bwd.cu) on the GPU through
+fa_hw.backward, beside the float64 reference and the PTX engine (docs/backward.md, section 7). Its
+CPU-side inputs, checks and error table are fa_sim/commands/backward.py's; fa_hw is imported when a
+command runs, as in the other GPU commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, check_inputs, check_options, gradient_errors,
+                       load_inputs)
+
+
+def _gpu_inputs(args):
+    """Seeded q, k, v, dO, checked (simulate_backward's checks) before any GPU work."""
+    q, k, v, do = load_inputs(args)
+    check_inputs(q, k, v, do, args.causal, getattr(args, "scale", None))
+    return q, k, v, do
+
+
+def _gpu_forward(q, k, v, args):
+    """O and LSE of fa_hw.forward (its default config for head_dim), as numpy."""
+    import fa_hw
+    from fa_hw import check
+
+    fwd = fa_hw.forward(q, k, v, causal=args.causal, scale=getattr(args, "scale", None))
+    return check.to_numpy(fwd.o), check.to_numpy(fwd.lse)
+
+
+def hw(args) -> int:
+    """`fa hw --backward`: fa_hw.forward, then fa_hw.backward on the GPU; the gradients' errors
+    against float64 with their bound, each kernel's time and registers."""
+    import json
+
+    import fa_hw
+    from fa_hw import runtime
+
+    check_options(args, ("kernel",))
+    runtime.device()  # no GPU: one line before the inputs are made
+    q, k, v, do = _gpu_inputs(args)
+    o, lse = _gpu_forward(q, k, v, args)
+    res = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale,
+                         deterministic=args.dq == "deterministic")
+    run = Run(q, k, v, do, None, res, 0.0)
+    errs = gradient_errors(run)
+    above = [n for n, e in errs.items() if not e.ok]
+    cfg = res.config
+    if args.json:
+        print(json.dumps({"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
+                          "dq_mode": args.dq, "shape": [*q.shape[:3], k.shape[2], q.shape[3]], "causal": args.causal,
+                          "config": {"head_dim": cfg.head_dim, "block_m": cfg.block_m, "block_n": cfg.block_n,
+                                     "warps": cfg.n_warps},
+                          "kernel_ms": dict(zip(KERNEL_COLUMNS, res.kernel_ms)), "registers": res.registers},
+                         allow_nan=False))
+        return 1 if above else 0
+    print(f"fa hw --backward  {cfg.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
+          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}")
+    print(f"    {'':<4}{'max |error|':>12}{'/ max |grad|':>14}{'error / bound':>15}")
+    for name, e in errs.items():
+        frac = "-" if e.of_bound is None else f"{e.of_bound:.2f}"
+        print(f"    {LABELS[name]:<4}{_num(e.max_abs):>12}{_num(e.relative):>14}{frac:>15}"
+              + (f"   {e.nonfinite} not finite" if e.nonfinite else "") + ("   ABOVE BOUND" if not e.ok else ""))
+    print("  kernel time (ms, first launch)  " + ", ".join(f"{KERNEL_COLUMNS[n]} {t:.4f}"
+                                                          for n, t in zip(KERNEL_COLUMNS, res.kernel_ms)))
+    print("  registers per thread            " + ", ".join(f"{KERNEL_COLUMNS.get(n, n)} {r}"
+                                                          for n, r in res.registers.items()))
+    return 1 if above else 0
+
+
+@dataclass(frozen=True)
+class GradMatch:
+    """One gradient of the GPU against the simulator: equal bits, the largest distance in fp16 ulps, and
+    (atomic dQ, whose order of additions varies) whether both stay within the float64 bound."""
+
+    identical: float  # fraction of bit-identical elements
+    max_ulps: int
+    within_bound: bool
+    required: str  # "bits" or "bound"
+
+    @property
+    def ok(self) -> bool:
+        return self.identical == 1.0 if self.required == "bits" else self.within_bound
+
+
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """fp16 bits as integers ordered like the values (so that differences count ulps)."""
+    u = np.ascontiguousarray(x, dtype=np.float16).view(np.uint16).astype(np.int64)
+    return np.where(u & 0x8000, 0x8000 - u, u)
+
+
+def match_gradients(sim: dict, gpu: dict, ref: dict, bounds: dict, deterministic: bool) -> dict[str, GradMatch]:
+    """dq, dk, dv of the GPU against the simulator's: deterministic mode requires every gradient bit
+    for bit; atomic mode dK and dV bit for bit (they do not depend on the mode) and dQ, whose
+    additions the GPU orders differently from run to run, within the float64 bound on both sides."""
+    out = {}
+    for name in GRADIENTS:
+        a, b = np.asarray(sim[name], np.float16), np.asarray(gpu[name], np.float16)
+        if a.shape != b.shape:
+            raise ValueError(f"{name}: simulator shape {a.shape}, GPU shape {b.shape}")
+        same = a.view(np.uint16) == b.view(np.uint16)
+        ulps = int(np.abs(_ordered(a) - _ordered(b)).max()) if a.size else 0
+        inside = all(bool((np.abs(x.astype(np.float64) - ref[name]) <= bounds[name]).all()) for x in (a, b))
+        required = "bits" if deterministic or name != "dq" else "bound"
+        out[name] = GradMatch(float(same.mean()) if a.size else 1.0, ulps, inside, required)
+    return out
+
+
+def compare(args) -> int:
+    """`fa compare --backward`: the backward on the GPU (fa_hw.backward) and on the PTX engine
+    (simulate_backward with the H200's tensor-core model) from the same q, k, v, dO and the GPU
+    forward's O and LSE; match_gradients decides."""
+    import json
+
+    import fa_hw
+    import fa_hw.runtime
+
+    from ..backward import simulate_backward
+    from ..reference import attention_backward
+
+    check_options(args, ("kernel", "ctas", "save", "gpu_npz", "banks", "timing"))
+    fa_hw.runtime.device()  # no GPU: one line before the inputs are made
+    q, k, v, do = _gpu_inputs(args)
+    o, lse = _gpu_forward(q, k, v, args)
+    det = args.dq == "deterministic"
+    gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det)
+    sim = simulate_backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
+                            mma_model="h200")
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=args.causal, scale=args.scale, bound=True)
+    grads = lambda r: {"dq": r.dq, "dk": r.dk, "dv": r.dv}  # noqa: E731
+    res = match_gradients(grads(sim), grads(gpu), dict(zip(GRADIENTS, want)), dict(zip(GRADIENTS, (bq, bk, bv))),
+                          det)
+    ok = all(m.ok for m in res.values())
+    if args.json:
+        print(json.dumps({"dq_mode": args.dq, "ok": ok, "gradients": {
+            n: {"identical": m.identical, "max_ulps": m.max_ulps, "within_bound": m.within_bound,
+                "required": m.required, "ok": m.ok} for n, m in res.items()}}))
+        return 0 if ok else 1
+    print(f"fa compare --backward  {sim.config.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
+          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}: GPU against the PTX engine (mma model h200)")
+    for name, m in res.items():
+        need = "bit-identical" if m.required == "bits" else "both within the float64 bound"
+        print(f"  {LABELS[name]}  identical {m.identical:7.2%}  max {m.max_ulps} ulp  required: {need}  "
+              + ("ok" if m.ok else "MISMATCH"))
+    return 0 if ok else 1
