@@ -16,8 +16,8 @@ plain CTA (non-causal N_q = block_m, N_k = R block_n; causal: a Q block past the
 masked count of a real CTA (causal: the Q block on the diagonal whose keys end with N_k, a whole
 block or, for a CTA whose keys end in a tail, half of one; non-causal, m = 1: a key tail of half a
 block); any other m (the model's all-masked steady run) is the plain CTA's path with, in its last
-m rounds, the control-flow events in which the last round of the shortest masked probe differs
-from the plain probe's (the masking branch and what it runs) in place of the plain round's.
+m rounds, what the last round of the shortest masked probe runs otherwise than the plain probe's
+last round (the two aligned by pc: outcomes flipped, events added or left out) applied.
 A Q block whose rows end past N_q (a query tail) is its own class: its probe has half a block of
 rows (it copies Q through the boundary arm; warps whose rows all lie past N_q leave early). The
 control flow depends on shapes, not values. A probe runs at most PROBE_ROUNDS rounds; a longer CTA
@@ -29,6 +29,7 @@ cached on disk by the kernel source, config and shape.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import functools
 import json
@@ -275,43 +276,42 @@ class KernelStream:
         cuts = [first] + [e + 1 for e in ends]
         return (walk[:first], *(walk[a:b] for a, b in zip(cuts, cuts[1:])), walk[cuts[-1]:])
 
-    def _masked(self, path: Path, seg: tuple, lo: int, hi: int) -> Path:
-        """The path with rounds lo..hi-1 masked: in each, the plain round's run of masking branches
-        (`seg`'s first) replaced by the masked round's (its second)."""
-        plain, masked = seg
-        rounds, cur = [], []
-        for ev in path:
-            cur.append(ev)
-            if ev[0] == self.latch_pc:
-                rounds.append(cur)
-                cur = []
-        rounds.append(cur)  # the epilogue's events
-        for r in range(lo, hi):
-            ev = rounds[r]
-            at = next((i for i in range(len(ev) - len(plain) + 1) if ev[i:i + len(plain)] == plain), None)
-            if at is None or not plain:
-                raise StreamMismatch(f"{self.config.tag}: round {r} of a plain CTA does not run the branches a "
-                                     "masked round changes; the all-masked steady run cannot be made from it")
-            rounds[r] = ev[:at] + masked + ev[at + len(plain):]
-        return tuple(e for r in rounds for e in r)
+    def _masked(self, path: Path, edit: tuple, lo: int, hi: int) -> Path:
+        """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each."""
+        flips, after, drop = edit
+        out, rnd = [], 0
+        for pc, o in path:
+            masked = lo <= rnd < hi
+            if not (masked and pc in drop):
+                out.append((pc, flips.get(pc, o) if masked else o))
+            if masked and pc in after:
+                out.extend(after[pc])
+            rnd += pc == self.latch_pc
+        return tuple(out)
 
     def _mask_outcomes(self) -> list[tuple]:
-        """Per warp, (plain events, masked events): the run of control-flow events in which the last
-        round of the shortest masked probe with a round before its masked ones differs from the
-        plain probe's (what lies between their common beginning and their common end)."""
+        """Per warp, how a masked round's control flow differs from a plain one's, from the last
+        rounds of the shortest masked probe with a round before its masked ones and of the plain
+        probe as long, aligned by pc (difflib): ({pc: the masked outcome} where only the outcome
+        differs, {pc: events the masked round runs after it}, {pcs it does not run})."""
         n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
         plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n)
         masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n)
         out = []
         for p, m in zip(plain, masked):
             lp, lm = self._last_round(p), self._last_round(m)
-            i = 0
-            while i < min(len(lp), len(lm)) and lp[i] == lm[i]:
-                i += 1
-            j = 0
-            while j < min(len(lp), len(lm)) - i and lp[len(lp) - 1 - j] == lm[len(lm) - 1 - j]:
-                j += 1
-            out.append((lp[i:len(lp) - j], lm[i:len(lm) - j]))
+            flips, after, drop = {}, {}, set()
+            match = difflib.SequenceMatcher(None, [pc for pc, _ in lp], [pc for pc, _ in lm], autojunk=False)
+            for tag, i1, i2, j1, j2 in match.get_opcodes():
+                if tag == "equal":
+                    flips.update({lp[i][0]: lm[j][1] for i, j in zip(range(i1, i2), range(j1, j2)) if lp[i] != lm[j]})
+                    continue
+                if i1 == 0:
+                    raise StreamMismatch(f"{self.config.tag}: a masked round begins with other branches than a "
+                                         "plain one; the all-masked steady run cannot be made from the plain one")
+                drop.update(pc for pc, _ in lp[i1:i2])
+                after[lp[i1 - 1][0]] = tuple(lm[j1:j2])
+            out.append((flips, after, drop))
         return out
 
     def _last_round(self, path: Path) -> list:
