@@ -184,6 +184,19 @@ def _spans(ctas: list[int]) -> list[tuple[int, int]]:
 
 
 # ---- the walks -----------------------------------------------------------------------------------
+def _through_jumps(graph: SassGraph, at: int) -> int:
+    """The first block from `at` that does more than jump on (sm_80 leaves the K/V loop with a
+    conditional CALL to its exit and goes round again through a block that only branches back)."""
+    seen = set()
+    while at is not None and at not in seen:
+        seen.add(at)
+        b = graph.blocks[at]
+        if len(b.instrs) != 1 or not graph.is_jump(b.last) or b.last.conditional:
+            return at
+        at = b.succ[0]
+    return at
+
+
 class KernelStream:
     """Per warp, the SASS walk of every path class of one compiled kernel, in regions."""
 
@@ -195,7 +208,7 @@ class KernelStream:
             raise StreamMismatch(f"{config.tag}: the K/V loop's back edge (PTX pc {latch_pc}) is tied to "
                                  f"{len(latches)} SASS branches; the regions need exactly one")
         self.latch, tie = latches[0]
-        self.header = graph.blocks[self.latch].succ[0 if tie.same else 1]
+        self.header = _through_jumps(graph, graph.blocks[self.latch].succ[0 if tie.same else 1])
         self.warp_walks = functools.lru_cache(maxsize=None)(self._cta_walks)
         self._checked: set = set()
 

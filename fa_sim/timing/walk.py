@@ -415,7 +415,8 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
         if not cands:  # ptxas if-converted an arm and branches past the other: the branch takes the
             # location of a neighbouring instruction; tie it to the PTX branch of the same outermost
             # call site whose arms are most alike
-            cands = [i for i in spare if loc and ptx.loc(i) and ptx.loc(i)[0] == loc[0] and ptx.loc(i)[-1] == loc[-1]]
+            near = [i for i in spare if loc and ptx.loc(i) and ptx.loc(i)[0] == loc[0] and ptx.loc(i)[-1] == loc[-1]]
+            cands = near or [i for i in spare if ptx.loc(i)]  # else any PTX branch no SASS one shares a line with
             scored = sorted(((max(_agreement(sass.arms(s), ptx.arms(i))), i.pc) for s in starts for i in cands),
                             reverse=True)
             if not scored or scored[0][0] < 1 or (len(scored) > 1 and scored[1][0] == scored[0][0]
