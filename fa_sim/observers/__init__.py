@@ -9,8 +9,8 @@ knows nothing of them.
   HazardChecker                 shadow memory: races across cp.async / barriers, bounds and
                                 alignment (hazards.py, `format_hazards` for `fa sim --check-hazards`)
 
-RoundRecorder (rounds.py) records each warp's classes and source lines per K/V round: the dynamic
-path fa_sim.timing.stream ties to the SASS.
+BranchRecorder (branches.py) records each warp's control flow (every bra / ret / exit and whether
+all, none or some of its lanes branched): the path fa_sim.timing.walk follows through the SASS.
 
 lanemaps.py holds the lane maps the observers draw and tell (the PTX fragment formulas; the
 kernel's maps through fa_sim/layout.py), figures.py the matplotlib figures.
