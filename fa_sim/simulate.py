@@ -166,6 +166,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     front = choose_front_end(engine, kernel, prob.config, mutation)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
+    if progress is not None and not isinstance(progress, (bool, np.bool_)):
+        raise ValueError(f"progress must be None (shown for long runs), True or False, got {progress!r:.60}")
     model = tensorcore.resolve(mma_model)
     hub = Hub(_observers(observers))
     plan = estimate(prob, model, int(wave_ctas))
