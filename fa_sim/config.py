@@ -62,6 +62,7 @@ import numpy as np
 
 from .cute import Swizzle
 from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
+from .messages import quoted
 
 HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
@@ -297,19 +298,19 @@ class KernelConfig:
         tag or an unknown suffix is a ValueError naming it."""
         m = _TAG.fullmatch(str(tag))
         if not m:
-            raise ValueError(f"{tag!r} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
+            raise ValueError(f"{quoted(tag)} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
         values = dict(block_m=int(m["m"]), block_n=int(m["n"]), head_dim=int(m["d"]), n_warps=int(m["w"]),
                       smem=m["smem"], softmax=softmax)
         seen: dict[str, str] = {}  # field -> the suffix that set it
         for part in filter(None, m["rest"].split("-")):
             key, value = _tag_suffix(part)
             if key is None:
-                raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
+                raise ValueError(f"config tag {quoted(tag)}: unknown suffix {quoted(part)}; a suffix is a softmax form "
                                  f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
                                  f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>, e<poly_exp>")
             if key in seen:  # '-s2-s3', '-ffma-fmul_fsub': no suffix may silently override another
                 what = "contradicts" if seen[key] != part else "repeats"
-                raise ValueError(f"config tag {tag!r}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
+                raise ValueError(f"config tag {quoted(tag)}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
                                  f"give each field once")
             seen[key] = part
             values[key] = value

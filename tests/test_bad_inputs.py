@@ -397,3 +397,23 @@ def test_fa_banks_header_end_to_end(capsys):
     pytest.importorskip("cuda.bindings")
     assert main(["banks", "--kv-stages", "2", "--seqlen", "64", "--heads", "1"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("config m64n64d64w4-swizzled-s2, PTX of fa2_fwd.cu")
+
+
+# ---- unclear: messages fit a few lines however long the list or value they quote --------------------------------
+@pytest.mark.parametrize("argv, fragment", [
+    (["sim", "--kernel", "{old}"], "old.cu does not use FA_BLOCK_M=64, FA_BLOCK_N=64, FA_HEAD_DIM=64, FA_N_WARPS=4, "
+                                   "FA_ROW_PITCH=64, FA_SWZ_B=3, ... 7 more, which this config needs"),
+    (["compare", "--seqlen", "64", "--ctas", ",".join(map(str, range(101)))],
+     "--ctas must be distinct CTA ids in 0..0; outside the grid: 1, 2, 3, 4, 5, 6, ... 94 more"),
+    (["compare", "--seqlen", "64", "--ctas", "0,0"], "--ctas must be distinct CTA ids in 0..0; repeated: 0"),
+    (["sim", "--config", "m" * 300], f"--config {'m' * 60!r}... (300 characters): {'m' * 60!r}... (300 characters) is "
+                                     "not a config tag"),
+    (["trace", "--ops", ",".join(["FOO"] * 40)], "unknown instruction class(es) FOO, FOO, FOO, FOO, FOO, FOO, ... 34 more"),
+    (["sweep", "--shape", ",".join(["1"] * 200)], "(399 characters): expected B,H,Nq or B,H,Nq,Nk"),
+    (["sim", "--workers", "x" * 200], "--workers takes auto or an integer >= 1, got 'xxxx"),
+])
+def test_long_lists_and_values_are_cut(argv, fragment, tmp_path, capsys):
+    (tmp_path / "old.cu").write_text('extern "C" __global__ void fa2_fwd_kernel() {}\n')  # no FA_* macro
+    assert main([a.replace("{old}", str(tmp_path / "old.cu")) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and len(err) < 300
