@@ -7,7 +7,7 @@ O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors).
 fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
 fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
-the inputs' head_dim; config="auto" the fastest measured config of this GPU for the problem's
+the inputs' head_dim, a KernelConfig or its tag the config it names; config="auto" the fastest measured config of this GPU for the problem's
 head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer

@@ -12,8 +12,8 @@ Nk may differ from Nq (causal is top-left aligned: key k is visible to query q i
 `mma_model` picks the tensor core's accumulation (fa_sim.tensorcore): None or "exact" rounds the
 exact sum once (fast), "h200" reproduces the H200 bit for bit (fitted; every product separately,
 so QK and PV cost about 50 times more).
-`config=None` means the seed configuration with the inputs' head_dim; a given config must match
-the inputs' head_dim. Bad input raises ValueError naming the problem.
+`config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
+or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
 (fa_sim/kernels/fa2_fwd.py, the readable model of the spec); "ptx" runs the PTX NVRTC emits for
 fa2_fwd.cu (fa_hw's kernel, or `kernel=` a path to a variant with the same parameters and FA_*

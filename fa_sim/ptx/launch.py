@@ -9,8 +9,9 @@
 for sm_80 with -lineinfo; parsed programs are cached on disk like cubins, fa_sim.ptx.load).
 `args` follow the kernel's parameters: a numpy array for a pointer parameter (it becomes a global
 buffer; the kernel writes straight into a C-contiguous array, others are copied back), a number
-for a scalar (use np.int32 / np.float32 / ... to say its type; plain ints and floats take the
-parameter's declared type). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
+for a scalar (use np.int32 / np.float32 / ... to say its type, of the parameter's size and kind; plain
+ints and floats take the parameter's declared type when it holds them: an int in the width's signed or
+unsigned range, a float parameter's value finite and, from an int, exact; never wrapped or truncated). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
 The grid runs in waves of `wave_ctas` CTAs, each wave all at once.
 Arguments are checked against SM80's launch limits first (one ValueError line naming the argument:
 grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to 163 KB less
