@@ -32,12 +32,14 @@ torch's meta device has a shape but no values and is refused.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import HEAD_DIMS, KernelConfig
 from .isa.sm80 import MAX_GRID_DIM
+from .messages import quoted
 from .problem import Problem
 
 FP16_MAX = 65504.0
@@ -306,8 +308,9 @@ def config_of(config) -> KernelConfig | None:
         try:
             return KernelConfig.from_tag(config)
         except ValueError as exc:
-            raise ValueError(f"config: {exc}") from None
-    raise ValueError(f"config must be {CONFIG_ACCEPTED}, got {type(config).__name__} {config!r:.60}")
+            if re.match(r"m\d+n\d+d\d+w\d+-", config):  # a tag with a bad part: from_tag names it
+                raise ValueError(f"config: {exc}") from None
+    raise ValueError(f"config must be {CONFIG_ACCEPTED}, got {type(config).__name__} {quoted(str(config))}")
 
 
 def check_config(config, head_dim: int) -> KernelConfig:

@@ -111,7 +111,7 @@ def no_prediction(monkeypatch):
     ((1, 16, 1024), dict(gpu="H100"), "gpu must be one of a100, h200, got 'H100'"),
     ((1, 16, 1024), dict(gpu=3), "gpu must be one of a100, h200, got 3"),
     ((1, 16, 1024), dict(config="auto"), "config='auto' (a GPU's fastest measured config, fa_hw.tuned) needs the GPU"),
-    ((1, 16, 1024), dict(config="fastest"), "config: 'fastest' is not a config tag"),
+    ((1, 16, 1024), dict(config="fastest"), "a KernelConfig or a config tag such as 'm128n64d64w4-swizzled-s2', got str 'fastest'"),
     ((1, 16, 1024), dict(config=64), "config must be None (the seed config), a KernelConfig or a config tag"),
     ((1, 16, 1024), dict(head_dim=64, config=KernelConfig(head_dim=128)), "head_dim 64 disagrees with config.head_dim 128"),
     ((1, 16, 1024), dict(kernel=3), "kernel= takes the path of a .cu file"),
@@ -200,7 +200,7 @@ def no_device(monkeypatch):
     (dict(causal="no"), "causal must be True or False, got 'no'"),
     (dict(scale="0.1"), "scale must be a positive finite number"),
     (dict(config="m64n64d64w4-swizzled"), "inputs have head_dim 32 but config.head_dim is 64"),
-    (dict(config="fastest"), "config: 'fastest' is not a config tag"),
+    (dict(config="fastest"), "a KernelConfig or a config tag such as 'm128n64d64w4-swizzled-s2', got str 'fastest'"),
     (dict(config=3), "config must be None (the seed config), a KernelConfig or a config tag"),
     (dict(checkpoint_ctas=[0.0]), "checkpoint_ctas must be distinct integer CTA ids in 0..0, got float 0.0"),
     (dict(checkpoint_ctas=[True]), "got bool True"),
@@ -417,3 +417,35 @@ def test_long_lists_and_values_are_cut(argv, fragment, tmp_path, capsys):
     assert main([a.replace("{old}", str(tmp_path / "old.cu")) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1 and len(err) < 300
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ("m64n64d64w4-swizzled-zz", "config: config tag 'm64n64d64w4-swizzled-zz': unknown suffix 'zz'"),
+    ("m64n64d64w4-swizzled-s2-s3", "suffix 's3' contradicts 's2' (both set kv_stages)"),
+    ("seed", "config must be None (the seed config), a KernelConfig or a config tag"),
+])
+def test_simulate_names_what_is_wrong_with_a_tag(config, fragment):
+    assert fragment in _message(fa_sim.simulate, Q, Q, Q, config=config)
+
+
+# ---- silently wrong: Problem and Mutation, public values, never guess ------------------------------------------
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(causal="no"), "Problem.causal must be True or False, got 'no'"),
+    (dict(causal=None), "Problem.causal must be True or False"),
+    (dict(scale="0.1"), "Problem.scale must be a positive finite number, got '0.1'"),
+    (dict(scale=-1.0), "Problem.scale must be a positive finite number"),
+    (dict(scale=True), "Problem.scale must be a positive finite number"),
+])
+def test_problem_refuses_what_bool_and_float_would_misread(kwargs, fragment):
+    args = dict(batch=1, heads=1, seqlen_q=8, seqlen_k=8, causal=False, scale=1.0, config=KernelConfig())
+    assert fragment in _message(fa_sim.Problem, **{**args, **kwargs})
+
+
+def test_mutation_takes_sites_or_their_names_only():
+    from fa_sim.kernels.labels import Site
+
+    assert fa_sim.Mutation(drop="WAIT_QK") == fa_sim.Mutation(drop=frozenset({Site.WAIT_QK}))  # not its letters
+    assert fa_sim.Mutation(drop=["bar_qk", Site.WAIT_PV]).drop == {Site.BAR_QK, Site.WAIT_PV}
+    assert fa_sim.Mutation(late_wait=Site.WAIT_PV).late_wait == {Site.WAIT_PV}
+    for bad in ([1], "x", 3):
+        assert "Mutation.drop takes Sites or their names (WAIT_QK, BAR_QK" in _message(fa_sim.Mutation, drop=bad)

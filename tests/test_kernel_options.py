@@ -211,7 +211,7 @@ def test_heuristic_and_candidates_are_valid_configs():
             assert len(set(got)) == len(got) and all(c.head_dim == d for c in got)
             assert causal or not any(c.heavy_first for c in got)
     assert tuned.resolve("fastest", (1, 1, 8, 64), (1, 1, 8, 64), False) == "fastest"  # not auto: as given
-    with pytest.raises(ValueError, match="config: 'fastest' is not a config tag"):  # validate's words, simulate's too
+    with pytest.raises(ValueError, match="config must be None .the seed config., a KernelConfig or a config tag"):
         validate.check_config("fastest", 64)
     assert tuned.resolve(SEED, None, None, False) is SEED
 
