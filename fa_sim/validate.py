@@ -52,8 +52,8 @@ AUTO = "auto"  # fa_hw.forward's config="auto": the GPU's tuned choice
 
 def max_scale(head_dim: int) -> float:
     """The largest accepted softmax scale: s * log2(e) * d * 65504^2 <= FP32_MAX / 2 (a factor 2 of
-    headroom for the fp32 roundings of s * log2(e) and of the products)."""
-    return FP32_MAX / 2 / (LOG2E * head_dim * FP16_MAX ** 2)
+    headroom for the fp32 roundings of s * log2(e) and of the products); head_dim one of HEAD_DIMS."""
+    return FP32_MAX / 2 / (LOG2E * check_head_dim(head_dim) * FP16_MAX ** 2)
 
 
 # ---- array libraries -------------------------------------------------------------------------------

@@ -460,3 +460,18 @@ def test_causal_flops_count_the_scores_the_mask_keeps(nq, nk, area):
     prob = fa_sim.Problem(2, 3, nq, nk, True, 1.0, KernelConfig())
     assert prob.flops == 4.0 * 2 * 3 * 64 * area == fa_hw.check.attention_flops(2, 3, nq, 64, True, nk)
     assert fa_sim.Problem(2, 3, nq, nk, False, 1.0, KernelConfig()).flops == 4.0 * 2 * 3 * 64 * nq * nk
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((1.5, 1, 16, 16, 32), "batch must be an integer >= 1, got float 1.5"),
+    ((1, 1, 0, 16, 32), "seqlen_q must be an integer >= 1, got int 0"),
+    ((1, 1, 16, 16, 96), "head_dim 96 is not supported"), ((True, 1, 16, 16, 32), "got bool True"),
+    ((1, 1, 16, 16, 32, -1), "seed must be an integer >= 0, got int -1"),
+])
+def test_random_inputs_and_max_scale_check_their_arguments(args, fragment):
+    from fa_sim.reference import random_inputs
+
+    assert fragment in _message(random_inputs, *args)
+    assert [x.shape for x in random_inputs(np.int64(1), 2, 3, 4, 32)] == [(1, 2, 3, 32), (1, 2, 4, 32), (1, 2, 4, 32)]
+    assert "head_dim 96 is not supported" in _message(validate.max_scale, 96)
+    assert "head_dim must be an integer >= 1, got bool True" in _message(validate.max_scale, True)
