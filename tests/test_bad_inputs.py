@@ -108,8 +108,8 @@ def no_prediction(monkeypatch):
     ((1, 16, 1024, 0.5), {}, "seqlen_k must be an integer >= 1"),
     ((1, 16, 1024), dict(head_dim=96), "head_dim 96 is not supported; choose one of (32, 64, 128)"),
     ((1, 16, 1024), dict(head_dim=64.0), "head_dim must be an integer >= 1"),
-    ((1, 16, 1024), dict(gpu="H100"), "gpu must be one of a100, h200, got 'H100'"),
-    ((1, 16, 1024), dict(gpu=3), "gpu must be one of a100, h200, got 3"),
+    ((1, 16, 1024), dict(gpu="H100"), "gpu must be one of a100, h200 (or a fa_sim.timing.GpuModel), got 'H100'"),
+    ((1, 16, 1024), dict(gpu=3), "(or a fa_sim.timing.GpuModel), got 3"),
     ((1, 16, 1024), dict(config="auto"), "config='auto' (a GPU's fastest measured config, fa_hw.tuned) needs the GPU"),
     ((1, 16, 1024), dict(config="fastest"), "a KernelConfig or a config tag such as 'm128n64d64w4-swizzled-s2', got str 'fastest'"),
     ((1, 16, 1024), dict(config=64), "config must be None (the seed config), a KernelConfig or a config tag"),
@@ -131,7 +131,7 @@ def test_predict_time_takes_tags_numpy_integers_and_the_config_head_dim(no_predi
     fa_sim.predict_time(1, 1, 128, head_dim=128)
     (tagged, gpu, kernel), (given, _, _), (plain, _, _) = no_prediction
     assert tagged.config == KernelConfig.from_tag(tag) and (tagged.batch, tagged.heads, tagged.seqlen_q) == (2, 3, 256)
-    assert type(tagged.batch) is int and tagged.causal is True and gpu == "h200" and kernel is None
+    assert type(tagged.batch) is int and tagged.causal is True and gpu.name == "h200" and kernel is None
     assert given.head_dim == 32 and plain.config == KernelConfig(head_dim=128)
 
 
@@ -475,3 +475,20 @@ def test_random_inputs_and_max_scale_check_their_arguments(args, fragment):
     assert [x.shape for x in random_inputs(np.int64(1), 2, 3, 4, 32)] == [(1, 2, 3, 32), (1, 2, 4, 32), (1, 2, 4, 32)]
     assert "head_dim 96 is not supported" in _message(validate.max_scale, 96)
     assert "head_dim must be an integer >= 1, got bool True" in _message(validate.max_scale, True)
+
+
+@pytest.mark.parametrize("args, kwargs, fragment", [
+    (("h200",), {}, "prob must be a fa_sim.Problem (or use fa_sim.predict_time), got str"),
+    ((fa_sim.Problem(1, 1, 128, 128, False, 1.0, KernelConfig()), "b200"), {}, "gpu must be one of a100, h200"),
+    ((fa_sim.Problem(1, 1, 128, 128, False, 1.0, KernelConfig()),), dict(exact="yes"), "exact must be True or False"),
+    ((fa_sim.Problem(1, 1, 128, 128, False, 1.0, KernelConfig()),), dict(kernel=3), "kernel= takes the path"),
+    ((fa_sim.Problem(70_000, 1, 64, 64, False, 1.0, KernelConfig()),), {}, "is over 65,535, the grid's y limit"),
+])
+def test_timing_predict_checks_its_arguments_before_compiling(args, kwargs, fragment, monkeypatch):
+    from fa_sim.timing import predict as module  # the function; its module is below
+
+    model = importlib.import_module("fa_sim.timing.predict")
+    monkeypatch.setattr(model, "kernel_model", lambda *a, **k: pytest.fail("compiled before the checks"))
+    assert fragment in _message(module, *args, **kwargs)
+    if "exact" not in kwargs:  # issue_timeline (fa time --perfetto) has no exact
+        assert fragment in _message(model.issue_timeline, *args, **kwargs)

@@ -10,7 +10,7 @@ keeps the config-derived choice for the tests), `program` (an instruction as the
 parameters per GPU), `predict` (occupancy, representative CTAs, dispatch over the SMs).
 """
 
-from .gpus import GPUS, GpuModel
+from .gpus import GPUS, GpuModel, gpu_model
 from .predict import Prediction, predict
 
 
@@ -21,7 +21,8 @@ def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = N
     batch, heads, seqlen_q, seqlen_k (None: seqlen_q), head_dim: integers >= 1 (Python or numpy,
     never bool); head_dim one of config.HEAD_DIMS, None: the config's (64 without a config).
     causal: True or False. config: None (the seed config at head_dim), a KernelConfig or a config
-    tag ('m128n64d64w4-swizzled-s2'); 'auto' is fa_hw's (it needs the GPU). gpu: a key of GPUS.
+    tag ('m128n64d64w4-swizzled-s2'); 'auto' is fa_hw's (it needs the GPU). gpu: a key of GPUS
+    or a GpuModel.
     kernel: None or a variant's path (a .cu, or a .patch against fa2_fwd.cu). Every argument is
     checked as fa_sim.simulate checks its own (fa_sim.validate), before any compile: one ValueError
     naming it and what is accepted."""
@@ -32,8 +33,7 @@ def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = N
     b, h, nq = (validate.check_count(v, n) for v, n in ((batch, "batch"), (heads, "heads"), (seqlen_q, "seqlen_q")))
     nk = nq if seqlen_k is None else validate.check_count(seqlen_k, "seqlen_k")
     causal = validate.check_causal(causal)
-    if not isinstance(gpu, str) or gpu not in GPUS:
-        raise ValueError(f"gpu must be one of {', '.join(sorted(GPUS))}, got {gpu!r:.60}")
+    gpu = gpu_model(gpu)
     config = validate.config_of(config)
     d = (64 if config is None else config.head_dim) if head_dim is None else validate.check_head_dim(head_dim)
     if config is not None and config.head_dim != d:

@@ -90,3 +90,12 @@ A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80
                 global_latency=500, global_bytes_per_cycle=48.0)
 
 GPUS = {g.name: g for g in (H200, A100)}
+
+
+def gpu_model(gpu) -> GpuModel:
+    """A GpuModel, or the key of one in GPUS; anything else is a ValueError naming the keys."""
+    if isinstance(gpu, GpuModel):
+        return gpu
+    if not isinstance(gpu, str) or gpu not in GPUS:
+        raise ValueError(f"gpu must be one of {', '.join(sorted(GPUS))} (or a fa_sim.timing.GpuModel), got {gpu!r:.60}")
+    return GPUS[gpu]

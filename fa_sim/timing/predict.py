@@ -37,7 +37,7 @@ from ..contract import KernelBuild, kernel_source
 from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
-from .gpus import GPUS, GpuModel
+from .gpus import GpuModel, gpu_model
 from .paths import KernelSass, analyze
 from .program import Step, step
 from .sass import parse
@@ -275,8 +275,10 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
     representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
     own, as launching it with more dynamic shared memory than it uses does on the GPU
-    (experiments/timing_occupancy.py; None: the kernel's own)."""
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    (experiments/timing_occupancy.py; None: the kernel's own). Arguments are checked first: prob a
+    Problem within the launch limits (fa_sim.validate.check_launch), gpu a GpuModel or a key of GPUS,
+    kernel None or a variant's path (fa_sim.contract.kernel_source), exact a bool."""
+    gpu = _checked(prob, gpu, kernel, exact)
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     if k < 1:
@@ -296,6 +298,20 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
         cycles = exact_cycles(model, prob, gpu, k, ran)
     ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
     return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob))
+
+
+def _checked(prob, gpu, kernel, exact=False) -> GpuModel:
+    """predict's and issue_timeline's arguments, one ValueError line each before any compile."""
+    from ..validate import check_launch
+
+    if not isinstance(prob, Problem):
+        raise ValueError(f"prob must be a fa_sim.Problem (or use fa_sim.predict_time), got {type(prob).__name__}")
+    check_launch(prob)
+    if not isinstance(exact, (bool, np.bool_)):
+        raise ValueError(f"exact must be True or False, got {exact!r:.60}")
+    if kernel is not None:
+        kernel_source(kernel, option="kernel=")
+    return gpu_model(gpu)
 
 
 def grid_instructions(model: KernelModel, prob: Problem) -> int:
@@ -329,7 +345,7 @@ def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rou
     """Chrome trace-event JSON (Perfetto, chrome://tracing) of one SM with its resident CTAs running
     `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
     instruction a slice from its issue cycle (ts, in cycles) for its stall count."""
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    gpu = _checked(prob, gpu, kernel)
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     issued: list = []
