@@ -57,7 +57,9 @@ def npz_files(tmp_path_factory):
             "objects": dict(q=np.array([{"a": 1}], dtype=object)), "rows0": dict(q=x[:, :, :0]),
             "keys0": dict(k=x[:, :, :0], v=x[:, :, :0]), "batch0": dict(q=x[:0], k=x[:0], v=x[:0]),
             "d96": dict(q=np.zeros((1, 1, 64, 96), np.float16), k=np.zeros((1, 1, 64, 96), np.float16),
-                        v=np.zeros((1, 1, 64, 96), np.float16))}
+                        v=np.zeros((1, 1, 64, 96), np.float16)),
+            "kv": dict(k=np.zeros((1, 2, 64, 64), np.float16)), "nan": dict(q=x + np.nan),
+            "inexact": dict(q=x.astype(np.float64) + 0.1)}
     for name, arrays in made.items():
         np.savez(d / f"{name}.npz", **{"q": x, "k": x, "v": x, **arrays})
     np.savez(d / "nov.npz", q=x, k=x)
@@ -74,6 +76,9 @@ def npz_files(tmp_path_factory):
     ("rows0", "q has 0 rows (an empty sequence) (shape (1, 1, 0, 64)); at least 1 is needed"),
     ("keys0", "k has 0 rows (an empty sequence)"), ("batch0", "q has batch 0 (an empty batch)"),
     ("d96", "q has head_dim 96 (shape (1, 1, 64, 96)); the kernel supports head_dim 32, 64, 128"),
+    ("kv", "k and v must have the same shape, got (1, 2, 64, 64) and (1, 1, 64, 64)"),
+    ("nan", "q contains NaN or Inf, first at q[0, 0, 0, 0]"),
+    ("inexact", "q (float64) holds 4,096 values that fp16 does not represent exactly"),
 ])
 def test_every_malformed_npz_is_one_line_naming_the_option_and_file(npz_files, name, fragment, capsys):
     path = npz_files / f"{name}.npz"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import HEAD_DIMS
-from ..validate import empty_message
+from ..validate import check_input, check_shapes, empty_message
 from . import UsageError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -144,4 +144,10 @@ def load_qkv(path, option: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if x.shape[3] not in HEAD_DIMS:
             raise UsageError(f"{option} {path}: {name} has head_dim {x.shape[3]} (shape {x.shape}); the kernel "
                              f"supports head_dim {', '.join(map(str, HEAD_DIMS))}")
+    try:  # the shapes together and every value (fa_sim.validate's policy), with the file named
+        check_shapes(*(data[n].shape for n in ("q", "k", "v")))
+        for name in ("q", "k", "v"):
+            check_input(data[name], name).fp16()
+    except ValueError as exc:
+        raise UsageError(f"{option} {path}: {exc}") from None
     return data["q"], data["k"], data["v"]
