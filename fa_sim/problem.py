@@ -117,8 +117,9 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """`attention_flops` of this launch."""
-        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
+        """4 B H Nq Nk d (QK and PV), halved for causal: the benchmark convention."""
+        full = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+        return full / 2 if self.causal else full
 
     def check_cta(self, cta: int, what: str = "CTA") -> int:
         """A linear CTA id inside the grid, or a ValueError naming the grid."""
@@ -131,16 +132,6 @@ class Problem:
         return (f"B={self.batch} H={self.heads} Nq={self.seqlen_q} Nk={self.seqlen_k} d={self.head_dim} "
                 f"{'causal' if self.causal else 'non-causal'} scale={self.scale:.6g} config {self.config.tag}")
 
-
-
-def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
-    """4 B H d (QK and PV) times the area of the score matrix the mask keeps: Nq Nk without causal;
-    with causal (top-left: query x sees keys 0..x) the area under min(x, Nk) for x in 0..Nq, which
-    is the benchmark convention's Nq Nk / 2 when Nq = Nk, and stays the work done when Nq << Nk
-    (Nq^2 / 2, where Nq Nk / 2 would count keys no query sees) or Nq >> Nk."""
-    nq, nk = seqlen_q, seqlen_k
-    area = nq * nk if not causal else nq * nq / 2 if nq <= nk else nk * nk / 2 + (nq - nk) * nk
-    return 4.0 * batch * heads * head_dim * area
 
 
 def cta_spans(ctas, most: int = 3) -> str:
