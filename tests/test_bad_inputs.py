@@ -331,12 +331,33 @@ def variants(tmp_path_factory):
     return d
 
 
-def test_fa_time_names_the_kernel_file_in_model_and_compile_errors(variants, capsys):
+def test_fa_time_names_the_kernel_file_in_model_errors(variants, monkeypatch, capsys):
+    """The model's own words about a variant it cannot follow (its SASS structure, a deadlock of the
+    SM model) name neither --kernel nor the file: the command adds both."""
+    from fa_sim.commands import time as command
+
+    empty = variants / "empty.cu"
+    errors = (ValueError("expected one loop (the K/V loop), found back edges []"), RuntimeError("no end after 1e9 cycles"))
+    for error in errors:
+        def model(*args, error=error):
+            raise error
+
+        monkeypatch.setattr(command, "predict", model)
+        assert main(["time", "--kernel", str(empty), "--seqlen", "128", "--heads", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"--kernel {empty}: the timing model cannot time this variant: {error}" in err
+
+    def refuse(*args):
+        raise ValueError("m64n64d64w4-swizzled: a limit of the model")
+
+    monkeypatch.setattr(command, "predict", refuse)
+    assert main(["time", "--seqlen", "128", "--heads", "1"]) == 2  # no --kernel: the model's words as they are
+    assert "--kernel" not in capsys.readouterr().err
+
+
+def test_fa_time_names_the_kernel_file_in_compile_errors(variants, capsys):
     pytest.importorskip("cuda.bindings")
-    empty, broken = variants / "empty.cu", variants / "broken.cu"
-    assert main(["time", "--kernel", str(empty), "--seqlen", "128", "--heads", "1"]) == 2
-    err = capsys.readouterr().err
-    assert f"--kernel {empty}: the timing model cannot time this variant: " in err and "docs/timing.md" in err
+    broken = variants / "broken.cu"
     assert main(["time", "--kernel", str(broken), "--seqlen", "128", "--heads", "1"]) == 2
     err = capsys.readouterr().err
     assert f"NVRTC could not compile {broken} (config m64n64d64w4-swizzled, sm_90): {broken}(" in err
