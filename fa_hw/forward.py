@@ -7,7 +7,7 @@ O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors).
 fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
 fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
-the inputs' head_dim; config="auto" the fastest measured config of this GPU for the problem's
+the inputs' head_dim, a KernelConfig or its tag the config it names; config="auto" the fastest measured config of this GPU for the problem's
 head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
@@ -26,7 +26,7 @@ from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
 from . import runtime
-from .tensors import DeviceProblem, to_device
+from .tensors import DeviceProblem, check, to_device
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     source = None if kernel is None else kernel_source(kernel)  # checked before any work
-    dev = to_device(q, k, v, causal, scale, config)  # validates first: ValueError needs no GPU
-    prob = dev.problem
+    inputs, kind, prob = check(q, k, v, causal, scale, config)  # every check before any device call
     ctas = _select_ctas(prob, checkpoint_ctas)
+    dev = to_device(inputs, kind, prob)
     build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, source,
                         **(diagnostics or {}))
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
@@ -74,12 +74,22 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
 
 
 def _select_ctas(problem: Problem, ctas) -> list[int] | None:
+    """checkpoint_ctas: None, or distinct integer CTA ids (Python or numpy, never bool or float)
+    inside the grid."""
     if ctas is None:
         return None
+    accepted = f"distinct integer CTA ids in 0..{problem.n_ctas - 1}"
+    if isinstance(ctas, (str, bytes)) or not hasattr(ctas, "__iter__"):
+        raise ValueError(f"checkpoint_ctas must be a sequence of {accepted}, got {type(ctas).__name__} {ctas!r:.60}")
+    ctas = list(ctas)
+    odd = [c for c in ctas if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer))]
+    if odd:
+        raise ValueError(f"checkpoint_ctas must be {accepted}, got {type(odd[0]).__name__} {odd[0]!r:.60}")
     ctas = [int(c) for c in ctas]
     bad = [c for c in ctas if not 0 <= c < problem.n_ctas]
     if not ctas or bad or len(set(ctas)) != len(ctas):
-        raise ValueError(f"checkpoint_ctas must be distinct CTA ids in 0..{problem.n_ctas - 1}, got {ctas}")
+        shown = ", ".join(map(str, ctas[:8])) + (f", ... {len(ctas) - 8} more" if len(ctas) > 8 else "")
+        raise ValueError(f"checkpoint_ctas must be {accepted}, got [{shown}]")
     return ctas
 
 

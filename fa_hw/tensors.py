@@ -24,7 +24,7 @@ from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
-from .tuned import resolve
+from .tuned import is_auto, resolve
 
 
 @dataclass
@@ -67,17 +67,25 @@ class DeviceProblem:
         return o, lse
 
 
-def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
-    """Validate (fa_sim.validate), make contiguous fp16, place on the GPU, allocate O and LSE."""
-    qh, kh, vh = (validate.to_fp16(x, name) for name, x in zip("qkv", (q, k, v)))
-    kinds = sorted({validate.kind_of(x) for x in (qh, kh, vh)})
+def check(q, k, v, causal, scale, config) -> tuple[list, str, Problem]:
+    """Every check of fa_sim.validate's policy, in simulate's order, before any device call (only
+    config="auto" asks the GPU, after the shapes and causal are checked): -> (the inputs, their
+    one kind, the Problem)."""
+    inputs = [validate.check_input(x, name) for name, x in zip("qkv", (q, k, v))]  # reads no values yet
+    kinds = sorted({validate.kind_of(i.array) for i in inputs})
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
-    if isinstance(config, str):  # "auto": the tuned choice for these shapes on this GPU (fa_hw.tuned)
-        validate.check_shapes(qh.shape, kh.shape, vh.shape)
-        config = resolve(config, qh.shape, kh.shape, validate.check_causal(causal))
-    problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)
-    kind = kinds[0]
+    shapes = [i.shape for i in inputs]
+    if is_auto(config):  # the tuned choice for these shapes on this GPU (fa_hw.tuned)
+        validate.check_shapes(*shapes)
+        config = resolve(config, shapes[0], shapes[1], validate.check_causal(causal))
+    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config)
+
+
+def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:
+    """The checked inputs (`check`) as contiguous fp16 on the GPU, after their value checks, with O
+    and LSE allocated."""
+    qh, kh, vh = (i.fp16() for i in inputs)
     if kind == TORCH and not qh.is_cuda:
         out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
         out.torch_cpu = True

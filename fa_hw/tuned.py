@@ -241,11 +241,15 @@ def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:
     return auto_config(int(head_dim), bool(causal), int(seqlen_k), device().name, device_arch())
 
 
+def is_auto(config) -> bool:
+    """config="auto" (any case, spaces around it)."""
+    return isinstance(config, str) and config.strip().lower() == AUTO
+
+
 def resolve(config, q_shape, k_shape, causal: bool):
-    """forward()'s config argument: KernelConfig or None as given; "auto" -> the current GPU's
-    choice for these shapes; any other string is a ValueError."""
-    if not isinstance(config, str):
+    """forward()'s config argument: "auto" -> the current GPU's choice for these shapes; anything
+    else as given (a KernelConfig, None or a config tag, which fa_sim.validate checks as simulate
+    does)."""
+    if not is_auto(config):
         return config
-    if config != AUTO:
-        raise ValueError(f"config must be a KernelConfig, None (the seed config) or 'auto', got {config!r}")
     return auto_for_device(int(q_shape[3]), causal, int(k_shape[2])).config

@@ -62,6 +62,7 @@ import numpy as np
 
 from .cute import Swizzle
 from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
+from .messages import quoted
 
 HEAD_DIMS = (32, 64, 128)
 KV_STAGES = (1, 2, 3)
@@ -80,6 +81,7 @@ _TAG = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)d(?P<d>\d+)w(?P<w>\d+)-(?P<smem>[a-z]+
 
 
 _BOOL_OPTIONS = ("q_in_regs", "heavy_first", "defer_pv", "pingpong", "lazy_sum")  # options that are flags
+_INT_FIELDS = ("block_m", "block_n", "head_dim", "n_warps", "kv_stages", "min_blocks", "poly_exp")
 _BOOL_SUFFIX = {"qr": "q_in_regs", "hf": "heavy_first", "dp": "defer_pv", "pp": "pingpong",
                 "ls": "lazy_sum"}  # their tag suffixes
 
@@ -202,18 +204,18 @@ class KernelConfig:
         for name in _BOOL_OPTIONS:
             if isinstance(getattr(self, name), np.bool_):
                 object.__setattr__(self, name, bool(getattr(self, name)))
+        for name in _INT_FIELDS:  # numpy integers become ints (macros, JSON and tags take ints); bools stay refused
+            value = getattr(self, name)
+            if isinstance(value, np.integer):
+                object.__setattr__(self, name, int(value))
         problems = self._problems()
         if problems:
-            raise ValueError(
-                f"unsupported KernelConfig({self.describe()}): {'; '.join(problems)}. "
-                f"Supported: head_dim {HEAD_DIMS}, block_m {BLOCK_MS}, block_n {BLOCK_NS}, "
-                f"n_warps {N_WARPS} with block_m a multiple of 16*n_warps and "
-                f"n_threads/(head_dim/8) dividing block_m and block_n; smem "
-                f"{tuple(m.value for m in SmemLayout)}; softmax {tuple(m.value for m in SoftmaxForm)}; "
-                f"kv_stages {KV_STAGES}; min_blocks {MIN_BLOCKS}; poly_exp {POLY_EXPS}; defer_pv with "
-                f"kv_stages >= 2; pingpong with kv_stages >= 2, n_warps 8 and no defer_pv; block_m 256 "
-                f"with n_warps 8"
-            )
+            raise ValueError(f"unsupported KernelConfig({self._given()}): {'; '.join(problems)}")
+
+    def _given(self) -> str:
+        """The fields away from their defaults, for messages ('head_dim=96, n_warps=8')."""
+        return ", ".join(f"{f.name}={_json_value(getattr(self, f.name))!r}" for f in fields(self)
+                         if getattr(self, f.name) is not f.default and getattr(self, f.name) != f.default)
 
     def _problems(self) -> list[str]:
         out = []
@@ -296,19 +298,19 @@ class KernelConfig:
         tag or an unknown suffix is a ValueError naming it."""
         m = _TAG.fullmatch(str(tag))
         if not m:
-            raise ValueError(f"{tag!r} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
+            raise ValueError(f"{quoted(tag)} is not a config tag like {cls().tag!r} or 'm128n64d128w4-swizzled-s2-qr'")
         values = dict(block_m=int(m["m"]), block_n=int(m["n"]), head_dim=int(m["d"]), n_warps=int(m["w"]),
                       smem=m["smem"], softmax=softmax)
         seen: dict[str, str] = {}  # field -> the suffix that set it
         for part in filter(None, m["rest"].split("-")):
             key, value = _tag_suffix(part)
             if key is None:
-                raise ValueError(f"config tag {tag!r}: unknown suffix {part!r}; a suffix is a softmax form "
+                raise ValueError(f"config tag {quoted(tag)}: unknown suffix {quoted(part)}; a suffix is a softmax form "
                                  f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
                                  f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>, e<poly_exp>")
             if key in seen:  # '-s2-s3', '-ffma-fmul_fsub': no suffix may silently override another
                 what = "contradicts" if seen[key] != part else "repeats"
-                raise ValueError(f"config tag {tag!r}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
+                raise ValueError(f"config tag {quoted(tag)}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "
                                  f"give each field once")
             seen[key] = part
             values[key] = value

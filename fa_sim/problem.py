@@ -41,8 +41,14 @@ class Problem:
             object.__setattr__(self, name, int(value))
         if not isinstance(self.config, KernelConfig):
             raise ValueError(f"Problem.config must be a KernelConfig, got {type(self.config).__name__}")
+        if not isinstance(self.causal, (bool, np.bool_)):  # bool("no") is True: never guess
+            raise ValueError(f"Problem.causal must be True or False, got {self.causal!r:.60}")
+        scale = self.scale
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(scale) or scale <= 0:
+            raise ValueError(f"Problem.scale must be a positive finite number, got {scale!r:.60}")
         object.__setattr__(self, "causal", bool(self.causal))
-        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "scale", float(scale))
 
     @property
     def head_dim(self) -> int:

@@ -47,7 +47,15 @@ def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
 
 def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
     """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H, Nk, d]: the inputs every command,
-    experiment and test uses, so the same options give the same tensors everywhere."""
+    experiment and test uses, so the same options give the same tensors everywhere. Sizes are
+    integers >= 1 and seed an integer >= 0 (fa_sim.validate's words)."""
+    from .validate import check_count, check_head_dim
+
+    batch, heads, seqlen_q, seqlen_k = (check_count(v, n) for v, n in ((batch, "batch"), (heads, "heads"),
+                                                                        (seqlen_q, "seqlen_q"), (seqlen_k, "seqlen_k")))
+    head_dim = check_head_dim(head_dim)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
     rng = np.random.default_rng(seed)
     shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))

@@ -12,8 +12,8 @@ Nk may differ from Nq (causal is top-left aligned: key k is visible to query q i
 `mma_model` picks the tensor core's accumulation (fa_sim.tensorcore): None or "exact" rounds the
 exact sum once (fast), "h200" reproduces the H200 bit for bit (fitted; every product separately,
 so QK and PV cost about 50 times more).
-`config=None` means the seed configuration with the inputs' head_dim; a given config must match
-the inputs' head_dim. Bad input raises ValueError naming the problem.
+`config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
+or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
 (fa_sim/kernels/fa2_fwd.py, the readable model of the spec); "ptx" runs the PTX NVRTC emits for
 fa2_fwd.cu (fa_hw's kernel, or `kernel=` a path to a variant with the same parameters and FA_*
@@ -166,6 +166,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     front = choose_front_end(engine, kernel, prob.config, mutation)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
+    if progress is not None and not isinstance(progress, (bool, np.bool_)):
+        raise ValueError(f"progress must be None (shown for long runs), True or False, got {progress!r:.60}")
     model = tensorcore.resolve(mma_model)
     hub = Hub(_observers(observers))
     plan = estimate(prob, model, int(wave_ctas))

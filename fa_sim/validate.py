@@ -14,33 +14,46 @@ The kernel reads fp16 q, k, v (SCHEDULE.md). The input policy:
 - scale: a positive finite number (default 1/sqrt(d)), nonzero in fp32, and at most
   `max_scale(d)`, so that s * log2(e) * |q.k| stays finite in fp32 for every fp16 input
   (|q.k| <= d * 65504^2); within it the default softmax form is robust (SCHEDULE.md).
-- causal: True or False; config: a KernelConfig whose head_dim is the inputs' (None: the seed
-  configuration at that head_dim).
+- causal: True or False; config: a KernelConfig whose head_dim is the inputs', or its tag
+  (KernelConfig.from_tag, e.g. 'm128n64d64w4-swizzled-s2'); None: the seed configuration at that
+  head_dim. 'auto' (a GPU's fastest measured config) is fa_hw.forward's alone: it needs the GPU.
+- The launch: batch * heads at most 65,535 (the grid's y limit: the grid is ceil(Nq / block_m) x
+  batch*heads CTAs) and Nq, Nk at most 2**31 - 1 (the kernel's int32 arguments), as on the GPU.
+- Counts (batch, heads, sequence lengths, head_dim where they are arguments): Python or numpy
+  integers >= 1, never bool or float.
 
 Arrays: numpy arrays; torch tensors and cupy arrays (the checks run in their own library, on the
 GPU for device tensors, and `to_fp16` returns the same kind); anything else with `__array__` or
-`__dlpack__` is read as a host numpy array.
+`__dlpack__` is read as a host numpy array. A tensor that requires grad is read through its
+`detach()` (neither backend computes gradients: the outputs carry no autograd graph); a tensor on
+torch's meta device has a shape but no values and is refused.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import HEAD_DIMS, KernelConfig
+from .isa.sm80 import MAX_GRID_DIM
+from .messages import quoted
 from .problem import Problem
 
 FP16_MAX = 65504.0
 FP32_MAX = float(np.finfo(np.float32).max)
 LOG2E = 1.4426950408889634
+INT32_MAX = 2**31 - 1  # the kernel takes seqlen_q and seqlen_k as int
+MAX_GRID_Y = MAX_GRID_DIM[1]  # grid y = batch * heads
+AUTO = "auto"  # fa_hw.forward's config="auto": the GPU's tuned choice
 
 
 def max_scale(head_dim: int) -> float:
     """The largest accepted softmax scale: s * log2(e) * d * 65504^2 <= FP32_MAX / 2 (a factor 2 of
-    headroom for the fp32 roundings of s * log2(e) and of the products)."""
-    return FP32_MAX / 2 / (LOG2E * head_dim * FP16_MAX ** 2)
+    headroom for the fp32 roundings of s * log2(e) and of the products); head_dim one of HEAD_DIMS."""
+    return FP32_MAX / 2 / (LOG2E * check_head_dim(head_dim) * FP16_MAX ** 2)
 
 
 # ---- array libraries -------------------------------------------------------------------------------
@@ -191,8 +204,29 @@ class Input:
         return h.cpu().numpy() if kind_of(h) == TORCH else h.get()
 
 
+def _detached(x, name: str):
+    """x without its autograd graph (duck-typed: torch need not be installed); a ValueError for a
+    tensor on the meta device, which has no values to read."""
+    if getattr(getattr(x, "device", None), "type", None) == "meta":
+        raise ValueError(f"{name} is on the meta device: it has a shape but no values; pass a tensor with data "
+                         f"(e.g. {name}.to('cpu') after filling it, or torch.randn(..., device='cpu'))")
+    if getattr(x, "requires_grad", False) is True and callable(getattr(x, "detach", None)):
+        return x.detach()  # the kernel is forward-only: its outputs carry no graph either way
+    return x
+
+
+EMPTY_AXES = ("batch 0 (an empty batch)", "0 heads", "0 rows (an empty sequence)", "head_dim 0")
+
+
+def empty_message(name: str, shape: tuple[int, ...]) -> str:
+    """'q has 0 rows (an empty sequence) (shape ...); at least 1 is needed' for the first empty axis."""
+    axis = shape.index(0)
+    return f"{name} has {EMPTY_AXES[axis]} (shape {shape}); at least 1 is needed"
+
+
 def check_input(x, name: str) -> Input:
     """x after the checks of the policy that read no values (module docstring); ValueError otherwise."""
+    x = _detached(x, name)
     try:
         kind = kind_of(x)
     except ValueError as exc:
@@ -206,7 +240,7 @@ def check_input(x, name: str) -> Input:
     if len(shape) != 4:
         raise ValueError(f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {shape}")
     if 0 in shape:
-        raise ValueError(f"{name} is empty (shape {shape}); every dimension must be >= 1")
+        raise ValueError(empty_message(name, shape))
     return Input(name, a, lib, shape)
 
 
@@ -223,6 +257,11 @@ def host_fp16(x, name: str) -> np.ndarray:
 
 def check_shapes(q_shape, k_shape, v_shape) -> None:
     q, k, v = (tuple(int(n) for n in s) for s in (q_shape, k_shape, v_shape))
+    for name, shape in (("q", q), ("k", k), ("v", v)):
+        if len(shape) != 4:
+            raise ValueError(f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {shape}")
+        if 0 in shape:
+            raise ValueError(empty_message(name, shape))
     if k != v:
         raise ValueError(f"k and v must have the same shape, got {k} and {v}")
     for axis, what in ((0, "batch"), (1, "heads"), (3, "head_dim")):
@@ -254,18 +293,66 @@ def check_scale(scale, head_dim: int) -> float:
     return s
 
 
+CONFIG_ACCEPTED = "None (the seed config), a KernelConfig or a config tag such as 'm128n64d64w4-swizzled-s2'"
+
+
+def config_of(config) -> KernelConfig | None:
+    """config= as a KernelConfig (None stays None): a KernelConfig, or a tag of KernelConfig.from_tag;
+    'auto' and anything else are a ValueError saying what is accepted."""
+    if config is None or isinstance(config, KernelConfig):
+        return config
+    if isinstance(config, str):
+        if config.strip().lower() == AUTO:
+            raise ValueError("config='auto' (a GPU's fastest measured config, fa_hw.tuned) needs the GPU: it is "
+                             f"fa_hw.forward's; here pass {CONFIG_ACCEPTED}")
+        try:
+            return KernelConfig.from_tag(config)
+        except ValueError as exc:
+            if re.match(r"m\d+n\d+d\d+w\d+-", config):  # a tag with a bad part: from_tag names it
+                raise ValueError(f"config: {exc}") from None
+    raise ValueError(f"config must be {CONFIG_ACCEPTED}, got {type(config).__name__} {quoted(str(config))}")
+
+
 def check_config(config, head_dim: int) -> KernelConfig:
+    config = config_of(config)
     if config is None:
         return KernelConfig(head_dim=head_dim)
-    if not isinstance(config, KernelConfig):
-        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if config.head_dim != head_dim:
         raise ValueError(f"inputs have head_dim {head_dim} but config.head_dim is {config.head_dim}")
     return config
+
+
+def check_count(value, name: str) -> int:
+    """An integer >= 1 (Python or numpy; never bool, float or str) as int; ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {type(value).__name__} {value!r:.60}")
+    return int(value)
+
+
+def check_head_dim(head_dim) -> int:
+    d = check_count(head_dim, "head_dim")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d} is not supported; choose one of {HEAD_DIMS}")
+    return d
+
+
+def check_launch(prob: Problem) -> Problem:
+    """The launch limits of the GPU kernel (module docstring): a grid the GPU cannot launch, or a
+    length past the kernel's int32 arguments, is one ValueError line before any work."""
+    bh = prob.batch * prob.heads
+    if bh > MAX_GRID_Y:
+        raise ValueError(f"batch * heads = {prob.batch:,} * {prob.heads:,} = {bh:,} is over {MAX_GRID_Y:,}, the grid's "
+                         f"y limit (the kernel launches ceil(Nq / block_m) x batch*heads CTAs); split the batch")
+    for name, n in (("seqlen_q", prob.seqlen_q), ("seqlen_k", prob.seqlen_k)):
+        if n > INT32_MAX:
+            raise ValueError(f"{name} = {n:,} is over {INT32_MAX:,}: the kernel takes the sequence lengths as "
+                             f"32-bit ints")
+    return prob
 
 
 def make_problem(q_shape, k_shape, v_shape, causal, scale, config) -> Problem:
     """The launch q, k, v of these shapes describe, after every non-value check of the policy."""
     check_shapes(q_shape, k_shape, v_shape)
     b, h, nq, d = (int(n) for n in q_shape)
-    return Problem(b, h, nq, int(k_shape[2]), check_causal(causal), check_scale(scale, d), check_config(config, d))
+    return check_launch(Problem(b, h, nq, int(k_shape[2]), check_causal(causal), check_scale(scale, d),
+                                check_config(config, d)))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import fa_sim
 from fa_hw import tuned
+from fa_sim import validate
 from fa_sim.contract import KernelBuild
 from fa_sim.cli import main
 from fa_sim.config import KV_STAGES, MIN_BLOCKS, SMEM_LIMIT_BYTES, KernelConfig
@@ -209,8 +210,9 @@ def test_heuristic_and_candidates_are_valid_configs():
             got = tuned.candidates(d, causal)
             assert len(set(got)) == len(got) and all(c.head_dim == d for c in got)
             assert causal or not any(c.heavy_first for c in got)
-    with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
-        tuned.resolve("fastest", (1, 1, 8, 64), (1, 1, 8, 64), False)
+    assert tuned.resolve("fastest", (1, 1, 8, 64), (1, 1, 8, 64), False) == "fastest"  # not auto: as given
+    with pytest.raises(ValueError, match="config must be None .the seed config., a KernelConfig or a config tag"):
+        validate.check_config("fastest", 64)
     assert tuned.resolve(SEED, None, None, False) is SEED
 
 

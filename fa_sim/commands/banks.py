@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ..config import KernelConfig, SmemLayout
+from ..events import Op
 from ..run import FrontEnd, PtxFrontEnd
+from . import UsageError
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -70,8 +72,36 @@ def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd):
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front)
+    res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front)
+    check_computes(res.counts, front, config)
     return counter.report()
+
+
+SHARED_OPS = (Op.LDGSTS, Op.LDSM, Op.LDS, Op.STS)  # the classes whose bank conflicts are counted
+
+
+def check_computes(counts, front: FrontEnd, config: KernelConfig) -> None:
+    """A kernel that stored no output element (no st.global ran in the whole grid), or issued no
+    shared-memory instruction, computed nothing: its all-zero table would read as 'no conflicts'.
+    UsageError naming the kernel (a --kernel variant's file) instead."""
+    kernel = (f"--kernel {front.kernel.origin}" if isinstance(front, PtxFrontEnd) and front.kernel is not None
+              else "the kernel")
+    ran = {op for (op, _, _), n in counts.items() if n}
+    if Op.STG not in ran:
+        raise UsageError(f"{kernel} ({config.tag}) stored no output element: no st.global ran in the whole grid, so "
+                         "it computes nothing and has no bank conflicts to count; check the kernel's body")
+    if not ran & set(SHARED_OPS):
+        raise UsageError(f"{kernel} ({config.tag}) issued no shared-memory instruction "
+                         f"({', '.join(op.value for op in SHARED_OPS)}): there are no bank conflicts to count")
+
+
+def header_tag(base: KernelConfig, compare: bool) -> str:
+    """The config tag a table's header names: the config's own, or with --compare its tag with the
+    layouts it sets side by side in the smem place ('m64n64d64w4-{swizzled,plain,padded}-s2')."""
+    if not compare:
+        return base.tag
+    layouts = "{" + ",".join(s.value for s in SmemLayout) + "}"
+    return base.tag.replace(f"-{base.smem.value}", f"-{layouts}", 1)
 
 
 def run(args) -> int:
@@ -104,7 +134,7 @@ def run(args) -> int:
     (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
     shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
-             f"config {base.tag.rsplit('-', 1)[0]}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
+             f"config {header_tag(base, args.compare)}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
                                                        if isinstance(front, PtxFrontEnd) else ""))
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}

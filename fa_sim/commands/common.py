@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
 from ..contract import KernelSourceError, kernel_source
+from ..messages import QUOTE_MOST, listed, quoted
 from ..reference import random_inputs as _random_inputs
 from ..run import CLI, ENGINES, FrontEnd, choose_front_end
 from . import UsageError
@@ -254,7 +255,7 @@ def _config_value(text: str) -> str:
         try:
             KernelConfig.from_tag(text)
         except ValueError as exc:
-            raise UsageError(f"--config {text}: {exc}") from None
+            raise UsageError(f"--config {text if len(text) <= QUOTE_MOST else quoted(text)}: {exc}") from None
     return text
 
 
@@ -367,7 +368,7 @@ def parse_ops(text: str | None):
                          f"LDSM,SHFL from {', '.join(Op.__members__)}, or drop --ops to keep all")
     bad = [n for n in names if n not in Op.__members__]
     if bad:
-        raise UsageError(f"--ops: unknown instruction class(es) {', '.join(bad)}; choose from {', '.join(Op.__members__)}")
+        raise UsageError(f"--ops: unknown instruction class(es) {listed(bad)}; choose from {', '.join(Op.__members__)}")
     return frozenset(Op[n] for n in names)
 
 
@@ -377,7 +378,7 @@ def workers_count(text: str):
     if text.strip().lower() == "auto":
         return "auto"
     if not text.strip().isdigit():
-        raise UsageError(f"--workers takes auto or an integer >= 1, got {text!r}")
+        raise UsageError(f"--workers takes auto or an integer >= 1, got {quoted(text)}")
     return int_in("--workers", 1, None, "auto or an integer >= 1")(text)
 
 

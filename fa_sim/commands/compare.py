@@ -39,6 +39,7 @@ from ..crosscheck import (
     format_report,
     simulate_with_checkpoints,
 )
+from ..messages import listed, quoted
 from ..problem import Problem
 from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
 from ..timing.cost import timing_cost
@@ -140,9 +141,12 @@ def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
     try:
         ctas = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise UsageError(f"--ctas takes comma-separated integers, got {text!r}") from None
+        raise UsageError(f"--ctas takes comma-separated integers, got {quoted(text)}") from None
     if not ctas or any(not 0 <= c < n_ctas for c in ctas) or len(set(ctas)) != len(ctas):
-        raise UsageError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}, got {text!r}")
+        bad = [c for c in ctas if not 0 <= c < n_ctas] or sorted({c for c in ctas if ctas.count(c) > 1})
+        why = "outside the grid" if any(not 0 <= c < n_ctas for c in ctas) else "repeated"
+        raise UsageError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}; "
+                         + (f"{why}: {listed(bad)}" if bad else "none given"))
     if allowed is not None and not set(ctas) <= set(allowed):
         raise UsageError(f"--ctas {text}: the recording holds checkpoints of CTAs {list(allowed)} only")
     return ctas

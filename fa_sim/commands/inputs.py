@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import HEAD_DIMS
+from ..validate import check_input, check_shapes, empty_message
 from . import UsageError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -120,6 +122,9 @@ def load_npz(path, names, option: str, accepted: str, optional=()) -> dict[str, 
                         raise
                     raise _refuse(option, path, f"array {name} holds Python objects, which are never loaded",
                                   accepted) from None
+                if not isinstance(out[name], np.ndarray):  # a member that is not .npy data comes back as bytes
+                    raise _refuse(option, path, f"member {name} is not a .npy array ({len(out[name]):,} bytes of "
+                                                "other data)", accepted)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
         raise _refuse(option, path, f"is truncated or corrupt ({type(exc).__name__}: {exc})", accepted) from None
     return out
@@ -134,4 +139,15 @@ def load_qkv(path, option: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                                         f"{x.shape}", QKV)
         if x.dtype.kind not in "fiu":
             raise _refuse(option, path, f"{name} has dtype {x.dtype}, not a number type", QKV)
+        if 0 in x.shape:
+            raise UsageError(f"{option} {path}: {empty_message(name, x.shape)}")
+        if x.shape[3] not in HEAD_DIMS:
+            raise UsageError(f"{option} {path}: {name} has head_dim {x.shape[3]} (shape {x.shape}); the kernel "
+                             f"supports head_dim {', '.join(map(str, HEAD_DIMS))}")
+    try:  # the shapes together and every value (fa_sim.validate's policy), with the file named
+        check_shapes(*(data[n].shape for n in ("q", "k", "v")))
+        for name in ("q", "k", "v"):
+            check_input(data[name], name).fp16()
+    except ValueError as exc:
+        raise UsageError(f"{option} {path}: {exc}") from None
     return data["q"], data["k"], data["v"]

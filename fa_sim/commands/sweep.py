@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..config import KernelConfig
+from ..messages import QUOTE_MOST, quoted
 from . import UsageError
 from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, front_end,
                      int_in, kernel_from_args)
@@ -101,14 +102,15 @@ def parse_item(opt, text: str):
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
     parts = text.split(",")
+    shown = text if len(text) <= QUOTE_MOST else quoted(text)
     if len(parts) not in (3, 4):
-        raise UsageError(f"--shape {text}: expected B,H,Nq or B,H,Nq,Nk")
+        raise UsageError(f"--shape {shown}: expected B,H,Nq or B,H,Nq,Nk")
     try:
         vals = [int(x, 10) for x in parts]
     except ValueError:
-        raise UsageError(f"--shape {text}: expected integers B,H,Nq[,Nk]") from None
+        raise UsageError(f"--shape {shown}: expected integers B,H,Nq[,Nk]") from None
     if any(not 1 <= x <= INT32_MAX for x in vals):
-        raise UsageError(f"--shape {text}: every size must be in 1 .. {INT32_MAX}")
+        raise UsageError(f"--shape {shown}: every size must be in 1 .. {INT32_MAX}")
     return tuple(vals) if len(vals) == 4 else (*vals, vals[2])
 
 

@@ -23,9 +23,11 @@ import json
 import sys
 from pathlib import Path
 
+from ..contract.errors import KernelSourceError, ToolError
 from ..problem import Problem
 from ..timing import GPUS, predict
 from ..timing.cost import timing_cost
+from ..validate import check_launch
 from ..timing.predict import issue_timeline
 from . import UsageError
 from .common import (
@@ -70,6 +72,29 @@ def check_cost(args, prob: Problem) -> None:
         raise UsageError(str(exc)) from None
 
 
+def launch_problem(args, prob: Problem) -> Problem:
+    """The problem, within the GPU's launch limits (fa_sim.validate.check_launch), or a UsageError
+    naming the options."""
+    try:
+        return check_launch(prob)
+    except ValueError as exc:
+        raise UsageError(f"--batch {args.batch} --heads {args.heads} --seqlen {args.seqlen}: {exc}") from None
+
+
+def _of_kernel(kernel, fn, *args):
+    """fn(*args); with --kernel, a model error about the variant (its SASS structure, a path the
+    functional run takes that no SASS path explains, a deadlock of the SM model) names --kernel and the
+    file: the model's own words alone say neither. Errors that name the file already (the kernel
+    contract's, NVRTC's) pass as they are."""
+    try:
+        return fn(*args)
+    except (ValueError, RuntimeError) as exc:
+        if kernel is None or isinstance(exc, (KernelSourceError, ToolError)):
+            raise
+        raise UsageError(f"--kernel {kernel}: the timing model cannot time this variant: {exc} "
+                         "(docs/timing.md, \"Time from the run\")") from None
+
+
 def run(args: argparse.Namespace) -> int:
     d = problem_head_dim(args)
     check_scale(args, d)
@@ -86,11 +111,11 @@ def run(args: argparse.Namespace) -> int:
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)
-    prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config)
+    prob = launch_problem(args, Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config))
     check_cost(args, prob)
-    pred = predict(prob, args.gpu, kernel)
+    pred = _of_kernel(kernel, predict, prob, args.gpu, kernel)
     if perfetto is not None:
-        write_text(perfetto.path, json.dumps(issue_timeline(prob, args.gpu, kernel)))
+        write_text(perfetto.path, json.dumps(_of_kernel(kernel, issue_timeline, prob, args.gpu, kernel)))
         print(f"wrote {perfetto.path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"config": config.tag, "config_source": source, "causal": args.causal, "gpu": args.gpu,

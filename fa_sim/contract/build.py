@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..checkpoints import CHECKPOINTS, CheckpointLayout
 from ..config import KernelConfig, SoftmaxForm
+from ..messages import listed
 from .errors import KernelSourceError
 from .occupancy import min_blocks_per_sm
 from .source import SEED_NAME, KernelSource, seed_source
@@ -90,6 +91,6 @@ def check_macros_used(source: str, macros: dict[str, int], name: str) -> None:
     missing = [f"{k}={v}" for k, v in macros.items()
                if k not in source and (k not in NEUTRAL_MACROS or (NEUTRAL_MACROS[k] not in (None, v)))]
     if missing:
-        raise KernelSourceError(f"{name} does not use {', '.join(missing)}, which this config needs; start the "
+        raise KernelSourceError(f"{name} does not use {listed(missing)}, which this config needs; start the "
                                 f"variant from the current fa_hw/kernels/{SEED_NAME} or choose a config without "
                                 "those options")

@@ -61,12 +61,20 @@ def _cache_key(source: str, build: KernelBuild) -> str:
 
 
 def _nvrtc(source: str, build: KernelBuild) -> tuple[bytes, str]:
-    """(cubin, log) of `source` with the build's macros, for its arch; CompileError names the build."""
+    """(cubin, log) of `source` with the build's macros, for its arch; CompileError names the file
+    the user gave (a variant's path: NVRTC's lines, which say PROGRAM_NAME, are renamed to it), the
+    config's tag and the arch, in one line."""
     try:
         return compile_cubin(source, name=PROGRAM_NAME, arch=build.arch, macros=build.macros(),
                              lineinfo=build.lineinfo)
     except NvrtcError as exc:
-        raise CompileError(f"NVRTC failed to compile {build.describe()}: {exc.detail}", exc.log) from None
+        variant = build.kernel is not None and not build.kernel.is_seed
+        name = build.kernel.program_name if variant else PROGRAM_NAME
+        detail, log = (exc.detail.replace(f"{PROGRAM_NAME}(", f"{name}("),
+                       exc.log.replace(f"{PROGRAM_NAME}(", f"{name}(")) if variant else (exc.detail, exc.log)
+        causal = ", causal" if build.causal else ""
+        raise CompileError(f"NVRTC could not compile {name} (config {build.config.tag}{causal}, {build.arch}): "
+                           f"{detail}", log) from None
 
 
 def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKernel:

@@ -37,6 +37,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..cache import cache_key, cache_root, read_text_entry, store_atomic
 from .build import KernelBuild
 from .errors import HW_EXTRA_INSTALL, HwExtraMissing, ToolError
@@ -151,9 +153,10 @@ def _macro_options(macros: Mapping[str, int | str], flag: str) -> list[str]:
     for key, value in sorted(macros.items()):
         if not _MACRO.fullmatch(str(key)):
             raise ValueError(f"macro name {key!r} is not a C identifier")
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"macro {key}: value {value!r} must be an int or a str")
-        out.append(f"{flag}{key}={value}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, str)):
+            raise ValueError(f"macro {key}: value {value!r} must be an int or a str (a numpy integer is an int; "
+                             "a bool is not)")
+        out.append(f"{flag}{key}={int(value) if isinstance(value, np.integer) else value}")
     return out
 
 

@@ -142,10 +142,26 @@ def _check_hunk(lines: list[str], hunk: Hunk, name: str, target: str) -> None:
                          f"({len(lines)} lines): the patch is not of this {target}")
     for k, want in enumerate(hunk.old):
         if lines[start + k] != want:
+            have, expected, col = _differing(lines[start + k], want)
             raise PatchError(f"{name}: hunk {hunk.number} ({hunk.header}) does not apply to {target}: line "
-                             f"{start + k + 1} is {_show(lines[start + k])}, the patch expects {_show(want)}")
+                             f"{start + k + 1} is {have}, the patch expects {expected} (they first differ at "
+                             f"column {col})")
+
+
+def _differing(have: str, want: str) -> tuple[str, str, int]:
+    """The two lines quoted (repr: tabs, carriage returns and trailing spaces visible) around where
+    they first differ, each cut to the same window of _SHOWN characters, so that the difference is
+    in view even when the lines share a long start; and that 1-based column."""
+    a, b = have.rstrip("\n"), want.rstrip("\n")
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo = max(0, min(i - _SHOWN // 3, max(len(a), len(b)) - _SHOWN))
+    return _window(a, lo), _window(b, lo), i + 1
 
 
 def _show(line: str) -> str:
-    text = line.rstrip("\n")
-    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+    return _window(line.rstrip("\n"), 0)
+
+
+def _window(text: str, lo: int) -> str:
+    cut = text[lo:lo + _SHOWN]
+    return ("..." if lo else "") + repr(cut) + ("..." if lo + _SHOWN < len(text) else "")

@@ -44,6 +44,26 @@ from .sites import Step
 from .softmax import NEG_INF, from_columns, pv_a_view, scale_rows, softmax_rescale_o
 
 
+def _sites(value, field: str) -> frozenset:
+    """A Site, a Site's name ('WAIT_QK', any case) or a collection of them, as a frozenset of Sites;
+    anything else (a string would be read as its letters, an unknown name would drop nothing) is a
+    ValueError naming the sites."""
+    items = [value] if isinstance(value, (Site, str)) else value
+    try:
+        items = list(items)
+    except TypeError:
+        items = [value]
+    out = set()
+    for item in items:
+        if isinstance(item, str) and item.upper() in Site.__members__:
+            item = Site[item.upper()]
+        if not isinstance(item, Site):
+            raise ValueError(f"Mutation.{field} takes Sites or their names ({', '.join(Site.__members__)}), "
+                             f"got {item!r:.60}")
+        out.add(item)
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class Mutation:
     """Synchronisation removed (`drop`) or moved late (`late_wait`, wait_group Sites only)."""
@@ -52,8 +72,8 @@ class Mutation:
     late_wait: frozenset[Site] = frozenset()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "drop", frozenset(self.drop))
-        object.__setattr__(self, "late_wait", frozenset(self.late_wait))
+        object.__setattr__(self, "drop", _sites(self.drop, "drop"))
+        object.__setattr__(self, "late_wait", _sites(self.late_wait, "late_wait"))
         bad = self.late_wait - {Site.WAIT_QK, Site.WAIT_PV}
         if bad:
             raise ValueError(f"late_wait applies to wait_group sites only, not {sorted(s.name for s in bad)}")

@@ -9,8 +9,9 @@
 for sm_80 with -lineinfo; parsed programs are cached on disk like cubins, fa_sim.ptx.load).
 `args` follow the kernel's parameters: a numpy array for a pointer parameter (it becomes a global
 buffer; the kernel writes straight into a C-contiguous array, others are copied back), a number
-for a scalar (use np.int32 / np.float32 / ... to say its type; plain ints and floats take the
-parameter's declared type). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
+for a scalar (use np.int32 / np.float32 / ... to say its type, of the parameter's size and kind; plain
+ints and floats take the parameter's declared type when it holds them: an int in the width's signed or
+unsigned range, a float parameter's value finite and, from an int, exact; never wrapped or truncated). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
 The grid runs in waves of `wave_ctas` CTAs, each wave all at once.
 Arguments are checked against SM80's launch limits first (one ValueError line naming the argument:
 grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to 163 KB less
@@ -26,6 +27,7 @@ lines.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -72,6 +74,9 @@ def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple
     bufs = {}
     for i, (p, a) in enumerate(zip(params, args)):
         if isinstance(a, np.ndarray):
+            if a.dtype.kind not in "biufc":
+                raise ValueError(f"argument {i} is an array of dtype {a.dtype}; a kernel's buffer holds numbers "
+                                 "(bool, integer, float or complex dtypes)")
             if p.size != 8:
                 raise ValueError(f"argument {i} is an array but parameter {p.name} is .{p.type} ({p.size} bytes)")
             buf = memory.alloc(f"arg{i}", a)
@@ -83,19 +88,51 @@ def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple
     return bytes(out), bufs
 
 
+_PARAM_TYPES = {"u8": np.uint8, "s8": np.int8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
+                "u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32, "u64": np.uint64,
+                "s64": np.int64, "b64": np.uint64, "f64": np.float64}
+
+
 def _scalar(a, p, i: int) -> bytes:
-    types = {"u8": np.uint8, "s8": np.int8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
-             "u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32, "u64": np.uint64,
-             "s64": np.int64, "b64": np.uint64, "f64": np.float64}
+    """The bytes of scalar argument i for parameter p. A numpy scalar gives its own bytes, of the
+    parameter's size and kind (an integer for .u/.s, a float for .f; .b takes either); a Python
+    number takes the parameter's type when it holds the value exactly (an int in the signed or
+    unsigned range of the width; for .f any int or float that stays finite, an int only when exact).
+    Anything else is a ValueError naming the argument: a launch never wraps, truncates or reinterprets
+    a value silently."""
+    what = f"argument {i} ({type(a).__name__} {a!r:.40}) does not fit parameter {p.name} (.{p.type})"
+    kind = p.type[0]
     if isinstance(a, np.generic):
         raw = a.tobytes()
-    elif isinstance(a, (bool, int, float)) and p.type in types:
-        raw = np.asarray(a).astype(types[p.type]).tobytes()
-    else:
-        raise ValueError(f"argument {i} ({type(a).__name__}) does not fit parameter {p.name} (.{p.type})")
-    if len(raw) != p.size:
-        raise ValueError(f"argument {i} has {len(raw)} bytes, parameter {p.name} (.{p.type}) takes {p.size}")
-    return raw
+        if len(raw) != p.size:
+            raise ValueError(f"argument {i} has {len(raw)} bytes, parameter {p.name} (.{p.type}) takes {p.size}")
+        mine = "f" if isinstance(a, np.floating) else "i" if isinstance(a, (np.integer, np.bool_)) else "?"
+        if mine == "?" or (kind == "f" and mine != "f") or (kind in "us" and mine != "i"):
+            raise ValueError(f"{what}: its numpy type is {'a float' if mine == 'f' else 'not an integer'} of the "
+                             f"parameter's size; pass np.{_PARAM_TYPES.get(p.type, np.uint8).__name__} (or a Python number)")
+        return raw
+    dtype = _PARAM_TYPES.get(p.type)
+    if dtype is None or not isinstance(a, (bool, int, float)):
+        raise ValueError(f"{what}: pass a number, or a numpy scalar of the parameter's type")
+    if np.issubdtype(dtype, np.floating):
+        try:
+            f = float(a)
+        except OverflowError:  # an int past every float
+            f = math.inf
+        with np.errstate(over="ignore"):
+            value = dtype(f)
+        if not np.isfinite(value) and (math.isfinite(f) or not isinstance(a, float)):
+            raise ValueError(f"{what}: .{p.type} holds it only as inf")
+        if isinstance(a, int) and int(value) != a:
+            raise ValueError(f"{what}: .{p.type} holds it only rounded (to {int(value):,}); pass a float to accept that")
+        return value.tobytes()
+    if isinstance(a, float):
+        raise ValueError(f"{what}: a float for an integer parameter; pass an int")
+    bits = 8 * p.size
+    if not -(2 ** (bits - 1)) <= a < 2 ** bits:
+        raise ValueError(f"{what}: {bits}-bit integers run from {-(2 ** (bits - 1)):,} (signed) to {2 ** bits - 1:,} "
+                         "(unsigned)")
+    return (a % 2 ** bits).to_bytes(p.size, "little")
 
 
 def _globals(program: Program, memory: GlobalMemory) -> dict[str, int]:
@@ -156,6 +193,9 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     grid, block = check.grid_and_block(grid, block)
     wave_ctas, observers = check.wave_ctas(wave_ctas), check.observers(observers)
     args, macros = check.arguments(args), check.macros(macros)
+    if kernel is not None and not isinstance(kernel, str):
+        raise ValueError(f"kernel must be None (the module's one kernel) or a kernel's name (str), got "
+                         f"{type(kernel).__name__} {kernel!r:.60}")
     if max_steps is not None:
         parse_max_steps(max_steps, "max_steps")
     model = tensorcore.resolve(mma_model)

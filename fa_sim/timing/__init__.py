@@ -13,24 +13,38 @@ warp's SASS stream from its path in the functional run: any control flow) and `l
 (`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed).
 """
 
-from .gpus import GPUS, GpuModel
+from .gpus import GPUS, GpuModel, gpu_model
 from .launch import predict_launch
 from .predict import Prediction, predict
 
 
-def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64,
+def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int | None = None,
                  causal: bool = False, config=None, gpu: str = "h200", kernel=None) -> Prediction:
-    """The predicted time of one launch of the kernel for q [B, H, Nq, d], k, v [B, H, Nk, d];
-    `config` None: the seed config at this head_dim; `kernel`: a variant's path."""
-    from ..config import KernelConfig
+    """The predicted time of one launch of the kernel for q [B, H, Nq, d], k, v [B, H, Nk, d].
+
+    batch, heads, seqlen_q, seqlen_k (None: seqlen_q), head_dim: integers >= 1 (Python or numpy,
+    never bool); head_dim one of config.HEAD_DIMS, None: the config's (64 without a config).
+    causal: True or False. config: None (the seed config at head_dim), a KernelConfig or a config
+    tag ('m128n64d64w4-swizzled-s2'); 'auto' is fa_hw's (it needs the GPU). gpu: a key of GPUS
+    or a GpuModel.
+    kernel: None or a variant's path (a .cu, or a .patch against fa2_fwd.cu). Every argument is
+    checked as fa_sim.simulate checks its own (fa_sim.validate), before any compile: one ValueError
+    naming it and what is accepted."""
+    from .. import validate
+    from ..contract import kernel_source
     from ..problem import Problem
 
-    if gpu not in GPUS:
-        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
-    config = KernelConfig(head_dim=head_dim) if config is None else config
-    if config.head_dim != head_dim and head_dim != 64:
-        raise ValueError(f"head_dim {head_dim} disagrees with config.head_dim {config.head_dim}")
-    prob = Problem(batch, heads, seqlen_q, seqlen_q if seqlen_k is None else seqlen_k, causal, 1.0, config)
+    b, h, nq = (validate.check_count(v, n) for v, n in ((batch, "batch"), (heads, "heads"), (seqlen_q, "seqlen_q")))
+    nk = nq if seqlen_k is None else validate.check_count(seqlen_k, "seqlen_k")
+    causal = validate.check_causal(causal)
+    gpu = gpu_model(gpu)
+    config = validate.config_of(config)
+    d = (64 if config is None else config.head_dim) if head_dim is None else validate.check_head_dim(head_dim)
+    if config is not None and config.head_dim != d:
+        raise ValueError(f"head_dim {d} disagrees with config.head_dim {config.head_dim}; give one of them")
+    if kernel is not None:
+        kernel_source(kernel, option="kernel=")  # the file's checks (it exists, a .cu or a patch that applies)
+    prob = validate.check_launch(Problem(b, h, nq, nk, causal, 1.0, validate.check_config(config, d)))
     return predict(prob, gpu, kernel)
 
 

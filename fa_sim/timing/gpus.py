@@ -94,3 +94,12 @@ A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80
                 dram_bytes_per_cycle=13.4)  # 2.04 TB/s / 108 SMs / 1.41 GHz
 
 GPUS = {g.name: g for g in (H200, A100)}
+
+
+def gpu_model(gpu) -> GpuModel:
+    """A GpuModel, or the key of one in GPUS; anything else is a ValueError naming the keys."""
+    if isinstance(gpu, GpuModel):
+        return gpu
+    if not isinstance(gpu, str) or gpu not in GPUS:
+        raise ValueError(f"gpu must be one of {', '.join(sorted(GPUS))} (or a fa_sim.timing.GpuModel), got {gpu!r:.60}")
+    return GPUS[gpu]

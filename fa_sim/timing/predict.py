@@ -39,7 +39,7 @@ from ..contract.cubins import compile_build
 from ..contract.sass import disassemble
 from ..problem import Problem
 from .cost import Progress, timing_cost
-from .gpus import GPUS, GpuModel
+from .gpus import GPUS, GpuModel, gpu_model
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
@@ -293,16 +293,15 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
     representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
     own, as launching it with more dynamic shared memory than it uses does on the GPU
-    (experiments/timing_occupancy.py; None: the kernel's own). Refused before any work when its
-    cost (fa_sim.timing.cost) is past the limit or this machine's memory; `progress` None: the
-    estimate and progress lines on stderr for a prediction estimated at
+    (experiments/timing_occupancy.py; None: the kernel's own). Arguments are checked first: prob a
+    Problem within the launch limits (fa_sim.validate.check_launch), gpu a GpuModel or a key of GPUS,
+    kernel None or a variant's path (fa_sim.contract.kernel_source), exact a bool. Refused before any
+    work when its cost (fa_sim.timing.cost) is past the limit or this machine's memory; `progress`
+    None: the estimate and progress lines on stderr for a prediction estimated at
     fa_sim.simulate.PROGRESS_MIN_SECONDS or more; True: always; False: never."""
     from ..simulate import PROGRESS_MIN_SECONDS
 
-    if not isinstance(prob, Problem):
-        raise ValueError(f"predict takes a fa_sim.Problem, got {type(prob).__name__}")
-    if isinstance(gpu, str) and gpu not in GPUS:
-        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
+    gpu = _checked(prob, gpu, kernel, exact)
     cost = timing_cost(prob)
     cost.check(f"batch={prob.batch}, heads={prob.heads}, seqlen_q={prob.seqlen_q}, seqlen_k={prob.seqlen_k}",
                "lower batch, heads or the sequence lengths")
@@ -310,7 +309,6 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     if show:
         print(f"fa_sim.timing: {cost.describe()}", file=sys.stderr, flush=True)
     meter = Progress(show)
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     if k < 1:
@@ -330,6 +328,20 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
         cycles = exact_cycles(model, prob, gpu, k, ran)
     ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
     return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob, meter))
+
+
+def _checked(prob, gpu, kernel, exact=False) -> GpuModel:
+    """predict's and issue_timeline's arguments, one ValueError line each before any compile."""
+    from ..validate import check_launch
+
+    if not isinstance(prob, Problem):
+        raise ValueError(f"prob must be a fa_sim.Problem (or use fa_sim.predict_time), got {type(prob).__name__}")
+    check_launch(prob)
+    if not isinstance(exact, (bool, np.bool_)):
+        raise ValueError(f"exact must be True or False, got {exact!r:.60}")
+    if kernel is not None:
+        kernel_source(kernel, option="kernel=")
+    return gpu_model(gpu)
 
 
 def grid_instructions(model: KernelModel, prob: Problem, progress: Progress | None = None) -> int:
@@ -367,7 +379,7 @@ def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rou
     """Chrome trace-event JSON (Perfetto, chrome://tracing) of one SM with its resident CTAs running
     `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
     instruction a slice from its issue cycle (ts, in cycles) for its stall count."""
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    gpu = _checked(prob, gpu, kernel)
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
     k = occupancy(model, gpu)
     issued: list = []
