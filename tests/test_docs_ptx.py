@@ -33,7 +33,8 @@ def control_executed() -> list[str]:
 
     out = []
     for op in sorted(CONTROL):
-        eng = SimpleNamespace(n=4, exited=np.zeros(4, bool), loop=None, kernel=SimpleNamespace(labels={"L": 0}))
+        eng = SimpleNamespace(n=4, exited=np.zeros(4, bool), loop=None, kernel=SimpleNamespace(labels={"L": 0}),
+                              branch_listeners=())
         ins = SimpleNamespace(pc=1, opcode=op, guard=None, operands=(Sym("L"),))
         try:
             Engine._control(eng, ins, Group(None, 4))

@@ -292,7 +292,7 @@ KERNEL = "fa_hw/kernels/fa2_fwd.cu"
     (dict(engine="ptx", mutation=fa_sim.Mutation()), "mutation= changes the hand-written program"),
     (dict(engine="program", config=KernelConfig(kv_stages=2)), "engine='program' runs the spec's schedule only"),
     (dict(observers=[object()]), r"observers\[0\] \(object\) is not an observer: it has none of the hooks on_instr, "
-                                 "on_checkpoint, on_launch, on_finish"),
+                                 "on_checkpoint, on_branch, on_launch, on_finish"),
     (dict(observers=[None, object()]), r"observers\[0\] \(NoneType\) is not an observer"),
     (dict(wave_ctas=True), "wave_ctas must be a positive integer"),
 ])
