@@ -107,6 +107,46 @@ def dq_accum_shape(config: BackwardConfig, batch: int, heads: int, seqlen_q: int
     return (config.n_kv_blocks(seqlen_k), *one) if deterministic else one
 
 
+@dataclass(frozen=True, eq=False)
+class BackwardLaunch:
+    """One of the backward's three launches, as fa_sim.ptx.launch (and fa_sim.timing.predict_launch)
+    take it; the arrays are shared between the launches (D, the dQ accumulator) in order."""
+
+    kernel: str
+    source: str  # the .cu path
+    grid: tuple
+    block: tuple
+    smem_bytes: int
+    args: list
+    macros: dict
+
+
+def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                      deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
+                      macros: dict | None = None) -> tuple[list[BackwardLaunch], BackwardInputs, dict]:
+    """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum})."""
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    build = BackwardBuild(x.config, x.causal, bool(deterministic), "sm_80", kernel,
+                          tuple(sorted((macros or {}).items())))
+    cfg, (b, h, nq, nk, d) = x.config, x.shape
+    src, defs = str(build.path), build.macros()
+    block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
+    dpsum = np.zeros((b * h, nq), np.float32)
+    dq_accum = np.zeros(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)), np.float32)
+    dk, dv, dq = np.zeros_like(x.k), np.zeros_like(x.v), np.zeros_like(x.q)
+    launches = [
+        BackwardLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
+                       [x.o, x.do, dpsum, np.int32(nq)], defs),
+        BackwardLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32], defs),
+        BackwardLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
+                       [dq_accum, dq, np.int32(nq), np.int32(nk), scale32], defs),
+    ]
+    return launches, x, {"dq": dq, "dk": dk, "dv": dv, "dq_accum": dq_accum}
+
+
 def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
                       kernel=None, macros: dict | None = None, mma_model=None) -> BackwardResult:
@@ -115,30 +155,14 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
     from .simulate import _observers
 
     start = time.perf_counter()
-    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    launches, x, out = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, config=config,
+                                         kernel=kernel, macros=macros)
     observers = _observers(observers)
-    build = BackwardBuild(x.config, x.causal, bool(deterministic), "sm_80", kernel,
-                          tuple(sorted((macros or {}).items())))
-    cfg, (b, h, nq, nk, d) = x.config, x.shape
-    src, defs = build.path, build.macros()
-    block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
-
-    dpsum = np.zeros((b * h, nq), np.float32)
     counts = {}
-    run = ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [x.o, x.do, dpsum, np.int32(nq)],
-                     kernel=PREPROCESS_KERNEL, macros=defs)
-    counts[PREPROCESS_KERNEL] = dict(run.instructions)
-    dq_accum = np.zeros(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)), np.float32)
-    dk, dv = np.zeros_like(x.k), np.zeros_like(x.v)
-    run = ptx.launch(src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                     [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32],
-                     kernel=MAIN_KERNEL, observers=observers, macros=defs, mma_model=mma_model)
-    counts[MAIN_KERNEL] = dict(run.instructions)
-    dq = np.zeros_like(x.q)
-    run = ptx.launch(src, (cfg.n_q_blocks(nq), b * h), block, 0, [dq_accum, dq, np.int32(nq), np.int32(nk), scale32],
-                     kernel=CONVERT_KERNEL, macros=defs)
-    counts[CONVERT_KERNEL] = dict(run.instructions)
-    return BackwardResult(dq, dk, dv, cfg, x.causal, x.scale, bool(deterministic), time.perf_counter() - start,
-                          counts)
+    for launch in launches:
+        main = launch.kernel == MAIN_KERNEL  # observers see the main kernel's launch only
+        run = ptx.launch(launch.source, launch.grid, launch.block, launch.smem_bytes, launch.args, kernel=launch.kernel,
+                         macros=launch.macros, **({"observers": observers, "mma_model": mma_model} if main else {}))
+        counts[launch.kernel] = dict(run.instructions)
+    return BackwardResult(out["dq"], out["dk"], out["dv"], x.config, x.causal, x.scale, bool(deterministic),
+                          time.perf_counter() - start, counts)

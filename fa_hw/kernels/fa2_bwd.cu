@@ -452,6 +452,7 @@ fa2_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, u16* __restrict__ 
     if (row >= seqlen_q) break;  // i grows with the row
     const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + col;
     float x0 = 0.f, x1 = 0.f;
+#pragma unroll 4  // four slices in flight; ptxas unrolls no further (the timing model follows it: fa_sim/timing/walk.py)
     for (int n = 0; n < n_slices; ++n) {
       x0 = __fadd_rn(x0, dq_accum[n * slice + at]);
       x1 = __fadd_rn(x1, dq_accum[n * slice + at + 1]);

@@ -327,3 +327,35 @@ def trace(args) -> int:
         print(backward_lane.format_lane(lane_view, nq, nk, args.causal))
     return 0
 
+
+# -- fa time --backward -------------------------------------------------------------------------------------
+def time_(args) -> int:
+    """The backward's three launches timed by the model (fa_sim.timing.predict_backward): each runs
+    on the PTX engine for its warps' paths, then the busiest SM cycle by cycle."""
+    import json
+
+    from ..simulate import simulate
+    from ..timing import predict_backward
+
+    check_options(args, ("perfetto",))
+    kernel = kernel_variant(args)
+    q, k, v, do = load_inputs(args)
+    scale = getattr(args, "scale", None)
+    check_inputs(q, k, v, do, args.causal, scale)
+    fwd = simulate(q, k, v, causal=args.causal, scale=scale)
+    pred = predict_backward(q, k, v, fwd.o, fwd.lse, do, args.causal, scale, args.dq == "deterministic", args.gpu,
+                            kernel=kernel)
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    if args.json:
+        print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq,
+                          "shape": [b, h, nq, nk, d], **pred.to_json()}))
+        return 0
+    print(f"fa time --backward  (B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})  "
+          f"{'causal' if args.causal else 'non-causal'}  dQ {args.dq}  on the {args.gpu} model")
+    print(f"  predicted time          {pred.kernel_ms:.4f} ms   (the three launches one after the other)")
+    for name, p in pred.kernels.items():
+        print(f"  {name:27s} {p.kernel_ms:.4f} ms   {p.notes['registers']} registers, {p.occupancy} CTAs per SM, "
+              f"{p.notes['ctas']:,} CTAs")
+        print(f"    limiter                 {p.limiter}")
+    return 0

@@ -41,6 +41,7 @@ from .common import (
     problem_head_dim,
     seqlen_k,
 )
+from .backward import add_backward_arguments
 from .outputs import Kind, Output, check_outputs, write_text
 
 
@@ -57,6 +58,7 @@ def register(subparsers) -> None:
                    help="write each warp's instruction issue on one SM (its resident CTAs, 4 rounds) as Chrome "
                         "trace events for Perfetto or chrome://tracing (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --perfetto file (default: refuse)")
+    add_backward_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -96,6 +98,11 @@ def _of_kernel(kernel, fn, *args):
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import backward
+
+    backward.check_options(args)
+    if args.backward:
+        return backward.time_(args)
     d = problem_head_dim(args)
     check_scale(args, d)
     nk = seqlen_k(args)

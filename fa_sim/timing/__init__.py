@@ -10,10 +10,12 @@ keeps the config-derived choice for the tests), `program` (an instruction as the
 parameters per GPU), `cost` (what a prediction costs this machine: checked up front, progress
 while it runs), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk` (each
 warp's SASS stream from its path in the functional run: any control flow) and `launch`
-(`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed).
+(`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed), `backward`
+(`predict_backward`: the backward pass's three launches, each through predict_launch).
 """
 
 from .gpus import GPUS, GpuModel, gpu_model
+from .backward import BackwardPrediction, predict_backward
 from .launch import predict_launch
 from .predict import Prediction, predict
 
@@ -48,4 +50,4 @@ def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = N
     return predict(prob, gpu, kernel)
 
 
-__all__ = ["GPUS", "GpuModel", "Prediction", "predict", "predict_launch", "predict_time"]
+__all__ = ["GPUS", "BackwardPrediction", "GpuModel", "Prediction", "predict", "predict_backward", "predict_launch", "predict_time"]
