@@ -67,7 +67,7 @@ class DeviceProblem:
         return o, lse
 
 
-def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
+def to_device(q, k, v, causal, scale, config, window=None, softcap=None) -> DeviceProblem:
     """Validate (fa_sim.validate), make contiguous fp16, place on the GPU, allocate O and LSE."""
     qh, kh, vh = (validate.to_fp16(x, name) for name, x in zip("qkv", (q, k, v)))
     kinds = sorted({validate.kind_of(x) for x in (qh, kh, vh)})
@@ -76,7 +76,7 @@ def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
     if isinstance(config, str):  # "auto": the tuned choice for these shapes on this GPU (fa_hw.tuned)
         validate.check_shapes(qh.shape, kh.shape, vh.shape)
         config = resolve(config, qh.shape, kh.shape, validate.check_causal(causal))
-    problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)
+    problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config, window, softcap)
     kind = kinds[0]
     if kind == TORCH and not qh.is_cuda:
         out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
