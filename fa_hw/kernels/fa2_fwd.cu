@@ -431,9 +431,10 @@ __device__ __forceinline__ void gemm_qk_rq(float (&tCrS)[kMRep][kSN][4], const u
 // ---- mask in registers: keys past seqlen_k, (causal) keys after the query, keys outside the window --
 // key0 and row0 count from the CTA's first K/V block (key_base in the kernel): only differences of
 // keys and queries matter.
-__device__ __forceinline__ bool needs_mask(int key0, int row0, int seqlen_k) {
-  return key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0) ||
-         (kWinRight >= 0 && key0 + kBlockN - 1 > row0 + kWinRight) ||
+// window_cuts: the round's block holds a key outside some query's window (the kernel masks a block
+// when it holds keys past seqlen_k, after a causal query, or outside a window).
+__device__ __forceinline__ bool window_cuts(int key0, int row0) {
+  return (kWinRight >= 0 && key0 + kBlockN - 1 > row0 + kWinRight) ||
          (kWinLeft >= 0 && key0 < row0 + kBlockM - 1 - kWinLeft);
 }
 __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int key0, int row0, int seqlen_k) {
@@ -721,6 +722,9 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #endif
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
+  const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
+  const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
+  const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;
   const int row0 = m_block * kBlockM;
   // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
   // a right window end the loop early, a left window starts it late; at least one round runs, so a
@@ -733,9 +737,8 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const int key_base = n_block_min * kBlockN;
   const int n_block_max = n_block_end - n_block_min;  // this CTA's rounds
   const int seqlen_k = seqlen_k_all - key_base, row_k = row0 - key_base;
-  const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
-  const u16* gK = k + ((u64)(bh / kKVGroup) * seqlen_k_all + key_base) * kHeadDim;
-  const u16* gV = v + ((u64)(bh / kKVGroup) * seqlen_k_all + key_base) * kHeadDim;
+  gK += (u64)key_base * kHeadDim;
+  gV += (u64)key_base * kHeadDim;
 #if FA_SOFTCAP
   const float softcap_mul = __fdiv_rn(scale, __uint_as_float(FA_SOFTCAP));  // tanh's argument: S * scale / cap
   scale = __uint_as_float(FA_SOFTCAP);  // the softmax's scale: the logit is cap * tanh(...)
@@ -834,7 +837,8 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     // phase: mask
     const int key0 = t * kBlockN;
     softcap_scores(tCrS, softcap_mul);
-    if (needs_mask(key0, row_k, seqlen_k)) mask_scores(tCrS, key0, row_k, seqlen_k);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
     if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
@@ -905,7 +909,8 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     // phase: mask
     const int key0 = t * kBlockN;
     softcap_scores(tCrS, softcap_mul);
-    if (needs_mask(key0, row_k, seqlen_k)) mask_scores(tCrS, key0, row_k, seqlen_k);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
 #if FA_DEFER_PV
@@ -977,7 +982,8 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     // phase: mask
     const int key0 = t * kBlockN;
     softcap_scores(tCrS, softcap_mul);
-    if (needs_mask(key0, row_k, seqlen_k)) mask_scores(tCrS, key0, row_k, seqlen_k);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
     if (!FA_DROP_WAIT_PV && !FA_LATE_WAIT_PV) cp_async_wait_all();  // WAIT_PV: V[t] has landed
