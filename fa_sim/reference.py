@@ -46,11 +46,13 @@ def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             raise ValueError(f"{name} contains NaN or Inf")
 
 
-def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
-    """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H, Nk, d]: the inputs every command,
-    experiment and test uses, so the same options give the same tensors everywhere."""
+def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
+                  heads_k: int | None = None):
+    """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H_k, Nk, d] (H_k = heads_k, default
+    H): the inputs every command, experiment and test uses, so the same options give the same
+    tensors everywhere."""
     rng = np.random.default_rng(seed)
-    shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
+    shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads if heads_k is None else heads_k, seqlen_k, head_dim))
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 

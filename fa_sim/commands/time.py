@@ -37,6 +37,7 @@ from .common import (
     config_from_args,
     kernel_from_args,
     problem_head_dim,
+    refuse_features,
     seqlen_k,
 )
 from .outputs import Kind, Output, check_outputs, write_text
@@ -71,6 +72,8 @@ def check_cost(args, prob: Problem) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_features(args, "to fa time yet: the timing model (fa_sim.timing) predicts the kernel without grouped-query "
+                          "K/V, sliding windows or softcap; fa hw measures them on a GPU")
     d = problem_head_dim(args)
     check_scale(args, d)
     nk = seqlen_k(args)
