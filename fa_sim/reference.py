@@ -46,6 +46,19 @@ def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             raise ValueError(f"{name} contains NaN or Inf")
 
 
+def _check_grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int]:
+    """_check_inputs, where k and v may have fewer heads (axis -3) than q, a divisor of them
+    (grouped-query attention): (q's heads, k's heads, Q heads per K/V head)."""
+    if q.ndim >= 3 and k.ndim == q.ndim and q.shape[:-3] == k.shape[:-3] and k.shape[-3] >= 1 \
+            and q.shape[-3] != k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+        _check_inputs(q[..., :k.shape[-3], :, :], k, v)
+        if not np.all(np.isfinite(q)):
+            raise ValueError("q contains NaN or Inf")
+        return q.shape[-3], k.shape[-3], q.shape[-3] // k.shape[-3]
+    _check_inputs(q, k, v)
+    return (q.shape[-3], k.shape[-3], 1) if q.ndim >= 3 else (1, 1, 1)
+
+
 def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
                   heads_k: int | None = None):
     """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H_k, Nk, d] (H_k = heads_k, default
@@ -122,16 +135,7 @@ def attention_blocks(q, k, v, causal: bool = False, scale: float | None = None,
     unbounded (`visible`); `softcap` C > 0: scores x = scale q.k become C tanh(x / C). A row that
     sees no key (a window past the keys) gets O = 0 and LSE = +inf, as the kernel stores it."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
-    q_heads, k_heads = (q.shape[-3], k.shape[-3]) if q.ndim >= 3 and k.ndim >= 3 else (1, 1)
-    group = 1
-    if q.ndim >= 3 and k.ndim == q.ndim and q_heads != k_heads and q_heads % k_heads == 0 \
-            and q.shape[:-3] == k.shape[:-3]:
-        group = q_heads // k_heads
-        _check_inputs(q[..., :k_heads, :, :], k, v)
-        if not np.all(np.isfinite(q)):
-            raise ValueError("q contains NaN or Inf")
-    else:
-        _check_inputs(q, k, v)
+    q_heads, k_heads, group = _check_grouped(q, k, v)
     window = (-1, -1) if window is None else tuple(int(x) for x in window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
@@ -168,6 +172,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys: (o [..., Nq, dv], lse [..., Nq]),
     computed in blocks of query rows (`attention_blocks`, which also describes GQA, window, softcap)."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
+    _check_grouped(q, k, v)
     lead = q.shape[:-2]
     o = np.empty((math.prod(lead), q.shape[-2], v.shape[-1]))
     lse = np.empty((math.prod(lead), q.shape[-2]))
