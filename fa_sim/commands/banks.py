@@ -95,8 +95,8 @@ def run(args) -> int:
                for s in layouts}
     (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
-    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
-             f"{''.join(' ' + f for f in prob.features())}, "
+    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}"
+             f"{''.join(', ' + f for f in prob.features())}, "
              f"config {base.tag.rsplit('-', 1)[0]}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
                                                        if isinstance(front, PtxFrontEnd) else ""))
     if args.json:

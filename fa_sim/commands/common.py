@@ -179,7 +179,7 @@ def add_feature_arguments(p) -> None:
     (fa_sim.problem; docs/features.md)."""
     p.add_argument("--heads-k", type=int_in("--heads-k", 1, INT32_MAX, SIZE_ERROR), default=None, metavar="N",
                    help=describe("K/V heads (grouped-query / multi-query attention): Q head h reads K/V head "
-                                 "h // (H / N)", "H", "a divisor of --heads"))
+                                 "h // (H / N)", "H", "1 .. H, a divisor of --heads"))
     p.add_argument("--window", type=window_pair, default=None, metavar="LEFT,RIGHT",
                    help=describe("FlashAttention-2's sliding window, top-left aligned: query i sees keys "
                                  "i-LEFT .. i+RIGHT; whole K/V tiles outside it are skipped; with --causal RIGHT "
