@@ -265,3 +265,21 @@ def test_gpu_bit_identical_to_the_ptx_engine(case, config):
     assert np.array_equal(lse.view(np.uint32), sim.lse.view(np.uint32))
     acc = measure(o, lse, q, k, v, causal, out.scale, config, window=window, softcap=cap or 0.0)
     assert acc.ok, acc.failures()
+
+
+def test_checkpoints_of_both_front_ends_agree_with_a_window():
+    """fa compare's contract with a window: round t of a CTA is its K/V block n_block_min + t in the
+    program and in fa2_fwd.cu's debug build, checkpoint for checkpoint."""
+    from fa_sim.checkpoints import CheckpointLayout
+    from fa_sim.crosscheck import compare_checkpoints, rounds_per_cta, simulate_with_checkpoints
+
+    q, k, v = _inputs(1, 2, 1, 200, 180, seed=11)
+    ctas = [0, 3, 5]  # Q blocks 0, 3, 1: K/V blocks 0..1, 1..2, 0..2
+    runs = [simulate_with_checkpoints(q, k, v, False, None, SEED, ctas, mma_model="exact", engine=e, window=(70, 20))
+            for e in ("program", "ptx")]
+    rounds = rounds_per_cta(ctas, SEED, 200, 180, False, (70, 20))
+    assert list(rounds) == [2, 2, 3]
+    assert list(Problem(1, 2, 200, 180, False, 0.1, SEED, window=(70, 20)).n_block_min(np.array([0, 3, 1]))) == [0, 1, 0]
+    stats = compare_checkpoints(runs[0][1], runs[1][1], CheckpointLayout(SEED, 3), ctas, rounds)
+    assert all(s.identical == s.values for s in stats), [(s.checkpoint, s.values - s.identical) for s in stats]
+    assert _same(runs[0][0], runs[1][0])
