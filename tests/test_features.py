@@ -283,3 +283,11 @@ def test_checkpoints_of_both_front_ends_agree_with_a_window():
     stats = compare_checkpoints(runs[0][1], runs[1][1], CheckpointLayout(SEED, 3), ctas, rounds)
     assert all(s.identical == s.values for s in stats), [(s.checkpoint, s.values - s.identical) for s in stats]
     assert _same(runs[0][0], runs[1][0])
+
+
+def test_parallel_workers_give_the_serial_bits():
+    """fa_sim.parallel's shards build K/V buffers of H_k heads and run the window's rounds alike."""
+    q, k, v = _inputs(2, 4, 2, 150, 130, seed=2)
+    for kw in (dict(window=(30, 10)), dict(softcap=3.0, causal=True)):
+        serial = simulate(q, k, v, wave_ctas=4, **kw)
+        assert _same(serial, simulate(q, k, v, wave_ctas=4, workers=2, **kw)), kw
