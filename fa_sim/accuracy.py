@@ -24,8 +24,9 @@ failure like a non-finite result (`Accuracy.ok` is False; `fa sim`, `fa hw` and 
 - LSE: each row within `lse_error_bound`, the bound that follows from the kernel's fp32
   arithmetic (with softcap C, plus 2 C TANH_ABS_ERR: the kernel's tanh errs in the row maximum
   and in every weight of l). A row that sees no key (a sliding window past the keys) must be
-  LSE = +inf, as float64 says; any other value there is a NonFinite finding. Rows within its last term (4 ulps of LSE) need no more work; only the others have
-  their |Q| |K|^T term computed, so the check costs nothing on a correct run.
+  LSE = +inf, as float64 says; any other value there is a NonFinite finding. Rows within the
+  bound's last term (4 ulps of LSE) need no more work; only the others have their |Q| |K|^T term
+  computed, so the check costs nothing on a correct run.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def _accumulation_term(q_rows, k, queries, causal: bool, scale: float, window=(-
     if causal or tuple(window) != (-1, -1):
         i, j = np.asarray(queries)[:, None], np.arange(absdot.shape[1])[None, :]
         left, right = window
-        seen = (j <= i if causal else True) & (j >= i - left if left >= 0 else True) & (j <= i + right if right >= 0 else True)
+        seen = ((j <= i if causal else True) & (j >= i - left if left >= 0 else True)
+                & (j <= i + right if right >= 0 else True))
         absdot = np.where(seen, absdot, 0.0)
     return scale * (d / 16 + 1) * 2.0 ** -23 * absdot.max(axis=-1)
 

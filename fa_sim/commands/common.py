@@ -170,7 +170,8 @@ def window_pair(text: str) -> tuple[int, int]:
     except ValueError:
         left = right = None
     if left is None or left < -1 or right < -1:
-        raise UsageError(f"--window takes LEFT,RIGHT, each -1 (unbounded) or an integer >= 0 (e.g. 256,0), got {text!r}")
+        raise UsageError(f"--window takes LEFT,RIGHT, each -1 (unbounded) or an integer >= 0 (e.g. 256,0), "
+                         f"got {text!r}")
     return left, right
 
 

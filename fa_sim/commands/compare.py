@@ -193,7 +193,8 @@ def _launch(args, save: Output | None):
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
-    shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args), heads_k(args))
+    shapes = ([tuple(np.shape(x)) for x in files] if files is not None
+              else qkv_shapes(problem_shape(args), heads_k(args)))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
     if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
         refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "

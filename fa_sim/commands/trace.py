@@ -84,7 +84,8 @@ def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
     runs = "round 0 only" if n == 1 else f"rounds 0..{n - 1}"
     if prob.has_window:
         first = int(prob.n_block_min(m_block))
-        why = (f"its queries' window ({prob.window[0]}, {prob.window[1]}) holds K/V blocks {first}..{first + n - 1} only "
+        why = (f"its queries' window ({prob.window[0]}, {prob.window[1]}) holds K/V blocks "
+               f"{first}..{first + n - 1} only "
                f"(block_n = {cfg.block_n}; round t runs block {first} + t)")
     elif n < prob.n_rounds:  # causal: the block holding the CTA's last query ends the loop
         last = (m_block + 1) * cfg.block_m - 1

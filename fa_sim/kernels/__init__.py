@@ -7,4 +7,5 @@ from .fa2_fwd import (NO_MUTATION, Mutation, Pointers, check_program_config, che
 from .labels import FA2Labels, Phase, Site, Tensor, Tile, tile_base
 
 __all__ = ["FA2Labels", "Mutation", "NO_MUTATION", "Phase", "Pointers", "Problem", "Site", "Tensor", "Tile",
-           "check_program_config", "check_program_problem", "engine_for", "program_refusal", "flash_fwd", "launch_info", "tile_base", "wave_order"]
+           "check_program_config", "check_program_problem", "engine_for", "program_refusal", "flash_fwd",
+           "launch_info", "tile_base", "wave_order"]

@@ -85,7 +85,8 @@ def program_refusal(prob: Problem) -> str | None:
     """Why the hand-written program cannot run `prob`'s features (None: it can): softcap's tanh is
     arithmetic of fa2_fwd.cu that only the PTX engine models."""
     if prob.softcap:
-        return f"softcap={prob.softcap:g} adds fa2_fwd.cu's tanh arithmetic, which the hand-written program does not model"
+        return (f"softcap={prob.softcap:g} adds fa2_fwd.cu's tanh arithmetic, which the hand-written program "
+                "does not model")
     return None
 
 

@@ -42,7 +42,8 @@ def _program(source: KernelSource, config, causal: bool, checkpoints: bool, kv_g
     return build_program(module, KERNEL_NAME, source.text)
 
 
-def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None, problem: Problem | None = None) -> Program:
+def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None,
+                      problem: Problem | None = None) -> Program:
     """The annotated program of the attention kernel for a config (cached by source text).
     kernel: None (fa2_fwd.cu), or a variant as fa_sim.contract.kernel_source takes it. problem: the
     launch whose features (heads_k, window, softcap: KernelBuild.of) the build compiles in."""
