@@ -11,7 +11,9 @@ the inputs' head_dim, a KernelConfig or its tag the config it names; config="aut
 head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
-uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py.
+uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py. Issue 38's features as
+fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query attention),
+`window=(left, right)`, `softcap=C` (docs/features.md).
 """
 
 from __future__ import annotations
@@ -43,27 +45,30 @@ class HwResult:
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
-            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None):
+            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None, window=None, softcap=None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     source = None if kernel is None else kernel_source(kernel)  # checked before any work
-    inputs, kind, prob = check(q, k, v, causal, scale, config)  # every check before any device call
+    inputs, kind, prob = check(q, k, v, causal, scale, config, window, softcap)  # every check before any device call
     ctas = _select_ctas(prob, checkpoint_ctas)
     dev = to_device(inputs, kind, prob)
     build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, source,
-                        **(diagnostics or {}))
+                        **(diagnostics or {}), kv_group=prob.kv_group, window=(prob.window_left, prob.window_right),
+                        softcap=prob.softcap)
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
     plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args)
     return plan, dev, (ctas, ck_args, ck_host)
 
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
-            *, checkpoint_ctas=None, kernel=None) -> HwResult:
+            *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
+            kernel=None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
-    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel)
+    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
+                                                  window=window, softcap=softcap)
     ms = plan.run(dev.stream)
     checkpoints = None
     if ctas is not None:

@@ -67,7 +67,7 @@ class DeviceProblem:
         return o, lse
 
 
-def check(q, k, v, causal, scale, config) -> tuple[list, str, Problem]:
+def check(q, k, v, causal, scale, config, window=None, softcap=None) -> tuple[list, str, Problem]:
     """Every check of fa_sim.validate's policy, in simulate's order, before any device call (only
     config="auto" asks the GPU, after the shapes and causal are checked): -> (the inputs, their
     one kind, the Problem)."""
@@ -79,7 +79,7 @@ def check(q, k, v, causal, scale, config) -> tuple[list, str, Problem]:
     if is_auto(config):  # the tuned choice for these shapes on this GPU (fa_hw.tuned)
         validate.check_shapes(*shapes)
         config = resolve(config, shapes[0], shapes[1], validate.check_causal(causal))
-    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config)
+    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config, window, softcap)
 
 
 def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:

@@ -22,8 +22,11 @@ failure like a non-finite result (`Accuracy.ok` is False; `fa sim`, `fa hw` and 
   documents ("every output within 1e-3 of float64") and the family tests hold every config to;
   random normal inputs give about 2.5e-4 (fp16 output rounding).
 - LSE: each row within `lse_error_bound`, the bound that follows from the kernel's fp32
-  arithmetic. Rows within its last term (4 ulps of LSE) need no more work; only the others have
-  their |Q| |K|^T term computed, so the check costs nothing on a correct run.
+  arithmetic (with softcap C, plus 2 C TANH_ABS_ERR: the kernel's tanh errs in the row maximum
+  and in every weight of l). A row that sees no key (a sliding window past the keys) must be
+  LSE = +inf, as float64 says; any other value there is a NonFinite finding. Rows within the
+  bound's last term (4 ulps of LSE) need no more work; only the others have their |Q| |K|^T term
+  computed, so the check costs nothing on a correct run.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 
 from .config import KernelConfig, SoftmaxForm
 from .isa.fp32 import scale_log2
-from .reference import BLOCK_BYTES, attention_blocks
+from .reference import BLOCK_BYTES, TANH_ABS_ERR, attention_blocks
 
 DIAGNOSED_ROWS = 16  # rows whose cause is worked out (the first ones of each kind)
 FP16_MAX = 65504.0
@@ -110,29 +113,35 @@ class Accuracy:
 
 
 def measure(o, lse, q, k, v, causal: bool, scale: float, config: KernelConfig,
-            block_bytes: int = BLOCK_BYTES) -> Accuracy:
-    """o [B, H, Nq, d], lse [B, H, Nq] (host arrays) of a run on the fp16 q, k, v, against float64."""
+            block_bytes: int = BLOCK_BYTES, *, window: tuple[int, int] | None = None, softcap: float = 0.0) -> Accuracy:
+    """o [B, H, Nq, d], lse [B, H, Nq] (host arrays) of a run on the fp16 q, k, v (k, v [B, H_k, Nk, d],
+    H_k dividing H), against float64; window and softcap as fa_sim.simulate takes them."""
     b, h, nq, d = np.shape(q)
+    hk = np.shape(k)[1]
+    window = (-1, -1) if window is None else tuple(window)
     o = np.asarray(o).reshape(b * h, nq, -1)
     lse = np.asarray(lse).reshape(b * h, nq)
-    q3, k3 = np.reshape(q, (b * h, nq, d)), np.reshape(k, (b * h, -1, d))
+    q3, k3 = np.reshape(q, (b * h, nq, d)), np.reshape(k, (b * hk, -1, d))
+    kv_of = lambda i: (i // h) * hk + (i % h) // (h // hk)  # noqa: E731  the K/V head of batch-head i
     sq_err = sq_ref = 0.0
     lse_abs = lse_rel = 0.0
     bad_o, bad_lse = np.zeros((b * h, nq), bool), np.zeros((b * h, nq), bool)
     lse_over = []  # (bh, queries, errors, bounds) of rows whose LSE errs above lse_error_bound
-    for blk in attention_blocks(q, k, v, causal, scale, block_bytes):
+    for blk in attention_blocks(q, k, v, causal, scale, block_bytes, window=window, softcap=softcap):
         got = o[blk.index, blk.rows].astype(np.float64)  # [rows, d]
         finite = np.isfinite(got)
         bad_o[blk.index, blk.rows] = ~finite.all(axis=-1)
         sq_err += float(np.sum(np.where(finite, got - blk.o, 0.0) ** 2))
         sq_ref += float(np.sum(blk.o ** 2))
         got_lse = lse[blk.index, blk.rows].astype(np.float64)
-        ok = np.isfinite(got_lse)
-        bad_lse[blk.index, blk.rows] = ~ok
-        diff = np.abs(np.where(ok, got_lse - blk.lse, 0.0))
+        empty = blk.lse == np.inf  # rows that see no key: +inf is the right value
+        ok = np.isfinite(got_lse) & ~empty
+        bad_lse[blk.index, blk.rows] = ~ok & ~(empty & (got_lse == np.inf))
+        diff = np.abs(np.where(ok, got_lse - np.where(empty, 0.0, blk.lse), 0.0))
         lse_abs = max(lse_abs, float(diff.max()))
         lse_rel = max(lse_rel, float((diff / np.maximum(1.0, np.abs(blk.lse))).max()))
-        over = _lse_above(q3[blk.index], k3[blk.index], blk.rows, diff, blk.lse, causal, scale)
+        over = _lse_above(q3[blk.index], k3[kv_of(blk.index)], blk.rows, diff, np.where(empty, 0.0, blk.lse), causal,
+                          scale, window, softcap)
         if over[0].size:
             lse_over.append((blk.index, *over))
     findings = (_findings("O", bad_o, o, q, k, v, causal, scale, config)
@@ -147,27 +156,31 @@ def measure(o, lse, q, k, v, causal: bool, scale: float, config: KernelConfig,
                     None if bad_lse.any() else lse_rel, tuple(findings), tuple(above))
 
 
-def _lse_above(q, k, rows: slice, err, lse_ref, causal: bool, scale: float):
+def _lse_above(q, k, rows: slice, err, lse_ref, causal: bool, scale: float, window=(-1, -1), softcap: float = 0.0):
     """(queries, errors, bounds) of the rows `rows` of one (batch, head) whose |LSE error| `err`
     exceeds lse_error_bound. Its last term (LSE_ULPS ulps of LSE) is checked first, so the |Q| |K|^T
     term is computed only for the rows above that."""
-    floor = LSE_ULPS * np.spacing(np.abs(lse_ref).astype(np.float32)).astype(np.float64)
+    floor = LSE_ULPS * np.spacing(np.abs(lse_ref).astype(np.float32)).astype(np.float64) + 2 * softcap * TANH_ABS_ERR
     suspect = np.flatnonzero(err > floor)
     queries = np.arange(rows.start, rows.stop)[suspect]
     if not suspect.size:
         return queries, err[suspect], floor[suspect]
-    bound = _accumulation_term(q[queries], k, queries, causal, scale) + floor[suspect]
+    bound = _accumulation_term(q[queries], k, queries, causal, scale, window) + floor[suspect]
     above = err[suspect] > bound
     return queries[above], err[suspect][above], bound[above]
 
 
-def _accumulation_term(q_rows, k, queries, causal: bool, scale: float) -> np.ndarray:
+def _accumulation_term(q_rows, k, queries, causal: bool, scale: float, window=(-1, -1)) -> np.ndarray:
     """[rows] s (d/16 + 1) 2^-23 max_k sum_i |q_i k_i| over the keys each query row sees
     (lse_error_bound's first term); q_rows [rows, d] of the queries `queries`, k [Nk, d]."""
     d = np.shape(k)[-1]
     absdot = np.abs(np.asarray(q_rows, np.float64)) @ np.abs(np.asarray(k, np.float64)).T  # [rows, Nk]
-    if causal:
-        absdot = np.where(np.arange(absdot.shape[1])[None, :] <= np.asarray(queries)[:, None], absdot, 0.0)
+    if causal or tuple(window) != (-1, -1):
+        i, j = np.asarray(queries)[:, None], np.arange(absdot.shape[1])[None, :]
+        left, right = window
+        seen = ((j <= i if causal else True) & (j >= i - left if left >= 0 else True)
+                & (j <= i + right if right >= 0 else True))
+        absdot = np.where(seen, absdot, 0.0)
     return scale * (d / 16 + 1) * 2.0 ** -23 * absdot.max(axis=-1)
 
 
@@ -190,8 +203,9 @@ def _findings(what, bad, result, q, k, v, causal, scale, config) -> list[NonFini
 def _cause(what, where, q, k, v, causal, scale, config) -> str:
     """Replay the kernel's arithmetic for one query row (module docstring)."""
     b, h, i = where
+    hk = h // (np.shape(q)[1] // np.shape(k)[1])  # the K/V head (grouped-query attention)
     keys = slice(0, min(i + 1, np.shape(k)[2]) if causal else np.shape(k)[2])
-    s = np.float32(np.asarray(k[b, h, keys], np.float64) @ np.asarray(q[b, h, i], np.float64))  # [keys]
+    s = np.float32(np.asarray(k[b, hk, keys], np.float64) @ np.asarray(q[b, h, i], np.float64))  # [keys]
     m = float(s.max())
     sl2 = scale_log2(scale)
     ms = float(np.float32(np.float32(m) * sl2))
@@ -202,7 +216,7 @@ def _cause(what, where, q, k, v, causal, scale, config) -> str:
         return (f"FFMA softmax form: at the row maximum the exp2 argument is the rounding residue of "
                 f"m*s*log2(e) = {m * float(sl2):.6g}, {residue:+.1f}, so {effect}; the default form "
                 f"(softmax='fmul_fsub') gives exactly 0 there")
-    vmax = float(np.max(np.abs(np.asarray(v[b, h, keys], np.float64))))
+    vmax = float(np.max(np.abs(np.asarray(v[b, hk, keys], np.float64))))
     if what == "O" and vmax >= FP16_MAX * (1 - 2.0 ** -11):
         return (f"O rounds past the fp16 maximum: |V| reaches {vmax:g}, within the fp16 rounding of P~ "
                 f"(2^-12 relative) of 65504")

@@ -152,9 +152,11 @@ def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray
     return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.config.n_threads, 1), bool)
 
 
-def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
-    """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
-    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config).rounds_per_cta(ctas)
+def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool,
+                   window: tuple[int, int] | None = None) -> np.ndarray:
+    """The K/V rounds of each CTA (SCHEDULE.md's n_block_max; with a window, Problem.n_rounds_of):
+    the rounds whose checkpoints exist."""
+    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window).rounds_per_cta(ctas)
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
@@ -275,21 +277,23 @@ def format_report(rep: CompareReport) -> str:
     return "\n".join(lines)
 
 
-def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None):
+def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None,
+                              window=None, softcap=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
     for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
     rec = CheckpointRecorder(ctas)
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
-                   engine=engine, kernel=kernel)
+                   engine=engine, kernel=kernel, window=window, softcap=softcap)
     return res, rec.buffer
 
 
-def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf) -> CompareReport:
+def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,
+                 window=None) -> CompareReport:
     b, h, nq, d = np.shape(q)
     nk = np.shape(k)[2]
     layout = CheckpointLayout(config, -(-nk // config.block_n))
-    rounds = rounds_per_cta(ctas, config, nq, nk, causal)
+    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window)
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))

@@ -12,6 +12,12 @@ Nk may differ from Nq (causal is top-left aligned: key k is visible to query q i
 `mma_model` picks the tensor core's accumulation (fa_sim.tensorcore): None or "exact" rounds the
 exact sum once (fast), "h200" reproduces the H200 bit for bit (fitted; every product separately,
 so QK and PV cost about 50 times more).
+Issue 38's features (fa_sim.problem; docs/features.md): k and v may have fewer heads than q, H_k
+dividing H (grouped-query / multi-query attention: Q head h reads K/V head h // (H / H_k));
+`window=(left, right)` is FlashAttention-2's sliding window (-1 unbounded; top-left aligned: query i
+sees keys i - left .. i + right; causal makes the right side 0); `softcap=C` (> 0) replaces the
+scaled scores x by C tanh(x / C) before the softmax. The hand-written program runs GQA and windows;
+softcap runs on engine="ptx" (engine=None picks it).
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
@@ -156,14 +162,15 @@ def _observers(observers) -> tuple:
 
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-             observers=(), *, engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
+             observers=(), *, window: tuple[int, int] | None = None, softcap: float | None = None,
+             engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
              workers: int | str | None = None, cluster: str | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]  # reads no values yet
-    prob = make_problem(*(i.shape for i in inputs), causal, scale, config)
-    front = choose_front_end(engine, kernel, prob.config, mutation)
+    prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap)
+    front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     if progress is not None and not isinstance(progress, (bool, np.bool_)):

@@ -2,8 +2,10 @@
 
 The kernel reads fp16 q, k, v (SCHEDULE.md). The input policy:
 
-- q [B, H, Nq, d], k and v [B, H, Nk, d]: rank 4, no empty dimension, k and v of one shape, q and k
-  agreeing in B, H and d, d one of config.HEAD_DIMS.
+- q [B, H, Nq, d], k and v [B, H_k, Nk, d]: rank 4, no empty dimension, k and v of one shape, q and k
+  agreeing in B and d, d one of config.HEAD_DIMS; H_k = H, or with grouped-query attention a
+  divisor of H (Q head h reads K/V head h // (H / H_k); fa_sim.problem).
+- window (left, right) and softcap: fa_sim.problem.check_window / check_softcap.
 - Values: finite (no NaN or Inf).
 - dtype: float16 is used as it is. Any other real dtype (float32, float64, bfloat16, integers) is
   accepted only when every value is exactly an fp16 value, so that converting loses nothing: a
@@ -40,7 +42,7 @@ import numpy as np
 from .config import HEAD_DIMS, KernelConfig
 from .isa.sm80 import MAX_GRID_DIM
 from .messages import quoted
-from .problem import Problem
+from .problem import Problem, check_heads_k
 
 FP16_MAX = 65504.0
 FP32_MAX = float(np.finfo(np.float32).max)
@@ -264,9 +266,12 @@ def check_shapes(q_shape, k_shape, v_shape) -> None:
             raise ValueError(empty_message(name, shape))
     if k != v:
         raise ValueError(f"k and v must have the same shape, got {k} and {v}")
-    for axis, what in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+    for axis, what in ((0, "batch"), (3, "head_dim")):
         if q[axis] != k[axis]:
             raise ValueError(f"q and k disagree in {what}: {q[axis]} vs {k[axis]} (q {q}, k {k})")
+    if q[1] % k[1]:
+        raise ValueError(f"k and v have {k[1]} heads, which does not divide q's {q[1]} (grouped-query attention "
+                         f"needs heads % heads_k == 0; q {q}, k {k})")
     if q[3] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q[3]} is not supported; choose one of {HEAD_DIMS}")
 
@@ -350,9 +355,9 @@ def check_launch(prob: Problem) -> Problem:
     return prob
 
 
-def make_problem(q_shape, k_shape, v_shape, causal, scale, config) -> Problem:
+def make_problem(q_shape, k_shape, v_shape, causal, scale, config, window=None, softcap=None) -> Problem:
     """The launch q, k, v of these shapes describe, after every non-value check of the policy."""
     check_shapes(q_shape, k_shape, v_shape)
     b, h, nq, d = (int(n) for n in q_shape)
     return check_launch(Problem(b, h, nq, int(k_shape[2]), check_causal(causal), check_scale(scale, d),
-                                check_config(config, d)))
+                                check_config(config, d), check_heads_k(int(k_shape[1]), h), window, softcap))

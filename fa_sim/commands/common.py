@@ -116,10 +116,14 @@ def kernel_from_args(args) -> Path | None:
     return Path(args.kernel)
 
 
-def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
-    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError."""
+def front_end(engine: str | None, kernel, config: KernelConfig, softcap: float | None = None) -> FrontEnd:
+    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError.
+    `softcap`: the hand-written program does not model it (the PTX engine runs it)."""
+    from ..problem import Problem
+
+    features = Problem(1, 1, 1, 1, False, 1.0, config, softcap=softcap) if softcap else None
     try:
-        return choose_front_end(engine, kernel, config, names=CLI)
+        return choose_front_end(engine, kernel, config, names=CLI, problem=features)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -127,12 +131,13 @@ def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
 def engine_from_args(args, config: KernelConfig) -> FrontEnd:
     """The front end --engine and --kernel choose for `config`: --kernel means the PTX engine
     (--engine program with it is refused); neither: the one `config` needs (the PTX engine for
-    schedule options). Commands pass the value down to fa_sim.simulate(engine=...)."""
-    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config)
+    schedule options or --softcap). Commands pass the value down to fa_sim.simulate(engine=...)."""
+    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config,
+                     getattr(args, "softcap", None))
 
 
 # -- the problem: shapes, causal flag, scale, seed --------------------------------------------------
-PROBLEM_DESTS = ("batch", "heads", "seqlen", "seqlen_k", "head_dim", "seed")
+PROBLEM_DESTS = ("batch", "heads", "heads_k", "seqlen", "seqlen_k", "head_dim", "seed")
 
 
 def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = True) -> None:
@@ -148,6 +153,7 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
                    help=describe("key/value length Nk", "Nq", size))
     p.add_argument("--causal", action="store_true",
                    help="top-left aligned causal mask: key k is visible to query q iff k <= q (default off)")
+    add_feature_arguments(p)
     if scale:
         p.add_argument("--scale", type=positive_float("--scale", fp32=True), default=None, metavar="S",
                        help=describe("softmax scale s", "1/sqrt(head_dim)",
@@ -155,6 +161,56 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
     p.add_argument("--seed", type=int_in("--seed", 0), default=0, metavar="N",
                    help=describe("seed of the standard-normal fp16 inputs (fa_sim.reference.random_inputs)",
                                  0, "0 or more"))
+
+
+def window_pair(text: str) -> tuple[int, int]:
+    """argparse type of --window: 'LEFT,RIGHT', each -1 (unbounded) or an integer >= 0."""
+    parts = text.split(",")
+    try:
+        left, right = (int(x.strip(), 10) for x in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        left = right = None
+    if left is None or left < -1 or right < -1:
+        raise UsageError(f"--window takes LEFT,RIGHT, each -1 (unbounded) or an integer >= 0 (e.g. 256,0), "
+                         f"got {text!r}")
+    return left, right
+
+
+def add_feature_arguments(p) -> None:
+    """--heads-k --window --softcap: issue 38's grouped-query attention, sliding window, softcap
+    (fa_sim.problem; docs/features.md)."""
+    p.add_argument("--heads-k", type=int_in("--heads-k", 1, INT32_MAX, SIZE_ERROR), default=None, metavar="N",
+                   help=describe("K/V heads (grouped-query / multi-query attention): Q head h reads K/V head "
+                                 "h // (H / N)", "H", "1 .. H, a divisor of --heads"))
+    p.add_argument("--window", type=window_pair, default=None, metavar="LEFT,RIGHT",
+                   help=describe("FlashAttention-2's sliding window, top-left aligned: query i sees keys "
+                                 "i-LEFT .. i+RIGHT; whole K/V tiles outside it are skipped; with --causal RIGHT "
+                                 "is 0", "-1,-1 (none)", "each -1 (unbounded) or an integer >= 0"))
+    p.add_argument("--softcap", type=positive_float("--softcap", fp32=True), default=None, metavar="C",
+                   help=describe("logit softcap: the scaled scores x become C*tanh(x/C) before the softmax "
+                                 "(Gemma 2); the hand-written program does not model it (--engine ptx)",
+                                 "none", "a positive number, finite in fp32"))
+
+
+def heads_k(args) -> int:
+    """--heads-k (default --heads), which must divide --heads: one line naming both otherwise."""
+    hk = getattr(args, "heads_k", None)
+    if hk is None:
+        return args.heads
+    if args.heads % hk:
+        raise UsageError(f"--heads-k {hk} does not divide --heads {args.heads}; grouped-query attention needs "
+                         f"heads % heads_k == 0")
+    return hk
+
+
+def features(args) -> dict:
+    """window= and softcap= of fa_sim.simulate / fa_hw.forward from --window and --softcap."""
+    return {"window": getattr(args, "window", None), "softcap": getattr(args, "softcap", None)}
+
+
+def refuse_features(args, reason: str) -> None:
+    """UsageError if --heads-k, --window or --softcap was given: they do not apply <reason>."""
+    refuse(args, ("heads_k", "window", "softcap"), reason)
 
 
 def seqlen_k(args) -> int:
@@ -184,7 +240,7 @@ def check_input_memory(args) -> None:
     """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
     # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
-    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
+    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)  # (an upper bound with --heads-k)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
 
@@ -195,7 +251,7 @@ def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     every check (commands/preflight.py)."""
     check_input_memory(args)
     b, h, nq, nk, d = problem_shape(args)
-    return _random_inputs(b, h, nq, nk, d, args.seed)
+    return _random_inputs(b, h, nq, nk, d, args.seed, heads_k=heads_k(args))
 
 
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------

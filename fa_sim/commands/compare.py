@@ -55,7 +55,9 @@ from .common import (
     config_from_args,
     config_options,
     explicit,
+    features,
     front_end,
+    heads_k,
     kernel_from_args,
     file_inputs,
     inputs_head_dim,
@@ -63,6 +65,7 @@ from .common import (
     problem_shape,
     random_inputs,
     refuse,
+    refuse_features,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
@@ -119,6 +122,7 @@ def _check_against(args, rec: SavedRun, path) -> None:
     refuse(args, ("save", "banks", "timing"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
+    refuse_features(args, "with --gpu-npz: recordings do not store them yet")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -201,8 +205,12 @@ def _launch(args, save: Output | None):
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
-    shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
+    shapes = ([tuple(np.shape(x)) for x in files] if files is not None
+              else qkv_shapes(problem_shape(args), heads_k(args)))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
+    if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
+        refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "
+               "Nsight Compute profile and the timing model do not take them)")
     config = _launch_config(args, d, nk)
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
@@ -218,10 +226,14 @@ def _launch(args, save: Output | None):
     from fa_hw.runtime import check_launch
 
     check_launch(config, args.causal, kernel, checkpoints=True)
-    announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
+    try:
+        prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
+    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+        raise UsageError(str(exc)) from None
+    announce("compare", prob, SIM_MMA, reference=False)
     q, k, v = files if files is not None else random_inputs(args)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
-                        kernel=kernel)
+                        kernel=kernel, **features(args))
     if save is not None:
         source = kernel_source(kernel)  # what the GPU compiled: a patch is saved applied
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
@@ -237,7 +249,7 @@ def _front(args, config, recorded):
     if recorded is not None and args.engine == "program":
         raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                          f"({Path(recorded).name}) is simulated by the PTX engine: drop --engine program")
-    front = front_end(args.engine, recorded, config)
+    front = front_end(args.engine, recorded, config, getattr(args, "softcap", None))
     check_engine(front, config, args.causal, checkpoints=True)
     return front
 
@@ -257,9 +269,9 @@ def run(args) -> int:
         check_outputs(args, save)
         (q, k, v), config, causal, ctas, gpu, front = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front)
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front, **features(args))
     kernel = kernel_from_args(args)  # what Nsight Compute profiles below: the user's --kernel
-    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
+    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf, window=args.window)
     banks = None
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison

@@ -33,6 +33,8 @@ from .common import (
     check_input_memory,
     check_scale,
     config_from_args,
+    features,
+    heads_k,
     kernel_from_args,
     problem_head_dim,
     problem_shape,
@@ -80,13 +82,16 @@ def run(args: argparse.Namespace) -> int:
     # kernel's cubin, then the float64 reference's estimate
     check_input_memory(args)
     check_launch(config, args.causal, kernel)
-    announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
+    prob = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale, config, **features(args))
+    announce("hw", prob, simulation=False)
     q, k, v = random_inputs(args)
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
-    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
-    flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args))
+    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config,
+                  window=args.window, softcap=args.softcap or 0.0)
+    flops = prob.flops  # the pairs the mask (causal, window) keeps
     report = {
         "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, d],
+        "heads_k": prob.heads_k, "window": list(prob.window), "softcap": prob.softcap,
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, allow_nan=False))
         return 0 if acc.ok else 1
     print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}"
+          + "".join(f"  {f}" for f in prob.features())
           + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:
         print(f"  config auto: {source}")

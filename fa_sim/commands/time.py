@@ -39,6 +39,7 @@ from .common import (
     config_from_args,
     kernel_from_args,
     problem_head_dim,
+    refuse_features,
     seqlen_k,
 )
 from .outputs import Kind, Output, check_outputs, write_text
@@ -96,6 +97,8 @@ def _of_kernel(kernel, fn, *args):
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_features(args, "to fa time yet: the timing model (fa_sim.timing) predicts the kernel without grouped-query "
+                          "K/V, sliding windows or softcap; fa hw measures them on a GPU")
     d = problem_head_dim(args)
     check_scale(args, d)
     nk = seqlen_k(args)
