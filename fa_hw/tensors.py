@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fa_sim import validate
+from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
-from .tuned import resolve
+from .autotune import device_timer_factory
+from .tuned import AUTO, check_auto, resolve
 
 
 @dataclass
@@ -73,16 +75,23 @@ def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
     kinds = sorted({validate.kind_of(x) for x in (qh, kh, vh)})
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
-    if isinstance(config, str):  # "auto": the tuned choice for these shapes on this GPU (fa_hw.tuned)
+    check_auto(config)
+    auto = isinstance(config, str)
+    if auto:  # "auto": placed with the seed config, then the GPU's choice (fa_hw.tuned.resolve)
         validate.check_shapes(qh.shape, kh.shape, vh.shape)
-        config = resolve(config, qh.shape, kh.shape, validate.check_causal(causal))
+        config = KernelConfig(head_dim=int(qh.shape[3]))
     problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)
     kind = kinds[0]
     if kind == TORCH and not qh.is_cuda:
         out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
         out.torch_cpu = True
-        return out
-    return {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    else:
+        out = {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    if auto:  # without a table entry or cached choice, the candidates are timed on these very inputs
+        ptrs = (out.q_ptr, out.k_ptr, out.v_ptr, out.o_ptr, out.lse_ptr)
+        chosen = resolve(AUTO, qh.shape, kh.shape, problem.causal, device_timer_factory(ptrs, out.stream))
+        out.problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, chosen)
+    return out
 
 
 def _outputs_shape(p: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:

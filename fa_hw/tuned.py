@@ -18,8 +18,11 @@ amortise the prologue and epilogue and set how many loads a pipeline can keep in
 seqlen_k <= 1024 "short", <= 4096 "medium", above "long".
 
 Lookup. The entry for (head_dim, causal, size) of the device's table whose arch is the device's;
-else that GPU's entry for the same head_dim and causal in the nearest size class; else the timing
-model's ranking (below). A table that is missing, unreadable or for another GPU is simply not used
+else that GPU's entry for the same head_dim and causal in the nearest size class. On a real GPU
+without a table (`device_choice`, what fa_hw.forward, `fa hw` and `fa compare` use), the autotuner
+answers (fa_hw.autotune): a few candidates timed on the GPU once per problem class, the choice
+cached on disk per GPU and reused by later processes. Without a device (`auto_config`, what `fa time`
+uses for a modelled GPU), the timing model's ranking (below). A table that is missing, unreadable or for another GPU is simply not used
 (the model answers, and `Choice.source` says so); a table whose entries are malformed is a
 ValueError naming the file, never a silent wrong config.
 
@@ -236,16 +239,56 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
                                f"{best.kernel_ms:.3f} ms predicted)")
 
 
-def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:
-    """auto_config for the current GPU (its name and exact arch)."""
-    return auto_config(int(head_dim), bool(causal), int(seqlen_k), device().name, device_arch())
+def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, batch_heads: int, gpu: str,
+                  arch: str, timer_factory, directory: Path = TUNED_DIR, kernel: str | None = None) -> Choice:
+    """What "auto" means on a real GPU: its shipped table's entry (as auto_config), else the choice
+    autotuned for this problem class on this GPU - cached on disk, or timed now with
+    `timer_factory` (fa_hw.autotune; the timing model is not consulted). `kernel`: the cache's
+    fingerprint (fa_hw.autotune.fingerprint, computed when None)."""
+    from . import autotune
+
+    size = size_class(seqlen_k)
+    table = table_for(gpu, directory)
+    entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
+    if entry is not None:
+        exact = "" if entry.size == size else f", nearest to {size}"
+        return Choice(entry.config, f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, "
+                                    f"{entry.size}{exact})")
+    heuristic(head_dim)  # an unsupported head_dim is refused before any timing
+    cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal)
+    shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim)
+    return autotune.choose(cls, gpu, arch, timer_factory, shape, directory, kernel)
 
 
-def resolve(config, q_shape, k_shape, causal: bool):
+def auto_for_device(head_dim: int, causal: bool, seqlen_k: int, seqlen_q: int | None = None,
+                    batch_heads: int | None = None) -> Choice:
+    """device_choice for the current GPU (its name and exact arch); without a table entry, the
+    candidates are timed on random inputs of the problem's shape (batch*heads capped:
+    fa_hw.autotune.timing_shape). seqlen_q defaults to seqlen_k, batch_heads to 64."""
+    from .autotune import device_timer_factory
+
+    return device_choice(int(head_dim), bool(causal), int(seqlen_k if seqlen_q is None else seqlen_q),
+                         int(seqlen_k), 64 if batch_heads is None else int(batch_heads), device().name,
+                         device_arch(), device_timer_factory())
+
+
+def check_auto(config) -> None:
+    """A string config must be "auto" (forward's config argument)."""
+    if isinstance(config, str) and config != AUTO:
+        raise ValueError(f"config must be a KernelConfig, None (the seed config) or 'auto', got {config!r}")
+
+
+def resolve(config, q_shape, k_shape, causal: bool, timer_factory=None):
     """forward()'s config argument: KernelConfig or None as given; "auto" -> the current GPU's
-    choice for these shapes; any other string is a ValueError."""
+    choice for these shapes (device_choice; without a table entry or cached choice, timed with
+    `timer_factory`, default random inputs); any other string is a ValueError."""
+    check_auto(config)
     if not isinstance(config, str):
         return config
-    if config != AUTO:
-        raise ValueError(f"config must be a KernelConfig, None (the seed config) or 'auto', got {config!r}")
-    return auto_for_device(int(q_shape[3]), causal, int(k_shape[2])).config
+    if timer_factory is None:
+        from .autotune import device_timer_factory
+
+        timer_factory = device_timer_factory()
+    b, h, nq, d = (int(n) for n in q_shape)
+    return device_choice(d, bool(causal), nq, int(k_shape[2]), b * h, device().name, device_arch(),
+                         timer_factory).config

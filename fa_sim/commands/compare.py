@@ -174,11 +174,11 @@ def _replay(args):
             kernel)
 
 
-def _launch_config(args, d: int, nk: int):
+def _launch_config(args, d: int, nk: int, nq: int, batch_heads: int):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        return auto_for_device(d, args.causal, nk).config
+        return auto_for_device(d, args.causal, nk, nq, batch_heads).config
     return config_from_args(args, head_dim=d)
 
 
@@ -191,7 +191,7 @@ def _launch(args, save: Output | None):
     check_scale(args, d)
     shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
-    config = _launch_config(args, d, nk)
+    config = _launch_config(args, d, nk, nq, b * h)
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
         try:

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):
-        choice = auto_for_device(args.head_dim, args.causal, nk)
+        choice = auto_for_device(args.head_dim, args.causal, nk, args.seqlen, args.batch * args.heads)
         config, source = choice.config, choice.source
     else:
         config = config_from_args(args)

@@ -1,0 +1,333 @@
+"""config="auto" on a GPU without a tuned table: time a few candidates on the GPU once per problem
+class, cache the choice on disk, reuse it in every later process.
+
+    choice = fa_hw.autotune.choose(ProblemClass.of(64, 4096, 4096, 128, True), "NVIDIA H100 80GB HBM3",
+                                   "sm_90", timer_factory)
+
+Problem class: what the fastest config depends on besides the GPU - head_dim, causal, the query and
+key lengths (rounds per CTA, the causal triangle), each rounded up to a power of two, and the work
+in 128-row query tiles, batch * heads * ceil(Nq / 128), rounded up to a power of two and capped at
+MAX_TILES (1024 tiles are about 8 CTAs of 128 rows per SM on a 132-SM GPU: past that the wave
+tail is small and the choice no longer depends on the grid). `ProblemClass.key` names it:
+'d128-causal-q4096-k4096-t1024'.
+
+Candidates (`candidates`): static, no timing model. The winners of every shipped table
+(fa_hw/tuned/*.json, today the H200's) for this head_dim and causal flag, the nearest size class
+first; the nearest winner's two neighbours (the other kv_stages, 1 or 2, and lazy_sum toggled);
+fa_hw.tuned's heuristic tile (with heavy_first when causal): four to six configs. The
+timing model is not used to prune: ranking one candidate from cold caches costs it about 18 s of
+CPU (three d=64 candidates took 55 s on the 2-core development machine; see the README), while
+compiling a candidate (about 1 s, in parallel, cached on disk) and timing it on the GPU costs well
+under a second, and the GPU's time is the truth the model approximates.
+
+Timing (`tune`, with an injectable timer: a function config -> milliseconds): ROUNDS rounds
+round-robin over the candidates (slow drift hits all alike), each a median of CUDA-event-timed
+launches after a warm-up (`DeviceTimer`); the candidate with the lowest median over rounds wins
+(ties: the earlier candidate). A candidate whose compile or launch fails is recorded and skipped;
+when none runs, a FaHwError names each failure. `DeviceTimer` times the real problem's shape - on
+the caller's own q, k, v (fa_hw.forward) or, without them (`fa hw`), on random normal inputs - with
+batch * heads capped (`timing_shape`) so that the launch stays inside the class: the first heads
+of the real tensors, never zeros.
+
+Cache: one JSON file per GPU (its marketing name and exact arch) in the project's cache
+(fa_sim.cache: $FLASHSIM_CACHE or ~/.cache/flashsim), autotune/<gpu_key>-<arch>.json:
+
+    {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "entries": {
+      "d128-causal-q4096-k4096-t1024": {"config": {KernelConfig JSON}, "kernel": "<fingerprint>",
+        "timed_shape": [64, 4096, 4096, 128], "times_ms": {"<tag>": 1.02, ...}, "failed": {},
+        "seconds": 3.1}}}
+
+An entry answers only for the kernel source and NVRTC version it was timed with (`fingerprint`):
+after an edit of fa2_fwd.cu it is timed again. As fa_sim.cache's other entries, the file is an
+optimisation: missing, unreadable, damaged or malformed, it is treated as empty (the class is timed
+again and the file rewritten, atomically); a file that cannot be written costs a timing per process,
+never an error. Two processes tuning different classes at once each re-read the file before writing
+theirs; a lost race only costs one class a second timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fa_sim.cache import cache_key, cache_root, read_text_entry, store_atomic
+from fa_sim.config import KernelConfig
+
+from .errors import FaHwError
+
+CACHE_FORMAT = 1
+MAX_TILES = 1024  # 128-row query tiles past which the class no longer grows (module docstring)
+TILE_ROWS = 128
+MAX_CANDIDATES = 6  # configs timed per class at most
+ROUNDS = 3  # round-robin rounds over the candidates; each candidate's time is the median over them
+WARMUP = 2  # launches before each timed batch (the first launch of a round also loads the module)
+MIN_REPS, MAX_REPS = 3, 20  # timed launches per batch
+BATCH_MS = 60.0  # a batch's target length: reps = BATCH_MS / one launch's time, within the bounds above
+RANDOM_CHUNK = 1 << 22  # random fp16 values generated on the host and repeated to fill an input buffer
+
+Timer = Callable[[KernelConfig], float]  # one batch's median kernel time (ms) of a config
+TimerFactory = Callable[["ProblemClass", tuple[int, int, int, int]], Timer]  # (class, timing_shape) -> Timer
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _tiles(batch_heads: int, seqlen_q: int) -> int:
+    return int(batch_heads) * -(-int(seqlen_q) // TILE_ROWS)
+
+
+@dataclass(frozen=True)
+class ProblemClass:
+    """The key of an autotuned choice (module docstring): lengths and tiles rounded up to powers of two."""
+
+    head_dim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    tiles: int
+
+    @classmethod
+    def of(cls, batch_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> "ProblemClass":
+        if min(int(batch_heads), int(seqlen_q), int(seqlen_k)) < 1:
+            raise ValueError(f"batch*heads, seqlen_q and seqlen_k must be positive, got {batch_heads}, "
+                             f"{seqlen_q}, {seqlen_k}")
+        return cls(int(head_dim), bool(causal), _pow2_ceil(seqlen_q), _pow2_ceil(seqlen_k),
+                   min(MAX_TILES, _pow2_ceil(_tiles(batch_heads, seqlen_q))))
+
+    @property
+    def key(self) -> str:
+        return (f"d{self.head_dim}-{'causal' if self.causal else 'full'}-q{self.seqlen_q}-k{self.seqlen_k}"
+                f"-t{self.tiles}")
+
+
+def timing_shape(batch_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(batch*heads, Nq, Nk, d) of the launch that times the candidates: the problem's own, with
+    batch*heads cut to the fewest heads that still fill MAX_TILES tiles (so the same class)."""
+    per_head = -(-int(seqlen_q) // TILE_ROWS)
+    return min(int(batch_heads), -(-MAX_TILES // per_head)), int(seqlen_q), int(seqlen_k), int(head_dim)
+
+
+def candidates(head_dim: int, causal: bool, seqlen_k: int, directory=None) -> list[KernelConfig]:
+    """The configs timed for this problem (module docstring): every shipped table's winners for
+    (head_dim, causal), nearest size class first, then the heuristic tile; no duplicates."""
+    from dataclasses import replace
+
+    from . import tuned
+
+    directory = tuned.TUNED_DIR if directory is None else Path(directory)
+    want = tuned.SIZE_CLASSES.index(tuned.size_class(seqlen_k))
+    out: list[KernelConfig] = []
+    for path in sorted(Path(directory).glob("*.json")):
+        table = tuned.Table.load(path)
+        same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
+        same.sort(key=lambda e: (abs(tuned.SIZE_CLASSES.index(e.size) - want), tuned.SIZE_CLASSES.index(e.size)))
+        out += [e.config for e in same]
+    if out:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
+        best = out[0]
+        for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
+            try:
+                out.append(replace(best, **change))
+            except ValueError:  # not a valid config of the family (KernelConfig says why): not timed
+                pass
+    heuristic = tuned.heuristic(head_dim)
+    out.append(replace(heuristic, heavy_first=True) if causal else heuristic)
+    return list(dict.fromkeys(out))[:MAX_CANDIDATES]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What `tune` measured: the winner, each candidate's median ms, and why any did not run."""
+
+    config: KernelConfig
+    times_ms: dict
+    failed: dict
+
+
+def tune(configs: list[KernelConfig], timer: Timer, rounds: int = ROUNDS) -> Tuned:
+    """Time every config `rounds` times round-robin with `timer`; the lowest median wins."""
+    if not configs:
+        raise ValueError("config='auto': no candidate configs to time")
+    times: dict[KernelConfig, list[float]] = {c: [] for c in configs}
+    failed: dict[KernelConfig, str] = {}
+    for _ in range(rounds):
+        for c in configs:
+            if c in failed:
+                continue
+            try:
+                ms = float(timer(c))
+                if not (math.isfinite(ms) and ms > 0):
+                    raise FaHwError(f"the timer returned {ms} ms")
+            except Exception as exc:  # a config that does not build or run here: recorded, never chosen
+                failed[c] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            else:
+                times[c].append(ms)
+    medians = {c: statistics.median(v) for c, v in times.items() if c not in failed}
+    if not medians:
+        raise FaHwError("config='auto': no candidate config ran on this GPU: "
+                        + "; ".join(f"{c.tag}: {why}" for c, why in failed.items()))
+    best = min(medians, key=medians.get)
+    return Tuned(best, {c.tag: medians[c] for c in medians}, {c.tag: failed[c] for c in failed})
+
+
+# ---- the cache -------------------------------------------------------------------------------------
+def cache_path(gpu: str, arch: str) -> Path:
+    from .tuned import gpu_key
+
+    return cache_root() / "autotune" / f"{gpu_key(gpu)}-{arch}.json"
+
+
+def fingerprint() -> str:
+    """What a cached choice is valid for: fa2_fwd.cu's text as it is on disk and NVRTC's version."""
+    from fa_sim.contract.nvrtc import nvrtc_version
+    from fa_sim.contract.source import seed_source
+
+    return cache_key(kernel=seed_source().text, nvrtc=list(nvrtc_version()))
+
+
+def read_cache(path: Path) -> tuple[dict, str]:
+    """(entries, '') - none when the file is absent - or ({}, why the file was not usable:
+    unreadable, damaged or malformed)."""
+    text = read_text_entry(path)
+    if text is None:
+        return {}, "" if not path.exists() else "cache file unreadable"
+    try:
+        data = json.loads(text)
+        if data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
+            raise ValueError(f"format {data.get('format')!r}")
+    except (ValueError, AttributeError):
+        return {}, "cache file damaged"
+    return data["entries"], ""
+
+
+def cached_config(entries: dict, cls: ProblemClass, kernel: str) -> KernelConfig | None:
+    """The cached config of this class for this kernel fingerprint; None when absent, timed with
+    another kernel, or malformed (all: time it again)."""
+    entry = entries.get(cls.key)
+    if not isinstance(entry, dict) or entry.get("kernel") != kernel:
+        return None
+    try:
+        config = KernelConfig.from_json(entry["config"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return config if config.head_dim == cls.head_dim else None
+
+
+def write_cache(path: Path, gpu: str, arch: str, cls: ProblemClass, entry: dict) -> bool:
+    """Add one class's entry to the file (re-read first, so other classes written meanwhile stay)."""
+    entries, _ = read_cache(path)
+    entries = dict(entries)
+    entries[cls.key] = entry
+    data = {"format": CACHE_FORMAT, "gpu": gpu, "arch": arch, "entries": dict(sorted(entries.items()))}
+    return store_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def choose(cls: ProblemClass, gpu: str, arch: str, timer_factory: TimerFactory,
+           shape: tuple[int, int, int, int], directory=None, kernel: str | None = None):
+    """The cached choice of this GPU and class, else the candidates timed now (and cached).
+    `timer_factory(cls, shape)` is called only when timing is needed. Returns fa_hw.tuned.Choice."""
+    from .tuned import Choice
+
+    kernel = fingerprint() if kernel is None else kernel
+    path = cache_path(gpu, arch)
+    entries, why = read_cache(path)
+    config = cached_config(entries, cls, kernel)
+    if config is not None:
+        return Choice(config, f"autotuned {cls.key} (cached in {path})")
+    if not why:
+        why = "not tuned yet" if cls.key not in entries else "cache entry stale or malformed"
+    pool = candidates(cls.head_dim, cls.causal, cls.seqlen_k, directory)
+    start = time.perf_counter()
+    timer = timer_factory(cls, shape)
+    got = tune(pool, timer)
+    seconds = time.perf_counter() - start
+    entry = {"config": got.config.to_json(), "kernel": kernel, "timed_shape": list(shape), "times_ms": got.times_ms,
+             "failed": got.failed, "seconds": round(seconds, 3)}
+    stored = write_cache(path, gpu, arch, cls, entry)
+    return Choice(got.config, f"autotuned {cls.key} ({why}: timed {len(pool)} candidates on {shape} in "
+                              f"{seconds:.1f} s; {'cached in ' + str(path) if stored else 'cache not writable'})")
+
+
+# ---- the GPU backend ---------------------------------------------------------------------------------
+class DeviceTimer:
+    """Times configs on the current GPU on one launch shape (bh, Nq, Nk, d), on given device pointers
+    (q, k, v, o, lse of at least that shape, contiguous [bh, N, d]) or on random normal inputs."""
+
+    def __init__(self, shape: tuple[int, int, int, int], causal: bool, ptrs: tuple[int, ...] | None = None,
+                 stream=None):
+        from . import runtime
+
+        self.shape, self.causal = tuple(int(n) for n in shape), bool(causal)
+        self.arch = runtime.device_arch()
+        self.stream = runtime.own_stream() if stream is None else stream
+        self.keep: list = []
+        self.ptrs = ptrs if ptrs is not None else self._random_inputs()
+
+    def _random_inputs(self) -> tuple[int, ...]:
+        import numpy as np
+
+        from . import runtime
+
+        bh, nq, nk, d = self.shape
+        chunk = np.random.default_rng(0).standard_normal(min(RANDOM_CHUNK, bh * max(nq, nk) * d),
+                                                         dtype=np.float32).astype(np.float16)
+        ptrs = []
+        for n in (bh * nq * d, bh * nk * d, bh * nk * d):
+            buf = runtime.allocate(2 * n, self.stream)
+            self._fill(int(buf.handle), n, chunk)
+            self.keep.append(buf)
+            ptrs.append(int(buf.handle))
+        for nbytes in (2 * bh * nq * d, 4 * bh * nq):
+            buf = runtime.allocate(nbytes, self.stream)
+            self.keep.append(buf)
+            ptrs.append(int(buf.handle))
+        self.stream.sync()
+        return tuple(ptrs)
+
+    def _fill(self, dptr: int, n: int, chunk) -> None:
+        from cuda.bindings import driver
+
+        from .runtime import _driver_call
+
+        for off in range(0, n, chunk.size):
+            count = min(chunk.size, n - off)
+            _driver_call(driver.cuMemcpyHtoDAsync(dptr + 2 * off, chunk.ctypes.data, 2 * count, self.stream.handle),
+                         "host-to-device copy")
+
+    def compile(self, configs) -> None:
+        """Every candidate's cubin, in parallel (cached on disk: free the second time)."""
+        import os
+
+        from fa_sim.contract import KernelBuild
+        from fa_sim.contract.cubins import compile_many
+
+        builds = [KernelBuild(c, self.causal, self.arch) for c in configs]
+        compile_many(builds, min(len(builds), os.cpu_count() or 1))
+
+    def __call__(self, config: KernelConfig) -> float:
+        from fa_sim.contract import KernelBuild
+        from fa_sim.problem import Problem
+
+        from .runtime import LaunchPlan
+
+        bh, nq, nk, d = self.shape
+        problem = Problem(1, bh, nq, nk, self.causal, d ** -0.5, config)
+        plan = LaunchPlan.make(KernelBuild(config, self.causal, self.arch), self.ptrs, problem)
+        first = plan.run(self.stream)  # loads the module on the first round
+        reps = max(MIN_REPS, min(MAX_REPS, int(BATCH_MS / max(first, 1e-3))))
+        return statistics.median(plan.time(self.stream, WARMUP, reps))
+
+
+def device_timer_factory(ptrs: tuple[int, ...] | None = None, stream=None, directory=None) -> TimerFactory:
+    """A TimerFactory for the current GPU: the candidates compiled in parallel first, then timed on
+    `ptrs` (the caller's inputs and outputs) or on random inputs."""
+    def factory(cls: ProblemClass, shape) -> Timer:
+        timer = DeviceTimer(shape, cls.causal, ptrs, stream)
+        timer.compile(candidates(cls.head_dim, cls.causal, cls.seqlen_k, directory))
+        return timer
+    return factory

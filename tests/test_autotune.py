@@ -1,0 +1,208 @@
+"""config="auto" on a GPU without a tuned table (fa_hw.autotune), on the CPU with a fake timer: the
+problem classes, the candidates, the timing loop, the on-disk cache (a second process reuses it
+without timing; a damaged file is timed again and rewritten) and the table's precedence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa_hw import autotune, tuned
+from fa_hw.errors import FaHwError
+from fa_sim.config import KernelConfig
+
+H100 = ("NVIDIA H100 80GB HBM3", "sm_90")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+class FakeTimer:
+    """Milliseconds from a function of the config; records every call."""
+
+    def __init__(self, ms):
+        self.ms, self.calls = ms, []
+
+    def __call__(self, config):
+        self.calls.append(config)
+        return self.ms(config)
+
+
+def factory_of(timer, seen=None):
+    def factory(cls, shape):
+        if seen is not None:
+            seen.append((cls, shape))
+        return timer
+    return factory
+
+
+def never(cls, shape):
+    raise AssertionError(f"timed {cls.key} on {shape}: the choice should have come from a table or the cache")
+
+
+def slowest_first(config):
+    """Times under which the LAST candidate of (d=128, causal, Nk 4096) is fastest: the choice comes
+    from the times, not the order."""
+    pool = autotune.candidates(128, True, 4096)
+    return 1.0 + 0.1 * (len(pool) - pool.index(config))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 64), (64, 4096, 4096, 128), (4, 1000, 1000, 64), (3, 100000, 5, 32),
+                                   (1000, 129, 8192, 128), (7, 333, 70000, 64), (1, 65536, 65536, 128)])
+def test_the_timed_shape_is_of_the_problems_class(shape):
+    bh, nq, nk, d = shape
+    for causal in (False, True):
+        cls = autotune.ProblemClass.of(bh, nq, nk, d, causal)
+        timed = autotune.timing_shape(bh, nq, nk, d)
+        assert autotune.ProblemClass.of(*timed, causal) == cls
+        assert timed[1:] == (nq, nk, d) and 1 <= timed[0] <= bh
+        assert (timed[0] - 1) * -(-nq // 128) < autotune.MAX_TILES  # the fewest heads of the class: no more work
+    assert autotune.ProblemClass.of(64, 4096, 4096, 128, True).key == "d128-causal-q4096-k4096-t1024"
+    assert autotune.ProblemClass.of(4, 1000, 1500, 64, False).key == "d64-full-q1024-k2048-t32"
+    assert autotune.ProblemClass.of(4, 1000, 1500, 64, False) == autotune.ProblemClass.of(3, 700, 1025, 64, False)
+    assert autotune.ProblemClass.of(4, 1000, 1500, 64, False) != autotune.ProblemClass.of(4, 1000, 2049, 64, False)
+    with pytest.raises(ValueError, match="must be positive"):
+        autotune.ProblemClass.of(0, 10, 10, 64, False)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nk", [700, 3000, 9000])
+def test_candidates_are_the_shipped_winners_and_their_neighbours(d, causal, nk):
+    got = autotune.candidates(d, causal, nk)
+    h200 = tuned.table_for("NVIDIA H200").lookup(d, causal, tuned.size_class(nk)).config
+    assert got[0] == h200  # the H200's winner of this size class first
+    assert 3 <= len(got) <= autotune.MAX_CANDIDATES and len(set(got)) == len(got)
+    assert all(c.head_dim == d and (causal or not c.heavy_first) for c in got)
+    assert any(c.kv_stages != h200.kv_stages and c.block_m == h200.block_m for c in got)
+    winners = {e.config for e in tuned.table_for("NVIDIA H200").entries if e.head_dim == d and e.causal == causal}
+    assert winners <= set(got)
+
+
+def test_tune_takes_the_lowest_median_and_records_failures():
+    a, b, c, e = (KernelConfig.from_tag(t) for t in ("m128n64d64w4-swizzled", "m128n128d64w4-swizzled",
+                                                      "m64n64d64w4-swizzled", "m128n128d64w4-swizzled-s2"))
+    runs = {a: iter([1.0, 5.0, 1.1]), b: iter([1.2, 1.2, 1.2]), e: iter([0.5, float("nan"), 0.5])}
+
+    def ms(cfg):
+        if cfg == c:
+            raise RuntimeError("CUDA_ERROR_OUT_OF_RESOURCES")
+        return next(runs[cfg])
+    timer = FakeTimer(ms)
+    got = autotune.tune([a, b, c, e], timer, rounds=3)
+    assert got.config == a and got.times_ms == {a.tag: 1.1, b.tag: 1.2}  # medians; a's outlier 5.0 ignored
+    assert "CUDA_ERROR_OUT_OF_RESOURCES" in got.failed[c.tag] and "nan ms" in got.failed[e.tag]
+    assert timer.calls.count(c) == 1 and timer.calls.count(e) == 2 and timer.calls.count(a) == 3
+    assert timer.calls[:4] == [a, b, c, e]  # round-robin
+    with pytest.raises(FaHwError, match=r"no candidate config ran on this GPU: m128n64d64w4-swizzled: RuntimeError: x"):
+        autotune.tune([a], FakeTimer(lambda cfg: (_ for _ in ()).throw(RuntimeError("x"))))
+    with pytest.raises(ValueError, match="no candidate configs"):
+        autotune.tune([], timer)
+
+
+def test_a_gpu_with_a_table_uses_the_table(cache):
+    choice = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H200", "sm_90", never, kernel="k")
+    assert choice.config == tuned.table_for("NVIDIA H200").lookup(128, True, "medium").config
+    assert choice.source == "h200.json (d=128, causal, medium)"
+    assert not cache.exists()
+    # the same GPU name on another arch: no table entry, so the autotuner times it
+    seen = []
+    other = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H200", "sm_100",
+                                factory_of(FakeTimer(lambda c: 1.0), seen), kernel="k")
+    assert "autotuned" in other.source and len(seen) == 1
+
+
+def test_first_call_times_the_candidates_and_caches_the_choice(cache):
+    seen, timer = [], FakeTimer(slowest_first)
+    choice = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(timer, seen), kernel="k1")
+    pool = autotune.candidates(128, True, 4096)
+    assert choice.config == pool[-1]  # fastest by the timer, though the last candidate
+    assert seen == [(autotune.ProblemClass.of(64, 4096, 4096, 128, True), (32, 4096, 4096, 128))]
+    assert sorted(set(timer.calls), key=pool.index) == pool and len(timer.calls) == autotune.ROUNDS * len(pool)
+    path = autotune.cache_path(*H100)
+    assert path == cache / "autotune" / "h100_80gb_hbm3-sm_90.json"
+    data = json.loads(path.read_text())
+    entry = data["entries"]["d128-causal-q4096-k4096-t1024"]
+    assert data["gpu"] == H100[0] and data["arch"] == "sm_90" and entry["kernel"] == "k1"
+    assert KernelConfig.from_json(entry["config"]) == pool[-1] and set(entry["times_ms"]) == {c.tag for c in pool}
+    assert entry["timed_shape"] == [32, 4096, 4096, 128]
+    assert "not tuned yet" in choice.source and "timed %d candidates" % len(pool) in choice.source
+    # the same class again (another shape of it): the cache, no timing
+    again = tuned.device_choice(128, True, 3000, 3000, 40, *H100, never, kernel="k1")
+    assert again.config == choice.config and "cached in" in again.source
+    # another class: timed, and the first class's entry stays
+    tuned.device_choice(64, False, 1000, 1000, 8, *H100, factory_of(FakeTimer(lambda c: 1.0)), kernel="k1")
+    assert set(json.loads(path.read_text())["entries"]) == {"d128-causal-q4096-k4096-t1024", "d64-full-q1024-k1024-t64"}
+    # an edit of the kernel (another fingerprint): timed again
+    seen.clear()
+    tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(FakeTimer(lambda c: 1.0), seen), kernel="k2")
+    assert len(seen) == 1
+
+
+CHILD = """
+import sys
+from fa_hw import tuned
+def never(cls, shape):
+    raise SystemExit("the second process timed " + cls.key)
+c = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H100 80GB HBM3", "sm_90", never, kernel="k1")
+print(c.config.tag)
+print(c.source)
+"""
+
+
+def test_a_second_process_reuses_the_choice_without_timing(cache):
+    choice = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(FakeTimer(slowest_first)), kernel="k1")
+    env = {**os.environ, "FLASHSIM_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    tag, source = run.stdout.split("\n")[:2]
+    assert tag == choice.config.tag and "cached in" in source and "d128-causal-q4096-k4096-t1024" in source
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"\xff\xfe\x00", b'{"format": 7, "entries": {}}', b"[1, 2]",
+                                    b'{"format": 1, "entries": {"d128-causal-q4096-k4096-t1024": '
+                                    b'{"kernel": "k1", "config": {"block_m": 3}}}}'])
+def test_a_damaged_cache_is_timed_again_and_rewritten(cache, damage):
+    path = autotune.cache_path(*H100)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(damage)
+    seen = []
+    choice = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(FakeTimer(slowest_first), seen),
+                                 kernel="k1")
+    assert len(seen) == 1 and choice.config == autotune.candidates(128, True, 4096)[-1]
+    assert any(why in choice.source for why in ("cache file damaged", "cache file unreadable", "stale or malformed"))
+    entries, why = autotune.read_cache(path)
+    assert why == "" and KernelConfig.from_json(entries["d128-causal-q4096-k4096-t1024"]["config"]) == choice.config
+
+
+def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "file"))  # a root that cannot be a directory
+    choice = tuned.device_choice(64, False, 1000, 1000, 8, *H100, factory_of(FakeTimer(lambda c: 1.0)), kernel="k")
+    assert "cache not writable" in choice.source and choice.config == autotune.candidates(64, False, 1000)[0]
+
+
+def test_the_fingerprint_follows_the_kernel_source(monkeypatch):
+    from fa_sim.contract import source
+
+    first = autotune.fingerprint()
+    assert first == autotune.fingerprint() and len(first) == 32
+    real = source.seed_source()
+    monkeypatch.setattr(source, "seed_source", lambda: source.KernelSource(real.name, real.origin, real.text + "\n//"))
+    assert autotune.fingerprint() != first
+
+
+def test_bad_head_dim_and_strings_are_refused_before_timing(cache):
+    with pytest.raises(ValueError, match="config='auto' covers head_dim"):
+        tuned.device_choice(48, False, 100, 100, 1, *H100, never, kernel="k")
+    with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
+        tuned.resolve("fastest", (1, 1, 8, 64), (1, 1, 8, 64), False, never)
