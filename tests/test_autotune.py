@@ -206,3 +206,77 @@ def test_bad_head_dim_and_strings_are_refused_before_timing(cache):
         tuned.device_choice(48, False, 100, 100, 1, *H100, never, kernel="k")
     with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
         tuned.resolve("fastest", (1, 1, 8, 64), (1, 1, 8, 64), False, never)
+
+
+@pytest.fixture
+def tune_hw(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    import tune_hw
+
+    return tune_hw
+
+
+def test_tune_hw_stops_on_another_gpu_before_any_work(tune_hw, monkeypatch, capsys):
+    class Dev:
+        name = "NVIDIA H200"
+
+    monkeypatch.setattr(tune_hw, "device", lambda: Dev())
+    monkeypatch.setattr(tune_hw, "warm_cache", lambda *a: pytest.fail("compiled on the wrong GPU"))
+    assert tune_hw.main(["--gpu-name", "NVIDIA H100 80GB HBM3"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-name 'NVIDIA H100 80GB HBM3', but this GPU is 'NVIDIA H200': nothing timed" in err
+    with pytest.raises(SystemExit):
+        tune_hw.main([])  # --gpu-name is required
+    assert "--gpu-name" in capsys.readouterr().err
+
+
+def test_tune_hw_times_the_autotuners_candidates_and_reports_them(tune_hw):
+    for d in (32, 64, 128):
+        for causal in (False, True):
+            timed = tune_hw.candidates(d, causal)
+            assert set(tuned.candidates(d, causal)) <= set(timed) and len(set(timed)) == len(timed)
+            for nk in (700, 3000, 9000):
+                assert set(autotune.candidates(d, causal, nk)) <= set(timed)
+    pool = [c.tag for c in autotune.candidates(128, True, 4096)]
+    rows = [{"tag": t, "ms": 1.0 + i, "note": None} for i, t in enumerate(pool)]
+    rows += [{"tag": "m64n64d128w4-swizzled-hf", "ms": 0.8, "note": None},
+             {"tag": "m128n32d128w4-swizzled-s2-hf", "ms": 0.1, "note": "O differs from SDPA-flash: not chosen"}]
+    lines = tune_hw.autotune_rows({((4, 16, 4096, 128), True): (None, rows)})
+    assert lines[-1] == f"| (4, 16, 4096, 128) | True | m64n64d128w4-swizzled-hf | 0.800 | {pool[0]} | 1.000 | +25.0% |"
+
+
+def test_forward_times_the_candidates_on_its_own_inputs(cache, monkeypatch):
+    """fa_hw.tensors.to_device, without a GPU: the inputs are placed first, then the autotuner's
+    timer gets their pointers (q, k, v, O, LSE) and the problem runs the chosen config."""
+    import numpy as np
+
+    from fa_hw import runtime, tensors
+
+    class Buf:
+        count = 0
+
+        def __init__(self, *_):
+            Buf.count += 1
+            self.handle = 4096 * Buf.count
+
+    class Dev:
+        name = H100[0]
+
+    monkeypatch.setattr(runtime, "own_stream", lambda: "stream")
+    monkeypatch.setattr(runtime, "upload", lambda host, stream: Buf())
+    monkeypatch.setattr(runtime, "allocate", lambda nbytes, stream: Buf())
+    monkeypatch.setattr(tuned, "device", lambda: Dev())
+    monkeypatch.setattr(tuned, "device_arch", lambda: H100[1])
+    monkeypatch.setattr(autotune, "fingerprint", lambda: "k1")
+    seen = []
+
+    def factory(ptrs, stream):
+        seen.append((ptrs, stream))
+        return factory_of(FakeTimer(slowest_first))
+    monkeypatch.setattr(tensors, "device_timer_factory", factory)
+    q = np.ones((2, 3, 4000, 128), np.float16)
+    dev = tensors.to_device(q, q, q, True, None, "auto")
+    assert dev.config == autotune.candidates(128, True, 4096)[-1] and dev.problem.causal
+    assert seen == [((dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), "stream")]
+    with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
+        tensors.to_device(q, q, q, True, None, "fastest")
