@@ -8,7 +8,8 @@ fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (f
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
 fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
 the inputs' head_dim; config="auto" the fastest measured config of this GPU for the problem's
-head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
+head_dim, causal flag and size (fa_hw.tuned: the shipped table; on a GPU without one, the
+candidates fa_hw.autotune times on these very inputs once per problem class, cached on disk;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
 uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py.
