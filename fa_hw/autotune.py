@@ -300,14 +300,16 @@ class DeviceTimer:
                          "host-to-device copy")
 
     def compile(self, configs) -> None:
-        """Every candidate's cubin, in parallel (cached on disk: free the second time)."""
+        """The candidates' cubins the disk cache lacks, in parallel processes (a single one is
+        compiled by its first launch; with all cached, no process is started)."""
         import os
 
         from fa_sim.contract import KernelBuild
-        from fa_sim.contract.cubins import compile_many
+        from fa_sim.contract.cubins import compile_many, is_cached
 
-        builds = [KernelBuild(c, self.causal, self.arch) for c in configs]
-        compile_many(builds, min(len(builds), os.cpu_count() or 1))
+        missing = [b for b in (KernelBuild(c, self.causal, self.arch) for c in configs) if not is_cached(b)]
+        if len(missing) > 1:
+            compile_many(missing, min(len(missing), os.cpu_count() or 1))
 
     def __call__(self, config: KernelConfig) -> float:
         from fa_sim.contract import KernelBuild

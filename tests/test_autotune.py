@@ -280,3 +280,19 @@ def test_forward_times_the_candidates_on_its_own_inputs(cache, monkeypatch):
     assert seen == [((dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), "stream")]
     with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
         tensors.to_device(q, q, q, True, None, "fastest")
+
+
+@pytest.mark.parametrize("cached, started", [(0, True), (3, True), (4, False), (5, False)])
+def test_the_device_timer_compiles_only_what_the_cache_lacks(monkeypatch, cached, started):
+    from fa_sim.contract import cubins
+
+    pool = autotune.candidates(128, True, 4096) + [KernelConfig(head_dim=128)]
+    assert len(pool) == 5
+    have = set(pool[:cached])
+    monkeypatch.setattr(cubins, "is_cached", lambda build: build.config in have)
+    calls = []
+    monkeypatch.setattr(cubins, "compile_many", lambda builds, workers: calls.append(([b.config for b in builds], workers)))
+    timer = object.__new__(autotune.DeviceTimer)
+    timer.causal, timer.arch = True, "sm_90"
+    timer.compile(pool)
+    assert calls == ([(pool[cached:], min(len(pool) - cached, os.cpu_count()))] if started else [])
