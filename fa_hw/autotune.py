@@ -15,10 +15,11 @@ Candidates (`candidates`): static, no timing model. The winners of every shipped
 (fa_hw/tuned/*.json, today the H200's) for this head_dim and causal flag, the nearest size class
 first; the nearest winner's two neighbours (the other kv_stages, 1 or 2, and lazy_sum toggled);
 fa_hw.tuned's heuristic tile (with heavy_first when causal): four to six configs. The
-timing model is not used to prune: ranking one candidate from cold caches costs it about 18 s of
-CPU (three d=64 candidates took 55 s on the 2-core development machine; see the README), while
-compiling a candidate (about 1 s, in parallel, cached on disk) and timing it on the GPU costs well
-under a second, and the GPU's time is the truth the model approximates.
+timing model is not used to prune: on the 2-core development machine, ranking three candidates
+(fa_sim.timing.rank) took 55 s at d=64 and 332 s at d=128 causal from cold caches, and 62 s at
+d=64 again in a new process with every disk cache warm - 20 s or more per candidate, the whole
+15 s budget for one - while compiling a candidate (about 1 s, in parallel, cached on disk) and
+timing it on the GPU costs about a second, and the GPU's time is the truth the model approximates.
 
 Timing (`tune`, with an injectable timer: a function config -> milliseconds): ROUNDS rounds
 round-robin over the candidates (slow drift hits all alike), each a median of CUDA-event-timed
