@@ -19,7 +19,7 @@ reported and never chosen; experiments/bench_hw.py checks the chosen ones agains
 Writes to --out (default $OUT, else experiments/out): <gpu>.json (fa_hw.tuned.Table: ship it as
 fa_hw/tuned/<gpu>.json) and tune_hw.md (every time, per shape and causal flag; the chosen entries;
 per shape, how near the best of the configs fa_hw.autotune would time without this table comes to
-the best of all). Besides fa_hw.tuned's candidates it times the autotuner's (fa_hw.autotune.candidates).
+the best of all). Besides fa_hw.tuned's candidates it times the autotuner's (fa_hw.tuned.autotune_candidates).
 
 Candidates (fa_hw.tuned.CANDIDATES; issue 11, the H200 profiles of experiments/out/device1): the seed tile gives each warp
 16 query rows, one ldmatrix.x4 per two MMAs, and is shared-memory bound (L1/TEX 74 %); 32 rows per
@@ -43,9 +43,9 @@ from pathlib import Path
 
 from bench_hw import ours_timer, rel_err_gpu, sdpa_timers
 from hw_sets import TRAIN, Spread, check_sets, ratios, round_robin
-from fa_hw import autotune, check
+from fa_hw import check
 from fa_hw.runtime import device, device_arch
-from fa_hw.tuned import Entry, Table, gpu_key, size_class
+from fa_hw.tuned import Entry, Table, autotune_candidates, gpu_key, size_class
 from fa_hw.tuned import candidates as tuned_candidates
 from fa_sim.config import KernelConfig
 from fa_sim.contract.nvrtc import nvrtc_version
@@ -56,14 +56,14 @@ QUICK = {32: 3, 64: 3, 128: 3}  # --quick (a smoke run): the first candidates of
 
 def candidates(head_dim: int, causal: bool, quick: bool = False) -> list[KernelConfig]:
     """fa_hw.tuned.candidates (the list and why it is that is there), then those the autotuner
-    would time on a GPU without a table (fa_hw.autotune.candidates, from the shipped tables, for
+    would time on a GPU without a table (fa_hw.tuned.autotune_candidates, from the shipped tables, for
     each size class) that are not among them, so that the report can say how near the autotuner's
     best comes to the best of the full set (`autotune_rows`); cut short for --quick."""
     out = tuned_candidates(head_dim, causal)
     if quick:
         return out[: QUICK.get(head_dim, 0)]
     for nk in SIZE_KEYS:
-        out += [c for c in autotune.candidates(head_dim, causal, nk) if c not in out]
+        out += [c for c in autotune_candidates(head_dim, causal, nk) if c not in out]
     return out
 
 
@@ -72,12 +72,12 @@ SIZE_KEYS = (1024, 4096, 8192)  # one key length per size class of fa_hw.tuned
 
 def autotune_rows(results: dict) -> list[str]:
     """Per shape and causal flag: the fastest of all candidates against the fastest of those the
-    autotuner times (fa_hw.autotune.candidates, from the tables shipped when this runs)."""
+    autotuner times (fa_hw.tuned.autotune_candidates, from the tables shipped when this runs)."""
     lines = ["| B, H, N, d | causal | best of all | ms | best of the autotuner's | ms | slower by |",
              "|---|---|---|---:|---|---:|---:|"]
     for (case, causal), (_, rows) in results.items():
         ok = {r["tag"]: r["ms"] for r in rows if r["ms"] is not None and r["note"] is None}
-        pool = [c.tag for c in autotune.candidates(case[3], causal, case[2]) if c.tag in ok]
+        pool = [c.tag for c in autotune_candidates(case[3], causal, case[2]) if c.tag in ok]
         if not ok or not pool:
             continue
         best, mine = min(ok, key=ok.get), min(pool, key=ok.get)

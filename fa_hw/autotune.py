@@ -1,8 +1,10 @@
 """config="auto" on a GPU without a tuned table: time a few candidates on the GPU once per problem
 class, cache the choice on disk, reuse it in every later process.
 
-    choice = fa_hw.autotune.choose(ProblemClass.of(64, 4096, 4096, 128, True), "NVIDIA H100 80GB HBM3",
-                                   "sm_90", timer_factory)
+    cls = ProblemClass.of(64, 4096, 4096, 128, True)      # batch*heads, Nq, Nk, head_dim, causal
+    config, source = choose(cls, "NVIDIA H100 80GB HBM3", "sm_90", pool, timer_factory,
+                            timing_shape(64, 4096, 4096, 128))
+    # what fa_hw.tuned.device_choice does on a GPU without a table, pool = tuned.autotune_candidates
 
 Problem class: what the fastest config depends on besides the GPU - head_dim, causal, the query and
 key lengths (rounds per CTA, the causal triangle), each rounded up to a power of two, and the work
@@ -11,11 +13,11 @@ MAX_TILES (1024 tiles are about 8 CTAs of 128 rows per SM on a 132-SM GPU: past 
 tail is small and the choice no longer depends on the grid). `ProblemClass.key` names it:
 'd128-causal-q4096-k4096-t1024'.
 
-Candidates (`candidates`): static, no timing model. The winners of every shipped table
-(fa_hw/tuned/*.json, today the H200's) for this head_dim and causal flag, the nearest size class
-first; the nearest winner's two neighbours (the other kv_stages, 1 or 2, and lazy_sum toggled);
-fa_hw.tuned's heuristic tile (with heavy_first when causal): four to six configs. The
-timing model is not used to prune: on the 2-core development machine, ranking three candidates
+Candidates (fa_hw.tuned.autotune_candidates, given to `choose`): static, no timing model. The
+winners of every shipped table (fa_hw/tuned/*.json, today the H200's) for this head_dim and causal
+flag, the nearest size class first; the nearest winner's two neighbours (the other kv_stages, 1 or
+2, and lazy_sum toggled); fa_hw.tuned's heuristic tile (with heavy_first when causal): three to six
+configs. The timing model is not used to prune: on the 2-core development machine, ranking three candidates
 (fa_sim.timing.rank) took 55 s at d=64 and 332 s at d=128 causal from cold caches, and 62 s at
 d=64 again in a new process with every disk cache warm - 20 s or more per candidate, the whole
 15 s budget for one - while compiling a candidate (about 1 s, in parallel, cached on disk) and
@@ -35,7 +37,7 @@ Cache: one JSON file per GPU (its marketing name and exact arch) in the project'
 
     {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "entries": {
       "d128-causal-q4096-k4096-t1024": {"config": {KernelConfig JSON}, "kernel": "<fingerprint>",
-        "timed_shape": [64, 4096, 4096, 128], "times_ms": {"<tag>": 1.02, ...}, "failed": {},
+        "timed_shape": [32, 4096, 4096, 128], "times_ms": {"<tag>": 1.02, ...}, "failed": {},
         "seconds": 3.1}}}
 
 An entry answers only for the kernel source and NVRTC version it was timed with (`fingerprint`):
@@ -64,7 +66,6 @@ from .errors import FaHwError
 CACHE_FORMAT = 1
 MAX_TILES = 1024  # 128-row query tiles past which the class no longer grows (module docstring)
 TILE_ROWS = 128
-MAX_CANDIDATES = 6  # configs timed per class at most
 ROUNDS = 3  # round-robin rounds over the candidates; each candidate's time is the median over them
 WARMUP = 2  # launches before each timed batch (the first launch of a round also loads the module)
 MIN_REPS, MAX_REPS = 3, 20  # timed launches per batch
@@ -72,7 +73,7 @@ BATCH_MS = 60.0  # a batch's target length: reps = BATCH_MS / one launch's time,
 RANDOM_CHUNK = 1 << 22  # random fp16 values generated on the host and repeated to fill an input buffer
 
 Timer = Callable[[KernelConfig], float]  # one batch's median kernel time (ms) of a config
-TimerFactory = Callable[["ProblemClass", tuple[int, int, int, int]], Timer]  # (class, timing_shape) -> Timer
+TimerFactory = Callable[["ProblemClass", tuple, list], Timer]  # (class, timing_shape, candidates) -> Timer
 
 
 def _pow2_ceil(n: int) -> int:
@@ -114,33 +115,6 @@ def timing_shape(batch_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int) 
     return min(int(batch_heads), -(-MAX_TILES // per_head)), int(seqlen_q), int(seqlen_k), int(head_dim)
 
 
-def candidates(head_dim: int, causal: bool, seqlen_k: int, directory=None) -> list[KernelConfig]:
-    """The configs timed for this problem (module docstring): every shipped table's winners for
-    (head_dim, causal), nearest size class first, then the heuristic tile; no duplicates."""
-    from dataclasses import replace
-
-    from . import tuned
-
-    directory = tuned.TUNED_DIR if directory is None else Path(directory)
-    want = tuned.SIZE_CLASSES.index(tuned.size_class(seqlen_k))
-    out: list[KernelConfig] = []
-    for path in sorted(Path(directory).glob("*.json")):
-        table = tuned.Table.load(path)
-        same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
-        same.sort(key=lambda e: (abs(tuned.SIZE_CLASSES.index(e.size) - want), tuned.SIZE_CLASSES.index(e.size)))
-        out += [e.config for e in same]
-    if out:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
-        best = out[0]
-        for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
-            try:
-                out.append(replace(best, **change))
-            except ValueError:  # not a valid config of the family (KernelConfig says why): not timed
-                pass
-    heuristic = tuned.heuristic(head_dim)
-    out.append(replace(heuristic, heavy_first=True) if causal else heuristic)
-    return list(dict.fromkeys(out))[:MAX_CANDIDATES]
-
-
 @dataclass(frozen=True)
 class Tuned:
     """What `tune` measured: the winner, each candidate's median ms, and why any did not run."""
@@ -178,7 +152,7 @@ def tune(configs: list[KernelConfig], timer: Timer, rounds: int = ROUNDS) -> Tun
 
 # ---- the cache -------------------------------------------------------------------------------------
 def cache_path(gpu: str, arch: str) -> Path:
-    from .tuned import gpu_key
+    from .device import gpu_key
 
     return cache_root() / "autotune" / f"{gpu_key(gpu)}-{arch}.json"
 
@@ -228,30 +202,28 @@ def write_cache(path: Path, gpu: str, arch: str, cls: ProblemClass, entry: dict)
     return store_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
 
 
-def choose(cls: ProblemClass, gpu: str, arch: str, timer_factory: TimerFactory,
-           shape: tuple[int, int, int, int], directory=None, kernel: str | None = None):
-    """The cached choice of this GPU and class, else the candidates timed now (and cached).
-    `timer_factory(cls, shape)` is called only when timing is needed. Returns fa_hw.tuned.Choice."""
-    from .tuned import Choice
-
+def choose(cls: ProblemClass, gpu: str, arch: str, pool: list[KernelConfig], timer_factory: TimerFactory,
+           shape: tuple[int, int, int, int], kernel: str | None = None) -> tuple[KernelConfig, str]:
+    """(config, where it came from): the cached choice of this GPU and class, else the best of
+    `pool` timed now (and cached). `timer_factory(cls, shape, pool)` is called only when timing is
+    needed."""
     kernel = fingerprint() if kernel is None else kernel
     path = cache_path(gpu, arch)
     entries, why = read_cache(path)
     config = cached_config(entries, cls, kernel)
     if config is not None:
-        return Choice(config, f"autotuned {cls.key} (cached in {path})")
+        return config, f"autotuned {cls.key} (cached in {path})"
     if not why:
         why = "not tuned yet" if cls.key not in entries else "cache entry stale or malformed"
-    pool = candidates(cls.head_dim, cls.causal, cls.seqlen_k, directory)
     start = time.perf_counter()
-    timer = timer_factory(cls, shape)
+    timer = timer_factory(cls, shape, pool)
     got = tune(pool, timer)
     seconds = time.perf_counter() - start
     entry = {"config": got.config.to_json(), "kernel": kernel, "timed_shape": list(shape), "times_ms": got.times_ms,
              "failed": got.failed, "seconds": round(seconds, 3)}
     stored = write_cache(path, gpu, arch, cls, entry)
-    return Choice(got.config, f"autotuned {cls.key} ({why}: timed {len(pool)} candidates on {shape} in "
-                              f"{seconds:.1f} s; {'cached in ' + str(path) if stored else 'cache not writable'})")
+    return got.config, (f"autotuned {cls.key} ({why}: timed {len(pool)} candidates on {shape} in {seconds:.1f} s; "
+                        f"{'cached in ' + str(path) if stored else 'cache not writable'})")
 
 
 # ---- the GPU backend ---------------------------------------------------------------------------------
@@ -326,11 +298,11 @@ class DeviceTimer:
         return statistics.median(plan.time(self.stream, WARMUP, reps))
 
 
-def device_timer_factory(ptrs: tuple[int, ...] | None = None, stream=None, directory=None) -> TimerFactory:
+def device_timer_factory(ptrs: tuple[int, ...] | None = None, stream=None) -> TimerFactory:
     """A TimerFactory for the current GPU: the candidates compiled in parallel first, then timed on
     `ptrs` (the caller's inputs and outputs) or on random inputs."""
-    def factory(cls: ProblemClass, shape) -> Timer:
+    def factory(cls: ProblemClass, shape, pool) -> Timer:
         timer = DeviceTimer(shape, cls.causal, ptrs, stream)
-        timer.compile(candidates(cls.head_dim, cls.causal, cls.seqlen_k, directory))
+        timer.compile(pool)
         return timer
     return factory

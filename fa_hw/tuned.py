@@ -46,7 +46,7 @@ from pathlib import Path
 
 from fa_sim.config import HEAD_DIMS, KernelConfig
 
-from .device import device, device_arch
+from .device import device, device_arch, gpu_key
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 TABLE_FORMAT = 1
@@ -83,12 +83,6 @@ HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
 def size_class(seqlen_k: int) -> str:
     """'short' (seqlen_k <= 1024), 'medium' (<= 4096) or 'long'."""
     return "short" if seqlen_k <= SHORT_MAX_KEYS else "medium" if seqlen_k <= MEDIUM_MAX_KEYS else "long"
-
-
-def gpu_key(name: str) -> str:
-    """The table's file stem for a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100_sxm4_80gb'."""
-    words = str(name).lower().replace("nvidia", " ").split()
-    return "_".join("".join(c if c.isalnum() else " " for c in " ".join(words)).split())
 
 
 @dataclass(frozen=True)
@@ -239,6 +233,35 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
                                f"{best.kernel_ms:.3f} ms predicted)")
 
 
+MAX_AUTOTUNE_CANDIDATES = 6  # configs fa_hw.autotune times per problem class at most
+
+
+def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: Path = TUNED_DIR) -> list[KernelConfig]:
+    """The configs fa_hw.autotune times for a problem on a GPU without a table (that module's
+    docstring says why these): every shipped table's winners for (head_dim, causal), nearest size
+    class first; the nearest winner with the other kv_stages (1 or 2) and with lazy_sum toggled;
+    the heuristic tile (heavy_first when causal); no duplicates, at most MAX_AUTOTUNE_CANDIDATES."""
+    from dataclasses import replace
+
+    want = SIZE_CLASSES.index(size_class(seqlen_k))
+    out: list[KernelConfig] = []
+    for path in sorted(Path(directory).glob("*.json")):
+        table = Table.load(path)
+        same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
+        same.sort(key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
+        out += [e.config for e in same]
+    if out:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
+        best = out[0]
+        for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
+            try:
+                out.append(replace(best, **change))
+            except ValueError:  # not a valid config of the family (KernelConfig says why): not timed
+                pass
+    tile = heuristic(head_dim)
+    out.append(replace(tile, heavy_first=True) if causal else tile)
+    return list(dict.fromkeys(out))[:MAX_AUTOTUNE_CANDIDATES]
+
+
 def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, batch_heads: int, gpu: str,
                   arch: str, timer_factory, directory: Path = TUNED_DIR, kernel: str | None = None) -> Choice:
     """What "auto" means on a real GPU: its shipped table's entry (as auto_config), else the choice
@@ -257,7 +280,8 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
     heuristic(head_dim)  # an unsupported head_dim is refused before any timing
     cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal)
     shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim)
-    return autotune.choose(cls, gpu, arch, timer_factory, shape, directory, kernel)
+    pool = autotune_candidates(head_dim, bool(causal), seqlen_k, directory)
+    return Choice(*autotune.choose(cls, gpu, arch, pool, timer_factory, shape, kernel))
 
 
 def auto_for_device(head_dim: int, causal: bool, seqlen_k: int, seqlen_q: int | None = None,

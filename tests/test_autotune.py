@@ -38,21 +38,22 @@ class FakeTimer:
 
 
 def factory_of(timer, seen=None):
-    def factory(cls, shape):
+    def factory(cls, shape, pool):
+        assert pool == tuned.autotune_candidates(cls.head_dim, cls.causal, cls.seqlen_k)
         if seen is not None:
             seen.append((cls, shape))
         return timer
     return factory
 
 
-def never(cls, shape):
+def never(cls, shape, pool):
     raise AssertionError(f"timed {cls.key} on {shape}: the choice should have come from a table or the cache")
 
 
 def slowest_first(config):
     """Times under which the LAST candidate of (d=128, causal, Nk 4096) is fastest: the choice comes
     from the times, not the order."""
-    pool = autotune.candidates(128, True, 4096)
+    pool = tuned.autotune_candidates(128, True, 4096)
     return 1.0 + 0.1 * (len(pool) - pool.index(config))
 
 
@@ -78,10 +79,10 @@ def test_the_timed_shape_is_of_the_problems_class(shape):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("nk", [700, 3000, 9000])
 def test_candidates_are_the_shipped_winners_and_their_neighbours(d, causal, nk):
-    got = autotune.candidates(d, causal, nk)
+    got = tuned.autotune_candidates(d, causal, nk)
     h200 = tuned.table_for("NVIDIA H200").lookup(d, causal, tuned.size_class(nk)).config
     assert got[0] == h200  # the H200's winner of this size class first
-    assert 3 <= len(got) <= autotune.MAX_CANDIDATES and len(set(got)) == len(got)
+    assert 3 <= len(got) <= tuned.MAX_AUTOTUNE_CANDIDATES and len(set(got)) == len(got)
     assert all(c.head_dim == d and (causal or not c.heavy_first) for c in got)
     assert any(c.kv_stages != h200.kv_stages and c.block_m == h200.block_m for c in got)
     winners = {e.config for e in tuned.table_for("NVIDIA H200").entries if e.head_dim == d and e.causal == causal}
@@ -124,7 +125,7 @@ def test_a_gpu_with_a_table_uses_the_table(cache):
 def test_first_call_times_the_candidates_and_caches_the_choice(cache):
     seen, timer = [], FakeTimer(slowest_first)
     choice = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(timer, seen), kernel="k1")
-    pool = autotune.candidates(128, True, 4096)
+    pool = tuned.autotune_candidates(128, True, 4096)
     assert choice.config == pool[-1]  # fastest by the timer, though the last candidate
     assert seen == [(autotune.ProblemClass.of(64, 4096, 4096, 128, True), (32, 4096, 4096, 128))]
     assert sorted(set(timer.calls), key=pool.index) == pool and len(timer.calls) == autotune.ROUNDS * len(pool)
@@ -151,7 +152,7 @@ def test_first_call_times_the_candidates_and_caches_the_choice(cache):
 CHILD = """
 import sys
 from fa_hw import tuned
-def never(cls, shape):
+def never(cls, shape, pool):
     raise SystemExit("the second process timed " + cls.key)
 c = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H100 80GB HBM3", "sm_90", never, kernel="k1")
 print(c.config.tag)
@@ -178,7 +179,7 @@ def test_a_damaged_cache_is_timed_again_and_rewritten(cache, damage):
     seen = []
     choice = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(FakeTimer(slowest_first), seen),
                                  kernel="k1")
-    assert len(seen) == 1 and choice.config == autotune.candidates(128, True, 4096)[-1]
+    assert len(seen) == 1 and choice.config == tuned.autotune_candidates(128, True, 4096)[-1]
     assert any(why in choice.source for why in ("cache file damaged", "cache file unreadable", "stale or malformed"))
     entries, why = autotune.read_cache(path)
     assert why == "" and KernelConfig.from_json(entries["d128-causal-q4096-k4096-t1024"]["config"]) == choice.config
@@ -188,7 +189,7 @@ def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "file"))  # a root that cannot be a directory
     choice = tuned.device_choice(64, False, 1000, 1000, 8, *H100, factory_of(FakeTimer(lambda c: 1.0)), kernel="k")
-    assert "cache not writable" in choice.source and choice.config == autotune.candidates(64, False, 1000)[0]
+    assert "cache not writable" in choice.source and choice.config == tuned.autotune_candidates(64, False, 1000)[0]
 
 
 def test_the_fingerprint_follows_the_kernel_source(monkeypatch):
@@ -236,8 +237,8 @@ def test_tune_hw_times_the_autotuners_candidates_and_reports_them(tune_hw):
             timed = tune_hw.candidates(d, causal)
             assert set(tuned.candidates(d, causal)) <= set(timed) and len(set(timed)) == len(timed)
             for nk in (700, 3000, 9000):
-                assert set(autotune.candidates(d, causal, nk)) <= set(timed)
-    pool = [c.tag for c in autotune.candidates(128, True, 4096)]
+                assert set(tuned.autotune_candidates(d, causal, nk)) <= set(timed)
+    pool = [c.tag for c in tuned.autotune_candidates(128, True, 4096)]
     rows = [{"tag": t, "ms": 1.0 + i, "note": None} for i, t in enumerate(pool)]
     rows += [{"tag": "m64n64d128w4-swizzled-hf", "ms": 0.8, "note": None},
              {"tag": "m128n32d128w4-swizzled-s2-hf", "ms": 0.1, "note": "O differs from SDPA-flash: not chosen"}]
@@ -276,7 +277,7 @@ def test_forward_times_the_candidates_on_its_own_inputs(cache, monkeypatch):
     monkeypatch.setattr(tensors, "device_timer_factory", factory)
     q = np.ones((2, 3, 4000, 128), np.float16)
     dev = tensors.to_device(q, q, q, True, None, "auto")
-    assert dev.config == autotune.candidates(128, True, 4096)[-1] and dev.problem.causal
+    assert dev.config == tuned.autotune_candidates(128, True, 4096)[-1] and dev.problem.causal
     assert seen == [((dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), "stream")]
     with pytest.raises(ValueError, match="config must be a KernelConfig, None"):
         tensors.to_device(q, q, q, True, None, "fastest")
@@ -286,7 +287,7 @@ def test_forward_times_the_candidates_on_its_own_inputs(cache, monkeypatch):
 def test_the_device_timer_compiles_only_what_the_cache_lacks(monkeypatch, cached, started):
     from fa_sim.contract import cubins
 
-    pool = autotune.candidates(128, True, 4096) + [KernelConfig(head_dim=128)]
+    pool = tuned.autotune_candidates(128, True, 4096) + [KernelConfig(head_dim=128)]
     assert len(pool) == 5
     have = set(pool[:cached])
     monkeypatch.setattr(cubins, "is_cached", lambda build: build.config in have)
