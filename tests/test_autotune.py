@@ -297,3 +297,66 @@ def test_the_device_timer_compiles_only_what_the_cache_lacks(monkeypatch, cached
     timer.causal, timer.arch = True, "sm_90"
     timer.compile(pool)
     assert calls == ([(pool[cached:], min(len(pool) - cached, os.cpu_count()))] if started else [])
+
+
+def test_the_device_timer_times_a_median_on_the_capped_launch(monkeypatch):
+    """DeviceTimer without a GPU: random inputs fill every buffer (no zeros), the launch is the timed
+    shape as one batch of heads, and a batch's reps follow one launch's time."""
+    import numpy as np
+
+    from fa_hw import runtime
+    from fa_sim.contract import KernelBuild
+
+    memory, copies = {}, []
+
+    class Buf:
+        def __init__(self, nbytes):
+            self.handle = 1 << 20 * (len(memory) + 1)
+            memory[self.handle] = nbytes
+
+    class Stream:
+        handle = 7
+
+        def sync(self):
+            pass
+
+    def copy(dptr, host, nbytes, stream):
+        copies.append((dptr, nbytes))
+        return (0,)
+
+    import cuda.bindings.driver as driver
+
+    monkeypatch.setattr(driver, "cuMemcpyHtoDAsync", copy)
+    monkeypatch.setattr(runtime, "_driver_call", lambda result, what: result)
+    monkeypatch.setattr(runtime, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(runtime, "allocate", lambda nbytes, stream: Buf(nbytes))
+    monkeypatch.setattr(autotune, "RANDOM_CHUNK", 1000)
+    timer = autotune.DeviceTimer((3, 500, 700, 64), True, stream=Stream())
+    q, k, v, o, lse = timer.ptrs
+    assert [memory[p] for p in timer.ptrs] == [2 * 3 * 500 * 64, 2 * 3 * 700 * 64, 2 * 3 * 700 * 64,
+                                              2 * 3 * 500 * 64, 4 * 3 * 500]
+    for p in (q, k, v):  # filled end to end with the random chunk, in chunks of at most 1000 values
+        spans = sorted((d - p, n) for d, n in copies if p <= d < p + memory[p])
+        assert spans[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:]))
+        assert spans[-1][0] + spans[-1][1] == memory[p] and max(n for _, n in spans) == 2000
+    plans = []
+
+    class Plan:
+        @classmethod
+        def make(cls, build, ptrs, problem):
+            plans.append((build, ptrs, problem))
+            return cls()
+
+        def run(self, stream):
+            return 4.0
+
+        def time(self, stream, warmup, reps):
+            plans.append((warmup, reps))
+            return [3.0] * (reps - 1) + [100.0]
+    monkeypatch.setattr(runtime, "LaunchPlan", Plan)
+    cfg = KernelConfig.from_tag("m128n64d64w4-swizzled-s2-hf")
+    assert timer(cfg) == 3.0
+    (build, ptrs, problem), (warmup, reps) = plans
+    assert build == KernelBuild(cfg, True, "sm_90") and ptrs == timer.ptrs
+    assert (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, problem.causal) == (1, 3, 500, 700, True)
+    assert problem.scale == 64 ** -0.5 and warmup == autotune.WARMUP and reps == int(autotune.BATCH_MS / 4.0)
