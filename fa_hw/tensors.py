@@ -15,16 +15,18 @@ family, a positive scale within validate.max_scale, a config of that head_dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from fa_sim import validate
+from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
-from .tuned import is_auto, resolve
+from .autotune import Features, device_timer_factory
+from .tuned import AUTO, is_auto, resolve
 
 
 @dataclass
@@ -67,19 +69,21 @@ class DeviceProblem:
         return o, lse
 
 
-def check(q, k, v, causal, scale, config, window=None, softcap=None) -> tuple[list, str, Problem]:
-    """Every check of fa_sim.validate's policy, in simulate's order, before any device call (only
-    config="auto" asks the GPU, after the shapes and causal are checked): -> (the inputs, their
-    one kind, the Problem)."""
+def check(q, k, v, causal, scale, config, window=None, softcap=None) -> tuple[list, str, Problem, bool]:
+    """Every check of fa_sim.validate's policy, in simulate's order, before any device call: ->
+    (the inputs, their one kind, the Problem, whether config is "auto"). With config="auto" the
+    Problem holds the seed config at the inputs' head_dim until `choose_auto`, after `to_device`,
+    gives it the GPU's choice (which may time candidates on the placed inputs)."""
     inputs = [validate.check_input(x, name) for name, x in zip("qkv", (q, k, v))]  # reads no values yet
     kinds = sorted({validate.kind_of(i.array) for i in inputs})
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
     shapes = [i.shape for i in inputs]
-    if is_auto(config):  # the tuned choice for these shapes on this GPU (fa_hw.tuned)
+    auto = is_auto(config)
+    if auto:  # placed with the seed config, then the GPU's choice (choose_auto)
         validate.check_shapes(*shapes)
-        config = resolve(config, shapes[0], shapes[1], validate.check_causal(causal))
-    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config, window, softcap)
+        config = KernelConfig(head_dim=int(shapes[0][3]))
+    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config, window, softcap), auto
 
 
 def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:
@@ -89,8 +93,22 @@ def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:
     if kind == TORCH and not qh.is_cuda:
         out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
         out.torch_cpu = True
-        return out
-    return {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    else:
+        out = {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    return out
+
+
+def choose_auto(dev: DeviceProblem) -> Problem:
+    """config="auto" for a placed problem (`to_device`): the GPU's choice for its shapes, causal
+    flag and features (fa_hw.tuned.resolve); without a table entry or cached choice the candidates
+    are timed on these very inputs (fa_hw.autotune). dev.problem gets the chosen config."""
+    p = dev.problem
+    ptrs = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr)
+    features = Features.of(p)
+    chosen = resolve(AUTO, (p.batch, p.heads, p.seqlen_q, p.head_dim), (p.batch, p.heads_k, p.seqlen_k, p.head_dim),
+                     p.causal, device_timer_factory(ptrs, dev.stream, features), features)
+    dev.problem = validate.check_launch(replace(p, config=validate.check_config(chosen, p.head_dim)))
+    return dev.problem
 
 
 def _outputs_shape(p: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:

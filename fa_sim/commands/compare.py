@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import stored_file
+from ..config import KernelConfig
 from ..contract import kernel_source, seed_source
 from ..crosscheck import (
     SavedRun,
@@ -190,11 +191,17 @@ def _replay(args):
             kernel)
 
 
-def _launch_config(args, d: int, nk: int):
+def _launch_config(args, d: int, shapes):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
+        from fa_hw.autotune import Features
         from fa_hw.tuned import auto_for_device
 
-        return auto_for_device(d, args.causal, nk).config
+        try:  # the launch's checks (the file's shapes, the features) before any timing
+            plain = problem_of(shapes, args.causal, args.scale, KernelConfig(head_dim=d), **features(args))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return auto_for_device(d, args.causal, plain.seqlen_k, plain.seqlen_q, plain.batch * plain.heads,
+                               Features.of(plain)).config
     return config_from_args(args, head_dim=d)
 
 
@@ -211,7 +218,7 @@ def _launch(args, save: Output | None):
     if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
         refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "
                "Nsight Compute profile and the timing model do not take them)")
-    config = _launch_config(args, d, nk)
+    config = _launch_config(args, d, shapes)
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
         try:

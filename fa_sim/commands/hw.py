@@ -25,6 +25,7 @@ import argparse
 import json
 
 from ..accuracy import measure
+from ..config import KernelConfig
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -71,7 +72,13 @@ def run(args: argparse.Namespace) -> int:
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):
-        choice = auto_for_device(args.head_dim, args.causal, nk)
+        from fa_hw.autotune import Features
+
+        # the launch's checks (the features among them) before any timing; the candidates run its features
+        plain = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale,
+                           KernelConfig(head_dim=args.head_dim), **features(args))
+        choice = auto_for_device(args.head_dim, args.causal, nk, args.seqlen, args.batch * args.heads,
+                                 Features.of(plain))
         config, source = choice.config, choice.source
     else:
         config = config_from_args(args)
