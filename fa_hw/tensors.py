@@ -10,12 +10,15 @@ q [B, H, Nq, d], k and v [B, H, Nk, d]. Accepted kinds, all three alike:
 Validation is fa_sim.validate's, the simulator's own policy and words, run in the tensors' own
 library (on the GPU for device tensors): fp16, or values fp16 holds exactly (anything that would
 round or overflow is refused with the fix), finite, rank 4, matching shapes, a head_dim of the
-family, a positive scale within validate.max_scale, a config of that head_dim.
+family, a positive scale within validate.max_scale, a config of that head_dim. bf16 runs
+(validate.resolve_dtype: dtype="bf16", or bfloat16 inputs): the same in bf16; numpy and cupy
+inputs travel as bf16 bit patterns and O comes back as float32 (the bf16 values, exact), torch
+tensors as torch.bfloat16 both ways.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,33 +56,50 @@ class DeviceProblem:
         return self.problem.scale
 
     def results(self):
-        """(O, LSE) in the caller's kind; for numpy this copies back and synchronises."""
+        """(O, LSE) in the caller's kind; for numpy this copies back and synchronises. A bf16 O is
+        float32 for numpy and cupy (its values, exact), torch.bfloat16 for torch."""
         p = self.problem
         b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
+        bf16 = p.config.dtype == "bf16"
+        if self.kind == CUPY and bf16:
+            import cupy
+
+            return (self.o.astype(cupy.uint32) << 16).view(cupy.float32), self.lse
         if self.kind != NUMPY:
             return self.o, self.lse
-        o = runtime.download(self.o_ptr, np.empty((b, h, nq, d), np.float16), self.stream)
+        o = runtime.download(self.o_ptr, np.empty((b, h, nq, d), np.uint16 if bf16 else np.float16), self.stream)
+        if bf16:
+            o = (o.astype(np.uint32) << np.uint32(16)).view(np.float32)
         lse = runtime.download(self.lse_ptr, np.empty((b, h, nq), np.float32), self.stream)
         if self.torch_cpu:
             import torch
 
-            return torch.from_numpy(o), torch.from_numpy(lse)
+            o = torch.from_numpy(o)
+            return (o.to(torch.bfloat16) if bf16 else o), torch.from_numpy(lse)
         return o, lse
 
 
-def to_device(q, k, v, causal, scale, config) -> DeviceProblem:
-    """Validate (fa_sim.validate), make contiguous fp16, place on the GPU, allocate O and LSE."""
-    qh, kh, vh = (validate.to_fp16(x, name) for name, x in zip("qkv", (q, k, v)))
-    kinds = sorted({validate.kind_of(x) for x in (qh, kh, vh)})
+def to_device(q, k, v, causal, scale, config, dtype=None) -> DeviceProblem:
+    """Validate (fa_sim.validate), make contiguous fp16 (or bf16: `dtype`, validate.resolve_dtype),
+    place on the GPU, allocate O and LSE."""
+    inputs = [validate.check_input(x, name) for name, x in zip("qkv", (q, k, v))]
+    kinds = sorted({validate.kind_of(i.array) for i in inputs})
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
+    shapes = [i.shape for i in inputs]
     if isinstance(config, str):  # "auto": the tuned choice for these shapes on this GPU (fa_hw.tuned)
-        validate.check_shapes(qh.shape, kh.shape, vh.shape)
-        config = resolve(config, qh.shape, kh.shape, validate.check_causal(causal))
-    problem = validate.make_problem(qh.shape, kh.shape, vh.shape, causal, scale, config)
+        validate.check_shapes(*shapes)
+        run = validate.resolve_dtype(inputs, dtype, None)
+        config = replace(resolve(config, shapes[0], shapes[1], validate.check_causal(causal)), dtype=run)
+    run = validate.resolve_dtype(inputs, dtype, config)
+    problem = validate.make_problem(*shapes, causal, scale, config, run)
+    qh, kh, vh = (i.half(run) for i in inputs)
+    if run == "bf16":
+        validate.check_bf16_range([i.max_abs(x, run) for i, x in zip(inputs, (qh, kh, vh))], problem.scale,
+                                  problem.head_dim, problem.seqlen_k)
     kind = kinds[0]
     if kind == TORCH and not qh.is_cuda:
-        out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
+        out = _numpy_problem(*(validate.host_array(x) for x in (qh, kh, vh)), problem)  # bf16: bit patterns
         out.torch_cpu = True
         return out
     return {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
@@ -108,7 +128,7 @@ def _torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     if dev.index not in (None, runtime.device().device_id):
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
     o_shape, lse_shape = _outputs_shape(problem)
-    o = torch.empty(o_shape, dtype=torch.float16, device=dev)
+    o = torch.empty(o_shape, dtype=torch.bfloat16 if problem.config.dtype == "bf16" else torch.float16, device=dev)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
     stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
     ptrs = [x.data_ptr() for x in (qh, kh, vh, o, lse)]
@@ -122,7 +142,7 @@ def _cupy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     if ids != {runtime.device().device_id}:
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the arrays are on {sorted(ids)}")
     o_shape, lse_shape = _outputs_shape(problem)
-    o = cupy.empty(o_shape, dtype=cupy.float16)
+    o = cupy.empty(o_shape, dtype=cupy.uint16 if problem.config.dtype == "bf16" else cupy.float16)
     lse = cupy.empty(lse_shape, dtype=cupy.float32)
     stream = runtime.foreign_stream(cupy.cuda.get_current_stream().ptr)
     ptrs = [x.data.ptr for x in (qh, kh, vh, o, lse)]

@@ -24,6 +24,8 @@ from typing import Iterator
 
 import numpy as np
 
+from .isa.convert import f32_to_bf16_values
+
 NEG_INF = float("-inf")  # a masked score (spec table 4: exp(s(-inf - m)) = 0)
 BLOCK_BYTES = 64 << 20  # float64 scores and weights of one block of query rows
 
@@ -45,11 +47,17 @@ def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             raise ValueError(f"{name} contains NaN or Inf")
 
 
-def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
+def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
+                  dtype: str = "fp16"):
     """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H, Nk, d]: the inputs every command,
-    experiment and test uses, so the same options give the same tensors everywhere."""
+    experiment and test uses, so the same options give the same tensors everywhere. dtype "bf16":
+    the same draws rounded to bf16 (to nearest even), as float32 arrays (numpy has no bf16)."""
     rng = np.random.default_rng(seed)
     shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
+    if dtype == "bf16":
+        return tuple(f32_to_bf16_values(rng.standard_normal(shapes[min(i, 1)]).astype(np.float32)) for i in range(3))
+    if dtype != "fp16":
+        raise ValueError(f"dtype {dtype!r} is not supported; choose fp16 or bf16")
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 

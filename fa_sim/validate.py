@@ -270,6 +270,12 @@ class Input:
                              f"kernel reads {dtype}: convert explicitly ({fix.format(name=name)}) to accept the rounding")
         return h
 
+    def max_abs(self, h, dtype: str) -> float:
+        """The largest |value| of `half(dtype)`'s result h, computed in the array's own library."""
+        if kind_of(h) == TORCH:
+            return float(h.abs().max())
+        return float(self.lib.xp.max(self.lib.xp.abs(self.lib.values(h, dtype))))
+
     def host_fp16(self) -> np.ndarray:
         """fp16, then on the host as a numpy array (the simulator's inputs)."""
         return self.host_half("fp16")
@@ -339,10 +345,11 @@ def resolve_dtype(inputs, dtype=None, config=None) -> str:
     return run
 
 
-def check_bf16_range(q, k, v, scale: float, head_dim: int, seqlen_k: int) -> None:
-    """bf16 values (float32 arrays) against the fp32 range of the kernel's arithmetic (module
-    docstring): one ValueError line naming the bound, before the run."""
-    mq, mk, mv = (float(np.max(np.abs(x))) if x.size else 0.0 for x in (q, k, v))
+def check_bf16_range(maxima, scale: float, head_dim: int, seqlen_k: int) -> None:
+    """bf16 inputs against the fp32 range of the kernel's arithmetic (module docstring), from their
+    largest magnitudes (max|q|, max|k|, max|v|; `Input.max_abs`): one ValueError line naming the
+    bound, before the run."""
+    mq, mk, mv = (float(m) for m in maxima)
     worst = scale * LOG2E * head_dim * mq * mk
     if worst > FP32_MAX / 2:
         raise ValueError(f"bf16 q and k too large for fp32 scores: scale*log2(e)*head_dim*max|q|*max|k| = {worst:.3g} "
@@ -396,21 +403,23 @@ def check_scale(scale, head_dim: int) -> float:
     return s
 
 
-def check_config(config, head_dim: int, dtype: str = "fp16") -> KernelConfig:
+def check_config(config, head_dim: int, dtype: str | None = None) -> KernelConfig:
+    """config (None: the seed at head_dim, in `dtype`) checked against the inputs' head_dim and the
+    run's dtype (None: config's own)."""
     if config is None:
-        return KernelConfig(head_dim=head_dim, dtype=dtype)
+        return KernelConfig(head_dim=head_dim, dtype=dtype or "fp16")
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if config.head_dim != head_dim:
         raise ValueError(f"inputs have head_dim {head_dim} but config.head_dim is {config.head_dim}")
-    if config.dtype != dtype:
+    if dtype is not None and config.dtype != dtype:
         raise ValueError(f"the run is {dtype} but config.dtype is {config.dtype!r}; pass a config with dtype={dtype!r}")
     return config
 
 
-def make_problem(q_shape, k_shape, v_shape, causal, scale, config, dtype: str = "fp16") -> Problem:
+def make_problem(q_shape, k_shape, v_shape, causal, scale, config, dtype: str | None = None) -> Problem:
     """The launch q, k, v of these shapes describe, after every non-value check of the policy;
-    `dtype` is the run's type (`resolve_dtype`)."""
+    `dtype` is the run's type (`resolve_dtype`; None: config's, fp16 without a config)."""
     check_shapes(q_shape, k_shape, v_shape)
     b, h, nq, d = (int(n) for n in q_shape)
     return Problem(b, h, nq, int(k_shape[2]), check_causal(causal), check_scale(scale, d),

@@ -30,8 +30,8 @@ from .common import (
     file_inputs,
     inputs_head_dim,
     problem_shape,
-    random_inputs,
     refuse,
+    run_inputs,
 )
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_figure
@@ -84,7 +84,7 @@ def run(args) -> int:
         check_input_memory(args)
     shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args))
     announce("banks", problem_of(shapes, args.causal, None, base), reference=False, runs=len(layouts))
-    q, k, v = files if files is not None else random_inputs(args)
+    q, k, v = run_inputs(args, base, files)
     reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front)
                for s in layouts}
     (b, h, nq, _), nk = q.shape, k.shape[2]

@@ -188,13 +188,32 @@ def check_input_memory(args) -> None:
                       "lower --batch, --heads, --seqlen or --seqlen-k")
 
 
-def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
-    refused up front when they cannot fit in this machine's memory. Commands call it last, after
-    every check (commands/preflight.py)."""
+def random_inputs(args, dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference; dtype
+    "bf16": rounded to bf16, as float32 arrays), refused up front when they cannot fit in this
+    machine's memory. Commands call it last, after every check (commands/preflight.py)."""
     check_input_memory(args)
     b, h, nq, nk, d = problem_shape(args)
-    return _random_inputs(b, h, nq, nk, d, args.seed)
+    return _random_inputs(b, h, nq, nk, d, args.seed, dtype)
+
+
+def run_inputs(args, config: KernelConfig, files=None) -> tuple:
+    """The run's q, k, v: the --npz arrays (`file_inputs`) or `random_inputs` in config.dtype. A bf16
+    run reads float16 file arrays through their values (exact in float32), so that the input policy
+    takes them when bf16 holds them exactly and names the first value it does not."""
+    if files is None:
+        return random_inputs(args, config.dtype)
+    if config.dtype == "bf16":
+        return tuple(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float16 else x for x in files)
+    return files
+
+
+def check_timing_dtype(config: KernelConfig, what: str) -> None:
+    """The timing model (fa_sim.timing) walks the fp16 kernel's SASS; a bf16 config is refused
+    before any work, naming `what` (issue 38: the SASS walk will take it later)."""
+    if config.dtype != "fp16":
+        raise UsageError(f"{what} does not model --dtype {config.dtype} yet: fa_sim.timing walks the fp16 kernel's "
+                         "SASS; time the fp16 kernel, or measure the bf16 one on the GPU (fa hw --dtype bf16)")
 
 
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------
@@ -246,6 +265,7 @@ def config_options() -> tuple[ConfigOption, ...]:
 
 
 AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
+AUTO_KEEPS = ("head_dim", "dtype")  # the options --config auto takes from the command line (the problem's)
 
 
 def _config_value(text: str) -> str:
@@ -266,8 +286,8 @@ def add_config_arguments(p) -> None:
                                      "m128n64d64w4-swizzled-s2), instead of the options below; or 'auto': the "
                                      "fastest measured config of the GPU for this problem's head_dim, causal flag "
                                      "and size (fa_hw.tuned: the GPU's table, else a documented heuristic), for the "
-                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim the "
-                                     "only config option", "the config options below",
+                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim and "
+                                     "--dtype the only config options", "the config options below",
                                      f"{AUTO_CONFIG} or a tag of KernelConfig.from_tag"))
     for opt in config_options():
         if opt.hint is bool:
@@ -284,7 +304,7 @@ def auto_requested(args) -> bool:
     """True for --config auto, after refusing the config options it chooses (all but --head-dim)."""
     if getattr(args, "config", None) != AUTO_CONFIG:
         return False
-    refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"], "with --config auto, which chooses it")
+    refuse(args, [o.dest for o in config_options() if o.dest not in AUTO_KEEPS], "with --config auto, which chooses it")
     return True
 
 

@@ -18,6 +18,7 @@ kernel's measured time and Nsight Compute's stall reasons beside the timing mode
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -54,8 +55,9 @@ from .common import (
     inputs_head_dim,
     option_name,
     problem_shape,
-    random_inputs,
     refuse,
+    run_inputs,
+    check_timing_dtype,
 )
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
@@ -178,7 +180,7 @@ def _launch_config(args, d: int, nk: int):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
         from fa_hw.tuned import auto_for_device
 
-        return auto_for_device(d, args.causal, nk).config
+        return dataclasses.replace(auto_for_device(d, args.causal, nk).config, dtype=args.dtype)
     return config_from_args(args, head_dim=d)
 
 
@@ -194,6 +196,7 @@ def _launch(args, save: Output | None):
     config = _launch_config(args, d, nk)
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
+        check_timing_dtype(config, "fa compare --timing")
         try:
             timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config)).check(
                 f"--timing at (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk})", "drop --timing or lower the sizes")
@@ -207,7 +210,7 @@ def _launch(args, save: Output | None):
 
     check_launch(config, args.causal, kernel, checkpoints=True)
     announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
-    q, k, v = files if files is not None else random_inputs(args)
+    q, k, v = run_inputs(args, config, files)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel)
     if save is not None:

@@ -17,6 +17,7 @@ do not depend on it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from ..accuracy import measure
@@ -31,7 +32,7 @@ from .common import (
     kernel_from_args,
     problem_head_dim,
     problem_shape,
-    random_inputs,
+    run_inputs,
     seqlen_k,
 )
 from .preflight import announce, problem_of, qkv_shapes
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     source = None
     if auto_requested(args):
         choice = auto_for_device(args.head_dim, args.causal, nk)
-        config, source = choice.config, choice.source
+        config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
         config = config_from_args(args)
     kernel = kernel_from_args(args)
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_input_memory(args)
     check_launch(config, args.causal, kernel)
     announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
-    q, k, v = random_inputs(args)
+    q, k, v = run_inputs(args, config)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
     flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)

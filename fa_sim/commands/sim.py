@@ -40,7 +40,7 @@ from .common import (
     inputs_head_dim,
     kernel_from_args,
     problem_shape,
-    random_inputs,
+    run_inputs,
 )
 from .inputs import HelpFormatter, add_inputs_argument
 from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
@@ -64,9 +64,9 @@ def register(subparsers) -> None:
 
 
 def errors(res: SimResult, q, k, v) -> Accuracy:
-    """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
-    blocks, fa_sim.accuracy), with the cause of anything non-finite."""
-    q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
+    """O and LSE against the float64 reference on the fp16 (bf16: as float32) inputs the kernel saw
+    (streamed in blocks, fa_sim.accuracy), with the cause of anything non-finite."""
+    q, k, v = (np.asarray(x, dtype=np.float16 if res.dtype == "fp16" else np.float32) for x in (q, k, v))
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
 
 
@@ -78,7 +78,7 @@ def _inputs(args, loaded, config, front):
     check_cluster(args.cluster)
     shapes = qkv_shapes(problem_shape(args)) if loaded is None else [np.shape(x) for x in loaded]
     announce("sim", problem_of(shapes, args.causal, args.scale, config), args.mma)
-    return random_inputs(args) if loaded is None else loaded
+    return run_inputs(args, config, loaded)
 
 
 def run(args) -> int:

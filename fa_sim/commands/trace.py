@@ -35,6 +35,7 @@ from .common import (
     problem_shape,
     random_inputs,
     refuse,
+    run_inputs,
 )
 from .inputs import HelpFormatter, add_inputs_argument
 from .outputs import Kind, Output, check_outputs, save_directory, write_text
@@ -132,7 +133,9 @@ def run(args) -> int:
     if inputs is None:  # made after every check (commands/preflight.py)
         check_input_memory(args)
         announce("trace", problem_of(qkv_shapes(problem_shape(args)), args.causal, None, cfg), reference=False)
-        inputs = random_inputs(args)
+        inputs = random_inputs(args, cfg.dtype)
+    else:
+        inputs = run_inputs(args, cfg, inputs)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
     tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
