@@ -1,10 +1,10 @@
-// FlashAttention-2 forward, SM80 instructions (fp16 or bf16 in, fp32 accumulate), header-free for NVRTC.
+// FlashAttention-2 forward, SM80 instructions (fp16 in, fp32 accumulate), header-free for NVRTC.
 //
 // Follows fa_sim/kernels/SCHEDULE.md step by step (the simulator follows the same file) and the
 // spec (docs/walkthrough.md): one Q tile per CTA, grid (ceil(Nq/kBlockM), B*H);
 // Q, K[t], V[t] tiles in shared memory (sQ | sK | sV; sO reuses sQ); cp.async.cg 16-byte copies
 // with zero fill past the sequence end; ldmatrix.x4 (Q, K) and ldmatrix.x4.trans (V); mma.sync
-// m16n8k16 f16 (or bf16) -> f32; quad reductions with shfl.sync.bfly XOR 2 then XOR 1; explicitly rounded
+// m16n8k16 f16 -> f32; quad reductions with shfl.sync.bfly XOR 2 then XOR 1; explicitly rounded
 // fp32 arithmetic (no FMA contraction) so that the simulator can match it bit for bit.
 //
 // Everything shape-like is a compile-time macro set by fa_hw/compile.py from fa_sim.KernelConfig:

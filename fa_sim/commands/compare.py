@@ -194,6 +194,9 @@ def _launch(args, save: Output | None):
     shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
     config = _launch_config(args, d, nk)
+    if save is not None and config.dtype != "fp16":
+        raise UsageError(f"--save records fp16 runs only (fa_sim.saved_run's format holds float16 arrays); this run is "
+                         f"--dtype {config.dtype}: drop --save")
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
         check_timing_dtype(config, "fa compare --timing")
