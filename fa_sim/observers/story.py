@@ -254,7 +254,7 @@ def _section(title: str, slots) -> list[str]:
 SECTIONS = ((Checkpoint.S_ACC, "S accumulated, S(query,key) (tCrS after QK)"),
             (Checkpoint.S_MASKED, "S after masking"),
             (Checkpoint.ROW_MAX, "m (rRowMax, unscaled)"), (Checkpoint.ROW_SUM, "l (rRowSum)"),
-            (Checkpoint.P_F16, "P~ as 16-bit A operand (fp16 or bf16: the config's dtype), P(query,key) (tCrP)"),
+            (Checkpoint.P_F16, "P~ as fp16 A operand, P(query,key) (tCrP)"),  # fp16: the config's dtype
             (Checkpoint.O_ACC, "O accumulator after PV, O(query,d) (tCrO)"),
             (Checkpoint.O_FINAL, "O after division by l"))
 
@@ -280,8 +280,9 @@ def format_story(story: LaneStory) -> str:
     partners = story.partners
     if partners:
         lines.append("shuffle partners: " + ", ".join(f"lane {p}" for p in partners))
+    dtype = config_of(la).dtype
     for ck, title in SECTIONS:
-        lines += _section(title, story.slots(ck))
+        lines += _section(title.replace("fp16", dtype) if ck is Checkpoint.P_F16 else title, story.slots(ck))
     if any(not np.isfinite(sl.value) for sl in story.slots(Checkpoint.S_MASKED)):
         lines.append("kept keys after masking: " + "; ".join(
             f"query {q}: {', '.join(map(str, k)) or 'none'}" for q, k in story.kept_keys().items()))
