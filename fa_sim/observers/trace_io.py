@@ -131,7 +131,18 @@ def load_trace(path: str | Path) -> Trace:
     records = tuple(_load_record(e, a, version) for e in manifest["records"])
     checkpoints = tuple(CheckpointRecord(Checkpoint[c["checkpoint"]], c["round"], a[f"c{i}.cta"], a[f"c{i}.values"])
                         for i, c in enumerate(manifest["checkpoints"]))
-    return Trace(manifest["launch"], TraceFilter.from_json(manifest["filter"]), a["threads"], records, checkpoints)
+    return Trace(_launch(manifest["launch"]), TraceFilter.from_json(manifest["filter"]), a["threads"], records,
+                 checkpoints)
+
+
+def _launch(launch: dict) -> dict:
+    """The launch of an archive with its config's fields complete: a field added since it was written
+    takes its default (KernelConfig.from_json), as the run that wrote it had."""
+    if isinstance(launch.get("config"), dict):
+        from ..config import KernelConfig
+
+        launch = {**launch, "config": KernelConfig.from_json(launch["config"]).to_json()}
+    return launch
 
 
 # -- values as JSON --------------------------------------------------------------------------------
