@@ -203,8 +203,10 @@ def resolve(model) -> FusedDotModel:
         raise ValueError(f"unknown tensor-core model {model!r}; choose one of {sorted(MODELS)}") from None
 
 
-def candidates() -> list[FusedDotModel]:
-    """The model family searched by `fit`."""
+def candidates(operand: str = "f16") -> list[FusedDotModel]:
+    """The model family searched by `fit`, applied to operands of type `operand`."""
+    if operand != "f16":
+        return [m.for_operand(operand) for m in candidates()]
     out = [EXACT]
     for block, bits, rnd, align, nominal in itertools.product(
             (4, 8, 16), (0, 1, 2, 3, 4, 5, 8), Rounding, (Rounding.TOWARD_ZERO, Rounding.DOWN), (False, True)):
@@ -219,11 +221,12 @@ class FitResult:
     total: int
 
 
-def fit(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> list[FitResult]:
-    """Score every candidate against measured d (fp32 [..]) for inputs a, b [.., K], c; best first."""
+def fit(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, operand: str = "f16") -> list[FitResult]:
+    """Score every candidate against measured d (fp32 [..]) for inputs a, b [.., K] (fp16, or bf16
+    values as float32 with operand "bf16"), c; best first."""
     d_bits = np.asarray(d, dtype=np.float32).view(np.uint32)
     scores = []
-    for model in candidates():
+    for model in candidates(operand):
         pred = model.dot_add(a, b, c).view(np.uint32)
         scores.append(FitResult(model, int(np.count_nonzero(pred != d_bits)), int(d_bits.size)))
     return sorted(scores, key=lambda r: r.mismatches)

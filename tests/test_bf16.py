@@ -283,3 +283,38 @@ def test_schedule_options_keep_the_bf16_values():
     for opts in (dict(kv_stages=2, q_in_regs=True), dict(kv_stages=3, defer_pv=True)):
         got = fa_sim.simulate(q, k, v, causal=True, config=KernelConfig(block_m=128, dtype="bf16", **opts))
         assert np.array_equal(_bits(got.o), _bits(want.o)) and np.array_equal(_bits(got.lse), _bits(want.lse)), opts
+
+
+def test_the_mma_probe_fits_models_applied_to_bf16():
+    """fa_sim.calibrate.mma_probe --dtype bf16 (what measures the H200's bf16 MMA on a GPU): its inputs
+    are bf16 values, and `fit` picks out the model that made the outputs among the bf16 candidates;
+    the EXACT and H200 models differ on them, so the recording can tell them apart."""
+    from fa_sim.calibrate import mma_probe
+    from fa_sim.tensorcore import fit
+
+    a, b, c = mma_probe.make_inputs(16, 0, "bf16")
+    assert a.dtype == np.float32 and not (_bits(a) & 0xFFFF).any() and not (_bits(b) & 0xFFFF).any()
+    av, bv, cc = mma_probe.dot_operands(a, b, c)
+    d = H200.for_operand("bf16").dot_add(av, bv, cc)
+    best = fit(av, bv, cc, d, "bf16")[0]
+    assert best.mismatches == 0 and best.model.operand == "bf16"
+    assert (EXACT.for_operand("bf16").dot_add(av, bv, cc) != d).sum() > d.size // 10
+    assert ".f32.bf16.bf16.f32" in mma_probe.probe_source("bf16") and ".bf16" not in mma_probe.probe_source()
+
+
+@pytest.mark.parametrize("model", ["exact", "h200"])
+def test_the_ptx_engines_bf16_mma_is_the_model_element_by_element(model):
+    """The bf16 probe kernel (mma .bf16 from PTX NVRTC emits) on the PTX engine gives, for every output,
+    the tensor-core model applied to bf16 (per element, fa_sim.tensorcore.dot_add)."""
+    from fa_sim.calibrate import mma_probe
+    from fa_sim.ptx import launch
+    from fa_sim.tensorcore import resolve
+
+    a, b, c = mma_probe.make_inputs(24, 1, "bf16")
+    n = a.shape[0]
+    out = np.zeros((n, 16, 8), np.float32)
+    bits = lambda x: (_bits(x) >> np.uint32(16)).astype(np.uint16)  # noqa: E731
+    launch(mma_probe.probe_source("bf16"), grid=(n + 3) // 4, block=128, mma_model=model,
+           args=[bits(a), bits(b), c, out, np.int32(n)])
+    want = resolve(model).for_operand("bf16").dot_add(*mma_probe.dot_operands(a, b, c))
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
