@@ -83,3 +83,18 @@ def test_fa_compare_dtype_bf16(gpu, capsys):
     assert cli.main(["compare", "--dtype", "bf16", "--seqlen", "200", "--seqlen-k", "150", "--causal", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["o"]["dtype"] == "bf16" and report["o"]["fraction_identical"] == 1.0
+
+
+def test_the_h200_model_holds_for_bf16_mmas(gpu):
+    """The GPU's bf16 MMA against the tensor-core models applied to bf16 (fa_sim.calibrate.mma_probe
+    --dtype bf16): the H200 model, fitted on f16 MMAs, must reproduce every output for the tests
+    above to hold; if it does not, `python -m fa_sim.calibrate.mma_probe run --dtype bf16` and `fit`
+    find the member that does."""
+    pytest.importorskip("cupy")
+    from fa_sim.calibrate import mma_probe
+    from fa_sim.tensorcore import H200
+
+    a, b, c = mma_probe.make_inputs(2048, 0, "bf16")
+    d = mma_probe.run_on_gpu(a, b, c, "bf16")
+    want = H200.for_operand("bf16").dot_add(*mma_probe.dot_operands(a, b, c))
+    assert np.count_nonzero(want.view(np.uint32) != d.view(np.uint32)) == 0

@@ -182,8 +182,10 @@ def problem_shape(args) -> tuple[int, int, int, int, int]:
 def check_input_memory(args) -> None:
     """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
-    # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
-    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
+    # the fp16 q, k, v and O (bf16: float32 arrays of bf16 values), plus the float64 draw of the
+    # largest of them (reference.random_inputs)
+    size = 4 if getattr(args, "dtype", "fp16") == "bf16" else 2
+    need = size * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
 
