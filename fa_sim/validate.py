@@ -203,7 +203,14 @@ def round_to_bf16(x):
     """A numpy (or cupy) array rounded to bf16, to nearest even, as float32 values: how a bf16
     input is written without a bf16 dtype (module docstring). NaN stays NaN; beyond BF16_MAX -> inf."""
     xp = _library(kind_of(x)).xp if kind_of(x) == CUPY else np
-    f = xp.asarray(x if kind_of(x) == CUPY else _host(x, "x")).astype(xp.float32)
+    a = xp.asarray(x if kind_of(x) == CUPY else _host(x, "x"))
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = a.astype(xp.float32)
+        if a.dtype.itemsize > 4 or a.dtype.kind in "iu":  # f32 may have rounded: no double rounding -
+            wide = a.astype(xp.float64)  # an f32 that rounded onto a bf16 tie moves one f32 ulp back toward a
+            tie = ((f.view(xp.uint32) & xp.uint32(0xFFFF)) == xp.uint32(0x8000)) & (f.astype(xp.float64) != wide)
+            toward = xp.where(wide > f, xp.float32(xp.inf), xp.float32(-xp.inf))
+            f = xp.where(tie, xp.nextafter(f, toward), f)
     out = _bf16_values(xp, _bf16_bits(xp, f))
     return xp.where(xp.isnan(f), f, out)
 

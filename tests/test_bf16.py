@@ -27,7 +27,7 @@ from fa_sim.contract import KernelBuild
 from fa_sim.crosscheck import CheckpointRecorder
 from fa_sim.isa import mma as isa_mma
 from fa_sim.isa.convert import encode, f32_to_bf16_rn, f32_to_bf16_values, float_to_float
-from fa_sim.isa.rounding import BF16, F32, Rnd
+from fa_sim.isa.rounding import BF16, F32, F64, Rnd
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 from fa_sim.reference import random_inputs
 from fa_sim.tensorcore import EXACT, H200
@@ -318,3 +318,15 @@ def test_the_ptx_engines_bf16_mma_is_the_model_element_by_element(model):
            args=[bits(a), bits(b), c, out, np.int32(n)])
     want = resolve(model).for_operand("bf16").dot_add(*mma_probe.dot_operands(a, b, c))
     np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+def test_round_to_bf16_rounds_once():
+    """float64 values are rounded to bf16 directly, not through a float32 rounding that could land on
+    a bf16 tie: 1 + 2^-8 + 2^-40 is above the tie between 1 and 1 + 2^-7, so it rounds up."""
+    x = np.array([1 + 2.0 ** -8 + 2.0 ** -40, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8 + 2.0 ** -40), np.nan])
+    got = validate.round_to_bf16(x)
+    assert got[:4].tolist() == [1 + 2.0 ** -7, 1.0, 1 + 2 * 2.0 ** -7, -(1 + 2.0 ** -7)] and np.isnan(got[4])
+    rng = np.random.default_rng(2)
+    y = rng.standard_normal(10000)
+    want = float_to_float(y, F64, BF16, Rnd.RN)
+    assert np.array_equal(validate.round_to_bf16(y).astype(np.float64), want)
