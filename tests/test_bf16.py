@@ -330,3 +330,20 @@ def test_round_to_bf16_rounds_once():
     y = rng.standard_normal(10000)
     want = float_to_float(y, F64, BF16, Rnd.RN)
     assert np.array_equal(validate.round_to_bf16(y).astype(np.float64), want)
+
+
+def test_fa_hw_forward_refuses_bad_bf16_input_with_the_simulators_words():
+    """fa_hw.forward checks bf16 inputs before it needs a GPU, in the simulator's words."""
+    import fa_hw
+
+    q, k, v = _inputs(1, 1, 16, 16, 32, seed=1)
+    bad = q.copy()
+    bad[0, 0, 0, 0] = np.float32(1 + 2.0 ** -12)
+    cases = [((bad, k, v), {"dtype": "bf16"}), ((q, k, v), {"dtype": "bf16", "config": KernelConfig(head_dim=32)}),
+             ((q, k, v), {"dtype": "fp8"}), ((q * np.float32(2.0 ** 70), k * np.float32(2.0 ** 70), v), {"dtype": "bf16"})]
+    for args, kw in cases:
+        with pytest.raises(ValueError) as hw:
+            fa_hw.forward(*args, **kw)
+        with pytest.raises(ValueError) as sim:
+            fa_sim.simulate(*args, **kw)
+        assert str(hw.value) == str(sim.value)
