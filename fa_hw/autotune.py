@@ -14,7 +14,8 @@ tail is small and the choice no longer depends on the grid). `ProblemClass.key` 
 'd128-causal-q4096-k4096-t1024'. Issue 38's features (`Features`, fa_sim.problem) are part of the
 class and of every timed launch: grouped-query K/V ('-g4': Q heads per K/V head), a sliding window
 ('-w256_0': its effective sides rounded up to powers of two, 'inf' unbounded) and softcap
-('-softcap': its tanh costs the same for any cap); a launch without them keeps the plain key.
+('-softcap': its tanh costs the same for any cap); so is a bf16 run ('-bf16', KernelConfig.dtype:
+the candidates are timed as bf16 builds). A plain fp16 launch keeps the plain key.
 
 Candidates (fa_hw.tuned.autotune_candidates, given to `choose`): static, no timing model. The
 winners of every shipped table (fa_hw/tuned/*.json, today the H200's) for this head_dim and causal
@@ -57,7 +58,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -90,15 +91,18 @@ def _tiles(batch_heads: int, seqlen_q: int) -> int:
 @dataclass(frozen=True)
 class Features:
     """Issue 38's features of the launch that is tuned (fa_sim.problem.Problem): Q heads per K/V
-    head, the effective window (left, right; -1 unbounded) and the softcap (0: none)."""
+    head, the effective window (left, right; -1 unbounded), the softcap (0: none) and the 16-bit
+    type (KernelConfig.dtype) the candidates are built in."""
 
     kv_group: int = 1
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
+    dtype: str = "fp16"
 
     @classmethod
     def of(cls, problem) -> "Features":
-        return cls(problem.kv_group, (problem.window_left, problem.window_right), problem.softcap)
+        return cls(problem.kv_group, (problem.window_left, problem.window_right), problem.softcap,
+                   problem.config.dtype)
 
     @property
     def plain(self) -> bool:
@@ -111,7 +115,8 @@ class Features:
             return "inf" if n < 0 else str(n and _pow2_ceil(n))
         out = f"-g{self.kv_group}" if self.kv_group != 1 else ""
         out += f"-w{side(self.window[0])}_{side(self.window[1])}" if self.window != (-1, -1) else ""
-        return out + ("-softcap" if self.softcap else "")
+        out += "-softcap" if self.softcap else ""
+        return out + (f"-{self.dtype}" if self.dtype != "fp16" else "")
 
 
 @dataclass(frozen=True)
@@ -288,8 +293,10 @@ class DeviceTimer:
 
         bh, nq, nk, d = self.shape
         bh_k = bh // self.features.kv_group
-        chunk = np.random.default_rng(0).standard_normal(min(RANDOM_CHUNK, bh * max(nq, nk) * d),
-                                                         dtype=np.float32).astype(np.float16)
+        chunk = np.random.default_rng(0).standard_normal(min(RANDOM_CHUNK, bh * max(nq, nk) * d), dtype=np.float32)
+        # 16-bit patterns of the run's type: fp16, or bf16 (the float32's upper half: truncated, still normal)
+        chunk = chunk.astype(np.float16) if self.features.dtype == "fp16" else (chunk.view(np.uint32) >> 16).astype(
+            np.uint16)
         ptrs = []
         for n in (bh * nq * d, bh_k * nk * d, bh_k * nk * d):
             buf = runtime.allocate(2 * n, self.stream)
@@ -331,14 +338,15 @@ class DeviceTimer:
 
         bh, nq, nk, d = self.shape
         f = self.features
-        return Problem(1, bh, nq, nk, self.causal, d ** -0.5, config, heads_k=bh // f.kv_group, window=f.window,
-                       softcap=f.softcap)
+        return Problem(1, bh, nq, nk, self.causal, d ** -0.5, replace(config, dtype=f.dtype), heads_k=bh // f.kv_group,
+                       window=f.window, softcap=f.softcap)
 
     def _build(self, config: KernelConfig):
         from fa_sim.contract import KernelBuild
 
         f = self.features
-        return KernelBuild(config, self.causal, self.arch, kv_group=f.kv_group, window=f.window, softcap=f.softcap)
+        return KernelBuild(replace(config, dtype=f.dtype), self.causal, self.arch, kv_group=f.kv_group,
+                           window=f.window, softcap=f.softcap)
 
     def __call__(self, config: KernelConfig) -> float:
         from .runtime import LaunchPlan

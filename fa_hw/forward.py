@@ -6,11 +6,15 @@
 O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors). Inputs follow
 fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
-fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
-the inputs' head_dim, a KernelConfig or its tag the config it names; config="auto" the fastest
-measured config of this GPU for the problem's head_dim, causal flag and size (fa_hw.tuned: the
-shipped table; on a GPU without one, the candidates fa_hw.autotune times on these very inputs, with
-their features, once per problem class, cached on disk;
+fix (convert explicitly), never a silent conversion. `dtype` ("fp16" or "bf16"; issue 38) picks the
+kernel's 16-bit type: None takes bf16 for bfloat16 inputs (torch.bfloat16), else config.dtype, else
+fp16 (validate.resolve_dtype; fp16 and bf16 inputs mixed is a ValueError); a bf16 run compiles
+fa2_fwd.cu with FA_BF16 and returns O as torch.bfloat16 for torch, float32 (exact) for numpy/cupy.
+config=None means the seed configuration at the inputs' head_dim, a KernelConfig or its tag the
+config it names; config="auto" the fastest measured config of this GPU for the problem's head_dim,
+causal flag and size (fa_hw.tuned: the shipped table; on a GPU without one, the candidates
+fa_hw.autotune times on these very inputs, with their features and dtype, once per problem class,
+cached on disk;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
 uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py. Issue 38's features as
@@ -47,12 +51,13 @@ class HwResult:
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
-            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None, window=None, softcap=None):
+            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None, window=None, softcap=None,
+            dtype: str | None = None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     source = None if kernel is None else kernel_source(kernel)  # checked before any work
-    inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap)  # every check before any device call
+    inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
     dev = to_device(inputs, kind, prob)
     if auto:
@@ -68,12 +73,12 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
-            kernel=None) -> HwResult:
+            kernel=None, dtype: str | None = None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
-                                                  window=window, softcap=softcap)
+                                                  window=window, softcap=softcap, dtype=dtype)
     ms = plan.run(dev.stream)
     checkpoints = None
     if ctas is not None:

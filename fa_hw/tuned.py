@@ -41,7 +41,7 @@ It adds no unmeasured schedule option. The default of fa_hw.forward stays the se
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fa_sim.config import HEAD_DIMS, KernelConfig
@@ -269,7 +269,7 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
     autotuned for this problem class on this GPU - cached on disk, or timed now with
     `timer_factory` (fa_hw.autotune; the timing model is not consulted). `kernel`: the cache's
     fingerprint (fa_hw.autotune.fingerprint, computed when None). `features`: issue 38's
-    grouped-query K/V, window and softcap of the launch (fa_hw.autotune.Features; None: none),
+    grouped-query K/V, window, softcap and dtype of the launch (fa_hw.autotune.Features; None: none),
     which the autotuned class and its timed launches carry (a shipped table answers as for the plain
     kernel: it was measured without them)."""
     from . import autotune
@@ -278,15 +278,16 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
     size = size_class(seqlen_k)
     table = table_for(gpu, directory)
     entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
-    if entry is not None:
+    if entry is not None:  # in the run's dtype (the tables hold fp16 configs)
         exact = "" if entry.size == size else f", nearest to {size}"
-        return Choice(entry.config, f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, "
-                                    f"{entry.size}{exact})")
+        return Choice(replace(entry.config, dtype=feats.dtype),
+                      f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, {entry.size}{exact})")
     heuristic(head_dim)  # an unsupported head_dim is refused before any timing
     cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal, feats)
     shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim, feats.kv_group)
     pool = autotune_candidates(head_dim, bool(causal), seqlen_k, directory)
-    return Choice(*autotune.choose(cls, gpu, arch, pool, timer_factory, shape, kernel))
+    config, source = autotune.choose(cls, gpu, arch, pool, timer_factory, shape, kernel)
+    return Choice(replace(config, dtype=feats.dtype), source)  # timed as feats.dtype builds
 
 
 def auto_for_device(head_dim: int, causal: bool, seqlen_k: int, seqlen_q: int | None = None,

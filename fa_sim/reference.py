@@ -24,6 +24,9 @@ from typing import Iterator
 
 import numpy as np
 
+from .isa.convert import f32_to_bf16_values
+from .messages import quoted
+
 NEG_INF = float("-inf")  # a masked score (spec table 4: exp(s(-inf - m)) = 0)
 TANH_ABS_ERR = 2.0 ** -22  # fa2_fwd.cu's softcap tanh (tanh_ex2) against float64: measured at most 1.2e-7
 BLOCK_BYTES = 64 << 20  # float64 scores and weights of one block of query rows
@@ -60,11 +63,12 @@ def _check_grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, in
 
 
 def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
-                  heads_k: int | None = None):
+                  heads_k: int | None = None, dtype: str = "fp16"):
     """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H_k, Nk, d] (H_k = heads_k, default
     H): the inputs every command, experiment and test uses, so the same options give the same
     tensors everywhere. Sizes are integers >= 1, heads_k one that divides heads, and seed an
-    integer >= 0 (fa_sim.validate's words)."""
+    integer >= 0 (fa_sim.validate's words). dtype "bf16": the same draws rounded to bf16 (to
+    nearest even), as float32 arrays (numpy has no bf16)."""
     from .problem import check_heads_k
     from .validate import check_count, check_head_dim
 
@@ -74,8 +78,12 @@ def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim
     heads_k = check_heads_k(heads_k, heads)
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
+    if dtype not in ("fp16", "bf16"):
+        raise ValueError(f"dtype {quoted(dtype)} is not supported; choose fp16 or bf16")
     rng = np.random.default_rng(seed)
     shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads_k, seqlen_k, head_dim))
+    if dtype == "bf16":
+        return tuple(f32_to_bf16_values(rng.standard_normal(shapes[min(i, 1)]).astype(np.float32)) for i in range(3))
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 

@@ -192,5 +192,6 @@ def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, waves: 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     for wave in waves:
-        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, spec.mma_model, labels)
+        model = spec.mma_model.for_operand("bf16" if cfg.dtype == "bf16" else "f16")  # the MMAs' A and B type
+        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
         flash_fwd(m, prob, ptr, front.mutation, on_round=on_rounds)

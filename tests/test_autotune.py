@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,19 @@ def test_a_gpu_with_a_table_uses_the_table(cache):
     other = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H200", "sm_100",
                                 factory_of(FakeTimer(lambda c: 1.0), seen), kernel="k")
     assert "autotuned" in other.source and len(seen) == 1
+
+
+def test_a_bf16_run_is_chosen_and_timed_in_bf16(cache):
+    bf16 = autotune.Features(dtype="bf16")
+    choice = tuned.device_choice(128, True, 4096, 4096, 64, "NVIDIA H200", "sm_90", never, kernel="k", features=bf16)
+    assert choice.config == replace(tuned.table_for("NVIDIA H200").lookup(128, True, "medium").config, dtype="bf16")
+    seen = []
+    other = tuned.device_choice(128, True, 4096, 4096, 64, *H100, factory_of(FakeTimer(slowest_first), seen),
+                                kernel="k", features=bf16)
+    assert other.config == replace(tuned.autotune_candidates(128, True, 4096)[-1], dtype="bf16")
+    assert seen[0][0].key == "d128-causal-q4096-k4096-t1024-bf16"
+    again = tuned.device_choice(128, True, 4096, 4096, 64, *H100, never, kernel="k", features=bf16)
+    assert again.config == other.config and "cached" in again.source  # its own class in the cache
 
 
 def test_first_call_times_the_candidates_and_caches_the_choice(cache):
@@ -401,3 +415,10 @@ def test_the_device_timer_times_a_median_on_the_capped_launch(monkeypatch):
     assert build == KernelBuild(cfg, True, "sm_90", kv_group=3, window=(40, -1), softcap=20.0)
     assert (problem.heads, problem.heads_k, problem.window, problem.softcap) == (3, 1, (40, -1), 20.0)
     assert build == KernelBuild.of(problem, "sm_90")
+    # a bf16 run: the candidates are built and launched as bf16, on bf16 random inputs
+    copies.clear()
+    timer = autotune.DeviceTimer((3, 500, 700, 64), True, stream=Stream(), features=autotune.Features(dtype="bf16"))
+    plans.clear()
+    assert timer(cfg) == 3.0
+    (build, ptrs, problem), _ = plans
+    assert build == KernelBuild(replace(cfg, dtype="bf16"), True, "sm_90") and problem.config.dtype == "bf16"

@@ -228,6 +228,21 @@ def test_cli_refuses_in_one_line(argv, fragment, capsys):
     assert status == 2 and fragment in err and len(err.splitlines()) == 1, err
 
 
+def test_bf16_runs_the_features():
+    """bf16 (KernelConfig.dtype) with GQA and a window: both front ends bit for bit; with softcap too
+    (the PTX engine): O and LSE within their bf16 bounds against float64."""
+    from fa_sim.reference import random_inputs
+
+    q, k, v = random_inputs(1, 4, 70, 90, 64, seed=1, heads_k=2, dtype="bf16")
+    runs = [simulate(q, k, v, causal=True, dtype="bf16", engine=e, window=(20, 5), workers=1) for e in ("ptx", "program")]
+    assert runs[0].config.dtype == "bf16" and runs[0].o.dtype == np.float32
+    assert np.array_equal(runs[0].o.view(np.uint32), runs[1].o.view(np.uint32))
+    assert np.array_equal(runs[0].lse.view(np.uint32), runs[1].lse.view(np.uint32))
+    res = simulate(q, k, v, dtype="bf16", window=(20, 5), softcap=15.0, workers=1)
+    acc = measure(res.o, res.lse, q, k, v, False, res.scale, res.config, window=(20, 5), softcap=15.0)
+    assert acc.ok and acc.rel_err_o > 1e-3  # held to the bf16 bound (fp16's 1e-3 would fail)
+
+
 def test_cli_runs_the_features(capsys):
     status = main(["sim", "--heads", "2", "--heads-k", "1", "--seqlen", "70", "--window", "-1,0", "--softcap", "20",
                    "--workers", "1", "--json"])

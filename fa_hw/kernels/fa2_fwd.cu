@@ -13,6 +13,8 @@
 //   FA_SWZ_B FA_SWZ_M FA_SWZ_S                     Swizzle<B,M,S> of the row-major offset (B=0: none)
 //   FA_SK_OFFSET FA_SV_OFFSET                      byte offsets of sK and sV (sQ at 0)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
+//   FA_BF16                                        bf16 q, k, v and o (KernelConfig.dtype): mma .bf16,
+//                                                  P and O packed by cvt.rn.bf16x2.f32; 0: fp16
 //   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
 //   FA_SOFTMAX_FFMA                                the exp2 argument as one FFMA (diagnostic form,
 //                                                  KernelConfig.softmax = "ffma"); 0: FMUL then FSUB
@@ -110,6 +112,14 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_SOFTMAX_FFMA
 #define FA_SOFTMAX_FFMA 0
+#endif
+#ifndef FA_BF16
+#define FA_BF16 0
+#endif
+#if FA_BF16  // the 16-bit type of q, k, v, P and o in the PTX type names below
+#define FA_HALF "bf16"
+#else
+#define FA_HALF "f16"
 #endif
 #ifndef FA_KV_STAGES
 #define FA_KV_STAGES 1
@@ -235,18 +245,20 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32.
+// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32
+// (FA_BF16: bf16x2 operands).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32." FA_HALF "." FA_HALF ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi.
+// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi (FA_BF16:
+// cvt.rn.bf16x2.f32, the same order).
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
   u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn." FA_HALF "x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 __device__ __forceinline__ u32 lds32(u32 addr) {

@@ -39,8 +39,8 @@ from .common import (
     heads_k,
     inputs_head_dim,
     problem_shape,
-    random_inputs,
     refuse,
+    run_inputs,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -134,7 +134,7 @@ def run(args) -> int:
     except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
         raise UsageError(str(exc)) from None
     announce("banks", prob, reference=False, runs=len(layouts))
-    q, k, v = files if files is not None else random_inputs(args)
+    q, k, v = run_inputs(args, base, files)
     reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args))
                for s in layouts}
     (b, h, nq, _), nk = q.shape, k.shape[2]

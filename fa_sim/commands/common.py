@@ -239,19 +239,40 @@ def problem_shape(args) -> tuple[int, int, int, int, int]:
 def check_input_memory(args) -> None:
     """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
-    # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
-    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)  # (an upper bound with --heads-k)
+    # the fp16 q, k, v and O (bf16: float32 arrays of bf16 values), plus the float64 draw of the
+    # largest of them (reference.random_inputs); an upper bound with --heads-k
+    size = 4 if getattr(args, "dtype", "fp16") == "bf16" else 2
+    need = size * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
 
 
-def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
-    refused up front when they cannot fit in this machine's memory. Commands call it last, after
-    every check (commands/preflight.py)."""
+def random_inputs(args, dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference; dtype
+    "bf16": rounded to bf16, as float32 arrays), refused up front when they cannot fit in this
+    machine's memory. Commands call it last, after every check (commands/preflight.py)."""
     check_input_memory(args)
     b, h, nq, nk, d = problem_shape(args)
-    return _random_inputs(b, h, nq, nk, d, args.seed, heads_k=heads_k(args))
+    return _random_inputs(b, h, nq, nk, d, args.seed, heads_k=heads_k(args), dtype=dtype)
+
+
+def run_inputs(args, config: KernelConfig, files=None) -> tuple:
+    """The run's q, k, v: the --npz arrays (`file_inputs`) or `random_inputs` in config.dtype. A bf16
+    run reads float16 file arrays through their values (exact in float32), so that the input policy
+    takes them when bf16 holds them exactly and names the first value it does not."""
+    if files is None:
+        return random_inputs(args, config.dtype)
+    if config.dtype == "bf16":
+        return tuple(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float16 else x for x in files)
+    return files
+
+
+def check_timing_dtype(config: KernelConfig, what: str) -> None:
+    """The timing model (fa_sim.timing) walks the fp16 kernel's SASS; a bf16 config is refused
+    before any work, naming `what` (issue 38: the SASS walk will take it later)."""
+    if config.dtype != "fp16":
+        raise UsageError(f"{what} does not model --dtype {config.dtype} yet: fa_sim.timing walks the fp16 kernel's "
+                         "SASS; time the fp16 kernel, or measure the bf16 one on the GPU (fa hw --dtype bf16)")
 
 
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------
@@ -303,6 +324,7 @@ def config_options() -> tuple[ConfigOption, ...]:
 
 
 AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
+AUTO_KEEPS = ("head_dim", "dtype")  # the options --config auto takes from the command line (the problem's)
 
 
 def _config_value(text: str) -> str:
@@ -323,8 +345,8 @@ def add_config_arguments(p) -> None:
                                      "m128n64d64w4-swizzled-s2), instead of the options below; or 'auto': the "
                                      "fastest measured config of the GPU for this problem's head_dim, causal flag "
                                      "and size (fa_hw.tuned: the GPU's table, else a documented heuristic), for the "
-                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim the "
-                                     "only config option", "the config options below",
+                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim and "
+                                     "--dtype the only config options", "the config options below",
                                      f"{AUTO_CONFIG} or a tag of KernelConfig.from_tag"))
     for opt in config_options():
         if opt.hint is bool:
@@ -341,7 +363,7 @@ def auto_requested(args) -> bool:
     """True for --config auto, after refusing the config options it chooses (all but --head-dim)."""
     if getattr(args, "config", None) != AUTO_CONFIG:
         return False
-    refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"], "with --config auto, which chooses it")
+    refuse(args, [o.dest for o in config_options() if o.dest not in AUTO_KEEPS], "with --config auto, which chooses it")
     return True
 
 

@@ -64,9 +64,10 @@ from .common import (
     inputs_head_dim,
     option_name,
     problem_shape,
-    random_inputs,
     refuse,
     refuse_features,
+    run_inputs,
+    check_timing_dtype,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
@@ -197,11 +198,12 @@ def _launch_config(args, d: int, shapes):
         from fa_hw.tuned import auto_for_device
 
         try:  # the launch's checks (the file's shapes, the features) before any timing
-            plain = problem_of(shapes, args.causal, args.scale, KernelConfig(head_dim=d), **features(args))
+            plain = problem_of(shapes, args.causal, args.scale, KernelConfig(head_dim=d, dtype=args.dtype),
+                               **features(args))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         return auto_for_device(d, args.causal, plain.seqlen_k, plain.seqlen_q, plain.batch * plain.heads,
-                               Features.of(plain)).config
+                               Features.of(plain)).config  # in --dtype: the candidates were timed in it
     return config_from_args(args, head_dim=d)
 
 
@@ -219,8 +221,12 @@ def _launch(args, save: Output | None):
         refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "
                "Nsight Compute profile and the timing model do not take them)")
     config = _launch_config(args, d, shapes)
+    if save is not None and config.dtype != "fp16":
+        raise UsageError(f"--save records fp16 runs only (fa_sim.saved_run's format holds float16 arrays); this run is "
+                         f"--dtype {config.dtype}: drop --save")
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
+        check_timing_dtype(config, "fa compare --timing")
         try:
             timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config)).check(
                 f"--timing at (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk})", "drop --timing or lower the sizes")
@@ -238,7 +244,7 @@ def _launch(args, save: Output | None):
     except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
         raise UsageError(str(exc)) from None
     announce("compare", prob, SIM_MMA, reference=False)
-    q, k, v = files if files is not None else random_inputs(args)
+    q, k, v = run_inputs(args, config, files)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel, **features(args))
     if save is not None:

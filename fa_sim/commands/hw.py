@@ -39,7 +39,7 @@ from .common import (
     kernel_from_args,
     problem_head_dim,
     problem_shape,
-    random_inputs,
+    run_inputs,
     seqlen_k,
 )
 from .backward import add_backward_arguments
@@ -74,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if auto_requested(args):
         from fa_hw.autotune import Features
 
-        # the launch's checks (the features among them) before any timing; the candidates run its features
+        # the launch's checks (the features among them) before any timing; the candidates run its
+        # features and dtype (the choice comes back in --dtype)
         plain = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale,
-                           KernelConfig(head_dim=args.head_dim), **features(args))
+                           KernelConfig(head_dim=args.head_dim, dtype=args.dtype), **features(args))
         choice = auto_for_device(args.head_dim, args.causal, nk, args.seqlen, args.batch * args.heads,
                                  Features.of(plain))
         config, source = choice.config, choice.source
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     check_launch(config, args.causal, kernel)
     prob = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale, config, **features(args))
     announce("hw", prob, simulation=False)
-    q, k, v = random_inputs(args)
+    q, k, v = run_inputs(args, config)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args))
     acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config,
                   window=args.window, softcap=args.softcap or 0.0)

@@ -52,7 +52,7 @@ from .common import (
     inputs_head_dim,
     kernel_from_args,
     problem_shape,
-    random_inputs,
+    run_inputs,
 )
 from . import UsageError
 from .backward import add_backward_arguments
@@ -79,9 +79,9 @@ def register(subparsers) -> None:
 
 
 def errors(res: SimResult, q, k, v, window=None, softcap=None) -> Accuracy:
-    """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
-    blocks, fa_sim.accuracy), with the cause of anything non-finite."""
-    q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
+    """O and LSE against the float64 reference on the fp16 (bf16: as float32) inputs the kernel saw
+    (streamed in blocks, fa_sim.accuracy), with the cause of anything non-finite."""
+    q, k, v = (np.asarray(x, dtype=np.float16 if res.dtype == "fp16" else np.float32) for x in (q, k, v))
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config, window=window, softcap=softcap or 0.0)
 
 
@@ -97,7 +97,7 @@ def _inputs(args, loaded, config, front):
     except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
         raise UsageError(str(exc)) from None
     announce("sim", prob, args.mma)
-    return random_inputs(args) if loaded is None else loaded
+    return run_inputs(args, config, loaded)
 
 
 def run(args) -> int:

@@ -19,6 +19,7 @@ instruction issue on one SM as a timeline (Perfetto, chrome://tracing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ from .common import (
     check_scale,
     config_from_args,
     kernel_from_args,
+    check_timing_dtype,
     problem_head_dim,
     refuse_features,
     seqlen_k,
@@ -108,9 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
         gpu = GPUS[args.gpu]
         choice = auto_config(d, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch)
-        config, source = choice.config, choice.source
+        config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
         config = config_from_args(args, head_dim=d)
+    check_timing_dtype(config, "fa time")
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)

@@ -44,6 +44,7 @@ from .common import (
     problem_shape,
     random_inputs,
     refuse,
+    run_inputs,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -158,7 +159,9 @@ def run(args) -> int:
         check_input_memory(args)
         announce("trace", problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, None, cfg,
                                      **features(args)), reference=False)
-        inputs = random_inputs(args)
+        inputs = random_inputs(args, cfg.dtype)
+    else:
+        inputs = run_inputs(args, cfg, inputs)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
     tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front, **features(args))
     st = story.lane_story(tr, args.cta, warp, lane, args.round)

@@ -24,7 +24,7 @@ from .source import SEED_NAME, KernelSource, seed_source
 #: Macro values a kernel may ignore without changing what it computes: the spec's schedule.
 NEUTRAL_MACROS = {"FA_KV_STAGES": 1, "FA_Q_IN_REGS": 0, "FA_HEAVY_FIRST": 0, "FA_DEFER_PV": 0,
                   "FA_SOFTMAX_FFMA": 0, "FA_MIN_BLOCKS": None,
-                  "FA_POLY_EXP": 0, "FA_LAZY_SUM": 0, "FA_PINGPONG": 0}
+                  "FA_POLY_EXP": 0, "FA_LAZY_SUM": 0, "FA_PINGPONG": 0, "FA_BF16": 0}
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class KernelBuild:
                    FA_SOFTMAX_FFMA=int(cfg.softmax is SoftmaxForm.FFMA), FA_KV_STAGES=cfg.kv_stages,
                    FA_Q_IN_REGS=int(cfg.q_in_regs), FA_HEAVY_FIRST=int(cfg.heavy_first),
                    FA_DEFER_PV=int(cfg.defer_pv), FA_POLY_EXP=cfg.poly_exp,
-                   FA_LAZY_SUM=int(cfg.lazy_sum), FA_PINGPONG=int(cfg.pingpong))
+                   FA_LAZY_SUM=int(cfg.lazy_sum), FA_PINGPONG=int(cfg.pingpong),
+                   FA_BF16=int(cfg.dtype == "bf16"))
         if self.kv_group != 1:
             out["FA_KV_GROUP"] = int(self.kv_group)
         if self.window[0] >= 0:

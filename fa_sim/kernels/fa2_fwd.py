@@ -38,7 +38,7 @@ import numpy as np
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
 from ..gemm import BlockedValueOperand, LdsmOperand, RegisterOperand, mma_chain
-from ..isa.convert import f32_to_f16_rn, f32_to_f16_values
+from ..isa.convert import f32_to_half_rn, f32_to_half_values
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..layout import Operand
@@ -350,16 +350,16 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
     late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
-    tCrP = _p_values(m, S, p_cols, late_pv)  # by column
+    tCrP = _p_values(m, S, p_cols, late_pv, cfg.dtype)  # by column
     if tCrP is None:
         p = from_columns(p_cols, tCrS.shape[:3])  # [k, W, L, NJ, MI, 4] f32
-        tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
+        tCrP = f32_to_half_rn(p, cfg.dtype).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2 (bf16x2): (c0,c1), (c2,c3); NaN -> 0x7fff
         m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
         m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
     else:
         m.count(S.convert_p)  # no observer wants its registers (_p_values)
         m.checkpoint(Checkpoint.P_F16,
-                     lambda: _thread_words(f32_to_f16_rn(from_columns(p_cols, tCrS.shape[:3])).view(np.uint32)))
+                     lambda: _thread_words(f32_to_half_rn(from_columns(p_cols, tCrS.shape[:3]), cfg.dtype).view(np.uint32)))
     acc = st.tCrO[:k]
     d = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv, out=acc)
     if d is not acc:
@@ -367,14 +367,14 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
 
 
-def _p_values(m: Machine, S, p_cols: np.ndarray, late_pv: Callable | None) -> np.ndarray | None:
-    """P~'s f16 values as float32 by column [NJ, 2, MI, 2, k*W*L] when nothing observes the
+def _p_values(m: Machine, S, p_cols: np.ndarray, late_pv: Callable | None, dtype: str) -> np.ndarray | None:
+    """P~'s f16 (bf16: `dtype`) values as float32 by column [NJ, 2, MI, 2, k*W*L] when nothing observes the
     conversion or the PV GEMM and no wait sits inside it: the chain then reads them with no f16
     decoding, straight from this layout, and no f16x2 word is built. None otherwise, or when P~
     holds a NaN (its bits matter)."""
     if late_pv is not None or m.observed(S.convert_p, *S.ldsm_v, *S.mma_pv):
         return None
-    return f32_to_f16_values(p_cols)
+    return f32_to_half_values(p_cols, dtype)
 
 
 def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarray]:
@@ -400,7 +400,7 @@ def epilogue(m: Machine, wv: _Wave, st: _State) -> None:
     m.round = ROUND_EPILOGUE
     m.set_live(c)
     tCrO, lse = _normalize(m, wv, st)
-    rO = f32_to_f16_rn(tCrO).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2; NaN -> 0x7fff as cvt.rn does
+    rO = f32_to_half_rn(tCrO, cfg.dtype).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2 (bf16x2); NaN -> 0x7fff as cvt.rn does
     m.reg(S.epilogue[Step.CONVERT_O], {"tCrO": tCrO}, {"rO": rO})
     m.st_shared(S.sts_o, plan.sts_o.smem, rO.reshape(*rO.shape[:3], -1, 1), "rO")
     if Site.BAR_EPILOGUE not in wv.mut.drop:
