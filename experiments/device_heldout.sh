@@ -2,7 +2,8 @@
 # Issue 19's GPU work on the H200 (held-out tuning and the lazy_sum / poly_exp options), in steps:
 #   info      GPU, driver, arch
 #   tune      experiments/tune_hw.py on the TRAINING shapes (experiments/hw_sets.py), 3 round-robin runs
-#             -> $OUT/h200.json (ship as fa_hw/tuned/h200.json) and $OUT/tune_hw.md
+#             -> $OUT/<gpu>.json (ship as fa_hw/tuned/<gpu>.json: h200.json, h100_80gb_hbm3.json) and
+#             $OUT/tune_hw.md; it stops at once unless the GPU is $GPU_NAME (default "NVIDIA H200")
 #   bench     experiments/bench_hw.py on the held-out TEST shapes with config="auto" from that table,
 #             3 runs, SDPA-flash and cuDNN beside, every output against float64 -> bench_hw_test.md/.json
 #   benchtrain  the same on the training shapes (in-sample, for comparison) -> bench_hw_train.md
@@ -12,6 +13,7 @@
 #   sanitize  compute-sanitizer racecheck and memcheck (the pipelined builds and the new options)
 #
 #   STEPS="info tune bench ncu" bash experiments/device_heldout.sh      # results in $OUT
+#   GPU_NAME="NVIDIA H100 80GB HBM3" STEPS="info tune bench" TUNE_S=300 bash experiments/device_heldout.sh
 set -u
 OUT=${OUT:-experiments/out}
 mkdir -p "$OUT"
@@ -51,7 +53,7 @@ ncu_run() {  # the profiled process under ncu; without the extra metrics if ncu 
 
 for s in $STEPS; do case $s in
   info) step info 30 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'" ;;
-  tune) TAIL=40 step tune ${TUNE_S:-200} python experiments/tune_hw.py --out "$OUT" ;;
+  tune) TAIL=40 step tune ${TUNE_S:-200} python experiments/tune_hw.py --gpu-name "${GPU_NAME:-NVIDIA H200}" --out "$OUT" ;;
   bench) TAIL=30 step bench ${BENCH_S:-150} python experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "${TUNED:-$OUT}" ;;
   benchtrain) TAIL=30 step benchtrain 150 python experiments/bench_hw.py --set train --out "$W/train" --tuned-dir "${TUNED:-$OUT}"
     cp "$W/train/bench_hw_train.md" "$OUT/" 2>/dev/null ;;

@@ -59,7 +59,7 @@ ncu_run() {  # the profiled process under ncu; without the extra metrics if ncu 
 for s in $STEPS; do case $s in
   info) step info 30 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c 'import fa_hw; print(fa_hw.device_arch())'; ls \$FLASHSIM_CACHE/cubin 2>/dev/null | wc -l" ;;
   warm) TAIL=2 step warm 120 python experiments/kernel_builds.py --workers 16 ;;
-  tune) TAIL=8 step tune 150 python experiments/tune_hw.py --out "$OUT" ;;
+  tune) TAIL=8 step tune 150 python experiments/tune_hw.py --gpu-name "${GPU_NAME:-NVIDIA H200}" --out "$OUT" ;;
   bench) TAIL=20 step bench 120 python experiments/bench_hw.py --out "$W/bench" --tuned-dir "$OUT"
     cp "$W/bench/bench_hw.md" "$W/bench/bench_hw.json" "$OUT/" 2>/dev/null ;;
   ncu) TAIL=30 step ncu 110 bash -c "$(declare -f ncu_run); W=$W OUT=$OUT NCU=$NCU; ncu_run" ;;

@@ -1,6 +1,10 @@
 """Time candidate kernel configs on the GPU and write the table that config="auto" reads (fa_hw.tuned).
 
-    python experiments/tune_hw.py [--out DIR] [--runs 3] [--warmup 5] [--reps 20] [--cases 0 3] [--quick]
+    python experiments/tune_hw.py --gpu-name "NVIDIA H100 80GB HBM3" [--out DIR] [--runs 3] [--warmup 5]
+                                  [--reps 20] [--cases 0 3] [--quick]
+
+--gpu-name (required) is the GPU the table is for, as the driver names it; on any other GPU the run
+stops before anything is timed (a table is named by the GPU it ran on: <gpu_key>.json).
 
 For each TRAINING shape (experiments/hw_sets.py TRAIN; the held-out TEST set is never timed here)
 and causal flag, SDPA-flash and every candidate of that head_dim (`candidates`) are timed in --runs
@@ -13,7 +17,9 @@ SANITY_REL_ERR (a broken build, not rounding: the two differ by ~4e-4 in the rec
 reported and never chosen; experiments/bench_hw.py checks the chosen ones against float64.
 
 Writes to --out (default $OUT, else experiments/out): <gpu>.json (fa_hw.tuned.Table: ship it as
-fa_hw/tuned/<gpu>.json) and tune_hw.md (every time, per shape and causal flag).
+fa_hw/tuned/<gpu>.json) and tune_hw.md (every time, per shape and causal flag; the chosen entries;
+per shape, how near the best of the configs fa_hw.autotune would time without this table comes to
+the best of all). Besides fa_hw.tuned's candidates it times the autotuner's (fa_hw.tuned.autotune_candidates).
 
 Candidates (fa_hw.tuned.CANDIDATES; issue 11, the H200 profiles of experiments/out/device1): the seed tile gives each warp
 16 query rows, one ldmatrix.x4 per two MMAs, and is shared-memory bound (L1/TEX 74 %); 32 rows per
@@ -39,7 +45,7 @@ from bench_hw import ours_timer, rel_err_gpu, sdpa_timers
 from hw_sets import TRAIN, Spread, check_sets, ratios, round_robin
 from fa_hw import check
 from fa_hw.runtime import device, device_arch
-from fa_hw.tuned import Entry, Table, gpu_key, size_class
+from fa_hw.tuned import Entry, Table, autotune_candidates, gpu_key, size_class
 from fa_hw.tuned import candidates as tuned_candidates
 from fa_sim.config import KernelConfig
 from fa_sim.contract.nvrtc import nvrtc_version
@@ -49,9 +55,35 @@ QUICK = {32: 3, 64: 3, 128: 3}  # --quick (a smoke run): the first candidates of
 
 
 def candidates(head_dim: int, causal: bool, quick: bool = False) -> list[KernelConfig]:
-    """fa_hw.tuned.candidates (the list and why it is that is there), cut short for --quick."""
+    """fa_hw.tuned.candidates (the list and why it is that is there), then those the autotuner
+    would time on a GPU without a table (fa_hw.tuned.autotune_candidates, from the shipped tables, for
+    each size class) that are not among them, so that the report can say how near the autotuner's
+    best comes to the best of the full set (`autotune_rows`); cut short for --quick."""
     out = tuned_candidates(head_dim, causal)
-    return out[: QUICK.get(head_dim, 0)] if quick else out
+    if quick:
+        return out[: QUICK.get(head_dim, 0)]
+    for nk in SIZE_KEYS:
+        out += [c for c in autotune_candidates(head_dim, causal, nk) if c not in out]
+    return out
+
+
+SIZE_KEYS = (1024, 4096, 8192)  # one key length per size class of fa_hw.tuned
+
+
+def autotune_rows(results: dict) -> list[str]:
+    """Per shape and causal flag: the fastest of all candidates against the fastest of those the
+    autotuner times (fa_hw.tuned.autotune_candidates, from the tables shipped when this runs)."""
+    lines = ["| B, H, N, d | causal | best of all | ms | best of the autotuner's | ms | slower by |",
+             "|---|---|---|---:|---|---:|---:|"]
+    for (case, causal), (_, rows) in results.items():
+        ok = {r["tag"]: r["ms"] for r in rows if r["ms"] is not None and r["note"] is None}
+        pool = [c.tag for c in autotune_candidates(case[3], causal, case[2]) if c.tag in ok]
+        if not ok or not pool:
+            continue
+        best, mine = min(ok, key=ok.get), min(pool, key=ok.get)
+        lines.append(f"| {tuple(case)} | {causal} | {best} | {ok[best]:.3f} | {mine} | {ok[mine]:.3f} | "
+                     f"{ok[mine] / ok[best] - 1:+.1%} |")
+    return lines
 
 
 def measure_case(case, causal, args) -> tuple[Spread, list[dict]]:
@@ -143,6 +175,8 @@ def markdown(results: dict, entries: list[Entry], gpu: str, runs: int) -> str:
     lines += ["", "Chosen (fa_hw.tuned entries: best worst shape, then geometric mean; x flash = the geometric mean):", "",
               "| head_dim | causal | size | config | TFLOP/s | x flash |", "|---:|---|---|---|---:|---:|"]
     lines += [f"| {e.head_dim} | {e.causal} | {e.size} | {e.config.tag} | {e.tflops:.1f} | {e.vs_flash:.2f} |" for e in entries]
+    lines += ["", "config='auto' without a table (fa_hw.autotune: the candidates it would time on this GPU before "
+              "this table ships) against all candidates:", ""] + autotune_rows(results)
     return "\n".join(lines) + "\n"
 
 
@@ -154,9 +188,16 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into hw_sets.TRAIN")
     p.add_argument("--quick", action="store_true", help="three candidates per head_dim (a smoke run)")
+    p.add_argument("--gpu-name", required=True, metavar="NAME",
+                   help="the GPU the table is for, as the driver names it (e.g. 'NVIDIA H100 80GB HBM3'); "
+                        "the run stops at once on any other GPU")
     args = p.parse_args(argv)
     check_sets()
     dev = device()
+    if dev.name != args.gpu_name:
+        print(f"tune_hw.py: --gpu-name {args.gpu_name!r}, but this GPU is {dev.name!r}: nothing timed "
+              f"(run it on the GPU named, or name this one)", file=sys.stderr)
+        return 2
     warm_cache([d for d in {c[3] for c in TRAIN}], args.quick)
     results = {}
     for i, case in enumerate(TRAIN):

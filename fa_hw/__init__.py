@@ -4,7 +4,8 @@ checkpoint layout as the simulator.
 
     import fa_hw
     out = fa_hw.forward(q, k, v, causal=False, scale=None, config=None)   # .o .lse .kernel_ms
-    out = fa_hw.forward(q, k, v, config="auto")   # this GPU's fastest measured config (fa_hw.tuned)
+    out = fa_hw.forward(q, k, v, config="auto")   # this GPU's fastest measured config (fa_hw.tuned;
+                                                  # without a table: fa_hw.autotune, cached per class)
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
     g = fa_hw.backward(q, k, v, out.o, out.lse, do, deterministic=False)  # .dq .dk .dv (docs/backward.md)
     ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin

@@ -45,3 +45,9 @@ def has_gpu() -> bool:
     except NoGPUError:
         return False
     return True
+
+
+def gpu_key(name: str) -> str:
+    """The table's file stem for a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100_sxm4_80gb'."""
+    words = str(name).lower().replace("nvidia", " ").split()
+    return "_".join("".join(c if c.isalnum() else " " for c in " ".join(words)).split())

@@ -6,12 +6,20 @@
 O and LSE come back in the inputs' kind (numpy, torch, cupy; see fa_hw.tensors). Inputs follow
 fa_sim.validate's policy, the simulator's: fp16, or values fp16 holds exactly (float32, bf16,
 integers); a value fp16 would round or overflow (bf16 past 65504) is a ValueError naming it and the
-fix (convert explicitly), never a silent conversion. config=None means the seed configuration at
-the inputs' head_dim, a KernelConfig or its tag the config it names; config="auto" the fastest measured config of this GPU for the problem's
-head_dim, causal flag and size (fa_hw.tuned: the shipped table, else a documented heuristic;
+fix (convert explicitly), never a silent conversion. `dtype` ("fp16" or "bf16"; issue 38) picks the
+kernel's 16-bit type: None takes bf16 for bfloat16 inputs (torch.bfloat16), else config.dtype, else
+fp16 (validate.resolve_dtype; fp16 and bf16 inputs mixed is a ValueError); a bf16 run compiles
+fa2_fwd.cu with FA_BF16 and returns O as torch.bfloat16 for torch, float32 (exact) for numpy/cupy.
+config=None means the seed configuration at the inputs' head_dim, a KernelConfig or its tag the
+config it names; config="auto" the fastest measured config of this GPU for the problem's head_dim,
+causal flag and size (fa_hw.tuned: the shipped table; on a GPU without one, the candidates
+fa_hw.autotune times on these very inputs, with their features and dtype, once per problem class,
+cached on disk;
 out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.md). With `checkpoint_ctas` (linear CTA ids
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
-uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py.
+uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py. Issue 38's features as
+fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query attention),
+`window=(left, right)`, `softcap=C` (docs/features.md).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
 from . import runtime
-from .tensors import DeviceProblem, check, to_device
+from .tensors import DeviceProblem, check, choose_auto, to_device
 
 
 @dataclass(frozen=True)
@@ -43,27 +51,34 @@ class HwResult:
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
-            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None):
+            checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None, window=None, softcap=None,
+            dtype: str | None = None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     source = None if kernel is None else kernel_source(kernel)  # checked before any work
-    inputs, kind, prob = check(q, k, v, causal, scale, config)  # every check before any device call
-    ctas = _select_ctas(prob, checkpoint_ctas)
+    inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype)  # before any device call
+    ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
     dev = to_device(inputs, kind, prob)
+    if auto:
+        prob = choose_auto(dev)
+        ctas = _select_ctas(prob, checkpoint_ctas)
     build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, source,
-                        **(diagnostics or {}))
+                        **(diagnostics or {}), kv_group=prob.kv_group, window=(prob.window_left, prob.window_right),
+                        softcap=prob.softcap)
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
     plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args)
     return plan, dev, (ctas, ck_args, ck_host)
 
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
-            *, checkpoint_ctas=None, kernel=None) -> HwResult:
+            *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
+            kernel=None, dtype: str | None = None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
-    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel)
+    plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
+                                                  window=window, softcap=softcap, dtype=dtype)
     ms = plan.run(dev.stream)
     checkpoints = None
     if ctas is not None:
@@ -73,12 +88,12 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
                     checkpoints, tuple(ctas or ()))
 
 
-def _select_ctas(problem: Problem, ctas) -> list[int] | None:
+def _select_ctas(problem: Problem, ctas, in_grid: bool = True) -> list[int] | None:
     """checkpoint_ctas: None, or distinct integer CTA ids (Python or numpy, never bool or float)
-    inside the grid."""
+    inside the grid (`in_grid` False: the grid is not known yet, config="auto"; all but the range)."""
     if ctas is None:
         return None
-    accepted = f"distinct integer CTA ids in 0..{problem.n_ctas - 1}"
+    accepted = f"distinct integer CTA ids in 0..{problem.n_ctas - 1}" if in_grid else "distinct integer CTA ids"
     if isinstance(ctas, (str, bytes)) or not hasattr(ctas, "__iter__"):
         raise ValueError(f"checkpoint_ctas must be a sequence of {accepted}, got {type(ctas).__name__} {ctas!r:.60}")
     ctas = list(ctas)
@@ -86,7 +101,7 @@ def _select_ctas(problem: Problem, ctas) -> list[int] | None:
     if odd:
         raise ValueError(f"checkpoint_ctas must be {accepted}, got {type(odd[0]).__name__} {odd[0]!r:.60}")
     ctas = [int(c) for c in ctas]
-    bad = [c for c in ctas if not 0 <= c < problem.n_ctas]
+    bad = [c for c in ctas if not 0 <= c < (problem.n_ctas if in_grid else c + 1)]
     if not ctas or bad or len(set(ctas)) != len(ctas):
         shown = ", ".join(map(str, ctas[:8])) + (f", ... {len(ctas) - 8} more" if len(ctas) > 8 else "")
         raise ValueError(f"checkpoint_ctas must be {accepted}, got [{shown}]")

@@ -10,21 +10,26 @@ q [B, H, Nq, d], k and v [B, H, Nk, d]. Accepted kinds, all three alike:
 Validation is fa_sim.validate's, the simulator's own policy and words, run in the tensors' own
 library (on the GPU for device tensors): fp16, or values fp16 holds exactly (anything that would
 round or overflow is refused with the fix), finite, rank 4, matching shapes, a head_dim of the
-family, a positive scale within validate.max_scale, a config of that head_dim.
+family, a positive scale within validate.max_scale, a config of that head_dim. bf16 runs
+(validate.resolve_dtype: dtype="bf16", or bfloat16 inputs): the same in bf16; numpy and cupy
+inputs travel as bf16 bit patterns and O comes back as float32 (the bf16 values, exact), torch
+tensors as torch.bfloat16 both ways.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from fa_sim import validate
+from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
 
 from . import runtime
-from .tuned import is_auto, resolve
+from .autotune import Features, device_timer_factory
+from .tuned import AUTO, is_auto, resolve
 
 
 @dataclass
@@ -53,44 +58,75 @@ class DeviceProblem:
         return self.problem.scale
 
     def results(self):
-        """(O, LSE) in the caller's kind; for numpy this copies back and synchronises."""
+        """(O, LSE) in the caller's kind; for numpy this copies back and synchronises. A bf16 O is
+        float32 for numpy and cupy (its values, exact), torch.bfloat16 for torch."""
         p = self.problem
         b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
+        bf16 = p.config.dtype == "bf16"
+        if self.kind == CUPY and bf16:
+            import cupy
+
+            return (self.o.astype(cupy.uint32) << 16).view(cupy.float32), self.lse
         if self.kind != NUMPY:
             return self.o, self.lse
-        o = runtime.download(self.o_ptr, np.empty((b, h, nq, d), np.float16), self.stream)
+        o = runtime.download(self.o_ptr, np.empty((b, h, nq, d), np.uint16 if bf16 else np.float16), self.stream)
+        if bf16:
+            o = (o.astype(np.uint32) << np.uint32(16)).view(np.float32)
         lse = runtime.download(self.lse_ptr, np.empty((b, h, nq), np.float32), self.stream)
         if self.torch_cpu:
             import torch
 
-            return torch.from_numpy(o), torch.from_numpy(lse)
+            o = torch.from_numpy(o)
+            return (o.to(torch.bfloat16) if bf16 else o), torch.from_numpy(lse)
         return o, lse
 
 
-def check(q, k, v, causal, scale, config) -> tuple[list, str, Problem]:
-    """Every check of fa_sim.validate's policy, in simulate's order, before any device call (only
-    config="auto" asks the GPU, after the shapes and causal are checked): -> (the inputs, their
-    one kind, the Problem)."""
+def check(q, k, v, causal, scale, config, window=None, softcap=None, dtype=None) -> tuple[list, str, Problem, bool]:
+    """Every check of fa_sim.validate's policy, in simulate's order, before any device call: ->
+    (the inputs, their one kind, the Problem, whether config is "auto"). The run's 16-bit type is
+    validate.resolve_dtype's (`dtype`, the inputs' type, config.dtype). With config="auto" the
+    Problem holds the seed config at the inputs' head_dim (in the run's type) until `choose_auto`,
+    after `to_device`, gives it the GPU's choice (which may time candidates on the placed inputs)."""
     inputs = [validate.check_input(x, name) for name, x in zip("qkv", (q, k, v))]  # reads no values yet
     kinds = sorted({validate.kind_of(i.array) for i in inputs})
     if len(kinds) != 1:
         raise ValueError(f"q, k, v must be of one kind (numpy, torch or cupy), got {kinds}")
     shapes = [i.shape for i in inputs]
-    if is_auto(config):  # the tuned choice for these shapes on this GPU (fa_hw.tuned)
+    auto = is_auto(config)
+    if auto:  # placed with the seed config, then the GPU's choice (choose_auto)
         validate.check_shapes(*shapes)
-        config = resolve(config, shapes[0], shapes[1], validate.check_causal(causal))
-    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config)
+        config = KernelConfig(head_dim=int(shapes[0][3]), dtype=validate.resolve_dtype(inputs, dtype, None))
+    run = validate.resolve_dtype(inputs, dtype, config)
+    return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config, window, softcap, dtype=run), auto
 
 
 def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:
-    """The checked inputs (`check`) as contiguous fp16 on the GPU, after their value checks, with O
-    and LSE allocated."""
-    qh, kh, vh = (i.fp16() for i in inputs)
+    """The checked inputs (`check`) as contiguous 16-bit arrays (fp16, or bf16: problem.config.dtype)
+    on the GPU, after their value checks, with O and LSE allocated."""
+    run = problem.config.dtype
+    qh, kh, vh = (i.half(run) for i in inputs)
+    if run == "bf16":
+        validate.check_bf16_range([i.max_abs(x, run) for i, x in zip(inputs, (qh, kh, vh))], problem.scale,
+                                  problem.head_dim, problem.seqlen_k)
     if kind == TORCH and not qh.is_cuda:
-        out = _numpy_problem(*(x.numpy() for x in (qh, kh, vh)), problem)
+        out = _numpy_problem(*(validate.host_array(x) for x in (qh, kh, vh)), problem)  # bf16: bit patterns
         out.torch_cpu = True
-        return out
-    return {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    else:
+        out = {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+    return out
+
+
+def choose_auto(dev: DeviceProblem) -> Problem:
+    """config="auto" for a placed problem (`to_device`): the GPU's choice for its shapes, causal
+    flag, features and dtype (fa_hw.tuned.resolve); without a table entry or cached choice the candidates
+    are timed on these very inputs (fa_hw.autotune). dev.problem gets the chosen config."""
+    p = dev.problem
+    ptrs = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr)
+    features = Features.of(p)
+    chosen = resolve(AUTO, (p.batch, p.heads, p.seqlen_q, p.head_dim), (p.batch, p.heads_k, p.seqlen_k, p.head_dim),
+                     p.causal, device_timer_factory(ptrs, dev.stream, features), features)
+    dev.problem = validate.check_launch(replace(p, config=validate.check_config(chosen, p.head_dim, p.config.dtype)))
+    return dev.problem
 
 
 def _outputs_shape(p: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -116,7 +152,7 @@ def _torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     if dev.index not in (None, runtime.device().device_id):
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
     o_shape, lse_shape = _outputs_shape(problem)
-    o = torch.empty(o_shape, dtype=torch.float16, device=dev)
+    o = torch.empty(o_shape, dtype=torch.bfloat16 if problem.config.dtype == "bf16" else torch.float16, device=dev)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
     stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
     ptrs = [x.data_ptr() for x in (qh, kh, vh, o, lse)]
@@ -130,7 +166,7 @@ def _cupy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     if ids != {runtime.device().device_id}:
         raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the arrays are on {sorted(ids)}")
     o_shape, lse_shape = _outputs_shape(problem)
-    o = cupy.empty(o_shape, dtype=cupy.float16)
+    o = cupy.empty(o_shape, dtype=cupy.uint16 if problem.config.dtype == "bf16" else cupy.float16)
     lse = cupy.empty(lse_shape, dtype=cupy.float32)
     stream = runtime.foreign_stream(cupy.cuda.get_current_stream().ptr)
     ptrs = [x.data.ptr for x in (qh, kh, vh, o, lse)]

@@ -18,8 +18,11 @@ amortise the prologue and epilogue and set how many loads a pipeline can keep in
 seqlen_k <= 1024 "short", <= 4096 "medium", above "long".
 
 Lookup. The entry for (head_dim, causal, size) of the device's table whose arch is the device's;
-else that GPU's entry for the same head_dim and causal in the nearest size class; else the timing
-model's ranking (below). A table that is missing, unreadable or for another GPU is simply not used
+else that GPU's entry for the same head_dim and causal in the nearest size class. On a real GPU
+without a table (`device_choice`, what fa_hw.forward, `fa hw` and `fa compare` use), the autotuner
+answers (fa_hw.autotune): a few candidates timed on the GPU once per problem class, the choice
+cached on disk per GPU and reused by later processes. Without a device (`auto_config`, what `fa time`
+uses for a modelled GPU), the timing model's ranking (below). A table that is missing, unreadable or for another GPU is simply not used
 (the model answers, and `Choice.source` says so); a table whose entries are malformed is a
 ValueError naming the file, never a silent wrong config.
 
@@ -38,12 +41,12 @@ It adds no unmeasured schedule option. The default of fa_hw.forward stays the se
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fa_sim.config import HEAD_DIMS, KernelConfig
 
-from .device import device, device_arch
+from .device import device, device_arch, gpu_key
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 TABLE_FORMAT = 1
@@ -80,12 +83,6 @@ HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
 def size_class(seqlen_k: int) -> str:
     """'short' (seqlen_k <= 1024), 'medium' (<= 4096) or 'long'."""
     return "short" if seqlen_k <= SHORT_MAX_KEYS else "medium" if seqlen_k <= MEDIUM_MAX_KEYS else "long"
-
-
-def gpu_key(name: str) -> str:
-    """The table's file stem for a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100_sxm4_80gb'."""
-    words = str(name).lower().replace("nvidia", " ").split()
-    return "_".join("".join(c if c.isalnum() else " " for c in " ".join(words)).split())
 
 
 @dataclass(frozen=True)
@@ -191,9 +188,9 @@ def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
 
 
 def model_candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
-    """The candidates the timing model ranks: all but pingpong's, which it does not model
-    (fa_sim.timing.predict.kernel_model) and which are chosen by measurement only."""
-    return [c for c in candidates(head_dim, causal) if not c.pingpong]
+    """The candidates the timing model ranks: all of `candidates`, pingpong's included (the model
+    times each warp's own path, so pingpong's two warp groups too: docs/timing.md)."""
+    return candidates(head_dim, causal)
 
 
 def heuristic(head_dim: int) -> KernelConfig:
@@ -236,20 +233,92 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
                                f"{best.kernel_ms:.3f} ms predicted)")
 
 
-def auto_for_device(head_dim: int, causal: bool, seqlen_k: int) -> Choice:
-    """auto_config for the current GPU (its name and exact arch)."""
-    return auto_config(int(head_dim), bool(causal), int(seqlen_k), device().name, device_arch())
+MAX_AUTOTUNE_CANDIDATES = 6  # configs fa_hw.autotune times per problem class at most
+
+
+def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: Path = TUNED_DIR) -> list[KernelConfig]:
+    """The configs fa_hw.autotune times for a problem on a GPU without a table (that module's
+    docstring says why these): every shipped table's winners for (head_dim, causal), nearest size
+    class first; the nearest winner with the other kv_stages (1 or 2) and with lazy_sum toggled;
+    the heuristic tile (heavy_first when causal); no duplicates, at most MAX_AUTOTUNE_CANDIDATES."""
+    from dataclasses import replace
+
+    want = SIZE_CLASSES.index(size_class(seqlen_k))
+    out: list[KernelConfig] = []
+    for path in sorted(Path(directory).glob("*.json")):
+        table = Table.load(path)
+        same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
+        same.sort(key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
+        out += [e.config for e in same]
+    if out:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
+        best = out[0]
+        for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
+            try:
+                out.append(replace(best, **change))
+            except ValueError:  # not a valid config of the family (KernelConfig says why): not timed
+                pass
+    tile = heuristic(head_dim)
+    out.append(replace(tile, heavy_first=True) if causal else tile)
+    return list(dict.fromkeys(out))[:MAX_AUTOTUNE_CANDIDATES]
+
+
+def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, batch_heads: int, gpu: str,
+                  arch: str, timer_factory, directory: Path = TUNED_DIR, kernel: str | None = None,
+                  features: "autotune.Features | None" = None) -> Choice:
+    """What "auto" means on a real GPU: its shipped table's entry (as auto_config), else the choice
+    autotuned for this problem class on this GPU - cached on disk, or timed now with
+    `timer_factory` (fa_hw.autotune; the timing model is not consulted). `kernel`: the cache's
+    fingerprint (fa_hw.autotune.fingerprint, computed when None). `features`: issue 38's
+    grouped-query K/V, window, softcap and dtype of the launch (fa_hw.autotune.Features; None: none),
+    which the autotuned class and its timed launches carry (a shipped table answers as for the plain
+    kernel: it was measured without them)."""
+    from . import autotune
+
+    feats = autotune.Features() if features is None else features
+    size = size_class(seqlen_k)
+    table = table_for(gpu, directory)
+    entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
+    if entry is not None:  # in the run's dtype (the tables hold fp16 configs)
+        exact = "" if entry.size == size else f", nearest to {size}"
+        return Choice(replace(entry.config, dtype=feats.dtype),
+                      f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, {entry.size}{exact})")
+    heuristic(head_dim)  # an unsupported head_dim is refused before any timing
+    cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal, feats)
+    shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim, feats.kv_group)
+    pool = autotune_candidates(head_dim, bool(causal), seqlen_k, directory)
+    config, source = autotune.choose(cls, gpu, arch, pool, timer_factory, shape, kernel)
+    return Choice(replace(config, dtype=feats.dtype), source)  # timed as feats.dtype builds
+
+
+def auto_for_device(head_dim: int, causal: bool, seqlen_k: int, seqlen_q: int | None = None,
+                    batch_heads: int | None = None, features: "autotune.Features | None" = None) -> Choice:
+    """device_choice for the current GPU (its name and exact arch); without a table entry, the
+    candidates are timed on random inputs of the problem's shape (batch*heads capped:
+    fa_hw.autotune.timing_shape) with its `features`. seqlen_q defaults to seqlen_k, batch_heads to 64."""
+    from .autotune import device_timer_factory
+
+    return device_choice(int(head_dim), bool(causal), int(seqlen_k if seqlen_q is None else seqlen_q),
+                         int(seqlen_k), 64 if batch_heads is None else int(batch_heads), device().name,
+                         device_arch(), device_timer_factory(features=features), features=features)
 
 
 def is_auto(config) -> bool:
-    """config="auto" (any case, spaces around it)."""
+    """config="auto" (any case, spaces around it); any other string is a config tag, which
+    fa_sim.validate checks as simulate does."""
     return isinstance(config, str) and config.strip().lower() == AUTO
 
 
-def resolve(config, q_shape, k_shape, causal: bool):
-    """forward()'s config argument: "auto" -> the current GPU's choice for these shapes; anything
-    else as given (a KernelConfig, None or a config tag, which fa_sim.validate checks as simulate
-    does)."""
+def resolve(config, q_shape, k_shape, causal: bool, timer_factory=None, features=None):
+    """forward()'s config argument: "auto" -> the current GPU's choice for these shapes
+    (device_choice; without a table entry or cached choice, timed with `timer_factory`, default
+    random inputs, with `features`: fa_hw.autotune.Features); anything else as given (a KernelConfig,
+    None or a config tag, which fa_sim.validate checks as simulate does)."""
     if not is_auto(config):
         return config
-    return auto_for_device(int(q_shape[3]), causal, int(k_shape[2])).config
+    if timer_factory is None:
+        from .autotune import device_timer_factory
+
+        timer_factory = device_timer_factory(features=features)
+    b, h, nq, d = (int(n) for n in q_shape)
+    return device_choice(d, bool(causal), nq, int(k_shape[2]), b * h, device().name, device_arch(),
+                         timer_factory, features=features).config

@@ -20,10 +20,20 @@ So each error is held to its documented bound, and one above it is an `AboveBoun
 failure like a non-finite result (`Accuracy.ok` is False; `fa sim`, `fa hw` and `fa sweep` exit 1):
 - O: the relative Frobenius error against float64 at most `O_BOUND` = 1e-3, the bound the README
   documents ("every output within 1e-3 of float64") and the family tests hold every config to;
-  random normal inputs give about 2.5e-4 (fp16 output rounding).
+  random normal inputs give about 2.5e-4 (fp16 output rounding). For bf16 runs (config.dtype) the
+  bound is `O_BOUND_BF16` = 8e-3 (`o_bound`): O's error is that of two roundings to the 16-bit type,
+  P~ to the PV operand and O to the output, each a relative error of at most the type's unit
+  roundoff, 2^-11 for fp16 (11 significand bits) and 2^-8 for bf16 (8 bits); the fp32 arithmetic
+  around them is 2^13 times finer. So the error scales with the unit roundoff, and the fp16 bound
+  (about 2 unit roundoffs) times 2^(11-8) = 8 is the bf16 one; random normal inputs give about
+  2.2e-3 (tests/test_bf16.py). LSE does not depend on the type: the row sum l adds the fp32 P~,
+  before their rounding.
 - LSE: each row within `lse_error_bound`, the bound that follows from the kernel's fp32
-  arithmetic. Rows within its last term (4 ulps of LSE) need no more work; only the others have
-  their |Q| |K|^T term computed, so the check costs nothing on a correct run.
+  arithmetic (with softcap C, plus 2 C TANH_ABS_ERR: the kernel's tanh errs in the row maximum
+  and in every weight of l). A row that sees no key (a sliding window past the keys) must be
+  LSE = +inf, as float64 says; any other value there is a NonFinite finding. Rows within the
+  bound's last term (4 ulps of LSE) need no more work; only the others have their |Q| |K|^T term
+  computed, so the check costs nothing on a correct run.
 """
 
 from __future__ import annotations
@@ -35,11 +45,17 @@ import numpy as np
 
 from .config import KernelConfig, SoftmaxForm
 from .isa.fp32 import scale_log2
-from .reference import BLOCK_BYTES, attention_blocks
+from .reference import BLOCK_BYTES, TANH_ABS_ERR, attention_blocks
 
 DIAGNOSED_ROWS = 16  # rows whose cause is worked out (the first ones of each kind)
 FP16_MAX = 65504.0
 O_BOUND = 1e-3  # documented bound of O's relative Frobenius error (module docstring)
+O_BOUND_BF16 = 8 * O_BOUND  # bf16 runs: the unit roundoff is 2^3 times fp16's (module docstring)
+
+
+def o_bound(dtype: str = "fp16") -> float:
+    """The documented bound of O's relative Frobenius error for a run of `dtype` (config.dtype)."""
+    return O_BOUND_BF16 if dtype == "bf16" else O_BOUND
 LSE_ULPS = 4  # LSE's own roundings, the last term of lse_error_bound
 
 
@@ -75,7 +91,8 @@ class AboveBound:
     def __str__(self) -> str:
         if self.what == "O":
             return (f"O's relative Frobenius error {self.error:.3e} is above its documented bound "
-                    f"{self.bound:.0e} (fa_sim.accuracy.O_BOUND): the output is wrong")
+                    f"{self.bound:.0e} (fa_sim.accuracy.{'O_BOUND' if self.bound == O_BOUND else 'O_BOUND_BF16'}): "
+                    f"the output is wrong")
         b, h, i = self.first
         return (f"LSE errs by up to {self.error:.3e} in {self.rows} row(s) above the bound the kernel's fp32 "
                 f"arithmetic allows (fa_sim.accuracy.lse_error_bound; {self.bound:.3e} at the first, "
@@ -110,35 +127,43 @@ class Accuracy:
 
 
 def measure(o, lse, q, k, v, causal: bool, scale: float, config: KernelConfig,
-            block_bytes: int = BLOCK_BYTES) -> Accuracy:
-    """o [B, H, Nq, d], lse [B, H, Nq] (host arrays) of a run on the fp16 q, k, v, against float64."""
+            block_bytes: int = BLOCK_BYTES, *, window: tuple[int, int] | None = None, softcap: float = 0.0) -> Accuracy:
+    """o [B, H, Nq, d], lse [B, H, Nq] (host arrays) of a run on the fp16 q, k, v (k, v [B, H_k, Nk, d],
+    H_k dividing H; bf16: their values, e.g. as float32; config.dtype picks O's bound, `o_bound`),
+    against float64; window and softcap as fa_sim.simulate takes them."""
     b, h, nq, d = np.shape(q)
+    hk = np.shape(k)[1]
+    window = (-1, -1) if window is None else tuple(window)
     o = np.asarray(o).reshape(b * h, nq, -1)
     lse = np.asarray(lse).reshape(b * h, nq)
-    q3, k3 = np.reshape(q, (b * h, nq, d)), np.reshape(k, (b * h, -1, d))
+    q3, k3 = np.reshape(q, (b * h, nq, d)), np.reshape(k, (b * hk, -1, d))
+    kv_of = lambda i: (i // h) * hk + (i % h) // (h // hk)  # noqa: E731  the K/V head of batch-head i
     sq_err = sq_ref = 0.0
     lse_abs = lse_rel = 0.0
     bad_o, bad_lse = np.zeros((b * h, nq), bool), np.zeros((b * h, nq), bool)
     lse_over = []  # (bh, queries, errors, bounds) of rows whose LSE errs above lse_error_bound
-    for blk in attention_blocks(q, k, v, causal, scale, block_bytes):
+    for blk in attention_blocks(q, k, v, causal, scale, block_bytes, window=window, softcap=softcap):
         got = o[blk.index, blk.rows].astype(np.float64)  # [rows, d]
         finite = np.isfinite(got)
         bad_o[blk.index, blk.rows] = ~finite.all(axis=-1)
         sq_err += float(np.sum(np.where(finite, got - blk.o, 0.0) ** 2))
         sq_ref += float(np.sum(blk.o ** 2))
         got_lse = lse[blk.index, blk.rows].astype(np.float64)
-        ok = np.isfinite(got_lse)
-        bad_lse[blk.index, blk.rows] = ~ok
-        diff = np.abs(np.where(ok, got_lse - blk.lse, 0.0))
+        empty = blk.lse == np.inf  # rows that see no key: +inf is the right value
+        ok = np.isfinite(got_lse) & ~empty
+        bad_lse[blk.index, blk.rows] = ~ok & ~(empty & (got_lse == np.inf))
+        diff = np.abs(np.where(ok, got_lse - np.where(empty, 0.0, blk.lse), 0.0))
         lse_abs = max(lse_abs, float(diff.max()))
         lse_rel = max(lse_rel, float((diff / np.maximum(1.0, np.abs(blk.lse))).max()))
-        over = _lse_above(q3[blk.index], k3[blk.index], blk.rows, diff, blk.lse, causal, scale)
+        over = _lse_above(q3[blk.index], k3[kv_of(blk.index)], blk.rows, diff, np.where(empty, 0.0, blk.lse), causal,
+                          scale, window, softcap)
         if over[0].size:
             lse_over.append((blk.index, *over))
     findings = (_findings("O", bad_o, o, q, k, v, causal, scale, config)
                 + _findings("LSE", bad_lse, lse, q, k, v, causal, scale, config))
     rel = math.sqrt(sq_err) / max(math.sqrt(sq_ref), 1e-300)
-    above = [AboveBound("O", rel, O_BOUND, b * h * nq, None)] if not bad_o.any() and rel > O_BOUND else []
+    bound = o_bound(config.dtype)
+    above = [AboveBound("O", rel, bound, b * h * nq, None)] if not bad_o.any() and rel > bound else []
     if lse_over:
         bh, queries, _, bounds = lse_over[0]
         above.append(AboveBound("LSE", max(float(e.max()) for _, _, e, _ in lse_over), float(bounds[0]),
@@ -147,27 +172,31 @@ def measure(o, lse, q, k, v, causal: bool, scale: float, config: KernelConfig,
                     None if bad_lse.any() else lse_rel, tuple(findings), tuple(above))
 
 
-def _lse_above(q, k, rows: slice, err, lse_ref, causal: bool, scale: float):
+def _lse_above(q, k, rows: slice, err, lse_ref, causal: bool, scale: float, window=(-1, -1), softcap: float = 0.0):
     """(queries, errors, bounds) of the rows `rows` of one (batch, head) whose |LSE error| `err`
     exceeds lse_error_bound. Its last term (LSE_ULPS ulps of LSE) is checked first, so the |Q| |K|^T
     term is computed only for the rows above that."""
-    floor = LSE_ULPS * np.spacing(np.abs(lse_ref).astype(np.float32)).astype(np.float64)
+    floor = LSE_ULPS * np.spacing(np.abs(lse_ref).astype(np.float32)).astype(np.float64) + 2 * softcap * TANH_ABS_ERR
     suspect = np.flatnonzero(err > floor)
     queries = np.arange(rows.start, rows.stop)[suspect]
     if not suspect.size:
         return queries, err[suspect], floor[suspect]
-    bound = _accumulation_term(q[queries], k, queries, causal, scale) + floor[suspect]
+    bound = _accumulation_term(q[queries], k, queries, causal, scale, window) + floor[suspect]
     above = err[suspect] > bound
     return queries[above], err[suspect][above], bound[above]
 
 
-def _accumulation_term(q_rows, k, queries, causal: bool, scale: float) -> np.ndarray:
+def _accumulation_term(q_rows, k, queries, causal: bool, scale: float, window=(-1, -1)) -> np.ndarray:
     """[rows] s (d/16 + 1) 2^-23 max_k sum_i |q_i k_i| over the keys each query row sees
     (lse_error_bound's first term); q_rows [rows, d] of the queries `queries`, k [Nk, d]."""
     d = np.shape(k)[-1]
     absdot = np.abs(np.asarray(q_rows, np.float64)) @ np.abs(np.asarray(k, np.float64)).T  # [rows, Nk]
-    if causal:
-        absdot = np.where(np.arange(absdot.shape[1])[None, :] <= np.asarray(queries)[:, None], absdot, 0.0)
+    if causal or tuple(window) != (-1, -1):
+        i, j = np.asarray(queries)[:, None], np.arange(absdot.shape[1])[None, :]
+        left, right = window
+        seen = ((j <= i if causal else True) & (j >= i - left if left >= 0 else True)
+                & (j <= i + right if right >= 0 else True))
+        absdot = np.where(seen, absdot, 0.0)
     return scale * (d / 16 + 1) * 2.0 ** -23 * absdot.max(axis=-1)
 
 
@@ -190,8 +219,9 @@ def _findings(what, bad, result, q, k, v, causal, scale, config) -> list[NonFini
 def _cause(what, where, q, k, v, causal, scale, config) -> str:
     """Replay the kernel's arithmetic for one query row (module docstring)."""
     b, h, i = where
+    hk = h // (np.shape(q)[1] // np.shape(k)[1])  # the K/V head (grouped-query attention)
     keys = slice(0, min(i + 1, np.shape(k)[2]) if causal else np.shape(k)[2])
-    s = np.float32(np.asarray(k[b, h, keys], np.float64) @ np.asarray(q[b, h, i], np.float64))  # [keys]
+    s = np.float32(np.asarray(k[b, hk, keys], np.float64) @ np.asarray(q[b, h, i], np.float64))  # [keys]
     m = float(s.max())
     sl2 = scale_log2(scale)
     ms = float(np.float32(np.float32(m) * sl2))
@@ -202,8 +232,8 @@ def _cause(what, where, q, k, v, causal, scale, config) -> str:
         return (f"FFMA softmax form: at the row maximum the exp2 argument is the rounding residue of "
                 f"m*s*log2(e) = {m * float(sl2):.6g}, {residue:+.1f}, so {effect}; the default form "
                 f"(softmax='fmul_fsub') gives exactly 0 there")
-    vmax = float(np.max(np.abs(np.asarray(v[b, h, keys], np.float64))))
-    if what == "O" and vmax >= FP16_MAX * (1 - 2.0 ** -11):
+    vmax = float(np.max(np.abs(np.asarray(v[b, hk, keys], np.float64))))
+    if what == "O" and config.dtype == "fp16" and vmax >= FP16_MAX * (1 - 2.0 ** -11):
         return (f"O rounds past the fp16 maximum: |V| reaches {vmax:g}, within the fp16 rounding of P~ "
                 f"(2^-12 relative) of 65504")
     return ("not explained by the kernel's known overflows (FFMA residue, fp16 range of O): please report it "

@@ -79,6 +79,9 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
     ins = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do"))]
     qi, ki, vi, oi, doi = ins
     check_shapes(qi.shape, ki.shape, vi.shape)
+    if ki.shape[1] != qi.shape[1]:  # the forward's grouped-query attention: not in fa2_bwd.cu
+        raise ValueError(f"k and v must have q's {qi.shape[1]} heads: the backward pass has no grouped-query "
+                         f"attention (k has {ki.shape[1]})")
     for x in (oi, doi):
         if x.shape != qi.shape:
             raise ValueError(f"{x.name} must have q's shape {qi.shape} [B, H, Nq, d], got {x.shape}")

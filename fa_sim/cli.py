@@ -178,8 +178,26 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = stdout
 
 
+VALUE_MAY_START_WITH_DASH = ("--window",)  # LEFT,RIGHT with -1 for unbounded: '--window -1,0'
+
+
+def _attach_dashed_values(argv: list[str]) -> list[str]:
+    """'--window -1,0' as '--window=-1,0': argparse would take '-1,0' for an option (it knows only
+    plain negative numbers), so a value that is not itself an option ('--...') is attached."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_MAY_START_WITH_DASH and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def _run(argv: list[str]) -> int:
     """Parse and run; every known failure becomes one line on stderr and an exit status."""
+    argv = _attach_dashed_values(argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
         args = build_parser().parse_args(argv)

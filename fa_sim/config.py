@@ -44,8 +44,10 @@ default that is the spec's kernel, so `family()` and the seed are what they were
   poly_exp     eighths of the exponentials computed by a degree-4 polynomial on the FMA pipe instead
                of MUFU.EX2 (relative error 2.7e-6), to offload the MUFU pipe; values differ from the
                spec's in the last bits
-kv_stages, q_in_regs, heavy_first, defer_pv and pingpong change the schedule, lazy_sum and poly_exp
-the arithmetic: the hand-written program (engine="program") runs only the spec's kernel and refuses
+  dtype        fp16 (the spec) | bf16: the type of q, k, v, of P~ as the PV operand and of o (issue 38);
+               mma.sync .bf16 and cvt.rn.bf16x2.f32 in place of the f16 forms (fa2_fwd.cu FA_BF16)
+dtype changes the types, not the schedule: both engines run either. kv_stages, q_in_regs,
+heavy_first, defer_pv and pingpong change the schedule, lazy_sum and poly_exp the arithmetic: the hand-written program (engine="program") runs only the spec's kernel and refuses
 them; the PTX engine runs fa2_fwd.cu as compiled for any option.
 """
 
@@ -70,6 +72,7 @@ POLY_EXPS = (0, 1, 2, 3, 4)  # eighths of the exponentials on the FMA pipe (0: a
 MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
 BLOCK_MS = (64, 128, 256)  # 256: 8 warps of 32 rows (the measured pingpong configs' tile); family() has 64 and 128
 FAMILY_BLOCK_MS = (64, 128)
+DTYPES = ("fp16", "bf16")  # the 16-bit type of q, k, v, P~ and o (fp16: the spec's kernel)
 BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
@@ -92,6 +95,8 @@ def _tag_suffix(part: str) -> tuple[str | None, object]:
         return "softmax", part
     if part in _BOOL_SUFFIX:
         return _BOOL_SUFFIX[part], True
+    if part in DTYPES[1:]:
+        return "dtype", part
     m = re.fullmatch(r"([sbe])(\d+)", part)
     if m:
         return {"s": "kv_stages", "b": "min_blocks", "e": "poly_exp"}[m[1]], int(m[2])
@@ -197,6 +202,9 @@ class KernelConfig:
         "eighths of each row's exponentials computed by a degree-4 polynomial on the FMA pipe instead of "
         "MUFU.EX2 (relative error 2.7e-6; values differ from the spec's in the last bits); 0 = all on MUFU",
         POLY_EXPS))
+    dtype: str = field(default="fp16", metadata=_meta(
+        "16-bit type of q, k, v, of P~ (the PV operand) and of o: fp16 (the spec's kernel) or bf16 (mma.sync "
+        ".bf16, P~ and o rounded by cvt.rn.bf16x2.f32); fp32 accumulation either way", DTYPES))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "smem", SmemLayout.parse(self.smem))
@@ -228,6 +236,8 @@ class KernelConfig:
         for name in _BOOL_OPTIONS:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 out.append(f"{name}={getattr(self, name)!r} is not a bool")
+        if self.dtype not in DTYPES:
+            out.append(f"dtype={self.dtype!r} is not one of {DTYPES}")
         if out:
             return out
         if self.defer_pv and self.kv_stages < 2:
@@ -280,7 +290,7 @@ class KernelConfig:
         """Short stable name, e.g. 'm64n64d64w4-swizzled' (file names, cache keys, tables); the
         diagnostic softmax form and options away from their defaults add suffixes, in this order:
         '-ffma', '-s2' (kv_stages), '-qr' (q_in_regs), '-hf' (heavy_first), '-dp' (defer_pv),
-        '-pp' (pingpong), '-ls' (lazy_sum), '-b3' (min_blocks), '-e1' (poly_exp)."""
+        '-pp' (pingpong), '-ls' (lazy_sum), '-b3' (min_blocks), '-e1' (poly_exp), '-bf16' (dtype)."""
         extra = "" if self.softmax is SoftmaxForm.FMUL_FSUB else f"-{self.softmax.value}"
         extra += f"-s{self.kv_stages}" if self.kv_stages != 1 else ""
         extra += "-qr" if self.q_in_regs else ""
@@ -290,6 +300,7 @@ class KernelConfig:
         extra += "-ls" if self.lazy_sum else ""
         extra += f"-b{self.min_blocks}" if self.min_blocks else ""
         extra += f"-e{self.poly_exp}" if self.poly_exp else ""
+        extra += f"-{self.dtype}" if self.dtype != DTYPES[0] else ""
         return f"m{self.block_m}n{self.block_n}d{self.head_dim}w{self.n_warps}-{self.smem.value}{extra}"
 
     @classmethod
@@ -307,7 +318,7 @@ class KernelConfig:
             if key is None:
                 raise ValueError(f"config tag {quoted(tag)}: unknown suffix {quoted(part)}; a suffix is a softmax form "
                                  f"({', '.join(f.value for f in SoftmaxForm)}) or an option: s<kv_stages>, "
-                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>, e<poly_exp>")
+                                 f"{', '.join(_BOOL_SUFFIX)}, b<min_blocks>, e<poly_exp>, bf16 (dtype)")
             if key in seen:  # '-s2-s3', '-ffma-fmul_fsub': no suffix may silently override another
                 what = "contradicts" if seen[key] != part else "repeats"
                 raise ValueError(f"config tag {quoted(tag)}: suffix {part!r} {what} {seen[key]!r} (both set {key}); "

@@ -37,7 +37,7 @@ from .simulate import simulate
 
 class ValueKind(enum.Enum):
     F32 = "f32"
-    F16 = "f16"  # words hold two halves
+    F16 = "f16"  # words hold two halves (of the kernel's 16-bit type: fp16 or bf16, config.dtype)
 
 
 KIND = {ck: ValueKind.F16 if ck in (Checkpoint.P_F16, Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV, Checkpoint.SO)
@@ -100,8 +100,12 @@ def _ordered(bits: np.ndarray, kind: ValueKind) -> np.ndarray:
     return np.where(i < 0, np.int64(np.iinfo(signed).min) - i, i)
 
 
-def _values(bits: np.ndarray, kind: ValueKind) -> np.ndarray:
-    return bits.view(np.float32) if kind is ValueKind.F32 else bits.view(np.uint16).view(np.float16)
+def _values(bits: np.ndarray, kind: ValueKind, dtype: str = "fp16") -> np.ndarray:
+    """Bit patterns as values: f32, or halves of the kernel's 16-bit type (bf16 as float32)."""
+    if kind is ValueKind.F32:
+        return bits.view(np.float32)
+    h = bits.view(np.uint16)
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32) if dtype == "bf16" else h.view(np.float16)
 
 
 @dataclass(frozen=True)
@@ -152,14 +156,18 @@ def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray
     return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.config.n_threads, 1), bool)
 
 
-def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool) -> np.ndarray:
-    """n_block_max of each CTA (SCHEDULE.md): the rounds whose checkpoints exist."""
-    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config).rounds_per_cta(ctas)
+def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool,
+                   window: tuple[int, int] | None = None) -> np.ndarray:
+    """The K/V rounds of each CTA (SCHEDULE.md's n_block_max; with a window, Problem.n_rounds_of):
+    the rounds whose checkpoints exist."""
+    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window).rounds_per_cta(ctas)
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
                         rounds_run: np.ndarray) -> list[CheckpointStats]:
-    """Per-checkpoint agreement of two buffers uint32 [cta_sel, checkpoint, round, thread, word]."""
+    """Per-checkpoint agreement of two buffers uint32 [cta_sel, checkpoint, round, thread, word]
+    (16-bit values in the layout's config.dtype: ulps count either type's patterns alike)."""
+    dtype = layout.config.dtype
     if sim.shape != gpu.shape:
         raise ValueError(f"checkpoint buffers differ in shape: simulator {sim.shape}, GPU {gpu.shape}")
     out = []
@@ -176,18 +184,18 @@ def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayo
         if diff.any():
             sel, rnd, thread, reg = np.argwhere(diff)[0]
             first = Mismatch(ck, int(np.asarray(ctas)[sel]), int(rnd), int(thread) // WARP_SIZE,
-                             int(thread) % WARP_SIZE, int(reg), float(_values(a, KIND[ck])[sel, rnd, thread, reg]),
-                             float(_values(b, KIND[ck])[sel, rnd, thread, reg]))
+                             int(thread) % WARP_SIZE, int(reg), float(_values(a, KIND[ck], dtype)[sel, rnd, thread, reg]),
+                             float(_values(b, KIND[ck], dtype)[sel, rnd, thread, reg]))
         n = int(mask.sum())
         out.append(CheckpointStats(ck, n, n - int(diff.sum()), int(ulps.max(initial=0)),
-                                   _max_rel(a, b, mask, KIND[ck]), BOUNDS[ck], first))
+                                   _max_rel(a, b, mask, KIND[ck], dtype), BOUNDS[ck], first))
     return out
 
 
-def _max_rel(a: np.ndarray, b: np.ndarray, mask: np.ndarray, kind: ValueKind) -> float:
+def _max_rel(a: np.ndarray, b: np.ndarray, mask: np.ndarray, kind: ValueKind, dtype: str = "fp16") -> float:
     """max |a - b| / max |b| per (CTA, round) slice [sel, round, T, words], over the valid values."""
-    va = _values(a, kind).astype(np.float64)
-    vb = _values(b, kind).astype(np.float64)
+    va = _values(a, kind, dtype).astype(np.float64)
+    vb = _values(b, kind, dtype).astype(np.float64)
     with np.errstate(invalid="ignore"):
         diff = np.where(mask & np.isfinite(va) & np.isfinite(vb), np.abs(va - vb), 0.0)
     scale = np.where(mask & np.isfinite(vb), np.abs(vb), 0.0).max(axis=(2, 3))
@@ -214,10 +222,23 @@ class OutputStats:
     lse_max_ulps: int
 
 
-def output_stats(o_sim, o_gpu, lse_sim, lse_gpu) -> OutputStats:
-    o_sim, o_gpu = np.asarray(o_sim, np.float16), np.asarray(o_gpu, np.float16)
+def bf16_bits(o) -> np.ndarray:
+    """bf16 values (float32, or a torch.bfloat16 tensor brought to the host) -> their uint16 patterns;
+    a float32 value that is not a bf16 is a ValueError (it would be compared wrongly)."""
+    a = np.asarray(o.float().cpu().numpy() if hasattr(o, "float") and hasattr(o, "cpu") else o, np.float32)
+    bits = np.ascontiguousarray(a).view(np.uint32)
+    if (bits & np.uint32(0xFFFF)).any():
+        raise ValueError("a bf16 output holds float32 values that are not bf16 values")
+    return (bits >> np.uint32(16)).astype(np.uint16)
+
+
+def output_stats(o_sim, o_gpu, lse_sim, lse_gpu, dtype: str = "fp16") -> OutputStats:
+    """O (of the kernel's `dtype`: float16, or bf16 values as float32) and LSE agreement."""
     l_sim, l_gpu = np.asarray(lse_sim, np.float32), np.asarray(lse_gpu, np.float32)
-    o_ulps = f16_ulps(o_sim, o_gpu)
+    if dtype == "bf16":
+        o_ulps = np.abs(_ordered(bf16_bits(o_sim), ValueKind.F16) - _ordered(bf16_bits(o_gpu), ValueKind.F16))
+    else:
+        o_ulps = f16_ulps(np.asarray(o_sim, np.float16), np.asarray(o_gpu, np.float16))
     l_ulps = np.abs(_ordered(np.ascontiguousarray(l_sim).view(np.uint32), ValueKind.F32)
                     - _ordered(np.ascontiguousarray(l_gpu).view(np.uint32), ValueKind.F32))
     return OutputStats(float(np.mean(o_ulps == 0)), int(o_ulps.max(initial=0)),
@@ -250,7 +271,8 @@ class CompareReport:
                     "round": s.first.round, "cta": s.first.cta, "warp": s.first.warp, "lane": s.first.lane,
                     "register": s.first.register, "sim": s.first.sim, "gpu": s.first.gpu}}
                 for s in self.checkpoints},
-            "o": {"fraction_identical": self.outputs.o_identical, "max_ulps_f16": self.outputs.o_max_ulps},
+            "o": {"fraction_identical": self.outputs.o_identical, "max_ulps_f16": self.outputs.o_max_ulps,
+                  "dtype": self.config.dtype},
             "lse": {"fraction_identical": self.outputs.lse_identical, "max_abs_diff": self.outputs.lse_max_abs,
                     "max_ulps_f32": self.outputs.lse_max_ulps},
         }
@@ -268,28 +290,30 @@ def format_report(rep: CompareReport) -> str:
         lines.append(f"  {s.checkpoint.value:<10}{s.values:>10,}{s.fraction_identical:>10.4%}"
                      f"{s.max_ulps:>10}{s.max_rel:>10.1e}{s.bound_text():>11}  {first}{mark}")
     o = rep.outputs
-    lines.append(f"  O   (fp16): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
+    lines.append(f"  O   ({rep.config.dtype}): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
     lines.append(f"  LSE (fp32): {o.lse_identical:.4%} identical, max |diff| {o.lse_max_abs:.3e} ({o.lse_max_ulps} ulps)")
     lines.append("  every checkpoint, O and LSE bit-identical" if rep.ok
                  else "  DIFFERENCES: the simulator and the GPU disagree (see above)")
     return "\n".join(lines)
 
 
-def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None):
+def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None,
+                              window=None, softcap=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
     for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
     rec = CheckpointRecorder(ctas)
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
-                   engine=engine, kernel=kernel)
+                   engine=engine, kernel=kernel, window=window, softcap=softcap)
     return res, rec.buffer
 
 
-def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf) -> CompareReport:
+def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,
+                 window=None) -> CompareReport:
     b, h, nq, d = np.shape(q)
     nk = np.shape(k)[2]
     layout = CheckpointLayout(config, -(-nk // config.block_n))
-    rounds = rounds_per_cta(ctas, config, nq, nk, causal)
+    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window)
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
-                         output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse))
+                         output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype))

@@ -50,8 +50,8 @@ class LdsmOperand:
         idx, chunks = _matrix_index(self.lanes, self.trans, self.operand)
         smem = m.smem[: 1 if first_cta else m.live]
         if chunks is None:  # [W or 1, rows, cols] halves
-            return np.take(smem.view(np.uint16), idx, axis=1).view(np.float16)
-        rows = np.take(smem.view(CHUNK), chunks, axis=1).view(np.float16)  # whole 16-byte rows
+            return _values(m, np.take(smem.view(np.uint16), idx, axis=1))
+        rows = _values(m, np.take(smem.view(CHUNK), chunks, axis=1))  # whole 16-byte rows
         return rows if chunks.shape[-2] == idx.shape[-2] else np.swapaxes(rows, -1, -2)
 
     def span(self) -> tuple[int, int]:
@@ -82,7 +82,7 @@ class RegisterOperand:
     def matrix(self, m: Machine) -> np.ndarray:
         k, w = self.source.shape[:2]
         src = np.ascontiguousarray(self.source).reshape(k, w, -1).view(np.uint16)
-        return np.take(src, self.halves, axis=-1).view(np.float16)  # [k, W, 16MI, 16]
+        return _values(m, np.take(src, self.halves, axis=-1))  # [k, W, 16MI, 16]
 
     @staticmethod
     def maps(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +93,7 @@ class RegisterOperand:
 
 @dataclass(frozen=True, eq=False)
 class BlockedValueOperand:
-    """An A operand given by the f16 values (float32) of its matrices in a front end's own layout:
+    """An A operand given by the f16 (or bf16) values (float32) of its matrices in a front end's own layout:
     `values` [k, W, *rows, *cols], a view whose row axes flatten (C order) to the 16MI rows and
     column axes to the 16 columns (P~ by column in fa_sim/kernels/softmax.py). The EXACT chain
     copies it straight into its float64 buffer; other models get the matrices."""
@@ -106,6 +106,8 @@ class BlockedValueOperand:
         return np.ascontiguousarray(self.values).reshape(k, w, self.rows, -1)  # [k, W, 16MI, 16] f32
 
     def registers(self, m: Machine) -> np.ndarray:
+        if m.mma_model.operand == "bf16":  # exact: bf16 values, their patterns the f32's upper halves
+            return isa_mma.a_fragments((self.matrices().view(np.uint32) >> np.uint32(16)).astype(np.uint16))
         return isa_mma.a_fragments(self.matrices().astype(np.float16))  # exact: f16 values
 
     def matrix(self, m: Machine) -> np.ndarray:
@@ -163,11 +165,12 @@ def mma_chain(m: Machine, instrs, a_steps, b_steps, c: np.ndarray, *, c_is_zero:
         for instr, a, b in zip(instrs, a_steps, b_steps, strict=True):
             c = m.mma(instr, _registers(m, a), _registers(m, b), c)
         return c
-    a_mats = [a.matrix(m) if isinstance(a, _OPERANDS) else isa_mma.a_matrix(a) for a in a_steps]
+    operand = m.mma_model.operand
+    a_mats = [a.matrix(m) if isinstance(a, _OPERANDS) else isa_mma.a_matrix(a, operand) for a in a_steps]
     if _same_in_every_cta(m, b_steps):  # one K or V tile for the whole wave: read once, broadcast
         b_mats = [b.matrix(m, first_cta=True) for b in b_steps]
     else:
-        b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b) for b in b_steps]
+        b_mats = [b.matrix(m) if isinstance(b, _OPERANDS) else isa_mma.b_matrix(b, operand) for b in b_steps]
     for instr in instrs:
         m.count(instr, aligned=True)
     return isa_mma.gemm_chain(a_mats, b_mats, c, m.mma_model, c_is_zero=c_is_zero, out=out)
@@ -193,6 +196,14 @@ def same_words_in_every_cta(smem: np.ndarray, lo: int, hi: int) -> bool:
     # a wave of several heads (K and V tiles) differs already between its first and last CTA:
     # that one comparison first, the whole wave's only when they agree
     return bool((words[-1] == words[0]).all()) and bool((words[1:-1] == words[0]).all())
+
+
+def _values(m: Machine, halves: np.ndarray) -> np.ndarray:
+    """16-bit operand patterns (uint16, or 16-byte chunks of 8) -> the values the MMAs read: float16,
+    or float32 for the bf16 operands of a machine whose model says so (mma_model.operand)."""
+    if m.mma_model.operand == "bf16":
+        return isa_mma.halves_of(halves.view(np.uint16), "bf16")
+    return halves.view(np.float16)
 
 
 def _registers(m: Machine, x) -> np.ndarray:

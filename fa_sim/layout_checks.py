@@ -272,7 +272,8 @@ def check_masks(cfg: KernelConfig) -> CheckResult:
                 where = f"Nq={nq} Nk={nk} {'causal' if causal else 'non-causal'} m_block {mb} round {rnd}"
                 if rnd < n_run:
                     s = np.zeros((1, *row.shape), np.float32)
-                    s = fa2_fwd.mask_within_nblock(_probe(cfg), prob, plan, rnd, np.array([mb]), s)[0]
+                    key0 = np.array([rnd * cfg.block_n])
+                    s = fa2_fwd.mask_within_nblock(_probe(cfg), prob, plan, key0, np.array([mb]), s)[0]
                     tally.equal(f"{where}: kernel's -inf vs key >= Nk or key > query", (np.isneginf(s),),
                                 (~visible,), AX5)
                 else:

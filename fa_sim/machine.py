@@ -372,12 +372,14 @@ class Machine:
                        regs_in={name: self.regs_event(values, instr.repeat)})
 
     # -- warp-level compute --------------------------------------------------------------------------
-    def mma(self, instr: Instr, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    def mma(self, instr: Instr, a: np.ndarray, b: np.ndarray, c: np.ndarray, operand: str | None = None) -> np.ndarray:
         """The MI x NJ m16n8k16 MMAs of one k16 step (isa.mma.mma_tiles shapes); R = MI * NJ in
-        order mi-major: instruction r = mi * NJ + nj updates c[..., nj, mi, :]."""
+        order mi-major: instruction r = mi * NJ + nj updates c[..., nj, mi, :]. `operand`: the
+        type of A and B, "f16" or "bf16" (the machine's tensor-core model applied to it; None: the
+        model's own, mma_model.operand)."""
         listeners = self._issue(instr)
         self._require_full_warps(instr)
-        d = isa.mma_tiles(a, b, c, self.mma_model)
+        d = isa.mma_tiles(a, b, c, self.mma_model if operand is None else self.mma_model.for_operand(operand))
         if listeners:
             self._mma_event(instr, listeners, a, b, c, d)
         return d

@@ -7,6 +7,19 @@ longest loops first; `m_block_of`); CTA m_block runs
 n_block_max(m_block) K/V rounds, ceil(Nk / block_n), or with causal skipping (spec, causal
 section; the `min` with Nk is ours) ceil(min(Nk, (m_block + 1) block_m) / block_n).
 
+Issue 38's features (docs/features.md) are fields of the launch too:
+- `heads_k`: K/V heads (grouped-query / multi-query attention); it divides `heads`, and Q head h
+  reads K/V head h // (heads // heads_k) (in the kernel: K/V batch-head bh // kv_group).
+- `window` = (left, right): FlashAttention-2's sliding window, -1 unbounded on that side, with this
+  kernel's top-left alignment: query i sees key j iff i - left <= j <= i + right. With causal the
+  right side is 0 (FlashAttention-2 sets window_size_right = 0 when causal). The K/V loop of a Q
+  block runs blocks n_block_min .. n_block_max - 1 only: whole tiles outside the window are skipped.
+  `window_left` / `window_right` are the effective bounds (-1 where the window holds every key of
+  the sequences: left >= Nq - 1, right >= Nk - 1; causal's right side is the causal mask itself),
+  so a window wider than the sequence builds the kernel without one.
+- `softcap` (0 = off): the scores become cap * tanh(s * scale / cap) before the softmax
+  (FlashAttention-2's order: the scale first, then the cap; the softmax then scales by cap).
+
 This is the one place these formulas live: the simulator, the GPU launch, the checkpoint
 buffers, the cross-check and the estimates all ask a Problem. Both backends build it from their
 inputs through fa_sim.validate.
@@ -32,6 +45,9 @@ class Problem:
     causal: bool
     scale: float
     config: KernelConfig
+    heads_k: int | None = None  # K/V heads (None: heads); divides heads
+    window: tuple[int, int] = (-1, -1)  # (left, right) sliding window, -1 = unbounded
+    softcap: float = 0.0  # cap * tanh(s / cap) on the scaled scores; 0 = off
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seqlen_q", "seqlen_k"):
@@ -49,6 +65,38 @@ class Problem:
             raise ValueError(f"Problem.scale must be a positive finite number, got {scale!r:.60}")
         object.__setattr__(self, "causal", bool(self.causal))
         object.__setattr__(self, "scale", float(scale))
+        object.__setattr__(self, "heads_k", check_heads_k(self.heads_k, self.heads))
+        object.__setattr__(self, "window", check_window(self.window))
+        object.__setattr__(self, "softcap", check_softcap(self.softcap))
+
+    # -- issue 38's features -------------------------------------------------------------------
+    @property
+    def kv_group(self) -> int:
+        """Q heads per K/V head: heads // heads_k (1: one K/V head per Q head)."""
+        return self.heads // self.heads_k
+
+    @property
+    def window_left(self) -> int:
+        """Keys before the query a row sees (-1: all; a left side of Nq - 1 or more holds all)."""
+        left = self.window[0]
+        return -1 if left >= self.seqlen_q - 1 else left
+
+    @property
+    def window_right(self) -> int:
+        """Keys after the query a row sees (-1: all, or causal, which hides them all itself; a right
+        side of Nk - 1 or more holds all)."""
+        right = self.window[1]
+        return -1 if self.causal or right >= self.seqlen_k - 1 else right
+
+    @property
+    def has_window(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+    def features(self) -> list[str]:
+        """Issue 38's features this launch uses, as 'name=value' (empty: the plain kernel)."""
+        out = [f"heads_k={self.heads_k}"] if self.heads_k != self.heads else []
+        out += [f"window=({self.window[0]}, {self.window[1]})"] if self.has_window else []
+        return out + ([f"softcap={self.softcap:g}"] if self.softcap else [])
 
     @property
     def head_dim(self) -> int:
@@ -74,12 +122,30 @@ class Problem:
         return -(-self.seqlen_k // self.config.block_n)
 
     def n_block_max(self, m_block: np.ndarray) -> np.ndarray:
-        """K/V rounds of each Q block (spec, causal skipping; the min with seqlen_k is ours)."""
+        """One past the last K/V block of each Q block (spec, causal skipping; the min with
+        seqlen_k is ours; a right window stops at the last query's last key, as causal)."""
         cfg = self.config
+        m_block = np.asarray(m_block, dtype=np.int64)
         keys = np.full_like(m_block, self.seqlen_k)
         if self.causal:
             keys = np.minimum(keys, (m_block + 1) * cfg.block_m)
+        if self.window_right >= 0:
+            keys = np.minimum(keys, (m_block + 1) * cfg.block_m + self.window_right)
         return -(-keys // cfg.block_n)
+
+    def n_block_min(self, m_block: np.ndarray) -> np.ndarray:
+        """The first K/V block of each Q block: 0, or with a left window the block of the first
+        query's first key, max(0, row0 - left) // block_n (fa2_fwd.cu), at most n_block_max - 1:
+        a Q block whose window holds no key still runs one (fully masked) round, its rows empty."""
+        m_block = np.asarray(m_block, dtype=np.int64)
+        if self.window_left < 0:
+            return np.zeros_like(m_block)
+        first = np.maximum(0, m_block * self.config.block_m - self.window_left) // self.config.block_n
+        return np.minimum(first, self.n_block_max(m_block) - 1)
+
+    def n_rounds_of(self, m_block: np.ndarray) -> np.ndarray:
+        """K/V rounds each Q block runs: n_block_max - n_block_min."""
+        return self.n_block_max(m_block) - self.n_block_min(m_block)
 
     @property
     def reversed_m_blocks(self) -> bool:
@@ -100,8 +166,8 @@ class Problem:
         return self.m_block_of(ctas) + self.n_m_blocks * (ctas // self.n_m_blocks)
 
     def rounds_per_cta(self, ctas) -> np.ndarray:
-        """n_block_max of linear CTA ids (int64 array)."""
-        return self.n_block_max(self.m_block_of(ctas))
+        """K/V rounds (n_rounds_of) of linear CTA ids (int64 array)."""
+        return self.n_rounds_of(self.m_block_of(ctas))
 
     @property
     def cta_rounds(self) -> int:
@@ -109,6 +175,8 @@ class Problem:
         costs nothing for any size). Causal: Q blocks m < J = Nk // block_m see (m + 1) block_m
         keys, the others all Nk."""
         bm, bn = self.config.block_m, self.config.block_n
+        if self.has_window:  # summed over the Q blocks (one int64 array of n_m_blocks)
+            return int(self.n_rounds_of(np.arange(self.n_m_blocks)).sum()) * self.batch * self.heads
         per_bh = self.n_m_blocks * self.n_rounds
         if self.causal:
             j = min(self.n_m_blocks, self.seqlen_k // bm)
@@ -118,7 +186,8 @@ class Problem:
     @property
     def flops(self) -> float:
         """The useful FLOPs of the launch: `attention_flops`."""
-        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal,
+                               (self.window_left, self.window_right))
 
     def check_cta(self, cta: int, what: str = "CTA") -> int:
         """A linear CTA id inside the grid, or a ValueError naming the grid."""
@@ -128,17 +197,72 @@ class Problem:
         return int(cta)
 
     def describe(self) -> str:
+        extra = "".join(f" {f}" for f in self.features())
         return (f"B={self.batch} H={self.heads} Nq={self.seqlen_q} Nk={self.seqlen_k} d={self.head_dim} "
-                f"{'causal' if self.causal else 'non-causal'} scale={self.scale:.6g} config {self.config.tag}")
+                f"{'causal' if self.causal else 'non-causal'} scale={self.scale:.6g}{extra} config {self.config.tag}")
+
+
+def check_heads_k(heads_k, heads: int) -> int:
+    """heads_k (None: heads) as an int that divides heads; a ValueError of one line otherwise."""
+    if heads_k is None:
+        return heads
+    if isinstance(heads_k, bool) or not isinstance(heads_k, (int, np.integer)) or heads_k < 1 or heads % heads_k:
+        raise ValueError(f"heads_k must be a positive integer that divides heads={heads} (grouped-query attention: "
+                         f"each K/V head serves heads/heads_k Q heads), got {heads_k!r:.60}")
+    return int(heads_k)
+
+
+def check_window(window) -> tuple[int, int]:
+    """(left, right), each -1 (unbounded) or an integer >= 0 (None: (-1, -1)); a ValueError of one
+    line otherwise. A side wider than the sequence is fine (it holds every key)."""
+    if window is None:
+        return (-1, -1)
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        left = right = None
+    ok = all(not isinstance(x, bool) and isinstance(x, (int, np.integer)) and x >= -1 for x in (left, right))
+    if not ok:
+        raise ValueError(f"window must be (left, right), each -1 (unbounded) or an integer >= 0, got {window!r:.60}")
+    return (int(left), int(right))
+
+
+def check_softcap(softcap) -> float:
+    """softcap as a float: 0 (off) or a positive finite number, nonzero in fp32; a ValueError of one
+    line otherwise."""
+    if softcap is None:
+        return 0.0
+    bad = isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating))
+    cap = float("nan") if bad else float(softcap)
+    with np.errstate(over="ignore", under="ignore"):
+        cap32 = float(np.float32(cap)) if not bad else cap
+    if cap == 0.0:
+        return 0.0
+    if not (np.isfinite(cap) and cap > 0 and np.isfinite(cap32) and cap32 > 0):
+        raise ValueError(f"softcap must be a positive finite number (cap * tanh(s / cap)), or 0 for none, "
+                         f"got {softcap!r:.60}")
+    return cap
 
 
 
-def attention_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+def attention_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> int:
     """(query, key) pairs of one head that the mask keeps: Nq Nk, or with this kernel's top-left
     causal mask (key k visible to query q iff k <= q, fa2_fwd.cu's mask_scores) the sum over the
     queries of min(q + 1, Nk): Nq (Nq + 1) / 2 when Nq <= Nk, else Nk (Nk + 1) / 2 + (Nq - Nk) Nk.
-    Exact for any Nq, Nk (Nq << Nk keeps a triangle of Nq rows, not half of Nq x Nk)."""
+    Exact for any Nq, Nk (Nq << Nk keeps a triangle of Nq rows, not half of Nq x Nk). A sliding
+    window (left, right) (Problem.window; -1 unbounded) keeps keys q - left .. q + right: summed
+    over the queries."""
     nq, nk = int(seqlen_q), int(seqlen_k)
+    left, right = window
+    if left >= 0 or right >= 0:
+        qs = np.arange(nq, dtype=np.int64)
+        lo = np.maximum(0, qs - left) if left >= 0 else np.zeros_like(qs)
+        hi = np.full_like(qs, nk - 1)
+        if causal:
+            hi = np.minimum(hi, qs)
+        if right >= 0:
+            hi = np.minimum(hi, qs + right)
+        return int(np.maximum(0, hi - lo + 1).sum())
     if not causal:
         return nq * nk
     if nq <= nk:
@@ -146,11 +270,12 @@ def attention_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     return nk * (nk + 1) // 2 + (nq - nk) * nk
 
 
-def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool,
+                    window: tuple[int, int] = (-1, -1)) -> float:
     """4 d FLOPs (QK and PV, a multiply-add each) per (query, key) pair the mask keeps
     (`attention_pairs`), over B H heads. Causal at Nq = Nk: N (N + 1) / 2 pairs, 1/N above the
     benchmark convention's N^2 / 2; FLOPs of masked pairs the kernel computes anyway do not count."""
-    return 4.0 * batch * heads * head_dim * attention_pairs(seqlen_q, seqlen_k, causal)
+    return 4.0 * batch * heads * head_dim * attention_pairs(seqlen_q, seqlen_k, causal, window)
 
 
 def cta_spans(ctas, most: int = 3) -> str:

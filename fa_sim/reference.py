@@ -24,7 +24,11 @@ from typing import Iterator
 
 import numpy as np
 
+from .isa.convert import f32_to_bf16_values
+from .messages import quoted
+
 NEG_INF = float("-inf")  # a masked score (spec table 4: exp(s(-inf - m)) = 0)
+TANH_ABS_ERR = 2.0 ** -22  # fa2_fwd.cu's softcap tanh (tanh_ex2) against float64: measured at most 1.2e-7
 BLOCK_BYTES = 64 << 20  # float64 scores and weights of one block of query rows
 
 Scalar = Fraction | float  # Fraction, or NEG_INF for a masked score / an empty max
@@ -45,19 +49,41 @@ def _check_inputs(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             raise ValueError(f"{name} contains NaN or Inf")
 
 
-def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
-    """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H, Nk, d]: the inputs every command,
-    experiment and test uses, so the same options give the same tensors everywhere. Sizes are
-    integers >= 1 and seed an integer >= 0 (fa_sim.validate's words)."""
+def _check_grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int]:
+    """_check_inputs, where k and v may have fewer heads (axis -3) than q, a divisor of them
+    (grouped-query attention): (q's heads, k's heads, Q heads per K/V head)."""
+    if q.ndim >= 3 and k.ndim == q.ndim and q.shape[:-3] == k.shape[:-3] and k.shape[-3] >= 1 \
+            and q.shape[-3] != k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+        _check_inputs(q[..., :k.shape[-3], :, :], k, v)
+        if not np.all(np.isfinite(q)):
+            raise ValueError("q contains NaN or Inf")
+        return q.shape[-3], k.shape[-3], q.shape[-3] // k.shape[-3]
+    _check_inputs(q, k, v)
+    return (q.shape[-3], k.shape[-3], 1) if q.ndim >= 3 else (1, 1, 1)
+
+
+def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
+                  heads_k: int | None = None, dtype: str = "fp16"):
+    """Seeded standard-normal fp16 q [B, H, Nq, d], k and v [B, H_k, Nk, d] (H_k = heads_k, default
+    H): the inputs every command, experiment and test uses, so the same options give the same
+    tensors everywhere. Sizes are integers >= 1, heads_k one that divides heads, and seed an
+    integer >= 0 (fa_sim.validate's words). dtype "bf16": the same draws rounded to bf16 (to
+    nearest even), as float32 arrays (numpy has no bf16)."""
+    from .problem import check_heads_k
     from .validate import check_count, check_head_dim
 
     batch, heads, seqlen_q, seqlen_k = (check_count(v, n) for v, n in ((batch, "batch"), (heads, "heads"),
                                                                         (seqlen_q, "seqlen_q"), (seqlen_k, "seqlen_k")))
     head_dim = check_head_dim(head_dim)
+    heads_k = check_heads_k(heads_k, heads)
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
+    if dtype not in ("fp16", "bf16"):
+        raise ValueError(f"dtype {quoted(dtype)} is not supported; choose fp16 or bf16")
     rng = np.random.default_rng(seed)
-    shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
+    shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads_k, seqlen_k, head_dim))
+    if dtype == "bf16":
+        return tuple(f32_to_bf16_values(rng.standard_normal(shapes[min(i, 1)]).astype(np.float32)) for i in range(3))
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 
@@ -89,6 +115,23 @@ def extreme_inputs(case: str, shape=(1, 1, 64, 64), seed: int = 0):
     return (*qk[case], v)
 
 
+def visible(rows: range, n_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    """[len(rows), Nk] bool, True where key j is visible to query i: top-left causal (j <= i) and
+    FlashAttention-2's sliding window with the same alignment, i - left <= j <= i + right (a side
+    of -1 unbounded; fa_sim.problem)."""
+    i = np.arange(rows.start, rows.stop)[:, None]
+    j = np.arange(n_k)[None, :]
+    out = np.ones((len(rows), n_k), bool)
+    left, right = window
+    if causal:
+        out &= j <= i
+    if left >= 0:
+        out &= j >= i - left
+    if right >= 0:
+        out &= j <= i + right
+    return out
+
+
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     """[Nq, Nk] bool, True where key k is visible to query q: k <= q (top-left, spec figure 12)."""
     return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None]
@@ -110,40 +153,57 @@ class Block:
 
 
 def attention_blocks(q, k, v, causal: bool = False, scale: float | None = None,
-                     block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+                     block_bytes: int = BLOCK_BYTES, *, window: tuple[int, int] | None = None,
+                     softcap: float = 0.0) -> Iterator[Block]:
     """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys, one block of query rows at
-    a time: memory stays at `block_bytes` plus one slice of k and v in float64, whatever the size."""
+    a time: memory stays at `block_bytes` plus one slice of k and v in float64, whatever the size.
+    Issue 38's features (fa_sim.problem): k and v of [B, H_k, Nk, d] with H_k dividing q's H
+    (grouped-query attention: Q head h reads K/V head h // (H / H_k)); `window` (left, right), -1
+    unbounded (`visible`); `softcap` C > 0: scores x = scale q.k become C tanh(x / C). A row that
+    sees no key (a window past the keys) gets O = 0 and LSE = +inf, as the kernel stores it."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
-    _check_inputs(q, k, v)
+    q_heads, k_heads, group = _check_grouped(q, k, v)
+    window = (-1, -1) if window is None else tuple(int(x) for x in window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale}")
     n_q, n_k = q.shape[-2], k.shape[-2]
     rows = block_rows(n_k, block_bytes)
     qs, ks, vs = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    masked = causal or window != (-1, -1)
     for i in range(qs.shape[0]):
-        k64, v64 = ks[i].astype(np.float64), vs[i].astype(np.float64)
+        ik = (i // q_heads) * k_heads + (i % q_heads) // group if group > 1 else i  # the K/V head of Q head i
+        k64, v64 = ks[ik].astype(np.float64), vs[ik].astype(np.float64)
         for r0 in range(0, n_q, rows):
             r = slice(r0, min(n_q, r0 + rows))
             s = scale * (qs[i, r].astype(np.float64) @ k64.T)  # [rows, Nk]
-            if causal:
-                s[np.arange(n_k)[None, :] > np.arange(r0, r.stop)[:, None]] = -np.inf
-            m = s.max(axis=-1, keepdims=True)  # finite: every query sees key 0
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            if masked:
+                s[~visible(range(r0, r.stop), n_k, causal, window)] = -np.inf
+            m = s.max(axis=-1, keepdims=True)  # -inf only for a row that sees no key
+            empty = ~np.isfinite(m)
+            m = np.where(empty, 0.0, m)
             p = np.exp(np.subtract(s, m, out=s), out=s)
             l = p.sum(axis=-1, keepdims=True)
-            yield Block(i, r, (p @ v64) / l, (m + np.log(l))[:, 0])
+            if empty.any():
+                yield Block(i, r, np.where(empty, 0.0, p @ v64) / np.where(empty, 1.0, l),
+                            np.where(empty, np.inf, m + np.log(np.where(empty, 1.0, l)))[:, 0])
+            else:
+                yield Block(i, r, (p @ v64) / l, (m + np.log(l))[:, 0])
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
-              block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+              block_bytes: int = BLOCK_BYTES, *, window: tuple[int, int] | None = None,
+              softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Float64 attention of [..., Nq, d] queries over [..., Nk, d] keys: (o [..., Nq, dv], lse [..., Nq]),
-    computed in blocks of query rows (`attention_blocks`)."""
+    computed in blocks of query rows (`attention_blocks`, which also describes GQA, window, softcap)."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
-    _check_inputs(q, k, v)
+    _check_grouped(q, k, v)
     lead = q.shape[:-2]
     o = np.empty((math.prod(lead), q.shape[-2], v.shape[-1]))
     lse = np.empty((math.prod(lead), q.shape[-2]))
-    for blk in attention_blocks(q, k, v, causal, scale, block_bytes):
+    for blk in attention_blocks(q, k, v, causal, scale, block_bytes, window=window, softcap=softcap):
         o[blk.index, blk.rows], lse[blk.index, blk.rows] = blk.o, blk.lse
     return o.reshape(*lead, *o.shape[1:]), lse.reshape(*lead, lse.shape[-1])
 

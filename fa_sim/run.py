@@ -27,8 +27,8 @@ from . import heap
 from .config import KernelConfig
 from .contract import KernelSource, kernel_source
 from .hub import Hub
-from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, Problem, check_program_config, engine_for,
-                      flash_fwd, wave_order)
+from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, Problem, check_program_config,
+                      check_program_problem, engine_for, flash_fwd, wave_order)
 from .machine import Machine
 from .memory import GlobalMemory
 from .tensorcore import FusedDotModel
@@ -98,10 +98,11 @@ def kernel_variant(kernel, names: Names = API) -> KernelSource:
 
 
 def choose_front_end(engine, kernel, config: KernelConfig, mutation: Mutation | None = None,
-                     names: Names = API) -> FrontEnd:
-    """The front end that runs `config`, from engine (None, a name of ENGINES, or a FrontEnd already
-    chosen), kernel (None or the path of a variant) and mutation (None or a Mutation); every check
-    of the choice, the kernel file's included, is made here and nowhere else."""
+                     names: Names = API, problem: Problem | None = None) -> FrontEnd:
+    """The front end that runs `config` (and `problem`'s features, when given: softcap needs the
+    PTX engine), from engine (None, a name of ENGINES, or a FrontEnd already chosen), kernel (None
+    or the path of a variant) and mutation (None or a Mutation); every check of the choice, the
+    kernel file's included, is made here and nowhere else."""
     if isinstance(engine, FRONT_ENDS):
         if kernel is not None or mutation is not None:
             raise ValueError(f"{names.engine} is a chosen front end ({engine.describe()}); give its kernel and "
@@ -110,17 +111,20 @@ def choose_front_end(engine, kernel, config: KernelConfig, mutation: Mutation | 
         if isinstance(front, PtxFrontEnd) and front.kernel is not None:
             front = PtxFrontEnd(kernel_variant(front.kernel, names))
     else:
-        front = _choose(engine, kernel, config, mutation, names)
+        front = _choose(engine, kernel, config, mutation, names, problem)
     if isinstance(front, ProgramFrontEnd):
         check_program_config(config)
+        if problem is not None:
+            check_program_problem(problem, names.engine_is(Engine.PTX))
     return front
 
 
-def _choose(engine, kernel, config: KernelConfig, mutation, names: Names) -> FrontEnd:
+def _choose(engine, kernel, config: KernelConfig, mutation, names: Names, problem: Problem | None = None) -> FrontEnd:
     if engine is not None and not isinstance(engine, Engine) and engine not in ENGINES:
         raise ValueError(f"{names.engine} must be one of {ENGINES}, got {engine!r}")
     path = None if kernel is None else kernel_variant(kernel, names)
-    chosen = Engine(engine) if engine is not None else Engine.PTX if path is not None else Engine(engine_for(config))
+    chosen = (Engine(engine) if engine is not None else Engine.PTX if path is not None
+              else Engine(engine_for(config, problem)))
     if chosen is Engine.PROGRAM and path is not None:
         raise ValueError(f"{names.kernel} is simulated by the PTX engine; drop {names.engine_is(Engine.PROGRAM)} "
                          f"or use {names.engine_is(Engine.PTX)}")
@@ -160,15 +164,16 @@ class RunSpec:
 
 
 def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:
-    """The kernel's buffers q, k, v, o ([B*H, N, d] fp16 bits) and lse ([B*H, Nq] fp32); o and lse
-    are new zeros unless given (a worker of fa_sim.parallel writes into shared ones)."""
+    """The kernel's buffers q, o ([B*H, Nq, d] fp16 bits), k, v ([B*H_k, Nk, d]) and lse ([B*H, Nq]
+    fp32); o and lse are new zeros unless given (a worker of fa_sim.parallel writes into shared ones)."""
     b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
+    hk = prob.heads_k
     o = np.zeros((b * h, nq, d), np.uint16) if o is None else o.reshape(b * h, nq, d).view(np.uint16)
     lse = np.zeros((b * h, nq), np.float32) if lse is None else lse.reshape(b * h, nq)
     gmem = GlobalMemory()
     bufs = {name: gmem.alloc(name, a) for name, a in (
-        ("q", q16.reshape(b * h, nq, d).view(np.uint16)), ("k", k16.reshape(b * h, nk, d).view(np.uint16)),
-        ("v", v16.reshape(b * h, nk, d).view(np.uint16)), ("o", o), ("lse", lse))}
+        ("q", q16.reshape(b * h, nq, d).view(np.uint16)), ("k", k16.reshape(b * hk, nk, d).view(np.uint16)),
+        ("v", v16.reshape(b * hk, nk, d).view(np.uint16)), ("o", o), ("lse", lse))}
     return gmem, bufs, Pointers(*(bufs[n].base for n in ("q", "k", "v", "o", "lse")))
 
 
@@ -187,5 +192,6 @@ def run_ctas(spec: RunSpec, gmem: GlobalMemory, ptr: Pointers, hub: Hub, waves: 
     labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
                              "LSE": prob.seqlen_q})
     for wave in waves:
-        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, spec.mma_model, labels)
+        model = spec.mma_model.for_operand("bf16" if cfg.dtype == "bf16" else "f16")  # the MMAs' A and B type
+        m = Machine(cfg.n_warps, cfg.smem_bytes, gmem, wave, hub, model, labels)
         flash_fwd(m, prob, ptr, front.mutation, on_round=on_rounds)

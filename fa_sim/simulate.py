@@ -2,16 +2,27 @@
 
     res = simulate(q, k, v, causal=False, scale=None, config=None, observers=())
     res.o    [B, H, Nq, d] float16      res.lse  [B, H, Nq] float32 (natural log)
+             (bf16 runs: float32 holding the bf16 values exactly; res.o_bits the uint16 patterns)
 
 q: [B, H, Nq, d], k and v: [B, H, Nk, d] — numpy arrays, torch or cupy tensors, or anything with
 `__array__` or `__dlpack__`. The input policy is fa_sim.validate's, shared with fa_hw.forward:
 fp16, or another real dtype whose values fp16 holds exactly (a value fp16 would round or overflow
-is a ValueError naming it and the fix: convert explicitly); finite values; rank 4. Any Nq, Nk >= 1;
+is a ValueError naming it and the fix: convert explicitly); finite values; rank 4. `dtype` ("fp16"
+or "bf16", issue 38) picks the kernel's 16-bit type; None takes it from the inputs (bfloat16 arrays:
+bf16), else from `config`, else fp16 (fa_sim.validate.resolve_dtype: fp16 and bf16 inputs mixed is
+a ValueError). numpy has no bf16: pass float32 arrays of bf16 values (validate.round_to_bf16) with
+dtype="bf16". Both engines run bf16, bit for bit alike. Any Nq, Nk >= 1;
 Nk may differ from Nq (causal is top-left aligned: key k is visible to query q iff k <= q).
 `scale=None` means 1/sqrt(d) (at most validate.max_scale(d)).
 `mma_model` picks the tensor core's accumulation (fa_sim.tensorcore): None or "exact" rounds the
 exact sum once (fast), "h200" reproduces the H200 bit for bit (fitted; every product separately,
 so QK and PV cost about 50 times more).
+Issue 38's features (fa_sim.problem; docs/features.md): k and v may have fewer heads than q, H_k
+dividing H (grouped-query / multi-query attention: Q head h reads K/V head h // (H / H_k));
+`window=(left, right)` is FlashAttention-2's sliding window (-1 unbounded; top-left aligned: query i
+sees keys i - left .. i + right; causal makes the right side 0); `softcap=C` (> 0) replaces the
+scaled scores x by C tanh(x / C) before the softmax. The hand-written program runs GQA and windows;
+softcap runs on engine="ptx" (engine=None picks it).
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
@@ -63,7 +74,7 @@ from .hub import Hub
 from .kernels import Mutation, launch_info
 from .parallel import choose_pool
 from .run import FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
-from .validate import check_input, make_problem
+from .validate import check_bf16_range, check_input, make_problem, resolve_dtype
 
 DEFAULT_WAVE_CTAS = 64  # the fastest per CTA (measured, CPU seconds of (1, 4, 4096, 64): 3.4 with waves
 # of 16, 3.0 of 32, 2.9 of 64, 3.0 of 128, 3.5 of 256); bounds temporaries to tens of MB at head_dim 128
@@ -76,7 +87,7 @@ PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines when stderr is not a
 class SimResult:
     """Outputs and statistics of one simulated launch."""
 
-    o: np.ndarray  # [B, H, Nq, d] float16
+    o: np.ndarray  # [B, H, Nq, d] float16 (bf16 runs: float32 of the bf16 values)
     lse: np.ndarray  # [B, H, Nq] float32
     counts: Mapping[tuple[Op, str, int], int]  # warp instructions per (class, phase, round)
     instructions: Mapping[Op, int]  # totals per counted class (events.COUNTED_OPS)
@@ -84,6 +95,26 @@ class SimResult:
     config: KernelConfig
     causal: bool
     scale: float
+
+    @property
+    def dtype(self) -> str:
+        """The run's 16-bit type, "fp16" or "bf16" (config.dtype)."""
+        return self.config.dtype
+
+    @property
+    def o_bits(self) -> np.ndarray:
+        """O's 16-bit patterns as the kernel stored them, uint16 [B, H, Nq, d] (fp16 or bf16)."""
+        if self.o.dtype == np.float16:
+            return self.o.view(np.uint16)
+        return (self.o.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def half_values(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """16-bit patterns (uint16) of `dtype` -> their values: float16, or float32 for bf16 (exact)."""
+    bits = np.ascontiguousarray(bits, np.uint16)
+    if dtype == "fp16":
+        return bits.view(np.float16)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 class _Lines:
@@ -156,14 +187,16 @@ def _observers(observers) -> tuple:
 
 
 def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-             observers=(), *, engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
+             observers=(), *, window: tuple[int, int] | None = None, softcap: float | None = None,
+             engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
-             workers: int | str | None = None, cluster: str | None = None) -> SimResult:
+             workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]  # reads no values yet
-    prob = make_problem(*(i.shape for i in inputs), causal, scale, config)
-    front = choose_front_end(engine, kernel, prob.config, mutation)
+    prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
+                        dtype=resolve_dtype(inputs, dtype, config))
+    front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     if progress is not None and not isinstance(progress, (bool, np.bool_)):
@@ -174,7 +207,10 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     plan.check()  # before any copy of the inputs or allocation of the run's own
     spec = RunSpec(prob, front, model, int(wave_ctas))
     pool = choose_pool(spec, hub.observers, workers, cluster, plan)  # None: run here
-    q16, k16, v16 = (i.host_fp16() for i in inputs)
+    q16, k16, v16 = (i.host_half(prob.config.dtype) for i in inputs)  # bf16: uint16 patterns
+    if prob.config.dtype == "bf16":
+        check_bf16_range([float(np.max(np.abs(half_values(x, "bf16")))) for x in (q16, k16, v16)],
+                         prob.scale, prob.head_dim, prob.seqlen_k)
     b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
     hub.launch(launch_info(prob))
     with _progress_bar(progress, prob.cta_rounds, plan.sim_seconds) as bar:
@@ -186,6 +222,6 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
             o, lse = pool.simulate(spec, q16, k16, v16, hub, bar.update)
     hub.finish()
     counts = dict(hub.counts)
-    return SimResult(o=o.view(np.float16).reshape(b, h, nq, d), lse=lse.reshape(b, h, nq),
+    return SimResult(o=half_values(o, prob.config.dtype).reshape(b, h, nq, d), lse=lse.reshape(b, h, nq),
                      counts=counts, instructions=_totals(counts), seconds=time.perf_counter() - start,
                      config=prob.config, causal=prob.causal, scale=prob.scale)

@@ -158,7 +158,7 @@ def run_case(case: Case) -> CaseResult:
     from .simulate import simulate
 
     b, h, nq, nk = case.shape
-    q, k, v = random_inputs(b, h, nq, nk, case.config.head_dim, case.seed)
+    q, k, v = random_inputs(b, h, nq, nk, case.config.head_dim, case.seed, dtype=case.config.dtype)
     banks, hazards = BankCounter(), HazardChecker()
     start = time.perf_counter()
     res = simulate(q, k, v, causal=case.causal, config=case.config, observers=[banks, hazards], mma_model=case.mma,

@@ -1,4 +1,4 @@
-"""Models of the tensor core's fp32 accumulation in mma.sync m16n8k16 (f16 x f16 -> f32).
+"""Models of the tensor core's fp32 accumulation in mma.sync m16n8k16 (f16 x f16 or bf16 x bf16 -> f32).
 
 PTX leaves the accumulation order and rounding of `mma` unspecified
 (#warp-level-matrix-instructions-mma). Published measurements of NVIDIA tensor cores (Fasi,
@@ -19,15 +19,29 @@ simulator's fast default. `H200` is the member that reproduces the H200 bit for 
 16-term step, exponents ea + eb, 24 + 2 bits kept, truncation toward zero, result toward zero.
 `fit()` picks, from measured hardware outputs, the members of the family that reproduce every
 value bit for bit (fa_sim/calibrate/mma_probe.py collects them on the GPU).
+
+bf16 operands (`operand="bf16"`, mma.sync...f32.bf16.bf16.f32): a model is the same member applied to
+bf16 values, carried as float32 arrays (bf16 is the upper half of an fp32 pattern: the widening is
+exact). Nothing of the accumulation depends on the operand type but the operands' decoding and,
+with `nominal_exponents`, where a product's exponent is read (ea + eb from the bf16 exponent field,
+which is fp32's: subnormals at -126). EXACT applies unchanged because what it relies on holds for
+bf16 as for fp16: a product is exact in float64 (8 x 8 = 16 significand bits, fp16 11 x 11 = 22,
+both <= 53) and neither overflows nor underflows there (bf16 products lie in 2^-266 .. 2^256, fp16
+products in 2^-48 .. 2^32, both inside float64's 2^-1074 .. 2^1024); the 16 products and C are then
+summed in float64 and rounded once to fp32 in both cases. The H200 member was fitted on f16 MMAs
+only; that it holds for bf16 MMAs is not measured.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+
+OPERANDS = ("f16", "bf16")  # the mma operand types (PTX .f16, .bf16)
 
 
 class Rounding(enum.Enum):
@@ -43,19 +57,32 @@ class FusedDotModel:
     rounding: Rounding = Rounding.NEAREST_EVEN
     align: Rounding = Rounding.TOWARD_ZERO  # how bits shifted out during alignment are dropped
     nominal_exponents: bool = False  # a product's exponent is ea + eb (before normalising ma*mb)
+    operand: str = "f16"  # the operands' type: "f16", or "bf16" (values carried as float32)
+
+    def __post_init__(self) -> None:
+        if self.operand not in OPERANDS:
+            raise ValueError(f"FusedDotModel.operand {self.operand!r} is not one of {OPERANDS}")
+
+    def for_operand(self, operand: str) -> "FusedDotModel":
+        """This model applied to operands of type `operand` ("f16" or "bf16")."""
+        return self if operand == self.operand else replace(self, operand=operand)
 
     def __str__(self) -> str:
+        of = "" if self.operand == "f16" else f" of {self.operand}"
         if self.extra_bits is None:
-            return f"exact {self.block}-term dot + c, {self.rounding.value} to fp32"
+            return f"exact {self.block}-term dot{of} + c, {self.rounding.value} to fp32"
         expo = "ea+eb" if self.nominal_exponents else "normalised"
-        return (f"fused {self.block}-term dot + c, aligned to the max exponent ({expo} for products), "
+        return (f"fused {self.block}-term dot{of} + c, aligned to the max exponent ({expo} for products), "
                 f"24+{self.extra_bits} bits kept ({self.align.value}), {self.rounding.value} to fp32")
 
     def dot_add(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """d = c + sum_k a[..., k] * b[..., k]; a, b fp16 [..., K], c fp32 [...] -> fp32 [...]."""
-        a, b = np.broadcast_arrays(np.asarray(a, np.float16), np.asarray(b, np.float16))
-        prods = a.astype(np.float64) * b.astype(np.float64)  # exact: 11 x 11 significand bits
-        leads = _lead16(a) + _lead16(b) if self.nominal_exponents else _lead(prods)
+        """d = c + sum_k a[..., k] * b[..., k]; a, b fp16 [..., K] (bf16 values as float32 with
+        operand "bf16"), c fp32 [...] -> fp32 [...]."""
+        wide = np.float16 if self.operand == "f16" else np.float32
+        a, b = np.broadcast_arrays(np.asarray(a, wide), np.asarray(b, wide))
+        prods = a.astype(np.float64) * b.astype(np.float64)  # exact: 11 x 11 (bf16: 8 x 8) significand bits
+        field = _lead16 if self.operand == "f16" else _lead_bf16
+        leads = field(a) + field(b) if self.nominal_exponents else _lead(prods)
         acc = np.asarray(c, dtype=np.float32)
         for k0 in range(0, prods.shape[-1], self.block):
             acc64 = acc.astype(np.float64)
@@ -67,7 +94,8 @@ class FusedDotModel:
         return acc
 
     def matmul_add(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """D = C + A @ B: c [..., M, N] f32, a [..., M, K] f16, b [..., K, N] f16 -> [..., M, N] f32.
+        """D = C + A @ B: c [..., M, N] f32, a [..., M, K] f16, b [..., K, N] f16 (bf16: their values
+        as float32) -> [..., M, N] f32.
         Inf and NaN operands (P~ overflowing fp16 in the FFMA softmax form) give inf and NaN as
         the tensor core does, without numpy's warnings: fa_sim.accuracy reports them with their cause."""
         with np.errstate(invalid="ignore", over="ignore"):
@@ -79,7 +107,7 @@ class FusedDotModel:
     @property
     def float64_sum(self) -> bool:
         """Whether this is EXACT: float64 matmuls (fed float64 operands, they convert nothing)."""
-        return self is EXACT or self == EXACT
+        return self is EXACT or self.for_operand("f16") == EXACT
 
     def matmul_chain(self, c: np.ndarray, steps) -> np.ndarray:
         """D = C, then D = matmul_add(D, A, B) for each (A, B) of `steps` in turn, bit for bit.
@@ -125,6 +153,14 @@ def _lead16(h: np.ndarray) -> np.ndarray:
     return np.where((bits & 0x7FFF) == 0, NO_LEAD, np.maximum(field, 1) - 15)
 
 
+def _lead_bf16(x: np.ndarray) -> np.ndarray:
+    """Exponent field of bf16 values (float32 arrays; bf16 is fp32's upper half, so the field is
+    fp32's) as the hardware would read it (subnormals: -126), NO_LEAD for 0."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.int64)
+    field = (bits >> 23) & 0xFF
+    return np.where((bits & 0x7FFFFFFF) == 0, NO_LEAD, np.maximum(field, 1) - 127)
+
+
 def _aligned_sum(terms: np.ndarray, lead: np.ndarray, extra_bits: int | None, align: Rounding) -> np.ndarray:
     """Sum of terms [..., n] after cutting each to a multiple of 2^(max lead - 23 - extra_bits)."""
     if extra_bits is None:
@@ -167,8 +203,10 @@ def resolve(model) -> FusedDotModel:
         raise ValueError(f"unknown tensor-core model {model!r}; choose one of {sorted(MODELS)}") from None
 
 
-def candidates() -> list[FusedDotModel]:
-    """The model family searched by `fit`."""
+def candidates(operand: str = "f16") -> list[FusedDotModel]:
+    """The model family searched by `fit`, applied to operands of type `operand`."""
+    if operand != "f16":
+        return [m.for_operand(operand) for m in candidates()]
     out = [EXACT]
     for block, bits, rnd, align, nominal in itertools.product(
             (4, 8, 16), (0, 1, 2, 3, 4, 5, 8), Rounding, (Rounding.TOWARD_ZERO, Rounding.DOWN), (False, True)):
@@ -183,11 +221,12 @@ class FitResult:
     total: int
 
 
-def fit(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> list[FitResult]:
-    """Score every candidate against measured d (fp32 [..]) for inputs a, b [.., K], c; best first."""
+def fit(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, operand: str = "f16") -> list[FitResult]:
+    """Score every candidate against measured d (fp32 [..]) for inputs a, b [.., K] (fp16, or bf16
+    values as float32 with operand "bf16"), c; best first."""
     d_bits = np.asarray(d, dtype=np.float32).view(np.uint32)
     scores = []
-    for model in candidates():
+    for model in candidates(operand):
         pred = model.dot_add(a, b, c).view(np.uint32)
         scores.append(FitResult(model, int(np.count_nonzero(pred != d_bits)), int(d_bits.size)))
     return sorted(scores, key=lambda r: r.mismatches)

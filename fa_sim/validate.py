@@ -1,22 +1,39 @@
 """Input validation of both backends (fa_sim.simulate, fa_hw.forward): one policy, one set of words.
 
-The kernel reads fp16 q, k, v (SCHEDULE.md). The input policy:
+The kernel reads fp16 q, k, v (SCHEDULE.md), or bf16 ones (KernelConfig.dtype "bf16", fa2_fwd.cu
+FA_BF16; issue 38). The input policy:
 
-- q [B, H, Nq, d], k and v [B, H, Nk, d]: rank 4, no empty dimension, k and v of one shape, q and k
-  agreeing in B, H and d, d one of config.HEAD_DIMS.
+- q [B, H, Nq, d], k and v [B, H_k, Nk, d]: rank 4, no empty dimension, k and v of one shape, q and k
+  agreeing in B and d, d one of config.HEAD_DIMS; H_k = H, or with grouped-query attention a
+  divisor of H (Q head h reads K/V head h // (H / H_k); fa_sim.problem).
+- window (left, right) and softcap: fa_sim.problem.check_window / check_softcap.
 - Values: finite (no NaN or Inf).
-- dtype: float16 is used as it is. Any other real dtype (float32, float64, bfloat16, integers) is
-  accepted only when every value is exactly an fp16 value, so that converting loses nothing: a
-  value beyond the fp16 range (|x| > 65504) or one that fp16 would round (more mantissa bits, or
-  below fp16's subnormal spacing 2^-24) is a ValueError naming the array, its dtype, the first such
+- The run's type (`resolve_dtype`): the `dtype` keyword ("fp16" or "bf16") when given; else bf16
+  when the inputs are bfloat16 arrays (torch.bfloat16, or numpy arrays of a dtype named bfloat16,
+  such as ml_dtypes'), else config.dtype when a config is given, else fp16. A given config's dtype
+  must be the run's (as its head_dim must be the inputs'). q, k and v typed float16 and bfloat16
+  mixed is a ValueError in one line, whatever the keyword: convert one explicitly.
+- Values in the run's type: an array of that type is used as it is. Any other real dtype (float32,
+  float64, float16 or bfloat16, integers) is accepted only when every value is exactly a value of
+  the run's type, so that converting loses nothing: a value beyond its range (fp16 |x| > 65504,
+  bf16 |x| > 3.39e38) or one it would round (more mantissa bits than its 11 or 8, or below its
+  subnormal spacing 2^-24 or 2^-133) is a ValueError naming the array, its dtype, the first such
   element and the fix, e.g. "convert explicitly (q.astype(np.float16)) to accept the rounding".
-  Nothing is rounded or overflowed silently: bf16 beyond 65504 never becomes inf.
+  Nothing is rounded or overflowed silently: bf16 beyond 65504 never becomes an fp16 inf. numpy has
+  no bf16 dtype: bf16 inputs are float32 arrays of bf16 values (`round_to_bf16` rounds any array
+  to them, to nearest even), torch.bfloat16 tensors, or ml_dtypes.bfloat16 arrays (not a
+  dependency; read through their float32 values). The simulator and fa_hw return a bf16 O as
+  float32 for numpy and cupy (exact), as torch.bfloat16 for torch.
 - scale: a positive finite number (default 1/sqrt(d)), nonzero in fp32, and at most
   `max_scale(d)`, so that s * log2(e) * |q.k| stays finite in fp32 for every fp16 input
-  (|q.k| <= d * 65504^2); within it the default softmax form is robust (SCHEDULE.md).
-- causal: True or False; config: a KernelConfig whose head_dim is the inputs', or its tag
-  (KernelConfig.from_tag, e.g. 'm128n64d64w4-swizzled-s2'); None: the seed configuration at that
-  head_dim. 'auto' (a GPU's fastest measured config) is fa_hw.forward's alone: it needs the GPU.
+  (|q.k| <= d * 65504^2); within it the default softmax form is robust (SCHEDULE.md). bf16 reaches
+  3.39e38, so bf16 inputs are also held to the same bound with their own maxima (`check_bf16_range`,
+  once the values are read): s * log2(e) * d * max|q| * max|k| and Nk * max|v| at most FP32_MAX / 2,
+  so that no score and no O accumulator overflows fp32.
+- causal: True or False; config: a KernelConfig whose head_dim is the inputs' and whose dtype is
+  the run's, or its tag (KernelConfig.from_tag, e.g. 'm128n64d64w4-swizzled-s2'); None: the seed
+  configuration at that head_dim in the run's type. 'auto' (a GPU's fastest measured config) is
+  fa_hw.forward's alone: it needs the GPU.
 - The launch: batch * heads at most 65,535 (the grid's y limit: the grid is ceil(Nq / block_m) x
   batch*heads CTAs) and Nq, Nk at most 2**31 - 1 (the kernel's int32 arguments), as on the GPU.
 - Counts (batch, heads, sequence lengths, head_dim where they are arguments): Python or numpy
@@ -40,9 +57,13 @@ import numpy as np
 from .config import HEAD_DIMS, KernelConfig
 from .isa.sm80 import MAX_GRID_DIM
 from .messages import quoted
-from .problem import Problem
+from .problem import Problem, check_heads_k
 
 FP16_MAX = 65504.0
+BF16_MAX = float.fromhex("0x1.fep127")  # 3.3895e38
+DTYPES = ("fp16", "bf16")  # KernelConfig.dtype's values
+_DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+_RANGE = {"fp16": "|x| > 65504", "bf16": "|x| > 3.39e38"}
 FP32_MAX = float(np.finfo(np.float32).max)
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1  # the kernel takes seqlen_q and seqlen_k as int
@@ -97,12 +118,26 @@ class _Xp:
     def isfinite(self, a):
         return self.xp.isfinite(a)
 
-    def to_f16(self, a):
+    def readable(self, a):
+        """a, or the float32 values of a bfloat16 array (ml_dtypes: numpy's ufuncs may not take it)."""
+        return a.astype(np.float32) if self.dtype(a) == "bfloat16" else a
+
+    def to_half(self, a, dtype: str = "fp16"):
+        """Contiguous fp16 (float16), or bf16 as uint16 bit patterns, rounded to nearest even."""
+        xp = self.xp
         with np.errstate(over="ignore", invalid="ignore"):
-            return self.xp.ascontiguousarray(a.astype(self.xp.float16, copy=False))
+            if dtype == "fp16":
+                return xp.ascontiguousarray(a.astype(xp.float16, copy=False))
+            if self.dtype(a) == "bfloat16":
+                return xp.ascontiguousarray(a).view(xp.uint16)
+            return _bf16_bits(xp, a.astype(xp.float32, copy=False))
+
+    def values(self, h, dtype: str = "fp16"):
+        """The values of `to_half`'s result (bf16: exact float32)."""
+        return h if dtype == "fp16" else _bf16_values(self.xp, h)
 
     def differs(self, a, h):
-        """Where the fp16 copy is not the value: compared in a dtype holding both exactly."""
+        """Where the 16-bit copy (its values) is not the value: compared in a dtype holding both exactly."""
         wide = a.dtype if a.dtype in (np.float32, np.float64) else np.float64
         return h.astype(wide) != a.astype(wide, copy=False)
 
@@ -135,8 +170,14 @@ class _Torch:
     def isfinite(self, t):
         return self.torch.isfinite(t)
 
-    def to_f16(self, t):
-        return t.to(self.torch.float16).contiguous()
+    def readable(self, t):
+        return t
+
+    def to_half(self, t, dtype: str = "fp16"):
+        return t.to(self.torch.float16 if dtype == "fp16" else self.torch.bfloat16).contiguous()
+
+    def values(self, h, dtype: str = "fp16"):
+        return h
 
     def differs(self, t, h):
         torch = self.torch
@@ -147,6 +188,10 @@ class _Torch:
         return tuple(int(i) for i in self.torch.nonzero(mask)[0].tolist())
 
 
+_FIX_BF16 = {NUMPY: "fa_sim.validate.round_to_bf16({name})", CUPY: "fa_sim.validate.round_to_bf16({name})",
+             TORCH: "{name}.bfloat16()"}
+
+
 def _library(kind: str):
     if kind == TORCH:
         return _Torch()
@@ -155,6 +200,44 @@ def _library(kind: str):
 
         return _Xp(cupy, "{name}.astype(cupy.float16)")
     return _Xp(np, "{name}.astype(np.float16)")
+
+
+def _bf16_bits(xp, f):
+    """float32 values -> bf16 bit patterns (uint16), rounded to nearest even (cvt.rn.bf16.f32; the
+    callers have refused NaN): the carry of the rounding increment runs into the exponent, so a
+    value past BF16_MAX becomes inf."""
+    bits = xp.ascontiguousarray(f, dtype=xp.float32).view(xp.uint32)
+    return ((bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) >> 16).astype(xp.uint16)
+
+
+def _bf16_values(xp, h):
+    """bf16 bit patterns (uint16) -> their values as float32 (exact)."""
+    return (xp.ascontiguousarray(h).astype(xp.uint32) << 16).view(xp.float32)
+
+
+def round_to_bf16(x):
+    """A numpy (or cupy) array rounded to bf16, to nearest even, as float32 values: how a bf16
+    input is written without a bf16 dtype (module docstring). NaN stays NaN; beyond BF16_MAX -> inf."""
+    xp = _library(kind_of(x)).xp if kind_of(x) == CUPY else np
+    a = xp.asarray(x if kind_of(x) == CUPY else _host(x, "x"))
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = a.astype(xp.float32)
+        if a.dtype.itemsize > 4 or a.dtype.kind in "iu":  # f32 may have rounded: no double rounding -
+            wide = a.astype(xp.float64)  # an f32 that rounded onto a bf16 tie moves one f32 ulp back toward a
+            tie = ((f.view(xp.uint32) & xp.uint32(0xFFFF)) == xp.uint32(0x8000)) & (f.astype(xp.float64) != wide)
+            toward = xp.where(wide > f, xp.float32(xp.inf), xp.float32(-xp.inf))
+            f = xp.where(tie, xp.nextafter(f, toward), f)
+    out = _bf16_values(xp, _bf16_bits(xp, f))
+    return xp.where(xp.isnan(f), f, out)
+
+
+def dtype_name(dtype) -> str:
+    """'fp16' or 'bf16' from a name ('fp16', 'float16', 'bf16', 'bfloat16'; any case), else a
+    ValueError naming the accepted values."""
+    name = _DTYPE_NAMES.get(str(dtype).lower()) if isinstance(dtype, str) else None
+    if name is None:
+        raise ValueError(f"dtype {dtype!r} is not supported; choose fp16 or bf16")
+    return name
 
 
 # ---- the checks --------------------------------------------------------------------------------------
@@ -173,35 +256,69 @@ class Input:
     lib: object
     shape: tuple[int, ...]
 
+    @property
+    def half_type(self) -> str | None:
+        """'fp16' or 'bf16' when the array is typed float16 or bfloat16, else None."""
+        return {"float16": "fp16", "bfloat16": "bf16"}.get(self.lib.dtype(self.array))
+
     def fp16(self):
         """The array as contiguous fp16 of its own kind, after every value check of the policy."""
-        name, a, lib = self.name, self.array, self.lib
+        return self.half("fp16")
+
+    def half(self, dtype: str = "fp16"):
+        """The array in the run's 16-bit type, contiguous, of its own kind (fp16: float16; bf16:
+        torch.bfloat16 for torch, uint16 bit patterns for numpy and cupy), after every value check
+        of the policy (module docstring)."""
+        name, lib = self.name, self.lib
+        a = lib.readable(self.array)  # ml_dtypes' bfloat16 as its float32 values
         if lib.kind(a) == "f":
             bad = ~lib.isfinite(a)
             if bool(bad.any()):
                 raise ValueError(f"{name} contains NaN or Inf, first at {_at(name, lib.first(bad))}")
-        h = lib.to_f16(a)
-        if lib.dtype(a) == "float16":
+        h = lib.to_half(self.array if self.half_type == dtype else a, dtype)
+        if self.half_type == dtype:
             return h
-        over = ~lib.isfinite(h)
+        hv = lib.values(h, dtype)
+        over = ~lib.isfinite(hv)
         if bool(over.any()):
             idx = lib.first(over)
-            raise ValueError(f"{name} has values beyond the fp16 range (|x| > 65504), e.g. {_at(name, idx)} = "
-                             f"{float(a[idx]):.9g}; the kernel reads fp16: rescale the inputs")
-        inexact = lib.differs(a, h)
+            raise ValueError(f"{name} has values beyond the {dtype} range ({_RANGE[dtype]}), e.g. {_at(name, idx)} = "
+                             f"{float(a[idx]):.9g}; the kernel reads {dtype}: rescale the inputs")
+        inexact = lib.differs(a, hv)
         if bool(inexact.any()):
             idx = lib.first(inexact)
-            raise ValueError(f"{name} ({lib.dtype(a)}) holds {int(inexact.sum()):,} values that fp16 does not "
-                             f"represent exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(h[idx]):.9g}; the kernel "
-                             f"reads fp16: convert explicitly ({lib.fix.format(name=name)}) to accept the rounding")
+            fix = lib.fix if dtype == "fp16" else _FIX_BF16[kind_of(self.array)]
+            raise ValueError(f"{name} ({lib.dtype(self.array)}) holds {int(inexact.sum()):,} values that {dtype} does not "
+                             f"represent exactly, e.g. {_at(name, idx)} = {float(a[idx]):.9g} -> {float(hv[idx]):.9g}; the "
+                             f"kernel reads {dtype}: convert explicitly ({fix.format(name=name)}) to accept the rounding")
         return h
+
+    def max_abs(self, h, dtype: str) -> float:
+        """The largest |value| of `half(dtype)`'s result h, computed in the array's own library."""
+        if kind_of(h) == TORCH:
+            return float(h.abs().max())
+        return float(self.lib.xp.max(self.lib.xp.abs(self.lib.values(h, dtype))))
 
     def host_fp16(self) -> np.ndarray:
         """fp16, then on the host as a numpy array (the simulator's inputs)."""
-        h = self.fp16()
-        if isinstance(h, np.ndarray):
-            return h
-        return h.cpu().numpy() if kind_of(h) == TORCH else h.get()
+        return self.host_half("fp16")
+
+    def host_half(self, dtype: str = "fp16") -> np.ndarray:
+        """`half(dtype)` on the host as a numpy array: float16, or bf16 as uint16 bit patterns."""
+        return host_array(self.half(dtype))
+
+
+def host_array(h) -> np.ndarray:
+    """A checked 16-bit input or output (`Input.half`) as a host numpy array: float16, or bf16 as
+    uint16 bit patterns (a torch.bfloat16 tensor's bits)."""
+    if isinstance(h, np.ndarray):
+        return h
+    if kind_of(h) == TORCH:
+        import torch
+
+        h = h.detach().cpu()
+        return h.view(torch.int16).numpy().view(np.uint16) if h.dtype == torch.bfloat16 else h.numpy()
+    return h.get()
 
 
 def _detached(x, name: str):
@@ -233,15 +350,67 @@ def check_input(x, name: str) -> Input:
         raise ValueError(f"{name} {exc}") from None
     a = _host(x, name) if kind == NUMPY else x
     lib = _library(kind)
-    if lib.kind(a) not in "fiu":
-        raise ValueError(f"{name} has dtype {lib.dtype(a)}, which does not convert to fp16 "
-                         "(pass float16, or float/integer values that fp16 holds exactly)")
+    if lib.kind(a) not in "fiu" and not (kind == NUMPY and lib.dtype(a) == "bfloat16"):  # ml_dtypes: kind "V"
+        raise ValueError(f"{name} has dtype {lib.dtype(a)}, which does not convert to fp16 or bf16 "
+                         "(pass float16 or bfloat16, or float/integer values that the run's type holds exactly)")
+    _shape_ok(a, name)
+    return Input(name, a, lib, tuple(int(n) for n in a.shape))
+
+
+def _shape_ok(a, name: str) -> bool:
     shape = tuple(int(n) for n in a.shape)
     if len(shape) != 4:
         raise ValueError(f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape {shape}")
     if 0 in shape:
         raise ValueError(empty_message(name, shape))
-    return Input(name, a, lib, shape)
+    return True
+
+
+def resolve_dtype(inputs, dtype=None, config=None) -> str:
+    """The run's 16-bit type from the `dtype` keyword, the inputs' types and the config (module
+    docstring); one ValueError line for float16 and bfloat16 inputs mixed, a bad name, or a config
+    whose dtype is not the run's."""
+    typed = [(i.name, i.half_type) for i in inputs if i.half_type is not None]
+    kinds = {t for _, t in typed}
+    if len(kinds) > 1:
+        said = ", ".join(f"{n} is {'float16' if t == 'fp16' else 'bfloat16'}" for n, t in typed)
+        raise ValueError(f"q, k and v mix fp16 and bf16 ({said}); the kernel reads one type: convert them to one "
+                         "(all float16 or all bfloat16)")
+    config = _config_or_none(config)
+    if dtype is not None:
+        run, source = dtype_name(dtype), f"dtype={dtype_name(dtype)!r}"
+    elif kinds:
+        run = kinds.pop()
+        source = f"the inputs are {'float16' if run == 'fp16' else 'bfloat16'}"
+    else:
+        run, source = (config.dtype if config is not None else "fp16"), None
+    if config is not None and config.dtype != run:
+        raise ValueError(f"config.dtype is {config.dtype!r} but {source}; pass a config with dtype={run!r} "
+                         f"(dataclasses.replace(config, dtype={run!r})) or dtype={config.dtype!r}")
+    return run
+
+
+def _config_or_none(config) -> KernelConfig | None:
+    """config as a KernelConfig (a tag parsed), or None where it is None or not a config: check_config
+    says what is wrong with it, in its turn."""
+    try:
+        return config_of(config)
+    except ValueError:
+        return None
+
+
+def check_bf16_range(maxima, scale: float, head_dim: int, seqlen_k: int) -> None:
+    """bf16 inputs against the fp32 range of the kernel's arithmetic (module docstring), from their
+    largest magnitudes (max|q|, max|k|, max|v|; `Input.max_abs`): one ValueError line naming the
+    bound, before the run."""
+    mq, mk, mv = (float(m) for m in maxima)
+    worst = scale * LOG2E * head_dim * mq * mk
+    if worst > FP32_MAX / 2:
+        raise ValueError(f"bf16 q and k too large for fp32 scores: scale*log2(e)*head_dim*max|q|*max|k| = {worst:.3g} "
+                         f"(max|q| = {mq:.3g}, max|k| = {mk:.3g}) exceeds {FP32_MAX / 2:.3g}; rescale the inputs")
+    if seqlen_k * mv > FP32_MAX / 2:
+        raise ValueError(f"bf16 v too large for the fp32 O accumulator: Nk*max|v| = {seqlen_k * mv:.3g} exceeds "
+                         f"{FP32_MAX / 2:.3g}; rescale v")
 
 
 def to_fp16(x, name: str):
@@ -264,9 +433,12 @@ def check_shapes(q_shape, k_shape, v_shape) -> None:
             raise ValueError(empty_message(name, shape))
     if k != v:
         raise ValueError(f"k and v must have the same shape, got {k} and {v}")
-    for axis, what in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+    for axis, what in ((0, "batch"), (3, "head_dim")):
         if q[axis] != k[axis]:
             raise ValueError(f"q and k disagree in {what}: {q[axis]} vs {k[axis]} (q {q}, k {k})")
+    if q[1] % k[1]:
+        raise ValueError(f"k and v have {k[1]} heads, which does not divide q's {q[1]} (grouped-query attention "
+                         f"needs heads % heads_k == 0; q {q}, k {k})")
     if q[3] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q[3]} is not supported; choose one of {HEAD_DIMS}")
 
@@ -313,12 +485,16 @@ def config_of(config) -> KernelConfig | None:
     raise ValueError(f"config must be {CONFIG_ACCEPTED}, got {type(config).__name__} {quoted(str(config))}")
 
 
-def check_config(config, head_dim: int) -> KernelConfig:
+def check_config(config, head_dim: int, dtype: str | None = None) -> KernelConfig:
+    """config (None: the seed at head_dim, in `dtype`; a KernelConfig or its tag) checked against the
+    inputs' head_dim and the run's dtype (None: config's own)."""
     config = config_of(config)
     if config is None:
-        return KernelConfig(head_dim=head_dim)
+        return KernelConfig(head_dim=head_dim, dtype=dtype or "fp16")
     if config.head_dim != head_dim:
         raise ValueError(f"inputs have head_dim {head_dim} but config.head_dim is {config.head_dim}")
+    if dtype is not None and config.dtype != dtype:
+        raise ValueError(f"the run is {dtype} but config.dtype is {config.dtype!r}; pass a config with dtype={dtype!r}")
     return config
 
 
@@ -350,9 +526,12 @@ def check_launch(prob: Problem) -> Problem:
     return prob
 
 
-def make_problem(q_shape, k_shape, v_shape, causal, scale, config) -> Problem:
-    """The launch q, k, v of these shapes describe, after every non-value check of the policy."""
+def make_problem(q_shape, k_shape, v_shape, causal, scale, config, window=None, softcap=None, *,
+                 dtype: str | None = None) -> Problem:
+    """The launch q, k, v of these shapes describe, after every non-value check of the policy;
+    `dtype` is the run's type (`resolve_dtype`; None: config's, fp16 without a config)."""
     check_shapes(q_shape, k_shape, v_shape)
     b, h, nq, d = (int(n) for n in q_shape)
     return check_launch(Problem(b, h, nq, int(k_shape[2]), check_causal(causal), check_scale(scale, d),
-                                check_config(config, d)))
+                                check_config(config, d, dtype), check_heads_k(int(k_shape[1]), h), window,
+                                softcap))

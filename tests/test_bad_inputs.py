@@ -400,7 +400,8 @@ def test_fa_banks_header_names_the_config_of_every_option(dest, argv, compare, m
 
     ran = []
 
-    def count(config, inputs, causal, front):  # the run itself is fa sim's business: record what it was asked
+    def count(config, inputs, causal, front, feats):  # the run itself is fa sim's business: record what it was asked
+        assert not any(feats.values())  # no --heads-k, --window, --softcap: the plain kernel's features
         ran.append(config)
         return BankCounter().report()
 

@@ -26,7 +26,8 @@ def test_fields_and_defaults():
     assert KernelConfig().to_json() == {"block_m": 64, "block_n": 64, "head_dim": 64, "n_warps": 4,
                                         "smem": "swizzled", "softmax": "fmul_fsub", "kv_stages": 1,
                                         "q_in_regs": False, "heavy_first": False, "defer_pv": False,
-                                        "pingpong": False, "lazy_sum": False, "min_blocks": 0, "poly_exp": 0}
+                                        "pingpong": False, "lazy_sum": False, "min_blocks": 0, "poly_exp": 0,
+                                        "dtype": "fp16"}
     assert KernelConfig.from_json({}) == KernelConfig()  # absent fields take their defaults
     assert KernelConfig.from_json({"smem": "padded"}).smem is SmemLayout.PADDED
 

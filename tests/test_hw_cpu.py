@@ -16,7 +16,9 @@ Q = RNG.standard_normal((1, 2, 40, 64)).astype(np.float16)
 BAD = {
     "rank": ((Q[0], Q, Q), {}),
     "kv shapes": ((Q, Q, Q[:, :, :7]), {}),
-    "batch": ((Q, Q[:, :1], Q[:, :1]), {}),
+    "heads": ((Q[:, :1], Q, Q), {}),  # k, v with 2 heads, q with 1: 2 does not divide 1
+    "window": ((Q, Q, Q), {"window": (-3, 0)}),
+    "softcap": ((Q, Q, Q), {"softcap": -1.0}),
     "dtype": ((Q.astype(np.complex64), Q, Q), {}),
     "nan": ((np.where(Q > 2, np.nan, Q), Q, Q), {}),
     "range": ((Q.astype(np.float32) * 1e6, Q, Q), {}),

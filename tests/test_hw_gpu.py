@@ -134,14 +134,17 @@ def test_gpu_tensor_messages_match_the_simulator(gpu, kind):
 
 
 def test_bf16_tensors_follow_the_policy(gpu):
+    """bf16 tensors run the bf16 kernel (tests/test_hw_bf16_gpu.py); with dtype="fp16" they are read
+    through the fp16 policy: values fp16 holds exactly, anything else refused."""
     torch = _torch_cuda()
     q = torch.from_numpy(check.random_inputs(1, 1, 64, 64, 64, seed=8)[0]).cuda()
     exact = q.to(torch.bfloat16)  # bf16 values of normal size: fp16 holds them exactly
-    out = fa_hw.forward(exact, exact, exact)
+    out = fa_hw.forward(exact, exact, exact, dtype="fp16")
     ref = fa_hw.forward(*(exact.to(torch.float16),) * 3)
-    assert torch.equal(out.o, ref.o)
+    assert torch.equal(out.o, ref.o) and out.config.dtype == "fp16"
     with pytest.raises(ValueError, match="beyond the fp16 range"):
-        fa_hw.forward(torch.full_like(exact, 1e5), exact, exact)
+        fa_hw.forward(torch.full_like(exact, 1e5), exact, exact, dtype="fp16")
+    assert fa_hw.forward(exact, exact, exact).o.dtype == torch.bfloat16
 
 
 def test_fa_hw_command_json(gpu, capsys):

@@ -111,7 +111,7 @@ def test_auto_runs_the_tuned_choice(gpu, shape, causal):
     b, h, n, d = shape
     q, k, v = check.random_inputs(b, h, n, n, d, seed=3)
     out = fa_hw.forward(q, k, v, causal=causal, config="auto")
-    assert out.config == auto_for_device(d, causal, n).config
+    assert out.config == auto_for_device(d, causal, n, n, b * h).config
     assert check.rel_err(out.o, check.reference(q, k, v, causal)[0]) <= 1e-3
 
 

@@ -117,7 +117,7 @@ GOOD = _inputs(1, 1, 8, 8, 64, seed=5)
     (lambda q, k, v: (q[0], k, v), "rank 4"),
     (lambda q, k, v: (q, k, v[:, :, :5]), "same shape"),
     (lambda q, k, v: (q[:, :, :, :32], k, v), "head_dim"),
-    (lambda q, k, v: (np.concatenate([q, q], 1), k, v), "heads"),
+    (lambda q, k, v: (q, np.concatenate([k, k], 1), np.concatenate([v, v], 1)), "2 heads, which does not divide q's 1"),
     (lambda q, k, v: (q.astype(np.complex64), k, v), "dtype complex64"),
     (lambda q, k, v: (q.astype(str), k, v), "does not convert to fp16"),
     (lambda q, k, v: (np.where(np.arange(64) == 3, np.nan, q.astype(np.float32)), k, v), "NaN or Inf"),

@@ -13,6 +13,8 @@
 //   FA_SWZ_B FA_SWZ_M FA_SWZ_S                     Swizzle<B,M,S> of the row-major offset (B=0: none)
 //   FA_SK_OFFSET FA_SV_OFFSET                      byte offsets of sK and sV (sQ at 0)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
+//   FA_BF16                                        bf16 q, k, v and o (KernelConfig.dtype): mma .bf16,
+//                                                  P and O packed by cvt.rn.bf16x2.f32; 0: fp16
 //   FA_MIN_BLOCKS                                  __launch_bounds__ minimum CTAs per SM
 //   FA_SOFTMAX_FFMA                                the exp2 argument as one FFMA (diagnostic form,
 //                                                  KernelConfig.softmax = "ffma"); 0: FMUL then FSUB
@@ -43,6 +45,16 @@
 //                                                  round's barrier, so that on every scheduler one
 //                                                  group's MMAs overlap the other's softmax; sV holds
 //                                                  FA_KV_STAGES + 1 stages (KernelConfig.pingpong)
+//   FA_KV_GROUP                                    Q heads per K/V head (grouped-query attention,
+//                                                  Problem.heads_k): batch-head bh reads K/V batch-head
+//                                                  bh / FA_KV_GROUP; 1 = one K/V head per Q head
+//   FA_WINDOW_LEFT FA_WINDOW_RIGHT                 sliding window (Problem.window_left/right): query i
+//                                                  sees key j iff i - LEFT <= j <= i + RIGHT (top-left
+//                                                  aligned, as FA_CAUSAL), -1 = unbounded; the K/V loop
+//                                                  runs only the blocks that hold a key of the window
+//   FA_SOFTCAP                                     fp32 bits of the softcap (Problem.softcap), 0 = none:
+//                                                  S = cap * tanh(S * scale / cap) before the mask, then
+//                                                  the softmax scales by cap (FlashAttention-2's order)
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -101,6 +113,14 @@ typedef unsigned long long u64;
 #ifndef FA_SOFTMAX_FFMA
 #define FA_SOFTMAX_FFMA 0
 #endif
+#ifndef FA_BF16
+#define FA_BF16 0
+#endif
+#if FA_BF16  // the 16-bit type of q, k, v, P and o in the PTX type names below
+#define FA_HALF "bf16"
+#else
+#define FA_HALF "f16"
+#endif
 #ifndef FA_KV_STAGES
 #define FA_KV_STAGES 1
 #endif
@@ -121,6 +141,21 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_PINGPONG
 #define FA_PINGPONG 0
+#endif
+#ifndef FA_KV_GROUP
+#define FA_KV_GROUP 1
+#endif
+#ifndef FA_WINDOW_LEFT
+#define FA_WINDOW_LEFT -1
+#endif
+#ifndef FA_WINDOW_RIGHT
+#define FA_WINDOW_RIGHT -1
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+#if FA_KV_GROUP < 1 || FA_WINDOW_LEFT < -1 || FA_WINDOW_RIGHT < -1
+#error "FA_KV_GROUP is >= 1; FA_WINDOW_LEFT / FA_WINDOW_RIGHT are -1 (unbounded) or >= 0"
 #endif
 #if FA_PINGPONG && (FA_KV_STAGES < 2 || FA_DEFER_PV || FA_N_WARPS != 8)
 #error "FA_PINGPONG needs FA_KV_STAGES >= 2, FA_N_WARPS 8 (two groups of 4) and no FA_DEFER_PV"
@@ -156,6 +191,8 @@ constexpr int kCopyRows = kThreads / kCopyTPR;   // rows per copy pass (a multip
 constexpr bool kSwizzled = FA_SWZ_B > 0;
 constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
 constexpr bool kCausal = FA_CAUSAL != 0;
+constexpr int kKVGroup = FA_KV_GROUP;                     // Q heads per K/V head
+constexpr int kWinLeft = FA_WINDOW_LEFT, kWinRight = FA_WINDOW_RIGHT;  // -1: unbounded
 constexpr int kStages = FA_KV_STAGES;                     // K/V stages (1: the spec's schedule)
 constexpr int kVStages = kStages + FA_PINGPONG;           // V stages (FA_PINGPONG: one more)
 constexpr u32 kKVTileBytes = 2u * kBlockN * kPitch;       // one K or V stage
@@ -208,18 +245,20 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32.
+// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32
+// (FA_BF16: bf16x2 operands).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32." FA_HALF "." FA_HALF ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi.
+// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi (FA_BF16:
+// cvt.rn.bf16x2.f32, the same order).
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
   u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn." FA_HALF "x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 __device__ __forceinline__ u32 lds32(u32 addr) {
@@ -401,7 +440,15 @@ __device__ __forceinline__ void gemm_qk_rq(float (&tCrS)[kMRep][kSN][4], const u
   }
 }
 
-// ---- mask in registers: keys past seqlen_k, and (causal) keys after the query ----------------
+// ---- mask in registers: keys past seqlen_k, (causal) keys after the query, keys outside the window --
+// key0 and row0 count from the CTA's first K/V block (key_base in the kernel): only differences of
+// keys and queries matter.
+// window_cuts: the round's block holds a key outside some query's window (the kernel masks a block
+// when it holds keys past seqlen_k, after a causal query, or outside a window).
+__device__ __forceinline__ bool window_cuts(int key0, int row0) {
+  return (kWinRight >= 0 && key0 + kBlockN - 1 > row0 + kWinRight) ||
+         (kWinLeft >= 0 && key0 < row0 + kBlockM - 1 - kWinLeft);
+}
 __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int key0, int row0, int seqlen_k) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -412,7 +459,9 @@ __device__ __forceinline__ void mask_scores(float (&tCrS)[kMRep][kSN][4], int ke
       for (int v = 0; v < 4; ++v) {
         const int key = key0 + 8 * nj + 2 * (lane % 4) + (v & 1);
         const int query = row0 + 16 * (warp + kNWarps * mi) + lane / 4 + 8 * (v >> 1);
-        if (key >= seqlen_k || (kCausal && key > query)) tCrS[mi][nj][v] = neg_inf();
+        if (key >= seqlen_k || (kCausal && key > query) || (kWinRight >= 0 && key > query + kWinRight) ||
+            (kWinLeft >= 0 && key < query - kWinLeft))
+          tCrS[mi][nj][v] = neg_inf();
       }
 }
 
@@ -479,6 +528,30 @@ __device__ __forceinline__ float exp_score_at(int ni, float x, float scale, floa
   if (ni % 8 < FA_POLY_EXP) return ex2_poly(exp2_arg(x, scale, ms));
 #endif
   return exp_score(x, scale, ms);
+}
+
+// ---- FA_SOFTCAP: S = tanh(S * scale / cap) (the softmax then scales by cap) -----------------------
+// tanh from operations the simulator models bit for bit (no tanh.approx): t = 2^(-2|y| log2 e) by
+// ex2.approx.ftz, tanh|y| = (1 - t) / (1 + t) with IEEE-rounded sub, add and div.rn, the sign of y
+// put back. Absolute error at most 1.2e-7 (below 2^-22, fa_sim.reference.TANH_ABS_ERR) against float64
+// tanh, measured on the simulator's models (tests/test_features.py); for |y| past 44, t = 0 (ftz)
+// and the result is exactly +-1; NaN stays NaN.
+__device__ __forceinline__ float tanh_ex2(float y) {
+  const u32 sign = __float_as_uint(y) & 0x80000000u;
+  const float a = __uint_as_float(__float_as_uint(y) ^ sign);  // |y|
+  const float t = ex2_approx(__fmul_rn(a, -2.8853900817779268f));  // e^(-2|y|); -2 log2(e) in fp32
+  const float r = __fdiv_rn(__fsub_rn(1.f, t), __fadd_rn(1.f, t));
+  return __uint_as_float(__float_as_uint(r) | sign);
+}
+__device__ __forceinline__ void softcap_scores(float (&tCrS)[kMRep][kSN][4], float mul) {
+#if FA_SOFTCAP
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) tCrS[mi][nj][v] = tanh_ex2(__fmul_rn(tCrS[mi][nj][v], mul));
+#endif
 }
 
 // ---- softmax_rescale_o: online softmax on the thread's row slots (mi, half) -------------------
@@ -647,7 +720,7 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
 // ---- the kernel: SCHEDULE.md "Program" (FA_KV_STAGES > 1: "Kernel options") --------------------
 extern "C" __global__ void __launch_bounds__(fa::kThreads, FA_MIN_BLOCKS)
 fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-               u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k, float scale
+               u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k_all, float scale
 #if FA_CHECKPOINTS
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
 #endif
@@ -662,11 +735,28 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
-  const u16* gK = k + (u64)bh * seqlen_k * kHeadDim;
-  const u16* gV = v + (u64)bh * seqlen_k * kHeadDim;
+  const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
+  const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;
   const int row0 = m_block * kBlockM;
-  const int n_keys = kCausal ? min(seqlen_k, row0 + kBlockM) : seqlen_k;
-  const int n_block_max = (n_keys + kBlockN - 1) / kBlockN;
+  // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
+  // a right window end the loop early, a left window starts it late; at least one round runs, so a
+  // block whose window holds no key gets empty rows: O = 0, LSE = +inf). Below, keys and the K/V
+  // pointers count from key_base, the first key of block n_block_min; n_block_max counts rounds.
+  int n_keys = kCausal ? min(seqlen_k_all, row0 + kBlockM) : seqlen_k_all;
+  if (kWinRight >= 0) n_keys = min(n_keys, row0 + kBlockM + kWinRight);
+  const int n_block_end = (n_keys + kBlockN - 1) / kBlockN;
+  const int n_block_min = kWinLeft >= 0 ? min(max(0, row0 - kWinLeft) / kBlockN, n_block_end - 1) : 0;
+  const int key_base = n_block_min * kBlockN;
+  const int n_block_max = n_block_end - n_block_min;  // this CTA's rounds
+  const int seqlen_k = seqlen_k_all - key_base, row_k = row0 - key_base;
+  gK += (u64)key_base * kHeadDim;
+  gV += (u64)key_base * kHeadDim;
+#if FA_SOFTCAP
+  const float softcap_mul = __fdiv_rn(scale, __uint_as_float(FA_SOFTCAP));  // tanh's argument: S * scale / cap
+  scale = __uint_as_float(FA_SOFTCAP);  // the softmax's scale: the logit is cap * tanh(...)
+#else
+  const float softcap_mul = 0.f;
+#endif
   const u32 oQ = smem_off(16 * warp + lane % 16, 8 * (lane / 16));
   const u32 oK = smem_off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const u32 oV = smem_off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
@@ -758,7 +848,9 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
     // phase: mask
     const int key0 = t * kBlockN;
-    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    softcap_scores(tCrS, softcap_mul);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
     if (t == 0) softmax_rescale_o<true>(tCrS, tCrO, rRowMax, rRowSum, scale);
@@ -828,7 +920,9 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
     // phase: mask
     const int key0 = t * kBlockN;
-    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    softcap_scores(tCrS, softcap_mul);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
 #if FA_DEFER_PV
@@ -899,7 +993,9 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_ACC, t, tCrS));
     // phase: mask
     const int key0 = t * kBlockN;
-    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0)) mask_scores(tCrS, key0, row0, seqlen_k);
+    softcap_scores(tCrS, softcap_mul);
+    if (key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row_k) || window_cuts(key0, row_k))
+      mask_scores(tCrS, key0, row_k, seqlen_k);
     FA_CK(ck_frag<kSN>(ck, FA_CK_S_MASKED, t, tCrS));
     // phase: softmax
     if (!FA_DROP_WAIT_PV && !FA_LATE_WAIT_PV) cp_async_wait_all();  // WAIT_PV: V[t] has landed

@@ -26,6 +26,7 @@ from .common import (
     config_options,
     problem_shape,
     refuse,
+    refuse_features,
 )
 from .inputs import _refuse, check_host_memory, inputs_option, load_npz
 
@@ -58,6 +59,8 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
     forward = [o.dest for o in config_options() if o.dest != "head_dim"]
     refuse(args, (*forward, "config", "engine"),
            "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
+    refuse_features(args, "with --backward: fa2_bwd.cu has no grouped-query attention, sliding window or softcap "
+                          "(docs/features.md)")
     refuse(args, refused, f"with --backward in fa {args.command} (the backward pass's options: docs/backward.md, "
                           f"section 7)")
 

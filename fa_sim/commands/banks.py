@@ -34,11 +34,13 @@ from .common import (
     check_input_memory,
     config_from_args,
     engine_from_args,
+    features,
     file_inputs,
+    heads_k,
     inputs_head_dim,
     problem_shape,
-    random_inputs,
     refuse,
+    run_inputs,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -67,12 +69,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd):
+def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: dict):
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front)
+    res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front, **feats)
     check_computes(res.counts, front, config)
     return counter.report()
 
@@ -126,14 +128,19 @@ def run(args) -> int:
         check_engine(front, dataclasses.replace(base, smem=s), args.causal)
     if files is None:
         check_input_memory(args)
-    shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args))
-    announce("banks", problem_of(shapes, args.causal, None, base), reference=False, runs=len(layouts))
-    q, k, v = files if files is not None else random_inputs(args)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front)
+    shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args), heads_k(args))
+    try:
+        prob = problem_of(shapes, args.causal, None, base, **features(args))
+    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+        raise UsageError(str(exc)) from None
+    announce("banks", prob, reference=False, runs=len(layouts))
+    q, k, v = run_inputs(args, base, files)
+    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args))
                for s in layouts}
     (b, h, nq, _), nk = q.shape, k.shape[2]
     keys = "" if nk == nq else f", Nk={nk}"
-    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}, "
+    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}"
+             f"{''.join(', ' + f for f in prob.features())}, "
              f"config {header_tag(base, args.compare)}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
                                                        if isinstance(front, PtxFrontEnd) else ""))
     if args.json:

@@ -116,10 +116,14 @@ def kernel_from_args(args) -> Path | None:
     return Path(args.kernel)
 
 
-def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
-    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError."""
+def front_end(engine: str | None, kernel, config: KernelConfig, softcap: float | None = None) -> FrontEnd:
+    """fa_sim.run.choose_front_end, its messages naming --engine and --kernel; a refusal is a UsageError.
+    `softcap`: the hand-written program does not model it (the PTX engine runs it)."""
+    from ..problem import Problem
+
+    features = Problem(1, 1, 1, 1, False, 1.0, config, softcap=softcap) if softcap else None
     try:
-        return choose_front_end(engine, kernel, config, names=CLI)
+        return choose_front_end(engine, kernel, config, names=CLI, problem=features)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -127,12 +131,13 @@ def front_end(engine: str | None, kernel, config: KernelConfig) -> FrontEnd:
 def engine_from_args(args, config: KernelConfig) -> FrontEnd:
     """The front end --engine and --kernel choose for `config`: --kernel means the PTX engine
     (--engine program with it is refused); neither: the one `config` needs (the PTX engine for
-    schedule options). Commands pass the value down to fa_sim.simulate(engine=...)."""
-    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config)
+    schedule options or --softcap). Commands pass the value down to fa_sim.simulate(engine=...)."""
+    return front_end(getattr(args, "engine", None), getattr(args, "kernel", None), config,
+                     getattr(args, "softcap", None))
 
 
 # -- the problem: shapes, causal flag, scale, seed --------------------------------------------------
-PROBLEM_DESTS = ("batch", "heads", "seqlen", "seqlen_k", "head_dim", "seed")
+PROBLEM_DESTS = ("batch", "heads", "heads_k", "seqlen", "seqlen_k", "head_dim", "seed")
 
 
 def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = True) -> None:
@@ -148,6 +153,7 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
                    help=describe("key/value length Nk", "Nq", size))
     p.add_argument("--causal", action="store_true",
                    help="top-left aligned causal mask: key k is visible to query q iff k <= q (default off)")
+    add_feature_arguments(p)
     if scale:
         p.add_argument("--scale", type=positive_float("--scale", fp32=True), default=None, metavar="S",
                        help=describe("softmax scale s", "1/sqrt(head_dim)",
@@ -155,6 +161,56 @@ def add_problem_arguments(p, seqlen: int = 128, heads: int = 1, scale: bool = Tr
     p.add_argument("--seed", type=int_in("--seed", 0), default=0, metavar="N",
                    help=describe("seed of the standard-normal fp16 inputs (fa_sim.reference.random_inputs)",
                                  0, "0 or more"))
+
+
+def window_pair(text: str) -> tuple[int, int]:
+    """argparse type of --window: 'LEFT,RIGHT', each -1 (unbounded) or an integer >= 0."""
+    parts = text.split(",")
+    try:
+        left, right = (int(x.strip(), 10) for x in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        left = right = None
+    if left is None or left < -1 or right < -1:
+        raise UsageError(f"--window takes LEFT,RIGHT, each -1 (unbounded) or an integer >= 0 (e.g. 256,0), "
+                         f"got {text!r}")
+    return left, right
+
+
+def add_feature_arguments(p) -> None:
+    """--heads-k --window --softcap: issue 38's grouped-query attention, sliding window, softcap
+    (fa_sim.problem; docs/features.md)."""
+    p.add_argument("--heads-k", type=int_in("--heads-k", 1, INT32_MAX, SIZE_ERROR), default=None, metavar="N",
+                   help=describe("K/V heads (grouped-query / multi-query attention): Q head h reads K/V head "
+                                 "h // (H / N)", "H", "1 .. H, a divisor of --heads"))
+    p.add_argument("--window", type=window_pair, default=None, metavar="LEFT,RIGHT",
+                   help=describe("FlashAttention-2's sliding window, top-left aligned: query i sees keys "
+                                 "i-LEFT .. i+RIGHT; whole K/V tiles outside it are skipped; with --causal RIGHT "
+                                 "is 0", "-1,-1 (none)", "each -1 (unbounded) or an integer >= 0"))
+    p.add_argument("--softcap", type=positive_float("--softcap", fp32=True), default=None, metavar="C",
+                   help=describe("logit softcap: the scaled scores x become C*tanh(x/C) before the softmax "
+                                 "(Gemma 2); the hand-written program does not model it (--engine ptx)",
+                                 "none", "a positive number, finite in fp32"))
+
+
+def heads_k(args) -> int:
+    """--heads-k (default --heads), which must divide --heads: one line naming both otherwise."""
+    hk = getattr(args, "heads_k", None)
+    if hk is None:
+        return args.heads
+    if args.heads % hk:
+        raise UsageError(f"--heads-k {hk} does not divide --heads {args.heads}; grouped-query attention needs "
+                         f"heads % heads_k == 0")
+    return hk
+
+
+def features(args) -> dict:
+    """window= and softcap= of fa_sim.simulate / fa_hw.forward from --window and --softcap."""
+    return {"window": getattr(args, "window", None), "softcap": getattr(args, "softcap", None)}
+
+
+def refuse_features(args, reason: str) -> None:
+    """UsageError if --heads-k, --window or --softcap was given: they do not apply <reason>."""
+    refuse(args, ("heads_k", "window", "softcap"), reason)
 
 
 def seqlen_k(args) -> int:
@@ -183,19 +239,40 @@ def problem_shape(args) -> tuple[int, int, int, int, int]:
 def check_input_memory(args) -> None:
     """Refuse random inputs (common.random_inputs) that cannot fit in this machine's memory."""
     b, h, nq, nk, d = problem_shape(args)
-    # the fp16 q, k, v and O, plus the float64 draw of the largest of them (reference.random_inputs)
-    need = 2 * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
+    # the fp16 q, k, v and O (bf16: float32 arrays of bf16 values), plus the float64 draw of the
+    # largest of them (reference.random_inputs); an upper bound with --heads-k
+    size = 4 if getattr(args, "dtype", "fp16") == "bf16" else 2
+    need = size * b * h * d * (2 * nq + 2 * nk) + 8 * b * h * d * max(nq, nk)
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "q, k, v and O",
                       "lower --batch, --heads, --seqlen or --seqlen-k")
 
 
-def random_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference),
-    refused up front when they cannot fit in this machine's memory. Commands call it last, after
-    every check (commands/preflight.py)."""
+def random_inputs(args, dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal fp16 q [B,H,Nq,d], k and v [B,H,Nk,d] from --seed (fa_sim.reference; dtype
+    "bf16": rounded to bf16, as float32 arrays), refused up front when they cannot fit in this
+    machine's memory. Commands call it last, after every check (commands/preflight.py)."""
     check_input_memory(args)
     b, h, nq, nk, d = problem_shape(args)
-    return _random_inputs(b, h, nq, nk, d, args.seed)
+    return _random_inputs(b, h, nq, nk, d, args.seed, heads_k=heads_k(args), dtype=dtype)
+
+
+def run_inputs(args, config: KernelConfig, files=None) -> tuple:
+    """The run's q, k, v: the --npz arrays (`file_inputs`) or `random_inputs` in config.dtype. A bf16
+    run reads float16 file arrays through their values (exact in float32), so that the input policy
+    takes them when bf16 holds them exactly and names the first value it does not."""
+    if files is None:
+        return random_inputs(args, config.dtype)
+    if config.dtype == "bf16":
+        return tuple(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float16 else x for x in files)
+    return files
+
+
+def check_timing_dtype(config: KernelConfig, what: str) -> None:
+    """The timing model (fa_sim.timing) walks the fp16 kernel's SASS; a bf16 config is refused
+    before any work, naming `what` (issue 38: the SASS walk will take it later)."""
+    if config.dtype != "fp16":
+        raise UsageError(f"{what} does not model --dtype {config.dtype} yet: fa_sim.timing walks the fp16 kernel's "
+                         "SASS; time the fp16 kernel, or measure the bf16 one on the GPU (fa hw --dtype bf16)")
 
 
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------
@@ -247,6 +324,7 @@ def config_options() -> tuple[ConfigOption, ...]:
 
 
 AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
+AUTO_KEEPS = ("head_dim", "dtype")  # the options --config auto takes from the command line (the problem's)
 
 
 def _config_value(text: str) -> str:
@@ -267,8 +345,8 @@ def add_config_arguments(p) -> None:
                                      "m128n64d64w4-swizzled-s2), instead of the options below; or 'auto': the "
                                      "fastest measured config of the GPU for this problem's head_dim, causal flag "
                                      "and size (fa_hw.tuned: the GPU's table, else a documented heuristic), for the "
-                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim the "
-                                     "only config option", "the config options below",
+                                     "commands that run the GPU kernel (fa hw, fa compare), with --head-dim and "
+                                     "--dtype the only config options", "the config options below",
                                      f"{AUTO_CONFIG} or a tag of KernelConfig.from_tag"))
     for opt in config_options():
         if opt.hint is bool:
@@ -285,7 +363,7 @@ def auto_requested(args) -> bool:
     """True for --config auto, after refusing the config options it chooses (all but --head-dim)."""
     if getattr(args, "config", None) != AUTO_CONFIG:
         return False
-    refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"], "with --config auto, which chooses it")
+    refuse(args, [o.dest for o in config_options() if o.dest not in AUTO_KEEPS], "with --config auto, which chooses it")
     return True
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import stored_file
+from ..config import KernelConfig
 from ..contract import kernel_source, seed_source
 from ..crosscheck import (
     SavedRun,
@@ -55,14 +56,18 @@ from .common import (
     config_from_args,
     config_options,
     explicit,
+    features,
     front_end,
+    heads_k,
     kernel_from_args,
     file_inputs,
     inputs_head_dim,
     option_name,
     problem_shape,
-    random_inputs,
     refuse,
+    refuse_features,
+    run_inputs,
+    check_timing_dtype,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument, load_npz
@@ -119,6 +124,7 @@ def _check_against(args, rec: SavedRun, path) -> None:
     refuse(args, ("save", "banks", "timing"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
+    refuse_features(args, "with --gpu-npz: recordings do not store them yet")
     b, h, nq, d = rec.q.shape
     recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
                 "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
@@ -186,11 +192,18 @@ def _replay(args):
             kernel)
 
 
-def _launch_config(args, d: int, nk: int):
+def _launch_config(args, d: int, shapes):
     if auto_requested(args):  # the GPU's tuned choice; the simulator runs the same config
+        from fa_hw.autotune import Features
         from fa_hw.tuned import auto_for_device
 
-        return auto_for_device(d, args.causal, nk).config
+        try:  # the launch's checks (the file's shapes, the features) before any timing
+            plain = problem_of(shapes, args.causal, args.scale, KernelConfig(head_dim=d, dtype=args.dtype),
+                               **features(args))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return auto_for_device(d, args.causal, plain.seqlen_k, plain.seqlen_q, plain.batch * plain.heads,
+                               Features.of(plain)).config  # in --dtype: the candidates were timed in it
     return config_from_args(args, head_dim=d)
 
 
@@ -201,11 +214,19 @@ def _launch(args, save: Output | None):
     files = file_inputs(args)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
-    shapes = [tuple(np.shape(x)) for x in files] if files is not None else qkv_shapes(problem_shape(args))
+    shapes = ([tuple(np.shape(x)) for x in files] if files is not None
+              else qkv_shapes(problem_shape(args), heads_k(args)))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
-    config = _launch_config(args, d, nk)
+    if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
+        refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "
+               "Nsight Compute profile and the timing model do not take them)")
+    config = _launch_config(args, d, shapes)
+    if save is not None and config.dtype != "fp16":
+        raise UsageError(f"--save records fp16 runs only (fa_sim.saved_run's format holds float16 arrays); this run is "
+                         f"--dtype {config.dtype}: drop --save")
     ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
+        check_timing_dtype(config, "fa compare --timing")
         try:
             timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config)).check(
                 f"--timing at (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk})", "drop --timing or lower the sizes")
@@ -218,10 +239,14 @@ def _launch(args, save: Output | None):
     from fa_hw.runtime import check_launch
 
     check_launch(config, args.causal, kernel, checkpoints=True)
-    announce("compare", problem_of(shapes, args.causal, args.scale, config), SIM_MMA, reference=False)
-    q, k, v = files if files is not None else random_inputs(args)
+    try:
+        prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
+    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+        raise UsageError(str(exc)) from None
+    announce("compare", prob, SIM_MMA, reference=False)
+    q, k, v = run_inputs(args, config, files)
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
-                        kernel=kernel)
+                        kernel=kernel, **features(args))
     if save is not None:
         source = kernel_source(kernel)  # what the GPU compiled: a patch is saved applied
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
@@ -237,7 +262,7 @@ def _front(args, config, recorded):
     if recorded is not None and args.engine == "program":
         raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                          f"({Path(recorded).name}) is simulated by the PTX engine: drop --engine program")
-    front = front_end(args.engine, recorded, config)
+    front = front_end(args.engine, recorded, config, getattr(args, "softcap", None))
     check_engine(front, config, args.causal, checkpoints=True)
     return front
 
@@ -257,9 +282,9 @@ def run(args) -> int:
         check_outputs(args, save)
         (q, k, v), config, causal, ctas, gpu, front = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front)
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front, **features(args))
     kernel = kernel_from_args(args)  # what Nsight Compute profiles below: the user's --kernel
-    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf)
+    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf, window=args.window)
     banks = None
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison

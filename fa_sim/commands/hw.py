@@ -25,6 +25,7 @@ import argparse
 import json
 
 from ..accuracy import measure
+from ..config import KernelConfig
 from .common import (
     add_config_arguments,
     add_engine_arguments,
@@ -33,10 +34,12 @@ from .common import (
     check_input_memory,
     check_scale,
     config_from_args,
+    features,
+    heads_k,
     kernel_from_args,
     problem_head_dim,
     problem_shape,
-    random_inputs,
+    run_inputs,
     seqlen_k,
 )
 from .backward import add_backward_arguments
@@ -69,7 +72,14 @@ def run(args: argparse.Namespace) -> int:
     nk = seqlen_k(args)
     source = None
     if auto_requested(args):
-        choice = auto_for_device(args.head_dim, args.causal, nk)
+        from fa_hw.autotune import Features
+
+        # the launch's checks (the features among them) before any timing; the candidates run its
+        # features and dtype (the choice comes back in --dtype)
+        plain = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale,
+                           KernelConfig(head_dim=args.head_dim, dtype=args.dtype), **features(args))
+        choice = auto_for_device(args.head_dim, args.causal, nk, args.seqlen, args.batch * args.heads,
+                                 Features.of(plain))
         config, source = choice.config, choice.source
     else:
         config = config_from_args(args)
@@ -80,13 +90,16 @@ def run(args: argparse.Namespace) -> int:
     # kernel's cubin, then the float64 reference's estimate
     check_input_memory(args)
     check_launch(config, args.causal, kernel)
-    announce("hw", problem_of(qkv_shapes(problem_shape(args)), args.causal, args.scale, config), simulation=False)
-    q, k, v = random_inputs(args)
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel)
-    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config)
-    flops = check.attention_flops(args.batch, args.heads, args.seqlen, d, args.causal, nk)
+    prob = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale, config, **features(args))
+    announce("hw", prob, simulation=False)
+    q, k, v = run_inputs(args, config)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args))
+    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config,
+                  window=args.window, softcap=args.softcap or 0.0)
+    flops = prob.flops  # the pairs the mask (causal, window) keeps
     report = {
         "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, d],
+        "heads_k": prob.heads_k, "window": list(prob.window), "softcap": prob.softcap,
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
@@ -94,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, allow_nan=False))
         return 0 if acc.ok else 1
     print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}"
+          + "".join(f"  {f}" for f in prob.features())
           + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:
         print(f"  config auto: {source}")

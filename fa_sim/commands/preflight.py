@@ -49,18 +49,19 @@ def check_cluster(address: str | None) -> None:
         probe_scheduler(address)
 
 
-def qkv_shapes(shape) -> list[tuple[int, int, int, int]]:
-    """The shapes of q, k and v for (B, H, Nq, Nk, d)."""
+def qkv_shapes(shape, heads_k: int | None = None) -> list[tuple[int, int, int, int]]:
+    """The shapes of q, k and v for (B, H, Nq, Nk, d), K/V with heads_k heads (default H)."""
     b, h, nq, nk, d = shape
-    return [(b, h, nq, d), (b, h, nk, d), (b, h, nk, d)]
+    hk = h if heads_k is None else heads_k
+    return [(b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d)]
 
 
-def problem_of(shapes, causal: bool, scale, config):
+def problem_of(shapes, causal: bool, scale, config, window=None, softcap=None):
     """The Problem that q, k, v of these shapes describe, checked as simulate checks it
     (fa_sim.validate), before the inputs exist."""
     from ..validate import make_problem
 
-    return make_problem(*shapes, causal, scale, config)
+    return make_problem(*shapes, causal, scale, config, window, softcap)
 
 
 def announce(command: str, problem, mma=None, *, simulation: bool = True, reference: bool = True,

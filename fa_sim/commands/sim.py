@@ -46,12 +46,15 @@ from .common import (
     check_scale,
     config_from_args,
     engine_from_args,
+    features,
     file_inputs,
+    heads_k,
     inputs_head_dim,
     kernel_from_args,
     problem_shape,
-    random_inputs,
+    run_inputs,
 )
+from . import UsageError
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
 from .preflight import announce, check_cluster, check_engine, problem_of, qkv_shapes
@@ -75,11 +78,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def errors(res: SimResult, q, k, v) -> Accuracy:
-    """O and LSE against the float64 reference on the fp16 inputs the kernel saw (streamed in
-    blocks, fa_sim.accuracy), with the cause of anything non-finite."""
-    q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
-    return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config)
+def errors(res: SimResult, q, k, v, window=None, softcap=None) -> Accuracy:
+    """O and LSE against the float64 reference on the fp16 (bf16: as float32) inputs the kernel saw
+    (streamed in blocks, fa_sim.accuracy), with the cause of anything non-finite."""
+    q, k, v = (np.asarray(x, dtype=np.float16 if res.dtype == "fp16" else np.float32) for x in (q, k, v))
+    return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config, window=window, softcap=softcap or 0.0)
 
 
 def _inputs(args, loaded, config, front):
@@ -88,9 +91,13 @@ def _inputs(args, loaded, config, front):
     if loaded is None:
         check_input_memory(args)
     check_cluster(args.cluster)
-    shapes = qkv_shapes(problem_shape(args)) if loaded is None else [np.shape(x) for x in loaded]
-    announce("sim", problem_of(shapes, args.causal, args.scale, config), args.mma)
-    return random_inputs(args) if loaded is None else loaded
+    shapes = qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None else [np.shape(x) for x in loaded]
+    try:
+        prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
+    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+        raise UsageError(str(exc)) from None
+    announce("sim", prob, args.mma)
+    return run_inputs(args, config, loaded)
 
 
 def run(args) -> int:
@@ -114,8 +121,8 @@ def run(args) -> int:
     q, k, v = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
-                   workers=args.workers, cluster=args.cluster)
-    acc = errors(res, q, k, v)
+                   workers=args.workers, cluster=args.cluster, **features(args))
+    acc = errors(res, q, k, v, **features(args))
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
@@ -128,8 +135,11 @@ def run(args) -> int:
         print(json.dumps(out, allow_nan=False))  # non-finite numbers are null (fa_sim.accuracy)
         return status
     b, h, nq, _ = res.o.shape
+    extra = (f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h else "") + (
+        f" window={args.window[0]},{args.window[1]}" if args.window is not None else "") + (
+        f" softcap={args.softcap:g}" if args.softcap is not None else "")
     print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
-          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} config {config.tag}"
+          f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g}{extra} config {config.tag}"
           + (f" engine ptx ({front.kernel.name if front.kernel is not None else 'fa2_fwd.cu'})"
              if isinstance(front, PtxFrontEnd) else ""))
     print(f"  relative Frobenius error of O  {_num(acc.rel_err_o)}")

@@ -19,6 +19,7 @@ instruction issue on one SM as a timeline (Perfetto, chrome://tracing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,7 +39,9 @@ from .common import (
     check_scale,
     config_from_args,
     kernel_from_args,
+    check_timing_dtype,
     problem_head_dim,
+    refuse_features,
     seqlen_k,
 )
 from .backward import add_backward_arguments
@@ -98,6 +101,8 @@ def _of_kernel(kernel, fn, *args):
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_features(args, "to fa time yet: the timing model (fa_sim.timing) predicts the kernel without grouped-query "
+                          "K/V, sliding windows or softcap; fa hw measures them on a GPU")
     from . import backward
 
     backward.check_options(args)
@@ -112,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
 
         gpu = GPUS[args.gpu]
         choice = auto_config(d, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch)
-        config, source = choice.config, choice.source
+        config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
         config = config_from_args(args, head_dim=d)
+    check_timing_dtype(config, "fa time")
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)

@@ -34,7 +34,9 @@ from .common import (
     check_input_memory,
     config_from_args,
     engine_from_args,
+    features,
     file_inputs,
+    heads_k,
     inputs_head_dim,
     int_in,
     kernel_from_args,
@@ -42,6 +44,7 @@ from .common import (
     problem_shape,
     random_inputs,
     refuse,
+    run_inputs,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -85,11 +88,16 @@ def register(subparsers) -> None:
 def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
     """Why round `rnd` is not one CTA `cta` runs (SCHEDULE.md's n_block_max), or None."""
     cfg, m_block = prob.config, int(prob.m_block_of(cta))
-    n = int(prob.n_block_max(m_block))
+    n = int(prob.n_rounds_of(m_block))
     if rnd < n:
         return None
     runs = "round 0 only" if n == 1 else f"rounds 0..{n - 1}"
-    if n < prob.n_rounds:  # causal: the block holding the CTA's last query ends the loop
+    if prob.has_window:
+        first = int(prob.n_block_min(m_block))
+        why = (f"its queries' window ({prob.window[0]}, {prob.window[1]}) holds K/V blocks "
+               f"{first}..{first + n - 1} only "
+               f"(block_n = {cfg.block_n}; round t runs block {first} + t)")
+    elif n < prob.n_rounds:  # causal: the block holding the CTA's last query ends the loop
         last = (m_block + 1) * cfg.block_m - 1
         why = (f"under --causal its queries {m_block * cfg.block_m}..{last} see keys 0..{last} only "
                f"(block_n = {cfg.block_n}); CTAs of later query blocks run up to {prob.n_rounds} rounds")
@@ -139,15 +147,23 @@ def run(args) -> int:
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, save, perfetto)
     b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
-    warp, lane = _check_selection(args, Problem(b, h, nq, nk, args.causal, 1.0, cfg))
+    hk = heads_k(args) if inputs is None else inputs[1].shape[1]
+    try:
+        selected = Problem(b, h, nq, nk, args.causal, 1.0, cfg, hk, **features(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    warp, lane = _check_selection(args, selected)
     front = engine_from_args(args, cfg)
     check_engine(front, cfg, args.causal)
     if inputs is None:  # made after every check (commands/preflight.py)
         check_input_memory(args)
-        announce("trace", problem_of(qkv_shapes(problem_shape(args)), args.causal, None, cfg), reference=False)
-        inputs = random_inputs(args)
+        announce("trace", problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, None, cfg,
+                                     **features(args)), reference=False)
+        inputs = random_inputs(args, cfg.dtype)
+    else:
+        inputs = run_inputs(args, cfg, inputs)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front)
+    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front, **features(args))
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
     if save is not None:

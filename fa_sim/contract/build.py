@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..checkpoints import CHECKPOINTS, CheckpointLayout
 from ..config import KernelConfig, SoftmaxForm
 from ..messages import listed
@@ -22,7 +24,7 @@ from .source import SEED_NAME, KernelSource, seed_source
 #: Macro values a kernel may ignore without changing what it computes: the spec's schedule.
 NEUTRAL_MACROS = {"FA_KV_STAGES": 1, "FA_Q_IN_REGS": 0, "FA_HEAVY_FIRST": 0, "FA_DEFER_PV": 0,
                   "FA_SOFTMAX_FFMA": 0, "FA_MIN_BLOCKS": None,
-                  "FA_POLY_EXP": 0, "FA_LAZY_SUM": 0, "FA_PINGPONG": 0}
+                  "FA_POLY_EXP": 0, "FA_LAZY_SUM": 0, "FA_PINGPONG": 0, "FA_BF16": 0}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,17 @@ class KernelBuild:
     min_blocks_override: int = 0  # __launch_bounds__ minimum CTAs per SM instead of the heuristic
     diag_accurate_exp: bool = False  # the spec's literal expf instead of the exp2 form: not modelled by fa_sim
     lineinfo: bool = False  # -lineinfo: CUDA source lines for nvdisasm -g (the same code; fa_sim.timing)
+    # Issue 38's features (fa_sim.problem.Problem; their macros are set only away from these defaults,
+    # so a build without them is the kernel it was):
+    kv_group: int = 1  # Q heads per K/V head (FA_KV_GROUP)
+    window: tuple[int, int] = (-1, -1)  # effective (left, right) window (FA_WINDOW_LEFT / _RIGHT)
+    softcap: float = 0.0  # the cap, as fp32 (FA_SOFTCAP: its bits); 0 = none
+
+    @classmethod
+    def of(cls, problem, arch: str, checkpoints: bool = False, kernel: KernelSource | None = None) -> "KernelBuild":
+        """The build that runs `problem` (a fa_sim.problem.Problem): its config, causal flag and features."""
+        return cls(problem.config, problem.causal, arch, bool(checkpoints), kernel, kv_group=problem.kv_group,
+                   window=(problem.window_left, problem.window_right), softcap=problem.softcap)
 
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, KernelSource):
@@ -60,7 +73,16 @@ class KernelBuild:
                    FA_SOFTMAX_FFMA=int(cfg.softmax is SoftmaxForm.FFMA), FA_KV_STAGES=cfg.kv_stages,
                    FA_Q_IN_REGS=int(cfg.q_in_regs), FA_HEAVY_FIRST=int(cfg.heavy_first),
                    FA_DEFER_PV=int(cfg.defer_pv), FA_POLY_EXP=cfg.poly_exp,
-                   FA_LAZY_SUM=int(cfg.lazy_sum), FA_PINGPONG=int(cfg.pingpong))
+                   FA_LAZY_SUM=int(cfg.lazy_sum), FA_PINGPONG=int(cfg.pingpong),
+                   FA_BF16=int(cfg.dtype == "bf16"))
+        if self.kv_group != 1:
+            out["FA_KV_GROUP"] = int(self.kv_group)
+        if self.window[0] >= 0:
+            out["FA_WINDOW_LEFT"] = int(self.window[0])
+        if self.window[1] >= 0:
+            out["FA_WINDOW_RIGHT"] = int(self.window[1])
+        if self.softcap:
+            out["FA_SOFTCAP"] = int(np.float32(self.softcap).view(np.uint32))
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
@@ -78,6 +100,9 @@ class KernelBuild:
 
     def describe(self) -> str:
         extra = ", causal" if self.causal else ""
+        extra += f", heads per K/V head {self.kv_group}" if self.kv_group != 1 else ""
+        extra += f", window {self.window}" if self.window != (-1, -1) else ""
+        extra += f", softcap {self.softcap:g}" if self.softcap else ""
         extra += ", checkpoints" if self.checkpoints else ""
         extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
         extra += ", DIAGNOSTIC accurate expf" if self.diag_accurate_exp else ""

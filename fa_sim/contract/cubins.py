@@ -96,6 +96,12 @@ def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKern
     return out
 
 
+def is_cached(build: KernelBuild) -> bool:
+    """Whether the on-disk cache holds this build's cubin (compile_build would not run NVRTC)."""
+    path = cache_dir() / f"{_cache_key(build.source().text, build)}.cubin"
+    return path.exists() and path.with_suffix(".json").exists()
+
+
 def compile_many(builds, workers: int | None = None) -> list[CompiledKernel]:
     """compile_build for many builds in parallel processes (one NVRTC compile uses one core),
     filling the on-disk cache: what a machine with many cores does before a test run."""

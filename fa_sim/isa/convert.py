@@ -70,6 +70,36 @@ def f32_to_f16_rn(x) -> np.ndarray:
     return np.where(nan, np.uint16(0x7FFF), h) if nan.any() else h
 
 
+def f32_to_bf16_rn(x) -> np.ndarray:
+    """cvt.rn.bf16.f32 as uint16 bits: bf16 is the upper half of an f32 pattern, so adding 0x7fff
+    plus the kept half's lowest bit and dropping the low half rounds to nearest even (the carry
+    runs into the exponent: past the bf16 maximum -> inf; subnormals alike); NaN -> 0x7fff."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    h = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, np.uint16(0x7FFF), h) if nan.any() else h
+
+
+def f32_to_bf16_values(x) -> np.ndarray | None:
+    """cvt.rn.bf16.f32's results as float32 values (each exactly a bf16), or None when x holds a NaN
+    (whose bits f32_to_bf16_rn gives)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    if ((bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)).any():
+        return None
+    r = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return r.view(np.float32)
+
+
+def f32_to_half_rn(x, dtype: str) -> np.ndarray:
+    """cvt.rn.{f16,bf16}.f32 as uint16 bits, for a kernel of `dtype` ("fp16" or "bf16")."""
+    return f32_to_bf16_rn(x) if dtype == "bf16" else f32_to_f16_rn(x)
+
+
+def f32_to_half_values(x, dtype: str) -> np.ndarray | None:
+    """f32_to_f16_values or f32_to_bf16_values for a kernel of `dtype`."""
+    return f32_to_bf16_values(x) if dtype == "bf16" else f32_to_f16_values(x)
+
+
 F16_MAX_F32 = np.float32(65504.0)
 F16_OVERFLOW_F32 = np.float32(65520.0)  # the least |x| cvt.rn.f16.f32 takes to infinity
 

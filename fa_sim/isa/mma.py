@@ -1,4 +1,4 @@
-"""mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 on lane arrays.
+"""mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (and .f32.bf16.bf16.f32) on lane arrays.
 
 PTX anchor: `#warp-level-matrix-fragment-mma-16816-float` (docs/hardware_facts.md). With g = lane >> 2,
 t = lane & 3:
@@ -16,6 +16,10 @@ fa_sim.tensorcore.FusedDotModel. The default, EXACT, sums the exact fp16 product
 and rounds once to nearest (fast: one batched matmul). H200 is the fitted hardware model (one
 fused 16-term step, exponents ea + eb, 24 + 2 bits kept, truncation and result toward zero),
 bit-exact on the H200 but about 50 times slower, since it needs every product separately.
+
+The operand type is the model's (`FusedDotModel.operand`, "f16" or "bf16": `model.for_operand`): the
+fragments hold two 16-bit patterns per register either way, and bf16 operands become their float32
+values (the pattern shifted up 16 bits: exact) where f16 ones are viewed as float16.
 """
 
 from __future__ import annotations
@@ -98,29 +102,42 @@ def _check(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[int, int]:
     return mi, nj
 
 
-def a_matrix(a: np.ndarray) -> np.ndarray:
-    """A fragments [..., 32, MI, 4] uint32 -> A [..., 16MI, 16] f16."""
-    a16 = np.ascontiguousarray(a).view(np.float16).reshape(*a.shape[:-3], -1)  # [..., 32*MI*8] f16
+def halves_of(words: np.ndarray, operand: str = "f16") -> np.ndarray:
+    """Registers of two packed 16-bit operands (uint32 [..., n]) -> their values [..., 2n]: float16
+    for "f16", float32 (exact) for "bf16"."""
+    h = np.ascontiguousarray(words).view(np.uint16)
+    if operand == "f16":
+        return h.view(np.float16)
+    if operand != "bf16":
+        raise ValueError(f"mma operand type {operand!r} is not one of f16, bf16")
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def a_matrix(a: np.ndarray, operand: str = "f16") -> np.ndarray:
+    """A fragments [..., 32, MI, 4] uint32 -> A [..., 16MI, 16] f16 (bf16: float32 values)."""
+    a16 = halves_of(a, operand).reshape(*a.shape[:-3], -1)  # [..., 32*MI*8]
     return np.take(a16, _tile_maps(a.shape[-2], 1)[0], axis=-1)
 
 
-def b_matrix(b: np.ndarray) -> np.ndarray:
-    """B fragments [..., 32, NJ, 2] uint32 -> B [..., 16, 8NJ] f16. When every index of the axis
+def b_matrix(b: np.ndarray, operand: str = "f16") -> np.ndarray:
+    """B fragments [..., 32, NJ, 2] uint32 -> B [..., 16, 8NJ] f16 (bf16: float32). When every index of the axis
     before the lanes (the warps of a CTA) holds the same fragments - the warps of a warp-level
     GEMM that all multiply by one tile - that axis is kept at length 1 (it broadcasts)."""
     if b.ndim > 3 and b.shape[-4] > 1 and np.array_equal(b, np.broadcast_to(b[..., :1, :, :, :], b.shape)):
         b = b[..., :1, :, :, :]
-    b16 = np.ascontiguousarray(b).view(np.float16).reshape(*b.shape[:-3], -1)  # [..., 32*NJ*4] f16
+    b16 = halves_of(b, operand).reshape(*b.shape[:-3], -1)  # [..., 32*NJ*4]
     return np.take(b16, _tile_maps(1, b.shape[-2])[1], axis=-1)
 
 
 def a_fragments(mat: np.ndarray) -> np.ndarray:
-    """The inverse of `a_matrix`: A [..., 16MI, 16] f16 -> fragments [..., 32, MI, 4] uint32."""
+    """The inverse of `a_matrix`: A [..., 16MI, 16] f16 (or uint16 patterns: bf16) -> fragments
+    [..., 32, MI, 4] uint32."""
     mi = mat.shape[-2] // MMA_M
     a_src = _tile_maps(mi, 1)[0]
     pos = np.empty(a_src.size, np.intp)
     pos[a_src.reshape(-1)] = np.arange(a_src.size)  # matrix element of each fragment half
-    halves = np.take(np.ascontiguousarray(mat, np.float16).reshape(*mat.shape[:-2], -1), pos, axis=-1)
+    src = mat if mat.dtype == np.uint16 else np.asarray(mat, np.float16)
+    halves = np.take(np.ascontiguousarray(src).reshape(*mat.shape[:-2], -1), pos, axis=-1)
     return halves.view(np.uint32).reshape(*mat.shape[:-2], WARP_SIZE, mi, A_REGS)
 
 
@@ -135,16 +152,17 @@ def b_matrix_map(halves: np.ndarray) -> np.ndarray:
     return np.take(halves.reshape(*halves.shape[:-3], -1), _tile_maps(1, halves.shape[-2])[1], axis=-1)
 
 
-def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
-    """Lane fragments -> (C [..., 16MI, 8NJ] f32, A [..., 16MI, 16] f16, B [..., 16, 8NJ] f16).
+def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray, operand: str = "f16"):
+    """Lane fragments -> (C [..., 16MI, 8NJ] f32, A [..., 16MI, 16] f16, B [..., 16, 8NJ] f16;
+    bf16 operands as float32 values).
 
     a: [..., 32, MI, 4] uint32, b: [..., 32, NJ, 2] uint32, c: [..., 32, NJ, MI, 4] float32.
     """
     mi, nj = a.shape[-2], b.shape[-2]
     a_src, b_src, _, c_src = _tile_maps(mi, nj)
     lead = a.shape[:-3]
-    a16 = np.ascontiguousarray(a).view(np.float16).reshape(*lead, -1)  # [..., 32*MI*8] f16
-    b16 = np.ascontiguousarray(b).view(np.float16).reshape(*lead, -1)  # [..., 32*NJ*4] f16
+    a16 = halves_of(a, operand).reshape(*lead, -1)  # [..., 32*MI*8]
+    b16 = halves_of(b, operand).reshape(*lead, -1)  # [..., 32*NJ*4]
     c32 = c.reshape(*lead, -1)  # [..., 32*NJ*MI*4] f32
     return np.take(c32, c_src, axis=-1), np.take(a16, a_src, axis=-1), np.take(b16, b_src, axis=-1)
 
@@ -152,8 +170,8 @@ def fragments_to_matrices(a: np.ndarray, b: np.ndarray, c: np.ndarray):
 def mma_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: FusedDotModel = EXACT) -> np.ndarray:
     """The MI x NJ independent m16n8k16 MMAs of one k16 step: D(mi, nj) = A(mi) B(nj) + C(mi, nj).
 
-    a: [..., 32, MI, 4] uint32 (f16x2), b: [..., 32, NJ, 2] uint32 (f16x2),
-    c: [..., 32, NJ, MI, 4] float32 -> d: [..., 32, NJ, MI, 4] float32.
+    a: [..., 32, MI, 4] uint32 (f16x2; bf16x2 with a model of operand "bf16"), b: [..., 32, NJ, 2]
+    uint32 (likewise), c: [..., 32, NJ, MI, 4] float32 -> d: [..., 32, NJ, MI, 4] float32.
     """
     return mma_chain((a,), (b,), c, model)
 
@@ -164,7 +182,8 @@ def mma_chain(a_steps, b_steps, c: np.ndarray, model: FusedDotModel = EXACT) -> 
     shapes = {_check(a, b, c) for a, b in zip(a_steps, b_steps, strict=True)}
     if len(shapes) > 1:
         raise ValueError(f"mma_chain: the steps' MI x NJ differ: {sorted(shapes)}")
-    return gemm_chain([a_matrix(a) for a in a_steps], [b_matrix(b) for b in b_steps], c, model)
+    return gemm_chain([a_matrix(a, model.operand) for a in a_steps], [b_matrix(b, model.operand) for b in b_steps],
+                      c, model)
 
 
 CHUNK_ELEMENTS = 1 << 15  # accumulator elements per pass of the chain: its float64 temporaries stay in

@@ -15,6 +15,12 @@ Rows past seqlen_q or keys past seqlen_k are handled as on hardware: zero-filled
 masked to -inf, guarded stores. Causal masking is top-left aligned: key k is visible to query q
 iff k <= q, also when seqlen_k != seqlen_q (spec figure 12; SCHEDULE.md).
 
+Issue 38's grouped-query attention and sliding window leave the schedule as it is: K/V tiles come
+from batch-head bh // kv_group, and a CTA's rounds run K/V blocks n_block_min .. n_block_max - 1
+(Problem.n_block_min; rounds t = 0, 1, ... as in fa2_fwd.cu), the window masked with the causal and
+sequence-end masks. Softcap adds arithmetic the program does not model: `check_program_problem`
+refuses it, naming engine='ptx'.
+
 Checkpoints (events.Checkpoint) are emitted at the points SCHEDULE.md and checkpoints.py name,
 only when an observer wants them. `Mutation` removes or moves synchronisation for the hazard
 checker's tests: `drop` skips a Site; `late_wait` moves a wait_group to right after the first
@@ -32,7 +38,7 @@ import numpy as np
 from ..checkpoints import Checkpoint, CheckpointLayout
 from ..events import ROUND_EPILOGUE, ROUND_PROLOGUE, LaunchInfo
 from ..gemm import BlockedValueOperand, LdsmOperand, RegisterOperand, mma_chain
-from ..isa.convert import f32_to_f16_rn, f32_to_f16_values
+from ..isa.convert import f32_to_half_rn, f32_to_half_values
 from ..isa.cuda_math import logf
 from ..isa.sm80 import WARP_SIZE
 from ..layout import Operand
@@ -95,9 +101,27 @@ def check_program_config(config) -> None:
                          f"run this config with engine='ptx' (the PTX engine runs fa2_fwd.cu as NVRTC compiles it)")
 
 
-def engine_for(config) -> str:
-    """The simulator front end that runs `config`: the hand-written program for the spec's
-    schedule, the PTX engine for configs with schedule options."""
+def program_refusal(prob: Problem) -> str | None:
+    """Why the hand-written program cannot run `prob`'s features (None: it can): softcap's tanh is
+    arithmetic of fa2_fwd.cu that only the PTX engine models."""
+    if prob.softcap:
+        return (f"softcap={prob.softcap:g} adds fa2_fwd.cu's tanh arithmetic, which the hand-written program "
+                "does not model")
+    return None
+
+
+def check_program_problem(prob: Problem, engine_ptx: str = "engine='ptx'") -> None:
+    """A ValueError naming the PTX engine (as `engine_ptx` spells it) for features the program refuses."""
+    why = program_refusal(prob)
+    if why:
+        raise ValueError(f"{why}: run it with {engine_ptx} (the PTX engine runs fa2_fwd.cu as NVRTC compiles it)")
+
+
+def engine_for(config, prob: Problem | None = None) -> str:
+    """The simulator front end that runs `config` (and `prob`'s features): the hand-written program
+    for the spec's schedule, the PTX engine for configs with schedule options or softcap."""
+    if prob is not None and program_refusal(prob):
+        return "ptx"
     return "program" if config.spec_schedule else "ptx"
 
 
@@ -239,23 +263,36 @@ def gemm_A_in_regs(m: Machine, plan: KernelPlan, tCrP: np.ndarray, tCrO: np.ndar
     return tCrO
 
 
-def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, t: int, m_block: np.ndarray,
+def mask_within_nblock(m: Machine, prob: Problem, plan: KernelPlan, key0: np.ndarray, m_block: np.ndarray,
                        tCrS: np.ndarray) -> np.ndarray:
-    """-inf where key >= seqlen_k or (causal) key > query; per thread, no communication (table 4).
-    Only CTAs whose block holds such a key take the branch."""
+    """-inf where key >= seqlen_k, (causal) key > query, or the key is outside the window
+    (key < query - left, key > query + right); per thread, no communication (table 4). key0 [k]:
+    each CTA's first key of the round. Only CTAs whose block holds such a key take the branch
+    (fa2_fwd.cu's needs_mask)."""
     cfg = prob.config
-    last_key = (t + 1) * cfg.block_n - 1
-    needs = np.full(m.live, last_key >= prob.seqlen_k)
+    left, right = prob.window_left, prob.window_right
+    row0 = m_block * cfg.block_m  # [k]
+    last_key = key0 + cfg.block_n - 1  # [k]
+    needs = last_key >= prob.seqlen_k
     if prob.causal:
-        needs |= last_key > m_block * cfg.block_m
+        needs |= last_key > row0
+    if right >= 0:
+        needs |= last_key > row0 + right
+    if left >= 0:
+        needs |= key0 < row0 + cfg.block_m - 1 - left
     with m.branch(needs) as taken:
         if not taken:
             return tCrS
-        key = t * cfg.block_n + plan.s_col  # [W, L, NJ, MI, 4]
-        dead = np.broadcast_to(key >= prob.seqlen_k, (m.live, *key.shape))  # [k, W, L, NJ, MI, 4] bool
-        if prob.causal:
-            query = (m_block * cfg.block_m)[:, None, None, None, None, None] + plan.s_row  # [k, W, L, NJ, MI, 4]
-            dead = dead | (key > query)
+        key = key0[:, None, None, None, None, None] + plan.s_col  # [k, W, L, NJ, MI, 4]
+        dead = key >= prob.seqlen_k  # [k, W, L, NJ, MI, 4] bool
+        if prob.causal or prob.has_window:
+            query = row0[:, None, None, None, None, None] + plan.s_row  # [k, W, L, NJ, MI, 4]
+            if prob.causal:
+                dead = dead | (key > query)
+            if right >= 0:
+                dead = dead | (key > query + right)
+            if left >= 0:
+                dead = dead | (key < query - left)
         dead = dead & m.active[..., None, None, None]
         out = np.where(dead, NEG_INF, tCrS)
         m.reg(plan.sites.mask, {"tCrS": tCrS}, {"tCrS": out})
@@ -274,10 +311,17 @@ class _Wave:
     m_block: np.ndarray  # [C] Q block of each CTA
     bh: np.ndarray  # [C] batch-head of each CTA
     nbm: np.ndarray  # [C] K/V rounds of each CTA, non-increasing
+    nbmin: np.ndarray  # [C] first K/V block of each CTA (0 without a left window)
 
     def load(self, m: Machine, instr: Instr, lanes: TileLanes, tensor: Tensor, row0: np.ndarray) -> None:
-        seqlen = self.prob.seqlen_q if tensor is Tensor.Q else self.prob.seqlen_k
-        load_tile(m, instr, lanes, self.ptr.of(tensor), self.bh, row0, seqlen, self.prob.config.head_dim)
+        q_like = tensor is Tensor.Q
+        seqlen = self.prob.seqlen_q if q_like else self.prob.seqlen_k
+        bh = self.bh if q_like else self.bh // self.prob.kv_group  # K/V head of a group (GQA)
+        load_tile(m, instr, lanes, self.ptr.of(tensor), bh, row0, seqlen, self.prob.config.head_dim)
+
+    def key0(self, k: int, t: int) -> np.ndarray:
+        """[k] first key of round t of the live CTAs (K/V block nbmin + t)."""
+        return (self.nbmin[:k] + t) * self.prob.config.block_n
 
 
 def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
@@ -288,34 +332,34 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
     _sync(m, mut, S.wait_qk, S.bar_qk)
     _tile_checkpoint(m, layout, Checkpoint.SQ, Tile.SQ)
     _tile_checkpoint(m, layout, Checkpoint.SK, Tile.SK)
-    wv.load(m, S.cp_v, plan.copy_kv[1], Tensor.V, np.full(k, t * cfg.block_n))
+    wv.load(m, S.cp_v, plan.copy_kv[1], Tensor.V, wv.key0(k, t))
     m.commit_group(S.commit_v)
     late_qk = (lambda: m.wait_group(S.wait_qk_late, 0)) if mut.late(Site.WAIT_QK) else None
     tCrS = gemm_smem(m, plan, tCrS, late_qk)
     m.checkpoint(Checkpoint.S_ACC, lambda: _thread_words(tCrS))
-    tCrS = mask_within_nblock(m, prob, plan, t, wv.m_block[:k], tCrS)
+    tCrS = mask_within_nblock(m, prob, plan, wv.key0(k, t), wv.m_block[:k], tCrS)
     m.checkpoint(Checkpoint.S_MASKED, lambda: _thread_words(tCrS))
     _sync(m, mut, S.wait_pv, S.bar_pv)
     _tile_checkpoint(m, layout, Checkpoint.SV, Tile.SV)
     with m.branch(wv.nbm[:k] > t + 1) as taken:
         if taken:
-            wv.load(m, S.cp_k, plan.copy_kv[0], Tensor.K, np.full(k, (t + 1) * cfg.block_n))
+            wv.load(m, S.cp_k, plan.copy_kv[0], Tensor.K, wv.key0(k, t + 1))
             m.commit_group(S.commit_k)
     p_cols, tCrO, st.rRowMax[:k], st.rRowSum[:k] = softmax_rescale_o(
         m, S, np.float32(prob.scale), t == 0, tCrS, st.tCrO[:k], st.rRowMax[:k], st.rRowSum[:k], cfg.softmax)
     m.checkpoint(Checkpoint.ROW_MAX, lambda: _thread_words(st.rRowMax[:k]))
     m.checkpoint(Checkpoint.ROW_SUM, lambda: _thread_words(st.rRowSum[:k]))
     late_pv = (lambda: m.wait_group(S.wait_pv_late, 0)) if mut.late(Site.WAIT_PV) else None
-    tCrP = _p_values(m, S, p_cols, late_pv)  # by column
+    tCrP = _p_values(m, S, p_cols, late_pv, cfg.dtype)  # by column
     if tCrP is None:
         p = from_columns(p_cols, tCrS.shape[:3])  # [k, W, L, NJ, MI, 4] f32
-        tCrP = f32_to_f16_rn(p).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2: (c0,c1), (c2,c3); NaN -> 0x7fff
+        tCrP = f32_to_half_rn(p, cfg.dtype).view(np.uint32)  # [k, W, L, NJ, MI, 2] f16x2 (bf16x2): (c0,c1), (c2,c3); NaN -> 0x7fff
         m.reg(S.convert_p, {"tCrS": p}, {"tCrP": tCrP})
         m.checkpoint(Checkpoint.P_F16, lambda: _thread_words(tCrP))
     else:
         m.count(S.convert_p)  # no observer wants its registers (_p_values)
         m.checkpoint(Checkpoint.P_F16,
-                     lambda: _thread_words(f32_to_f16_rn(from_columns(p_cols, tCrS.shape[:3])).view(np.uint32)))
+                     lambda: _thread_words(f32_to_half_rn(from_columns(p_cols, tCrS.shape[:3]), cfg.dtype).view(np.uint32)))
     acc = st.tCrO[:k]
     d = gemm_A_in_regs(m, plan, tCrP, tCrO, late_pv, out=acc)
     if d is not acc:
@@ -323,14 +367,14 @@ def _round(m: Machine, wv: _Wave, st: _State, t: int) -> None:
     m.checkpoint(Checkpoint.O_ACC, lambda: _thread_words(st.tCrO[:k]))
 
 
-def _p_values(m: Machine, S, p_cols: np.ndarray, late_pv: Callable | None) -> np.ndarray | None:
-    """P~'s f16 values as float32 by column [NJ, 2, MI, 2, k*W*L] when nothing observes the
+def _p_values(m: Machine, S, p_cols: np.ndarray, late_pv: Callable | None, dtype: str) -> np.ndarray | None:
+    """P~'s f16 (bf16: `dtype`) values as float32 by column [NJ, 2, MI, 2, k*W*L] when nothing observes the
     conversion or the PV GEMM and no wait sits inside it: the chain then reads them with no f16
     decoding, straight from this layout, and no f16x2 word is built. None otherwise, or when P~
     holds a NaN (its bits matter)."""
     if late_pv is not None or m.observed(S.convert_p, *S.ldsm_v, *S.mma_pv):
         return None
-    return f32_to_f16_values(p_cols)
+    return f32_to_half_values(p_cols, dtype)
 
 
 def _normalize(m: Machine, wv: _Wave, st: _State) -> tuple[np.ndarray, np.ndarray]:
@@ -356,7 +400,7 @@ def epilogue(m: Machine, wv: _Wave, st: _State) -> None:
     m.round = ROUND_EPILOGUE
     m.set_live(c)
     tCrO, lse = _normalize(m, wv, st)
-    rO = f32_to_f16_rn(tCrO).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2; NaN -> 0x7fff as cvt.rn does
+    rO = f32_to_half_rn(tCrO, cfg.dtype).view(np.uint32)  # [C, W, L, NJo, MI, 2] f16x2 (bf16x2); NaN -> 0x7fff as cvt.rn does
     m.reg(S.epilogue[Step.CONVERT_O], {"tCrO": tCrO}, {"rO": rO})
     m.st_shared(S.sts_o, plan.sts_o.smem, rO.reshape(*rO.shape[:3], -1, 1), "rO")
     if Site.BAR_EPILOGUE not in wv.mut.drop:
@@ -382,17 +426,19 @@ def flash_fwd(m: Machine, prob: Problem, ptr: Pointers, mutation: Mutation = NO_
     ran a round."""
     cfg = prob.config
     check_program_config(cfg)
+    check_program_problem(prob)
     plan = kernel_plan(cfg)
     S = plan.sites
     m_block = m.cta % prob.n_m_blocks  # [C]
-    nbm = prob.n_block_max(m_block)  # [C], non-increasing
+    nbm = prob.n_rounds_of(m_block)  # [C], non-increasing
     if np.any(np.diff(nbm) > 0):
         raise ValueError("the wave must be ordered by wave_order (decreasing loop length)")
-    wv = _Wave(prob, plan, ptr, mutation, CheckpointLayout(cfg, prob.n_rounds), m_block, m.cta // prob.n_m_blocks, nbm)
+    wv = _Wave(prob, plan, ptr, mutation, CheckpointLayout(cfg, prob.n_rounds), m_block, m.cta // prob.n_m_blocks, nbm,
+               prob.n_block_min(m_block))
     c, shape = m.n_ctas, (m.n_ctas, cfg.n_warps, WARP_SIZE)
     m.round = ROUND_PROLOGUE
     wv.load(m, S.cp_q, plan.copy_q, Tensor.Q, m_block * cfg.block_m)
-    wv.load(m, S.cp_k0, plan.copy_kv[0], Tensor.K, np.zeros(c, np.int64))
+    wv.load(m, S.cp_k0, plan.copy_kv[0], Tensor.K, wv.key0(c, 0))
     m.commit_group(S.commit_prologue)
     st = _State(tCrO=np.zeros((*shape, cfg.o_n_tiles, cfg.m_repeats, 4), np.float32),
                 rRowMax=np.full((*shape, cfg.m_repeats, 2), NEG_INF, np.float32),

@@ -24,6 +24,7 @@ BAR = "bar.sync 0"
 LDSM_X4 = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDSM_X4_T = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 HMMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+HMMA_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"  # KernelConfig.dtype "bf16"
 SHFL = "shfl.sync.bfly.b32"
 STS32 = "st.shared.b32"
 LDS128 = "ld.shared.v4.b32"
@@ -141,7 +142,7 @@ def _qk_sites(p: ProgramText, cfg: KernelConfig) -> tuple[list, Instr, list, lis
                 late = p.add(Op.DEPBAR, Phase.QK, WAIT0, Site.WAIT_QK.name + " (late)", site=Site.WAIT_QK)
             k[nxt] = p.add(Op.LDSM, Phase.QK, LDSM_X4, f"tCrK <- sK (h={nxt})", cfg.block_n // 16)
         if h >= 0:
-            mma[h] = p.add(Op.HMMA, Phase.QK, HMMA, f"tCrS += tCrQ(h={h}) * tCrK(h={h})",
+            mma[h] = p.add(Op.HMMA, Phase.QK, HMMA_BF16 if cfg.dtype == "bf16" else HMMA, f"tCrS += tCrQ(h={h}) * tCrK(h={h})",
                            cfg.m_repeats * cfg.s_n_tiles)
     return q, late, k, mma
 
@@ -166,13 +167,15 @@ def program_sites(cfg: KernelConfig) -> Sites:
     s["cp_k"] = p.add(Op.LDGSTS, Phase.K_LOAD, CP_ASYNC, "sK <- gK[t+1]", rows_kv)
     s["commit_k"] = p.add(Op.LDGDEPBAR, Phase.K_LOAD, COMMIT, "commit K[t+1]")
     s["softmax"], s["shfl_max"], s["shfl_sum"] = _softmax_sites(p, cfg.rows_per_thread, cfg.softmax)
-    s["convert_p"] = p.add(Op.REG, Phase.PV, "cvt.rn.f16x2.f32", Step.CONVERT_P.value)
+    hmma = HMMA_BF16 if cfg.dtype == "bf16" else HMMA
+    s["convert_p"] = p.add(Op.REG, Phase.PV, f"cvt.rn.{'bf16' if cfg.dtype == 'bf16' else 'f16'}x2.f32",
+                           Step.CONVERT_P.value)
     v, mma_pv, late_pv = [], [], None
     for h in range(cfg.pv_k_segments):
         v.append(p.add(Op.LDSM, Phase.PV, LDSM_X4_T, f"tCrV <- sVt (h={h})", cfg.head_dim // 16))
         if h == 0:
             late_pv = p.add(Op.DEPBAR, Phase.PV, WAIT0, Site.WAIT_PV.name + " (late)", site=Site.WAIT_PV)
-        mma_pv.append(p.add(Op.HMMA, Phase.PV, HMMA, f"tCrO += tCrP(h={h}) * tCrV(h={h})",
+        mma_pv.append(p.add(Op.HMMA, Phase.PV, hmma, f"tCrO += tCrP(h={h}) * tCrV(h={h})",
                             cfg.m_repeats * cfg.o_n_tiles))
     s.update(ldsm_v=tuple(v), wait_pv_late=late_pv, mma_pv=tuple(mma_pv))
     s["epilogue"] = {st: p.add(Op.REG, Phase.EPILOGUE, "", st.value)

@@ -32,12 +32,12 @@ class Problem:
 
 
 def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None,
-             engine: str = "program", kernel=None):
+             engine: str = "program", kernel=None, window=None, softcap=None):
     """fa_sim.simulate with the observers of a run (the observers sit above the machine: it imports
-    nothing from them)."""
+    nothing from them); window and softcap as fa_sim.simulate takes them."""
     kwargs = {} if mutation is None else {"mutation": mutation}
     return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers),
-                     engine=engine, kernel=kernel, **kwargs)
+                     engine=engine, kernel=kernel, window=window, softcap=softcap, **kwargs)
 
 
 def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool = False) -> BankReport:
@@ -47,10 +47,11 @@ def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool =
 
 
 def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
-              inputs=None, engine: str = "program", kernel=None) -> Trace:
+              inputs=None, engine: str = "program", kernel=None, window=None, softcap=None) -> Trace:
     recorder = TraceRecorder(filter)
     q, k, v = problem.inputs() if inputs is None else inputs
-    simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel)
+    simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel,
+             window=window, softcap=softcap)
     return recorder.trace
 
 

@@ -129,15 +129,16 @@ def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_bloc
     return tuple(zip((rows + m_block * cfg.block_m).tolist(), (cols + k0).tolist()))
 
 
-def _regs(regs: dict, r: int, c: int, s: int) -> tuple:
+def _regs(regs: dict, r: int, c: int, s: int, dtype: str = "fp16") -> tuple:
     if not regs:
         return ()
-    return tuple(json_list(np.concatenate([reg_values(v[r, c, s]).reshape(-1) for v in regs.values()])))
+    return tuple(json_list(np.concatenate([reg_values(v[r, c, s], dtype).reshape(-1) for v in regs.values()])))
 
 
 def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: int, thread: int) -> Step:
     touch, matrix, coords, detail = "", "", (), ""
-    values = _regs(rec.regs_out, r, c, s) or (_regs(rec.regs_in, r, c, s) if rec.op is Op.STS else ())
+    values = (_regs(rec.regs_out, r, c, s, cfg.dtype)
+              or (_regs(rec.regs_in, r, c, s, cfg.dtype) if rec.op is Op.STS else ()))
     if rec.smem is not None:
         touch, matrix = _touch(rec, r, c, s), TILE_TENSOR.get(rec.smem.region, str(rec.smem.region))
         row0 = _tile_row0(rec.smem.region, rec, cfg, m_block)
@@ -180,8 +181,8 @@ def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rn
         vals = words[: cfg.rows_per_thread].view(np.float32)
         rows = lanemaps.row_slot_rows(cfg, thread, np.arange(vals.size)) + q0
         return tuple(Slot(ck.value, int(q), None, float(v)) for q, v in zip(rows, vals))
-    if ck is Checkpoint.P_F16:
-        vals = words[: cfg.s_values_per_thread // 2].astype(np.uint32).view(np.float16).astype(np.float32)
+    if ck is Checkpoint.P_F16:  # f16x2 words (bf16x2 in a bf16 kernel)
+        vals = reg_values(words[: cfg.s_values_per_thread // 2].astype(np.uint32), cfg.dtype).astype(np.float32)
     elif ck in (Checkpoint.S_ACC, Checkpoint.S_MASKED, Checkpoint.O_ACC, Checkpoint.O_FINAL):
         n = cfg.o_values_per_thread if ck in (Checkpoint.O_ACC, Checkpoint.O_FINAL) else cfg.s_values_per_thread
         vals = words[:n].view(np.float32)
@@ -253,7 +254,7 @@ def _section(title: str, slots) -> list[str]:
 SECTIONS = ((Checkpoint.S_ACC, "S accumulated, S(query,key) (tCrS after QK)"),
             (Checkpoint.S_MASKED, "S after masking"),
             (Checkpoint.ROW_MAX, "m (rRowMax, unscaled)"), (Checkpoint.ROW_SUM, "l (rRowSum)"),
-            (Checkpoint.P_F16, "P~ as fp16 A operand, P(query,key) (tCrP)"),
+            (Checkpoint.P_F16, "P~ as fp16 A operand, P(query,key) (tCrP)"),  # fp16: the config's dtype
             (Checkpoint.O_ACC, "O accumulator after PV, O(query,d) (tCrO)"),
             (Checkpoint.O_FINAL, "O after division by l"))
 
@@ -279,8 +280,9 @@ def format_story(story: LaneStory) -> str:
     partners = story.partners
     if partners:
         lines.append("shuffle partners: " + ", ".join(f"lane {p}" for p in partners))
+    dtype = config_of(la).dtype
     for ck, title in SECTIONS:
-        lines += _section(title, story.slots(ck))
+        lines += _section(title.replace("fp16", dtype) if ck is Checkpoint.P_F16 else title, story.slots(ck))
     if any(not np.isfinite(sl.value) for sl in story.slots(Checkpoint.S_MASKED)):
         lines.append("kept keys after masking: " + "; ".join(
             f"query {q}: {', '.join(map(str, k)) or 'none'}" for q, k in story.kept_keys().items()))

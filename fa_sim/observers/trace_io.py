@@ -131,17 +131,37 @@ def load_trace(path: str | Path) -> Trace:
     records = tuple(_load_record(e, a, version) for e in manifest["records"])
     checkpoints = tuple(CheckpointRecord(Checkpoint[c["checkpoint"]], c["round"], a[f"c{i}.cta"], a[f"c{i}.values"])
                         for i, c in enumerate(manifest["checkpoints"]))
-    return Trace(manifest["launch"], TraceFilter.from_json(manifest["filter"]), a["threads"], records, checkpoints)
+    return Trace(_launch(manifest["launch"]), TraceFilter.from_json(manifest["filter"]), a["threads"], records,
+                 checkpoints)
+
+
+def _launch(launch: dict) -> dict:
+    """The launch of an archive with its config's fields complete: a field added since it was written
+    takes its default (KernelConfig.from_json), as the run that wrote it had."""
+    if isinstance(launch.get("config"), dict):
+        from ..config import KernelConfig
+
+        launch = {**launch, "config": KernelConfig.from_json(launch["config"]).to_json()}
+    return launch
 
 
 # -- values as JSON --------------------------------------------------------------------------------
-def reg_values(words: np.ndarray) -> np.ndarray:
-    """A register array [..., k] as numbers: uint32 words are f16x2 pairs ([..., 2k] fp16),
-    float32 stays fp32, integers and predicates stay as they are."""
+def reg_values(words: np.ndarray, dtype: str = "fp16") -> np.ndarray:
+    """A register array [..., k] as numbers: uint32 words are f16x2 pairs ([..., 2k] fp16; bf16x2
+    pairs as float32 values for a kernel of dtype "bf16"), float32 stays fp32, integers and
+    predicates stay as they are."""
     words = np.asarray(words)
     if words.dtype == np.uint32:
+        if dtype == "bf16":
+            h = np.ascontiguousarray(words).view(np.uint16).reshape(*words.shape[:-1], 2 * words.shape[-1])
+            return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
         return decode_f16x2(words)
     return words
+
+
+def launch_dtype(launch: dict) -> str:
+    """The 16-bit type of a traced launch ("fp16" for other kernels and traces of older versions)."""
+    return (launch.get("config") or {}).get("dtype", "fp16") if isinstance(launch, dict) else "fp16"
 
 
 def json_number(x):
@@ -158,8 +178,9 @@ def json_list(a) -> list:
     return [json_number(v) for v in np.asarray(a).reshape(-1).tolist()]
 
 
-def lane_args(rec: TraceRecord, r: int, c: int, s: int) -> dict:
-    """Everything one lane did in instruction r of a record, as JSON values."""
+def lane_args(rec: TraceRecord, r: int, c: int, s: int, dtype: str = "fp16") -> dict:
+    """Everything one lane did in instruction r of a record, as JSON values (16-bit pairs decoded as
+    `dtype`, the launch's: `launch_dtype`)."""
     out: dict = {"active": bool(rec.active[c, s])}
     if rec.smem is not None:
         sm = rec.smem
@@ -172,7 +193,7 @@ def lane_args(rec: TraceRecord, r: int, c: int, s: int) -> dict:
                        "col": int(g.col[r, c, s]), "on": bool(g.mask[r, c, s])}
     for side, regs in (("in", rec.regs_in), ("out", rec.regs_out)):
         if regs:
-            out[side] = {k: json_list(reg_values(v[r, c, s])) for k, v in regs.items()}
+            out[side] = {k: json_list(reg_values(v[r, c, s], dtype)) for k, v in regs.items()}
     if rec.shfl_src is not None:
         out["shfl_src"] = int(rec.shfl_src[r, c, s])
     return out
@@ -186,7 +207,7 @@ def to_perfetto(trace: Trace) -> dict:
     events = [{"ph": "M", "name": "process_name", "pid": c, "args": {"name": f"CTA {c}"}} for c in ctas]
     events += [{"ph": "M", "name": "thread_name", "pid": c, "tid": int(w), "args": {"name": f"warp {w}"}}
                for c in ctas for w in np.unique(warps)]
-    step = 0
+    step, dtype = 0, launch_dtype(trace.launch)
     for rec in trace.records:
         for r in range(rec.repeat):
             for ci, cta in enumerate(rec.cta.tolist()):
@@ -194,7 +215,8 @@ def to_perfetto(trace: Trace) -> dict:
                     lanes = np.nonzero(warps == w)[0]
                     args = {"ptx": rec.ptx, "pc": rec.pc, "round": rec.round, "instr": r,
                             "src": None if rec.src is None else str(rec.src),
-                            "lanes": {f"lane {int(trace.threads[s]) % 32}": lane_args(rec, r, ci, s) for s in lanes}}
+                            "lanes": {f"lane {int(trace.threads[s]) % 32}": lane_args(rec, r, ci, s, dtype)
+                                      for s in lanes}}
                     events.append({"name": rec.label, "cat": str(rec.phase), "ph": "X", "ts": step, "dur": 1,
                                    "pid": int(cta), "tid": int(w), "args": args})
             step += 1

@@ -64,7 +64,7 @@ from .fused import LaneBlock, fusable, lane_block
 from .invariant import Invariants, Kept, invariants
 from .ir import Instruction, Kernel, named
 from .live import Live
-from .machine_ops import _reg_name, _smem_lanes, address, block_shuffle, shuffle_operands
+from .machine_ops import MMA_OPERAND, _reg_name, _smem_lanes, address, block_shuffle, shuffle_operands
 from .ops import Unsupported
 from .optable import CONTROL, OPCODES, Unit, executor
 from .state import Group, Loop, WaveState
@@ -195,13 +195,14 @@ class LdsmRun:
 
 
 def _mma_run(code, pc: int, end: int, instrs) -> list[int]:
-    first = MmaOperands.of(code[pc])
+    first = MmaOperands.of(code[pc], bf16=True)
     if first is None:
         return []
     run, written = [pc], set(first.d)
     while pc + len(run) < end and len(run) < MAX_MMA_RUN:
-        nxt = MmaOperands.of(code[pc + len(run)])
+        nxt = MmaOperands.of(code[pc + len(run)], bf16=True)
         if (nxt is None or nxt.a != first.a or instrs[pc + len(run)].phase != instrs[pc].phase
+                or code[pc + len(run)].mods != code[pc].mods  # one operand type per run
                 or written & set(nxt.a + nxt.b + nxt.c + nxt.d)):
             break
         run.append(pc + len(run))
@@ -230,7 +231,7 @@ def _steps(code: tuple[Instruction, ...], start: int, end: int, instrs) -> list:
     while pc < end:
         mma, ldsm = _mma_run(code, pc, end, instrs), _ldsm_run(code, pc, end, instrs)
         if len(mma) > 1:
-            steps.append(MmaRun(tuple(code[p] for p in mma), tuple(MmaOperands.of(code[p]) for p in mma),
+            steps.append(MmaRun(tuple(code[p] for p in mma), tuple(MmaOperands.of(code[p], bf16=True) for p in mma),
                                 replace(instrs[pc], repeat=len(mma))))
         elif len(ldsm) > 1:
             steps.append(LdsmRun(tuple(code[p] for p in ldsm), replace(instrs[pc], repeat=len(ldsm))))
@@ -279,7 +280,7 @@ def mma_batch(eng: WaveState, group: Group, run) -> None:
     c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]
     eng.activate(run.inss[0].pc, group)
     out = eng.m.mma(run.instr, a.reshape(*eng.cw, 1, 4), b.reshape(*eng.cw, r, 2),
-                    c.reshape(*eng.cw, r, 1, 4))  # [C, W, L, R, 1, 4]
+                    c.reshape(*eng.cw, r, 1, 4), MMA_OPERAND[run.inss[0].mods])  # [C, W, L, R, 1, 4]
     regs.set_lane_major(tuple(x for op in run.ops for x in op.d),
                         np.ascontiguousarray(out, np.float32).view(np.uint32).reshape(*shape, 4 * r))
 

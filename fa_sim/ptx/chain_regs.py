@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import Addr, Imm, Instruction, Kernel, Reg, Sym, Vec, named
-from .machine_ops import MMA_FORM
+from .machine_ops import MMA_FORM, MMA_OPERAND
 from .optable import OPCODES, Unit
 from .regs import immediate
 
@@ -38,9 +38,12 @@ class MmaOperands:
     c: tuple[str, ...]
 
     @staticmethod
-    def of(ins: Instruction) -> MmaOperands | None:
-        """The operands of a batchable mma (the modelled form, unguarded, registers only)."""
-        if ins.opcode != "mma" or ins.mods != MMA_FORM or ins.guard is not None or len(ins.operands) != 4:
+    def of(ins: Instruction, bf16: bool = False) -> MmaOperands | None:
+        """The operands of a batchable mma (the modelled f16 form, unguarded, registers only); with
+        `bf16` also of the .bf16 form (the mma runs of blocks.py take both; the GEMM chains, whose
+        fed operands are f16, only the f16 form)."""
+        forms = MMA_OPERAND if bf16 else (MMA_FORM,)
+        if ins.opcode != "mma" or ins.mods not in forms or ins.guard is not None or len(ins.operands) != 4:
             return None
         names = [_names(op) for op in ins.operands]
         if any(n is None for n in names):

@@ -33,17 +33,24 @@ from .program import Program, build_program
 
 
 @lru_cache(maxsize=64)
-def _program(source: KernelSource, config, causal: bool, checkpoints: bool) -> Program:
-    module = kernel_module(KernelBuild(config, causal, "sm_80", checkpoints, source))
+def _program(source: KernelSource, config, causal: bool, checkpoints: bool, kv_group: int = 1,
+             window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Program:
+    module = kernel_module(KernelBuild(config, causal, "sm_80", checkpoints, source, kv_group=kv_group,
+                                       window=window, softcap=softcap))
     if KERNEL_NAME not in module.kernels:
         raise ValueError(f"{source.origin} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
     return build_program(module, KERNEL_NAME, source.text)
 
 
-def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None) -> Program:
+def attention_program(config, causal: bool, checkpoints: bool = False, kernel=None,
+                      problem: Problem | None = None) -> Program:
     """The annotated program of the attention kernel for a config (cached by source text).
-    kernel: None (fa2_fwd.cu), or a variant as fa_sim.contract.kernel_source takes it."""
-    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints))
+    kernel: None (fa2_fwd.cu), or a variant as fa_sim.contract.kernel_source takes it. problem: the
+    launch whose features (heads_k, window, softcap: KernelBuild.of) the build compiles in."""
+    if problem is None:
+        return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints))
+    b = KernelBuild.of(problem, "sm_80")
+    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints), b.kv_group, b.window, b.softcap)
 
 
 def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
@@ -69,7 +76,7 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     reach observers after that wave."""
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
-    program = attention_program(cfg, prob.causal, sel is not None, kernel)
+    program = attention_program(cfg, prob.causal, sel is not None, kernel, prob)
     args = [ptr.q, ptr.k, ptr.v, ptr.o, ptr.lse, np.int32(prob.seqlen_q), np.int32(prob.seqlen_k),
             np.float32(prob.scale)]
     ck = None
@@ -110,7 +117,7 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.n_block_max(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
+    rounds = prob.n_rounds_of(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)

@@ -213,17 +213,21 @@ def ldmatrix(eng: WaveState, group: Group, ins: Instruction) -> None:
 
 
 MMA_FORM = ("sync", "aligned", "m16n8k16", "row", "col", "f32", "f16", "f16", "f32")
+MMA_FORM_BF16 = ("sync", "aligned", "m16n8k16", "row", "col", "f32", "bf16", "bf16", "f32")
+MMA_OPERAND = {MMA_FORM: "f16", MMA_FORM_BF16: "bf16"}  # the modelled forms and their A/B type
 
 
 def mma(eng: WaveState, group: Group, ins: Instruction) -> None:
-    if ins.mods != MMA_FORM:
-        raise Unsupported(f"{ins.mnemonic} (the engine models mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32)")
+    operand = MMA_OPERAND.get(ins.mods)
+    if operand is None:
+        raise Unsupported(f"{ins.mnemonic} (the engine models mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                          f"and .f32.bf16.bf16.f32)")
     d, a, b, c = ins.operands
     def lanes(op, t):  # -> [C, W, L, k]
         return np.stack([eng.scatter(v, group) for v in eng.vector(op, t, group)], axis=-1)
     instr = eng.activate(ins.pc, group)
     out = eng.m.mma(instr, lanes(a, "b32")[..., None, :], lanes(b, "b32")[..., None, :],
-                    lanes(c, "f32")[..., None, None, :])  # [C, W, L, 1, 1, 4]
+                    lanes(c, "f32")[..., None, None, :], operand)  # [C, W, L, 1, 1, 4]
     values = eng.gather(out[..., 0, 0, :], group)
     _write_vector(eng, d, [values[:, i] for i in range(4)], "f32", group)
 
