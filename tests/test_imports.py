@@ -19,11 +19,11 @@ GPU_COMMANDS = {"fa_sim.commands.hw", "fa_sim.commands.compare", "fa_sim.command
                 "fa_sim.commands.backward_gpu"}
 #: What the kernel contract may import from fa_sim: the layers below it.
 BELOW_CONTRACT = ("fa_sim.contract", "fa_sim.config", "fa_sim.cute", "fa_sim.isa", "fa_sim.checkpoints",
-                  "fa_sim.cache")
+                  "fa_sim.cache", "fa_sim.messages")
 #: The layers, bottom to top: a module imports its own layer and those below, never one above
 #: (a module belongs to the layer of its longest matching prefix; a new module needs a layer here).
 LAYERS = (
-    ("hardware", ("fa_sim.isa", "fa_sim.tensorcore", "fa_sim.events", "fa_sim.errors", "fa_sim.cache", "fa_sim.cute",
+    ("hardware", ("fa_sim.isa", "fa_sim.tensorcore", "fa_sim.events", "fa_sim.errors", "fa_sim.messages", "fa_sim.cache", "fa_sim.cute",
                   "fa_sim.heap")),
     ("config", ("fa_sim.config", "fa_sim.layout", "fa_sim.checkpoints", "fa_sim.problem")),
     ("machine", ("fa_sim.machine", "fa_sim.memory", "fa_sim.hub", "fa_sim.smem_lanes", "fa_sim.gemm")),
