@@ -101,6 +101,15 @@ RECORDINGS = (
     Recording(f"{H200}/timing_occupancy.json", True, "python experiments/timing_occupancy.py --measure --out OUT",
               "kernel times of 6 cases at each occupancy from one CTA per SM to their own (dynamic shared memory "
               "padded, the driver's occupancy checked)", Kind.TIMES, 90),
+    Recording(f"{H200}/timing_kernels.json", True,
+              "python experiments/timing_kernels.py --measure --out OUT/timing_kernels.json",
+              "three kernels that are not attention (GEMM, reduction, copy) at two sizes: kernel times",
+              Kind.TIMES, 150),
+    Recording(f"{H200}/timing_edits.json", True, "python experiments/timing_edits.py --measure --out OUT/timing_edits.json",
+              "the seed kernel and fifteen edits of fa2_fwd.cu at two shapes: kernel times", Kind.TIMES, 180),
+    Recording(f"{H200}/timing_pingpong.json", True,
+              "python experiments/timing_pingpong.py --measure --out OUT/timing_pingpong.json",
+              "four 8-warp configs with and without pingpong at three shapes: kernel times", Kind.TIMES, 120),
     Recording(f"{H200}/timing_small.json", True, "python experiments/timing_measure.py --small --out OUT",
               "the timing model's 42 small launches (one CTA to two waves): kernel times, for the launch latency",
               Kind.TIMES, 120),
@@ -222,8 +231,17 @@ def _measurements(data: dict) -> dict:
         return {k["key"]: int(k["smsp__inst_executed.sum"]) for k in data["kernels"]}
     if isinstance(data["rows"], dict):  # timing_microbench.json: cycles per benchmark
         return {name: row["cycles"] for name, row in data["rows"].items()}
+    if "launches" in data:  # timing_kernels.json: kernels that are not attention
+        return {(r["kernel"], r["size"]): r["ms"] for r in data["launches"]}
     if data["rows"] and "ctas_per_sm" in data["rows"][0]:  # timing_occupancy.json: a time per forced occupancy
         return {(r["key"], r["ctas_per_sm"]): r["kernel_ms"] for r in data["rows"]}
+    if data["rows"] and "edit" in data["rows"][0]:  # timing_edits.json: the seed timed first and last
+        out: dict = {}
+        for r in data["rows"]:
+            out.setdefault((r["edit"], tuple(r["shape"]), r["causal"]), []).append(r["ms"])
+        return {k: float(np.median(v)) for k, v in out.items()}
+    if data["rows"] and "config" in data["rows"][0]:  # timing_pingpong.json
+        return {(r["config"], tuple(r["shape"]), r["causal"]): r["ms"] for r in data["rows"]}
     return {(tuple(r["problem"]), r["tag"]): r["kernel_ms"] for r in data["rows"]}
 
 
