@@ -170,13 +170,26 @@ def test_the_variant_run_on_the_h200_replays_on_the_ptx_engine():
     equal to the simulator's). Replayed here from the source the GPU compiled (stored in the run):
     every checkpoint, O and LSE bit-identical; --kernel with the patch is accepted because it gives
     the recorded text, and a kernel of another text is refused."""
+    import tempfile
+
+    import numpy as np
+
     from fa_sim.cli import main
+    from fa_sim.contract import kernel_source
 
     root = Path(__file__).parent.parent
     run = root / "tests" / "data" / "h200" / "compare_variant_swizzle_r4.npz"
     variant = root / "experiments" / "variants" / "fa2_fwd_swizzle_r4.patch"
     assert main(["compare", "--gpu-npz", str(run), "--json"]) == 0
-    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant)]) == 0
+    recorded = str(np.load(run)["kernel_source"])
+    with tempfile.TemporaryDirectory() as d:  # the recorded text as a file of its own: accepted
+        same = Path(d) / "fa2_fwd_swizzle_r4.cu"
+        same.write_text(recorded)
+        assert main(["compare", "--gpu-npz", str(run), "--kernel", str(same)]) == 0
+    # the patch is accepted exactly when it gives the recorded text (an edit of fa2_fwd.cu since the
+    # recording moves what it applies to: then it is refused, until the run is recorded again)
+    assert main(["compare", "--gpu-npz", str(run), "--kernel", str(variant)]) == (
+        0 if kernel_source(str(variant)).text == recorded else 2)
     assert main(["compare", "--gpu-npz", str(run), "--kernel", str(SEED_PATH)]) == 2
 
 
