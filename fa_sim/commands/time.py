@@ -5,9 +5,13 @@ reasons, without a GPU (fa_sim.timing).
     fa time --seqlen 4096 --head-dim 128 --config auto --causal
     fa time --config m128n64d64w4-swizzled-s2 --json           # one JSON object, kernel_ms inside
 
-How the prediction is made: NVRTC compiles the kernel for the GPU's arch; its SASS with the
-control bits ptxas sets (stall counts, scoreboards) is cut into paths, and the functional run of a
-representative CTA on the PTX engine says which path each K/V round takes; one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
+    fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
+
+How the prediction is made: NVRTC compiles the kernel for the GPU's arch; the functional run of a
+representative CTA on the PTX engine gives every warp's path, and each warp is walked through the
+SASS with the control bits ptxas sets (stall counts, scoreboards), every SASS branch decided by the
+PTX branch it compiles from (fa_sim.timing.walk: any control flow, an edited .cu, pingpong's warp
+groups); one SM is run cycle by cycle with 1, half and all of its resident CTAs (representative CTAs: the
 grid's CTAs are not all timed; co-resident CTAs start a fraction of a round apart, as in a running
 grid, and the first wave's start-up is timed with its CTAs started together); the grid is then
 dispatched over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
