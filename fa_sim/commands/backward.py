@@ -27,6 +27,7 @@ from .common import (
     problem_shape,
     refuse,
     refuse_features,
+    warp_and_lane,
 )
 from .inputs import _refuse, check_host_memory, inputs_option, load_npz
 
@@ -297,18 +298,7 @@ def trace(args) -> int:
     if args.cta >= n_ctas:
         raise UsageError(f"--cta {args.cta} is outside the backward grid: {n_ctas} CTAs (K/V blocks of "
                          f"{cfg.block_n} keys x batch-heads), 0..{n_ctas - 1}")
-    if args.thread is not None:
-        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
-        if args.thread >= cfg.n_threads:
-            raise UsageError(f"--thread {args.thread} is outside the CTA: {cfg.n_threads} threads, "
-                             f"0..{cfg.n_threads - 1}")
-        warp, lane = divmod(args.thread, WARP_SIZE)
-    else:
-        warp, lane = args.warp, args.lane
-        if warp >= cfg.n_warps:
-            raise UsageError(f"--warp {warp} is outside the CTA: {cfg.n_warps} warps, 0..{cfg.n_warps - 1}")
-        if lane >= WARP_SIZE:
-            raise UsageError(f"--lane {lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    warp, lane = warp_and_lane(args, cfg.n_warps)
     n_block = args.cta % n_kv
     rounds = backward_lane.rounds_of(cfg, n_block, nq, args.causal)
     if args.round >= rounds:

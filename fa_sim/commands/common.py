@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, KernelConfig
+from ..config import FIELD_CHOICES, FIELD_HELP, FIELD_OPTION, WARP_SIZE, KernelConfig
 from ..contract import KernelSourceError, kernel_source
 from ..messages import QUOTE_MOST, listed, quoted
 from ..reference import random_inputs as _random_inputs
@@ -484,3 +484,19 @@ def add_parallel_arguments(p, what: str = "the grid's waves") -> None:
                                  f"running scheduler's address, which must answer within {CONNECT_TIMEOUT_S} s "
                                  "(needs pip install flashsim[cluster])", "none: local processes",
                                  "local, tcp://HOST:PORT or HOST:PORT"))
+
+
+def warp_and_lane(args, n_warps: int) -> tuple[int, int]:
+    """(warp, lane) of --thread, or of --warp and --lane, checked against a CTA of n_warps warps."""
+    threads = n_warps * WARP_SIZE
+    if args.thread is not None:
+        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
+        if args.thread >= threads:
+            raise UsageError(f"--thread {args.thread} is outside the CTA: {threads} threads "
+                             f"({n_warps} warps), 0..{threads - 1}")
+        return divmod(args.thread, WARP_SIZE)
+    if args.warp >= n_warps:
+        raise UsageError(f"--warp {args.warp} is outside the CTA: {n_warps} warps, 0..{n_warps - 1}")
+    if args.lane >= WARP_SIZE:
+        raise UsageError(f"--lane {args.lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    return args.warp, args.lane

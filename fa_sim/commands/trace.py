@@ -28,6 +28,7 @@ from ..config import WARP_SIZE
 from ..kernels import Problem
 from . import UsageError
 from .common import (
+    warp_and_lane,
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
@@ -113,18 +114,7 @@ def _check_selection(args, prob: Problem) -> tuple[int, int]:
     cfg = prob.config
     if args.cta >= prob.n_ctas:
         raise UsageError(f"--cta {args.cta} is outside the grid: {prob.n_ctas} CTAs, 0..{prob.n_ctas - 1}")
-    if args.thread is not None:
-        refuse(args, ("warp", "lane"), "with --thread, which names the warp and lane itself")
-        if args.thread >= cfg.n_threads:
-            raise UsageError(f"--thread {args.thread} is outside the CTA: {cfg.n_threads} threads "
-                             f"({cfg.n_warps} warps), 0..{cfg.n_threads - 1}")
-        warp, lane = divmod(args.thread, WARP_SIZE)
-    else:
-        warp, lane = args.warp, args.lane
-        if warp >= cfg.n_warps:
-            raise UsageError(f"--warp {warp} is outside the CTA: {cfg.n_warps} warps, 0..{cfg.n_warps - 1}")
-        if lane >= WARP_SIZE:
-            raise UsageError(f"--lane {lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
+    warp, lane = warp_and_lane(args, cfg.n_warps)
     error = _round_error(prob, args.cta, args.round)
     if error is not None:
         raise error

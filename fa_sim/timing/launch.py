@@ -46,8 +46,8 @@ MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions on the busiest SM above wh
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(text: str, name: str, arch: str, macros: tuple, kernel: str | None):
-    """(SASS graph, controls by address, registers, the kernel's name) of a CUDA source."""
+def _compiled(text: str, name: str, arch: str, macros: tuple):
+    """(nvdisasm's listing with encodings and inlined lines, the cubin) of a CUDA source."""
     cubin, _ = compile_cubin(text, name=name, arch=arch, macros=dict(macros), lineinfo=True)
     listing = disassemble(cubin, encodings=True, inlined=True)
     return listing, cubin
@@ -110,7 +110,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     module = load_module(source, macros=macros)
     program = build_program(module, kernel, text)
     smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
-    listing, cubin = _compiled(text, name, gpu.arch, tuple(sorted(macros.items())), kernel)
+    listing, cubin = _compiled(text, name, gpu.arch, tuple(sorted(macros.items())))
     model = LaunchModel(program, listing, cubin, gpu)
     threads = block[0] * block[1] * block[2]
     n_warps = -(-threads // 32)

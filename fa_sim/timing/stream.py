@@ -272,8 +272,8 @@ class KernelStream:
         key = (prob.seqlen_q, prob.seqlen_k, mbs)
         if key in self._checked:
             return
-        walks = [self.walker.walk(p) for mb in mbs for p in _probe(self.config, self.causal, self.kernel, prob, (mb,)
-                                                                    if len(mbs) == 1 else mbs)[mb]]
+        paths = _probe(self.config, self.causal, self.kernel, prob, mbs)
+        walks = [self.walker.walk(p) for mb in mbs for p in paths[mb]]
         check_counts(self.graph, walks, counts, f"{self.config.tag}{' causal' if self.causal else ''} (N_q "
                                                 f"{prob.seqlen_q}, N_k {prob.seqlen_k})")
         self._checked.add(key)

@@ -522,11 +522,7 @@ class Walker:
                 continue
             if len(b.succ) == 1:
                 at = b.succ[0]
-                if at is None and last.base not in ("EXIT",):
-                    at = None
                 continue
-            if not b.succ:
-                return None
             t = self.ties.get(at)
             if t is None:  # @!PT-like guards never branch; `BRA` with a constant predicate
                 at = b.succ[1]
