@@ -9,6 +9,9 @@ checkpoint layout as the simulator.
     ck = fa_hw.compile_kernel(fa_sim.KernelConfig(), arch="sm_90")         # no GPU needed
     g = fa_hw.backward(q, k, v, out.o, out.lse, do, deterministic=False)  # .dq .dk .dv (docs/backward.md)
     ck.usage.registers, ck.usage.stack_bytes, ck.sass()           # read from the cubin
+    o = fa_hw.attention(q, k, v, causal=True)     # differentiable, torch tensors (fa_hw/torch_ops.py)
+
+fa_hw.attention needs PyTorch (the `torch` extra); fa_hw itself imports without it.
 
 The kernel contract both backends share (the kernel source and its variants, KernelBuild and its
 FA_* macros, the NVRTC wrapper, cubin and SASS reading) lives in fa_sim.contract; KernelBuild and
@@ -24,7 +27,21 @@ from .device import device_arch, has_gpu
 from .errors import CompileError, FaHwError, KernelFault, NoGPUError
 from .forward import HwResult, forward
 
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False):
+    """Differentiable attention for torch tensors (fa_hw.torch_ops: fp16 CUDA runs fa2_fwd.cu and
+    fa2_bwd.cu, float64 runs the float64 reference); needs PyTorch."""
+    try:
+        from .torch_ops import attention as _attention
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ImportError("fa_hw.attention needs PyTorch, which is not installed: pip install 'flashsim[torch]'") from None
+    return _attention(q, k, v, causal, scale, deterministic=deterministic)
+
+
 __all__ = [
     "CompileError", "CompiledKernel", "FaHwError", "HwBackwardResult", "HwResult", "KernelBuild", "KernelFault",
-    "NoGPUError", "ResourceUsage", "backward", "compile_kernel", "device_arch", "forward", "has_gpu",
+    "NoGPUError", "ResourceUsage", "attention", "backward", "compile_kernel", "device_arch", "forward", "has_gpu",
 ]

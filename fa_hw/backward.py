@@ -5,8 +5,11 @@
     res.dq, res.dk, res.dv     [B, H, N, d] float16 numpy arrays
 
 The inputs are checked by fa_sim.backward.check_backward_inputs (the simulator's policy and words:
-fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32), staged through
-the host (numpy, torch or cupy inputs alike) and uploaded; the three kernels of fa2_bwd.cu
+fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32). numpy (and
+cupy, torch CPU) inputs are staged through the host and uploaded, and dQ, dK, dV come back as numpy.
+torch CUDA tensors (all six) are read in place, on torch's current stream, with the same checks run
+on the GPU (fa_sim.validate's torch path; no host copy of any array): dQ, dK, dV come back as fp16
+torch tensors on that device (the path of fa_hw.attention's backward). The three kernels of fa2_bwd.cu
 (docs/backward.md) run on fa_hw's own stream, top to bottom as the cuda.core examples:
 
   fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)   o, do, dpsum, seqlen_q
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa_sim.backward import check_backward_inputs, dq_accum_shape
+from fa_sim.backward import check_backward_inputs, check_backward_layout, dq_accum_shape
 from fa_sim.contract.backward import (CONVERT_KERNEL, KERNELS, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
 from fa_sim.contract.cubin import ResourceUsage
@@ -80,36 +83,88 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, *, config: BackwardConfig | None = None) -> HwBackwardResult:
     """Run the backward pass once on the GPU; see the module docstring."""
+    if _all_torch_cuda(q, k, v, o, lse, do):
+        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config)
     x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)  # before any GPU work
+    _check_mode_and_size(deterministic, *x.shape)
+    b, h, nq, nk, d = x.shape
+    cfg = x.config
+    stream = runtime.own_stream()
+    ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
+    dq, dk, dv = (runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v))
+    keep = [*ins, dq, dk, dv]
+    ptrs = [int(buf.handle) for buf in keep]
+    loaded, ms = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream)
+    out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
+    return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
+                            {name: u.registers for name, u in loaded.usage.items()})
+
+
+def _check_mode_and_size(deterministic, b: int, h: int, nq: int, nk: int, d: int) -> None:
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
-    b, h, nq, nk, d = x.shape
     if b * h > runtime.MAX_GRID_Y:
         raise ValueError(f"batch*heads = {b * h} exceeds the grid's y limit {runtime.MAX_GRID_Y}")
     if max(nq, nk) > runtime.MAX_SEQLEN:
         raise ValueError(f"sequence lengths up to {runtime.MAX_SEQLEN} fit the kernel's int32 arguments")
-    cfg = x.config
-    loaded = load_backward(BackwardBuild(cfg, x.causal, bool(deterministic), runtime.device_arch()))
-    stream = runtime.own_stream()
-    ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
-    q_, k_, v_, o_, lse_, do_ = (int(buf.handle) for buf in ins)
-    acc_bytes = int(np.prod(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)))) * 4
+
+
+def _all_torch_cuda(*xs) -> bool:
+    return all(type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False) for x in xs)
+
+
+def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config) -> HwBackwardResult:
+    """fa_hw.backward on torch CUDA tensors: the checks of check_backward_inputs in torch (values on
+    the GPU), the kernels on the tensors in place and on torch's current stream, torch outputs."""
+    import torch
+
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
+    b, h, nq, d = ins[0].shape
+    nk = ins[1].shape[2]
+    _check_mode_and_size(deterministic, b, h, nq, nk, d)
+    dev = q.device
+    if any(x.device != dev for x in (k, v, o, lse, do)):
+        raise ValueError(f"q, k, v, o, lse, do must be on one device, got "
+                         f"{', '.join(str(x.device) for x in (q, k, v, o, lse, do))}")
+    if dev.index not in (None, runtime.device().device_id):
+        raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
+    lse = lse.detach()
+    bad = ~torch.isfinite(lse)
+    if bool(bad.any()):
+        at = [int(i) for i in torch.nonzero(bad)[0].tolist()]
+        raise ValueError(f"lse contains NaN or Inf, first at lse{at} = {float(lse[tuple(at)])}; pass the forward's res.lse")
+    q16, k16, v16, o16, do16 = (x.fp16() for x in ins)  # the value checks, on the GPU; contiguous fp16
+    lse = lse.contiguous()
+    dq, dk, dv = (torch.empty_like(x) for x in (q16, k16, v16))
+    keep = [q16, k16, v16, o16, lse, do16, dq, dk, dv]
+    stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
+    loaded, ms = _run([x.data_ptr() for x in keep], (b, h, nq, nk, d), cfg, causal, scale, bool(deterministic),
+                      stream)
+    return HwBackwardResult(dq, dk, dv, cfg, causal, scale, bool(deterministic), ms,
+                            {name: u.registers for name, u in loaded.usage.items()})
+
+
+def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream):
+    """The three launches on `stream` from device pointers q k v o lse do dq dk dv (their owners
+    held by the caller), the fp32 workspaces allocated here; each launch synchronises (_launch):
+    -> (LoadedBackward, the kernels' ms)."""
+    b, h, nq, nk, d = shape
+    loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch()))
+    q_, k_, v_, o_, lse_, do_, dq, dk, dv = (int(p) for p in ptrs)
+    acc_bytes = int(np.prod(dq_accum_shape(cfg, b, h, nq, nk, deterministic))) * 4
     dpsum, dq_accum = runtime.allocate(b * h * nq * 4, stream), runtime.allocate(acc_bytes, stream)
     runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
-    dq, dk, dv = (runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v))
     n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
-    s32 = np.float32(x.scale)
+    s32 = np.float32(scale)
     launches = [
         (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, int(dpsum.handle), np.int32(nq))),
         (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, int(dpsum.handle), int(dq_accum.handle), int(dk.handle), int(dv.handle),
+         (q_, k_, v_, do_, lse_, int(dpsum.handle), int(dq_accum.handle), dk, dv,
           np.int32(nq), np.int32(nk), s32)),
-        (CONVERT_KERNEL, (n_q, bh, 1), 0, (int(dq_accum.handle), int(dq.handle), np.int32(nq), np.int32(nk), s32)),
+        (CONVERT_KERNEL, (n_q, bh, 1), 0, (int(dq_accum.handle), dq, np.int32(nq), np.int32(nk), s32)),
     ]
     ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream) for name, grid, smem, args in launches)
-    out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
-    return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
-                            {name: u.registers for name, u in loaded.usage.items()})
+    return loaded, ms
 
 
 def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream) -> float:

@@ -72,8 +72,10 @@ class BackwardInputs:
         return b, h, nq, self.k.shape[2], d
 
 
-def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=None) -> BackwardInputs:
-    """Every check of the module docstring, shapes before values; ValueError (one line) otherwise."""
+def check_backward_layout(q, k, v, o, lse, do, causal=False, scale=None, config=None):
+    """The checks of the module docstring that read no values (kinds, dtypes, shapes, causal, scale,
+    config): -> (the Inputs q, k, v, o, do, causal, scale, config); ValueError (one line) otherwise.
+    lse's values are the caller's to check (in its own library: fa_hw reads CUDA tensors in place)."""
     if lse is None:
         raise ValueError("lse is missing: pass the forward's log-sum-exp (fa_sim.simulate(...).lse, [B, H, Nq] float32)")
     ins = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do"))]
@@ -85,20 +87,28 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
     for x in (oi, doi):
         if x.shape != qi.shape:
             raise ValueError(f"{x.name} must have q's shape {qi.shape} [B, H, Nq, d], got {x.shape}")
-    lse = np.asarray(lse)
-    if lse.shape != qi.shape[:3]:
-        raise ValueError(f"lse must have shape {qi.shape[:3]} [B, H, Nq] (the forward's res.lse), got {lse.shape}")
-    if lse.dtype != np.float32:
-        raise ValueError(f"lse must be float32 (the forward's res.lse), got {lse.dtype}")
-    bad = ~np.isfinite(lse)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"lse contains NaN or Inf, first at lse{list(at)} = {lse[at]}; pass the forward's res.lse")
+    lse_shape = tuple(int(n) for n in lse.shape) if hasattr(lse, "shape") else np.shape(lse)
+    if lse_shape != qi.shape[:3]:
+        raise ValueError(f"lse must have shape {qi.shape[:3]} [B, H, Nq] (the forward's res.lse), got {lse_shape}")
+    lse_dtype = str(getattr(lse, "dtype", np.asarray(lse).dtype)).removeprefix("torch.")
+    if lse_dtype != "float32":
+        raise ValueError(f"lse must be float32 (the forward's res.lse), got {lse_dtype}")
     d = qi.shape[3]
     causal, scale = check_causal(causal), check_scale(scale, d)
     config = BackwardConfig(d) if config is None else config
     if not isinstance(config, BackwardConfig) or config.head_dim != d:
         raise ValueError(f"config must be a BackwardConfig with head_dim {d}, got {config!r}")
+    return ins, causal, scale, config
+
+
+def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=None) -> BackwardInputs:
+    """Every check of the module docstring, shapes before values; ValueError (one line) otherwise."""
+    ins, causal, scale, config = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
+    lse = np.asarray(lse)
+    bad = ~np.isfinite(lse)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"lse contains NaN or Inf, first at lse{list(at)} = {lse[at]}; pass the forward's res.lse")
     q16, k16, v16, o16, do16 = (x.host_fp16() for x in ins)  # the value checks (NaN in dO: one line)
     return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
 

@@ -1,0 +1,185 @@
+"""fa_hw.attention: differentiable attention for PyTorch, as two torch.library custom ops.
+
+    o = fa_hw.attention(q, k, v, causal=False, scale=None)    # q [B, H, Nq, d], k, v [B, H, Nk, d]
+    o.sum().backward()                                        # q.grad, k.grad, v.grad
+
+Two ops, opaque to autograd and to torch.compile (fullgraph), each with a fake (meta) implementation
+that gives the outputs' shapes and dtypes without running anything:
+
+  flashsim::attention_fwd(q, k, v, causal, scale, deterministic) -> (o, lse)
+  flashsim::attention_bwd(do, q, k, v, o, lse, causal, scale, deterministic) -> (dq, dk, dv)
+
+`torch.library.register_autograd` joins them: the forward saves q, k, v, o and lse (natural log,
+[B, H, Nq]); the backward makes dO contiguous (a gradient arriving through a transpose is
+strided) and calls attention_bwd. lse is marked non-differentiable (its gradient is not
+computed: a loss through lse raises instead of being silently dropped).
+
+Two paths, chosen by the inputs' dtype (all three alike):
+  float16, CUDA   fa_hw.forward (fa2_fwd.cu) and fa_hw.backward (fa2_bwd.cu, dQ by atomics unless
+                  deterministic=True) on the tensors in place, on torch's current stream; o fp16,
+                  lse float32. bfloat16 is refused: fa2_bwd.cu reads fp16 only.
+  float64, CPU or CUDA   THE REFERENCE, not the kernels: fa_sim.reference.attention and
+                  attention_backward in float64 numpy (CUDA tensors are copied to the host and the
+                  results back). This path exists so that torch.autograd.gradcheck checks the
+                  autograd wiring and the gradient formula against finite differences; the
+                  kernels' own accuracy is checked against the same reference within the bound of
+                  docs/backward.md (tests/test_torch_attention.py, marked gpu).
+Masking is top-left causal as everywhere in flashsim (key j visible to query i iff j <= i), which is
+torch SDPA's is_causal. Bad input (not tensors, ranks and shapes, dtypes, devices, non-contiguous
+tensors given to the ops directly, a head_dim outside the family) is one ValueError line before
+any work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fa_sim.config import HEAD_DIMS
+
+KERNEL_DTYPES = (torch.float16,)
+REFERENCE_DTYPE = torch.float64
+ACCEPTED = "float16 CUDA tensors (the kernels) or float64 tensors (the float64 reference, for gradcheck)"
+
+
+def _check_qkv(q, k, v, scale, contiguous: bool) -> None:
+    """Every metadata check of the module docstring (no values read; runs in the fake impls too)."""
+    for name, x in zip("qkv", (q, k, v)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"fa_hw.attention: {name} must be a torch tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"fa_hw.attention: {name} must be [B, H, N, d] (rank 4), got shape {tuple(x.shape)}")
+    if k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"fa_hw.attention: q [B, H, Nq, d] and k, v [B, H, Nk, d] must agree, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"fa_hw.attention: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"fa_hw.attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    _check_dtype_device(q.dtype, q.device)
+    if q.dtype in KERNEL_DTYPES and q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"fa_hw.attention: head_dim {q.shape[3]} is not one of the kernels' {HEAD_DIMS}")
+    if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"fa_hw.attention: scale must be a positive finite float, got {scale!r}")
+    if contiguous:
+        _check_contiguous(q=q, k=k, v=v)
+
+
+def _check_dtype_device(dtype, device) -> None:
+    if dtype == REFERENCE_DTYPE:
+        return
+    if dtype not in KERNEL_DTYPES:
+        why = " (fa2_bwd.cu reads fp16 only)" if dtype == torch.bfloat16 else ""
+        raise ValueError(f"fa_hw.attention: dtype {dtype} is not accepted{why}; pass {ACCEPTED}")
+    if device.type != "cuda":
+        raise ValueError(f"fa_hw.attention: {dtype} tensors on {device} are not accepted; pass {ACCEPTED}")
+
+
+def _check_contiguous(**xs) -> None:
+    for name, x in xs.items():
+        if not x.is_contiguous():
+            raise ValueError(f"fa_hw.attention: {name} must be contiguous (shape {tuple(x.shape)}, strides "
+                             f"{tuple(x.stride())}); call .contiguous() first")
+
+
+def _check_bwd(do, q, k, v, o, lse) -> None:
+    _check_qkv(q, k, v, 1.0, contiguous=True)
+    for name, x in (("do", do), ("o", o)):
+        if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
+            what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"fa_hw.attention backward: {name} must be like q ({tuple(q.shape)} {q.dtype} on "
+                             f"{q.device}), got {what}")
+    lse_dtype = torch.float64 if q.dtype == REFERENCE_DTYPE else torch.float32
+    if not isinstance(lse, Tensor) or lse.shape != q.shape[:3] or lse.dtype != lse_dtype or lse.device != q.device:
+        what = f"{tuple(lse.shape)} {lse.dtype} on {lse.device}" if isinstance(lse, Tensor) else type(lse).__name__
+        raise ValueError(f"fa_hw.attention backward: lse must be {tuple(q.shape[:3])} {lse_dtype} on {q.device} "
+                         f"(the forward's), got {what}")
+    _check_contiguous(do=do, o=o, lse=lse)
+
+
+def _host(x: Tensor):
+    return x.detach().cpu().numpy()
+
+
+def _back(a, like: Tensor) -> Tensor:
+    return torch.from_numpy(a).to(device=like.device, dtype=REFERENCE_DTYPE).contiguous()
+
+
+@torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                  deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse): fa2_fwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
+    _check_qkv(q, k, v, scale, contiguous=True)
+    if q.dtype == REFERENCE_DTYPE:
+        from fa_sim.reference import attention
+
+        o, lse = attention(_host(q), _host(k), _host(v), causal, scale)
+        return _back(o, q), _back(lse, q)
+    from .forward import forward
+
+    res = forward(q, k, v, causal=causal, scale=scale)
+    return res.o, res.lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, scale, deterministic):
+    _check_qkv(q, k, v, scale, contiguous=True)
+    lse_dtype = REFERENCE_DTYPE if q.dtype == REFERENCE_DTYPE else torch.float32
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=lse_dtype)
+
+
+@torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
+def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
+                  scale: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv): fa2_bwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
+    _check_bwd(do, q, k, v, o, lse)
+    if q.dtype == REFERENCE_DTYPE:
+        from fa_sim.reference import attention_backward
+
+        dq, dk, dv = attention_backward(_host(q), _host(k), _host(v), _host(do), causal, scale)
+        return _back(dq, q), _back(dk, k), _back(dv, v)
+    from .backward import backward
+
+    res = backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
+    return res.dq, res.dk, res.dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(do, q, k, v, o, lse, causal, scale, deterministic):
+    _check_bwd(do, q, k, v, o, lse)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.mark_non_differentiable(lse)
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *,
+              deterministic: bool = False) -> Tensor:
+    """Differentiable attention O [B, H, Nq, d]; see the module docstring. Strided q, k, v are made
+    contiguous first (a copy, as torch does for its own kernels)."""
+    if not isinstance(causal, bool) or not isinstance(deterministic, bool):
+        raise ValueError(f"fa_hw.attention: causal and deterministic must be True or False, got {causal!r}, "
+                         f"{deterministic!r}")
+    if isinstance(q, Tensor) and q.dim() == 4:
+        scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+    if isinstance(scale, int) and not isinstance(scale, bool):
+        scale = float(scale)
+    _check_qkv(q, k, v, scale, contiguous=False)
+    o, _ = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, deterministic)
+    return o
