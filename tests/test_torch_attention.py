@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +235,26 @@ def test_torch_compile_on_cuda(cuda):
     want = torch.autograd.grad(step(q, k, v), (q, k, v))
     for g, w in zip(got, want):  # atomic dQ: last bits may differ from run to run
         torch.testing.assert_close(g.float(), w.float(), rtol=0, atol=float(w.abs().max()) * 2e-3)
+
+
+def test_train_lm_smoke_on_the_float64_reference(tmp_path):
+    """experiments/train_lm.py's model code, tiny, on the CPU: fa_hw.attention's float64 reference path
+    and SDPA train the same model from the same seed on the same batches to the same losses."""
+    from experiment_scripts import load
+
+    lm = load("train_lm")
+    src = tmp_path / "lib"
+    (src / "site-packages").mkdir(parents=True)
+    (src / "a.py").write_bytes(Path(lm.__file__).read_bytes())
+    (src / "site-packages" / "skipped.py").write_bytes(b"x" * 100)
+    data, corpus = lm.load_corpus(str(src))
+    assert corpus["files"] == 1 and data.size == Path(lm.__file__).stat().st_size
+    train, val = lm.split(data, lm.TINY)
+    runs = [lm.train(b, lm.TINY, 3, "cpu", 0, train, val, log=lambda s: None) for b in ("fa_hw", "sdpa")]
+    assert len(runs[0]["loss"]) == 3 and all(np.isfinite(runs[0]["loss"]))
+    np.testing.assert_allclose(runs[0]["loss"], runs[1]["loss"], rtol=1e-12)
+    np.testing.assert_allclose([v for _, v in runs[0]["val"]], [v for _, v in runs[1]["val"]], rtol=1e-12)
+    other = lm.train("sdpa", lm.TINY, 3, "cpu", 1, train, val, log=lambda s: None)
+    assert other["loss"] != runs[1]["loss"]  # another seed: other weights and batches
+    lm.figure([*runs, other], tmp_path / "f.png", "smoke")
+    assert (tmp_path / "f.png").stat().st_size > 1000
