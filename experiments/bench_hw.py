@@ -6,6 +6,8 @@
     python experiments/bench_hw.py --diagnose      # + what limits the seed kernel (see below)
     python experiments/bench_hw.py --cases 0 3 --extra m64n64d64w4-swizzled-ffma m64n64d128w4-swizzled-ffma
                                                    # the robust softmax form against the FFMA one
+    python experiments/bench_hw.py --backward      # fwd+bwd and bwd alone against SDPA-flash and cuDNN
+                                                   # (experiments/bench_hw_backward.py; 3 runs by default)
 
 Cases (B, H, N, d): --set test (default) is the held-out set of experiments/hw_sets.py, shapes
 config="auto" was not tuned on; train is the tuning set, legacy the six shapes of the earlier
@@ -279,16 +281,29 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "experiments/out")
     p.add_argument("--set", default="test", choices=list(SETS), help="shape set (experiments/hw_sets.py)")
-    p.add_argument("--runs", type=int, default=5, help="round-robin runs per backend (a row: their median and spread)")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--runs", type=int, default=None,
+                   help="round-robin runs per backend (a row: their median and spread); default 5, --backward 3")
+    p.add_argument("--warmup", type=int, default=None, help="default 10, --backward 3")
+    p.add_argument("--reps", type=int, default=None, help="default 30, --backward 10")
+    p.add_argument("--backward", action="store_true",
+                   help="the backward pass through fa_hw.attention (experiments/bench_hw_backward.py)")
     p.add_argument("--extra", nargs="*", default=[], help="more configs by tag, e.g. m128n64d64w4-swizzled-s2-dp")
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into the shape set")
     p.add_argument("--tuned-dir", default=str(TUNED_DIR), help="folder of <gpu>.json tables for config='auto'")
     p.add_argument("--layouts", action="store_true", help="add the seed tiling in the plain and padded layouts")
     p.add_argument("--diagnose", action="store_true", help="add the diagnostic builds (module docstring)")
     args = p.parse_args(argv)
+    for name, fwd, bwd in (("runs", 5, 3), ("warmup", 10, 3), ("reps", 30, 10)):
+        if getattr(args, name) is None:
+            setattr(args, name, bwd if args.backward else fwd)
     check_sets()
+    if args.backward:
+        if args.extra or args.layouts or args.diagnose:
+            raise SystemExit("--backward times fa_hw.attention's one backward config: --extra, --layouts and "
+                             "--diagnose are forward options")
+        import bench_hw_backward
+
+        return bench_hw_backward.main(args, time_torch)
     dev, arch = device(), device_arch()
     extra = [parse_tag(t) for t in args.extra]
     rows = []
