@@ -18,7 +18,8 @@ the per-run SDPA-flash time / this backend's time. FLOPs: 4*B*H*N^2*d forward, 2
 backward (five matmuls against two), halved for causal. Every backend's dQ, dK, dV are compared
 with float64 gradients computed on the GPU in the same run (`fp64_grads`): the largest relative
 Frobenius error of the three. The md ends with the issue's goal: fa_hw's bwd >= 1.0x SDPA-flash's
-in every row (moonshot 1.15x). Writes bench_hw_backward_<set>.json and .md to --out.
+in every row (moonshot 1.15x). Writes bench_hw_backward_<set>.json and .md to --out after every case
+(a run cut short keeps the rows it has).
 """
 
 from __future__ import annotations
@@ -207,7 +208,9 @@ def main(args, time_torch) -> int:
     import torch
 
     gpu = torch.cuda.get_device_name()
-    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, text = [], ""
     for i, case in enumerate(SETS[args.set]):
         if args.cases is not None and i not in args.cases:
             continue
@@ -219,12 +222,15 @@ def main(args, time_torch) -> int:
                       f"x flash {_cell(r.get('bwd'), 'vs_flash', '.3f')}  err "
                       f"{'n/a' if r['rel_err_fp64'] is None else format(r['rel_err_fp64'], '.1e')}"
                       + (f"  {r['note']}" if r.get("note") else ""), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+            text = write(out, rows, gpu, args)  # after every case: a run cut short keeps its rows
+    print(text)
+    return 0
+
+
+def write(out: Path, rows, gpu: str, args) -> str:
     text = markdown(rows, gpu, args.runs, args.set)
     (out / f"bench_hw_backward_{args.set}.json").write_text(json.dumps(
         {"gpu": gpu, "set": args.set, "runs": args.runs, "warmup": args.warmup, "reps": args.reps, "rows": rows},
         indent=1))
     (out / f"bench_hw_backward_{args.set}.md").write_text(text)
-    print(text)
-    return 0
+    return text
