@@ -87,10 +87,12 @@ def check_backward_layout(q, k, v, o, lse, do, causal=False, scale=None, config=
     for x in (oi, doi):
         if x.shape != qi.shape:
             raise ValueError(f"{x.name} must have q's shape {qi.shape} [B, H, Nq, d], got {x.shape}")
-    lse_shape = tuple(int(n) for n in lse.shape) if hasattr(lse, "shape") else np.shape(lse)
+    if not hasattr(lse, "shape") or not hasattr(lse, "dtype"):  # a list: numpy's view of it (CUDA tensors have both)
+        lse = np.asarray(lse)
+    lse_shape = tuple(int(n) for n in lse.shape)
     if lse_shape != qi.shape[:3]:
         raise ValueError(f"lse must have shape {qi.shape[:3]} [B, H, Nq] (the forward's res.lse), got {lse_shape}")
-    lse_dtype = str(getattr(lse, "dtype", np.asarray(lse).dtype)).removeprefix("torch.")
+    lse_dtype = str(lse.dtype).removeprefix("torch.")
     if lse_dtype != "float32":
         raise ValueError(f"lse must be float32 (the forward's res.lse), got {lse_dtype}")
     d = qi.shape[3]

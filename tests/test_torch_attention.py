@@ -171,6 +171,27 @@ def test_fa_hw_imports_without_torch_and_attention_says_so():
     assert line.startswith("ERR fa_hw.attention needs PyTorch") and "\n" not in line
 
 
+def test_backward_layout_checks_read_no_values():
+    """fa_hw.backward's torch CUDA path checks shapes and dtypes with check_backward_layout, which must
+    not copy any array to the host: a tensor that refuses __array__ stands in for a CUDA one."""
+    from fa_sim.backward import check_backward_layout
+
+    class NoHost(torch.Tensor):
+        __module__ = "torch.stand_in"  # read as a torch tensor (fa_sim.validate.kind_of)
+
+        def __array__(self, *args, **kwargs):
+            raise TypeError("copied to the host")
+
+    q = torch.zeros((1, 1, 4, 32), dtype=torch.float16).as_subclass(NoHost)
+    lse = torch.zeros((1, 1, 4)).as_subclass(NoHost)
+    ins, causal, scale, config = check_backward_layout(q, q, q, q, lse, q, causal=True)
+    assert [i.shape for i in ins] == [(1, 1, 4, 32)] * 5 and causal and config.head_dim == 32
+    with pytest.raises(ValueError, match="lse must be float32"):
+        check_backward_layout(q, q, q, q, lse.double(), q)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 1, 4\)"):
+        check_backward_layout(q, q, q, q, lse[..., :3], q)
+
+
 # ---- on the GPU -----------------------------------------------------------------------------------
 GPU_SHAPES = [(1, 2, 200, 200, 64, False), (1, 2, 77, 300, 64, True), (2, 1, 300, 77, 32, True),
               (1, 1, 130, 100, 128, True)]
