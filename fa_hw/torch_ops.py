@@ -9,6 +9,8 @@ that gives the outputs' shapes and dtypes without running anything:
   flashsim::attention_fwd(q, k, v, causal, scale, deterministic) -> (o, lse)
   flashsim::attention_bwd(do, q, k, v, o, lse, causal, scale, deterministic) -> (dq, dk, dv)
 
+(scale: a float, or None for 1/sqrt(d), resolved inside the ops.)
+
 `torch.library.register_autograd` joins them: the forward saves q, k, v, o and lse (natural log,
 [B, H, Nq]); the backward makes dO contiguous (a gradient arriving through a transpose is
 strided) and calls attention_bwd. lse is marked non-differentiable (its gradient is not
@@ -61,8 +63,8 @@ def _check_qkv(q, k, v, scale, contiguous: bool) -> None:
     _check_dtype_device(q.dtype, q.device)
     if q.dtype in KERNEL_DTYPES and q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"fa_hw.attention: head_dim {q.shape[3]} is not one of the kernels' {HEAD_DIMS}")
-    if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"fa_hw.attention: scale must be a positive finite float, got {scale!r}")
+    if scale is not None and not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"fa_hw.attention: scale must be None or a positive finite float, got {scale!r}")
     if contiguous:
         _check_contiguous(q=q, k=k, v=v)
 
@@ -84,8 +86,14 @@ def _check_contiguous(**xs) -> None:
                              f"{tuple(x.stride())}); call .contiguous() first")
 
 
-def _check_bwd(do, q, k, v, o, lse) -> None:
-    _check_qkv(q, k, v, 1.0, contiguous=True)
+def _scale(q: Tensor, scale: float | None) -> float:
+    """None: 1/sqrt(head_dim), resolved inside the ops (at run time, so that a symbolic head_dim under
+    torch.compile(dynamic=True) never becomes a symbolic float argument)."""
+    return 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+
+
+def _check_bwd(do, q, k, v, o, lse, scale) -> None:
+    _check_qkv(q, k, v, scale, contiguous=True)
     for name, x in (("do", do), ("o", o)):
         if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
             what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
@@ -108,10 +116,11 @@ def _back(a, like: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
                   deterministic: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): fa2_fwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
+    scale = _scale(q, scale)
     if q.dtype == REFERENCE_DTYPE:
         from fa_sim.reference import attention
 
@@ -132,9 +141,10 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic):
 
 @torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                  scale: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  scale: float | None, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): fa2_bwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
-    _check_bwd(do, q, k, v, o, lse)
+    _check_bwd(do, q, k, v, o, lse, scale)
+    scale = _scale(q, scale)
     if q.dtype == REFERENCE_DTYPE:
         from fa_sim.reference import attention_backward
 
@@ -148,7 +158,7 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(do, q, k, v, o, lse, causal, scale, deterministic):
-    _check_bwd(do, q, k, v, o, lse)
+    _check_bwd(do, q, k, v, o, lse, scale)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -176,8 +186,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: floa
     if not isinstance(causal, bool) or not isinstance(deterministic, bool):
         raise ValueError(f"fa_hw.attention: causal and deterministic must be True or False, got {causal!r}, "
                          f"{deterministic!r}")
-    if isinstance(q, Tensor) and q.dim() == 4:
-        scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
     _check_qkv(q, k, v, scale, contiguous=False)

@@ -87,17 +87,18 @@ def test_reference_path_equals_sdpa(causal):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_torch_compile_fullgraph_matches_eager():
-    q, k, v = _qkv(1, 2, 9, 6, 16)
-
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_torch_compile_fullgraph_matches_eager(dynamic):
     def loss(a, b, c):
         return (fa_hw.attention(a, b, c, causal=True) ** 2).sum()
 
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")  # dynamo + AOTAutograd: the fake impls
-    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
-    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=dynamic)  # dynamo + AOTAutograd
+    for shape in [(1, 2, 9, 6, 16), (2, 1, 5, 11, 8)][: 2 if dynamic else 1]:  # dynamic: symbolic sizes, head_dim too
+        q, k, v = _qkv(*shape)
+        got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+        want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 def test_lse_is_not_differentiable():
