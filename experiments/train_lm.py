@@ -196,6 +196,19 @@ def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, tr
     return dict(backend=backend, seed=seed, loss=losses, val=vals, seconds=seconds, step_ms=1e3 * seconds / steps)
 
 
+SMOOTH = 21
+
+
+def smooth(x: np.ndarray, width: int = SMOOTH) -> np.ndarray:
+    """The centred mean over `width` steps, the window narrowing symmetrically at the ends (so a
+    straight line stays itself and the first and last points are the raw values)."""
+    x = np.asarray(x, dtype=np.float64)
+    i = np.arange(x.size)
+    half = np.minimum(np.minimum(i, x.size - 1 - i), width // 2)
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    return (c[i + half + 1] - c[i - half]) / (2 * half + 1)
+
+
 def figure(runs: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -203,21 +216,17 @@ def figure(runs: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = {"fa_hw": "tab:red", "sdpa": "tab:blue"}
+    style = {"fa_hw": dict(color="tab:red", lw=2.2, ls="-"), "sdpa": dict(color="tab:blue", lw=1.2, ls="--")}
     for r in runs:
         noise = r["seed"] != runs[0]["seed"]
-        color = "tab:gray" if noise else colors[r["backend"]]
+        st = dict(color="tab:gray", lw=1.0, ls=":") if noise else style[r["backend"]]
         label = f"{r['backend']} (seed {r['seed']})" + (": another seed, the noise" if noise else "")
         loss = np.asarray(r["loss"])
-        ema = np.empty_like(loss)
-        acc = loss[0]
-        for i, x in enumerate(loss):  # an exponential moving average, for the eye
-            acc = 0.9 * acc + 0.1 * x
-            ema[i] = acc
-        ax.plot(loss, color=color, alpha=0.2, lw=0.6)
-        ax.plot(ema, color=color, lw=1.4, ls="--" if noise else "-", label=f"{label}, train (EMA 0.9)")
+        ax.plot(loss, color=st["color"], alpha=0.15, lw=0.6)
+        ax.plot(smooth(loss), **st, label=f"{label}, train (centred mean of {SMOOTH} steps)")
         v = np.asarray(r["val"])
-        ax.plot(v[:, 0], v[:, 1], "o", color=color, ms=4, label=f"{label}, held-out")
+        ax.plot(v[:, 0], v[:, 1], "o", color=st["color"], ms=4 if noise else 5, mfc="none" if r["backend"] == "sdpa" else None,
+                label=f"{label}, held-out")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title(title, fontsize=9)

@@ -278,5 +278,7 @@ def test_train_lm_smoke_on_the_float64_reference(tmp_path):
     np.testing.assert_allclose([v for _, v in runs[0]["val"]], [v for _, v in runs[1]["val"]], rtol=1e-12)
     other = lm.train("sdpa", lm.TINY, 3, "cpu", 1, train, val, log=lambda s: None)
     assert other["loss"] != runs[1]["loss"]  # another seed: other weights and batches
+    np.testing.assert_allclose(lm.smooth(np.arange(30.0)), np.arange(30.0))  # a line stays itself, ends too
+    np.testing.assert_allclose(lm.smooth(np.array([0, 0, 3.0, 0, 0]), 3), [0, 1, 1, 1, 0])
     lm.figure([*runs, other], tmp_path / "f.png", "smoke")
     assert (tmp_path / "f.png").stat().st_size > 1000
