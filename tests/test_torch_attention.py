@@ -274,8 +274,8 @@ def test_train_lm_smoke_on_the_float64_reference(tmp_path):
     train, val = lm.split(data, lm.TINY)
     runs = [lm.train(b, lm.TINY, 3, "cpu", 0, train, val, log=lambda s: None) for b in ("fa_hw", "sdpa")]
     assert len(runs[0]["loss"]) == 3 and all(np.isfinite(runs[0]["loss"]))
-    np.testing.assert_allclose(runs[0]["loss"], runs[1]["loss"], rtol=1e-12)
-    np.testing.assert_allclose([v for _, v in runs[0]["val"]], [v for _, v in runs[1]["val"]], rtol=1e-12)
+    np.testing.assert_allclose(runs[0]["loss"], runs[1]["loss"], rtol=1e-10)
+    np.testing.assert_allclose([v for _, v in runs[0]["val"]], [v for _, v in runs[1]["val"]], rtol=1e-10)
     other = lm.train("sdpa", lm.TINY, 3, "cpu", 1, train, val, log=lambda s: None)
     assert other["loss"] != runs[1]["loss"]  # another seed: other weights and batches
     np.testing.assert_allclose(lm.smooth(np.arange(30.0)), np.arange(30.0))  # a line stays itself, ends too
