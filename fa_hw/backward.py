@@ -44,7 +44,7 @@ from .errors import KernelFault
 
 @dataclass(frozen=True)
 class HwBackwardResult:
-    dq: np.ndarray  # [B, H, Nq, d] float16
+    dq: np.ndarray  # [B, H, Nq, d] float16 (numpy; fp16 torch tensors for torch CUDA inputs)
     dk: np.ndarray  # [B, H, Nk, d] float16
     dv: np.ndarray  # [B, H, Nk, d] float16
     config: BackwardConfig
