@@ -6,20 +6,25 @@
 
 The inputs are checked by fa_sim.backward.check_backward_inputs (the simulator's policy and words:
 fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32), staged through
-the host (numpy, torch or cupy inputs alike) and uploaded; the three kernels of fa2_bwd.cu
+the host (numpy, torch or cupy inputs alike) and uploaded; three kernels of fa2_bwd.cu
 (docs/backward.md) run on fa_hw's own stream, top to bottom as the cuda.core examples:
 
-  fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)   o, do, dpsum, seqlen_q
-  fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)   q, k, v, do, lse, dpsum, dq_accum, dk, dv,
-                                                              seqlen_q, seqlen_k, scale
-  fa2_bwd_convert_dq_kernel  grid (ceil(Nq / block_m), B*H)   dq_accum, dq, seqlen_q, seqlen_k, scale
+  fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)     o, do, dpsum, seqlen_q
+  fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)     q, k, v, do, lse, dpsum, dq_accum, dk, dv,
+                                                                seqlen_q, seqlen_k, scale
+  deterministic=False:
+  fa2_bwd_convert_dq_kernel  grid (ceil(Nq / block_m), B*H)     dq_accum, dq, seqlen_q, scale
+  deterministic=True:
+  fa2_bwd_dq_kernel          grid (ceil(Nq / dq_block_m), B*H)  q, k, v, do, lse, dpsum, dq, seqlen_q, seqlen_k, scale
 
-dq_accum (fp32, zeroed) is [B*H, Nq, d] with deterministic=False (red.global.add.f32; dQ's last bits
-vary from run to run) and one such slice per K/V block with deterministic=True (no atomics: the
-same bits every run, and the simulator's, fa_sim.simulate_backward with mma_model="h200").
-Scalars are np.int32 / np.float32, as fa_hw.runtime explains; the main kernel's shared memory over
-48 KB raises its max-dynamic-shared-size attribute first. `kernel_ms` holds the three kernels'
-times (CUDA events).
+deterministic=False: the main kernel adds dQ's partials by red.global.add.f32 into dq_accum (fp32,
+zeroed, [B*H, Nq, d]); dQ's last bits vary from run to run. deterministic=True: the main kernel
+skips dQ (dq_accum is a null pointer) and the dQ kernel sums the K/V blocks in ascending order in
+registers: no atomics, no workspace, the same bits every run, and the simulator's
+(fa_sim.simulate_backward with mma_model="h200"). Scalars are np.int32 / np.float32, as
+fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
+max-dynamic-shared-size attribute raised first. `kernel_ms` holds the three kernels' times (CUDA
+events).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa_sim.backward import check_backward_inputs, dq_accum_shape
-from fa_sim.contract.backward import (CONVERT_KERNEL, KERNELS, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
+from fa_sim.backward import check_backward_inputs
+from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
 from fa_sim.contract.cubin import ResourceUsage
 
@@ -48,7 +53,7 @@ class HwBackwardResult:
     causal: bool
     scale: float
     deterministic: bool
-    kernel_ms: tuple[float, float, float]  # preprocess, main, convert
+    kernel_ms: tuple[float, float, float]  # preprocess, main, convert (atomic) or dQ (deterministic)
     registers: dict  # kernel name -> registers per thread (the driver's)
 
 
@@ -61,19 +66,20 @@ class LoadedBackward:
 
 @functools.cache
 def load_backward(build: BackwardBuild) -> LoadedBackward:
-    """Compile (cached), load the three kernels on the current device, raise the main kernel's
-    dynamic-smem limit when it needs more than the default 48 KB."""
+    """Compile (cached), load the build's three kernels on the current device, raise the main and
+    dQ kernels' dynamic-smem limit when they need more than the default 48 KB."""
     dev = runtime.device()
     compiled = compile_backward(build)
     try:
         code = compiled.object_code()
-        kernels = {name: code.get_kernel(name) for name in KERNELS}
+        kernels = {name: code.get_kernel(name) for name in build.kernels}
         usage = {name: ResourceUsage.from_kernel(kern) for name, kern in kernels.items()}
     except Exception as exc:
         raise KernelFault(f"loading the cubin of {build.describe()} failed: {_short(exc)}") from None
-    smem = build.config.smem_bytes
-    if smem > runtime.DEFAULT_SMEM_LIMIT:
-        runtime._set_max_dynamic_smem(kernels[MAIN_KERNEL], smem, dev.device_id)
+    smems = {MAIN_KERNEL: build.config.smem_bytes, DQ_KERNEL: build.config.dq_smem_bytes}
+    for name, smem in smems.items():
+        if name in kernels and smem > runtime.DEFAULT_SMEM_LIMIT:
+            runtime._set_max_dynamic_smem(kernels[name], smem, dev.device_id)
     return LoadedBackward(build, kernels, usage)
 
 
@@ -93,18 +99,26 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     stream = runtime.own_stream()
     ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
     q_, k_, v_, o_, lse_, do_ = (int(buf.handle) for buf in ins)
-    acc_bytes = int(np.prod(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)))) * 4
-    dpsum, dq_accum = runtime.allocate(b * h * nq * 4, stream), runtime.allocate(acc_bytes, stream)
-    runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
+    dpsum = runtime.allocate(b * h * nq * 4, stream)
     dq, dk, dv = (runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v))
     n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
     s32 = np.float32(x.scale)
+    if deterministic:  # no dQ accumulator: the main kernel's pointer is null, the dQ kernel writes dq
+        acc = 0
+        last = (DQ_KERNEL, (cfg.n_dq_blocks(nq), bh, 1), cfg.dq_smem_bytes,
+                (q_, k_, v_, do_, lse_, int(dpsum.handle), int(dq.handle), np.int32(nq), np.int32(nk), s32))
+    else:
+        acc_bytes = b * h * nq * d * 4
+        dq_accum = runtime.allocate(acc_bytes, stream)
+        runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
+        acc = int(dq_accum.handle)
+        last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, int(dq.handle), np.int32(nq), s32))
     launches = [
         (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, int(dpsum.handle), np.int32(nq))),
         (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, int(dpsum.handle), int(dq_accum.handle), int(dk.handle), int(dv.handle),
+         (q_, k_, v_, do_, lse_, int(dpsum.handle), acc, int(dk.handle), int(dv.handle),
           np.int32(nq), np.int32(nk), s32)),
-        (CONVERT_KERNEL, (n_q, bh, 1), 0, (int(dq_accum.handle), int(dq.handle), np.int32(nq), np.int32(nk), s32)),
+        last,
     ]
     ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream) for name, grid, smem, args in launches)
     out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
