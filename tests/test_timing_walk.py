@@ -202,5 +202,6 @@ def test_fa_time_backward_times_the_three_launches(capsys):
     assert list(atomic["kernels"]) == ["fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", "fa2_bwd_convert_dq_kernel"]
     main_ = "fa2_bwd_kernel"
     assert det["kernels"][main_]["instructions"] < atomic["kernels"][main_]["instructions"]
-    assert det["kernels"]["fa2_bwd_dq_kernel"]["instructions"] > atomic["kernels"]["fa2_bwd_convert_dq_kernel"]["instructions"]
+    dq_kernel, conv = det["kernels"]["fa2_bwd_dq_kernel"], atomic["kernels"]["fa2_bwd_convert_dq_kernel"]
+    assert dq_kernel["instructions"] > conv["instructions"]
     assert main(["time", "--backward", "--perfetto", "x.json"]) == 2  # refused with --backward

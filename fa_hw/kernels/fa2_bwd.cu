@@ -512,9 +512,9 @@ fa2_bwd_dq_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u1
   const float sl2 = __fmul_rn(scale, kLog2e);
 
   // phase: Q load
-  load_q_rows<kDqBlockM, kDqSdOOff, kDqSLseOff, kDqSDOff>(q + (u64)bh * seqlen_q * kHeadDim,
-                                                          dout + (u64)bh * seqlen_q * kHeadDim, lse + (u64)bh * seqlen_q,
-                                                          dpsum + (u64)bh * seqlen_q, row0, seqlen_q);
+  const u64 at_q = (u64)bh * seqlen_q;
+  load_q_rows<kDqBlockM, kDqSdOOff, kDqSLseOff, kDqSDOff>(q + at_q * kHeadDim, dout + at_q * kHeadDim, lse + at_q,
+                                                          dpsum + at_q, row0, seqlen_q);
   copy_tile<kBlockN>(sK, gK, 0, seqlen_k);
   copy_tile<kBlockN>(sV, gV, 0, seqlen_k);
   cp_async_commit();  // Q, dO and the first K/V block: one group
