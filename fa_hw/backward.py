@@ -12,17 +12,22 @@ on the GPU (fa_sim.validate's torch path; no host copy of any array): dQ, dK, dV
 torch tensors on that device (the path of fa_hw.attention's backward). The three kernels of fa2_bwd.cu
 (docs/backward.md) run on fa_hw's own stream, top to bottom as the cuda.core examples:
 
-  fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)   o, do, dpsum, seqlen_q
-  fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)   q, k, v, do, lse, dpsum, dq_accum, dk, dv,
-                                                              seqlen_q, seqlen_k, scale
-  fa2_bwd_convert_dq_kernel  grid (ceil(Nq / block_m), B*H)   dq_accum, dq, seqlen_q, seqlen_k, scale
+  fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)     o, do, dpsum, seqlen_q
+  fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)     q, k, v, do, lse, dpsum, dq_accum, dk, dv,
+                                                                seqlen_q, seqlen_k, scale
+  deterministic=False:
+  fa2_bwd_convert_dq_kernel  grid (ceil(Nq / block_m), B*H)     dq_accum, dq, seqlen_q, scale
+  deterministic=True:
+  fa2_bwd_dq_kernel          grid (ceil(Nq / dq_block_m), B*H)  q, k, v, do, lse, dpsum, dq, seqlen_q, seqlen_k, scale
 
-dq_accum (fp32, zeroed) is [B*H, Nq, d] with deterministic=False (red.global.add.f32; dQ's last bits
-vary from run to run) and one such slice per K/V block with deterministic=True (no atomics: the
-same bits every run, and the simulator's, fa_sim.simulate_backward with mma_model="h200").
-Scalars are np.int32 / np.float32, as fa_hw.runtime explains; the main kernel's shared memory over
-48 KB raises its max-dynamic-shared-size attribute first. `kernel_ms` holds the three kernels'
-times (CUDA events).
+deterministic=False: the main kernel adds dQ's partials by red.global.add.f32 into dq_accum (fp32,
+zeroed, [B*H, Nq, d]); dQ's last bits vary from run to run. deterministic=True: the main kernel
+skips dQ (dq_accum is a null pointer) and the dQ kernel sums the K/V blocks in ascending order in
+registers: no atomics, no workspace, the same bits every run, and the simulator's
+(fa_sim.simulate_backward with mma_model="h200"). Scalars are np.int32 / np.float32, as
+fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
+max-dynamic-shared-size attribute raised first. `kernel_ms` holds the three kernels' times (CUDA
+events).
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa_sim.backward import check_backward_inputs, check_backward_layout, dq_accum_shape
-from fa_sim.contract.backward import (CONVERT_KERNEL, KERNELS, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
+from fa_sim.backward import check_backward_inputs, check_backward_layout
+from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
 from fa_sim.contract.cubin import ResourceUsage
 
@@ -70,13 +75,14 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
     compiled = compile_backward(build)
     try:
         code = compiled.object_code()
-        kernels = {name: code.get_kernel(name) for name in KERNELS}
+        kernels = {name: code.get_kernel(name) for name in build.kernels}
         usage = {name: ResourceUsage.from_kernel(kern) for name, kern in kernels.items()}
     except Exception as exc:
         raise KernelFault(f"loading the cubin of {build.describe()} failed: {_short(exc)}") from None
-    smem = build.config.smem_bytes
-    if smem > runtime.DEFAULT_SMEM_LIMIT:
-        runtime._set_max_dynamic_smem(kernels[MAIN_KERNEL], smem, dev.device_id)
+    smems = {MAIN_KERNEL: build.config.smem_bytes, DQ_KERNEL: build.config.dq_smem_bytes}
+    for name, smem in smems.items():
+        if name in kernels and smem > runtime.DEFAULT_SMEM_LIMIT:
+            runtime._set_max_dynamic_smem(kernels[name], smem, dev.device_id)
     return LoadedBackward(build, kernels, usage)
 
 
@@ -146,22 +152,29 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config) -
 
 def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream):
     """The three launches on `stream` from device pointers q k v o lse do dq dk dv (their owners
-    held by the caller), the fp32 workspaces allocated here; each launch synchronises (_launch):
+    held by the caller), D (and atomic mode's dq_accum) allocated here; each launch synchronises (_launch):
     -> (LoadedBackward, the kernels' ms)."""
     b, h, nq, nk, d = shape
     loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch()))
     q_, k_, v_, o_, lse_, do_, dq, dk, dv = (int(p) for p in ptrs)
-    acc_bytes = int(np.prod(dq_accum_shape(cfg, b, h, nq, nk, deterministic))) * 4
-    dpsum, dq_accum = runtime.allocate(b * h * nq * 4, stream), runtime.allocate(acc_bytes, stream)
-    runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
+    dpsum = runtime.allocate(b * h * nq * 4, stream)
     n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
     s32 = np.float32(scale)
+    if deterministic:  # no dQ accumulator: the main kernel's pointer is null, the dQ kernel writes dq
+        acc = 0
+        last = (DQ_KERNEL, (cfg.n_dq_blocks(nq), bh, 1), cfg.dq_smem_bytes,
+                (q_, k_, v_, do_, lse_, int(dpsum.handle), dq, np.int32(nq), np.int32(nk), s32))
+    else:  # dq_accum lives until the launches below synchronise (each _launch does)
+        acc_bytes = b * h * nq * d * 4
+        dq_accum = runtime.allocate(acc_bytes, stream)
+        runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
+        acc = int(dq_accum.handle)
+        last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, dq, np.int32(nq), s32))
     launches = [
         (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, int(dpsum.handle), np.int32(nq))),
         (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, int(dpsum.handle), int(dq_accum.handle), dk, dv,
-          np.int32(nq), np.int32(nk), s32)),
-        (CONVERT_KERNEL, (n_q, bh, 1), 0, (int(dq_accum.handle), dq, np.int32(nq), np.int32(nk), s32)),
+         (q_, k_, v_, do_, lse_, int(dpsum.handle), acc, dk, dv, np.int32(nq), np.int32(nk), s32)),
+        last,
     ]
     ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream) for name, grid, smem, args in launches)
     return loaded, ms

@@ -7,21 +7,26 @@
 q: [B, H, Nq, d], k and v: [B, H, Nk, d], o and do: [B, H, Nq, d] (the input policy of
 fa_sim.validate: fp16, or values fp16 holds exactly; finite), lse: [B, H, Nq] float32, the
 forward's natural-log LSE (finite). causal and scale as the forward's (they must be the forward's).
-The three kernels of fa2_bwd.cu (docs/backward.md) run one after the other through
-fa_sim.ptx.launch, each on the whole grid, every lane simulated:
-  1. fa2_bwd_preprocess_kernel   D = rowsum(dO o O)            grid (ceil(Nq / block_m), B*H)
-  2. fa2_bwd_kernel              dK, dV, dQ accumulated in fp32  grid (ceil(Nk / block_n), B*H)
-  3. fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16     grid (ceil(Nq / block_m), B*H)
+Three kernels of fa2_bwd.cu (docs/backward.md) run one after the other through fa_sim.ptx.launch,
+each on the whole grid, every lane simulated:
+  1. fa2_bwd_preprocess_kernel   D = rowsum(dO o O)                  grid (ceil(Nq / block_m), B*H)
+  2. fa2_bwd_kernel              dK, dV (atomic mode: and dQ's partials) grid (ceil(Nk / block_n), B*H)
+  3. deterministic=True:  fa2_bwd_dq_kernel   dQ over the K/V blocks in order  grid (ceil(Nq / dq_block_m), B*H)
+     deterministic=False: fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16  grid (ceil(Nq / block_m), B*H)
 `instructions` of the result: each kernel's warp instructions per class (fa_sim.events.Op).
-deterministic=True accumulates dQ through a workspace of one fp32 [B*H, Nq, d] slice per K/V block,
-summed in ascending block order by kernel 3; False by red.global.add.f32 (the engine applies one
-instruction's atomics in ascending (CTA, thread) order, docs/backward.md). `observers` (as
-fa_sim.simulate's) see the main kernel's launch, the one with shared memory, barriers and the
-tensor core (kernels 1 and 3 use registers and global memory only; a HazardChecker starts a new
-report at each launch); `kernel` a variant of fa2_bwd.cu (a path), `macros`
-extra FA_* macros (the mutation builds of the hazard tests); `mma_model` the tensor core's
-accumulation, as fa_sim.simulate's ("h200": the GPU's bits, for the comparison with fa_hw). Bad input raises one ValueError line
-before any kernel runs.
+deterministic=True computes dQ in a kernel of its own, one CTA per dq_block_m queries, that
+recomputes S, P, dP and dS and accumulates dS K in registers over the K/V blocks in ascending
+order (no atomics, no workspace: extra memory D only); the main kernel skips its dQ GEMM.
+False: the main kernel adds its partials by red.global.add.f32 into a [B*H, Nq, d] fp32 buffer
+(the engine applies one instruction's atomics in ascending (CTA, thread) order, docs/backward.md).
+`observers` (as fa_sim.simulate's) see the main kernel's launch, `dq_observers` the dQ kernel's
+(deterministic mode; the two with shared memory, barriers and the tensor core; the preprocess and
+convert kernels use registers and global memory only; a HazardChecker starts a new report at each
+launch); `kernel` a variant of fa2_bwd.cu (a path), `macros` extra FA_* macros (the mutation builds
+of the hazard tests); `mma_model` the tensor core's accumulation, as fa_sim.simulate's ("h200": the
+GPU's bits, for the comparison with fa_hw); `wave_ctas` the CTAs the engine runs at once
+(fa_sim.ptx.launch; the deterministic mode's results do not depend on it). Bad input raises one
+ValueError line before any kernel runs.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .contract.backward import CONVERT_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild, BackwardConfig
+from .contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
+                                BackwardConfig)
 from .events import Op
 from .validate import check_causal, check_input, check_scale, check_shapes
 
@@ -115,17 +121,10 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
     return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
 
 
-def dq_accum_shape(config: BackwardConfig, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
-                   deterministic: bool) -> tuple[int, ...]:
-    """The fp32 dQ accumulator: [B*H, Nq, d], or deterministic one such slice per K/V block."""
-    one = (batch * heads, seqlen_q, config.head_dim)
-    return (config.n_kv_blocks(seqlen_k), *one) if deterministic else one
-
-
 @dataclass(frozen=True, eq=False)
 class BackwardLaunch:
     """One of the backward's three launches, as fa_sim.ptx.launch (and fa_sim.timing.predict_launch)
-    take it; the arrays are shared between the launches (D, the dQ accumulator) in order."""
+    take it; the arrays are shared between the launches (D; atomic mode: the dQ accumulator) in order."""
 
     kernel: str
     source: str  # the .cu path
@@ -139,7 +138,8 @@ class BackwardLaunch:
 def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
                       macros: dict | None = None) -> tuple[list[BackwardLaunch], BackwardInputs, dict]:
-    """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum})."""
+    """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum});
+    dq_accum is None in the deterministic mode (the main kernel gets a null pointer it does not use)."""
     x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
@@ -149,22 +149,27 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
     src, defs = str(build.path), build.macros()
     block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
     dpsum = np.zeros((b * h, nq), np.float32)
-    dq_accum = np.zeros(dq_accum_shape(cfg, b, h, nq, nk, bool(deterministic)), np.float32)
+    dq_accum = None if deterministic else np.zeros((b * h, nq, d), np.float32)
     dk, dv, dq = np.zeros_like(x.k), np.zeros_like(x.v), np.zeros_like(x.q)
+    acc_arg = np.uint64(0) if dq_accum is None else dq_accum
     launches = [
         BackwardLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
                        [x.o, x.do, dpsum, np.int32(nq)], defs),
         BackwardLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq_accum, dk, dv, np.int32(nq), np.int32(nk), scale32], defs),
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, acc_arg, dk, dv, np.int32(nq), np.int32(nk), scale32], defs),
+        BackwardLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs)
+        if deterministic else
         BackwardLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [dq_accum, dq, np.int32(nq), np.int32(nk), scale32], defs),
+                       [dq_accum, dq, np.int32(nq), scale32], defs),
     ]
     return launches, x, {"dq": dq, "dk": dk, "dv": dv, "dq_accum": dq_accum}
 
 
 def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
-                      kernel=None, macros: dict | None = None, mma_model=None) -> BackwardResult:
+                      kernel=None, macros: dict | None = None, mma_model=None, dq_observers=(),
+                      wave_ctas: int | None = None) -> BackwardResult:
     """The backward pass on the PTX engine; see the module docstring."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .simulate import _observers
@@ -172,12 +177,15 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
     start = time.perf_counter()
     launches, x, out = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, config=config,
                                          kernel=kernel, macros=macros)
-    observers = _observers(observers)
+    seen = {MAIN_KERNEL: _observers(observers), DQ_KERNEL: _observers(dq_observers)}
+    if seen[DQ_KERNEL] and not deterministic:
+        raise ValueError("dq_observers watch fa2_bwd_dq_kernel, which only the deterministic mode runs")
+    waves = {} if wave_ctas is None else {"wave_ctas": wave_ctas}
     counts = {}
     for launch in launches:
-        main = launch.kernel == MAIN_KERNEL  # observers see the main kernel's launch only
+        extra = {"observers": seen[launch.kernel], "mma_model": mma_model} if launch.kernel in seen else {}
         run = ptx.launch(launch.source, launch.grid, launch.block, launch.smem_bytes, launch.args, kernel=launch.kernel,
-                         macros=launch.macros, **({"observers": observers, "mma_model": mma_model} if main else {}))
+                         macros=launch.macros, **extra, **waves)
         counts[launch.kernel] = dict(run.instructions)
     return BackwardResult(out["dq"], out["dk"], out["dv"], x.config, x.causal, x.scale, bool(deterministic),
                           time.perf_counter() - start, counts)

@@ -1,7 +1,8 @@
 """The backward pass (fa_hw/kernels/fa2_bwd.cu) on the PTX engine: gradients against the float64
 reference within the derived bound (fa_sim.reference.attention_backward, docs/backward.md
-"Accuracy"), both dQ modes, bit-identical deterministic runs, no hazards, a dropped barrier caught,
-and the input checks. Problems are small (B = H = 1, at most 2 x 3 blocks): every lane is simulated."""
+"Accuracy"), both dQ modes, the deterministic mode's dQ independent of how the CTAs are scheduled,
+no hazards in the main and dQ kernels, dropped barriers caught, and the input checks. Problems are
+small (B = H = 1, at most 2 x 3 blocks): every lane is simulated."""
 
 import numpy as np
 import pytest
@@ -75,26 +76,50 @@ def test_reference_gradients_are_the_derivatives_of_attention():
         np.testing.assert_allclose(g, num, rtol=1e-6, atol=1e-8)
 
 
-def test_deterministic_mode_gives_the_same_bits_twice_and_dk_dv_do_not_depend_on_the_mode():
-    q, k, v, o, lse, do = _problem(70, 130, 64, False)
-    a, b = (simulate_backward(q, k, v, o, lse, do, deterministic=True) for _ in range(2))
-    at = simulate_backward(q, k, v, o, lse, do, deterministic=False)
-    for x, y, z in ((a.dq, b.dq, at.dq), (a.dk, b.dk, at.dk), (a.dv, b.dv, at.dv)):
-        assert x.view(np.uint16).tobytes() == y.view(np.uint16).tobytes()
-    assert a.dk.tobytes() == at.dk.tobytes() and a.dv.tobytes() == at.dv.tobytes()
-    # Non-causal, one wave: every CTA is at the same iteration, so each red.global.add adds the K/V
-    # blocks' partials in ascending CTA order - the deterministic sum's order (docs/backward.md).
-    assert a.dq.tobytes() == at.dq.tobytes()
+TAILS = [(70, 90, 32, False), (70, 90, 32, True), (70, 90, 64, False), (70, 90, 64, True)]
 
 
-@pytest.mark.parametrize("shape", [(70, 45, 64, True), (33, 80, 128, False)], ids=["causal-tails", "d128"])
-def test_the_main_kernel_is_free_of_hazards(shape):
+@pytest.mark.parametrize("shape", TAILS, ids=[f"{a}x{b}-d{d}{'-causal' if c else ''}" for a, b, d, c in TAILS])
+def test_deterministic_dq_does_not_depend_on_the_schedule_and_dk_dv_not_on_the_mode(shape):
+    """The dQ kernel (2 K/V blocks with a tail, 2 CTAs of 64 queries with a tail): all CTAs in one
+    wave and one CTA per wave (another interleaving of the CTAs' instructions) give the same bits;
+    dQ within the bound; dK, dV bit for bit those of the atomic mode (the same main kernel, less its
+    dQ GEMM)."""
     nq, nk, d, causal = shape
-    hz = HazardChecker()
-    simulate_backward(*_problem(nq, nk, d, causal), causal=causal, observers=[hz])
-    rep = hz.report()
-    assert rep.ok, rep.hazards[:3]
-    assert hz.launch is not None and hz.launch.kernel == "fa2_bwd_kernel"
+    q, k, v, o, lse, do = _problem(nq, nk, d, causal)
+    a = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
+    b = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=True, wave_ctas=1)
+    at = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=False)
+    assert list(a.instructions)[2] == "fa2_bwd_dq_kernel" and list(at.instructions)[2] == "fa2_bwd_convert_dq_kernel"
+    for x, y in ((a.dq, b.dq), (a.dk, b.dk), (a.dv, b.dv)):
+        assert x.view(np.uint16).tobytes() == y.view(np.uint16).tobytes()
+    assert a.dk.view(np.uint16).tobytes() == at.dk.view(np.uint16).tobytes()
+    assert a.dv.view(np.uint16).tobytes() == at.dv.view(np.uint16).tobytes()
+    want, bound = attention_backward(q, k, v, do, causal=causal, bound=True)[::3]
+    assert (np.abs(a.dq.astype(np.float64) - want) <= bound).all()
+
+
+@pytest.mark.parametrize("mma_model", [None, "h200"])
+def test_the_dq_kernel_recomputes_the_main_kernels_ds_bit_for_bit(mma_model):
+    """One K/V block: the atomic mode's dQ is one partial dS K (from 0, the same k16 segments) added
+    to 0, the dQ kernel's the same mma chain on its own recomputed dS - equal bits iff its S, P, dP
+    and dS (fp16) are the main kernel's, element for element."""
+    q, k, v, o, lse, do = _problem(70, 45, 64, True)
+    det = simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=True, mma_model=mma_model)
+    at = simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=False, mma_model=mma_model)
+    assert np.abs(det.dq).max() > 0 and det.dq.view(np.uint16).tobytes() == at.dq.view(np.uint16).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(70, 45, 64, True), (33, 80, 128, False), (70, 90, 32, True)],
+                         ids=["causal-tails", "d128", "two-kv-blocks"])
+def test_the_main_and_dq_kernels_are_free_of_hazards(shape):
+    nq, nk, d, causal = shape
+    hz, hz_dq = HazardChecker(), HazardChecker()
+    simulate_backward(*_problem(nq, nk, d, causal), causal=causal, observers=[hz], dq_observers=[hz_dq])
+    for checker, name in ((hz, "fa2_bwd_kernel"), (hz_dq, "fa2_bwd_dq_kernel")):
+        rep = checker.report()
+        assert rep.ok, (name, rep.hazards[:3])
+        assert checker.launch is not None and checker.launch.kernel == name
 
 
 def test_a_dropped_barrier_is_a_hazard_at_its_source_line(tmp_path):
@@ -106,7 +131,7 @@ def test_a_dropped_barrier_is_a_hazard_at_its_source_line(tmp_path):
     path = tmp_path / "fa2_bwd_no_bar_ds.cu"
     path.write_text(text.replace(line, ";"))
     hz = HazardChecker(limit=10**6)
-    simulate_backward(*_problem(64, 64, 64, False), observers=[hz], kernel=path)
+    simulate_backward(*_problem(64, 64, 64, False), deterministic=False, observers=[hz], kernel=path)  # sdS
     rep = hz.report()
     raw = [h for h in rep.hazards if h.kind is HazardKind.RAW_NO_BARRIER]
     assert raw, rep.counts
@@ -117,6 +142,17 @@ def test_a_dropped_load_barrier_is_a_hazard():
     hz = HazardChecker(limit=10**6)
     simulate_backward(*_problem(64, 64, 64, False), observers=[hz], macros={"FA_DROP_BAR_LOAD": 1})
     assert not hz.report().ok
+
+
+@pytest.mark.parametrize("macro", ["FA_DROP_BAR_KV", "FA_DROP_BAR_FREE"])
+def test_a_dropped_barrier_of_the_dq_kernel_is_a_hazard(macro):
+    """BAR_KV: warps read sK, sV, sQ before the other threads' copies landed; BAR_FREE (3 K/V
+    blocks): the next block's copies overwrite sK, sV while other warps still read them."""
+    hz, hz_main = HazardChecker(limit=10**6), HazardChecker()
+    simulate_backward(*_problem(32, 130, 32, False), observers=[hz_main], dq_observers=[hz], macros={macro: 1})
+    rep = hz.report()
+    assert hz.launch.kernel == "fa2_bwd_dq_kernel" and not rep.ok, rep.counts
+    assert hz_main.report().ok  # the macro touches the dQ kernel only
 
 
 def test_bad_inputs_are_one_line_errors():
@@ -138,3 +174,5 @@ def test_bad_inputs_are_one_line_errors():
         assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="deterministic must be True or False"):
         simulate_backward(**base, deterministic="yes")
+    with pytest.raises(ValueError, match="dq_observers watch fa2_bwd_dq_kernel"):
+        simulate_backward(**base, deterministic=False, dq_observers=[HazardChecker()])

@@ -1,12 +1,13 @@
 """fa2_bwd.cu compiles to a cubin for sm_90 with NVRTC on the CPU, each of its three kernels in
 registers alone (no local memory), for every head_dim's default tiles, causal or not, both dQ
-modes; registers are read from the cubin (fa_sim.contract.cubin) and printed with -s."""
+modes (the atomic mode's convert kernel, the deterministic mode's dQ kernel); registers are read
+from the cubin (fa_sim.contract.cubin) and printed with -s."""
 
 import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="compiling needs NVRTC (the hw extra)")
 
-from fa_sim.contract.backward import KERNELS, BackwardBuild, BackwardConfig, compile_backward  # noqa: E402
+from fa_sim.contract.backward import CONVERT_KERNEL, DQ_KERNEL, BackwardBuild, BackwardConfig, compile_backward  # noqa: E402
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
@@ -15,7 +16,8 @@ from fa_sim.contract.backward import KERNELS, BackwardBuild, BackwardConfig, com
 def test_compiles_for_sm90_without_spills(head_dim, causal, deterministic):
     build = BackwardBuild(BackwardConfig(head_dim), causal, deterministic, "sm_90")
     compiled = compile_backward(build)
-    assert set(compiled.usage) == set(KERNELS)
+    assert list(compiled.usage) == list(build.kernels)
+    assert (DQ_KERNEL in build.kernels) == deterministic and (CONVERT_KERNEL in build.kernels) != deterministic
     print(build.describe(), {k: (u.registers, u.stack_bytes) for k, u in compiled.usage.items()})
     for name, usage in compiled.usage.items():
         assert usage.stack_bytes == 0, f"{name} spills ({usage.stack_bytes} bytes of local memory)"

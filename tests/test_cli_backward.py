@@ -110,8 +110,15 @@ def test_fa_sim_backward_reports_errors_within_the_bound(capsys, mode):
         assert 0 < g["err_over_bound"] <= 1 and g["nonfinite"] == 0
     main_counts = out["instructions"]["fa2_bwd_kernel"]
     # Causal, Nk = 70 > Nq = 40: CTA 1 (keys 64..69) sees no query and runs no round; CTA 0 runs one
-    # Q block: 4 warps x 5 GEMMs (S, dV, dP, dK, dQ) of 16 mma each at d = 32, and 2 barriers.
-    assert main_counts["HMMA"] == 4 * 5 * 16 and main_counts["BAR"] == 4 * 2
+    # Q block: 4 warps x 5 GEMMs (S, dV, dP, dK, dQ) of 16 mma each at d = 32, and 2 barriers; the
+    # deterministic mode's main kernel skips dQ, and its dQ kernel (one CTA: queries 0..39, causal:
+    # K/V block 0 only) runs 4 warps x 3 GEMMs (S, dP, dQ) of 16 mma and 2 barriers.
+    gemms = 4 if mode == "deterministic" else 5
+    assert main_counts["HMMA"] == 4 * gemms * 16 and main_counts["BAR"] == 4 * 2
+    third = "fa2_bwd_dq_kernel" if mode == "deterministic" else "fa2_bwd_convert_dq_kernel"
+    assert list(out["instructions"]) == ["fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", third]
+    if mode == "deterministic":
+        assert out["instructions"][third]["HMMA"] == 4 * 3 * 16 and out["instructions"][third]["BAR"] == 4 * 2
 
 
 def test_fa_sim_backward_table(capsys):
@@ -154,17 +161,20 @@ def test_fa_sim_backward_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_fa_sim_backward_check_hazards(tmp_path, capsys):
-    """The main kernel is race-free; a copy of fa2_bwd.cu without BAR_DS is reported, exit 1."""
+    """The main kernel and the dQ kernel are race-free; a copy of fa2_bwd.cu without BAR_DS (whose
+    sdS only the atomic mode writes) is reported, exit 1."""
     _engine()
     from fa_sim.contract.backward import BWD_PATH
     assert main(["sim", "--backward", "--seqlen", "64", "--head-dim", "32", "--check-hazards"]) == 0
-    assert "main kernel (fa2_bwd_kernel) hazards: none" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "main kernel (fa2_bwd_kernel) hazards: none" in out and "dQ kernel (fa2_bwd_dq_kernel) hazards: none" in out
     text = BWD_PATH.read_text()
     line = "if (!FA_DROP_BAR_DS) __syncthreads();"
     assert text.count(line) == 1
     path = tmp_path / "no_bar_ds.cu"
     path.write_text(text.replace(line, ";"))
-    argv = ["sim", "--backward", "--seqlen", "64", "--head-dim", "32", "--check-hazards", "--kernel", str(path)]
+    argv = ["sim", "--backward", "--seqlen", "64", "--head-dim", "32", "--check-hazards", "--dq", "atomic",
+            "--kernel", str(path)]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "RAW_NO_BARRIER" in out and "no_bar_ds.cu:" in out
@@ -186,7 +196,7 @@ def test_fa_banks_backward_counts_the_main_kernel(capsys):
     q, k, v, do = random_inputs_backward(1, 1, 64, 64, 32, seed=0)
     fwd = fa_sim.simulate(q, k, v)
     counter = BankCounter()
-    simulate_backward(q, k, v, fwd.o, fwd.lse, do, observers=[counter])
+    simulate_backward(q, k, v, fwd.o, fwd.lse, do, deterministic=False, observers=[counter])  # with the dQ GEMM
     want = counter.report().to_json()
     assert out["phases"] == want["phases"] and out["rounds"] == want["rounds"]
     assert set(out["phases"]) >= {"S", "dV", "dP", "dS", "dK", "dQ"}

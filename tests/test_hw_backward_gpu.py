@@ -1,8 +1,9 @@
 """fa_hw.backward on a real GPU (marked `gpu`; skips cleanly where there is none): gradients
 against the float64 reference within the derived bound (docs/backward.md "Accuracy") over shapes
-with tails, causal and not, Nq != Nk, d = 32/64/128, both dQ modes; the deterministic mode bit for
-bit equal to the PTX engine (fa_sim.simulate_backward with the H200 tensor-core model) and to
-itself; the atomic mode's dK, dV equal to the deterministic mode's; the driver's registers."""
+with tails, causal and not, Nq != Nk, d = 32/64/128, both dQ modes; the deterministic mode (its dQ
+kernel) bit for bit equal to the PTX engine (fa_sim.simulate_backward with the H200 tensor-core
+model) and to itself on shapes with tails for every head_dim; the atomic mode's dK, dV equal to the
+deterministic mode's; the driver's registers in both modes."""
 
 from __future__ import annotations
 
@@ -45,11 +46,17 @@ def test_gradients_within_the_derived_bound_of_float64(gpu, shape, deterministic
         assert (err <= bound).all(), f"{name}: error {err[worst]:.3g} over the bound {bound[worst]:.3g} at {worst}"
 
 
+# (B, H, Nq, Nk, d): tails both ways, 2-3 K/V blocks and 2-3 dQ CTAs, every head_dim (d = 128: the
+# dQ kernel's 70,144 B of shared memory over the default 48 KB), B*H > 1.
+BITS = [(1, 1, 130, 100, 64), (2, 1, 70, 90, 32), (1, 2, 100, 150, 128)]
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_deterministic_mode_equals_the_simulator_bit_for_bit(gpu, causal):
+@pytest.mark.parametrize("shape", BITS, ids=[f"{b}x{h}x{nq}x{nk}-d{d}" for b, h, nq, nk, d in BITS])
+def test_deterministic_mode_equals_the_simulator_bit_for_bit(gpu, shape, causal):
     import fa_sim
 
-    q, k, v, o, lse, do = _problem(1, 1, 130, 100, 64, causal, seed=2)
+    q, k, v, o, lse, do = _problem(*shape, causal, seed=2)
     hw = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
     again = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
     sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=True, mma_model="h200")
@@ -62,11 +69,12 @@ def test_deterministic_mode_equals_the_simulator_bit_for_bit(gpu, causal):
     assert np.array_equal(hw.dv.view(np.uint16), atomic.dv.view(np.uint16))
 
 
-def test_the_driver_reports_the_cubins_registers(gpu):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_the_driver_reports_the_cubins_registers(gpu, deterministic):
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
     q, k, v, o, lse, do = _problem(1, 1, 64, 64, 64, False)
-    res = fa_hw.backward(q, k, v, o, lse, do)
-    cubin = compile_backward(BackwardBuild(BackwardConfig(64), False, False, gpu))
+    res = fa_hw.backward(q, k, v, o, lse, do, deterministic=deterministic)
+    cubin = compile_backward(BackwardBuild(BackwardConfig(64), False, deterministic, gpu))
     assert res.registers == {name: u.registers for name, u in cubin.usage.items()}
     assert all(ms > 0 for ms in res.kernel_ms)

@@ -10,8 +10,10 @@
 //                                 dP^T = V dO^T
 //                                 dS^T = P^T o (dP^T - D)
 //                                 dK  += dS^T Q                (times s once, in the epilogue)
-//                                 dQ  += dS K                  (fp32, across CTAs: see FA_DETERMINISTIC)
-//   fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16, grid (ceil(Nq/kBlockM), B*H)
+//                                 dQ  += dS K                  (fp32, across CTAs: FA_DETERMINISTIC 0 only)
+//   FA_DETERMINISTIC 0: fa2_bwd_convert_dq_kernel   dQ = s * dQ_accum as fp16, grid (ceil(Nq/kBlockM), B*H)
+//   FA_DETERMINISTIC 1: fa2_bwd_dq_kernel           dQ = s sum_n dS_n K_n, one CTA per kDqBlockM queries,
+//                                                   grid (ceil(Nq/kDqBlockM), B*H), K/V blocks in order
 //
 // Every warp owns 16 keys of the CTA's K/V block (kBlockN = 16 * kNWarps) for the whole loop, so
 // S^T, P^T, dP^T and dS^T come out of the tensor core with keys along M: P^T and dS^T are the A
@@ -23,17 +25,23 @@
 // dQ across CTAs (FA_DETERMINISTIC):
 //   0  red.global.add.f32 into dq_accum [B*H, Nq, d] (zeroed), as FlashAttention-2: the order of
 //      the additions is the GPU's and varies from run to run.
-//   1  each CTA stores its partial dS K of every Q block it visits into its own slice of the
-//      workspace dq_accum [n_kv_blocks, B*H, Nq, d] (zeroed: a causal CTA skips the Q blocks above
-//      its keys); fa2_bwd_convert_dq_kernel sums the slices in ascending K/V block order. Extra
-//      memory: ceil(Nk / kBlockN) * B*H*Nq*d * 4 bytes (n_kv_blocks times the atomic buffer).
+//   1  no atomics and no workspace: the main kernel skips its dQ GEMM (and sdS), and
+//      fa2_bwd_dq_kernel, one CTA per block of kDqBlockM = 16 * kNWarps queries, loops over the
+//      K/V blocks in ascending order (causal: those at or left of the diagonal), recomputes S, P
+//      (the same instructions: the same bits), dP and dS, and accumulates dQ += dS K in registers
+//      (the forward's O += P V: dS is the A operand from the registers, K comes by ldmatrix.trans).
+//      7 GEMMs per (Q block, K/V block) tile instead of 5 (Triton's fused-attention tutorial keeps a
+//      separate dQ loop the same way); extra memory O(N): D only (the atomic mode's dq_accum is not
+//      needed). The pointer dq_accum of the main kernel is unused (pass 0).
 //
 // Compile-time macros (fa_sim/contract/backward.py, BackwardBuild.macros):
 //   FA_BLOCK_M FA_BLOCK_N FA_HEAD_DIM FA_N_WARPS   tiles and warps (FA_BLOCK_N = 16 * FA_N_WARPS)
 //   FA_SMEM_BYTES                                  the main kernel's dynamic shared memory (checked)
+//   FA_DQ_SMEM_BYTES                               fa2_bwd_dq_kernel's (checked)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
 //   FA_DETERMINISTIC                               dQ accumulation, above
-//   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests
+//   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
+//   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //
 // `// phase: NAME` comments split the kernel bodies into phases (fa_sim/ptx/program.py), as in
 // fa2_fwd.cu. Arithmetic is explicitly rounded (__fmul_rn, __fadd_rn, __fsub_rn: no FMA
@@ -58,6 +66,12 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_DROP_BAR_DS
 #define FA_DROP_BAR_DS 0
+#endif
+#ifndef FA_DROP_BAR_KV
+#define FA_DROP_BAR_KV 0
+#endif
+#ifndef FA_DROP_BAR_FREE
+#define FA_DROP_BAR_FREE 0
 #endif
 
 namespace fa {
@@ -90,6 +104,17 @@ constexpr u32 kSdSOff = kSVOff + kKBytes;
 constexpr u32 kSLseOff = kSdSOff + 2u * kBlockN * kDSPitch;
 constexpr u32 kSDOff = kSLseOff + 4u * kBlockM;
 constexpr u32 kSmemBytes = kSDOff + 4u * kBlockM;
+// fa2_bwd_dq_kernel: each warp owns 16 queries of the CTA's kDqBlockM for the whole loop (S, dP and
+// dQ with the queries along M, as the forward's S and O). Shared memory: sQ | sdO | sK | sV | sLSE | sD.
+constexpr int kDqBlockM = 16 * kNWarps;
+constexpr int kKN = kBlockN / 8;                // n8 tiles of S / dP along the keys
+constexpr u32 kDqQBytes = 2u * kDqBlockM * kPitch;
+constexpr u32 kDqSdOOff = kDqQBytes;
+constexpr u32 kDqSKOff = 2 * kDqQBytes;
+constexpr u32 kDqSVOff = kDqSKOff + kKBytes;
+constexpr u32 kDqSLseOff = kDqSVOff + kKBytes;
+constexpr u32 kDqSDOff = kDqSLseOff + 4u * kDqBlockM;
+constexpr u32 kDqSmemBytes = kDqSDOff + 4u * kDqBlockM;
 
 static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
 static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
@@ -97,6 +122,8 @@ static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldma
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
 static_assert(kBlockM <= kThreads, "one thread per query row loads LSE and D");
 static_assert(kSmemBytes == FA_SMEM_BYTES, "shared memory differs from fa_sim.contract.backward");
+static_assert(kDqSmemBytes == FA_DQ_SMEM_BYTES, "dQ kernel's shared memory differs from fa_sim.contract.backward");
+static_assert(kDqBlockM % kCopyRows == 0 && kDqBlockM <= kThreads, "dQ kernel: copies tile, one thread per row");
 
 extern __shared__ __align__(128) unsigned char smem[];
 __device__ __forceinline__ u32 smem_base() { return (u32)__cvta_generic_to_shared(smem); }
@@ -182,25 +209,34 @@ __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0,
   }
 }
 
-// One Q block's operands: Q and dO (cp.async), log2(e) * LSE and D (one thread per row; rows past
-// the end get LSE = +inf, so that their P is exp2(-inf) = 0, and D = 0).
-__device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
-                                             int row0, int seqlen_q) {
+// One Q block's operands (kRows queries; sQ at the base of shared memory): Q and dO (cp.async),
+// log2(e) * LSE and D (one thread per row; rows past the end get LSE = +inf, so that their P is
+// exp2(-inf) = 0, and D = 0).
+template <int kRows, u32 kDOOff, u32 kLseOff, u32 kDOff>
+__device__ __forceinline__ void load_q_rows(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
+                                            int row0, int seqlen_q) {
   const u32 base = smem_base();
-  copy_tile<kBlockM>(base, gQ, row0, seqlen_q);
-  copy_tile<kBlockM>(base + kSdOOff, gdO, row0, seqlen_q);
-  if (threadIdx.x < kBlockM) {
+  copy_tile<kRows>(base, gQ, row0, seqlen_q);
+  copy_tile<kRows>(base + kDOOff, gdO, row0, seqlen_q);
+  if (threadIdx.x < kRows) {
     const int row = row0 + threadIdx.x;
     const bool ok = row < seqlen_q;
-    sts_f32(base + kSLseOff + 4u * threadIdx.x, ok ? __fmul_rn(gLSE[row], kLog2e) : pos_inf());
-    sts_f32(base + kSDOff + 4u * threadIdx.x, ok ? gD[row] : 0.f);
+    sts_f32(base + kLseOff + 4u * threadIdx.x, ok ? __fmul_rn(gLSE[row], kLog2e) : pos_inf());
+    sts_f32(base + kDOff + 4u * threadIdx.x, ok ? gD[row] : 0.f);
   }
 }
+__device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
+                                             int row0, int seqlen_q) {
+  load_q_rows<kBlockM, kSdOOff, kSLseOff, kSDOff>(gQ, gdO, gLSE, gD, row0, seqlen_q);
+}
 
-// ---- GEMMs of a warp's 16 keys with the Q block -------------------------------------------------
-// acc[kSN][4] += X_w Y^T: X = sK or sV (this warp's 16 rows, A operand, ldmatrix), Y = sQ or sdO
+// ---- GEMMs of a warp's 16 rows (keys; the dQ kernel: queries) ----------------------------------
+// acc[kN][4] += X_w Y^T: X = sK or sV (this warp's 16 rows, A operand, ldmatrix), Y = sQ or sdO
 // (B operand [query][d] = column-major B, ldmatrix without .trans), over the kDSeg head-dim segments.
-__device__ __forceinline__ void gemm_keys_queries(float (&acc)[kSN][4], u32 sX, u32 sY) {
+// The dQ kernel: X = sQ or sdO, Y = sK or sV (S = Q K^T, dP = dO V^T; each element the same k16
+// segments in the same order as the main kernel's S^T, dP^T element: the same bits).
+template <int kN>
+__device__ __forceinline__ void gemm_rows_cols(float (&acc)[kN][4], u32 sX, u32 sY) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 oA = off(16 * warp + lane % 16, 8 * (lane / 16));
   const u32 oB = off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
@@ -209,7 +245,7 @@ __device__ __forceinline__ void gemm_keys_queries(float (&acc)[kSN][4], u32 sX, 
     u32 a[4];
     ldsm_x4(a, sX + oA + 32u * h);
 #pragma unroll
-    for (int jj = 0; jj < kSN / 2; ++jj) {
+    for (int jj = 0; jj < kN / 2; ++jj) {
       u32 b[4];
       ldsm_x4(b, sY + oB + off(16 * jj, 16 * h));
       mma_16816(acc[2 * jj], a, b[0], b[1]);
@@ -219,12 +255,14 @@ __device__ __forceinline__ void gemm_keys_queries(float (&acc)[kSN][4], u32 sX, 
 }
 
 // acc[kDN][4] += A Y: A = P^T or dS^T (fp16 fragments in registers, k = queries), Y = sdO or sQ
-// ([query][d] = row-major B: ldmatrix.trans), over the kMSeg query segments.
-__device__ __forceinline__ void gemm_keys_dim(float (&acc)[kDN][4], const u32 (&a)[kMSeg][4], u32 sY) {
+// ([query][d] = row-major B: ldmatrix.trans), over the kSeg query segments. The dQ kernel: A = dS
+// (k = keys), Y = sK, as the forward's O += P V.
+template <int kSeg>
+__device__ __forceinline__ void gemm_frags_dim(float (&acc)[kDN][4], const u32 (&a)[kSeg][4], u32 sY) {
   const int lane = threadIdx.x % 32;
   const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
 #pragma unroll
-  for (int h = 0; h < kMSeg; ++h)
+  for (int h = 0; h < kSeg; ++h)
 #pragma unroll
     for (int jj = 0; jj < kDN / 2; ++jj) {
       u32 b[4];
@@ -234,11 +272,12 @@ __device__ __forceinline__ void gemm_keys_dim(float (&acc)[kDN][4], const u32 (&
     }
 }
 
-// Accumulator [kSN][4] (keys along M, queries along N) -> A fragments [kMSeg][4] with the queries
-// along K: segment h holds queries 16h .. 16h+15 (fa2_fwd.cu's convert_p).
-__device__ __forceinline__ void to_a_frags(const float (&x)[kSN][4], u32 (&a)[kMSeg][4]) {
+// Accumulator [2 kSeg][4] (keys along M, queries along N) -> A fragments [kSeg][4] with the queries
+// along K: segment h holds queries 16h .. 16h+15 (fa2_fwd.cu's convert_p; the dQ kernel: the keys).
+template <int kSeg>
+__device__ __forceinline__ void to_a_frags(const float (&x)[2 * kSeg][4], u32 (&a)[kSeg][4]) {
 #pragma unroll
-  for (int h = 0; h < kMSeg; ++h) {
+  for (int h = 0; h < kSeg; ++h) {
     a[h][0] = pack_f16x2(x[2 * h][0], x[2 * h][1]);
     a[h][1] = pack_f16x2(x[2 * h][2], x[2 * h][3]);
     a[h][2] = pack_f16x2(x[2 * h + 1][0], x[2 * h + 1][1]);
@@ -322,9 +361,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // Causal: Q block m sees this block when its last query >= key0.
   const int m_block_min = kCausal ? key0 / kBlockM : 0;
   const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
-#if FA_DETERMINISTIC
-  float* gdQ = dq_accum + ((u64)n_block * gridDim.y + bh) * seqlen_q * kHeadDim;  // this CTA's slice
-#else
+#if !FA_DETERMINISTIC
   float* gdQ = dq_accum + (u64)bh * seqlen_q * kHeadDim;
 #endif
   const float sl2 = __fmul_rn(scale, kLog2e);
@@ -349,7 +386,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     float tSrS[kSN][4];  // S^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
-    gemm_keys_queries(tSrS, sK, sQ);
+    gemm_rows_cols<kSN>(tSrS, sK, sQ);
     // phase: P
     // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
     const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
@@ -364,14 +401,14 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kSLseOff + 4u * qi)));
       }
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
-    to_a_frags(tSrS, tdVrP);
+    to_a_frags<kMSeg>(tSrS, tdVrP);
     // phase: dV
-    gemm_keys_dim(tdVrdV, tdVrP, sdO);
+    gemm_frags_dim<kMSeg>(tdVrdV, tdVrP, sdO);
     // phase: dP
     float tdPrdP[kSN][4];  // dP^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tdPrdP[nj][0] = tdPrdP[nj][1] = tdPrdP[nj][2] = tdPrdP[nj][3] = 0.f;
-    gemm_keys_queries(tdPrdP, sV, sdO);
+    gemm_rows_cols<kSN>(tdPrdP, sV, sdO);
     // phase: dS
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj)
@@ -381,7 +418,8 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(base + kSDOff + 4u * qi)));
       }
     u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
-    to_a_frags(tdPrdP, tdKrdS);
+    to_a_frags<kMSeg>(tdPrdP, tdKrdS);
+#if !FA_DETERMINISTIC  // the deterministic mode's dQ is fa2_bwd_dq_kernel's: no sdS
     // sdS [key][query] <- dS^T (fragment a0: key g, queries 16h + 2tq; a1: key g + 8; a2, a3: queries + 8)
 #pragma unroll
     for (int h = 0; h < kMSeg; ++h) {
@@ -391,13 +429,15 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       sts32(base + kSdSOff + off_ds(r, c + 8), tdKrdS[h][2]);
       sts32(base + kSdSOff + off_ds(r + 8, c + 8), tdKrdS[h][3]);
     }
+#endif
     // phase: dK
-    gemm_keys_dim(tdKrdK, tdKrdS, sQ);
+    gemm_frags_dim<kMSeg>(tdKrdK, tdKrdS, sQ);
     // phase: dQ
     if (!FA_DROP_BAR_DS) __syncthreads();  // BAR_DS: sdS complete; sQ, sdO, sLSE, sD free
     // phase: Q load
     if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q);
     cp_async_commit();
+#if !FA_DETERMINISTIC
     // phase: dQ
     float tdQrdQ[kQN][4];  // dQ partial [d / (8 kWN)][4] fp32: queries 16 wm + g (+8), columns of warp column wn
 #pragma unroll
@@ -410,14 +450,9 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       for (int e = 0; e < 4; ++e) {
         const int row = row0 + 16 * wm + lane / 4 + 8 * (e >> 1);
         const int col = 8 * (kQN * wn + nj) + 2 * (lane % 4) + (e & 1);
-        if (row < seqlen_q) {
-#if FA_DETERMINISTIC
-          gdQ[(u64)row * kHeadDim + col] = tdQrdQ[nj][e];
-#else
-          red_add_f32(gdQ + (u64)row * kHeadDim + col, tdQrdQ[nj][e]);
-#endif
-        }
+        if (row < seqlen_q) red_add_f32(gdQ + (u64)row * kHeadDim + col, tdQrdQ[nj][e]);
       }
+#endif
   }
 
   // phase: epilogue
@@ -436,27 +471,116 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   }
 }
 
-// ---- dQ = s * dQ_accum as fp16 -------------------------------------------------------------------
-// Thread t converts column pairs of the Q block; FA_DETERMINISTIC: the sum over the K/V blocks'
-// slices, 0 + slice 0 + slice 1 + ... in ascending order.
+#if !FA_DETERMINISTIC
+// ---- dQ = s * dQ_accum as fp16 (atomic mode) ---------------------------------------------------
+// Thread t converts column pairs of the Q block.
 extern "C" __global__ void __launch_bounds__(fa::kThreads)
-fa2_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, u16* __restrict__ dq, int seqlen_q, int seqlen_k,
-                          float scale) {
+fa2_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, u16* __restrict__ dq, int seqlen_q, float scale) {
   // phase: convert
   using namespace fa;
   const int bh = blockIdx.y, row0 = blockIdx.x * kBlockM;
-  const u64 slice = (u64)gridDim.y * seqlen_q * kHeadDim;  // one K/V block's workspace
-  const int n_slices = FA_DETERMINISTIC ? (seqlen_k + kBlockN - 1) / kBlockN : 1;
   for (int i = 2 * threadIdx.x; i < kBlockM * kHeadDim; i += 2 * kThreads) {
     const int row = row0 + i / kHeadDim, col = i % kHeadDim;
     if (row >= seqlen_q) break;  // i grows with the row
     const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + col;
-    float x0 = 0.f, x1 = 0.f;
-#pragma unroll 4  // four slices in flight; ptxas unrolls no further (the timing model follows it: fa_sim/timing/walk.py)
-    for (int n = 0; n < n_slices; ++n) {
-      x0 = __fadd_rn(x0, dq_accum[n * slice + at]);
-      x1 = __fadd_rn(x1, dq_accum[n * slice + at + 1]);
-    }
-    stg32(dq + at, pack_f16x2(__fmul_rn(x0, scale), __fmul_rn(x1, scale)));
+    stg32(dq + at, pack_f16x2(__fmul_rn(dq_accum[at], scale), __fmul_rn(dq_accum[at + 1], scale)));
   }
 }
+#else
+// ---- dQ of kDqBlockM queries, over the K/V blocks in order (deterministic mode) ------------------
+// Warp w owns queries row0 + 16w .. + 15. Per K/V block n (ascending; causal: up to the diagonal):
+//   S = Q K^T, P = exp2(s log2(e) S - log2(e) LSE) (masked -inf: 0), dP = dO V^T, dS = P o (dP - D),
+// each element with the main kernel's instructions, hence its bits; dS packed to fp16 is the A operand
+// of dQ += dS K (K by ldmatrix.trans), the accumulator in registers across the loop; dQ * s as fp16.
+// Two barriers per K/V block: BAR_KV (its copies landed) and BAR_FREE (sK, sV read by all warps).
+extern "C" __global__ void __launch_bounds__(fa::kThreads)
+fa2_bwd_dq_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                  const u16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dpsum,
+                  u16* __restrict__ dq, int seqlen_q, int seqlen_k, float scale) {
+  // phase: setup
+  using namespace fa;
+  const int bh = blockIdx.y, row0 = blockIdx.x * kDqBlockM;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const u32 base = smem_base();
+  const u32 sQ = base, sdO = base + kDqSdOOff, sK = base + kDqSKOff, sV = base + kDqSVOff;
+  const u16* gK = k + (u64)bh * seqlen_k * kHeadDim;
+  const u16* gV = v + (u64)bh * seqlen_k * kHeadDim;
+  // Causal: K/V block n is seen by the block's last query (row0 + kDqBlockM - 1, at most Nq - 1) iff n kBlockN <= it.
+  const int last = min(row0 + kDqBlockM, seqlen_q) - 1;
+  const int n_block_max = kCausal ? min((seqlen_k + kBlockN - 1) / kBlockN, last / kBlockN + 1)
+                                  : (seqlen_k + kBlockN - 1) / kBlockN;
+  const float sl2 = __fmul_rn(scale, kLog2e);
+
+  // phase: Q load
+  const u64 at_q = (u64)bh * seqlen_q;
+  load_q_rows<kDqBlockM, kDqSdOOff, kDqSLseOff, kDqSDOff>(q + at_q * kHeadDim, dout + at_q * kHeadDim, lse + at_q,
+                                                          dpsum + at_q, row0, seqlen_q);
+  copy_tile<kBlockN>(sK, gK, 0, seqlen_k);
+  copy_tile<kBlockN>(sV, gV, 0, seqlen_k);
+  cp_async_commit();  // Q, dO and the first K/V block: one group
+
+  float tdQrdQ[kDN][4];  // [d / 8][4] fp32: queries 16w + g (+8), columns 8 nj + 2 tq (+1)
+#pragma unroll
+  for (int nj = 0; nj < kDN; ++nj) tdQrdQ[nj][0] = tdQrdQ[nj][1] = tdQrdQ[nj][2] = tdQrdQ[nj][3] = 0.f;
+
+  for (int n_block = 0; n_block < n_block_max; ++n_block) {
+    // phase: S
+    const int key0 = n_block * kBlockN;
+    cp_async_wait_all();                     // this thread's copies of the K/V block (and Q, dO) landed
+    if (!FA_DROP_BAR_KV) __syncthreads();    // BAR_KV: everyone's copies and sLSE, sD visible
+    float tSrS[kKN][4];  // S [keys / 8][4] fp32
+#pragma unroll
+    for (int nj = 0; nj < kKN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
+    gemm_rows_cols<kKN>(tSrS, sQ, sK);
+    // phase: P
+    const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
+#pragma unroll
+    for (int nj = 0; nj < kKN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 16 * warp + lane / 4 + 8 * (e >> 1);
+        const int key = key0 + 8 * nj + 2 * (lane % 4) + (e & 1);
+        float s = tSrS[nj][e];
+        if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
+        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kDqSLseOff + 4u * qi)));
+      }
+    // phase: dP
+    float tdPrdP[kKN][4];  // dP [keys / 8][4] fp32
+#pragma unroll
+    for (int nj = 0; nj < kKN; ++nj) tdPrdP[nj][0] = tdPrdP[nj][1] = tdPrdP[nj][2] = tdPrdP[nj][3] = 0.f;
+    gemm_rows_cols<kKN>(tdPrdP, sdO, sV);
+    // phase: dS
+#pragma unroll
+    for (int nj = 0; nj < kKN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 16 * warp + lane / 4 + 8 * (e >> 1);
+        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(base + kDqSDOff + 4u * qi)));
+      }
+    u32 tdQrdS[kNSeg][4];  // dS as fp16 A fragments, keys along K
+    to_a_frags<kNSeg>(tdPrdP, tdQrdS);
+    // phase: dQ
+    gemm_frags_dim<kNSeg>(tdQrdQ, tdQrdS, sK);
+    if (!FA_DROP_BAR_FREE) __syncthreads();  // BAR_FREE: sK, sV read by every warp
+    // phase: K load
+    if (n_block + 1 < n_block_max) {
+      copy_tile<kBlockN>(sK, gK, key0 + kBlockN, seqlen_k);
+      copy_tile<kBlockN>(sV, gV, key0 + kBlockN, seqlen_k);
+    }
+    cp_async_commit();
+  }
+
+  // phase: epilogue
+  // dQ * s as fp16, straight from the accumulator (rows past seqlen_q are not stored)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 16 * warp + lane / 4 + 8 * half;
+    if (row >= seqlen_q) continue;
+    const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+    for (int nj = 0; nj < kDN; ++nj)
+      stg32(dq + at + 8 * nj, pack_f16x2(__fmul_rn(tdQrdQ[nj][2 * half], scale),
+                                         __fmul_rn(tdQrdQ[nj][2 * half + 1], scale)));
+  }
+}
+#endif

@@ -37,7 +37,7 @@ DQ_MODES = ("deterministic", "atomic")
 GRADIENTS = ("dq", "dk", "dv")
 LABELS = {"dq": "dQ", "dk": "dK", "dv": "dV"}
 KERNEL_COLUMNS = {"fa2_bwd_preprocess_kernel": "preprocess", "fa2_bwd_kernel": "main",
-                  "fa2_bwd_convert_dq_kernel": "convert dQ"}
+                  "fa2_bwd_convert_dq_kernel": "convert dQ", "fa2_bwd_dq_kernel": "dQ"}
 
 
 def add_backward_arguments(p, dq_mode: bool = True) -> None:
@@ -47,8 +47,9 @@ def add_backward_arguments(p, dq_mode: bool = True) -> None:
                         "after q, k, v, or the --npz file's array do (default off)")
     if dq_mode:
         p.add_argument("--dq", choices=DQ_MODES, default="deterministic",
-                       help="with --backward: how dQ is summed across K/V blocks: deterministic (a workspace slice "
-                            "per K/V block, summed in block order) or atomic (red.global.add.f32) "
+                       help="with --backward: how dQ is summed across K/V blocks: deterministic (a dQ kernel of "
+                            "its own loops over the K/V blocks in order, no atomics, O(N) memory) or atomic "
+                            "(red.global.add.f32 from the main kernel, FlashAttention-2's way) "
                             "(default deterministic; one of deterministic, atomic)")
 
 
@@ -127,8 +128,9 @@ class Run:
     forward_seconds: float
 
 
-def run_backward(args, observers=(), kernel=None, mma=None) -> Run:
-    """Inputs, their checks, the forward, then simulate_backward with `observers` on its main kernel."""
+def run_backward(args, observers=(), kernel=None, mma=None, dq_observers=(), dq: str | None = None) -> Run:
+    """Inputs, their checks, the forward, then simulate_backward with `observers` on its main kernel
+    (`dq_observers` on the deterministic mode's dQ kernel); `dq` the dQ mode, default args.dq."""
     from ..backward import simulate_backward
     from ..simulate import simulate
 
@@ -139,8 +141,8 @@ def run_backward(args, observers=(), kernel=None, mma=None) -> Run:
     fwd = simulate(q, k, v, causal=args.causal, scale=scale, mma_model=mma)
     seconds = time.perf_counter() - start
     res = simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=args.causal, scale=scale,
-                            deterministic=getattr(args, "dq", "deterministic") == "deterministic",
-                            observers=observers, kernel=kernel, mma_model=mma)
+                            deterministic=(dq or args.dq) == "deterministic", observers=observers,
+                            dq_observers=dq_observers, kernel=kernel, mma_model=mma)
     return Run(q, k, v, do, fwd, res, seconds)
 
 
@@ -197,15 +199,17 @@ def sim(args) -> int:
 
     check_options(args, ("workers", "cluster"))
     kernel = kernel_variant(args)
-    checker = None
+    checkers = {}  # kernel name -> HazardChecker: the main kernel, and the deterministic mode's dQ kernel
     if args.check_hazards:
         from ..observers.hazards import HazardChecker
-        checker = HazardChecker()
-    run = run_backward(args, () if checker is None else (checker,), kernel, args.mma)
+        checkers = {"fa2_bwd_kernel": HazardChecker()}
+        if args.dq == "deterministic":
+            checkers["fa2_bwd_dq_kernel"] = HazardChecker()
+    run = run_backward(args, tuple(checkers.values())[:1], kernel, args.mma, tuple(checkers.values())[1:])
     res, errs = run.res, gradient_errors(run)
-    report = None if checker is None else checker.report()
+    reports = {name: c.report() for name, c in checkers.items()}
     above = [n for n, e in errs.items() if not e.ok]
-    status = 1 if above or (report is not None and not report.ok) else 0
+    status = 1 if above or any(not r.ok for r in reports.values()) else 0
     counts = {kern: {op.value: int(c.get(op, 0)) for op in COUNTED_OPS} for kern, c in res.instructions.items()}
     mode = "deterministic" if res.deterministic else "atomic"
     if args.json:
@@ -214,8 +218,9 @@ def sim(args) -> int:
                                            "block_n": res.config.block_n, "warps": res.config.n_warps},
                "seconds": {"forward": run.forward_seconds, "backward": res.seconds}, "instructions": counts,
                "kernel": None if kernel is None else str(kernel)}
-        if report is not None:
-            out["hazards"] = report.to_json()
+        if reports:
+            out["hazards"] = reports["fa2_bwd_kernel"].to_json()
+            out["hazards_by_kernel"] = {name: r.to_json() for name, r in reports.items()}
         print(json.dumps(out, allow_nan=False))
         return status
     b, h, nq, d = run.q.shape
@@ -235,9 +240,10 @@ def sim(args) -> int:
         print(f"    {op.value:<15}" + "".join(f"{counts[k][op.value]:>12,}" for k in counts))
     print(f"  forward wall time              {run.forward_seconds:.3f} s")
     print(f"  backward wall time             {res.seconds:.3f} s")
-    if report is not None:
+    if reports:
         from ..observers.hazards import format_hazards
-        print("main kernel (fa2_bwd_kernel) " + format_hazards(report))
+        for name, r in reports.items():
+            print(("main kernel" if name == "fa2_bwd_kernel" else "dQ kernel") + f" ({name}) " + format_hazards(r))
     return status
 
 
@@ -251,7 +257,7 @@ def banks(args) -> int:
 
     check_options(args, ("compare", "plot", "kernel"))
     counter = BankCounter()
-    run = run_backward(args, (counter,))
+    run = run_backward(args, (counter,), dq="atomic")  # the main kernel with its dQ GEMM (FlashAttention-2's)
     rep = counter.report()
     import dataclasses
     rep = dataclasses.replace(rep, smem="padded (fa2_bwd.cu: rows of d + 8 halves)")
@@ -311,7 +317,7 @@ def trace(args) -> int:
                          f"{runs}; {why}")
     recorder = TraceRecorder(TraceFilter(ctas=(args.cta,), threads=(WARP_SIZE * warp + lane,), rounds=(args.round,),
                                          ops=frozenset({Op.HMMA})))
-    run_backward(args, (recorder,))
+    run_backward(args, (recorder,), dq="atomic")  # the main kernel with its dQ GEMM (FlashAttention-2's)
     lane_view = backward_lane.lane_values(recorder.trace.records, cfg, args.cta, warp, lane, args.round, n_kv, nq,
                                           args.causal)
     if args.json:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract.backward import kernels_of
 from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, check_inputs, check_options, gradient_errors,
                        load_inputs)
 
@@ -48,12 +49,13 @@ def hw(args) -> int:
     errs = gradient_errors(run)
     above = [n for n, e in errs.items() if not e.ok]
     cfg = res.config
+    launched = kernels_of(res.deterministic)  # the three kernels, in the order of res.kernel_ms
     if args.json:
         print(json.dumps({"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
                           "dq_mode": args.dq, "shape": [*q.shape[:3], k.shape[2], q.shape[3]], "causal": args.causal,
                           "config": {"head_dim": cfg.head_dim, "block_m": cfg.block_m, "block_n": cfg.block_n,
                                      "warps": cfg.n_warps},
-                          "kernel_ms": dict(zip(KERNEL_COLUMNS, res.kernel_ms)), "registers": res.registers},
+                          "kernel_ms": dict(zip(launched, res.kernel_ms)), "registers": res.registers},
                          allow_nan=False))
         return 1 if above else 0
     print(f"fa hw --backward  {cfg.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
@@ -64,7 +66,7 @@ def hw(args) -> int:
         print(f"    {LABELS[name]:<4}{_num(e.max_abs):>12}{_num(e.relative):>14}{frac:>15}"
               + (f"   {e.nonfinite} not finite" if e.nonfinite else "") + ("   ABOVE BOUND" if not e.ok else ""))
     print("  kernel time (ms, first launch)  " + ", ".join(f"{KERNEL_COLUMNS[n]} {t:.4f}"
-                                                          for n, t in zip(KERNEL_COLUMNS, res.kernel_ms)))
+                                                          for n, t in zip(launched, res.kernel_ms)))
     print("  registers per thread            " + ", ".join(f"{KERNEL_COLUMNS.get(n, n)} {r}"
                                                           for n, r in res.registers.items()))
     return 1 if above else 0

@@ -8,7 +8,8 @@ LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for i
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
 them "excess_wavefronts", the tables print them on their own line.
 
-`--backward` counts the backward pass's main kernel (fa2_bwd_kernel, docs/backward.md) on q, k, v and
+`--backward` counts the backward pass's main kernel (fa2_bwd_kernel, docs/backward.md; as the atomic
+dQ mode builds it, with its dQ GEMM) on q, k, v and
 a seeded dO (or the --npz file's do), per class, phase and round (its rounds are Q blocks);
 `--instructions` adds the per-instruction table there. --compare, --plot and the forward's config
 options do not apply to it.

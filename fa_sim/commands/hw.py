@@ -13,7 +13,7 @@ fa_sim/cli.py); so it does without the `hw` extra (the line says what to install
 `--backward` runs fa_hw.forward, then the backward pass fa_hw.backward (fa2_bwd.cu, docs/backward.md)
 on q, k, v and dO seeded after them, and prints dQ, dK, dV's errors against float64 with their
 derived bound (exit 1 above it), each kernel's time and registers; `--dq atomic` sums dQ by
-red.global.add.f32 (default deterministic).
+red.global.add.f32 (default deterministic: the dQ kernel's ordered loop over the K/V blocks).
 
 The GPU backend is imported when the command runs, not when the CLI starts: the other commands
 do not depend on it.

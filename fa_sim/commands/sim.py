@@ -21,10 +21,11 @@ dO seeded after q, k, v, or the --npz file's do) and prints dQ, dK, dV's errors 
 (fa_sim.reference.attention_backward): max |error|, that over max |gradient|, and the largest
 error over the derived elementwise bound (docs/backward.md), each kernel's warp instructions and
 the wall time; exit status 1 when an error is above its bound (ABOVE BOUND) or not finite. `--dq
-atomic` sums dQ by red.global.add.f32 instead of the deterministic workspace; `--check-hazards`
-checks the main kernel; `--kernel FILE` is then a variant of fa2_bwd.cu; JSON: {gradients: {dq, dk,
-dv: {max_abs_err, rel_err, err_over_bound, nonfinite}}, above_bound, dq_mode, config, seconds,
-instructions, kernel[, hazards]}.
+atomic` sums dQ by red.global.add.f32 instead of the deterministic mode's dQ kernel; `--check-hazards`
+checks the main kernel (and the dQ kernel in the deterministic mode); `--kernel FILE` is then a
+variant of fa2_bwd.cu; JSON: {gradients: {dq, dk, dv: {max_abs_err, rel_err, err_over_bound,
+nonfinite}}, above_bound, dq_mode, config, seconds, instructions, kernel[, hazards (the main
+kernel's), hazards_by_kernel]}.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ trace-event JSON: both are checked before the simulation (an existing file is re
 `--npz FILE` takes q, k, v from a file, as in `fa sim`.
 
 `--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
-kernel fa2_bwd_kernel instead: its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
+kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM): its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
 its dV and dK accumulators after the round at (key, column), and its dQ partial at (query,
 column), read from the mma events of the PTX engine (fa_sim/observers/backward_lane.py; dO
 seeded after q, k, v or the --npz file's do). --ops, --save, --perfetto, --kernel and the forward's

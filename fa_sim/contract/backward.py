@@ -1,9 +1,12 @@
-"""The backward kernels' contract: fa_hw/kernels/fa2_bwd.cu, its three kernels, its tiles and
+"""The backward kernels' contract: fa_hw/kernels/fa2_bwd.cu, its kernels, its tiles and
 macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw.backward) share.
 
     BackwardConfig(head_dim)          tiles: block_m queries per loop iteration, block_n = 16 * n_warps
-                                      keys per CTA (docs/backward.md); smem_bytes of the main kernel
+                                      keys per CTA (docs/backward.md); smem_bytes of the main kernel,
+                                      dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel
     BackwardBuild(config, causal, deterministic, arch)
+        .kernels                      its three kernels in launch order (the third: the convert
+                                      kernel in atomic mode, the dQ kernel in deterministic mode)
         .macros()                     the FA_* macros of fa2_bwd.cu
         .source()                     the CUDA C++ (fa2_bwd.cu, or a variant given as `kernel`)
     compile_backward(build)           cubin for build.arch (cached on disk like the forward's),
@@ -29,8 +32,15 @@ from .source import SEED_PATH
 BWD_PATH = SEED_PATH.parent / "fa2_bwd.cu"
 PREPROCESS_KERNEL = "fa2_bwd_preprocess_kernel"
 MAIN_KERNEL = "fa2_bwd_kernel"
-CONVERT_KERNEL = "fa2_bwd_convert_dq_kernel"
-KERNELS = (PREPROCESS_KERNEL, MAIN_KERNEL, CONVERT_KERNEL)  # in launch order
+CONVERT_KERNEL = "fa2_bwd_convert_dq_kernel"  # atomic mode: dQ = s dq_accum as fp16
+DQ_KERNEL = "fa2_bwd_dq_kernel"  # deterministic mode: dQ by its own loop over the K/V blocks
+
+
+def kernels_of(deterministic: bool) -> tuple[str, str, str]:
+    """fa2_bwd.cu's kernels of one dQ mode, in launch order."""
+    return (PREPROCESS_KERNEL, MAIN_KERNEL, DQ_KERNEL if deterministic else CONVERT_KERNEL)
+
+
 CACHE_FORMAT = 1
 DEFAULT_ARCH = "sm_90"
 
@@ -81,6 +91,21 @@ class BackwardConfig:
         return (2 * 2 * self.block_m * pitch + 2 * 2 * self.block_n * pitch
                 + 2 * self.block_n * (self.block_m + 8) + 2 * 4 * self.block_m)
 
+    @property
+    def dq_block_m(self) -> int:
+        """Queries per CTA of the dQ kernel (deterministic mode): 16 per warp."""
+        return 16 * self.n_warps
+
+    @property
+    def dq_smem_bytes(self) -> int:
+        """The dQ kernel's sQ, sdO ([dq_block_m][d + 8] fp16), sK, sV ([block_n][d + 8]), sLSE, sD
+        ([dq_block_m] fp32)."""
+        pitch = self.head_dim + 8
+        return 2 * 2 * self.dq_block_m * pitch + 2 * 2 * self.block_n * pitch + 2 * 4 * self.dq_block_m
+
+    def n_dq_blocks(self, seqlen_q: int) -> int:
+        return -(-int(seqlen_q) // self.dq_block_m)
+
     def n_kv_blocks(self, seqlen_k: int) -> int:
         return -(-int(seqlen_k) // self.block_n)
 
@@ -105,10 +130,15 @@ class BackwardBuild:
     def macros(self) -> dict[str, int]:
         cfg = self.config
         out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
-                   FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_CAUSAL=int(self.causal),
+                   FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
+                   FA_CAUSAL=int(self.causal),
                    FA_DETERMINISTIC=int(self.deterministic))
         out.update(dict(self.extra_macros))
         return out
+
+    @property
+    def kernels(self) -> tuple[str, str, str]:
+        return kernels_of(self.deterministic)
 
     @property
     def path(self) -> Path:
@@ -122,7 +152,7 @@ class BackwardBuild:
 
     def describe(self) -> str:
         extra = ", causal" if self.causal else ""
-        extra += ", deterministic dQ" if self.deterministic else ", atomic dQ"
+        extra += ", deterministic dQ (dQ kernel)" if self.deterministic else ", atomic dQ"
         extra += "".join(f", {k}={v}" for k, v in self.extra_macros)
         extra += f", from {self.path}" if self.kernel is not None else ""
         return f"fa2_bwd.cu ({self.config.describe()}){extra} for {self.arch}"
@@ -166,6 +196,6 @@ def compile_backward(build: BackwardBuild, *, use_cache: bool = True) -> Compile
 
 def _usage(cubin: bytes, build: BackwardBuild) -> dict:
     try:
-        return {name: ResourceUsage.from_cubin(cubin, name) for name in KERNELS}
+        return {name: ResourceUsage.from_cubin(cubin, name) for name in build.kernels}
     except CubinError as exc:
         raise CompileError(f"the cubin of {build.describe()} is unreadable: {exc}") from None

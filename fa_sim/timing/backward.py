@@ -35,7 +35,8 @@ class BackwardPrediction:
 def predict_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                      deterministic: bool = False, gpu: GpuModel | str = "h200", *, kernel=None) -> BackwardPrediction:
     """The predicted time of the backward pass for these inputs (as fa_sim.simulate_backward takes
-    them); `deterministic`: dQ by ordered per-block slices instead of atomics; `kernel`: a variant
+    them); `deterministic`: dQ by the dQ kernel (its ordered loop over the K/V blocks) instead of
+    the main kernel's atomics and the convert kernel; `kernel`: a variant
     of fa2_bwd.cu (a path)."""
     from ..backward import backward_launches
 
