@@ -78,6 +78,31 @@ def test_other_tiles_of_the_new_head_dims(tag, causal):
     assert acc.ok, acc.failures()
 
 
+def test_with_the_other_features():
+    """GQA and a window, bf16 (both front ends), softcap (PTX engine) at the new head dims."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 2, 70, 192)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, 90, 192)).astype(np.float16) for _ in range(2))
+    kw = dict(window=(30, 10))
+    prog, ptx = (simulate(q, k, v, engine=e, **kw) for e in ("program", "ptx"))
+    assert _same(prog, ptx)
+    acc = measure(ptx.o, ptx.lse, q, k, v, False, ptx.scale, ptx.config, window=(30, 10))
+    assert acc.ok, acc.failures()
+    q, k, v = _inputs(96, seed=9)
+    res = simulate(q, k, v, causal=True, softcap=5.0, engine="ptx")
+    acc = measure(res.o, res.lse, q, k, v, True, res.scale, res.config, softcap=5.0)
+    assert acc.ok, acc.failures()
+    from fa_sim import validate
+
+    cfg = KernelConfig(head_dim=160, dtype="bf16")
+    q, k, v = (validate.round_to_bf16(x.astype(np.float32)) for x in _inputs(160, seed=4))
+    prog, ptx = (simulate(q, k, v, causal=True, config=cfg, engine=e) for e in ("program", "ptx"))
+    assert ptx.config.dtype == "bf16" and ptx.o.dtype == np.float32
+    assert np.array_equal(prog.o.view(np.uint32), ptx.o.view(np.uint32)) and np.array_equal(prog.lse, ptx.lse)
+    acc = measure(ptx.o, ptx.lse, q, k, v, True, ptx.scale, cfg)
+    assert acc.ok, acc.failures()
+
+
 def test_checkpoints_of_both_front_ends_agree():
     """fa compare's contract at head_dim 160 (column passes, swizzle atoms of 32 columns)."""
     from fa_sim.checkpoints import CheckpointLayout
