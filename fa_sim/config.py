@@ -454,7 +454,7 @@ class KernelConfig:
     @property
     def swizzle_atom_cols(self) -> int:
         """Columns (halves) of one 8-row swizzle atom: head_dim when it is a power of two (one atom
-        spans the row: the row-major layout of d = 32, 64, 128), else the largest of 64, 32 that
+        spans the row: the row-major layout of d = 32, 64, 128, 256), else the largest of 64, 32 that
         divides it (FlashAttention-2's kBlockKSmem: 32 for d = 96, 160; 64 for d = 192). The row
         pitch (unswizzled layouts)."""
         d = self.head_dim
@@ -484,7 +484,7 @@ class KernelConfig:
         Unswizzled: r * row_pitch + c. Swizzled: the tile is 8-row groups (8 head_dim halves apart),
         each a row of 8 x W atoms (W = swizzle_atom_cols, 8W halves apart), each atom row-major and
         swizzled: Swizzle((r//8) 8d + (c//W) 8W + (r%8) W + c%W), the swizzle reading only bits
-        inside the atom. With W = d this is Swizzle(r d + c), the row-major layout of d = 32, 64, 128."""
+        inside the atom. With W = d this is Swizzle(r d + c), the row-major layout of d = 32, 64, 128, 256."""
         r, c = np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64)
         bms, w = self.swizzle_bms, self.swizzle_atom_cols
         if bms is None or w == self.row_pitch:
