@@ -36,6 +36,9 @@ heuristic takes 32 rows per warp (block_m 128, 4 warps), which halves ldmatrix p
 block_n of the best family member measured there before tuning: 128 at head_dim 64 (1.08x
 SDPA-flash), 32 at head_dim 128 (0.88x; block_n 64 spills at 255 registers), 64 at head_dim 32.
 It adds no unmeasured schedule option. The default of fa_hw.forward stays the seed config.
+head_dim 96, 160, 192, 256 (issue 38, no measurements yet): FlashAttention-2's sm80 forward tiles
+where they compile without register spills (docs/head_dims.md): 128 x 64 of 4 warps at 96, 128 x 32
+of 4 warps at 160, 128 x 64 of 8 warps at 192 and 256; the autotuner times CANDIDATES[d] for them.
 """
 
 from __future__ import annotations
@@ -75,9 +78,28 @@ CANDIDATES = {
           "m256n64d128w8-swizzled-s2-pp", "m256n64d128w8-swizzled-s2-pp-ls", "m256n32d128w8-swizzled-s2-pp-ls",
           "m256n32d128w8-swizzled-s3-pp-ls"),
 }
+# head_dim 96-256 (issue 38): no measured candidates yet; a few tiles that compile without spills
+# (docs/head_dims.md), FlashAttention-2's sm80 tiles first, which the autotuner times on a GPU
+# without a table entry and the timing model ranks.
+CANDIDATES.update({
+    96: ("m128n64d96w4-swizzled", "m128n64d96w8-swizzled", "m64n64d96w4-swizzled", "m128n128d96w8-swizzled",
+         "m128n64d96w4-swizzled-s2", "m128n64d96w8-swizzled-s2"),
+    160: ("m128n32d160w4-swizzled", "m128n64d160w8-swizzled", "m64n64d160w4-swizzled", "m128n32d160w4-swizzled-s2",
+          "m128n64d160w8-swizzled-s2", "m128n128d160w8-swizzled"),
+    192: ("m128n64d192w8-swizzled", "m64n64d192w4-swizzled", "m128n32d192w8-swizzled", "m128n64d192w8-swizzled-s2",
+          "m64n64d192w4-swizzled-s2", "m128n128d192w8-swizzled"),
+    256: ("m128n64d256w8-swizzled", "m64n64d256w4-swizzled", "m128n32d256w8-swizzled", "m128n32d256w8-swizzled-s2",
+          "m64n32d256w4-swizzled-s2", "m64n64d256w4-swizzled-s2"),
+})
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
-             128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4)}
+             128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4),
+             # issue 38, unmeasured: FlashAttention-2's sm80 forward tiles where they compile without
+             # spills (docs/head_dims.md); at 160, its non-causal 128 x 32 of 4 warps
+             96: KernelConfig(block_m=128, block_n=64, head_dim=96, n_warps=4),
+             160: KernelConfig(block_m=128, block_n=32, head_dim=160, n_warps=4),
+             192: KernelConfig(block_m=128, block_n=64, head_dim=192, n_warps=8),
+             256: KernelConfig(block_m=128, block_n=64, head_dim=256, n_warps=8)}
 
 
 def size_class(seqlen_k: int) -> str:
@@ -250,7 +272,9 @@ def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: P
         same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
         same.sort(key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
         out += [e.config for e in same]
-    if out:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
+    if not out:  # no table holds this head_dim (96-256 today): its candidates, the heuristic's tile first
+        out = [replace(KernelConfig.from_tag(t), heavy_first=bool(causal)) for t in CANDIDATES.get(head_dim, ())]
+    else:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
         best = out[0]
         for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
             try:

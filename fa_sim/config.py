@@ -3,16 +3,20 @@
 The seed configuration is the one the spec walks through (kBlockM = kBlockN = 64, head dim 64,
 4 warps, Swizzle<3,3,3> shared memory). The family around it is what both backends accept:
 
-  head_dim   32, 64, 128
+  head_dim   32, 64, 96, 128, 160, 192, 256   (96-256: issue 38; docs/head_dims.md says which tiles)
   block_m    64, 128, 256     (each warp owns 16 * m_repeats query rows; 256 with 8 warps only)
   block_n    32, 64, 128
   n_warps    4, 8             (block_m must be a multiple of 16 * n_warps)
   smem       swizzled | plain | padded
 
-The cooperative 16-byte copy (spec: "TiledCopy", thread layout (rows, d/8):(d/8, 1)) puts
-head_dim / 8 threads on a row, so one pass covers n_threads / (head_dim / 8) rows; that number
-must divide block_m and block_n. Anything else is rejected up front by `__post_init__` with a
-message that lists what is supported, in the spirit of CuTe's `can_implement`.
+The cooperative 16-byte copy (spec: "TiledCopy", thread layout (rows, tpr):(tpr, 1)) puts
+tpr = gcd(head_dim / 8, 16) threads on a row (head_dim / 8 for d = 32, 64, 128: one chunk per
+thread and row; FlashAttention-2's kGmemThreadsPerRow), each copying head_dim / (8 tpr) chunks of
+its row 8 tpr halves apart, so one pass covers n_threads / tpr rows; that number must divide
+block_m and block_n. The fp32 accumulators of a thread (tCrS and tCrO, 4 per m16n8 atom) must leave
+room under the 255-register limit (REGISTER_ACCUMULATORS_MAX). Anything else is rejected up front
+by `__post_init__` with a message that lists what is supported, in the spirit of CuTe's
+`can_implement`.
 
 Causal masking and the softmax scale are call arguments, not part of the kernel shape.
 
@@ -56,6 +60,7 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -66,7 +71,8 @@ from .cute import Swizzle
 from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
 from .messages import quoted
 
-HEAD_DIMS = (32, 64, 128)
+HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+SPEC_HEAD_DIMS = (32, 64, 128)  # one swizzle atom and one copy chunk per thread and row (the spec's tiling)
 KV_STAGES = (1, 2, 3)
 POLY_EXPS = (0, 1, 2, 3, 4)  # eighths of the exponentials on the FMA pipe (0: all on MUFU, the spec)
 MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)  # 0: the heuristic of fa_sim.contract.occupancy; 8 x 256 threads = an SM's 2048
@@ -78,6 +84,11 @@ N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
 PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
 SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
+# fp32 accumulator registers (tCrS + tCrO) per thread at most: 256 is the family's largest before
+# issue 38 (m128n128d128w4, which spills a little under the 255-register limit, docs/timing.md);
+# more leaves the fragments, addresses and softmax temporaries nothing (docs/head_dims.md).
+REGISTER_ACCUMULATORS_MAX = 256
+COPY_THREADS_PER_ROW_MAX = 16  # threads on one row of the 16-byte copy (FlashAttention-2's 128-half rows)
 
 
 _TAG = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)d(?P<d>\d+)w(?P<w>\d+)-(?P<smem>[a-z]+)(?P<rest>(?:-[a-z0-9_]+)*)")
@@ -254,6 +265,11 @@ class KernelConfig:
                 out.append(f"the cooperative copy covers {rows} rows per pass, which does not divide {name}={getattr(self, name)}")
         if not out and self.smem_bytes > SMEM_LIMIT_BYTES:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
+        if self.accumulator_registers > REGISTER_ACCUMULATORS_MAX:
+            out.append(f"holds {self.accumulator_registers} fp32 accumulator registers per thread (tCrS + tCrO: "
+                       f"4 x {self.m_repeats} x ({self.block_n} + {self.head_dim}) / 8), over "
+                       f"{REGISTER_ACCUMULATORS_MAX}: the 255-register limit leaves no room; take fewer rows per "
+                       f"warp (block_m / n_warps = 16) or a smaller block_n (docs/head_dims.md)")
         return out
 
     # -- serialisation -------------------------------------------------------------------------
@@ -340,12 +356,13 @@ class KernelConfig:
         return out + ([f"poly_exp={self.poly_exp}"] if self.poly_exp else [])
 
     @classmethod
-    def family(cls) -> list["KernelConfig"]:
-        """Every supported configuration, in a stable order (seed first), in the default softmax
-        form (the form is arithmetic, not shape)."""
+    def family(cls, head_dims: tuple[int, ...] = SPEC_HEAD_DIMS) -> list["KernelConfig"]:
+        """Every supported configuration at `head_dims` (the spec's 32, 64, 128 by default: the family
+        the tests and docs enumerate; head_dim 96-256 by asking), in a stable order (the seed first
+        when 64 is asked), in the default softmax form (the form is arithmetic, not shape)."""
         seed = cls()
-        out = [seed]
-        for d, bm, bn, w, s in itertools.product(HEAD_DIMS, FAMILY_BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
+        out = [seed] if seed.head_dim in head_dims else []
+        for d, bm, bn, w, s in itertools.product(head_dims, FAMILY_BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
             try:
                 cfg = cls(block_m=bm, block_n=bn, head_dim=d, n_warps=w, smem=s)
             except ValueError:
@@ -402,14 +419,31 @@ class KernelConfig:
     def o_values_per_thread(self) -> int:
         return self.block_m * self.head_dim // self.n_threads
 
+    @property
+    def accumulator_registers(self) -> int:
+        """fp32 registers of a thread's tCrS and tCrO (4 per m16n8 atom): the bulk of its registers."""
+        return 4 * self.m_repeats * (self.s_n_tiles + self.o_n_tiles)
+
     # -- cooperative copy (spec "TiledCopy") ---------------------------------------------------
     @property
     def copy_threads_per_row(self) -> int:
-        return self.head_dim // CHUNK_HALVES
+        """Threads on one row: gcd(head_dim / 8, 16) (head_dim / 8 for d = 32, 64, 128)."""
+        return math.gcd(self.head_dim // CHUNK_HALVES, COPY_THREADS_PER_ROW_MAX)
+
+    @property
+    def copy_col_passes(self) -> int:
+        """16-byte chunks of a row that one thread copies, 8 * copy_threads_per_row halves apart
+        (1 for d = 32, 64, 128; 3, 5, 3, 2 for d = 96, 160, 192, 256)."""
+        return self.head_dim // CHUNK_HALVES // self.copy_threads_per_row
 
     @property
     def copy_rows_per_pass(self) -> int:
         return self.n_threads // self.copy_threads_per_row
+
+    def copy_chunks(self, rows: int) -> int:
+        """cp.async (or, in the epilogue, LDS.128 / STG.128) per thread for a `rows`-row tile: row
+        passes times column passes, in the kernel's order (pass i = row pass * copy_col_passes + column)."""
+        return rows // self.copy_rows_per_pass * self.copy_col_passes
 
     # -- shared memory ---------------------------------------------------------------------------
     @property
@@ -418,23 +452,45 @@ class KernelConfig:
         return self.head_dim + (PAD_HALVES if self.smem is SmemLayout.PADDED else 0)
 
     @property
+    def swizzle_atom_cols(self) -> int:
+        """Columns (halves) of one 8-row swizzle atom: head_dim when it is a power of two (one atom
+        spans the row: the row-major layout of d = 32, 64, 128, 256), else the largest of 64, 32 that
+        divides it (FlashAttention-2's kBlockKSmem: 32 for d = 96, 160; 64 for d = 192). The row
+        pitch (unswizzled layouts)."""
+        d = self.head_dim
+        if self.smem is not SmemLayout.SWIZZLED:
+            return self.row_pitch
+        return d if d & (d - 1) == 0 else (64 if d % 64 == 0 else 32)
+
+    @property
     def swizzle_bms(self) -> tuple[int, int, int] | None:
-        """Swizzle<B, M, S> applied to the row-major offset 'head_dim*r + c' (None if unswizzled).
+        """Swizzle<B, M, S> of one 8 x swizzle_atom_cols atom (None if unswizzled), applied to the
+        offset of `smem_offset`.
 
         Every choice XORs the 16-byte chunk index (bits 3.. of the offset) with row bits so that
         the 8 row addresses of one ldmatrix fall in 8 distinct 4-bank groups:
-          d=64: Swizzle<3,3,3> (spec table 11), chunk ^= r % 8
-          d=128: Swizzle<3,3,4>, chunk ^= r % 8
-          d=32: Swizzle<2,3,3>, chunk ^= (r // 2) % 4
+          64 columns (d=64, 192): Swizzle<3,3,3> (spec table 11), chunk ^= r % 8
+          128 columns (d=128): Swizzle<3,3,4>, chunk ^= r % 8
+          256 columns (d=256): Swizzle<3,3,5>, chunk ^= r % 8
+          32 columns (d=32, 96, 160): Swizzle<2,3,3>, chunk ^= (r // 2) % 4
         """
         if self.smem is not SmemLayout.SWIZZLED:
             return None
-        return {32: (2, 3, 3), 64: (3, 3, 3), 128: (3, 3, 4)}[self.head_dim]
+        return {32: (2, 3, 3), 64: (3, 3, 3), 128: (3, 3, 4), 256: (3, 3, 5)}[self.swizzle_atom_cols]
 
     def smem_offset(self, r, c) -> np.ndarray:
-        """Offset in halves of logical tile element (r, c) from the tile base; vectorised."""
-        p = np.asarray(r, dtype=np.int64) * self.row_pitch + np.asarray(c, dtype=np.int64)
-        bms = self.swizzle_bms
+        """Offset in halves of logical tile element (r, c) from the tile base; vectorised.
+
+        Unswizzled: r * row_pitch + c. Swizzled: the tile is 8-row groups (8 head_dim halves apart),
+        each a row of 8 x W atoms (W = swizzle_atom_cols, 8W halves apart), each atom row-major and
+        swizzled: Swizzle((r//8) 8d + (c//W) 8W + (r%8) W + c%W), the swizzle reading only bits
+        inside the atom. With W = d this is Swizzle(r d + c), the row-major layout of d = 32, 64, 128, 256."""
+        r, c = np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64)
+        bms, w = self.swizzle_bms, self.swizzle_atom_cols
+        if bms is None or w == self.row_pitch:
+            p = r * self.row_pitch + c
+        else:
+            p = (r // 8) * 8 * self.row_pitch + (c // w) * 8 * w + (r % 8) * w + c % w
         return p if bms is None else Swizzle(*bms)(p)
 
     def tile_halves(self, rows: int) -> int:

@@ -195,6 +195,9 @@ def smem_layout(config: KernelConfig, rows: int) -> Layout | ComposedLayout:
     if config.smem is not SmemLayout.SWIZZLED:
         return Layout((rows, d), (config.row_pitch, 1))
     swizzle = Swizzle(*config.swizzle_bms)
+    w = config.swizzle_atom_cols
+    if w != d:  # d = 96, 160, 192: 8 x w atoms, a row of d/w of them per 8-row group (KernelConfig.smem_offset)
+        return ComposedLayout(swizzle, Layout(((8, rows // 8), (w, d // w)), ((w, 8 * d), (1, 8 * w))))
     atom_rows = max(1, (1 << swizzle.span_bits) // d)
     atom = composition(swizzle, Layout((atom_rows, d), (d, 1)))  # Swizzle o (8,d):(d,1)
     return tile_to_shape(atom, (rows, d))
@@ -207,7 +210,13 @@ def copy_thread_layout(config: KernelConfig) -> Layout:
 
 
 def copy_tv(config: KernelConfig, rows: int) -> TvMap:
-    """(thread, (half v, pass i)) -> (row, col): row = t/(d/8) + rows_per_pass*i, col = 8(t%(d/8)) + v."""
-    tpr, rpp = config.copy_threads_per_row, config.copy_rows_per_pass
-    layout = Layout(((tpr, rpp), (CHUNK_HALVES, rows // rpp)), ((CHUNK_HALVES * rows, 1), (rows, rpp)))
+    """(thread, (half v, pass i)) -> (row, col): row = t/tpr + rows_per_pass*(i // cols), col = 8(t%tpr) +
+    8 tpr (i % cols) + v, with tpr = copy_threads_per_row (d/8 for d = 32, 64, 128) and cols =
+    copy_col_passes (1 for those: then i is the row pass)."""
+    tpr, rpp, cols = config.copy_threads_per_row, config.copy_rows_per_pass, config.copy_col_passes
+    if cols == 1:
+        layout = Layout(((tpr, rpp), (CHUNK_HALVES, rows // rpp)), ((CHUNK_HALVES * rows, 1), (rows, rpp)))
+    else:
+        layout = Layout(((tpr, rpp), (CHUNK_HALVES, (cols, rows // rpp))),
+                        ((CHUNK_HALVES * rows, 1), (rows, (CHUNK_HALVES * tpr * rows, rpp))))
     return TvMap(layout, (rows, config.head_dim))

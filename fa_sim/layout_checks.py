@@ -114,7 +114,7 @@ def _ints(shape, seed: int, lo: int = -3, hi: int = 4) -> np.ndarray:
 
 # -- the checks ---------------------------------------------------------------------------------------
 def check_copy(cfg: KernelConfig) -> CheckResult:
-    tally, tpr = _Tally(), cfg.copy_threads_per_row
+    tally, cpr = _Tally(), cfg.head_dim // CHUNK_HALVES  # chunks per row
     for name, _, rows, wp in _tiles(cfg):
         row, col = wp.row, wp.col  # [W, L, R] int64
         t, i = _threads(cfg, 1), np.arange(row.shape[-1])
@@ -122,7 +122,7 @@ def check_copy(cfg: KernelConfig) -> CheckResult:
         tally.equal(f"{name}: plan vs closed form", (row, col), spec_maps.copy_coords(cfg, t, i), AX3)
         inside = (row >= 0) & (row < rows) & (col >= 0) & (col < cfg.head_dim) & (col % CHUNK_HALVES == 0)
         tally.require(inside, f"{name}: chunks outside the {rows}x{cfg.head_dim} tile or not 16-byte aligned")
-        counts = np.bincount((row * tpr + col // CHUNK_HALVES)[inside], minlength=rows * tpr)
+        counts = np.bincount((row * cpr + col // CHUNK_HALVES)[inside], minlength=rows * cpr)
         tally.require(counts == 1, f"{name}: {int(np.sum(counts == 0))} chunks never copied, "
                                    f"{int(np.sum(counts > 1))} copied more than once")
         tally.elements += rows * cfg.head_dim
@@ -144,7 +144,9 @@ def check_smem_addresses(cfg: KernelConfig) -> CheckResult:
         chunk = off.reshape(rows, d // CHUNK_HALVES, CHUNK_HALVES)
         tally.require((chunk[..., 0] % CHUNK_HALVES == 0) & (np.diff(chunk, axis=-1) == 1).all(-1),
                       f"{name}: a 16-byte chunk is not contiguous and aligned (cp.async, ldmatrix need it)")
-        tally.require(chunk[..., 0] // cfg.row_pitch == r[:, ::CHUNK_HALVES], f"{name}: a chunk leaves its row")
+        group = 1 if cfg.swizzle_atom_cols == cfg.row_pitch else 8  # rows of a block (8: head_dim 96, 160, 192's atoms)
+        tally.require(chunk[..., 0] // (group * cfg.row_pitch) == r[:, ::CHUNK_HALVES] // group,
+                      f"{name}: a chunk leaves its row (its 8-row group of swizzle atoms)")
         if cfg.smem is SmemLayout.SWIZZLED:  # the point of the swizzle: 8 ldmatrix rows, 8 bank groups
             group = (2 * (tile_base(cfg, tile) // 2 + chunk[..., 0]) // 16) % 8  # [rows, chunks]
             spread = np.sort(group.reshape(rows // 8, 8, -1), axis=1)

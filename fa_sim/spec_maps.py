@@ -58,6 +58,7 @@ def pv_b_fragment(thread, nj, h, i):
 
 def copy_coords(config: KernelConfig, thread, i):
     """Cooperative 16-byte copy (SCHEDULE.md): chunk i of `thread` -> (row, first col)."""
-    thread = np.asarray(thread, dtype=np.int64)
-    tpr = config.copy_threads_per_row
-    return thread // tpr + config.copy_rows_per_pass * np.asarray(i), CHUNK_HALVES * (thread % tpr)
+    thread, i = np.asarray(thread, dtype=np.int64), np.asarray(i, dtype=np.int64)
+    tpr, cols = config.copy_threads_per_row, config.copy_col_passes
+    return (thread // tpr + config.copy_rows_per_pass * (i // cols),
+            CHUNK_HALVES * (thread % tpr + tpr * (i % cols)))

@@ -56,8 +56,8 @@ def npz_files(tmp_path_factory):
             "dates": dict(q=x.astype("datetime64[s]")), "struct": dict(q=np.zeros(x.shape, [("a", "f2")])),
             "objects": dict(q=np.array([{"a": 1}], dtype=object)), "rows0": dict(q=x[:, :, :0]),
             "keys0": dict(k=x[:, :, :0], v=x[:, :, :0]), "batch0": dict(q=x[:0], k=x[:0], v=x[:0]),
-            "d96": dict(q=np.zeros((1, 1, 64, 96), np.float16), k=np.zeros((1, 1, 64, 96), np.float16),
-                        v=np.zeros((1, 1, 64, 96), np.float16)),
+            "d80": dict(q=np.zeros((1, 1, 64, 80), np.float16), k=np.zeros((1, 1, 64, 80), np.float16),
+                        v=np.zeros((1, 1, 64, 80), np.float16)),
             "kv": dict(k=np.zeros((1, 2, 64, 64), np.float16)), "nan": dict(q=x + np.nan),
             "inexact": dict(q=x.astype(np.float64) + 0.1)}
     for name, arrays in made.items():
@@ -75,7 +75,7 @@ def npz_files(tmp_path_factory):
     ("objects", "array q holds Python objects, which are never loaded"), ("nov", "lacks array(s) v"),
     ("rows0", "q has 0 rows (an empty sequence) (shape (1, 1, 0, 64)); at least 1 is needed"),
     ("keys0", "k has 0 rows (an empty sequence)"), ("batch0", "q has batch 0 (an empty batch)"),
-    ("d96", "q has head_dim 96 (shape (1, 1, 64, 96)); the kernel supports head_dim 32, 64, 128"),
+    ("d80", "q has head_dim 80 (shape (1, 1, 64, 80)); the kernel supports head_dim 32, 64, 96, 128, 160, 192, 256"),
     ("kv", "k and v must have the same shape, got (1, 2, 64, 64) and (1, 1, 64, 64)"),
     ("nan", "q contains NaN or Inf, first at q[0, 0, 0, 0]"),
     ("inexact", "q (float64) holds 4,096 values that fp16 does not represent exactly"),
@@ -111,7 +111,7 @@ def no_prediction(monkeypatch):
     ((1, 16, "1024"), {}, "seqlen_q must be an integer >= 1, got str '1024'"),
     ((1, 16, 0), {}, "seqlen_q must be an integer >= 1, got int 0"),
     ((1, 16, 1024, 0.5), {}, "seqlen_k must be an integer >= 1"),
-    ((1, 16, 1024), dict(head_dim=96), "head_dim 96 is not supported; choose one of (32, 64, 128)"),
+    ((1, 16, 1024), dict(head_dim=80), "head_dim 80 is not supported; choose one of (32, 64, 96, 128, 160, 192, 256)"),
     ((1, 16, 1024), dict(head_dim=64.0), "head_dim must be an integer >= 1"),
     ((1, 16, 1024), dict(gpu="H100"), "gpu must be one of a100, h200 (or a fa_sim.timing.GpuModel), got 'H100'"),
     ((1, 16, 1024), dict(gpu=3), "(or a fa_sim.timing.GpuModel), got 3"),
@@ -270,7 +270,7 @@ def test_kernel_config_converts_numpy_integers_and_refuses_bools():
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(head_dim=96), "unsupported KernelConfig(head_dim=96): head_dim=96 is not one of (32, 64, 128)"),
+    (dict(head_dim=80), "unsupported KernelConfig(head_dim=80): head_dim=80 is not one of (32, 64, 96, 128, 160, 192, 256)"),
     (dict(block_m=256), "unsupported KernelConfig(block_m=256): block_m=256 needs n_warps 8"),
     (dict(pingpong=True), "pingpong needs kv_stages >= 2, n_warps 8"),
     (dict(head_dim=128, block_m=128, block_n=128, kv_stages=3), "needs 229376 bytes of shared memory, over"),
@@ -481,7 +481,7 @@ def test_mutation_takes_sites_or_their_names_only():
 @pytest.mark.parametrize("args, fragment", [
     ((1.5, 1, 16, 16, 32), "batch must be an integer >= 1, got float 1.5"),
     ((1, 1, 0, 16, 32), "seqlen_q must be an integer >= 1, got int 0"),
-    ((1, 1, 16, 16, 96), "head_dim 96 is not supported"), ((True, 1, 16, 16, 32), "got bool True"),
+    ((1, 1, 16, 16, 80), "head_dim 80 is not supported"), ((True, 1, 16, 16, 32), "got bool True"),
     ((1, 1, 16, 16, 32, -1), "seed must be an integer >= 0, got int -1"),
 ])
 def test_random_inputs_and_max_scale_check_their_arguments(args, fragment):
@@ -489,7 +489,7 @@ def test_random_inputs_and_max_scale_check_their_arguments(args, fragment):
 
     assert fragment in _message(random_inputs, *args)
     assert [x.shape for x in random_inputs(np.int64(1), 2, 3, 4, 32)] == [(1, 2, 3, 32), (1, 2, 4, 32), (1, 2, 4, 32)]
-    assert "head_dim 96 is not supported" in _message(validate.max_scale, 96)
+    assert "head_dim 80 is not supported" in _message(validate.max_scale, 80)
     assert "head_dim must be an integer >= 1, got bool True" in _message(validate.max_scale, True)
 
 

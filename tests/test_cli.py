@@ -139,7 +139,7 @@ TABLE = [
     (["sim", "--scale", "1e-50"], "--scale 1e-50 is out of range", 2),
     (["sim", "--scale", "1e30"], "--scale 1e+30 is out of range at head_dim 64; allowed: at most 4.29e+26", 2),
     (["hw", "--scale", "1e30", "--config", "m64n64d128w4-plain"], "--scale 1e+30 is out of range at head_dim 128", 2),
-    (["sim", "--head-dim", "48"], "--head-dim 48: head_dim=48 is not one of (32, 64, 128)", 2),
+    (["sim", "--head-dim", "48"], "--head-dim 48: head_dim=48 is not one of (32, 64, 96, 128, 160, 192, 256)", 2),
     (["sim", "--smem", "diagonal"], "--smem diagonal: smem='diagonal' is not one of (swizzled, plain, padded)", 2),
     (["sim", "--block-m", "64", "--warps", "8"], "block_m=64 is not a multiple of 16*n_warps=128", 2),
     (["sim", "--bogus"], "unrecognized arguments: --bogus", 2),

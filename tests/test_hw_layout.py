@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from fa_sim.contract import KernelBuild, min_blocks_per_sm
-from fa_sim.config import KernelConfig, SmemLayout
+from fa_sim.config import HEAD_DIMS, KernelConfig, SmemLayout
 
-FAMILY = KernelConfig.family()
+FAMILY = KernelConfig.family(HEAD_DIMS)  # head_dim 96-256 too (their swizzle atoms and column passes)
 LANES = np.arange(32)
 
 
@@ -23,6 +23,9 @@ def smem_off(cfg: KernelConfig, r, c):  # fa2_fwd.cu smem_off, in bytes
 
 
 def shift_off(cfg: KernelConfig, base, dr: int, dc: int):  # fa2_fwd.cu shift_off
+    w = cfg.swizzle_atom_cols  # kAtomW: head_dim 96, 160, 192's atoms are narrower than the row
+    if w != cfg.row_pitch:
+        return (base ^ (2 * (dc % w))) + 2 * ((dc // w) * 8 * w + dr * cfg.row_pitch)
     if cfg.smem is SmemLayout.SWIZZLED:
         return (base ^ (2 * dc)) + 2 * dr * cfg.row_pitch
     return base + 2 * (dr * cfg.row_pitch + dc)
@@ -53,10 +56,16 @@ def test_copy_offsets_match_the_layout(cfg):
     t = np.arange(cfg.n_threads)
     r_in, c = t // cfg.copy_threads_per_row, 8 * (t % cfg.copy_threads_per_row)
     assert cfg.copy_rows_per_pass % 8 == 0  # the kernel's static_assert
+    step = 8 * cfg.copy_threads_per_row  # halves between a thread's column passes (copy_dst)
     for rows in (cfg.block_m, cfg.block_n):
         for i in range(rows // cfg.copy_rows_per_pass):
-            got = smem_off(cfg, r_in, c) + 2 * cfg.copy_rows_per_pass * i * cfg.row_pitch
-            assert np.array_equal(got, smem_off(cfg, r_in + cfg.copy_rows_per_pass * i, c))
+            dr = cfg.copy_rows_per_pass * i
+            if cfg.copy_col_passes == 1:
+                got = smem_off(cfg, r_in, c) + 2 * dr * cfg.row_pitch
+                assert np.array_equal(got, smem_off(cfg, r_in + dr, c))
+            for j in range(cfg.copy_col_passes):
+                got = shift_off(cfg, smem_off(cfg, r_in, c), dr, step * j)
+                assert np.array_equal(got, smem_off(cfg, r_in + dr, c + step * j))
 
 
 def test_macros_follow_the_config():

@@ -11,6 +11,9 @@
 //   FA_BLOCK_M FA_BLOCK_N FA_HEAD_DIM FA_N_WARPS   tile sizes and warps
 //   FA_ROW_PITCH                                   halves between tile rows (head_dim [+ 8 padded])
 //   FA_SWZ_B FA_SWZ_M FA_SWZ_S                     Swizzle<B,M,S> of the row-major offset (B=0: none)
+//   FA_SWZ_W                                       columns of one 8-row swizzle atom (KernelConfig.
+//                                                  swizzle_atom_cols): FA_ROW_PITCH, one atom across the
+//                                                  row; 32 or 64 for head_dim 96, 160, 192 (smem_off)
 //   FA_SK_OFFSET FA_SV_OFFSET                      byte offsets of sK and sV (sQ at 0)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
 //   FA_BF16                                        bf16 q, k, v and o (KernelConfig.dtype): mma .bf16,
@@ -142,6 +145,9 @@ typedef unsigned long long u64;
 #ifndef FA_PINGPONG
 #define FA_PINGPONG 0
 #endif
+#ifndef FA_SWZ_W
+#define FA_SWZ_W FA_ROW_PITCH
+#endif
 #ifndef FA_KV_GROUP
 #define FA_KV_GROUP 1
 #endif
@@ -186,8 +192,12 @@ constexpr int kON = kHeadDim / 8;                // MMA_N of PV: n8 tiles along 
 constexpr int kQKSeg = kHeadDim / 16;            // K segments of QK (gemm_smem pipeline)
 constexpr int kPVSeg = kBlockN / 16;             // K segments of PV
 constexpr int kPitch = FA_ROW_PITCH;             // halves
-constexpr int kCopyTPR = kHeadDim / 8;           // threads per row of the 16-byte copy
+// threads per row of the 16-byte copy: gcd(kHeadDim / 8, 16) (KernelConfig.copy_threads_per_row),
+// each copying kCopyCols chunks of its row 8 * kCopyTPR halves apart (1 for head_dim 32, 64, 128)
+constexpr int kCopyTPR = (kHeadDim / 8) % 16 == 0 ? 16 : (kHeadDim / 8) % 8 == 0 ? 8 : 4;
+constexpr int kCopyCols = kHeadDim / 8 / kCopyTPR;
 constexpr int kCopyRows = kThreads / kCopyTPR;   // rows per copy pass (a multiple of 8)
+constexpr int kAtomW = FA_SWZ_W;                 // halves per row of a swizzle atom (kPitch: the whole row)
 constexpr bool kSwizzled = FA_SWZ_B > 0;
 constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
 constexpr bool kCausal = FA_CAUSAL != 0;
@@ -201,6 +211,10 @@ static_assert(kBlockM % (16 * kNWarps) == 0, "block_m must be a multiple of 16 *
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the block");
 static_assert(kCopyRows % 8 == 0, "copy passes step whole swizzle periods");
 static_assert(kPitch >= kHeadDim && kPitch % 8 == 0, "rows hold head_dim halves, 16-byte aligned");
+static_assert(kCopyTPR * kCopyCols * 8 == kHeadDim, "the copy's threads and column passes cover a row");
+static_assert(kAtomW == kPitch || (kSwizzled && kHeadDim % kAtomW == 0 && kAtomW % (8 * kCopyTPR) == 0 &&
+                                   (1 << (FA_SWZ_B + FA_SWZ_M + FA_SWZ_S)) == 8 * kAtomW),
+              "a swizzle atom narrower than the row: 8 rows x kAtomW halves, the swizzle inside it");
 // A row step of 8 moves the offset by a multiple of 2^(B+M+S): the swizzle reads bits it does not
 // change, so it commutes with adding 8-row multiples (used by shift_off below).
 static_assert(!kSwizzled || (8 * kPitch) % (1 << (FA_SWZ_B + FA_SWZ_M + FA_SWZ_S)) == 0, "swizzle period");
@@ -217,14 +231,20 @@ __device__ __forceinline__ u32 sQ_base() { return (u32)__cvta_generic_to_shared(
 __device__ __forceinline__ u32 sK_base() { return sQ_base() + FA_SK_OFFSET; }
 __device__ __forceinline__ u32 sV_base() { return sQ_base() + FA_SV_OFFSET; }
 
+// kAtomW < kPitch (head_dim 96, 160, 192): 8-row groups kPitch * 8 halves apart, each a row of
+// 8 x kAtomW atoms (8 * kAtomW halves apart), the swizzle inside an atom (KernelConfig.smem_offset).
 __device__ __forceinline__ u32 smem_off(int r, int c) {
-  u32 p = (u32)(r * kPitch + c);
+  u32 p = kAtomW == kPitch ? (u32)(r * kPitch + c)
+                           : (u32)((r / 8) * 8 * kPitch + (c / kAtomW) * 8 * kAtomW + (r % 8) * kAtomW + c % kAtomW);
   return 2u * (p ^ ((p & kSwzMask) >> FA_SWZ_S));
 }
 // Byte offset of (r0 + dr, c0 + dc) from base = smem_off(r0, c0), for dr a multiple of 8 and
-// dc a multiple of 16 with c0 % 16 in {0, 8}: the chunk bits of c0 and dc are disjoint, so the
-// swizzle's XOR of the chunk index commutes with adding dc (checked in tests/test_hw_layout.py).
+// dc a multiple of 16 with c0 % 16 in {0, 8} (or dc a multiple of 8 * kCopyTPR with c0 < 8 * kCopyTPR):
+// the chunk bits of c0 and dc % kAtomW are disjoint, so the swizzle's XOR of the chunk index commutes
+// with adding dc % kAtomW; dc / kAtomW steps whole atoms (checked in tests/test_hw_layout.py).
 __device__ __forceinline__ u32 shift_off(u32 base, int dr, int dc) {
+  if (kAtomW != kPitch)
+    return (base ^ (u32)(2 * (dc % kAtomW))) + (u32)(2 * ((dc / kAtomW) * 8 * kAtomW + dr * kPitch));
   return kSwizzled ? (base ^ (u32)(2 * dc)) + (u32)(2 * dr * kPitch) : base + (u32)(2 * (dr * kPitch + dc));
 }
 
@@ -355,19 +375,26 @@ __device__ __forceinline__ void ck_tile(const CkSink& s, int ck, int round, u32 
 #endif
 
 // ---- cooperative copy global -> shared (spec "TiledCopy") ------------------------------------
-// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunk t%kCopyTPR; rows >= seqlen zero-fill
-// (src-size 0) with the source clamped to row 0 of the same batch-head.
+// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunks t%kCopyTPR + kCopyTPR*j (j < kCopyCols,
+// inner loop); rows >= seqlen zero-fill (src-size 0) with the source clamped to row 0 of the same
+// batch-head.
+// Shared address of row pass i, column pass j, for dst = sTile + o, o = smem_off(r_in, c).
+__device__ __forceinline__ u32 copy_dst(u32 dst, u32 sTile, u32 o, int i, int j) {
+  return kCopyCols == 1 ? dst + 2u * kCopyRows * i * kPitch : sTile + shift_off(o, kCopyRows * i, 8 * kCopyTPR * j);
+}
 template <int kRows>
 __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0, int seqlen) {
   const int r_in = threadIdx.x / kCopyTPR;
   const int c = 8 * (threadIdx.x % kCopyTPR);
   const u16* gTile = gBase + (u64)row0 * kHeadDim;  // CTA-uniform
-  const u32 dst = sTile + smem_off(r_in, c);  // kCopyRows is a multiple of 8: row steps are adds
+  const u32 o = smem_off(r_in, c), dst = sTile + o;  // kCopyRows is a multiple of 8: row steps are adds
   if (row0 + kRows <= seqlen) {  // interior tile (uniform branch): no predicate, immediate offsets
     const u16* src = gTile + r_in * kHeadDim + c;
 #pragma unroll
     for (int i = 0; i < kRows / kCopyRows; ++i)
-      cp_async_cg16(dst + 2u * kCopyRows * i * kPitch, src + kCopyRows * i * kHeadDim, 16u);
+#pragma unroll
+      for (int j = 0; j < kCopyCols; ++j)
+        cp_async_cg16(copy_dst(dst, sTile, o, i, j), src + kCopyRows * i * kHeadDim + 8 * kCopyTPR * j, 16u);
     return;
   }
 #pragma unroll
@@ -375,7 +402,9 @@ __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0,
     const int r = r_in + kCopyRows * i;
     const bool ok = r < seqlen - row0;
     const int off = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
-    cp_async_cg16(dst + 2u * kCopyRows * i * kPitch, gTile + off, ok ? 16u : 0u);
+#pragma unroll
+    for (int j = 0; j < kCopyCols; ++j)
+      cp_async_cg16(copy_dst(dst, sTile, o, i, j), gTile + off + 8 * kCopyTPR * j, ok ? 16u : 0u);
   }
 }
 
@@ -700,9 +729,12 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
 #pragma unroll
   for (int i = 0; i < kBlockM / kCopyRows; ++i) {
     const int r = r_in + kCopyRows * i;
-    u32 x[4];
-    lds128(x, sO + smem_off(r, c));
-    if (row0 + r < seqlen_q) stg128(gO + (u64)(row0 + r) * kHeadDim + c, x);
+#pragma unroll
+    for (int j = 0; j < kCopyCols; ++j) {
+      u32 x[4];
+      lds128(x, sO + smem_off(r, c + 8 * kCopyTPR * j));
+      if (row0 + r < seqlen_q) stg128(gO + (u64)(row0 + r) * kHeadDim + c + 8 * kCopyTPR * j, x);
+    }
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane % 4 != 0) return;

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache import cache_key, cache_root, store_atomic
-from ..config import HEAD_DIMS
+from ..config import SPEC_HEAD_DIMS as HEAD_DIMS  # the backward kernel: 32, 64, 128 (not 96-256, issue 38)
 from .cubin import CubinError, ResourceUsage
 from .errors import CompileError, KernelSourceError
 from .nvrtc import NvrtcError, compile_cubin, nvrtc_version
@@ -61,7 +61,8 @@ class BackwardConfig:
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} is not supported; choose one of {HEAD_DIMS}")
+            raise ValueError(f"head_dim {self.head_dim} is not supported by the backward pass; choose one of {HEAD_DIMS} "
+                             f"(the forward kernel also runs 96, 160, 192, 256)")
         bm, nw = DEFAULT_TILES[self.head_dim]
         object.__setattr__(self, "block_m", self.block_m or bm)
         object.__setattr__(self, "n_warps", self.n_warps or nw)

@@ -77,6 +77,8 @@ class KernelBuild:
                    FA_BF16=int(cfg.dtype == "bf16"))
         if self.kv_group != 1:
             out["FA_KV_GROUP"] = int(self.kv_group)
+        if cfg.swizzle_atom_cols != cfg.row_pitch:  # head_dim 96, 160, 192: swizzle atoms narrower than a row
+            out["FA_SWZ_W"] = cfg.swizzle_atom_cols
         if self.window[0] >= 0:
             out["FA_WINDOW_LEFT"] = int(self.window[0])
         if self.window[1] >= 0:

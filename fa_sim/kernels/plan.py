@@ -51,7 +51,7 @@ def _tile_lanes(config: KernelConfig, tile: Tile, width: int, row, col) -> TileL
 
 def copy_lanes(config: KernelConfig, tile: Tile, rows: int) -> TileLanes:
     """The cooperative 16-byte copy of a `rows`-row tile: chunk i of thread t (copy_tv, value 8i)."""
-    i = np.arange(rows // config.copy_rows_per_pass)[None, None, :]
+    i = np.arange(config.copy_chunks(rows))[None, None, :]
     row, col = copy_tv(config, rows)(_threads(config), CHUNK_HALVES * i)
     return _tile_lanes(config, tile, 16, row, col)
 

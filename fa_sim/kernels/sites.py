@@ -151,7 +151,7 @@ def _qk_sites(p: ProgramText, cfg: KernelConfig) -> tuple[list, Instr, list, lis
 def program_sites(cfg: KernelConfig) -> Sites:
     p = ProgramText()
     s: dict = {}
-    rows_q, rows_kv = cfg.block_m // cfg.copy_rows_per_pass, cfg.block_n // cfg.copy_rows_per_pass
+    rows_q, rows_kv = cfg.copy_chunks(cfg.block_m), cfg.copy_chunks(cfg.block_n)
     s["cp_q"] = p.add(Op.LDGSTS, Phase.Q_LOAD, CP_ASYNC, "sQ <- gQ", rows_q)
     s["cp_k0"] = p.add(Op.LDGSTS, Phase.K_LOAD, CP_ASYNC, "sK <- gK[0]", rows_kv)
     s["commit_prologue"] = p.add(Op.LDGDEPBAR, Phase.K_LOAD, COMMIT, "commit Q, K[0]")

@@ -75,7 +75,7 @@ def row_slot_rows(config: KernelConfig, thread, slot):
 
 def copy_coords(config: KernelConfig, thread, i):
     """Cooperative 16-byte copy (SCHEDULE.md): chunk i of `thread` -> (row, first col)."""
-    rows = config.copy_rows_per_pass * (int(np.max(i)) + 1)
+    rows = config.copy_rows_per_pass * (int(np.max(i)) // config.copy_col_passes + 1)
     return copy_tv(config, rows)(np.asarray(thread, dtype=np.int64), CHUNK_HALVES * np.asarray(i, dtype=np.int64))
 
 
@@ -151,6 +151,6 @@ def v_ownership(config: KernelConfig, h: int = 0):
 def copy_ownership(config: KernelConfig, rows: int):
     """[rows, head_dim/8] thread and pass i of every 16-byte chunk of the cooperative copy."""
     t = np.arange(config.n_threads)[:, None]
-    i = np.arange(rows // config.copy_rows_per_pass)[None, :]
+    i = np.arange(config.copy_chunks(rows))[None, :]
     r, c = copy_coords(config, t, i)
-    return ownership_grid((r, c // CHUNK_HALVES), (rows, config.copy_threads_per_row))
+    return ownership_grid((r, c // CHUNK_HALVES), (rows, config.head_dim // CHUNK_HALVES))

@@ -25,8 +25,8 @@ def schedule_walks(ks: KernelSass, cfg: KernelConfig, rounds: int, masked: int) 
 
 
 def _copies(cfg: KernelConfig, tiles: int) -> int:
-    """LDGSTS per warp for `tiles` K/V tiles (each thread copies block_n / rows_per_pass chunks)."""
-    return tiles * cfg.block_n // cfg.copy_rows_per_pass
+    """LDGSTS per warp for `tiles` K/V tiles (each thread copies cfg.copy_chunks(block_n) chunks)."""
+    return tiles * cfg.copy_chunks(cfg.block_n)
 
 
 def prologue_key(cfg: KernelConfig, nbm: int) -> dict:
@@ -34,7 +34,7 @@ def prologue_key(cfg: KernelConfig, nbm: int) -> dict:
     V[s] for s < S-1; defer_pv: V[s-1]) lie inside the sequence, as LDGSTS per warp."""
     if cfg.kv_stages == 1:
         return {}
-    q = cfg.block_m // cfg.copy_rows_per_pass
+    q = cfg.copy_chunks(cfg.block_m)
     k_tiles = sum(s < nbm for s in range(cfg.kv_stages - 1))
     v_tiles = sum(s - cfg.defer_pv < nbm for s in range(cfg.defer_pv, cfg.kv_stages - 1))
     return {"LDGSTS": q + _copies(cfg, k_tiles + v_tiles)}

@@ -45,7 +45,7 @@ def _check_cost(problems: list[Problem], seqlen_k: int) -> None:
 
 def family_candidates(head_dim: int) -> list[KernelConfig]:
     """The family's swizzled configs at this head_dim (the plain and padded layouts are never faster)."""
-    return [c for c in KernelConfig.family() if c.head_dim == head_dim and c.smem is SmemLayout.SWIZZLED]
+    return [c for c in KernelConfig.family((head_dim,)) if c.smem is SmemLayout.SWIZZLED]
 
 
 @functools.lru_cache(maxsize=64)
