@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One device call for the open GPU items of issues 35, 37 and 38 (round 36): the whole GPU suite on
-# main (the features, bf16 and autotune tests had never run), the swizzle_r4 variant's compare
-# recording made again, and, on an H100, the tuned table (training shapes) and the held-out bench.
-#   OUT=... bash experiments/device_round36.sh          # about 9 minutes
-#   STEPS="suite" bash experiments/device_round36.sh    # one step
+# Device calls for the open GPU items of issues 35, 37 and 38 (round 36), in steps:
+#   suite     the whole GPU suite (-n 8)
+#   new       only the GPU tests of this round's work: the forward features (GQA, window, softcap,
+#             bf16, head_dim 96-256, varlen, split-KV), the backward (dQ kernel, checkpoints) and
+#             fa_hw.attention (torch)
+#   rerecord  the swizzle_r4 variant's compare recording, made again for today's fa2_fwd.cu
+#   train     experiments/train_lm.py: fa_hw.attention against SDPA (train_lm.json / .png)
+#   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
+#   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
+#   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
+#   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
 set -u
 OUT=${OUT:-experiments/out}
 mkdir -p "$OUT"
@@ -20,6 +26,19 @@ for s in $STEPS; do case $s in
   suite) log suite
     timeout "$(lim 270)" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE --durations=5 2>&1 | tail -40 > "$OUT/suite.txt"
     tail -25 "$OUT/suite.txt" | tee -a "$OUT/summary.txt" ;;
+  new) log new
+    timeout "$(lim ${NEW_S:-200})" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE --durations=5 \
+      $(ls tests/test_features.py tests/test_hw_bf16_gpu.py tests/test_head_dims.py tests/test_hw_backward_gpu.py \
+        tests/test_torch_attention.py tests/test_cli_backward.py tests/test_varlen*.py tests/test_split*.py \
+        tests/test_bwd_checkpoints*.py tests/test_backward_checkpoints*.py 2>/dev/null) 2>&1 | tail -40 > "$OUT/new.txt"
+    tail -25 "$OUT/new.txt" | tee -a "$OUT/summary.txt" ;;
+  train) log train
+    timeout "$(lim 150)" python3 experiments/train_lm.py --steps ${TRAIN_STEPS:-400} --device cuda --out "$OUT" 2>&1 \
+      | tail -30 | tee -a "$OUT/summary.txt" ;;
+  benchbwd) log benchbwd
+    timeout "$(lim 300)" python3 experiments/bench_hw.py --backward --set test --out "$OUT" 2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
+  decode) log decode
+    timeout "$(lim 150)" python3 experiments/bench_decode.py --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   rerecord) log rerecord
     timeout "$(lim 60)" python3 -m fa_sim.cli compare --kernel experiments/variants/fa2_fwd_swizzle_r4.patch \
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
