@@ -43,9 +43,8 @@ from .common import (
     check_scale,
     config_from_args,
     kernel_from_args,
-    check_timing_dtype,
+    heads_k,
     problem_head_dim,
-    refuse_features,
     seqlen_k,
 )
 from .backward import add_backward_arguments
@@ -105,8 +104,6 @@ def _of_kernel(kernel, fn, *args):
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_features(args, "to fa time yet: the timing model (fa_sim.timing) predicts the kernel without grouped-query "
-                          "K/V, sliding windows or softcap; fa hw measures them on a GPU")
     from . import backward
 
     backward.check_options(args)
@@ -124,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
         config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
         config = config_from_args(args, head_dim=d)
-    check_timing_dtype(config, "fa time")
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)
-    prob = launch_problem(args, Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config))
+    try:
+        prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config, heads_k=heads_k(args),
+                       window=args.window, softcap=args.softcap)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    prob = launch_problem(args, prob)
     check_cost(args, prob)
     pred = _of_kernel(kernel, predict, prob, args.gpu, kernel)
     if perfetto is not None:
@@ -136,11 +137,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {perfetto.path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"config": config.tag, "config_source": source, "causal": args.causal, "gpu": args.gpu,
+                          "features": prob.features(),
                           "shape": [args.batch, args.heads, args.seqlen, nk, d],
                           "kernel": None if kernel is None else str(kernel), **pred.to_json()}))
         return 0
     print(f"fa time  {config.tag}  (B, H, Nq, Nk, d) = ({args.batch}, {args.heads}, {args.seqlen}, {nk}, {d})"
-          f"  {'causal' if args.causal else 'non-causal'}  on the {args.gpu} model"
+          f"  {'causal' if args.causal else 'non-causal'}{''.join('  ' + f for f in prob.features())}"
+          f"  on the {args.gpu} model"
           + ("" if GPUS[args.gpu].validated else " (not validated)")
           + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:
