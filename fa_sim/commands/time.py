@@ -4,6 +4,7 @@ reasons, without a GPU (fa_sim.timing).
     fa time --batch 4 --heads 16 --seqlen 2048                 # the seed config on the H200 model
     fa time --seqlen 4096 --head-dim 128 --config auto --causal
     fa time --config m128n64d64w4-swizzled-s2 --json           # one JSON object, kernel_ms inside
+    fa time --heads 8 --heads-k 2 --window 256,256 --softcap 30 --dtype bf16   # issue 38's features
 
     fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
 
@@ -17,7 +18,9 @@ grid, and the first wave's start-up is timed with its CTAs started together); th
 dispatched over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
 fa_sim/timing/gpus.py (the A100's from public figures, not validated). Accuracy on the H200 and
 how it was measured: README, "How long it runs". `--perfetto FILE.json` writes each warp's
-instruction issue on one SM as a timeline (Perfetto, chrome://tracing).
+instruction issue on one SM as a timeline (Perfetto, chrome://tracing). --heads-k, --window,
+--softcap and --dtype bf16 time that build's own SASS (docs/timing.md, "Features"; a window whose
+probe twin compiles otherwise is refused in one line).
 """
 
 from __future__ import annotations
