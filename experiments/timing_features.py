@@ -129,8 +129,8 @@ def predict(measured: dict | None, gpu: str = "h200") -> list[dict]:
     errors = [abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows if r.get("predicted_ms") and r["measured_ms"]]
     refused = sum("error" in r for r in rows)
     if errors:
-        print(f"MAPE {100 * statistics.mean(errors):.1f} % over {len(errors)} launches, worst {100 * max(errors):.1f} %; "
-              f"{refused} refused")
+        print(f"MAPE {100 * statistics.mean(errors):.1f} % over {len(errors)} launches, "
+              f"worst {100 * max(errors):.1f} %; {refused} refused")
     return rows
 
 

@@ -203,8 +203,8 @@ def probe_inputs(prob: Problem, seed: int = 0, bits: bool = True) -> tuple:
     from ..validate import round_to_bf16
 
     rng = np.random.default_rng(seed)
-    shapes = [(prob.batch, h, n, prob.head_dim) for h, n in ((prob.heads, prob.seqlen_q),
-                                                              (prob.heads_k, prob.seqlen_k), (prob.heads_k, prob.seqlen_k))]
+    rows = ((prob.heads, prob.seqlen_q), (prob.heads_k, prob.seqlen_k), (prob.heads_k, prob.seqlen_k))
+    shapes = [(prob.batch, h, n, prob.head_dim) for h, n in rows]
     raw = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     if prob.config.dtype == "bf16":
         values = [np.asarray(round_to_bf16(x), np.float32) for x in raw]
@@ -234,7 +234,8 @@ def _run_probe(prob: Problem, kernel, mbs: tuple, feat: Features = PLAIN) -> tup
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo, hi in _spans(ctas):
-            run_attention(prob, gmem, ptr, hub, [np.arange(lo, hi)], kernel=kernel, program=program)  # one wave per span
+            # one wave per span
+            run_attention(prob, gmem, ptr, hub, [np.arange(lo, hi)], kernel=kernel, program=program)
     counts: dict = {}
     for (op, _, _), n in hub.counts.items():
         counts[op.value] = counts.get(op.value, 0) + int(n)
