@@ -12,16 +12,27 @@ from .timing import predict_time as _predict_time
 
 def predict_time(*args, dtype: str | None = None, **kwargs):
     """fa_sim.timing.predict_time, with `dtype` ("fp16" or "bf16"; issue 38; None: config.dtype, else
-    fp16). The timing model walks the fp16 kernel's SASS: a bf16 kernel is refused (ValueError)."""
-    from .validate import dtype_name
+    fp16): the bf16 build's SASS, walked along the paths of probes run with bf16 inputs."""
+    import dataclasses
 
+    from .validate import check_head_dim, config_of, dtype_name
+
+    args = list(args)
     config = kwargs.get("config", args[6] if len(args) > 6 else None)
-    run = dtype_name(dtype) if dtype is not None else (config.dtype if isinstance(config, KernelConfig) else "fp16")
-    if isinstance(config, KernelConfig) and config.dtype != run:
+    if dtype is None:
+        return _predict_time(*args, **kwargs)
+    run = dtype_name(dtype)
+    config = config_of(config)  # a tag, a KernelConfig or None (the seed at head_dim)
+    if config is not None and config.dtype != run:
         raise ValueError(f"config.dtype is {config.dtype!r} but dtype={run!r}; pass a config with dtype={run!r}")
-    if run != "fp16":
-        raise ValueError(f"predict_time does not model dtype {run!r} yet: fa_sim.timing walks the fp16 kernel's SASS "
-                         "(issue 38); predict the fp16 kernel, or measure the bf16 one with fa_hw.forward")
+    if config is None:  # the seed config at head_dim (64 without one), in this dtype
+        head_dim = kwargs.get("head_dim", args[4] if len(args) > 4 else None)
+        config = KernelConfig(head_dim=64 if head_dim is None else check_head_dim(head_dim), dtype=run)
+    config = dataclasses.replace(config, dtype=run)
+    if len(args) > 6:
+        args[6] = config
+    else:
+        kwargs["config"] = config
     return _predict_time(*args, **kwargs)
 
 

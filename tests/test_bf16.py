@@ -233,10 +233,11 @@ def test_bf16_magnitudes_that_would_overflow_fp32_are_refused():
     fa_sim.simulate(q * np.float32(2.0 ** 14), k * np.float32(2.0 ** 14), v, dtype="bf16")  # beyond fp16, fine in bf16
 
 
-def test_predict_time_refuses_bf16_in_one_line():
-    msg = _message(fa_sim.predict_time, 1, 1, 128, dtype="bf16")
-    assert msg.startswith("predict_time does not model dtype 'bf16' yet")
-    _message(fa_sim.predict_time, 1, 1, 128, config=KernelConfig(dtype="bf16"))
+def test_predict_time_refuses_a_dtype_its_config_contradicts_in_one_line():
+    """bf16 is predicted (tests/test_timing_features.py); a config of the other dtype is one line."""
+    msg = _message(fa_sim.predict_time, 1, 1, 128, dtype="bf16", config=KernelConfig())
+    assert msg == "config.dtype is 'fp16' but dtype='bf16'; pass a config with dtype='bf16'"
+    assert _message(fa_sim.predict_time, 1, 1, 128, dtype="fp32").startswith("dtype")
 
 
 def test_config_tag_and_json():
@@ -258,7 +259,6 @@ def test_fa_sim_dtype_bf16(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["sim", "--dtype", "fp32"], "--dtype fp32: dtype='fp32' is not one of (fp16, bf16)"),
-    (["time", "--dtype", "bf16"], "fa time does not model --dtype bf16 yet"),
 ])
 def test_fa_dtype_refusals_are_one_line(capsys, argv, message):
     from fa_sim import cli

@@ -216,7 +216,7 @@ def _cli(argv, capsys):
     (["sim", "--window", "-2,1"], "--window takes LEFT,RIGHT"),
     (["sim", "--softcap", "0"], "--softcap 0 is out of range"),
     (["sim", "--softcap", "2", "--engine", "program"], "run it with --engine ptx"),
-    (["time", "--heads-k", "2"], "--heads-k does not apply to fa time yet"),
+    (["time", "--heads", "4", "--heads-k", "3"], "--heads-k 3 does not divide --heads 4"),
     (["hw", "--window", "1,1", "--softcap", "-3"], "--softcap"),
     *[([cmd, "--backward", "--heads", "2", *opt], f"{opt[0]} does not apply with --backward: fa2_bwd.cu has no "
                                                    f"grouped-query attention")

@@ -335,14 +335,6 @@ def test_the_readmes_option_table_says_what_the_program_and_the_timing_model_ref
                 check_program_config(cfg)
             refused = None
             try:
-                if cfg.dtype != "fp16":  # refused by the commands, before the timing model (issue 38)
-                    from fa_sim.commands import UsageError
-                    from fa_sim.commands.common import check_timing_dtype
-
-                    try:
-                        check_timing_dtype(cfg, "fa time")
-                    except UsageError as e:
-                        raise ValueError(str(e)) from None
                 predict.kernel_model(cfg, False, "sm_90")
             except ValueError as e:
                 refused = str(e)

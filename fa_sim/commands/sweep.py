@@ -25,7 +25,7 @@ from ..config import KernelConfig
 from ..messages import QUOTE_MOST, quoted
 from . import UsageError
 from .common import (INT32_MAX, add_engine_arguments, add_parallel_arguments, config_options, describe, front_end,
-                     int_in, kernel_from_args, check_timing_dtype)
+                     int_in, kernel_from_args)
 from .outputs import Kind, Output, check_outputs, save_figure
 from .preflight import check_cluster, check_engine
 
@@ -142,8 +142,6 @@ def run(args) -> int:
     configs = configs_from_args(args)
     for config in configs:  # each config's front end (fa_sim.run), refused before any case runs
         front_end(args.engine, args.kernel, config)
-        if args.timing:
-            check_timing_dtype(config, "fa sweep --timing")
     kernel = kernel_from_args(args)
     engine = args.engine or ("ptx" if kernel is not None else None)
     cases = sweep.make_cases(configs, shapes, CAUSAL[args.causal], args.seed, args.mma, engine,

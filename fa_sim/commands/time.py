@@ -4,6 +4,7 @@ reasons, without a GPU (fa_sim.timing).
     fa time --batch 4 --heads 16 --seqlen 2048                 # the seed config on the H200 model
     fa time --seqlen 4096 --head-dim 128 --config auto --causal
     fa time --config m128n64d64w4-swizzled-s2 --json           # one JSON object, kernel_ms inside
+    fa time --heads 8 --heads-k 2 --window 256,256 --softcap 30 --dtype bf16   # issue 38's features
 
     fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
 
@@ -17,7 +18,9 @@ grid, and the first wave's start-up is timed with its CTAs started together); th
 dispatched over all SMs in launch order with each SM's measured rate per occupancy. Parameters per GPU:
 fa_sim/timing/gpus.py (the A100's from public figures, not validated). Accuracy on the H200 and
 how it was measured: README, "How long it runs". `--perfetto FILE.json` writes each warp's
-instruction issue on one SM as a timeline (Perfetto, chrome://tracing).
+instruction issue on one SM as a timeline (Perfetto, chrome://tracing). --heads-k, --window,
+--softcap and --dtype bf16 time that build's own SASS (docs/timing.md, "Features"; a window whose
+probe twin compiles otherwise is refused in one line).
 """
 
 from __future__ import annotations
@@ -43,9 +46,8 @@ from .common import (
     check_scale,
     config_from_args,
     kernel_from_args,
-    check_timing_dtype,
+    heads_k,
     problem_head_dim,
-    refuse_features,
     seqlen_k,
 )
 from .backward import add_backward_arguments
@@ -105,8 +107,6 @@ def _of_kernel(kernel, fn, *args):
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_features(args, "to fa time yet: the timing model (fa_sim.timing) predicts the kernel without grouped-query "
-                          "K/V, sliding windows or softcap; fa hw measures them on a GPU")
     from . import backward
 
     backward.check_options(args)
@@ -124,11 +124,15 @@ def run(args: argparse.Namespace) -> int:
         config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
         config = config_from_args(args, head_dim=d)
-    check_timing_dtype(config, "fa time")
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)
-    prob = launch_problem(args, Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config))
+    try:
+        prob = Problem(args.batch, args.heads, args.seqlen, nk, args.causal, 1.0, config, heads_k=heads_k(args),
+                       window=args.window, softcap=args.softcap)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    prob = launch_problem(args, prob)
     check_cost(args, prob)
     pred = _of_kernel(kernel, predict, prob, args.gpu, kernel)
     if perfetto is not None:
@@ -136,11 +140,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {perfetto.path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"config": config.tag, "config_source": source, "causal": args.causal, "gpu": args.gpu,
+                          "features": prob.features(),
                           "shape": [args.batch, args.heads, args.seqlen, nk, d],
                           "kernel": None if kernel is None else str(kernel), **pred.to_json()}))
         return 0
     print(f"fa time  {config.tag}  (B, H, Nq, Nk, d) = ({args.batch}, {args.heads}, {args.seqlen}, {nk}, {d})"
-          f"  {'causal' if args.causal else 'non-causal'}  on the {args.gpu} model"
+          f"  {'causal' if args.causal else 'non-causal'}{''.join('  ' + f for f in prob.features())}"
+          f"  on the {args.gpu} model"
           + ("" if GPUS[args.gpu].validated else " (not validated)")
           + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:

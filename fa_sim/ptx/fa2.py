@@ -68,15 +68,19 @@ def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
 
 
 def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, waves: list[np.ndarray], *,
-                  kernel=None, mma_model=None, on_rounds=None) -> None:
+                  kernel=None, mma_model=None, on_rounds=None, program: Program | None = None) -> None:
     """Run waves of the grid of `prob` (arrays of linear CTA ids: fa_sim.run.RunSpec.waves, a shard's
     of them, or any CTAs) on the PTX engine; q, k, v, o, lse are buffers of `memory` at `ptr`.
     `on_rounds(n)`: progress (n CTAs started a round). The checkpoint buffer keeps its slots for
     every wanted CTA of the grid, so addresses do not depend on the waves; each wave's checkpoints
-    reach observers after that wave."""
+    reach observers after that wave. `program`: run this build of the kernel instead of the one
+    `prob` selects (fa_sim.timing's probes: a window build whose sides never bind at the probe's
+    sizes); checkpoints need the one `prob` selects."""
     cfg = prob.config
     sel = wanted_checkpoint_ctas(hub, prob.n_ctas)
-    program = attention_program(cfg, prob.causal, sel is not None, kernel, prob)
+    if program is not None and sel is not None:
+        raise ValueError("run_attention: checkpoints come from the build the problem selects, not a given program")
+    program = attention_program(cfg, prob.causal, sel is not None, kernel, prob) if program is None else program
     args = [ptr.q, ptr.k, ptr.v, ptr.o, ptr.lse, np.int32(prob.seqlen_q), np.int32(prob.seqlen_k),
             np.float32(prob.scale)]
     ck = None

@@ -21,15 +21,18 @@ from .predict import Prediction, predict
 
 
 def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int | None = None,
-                 causal: bool = False, config=None, gpu: str = "h200", kernel=None) -> Prediction:
-    """The predicted time of one launch of the kernel for q [B, H, Nq, d], k, v [B, H, Nk, d].
+                 causal: bool = False, config=None, gpu: str = "h200", kernel=None, *, heads_k: int | None = None,
+                 window: tuple[int, int] | None = None, softcap: float | None = None) -> Prediction:
+    """The predicted time of one launch of the kernel for q [B, H, Nq, d], k, v [B, H_k, Nk, d].
 
     batch, heads, seqlen_q, seqlen_k (None: seqlen_q), head_dim: integers >= 1 (Python or numpy,
     never bool); head_dim one of config.HEAD_DIMS, None: the config's (64 without a config).
     causal: True or False. config: None (the seed config at head_dim), a KernelConfig or a config
     tag ('m128n64d64w4-swizzled-s2'); 'auto' is fa_hw's (it needs the GPU). gpu: a key of GPUS
     or a GpuModel.
-    kernel: None or a variant's path (a .cu, or a .patch against fa2_fwd.cu). Every argument is
+    kernel: None or a variant's path (a .cu, or a .patch against fa2_fwd.cu). heads_k (None: heads),
+    window=(left, right), softcap: issue 38's features as fa_sim.Problem takes them (docs/features.md);
+    a bf16 kernel is config.dtype (fa_sim.predict_time's dtype=). Every argument is
     checked as fa_sim.simulate checks its own (fa_sim.validate), before any compile: one ValueError
     naming it and what is accepted."""
     from .. import validate
@@ -46,7 +49,8 @@ def predict_time(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = N
         raise ValueError(f"head_dim {d} disagrees with config.head_dim {config.head_dim}; give one of them")
     if kernel is not None:
         kernel_source(kernel, option="kernel=")  # the file's checks (it exists, a .cu or a patch that applies)
-    prob = validate.check_launch(Problem(b, h, nq, nk, causal, 1.0, validate.check_config(config, d)))
+    prob = validate.check_launch(Problem(b, h, nq, nk, causal, 1.0, validate.check_config(config, d), heads_k=heads_k,
+                                         window=window, softcap=softcap))
     return predict(prob, gpu, kernel)
 
 

@@ -43,7 +43,7 @@ from .gpus import GPUS, GpuModel, gpu_model
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
-from .stream import KernelStream, StreamMismatch
+from .stream import PLAIN, Features, KernelStream, StreamMismatch, probe_program, same_structure
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
@@ -158,11 +158,11 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
 
 
 @functools.lru_cache(maxsize=256)
-def _rates(config: KernelConfig, causal: bool, gpu: GpuModel, kernel, k: int) -> Rates:
-    """sm_rates of one kernel at occupancy k, cached: they depend on the kernel, the GPU and the
-    occupancy, not on the shape (which only the dispatch sees), so a sweep over shapes or a ranking
-    over lengths runs each config's SM once."""
-    return sm_rates(kernel_model(config, causal, gpu.arch, kernel), gpu, k)
+def _rates(config: KernelConfig, causal: bool, gpu: GpuModel, kernel, k: int, features: Features = PLAIN) -> Rates:
+    """sm_rates of one kernel at occupancy k, cached: they depend on the kernel (its features' build),
+    the GPU and the occupancy, not on the shape (which only the dispatch sees), so a sweep over shapes
+    or a ranking over lengths runs each config's SM once."""
+    return sm_rates(kernel_model(config, causal, gpu.arch, kernel, features), gpu, k)
 
 
 def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, float, SmRun]:
@@ -196,12 +196,13 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
     """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
     slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
     does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
-    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (+ its masked rounds' extra).
+    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (Problem.n_rounds_of: a window's
+    K/V tile range) + its masked rounds' extra.
     `trace`: gets [CTA in launch order, SM, start cycle, end cycle] of every CTA (what
     experiments/timing_dispatch.py sets beside the GPU's); `progress`: told every PROGRESS_CTAS CTAs."""
     k = len(rates.per_round)
     mb = launch_order(prob)
-    work = prob.n_block_max(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
+    work = prob.n_rounds_of(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
     first = min(len(mb), k * sms)  # the first wave: j CTAs start together on each SM, CTA i on SM i % sms
     j = np.minimum(first // sms + (np.arange(first) % sms < first % sms), k) - 1
     work[:first] += (np.array(rates.first_fixed)[j] / np.array(rates.per_round)[j]) - rates.fixed[-1] / rates.per_round[-1]
@@ -309,7 +310,11 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
     if show:
         print(f"fa_sim.timing: {cost.describe()}", file=sys.stderr, flush=True)
     meter = Progress(show)
-    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
+    features = Features.of(prob)
+    if exact and prob.has_window:
+        raise ValueError("exact timing of a sliding window is not modelled (its CTAs' masked rounds sit at both ends "
+                         "of the K/V loop); use the representative CTAs (exact=False)")
+    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel, features)
     k = occupancy(model, gpu)
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")
@@ -318,10 +323,10 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
             raise ValueError(f"ctas_per_sm must be an integer from 1 to {k} ({prob.config.tag}'s own occupancy on "
                              f"the {gpu.name}), got {ctas_per_sm!r}")
         k = int(ctas_per_sm)
-    rates = _rates(prob.config, prob.causal, gpu, kernel, k)
+    rates = _rates(prob.config, prob.causal, gpu, kernel, k, features)
     cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob), progress=meter)
     if exact:
-        work = max(sum(prob.n_block_max(np.array(m)).tolist()) for m in ran if m)
+        work = max(sum(prob.n_rounds_of(np.array(m)).tolist()) for m in ran if m)
         if work > EXACT_MAX_CTA_ROUNDS:
             raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
                              f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
@@ -345,34 +350,69 @@ def _checked(prob, gpu, kernel, exact=False) -> GpuModel:
 
 
 def grid_instructions(model: KernelModel, prob: Problem, progress: Progress | None = None) -> int:
-    """Warp instructions of the whole grid: each CTA's warps' paths (its rounds, its masked rounds)."""
+    """Warp instructions of the whole grid: each CTA's warps' paths (its rounds, its masked rounds).
+    With a window, a CTA's masked rounds sit at both ends of its loop: its count is its plain path's
+    plus, per masked round, a masked round's extra instructions (the all-masked steady run's over
+    the plain one's)."""
     classes = cta_classes(prob)
+    if prob.has_window:
+        per_masked = (model.walk_length(STEADY_RUN, STEADY_RUN) - model.walk_length(STEADY_RUN)) / STEADY_RUN
+        classes = [(r, 0, t, q) for r, _, t, q in classes]
+        extra = round(per_masked * float(_masked_rounds(prob).sum()))
+    else:
+        extra = 0
     distinct = sorted(set(classes))
     per = {}
     for i, c in enumerate(distinct):
         if progress is not None:
             progress.step(f"walking the paths of {len(distinct):,} CTA classes", i, len(distinct))
         per[c] = model.walk_length(*c)
-    return sum(per[c] for c in classes) * prob.batch * prob.heads
+    return (sum(per[c] for c in classes) + extra) * prob.batch * prob.heads
 
 
 def cta_classes(prob: Problem) -> list[tuple[int, int, bool, bool]]:
     """(rounds, masked rounds, keys ending in a tail block, queries ending in a tail block) of each
     Q block: its path class."""
     mbs = np.arange(prob.n_m_blocks)
-    rounds = prob.n_block_max(mbs)
-    tail = (rounds * prob.config.block_n > prob.seqlen_k).tolist()
+    tail = (prob.n_block_max(mbs) * prob.config.block_n > prob.seqlen_k).tolist()
     qtail = ((mbs + 1) * prob.config.block_m > prob.seqlen_q).tolist()
-    return list(zip(rounds.tolist(), _masked_rounds(prob).tolist(), tail, qtail))
+    return list(zip(prob.n_rounds_of(mbs).tolist(), _masked_rounds(prob).tolist(), tail, qtail))
 
 
 def _masked_rounds(prob: Problem) -> np.ndarray:
-    """Masked rounds per Q block: the causal diagonal's, else a key tail's last round."""
+    """Masked rounds per Q block: the causal diagonal's, else a key tail's last round; with a window,
+    the kernel's rule (fa2_fwd.cu: a K/V block is masked when it holds a key past N_k, after the Q
+    block's first query (causal) or outside some query's window, `window_masked_rounds`)."""
     cfg = prob.config
+    if prob.has_window:
+        return window_masked_rounds(prob)
     rounds = prob.n_block_max(np.arange(prob.n_m_blocks))
     if prob.causal:
         return np.minimum(-(-cfg.block_m // cfg.block_n), rounds)
     return np.minimum(rounds, int(prob.seqlen_k % cfg.block_n != 0))
+
+
+def window_masked_rounds(prob: Problem) -> np.ndarray:
+    """Masked K/V rounds of each Q block m by fa2_fwd.cu's rule, in closed form: among its blocks
+    n_block_min .. n_block_max - 1 (keys key0 = n block_n ..), block n is masked iff
+    key0 + block_n > N_k, or causal and key0 + block_n - 1 > row0, or key0 + block_n - 1 > row0 + right,
+    or key0 < row0 + block_m - 1 - left (row0 = m block_m). The right-hand conditions hold from a
+    block on, the left one up to a block: two ranges at the ends of the loop."""
+    bm, bn = prob.config.block_m, prob.config.block_n
+    m = np.arange(prob.n_m_blocks, dtype=np.int64)
+    lo, hi = prob.n_block_min(m), prob.n_block_max(m)
+    row0 = m * bm
+    right = np.full_like(m, (prob.seqlen_k - bn) // bn + 1)  # the first n with key0 + bn > Nk
+    if prob.causal:  # first n with n bn + bn - 1 > row0
+        right = np.minimum(right, (row0 - bn + 1) // bn + 1)
+    if prob.window_right >= 0:
+        right = np.minimum(right, (row0 + prob.window_right - bn + 1) // bn + 1)
+    right = np.clip(right, lo, hi)
+    if prob.window_left >= 0:  # blocks n with n bn < row0 + bm - 1 - left: n < ceil((row0 + bm - 1 - left) / bn)
+        left = np.clip(-(-(row0 + bm - 1 - prob.window_left) // bn), lo, right)
+    else:
+        left = lo
+    return (left - lo) + (hi - right)
 
 
 def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rounds: int = TIMELINE_ROUNDS) -> dict:
@@ -380,7 +420,7 @@ def issue_timeline(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, rou
     `rounds` K/V rounds each: one process per sub-partition, one track per warp, every issued
     instruction a slice from its issue cycle (ts, in cycles) for its stall count."""
     gpu = _checked(prob, gpu, kernel)
-    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel)
+    model = kernel_model(prob.config, prob.causal, gpu.arch, kernel, Features.of(prob))
     k = occupancy(model, gpu)
     issued: list = []
     run = run_sm([model.cta_stream(rounds, gpu)] * k, prob.config.n_warps, gpu, account=False, timeline=issued)
@@ -422,22 +462,32 @@ def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> 
 
 
 @functools.lru_cache(maxsize=256)
-def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None) -> KernelModel:
+def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, features: Features = PLAIN) -> KernelModel:
     """Compile, disassemble, tie the SASS to the PTX the engine runs, cost the shared-memory
-    classes (cached)."""
-    from ..ptx.fa2 import attention_program
+    classes (cached). `features`: issue 38's (GQA, window, softcap) compiled in, as the launch's
+    build has them (bf16 is config.dtype); the probes run that build (a window: its wide twin,
+    fa_sim.timing.stream)."""
+    from ..ptx.fa2 import _program
 
     # -lineinfo: the same code, with each instruction's source location (what ties it to the PTX)
-    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True))
+    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True,
+                                   kv_group=features.kv_group, window=features.window, softcap=features.softcap))
     text = disassemble(ck.cubin, encodings=True, inlined=True)
     controls = {i.addr: i.control for i in parse(kernel_listing(text, KERNEL_NAME))}
-    program = attention_program(config, causal, False, kernel)
+    program = _program(kernel_source(kernel), config, bool(causal), False, features.kv_group, features.window,
+                       features.softcap)
     if program.loop is None:
         raise StreamMismatch(f"{config.tag}: the kernel has no loop the rounds could be counted by")
+    if features.window != features.probe_window and not same_structure(program, probe_program(config, causal, kernel,
+                                                                                               features)):
+        raise StreamMismatch(f"{config.tag}: window {features.window} compiles to other PTX than its wide twin "
+                             f"{features.probe_window} (not only other constants), so the probes cannot run it; the "
+                             f"timing model takes windows whose twin compiles alike (each bounded side a multiple of "
+                             f"block_n={config.block_n} does, docs/timing.md)")
     graph = SassGraph(text, KERNEL_NAME)
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail))
+                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features))
 
 
 @functools.lru_cache(maxsize=256)
@@ -447,12 +497,16 @@ def bank_wavefronts(config: KernelConfig, kernel=None) -> dict:
     from ..observers.banks import BankCounter
     from ..simulate import simulate
 
-    rng = np.random.default_rng(0)
-    d = config.head_dim
-    q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (config.block_m, 3 * config.block_n,
-                                                                                3 * config.block_n))
+    from .stream import probe_inputs
+
+    # the config's dtype: a bf16 config reads bf16 inputs (their bit patterns, as the GPU's). GQA, a
+    # window and softcap change no shared-memory access (the same tiles at the same addresses per
+    # round), so the plain build of the config is counted
+    prob = Problem(1, 1, config.block_m, 3 * config.block_n, False, 1.0 / np.sqrt(config.head_dim), config)
+    q, k, v = probe_inputs(prob, bits=False)
     counter = BankCounter()
-    simulate(q, k, v, config=config, observers=[counter], progress=False, kernel=kernel)
+    simulate(q, k, v, config=config, observers=[counter], progress=False, kernel=kernel,
+             dtype=config.dtype)
     # LDGSTS: its shared-memory writes take the pipe at the ideal rate (one wavefront per 128 bytes);
     # the excess Nsight Compute counts for it (observers.banks.ldgsts_wavefronts) is not pipe time
     # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)

@@ -25,10 +25,21 @@ repeats the first steady round (from round 1, one whose walk the next round repe
 warp; none is a StreamMismatch), so every CTA has the trip count the schedule gives it; a probe
 whose warps run another number of rounds than the schedule says is a StreamMismatch. Probes are
 cached on disk by the kernel source, config and shape.
+
+Issue 38's features (`Features`: the build's FA_KV_GROUP, FA_WINDOW_*, FA_SOFTCAP; bf16 is the
+config's dtype) are compiled into the probe build as into the timed one, and the probes run with
+the feature's inputs: bf16-rounded values for a bf16 config, kv_group Q heads over one K/V head
+(the CTAs of head 0 run), the softcap. A window is probed through its *wide twin*: the same build
+with each bounded side widened by WIDE keys, so that no side binds at a probe's sizes and the
+probes run the plain, tail and diagonal CTAs the classes above need. The twin's PTX must be the
+window build's instruction for instruction (immediates aside: `same_structure`), so its recorded
+(pc, outcome) paths are paths of the window build and are walked through the window build's own
+SASS; a window whose twin compiles otherwise is a StreamMismatch naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import functools
@@ -46,12 +57,51 @@ from .walk import SassGraph, TieError, Walker, check_counts
 PROBE_ROUNDS = 8  # the longest probe (plus the masked rounds and prefetch stages, see `probe_rounds`)
 _VERSION = 2  # of the cached probes' meaning: per warp, the (pc, outcome) of each control instruction
 
+WIDE = 1 << 20  # keys added to each bounded window side in the probes' wide twin (never binds in a probe)
+
 Path = tuple  # ((pc, outcome), ...) of one warp
 Walk = tuple  # block start addresses of one region's path, in order
 
 
 class StreamMismatch(TieError):
     """The functional run takes a path the SASS walk or the schedule cannot follow."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """Issue 38's features of the timed build (fa_sim.contract.KernelBuild's kv_group, effective
+    window and softcap); the default is the kernel without them."""
+
+    kv_group: int = 1
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+
+    @classmethod
+    def of(cls, prob: Problem) -> "Features":
+        return cls(prob.kv_group, (prob.window_left, prob.window_right), prob.softcap)
+
+    @property
+    def probe_window(self) -> tuple[int, int]:
+        """The wide twin's window: each bounded side WIDE keys wider (see the module docstring)."""
+        return tuple(-1 if s < 0 else s + WIDE for s in self.window)
+
+    def key(self) -> dict:
+        """The probe cache's key fields (none for the plain kernel: its entries stay valid)."""
+        return {} if self == Features() else {"kv_group": self.kv_group, "window": list(self.probe_window),
+                                              "softcap": float(np.float32(self.softcap))}
+
+
+PLAIN = Features()
+
+
+def same_structure(a, b) -> bool:
+    """Two PTX programs alike instruction for instruction but for immediate operands."""
+    from ..ptx.ir import Imm
+
+    def shape(i):
+        return (i.opcode, i.mods, str(i.guard), tuple("imm" if isinstance(o, Imm) else str(o) for o in i.operands))
+    ia, ib = a.kernel.instructions, b.kernel.instructions
+    return len(ia) == len(ib) and all(shape(x) == shape(y) for x, y in zip(ia, ib))
 
 
 class Kind(enum.Enum):
@@ -84,7 +134,8 @@ def probe_problem(cfg: KernelConfig, causal: bool, kind: Kind, rounds: int, qtai
     return prob, prob.n_m_blocks - 1
 
 
-def paths_of(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False) -> list[Path]:
+def paths_of(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False,
+             feat: Features = PLAIN) -> list[Path]:
     """Per warp, the control flow of the probe CTA of this class. The diagonal Q blocks of up to
     `probe_rounds` rounds come from one run of the longest diagonal probe (its Q blocks run in one
     wave: the cost of its longest CTA)."""
@@ -93,15 +144,17 @@ def paths_of(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, q
         batch, _ = probe_problem(cfg, causal, kind, probe_rounds(cfg))
         same = np.flatnonzero(batch.n_block_max(np.arange(batch.n_m_blocks)) == rounds)
         if same.size:
-            return _probe(cfg, causal, kernel, batch, tuple(range(batch.n_m_blocks)))[int(same[-1])]
-    return _probe(cfg, causal, kernel, prob, (mb,))[mb]
+            return _probe(cfg, causal, kernel, batch, tuple(range(batch.n_m_blocks)), feat)[int(same[-1])]
+    return _probe(cfg, causal, kernel, prob, (mb,), feat)[mb]
 
 
-def _probe(cfg: KernelConfig, causal: bool, kernel, prob: Problem, mbs: tuple) -> dict[int, list[Path]]:
-    return _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, mbs)[0]
+def _probe(cfg: KernelConfig, causal: bool, kernel, prob: Problem, mbs: tuple,
+           feat: Features = PLAIN) -> dict[int, list[Path]]:
+    return _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, mbs, feat)[0]
 
 
-def probe_counts(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False) -> tuple:
+def probe_counts(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: int, qtail: bool = False,
+                 feat: Features = PLAIN) -> tuple:
     """(the Q blocks the probe of this class ran, {class: warp instructions the engine counted})."""
     prob, mb = probe_problem(cfg, causal, kind, rounds, qtail)
     if kind is Kind.DIAGONAL and not qtail and rounds <= probe_rounds(cfg):
@@ -109,15 +162,17 @@ def probe_counts(cfg: KernelConfig, causal: bool, kernel, kind: Kind, rounds: in
         if (batch.n_block_max(np.arange(batch.n_m_blocks)) == rounds).any():
             mbs = tuple(range(batch.n_m_blocks))
             return batch, mbs, _cached(kernel_source(kernel).text, cfg, causal, kernel, batch.seqlen_q,
-                                       batch.seqlen_k, mbs)[1]
-    return prob, (mb,), _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, (mb,))[1]
+                                       batch.seqlen_k, mbs, feat)[1]
+    return prob, (mb,), _cached(kernel_source(kernel).text, cfg, causal, kernel, prob.seqlen_q, prob.seqlen_k, (mb,),
+                                feat)[1]
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int, mbs: tuple) -> tuple[dict, dict]:
+def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int, mbs: tuple,
+            feat: Features = PLAIN) -> tuple[dict, dict]:
     """(Q block -> per warp paths, {class: warp instructions}) of a run of those Q blocks, cached in
     memory and on disk."""
-    key = cache_key(v=_VERSION, text=text, config=cfg.tag, causal=causal, nq=nq, nk=nk, mbs=mbs)
+    key = cache_key(v=_VERSION, text=text, config=cfg.tag, causal=causal, nq=nq, nk=nk, mbs=mbs, **feat.key())
     path = cache_root() / "timing-paths" / f"{key}.json"
     stored = read_text_entry(path)
     if stored is not None:
@@ -128,40 +183,67 @@ def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int
         except (ValueError, TypeError, KeyError, AttributeError):
             pass  # damaged: run again
     prob = Problem(1, 1, nq, nk, causal, 1.0 / np.sqrt(cfg.head_dim), cfg)
-    out, counts = _run_probe(prob, kernel, mbs)
+    out, counts = _run_probe(prob, kernel, mbs, feat)
     store_atomic(path, json.dumps({"paths": {mb: [list(map(list, w)) for w in warps] for mb, warps in out.items()},
                                    "counts": counts}).encode())
     return out, counts
 
 
-def _run_probe(prob: Problem, kernel, mbs: tuple) -> tuple[dict, dict]:
-    """Run the Q blocks `mbs` of `prob` (batch 1, one head) on the PTX engine, their branches
-    recorded: (Q block -> per warp paths, {class: warp instructions the engine counted})."""
+def probe_program(cfg: KernelConfig, causal: bool, kernel, feat: Features = PLAIN):
+    """The PTX program the probes run: the timed build with its features, a window's wide twin."""
+    from ..ptx.fa2 import _program
+
+    return _program(kernel_source(kernel), cfg, bool(causal), False, feat.kv_group, feat.probe_window, feat.softcap)
+
+
+def probe_inputs(prob: Problem, seed: int = 0, bits: bool = True) -> tuple:
+    """Random q, k, v of `prob` as the kernel reads them: fp16, or for a bf16 config bf16-rounded
+    values, as uint16 bit patterns (`bits`: what fa_sim.run.global_memory takes) or as float32 (what
+    fa_sim.simulate takes with dtype="bf16"); k, v with heads_k heads."""
+    from ..validate import round_to_bf16
+
+    rng = np.random.default_rng(seed)
+    rows = ((prob.heads, prob.seqlen_q), (prob.heads_k, prob.seqlen_k), (prob.heads_k, prob.seqlen_k))
+    shapes = [(prob.batch, h, n, prob.head_dim) for h, n in rows]
+    raw = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    if prob.config.dtype == "bf16":
+        values = [np.asarray(round_to_bf16(x), np.float32) for x in raw]
+        return tuple((x.view(np.uint32) >> 16).astype(np.uint16) for x in values) if bits else tuple(values)
+    return tuple(x.astype(np.float16) for x in raw)
+
+
+def _run_probe(prob: Problem, kernel, mbs: tuple, feat: Features = PLAIN) -> tuple[dict, dict]:
+    """Run the Q blocks `mbs` of `prob` (batch 1, one head; with `feat`: its kv_group Q heads over one
+    K/V head, head 0's CTAs run) on the PTX engine, their branches recorded: (Q block -> per warp
+    paths, {class: warp instructions the engine counted})."""
     from ..hub import Hub
     from ..observers.branches import BranchRecorder
-    from ..ptx.fa2 import attention_program, run_attention
+    from ..ptx.fa2 import run_attention
     from ..run import global_memory
 
     cfg = prob.config
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 1, n, cfg.head_dim)).astype(np.float16)
-               for n in (prob.seqlen_q, prob.seqlen_k, prob.seqlen_k))
-    gmem, _, ptr = global_memory(prob, q, k, v)
+    # the launch the probe build runs: its kv_group heads share K/V head 0, the softcap; the wide
+    # twin's window binds nowhere here, so the grid's rounds are the windowless problem's
+    prob = Problem(1, feat.kv_group, prob.seqlen_q, prob.seqlen_k, prob.causal, prob.scale, cfg, heads_k=1,
+                   softcap=feat.softcap)
+    program = probe_program(cfg, prob.causal, kernel, feat)
+    gmem, _, ptr = global_memory(prob, *probe_inputs(prob))
     rec = BranchRecorder()
     hub = Hub([rec])
     ctas = sorted(int(c) for c in prob.q_block_index(np.array(mbs)))  # the grid CTAs that compute them
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo, hi in _spans(ctas):
-            run_attention(prob, gmem, ptr, hub, [np.arange(lo, hi)], kernel=kernel)  # one wave per span
+            # one wave per span
+            run_attention(prob, gmem, ptr, hub, [np.arange(lo, hi)], kernel=kernel, program=program)
     counts: dict = {}
     for (op, _, _), n in hub.counts.items():
         counts[op.value] = counts.get(op.value, 0) + int(n)
-    latch = attention_program(cfg, prob.causal, False, kernel).loop.tail
+    latch = program.loop.tail
     out = {}
     for mb in mbs:
         cta = int(prob.q_block_index(np.array([mb]))[0])
-        rounds = int(prob.n_block_max(np.array([mb]))[0])
+        rounds = int(prob.n_rounds_of(np.array([mb]))[0])
         warps = [rec.path(cta, w) for w in range(cfg.n_warps)]
         ran = sorted({sum(pc == latch for pc, _ in p) for p in warps})
         if ran != [rounds]:
@@ -200,8 +282,9 @@ def _through_jumps(graph: SassGraph, at: int) -> int:
 class KernelStream:
     """Per warp, the SASS walk of every path class of one compiled kernel, in regions."""
 
-    def __init__(self, config: KernelConfig, causal: bool, kernel, graph: SassGraph, walker: Walker, latch_pc: int):
-        self.config, self.causal, self.kernel = config, causal, kernel
+    def __init__(self, config: KernelConfig, causal: bool, kernel, graph: SassGraph, walker: Walker, latch_pc: int,
+                 features: Features = PLAIN):
+        self.config, self.causal, self.kernel, self.features = config, causal, kernel, features
         self.graph, self.walker, self.latch_pc = graph, walker, latch_pc
         latches = [(a, t) for a, t in walker.ties.items() if t.pc == latch_pc]
         if len(latches) != 1:
@@ -234,7 +317,7 @@ class KernelStream:
         if rounds > probe_rounds(self.config):
             raise ValueError(f"a CTA of {rounds} rounds with {masked} masked is longer than a probe "
                              f"({probe_rounds(self.config)} rounds) and has no real counterpart")
-        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, rounds)
+        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, rounds, feat=self.features)
         segs = self._mask_outcomes()
         return tuple(self._regions(self._masked(p, g, rounds - masked, rounds), rounds) for p, g in zip(plain, segs))
 
@@ -256,9 +339,10 @@ class KernelStream:
         if rounds <= base:
             self._check(kind, rounds, qtail)
             return tuple(self._regions(p, rounds) for p in paths_of(self.config, self.causal, self.kernel, kind,
-                                                                    rounds, qtail))
+                                                                    rounds, qtail, self.features))
         self._check(kind, base, qtail)
-        warps = [self._regions(p, base) for p in paths_of(self.config, self.causal, self.kernel, kind, base, qtail)]
+        warps = [self._regions(p, base) for p in paths_of(self.config, self.causal, self.kernel, kind, base, qtail,
+                                                          self.features)]
         steady = next((t for t in range(1, base - 1) if all(w[1 + t] == w[2 + t] for w in warps)), None)
         if steady is None:
             raise StreamMismatch(f"{self.config.tag}: no two consecutive rounds of a {base}-round CTA take the same "
@@ -268,11 +352,11 @@ class KernelStream:
     def _check(self, kind: Kind, rounds: int, qtail: bool) -> None:
         """The walks of the probe's CTAs must explain the engine's instruction counts
         (fa_sim.timing.walk.check_counts), once per probe."""
-        prob, mbs, counts = probe_counts(self.config, self.causal, self.kernel, kind, rounds, qtail)
+        prob, mbs, counts = probe_counts(self.config, self.causal, self.kernel, kind, rounds, qtail, self.features)
         key = (prob.seqlen_q, prob.seqlen_k, mbs)
         if key in self._checked:
             return
-        paths = _probe(self.config, self.causal, self.kernel, prob, mbs)
+        paths = _probe(self.config, self.causal, self.kernel, prob, mbs, self.features)
         walks = [self.walker.walk(p) for mb in mbs for p in paths[mb]]
         check_counts(self.graph, walks, counts, f"{self.config.tag}{' causal' if self.causal else ''} (N_q "
                                                 f"{prob.seqlen_q}, N_k {prob.seqlen_k})")
@@ -308,8 +392,8 @@ class KernelStream:
         probe as long, aligned by pc (difflib): ({pc: the masked outcome} where only the outcome
         differs, {pc: events the masked round runs after it}, {pcs it does not run})."""
         n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
-        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n)
-        masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n)
+        plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n, feat=self.features)
+        masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n, feat=self.features)
         out = []
         for p, m in zip(plain, masked):
             lp, lm = self._last_round(p), self._last_round(m)

@@ -28,6 +28,12 @@ a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
   location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
 A SASS conditional branch that is neither has no PTX counterpart: a `TieError` names its
 address and source line. A location whose SASS and PTX branches cannot be told apart is one too.
+*Chained* PTX branches: a short-circuit condition (`if (a || b)`) is a chain of PTX branches at
+one location, each but the last jumping to where the last one jumps or falls through, with only
+straight-line code between them; ptxas may fold the chain into one SASS branch (a window build's
+mask test: `@!P1 BRA P0`), tied to the chain's last PTX branch. A chained branch that no SASS
+branch decides feeds its outcome to the tied one: all lanes jumping is the tied branch's outcome
+towards the same place, none jumping leaves the decision to the next branch of the chain.
 
 The walk (per warp). From the kernel's entry, block by block: an unconditional branch is
 followed; a tied branch takes the next outcome of its PTX branch from the warp's path (each PTX
@@ -466,6 +472,30 @@ def _align(starts: list, cands: list, score) -> list:
     return pairs[::-1]
 
 
+def _chains(ptx: PtxGraph, tied: frozenset) -> dict[int, tuple[int, str]]:
+    """PTX branch pc -> (the tied branch it chains to, that branch's outcome when this one jumps
+    with all lanes), for the untied branches of short-circuit chains (module docstring)."""
+    control = {i.pc for i in ptx.code if i.opcode in ("bra", "ret", "exit")}
+    out = {}
+    for t in sorted(tied):
+        last = ptx.code[t]
+        if last.opcode != "bra":
+            continue
+        ends = {ptx.kernel.labels[last.operands[0].name]: ALL, t + 1: NONE}  # its jump target, its fall-through
+        at = t
+        while True:
+            u = max((pc for pc in control if pc < at), default=None)  # the control instruction before
+            if u is None or u in tied or ptx.code[u].opcode != "bra" or ptx.code[u].guard is None:
+                break
+            ins = ptx.code[u]
+            when = ends.get(ptx.kernel.labels[ins.operands[0].name])
+            if when is None or ptx.loc(ins) != ptx.loc(last):
+                break
+            out[u] = (t, when)
+            at = u
+    return out
+
+
 _UNROLLED = ("; a loop ptxas unrolled runs several PTX iterations per SASS iteration, which the walk does not "
              "model: keep it rolled with `#pragma unroll 1` (PTX .pragma \"nounroll\") or unroll it in the source")
 
@@ -483,6 +513,7 @@ class Walker:
                 ins = ptx.code[t.pc]
                 target = ptx.kernel.labels[ins.operands[0].name] if ins.opcode == "bra" else len(ptx.code)
                 self._first[t.pc] = 0 if target < ins.pc + 1 else 1
+        self.chained = _chains(ptx, self.tied_pcs)
         self.walk = functools.lru_cache(maxsize=4096)(self._walk)
 
     def _walk(self, path: tuple) -> tuple[int, ...]:
@@ -491,6 +522,13 @@ class Walker:
         for pc, outcome in path:
             if pc in self.tied_pcs:
                 queues[pc].append(outcome)
+            elif pc in self.chained and outcome != NONE:
+                tied, when = self.chained[pc]
+                if outcome == SOME:
+                    ins = self.ptx.code[pc]
+                    raise TieError(f"the PTX branch `{ins.text}` (PTX line {ins.ptx_line}) diverged; it is part of a "
+                                   "condition ptxas folded into one SASS branch, whose lanes then split otherwise")
+                queues[tied].append(when)
         out: list[int] = []
         self._run(self.sass.entry, None, queues, out, [])
         left = [pc for pc, q in queues.items() if q]
