@@ -55,6 +55,13 @@
 //   FA_SOFTCAP                                     fp32 bits of the softcap (Problem.softcap), 0 = none:
 //                                                  S = cap * tanh(S * scale / cap) before the mask, then
 //                                                  the softmax scales by cap (FlashAttention-2's order)
+//   FA_VARLEN                                      packed variable-length batch (Problem.cu_seqlens):
+//                                                  q, o [H, total_q, d], k, v [H_k, total_k, d], lse
+//                                                  [H, total_q] (head-major, no padding); sequence b
+//                                                  holds rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1
+//                                                  (keys likewise); grid (ceil(max Nq / kBlockM), H,
+//                                                  B); seqlen_q / seqlen_k_all are the totals; a CTA
+//                                                  whose Q block starts past its sequence exits at once
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -153,6 +160,12 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
+#endif
+#ifndef FA_VARLEN
+#define FA_VARLEN 0
+#endif
+#if FA_VARLEN && FA_CHECKPOINTS
+#error "FA_VARLEN has no debug build: the checkpoint buffer is indexed by the dense grid"
 #endif
 #if FA_KV_GROUP < 1 || FA_WINDOW_LEFT < -1 || FA_WINDOW_RIGHT < -1
 #error "FA_KV_GROUP is >= 1; FA_WINDOW_LEFT / FA_WINDOW_RIGHT are -1 (unbounded) or >= 0"
@@ -721,6 +734,9 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
 extern "C" __global__ void __launch_bounds__(fa::kThreads, FA_MIN_BLOCKS)
 fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k_all, float scale
+#if FA_VARLEN
+               , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
 #if FA_CHECKPOINTS
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
 #endif
@@ -734,9 +750,24 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #endif
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
+#if FA_VARLEN
+  // Packed batch: bh is head h = blockIdx.y of sequence b = blockIdx.z; the arguments hold the
+  // totals, the rows of sequence b start at cu_seqlens[b] of its head's [total, d] slab. From here on
+  // seqlen_q and seqlen_k_all are sequence b's lengths: its tails are masked as a dense launch's.
+  const int b_seq = blockIdx.z;
+  const int q_start = cu_seqlens_q[b_seq], k_start = cu_seqlens_k[b_seq];
+  const u64 q_off = (u64)bh * seqlen_q + q_start, kv_off = (u64)(bh / kKVGroup) * seqlen_k_all + k_start;
+  seqlen_q = cu_seqlens_q[b_seq + 1] - q_start;
+  seqlen_k_all = cu_seqlens_k[b_seq + 1] - k_start;
+  if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA: its Q block is past sequence b's end
+  const u16* gQ = q + q_off * kHeadDim;
+  const u16* gK = k + kv_off * kHeadDim;  // GQA: the group's K/V head
+  const u16* gV = v + kv_off * kHeadDim;
+#else
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
   const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
   const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;
+#endif
   const int row0 = m_block * kBlockM;
   // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
   // a right window end the loop early, a left window starts it late; at least one round runs, so a
@@ -1026,5 +1057,9 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   store_o_smem(tCrO, sQ);  // sO reuses sQ: every warp passed BAR_PV after its last read of sQ
   if (!FA_DROP_BAR_EPILOGUE) __syncthreads();  // BAR_EPILOGUE
   FA_CK(ck_tile(ck, FA_CK_SO, 0, sQ, kBlockM * kPitch / 2));
+#if FA_VARLEN
+  store_o_lse(sQ, o + q_off * kHeadDim, lse + q_off, rLSE, row0, seqlen_q);
+#else
   store_o_lse(sQ, o + (u64)bh * seqlen_q * kHeadDim, lse + (u64)bh * seqlen_q, rLSE, row0, seqlen_q);
+#endif
 }
