@@ -751,23 +751,24 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
 #if FA_VARLEN
-  // Packed batch: bh is head h = blockIdx.y of sequence b = blockIdx.z; the arguments hold the
-  // totals, the rows of sequence b start at cu_seqlens[b] of its head's [total, d] slab. From here on
-  // seqlen_q and seqlen_k_all are sequence b's lengths: its tails are masked as a dense launch's.
-  const int b_seq = blockIdx.z;
-  const int q_start = cu_seqlens_q[b_seq], k_start = cu_seqlens_k[b_seq];
-  const u64 q_off = (u64)bh * seqlen_q + q_start, kv_off = (u64)(bh / kKVGroup) * seqlen_k_all + k_start;
-  seqlen_q = cu_seqlens_q[b_seq + 1] - q_start;
-  seqlen_k_all = cu_seqlens_k[b_seq + 1] - k_start;
-  if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA: its Q block is past sequence b's end
-  const u16* gQ = q + q_off * kHeadDim;
-  const u16* gK = k + kv_off * kHeadDim;  // GQA: the group's K/V head
-  const u16* gV = v + kv_off * kHeadDim;
-#else
+  {  // Packed batch: bh = blockIdx.y is head h of sequence b = blockIdx.z. The arguments hold the totals;
+     // from here on seqlen_q and seqlen_k_all are sequence b's lengths (its tails masked as a dense
+     // launch's), and q, k, v, o, lse move so that the dense addressing below (batch-head bh's rows at
+     // bh * length) lands on row cu_seqlens[b] of head h's [total, d] slab.
+    const int b_seq = blockIdx.z;
+    const int q_start = cu_seqlens_q[b_seq], k_start = cu_seqlens_k[b_seq];
+    const int len_q = cu_seqlens_q[b_seq + 1] - q_start, len_k = cu_seqlens_k[b_seq + 1] - k_start;
+    if (m_block * kBlockM >= len_q) return;  // the whole CTA: its Q block is past sequence b's end
+    const u64 q_rows = (u64)bh * (seqlen_q - len_q) + q_start;
+    const u64 kv_rows = (u64)(bh / kKVGroup) * (seqlen_k_all - len_k) + k_start;  // GQA: the group's head
+    q += q_rows * kHeadDim, o += q_rows * kHeadDim, lse += q_rows;
+    k += kv_rows * kHeadDim, v += kv_rows * kHeadDim;
+    seqlen_q = len_q, seqlen_k_all = len_k;
+  }
+#endif
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
   const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
   const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;
-#endif
   const int row0 = m_block * kBlockM;
   // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
   // a right window end the loop early, a left window starts it late; at least one round runs, so a
@@ -1057,9 +1058,5 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   store_o_smem(tCrO, sQ);  // sO reuses sQ: every warp passed BAR_PV after its last read of sQ
   if (!FA_DROP_BAR_EPILOGUE) __syncthreads();  // BAR_EPILOGUE
   FA_CK(ck_tile(ck, FA_CK_SO, 0, sQ, kBlockM * kPitch / 2));
-#if FA_VARLEN
-  store_o_lse(sQ, o + q_off * kHeadDim, lse + q_off, rLSE, row0, seqlen_q);
-#else
   store_o_lse(sQ, o + (u64)bh * seqlen_q * kHeadDim, lse + (u64)bh * seqlen_q, rLSE, row0, seqlen_q);
-#endif
 }
