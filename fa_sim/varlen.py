@@ -123,3 +123,35 @@ def make_varlen_problem(q_shape, k_shape, v_shape, cu_seqlens_q, cu_seqlens_k, c
     return Problem(batch, q[1], int(lq.max()), int(lk.max()), check_causal(causal), check_scale(scale, d),
                    check_config(config, d, dtype), check_heads_k(k[1], q[1]), window, softcap,
                    cu_seqlens=(tuple(int(x) for x in cq), tuple(int(x) for x in ck)))
+
+
+def sequence_view(x, cu, b: int):
+    """Sequence b of a packed [total, H, d] array as a dense [1, H, N_b, d] one (a view)."""
+    return x[int(cu[b]):int(cu[b + 1])].transpose(1, 0, 2)[None]
+
+
+def measure_packed(o, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: float, config,
+                   window=None, softcap: float = 0.0):
+    """fa_sim.accuracy.measure of each sequence of a packed run (o [total_q, H, d], lse [H, total_q]),
+    as one Accuracy: the largest relative error of O and LSE errors over the sequences (each held to
+    its own documented bound), the findings of all, a finding's batch index the sequence's."""
+    from dataclasses import replace
+
+    from .accuracy import Accuracy, measure
+
+    parts = []
+    for b in range(len(cu_seqlens_q) - 1):
+        if cu_seqlens_q[b + 1] == cu_seqlens_q[b]:
+            continue
+        acc = measure(sequence_view(o, cu_seqlens_q, b), lse[None, :, int(cu_seqlens_q[b]):int(cu_seqlens_q[b + 1])],
+                      sequence_view(q, cu_seqlens_q, b), sequence_view(k, cu_seqlens_k, b),
+                      sequence_view(v, cu_seqlens_k, b), causal, scale, config, window=window, softcap=softcap)
+        moved = lambda fs: tuple(f if f.first is None else replace(f, first=(b, *f.first[1:])) for f in fs)  # noqa: E731
+        parts.append(replace(acc, nonfinite=moved(acc.nonfinite), above_bound=moved(acc.above_bound)))
+
+    def worst(name):
+        values = [getattr(p, name) for p in parts]
+        return None if any(x is None for x in values) else max(values)
+
+    return Accuracy(worst("rel_err_o"), worst("max_abs_err_lse"), worst("max_rel_err_lse"),
+                    sum((p.nonfinite for p in parts), ()), sum((p.above_bound for p in parts), ()))

@@ -158,3 +158,43 @@ def test_gpu_packed_bit_identical_to_the_engine_and_per_sequence(causal, config)
         assert np.array_equal(_seq(o, cq, b).view(np.uint16), check.to_numpy(dense.o).view(np.uint16)), b
         assert np.array_equal(lse[:, cq[b]:cq[b + 1]][None].view(np.uint32),
                               check.to_numpy(dense.lse).view(np.uint32)), b
+
+
+# -- the command line: --npz with cu_seqlens_q / cu_seqlens_k ------------------------------------------------
+def _npz(tmp_path, **over):
+    q, k, v, cq, ck = _packed()
+    arrays = dict(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    arrays.update(over)
+    path = tmp_path / "packed.npz"
+    np.savez(path, **{n: a for n, a in arrays.items() if a is not None})
+    return str(path)
+
+
+def test_cli_sim_runs_a_packed_file(tmp_path, capsys):
+    import json
+
+    from fa_sim.cli import main
+
+    status = main(["sim", "--npz", _npz(tmp_path), "--causal", "--check-hazards", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 0 and out["engine"] == "ptx" and out["hazards"]["total"] == 0
+    assert out["rel_err_o"] < 1e-3 and not out["above_bound"]
+    q, k, v, cq, ck = _packed()
+    res = simulate(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    assert out["instructions"]["HMMA"] == res.instructions[Op.HMMA]
+
+
+@pytest.mark.parametrize("argv, over, fragment", [
+    (["sim"], dict(cu_seqlens_k=None), "lacks array cu_seqlens_k"),
+    (["sim"], dict(cu_seqlens_q=np.array([0, 5, 75, 100], np.int32)), "got cu_seqlens_q[-1] = 100"),
+    (["sim"], dict(q=np.zeros((1, 108, 2, 32), np.float16)), "q of a packed batch (cu_seqlens) must have rank 3"),
+    (["sim", "--engine", "program"], {}, "--engine program does not run a packed batch"),
+    (["trace"], {}, "holds cu_seqlens_q and cu_seqlens_k (a packed batch), which only fa sim runs so far"),
+    (["compare"], {}, "which only fa sim runs so far"),
+])
+def test_cli_refuses_bad_packed_files_in_one_line(tmp_path, capsys, argv, over, fragment):
+    from fa_sim.cli import main
+
+    status = main([*argv, "--npz", _npz(tmp_path, **over)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and fragment in err and len(err.splitlines()) == 1, err
