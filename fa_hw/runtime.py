@@ -152,21 +152,20 @@ class LaunchPlan:
     @classmethod
     def make(cls, build: KernelBuild, ptrs: tuple[int, ...], problem: Problem,
              checkpoint_args: tuple = (), varlen_args: tuple = ()) -> "LaunchPlan":
-        grid_x, grid_y = problem.grid
-        if grid_y > MAX_GRID_Y:
-            raise ValueError(f"batch*heads = {grid_y} exceeds the grid's y limit {MAX_GRID_Y}")
+        grid = problem.launch_grid  # (ceil(Nq / block_m), B*H, 1); packed: (ceil(max Nq / block_m), H, B)
+        if grid[1] > MAX_GRID_Y:
+            raise ValueError(f"{'heads' if problem.varlen else 'batch*heads'} = {grid[1]} exceeds the grid's y limit "
+                             f"{MAX_GRID_Y}")
         if max(problem.seqlen_q, problem.seqlen_k) > MAX_SEQLEN:
             raise ValueError(f"sequence lengths up to {MAX_SEQLEN} fit the kernel's int32 arguments, "
                              f"got Nq={problem.seqlen_q}, Nk={problem.seqlen_k}")
         cfg = build.config
-        grid = (grid_x, grid_y, 1)
         args = tuple(int(p) for p in ptrs) + (np.int32(problem.seqlen_q), np.int32(problem.seqlen_k),
                                               np.float32(problem.scale))
         if build.varlen:  # the totals, then the offsets' device pointers (cu_seqlens_q, cu_seqlens_k)
             if max(problem.total_q, problem.total_k) > MAX_SEQLEN:
                 raise ValueError(f"packed rows up to {MAX_SEQLEN} fit the kernel's int32 arguments, "
                                  f"got total_q={problem.total_q}, total_k={problem.total_k}")
-            grid = problem.launch_grid
             args = args[:5] + (np.int32(problem.total_q), np.int32(problem.total_k), args[7]) + \
                 tuple(int(p) for p in varlen_args)
         if build.checkpoints:
