@@ -198,3 +198,25 @@ def test_cli_refuses_bad_packed_files_in_one_line(tmp_path, capsys, argv, over, 
     status = main([*argv, "--npz", _npz(tmp_path, **over)])
     err = capsys.readouterr().err.strip()
     assert status == 2 and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_cli_sim_seqlens_makes_a_random_packed_batch(capsys):
+    import json
+
+    from fa_sim.cli import main
+    from fa_sim.reference import random_inputs
+
+    argv = ["sim", "--seqlens", "5,70,0,33", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--causal"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "ptx" and out["rel_err_o"] < 1e-3 and not out["above_bound"]
+    q, k, v = (np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in random_inputs(1, 2, 108, 108, 32, 0, heads_k=1))
+    cu = cu_seqlens_of([5, 70, 0, 33])
+    res = simulate(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert out["instructions"]["HMMA"] == res.instructions[Op.HMMA]
+    for bad, fragment in ((["--seqlens", "0,0"], "--seqlens takes comma-separated sequence lengths"),
+                          (["--seqlens", "5,7", "--seqlen", "9"], "--seqlen does not apply with --seqlens"),
+                          (["--seqlens", "5,7", "--backward"], "--seqlens does not apply with --backward")):
+        assert main(["sim", *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert fragment in err and len(err.splitlines()) == 1, err

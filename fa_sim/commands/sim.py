@@ -16,6 +16,11 @@ exits 1 when it finds any. `--workers N` (default: one per core) shares the grid
 local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
 bit-identical to one process; a worker or cluster lost is one error line naming the shard.
 
+A packed variable-length batch (fa_sim.varlen; docs/features.md) runs on the PTX engine: an
+`--npz` file holding q [total_q, H, d], k and v [total_k, H_k, d] with cu_seqlens_q and
+cu_seqlens_k (int32 offsets), or random inputs of the lengths `--seqlens 70,130,5` (Nk = Nq per
+sequence; --heads, --heads-k, --head-dim, --seed apply); its errors are measured per sequence.
+
 `--backward` runs the backward pass after the forward on the same inputs (fa_sim/commands/backward.py:
 dO seeded after q, k, v, or the --npz file's do) and prints dQ, dK, dV's errors against float64
 (fa_sim.reference.attention_backward): max |error|, that over max |gradient|, and the largest
@@ -51,7 +56,9 @@ from .common import (
     heads_k,
     inputs_head_dim,
     kernel_from_args,
+    problem_head_dim,
     problem_shape,
+    refuse,
     run_inputs,
 )
 from . import UsageError
@@ -73,9 +80,24 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
+    p.add_argument("--seqlens", type=seqlens_list, default=None, metavar="N,N,...",
+                   help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
+                        "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
     add_parallel_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
+
+
+def seqlens_list(text: str) -> tuple[int, ...]:
+    """argparse type of --seqlens: comma-separated integers >= 0, at least one of them >= 1."""
+    try:
+        out = tuple(int(x.strip(), 10) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0 or max(out) < 1 or sum(out) > 2**31 - 1:
+        raise UsageError(f"--seqlens takes comma-separated sequence lengths >= 0, not all 0 (e.g. 70,130,5), "
+                         f"got {text!r}")
+    return out
 
 
 def errors(res: SimResult, q, k, v, window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None) -> Accuracy:
@@ -98,6 +120,9 @@ def _inputs(args, loaded, config, front):
         check_input_memory(args)
     check_cluster(args.cluster)
     shapes = qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None else [np.shape(x) for x in loaded]
+    if args.seqlens is not None:  # random packed inputs, [total, H, d]
+        total, d = int(args.cu_seqlens[0][-1]), problem_head_dim(args)
+        shapes = [(total, args.heads, d), (total, heads_k(args), d), (total, heads_k(args), d)]
     try:
         if args.cu_seqlens is not None:
             from ..varlen import make_varlen_problem
@@ -109,6 +134,12 @@ def _inputs(args, loaded, config, front):
     except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
         raise UsageError(str(exc)) from None
     announce("sim", prob, args.mma)
+    if args.seqlens is not None:
+        from ..reference import random_inputs
+
+        qkv = random_inputs(1, args.heads, prob.total_q, prob.total_k, prob.head_dim, args.seed, heads_k=heads_k(args),
+                            dtype=config.dtype)
+        return tuple(np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in qkv)
     return run_inputs(args, config, loaded)
 
 
@@ -116,10 +147,20 @@ def run(args) -> int:
     from . import backward
 
     backward.check_options(args, ("workers", "cluster"))
+    if args.backward and args.seqlens is not None:
+        raise UsageError("--seqlens does not apply with --backward: fa2_bwd.cu has no packed batches")
     if args.backward:
         return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
     loaded = file_inputs(args, packed=True)
+    if args.seqlens is not None:
+        if loaded is not None:
+            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the inputs)")
+        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
+        from ..varlen import cu_seqlens_of
+
+        cu = cu_seqlens_of(args.seqlens)
+        args.cu_seqlens = (cu, cu)
     d = inputs_head_dim(args, loaded)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)
@@ -132,8 +173,7 @@ def run(args) -> int:
     packed = {}
     if args.cu_seqlens is not None:  # a packed batch: the PTX engine, in this process
         if args.cluster is not None:
-            raise UsageError(f"--cluster does not apply to a packed batch ({args.npz} holds cu_seqlens): it runs in "
-                             "this process")
+            raise UsageError("--cluster does not apply to a packed batch (cu_seqlens): it runs in this process")
         if args.engine == "program":
             raise UsageError("--engine program does not run a packed batch (cu_seqlens): fa2_fwd.cu's FA_VARLEN "
                              "offsets are not modelled by the hand-written program; run it with --engine ptx")
