@@ -19,7 +19,9 @@ out.config says which ran); config.softmax picks the exp2 arithmetic (SCHEDULE.m
 m_block + n_m_blocks * bh) the debug build runs instead and `out.checkpoints` holds the buffer
 uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py. Issue 38's features as
 fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query attention),
-`window=(left, right)`, `softcap=C` (docs/features.md).
+`window=(left, right)`, `softcap=C` (docs/features.md); a packed variable-length batch with
+`cu_seqlens_q`, `cu_seqlens_k` (int32 offsets; q [total_q, H, d], k, v [total_k, H_k, d]; out.o
+[total_q, H, d], out.lse [H, total_q]; fa_sim.varlen: the inputs are copied head-major first).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
 from fa_sim.config import KernelConfig
+from fa_sim import varlen
 from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
@@ -52,12 +55,19 @@ class HwResult:
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             checkpoint_ctas=None, diagnostics: dict | None = None, kernel=None, window=None, softcap=None,
-            dtype: str | None = None):
+            dtype: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Validate and place the inputs, build the launch: -> (LaunchPlan, DeviceProblem, checkpoint
     extras). The plan can be launched and timed repeatedly (experiments/bench_hw.py, which alone
     passes `diagnostics`: KernelBuild's experiment fields)."""
     source = None if kernel is None else kernel_source(kernel)  # checked before any work
-    inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype)  # before any device call
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("a packed batch needs both cu_seqlens_q and cu_seqlens_k (int32, batch + 1 offsets)")
+    if packed and checkpoint_ctas is not None:
+        raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "
+                         "has no debug build): run the sequence alone for its checkpoints")
+    inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype,
+                                     (cu_seqlens_q, cu_seqlens_k) if packed else None)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
     dev = to_device(inputs, kind, prob)
     if auto:
@@ -65,25 +75,34 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
         ctas = _select_ctas(prob, checkpoint_ctas)
     build = KernelBuild(prob.config, prob.causal, runtime.device_arch(), ctas is not None, source,
                         **(diagnostics or {}), kv_group=prob.kv_group, window=(prob.window_left, prob.window_right),
-                        softcap=prob.softcap)
+                        softcap=prob.softcap, varlen=prob.varlen)
     ck_args, ck_host = _checkpoint_buffers(dev, ctas) if ctas is not None else ((), None)
-    plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args)
+    cu_args = ()
+    if prob.varlen:  # the offsets on the device, int32 (the kernel's cu_seqlens_q / cu_seqlens_k)
+        cu_bufs = [runtime.upload(np.array(cu, np.int32), dev.stream) for cu in prob.cu_seqlens]
+        dev.keep += cu_bufs
+        cu_args = tuple(int(b.handle) for b in cu_bufs)
+    plan = runtime.LaunchPlan.make(build, (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob, ck_args,
+                                   cu_args)
     return plan, dev, (ctas, ck_args, ck_host)
 
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
-            kernel=None, dtype: str | None = None) -> HwResult:
+            kernel=None, dtype: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
-                                                  window=window, softcap=softcap, dtype=dtype)
+                                                  window=window, softcap=softcap, dtype=dtype,
+                                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     ms = plan.run(dev.stream)
     checkpoints = None
     if ctas is not None:
         checkpoints = runtime.download(int(ck_args[0]), ck_host, dev.stream)
     o, lse = dev.results()
+    if dev.problem.varlen:  # [1, H, total_q, d] -> [total_q, H, d]; LSE [H, total_q]
+        o, lse = varlen.packed_o(o), lse.reshape(dev.problem.heads, dev.problem.total_q)
     return HwResult(o, lse, dev.config, dev.problem.causal, dev.scale, ms, plan.loaded.registers,
                     checkpoints, tuple(ctas or ()))
 

@@ -7,6 +7,8 @@ ObjectCode.get_kernel -> LaunchConfig -> launch -> sync. A `LaunchPlan` is one r
   grid   Problem.grid = (ceil(Nq / block_m), B*H)   block  n_threads   dynamic smem  config.smem_bytes
   args   q k v o lse (device pointers, 8-byte ints), seqlen_q, seqlen_k (np.int32), scale
          (np.float32) [+ checkpoint buffer, CTA selection (pointers), n_rounds (np.int32)]
+  packed batch (FA_VARLEN, Problem.cu_seqlens): grid Problem.launch_grid = (ceil(max Nq / block_m),
+         H, B); seqlen_q, seqlen_k are total_q, total_k; + cu_seqlens_q, cu_seqlens_k (device int32)
 
 Scalars are packed as np.int32/np.float32 on purpose: cuda.core packs a bare Python int as an
 8-byte value and a float as a double. Shared memory over 48 KB needs the kernel's
@@ -149,17 +151,23 @@ class LaunchPlan:
 
     @classmethod
     def make(cls, build: KernelBuild, ptrs: tuple[int, ...], problem: Problem,
-             checkpoint_args: tuple = ()) -> "LaunchPlan":
-        grid_x, grid_y = problem.grid
-        if grid_y > MAX_GRID_Y:
-            raise ValueError(f"batch*heads = {grid_y} exceeds the grid's y limit {MAX_GRID_Y}")
+             checkpoint_args: tuple = (), varlen_args: tuple = ()) -> "LaunchPlan":
+        grid = problem.launch_grid  # (ceil(Nq / block_m), B*H, 1); packed: (ceil(max Nq / block_m), H, B)
+        if grid[1] > MAX_GRID_Y:
+            raise ValueError(f"{'heads' if problem.varlen else 'batch*heads'} = {grid[1]} exceeds the grid's y limit "
+                             f"{MAX_GRID_Y}")
         if max(problem.seqlen_q, problem.seqlen_k) > MAX_SEQLEN:
             raise ValueError(f"sequence lengths up to {MAX_SEQLEN} fit the kernel's int32 arguments, "
                              f"got Nq={problem.seqlen_q}, Nk={problem.seqlen_k}")
         cfg = build.config
-        grid = (grid_x, grid_y, 1)
         args = tuple(int(p) for p in ptrs) + (np.int32(problem.seqlen_q), np.int32(problem.seqlen_k),
                                               np.float32(problem.scale))
+        if build.varlen:  # the totals, then the offsets' device pointers (cu_seqlens_q, cu_seqlens_k)
+            if max(problem.total_q, problem.total_k) > MAX_SEQLEN:
+                raise ValueError(f"packed rows up to {MAX_SEQLEN} fit the kernel's int32 arguments, "
+                                 f"got total_q={problem.total_q}, total_k={problem.total_k}")
+            args = args[:5] + (np.int32(problem.total_q), np.int32(problem.total_k), args[7]) + \
+                tuple(int(p) for p in varlen_args)
         if build.checkpoints:
             ck_buf, ck_sel, n_rounds = checkpoint_args
             args += (int(ck_buf), int(ck_sel), np.int32(n_rounds))

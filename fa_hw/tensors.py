@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fa_sim import validate
+from fa_sim import validate, varlen
 from fa_sim.config import KernelConfig
 from fa_sim.problem import Problem
 from fa_sim.validate import CUPY, NUMPY, TORCH
@@ -61,7 +61,7 @@ class DeviceProblem:
         """(O, LSE) in the caller's kind; for numpy this copies back and synchronises. A bf16 O is
         float32 for numpy and cupy (its values, exact), torch.bfloat16 for torch."""
         p = self.problem
-        b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
+        (b, h, nq, d), _ = _outputs_shape(p)
         bf16 = p.config.dtype == "bf16"
         if self.kind == CUPY and bf16:
             import cupy
@@ -81,12 +81,21 @@ class DeviceProblem:
         return o, lse
 
 
-def check(q, k, v, causal, scale, config, window=None, softcap=None, dtype=None) -> tuple[list, str, Problem, bool]:
+def check(q, k, v, causal, scale, config, window=None, softcap=None, dtype=None, cu_seqlens=None
+          ) -> tuple[list, str, Problem, bool]:
     """Every check of fa_sim.validate's policy, in simulate's order, before any device call: ->
     (the inputs, their one kind, the Problem, whether config is "auto"). The run's 16-bit type is
     validate.resolve_dtype's (`dtype`, the inputs' type, config.dtype). With config="auto" the
     Problem holds the seed config at the inputs' head_dim (in the run's type) until `choose_auto`,
-    after `to_device`, gives it the GPU's choice (which may time candidates on the placed inputs)."""
+    after `to_device`, gives it the GPU's choice (which may time candidates on the placed inputs).
+    cu_seqlens = (cu_seqlens_q, cu_seqlens_k): a packed batch (fa_sim.varlen), q, k, v [total, heads, d]
+    viewed head-major; config="auto" is refused there (the table is for dense problems)."""
+    if cu_seqlens is not None:
+        if is_auto(config):
+            raise ValueError("config='auto' does not choose configs for a packed batch (cu_seqlens): pass a config "
+                             "(None: the seed)")
+        q, k, v = (varlen.head_major(x, n, t) for x, n, t in ((q, "q", "total_q"), (k, "k", "total_k"),
+                                                            (v, "v", "total_k")))
     inputs = [validate.check_input(x, name) for name, x in zip("qkv", (q, k, v))]  # reads no values yet
     kinds = sorted({validate.kind_of(i.array) for i in inputs})
     if len(kinds) != 1:
@@ -97,6 +106,9 @@ def check(q, k, v, causal, scale, config, window=None, softcap=None, dtype=None)
         validate.check_shapes(*shapes)
         config = KernelConfig(head_dim=int(shapes[0][3]), dtype=validate.resolve_dtype(inputs, dtype, None))
     run = validate.resolve_dtype(inputs, dtype, config)
+    if cu_seqlens is not None:
+        return inputs, kinds[0], varlen.make_varlen_problem(*shapes, *cu_seqlens, causal, scale, config, window,
+                                                            softcap, dtype=run), False
     return inputs, kinds[0], validate.make_problem(*shapes, causal, scale, config, window, softcap, dtype=run), auto
 
 
@@ -130,6 +142,8 @@ def choose_auto(dev: DeviceProblem) -> Problem:
 
 
 def _outputs_shape(p: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if p.varlen:  # head-major [1, H, total_q, d] (fa_sim.varlen); forward gives O back as [total_q, H, d]
+        return (1, p.heads, p.total_q, p.head_dim), (1, p.heads, p.total_q)
     return (p.batch, p.heads, p.seqlen_q, p.head_dim), (p.batch, p.heads, p.seqlen_q)
 
 

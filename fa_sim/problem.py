@@ -19,6 +19,12 @@ Issue 38's features (docs/features.md) are fields of the launch too:
   so a window wider than the sequence builds the kernel without one.
 - `softcap` (0 = off): the scores become cap * tanh(s * scale / cap) before the softmax
   (FlashAttention-2's order: the scale first, then the cap; the softmax then scales by cap).
+- `cu_seqlens` = (cu_seqlens_q, cu_seqlens_k), tuples of B + 1 offsets (None: a dense batch): a
+  packed variable-length batch (FlashAttention-2's flash_attn_varlen_func; fa_sim.varlen). batch is
+  B, seqlen_q / seqlen_k are the longest sequences (max_seqlen_q / _k), and the grid is
+  (ceil(max_seqlen_q / block_m), H, B) (grid y and z; the linear CTA id is unchanged,
+  blockIdx.x + n_m_blocks (h + H b)). The CTAs of sequence b whose Q block starts past its Nq_b
+  run no round (they exit at once); the masks (causal top-left, window) are per sequence.
 
 This is the one place these formulas live: the simulator, the GPU launch, the checkpoint
 buffers, the cross-check and the estimates all ask a Problem. Both backends build it from their
@@ -48,6 +54,7 @@ class Problem:
     heads_k: int | None = None  # K/V heads (None: heads); divides heads
     window: tuple[int, int] = (-1, -1)  # (left, right) sliding window, -1 = unbounded
     softcap: float = 0.0  # cap * tanh(s / cap) on the scaled scores; 0 = off
+    cu_seqlens: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # packed batch: (q offsets, k offsets)
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seqlen_q", "seqlen_k"):
@@ -68,6 +75,15 @@ class Problem:
         object.__setattr__(self, "heads_k", check_heads_k(self.heads_k, self.heads))
         object.__setattr__(self, "window", check_window(self.window))
         object.__setattr__(self, "softcap", check_softcap(self.softcap))
+        if self.cu_seqlens is not None:
+            cq, ck = (tuple(int(x) for x in c) for c in self.cu_seqlens)
+            lq, lk = np.diff(cq), np.diff(ck)
+            if (len(cq) != self.batch + 1 or len(ck) != len(cq) or cq[0] or ck[0] or (lq < 0).any() or (lk < 0).any()
+                    or ((lq > 0) & (lk == 0)).any() or lq.max() != self.seqlen_q or lk.max() != self.seqlen_k):
+                raise ValueError("Problem.cu_seqlens must be (cu_seqlens_q, cu_seqlens_k) of batch + 1 non-decreasing "
+                                 "offsets from 0, every sequence with queries holding a key, seqlen_q / seqlen_k the "
+                                 "longest (fa_sim.varlen.check_cu_seqlens)")
+            object.__setattr__(self, "cu_seqlens", (cq, ck))
 
     # -- issue 38's features -------------------------------------------------------------------
     @property
@@ -96,7 +112,49 @@ class Problem:
         """Issue 38's features this launch uses, as 'name=value' (empty: the plain kernel)."""
         out = [f"heads_k={self.heads_k}"] if self.heads_k != self.heads else []
         out += [f"window=({self.window[0]}, {self.window[1]})"] if self.has_window else []
-        return out + ([f"softcap={self.softcap:g}"] if self.softcap else [])
+        out += [f"softcap={self.softcap:g}"] if self.softcap else []
+        return out + ([f"varlen(total_q={self.total_q}, total_k={self.total_k})"] if self.varlen else [])
+
+    # -- packed variable-length batches (cu_seqlens) --------------------------------------------
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def seqlens_q(self) -> np.ndarray:
+        """Nq of each sequence (int64 [B]; a dense batch: seqlen_q each)."""
+        if self.varlen:
+            return np.diff(np.asarray(self.cu_seqlens[0], np.int64))
+        return np.full(self.batch, self.seqlen_q, np.int64)
+
+    @property
+    def seqlens_k(self) -> np.ndarray:
+        """Nk of each sequence (int64 [B])."""
+        if self.varlen:
+            return np.diff(np.asarray(self.cu_seqlens[1], np.int64))
+        return np.full(self.batch, self.seqlen_k, np.int64)
+
+    @property
+    def total_q(self) -> int:
+        """Query rows of one head in the kernel's buffers: sum of Nq (dense: B Nq)."""
+        return int(self.seqlens_q.sum())
+
+    @property
+    def total_k(self) -> int:
+        return int(self.seqlens_k.sum())
+
+    def sequence(self, b: int) -> "Problem":
+        """Sequence b of a packed batch as a dense launch of batch 1 (its Nq_b >= 1), the same
+        options: what the packed launch's CTAs of sequence b compute."""
+        return Problem(1, self.heads, int(self.seqlens_q[b]), int(self.seqlens_k[b]), self.causal, self.scale,
+                       self.config, self.heads_k, self.window, self.softcap)
+
+    @property
+    def launch_grid(self) -> tuple[int, int, int]:
+        """The kernel's grid (x, y, z): (n_m_blocks, B*H, 1), or packed (n_m_blocks, H, B)."""
+        if self.varlen:
+            return self.n_m_blocks, self.heads, self.batch
+        return self.n_m_blocks, self.batch * self.heads, 1
 
     @property
     def head_dim(self) -> int:
@@ -166,8 +224,18 @@ class Problem:
         return self.m_block_of(ctas) + self.n_m_blocks * (ctas // self.n_m_blocks)
 
     def rounds_per_cta(self, ctas) -> np.ndarray:
-        """K/V rounds (n_rounds_of) of linear CTA ids (int64 array)."""
-        return self.n_rounds_of(self.m_block_of(ctas))
+        """K/V rounds (n_rounds_of) of linear CTA ids (int64 array); packed: those of the CTA's
+        sequence, 0 for a CTA whose Q block is past the sequence's end (it exits at once)."""
+        if not self.varlen:
+            return self.n_rounds_of(self.m_block_of(ctas))
+        ctas = np.asarray(ctas, dtype=np.int64)
+        m_block, seq = self.m_block_of(ctas), ctas // (self.n_m_blocks * self.heads)
+        out = np.zeros(ctas.shape, np.int64)
+        for b in np.unique(seq):
+            live = (seq == b) & (m_block * self.config.block_m < self.seqlens_q[b])
+            if live.any():
+                out[live] = self.sequence(int(b)).n_rounds_of(m_block[live])
+        return out
 
     @property
     def cta_rounds(self) -> int:
@@ -175,6 +243,8 @@ class Problem:
         costs nothing for any size). Causal: Q blocks m < J = Nk // block_m see (m + 1) block_m
         keys, the others all Nk."""
         bm, bn = self.config.block_m, self.config.block_n
+        if self.varlen:
+            return sum(self.sequence(b).cta_rounds for b in range(self.batch) if self.seqlens_q[b])
         if self.has_window:  # summed over the Q blocks (one int64 array of n_m_blocks)
             return int(self.n_rounds_of(np.arange(self.n_m_blocks)).sum()) * self.batch * self.heads
         per_bh = self.n_m_blocks * self.n_rounds
@@ -185,7 +255,9 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """The useful FLOPs of the launch: `attention_flops`."""
+        """The useful FLOPs of the launch: `attention_flops` (packed: summed over the sequences)."""
+        if self.varlen:
+            return sum(self.sequence(b).flops for b in range(self.batch) if self.seqlens_q[b])
         return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal,
                                (self.window_left, self.window_right))
 

@@ -168,6 +168,8 @@ def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[Globa
     fp32); o and lse are new zeros unless given (a worker of fa_sim.parallel writes into shared ones)."""
     b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
     hk = prob.heads_k
+    if prob.varlen:  # packed (FA_VARLEN): [H, total_q, d] and [H_k, total_k, d], head-major
+        b, nq, nk = 1, prob.total_q, prob.total_k
     o = np.zeros((b * h, nq, d), np.uint16) if o is None else o.reshape(b * h, nq, d).view(np.uint16)
     lse = np.zeros((b * h, nq), np.float32) if lse is None else lse.reshape(b * h, nq)
     gmem = GlobalMemory()

@@ -23,6 +23,11 @@ dividing H (grouped-query / multi-query attention: Q head h reads K/V head h // 
 sees keys i - left .. i + right; causal makes the right side 0); `softcap=C` (> 0) replaces the
 scaled scores x by C tanh(x / C) before the softmax. The hand-written program runs GQA and windows;
 softcap runs on engine="ptx" (engine=None picks it).
+Packed variable-length batches (fa_sim.varlen; FlashAttention-2's flash_attn_varlen_func):
+`cu_seqlens_q` and `cu_seqlens_k` (int32, B + 1 offsets from 0, non-decreasing, the last the total)
+with q [total_q, H, d], k, v [total_k, H_k, d]; res.o is then [total_q, H, d] and res.lse
+[H, total_q] (FlashAttention-2's varlen layout). Masks are per sequence (top-left causal).
+engine="ptx" only (None picks it); no checkpoint observers, workers or cluster.
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
@@ -69,7 +74,7 @@ from tqdm import tqdm
 from .config import KernelConfig
 from .estimate import estimate
 from .events import COUNTED_OPS, Op
-from . import tensorcore
+from . import tensorcore, varlen
 from .hub import Hub
 from .kernels import Mutation, launch_info
 from .parallel import choose_pool
@@ -190,13 +195,30 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
              observers=(), *, window: tuple[int, int] | None = None, softcap: float | None = None,
              engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
-             workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None) -> SimResult:
-    """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
+             workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None,
+             cu_seqlens_q=None, cu_seqlens_k=None) -> SimResult:
+    """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d] (or a packed batch: q [total_q, H, d],
+    k, v [total_k, H_k, d] with cu_seqlens_q / cu_seqlens_k); see the module docstring."""
     start = time.perf_counter()
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("a packed batch needs both cu_seqlens_q and cu_seqlens_k (int32, batch + 1 offsets)")
+        if (workers not in (None, 1)) or cluster is not None:
+            raise ValueError("a packed batch (cu_seqlens) runs in this process: pass workers=None and cluster=None")
+        q, k, v = (varlen.head_major(x, n, t) for x, n, t in ((q, "q", "total_q"), (k, "k", "total_k"),
+                                                            (v, "v", "total_k")))
     inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]  # reads no values yet
-    prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
-                        dtype=resolve_dtype(inputs, dtype, config))
+    if packed:
+        prob = varlen.make_varlen_problem(*(i.shape for i in inputs), cu_seqlens_q, cu_seqlens_k, causal, scale,
+                                          config, window, softcap, dtype=resolve_dtype(inputs, dtype, config))
+    else:
+        prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
+                            dtype=resolve_dtype(inputs, dtype, config))
     front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
+    if packed and any(callable(getattr(o, "on_checkpoint", None)) for o in _observers(observers)):
+        raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "
+                         "has no debug build): pass observers without on_checkpoint, or run the sequence alone")
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     if progress is not None and not isinstance(progress, (bool, np.bool_)):
@@ -212,6 +234,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         check_bf16_range([float(np.max(np.abs(half_values(x, "bf16")))) for x in (q16, k16, v16)],
                          prob.scale, prob.head_dim, prob.seqlen_k)
     b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
+    if packed:  # the buffers are head-major [H, total_q, d] (fa_sim.varlen)
+        b, nq = 1, prob.total_q
     hub.launch(launch_info(prob))
     with _progress_bar(progress, prob.cta_rounds, plan.sim_seconds) as bar:
         if pool is None:
@@ -222,6 +246,9 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
             o, lse = pool.simulate(spec, q16, k16, v16, hub, bar.update)
     hub.finish()
     counts = dict(hub.counts)
-    return SimResult(o=half_values(o, prob.config.dtype).reshape(b, h, nq, d), lse=lse.reshape(b, h, nq),
+    o_out, lse_out = half_values(o, prob.config.dtype).reshape(b, h, nq, d), lse.reshape(b, h, nq)
+    if packed:
+        o_out, lse_out = varlen.packed_o(o_out), lse_out.reshape(h, nq)
+    return SimResult(o=o_out, lse=lse_out,
                      counts=counts, instructions=_totals(counts), seconds=time.perf_counter() - start,
                      config=prob.config, causal=prob.causal, scale=prob.scale)

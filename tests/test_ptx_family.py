@@ -34,6 +34,7 @@ pytest.importorskip("cuda.bindings")
 
 BUILDS = [KernelBuild(cfg, causal, "sm_80", ck) for cfg in KernelConfig.family()
           for causal in (False, True) for ck in (False, True)]
+BUILDS += [KernelBuild(KernelConfig(), causal, "sm_80", varlen=True) for causal in (False, True)]  # packed batches
 CU = SEED_PATH.read_text()
 CU_LINES = CU.count("\n") + 1
 KERNEL_LINE = CU[: CU.index(f"{KERNEL_NAME}(")].count("\n") + 1
@@ -41,14 +42,16 @@ C_TO_PTX = {"float": ("f32", 4), "int": ("u32", 4)}
 
 
 def _id(b: KernelBuild) -> str:
-    return f"{b.config.tag}-{'causal' if b.causal else 'full'}{'-ck' if b.checkpoints else ''}"
+    return f"{b.config.tag}-{'causal' if b.causal else 'full'}{'-ck' if b.checkpoints else ''}{'-varlen' if b.varlen else ''}"
 
 
-def expected_params(checkpoints: bool) -> list[tuple[str, str, int]]:
+def expected_params(checkpoints: bool, varlen: bool = False) -> list[tuple[str, str, int]]:
     """(name, type, offset) from fa2_fwd.cu's signature: pointers are .u64, int .u32, float .f32."""
     sig = re.search(rf"{KERNEL_NAME}\((.*?)\)\s*\{{", CU, re.S)[1]
     if not checkpoints:
         sig = re.sub(r"#if FA_CHECKPOINTS.*?#endif", "", sig, flags=re.S)
+    if not varlen:  # FA_VARLEN: cu_seqlens_q, cu_seqlens_k (a packed batch)
+        sig = re.sub(r"#if FA_VARLEN.*?#endif", "", sig, flags=re.S)
     sig = re.sub(r"#\w+[^\n]*", "", sig)
     out, offset = [], 0
     for i, arg in enumerate(a for a in sig.split(",") if a.strip()):
@@ -120,9 +123,9 @@ def test_build_parses_completely(build, ptx_of):
         prefix, index = re.fullmatch(r"(%[a-z]+)(\d+)", name).groups()
         assert int(index) < declared[prefix][1], name
 
-    params = expected_params(build.checkpoints)
+    params = expected_params(build.checkpoints, build.varlen)
     assert [(p.name, p.type, p.offset) for p in k.params] == params
-    assert len(params) == (11 if build.checkpoints else 8)
+    assert len(params) == (11 if build.checkpoints else 8) + 2 * build.varlen
     assert k.maxntid == (build.config.n_threads, 1, 1) and k.minnctapersm == build.min_blocks
     _check_locations(k, body)
 

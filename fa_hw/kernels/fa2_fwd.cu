@@ -58,6 +58,13 @@
 //   FA_SOFTCAP                                     fp32 bits of the softcap (Problem.softcap), 0 = none:
 //                                                  S = cap * tanh(S * scale / cap) before the mask, then
 //                                                  the softmax scales by cap (FlashAttention-2's order)
+//   FA_VARLEN                                      packed variable-length batch (Problem.cu_seqlens):
+//                                                  q, o [H, total_q, d], k, v [H_k, total_k, d], lse
+//                                                  [H, total_q] (head-major, no padding); sequence b
+//                                                  holds rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1
+//                                                  (keys likewise); grid (ceil(max Nq / kBlockM), H,
+//                                                  B); seqlen_q / seqlen_k_all are the totals; a CTA
+//                                                  whose Q block starts past its sequence exits at once
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -159,6 +166,12 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
+#endif
+#ifndef FA_VARLEN
+#define FA_VARLEN 0
+#endif
+#if FA_VARLEN && FA_CHECKPOINTS
+#error "FA_VARLEN has no debug build: the checkpoint buffer is indexed by the dense grid"
 #endif
 #if FA_KV_GROUP < 1 || FA_WINDOW_LEFT < -1 || FA_WINDOW_RIGHT < -1
 #error "FA_KV_GROUP is >= 1; FA_WINDOW_LEFT / FA_WINDOW_RIGHT are -1 (unbounded) or >= 0"
@@ -753,6 +766,9 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
 extern "C" __global__ void __launch_bounds__(fa::kThreads, FA_MIN_BLOCKS)
 fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k_all, float scale
+#if FA_VARLEN
+               , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
 #if FA_CHECKPOINTS
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
 #endif
@@ -766,6 +782,22 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #endif
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 sQ = sQ_base(), sK = sK_base(), sV = sV_base();
+#if FA_VARLEN
+  {  // Packed batch: bh = blockIdx.y is head h of sequence b = blockIdx.z. The arguments hold the totals;
+     // from here on seqlen_q and seqlen_k_all are sequence b's lengths (its tails masked as a dense
+     // launch's), and q, k, v, o, lse move so that the dense addressing below (batch-head bh's rows at
+     // bh * length) lands on row cu_seqlens[b] of head h's [total, d] slab.
+    const int b_seq = blockIdx.z;
+    const int q_start = cu_seqlens_q[b_seq], k_start = cu_seqlens_k[b_seq];
+    const int len_q = cu_seqlens_q[b_seq + 1] - q_start, len_k = cu_seqlens_k[b_seq + 1] - k_start;
+    if (m_block * kBlockM >= len_q) return;  // the whole CTA: its Q block is past sequence b's end
+    const u64 q_rows = (u64)bh * (seqlen_q - len_q) + q_start;
+    const u64 kv_rows = (u64)(bh / kKVGroup) * (seqlen_k_all - len_k) + k_start;  // GQA: the group's head
+    q += q_rows * kHeadDim, o += q_rows * kHeadDim, lse += q_rows;
+    k += kv_rows * kHeadDim, v += kv_rows * kHeadDim;
+    seqlen_q = len_q, seqlen_k_all = len_k;
+  }
+#endif
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
   const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
   const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;

@@ -367,14 +367,19 @@ def auto_requested(args) -> bool:
     return True
 
 
-def file_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def file_inputs(args, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """q, k, v of --npz FILE, whose arrays fix the shape (the shape options are refused), or None
-    for random inputs (`random_inputs`, drawn after every check)."""
+    for random inputs (`random_inputs`, drawn after every check). `packed` (fa sim): the file may hold
+    a packed batch; args.cu_seqlens is then (cu_seqlens_q, cu_seqlens_k), else None."""
+    args.cu_seqlens = None
     if getattr(args, "npz", None) is None:
         return None
     option = inputs_option(args)
     refuse(args, PROBLEM_DESTS, f"with {option}: the file's q, k, v fix the shape")
-    return load_qkv(args.npz, option)
+    if not packed:
+        return load_qkv(args.npz, option)
+    *qkv, args.cu_seqlens = load_qkv(args.npz, option, packed=True)
+    return tuple(qkv)
 
 
 def inputs_head_dim(args, inputs) -> int:

@@ -25,6 +25,9 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end record
 PICKLE_PROTO = b"\x80"  # pickle protocol 2 and later start with PROTO
 QKV = "arrays q [B, H, Nq, d], k and v [B, H, Nk, d] (numpy.savez(FILE, q=q, k=k, v=v))"
+PACKED = ("arrays q [total_q, H, d], k and v [total_k, H_k, d], cu_seqlens_q and cu_seqlens_k (int32, B + 1 "
+          "offsets; a packed batch, fa_sim.varlen)")
+CU_NAMES = ("cu_seqlens_q", "cu_seqlens_k")
 
 # -- --npz FILE: the one name of the q, k, v input file in every command ---------------------------------
 INPUTS_OPTION = "--npz"
@@ -130,9 +133,16 @@ def load_npz(path, names, option: str, accepted: str, optional=()) -> dict[str, 
     return out
 
 
-def load_qkv(path, option: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v [B, H, N, d] of numeric dtype from an .npz."""
-    data = load_npz(path, ("q", "k", "v"), option, QKV)
+def load_qkv(path, option: str, packed: bool = False):
+    """q, k, v [B, H, N, d] of numeric dtype from an .npz. `packed` (fa sim): the file may hold a packed
+    batch (cu_seqlens_q, cu_seqlens_k with q [total_q, H, d], ...): -> (q, k, v, (cu_q, cu_k) or None);
+    elsewhere such a file is refused in one line."""
+    data = load_npz(path, ("q", "k", "v"), option, QKV, optional=CU_NAMES)
+    if any(n in data for n in CU_NAMES):
+        if not packed:
+            raise UsageError(f"{option} {path}: holds {' and '.join(n for n in CU_NAMES if n in data)} (a packed "
+                             "batch), which only fa sim runs so far; unpack the sequences for this command")
+        return (*_packed_qkv(data, path, option), (data.get("cu_seqlens_q"), data.get("cu_seqlens_k")))
     for name, x in data.items():
         if x.ndim != 4:
             raise _refuse(option, path, f"{name} must have rank 4 [batch, heads, seqlen, head_dim], got shape "
@@ -148,6 +158,32 @@ def load_qkv(path, option: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         check_shapes(*(data[n].shape for n in ("q", "k", "v")))
         for name in ("q", "k", "v"):
             check_input(data[name], name).fp16()
+    except ValueError as exc:
+        raise UsageError(f"{option} {path}: {exc}") from None
+    if packed:
+        return data["q"], data["k"], data["v"], None
+    return data["q"], data["k"], data["v"]
+
+
+def _packed_qkv(data, path, option: str):
+    """q, k, v of a packed file, after fa_sim.varlen's checks of the shapes and offsets and every
+    value check of the policy: one UsageError line each."""
+    from ..varlen import head_major, make_varlen_problem
+
+    missing = [n for n in CU_NAMES if n not in data]
+    if missing:
+        raise _refuse(option, path, f"lacks array {missing[0]} (a packed batch needs both offsets)", PACKED)
+    try:
+        views = [head_major(data[n], n, "total_q" if n == "q" else "total_k") for n in ("q", "k", "v")]
+        for name, x in zip("qkv", views):
+            if x.dtype.kind not in "fiu":
+                raise ValueError(f"{name} has dtype {x.dtype}, not a number type")
+            if x.shape[3] not in HEAD_DIMS:
+                raise ValueError(f"{name} has head_dim {x.shape[3]}; the kernel supports head_dim "
+                                 f"{', '.join(map(str, HEAD_DIMS))}")
+        make_varlen_problem(*(x.shape for x in views), data["cu_seqlens_q"], data["cu_seqlens_k"], False, None, None)
+        for name, x in zip("qkv", views):
+            check_input(x, name).fp16()
     except ValueError as exc:
         raise UsageError(f"{option} {path}: {exc}") from None
     return data["q"], data["k"], data["v"]

@@ -16,6 +16,11 @@ exits 1 when it finds any. `--workers N` (default: one per core) shares the grid
 local processes, `--cluster ADDRESS` over a Dask cluster (fa_sim.parallel): the numbers are
 bit-identical to one process; a worker or cluster lost is one error line naming the shard.
 
+A packed variable-length batch (fa_sim.varlen; docs/features.md) runs on the PTX engine: an
+`--npz` file holding q [total_q, H, d], k and v [total_k, H_k, d] with cu_seqlens_q and
+cu_seqlens_k (int32 offsets), or random inputs of the lengths `--seqlens 70,130,5` (Nk = Nq per
+sequence; --heads, --heads-k, --head-dim, --seed apply); its errors are measured per sequence.
+
 `--backward` runs the backward pass after the forward on the same inputs (fa_sim/commands/backward.py:
 dO seeded after q, k, v, or the --npz file's do) and prints dQ, dK, dV's errors against float64
 (fa_sim.reference.attention_backward): max |error|, that over max |gradient|, and the largest
@@ -52,7 +57,9 @@ from .common import (
     heads_k,
     inputs_head_dim,
     kernel_from_args,
+    problem_head_dim,
     problem_shape,
+    refuse,
     run_inputs,
 )
 from . import UsageError
@@ -74,15 +81,36 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
+    p.add_argument("--seqlens", type=seqlens_list, default=None, metavar="N,N,...",
+                   help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
+                        "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
     add_parallel_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
 
 
-def errors(res: SimResult, q, k, v, window=None, softcap=None) -> Accuracy:
+def seqlens_list(text: str) -> tuple[int, ...]:
+    """argparse type of --seqlens: comma-separated integers >= 0, at least one of them >= 1."""
+    try:
+        out = tuple(int(x.strip(), 10) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0 or max(out) < 1 or sum(out) > 2**31 - 1:
+        raise UsageError(f"--seqlens takes comma-separated sequence lengths >= 0, not all 0 (e.g. 70,130,5), "
+                         f"got {text!r}")
+    return out
+
+
+def errors(res: SimResult, q, k, v, window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None) -> Accuracy:
     """O and LSE against the float64 reference on the fp16 (bf16: as float32) inputs the kernel saw
-    (streamed in blocks, fa_sim.accuracy), with the cause of anything non-finite."""
+    (streamed in blocks, fa_sim.accuracy), with the cause of anything non-finite; a packed batch
+    sequence by sequence (fa_sim.varlen.measure_packed)."""
     q, k, v = (np.asarray(x, dtype=np.float16 if res.dtype == "fp16" else np.float32) for x in (q, k, v))
+    if cu_seqlens_q is not None:
+        from ..varlen import measure_packed
+
+        return measure_packed(res.o, res.lse, q, k, v, cu_seqlens_q, cu_seqlens_k, res.causal, res.scale, res.config,
+                              window=window, softcap=softcap or 0.0)
     return measure(res.o, res.lse, q, k, v, res.causal, res.scale, res.config, window=window, softcap=softcap or 0.0)
 
 
@@ -93,11 +121,26 @@ def _inputs(args, loaded, config, front):
         check_input_memory(args)
     check_cluster(args.cluster)
     shapes = qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None else [np.shape(x) for x in loaded]
+    if args.seqlens is not None:  # random packed inputs, [total, H, d]
+        total, d = int(args.cu_seqlens[0][-1]), problem_head_dim(args)
+        shapes = [(total, args.heads, d), (total, heads_k(args), d), (total, heads_k(args), d)]
     try:
-        prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
+        if args.cu_seqlens is not None:
+            from ..varlen import make_varlen_problem
+
+            shapes = [(1, s[1], s[0], s[2]) for s in shapes]  # head-major, as the kernel reads them
+            prob = make_varlen_problem(*shapes, *args.cu_seqlens, args.causal, args.scale, config, **features(args))
+        else:
+            prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
     except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
         raise UsageError(str(exc)) from None
     announce("sim", prob, args.mma)
+    if args.seqlens is not None:
+        from ..reference import random_inputs
+
+        qkv = random_inputs(1, args.heads, prob.total_q, prob.total_k, prob.head_dim, args.seed, heads_k=heads_k(args),
+                            dtype=config.dtype)
+        return tuple(np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in qkv)
     return run_inputs(args, config, loaded)
 
 
@@ -105,10 +148,20 @@ def run(args) -> int:
     from . import backward
 
     backward.check_options(args, ("workers", "cluster"))
+    if args.backward and args.seqlens is not None:
+        raise UsageError("--seqlens does not apply with --backward: fa2_bwd.cu has no packed batches")
     if args.backward:
         return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
-    loaded = file_inputs(args)
+    loaded = file_inputs(args, packed=True)
+    if args.seqlens is not None:
+        if loaded is not None:
+            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the inputs)")
+        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
+        from ..varlen import cu_seqlens_of
+
+        cu = cu_seqlens_of(args.seqlens)
+        args.cu_seqlens = (cu, cu)
     d = inputs_head_dim(args, loaded)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)
@@ -118,12 +171,21 @@ def run(args) -> int:
             HazardChecker,  # the simulator core does not need the observers
         )
         checker = HazardChecker()
+    packed = {}
+    if args.cu_seqlens is not None:  # a packed batch: the PTX engine, in this process
+        if args.cluster is not None:
+            raise UsageError("--cluster does not apply to a packed batch (cu_seqlens): it runs in this process")
+        if args.engine == "program":
+            raise UsageError("--engine program does not run a packed batch (cu_seqlens): fa2_fwd.cu's FA_VARLEN "
+                             "offsets are not modelled by the hand-written program; run it with --engine ptx")
+        packed = dict(cu_seqlens_q=args.cu_seqlens[0], cu_seqlens_k=args.cu_seqlens[1])
+        args.engine = "ptx"
     front = engine_from_args(args, config)
     q, k, v = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
-                   workers=args.workers, cluster=args.cluster, **features(args))
-    acc = errors(res, q, k, v, **features(args))
+                   workers=None if packed else args.workers, cluster=args.cluster, **features(args), **packed)
+    acc = errors(res, q, k, v, **features(args), **packed)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
@@ -135,11 +197,19 @@ def run(args) -> int:
             out["hazards"] = report.to_json()
         print(json.dumps(out, allow_nan=False))  # non-finite numbers are null (fa_sim.accuracy)
         return status
-    b, h, nq, _ = res.o.shape
-    extra = (f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h else "") + (
+    if packed:
+        b, (nq, h, _) = len(args.cu_seqlens[0]) - 1, res.o.shape
+        extra = f" packed total_q={nq} total_k={np.shape(k)[0]}" + (f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h
+                                                                      else "")
+        nq, nk = int(np.diff(args.cu_seqlens[0]).max()), int(np.diff(args.cu_seqlens[1]).max())
+    else:
+        b, h, nq, _ = res.o.shape
+        nk = np.shape(k)[2]
+        extra = f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h else ""
+    extra += (
         f" window={args.window[0]},{args.window[1]}" if args.window is not None else "") + (
         f" softcap={args.softcap:g}" if args.softcap is not None else "")
-    print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
+    print(f"fa sim: B={b} H={h} {'max ' if packed else ''}Nq={nq} Nk={nk} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g}{extra} config {config.tag}"
           + (f" engine ptx ({front.kernel.name if front.kernel is not None else 'fa2_fwd.cu'})"
              if isinstance(front, PtxFrontEnd) else ""))

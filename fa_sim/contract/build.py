@@ -45,12 +45,14 @@ class KernelBuild:
     kv_group: int = 1  # Q heads per K/V head (FA_KV_GROUP)
     window: tuple[int, int] = (-1, -1)  # effective (left, right) window (FA_WINDOW_LEFT / _RIGHT)
     softcap: float = 0.0  # the cap, as fp32 (FA_SOFTCAP: its bits); 0 = none
+    varlen: bool = False  # a packed variable-length batch (FA_VARLEN: cu_seqlens_q / _k parameters)
 
     @classmethod
     def of(cls, problem, arch: str, checkpoints: bool = False, kernel: KernelSource | None = None) -> "KernelBuild":
         """The build that runs `problem` (a fa_sim.problem.Problem): its config, causal flag and features."""
         return cls(problem.config, problem.causal, arch, bool(checkpoints), kernel, kv_group=problem.kv_group,
-                   window=(problem.window_left, problem.window_right), softcap=problem.softcap)
+                   window=(problem.window_left, problem.window_right), softcap=problem.softcap,
+                   varlen=problem.varlen)
 
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, KernelSource):
@@ -85,6 +87,8 @@ class KernelBuild:
             out["FA_WINDOW_RIGHT"] = int(self.window[1])
         if self.softcap:
             out["FA_SOFTCAP"] = int(np.float32(self.softcap).view(np.uint32))
+        if self.varlen:
+            out["FA_VARLEN"] = 1
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
@@ -105,6 +109,7 @@ class KernelBuild:
         extra += f", heads per K/V head {self.kv_group}" if self.kv_group != 1 else ""
         extra += f", window {self.window}" if self.window != (-1, -1) else ""
         extra += f", softcap {self.softcap:g}" if self.softcap else ""
+        extra += ", packed (varlen)" if self.varlen else ""
         extra += ", checkpoints" if self.checkpoints else ""
         extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
         extra += ", DIAGNOSTIC accurate expf" if self.diag_accurate_exp else ""

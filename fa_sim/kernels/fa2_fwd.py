@@ -107,6 +107,9 @@ def program_refusal(prob: Problem) -> str | None:
     if prob.softcap:
         return (f"softcap={prob.softcap:g} adds fa2_fwd.cu's tanh arithmetic, which the hand-written program "
                 "does not model")
+    if prob.varlen:
+        return ("a packed batch (cu_seqlens) reads its sequences' offsets in fa2_fwd.cu (FA_VARLEN), which the "
+                "hand-written program does not model")
     return None
 
 
@@ -128,7 +131,7 @@ def engine_for(config, prob: Problem | None = None) -> str:
 def launch_info(prob: Problem) -> LaunchInfo:
     """What observers learn about a launch of the kernel for `prob`."""
     cfg = prob.config
-    return LaunchInfo("fa2_fwd_kernel", (prob.n_m_blocks, prob.batch * prob.heads, 1), (cfg.n_threads, 1, 1),
+    return LaunchInfo("fa2_fwd_kernel", prob.launch_grid, (cfg.n_threads, 1, 1),
                       cfg.smem_bytes, prob)
 
 

@@ -34,9 +34,9 @@ from .program import Program, build_program
 
 @lru_cache(maxsize=64)
 def _program(source: KernelSource, config, causal: bool, checkpoints: bool, kv_group: int = 1,
-             window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Program:
+             window: tuple[int, int] = (-1, -1), softcap: float = 0.0, varlen: bool = False) -> Program:
     module = kernel_module(KernelBuild(config, causal, "sm_80", checkpoints, source, kv_group=kv_group,
-                                       window=window, softcap=softcap))
+                                       window=window, softcap=softcap, varlen=varlen))
     if KERNEL_NAME not in module.kernels:
         raise ValueError(f"{source.origin} defines no {KERNEL_NAME} (kernels: {', '.join(module.kernels)})")
     return build_program(module, KERNEL_NAME, source.text)
@@ -50,7 +50,8 @@ def attention_program(config, causal: bool, checkpoints: bool = False, kernel=No
     if problem is None:
         return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints))
     b = KernelBuild.of(problem, "sm_80")
-    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints), b.kv_group, b.window, b.softcap)
+    return _program(kernel_source(kernel), config, bool(causal), bool(checkpoints), b.kv_group, b.window, b.softcap,
+                    b.varlen)
 
 
 def wanted_checkpoint_ctas(hub: Hub, n_ctas: int) -> np.ndarray | None:
@@ -83,17 +84,24 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
     program = attention_program(cfg, prob.causal, sel is not None, kernel, prob) if program is None else program
     args = [ptr.q, ptr.k, ptr.v, ptr.o, ptr.lse, np.int32(prob.seqlen_q), np.int32(prob.seqlen_k),
             np.float32(prob.scale)]
+    if prob.varlen:  # FA_VARLEN: the sequences' offsets, int32 (the scalars above hold the totals)
+        args[5:7] = [np.int32(prob.total_q), np.int32(prob.total_k)]
+        args += [memory.alloc(name, np.array(cu, np.int32)).base for name, cu in zip(("cu_seqlens_q", "cu_seqlens_k"),
+                                                                                      prob.cu_seqlens)]
     ck = None
     if sel is not None:
+        if prob.varlen:
+            raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded: fa2_fwd.cu's FA_VARLEN "
+                             "build has no debug build; run the sequence alone for its checkpoints")
         layout = CheckpointLayout(cfg, prob.n_rounds)
         ck = memory.alloc("ck_buf", layout.empty(len(sel)))
         slot = np.full(prob.n_ctas, -1, np.int32)
         slot[sel] = np.arange(len(sel), dtype=np.int32)
         args += [ck.base, memory.alloc("ck_sel", slot).base, np.int32(prob.n_rounds)]
     params = _pack(program, args)
-    labels = FA2Labels(cfg, {"Q": prob.seqlen_q, "K": prob.seqlen_k, "V": prob.seqlen_k, "O": prob.seqlen_q,
-                             "LSE": prob.seqlen_q})
-    grid = (prob.n_m_blocks, prob.batch * prob.heads, 1)
+    nq, nk = (prob.total_q, prob.total_k) if prob.varlen else (prob.seqlen_q, prob.seqlen_k)  # rows per head
+    labels = FA2Labels(cfg, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq})
+    grid = prob.launch_grid
     budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables
     for wave in waves:
