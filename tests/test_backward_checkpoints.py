@@ -86,7 +86,8 @@ def test_checkpoints_decode_to_what_float64_predicts(causal):
                 continue
             row0 = (m_min + r) * cfg.block_m
             queries = row0 + np.arange(cfg.block_m)
-            for ck, x, rows0, n in ((C.SQ, q, row0, nq), (C.SDO, do, row0, nq), (C.SK, k, key0, nk), (C.SV, v, key0, nk)):
+            tiles = ((C.SQ, q, row0, nq), (C.SDO, do, row0, nq), (C.SK, k, key0, nk), (C.SV, v, key0, nk))
+            for ck, x, rows0, n in tiles:
                 want = _fp16_rows(x[0, 0], rows0, layout.tile_rows(ck), n)
                 assert layout.tile_matrix(ck, slot(ck)).view(np.uint16).tobytes() == want.view(np.uint16).tobytes(), ck
             live = (keys[:, None] < nk) & (queries[None, :] < nq)

@@ -410,8 +410,10 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     cp_async_wait_all();                  // this thread's copies of the Q block (and K, V) landed
     if (!FA_DROP_BAR_LOAD) __syncthreads();  // BAR_LOAD: everyone's copies and sLSE, sD visible
     FA_CK(const int ck_round = m_block - m_block_min);
-    FA_CK(ck_tile(ck, FA_BWD_CK_SQ, ck_round, sQ, kCkQTileWords); ck_tile(ck, FA_BWD_CK_SDO, ck_round, sdO, kCkQTileWords));
-    FA_CK(ck_tile(ck, FA_BWD_CK_SK, ck_round, sK, kCkKTileWords); ck_tile(ck, FA_BWD_CK_SV, ck_round, sV, kCkKTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SQ, ck_round, sQ, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SDO, ck_round, sdO, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SK, ck_round, sK, kCkKTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SV, ck_round, sV, kCkKTileWords));
     float tSrS[kSN][4];  // S^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
