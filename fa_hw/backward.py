@@ -163,7 +163,7 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
 def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream, ctas=None):
     """The three launches on `stream` from device pointers q k v o lse do dq dk dv (their owners
     held by the caller), D (and atomic mode's dq_accum) allocated here; each launch synchronises (_launch):
-    -> (LoadedBackward, the kernels' ms, the checkpoint buffer of `ctas` as numpy or None).
+    -> (LoadedBackward, the kernels' ms, the checkpoint buffer of `ctas` as numpy or None)."""
     b, h, nq, nk, d = shape
     loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch(),
                                          checkpoints=ctas is not None))
