@@ -27,7 +27,11 @@ registers: no atomics, no workspace, the same bits every run, and the simulator'
 (fa_sim.simulate_backward with mma_model="h200"). Scalars are np.int32 / np.float32, as
 fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
 max-dynamic-shared-size attribute raised first. `kernel_ms` holds the three kernels' times (CUDA
-events).
+events). `checkpoint_ctas` (linear CTA ids n_block + n_kv_blocks * bh of the main kernel's grid)
+runs the main kernel's debug build (FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either
+input path: `res.checkpoints` is the numpy buffer uint32 [cta_sel, checkpoint, round, thread, word]
+of fa_sim/checkpoints.py (BackwardCheckpointLayout), the one fa_sim.simulate_backward(...,
+checkpoint_ctas=...) fills.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fa_sim.backward import check_backward_inputs, check_backward_layout
+from fa_sim.checkpoints import BackwardCheckpointLayout, checkpoint_selection, selection_map
 from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
 from fa_sim.contract.cubin import ResourceUsage
@@ -58,6 +63,8 @@ class HwBackwardResult:
     deterministic: bool
     kernel_ms: tuple[float, float, float]  # preprocess, main, convert
     registers: dict  # kernel name -> registers per thread (the driver's)
+    checkpoints: np.ndarray | None = None  # checkpoint_ctas given: uint32 [cta_sel, checkpoint, round, thread, word]
+    checkpoint_ctas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,23 +94,25 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, *, config: BackwardConfig | None = None) -> HwBackwardResult:
+             deterministic: bool = False, *, config: BackwardConfig | None = None,
+             checkpoint_ctas=None) -> HwBackwardResult:
     """Run the backward pass once on the GPU; see the module docstring."""
     if _all_torch_cuda(q, k, v, o, lse, do):
-        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config)
+        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas)
     x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)  # before any GPU work
     _check_mode_and_size(deterministic, *x.shape)
     b, h, nq, nk, d = x.shape
     cfg = x.config
+    ctas = checkpoint_selection(checkpoint_ctas, cfg.n_kv_blocks(nk) * b * h)
     stream = runtime.own_stream()
     ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
     dq, dk, dv = (runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v))
     keep = [*ins, dq, dk, dv]
     ptrs = [int(buf.handle) for buf in keep]
-    loaded, ms = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream)
+    loaded, ms, ck = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream, ctas)
     out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
     return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
-                            {name: u.registers for name, u in loaded.usage.items()})
+                            {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
 
 
 def _check_mode_and_size(deterministic, b: int, h: int, nq: int, nk: int, d: int) -> None:
@@ -119,7 +128,7 @@ def _all_torch_cuda(*xs) -> bool:
     return all(type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False) for x in xs)
 
 
-def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config) -> HwBackwardResult:
+def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas) -> HwBackwardResult:
     """fa_hw.backward on torch CUDA tensors: the checks of check_backward_inputs in torch (values on
     the GPU), the kernels on the tensors in place and on torch's current stream, torch outputs."""
     import torch
@@ -128,6 +137,7 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config) -
     b, h, nq, d = ins[0].shape
     nk = ins[1].shape[2]
     _check_mode_and_size(deterministic, b, h, nq, nk, d)
+    ctas = checkpoint_selection(checkpoint_ctas, cfg.n_kv_blocks(nk) * b * h)
     dev = q.device
     if any(x.device != dev for x in (k, v, o, lse, do)):
         raise ValueError(f"q, k, v, o, lse, do must be on one device, got "
@@ -144,18 +154,19 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config) -
     dq, dk, dv = (torch.empty_like(x) for x in (q16, k16, v16))
     keep = [q16, k16, v16, o16, lse, do16, dq, dk, dv]
     stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
-    loaded, ms = _run([x.data_ptr() for x in keep], (b, h, nq, nk, d), cfg, causal, scale, bool(deterministic),
-                      stream)
+    loaded, ms, ck = _run([x.data_ptr() for x in keep], (b, h, nq, nk, d), cfg, causal, scale, bool(deterministic),
+                          stream, ctas)
     return HwBackwardResult(dq, dk, dv, cfg, causal, scale, bool(deterministic), ms,
-                            {name: u.registers for name, u in loaded.usage.items()})
+                            {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
 
 
-def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream):
+def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream, ctas=None):
     """The three launches on `stream` from device pointers q k v o lse do dq dk dv (their owners
     held by the caller), D (and atomic mode's dq_accum) allocated here; each launch synchronises (_launch):
-    -> (LoadedBackward, the kernels' ms)."""
+    -> (LoadedBackward, the kernels' ms, the checkpoint buffer of `ctas` as numpy or None)."""
     b, h, nq, nk, d = shape
-    loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch()))
+    loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch(),
+                                         checkpoints=ctas is not None))
     q_, k_, v_, o_, lse_, do_, dq, dk, dv = (int(p) for p in ptrs)
     dpsum = runtime.allocate(b * h * nq * 4, stream)
     n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
@@ -170,14 +181,24 @@ def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determini
         runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
         acc = int(dq_accum.handle)
         last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, dq, np.int32(nq), s32))
+    ck_args, ck_host = (), None
+    if ctas is not None:  # the debug build's buffer (zeroed), its CTA -> slot map and rounds
+        layout = BackwardCheckpointLayout(cfg, n_q)
+        ck_host = layout.empty(len(ctas))
+        ck_buf = runtime.allocate(ck_host.nbytes, stream)
+        runtime.memset_zero(int(ck_buf.handle), ck_host.nbytes, stream)
+        ck_sel = runtime.upload(selection_map(ctas, n_kv * bh), stream)
+        ck_args = (int(ck_buf.handle), int(ck_sel.handle), np.int32(layout.n_rounds))
     launches = [
         (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, int(dpsum.handle), np.int32(nq))),
         (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, int(dpsum.handle), acc, dk, dv, np.int32(nq), np.int32(nk), s32)),
+         (q_, k_, v_, do_, lse_, int(dpsum.handle), acc, dk, dv, np.int32(nq), np.int32(nk), s32, *ck_args)),
         last,
     ]
     ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream) for name, grid, smem, args in launches)
-    return loaded, ms
+    if ck_host is not None:
+        ck_host = runtime.download(ck_args[0], ck_host, stream)
+    return loaded, ms, ck_host
 
 
 def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream) -> float:

@@ -25,8 +25,13 @@ convert kernels use registers and global memory only; a HazardChecker starts a n
 launch); `kernel` a variant of fa2_bwd.cu (a path), `macros` extra FA_* macros (the mutation builds
 of the hazard tests); `mma_model` the tensor core's accumulation, as fa_sim.simulate's ("h200": the
 GPU's bits, for the comparison with fa_hw); `wave_ctas` the CTAs the engine runs at once
-(fa_sim.ptx.launch; the deterministic mode's results do not depend on it). Bad input raises one
-ValueError line before any kernel runs.
+(fa_sim.ptx.launch; the deterministic mode's results do not depend on it).
+`checkpoint_ctas` (linear CTA ids n_block + n_kv_blocks * bh of the main kernel's grid) runs the
+main kernel's debug build (FA_BWD_CHECKPOINTS) instead, in either dQ mode: `res.checkpoints` is the
+buffer uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py
+(BackwardCheckpointLayout), written by that build's own stores, the ones
+fa_hw.backward(..., checkpoint_ctas=...) runs on the GPU. Bad input raises one ValueError line before
+any kernel runs.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .checkpoints import BackwardCheckpointLayout, checkpoint_selection, selection_map
 from .contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                 BackwardConfig)
 from .events import Op
@@ -55,6 +61,8 @@ class BackwardResult:
     seconds: float
     # warp instructions per class of each kernel (name -> {Op: count}), in launch order
     instructions: Mapping[str, Mapping[Op, int]] = field(default_factory=dict)
+    checkpoints: np.ndarray | None = None  # checkpoint_ctas given: uint32 [cta_sel, checkpoint, round, thread, word]
+    checkpoint_ctas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,46 +145,57 @@ class BackwardLaunch:
 
 def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
-                      macros: dict | None = None) -> tuple[list[BackwardLaunch], BackwardInputs, dict]:
-    """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum});
-    dq_accum is None in the deterministic mode (the main kernel gets a null pointer it does not use)."""
+                      macros: dict | None = None, checkpoint_ctas=None
+                      ) -> tuple[list[BackwardLaunch], BackwardInputs, dict]:
+    """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum},
+    with checkpoint_ctas also {checkpoints, checkpoint_ctas}); dq_accum is None in the deterministic
+    mode (the main kernel gets a null pointer it does not use)."""
     x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
-    build = BackwardBuild(x.config, x.causal, bool(deterministic), "sm_80", kernel,
-                          tuple(sorted((macros or {}).items())))
     cfg, (b, h, nq, nk, d) = x.config, x.shape
+    n_ctas = cfg.n_kv_blocks(nk) * b * h
+    ctas = checkpoint_selection(checkpoint_ctas, n_ctas)
+    build = BackwardBuild(x.config, x.causal, bool(deterministic), "sm_80", kernel,
+                          tuple(sorted((macros or {}).items())), checkpoints=ctas is not None)
     src, defs = str(build.path), build.macros()
     block, scale32 = (cfg.n_threads, 1, 1), np.float32(x.scale)
     dpsum = np.zeros((b * h, nq), np.float32)
     dq_accum = None if deterministic else np.zeros((b * h, nq, d), np.float32)
     dk, dv, dq = np.zeros_like(x.k), np.zeros_like(x.v), np.zeros_like(x.q)
     acc_arg = np.uint64(0) if dq_accum is None else dq_accum
+    main_args = [x.q, x.k, x.v, x.do, x.lse, dpsum, acc_arg, dk, dv, np.int32(nq), np.int32(nk), scale32]
+    outputs = {"dq": dq, "dk": dk, "dv": dv, "dq_accum": dq_accum}
+    if ctas is not None:  # the debug build's extra parameters: buffer, CTA -> slot map, rounds
+        layout = BackwardCheckpointLayout(cfg, cfg.n_q_blocks(nq))
+        buf = layout.empty(len(ctas))
+        main_args += [buf, selection_map(ctas, n_ctas), np.int32(layout.n_rounds)]
+        outputs.update(checkpoints=buf, checkpoint_ctas=tuple(ctas))
     launches = [
         BackwardLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
                        [x.o, x.do, dpsum, np.int32(nq)], defs),
         BackwardLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                       [x.q, x.k, x.v, x.do, x.lse, dpsum, acc_arg, dk, dv, np.int32(nq), np.int32(nk), scale32], defs),
+                       main_args, defs),
         BackwardLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
                        [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs)
         if deterministic else
         BackwardLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
                        [dq_accum, dq, np.int32(nq), scale32], defs),
     ]
-    return launches, x, {"dq": dq, "dk": dk, "dv": dv, "dq_accum": dq_accum}
+    return launches, x, outputs
 
 
 def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
                       kernel=None, macros: dict | None = None, mma_model=None, dq_observers=(),
-                      wave_ctas: int | None = None) -> BackwardResult:
+                      wave_ctas: int | None = None, checkpoint_ctas=None) -> BackwardResult:
     """The backward pass on the PTX engine; see the module docstring."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .simulate import _observers
 
     start = time.perf_counter()
     launches, x, out = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, config=config,
-                                         kernel=kernel, macros=macros)
+                                         kernel=kernel, macros=macros, checkpoint_ctas=checkpoint_ctas)
     seen = {MAIN_KERNEL: _observers(observers), DQ_KERNEL: _observers(dq_observers)}
     if seen[DQ_KERNEL] and not deterministic:
         raise ValueError("dq_observers watch fa2_bwd_dq_kernel, which only the deterministic mode runs")
@@ -188,4 +207,4 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
                          macros=launch.macros, **extra, **waves)
         counts[launch.kernel] = dict(run.instructions)
     return BackwardResult(out["dq"], out["dk"], out["dv"], x.config, x.causal, x.scale, bool(deterministic),
-                          time.perf_counter() - start, counts)
+                          time.perf_counter() - start, counts, out.get("checkpoints"), out.get("checkpoint_ctas", ()))

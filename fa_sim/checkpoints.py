@@ -16,6 +16,23 @@ Per-thread contents, in CuTe fragment order (tCrS shape (4, MMA_M, MMA_N), colum
 - SQ, SK, SV, SO: the tile's shared memory as stored (physical order, padding included),
   halves packed in pairs into words; thread t holds words [t*w, (t+1)*w) with
   w = ceil(tile_words / threads), zero past the end.
+
+The backward pass (fa2_bwd.cu's main kernel, debug build FA_BWD_CHECKPOINTS) fills a buffer of the
+same form and the same tile convention: `BackwardCheckpoint`, `BackwardCheckpointLayout`.
+
+- checkpoint: index in `BackwardCheckpoint` declaration order (S = 0 ... SV = 9).
+- round: the CTA's loop iteration r, its Q block m_block_min + r (causal: m_block_min =
+  key0 // block_m, else 0); n_rounds = ceil(seqlen_q / block_m). Rounds a CTA does not run stay 0.
+- cta: linear id n_block + n_kv_blocks * bh (grid (n_kv_blocks, B*H)).
+- S, P, DP, DS (keys x queries, fp32 bits): word e = v + 4*nj of the accumulator [block_m/8][4]
+  holds key 16*warp + g + 8*(v >> 1) and query 8*nj + 2*tq + (v & 1) of the Q block (g = lane/4,
+  tq = lane%4): S^T = K Q^T unscaled and unmasked, P^T after ex2 (masked: 0), dP^T = V dO^T,
+  dS^T = P^T o (dP^T - D) in fp32 (before the fp16 packing).
+- DV, DK (fp32 bits): the accumulators [d/8][4] after round r, word e = v + 4*nj holding key
+  16*warp + g + 8*(v >> 1), column 8*nj + 2*tq + (v & 1); dK without the scale (the epilogue
+  multiplies by it).
+- SQ, SDO, SK, SV: the tiles' shared memory as stored after the round's first barrier (BAR_LOAD),
+  [rows][d + 8] fp16 with zeroed padding, packed as above.
 """
 
 from __future__ import annotations
@@ -52,10 +69,52 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _SlotLayout:
+    """What both layouts share: a checkpoint's slot of `words` uint32 per thread, tile images spread
+    over the threads. Subclasses give CHECKPOINTS, used_words, tile_words and n_threads."""
+
+    CHECKPOINTS: tuple = ()
+
+    @property
+    def words(self) -> int:
+        return max(self.used_words(ck) for ck in self.CHECKPOINTS)
+
+    def shape(self, n_ctas: int) -> tuple[int, int, int, int, int]:
+        return (n_ctas, len(self.CHECKPOINTS), self.n_rounds, self.n_threads, self.words)
+
+    def empty(self, n_ctas: int) -> np.ndarray:
+        return np.zeros(self.shape(n_ctas), dtype=np.uint32)
+
+    @classmethod
+    def index(cls, ck) -> int:
+        return cls.CHECKPOINTS.index(ck)
+
+    def tile_to_threads(self, ck, halves: np.ndarray) -> np.ndarray:
+        """[C, tile_halves] uint16/float16 physical image -> [C, T, used_words] uint32."""
+        c = halves.shape[0]
+        words = np.ascontiguousarray(halves).view(np.uint16).reshape(c, -1).view(np.uint32)
+        w = self.used_words(ck)
+        out = np.zeros((c, self.n_threads * w), dtype=np.uint32)
+        out[:, : words.shape[1]] = words
+        return out.reshape(c, self.n_threads, w)
+
+    def threads_to_tile(self, ck, slot: np.ndarray) -> np.ndarray:
+        """Inverse of tile_to_threads: [C, T, words] uint32 -> [C, tile_halves] uint16."""
+        w = self.used_words(ck)
+        flat = np.ascontiguousarray(slot[..., :w]).reshape(slot.shape[0], -1)[:, : self.tile_words(ck)]
+        return np.ascontiguousarray(flat).view(np.uint16)
+
+
 @dataclass(frozen=True)
-class CheckpointLayout:
+class CheckpointLayout(_SlotLayout):
     config: KernelConfig
     n_rounds: int
+
+    CHECKPOINTS = CHECKPOINTS
+
+    @property
+    def n_threads(self) -> int:
+        return self.config.n_threads
 
     def tile_rows(self, ck: Checkpoint) -> int:
         return self.config.block_m if ck in (Checkpoint.SQ, Checkpoint.SO) else self.config.block_n
@@ -77,31 +136,114 @@ class CheckpointLayout:
             return cfg.s_values_per_thread // 2
         return _ceil_div(self.tile_words(ck), cfg.n_threads)
 
+
+class BackwardCheckpoint(enum.Enum):
+    """Per-thread snapshots of fa2_bwd.cu's main kernel, one per round (module docstring)."""
+
+    S = "S"  # S^T = K Q^T accumulators after the GEMM (unscaled, unmasked): f32 [block_m/8][4]
+    P = "P"  # P^T = ex2(s log2e S^T - log2e LSE) after the exp (masked: 0): f32
+    DP = "dP"  # dP^T = V dO^T accumulators: f32
+    DS = "dS"  # dS^T = P^T o (dP^T - D) in fp32, before the fp16 packing: f32
+    DV = "dV"  # the dV accumulator after round r: f32 [d/8][4]
+    DK = "dK"  # the dK accumulator after round r (without the scale): f32 [d/8][4]
+    SQ = "sQ"  # sQ as stored, after BAR_LOAD: f16 image
+    SDO = "sdO"  # sdO after BAR_LOAD
+    SK = "sK"  # sK after BAR_LOAD
+    SV = "sV"  # sV after BAR_LOAD
+
+
+BACKWARD_CHECKPOINTS = tuple(BackwardCheckpoint)
+BACKWARD_TILES = (BackwardCheckpoint.SQ, BackwardCheckpoint.SDO, BackwardCheckpoint.SK, BackwardCheckpoint.SV)
+BACKWARD_KEY_QUERY = (BackwardCheckpoint.S, BackwardCheckpoint.P, BackwardCheckpoint.DP, BackwardCheckpoint.DS)
+
+
+@dataclass(frozen=True)
+class BackwardCheckpointLayout(_SlotLayout):
+    """The backward's buffer (module docstring). `config`: a fa_sim.contract.backward.BackwardConfig
+    (head_dim, block_m, block_n, n_threads); `n_rounds`: ceil(seqlen_q / block_m)."""
+
+    config: object
+    n_rounds: int
+
+    CHECKPOINTS = BACKWARD_CHECKPOINTS
+
     @property
-    def words(self) -> int:
-        return max(self.used_words(ck) for ck in CHECKPOINTS)
+    def n_threads(self) -> int:
+        return self.config.n_threads
 
-    def shape(self, n_ctas: int) -> tuple[int, int, int, int, int]:
-        return (n_ctas, len(CHECKPOINTS), self.n_rounds, self.config.n_threads, self.words)
+    def tile_rows(self, ck: BackwardCheckpoint) -> int:
+        return self.config.block_m if ck in (BackwardCheckpoint.SQ, BackwardCheckpoint.SDO) else self.config.block_n
 
-    def empty(self, n_ctas: int) -> np.ndarray:
-        return np.zeros(self.shape(n_ctas), dtype=np.uint32)
+    def tile_words(self, ck: BackwardCheckpoint) -> int:
+        """Words of the whole tile image [rows][d + 8] fp16."""
+        return self.tile_rows(ck) * (self.config.head_dim + 8) // 2
 
-    @staticmethod
-    def index(ck: Checkpoint) -> int:
-        return CHECKPOINTS.index(ck)
+    def used_words(self, ck: BackwardCheckpoint) -> int:
+        if ck in BACKWARD_KEY_QUERY:
+            return self.config.block_m // 2  # [block_m / 8][4]
+        if ck in (BackwardCheckpoint.DV, BackwardCheckpoint.DK):
+            return self.config.head_dim // 2  # [d / 8][4]
+        return _ceil_div(self.tile_words(ck), self.n_threads)
 
-    def tile_to_threads(self, ck: Checkpoint, halves: np.ndarray) -> np.ndarray:
-        """[C, tile_halves] uint16/float16 physical image -> [C, T, used_words] uint32."""
-        c = halves.shape[0]
-        words = np.ascontiguousarray(halves).view(np.uint16).reshape(c, -1).view(np.uint32)
-        w = self.used_words(ck)
-        out = np.zeros((c, self.config.n_threads * w), dtype=np.uint32)
-        out[:, : words.shape[1]] = words
-        return out.reshape(c, self.config.n_threads, w)
+    def fragment_coords(self, ck: BackwardCheckpoint) -> tuple[np.ndarray, np.ndarray]:
+        """(key, column) [threads, used_words] of each fragment word of `ck`: the key within the
+        CTA's block, and the query within the round's Q block (S, P, dP, dS) or the head-dim
+        column (dV, dK)."""
+        if ck in BACKWARD_TILES:
+            raise ValueError(f"{ck.value} is a shared-memory image, not a fragment")
+        t = np.arange(self.n_threads)[:, None]
+        e = np.arange(self.used_words(ck))[None, :]
+        warp, lane, v, nj = t // 32, t % 32, e % 4, e // 4
+        key = 16 * warp + lane // 4 + 8 * (v >> 1)
+        col = 8 * nj + 2 * (lane % 4) + (v & 1)
+        return np.broadcast_to(key, col.shape).copy(), col
 
-    def threads_to_tile(self, ck: Checkpoint, slot: np.ndarray) -> np.ndarray:
-        """Inverse of tile_to_threads: [C, T, words] uint32 -> [C, tile_halves] uint16."""
-        w = self.used_words(ck)
-        flat = np.ascontiguousarray(slot[..., :w]).reshape(slot.shape[0], -1)[:, : self.tile_words(ck)]
-        return np.ascontiguousarray(flat).view(np.uint16)
+    def fragment_matrix(self, ck: BackwardCheckpoint, slot: np.ndarray) -> np.ndarray:
+        """One (CTA, round)'s slot [threads, words] uint32 -> float32 [block_n, block_m or d]
+        at (key, column) coordinates."""
+        key, col = self.fragment_coords(ck)
+        n_cols = self.config.block_m if ck in BACKWARD_KEY_QUERY else self.config.head_dim
+        out = np.zeros((self.config.block_n, n_cols), np.float32)
+        out[key, col] = np.ascontiguousarray(slot[:, : key.shape[1]]).view(np.float32)
+        return out
+
+    def tile_matrix(self, ck: BackwardCheckpoint, slot: np.ndarray) -> np.ndarray:
+        """One (CTA, round)'s slot [threads, words] of a tile -> float16 [rows, d + 8] (padding included)."""
+        halves = self.threads_to_tile(ck, slot[None])[0]
+        return halves.view(np.float16).reshape(self.tile_rows(ck), self.config.head_dim + 8)
+
+    def rounds_per_cta(self, ctas, n_kv_blocks: int, seqlen_q: int, causal: bool) -> np.ndarray:
+        """The rounds each linear CTA id runs (n_block = cta % n_kv_blocks): ceil(Nq / block_m)
+        minus the causal start key0 // block_m (none below 0)."""
+        n_block = np.asarray(ctas, np.int64) % n_kv_blocks
+        n_q = _ceil_div(int(seqlen_q), self.config.block_m)
+        start = (n_block * self.config.block_n) // self.config.block_m if causal else np.zeros_like(n_block)
+        return np.maximum(n_q - start, 0)
+
+
+def checkpoint_selection(ctas, n_ctas: int, what: str = "checkpoint_ctas") -> list[int] | None:
+    """None, or distinct integer CTA ids (Python or numpy, never bool or float) in 0..n_ctas-1 ->
+    the list; ValueError (one line) otherwise."""
+    if ctas is None:
+        return None
+    accepted = f"distinct integer CTA ids in 0..{n_ctas - 1}"
+    if isinstance(ctas, (str, bytes)) or not hasattr(ctas, "__iter__"):
+        raise ValueError(f"{what} must be a sequence of {accepted}, got {type(ctas).__name__} {ctas!r:.60}")
+    ctas = list(ctas)
+    odd = [c for c in ctas if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer))]
+    if odd:
+        raise ValueError(f"{what} must be {accepted}, got {type(odd[0]).__name__} {odd[0]!r:.60}")
+    ctas = [int(c) for c in ctas]
+    bad = [c for c in ctas if not 0 <= c < n_ctas]
+    if not ctas or bad or len(set(ctas)) != len(ctas):
+        shown = ", ".join(map(str, ctas[:8])) + (f", ... {len(ctas) - 8} more" if len(ctas) > 8 else "")
+        raise ValueError(f"{what} must be {accepted}, got [{shown}]")
+    return ctas
+
+
+def selection_map(ctas: list[int], n_ctas: int) -> np.ndarray:
+    """int32 [n_ctas]: linear CTA id -> its slot in the buffer, -1 for CTAs not recorded (the
+    kernels' ck_sel argument)."""
+    sel = np.full(n_ctas, -1, dtype=np.int32)
+    sel[np.asarray(ctas, np.int64)] = np.arange(len(ctas), dtype=np.int32)
+    return sel

@@ -7,7 +7,10 @@ difference in units in the last place, and the first mismatch as (checkpoint, ro
 register, simulator value, GPU value). `BOUNDS` is the documented largest difference each
 checkpoint may show; `fa compare` exits 0 only when all are met. `SavedRun` (fa_sim.saved_run) is
 the versioned .npz of a GPU run (`fa compare --save`, `--gpu-npz`), so the comparison also runs
-without a GPU.
+without a GPU. The backward pass's buffer (fa_sim.checkpoints.BackwardCheckpointLayout, `fa compare
+--backward`) goes through the same `compare_checkpoints`, with `BACKWARD_BOUNDS`: 0 ulps as well,
+since fa2_bwd.cu rounds every fp32 operation explicitly and its checkpoints precede the dQ
+accumulation (docs/backward.md, section 7).
 
 Why every bound is 0 (measured on the H200; README, "Simulator against GPU"): data movement is
 exact; the simulator runs the tensor core's accumulation as the H200 does it (fa_sim.tensorcore,
@@ -25,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoints import CHECKPOINTS, ROUND0_ONLY, CheckpointLayout
-from .checkpoints import Checkpoint
+from .checkpoints import (BACKWARD_CHECKPOINTS, BACKWARD_TILES, CHECKPOINTS, ROUND0_ONLY, BackwardCheckpoint,
+                          BackwardCheckpointLayout, Checkpoint, CheckpointLayout)
 from .config import KernelConfig
 from .events import CheckpointEvent, LaunchInfo
 from .isa.sm80 import WARP_SIZE
@@ -42,6 +45,7 @@ class ValueKind(enum.Enum):
 
 KIND = {ck: ValueKind.F16 if ck in (Checkpoint.P_F16, Checkpoint.SQ, Checkpoint.SK, Checkpoint.SV, Checkpoint.SO)
         else ValueKind.F32 for ck in CHECKPOINTS}
+BACKWARD_KIND = {ck: ValueKind.F16 if ck in BACKWARD_TILES else ValueKind.F32 for ck in BACKWARD_CHECKPOINTS}
 
 class BoundKind(enum.Enum):
     ULPS = "ulps"  # units in the last place of the checkpoint's own type
@@ -51,6 +55,10 @@ class BoundKind(enum.Enum):
 #: tests/data/h200 and experiments/sim_vs_hw.py's sweep (configs x causal x shapes with tails and
 #: Nk != Nq) are bit-identical at every checkpoint (module docstring).
 BOUNDS: dict[Checkpoint, tuple[BoundKind, float]] = {ck: (BoundKind.ULPS, 0) for ck in CHECKPOINTS}
+#: The backward's checkpoints (fa2_bwd.cu's main kernel): none either, in both dQ modes - no
+#: checkpoint depends on the order of dQ's additions (module docstring).
+BACKWARD_BOUNDS: dict[BackwardCheckpoint, tuple[BoundKind, float]] = {
+    ck: (BoundKind.ULPS, 0) for ck in BACKWARD_CHECKPOINTS}
 
 
 class CheckpointRecorder:
@@ -146,14 +154,14 @@ class CheckpointStats:
         return f"{int(self.bound[1])} ulps"
 
 
-def _valid_mask(layout: CheckpointLayout, ck: Checkpoint, rounds_run: np.ndarray) -> np.ndarray:
+def _valid_mask(layout, ck, rounds_run: np.ndarray) -> np.ndarray:
     """[cta_sel, round, T, words] bool: which words of checkpoint ck hold data."""
     n_sel = rounds_run.shape[0]
     r = np.arange(layout.n_rounds)
     live = (r[None, :] == 0) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
     live = np.broadcast_to(live, (n_sel, layout.n_rounds))
     used = np.arange(layout.words) < layout.used_words(ck)
-    return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.config.n_threads, 1), bool)
+    return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.n_threads, 1), bool)
 
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool,
@@ -163,32 +171,35 @@ def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, cau
     return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window).rounds_per_cta(ctas)
 
 
-def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout, ctas,
+def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout | BackwardCheckpointLayout, ctas,
                         rounds_run: np.ndarray) -> list[CheckpointStats]:
     """Per-checkpoint agreement of two buffers uint32 [cta_sel, checkpoint, round, thread, word]
-    (16-bit values in the layout's config.dtype: ulps count either type's patterns alike)."""
-    dtype = layout.config.dtype
+    of the forward's or the backward's layout (16-bit values in the layout's config.dtype, fp16 for
+    the backward: ulps count either type's patterns alike); bounds BOUNDS or BACKWARD_BOUNDS."""
+    backward = isinstance(layout, BackwardCheckpointLayout)
+    kinds, bounds = (BACKWARD_KIND, BACKWARD_BOUNDS) if backward else (KIND, BOUNDS)
+    dtype = getattr(layout.config, "dtype", "fp16")
     if sim.shape != gpu.shape:
         raise ValueError(f"checkpoint buffers differ in shape: simulator {sim.shape}, GPU {gpu.shape}")
     out = []
-    for ck_i, ck in enumerate(CHECKPOINTS):
+    for ck_i, ck in enumerate(layout.CHECKPOINTS):
         mask = _valid_mask(layout, ck, np.asarray(rounds_run))
         a, b = sim[:, ck_i], gpu[:, ck_i]
-        if KIND[ck] is ValueKind.F16:  # compare halves, not words
+        if kinds[ck] is ValueKind.F16:  # compare halves, not words
             mask = np.repeat(mask, 2, axis=-1)
             a, b = a.view(np.uint16), b.view(np.uint16)
-        ulps = np.abs(_ordered(a, KIND[ck]) - _ordered(b, KIND[ck]))
+        ulps = np.abs(_ordered(a, kinds[ck]) - _ordered(b, kinds[ck]))
         ulps = np.where(mask, ulps, 0)
         diff = mask & (a != b)
         first = None
         if diff.any():
             sel, rnd, thread, reg = np.argwhere(diff)[0]
             first = Mismatch(ck, int(np.asarray(ctas)[sel]), int(rnd), int(thread) // WARP_SIZE,
-                             int(thread) % WARP_SIZE, int(reg), float(_values(a, KIND[ck], dtype)[sel, rnd, thread, reg]),
-                             float(_values(b, KIND[ck], dtype)[sel, rnd, thread, reg]))
+                             int(thread) % WARP_SIZE, int(reg), float(_values(a, kinds[ck], dtype)[sel, rnd, thread, reg]),
+                             float(_values(b, kinds[ck], dtype)[sel, rnd, thread, reg]))
         n = int(mask.sum())
         out.append(CheckpointStats(ck, n, n - int(diff.sum()), int(ulps.max(initial=0)),
-                                   _max_rel(a, b, mask, KIND[ck], dtype), BOUNDS[ck], first))
+                                   _max_rel(a, b, mask, kinds[ck], dtype), bounds[ck], first))
     return out
 
 
@@ -265,12 +276,7 @@ class CompareReport:
         return {
             "config": self.config.tag, "causal": self.causal, "shape": list(self.shape), "ctas": list(self.ctas),
             "ok": self.ok,
-            "checkpoints": {s.checkpoint.value: {
-                "values": s.values, "fraction_identical": s.fraction_identical, "max_ulps": s.max_ulps,
-                "max_rel": s.max_rel, "bound": {"kind": s.bound[0].value, "value": s.bound[1]}, "ok": s.ok, "first_mismatch": None if s.first is None else {
-                    "round": s.first.round, "cta": s.first.cta, "warp": s.first.warp, "lane": s.first.lane,
-                    "register": s.first.register, "sim": s.first.sim, "gpu": s.first.gpu}}
-                for s in self.checkpoints},
+            "checkpoints": checkpoints_json(self.checkpoints),
             "o": {"fraction_identical": self.outputs.o_identical, "max_ulps_f16": self.outputs.o_max_ulps,
                   "dtype": self.config.dtype},
             "lse": {"fraction_identical": self.outputs.lse_identical, "max_abs_diff": self.outputs.lse_max_abs,
@@ -278,17 +284,34 @@ class CompareReport:
         }
 
 
-def format_report(rep: CompareReport) -> str:
-    b, h, nq, nk, d = rep.shape
-    lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
-             f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
-             f"  {'checkpoint':<10}{'values':>10}{'identical':>11}{'max ulps':>10}{'max rel':>10}"
+def checkpoints_json(stats) -> dict:
+    """CheckpointStats by checkpoint name, as `fa compare --json` prints them."""
+    return {s.checkpoint.value: {
+        "values": s.values, "fraction_identical": s.fraction_identical, "max_ulps": s.max_ulps,
+        "max_rel": s.max_rel, "bound": {"kind": s.bound[0].value, "value": s.bound[1]}, "ok": s.ok,
+        "first_mismatch": None if s.first is None else {
+            "round": s.first.round, "cta": s.first.cta, "warp": s.first.warp, "lane": s.first.lane,
+            "register": s.first.register, "sim": s.first.sim, "gpu": s.first.gpu}}
+        for s in stats}
+
+
+def format_checkpoint_table(stats) -> list[str]:
+    """The per-checkpoint lines of `fa compare` (forward or backward CheckpointStats)."""
+    lines = [f"  {'checkpoint':<10}{'values':>10}{'identical':>11}{'max ulps':>10}{'max rel':>10}"
              f"{'bound':>11}  first mismatch"]
-    for s in rep.checkpoints:
+    for s in stats:
         mark = "" if s.ok else "  <-- over bound"
         first = "-" if s.first is None else str(s.first)
         lines.append(f"  {s.checkpoint.value:<10}{s.values:>10,}{s.fraction_identical:>10.4%}"
                      f"{s.max_ulps:>10}{s.max_rel:>10.1e}{s.bound_text():>11}  {first}{mark}")
+    return lines
+
+
+def format_report(rep: CompareReport) -> str:
+    b, h, nq, nk, d = rep.shape
+    lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
+             f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
+             *format_checkpoint_table(rep.checkpoints)]
     o = rep.outputs
     lines.append(f"  O   ({rep.config.dtype}): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
     lines.append(f"  LSE (fp32): {o.lse_identical:.4%} identical, max |diff| {o.lse_max_abs:.3e} ({o.lse_max_ulps} ulps)")
@@ -306,6 +329,18 @@ def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
                    engine=engine, kernel=kernel, window=window, softcap=softcap)
     return res, rec.buffer
+
+
+def backward_checkpoint_stats(sim_buf: np.ndarray, gpu_buf: np.ndarray, config, ctas, batch_heads: int,
+                              seqlen_q: int, seqlen_k: int, causal: bool) -> list[CheckpointStats]:
+    """The backward's buffers (BackwardCheckpointLayout; `config` a BackwardConfig) compared over
+    the rounds each selected CTA of the main kernel's grid (n_kv_blocks, B*H) runs."""
+    layout = BackwardCheckpointLayout(config, config.n_q_blocks(seqlen_q))
+    if not all(0 <= int(c) < config.n_kv_blocks(seqlen_k) * batch_heads for c in ctas):
+        raise ValueError(f"checkpoint CTAs {list(ctas)} are outside the grid of "
+                         f"{config.n_kv_blocks(seqlen_k) * batch_heads} CTAs")
+    rounds = layout.rounds_per_cta(ctas, config.n_kv_blocks(seqlen_k), seqlen_q, causal)
+    return compare_checkpoints(np.asarray(sim_buf), np.asarray(gpu_buf), layout, ctas, rounds)
 
 
 def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,

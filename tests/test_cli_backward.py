@@ -306,6 +306,58 @@ def test_match_gradients_requires_bits_or_the_bound():
     assert not match_gradients(g, far, ref, bound, False)["dq"].ok  # atomic dQ outside the bound
 
 
+def _engine_as_gpu(monkeypatch, flip=None):
+    """fa_hw's forward and backward replaced by the simulator's (the backward with the H200 mma model,
+    `flip` = (cta_sel, checkpoint, round, thread, word) toggles one bit of its checkpoint buffer):
+    fa compare --backward's own logic on the CPU."""
+    import dataclasses
+
+    import fa_hw
+    import fa_hw.runtime
+    import fa_sim
+    from fa_sim.backward import simulate_backward
+
+    def backward(*a, **kw):
+        res = simulate_backward(*a, mma_model="h200", **kw)
+        if flip is not None:
+            buf = res.checkpoints.copy()
+            buf[flip] ^= 1
+            res = dataclasses.replace(res, checkpoints=buf)
+        return res
+
+    monkeypatch.setattr(fa_hw.runtime, "device", lambda *a: None)
+    monkeypatch.setattr(fa_hw, "forward", lambda q, k, v, causal=False, scale=None: fa_sim.simulate(
+        q, k, v, causal=causal, scale=scale))
+    monkeypatch.setattr(fa_hw, "backward", backward)
+
+
+def test_fa_compare_backward_prints_each_checkpoint_and_fails_on_a_difference(capsys, monkeypatch):
+    """The table of fa compare --backward (every checkpoint identical when both sides are the engine),
+    --ctas in the main kernel's grid, and exit 1 naming the first differing word of a flipped bit."""
+    from fa_sim.checkpoints import BackwardCheckpoint, BackwardCheckpointLayout
+
+    shape = ["--seqlen", "70", "--seqlen-k", "90", "--head-dim", "64", "--causal"]
+    _engine_as_gpu(monkeypatch)
+    assert main(["compare", "--backward", *shape, "--ctas", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints of the main kernel's CTAs [1], per round (Q block visited):" in out
+    for name in ("S", "P", "dP", "dS", "dV", "dK", "sQ", "sdO", "sK", "sV"):
+        line = next(ln for ln in out.splitlines() if ln.split()[:1] == [name])
+        assert "100.0000%" in line and line.rstrip().endswith("-"), line
+    assert main(["compare", "--backward", *shape, "--ctas", "2"]) == 2
+    assert "--ctas must be distinct CTA ids in 0..1" in capsys.readouterr().err
+    at = BackwardCheckpointLayout.index(BackwardCheckpoint.DK)
+    _engine_as_gpu(monkeypatch, flip=(0, at, 1, 70, 3))
+    assert main(["compare", "--backward", *shape, "--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["ctas"] == [0, 1] and not obj["ok"]
+    bad = {n: c for n, c in obj["checkpoints"].items() if not c["ok"]}
+    assert list(bad) == ["dK"] and bad["dK"]["first_mismatch"]["round"] == 1
+    first = bad["dK"]["first_mismatch"]
+    assert (first["cta"], first["warp"], first["lane"], first["register"]) == (0, 2, 6, 3)
+    assert all(g["ok"] for g in obj["gradients"].values())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["deterministic", "atomic"])
 def test_fa_hw_and_fa_compare_backward_on_the_gpu(capsys, mode):
@@ -321,5 +373,7 @@ def test_fa_hw_and_fa_compare_backward_on_the_gpu(capsys, mode):
     assert main(["compare", "--backward", *shape, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["gradients"]["dk"]["identical"] == 1.0 and out["gradients"]["dv"]["identical"] == 1.0
+    assert out["ctas"] == [0, 3] and len(out["checkpoints"]) == 10  # the first and the last of 2 x 2 CTAs
+    assert all(c["fraction_identical"] == 1.0 and c["values"] > 0 for c in out["checkpoints"].values())
     if mode == "deterministic":
         assert out["gradients"]["dq"]["identical"] == 1.0

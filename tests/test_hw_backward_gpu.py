@@ -78,3 +78,27 @@ def test_the_driver_reports_the_cubins_registers(gpu, deterministic):
     cubin = compile_backward(BackwardBuild(BackwardConfig(64), False, deterministic, gpu))
     assert res.registers == {name: u.registers for name, u in cubin.usage.items()}
     assert all(ms > 0 for ms in res.kernel_ms)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_checkpoint_buffer_equals_the_engines_bit_for_bit(gpu, causal, deterministic):
+    """The debug build (FA_BWD_CHECKPOINTS) on the GPU against the PTX engine's (mma model h200),
+    Nq = 70, Nk = 90, d = 64, both dQ modes, every CTA: the buffer word for word (no checkpoint
+    depends on the mode), the checkpointed run's gradients equal to the plain run's and the
+    engine's (the atomic mode's dQ aside: the GPU's order of its additions varies)."""
+    import fa_sim
+    from fa_sim.crosscheck import backward_checkpoint_stats
+
+    q, k, v, o, lse, do = _problem(1, 1, 70, 90, 64, causal, seed=1)
+    ctas = [0, 1]
+    hw = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic, checkpoint_ctas=ctas)
+    plain = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic)
+    sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic,
+                                   mma_model="h200", checkpoint_ctas=ctas)
+    stats = backward_checkpoint_stats(sim.checkpoints, hw.checkpoints, sim.config, ctas, 1, 70, 90, causal)
+    assert all(s.ok for s in stats), "; ".join(str(s.first) for s in stats if not s.ok)
+    assert hw.checkpoints.tobytes() == sim.checkpoints.tobytes()
+    for name in ("dq", "dk", "dv") if deterministic else ("dk", "dv"):
+        assert getattr(hw, name).tobytes() == getattr(plain, name).tobytes(), name
+        assert getattr(hw, name).tobytes() == getattr(sim, name).tobytes(), name

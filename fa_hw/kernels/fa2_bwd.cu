@@ -42,6 +42,9 @@
 //   FA_DETERMINISTIC                               dQ accumulation, above
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
+//   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
+//                                                  kernel's rounds (+ FA_BWD_CK_* below), written to
+//                                                  three extra parameters (ck_buf, ck_sel, n_rounds)
 //
 // `// phase: NAME` comments split the kernel bodies into phases (fa_sim/ptx/program.py), as in
 // fa2_fwd.cu. Arithmetic is explicitly rounded (__fmul_rn, __fadd_rn, __fsub_rn: no FMA
@@ -72,6 +75,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_DROP_BAR_FREE
 #define FA_DROP_BAR_FREE 0
+#endif
+#ifndef FA_BWD_CHECKPOINTS
+#define FA_BWD_CHECKPOINTS 0
 #endif
 
 namespace fa {
@@ -307,6 +313,52 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
   }
 }
 
+// ---- debug build: checkpoints in the layout of fa_sim/checkpoints.py (BackwardCheckpointLayout) ----
+// Buffer uint32 [cta_sel, checkpoint, round, thread, word]; round = loop iteration (the CTA's
+// round-th Q block, m_block_min + round). Fragments [kN][4] in element order e = v + 4 * nj.
+#if FA_BWD_CHECKPOINTS
+__host__ __device__ constexpr int ck_ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int ck_max(int a, int b) { return a > b ? a : b; }
+constexpr int kCkQTileWords = kBlockM * kPitch / 2;  // sQ, sdO images (padding included)
+constexpr int kCkKTileWords = kBlockN * kPitch / 2;  // sK, sV images
+constexpr int kCkWords = ck_max(ck_max(4 * kSN, 4 * kDN),
+                                ck_max(ck_ceil_div(kCkQTileWords, kThreads), ck_ceil_div(kCkKTileWords, kThreads)));
+static_assert(kCkWords == FA_BWD_CK_WORDS, "checkpoint slot width differs from fa_sim.checkpoints");
+
+// One CTA's view of the buffer; base == 0: the CTA is not selected.
+struct CkSink {
+  u32* base;
+  int n_rounds;
+  __device__ u32* slot(int ck, int round) const {
+    return base + ((u64)(ck * n_rounds + round) * kThreads + threadIdx.x) * kCkWords;
+  }
+};
+template <int kN>
+__device__ __forceinline__ void ck_frag(const CkSink& s, int ck, int round, const float (&x)[kN][4]) {
+  if (!s.base) return;
+  u32* dst = s.slot(ck, round);
+#pragma unroll
+  for (int nj = 0; nj < kN; ++nj)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) dst[v + 4 * nj] = __float_as_uint(x[nj][v]);
+}
+// Physical image of a tile, thread t holding words [t*w, (t+1)*w).
+__device__ __forceinline__ void ck_tile(const CkSink& s, int ck, int round, u32 sTile, int tile_words) {
+  if (!s.base) return;
+  u32* dst = s.slot(ck, round);
+  const int w = ck_ceil_div(tile_words, kThreads);
+  for (int i = 0; i < w; ++i) {
+    const int word = threadIdx.x * w + i;
+    u32 x = 0u;
+    if (word < tile_words) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(sTile + 4u * word));
+    if (word < tile_words) dst[i] = x;
+  }
+}
+#define FA_CK(stmt) stmt
+#else
+#define FA_CK(stmt)
+#endif
+
 }  // namespace fa
 
 // ---- D = rowsum(dO o O) ------------------------------------------------------------------------
@@ -346,7 +398,11 @@ extern "C" __global__ void __launch_bounds__(fa::kThreads)
 fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                const u16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dpsum,
                float* __restrict__ dq_accum, u16* __restrict__ dk, u16* __restrict__ dv,
-               int seqlen_q, int seqlen_k, float scale) {
+               int seqlen_q, int seqlen_k, float scale
+#if FA_BWD_CHECKPOINTS
+               , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
+#endif
+) {
   // phase: setup
   using namespace fa;
   const int n_block = blockIdx.x, bh = blockIdx.y;
@@ -365,6 +421,13 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   float* gdQ = dq_accum + (u64)bh * seqlen_q * kHeadDim;
 #endif
   const float sl2 = __fmul_rn(scale, kLog2e);
+#if FA_BWD_CHECKPOINTS
+  const int sel = ck_sel[n_block + gridDim.x * bh];  // linear CTA id -> slot (-1: not recorded)
+  const CkSink ck{sel < 0 ? nullptr : ck_buf + (u64)sel * FA_BWD_CK_COUNT * n_rounds * kThreads * kCkWords, n_rounds};
+  // zero all shared memory (the rows' padding included) so that tile images are deterministic
+  for (int i = threadIdx.x; i < FA_SMEM_BYTES / 4; i += kThreads) sts32(base + 4u * i, 0u);
+  __syncthreads();
+#endif
 
   // phase: K load
   copy_tile<kBlockN>(sK, k + (u64)bh * seqlen_k * kHeadDim, key0, seqlen_k);
@@ -383,10 +446,16 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     const int row0 = m_block * kBlockM;
     cp_async_wait_all();                  // this thread's copies of the Q block (and K, V) landed
     if (!FA_DROP_BAR_LOAD) __syncthreads();  // BAR_LOAD: everyone's copies and sLSE, sD visible
+    FA_CK(const int ck_round = m_block - m_block_min);
+    FA_CK(ck_tile(ck, FA_BWD_CK_SQ, ck_round, sQ, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SDO, ck_round, sdO, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SK, ck_round, sK, kCkKTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SV, ck_round, sV, kCkKTileWords));
     float tSrS[kSN][4];  // S^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
     gemm_rows_cols<kSN>(tSrS, sK, sQ);
+    FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_S, ck_round, tSrS));
     // phase: P
     // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
     const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
@@ -400,15 +469,18 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
         tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kSLseOff + 4u * qi)));
       }
+    FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_P, ck_round, tSrS));
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
     to_a_frags<kMSeg>(tSrS, tdVrP);
     // phase: dV
     gemm_frags_dim<kMSeg>(tdVrdV, tdVrP, sdO);
+    FA_CK(ck_frag<kDN>(ck, FA_BWD_CK_DV, ck_round, tdVrdV));
     // phase: dP
     float tdPrdP[kSN][4];  // dP^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tdPrdP[nj][0] = tdPrdP[nj][1] = tdPrdP[nj][2] = tdPrdP[nj][3] = 0.f;
     gemm_rows_cols<kSN>(tdPrdP, sV, sdO);
+    FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DP, ck_round, tdPrdP));
     // phase: dS
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj)
@@ -417,6 +489,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
         tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(base + kSDOff + 4u * qi)));
       }
+    FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DS, ck_round, tdPrdP));
     u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
     to_a_frags<kMSeg>(tdPrdP, tdKrdS);
 #if !FA_DETERMINISTIC  // the deterministic mode's dQ is fa2_bwd_dq_kernel's: no sdS
@@ -432,6 +505,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #endif
     // phase: dK
     gemm_frags_dim<kMSeg>(tdKrdK, tdKrdS, sQ);
+    FA_CK(ck_frag<kDN>(ck, FA_BWD_CK_DK, ck_round, tdKrdK));
     // phase: dQ
     if (!FA_DROP_BAR_DS) __syncthreads();  // BAR_DS: sdS complete; sQ, sdO, sLSE, sD free
     // phase: Q load

@@ -113,35 +113,49 @@ def match_gradients(sim: dict, gpu: dict, ref: dict, bounds: dict, deterministic
 def compare(args) -> int:
     """`fa compare --backward`: the backward on the GPU (fa_hw.backward) and on the PTX engine
     (simulate_backward with the H200's tensor-core model) from the same q, k, v, dO and the GPU
-    forward's O and LSE; match_gradients decides."""
+    forward's O and LSE, both running the main kernel's debug build for the CTAs of --ctas (linear
+    ids n_block + n_kv_blocks * bh; default the first and the last): every checkpoint bit for bit
+    (both modes: none depends on dQ's order), and the gradients as match_gradients decides."""
     import json
 
     import fa_hw
     import fa_hw.runtime
 
     from ..backward import simulate_backward
+    from ..contract.backward import BackwardConfig
+    from ..crosscheck import backward_checkpoint_stats, checkpoints_json, format_checkpoint_table
     from ..reference import attention_backward
+    from .compare import _ctas
 
-    check_options(args, ("kernel", "ctas", "save", "gpu_npz", "banks", "timing"))
+    check_options(args, ("kernel", "save", "gpu_npz", "banks", "timing"))
     fa_hw.runtime.device()  # no GPU: one line before the inputs are made
     q, k, v, do = _gpu_inputs(args)
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    cfg = BackwardConfig(d)
+    ctas = _ctas(args.ctas, cfg.n_kv_blocks(nk) * b * h)  # a bad --ctas: one line before the GPU runs
     o, lse = _gpu_forward(q, k, v, args)
     det = args.dq == "deterministic"
-    gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det)
+    gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
+                         checkpoint_ctas=ctas)
     sim = simulate_backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
-                            mma_model="h200")
+                            mma_model="h200", checkpoint_ctas=ctas)
+    stats = backward_checkpoint_stats(sim.checkpoints, gpu.checkpoints, cfg, ctas, b * h, nq, nk, args.causal)
     *want, bq, bk, bv = attention_backward(q, k, v, do, causal=args.causal, scale=args.scale, bound=True)
     grads = lambda r: {"dq": r.dq, "dk": r.dk, "dv": r.dv}  # noqa: E731
     res = match_gradients(grads(sim), grads(gpu), dict(zip(GRADIENTS, want)), dict(zip(GRADIENTS, (bq, bk, bv))),
                           det)
-    ok = all(m.ok for m in res.values())
+    ok = all(m.ok for m in res.values()) and all(s.ok for s in stats)
     if args.json:
-        print(json.dumps({"dq_mode": args.dq, "ok": ok, "gradients": {
+        print(json.dumps({"dq_mode": args.dq, "ok": ok, "ctas": list(ctas), "checkpoints": checkpoints_json(stats),
+                          "gradients": {
             n: {"identical": m.identical, "max_ulps": m.max_ulps, "within_bound": m.within_bound,
                 "required": m.required, "ok": m.ok} for n, m in res.items()}}))
         return 0 if ok else 1
     print(f"fa compare --backward  {sim.config.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
           f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}: GPU against the PTX engine (mma model h200)")
+    print(f"  checkpoints of the main kernel's CTAs {list(ctas)}, per round (Q block visited):")
+    print("\n".join(format_checkpoint_table(stats)))
     for name, m in res.items():
         need = "bit-identical" if m.required == "bits" else "both within the float64 bound"
         print(f"  {LABELS[name]}  identical {m.identical:7.2%}  max {m.max_ulps} ulp  required: {need}  "

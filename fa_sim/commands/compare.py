@@ -15,11 +15,14 @@ with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks`
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
 
-`--backward` compares the backward pass instead (fa_sim/commands/backward.py): fa_hw.backward on
+`--backward` compares the backward pass instead (fa_sim/commands/backward_gpu.py): fa_hw.backward on
 the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
-GPU forward's O and LSE, final gradients only (no checkpoints yet): `--dq deterministic` (default)
-requires dQ, dK, dV bit for bit; `--dq atomic` dK, dV bit for bit and dQ within the float64 bound
-on both sides (the GPU's order of the atomic additions varies from run to run).
+GPU forward's O and LSE, both running the main kernel's debug build (FA_BWD_CHECKPOINTS) for the
+CTAs of `--ctas` (linear ids of its grid, n_block + n_kv_blocks * bh): per checkpoint (S, P, dP,
+dS, dV, dK per round, the sQ, sdO, sK, sV images) the fraction of bit-identical values and the
+first mismatch, every one required bit for bit in both dQ modes; then the gradients: `--dq
+deterministic` (default) requires dQ, dK, dV bit for bit; `--dq atomic` dK, dV bit for bit and dQ
+within the float64 bound on both sides (the GPU's order of the atomic additions varies from run to run).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def register(subparsers) -> None:
     add_engine_arguments(p)
     add_inputs_argument(p)
     p.add_argument("--ctas", default=None,
-                   help="comma-separated linear CTA ids to checkpoint (default: the first and the last)")
+                   help="comma-separated linear CTA ids to checkpoint (with --backward: of the main kernel's "
+                        "grid, n_block + n_kv_blocks * bh) (default: the first and the last)")
     p.add_argument("--save", metavar="FILE", default=None,
                    help="save the GPU side to FILE (.npz) for later --gpu-npz runs (default: not saved)")
     p.add_argument("--gpu-npz", metavar="FILE", default=None,
@@ -270,7 +274,7 @@ def _front(args, config, recorded):
 def run(args) -> int:
     from . import backward
 
-    backward.check_options(args, ("kernel", "ctas", "save", "gpu_npz", "banks", "timing"))
+    backward.check_options(args, ("kernel", "save", "gpu_npz", "banks", "timing"))
     if args.backward:
         from .backward_gpu import compare
         return compare(args)

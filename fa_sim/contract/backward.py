@@ -4,10 +4,11 @@ macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw
     BackwardConfig(head_dim)          tiles: block_m queries per loop iteration, block_n = 16 * n_warps
                                       keys per CTA (docs/backward.md); smem_bytes of the main kernel,
                                       dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel
-    BackwardBuild(config, causal, deterministic, arch)
+    BackwardBuild(config, causal, deterministic, arch, checkpoints=False)
         .kernels                      its three kernels in launch order (the third: the convert
                                       kernel in atomic mode, the dQ kernel in deterministic mode)
-        .macros()                     the FA_* macros of fa2_bwd.cu
+        .macros()                     the FA_* macros of fa2_bwd.cu (checkpoints: the debug build
+                                      FA_BWD_CHECKPOINTS and its buffer layout, fa_sim/checkpoints.py)
         .source()                     the CUDA C++ (fa2_bwd.cu, or a variant given as `kernel`)
     compile_backward(build)           cubin for build.arch (cached on disk like the forward's),
                                       with each kernel's registers and local memory
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache import cache_key, cache_root, store_atomic
+from ..checkpoints import BACKWARD_CHECKPOINTS, BackwardCheckpointLayout
 from ..config import SPEC_HEAD_DIMS as HEAD_DIMS  # the backward kernel: 32, 64, 128 (not 96-256, issue 38)
 from .cubin import CubinError, ResourceUsage
 from .errors import CompileError, KernelSourceError
@@ -127,6 +129,7 @@ class BackwardBuild:
     arch: str = DEFAULT_ARCH
     kernel: Path | None = None  # a variant of fa2_bwd.cu (same kernels, parameters, macros); None: the file
     extra_macros: tuple[tuple[str, int], ...] = field(default=())  # mutation builds (FA_DROP_*), tests only
+    checkpoints: bool = False  # the debug build: per-thread checkpoints of the main kernel's rounds
 
     def macros(self) -> dict[str, int]:
         cfg = self.config
@@ -134,6 +137,11 @@ class BackwardBuild:
                    FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
                    FA_CAUSAL=int(self.causal),
                    FA_DETERMINISTIC=int(self.deterministic))
+        if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
+            out["FA_BWD_CHECKPOINTS"] = 1
+            out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
+            out["FA_BWD_CK_WORDS"] = BackwardCheckpointLayout(cfg, 1).words
+            out.update({f"FA_BWD_CK_{ck.name}": BackwardCheckpointLayout.index(ck) for ck in BACKWARD_CHECKPOINTS})
         out.update(dict(self.extra_macros))
         return out
 
@@ -155,6 +163,7 @@ class BackwardBuild:
         extra = ", causal" if self.causal else ""
         extra += ", deterministic dQ (dQ kernel)" if self.deterministic else ", atomic dQ"
         extra += "".join(f", {k}={v}" for k, v in self.extra_macros)
+        extra += ", checkpoints" if self.checkpoints else ""
         extra += f", from {self.path}" if self.kernel is not None else ""
         return f"fa2_bwd.cu ({self.config.describe()}){extra} for {self.arch}"
 
