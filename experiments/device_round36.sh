@@ -4,6 +4,8 @@
 #   new       only the GPU tests of this round's work: the forward features (GQA, window, softcap,
 #             bf16, head_dim 96-256, varlen, split-KV), the backward (dQ kernel, checkpoints) and
 #             fa_hw.attention (torch)
+#   bwdck     experiments/record_backward_checkpoints.py: the backward's checkpoint recordings (replayed on the CPU)
+#   features  experiments/timing_features.py --measure: the forward features' times for fa time's replay
 #   rerecord  the swizzle_r4 variant's compare recording, made again for today's fa2_fwd.cu
 #   train     experiments/train_lm.py: fa_hw.attention against SDPA (train_lm.json / .png)
 #   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
@@ -39,6 +41,10 @@ for s in $STEPS; do case $s in
     timeout "$(lim 300)" python3 experiments/bench_hw.py --backward --set test --out "$OUT" 2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
     timeout "$(lim 150)" python3 experiments/bench_decode.py --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
+  bwdck) log bwdck
+    timeout "$(lim 90)" python3 experiments/record_backward_checkpoints.py --out "$OUT" --force 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
+  features) log features
+    timeout "$(lim 200)" python3 experiments/timing_features.py --measure --out "$OUT/timing_features.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
   rerecord) log rerecord
     timeout "$(lim 60)" python3 -m fa_sim.cli compare --kernel experiments/variants/fa2_fwd_swizzle_r4.patch \
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
