@@ -137,11 +137,11 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         first = int(t) % N_SMSP  # the SM's shared queues serve the sub-partitions round-robin
         for s in (*range(first, N_SMSP), *range(first)):
             ls = last[s]
-            pick = ls if ls is not None and _blocked(ls, ls.stream[ls.pc], t, pipe_free[s], state, gpu) is None else None
+            pipes = pipe_free[s]
+            pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
             if pick is None:
                 for w in by_smsp[s]:
-                    if w is not ls and w.pc < len(w.stream) and \
-                            _blocked(w, w.stream[w.pc], t, pipe_free[s], state, gpu) is None:
+                    if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                         pick = w
                         break
             if pick is not None:
@@ -190,6 +190,22 @@ def _reasons(warps, t, pipe_free, state, gpu, pick):
                 yield "selected"
             else:
                 yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+
+
+def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
+    """`_blocked(...) is None`, its checks in the order that rejects a waiting warp soonest (the
+    scheduler's inner loop; `_blocked` names the reason for the stall accounting)."""
+    if t < w.ready or w.at_bar or pipes[st.slot] > t:
+        return False
+    if st.sync is Sync.DEPBAR:
+        if w.sb[0] > st.depbar_n:
+            return False
+    elif st.wait_mask:
+        sb = w.sb
+        for b in st.waits:
+            if sb[b]:
+                return False
+    return not (st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue)
 
 
 def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
