@@ -114,7 +114,8 @@ class SweepEstimate:
 # 8-60 s on that machine, less from the disk cache), then its per-shape cost (fa_sim.timing.cost).
 OBSERVED_S = 2.4e-6  # s per (block_m * block_n) and CTA-round, bank counter and hazard checker
 OBSERVED_FIXED_S = 0.4  # s per case
-TIMING_MODEL_S = 30.0  # s per distinct (config, causal, GPU, kernel) of the timing model
+TIMING_MODEL_S = 10.0  # s per distinct (config, causal, GPU, kernel) of the timing model: its compile, probes and SM
+# runs the first time (5-10 s measured; fa_sim.timing.cost)
 
 
 def estimate_cases(cases) -> SweepEstimate:

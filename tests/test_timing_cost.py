@@ -108,8 +108,8 @@ def test_sweep_estimate_counts_the_observers_and_the_timing_model():
     assert observed >= 9.0 > plain
     timed = make_cases([KernelConfig()], [(1, 4, 1024, 1024)], (False,), timing="h200")
     assert estimate_cases(timed).seconds >= observed + TIMING_MODEL_S
-    huge = make_cases([KernelConfig()], [(1, 1, 131072, 131072)], (True,), timing="h200")
-    with pytest.raises(ValueError, match=r"case .*: --shape 1,1,131072,131072: the timing model"):
+    huge = make_cases([KernelConfig()], [(1, 1, 1048576, 1048576)], (True,), timing="h200")
+    with pytest.raises(ValueError, match=r"case .*: --shape 1,1,1048576,1048576: the timing model"):
         estimate_cases(huge)
 
 

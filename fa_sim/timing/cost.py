@@ -8,10 +8,14 @@ the problem is
 - the grid's instruction count (predict.grid_instructions): the walk of each distinct CTA path
   class (its rounds, masked rounds, tails), whose cost and memory grow with the class's K/V rounds;
   a causal grid has a class per Q block (rounds 1 .. ceil(Nk / block_n)), a non-causal one two.
-The coefficients were measured on the development machine (2 shared cores, busy: the slow side):
-dispatch 35-41 us per CTA non-causal, 120-370 us causal (CTAs of unequal length end one at a time),
-about 160-500 bytes per CTA; a class walk 0.13-2 ms and about 7 KiB per round (the stream's
-records of a long walk). `check` refuses a prediction estimated past MAX_SECONDS or this machine's
+The coefficients were measured on the development machine (2 shared cores, busy), with a margin
+of about 3x for a busier one: dispatch 1.1-1.8 us per CTA non-causal, 3-5 us causal (CTAs of
+unequal length end one at a time), about 160-500 bytes per CTA; a class walk 3-4 us per round
+once its probes are on disk (12 us over the 8,384 rounds of (8, 32, 8192) causal, first probes
+included) and about 7 KiB per round (the stream's records of a long walk). What does not grow
+with the problem, and is not in the estimate: the kernel's compile, the functional probes and the
+SM runs, 5-10 s per config the first time and read from the disk cache after (docs/timing.md,
+"How long it takes"). `check` refuses a prediction estimated past MAX_SECONDS or this machine's
 memory (fa_sim.estimate.machine_bytes) with one line naming the sizes; `Progress` prints lines on
 stderr for one estimated at fa_sim.simulate.PROGRESS_MIN_SECONDS or more.
 """
@@ -24,10 +28,10 @@ from dataclasses import dataclass
 
 from ..problem import Problem
 
-DISPATCH_S = 4.5e-5  # s per CTA dispatched, non-causal
-DISPATCH_CAUSAL_S = 4.0e-4  # s per CTA dispatched, causal
+DISPATCH_S = 5e-6  # s per CTA dispatched, non-causal
+DISPATCH_CAUSAL_S = 1.5e-5  # s per CTA dispatched, causal
 DISPATCH_BYTES = 600  # per CTA dispatched
-WALK_S = 1.0e-3  # s per K/V round of a CTA path class walked
+WALK_S = 1.2e-5  # s per K/V round of a CTA path class walked
 WALK_BYTES = 8 << 10  # per K/V round of the longest class walked
 MAX_SECONDS = 600.0  # a prediction estimated past this is refused: the model is not for such grids
 PROGRESS_FIRST_S = 5.0  # the first progress line; then every PROGRESS_EVERY_S

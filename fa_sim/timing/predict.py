@@ -27,7 +27,9 @@ How (what `fa time --help` says too):
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
+import json
 import sys
 from dataclasses import dataclass, field
 
@@ -84,9 +86,21 @@ class KernelModel:
     registers: int
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
     stream: KernelStream  # per warp, the SASS walk of each region, from the functional run
+    fingerprint: str = ""  # sha256 of the SASS listing the model was built from (the rates' disk cache key)
+    _steps: dict = field(default_factory=dict, compare=False, repr=False)  # gpu -> address -> Step
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
-        return [step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu, self.wavefronts) for i in instrs]
+        """Each instruction as the SM model's Step; one Step per address and GPU, built once (a walk
+        of 8 rounds repeats every loop instruction 8 times per warp)."""
+        memo = self._steps.setdefault(gpu, {})
+        out = []
+        for i in instrs:
+            hit = memo.get(i.addr)
+            if hit is None:
+                hit = memo[i.addr] = step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu,
+                                          self.wavefronts)
+            out.append(hit)
+        return out
 
     def warp_walks(self, rounds: int, masked: int = 0, tail: bool = False, qtail: bool = False) -> list[list]:
         """Per warp of one CTA, its instructions for `rounds` K/V rounds, the last `masked` of them
@@ -159,10 +173,66 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
 
 @functools.lru_cache(maxsize=256)
 def _rates(config: KernelConfig, causal: bool, gpu: GpuModel, kernel, k: int, features: Features = PLAIN) -> Rates:
-    """sm_rates of one kernel at occupancy k, cached: they depend on the kernel (its features' build),
-    the GPU and the occupancy, not on the shape (which only the dispatch sees), so a sweep over shapes
-    or a ranking over lengths runs each config's SM once."""
-    return sm_rates(kernel_model(config, causal, gpu.arch, kernel, features), gpu, k)
+    """sm_rates of one kernel at occupancy k, cached in memory and on disk: they depend on the
+    kernel (its features' build), the GPU and the occupancy, not on the shape (which only the dispatch sees), so a sweep
+    over shapes or a ranking over lengths runs each config's SM once, and a second process none
+    (`rates_key`: everything the SM runs read)."""
+    from ..cache import cache_root, read_text_entry, store_atomic
+
+    model = kernel_model(config, causal, gpu.arch, kernel, features)
+    path = cache_root() / "timing-rates" / f"{rates_key(model, gpu, k)}.json"
+    stored = read_text_entry(path)
+    if stored is not None:
+        try:
+            return _rates_from_json(json.loads(stored))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass  # damaged: run again
+    rates = sm_rates(model, gpu, k)
+    store_atomic(path, json.dumps(_rates_to_json(rates)).encode())
+    return rates
+
+
+def rates_key(model: KernelModel, gpu: GpuModel, k: int) -> str:
+    """The disk-cache key of sm_rates(model, gpu, k): the SASS listing (instructions and control
+    bits), the shared-memory wavefronts, every warp's walk the SM runs take (block starts), the GPU's
+    parameters, the occupancy, the runs' lengths and phases, and the source of the timing package
+    (a change to the SM model, the Steps or this module is a new key, never a stale entry)."""
+    from ..cache import cache_key
+
+    walks = [model.stream.warp_walks(STEADY_RUN, m) for m in (0, STEADY_RUN)] + \
+        [model.stream.warp_walks(TOGETHER_RUN, 0)]
+    return cache_key(v=1, sass=model.fingerprint, wavefronts=sorted(model.wavefronts.items()), gpu=repr(gpu), k=k,
+                     runs=(STEADY_RUN, TOGETHER_RUN, PHASES), code=_timing_source_digest(),
+                     walks=hashlib.sha256(repr(walks).encode()).hexdigest())
+
+
+@functools.cache
+def _timing_source_digest() -> str:
+    """sha256 over the source files of fa_sim.timing (the SM model and everything feeding it)."""
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _rates_to_json(r: Rates) -> dict:
+    run = r.run
+    return {"per_round": list(r.per_round), "fixed": list(r.fixed), "first_fixed": list(r.first_fixed),
+            "masked": r.masked, "run": {"cycles": run.cycles, "done_at": run.done_at, "started_at": run.started_at,
+                                        "marked": [list(m) for m in run.marked], "issued": run.issued,
+                                        "busy": run.busy, "stalls": dict(run.stalls),
+                                        "warp_cycles": run.warp_cycles}}
+
+
+def _rates_from_json(d: dict) -> Rates:
+    from collections import Counter
+
+    run = d["run"]
+    sm = SmRun(run["cycles"], list(run["done_at"]), list(run["started_at"]), [tuple(m) for m in run["marked"]],
+               run["issued"], dict(run["busy"]), Counter(run["stalls"]), run["warp_cycles"])
+    return Rates(tuple(d["per_round"]), tuple(d["fixed"]), tuple(d["first_fixed"]), d["masked"], sm)
 
 
 def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, float, SmRun]:
@@ -487,7 +557,8 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, fea
     graph = SassGraph(text, KERNEL_NAME)
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features))
+                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features),
+                       hashlib.sha256(text.encode()).hexdigest())
 
 
 @functools.lru_cache(maxsize=256)

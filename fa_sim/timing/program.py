@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .gpus import GpuModel
 from .sass import Control
@@ -72,6 +72,10 @@ class Step:
     slot: int  # the pipe whose occupancy it takes (the heavy fma half takes the fma pipe)
     is_mio: bool
     switch: bool = False  # a yield hint: the scheduler does not keep to this warp after it (fa_sim.timing.sm)
+    waits: tuple = field(init=False, repr=False, compare=False)  # the scoreboards of wait_mask, in order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "waits", tuple(b for b in range(6) if self.wait_mask >> b & 1))
 
 
 def smem_class(opcode: str) -> str | None:

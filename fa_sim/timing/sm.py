@@ -43,6 +43,10 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
            "math_pipe_throttle", "mio_throttle", "no_instruction")
 
 
+_ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
+_PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
+
+
 class Deadlock(RuntimeError):
     """No warp can ever issue again (a barrier some warp never reaches, a scoreboard never set)."""
 
@@ -134,14 +138,13 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                 state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
         any_issue = False
-        first = int(t) % N_SMSP  # the SM's shared queues serve the sub-partitions round-robin
-        for s in (*range(first, N_SMSP), *range(first)):
+        for s in _ORDERS[int(t) % N_SMSP]:  # the SM's shared queues serve the sub-partitions round-robin
             ls = last[s]
-            pick = ls if ls is not None and _blocked(ls, ls.stream[ls.pc], t, pipe_free[s], state, gpu) is None else None
+            pipes = pipe_free[s]
+            pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
             if pick is None:
                 for w in by_smsp[s]:
-                    if w is not ls and w.pc < len(w.stream) and \
-                            _blocked(w, w.stream[w.pc], t, pipe_free[s], state, gpu) is None:
+                    if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                         pick = w
                         break
             if pick is not None:
@@ -192,6 +195,22 @@ def _reasons(warps, t, pipe_free, state, gpu, pick):
                 yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
 
 
+def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
+    """`_blocked(...) is None`, its checks in the order that rejects a waiting warp soonest (the
+    scheduler's inner loop; `_blocked` names the reason for the stall accounting)."""
+    if t < w.ready or w.at_bar or pipes[st.slot] > t:
+        return False
+    if st.sync is Sync.DEPBAR:
+        if w.sb[0] > st.depbar_n:
+            return False
+    elif st.wait_mask:
+        sb = w.sb
+        for b in st.waits:
+            if sb[b]:
+                return False
+    return not (st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue)
+
+
 def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
     """None when `w` may issue `st` at cycle t, else the stall reason."""
     if w.at_bar:
@@ -218,7 +237,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     w.pc += 1
     w.ready = t + max(1, st.stall)
     pipes[st.slot] = t + st.cycles
-    busy[Pipe(st.slot).name] += st.cycles
+    busy[_PIPE_NAMES[st.slot]] += st.cycles
     done = t
     if st.sync is Sync.GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
