@@ -6,7 +6,9 @@
 The problems: head_dim 32, 64 and 128, causal and not, key lengths 1500 and 5000 (shapes
 fa_hw/tuned's table was not tuned on), each at batch 4 and 16 heads (fa_sim.timing.rank.RANK_SHAPE).
 The candidates are those the model ranks when no table answers (fa_hw.tuned.model_choice:
-fa_hw.tuned.model_candidates, or the family's swizzled configs at that head_dim). --measure times each
+fa_hw.tuned.model_candidates, or the family's swizzled configs at that head_dim; the recorded
+tests/data/h200/timing_auto.json holds every config of fa_hw.tuned.candidates, the pool before it
+became the autotuner's, and the report ranks whatever a recording holds). --measure times each
 (experiments/timing_measure.measure: CUDA events, medians of 3 batches) and writes timing_auto.json;
 the report ranks the same candidates with the model and counts the problems whose predicted-fastest
 config is within 3 % of the measured fastest.
@@ -30,14 +32,14 @@ PROBLEMS = [(d, causal, nk) for d in (32, 64, 128) for causal in (False, True) f
 WITHIN = 0.03
 
 
-def pool(head_dim: int, causal: bool) -> list:
-    return model_candidates(head_dim, causal) or family_candidates(head_dim)
+def pool(head_dim: int, causal: bool, seqlen_k: int) -> list:
+    return model_candidates(head_dim, causal, seqlen_k) or family_candidates(head_dim)
 
 
 def cases() -> list[tuple[tuple, Case]]:
     b, h = RANK_SHAPE
     return [((d, causal, nk), Case(c.tag, (b, h, nk, nk, d), causal)) for d, causal, nk in PROBLEMS
-            for c in pool(d, causal)]
+            for c in pool(d, causal, nk)]
 
 
 def report(rows: list[dict]) -> str:

@@ -26,8 +26,10 @@ uses for a modelled GPU), the timing model's ranking (below). A table that is mi
 (the model answers, and `Choice.source` says so); a table whose entries are malformed is a
 ValueError naming the file, never a silent wrong config.
 
-No table entry: the timing model (fa_sim.timing.rank) ranks the candidates on the GPU's model
-(sm_90: the H200's, sm_80: the A100's, from public figures) and the fastest predicted is chosen;
+No table entry: the timing model (fa_sim.timing.rank) ranks the autotuner's candidates
+(`autotune_candidates`: the shipped tables' winners and their neighbours, the heuristic's tile) on
+the GPU's model (sm_90: the H200's, sm_80: the A100's, from public figures) and the fastest predicted
+is chosen;
 `Choice.source` says so. Where no model covers the arch, the heuristic below answers.
 
 Heuristic (no table entry and no timing model): the H200 profiles of issue 11 show the seed tile (16 query rows per
@@ -209,10 +211,13 @@ def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
     return [replace(c, heavy_first=True) for c in base] + plain
 
 
-def model_candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
-    """The candidates the timing model ranks: all of `candidates`, pingpong's included (the model
-    times each warp's own path, so pingpong's two warp groups too: docs/timing.md)."""
-    return candidates(head_dim, causal)
+def model_candidates(head_dim: int, causal: bool, seqlen_k: int) -> list[KernelConfig]:
+    """The candidates the timing model ranks where no table answers: the autotuner's pool
+    (`autotune_candidates`, at most MAX_AUTOTUNE_CANDIDATES), the configs fa_hw.autotune would time
+    on the GPU for this problem, so that `fa time --config auto` and the GPU agree on what is
+    compared and a cold ranking stays within fa time's 30 s (about 5 s per uncached candidate on
+    the 2-core development machine; all of `candidates`, 17-21 per head_dim, took 133 s)."""
+    return autotune_candidates(head_dim, causal, seqlen_k)
 
 
 def heuristic(head_dim: int) -> KernelConfig:
@@ -248,7 +253,7 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
     class without a measured entry; `why` says why the table did not answer."""
     from fa_sim.timing.rank import family_candidates, rank
 
-    pool = tuple(model_candidates(head_dim, causal)) or tuple(family_candidates(head_dim))
+    pool = tuple(model_candidates(head_dim, causal, seqlen_k)) or tuple(family_candidates(head_dim))
     best = rank(pool, int(seqlen_k), bool(causal), model)[0]
     note = f"{why}; " if why else ""
     return Choice(best.config, f"timing model ({note}ranked {len(pool)} candidates on the {model} model: "

@@ -155,8 +155,9 @@ SHARED_BUILDS = {KernelConfig.from_tag("m128n64d64w4-swizzled-s2-qr-hf-dp"), *FA
 
 
 def _ranked_here(model_candidates):
-    def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
-        pool = [c for c in model_candidates(head_dim, causal) if c in SHARED_BUILDS]
+    def candidates(head_dim: int, causal: bool, seqlen_k: int) -> list[KernelConfig]:
+        pool = [c for c in model_candidates(head_dim, causal, seqlen_k) if c in SHARED_BUILDS] \
+            or [c for c in tuned.candidates(head_dim, causal) if c in SHARED_BUILDS]
         assert len(pool) >= 2, pool  # a ranking, not a single candidate
         return pool
     return candidates
@@ -177,14 +178,18 @@ def test_auto_config_reads_the_gpus_table(tmp_path, monkeypatch):
     for args, why, model in (((64, True, 8192, "NVIDIA H200", "sm_90"), "no entry for d=64", "h200"),
                              ((128, True, 2048, "NVIDIA H200", "sm_80"), "the table is for sm_90", "a100")):
         choice = tuned.auto_config(*args, tmp_path)
-        ranked = rank(tuple(tuned.model_candidates(args[0], True)), args[2], True, model)
+        ranked = rank(tuple(tuned.model_candidates(args[0], True, args[2])), args[2], True, model)
         assert choice.config == ranked[0].config and why in choice.source and "timing model" in choice.source
         assert f"ranked {len(ranked)} candidates on the {model} model" in choice.source
         assert [r.kernel_ms for r in ranked] == sorted(r.kernel_ms for r in ranked)
-    for d in tuned.CANDIDATES:  # the model ranks every candidate, pingpong's too (it models their warp groups)
+    for d in tuned.CANDIDATES:  # the model ranks the autotuner's pool: what the GPU would time
         for causal in (False, True):
-            assert real_candidates(d, causal) == tuned.candidates(d, causal)
-    assert any(c.pingpong for c in real_candidates(64, True))
+            for nk in (512, 8192):
+                pool = real_candidates(d, causal, nk)
+                assert pool == tuned.autotune_candidates(d, causal, nk)
+                h = tuned.heuristic(d)
+                assert 2 <= len(pool) <= tuned.MAX_AUTOTUNE_CANDIDATES
+                assert (h.block_m, h.block_n, h.n_warps) in {(c.block_m, c.block_n, c.n_warps) for c in pool}
     # an arch no timing model covers: the heuristic
     choice = tuned.auto_config(128, True, 8192, "NVIDIA B200", "sm_100", tmp_path)
     assert choice.config == tuned.heuristic(128) and "no table for this GPU" in choice.source

@@ -102,7 +102,7 @@ def test_a_causal_diagonal_round_copies_interior_tiles():
     source = kernel_source(None).text.splitlines()
     cond = next(i + 1 for i, s in enumerate(source) if "if (key >= seqlen_k ||" in s)  # the mask: its
     mask_lines = set(range(cond, next(i + 1 for i, s in enumerate(source) if "tCrS[mi][nj][v] = neg_inf()" in s) + 1))
-    interior = next(i + 1 for i, s in enumerate(source) if "cp_async_cg16(dst + 2u * kCopyRows * i * kPitch" in s)
+    interior = next(i + 1 for i, s in enumerate(source) if "cp_async_cg16(copy_dst(dst, sTile, o, i, j), src + kCopyRows" in s)
     boundary = next(i + 1 for i, s in enumerate(source) if "const bool ok = r < seqlen - row0" in s)
     assert mask_lines & lines and interior in lines and boundary not in lines
     tail = st.walks(8, 1, True)[-2]  # keys ending in a tail: the boundary arm
