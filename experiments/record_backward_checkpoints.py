@@ -1,7 +1,7 @@
 """Record the backward's checkpoint buffer on a GPU for the CPU replay test
 (tests/test_backward_checkpoints.py::test_a_recorded_gpu_buffer_replays_bit_for_bit).
 
-    python experiments/record_backward_checkpoints.py [--out tests/data/h200] [--force]
+    python experiments/record_backward_checkpoints.py [--out tests/data/h100] [--force]
 
 For Nq = 70, Nk = 90, d = 64, causal and not: seeded inputs (fa_sim.reference.random_inputs seed 1,
 dO standard normal from numpy's generator seed 101, as the test's _problem), O and LSE from
@@ -25,8 +25,8 @@ NQ, NK, D, SEED = 70, 90, 64, 1
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests" / "data" / "h200"),
-                    help="directory of the recordings (default: tests/data/h200)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests" / "data" / "h100"),
+                    help="directory of the recordings (default: tests/data/h100, where the committed ones, from an H100, are)")
     ap.add_argument("--force", action="store_true", help="overwrite existing recordings (default: refuse)")
     args = ap.parse_args(argv)
     out = Path(args.out)

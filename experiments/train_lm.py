@@ -237,6 +237,14 @@ def figure(runs: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def title_of(meta: dict) -> str:
+    """The figure's title, in two lines: the corpus and the model, then the GPU and the steps."""
+    corpus, cfg = meta["corpus"], meta["config"]
+    return (f"byte-level LM on Python {corpus['python']}'s stdlib ({corpus['bytes'] / 1e6:.1f} MB): {cfg['layers']} layers, "
+            f"d_model {cfg['d_model']}, {cfg['heads']} heads of {cfg['d_model'] // cfg['heads']}\n"
+            f"context {cfg['context']}, batch {cfg['batch']}, {meta['steps']} steps on {meta['gpu']}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=400)
@@ -245,7 +253,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-noise-run", action="store_true", help="skip the SDPA run from seed + 1")
     p.add_argument("--tiny", action="store_true", help="the 2-layer d_model 32 smoke config")
+    p.add_argument("--plot", metavar="JSON", help="only draw the figure of a saved train_lm.json (into --out)")
     args = p.parse_args(argv)
+    if args.plot:
+        meta = json.loads(Path(args.plot).read_text())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        figure(meta["runs"], out / "train_lm.png", title_of(meta))
+        print(f"wrote {out / 'train_lm.png'}")
+        return 0
     if args.steps < 1:
         raise SystemExit(f"--steps must be at least 1, got {args.steps}")
     try:
@@ -278,9 +294,7 @@ def main(argv=None) -> int:
     meta = dict(config=asdict(cfg), steps=args.steps, device=args.device, gpu=gpu, torch=torch.__version__,
                 corpus=corpus, loss_scale=LOSS_SCALE, summary=summary, runs=runs)
     (out / "train_lm.json").write_text(json.dumps(meta, indent=1))
-    title = (f"byte-level LM on Python {corpus['python']} stdlib ({corpus['bytes'] / 1e6:.1f} MB), {cfg.layers} layers, "
-             f"d_model {cfg.d_model}, {cfg.heads} heads of {cfg.head_dim}, context {cfg.context}, batch {cfg.batch}; {gpu}")
-    figure(runs, out / "train_lm.png", title)
+    figure(runs, out / "train_lm.png", title_of(meta))
     print(json.dumps(summary, indent=1))
     print(f"wrote {out / 'train_lm.json'} and {out / 'train_lm.png'}")
     return 0

@@ -21,8 +21,9 @@ from fa_sim.reference import random_inputs  # noqa: E402
 
 U32 = 2.0**-24
 LOG2E = np.float64(np.float32(1.4426950408889634))
-DATA = Path(__file__).parent / "data" / "h200"
-#: written on an H200 by experiments/record_backward_checkpoints.py (the replay test skips without them)
+DATA = Path(__file__).parent / "data" / "h100"
+#: written on an H100 (its `device` field) by `experiments/record_backward_checkpoints.py --out
+#: tests/data/h100` (the replay test skips without them)
 RECORDINGS = [DATA / f"bwd_checkpoints_70x90_d64{'_causal' if c else ''}.npz" for c in (False, True)]
 
 
@@ -194,10 +195,11 @@ def test_checkpoint_ctas_are_checked_before_any_kernel_runs():
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=[p.stem for p in RECORDINGS])
 def test_a_recorded_gpu_buffer_replays_bit_for_bit(path):
-    """The H200's checkpoint buffer and gradients (deterministic mode) against the engine's from the
-    recorded inputs and the GPU forward's O and LSE (mma model h200)."""
+    """The H100's checkpoint buffer and gradients (deterministic mode) against the engine's from the
+    recorded inputs and the GPU forward's O and LSE (mma model h200: the sm_90 tensor core's)."""
     if not path.exists():
-        pytest.skip(f"{path.name} not recorded yet: python experiments/record_backward_checkpoints.py on an H200")
+        pytest.skip(f"{path.name} not recorded yet: python experiments/record_backward_checkpoints.py "
+                    "--out tests/data/h100 on an H100")
     rec = np.load(path)
     causal, det = bool(rec["causal"]), bool(rec["deterministic"])
     ctas = [int(c) for c in rec["ctas"]]

@@ -26,6 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]  # a checkout of the repository
 H200 = "tests/data/h200"
+H100 = "tests/data/h100"  # recordings an H100 made (the device lent then); sm_90 as the H200
 
 
 class Kind(enum.Enum):
@@ -107,6 +108,13 @@ RECORDINGS = (
               Kind.TIMES, 150),
     Recording(f"{H200}/timing_edits.json", True, "python experiments/timing_edits.py --measure --out OUT/timing_edits.json",
               "the seed kernel and fifteen edits of fa2_fwd.cu at two shapes: kernel times", Kind.TIMES, 180),
+    Recording(f"{H100}/bwd_checkpoints_70x90_d64.npz", True,
+              "python experiments/record_backward_checkpoints.py --out OUT --force",
+              "the backward's checkpoint buffer (every CTA, deterministic dQ), inputs and gradients: 70 x 90, d = 64",
+              Kind.ARRAYS, 90),
+    Recording(f"{H100}/bwd_checkpoints_70x90_d64_causal.npz", True,
+              "python experiments/record_backward_checkpoints.py --out OUT --force",
+              "the same, causal", Kind.ARRAYS, 90),
     Recording(f"{H200}/timing_pingpong.json", True,
               "python experiments/timing_pingpong.py --measure --out OUT/timing_pingpong.json",
               "four 8-warp configs with and without pingpong at three shapes: kernel times", Kind.TIMES, 120),
