@@ -6,9 +6,11 @@
 #             fa_hw.attention (torch)
 #   bwdck     experiments/record_backward_checkpoints.py: the backward's checkpoint recordings (replayed on the CPU)
 #   features  experiments/timing_features.py --measure: the forward features' times for fa time's replay
+#   only      the GPU tests named in $TESTS
 #   rerecord  the swizzle_r4 variant's compare recording, made again for today's fa2_fwd.cu
 #   train     experiments/train_lm.py: fa_hw.attention against SDPA (train_lm.json / .png)
 #   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
+#   bwdtime   experiments/timing_backward.py --measure: the backward's kernel times, for fa time --backward
 #   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
@@ -34,11 +36,16 @@ for s in $STEPS; do case $s in
         tests/test_torch_attention.py tests/test_cli_backward.py tests/test_varlen*.py tests/test_split*.py \
         tests/test_bwd_checkpoints*.py tests/test_backward_checkpoints*.py 2>/dev/null) 2>&1 | tail -40 > "$OUT/new.txt"
     tail -25 "$OUT/new.txt" | tee -a "$OUT/summary.txt" ;;
+  only) log only "$TESTS"
+    timeout "$(lim ${NEW_S:-120})" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE $TESTS 2>&1 | tail -30 > "$OUT/only.txt"
+    tail -15 "$OUT/only.txt" | tee -a "$OUT/summary.txt" ;;
   train) log train
     timeout "$(lim 150)" python3 experiments/train_lm.py --steps ${TRAIN_STEPS:-400} --device cuda --out "$OUT" 2>&1 \
       | tail -30 | tee -a "$OUT/summary.txt" ;;
   benchbwd) log benchbwd
     timeout "$(lim 300)" python3 experiments/bench_hw.py --backward --set test --out "$OUT" 2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
+  bwdtime) log bwdtime
+    timeout "$(lim 90)" python3 experiments/timing_backward.py --measure --out "$OUT/timing_backward.json" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
     timeout "$(lim 150)" python3 experiments/bench_decode.py --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   bwdck) log bwdck
@@ -49,6 +56,7 @@ for s in $STEPS; do case $s in
     timeout "$(lim 60)" python3 -m fa_sim.cli compare --kernel experiments/variants/fa2_fwd_swizzle_r4.patch \
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
+    case $GPU in *H100*) ;; *) echo "   skipped: the shipped table is the H200's; this step tunes an H100's" | tee -a "$OUT/summary.txt"; continue ;; esac
     timeout "$(lim 200)" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
   bench) log bench
     timeout "$(lim 200)" python3 experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
