@@ -95,6 +95,7 @@ class SimResult:
     config: KernelConfig
     causal: bool
     scale: float
+    splits: int | None = None  # split-KV runs (fa_sim.splitkv): the splits that ran ("auto": the chosen)
 
     @property
     def dtype(self) -> str:
@@ -190,12 +191,27 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
              observers=(), *, window: tuple[int, int] | None = None, softcap: float | None = None,
              engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
-             workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None) -> SimResult:
+             workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None,
+             splits: int | str | None = None, cache_seqlens=None, num_sms: int | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d]; see the module docstring."""
     start = time.perf_counter()
     inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]  # reads no values yet
     prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
                         dtype=resolve_dtype(inputs, dtype, config))
+    if splits is not None or cache_seqlens is not None:  # split-KV decoding: fa_sim.splitkv
+        from dataclasses import replace
+
+        from .splitkv import simulate_splitkv
+
+        odd = [name for name, given in (("engine='program'", engine == "program"), ("kernel=", kernel is not None),
+                                        ("mutation=", mutation is not None), ("workers=", workers not in (None, 1)),
+                                        ("cluster=", cluster is not None)) if given]
+        if odd:
+            raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
+                             f"PTX engine, here, without {', '.join(odd)}")
+        res, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
+                                     _observers(observers), tensorcore.resolve(mma_model), start, num_sms)
+        return replace(res, splits=plan.splits)
     front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")

@@ -45,6 +45,7 @@ class KernelBuild:
     kv_group: int = 1  # Q heads per K/V head (FA_KV_GROUP)
     window: tuple[int, int] = (-1, -1)  # effective (left, right) window (FA_WINDOW_LEFT / _RIGHT)
     softcap: float = 0.0  # the cap, as fp32 (FA_SOFTCAP: its bits); 0 = none
+    splitkv: bool = False  # split-KV decoding against a KV cache (FA_SPLITKV; fa_sim.splitkv)
 
     @classmethod
     def of(cls, problem, arch: str, checkpoints: bool = False, kernel: KernelSource | None = None) -> "KernelBuild":
@@ -83,6 +84,8 @@ class KernelBuild:
             out["FA_WINDOW_RIGHT"] = int(self.window[1])
         if self.softcap:
             out["FA_SOFTCAP"] = int(np.float32(self.softcap).view(np.uint32))
+        if self.splitkv:
+            out["FA_SPLITKV"] = 1
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
@@ -103,6 +106,7 @@ class KernelBuild:
         extra += f", heads per K/V head {self.kv_group}" if self.kv_group != 1 else ""
         extra += f", window {self.window}" if self.window != (-1, -1) else ""
         extra += f", softcap {self.softcap:g}" if self.softcap else ""
+        extra += ", split-KV" if self.splitkv else ""
         extra += ", checkpoints" if self.checkpoints else ""
         extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
         extra += ", DIAGNOSTIC accurate expf" if self.diag_accurate_exp else ""
