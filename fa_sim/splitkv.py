@@ -242,3 +242,22 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
     return SimResult(o=half_values(out["o"], prob.config.dtype).reshape(b, h, nq, d), lse=out["lse"], counts=counts,
                      instructions=instructions, seconds=time.perf_counter() - start, config=prob.config,
                      causal=prob.causal, scale=prob.scale), plan
+
+
+def measure_splitkv(res, q, k, v, cache_seqlens=None, softcap: float = 0.0):
+    """fa_sim.accuracy.measure of a split-KV run, one sequence at a time against float64 on its own
+    keys (k, v [b, :, :cache_seqlens[b]]): the worst sequence's numbers and every sequence's
+    failures, as one fa_sim.accuracy.Accuracy (the documented bounds of the unsplit kernel)."""
+    from .accuracy import Accuracy, measure
+
+    b = np.shape(q)[0]
+    lens = np.full(b, np.shape(k)[2]) if cache_seqlens is None else np.asarray(cache_seqlens)
+    accs = [measure(np.asarray(res.o)[i:i + 1], np.asarray(res.lse)[i:i + 1], q[i:i + 1], k[i:i + 1, :, :lens[i]],
+                    v[i:i + 1, :, :lens[i]], res.causal, res.scale, res.config, softcap=softcap) for i in range(b)]
+
+    def worst(name):
+        vals = [getattr(a, name) for a in accs]
+        return None if any(x is None for x in vals) else max(vals)
+
+    return Accuracy(worst("rel_err_o"), worst("max_abs_err_lse"), worst("max_rel_err_lse"),
+                    tuple(f for a in accs for f in a.nonfinite), tuple(f for a in accs for f in a.above_bound))
