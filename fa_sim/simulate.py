@@ -73,7 +73,7 @@ from . import tensorcore
 from .hub import Hub
 from .kernels import Mutation, launch_info
 from .parallel import choose_pool
-from .run import FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
+from .run import Engine, FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
 from .validate import check_bf16_range, check_input, make_problem, resolve_dtype
 
 DEFAULT_WAVE_CTAS = 64  # the fastest per CTA (measured, CPU seconds of (1, 4, 4096, 64): 3.4 with waves
@@ -203,7 +203,9 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
 
         from .splitkv import simulate_splitkv
 
-        odd = [name for name, given in (("engine='program'", engine == "program"), ("kernel=", kernel is not None),
+        program = engine == "program" if isinstance(engine, str) else getattr(engine, "engine", None) is Engine.PROGRAM
+        variant = kernel is not None or getattr(engine, "kernel", None) is not None
+        odd = [name for name, given in (("engine='program'", program), ("kernel=", variant),
                                         ("mutation=", mutation is not None), ("workers=", workers not in (None, 1)),
                                         ("cluster=", cluster is not None)) if given]
         if odd:

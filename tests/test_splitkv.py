@@ -144,3 +144,35 @@ def test_gpu_bit_identical_to_the_engine(case):
     sim = simulate(q, k, v, config=config, splits=hw.splits, cache_seqlens=lens, mma_model="h200")
     assert np.array_equal(np.asarray(hw.o).view(np.uint16), sim.o.view(np.uint16))
     assert np.array_equal(np.asarray(hw.lse).view(np.uint32), sim.lse.view(np.uint32))
+
+
+def test_cli_runs_splits_from_flags_and_npz(tmp_path, capsys):
+    import json
+
+    from fa_sim.cli import main
+
+    assert main(["sim", "--batch", "2", "--heads", "2", "--seqlen", "5", "--seqlen-k", "300", "--splits", "3",
+                 "--cache-seqlens", "300,170", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["splits"] == 3 and out["above_bound"] == [] and out["engine"] == "ptx"
+    q, k, v = _inputs(2, 2, 2, 1, 200, seed=4)
+    np.savez(tmp_path / "d.npz", q=q, k=k, v=v, cache_seqlens=np.array([200, 90], np.int32))
+    assert main(["sim", "--npz", str(tmp_path / "d.npz"), "--splits", "auto", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["splits"] >= 1
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--splits", "0"], "--splits takes an integer >= 1 or 'auto'"),
+    (["--splits", "6"], "splits must be an integer from 1 to 5"),
+    (["--cache-seqlens", "300,301"], "cache_seqlens[1] = 301 is outside 1..300"),
+    (["--cache-seqlens", "300"], "cache_seqlens must have shape (2,)"),
+    (["--cache-seqlens", "300,x"], "--cache-seqlens takes one length per batch entry"),
+    (["--splits", "2", "--causal"], "take no --causal or --window"),
+    (["--splits", "2", "--engine", "program"], "without --backward, --engine program"),
+])
+def test_cli_refuses_in_one_line(argv, fragment, capsys):
+    from fa_sim.cli import main
+
+    assert main(["sim", "--batch", "2", "--heads", "2", "--seqlen", "1", "--seqlen-k", "300", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err, err

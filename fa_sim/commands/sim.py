@@ -42,6 +42,7 @@ from .common import (
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    add_splitkv_arguments,
     check_input_memory,
     check_scale,
     config_from_args,
@@ -53,6 +54,7 @@ from .common import (
     kernel_from_args,
     problem_shape,
     run_inputs,
+    splitkv,
 )
 from . import UsageError
 from .backward import add_backward_arguments
@@ -73,6 +75,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
+    add_splitkv_arguments(p)
     add_parallel_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
@@ -104,6 +107,10 @@ def run(args) -> int:
     from . import backward
 
     backward.check_options(args, ("workers", "cluster"))
+    split = splitkv(args)
+    if split and (args.backward or args.engine == "program" or args.kernel is not None or args.cluster is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
+                         "engine, here: without --backward, --engine program, --kernel or --cluster")
     if args.backward:
         return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
@@ -117,18 +124,25 @@ def run(args) -> int:
             HazardChecker,  # the simulator core does not need the observers
         )
         checker = HazardChecker()
-    front = engine_from_args(args, config)
+    front = PtxFrontEnd() if split else engine_from_args(args, config)
     q, k, v = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
-                   workers=args.workers, cluster=args.cluster, **features(args))
-    acc = errors(res, q, k, v, **features(args))
+                   workers=None if split else args.workers, cluster=args.cluster, **features(args), **split)
+    if split:  # each sequence against float64 on its own keys
+        from ..splitkv import measure_splitkv
+
+        dt = np.float16 if res.dtype == "fp16" else np.float32
+        acc = measure_splitkv(res, *(np.asarray(x, dt) for x in (q, k, v)), split["cache_seqlens"],
+                              args.softcap or 0.0)
+    else:
+        acc = errors(res, q, k, v, **features(args))
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
         kernel = getattr(front, "kernel", None)
-        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
+        out = {**acc.to_json(), **({"splits": res.splits} if split else {}), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
                "kernel": None if kernel is None else str(kernel)}
         if report is not None:
             out["hazards"] = report.to_json()
@@ -137,7 +151,10 @@ def run(args) -> int:
     b, h, nq, _ = res.o.shape
     extra = (f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h else "") + (
         f" window={args.window[0]},{args.window[1]}" if args.window is not None else "") + (
-        f" softcap={args.softcap:g}" if args.softcap is not None else "")
+        f" softcap={args.softcap:g}" if args.softcap is not None else "") + (
+        f" splits={res.splits}" if split else "") + (
+        f" cache_seqlens={','.join(map(str, split['cache_seqlens']))}" if split and split["cache_seqlens"] is not None
+        else "")
     print(f"fa sim: B={b} H={h} Nq={nq} Nk={np.shape(k)[2]} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g}{extra} config {config.tag}"
           + (f" engine ptx ({front.kernel.name if front.kernel is not None else 'fa2_fwd.cu'})"
