@@ -94,8 +94,6 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
     inputs, kind, prob, _ = check(q, k, v, causal, scale, config, window, softcap, dtype)
     sms = device().properties.multiprocessor_count if isinstance(splits, str) and splits == "auto" else None
     plan = check_splitkv(prob, splits, cache_seqlens, sms)
-    if prob.batch * prob.heads > runtime.MAX_GRID_Y:
-        raise ValueError(f"batch*heads = {prob.batch * prob.heads} exceeds the grid's z limit {runtime.MAX_GRID_Y}")
     dev = to_device(inputs, kind, prob)
     stream = dev.stream
     oa_shape, la_shape = workspace_shapes(plan)

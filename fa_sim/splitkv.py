@@ -11,7 +11,8 @@ split over: an integer from 1 to the cache's K/V tiles ceil(Nk / block_n), or "a
 flash_fwd_splitkv_kernel and flash_fwd_splitkv_combine_kernel (csrc/flash_attn/src/flash_fwd_kernel.h,
 flash_api.cpp's set_params_splitkv):
 
-  1. fa2_fwd_kernel built with FA_SPLITKV   grid (ceil(Nq / block_m), splits, B*H)
+  1. fa2_fwd_kernel built with FA_SPLITKV   grid (ceil(Nq / block_m), B*H, splits) (FA2: splits in y,
+       B*H in z; here the plain kernel's x and y are kept and the splits added as z)
        split s runs K/V blocks s * per .. min(ceil(len_b / block_n), (s + 1) * per) - 1 with
        per = ceil(ceil(Nk / block_n) / splits) (FA2's n_blocks_per_split: from the cache's length,
        so a short sequence leaves its last splits empty: they store O = 0, LSE = -inf) and stores its
@@ -75,7 +76,7 @@ class SplitPlan:
     @property
     def grid(self) -> tuple[int, int, int]:
         p = self.problem
-        return p.n_m_blocks, self.splits, p.batch * p.heads
+        return p.n_m_blocks, p.batch * p.heads, self.splits
 
     @property
     def combine_grid(self) -> tuple[int, int, int]:
@@ -157,7 +158,7 @@ def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = No
         raise ValueError(f"splits must be an integer from 1 to {tiles} (the cache's K/V tiles: ceil(Nk={prob.seqlen_k}"
                          f" / block_n={prob.config.block_n})) or 'auto', got {splits!r:.40}")
     if splits > 65535:
-        raise ValueError(f"splits = {splits} is over 65,535, the grid's y limit")
+        raise ValueError(f"splits = {splits} is over 65,535, the grid's z limit")
     return SplitPlan(prob, int(splits), seqlens)
 
 

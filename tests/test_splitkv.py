@@ -176,3 +176,18 @@ def test_cli_refuses_in_one_line(argv, fragment, capsys):
     assert main(["sim", "--batch", "2", "--heads", "2", "--seqlen", "1", "--seqlen-k", "300", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err, err
+
+
+def test_bench_decode_report_states_the_goals():
+    from experiment_scripts import load
+
+    bench = load("bench_decode")
+    spread = lambda m: {"median": m, "lo": m, "hi": m}  # noqa: E731
+    row = {"batch": 1, "nk": 4096, "splits_auto": 16, "notes": {}, "rel_err": {"auto": 2e-4, "splits=1": 2e-4},
+           "ms": {"auto": spread(0.02), "splits=1": spread(0.1), "sdpa-flash": spread(0.03)},
+           "speedup_vs_one_split": spread(5.0), "speedup_vs_flash": spread(1.5)}
+    args = type("A", (), {"heads": 8, "heads_k": 8, "head_dim": 128, "runs": 3, "reps": 20})
+    md = bench.markdown([row], "GPU", args)
+    assert "| 1 | 4096 | 16 | 0.020 [0.020, 0.020] |" in md and "splits=1 on every row: met" in md
+    row["speedup_vs_flash"] = spread(0.9)
+    assert "SDPA-flash: NOT met" in bench.markdown([row], "GPU", args)

@@ -56,7 +56,7 @@
 //                                                  S = cap * tanh(S * scale / cap) before the mask, then
 //                                                  the softmax scales by cap (FlashAttention-2's order)
 //   FA_SPLITKV                                     split-KV decoding (Problem.splits, docs/features.md):
-//                                                  grid (ceil(Nq/kBlockM), splits, B*H), K/V a cache
+//                                                  grid (ceil(Nq/kBlockM), B*H, splits), K/V a cache
 //                                                  of seqlen_k_all rows per head of which sequence b
 //                                                  holds cache_seqlens[b]; split s runs its contiguous
 //                                                  range of K/V blocks and writes fp32 O and LSE to
@@ -779,9 +779,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 ) {
   // phase: setup
   using namespace fa;
-#if FA_SPLITKV
-  const int m_block = blockIdx.x, n_split = blockIdx.y, n_splits = gridDim.y, bh = blockIdx.z;
-#elif FA_HEAVY_FIRST && FA_CAUSAL
+#if FA_HEAVY_FIRST && FA_CAUSAL
   const int m_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;  // the longest causal loops first
 #else
   const int m_block = blockIdx.x, bh = blockIdx.y;
@@ -796,6 +794,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // the first cache_seqlens[b] of them, and from here seqlen_k_all counts those.
   const int kv_blocks_all = (seqlen_k_all + kBlockN - 1) / kBlockN;  // of the cache, as FA2's params.seqlen_k
   seqlen_k_all = cache_seqlens[bh / n_heads];
+  const int n_split = blockIdx.z, n_splits = gridDim.z;  // grid (Q blocks, B*H, splits)
 #endif
   const int row0 = m_block * kBlockM;
   // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
@@ -811,8 +810,8 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const int n_blocks_per_split = (kv_blocks_all + n_splits - 1) / n_splits;
   const int n_block_end = min((n_keys + kBlockN - 1) / kBlockN, (n_split + 1) * n_blocks_per_split);
   const int n_block_min = n_split * n_blocks_per_split;
-  float* const gOaccum = o_accum + ((u64)n_split * gridDim.z + bh) * seqlen_q * kHeadDim;
-  float* const gLSEaccum = lse_accum + ((u64)n_split * gridDim.z + bh) * seqlen_q;
+  float* const gOaccum = o_accum + ((u64)n_split * gridDim.y + bh) * seqlen_q * kHeadDim;
+  float* const gLSEaccum = lse_accum + ((u64)n_split * gridDim.y + bh) * seqlen_q;
   if (n_block_min >= n_block_end) {
     store_empty_partial(gOaccum, gLSEaccum, row0, seqlen_q);
     return;
