@@ -23,6 +23,11 @@ dividing H (grouped-query / multi-query attention: Q head h reads K/V head h // 
 sees keys i - left .. i + right; causal makes the right side 0); `softcap=C` (> 0) replaces the
 scaled scores x by C tanh(x / C) before the softmax. The hand-written program runs GQA and windows;
 softcap runs on engine="ptx" (engine=None picks it).
+Split-KV decoding (fa_sim.splitkv, docs/features.md): `splits` (an integer from 1 to ceil(Nk /
+block_n), or "auto": FlashAttention-2's heuristic for `num_sms` SMs, default 132) and `cache_seqlens`
+(int32 [B], the keys each sequence holds of the cache k, v; None: all Nk) run fa2_fwd.cu built with
+FA_SPLITKV and, with more than one split, fa2_combine.cu, both on the PTX engine in this process;
+res.splits says how many ran. No causal mask, window, engine="program", kernel=, workers or cluster.
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program

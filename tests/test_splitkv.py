@@ -5,7 +5,7 @@ CPU: the PTX engine runs both launches on decode shapes (batch 2, Nq 1 and 5, a 
 with tails, sequences of 300 and 170 keys, 1 and 3 splits, the 170-key sequence's last split empty)
 within the documented bounds against float64 (fa_sim.accuracy, each sequence on its own keys); one
 split is the unsplit kernel on each sequence's keys, bit for bit; GQA, softcap and bf16 combine with
-splits; the split launch is hazard-free; "auto" follows FlashAttention-2's num_splits_heuristic; bad
+splits; the split launch is hazard-free, with schedule options too (pingpong: the same bits); "auto" follows FlashAttention-2's num_splits_heuristic; bad
 input is one line each, before any launch.
 GPU (marked gpu, skipped here): fa_hw.forward with splits bit-identical to the engine with
 mma_model="h200".
@@ -70,12 +70,17 @@ def test_gqa_softcap_and_bf16_with_splits():
     assert acc.ok, acc.failures()
 
 
-def test_split_launch_is_hazard_free():
+@pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled", "m128n64d64w8-swizzled-s2-pp"])
+def test_split_launch_is_hazard_free_with_schedule_options(tag):
     q, k, v = _inputs(1, 2, 2, 5, 300, seed=3)
+    lens = np.array([230], np.int32)
     checker = HazardChecker()
-    simulate(q, k, v, splits=3, cache_seqlens=np.array([230], np.int32), observers=[checker])
+    res = simulate(q, k, v, config=KernelConfig.from_tag(tag), splits=3, cache_seqlens=lens, observers=[checker])
     rep = checker.report()
     assert rep.ok, format_hazards(rep)
+    seed = simulate(q, k, v, splits=3, cache_seqlens=lens)  # schedule options keep the arithmetic's order
+    for a, e in zip(_bits(res), _bits(seed)):
+        assert np.array_equal(a, e)
 
 
 def test_auto_follows_flash_attention_2s_heuristic():

@@ -55,14 +55,14 @@
 //   FA_SOFTCAP                                     fp32 bits of the softcap (Problem.softcap), 0 = none:
 //                                                  S = cap * tanh(S * scale / cap) before the mask, then
 //                                                  the softmax scales by cap (FlashAttention-2's order)
-//   FA_SPLITKV                                     split-KV decoding (Problem.splits, docs/features.md):
+//   FA_SPLITKV                                     split-KV decoding (fa_sim.splitkv, docs/features.md):
 //                                                  grid (ceil(Nq/kBlockM), B*H, splits), K/V a cache
 //                                                  of seqlen_k_all rows per head of which sequence b
 //                                                  holds cache_seqlens[b]; split s runs its contiguous
 //                                                  range of K/V blocks and writes fp32 O and LSE to
 //                                                  o_accum / lse_accum for fa2_combine.cu (one split:
 //                                                  O and LSE directly, no combine); FlashAttention-2's
-//                                                  flash_fwd_split_kv / compute_attn_1rowblock_splitkv
+//                                                  flash_fwd_splitkv_kernel (compute_attn_1rowblock_splitkv)
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
