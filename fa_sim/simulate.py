@@ -204,8 +204,6 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
                         dtype=resolve_dtype(inputs, dtype, config))
     if splits is not None or cache_seqlens is not None:  # split-KV decoding: fa_sim.splitkv
-        from dataclasses import replace
-
         from .splitkv import simulate_splitkv
 
         program = engine == "program" if isinstance(engine, str) else getattr(engine, "engine", None) is Engine.PROGRAM
@@ -216,9 +214,11 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         if odd:
             raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
                              f"PTX engine, here, without {', '.join(odd)}")
-        res, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
-                                     _observers(observers), tensorcore.resolve(mma_model), start, num_sms)
-        return replace(res, splits=plan.splits)
+        o_bits, lse, counts, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
+                                                     _observers(observers), tensorcore.resolve(mma_model), num_sms)
+        return SimResult(o=half_values(o_bits, prob.config.dtype), lse=lse, counts=counts, instructions=_totals(counts),
+                         seconds=time.perf_counter() - start, config=prob.config, causal=prob.causal,
+                         scale=prob.scale, splits=plan.splits)
     front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")

@@ -44,7 +44,6 @@ import numpy as np
 from .contract import KernelBuild
 from .contract.occupancy import min_blocks_per_sm
 from .contract.source import KERNEL_NAME, SEED_PATH
-from .events import COUNTED_OPS
 from .problem import Problem
 
 COMBINE_PATH = SEED_PATH.parent / "fa2_combine.cu"
@@ -212,19 +211,20 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
     return launches, {"o": o, "lse": lse, "o_accum": o_accum, "lse_accum": lse_accum}
 
 
-def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tuple, mma_model, start: float,
-                     num_sms: int | None = None):
+def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tuple, mma_model,
+                     num_sms: int | None = None) -> tuple[np.ndarray, np.ndarray, dict, SplitPlan]:
     """fa_sim.simulate's split-KV path (its inputs checked, its problem made): both launches on the
-    PTX engine; a SimResult with the counts of both launches summed (instructions of launch 2 are
-    in its own phase, 'combine')."""
+    PTX engine. -> (O's 16-bit patterns [B, H, Nq, d] uint16 (fp16 or bf16), LSE [B, H, Nq] float32,
+    the warp instructions of both launches summed per (class, phase, round): launch 2's in the phase
+    'combine', the plan)."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
-    from .simulate import SimResult, check_bf16_range, half_values
+    from .validate import check_bf16_range
 
     plan = check_splitkv(prob, splits, cache_seqlens, num_sms)
     q16, k16, v16 = (i.host_half(prob.config.dtype) for i in inputs)
-    if prob.config.dtype == "bf16":
-        check_bf16_range([float(np.max(np.abs(half_values(x, "bf16")))) for x in (q16, k16, v16)],
-                         prob.scale, prob.head_dim, prob.seqlen_k)
+    if prob.config.dtype == "bf16":  # uint16 patterns: the values are the high halves of float32
+        check_bf16_range([float(np.max(np.abs((x.astype(np.uint32) << np.uint32(16)).view(np.float32))))
+                          for x in (q16, k16, v16)], prob.scale, prob.head_dim, prob.seqlen_k)
     launches, out = splitkv_launches(plan, q16, k16, v16)
     counts: dict = {}
     for launch in launches:
@@ -235,14 +235,7 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
         for (op, phase, rnd), n in run.counts.items():
             key = (op, phase if main else "combine", rnd)
             counts[key] = counts.get(key, 0) + n
-    instructions = {op: 0 for op in COUNTED_OPS}
-    for (op, _, _), n in counts.items():
-        if op in instructions:
-            instructions[op] += n
-    b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
-    return SimResult(o=half_values(out["o"], prob.config.dtype).reshape(b, h, nq, d), lse=out["lse"], counts=counts,
-                     instructions=instructions, seconds=time.perf_counter() - start, config=prob.config,
-                     causal=prob.causal, scale=prob.scale), plan
+    return out["o"], out["lse"], counts, plan
 
 
 def measure_splitkv(res, q, k, v, cache_seqlens=None, softcap: float = 0.0):
