@@ -196,3 +196,15 @@ def test_bench_decode_report_states_the_goals():
     assert "| 1 | 4096 | 16 | 0.020 [0.020, 0.020] |" in md and "splits=1 on every row: met" in md
     row["speedup_vs_flash"] = spread(0.9)
     assert "SDPA-flash: NOT met" in bench.markdown([row], "GPU", args)
+
+
+def test_fa_hw_refuses_bad_splits_before_any_device_call(monkeypatch):
+    import fa_hw.splitkv
+
+    monkeypatch.setattr(fa_hw.splitkv, "to_device", lambda *a, **kw: pytest.fail("placed on the device"))
+    q, k, v = _inputs(2, 2, 2, 1, 300)
+    for kwargs, fragment in ((dict(splits=9), "splits must be an integer from 1 to 5"),
+                             (dict(splits=2, cache_seqlens=np.array([1, 2], np.int64)), "cache_seqlens must be int32"),
+                             (dict(splits=2, checkpoint_ctas=[0]), "without checkpoint_ctas")):
+        with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+            fa_hw.forward(q, k, v, **kwargs)
