@@ -5,9 +5,10 @@ CPU: the PTX engine runs both launches on decode shapes (batch 2, Nq 1 and 5, a 
 with tails, sequences of 300 and 170 keys, 1 and 3 splits, the 170-key sequence's last split empty)
 within the documented bounds against float64 (fa_sim.accuracy, each sequence on its own keys); one
 split is the unsplit kernel on each sequence's keys, bit for bit; GQA, softcap and bf16 combine with
-splits; the split launch is hazard-free, with schedule options too (pingpong: the same bits); "auto" follows FlashAttention-2's num_splits_heuristic; bad
-input is one line each, before any launch; a packed batch (cu_seqlens) with splits is refused by
-simulate, fa_hw.forward, fa sim and the kernel's #error (both use blockIdx.z).
+splits, and so do head_dim 96 and 256; the split launch is hazard-free, with schedule options too
+(pingpong: the same bits); "auto" follows FlashAttention-2's num_splits_heuristic; bad input is one
+line each, before any launch; a packed batch (cu_seqlens) with splits is refused by simulate,
+fa_hw.forward, fa sim and the kernel's #error (both use blockIdx.z).
 GPU (marked gpu, skipped here): fa_hw.forward with splits bit-identical to the engine with
 mma_model="h200".
 """
@@ -69,6 +70,20 @@ def test_gqa_softcap_and_bf16_with_splits():
     assert res.dtype == "bf16"
     acc = measure_splitkv(res, qb, kb, vb, lens)
     assert acc.ok, acc.failures()
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_splits_at_wide_head_dims(d):
+    """head_dim 96-256 (docs/head_dims.md): the split kernel and the combine at d = 96 and 256, within
+    the bounds; one split is the unsplit kernel on the sequence's keys, bit for bit."""
+    q, k, v = _inputs(1, 1, 1, 2, 300, d=d, seed=d)
+    lens = np.array([170], np.int32)
+    res = simulate(q, k, v, splits=3, cache_seqlens=lens)
+    acc = measure_splitkv(res, q, k, v, lens)
+    assert res.splits == 3 and acc.ok, acc.failures()
+    plain = simulate(q, k[:, :, :170], v[:, :, :170], engine="ptx")
+    for a, e in zip(_bits(simulate(q, k, v, splits=1, cache_seqlens=lens)), _bits(plain)):
+        assert np.array_equal(a, e)
 
 
 @pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled", "m128n64d64w8-swizzled-s2-pp"])
@@ -136,6 +151,8 @@ def test_bad_input_is_one_line_before_any_launch(kwargs, fragment, monkeypatch):
     (2, 2, 2, 1, 300, (300, 170), 3, None),
     (2, 4, 2, 5, 1000, (1000, 77), "auto", None),
     (1, 4, 1, 16, 517, (517,), 5, KernelConfig(head_dim=128)),
+    (1, 2, 2, 3, 400, (250,), 3, KernelConfig(head_dim=96)),
+    (1, 2, 1, 1, 300, (300,), 2, KernelConfig(head_dim=256)),
 ])
 def test_gpu_bit_identical_to_the_engine(case):
     import fa_hw
