@@ -21,7 +21,10 @@ uint32 [cta_sel, checkpoint, round, thread, word] of fa_sim/checkpoints.py. Issu
 fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query attention),
 `window=(left, right)`, `softcap=C` (docs/features.md); a packed variable-length batch with
 `cu_seqlens_q`, `cu_seqlens_k` (int32 offsets; q [total_q, H, d], k, v [total_k, H_k, d]; out.o
-[total_q, H, d], out.lse [H, total_q]; fa_sim.varlen: the inputs are copied head-major first).
+[total_q, H, d], out.lse [H, total_q]; fa_sim.varlen: the inputs are copied head-major first);
+split-KV decoding with `splits` (an integer or "auto") and `cache_seqlens` (int32 [B], each
+sequence's keys of the cache k, v): the split kernel and the combine of fa_hw.splitkv (out.splits
+says how many ran; kernel_ms covers both). Not both: a packed batch takes no splits.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class HwResult:
     registers: int
     checkpoints: np.ndarray | None = None
     checkpoint_ctas: tuple[int, ...] = ()
+    splits: int | None = None  # split-KV decoding (fa_hw.splitkv): the splits that ran
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
@@ -89,10 +93,26 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
-            kernel=None, dtype: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None) -> HwResult:
+            kernel=None, dtype: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None,
+            splits: int | str | None = None, cache_seqlens=None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
+    if splits is not None or cache_seqlens is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes a padded batch, not a packed one "
+                             "(cu_seqlens_q / cu_seqlens_k): both use the kernel's grid z")
+        if checkpoint_ctas is not None or kernel is not None:
+            raise ValueError("split-KV decoding (splits= / cache_seqlens=) runs fa_hw's own kernel without "
+                             "checkpoint_ctas or kernel=")
+        from .splitkv import prepare_splitkv
+
+        sp = prepare_splitkv(q, k, v, causal, scale, config, window=window, softcap=softcap, dtype=dtype,
+                             splits=1 if splits is None else splits, cache_seqlens=cache_seqlens)
+        ms = sp.run(sp.dev.stream)
+        o, lse = sp.dev.results()
+        return HwResult(o, lse, sp.dev.config, sp.dev.problem.causal, sp.dev.scale, ms, sp.registers,
+                        splits=sp.plan.splits)
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
                                                   window=window, softcap=softcap, dtype=dtype,
                                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)

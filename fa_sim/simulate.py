@@ -28,6 +28,12 @@ Packed variable-length batches (fa_sim.varlen; FlashAttention-2's flash_attn_var
 with q [total_q, H, d], k, v [total_k, H_k, d]; res.o is then [total_q, H, d] and res.lse
 [H, total_q] (FlashAttention-2's varlen layout). Masks are per sequence (top-left causal).
 engine="ptx" only (None picks it); no checkpoint observers, workers or cluster.
+Split-KV decoding (fa_sim.splitkv, docs/features.md): `splits` (an integer from 1 to ceil(Nk /
+block_n), or "auto": FlashAttention-2's heuristic for `num_sms` SMs, default 132) and `cache_seqlens`
+(int32 [B], the keys each sequence holds of the cache k, v; None: all Nk) run fa2_fwd.cu built with
+FA_SPLITKV and, with more than one split, fa2_combine.cu, both on the PTX engine in this process;
+res.splits says how many ran. No causal mask, window, engine="program", kernel=, workers or cluster,
+and not with cu_seqlens (a packed batch takes no splits: both use the kernel's grid z).
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
 `engine` picks the front end of the SM80 machine: "program" runs the hand-written program
@@ -78,7 +84,7 @@ from . import tensorcore, varlen
 from .hub import Hub
 from .kernels import Mutation, launch_info
 from .parallel import choose_pool
-from .run import FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
+from .run import Engine, FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
 from .validate import check_bf16_range, check_input, make_problem, resolve_dtype
 
 DEFAULT_WAVE_CTAS = 64  # the fastest per CTA (measured, CPU seconds of (1, 4, 4096, 64): 3.4 with waves
@@ -100,6 +106,7 @@ class SimResult:
     config: KernelConfig
     causal: bool
     scale: float
+    splits: int | None = None  # split-KV runs (fa_sim.splitkv): the splits that ran ("auto": the chosen)
 
     @property
     def dtype(self) -> str:
@@ -196,11 +203,15 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
              engine: str | FrontEnd | None = None, kernel=None, mutation: Mutation | None = None,
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
              workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None,
-             cu_seqlens_q=None, cu_seqlens_k=None) -> SimResult:
+             cu_seqlens_q=None, cu_seqlens_k=None, splits: int | str | None = None, cache_seqlens=None,
+             num_sms: int | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d] (or a packed batch: q [total_q, H, d],
     k, v [total_k, H_k, d] with cu_seqlens_q / cu_seqlens_k); see the module docstring."""
     start = time.perf_counter()
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and (splits is not None or cache_seqlens is not None):
+        raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes a padded batch, not a packed one "
+                         "(cu_seqlens_q / cu_seqlens_k): both use the kernel's grid z")
     if packed:
         if cu_seqlens_q is None or cu_seqlens_k is None:
             raise ValueError("a packed batch needs both cu_seqlens_q and cu_seqlens_k (int32, batch + 1 offsets)")
@@ -215,6 +226,22 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     else:
         prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
                             dtype=resolve_dtype(inputs, dtype, config))
+    if splits is not None or cache_seqlens is not None:  # split-KV decoding: fa_sim.splitkv
+        from .splitkv import simulate_splitkv
+
+        program = engine == "program" if isinstance(engine, str) else getattr(engine, "engine", None) is Engine.PROGRAM
+        variant = kernel is not None or getattr(engine, "kernel", None) is not None
+        odd = [name for name, given in (("engine='program'", program), ("kernel=", variant),
+                                        ("mutation=", mutation is not None), ("workers=", workers not in (None, 1)),
+                                        ("cluster=", cluster is not None)) if given]
+        if odd:
+            raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
+                             f"PTX engine, here, without {', '.join(odd)}")
+        o_bits, lse, counts, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
+                                                     _observers(observers), tensorcore.resolve(mma_model), num_sms)
+        return SimResult(o=half_values(o_bits, prob.config.dtype), lse=lse, counts=counts, instructions=_totals(counts),
+                         seconds=time.perf_counter() - start, config=prob.config, causal=prob.causal,
+                         scale=prob.scale, splits=plan.splits)
     front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
     if packed and any(callable(getattr(o, "on_checkpoint", None)) for o in _observers(observers)):
         raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "

@@ -1,6 +1,7 @@
-"""The PTX parser on every build of fa2_fwd.cu: 78 configs x causal x the checkpoint build, SM80.
+"""The PTX parser on every build of fa2_fwd.cu: 78 configs x causal x the checkpoint build, SM80,
+plus the seed's packed-batch (FA_VARLEN, causal and not) and split-KV (FA_SPLITKV) builds.
 
-Each of the 312 PTX texts comes from NVRTC through the on-disk PTX cache (fa_sim.contract.nvrtc;
+Each of the 315 PTX texts comes from NVRTC through the on-disk PTX cache (fa_sim.contract.nvrtc;
 cold, NVRTC takes about 70 s for all 312 on the 2-core development machine, warm the cache
 answers in about 1 s) and is parsed for real here (no parsed-module cache), then checked
 against oracles read independently from the raw PTX text and from fa2_fwd.cu:
@@ -9,8 +10,8 @@ against oracles read independently from the raw PTX text and from fa2_fwd.cu:
 - every branch target is a label whose line lies between the instruction before its pc and the
   one at it;
 - every register used is declared by a `.reg` line, and Kernel.regs equals those lines;
-- the parameters are those of the kernel's C signature (8, plus 3 in the checkpoint build),
-  at their natural-alignment offsets;
+- the parameters are those of the kernel's C signature (8, plus 3 in the checkpoint build, 2 in
+  the packed-batch build, 4 in the split-KV build), at their natural-alignment offsets;
 - every instruction has the line and column of the last `.loc` before it, in fa2_fwd.cu, in the
   kernel or in a function the .cu defines, with an inlining chain that starts in the kernel's
   body (line 0, DWARF's "no line", is up to 12% of a build's instructions: NVRTC's choice).
@@ -35,6 +36,7 @@ pytest.importorskip("cuda.bindings")
 BUILDS = [KernelBuild(cfg, causal, "sm_80", ck) for cfg in KernelConfig.family()
           for causal in (False, True) for ck in (False, True)]
 BUILDS += [KernelBuild(KernelConfig(), causal, "sm_80", varlen=True) for causal in (False, True)]  # packed batches
+BUILDS += [KernelBuild(KernelConfig(), False, "sm_80", splitkv=True)]  # split-KV decoding (no causal mask)
 CU = SEED_PATH.read_text()
 CU_LINES = CU.count("\n") + 1
 KERNEL_LINE = CU[: CU.index(f"{KERNEL_NAME}(")].count("\n") + 1
@@ -42,16 +44,18 @@ C_TO_PTX = {"float": ("f32", 4), "int": ("u32", 4)}
 
 
 def _id(b: KernelBuild) -> str:
-    return f"{b.config.tag}-{'causal' if b.causal else 'full'}{'-ck' if b.checkpoints else ''}{'-varlen' if b.varlen else ''}"
+    return f"{b.config.tag}-{'causal' if b.causal else 'full'}{'-ck' if b.checkpoints else ''}{'-varlen' if b.varlen else ''}{'-splitkv' if b.splitkv else ''}"
 
 
-def expected_params(checkpoints: bool, varlen: bool = False) -> list[tuple[str, str, int]]:
+def expected_params(checkpoints: bool, varlen: bool = False, splitkv: bool = False) -> list[tuple[str, str, int]]:
     """(name, type, offset) from fa2_fwd.cu's signature: pointers are .u64, int .u32, float .f32."""
     sig = re.search(rf"{KERNEL_NAME}\((.*?)\)\s*\{{", CU, re.S)[1]
     if not checkpoints:
         sig = re.sub(r"#if FA_CHECKPOINTS.*?#endif", "", sig, flags=re.S)
     if not varlen:  # FA_VARLEN: cu_seqlens_q, cu_seqlens_k (a packed batch)
         sig = re.sub(r"#if FA_VARLEN.*?#endif", "", sig, flags=re.S)
+    if not splitkv:  # FA_SPLITKV: cache_seqlens, n_heads, o_accum, lse_accum (split-KV decoding)
+        sig = re.sub(r"#if FA_SPLITKV.*?#endif", "", sig, flags=re.S)
     sig = re.sub(r"#\w+[^\n]*", "", sig)
     out, offset = [], 0
     for i, arg in enumerate(a for a in sig.split(",") if a.strip()):
@@ -123,9 +127,9 @@ def test_build_parses_completely(build, ptx_of):
         prefix, index = re.fullmatch(r"(%[a-z]+)(\d+)", name).groups()
         assert int(index) < declared[prefix][1], name
 
-    params = expected_params(build.checkpoints, build.varlen)
+    params = expected_params(build.checkpoints, build.varlen, build.splitkv)
     assert [(p.name, p.type, p.offset) for p in k.params] == params
-    assert len(params) == (11 if build.checkpoints else 8) + 2 * build.varlen
+    assert len(params) == (11 if build.checkpoints else 8) + 2 * build.varlen + 4 * build.splitkv
     assert k.maxntid == (build.config.n_threads, 1, 1) and k.minnctapersm == build.min_blocks
     _check_locations(k, body)
 

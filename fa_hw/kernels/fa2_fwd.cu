@@ -65,6 +65,15 @@
 //                                                  (keys likewise); grid (ceil(max Nq / kBlockM), H,
 //                                                  B); seqlen_q / seqlen_k_all are the totals; a CTA
 //                                                  whose Q block starts past its sequence exits at once
+//   FA_SPLITKV                                     split-KV decoding (fa_sim.splitkv, docs/features.md):
+//                                                  grid (ceil(Nq/kBlockM), B*H, splits), K/V a cache
+//                                                  of seqlen_k_all rows per head of which sequence b
+//                                                  holds cache_seqlens[b]; split s runs its contiguous
+//                                                  range of K/V blocks and writes fp32 O and LSE to
+//                                                  o_accum / lse_accum for fa2_combine.cu (one split:
+//                                                  O and LSE directly, no combine); FlashAttention-2's
+//                                                  flash_fwd_splitkv_kernel (compute_attn_1rowblock_splitkv);
+//                                                  not with FA_VARLEN (both use blockIdx.z)
 //   FA_CHECKPOINTS                                 debug build: per-lane checkpoints (+ FA_CK_* below)
 //   FA_DROP_<SITE>, FA_LATE_<WAIT>                 mutation builds for the hazard tests: drop one
 //                                                  barrier or wait_group (SITE = WAIT_QK, BAR_QK,
@@ -172,6 +181,15 @@ typedef unsigned long long u64;
 #endif
 #if FA_VARLEN && FA_CHECKPOINTS
 #error "FA_VARLEN has no debug build: the checkpoint buffer is indexed by the dense grid"
+#endif
+#ifndef FA_SPLITKV
+#define FA_SPLITKV 0
+#endif
+#if FA_SPLITKV && (FA_CAUSAL || FA_WINDOW_LEFT >= 0 || FA_WINDOW_RIGHT >= 0 || FA_CHECKPOINTS)
+#error "FA_SPLITKV (decoding against a KV cache) takes no causal mask, window or checkpoints"
+#endif
+#if FA_SPLITKV && FA_VARLEN
+#error "FA_SPLITKV and FA_VARLEN both index blockIdx.z: split-KV takes a padded batch, not cu_seqlens"
 #endif
 #if FA_KV_GROUP < 1 || FA_WINDOW_LEFT < -1 || FA_WINDOW_RIGHT < -1
 #error "FA_KV_GROUP is >= 1; FA_WINDOW_LEFT / FA_WINDOW_RIGHT are -1 (unbounded) or >= 0"
@@ -760,6 +778,40 @@ __device__ __forceinline__ void store_o_lse(u32 sO, u16* gO, float* gLSE, const 
     }
 }
 
+#if FA_SPLITKV
+// ---- split-KV: this split's normalised fp32 O and its LSE to the workspace (fa2_combine.cu merges) --
+// gO: [Nq, d] fp32 of this (split, batch-head), gLSE: [Nq]. Straight from the accumulator registers
+// (each lane's c0 c1 / c2 c3 pairs as one 8-byte store). A row that saw no key (l = 0: LSE +inf from
+// normalize) weighs nothing in the merge: its LSE is stored as -inf, as FlashAttention-2's.
+__device__ __forceinline__ void store_partial(const float (&tCrO)[kMRep][kON][4], const float (&rLSE)[kMRep][2],
+                                              float* gO, float* gLSE, int row0, int seqlen_q) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 16 * (warp + kNWarps * mi) + lane / 4 + 8 * half;
+      if (row >= seqlen_q) continue;
+#pragma unroll
+      for (int nj = 0; nj < kON; ++nj) {
+        float* dst = gO + (u64)row * kHeadDim + 8 * nj + 2 * (lane % 4);
+        asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(tCrO[mi][nj][2 * half]),
+                     "f"(tCrO[mi][nj][2 * half + 1]) : "memory");
+      }
+      const float l = rLSE[mi][half];
+      if (lane % 4 == 0) gLSE[row] = l == __int_as_float(0x7f800000u) ? neg_inf() : l;
+    }
+}
+
+// A split whose range holds no key of its sequence (a sequence shorter than the cache): O = 0,
+// LSE = -inf, FlashAttention-2's values for an empty split (the merge gives it weight 0).
+__device__ __forceinline__ void store_empty_partial(float* gO, float* gLSE, int row0, int seqlen_q) {
+  const int rows = min(kBlockM, seqlen_q - row0);
+  for (int i = threadIdx.x; i < rows * kHeadDim; i += kThreads) gO[(u64)row0 * kHeadDim + i] = 0.f;
+  for (int r = threadIdx.x; r < rows; r += kThreads) gLSE[row0 + r] = neg_inf();
+}
+#endif
+
 }  // namespace fa
 
 // ---- the kernel: SCHEDULE.md "Program" (FA_KV_STAGES > 1: "Kernel options") --------------------
@@ -768,6 +820,10 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
                u16* __restrict__ o, float* __restrict__ lse, int seqlen_q, int seqlen_k_all, float scale
 #if FA_VARLEN
                , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+#if FA_SPLITKV
+               , const int* __restrict__ cache_seqlens, int n_heads, float* __restrict__ o_accum,
+               float* __restrict__ lse_accum
 #endif
 #if FA_CHECKPOINTS
                , u32* __restrict__ ck_buf, const int* __restrict__ ck_sel, int n_rounds
@@ -801,6 +857,13 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const u16* gQ = q + (u64)bh * seqlen_q * kHeadDim;
   const u16* gK = k + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;  // GQA: the group's K/V head
   const u16* gV = v + (u64)(bh / kKVGroup) * seqlen_k_all * kHeadDim;
+#if FA_SPLITKV
+  // K and V are a cache of seqlen_k_all rows per head (the pointers above); this sequence holds
+  // the first cache_seqlens[b] of them, and from here seqlen_k_all counts those.
+  const int kv_blocks_all = (seqlen_k_all + kBlockN - 1) / kBlockN;  // of the cache, as FA2's params.seqlen_k
+  seqlen_k_all = cache_seqlens[bh / n_heads];
+  const int n_split = blockIdx.z, n_splits = gridDim.z;  // grid (Q blocks, B*H, splits)
+#endif
   const int row0 = m_block * kBlockM;
   // K/V blocks n_block_min .. n_block_end - 1 hold the keys some query of this block sees (causal and
   // a right window end the loop early, a left window starts it late; at least one round runs, so a
@@ -808,8 +871,23 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // pointers count from key_base, the first key of block n_block_min; n_block_max counts rounds.
   int n_keys = kCausal ? min(seqlen_k_all, row0 + kBlockM) : seqlen_k_all;
   if (kWinRight >= 0) n_keys = min(n_keys, row0 + kBlockM + kWinRight);
+#if FA_SPLITKV
+  // Split n_split runs blocks n_split * per .. min(its sequence's blocks, (n_split + 1) * per) - 1, per =
+  // ceil(the cache's blocks / splits) (FlashAttention-2's n_blocks_per_split); a split past its
+  // sequence's keys stores an empty partial result and ends.
+  const int n_blocks_per_split = (kv_blocks_all + n_splits - 1) / n_splits;
+  const int n_block_end = min((n_keys + kBlockN - 1) / kBlockN, (n_split + 1) * n_blocks_per_split);
+  const int n_block_min = n_split * n_blocks_per_split;
+  float* const gOaccum = o_accum + ((u64)n_split * gridDim.y + bh) * seqlen_q * kHeadDim;
+  float* const gLSEaccum = lse_accum + ((u64)n_split * gridDim.y + bh) * seqlen_q;
+  if (n_block_min >= n_block_end) {
+    store_empty_partial(gOaccum, gLSEaccum, row0, seqlen_q);
+    return;
+  }
+#else
   const int n_block_end = (n_keys + kBlockN - 1) / kBlockN;
   const int n_block_min = kWinLeft >= 0 ? min(max(0, row0 - kWinLeft) / kBlockN, n_block_end - 1) : 0;
+#endif
   const int key_base = n_block_min * kBlockN;
   const int n_block_max = n_block_end - n_block_min;  // this CTA's rounds
   const int seqlen_k = seqlen_k_all - key_base, row_k = row0 - key_base;
@@ -1087,6 +1165,12 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   float rLSE[kMRep][2];
   normalize(tCrO, rRowMax, rRowSum, rLSE, scale);
   FA_CK(ck_frag<kON>(ck, FA_CK_O_FINAL, 0, tCrO));
+#if FA_SPLITKV
+  if (n_splits > 1) {  // (CTA-uniform) the partial result for fa2_combine.cu; one split stores O below
+    store_partial(tCrO, rLSE, gOaccum, gLSEaccum, row0, seqlen_q);
+    return;
+  }
+#endif
   store_o_smem(tCrO, sQ);  // sO reuses sQ: every warp passed BAR_PV after its last read of sQ
   if (!FA_DROP_BAR_EPILOGUE) __syncthreads();  // BAR_EPILOGUE
   FA_CK(ck_tile(ck, FA_CK_SO, 0, sQ, kBlockM * kPitch / 2));

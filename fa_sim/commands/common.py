@@ -192,6 +192,64 @@ def add_feature_arguments(p) -> None:
                                  "none", "a positive number, finite in fp32"))
 
 
+def splits_value(text: str):
+    """argparse type of --splits: 'auto' or an integer >= 1."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        n = int(text.strip(), 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"--splits takes an integer >= 1 or 'auto', got {text!r}")
+    return n
+
+
+def seqlens_list(text: str):
+    """argparse type of --cache-seqlens: comma-separated integers (int32 [B])."""
+    try:
+        lens = [int(x.strip(), 10) for x in text.split(",")]
+    except ValueError:
+        lens = []
+    if not lens or any(n < 1 or n > INT32_MAX for n in lens):
+        raise UsageError(f"--cache-seqlens takes one length per batch entry, comma-separated integers >= 1 "
+                         f"(e.g. 300,170), got {text!r}")
+    return np.array(lens, np.int32)
+
+
+def add_splitkv_arguments(p) -> None:
+    """--splits --cache-seqlens: split-KV decoding against a KV cache (fa_sim.splitkv; docs/features.md)."""
+    p.add_argument("--splits", type=splits_value, default=None, metavar="N|auto",
+                   help=describe("split-KV decoding: the keys of each (batch, head) split over N CTAs, then the "
+                                 "LSE-weighted merge (fa2_combine.cu); auto: FlashAttention-2's heuristic",
+                                 "none (1 with --cache-seqlens)", "1 .. the cache's K/V tiles, or auto"))
+    p.add_argument("--cache-seqlens", type=seqlens_list, default=None, metavar="L,L,...",
+                   help=describe("split-KV decoding: keys of the cache (--seqlen-k) each sequence holds, one per "
+                                 "batch entry; with --npz, the file's int32 array cache_seqlens instead",
+                                 "all", "integers 1 .. Nk"))
+
+
+def splitkv(args) -> dict:
+    """splits= and cache_seqlens= of fa_sim.simulate / fa_hw.forward from --splits, --cache-seqlens
+    and an --npz file's cache_seqlens array; {} when none is given (the plain kernel)."""
+    lens = getattr(args, "cache_seqlens", None)
+    npz = getattr(args, "npz", None)
+    if npz is not None:
+        from .inputs import QKV, load_npz
+
+        stored = load_npz(npz, (), inputs_option(args), QKV, optional=("cache_seqlens",)).get("cache_seqlens")
+        if stored is not None and lens is not None:
+            raise UsageError(f"{inputs_option(args)} {npz} holds cache_seqlens: drop --cache-seqlens")
+        lens = stored if stored is not None else lens
+    splits = getattr(args, "splits", None)
+    if splits is None and lens is None:
+        return {}
+    if args.causal or getattr(args, "window", None) is not None:
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take no --causal or --window: this kernel's "
+                         "masks are top-left aligned (docs/features.md)")
+    return {"splits": 1 if splits is None else splits, "cache_seqlens": lens}
+
+
 def heads_k(args) -> int:
     """--heads-k (default --heads), which must divide --heads: one line naming both otherwise."""
     hk = getattr(args, "heads_k", None)

@@ -30,6 +30,7 @@ from .common import (
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
+    add_splitkv_arguments,
     auto_requested,
     check_input_memory,
     check_scale,
@@ -41,6 +42,7 @@ from .common import (
     problem_shape,
     run_inputs,
     seqlen_k,
+    splitkv,
 )
 from .backward import add_backward_arguments
 from .preflight import announce, problem_of, qkv_shapes
@@ -53,6 +55,7 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p, simulator=False)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_splitkv_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
 
@@ -66,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
     from . import backward
 
     backward.check_options(args, ("kernel",))
+    split = splitkv(args)
+    if split and (args.backward or auto_requested(args) or args.kernel is not None):
+        from . import UsageError
+
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --backward, "
+                         "--config auto or --kernel")
     if args.backward:
         from .backward_gpu import hw
         return hw(args)
@@ -93,13 +102,24 @@ def run(args: argparse.Namespace) -> int:
     prob = problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, args.scale, config, **features(args))
     announce("hw", prob, simulation=False)
     q, k, v = run_inputs(args, config)
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args))
-    acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config,
-                  window=args.window, softcap=args.softcap or 0.0)
-    flops = prob.flops  # the pairs the mask (causal, window) keeps
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args),
+                        **split)
+    if split:  # each sequence against float64 on its own keys
+        from ..splitkv import measure_splitkv
+
+        acc = measure_splitkv(type("R", (), {"o": check.to_numpy(out.o), "lse": check.to_numpy(out.lse),
+                                             "causal": False, "scale": out.scale, "config": out.config}),
+                              q, k, v, split["cache_seqlens"], args.softcap or 0.0)
+        lens = split["cache_seqlens"]
+        flops = prob.flops * (1.0 if lens is None else float(sum(lens)) / (prob.batch * prob.seqlen_k))
+    else:
+        acc = measure(check.to_numpy(out.o), check.to_numpy(out.lse), q, k, v, args.causal, out.scale, out.config,
+                      window=args.window, softcap=args.softcap or 0.0)
+        flops = prob.flops  # the pairs the mask (causal, window) keeps
     report = {
         "config": config.tag, "config_source": source, "kernel": None if kernel is None else str(kernel), "causal": args.causal, "shape": [args.batch, args.heads, args.seqlen, nk, d],
         "heads_k": prob.heads_k, "window": list(prob.window), "softcap": prob.softcap,
+        **({"splits": out.splits} if split else {}),
         "scale": out.scale, **acc.to_json(),
         "kernel_ms": out.kernel_ms, "tflops": flops / (out.kernel_ms * 1e-3) / 1e12, "registers": out.registers,
     }
@@ -108,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if acc.ok else 1
     print(f"fa hw  {report['config']}  causal={args.causal}  (B, H, Nq, Nk, d) = {tuple(report['shape'])}"
           + "".join(f"  {f}" for f in prob.features())
+          + (f"  splits={out.splits}" if split else "")
           + ("" if kernel is None else f"  kernel {kernel.name}"))
     if source is not None:
         print(f"  config auto: {source}")

@@ -48,6 +48,7 @@ from .common import (
     add_engine_arguments,
     add_parallel_arguments,
     add_problem_arguments,
+    add_splitkv_arguments,
     check_input_memory,
     check_scale,
     config_from_args,
@@ -61,6 +62,7 @@ from .common import (
     problem_shape,
     refuse,
     run_inputs,
+    splitkv,
 )
 from . import UsageError
 from .backward import add_backward_arguments
@@ -84,6 +86,7 @@ def register(subparsers) -> None:
     p.add_argument("--seqlens", type=seqlens_list, default=None, metavar="N,N,...",
                    help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
                         "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
+    add_splitkv_arguments(p)
     add_parallel_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
@@ -150,6 +153,10 @@ def run(args) -> int:
     backward.check_options(args, ("workers", "cluster"))
     if args.backward and args.seqlens is not None:
         raise UsageError("--seqlens does not apply with --backward: fa2_bwd.cu has no packed batches")
+    split = splitkv(args)
+    if split and (args.backward or args.engine == "program" or args.kernel is not None or args.cluster is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
+                         "engine, here: without --backward, --engine program, --kernel or --cluster")
     if args.backward:
         return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
@@ -162,6 +169,9 @@ def run(args) -> int:
 
         cu = cu_seqlens_of(args.seqlens)
         args.cu_seqlens = (cu, cu)
+    if split and args.cu_seqlens is not None:
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
+                         "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
     d = inputs_head_dim(args, loaded)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)
@@ -180,18 +190,26 @@ def run(args) -> int:
                              "offsets are not modelled by the hand-written program; run it with --engine ptx")
         packed = dict(cu_seqlens_q=args.cu_seqlens[0], cu_seqlens_k=args.cu_seqlens[1])
         args.engine = "ptx"
-    front = engine_from_args(args, config)
+    front = PtxFrontEnd() if split else engine_from_args(args, config)
     q, k, v = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
-                   workers=None if packed else args.workers, cluster=args.cluster, **features(args), **packed)
-    acc = errors(res, q, k, v, **features(args), **packed)
+                   workers=None if packed or split else args.workers, cluster=args.cluster, **features(args),
+                   **packed, **split)
+    if split:  # each sequence against float64 on its own keys
+        from ..splitkv import measure_splitkv
+
+        dt = np.float16 if res.dtype == "fp16" else np.float32
+        acc = measure_splitkv(res, *(np.asarray(x, dt) for x in (q, k, v)), split["cache_seqlens"],
+                              args.softcap or 0.0)
+    else:
+        acc = errors(res, q, k, v, **features(args), **packed)
     counts = {op.value: int(res.instructions[op]) for op in COUNTED_OPS}
     report = None if checker is None else checker.report()
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
         kernel = getattr(front, "kernel", None)
-        out = {**acc.to_json(), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
+        out = {**acc.to_json(), **({"splits": res.splits} if split else {}), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
                "kernel": None if kernel is None else str(kernel)}
         if report is not None:
             out["hazards"] = report.to_json()
@@ -208,7 +226,10 @@ def run(args) -> int:
         extra = f" H_k={np.shape(k)[1]}" if np.shape(k)[1] != h else ""
     extra += (
         f" window={args.window[0]},{args.window[1]}" if args.window is not None else "") + (
-        f" softcap={args.softcap:g}" if args.softcap is not None else "")
+        f" softcap={args.softcap:g}" if args.softcap is not None else "") + (
+        f" splits={res.splits}" if split else "") + (
+        f" cache_seqlens={','.join(map(str, split['cache_seqlens']))}" if split and split["cache_seqlens"] is not None
+        else "")
     print(f"fa sim: B={b} H={h} {'max ' if packed else ''}Nq={nq} Nk={nk} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g}{extra} config {config.tag}"
           + (f" engine ptx ({front.kernel.name if front.kernel is not None else 'fa2_fwd.cu'})"

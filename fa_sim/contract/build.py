@@ -46,6 +46,7 @@ class KernelBuild:
     window: tuple[int, int] = (-1, -1)  # effective (left, right) window (FA_WINDOW_LEFT / _RIGHT)
     softcap: float = 0.0  # the cap, as fp32 (FA_SOFTCAP: its bits); 0 = none
     varlen: bool = False  # a packed variable-length batch (FA_VARLEN: cu_seqlens_q / _k parameters)
+    splitkv: bool = False  # split-KV decoding against a KV cache (FA_SPLITKV; fa_sim.splitkv)
 
     @classmethod
     def of(cls, problem, arch: str, checkpoints: bool = False, kernel: KernelSource | None = None) -> "KernelBuild":
@@ -89,6 +90,8 @@ class KernelBuild:
             out["FA_SOFTCAP"] = int(np.float32(self.softcap).view(np.uint32))
         if self.varlen:
             out["FA_VARLEN"] = 1
+        if self.splitkv:
+            out["FA_SPLITKV"] = 1
         if self.diag_accurate_exp:
             out["FA_DIAG_ACCURATE_EXP"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
@@ -110,6 +113,7 @@ class KernelBuild:
         extra += f", window {self.window}" if self.window != (-1, -1) else ""
         extra += f", softcap {self.softcap:g}" if self.softcap else ""
         extra += ", packed (varlen)" if self.varlen else ""
+        extra += ", split-KV" if self.splitkv else ""
         extra += ", checkpoints" if self.checkpoints else ""
         extra += f", min_blocks={self.min_blocks_override}" if self.min_blocks_override else ""
         extra += ", DIAGNOSTIC accurate expf" if self.diag_accurate_exp else ""

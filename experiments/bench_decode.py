@@ -1,0 +1,187 @@
+"""Decoding with split-KV (issue 38 item 6): fa_hw's splits="auto" against splits=1 and torch SDPA-flash.
+
+    python experiments/bench_decode.py [--runs 3] [--warmup 5] [--reps 20] [--heads 8] [--heads-k 8]
+                                       [--head-dim 128] [--batches 1 4 16 64] [--kv 4096 16384 65536 131072]
+                                       [--max-gib 40] [--out DIR]
+
+Rows: every (batch, KV length) of --batches x --kv whose K and V caches fit in --max-gib, Nq = 1,
+fp16, --heads Q heads and --heads-k K/V heads (GQA when fewer; SDPA then gets enable_gqa=True), the
+cache full (cache_seqlens = the KV length for every sequence, so that SDPA computes the same thing).
+Backends: ours with splits="auto" (fa_sim.splitkv.num_splits_heuristic on this GPU's SM count: the
+split kernel and fa2_combine.cu, timed together), ours with splits=1 (one CTA per (batch, head): the
+kernel without split-KV), and SDPA with the FLASH_ATTENTION backend. Each backend's time is the
+median of --reps launches bracketed by CUDA events after --warmup, in --runs runs interleaved
+round-robin (hw_sets.round_robin); a row gives the median over the runs and [min, max], and the
+per-run ratios auto / splits=1 and auto / SDPA-flash (speed-ups: time of the other over ours). The
+goal of issue 38: auto >= 1.5x splits=1 and >= 1.0x SDPA-flash on every row. Every output is checked
+against a float64 reference computed on the GPU for the first and last sequence of the batch
+(relative Frobenius error; the bar is 1e-3). Writes bench_decode.json and bench_decode.md to --out
+(default $OUT, else experiments/out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from hw_sets import Spread, round_robin
+
+from fa_hw.runtime import device, device_arch
+from fa_hw.splitkv import prepare_splitkv
+
+ERR_BAR = 1e-3
+GOAL_VS_ONE_SPLIT, GOAL_VS_FLASH = 1.5, 1.0
+
+
+def time_torch(fn, warmup: int, reps: int) -> float:
+    """Median ms of `reps` calls of fn, each bracketed by CUDA events on torch's current stream."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    marks[0].record()
+    for i in range(reps):
+        fn()
+        marks[i + 1].record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))
+
+
+def reference_err(q, k, v, o, scale: float) -> float:
+    """Relative Frobenius error of o against float64 attention, over the first and last sequence."""
+    import torch
+
+    h, hk = q.shape[1], k.shape[1]
+    num = den = 0.0
+    for b in sorted({0, q.shape[0] - 1}):
+        kb = k[b].double().repeat_interleave(h // hk, dim=0)
+        vb = v[b].double().repeat_interleave(h // hk, dim=0)
+        p = torch.softmax(q[b].double() @ kb.transpose(-1, -2) * scale, dim=-1)
+        ref = p @ vb
+        num += float(((o[b].double() - ref) ** 2).sum())
+        den += float((ref ** 2).sum())
+        del kb, vb, p
+    return (num / den) ** 0.5
+
+
+def bench_row(batch: int, nk: int, args) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + nk)
+    h, hk, d = args.heads, args.heads_k, args.head_dim
+    q = torch.randn((batch, h, 1, d), generator=g, device="cuda", dtype=torch.float16)
+    k = torch.randn((batch, hk, nk, d), generator=g, device="cuda", dtype=torch.float16)
+    v = torch.randn((batch, hk, nk, d), generator=g, device="cuda", dtype=torch.float16)
+    lens = torch.full((batch,), nk, dtype=torch.int32)
+    scale = d ** -0.5
+    timers, outs, notes, splits = {}, {}, {}, {}
+    for label, n in (("auto", "auto"), ("splits=1", 1)):
+        sp = prepare_splitkv(q, k, v, splits=n, cache_seqlens=lens)
+        stream = sp.dev.stream
+        sp.launch(stream)
+        sp.sync(stream)
+        outs[label], splits[label] = sp.dev.o.clone(), sp.plan.splits
+        timers[label] = lambda sp=sp, stream=stream: time_torch(lambda: sp.launch(stream), args.warmup, args.reps)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, **({"enable_gqa": True} if hk != h else {}))
+
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            outs["sdpa-flash"] = sdpa()
+
+        def flash_timer():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return time_torch(sdpa, args.warmup, args.reps)
+
+        timers["sdpa-flash"] = flash_timer
+    except Exception as exc:  # a torch build whose flash backend does not take this shape
+        notes["sdpa-flash"] = " ".join(str(exc).split())[:160]
+    torch.cuda.synchronize()
+    runs = round_robin(timers, args.runs)
+    row = {"batch": batch, "nq": 1, "nk": nk, "heads": h, "heads_k": hk, "head_dim": d, "splits_auto": splits["auto"],
+           "ms": {label: Spread.of(r).__dict__ for label, r in runs.items()}, "runs": runs, "notes": notes,
+           "rel_err": {label: reference_err(q, k, v, o, scale) for label, o in outs.items()}}
+    row["speedup_vs_one_split"] = Spread.of(o / a for o, a in zip(runs["splits=1"], runs["auto"])).__dict__
+    if "sdpa-flash" in runs:
+        row["speedup_vs_flash"] = Spread.of(f / a for f, a in zip(runs["sdpa-flash"], runs["auto"])).__dict__
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(rows: list[dict], gpu: str, args) -> str:
+    def fmt(s):
+        return f"{s['median']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
+
+    out = [f"# Split-KV decoding on {gpu}", "",
+           f"Nq = 1, H = {args.heads}, H_k = {args.heads_k}, d = {args.head_dim}, fp16; median of {args.runs} runs "
+           f"(each the median of {args.reps} launches, CUDA events) [min, max]; errors against float64.", "",
+           "| B | KV | splits (auto) | auto ms | splits=1 ms | SDPA-flash ms | auto vs splits=1 | auto vs flash "
+           "| max rel err |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        flash = fmt(r["ms"]["sdpa-flash"]) if "sdpa-flash" in r["ms"] else r["notes"].get("sdpa-flash", "-")
+        vs_flash = fmt(r["speedup_vs_flash"]) if "speedup_vs_flash" in r else "-"
+        out.append(f"| {r['batch']} | {r['nk']} | {r['splits_auto']} | {fmt(r['ms']['auto'])} | "
+                   f"{fmt(r['ms']['splits=1'])} | {flash} | {fmt(r['speedup_vs_one_split'])} | {vs_flash} | "
+                   f"{max(r['rel_err'].values()):.2e} |")
+    ok_one = all(r["speedup_vs_one_split"]["median"] >= GOAL_VS_ONE_SPLIT for r in rows)
+    ok_flash = all(r.get("speedup_vs_flash", {"median": 0})["median"] >= GOAL_VS_FLASH for r in rows)
+    ok_err = all(max(r["rel_err"].values()) <= ERR_BAR for r in rows)
+    out += ["", f"Goal auto >= {GOAL_VS_ONE_SPLIT}x splits=1 on every row: {'met' if ok_one else 'NOT met'}; "
+                f"auto >= {GOAL_VS_FLASH}x SDPA-flash: {'met' if ok_flash else 'NOT met'}; every error <= "
+                f"{ERR_BAR:g}: {'yes' if ok_err else 'NO'}."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--heads-k", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=128, choices=(32, 64, 128))
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--kv", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
+    p.add_argument("--max-gib", type=float, default=40.0, help="skip rows whose K and V caches exceed this")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "out"))
+    args = p.parse_args(argv)
+    args.heads_k = args.heads_k or args.heads
+    if args.heads % args.heads_k:
+        p.error("--heads-k must divide --heads")
+    dev = device()
+    gpu = f"{dev.name} ({device_arch()}, {dev.properties.multiprocessor_count} SMs)"
+    rows = []
+    for batch in args.batches:
+        for nk in args.kv:
+            gib = 2 * batch * args.heads_k * nk * args.head_dim * 2 / 2**30
+            if gib > args.max_gib:
+                print(f"skip B={batch} KV={nk}: K and V take {gib:.1f} GiB > --max-gib {args.max_gib}", file=sys.stderr)
+                continue
+            row = bench_row(batch, nk, args)
+            rows.append(row)
+            print(f"B={batch:>3} KV={nk:>6} splits={row['splits_auto']:>3}  "
+                  + "  ".join(f"{k} {v['median']:.3f} ms" for k, v in row["ms"].items())
+                  + f"  auto/one {row['speedup_vs_one_split']['median']:.2f}x"
+                  + (f"  auto/flash {row['speedup_vs_flash']['median']:.2f}x" if "speedup_vs_flash" in row else ""),
+                  flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_decode.json").write_text(json.dumps({"gpu": gpu, "args": vars(args), "rows": rows}, indent=1))
+    md = markdown(rows, gpu, args)
+    (out / "bench_decode.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
