@@ -47,7 +47,7 @@ for s in $STEPS; do case $s in
   bwdtime) log bwdtime
     timeout "$(lim 90)" python3 experiments/timing_backward.py --measure --out "$OUT/timing_backward.json" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
-    timeout "$(lim 150)" python3 experiments/bench_decode.py --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   bwdck) log bwdck
     timeout "$(lim 90)" python3 experiments/record_backward_checkpoints.py --out "$OUT" --force 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
   features) log features
@@ -57,8 +57,8 @@ for s in $STEPS; do case $s in
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
     case $GPU in *H100*) ;; *) echo "   skipped: the shipped table is the H200's; this step tunes an H100's" | tee -a "$OUT/summary.txt"; continue ;; esac
-    timeout "$(lim 200)" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${TUNE_S:-200})" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
   bench) log bench
-    timeout "$(lim 200)" python3 experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${BENCH_S:-200})" python3 experiments/bench_hw.py --set test --out "$OUT" --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
 esac; done
 log done

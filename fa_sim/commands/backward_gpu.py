@@ -125,7 +125,7 @@ def compare(args) -> int:
     from ..contract.backward import BackwardConfig
     from ..crosscheck import backward_checkpoint_stats, checkpoints_json, format_checkpoint_table
     from ..reference import attention_backward
-    from .compare import _ctas
+    from .common import checkpoint_ctas_option
 
     check_options(args, ("kernel", "save", "gpu_npz", "banks", "timing"))
     fa_hw.runtime.device()  # no GPU: one line before the inputs are made
@@ -133,7 +133,7 @@ def compare(args) -> int:
     b, h, nq, d = q.shape
     nk = k.shape[2]
     cfg = BackwardConfig(d)
-    ctas = _ctas(args.ctas, cfg.n_kv_blocks(nk) * b * h)  # a bad --ctas: one line before the GPU runs
+    ctas = checkpoint_ctas_option(args.ctas, cfg.n_kv_blocks(nk) * b * h)  # a bad --ctas: one line before the GPU runs
     o, lse = _gpu_forward(q, k, v, args)
     det = args.dq == "deterministic"
     gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,

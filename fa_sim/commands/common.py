@@ -563,3 +563,22 @@ def warp_and_lane(args, n_warps: int) -> tuple[int, int]:
     if args.lane >= WARP_SIZE:
         raise UsageError(f"--lane {args.lane} is outside the warp: lanes 0..{WARP_SIZE - 1}")
     return args.warp, args.lane
+
+
+def checkpoint_ctas_option(text, n_ctas: int, allowed=None) -> list[int]:
+    """--ctas of `fa compare` and `fa compare --backward`: distinct CTA ids of the grid (default the
+    first and the last, or those a recording holds: `allowed`)."""
+    if text is None:
+        return list(allowed) if allowed is not None else sorted({0, n_ctas - 1})
+    try:
+        ctas = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--ctas takes comma-separated integers, got {quoted(text)}") from None
+    if not ctas or any(not 0 <= c < n_ctas for c in ctas) or len(set(ctas)) != len(ctas):
+        bad = [c for c in ctas if not 0 <= c < n_ctas] or sorted({c for c in ctas if ctas.count(c) > 1})
+        why = "outside the grid" if any(not 0 <= c < n_ctas for c in ctas) else "repeated"
+        raise UsageError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}; "
+                         + (f"{why}: {listed(bad)}" if bad else "none given"))
+    if allowed is not None and not set(ctas) <= set(allowed):
+        raise UsageError(f"--ctas {text}: the recording holds checkpoints of CTAs {list(allowed)} only")
+    return ctas

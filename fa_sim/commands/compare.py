@@ -51,6 +51,7 @@ from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
     add_config_arguments,
+    checkpoint_ctas_option,
     add_engine_arguments,
     add_problem_arguments,
     auto_requested,
@@ -145,23 +146,6 @@ def _check_against(args, rec: SavedRun, path) -> None:
                              f"of this seed; drop --seed (the file holds its inputs)")
 
 
-def _ctas(text, n_ctas: int, allowed=None) -> list[int]:
-    if text is None:
-        return list(allowed) if allowed is not None else sorted({0, n_ctas - 1})
-    try:
-        ctas = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"--ctas takes comma-separated integers, got {quoted(text)}") from None
-    if not ctas or any(not 0 <= c < n_ctas for c in ctas) or len(set(ctas)) != len(ctas):
-        bad = [c for c in ctas if not 0 <= c < n_ctas] or sorted({c for c in ctas if ctas.count(c) > 1})
-        why = "outside the grid" if any(not 0 <= c < n_ctas for c in ctas) else "repeated"
-        raise UsageError(f"--ctas must be distinct CTA ids in 0..{n_ctas - 1}; "
-                         + (f"{why}: {listed(bad)}" if bad else "none given"))
-    if allowed is not None and not set(ctas) <= set(allowed):
-        raise UsageError(f"--ctas {text}: the recording holds checkpoints of CTAs {list(allowed)} only")
-    return ctas
-
-
 def _recorded_kernel(args, rec: SavedRun):
     """The kernel to simulate for a recording: --kernel if given (its source must be the recorded
     one), the shipped kernel when the recording ran it (or predates recorded sources), else the
@@ -190,7 +174,8 @@ def _replay(args):
     _check_against(args, rec, args.gpu_npz)
     kernel = _recorded_kernel(args, rec)
     b, h, nq, _ = rec.q.shape
-    ctas = _ctas(args.ctas, Problem(b, h, nq, rec.k.shape[2], rec.causal, rec.scale, rec.config).n_ctas, rec.ctas)
+    ctas = checkpoint_ctas_option(args.ctas, Problem(b, h, nq, rec.k.shape[2], rec.causal, rec.scale, rec.config).n_ctas,
+                                  rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
     return ((rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale),
             kernel)
@@ -228,7 +213,7 @@ def _launch(args, save: Output | None):
     if save is not None and config.dtype != "fp16":
         raise UsageError(f"--save records fp16 runs only (fa_sim.saved_run's format holds float16 arrays); this run is "
                          f"--dtype {config.dtype}: drop --save")
-    ctas = _ctas(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
+    ctas = checkpoint_ctas_option(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
         check_timing_dtype(config, "fa compare --timing")
         try:
