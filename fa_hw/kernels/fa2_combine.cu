@@ -36,6 +36,7 @@ namespace fa {
 constexpr int kHeadDim = FA_HEAD_DIM;
 constexpr int kCols = 4;  // columns per thread (one 16-byte load per split)
 constexpr int kThreadsPerRow = kHeadDim / kCols;
+constexpr int kUnroll = 4;  // splits per iteration of the loops over the splits
 
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -46,6 +47,15 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 // exp(lse - m) as fa2_fwd.cu's softmax computes exp: one ex2.approx.ftz of the rounded product
 __device__ __forceinline__ float weight(float lse, float m) {
   return ex2_approx(__fmul_rn(__fsub_rn(lse, m), 1.4426950408889634f));
+}
+__device__ __forceinline__ void load4(float (&x)[kCols], const float* p) {
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "l"(p));
+}
+// one split's share: l += w, acc += w x (each product and sum rounded once, in this order)
+__device__ __forceinline__ void accumulate(float& l, float (&acc)[kCols], float w, const float (&x)[kCols]) {
+  l = __fadd_rn(l, w);
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, x[j]));
 }
 __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
   u32 r;
@@ -62,18 +72,39 @@ fa2_combine_kernel(const float* __restrict__ o_accum, const float* __restrict__ 
   if (t >= (u64)rows * kThreadsPerRow) return;
   const int row = (int)(t / kThreadsPerRow), c = kCols * (int)(t % kThreadsPerRow);
   float m = neg_inf();
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, lse_accum[(u64)s * rows + row]);
+  // Both loops run four splits per iteration with their loads issued together, and are kept rolled
+  // (`unroll 1`): ptxas would otherwise unroll them itself, which fa_sim.timing's SASS walk does not
+  // model (fa_sim/timing/walk.py). The operations and their order are those of one split at a time.
+  int s = 0;
+#pragma unroll 1
+  for (; s + kUnroll <= n_splits; s += kUnroll) {
+    float x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = lse_accum[(u64)(s + u) * rows + row];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) m = fmaxf(m, x[u]);
+  }
+#pragma unroll 1
+  for (; s < n_splits; ++s) m = fmaxf(m, lse_accum[(u64)s * rows + row]);
   if (m == neg_inf()) m = 0.f;  // every split empty: the weights are exp(-inf) = 0 (FA2's lse_max = 0)
   float l = 0.f, acc[kCols] = {0.f, 0.f, 0.f, 0.f};
-  for (int s = 0; s < n_splits; ++s) {
-    const float w = weight(lse_accum[(u64)s * rows + row], m);
-    float x[kCols];
-    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
-                 : "l"(o_accum + ((u64)s * rows + row) * kHeadDim + c));
-    l = __fadd_rn(l, w);
+  s = 0;
+#pragma unroll 1
+  for (; s + kUnroll <= n_splits; s += kUnroll) {
+    float ls[kUnroll], x[kUnroll][kCols];
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, x[j]));
+    for (int u = 0; u < kUnroll; ++u) {
+      ls[u] = lse_accum[(u64)(s + u) * rows + row];
+      load4(x[u], o_accum + ((u64)(s + u) * rows + row) * kHeadDim + c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate(l, acc, weight(ls[u], m), x[u]);
+  }
+#pragma unroll 1
+  for (; s < n_splits; ++s) {
+    float x[kCols];
+    load4(x, o_accum + ((u64)s * rows + row) * kHeadDim + c);
+    accumulate(l, acc, weight(lse_accum[(u64)s * rows + row], m), x);
   }
   const bool empty = l == 0.f || l != l;  // no split saw a key: O = 0, LSE = +inf (fa2_fwd.cu's empty row)
   const float inv = empty ? 1.f : __frcp_rn(l);

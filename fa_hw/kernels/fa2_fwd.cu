@@ -807,7 +807,10 @@ __device__ __forceinline__ void store_partial(const float (&tCrO)[kMRep][kON][4]
 // LSE = -inf, FlashAttention-2's values for an empty split (the merge gives it weight 0).
 __device__ __forceinline__ void store_empty_partial(float* gO, float* gLSE, int row0, int seqlen_q) {
   const int rows = min(kBlockM, seqlen_q - row0);
+  // kept rolled: fa_sim.timing's SASS walk does not model loops ptxas unrolls (fa_sim/timing/walk.py)
+#pragma unroll 1
   for (int i = threadIdx.x; i < rows * kHeadDim; i += kThreads) gO[(u64)row0 * kHeadDim + i] = 0.f;
+#pragma unroll 1
   for (int r = threadIdx.x; r < rows; r += kThreads) gLSE[row0 + r] = neg_inf();
 }
 #endif

@@ -7,6 +7,8 @@ reasons, without a GPU (fa_sim.timing).
     fa time --heads 8 --heads-k 2 --window 256,256 --softcap 30 --dtype bf16   # issue 38's features
 
     fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
+    fa time --heads 8 --seqlens 70,130,5                       # a packed variable-length batch
+    fa time --batch 2 --heads 8 --seqlen 1 --seqlen-k 8192 --splits auto --cache-seqlens 8192,3000
 
 How the prediction is made: NVRTC compiles the kernel for the GPU's arch; the functional run of a
 representative CTA on the PTX engine gives every warp's path, and each warp is walked through the
@@ -21,6 +23,14 @@ how it was measured: README, "How long it runs". `--perfetto FILE.json` writes e
 instruction issue on one SM as a timeline (Perfetto, chrome://tracing). --heads-k, --window,
 --softcap and --dtype bf16 time that build's own SASS (docs/timing.md, "Features"; a window whose
 probe twin compiles otherwise is refused in one line).
+
+Packed batches (`--seqlens 70,130,5`, or an `--npz` file with cu_seqlens_q / cu_seqlens_k) and
+split-KV decoding (`--splits N|auto`, `--cache-seqlens L,...` or the `--npz` file's cache_seqlens)
+are timed launch by launch as the simulator runs them, each with fa_sim.timing.predict_launch (every
+CTA run on the PTX engine, every warp's path walked through that launch's SASS, the busiest SM
+timed): the packed FA_VARLEN launch, or the split launch and the combine launch; the total is their
+sum (docs/timing.md, "Features"). `--splits auto` is the simulator's choice, made for 132 SMs. An
+`--npz` file gives the shapes and offsets only (the launches run on seeded inputs).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from ..contract.errors import KernelSourceError, ToolError
 from ..problem import Problem
@@ -51,6 +63,9 @@ from .common import (
     seqlen_k,
 )
 from .backward import add_backward_arguments
+from .common import add_splitkv_arguments, file_inputs, inputs_head_dim, refuse, splitkv
+from .inputs import add_inputs_argument
+from .sim import seqlens_list as packed_lengths
 from .outputs import Kind, Output, check_outputs, write_text
 
 
@@ -67,6 +82,11 @@ def register(subparsers) -> None:
                    help="write each warp's instruction issue on one SM (its resident CTAs, 4 rounds) as Chrome "
                         "trace events for Perfetto or chrome://tracing (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --perfetto file (default: refuse)")
+    p.add_argument("--seqlens", type=packed_lengths, default=None, metavar="N,N,...",
+                   help="a packed variable-length batch of these sequence lengths (Nk = Nq each; fa_sim.varlen), "
+                        "instead of --batch / --seqlen / --seqlen-k (default: none)")
+    add_splitkv_arguments(p)
+    add_inputs_argument(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
 
@@ -111,7 +131,15 @@ def run(args: argparse.Namespace) -> int:
 
     backward.check_options(args)
     if args.backward:
+        if args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None:
+            raise UsageError("--seqlens, --splits and --cache-seqlens do not apply with --backward: fa2_bwd.cu has "
+                             "no packed batches or split-KV")
+        if args.npz is not None:
+            raise UsageError(f"{args.npz_option} does not apply with fa time --backward (it times seeded inputs "
+                             "of the shape options)")
         return backward.time_(args)
+    if args.npz is not None or args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None:
+        return run_features(args)
     d = problem_head_dim(args)
     check_scale(args, d)
     nk = seqlen_k(args)
@@ -161,4 +189,114 @@ def run(args: argparse.Namespace) -> int:
     print("  warp stalls per issued instruction (Nsight Compute's reasons):")
     for name, v in sorted(pred.stalls.items(), key=lambda kv: -kv[1]):
         print(f"    {name:<20}{v:6.2f}")
+    return 0
+
+
+def run_features(args: argparse.Namespace) -> int:
+    """fa time with --seqlens, --splits / --cache-seqlens or --npz: a packed batch or split-KV decoding
+    launch by launch (fa_sim.timing.predict_varlen / predict_splitkv), or a dense --npz file's shape
+    timed as the options would be."""
+    from ..timing import predict_splitkv, predict_varlen
+    from ..varlen import cu_seqlens_of
+
+    refuse(args, ("kernel",), "to a packed batch or split-KV decoding: they are timed on fa2_fwd.cu's own build, "
+                              "as the simulator runs them")
+    refuse(args, ("perfetto",), "to a packed batch or split-KV decoding (their launches are timed by "
+                                "fa_sim.timing.predict_launch, which writes no timeline)")
+    if getattr(args, "config", None) == "auto":
+        raise UsageError("--config auto does not apply to a packed batch or split-KV decoding: give the config's "
+                         "options (fa_hw.tuned has no table for them)")
+    split = splitkv(args)  # the file's cache_seqlens too; no --causal / --window
+    loaded = file_inputs(args, packed=True)  # sets args.cu_seqlens from a packed file
+    if args.seqlens is not None:
+        if loaded is not None:
+            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the lengths)")
+        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
+        cu = cu_seqlens_of(args.seqlens)
+        args.cu_seqlens = (cu, cu)
+    if split and args.cu_seqlens is not None:
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
+                         "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
+    d = inputs_head_dim(args, loaded)
+    check_scale(args, d)
+    config = config_from_args(args, head_dim=d)
+    if args.cu_seqlens is None and not split:  # a dense --npz file: its shapes, timed as the options would be
+        q, k = (np.shape(x) for x in loaded[:2])
+        try:
+            prob = Problem(q[0], q[1], q[2], k[2], args.causal, 1.0, config, heads_k=k[1], window=args.window,
+                           softcap=args.softcap)
+        except ValueError as exc:
+            raise UsageError(f"{args.npz_option} {args.npz}: {exc}") from None
+        prob = launch_problem(args, prob)
+        check_cost(args, prob)
+        return report_plain(args, config, prob, predict(prob, args.gpu))
+    try:
+        if args.cu_seqlens is not None:
+            from ..varlen import make_varlen_problem
+
+            total_q, total_k = (int(c[-1]) for c in args.cu_seqlens)
+            hk = heads_k(args) if loaded is None else int(np.shape(loaded[1])[1])
+            h = args.heads if loaded is None else int(np.shape(loaded[0])[1])
+            prob = make_varlen_problem((1, h, total_q, d), (1, hk, total_k, d), (1, hk, total_k, d), *args.cu_seqlens,
+                                       args.causal, args.scale, config, args.window, args.softcap)
+            pred = predict_varlen(prob, args.gpu)
+        else:
+            from ..splitkv import check_splitkv
+
+            if loaded is None:
+                b, h, nq, nk, hk = args.batch, args.heads, args.seqlen, seqlen_k(args), heads_k(args)
+            else:
+                (b, h, nq, _), (_, hk, nk, _) = (np.shape(x) for x in loaded[:2])
+            prob = launch_problem(args, Problem(b, h, nq, nk, False, args.scale or d ** -0.5, config, heads_k=hk,
+                                                softcap=args.softcap))
+            pred = predict_splitkv(check_splitkv(prob, split["splits"], split["cache_seqlens"]), args.gpu)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return report_launches(args, config, prob, pred)
+
+
+def report_plain(args, config, prob: Problem, pred) -> int:
+    """The plain prediction of an --npz file's shape, as run() prints it."""
+    b, h, nq, nk, d = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, prob.head_dim
+    if args.json:
+        print(json.dumps({"config": config.tag, "config_source": None, "causal": prob.causal, "gpu": args.gpu,
+                          "features": prob.features(), "shape": [b, h, nq, nk, d], "kernel": None, **pred.to_json()}))
+        return 0
+    print(f"fa time  {config.tag}  (B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})  "
+          f"{'causal' if prob.causal else 'non-causal'}{''.join('  ' + f for f in prob.features())}  on the "
+          f"{args.gpu} model")
+    print(f"  predicted kernel time   {pred.kernel_ms:.4f} ms   ({pred.tflops:.1f} TFLOP/s)")
+    print(f"  limiter                 {pred.limiter}")
+    return 0
+
+
+def report_launches(args, config, prob: Problem, pred) -> int:
+    """Each launch of a packed batch or split-KV decoding, and their total."""
+    n = pred.notes
+    if pred.feature == "packed":
+        what = (f"packed batch: Nq {','.join(map(str, n['seqlens_q']))}  Nk {','.join(map(str, n['seqlens_k']))}  "
+                f"H {prob.heads}  d {prob.head_dim}")
+    else:
+        what = (f"split-KV: (B, H, Nq, Nk, d) = ({prob.batch}, {prob.heads}, {prob.seqlen_q}, {prob.seqlen_k}, "
+                f"{prob.head_dim})  cache_seqlens {','.join(map(str, n['cache_seqlens']))}  splits {n['splits']}"
+                + (" (auto, for 132 SMs)" if n["splits_auto"] else ""))
+    if args.json:
+        print(json.dumps({"config": config.tag, "causal": prob.causal, "gpu": args.gpu, "features": prob.features(),
+                          **pred.to_json()}))
+        return 0
+    print(f"fa time  {config.tag}  {what}  {'causal' if prob.causal else 'non-causal'}"
+          f"{''.join('  ' + f for f in prob.features() if not f.startswith('varlen'))}  on the {args.gpu} model"
+          + ("" if GPUS[args.gpu].validated else " (not validated)"))
+    if pred.feature == "packed":
+        print(f"  CTAs                    {n['working_ctas']} of the grid's {n['grid_ctas']} run K/V rounds "
+              f"({n['cta_rounds']} rounds); the others exit at once")
+    else:
+        print(f"  split grid              {' x '.join(map(str, n['split_grid']))} CTAs, "
+              f"{n['kv_tiles_per_split']} K/V tiles per split")
+    for name, p in pred.kernels.items():
+        ctas = p.notes["ctas"]
+        print(f"  {name:<22}  {p.kernel_ms:.4f} ms  {ctas} CTA{'s' if ctas != 1 else ''}, {p.occupancy} per SM  "
+              f"{p.limiter}")
+    print(f"  predicted total time    {pred.kernel_ms:.4f} ms   ({len(pred.kernels)} launch"
+          f"{'es' if len(pred.kernels) > 1 else ''}, one after the other)")
     return 0
