@@ -488,6 +488,25 @@ def explicit(args) -> frozenset[str]:
     return getattr(args, "explicit", frozenset())
 
 
+def packed_inputs(args, split: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`file_inputs(args, packed=True)` for `fa sim` and `fa time`, then --seqlens (random packed
+    inputs of those lengths, Nk = Nq each: args.cu_seqlens set) and the refusal of a packed batch
+    with split-KV decoding (`split`: `splitkv(args)`), each in one line."""
+    loaded = file_inputs(args, packed=True)
+    if args.seqlens is not None:
+        if loaded is not None:
+            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the inputs)")
+        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
+        from ..varlen import cu_seqlens_of
+
+        cu = cu_seqlens_of(args.seqlens)
+        args.cu_seqlens = (cu, cu)
+    if split and args.cu_seqlens is not None:
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
+                         "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
+    return loaded
+
+
 def refuse(args, dests, reason: str) -> None:
     """UsageError if any of `dests` was given explicitly: '--seqlen does not apply <reason>'."""
     given = [option_name(d) for d in dests if d in explicit(args)]

@@ -54,7 +54,7 @@ from .common import (
     config_from_args,
     engine_from_args,
     features,
-    file_inputs,
+    packed_inputs,
     heads_k,
     inputs_head_dim,
     kernel_from_args,
@@ -160,18 +160,7 @@ def run(args) -> int:
     if args.backward:
         return backward.sim(args)
     kernel_from_args(args)  # the file, before anything is read or made
-    loaded = file_inputs(args, packed=True)
-    if args.seqlens is not None:
-        if loaded is not None:
-            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the inputs)")
-        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
-        from ..varlen import cu_seqlens_of
-
-        cu = cu_seqlens_of(args.seqlens)
-        args.cu_seqlens = (cu, cu)
-    if split and args.cu_seqlens is not None:
-        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
-                         "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
+    loaded = packed_inputs(args, split)  # args.cu_seqlens: from a packed file or --seqlens
     d = inputs_head_dim(args, loaded)
     config = config_from_args(args, head_dim=d)
     check_scale(args, d)

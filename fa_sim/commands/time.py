@@ -63,7 +63,7 @@ from .common import (
     seqlen_k,
 )
 from .backward import add_backward_arguments
-from .common import add_splitkv_arguments, file_inputs, inputs_head_dim, refuse, splitkv
+from .common import add_splitkv_arguments, inputs_head_dim, packed_inputs, refuse, splitkv
 from .inputs import add_inputs_argument
 from .sim import seqlens_list as packed_lengths
 from .outputs import Kind, Output, check_outputs, write_text
@@ -197,7 +197,6 @@ def run_features(args: argparse.Namespace) -> int:
     launch by launch (fa_sim.timing.predict_varlen / predict_splitkv), or a dense --npz file's shape
     timed as the options would be."""
     from ..timing import predict_splitkv, predict_varlen
-    from ..varlen import cu_seqlens_of
 
     refuse(args, ("kernel",), "to a packed batch or split-KV decoding: they are timed on fa2_fwd.cu's own build, "
                               "as the simulator runs them")
@@ -207,16 +206,7 @@ def run_features(args: argparse.Namespace) -> int:
         raise UsageError("--config auto does not apply to a packed batch or split-KV decoding: give the config's "
                          "options (fa_hw.tuned has no table for them)")
     split = splitkv(args)  # the file's cache_seqlens too; no --causal / --window
-    loaded = file_inputs(args, packed=True)  # sets args.cu_seqlens from a packed file
-    if args.seqlens is not None:
-        if loaded is not None:
-            raise UsageError(f"--seqlens does not apply with {args.npz_option} (the file fixes the lengths)")
-        refuse(args, ("batch", "seqlen", "seqlen_k"), "with --seqlens, which sets the batch and the lengths")
-        cu = cu_seqlens_of(args.seqlens)
-        args.cu_seqlens = (cu, cu)
-    if split and args.cu_seqlens is not None:
-        raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
-                         "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
+    loaded = packed_inputs(args, split)  # args.cu_seqlens: from a packed file or --seqlens
     d = inputs_head_dim(args, loaded)
     check_scale(args, d)
     config = config_from_args(args, head_dim=d)
