@@ -43,6 +43,7 @@ from typing import Mapping
 import numpy as np
 
 from .checkpoints import BackwardCheckpointLayout, checkpoint_selection, selection_map
+from .contract import KernelLaunch
 from .contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                 BackwardConfig)
 from .events import Op
@@ -129,24 +130,10 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
     return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
 
 
-@dataclass(frozen=True, eq=False)
-class BackwardLaunch:
-    """One of the backward's three launches, as fa_sim.ptx.launch (and fa_sim.timing.predict_launch)
-    take it; the arrays are shared between the launches (D; atomic mode: the dQ accumulator) in order."""
-
-    kernel: str
-    source: str  # the .cu path
-    grid: tuple
-    block: tuple
-    smem_bytes: int
-    args: list
-    macros: dict
-
-
 def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
                       macros: dict | None = None, checkpoint_ctas=None
-                      ) -> tuple[list[BackwardLaunch], BackwardInputs, dict]:
+                      ) -> tuple[list[KernelLaunch], BackwardInputs, dict]:
     """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum},
     with checkpoint_ctas also {checkpoints, checkpoint_ctas}); dq_accum is None in the deterministic
     mode (the main kernel gets a null pointer it does not use)."""
@@ -172,14 +159,14 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
         main_args += [buf, selection_map(ctas, n_ctas), np.int32(layout.n_rounds)]
         outputs.update(checkpoints=buf, checkpoint_ctas=tuple(ctas))
     launches = [
-        BackwardLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
+        KernelLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
                        [x.o, x.do, dpsum, np.int32(nq)], defs),
-        BackwardLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
+        KernelLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
                        main_args, defs),
-        BackwardLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
+        KernelLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
                        [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs)
         if deterministic else
-        BackwardLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
+        KernelLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
                        [dq_accum, dq, np.int32(nq), scale32], defs),
     ]
     return launches, x, outputs

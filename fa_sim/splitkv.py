@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .contract import KernelBuild
+from .contract import KernelBuild, KernelLaunch
 from .contract.occupancy import min_blocks_per_sm
 from .contract.source import KERNEL_NAME, SEED_PATH
 from .problem import Problem
@@ -161,19 +161,6 @@ def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = No
     return SplitPlan(prob, int(splits), seqlens)
 
 
-@dataclass(frozen=True, eq=False)
-class SplitLaunch:
-    """One of the two launches, as fa_sim.ptx.launch takes it (the arrays are shared in order)."""
-
-    kernel: str
-    source: str  # the .cu path
-    grid: tuple
-    block: tuple
-    smem_bytes: int
-    args: list
-    macros: dict
-
-
 def split_build(prob: Problem, arch: str) -> KernelBuild:
     """fa2_fwd.cu's build for the split launch: the problem's, with FA_SPLITKV."""
     return replace(KernelBuild.of(prob, arch), splitkv=True)
@@ -190,7 +177,7 @@ def workspace_shapes(plan: SplitPlan) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.ndarray,
-                     arch: str = "sm_80") -> tuple[list[SplitLaunch], dict]:
+                     arch: str = "sm_80") -> tuple[list[KernelLaunch], dict]:
     """(the launches in order: the split kernel, and the combine when splits > 1; the arrays
     {o, lse, o_accum, lse_accum}) of the checked plan on the host inputs (16-bit: float16, or bf16
     as uint16 patterns)."""
@@ -201,11 +188,11 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
     oa_shape, la_shape = workspace_shapes(plan)
     o_accum, lse_accum = np.zeros(oa_shape, np.float32), np.zeros(la_shape, np.float32)
     build = split_build(p, arch)
-    launches = [SplitLaunch(KERNEL_NAME, str(SEED_PATH), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
+    launches = [KernelLaunch(KERNEL_NAME, str(SEED_PATH), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
                             [q16, k16, v16, o, lse, np.int32(nq), np.int32(p.seqlen_k), np.float32(p.scale),
                              plan.cache_seqlens, np.int32(h), o_accum, lse_accum], build.macros())]
     if plan.splits > 1:
-        launches.append(SplitLaunch(COMBINE_KERNEL, str(COMBINE_PATH), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
+        launches.append(KernelLaunch(COMBINE_KERNEL, str(COMBINE_PATH), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
                                     [o_accum, lse_accum, o, lse, np.int32(b * h * nq), np.int32(plan.splits)],
                                     combine_macros(d, p.config.dtype)))
     return launches, {"o": o, "lse": lse, "o_accum": o_accum, "lse_accum": lse_accum}

@@ -19,12 +19,13 @@ The NVRTC bindings and nvdisasm come with the `hw` extra and are loaded only whe
 
 from .build import NEUTRAL_MACROS, KernelBuild, check_macros_used
 from .errors import HW_EXTRA_INSTALL, HwExtraMissing, KernelSourceError, ToolError
+from .launch import KernelLaunch
 from .occupancy import Limit, Occupancy, min_blocks_per_sm, resident_ctas
 from .patch import PatchError, apply_patch
 from .source import KERNEL_NAME, SEED_PATH, KernelSource, kernel_source, seed_source
 
 __all__ = [
-    "HW_EXTRA_INSTALL", "KERNEL_NAME", "NEUTRAL_MACROS", "SEED_PATH", "HwExtraMissing", "KernelBuild",
+    "HW_EXTRA_INSTALL", "KERNEL_NAME", "NEUTRAL_MACROS", "SEED_PATH", "HwExtraMissing", "KernelBuild", "KernelLaunch",
     "KernelSource", "KernelSourceError", "Limit", "Occupancy", "PatchError", "ToolError", "apply_patch",
     "check_macros_used", "kernel_source", "min_blocks_per_sm", "resident_ctas", "seed_source",
 ]
