@@ -217,6 +217,25 @@ def seqlens_list(text: str):
     return np.array(lens, np.int32)
 
 
+def packed_seqlens(text: str) -> tuple[int, ...]:
+    """argparse type of --seqlens: comma-separated integers >= 0, at least one of them >= 1."""
+    try:
+        out = tuple(int(x.strip(), 10) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0 or max(out) < 1 or sum(out) > 2**31 - 1:
+        raise UsageError(f"--seqlens takes comma-separated sequence lengths >= 0, not all 0 (e.g. 70,130,5), "
+                         f"got {text!r}")
+    return out
+
+
+def add_seqlens_argument(p) -> None:
+    """--seqlens of `fa sim` and `fa time`: a packed batch of random inputs (fa_sim.varlen)."""
+    p.add_argument("--seqlens", type=packed_seqlens, default=None, metavar="N,N,...",
+                   help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
+                        "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
+
+
 def add_splitkv_arguments(p) -> None:
     """--splits --cache-seqlens: split-KV decoding against a KV cache (fa_sim.splitkv; docs/features.md)."""
     p.add_argument("--splits", type=splits_value, default=None, metavar="N|auto",

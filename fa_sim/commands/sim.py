@@ -44,6 +44,7 @@ from ..events import COUNTED_OPS
 from ..run import PtxFrontEnd
 from ..simulate import SimResult, simulate
 from .common import (
+    add_seqlens_argument,
     add_config_arguments,
     add_engine_arguments,
     add_parallel_arguments,
@@ -83,25 +84,11 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--check-hazards", action="store_true",
                    help="attach the shared-memory hazard checker; exit 1 if it finds any race")
-    p.add_argument("--seqlens", type=seqlens_list, default=None, metavar="N,N,...",
-                   help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
-                        "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
+    add_seqlens_argument(p)
     add_splitkv_arguments(p)
     add_parallel_arguments(p)
     add_backward_arguments(p)
     p.set_defaults(func=run)
-
-
-def seqlens_list(text: str) -> tuple[int, ...]:
-    """argparse type of --seqlens: comma-separated integers >= 0, at least one of them >= 1."""
-    try:
-        out = tuple(int(x.strip(), 10) for x in text.split(","))
-    except ValueError:
-        out = ()
-    if not out or min(out) < 0 or max(out) < 1 or sum(out) > 2**31 - 1:
-        raise UsageError(f"--seqlens takes comma-separated sequence lengths >= 0, not all 0 (e.g. 70,130,5), "
-                         f"got {text!r}")
-    return out
 
 
 def errors(res: SimResult, q, k, v, window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None) -> Accuracy:

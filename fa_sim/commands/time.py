@@ -63,9 +63,8 @@ from .common import (
     seqlen_k,
 )
 from .backward import add_backward_arguments
-from .common import add_splitkv_arguments, inputs_head_dim, packed_inputs, refuse, splitkv
+from .common import add_seqlens_argument, add_splitkv_arguments, inputs_head_dim, packed_inputs, refuse, splitkv
 from .inputs import add_inputs_argument
-from .sim import seqlens_list as packed_lengths
 from .outputs import Kind, Output, check_outputs, write_text
 
 
@@ -82,9 +81,7 @@ def register(subparsers) -> None:
                    help="write each warp's instruction issue on one SM (its resident CTAs, 4 rounds) as Chrome "
                         "trace events for Perfetto or chrome://tracing (default: none)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --perfetto file (default: refuse)")
-    p.add_argument("--seqlens", type=packed_lengths, default=None, metavar="N,N,...",
-                   help="a packed variable-length batch of these sequence lengths (Nk = Nq each; fa_sim.varlen), "
-                        "instead of --batch / --seqlen / --seqlen-k (default: none)")
+    add_seqlens_argument(p)
     add_splitkv_arguments(p)
     add_inputs_argument(p)
     add_backward_arguments(p)
