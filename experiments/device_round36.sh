@@ -43,7 +43,7 @@ for s in $STEPS; do case $s in
     timeout "$(lim 150)" python3 experiments/train_lm.py --steps ${TRAIN_STEPS:-400} --device cuda --out "$OUT" 2>&1 \
       | tail -30 | tee -a "$OUT/summary.txt" ;;
   benchbwd) log benchbwd
-    timeout "$(lim 300)" python3 experiments/bench_hw.py --backward --set test --out "$OUT" 2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" 2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
   bwdtime) log bwdtime
     timeout "$(lim 90)" python3 experiments/timing_backward.py --measure --out "$OUT/timing_backward.json" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
@@ -51,7 +51,7 @@ for s in $STEPS; do case $s in
   bwdck) log bwdck
     timeout "$(lim 90)" python3 experiments/record_backward_checkpoints.py --out "$OUT" --force 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
   features) log features
-    timeout "$(lim 200)" python3 experiments/timing_features.py --measure --out "$OUT/timing_features.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${FEATURES_S:-200})" python3 experiments/timing_features.py --measure --out "$OUT/timing_features.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
   rerecord) log rerecord
     timeout "$(lim 60)" python3 -m fa_sim.cli compare --kernel experiments/variants/fa2_fwd_swizzle_r4.patch \
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
