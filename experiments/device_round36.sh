@@ -12,6 +12,7 @@
 #   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
 #   bwdtime   experiments/timing_backward.py --measure: the backward's kernel times, for fa time --backward
 #   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
+#   featbench experiments/bench_features.py (bf16, GQA, head_dim 96-256, window, softcap against SDPA)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
 set -u
@@ -48,6 +49,8 @@ for s in $STEPS; do case $s in
     timeout "$(lim 90)" python3 experiments/timing_backward.py --measure --out "$OUT/timing_backward.json" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
     timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
+  featbench) log featbench
+    timeout "$(lim ${FEATBENCH_S:-200})" python3 experiments/bench_features.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   bwdck) log bwdck
     timeout "$(lim 90)" python3 experiments/record_backward_checkpoints.py --out "$OUT" --force 2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
   features) log features
