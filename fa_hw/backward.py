@@ -35,8 +35,9 @@ fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
 max-dynamic-shared-size attribute raised first (once per build: load_backward is cached).
 `kernel_ms` holds the three kernels' times (CUDA events). `checkpoint_ctas` (linear CTA ids n_block
 + n_kv_blocks * bh of the main kernel's grid) runs the main kernel's debug build
-(FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either input path of fa_hw.backward: `res.checkpoints` is the numpy buffer uint32 [cta_sel, checkpoint, round, thread, word]
-of fa_sim/checkpoints.py (BackwardCheckpointLayout), the one fa_sim.simulate_backward(...,
+(FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either input path of fa_hw.backward:
+`res.checkpoints` is the numpy buffer uint32 [cta_sel, checkpoint, round, thread, word] of
+fa_sim/checkpoints.py (BackwardCheckpointLayout), the one fa_sim.simulate_backward(...,
 checkpoint_ctas=...) fills.
 """
 

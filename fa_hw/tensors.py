@@ -187,7 +187,8 @@ def check_kernel_tensors(where: str, dtype: str, **xs) -> None:
         dev = getattr(getattr(x, "device", None), "type", None)
         if dt != dtype or dev != KERNEL_DEVICE or not x.is_contiguous():
             what = f"{dt} on {x.device}, strides {tuple(x.stride())}" if hasattr(x, "stride") else dt
-            raise ValueError(f"{where}: {name} must be a contiguous {dtype} torch tensor on {KERNEL_DEVICE}, got {what}")
+            raise ValueError(f"{where}: {name} must be a contiguous {dtype} torch tensor on {KERNEL_DEVICE}, "
+                             f"got {what}")
 
 
 def _cupy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:

@@ -189,9 +189,10 @@ def test_a_launch_error_is_a_kernel_fault_on_the_torch_path(gpu, monkeypatch, wh
     monkeypatch.setattr(cuda_core, "launch", refuse)
     q, k, v, do = (torch.from_numpy(a) for a in _problem())
     q.requires_grad_()
-    want = (r"launching KernelConfig\(.*\), causal for sm_80 grid=\(1, 2\) block=128 smem=\d+ failed"
-            if where == "forward" else r"launching fa2_bwd_preprocess_kernel of fa2_bwd.cu \(d=64 .*, causal, atomic dQ "
-                                       r"for sm_80 grid=\(.*\) block=\d+ smem=0 failed")
+    forward = r"launching KernelConfig\(.*\), causal for sm_80 grid=\(1, 2\) block=128 smem=\d+ failed"
+    backward = (r"launching fa2_bwd_preprocess_kernel of fa2_bwd.cu \(d=64 .*, causal, atomic dQ for sm_80 "
+                r"grid=\(.*\) block=\d+ smem=0 failed")
+    want = forward if where == "forward" else backward
     with pytest.raises(KernelFault, match=want + ": CUDA_ERROR_INVALID_VALUE"):
         fa_hw.attention(q, k, v, causal=True).backward(do)
     assert "sync" not in gpu.log and "event" not in gpu.log
