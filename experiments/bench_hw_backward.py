@@ -7,11 +7,14 @@ Per case (B, H, N, d), causal and not, three backends through torch autograd, on
 normal fp16 q, k, v and dO:
   sdpa-flash, sdpa-cudnn   F.scaled_dot_product_attention under torch.nn.attention.sdpa_kernel
   fa_hw                    fa_hw.attention (fa2_fwd.cu, then fa2_bwd.cu with dQ by atomics), the
-                           whole user path: its input checks on the GPU and its synchronisations
+                           whole user path: autograd, its input checks (none reads a value) and its
+                           launches, enqueued on torch's stream without a synchronisation as
+                           SDPA's are, so the CUDA events time the same kind of work for every backend
 Two timings per backend: fwd+bwd (`torch.autograd.grad(attention(q, k, v), (q, k, v), dO)`) and bwd
 alone (`torch.autograd.grad(o, ..., retain_graph=True)` on one saved forward). A further row,
 fa_hw-kernels, is the sum of fa2_bwd.cu's three kernels' CUDA-event times as fa_hw.backward reports
-them (kernel_ms): the kernels without the Python path, for what the path costs. Each backend is
+them (kernel_ms; fa_hw.backward, the direct API, times and synchronises each kernel): the kernels
+without the Python path, for what the path costs. Each backend is
 timed in --runs round-robin runs (experiments/hw_sets.py; a run is the median of --reps calls after
 --warmup, each bracketed by CUDA events), rows give the median over runs and [min, max]; x flash is
 the per-run SDPA-flash time / this backend's time. FLOPs: 4*B*H*N^2*d forward, 2.5 times that
@@ -170,7 +173,7 @@ def markdown(rows, gpu_name: str, runs: int, set_name: str) -> str:
     lines = [f"GPU: {gpu_name}. Shape set: {set_name}. Backward benchmark (experiments/bench_hw_backward.py): each "
              f"backend timed in {runs} round-robin runs; cells give the median over runs [min, max]; x flash: per-run "
              "SDPA-flash time / this backend's; TFLOP/s from 4*B*H*N^2*d forward and 2.5 times that backward (/2 "
-             "causal); fa_hw goes through fa_hw.attention (autograd, its checks and synchronisations), fa_hw-kernels "
+             "causal); fa_hw goes through fa_hw.attention (autograd, its checks, asynchronous launches), fa_hw-kernels "
              "is fa2_bwd.cu's three kernels alone (CUDA events); error: the largest relative Frobenius error of dQ, "
              "dK, dV against float64.", "",
              "| B, H, N, d | causal | backend | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd x flash | bwd ms | bwd TFLOP/s "

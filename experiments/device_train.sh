@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call for fa_hw.attention: its GPU tests (tests/test_torch_attention.py -m gpu),
+# One device call for fa_hw.attention: its GPU tests (tests/test_torch_attention.py and
+# tests/test_hw_async.py, -m gpu),
 # the training run (fa_hw.attention against SDPA: train_lm.json, train_lm.png) and the backward
 # benchmark on the held-out shapes (bench_hw_backward_test.md / .json), all written to $OUT.
 #   OUT=... bash experiments/device_train.sh           # under 9 minutes on an H100
@@ -19,7 +20,7 @@ python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 for s in $STEPS; do case $s in
   tests) log tests
     timeout "$(lim 150)" python3 -m pytest -q -m gpu -n 4 -p no:randomly -rfE --durations=5 \
-      tests/test_torch_attention.py 2>&1 | tail -30 > "$OUT/tests.txt"
+      tests/test_torch_attention.py tests/test_hw_async.py 2>&1 | tail -30 > "$OUT/tests.txt"
     tail -20 "$OUT/tests.txt" | tee -a "$OUT/summary.txt" ;;
   train) log train
     timeout "$(lim 150)" python3 experiments/train_lm.py --steps 400 --device cuda --out "$OUT" 2>&1 \

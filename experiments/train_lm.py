@@ -23,6 +23,11 @@ the held-out loss every 50 steps, the steps' times, the corpus, versions) and tr
 curves) to --out (default $OUT, else experiments/out). --tiny: a 2-layer, d_model 32 model with
 context 32 for a smoke run; on the CPU (--device cpu) the attention runs in float64 (fa_hw.attention's
 float64 reference path, not the kernels).
+Step time, the same for every backend: each training step is timed on the wall clock from the end
+of the previous one to its loss read back (float(loss), which waits for the GPU: the step's whole
+GPU work, however asynchronously it was enqueued), the held-out evaluations outside it; step_ms is
+the median over the steps, step_ms_first the first step alone (cuBLAS's and fa_hw's kernel loading
+and any NVRTC compile land there, once per build), seconds the whole run with evaluations.
 """
 
 from __future__ import annotations
@@ -144,7 +149,8 @@ def attention_fn(backend: str):
 
 def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, train_data, val_data,
           attn_dtype=None, log=print) -> dict:
-    """One run: {'loss': [per step], 'val': [[step, loss], ...], 'seconds', 'step_ms'}."""
+    """One run: {'loss': [per step], 'val': [[step, loss], ...], 'seconds', 'step_ms', 'step_ms_first'}
+    (module docstring)."""
     import torch
 
     dtype = torch.float64 if device == "cpu" else torch.float32
@@ -157,7 +163,7 @@ def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, tr
     rng = np.random.default_rng(seed)
     val_rng = np.random.default_rng(12345)  # the same held-out batches for every run
     val_offsets = [val_rng.integers(0, val_data.size - cfg.context - 1, cfg.batch) for _ in range(EVAL_BATCHES)]
-    losses, vals = [], []
+    losses, vals, step_s = [], [], []
 
     def evaluate():
         model.eval()
@@ -175,6 +181,7 @@ def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, tr
     for step in range(steps):
         if step % EVAL_EVERY == 0:
             vals.append([step, evaluate()])
+        t_step = time.perf_counter()
         off = rng.integers(0, train_data.size - cfg.context - 1, cfg.batch)
         x, y = (torch.from_numpy(a).to(device) for a in batch(train_data, off, cfg.context))
         loss = model(x, y)
@@ -185,7 +192,8 @@ def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, tr
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()))  # waits for the step's GPU work
+        step_s.append(time.perf_counter() - t_step)
         if not math.isfinite(losses[-1]):
             raise SystemExit(f"{backend}: the loss is {losses[-1]} at step {step}")
         if step % 50 == 0 or step == steps - 1:
@@ -193,7 +201,8 @@ def train(backend: str, cfg: ModelConfig, steps: int, device: str, seed: int, tr
     vals.append([steps, evaluate()])
     sync()
     seconds = time.perf_counter() - t0
-    return dict(backend=backend, seed=seed, loss=losses, val=vals, seconds=seconds, step_ms=1e3 * seconds / steps)
+    return dict(backend=backend, seed=seed, loss=losses, val=vals, seconds=seconds,
+                step_ms=1e3 * float(np.median(step_s)), step_ms_first=1e3 * step_s[0])
 
 
 SMOOTH = 21

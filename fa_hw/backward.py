@@ -8,9 +8,15 @@ The inputs are checked by fa_sim.backward.check_backward_inputs (the simulator's
 fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32). numpy (and
 cupy, torch CPU) inputs are staged through the host and uploaded, and dQ, dK, dV come back as numpy.
 torch CUDA tensors (all six) are read in place, on torch's current stream, with the same checks run
-on the GPU (fa_sim.validate's torch path; no host copy of any array): dQ, dK, dV come back as fp16
-torch tensors on that device (the path of fa_hw.attention's backward). The three kernels of fa2_bwd.cu
-(docs/backward.md) run on fa_hw's own stream, top to bottom as the cuda.core examples:
+on the GPU (fa_sim.validate's torch path; no host copy of any array, but reading a check's verdict
+synchronises): dQ, dK, dV come back as fp16 torch tensors on that device. Either way each kernel is
+timed and checked (runtime.launch_kernel with timed=True: CUDA events, the stream synchronised, a
+fault a KernelFault naming the kernel and the build). `enqueue_backward` is fa_hw.attention's path:
+fp16 contiguous torch CUDA tensors, the checks that read no values, the kernels enqueued on torch's
+current stream with no event and no synchronisation, D and dq_accum torch tensors (torch's caching
+allocator keeps them stream-ordered); a fault while a kernel runs surfaces at torch's next
+synchronisation. The three kernels of fa2_bwd.cu (docs/backward.md), top to bottom as the cuda.core
+examples:
 
   fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)     o, do, dpsum, seqlen_q
   fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)     q, k, v, do, lse, dpsum, dq_accum, dk, dv,
@@ -26,11 +32,12 @@ skips dQ (dq_accum is a null pointer) and the dQ kernel sums the K/V blocks in a
 registers: no atomics, no workspace, the same bits every run, and the simulator's
 (fa_sim.simulate_backward with mma_model="h200"). Scalars are np.int32 / np.float32, as
 fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
-max-dynamic-shared-size attribute raised first. `kernel_ms` holds the three kernels' times (CUDA
-events). `checkpoint_ctas` (linear CTA ids n_block + n_kv_blocks * bh of the main kernel's grid)
-runs the main kernel's debug build (FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either
-input path: `res.checkpoints` is the numpy buffer uint32 [cta_sel, checkpoint, round, thread, word]
-of fa_sim/checkpoints.py (BackwardCheckpointLayout), the one fa_sim.simulate_backward(...,
+max-dynamic-shared-size attribute raised first (once per build: load_backward is cached).
+`kernel_ms` holds the three kernels' times (CUDA events). `checkpoint_ctas` (linear CTA ids n_block
++ n_kv_blocks * bh of the main kernel's grid) runs the main kernel's debug build
+(FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either input path of fa_hw.backward:
+`res.checkpoints` is the numpy buffer uint32 [cta_sel, checkpoint, round, thread, word] of
+fa_sim/checkpoints.py (BackwardCheckpointLayout), the one fa_sim.simulate_backward(...,
 checkpoint_ctas=...) fills.
 """
 
@@ -109,7 +116,8 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     dq, dk, dv = (runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v))
     keep = [*ins, dq, dk, dv]
     ptrs = [int(buf.handle) for buf in keep]
-    loaded, ms, ck = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream, ctas)
+    loaded, ms, ck = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream, _buffer_workspace(stream),
+                          timed=True, ctas=ctas)
     out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
     return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
                             {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
@@ -130,7 +138,7 @@ def _all_torch_cuda(*xs) -> bool:
 
 def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas) -> HwBackwardResult:
     """fa_hw.backward on torch CUDA tensors: the checks of check_backward_inputs in torch (values on
-    the GPU), the kernels on the tensors in place and on torch's current stream, torch outputs."""
+    the GPU), the kernels on the tensors in place, timed, on torch's current stream; torch outputs."""
     import torch
 
     ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
@@ -138,82 +146,132 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
     nk = ins[1].shape[2]
     _check_mode_and_size(deterministic, b, h, nq, nk, d)
     ctas = checkpoint_selection(checkpoint_ctas, cfg.n_kv_blocks(nk) * b * h)
-    dev = q.device
-    if any(x.device != dev for x in (k, v, o, lse, do)):
-        raise ValueError(f"q, k, v, o, lse, do must be on one device, got "
-                         f"{', '.join(str(x.device) for x in (q, k, v, o, lse, do))}")
-    if dev.index not in (None, runtime.device().device_id):
-        raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
+    _check_torch_device(q, k, v, o, lse, do)
     lse = lse.detach()
     bad = ~torch.isfinite(lse)
     if bool(bad.any()):
         at = [int(i) for i in torch.nonzero(bad)[0].tolist()]
         raise ValueError(f"lse contains NaN or Inf, first at lse{at} = {float(lse[tuple(at)])}; pass the forward's res.lse")
     q16, k16, v16, o16, do16 = (x.fp16() for x in ins)  # the value checks, on the GPU; contiguous fp16
-    lse = lse.contiguous()
-    dq, dk, dv = (torch.empty_like(x) for x in (q16, k16, v16))
-    keep = [q16, k16, v16, o16, lse, do16, dq, dk, dv]
-    stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
-    loaded, ms, ck = _run([x.data_ptr() for x in keep], (b, h, nq, nk, d), cfg, causal, scale, bool(deterministic),
-                          stream, ctas)
+    (dq, dk, dv), loaded, ms, ck = _run_torch(q16, k16, v16, o16, lse.contiguous(), do16, cfg, causal, scale,
+                                              bool(deterministic), timed=True, ctas=ctas)
     return HwBackwardResult(dq, dk, dv, cfg, causal, scale, bool(deterministic), ms,
                             {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
 
 
-def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream, ctas=None):
+def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                     deterministic: bool = False):
+    """fa_hw.attention's backward: (dQ, dK, dV) fp16 torch tensors, the three kernels enqueued on
+    torch's current stream and not waited for (module docstring). q, k, v, o, do must be float16 and
+    lse float32, all contiguous torch CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal,
+    scale, deterministic, the grid's limits - nothing that reads a value (no NaN/Inf check: non-finite
+    inputs give non-finite gradients, as torch's kernels do; fa_hw.backward checks values)."""
+    from .tensors import check_kernel_tensors
+
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale)
+    check_kernel_tensors("fa_hw.attention backward", "float16", q=q, k=k, v=v, o=o, do=do)
+    check_kernel_tensors("fa_hw.attention backward", "float32", lse=lse)
+    b, h, nq, d = ins[0].shape
+    _check_mode_and_size(deterministic, b, h, nq, ins[1].shape[2], d)
+    _check_torch_device(q, k, v, o, lse, do)
+    (dq, dk, dv), *_ = _run_torch(*(x.detach() for x in (q, k, v, o, lse, do)), cfg, causal, scale,
+                                  bool(deterministic), timed=False)
+    return dq, dk, dv
+
+
+def _check_torch_device(*xs) -> None:
+    dev = xs[0].device
+    if any(x.device != dev for x in xs[1:]):
+        raise ValueError(f"q, k, v, o, lse, do must be on one device, got {', '.join(str(x.device) for x in xs)}")
+    if dev.index not in (None, runtime.device().device_id):
+        raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
+
+
+def _run_torch(q16, k16, v16, o16, lse, do16, cfg, causal, scale, deterministic, *, timed: bool, ctas=None):
+    """_run on contiguous fp16 torch tensors (lse float32) on torch's current stream, dQ, dK, dV and
+    the workspaces from torch's allocator: -> ((dq, dk, dv), LoadedBackward, ms or None, checkpoints)."""
+    import torch
+
+    b, h, nq, d = q16.shape
+    dq, dk, dv = (torch.empty_like(x) for x in (q16, k16, v16))
+    ptrs = [x.data_ptr() for x in (q16, k16, v16, o16, lse, do16, dq, dk, dv)]
+    loaded, ms, ck = _run(ptrs, (b, h, nq, k16.shape[2], d), cfg, causal, scale, deterministic,
+                          runtime.torch_stream(q16.device), _torch_workspace(q16.device), timed=timed, ctas=ctas)
+    return (dq, dk, dv), loaded, ms, ck
+
+
+def _buffer_workspace(stream):
+    """Workspace for the direct API's numpy path: cuda.core buffers on fa_hw's stream (freed when
+    _run returns, after its timed launches have synchronised): nbytes, zeroed -> (pointer, owner)."""
+    def alloc(nbytes: int, zero: bool):
+        buf = runtime.allocate(nbytes, stream)
+        if zero:
+            runtime.memset_zero(int(buf.handle), nbytes, stream)
+        return int(buf.handle), buf
+    return alloc
+
+
+def _torch_workspace(device):
+    """Workspace as torch float32 tensors on `device`, from torch's caching allocator on torch's
+    current stream (zeroed by torch.zeros on that stream): stream-ordered, so that dropping them after
+    the launches are enqueued is safe without a synchronisation."""
+    import torch
+
+    def alloc(nbytes: int, zero: bool):
+        words = (max(nbytes, 4) + 3) // 4
+        t = (torch.zeros if zero else torch.empty)((words,), dtype=torch.float32, device=device)
+        return t.data_ptr(), t
+    return alloc
+
+
+def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream, workspace, *,
+         timed: bool, ctas=None):
     """The three launches on `stream` from device pointers q k v o lse do dq dk dv (their owners
-    held by the caller), D (and atomic mode's dq_accum) allocated here; each launch synchronises (_launch):
-    -> (LoadedBackward, the kernels' ms, the checkpoint buffer of `ctas` as numpy or None)."""
+    held by the caller), D (and atomic mode's dq_accum) from `workspace(nbytes, zero) -> (pointer,
+    owner)`; timed: each launch timed and synchronised (runtime.launch_kernel), else only enqueued
+    (then the workspace must be stream-ordered: _torch_workspace): -> (LoadedBackward, the kernels'
+    ms or None, the checkpoint buffer of `ctas` as numpy or None; ctas need timed)."""
     b, h, nq, nk, d = shape
     loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch(),
                                          checkpoints=ctas is not None))
     q_, k_, v_, o_, lse_, do_, dq, dk, dv = (int(p) for p in ptrs)
-    dpsum = runtime.allocate(b * h * nq * 4, stream)
+    dpsum, dpsum_owner = workspace(b * h * nq * 4, False)
+    keep = [dpsum_owner]  # the workspaces, alive until the launches are enqueued (timed: finished)
     n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
     s32 = np.float32(scale)
     if deterministic:  # no dQ accumulator: the main kernel's pointer is null, the dQ kernel writes dq
         acc = 0
         last = (DQ_KERNEL, (cfg.n_dq_blocks(nq), bh, 1), cfg.dq_smem_bytes,
-                (q_, k_, v_, do_, lse_, int(dpsum.handle), dq, np.int32(nq), np.int32(nk), s32))
-    else:  # dq_accum lives until the launches below synchronise (each _launch does)
-        acc_bytes = b * h * nq * d * 4
-        dq_accum = runtime.allocate(acc_bytes, stream)
-        runtime.memset_zero(int(dq_accum.handle), acc_bytes, stream)
-        acc = int(dq_accum.handle)
+                (q_, k_, v_, do_, lse_, dpsum, dq, np.int32(nq), np.int32(nk), s32))
+    else:
+        acc, acc_owner = workspace(b * h * nq * d * 4, True)
+        keep.append(acc_owner)
         last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, dq, np.int32(nq), s32))
     ck_args, ck_host = (), None
     if ctas is not None:  # the debug build's buffer (zeroed), its CTA -> slot map and rounds
+        assert timed, "checkpoints are read back after timed launches"
         layout = BackwardCheckpointLayout(cfg, n_q)
         ck_host = layout.empty(len(ctas))
         ck_buf = runtime.allocate(ck_host.nbytes, stream)
         runtime.memset_zero(int(ck_buf.handle), ck_host.nbytes, stream)
         ck_sel = runtime.upload(selection_map(ctas, n_kv * bh), stream)
+        keep += [ck_buf, ck_sel]
         ck_args = (int(ck_buf.handle), int(ck_sel.handle), np.int32(layout.n_rounds))
     launches = [
-        (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, int(dpsum.handle), np.int32(nq))),
+        (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, dpsum, np.int32(nq))),
         (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, int(dpsum.handle), acc, dk, dv, np.int32(nq), np.int32(nk), s32, *ck_args)),
+         (q_, k_, v_, do_, lse_, dpsum, acc, dk, dv, np.int32(nq), np.int32(nk), s32, *ck_args)),
         last,
     ]
-    ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream) for name, grid, smem, args in launches)
+    ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream, timed)
+               for name, grid, smem, args in launches)
     if ck_host is not None:
         ck_host = runtime.download(ck_args[0], ck_host, stream)
-    return loaded, ms, ck_host
+    return loaded, (ms if timed else None), ck_host
 
 
-def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream) -> float:
-    """One launch, timed with CUDA events and checked (a fault names the kernel and the build)."""
-    from cuda.core import LaunchConfig, launch
-
+def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream,
+            timed: bool) -> float | None:
+    """One launch through runtime.launch_kernel (a fault names the kernel and the build)."""
     what = f"{name} of {loaded.build.describe()} grid={grid[:2]} block={threads} smem={smem}"
-    start = runtime._timing_event(stream)
-    try:
-        launch(stream, LaunchConfig(grid=grid, block=(threads, 1, 1), shmem_size=smem), loaded.kernels[name], *args)
-    except Exception as exc:
-        raise KernelFault(f"launching {what} failed: {_short(exc)}") from None
-    end = runtime._timing_event(stream)
-    try:
-        stream.sync()
-    except Exception as exc:
-        raise KernelFault(f"kernel {what} faulted: {_short(exc)}") from None
-    return float(end - start)
+    return runtime.launch_kernel(stream, loaded.kernels[name], grid, (threads, 1, 1), smem, args, what, timed=timed)

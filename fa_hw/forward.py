@@ -25,6 +25,11 @@ fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query at
 split-KV decoding with `splits` (an integer or "auto") and `cache_seqlens` (int32 [B], each
 sequence's keys of the cache k, v): the split kernel and the combine of fa_hw.splitkv (out.splits
 says how many ran; kernel_ms covers both). Not both: a packed batch takes no splits.
+
+fa_hw.forward is the direct, synchronous API: it checks values, times its launch with CUDA events
+and synchronises (a fault is a KernelFault naming the build), so that kernel_ms is the kernel's
+time. `enqueue_forward` is fa_hw.attention's asynchronous path on torch tensors (no value reads, no
+event, no synchronisation: fa_hw.runtime's module docstring).
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ import numpy as np
 
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
 from fa_sim.config import KernelConfig
-from fa_sim import varlen
+from fa_sim import validate, varlen
 from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
 from . import runtime
-from .tensors import DeviceProblem, check, choose_auto, to_device
+from .tensors import DeviceProblem, check, check_kernel_tensors, choose_auto, to_device, torch_problem
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,23 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
         o, lse = varlen.packed_o(o), lse.reshape(dev.problem.heads, dev.problem.total_q)
     return HwResult(o, lse, dev.config, dev.problem.causal, dev.scale, ms, plan.loaded.registers,
                     checkpoints, tuple(ctas or ()))
+
+
+def enqueue_forward(q, k, v, causal: bool = False, scale: float | None = None):
+    """fa_hw.attention's forward: (O fp16, LSE float32) torch tensors on q's device, fa2_fwd.cu (the
+    seed config at the inputs' head_dim) enqueued on torch's current stream and not waited for: no
+    CUDA event, no synchronisation (fa_hw.runtime's launch_kernel, timed=False; a fault while the
+    kernel runs surfaces at torch's next synchronisation). q, k, v must be contiguous float16 torch
+    CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal, scale, the grid's limits -
+    nothing that reads a value (no NaN/Inf check: non-finite inputs give a non-finite O, as torch's
+    kernels do; fa_hw.forward checks values). O and LSE come from torch's allocator on that stream."""
+    check_kernel_tensors("fa_hw.attention", "float16", q=q, k=k, v=v)
+    prob = validate.make_problem(q.shape, k.shape, v.shape, causal, scale, None)
+    dev = torch_problem(q.detach(), k.detach(), v.detach(), prob)
+    plan = runtime.LaunchPlan.make(KernelBuild.of(prob, runtime.device_arch()),
+                                   (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob)
+    plan.run(dev.stream, timed=False)
+    return dev.o, dev.lse
 
 
 def _select_ctas(problem: Problem, ctas, in_grid: bool = True) -> list[int] | None:

@@ -12,8 +12,19 @@ ObjectCode.get_kernel -> LaunchConfig -> launch -> sync. A `LaunchPlan` is one r
 
 Scalars are packed as np.int32/np.float32 on purpose: cuda.core packs a bare Python int as an
 8-byte value and a float as a double. Shared memory over 48 KB needs the kernel's
-max-dynamic-shared-size attribute raised first. Every launch is checked: `run` synchronises the
-stream and turns a CUDA error into a KernelFault that names the configuration.
+max-dynamic-shared-size attribute raised first.
+
+Every launch goes through `launch_kernel`, in one of two modes:
+  timed=True    the direct API (fa_hw.forward, fa_hw.backward, which report kernel_ms): the launch is
+                bracketed by CUDA timing events and the stream synchronised after it, so that a fault
+                while the kernel runs is a KernelFault naming the kernel and its build.
+  timed=False   the torch path (fa_hw.attention): the launch is only enqueued on torch's current
+                stream (`torch_stream`): no event, no synchronisation, as torch's own kernels. A
+                launch-time error (bad grid, too much shared memory) is still a KernelFault naming
+                the kernel and its build; a fault while the kernel runs surfaces asynchronously, at
+                torch's next synchronisation (a .item(), .cpu(), torch.cuda.synchronize()), as
+                torch's CUDA error, and names neither (CUDA_LAUNCH_BLOCKING=1 makes every launch
+                synchronous, as for torch's kernels).
 """
 
 from __future__ import annotations
@@ -107,6 +118,16 @@ def foreign_stream(handle: int):
     return LEGACY_DEFAULT_STREAM if int(handle) == 0 else Stream.from_handle(int(handle))
 
 
+def torch_stream(device):
+    """torch's current stream on `device` (a torch.device) as a cuda.core Stream: launches on it are
+    ordered with torch's work, and with torch's caching allocator, which hands a freed block only to
+    later work of the stream it was allocated on (so a torch workspace dropped after the launches
+    are enqueued is not reused before they run)."""
+    import torch
+
+    return foreign_stream(torch.cuda.current_stream(device).cuda_stream)
+
+
 def allocate(nbytes: int, stream):
     return device().allocate(max(int(nbytes), 1), stream=stream)
 
@@ -174,29 +195,18 @@ class LaunchPlan:
         return cls(load_kernel(build), grid, (cfg.n_threads, 1, 1), cfg.smem_bytes, args)
 
     def launch(self, stream) -> None:
-        """Enqueue once (no sync); launch-time errors become KernelFault."""
-        from cuda.core import LaunchConfig, launch
-
-        config = LaunchConfig(grid=self.grid, block=self.block, shmem_size=self.smem_bytes)
-        try:
-            launch(stream, config, self.loaded.kernel, *self.args)
-        except Exception as exc:
-            raise KernelFault(f"launching {self.describe()} failed: {_short(exc)}") from None
+        """Enqueue once (no sync, no event); launch-time errors become KernelFault."""
+        launch_kernel(stream, self.loaded.kernel, self.grid, self.block, self.smem_bytes, self.args, self.describe())
 
     def sync(self, stream) -> None:
         """The check after a launch: wait for the stream, report a fault with the config."""
-        try:
-            stream.sync()
-        except Exception as exc:
-            raise KernelFault(f"kernel {self.describe()} faulted: {_short(exc)}") from None
+        _sync(stream, self.describe())
 
-    def run(self, stream) -> float:
-        """Launch, time with CUDA events, check; returns the kernel time in milliseconds."""
-        start, end = _timing_event(stream), None
-        self.launch(stream)
-        end = _timing_event(stream)
-        self.sync(stream)
-        return float(end - start)
+    def run(self, stream, timed: bool = True) -> float | None:
+        """One launch through `launch_kernel` (module docstring): timed, milliseconds (CUDA events,
+        the stream synchronised and checked); not timed, None (enqueued only)."""
+        return launch_kernel(stream, self.loaded.kernel, self.grid, self.block, self.smem_bytes, self.args,
+                             self.describe(), timed=timed)
 
     def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
         """Per-launch times (ms) of `reps` launches after `warmup`, each bracketed by events."""
@@ -214,10 +224,39 @@ class LaunchPlan:
         return f"{self.loaded.build.describe()} grid={self.grid[:2]} block={self.block[0]} smem={self.smem_bytes}"
 
 
+def launch_kernel(stream, kernel, grid, block, smem: int, args: tuple, what: str, *,
+                  timed: bool = False) -> float | None:
+    """Launch `kernel` once on `stream`; `what` names the kernel and its build in a KernelFault.
+    timed=False: enqueue only (no event, no sync; a fault while it runs surfaces at the stream's next
+    synchronisation) -> None. timed=True: bracketed by CUDA timing events, the stream synchronised
+    and a fault reported -> milliseconds. See the module docstring."""
+    from cuda.core import LaunchConfig, launch
+
+    config = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=smem)
+    start = _timing_event(stream) if timed else None
+    try:
+        launch(stream, config, kernel, *args)
+    except Exception as exc:
+        raise KernelFault(f"launching {what} failed: {_short(exc)}") from None
+    if not timed:
+        return None
+    end = _timing_event(stream)
+    _sync(stream, what)
+    return float(end - start)
+
+
+def _sync(stream, what: str) -> None:
+    try:
+        stream.sync()
+    except Exception as exc:
+        raise KernelFault(f"kernel {what} faulted: {_short(exc)}") from None
+
+
 def _timing_event(stream):
     from cuda.core import EventOptions
 
     return stream.record(options=EventOptions(timing_enabled=True))
 
 
-__all__ = ["FaHwError", "LaunchPlan", "NoGPUError", "device", "device_arch", "has_gpu", "load_kernel"]
+__all__ = ["FaHwError", "LaunchPlan", "NoGPUError", "device", "device_arch", "has_gpu", "launch_kernel",
+           "load_kernel", "torch_stream"]

@@ -63,13 +63,9 @@ class SplitLaunchPlan:
     registers: int
 
     def launch(self, stream) -> None:
-        from cuda.core import LaunchConfig, launch
-
+        """Enqueue both (no event, no sync: runtime.launch_kernel); launch-time errors are KernelFault."""
         for name, kernel, grid, block, smem, args in self.launches:
-            try:
-                launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), kernel, *args)
-            except Exception as exc:
-                raise KernelFault(f"launching {name} ({self.plan.describe()}) failed: {_short(exc)}") from None
+            runtime.launch_kernel(stream, kernel, grid, block, smem, args, f"{name} ({self.plan.describe()})")
 
     def sync(self, stream) -> None:
         try:

@@ -124,7 +124,7 @@ def to_device(inputs: list, kind: str, problem: Problem) -> DeviceProblem:
         out = _numpy_problem(*(validate.host_array(x) for x in (qh, kh, vh)), problem)  # bf16: bit patterns
         out.torch_cpu = True
     else:
-        out = {NUMPY: _numpy_problem, TORCH: _torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
+        out = {NUMPY: _numpy_problem, TORCH: torch_problem, CUPY: _cupy_problem}[kind](qh, kh, vh, problem)
     return out
 
 
@@ -157,7 +157,9 @@ def _numpy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     return DeviceProblem(NUMPY, problem, stream, *ptrs, o, lse, keep=bufs)
 
 
-def _torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
+def torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
+    """Contiguous 16-bit torch CUDA tensors in place: O and LSE from torch's allocator, torch's
+    current stream (fa_hw.forward after the value checks; enqueue_forward directly)."""
     import torch
 
     dev = qh.device
@@ -168,9 +170,25 @@ def _torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     o_shape, lse_shape = _outputs_shape(problem)
     o = torch.empty(o_shape, dtype=torch.bfloat16 if problem.config.dtype == "bf16" else torch.float16, device=dev)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
-    stream = runtime.foreign_stream(torch.cuda.current_stream(dev).cuda_stream)
+    stream = runtime.torch_stream(dev)
     ptrs = [x.data_ptr() for x in (qh, kh, vh, o, lse)]
     return DeviceProblem(TORCH, problem, stream, *ptrs, o, lse, keep=[qh, kh, vh])
+
+
+KERNEL_DEVICE = "cuda"  # the device type of the tensors the kernels read in place
+
+
+def check_kernel_tensors(where: str, dtype: str, **xs) -> None:
+    """The torch path of fa_hw.attention (enqueue_forward, enqueue_backward), which converts nothing:
+    each tensor a torch tensor of `dtype` ("float16", "float32"), contiguous, on a CUDA device; one
+    ValueError line naming the first that is not. Reads no values."""
+    for name, x in xs.items():
+        dt = str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
+        dev = getattr(getattr(x, "device", None), "type", None)
+        if dt != dtype or dev != KERNEL_DEVICE or not x.is_contiguous():
+            what = f"{dt} on {x.device}, strides {tuple(x.stride())}" if hasattr(x, "stride") else dt
+            raise ValueError(f"{where}: {name} must be a contiguous {dtype} torch tensor on {KERNEL_DEVICE}, "
+                             f"got {what}")
 
 
 def _cupy_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:

@@ -17,9 +17,12 @@ strided) and calls attention_bwd. lse is marked non-differentiable (its gradient
 computed: a loss through lse raises instead of being silently dropped).
 
 Two paths, chosen by the inputs' dtype (all three alike):
-  float16, CUDA   fa_hw.forward (fa2_fwd.cu) and fa_hw.backward (fa2_bwd.cu, dQ by atomics unless
-                  deterministic=True) on the tensors in place, on torch's current stream; o fp16,
-                  lse float32. bfloat16 is refused: fa2_bwd.cu reads fp16 only.
+  float16, CUDA   fa2_fwd.cu and fa2_bwd.cu (dQ by atomics unless deterministic=True) on the tensors
+                  in place, asynchronously as torch's own kernels: fa_hw.forward.enqueue_forward and
+                  fa_hw.backward.enqueue_backward enqueue the launches on torch's current stream with
+                  no CUDA event and no synchronisation, and the backward's workspaces (D, and
+                  dq_accum in atomic mode) are torch tensors from its caching allocator on that
+                  stream; o fp16, lse float32. bfloat16 is refused: fa2_bwd.cu reads fp16 only.
   float64, CPU or CUDA   THE REFERENCE, not the kernels: fa_sim.reference.attention and
                   attention_backward in float64 numpy (CUDA tensors are copied to the host and the
                   results back). This path exists so that torch.autograd.gradcheck checks the
@@ -28,8 +31,16 @@ Two paths, chosen by the inputs' dtype (all three alike):
                   docs/backward.md (tests/test_torch_attention.py, marked gpu).
 Masking is top-left causal as everywhere in flashsim (key j visible to query i iff j <= i), which is
 torch SDPA's is_causal. Bad input (not tensors, ranks and shapes, dtypes, devices, non-contiguous
-tensors given to the ops directly, a head_dim outside the family) is one ValueError line before
-any work.
+tensors given to the ops directly, a head_dim outside the family, a scale that is not positive and
+finite) is one ValueError line before any work. These checks read no values, so the kernel path
+never waits for the GPU: NaN or Inf in q, k, v or dO is not refused but propagates into o and the
+gradients, as with torch's kernels (a dynamic loss scale's GradScaler sees the non-finite gradients
+and skips the step); fa_hw.forward and fa_hw.backward, the direct API, do check values.
+Errors: a launch the driver refuses is a fa_hw KernelFault naming the kernel and its build, at the
+call; a fault while a kernel runs surfaces asynchronously, at torch's next synchronisation (.item(),
+.cpu(), torch.cuda.synchronize()), as torch's CUDA error, which names no kernel -
+CUDA_LAUNCH_BLOCKING=1 makes the launches synchronous, or rerun the step through fa_hw.forward and
+fa_hw.backward, which synchronise after each kernel and name it.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ import torch
 from torch import Tensor
 
 from fa_sim.config import HEAD_DIMS
+
+from . import tensors
 
 KERNEL_DTYPES = (torch.float16,)
 REFERENCE_DTYPE = torch.float64
@@ -75,7 +88,7 @@ def _check_dtype_device(dtype, device) -> None:
     if dtype not in KERNEL_DTYPES:
         why = " (fa2_bwd.cu reads fp16 only)" if dtype == torch.bfloat16 else ""
         raise ValueError(f"fa_hw.attention: dtype {dtype} is not accepted{why}; pass {ACCEPTED}")
-    if device.type != "cuda":
+    if device.type != tensors.KERNEL_DEVICE:
         raise ValueError(f"fa_hw.attention: {dtype} tensors on {device} are not accepted; pass {ACCEPTED}")
 
 
@@ -126,10 +139,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | 
 
         o, lse = attention(_host(q), _host(k), _host(v), causal, scale)
         return _back(o, q), _back(lse, q)
-    from .forward import forward
+    from .forward import enqueue_forward
 
-    res = forward(q, k, v, causal=causal, scale=scale)
-    return res.o, res.lse
+    return enqueue_forward(q, k, v, causal=causal, scale=scale)
 
 
 @attention_fwd.register_fake
@@ -150,10 +162,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 
         dq, dk, dv = attention_backward(_host(q), _host(k), _host(v), _host(do), causal, scale)
         return _back(dq, q), _back(dk, k), _back(dv, v)
-    from .backward import backward
+    from .backward import enqueue_backward
 
-    res = backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
-    return res.dq, res.dk, res.dv
+    return enqueue_backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
 
 
 @attention_bwd.register_fake
