@@ -6,10 +6,13 @@
 Per case (B, H, N, d), causal and not, three backends through torch autograd, on the same random
 normal fp16 q, k, v and dO:
   sdpa-flash, sdpa-cudnn   F.scaled_dot_product_attention under torch.nn.attention.sdpa_kernel
-  fa_hw                    fa_hw.attention (fa2_fwd.cu, then fa2_bwd.cu with dQ by atomics), the
-                           whole user path: autograd, its input checks (none reads a value) and its
-                           launches, enqueued on torch's stream without a synchronisation as
-                           SDPA's are, so the CUDA events time the same kind of work for every backend
+  fa_hw                    fa_hw.attention(..., check_finite=False) (fa2_fwd.cu, then fa2_bwd.cu with
+                           dQ by atomics), the whole user path: autograd, its input checks (none reads
+                           a value) and its launches, enqueued on torch's stream without a
+                           synchronisation as SDPA's are, so the CUDA events time the same kind of
+                           work for every backend
+  fa_hw-checked            fa_hw.attention with its default check_finite=True: the same, plus the NaN/Inf
+                           check of q, k, v and of dO, each a reduction and one wait for the GPU
 Two timings per backend: fwd+bwd (`torch.autograd.grad(attention(q, k, v), (q, k, v), dO)`) and bwd
 alone (`torch.autograd.grad(o, ..., retain_graph=True)` on one saved forward). A further row,
 fa_hw-kernels, is the sum of fa2_bwd.cu's three kernels' CUDA-event times as fa_hw.backward reports
@@ -34,7 +37,7 @@ from pathlib import Path
 from hw_sets import SETS, Spread, ratios, round_robin
 
 GOAL, MOONSHOT = 1.0, 1.15
-BACKENDS = ("sdpa-flash", "sdpa-cudnn", "fa_hw")
+BACKENDS = ("sdpa-flash", "sdpa-cudnn", "fa_hw", "fa_hw-checked")
 
 
 def flops(b: int, h: int, n: int, d: int, causal: bool) -> tuple[float, float]:
@@ -80,10 +83,11 @@ def rel_err(got, ref) -> float:
 def _attention(name: str):
     import torch.nn.functional as F
 
-    if name == "fa_hw":
+    if name.startswith("fa_hw"):
         import fa_hw
 
-        return lambda q, k, v, causal: fa_hw.attention(q, k, v, causal=causal)
+        check = name == "fa_hw-checked"
+        return lambda q, k, v, causal: fa_hw.attention(q, k, v, causal=causal, check_finite=check)
     return lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 

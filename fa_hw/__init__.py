@@ -29,16 +29,18 @@ from .forward import HwResult, forward
 
 
 
-def attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False):
+def attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False,
+              check_finite: bool = True):
     """Differentiable attention for torch tensors (fa_hw.torch_ops: fp16 CUDA runs fa2_fwd.cu and
-    fa2_bwd.cu, float64 runs the float64 reference); needs PyTorch."""
+    fa2_bwd.cu, float64 runs the float64 reference; check_finite: NaN/Inf in q, k, v and dO refused,
+    one wait for the GPU per call); needs PyTorch."""
     try:
         from .torch_ops import attention as _attention
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
         raise ImportError("fa_hw.attention needs PyTorch, which is not installed: pip install 'flashsim[torch]'") from None
-    return _attention(q, k, v, causal, scale, deterministic=deterministic)
+    return _attention(q, k, v, causal, scale, deterministic=deterministic, check_finite=check_finite)
 
 
 __all__ = [

@@ -32,10 +32,13 @@ Two paths, chosen by the inputs' dtype (all three alike):
 Masking is top-left causal as everywhere in flashsim (key j visible to query i iff j <= i), which is
 torch SDPA's is_causal. Bad input (not tensors, ranks and shapes, dtypes, devices, non-contiguous
 tensors given to the ops directly, a head_dim outside the family, a scale that is not positive and
-finite) is one ValueError line before any work. These checks read no values, so the kernel path
-never waits for the GPU: NaN or Inf in q, k, v or dO is not refused but propagates into o and the
-gradients, as with torch's kernels (a dynamic loss scale's GradScaler sees the non-finite gradients
-and skips the step); fa_hw.forward and fa_hw.backward, the direct API, do check values.
+finite) is one ValueError line before any work; these checks read no values. Values: with
+check_finite=True (fa_hw.attention's default) NaN or Inf in q, k, v (forward) or dO (backward) is
+one ValueError line naming the tensor and its first bad element; the check reduces on the device and
+reads one bool per tensor back, so each call waits for the GPU once. With check_finite=False nothing
+reads a value and the kernel path never waits: non-finite values propagate into o and the gradients,
+as with torch's kernels (a dynamic loss scale's GradScaler sees the non-finite gradients and skips the
+step). fa_hw.forward and fa_hw.backward, the direct API, always check values.
 Errors: a launch the driver refuses is a fa_hw KernelFault naming the kernel and its build, at the
 call; a fault while a kernel runs surfaces asynchronously, at torch's next synchronisation (.item(),
 .cpu(), torch.cuda.synchronize()), as torch's CUDA error, which names no kernel -
@@ -120,6 +123,17 @@ def _check_bwd(do, q, k, v, o, lse, scale) -> None:
     _check_contiguous(do=do, o=o, lse=lse)
 
 
+def _check_finite(what: str, **xs: Tensor) -> None:
+    """One ValueError line naming the first tensor with a NaN or Inf and its first such element: all
+    tensors reduced on their device and read back once (the one wait of check_finite=True)."""
+    ok = torch.stack([torch.isfinite(x).all() for x in xs.values()]).cpu()
+    for (name, x), fine in zip(xs.items(), ok.tolist()):
+        if not fine:
+            at = tuple(int(i) for i in torch.nonzero(~torch.isfinite(x))[0].tolist())
+            raise ValueError(f"{what}: {name} contains NaN or Inf, first at {name}{list(at)} = {float(x[at])}; "
+                             "pass finite values (or check_finite=False to let them propagate, as torch's kernels do)")
+
+
 def _host(x: Tensor):
     return x.detach().cpu().numpy()
 
@@ -130,9 +144,11 @@ def _back(a, like: Tensor) -> Tensor:
 
 @torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
-                  deterministic: bool) -> tuple[Tensor, Tensor]:
+                  deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): fa2_fwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
+    if check_finite:
+        _check_finite("fa_hw.attention", q=q, k=k, v=v)
     scale = _scale(q, scale)
     if q.dtype == REFERENCE_DTYPE:
         from fa_sim.reference import attention
@@ -145,7 +161,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | 
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale, deterministic):
+def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
     _check_qkv(q, k, v, scale, contiguous=True)
     lse_dtype = REFERENCE_DTYPE if q.dtype == REFERENCE_DTYPE else torch.float32
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=lse_dtype)
@@ -153,9 +169,11 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic):
 
 @torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                  scale: float | None, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): fa2_bwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
     _check_bwd(do, q, k, v, o, lse, scale)
+    if check_finite:
+        _check_finite("fa_hw.attention backward", do=do)
     scale = _scale(q, scale)
     if q.dtype == REFERENCE_DTYPE:
         from fa_sim.reference import attention_backward
@@ -168,37 +186,41 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(do, q, k, v, o, lse, causal, scale, deterministic):
+def _attention_bwd_fake(do, q, k, v, o, lse, causal, scale, deterministic, check_finite):
     _check_bwd(do, q, k, v, o, lse, scale)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, scale, deterministic = inputs
+    q, k, v, causal, scale, deterministic, check_finite = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.mark_non_differentiable(lse)
-    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.causal, ctx.scale, ctx.deterministic, ctx.check_finite = causal, scale, deterministic, check_finite
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic,
+                               ctx.check_finite)
+    return dq, dk, dv, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *,
-              deterministic: bool = False) -> Tensor:
+              deterministic: bool = False, check_finite: bool = True) -> Tensor:
     """Differentiable attention O [B, H, Nq, d]; see the module docstring. Strided q, k, v are made
-    contiguous first (a copy, as torch does for its own kernels)."""
-    if not isinstance(causal, bool) or not isinstance(deterministic, bool):
-        raise ValueError(f"fa_hw.attention: causal and deterministic must be True or False, got {causal!r}, "
-                         f"{deterministic!r}")
+    contiguous first (a copy, as torch does for its own kernels). check_finite (default): q, k, v and
+    then dO are checked for NaN and Inf, one ValueError line naming the tensor and the first bad
+    element, at the cost of one device-to-host read per call (it waits for the GPU); False: nothing
+    reads a value and the calls never wait (non-finite values propagate, as with torch's kernels)."""
+    if not all(isinstance(x, bool) for x in (causal, deterministic, check_finite)):
+        raise ValueError(f"fa_hw.attention: causal, deterministic and check_finite must be True or False, got "
+                         f"{causal!r}, {deterministic!r}, {check_finite!r}")
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
     _check_qkv(q, k, v, scale, contiguous=False)
-    o, _ = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, deterministic)
+    o, _ = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, deterministic, check_finite)
     return o

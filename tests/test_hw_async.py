@@ -132,7 +132,7 @@ def test_attention_enqueues_without_events_syncs_buffers_or_host_reads(gpu, monk
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     with monkeypatch.context() as m:
         _no_host_reads(m)
-        o = fa_hw.attention(q, k, v, causal=True, deterministic=deterministic)
+        o = fa_hw.attention(q, k, v, causal=True, deterministic=deterministic, check_finite=False)
         o.backward(do)
     last = "fa2_bwd_dq_kernel" if deterministic else "fa2_bwd_convert_dq_kernel"
     assert gpu.log == ["launch fa2_fwd_kernel", "launch fa2_bwd_preprocess_kernel", "launch fa2_bwd_kernel",
@@ -141,14 +141,25 @@ def test_attention_enqueues_without_events_syncs_buffers_or_host_reads(gpu, monk
     assert [x.grad.shape for x in (q, k, v)] == [q.shape, k.shape, v.shape]
 
 
-def test_attention_takes_non_finite_inputs_the_direct_api_refuses(gpu):
-    """The torch path reads no values: NaN propagates (as in torch's kernels); fa_hw.forward refuses it."""
-    q, k, v, _ = _problem()
+def test_attention_checks_values_by_default_and_propagates_them_without(gpu):
+    """check_finite=True (the default): NaN in q, then in dO, is one line before any launch, as in
+    fa_hw.forward; check_finite=False reads no value and lets NaN propagate (as torch's kernels)."""
+    q, k, v, do = _problem()
     q[0, 1, 3, 5] = np.nan
     with pytest.raises(ValueError, match=r"q contains NaN or Inf, first at q\[0, 1, 3, 5\]"):
         fa_hw.forward(q, k, v)
-    fa_hw.attention(*(torch.from_numpy(x) for x in (q, k, v)))
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    with pytest.raises(ValueError, match=r"fa_hw.attention: q contains NaN or Inf, first at q\[0, 1, 3, 5\] = nan"):
+        fa_hw.attention(tq, tk, tv)
+    assert gpu.log.count("launch fa2_fwd_kernel") == 0
+    fa_hw.attention(tq, tk, tv, check_finite=False)
     assert gpu.log.count("launch fa2_fwd_kernel") == 1
+    q, k, v, do = (torch.from_numpy(a) for a in _problem())
+    do[0, 0, 7, 1] = float("inf")
+    o = fa_hw.attention(q.requires_grad_(), k, v)
+    with pytest.raises(ValueError, match=r"fa_hw.attention backward: do contains NaN or Inf, first at do\[0, 0, 7, 1\]"):
+        o.backward(do)
+    assert gpu.log.count("launch fa2_bwd_preprocess_kernel") == 0
 
 
 def test_direct_forward_times_and_synchronises_its_launch(gpu):

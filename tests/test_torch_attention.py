@@ -30,7 +30,7 @@ def _qkv(b, h, nq, nk, d, dtype=torch.float64, device="cpu", seed=0, grad=True):
 
 def test_the_ops_are_registered_with_their_schemas():
     fwd, bwd = torch.ops.flashsim.attention_fwd.default, torch.ops.flashsim.attention_bwd.default
-    assert [a.name for a in fwd._schema.arguments] == ["q", "k", "v", "causal", "scale", "deterministic"]
+    assert [a.name for a in fwd._schema.arguments] == ["q", "k", "v", "causal", "scale", "deterministic", "check_finite"]
     assert len(fwd._schema.returns) == 2
     assert [a.name for a in bwd._schema.arguments][:6] == ["do", "q", "k", "v", "o", "lse"]
     assert len(bwd._schema.returns) == 3
@@ -45,25 +45,25 @@ def test_fake_implementations_give_shapes_and_dtypes(dtype, device, lse_dtype):
         q = torch.empty((2, 3, 100, 64), dtype=dtype, device=device)
         k = torch.empty((2, 3, 37, 64), dtype=dtype, device=device)
         v = torch.empty_like(k)
-        o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.125, False)
+        o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.125, False, True)
         assert (o.shape, o.dtype, o.device.type) == (q.shape, dtype, device)
         assert (lse.shape, lse.dtype) == ((2, 3, 100), lse_dtype)
-        dq, dk, dv = torch.ops.flashsim.attention_bwd(torch.empty_like(o), q, k, v, o, lse, True, 0.125, False)
+        dq, dk, dv = torch.ops.flashsim.attention_bwd(torch.empty_like(o), q, k, v, o, lse, True, 0.125, False, True)
         assert [x.shape for x in (dq, dk, dv)] == [q.shape, k.shape, k.shape]
         assert all(x.dtype == dtype for x in (dq, dk, dv))
         if dtype == torch.float16:  # the kernels' head_dim family, checked at trace time too
             q48 = torch.empty((2, 3, 100, 48), dtype=dtype, device=device)
             with pytest.raises(ValueError, match="head_dim 48"):
-                torch.ops.flashsim.attention_fwd(q48, q48, q48, True, 0.125, False)
+                torch.ops.flashsim.attention_fwd(q48, q48, q48, True, 0.125, False, True)
     assert mode is not None
 
 
 def test_opcheck_on_the_reference_path():
     q, k, v = _qkv(1, 2, 5, 7, 8, grad=False)
-    torch.library.opcheck(torch.ops.flashsim.attention_fwd.default, (q, k, v, True, 0.3, False))
-    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.3, False)
+    torch.library.opcheck(torch.ops.flashsim.attention_fwd.default, (q, k, v, True, 0.3, False, True))
+    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.3, False, True)
     do = torch.randn_like(o)
-    torch.library.opcheck(torch.ops.flashsim.attention_bwd.default, (do, q, k, v, o, lse, True, 0.3, False))
+    torch.library.opcheck(torch.ops.flashsim.attention_bwd.default, (do, q, k, v, o, lse, True, 0.3, False, True))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -103,7 +103,7 @@ def test_torch_compile_fullgraph_matches_eager(dynamic):
 
 def test_lse_is_not_differentiable():
     q, k, v = _qkv(1, 1, 4, 4, 8)
-    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, False, 0.5, False)
+    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, False, 0.5, False, True)
     assert o.requires_grad and not lse.requires_grad
 
 
@@ -144,16 +144,16 @@ def test_bad_inputs_get_one_line():
         (lambda: fa_hw.attention(q, k, v.float()), "one dtype"),
         (lambda: fa_hw.attention(q, k, v, scale=-1.0), "positive finite"),
         (lambda: fa_hw.attention(q, k, v, causal=1), "True or False"),
-        (lambda: torch.ops.flashsim.attention_fwd(_strided(q), k, v, False, 0.5, False), "q must be contiguous"),
+        (lambda: torch.ops.flashsim.attention_fwd(_strided(q), k, v, False, 0.5, False, True), "q must be contiguous"),
     ]
-    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.3, False)
+    o, lse = torch.ops.flashsim.attention_fwd(q, k, v, True, 0.3, False, True)
     do = torch.randn_like(o)
     bwd = torch.ops.flashsim.attention_bwd
     cases += [
-        (lambda: bwd(_strided(do), q, k, v, o, lse, True, 0.3, False), "do must be contiguous"),
-        (lambda: bwd(do[:, :, :4].contiguous(), q, k, v, o, lse, True, 0.3, False), "do must be like q"),
-        (lambda: bwd(do, q, k, v, o, lse.float(), True, 0.3, False), "lse must be"),
-        (lambda: bwd(do, q, k, v, o, lse[..., :3].contiguous(), True, 0.3, False), "lse must be"),
+        (lambda: bwd(_strided(do), q, k, v, o, lse, True, 0.3, False, True), "do must be contiguous"),
+        (lambda: bwd(do[:, :, :4].contiguous(), q, k, v, o, lse, True, 0.3, False, True), "do must be like q"),
+        (lambda: bwd(do, q, k, v, o, lse.float(), True, 0.3, False, True), "lse must be"),
+        (lambda: bwd(do, q, k, v, o, lse[..., :3].contiguous(), True, 0.3, False, True), "lse must be"),
     ]
     for call, words in cases:
         with pytest.raises(ValueError) as exc:
