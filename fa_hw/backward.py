@@ -2,14 +2,17 @@
 
     fwd = fa_hw.forward(q, k, v, causal=causal)
     res = fa_hw.backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, deterministic=False)
-    res.dq, res.dk, res.dv     [B, H, N, d] float16 numpy arrays
+    res.dq, res.dk, res.dv     [B, H, N, d] float16 numpy arrays (bf16: float32 of the bf16 values)
 
 The inputs are checked by fa_sim.backward.check_backward_inputs (the simulator's policy and words:
-fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32). numpy (and
-cupy, torch CPU) inputs are staged through the host and uploaded, and dQ, dK, dV come back as numpy.
-torch CUDA tensors (all six) are read in place, on torch's current stream, with the same checks run
-on the GPU (fa_sim.validate's torch path; no host copy of any array): dQ, dK, dV come back as fp16
-torch tensors on that device (the path of fa_hw.attention's backward). The three kernels of fa2_bwd.cu
+the run's 16-bit type or values it holds exactly, finite, matching shapes, lse [B, H, Nq] float32).
+The run's type is fa_sim.simulate_backward's: the `dtype` keyword, else bf16 for bfloat16 inputs,
+else config.dtype, else fp16 (float16 and bfloat16 inputs mixed: one ValueError line); a bf16 run
+compiles fa2_bwd.cu with FA_BF16. numpy (and cupy, torch CPU) inputs are staged through the host and
+uploaded, and dQ, dK, dV come back as numpy. torch CUDA tensors (all six) are read in place, on
+torch's current stream, with the same checks run on the GPU (fa_sim.validate's torch path; no host
+copy of any array): dQ, dK, dV come back as torch tensors of the run's type (float16 or bfloat16) on
+that device (the path of fa_hw.attention's backward). The three kernels of fa2_bwd.cu
 (docs/backward.md) run on fa_hw's own stream, top to bottom as the cuda.core examples:
 
   fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)     o, do, dpsum, seqlen_q
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa_sim.backward import check_backward_inputs, check_backward_layout
+from fa_sim.backward import check_backward_inputs, check_backward_layout, check_bf16_backward_range
 from fa_sim.checkpoints import BackwardCheckpointLayout, checkpoint_selection, selection_map
 from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
@@ -54,7 +57,7 @@ from .errors import KernelFault
 
 @dataclass(frozen=True)
 class HwBackwardResult:
-    dq: np.ndarray  # [B, H, Nq, d] float16 (numpy; fp16 torch tensors for torch CUDA inputs)
+    dq: np.ndarray  # [B, H, Nq, d] float16 (bf16: float32 values; torch CUDA inputs: tensors of the run's type)
     dk: np.ndarray  # [B, H, Nk, d] float16
     dv: np.ndarray  # [B, H, Nk, d] float16
     config: BackwardConfig
@@ -95,11 +98,11 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
 
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, *, config: BackwardConfig | None = None,
-             checkpoint_ctas=None) -> HwBackwardResult:
+             checkpoint_ctas=None, dtype: str | None = None) -> HwBackwardResult:
     """Run the backward pass once on the GPU; see the module docstring."""
     if _all_torch_cuda(q, k, v, o, lse, do):
-        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas)
-    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)  # before any GPU work
+        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas, dtype)
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config, dtype)  # before any GPU work
     _check_mode_and_size(deterministic, *x.shape)
     b, h, nq, nk, d = x.shape
     cfg = x.config
@@ -111,6 +114,10 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     ptrs = [int(buf.handle) for buf in keep]
     loaded, ms, ck = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream, ctas)
     out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
+    if cfg.dtype == "bf16":  # uint16 bit patterns -> float32 values, as fa_sim.simulate_backward returns them
+        from fa_sim.simulate import half_values
+
+        out = [half_values(a, "bf16") for a in out]
     return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
                             {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
 
@@ -128,12 +135,13 @@ def _all_torch_cuda(*xs) -> bool:
     return all(type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False) for x in xs)
 
 
-def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas) -> HwBackwardResult:
+def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas,
+                    dtype=None) -> HwBackwardResult:
     """fa_hw.backward on torch CUDA tensors: the checks of check_backward_inputs in torch (values on
     the GPU), the kernels on the tensors in place and on torch's current stream, torch outputs."""
     import torch
 
-    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config, dtype)
     b, h, nq, d = ins[0].shape
     nk = ins[1].shape[2]
     _check_mode_and_size(deterministic, b, h, nq, nk, d)
@@ -149,7 +157,9 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
     if bool(bad.any()):
         at = [int(i) for i in torch.nonzero(bad)[0].tolist()]
         raise ValueError(f"lse contains NaN or Inf, first at lse{at} = {float(lse[tuple(at)])}; pass the forward's res.lse")
-    q16, k16, v16, o16, do16 = (x.fp16() for x in ins)  # the value checks, on the GPU; contiguous fp16
+    q16, k16, v16, o16, do16 = halves = [x.half(cfg.dtype) for x in ins]  # the value checks, on the GPU; contiguous
+    if cfg.dtype == "bf16":
+        check_bf16_backward_range([ins[i].max_abs(halves[i], "bf16") for i in (0, 1, 2, 4)], scale, d, nq, nk)
     lse = lse.contiguous()
     dq, dk, dv = (torch.empty_like(x) for x in (q16, k16, v16))
     keep = [q16, k16, v16, o16, lse, do16, dq, dk, dv]
