@@ -2,21 +2,24 @@
 
     fwd = fa_hw.forward(q, k, v, causal=causal)
     res = fa_hw.backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, deterministic=False)
-    res.dq, res.dk, res.dv     [B, H, N, d] float16 numpy arrays
+    res.dq, res.dk, res.dv     [B, H, N, d] float16 numpy arrays (bf16: float32 of the bf16 values)
 
 The inputs are checked by fa_sim.backward.check_backward_inputs (the simulator's policy and words:
-fp16 or values fp16 holds exactly, finite, matching shapes, lse [B, H, Nq] float32). numpy (and
-cupy, torch CPU) inputs are staged through the host and uploaded, and dQ, dK, dV come back as numpy.
+the run's 16-bit type or values it holds exactly, finite, matching shapes, lse [B, H, Nq] float32).
+The run's type is fa_sim.simulate_backward's: the `dtype` keyword, else bf16 for bfloat16 inputs,
+else config.dtype, else fp16 (float16 and bfloat16 inputs mixed: one ValueError line); a bf16 run
+compiles fa2_bwd.cu with FA_BF16. numpy (and cupy, torch CPU) inputs are staged through the host and
+uploaded, and dQ, dK, dV come back as numpy.
 torch CUDA tensors (all six) are read in place, on torch's current stream, with the same checks run
 on the GPU (fa_sim.validate's torch path; no host copy of any array, but reading a check's verdict
-synchronises): dQ, dK, dV come back as fp16 torch tensors on that device. Either way each kernel is
-timed and checked (runtime.launch_kernel with timed=True: CUDA events, the stream synchronised, a
-fault a KernelFault naming the kernel and the build). `enqueue_backward` is fa_hw.attention's path:
-fp16 contiguous torch CUDA tensors, the checks that read no values, the kernels enqueued on torch's
-current stream with no event and no synchronisation, D and dq_accum torch tensors (torch's caching
-allocator keeps them stream-ordered); a fault while a kernel runs surfaces at torch's next
-synchronisation. The three kernels of fa2_bwd.cu (docs/backward.md), top to bottom as the cuda.core
-examples:
+synchronises): dQ, dK, dV come back as torch tensors of the run's type (float16 or bfloat16) on that
+device. Either way each kernel is timed and checked (runtime.launch_kernel with timed=True: CUDA
+events, the stream synchronised, a fault a KernelFault naming the kernel and the build).
+`enqueue_backward` is fa_hw.attention's path: fp16 or bf16 contiguous torch CUDA tensors, the checks
+that read no values, the kernels enqueued on torch's current stream with no event and no
+synchronisation, D and dq_accum torch tensors (torch's caching allocator keeps them stream-ordered);
+a fault while a kernel runs surfaces at torch's next synchronisation. The three kernels of
+fa2_bwd.cu (docs/backward.md), top to bottom as the cuda.core examples:
 
   fa2_bwd_preprocess_kernel  grid (ceil(Nq / block_m), B*H)     o, do, dpsum, seqlen_q
   fa2_bwd_kernel             grid (ceil(Nk / block_n), B*H)     q, k, v, do, lse, dpsum, dq_accum, dk, dv,
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa_sim.backward import check_backward_inputs, check_backward_layout
+from fa_sim.backward import check_backward_inputs, check_backward_layout, check_bf16_backward_range
 from fa_sim.checkpoints import BackwardCheckpointLayout, checkpoint_selection, selection_map
 from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                       BackwardConfig, compile_backward)
@@ -61,7 +64,7 @@ from .errors import KernelFault
 
 @dataclass(frozen=True)
 class HwBackwardResult:
-    dq: np.ndarray  # [B, H, Nq, d] float16 (numpy; fp16 torch tensors for torch CUDA inputs)
+    dq: np.ndarray  # [B, H, Nq, d] float16 (bf16: float32 values; torch CUDA inputs: tensors of the run's type)
     dk: np.ndarray  # [B, H, Nk, d] float16
     dv: np.ndarray  # [B, H, Nk, d] float16
     config: BackwardConfig
@@ -102,11 +105,11 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
 
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, *, config: BackwardConfig | None = None,
-             checkpoint_ctas=None) -> HwBackwardResult:
+             checkpoint_ctas=None, dtype: str | None = None) -> HwBackwardResult:
     """Run the backward pass once on the GPU; see the module docstring."""
     if _all_torch_cuda(q, k, v, o, lse, do):
-        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas)
-    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)  # before any GPU work
+        return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas, dtype)
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config, dtype)  # before any GPU work
     _check_mode_and_size(deterministic, *x.shape)
     b, h, nq, nk, d = x.shape
     cfg = x.config
@@ -119,6 +122,10 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     loaded, ms, ck = _run(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream, _buffer_workspace(stream),
                           timed=True, ctas=ctas)
     out = [runtime.download(int(buf.handle), np.empty_like(a), stream) for buf, a in ((dq, x.q), (dk, x.k), (dv, x.v))]
+    if cfg.dtype == "bf16":  # uint16 bit patterns -> float32 values, as fa_sim.simulate_backward returns them
+        from fa_sim.simulate import half_values
+
+        out = [half_values(a, "bf16") for a in out]
     return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
                             {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
 
@@ -136,12 +143,13 @@ def _all_torch_cuda(*xs) -> bool:
     return all(type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False) for x in xs)
 
 
-def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas) -> HwBackwardResult:
+def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas,
+                    dtype=None) -> HwBackwardResult:
     """fa_hw.backward on torch CUDA tensors: the checks of check_backward_inputs in torch (values on
     the GPU), the kernels on the tensors in place, timed, on torch's current stream; torch outputs."""
     import torch
 
-    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config, dtype)
     b, h, nq, d = ins[0].shape
     nk = ins[1].shape[2]
     _check_mode_and_size(deterministic, b, h, nq, nk, d)
@@ -152,7 +160,9 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
     if bool(bad.any()):
         at = [int(i) for i in torch.nonzero(bad)[0].tolist()]
         raise ValueError(f"lse contains NaN or Inf, first at lse{at} = {float(lse[tuple(at)])}; pass the forward's res.lse")
-    q16, k16, v16, o16, do16 = (x.fp16() for x in ins)  # the value checks, on the GPU; contiguous fp16
+    q16, k16, v16, o16, do16 = halves = [x.half(cfg.dtype) for x in ins]  # the value checks, on the GPU; contiguous
+    if cfg.dtype == "bf16":
+        check_bf16_backward_range([ins[i].max_abs(halves[i], "bf16") for i in (0, 1, 2, 4)], scale, d, nq, nk)
     (dq, dk, dv), loaded, ms, ck = _run_torch(q16, k16, v16, o16, lse.contiguous(), do16, cfg, causal, scale,
                                               bool(deterministic), timed=True, ctas=ctas)
     return HwBackwardResult(dq, dk, dv, cfg, causal, scale, bool(deterministic), ms,
@@ -161,15 +171,17 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
 
 def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                      deterministic: bool = False):
-    """fa_hw.attention's backward: (dQ, dK, dV) fp16 torch tensors, the three kernels enqueued on
-    torch's current stream and not waited for (module docstring). q, k, v, o, do must be float16 and
-    lse float32, all contiguous torch CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal,
-    scale, deterministic, the grid's limits - nothing that reads a value (no NaN/Inf check: non-finite
-    inputs give non-finite gradients, as torch's kernels do; fa_hw.backward checks values)."""
+    """fa_hw.attention's backward: (dQ, dK, dV) torch tensors of the inputs' 16-bit type, the three
+    kernels enqueued on torch's current stream and not waited for (module docstring). q, k, v, o, do
+    must be float16 (or all bfloat16) and lse float32, all contiguous torch CUDA tensors on fa_hw's
+    GPU; checked: those, the shapes, causal, scale, deterministic, the grid's limits - nothing that
+    reads a value (no NaN/Inf or bf16 range check: fa_hw.attention's check_finite does the first,
+    fa_hw.backward checks values)."""
     from .tensors import check_kernel_tensors
 
-    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale)
-    check_kernel_tensors("fa_hw.attention backward", "float16", q=q, k=k, v=v, o=o, do=do)
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale)  # cfg.dtype: the tensors'
+    check_kernel_tensors("fa_hw.attention backward", "bfloat16" if cfg.dtype == "bf16" else "float16",
+                         q=q, k=k, v=v, o=o, do=do)
     check_kernel_tensors("fa_hw.attention backward", "float32", lse=lse)
     b, h, nq, d = ins[0].shape
     _check_mode_and_size(deterministic, b, h, nq, ins[1].shape[2], d)

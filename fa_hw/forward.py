@@ -133,15 +133,16 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
 
 
 def enqueue_forward(q, k, v, causal: bool = False, scale: float | None = None):
-    """fa_hw.attention's forward: (O fp16, LSE float32) torch tensors on q's device, fa2_fwd.cu (the
-    seed config at the inputs' head_dim) enqueued on torch's current stream and not waited for: no
+    """fa_hw.attention's forward: (O of the inputs' 16-bit type, LSE float32) torch tensors on q's
+    device, fa2_fwd.cu (the seed config at the inputs' head_dim and type) enqueued on torch's current stream and not waited for: no
     CUDA event, no synchronisation (fa_hw.runtime's launch_kernel, timed=False; a fault while the
-    kernel runs surfaces at torch's next synchronisation). q, k, v must be contiguous float16 torch
-    CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal, scale, the grid's limits -
-    nothing that reads a value (no NaN/Inf check: non-finite inputs give a non-finite O, as torch's
-    kernels do; fa_hw.forward checks values). O and LSE come from torch's allocator on that stream."""
-    check_kernel_tensors("fa_hw.attention", "float16", q=q, k=k, v=v)
-    prob = validate.make_problem(q.shape, k.shape, v.shape, causal, scale, None)
+    kernel runs surfaces at torch's next synchronisation). q, k, v must be contiguous float16 (or all
+    bfloat16) torch CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal, scale, the grid's
+    limits - nothing that reads a value (no NaN/Inf or bf16 range check: fa_hw.attention's
+    check_finite does the first, fa_hw.forward checks values). O and LSE come from torch's allocator on that stream."""
+    bf16 = str(q.dtype) == "torch.bfloat16"  # the run's type is the tensors': all three alike
+    check_kernel_tensors("fa_hw.attention", "bfloat16" if bf16 else "float16", q=q, k=k, v=v)
+    prob = validate.make_problem(q.shape, k.shape, v.shape, causal, scale, None, dtype="bf16" if bf16 else "fp16")
     dev = torch_problem(q.detach(), k.detach(), v.detach(), prob)
     plan = runtime.LaunchPlan.make(KernelBuild.of(prob, runtime.device_arch()),
                                    (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob)

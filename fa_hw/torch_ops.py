@@ -17,12 +17,14 @@ strided) and calls attention_bwd. lse is marked non-differentiable (its gradient
 computed: a loss through lse raises instead of being silently dropped).
 
 Two paths, chosen by the inputs' dtype (all three alike):
-  float16, CUDA   fa2_fwd.cu and fa2_bwd.cu (dQ by atomics unless deterministic=True) on the tensors
-                  in place, asynchronously as torch's own kernels: fa_hw.forward.enqueue_forward and
-                  fa_hw.backward.enqueue_backward enqueue the launches on torch's current stream with
-                  no CUDA event and no synchronisation, and the backward's workspaces (D, and
-                  dq_accum in atomic mode) are torch tensors from its caching allocator on that
-                  stream; o fp16, lse float32. bfloat16 is refused: fa2_bwd.cu reads fp16 only.
+  float16 or bfloat16, CUDA   fa2_fwd.cu and fa2_bwd.cu (dQ by atomics unless deterministic=True;
+                  FA_BF16 for bfloat16) on the tensors in place, asynchronously as torch's own
+                  kernels: fa_hw.forward.enqueue_forward and fa_hw.backward.enqueue_backward enqueue
+                  the launches on torch's current stream with no CUDA event and no synchronisation,
+                  and the backward's workspaces (D, and dq_accum in atomic mode) are torch tensors
+                  from its caching allocator on that stream; o and the gradients in the inputs'
+                  dtype, lse float32. head_dim one of the backward's (fa_sim.contract.backward.HEAD_DIMS:
+                  not 256).
   float64, CPU or CUDA   THE REFERENCE, not the kernels: fa_sim.reference.attention and
                   attention_backward in float64 numpy (CUDA tensors are copied to the host and the
                   results back). This path exists so that torch.autograd.gradcheck checks the
@@ -53,13 +55,14 @@ import math
 import torch
 from torch import Tensor
 
-from fa_sim.config import HEAD_DIMS
+from fa_sim.contract.backward import HEAD_DIMS, UNSUPPORTED
 
 from . import tensors
 
-KERNEL_DTYPES = (torch.float16,)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPE = torch.float64
-ACCEPTED = "float16 CUDA tensors (the kernels) or float64 tensors (the float64 reference, for gradcheck)"
+ACCEPTED = ("float16 or bfloat16 CUDA tensors (the kernels) or float64 tensors (the float64 reference, for "
+            "gradcheck)")
 
 
 def _check_qkv(q, k, v, scale, contiguous: bool) -> None:
@@ -78,7 +81,8 @@ def _check_qkv(q, k, v, scale, contiguous: bool) -> None:
         raise ValueError(f"fa_hw.attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     _check_dtype_device(q.dtype, q.device)
     if q.dtype in KERNEL_DTYPES and q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"fa_hw.attention: head_dim {q.shape[3]} is not one of the kernels' {HEAD_DIMS}")
+        why = f" ({q.shape[3]}: the forward runs it, the backward does not)" if q.shape[3] in UNSUPPORTED else ""
+        raise ValueError(f"fa_hw.attention: head_dim {q.shape[3]} is not one of the kernels' {HEAD_DIMS}{why}")
     if scale is not None and not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"fa_hw.attention: scale must be None or a positive finite float, got {scale!r}")
     if contiguous:
@@ -89,8 +93,7 @@ def _check_dtype_device(dtype, device) -> None:
     if dtype == REFERENCE_DTYPE:
         return
     if dtype not in KERNEL_DTYPES:
-        why = " (fa2_bwd.cu reads fp16 only)" if dtype == torch.bfloat16 else ""
-        raise ValueError(f"fa_hw.attention: dtype {dtype} is not accepted{why}; pass {ACCEPTED}")
+        raise ValueError(f"fa_hw.attention: dtype {dtype} is not accepted; pass {ACCEPTED}")
     if device.type != tensors.KERNEL_DEVICE:
         raise ValueError(f"fa_hw.attention: {dtype} tensors on {device} are not accepted; pass {ACCEPTED}")
 
@@ -145,7 +148,7 @@ def _back(a, like: Tensor) -> Tensor:
 @torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
                   deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
-    """(o, lse): fa2_fwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
+    """(o, lse): fa2_fwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
     if check_finite:
         _check_finite("fa_hw.attention", q=q, k=k, v=v)
@@ -170,7 +173,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
 @torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
                   scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv): fa2_bwd.cu for fp16 CUDA tensors, the float64 reference for float64 ones."""
+    """(dq, dk, dv): fa2_bwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_bwd(do, q, k, v, o, lse, scale)
     if check_finite:
         _check_finite("fa_hw.attention backward", do=do)

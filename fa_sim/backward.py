@@ -2,11 +2,18 @@
 
     fwd = fa_sim.simulate(q, k, v, causal=causal)
     res = fa_sim.simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal)
-    res.dq, res.dk, res.dv       [B, H, N, d] float16
+    res.dq, res.dk, res.dv       [B, H, N, d] float16 (bf16 runs: float32 holding the bf16 values exactly)
 
 q: [B, H, Nq, d], k and v: [B, H, Nk, d], o and do: [B, H, Nq, d] (the input policy of
-fa_sim.validate: fp16, or values fp16 holds exactly; finite), lse: [B, H, Nq] float32, the
-forward's natural-log LSE (finite). causal and scale as the forward's (they must be the forward's).
+fa_sim.validate: the run's 16-bit type, or values it holds exactly; finite), lse: [B, H, Nq] float32,
+the forward's natural-log LSE (finite). causal and scale as the forward's (they must be the forward's).
+The run's type (fa2_bwd.cu FA_BF16, BackwardConfig.dtype): the `dtype` keyword ("fp16" or "bf16")
+when given; else bf16 when the inputs are bfloat16 arrays (torch.bfloat16, ml_dtypes), else
+config.dtype when a config is given, else fp16 - the forward's rule (fa_sim.validate.resolve_dtype)
+over the five arrays q, k, v, o, do: float16 and bfloat16 among them mixed is one ValueError line,
+and a config whose dtype is not the run's another. numpy has no bf16: pass float32 arrays of bf16
+values (fa_sim.simulate(..., dtype="bf16").o is one) with dtype="bf16". bf16 inputs are also held
+to fp32's range (`check_bf16_backward_range`).
 Three kernels of fa2_bwd.cu (docs/backward.md) run one after the other through fa_sim.ptx.launch,
 each on the whole grid, every lane simulated:
   1. fa2_bwd_preprocess_kernel   D = rowsum(dO o O)                  grid (ceil(Nq / block_m), B*H)
@@ -47,14 +54,15 @@ from .contract import KernelLaunch
 from .contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCESS_KERNEL, BackwardBuild,
                                 BackwardConfig)
 from .events import Op
-from .validate import check_causal, check_input, check_scale, check_shapes
+from .validate import (FP32_MAX, check_bf16_range, check_causal, check_input, check_scale, check_shapes,
+                       dtype_name)
 
 
 @dataclass(frozen=True, eq=False)
 class BackwardResult:
-    dq: np.ndarray  # [B, H, Nq, d] float16
-    dk: np.ndarray  # [B, H, Nk, d] float16
-    dv: np.ndarray  # [B, H, Nk, d] float16
+    dq: np.ndarray  # [B, H, Nq, d] float16 (bf16: float32 of the bf16 values)
+    dk: np.ndarray  # [B, H, Nk, d] float16 (bf16: float32 of the bf16 values)
+    dv: np.ndarray  # [B, H, Nk, d] float16 (bf16: float32 of the bf16 values)
     config: BackwardConfig
     causal: bool
     scale: float
@@ -65,11 +73,16 @@ class BackwardResult:
     checkpoints: np.ndarray | None = None  # checkpoint_ctas given: uint32 [cta_sel, checkpoint, round, thread, word]
     checkpoint_ctas: tuple[int, ...] = ()
 
+    @property
+    def dtype(self) -> str:
+        """The run's 16-bit type, "fp16" or "bf16" (config.dtype)."""
+        return self.config.dtype
+
 
 @dataclass(frozen=True)
 class BackwardInputs:
-    """The checked inputs as contiguous host arrays: q, o, do [B, H, Nq, d] fp16, k, v [B, H, Nk, d] fp16,
-    lse [B, H, Nq] fp32."""
+    """The checked inputs as contiguous host arrays: q, o, do [B, H, Nq, d], k, v [B, H, Nk, d] in the
+    run's type (float16, or bf16 as uint16 bit patterns), lse [B, H, Nq] fp32."""
 
     q: np.ndarray
     k: np.ndarray
@@ -87,10 +100,52 @@ class BackwardInputs:
         return b, h, nq, self.k.shape[2], d
 
 
-def check_backward_layout(q, k, v, o, lse, do, causal=False, scale=None, config=None):
+def backward_dtype(inputs, dtype=None, config=None) -> str:
+    """The run's 16-bit type from the `dtype` keyword, the five inputs' types and the config (module
+    docstring); one ValueError line for float16 and bfloat16 inputs mixed, a bad name, or a config
+    whose dtype is not the run's."""
+    typed = [(i.name, i.half_type) for i in inputs if i.half_type is not None]
+    kinds = {t for _, t in typed}
+    if len(kinds) > 1:
+        said = ", ".join(f"{n} is {'float16' if t == 'fp16' else 'bfloat16'}" for n, t in typed)
+        raise ValueError(f"q, k, v, o, do mix fp16 and bf16 ({said}); the backward kernel reads one type: convert "
+                         "them to one (all float16 or all bfloat16)")
+    cfg = config if isinstance(config, BackwardConfig) else None
+    if dtype is not None:
+        run, source = dtype_name(dtype), f"dtype={dtype_name(dtype)!r}"
+    elif kinds:
+        run = kinds.pop()
+        source = f"the inputs are {'float16' if run == 'fp16' else 'bfloat16'}"
+    else:
+        run, source = (cfg.dtype if cfg is not None else "fp16"), None
+    if cfg is not None and cfg.dtype != run:
+        raise ValueError(f"config.dtype is {cfg.dtype!r} but {source}; pass a BackwardConfig with dtype={run!r} "
+                         f"(dataclasses.replace(config, dtype={run!r})) or dtype={cfg.dtype!r}")
+    return run
+
+
+def check_bf16_backward_range(maxima, scale: float, head_dim: int, seqlen_q: int, seqlen_k: int) -> None:
+    """bf16 inputs (up to 3.39e38) against the fp32 range of the backward's arithmetic, from max|q|,
+    max|k|, max|v|, max|dO|: the forward's bound on the scores and on Nk max|v|
+    (fa_sim.validate.check_bf16_range), and |dP|, |D| <= d max|dO| max|v|, |dS| <= 2 d max|dO| max|v|
+    (P <= 1), so |dV| <= Nq max|dO|, |dK| <= Nq |dS| max|q|, |dQ| <= Nk |dS| max|k|, each at most
+    FP32_MAX / 2: one ValueError line naming the bound, before the run."""
+    mq, mk, mv, mdo = (float(m) for m in maxima)
+    check_bf16_range((mq, mk, mv), scale, head_dim, seqlen_k)
+    ds = 2.0 * head_dim * mdo * mv
+    worst = max(seqlen_q * mdo, ds, ds * seqlen_q * mq, ds * seqlen_k * mk)
+    if worst > FP32_MAX / 2:
+        raise ValueError(f"bf16 inputs too large for the backward's fp32 accumulators: a gradient may reach "
+                         f"{worst:.3g} "
+                         f"(max|q| = {mq:.3g}, max|k| = {mk:.3g}, max|v| = {mv:.3g}, max|do| = {mdo:.3g}), over "
+                         f"{FP32_MAX / 2:.3g}; rescale the inputs")
+
+
+def check_backward_layout(q, k, v, o, lse, do, causal=False, scale=None, config=None, dtype=None):
     """The checks of the module docstring that read no values (kinds, dtypes, shapes, causal, scale,
-    config): -> (the Inputs q, k, v, o, do, causal, scale, config); ValueError (one line) otherwise.
-    lse's values are the caller's to check (in its own library: fa_hw reads CUDA tensors in place)."""
+    config): -> (the Inputs q, k, v, o, do, causal, scale, config), config.dtype the run's type;
+    ValueError (one line) otherwise. lse's values are the caller's to check (in its own library:
+    fa_hw reads CUDA tensors in place)."""
     if lse is None:
         raise ValueError("lse is missing: pass the forward's log-sum-exp (fa_sim.simulate(...).lse, [B, H, Nq] float32)")
     ins = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do"))]
@@ -112,32 +167,40 @@ def check_backward_layout(q, k, v, o, lse, do, causal=False, scale=None, config=
         raise ValueError(f"lse must be float32 (the forward's res.lse), got {lse_dtype}")
     d = qi.shape[3]
     causal, scale = check_causal(causal), check_scale(scale, d)
-    config = BackwardConfig(d) if config is None else config
+    run = backward_dtype(ins, dtype, config)
+    config = BackwardConfig(d, dtype=run) if config is None else config
     if not isinstance(config, BackwardConfig) or config.head_dim != d:
         raise ValueError(f"config must be a BackwardConfig with head_dim {d}, got {config!r}")
     return ins, causal, scale, config
 
 
-def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=None) -> BackwardInputs:
+def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=None,
+                          dtype=None) -> BackwardInputs:
     """Every check of the module docstring, shapes before values; ValueError (one line) otherwise."""
-    ins, causal, scale, config = check_backward_layout(q, k, v, o, lse, do, causal, scale, config)
+    ins, causal, scale, config = check_backward_layout(q, k, v, o, lse, do, causal, scale, config, dtype)
     lse = np.asarray(lse)
     bad = ~np.isfinite(lse)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"lse contains NaN or Inf, first at lse{list(at)} = {lse[at]}; pass the forward's res.lse")
-    q16, k16, v16, o16, do16 = (x.host_fp16() for x in ins)  # the value checks (NaN in dO: one line)
+    q16, k16, v16, o16, do16 = (x.host_half(config.dtype) for x in ins)  # the value checks (NaN in dO: one line)
+    if config.dtype == "bf16":
+        from .simulate import half_values
+
+        b, h, nq, d = q16.shape
+        check_bf16_backward_range([float(np.max(np.abs(half_values(x, "bf16")))) for x in (q16, k16, v16, do16)],
+                                  scale, d, nq, k16.shape[2])
     return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
 
 
 def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
-                      macros: dict | None = None, checkpoint_ctas=None
+                      macros: dict | None = None, checkpoint_ctas=None, dtype: str | None = None
                       ) -> tuple[list[KernelLaunch], BackwardInputs, dict]:
     """(the three launches in order, the checked inputs, their output arrays {dq, dk, dv, dq_accum},
     with checkpoint_ctas also {checkpoints, checkpoint_ctas}); dq_accum is None in the deterministic
     mode (the main kernel gets a null pointer it does not use)."""
-    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config)
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config, dtype)
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
     cfg, (b, h, nq, nk, d) = x.config, x.shape
@@ -175,14 +238,14 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
 def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, observers=(), *, config: BackwardConfig | None = None,
                       kernel=None, macros: dict | None = None, mma_model=None, dq_observers=(),
-                      wave_ctas: int | None = None, checkpoint_ctas=None) -> BackwardResult:
+                      wave_ctas: int | None = None, checkpoint_ctas=None, dtype: str | None = None) -> BackwardResult:
     """The backward pass on the PTX engine; see the module docstring."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
-    from .simulate import _observers
+    from .simulate import _observers, half_values
 
     start = time.perf_counter()
     launches, x, out = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, config=config,
-                                         kernel=kernel, macros=macros, checkpoint_ctas=checkpoint_ctas)
+                                         kernel=kernel, macros=macros, checkpoint_ctas=checkpoint_ctas, dtype=dtype)
     seen = {MAIN_KERNEL: _observers(observers), DQ_KERNEL: _observers(dq_observers)}
     if seen[DQ_KERNEL] and not deterministic:
         raise ValueError("dq_observers watch fa2_bwd_dq_kernel, which only the deterministic mode runs")
@@ -193,5 +256,7 @@ def simulate_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | 
         run = ptx.launch(launch.source, launch.grid, launch.block, launch.smem_bytes, launch.args, kernel=launch.kernel,
                          macros=launch.macros, **extra, **waves)
         counts[launch.kernel] = dict(run.instructions)
-    return BackwardResult(out["dq"], out["dk"], out["dv"], x.config, x.causal, x.scale, bool(deterministic),
+    bf16 = x.config.dtype == "bf16"  # the kernel's bf16 outputs are uint16 bit patterns: as float32 values
+    grads = (half_values(out[n], "bf16") if bf16 else out[n] for n in ("dq", "dk", "dv"))
+    return BackwardResult(*grads, x.config, x.causal, x.scale, bool(deterministic),
                           time.perf_counter() - start, counts, out.get("checkpoints"), out.get("checkpoint_ctas", ()))

@@ -211,23 +211,32 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 
 # -- float64 backward ----------------------------------------------------------------------------------
 U16, TINY16, U32 = 2.0 ** -11, 2.0 ** -25, 2.0 ** -24  # fp16 unit roundoff, half its subnormal step; fp32's
+#: unit roundoff and half the subnormal step of the kernel's 16-bit type (bf16: 8 significand bits,
+#: subnormals down to 2^-133)
+ROUNDOFF = {"fp16": (U16, TINY16), "bf16": (2.0 ** -8, 2.0 ** -134)}
 
 
-def _r16(x: np.ndarray) -> np.ndarray:
-    """Bound on the error of rounding x to fp16 (normal: relative U16; subnormal: absolute TINY16)."""
-    return np.maximum(U16 * np.abs(x), TINY16)
+def _r16(x: np.ndarray, dtype: str = "fp16") -> np.ndarray:
+    """Bound on the error of rounding x to the 16-bit type (normal: relative u; subnormal: absolute
+    half the subnormal step): fp16 u = 2^-11, 2^-25; bf16 u = 2^-8, 2^-134."""
+    u, tiny = ROUNDOFF[dtype]
+    return np.maximum(u * np.abs(x), tiny)
 
 
 def attention_backward(q, k, v, do, causal: bool = False, scale: float | None = None,
-                       block_bytes: int = BLOCK_BYTES, bound: bool = False):
+                       block_bytes: int = BLOCK_BYTES, bound: bool = False, dtype: str = "fp16"):
     """Float64 gradients of attention (the exact softmax gradient): (dq, dk, dv), and with bound=True
     also the elementwise error bounds (bq, bk, bv) of fa2_bwd.cu given the forward's fp16 O and
-    fp32 LSE (docs/backward.md, "Accuracy"). With S = s Q K^T (masked), P = softmax(S):
+    fp32 LSE (docs/backward.md, "Accuracy"); dtype "bf16": the same derivation for the bf16 kernels
+    (inputs, the forward's P and O, the backward's P, dS and gradients rounded to bf16: unit
+    roundoff 2^-8 in place of 2^-11). With S = s Q K^T (masked), P = softmax(S):
         dV = P^T dO,  dP = dO V^T,  D = rowsum(P o dP) = rowsum(dO o O),  dS = P o (dP - D),
         dQ = s dS K,  dK = s dS^T Q.
     Blocks of query rows as `attention_blocks`; dK and dV add up over the blocks."""
     q, k, v, do = (np.asarray(x) for x in (q, k, v, do))
     _check_inputs(q, k, v)
+    if dtype not in ROUNDOFF:
+        raise ValueError(f"dtype {quoted(dtype)} is not supported; choose fp16 or bf16")
     if do.shape != q.shape[:-1] + v.shape[-1:]:
         raise ValueError(f"do must be [..., Nq, dv] = {q.shape[:-1] + v.shape[-1:]}, got {do.shape}")
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -256,28 +265,34 @@ def attention_backward(q, k, v, do, causal: bool = False, scale: float | None = 
             out[1][i] += s * (ds.T @ qq)
             out[2][i] += p.T @ dd
             if bound:
-                _bound_block(err, i, r, s, n_q, n_k, d, qq, kk, vv, dd, sc, lse, p, dp, o, dsum, ds)
+                _bound_block(err, i, r, s, n_q, n_k, d, qq, kk, vv, dd, sc, lse, p, dp, o, dsum, ds, dtype)
     shaped = [x.reshape(a.shape[:-2] + x.shape[-2:]) for x, a in zip(out, (q, k, v))]
     if not bound:
         return tuple(shaped)
-    final = [(1 + U16) * e + _r16(x) for e, x in zip(err, out)]  # the fp16 outputs' rounding last
+    u = ROUNDOFF[dtype][0]
+    final = [(1 + u) * e + _r16(x, dtype) for e, x in zip(err, out)]  # the 16-bit outputs' rounding last
     return tuple(shaped) + tuple(x.reshape(a.shape[:-2] + x.shape[-2:]) for x, a in zip(final, (q, k, v)))
 
 
-def _bound_block(err, i, r, s, n_q, n_k, d, qq, kk, vv, dd, sc, lse, p, dp, o, dsum, ds) -> None:
-    """Add one query block's share of the error bounds (before the outputs' own fp16 rounding).
+def _bound_block(err, i, r, s, n_q, n_k, d, qq, kk, vv, dd, sc, lse, p, dp, o, dsum, ds, dtype="fp16") -> None:
+    """Add one query block's share of the error bounds (before the outputs' own 16-bit rounding).
     eta: relative error of the kernel's fp32 P = ex2(fl(S s log2e) - fl(LSE log2e)) - the fp32
     roundings of both terms and of the scores' dot product, the forward's LSE (an fp32 sum of Nk
-    terms), ex2.approx (2^-22); then P is rounded to fp16 for dV (r16), dS for dK and dQ."""
+    terms), ex2.approx (2^-22); then P is rounded to the 16-bit type for dV (r16), dS for dK and dQ.
+    Products of two 16-bit values are exact in fp32 (fp16 11 x 11, bf16 8 x 8 significand bits)."""
+    def r16(x):
+        return _r16(x, dtype)
+
+    u16 = ROUNDOFF[dtype][0]
     aq, ak, av, ad = np.abs(qq), np.abs(kk), np.abs(vv), np.abs(dd)
     scores = s * (aq @ ak.T)  # s sum |q||k|
     eta = 2.0 ** -19 + 2.0 ** -21 * (np.abs(np.where(np.isfinite(sc), sc, 0)) + np.abs(lse) + scores) + n_k * 2.0 ** -23
-    e_p16 = _r16(p * (1 + eta)) + eta * p  # P as fp16 (dV; the forward's PV)
+    e_p16 = r16(p * (1 + eta)) + eta * p  # P as fp16 / bf16 (dV; the forward's PV)
     e_dp = d * U32 * (ad @ av.T)  # fp32 sums of exact fp16 products
-    e_o = e_p16 @ av + n_k * U32 * (p @ av) + _r16(o)  # the forward's O, fp16
+    e_o = e_p16 @ av + n_k * U32 * (p @ av) + r16(o)  # the forward's O, fp16 / bf16
     e_d = (ad * e_o).sum(axis=-1, keepdims=True) + d * U32 * (ad * np.abs(o)).sum(axis=-1, keepdims=True)
     e_ds32 = eta * p * np.abs(dp - dsum) + p * (e_dp + e_d) + 2 * U32 * np.abs(ds)
-    e_ds = (1 + U16) * e_ds32 + _r16(ds)  # dS as fp16 (dK, dQ)
+    e_ds = (1 + u16) * e_ds32 + r16(ds)  # dS as fp16 / bf16 (dK, dQ)
     err[2][i] += e_p16.T @ ad + n_q * U32 * (p.T @ ad)
     err[1][i] += s * (e_ds.T @ aq + n_q * U32 * (np.abs(ds).T @ aq)) + 2 * U32 * s * np.abs(ds.T @ qq)
     err[0][i, r] = s * (e_ds @ ak + n_k * U32 * (np.abs(ds) @ ak)) + 2 * U32 * s * np.abs(ds @ kk)

@@ -150,7 +150,9 @@ def test_fa_sim_backward_bad_input_is_one_line(tmp_path, capsys):
     cases = [(["sim", "--backward", "--block-m", "64"], "--block-m does not apply with --backward"),
              (["sim", "--dq", "atomic"], "--dq does not apply without --backward"),
              (["sim", "--backward", "--workers", "2"], "--workers does not apply with --backward"),
-             (["sim", "--backward", "--head-dim", "96"], "head_dim"),
+             (["sim", "--backward", "--head-dim", "256"], "head_dim 256 is not supported by the backward pass"),
+             (["sim", "--backward", "--dtype", "bf16"], "--dtype does not apply with --backward: the command runs "
+                                                        "the fp16 backward"),
              (["sim", "--backward", "--kernel", str(tmp_path / "none.cu")], "takes an existing .cu file"),
              (["banks", "--backward", "--compare"], "--compare does not apply with --backward"),
              (["banks", "--instructions"], "--instructions does not apply without --backward")]

@@ -126,9 +126,10 @@ def _no_host_reads(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, refuse)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_attention_enqueues_without_events_syncs_buffers_or_host_reads(gpu, monkeypatch, deterministic):
-    q, k, v, do = (torch.from_numpy(a) for a in _problem())
+def test_attention_enqueues_without_events_syncs_buffers_or_host_reads(gpu, monkeypatch, deterministic, dtype):
+    q, k, v, do = (torch.from_numpy(a).to(dtype) for a in _problem())
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     with monkeypatch.context() as m:
         _no_host_reads(m)
@@ -137,8 +138,8 @@ def test_attention_enqueues_without_events_syncs_buffers_or_host_reads(gpu, monk
     last = "fa2_bwd_dq_kernel" if deterministic else "fa2_bwd_convert_dq_kernel"
     assert gpu.log == ["launch fa2_fwd_kernel", "launch fa2_bwd_preprocess_kernel", "launch fa2_bwd_kernel",
                        f"launch {last}"]
-    assert o.dtype == torch.float16 and o.shape == q.shape
-    assert [x.grad.shape for x in (q, k, v)] == [q.shape, k.shape, v.shape]
+    assert o.dtype == dtype and o.shape == q.shape
+    assert [(x.grad.shape, x.grad.dtype) for x in (q, k, v)] == [(x.shape, dtype) for x in (q, k, v)]
 
 
 def test_attention_checks_values_by_default_and_propagates_them_without(gpu):

@@ -3,7 +3,9 @@ against the float64 reference within the derived bound (docs/backward.md "Accura
 with tails, causal and not, Nq != Nk, d = 32/64/128, both dQ modes; the deterministic mode (its dQ
 kernel) bit for bit equal to the PTX engine (fa_sim.simulate_backward with the H200 tensor-core
 model) and to itself on shapes with tails for every head_dim; the atomic mode's dK, dV equal to the
-deterministic mode's; the driver's registers in both modes."""
+deterministic mode's; the driver's registers in both modes. The same bit identity for bf16 (FA_BF16,
+d = 32/64/128) and for head_dim 96, 160, 192 in fp16 and bf16, their gradients within the bound of
+their type (attention_backward(..., dtype=))."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 import fa_hw
 from fa_sim.reference import attention_backward, random_inputs
+from fa_sim.validate import round_to_bf16
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(1, 2, 200, 200, 64, False), (1, 2, 77, 300, 64, True), (2, 1, 300, 77, 32, True),
@@ -25,10 +28,11 @@ def gpu():
     return fa_hw.device_arch()
 
 
-def _problem(b, h, nq, nk, d, causal, seed=0):
-    q, k, v = random_inputs(b, h, nq, nk, d, seed=seed)
-    do = np.random.default_rng(seed + 100).standard_normal(q.shape).astype(np.float16)
-    fwd = fa_hw.forward(q, k, v, causal=causal)
+def _problem(b, h, nq, nk, d, causal, seed=0, dtype="fp16"):
+    q, k, v = random_inputs(b, h, nq, nk, d, seed=seed, dtype=dtype)
+    do = np.random.default_rng(seed + 100).standard_normal(q.shape)
+    do = do.astype(np.float16) if dtype == "fp16" else round_to_bf16(do.astype(np.float32))
+    fwd = fa_hw.forward(q, k, v, causal=causal, dtype=dtype)
     return q, k, v, np.asarray(fwd.o), np.asarray(fwd.lse), do
 
 
@@ -67,6 +71,47 @@ def test_deterministic_mode_equals_the_simulator_bit_for_bit(gpu, shape, causal)
         assert np.array_equal(a, s), f"{name}: GPU and simulator differ in {int((a != s).sum())} elements"
     assert np.array_equal(hw.dk.view(np.uint16), atomic.dk.view(np.uint16))
     assert np.array_equal(hw.dv.view(np.uint16), atomic.dv.view(np.uint16))
+
+
+def _bits(x):
+    """16-bit patterns of a gradient: float16, or float32 holding bf16 values (their upper halves)."""
+    return x.view(np.uint16) if x.dtype == np.float16 else (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+# (B, H, Nq, Nk, d, dtype): bf16 at the spec's head dims; 96, 160, 192 (DEFAULT_TILES 64, 32, 16 query
+# rows; 3, 5, 3 copy column passes; the dQ kernel's 53,760 / 86,528 / 102,912 B of shared memory) in
+# both types; tails both ways, 2-3 K/V blocks and dQ CTAs, B*H > 1.
+TYPED = [(1, 1, 130, 100, 64, "bf16"), (2, 1, 70, 90, 32, "bf16"), (1, 2, 100, 150, 128, "bf16"),
+         (1, 2, 130, 100, 96, "fp16"), (2, 1, 70, 150, 160, "fp16"), (1, 1, 100, 77, 192, "fp16"),
+         (1, 2, 130, 100, 96, "bf16"), (2, 1, 70, 150, 160, "bf16"), (1, 1, 100, 77, 192, "bf16")]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", TYPED, ids=[f"{b}x{h}x{nq}x{nk}-d{d}-{t}" for b, h, nq, nk, d, t in TYPED])
+def test_bf16_and_wide_head_dims_equal_the_simulator_bit_for_bit(gpu, shape, causal):
+    """The deterministic mode on the GPU: dQ, dK, dV the PTX engine's bits (mma model h200) and the
+    same on a second run; the atomic mode's dK, dV the same bits; both modes within the bound of
+    the run's type."""
+    import fa_sim
+
+    *dims, dtype = shape
+    q, k, v, o, lse, do = _problem(*dims, causal, seed=2, dtype=dtype)
+    hw = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=True, dtype=dtype)
+    again = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=True, dtype=dtype)
+    sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=True, mma_model="h200",
+                                   dtype=dtype)
+    atomic = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=False, dtype=dtype)
+    assert hw.config.dtype == sim.config.dtype == dtype
+    for name in ("dq", "dk", "dv"):
+        a, b, s = (_bits(getattr(r, name)) for r in (hw, again, sim))
+        assert np.array_equal(a, b), f"{name}: two deterministic GPU runs differ"
+        assert np.array_equal(a, s), f"{name}: GPU and simulator differ in {int((a != s).sum())} elements"
+    assert np.array_equal(_bits(hw.dk), _bits(atomic.dk)) and np.array_equal(_bits(hw.dv), _bits(atomic.dv))
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=causal, bound=True, dtype=dtype)
+    for res in (hw, atomic):
+        for name, ref, bound in zip(("dq", "dk", "dv"), want, (bq, bk, bv)):
+            err = np.abs(getattr(res, name).astype(np.float64) - ref)
+            assert (err <= bound).all(), f"{name}: error {err.max():.3g} over the bound"
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

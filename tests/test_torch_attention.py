@@ -1,9 +1,10 @@
 """fa_hw.attention, the differentiable torch op (fa_hw/torch_ops.py). CPU: the ops registered, their
 fake (meta) implementations' shapes and dtypes, torch.library.opcheck, gradcheck in float64 (the
 reference path) with tails causal and not, torch.compile(fullgraph=True) through the ops, one-line
-errors, fa_hw importing without torch. GPU (marked `gpu`): fp16 gradients of the kernels within the
-float64 bound of docs/backward.md, the torch path of fa_hw.backward equal to its numpy path bit for
-bit in the deterministic mode, torch.compile on CUDA. Skips cleanly without torch."""
+errors, fa_hw importing without torch. GPU (marked `gpu`): fp16 and bf16 gradients of the kernels
+within the float64 bound of docs/backward.md (its fp16 and bf16 forms), the torch path of
+fa_hw.backward equal to its numpy path bit for bit in the deterministic mode, torch.compile on
+CUDA. Skips cleanly without torch."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def test_the_ops_are_registered_with_their_schemas():
 
 
 @pytest.mark.parametrize("dtype,device,lse_dtype", [(torch.float16, "cuda", torch.float32),
+                                                    (torch.bfloat16, "cuda", torch.float32),
                                                     (torch.float64, "cpu", torch.float64)])
 def test_fake_implementations_give_shapes_and_dtypes(dtype, device, lse_dtype):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -51,10 +53,13 @@ def test_fake_implementations_give_shapes_and_dtypes(dtype, device, lse_dtype):
         dq, dk, dv = torch.ops.flashsim.attention_bwd(torch.empty_like(o), q, k, v, o, lse, True, 0.125, False, True)
         assert [x.shape for x in (dq, dk, dv)] == [q.shape, k.shape, k.shape]
         assert all(x.dtype == dtype for x in (dq, dk, dv))
-        if dtype == torch.float16:  # the kernels' head_dim family, checked at trace time too
+        if dtype != torch.float64:  # the kernels' head_dim family, checked at trace time too
             q48 = torch.empty((2, 3, 100, 48), dtype=dtype, device=device)
             with pytest.raises(ValueError, match="head_dim 48"):
                 torch.ops.flashsim.attention_fwd(q48, q48, q48, True, 0.125, False, True)
+            q256 = torch.empty((2, 3, 100, 256), dtype=dtype, device=device)  # the forward's, not the backward's
+            with pytest.raises(ValueError, match="head_dim 256 .*the backward does not"):
+                torch.ops.flashsim.attention_fwd(q256, q256, q256, True, 0.125, False, True)
     assert mode is not None
 
 
@@ -137,7 +142,7 @@ def test_bad_inputs_get_one_line():
     cases = [
         (lambda: fa_hw.attention(q.float(), k.float(), v.float()), "dtype torch.float32 is not accepted"),
         (lambda: fa_hw.attention(q.half(), k.half(), v.half()), "float16 tensors on cpu are not accepted"),
-        (lambda: fa_hw.attention(q.bfloat16(), k.bfloat16(), v.bfloat16()), "fp16 only"),
+        (lambda: fa_hw.attention(q.bfloat16(), k.bfloat16(), v.bfloat16()), "bfloat16 tensors on cpu are not accepted"),
         (lambda: fa_hw.attention(q, k[:, :1], v), "must agree"),
         (lambda: fa_hw.attention(q[0], k, v), "rank 4"),
         (lambda: fa_hw.attention(q.numpy(), k, v), "must be a torch tensor"),
@@ -205,9 +210,9 @@ def cuda():
     return torch.device("cuda")
 
 
-def _fp16_problem(b, h, nq, nk, d, seed=0):
-    q, k, v = _qkv(b, h, nq, nk, d, dtype=torch.float16, device="cuda", seed=seed)
-    do = torch.randn((b, h, nq, d), generator=torch.Generator().manual_seed(seed + 100)).half().cuda()
+def _fp16_problem(b, h, nq, nk, d, seed=0, dtype=torch.float16):
+    q, k, v = _qkv(b, h, nq, nk, d, dtype=dtype, device="cuda", seed=seed)
+    do = torch.randn((b, h, nq, d), generator=torch.Generator().manual_seed(seed + 100)).to(dtype).cuda()
     return q, k, v, do
 
 
@@ -228,6 +233,28 @@ def test_fp16_gradients_within_the_float64_bound(cuda, shape, deterministic):
     for name, got, ref, bound in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want, (bq, bk, bv)):
         assert got.dtype == torch.float16 and got.is_cuda
         err = np.abs(got.cpu().numpy().astype(np.float64) - ref)
+        worst = np.unravel_index(np.argmax(err / bound), err.shape)
+        assert (err <= bound).all(), f"{name}: error {err[worst]:.3g} over the bound {bound[worst]:.3g} at {worst}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("shape", [(1, 2, 130, 100, 64, True), (1, 1, 77, 200, 128, False), (2, 1, 70, 90, 96, True)],
+                         ids=["130x100-d64-causal", "77x200-d128", "70x90-d96-causal"])
+def test_bf16_gradients_within_the_float64_bound(cuda, shape, deterministic):
+    """bf16 q, k, v, dO: o and the gradients bfloat16, within the bf16 form of the bound (u = 2^-8)."""
+    from fa_sim.reference import attention_backward
+
+    *dims, causal = shape
+    q, k, v, do = _fp16_problem(*dims, dtype=torch.bfloat16)
+    o = fa_hw.attention(q, k, v, causal=causal, deterministic=deterministic)
+    assert o.dtype == torch.bfloat16 and o.is_cuda
+    o.backward(do)
+    host = [x.detach().float().cpu().numpy() for x in (q, k, v, do)]
+    *want, bq, bk, bv = attention_backward(*host, causal=causal, bound=True, dtype="bf16")
+    for name, got, ref, bound in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want, (bq, bk, bv)):
+        assert got.dtype == torch.bfloat16 and got.is_cuda
+        err = np.abs(got.float().cpu().numpy().astype(np.float64) - ref)
         worst = np.unravel_index(np.argmax(err / bound), err.shape)
         assert (err <= bound).all(), f"{name}: error {err[worst]:.3g} over the bound {bound[worst]:.3g} at {worst}"
 

@@ -1,4 +1,4 @@
-// FlashAttention-2 backward, SM80 instructions (fp16 in, fp32 accumulate), header-free for NVRTC.
+// FlashAttention-2 backward, SM80 instructions (fp16 or bf16 in, fp32 accumulate), header-free for NVRTC.
 //
 // Three kernels (docs/backward.md), launched in this order on one stream:
 //   fa2_bwd_preprocess_kernel   D = rowsum(dO o O) per query row (fp32), grid (ceil(Nq/kBlockM), B*H)
@@ -40,6 +40,9 @@
 //   FA_DQ_SMEM_BYTES                               fa2_bwd_dq_kernel's (checked)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
 //   FA_DETERMINISTIC                               dQ accumulation, above
+//   FA_BF16                                        bf16 q, k, v, o, dO and dq, dk, dv (BackwardConfig.dtype):
+//                                                  mma .bf16, P^T, dS^T and the outputs packed by
+//                                                  cvt.rn.bf16x2.f32; 0: fp16 (the "fp16" of the comments)
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -79,6 +82,14 @@ typedef unsigned long long u64;
 #ifndef FA_BWD_CHECKPOINTS
 #define FA_BWD_CHECKPOINTS 0
 #endif
+#ifndef FA_BF16
+#define FA_BF16 0
+#endif
+#if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
+#define FA_HALF "bf16"
+#else
+#define FA_HALF "f16"
+#endif
 
 namespace fa {
 
@@ -98,7 +109,10 @@ constexpr int kWN = kNWarps / kWM;              // ... and along head_dim
 constexpr int kQN = kHeadDim / (8 * kWN);       // n8 tiles of a warp's dQ along head_dim
 constexpr int kPitch = kHeadDim + 8;            // halves per row of sQ, sdO, sK, sV (padded: no bank conflicts)
 constexpr int kDSPitch = kBlockM + 8;           // halves per row of sdS [key][query]
-constexpr int kCopyTPR = kHeadDim / 8;          // threads per row of the 16-byte copy
+// threads per row of the 16-byte copy: gcd(kHeadDim / 8, 16) as fa2_fwd.cu, each copying kCopyCols
+// chunks of its row 8 * kCopyTPR halves apart (1 for head_dim 32, 64, 128, 256; 3, 5, 3 for 96, 160, 192)
+constexpr int kCopyTPR = (kHeadDim / 8) % 16 == 0 ? 16 : (kHeadDim / 8) % 8 == 0 ? 8 : 4;
+constexpr int kCopyCols = kHeadDim / 8 / kCopyTPR;
 constexpr int kCopyRows = kThreads / kCopyTPR;  // rows per copy pass
 constexpr u32 kQBytes = 2u * kBlockM * kPitch;
 constexpr u32 kKBytes = 2u * kBlockN * kPitch;
@@ -126,6 +140,7 @@ static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n
 static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
 static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
+static_assert(kCopyTPR * kCopyCols * 8 == kHeadDim, "the copy's threads and column passes cover a row");
 static_assert(kBlockM <= kThreads, "one thread per query row loads LSE and D");
 static_assert(kSmemBytes == FA_SMEM_BYTES, "shared memory differs from fa_sim.contract.backward");
 static_assert(kDqSmemBytes == FA_DQ_SMEM_BYTES, "dQ kernel's shared memory differs from fa_sim.contract.backward");
@@ -150,23 +165,31 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32.
+// D = A * B + D: m16n8k16, A row-major (4 x f16x2), B column-major (2 x f16x2), D 4 x f32
+// (FA_BF16: bf16x2 operands).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32." FA_HALF "." FA_HALF ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi.
+// cvt.rn.f16x2.f32 d, a, b puts a in the upper half: low half <- lo, high half <- hi (FA_BF16:
+// cvt.rn.bf16x2.f32, the same order).
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
   u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn." FA_HALF "x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// The low 16 bits of h as fp32 (exact). FA_BF16: bf16 is the upper half of an fp32 pattern, so the
+// widening is a shift (cvt.f32.bf16 needs sm_90; this runs on sm_80).
 __device__ __forceinline__ float f16_to_f32(u32 h) {
   float r;
+#if FA_BF16
+  r = __uint_as_float(h << 16);
+#else
   asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.f32.f16 %0, t; }\n" : "=f"(r) : "r"(h));
+#endif
   return r;
 }
 __device__ __forceinline__ float lds_f32(u32 addr) {
@@ -200,18 +223,22 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u);
 constexpr float kLog2e = 1.4426950408889634f;  // fp32 0x3FB8AA3B, as fa2_fwd.cu
 
 // ---- cooperative copy global -> shared (fa2_fwd.cu's copy_tile, unswizzled) ---------------------
-// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunk t%kCopyTPR; rows >= seqlen zero-fill
-// (src-size 0) with the source clamped to row 0 of the same batch-head.
+// Thread t copies rows t/kCopyTPR + kCopyRows*i, chunks t%kCopyTPR + kCopyTPR*j; rows >= seqlen
+// zero-fill (src-size 0) with the source clamped to row 0 of the same batch-head.
 template <int kRows>
 __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0, int seqlen) {
-  const int r_in = threadIdx.x / kCopyTPR, c = 8 * (threadIdx.x % kCopyTPR);
+  const int r_in = threadIdx.x / kCopyTPR, c0 = 8 * (threadIdx.x % kCopyTPR);
   const u16* gTile = gBase + (u64)row0 * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kRows / kCopyRows; ++i) {
     const int r = r_in + kCopyRows * i;
     const bool ok = r < seqlen - row0;
-    const int src = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
-    cp_async_cg16(sTile + off(r, c), gTile + src, ok ? 16u : 0u);
+#pragma unroll
+    for (int j = 0; j < kCopyCols; ++j) {
+      const int c = c0 + 8 * kCopyTPR * j;
+      const int src = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
+      cp_async_cg16(sTile + off(r, c), gTile + src, ok ? 16u : 0u);
+    }
   }
 }
 
@@ -362,9 +389,9 @@ __device__ __forceinline__ void ck_tile(const CkSink& s, int ck, int round, u32 
 }  // namespace fa
 
 // ---- D = rowsum(dO o O) ------------------------------------------------------------------------
-// Thread t reads 8 halves of O and dO of row t/kCopyTPR + kCopyRows*i and adds their 8 products
-// in column order; the kCopyTPR threads of a row (consecutive lanes) add their sums by XOR
-// shuffles 1, 2, 4, ... (fixed order).
+// Thread t reads 8 halves of O and dO of row t/kCopyTPR + kCopyRows*i at each of its kCopyCols chunks
+// and adds their products in column order; the kCopyTPR threads of a row (consecutive lanes) add
+// their sums by XOR shuffles 1, 2, 4, ... (fixed order).
 extern "C" __global__ void __launch_bounds__(fa::kThreads)
 fa2_bwd_preprocess_kernel(const u16* __restrict__ o, const u16* __restrict__ dout, float* __restrict__ dpsum,
                           int seqlen_q) {
@@ -377,14 +404,17 @@ fa2_bwd_preprocess_kernel(const u16* __restrict__ o, const u16* __restrict__ dou
     const int row = row0 + r_in + kCopyRows * i;
     float acc = 0.f;
     if (row < seqlen_q) {
-      const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + c;
-      u32 x[4], y[4];
-      ldg128(x, o + at);
-      ldg128(y, dout + at);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const u32 sh = 16 * (j % 2);
-        acc = __fadd_rn(acc, __fmul_rn(f16_to_f32(x[j / 2] >> sh), f16_to_f32(y[j / 2] >> sh)));
+      for (int cc = 0; cc < kCopyCols; ++cc) {
+        const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + c + 8 * kCopyTPR * cc;
+        u32 x[4], y[4];
+        ldg128(x, o + at);
+        ldg128(y, dout + at);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const u32 sh = 16 * (j % 2);
+          acc = __fadd_rn(acc, __fmul_rn(f16_to_f32(x[j / 2] >> sh), f16_to_f32(y[j / 2] >> sh)));
+        }
       }
     }
 #pragma unroll

@@ -58,7 +58,9 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
     if not args.backward:
         refuse(args, ("dq",), "without --backward")
         return
-    forward = [o.dest for o in config_options() if o.dest != "head_dim"]
+    forward = [o.dest for o in config_options() if o.dest not in ("head_dim", "dtype")]
+    refuse(args, ("dtype",), "with --backward: the command runs the fp16 backward; bf16 runs from Python "
+                             "(fa_sim.simulate_backward(..., dtype='bf16'), docs/backward.md)")
     refuse(args, (*forward, "config", "engine"),
            "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
     refuse_features(args, "with --backward: fa2_bwd.cu has no grouped-query attention, sliding window or softcap "

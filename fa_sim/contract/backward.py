@@ -1,9 +1,10 @@
 """The backward kernels' contract: fa_hw/kernels/fa2_bwd.cu, its kernels, its tiles and
 macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw.backward) share.
 
-    BackwardConfig(head_dim)          tiles: block_m queries per loop iteration, block_n = 16 * n_warps
+    BackwardConfig(head_dim, dtype=)  tiles: block_m queries per loop iteration, block_n = 16 * n_warps
                                       keys per CTA (docs/backward.md); smem_bytes of the main kernel,
-                                      dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel
+                                      dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel;
+                                      dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients
     BackwardBuild(config, causal, deterministic, arch, checkpoints=False)
         .kernels                      its three kernels in launch order (the third: the convert
                                       kernel in atomic mode, the dQ kernel in deterministic mode)
@@ -19,13 +20,15 @@ by path instead of importing fa_hw). Compiling needs no GPU.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache import cache_key, cache_root, store_atomic
+from ..isa.sm80 import SMEM_OPT_IN_BYTES
 from ..checkpoints import BACKWARD_CHECKPOINTS, BackwardCheckpointLayout
-from ..config import SPEC_HEAD_DIMS as HEAD_DIMS  # the backward kernel: 32, 64, 128 (not 96-256, issue 38)
+from ..config import DTYPES
 from .cubin import CubinError, ResourceUsage
 from .errors import CompileError, KernelSourceError
 from .nvrtc import NvrtcError, compile_cubin, nvrtc_version
@@ -44,12 +47,21 @@ def kernels_of(deterministic: bool) -> tuple[str, str, str]:
 
 
 CACHE_FORMAT = 1
+MAX_REGISTERS = 255  # per thread (SM80/SM90)
 DEFAULT_ARCH = "sm_90"
 
-#: (block_m, n_warps) per head_dim: 64 x 64 tiles with 4 warps; head_dim 128 iterates over Q blocks
-#: of 32 rows, which keeps dV, dK (64 fp32 registers each) and the S^T, dP^T tiles within 255
-#: registers without spills (tests/test_backward_build.py reports the counts).
-DEFAULT_TILES = {32: (64, 4), 64: (64, 4), 128: (32, 4)}
+#: (block_m, n_warps) per head_dim: 64 x 64 tiles with 4 warps; head_dim 128 and 160 iterate over Q
+#: blocks of 32 rows, 192 over Q blocks of 16, which keeps dV, dK (d / 2 fp32 registers each per
+#: thread: every warp owns 16 keys x d of both) and the S^T, dP^T tiles within 255 registers without
+#: spills (tests/test_backward_build.py reports the counts: at most 255 at 192). Shared memory
+#: (smem_bytes, dq_smem_bytes below) stays far under SM80's 163 KiB: at most 102,912 B (d = 192's dQ
+#: kernel).
+DEFAULT_TILES = {32: (64, 4), 64: (64, 4), 96: (64, 4), 128: (32, 4), 160: (32, 4), 192: (16, 4)}
+HEAD_DIMS = tuple(DEFAULT_TILES)
+#: head dims the forward runs and the backward refuses, with the reason
+UNSUPPORTED = {256: "each warp keeps dV and dK of its 16 keys x 256 columns in registers, 2 x 16 x 256 / 32 "
+                    "= 256 fp32 registers per thread, over the 255 a thread has (ptxas spills them to local "
+                    "memory); it needs dV, dK split across warps, which fa2_bwd.cu does not do"}
 
 
 @dataclass(frozen=True)
@@ -60,23 +72,38 @@ class BackwardConfig:
     head_dim: int = 64
     block_m: int = 0  # 0: DEFAULT_TILES[head_dim]
     n_warps: int = 0  # 0: DEFAULT_TILES[head_dim]
+    dtype: str = "fp16"  # the 16-bit type of q, k, v, o, dO and the gradients: fp16 or bf16 (FA_BF16)
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} is not supported by the backward pass; choose one of {HEAD_DIMS} "
-                             f"(the forward kernel also runs 96, 160, 192, 256)")
+            why = f"; {self.head_dim}: {UNSUPPORTED[self.head_dim]}" if self.head_dim in UNSUPPORTED else ""
+            raise ValueError(f"head_dim {self.head_dim} is not supported by the backward pass; choose one of "
+                             f"{HEAD_DIMS}{why}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported by the backward pass; choose one of {DTYPES}")
         bm, nw = DEFAULT_TILES[self.head_dim]
         object.__setattr__(self, "block_m", self.block_m or bm)
         object.__setattr__(self, "n_warps", self.n_warps or nw)
         bm, nw, d = self.block_m, self.n_warps, self.head_dim
         threads, wm = 32 * nw, bm // 16
-        copy_rows = threads // (d // 8)
-        ok = (bm % 16 == 0 and 0 < wm <= nw and nw % wm == 0 and (d // (8 * (nw // wm))) % 2 == 0
+        copy_rows = threads // self.copy_threads_per_row
+        ok = (bm % 16 == 0 and 0 < wm <= nw and nw % wm == 0 and d % (8 * (nw // wm)) == 0
+              and (d // (8 * (nw // wm))) % 2 == 0
               and bm % copy_rows == 0 and (16 * nw) % copy_rows == 0 and bm <= threads)
         if not ok:
             raise ValueError(f"BackwardConfig(head_dim={d}, block_m={bm}, n_warps={nw}) does not tile: block_m must be "
-                             "a multiple of 16 whose 16-row slices divide the warps, and of the copy passes "
-                             f"({copy_rows} rows); defaults: {DEFAULT_TILES}")
+                             "a multiple of 16 whose 16-row slices divide the warps, each warp column of dQ an even "
+                             f"number of n8 tiles, and block_m a multiple of the copy passes ({copy_rows} rows); "
+                             f"defaults: {DEFAULT_TILES}")
+        if max(self.smem_bytes, self.dq_smem_bytes) > SMEM_OPT_IN_BYTES:
+            raise ValueError(f"BackwardConfig(head_dim={d}, block_m={bm}, n_warps={nw}) needs "
+                             f"{max(self.smem_bytes, self.dq_smem_bytes)} bytes of shared memory, over SM80's "
+                             f"{SMEM_OPT_IN_BYTES}; defaults: {DEFAULT_TILES}")
+
+    @property
+    def copy_threads_per_row(self) -> int:
+        """Threads per row of the 16-byte copy: gcd(head_dim / 8, 16) (fa2_bwd.cu kCopyTPR, as the forward's)."""
+        return math.gcd(self.head_dim // 8, 16)
 
     @property
     def block_n(self) -> int:
@@ -116,7 +143,8 @@ class BackwardConfig:
         return -(-int(seqlen_q) // self.block_m)
 
     def describe(self) -> str:
-        return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}"
+        extra = f" {self.dtype}" if self.dtype != DTYPES[0] else ""
+        return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
 @dataclass(frozen=True)
@@ -136,7 +164,7 @@ class BackwardBuild:
         out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
                    FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
                    FA_CAUSAL=int(self.causal),
-                   FA_DETERMINISTIC=int(self.deterministic))
+                   FA_DETERMINISTIC=int(self.deterministic), FA_BF16=int(cfg.dtype == "bf16"))
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
