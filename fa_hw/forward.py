@@ -24,7 +24,8 @@ fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query at
 [total_q, H, d], out.lse [H, total_q]; fa_sim.varlen: the inputs are copied head-major first);
 split-KV decoding with `splits` (an integer or "auto") and `cache_seqlens` (int32 [B], each
 sequence's keys of the cache k, v): the split kernel and the combine of fa_hw.splitkv (out.splits
-says how many ran; kernel_ms covers both). Not both: a packed batch takes no splits.
+says how many ran; kernel_ms covers both; `pack_gqa` None/True/False: the Q heads of a K/V head as
+the rows of one, fa_sim.splitkv). Not both: a packed batch takes no splits.
 
 fa_hw.forward is the direct, synchronous API: it checks values, times its launch with CUDA events
 and synchronises (a fault is a KernelFault naming the build), so that kernel_ms is the kernel's
@@ -99,10 +100,12 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
 def forward(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
             *, window: tuple[int, int] | None = None, softcap: float | None = None, checkpoint_ctas=None,
             kernel=None, dtype: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None,
-            splits: int | str | None = None, cache_seqlens=None) -> HwResult:
+            splits: int | str | None = None, cache_seqlens=None, pack_gqa: bool | None = None) -> HwResult:
     """Run fa2_fwd_kernel once on (q, k, v); see the module docstring. `kernel`: a variant of
     fa2_fwd.cu to compile instead of fa_hw's own (what `fa hw --kernel` passes): the path of a .cu
     or of a .patch/.diff against fa2_fwd.cu, or a fa_sim.contract.KernelSource."""
+    if pack_gqa is not None and splits is None and cache_seqlens is None:
+        raise ValueError("pack_gqa applies to split-KV decoding: pass splits= or cache_seqlens= with it")
     if splits is not None or cache_seqlens is not None:
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes a padded batch, not a packed one "
@@ -113,7 +116,8 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
         from .splitkv import prepare_splitkv
 
         sp = prepare_splitkv(q, k, v, causal, scale, config, window=window, softcap=softcap, dtype=dtype,
-                             splits=1 if splits is None else splits, cache_seqlens=cache_seqlens)
+                             splits=1 if splits is None else splits, cache_seqlens=cache_seqlens,
+                             pack_gqa=pack_gqa)
         ms = sp.run(sp.dev.stream)
         o, lse = sp.dev.results()
         return HwResult(o, lse, sp.dev.config, sp.dev.problem.causal, sp.dev.scale, ms, sp.registers,

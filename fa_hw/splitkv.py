@@ -83,14 +83,15 @@ class SplitLaunchPlan:
 
 
 def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=None, softcap=None, dtype=None,
-                    splits="auto", cache_seqlens=None) -> SplitLaunchPlan:
+                    splits="auto", cache_seqlens=None, pack_gqa=None) -> SplitLaunchPlan:
     """Check (fa_sim.splitkv.check_splitkv, before any input reaches the GPU), place, build."""
     if is_auto(config):
         raise ValueError("config='auto' is not tuned for split-KV decoding: pass a config (or None, the seed)")
     inputs, kind, prob, _ = check(q, k, v, causal, scale, config, window, softcap, dtype)
     sms = device().properties.multiprocessor_count if isinstance(splits, str) and splits == "auto" else None
-    plan = check_splitkv(prob, splits, cache_seqlens, sms)
-    dev = to_device(inputs, kind, prob)
+    plan = check_splitkv(prob, splits, cache_seqlens, sms, pack_gqa)
+    dev = to_device(inputs, kind, prob)  # O, LSE in the caller's shapes: GQA packed reads the same memory
+    prob = plan.problem  # what the launches run
     stream = dev.stream
     oa_shape, la_shape = workspace_shapes(plan)
     o_accum = runtime.allocate(int(np.prod(oa_shape)) * 4, stream)

@@ -32,7 +32,9 @@ Split-KV decoding (fa_sim.splitkv, docs/features.md): `splits` (an integer from 
 block_n), or "auto": FlashAttention-2's heuristic for `num_sms` SMs, default 132) and `cache_seqlens`
 (int32 [B], the keys each sequence holds of the cache k, v; None: all Nk) run fa2_fwd.cu built with
 FA_SPLITKV and, with more than one split, fa2_combine.cu, both on the PTX engine in this process;
-res.splits says how many ran. No causal mask, window, engine="program", kernel=, workers or cluster,
+res.splits says how many ran; `pack_gqa` (None: decide, True, False) runs the Q heads of a K/V head
+as the rows of one head (same bits, fewer CTAs). No causal mask, window, engine="program", kernel=,
+workers or cluster,
 and not with cu_seqlens (a packed batch takes no splits: both use the kernel's grid z).
 `config=None` means the seed configuration with the inputs' head_dim; a given config (a KernelConfig
 or its tag, e.g. "m128n64d64w4-swizzled-s2") must match the inputs' head_dim. Bad input raises ValueError naming the problem.
@@ -204,7 +206,7 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
              progress: bool | None = None, wave_ctas: int = DEFAULT_WAVE_CTAS, mma_model=None,
              workers: int | str | None = None, cluster: str | None = None, dtype: str | None = None,
              cu_seqlens_q=None, cu_seqlens_k=None, splits: int | str | None = None, cache_seqlens=None,
-             num_sms: int | None = None) -> SimResult:
+             num_sms: int | None = None, pack_gqa: bool | None = None) -> SimResult:
     """Simulate the kernel on q [B, H, Nq, d], k, v [B, H, Nk, d] (or a packed batch: q [total_q, H, d],
     k, v [total_k, H_k, d] with cu_seqlens_q / cu_seqlens_k); see the module docstring."""
     start = time.perf_counter()
@@ -226,6 +228,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     else:
         prob = make_problem(*(i.shape for i in inputs), causal, scale, config, window, softcap,
                             dtype=resolve_dtype(inputs, dtype, config))
+    if pack_gqa is not None and splits is None and cache_seqlens is None:
+        raise ValueError("pack_gqa applies to split-KV decoding: pass splits= or cache_seqlens= with it")
     if splits is not None or cache_seqlens is not None:  # split-KV decoding: fa_sim.splitkv
         from .splitkv import simulate_splitkv
 
@@ -238,7 +242,8 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
             raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
                              f"PTX engine, here, without {', '.join(odd)}")
         o_bits, lse, counts, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
-                                                     _observers(observers), tensorcore.resolve(mma_model), num_sms)
+                                                     _observers(observers), tensorcore.resolve(mma_model), num_sms,
+                                                     pack_gqa)
         return SimResult(o=half_values(o_bits, prob.config.dtype), lse=lse, counts=counts, instructions=_totals(counts),
                          seconds=time.perf_counter() - start, config=prob.config, causal=prob.causal,
                          scale=prob.scale, splits=plan.splits)

@@ -23,6 +23,16 @@ flash_api.cpp's set_params_splitkv):
        per row: m = max_s lse_s, w_s = exp(lse_s - m), l = sum w_s, LSE = m + log l,
        O = sum w_s O_s / l (with the kernel's ex2.approx, logf and rcp.rn: the engine runs their PTX).
 
+GQA packed (`pack_gqa`, FlashAttention-2's seqlenq_ngroups_swapped of flash_api.cpp): with g = H / H_k
+Q heads per K/V head and no mask, the g heads of a K/V head are one head of g * Nq query rows:
+q [B, H, Nq, d] is read as [B, H_k, g * Nq, d] (the same memory: Q head h = h_k g + j, its row i
+becomes row j Nq + i of head h_k), and O, LSE likewise. A decoding CTA then fills g * Nq of its
+block_m rows and reads its K/V tiles once for the whole group instead of once per Q head. Each row's
+arithmetic is unchanged (rows do not mix), so a packed run gives the unpacked run's bits for the same
+number of splits; "auto" sees the packed grid's fewer CTAs. pack_gqa None (default): packed when
+g > 1 and Nq < block_m (the group's rows fill tiles the unpacked launch leaves mostly empty); True
+or False force it.
+
 Features: GQA (heads_k), softcap, bf16 and the config's schedule options combine with splits; a
 causal mask and a sliding window do not (this kernel's masks are top-left aligned, which for a few
 queries against a long cache hides the cache: FlashAttention-2 decodes with bottom-right alignment),
@@ -59,10 +69,16 @@ class SplitPlan:
     """A checked split-KV launch: the problem (seqlen_k = the cache's allocated length), the splits,
     each sequence's length (int32 [B]) and what 'auto' chose from (None when splits was given)."""
 
-    problem: Problem
+    problem: Problem  # what the launches run: GQA packed, H_k heads of g * Nq rows (`packed_gqa`)
     splits: int
     cache_seqlens: np.ndarray
     auto_from: tuple[int, int, int] | None = None  # (CTAs without splits, SM slots, K/V tiles)
+    unpacked: Problem | None = None  # the caller's problem when GQA is packed, else None
+
+    @property
+    def caller(self) -> Problem:
+        """The problem as the caller gave it (its shapes are O's and LSE's)."""
+        return self.unpacked or self.problem
 
     @property
     def kv_tiles(self) -> int:
@@ -93,7 +109,9 @@ class SplitPlan:
     def describe(self) -> str:
         how = (f"auto: {self.auto_from[0]} CTAs, {self.auto_from[1]} SM slots, {self.auto_from[2]} K/V tiles"
                if self.auto_from else "given")
-        return f"splits={self.splits} ({how}), {self.blocks_per_split} K/V tiles per split"
+        packed = (f", GQA packed: {self.unpacked.kv_group} Q heads x {self.unpacked.seqlen_q} rows per K/V head"
+                  if self.unpacked else "")
+        return f"splits={self.splits} ({how}), {self.blocks_per_split} K/V tiles per split{packed}"
 
 
 def num_splits_heuristic(ctas: int, sm_slots: int, kv_tiles: int, max_splits: int = MAX_SPLITS) -> int:
@@ -120,14 +138,29 @@ def num_splits_heuristic(ctas: int, sm_slots: int, kv_tiles: int, max_splits: in
     return next(n for n, e in eff.items() if e >= 0.85 * best)
 
 
-def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = None) -> SplitPlan:
+def packed_gqa(prob: Problem) -> Problem:
+    """The problem of a GQA-packed launch (module docstring): H_k heads of g * Nq query rows, one
+    K/V head each."""
+    return replace(prob, heads=prob.heads_k, seqlen_q=prob.kv_group * prob.seqlen_q)
+
+
+def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = None,
+                  pack_gqa: bool | None = None) -> SplitPlan:
     """The split-KV launch of `prob` (k, v's Nk = the cache's allocated length), or one ValueError line:
     splits an integer >= 1 and at most the cache's K/V tiles, or "auto"; cache_seqlens None or int32
     [B] with values 1 .. Nk (numpy, or anything numpy reads: torch tensors are read on the host); no
-    causal mask, window or checkpoints."""
+    causal mask, window or checkpoints; pack_gqa None, True or False (module docstring)."""
     if prob.causal or prob.has_window:
         raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes no causal mask or window: this "
                          "kernel's masks are top-left aligned (docs/features.md); drop causal / window")
+    if pack_gqa is not None and not isinstance(pack_gqa, (bool, np.bool_)):
+        raise ValueError(f"pack_gqa must be None (decide), True or False, got {pack_gqa!r:.40}")
+    pack = prob.kv_group > 1 and (prob.seqlen_q < prob.config.block_m if pack_gqa is None else bool(pack_gqa))
+    plan = _check_splits(packed_gqa(prob) if pack else prob, splits, cache_seqlens, num_sms)
+    return replace(plan, unpacked=prob) if pack else plan
+
+
+def _check_splits(prob: Problem, splits, cache_seqlens, num_sms: int | None) -> SplitPlan:
     tiles, b = prob.n_rounds, prob.batch
     if cache_seqlens is None:
         seqlens = np.full(b, prob.seqlen_k, np.int32)
@@ -183,6 +216,7 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
     as uint16 patterns)."""
     p = plan.problem
     b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
+    q16 = q16.reshape(b, h, nq, d)  # GQA packed: the same memory read as H_k heads of g * Nq rows
     o = np.zeros((b, h, nq, d), np.uint16)
     lse = np.zeros((b, h, nq), np.float32)
     oa_shape, la_shape = workspace_shapes(plan)
@@ -199,7 +233,8 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
 
 
 def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tuple, mma_model,
-                     num_sms: int | None = None) -> tuple[np.ndarray, np.ndarray, dict, SplitPlan]:
+                     num_sms: int | None = None, pack_gqa: bool | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, dict, SplitPlan]:
     """fa_sim.simulate's split-KV path (its inputs checked, its problem made): both launches on the
     PTX engine. -> (O's 16-bit patterns [B, H, Nq, d] uint16 (fp16 or bf16), LSE [B, H, Nq] float32,
     the warp instructions of both launches summed per (class, phase, round): launch 2's in the phase
@@ -207,7 +242,7 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .validate import check_bf16_range
 
-    plan = check_splitkv(prob, splits, cache_seqlens, num_sms)
+    plan = check_splitkv(prob, splits, cache_seqlens, num_sms, pack_gqa)
     q16, k16, v16 = (i.host_half(prob.config.dtype) for i in inputs)
     if prob.config.dtype == "bf16":  # uint16 patterns: the values are the high halves of float32
         check_bf16_range([float(np.max(np.abs((x.astype(np.uint32) << np.uint32(16)).view(np.float32))))
@@ -222,7 +257,8 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
         for (op, phase, rnd), n in run.counts.items():
             key = (op, phase if main else "combine", rnd)
             counts[key] = counts.get(key, 0) + n
-    return out["o"], out["lse"], counts, plan
+    shape = (prob.batch, prob.heads, prob.seqlen_q)  # GQA packed: back to the caller's heads and rows
+    return out["o"].reshape(*shape, prob.head_dim), out["lse"].reshape(shape), counts, plan
 
 
 def measure_splitkv(res, q, k, v, cache_seqlens=None, softcap: float = 0.0):

@@ -72,6 +72,36 @@ def test_gqa_softcap_and_bf16_with_splits():
     assert acc.ok, acc.failures()
 
 
+def test_gqa_packed_gives_the_unpacked_bits_on_fewer_ctas():
+    """pack_gqa (FlashAttention-2's seqlenq_ngroups_swapped): the 4 Q heads of a K/V head as 4 x 3 rows
+    of one head, the same bits as the unpacked launch with the same splits (rows do not mix), on a
+    quarter of the CTAs; None decides it (g > 1 and Nq < block_m), and "auto" sees the packed grid."""
+    q, k, v = _inputs(2, 8, 2, 3, 200, seed=7)
+    lens = np.array([200, 90], np.int32)
+    packed = simulate(q, k, v, splits=2, cache_seqlens=lens, softcap=6.0, pack_gqa=True)
+    plain = simulate(q, k, v, splits=2, cache_seqlens=lens, softcap=6.0, pack_gqa=False)
+    assert packed.o.shape == plain.o.shape == q.shape and packed.lse.shape == q.shape[:3]
+    for a, e in zip(_bits(packed), _bits(plain)):
+        assert np.array_equal(a, e)
+    acc = measure_splitkv(packed, q, k, v, lens, softcap=6.0)
+    assert acc.ok, acc.failures()
+    prob = Problem(2, 8, 3, 200, False, 0.125, KernelConfig(), heads_k=2)
+    auto, off = check_splitkv(prob, 2, lens), check_splitkv(prob, 2, lens, pack_gqa=False)
+    assert auto.unpacked == prob and auto.caller == prob and off.unpacked is None
+    assert (auto.problem.heads, auto.problem.seqlen_q, auto.problem.kv_group) == (2, 12, 1)
+    assert auto.grid == (1, 4, 2) and off.grid == (1, 16, 2)
+    assert "GQA packed: 4 Q heads x 3 rows per K/V head" in auto.describe()
+    wide = Problem(2, 8, 64, 200, False, 0.125, KernelConfig(), heads_k=2)  # Nq = block_m: not packed
+    assert check_splitkv(wide, 2, lens).unpacked is None and check_splitkv(wide, 2, lens, pack_gqa=True).unpacked
+    assert check_splitkv(Problem(2, 2, 3, 200, False, 0.125, KernelConfig()), 2, lens, pack_gqa=True).unpacked is None
+    few, many = (check_splitkv(prob, "auto", lens, num_sms=8, pack_gqa=p) for p in (True, False))
+    assert few.auto_from[0] == 4 and many.auto_from[0] == 16  # the heuristic counts the launch's own CTAs
+    with pytest.raises(ValueError, match="pack_gqa must be None"):
+        check_splitkv(prob, 2, lens, pack_gqa="yes")
+    with pytest.raises(ValueError, match="pack_gqa applies to split-KV decoding"):
+        simulate(q, k, v, pack_gqa=True)
+
+
 @pytest.mark.parametrize("d", [96, 256])
 def test_splits_at_wide_head_dims(d):
     """head_dim 96-256 (docs/head_dims.md): the split kernel and the combine at d = 96 and 256, within
@@ -148,23 +178,24 @@ def test_bad_input_is_one_line_before_any_launch(kwargs, fragment, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
-    (2, 2, 2, 1, 300, (300, 170), 3, None),
-    (2, 4, 2, 5, 1000, (1000, 77), "auto", None),
-    (1, 4, 1, 16, 517, (517,), 5, KernelConfig(head_dim=128)),
-    (1, 2, 2, 3, 400, (250,), 3, KernelConfig(head_dim=96)),
-    (1, 2, 1, 1, 300, (300,), 2, KernelConfig(head_dim=256)),
+    (2, 2, 2, 1, 300, (300, 170), 3, None, None),
+    (2, 4, 2, 5, 1000, (1000, 77), "auto", None, None),  # GQA packed (pack_gqa None decides)
+    (2, 4, 2, 5, 1000, (1000, 77), 4, None, False),
+    (1, 4, 1, 16, 517, (517,), 5, KernelConfig(head_dim=128), None),
+    (1, 2, 2, 3, 400, (250,), 3, KernelConfig(head_dim=96), None),
+    (1, 2, 1, 1, 300, (300,), 2, KernelConfig(head_dim=256), True),
 ])
 def test_gpu_bit_identical_to_the_engine(case):
     import fa_hw
 
     if not fa_hw.has_gpu():
         pytest.skip("no GPU")
-    b, h, hk, nq, nk, lens, splits, config = case
+    b, h, hk, nq, nk, lens, splits, config, pack = case
     d = 64 if config is None else config.head_dim
     q, k, v = _inputs(b, h, hk, nq, nk, d=d, seed=7)
     lens = np.array(lens, np.int32)
-    hw = fa_hw.forward(q, k, v, config=config, splits=splits, cache_seqlens=lens)
-    sim = simulate(q, k, v, config=config, splits=hw.splits, cache_seqlens=lens, mma_model="h200")
+    hw = fa_hw.forward(q, k, v, config=config, splits=splits, cache_seqlens=lens, pack_gqa=pack)
+    sim = simulate(q, k, v, config=config, splits=hw.splits, cache_seqlens=lens, mma_model="h200", pack_gqa=pack)
     assert np.array_equal(np.asarray(hw.o).view(np.uint16), sim.o.view(np.uint16))
     assert np.array_equal(np.asarray(hw.lse).view(np.uint32), sim.lse.view(np.uint32))
 
