@@ -3,7 +3,7 @@
     python experiments/timing_edits.py --list                  # the edits and what the simulator found
     python experiments/timing_edits.py --check                 # CPU: each edit on the PTX engine (bits, hazards)
     python experiments/timing_edits.py --measure [--out F]     # GPU: -> tests/data/h200/timing_edits.json
-    python experiments/timing_edits.py --predict [--measured F]
+    python experiments/timing_edits.py --predict [--measured F] [--edit NAME ...]
                                                                # fa_sim.timing.predict beside the measurements
 
 Each edit is a patch of fa_hw/kernels/fa2_fwd.cu in experiments/variants/edits/ (the format of
@@ -115,7 +115,7 @@ def measure(warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
     return {"gpu": device().name, "warmup": warmup, "reps": reps, "batches": batches, "rows": rows}
 
 
-def predict(measured: dict | None, gpu: str = "h200") -> list[dict]:
+def predict(measured: dict | None, gpu: str = "h200", names=None) -> list[dict]:
     from fa_sim.config import KernelConfig
     from fa_sim.problem import Problem
     from fa_sim.timing import predict as predict_problem
@@ -132,7 +132,7 @@ def predict(measured: dict | None, gpu: str = "h200") -> list[dict]:
     for shape in SHAPES:
         b, h, nq, nk, causal = shape
         prob = Problem(b, h, nq, nk, causal, 1.0, config)
-        for name in ["seed", *EDITS]:
+        for name in ["seed", *(names or EDITS)]:
             t0 = time.time()
             m = by_key.get((name, (b, h, nq, nk), causal))
             meas = statistics.median(m) if m else None
@@ -175,12 +175,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"--measure's JSON (default {DEFAULT_OUT})")
     ap.add_argument("--measured", type=Path, default=DEFAULT_OUT, help="--predict's measurements to compare with")
     ap.add_argument("--gpu", default="h200", help="--predict: the timing model's GPU")
+    ap.add_argument("--edit", action="append", choices=sorted(EDITS), metavar="NAME",
+                    help="--predict: only this edit (and the seed kernel); repeat for several")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=3)
     args = ap.parse_args(argv)
     if min(args.warmup + 1, args.reps, args.batches) < 1:
         ap.error("--warmup must be >= 0, --reps and --batches >= 1")
+    if args.edit and not args.predict:
+        ap.error("--edit goes with --predict (--measure and --check run every edit)")
     if args.list:
         for name, (o_eq, lse_eq, hazards) in EDITS.items():
             bits = "O, LSE equal" if o_eq and lse_eq else "O equal, LSE differs" if o_eq else "bits differ"
@@ -202,7 +206,7 @@ def main(argv=None) -> int:
     measured = json.loads(args.measured.read_text()) if args.measured.exists() else None
     if measured is None:
         print(f"no measurements at {args.measured}: predictions only (run --measure on a GPU first)", file=sys.stderr)
-    predict(measured, args.gpu)
+    predict(measured, args.gpu, args.edit)
     return 0
 
 

@@ -29,7 +29,7 @@ EDITS = {(r["edit"], tuple(r["shape"]), r["causal"]): r["ms"]
 SHAPE = (4, 16, 2048, 2048)
 # edit -> the model's error measured on SHAPE (docs/timing.md): every edit the model times within
 # 3 % but softmax_expf's (5.6 %); the three it misses by more are named in test_the_misses_are_named
-CLOSE = ("extra_barrier", "pv_rolled", "warp0_copies_k", "extra_shuffles", "missing_bar_pv")
+CLOSE = ("extra_barrier", "pv_rolled", "warp0_copies_k", "extra_shuffles", "missing_bar_pv", "no_prefetch")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,9 @@ def _edit(name: str) -> float:
 def test_an_edit_is_predicted_within_three_per_cent_and_its_effect_named(name, seed_ms):
     """The edit's time within 3 % of the H200's, and whether it is faster or slower than the seed
     kernel named rightly where the two differ by 3 % or more (pv_rolled +17.8 %, warp0_copies_k
-    +8.0 % measured; the model +17.4 % and +11.5 %)."""
+    +8.0 %, no_prefetch +4.4 % measured; the model +17.4 %, +11.5 % and +7.8 %). no_prefetch was
+    refused before: ptxas tests its two copy branches with one condition and labels the first with
+    the second's line (fa_sim.timing.walk._excess ties it by -lineinfo to its own call site)."""
     measured, base = EDITS[(name, SHAPE, False)], EDITS[("seed", SHAPE, False)]
     got = _edit(name)
     assert abs(got / measured - 1) <= 0.03, (name, got, measured)
@@ -57,16 +59,6 @@ def test_an_edit_is_predicted_within_three_per_cent_and_its_effect_named(name, s
 
 def test_the_seed_kernel_of_the_edits_is_within_one_per_cent(seed_ms):
     assert abs(seed_ms / EDITS[("seed", SHAPE, False)] - 1) <= 0.01
-
-
-@pytest.mark.slow
-def test_a_fa2_fwd_edit_ptxas_unrolled_is_refused_with_its_line():
-    """no_prefetch: ptxas tests a copy branch twice a round where the PTX tests it once; the walk
-    names the SASS branch and its source line instead of guessing."""
-    from fa_sim.timing.walk import TieError
-
-    with pytest.raises(TieError, match=r"SASS 0x[0-9a-f]+ .*line \d+ inlined at \d+: the SASS walk reaches this branch"):
-        _edit("no_prefetch")
 
 
 @pytest.mark.slow

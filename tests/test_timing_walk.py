@@ -205,3 +205,36 @@ def test_fa_time_backward_times_the_three_launches(capsys):
     dq_kernel, conv = det["kernels"]["fa2_bwd_dq_kernel"], atomic["kernels"]["fa2_bwd_convert_dq_kernel"]
     assert dq_kernel["instructions"] > conv["instructions"]
     assert main(["time", "--backward", "--perfetto", "x.json"]) == 2  # refused with --backward
+
+
+def test_a_sass_branch_labelled_with_another_call_sites_line_is_tied_to_its_own():
+    """no_prefetch (experiments/variants/edits/): K[t] and V[t] are copied by two inlined calls of
+    copy_tile, whose interior-tile tests are one condition; ptxas labels the K copy's SASS branch
+    with the V copy's call site. Each PTX branch of copy_tile's test is tied to exactly one SASS
+    branch, the K copy's to the one whose arms run the K copy (never both to the V copy's, which
+    the walk refused: 'reaches this branch more often than the functional run took')."""
+    from fa_sim.ptx.fa2 import _program
+    from fa_sim.timing.stream import PLAIN
+    from fa_sim.timing.walk import tie
+
+    patch = str(__import__("pathlib").Path(__file__).parents[1] / "experiments" / "variants" / "edits"
+                / "no_prefetch.patch")
+    cfg = KernelConfig()
+    ck = compile_build(KernelBuild(cfg, False, "sm_80", False, kernel_source(patch), lineinfo=True))
+    program = _program(kernel_source(patch), cfg, False, False, PLAIN.kv_group, PLAIN.window, PLAIN.softcap)
+    sass = SassGraph(disassemble(ck.cubin, inlined=True), program.kernel.name)
+    ptx = PtxGraph(program.kernel)
+    ties = tie(sass, ptx)
+    text = kernel_source(patch).text.splitlines()
+    line = 1 + next(n for n, t in enumerate(text) if "if (row0 + kRows <= seqlen)" in t)  # copy_tile's test
+    copies = [i for i in ptx.control() if ptx.loc(i)[1] == line]
+    assert len(copies) >= 3  # Q, the prologue's K and V, and the loop's K and V copies
+    tied = [t.pc for t in ties.values() if t.pc is not None]
+    loop = [i for i in copies if tied.count(i.pc)]
+    assert all(tied.count(i.pc) == 1 for i in copies if i.pc in tied)
+    sites = {ptx.loc(i)[2] for i in loop}
+    assert len(sites) == len(loop)  # distinct call sites: the K copy's not folded onto the V copy's
+    by_site = {ptx.loc(ptx.code[t.pc])[2]: s for s, t in ties.items() if t.pc in {i.pc for i in loop}}
+    for site, start in by_site.items():  # each SASS branch's arms run its own call site's copies
+        arms = sass.arms(start)
+        assert any(len(loc) > 2 and loc[2] == site for arm in arms for loc in arm.locs if loc != ("<exit>",))

@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  config auto: {source}")
     print(f"  predicted kernel time   {pred.kernel_ms:.4f} ms   ({pred.tflops:.1f} TFLOP/s)")
     print(f"  limiter                 {pred.limiter}")
+    print(f"  launch shape            {pred.notes['launch']}")
     print(f"  occupancy               {pred.occupancy} CTAs per SM, {pred.achieved_occupancy:.0%} of the SM's warps "
           "achieved")
     print(f"  issue slots used        {pred.issue_slots:.0%}")

@@ -145,6 +145,7 @@ class Rates:
     first_fixed: tuple  # o_j of the first wave's CTAs, which start together
     masked: float  # a masked round's cycles over a plain one's, less 1 (full occupancy)
     run: SmRun  # the longer full-occupancy run (for utilisation and stalls)
+    runs: dict = field(default_factory=dict)  # j -> the accounted steady run with j CTAs resident (timed levels)
 
 
 def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) -> Rates:
@@ -159,16 +160,17 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     of the CTAs (one fixed offset locks a deterministic model into one phase relation, which alone
     moved c_j by up to 10 %)."""
     short = model.cta_stream(TOGETHER_RUN, gpu)
-    timed, run = {}, None
+    timed, run, runs = {}, None, {}
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
         at_load = gpu.loaded(j, k)
-        c, life, run = _steady(model, at_load, j, 0, account and j == k)
+        c, life, run = _steady(model, at_load, j, 0, account)
+        runs[j] = run  # each level accounted: a launch's limiter and stalls weigh them by its residency (_report)
         together = run_sm([short] * j, model.config.n_warps, at_load, account=False)
         timed[j] = (c, max(0.0, life - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
     masked = _steady(model, gpu.loaded(k, k), k, STEADY_RUN, False)[0] / timed[k][0] - 1
-    return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run)
+    return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run, runs)
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,22 +219,28 @@ def _timing_source_digest() -> str:
     return h.hexdigest()
 
 
+def _run_to_json(run: SmRun) -> dict:
+    return {"cycles": run.cycles, "done_at": run.done_at, "started_at": run.started_at,
+            "marked": [list(m) for m in run.marked], "issued": run.issued, "busy": run.busy,
+            "stalls": dict(run.stalls), "warp_cycles": run.warp_cycles}
+
+
+def _run_from_json(run: dict) -> SmRun:
+    from collections import Counter
+
+    return SmRun(run["cycles"], list(run["done_at"]), list(run["started_at"]), [tuple(m) for m in run["marked"]],
+                 run["issued"], dict(run["busy"]), Counter(run["stalls"]), run["warp_cycles"])
+
+
 def _rates_to_json(r: Rates) -> dict:
-    run = r.run
     return {"per_round": list(r.per_round), "fixed": list(r.fixed), "first_fixed": list(r.first_fixed),
-            "masked": r.masked, "run": {"cycles": run.cycles, "done_at": run.done_at, "started_at": run.started_at,
-                                        "marked": [list(m) for m in run.marked], "issued": run.issued,
-                                        "busy": run.busy, "stalls": dict(run.stalls),
-                                        "warp_cycles": run.warp_cycles}}
+            "masked": r.masked, "run": _run_to_json(r.run),
+            "runs": [[j, _run_to_json(run)] for j, run in sorted(r.runs.items())]}
 
 
 def _rates_from_json(d: dict) -> Rates:
-    from collections import Counter
-
-    run = d["run"]
-    sm = SmRun(run["cycles"], list(run["done_at"]), list(run["started_at"]), [tuple(m) for m in run["marked"]],
-               run["issued"], dict(run["busy"]), Counter(run["stalls"]), run["warp_cycles"])
-    return Rates(tuple(d["per_round"]), tuple(d["fixed"]), tuple(d["first_fixed"]), d["masked"], sm)
+    return Rates(tuple(d["per_round"]), tuple(d["fixed"]), tuple(d["first_fixed"]), d["masked"],
+                 _run_from_json(d["run"]), {int(j): _run_from_json(run) for j, run in d["runs"]})
 
 
 def _steady(model: KernelModel, gpu: GpuModel, j: int, masked: int, account: bool) -> tuple[float, float, SmRun]:
@@ -262,25 +270,26 @@ def _life(run: SmRun) -> float:
 
 
 def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
-             trace: list | None = None, progress: Progress | None = None) -> tuple[float, list[list[int]]]:
+             trace: list | None = None, progress: Progress | None = None,
+             residency: np.ndarray | None = None) -> tuple[float, list[list[int]]]:
     """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
     slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
     does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
     cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (Problem.n_rounds_of: a window's
     K/V tile range) + its masked rounds' extra.
     `trace`: gets [CTA in launch order, SM, start cycle, end cycle] of every CTA (what
-    experiments/timing_dispatch.py sets beside the GPU's); `progress`: told every PROGRESS_CTAS CTAs."""
+    experiments/timing_dispatch.py sets beside the GPU's); `progress`: told every PROGRESS_CTAS CTAs;
+    `residency` (k + 1 zeros): gets the SM-cycles the SMs spent with j CTAs resident, j = 0 (idle,
+    up to the makespan) .. k (what the launch's limiter and stalls are weighted by: `_report`)."""
     k = len(rates.per_round)
-    mb = launch_order(prob)
-    work = prob.n_rounds_of(mb).astype(float) + extra_rounds[mb] + rates.fixed[-1] / rates.per_round[-1]
-    first = min(len(mb), k * sms)  # the first wave: j CTAs start together on each SM, CTA i on SM i % sms
-    j = np.minimum(first // sms + (np.arange(first) % sms < first % sms), k) - 1
-    work[:first] += (np.array(rates.first_fixed)[j] / np.array(rates.per_round)[j]) - rates.fixed[-1] / rates.per_round[-1]
+    mb, rounds, fixed = cta_work(prob, rates, sms, extra_rounds)
+    work = rounds + fixed
     queue = list(zip(work.tolist(), mb.tolist(), range(len(mb))))[::-1]  # pop() takes the next CTA in launch order
     active: list[list[float]] = [[] for _ in range(sms)]
     ran: list[list[int]] = [[] for _ in range(sms)]
     ids: list[list[int]] = [[] for _ in range(sms)]  # launch indices of `active` (for `trace`)
     now = 0.0
+    since = [0.0] * sms  # the cycle each SM's residency last changed
 
     def take(s: int) -> None:
         w, m, i = queue.pop()
@@ -308,6 +317,9 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
         now = t
         for s in freed:
             mine = active[s]
+            if residency is not None:
+                residency[len(mine)] += t - since[s]
+                since[s] = t
             step_rounds = min(mine)
             if trace is not None:
                 for i in (i for w, i in zip(mine, ids[s]) if w - step_rounds <= 1e-9):
@@ -325,7 +337,24 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
         for s in freed:
             if active[s]:
                 heapq.heappush(heap, (t + min(active[s]) * rates.per_round[len(active[s]) - 1], s))
+    if residency is not None:
+        residency[0] += sms * end - residency[1:].sum()
     return end, ran
+
+
+def cta_work(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray) -> tuple:
+    """Each CTA in launch order: (its Q block, its rounds with its masked rounds' extra, its fixed
+    cost - start-up and epilogue, o/c - in rounds): the work `dispatch` gives it. The first wave's
+    CTAs (j started together on each SM, CTA i on SM i % sms) take the fixed cost of CTAs started
+    together at their j."""
+    k = len(rates.per_round)
+    mb = launch_order(prob)
+    rounds = prob.n_rounds_of(mb).astype(float) + extra_rounds[mb]
+    fixed = np.full(len(mb), rates.fixed[-1] / rates.per_round[-1])
+    first = min(len(mb), k * sms)
+    j = np.minimum(first // sms + (np.arange(first) % sms < first % sms), k) - 1
+    fixed[:first] = np.array(rates.first_fixed)[j] / np.array(rates.per_round)[j]
+    return mb, rounds, fixed
 
 
 def launch_order(prob: Problem) -> np.ndarray:
@@ -394,15 +423,21 @@ def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: boo
                              f"the {gpu.name}), got {ctas_per_sm!r}")
         k = int(ctas_per_sm)
     rates = _rates(prob.config, prob.causal, gpu, kernel, k, features)
-    cycles, ran = dispatch(prob, rates, gpu.sms, masked_extra(rates, prob), progress=meter)
+    extra = masked_extra(rates, prob)
+    residency = np.zeros(k + 1)
+    cycles, ran = dispatch(prob, rates, gpu.sms, extra, progress=meter, residency=residency)
     if exact:
         work = max(sum(prob.n_rounds_of(np.array(m)).tolist()) for m in ran if m)
         if work > EXACT_MAX_CTA_ROUNDS:
             raise ValueError(f"exact timing runs every CTA cycle by cycle: an SM here has {work:,} CTA-rounds, "
                              f"more than {EXACT_MAX_CTA_ROUNDS:,}; use the representative CTAs (exact=False)")
         cycles = exact_cycles(model, prob, gpu, k, ran)
-    ms = cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(prob.n_ctas, k) / 1e3
-    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob, meter))
+    overhead_ms = gpu.overhead_us(prob.n_ctas, k) / 1e3
+    ms = cycles / (gpu.clock_ghz * 1e6) + overhead_ms
+    _, rounds, fixed = cta_work(prob, rates, gpu.sms, extra)
+    shape = LaunchShape(residency / residency.sum(), float(fixed.sum() / (rounds.sum() + fixed.sum())),
+                        overhead_ms / ms, gpu.sms)
+    return _report(prob, model, gpu, k, rates, ms, grid_instructions(model, prob, meter), shape)
 
 
 def _checked(prob, gpu, kernel, exact=False) -> GpuModel:
@@ -513,22 +548,104 @@ def masked_extra(rates: Rates, prob: Problem) -> np.ndarray:
     return _masked_rounds(prob) * rates.masked
 
 
-def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int) -> Prediction:
-    run = rates.run
-    smsp_cycles = run.cycles * 4
-    pipes = {name.lower(): min(1.0, busy / (run.cycles if name == "SMEM" else smsp_cycles))
-             for name, busy in run.busy.items()}
-    issued = run.issued
-    stalls = {r: run.stalls.get(r, 0) / issued for r in REASONS if run.stalls.get(r)}
+@dataclass(frozen=True)
+class LaunchShape:
+    """What the launch being timed does with the SMs, beside the SM model's runs (`_report`)."""
+
+    residency: np.ndarray  # share of SM-time (all SMs, up to the makespan) with j CTAs resident, j = 0..k
+    fixed_share: float  # the CTAs' start-up and epilogue (o / c) over all their work (dispatch units)
+    overhead_share: float  # the launch overhead (GpuModel.overhead_us) over the predicted time
+    sms: int
+
+    @property
+    def busy(self) -> float:
+        """Share of SM-time with a CTA resident."""
+        return float(self.residency[1:].sum())
+
+    @property
+    def resident(self) -> float:
+        """Mean CTAs resident on an SM while it has one."""
+        return float(np.arange(len(self.residency)) @ self.residency / self.busy) if self.busy else 0.0
+
+
+LAUNCH_BOUND = 0.5  # the launch overhead's share of the time from which a launch is called launch bound
+FIXED_BOUND = 0.5  # the CTAs' start-up and epilogue's share of their work from which it is called so
+IDLE_NOTED = 0.1  # the share of SM-time without a CTA from which the limiter line names it
+
+
+def _mix(rates: Rates, weights: np.ndarray) -> tuple[float, dict, dict, float, dict]:
+    """(issue slots, pipe utilisations, stalls per issued instruction, achieved occupancy, level
+    weights) of the SM runs at the timed occupancy levels, each level weighted by the SM-time the
+    launch spends at the residencies nearest it (`weights[j]`, j = 1..k; a level's run is a steady
+    one, per cycle)."""
+    runs = rates.runs or {len(rates.per_round): rates.run}
+    levels = sorted(runs)
+    at = {L: 0.0 for L in levels}
+    for j in range(1, len(weights)):
+        if weights[j] > 0:
+            at[min(levels, key=lambda L: (abs(L - j), -L))] += float(weights[j])
+    total = sum(at.values()) or 1.0
+    if not any(at.values()):
+        at[levels[-1]] = total = 1.0
+    share = {L: w / total for L, w in at.items() if w}
+
+    def per_cycle(f):
+        return sum(w * f(runs[L]) / runs[L].cycles for L, w in share.items())
+
+    issued = per_cycle(lambda r: r.issued)
+    names = {n for L in share for n in runs[L].busy}
+    pipes = {n.lower(): min(1.0, per_cycle(lambda r: r.busy.get(n, 0)) / (1 if n == "SMEM" else 4)) for n in names}
+    stalls = {r: per_cycle(lambda run: run.stalls.get(r, 0)) / issued for r in REASONS}
+    return (issued / 4, pipes, {r: v for r, v in stalls.items() if v}, per_cycle(lambda r: r.warp_cycles) / 64,
+            share)
+
+
+def _report(prob, model, gpu, k, rates: Rates, ms: float, instructions: int, shape: LaunchShape | None = None) -> Prediction:
+    """The prediction with the launch's limiter and stalls: the SM runs at each timed occupancy,
+    weighted by the SM-time this launch spends at each residency (a lone CTA: the one-CTA run; a
+    full grid: mostly the full-occupancy run; a causal grid's tail: the lower levels too), and the
+    limiter named from those numbers and the launch's shape: launch bound where the launch
+    overhead is half the time or more, start-up/epilogue bound where the CTAs' fixed cost is half
+    their work or more, else issue bound (issue slots over 80 %), shared-memory bound (the smem
+    pipe first and over 60 %) or latency bound."""
+    if shape is None:
+        shape = LaunchShape(np.eye(k + 1)[k], 0.0, 0.0, gpu.sms)
+    issue, pipes, stalls, occ, share = _mix(rates, shape.residency)
     top = sorted(((v, n) for n, v in pipes.items() if n in ("tensor", "smem", "fma", "alu", "xu")), reverse=True)
-    issue = issued / smsp_cycles
-    kind = "issue bound" if issue > 0.8 else ("shared-memory bound" if top and top[0][1] == "smem" and top[0][0] > 0.6
-                                              else "latency bound")
-    limiter = f"{kind}: issue slots {issue:.0%}, " + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2])
+    if shape.overhead_share >= LAUNCH_BOUND:
+        kind = "launch bound"
+    elif shape.fixed_share >= FIXED_BOUND:
+        kind = "start-up/epilogue bound"
+    elif issue > 0.8:
+        kind = "issue bound"
+    elif top and top[0][1] == "smem" and top[0][0] > 0.6:
+        kind = "shared-memory bound"
+    else:
+        kind = "latency bound"
+    idle = 1 - shape.busy
+    why = {"launch bound": f"launch overhead {shape.overhead_share:.0%} of the time; ",
+           "start-up/epilogue bound": f"the CTAs' start-up and epilogue {shape.fixed_share:.0%} of their work; "}
+    if f"{shape.resident:.1f}" == "1.0":
+        where = f"; one CTA per busy SM ({model.config.n_warps} warps of 64)"
+    elif shape.resident < k - 0.25:  # a full grid's tail moves it a little below k
+        where = f"; {shape.resident:.1f} of {k} CTAs per busy SM"
+    else:
+        where = ""
+    if idle >= IDLE_NOTED:
+        where += (f"; SMs idle {idle:.0%} of the time ("
+                  + (f"{prob.n_ctas} CTA{'s' if prob.n_ctas > 1 else ''} for {shape.sms} SMs)" if prob.n_ctas < shape.sms else "the last wave's tail)"))
+    limiter = (f"{kind}: {why.get(kind, '')}issue slots {issue:.0%}, "
+               + ", ".join(f"{n} pipe {v:.0%}" for v, n in top[:2]) + where)
+    launch = (f"{shape.resident:.1f} of {k} CTAs resident per busy SM ({shape.resident * model.config.n_warps:.0f} "
+              f"warps of 64), SMs idle {idle:.0%} of the time, CTA start-up/epilogue {shape.fixed_share:.0%} of "
+              f"the work, launch overhead {shape.overhead_share:.0%} of the time")
     return Prediction(kernel_ms=ms, tflops=prob.flops / (ms * 1e-3) / 1e12, occupancy=k, limiter=limiter,
-                      pipes=pipes, issue_slots=issue, achieved_occupancy=run.warp_cycles / run.cycles / 64,
+                      pipes=pipes, issue_slots=issue, achieved_occupancy=occ,
                       stalls=stalls, cycles_per_round=rates.per_round, instructions=instructions,
-                      notes={"gpu": gpu.name})
+                      notes={"gpu": gpu.name, "launch": launch, "limiter_kind": kind, "resident_ctas": shape.resident,
+                             "idle_sms": idle, "fixed_share": shape.fixed_share,
+                             "overhead_share": shape.overhead_share,
+                             "level_weights": {str(L): w for L, w in sorted(share.items())}})
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,7 +22,9 @@ a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
 - else *tied* to a PTX control instruction at the same source location (the CUDA line with its
   chain of inlining call sites; nvdisasm -gi and PTX .loc give both): with as many SASS as PTX
   candidates at a location they are tied in program order, else each to the candidate whose arms
-  run the most alike locations. The polarity (does the SASS branch jump where the PTX one does,
+  run the most alike locations; with more SASS than PTX branches, first a PTX branch of the same
+  source line at another call site that no SASS branch shares a location with is taken in (ptxas
+  labelled its branch with a sibling call's site: `_excess`). The polarity (does the SASS branch jump where the PTX one does,
   or to its fall-through) is read from the arms: the locations of the first instructions along
   each arm, those the two arms do not share, compared both ways round; an EXIT counts as a
   location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
@@ -439,10 +441,8 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
             pairs = list(zip(starts, cands))
         elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
             pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
-        else:  # ptxas duplicated the code (paths split, a tail copied): each copy to its most alike
-            # candidate, taking that branch's outcomes in turn; were its iterations not the PTX's (a
-            # loop ptxas unrolled), the walk runs out of or leaves outcomes: a TieError there
-            pairs = [(s, max(cands, key=lambda i: (max(_agreement(arms[s], parms[i.pc])), -i.pc))) for s in starts]
+        else:
+            pairs = _excess(starts, cands, loc, spare, arms, parms, ptx)
         for s, ins in pairs:
             same, swapped = _agreement(arms[s], parms[ins.pc])
             if same == swapped:
@@ -451,6 +451,37 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
                                "is taken")
             out[s] = Tie(ins.pc, same > swapped)
     return out
+
+
+def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict, ptx: PtxGraph) -> list:
+    """More SASS than PTX branches at one location `loc`: the (SASS block, PTX branch) pairs.
+
+    First the -lineinfo case: ptxas computed one condition for two PTX branches of the same source
+    line (two inlined calls of one helper testing the same bound: no_prefetch's K and V copies),
+    and the SASS branch of the first call carries the second call's location. The PTX branch it
+    compiles from is then one no SASS branch shares a location with (`spare`), of the same source
+    line at another call site; it is taken in, and the SASS branches tied in program order to the
+    most alike of the candidates and those (each PTX branch one SASS branch), where that explains
+    every SASS branch and each one taken in runs the more alike arms. Else ptxas duplicated the code
+    (paths split, a tail copied): each copy to its most alike candidate, taking that branch's
+    outcomes in turn; were its iterations not the PTX's (a loop ptxas unrolled), the walk runs out
+    of or leaves outcomes: a TieError there names the branch."""
+    def score(s, i):
+        return max(_agreement(arms[s], parms[i.pc]))
+
+    def best_own(s):
+        return max(score(s, i) for i in cands)
+
+    same_line = [i for i in spare if loc and (ptx.loc(i) or ())[:2] == loc[:2]]
+    if same_line and len(cands) + len(same_line) >= len(starts):
+        parms.update({i.pc: ptx.arms(i) for i in same_line})
+        pairs = _align(starts, sorted(cands + same_line, key=lambda i: i.pc), score)
+        taken = [(s, i) for s, i in pairs if i in same_line]
+        if taken and all(score(s, i) > best_own(s) for s, i in taken):
+            for _, i in taken:
+                spare.remove(i)
+            return pairs
+    return [(s, max(cands, key=lambda i: (score(s, i), -i.pc))) for s in starts]
 
 
 def _align(starts: list, cands: list, score) -> list:
