@@ -9,7 +9,9 @@ fp16, --heads Q heads and --heads-k K/V heads (GQA when fewer; SDPA then gets en
 cache full (cache_seqlens = the KV length for every sequence, so that SDPA computes the same thing).
 Backends: ours with splits="auto" (fa_sim.splitkv.num_splits_heuristic on this GPU's SM count: the
 split kernel and fa2_combine.cu, timed together), ours with splits=1 (one CTA per (batch, head): the
-kernel without split-KV), and SDPA with the FLASH_ATTENTION backend. Each backend's time is the
+kernel without split-KV), with GQA (--heads-k below --heads) ours with splits="auto" and the Q heads not packed
+(pack_gqa=False: one CTA per Q head, K/V read once per Q head; "auto" packs them, fa_sim.splitkv),
+and SDPA with the FLASH_ATTENTION backend. Each backend's time is the
 median of --reps launches bracketed by CUDA events after --warmup, in --runs runs interleaved
 round-robin (hw_sets.round_robin); a row gives the median over the runs and [min, max], and the
 per-run ratios auto / splits=1 and auto / SDPA-flash (speed-ups: time of the other over ours). The
@@ -83,8 +85,9 @@ def bench_row(batch: int, nk: int, args) -> dict:
     lens = torch.full((batch,), nk, dtype=torch.int32)
     scale = d ** -0.5
     timers, outs, notes, splits = {}, {}, {}, {}
-    for label, n in (("auto", "auto"), ("splits=1", 1)):
-        sp = prepare_splitkv(q, k, v, splits=n, cache_seqlens=lens)
+    variants = [("auto", "auto", None), ("splits=1", 1, None)] + ([("auto-unpacked", "auto", False)] if hk != h else [])
+    for label, n, pack in variants:
+        sp = prepare_splitkv(q, k, v, splits=n, cache_seqlens=lens, pack_gqa=pack)
         stream = sp.dev.stream
         sp.launch(stream)
         sp.sync(stream)
@@ -111,6 +114,9 @@ def bench_row(batch: int, nk: int, args) -> dict:
            "ms": {label: Spread.of(r).__dict__ for label, r in runs.items()}, "runs": runs, "notes": notes,
            "rel_err": {label: reference_err(q, k, v, o, scale) for label, o in outs.items()}}
     row["speedup_vs_one_split"] = Spread.of(o / a for o, a in zip(runs["splits=1"], runs["auto"])).__dict__
+    if "auto-unpacked" in runs:
+        row["splits_auto_unpacked"] = splits["auto-unpacked"]
+        row["speedup_vs_unpacked"] = Spread.of(u / a for u, a in zip(runs["auto-unpacked"], runs["auto"])).__dict__
     if "sdpa-flash" in runs:
         row["speedup_vs_flash"] = Spread.of(f / a for f, a in zip(runs["sdpa-flash"], runs["auto"])).__dict__
     del q, k, v
@@ -126,13 +132,15 @@ def markdown(rows: list[dict], gpu: str, args) -> str:
            f"Nq = 1, H = {args.heads}, H_k = {args.heads_k}, d = {args.head_dim}, fp16; median of {args.runs} runs "
            f"(each the median of {args.reps} launches, CUDA events) [min, max]; errors against float64.", "",
            "| B | KV | splits (auto) | auto ms | splits=1 ms | SDPA-flash ms | auto vs splits=1 | auto vs flash "
-           "| max rel err |", "|---|---|---|---|---|---|---|---|---|"]
+           "| max rel err | GQA unpacked: splits, ms, auto vs it |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flash = fmt(r["ms"]["sdpa-flash"]) if "sdpa-flash" in r["ms"] else r["notes"].get("sdpa-flash", "-")
         vs_flash = fmt(r["speedup_vs_flash"]) if "speedup_vs_flash" in r else "-"
+        unpacked = (f"{r['splits_auto_unpacked']}, {fmt(r['ms']['auto-unpacked'])}, {fmt(r['speedup_vs_unpacked'])}"
+                    if "speedup_vs_unpacked" in r else "-")
         out.append(f"| {r['batch']} | {r['nk']} | {r['splits_auto']} | {fmt(r['ms']['auto'])} | "
                    f"{fmt(r['ms']['splits=1'])} | {flash} | {fmt(r['speedup_vs_one_split'])} | {vs_flash} | "
-                   f"{max(r['rel_err'].values()):.2e} |")
+                   f"{max(r['rel_err'].values()):.2e} | {unpacked} |")
     ok_one = all(r["speedup_vs_one_split"]["median"] >= GOAL_VS_ONE_SPLIT for r in rows)
     ok_flash = all(r.get("speedup_vs_flash", {"median": 0})["median"] >= GOAL_VS_FLASH for r in rows)
     ok_err = all(max(r["rel_err"].values()) <= ERR_BAR for r in rows)
@@ -149,7 +157,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--heads-k", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=128, choices=(32, 64, 128))
+    p.add_argument("--head-dim", type=int, default=128, choices=(32, 64, 96, 128, 160, 192, 256))
+    p.add_argument("--name", default="bench_decode", help="file names of the outputs: NAME.json, NAME.md")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--kv", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     p.add_argument("--max-gib", type=float, default=40.0, help="skip rows whose K and V caches exceed this")
@@ -176,9 +185,9 @@ def main(argv=None) -> int:
                   flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_decode.json").write_text(json.dumps({"gpu": gpu, "args": vars(args), "rows": rows}, indent=1))
+    (out / f"{args.name}.json").write_text(json.dumps({"gpu": gpu, "args": vars(args), "rows": rows}, indent=1))
     md = markdown(rows, gpu, args)
-    (out / "bench_decode.md").write_text(md)
+    (out / f"{args.name}.md").write_text(md)
     print(md)
     return 0
 

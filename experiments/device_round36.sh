@@ -48,7 +48,9 @@ for s in $STEPS; do case $s in
   bwdtime) log bwdtime
     timeout "$(lim 90)" python3 experiments/timing_backward.py --measure --out "$OUT/timing_backward.json" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   decode) log decode
-    timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt"
+    timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --heads 32 --heads-k 8 --batches 1 8 64 \
+      --kv 8192 65536 --name bench_decode_gqa --out "$OUT" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
   featbench) log featbench
     timeout "$(lim ${FEATBENCH_S:-200})" python3 experiments/bench_features.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   bwdck) log bwdck
