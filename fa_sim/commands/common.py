@@ -526,6 +526,34 @@ def packed_inputs(args, split: dict | None) -> tuple[np.ndarray, np.ndarray, np.
     return loaded
 
 
+def packed_problem(args, loaded, config: KernelConfig):
+    """The packed launch of args.cu_seqlens (set by `packed_inputs`): of the --npz file's q, k, v
+    ([total, H, d]) or of random inputs of the --seqlens lengths (--heads, --heads-k, the config's
+    head_dim), with --causal, --scale (where the command has it) and the features; a ValueError of
+    fa_sim.varlen.make_varlen_problem (the offsets, heads_k not dividing heads, ...) is one UsageError."""
+    from ..varlen import make_varlen_problem
+
+    if loaded is None:
+        total_q, total_k, hk = int(args.cu_seqlens[0][-1]), int(args.cu_seqlens[1][-1]), heads_k(args)
+        d = config.head_dim
+        shapes = [(total_q, args.heads, d), (total_k, hk, d), (total_k, hk, d)]
+    else:
+        shapes = [tuple(np.shape(x)) for x in loaded]
+    try:
+        return make_varlen_problem(*[(1, s[1], s[0], s[2]) for s in shapes], *args.cu_seqlens, args.causal,
+                                   getattr(args, "scale", None), config, **features(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def packed_random_inputs(args, prob, dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random packed inputs of --seqlens, drawn after every check: q [total_q, H, d], k, v
+    [total_k, H_k, d] (the --seed's standard-normal draw of one [1, H, total, d] batch, token-major)."""
+    qkv = _random_inputs(1, prob.heads, prob.total_q, prob.total_k, prob.head_dim, args.seed, heads_k=prob.heads_k,
+                         dtype=dtype)
+    return tuple(np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in qkv)
+
+
 def refuse(args, dests, reason: str) -> None:
     """UsageError if any of `dests` was given explicitly: '--seqlen does not apply <reason>'."""
     given = [option_name(d) for d in dests if d in explicit(args)]
