@@ -2,7 +2,10 @@
 (docs/hardware_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
 three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
 conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
---force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`.
+--force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`. The
+feature options (--dtype bf16, --heads-k, --window, --softcap) count that feature's build; a packed
+batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q, cu_seqlens_k) the FA_VARLEN build on
+the PTX engine over the packed grid (docs/features.md, "The commands").
 
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names

@@ -230,7 +230,8 @@ def packed_seqlens(text: str) -> tuple[int, ...]:
 
 
 def add_seqlens_argument(p) -> None:
-    """--seqlens of `fa sim` and `fa time`: a packed batch of random inputs (fa_sim.varlen)."""
+    """--seqlens of `fa sim`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
+    a packed batch of random inputs (fa_sim.varlen)."""
     p.add_argument("--seqlens", type=packed_seqlens, default=None, metavar="N,N,...",
                    help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
                         "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
@@ -508,9 +509,9 @@ def explicit(args) -> frozenset[str]:
 
 
 def packed_inputs(args, split: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`file_inputs(args, packed=True)` for `fa sim` and `fa time`, then --seqlens (random packed
-    inputs of those lengths, Nk = Nq each: args.cu_seqlens set) and the refusal of a packed batch
-    with split-KV decoding (`split`: `splitkv(args)`), each in one line."""
+    """`file_inputs(args, packed=True)` for `fa sim`, `fa time`, `fa trace` and `fa banks`, then
+    --seqlens (random packed inputs of those lengths, Nk = Nq each: args.cu_seqlens set) and the
+    refusal of a packed batch with split-KV decoding (`split`: `splitkv(args)`), each in one line."""
     loaded = file_inputs(args, packed=True)
     if args.seqlens is not None:
         if loaded is not None:

@@ -8,10 +8,13 @@ documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and L
 Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
 `--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
-KernelConfig JSON, causal flag, scale) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
+KernelConfig JSON, causal flag, scale, the features: k's heads, window, softcap, bf16 values as
+float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
-with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
+with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
+--npz file) and split-KV decoding (--splits, --cache-seqlens) are refused in one line: fa2_fwd.cu
+has no checkpoint build for them (docs/features.md, "The commands"). `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
 
@@ -262,7 +265,8 @@ def _front(args, config, recorded, softcap=None):
 
 NO_PACKED = ("does not apply to fa compare: fa2_fwd.cu's FA_VARLEN has no checkpoint build (#error FA_VARLEN && "
              "FA_CHECKPOINTS); a packed launch equals each sequence's dense launch bit for bit, so compare one "
-             "sequence (--seqlen Nq_b --seqlen-k Nk_b), and fa sim / fa trace / fa banks --seqlens run the packed build")
+             "sequence (--seqlen Nq_b --seqlen-k Nk_b), and fa sim / fa trace / fa banks --seqlens run the packed "
+             "build")
 
 
 def _refuse_without_checkpoints(args) -> None:

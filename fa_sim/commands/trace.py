@@ -10,6 +10,13 @@ trace-event JSON: both are checked before the simulation (an existing file is re
 --force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
 `--npz FILE` takes q, k, v from a file, as in `fa sim`.
 
+A packed batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q and cu_seqlens_k, as in `fa
+sim`) runs the FA_VARLEN build on the PTX engine: --cta is a CTA of its grid (Q blocks of the
+longest sequence, H, B), and the story's header says which sequence, head and Q block it computes
+and which rows of the packed q, k, v those are (fa_sim.varlen.describe_cta); a CTA past its
+sequence's queries is refused (it exits at once), and the story has no S/m/l/P/O sections (that
+build has no checkpoints). docs/features.md, "The commands".
+
 `--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
 kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM): its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
 its dV and dK accumulators after the round at (key, column), and its dQ partial at (query,
@@ -64,7 +71,8 @@ def register(subparsers) -> None:
     p.add_argument("--cta", type=int_in("--cta", 0), default=0,
                    help="linear CTA id in the grid, blockIdx.x + ceil(Nq/block_m) * (batch * H + head); the Q block "
                         "it computes (m_block, in the story's header) is blockIdx.x, or under --heavy-first --causal "
-                        "ceil(Nq/block_m) - 1 - blockIdx.x (default 0; 0 .. CTAs-1)")
+                        "ceil(Nq/block_m) - 1 - blockIdx.x; a packed batch (--seqlens): blockIdx.x + "
+                        "ceil(max Nq/block_m) * (head + H * sequence) (default 0; 0 .. CTAs-1)")
     p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
     p.add_argument("--lane", type=int_in("--lane", 0), default=0, help="lane of the warp (default 0; 0 .. 31)")
     p.add_argument("--thread", type=int_in("--thread", 0), default=None,

@@ -109,15 +109,17 @@ def m_block_of(launch: dict, cta: int) -> int:
 
 def packed_header(launch: dict, cta: int) -> str | None:
     """A packed batch's line of the story: which sequence, head and Q block the CTA computes (the
-    story's query and key coordinates count from that sequence's start), and why no state
-    sections follow; None for a dense launch."""
+    story's query and key coordinates count from that sequence's start: PACKED_NOTE, which also
+    says why no state sections follow); None for a dense launch."""
     if "cu_seqlens_q" not in launch:
         return None
     from ..varlen import describe_cta
 
-    return (f"packed batch, {describe_cta(problem_of(launch), cta)}; coordinates below count from the sequence's "
-            "start; no S/m/l/P/O sections: fa2_fwd.cu's FA_VARLEN build has no checkpoint build (the registers "
-            "written are in the steps)")
+    return f"packed batch, {describe_cta(problem_of(launch), cta)}"
+
+
+PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa2_fwd.cu's "
+               "FA_VARLEN has no checkpoint build (the registers written are in the steps)")
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
@@ -287,7 +289,7 @@ def format_story(story: LaneStory) -> str:
             f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
     packed = packed_header(la, story.cta)
     if packed is not None:
-        head += f"  (max over the sequences)\n{packed}"
+        head += f"  (max over the sequences)\n{packed}\n{PACKED_NOTE}"
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line
         lines = [head, f"{'pc':>5} {'phase':<8} {'source (line<call)':<19} {'PTX instruction':<52} "
                        f"{'smem coord -> byte -> bank':<34} registers written"]
