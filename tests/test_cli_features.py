@@ -110,6 +110,18 @@ def test_banks_header_of_a_packed_batch(capsys):
                      "total_k=75), config m64n64d32w4-swizzled, PTX of fa2_fwd.cu")
 
 
+def test_banks_count_the_feature_build():
+    """A window of (0, 0) at Nq = Nk = 128, block 64 runs one K/V round per Q block instead of two:
+    with two heads (GQA, one K/V head) the window build issues as many ldmatrix as one plain head
+    (two heads x half the rounds) and twice its epilogue's st.shared; the JSON names the features."""
+    plain = _json(["banks", "--seqlen", "128", "--head-dim", "32", "--json"])
+    window = _json(["banks", "--seqlen", "128", "--head-dim", "32", "--window", "0,0", "--heads", "2", "--heads-k",
+                    "1", "--json"])
+    assert window["problem"]["window"] == [0, 0] and window["problem"]["heads_k"] == 1
+    assert window["classes"]["LDSM"]["instructions"] == plain["classes"]["LDSM"]["instructions"]
+    assert window["classes"]["STS"]["instructions"] == 2 * plain["classes"]["STS"]["instructions"]
+
+
 # -- fa compare: recordings of feature runs, replayed on the CPU ------------------------------------------
 def _record(path, dtype="fp16", window=(8, 0), softcap=None, heads_k=1) -> SavedRun:
     """A recording as `fa compare --save` writes it, its 'GPU side' made by the simulator."""
