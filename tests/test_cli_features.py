@@ -122,6 +122,33 @@ def test_banks_count_the_feature_build():
     assert window["classes"]["STS"]["instructions"] == 2 * plain["classes"]["STS"]["instructions"]
 
 
+def test_banks_of_split_kv_count_the_split_launch():
+    """Split-KV decoding: the split launch (FA_SPLITKV) is counted. One split runs each sequence's own
+    K/V tiles: its ldmatrix are those of the dense launches on each sequence's keys added up; three
+    splits run the same tiles (the same ldmatrix) and store fp32 O to the workspace from registers
+    (no st.shared / ld.shared staging)."""
+    base = ["banks", "--batch", "2", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", "--cache-seqlens",
+            "300,170", "--json"]
+    one, three = _json([*base, "--splits", "1"]), _json([*base, "--splits", "3"])
+    dense = [_json(["banks", "--seqlen", "1", "--seqlen-k", str(n), "--head-dim", "32", "--engine", "ptx", "--json"])
+             for n in (300, 170)]
+    assert one["problem"]["splits"] == 1 and three["problem"]["splits"] == 3
+    assert one["problem"]["cache_seqlens"] == [300, 170] and three["smem"] == "swizzled"
+    assert one["classes"]["LDSM"]["instructions"] == sum(d["classes"]["LDSM"]["instructions"] for d in dense) > 0
+    assert three["classes"]["LDSM"] == one["classes"]["LDSM"]
+    assert three["classes"]["STS"]["instructions"] == three["classes"]["LDS"]["instructions"] == 0 < \
+        one["classes"]["STS"]["instructions"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--splits", "2", "--causal"], "take no --causal or --window"),
+    (["--splits", "2", "--engine", "program"], "without --engine program or --kernel"),
+    (["--splits", "9"], "splits must be an integer from 1 to 5"),
+])
+def test_banks_refuses_split_kv_it_cannot_run(capsys, argv, message):
+    assert message in _refused(["banks", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", *argv], capsys)
+
+
 # -- fa compare: recordings of feature runs, replayed on the CPU ------------------------------------------
 def _record(path, dtype="fp16", window=(8, 0), softcap=None, heads_k=1) -> SavedRun:
     """A recording as `fa compare --save` writes it, its 'GPU side' made by the simulator."""

@@ -5,7 +5,8 @@ conflict figure (PNG and SVG), checked before the simulation, refused over exist
 --force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`. The
 feature options (--dtype bf16, --heads-k, --window, --softcap) count that feature's build; a packed
 batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q, cu_seqlens_k) the FA_VARLEN build on
-the PTX engine over the packed grid (docs/features.md, "The commands").
+the PTX engine over the packed grid; split-KV decoding (`--splits N|auto`, `--cache-seqlens`) its
+split launch (fa2_combine.cu uses no shared memory) (docs/features.md, "The commands").
 
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
@@ -33,6 +34,7 @@ from ..run import FrontEnd, PtxFrontEnd
 from . import UsageError
 from .common import (
     add_seqlens_argument,
+    add_splitkv_arguments,
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
@@ -48,6 +50,7 @@ from .common import (
     problem_shape,
     refuse,
     run_inputs,
+    splitkv,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -66,6 +69,7 @@ def register(subparsers) -> None:
     add_engine_arguments(p)
     add_inputs_argument(p)
     add_seqlens_argument(p)
+    add_splitkv_arguments(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--plot", metavar="DIR", default=None,
@@ -77,15 +81,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: dict, cu_seqlens=None):
+def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: dict, cu_seqlens=None,
+            split: dict | None = None):
+    """The bank report of one run (split-KV decoding: that of its split launch, the one with shared
+    memory: fa2_combine.cu has none), and the number of splits that ran (None without split-KV)."""
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
     res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front, **feats,
-                        cu_seqlens=cu_seqlens)
+                        cu_seqlens=cu_seqlens, **(split or {}))
     check_computes(res.counts, front, config)
-    return counter.report()
+    report = counter.report()
+    if split:  # fa_sim.splitkv launches through fa_sim.ptx.launch, whose LaunchInfo names no problem
+        report = dataclasses.replace(report, smem=config.smem.value)
+    return report, res.splits
 
 
 SHARED_OPS = (Op.LDGSTS, Op.LDSM, Op.LDS, Op.STS)  # the classes whose bank conflicts are counted
@@ -128,7 +138,11 @@ def run(args) -> int:
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs(args, plot)
-    files = packed_inputs(args, None)  # args.cu_seqlens: a packed batch of --seqlens or of the --npz file
+    split = splitkv(args)  # split-KV decoding: the split launch (FA_SPLITKV) is counted
+    if split and (args.engine == "program" or args.kernel is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
+                         "engine, here: without --engine program or --kernel")
+    files = packed_inputs(args, split)  # args.cu_seqlens: a packed batch of --seqlens or of the --npz file
     d = inputs_head_dim(args, files)
     base = config_from_args(args, head_dim=d)
     packed = args.cu_seqlens is not None
@@ -138,7 +152,7 @@ def run(args) -> int:
                              "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
                              "(the PTX engine runs it)")
         args.engine = "ptx"
-    front = engine_from_args(args, base)
+    front = PtxFrontEnd() if split else engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     for s in layouts:  # every check before the inputs are made (commands/preflight.py)
         check_engine(front, dataclasses.replace(base, smem=s), args.causal)
@@ -156,8 +170,10 @@ def run(args) -> int:
     announce("banks", prob, reference=False, runs=len(layouts))
     q, k, v = (packed_random_inputs(args, prob, base.dtype) if packed and files is None
                else run_inputs(args, base, files))
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args),
-                                args.cu_seqlens) for s in layouts}
+    runs = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args),
+                             args.cu_seqlens, split) for s in layouts}
+    reports = {s: r for s, (r, _) in runs.items()}
+    splits = next(iter(runs.values()))[1]
     b, h, nq, nk = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k
     if packed:
         lens = ",".join(map(str, prob.seqlens_q)) + ("" if prob.cu_seqlens[0] == prob.cu_seqlens[1] else
@@ -165,6 +181,10 @@ def run(args) -> int:
         size = f"packed (H,d) = ({h},{d}) of {b} sequences, Nq {lens}"
     else:
         size = f"(B,H,N,d) = ({b},{h},{nq},{d})" + ("" if nk == nq else f", Nk={nk}")
+    if split:
+        lens = split["cache_seqlens"]
+        size += f", splits={splits}" + ("" if lens is None else " cache_seqlens=" + ",".join(map(str, lens))) + \
+            " (the split launch; fa2_combine.cu uses no shared memory)"
     shape = (f"{size}{' causal' if args.causal else ''}"
              f"{''.join(', ' + f for f in prob.features())}, "
              f"config {header_tag(base, args.compare)}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
@@ -175,7 +195,9 @@ def run(args) -> int:
                                                "cu_seqlens_k": list(prob.cu_seqlens[1])})
         meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed,
                             "heads_k": prob.heads_k, "window": None if args.window is None else list(args.window),
-                            "softcap": args.softcap, **packed_json},
+                            "softcap": args.softcap, **packed_json,
+                            **({} if not split else {"splits": splits, "cache_seqlens": None if split["cache_seqlens"]
+                                                     is None else [int(x) for x in split["cache_seqlens"]]})},
                 "config": base.to_json(), "causal": args.causal}
         print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[base.smem.value]}, indent=1))
     elif args.compare:
