@@ -224,8 +224,13 @@ class SavedRun:
                        self.softcap)
 
     def save(self, path) -> None:
-        """Write the run to `path` (a file name or an open binary file)."""
-        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=self.q, k=self.k, v=self.v, o=self.o, lse=self.lse,
+        """Write the run to `path` (a file name or an open binary file). q, k, v, o are stored in the
+        config's storage type (float16; bf16: float32 of bf16 values): inputs given as other types
+        (an --npz file's float32 values that fp16 holds exactly, which the kernel's input policy
+        takes) are stored as the values the kernel read."""
+        dt = np.float16 if self.config.dtype == "fp16" else np.float32
+        q, k, v, o = (np.asarray(x, dt) for x in (self.q, self.k, self.v, self.o))
+        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=q, k=k, v=v, o=o, lse=self.lse,
                             checkpoints=self.checkpoints, ctas=np.asarray(self.ctas, np.int64),
                             config=self.config.tag, config_json=json.dumps(self.config.to_json()),
                             causal=self.causal, scale=self.scale, kernel_name=self.kernel_name,

@@ -233,3 +233,15 @@ def test_a_bf16_recording_holds_bf16_values(tmp_path, capsys):
 ])
 def test_compare_refuses_what_has_no_checkpoint_build(capsys, argv, message):
     assert message in _refused(["compare", *argv], capsys)
+
+
+def test_a_recording_stores_inputs_in_the_kernels_type(tmp_path):
+    """Inputs given as float32 values that fp16 holds exactly (an --npz file's, which the input policy
+    takes) are recorded as float16, so that the recording loads and replays."""
+    path, again = tmp_path / "run.npz", tmp_path / "again.npz"
+    run = _record(path, window=(8, 0))
+    SavedRun(run.q.astype(np.float32), run.k.astype(np.float32), run.v, run.o, run.lse, run.checkpoints, run.ctas,
+             run.config, run.causal, run.scale, run.kernel_name, run.kernel_source, run.window).save(again)
+    back = SavedRun.load(again)
+    assert back.q.dtype == back.k.dtype == np.float16 and np.array_equal(back.q, run.q)
+    assert main(["compare", "--gpu-npz", str(again)]) == 0
