@@ -245,3 +245,34 @@ def test_a_recording_stores_inputs_in_the_kernels_type(tmp_path):
     back = SavedRun.load(again)
     assert back.q.dtype == back.k.dtype == np.float16 and np.array_equal(back.q, run.q)
     assert main(["compare", "--gpu-npz", str(again)]) == 0
+
+
+def test_compare_save_records_the_features_it_launched(tmp_path, monkeypatch):
+    """The --save path of a launch with GQA, a window, softcap and bf16, its GPU stood in for by the
+    simulator (the same checkpoints fa_hw.forward returns): the recording holds the features and
+    inputs it ran, and its replay agrees. tests/test_cli_features_gpu.py runs it on a GPU."""
+    import fa_hw
+    from fa_hw import runtime
+
+    calls = []
+
+    class Out:
+        def __init__(self, q, k, v, causal, scale, config, checkpoint_ctas, kernel, window, softcap):
+            res, self.checkpoints = simulate_with_checkpoints(q, k, v, causal, scale, config, checkpoint_ctas,
+                                                              engine="ptx", window=window, softcap=softcap)
+            self.o, self.lse, self.scale = res.o, res.lse, res.scale
+
+    def forward(q, k, v, *, causal, scale, config, checkpoint_ctas, kernel, window, softcap):
+        calls.append((k.shape, window, softcap, config.dtype))
+        return Out(q, k, v, causal, scale, config, checkpoint_ctas, kernel, window, softcap)
+
+    monkeypatch.setattr(fa_hw, "forward", forward)
+    monkeypatch.setattr(runtime, "check_launch", lambda *a, **k: None)
+    path = str(tmp_path / "run.npz")
+    argv = ["compare", "--seqlen", "40", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--window", "8,0",
+            "--softcap", "5", "--dtype", "bf16", "--ctas", "0,1", "--save", path, "--json"]
+    live = _json(argv)
+    assert calls == [((1, 1, 40, 32), (8, 0), 5.0, "bf16")] and live["ok"]
+    run = SavedRun.load(path)
+    assert (run.heads_k, run.window, run.softcap, run.config.dtype, run.ctas) == (1, (8, 0), 5.0, "bf16", (0, 1))
+    assert _json(["compare", "--gpu-npz", path, "--json"])["features"] == live["features"]
