@@ -265,6 +265,7 @@ class CompareReport:
     ctas: tuple[int, ...]
     checkpoints: tuple[CheckpointStats, ...]
     outputs: OutputStats
+    features: tuple[str, ...] = ()  # the launch's features as Problem.features() names them (heads_k=1, ...)
 
     @property
     def ok(self) -> bool:
@@ -275,7 +276,7 @@ class CompareReport:
     def to_json(self) -> dict:
         return {
             "config": self.config.tag, "causal": self.causal, "shape": list(self.shape), "ctas": list(self.ctas),
-            "ok": self.ok,
+            "features": list(self.features), "ok": self.ok,
             "checkpoints": checkpoints_json(self.checkpoints),
             "o": {"fraction_identical": self.outputs.o_identical, "max_ulps_f16": self.outputs.o_max_ulps,
                   "dtype": self.config.dtype},
@@ -310,7 +311,7 @@ def format_checkpoint_table(stats) -> list[str]:
 def format_report(rep: CompareReport) -> str:
     b, h, nq, nk, d = rep.shape
     lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
-             f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
+             + "".join(f"{f} " for f in rep.features) + f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
              *format_checkpoint_table(rep.checkpoints)]
     o = rep.outputs
     lines.append(f"  O   ({rep.config.dtype}): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
@@ -344,11 +345,12 @@ def backward_checkpoint_stats(sim_buf: np.ndarray, gpu_buf: np.ndarray, config, 
 
 
 def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,
-                 window=None) -> CompareReport:
+                 window=None, softcap=None) -> CompareReport:
     b, h, nq, d = np.shape(q)
     nk = np.shape(k)[2]
+    features = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap).features()
     layout = CheckpointLayout(config, -(-nk // config.block_n))
     rounds = rounds_per_cta(ctas, config, nq, nk, causal, window)
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
-                         output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype))
+                         output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype), tuple(features))

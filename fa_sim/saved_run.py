@@ -5,7 +5,10 @@ kernel (config, causal flag, scale; format 3 also the CUDA source). Formats:
 - 1 (no "format" entry): every such run was made with the FFMA softmax form, the only one the
   kernel had; its tag has no softmax suffix and loads as FFMA;
 - 2: the config tag names the softmax form, and "config_json" holds the KernelConfig as JSON;
-- 3: + "kernel_name" and "kernel_source", the .cu the GPU compiled.
+- 3: + "kernel_name" and "kernel_source", the .cu the GPU compiled;
+- 4: the launch's features (issue 38, docs/features.md): k and v may have fewer heads than q
+  (grouped-query attention: H_k dividing H), "window" (int32 [2], -1 -1 for none) and "softcap"
+  (0.0 for none), and a bf16 config's q, k, v, o are float32 arrays of bf16 values.
 
 A file is checked field by field when it is read (`SavedRun.from_arrays`): every array's type,
 rank, dtype and shape, and that the fields agree with one another (the config tag with the JSON,
@@ -26,12 +29,12 @@ import numpy as np
 
 from .checkpoints import CheckpointLayout
 from .config import KernelConfig, SoftmaxForm
-from .problem import Problem
+from .problem import Problem, check_softcap, check_window
 
-SAVED_RUN_FORMAT = 3  # 3: + the kernel's file name and source; 2: the config tag names the softmax form;
-#                       1 (no "format" entry): FFMA form
+SAVED_RUN_FORMAT = 4  # 4: + window, softcap, GQA's k/v heads, bf16 arrays; 3: + the kernel's file name and
+#                       source; 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
 SAVED_ARRAYS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
-OPTIONAL_ARRAYS = ("format", "config_json", "kernel_name", "kernel_source")
+OPTIONAL_ARRAYS = ("format", "config_json", "kernel_name", "kernel_source", "window", "softcap")
 
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
 
@@ -112,22 +115,56 @@ def _config(data: dict, fmt: int) -> KernelConfig:
     return config
 
 
-def _inputs(data: dict, config: KernelConfig) -> tuple[int, int, int, int]:
-    """(B, H, Nq, Nk) after checking q, k, v: fp16 [B, H, N, d] with d the config's head_dim."""
+def _inputs(data: dict, config: KernelConfig) -> tuple[int, int, int, int, int]:
+    """(B, H, Nq, Nk, H_k) after checking q, k, v: [B, H, N, d] with d the config's head_dim, k and v
+    of H_k heads dividing H; float16, or for a bf16 config float32 arrays of bf16 values."""
     q, k = np.asarray(data["q"]), np.asarray(data["k"])
+    name = "float16" if config.dtype == "fp16" else "float32 (bf16 values)"
     if q.ndim != 4 or 0 in q.shape:
-        raise ValueError(f"field q holds {_held(q)}; a saved run holds float16 q [B, H, Nq, d] there")
+        raise ValueError(f"field q holds {_held(q)}; a saved run holds {name} q [B, H, Nq, d] there")
     b, h, nq, d = q.shape
     if d != config.head_dim:
         raise ValueError(f"field q has head_dim {d}, but the run's config {config.tag} has head_dim "
                          f"{config.head_dim}")
     nk = k.shape[2] if k.ndim == 4 and k.shape[2] >= 1 else 1
-    _array(data, "q", np.float16, (b, h, nq, d), "the inputs q [B, H, Nq, d]")
-    _array(data, "k", np.float16, (b, h, nk, d), "the keys k [B, H, Nk, d], with q's B, H and d")
-    _array(data, "v", np.float16, (b, h, nk, d), "the values v, of k's shape")
-    _array(data, "o", np.float16, (b, h, nq, d), "the GPU's output O, of q's shape")
+    hk = k.shape[1] if k.ndim == 4 and k.shape[1] >= 1 and h % k.shape[1] == 0 else h
+    dtype = np.float16 if config.dtype == "fp16" else np.float32
+    _array(data, "q", dtype, (b, h, nq, d), "the inputs q [B, H, Nq, d]")
+    _array(data, "k", dtype, (b, hk, nk, d), "the keys k [B, H_k, Nk, d], with q's B and d and H_k dividing q's H")
+    _array(data, "v", dtype, (b, hk, nk, d), "the values v, of k's shape")
+    _array(data, "o", dtype, (b, h, nq, d), "the GPU's output O, of q's shape")
     _array(data, "lse", np.float32, (b, h, nq), "the GPU's LSE [B, H, Nq]")
-    return b, h, nq, nk
+    if config.dtype == "bf16":
+        for f in ("q", "k", "v", "o"):
+            if (np.ascontiguousarray(data[f]).view(np.uint32) & np.uint32(0xFFFF)).any():
+                raise ValueError(f"field {f} holds float32 values that are not bf16 values; a saved run of a bf16 "
+                                 f"config ({config.tag}) holds bf16 values there")
+    return b, h, nq, nk, hk
+
+
+def _features(data: dict, fmt: int) -> dict:
+    """window and softcap (format 4; absent: none), checked as fa_sim.problem checks them."""
+    out = {"window": None, "softcap": None}
+    if fmt < 4:
+        return out
+    if "window" in data:
+        w = np.asarray(data["window"])
+        if w.shape != (2,) or w.dtype.kind not in "iu":
+            raise ValueError(f"field window holds {_held(w)}; a saved run holds the window (left, right) there, "
+                             f"an int32 array of 2 (-1 -1: none)")
+        try:
+            window = check_window((int(w[0]), int(w[1])))
+        except ValueError as exc:
+            raise ValueError(f"field window: {exc}") from None
+        out["window"] = None if window == (-1, -1) else window
+    if "softcap" in data:
+        cap = float(_scalar(data, "softcap", "fiu", "the softcap, a number (0.0: none)"))
+        if cap != 0.0:
+            try:
+                out["softcap"] = check_softcap(cap)
+            except ValueError as exc:
+                raise ValueError(f"field softcap: {exc}") from None
+    return out
 
 
 def _ctas(data: dict, problem: Problem) -> tuple[int, ...]:
@@ -172,14 +209,34 @@ class SavedRun:
     scale: float
     kernel_name: str = "fa2_fwd.cu"
     kernel_source: str = ""
+    window: tuple[int, int] | None = None  # format 4: the launch's features (GQA: k's heads)
+    softcap: float | None = None
+
+    @property
+    def heads_k(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def problem(self) -> Problem:
+        """The recorded launch (shape, mask, scale, config, features)."""
+        b, h, nq, _ = self.q.shape
+        return Problem(b, h, nq, self.k.shape[2], self.causal, self.scale, self.config, self.heads_k, self.window,
+                       self.softcap)
 
     def save(self, path) -> None:
-        """Write the run to `path` (a file name or an open binary file)."""
-        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=self.q, k=self.k, v=self.v, o=self.o, lse=self.lse,
+        """Write the run to `path` (a file name or an open binary file). q, k, v, o are stored in the
+        config's storage type (float16; bf16: float32 of bf16 values): inputs given as other types
+        (an --npz file's float32 values that fp16 holds exactly, which the kernel's input policy
+        takes) are stored as the values the kernel read."""
+        dt = np.float16 if self.config.dtype == "fp16" else np.float32
+        q, k, v, o = (np.asarray(x, dt) for x in (self.q, self.k, self.v, self.o))
+        np.savez_compressed(path, format=SAVED_RUN_FORMAT, q=q, k=k, v=v, o=o, lse=self.lse,
                             checkpoints=self.checkpoints, ctas=np.asarray(self.ctas, np.int64),
                             config=self.config.tag, config_json=json.dumps(self.config.to_json()),
                             causal=self.causal, scale=self.scale, kernel_name=self.kernel_name,
-                            kernel_source=self.kernel_source)
+                            kernel_source=self.kernel_source,
+                            window=np.asarray(self.window if self.window is not None else (-1, -1), np.int32),
+                            softcap=float(self.softcap or 0.0))
 
     @classmethod
     def load(cls, path) -> "SavedRun":
@@ -208,14 +265,15 @@ class SavedRun:
         scale = float(_scalar(data, "scale", "fiu", "the softmax scale, a positive number"))
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"field scale holds {scale!r}; a saved run holds a positive finite softmax scale there")
-        b, h, nq, nk = _inputs(data, config)
-        problem = Problem(b, h, nq, nk, causal, scale, config)
+        b, h, nq, nk, hk = _inputs(data, config)
+        feats = _features(data, fmt)
+        problem = Problem(b, h, nq, nk, causal, scale, config, hk, **feats)
         ctas = _ctas(data, problem)
         layout = CheckpointLayout(config, problem.n_rounds)
         checkpoints = _array(data, "checkpoints", np.uint32, layout.shape(len(ctas)),
                              "the checkpoint buffer [CTA, checkpoint, round, thread, word] of the recorded CTAs")
         return cls(data["q"], data["k"], data["v"], data["o"], data["lse"], checkpoints, ctas, config, causal, scale,
-                   **_kernel(data, fmt))
+                   **_kernel(data, fmt), **feats)
 
     def with_config(self, config: KernelConfig) -> KernelConfig:
         """`config` in this run's softmax form: the form is part of what the GPU ran."""

@@ -21,7 +21,7 @@ import numpy as np
 from .problem import Problem, check_heads_k
 from .validate import INT32_MAX, MAX_GRID_DIM, check_causal, check_config, check_scale
 
-__all__ = ["check_cu_seqlens", "head_major", "packed_o", "make_varlen_problem", "cu_seqlens_of"]
+__all__ = ["check_cu_seqlens", "head_major", "packed_o", "make_varlen_problem", "cu_seqlens_of", "describe_cta"]
 
 
 def _host_ints(cu, name: str) -> np.ndarray:
@@ -155,3 +155,21 @@ def measure_packed(o, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, sc
 
     return Accuracy(worst("rel_err_o"), worst("max_abs_err_lse"), worst("max_rel_err_lse"),
                     sum((p.nonfinite for p in parts), ()), sum((p.above_bound for p in parts), ()))
+
+
+def describe_cta(prob: Problem, cta: int) -> str:
+    """What CTA `cta` of a packed launch computes, in words: grid (Q blocks of the longest sequence,
+    H, B), linear id blockIdx.x + n_m_blocks (h + H b): sequence b, head h, Q block m_block, and the
+    rows of the packed q and k it reads (or that it exits at once, its Q block past the sequence)."""
+    per_seq = prob.n_m_blocks * prob.heads
+    b, h = divmod(cta // prob.n_m_blocks, prob.heads)
+    m_block = int(prob.m_block_of(cta))
+    (cq, ck), bm = prob.cu_seqlens, prob.config.block_m
+    nq, nk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+    who = f"CTA {cta}: sequence {b} (CTAs {b * per_seq}..{(b + 1) * per_seq - 1}), head {h}, Q block {m_block}"
+    if m_block * bm >= nq:
+        return (f"{who}; it exits at once: sequence {b} has {nq} queries, Q blocks "
+                f"{'none' if nq == 0 else f'0..{-(-nq // bm) - 1}'} (block_m {bm})")
+    last = min(nq, (m_block + 1) * bm) - 1
+    return (f"{who}: queries {m_block * bm}..{last} of the sequence (rows {cq[b] + m_block * bm}..{cq[b] + last} of "
+            f"the packed q); the sequence's keys 0..{nk - 1} are rows {ck[b]}..{ck[b + 1] - 1} of the packed k, v")

@@ -400,10 +400,11 @@ def test_fa_banks_header_names_the_config_of_every_option(dest, argv, compare, m
 
     ran = []
 
-    def count(config, inputs, causal, front, feats):  # the run itself is fa sim's business: record what it was asked
+    def count(config, inputs, causal, front, feats, cu_seqlens, split):  # the run itself is fa sim's business:
         assert not any(feats.values())  # no --heads-k, --window, --softcap: the plain kernel's features
-        ran.append(config)
-        return BankCounter().report()
+        assert cu_seqlens is None and not split  # a dense batch, no split-KV
+        ran.append(config)  # record what it was asked
+        return BankCounter().report(), None
 
     monkeypatch.setattr(banks, "_report", count)
     monkeypatch.setattr(banks, "check_engine", lambda *a, **k: None)

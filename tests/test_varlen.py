@@ -189,8 +189,10 @@ def test_cli_sim_runs_a_packed_file(tmp_path, capsys):
     (["sim"], dict(cu_seqlens_q=np.array([0, 5, 75, 100], np.int32)), "got cu_seqlens_q[-1] = 100"),
     (["sim"], dict(q=np.zeros((1, 108, 2, 32), np.float16)), "q of a packed batch (cu_seqlens) must have rank 3"),
     (["sim", "--engine", "program"], {}, "--engine program does not run a packed batch"),
-    (["trace"], {}, "holds cu_seqlens_q and cu_seqlens_k (a packed batch), which only fa sim runs so far"),
-    (["compare"], {}, "which only fa sim runs so far"),
+    (["trace", "--engine", "program"], {}, "--engine program does not run a packed batch"),
+    (["banks", "--seqlen", "9"], {}, "--seqlen does not apply with --npz"),
+    (["compare"], {}, "holds a packed batch (cu_seqlens_q, cu_seqlens_k), which does not apply to fa compare: "
+                      "fa2_fwd.cu's FA_VARLEN has no checkpoint build"),
 ])
 def test_cli_refuses_bad_packed_files_in_one_line(tmp_path, capsys, argv, over, fragment):
     from fa_sim.cli import main

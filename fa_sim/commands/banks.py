@@ -2,7 +2,11 @@
 (docs/hardware_facts.md), per instruction class, kernel phase and instruction; `--compare` sets the
 three smem layouts side by side (so --smem does not apply with it); `--plot DIR` writes the
 conflict figure (PNG and SVG), checked before the simulation, refused over existing files unless
---force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`.
+--force. `--npz FILE` counts on q, k, v from a file instead of random ones, as in `fa sim`. The
+feature options (--dtype bf16, --heads-k, --window, --softcap) count that feature's build; a packed
+batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q, cu_seqlens_k) the FA_VARLEN build on
+the PTX engine over the packed grid; split-KV decoding (`--splits N|auto`, `--cache-seqlens`) its
+split launch (fa2_combine.cu uses no shared memory) (docs/features.md, "The commands").
 
 LDGSTS (cp.async) is listed apart: Nsight Compute counts no bank conflicts for it, yet the padded
 layout costs it extra wavefronts (10.5 per instruction instead of 4 for the seed tile); JSON names
@@ -29,6 +33,8 @@ from ..events import Op
 from ..run import FrontEnd, PtxFrontEnd
 from . import UsageError
 from .common import (
+    add_seqlens_argument,
+    add_splitkv_arguments,
     add_config_arguments,
     add_engine_arguments,
     add_problem_arguments,
@@ -36,12 +42,15 @@ from .common import (
     config_from_args,
     engine_from_args,
     features,
-    file_inputs,
     heads_k,
     inputs_head_dim,
+    packed_inputs,
+    packed_problem,
+    packed_random_inputs,
     problem_shape,
     refuse,
     run_inputs,
+    splitkv,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument
@@ -59,6 +68,8 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p)
     add_inputs_argument(p)
+    add_seqlens_argument(p)
+    add_splitkv_arguments(p)
     p.add_argument("--compare", action="store_true", help="all three smem layouts side by side (default: --smem only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--plot", metavar="DIR", default=None,
@@ -70,14 +81,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: dict):
+def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: dict, cu_seqlens=None,
+            split: dict | None = None):
+    """The bank report of one run (split-KV decoding: that of its split launch, the one with shared
+    memory: fa2_combine.cu has none), and the number of splits that ran (None without split-KV)."""
     from ..observers import runs
     from ..observers.banks import BankCounter
 
     counter = BankCounter()
-    res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front, **feats)
+    res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front, **feats,
+                        cu_seqlens=cu_seqlens, **(split or {}))
     check_computes(res.counts, front, config)
-    return counter.report()
+    report = counter.report()
+    if split:  # fa_sim.splitkv launches through fa_sim.ptx.launch, whose LaunchInfo names no problem
+        report = dataclasses.replace(report, smem=config.smem.value)
+    return report, res.splits
 
 
 SHARED_OPS = (Op.LDGSTS, Op.LDSM, Op.LDS, Op.STS)  # the classes whose bank conflicts are counted
@@ -120,33 +138,66 @@ def run(args) -> int:
     plot = None if args.plot is None else Output("--plot", Path(args.plot), Kind.DIR,
                                                  tuple(f"{FIGURE}.{f}" for f in FORMATS))
     check_outputs(args, plot)
-    files = file_inputs(args)
+    split = splitkv(args)  # split-KV decoding: the split launch (FA_SPLITKV) is counted
+    if split and (args.engine == "program" or args.kernel is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
+                         "engine, here: without --engine program or --kernel")
+    files = packed_inputs(args, split)  # args.cu_seqlens: a packed batch of --seqlens or of the --npz file
     d = inputs_head_dim(args, files)
     base = config_from_args(args, head_dim=d)
-    front = engine_from_args(args, base)
+    packed = args.cu_seqlens is not None
+    if packed:  # the PTX engine runs FA_VARLEN (the hand-written program does not model it)
+        if args.engine == "program":
+            raise UsageError("--engine program does not run a packed batch (--seqlens or an --npz file's cu_seqlens): "
+                             "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
+                             "(the PTX engine runs it)")
+        args.engine = "ptx"
+    front = PtxFrontEnd() if split else engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     for s in layouts:  # every check before the inputs are made (commands/preflight.py)
         check_engine(front, dataclasses.replace(base, smem=s), args.causal)
-    if files is None:
-        check_input_memory(args)
-    shapes = tuple(np.shape(x) for x in files) if files is not None else qkv_shapes(problem_shape(args), heads_k(args))
-    try:
-        prob = problem_of(shapes, args.causal, None, base, **features(args))
-    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
-        raise UsageError(str(exc)) from None
+    if packed:
+        prob = packed_problem(args, files, base)
+    else:
+        if files is None:
+            check_input_memory(args)
+        shapes = (tuple(np.shape(x) for x in files) if files is not None
+                  else qkv_shapes(problem_shape(args), heads_k(args)))
+        try:
+            prob = problem_of(shapes, args.causal, None, base, **features(args))
+        except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+            raise UsageError(str(exc)) from None
     announce("banks", prob, reference=False, runs=len(layouts))
-    q, k, v = run_inputs(args, base, files)
-    reports = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args))
-               for s in layouts}
-    (b, h, nq, _), nk = q.shape, k.shape[2]
-    keys = "" if nk == nq else f", Nk={nk}"
-    shape = (f"(B,H,N,d) = ({b},{h},{nq},{d}){keys}{' causal' if args.causal else ''}"
+    q, k, v = (packed_random_inputs(args, prob, base.dtype) if packed and files is None
+               else run_inputs(args, base, files))
+    runs = {s.value: _report(dataclasses.replace(base, smem=s), (q, k, v), args.causal, front, features(args),
+                             args.cu_seqlens, split) for s in layouts}
+    reports = {s: r for s, (r, _) in runs.items()}
+    splits = next(iter(runs.values()))[1]
+    b, h, nq, nk = prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k
+    if packed:
+        lens = ",".join(map(str, prob.seqlens_q)) + ("" if prob.cu_seqlens[0] == prob.cu_seqlens[1] else
+                                                      " / Nk " + ",".join(map(str, prob.seqlens_k)))
+        size = f"packed (H,d) = ({h},{d}) of {b} sequences, Nq {lens}"
+    else:
+        size = f"(B,H,N,d) = ({b},{h},{nq},{d})" + ("" if nk == nq else f", Nk={nk}")
+    if split:
+        lens = split["cache_seqlens"]
+        size += f", splits={splits}" + ("" if lens is None else " cache_seqlens=" + ",".join(map(str, lens))) + \
+            " (the split launch; fa2_combine.cu uses no shared memory)"
+    shape = (f"{size}{' causal' if args.causal else ''}"
              f"{''.join(', ' + f for f in prob.features())}, "
              f"config {header_tag(base, args.compare)}" + (f", PTX of {front.kernel.name if front.kernel else 'fa2_fwd.cu'}"
                                                        if isinstance(front, PtxFrontEnd) else ""))
     if args.json:
         out = {s: r.to_json() for s, r in reports.items()}
-        meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},
+        packed_json = ({} if not packed else {"cu_seqlens_q": list(prob.cu_seqlens[0]),
+                                               "cu_seqlens_k": list(prob.cu_seqlens[1])})
+        meta = {"problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed,
+                            "heads_k": prob.heads_k, "window": None if args.window is None else list(args.window),
+                            "softcap": args.softcap, **packed_json,
+                            **({} if not split else {"splits": splits, "cache_seqlens": None if split["cache_seqlens"]
+                                                     is None else [int(x) for x in split["cache_seqlens"]]})},
                 "config": base.to_json(), "causal": args.causal}
         print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[base.smem.value]}, indent=1))
     elif args.compare:

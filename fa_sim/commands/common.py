@@ -230,7 +230,8 @@ def packed_seqlens(text: str) -> tuple[int, ...]:
 
 
 def add_seqlens_argument(p) -> None:
-    """--seqlens of `fa sim` and `fa time`: a packed batch of random inputs (fa_sim.varlen)."""
+    """--seqlens of `fa sim`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
+    a packed batch of random inputs (fa_sim.varlen)."""
     p.add_argument("--seqlens", type=packed_seqlens, default=None, metavar="N,N,...",
                    help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
                         "fa_sim.varlen), instead of --batch / --seqlen / --seqlen-k (default: none)")
@@ -508,9 +509,9 @@ def explicit(args) -> frozenset[str]:
 
 
 def packed_inputs(args, split: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`file_inputs(args, packed=True)` for `fa sim` and `fa time`, then --seqlens (random packed
-    inputs of those lengths, Nk = Nq each: args.cu_seqlens set) and the refusal of a packed batch
-    with split-KV decoding (`split`: `splitkv(args)`), each in one line."""
+    """`file_inputs(args, packed=True)` for `fa sim`, `fa time`, `fa trace` and `fa banks`, then
+    --seqlens (random packed inputs of those lengths, Nk = Nq each: args.cu_seqlens set) and the
+    refusal of a packed batch with split-KV decoding (`split`: `splitkv(args)`), each in one line."""
     loaded = file_inputs(args, packed=True)
     if args.seqlens is not None:
         if loaded is not None:
@@ -524,6 +525,34 @@ def packed_inputs(args, split: dict | None) -> tuple[np.ndarray, np.ndarray, np.
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) take a padded batch, not a packed one "
                          "(--seqlens or an --npz file's cu_seqlens): both use the kernel's grid z")
     return loaded
+
+
+def packed_problem(args, loaded, config: KernelConfig):
+    """The packed launch of args.cu_seqlens (set by `packed_inputs`): of the --npz file's q, k, v
+    ([total, H, d]) or of random inputs of the --seqlens lengths (--heads, --heads-k, the config's
+    head_dim), with --causal, --scale (where the command has it) and the features; a ValueError of
+    fa_sim.varlen.make_varlen_problem (the offsets, heads_k not dividing heads, ...) is one UsageError."""
+    from ..varlen import make_varlen_problem
+
+    if loaded is None:
+        total_q, total_k, hk = int(args.cu_seqlens[0][-1]), int(args.cu_seqlens[1][-1]), heads_k(args)
+        d = config.head_dim
+        shapes = [(total_q, args.heads, d), (total_k, hk, d), (total_k, hk, d)]
+    else:
+        shapes = [tuple(np.shape(x)) for x in loaded]
+    try:
+        return make_varlen_problem(*[(1, s[1], s[0], s[2]) for s in shapes], *args.cu_seqlens, args.causal,
+                                   getattr(args, "scale", None), config, **features(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def packed_random_inputs(args, prob, dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random packed inputs of --seqlens, drawn after every check: q [total_q, H, d], k, v
+    [total_k, H_k, d] (the --seed's standard-normal draw of one [1, H, total, d] batch, token-major)."""
+    qkv = _random_inputs(1, prob.heads, prob.total_q, prob.total_k, prob.head_dim, args.seed, heads_k=prob.heads_k,
+                         dtype=dtype)
+    return tuple(np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in qkv)
 
 
 def refuse(args, dests, reason: str) -> None:

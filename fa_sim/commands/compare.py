@@ -8,10 +8,13 @@ documented bound (fa_sim.crosscheck.BOUNDS) and the first mismatch; then O and L
 Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
 `--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
-KernelConfig JSON, causal flag, scale) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
+KernelConfig JSON, causal flag, scale, the features: k's heads, window, softcap, bf16 values as
+float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
-with them is refused, `--ctas` may pick a subset of the recorded CTAs. `--banks` sets the
+with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
+--npz file) and split-KV decoding (--splits, --cache-seqlens) are refused in one line: fa2_fwd.cu
+has no checkpoint build for them (docs/features.md, "The commands"). `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
 
@@ -50,6 +53,8 @@ from ..timing.cost import timing_cost
 from ..reference import random_inputs as reference_inputs
 from . import UsageError
 from .common import (
+    add_seqlens_argument,
+    add_splitkv_arguments,
     add_config_arguments,
     checkpoint_ctas_option,
     add_engine_arguments,
@@ -69,12 +74,11 @@ from .common import (
     option_name,
     problem_shape,
     refuse,
-    refuse_features,
     run_inputs,
     check_timing_dtype,
 )
 from .backward import add_backward_arguments
-from .inputs import HelpFormatter, add_inputs_argument, load_npz
+from .inputs import HelpFormatter, add_inputs_argument, inputs_option, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 from .preflight import announce, check_engine, problem_of, qkv_shapes
 
@@ -91,6 +95,8 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p)
     add_inputs_argument(p)
+    add_seqlens_argument(p)
+    add_splitkv_arguments(p)
     p.add_argument("--ctas", default=None,
                    help="comma-separated linear CTA ids to checkpoint (with --backward: of the main kernel's "
                         "grid, n_block + n_kv_blocks * bh) (default: the first and the last)")
@@ -120,7 +126,8 @@ def load_recording(path) -> SavedRun:
 
 def _given(dest: str, value) -> str:
     """How a value reads as options: '--seqlen 128', '--causal on'."""
-    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    shown = (("on" if value else "off") if isinstance(value, bool)
+             else ",".join(map(str, value)) if isinstance(value, tuple) else value)
     return f"{option_name(dest)} {shown}"
 
 
@@ -129,18 +136,20 @@ def _check_against(args, rec: SavedRun, path) -> None:
     refuse(args, ("save", "banks", "timing"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
-    refuse_features(args, "with --gpu-npz: recordings do not store them yet")
     b, h, nq, d = rec.q.shape
-    recorded = {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": rec.k.shape[2], "causal": rec.causal,
-                "scale": rec.scale, **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
+    recorded = {"batch": b, "heads": h, "heads_k": rec.heads_k, "seqlen": nq, "seqlen_k": rec.k.shape[2],
+                "causal": rec.causal, "scale": rec.scale, "window": rec.window, "softcap": rec.softcap,
+                **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
     for dest, value in recorded.items():
         mine = getattr(args, dest)
+        if dest == "window" and mine is not None and value is None:
+            value = (-1, -1)  # a recording without a window: --window -1,-1 agrees with it
         if dest in explicit(args) and mine != value:
             raise UsageError(f"{_given(dest, mine)} disagrees with --gpu-npz {path}, recorded with "
-                             f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag "
-                             f"and scale)")
+                             f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag, "
+                             f"scale and features)")
     if "seed" in explicit(args):
-        again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed)
+        again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed, heads_k=rec.heads_k, dtype=rec.config.dtype)
         if not all(np.array_equal(x, y) for x, y in zip(again, (rec.q, rec.k, rec.v))):
             raise UsageError(f"--seed {args.seed}: the inputs in --gpu-npz {path} are not the random inputs "
                              f"of this seed; drop --seed (the file holds its inputs)")
@@ -173,12 +182,10 @@ def _replay(args):
     rec = load_recording(args.gpu_npz)
     _check_against(args, rec, args.gpu_npz)
     kernel = _recorded_kernel(args, rec)
-    b, h, nq, _ = rec.q.shape
-    ctas = checkpoint_ctas_option(args.ctas, Problem(b, h, nq, rec.k.shape[2], rec.causal, rec.scale, rec.config).n_ctas,
-                                  rec.ctas)
+    ctas = checkpoint_ctas_option(args.ctas, rec.problem.n_ctas, rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
     return ((rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale),
-            kernel)
+            kernel, {"window": rec.window, "softcap": rec.softcap})
 
 
 def _launch_config(args, d: int, shapes):
@@ -200,19 +207,19 @@ def _launch(args, save: Output | None):
     """Every check (commands/preflight.py), then the inputs, then the GPU run."""
     import fa_hw
 
-    files = file_inputs(args)
+    files = file_inputs(args, packed=True)
+    if args.cu_seqlens is not None:
+        raise UsageError(f"{inputs_option(args)} {args.npz} holds a packed batch (cu_seqlens_q, cu_seqlens_k), which "
+                         f"{NO_PACKED[:NO_PACKED.index(', and fa sim')]}")
     d = inputs_head_dim(args, files)
     check_scale(args, d)
     shapes = ([tuple(np.shape(x)) for x in files] if files is not None
               else qkv_shapes(problem_shape(args), heads_k(args)))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
     if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
-        refuse(args, ("save", "banks", "timing"), "with --heads-k, --window or --softcap yet (recordings, the "
-               "Nsight Compute profile and the timing model do not take them)")
+        refuse(args, ("banks", "timing"), "with --heads-k, --window or --softcap yet (the Nsight Compute profile and "
+               "the timing model's comparison do not take them; fa time does: docs/features.md)")
     config = _launch_config(args, d, shapes)
-    if save is not None and config.dtype != "fp16":
-        raise UsageError(f"--save records fp16 runs only (fa_sim.saved_run's format holds float16 arrays); this run is "
-                         f"--dtype {config.dtype}: drop --save")
     ctas = checkpoint_ctas_option(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
         check_timing_dtype(config, "fa compare --timing")
@@ -222,7 +229,7 @@ def _launch(args, save: Output | None):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     kernel = kernel_from_args(args)
-    front = _front(args, config, kernel)
+    front = _front(args, config, kernel, args.softcap)
     if files is None:
         check_input_memory(args)
     from fa_hw.runtime import check_launch
@@ -239,21 +246,40 @@ def _launch(args, save: Output | None):
     if save is not None:
         source = kernel_source(kernel)  # what the GPU compiled: a patch is saved applied
         with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
-            SavedRun(q, k, v, out.o, out.lse, out.checkpoints, tuple(ctas), config, args.causal, out.scale,
-                     source.name, source.text).save(f)
+            SavedRun(q, k, v, np.asarray(out.o), out.lse, out.checkpoints, tuple(ctas), config, args.causal,
+                     out.scale, source.name, source.text, args.window, args.softcap).save(f)
         print(f"wrote {save.path}", file=sys.stderr)
-    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, features(args)
 
 
-def _front(args, config, recorded):
+def _front(args, config, recorded, softcap=None):
     """The simulator's front end for this run (the kernel the GPU ran, if any: --kernel's or the
     recording's), checked now (commands/preflight.check_engine: a PTX program is compiled)."""
     if recorded is not None and args.engine == "program":
         raise UsageError("--engine program runs the shipped kernel; this run's kernel "
                          f"({Path(recorded).name}) is simulated by the PTX engine: drop --engine program")
-    front = front_end(args.engine, recorded, config, getattr(args, "softcap", None))
+    front = front_end(args.engine, recorded, config, softcap)
     check_engine(front, config, args.causal, checkpoints=True)
     return front
+
+
+NO_PACKED = ("does not apply to fa compare: fa2_fwd.cu's FA_VARLEN has no checkpoint build (#error FA_VARLEN && "
+             "FA_CHECKPOINTS); a packed launch equals each sequence's dense launch bit for bit, so compare one "
+             "sequence (--seqlen Nq_b --seqlen-k Nk_b), and fa sim / fa trace / fa banks --seqlens run the packed "
+             "build")
+
+
+def _refuse_without_checkpoints(args) -> None:
+    """fa compare compares the checkpoints of fa2_fwd.cu's debug build (FA_CHECKPOINTS), which the
+    kernel refuses to build with a packed batch or split-KV (#error): one line each, naming what
+    works instead."""
+    if args.seqlens is not None:
+        raise UsageError(f"--seqlens {NO_PACKED}")
+    if args.splits is not None or args.cache_seqlens is not None:
+        given = "--splits" if args.splits is not None else "--cache-seqlens"
+        raise UsageError(f"{given} does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build "
+                         "(#error FA_SPLITKV && FA_CHECKPOINTS); a split is the unsplit kernel on its keys, so compare "
+                         "that (--seqlen-k L), and fa sim --splits runs the split and combine launches")
 
 
 def run(args) -> int:
@@ -263,17 +289,18 @@ def run(args) -> int:
     if args.backward:
         from .backward_gpu import compare
         return compare(args)
+    _refuse_without_checkpoints(args)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu, recorded = _replay(args)
-        front = _front(args, config, recorded)
+        (q, k, v), config, causal, ctas, gpu, recorded, feats = _replay(args)
+        front = _front(args, config, recorded, feats["softcap"])
     else:
         check_outputs(args, save)
-        (q, k, v), config, causal, ctas, gpu, front = _launch(args, save)
+        (q, k, v), config, causal, ctas, gpu, front, feats = _launch(args, save)
     o, lse, gpu_buf, scale = gpu
-    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front, **features(args))
+    sim_res, sim_buf = simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, engine=front, **feats)
     kernel = kernel_from_args(args)  # what Nsight Compute profiles below: the user's --kernel
-    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf, window=args.window)
+    report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf, **feats)
     banks = None
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison

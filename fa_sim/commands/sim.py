@@ -56,10 +56,11 @@ from .common import (
     engine_from_args,
     features,
     packed_inputs,
+    packed_problem,
+    packed_random_inputs,
     heads_k,
     inputs_head_dim,
     kernel_from_args,
-    problem_head_dim,
     problem_shape,
     refuse,
     run_inputs,
@@ -110,27 +111,17 @@ def _inputs(args, loaded, config, front):
     if loaded is None:
         check_input_memory(args)
     check_cluster(args.cluster)
-    shapes = qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None else [np.shape(x) for x in loaded]
-    if args.seqlens is not None:  # random packed inputs, [total, H, d]
-        total, d = int(args.cu_seqlens[0][-1]), problem_head_dim(args)
-        shapes = [(total, args.heads, d), (total, heads_k(args), d), (total, heads_k(args), d)]
-    try:
-        if args.cu_seqlens is not None:
-            from ..varlen import make_varlen_problem
-
-            shapes = [(1, s[1], s[0], s[2]) for s in shapes]  # head-major, as the kernel reads them
-            prob = make_varlen_problem(*shapes, *args.cu_seqlens, args.causal, args.scale, config, **features(args))
-        else:
+    if args.cu_seqlens is not None:  # a packed batch: the file's, or random inputs of --seqlens
+        prob = packed_problem(args, loaded, config)
+    else:
+        shapes = qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None else [np.shape(x) for x in loaded]
+        try:
             prob = problem_of(shapes, args.causal, args.scale, config, **features(args))
-    except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
-        raise UsageError(str(exc)) from None
+        except ValueError as exc:  # the file's shapes (k's heads not dividing q's, ...)
+            raise UsageError(str(exc)) from None
     announce("sim", prob, args.mma)
     if args.seqlens is not None:
-        from ..reference import random_inputs
-
-        qkv = random_inputs(1, args.heads, prob.total_q, prob.total_k, prob.head_dim, args.seed, heads_k=heads_k(args),
-                            dtype=config.dtype)
-        return tuple(np.ascontiguousarray(x[0].transpose(1, 0, 2)) for x in qkv)
+        return packed_random_inputs(args, prob, config.dtype)
     return run_inputs(args, config, loaded)
 
 

@@ -10,6 +10,13 @@ trace-event JSON: both are checked before the simulation (an existing file is re
 --force), written atomically, and reported on stderr ("wrote PATH"), so stdout holds the story.
 `--npz FILE` takes q, k, v from a file, as in `fa sim`.
 
+A packed batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q and cu_seqlens_k, as in `fa
+sim`) runs the FA_VARLEN build on the PTX engine: --cta is a CTA of its grid (Q blocks of the
+longest sequence, H, B), and the story's header says which sequence, head and Q block it computes
+and which rows of the packed q, k, v those are (fa_sim.varlen.describe_cta); a CTA past its
+sequence's queries is refused (it exits at once), and the story has no S/m/l/P/O sections (that
+build has no checkpoints). docs/features.md, "The commands".
+
 `--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
 kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM): its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
 its dV and dK accumulators after the round at (key, column), and its dQ partial at (query,
@@ -28,6 +35,7 @@ from ..config import WARP_SIZE
 from ..kernels import Problem
 from . import UsageError
 from .common import (
+    add_seqlens_argument,
     warp_and_lane,
     add_config_arguments,
     add_engine_arguments,
@@ -36,11 +44,13 @@ from .common import (
     config_from_args,
     engine_from_args,
     features,
-    file_inputs,
     heads_k,
     inputs_head_dim,
     int_in,
     kernel_from_args,
+    packed_inputs,
+    packed_problem,
+    packed_random_inputs,
     parse_ops,
     problem_shape,
     random_inputs,
@@ -61,7 +71,8 @@ def register(subparsers) -> None:
     p.add_argument("--cta", type=int_in("--cta", 0), default=0,
                    help="linear CTA id in the grid, blockIdx.x + ceil(Nq/block_m) * (batch * H + head); the Q block "
                         "it computes (m_block, in the story's header) is blockIdx.x, or under --heavy-first --causal "
-                        "ceil(Nq/block_m) - 1 - blockIdx.x (default 0; 0 .. CTAs-1)")
+                        "ceil(Nq/block_m) - 1 - blockIdx.x; a packed batch (--seqlens): blockIdx.x + "
+                        "ceil(max Nq/block_m) * (head + H * sequence) (default 0; 0 .. CTAs-1)")
     p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
     p.add_argument("--lane", type=int_in("--lane", 0), default=0, help="lane of the warp (default 0; 0 .. 31)")
     p.add_argument("--thread", type=int_in("--thread", 0), default=None,
@@ -73,6 +84,7 @@ def register(subparsers) -> None:
     add_config_arguments(p)
     add_engine_arguments(p)
     add_inputs_argument(p)
+    add_seqlens_argument(p)
     p.add_argument("--ops", default=None,
                    help="comma-separated instruction classes to keep, e.g. LDSM,SHFL (default: all)")
     p.add_argument("--json", action="store_true", help="print the story as JSON instead of the table")
@@ -86,9 +98,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
-    """Why round `rnd` is not one CTA `cta` runs (SCHEDULE.md's n_block_max), or None."""
-    cfg, m_block = prob.config, int(prob.m_block_of(cta))
+def _round_error(launch: Problem, cta: int, rnd: int) -> UsageError | None:
+    """Why round `rnd` is not one CTA `cta` runs (SCHEDULE.md's n_block_max), or None; a packed
+    launch's CTA by the rule of its sequence (a CTA past its sequence's queries runs none)."""
+    cfg, m_block = launch.config, int(launch.m_block_of(cta))
+    prob = launch
+    if launch.varlen:
+        from ..varlen import describe_cta
+
+        if not int(launch.rounds_per_cta([cta])[0]):
+            return UsageError(f"--cta {cta} runs no round: {describe_cta(launch, cta)}")
+        prob = launch.sequence(cta // (launch.n_m_blocks * launch.heads))
     n = int(prob.n_rounds_of(m_block))
     if rnd < n:
         return None
@@ -104,8 +124,10 @@ def _round_error(prob: Problem, cta: int, rnd: int) -> UsageError | None:
                f"(block_n = {cfg.block_n}); CTAs of later query blocks run up to {prob.n_rounds} rounds")
     else:
         why = f"Nk = {prob.seqlen_k} keys in blocks of block_n = {cfg.block_n}"
-    who = f"CTA {cta}" + (f" (blockIdx.x {cta % prob.n_m_blocks}: Q block m_block {m_block} under --heavy-first "
-                          f"--causal)" if prob.reversed_m_blocks else "")
+    who = f"CTA {cta}" + (f" (blockIdx.x {cta % launch.n_m_blocks}: Q block m_block {m_block} under --heavy-first "
+                          f"--causal)" if launch.reversed_m_blocks else "")
+    if launch.varlen:
+        who += f" (sequence {cta // (launch.n_m_blocks * launch.heads)}, Nq {prob.seqlen_q}, Nk {prob.seqlen_k})"
     return UsageError(f"--round {rnd} is not a round of {who}: it runs {runs}; {why}")
 
 
@@ -113,7 +135,9 @@ def _check_selection(args, prob: Problem) -> tuple[int, int]:
     """(warp, lane) after checking CTA, warp, lane, thread and round against the grid."""
     cfg = prob.config
     if args.cta >= prob.n_ctas:
-        raise UsageError(f"--cta {args.cta} is outside the grid: {prob.n_ctas} CTAs, 0..{prob.n_ctas - 1}")
+        grid = (f" (grid {prob.n_m_blocks} Q blocks of the longest sequence x {prob.heads} heads x {prob.batch} "
+                f"sequences)" if prob.varlen else "")
+        raise UsageError(f"--cta {args.cta} is outside the grid: {prob.n_ctas} CTAs, 0..{prob.n_ctas - 1}{grid}")
     warp, lane = warp_and_lane(args, cfg.n_warps)
     error = _round_error(prob, args.cta, args.round)
     if error is not None:
@@ -131,21 +155,33 @@ def run(args) -> int:
         return backward.trace(args)
     kernel_from_args(args)  # the file, before anything is read or made
     ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
-    inputs = file_inputs(args)  # None: random, drawn after the checks
+    inputs = packed_inputs(args, None)  # None: random, drawn after the checks; args.cu_seqlens of a packed batch
     cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, save, perfetto)
-    b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
-    hk = heads_k(args) if inputs is None else inputs[1].shape[1]
-    try:
-        selected = Problem(b, h, nq, nk, args.causal, 1.0, cfg, hk, **features(args))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    packed = args.cu_seqlens is not None
+    if packed:  # the PTX engine runs FA_VARLEN (the hand-written program does not model it)
+        if args.engine == "program":
+            raise UsageError("--engine program does not run a packed batch (--seqlens or an --npz file's cu_seqlens): "
+                             "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
+                             "(the PTX engine runs it)")
+        args.engine = "ptx"
+        selected = packed_problem(args, inputs, cfg)
+    else:
+        b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
+        hk = heads_k(args) if inputs is None else inputs[1].shape[1]
+        try:
+            selected = Problem(b, h, nq, nk, args.causal, 1.0, cfg, hk, **features(args))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     warp, lane = _check_selection(args, selected)
     front = engine_from_args(args, cfg)
     check_engine(front, cfg, args.causal)
-    if inputs is None:  # made after every check (commands/preflight.py)
+    if packed:
+        announce("trace", selected, reference=False)
+        inputs = packed_random_inputs(args, selected, cfg.dtype) if inputs is None else run_inputs(args, cfg, inputs)
+    elif inputs is None:  # made after every check (commands/preflight.py)
         check_input_memory(args)
         announce("trace", problem_of(qkv_shapes(problem_shape(args), heads_k(args)), args.causal, None, cfg,
                                      **features(args)), reference=False)
@@ -153,7 +189,8 @@ def run(args) -> int:
     else:
         inputs = run_inputs(args, cfg, inputs)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
-    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front, **features(args))
+    tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front, **features(args),
+                        cu_seqlens=args.cu_seqlens)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
     if save is not None:

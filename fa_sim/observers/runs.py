@@ -12,7 +12,7 @@ from ..reference import random_inputs
 from ..simulate import simulate as _simulate
 from .banks import BankCounter, BankReport
 from .hazards import HazardChecker, HazardReport
-from .trace import Trace, TraceFilter, TraceRecorder
+from .trace import InstructionRecorder, Trace, TraceFilter, TraceRecorder
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,17 @@ class Problem:
 
 
 def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None,
-             engine: str = "program", kernel=None, window=None, softcap=None):
+             engine: str = "program", kernel=None, window=None, softcap=None, cu_seqlens=None, splits=None,
+             cache_seqlens=None):
     """fa_sim.simulate with the observers of a run (the observers sit above the machine: it imports
-    nothing from them); window and softcap as fa_sim.simulate takes them."""
+    nothing from them); window, softcap, splits and cache_seqlens as fa_sim.simulate takes them
+    (split-KV decoding: the observers see the split launch); cu_seqlens: (cu_seqlens_q, cu_seqlens_k)
+    of a packed batch (q [total_q, H, d], k, v [total_k, H_k, d]), or None."""
     kwargs = {} if mutation is None else {"mutation": mutation}
+    if splits is not None or cache_seqlens is not None:
+        kwargs |= {"splits": splits, "cache_seqlens": cache_seqlens}
+    if cu_seqlens is not None:
+        kwargs |= {"cu_seqlens_q": cu_seqlens[0], "cu_seqlens_k": cu_seqlens[1]}
     return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers),
                      engine=engine, kernel=kernel, window=window, softcap=softcap, **kwargs)
 
@@ -47,11 +54,14 @@ def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool =
 
 
 def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
-              inputs=None, engine: str = "program", kernel=None, window=None, softcap=None) -> Trace:
-    recorder = TraceRecorder(filter)
+              inputs=None, engine: str = "program", kernel=None, window=None, softcap=None,
+              cu_seqlens=None) -> Trace:
+    """The trace of a run; a packed batch (`cu_seqlens`) records its instructions only (InstructionRecorder:
+    the FA_VARLEN build has no checkpoints)."""
+    recorder = (TraceRecorder if cu_seqlens is None else InstructionRecorder)(filter)
     q, k, v = problem.inputs() if inputs is None else inputs
     simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel,
-             window=window, softcap=softcap)
+             window=window, softcap=softcap, cu_seqlens=cu_seqlens)
     return recorder.trace
 
 

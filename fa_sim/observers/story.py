@@ -94,11 +94,32 @@ def config_of(launch: dict) -> KernelConfig:
     return KernelConfig.from_json(launch["config"])
 
 
+def problem_of(launch: dict) -> Problem:
+    """The launch's Problem as far as the story needs it: shape, mask, config and a packed batch's
+    offsets (heads_k, window and softcap do not change which Q block a CTA computes)."""
+    cu = (launch["cu_seqlens_q"], launch["cu_seqlens_k"]) if "cu_seqlens_q" in launch else None
+    return Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
+                   launch["scale"], config_of(launch), cu_seqlens=cu)
+
+
 def m_block_of(launch: dict, cta: int) -> int:
     """The Q block a linear CTA id computes (blockIdx.x, reversed under heavy_first with causal)."""
-    prob = Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
-                   launch["scale"], config_of(launch))
-    return int(prob.m_block_of(cta))
+    return int(problem_of(launch).m_block_of(cta))
+
+
+def packed_header(launch: dict, cta: int) -> str | None:
+    """A packed batch's line of the story: which sequence, head and Q block the CTA computes (the
+    story's query and key coordinates count from that sequence's start: PACKED_NOTE, which also
+    says why no state sections follow); None for a dense launch."""
+    if "cu_seqlens_q" not in launch:
+        return None
+    from ..varlen import describe_cta
+
+    return f"packed batch, {describe_cta(problem_of(launch), cta)}"
+
+
+PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa2_fwd.cu's "
+               "FA_VARLEN has no checkpoint build (the registers written are in the steps)")
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
@@ -266,6 +287,9 @@ def format_story(story: LaneStory) -> str:
     head = (f"CTA {story.cta} ({block}, batch-head {story.bh})  warp {story.warp}  lane {story.lane}"
             f"  (thread {32 * story.warp + story.lane})  round {story.round}\n"
             f"{config_of(la).tag}  seqlen_q {la['seqlen_q']} seqlen_k {la['seqlen_k']}  causal {la['causal']}")
+    packed = packed_header(la, story.cta)
+    if packed is not None:
+        head += f"  (max over the sequences)\n{packed}\n{PACKED_NOTE}"
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line
         lines = [head, f"{'pc':>5} {'phase':<8} {'source (line<call)':<19} {'PTX instruction':<52} "
                        f"{'smem coord -> byte -> bank':<34} registers written"]
@@ -292,6 +316,7 @@ def format_story(story: LaneStory) -> str:
 def story_json(story: LaneStory) -> dict:
     return {"cta": story.cta, "warp": story.warp, "lane": story.lane, "round": story.round,
             "m_block": story.m_block, "bh": story.bh, "launch": story.launch,
+            **({} if "cu_seqlens_q" not in story.launch else {"packed": packed_header(story.launch, story.cta)}),
             "steps": [{"seq": s.seq, "instr": s.instr, "pc": s.pc, "op": s.op.value, "phase": s.phase,
                        "round": s.round, "label": s.label, "ptx": s.ptx, "src": s.src, "regs": s.regs,
                        "touch": s.touch, "detail": s.detail,

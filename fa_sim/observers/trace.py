@@ -148,6 +148,8 @@ def launch_json(launch: LaunchInfo) -> dict:
         out |= {"config": p.config.to_json(), "batch": p.batch, "heads": p.heads, "seqlen_q": p.seqlen_q,
                 "seqlen_k": p.seqlen_k, "causal": bool(p.causal), "scale": float(p.scale),
                 "n_m_blocks": launch.n_m_blocks}
+        if p.varlen:  # a packed batch: the offsets say which sequence a CTA computes (fa_sim.varlen)
+            out |= {"cu_seqlens_q": list(p.cu_seqlens[0]), "cu_seqlens_k": list(p.cu_seqlens[1])}
     return out
 
 
@@ -268,7 +270,7 @@ class TraceRecorder:
 
     # -- shards (fa_sim.parallel.merge): records follow in grid order, numbered on ---------------
     def fresh(self) -> "TraceRecorder":
-        return TraceRecorder(self.filter)
+        return type(self)(self.filter)
 
     def partial(self) -> tuple[list, list]:
         return self._records, self._checkpoints
@@ -283,3 +285,11 @@ class TraceRecorder:
     def trace(self) -> Trace:
         threads = self._threads if self._threads is not None else np.zeros(0, np.int64)
         return Trace(self._launch, self.filter, threads, tuple(self._records), tuple(self._checkpoints))
+
+
+class InstructionRecorder(TraceRecorder):
+    """A TraceRecorder of the instructions only, for launches that have no checkpoint build: a packed
+    batch (fa2_fwd.cu's FA_VARLEN refuses FA_CHECKPOINTS, and fa_sim.simulate refuses checkpoint
+    observers with cu_seqlens). Its traces have no checkpoint records."""
+
+    on_checkpoint = None  # not a hook: the run asks for no checkpoints

@@ -1,0 +1,52 @@
+"""`fa compare --save` of issue 38's features on a real GPU (marked `gpu`, skipped cleanly without
+one), then the recording replayed with `--gpu-npz` (the CPU path of tests/test_cli_features.py):
+GQA, a sliding window, softcap and bf16, on shapes with tails, every checkpoint, O and LSE
+bit-identical both times, and the recording holding the features it ran."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+import fa_hw
+from fa_sim.cli import main
+from fa_sim.crosscheck import SavedRun
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    return fa_hw.device_arch()
+
+SHAPE = ["--seqlen", "200", "--seqlen-k", "150", "--heads", "4", "--heads-k", "2"]
+CASES = [
+    (["--window", "40,8"], (40, 8), None, "fp16"),
+    (["--causal", "--window", "64,-1", "--softcap", "7.5", "--dtype", "bf16"], (64, -1), 7.5, "bf16"),
+    (["--softcap", "3", "--block-m", "128", "--kv-stages", "2"], None, 3.0, "fp16"),
+]
+
+
+def _json(argv) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    report = json.loads(out.getvalue())
+    assert status == 0 and report["ok"], (argv, report)
+    return report
+
+
+@pytest.mark.parametrize("options, window, softcap, dtype", CASES)
+def test_compare_save_then_replay_a_feature_run(gpu, tmp_path, options, window, softcap, dtype):
+    path = str(tmp_path / "run.npz")
+    live = _json(["compare", *SHAPE, *options, "--ctas", "0,5", "--save", path, "--json"])
+    run = SavedRun.load(path)
+    assert run.heads_k == 2 and run.softcap == softcap and run.config.dtype == dtype
+    assert run.window == window
+    replay = _json(["compare", "--gpu-npz", path, "--json"])
+    assert replay["features"] == live["features"] and replay["o"]["fraction_identical"] == 1.0
