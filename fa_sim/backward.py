@@ -55,7 +55,7 @@ from .contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PREPROCE
                                 BackwardConfig)
 from .events import Op
 from .validate import (FP32_MAX, check_bf16_range, check_causal, check_input, check_scale, check_shapes,
-                       dtype_name)
+                       run_dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,26 +102,10 @@ class BackwardInputs:
 
 def backward_dtype(inputs, dtype=None, config=None) -> str:
     """The run's 16-bit type from the `dtype` keyword, the five inputs' types and the config (module
-    docstring); one ValueError line for float16 and bfloat16 inputs mixed, a bad name, or a config
-    whose dtype is not the run's."""
-    typed = [(i.name, i.half_type) for i in inputs if i.half_type is not None]
-    kinds = {t for _, t in typed}
-    if len(kinds) > 1:
-        said = ", ".join(f"{n} is {'float16' if t == 'fp16' else 'bfloat16'}" for n, t in typed)
-        raise ValueError(f"q, k, v, o, do mix fp16 and bf16 ({said}); the backward kernel reads one type: convert "
-                         "them to one (all float16 or all bfloat16)")
-    cfg = config if isinstance(config, BackwardConfig) else None
-    if dtype is not None:
-        run, source = dtype_name(dtype), f"dtype={dtype_name(dtype)!r}"
-    elif kinds:
-        run = kinds.pop()
-        source = f"the inputs are {'float16' if run == 'fp16' else 'bfloat16'}"
-    else:
-        run, source = (cfg.dtype if cfg is not None else "fp16"), None
-    if cfg is not None and cfg.dtype != run:
-        raise ValueError(f"config.dtype is {cfg.dtype!r} but {source}; pass a BackwardConfig with dtype={run!r} "
-                         f"(dataclasses.replace(config, dtype={run!r})) or dtype={cfg.dtype!r}")
-    return run
+    docstring, fa_sim.validate.run_dtype); one ValueError line for float16 and bfloat16 inputs mixed,
+    a bad name, or a config whose dtype is not the run's."""
+    return run_dtype(inputs, dtype, config if isinstance(config, BackwardConfig) else None, "q, k, v, o, do",
+                     "the backward kernel", "a BackwardConfig")
 
 
 def check_bf16_backward_range(maxima, scale: float, head_dim: int, seqlen_q: int, seqlen_k: int) -> None:

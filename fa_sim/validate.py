@@ -370,13 +370,19 @@ def resolve_dtype(inputs, dtype=None, config=None) -> str:
     """The run's 16-bit type from the `dtype` keyword, the inputs' types and the config (module
     docstring); one ValueError line for float16 and bfloat16 inputs mixed, a bad name, or a config
     whose dtype is not the run's."""
+    return run_dtype(inputs, dtype, _config_or_none(config), "q, k and v", "the kernel", "a config")
+
+
+def run_dtype(inputs, dtype, config, arrays: str, kernel: str, config_words: str) -> str:
+    """resolve_dtype's rule for any kernel's inputs (the backward's: fa_sim.backward.backward_dtype):
+    the `dtype` keyword, else the inputs' one 16-bit type, else config.dtype (config None: fp16);
+    `arrays`, `kernel` and `config_words` name them in the messages."""
     typed = [(i.name, i.half_type) for i in inputs if i.half_type is not None]
     kinds = {t for _, t in typed}
     if len(kinds) > 1:
         said = ", ".join(f"{n} is {'float16' if t == 'fp16' else 'bfloat16'}" for n, t in typed)
-        raise ValueError(f"q, k and v mix fp16 and bf16 ({said}); the kernel reads one type: convert them to one "
+        raise ValueError(f"{arrays} mix fp16 and bf16 ({said}); {kernel} reads one type: convert them to one "
                          "(all float16 or all bfloat16)")
-    config = _config_or_none(config)
     if dtype is not None:
         run, source = dtype_name(dtype), f"dtype={dtype_name(dtype)!r}"
     elif kinds:
@@ -385,7 +391,7 @@ def resolve_dtype(inputs, dtype=None, config=None) -> str:
     else:
         run, source = (config.dtype if config is not None else "fp16"), None
     if config is not None and config.dtype != run:
-        raise ValueError(f"config.dtype is {config.dtype!r} but {source}; pass a config with dtype={run!r} "
+        raise ValueError(f"config.dtype is {config.dtype!r} but {source}; pass {config_words} with dtype={run!r} "
                          f"(dataclasses.replace(config, dtype={run!r})) or dtype={config.dtype!r}")
     return run
 
