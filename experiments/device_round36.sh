@@ -12,6 +12,7 @@
 #   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
 #   bwdtime   experiments/timing_backward.py --measure: the backward's kernel times, for fa time --backward
 #   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
+#   featrec   fa compare --save of GQA + window, causal bf16 + softcap, head_dim 256 (for CPU replays)
 #   featbench experiments/bench_features.py (bf16, GQA, head_dim 96-256, window, softcap against SDPA)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
@@ -51,6 +52,13 @@ for s in $STEPS; do case $s in
     timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt"
     timeout "$(lim ${DECODE_S:-150})" python3 experiments/bench_decode.py --runs 3 --heads 32 --heads-k 8 --batches 1 8 64 \
       --kv 8192 65536 --name bench_decode_gqa --out "$OUT" 2>&1 | tail -14 | tee -a "$OUT/summary.txt" ;;
+  featrec) log featrec
+    for spec in "gqa_window:--heads 4 --heads-k 2 --seqlen 200 --seqlen-k 333 --window 60,20" \
+                "bf16_softcap_causal:--heads 2 --seqlen 333 --causal --softcap 15 --dtype bf16" \
+                "d256_causal:--heads 2 --seqlen 150 --causal --head-dim 256"; do
+      timeout "$(lim 60)" python3 -m fa_sim.cli compare ${spec#*:} --save "$OUT/compare_${spec%%:*}.npz" --force 2>&1 \
+        | tail -4 | tee -a "$OUT/summary.txt"
+    done ;;
   featbench) log featbench
     timeout "$(lim ${FEATBENCH_S:-200})" python3 experiments/bench_features.py --runs 3 --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   bwdck) log bwdck
