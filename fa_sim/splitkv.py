@@ -144,6 +144,12 @@ def packed_gqa(prob: Problem) -> Problem:
     return replace(prob, heads=prob.heads_k, seqlen_q=prob.kv_group * prob.seqlen_q)
 
 
+def packs_gqa(prob: Problem, pack_gqa: bool | None = None) -> bool:
+    """Whether split-KV decoding of `prob` runs GQA packed for this pack_gqa (None: decide; module
+    docstring): g = H / H_k > 1, and Nq < block_m unless forced."""
+    return prob.kv_group > 1 and (prob.seqlen_q < prob.config.block_m if pack_gqa is None else bool(pack_gqa))
+
+
 def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = None,
                   pack_gqa: bool | None = None) -> SplitPlan:
     """The split-KV launch of `prob` (k, v's Nk = the cache's allocated length), or one ValueError line:
@@ -155,7 +161,7 @@ def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = No
                          "kernel's masks are top-left aligned (docs/features.md); drop causal / window")
     if pack_gqa is not None and not isinstance(pack_gqa, (bool, np.bool_)):
         raise ValueError(f"pack_gqa must be None (decide), True or False, got {pack_gqa!r:.40}")
-    pack = prob.kv_group > 1 and (prob.seqlen_q < prob.config.block_m if pack_gqa is None else bool(pack_gqa))
+    pack = packs_gqa(prob, pack_gqa)
     plan = _check_splits(packed_gqa(prob) if pack else prob, splits, cache_seqlens, num_sms)
     return replace(plan, unpacked=prob) if pack else plan
 

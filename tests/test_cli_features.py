@@ -276,3 +276,120 @@ def test_compare_save_records_the_features_it_launched(tmp_path, monkeypatch):
     run = SavedRun.load(path)
     assert (run.heads_k, run.window, run.softcap, run.config.dtype, run.ctas) == (1, (8, 0), 5.0, "bf16", (0, 1))
     assert _json(["compare", "--gpu-npz", path, "--json"])["features"] == live["features"]
+
+
+# -- --pack-gqa: split-KV decoding with the Q heads of a K/V head run as one -------------------------------
+GQA_DECODE = ["--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "130", "--head-dim", "32",
+              "--splits", "2"]
+
+
+def test_sim_pack_gqa_on_and_off_give_the_same_bits():
+    """--pack-gqa on runs the 4 Q heads of the K/V head as one head of 4 rows (a quarter of the CTAs and
+    of their K/V loads), off as 4 heads; each row's arithmetic is the same, so the errors against
+    float64 are equal to the last bit; auto packs here (g = 4 > 1, Nq = 1 < block_m)."""
+    on, off, auto = (_json(["sim", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off", "auto"))
+    assert (on["pack_gqa"], off["pack_gqa"], auto["pack_gqa"]) == (True, False, True)
+    assert on["rel_err_o"] == off["rel_err_o"] and on["max_abs_err_lse"] == off["max_abs_err_lse"]
+    assert on["instructions"] == auto["instructions"]
+    assert 4 * on["instructions"]["LDSM"] == off["instructions"]["LDSM"] > 0
+
+
+def test_time_and_banks_take_pack_gqa():
+    """fa time's split grid and fa banks' counts are those of the packed launch with --pack-gqa on."""
+    on, off = (_json(["time", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off"))
+    assert (on["pack_gqa"], off["pack_gqa"]) == (True, False)
+    assert on["split_grid"] == [1, 1, 2] and off["split_grid"] == [1, 4, 2]
+    on, off = (_json(["banks", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off"))
+    assert (on["problem"]["pack_gqa"], off["problem"]["pack_gqa"]) == (True, False)
+    assert 4 * on["classes"]["LDSM"]["instructions"] == off["classes"]["LDSM"]["instructions"] > 0
+
+
+def test_predict_time_takes_pack_gqa():
+    from fa_sim import predict_time
+
+    with pytest.raises(ValueError, match="pack_gqa applies to split-KV decoding"):
+        predict_time(1, 4, 1, 130, 32, heads_k=1, pack_gqa=True)
+    pred = predict_time(1, 4, 1, 130, 32, heads_k=1, splits=2, pack_gqa=False)
+    assert pred.notes["pack_gqa"] is False and pred.notes["split_grid"] == [1, 4, 2]
+
+
+@pytest.mark.parametrize("command", ["sim", "hw", "time", "banks"])
+def test_pack_gqa_needs_split_kv(capsys, command):
+    assert _refused([command, "--pack-gqa", "auto"], capsys).endswith(
+        "--pack-gqa auto applies to split-KV decoding only: give --splits N|auto or --cache-seqlens with it")
+
+
+def test_compare_refuses_pack_gqa(capsys):
+    assert "--pack-gqa does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build" in \
+        _refused(["compare", "--pack-gqa", "on"], capsys)
+
+
+# -- fa hw --npz / --seqlens, the GPU stood in for by the simulator ---------------------------------------------
+@pytest.fixture
+def hw_on_the_simulator(monkeypatch):
+    """fa_hw.forward replaced by the PTX engine's run of the same launch (what fa_hw.forward returns,
+    bit for bit, on a GPU: tests/test_cli_features_gpu.py); `calls` records its keywords, `spoil`
+    adds to O's row of the packed batch (a wrong result the accuracy check must catch)."""
+    import fa_hw
+    from fa_hw import runtime
+    from fa_hw.forward import HwResult
+
+    from fa_sim import simulate
+
+    state = {"calls": [], "spoil": None}
+
+    def forward(q, k, v, *, causal, scale, config, kernel, **kw):
+        state["calls"].append((np.shape(q), np.shape(k), {n: x for n, x in kw.items() if x is not None}))
+        res = simulate(q, k, v, causal=causal, scale=scale, config=config, engine="ptx", **kw)
+        o = np.array(res.o)
+        if state["spoil"] is not None:
+            o[state["spoil"]] += 1.0
+        return HwResult(o, res.lse, res.config, res.causal, res.scale, 1e-3, 64, splits=res.splits)
+
+    monkeypatch.setattr(fa_hw, "forward", forward)
+    monkeypatch.setattr(runtime, "check_launch", lambda *a, **k: None)
+    return state
+
+
+def test_hw_runs_a_packed_batch(hw_on_the_simulator):
+    out = _json(["hw", "--seqlens", "5,70", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--causal",
+                 "--json"])
+    (q_shape, k_shape, kw), = hw_on_the_simulator["calls"]
+    assert q_shape == (75, 2, 32) and k_shape == (75, 1, 32)
+    assert [list(kw["cu_seqlens_q"]), list(kw["cu_seqlens_k"])] == [[0, 5, 75], [0, 5, 75]]
+    assert out["cu_seqlens_q"] == out["cu_seqlens_k"] == [0, 5, 75]
+    assert out["shape"] == [2, 2, 70, 70, 32] and out["heads_k"] == 1 and out["rel_err_o"] < 1e-3
+    assert not out["above_bound"] and not out["nonfinite"]
+
+
+def test_hw_packed_accuracy_is_per_sequence(hw_on_the_simulator, capsys):
+    """A wrong row of sequence 1 (packed row 40) puts that sequence's O above its bound: exit status 1."""
+    hw_on_the_simulator["spoil"] = (40, 0)
+    assert main(["hw", "--seqlens", "5,70", "--head-dim", "32"]) == 1
+    out = capsys.readouterr().out
+    assert "packed (H, d) = (4, 32) of 2 sequences, Nq 5,70" in out and "ABOVE BOUND" in out
+
+
+def test_hw_reads_npz_files(hw_on_the_simulator, tmp_path):
+    """--npz: a packed file (its offsets passed on, Nk != Nq) and a dense one (its shape reported)."""
+    q, k, v = random_inputs(1, 2, 30, 50, 32, 1)
+    packed = tmp_path / "packed.npz"
+    np.savez(packed, q=q[0].transpose(1, 0, 2), k=k[0].transpose(1, 0, 2), v=v[0].transpose(1, 0, 2),
+             cu_seqlens_q=np.array([0, 10, 30], np.int32), cu_seqlens_k=np.array([0, 35, 50], np.int32))
+    out = _json(["hw", "--npz", str(packed), "--json"])
+    assert out["cu_seqlens_k"] == [0, 35, 50] and out["shape"] == [2, 2, 20, 35, 32] and out["rel_err_o"] < 1e-3
+    dense = tmp_path / "dense.npz"
+    np.savez(dense, q=q, k=k, v=v)
+    out = _json(["hw", "--npz", str(dense), "--window", "8,8", "--json"])
+    assert out["shape"] == [1, 2, 30, 50, 32] and out["window"] == [8, 8] and "cu_seqlens_q" not in out
+    assert hw_on_the_simulator["calls"][-1][2] == {"window": (8, 8)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seqlens", "5,70", "--seqlen", "4"], "--seqlen does not apply with --seqlens"),
+    (["--seqlens", "5,70", "--config", "auto"], "--config auto does not apply to a packed batch"),
+    (["--seqlens", "5,70", "--splits", "2"], "take a padded batch, not a packed one"),
+    (["--seqlens", "5,70", "--backward"], "--seqlens does not apply with --backward"),
+])
+def test_hw_refuses_packed_batches_it_cannot_run(capsys, argv, message):
+    assert message in _refused(["hw", *argv], capsys)

@@ -31,6 +31,7 @@ import numpy as np
 from ..config import KernelConfig, SmemLayout
 from ..events import Op
 from ..run import FrontEnd, PtxFrontEnd
+from ..splitkv import packs_gqa
 from . import UsageError
 from .common import (
     add_seqlens_argument,
@@ -184,6 +185,7 @@ def run(args) -> int:
     if split:
         lens = split["cache_seqlens"]
         size += f", splits={splits}" + ("" if lens is None else " cache_seqlens=" + ",".join(map(str, lens))) + \
+            (" GQA packed" if packs_gqa(prob, split.get("pack_gqa")) else "") + \
             " (the split launch; fa2_combine.cu uses no shared memory)"
     shape = (f"{size}{' causal' if args.causal else ''}"
              f"{''.join(', ' + f for f in prob.features())}, "
@@ -197,7 +199,8 @@ def run(args) -> int:
                             "heads_k": prob.heads_k, "window": None if args.window is None else list(args.window),
                             "softcap": args.softcap, **packed_json,
                             **({} if not split else {"splits": splits, "cache_seqlens": None if split["cache_seqlens"]
-                                                     is None else [int(x) for x in split["cache_seqlens"]]})},
+                                                     is None else [int(x) for x in split["cache_seqlens"]],
+                                                     "pack_gqa": packs_gqa(prob, split.get("pack_gqa"))})},
                 "config": base.to_json(), "causal": args.causal}
         print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[base.smem.value]}, indent=1))
     elif args.compare:

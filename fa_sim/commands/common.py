@@ -247,11 +247,20 @@ def add_splitkv_arguments(p) -> None:
                    help=describe("split-KV decoding: keys of the cache (--seqlen-k) each sequence holds, one per "
                                  "batch entry; with --npz, the file's int32 array cache_seqlens instead",
                                  "all", "integers 1 .. Nk"))
+    p.add_argument("--pack-gqa", choices=tuple(PACK_GQA), default=None, metavar="{auto,on,off}",
+                   help=describe("split-KV decoding with --heads-k: run the Q heads of a K/V head as one head of "
+                                 "g*Nq rows, K/V read once per group (FlashAttention-2's seqlenq_ngroups_swapped; "
+                                 "pack_gqa= of fa_sim.simulate / fa_hw.forward; auto: packed when g > 1 and Nq < "
+                                 "block_m)", "auto", "one of auto, on, off; only with --splits / --cache-seqlens"))
+
+
+PACK_GQA = {"auto": None, "on": True, "off": False}  # --pack-gqa -> pack_gqa= of the APIs
 
 
 def splitkv(args) -> dict:
-    """splits= and cache_seqlens= of fa_sim.simulate / fa_hw.forward from --splits, --cache-seqlens
-    and an --npz file's cache_seqlens array; {} when none is given (the plain kernel)."""
+    """splits=, cache_seqlens= and pack_gqa= of fa_sim.simulate / fa_hw.forward from --splits,
+    --cache-seqlens, an --npz file's cache_seqlens array and --pack-gqa (pack_gqa= only when given:
+    auto is the APIs' None); {} when none is given (the plain kernel; --pack-gqa alone is refused)."""
     lens = getattr(args, "cache_seqlens", None)
     npz = getattr(args, "npz", None)
     if npz is not None:
@@ -262,12 +271,17 @@ def splitkv(args) -> dict:
             raise UsageError(f"{inputs_option(args)} {npz} holds cache_seqlens: drop --cache-seqlens")
         lens = stored if stored is not None else lens
     splits = getattr(args, "splits", None)
+    pack = getattr(args, "pack_gqa", None)
     if splits is None and lens is None:
+        if pack is not None:
+            raise UsageError(f"--pack-gqa {pack} applies to split-KV decoding only: give --splits N|auto or "
+                             "--cache-seqlens with it")
         return {}
     if args.causal or getattr(args, "window", None) is not None:
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) take no --causal or --window: this kernel's "
                          "masks are top-left aligned (docs/features.md)")
-    return {"splits": 1 if splits is None else splits, "cache_seqlens": lens}
+    return {"splits": 1 if splits is None else splits, "cache_seqlens": lens,
+            **({} if pack is None else {"pack_gqa": PACK_GQA[pack]})}
 
 
 def heads_k(args) -> int:

@@ -275,8 +275,9 @@ def _refuse_without_checkpoints(args) -> None:
     works instead."""
     if args.seqlens is not None:
         raise UsageError(f"--seqlens {NO_PACKED}")
-    if args.splits is not None or args.cache_seqlens is not None:
-        given = "--splits" if args.splits is not None else "--cache-seqlens"
+    if args.splits is not None or args.cache_seqlens is not None or args.pack_gqa is not None:
+        given = ("--splits" if args.splits is not None else "--cache-seqlens" if args.cache_seqlens is not None
+                 else "--pack-gqa")
         raise UsageError(f"{given} does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build "
                          "(#error FA_SPLITKV && FA_CHECKPOINTS); a split is the unsplit kernel on its keys, so compare "
                          "that (--seqlen-k L), and fa sim --splits runs the split and combine launches")
