@@ -393,3 +393,53 @@ def test_hw_reads_npz_files(hw_on_the_simulator, tmp_path):
 ])
 def test_hw_refuses_packed_batches_it_cannot_run(capsys, argv, message):
     assert message in _refused(["hw", *argv], capsys)
+
+
+# -- fa compare --banks / --timing with the features -----------------------------------------------------------
+def test_compare_banks_counts_the_feature_build(tmp_path, monkeypatch):
+    """--banks with GQA, a window and softcap: the simulator's side is `fa banks`'s count of that build
+    and Nsight Compute profiles the same launch (its k with H_k heads, the window and softcap reach the
+    profiled process). The GPU and ncu are stood in for: the launch by the simulator, the profile by
+    recording what it was given; tests/test_cli_features_gpu.py runs both."""
+    import fa_hw
+    from fa_hw import profile, runtime
+
+    profiled = []
+
+    def forward(q, k, v, *, causal, scale, config, checkpoint_ctas, kernel, window, softcap):
+        res, buf = simulate_with_checkpoints(q, k, v, causal, scale, config, checkpoint_ctas, engine="ptx",
+                                             window=window, softcap=softcap)
+        return type("Out", (), {"o": res.o, "lse": res.lse, "scale": res.scale, "checkpoints": buf})
+
+    def profile_launch(q, k, v, causal, scale, config, kernel, metrics=None, window=None, softcap=None):
+        profiled.append((k.shape, window, softcap))
+        return {}
+
+    monkeypatch.setattr(fa_hw, "forward", forward)
+    monkeypatch.setattr(runtime, "check_launch", lambda *a, **k: None)
+    monkeypatch.setattr(profile, "profile_launch", profile_launch)
+    shape = ["--seqlen", "40", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--window", "8,0",
+             "--softcap", "5"]
+    out = _json(["compare", *shape, "--banks", "--json"])
+    assert profiled == [((1, 1, 40, 32), (8, 0), 5.0)]
+    counted = _json(["banks", *shape, "--json"])
+    for name, cls in out["banks"]["classes"].items():
+        assert cls["sim"]["instructions"] == counted["classes"][name]["instructions"], name
+        assert cls["match"] is False  # ncu stood in for by nothing: no counts to match
+
+
+def test_the_profiled_process_runs_the_features(tmp_path, monkeypatch):
+    """fa_hw.profile's target (the process ncu profiles) launches the recorded window and softcap, and
+    none for a file without them."""
+    from fa_hw import profile
+
+    launched = []
+    monkeypatch.setattr(profile, "forward", lambda *a, **kw: launched.append((kw["window"], kw["softcap"])))
+    q, k, v = random_inputs(1, 2, 8, 8, 32, 0, heads_k=1)
+    for window, softcap in (((8, 0), 5.0), (None, None)):
+        path = tmp_path / "inputs.npz"
+        np.savez(path, q=q, k=k, v=v, causal=False, scale=np.nan, config=json.dumps(KernelConfig(head_dim=32).to_json()),
+                 kernel="", window=np.array((-1, -1) if window is None else window, np.int64),
+                 softcap=0.0 if softcap is None else softcap)
+        profile._target(str(path))
+    assert launched == [((8, 0), 5.0), (None, None)]

@@ -359,14 +359,6 @@ def run_inputs(args, config: KernelConfig, files=None) -> tuple:
     return files
 
 
-def check_timing_dtype(config: KernelConfig, what: str) -> None:
-    """The timing model (fa_sim.timing) walks the fp16 kernel's SASS; a bf16 config is refused
-    before any work, naming `what` (issue 38: the SASS walk will take it later)."""
-    if config.dtype != "fp16":
-        raise UsageError(f"{what} does not model --dtype {config.dtype} yet: fa_sim.timing walks the fp16 kernel's "
-                         "SASS; time the fp16 kernel, or measure the bf16 one on the GPU (fa hw --dtype bf16)")
-
-
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ConfigOption:
