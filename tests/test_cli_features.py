@@ -443,3 +443,54 @@ def test_the_profiled_process_runs_the_features(tmp_path, monkeypatch):
                  softcap=0.0 if softcap is None else softcap)
         profile._target(str(path))
     assert launched == [((8, 0), 5.0), (None, None)]
+
+
+# -- fa trace --splits: a lane of split-KV's split launch -------------------------------------------------------
+SPLIT = ["trace", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", "--splits", "3", "--lane", "5"]
+
+
+def _qk(story) -> tuple[list, list]:
+    """The QK-phase MMA results of a story and their (query, key) coordinates, and its sK reads' coordinates."""
+    mma = [(s["values"], s["coords"]) for s in story["steps"] if s["op"] == "HMMA" and s["phase"] == "QK"]
+    ldsm = [s["coords"] for s in story["steps"] if s["op"] == "LDSM" and s["touch"].startswith("sK")]
+    return mma, ldsm
+
+
+def test_trace_of_a_split_lane_is_that_of_its_keys_in_the_unsplit_launch():
+    """Round 1 of split 1 (CTA 1: K/V blocks 2..3) runs K/V block 3: the lane's S values and their
+    (query, key) coordinates, and the sK rows it reads, are those of round 3 of the unsplit launch;
+    the header says which split, batch-head and Q block the CTA is and which tiles it covers."""
+    split = _json([*SPLIT, "--cta", "1", "--round", "1", "--json"])
+    dense = _json(["trace", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", "--engine", "ptx", "--lane", "5",
+                   "--round", "3", "--json"])
+    assert split["split"] == ("split-KV, CTA 1: split 1 of 3, batch 0, head 0, Q block 0: queries 0..0; the split "
+                              "covers K/V blocks 2..3 (keys 128..255) of the sequence's 300 cached keys (2 K/V tiles "
+                              "per split, block_n 64; round t runs block 2 + t)")
+    assert split["launch"]["splits"] == 3 and split["launch"]["grid"] == [1, 1, 3] and "split" not in dense
+    (mma, ldsm), (want_mma, want_ldsm) = _qk(split), _qk(dense)
+    assert mma and mma == want_mma and ldsm and ldsm == want_ldsm
+    assert {c[1] for _, coords in mma for c in coords} <= set(range(192, 256))
+    assert split["state"] == {}  # FA_SPLITKV has no checkpoint build
+
+
+def test_trace_of_a_gqa_packed_split_names_the_group():
+    out = _json(["trace", "--batch", "2", "--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "300",
+                 "--head-dim", "32", "--splits", "3", "--cache-seqlens", "300,170", "--cta", "3", "--json"])
+    assert out["split"].startswith("split-KV, CTA 3: split 1 of 3, batch 1, K/V head 0 (GQA packed: Q heads 0..3 as "
+                                   "rows of 1 query each), Q block 0: rows 0..3; the split covers K/V blocks 2..2 "
+                                   "(keys 128..169) of the sequence's 170 cached keys")
+    assert out["bh"] == 1 and out["launch"]["gqa_group"] == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cta", "3"], "--cta 3 is outside the split launch's grid: 3 CTAs, 0..2 (1 Q blocks x 1 batch-heads x 3 "
+                     "splits)"),
+    (["--cta", "2", "--round", "1"], "--round 1 is not a round of CTA 2: it runs round 0 only; CTA 2: split 2 of 3"),
+    (["--cta", "2", "--cache-seqlens", "200"], "--cta 2 runs no round: CTA 2: split 2 of 3, batch 0, head 0, Q block "
+                                               "0: queries 0..0; the split covers no K/V block of the sequence's 200 "
+                                               "cached keys: it starts at block 4, past their 4"),
+    (["--engine", "program"], "without --engine program or --kernel"),
+    (["--causal"], "take no --causal or --window"),
+])
+def test_trace_refuses_split_ctas_and_rounds_it_does_not_run(capsys, argv, message):
+    assert message in _refused([*SPLIT, *argv], capsys)

@@ -55,13 +55,16 @@ def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool =
 
 def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
               inputs=None, engine: str = "program", kernel=None, window=None, softcap=None,
-              cu_seqlens=None) -> Trace:
-    """The trace of a run; a packed batch (`cu_seqlens`) records its instructions only (InstructionRecorder:
-    the FA_VARLEN build has no checkpoints)."""
-    recorder = (TraceRecorder if cu_seqlens is None else InstructionRecorder)(filter)
+              cu_seqlens=None, splits=None, cache_seqlens=None, pack_gqa=None) -> Trace:
+    """The trace of a run; a packed batch (`cu_seqlens`) and split-KV decoding (`splits`, `cache_seqlens`,
+    `pack_gqa`: the trace of its split launch) record their instructions only (InstructionRecorder: the
+    FA_VARLEN and FA_SPLITKV builds have no checkpoints)."""
+    split = splits is not None or cache_seqlens is not None
+    recorder = (TraceRecorder if cu_seqlens is None and not split else InstructionRecorder)(filter)
     q, k, v = problem.inputs() if inputs is None else inputs
     simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel,
-             window=window, softcap=softcap, cu_seqlens=cu_seqlens)
+             window=window, softcap=softcap, cu_seqlens=cu_seqlens, splits=splits, cache_seqlens=cache_seqlens,
+             pack_gqa=pack_gqa)
     return recorder.trace
 
 

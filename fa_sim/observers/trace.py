@@ -150,6 +150,10 @@ def launch_json(launch: LaunchInfo) -> dict:
                 "n_m_blocks": launch.n_m_blocks}
         if p.varlen:  # a packed batch: the offsets say which sequence a CTA computes (fa_sim.varlen)
             out |= {"cu_seqlens_q": list(p.cu_seqlens[0]), "cu_seqlens_k": list(p.cu_seqlens[1])}
+    if getattr(launch, "split", None) is not None:  # split-KV's split launch: grid z is the split (fa_sim.splitkv)
+        plan = launch.split
+        out |= {"splits": int(plan.splits), "cache_seqlens": [int(x) for x in plan.cache_seqlens],
+                "gqa_group": 1 if plan.unpacked is None else int(plan.unpacked.kv_group)}
     return out
 
 
