@@ -118,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
     check_scale(args, d)
     # every check before the inputs are made (fa_sim/commands/preflight.py): the arguments and the
     # launch, memory, the GPU and the kernel's cubin, then the float64 reference's estimate
-    prob = packed_problem(args, loaded, config) if packed else _problem(args, shapes, config)
     if loaded is None and not packed:
         check_input_memory(args)
+    prob = packed_problem(args, loaded, config) if packed else _problem(args, shapes, config)
     check_launch(config, args.causal, kernel)
     announce("hw", prob, simulation=False)
     if packed and loaded is None:
