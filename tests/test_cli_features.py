@@ -494,3 +494,16 @@ def test_trace_of_a_gqa_packed_split_names_the_group():
 ])
 def test_trace_refuses_split_ctas_and_rounds_it_does_not_run(capsys, argv, message):
     assert message in _refused([*SPLIT, *argv], capsys)
+
+
+def test_trace_of_a_window_counts_keys_from_the_ctas_first_block():
+    """Under --window a CTA's round 0 runs its window's first K/V block (Problem.n_block_min), not
+    block 0: CTA 3 (queries 192..199, window 10 to the left) starts at block 2, so its sK reads are
+    keys 128..191 and every key it keeps after masking is one its query sees."""
+    out = _json(["trace", "--seqlen", "200", "--head-dim", "32", "--window", "10,0", "--causal", "--cta", "3",
+                 "--json"])
+    assert out["launch"]["window"] == [10, 0]
+    rows = {c[0] for s in out["steps"] if s["op"] == "LDSM" and s["touch"].startswith("sK") for c in s["coords"]}
+    assert rows and rows <= set(range(128, 192))
+    kept = {int(q): keys for q, keys in out["kept_keys"].items() if keys}
+    assert kept and all(q - 10 <= k <= q for q, keys in kept.items() for k in keys)

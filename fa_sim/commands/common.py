@@ -230,7 +230,7 @@ def packed_seqlens(text: str) -> tuple[int, ...]:
 
 
 def add_seqlens_argument(p) -> None:
-    """--seqlens of `fa sim`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
+    """--seqlens of `fa sim`, `fa hw`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
     a packed batch of random inputs (fa_sim.varlen)."""
     p.add_argument("--seqlens", type=packed_seqlens, default=None, metavar="N,N,...",
                    help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "

@@ -95,11 +95,12 @@ def config_of(launch: dict) -> KernelConfig:
 
 
 def problem_of(launch: dict) -> Problem:
-    """The launch's Problem as far as the story needs it: shape, mask, config and a packed batch's
-    offsets (heads_k, window and softcap do not change which Q block a CTA computes)."""
+    """The launch's Problem as far as the story needs it: shape, mask (the window: a CTA's first K/V
+    block), config and a packed batch's offsets (heads_k and softcap do not change which Q block or
+    K/V blocks a CTA computes)."""
     cu = (launch["cu_seqlens_q"], launch["cu_seqlens_k"]) if "cu_seqlens_q" in launch else None
     return Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
-                   launch["scale"], config_of(launch), cu_seqlens=cu)
+                   launch["scale"], config_of(launch), window=tuple(launch.get("window", (-1, -1))), cu_seqlens=cu)
 
 
 def m_block_of(launch: dict, cta: int) -> int:
@@ -211,7 +212,8 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
                 coords, partner, sent, detail, src, regs)
 
 
-def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int) -> dict:
+def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int,
+           kv0: int = 0) -> dict:
     """Checkpoint slots of one thread at global coordinates."""
     out: dict = {}
     for ck in trace.checkpoints:
@@ -219,12 +221,13 @@ def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: 
         if hit.size == 0 or (ck.round != rnd and ck.checkpoint not in (Checkpoint.O_FINAL,)):
             continue
         words = ck.values[hit[0], s]
-        out[ck.checkpoint.value] = _slots(ck.checkpoint, words, cfg, thread, rnd, m_block)
+        out[ck.checkpoint.value] = _slots(ck.checkpoint, words, cfg, thread, rnd, m_block, kv0)
     return out
 
 
-def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rnd: int, m_block: int):
-    q0, k0 = m_block * cfg.block_m, rnd * cfg.block_n
+def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rnd: int, m_block: int,
+           kv0: int = 0):
+    q0, k0 = m_block * cfg.block_m, (kv0 + rnd) * cfg.block_n
     if ck in (Checkpoint.ROW_MAX, Checkpoint.ROW_SUM):
         vals = words[: cfg.rows_per_thread].view(np.float32)
         rows = lanemaps.row_slot_rows(cfg, thread, np.arange(vals.size)) + q0
@@ -252,7 +255,10 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
     s = trace.thread_index(thread)
     m_block = m_block_of(trace.launch, cta)
     plan = split_plan(trace.launch)  # split-KV: the split's first K/V block and the batch-head within grid y
-    _, bh, _, kv0, _ = plan.cta(cta) if plan is not None else (None, cta // trace.launch["n_m_blocks"], None, 0, None)
+    if plan is not None:
+        _, bh, _, kv0, _ = plan.cta(cta)
+    else:  # round t runs K/V block n_block_min + t: 0, or a window's first block
+        bh, kv0 = cta // trace.launch["n_m_blocks"], int(problem_of(trace.launch).n_block_min(m_block))
     last = max((r.round for r in trace.records if r.round >= 0 and cta in r.cta), default=-1)
     keep = {round} | ({ROUND_PROLOGUE} if round == 0 else set()) | ({ROUND_EPILOGUE} if round == last else set())
     steps = []
@@ -265,7 +271,7 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
         ran = sorted({r.round for r in trace.records if r.round >= 0 and cta in r.cta})
         raise ValueError(f"no traced instruction of CTA {cta} thread {thread} in round {round} "
                          f"(traced rounds of this CTA: {ran or 'none'}; causal CTAs stop early)")
-    state = _state(trace, cfg, cta, s, thread, round, m_block)
+    state = _state(trace, cfg, cta, s, thread, round, m_block, kv0)
     return LaneStory(cta, warp, lane, round, m_block, bh, trace.launch, tuple(steps), state)
 
 
