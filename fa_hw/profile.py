@@ -6,7 +6,9 @@ BankCounter on the same inputs, and returns both sets of counts. `fa compare --b
 
 The profiled process is this module itself (`python -m fa_hw.profile --target FILE`), which
 loads the inputs from an .npz and launches the kernel once; ncu's `--csv --page raw` output is
-parsed into {metric: value}.
+parsed into {metric: value}. Issue 38's features pass through: k and v with fewer heads than q
+(GQA), `window`, `softcap`, and a bf16 config (float32 arrays of bf16 values, as fa_hw.forward takes
+them); the profiled launch is that feature's build, as the simulator's is (docs/features.md).
 """
 
 from __future__ import annotations
@@ -104,14 +106,16 @@ def parse_raw_csv(text: str) -> dict[str, float]:
 
 
 def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None,
-                   metrics: list[str] | None = None) -> dict[str, float]:
-    """Run ncu on one launch of the kernel (`kernel`: a variant .cu, else fa_hw's own); {metric:
-    value} for every metric ncu reported (`metrics`: the bank counters by default)."""
+                   metrics: list[str] | None = None, window=None, softcap=None) -> dict[str, float]:
+    """Run ncu on one launch of the kernel (`kernel`: a variant .cu, else fa_hw's own) with these
+    features; {metric: value} for every metric ncu reported (`metrics`: the bank counters by default)."""
     metrics = _metric_names() if metrics is None else metrics
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "inputs.npz")
         np.savez(npz, q=q, k=k, v=v, causal=causal, scale=np.nan if scale is None else scale,
-                 config=json.dumps(config.to_json()), kernel="" if kernel is None else str(kernel))
+                 config=json.dumps(config.to_json()), kernel="" if kernel is None else str(kernel),
+                 window=np.array((-1, -1) if window is None else window, np.int64),
+                 softcap=0.0 if softcap is None else float(softcap))
         cmd = [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics), "--kernel-name",
                "regex:fa2", "--launch-count", "1", sys.executable, "-m", "fa_hw.profile", "--target", npz]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -144,12 +148,17 @@ class BankComparison:
                 "ncu_metrics": {m: self.ncu.get(m) for m in _metric_names()}}
 
 
-def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None) -> BankComparison:
-    """The simulator's shared-memory counts beside Nsight Compute's for one launch. The simulator
-    runs the PTX engine for a `kernel` variant or a config with schedule options, else the program."""
+def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, *,
+                    window=None, softcap=None) -> BankComparison:
+    """The simulator's shared-memory counts beside Nsight Compute's for one launch (GQA from k's
+    heads, `window`, `softcap`, bf16 from the config: that feature's build on both sides). The
+    simulator runs the PTX engine for a `kernel` variant, a config with schedule options or softcap,
+    else the program."""
     counter = BankCounter()
-    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel)
-    return BankComparison(config, counter.report().by_class(), profile_launch(q, k, v, causal, scale, config, kernel))
+    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel, window=window,
+             softcap=softcap)
+    return BankComparison(config, counter.report().by_class(),
+                          profile_launch(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap))
 
 
 def format_bank_comparison(cmp: BankComparison) -> str:
@@ -200,27 +209,29 @@ class TimingComparison:
 
 
 def measure_time(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, warmup: int = 5,
-                 reps: int = 20, batches: int = 3) -> tuple[float, tuple]:
+                 reps: int = 20, batches: int = 3, *, window=None, softcap=None) -> tuple[float, tuple]:
     """(median, per-batch medians) of the kernel time in ms: CUDA events around each launch after warm-up."""
     import statistics
 
     from .forward import prepare
 
-    plan, dev, _ = prepare(q, k, v, causal, scale, config, kernel=kernel)
+    plan, dev, _ = prepare(q, k, v, causal, scale, config, kernel=kernel, window=window, softcap=softcap)
     medians = tuple(statistics.median(plan.time(dev.stream, warmup, reps)) for _ in range(batches))
     return statistics.median(medians), medians
 
 
 def timing_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None,
-                      gpu: str = "h200") -> TimingComparison:
-    """fa compare --timing: measure the launch, profile one with Nsight Compute, predict it."""
+                      gpu: str = "h200", *, window=None, softcap=None) -> TimingComparison:
+    """fa compare --timing: measure the launch, profile one with Nsight Compute, predict it (GQA
+    from k's heads, `window`, `softcap`, bf16 from the config: that build on all three)."""
     from fa_sim.problem import Problem
     from fa_sim.timing import predict
 
-    ms, batches = measure_time(q, k, v, causal, scale, config, kernel)
+    ms, batches = measure_time(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap)
     b, h, nq, _ = q.shape
-    pred = predict(Problem(b, h, nq, k.shape[2], causal, 1.0, config), gpu, kernel)
-    ncu = profile_launch(q, k, v, causal, scale, config, kernel, list(TIMING_METRICS))
+    pred = predict(Problem(b, h, nq, k.shape[2], causal, 1.0, config, heads_k=k.shape[1], window=window,
+                           softcap=softcap), gpu, kernel)
+    ncu = profile_launch(q, k, v, causal, scale, config, kernel, list(TIMING_METRICS), window=window, softcap=softcap)
     return TimingComparison(config, ms, batches, pred, ncu)
 
 
@@ -246,7 +257,10 @@ def _target(npz: str) -> None:
     cfg = KernelConfig.from_json(str(d["config"]))
     scale = None if np.isnan(d["scale"]) else float(d["scale"])
     kernel = str(d["kernel"]) if "kernel" in d.files and str(d["kernel"]) else None
-    forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel)
+    window = tuple(int(x) for x in d["window"]) if "window" in d.files else (-1, -1)
+    softcap = float(d["softcap"]) if "softcap" in d.files else 0.0
+    forward(d["q"], d["k"], d["v"], causal=bool(d["causal"]), scale=scale, config=cfg, kernel=kernel,
+            window=None if window == (-1, -1) else window, softcap=softcap or None)
 
 
 if __name__ == "__main__":

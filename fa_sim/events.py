@@ -195,13 +195,15 @@ class BranchEvent:
 class LaunchInfo:
     """What an observer learns at launch: the kernel, grid, block, shared memory, and the front
     end's problem description (`problem`: a fa_sim.problem.Problem for the attention kernel, None
-    for other kernels)."""
+    for other kernels; `split`: split-KV's split launch, a fa_sim.splitkv.SplitPlan whose
+    .problem is `problem`: grid z is the split, plan.cta(cta) says what a CTA computes)."""
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem_bytes: int
     problem: object | None = None
+    split: object | None = None
 
     @property
     def n_ctas(self) -> int:

@@ -106,6 +106,38 @@ class SplitPlan:
         s = np.arange(self.splits, dtype=np.int64)
         return np.clip(np.minimum(tiles[:, None], (s + 1) * per) - s * per, 0, None)
 
+    def cta(self, cta: int) -> tuple[int, int, int, int, int]:
+        """(Q block, batch-head, split, first K/V block, K/V blocks it runs) of a linear CTA id of the
+        split launch, blockIdx.x + n_m_blocks (blockIdx.y + B H blockIdx.z) (GQA packed: the packed
+        problem's Q blocks and batch-heads, B H_k of them); an empty split runs 0 blocks."""
+        p = self.problem
+        m_block, rest = divmod(int(cta), p.n_m_blocks)[::-1]
+        bh, split = rest % (p.batch * p.heads), rest // (p.batch * p.heads)
+        first = split * self.blocks_per_split
+        return m_block, bh, split, first, int(self.split_rounds()[bh // p.heads, split])
+
+    def describe_cta(self, cta: int) -> str:
+        """Which (Q block, batch and head, split) a CTA of the split launch computes, its queries and
+        the K/V tiles (keys of the cache) its split covers, in words (`fa trace --splits`'s header)."""
+        p, cfg = self.problem, self.problem.config
+        m_block, bh, split, first, n = self.cta(cta)
+        b, h = divmod(bh, p.heads)
+        rows = f"{m_block * cfg.block_m}..{min((m_block + 1) * cfg.block_m, p.seqlen_q) - 1}"
+        if self.unpacked is not None:  # rows of the group's Q heads, one after the other (module docstring)
+            g, nq = self.unpacked.kv_group, self.unpacked.seqlen_q
+            who = (f"batch {b}, K/V head {h} (GQA packed: Q heads {h * g}..{h * g + g - 1} as rows of {nq} "
+                   f"quer{'y' if nq == 1 else 'ies'} each), Q block {m_block}: rows {rows}")
+        else:
+            who = f"batch {b}, head {h}, Q block {m_block}: queries {rows}"
+        length, per = int(self.cache_seqlens[b]), f"{self.blocks_per_split} K/V tiles per split, block_n {cfg.block_n}"
+        if not n:
+            return (f"CTA {cta}: split {split} of {self.splits}, {who}; the split covers no K/V block of the "
+                    f"sequence's {length} cached keys: it starts at block {first}, past their "
+                    f"{-(-length // cfg.block_n)}, and stores O = 0, LSE = -inf ({per})")
+        return (f"CTA {cta}: split {split} of {self.splits}, {who}; the split covers K/V blocks {first}..{first + n - 1} "
+                f"(keys {first * cfg.block_n}..{min((first + n) * cfg.block_n, length) - 1}) of the sequence's {length} "
+                f"cached keys ({per}; round t runs block {first} + t)")
+
     def describe(self) -> str:
         how = (f"auto: {self.auto_from[0]} CTAs, {self.auto_from[1]} SM slots, {self.auto_from[2]} K/V tiles"
                if self.auto_from else "given")
@@ -144,6 +176,12 @@ def packed_gqa(prob: Problem) -> Problem:
     return replace(prob, heads=prob.heads_k, seqlen_q=prob.kv_group * prob.seqlen_q)
 
 
+def packs_gqa(prob: Problem, pack_gqa: bool | None = None) -> bool:
+    """Whether split-KV decoding of `prob` runs GQA packed for this pack_gqa (None: decide; module
+    docstring): g = H / H_k > 1, and Nq < block_m unless forced."""
+    return prob.kv_group > 1 and (prob.seqlen_q < prob.config.block_m if pack_gqa is None else bool(pack_gqa))
+
+
 def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = None,
                   pack_gqa: bool | None = None) -> SplitPlan:
     """The split-KV launch of `prob` (k, v's Nk = the cache's allocated length), or one ValueError line:
@@ -155,7 +193,7 @@ def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = No
                          "kernel's masks are top-left aligned (docs/features.md); drop causal / window")
     if pack_gqa is not None and not isinstance(pack_gqa, (bool, np.bool_)):
         raise ValueError(f"pack_gqa must be None (decide), True or False, got {pack_gqa!r:.40}")
-    pack = prob.kv_group > 1 and (prob.seqlen_q < prob.config.block_m if pack_gqa is None else bool(pack_gqa))
+    pack = packs_gqa(prob, pack_gqa)
     plan = _check_splits(packed_gqa(prob) if pack else prob, splits, cache_seqlens, num_sms)
     return replace(plan, unpacked=prob) if pack else plan
 
@@ -253,7 +291,7 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
         main = launch.kernel == KERNEL_NAME
         run = ptx.launch(launch.source, launch.grid, launch.block, launch.smem_bytes, launch.args,
                          kernel=launch.kernel, macros=launch.macros,
-                         **({"observers": observers, "mma_model": mma_model} if main else {}))
+                         **({"observers": observers, "mma_model": mma_model, "problem": plan} if main else {}))
         for (op, phase, rnd), n in run.counts.items():
             key = (op, phase if main else "combine", rnd)
             counts[key] = counts.get(key, 0) + n

@@ -276,3 +276,234 @@ def test_compare_save_records_the_features_it_launched(tmp_path, monkeypatch):
     run = SavedRun.load(path)
     assert (run.heads_k, run.window, run.softcap, run.config.dtype, run.ctas) == (1, (8, 0), 5.0, "bf16", (0, 1))
     assert _json(["compare", "--gpu-npz", path, "--json"])["features"] == live["features"]
+
+
+# -- --pack-gqa: split-KV decoding with the Q heads of a K/V head run as one -------------------------------
+GQA_DECODE = ["--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "130", "--head-dim", "32",
+              "--splits", "2"]
+
+
+def test_sim_pack_gqa_on_and_off_give_the_same_bits():
+    """--pack-gqa on runs the 4 Q heads of the K/V head as one head of 4 rows (a quarter of the CTAs and
+    of their K/V loads), off as 4 heads; each row's arithmetic is the same, so the errors against
+    float64 are equal to the last bit; auto packs here (g = 4 > 1, Nq = 1 < block_m)."""
+    on, off, auto = (_json(["sim", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off", "auto"))
+    assert (on["pack_gqa"], off["pack_gqa"], auto["pack_gqa"]) == (True, False, True)
+    assert on["rel_err_o"] == off["rel_err_o"] and on["max_abs_err_lse"] == off["max_abs_err_lse"]
+    assert on["instructions"] == auto["instructions"]
+    assert 4 * on["instructions"]["LDSM"] == off["instructions"]["LDSM"] > 0
+
+
+def test_time_and_banks_take_pack_gqa():
+    """fa time's split grid and fa banks' counts are those of the packed launch with --pack-gqa on."""
+    on, off = (_json(["time", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off"))
+    assert (on["pack_gqa"], off["pack_gqa"]) == (True, False)
+    assert on["split_grid"] == [1, 1, 2] and off["split_grid"] == [1, 4, 2]
+    on, off = (_json(["banks", *GQA_DECODE, "--pack-gqa", x, "--json"]) for x in ("on", "off"))
+    assert (on["problem"]["pack_gqa"], off["problem"]["pack_gqa"]) == (True, False)
+    assert 4 * on["classes"]["LDSM"]["instructions"] == off["classes"]["LDSM"]["instructions"] > 0
+
+
+def test_predict_time_takes_pack_gqa():
+    from fa_sim import predict_time
+
+    with pytest.raises(ValueError, match="pack_gqa applies to split-KV decoding"):
+        predict_time(1, 4, 1, 130, 32, heads_k=1, pack_gqa=True)
+    pred = predict_time(1, 4, 1, 130, 32, heads_k=1, splits=2, pack_gqa=False)
+    assert pred.notes["pack_gqa"] is False and pred.notes["split_grid"] == [1, 4, 2]
+
+
+@pytest.mark.parametrize("command", ["sim", "hw", "time", "banks"])
+def test_pack_gqa_needs_split_kv(capsys, command):
+    assert _refused([command, "--pack-gqa", "auto"], capsys).endswith(
+        "--pack-gqa auto applies to split-KV decoding only: give --splits N|auto or --cache-seqlens with it")
+
+
+def test_compare_refuses_pack_gqa(capsys):
+    assert "--pack-gqa does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build" in \
+        _refused(["compare", "--pack-gqa", "on"], capsys)
+
+
+# -- fa hw --npz / --seqlens, the GPU stood in for by the simulator ---------------------------------------------
+@pytest.fixture
+def hw_on_the_simulator(monkeypatch):
+    """fa_hw.forward replaced by the PTX engine's run of the same launch (what fa_hw.forward returns,
+    bit for bit, on a GPU: tests/test_cli_features_gpu.py); `calls` records its keywords, `spoil`
+    adds to O's row of the packed batch (a wrong result the accuracy check must catch)."""
+    import fa_hw
+    from fa_hw import runtime
+    from fa_hw.forward import HwResult
+
+    from fa_sim import simulate
+
+    state = {"calls": [], "spoil": None}
+
+    def forward(q, k, v, *, causal, scale, config, kernel, **kw):
+        state["calls"].append((np.shape(q), np.shape(k), {n: x for n, x in kw.items() if x is not None}))
+        res = simulate(q, k, v, causal=causal, scale=scale, config=config, engine="ptx", **kw)
+        o = np.array(res.o)
+        if state["spoil"] is not None:
+            o[state["spoil"]] += 1.0
+        return HwResult(o, res.lse, res.config, res.causal, res.scale, 1e-3, 64, splits=res.splits)
+
+    monkeypatch.setattr(fa_hw, "forward", forward)
+    monkeypatch.setattr(runtime, "check_launch", lambda *a, **k: None)
+    return state
+
+
+def test_hw_runs_a_packed_batch(hw_on_the_simulator):
+    out = _json(["hw", "--seqlens", "5,70", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--causal",
+                 "--json"])
+    (q_shape, k_shape, kw), = hw_on_the_simulator["calls"]
+    assert q_shape == (75, 2, 32) and k_shape == (75, 1, 32)
+    assert [list(kw["cu_seqlens_q"]), list(kw["cu_seqlens_k"])] == [[0, 5, 75], [0, 5, 75]]
+    assert out["cu_seqlens_q"] == out["cu_seqlens_k"] == [0, 5, 75]
+    assert out["shape"] == [2, 2, 70, 70, 32] and out["heads_k"] == 1 and out["rel_err_o"] < 1e-3
+    assert not out["above_bound"] and not out["nonfinite"]
+
+
+def test_hw_packed_accuracy_is_per_sequence(hw_on_the_simulator, capsys):
+    """A wrong row of sequence 1 (packed row 40) puts that sequence's O above its bound: exit status 1."""
+    hw_on_the_simulator["spoil"] = (40, 0)
+    assert main(["hw", "--seqlens", "5,70", "--head-dim", "32"]) == 1
+    out = capsys.readouterr().out
+    assert "packed (H, d) = (4, 32) of 2 sequences, Nq 5,70" in out and "ABOVE BOUND" in out
+
+
+def test_hw_reads_npz_files(hw_on_the_simulator, tmp_path):
+    """--npz: a packed file (its offsets passed on, Nk != Nq) and a dense one (its shape reported)."""
+    q, k, v = random_inputs(1, 2, 30, 50, 32, 1)
+    packed = tmp_path / "packed.npz"
+    np.savez(packed, q=q[0].transpose(1, 0, 2), k=k[0].transpose(1, 0, 2), v=v[0].transpose(1, 0, 2),
+             cu_seqlens_q=np.array([0, 10, 30], np.int32), cu_seqlens_k=np.array([0, 35, 50], np.int32))
+    out = _json(["hw", "--npz", str(packed), "--json"])
+    assert out["cu_seqlens_k"] == [0, 35, 50] and out["shape"] == [2, 2, 20, 35, 32] and out["rel_err_o"] < 1e-3
+    dense = tmp_path / "dense.npz"
+    np.savez(dense, q=q, k=k, v=v)
+    out = _json(["hw", "--npz", str(dense), "--window", "8,8", "--json"])
+    assert out["shape"] == [1, 2, 30, 50, 32] and out["window"] == [8, 8] and "cu_seqlens_q" not in out
+    assert hw_on_the_simulator["calls"][-1][2] == {"window": (8, 8)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seqlens", "5,70", "--seqlen", "4"], "--seqlen does not apply with --seqlens"),
+    (["--seqlens", "5,70", "--config", "auto"], "--config auto does not apply to a packed batch"),
+    (["--seqlens", "5,70", "--splits", "2"], "take a padded batch, not a packed one"),
+    (["--seqlens", "5,70", "--backward"], "--seqlens does not apply with --backward"),
+])
+def test_hw_refuses_packed_batches_it_cannot_run(capsys, argv, message):
+    assert message in _refused(["hw", *argv], capsys)
+
+
+# -- fa compare --banks / --timing with the features -----------------------------------------------------------
+def test_compare_banks_counts_the_feature_build(tmp_path, monkeypatch):
+    """--banks with GQA, a window and softcap: the simulator's side is `fa banks`'s count of that build
+    and Nsight Compute profiles the same launch (its k with H_k heads, the window and softcap reach the
+    profiled process). The GPU and ncu are stood in for: the launch by the simulator, the profile by
+    recording what it was given; tests/test_cli_features_gpu.py runs both."""
+    import fa_hw
+    from fa_hw import profile, runtime
+
+    profiled = []
+
+    def forward(q, k, v, *, causal, scale, config, checkpoint_ctas, kernel, window, softcap):
+        res, buf = simulate_with_checkpoints(q, k, v, causal, scale, config, checkpoint_ctas, engine="ptx",
+                                             window=window, softcap=softcap)
+        return type("Out", (), {"o": res.o, "lse": res.lse, "scale": res.scale, "checkpoints": buf})
+
+    def profile_launch(q, k, v, causal, scale, config, kernel, metrics=None, window=None, softcap=None):
+        profiled.append((k.shape, window, softcap))
+        return {}
+
+    monkeypatch.setattr(fa_hw, "forward", forward)
+    monkeypatch.setattr(runtime, "check_launch", lambda *a, **k: None)
+    monkeypatch.setattr(profile, "profile_launch", profile_launch)
+    shape = ["--seqlen", "40", "--heads", "2", "--heads-k", "1", "--head-dim", "32", "--window", "8,0",
+             "--softcap", "5"]
+    out = _json(["compare", *shape, "--banks", "--json"])
+    assert profiled == [((1, 1, 40, 32), (8, 0), 5.0)]
+    counted = _json(["banks", *shape, "--json"])
+    for name, cls in out["banks"]["classes"].items():
+        assert cls["sim"]["instructions"] == counted["classes"][name]["instructions"], name
+        assert cls["match"] is False  # ncu stood in for by nothing: no counts to match
+
+
+def test_the_profiled_process_runs_the_features(tmp_path, monkeypatch):
+    """fa_hw.profile's target (the process ncu profiles) launches the recorded window and softcap, and
+    none for a file without them."""
+    from fa_hw import profile
+
+    launched = []
+    monkeypatch.setattr(profile, "forward", lambda *a, **kw: launched.append((kw["window"], kw["softcap"])))
+    q, k, v = random_inputs(1, 2, 8, 8, 32, 0, heads_k=1)
+    for window, softcap in (((8, 0), 5.0), (None, None)):
+        path = tmp_path / "inputs.npz"
+        np.savez(path, q=q, k=k, v=v, causal=False, scale=np.nan, config=json.dumps(KernelConfig(head_dim=32).to_json()),
+                 kernel="", window=np.array((-1, -1) if window is None else window, np.int64),
+                 softcap=0.0 if softcap is None else softcap)
+        profile._target(str(path))
+    assert launched == [((8, 0), 5.0), (None, None)]
+
+
+# -- fa trace --splits: a lane of split-KV's split launch -------------------------------------------------------
+SPLIT = ["trace", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", "--splits", "3", "--lane", "5"]
+
+
+def _qk(story) -> tuple[list, list]:
+    """The QK-phase MMA results of a story and their (query, key) coordinates, and its sK reads' coordinates."""
+    mma = [(s["values"], s["coords"]) for s in story["steps"] if s["op"] == "HMMA" and s["phase"] == "QK"]
+    ldsm = [s["coords"] for s in story["steps"] if s["op"] == "LDSM" and s["touch"].startswith("sK")]
+    return mma, ldsm
+
+
+def test_trace_of_a_split_lane_is_that_of_its_keys_in_the_unsplit_launch():
+    """Round 1 of split 1 (CTA 1: K/V blocks 2..3) runs K/V block 3: the lane's S values and their
+    (query, key) coordinates, and the sK rows it reads, are those of round 3 of the unsplit launch;
+    the header says which split, batch-head and Q block the CTA is and which tiles it covers."""
+    split = _json([*SPLIT, "--cta", "1", "--round", "1", "--json"])
+    dense = _json(["trace", "--seqlen", "1", "--seqlen-k", "300", "--head-dim", "32", "--engine", "ptx", "--lane", "5",
+                   "--round", "3", "--json"])
+    assert split["split"] == ("split-KV, CTA 1: split 1 of 3, batch 0, head 0, Q block 0: queries 0..0; the split "
+                              "covers K/V blocks 2..3 (keys 128..255) of the sequence's 300 cached keys (2 K/V tiles "
+                              "per split, block_n 64; round t runs block 2 + t)")
+    assert split["launch"]["splits"] == 3 and split["launch"]["grid"] == [1, 1, 3] and "split" not in dense
+    (mma, ldsm), (want_mma, want_ldsm) = _qk(split), _qk(dense)
+    assert mma and mma == want_mma and ldsm and ldsm == want_ldsm
+    assert {c[1] for _, coords in mma for c in coords} <= set(range(192, 256))
+    assert split["state"] == {}  # FA_SPLITKV has no checkpoint build
+
+
+def test_trace_of_a_gqa_packed_split_names_the_group():
+    out = _json(["trace", "--batch", "2", "--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "300",
+                 "--head-dim", "32", "--splits", "3", "--cache-seqlens", "300,170", "--cta", "3", "--json"])
+    assert out["split"].startswith("split-KV, CTA 3: split 1 of 3, batch 1, K/V head 0 (GQA packed: Q heads 0..3 as "
+                                   "rows of 1 query each), Q block 0: rows 0..3; the split covers K/V blocks 2..2 "
+                                   "(keys 128..169) of the sequence's 170 cached keys")
+    assert out["bh"] == 1 and out["launch"]["gqa_group"] == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cta", "3"], "--cta 3 is outside the split launch's grid: 3 CTAs, 0..2 (1 Q blocks x 1 batch-heads x 3 "
+                     "splits)"),
+    (["--cta", "2", "--round", "1"], "--round 1 is not a round of CTA 2: it runs round 0 only; CTA 2: split 2 of 3"),
+    (["--cta", "2", "--cache-seqlens", "200"], "--cta 2 runs no round: CTA 2: split 2 of 3, batch 0, head 0, Q block "
+                                               "0: queries 0..0; the split covers no K/V block of the sequence's 200 "
+                                               "cached keys: it starts at block 4, past their 4"),
+    (["--engine", "program"], "without --engine program or --kernel"),
+    (["--causal"], "take no --causal or --window"),
+])
+def test_trace_refuses_split_ctas_and_rounds_it_does_not_run(capsys, argv, message):
+    assert message in _refused([*SPLIT, *argv], capsys)
+
+
+def test_trace_of_a_window_counts_keys_from_the_ctas_first_block():
+    """Under --window a CTA's round 0 runs its window's first K/V block (Problem.n_block_min), not
+    block 0: CTA 3 (queries 192..199, window 10 to the left) starts at block 2, so its sK reads are
+    keys 128..191 and every key it keeps after masking is one its query sees."""
+    out = _json(["trace", "--seqlen", "200", "--head-dim", "32", "--window", "10,0", "--causal", "--cta", "3",
+                 "--json"])
+    assert out["launch"]["window"] == [10, 0]
+    rows = {c[0] for s in out["steps"] if s["op"] == "LDSM" and s["touch"].startswith("sK") for c in s["coords"]}
+    assert rows and rows <= set(range(128, 192))
+    kept = {int(q): keys for q, keys in out["kept_keys"].items() if keys}
+    assert kept and all(q - 10 <= k <= q for q, keys in kept.items() for k in keys)

@@ -1,7 +1,8 @@
 """`fa compare --save` of issue 38's features on a real GPU (marked `gpu`, skipped cleanly without
 one), then the recording replayed with `--gpu-npz` (the CPU path of tests/test_cli_features.py):
 GQA, a sliding window, softcap and bf16, on shapes with tails, every checkpoint, O and LSE
-bit-identical both times, and the recording holding the features it ran."""
+bit-identical both times, and the recording holding the features it ran. `fa compare --banks` of
+the same runs against Nsight Compute (skipped without ncu), and `fa hw` on a packed batch."""
 
 from __future__ import annotations
 
@@ -50,3 +51,37 @@ def test_compare_save_then_replay_a_feature_run(gpu, tmp_path, options, window, 
     assert run.window == window
     replay = _json(["compare", "--gpu-npz", path, "--json"])
     assert replay["features"] == live["features"] and replay["o"]["fraction_identical"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def ncu(gpu):
+    import os
+    import shutil
+
+    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
+        pytest.skip("Nsight Compute (ncu) is not installed")
+
+
+@pytest.mark.parametrize("options", [c[0] for c in CASES])
+def test_compare_banks_of_a_feature_run_match_nsight_compute(ncu, options):
+    """fa compare --banks with GQA and each feature (bf16 among them): every class's instructions,
+    wavefronts and conflicts as Nsight Compute counts them on that build."""
+    report = _json(["compare", *SHAPE, *options, "--banks", "--json"])
+    assert all(c["match"] for c in report["banks"]["classes"].values()), report["banks"]
+
+
+def test_hw_runs_a_packed_batch(gpu):
+    """fa hw --seqlens: the FA_VARLEN build on the GPU, within the documented bounds sequence by
+    sequence, with GQA, a causal mask and a window, a sequence of no queries among them."""
+    report = _json_hw(["hw", "--seqlens", "70,0,130,5", "--heads", "4", "--heads-k", "2", "--causal",
+                       "--window", "32,-1", "--json"])
+    assert report["cu_seqlens_q"] == [0, 70, 70, 200, 205] and report["rel_err_o"] < 1e-3
+
+
+def _json_hw(argv) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    report = json.loads(out.getvalue())
+    assert status == 0 and not report["above_bound"] and not report["nonfinite"], (argv, report)
+    return report

@@ -65,7 +65,7 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
            "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
     refuse_features(args, "with --backward: fa2_bwd.cu has no grouped-query attention, sliding window or softcap "
                           "(docs/features.md)")
-    refuse(args, ("seqlens", "splits", "cache_seqlens"), "with --backward: fa2_bwd.cu has no packed batches "
+    refuse(args, ("seqlens", "splits", "cache_seqlens", "pack_gqa"), "with --backward: fa2_bwd.cu has no packed batches "
                                                          "(cu_seqlens) or split-KV decoding (docs/features.md)")
     refuse(args, refused, f"with --backward in fa {args.command} (the backward pass's options: docs/backward.md, "
                           f"section 7)")

@@ -31,6 +31,7 @@ import numpy as np
 from ..config import KernelConfig, SmemLayout
 from ..events import Op
 from ..run import FrontEnd, PtxFrontEnd
+from ..splitkv import packs_gqa
 from . import UsageError
 from .common import (
     add_seqlens_argument,
@@ -92,10 +93,7 @@ def _report(config: KernelConfig, inputs, causal: bool, front: FrontEnd, feats: 
     res = runs.simulate(*inputs, causal=causal, config=config, observers=[counter], engine=front, **feats,
                         cu_seqlens=cu_seqlens, **(split or {}))
     check_computes(res.counts, front, config)
-    report = counter.report()
-    if split:  # fa_sim.splitkv launches through fa_sim.ptx.launch, whose LaunchInfo names no problem
-        report = dataclasses.replace(report, smem=config.smem.value)
-    return report, res.splits
+    return counter.report(), res.splits  # split-KV: the split launch names its problem (fa_sim.ptx.launch's problem=)
 
 
 SHARED_OPS = (Op.LDGSTS, Op.LDSM, Op.LDS, Op.STS)  # the classes whose bank conflicts are counted
@@ -184,6 +182,7 @@ def run(args) -> int:
     if split:
         lens = split["cache_seqlens"]
         size += f", splits={splits}" + ("" if lens is None else " cache_seqlens=" + ",".join(map(str, lens))) + \
+            (" GQA packed" if packs_gqa(prob, split.get("pack_gqa")) else "") + \
             " (the split launch; fa2_combine.cu uses no shared memory)"
     shape = (f"{size}{' causal' if args.causal else ''}"
              f"{''.join(', ' + f for f in prob.features())}, "
@@ -197,7 +196,8 @@ def run(args) -> int:
                             "heads_k": prob.heads_k, "window": None if args.window is None else list(args.window),
                             "softcap": args.softcap, **packed_json,
                             **({} if not split else {"splits": splits, "cache_seqlens": None if split["cache_seqlens"]
-                                                     is None else [int(x) for x in split["cache_seqlens"]]})},
+                                                     is None else [int(x) for x in split["cache_seqlens"]],
+                                                     "pack_gqa": packs_gqa(prob, split.get("pack_gqa"))})},
                 "config": base.to_json(), "causal": args.causal}
         print(json.dumps({**meta, "layouts": out} if args.compare else {**meta, **out[base.smem.value]}, indent=1))
     elif args.compare:

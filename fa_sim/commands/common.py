@@ -230,7 +230,7 @@ def packed_seqlens(text: str) -> tuple[int, ...]:
 
 
 def add_seqlens_argument(p) -> None:
-    """--seqlens of `fa sim`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
+    """--seqlens of `fa sim`, `fa hw`, `fa time`, `fa trace`, `fa banks` (and `fa compare`, which refuses it):
     a packed batch of random inputs (fa_sim.varlen)."""
     p.add_argument("--seqlens", type=packed_seqlens, default=None, metavar="N,N,...",
                    help="random packed variable-length batch of these sequence lengths (Nk = Nq each; "
@@ -247,11 +247,20 @@ def add_splitkv_arguments(p) -> None:
                    help=describe("split-KV decoding: keys of the cache (--seqlen-k) each sequence holds, one per "
                                  "batch entry; with --npz, the file's int32 array cache_seqlens instead",
                                  "all", "integers 1 .. Nk"))
+    p.add_argument("--pack-gqa", choices=tuple(PACK_GQA), default=None, metavar="{auto,on,off}",
+                   help=describe("split-KV decoding with --heads-k: run the Q heads of a K/V head as one head of "
+                                 "g*Nq rows, K/V read once per group (FlashAttention-2's seqlenq_ngroups_swapped; "
+                                 "pack_gqa= of fa_sim.simulate / fa_hw.forward; auto: packed when g > 1 and Nq < "
+                                 "block_m)", "auto", "one of auto, on, off; only with --splits / --cache-seqlens"))
+
+
+PACK_GQA = {"auto": None, "on": True, "off": False}  # --pack-gqa -> pack_gqa= of the APIs
 
 
 def splitkv(args) -> dict:
-    """splits= and cache_seqlens= of fa_sim.simulate / fa_hw.forward from --splits, --cache-seqlens
-    and an --npz file's cache_seqlens array; {} when none is given (the plain kernel)."""
+    """splits=, cache_seqlens= and pack_gqa= of fa_sim.simulate / fa_hw.forward from --splits,
+    --cache-seqlens, an --npz file's cache_seqlens array and --pack-gqa (pack_gqa= only when given:
+    auto is the APIs' None); {} when none is given (the plain kernel; --pack-gqa alone is refused)."""
     lens = getattr(args, "cache_seqlens", None)
     npz = getattr(args, "npz", None)
     if npz is not None:
@@ -262,12 +271,17 @@ def splitkv(args) -> dict:
             raise UsageError(f"{inputs_option(args)} {npz} holds cache_seqlens: drop --cache-seqlens")
         lens = stored if stored is not None else lens
     splits = getattr(args, "splits", None)
+    pack = getattr(args, "pack_gqa", None)
     if splits is None and lens is None:
+        if pack is not None:
+            raise UsageError(f"--pack-gqa {pack} applies to split-KV decoding only: give --splits N|auto or "
+                             "--cache-seqlens with it")
         return {}
     if args.causal or getattr(args, "window", None) is not None:
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) take no --causal or --window: this kernel's "
                          "masks are top-left aligned (docs/features.md)")
-    return {"splits": 1 if splits is None else splits, "cache_seqlens": lens}
+    return {"splits": 1 if splits is None else splits, "cache_seqlens": lens,
+            **({} if pack is None else {"pack_gqa": PACK_GQA[pack]})}
 
 
 def heads_k(args) -> int:
@@ -343,14 +357,6 @@ def run_inputs(args, config: KernelConfig, files=None) -> tuple:
     if config.dtype == "bf16":
         return tuple(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float16 else x for x in files)
     return files
-
-
-def check_timing_dtype(config: KernelConfig, what: str) -> None:
-    """The timing model (fa_sim.timing) walks the fp16 kernel's SASS; a bf16 config is refused
-    before any work, naming `what` (issue 38: the SASS walk will take it later)."""
-    if config.dtype != "fp16":
-        raise UsageError(f"{what} does not model --dtype {config.dtype} yet: fa_sim.timing walks the fp16 kernel's "
-                         "SASS; time the fp16 kernel, or measure the bf16 one on the GPU (fa hw --dtype bf16)")
 
 
 # -- the kernel config, generated from KernelConfig's fields ------------------------------------------

@@ -16,7 +16,9 @@ with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed 
 --npz file) and split-KV decoding (--splits, --cache-seqlens) are refused in one line: fa2_fwd.cu
 has no checkpoint build for them (docs/features.md, "The commands"). `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
-kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time).
+kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
+take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
+predicted).
 
 `--backward` compares the backward pass instead (fa_sim/commands/backward_gpu.py): fa_hw.backward on
 the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
@@ -75,7 +77,6 @@ from .common import (
     problem_shape,
     refuse,
     run_inputs,
-    check_timing_dtype,
 )
 from .backward import add_backward_arguments
 from .inputs import HelpFormatter, add_inputs_argument, inputs_option, load_npz
@@ -216,15 +217,12 @@ def _launch(args, save: Output | None):
     shapes = ([tuple(np.shape(x)) for x in files] if files is not None
               else qkv_shapes(problem_shape(args), heads_k(args)))
     (b, h, nq, _), nk = shapes[0], shapes[1][2]
-    if any(getattr(args, f) is not None for f in ("heads_k", "window", "softcap")) or shapes[1][1] != h:
-        refuse(args, ("banks", "timing"), "with --heads-k, --window or --softcap yet (the Nsight Compute profile and "
-               "the timing model's comparison do not take them; fa time does: docs/features.md)")
     config = _launch_config(args, d, shapes)
     ctas = checkpoint_ctas_option(args.ctas, Problem(b, h, nq, nk, args.causal, 1.0, config).n_ctas)
     if args.timing:  # the timing model runs after the GPU: its sizes are checked before (fa_sim.timing.cost)
-        check_timing_dtype(config, "fa compare --timing")
         try:
-            timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config)).check(
+            timing_cost(Problem(b, h, nq, nk, args.causal, 1.0, config, heads_k=shapes[1][1],
+                                **features(args))).check(
                 f"--timing at (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk})", "drop --timing or lower the sizes")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -275,8 +273,9 @@ def _refuse_without_checkpoints(args) -> None:
     works instead."""
     if args.seqlens is not None:
         raise UsageError(f"--seqlens {NO_PACKED}")
-    if args.splits is not None or args.cache_seqlens is not None:
-        given = "--splits" if args.splits is not None else "--cache-seqlens"
+    if args.splits is not None or args.cache_seqlens is not None or args.pack_gqa is not None:
+        given = ("--splits" if args.splits is not None else "--cache-seqlens" if args.cache_seqlens is not None
+                 else "--pack-gqa")
         raise UsageError(f"{given} does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build "
                          "(#error FA_SPLITKV && FA_CHECKPOINTS); a split is the unsplit kernel on its keys, so compare "
                          "that (--seqlen-k L), and fa sim --splits runs the split and combine launches")
@@ -305,12 +304,12 @@ def run(args) -> int:
     if args.banks:
         from fa_hw.profile import bank_comparison, format_bank_comparison
 
-        banks = bank_comparison(q, k, v, causal, scale, config, kernel)
+        banks = bank_comparison(q, k, v, causal, scale, config, kernel, **feats)  # that feature's build
     timing = None
     if args.timing:
         from fa_hw.profile import timing_comparison
 
-        timing = timing_comparison(q, k, v, causal, scale, config, kernel)
+        timing = timing_comparison(q, k, v, causal, scale, config, kernel, **feats)
     if args.json:
         obj = report.to_json()
         if banks is not None:

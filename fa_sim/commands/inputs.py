@@ -141,7 +141,7 @@ def load_qkv(path, option: str, packed: bool = False):
     if any(n in data for n in CU_NAMES):
         if not packed:
             raise UsageError(f"{option} {path}: holds {' and '.join(n for n in CU_NAMES if n in data)} (a packed "
-                             "batch), which this command does not take (fa sim, fa time, fa trace and fa banks do); unpack the "
+                             "batch), which this command does not take (fa sim, fa hw, fa time, fa trace and fa banks do); unpack the "
                              "sequences for this command")
         return (*_packed_qkv(data, path, option), (data.get("cu_seqlens_q"), data.get("cu_seqlens_k")))
     for name, x in data.items():

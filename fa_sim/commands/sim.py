@@ -43,6 +43,7 @@ from ..accuracy import Accuracy, measure
 from ..events import COUNTED_OPS
 from ..run import PtxFrontEnd
 from ..simulate import SimResult, simulate
+from ..splitkv import packs_gqa
 from .common import (
     add_seqlens_argument,
     add_config_arguments,
@@ -106,7 +107,7 @@ def errors(res: SimResult, q, k, v, window=None, softcap=None, cu_seqlens_q=None
 
 
 def _inputs(args, loaded, config, front):
-    """The --npz arrays, or random inputs made after every check (commands/preflight.py)."""
+    """(the problem, the --npz arrays or random inputs made after every check: commands/preflight.py)."""
     check_engine(front, config, args.causal)
     if loaded is None:
         check_input_memory(args)
@@ -121,8 +122,8 @@ def _inputs(args, loaded, config, front):
             raise UsageError(str(exc)) from None
     announce("sim", prob, args.mma)
     if args.seqlens is not None:
-        return packed_random_inputs(args, prob, config.dtype)
-    return run_inputs(args, config, loaded)
+        return prob, packed_random_inputs(args, prob, config.dtype)
+    return prob, run_inputs(args, config, loaded)
 
 
 def run(args) -> int:
@@ -158,7 +159,7 @@ def run(args) -> int:
         packed = dict(cu_seqlens_q=args.cu_seqlens[0], cu_seqlens_k=args.cu_seqlens[1])
         args.engine = "ptx"
     front = PtxFrontEnd() if split else engine_from_args(args, config)
-    q, k, v = _inputs(args, loaded, config, front)
+    prob, (q, k, v) = _inputs(args, loaded, config, front)
     res = simulate(q, k, v, causal=args.causal, scale=args.scale, config=config,
                    observers=() if checker is None else (checker,), mma_model=args.mma, engine=front,
                    workers=None if packed or split else args.workers, cluster=args.cluster, **features(args),
@@ -176,7 +177,8 @@ def run(args) -> int:
     status = 1 if (report is not None and not report.ok) or not acc.ok else 0
     if args.json:
         kernel = getattr(front, "kernel", None)
-        out = {**acc.to_json(), **({"splits": res.splits} if split else {}), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
+        out = {**acc.to_json(), **({"splits": res.splits, "pack_gqa": packs_gqa(prob, split.get("pack_gqa"))}
+                                   if split else {}), "seconds": res.seconds, "instructions": counts, "engine": front.engine.value,
                "kernel": None if kernel is None else str(kernel)}
         if report is not None:
             out["hazards"] = report.to_json()
@@ -195,6 +197,7 @@ def run(args) -> int:
         f" window={args.window[0]},{args.window[1]}" if args.window is not None else "") + (
         f" softcap={args.softcap:g}" if args.softcap is not None else "") + (
         f" splits={res.splits}" if split else "") + (
+        " GQA packed" if split and packs_gqa(prob, split.get("pack_gqa")) else "") + (
         f" cache_seqlens={','.join(map(str, split['cache_seqlens']))}" if split and split["cache_seqlens"] is not None
         else "")
     print(f"fa sim: B={b} H={h} {'max ' if packed else ''}Nq={nq} Nk={nk} d={d} "

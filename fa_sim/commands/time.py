@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.npz_option} does not apply with fa time --backward (it times seeded inputs "
                              "of the shape options)")
         return backward.time_(args)
-    if args.npz is not None or args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None:
+    if (args.npz is not None or args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None
+            or args.pack_gqa is not None):
         return run_features(args)
     d = problem_head_dim(args)
     check_scale(args, d)
@@ -237,7 +238,8 @@ def run_features(args: argparse.Namespace) -> int:
                 (b, h, nq, _), (_, hk, nk, _) = (np.shape(x) for x in loaded[:2])
             prob = launch_problem(args, Problem(b, h, nq, nk, False, args.scale or d ** -0.5, config, heads_k=hk,
                                                 softcap=args.softcap))
-            pred = predict_splitkv(check_splitkv(prob, split["splits"], split["cache_seqlens"]), args.gpu)
+            pred = predict_splitkv(check_splitkv(prob, split["splits"], split["cache_seqlens"],
+                                                 pack_gqa=split.get("pack_gqa")), args.gpu)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return report_launches(args, config, prob, pred)
@@ -267,7 +269,8 @@ def report_launches(args, config, prob: Problem, pred) -> int:
     else:
         what = (f"split-KV: (B, H, Nq, Nk, d) = ({prob.batch}, {prob.heads}, {prob.seqlen_q}, {prob.seqlen_k}, "
                 f"{prob.head_dim})  cache_seqlens {','.join(map(str, n['cache_seqlens']))}  splits {n['splits']}"
-                + (" (auto, for 132 SMs)" if n["splits_auto"] else ""))
+                + (" (auto, for 132 SMs)" if n["splits_auto"] else "")
+                + (f"  GQA packed ({prob.heads // prob.heads_k} Q heads as one)" if n["pack_gqa"] else ""))
     if args.json:
         print(json.dumps({"config": config.tag, "causal": prob.causal, "gpu": args.gpu, "features": prob.features(),
                           **pred.to_json()}))

@@ -15,7 +15,12 @@ sim`) runs the FA_VARLEN build on the PTX engine: --cta is a CTA of its grid (Q 
 longest sequence, H, B), and the story's header says which sequence, head and Q block it computes
 and which rows of the packed q, k, v those are (fa_sim.varlen.describe_cta); a CTA past its
 sequence's queries is refused (it exits at once), and the story has no S/m/l/P/O sections (that
-build has no checkpoints). docs/features.md, "The commands".
+build has no checkpoints). Split-KV decoding (`--splits N|auto`, `--cache-seqlens`, `--pack-gqa`, as
+in `fa sim`) follows a lane of the split launch (FA_SPLITKV): --cta is a CTA of its grid (Q blocks,
+batch-heads, splits), and the header says which split, batch, head and Q block it computes and which
+K/V tiles of the cache its split covers (fa_sim.splitkv.SplitPlan.describe_cta); round t is the
+split's block first + t, and key coordinates are the cache's; an empty split (past its sequence's
+keys) is refused, and there are no S/m/l/P/O sections either. docs/features.md, "The commands".
 
 `--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
 kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM): its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,
@@ -31,11 +36,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ..config import WARP_SIZE
 from ..kernels import Problem
 from . import UsageError
 from .common import (
     add_seqlens_argument,
+    add_splitkv_arguments,
+    splitkv,
     warp_and_lane,
     add_config_arguments,
     add_engine_arguments,
@@ -72,7 +81,9 @@ def register(subparsers) -> None:
                    help="linear CTA id in the grid, blockIdx.x + ceil(Nq/block_m) * (batch * H + head); the Q block "
                         "it computes (m_block, in the story's header) is blockIdx.x, or under --heavy-first --causal "
                         "ceil(Nq/block_m) - 1 - blockIdx.x; a packed batch (--seqlens): blockIdx.x + "
-                        "ceil(max Nq/block_m) * (head + H * sequence) (default 0; 0 .. CTAs-1)")
+                        "ceil(max Nq/block_m) * (head + H * sequence); split-KV (--splits): blockIdx.x + "
+                        "ceil(Nq/block_m) * (batch * H + head + B * H * split), H the K/V heads when GQA is packed "
+                        "(default 0; 0 .. CTAs-1)")
     p.add_argument("--warp", type=int_in("--warp", 0), default=0, help="warp of the CTA (default 0; 0 .. warps-1)")
     p.add_argument("--lane", type=int_in("--lane", 0), default=0, help="lane of the warp (default 0; 0 .. 31)")
     p.add_argument("--thread", type=int_in("--thread", 0), default=None,
@@ -85,6 +96,7 @@ def register(subparsers) -> None:
     add_engine_arguments(p)
     add_inputs_argument(p)
     add_seqlens_argument(p)
+    add_splitkv_arguments(p)
     p.add_argument("--ops", default=None,
                    help="comma-separated instruction classes to keep, e.g. LDSM,SHFL (default: all)")
     p.add_argument("--json", action="store_true", help="print the story as JSON instead of the table")
@@ -131,6 +143,25 @@ def _round_error(launch: Problem, cta: int, rnd: int) -> UsageError | None:
     return UsageError(f"--round {rnd} is not a round of {who}: it runs {runs}; {why}")
 
 
+def _check_split_selection(args, plan) -> tuple[int, int]:
+    """(warp, lane) after checking CTA, warp, lane, thread and round against split-KV's split launch
+    (fa_sim.splitkv.SplitPlan: a CTA's rounds are its split's K/V blocks of its sequence)."""
+    n_ctas = int(np.prod(plan.grid))
+    if args.cta >= n_ctas:
+        x, y, z = plan.grid
+        raise UsageError(f"--cta {args.cta} is outside the split launch's grid: {n_ctas} CTAs, 0..{n_ctas - 1} ({x} Q "
+                         f"blocks x {y} batch-heads x {z} splits)")
+    warp, lane = warp_and_lane(args, plan.problem.config.n_warps)
+    n = plan.cta(args.cta)[4]
+    if not n:
+        raise UsageError(f"--cta {args.cta} runs no round: {plan.describe_cta(args.cta)}")
+    if args.round >= n:
+        runs = "round 0 only" if n == 1 else f"rounds 0..{n - 1}"
+        raise UsageError(f"--round {args.round} is not a round of CTA {args.cta}: it runs {runs}; "
+                         f"{plan.describe_cta(args.cta)}")
+    return warp, lane
+
+
 def _check_selection(args, prob: Problem) -> tuple[int, int]:
     """(warp, lane) after checking CTA, warp, lane, thread and round against the grid."""
     cfg = prob.config
@@ -155,7 +186,11 @@ def run(args) -> int:
         return backward.trace(args)
     kernel_from_args(args)  # the file, before anything is read or made
     ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
-    inputs = packed_inputs(args, None)  # None: random, drawn after the checks; args.cu_seqlens of a packed batch
+    split = splitkv(args)  # split-KV decoding: the split launch (FA_SPLITKV) is traced
+    if split and (args.engine == "program" or args.kernel is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
+                         "engine, here: without --engine program or --kernel")
+    inputs = packed_inputs(args, split)  # None: random, drawn after the checks; args.cu_seqlens of a packed batch
     cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
@@ -173,9 +208,17 @@ def run(args) -> int:
         hk = heads_k(args) if inputs is None else inputs[1].shape[1]
         try:
             selected = Problem(b, h, nq, nk, args.causal, 1.0, cfg, hk, **features(args))
+            if split:  # the split launch: its grid, GQA packed or not, and each split's K/V blocks
+                from ..splitkv import check_splitkv
+
+                plan = check_splitkv(selected, split["splits"], split["cache_seqlens"], pack_gqa=split.get("pack_gqa"))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    warp, lane = _check_selection(args, selected)
+    if split:
+        args.engine = "ptx"
+        warp, lane = _check_split_selection(args, plan)
+    else:
+        warp, lane = _check_selection(args, selected)
     front = engine_from_args(args, cfg)
     check_engine(front, cfg, args.causal)
     if packed:
@@ -190,7 +233,7 @@ def run(args) -> int:
         inputs = run_inputs(args, cfg, inputs)
     filt = TraceFilter(ctas=(args.cta,), warps=(warp,), lanes=(lane,), rounds=(args.round,), ops=ops)
     tr = runs.run_trace(cfg, filt, causal=args.causal, inputs=inputs, engine=front, **features(args),
-                        cu_seqlens=args.cu_seqlens)
+                        cu_seqlens=args.cu_seqlens, **split)
     st = story.lane_story(tr, args.cta, warp, lane, args.round)
     print(json.dumps(story.story_json(st), indent=1) if args.json else story.format_story(st))
     if save is not None:

@@ -51,6 +51,9 @@ class Tensor(enum.StrEnum):
     LSE = "LSE"
 
 
+ACCUM_O, ACCUM_LSE = "O_ACCUM", "LSE_ACCUM"  # split-KV's workspace [splits, B*H, Nq, d] / [.., Nq], fp32
+
+
 class Site(enum.Enum):
     """Synchronisation points of the kernel, named so that mutation tests can drop or move them
     (fa_sim.kernels.Mutation for the program; FA_DROP_* macros for fa2_fwd.cu)."""
@@ -119,8 +122,8 @@ class FA2Labels:
         if name not in self.seqlens:
             return None, None
         off = np.asarray(offset, np.int64)
-        if name == Tensor.LSE:
+        if name in (Tensor.LSE, ACCUM_LSE):  # fp32 rows
             return (off // 4) % self.seqlens[name], np.zeros_like(off)
-        elem = off // 2
+        elem = off // (4 if name == ACCUM_O else 2)  # split-KV's workspace O is fp32
         d = self.config.head_dim
         return (elem // d) % self.seqlens[name], elem % d

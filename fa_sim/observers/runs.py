@@ -33,14 +33,14 @@ class Problem:
 
 def simulate(q, k, v, *, causal: bool, config: KernelConfig, observers, mutation=None, scale=None,
              engine: str = "program", kernel=None, window=None, softcap=None, cu_seqlens=None, splits=None,
-             cache_seqlens=None):
+             cache_seqlens=None, pack_gqa=None):
     """fa_sim.simulate with the observers of a run (the observers sit above the machine: it imports
-    nothing from them); window, softcap, splits and cache_seqlens as fa_sim.simulate takes them
+    nothing from them); window, softcap, splits, cache_seqlens and pack_gqa as fa_sim.simulate takes them
     (split-KV decoding: the observers see the split launch); cu_seqlens: (cu_seqlens_q, cu_seqlens_k)
     of a packed batch (q [total_q, H, d], k, v [total_k, H_k, d]), or None."""
     kwargs = {} if mutation is None else {"mutation": mutation}
     if splits is not None or cache_seqlens is not None:
-        kwargs |= {"splits": splits, "cache_seqlens": cache_seqlens}
+        kwargs |= {"splits": splits, "cache_seqlens": cache_seqlens, "pack_gqa": pack_gqa}
     if cu_seqlens is not None:
         kwargs |= {"cu_seqlens_q": cu_seqlens[0], "cu_seqlens_k": cu_seqlens[1]}
     return _simulate(q, k, v, causal=causal, scale=scale, config=config, observers=list(observers),
@@ -55,13 +55,16 @@ def run_banks(config: KernelConfig, problem: Problem = Problem(), causal: bool =
 
 def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Problem(), causal: bool = False,
               inputs=None, engine: str = "program", kernel=None, window=None, softcap=None,
-              cu_seqlens=None) -> Trace:
-    """The trace of a run; a packed batch (`cu_seqlens`) records its instructions only (InstructionRecorder:
-    the FA_VARLEN build has no checkpoints)."""
-    recorder = (TraceRecorder if cu_seqlens is None else InstructionRecorder)(filter)
+              cu_seqlens=None, splits=None, cache_seqlens=None, pack_gqa=None) -> Trace:
+    """The trace of a run; a packed batch (`cu_seqlens`) and split-KV decoding (`splits`, `cache_seqlens`,
+    `pack_gqa`: the trace of its split launch) record their instructions only (InstructionRecorder: the
+    FA_VARLEN and FA_SPLITKV builds have no checkpoints)."""
+    split = splits is not None or cache_seqlens is not None
+    recorder = (TraceRecorder if cu_seqlens is None and not split else InstructionRecorder)(filter)
     q, k, v = problem.inputs() if inputs is None else inputs
     simulate(q, k, v, causal=causal, config=config, observers=[recorder], engine=engine, kernel=kernel,
-             window=window, softcap=softcap, cu_seqlens=cu_seqlens)
+             window=window, softcap=softcap, cu_seqlens=cu_seqlens, splits=splits, cache_seqlens=cache_seqlens,
+             pack_gqa=pack_gqa)
     return recorder.trace
 
 

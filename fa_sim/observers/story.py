@@ -95,11 +95,12 @@ def config_of(launch: dict) -> KernelConfig:
 
 
 def problem_of(launch: dict) -> Problem:
-    """The launch's Problem as far as the story needs it: shape, mask, config and a packed batch's
-    offsets (heads_k, window and softcap do not change which Q block a CTA computes)."""
+    """The launch's Problem as far as the story needs it: shape, mask (the window: a CTA's first K/V
+    block), config and a packed batch's offsets (heads_k and softcap do not change which Q block or
+    K/V blocks a CTA computes)."""
     cu = (launch["cu_seqlens_q"], launch["cu_seqlens_k"]) if "cu_seqlens_q" in launch else None
     return Problem(launch["batch"], launch["heads"], launch["seqlen_q"], launch["seqlen_k"], launch["causal"],
-                   launch["scale"], config_of(launch), cu_seqlens=cu)
+                   launch["scale"], config_of(launch), window=tuple(launch.get("window", (-1, -1))), cu_seqlens=cu)
 
 
 def m_block_of(launch: dict, cta: int) -> int:
@@ -118,16 +119,42 @@ def packed_header(launch: dict, cta: int) -> str | None:
     return f"packed batch, {describe_cta(problem_of(launch), cta)}"
 
 
+def split_plan(launch: dict):
+    """Split-KV's split launch (the launch names its splits): the fa_sim.splitkv.SplitPlan it ran
+    (its problem GQA packed where the launch was), else None."""
+    if "splits" not in launch:
+        return None
+    from dataclasses import replace
+
+    from ..splitkv import SplitPlan
+
+    prob, g = problem_of(launch), launch["gqa_group"]
+    unpacked = None if g == 1 else replace(prob, heads=prob.heads * g, seqlen_q=prob.seqlen_q // g, heads_k=prob.heads)
+    return SplitPlan(prob, launch["splits"], np.array(launch["cache_seqlens"], np.int32), unpacked=unpacked)
+
+
+def split_header(launch: dict, cta: int) -> str | None:
+    """Split-KV's line of the story: which split, batch-head and Q block the CTA computes and which
+    K/V tiles its split covers (SPLIT_NOTE says how the coordinates count); None for other launches."""
+    plan = split_plan(launch)
+    return None if plan is None else f"split-KV, {plan.describe_cta(cta)}"
+
+
+SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa2_fwd.cu's "
+              "FA_SPLITKV has no checkpoint build (the registers written are in the steps)")
+
+
 PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa2_fwd.cu's "
                "FA_VARLEN has no checkpoint build (the registers written are in the steps)")
 
 
-def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int) -> int:
+def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int, kv0: int = 0) -> int:
     """Global row of tile row 0 of what an ldmatrix or ld/st.shared touched: the Q block, or the
-    K/V block of the round (the tile a round reads holds that round's block)."""
+    K/V block of the round (the tile a round reads holds that round's block, kv0 + round: kv0 the
+    CTA's first K/V block, a split's)."""
     if tile in (Tile.SQ, Tile.SO):
         return m_block * cfg.block_m
-    return cfg.block_n * max(rec.round, 0)
+    return cfg.block_n * (kv0 + max(rec.round, 0))
 
 
 def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
@@ -139,14 +166,14 @@ def _touch(rec: TraceRecord, r: int, c: int, s: int) -> str:
     return text if sm.mask[r, c, s] else text + " (off)"
 
 
-def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int) -> tuple:
+def _mma_coords(rec: TraceRecord, r: int, thread: int, cfg: KernelConfig, m_block: int, kv0: int = 0) -> tuple:
     """Global (row, col) of the 4 accumulators mma r produced. The machine orders the R mmas of a
     k-step mi-major (r = mi * NJ + nj, machine.Machine.mma); C layout per docs/hardware_facts.md."""
     nj_count = cfg.s_n_tiles if rec.phase == Phase.QK else cfg.o_n_tiles
     mi, nj = divmod(r, nj_count)
     e = np.arange(4) + 4 * (mi + cfg.m_repeats * nj)  # CuTe order of the same slots
     rows, cols = lanemaps.acc_coords(cfg, thread, e)
-    k0 = cfg.block_n * rec.round if rec.phase == Phase.QK else 0
+    k0 = cfg.block_n * (kv0 + rec.round) if rec.phase == Phase.QK else 0
     return tuple(zip((rows + m_block * cfg.block_m).tolist(), (cols + k0).tolist()))
 
 
@@ -156,16 +183,17 @@ def _regs(regs: dict, r: int, c: int, s: int, dtype: str = "fp16") -> tuple:
     return tuple(json_list(np.concatenate([reg_values(v[r, c, s], dtype).reshape(-1) for v in regs.values()])))
 
 
-def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: int, thread: int) -> Step:
+def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: int, thread: int,
+          kv0: int = 0) -> Step:
     touch, matrix, coords, detail = "", "", (), ""
     values = (_regs(rec.regs_out, r, c, s, cfg.dtype)
               or (_regs(rec.regs_in, r, c, s, cfg.dtype) if rec.op is Op.STS else ()))
     if rec.smem is not None:
         touch, matrix = _touch(rec, r, c, s), TILE_TENSOR.get(rec.smem.region, str(rec.smem.region))
-        row0 = _tile_row0(rec.smem.region, rec, cfg, m_block)
+        row0 = _tile_row0(rec.smem.region, rec, cfg, m_block, kv0)
         coords = tuple(zip((rec.smem.elem_row[r, c, s] + row0).tolist(), rec.smem.elem_col[r, c, s].tolist()))
     if rec.op is Op.HMMA and rec.src is None:  # the program's mma order (r = mi * NJ + nj) gives coordinates
-        matrix, coords = ("S" if rec.phase == Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block)
+        matrix, coords = ("S" if rec.phase == Phase.QK else "O"), _mma_coords(rec, r, thread, cfg, m_block, kv0)
     if rec.gmem is not None:
         g = rec.gmem
         detail = f"{str(g.buffer).upper()}[{int(g.row[r, c, s])}, {int(g.col[r, c, s])}:+{g.width // 2}]"
@@ -184,7 +212,8 @@ def _step(rec: TraceRecord, r: int, c: int, s: int, cfg: KernelConfig, m_block: 
                 coords, partner, sent, detail, src, regs)
 
 
-def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int) -> dict:
+def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: int, m_block: int,
+           kv0: int = 0) -> dict:
     """Checkpoint slots of one thread at global coordinates."""
     out: dict = {}
     for ck in trace.checkpoints:
@@ -192,12 +221,13 @@ def _state(trace: Trace, cfg: KernelConfig, cta: int, s: int, thread: int, rnd: 
         if hit.size == 0 or (ck.round != rnd and ck.checkpoint not in (Checkpoint.O_FINAL,)):
             continue
         words = ck.values[hit[0], s]
-        out[ck.checkpoint.value] = _slots(ck.checkpoint, words, cfg, thread, rnd, m_block)
+        out[ck.checkpoint.value] = _slots(ck.checkpoint, words, cfg, thread, rnd, m_block, kv0)
     return out
 
 
-def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rnd: int, m_block: int):
-    q0, k0 = m_block * cfg.block_m, rnd * cfg.block_n
+def _slots(ck: Checkpoint, words: np.ndarray, cfg: KernelConfig, thread: int, rnd: int, m_block: int,
+           kv0: int = 0):
+    q0, k0 = m_block * cfg.block_m, (kv0 + rnd) * cfg.block_n
     if ck in (Checkpoint.ROW_MAX, Checkpoint.ROW_SUM):
         vals = words[: cfg.rows_per_thread].view(np.float32)
         rows = lanemaps.row_slot_rows(cfg, thread, np.arange(vals.size)) + q0
@@ -224,6 +254,11 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
     thread = 32 * warp + lane
     s = trace.thread_index(thread)
     m_block = m_block_of(trace.launch, cta)
+    plan = split_plan(trace.launch)  # split-KV: the split's first K/V block and the batch-head within grid y
+    if plan is not None:
+        _, bh, _, kv0, _ = plan.cta(cta)
+    else:  # round t runs K/V block n_block_min + t: 0, or a window's first block
+        bh, kv0 = cta // trace.launch["n_m_blocks"], int(problem_of(trace.launch).n_block_min(m_block))
     last = max((r.round for r in trace.records if r.round >= 0 and cta in r.cta), default=-1)
     keep = {round} | ({ROUND_PROLOGUE} if round == 0 else set()) | ({ROUND_EPILOGUE} if round == last else set())
     steps = []
@@ -231,14 +266,13 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
         hit = np.nonzero(rec.cta == cta)[0]
         if rec.round not in keep or hit.size == 0 or not rec.active[hit[0], s]:
             continue
-        steps += [_step(rec, r, int(hit[0]), s, cfg, m_block, thread) for r in range(rec.repeat)]
+        steps += [_step(rec, r, int(hit[0]), s, cfg, m_block, thread, kv0) for r in range(rec.repeat)]
     if not steps:
         ran = sorted({r.round for r in trace.records if r.round >= 0 and cta in r.cta})
         raise ValueError(f"no traced instruction of CTA {cta} thread {thread} in round {round} "
                          f"(traced rounds of this CTA: {ran or 'none'}; causal CTAs stop early)")
-    state = _state(trace, cfg, cta, s, thread, round, m_block)
-    return LaneStory(cta, warp, lane, round, m_block, cta // trace.launch["n_m_blocks"], trace.launch,
-                     tuple(steps), state)
+    state = _state(trace, cfg, cta, s, thread, round, m_block, kv0)
+    return LaneStory(cta, warp, lane, round, m_block, bh, trace.launch, tuple(steps), state)
 
 
 # -- rendering ---------------------------------------------------------------------------------------
@@ -290,6 +324,9 @@ def format_story(story: LaneStory) -> str:
     packed = packed_header(la, story.cta)
     if packed is not None:
         head += f"  (max over the sequences)\n{packed}\n{PACKED_NOTE}"
+    split = split_header(la, story.cta)
+    if split is not None:
+        head += f"\n{split}\n{SPLIT_NOTE}"
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line
         lines = [head, f"{'pc':>5} {'phase':<8} {'source (line<call)':<19} {'PTX instruction':<52} "
                        f"{'smem coord -> byte -> bank':<34} registers written"]
@@ -317,6 +354,7 @@ def story_json(story: LaneStory) -> dict:
     return {"cta": story.cta, "warp": story.warp, "lane": story.lane, "round": story.round,
             "m_block": story.m_block, "bh": story.bh, "launch": story.launch,
             **({} if "cu_seqlens_q" not in story.launch else {"packed": packed_header(story.launch, story.cta)}),
+            **({} if "splits" not in story.launch else {"split": split_header(story.launch, story.cta)}),
             "steps": [{"seq": s.seq, "instr": s.instr, "pc": s.pc, "op": s.op.value, "phase": s.phase,
                        "round": s.round, "label": s.label, "ptx": s.ptx, "src": s.src, "regs": s.regs,
                        "touch": s.touch, "detail": s.detail,

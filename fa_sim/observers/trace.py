@@ -148,8 +148,14 @@ def launch_json(launch: LaunchInfo) -> dict:
         out |= {"config": p.config.to_json(), "batch": p.batch, "heads": p.heads, "seqlen_q": p.seqlen_q,
                 "seqlen_k": p.seqlen_k, "causal": bool(p.causal), "scale": float(p.scale),
                 "n_m_blocks": launch.n_m_blocks}
+        if p.has_window:  # the window's first K/V block of a CTA is its round 0 (Problem.n_block_min)
+            out |= {"window": [int(x) for x in p.window]}
         if p.varlen:  # a packed batch: the offsets say which sequence a CTA computes (fa_sim.varlen)
             out |= {"cu_seqlens_q": list(p.cu_seqlens[0]), "cu_seqlens_k": list(p.cu_seqlens[1])}
+    if getattr(launch, "split", None) is not None:  # split-KV's split launch: grid z is the split (fa_sim.splitkv)
+        plan = launch.split
+        out |= {"splits": int(plan.splits), "cache_seqlens": [int(x) for x in plan.cache_seqlens],
+                "gqa_group": 1 if plan.unpacked is None else int(plan.unpacked.kv_group)}
     return out
 
 

@@ -22,7 +22,10 @@ KernelFault naming where its threads were. A launch of very many waves says up f
 takes at least, a long one reports progress on stderr, and Ctrl-C stops it.
 Observers see the same events as from the hand-written attention program (fa_sim.events),
 labelled by the front end: phases from `// phase: NAME` comments in the source, labels from its
-lines.
+lines. `problem=` (a fa_sim.Problem, or a fa_sim.splitkv.SplitPlan for split-KV's split launch)
+says that the launch is fa2_fwd_kernel's for that attention problem: observers get it
+(LaunchInfo.problem, .split) and shared and global accesses are named by tile and tensor row, as
+the attention front end names them (`attention_launch`).
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ class LaunchResult:
     buffers: Mapping[str, np.ndarray]
 
 
-def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple[bytes, dict]:
+def pack_params(program: Program, args: Sequence, memory: GlobalMemory, names: Sequence[str] = ()) -> tuple[bytes, dict]:
     """The parameter buffer: arrays become buffers (their addresses), numbers take the parameter's
-    type. Returns (bytes, {buffer name: (buffer, original array)})."""
+    type. Returns (bytes, {buffer name: (buffer, original array)}). The arrays' buffers are named by
+    `names` in order (the labels' tensor names), the rest arg<i>."""
     params = program.kernel.params
     if len(args) != len(params):
         raise ValueError(f"{program.kernel.name} takes {len(params)} parameters "
@@ -79,7 +83,8 @@ def pack_params(program: Program, args: Sequence, memory: GlobalMemory) -> tuple
                                  "(bool, integer, float or complex dtypes)")
             if p.size != 8:
                 raise ValueError(f"argument {i} is an array but parameter {p.name} is .{p.type} ({p.size} bytes)")
-            buf = memory.alloc(f"arg{i}", a)
+            n = len(bufs)
+            buf = memory.alloc(names[n] if n < len(names) else f"arg{i}", a)
             bufs[buf.name] = (buf, a)
             raw = np.uint64(buf.base).tobytes()
         else:
@@ -187,7 +192,7 @@ def totals(counts: Mapping) -> dict[Op, int]:
 
 def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (), *, kernel: str | None = None,
            observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS,
-           max_steps: int | None = None) -> LaunchResult:
+           max_steps: int | None = None, problem=None) -> LaunchResult:
     """Simulate one launch of a kernel; see the module docstring."""
     start = time.perf_counter()
     grid, block = check.grid_and_block(grid, block)
@@ -199,18 +204,19 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     if max_steps is not None:
         parse_max_steps(max_steps, "max_steps")
     model = tensorcore.resolve(mma_model)
+    info, split, names, labels = (None, None, (), None) if problem is None else attention_launch(problem, args)
     module = load_module(source_or_ptx, macros=macros)  # checks that a path names a file
     text, path = _read(source_or_ptx)
     program = build_program(module, kernel, None if _is_ptx(text, path) else text)
     smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
     budget = step_budget(len(program.kernel.instructions), _trips(args), max_steps)
     memory = GlobalMemory()
-    params, bufs = pack_params(program, args, memory)
+    params, bufs = pack_params(program, args, memory, names)
     symbols = _globals(program, memory)
     hub = Hub(observers)
-    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + smem_bytes))
+    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + smem_bytes, info, split))
     announce_long_launch(grid[0] * grid[1] * grid[2], wave_ctas)
-    run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model,
+    run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model, labels=labels,
                 wave_ctas=wave_ctas, budget=budget)
     hub.finish()
     for buf, original in bufs.values():
@@ -219,6 +225,35 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     counts = dict(hub.counts)
     return LaunchResult(counts, totals(counts), time.perf_counter() - start,
                         {name: original for name, (_, original) in bufs.items()})
+
+
+def attention_launch(problem, args: Sequence):
+    """`problem=` of `launch`: the attention problem a launch of fa2_fwd_kernel computes (a
+    fa_sim.Problem, or a fa_sim.splitkv.SplitPlan for split-KV's split launch, grid z the split), so
+    that observers get it at launch (LaunchInfo.problem, .split) and the events name shared-memory
+    tiles (sQ, sK, sV) and global rows (Q, K, V, O, LSE, split-KV's O_ACCUM, LSE_ACCUM) as the
+    attention front end's do. -> (problem, plan or None, the buffers' names, labels); one ValueError
+    when the arrays are not the kernel's buffers (q, k, v, o, lse, a packed batch's cu_seqlens_q,
+    cu_seqlens_k, split-KV's cache_seqlens, o_accum, lse_accum, in parameter order)."""
+    from ..kernels import FA2Labels
+    from ..kernels.labels import ACCUM_LSE, ACCUM_O
+    from ..problem import Problem
+
+    split = None
+    if not isinstance(problem, Problem):
+        split, problem = problem, getattr(problem, "problem", None)
+        if not isinstance(problem, Problem) or not isinstance(getattr(split, "splits", None), int):
+            raise ValueError(f"problem must be None, a fa_sim.Problem or a fa_sim.splitkv.SplitPlan (the attention "
+                             f"launch this is), got {type(split).__name__}")
+    names = ("q", "k", "v", "o", "lse") + (("cu_seqlens_q", "cu_seqlens_k") if problem.varlen else ()) + (
+        ("cache_seqlens", "o_accum", "lse_accum") if split is not None else ())
+    arrays = sum(isinstance(a, np.ndarray) for a in args)
+    if arrays != len(names):
+        raise ValueError(f"problem= makes this a launch of fa2_fwd_kernel, whose {len(names)} buffers are "
+                         f"{', '.join(names)}; got {arrays} array arguments")
+    nq, nk = (problem.total_q, problem.total_k) if problem.varlen else (problem.seqlen_q, problem.seqlen_k)
+    labels = FA2Labels(problem.config, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq, ACCUM_O: nq, ACCUM_LSE: nq})
+    return problem, split, names, labels
 
 
 def _trips(args: Sequence) -> int:

@@ -26,7 +26,7 @@ def predict_time(batch: int | None, heads: int, seqlen_q: int | None, seqlen_k: 
                  head_dim: int | None = None, causal: bool = False, config=None, gpu: str = "h200", kernel=None, *,
                  heads_k: int | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
                  cu_seqlens_q=None, cu_seqlens_k=None, splits: int | str | None = None,
-                 cache_seqlens=None) -> Prediction | LaunchesPrediction:
+                 cache_seqlens=None, pack_gqa: bool | None = None) -> Prediction | LaunchesPrediction:
     """The predicted time of one launch of the kernel for q [B, H, Nq, d], k, v [B, H_k, Nk, d].
 
     batch, heads, seqlen_q, seqlen_k (None: seqlen_q), head_dim: integers >= 1 (Python or numpy,
@@ -47,7 +47,9 @@ def predict_time(batch: int | None, heads: int, seqlen_q: int | None, seqlen_k: 
       max_seqlen_q / _k) may be None, else they must be the offsets' batch and longest lengths.
     - splits (1 .. the cache's K/V tiles, or "auto") and cache_seqlens (int32 [batch], each 1 ..
       seqlen_k; None: all): split-KV decoding, the split launch and the combine launch; "auto" is
-      the simulator's choice (fa_sim.splitkv.check_splitkv with its num_sms default, 132 SMs).
+      the simulator's choice (fa_sim.splitkv.check_splitkv with its num_sms default, 132 SMs);
+      pack_gqa (None: decide, True, False) as fa_sim.simulate takes it: the Q heads of a K/V head
+      run as one head of g * Nq rows (notes["pack_gqa"] says whether they did).
     Neither takes kernel=; split-KV takes no causal mask or window (as fa_sim.simulate)."""
     from .. import validate
     from ..contract import kernel_source
@@ -61,6 +63,8 @@ def predict_time(batch: int | None, heads: int, seqlen_q: int | None, seqlen_k: 
     if (packed or split) and kernel is not None:
         raise ValueError(f"{'a packed batch (cu_seqlens)' if packed else 'split-KV decoding (splits=)'} is timed on "
                          "fa2_fwd.cu's own build, as the simulator runs it: pass kernel=None")
+    if pack_gqa is not None and not split:
+        raise ValueError("pack_gqa applies to split-KV decoding: pass splits= or cache_seqlens= with it")
     if packed:
         return _predict_packed(batch, heads, seqlen_q, seqlen_k, head_dim, causal, config, gpu, heads_k, window,
                                softcap, cu_seqlens_q, cu_seqlens_k)
@@ -85,7 +89,8 @@ def predict_time(batch: int | None, heads: int, seqlen_q: int | None, seqlen_k: 
         prob = validate.check_launch(Problem(b, h, nq, nk, causal, validate.check_scale(None, d),
                                              validate.check_config(config, d), heads_k=heads_k, window=window,
                                              softcap=softcap))
-        return predict_splitkv(check_splitkv(prob, 1 if splits is None else splits, cache_seqlens), gpu)
+        return predict_splitkv(check_splitkv(prob, 1 if splits is None else splits, cache_seqlens,
+                                             pack_gqa=pack_gqa), gpu)
     prob = validate.check_launch(Problem(b, h, nq, nk, causal, 1.0, validate.check_config(config, d), heads_k=heads_k,
                                          window=window, softcap=softcap))
     return predict(prob, gpu, kernel)
