@@ -176,7 +176,7 @@ def test_cli_prints_each_launch_and_the_total(tmp_path, capsys):
     (["--seqlens", "70,130", "--splits", "2"], "take a padded batch, not a packed one"),
     (["--splits", "2", "--causal"], "take no --causal or --window"),
     (["--seqlens", "5,6", "--kernel", "x.cu"], "--kernel does not apply to a packed batch"),
-    (["--seqlens", "5,6", "--backward"], "do not apply with --backward"),
+    (["--seqlens", "5,6", "--backward"], "--seqlens does not apply with --backward"),
     (["--seqlens", "5,6", "--config", "auto"], "--config auto does not apply"),
     (["--heads", "64", "--seqlens", "1000000"], "(20,000,000 warp instructions)"),
 ])

@@ -127,10 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from . import backward
 
     backward.check_options(args)
-    if args.backward:
-        if args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None:
-            raise UsageError("--seqlens, --splits and --cache-seqlens do not apply with --backward: fa2_bwd.cu has "
-                             "no packed batches or split-KV")
+    if args.backward:  # check_options refused --seqlens, --splits, --cache-seqlens and --pack-gqa
         if args.npz is not None:
             raise UsageError(f"{args.npz_option} does not apply with fa time --backward (it times seeded inputs "
                              "of the shape options)")
