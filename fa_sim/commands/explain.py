@@ -205,7 +205,7 @@ def register(subparsers) -> None:
                    help="the example backwards: D, P, dP, dS, dV, dK, dQ per K/V block with dO = [[1, -1], [2, 1]] "
                         "(default off)")
     p.add_argument("--dtype", choices=("fp16", "bf16"), default=None,
-                   help="refused: the walk-through is exact, in neither fp16 nor bf16 (fa sim --dtype runs the "
-                        "kernels' rounding)")
+                   help="refused, either value: the walk-through is exact, rounded to neither fp16 nor bf16 (fa sim "
+                        "[--backward] --dtype runs the kernels' rounding) (default none; one of fp16, bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.set_defaults(func=run)
