@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_docs import DOCS, assert_prints, read_outputs
 
 from fa_sim.cli import main
 from fa_sim.reference import SPEC_EXAMPLE, Ln, attention_backward, walkthrough_backward
@@ -617,3 +618,11 @@ def test_fa_hw_and_fa_compare_backward_bf16_on_the_gpu(capsys, mode, d):
     assert all(c["fraction_identical"] == 1.0 and c["values"] > 0 for c in out["checkpoints"].values())
     if mode == "deterministic":
         assert out["gradients"]["dq"]["identical"] == 1.0
+
+
+@pytest.mark.parametrize("command, lines", read_outputs(DOCS / "backward.md"),
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_backward_doc_excerpts_are_real_output(command, lines, tmp_path, capsys, monkeypatch):
+    """docs/backward.md's `<!-- output: COMMAND -->` excerpts are what the command prints."""
+    _engine()
+    assert_prints(command, lines, "docs/backward.md", tmp_path, capsys, monkeypatch)
