@@ -626,3 +626,39 @@ def test_backward_doc_excerpts_are_real_output(command, lines, tmp_path, capsys,
     """docs/backward.md's `<!-- output: COMMAND -->` excerpts are what the command prints."""
     _engine()
     assert_prints(command, lines, "docs/backward.md", tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("d, warp, lane, dtype", [(96, 2, 13, "fp16"), (160, 3, 30, "bf16"), (192, 1, 6, "fp16")])
+def test_fa_trace_backward_head_dims_at_their_coordinates(capsys, d, warp, lane, dtype):
+    """The lane view at head_dim 96, 160, 192 (block_m 64, 32, 16; dQ's warp grids 4 x 1, 2 x 2, 1 x 4):
+    S, P, the dV accumulator after round 0 and the dQ partial against float64 at their coordinates."""
+    _engine()
+    from fa_sim.reference import attention, random_inputs_backward
+    nq, nk = 50, 70
+    assert main(["trace", "--backward", "--seqlen", str(nq), "--seqlen-k", str(nk), "--head-dim", str(d), "--dtype",
+                 dtype, "--warp", str(warp), "--lane", str(lane), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == dtype and out["m_block"] == 0
+    q, k, v, do = (x[0, 0].astype(np.float64) for x in random_inputs_backward(1, 1, nq, nk, d, seed=0, dtype=dtype))
+    s = 1 / math.sqrt(d)
+    o, lse = attention(q, k, v, scale=s)
+    p = np.exp(s * q @ k.T - lse[:, None])
+    ds = p * (do @ v.T - (do * o).sum(-1, keepdims=True))
+    sc = out["scores"]
+    key, query = np.array(sc["key"]), np.array(sc["query"])
+    inside = (key < nk) & (query < nq)
+    assert inside.any()
+    np.testing.assert_allclose(np.array(sc["s"])[inside], (q @ k.T)[query[inside], key[inside]], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.array(sc["p"])[inside], p[query[inside], key[inside]], rtol=2.0**-7, atol=1e-6)
+    rows = slice(0, min(nq, {96: 64, 160: 32, 192: 16}[d]))  # Q block 0
+    acc = out["accumulators"]
+    ak, ac = np.array(acc["key"]), np.array(acc["col"])
+    dv = p[rows].T @ do[rows]
+    np.testing.assert_allclose(np.array(acc["dv"])[ak < nk], dv[ak[ak < nk], ac[ak < nk]], rtol=1e-2,
+                               atol=3e-3 * np.abs(dv).max())
+    part = ds[:, :64] @ k[:64]
+    dq = out["dq_partial"]
+    dqq, dqc = np.array(dq["query"]), np.array(dq["col"])
+    assert dqc.max() < d and (dqq < nq).any()
+    np.testing.assert_allclose(np.array(dq["dq_over_s"])[dqq < nq], part[dqq[dqq < nq], dqc[dqq < nq]], rtol=1e-2,
+                               atol=3e-3 * np.abs(part).max())
