@@ -87,13 +87,20 @@ def random_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim
     return tuple(rng.standard_normal(shapes[min(i, 1)]).astype(np.float16) for i in range(3))
 
 
-def random_inputs_backward(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0):
+def random_inputs_backward(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
+                           dtype: str = "fp16"):
     """`random_inputs`'s q, k, v and dO [B, H, Nq, d]: the same generator's next standard-normal fp16
-    draw, so that the backward commands see the forward commands' q, k, v for the same options."""
+    draw, so that the backward commands see the forward commands' q, k, v for the same options.
+    dtype "bf16": the same draws rounded to bf16 (to nearest even), as float32 arrays, as
+    `random_inputs` rounds them."""
+    if dtype not in ("fp16", "bf16"):
+        raise ValueError(f"dtype {quoted(dtype)} is not supported; choose fp16 or bf16")
     rng = np.random.default_rng(seed)
     shapes = ((batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim))
-    return tuple(rng.standard_normal(shapes[0 if i in (0, 3) else 1]).astype(np.float16)
-                 for i in range(4))
+    draws = (rng.standard_normal(shapes[0 if i in (0, 3) else 1]) for i in range(4))
+    if dtype == "bf16":
+        return tuple(f32_to_bf16_values(x.astype(np.float32)) for x in draws)
+    return tuple(x.astype(np.float16) for x in draws)
 
 
 EXTREME_CASES = ("q=k=65504", "q=-k=65504", "constant 12000", "N(0,300)")

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_docs import DOCS, assert_prints, read_outputs
 
 from fa_sim.cli import main
 from fa_sim.reference import SPEC_EXAMPLE, Ln, attention_backward, walkthrough_backward
@@ -151,8 +152,6 @@ def test_fa_sim_backward_bad_input_is_one_line(tmp_path, capsys):
              (["sim", "--dq", "atomic"], "--dq does not apply without --backward"),
              (["sim", "--backward", "--workers", "2"], "--workers does not apply with --backward"),
              (["sim", "--backward", "--head-dim", "256"], "head_dim 256 is not supported by the backward pass"),
-             (["sim", "--backward", "--dtype", "bf16"], "--dtype does not apply with --backward: the command runs "
-                                                        "the fp16 backward"),
              (["sim", "--backward", "--kernel", str(tmp_path / "none.cu")], "takes an existing .cu file"),
              (["banks", "--backward", "--compare"], "--compare does not apply with --backward"),
              (["banks", "--instructions"], "--instructions does not apply without --backward")]
@@ -328,8 +327,8 @@ def _engine_as_gpu(monkeypatch, flip=None):
         return res
 
     monkeypatch.setattr(fa_hw.runtime, "device", lambda *a: None)
-    monkeypatch.setattr(fa_hw, "forward", lambda q, k, v, causal=False, scale=None: fa_sim.simulate(
-        q, k, v, causal=causal, scale=scale))
+    monkeypatch.setattr(fa_hw, "forward", lambda q, k, v, causal=False, scale=None, dtype=None: fa_sim.simulate(
+        q, k, v, causal=causal, scale=scale, dtype=dtype))
     monkeypatch.setattr(fa_hw, "backward", backward)
 
 
@@ -379,3 +378,287 @@ def test_fa_hw_and_fa_compare_backward_on_the_gpu(capsys, mode):
     assert all(c["fraction_identical"] == 1.0 and c["values"] > 0 for c in out["checkpoints"].values())
     if mode == "deterministic":
         assert out["gradients"]["dq"]["identical"] == 1.0
+
+
+# -- --dtype bf16 and the head dims 96, 160, 192 with --backward ----------------------------------------------
+def test_seeded_bf16_inputs_are_the_same_draws():
+    """--dtype bf16: q, k, v those of the forward commands' bf16 draw, dO the next draw, each the fp16
+    run's draw rounded to bf16 instead of fp16."""
+    from fa_sim.reference import random_inputs, random_inputs_backward
+    got = random_inputs_backward(2, 1, 5, 7, 32, seed=3, dtype="bf16")
+    for a, b in zip(got[:3], random_inputs(2, 1, 5, 7, 32, seed=3, dtype="bf16")):
+        assert a.dtype == np.float32 and a.tobytes() == b.tobytes()
+    half = random_inputs_backward(2, 1, 5, 7, 32, seed=3)
+    for a, h in zip(got, half):
+        assert not (a.view(np.uint32) & 0xFFFF).any()  # bf16 values
+        np.testing.assert_allclose(a, h.astype(np.float32), rtol=2.0**-8, atol=0)  # the same draws
+    assert not np.array_equal(got[3], half[3].astype(np.float32))
+    with pytest.raises(ValueError, match="choose fp16 or bf16"):
+        random_inputs_backward(1, 1, 4, 4, 32, dtype="fp8")
+
+
+def _bf16_errors(q, k, v, do, causal, mode):
+    import fa_sim
+    fwd = fa_sim.simulate(q, k, v, causal=causal, dtype="bf16")
+    res = fa_sim.simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, deterministic=mode == "deterministic",
+                                   dtype="bf16")
+    assert res.dtype == "bf16"
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=causal, bound=True, dtype="bf16")
+    *_, fq, fk, fv = attention_backward(q, k, v, do, causal=causal, bound=True)  # fp16's bound: 8x tighter
+    out = {}
+    for name, got, ref, bound, bound16 in zip(("dq", "dk", "dv"), (res.dq, res.dk, res.dv), want, (bq, bk, bv),
+                                              (fq, fk, fv)):
+        err = np.abs(got.astype(np.float64) - ref)
+        out[name] = (err.max(), (err / bound).max(), (err / bound16).max())
+    return out
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "atomic"])
+def test_fa_sim_backward_bf16_uses_the_bf16_bound(capsys, mode):
+    _engine()
+    from fa_sim.reference import random_inputs_backward
+    assert main(["sim", "--backward", "--dtype", "bf16", *SMALL, "--dq", mode, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bf16" and out["above_bound"] == [] and out["dq_mode"] == mode
+    want = _bf16_errors(*random_inputs_backward(1, 1, 40, 70, 32, seed=0, dtype="bf16"), True, mode)
+    for name, (mx, of_bound, of_fp16_bound) in want.items():
+        g = out["gradients"][name]
+        assert g["max_abs_err"] == pytest.approx(mx, rel=1e-12)
+        assert g["err_over_bound"] == pytest.approx(of_bound, rel=1e-12) and 0 < of_bound <= 1
+        assert of_fp16_bound > of_bound  # the line is the bf16 bound's, not fp16's
+    assert any(w[2] > 1 for w in want.values())  # bf16's errors exceed fp16's bound: the bound matters
+    assert main(["sim", "--backward", "--dtype", "bf16", *SMALL, "--dq", mode]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("fa sim --backward: B=1 H=1 Nq=40 Nk=70 d=32 causal") and " bf16 dQ " + mode in text
+
+
+def test_fa_sim_backward_bf16_npz(tmp_path, capsys):
+    """--npz with --dtype bf16: float32 arrays of bf16 values give the seeded run's numbers; a value
+    bf16 does not hold, or an fp16 file's values, are one line naming it."""
+    _engine()
+    from fa_sim.reference import random_inputs_backward
+    q, k, v, do = random_inputs_backward(1, 1, 16, 24, 32, seed=5, dtype="bf16")
+    np.savez(tmp_path / "b.npz", q=q, k=k, v=v, do=do)
+    assert main(["sim", "--backward", "--dtype", "bf16", "--npz", str(tmp_path / "b.npz"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    argv = ["sim", "--backward", "--dtype", "bf16", "--seqlen", "16", "--seqlen-k", "24", "--head-dim", "32",
+            "--seed", "5", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["gradients"] == got["gradients"]
+    bad = do.copy()
+    bad[0, 0, 2, 3] = np.float32(1.0001)
+    np.savez(tmp_path / "x.npz", q=q, k=k, v=v, do=bad)
+    np.savez(tmp_path / "h.npz", **dict(zip("qkv", random_inputs_backward(1, 1, 16, 24, 32, seed=5))),
+             do=random_inputs_backward(1, 1, 16, 24, 32, seed=5)[3])
+    for name, message in (("x", "do (float32) holds 1 values that bf16 does not represent exactly, e.g. "
+                                 "do[0, 0, 2, 3]"), ("h", "values that bf16 does not represent exactly")):
+        assert main(["sim", "--backward", "--dtype", "bf16", "--npz", str(tmp_path / f"{name}.npz")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_fa_trace_backward_bf16_values(capsys):
+    """The bf16 build's lane: P and dS read as bf16 (the fp16 reading of their bits would be far off),
+    S = q.k exact on the bf16 inputs, P and dS within bf16's rounding of float64."""
+    _engine()
+    from fa_sim.reference import attention, random_inputs_backward
+    assert main(["trace", "--backward", "--dtype", "bf16", "--seqlen", "64", "--head-dim", "32", "--warp", "1",
+                 "--lane", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bf16"
+    q, k, v, do = (x[0, 0].astype(np.float64) for x in random_inputs_backward(1, 1, 64, 64, 32, seed=0,
+                                                                                dtype="bf16"))
+    s = 1 / math.sqrt(32)
+    o, lse = attention(q, k, v, scale=s)
+    p = np.exp(s * (q @ k.T) - lse[:, None])
+    ds = p * (do @ v.T - (do * o).sum(-1, keepdims=True))
+    sco = out["scores"]
+    key, query = np.array(sco["key"]), np.array(sco["query"])
+    got = {x: np.array(sco[x], np.float32) for x in ("s", "p", "ds")}
+    for x in ("p", "ds"):
+        assert not (got[x].view(np.uint32) & 0xFFFF).any()  # bf16 values
+    np.testing.assert_allclose(got["s"], (q @ k.T)[query, key], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["p"], p[query, key], rtol=2.0**-7, atol=1e-6)
+    np.testing.assert_allclose(got["ds"], ds[query, key], rtol=3e-2, atol=1e-2 * np.abs(ds).max())
+    assert main(["trace", "--backward", "--dtype", "bf16", "--seqlen", "64", "--head-dim", "32"]) == 0
+    assert "P (bf16)" in capsys.readouterr().out
+
+
+def test_fa_banks_backward_bf16_counts_the_bf16_build(capsys):
+    _engine()
+    import fa_sim
+    from fa_sim.backward import simulate_backward
+    from fa_sim.observers.banks import BankCounter
+    from fa_sim.reference import random_inputs_backward
+    argv = ["banks", "--backward", "--dtype", "bf16", "--seqlen", "40", "--head-dim", "96", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bf16" and out["config"]["head_dim"] == 96
+    q, k, v, do = random_inputs_backward(1, 1, 40, 40, 96, seed=0, dtype="bf16")
+    fwd = fa_sim.simulate(q, k, v, dtype="bf16")
+    counter = BankCounter()
+    simulate_backward(q, k, v, fwd.o, fwd.lse, do, deterministic=False, observers=[counter], dtype="bf16")
+    want = counter.report().to_json()
+    assert out["phases"] == want["phases"] and out["rounds"] == want["rounds"]
+
+
+def test_fa_time_backward_bf16_times_the_bf16_build(capsys):
+    _engine()
+    import fa_sim
+    from fa_sim.reference import random_inputs_backward
+    from fa_sim.timing import predict_backward
+    assert main(["time", "--backward", "--dtype", "bf16", "--heads", "1", "--seqlen", "64", "--head-dim", "32",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bf16"
+    q, k, v, do = random_inputs_backward(1, 1, 64, 64, 32, seed=0, dtype="bf16")
+    fwd = fa_sim.simulate(q, k, v, dtype="bf16")
+    pred = predict_backward(q, k, v, fwd.o, fwd.lse, do, deterministic=True, dtype="bf16")
+    assert out["kernel_ms"] == pytest.approx(pred.kernel_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("command", ["sim", "trace", "banks", "time", "hw", "compare"])
+def test_head_dim_256_is_refused_with_its_reason(capsys, command):
+    """Before any engine or GPU work (fa hw / fa compare: before the GPU check too)."""
+    assert main([command, "--backward", "--head-dim", "256", "--dtype", "bf16", "--seqlen", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "head_dim 256 is not supported by the backward pass; choose one of (32, 64, 96, 128, 160, 192); " \
+           "256: each warp keeps dV and dK" in err and err.count("\n") == 1, err
+
+
+def test_fa_explain_refuses_dtype(capsys):
+    for argv in (["explain", "--backward", "--dtype", "bf16"], ["explain", "--dtype", "fp16"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--dtype does not apply to fa explain" in err and "exact fractions" in err and err.count("\n") == 1
+
+
+def test_match_gradients_counts_bf16_ulps():
+    from fa_sim.commands.backward_gpu import match_gradients
+    from fa_sim.isa.convert import f32_to_bf16_values
+    rng = np.random.default_rng(1)
+    g = {n: f32_to_bf16_values(rng.standard_normal((1, 1, 8, 4)).astype(np.float32)) for n in ("dq", "dk", "dv")}
+    ref = {n: x.astype(np.float64) for n, x in g.items()}
+    bound = {n: np.abs(x) * 2.0**-6 + 1e-6 for n, x in ref.items()}
+    assert all(m.ok and m.max_ulps == 0 for m in match_gradients(g, g, ref, bound, True, "bf16").values())
+    other = {n: x.copy() for n, x in g.items()}
+    words = other["dk"].view(np.uint32)
+    words[0, 0, 3, 1] += 1 << 16  # one bf16 ulp away from zero
+    res = match_gradients(g, other, ref, bound, False, "bf16")
+    assert res["dk"].max_ulps == 1 and not res["dk"].ok and res["dq"].ok
+    with pytest.raises(ValueError, match="bf16 values"):
+        match_gradients(g, {**g, "dv": g["dv"] + np.float32(1e-6)}, ref, bound, True, "bf16")
+
+
+def _engine_as_gpu_hw(monkeypatch):
+    """_engine_as_gpu, with fa_hw.backward's result also giving kernel_ms and registers (fa hw's table)."""
+    import dataclasses
+
+    import fa_hw
+    from fa_sim.contract.backward import kernels_of
+
+    _engine_as_gpu(monkeypatch)
+    sim = fa_hw.backward
+
+    @dataclasses.dataclass
+    class Hw:
+        res: object
+        kernel_ms: list
+        registers: dict
+
+        def __getattr__(self, name):
+            return getattr(self.res, name)
+
+    def backward(*a, **kw):
+        res = sim(*a, **kw)
+        return Hw(res, [0.0] * 3, {n: 0 for n in kernels_of(res.deterministic)})
+
+    monkeypatch.setattr(fa_hw, "backward", backward)
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "atomic"])
+def test_fa_hw_and_compare_backward_bf16_with_the_engine_as_gpu(capsys, monkeypatch, mode):
+    """fa hw --backward --dtype bf16 and fa compare --backward --dtype bf16, their CPU parts: the bf16
+    inputs reach the forward and the backward, errors against the bf16 bound, checkpoints and
+    gradients compared (d = 160: its tiles block_m = 32)."""
+    _engine()
+    shape = ["--seqlen", "40", "--seqlen-k", "70", "--head-dim", "160", "--causal", "--dtype", "bf16", "--dq", mode]
+    _engine_as_gpu_hw(monkeypatch)
+    assert main(["hw", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bf16" and out["above_bound"] == [] and out["config"]["block_m"] == 32
+    assert main(["hw", "--backward", *shape]) == 0
+    assert "warps=4 bf16" in capsys.readouterr().out
+    _engine_as_gpu(monkeypatch)
+    assert main(["compare", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["dtype"] == "bf16" and out["ctas"] == [0, 1]
+    assert all(c["fraction_identical"] == 1.0 for c in out["checkpoints"].values())
+    assert all(g["identical"] == 1.0 and g["max_ulps"] == 0 for g in out["gradients"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 96, 160, 192])
+@pytest.mark.parametrize("mode", ["deterministic", "atomic"])
+def test_fa_hw_and_fa_compare_backward_bf16_on_the_gpu(capsys, mode, d):
+    """On a GPU, --dtype bf16: fa hw --backward within the bf16 bound; fa compare --backward as for fp16
+    (checkpoints bit for bit; dK, dV bit for bit; dQ bit for bit in the deterministic mode)."""
+    import fa_hw
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    shape = ["--seqlen", "100", "--seqlen-k", "70", "--heads", "2", "--head-dim", str(d), "--causal", "--dq", mode,
+             "--dtype", "bf16"]
+    assert main(["hw", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["above_bound"] == [] and out["dtype"] == "bf16"
+    assert main(["compare", "--backward", *shape, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["dtype"] == "bf16"
+    assert out["gradients"]["dk"]["identical"] == 1.0 and out["gradients"]["dv"]["identical"] == 1.0
+    assert all(c["fraction_identical"] == 1.0 and c["values"] > 0 for c in out["checkpoints"].values())
+    if mode == "deterministic":
+        assert out["gradients"]["dq"]["identical"] == 1.0
+
+
+@pytest.mark.parametrize("command, lines", read_outputs(DOCS / "backward.md"),
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_backward_doc_excerpts_are_real_output(command, lines, tmp_path, capsys, monkeypatch):
+    """docs/backward.md's `<!-- output: COMMAND -->` excerpts are what the command prints."""
+    _engine()
+    assert_prints(command, lines, "docs/backward.md", tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("d, warp, lane, dtype", [(96, 2, 13, "fp16"), (160, 3, 30, "bf16"), (192, 1, 6, "fp16")])
+def test_fa_trace_backward_head_dims_at_their_coordinates(capsys, d, warp, lane, dtype):
+    """The lane view at head_dim 96, 160, 192 (block_m 64, 32, 16; dQ's warp grids 4 x 1, 2 x 2, 1 x 4):
+    S, P, the dV accumulator after round 0 and the dQ partial against float64 at their coordinates."""
+    _engine()
+    from fa_sim.reference import attention, random_inputs_backward
+    nq, nk = 50, 70
+    assert main(["trace", "--backward", "--seqlen", str(nq), "--seqlen-k", str(nk), "--head-dim", str(d), "--dtype",
+                 dtype, "--warp", str(warp), "--lane", str(lane), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == dtype and out["m_block"] == 0
+    q, k, v, do = (x[0, 0].astype(np.float64) for x in random_inputs_backward(1, 1, nq, nk, d, seed=0, dtype=dtype))
+    s = 1 / math.sqrt(d)
+    o, lse = attention(q, k, v, scale=s)
+    p = np.exp(s * q @ k.T - lse[:, None])
+    ds = p * (do @ v.T - (do * o).sum(-1, keepdims=True))
+    sc = out["scores"]
+    key, query = np.array(sc["key"]), np.array(sc["query"])
+    inside = (key < nk) & (query < nq)
+    assert inside.any()
+    np.testing.assert_allclose(np.array(sc["s"])[inside], (q @ k.T)[query[inside], key[inside]], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.array(sc["p"])[inside], p[query[inside], key[inside]], rtol=2.0**-7, atol=1e-6)
+    rows = slice(0, min(nq, {96: 64, 160: 32, 192: 16}[d]))  # Q block 0
+    acc = out["accumulators"]
+    ak, ac = np.array(acc["key"]), np.array(acc["col"])
+    dv = p[rows].T @ do[rows]
+    np.testing.assert_allclose(np.array(acc["dv"])[ak < nk], dv[ak[ak < nk], ac[ak < nk]], rtol=1e-2,
+                               atol=3e-3 * np.abs(dv).max())
+    part = ds[:, :64] @ k[:64]
+    dq = out["dq_partial"]
+    dqq, dqc = np.array(dq["query"]), np.array(dq["col"])
+    assert dqc.max() < d and (dqq < nq).any()
+    np.testing.assert_allclose(np.array(dq["dq_over_s"])[dqq < nq], part[dqq[dqq < nq], dqc[dqq < nq]], rtol=1e-2,
+                               atol=3e-3 * np.abs(part).max())

@@ -2,11 +2,16 @@
 docs/backward.md) on the PTX engine, through fa_sim.simulate_backward.
 
 Inputs: random q, k, v as the forward commands draw them for the same options, and dO the same
-generator's next standard-normal fp16 draw (fa_sim.reference.random_inputs_backward); or `--npz
-FILE` holding q, k, v and do. The forward (fa_sim.simulate, its default config for head_dim) gives
+generator's next standard-normal draw (fa_sim.reference.random_inputs_backward; `--dtype bf16`:
+the same draws rounded to bf16); or `--npz FILE` holding q, k, v and do (with --dtype bf16: bf16
+values, as float32 or float16 arrays, as the forward's --npz takes them; a value bf16 does not hold
+is one line). `--dtype bf16` runs the FA_BF16 build of the forward and of the three backward kernels,
+and the accuracy lines use the bf16 bound (attention_backward(..., dtype="bf16"), docs/backward.md
+section 4). The forward (fa_sim.simulate, its default config for head_dim) gives
 O and LSE, then the three backward kernels run. The backward kernel has one tile config per
-head_dim (fa_sim.contract.backward.BackwardConfig: d = 32, 64, 128), so the forward's config
-options, --config and --engine are refused with --backward; `--kernel FILE` names a variant of
+head_dim (fa_sim.contract.backward.BackwardConfig: d = 32, 64, 96, 128, 160, 192; 256 is refused
+with UNSUPPORTED's reason), so the forward's config options but --head-dim and --dtype, --config
+and --engine are refused with --backward; `--kernel FILE` names a variant of
 fa2_bwd.cu (an existing .cu file with the same kernels, parameters and FA_* macros). dO is
 checked with simulate_backward's own checks (shape, NaN/Inf) before the forward runs.
 """
@@ -24,6 +29,7 @@ from .common import (
     PROBLEM_DESTS,
     check_input_memory,
     config_options,
+    problem_head_dim,
     problem_shape,
     refuse,
     refuse_features,
@@ -59,8 +65,6 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
         refuse(args, ("dq",), "without --backward")
         return
     forward = [o.dest for o in config_options() if o.dest not in ("head_dim", "dtype")]
-    refuse(args, ("dtype",), "with --backward: the command runs the fp16 backward; bf16 runs from Python "
-                             "(fa_sim.simulate_backward(..., dtype='bf16'), docs/backward.md)")
     refuse(args, (*forward, "config", "engine"),
            "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
     refuse_features(args, "with --backward: fa2_bwd.cu has no grouped-query attention, sliding window or softcap "
@@ -69,6 +73,9 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
                                                          "(cu_seqlens) or split-KV decoding (docs/features.md)")
     refuse(args, refused, f"with --backward in fa {args.command} (the backward pass's options: docs/backward.md, "
                           f"section 7)")
+    if getattr(args, "npz", None) is None and getattr(args, "head_dim", None) is not None:
+        from ..contract.backward import BackwardConfig
+        BackwardConfig(problem_head_dim(args))  # 256: one line with its reason, before any GPU or engine work
 
 
 def kernel_variant(args) -> Path | None:
@@ -82,17 +89,26 @@ def kernel_variant(args) -> Path | None:
     return path
 
 
+def dtype_of(args) -> str:
+    """The run's 16-bit type: --dtype (fp16 or bf16; fa explain has none: fp16)."""
+    return getattr(args, "dtype", "fp16")
+
+
 def load_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v, dO of --npz FILE (its do array is required), or seeded random ones."""
+    """q, k, v, dO of --npz FILE (its do array is required), or seeded random ones, in --dtype (bf16:
+    float32 arrays of bf16 values; a bf16 run reads float16 file arrays through their values, as the
+    forward's commands/common.run_inputs does, so that the input policy names a value bf16 does not
+    hold)."""
     from ..reference import random_inputs_backward
 
+    dtype = dtype_of(args)
     if getattr(args, "npz", None) is None:
         check_input_memory(args)
         b, h, nq, nk, d = problem_shape(args)
         need = 2 * b * h * nq * d * 4  # dO, dQ and their fp32 workspace besides q, k, v, O
         check_host_memory(need, f"(B, H, Nq, d) = ({b}, {h}, {nq}, {d})", "dO, dQ and the dQ workspace",
                           "lower --batch, --heads or --seqlen")
-        return random_inputs_backward(b, h, nq, nk, d, args.seed)
+        return random_inputs_backward(b, h, nq, nk, d, args.seed, dtype=dtype)
     option = inputs_option(args)
     refuse(args, PROBLEM_DESTS, f"with {option}: the file's q, k, v fix the shape")
     data = load_npz(args.npz, ("q", "k", "v", "do"), option, BACKWARD_FILE)
@@ -102,20 +118,24 @@ def load_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
                                             f"{x.shape}", BACKWARD_FILE)
         if x.dtype.kind not in "fiu":
             raise _refuse(option, args.npz, f"{name} has dtype {x.dtype}, not a number type", BACKWARD_FILE)
-    return data["q"], data["k"], data["v"], data["do"]
+    arrays = data["q"], data["k"], data["v"], data["do"]
+    if dtype == "bf16":
+        return tuple(np.asarray(x, np.float32) if x.dtype == np.float16 else x for x in arrays)
+    return arrays
 
 
-def check_inputs(q, k, v, do, causal: bool, scale):
-    """simulate_backward's checks of q, k, v and dO (shapes, head_dim, NaN/Inf), before the forward runs;
-    O and LSE stand in as zeros (the forward makes them). Returns the BackwardConfig."""
+def check_inputs(q, k, v, do, causal: bool, scale, dtype: str = "fp16"):
+    """simulate_backward's checks of q, k, v and dO (shapes, head_dim, NaN/Inf, in `dtype` the input
+    policy and bf16's range), before the forward runs; O and LSE stand in as zeros (the forward makes
+    them). Returns the BackwardConfig."""
     from ..backward import check_backward_inputs
     from ..contract.backward import BackwardConfig
 
     q = np.asarray(q)
     if q.ndim == 4:
         BackwardConfig(int(q.shape[3]))  # an unsupported head_dim: one line naming the choices
-    x = check_backward_inputs(q, k, v, np.zeros(q.shape, np.float16), np.zeros(q.shape[:3], np.float32), do,
-                              causal, scale)
+    zeros = np.zeros(q.shape, np.float16 if dtype == "fp16" else np.float32)
+    x = check_backward_inputs(q, k, v, zeros, np.zeros(q.shape[:3], np.float32), do, causal, scale, dtype=dtype)
     return x.config
 
 
@@ -139,14 +159,14 @@ def run_backward(args, observers=(), kernel=None, mma=None, dq_observers=(), dq:
     from ..simulate import simulate
 
     q, k, v, do = load_inputs(args)
-    scale = getattr(args, "scale", None)
-    check_inputs(q, k, v, do, args.causal, scale)
+    scale, dtype = getattr(args, "scale", None), dtype_of(args)
+    check_inputs(q, k, v, do, args.causal, scale, dtype)
     start = time.perf_counter()
-    fwd = simulate(q, k, v, causal=args.causal, scale=scale, mma_model=mma)
+    fwd = simulate(q, k, v, causal=args.causal, scale=scale, mma_model=mma, dtype=dtype)
     seconds = time.perf_counter() - start
     res = simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=args.causal, scale=scale,
                             deterministic=(dq or args.dq) == "deterministic", observers=observers,
-                            dq_observers=dq_observers, kernel=kernel, mma_model=mma)
+                            dq_observers=dq_observers, kernel=kernel, mma_model=mma, dtype=dtype)
     return Run(q, k, v, do, fwd, res, seconds)
 
 
@@ -171,12 +191,15 @@ class GradError:
 
 
 def gradient_errors(run: Run) -> dict[str, GradError]:
-    """dQ, dK, dV against fa_sim.reference.attention_backward with its derived elementwise bound."""
+    """dQ, dK, dV against fa_sim.reference.attention_backward with its derived elementwise bound for
+    the run's type (res.config.dtype: fp16's, or bf16's with unit roundoff 2^-8), on the values the
+    kernels saw (fp16 arrays, or float32 ones holding the bf16 values)."""
     from ..reference import attention_backward
 
-    *want, bq, bk, bv = attention_backward(run.q.astype(np.float16), run.k.astype(np.float16),
-                                           run.v.astype(np.float16), run.do.astype(np.float16),
-                                           causal=run.res.causal, scale=run.res.scale, bound=True)
+    dtype = run.res.config.dtype
+    half = np.float16 if dtype == "fp16" else np.float32
+    *want, bq, bk, bv = attention_backward(*(np.asarray(x).astype(half) for x in (run.q, run.k, run.v, run.do)),
+                                           causal=run.res.causal, scale=run.res.scale, bound=True, dtype=dtype)
     out = {}
     for name, got, ref, bound in zip(GRADIENTS, (run.res.dq, run.res.dk, run.res.dv), want, (bq, bk, bv)):
         g = got.astype(np.float64)
@@ -218,7 +241,8 @@ def sim(args) -> int:
     mode = "deterministic" if res.deterministic else "atomic"
     if args.json:
         out = {"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
-               "dq_mode": mode, "config": {"head_dim": res.config.head_dim, "block_m": res.config.block_m,
+               "dq_mode": mode, "dtype": res.config.dtype,
+               "config": {"head_dim": res.config.head_dim, "block_m": res.config.block_m,
                                            "block_n": res.config.block_n, "warps": res.config.n_warps},
                "seconds": {"forward": run.forward_seconds, "backward": res.seconds}, "instructions": counts,
                "kernel": None if kernel is None else str(kernel)}
@@ -272,7 +296,7 @@ def banks(args) -> int:
         meta = {"kernel": "fa2_bwd_kernel",
                 "problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},
                 "config": {"head_dim": d, "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.n_warps},
-                "causal": args.causal}
+                "dtype": cfg.dtype, "causal": args.causal}
         print(json.dumps({**meta, **rep.to_json()}, indent=1))
         return 0
     keys = "" if nk == nq else f", Nk={nk}"
@@ -302,7 +326,7 @@ def trace(args) -> int:
     else:
         shape = problem_shape(args)
     b, h, nq, nk, d = shape
-    cfg = BackwardConfig(d)
+    cfg = BackwardConfig(d, dtype=dtype_of(args))
     n_kv = cfg.n_kv_blocks(nk)
     n_ctas = n_kv * b * h
     if args.cta >= n_ctas:
@@ -343,18 +367,18 @@ def time_(args) -> int:
     check_options(args, ("perfetto",))
     kernel = kernel_variant(args)
     q, k, v, do = load_inputs(args)
-    scale = getattr(args, "scale", None)
-    check_inputs(q, k, v, do, args.causal, scale)
-    fwd = simulate(q, k, v, causal=args.causal, scale=scale)
+    scale, dtype = getattr(args, "scale", None), dtype_of(args)
+    check_inputs(q, k, v, do, args.causal, scale, dtype)
+    fwd = simulate(q, k, v, causal=args.causal, scale=scale, dtype=dtype)
     pred = predict_backward(q, k, v, fwd.o, fwd.lse, do, args.causal, scale, args.dq == "deterministic", args.gpu,
-                            kernel=kernel)
+                            kernel=kernel, dtype=dtype)
     b, h, nq, d = q.shape
     nk = k.shape[2]
     if args.json:
-        print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq,
+        print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq, "dtype": dtype,
                           "shape": [b, h, nq, nk, d], **pred.to_json()}))
         return 0
-    print(f"fa time --backward  (B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})  "
+    print(f"fa time --backward  (B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})  {dtype}  "
           f"{'causal' if args.causal else 'non-causal'}  dQ {args.dq}  on the {args.gpu} model")
     print(f"  predicted time          {pred.kernel_ms:.4f} ms   (the three launches one after the other)")
     for name, p in pred.kernels.items():

@@ -1,7 +1,9 @@
 """`fa hw --backward` and `fa compare --backward`: the backward pass (fa2_bwd.cu) on the GPU through
 fa_hw.backward, beside the float64 reference and the PTX engine (docs/backward.md, section 7). Its
 CPU-side inputs, checks and error table are fa_sim/commands/backward.py's; fa_hw is imported when a
-command runs, as in the other GPU commands.
+command runs, as in the other GPU commands. `--dtype bf16` runs fa_hw.forward and fa_hw.backward in
+bf16 (the FA_BF16 builds) on the bf16 values of the same draws; errors use the bf16 bound, and fa
+compare counts ulps of bf16.
 """
 
 from __future__ import annotations
@@ -11,23 +13,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract.backward import kernels_of
-from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, check_inputs, check_options, gradient_errors,
-                       load_inputs)
+from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, check_inputs, check_options, dtype_of,
+                       gradient_errors, load_inputs)
 
 
 def _gpu_inputs(args):
     """Seeded q, k, v, dO, checked (simulate_backward's checks) before any GPU work."""
     q, k, v, do = load_inputs(args)
-    check_inputs(q, k, v, do, args.causal, getattr(args, "scale", None))
+    check_inputs(q, k, v, do, args.causal, getattr(args, "scale", None), dtype_of(args))
     return q, k, v, do
 
 
 def _gpu_forward(q, k, v, args):
-    """O and LSE of fa_hw.forward (its default config for head_dim), as numpy."""
+    """O and LSE of fa_hw.forward (its default config for head_dim, in --dtype), as numpy."""
     import fa_hw
     from fa_hw import check
 
-    fwd = fa_hw.forward(q, k, v, causal=args.causal, scale=getattr(args, "scale", None))
+    fwd = fa_hw.forward(q, k, v, causal=args.causal, scale=getattr(args, "scale", None), dtype=dtype_of(args))
     return check.to_numpy(fwd.o), check.to_numpy(fwd.lse)
 
 
@@ -44,7 +46,7 @@ def hw(args) -> int:
     q, k, v, do = _gpu_inputs(args)
     o, lse = _gpu_forward(q, k, v, args)
     res = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale,
-                         deterministic=args.dq == "deterministic")
+                         deterministic=args.dq == "deterministic", dtype=dtype_of(args))
     run = Run(q, k, v, do, None, res, 0.0)
     errs = gradient_errors(run)
     above = [n for n, e in errs.items() if not e.ok]
@@ -52,7 +54,8 @@ def hw(args) -> int:
     launched = kernels_of(res.deterministic)  # the three kernels, in the order of res.kernel_ms
     if args.json:
         print(json.dumps({"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
-                          "dq_mode": args.dq, "shape": [*q.shape[:3], k.shape[2], q.shape[3]], "causal": args.causal,
+                          "dq_mode": args.dq, "dtype": cfg.dtype, "shape": [*q.shape[:3], k.shape[2], q.shape[3]],
+                          "causal": args.causal,
                           "config": {"head_dim": cfg.head_dim, "block_m": cfg.block_m, "block_n": cfg.block_n,
                                      "warps": cfg.n_warps},
                           "kernel_ms": dict(zip(launched, res.kernel_ms)), "registers": res.registers},
@@ -74,7 +77,8 @@ def hw(args) -> int:
 
 @dataclass(frozen=True)
 class GradMatch:
-    """One gradient of the GPU against the simulator: equal bits, the largest distance in fp16 ulps, and
+    """One gradient of the GPU against the simulator: equal bits, the largest distance in ulps of the run's
+    16-bit type, and
     (atomic dQ, whose order of additions varies) whether both stay within the float64 bound."""
 
     identical: float  # fraction of bit-identical elements
@@ -87,23 +91,38 @@ class GradMatch:
         return self.identical == 1.0 if self.required == "bits" else self.within_bound
 
 
-def _ordered(x: np.ndarray) -> np.ndarray:
-    """fp16 bits as integers ordered like the values (so that differences count ulps)."""
-    u = np.ascontiguousarray(x, dtype=np.float16).view(np.uint16).astype(np.int64)
+def _bits(x, dtype: str) -> np.ndarray:
+    """The 16-bit patterns (uint16) of gradients of the run's type: fp16 arrays, or (bf16) float32
+    arrays of bf16 values, whose upper halves they are (a float32 that is not a bf16 value: ValueError)."""
+    if dtype == "fp16":
+        return np.ascontiguousarray(x, dtype=np.float16).view(np.uint16)
+    w = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    if (w & 0xFFFF).any():
+        raise ValueError("bf16 gradients must be float32 arrays of bf16 values (their low 16 bits zero)")
+    return (w >> 16).astype(np.uint16)
+
+
+def _ordered(bits: np.ndarray) -> np.ndarray:
+    """16-bit float patterns (fp16 or bf16: sign in bit 15) as integers ordered like the values (so
+    that differences count ulps)."""
+    u = np.asarray(bits, np.uint16).astype(np.int64)
     return np.where(u & 0x8000, 0x8000 - u, u)
 
 
-def match_gradients(sim: dict, gpu: dict, ref: dict, bounds: dict, deterministic: bool) -> dict[str, GradMatch]:
-    """dq, dk, dv of the GPU against the simulator's: deterministic mode requires every gradient bit
-    for bit; atomic mode dK and dV bit for bit (they do not depend on the mode) and dQ, whose
-    additions the GPU orders differently from run to run, within the float64 bound on both sides."""
+def match_gradients(sim: dict, gpu: dict, ref: dict, bounds: dict, deterministic: bool,
+                    dtype: str = "fp16") -> dict[str, GradMatch]:
+    """dq, dk, dv of the GPU against the simulator's (in `dtype`: fp16 arrays, or float32 arrays of
+    bf16 values): deterministic mode requires every gradient bit for bit; atomic mode dK and dV bit
+    for bit (they do not depend on the mode) and dQ, whose additions the GPU orders differently from
+    run to run, within the float64 bound on both sides."""
     out = {}
     for name in GRADIENTS:
-        a, b = np.asarray(sim[name], np.float16), np.asarray(gpu[name], np.float16)
+        a, b = np.asarray(sim[name]), np.asarray(gpu[name])
         if a.shape != b.shape:
             raise ValueError(f"{name}: simulator shape {a.shape}, GPU shape {b.shape}")
-        same = a.view(np.uint16) == b.view(np.uint16)
-        ulps = int(np.abs(_ordered(a) - _ordered(b)).max()) if a.size else 0
+        ab, bb = _bits(a, dtype), _bits(b, dtype)
+        same = ab == bb
+        ulps = int(np.abs(_ordered(ab) - _ordered(bb)).max()) if a.size else 0
         inside = all(bool((np.abs(x.astype(np.float64) - ref[name]) <= bounds[name]).all()) for x in (a, b))
         required = "bits" if deterministic or name != "dq" else "bound"
         out[name] = GradMatch(float(same.mean()) if a.size else 1.0, ulps, inside, required)
@@ -132,22 +151,24 @@ def compare(args) -> int:
     q, k, v, do = _gpu_inputs(args)
     b, h, nq, d = q.shape
     nk = k.shape[2]
-    cfg = BackwardConfig(d)
+    dtype = dtype_of(args)
+    cfg = BackwardConfig(d, dtype=dtype)
     ctas = checkpoint_ctas_option(args.ctas, cfg.n_kv_blocks(nk) * b * h)  # a bad --ctas: one line before the GPU runs
     o, lse = _gpu_forward(q, k, v, args)
     det = args.dq == "deterministic"
     gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
-                         checkpoint_ctas=ctas)
+                         checkpoint_ctas=ctas, dtype=dtype)
     sim = simulate_backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
-                            mma_model="h200", checkpoint_ctas=ctas)
+                            mma_model="h200", checkpoint_ctas=ctas, dtype=dtype)
     stats = backward_checkpoint_stats(sim.checkpoints, gpu.checkpoints, cfg, ctas, b * h, nq, nk, args.causal)
-    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=args.causal, scale=args.scale, bound=True)
+    *want, bq, bk, bv = attention_backward(q, k, v, do, causal=args.causal, scale=args.scale, bound=True, dtype=dtype)
     grads = lambda r: {"dq": r.dq, "dk": r.dk, "dv": r.dv}  # noqa: E731
     res = match_gradients(grads(sim), grads(gpu), dict(zip(GRADIENTS, want)), dict(zip(GRADIENTS, (bq, bk, bv))),
-                          det)
+                          det, dtype)
     ok = all(m.ok for m in res.values()) and all(s.ok for s in stats)
     if args.json:
-        print(json.dumps({"dq_mode": args.dq, "ok": ok, "ctas": list(ctas), "checkpoints": checkpoints_json(stats),
+        print(json.dumps({"dq_mode": args.dq, "dtype": dtype, "ok": ok, "ctas": list(ctas),
+                          "checkpoints": checkpoints_json(stats),
                           "gradients": {
             n: {"identical": m.identical, "max_ulps": m.max_ulps, "within_bound": m.within_bound,
                 "required": m.required, "ok": m.ok} for n, m in res.items()}}))

@@ -16,7 +16,7 @@ them "excess_wavefronts", the tables print them on their own line.
 dQ mode builds it, with its dQ GEMM) on q, k, v and
 a seeded dO (or the --npz file's do), per class, phase and round (its rounds are Q blocks);
 `--instructions` adds the per-instruction table there. --compare, --plot and the forward's config
-options do not apply to it.
+options but --head-dim and --dtype do not apply to it (--dtype bf16: the bf16 build's counts).
 """
 
 from __future__ import annotations

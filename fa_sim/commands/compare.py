@@ -28,6 +28,7 @@ dS, dV, dK per round, the sQ, sdO, sK, sV images) the fraction of bit-identical 
 first mismatch, every one required bit for bit in both dQ modes; then the gradients: `--dq
 deterministic` (default) requires dQ, dK, dV bit for bit; `--dq atomic` dK, dV bit for bit and dQ
 within the float64 bound on both sides (the GPU's order of the atomic additions varies from run to run).
+`--dtype bf16` compares the bf16 builds (ulps of bf16).
 """
 
 from __future__ import annotations

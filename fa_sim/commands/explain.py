@@ -13,6 +13,9 @@ dO = [[1, -1], [2, 1]] (SPEC_EXAMPLE.do): D = rowsum(dO o O), then per K/V block
 dV = P^T dO, dP = dO V^T, dS = P o (dP - D), dK = s dS^T Q and dQ's partial s dS K. With s = ln 2
 every value but dK and dQ is rational; those two are s times a rational and are printed as
 "ln2 * (fraction)". Everything comes from `fa_sim.reference.walkthrough_backward`.
+
+`--dtype` is refused in one line: the walk-through (forward and backward) is exact, nothing in it
+is rounded to fp16 or bf16; the kernels' rounding in either type is `fa sim [--backward] --dtype`'s.
 """
 
 from __future__ import annotations
@@ -174,7 +177,13 @@ def _positive(text: str) -> int:
     return value
 
 
+EXACT = ("the walk-through is in exact fractions (s = ln 2 keeps every value rational; nothing is rounded to "
+         "fp16 or bf16); the kernels' bf16 rounding: fa sim --dtype bf16, fa sim --backward --dtype bf16")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.dtype is not None:
+        raise UsageError(f"--dtype does not apply to fa explain{' --backward' if args.backward else ''}: {EXACT}")
     if args.backward:
         wb = SPEC_EXAMPLE.walkthrough_backward(causal=args.causal, block_n=args.block_n)
         print(json.dumps(backward_json(wb)) if args.json else render_backward(wb))
@@ -195,5 +204,8 @@ def register(subparsers) -> None:
     p.add_argument("--backward", action="store_true",
                    help="the example backwards: D, P, dP, dS, dV, dK, dQ per K/V block with dO = [[1, -1], [2, 1]] "
                         "(default off)")
+    p.add_argument("--dtype", choices=("fp16", "bf16"), default=None,
+                   help="refused, either value: the walk-through is exact, rounded to neither fp16 nor bf16 (fa sim "
+                        "[--backward] --dtype runs the kernels' rounding) (default none; one of fp16, bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.set_defaults(func=run)

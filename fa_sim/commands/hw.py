@@ -21,7 +21,8 @@ bound) and its TFLOP/s count each sequence's own pairs.
 `--backward` runs fa_hw.forward, then the backward pass fa_hw.backward (fa2_bwd.cu, docs/backward.md)
 on q, k, v and dO seeded after them, and prints dQ, dK, dV's errors against float64 with their
 derived bound (exit 1 above it), each kernel's time and registers; `--dq atomic` sums dQ by
-red.global.add.f32 (default deterministic: the dQ kernel's ordered loop over the K/V blocks).
+red.global.add.f32 (default deterministic: the dQ kernel's ordered loop over the K/V blocks);
+`--dtype bf16` runs both passes in bf16 against the bf16 bound.
 
 The GPU backend is imported when the command runs, not when the CLI starts: the other commands
 do not depend on it.

@@ -29,8 +29,9 @@ the wall time; exit status 1 when an error is above its bound (ABOVE BOUND) or n
 atomic` sums dQ by red.global.add.f32 instead of the deterministic mode's dQ kernel; `--check-hazards`
 checks the main kernel (and the dQ kernel in the deterministic mode); `--kernel FILE` is then a
 variant of fa2_bwd.cu; JSON: {gradients: {dq, dk, dv: {max_abs_err, rel_err, err_over_bound,
-nonfinite}}, above_bound, dq_mode, config, seconds, instructions, kernel[, hazards (the main
-kernel's), hazards_by_kernel]}.
+nonfinite}}, above_bound, dq_mode, dtype, config, seconds, instructions, kernel[, hazards (the main
+kernel's), hazards_by_kernel]}. `--dtype bf16` runs the forward and the backward in bf16 (the seeded
+draws rounded to bf16, or the file's bf16 values) against the bf16 bound (docs/backward.md, section 7).
 """
 
 from __future__ import annotations

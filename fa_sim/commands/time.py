@@ -7,6 +7,7 @@ reasons, without a GPU (fa_sim.timing).
     fa time --heads 8 --heads-k 2 --window 256,256 --softcap 30 --dtype bf16   # issue 38's features
 
     fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
+    fa time --backward --heads 4 --seqlen 512 --dtype bf16     # ... of its bf16 build
     fa time --heads 8 --seqlens 70,130,5                       # a packed variable-length batch
     fa time --batch 2 --heads 8 --seqlen 1 --seqlen-k 8192 --splits auto --cache-seqlens 8192,3000
 

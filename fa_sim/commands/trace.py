@@ -27,7 +27,8 @@ kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM
 its dV and dK accumulators after the round at (key, column), and its dQ partial at (query,
 column), read from the mma events of the PTX engine (fa_sim/observers/backward_lane.py; dO
 seeded after q, k, v or the --npz file's do). --ops, --save, --perfetto, --kernel and the forward's
-config options do not apply to it.
+config options but --head-dim and --dtype do not apply to it; --dtype bf16 traces the bf16 build
+(P and dS as the bf16 its mmas consume).
 """
 
 from __future__ import annotations

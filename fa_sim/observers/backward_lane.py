@@ -18,7 +18,8 @@ S^T, P^T, dP^T, dS^T slot [nj][e]: key = key0 + 16 warp + g + 8 (e >> 1), query 
 2 (lane%4) + (e & 1); dV and dK [nj][e]: that key, column 8 nj + 2 (lane%4) + (e & 1); the dQ
 partial [nj][e]: query row0 + 16 (warp % kWM) + g + 8 (e >> 1), column 8 (kQN (warp / kWM) + nj) +
 2 (lane%4) + (e & 1). P^T and dS^T are read from the fp16 A fragments the dV and dK mmas consume
-(fa2_bwd.cu's to_a_frags: a[h][r] packs slots [2h + r/2][2 (r%2)], [..][2 (r%2) + 1]); S^T and
+(fa2_bwd.cu's to_a_frags: a[h][r] packs slots [2h + r/2][2 (r%2)], [..][2 (r%2) + 1]; the bf16
+build's bf16x2 words are read as bf16, config.dtype); S^T and
 dP^T are the fp32 accumulators before the scale and mask (S) or D (dP) are applied; dK and the dQ
 partial are kept without the scale s, as the kernel keeps them (its epilogue and the convert
 kernel multiply by s).
@@ -51,9 +52,9 @@ class BackwardLane:
     key: np.ndarray  # [kSN * 4] key of each S^T slot
     query: np.ndarray  # [kSN * 4] query of each S^T slot
     s: np.ndarray  # S^T = q.k (fp32, unscaled, unmasked)
-    p: np.ndarray  # P^T as the fp16 the dV mma consumes
+    p: np.ndarray  # P^T as the fp16 (bf16: config.dtype) the dV mma consumes
     dp: np.ndarray  # dP^T = dO.v (fp32, before D)
-    ds: np.ndarray  # dS^T as the fp16 the dK mma consumes
+    ds: np.ndarray  # dS^T as the fp16 (bf16) the dK mma consumes
     acc_key: np.ndarray  # [kDN * 4] key of each dV / dK slot
     acc_col: np.ndarray  # [kDN * 4] column
     dv: np.ndarray  # dV accumulator after this round (fp32)
@@ -79,11 +80,13 @@ def rounds_of(cfg: BackwardConfig, n_block: int, seqlen_q: int, causal: bool) ->
     return max(0, cfg.n_q_blocks(seqlen_q) - first)
 
 
-def _halves(words: np.ndarray) -> np.ndarray:
-    """uint32 f16x2 words [..., 4] -> float32 [..., 4, 2] (low half first)."""
+def _halves(words: np.ndarray, dtype: str = "fp16") -> np.ndarray:
+    """uint32 f16x2 words [..., 4] (bf16x2 for dtype "bf16") -> float32 [..., 4, 2] (low half first)."""
     w = np.asarray(words).astype(np.uint32)
-    return np.stack([(w & 0xFFFF).astype(np.uint16), (w >> 16).astype(np.uint16)], -1).view(np.float16).astype(
-        np.float32)
+    halves = np.stack([(w & 0xFFFF).astype(np.uint16), (w >> 16).astype(np.uint16)], -1)
+    if dtype == "bf16":
+        return (halves.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return halves.view(np.float16).astype(np.float32)
 
 
 def lane_values(records, cfg: BackwardConfig, cta: int, warp: int, lane: int, rnd: int, n_kv_blocks: int,
@@ -117,7 +120,7 @@ def lane_values(records, cfg: BackwardConfig, cta: int, warp: int, lane: int, rn
 
     def a_frag(phase, n):  # P^T / dS^T slots from the A operand of each pass h's first mma
         frags = np.stack([a for a, _ in seq[phase][::n]])  # [kMSeg, 4] words
-        halves = _halves(frags)  # [kMSeg, 4 regs, 2]
+        halves = _halves(frags, cfg.dtype)  # [kMSeg, 4 regs, 2]
         h, rem = np.divmod(nj, 2)
         return halves[h, 2 * rem + (e >> 1), e & 1]
 
@@ -157,7 +160,8 @@ def format_lane(lane: BackwardLane, seqlen_q: int, seqlen_k: int, causal: bool) 
     mask = masked(lane, seqlen_q, seqlen_k, causal)
     out += [f"S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T o (dP^T - D): this lane's {len(lane.s)} slots "
             f"[n-tile][e] (keys along M, queries along N)",
-            f"  {'slot':<8}{'key':>5}{'query':>6}{'S = q.k':>12}{'P (fp16)':>12}{'dP':>12}{'dS (fp16)':>12}"]
+            f"  {'slot':<8}{'key':>5}{'query':>6}{'S = q.k':>12}{f'P ({cfg.dtype})':>12}{'dP':>12}"
+            f"{f'dS ({cfg.dtype})':>12}"]
     for i in range(len(lane.s)):
         nj, e = divmod(i, 4)
         out.append(f"  [{nj}][{e}]".ljust(10) + f"{lane.key[i]:>5}{lane.query[i]:>6}" + _f(lane.s[i]) + _f(lane.p[i])
@@ -183,6 +187,7 @@ def lane_json(lane: BackwardLane, seqlen_q: int, seqlen_k: int, causal: bool) ->
         return [float(v) for v in x]
 
     return {"cta": lane.cta, "warp": lane.warp, "lane": lane.lane, "round": lane.round, "n_block": lane.n_block,
+            "dtype": lane.config.dtype,
             "batch_head": lane.batch_head, "m_block": lane.m_block, "mmas": lane.mmas,
             "scores": {"key": lane.key.tolist(), "query": lane.query.tolist(), "s": fl(lane.s), "p": fl(lane.p),
                        "dp": fl(lane.dp), "ds": fl(lane.ds), "masked": mask.tolist()},

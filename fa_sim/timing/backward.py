@@ -33,15 +33,16 @@ class BackwardPrediction:
 
 
 def predict_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
-                     deterministic: bool = False, gpu: GpuModel | str = "h200", *, kernel=None) -> BackwardPrediction:
+                     deterministic: bool = False, gpu: GpuModel | str = "h200", *, kernel=None,
+                     dtype: str | None = None) -> BackwardPrediction:
     """The predicted time of the backward pass for these inputs (as fa_sim.simulate_backward takes
     them); `deterministic`: dQ by the dQ kernel (its ordered loop over the K/V blocks) instead of
     the main kernel's atomics and the convert kernel; `kernel`: a variant
-    of fa2_bwd.cu (a path)."""
+    of fa2_bwd.cu (a path); `dtype`: the run's type, as simulate_backward's (bf16: the FA_BF16 build)."""
     from ..backward import backward_launches
 
     kernels = {}
-    for launch in backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel)[0]:
+    for launch in backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype)[0]:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
                                                 launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros)
     return BackwardPrediction(float(np.sum([p.kernel_ms for p in kernels.values()])), kernels, bool(deterministic))
