@@ -187,9 +187,10 @@ def test_the_l1_is_what_the_carveout_leaves():
 def test_local_hits_are_the_l1s_share_of_the_working_set():
     """Two CTAs of 128 threads with 280 bytes of stack each: 70 KB of local memory over the 60 KB the
     carveout of 2 x 96 KB leaves: 6/7 of the requests hit; one CTA (35 KB) all; no stack, all;
-    l1_local_share scales the L1."""
-    h = H200.with_local(280, 128, 96 * 1024, 2, 2).local_hit
-    assert h == pytest.approx(60 / 70)
-    assert H200.with_local(280, 128, 96 * 1024, 1, 2).local_hit == 1.0
+    l1_local_share (the fitted share of the L1 local memory keeps) scales it."""
+    whole = H200.with_(l1_local_share=1.0)
+    assert whole.with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(60 / 70)
+    assert whole.with_local(280, 128, 96 * 1024, 1, 2).local_hit == 1.0
     assert H200.with_local(0, 128, 96 * 1024, 2, 2).local_hit == 1.0
     assert H200.with_(l1_local_share=0.5).with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(30 / 70)
+    assert H200.with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(0.65 * 60 / 70)

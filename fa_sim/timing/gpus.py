@@ -61,7 +61,8 @@ class GpuModel:
     l1_bytes: int = 256 * 1024  # the SM's unified L1 / shared memory (sm_90: 256 KB)
     smem_carveouts_kb: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)  # shared-memory capacities the
     # driver may configure (sm_90); it takes the smallest that holds the resident CTAs, the rest is L1
-    l1_local_share: float = 1.0  # of the L1 left beside shared memory, the share that holds local memory
+    l1_local_share: float = 0.65  # of the L1 left beside shared memory, the share that holds local memory
+    # (fitted on the fitting half's spilling cases, m128n128d128w4: 1.0, 0.65, 0.5, 0.4, 0.25 tried, docs/timing.md)
     local_hit: float = 1.0  # share of local requests the L1 serves, set per SM run (with_local)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
     fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
