@@ -91,6 +91,7 @@ def test_sector_counter_on_a_launch(stride, sectors):
     lines = 4 if stride == 1 else 32
     assert got["LDG"] == MemoryCounts(2, 2 * sectors, 2 * lines, 2 * 16, 2 * 4)
     assert got["STG"] == MemoryCounts(2, 32, 8, 32, 8)
+    assert counter.report([0]) == got and counter.report([1]) == {}  # one CTA: all its requests, none of others
 
 
 # ---- what a request costs in the model ----------------------------------------------------------------

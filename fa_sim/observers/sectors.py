@@ -10,7 +10,7 @@ touch 32 sectors of 32 lines. Nsight Compute's names: `l1tex__t_sectors_pipe_lsu
 
     counter = SectorCounter()
     fa_sim.ptx.launch(source, grid, block, args=..., observers=[counter])
-    counter.report()   # {'LDG': MemoryCounts(requests, sectors, lines, ideal_sectors), ...}
+    counter.report()   # {'LDG': MemoryCounts(requests, sectors, lines, ideal_sectors, ideal_lines), ...}
 
 The timing model (fa_sim.timing.program) charges each global request its average sectors of its
 class (the L2's bandwidth) and its lines beyond the ideal (the L1's tag stage).
@@ -85,11 +85,11 @@ class MemoryCounts:
 
 class SectorCounter:
     """Observer: the sectors and lines of every global-memory warp request, by SASS class
-    (LDGSTS, LDG, STG)."""
+    (LDGSTS, LDG, STG) and CTA (`report(ctas)` sums the classes over some CTAs)."""
 
     def __init__(self) -> None:
         self.launch: LaunchInfo | None = None
-        self.counts: dict[str, MemoryCounts] = {}
+        self.counts: dict[tuple[int, str], MemoryCounts] = {}  # (linear CTA id, class) -> counts
 
     def wants(self, op: Op, phase: str, round: int) -> bool:
         return op in GLOBAL_OPS
@@ -106,12 +106,15 @@ class SectorCounter:
         mask = np.asarray(g.mask, bool) & np.asarray(event.active, bool)[None]  # [R, C, W, L]
         sectors, lines = warp_sectors(g.addr, mask, g.width)
         lanes = mask.sum(-1)
-        issued = lanes > 0
         ideal, ideal_lines = -(-lanes * g.width // SECTOR), -(-lanes * g.width // LINE)
-        add = MemoryCounts(int(issued.sum()), int(sectors.sum()), int(lines.sum()), int(ideal.sum()),
-                           int(ideal_lines.sum()))
-        old = self.counts.get(event.op.value)
-        self.counts[event.op.value] = add if old is None else old + add
+        per_cta = [x.sum(axis=(0, 2)) for x in (lanes > 0, sectors, lines, ideal, ideal_lines)]  # each [C]
+        for c, cta in enumerate(np.asarray(event.cta).tolist()):
+            add = MemoryCounts(*(int(x[c]) for x in per_cta))
+            if not add.requests:
+                continue
+            key = (int(cta), event.op.value)
+            old = self.counts.get(key)
+            self.counts[key] = add if old is None else old + add
 
     # -- shards (fa_sim.parallel.merge): the counts add up -------------------------------------------
     def fresh(self) -> "SectorCounter":
@@ -125,5 +128,11 @@ class SectorCounter:
             old = self.counts.get(cls)
             self.counts[cls] = c if old is None else old + c
 
-    def report(self) -> dict[str, MemoryCounts]:
-        return dict(sorted(self.counts.items()))
+    def report(self, ctas=None) -> dict[str, MemoryCounts]:
+        """Class -> the counts summed over `ctas` (linear CTA ids; None: every CTA)."""
+        keep = None if ctas is None else set(ctas)
+        out: dict[str, MemoryCounts] = {}
+        for (cta, cls), c in self.counts.items():
+            if keep is None or cta in keep:
+                out[cls] = c if cls not in out else out[cls] + c
+        return dict(sorted(out.items()))

@@ -18,8 +18,9 @@ How (nothing here knows what the kernel computes):
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
-   the copy latency at the SM's load. Each request moves the sectors its class's requests touched
-   in the run (a SectorCounter beside the BranchRecorder: uncoalesced requests cost more), and
+   the copy latency at the SM's load. Each request moves the sectors its class's requests of
+   that SM's CTAs touched in the run (a SectorCounter beside the BranchRecorder: uncoalesced
+   requests cost more), and
    local memory misses the L1 in the share its working set exceeds it (GpuModel.with_local).
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
 Every CTA of that SM is timed (no representative CTAs), so the cost grows with the SM's
@@ -117,7 +118,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     rec, sectors = BranchRecorder(), SectorCounter()
     copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]  # the user's arrays stay as they are
     ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros)
-    model = LaunchModel(program, listing, cubin, gpu, sectors.report())
+    model = LaunchModel(program, listing, cubin, gpu)
     threads = block[0] * block[1] * block[2]
     n_warps = -(-threads // 32)
     cta_smem = program.static_smem_bytes + smem_bytes
@@ -131,8 +132,10 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     for c in range(n_ctas):
         walks[c] = tuple(model.walker.walk(paths.get((c, w), ())) for w in range(n_warps))
     sms = [list(range(s, n_ctas, gpu.sms)) for s in range(min(gpu.sms, n_ctas))]
-    size = {c: sum(len(model.steps(w)) for w in ws) for c, ws in walks.items()}
+    blocks = model.sass.blocks
+    size = {c: sum(len(blocks[b].instrs) for w in ws for b in w) for c, ws in walks.items()}
     busiest = max(sms, key=lambda cs: sum(size[c] for c in cs))
+    model.memory = sectors.report(busiest)  # the SM timed is charged its own CTAs' requests
     load = sum(size[c] for c in busiest)
     if load > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"the busiest SM of this launch issues {load:,} warp instructions, more than the "
