@@ -3,7 +3,7 @@ stores and cp.async copies coalesce.
 
 A warp's global-memory instruction is one request to the L1TEX unit; its active lanes' bytes fall
 in some number of 32-byte sectors (the unit the L1 and the L2 move) of some number of 128-byte
-cache lines (the unit the L1's tag stage looks up, one per cycle). A coalesced request of 32 lanes
+cache lines (the unit the L1 looks up and moves as one wavefront). A coalesced request of 32 lanes
 x 16 bytes touches 16 sectors of 4 lines; the same lanes walking down a column of 128-byte rows
 touch 32 sectors of 32 lines. Nsight Compute's names: `l1tex__t_sectors_pipe_lsu_mem_global_op_ld`
 (sectors) over `l1tex__t_requests_pipe_lsu_mem_global_op_ld` (requests).
@@ -13,7 +13,7 @@ touch 32 sectors of 32 lines. Nsight Compute's names: `l1tex__t_sectors_pipe_lsu
     counter.report()   # {'LDG': MemoryCounts(requests, sectors, lines, ideal_sectors, ideal_lines), ...}
 
 The timing model (fa_sim.timing.program) charges each global request its average sectors of its
-class (the L2's bandwidth) and its lines beyond the ideal (the L1's tag stage).
+class (the L2's bandwidth) and its lines beyond the ideal (the L1's wavefronts).
 """
 
 from __future__ import annotations

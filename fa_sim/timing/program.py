@@ -79,8 +79,8 @@ class Step:
     slot: int  # the pipe whose occupancy it takes (the heavy fma half takes the fma pipe)
     is_mio: bool
     switch: bool = False  # a yield hint: the scheduler does not keep to this warp after it (fa_sim.timing.sm)
-    tag_wavefronts: float = 0.0  # global requests: the 128-byte lines they touch beyond a coalesced request's,
-    # each a cycle of the L1's tag stage in the shared-memory data pipe at issue
+    tag_wavefronts: float = 0.0  # global requests: the 128-byte lines they touch beyond those their bytes need
+    # packed, each a wavefront of the L1 (the shared-memory data pipe) at issue
     waits: tuple = field(init=False, repr=False, compare=False)  # the scoreboards of wait_mask, in order
 
     def __post_init__(self) -> None:
@@ -136,8 +136,8 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
 def global_cost(base: str, width: int, memory: Mapping[str, "MemoryCounts"] | None) -> tuple[int, float]:
     """(bytes, extra tag wavefronts) of one global request of SASS class `base` and `width` bytes a
     lane: its class's average sectors x 32 bytes (what the L2 moves) and its 128-byte lines beyond
-    those of the same sectors packed (the L1's tag stage looks up one line a cycle; a coalesced
-    request's lines are no more than its shared-memory or register wavefronts). Without the run's
+    those its active bytes take packed (each line a wavefront of the L1 of its own; a coalesced
+    request's lines are what its shared-memory or register writes cost already). Without the run's
     counts of the class: 32 lanes of `width` bytes, coalesced."""
     counts = (memory or {}).get(base)
     if counts is None or not counts.requests:

@@ -23,8 +23,8 @@ The model (parameters: fa_sim.timing.gpus):
   caller passes the latency at the SM's load: GpuModel.loaded), when
   their shared-memory writes take the shared-memory pipe; a cp.async group (LDGDEPBAR's
   scoreboard) is released when its last copy arrived. A global request's bytes are the sectors
-  it touches (Step.bytes); one that touches more 128-byte lines than its sectors packed takes
-  the extra lines through the shared-memory pipe at issue (the L1's tag stage, a line a cycle).
+  it touches (Step.bytes); one that touches more 128-byte lines than its bytes packed takes the
+  extra lines through the shared-memory pipe at issue (a wavefront of the L1 each).
   Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; the share
   `1 - local_hit` the L1 does not hold (GpuModel.with_local) also takes the L2 bandwidth, and an
   LDL waits that share of the copy latency more.
@@ -244,7 +244,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     pipes[st.slot] = t + st.cycles
     busy[_PIPE_NAMES[st.slot]] += st.cycles
     done = t
-    if st.tag_wavefronts:  # an uncoalesced global request: its extra lines through the L1's tag stage
+    if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
         state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
         busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
     if st.sync is Sync.GLOBAL_COPY:
