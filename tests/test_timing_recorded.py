@@ -109,7 +109,8 @@ def test_pingpong_is_timed_and_named_slower_where_the_gpu_runs_it_slower():
 @pytest.mark.slow
 def test_a_gemm_that_is_not_attention_is_predicted_within_two_per_cent():
     """experiments/kernels/gemm_f16.cu (mma.sync, cp.async, ldmatrix; 2048 x 2048 x 1024, 256 CTAs)
-    through predict_launch: 0.0316 ms predicted against 0.0318 ms measured."""
+    through predict_launch: 0.0324 ms predicted against 0.0318 ms measured (0.0316 before its copies and
+    stores were charged the lines they touch: 6 a copy where 4 would do, 8 a store where 2 would)."""
     import sys
 
     sys.path.insert(0, str(ROOT / "experiments"))
