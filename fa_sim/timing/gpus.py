@@ -57,6 +57,13 @@ class GpuModel:
     l2_bytes: int = 50 * 2**20  # a launch whose arrays are larger streams from DRAM (fa_sim.timing.launch)
     dram_bytes_per_cycle: float = 20.9  # per SM: the HBM's peak over the SMs at the effective clock
     # (H200: 4.8 TB/s / 132 SMs / 1.74 GHz)
+    # the L1 and local memory (spills, local arrays): NVIDIA's Hopper and Ampere tuning guides
+    l1_bytes: int = 256 * 1024  # the SM's unified L1 / shared memory (sm_90: 256 KB)
+    smem_carveouts_kb: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)  # shared-memory capacities the
+    # driver may configure (sm_90); it takes the smallest that holds the resident CTAs, the rest is L1
+    l1_local_share: float = 0.65  # of the L1 left beside shared memory, the share that holds local memory
+    # (fitted on the fitting half's spilling cases, m128n128d128w4: 1.0, 0.65, 0.5, 0.4, 0.25 tried, docs/timing.md)
+    local_hit: float = 1.0  # share of local requests the L1 serves, set per SM run (with_local)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
     fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
     # wave fills every CTA slot; a partial first wave pays its share (fitted: launch + fill on the main cases)
@@ -71,6 +78,24 @@ class GpuModel:
             return self
         rise = (self.global_latency - self.global_latency_idle) * resident / slots
         return replace(self, global_latency=round(self.global_latency_idle + rise), global_latency_idle=None)
+
+    def l1_free(self, cta_smem: int, slots: int) -> int:
+        """Bytes of L1 beside the shared memory of `slots` CTAs of `cta_smem` bytes each (the
+        driver's carveout: the smallest capacity that holds them, with its reservation per CTA)."""
+        need = slots * (cta_smem + self.smem_reserved)
+        carve = next((kb * 1024 for kb in self.smem_carveouts_kb if kb * 1024 >= need), self.smem_carveouts_kb[-1] * 1024)
+        return max(0, self.l1_bytes - carve)
+
+    def with_local(self, stack_bytes: int, threads: int, cta_smem: int, resident: int, slots: int) -> "GpuModel":
+        """The parameters of an SM with `resident` CTAs of `threads` threads and `stack_bytes` of
+        local memory a thread: the share of local requests the L1 serves, `l1_local_share` of the L1
+        beside the carveout (`l1_free`, fixed by the `slots` CTAs the SM holds) over the local working
+        set (resident x threads x stack_bytes), at most 1."""
+        working = resident * threads * stack_bytes
+        if working <= 0:
+            return self if self.local_hit == 1.0 else replace(self, local_hit=1.0)
+        hit = min(1.0, self.l1_local_share * self.l1_free(cta_smem, slots) / working)
+        return replace(self, local_hit=hit)
 
     def overhead_us(self, ctas: int, resident: int) -> float:
         """What a launch takes beyond its CTAs' cycles: the launch latency, and the share of
@@ -90,6 +115,7 @@ H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validat
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.
 A100 = GpuModel(name="a100", marketing_name="NVIDIA A100-SXM4-80GB", arch="sm_80", validated=False, sms=108, clock_ghz=1.41, smem_per_sm=167936, fma_cycles=2,
+                l1_bytes=192 * 1024, smem_carveouts_kb=(0, 8, 16, 32, 64, 100, 132, 164),
                 global_latency=500, global_bytes_per_cycle=48.0, l2_bytes=40 * 2**20,
                 dram_bytes_per_cycle=13.4)  # 2.04 TB/s / 108 SMs / 1.41 GHz
 

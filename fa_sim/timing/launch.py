@@ -18,7 +18,10 @@ How (nothing here knows what the kernel computes):
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
-   the copy latency at the SM's load.
+   the copy latency at the SM's load. Each request moves the sectors its class's requests of
+   that SM's CTAs touched in the run (a SectorCounter beside the BranchRecorder: uncoalesced
+   requests cost more), and
+   local memory misses the L1 in the share its working set exceeds it (GpuModel.with_local).
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
 Every CTA of that SM is timed (no representative CTAs), so the cost grows with the SM's
 instructions: a launch over MAX_SM_INSTRUCTIONS per SM is refused up front with its count.
@@ -56,8 +59,8 @@ def _compiled(text: str, name: str, arch: str, macros: tuple):
 class LaunchModel:
     """The static part: the kernel's SASS, its ties to the PTX, each instruction as a Step."""
 
-    def __init__(self, program, listing: str, cubin: bytes, gpu: GpuModel):
-        self.program, self.gpu = program, gpu
+    def __init__(self, program, listing: str, cubin: bytes, gpu: GpuModel, memory: Mapping | None = None):
+        self.program, self.gpu, self.memory = program, gpu, memory or {}
         name = program.kernel.name
         self.sass = SassGraph(listing, name)
         self.walker = Walker(self.sass, PtxGraph(program.kernel))
@@ -70,7 +73,7 @@ class LaunchModel:
         hit = self._steps.get(walk)
         if hit is None:
             blocks = self.sass.blocks
-            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {})
+            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {}, self.memory)
                    for b in walk for i in blocks[b].instrs]
             self._steps[walk] = hit
         return hit
@@ -92,6 +95,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
     these arguments, as fa_sim.ptx.launch takes them (see the module docstring)."""
     from ..observers.branches import BranchRecorder
+    from ..observers.sectors import SectorCounter
     from ..ptx import launch as ptx_launch
     from ..ptx import launch_args as check
     from ..ptx.load import _is_ptx, _read, load_module
@@ -111,6 +115,9 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     program = build_program(module, kernel, text)
     smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
     listing, cubin = _compiled(text, name, gpu.arch, tuple(sorted(macros.items())))
+    rec, sectors = BranchRecorder(), SectorCounter()
+    copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]  # the user's arrays stay as they are
+    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros)
     model = LaunchModel(program, listing, cubin, gpu)
     threads = block[0] * block[1] * block[2]
     n_warps = -(-threads // 32)
@@ -119,23 +126,23 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     if k < 1:
         raise ValueError(f"a CTA of {threads} threads, {model.usage.registers} registers a thread and {cta_smem:,} "
                          f"bytes of shared memory does not fit on one SM of the {gpu.name}")
-    rec = BranchRecorder()
-    copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]  # the user's arrays stay as they are
-    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec], macros=macros)
     n_ctas = grid[0] * grid[1] * grid[2]
     paths = rec.paths()
     walks = {}
     for c in range(n_ctas):
         walks[c] = tuple(model.walker.walk(paths.get((c, w), ())) for w in range(n_warps))
     sms = [list(range(s, n_ctas, gpu.sms)) for s in range(min(gpu.sms, n_ctas))]
-    size = {c: sum(len(model.steps(w)) for w in ws) for c, ws in walks.items()}
+    blocks = model.sass.blocks
+    size = {c: sum(len(blocks[b].instrs) for w in ws for b in w) for c, ws in walks.items()}
     busiest = max(sms, key=lambda cs: sum(size[c] for c in cs))
+    model.memory = sectors.report(busiest)  # the SM timed is charged its own CTAs' requests
     load = sum(size[c] for c in busiest)
     if load > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"the busiest SM of this launch issues {load:,} warp instructions, more than the "
                          f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
     footprint = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
-    at_load = gpu.loaded(min(k, len(busiest)), k)
+    at_load = gpu.loaded(min(k, len(busiest)), k).with_local(model.usage.stack_bytes, threads, cta_smem,
+                                                              min(k, len(busiest)), k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
     streams = [[model.steps(w) for w in walks[c]] for c in busiest]

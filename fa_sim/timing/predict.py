@@ -87,6 +87,8 @@ class KernelModel:
     wavefronts: dict  # shared-memory class -> average wavefronts per warp instruction
     stream: KernelStream  # per warp, the SASS walk of each region, from the functional run
     fingerprint: str = ""  # sha256 of the SASS listing the model was built from (the rates' disk cache key)
+    memory: dict = field(default_factory=dict)  # global class -> MemoryCounts of the one-CTA run (sectors, lines)
+    stack_bytes: int = 0  # local memory per thread (spills, local arrays), from the cubin
     _steps: dict = field(default_factory=dict, compare=False, repr=False)  # gpu -> address -> Step
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
@@ -98,7 +100,7 @@ class KernelModel:
             hit = memo.get(i.addr)
             if hit is None:
                 hit = memo[i.addr] = step(i.opcode, i.operands, i.guard, self.controls[i.addr], gpu,
-                                          self.wavefronts)
+                                          self.wavefronts, self.memory)
             out.append(hit)
         return out
 
@@ -162,15 +164,22 @@ def sm_rates(model: KernelModel, gpu: GpuModel, k: int, account: bool = True) ->
     short = model.cta_stream(TOGETHER_RUN, gpu)
     timed, run, runs = {}, None, {}
     for j in sorted({1, k} | ({k // 2} if k >= 4 else set())):
-        at_load = gpu.loaded(j, k)
+        at_load = sm_gpu(model, gpu, j, k)
         c, life, run = _steady(model, at_load, j, 0, account)
         runs[j] = run  # each level accounted: a launch's limiter and stalls weigh them by its residency (_report)
         together = run_sm([short] * j, model.config.n_warps, at_load, account=False)
         timed[j] = (c, max(0.0, life - STEADY_RUN * c), max(0.0, _life(together) - TOGETHER_RUN * c))
     levels = sorted(timed)
     per, fixed, first_fixed = (np.interp(range(1, k + 1), levels, [timed[j][i] for j in levels]) for i in range(3))
-    masked = _steady(model, gpu.loaded(k, k), k, STEADY_RUN, False)[0] / timed[k][0] - 1
+    masked = _steady(model, sm_gpu(model, gpu, k, k), k, STEADY_RUN, False)[0] / timed[k][0] - 1
     return Rates(tuple(per.tolist()), tuple(fixed.tolist()), tuple(first_fixed.tolist()), masked, run, runs)
+
+
+def sm_gpu(model: KernelModel, gpu: GpuModel, j: int, k: int) -> GpuModel:
+    """The parameters of an SM with j of its k CTA slots filled: the copy latency at that load
+    (GpuModel.loaded) and the share of local-memory requests its L1 holds (GpuModel.with_local)."""
+    cfg = model.config
+    return gpu.loaded(j, k).with_local(model.stack_bytes, cfg.n_threads, cfg.smem_bytes, j, k)
 
 
 @functools.lru_cache(maxsize=256)
@@ -204,6 +213,7 @@ def rates_key(model: KernelModel, gpu: GpuModel, k: int) -> str:
     walks = [model.stream.warp_walks(STEADY_RUN, m) for m in (0, STEADY_RUN)] + \
         [model.stream.warp_walks(TOGETHER_RUN, 0)]
     return cache_key(v=1, sass=model.fingerprint, wavefronts=sorted(model.wavefronts.items()), gpu=repr(gpu), k=k,
+                     memory=sorted((c, repr(m)) for c, m in model.memory.items()), stack=model.stack_bytes,
                      runs=(STEADY_RUN, TOGETHER_RUN, PHASES), code=_timing_source_digest(),
                      walks=hashlib.sha256(repr(walks).encode()).hexdigest())
 
@@ -378,7 +388,7 @@ def exact_cycles(model: KernelModel, prob: Problem, gpu: GpuModel, k: int, ran: 
             for m in key:
                 if classes[m] not in streams:
                     streams[classes[m]] = model.cta_stream(classes[m][0], gpu, *classes[m][1:])
-            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, gpu.loaded(min(len(key), k), k),
+            run = run_sm([streams[classes[m]] for m in key], model.config.n_warps, sm_gpu(model, gpu, min(len(key), k), k),
                          account=False, slots=k)
             ends[key] = run.cycles
     return max(ends.values())
@@ -675,14 +685,27 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, fea
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
                        KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features),
-                       hashlib.sha256(text.encode()).hexdigest())
+                       hashlib.sha256(text.encode()).hexdigest(), memory=global_sectors(config, kernel),
+                       stack_bytes=ck.usage.stack_bytes)
 
 
-@functools.lru_cache(maxsize=256)
 def bank_wavefronts(config: KernelConfig, kernel=None) -> dict:
     """Average shared-memory wavefronts per warp instruction of each class, from a one-CTA run of
     the kernel (a --kernel variant runs on the PTX engine: its own layout's conflicts)."""
+    return _one_cta_counts(config, kernel)[0]
+
+
+def global_sectors(config: KernelConfig, kernel=None) -> dict:
+    """The global-memory requests of each class (LDGSTS, LDG, STG) of the same one-CTA run, with
+    the sectors and lines they touched (fa_sim.observers.sectors.MemoryCounts): how well the
+    kernel's copies coalesce (a `--kernel` variant's own)."""
+    return _one_cta_counts(config, kernel)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _one_cta_counts(config: KernelConfig, kernel=None) -> tuple[dict, dict]:
     from ..observers.banks import BankCounter
+    from ..observers.sectors import SectorCounter
     from ..simulate import simulate
 
     from .stream import probe_inputs
@@ -692,11 +715,11 @@ def bank_wavefronts(config: KernelConfig, kernel=None) -> dict:
     # round), so the plain build of the config is counted
     prob = Problem(1, 1, config.block_m, 3 * config.block_n, False, 1.0 / np.sqrt(config.head_dim), config)
     q, k, v = probe_inputs(prob, bits=False)
-    counter = BankCounter()
-    simulate(q, k, v, config=config, observers=[counter], progress=False, kernel=kernel,
+    counter, sectors = BankCounter(), SectorCounter()
+    simulate(q, k, v, config=config, observers=[counter, sectors], progress=False, kernel=kernel,
              dtype=config.dtype)
     # LDGSTS: its shared-memory writes take the pipe at the ideal rate (one wavefront per 128 bytes);
     # the excess Nsight Compute counts for it (observers.banks.ldgsts_wavefronts) is not pipe time
     # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)
-    return {cls.value: (c.ideal if cls.value == "LDGSTS" else c.wavefronts) / c.instructions
-            for cls, c in counter.report().by_class().items() if c.instructions}
+    return ({cls.value: (c.ideal if cls.value == "LDGSTS" else c.wavefronts) / c.instructions
+             for cls, c in counter.report().by_class().items() if c.instructions}, sectors.report())

@@ -14,9 +14,13 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 from .gpus import GpuModel
 from .sass import Control
+
+if TYPE_CHECKING:
+    from ..observers.sectors import MemoryCounts
 
 
 class Pipe(enum.IntEnum):
@@ -39,6 +43,8 @@ class Sync(enum.IntEnum):
     GLOBAL_COPY = 5  # LDGSTS: global -> shared, completes with its group
     GLOBAL_LOAD = 6  # LDG: its register arrives after the L2 / DRAM latency, behind the SM's share of bandwidth
     GLOBAL_STORE = 7  # STG, RED, ATOMG: takes the SM's share of bandwidth; its sources are read at issue
+    LOCAL_LOAD = 8  # LDL: through the L1 (the shared-memory data pipe); its misses go to the L2 (fa_sim.timing.sm)
+    LOCAL_STORE = 9  # STL: the same; its sources are read at issue
 
 
 _PIPES = {
@@ -67,11 +73,14 @@ class Step:
     wavefronts: int  # shared-memory wavefronts (MIO)
     sync: Sync
     depbar_n: int  # DEPBAR.LE's n
-    bytes: int  # LDGSTS: bytes copied from global memory per warp
+    bytes: int  # global requests: the bytes of the sectors they touch per warp (LDGSTS, LDG, STG); LDL /
+    # STL: the bytes a miss moves to or from the L2
     name: str  # opcode, for reports
     slot: int  # the pipe whose occupancy it takes (the heavy fma half takes the fma pipe)
     is_mio: bool
     switch: bool = False  # a yield hint: the scheduler does not keep to this warp after it (fa_sim.timing.sm)
+    tag_wavefronts: float = 0.0  # global requests: the 128-byte lines they touch beyond those their bytes need
+    # packed, each a wavefront of the L1 (the shared-memory data pipe) at issue
     waits: tuple = field(init=False, repr=False, compare=False)  # the scoreboards of wait_mask, in order
 
     def __post_init__(self) -> None:
@@ -84,9 +93,12 @@ def smem_class(opcode: str) -> str | None:
 
 
 def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel,
-         wavefronts: dict[str, float]) -> Step:
+         wavefronts: dict[str, float], memory: Mapping[str, "MemoryCounts"] | None = None) -> Step:
     """One instruction as the SM model sees it; `wavefronts`: average per warp instruction of each
-    shared-memory class (LDSM, LDS, STS, LDGSTS) for this config (the bank model)."""
+    shared-memory class (LDSM, LDS, STS, LDGSTS) for this config (the bank model); `memory`: the
+    functional run's global requests of each class (LDGSTS, LDG, STG: fa_sim.observers.sectors),
+    whose average sectors and lines a request of the class is charged (None or a class missing: a
+    coalesced request, 32 lanes of the instruction's width)."""
     base = opcode.split(".")[0]
     pipe = Pipe.UNIFORM if base.startswith("U") or base in ("R2UR", "S2UR") else _PIPE_OF.get(base, Pipe.ALU)
     cycles = {Pipe.TENSOR: gpu.hmma_cycles, Pipe.FMA: gpu.fma_cycles, Pipe.FMA_HEAVY: 2 * gpu.fma_cycles,
@@ -96,11 +108,12 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     cls = smem_class(opcode)
     width = 16 if ".128" in opcode else 8 if ".64" in opcode else 4
     wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
-    if base in _LOCAL:  # a spill: each lane's word of local memory, interleaved, through the L1 data pipe
+    if base in _LOCAL:  # local memory is interleaved word by word over a warp's lanes (each thread's word i
+        # beside its neighbours'): a request at one offset is coalesced, through the L1 data pipe
         wf = -(-32 * width // 128)
     sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
             "LDGSTS": Sync.GLOBAL_COPY, "LDG": Sync.GLOBAL_LOAD, "STG": Sync.GLOBAL_STORE, "RED": Sync.GLOBAL_STORE,
-            "ATOMG": Sync.GLOBAL_STORE}.get(base, Sync.NONE)
+            "ATOMG": Sync.GLOBAL_STORE, "LDL": Sync.LOCAL_LOAD, "STL": Sync.LOCAL_STORE}.get(base, Sync.NONE)
     if sync is Sync.EXIT and guard not in ("", "@PT"):  # a guarded EXIT in a stream: the warp went on past it
         sync = Sync.NONE  # (a warp that leaves there ends its stream with it)
     if guard in ("@!PT",):  # never executes, but issues
@@ -108,9 +121,25 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     if sync is Sync.GLOBAL_LOAD:
         latency = 0  # released when its data arrives (fa_sim.timing.sm)
     m = _DEPBAR.search(operands) if sync is Sync.DEPBAR else None
+    nbytes, tags = 0, 0.0
+    if sync in (Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE):
+        nbytes, tags = global_cost(base, width, memory)
+    elif sync in (Sync.LOCAL_LOAD, Sync.LOCAL_STORE):
+        nbytes = 32 * width
     return Step(pipe, cycles, control.stall, -1 if control.write_barrier is None else control.write_barrier,
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
-                int(m.group(1), 0) if m else 0,
-                32 * width if sync in (Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE) else 0, base,
+                int(m.group(1), 0) if m else 0, nbytes, base,
                 int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO,
-                control.yield_hint)
+                control.yield_hint, tags)
+
+
+def global_cost(base: str, width: int, memory: Mapping[str, "MemoryCounts"] | None) -> tuple[int, float]:
+    """(bytes, extra tag wavefronts) of one global request of SASS class `base` and `width` bytes a
+    lane: its class's average sectors x 32 bytes (what the L2 moves) and its 128-byte lines beyond
+    those its active bytes take packed (each line a wavefront of the L1 of its own; a coalesced
+    request's lines are what its shared-memory or register writes cost already). Without the run's
+    counts of the class: 32 lanes of `width` bytes, coalesced."""
+    counts = (memory or {}).get(base)
+    if counts is None or not counts.requests:
+        return 32 * width, 0.0
+    return round(32 * counts.sectors_per_request), max(0.0, counts.lines_per_request - counts.ideal_lines_per_request)

@@ -22,7 +22,12 @@ The model (parameters: fa_sim.timing.gpus):
   LDGSTS copies queue on the SM's share of L2 bandwidth and arrive `global_latency` later (the
   caller passes the latency at the SM's load: GpuModel.loaded), when
   their shared-memory writes take the shared-memory pipe; a cp.async group (LDGDEPBAR's
-  scoreboard) is released when its last copy arrived.
+  scoreboard) is released when its last copy arrived. A global request's bytes are the sectors
+  it touches (Step.bytes); one that touches more 128-byte lines than its bytes packed takes the
+  extra lines through the shared-memory pipe at issue (a wavefront of the L1 each).
+  Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; the share
+  `1 - local_hit` the L1 does not hold (GpuModel.with_local) also takes the L2 bandwidth, and an
+  LDL waits that share of the copy latency more.
 - BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
 Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
 barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
@@ -239,6 +244,9 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     pipes[st.slot] = t + st.cycles
     busy[_PIPE_NAMES[st.slot]] += st.cycles
     done = t
+    if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
+        state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
+        busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
     if st.sync is Sync.GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         arrival = state["global_free"] + gpu.global_latency
@@ -256,6 +264,11 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = state["mio_free"]
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+        if st.bytes and gpu.local_hit < 1.0:  # LDL / STL: the share the L1 does not hold goes to the L2
+            miss = 1.0 - gpu.local_hit
+            state["global_free"] = max(state["global_free"], t) + miss * st.bytes / gpu.global_bytes_per_cycle
+            if st.sync is Sync.LOCAL_LOAD:
+                done = max(done, state["global_free"]) + miss * gpu.global_latency
     if st.write_sb >= 0:
         w.sb[st.write_sb] += 1
         bit = 1 << st.write_sb

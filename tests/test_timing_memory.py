@@ -1,0 +1,197 @@
+"""The timing model's memory costs (issue 35, item 4), each against numbers worked out by hand:
+
+- fa_sim.observers.sectors.warp_sectors: the 32-byte sectors and 128-byte lines of a warp's
+  request for coalesced, strided, broadcast, misaligned and partly active address patterns;
+- SectorCounter on a launch of the PTX engine: a coalesced copy against a strided one;
+- fa_sim.timing.program.step: a global request charged its class's sectors and extra lines;
+- fa_sim.timing.sm.run_sm: an uncoalesced request's extra lines take the shared-memory pipe, a
+  local load that misses the L1 takes the L2's bandwidth and waits the copy latency;
+- GpuModel.l1_free / with_local: the L1 beside the shared-memory carveout, the share of local
+  requests it holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa_sim.observers.sectors import MemoryCounts, SectorCounter, warp_sectors
+from fa_sim.timing.gpus import A100, H200
+from fa_sim.timing.program import Sync, global_cost, step
+from fa_sim.timing.sass import Control
+from fa_sim.timing.sm import run_sm
+
+LANES = np.arange(32)
+ALL = np.ones(32, bool)
+
+
+def _control(stall=1, write=None, wait=0) -> Control:
+    return Control(stall=stall, yield_hint=False, write_barrier=write, read_barrier=None, wait_mask=wait, reuse=0)
+
+
+# ---- sectors and lines of one warp request ----------------------------------------------------------
+@pytest.mark.parametrize("addr, width, sectors, lines", [
+    (4096 + 4 * LANES, 4, 4, 1),  # 32 consecutive floats: 128 bytes, one line
+    (4096 + 16 * LANES, 16, 16, 4),  # 32 x 16 bytes: 512 bytes, four lines
+    (4096 + 8 * LANES, 8, 8, 2),
+    (4096 + 128 * LANES, 16, 32, 32),  # a column of 128-byte rows: a sector and a line per lane
+    (4096 + 64 * LANES, 4, 32, 16),  # a stride of 64 bytes: two lanes a line, each in its own sector
+    (4096 + 32 * LANES, 4, 32, 8),  # a stride of one sector
+    (np.full(32, 4096), 16, 1, 1),  # broadcast: every lane the same 16 bytes
+    (4096 + 4 * (LANES % 8), 4, 1, 1),  # four lanes on each word of one sector
+    (4096 + 16 + 4 * LANES, 4, 5, 2),  # 128 bytes from the middle of a sector: five sectors over two lines
+    (np.full(32, 4096 + 120), 16, 2, 2),  # 16 bytes across a sector and a line boundary
+])
+def test_sectors_and_lines_of_a_warp_request(addr, width, sectors, lines):
+    s, l = warp_sectors(addr, ALL, width)
+    assert (int(s), int(l)) == (sectors, lines)
+
+
+def test_inactive_lanes_touch_nothing():
+    """Only the active lanes count: half a coalesced request is half its sectors; none active, none."""
+    addr = 4096 + 16 * LANES
+    assert tuple(map(int, warp_sectors(addr, LANES < 16, 16))) == (8, 2)
+    assert tuple(map(int, warp_sectors(addr, np.zeros(32, bool), 16))) == (0, 0)
+    # address 0 is an address like any other (inactive lanes are not marked by it)
+    assert tuple(map(int, warp_sectors(np.zeros(32, np.int64), ALL, 4))) == (1, 1)
+
+
+def test_leading_axes_are_warps_of_their_own():
+    """[R, C, W, L]: each warp is counted on its own (no sector shared between warps)."""
+    addr = np.stack([4096 + 16 * LANES, 4096 + 128 * LANES])[None, None]  # [1, 1, 2, 32]
+    s, l = warp_sectors(addr, np.ones(addr.shape, bool), 16)
+    assert s.shape == (1, 1, 2) and s.ravel().tolist() == [16, 32] and l.ravel().tolist() == [4, 32]
+
+
+def test_width_must_be_positive():
+    with pytest.raises(ValueError, match="width"):
+        warp_sectors(4096 + LANES, ALL, 0)
+
+
+COPY = r"""
+extern "C" __global__ void copy(const float4* src, float4* dst, int stride) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  dst[i] = src[(i % 32) * stride + (i / 32) * 32 * stride];
+}
+"""
+
+
+@pytest.mark.parametrize("stride, sectors", [(1, 16), (8, 32)])
+def test_sector_counter_on_a_launch(stride, sectors):
+    """A float4 copy of 64 threads: stride 1 reads 32 x 16 consecutive bytes a warp (16 sectors, 4
+    lines); stride 8 puts each lane 128 bytes from the next (32 sectors, 32 lines). The stores are
+    coalesced in both. Counted by SASS class, per warp request."""
+    from fa_sim.ptx import launch
+
+    src = np.arange(4 * 64 * 8, dtype=np.float32)
+    dst = np.zeros(4 * 64, np.float32)
+    counter = SectorCounter()
+    launch(COPY, (1,), (64,), 0, [src, dst, np.int32(stride)], observers=[counter])
+    got = counter.report()
+    lines = 4 if stride == 1 else 32
+    assert got["LDG"] == MemoryCounts(2, 2 * sectors, 2 * lines, 2 * 16, 2 * 4)
+    assert got["STG"] == MemoryCounts(2, 32, 8, 32, 8)
+    assert counter.report([0]) == got and counter.report([1]) == {}  # one CTA: all its requests, none of others
+
+
+# ---- what a request costs in the model ----------------------------------------------------------------
+def test_a_global_request_costs_its_classes_sectors_and_extra_lines():
+    """Without counts a request is 32 coalesced lanes; with them, its class's average sectors x 32
+    bytes and its lines beyond those of its bytes packed."""
+    assert global_cost("LDGSTS", 16, None) == (512, 0.0)
+    coalesced = {"LDGSTS": MemoryCounts(10, 160, 40, 160, 40)}
+    assert global_cost("LDGSTS", 16, coalesced) == (512, 0.0)
+    column = {"LDGSTS": MemoryCounts(10, 160, 160, 160, 40), "LDG": MemoryCounts(4, 128, 128, 16, 4)}
+    assert global_cost("LDGSTS", 16, column) == (512, 12.0)  # the same sectors, 16 lines a request, not 4
+    assert global_cost("LDG", 4, column) == (32 * 32, 31.0)  # a float a lane, each in its own line
+    assert global_cost("STG", 4, column) == (128, 0.0)  # a class the run did not see: coalesced
+    s = step("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", "", _control(), H200, {"LDGSTS": 4}, column)
+    assert (s.sync, s.bytes, s.tag_wavefronts, s.wavefronts) == (Sync.GLOBAL_COPY, 512, 12.0, 4)
+    never = step("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", "@!PT", _control(), H200, {}, column)
+    assert (never.bytes, never.tag_wavefronts) == (0, 0.0)
+
+
+def test_local_memory_steps():
+    """LDL / STL: the L1 data pipe's wavefronts (one per 128 bytes of the warp), the bytes a miss
+    moves (32 lanes x the width), a load's scoreboard after the shared-memory latency."""
+    ldl = step("LDL.128", "R4, [R10]", "", _control(write=2), H200, {})
+    stl = step("STL.64", "[R1+0x80], R64", "", _control(), H200, {})
+    assert (ldl.sync, ldl.wavefronts, ldl.bytes, ldl.latency) == (Sync.LOCAL_LOAD, 4, 512, H200.smem_latency)
+    assert (stl.sync, stl.wavefronts, stl.bytes) == (Sync.LOCAL_STORE, 2, 256)
+
+
+def _ldgsts_run(lines: float) -> float:
+    """One warp: 8 copies of 16 sectors (one a cycle), then an LDS whose result an FFMA waits for.
+    The copies' data arrives long after (their write wavefronts stay out of the way); no MIO throttle."""
+    gpu = H200.with_(global_bytes_per_cycle=1e9, global_latency_idle=None, global_latency=100000, mio_queue=10**9)
+    counts = {"LDGSTS": MemoryCounts(1, 16, lines, 16, 4)}
+    copy = step("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", "", _control(), gpu, {"LDGSTS": 4}, counts)
+    lds = step("LDS.128", "R4, [R10]", "", _control(write=2), gpu, {"LDS": 1})
+    use = step("FFMA", "R0, R4, R5, R6", "", _control(wait=1 << 2), gpu, {})
+    done = step("EXIT", "", "", _control(), gpu, {})
+    return run_sm([[copy] * 8 + [lds, use, done]], 1, gpu, account=False).cycles
+
+
+def test_uncoalesced_copies_cost_their_extra_lines_in_the_shared_memory_pipe():
+    """Coalesced (4 lines a copy), the LDS issued at cycle 8 finds the pipe free and leaves it at 9.
+    A column of 16 lines a copy: 12 extra lines each hold the pipe from its issue, 8 x 12 = 96
+    cycles, so the LDS leaves it at 97 and everything after it is 88 cycles later."""
+    assert _ldgsts_run(16) - _ldgsts_run(4) == 88
+
+
+def _local_run(hit: float) -> float:
+    """A warp loading 512 bytes of local memory and using them (LDL.128 then an FFMA on its
+    scoreboard), the copy latency 400, the L2 share 64 bytes a cycle."""
+    gpu = H200.with_(global_bytes_per_cycle=64.0, global_latency_idle=None, global_latency=400, local_hit=hit)
+    ldl = step("LDL.128", "R4, [R10]", "", _control(write=2), gpu, {})
+    use = step("FFMA", "R0, R4, R5, R6", "", _control(wait=1 << 2), gpu, {})
+    done = step("EXIT", "", "", _control(), gpu, {})
+    return run_sm([[ldl, use, done]], 1, gpu, account=False).cycles
+
+
+def test_a_local_load_that_misses_waits_for_the_l2():
+    """All hits: the 4 wavefronts, then smem_latency. All misses: also 512 bytes at 64 a cycle (8)
+    and the copy latency (400). Half: half the bytes (4) and half the latency (200)."""
+    hit, miss, half = _local_run(1.0), _local_run(0.0), _local_run(0.5)
+    assert miss - hit == pytest.approx(400 + 8 - 4, abs=1)  # the L2 leg starts with the pipe's (4 cycles)
+    assert half - hit == pytest.approx(200 + 4 - 4, abs=1)
+
+
+def test_local_stores_that_miss_take_bandwidth_not_latency():
+    """STL misses write back through the L2's share of bandwidth: a store waits for nothing, so a
+    warp's STLs alone end as they did; a later global copy waits behind their bytes."""
+    def run(hit):
+        gpu = H200.with_(global_bytes_per_cycle=16.0, global_latency_idle=None, global_latency=100, local_hit=hit)
+        stl = step("STL.128", "[R1], R4", "", _control(), gpu, {})
+        ldg = step("LDG.E.128", "R8, desc[UR4][R2.64]", "", _control(write=1), gpu, {})
+        use = step("FFMA", "R0, R8, R5, R6", "", _control(wait=1 << 1), gpu, {})
+        done = step("EXIT", "", "", _control(), gpu, {})
+        return run_sm([[stl] * 4 + [done]], 1, gpu, account=False).cycles, \
+            run_sm([[stl] * 4 + [ldg, use, done]], 1, gpu, account=False).cycles
+    (alone_hit, with_hit), (alone_miss, with_miss) = run(1.0), run(0.0)
+    assert alone_hit == alone_miss
+    assert with_miss - with_hit == pytest.approx(4 * 512 / 16 - 4, abs=4)
+
+
+# ---- the L1 beside the shared memory ------------------------------------------------------------------
+def test_the_l1_is_what_the_carveout_leaves():
+    """sm_90: 256 KB of L1 and shared memory, the carveout the smallest of 0, 8, ..., 228 KB that holds
+    the resident CTAs' shared memory with the driver's 1 KB each. Four CTAs of 24 KB take 100 KB (the
+    L1 keeps 156), two of 96 KB 196 KB (60 left); no CTA, the whole 256 KB. The A100: 192 KB."""
+    assert H200.l1_free(24 * 1024, 4) == 156 * 1024
+    assert H200.l1_free(96 * 1024, 2) == 60 * 1024
+    assert H200.l1_free(25 * 1024, 4) == 124 * 1024  # 104 KB: the 132 KB carveout
+    assert H200.l1_free(0, 1) == 248 * 1024  # the driver's 1 KB alone takes the 8 KB carveout
+    assert H200.l1_free(0, 0) == 256 * 1024 and A100.l1_free(0, 0) == 192 * 1024
+
+
+def test_local_hits_are_the_l1s_share_of_the_working_set():
+    """Two CTAs of 128 threads with 280 bytes of stack each: 70 KB of local memory over the 60 KB the
+    carveout of 2 x 96 KB leaves: 6/7 of the requests hit; one CTA (35 KB) all; no stack, all;
+    l1_local_share (the fitted share of the L1 local memory keeps) scales it."""
+    whole = H200.with_(l1_local_share=1.0)
+    assert whole.with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(60 / 70)
+    assert whole.with_local(280, 128, 96 * 1024, 1, 2).local_hit == 1.0
+    assert H200.with_local(0, 128, 96 * 1024, 2, 2).local_hit == 1.0
+    assert H200.with_(l1_local_share=0.5).with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(30 / 70)
+    assert H200.with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(0.65 * 60 / 70)
