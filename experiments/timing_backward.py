@@ -43,7 +43,9 @@ def measure() -> dict:
     for shape, causal, det in CASES:
         q, k, v, do = _inputs(shape)
         fwd = fa_hw.forward(q, k, v, causal=causal)
-        o, lse = fa_hw.check.to_numpy(fwd.o), fa_hw.check.to_numpy(fwd.lse)
+        from fa_hw.check import to_numpy
+
+        o, lse = to_numpy(fwd.o), to_numpy(fwd.lse)
         times = []
         for i in range(WARMUP + REPS):
             res = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=det)

@@ -29,7 +29,7 @@ CHILD = """
 import json, time
 import numpy as np
 import fa_hw
-from fa_hw import autotune, check, tuned
+from fa_hw import autotune, check, runtime, tuned
 
 tuned.table_for = lambda gpu, directory=tuned.TUNED_DIR: None  # as on a GPU without a table
 timed = []
@@ -42,7 +42,7 @@ seconds = time.perf_counter() - start
 ref = check.reference(q[:1, :2], k[:1, :2], v[:1, :2], True)[0]
 print(json.dumps({"seconds": seconds, "timed": len(timed), "config": out.config.tag,
                   "err": check.rel_err(out.o[:1, :2], ref), "path": str(autotune.cache_path(
-                      fa_hw.device().name, fa_hw.device_arch()))}))
+                      fa_hw.runtime.device().name, fa_hw.device_arch()))}))
 """
 
 
