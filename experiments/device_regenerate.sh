@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every GPU recording of tests/data/h200 on the device, then compare each with the
+# Regenerate every GPU recording of tests/data/h200 and tests/data/h100 on the device, then compare each with the
 # committed file (about 4-6 minutes on an H200; every step has a time limit and the whole call a
 # budget, so it ends within BUDGET + 90 s, 9.5 minutes by default):
 #   bash experiments/device_regenerate.sh OUTDIR
@@ -59,9 +59,9 @@ fi
 lane ldgsts_probe  # alone: Nsight Compute's SM counters would also count another process's kernels
 lane mufu_replay &
 lane mufu_binding alu_probe mma_probe_192 &
-lane compare_seed_n128 compare_causal_tails compare_causal_s200_k333 compare_variant_swizzle_r4 bwd_checkpoints_70x90_d64 bwd_checkpoints_70x90_d64_causal &
+lane compare_seed_n128 compare_causal_tails compare_causal_s200_k333 compare_variant_swizzle_r4 compare_gqa_window compare_bf16_softcap_causal compare_d256_causal bwd_checkpoints_70x90_d64 bwd_checkpoints_70x90_d64_causal &
 wait
-lane timing_cases timing_pairs timing_dispatch timing_rounds timing_occupancy timing_small timing_ncu timing_ncu_small timing_sass_counts timing_auto timing_microbench timing_kernels timing_edits timing_pingpong  # alone: timed kernels must not share the GPU
+lane timing_cases timing_pairs timing_dispatch timing_rounds timing_occupancy timing_small timing_ncu timing_ncu_small timing_sass_counts timing_auto timing_microbench timing_kernels timing_edits timing_pingpong timing_features timing_backward  # alone: timed kernels must not share the GPU
 echo "== regeneration took $(( $(date +%s) - T0 ))s" >> "$SUMMARY"
 
 timeout 90 "$PY" -m fa_sim.calibrate.recordings compare "$OUT/files" --which gpu >> "$SUMMARY" 2>&1

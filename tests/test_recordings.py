@@ -92,7 +92,7 @@ def test_saved_runs_come_from_their_command_line(rec):
     args = build_parser().parse_args(argv)
     args.explicit = explicit_options(argv)
     run = SavedRun.load(ROOT / rec.path)
-    q, k, v = random_inputs(args)
+    q, k, v = random_inputs(args, config_from_args(args).dtype)  # a bf16 run: float32 of bf16 values
     assert all(np.array_equal(a, b) for a, b in ((q, run.q), (k, run.k), (v, run.v)))
     assert (config_from_args(args), args.causal) == (run.config, run.causal)
     n_ctas = Problem(*q.shape[:3], k.shape[2], run.causal, run.scale, run.config).n_ctas

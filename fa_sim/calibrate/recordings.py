@@ -115,6 +115,24 @@ RECORDINGS = (
     Recording(f"{H100}/bwd_checkpoints_70x90_d64_causal.npz", True,
               "python experiments/record_backward_checkpoints.py --out OUT --force",
               "the same, causal", Kind.ARRAYS, 90),
+    Recording(f"{H100}/compare_gqa_window.npz", True,
+              _compare("--heads 4 --heads-k 2 --seqlen 200 --seqlen-k 333 --window 60,20", "compare_gqa_window.npz"),
+              "a saved GPU run of GQA (2 K/V heads for 4) with a window (60, 20), partial tiles, CTAs 0 and 15",
+              Kind.SAVED_RUN, 120),
+    Recording(f"{H100}/compare_bf16_softcap_causal.npz", True,
+              _compare("--heads 2 --seqlen 333 --causal --softcap 15 --dtype bf16", "compare_bf16_softcap_causal.npz"),
+              "a saved causal bf16 GPU run with softcap 15 and a partial tile, CTAs 0 and 11", Kind.SAVED_RUN, 120),
+    Recording(f"{H100}/compare_d256_causal.npz", True,
+              _compare("--heads 2 --seqlen 150 --causal --head-dim 256", "compare_d256_causal.npz"),
+              "a saved causal GPU run at head_dim 256 with a partial tile, CTAs 0 and 5", Kind.SAVED_RUN, 150),
+    Recording(f"{H100}/timing_features.json", True,
+              "python experiments/timing_features.py --measure --out OUT/timing_features.json",
+              "the forward features (bf16, GQA, MQA, softcap, windows, all at once) beside the plain config at three "
+              "shapes: kernel times", Kind.TIMES, 240),
+    Recording(f"{H100}/timing_backward.json", True,
+              "python experiments/timing_backward.py --measure --out OUT/timing_backward.json",
+              "the backward's three kernels at three shapes, causal and not, both dQ modes: kernel times",
+              Kind.TIMES, 150),
     Recording(f"{H200}/timing_pingpong.json", True,
               "python experiments/timing_pingpong.py --measure --out OUT/timing_pingpong.json",
               "four 8-warp configs with and without pingpong at three shapes: kernel times", Kind.TIMES, 120),
@@ -243,6 +261,13 @@ def _measurements(data: dict) -> dict:
         return {(r["kernel"], r["size"]): r["ms"] for r in data["launches"]}
     if data["rows"] and "ctas_per_sm" in data["rows"][0]:  # timing_occupancy.json: a time per forced occupancy
         return {(r["key"], r["ctas_per_sm"]): r["kernel_ms"] for r in data["rows"]}
+    if data["rows"] and "deterministic" in data["rows"][0]:  # timing_backward.json: the three kernels' sum
+        return {(tuple(r["shape"]), r["causal"], r["deterministic"]): r["total_ms"] for r in data["rows"]}
+    if data["rows"] and "case" in data["rows"][0]:  # timing_features.json: each shape's plain case first and last
+        times: dict = {}
+        for r in data["rows"]:
+            times.setdefault((r["case"], tuple(r["shape"]), r["causal"]), []).append(r["ms"])
+        return {k: float(np.median(v)) for k, v in times.items()}
     if data["rows"] and "edit" in data["rows"][0]:  # timing_edits.json: the seed timed first and last
         out: dict = {}
         for r in data["rows"]:
