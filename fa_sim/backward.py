@@ -221,16 +221,19 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
         buf = layout.empty(len(ctas))
         main_args += [buf, selection_map(ctas, n_ctas), np.int32(layout.n_rounds)]
         outputs.update(checkpoints=buf, checkpoint_ctas=tuple(ctas))
+    # grid y is batch-head bh: it moves every address and no branch (the kernels' control flow
+    # reads blockIdx.x, the lengths and the mask), except the checkpoint build's CTA -> slot map
+    bh = () if ctas is not None else (1,)
     launches = [
         KernelLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [x.o, x.do, dpsum, np.int32(nq)], defs),
+                       [x.o, x.do, dpsum, np.int32(nq)], defs, bh),
         KernelLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                       main_args, defs),
+                       main_args, defs, bh),
         KernelLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
-                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs)
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs, bh)
         if deterministic else
         KernelLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [dq_accum, dq, np.int32(nq), scale32], defs),
+                       [dq_accum, dq, np.int32(nq), scale32], defs, bh),
     ]
     return launches, x, outputs
 

@@ -333,23 +333,28 @@ def trace(args) -> int:
 
 # -- fa time --backward -------------------------------------------------------------------------------------
 def time_(args) -> int:
-    """The backward's three launches timed by the model (fa_sim.timing.predict_backward): each runs
-    on the PTX engine for its warps' paths, then the busiest SM cycle by cycle."""
+    """The backward's three launches timed by the model (fa_sim.timing.predict_backward_seeded): no
+    forward run (the kernels' paths read no value, so seeded O, LSE and dO of the right shapes
+    stand in); one CTA per path class runs on the PTX engine, then the busiest SM cycle by cycle."""
     import json
 
-    from ..simulate import simulate
-    from ..timing import predict_backward
+    from ..contract.backward import BackwardConfig
+    from ..timing import predict_backward_seeded
+    from ..validate import check_scale
 
     check_options(args, ("perfetto",))
     kernel = kernel_variant(args)
-    q, k, v, do = load_inputs(args)
-    scale = getattr(args, "scale", None)
-    check_inputs(q, k, v, do, args.causal, scale)
-    fwd = simulate(q, k, v, causal=args.causal, scale=scale)
-    pred = predict_backward(q, k, v, fwd.o, fwd.lse, do, args.causal, scale, args.dq == "deterministic", args.gpu,
-                            kernel=kernel)
-    b, h, nq, d = q.shape
-    nk = k.shape[2]
+    b, h, nq, nk, d = problem_shape(args)
+    try:
+        BackwardConfig(d)  # an unsupported head_dim: one line naming the choices
+        scale = check_scale(getattr(args, "scale", None), d)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    need = 2 * b * h * d * (4 * nq + 2 * nk) + 4 * b * h * nq * d  # fp16 q, o, dO, dQ, k, v, dK, dV; fp32 dQ accum
+    check_host_memory(need, f"(B, H, Nq, d) = ({b}, {h}, {nq}, {d})", "the backward's arrays",
+                      "lower --batch, --heads or --seqlen")
+    pred = predict_backward_seeded(b, h, nq, nk, d, args.causal, scale, args.dq == "deterministic", args.gpu,
+                                   kernel=kernel, seed=args.seed)
     if args.json:
         print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq,
                           "shape": [b, h, nq, nk, d], **pred.to_json()}))

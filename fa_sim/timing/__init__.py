@@ -16,7 +16,7 @@ warp's SASS stream from its path in the functional run: any control flow) and `l
 """
 
 from .gpus import GPUS, GpuModel, gpu_model
-from .backward import BackwardPrediction, predict_backward
+from .backward import BackwardPrediction, predict_backward, predict_backward_seeded
 from .launch import predict_launch
 from .launches import LaunchesPrediction, predict_splitkv, predict_varlen
 from .predict import Prediction, predict
@@ -122,4 +122,4 @@ def _predict_packed(batch, heads, seqlen_q, seqlen_k, head_dim, causal, config, 
 
 
 __all__ = ["GPUS", "BackwardPrediction", "GpuModel", "LaunchesPrediction", "Prediction", "predict", "predict_backward",
-           "predict_launch", "predict_splitkv", "predict_time", "predict_varlen"]
+           "predict_backward_seeded", "predict_launch", "predict_splitkv", "predict_time", "predict_varlen"]

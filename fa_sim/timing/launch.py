@@ -12,21 +12,40 @@ How (nothing here knows what the kernel computes):
 2. The launch runs on the PTX engine (on copies of the arguments) with a BranchRecorder: every
    warp's control flow. fa_sim.timing.walk ties it to the SASS: each warp's dynamic SASS stream,
    whatever its loops, divergence or early exits; warps of one CTA may take different paths.
+   `uniform_axes` (declared by the caller, who knows the kernel: fa_sim.contract.KernelLaunch):
+   grid axes along which no warp's path changes. The CTAs that differ only there form a path
+   class; only its representative (those coordinates 0) runs on the engine, on the whole grid's
+   geometry and buffers (fa_sim.ptx.launch's `ctas`: its blockIdx, gridDim and addresses are
+   those of the full launch), and every CTA of the class takes its path.
 3. Occupancy from the cubin's registers, the CTA's shared memory (static + dynamic) and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it (CTA i to SM i mod the SM
    count, the way the first wave is dispatched), `occupancy` resident at a time, each next one
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
+   Up to EXACT_SM_INSTRUCTIONS warp instructions (or 3 chunks) the SM's CTAs run in one run_sm.
+   Past it the SM's CTA sequence is cut into chunks of 2 x occupancy CTAs: the first chunk is
+   timed alone, each next one as the increment of (previous chunk + chunk) over the previous
+   chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
+   these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
+   few chunks (docs/timing.md, "How long it takes").
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
    the copy latency at the SM's load.
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
-Every CTA of that SM is timed (no representative CTAs), so the cost grows with the SM's
-instructions: a launch over MAX_SM_INSTRUCTIONS per SM is refused up front with its count.
+The SM model's cost grows with the instructions it simulates: past MAX_SM_INSTRUCTIONS it is
+refused before it starts, with its count; a long one prints an estimate and progress on stderr.
+6. The prediction is cached on disk (fa_sim.cache), keyed on everything it reads: the source text,
+   kernel, macros, grid, block, shared memory, uniform axes, the GPU model, the arguments (their
+   bytes, or the caller's `args_key` that determines them, e.g. a seed) and the source of
+   fa_sim.timing, fa_sim.ptx and the branch recorder.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import sys
+import time
 from collections import Counter
 from typing import Mapping, Sequence
 
@@ -39,10 +58,13 @@ from .gpus import GPUS, GpuModel
 from .predict import Prediction
 from .program import Step, step
 from .sass import parse
-from .sm import REASONS, run_sm
+from .sm import REASONS, SmRun, run_sm
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
-MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions on the busiest SM above which the SM run is refused
+MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
+EXACT_SM_INSTRUCTIONS = 1_000_000  # up to this load the busiest SM's CTAs run in one run_sm (no chunks)
+SM_RATE = 150_000  # warp instructions per second of run_sm with stall accounting (this machine, measured)
+LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 
 
 @functools.lru_cache(maxsize=32)
@@ -87,15 +109,85 @@ def occupancy(registers: int, smem_bytes: int, threads: int, gpu: GpuModel) -> i
     return max(0, min(by_regs, by_smem, by_threads, gpu.ctas_per_sm))
 
 
+
+def path_classes(grid, uniform_axes=()) -> tuple[np.ndarray, np.ndarray]:
+    """(the representatives' linear CTA ids, sorted; each CTA's index into them) of a grid whose
+    `uniform_axes` change no path: a CTA's representative has those blockIdx coordinates 0."""
+    axes = tuple(uniform_axes)
+    bad = [a for a in axes if not isinstance(a, (int, np.integer)) or isinstance(a, bool) or a not in (0, 1, 2)]
+    if bad or len(set(axes)) != len(axes):
+        raise ValueError(f"uniform_axes must name distinct grid axes 0 (x), 1 (y), 2 (z), got {uniform_axes!r:.60}")
+    gx, gy, gz = grid
+    c = np.arange(gx * gy * gz, dtype=np.int64)
+    coords = [c % gx, (c // gx) % gy, c // (gx * gy)]
+    for a in axes:
+        coords[a] = np.zeros_like(c)
+    rep = coords[0] + gx * (coords[1] + gy * coords[2])
+    reps, cls = np.unique(rep, return_inverse=True)
+    return reps, cls.reshape(-1)
+
+
+def _code_digest() -> str:
+    """sha256 over the sources the launch predictions depend on besides their inputs: fa_sim.timing,
+    the PTX engine (fa_sim.ptx) and the branch recorder."""
+    from .predict import _timing_source_digest
+
+    return _code_digest_of(_timing_source_digest())
+
+
+@functools.cache
+def _code_digest_of(timing: str) -> str:
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    h = hashlib.sha256(timing.encode())
+    for f in sorted((root / "ptx").glob("*.py")) + [root / "observers" / "branches.py", root / "contract" / "launch.py"]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _args_digest(args, args_key) -> list:
+    """What the arguments contribute to the cache key: each array's shape and dtype, each scalar's
+    type and value, and the arrays' bytes (sha256) unless the caller's args_key determines them."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            item = [list(a.shape), a.dtype.str]
+            if args_key is None:
+                item.append(hashlib.sha256(memoryview(np.ascontiguousarray(a)).cast("B")).hexdigest())
+            out.append(item)
+        else:
+            out.append([type(a).__name__, repr(a)])
+    return out if args_key is None else out + [["args_key", str(args_key)]]
+
+
+def _to_json(p: Prediction) -> dict:
+    return {"kernel_ms": p.kernel_ms, "tflops": p.tflops, "occupancy": p.occupancy, "limiter": p.limiter,
+            "pipes": p.pipes, "issue_slots": p.issue_slots, "achieved_occupancy": p.achieved_occupancy,
+            "stalls": p.stalls, "cycles_per_round": list(p.cycles_per_round), "instructions": p.instructions,
+            "notes": p.notes}
+
+
+def _from_json(d: dict) -> Prediction:
+    return Prediction(d["kernel_ms"], d["tflops"], d["occupancy"], d["limiter"], d["pipes"], d["issue_slots"],
+                      d["achieved_occupancy"], d["stalls"], tuple(d["cycles_per_round"]), d["instructions"],
+                      d["notes"])
+
+
 def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: int = 0, gpu: GpuModel | str = "h200",
-                   *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu") -> Prediction:
+                   *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu",
+                   uniform_axes: Sequence[int] = (), args_key: str | None = None, cache: bool = True,
+                   exact_sm_instructions: int = EXACT_SM_INSTRUCTIONS, copy_args: bool = True) -> Prediction:
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
-    these arguments, as fa_sim.ptx.launch takes them (see the module docstring)."""
-    from ..observers.branches import BranchRecorder
-    from ..ptx import launch as ptx_launch
+    these arguments, as fa_sim.ptx.launch takes them (see the module docstring). `uniform_axes`:
+    grid axes along which no warp's path changes (one engine run per path class); `args_key`: a
+    string that determines the arrays' contents (the disk cache keys on it instead of hashing
+    them); `cache`: read and write the disk cache; `exact_sm_instructions`: the SM load up to which
+    the busiest SM runs in one piece (0: always in memoized chunks); `copy_args` False: the engine
+    writes into the caller's arrays (its own scratch) instead of copies."""
+    from ..cache import cache_key, cache_root, read_text_entry, store_atomic
     from ..ptx import launch_args as check
-    from ..ptx.load import _is_ptx, _read, load_module
-    from ..ptx.program import build_program
+    from ..ptx.load import _is_ptx, _read
 
     if isinstance(gpu, str):
         if gpu not in GPUS:
@@ -103,9 +195,38 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         gpu = GPUS[gpu]
     grid, block = check.grid_and_block(grid, block)
     args, macros = check.arguments(args), check.macros(macros)
+    reps, cls = path_classes(grid, uniform_axes)
     text, path = _read(source)
     if _is_ptx(text, path):
         raise ValueError("predict_launch needs the CUDA source (the SASS is compiled from it), not PTX")
+    entry = None
+    if cache:
+        key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel, macros=sorted(macros.items()),
+                        grid=grid, block=block, smem=int(smem_bytes), gpu=repr(gpu), uniform=sorted(set(uniform_axes)),
+                        args=_args_digest(args, args_key), exact=int(exact_sm_instructions), code=_code_digest(),
+                        name=str(path) if path else name)
+        entry = cache_root() / "timing-launches" / f"{key}.json"
+        stored = read_text_entry(entry)
+        if stored is not None:
+            try:
+                return _from_json(json.loads(stored))
+            except (ValueError, TypeError, KeyError):
+                pass  # damaged: predict again
+    pred = _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
+                    exact_sm_instructions, copy_args)
+    if entry is not None:
+        store_atomic(entry, json.dumps(_to_json(pred)).encode())
+    return pred
+
+
+def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
+             exact_sm_instructions, copy_args) -> Prediction:
+    from ..observers.branches import BranchRecorder
+    from ..ptx import launch as ptx_launch
+    from ..ptx import launch_args as check
+    from ..ptx.load import load_module
+    from ..ptx.program import build_program
+
     name = str(path) if path else name
     module = load_module(source, macros=macros)
     program = build_program(module, kernel, text)
@@ -120,26 +241,30 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         raise ValueError(f"a CTA of {threads} threads, {model.usage.registers} registers a thread and {cta_smem:,} "
                          f"bytes of shared memory does not fit on one SM of the {gpu.name}")
     rec = BranchRecorder()
-    copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]  # the user's arrays stay as they are
-    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec], macros=macros)
+    copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
     n_ctas = grid[0] * grid[1] * grid[2]
+    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec], macros=macros,
+               ctas=None if len(reps) == n_ctas else reps)
     paths = rec.paths()
-    walks = {}
-    for c in range(n_ctas):
-        walks[c] = tuple(model.walker.walk(paths.get((c, w), ())) for w in range(n_warps))
-    sms = [list(range(s, n_ctas, gpu.sms)) for s in range(min(gpu.sms, n_ctas))]
-    size = {c: sum(len(model.steps(w)) for w in ws) for c, ws in walks.items()}
-    busiest = max(sms, key=lambda cs: sum(size[c] for c in cs))
-    load = sum(size[c] for c in busiest)
-    if load > MAX_SM_INSTRUCTIONS:
-        raise ValueError(f"the busiest SM of this launch issues {load:,} warp instructions, more than the "
-                         f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
+    walk_ids: dict = {}  # a CTA's warps' walks -> its walk class
+    rep_walk = np.empty(len(reps), np.int64)
+    for i, r in enumerate(reps.tolist()):
+        ws = tuple(model.walker.walk(paths.get((r, w), ())) for w in range(n_warps))
+        rep_walk[i] = walk_ids.setdefault(ws, len(walk_ids))
+    walks = list(walk_ids)
+    wsize = np.array([sum(len(model.steps(w)) for w in ws) for ws in walks], np.int64)
+    cta_walk = rep_walk[cls]  # [n_ctas] each CTA's walk class
+    cta_size = wsize[cta_walk]
+    n_sms = min(gpu.sms, n_ctas)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=cta_size, minlength=n_sms)[:n_sms]
+    s = int(np.argmax(loads))  # the first of the busiest, as max() over the SMs in order picks
+    seq = cta_walk[s::gpu.sms].tolist()
     footprint = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
-    at_load = gpu.loaded(min(k, len(busiest)), k)
+    at_load = gpu.loaded(min(k, len(seq)), k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
-    streams = [[model.steps(w) for w in walks[c]] for c in busiest]
-    run = run_sm(streams, n_warps, at_load, account=True, slots=k)
+    run, simulated, chunked = time_sm(seq, [[model.steps(w) for w in ws] for ws in walks], wsize.tolist(), n_warps,
+                                      at_load, k, exact_sm_instructions, program.kernel.name)
     ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
     pipes = {p.lower(): min(1.0, busy / (run.cycles if p == "SMEM" else smsp_cycles)) for p, busy in run.busy.items()}
@@ -150,9 +275,76 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     kind = "issue bound" if issue > 0.8 else ("memory bound" if waits and waits[0][0] == "long_scoreboard"
                                               else "latency bound")
     limiter = f"{kind}: issue slots {issue:.0%}" + "".join(f", {p} pipe {v:.0%}" for v, p in top[:2])
-    instructions = sum(size.values())
+    instructions = int(cta_size.sum())
     return Prediction(kernel_ms=ms, tflops=0.0, occupancy=k, limiter=limiter, pipes=pipes, issue_slots=issue,
                       achieved_occupancy=run.warp_cycles / run.cycles / 64 if run.cycles else 0.0, stalls=stalls,
                       cycles_per_round=(), instructions=instructions,
-                      notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(busiest), "sm_cycles": run.cycles,
-                             "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes})
+                      notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(seq), "sm_cycles": run.cycles,
+                             "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes,
+                             "engine_ctas": len(reps), "walk_classes": len(walks), "sm_chunked": chunked,
+                             "sm_simulated_instructions": simulated})
+
+
+def sm_chunks(seq: list, k: int, sizes: list, exact: int) -> list[tuple] | None:
+    """The memoized runs of time_sm for the busiest SM's CTA walk classes `seq`: None when the SM runs
+    in one piece (its load at most `exact` warp instructions, or at most 3 chunks), else the chunks
+    of 2k CTAs."""
+    m = 2 * k
+    if sum(sizes[c] for c in seq) <= exact or len(seq) <= 3 * m:
+        return None
+    return [tuple(seq[i:i + m]) for i in range(0, len(seq), m)]
+
+
+def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
+            what: str = "the kernel") -> tuple[SmRun, int, bool]:
+    """(the SM's run, the warp instructions simulated, whether in chunks): the CTAs of walk classes
+    `seq` in launch order (`streams[c]`: class c's warp streams, `sizes[c]` its warp instructions) on
+    one SM, k resident. See the module docstring (4.) for the chunks; refused up front past
+    MAX_SM_INSTRUCTIONS simulated, with an estimate on stderr past LONG_SECONDS."""
+    chunks = sm_chunks(seq, k, sizes, exact)
+    if chunks is None:
+        runs = [tuple(seq)]
+    else:
+        runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    simulated = sum(sizes[c] for r in runs for c in r)
+    if simulated > MAX_SM_INSTRUCTIONS:
+        raise ValueError(f"the busiest SM of this launch of {what} needs {simulated:,} warp instructions simulated "
+                         f"(its {len(seq):,} CTAs{', in memoized chunks' if chunks else ''}), more than the "
+                         f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
+    long = simulated / SM_RATE > LONG_SECONDS
+    if long:
+        print(f"fa_sim.timing: the SM model of {what} simulates {simulated:,} warp instructions in {len(runs)} runs, "
+              f"about {simulated / SM_RATE:,.0f} s", file=sys.stderr, flush=True)
+    memo: dict = {}
+    start = time.perf_counter()
+    for i, r in enumerate(runs):
+        memo[r] = run_sm([streams[c] for c in r], n_warps, gpu, account=True, slots=k)
+        if long:
+            print(f"fa_sim.timing: SM run {i + 1} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+                  file=sys.stderr, flush=True)
+    if chunks is None:
+        return memo[runs[0]], simulated, False
+    total = _Sum(memo[chunks[0]])
+    for a, b in zip(chunks, chunks[1:]):
+        total.add(memo[a + b], +1)
+        total.add(memo[a], -1)
+    return total.run(), simulated, True
+
+
+class _Sum:
+    """Signed sums of SmRuns' additive quantities (cycles, issued, busy, stalls, warp-cycles)."""
+
+    def __init__(self, run: SmRun) -> None:
+        self.cycles, self.issued, self.warp_cycles = run.cycles, run.issued, run.warp_cycles
+        self.busy, self.stalls = Counter(run.busy), Counter(run.stalls)
+
+    def add(self, run: SmRun, sign: int) -> None:
+        self.cycles += sign * run.cycles
+        self.issued += sign * run.issued
+        self.warp_cycles += sign * run.warp_cycles
+        for mine, theirs in ((self.busy, run.busy), (self.stalls, run.stalls)):
+            for key, v in theirs.items():
+                mine[key] = mine.get(key, 0) + sign * v
+
+    def run(self) -> SmRun:
+        return SmRun(self.cycles, [], [], [], self.issued, dict(self.busy), Counter(self.stalls), self.warp_cycles)

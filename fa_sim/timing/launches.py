@@ -126,7 +126,8 @@ def predict_splitkv(plan, gpu: GpuModel | str = "h200", seed: int = 0) -> Launch
     kernels = {}
     for launch in splitkv_launches(plan, q, k, v)[0]:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
-                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros)
+                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
+                                                uniform_axes=launch.uniform_axes)
     notes = {"splits": plan.splits, "splits_auto": plan.auto_from is not None, "split_grid": list(plan.grid),
              "kv_tiles_per_split": plan.blocks_per_split, "cache_seqlens": [int(x) for x in plan.cache_seqlens]}
     return LaunchesPrediction(float(sum(x.kernel_ms for x in kernels.values())), kernels, "split-KV", notes)
@@ -152,7 +153,8 @@ def predict_varlen(prob, gpu: GpuModel | str = "h200", seed: int = 0) -> Launche
     cu_q, cu_k = (np.array(cu, np.int32) for cu in prob.cu_seqlens)
     args = [q, k, v, o, lse, np.int32(prob.total_q), np.int32(prob.total_k), np.float32(prob.scale), cu_q, cu_k]
     pred = predict_launch(str(SEED_PATH), prob.launch_grid, (cfg.n_threads, 1, 1), args, cfg.smem_bytes, gpu,
-                          kernel=KERNEL_NAME, macros=KernelBuild.of(prob, "sm_80").macros())
+                          kernel=KERNEL_NAME, macros=KernelBuild.of(prob, "sm_80").macros(),
+                          uniform_axes=(1,))  # grid y is the head: a sequence's heads take the same branches
     working = int(sum(-(-int(n) // cfg.block_m) for n in prob.seqlens_q)) * h
     notes = {"seqlens_q": [int(n) for n in prob.seqlens_q], "seqlens_k": [int(n) for n in prob.seqlens_k],
              "grid_ctas": prob.n_ctas, "working_ctas": working, "cta_rounds": int(rounds.sum())}
