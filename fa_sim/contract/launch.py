@@ -25,3 +25,5 @@ class KernelLaunch:
     args: list
     macros: dict
     uniform_axes: tuple = field(default=())
+    cta_instructions: object = None  # the builder's estimate of each CTA's warp instructions (an array in
+    # launch order, or one number for all), for the timing model's cost check before any work; None: none

@@ -10,7 +10,8 @@ keeps the config-derived choice for the tests), `program` (an instruction as the
 parameters per GPU), `cost` (what a prediction costs this machine: checked up front, progress
 while it runs), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk` (each
 warp's SASS stream from its path in the functional run: any control flow) and `launch`
-(`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed), `backward`
+(`predict_launch`: any kernel the PTX engine runs, one CTA per declared path class on the engine, the
+busiest SM timed), `backward`
 (`predict_backward`: the backward pass's three launches, each through predict_launch), `launches`
 (`predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's two, likewise).
 """

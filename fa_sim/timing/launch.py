@@ -63,8 +63,9 @@ from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
 EXACT_SM_INSTRUCTIONS = 1_000_000  # up to this load the busiest SM's CTAs run in one run_sm (no chunks)
-SM_RATE = 150_000  # warp instructions per second of run_sm with stall accounting (this machine, measured)
+SM_RATE = 80_000  # warp instructions per second of run_sm with stall accounting (this machine, measured)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
+CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 
 
 @functools.lru_cache(maxsize=32)
@@ -86,14 +87,27 @@ class LaunchModel:
         self.controls = {i.addr: i.control for i in parse(kernel_listing(listing, name))}
         self.usage = ResourceUsage.from_cubin(cubin, name)
         self._steps: dict = {}
+        self._block_steps: dict = {}
+
+    def block_steps(self, b) -> list[Step]:
+        """The Steps of SASS block b's instructions: one Step per SASS address, built once."""
+        hit = self._block_steps.get(b)
+        if hit is None:
+            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {})
+                   for i in self.sass.blocks[b].instrs]
+            self._block_steps[b] = hit
+        return hit
+
+    def size(self, walk: tuple) -> int:
+        """The warp instructions of a walk (block starts)."""
+        blocks = self.sass.blocks
+        return sum(len(blocks[b].instrs) for b in walk)
 
     def steps(self, walk: tuple) -> list[Step]:
         """The Steps of a warp's walk (block starts), cached per walk."""
         hit = self._steps.get(walk)
         if hit is None:
-            blocks = self.sass.blocks
-            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {})
-                   for b in walk for i in blocks[b].instrs]
+            hit = [s for b in walk for s in self.block_steps(b)]
             self._steps[walk] = hit
         return hit
 
@@ -117,7 +131,7 @@ def path_classes(grid, uniform_axes=()) -> tuple[np.ndarray, np.ndarray]:
     bad = [a for a in axes if not isinstance(a, (int, np.integer)) or isinstance(a, bool) or a not in (0, 1, 2)]
     if bad or len(set(axes)) != len(axes):
         raise ValueError(f"uniform_axes must name distinct grid axes 0 (x), 1 (y), 2 (z), got {uniform_axes!r:.60}")
-    gx, gy, gz = grid
+    gx, gy, gz = (*(int(g) for g in grid), 1, 1)[:3]
     c = np.arange(gx * gy * gz, dtype=np.int64)
     coords = [c % gx, (c // gx) % gy, c // (gx * gy)]
     for a in axes:
@@ -177,14 +191,17 @@ def _from_json(d: dict) -> Prediction:
 def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: int = 0, gpu: GpuModel | str = "h200",
                    *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu",
                    uniform_axes: Sequence[int] = (), args_key: str | None = None, cache: bool = True,
-                   exact_sm_instructions: int = EXACT_SM_INSTRUCTIONS, copy_args: bool = True) -> Prediction:
+                   exact_sm_instructions: int = EXACT_SM_INSTRUCTIONS, copy_args: bool = True,
+                   cta_instructions=None) -> Prediction:
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
     these arguments, as fa_sim.ptx.launch takes them (see the module docstring). `uniform_axes`:
     grid axes along which no warp's path changes (one engine run per path class); `args_key`: a
     string that determines the arrays' contents (the disk cache keys on it instead of hashing
     them); `cache`: read and write the disk cache; `exact_sm_instructions`: the SM load up to which
     the busiest SM runs in one piece (0: always in memoized chunks); `copy_args` False: the engine
-    writes into the caller's arrays (its own scratch) instead of copies."""
+    writes into the caller's arrays (its own scratch) instead of copies; `cta_instructions`: the
+    caller's estimate of each CTA's warp instructions (launch order, or one number), from which the
+    cost is checked and a long one announced before any work (`check_cost`)."""
     from ..cache import cache_key, cache_root, read_text_entry, store_atomic
     from ..ptx import launch_args as check
     from ..ptx.load import _is_ptx, _read
@@ -213,14 +230,14 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
             except (ValueError, TypeError, KeyError):
                 pass  # damaged: predict again
     pred = _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-                    exact_sm_instructions, copy_args)
+                    exact_sm_instructions, copy_args, cta_instructions)
     if entry is not None:
         store_atomic(entry, json.dumps(_to_json(pred)).encode())
     return pred
 
 
 def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-             exact_sm_instructions, copy_args) -> Prediction:
+             exact_sm_instructions, copy_args, cta_instructions=None) -> Prediction:
     from ..observers.branches import BranchRecorder
     from ..ptx import launch as ptx_launch
     from ..ptx import launch_args as check
@@ -240,9 +257,12 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     if k < 1:
         raise ValueError(f"a CTA of {threads} threads, {model.usage.registers} registers a thread and {cta_smem:,} "
                          f"bytes of shared memory does not fit on one SM of the {gpu.name}")
+    n_ctas = grid[0] * grid[1] * grid[2]
+    if cta_instructions is not None:
+        check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k, gpu,
+                   exact_sm_instructions, program.kernel.name)
     rec = BranchRecorder()
     copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
-    n_ctas = grid[0] * grid[1] * grid[2]
     ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec], macros=macros,
                ctas=None if len(reps) == n_ctas else reps)
     paths = rec.paths()
@@ -252,7 +272,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
         ws = tuple(model.walker.walk(paths.get((r, w), ())) for w in range(n_warps))
         rep_walk[i] = walk_ids.setdefault(ws, len(walk_ids))
     walks = list(walk_ids)
-    wsize = np.array([sum(len(model.steps(w)) for w in ws) for ws in walks], np.int64)
+    wsize = np.array([sum(model.size(w) for w in ws) for ws in walks], np.int64)
     cta_walk = rep_walk[cls]  # [n_ctas] each CTA's walk class
     cta_size = wsize[cta_walk]
     n_sms = min(gpu.sms, n_ctas)
@@ -263,8 +283,10 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     at_load = gpu.loaded(min(k, len(seq)), k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
-    run, simulated, chunked = time_sm(seq, [[model.steps(w) for w in ws] for ws in walks], wsize.tolist(), n_warps,
-                                      at_load, k, exact_sm_instructions, program.kernel.name)
+    used = set(seq)  # only the walks the busiest SM runs become Steps
+    streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
+    run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_instructions,
+                                      program.kernel.name)
     ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
     pipes = {p.lower(): min(1.0, busy / (run.cycles if p == "SMEM" else smsp_cycles)) for p, busy in run.busy.items()}
@@ -285,11 +307,56 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
                              "sm_simulated_instructions": simulated})
 
 
+ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
+ENGINE_LANE_S = 2.5e-7  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+
+
+def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int, k: int, gpu: GpuModel,
+               exact: int, what: str) -> float:
+    """The estimated seconds of a launch whose CTAs issue about `est` warp instructions each: the
+    engine's run of the representatives `reps` (waves of fa_sim.ptx's DEFAULT_WAVE_CTAS, each as long
+    as its longest CTA) and the SM model's chunks of the busiest SM (as time_sm cuts them; CTAs of
+    one estimate one walk). ValueError (one line) before any work past MAX_SM_INSTRUCTIONS simulated
+    or cost.MAX_SECONDS; printed on stderr past LONG_SECONDS."""
+    from ..ptx.launch import DEFAULT_WAVE_CTAS
+    from .cost import MAX_SECONDS
+
+    warps = -(-threads // 32)
+    rep_est = est[reps]
+    engine = 0.0
+    for lo in range(0, len(reps), DEFAULT_WAVE_CTAS):
+        wave = rep_est[lo: lo + DEFAULT_WAVE_CTAS]
+        engine += float(wave.max()) / warps * (ENGINE_STEP_S + ENGINE_LANE_S * len(wave) * threads)
+    n_ctas = len(est)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=est)
+    s = int(np.argmax(loads))
+    values, seq = np.unique(est[s::gpu.sms], return_inverse=True)
+    chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact)
+    runs = [tuple(seq.tolist())] if chunks is None else \
+        list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    simulated = float(sum(values[c] for r in runs for c in r))
+    if simulated > MAX_SM_INSTRUCTIONS:
+        raise ValueError(f"{what}: the busiest SM's {len(seq):,} CTAs need about {simulated:,.0f} warp instructions "
+                         f"simulated (estimated), past the {MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; "
+                         "time a smaller problem")
+    seconds = engine + simulated / SM_RATE
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{what}: its {len(reps):,} representative CTAs would run on the PTX engine for about "
+                         f"{engine / 60:,.0f} min and the SM model for about {simulated / SM_RATE / 60:,.0f} min "
+                         f"(estimated), past the {MAX_SECONDS / 60:.0f} min the timing model allows; "
+                         "time a smaller problem")
+    if seconds > LONG_SECONDS:
+        print(f"fa_sim.timing: {what}: about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
+              f"{len(reps):,} representative CTAs, the SM model about {simulated / SM_RATE:,.0f} s); progress follows",
+              file=sys.stderr, flush=True)
+    return seconds
+
+
 def sm_chunks(seq: list, k: int, sizes: list, exact: int) -> list[tuple] | None:
     """The memoized runs of time_sm for the busiest SM's CTA walk classes `seq`: None when the SM runs
     in one piece (its load at most `exact` warp instructions, or at most 3 chunks), else the chunks
     of 2k CTAs."""
-    m = 2 * k
+    m = CHUNK_OCCUPANCIES * k
     if sum(sizes[c] for c in seq) <= exact or len(seq) <= 3 * m:
         return None
     return [tuple(seq[i:i + m]) for i in range(0, len(seq), m)]

@@ -14,8 +14,9 @@ launch runs functionally on the PTX engine on seeded standard-normal inputs (the
 change the paths), every warp's path is walked through the launch's SASS and the busiest SM is timed
 cycle by cycle (predict_launch); the prediction is the sum of the launches' times.
 
-Every CTA is run on the engine and every CTA of the busiest SM is timed, so the cost grows with the
-problem: `check_size` refuses, before any work, a launch whose busiest SM is estimated past
+One CTA per path class runs on the engine (KernelLaunch.uniform_axes: grid y, the heads, where the
+sequences share a length) and the busiest SM is timed in memoized chunks (predict_launch), yet the
+cost still grows with the problem: `check_size` refuses, before any work, a launch whose busiest SM is estimated past
 predict_launch's MAX_SM_INSTRUCTIONS warp instructions or whose engine run is estimated past
 cost.MAX_SECONDS, in one line naming the limit in K/V rounds.
 """
@@ -73,7 +74,7 @@ def check_size(config, cta_rounds: np.ndarray, gpu: GpuModel, what: str, fix: st
     if busiest * per > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"{what}: its busiest SM of the {gpu.name} runs about {busiest:,.0f} CTA K/V rounds (about "
                          f"{busiest * per:,.0f} warp instructions), past the {limit:,} rounds ({MAX_SM_INSTRUCTIONS:,} "
-                         f"warp instructions) the cycle-by-cycle SM model takes (every CTA is timed); {fix}")
+                         f"warp instructions) the cycle-by-cycle SM model takes; {fix}")
     seconds = estimate(Problem(1, 1, config.block_m, config.block_n, False, 1.0, config)).sim_seconds
     total = float(rounds.sum())
     if total * seconds > MAX_SECONDS:
@@ -127,7 +128,7 @@ def predict_splitkv(plan, gpu: GpuModel | str = "h200", seed: int = 0) -> Launch
     for launch in splitkv_launches(plan, q, k, v)[0]:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
                                                 launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
-                                                uniform_axes=launch.uniform_axes)
+                                                uniform_axes=launch.uniform_axes, cta_instructions=launch.cta_instructions)
     notes = {"splits": plan.splits, "splits_auto": plan.auto_from is not None, "split_grid": list(plan.grid),
              "kv_tiles_per_split": plan.blocks_per_split, "cache_seqlens": [int(x) for x in plan.cache_seqlens]}
     return LaunchesPrediction(float(sum(x.kernel_ms for x in kernels.values())), kernels, "split-KV", notes)
