@@ -121,7 +121,7 @@ def test_sm_chunks_are_memoized_and_close_to_the_whole_run():
     args = [x, np.zeros_like(x), np.int32(n), np.int32(2)]
     kw = dict(grid=(132 * 40,), block=(512,), args=args, kernel="copy", cache=False, uniform_axes=())
     whole = tl.predict_launch(COPY, **kw)
-    chunked = tl.predict_launch(COPY, exact_sm_instructions=0, **kw)
+    chunked = tl.predict_launch(COPY, exact_sm_work=0, **kw)
     assert not whole.notes["sm_chunked"] and chunked.notes["sm_chunked"]
     k = whole.occupancy
     assert whole.notes["sm_ctas"] == 40 and k < 7  # more than 3 chunks of 2k
@@ -134,3 +134,31 @@ def test_uniform_axes_are_checked():
         tl.path_classes((2, 2, 1), (3,))
     with pytest.raises(ValueError, match="ctas must be a 1-D sequence of linear CTA ids in \\[0, 4\\)"):
         ptx.launch(COPY, (4,), (32,), 0, [np.zeros(4, np.float32), np.zeros(4, np.float32), 4, 1], ctas=[4])
+
+
+def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monkeypatch):
+    """(1, 1, 65536, 128): 1,024 K/V-block classes of 2,048 Q blocks each; the estimate
+    (fa_sim.backward.ESTIMATED_INSTRUCTIONS) refuses it in one line before any launch runs."""
+    from fa_sim.cli import main
+
+    def ran(*a, **kw):
+        raise AssertionError("the PTX engine ran")
+
+    monkeypatch.setattr(ptx, "launch", ran)
+    with pytest.raises(ValueError, match="fa2_bwd_kernel: the busiest SM.s 8 CTAs need about [0-9,]+ warp instructions simulated"):
+        predict_backward_seeded(1, 1, 65536, 65536, 128)
+    assert main(["time", "--backward", "--heads", "1", "--seqlen", "65536", "--head-dim", "128"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the cycle-by-cycle SM model takes" in err and len(err.splitlines()) == 1, err
+
+
+def test_estimates_are_close_to_the_counts():
+    """fa_sim.backward.ESTIMATED_INSTRUCTIONS against the walks' exact counts on a causal shape it was
+    not counted on: within 10 % per kernel."""
+    from fa_sim.backward import estimated_cta_instructions
+    from fa_sim.contract.backward import BackwardConfig
+
+    pred = predict_backward_seeded(1, 1, 300, 300, 96, True)
+    est = estimated_cta_instructions(BackwardConfig(96), 300, 300, True, False)
+    for name, p in pred.kernels.items():
+        assert float(est[name].sum()) == pytest.approx(p.instructions, rel=0.10), name

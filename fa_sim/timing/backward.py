@@ -50,8 +50,15 @@ def predict_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
 def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, args_key) -> BackwardPrediction:
     from ..backward import backward_launches
 
+    from .launch import check_launch_cost
+
+    launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel)[0]
+    for launch in launches:  # every launch's cost before any runs
+        check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu, kernel=launch.kernel,
+                          macros=launch.macros, uniform_axes=launch.uniform_axes,
+                          cta_instructions=launch.cta_instructions)
     kernels = {}
-    for launch in backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel)[0]:
+    for launch in launches:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
                                                 launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
                                                 uniform_axes=launch.uniform_axes, cta_instructions=launch.cta_instructions, args_key=args_key,

@@ -21,7 +21,8 @@ How (nothing here knows what the kernel computes):
 4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it (CTA i to SM i mod the SM
    count, the way the first wave is dispatched), `occupancy` resident at a time, each next one
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
-   Up to EXACT_SM_INSTRUCTIONS warp instructions (or 3 chunks) the SM's CTAs run in one run_sm.
+   Up to EXACT_SM_WORK (warp instructions x resident warps: run_sm's cost) or 3 chunks, the SM's
+   CTAs run in one run_sm.
    Past it the SM's CTA sequence is cut into chunks of 2 x occupancy CTAs: the first chunk is
    timed alone, each next one as the increment of (previous chunk + chunk) over the previous
    chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
@@ -62,8 +63,9 @@ from .sm import REASONS, SmRun, run_sm
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
-EXACT_SM_INSTRUCTIONS = 1_000_000  # up to this load the busiest SM's CTAs run in one run_sm (no chunks)
-SM_RATE = 80_000  # warp instructions per second of run_sm with stall accounting (this machine, measured)
+EXACT_SM_WORK = 8_000_000  # warp instructions x resident warps up to which the busiest SM runs in one run_sm
+SM_WORK_RATE = 650_000  # warp instructions x resident warps per second of run_sm with stall accounting
+# (this machine: 80 k instructions/s with 8 warps resident, 10 k/s with 64; its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 
@@ -191,13 +193,13 @@ def _from_json(d: dict) -> Prediction:
 def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: int = 0, gpu: GpuModel | str = "h200",
                    *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu",
                    uniform_axes: Sequence[int] = (), args_key: str | None = None, cache: bool = True,
-                   exact_sm_instructions: int = EXACT_SM_INSTRUCTIONS, copy_args: bool = True,
+                   exact_sm_work: int = EXACT_SM_WORK, copy_args: bool = True,
                    cta_instructions=None) -> Prediction:
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
     these arguments, as fa_sim.ptx.launch takes them (see the module docstring). `uniform_axes`:
     grid axes along which no warp's path changes (one engine run per path class); `args_key`: a
     string that determines the arrays' contents (the disk cache keys on it instead of hashing
-    them); `cache`: read and write the disk cache; `exact_sm_instructions`: the SM load up to which
+    them); `cache`: read and write the disk cache; `exact_sm_work`: the SM's work (EXACT_SM_WORK) up to which
     the busiest SM runs in one piece (0: always in memoized chunks); `copy_args` False: the engine
     writes into the caller's arrays (its own scratch) instead of copies; `cta_instructions`: the
     caller's estimate of each CTA's warp instructions (launch order, or one number), from which the
@@ -220,7 +222,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     if cache:
         key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel, macros=sorted(macros.items()),
                         grid=grid, block=block, smem=int(smem_bytes), gpu=repr(gpu), uniform=sorted(set(uniform_axes)),
-                        args=_args_digest(args, args_key), exact=int(exact_sm_instructions), code=_code_digest(),
+                        args=_args_digest(args, args_key), exact=int(exact_sm_work), code=_code_digest(),
                         name=str(path) if path else name)
         entry = cache_root() / "timing-launches" / f"{key}.json"
         stored = read_text_entry(entry)
@@ -230,14 +232,14 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
             except (ValueError, TypeError, KeyError):
                 pass  # damaged: predict again
     pred = _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-                    exact_sm_instructions, copy_args, cta_instructions)
+                    exact_sm_work, copy_args, cta_instructions)
     if entry is not None:
         store_atomic(entry, json.dumps(_to_json(pred)).encode())
     return pred
 
 
 def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-             exact_sm_instructions, copy_args, cta_instructions=None) -> Prediction:
+             exact_sm_work, copy_args, cta_instructions=None) -> Prediction:
     from ..observers.branches import BranchRecorder
     from ..ptx import launch as ptx_launch
     from ..ptx import launch_args as check
@@ -260,7 +262,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     n_ctas = grid[0] * grid[1] * grid[2]
     if cta_instructions is not None:
         check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k, gpu,
-                   exact_sm_instructions, program.kernel.name)
+                   exact_sm_work, program.kernel.name)
     rec = BranchRecorder()
     copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
     ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec], macros=macros,
@@ -285,7 +287,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
     used = set(seq)  # only the walks the busiest SM runs become Steps
     streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
-    run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_instructions,
+    run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,
                                       program.kernel.name)
     ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
@@ -311,8 +313,40 @@ ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (f
 ENGINE_LANE_S = 2.5e-7  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
 
 
+def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuModel | str = "h200", *,
+                      kernel: str | None = None, macros: Mapping = {}, uniform_axes: Sequence[int] = (),
+                      cta_instructions=None, exact_sm_work: int = EXACT_SM_WORK, name: str = "kernel.cu") -> float:
+    """check_cost of a launch before any launch of its pass runs (the backward checks its three
+    first): compiles the kernel for its occupancy, nothing runs. Returns the estimated seconds
+    (0 without an estimate)."""
+    from ..ptx import launch_args as check
+    from ..ptx.load import _read, load_module
+    from ..ptx.program import build_program
+
+    if cta_instructions is None:
+        return 0.0
+    gpu = GPUS[gpu] if isinstance(gpu, str) and gpu in GPUS else gpu
+    if not isinstance(gpu, GpuModel):
+        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
+    grid, block = check.grid_and_block(grid, block)
+    reps, cls = path_classes(grid, uniform_axes)
+    text, path = _read(source)
+    macros = check.macros(macros)
+    program = build_program(load_module(source, macros=macros), kernel, text)
+    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    _, cubin = _compiled(text, str(path) if path else name, gpu.arch, tuple(sorted(macros.items())))
+    threads = block[0] * block[1] * block[2]
+    k = occupancy(ResourceUsage.from_cubin(cubin, program.kernel.name).registers,
+                  program.static_smem_bytes + smem_bytes, threads, gpu)
+    if k < 1:
+        return 0.0  # predict_launch says why
+    n_ctas = grid[0] * grid[1] * grid[2]
+    return check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k,
+                      gpu, exact_sm_work, program.kernel.name, announce=False)
+
+
 def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int, k: int, gpu: GpuModel,
-               exact: int, what: str) -> float:
+               exact: int, what: str, announce: bool = True) -> float:
     """The estimated seconds of a launch whose CTAs issue about `est` warp instructions each: the
     engine's run of the representatives `reps` (waves of fa_sim.ptx's DEFAULT_WAVE_CTAS, each as long
     as its longest CTA) and the SM model's chunks of the busiest SM (as time_sm cuts them; CTAs of
@@ -331,7 +365,7 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=est)
     s = int(np.argmax(loads))
     values, seq = np.unique(est[s::gpu.sms], return_inverse=True)
-    chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact)
+    chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact, warps)
     runs = [tuple(seq.tolist())] if chunks is None else \
         list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
     simulated = float(sum(values[c] for r in runs for c in r))
@@ -339,25 +373,26 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
         raise ValueError(f"{what}: the busiest SM's {len(seq):,} CTAs need about {simulated:,.0f} warp instructions "
                          f"simulated (estimated), past the {MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; "
                          "time a smaller problem")
-    seconds = engine + simulated / SM_RATE
+    sm_s = simulated * min(k, len(seq)) * warps / SM_WORK_RATE
+    seconds = engine + sm_s
     if seconds > MAX_SECONDS:
         raise ValueError(f"{what}: its {len(reps):,} representative CTAs would run on the PTX engine for about "
-                         f"{engine / 60:,.0f} min and the SM model for about {simulated / SM_RATE / 60:,.0f} min "
+                         f"{engine / 60:,.0f} min and the SM model for about {sm_s / 60:,.0f} min "
                          f"(estimated), past the {MAX_SECONDS / 60:.0f} min the timing model allows; "
                          "time a smaller problem")
-    if seconds > LONG_SECONDS:
+    if announce and seconds > LONG_SECONDS:
         print(f"fa_sim.timing: {what}: about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
-              f"{len(reps):,} representative CTAs, the SM model about {simulated / SM_RATE:,.0f} s); progress follows",
+              f"{len(reps):,} representative CTAs, the SM model about {sm_s:,.0f} s); progress follows",
               file=sys.stderr, flush=True)
     return seconds
 
 
-def sm_chunks(seq: list, k: int, sizes: list, exact: int) -> list[tuple] | None:
+def sm_chunks(seq: list, k: int, sizes: list, exact: int, n_warps: int) -> list[tuple] | None:
     """The memoized runs of time_sm for the busiest SM's CTA walk classes `seq`: None when the SM runs
-    in one piece (its load at most `exact` warp instructions, or at most 3 chunks), else the chunks
+    in one piece (its load times its resident warps at most `exact`, or at most 3 chunks), else the chunks
     of 2k CTAs."""
     m = CHUNK_OCCUPANCIES * k
-    if sum(sizes[c] for c in seq) <= exact or len(seq) <= 3 * m:
+    if sum(sizes[c] for c in seq) * min(k, len(seq)) * n_warps <= exact or len(seq) <= 3 * m:
         return None
     return [tuple(seq[i:i + m]) for i in range(0, len(seq), m)]
 
@@ -368,7 +403,7 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     `seq` in launch order (`streams[c]`: class c's warp streams, `sizes[c]` its warp instructions) on
     one SM, k resident. See the module docstring (4.) for the chunks; refused up front past
     MAX_SM_INSTRUCTIONS simulated, with an estimate on stderr past LONG_SECONDS."""
-    chunks = sm_chunks(seq, k, sizes, exact)
+    chunks = sm_chunks(seq, k, sizes, exact, n_warps)
     if chunks is None:
         runs = [tuple(seq)]
     else:
@@ -378,10 +413,11 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         raise ValueError(f"the busiest SM of this launch of {what} needs {simulated:,} warp instructions simulated "
                          f"(its {len(seq):,} CTAs{', in memoized chunks' if chunks else ''}), more than the "
                          f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
-    long = simulated / SM_RATE > LONG_SECONDS
+    seconds = simulated * min(k, len(seq)) * n_warps / SM_WORK_RATE
+    long = seconds > LONG_SECONDS
     if long:
         print(f"fa_sim.timing: the SM model of {what} simulates {simulated:,} warp instructions in {len(runs)} runs, "
-              f"about {simulated / SM_RATE:,.0f} s", file=sys.stderr, flush=True)
+              f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
     memo: dict = {}
     start = time.perf_counter()
     for i, r in enumerate(runs):
