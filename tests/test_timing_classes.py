@@ -115,7 +115,8 @@ extern "C" __global__ void copy(const float* x, float* y, int n, int reps) {
 
 def test_sm_chunks_are_memoized_and_close_to_the_whole_run():
     """A grid-stride copy on 132 x 40 CTAs: 40 CTAs on the busiest SM. In chunks of 2k CTAs the SM
-    model simulates a few chunk runs instead of all 40 CTAs, within 3 % of the one-piece run (2.5 % under it: a memory-bound kernel whose loads in flight span chunks)."""
+    model simulates a few chunk runs instead of all 40 CTAs, within 3 % of the one-piece run (2.5 %
+    under it: a memory-bound kernel whose loads in flight span the chunks' boundaries)."""
     n = 132 * 40 * 512
     x = np.arange(n, dtype=np.float32)
     args = [x, np.zeros_like(x), np.int32(n), np.int32(2)]
@@ -145,7 +146,8 @@ def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monke
         raise AssertionError("the PTX engine ran")
 
     monkeypatch.setattr(ptx, "launch", ran)
-    with pytest.raises(ValueError, match="fa2_bwd_kernel: the busiest SM.s 8 CTAs need about [0-9,]+ warp instructions simulated"):
+    with pytest.raises(ValueError, match="fa2_bwd_kernel: the busiest SM.s 8 CTAs need about [0-9,]+ warp "
+                                         "instructions simulated"):
         predict_backward_seeded(1, 1, 65536, 65536, 128)
     assert main(["time", "--backward", "--heads", "1", "--seqlen", "65536", "--head-dim", "128"]) == 2
     err = capsys.readouterr().err.strip()

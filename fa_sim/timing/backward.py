@@ -61,8 +61,8 @@ def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, arg
     for launch in launches:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
                                                 launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
-                                                uniform_axes=launch.uniform_axes, cta_instructions=launch.cta_instructions, args_key=args_key,
-                                                copy_args=args_key is None)
+                                                uniform_axes=launch.uniform_axes, args_key=args_key,
+                                                cta_instructions=launch.cta_instructions, copy_args=args_key is None)
     return BackwardPrediction(float(np.sum([p.kernel_ms for p in kernels.values()])), kernels, bool(deterministic))
 
 

@@ -157,7 +157,8 @@ def _code_digest_of(timing: str) -> str:
 
     root = Path(__file__).parent.parent
     h = hashlib.sha256(timing.encode())
-    for f in sorted((root / "ptx").glob("*.py")) + [root / "observers" / "branches.py", root / "contract" / "launch.py"]:
+    extra = [root / "observers" / "branches.py", root / "contract" / "launch.py"]
+    for f in sorted((root / "ptx").glob("*.py")) + extra:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -220,7 +221,8 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         raise ValueError("predict_launch needs the CUDA source (the SASS is compiled from it), not PTX")
     entry = None
     if cache:
-        key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel, macros=sorted(macros.items()),
+        key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel,
+                        macros=sorted(macros.items()),
                         grid=grid, block=block, smem=int(smem_bytes), gpu=repr(gpu), uniform=sorted(set(uniform_axes)),
                         args=_args_digest(args, args_key), exact=int(exact_sm_work), code=_code_digest(),
                         name=str(path) if path else name)

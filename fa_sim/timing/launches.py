@@ -128,7 +128,8 @@ def predict_splitkv(plan, gpu: GpuModel | str = "h200", seed: int = 0) -> Launch
     for launch in splitkv_launches(plan, q, k, v)[0]:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
                                                 launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
-                                                uniform_axes=launch.uniform_axes, cta_instructions=launch.cta_instructions)
+                                                uniform_axes=launch.uniform_axes,
+                                                cta_instructions=launch.cta_instructions)
     notes = {"splits": plan.splits, "splits_auto": plan.auto_from is not None, "split_grid": list(plan.grid),
              "kv_tiles_per_split": plan.blocks_per_split, "cache_seqlens": [int(x) for x in plan.cache_seqlens]}
     return LaunchesPrediction(float(sum(x.kernel_ms for x in kernels.values())), kernels, "split-KV", notes)
