@@ -177,6 +177,42 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
     return BackwardInputs(q16, k16, v16, o16, np.ascontiguousarray(lse), do16, causal, scale, config)
 
 
+#: Warp instructions of one CTA of each kernel per head_dim, (base, per loop iteration): the main
+#: kernel (atomic dQ, deterministic) per Q block of block_m rows, the dQ kernel per K/V block,
+#: preprocess and convert per CTA; counted by fa_sim.timing.predict_backward_seeded at (1, 1, N, N, d)
+#: for N = 2 and 4 K/V blocks (non-causal, fa2_bwd.cu as shipped). An estimate for the timing
+#: model's up-front cost check only (KernelLaunch.cta_instructions): the walks count exactly.
+ESTIMATED_INSTRUCTIONS = {  # d: (main atomic, main deterministic, dQ kernel, preprocess, convert)
+    32: ((1004, 2582), (876, 1634), (778, 1480), 540, 856),
+    64: ((1242, 4060), (1330, 2128), (998, 1968), 1048, 1656),
+    96: ((1514, 5348), (1578, 2632), (1306, 2272), 1096, 2548),
+    128: ((2375, 3264), (2295, 1660), (1534, 2828), 1080, 1656),
+    160: ((2299, 4156), (2243, 2004), (1806, 3116), 848, 2132),
+    192: ((2879, 2448), (2823, 1204), (2086, 3520), 584, 1300),
+}
+
+
+def estimated_cta_instructions(cfg: BackwardConfig, nq: int, nk: int, causal: bool, deterministic: bool
+                               ) -> dict[str, np.ndarray]:
+    """kernel -> the estimated warp instructions of each CTA of one batch-head, in grid-x order
+    (ESTIMATED_INSTRUCTIONS; causal: the main kernel's K/V block n iterates the Q blocks from
+    n * block_n / block_m on, the dQ kernel's Q block m the K/V blocks up to its last row)."""
+    main, det, dq, pre, conv = ESTIMATED_INSTRUCTIONS.get(cfg.head_dim, ESTIMATED_INSTRUCTIONS[128])
+    n_q, n_kv, n_dq = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), cfg.n_dq_blocks(nq)
+    rounds = np.full(n_kv, n_q, np.int64)
+    dq_rounds = np.full(n_dq, n_kv, np.int64)
+    if causal:
+        rounds = n_q - np.minimum(n_q, np.arange(n_kv) * cfg.block_n // cfg.block_m)
+        dq_rounds = np.minimum(n_kv, -(-(np.arange(n_dq) + 1) * cfg.dq_block_m // cfg.block_n))
+    base, per = det if deterministic else main
+    out = {PREPROCESS_KERNEL: np.full(n_q, pre, np.int64), MAIN_KERNEL: base + per * rounds}
+    if deterministic:
+        out[DQ_KERNEL] = dq[0] + dq[1] * dq_rounds
+    else:
+        out[CONVERT_KERNEL] = np.full(n_q, conv, np.int64)
+    return out
+
+
 def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                       deterministic: bool = True, *, config: BackwardConfig | None = None, kernel=None,
                       macros: dict | None = None, checkpoint_ctas=None, dtype: str | None = None
@@ -205,16 +241,22 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
         buf = layout.empty(len(ctas))
         main_args += [buf, selection_map(ctas, n_ctas), np.int32(layout.n_rounds)]
         outputs.update(checkpoints=buf, checkpoint_ctas=tuple(ctas))
+    # grid y is batch-head bh: it moves every address and no branch (the kernels' control flow
+    # reads blockIdx.x, the lengths and the mask), except the checkpoint build's CTA -> slot map
+    bh = () if ctas is not None else (1,)
+    est = {name: np.tile(e, b * h) for name, e in
+           estimated_cta_instructions(cfg, nq, nk, x.causal, bool(deterministic)).items()}  # grid order: x fastest
     launches = [
         KernelLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [x.o, x.do, dpsum, np.int32(nq)], defs),
+                       [x.o, x.do, dpsum, np.int32(nq)], defs, bh, est[PREPROCESS_KERNEL]),
         KernelLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                       main_args, defs),
+                       main_args, defs, bh, est[MAIN_KERNEL]),
         KernelLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
-                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs)
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs, bh,
+                     est[DQ_KERNEL])
         if deterministic else
         KernelLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [dq_accum, dq, np.int32(nq), scale32], defs),
+                       [dq_accum, dq, np.int32(nq), scale32], defs, bh, est[CONVERT_KERNEL]),
     ]
     return launches, x, outputs
 

@@ -262,7 +262,9 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
     build = split_build(p, arch)
     launches = [KernelLaunch(KERNEL_NAME, str(SEED_PATH), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
                             [q16, k16, v16, o, lse, np.int32(nq), np.int32(p.seqlen_k), np.float32(p.scale),
-                             plan.cache_seqlens, np.int32(h), o_accum, lse_accum], build.macros())]
+                             plan.cache_seqlens, np.int32(h), o_accum, lse_accum], build.macros(),
+                            # grid y is bh: its branches read only cache_seqlens[bh / heads] (the K/V length)
+                            (1,) if len(set(np.asarray(plan.cache_seqlens).tolist())) <= 1 else ())]
     if plan.splits > 1:
         launches.append(KernelLaunch(COMBINE_KERNEL, str(COMBINE_PATH), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
                                     [o_accum, lse_accum, o, lse, np.int32(b * h * nq), np.int32(plan.splits)],

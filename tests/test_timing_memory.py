@@ -92,6 +92,8 @@ def test_sector_counter_on_a_launch(stride, sectors):
     assert got["LDG"] == MemoryCounts(2, 2 * sectors, 2 * lines, 2 * 16, 2 * 4)
     assert got["STG"] == MemoryCounts(2, 32, 8, 32, 8)
     assert counter.report([0]) == got and counter.report([1]) == {}  # one CTA: all its requests, none of others
+    # a CTA listed n times counts n times (predict_launch: a representative for each CTA of its class)
+    assert counter.report([0, 0, 1, 0])["STG"] == MemoryCounts(6, 96, 24, 96, 24)
 
 
 # ---- what a request costs in the model ----------------------------------------------------------------

@@ -357,23 +357,32 @@ def trace(args) -> int:
 
 # -- fa time --backward -------------------------------------------------------------------------------------
 def time_(args) -> int:
-    """The backward's three launches timed by the model (fa_sim.timing.predict_backward): each runs
-    on the PTX engine for its warps' paths, then the busiest SM cycle by cycle."""
+    """The backward's three launches timed by the model (fa_sim.timing.predict_backward_seeded): no
+    forward run (the kernels' paths read no value, so seeded O, LSE and dO of the right shapes
+    stand in); one CTA per path class runs on the PTX engine, then the busiest SM cycle by cycle."""
     import json
 
-    from ..simulate import simulate
-    from ..timing import predict_backward
+    from ..contract.backward import BackwardConfig
+    from ..timing import predict_backward_seeded
+    from ..validate import check_scale
 
     check_options(args, ("perfetto",))
     kernel = kernel_variant(args)
-    q, k, v, do = load_inputs(args)
-    scale, dtype = getattr(args, "scale", None), dtype_of(args)
-    check_inputs(q, k, v, do, args.causal, scale, dtype)
-    fwd = simulate(q, k, v, causal=args.causal, scale=scale, dtype=dtype)
-    pred = predict_backward(q, k, v, fwd.o, fwd.lse, do, args.causal, scale, args.dq == "deterministic", args.gpu,
-                            kernel=kernel, dtype=dtype)
-    b, h, nq, d = q.shape
-    nk = k.shape[2]
+    b, h, nq, nk, d = problem_shape(args)
+    dtype = dtype_of(args)
+    try:
+        BackwardConfig(d)  # an unsupported head_dim: one line naming the choices
+        scale = check_scale(getattr(args, "scale", None), d)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    # q, k, v, o, dO as the host arrays (bf16: float32 values and their uint16 patterns), dQ, dK, dV
+    # in 16 bits, the fp32 dQ accumulator
+    size = 2 if dtype == "fp16" else 6
+    need = size * b * h * d * (3 * nq + 2 * nk) + 2 * b * h * d * (nq + 2 * nk) + 4 * b * h * nq * d
+    check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "the backward's arrays",
+                      "lower --batch, --heads or --seqlen")
+    pred = predict_backward_seeded(b, h, nq, nk, d, args.causal, scale, args.dq == "deterministic", args.gpu,
+                                   kernel=kernel, seed=args.seed, dtype=dtype)
     if args.json:
         print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq, "dtype": dtype,
                           "shape": [b, h, nq, nk, d], **pred.to_json()}))

@@ -27,8 +27,8 @@ probe twin compiles otherwise is refused in one line).
 
 Packed batches (`--seqlens 70,130,5`, or an `--npz` file with cu_seqlens_q / cu_seqlens_k) and
 split-KV decoding (`--splits N|auto`, `--cache-seqlens L,...` or the `--npz` file's cache_seqlens)
-are timed launch by launch as the simulator runs them, each with fa_sim.timing.predict_launch (every
-CTA run on the PTX engine, every warp's path walked through that launch's SASS, the busiest SM
+are timed launch by launch as the simulator runs them, each with fa_sim.timing.predict_launch (one
+CTA per path class run on the PTX engine, every warp's path walked through that launch's SASS, the busiest SM
 timed): the packed FA_VARLEN launch, or the split launch and the combine launch; the total is their
 sum (docs/timing.md, "Features"). `--splits auto` is the simulator's choice, made for 132 SMs. An
 `--npz` file gives the shapes and offsets only (the launches run on seeded inputs).

@@ -18,7 +18,8 @@ class (the L2's bandwidth) and its lines beyond the ideal (the L1's wavefronts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
@@ -129,10 +130,13 @@ class SectorCounter:
             self.counts[cls] = c if old is None else old + c
 
     def report(self, ctas=None) -> dict[str, MemoryCounts]:
-        """Class -> the counts summed over `ctas` (linear CTA ids; None: every CTA)."""
-        keep = None if ctas is None else set(ctas)
+        """Class -> the counts summed over `ctas` (linear CTA ids, a CTA listed n times counted n
+        times: the timing model's CTAs that stand for others; None: every CTA once)."""
+        times = None if ctas is None else Counter(int(c) for c in ctas)
         out: dict[str, MemoryCounts] = {}
         for (cta, cls), c in self.counts.items():
-            if keep is None or cta in keep:
+            n = 1 if times is None else times.get(cta, 0)
+            if n:
+                c = c if n == 1 else MemoryCounts(*(n * x for x in astuple(c)))
                 out[cls] = c if cls not in out else out[cls] + c
         return dict(sorted(out.items()))

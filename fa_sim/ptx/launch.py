@@ -12,7 +12,10 @@ buffer; the kernel writes straight into a C-contiguous array, others are copied 
 for a scalar (use np.int32 / np.float32 / ... to say its type, of the parameter's size and kind; plain
 ints and floats take the parameter's declared type when it holds them: an int in the width's signed or
 unsigned range, a float parameter's value finite and, from an int, exact; never wrapped or truncated). `smem_bytes` is the dynamic shared memory per CTA (extern __shared__).
-The grid runs in waves of `wave_ctas` CTAs, each wave all at once.
+The grid runs in waves of `wave_ctas` CTAs, each wave all at once. `ctas` (linear CTA ids,
+x fastest) runs only those CTAs of the grid: each sees the whole grid's %ctaid / %nctaid and the
+same buffers, exactly as in the full launch, and the others do not run (fa_sim.timing runs one
+representative CTA of each path class this way).
 Arguments are checked against SM80's launch limits first (one ValueError line naming the argument:
 grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to 163 KB less
 the kernel's static shared memory; a path must name an existing file). Each wave may issue at most
@@ -192,7 +195,7 @@ def totals(counts: Mapping) -> dict[Op, int]:
 
 def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (), *, kernel: str | None = None,
            observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS,
-           max_steps: int | None = None, problem=None) -> LaunchResult:
+           max_steps: int | None = None, problem=None, ctas=None) -> LaunchResult:
     """Simulate one launch of a kernel; see the module docstring."""
     start = time.perf_counter()
     grid, block = check.grid_and_block(grid, block)
@@ -203,6 +206,15 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
                          f"{type(kernel).__name__} {kernel!r:.60}")
     if max_steps is not None:
         parse_max_steps(max_steps, "max_steps")
+    n_ctas = grid[0] * grid[1] * grid[2]  # `ctas` is checked before the module loads
+    waves = None
+    if ctas is not None:
+        ids = np.asarray(ctas)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= n_ctas)):
+            raise ValueError(f"ctas must be a 1-D sequence of linear CTA ids in [0, {n_ctas}) (the grid's CTAs), "
+                             f"got {ctas!r:.80}")
+        ids = np.unique(ids.astype(np.int64))
+        waves = [ids[lo: lo + wave_ctas] for lo in range(0, len(ids), wave_ctas)]
     model = tensorcore.resolve(mma_model)
     info, split, names, labels = (None, None, (), None) if problem is None else attention_launch(problem, args)
     module = load_module(source_or_ptx, macros=macros)  # checks that a path names a file
@@ -215,9 +227,9 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     symbols = _globals(program, memory)
     hub = Hub(observers)
     hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + smem_bytes, info, split))
-    announce_long_launch(grid[0] * grid[1] * grid[2], wave_ctas)
+    announce_long_launch(n_ctas if waves is None else int(sum(len(w) for w in waves)), wave_ctas)
     run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model, labels=labels,
-                wave_ctas=wave_ctas, budget=budget)
+                wave_ctas=wave_ctas, waves=waves, budget=budget)
     hub.finish()
     for buf, original in bufs.values():
         if buf.array is not original:  # a copy was made (non-contiguous input): give the results back

@@ -10,13 +10,14 @@ keeps the config-derived choice for the tests), `program` (an instruction as the
 parameters per GPU), `cost` (what a prediction costs this machine: checked up front, progress
 while it runs), `predict` (occupancy, representative CTAs, dispatch over the SMs); `walk` (each
 warp's SASS stream from its path in the functional run: any control flow) and `launch`
-(`predict_launch`: any kernel the PTX engine runs, every CTA of the busiest SM timed), `backward`
+(`predict_launch`: any kernel the PTX engine runs, one CTA per declared path class on the engine, the
+busiest SM timed), `backward`
 (`predict_backward`: the backward pass's three launches, each through predict_launch), `launches`
 (`predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's two, likewise).
 """
 
 from .gpus import GPUS, GpuModel, gpu_model
-from .backward import BackwardPrediction, predict_backward
+from .backward import BackwardPrediction, predict_backward, predict_backward_seeded
 from .launch import predict_launch
 from .launches import LaunchesPrediction, predict_splitkv, predict_varlen
 from .predict import Prediction, predict
@@ -127,4 +128,4 @@ def _predict_packed(batch, heads, seqlen_q, seqlen_k, head_dim, causal, config, 
 
 
 __all__ = ["GPUS", "BackwardPrediction", "GpuModel", "LaunchesPrediction", "Prediction", "predict", "predict_backward",
-           "predict_launch", "predict_splitkv", "predict_time", "predict_varlen"]
+           "predict_backward_seeded", "predict_launch", "predict_splitkv", "predict_time", "predict_varlen"]

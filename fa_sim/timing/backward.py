@@ -7,7 +7,13 @@ timed by `predict_launch` like any kernel the PTX engine runs (fa_sim/timing/lau
 The launches are fa_sim.simulate_backward's (the same grids, blocks, shared memory and arguments,
 built by fa_sim.backward.backward_launches); each runs functionally on the engine (on copies of
 its arguments) so that every warp's path through the SASS is the run's, then the busiest SM is
-timed cycle by cycle. Nothing here knows the backward's shape.
+timed cycle by cycle. Nothing here knows the backward's shape: each launch declares its path
+classes (KernelLaunch.uniform_axes: the batch-head axis), so one CTA per class runs on the engine.
+
+`predict_backward_seeded` times a shape without arrays (what `fa time --backward` does): the
+kernels' branches read the lengths, the mask and blockIdx, never a value of Q, K, V, O, LSE or dO
+(tests/test_timing_classes.py compares the paths of the forward's real O and LSE with seeded
+ones), so seeded finite values of the right shapes and dtypes stand in and no forward runs.
 """
 
 from __future__ import annotations
@@ -39,10 +45,62 @@ def predict_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
     them); `deterministic`: dQ by the dQ kernel (its ordered loop over the K/V blocks) instead of
     the main kernel's atomics and the convert kernel; `kernel`: a variant
     of fa2_bwd.cu (a path); `dtype`: the run's type, as simulate_backward's (bf16: the FA_BF16 build)."""
+    return _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, None)
+
+
+def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, args_key) -> BackwardPrediction:
     from ..backward import backward_launches
 
+    from .launch import check_launch_cost
+
+    launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype)[0]
+    for launch in launches:  # every launch's cost before any runs
+        check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu, kernel=launch.kernel,
+                          macros=launch.macros, uniform_axes=launch.uniform_axes,
+                          cta_instructions=launch.cta_instructions)
     kernels = {}
-    for launch in backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype)[0]:
+    for launch in launches:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
-                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros)
+                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
+                                                uniform_axes=launch.uniform_axes, args_key=args_key,
+                                                cta_instructions=launch.cta_instructions, copy_args=args_key is None)
     return BackwardPrediction(float(np.sum([p.kernel_ms for p in kernels.values()])), kernels, bool(deterministic))
+
+
+SEED_TILE = 1 << 16  # values drawn per seeded array; the array repeats them
+
+
+def seeded_backward_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
+                           dtype: str = "fp16"):
+    """Seeded finite q, k, v, o, dO ([B, H, N, d]: fp16, or with dtype "bf16" float32 arrays of bf16
+    values, as fa_sim.reference.random_inputs_backward gives them) and lse (float32 [B, H, Nq]) for
+    timing: SEED_TILE standard-normal draws per array, repeated to its shape (drawing every value
+    of a (8, 32, 8192, 128) problem would take longer than timing it); lse is log(seqlen_k) plus a
+    draw."""
+    from ..isa.convert import f32_to_bf16_values
+
+    if dtype not in ("fp16", "bf16"):
+        raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r:.40}")
+    rng = np.random.default_rng(seed)
+    qs, ks = (batch, heads, seqlen_q, head_dim), (batch, heads, seqlen_k, head_dim)
+
+    def draw(shape, to=dtype):
+        x = rng.standard_normal(SEED_TILE).astype(np.float32)
+        x = x.astype(np.float16) if to == "fp16" else f32_to_bf16_values(x) if to == "bf16" else x
+        return np.resize(x, shape)
+
+    q, k, v, o, do = draw(qs), draw(ks), draw(ks), draw(qs), draw(qs)
+    lse = (draw(qs[:3], "fp32") + np.float32(np.log(max(seqlen_k, 1)))).astype(np.float32)
+    return q, k, v, o, lse, do
+
+
+def predict_backward_seeded(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                            causal: bool = False, scale: float | None = None, deterministic: bool = False,
+                            gpu: GpuModel | str = "h200", *, kernel=None, seed: int = 0,
+                            dtype: str = "fp16") -> BackwardPrediction:
+    """predict_backward of a shape on seeded_backward_inputs in `dtype` (no forward run: see the
+    module docstring); the launch predictions' disk cache keys on the seed, dtype and shapes, not
+    the bytes."""
+    arrays = seeded_backward_inputs(batch, heads, seqlen_q, seqlen_k, head_dim, seed, dtype)
+    key = f"seeded_backward_inputs:v2:{SEED_TILE}:{seed}:{dtype}:{(batch, heads, seqlen_q, seqlen_k, head_dim)}"
+    return _predict(*arrays, causal, scale, deterministic, gpu, kernel, dtype, key)

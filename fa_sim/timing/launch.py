@@ -12,10 +12,22 @@ How (nothing here knows what the kernel computes):
 2. The launch runs on the PTX engine (on copies of the arguments) with a BranchRecorder: every
    warp's control flow. fa_sim.timing.walk ties it to the SASS: each warp's dynamic SASS stream,
    whatever its loops, divergence or early exits; warps of one CTA may take different paths.
+   `uniform_axes` (declared by the caller, who knows the kernel: fa_sim.contract.KernelLaunch):
+   grid axes along which no warp's path changes. The CTAs that differ only there form a path
+   class; only its representative (those coordinates 0) runs on the engine, on the whole grid's
+   geometry and buffers (fa_sim.ptx.launch's `ctas`: its blockIdx, gridDim and addresses are
+   those of the full launch), and every CTA of the class takes its path.
 3. Occupancy from the cubin's registers, the CTA's shared memory (static + dynamic) and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it (CTA i to SM i mod the SM
    count, the way the first wave is dispatched), `occupancy` resident at a time, each next one
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
+   Up to EXACT_SM_WORK (warp instructions x resident warps: run_sm's cost) or 3 chunks, the SM's
+   CTAs run in one run_sm.
+   Past it the SM's CTA sequence is cut into chunks of 2 x occupancy CTAs: the first chunk is
+   timed alone, each next one as the increment of (previous chunk + chunk) over the previous
+   chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
+   these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
+   few chunks (docs/timing.md, "How long it takes").
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
    the copy latency at the SM's load. Each request moves the sectors its class's requests of
@@ -23,13 +35,21 @@ How (nothing here knows what the kernel computes):
    requests cost more), and
    local memory misses the L1 in the share its working set exceeds it (GpuModel.with_local).
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
-Every CTA of that SM is timed (no representative CTAs), so the cost grows with the SM's
-instructions: a launch over MAX_SM_INSTRUCTIONS per SM is refused up front with its count.
+The SM model's cost grows with the instructions it simulates: past MAX_SM_INSTRUCTIONS it is
+refused before it starts, with its count; a long one prints an estimate and progress on stderr.
+6. The prediction is cached on disk (fa_sim.cache), keyed on everything it reads: the source text,
+   kernel, macros, grid, block, shared memory, uniform axes, the GPU model, the arguments (their
+   bytes, or the caller's `args_key` that determines them, e.g. a seed) and the source of
+   fa_sim.timing, fa_sim.ptx, the branch recorder and the sector counter.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import sys
+import time
 from collections import Counter
 from typing import Mapping, Sequence
 
@@ -42,10 +62,15 @@ from .gpus import GPUS, GpuModel
 from .predict import Prediction
 from .program import Step, step
 from .sass import parse
-from .sm import REASONS, run_sm
+from .sm import REASONS, SmRun, run_sm
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
-MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions on the busiest SM above which the SM run is refused
+MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
+EXACT_SM_WORK = 8_000_000  # warp instructions x resident warps up to which the busiest SM runs in one run_sm
+SM_WORK_RATE = 650_000  # warp instructions x resident warps per second of run_sm with stall accounting
+# (this machine: 80 k instructions/s with 8 warps resident, 10 k/s with 64; its scheduler scans every warp)
+LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
+CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 
 
 @functools.lru_cache(maxsize=32)
@@ -67,14 +92,28 @@ class LaunchModel:
         self.controls = {i.addr: i.control for i in parse(kernel_listing(listing, name))}
         self.usage = ResourceUsage.from_cubin(cubin, name)
         self._steps: dict = {}
+        self._block_steps: dict = {}
+
+    def block_steps(self, b) -> list[Step]:
+        """The Steps of SASS block b's instructions: one Step per SASS address, built once (set
+        `memory`, the run's global requests, before the first)."""
+        hit = self._block_steps.get(b)
+        if hit is None:
+            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {}, self.memory)
+                   for i in self.sass.blocks[b].instrs]
+            self._block_steps[b] = hit
+        return hit
+
+    def size(self, walk: tuple) -> int:
+        """The warp instructions of a walk (block starts)."""
+        blocks = self.sass.blocks
+        return sum(len(blocks[b].instrs) for b in walk)
 
     def steps(self, walk: tuple) -> list[Step]:
         """The Steps of a warp's walk (block starts), cached per walk."""
         hit = self._steps.get(walk)
         if hit is None:
-            blocks = self.sass.blocks
-            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {}, self.memory)
-                   for b in walk for i in blocks[b].instrs]
+            hit = [s for b in walk for s in self.block_steps(b)]
             self._steps[walk] = hit
         return hit
 
@@ -90,16 +129,89 @@ def occupancy(registers: int, smem_bytes: int, threads: int, gpu: GpuModel) -> i
     return max(0, min(by_regs, by_smem, by_threads, gpu.ctas_per_sm))
 
 
+
+def path_classes(grid, uniform_axes=()) -> tuple[np.ndarray, np.ndarray]:
+    """(the representatives' linear CTA ids, sorted; each CTA's index into them) of a grid whose
+    `uniform_axes` change no path: a CTA's representative has those blockIdx coordinates 0."""
+    axes = tuple(uniform_axes)
+    bad = [a for a in axes if not isinstance(a, (int, np.integer)) or isinstance(a, bool) or a not in (0, 1, 2)]
+    if bad or len(set(axes)) != len(axes):
+        raise ValueError(f"uniform_axes must name distinct grid axes 0 (x), 1 (y), 2 (z), got {uniform_axes!r:.60}")
+    gx, gy, gz = (*(int(g) for g in grid), 1, 1)[:3]
+    c = np.arange(gx * gy * gz, dtype=np.int64)
+    coords = [c % gx, (c // gx) % gy, c // (gx * gy)]
+    for a in axes:
+        coords[a] = np.zeros_like(c)
+    rep = coords[0] + gx * (coords[1] + gy * coords[2])
+    reps, cls = np.unique(rep, return_inverse=True)
+    return reps, cls.reshape(-1)
+
+
+def _code_digest() -> str:
+    """sha256 over the sources the launch predictions depend on besides their inputs: fa_sim.timing,
+    the PTX engine (fa_sim.ptx), the branch recorder and the sector counter."""
+    from .predict import _timing_source_digest
+
+    return _code_digest_of(_timing_source_digest())
+
+
+@functools.cache
+def _code_digest_of(timing: str) -> str:
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    h = hashlib.sha256(timing.encode())
+    extra = [root / "observers" / "branches.py", root / "observers" / "sectors.py", root / "contract" / "launch.py"]
+    for f in sorted((root / "ptx").glob("*.py")) + extra:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _args_digest(args, args_key) -> list:
+    """What the arguments contribute to the cache key: each array's shape and dtype, each scalar's
+    type and value, and the arrays' bytes (sha256) unless the caller's args_key determines them."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            item = [list(a.shape), a.dtype.str]
+            if args_key is None:
+                item.append(hashlib.sha256(memoryview(np.ascontiguousarray(a)).cast("B")).hexdigest())
+            out.append(item)
+        else:
+            out.append([type(a).__name__, repr(a)])
+    return out if args_key is None else out + [["args_key", str(args_key)]]
+
+
+def _to_json(p: Prediction) -> dict:
+    return {"kernel_ms": p.kernel_ms, "tflops": p.tflops, "occupancy": p.occupancy, "limiter": p.limiter,
+            "pipes": p.pipes, "issue_slots": p.issue_slots, "achieved_occupancy": p.achieved_occupancy,
+            "stalls": p.stalls, "cycles_per_round": list(p.cycles_per_round), "instructions": p.instructions,
+            "notes": p.notes}
+
+
+def _from_json(d: dict) -> Prediction:
+    return Prediction(d["kernel_ms"], d["tflops"], d["occupancy"], d["limiter"], d["pipes"], d["issue_slots"],
+                      d["achieved_occupancy"], d["stalls"], tuple(d["cycles_per_round"]), d["instructions"],
+                      d["notes"])
+
+
 def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: int = 0, gpu: GpuModel | str = "h200",
-                   *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu") -> Prediction:
+                   *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu",
+                   uniform_axes: Sequence[int] = (), args_key: str | None = None, cache: bool = True,
+                   exact_sm_work: int = EXACT_SM_WORK, copy_args: bool = True,
+                   cta_instructions=None) -> Prediction:
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
-    these arguments, as fa_sim.ptx.launch takes them (see the module docstring)."""
-    from ..observers.branches import BranchRecorder
-    from ..observers.sectors import SectorCounter
-    from ..ptx import launch as ptx_launch
+    these arguments, as fa_sim.ptx.launch takes them (see the module docstring). `uniform_axes`:
+    grid axes along which no warp's path changes (one engine run per path class); `args_key`: a
+    string that determines the arrays' contents (the disk cache keys on it instead of hashing
+    them); `cache`: read and write the disk cache; `exact_sm_work`: the SM's work (EXACT_SM_WORK) up to which
+    the busiest SM runs in one piece (0: always in memoized chunks); `copy_args` False: the engine
+    writes into the caller's arrays (its own scratch) instead of copies; `cta_instructions`: the
+    caller's estimate of each CTA's warp instructions (launch order, or one number), from which the
+    cost is checked and a long one announced before any work (`check_cost`)."""
+    from ..cache import cache_key, cache_root, read_text_entry, store_atomic
     from ..ptx import launch_args as check
-    from ..ptx.load import _is_ptx, _read, load_module
-    from ..ptx.program import build_program
+    from ..ptx.load import _is_ptx, _read
 
     if isinstance(gpu, str):
         if gpu not in GPUS:
@@ -107,17 +219,45 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         gpu = GPUS[gpu]
     grid, block = check.grid_and_block(grid, block)
     args, macros = check.arguments(args), check.macros(macros)
+    reps, cls = path_classes(grid, uniform_axes)
     text, path = _read(source)
     if _is_ptx(text, path):
         raise ValueError("predict_launch needs the CUDA source (the SASS is compiled from it), not PTX")
+    entry = None
+    if cache:
+        key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel,
+                        macros=sorted(macros.items()),
+                        grid=grid, block=block, smem=int(smem_bytes), gpu=repr(gpu), uniform=sorted(set(uniform_axes)),
+                        args=_args_digest(args, args_key), exact=int(exact_sm_work), code=_code_digest(),
+                        name=str(path) if path else name)
+        entry = cache_root() / "timing-launches" / f"{key}.json"
+        stored = read_text_entry(entry)
+        if stored is not None:
+            try:
+                return _from_json(json.loads(stored))
+            except (ValueError, TypeError, KeyError):
+                pass  # damaged: predict again
+    pred = _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
+                    exact_sm_work, copy_args, cta_instructions)
+    if entry is not None:
+        store_atomic(entry, json.dumps(_to_json(pred)).encode())
+    return pred
+
+
+def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
+             exact_sm_work, copy_args, cta_instructions=None) -> Prediction:
+    from ..observers.branches import BranchRecorder
+    from ..observers.sectors import SectorCounter
+    from ..ptx import launch as ptx_launch
+    from ..ptx import launch_args as check
+    from ..ptx.load import load_module
+    from ..ptx.program import build_program
+
     name = str(path) if path else name
     module = load_module(source, macros=macros)
     program = build_program(module, kernel, text)
     smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
     listing, cubin = _compiled(text, name, gpu.arch, tuple(sorted(macros.items())))
-    rec, sectors = BranchRecorder(), SectorCounter()
-    copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]  # the user's arrays stay as they are
-    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros)
     model = LaunchModel(program, listing, cubin, gpu)
     threads = block[0] * block[1] * block[2]
     n_warps = -(-threads // 32)
@@ -127,26 +267,40 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         raise ValueError(f"a CTA of {threads} threads, {model.usage.registers} registers a thread and {cta_smem:,} "
                          f"bytes of shared memory does not fit on one SM of the {gpu.name}")
     n_ctas = grid[0] * grid[1] * grid[2]
+    if cta_instructions is not None:
+        check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k, gpu,
+                   exact_sm_work, program.kernel.name)
+    rec, sectors = BranchRecorder(), SectorCounter()
+    copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
+    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
+               ctas=None if len(reps) == n_ctas else reps)
     paths = rec.paths()
-    walks = {}
-    for c in range(n_ctas):
-        walks[c] = tuple(model.walker.walk(paths.get((c, w), ())) for w in range(n_warps))
-    sms = [list(range(s, n_ctas, gpu.sms)) for s in range(min(gpu.sms, n_ctas))]
-    blocks = model.sass.blocks
-    size = {c: sum(len(blocks[b].instrs) for w in ws for b in w) for c, ws in walks.items()}
-    busiest = max(sms, key=lambda cs: sum(size[c] for c in cs))
-    model.memory = sectors.report(busiest)  # the SM timed is charged its own CTAs' requests
-    load = sum(size[c] for c in busiest)
-    if load > MAX_SM_INSTRUCTIONS:
-        raise ValueError(f"the busiest SM of this launch issues {load:,} warp instructions, more than the "
-                         f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
+    walk_ids: dict = {}  # a CTA's warps' walks -> its walk class
+    rep_walk = np.empty(len(reps), np.int64)
+    for i, r in enumerate(reps.tolist()):
+        ws = tuple(model.walker.walk(paths.get((r, w), ())) for w in range(n_warps))
+        rep_walk[i] = walk_ids.setdefault(ws, len(walk_ids))
+    walks = list(walk_ids)
+    wsize = np.array([sum(model.size(w) for w in ws) for ws in walks], np.int64)
+    cta_walk = rep_walk[cls]  # [n_ctas] each CTA's walk class
+    cta_size = wsize[cta_walk]
+    n_sms = min(gpu.sms, n_ctas)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=cta_size, minlength=n_sms)[:n_sms]
+    s = int(np.argmax(loads))  # the first of the busiest, as max() over the SMs in order picks
+    seq = cta_walk[s::gpu.sms].tolist()
+    # the SM timed is charged its own CTAs' requests, each CTA its representative's: the uniform axes
+    # (batch-heads) move a CTA's addresses by whole rows of 32-byte multiples, so it touches as many
+    # sectors as its representative (its 128-byte lines can differ where a row is not a line multiple)
+    model.memory = sectors.report(reps[cls[s::gpu.sms]].tolist())
     footprint = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
-    at_load = gpu.loaded(min(k, len(busiest)), k).with_local(model.usage.stack_bytes, threads, cta_smem,
-                                                              min(k, len(busiest)), k)
+    resident = min(k, len(seq))
+    at_load = gpu.loaded(resident, k).with_local(model.usage.stack_bytes, threads, cta_smem, resident, k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
-    streams = [[model.steps(w) for w in walks[c]] for c in busiest]
-    run = run_sm(streams, n_warps, at_load, account=True, slots=k)
+    used = set(seq)  # only the walks the busiest SM runs become Steps
+    streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
+    run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,
+                                      program.kernel.name)
     ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
     pipes = {p.lower(): min(1.0, busy / (run.cycles if p == "SMEM" else smsp_cycles)) for p, busy in run.busy.items()}
@@ -157,9 +311,155 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     kind = "issue bound" if issue > 0.8 else ("memory bound" if waits and waits[0][0] == "long_scoreboard"
                                               else "latency bound")
     limiter = f"{kind}: issue slots {issue:.0%}" + "".join(f", {p} pipe {v:.0%}" for v, p in top[:2])
-    instructions = sum(size.values())
+    instructions = int(cta_size.sum())
     return Prediction(kernel_ms=ms, tflops=0.0, occupancy=k, limiter=limiter, pipes=pipes, issue_slots=issue,
                       achieved_occupancy=run.warp_cycles / run.cycles / 64 if run.cycles else 0.0, stalls=stalls,
                       cycles_per_round=(), instructions=instructions,
-                      notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(busiest), "sm_cycles": run.cycles,
-                             "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes})
+                      notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(seq), "sm_cycles": run.cycles,
+                             "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes,
+                             "engine_ctas": len(reps), "walk_classes": len(walks), "sm_chunked": chunked,
+                             "sm_simulated_instructions": simulated})
+
+
+ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
+ENGINE_LANE_S = 2.5e-7  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+
+
+def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuModel | str = "h200", *,
+                      kernel: str | None = None, macros: Mapping = {}, uniform_axes: Sequence[int] = (),
+                      cta_instructions=None, exact_sm_work: int = EXACT_SM_WORK, name: str = "kernel.cu") -> float:
+    """check_cost of a launch before any launch of its pass runs (the backward checks its three
+    first): compiles the kernel for its occupancy, nothing runs. Returns the estimated seconds
+    (0 without an estimate)."""
+    from ..ptx import launch_args as check
+    from ..ptx.load import _read, load_module
+    from ..ptx.program import build_program
+
+    if cta_instructions is None:
+        return 0.0
+    gpu = GPUS[gpu] if isinstance(gpu, str) and gpu in GPUS else gpu
+    if not isinstance(gpu, GpuModel):
+        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
+    grid, block = check.grid_and_block(grid, block)
+    reps, cls = path_classes(grid, uniform_axes)
+    text, path = _read(source)
+    macros = check.macros(macros)
+    program = build_program(load_module(source, macros=macros), kernel, text)
+    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    _, cubin = _compiled(text, str(path) if path else name, gpu.arch, tuple(sorted(macros.items())))
+    threads = block[0] * block[1] * block[2]
+    k = occupancy(ResourceUsage.from_cubin(cubin, program.kernel.name).registers,
+                  program.static_smem_bytes + smem_bytes, threads, gpu)
+    if k < 1:
+        return 0.0  # predict_launch says why
+    n_ctas = grid[0] * grid[1] * grid[2]
+    return check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k,
+                      gpu, exact_sm_work, program.kernel.name, announce=False)
+
+
+def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int, k: int, gpu: GpuModel,
+               exact: int, what: str, announce: bool = True) -> float:
+    """The estimated seconds of a launch whose CTAs issue about `est` warp instructions each: the
+    engine's run of the representatives `reps` (waves of fa_sim.ptx's DEFAULT_WAVE_CTAS, each as long
+    as its longest CTA) and the SM model's chunks of the busiest SM (as time_sm cuts them; CTAs of
+    one estimate one walk). ValueError (one line) before any work past MAX_SM_INSTRUCTIONS simulated
+    or cost.MAX_SECONDS; printed on stderr past LONG_SECONDS."""
+    from ..ptx.launch import DEFAULT_WAVE_CTAS
+    from .cost import MAX_SECONDS
+
+    warps = -(-threads // 32)
+    rep_est = est[reps]
+    engine = 0.0
+    for lo in range(0, len(reps), DEFAULT_WAVE_CTAS):
+        wave = rep_est[lo: lo + DEFAULT_WAVE_CTAS]
+        engine += float(wave.max()) / warps * (ENGINE_STEP_S + ENGINE_LANE_S * len(wave) * threads)
+    n_ctas = len(est)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=est)
+    s = int(np.argmax(loads))
+    values, seq = np.unique(est[s::gpu.sms], return_inverse=True)
+    chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact, warps)
+    runs = [tuple(seq.tolist())] if chunks is None else \
+        list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    simulated = float(sum(values[c] for r in runs for c in r))
+    if simulated > MAX_SM_INSTRUCTIONS:
+        raise ValueError(f"{what}: the busiest SM's {len(seq):,} CTAs need about {simulated:,.0f} warp instructions "
+                         f"simulated (estimated), past the {MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; "
+                         "time a smaller problem")
+    sm_s = simulated * min(k, len(seq)) * warps / SM_WORK_RATE
+    seconds = engine + sm_s
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{what}: its {len(reps):,} representative CTAs would run on the PTX engine for about "
+                         f"{engine / 60:,.0f} min and the SM model for about {sm_s / 60:,.0f} min "
+                         f"(estimated), past the {MAX_SECONDS / 60:.0f} min the timing model allows; "
+                         "time a smaller problem")
+    if announce and seconds > LONG_SECONDS:
+        print(f"fa_sim.timing: {what}: about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
+              f"{len(reps):,} representative CTAs, the SM model about {sm_s:,.0f} s); progress follows",
+              file=sys.stderr, flush=True)
+    return seconds
+
+
+def sm_chunks(seq: list, k: int, sizes: list, exact: int, n_warps: int) -> list[tuple] | None:
+    """The memoized runs of time_sm for the busiest SM's CTA walk classes `seq`: None when the SM runs
+    in one piece (its load times its resident warps at most `exact`, or at most 3 chunks), else the chunks
+    of 2k CTAs."""
+    m = CHUNK_OCCUPANCIES * k
+    if sum(sizes[c] for c in seq) * min(k, len(seq)) * n_warps <= exact or len(seq) <= 3 * m:
+        return None
+    return [tuple(seq[i:i + m]) for i in range(0, len(seq), m)]
+
+
+def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
+            what: str = "the kernel") -> tuple[SmRun, int, bool]:
+    """(the SM's run, the warp instructions simulated, whether in chunks): the CTAs of walk classes
+    `seq` in launch order (`streams[c]`: class c's warp streams, `sizes[c]` its warp instructions) on
+    one SM, k resident. See the module docstring (4.) for the chunks; refused up front past
+    MAX_SM_INSTRUCTIONS simulated, with an estimate on stderr past LONG_SECONDS."""
+    chunks = sm_chunks(seq, k, sizes, exact, n_warps)
+    if chunks is None:
+        runs = [tuple(seq)]
+    else:
+        runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    simulated = sum(sizes[c] for r in runs for c in r)
+    if simulated > MAX_SM_INSTRUCTIONS:
+        raise ValueError(f"the busiest SM of this launch of {what} needs {simulated:,} warp instructions simulated "
+                         f"(its {len(seq):,} CTAs{', in memoized chunks' if chunks else ''}), more than the "
+                         f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
+    seconds = simulated * min(k, len(seq)) * n_warps / SM_WORK_RATE
+    long = seconds > LONG_SECONDS
+    if long:
+        print(f"fa_sim.timing: the SM model of {what} simulates {simulated:,} warp instructions in {len(runs)} runs, "
+              f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
+    memo: dict = {}
+    start = time.perf_counter()
+    for i, r in enumerate(runs):
+        memo[r] = run_sm([streams[c] for c in r], n_warps, gpu, account=True, slots=k)
+        if long:
+            print(f"fa_sim.timing: SM run {i + 1} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+                  file=sys.stderr, flush=True)
+    if chunks is None:
+        return memo[runs[0]], simulated, False
+    total = _Sum(memo[chunks[0]])
+    for a, b in zip(chunks, chunks[1:]):
+        total.add(memo[a + b], +1)
+        total.add(memo[a], -1)
+    return total.run(), simulated, True
+
+
+class _Sum:
+    """Signed sums of SmRuns' additive quantities (cycles, issued, busy, stalls, warp-cycles)."""
+
+    def __init__(self, run: SmRun) -> None:
+        self.cycles, self.issued, self.warp_cycles = run.cycles, run.issued, run.warp_cycles
+        self.busy, self.stalls = Counter(run.busy), Counter(run.stalls)
+
+    def add(self, run: SmRun, sign: int) -> None:
+        self.cycles += sign * run.cycles
+        self.issued += sign * run.issued
+        self.warp_cycles += sign * run.warp_cycles
+        for mine, theirs in ((self.busy, run.busy), (self.stalls, run.stalls)):
+            for key, v in theirs.items():
+                mine[key] = mine.get(key, 0) + sign * v
+
+    def run(self) -> SmRun:
+        return SmRun(self.cycles, [], [], [], self.issued, dict(self.busy), Counter(self.stalls), self.warp_cycles)

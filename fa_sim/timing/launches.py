@@ -14,8 +14,9 @@ launch runs functionally on the PTX engine on seeded standard-normal inputs (the
 change the paths), every warp's path is walked through the launch's SASS and the busiest SM is timed
 cycle by cycle (predict_launch); the prediction is the sum of the launches' times.
 
-Every CTA is run on the engine and every CTA of the busiest SM is timed, so the cost grows with the
-problem: `check_size` refuses, before any work, a launch whose busiest SM is estimated past
+One CTA per path class runs on the engine (KernelLaunch.uniform_axes: grid y, the heads, where the
+sequences share a length) and the busiest SM is timed in memoized chunks (predict_launch), yet the
+cost still grows with the problem: `check_size` refuses, before any work, a launch whose busiest SM is estimated past
 predict_launch's MAX_SM_INSTRUCTIONS warp instructions or whose engine run is estimated past
 cost.MAX_SECONDS, in one line naming the limit in K/V rounds.
 """
@@ -73,7 +74,7 @@ def check_size(config, cta_rounds: np.ndarray, gpu: GpuModel, what: str, fix: st
     if busiest * per > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"{what}: its busiest SM of the {gpu.name} runs about {busiest:,.0f} CTA K/V rounds (about "
                          f"{busiest * per:,.0f} warp instructions), past the {limit:,} rounds ({MAX_SM_INSTRUCTIONS:,} "
-                         f"warp instructions) the cycle-by-cycle SM model takes (every CTA is timed); {fix}")
+                         f"warp instructions) the cycle-by-cycle SM model takes; {fix}")
     seconds = estimate(Problem(1, 1, config.block_m, config.block_n, False, 1.0, config)).sim_seconds
     total = float(rounds.sum())
     if total * seconds > MAX_SECONDS:
@@ -126,7 +127,9 @@ def predict_splitkv(plan, gpu: GpuModel | str = "h200", seed: int = 0) -> Launch
     kernels = {}
     for launch in splitkv_launches(plan, q, k, v)[0]:
         kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
-                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros)
+                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
+                                                uniform_axes=launch.uniform_axes,
+                                                cta_instructions=launch.cta_instructions)
     notes = {"splits": plan.splits, "splits_auto": plan.auto_from is not None, "split_grid": list(plan.grid),
              "kv_tiles_per_split": plan.blocks_per_split, "cache_seqlens": [int(x) for x in plan.cache_seqlens],
              "pack_gqa": plan.unpacked is not None}  # the Q heads of a K/V head ran as one (fa_sim.splitkv)
@@ -153,7 +156,8 @@ def predict_varlen(prob, gpu: GpuModel | str = "h200", seed: int = 0) -> Launche
     cu_q, cu_k = (np.array(cu, np.int32) for cu in prob.cu_seqlens)
     args = [q, k, v, o, lse, np.int32(prob.total_q), np.int32(prob.total_k), np.float32(prob.scale), cu_q, cu_k]
     pred = predict_launch(str(SEED_PATH), prob.launch_grid, (cfg.n_threads, 1, 1), args, cfg.smem_bytes, gpu,
-                          kernel=KERNEL_NAME, macros=KernelBuild.of(prob, "sm_80").macros())
+                          kernel=KERNEL_NAME, macros=KernelBuild.of(prob, "sm_80").macros(),
+                          uniform_axes=(1,))  # grid y is the head: a sequence's heads take the same branches
     working = int(sum(-(-int(n) // cfg.block_m) for n in prob.seqlens_q)) * h
     notes = {"seqlens_q": [int(n) for n in prob.seqlens_q], "seqlens_k": [int(n) for n in prob.seqlens_k],
              "grid_ctas": prob.n_ctas, "working_ctas": working, "cta_rounds": int(rounds.sum())}
