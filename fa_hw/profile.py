@@ -9,6 +9,12 @@ loads the inputs from an .npz and launches the kernel once; ncu's `--csv --page 
 parsed into {metric: value}. Issue 38's features pass through: k and v with fewer heads than q
 (GQA), `window`, `softcap`, and a bf16 config (float32 arrays of bf16 values, as fa_hw.forward takes
 them); the profiled launch is that feature's build, as the simulator's is (docs/features.md).
+
+Instructions are what the build's SASS issues: Nsight Compute's `inst_executed` counts a warp
+instruction whose guard is false for every lane too, and ptxas if-converts some arms the PTX
+branches around (the GQA build's Q copy: fa_sim.timing.issued). So the simulator's count per class
+is its PTX run's plus the SASS walk's difference (`sass_extra`: issued minus run, per class), which
+adds instructions and no wavefronts.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -127,25 +133,48 @@ def profile_launch(q, k, v, causal: bool, scale: float | None, config: KernelCon
 @dataclass(frozen=True)
 class BankComparison:
     config: KernelConfig
-    sim: dict[SmemClass, Counts]
+    sim: dict[SmemClass, Counts]  # the simulator's run (PTX instructions)
     ncu: dict[str, float]
+    #: per class, warp instructions the build's SASS issues beyond those the run executed (issued
+    #: with a false guard: if-converted arms, fa_sim.timing.issued); no wavefronts
+    sass_extra: dict[SmemClass, int] = field(default_factory=dict)
 
     def ncu_counts(self, cls: SmemClass) -> dict[str, float | None]:
         return {q: ncu_value(self.ncu, spec) for q, spec in METRICS[cls].items()}
 
+    def instructions(self, cls: SmemClass) -> int:
+        """The simulator's warp instructions of `cls` as the SASS issues them (run + sass_extra)."""
+        return self.sim[cls].instructions + self.sass_extra.get(cls, 0)
+
     def matches(self, cls: SmemClass) -> bool:
-        """Instructions, wavefronts and conflicts equal; for LDGSTS instructions and wavefronts
-        only, since ncu calls none of its extra wavefronts bank conflicts (docs/hardware_facts.md)."""
+        """Instructions (as issued), wavefronts and conflicts equal; for LDGSTS instructions and
+        wavefronts only, since ncu calls none of its extra wavefronts bank conflicts
+        (docs/hardware_facts.md)."""
         got, mine = self.ncu_counts(cls), self.sim[cls]
-        want = {"instructions": mine.instructions, "wavefronts": mine.wavefronts, "conflicts": mine.conflicts}
+        want = {"instructions": self.instructions(cls), "wavefronts": mine.wavefronts, "conflicts": mine.conflicts}
         compared = ("instructions", "wavefronts") if cls is SmemClass.LDGSTS else tuple(got)
         return all(got[q] is not None and int(got[q]) == want[q] for q in compared)
 
     def to_json(self) -> dict:
         return {"config": self.config.tag,
-                "classes": {c.value: {"sim": self.sim[c].to_json(c), "ncu": self.ncu_counts(c),
-                                      "match": self.matches(c)} for c in SmemClass},
+                "classes": {c.value: {"sim": {**self.sim[c].to_json(c), "instructions": self.instructions(c),
+                                              "ptx_instructions": self.sim[c].instructions,
+                                              "sass_guard_off": self.sass_extra.get(c, 0)},
+                                      "ncu": self.ncu_counts(c), "match": self.matches(c)} for c in SmemClass},
                 "ncu_metrics": {m: self.ncu.get(m) for m in _metric_names()}}
+
+
+def sass_extra_instructions(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, *,
+                            window=None, softcap=None, arch: str | None = None) -> dict[SmemClass, int]:
+    """Per shared-memory class, the warp instructions the build's SASS for `arch` (None: this GPU's)
+    issues in this launch beyond those the PTX engine runs (fa_sim.timing.issued)."""
+    from fa_sim.timing.issued import issued_counts
+
+    from .device import device_arch
+
+    issued, ran = issued_counts(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap,
+                                arch=device_arch() if arch is None else arch)
+    return {c: issued.get(c.value, 0) - ran.get(c.value, 0) for c in SmemClass}
 
 
 def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, *,
@@ -153,12 +182,14 @@ def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelCo
     """The simulator's shared-memory counts beside Nsight Compute's for one launch (GQA from k's
     heads, `window`, `softcap`, bf16 from the config: that feature's build on both sides). The
     simulator runs the PTX engine for a `kernel` variant, a config with schedule options or softcap,
-    else the program."""
+    else the program; the instructions the SASS issues with a false guard come from a PTX-engine
+    run walked through this GPU's SASS (`sass_extra_instructions`)."""
     counter = BankCounter()
     simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel, window=window,
              softcap=softcap)
+    extra = sass_extra_instructions(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap)
     return BankComparison(config, counter.report().by_class(),
-                          profile_launch(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap))
+                          profile_launch(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap), extra)
 
 
 def format_bank_comparison(cmp: BankComparison) -> str:
@@ -171,9 +202,13 @@ def format_bank_comparison(cmp: BankComparison) -> str:
     for c in SmemClass:
         s, n = cmp.sim[c], cmp.ncu_counts(c)
         conf = cell(n["conflicts"])
-        lines.append(f"  {c.value:<8}{s.instructions:>11,}{cell(n['instructions']):>11}{s.wavefronts:>12,}"
+        lines.append(f"  {c.value:<8}{cmp.instructions(c):>11,}{cell(n['instructions']):>11}{s.wavefronts:>12,}"
                      f"{cell(n['wavefronts']):>12}{s.conflicts:>11,}{conf:>11}  {'yes' if cmp.matches(c) else 'NO'}")
     lines.append("  (LDS conflicts: l1tex op_ld conflicts minus LDSM's; LDGSTS: cp.async.cg, cache-bypass path)")
+    off = {c.value: n for c, n in cmp.sass_extra.items() if n}
+    if off:
+        lines.append("  (sim instr: the PTX run's plus what the SASS issues with a false guard: "
+                     + ", ".join(f"{c} {n:+,}" for c, n in off.items()) + ")")
     return "\n".join(lines)
 
 

@@ -55,3 +55,17 @@ def test_comparison_derives_lds_conflicts_and_flags_missing_metrics():
 def test_every_class_has_instructions_wavefronts_and_conflicts():
     for cls in SmemClass:
         assert set(METRICS[cls]) == {"instructions", "wavefronts", "conflicts"}
+
+
+def test_instructions_issued_with_a_false_guard_count_beside_the_run():
+    """ncu counts a warp instruction issued with its guard false for every lane: the comparison
+    adds the SASS walk's extra instructions (sass_extra) to the run's, and no wavefronts."""
+    ncu = {**NCU, "smsp__inst_executed_op_ldgsts.sum": "1,216",
+           "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts_cache_bypass.sum": "4,608"}
+    plain = BankComparison(KernelConfig(smem="plain"), SIM, parse_raw_csv(_csv(ncu)))
+    assert not plain.matches(SmemClass.LDGSTS)  # 1,152 run vs 1,216 issued
+    cmp = BankComparison(KernelConfig(smem="plain"), SIM, parse_raw_csv(_csv(ncu)), {SmemClass.LDGSTS: 64})
+    assert cmp.instructions(SmemClass.LDGSTS) == 1216 and cmp.matches(SmemClass.LDGSTS)
+    js = cmp.to_json()["classes"]["LDGSTS"]["sim"]
+    assert (js["instructions"], js["ptx_instructions"], js["sass_guard_off"], js["wavefronts"]) == (1216, 1152, 64, 4608)
+    assert "LDGSTS +64" in format_bank_comparison(cmp)

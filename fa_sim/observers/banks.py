@@ -180,6 +180,24 @@ def ldgsts_wavefronts(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> np.
     return np.where(leader, group_cost, 0).sum(-1)
 
 
+def mixed_zero_fill_wavefronts(dst: np.ndarray, src: np.ndarray, mask: np.ndarray, fetched: np.ndarray) -> np.ndarray:
+    """Extra shared-side wavefronts of cp.async warp instructions whose active lanes MIX copies
+    (src-size > 0, `fetched`) and zero fills (src-size 0): [..., 32] -> [...].
+
+    Measured with Nsight Compute on the H100 (fa2_fwd, m64n64d64w4-swizzled, Nk = 150: a K/V tail
+    tile of 22 rows; docs/hardware_facts.md): an instruction whose lanes 0-15 copy two whole rows and
+    lanes 16-31 zero-fill two more costs 6 wavefronts, not the 4 of `ldgsts_wavefronts`; one that
+    only copies or only zero-fills costs 4 (every other LDGSTS of those launches). Rule: the
+    zero-filled lanes of a mixed instruction are written in wavefronts of their own, once more by
+    `ldgsts_wavefronts` over those lanes alone. That one pattern (2 copied and 2 zero-filled quarter
+    warps) cannot tell this from "the copied lanes once more"; fa_sim.calibrate.ldgsts_probe's
+    zero-fill patterns (8 of 32 lanes copied, ...) tell them apart on the GPU.
+    """
+    zero = mask & ~fetched
+    mixed = fetched.any(-1) & zero.any(-1)
+    return np.where(mixed, ldgsts_wavefronts(dst, src, zero).sum(-1), 0)
+
+
 @dataclass(frozen=True)
 class BankRow:
     """Totals of one static instruction (pc) in one round."""
@@ -231,10 +249,13 @@ class BankCounter:
                                   event.smem.region, counts)
 
     def _ldgsts_cost(self, event: InstrEvent, cost: "InstrCost") -> "InstrCost":
-        """cp.async wavefronts by ncu's rule (ldgsts_wavefronts); the ideal stays one per phase."""
+        """cp.async wavefronts by ncu's rule (ldgsts_wavefronts, mixed_zero_fill_wavefronts); the
+        ideal stays one per phase."""
         src = np.asarray(event.gmem.addr, np.int64)  # [R, C, W, L] source byte addresses
+        dst = np.asarray(event.smem.addr, np.int64)
         mask = np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
-        wf = ldgsts_wavefronts(np.asarray(event.smem.addr, np.int64), src, mask).sum(-1)
+        fetched = mask & np.asarray(event.gmem.mask, bool)  # src-size > 0; the other lanes zero-fill
+        wf = ldgsts_wavefronts(dst, src, mask).sum(-1) + mixed_zero_fill_wavefronts(dst, src, mask, fetched)
         return InstrCost(wf * cost.executed, cost.ideal, cost.executed)
 
     # -- shards (fa_sim.parallel.merge): rows add up; a row's labels are its latest event's --------
