@@ -45,6 +45,7 @@ from .common import (
     features,
     heads_k,
     inputs_head_dim,
+    packed_engine,
     packed_inputs,
     packed_problem,
     packed_random_inputs,
@@ -143,13 +144,7 @@ def run(args) -> int:
     files = packed_inputs(args, split)  # args.cu_seqlens: a packed batch of --seqlens or of the --npz file
     d = inputs_head_dim(args, files)
     base = config_from_args(args, head_dim=d)
-    packed = args.cu_seqlens is not None
-    if packed:  # the PTX engine runs FA_VARLEN (the hand-written program does not model it)
-        if args.engine == "program":
-            raise UsageError("--engine program does not run a packed batch (--seqlens or an --npz file's cu_seqlens): "
-                             "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
-                             "(the PTX engine runs it)")
-        args.engine = "ptx"
+    packed = packed_engine(args)  # a packed batch runs on the PTX engine
     front = PtxFrontEnd() if split else engine_from_args(args, base)
     layouts = list(SmemLayout) if args.compare else [base.smem]
     for s in layouts:  # every check before the inputs are made (commands/preflight.py)

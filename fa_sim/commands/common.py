@@ -257,6 +257,20 @@ def add_splitkv_arguments(p) -> None:
 PACK_GQA = {"auto": None, "on": True, "off": False}  # --pack-gqa -> pack_gqa= of the APIs
 
 
+def packed_engine(args) -> bool:
+    """A packed batch (args.cu_seqlens, from --seqlens or an --npz file's offsets) runs on the PTX
+    engine, which runs FA_VARLEN (the hand-written program does not model it): args.engine set to
+    "ptx", --engine program refused in one line. -> whether the batch is packed."""
+    if args.cu_seqlens is None:
+        return False
+    if args.engine == "program":
+        raise UsageError("--engine program does not run a packed batch (--seqlens or an --npz file's cu_seqlens): "
+                         "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
+                         "(the PTX engine runs it)")
+    args.engine = "ptx"
+    return True
+
+
 def splitkv(args) -> dict:
     """splits=, cache_seqlens= and pack_gqa= of fa_sim.simulate / fa_hw.forward from --splits,
     --cache-seqlens, an --npz file's cache_seqlens array and --pack-gqa (pack_gqa= only when given:

@@ -58,6 +58,7 @@ from .common import (
     inputs_head_dim,
     int_in,
     kernel_from_args,
+    packed_engine,
     packed_inputs,
     packed_problem,
     packed_random_inputs,
@@ -196,13 +197,8 @@ def run(args) -> int:
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, save, perfetto)
-    packed = args.cu_seqlens is not None
-    if packed:  # the PTX engine runs FA_VARLEN (the hand-written program does not model it)
-        if args.engine == "program":
-            raise UsageError("--engine program does not run a packed batch (--seqlens or an --npz file's cu_seqlens): "
-                             "fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it "
-                             "(the PTX engine runs it)")
-        args.engine = "ptx"
+    packed = packed_engine(args)  # a packed batch runs on the PTX engine
+    if packed:
         selected = packed_problem(args, inputs, cfg)
     else:
         b, h, nq, nk, _ = problem_shape(args) if inputs is None else (*inputs[0].shape[:3], inputs[1].shape[2], 0)
