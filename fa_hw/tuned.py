@@ -265,27 +265,32 @@ MAX_AUTOTUNE_CANDIDATES = 6  # configs fa_hw.autotune times per problem class at
 
 def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: Path = TUNED_DIR) -> list[KernelConfig]:
     """The configs fa_hw.autotune times for a problem on a GPU without a table (that module's
-    docstring says why these): every shipped table's winners for (head_dim, causal), nearest size
-    class first; the nearest winner with the other kv_stages (1 or 2) and with lazy_sum toggled;
-    the heuristic tile (heavy_first when causal); no duplicates, at most MAX_AUTOTUNE_CANDIDATES."""
+    docstring says why these): the shipped tables' winners for (head_dim, causal) of the nearest
+    size class (every table's, in file-name order); the first one's neighbours, the other
+    kv_stages (1 or 2) and lazy_sum toggled; the tables' winners of the other size classes, nearest
+    first; the heuristic tile (heavy_first when causal); no duplicates, at most
+    MAX_AUTOTUNE_CANDIDATES."""
     from dataclasses import replace
 
     want = SIZE_CLASSES.index(size_class(seqlen_k))
+    ranked = []  # (distance of the size class, size class, table, config)
+    for t, path in enumerate(sorted(Path(directory).glob("*.json"))):
+        ranked += [(abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size), t, e.config)
+                   for e in Table.load(path).entries if e.head_dim == head_dim and e.causal == bool(causal)]
+    ranked.sort(key=lambda r: r[:3])
     out: list[KernelConfig] = []
-    for path in sorted(Path(directory).glob("*.json")):
-        table = Table.load(path)
-        same = [e for e in table.entries if e.head_dim == head_dim and e.causal == bool(causal)]
-        same.sort(key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
-        out += [e.config for e in same]
-    if not out:  # no table holds this head_dim (96-256 today): its candidates, the heuristic's tile first
+    if not ranked:  # no table holds this head_dim (96-256 today): its candidates, the heuristic's tile first
         out = [replace(KernelConfig.from_tag(t), heavy_first=bool(causal)) for t in CANDIDATES.get(head_dim, ())]
-    else:  # the nearest winner's neighbours: the other kv_stages (1 <-> 2), lazy_sum toggled
-        best = out[0]
+    else:
+        nearest = [r[3] for r in ranked if r[0] == ranked[0][0]]
+        best = nearest[0]
+        out = list(nearest)
         for change in ({"kv_stages": 2 if best.kv_stages == 1 else 1}, {"lazy_sum": not best.lazy_sum}):
             try:
                 out.append(replace(best, **change))
             except ValueError:  # not a valid config of the family (KernelConfig says why): not timed
                 pass
+        out += [r[3] for r in ranked if r[0] != ranked[0][0]]
     tile = heuristic(head_dim)
     out.append(replace(tile, heavy_first=True) if causal else tile)
     return list(dict.fromkeys(out))[:MAX_AUTOTUNE_CANDIDATES]

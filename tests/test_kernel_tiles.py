@@ -30,16 +30,26 @@ def test_padded_ldgsts_costs_10_5_wavefronts_per_instruction(b, h, nq, nk, ncu):
     """Seed tile, padded: rows shifted by 16 bytes make every cp.async cost 10 or 11 wavefronts
     (half the warps each) instead of 4. Nsight Compute on the H200 counted 1,152 LDGSTS and 12,096
     wavefronts for (1, 2, 256, 64) (README, "Bank counters against Nsight Compute"). Rows past the
-    sequence are zero-filled copies and cost the same."""
+    sequence are zero-filled copies and cost the same, except the copies of a K/V tail tile whose
+    lanes mix copied and zero-filled rows (one per K and one per V tail tile and warp pass here):
+    Nsight Compute on the H100 counted more wavefronts for those (docs/hardware_facts.md), which
+    fa_sim.observers.banks.mixed_zero_fill_wavefronts adds."""
     rep = _banks(KernelConfig(smem="padded"), b, h, nq, nk)
     c = rep.by_class()[SmemClass.LDGSTS]
-    assert c.wavefronts == 10.5 * c.instructions and c.ideal == 4 * c.instructions
-    assert rep.per_instruction[SmemClass.LDGSTS] == {10: c.instructions // 2, 11: c.instructions // 2}
+    per = rep.per_instruction[SmemClass.LDGSTS]
+    mixed = {w: n for w, n in per.items() if w > 11}
+    assert set(per) - set(mixed) <= {10, 11} and c.ideal == 4 * c.instructions
+    assert sum(mixed.values()) == (4 if nk % 64 else 0)
+    if not mixed:
+        assert c.wavefronts == 10.5 * c.instructions and per == {10: c.instructions // 2, 11: c.instructions // 2}
     if ncu is not None:
         assert (c.instructions, c.wavefronts) == ncu
-    for smem in ("swizzled", "plain"):  # whole 128-byte rows: the ideal 4
-        other = _banks(KernelConfig(smem=smem), b, h, nq, nk).by_class()[SmemClass.LDGSTS]
-        assert other.wavefronts == 4 * other.instructions
+    for smem in ("swizzled", "plain"):  # whole 128-byte rows: the ideal 4, but for the mixed tail copies
+        other = _banks(KernelConfig(smem=smem), b, h, nq, nk)
+        o = other.by_class()[SmemClass.LDGSTS]
+        extra = {w: n for w, n in other.per_instruction[SmemClass.LDGSTS].items() if w != 4}
+        assert sum(extra.values()) == sum(mixed.values())
+        assert o.wavefronts == 4 * o.instructions + sum((w - 4) * n for w, n in extra.items())
 
 
 def test_ldgsts_excess_is_not_called_a_conflict(capsys):
