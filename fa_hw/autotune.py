@@ -18,10 +18,10 @@ class and of every timed launch: grouped-query K/V ('-g4': Q heads per K/V head)
 the candidates are timed as bf16 builds). A plain fp16 launch keeps the plain key.
 
 Candidates (fa_hw.tuned.autotune_candidates, given to `choose`): static, no timing model. The
-winners of every shipped table (fa_hw/tuned/*.json, today the H200's) for this head_dim and causal
-flag, the nearest size class first; the nearest winner's two neighbours (the other kv_stages, 1 or
-2, and lazy_sum toggled); fa_hw.tuned's heuristic tile (with heavy_first when causal): three to six
-configs. The timing model is not used to prune: on the 2-core development machine, ranking three candidates
+winners of every shipped table (fa_hw/tuned/*.json, today the H100's and the H200's) for this
+head_dim, causal flag and nearest size class; the first one's two neighbours (the other kv_stages,
+1 or 2, and lazy_sum toggled); the tables' winners of the other size classes, nearest first;
+fa_hw.tuned's heuristic tile (with heavy_first when causal): three to six configs. The timing model is not used to prune: on the 2-core development machine, ranking three candidates
 (fa_sim.timing.rank) took 55 s at d=64 and 332 s at d=128 causal from cold caches, and 62 s at
 d=64 again in a new process with every disk cache warm - 20 s or more per candidate, the whole
 15 s budget for one - while compiling a candidate (about 1 s, in parallel, cached on disk) and
