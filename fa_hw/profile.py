@@ -34,7 +34,6 @@ import numpy as np
 
 from fa_sim.config import KernelConfig
 from fa_sim.observers.banks import BankCounter, Counts, SmemClass
-from fa_sim.simulate import simulate
 
 from .errors import FaHwError
 from .forward import forward
@@ -165,15 +164,17 @@ class BankComparison:
 
 
 def sass_extra_instructions(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, *,
-                            window=None, softcap=None, arch: str | None = None) -> dict[SmemClass, int]:
+                            window=None, softcap=None, arch: str | None = None,
+                            observers=()) -> dict[SmemClass, int]:
     """Per shared-memory class, the warp instructions the build's SASS for `arch` (None: this GPU's)
-    issues in this launch beyond those the PTX engine runs (fa_sim.timing.issued)."""
+    issues in this launch beyond those the PTX engine runs (fa_sim.timing.issued); `observers` see
+    that PTX-engine run."""
     from fa_sim.timing.issued import issued_counts
 
     from .device import device_arch
 
     issued, ran = issued_counts(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap,
-                                arch=device_arch() if arch is None else arch)
+                                arch=device_arch() if arch is None else arch, observers=observers)
     return {c: issued.get(c.value, 0) - ran.get(c.value, 0) for c in SmemClass}
 
 
@@ -181,13 +182,12 @@ def bank_comparison(q, k, v, causal: bool, scale: float | None, config: KernelCo
                     window=None, softcap=None) -> BankComparison:
     """The simulator's shared-memory counts beside Nsight Compute's for one launch (GQA from k's
     heads, `window`, `softcap`, bf16 from the config: that feature's build on both sides). The
-    simulator runs the PTX engine for a `kernel` variant, a config with schedule options or softcap,
-    else the program; the instructions the SASS issues with a false guard come from a PTX-engine
-    run walked through this GPU's SASS (`sass_extra_instructions`)."""
+    simulator's counts come from one PTX-engine run (the counts both front ends give alike), whose
+    warps' paths are also walked through this GPU's SASS for the instructions it issues with a
+    false guard (`sass_extra_instructions`)."""
     counter = BankCounter()
-    simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[counter], kernel=kernel, window=window,
-             softcap=softcap)
-    extra = sass_extra_instructions(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap)
+    extra = sass_extra_instructions(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap,
+                                    observers=[counter])
     return BankComparison(config, counter.report().by_class(),
                           profile_launch(q, k, v, causal, scale, config, kernel, window=window, softcap=softcap), extra)
 

@@ -47,11 +47,12 @@ def _walker(config: KernelConfig, causal: bool, arch: str, kernel, kv_group: int
 
 
 def issued_counts(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
-                  kernel=None, *, window=None, softcap=None, arch: str = "sm_90") -> tuple[dict, dict]:
+                  kernel=None, *, window=None, softcap=None, arch: str = "sm_90", observers=()) -> tuple[dict, dict]:
     """(issued, engine): per class (HMMA, LDSM, SHFL, BAR, LDGSTS, LDS, STS), the warp instructions
     the build's SASS for `arch` issues in this launch, guard-off ones included, and those the PTX
     engine ran (warp instructions with an active lane). Their difference is what ptxas issues with
-    a false guard (module docstring)."""
+    a false guard (module docstring). `observers` ride along on the same PTX-engine run (a
+    BankCounter: fa_hw.profile.bank_comparison), so the launch is simulated once."""
     from ..observers.branches import BranchRecorder
     from ..simulate import simulate
 
@@ -59,7 +60,7 @@ def issued_counts(q, k, v, causal: bool = False, scale: float | None = None, con
     rec = BranchRecorder()
     with warnings.catch_warnings():  # fully masked score rows: -inf - -inf in fp32
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], engine="ptx",
+        res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec, *observers], engine="ptx",
                        kernel=kernel, window=window, softcap=softcap, progress=False)
     b, h, _, _ = np.shape(q)
     from ..problem import Problem
