@@ -547,14 +547,21 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #pragma unroll
     for (int nj = 0; nj < kQN; ++nj) tdQrdQ[nj][0] = tdQrdQ[nj][1] = tdQrdQ[nj][2] = tdQrdQ[nj][3] = 0.f;
     gemm_dq(tdQrdQ);
+    // The thread's two rows (g, g + 8): one pointer, one guard per row, each red at a constant offset
+    // (ptxas folds it into the REDG's immediate; per-element 64-bit address arithmetic and a branch
+    // per pair were ~30 % of the loop's instructions). Row g's reds, then row g + 8's: each address
+    // still gets one red per Q block from one thread, so no sum depends on this order.
     const int wm = warp % kWM, wn = warp / kWM;
+    const int qrow = row0 + 16 * wm + lane / 4;
+    float* gdQt = gdQ + (u64)qrow * kHeadDim + 8 * kQN * wn + 2 * (lane % 4);
 #pragma unroll
-    for (int nj = 0; nj < kQN; ++nj)
+    for (int half = 0; half < 2; ++half)
+      if (qrow + 8 * half < seqlen_q) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + 16 * wm + lane / 4 + 8 * (e >> 1);
-        const int col = 8 * (kQN * wn + nj) + 2 * (lane % 4) + (e & 1);
-        if (row < seqlen_q) red_add_f32(gdQ + (u64)row * kHeadDim + col, tdQrdQ[nj][e]);
+        for (int nj = 0; nj < kQN; ++nj) {
+          red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ[nj][2 * half]);
+          red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj + 1, tdQrdQ[nj][2 * half + 1]);
+        }
       }
 #endif
   }
