@@ -289,7 +289,8 @@ def main(argv=None) -> int:
                    help="the backward pass through fa_hw.attention (experiments/bench_hw_backward.py)")
     p.add_argument("--extra", nargs="*", default=[], help="more configs by tag, e.g. m128n64d64w4-swizzled-s2-dp")
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into the shape set")
-    p.add_argument("--tuned-dir", default=str(TUNED_DIR), help="folder of <gpu>.json tables for config='auto'")
+    p.add_argument("--tuned-dir", default=str(TUNED_DIR),
+                   help="folder of <gpu>.json tables for config='auto' (--backward: its backward/<gpu>.json)")
     p.add_argument("--layouts", action="store_true", help="add the seed tiling in the plain and padded layouts")
     p.add_argument("--diagnose", action="store_true", help="add the diagnostic builds (module docstring)")
     args = p.parse_args(argv)

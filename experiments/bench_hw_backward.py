@@ -16,8 +16,10 @@ normal fp16 q, k, v and dO:
 Two timings per backend: fwd+bwd (`torch.autograd.grad(attention(q, k, v), (q, k, v), dO)`) and bwd
 alone (`torch.autograd.grad(o, ..., retain_graph=True)` on one saved forward). A further row,
 fa_hw-kernels, is the sum of fa2_bwd.cu's three kernels' CUDA-event times as fa_hw.backward reports
-them (kernel_ms; fa_hw.backward, the direct API, times and synchronises each kernel): the kernels
-without the Python path, for what the path costs. Each backend is
+them (kernel_ms; fa_hw.backward with config="auto", the direct API, times and synchronises each
+kernel): the kernels without the Python path, for what the path costs. Both fa_hw rows run the GPU's
+tuned backward tiles (fa_hw.tuned_backward; --tuned-dir DIR: DIR/backward/<gpu>.json, the table
+experiments/tune_bwd.py writes, default the shipped fa_hw/tuned/backward), printed per case. Each backend is
 timed in --runs round-robin runs (experiments/hw_sets.py; a run is the median of --reps calls after
 --warmup, each bracketed by CUDA events), rows give the median over runs and [min, max]; x flash is
 the per-run SDPA-flash time / this backend's time. FLOPs: 4*B*H*N^2*d forward, 2.5 times that
@@ -141,7 +143,8 @@ def run_case(case, causal: bool, args, time_torch) -> list[dict]:
 
         def kernels():
             times = [sum(fa_hw.backward(q.detach(), k.detach(), v.detach(), saved.o, saved.lse, do,
-                                        causal=causal).kernel_ms) for _ in range(args.warmup + args.reps)]
+                                        causal=causal, config="auto").kernel_ms)
+                     for _ in range(args.warmup + args.reps)]
             return statistics.median(times[args.warmup:])
 
         timers["fa_hw-kernels/bwd"] = kernels
@@ -214,7 +217,10 @@ def main(args, time_torch) -> int:
     """bench_hw.py --backward (bench_hw.main passes its parsed arguments and its CUDA-event timer)."""
     import torch
 
+    from fa_hw.tuned_backward import device_config, use_directory
+
     gpu = torch.cuda.get_device_name()
+    use_directory(Path(args.tuned_dir) / "backward")  # the tiles fa_hw.attention's backward takes
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, text = [], ""
@@ -222,6 +228,8 @@ def main(args, time_torch) -> int:
         if args.cases is not None and i not in args.cases:
             continue
         for causal in (False, True):
+            print(f"{str(tuple(case)):22s} causal={causal!s:5s} backward tiles "
+                  f"{device_config(case[3], causal, case[2]).describe()}", flush=True)
             for r in run_case(case, causal, args, time_torch):
                 rows.append(r)
                 print(f"{str(tuple(case)):22s} causal={causal!s:5s} {r['backend']:14s} fwd+bwd "

@@ -17,6 +17,9 @@
 #   ncuedit   Nsight Compute counters (local memory, L1 hits, stall reasons) of the seed kernel and
 #             the qk_rolled edit at (4, 16, 2048, 64): why qk_rolled's local memory costs more than the
 #             model's L1 share says
+#   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
+#             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
+#             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
 set -u
@@ -85,6 +88,11 @@ for s in $STEPS; do case $s in
         --seqlen 2048 --head-dim 64 $K > "$OUT/ncu_$e.csv" 2> "$OUT/ncu_$e.err"
       echo "   $e: $(grep -c '"' "$OUT/ncu_$e.csv") csv lines" | tee -a "$OUT/summary.txt"
     done ;;
+  tunebwd) log tunebwd "$GPU"
+    timeout "$(lim ${TUNEBWD_S:-200})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-170} 2>&1 \
+      | tail -40 | tee -a "$OUT/summary.txt"
+    timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
+      2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
     case $GPU in *H100*) ;; *) echo "   skipped: the shipped table is the H200's; this step tunes an H100's" | tee -a "$OUT/summary.txt"; continue ;; esac
     timeout "$(lim ${TUNE_S:-200})" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;

@@ -36,6 +36,10 @@ registers: no atomics, no workspace, the same bits every run, and the simulator'
 (fa_sim.simulate_backward with mma_model="h200"). Scalars are np.int32 / np.float32, as
 fa_hw.runtime explains; a kernel whose shared memory exceeds 48 KB gets its
 max-dynamic-shared-size attribute raised first (once per build: load_backward is cached).
+Tiles: config=None runs DEFAULT_TILES (fa_sim.contract.backward: the simulator's default, what
+`fa compare --backward` and the recorded checkpoints describe); config="auto" the GPU's tuned tiles
+(fa_hw.tuned_backward: a table measured by experiments/tune_bwd.py, else DEFAULT_TILES), which
+fa_hw.attention's backward (enqueue_backward) always takes; a BackwardConfig those tiles.
 `kernel_ms` holds the three kernels' times (CUDA events). `checkpoint_ctas` (linear CTA ids n_block
 + n_kv_blocks * bh of the main kernel's grid) runs the main kernel's debug build
 (FA_BWD_CHECKPOINTS) instead, in either dQ mode and on either input path of fa_hw.backward:
@@ -58,6 +62,8 @@ from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PR
 from fa_sim.contract.cubin import ResourceUsage
 
 from . import runtime
+from .tuned import AUTO
+from .tuned_backward import device_config
 from .device import short as _short
 from .errors import KernelFault
 
@@ -104,15 +110,16 @@ def load_backward(build: BackwardBuild) -> LoadedBackward:
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, *, config: BackwardConfig | None = None,
+             deterministic: bool = False, *, config: BackwardConfig | str | None = None,
              checkpoint_ctas=None, dtype: str | None = None) -> HwBackwardResult:
     """Run the backward pass once on the GPU; see the module docstring."""
     if _all_torch_cuda(q, k, v, o, lse, do):
         return _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, checkpoint_ctas, dtype)
-    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config, dtype)  # before any GPU work
+    auto = _is_auto(config)
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, None if auto else config, dtype)  # before GPU work
     _check_mode_and_size(deterministic, *x.shape)
     b, h, nq, nk, d = x.shape
-    cfg = x.config
+    cfg = device_config(d, x.causal, nk, x.config.dtype) if auto else x.config
     ctas = checkpoint_selection(checkpoint_ctas, cfg.n_kv_blocks(nk) * b * h)
     stream = runtime.own_stream()
     ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
@@ -128,6 +135,16 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
         out = [half_values(a, "bf16") for a in out]
     return HwBackwardResult(*out, cfg, x.causal, x.scale, bool(deterministic), ms,
                             {name: u.registers for name, u in loaded.usage.items()}, ck, tuple(ctas or ()))
+
+
+def _is_auto(config) -> bool:
+    """config="auto": the GPU's tuned backward tiles (fa_hw.tuned_backward); None or a BackwardConfig
+    otherwise (check_backward_layout checks those)."""
+    if isinstance(config, str):
+        if config != AUTO:
+            raise ValueError(f"config must be a BackwardConfig, None (DEFAULT_TILES) or {AUTO!r}, got {config!r}")
+        return True
+    return False
 
 
 def _check_mode_and_size(deterministic, b: int, h: int, nq: int, nk: int, d: int) -> None:
@@ -149,10 +166,12 @@ def _backward_torch(q, k, v, o, lse, do, causal, scale, deterministic, config, c
     the GPU), the kernels on the tensors in place, timed, on torch's current stream; torch outputs."""
     import torch
 
-    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, config, dtype)
+    auto = _is_auto(config)
+    ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale, None if auto else config, dtype)
     b, h, nq, d = ins[0].shape
     nk = ins[1].shape[2]
     _check_mode_and_size(deterministic, b, h, nq, nk, d)
+    cfg = device_config(d, causal, nk, cfg.dtype) if auto else cfg
     ctas = checkpoint_selection(checkpoint_ctas, cfg.n_kv_blocks(nk) * b * h)
     _check_torch_device(q, k, v, o, lse, do)
     lse = lse.detach()
@@ -186,6 +205,7 @@ def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
     b, h, nq, d = ins[0].shape
     _check_mode_and_size(deterministic, b, h, nq, ins[1].shape[2], d)
     _check_torch_device(q, k, v, o, lse, do)
+    cfg = device_config(d, causal, ins[1].shape[2], cfg.dtype)  # the GPU's tuned tiles (fa_hw.tuned_backward)
     (dq, dk, dv), *_ = _run_torch(*(x.detach() for x in (q, k, v, o, lse, do)), cfg, causal, scale,
                                   bool(deterministic), timed=False)
     return dq, dk, dv

@@ -1,0 +1,209 @@
+"""The backward's tiles per GPU: the fastest measured BackwardConfig per (head_dim, causal, size class).
+
+    cfg = fa_hw.tuned_backward.device_config(head_dim=64, causal=False, seqlen_k=4096, dtype="fp16")
+    choice = fa_hw.tuned_backward.lookup(64, False, 4096, gpu="NVIDIA H100 80GB HBM3", arch="sm_90")
+    choice.config, choice.source
+
+Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps)
+on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
+BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
+file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
+forward table), named by fa_hw.device.gpu_key:
+
+    {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "nvrtc": "13.0", "entries": [
+      {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8,
+       "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
+
+vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
+vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
+autograd backward: tune_bwd.py's docstring). Size classes are fa_hw.tuned's (seqlen_k <= 1024
+"short", <= 4096 "medium", above "long": how many CTAs the grid has and how many Q blocks each loops over).
+
+Lookup. The entry for (head_dim, causal, size) of the device's table, if its arch is the device's;
+else that table's entry for the same head_dim and causal in the nearest size class; else
+DEFAULT_TILES (fa_sim.contract.backward), which `Choice.source` says. A table that is missing or for
+another arch is not used; one whose entries are malformed is a ValueError naming the file.
+
+Who reads it: fa_hw.attention's backward (fa_hw.backward.enqueue_backward) and fa_hw.backward with
+config="auto". fa_hw.backward's default (config=None) stays DEFAULT_TILES: the simulator's default,
+which `fa compare --backward` and the recorded checkpoints (tests/data/h100/bwd_checkpoints_*.npz)
+describe. dK, dV and the deterministic mode's dQ do not depend on the tiles (each element sums the
+same k16 segments of queries, or keys, in ascending order in one fp32 accumulator:
+tests/test_backward_tiles.py checks them bit for bit on the PTX engine); the atomic mode's dQ sums
+one partial per K/V block, so block_n changes its order, within the same bound.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fa_sim.contract.backward import DEFAULT_TILES, HEAD_DIMS, BackwardConfig
+
+from .tuned import SIZE_CLASSES, TUNED_DIR, size_class
+
+BWD_TUNED_DIR = TUNED_DIR / "backward"
+TABLE_FORMAT = 1
+#: (block_m, n_warps) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first. Every one
+#: compiles for sm_90 without spills in both dQ modes, causal or not, fp16 and bf16 (at most 255
+#: registers; tests/test_backward_tiles.py), and runs on the PTX engine with the default's dK, dV and
+#: deterministic dQ bits. n_warps 8 is block_n 128 keys per CTA, FlashAttention-2's backward tile
+#: for d <= 64 (its 128 x 128 of 8 warps); block_m 64 at d=128 is its 64 x 128 (here 64 x 64 or
+#: 64 x 128 keys). Configs that do not tile (BackwardConfig) or spill are not listed: d=32 and 96 take
+#: no block_m 32 with 8 warps (a warp's dQ columns would be an odd number of n8 tiles), d=128 no
+#: block_m 128 (175 KB of shared memory, over the 163 KB a CTA can have on SM80).
+CANDIDATES = {
+    32: ((64, 4), (32, 4), (64, 8), (128, 8)),
+    64: ((64, 4), (32, 4), (32, 8), (64, 8), (128, 8)),
+    96: ((64, 4), (32, 4), (64, 8), (128, 8)),
+    128: ((32, 4), (16, 4), (64, 4), (16, 8), (32, 8), (64, 8)),
+    160: ((32, 4),),
+    192: ((16, 4),),
+}
+assert all(CANDIDATES[d][0] == DEFAULT_TILES[d] for d in HEAD_DIMS), "DEFAULT_TILES first"
+
+
+def candidates(head_dim: int, dtype: str = "fp16") -> list[BackwardConfig]:
+    """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses)."""
+    BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
+    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype) for bm, nw in CANDIDATES[head_dim]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The fastest measured tiles of one (head_dim, causal, size) key."""
+
+    head_dim: int
+    causal: bool
+    size: str
+    block_m: int
+    n_warps: int
+    vs_default: float | None = None
+    vs_flash: float | None = None
+    shapes: tuple = ()
+
+    @property
+    def key(self) -> tuple[int, bool, str]:
+        return self.head_dim, self.causal, self.size
+
+    def config(self, dtype: str = "fp16") -> BackwardConfig:
+        return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype)
+
+    def to_json(self) -> dict:
+        return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
+                "n_warps": self.n_warps, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
+                "shapes": [list(s) for s in self.shapes]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Entry":
+        head_dim, causal, size = data["head_dim"], data["causal"], data["size"]
+        if head_dim not in HEAD_DIMS or not isinstance(causal, bool) or size not in SIZE_CLASSES:
+            raise ValueError(f"bad key (head_dim={head_dim!r}, causal={causal!r}, size={size!r}); head_dim is one "
+                             f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
+        out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), data.get("vs_default"),
+                  data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())))
+        out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
+        return out
+
+
+@dataclass(frozen=True)
+class Table:
+    """One GPU's measured backward entries."""
+
+    gpu: str
+    arch: str
+    entries: tuple[Entry, ...]
+    nvrtc: str = ""
+
+    def to_json(self) -> dict:
+        order = sorted(self.entries, key=lambda e: (e.head_dim, e.causal, SIZE_CLASSES.index(e.size)))
+        return {"format": TABLE_FORMAT, "gpu": self.gpu, "arch": self.arch, "nvrtc": self.nvrtc,
+                "entries": [e.to_json() for e in order]}
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "backward table") -> "Table":
+        try:
+            if data.get("format") != TABLE_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {TABLE_FORMAT}")
+            entries = tuple(Entry.from_json(e) for e in data["entries"])
+            keys = [e.key for e in entries]
+            if len(set(keys)) != len(keys):
+                raise ValueError("two entries for one (head_dim, causal, size)")
+            return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"{where} is not a valid backward tuned table: {exc}") from None
+
+    @classmethod
+    def load(cls, path) -> "Table":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read the backward tuned table {path}: {exc}") from None
+        return cls.from_json(data, str(path))
+
+    def lookup(self, head_dim: int, causal: bool, size: str) -> Entry | None:
+        """The entry of this key, else the same head_dim and causal in the nearest size class."""
+        same = [e for e in self.entries if e.head_dim == head_dim and e.causal == causal]
+        if not same:
+            return None
+        want = SIZE_CLASSES.index(size)
+        return min(same, key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
+
+
+def table_for(gpu: str, directory: Path = BWD_TUNED_DIR) -> Table | None:
+    """The shipped backward table of this GPU (None when there is none)."""
+    from .device import gpu_key
+
+    path = Path(directory) / f"{gpu_key(gpu)}.json"
+    return Table.load(path) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: BackwardConfig
+    source: str  # for reports: 'h100_80gb_hbm3.json (d=64, causal, medium)' or 'DEFAULT_TILES (...)'
+
+
+def lookup(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str, dtype: str = "fp16",
+           directory: Path = BWD_TUNED_DIR) -> Choice:
+    """The tiles for one problem on `gpu` (module docstring); no GPU needed."""
+    default = BackwardConfig(head_dim, dtype=dtype)
+    table = table_for(gpu, directory)
+    if table is None or table.arch != arch:
+        why = "no backward table" if table is None else f"its table is for {table.arch}"
+        return Choice(default, f"DEFAULT_TILES ({gpu}: {why})")
+    entry = table.lookup(head_dim, causal, size_class(seqlen_k))
+    if entry is None:
+        return Choice(default, f"DEFAULT_TILES ({gpu}'s table has no d={head_dim} "
+                               f"{'causal' if causal else 'non-causal'} entry)")
+    from .device import gpu_key
+
+    return Choice(entry.config(dtype), f"backward/{gpu_key(gpu)}.json (d={head_dim}, "
+                                       f"{'causal' if causal else 'non-causal'}, {entry.size})")
+
+
+_DEVICE_CHOICES: dict = {}
+_DIRECTORY = [BWD_TUNED_DIR]
+
+
+def use_directory(directory) -> None:
+    """Read the device's table from `directory` from now on in this process (experiments/bench_hw.py
+    --backward --tuned-dir DIR: DIR/backward, a table tune_bwd.py just wrote); None: the shipped one."""
+    _DIRECTORY[0] = BWD_TUNED_DIR if directory is None else Path(directory)
+    _DEVICE_CHOICES.clear()
+
+
+def device_config(head_dim: int, causal: bool, seqlen_k: int, dtype: str = "fp16",
+                  directory: Path | None = None) -> BackwardConfig:
+    """lookup() for the current GPU (its name and arch), cached per key for the process; directory
+    None: the shipped tables (or use_directory's)."""
+    directory = _DIRECTORY[0] if directory is None else Path(directory)
+    key = (head_dim, causal, size_class(seqlen_k), dtype, str(directory))
+    if key not in _DEVICE_CHOICES:
+        from .device import device, device_arch
+
+        _DEVICE_CHOICES[key] = lookup(head_dim, causal, seqlen_k, device().name, device_arch(), dtype,
+                                      directory).config
+    return _DEVICE_CHOICES[key]
