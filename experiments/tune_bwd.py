@@ -1,7 +1,7 @@
 """Time every candidate backward tile per head_dim on the GPU and write the table fa_hw.attention's
 backward reads (fa_hw.tuned_backward).
 
-    python experiments/tune_bwd.py [--out DIR] [--runs 2] [--warmup 2] [--reps 6] [--head-dims 32 64 96 128]
+    python experiments/tune_bwd.py [--out DIR] [--runs 2] [--warmup 1] [--reps 5] [--head-dims 32 64 96 128]
                                    [--cases 0 3] [--budget-s 180]
 
 For each training shape (experiments/hw_sets.py BWD_TRAIN: the forward's TRAIN and four head_dim 96
@@ -52,8 +52,8 @@ def _compile(args) -> str:
     """Compile one build into the disk cache (a worker process: NVRTC runs in parallel)."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
-    d, bm, nw, causal, arch = args
-    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw), causal, False, arch)
+    d, bm, nw, st, causal, arch = args
+    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st), causal, False, arch)
     try:
         usage = compile_backward(build).usage
     except Exception as exc:  # reported by the timing pass, which compiles again
@@ -65,7 +65,7 @@ def _compile(args) -> str:
 def precompile(cases, arch: str) -> None:
     from fa_hw.tuned_backward import CANDIDATES
 
-    jobs = sorted({(c[3], bm, nw, causal, arch) for c in cases for bm, nw in CANDIDATES[c[3]]
+    jobs = sorted({(c[3], bm, nw, st, causal, arch) for c in cases for bm, nw, st in CANDIDATES[c[3]]
                    for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
@@ -110,7 +110,7 @@ def run_case(case, causal: bool, args) -> dict:
     cands = candidates(d)
     timers, notes, grads = {}, {}, {}
     for cfg in cands:
-        label = f"{cfg.block_m}x{cfg.n_warps}"
+        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages)
         try:
             g = _run_torch(q, k, v, o, lse, do, cfg, causal, scale, False, timed=False)[0]
             torch.cuda.synchronize()
@@ -142,7 +142,11 @@ def run_case(case, causal: bool, args) -> dict:
     del q, k, v, do, grads, of
     torch.cuda.empty_cache()
     return {"case": list(case), "causal": causal, "runs_ms": runs, "notes": notes,
-            "default": f"{cands[0].block_m}x{cands[0].n_warps}"}
+            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages)}
+
+
+def _label(block_m: int, n_warps: int, q_stages: int) -> str:
+    return f"{block_m}x{n_warps}s{q_stages}"
 
 
 def choose(records) -> list:
@@ -167,8 +171,9 @@ def choose(records) -> list:
                 best = (score, label, _gmean(vs_def) if vs_def else None, _gmean(vs_flash))
         if best is None:
             continue
-        bm, nw = (int(x) for x in best[1].split("x"))
-        entries.append(Entry(d, causal, size, bm, nw, round(best[2], 4) if best[2] else None, round(best[3], 4),
+        bm, rest = best[1].split("x")
+        nw, st = rest.split("s")
+        entries.append(Entry(d, causal, size, int(bm), int(nw), int(st), round(best[2], 4) if best[2] else None, round(best[3], 4),
                              tuple(tuple(r["case"]) for r in recs)))
     return entries
 
@@ -179,8 +184,8 @@ def _gmean(xs) -> float:
 
 def markdown(records, entries, gpu: str, args) -> str:
     lines = [f"# Backward tiles on {gpu}", "",
-             f"experiments/tune_bwd.py: fa2_bwd.cu's three kernels (atomic dQ) per candidate (block_m x n_warps; "
-             f"block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
+             f"experiments/tune_bwd.py: fa2_bwd.cu's three kernels (atomic dQ) per candidate (block_m x n_warps "
+             f"s q_stages; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
              "over runs; x def: DEFAULT_TILES' time / this one's; x flash: SDPA-flash's backward time / this one's.", ""]
     for r in records:
         runs = r["runs_ms"]
@@ -200,10 +205,10 @@ def markdown(records, entries, gpu: str, args) -> str:
         for label, note in r["notes"].items():
             lines.append(f"| {label} | not timed: {note} | | |")
         lines.append("")
-    lines += ["## Chosen (backward/<gpu>.json)", "", "| head_dim | causal | size | block_m x n_warps | x default | "
+    lines += ["## Chosen (backward/<gpu>.json)", "", "| head_dim | causal | size | block_m x n_warps s q_stages | x default | "
               "x flash (geomean) |", "|---|---|---|---|---|---|"]
     for e in entries:
-        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {e.block_m}x{e.n_warps} | "
+        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages)} | "
                      f"{e.vs_default if e.vs_default is not None else 'n/a'} | {e.vs_flash} |")
     return "\n".join(lines) + "\n"
 
@@ -212,8 +217,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "experiments/out")
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--head-dims", nargs="*", type=int, default=[32, 64, 96, 128])
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into BWD_TRAIN")
     p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")

@@ -4,14 +4,14 @@
     choice = fa_hw.tuned_backward.lookup(64, False, 4096, gpu="NVIDIA H100 80GB HBM3", arch="sm_90")
     choice.config, choice.source
 
-Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps)
+Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
 forward table), named by fa_hw.device.gpu_key:
 
     {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "nvrtc": "13.0", "entries": [
-      {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8,
+      {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8, "q_stages": 2,
        "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
@@ -45,7 +45,10 @@ from .tuned import SIZE_CLASSES, TUNED_DIR, size_class
 
 BWD_TUNED_DIR = TUNED_DIR / "backward"
 TABLE_FORMAT = 1
-#: (block_m, n_warps) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first. Every one
+#: (block_m, n_warps, q_stages) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
+#: (q_stages 1). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
+#: loading under the whole round instead of under the dQ GEMM alone, as FlashAttention-2's backward
+#: does; each tile below is timed with 1 and 2 stages where two fit (`tiles`). Every one
 #: compiles for sm_90 without spills in both dQ modes, causal or not, fp16 and bf16 (at most 255
 #: registers; tests/test_backward_tiles.py), and runs on the PTX engine with the default's dK, dV and
 #: deterministic dQ bits. n_warps 8 is block_n 128 keys per CTA, FlashAttention-2's backward tile
@@ -53,7 +56,7 @@ TABLE_FORMAT = 1
 #: 64 x 128 keys). Configs that do not tile (BackwardConfig) or spill are not listed: d=32 and 96 take
 #: no block_m 32 with 8 warps (a warp's dQ columns would be an odd number of n8 tiles), d=128 no
 #: block_m 128 (175 KB of shared memory, over the 163 KB a CTA can have on SM80).
-CANDIDATES = {
+TILES = {
     32: ((64, 4), (32, 4), (64, 8), (128, 8)),
     64: ((64, 4), (32, 4), (32, 8), (64, 8), (128, 8)),
     96: ((64, 4), (32, 4), (64, 8), (128, 8)),
@@ -61,13 +64,26 @@ CANDIDATES = {
     160: ((32, 4),),
     192: ((16, 4),),
 }
-assert all(CANDIDATES[d][0] == DEFAULT_TILES[d] for d in HEAD_DIMS), "DEFAULT_TILES first"
+assert all(TILES[d][0] == DEFAULT_TILES[d] for d in HEAD_DIMS), "DEFAULT_TILES first"
+
+
+def _fits(d: int, bm: int, nw: int, stages: int) -> bool:
+    try:
+        BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=stages)
+    except ValueError:  # two Q block buffers past the shared memory a CTA can have
+        return False
+    return True
+
+
+CANDIDATES = {d: tuple((bm, nw, st) for bm, nw in tiles for st in (1, 2) if _fits(d, bm, nw, st))
+              for d, tiles in TILES.items()}
 
 
 def candidates(head_dim: int, dtype: str = "fp16") -> list[BackwardConfig]:
     """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses)."""
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
-    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype) for bm, nw in CANDIDATES[head_dim]]
+    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st)
+            for bm, nw, st in CANDIDATES[head_dim]]
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,7 @@ class Entry:
     size: str
     block_m: int
     n_warps: int
+    q_stages: int = 1
     vs_default: float | None = None
     vs_flash: float | None = None
     shapes: tuple = ()
@@ -88,11 +105,12 @@ class Entry:
         return self.head_dim, self.causal, self.size
 
     def config(self, dtype: str = "fp16") -> BackwardConfig:
-        return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype)
+        return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
+                              q_stages=self.q_stages)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
-                "n_warps": self.n_warps, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
+                "n_warps": self.n_warps, "q_stages": self.q_stages, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
     @classmethod
@@ -101,7 +119,8 @@ class Entry:
         if head_dim not in HEAD_DIMS or not isinstance(causal, bool) or size not in SIZE_CLASSES:
             raise ValueError(f"bad key (head_dim={head_dim!r}, causal={causal!r}, size={size!r}); head_dim is one "
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
-        out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), data.get("vs_default"),
+        out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
+                  data.get("vs_default"),
                   data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out

@@ -36,6 +36,10 @@
 //
 // Compile-time macros (fa_sim/contract/backward.py, BackwardBuild.macros):
 //   FA_BLOCK_M FA_BLOCK_N FA_HEAD_DIM FA_N_WARPS   tiles and warps (FA_BLOCK_N = 16 * FA_N_WARPS)
+//   FA_Q_STAGES                                    1: the main kernel loads the next Q block (Q, dO, LSE, D)
+//                                                  after BAR_DS, under the dQ GEMM; 2: into a second buffer
+//                                                  at the top of the iteration, under the whole round
+//                                                  (cp.async.wait_group 1), the buffers alternating
 //   FA_SMEM_BYTES                                  the main kernel's dynamic shared memory (checked)
 //   FA_DQ_SMEM_BYTES                               fa2_bwd_dq_kernel's (checked)
 //   FA_CAUSAL                                      top-left causal mask (key k visible iff k <= q)
@@ -66,6 +70,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_DETERMINISTIC
 #define FA_DETERMINISTIC 0
+#endif
+#ifndef FA_Q_STAGES
+#define FA_Q_STAGES 1
 #endif
 #ifndef FA_DROP_BAR_LOAD
 #define FA_DROP_BAR_LOAD 0
@@ -123,7 +130,13 @@ constexpr u32 kSVOff = kSKOff + kKBytes;
 constexpr u32 kSdSOff = kSVOff + kKBytes;
 constexpr u32 kSLseOff = kSdSOff + 2u * kBlockN * kDSPitch;
 constexpr u32 kSDOff = kSLseOff + 4u * kBlockM;
-constexpr u32 kSmemBytes = kSDOff + 4u * kBlockM;
+constexpr int kQStages = FA_Q_STAGES;
+// FA_Q_STAGES 2: the second Q block buffer after the first layout's end: sQ1 | sdO1 | sLSE1 | sD1 (stage 0
+// keeps the offsets above, so that FA_Q_STAGES 1 is the layout of the recorded runs).
+constexpr u32 kStage1Off = kSDOff + 4u * kBlockM;
+constexpr u32 kStageQDelta = kStage1Off;                             // sQ1 - sQ0 = sdO1 - sdO0
+constexpr u32 kStageLDelta = kStage1Off + 2 * kQBytes - kSLseOff;    // sLSE1 - sLSE0 = sD1 - sD0
+constexpr u32 kSmemBytes = kStage1Off + (kQStages - 1) * (2 * kQBytes + 8u * kBlockM);
 // fa2_bwd_dq_kernel: each warp owns 16 queries of the CTA's kDqBlockM for the whole loop (S, dP and
 // dQ with the queries along M, as the forward's S and O). Shared memory: sQ | sdO | sK | sV | sLSE | sD.
 constexpr int kDqBlockM = 16 * kNWarps;
@@ -136,6 +149,7 @@ constexpr u32 kDqSLseOff = kDqSVOff + kKBytes;
 constexpr u32 kDqSDOff = kDqSLseOff + 4u * kDqBlockM;
 constexpr u32 kDqSmemBytes = kDqSDOff + 4u * kDqBlockM;
 
+static_assert(kQStages == 1 || kQStages == 2, "FA_Q_STAGES is 1 or 2");
 static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
 static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
 static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
@@ -157,6 +171,7 @@ __device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, u32 src_
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -245,22 +260,25 @@ __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0,
 // One Q block's operands (kRows queries; sQ at the base of shared memory): Q and dO (cp.async),
 // log2(e) * LSE and D (one thread per row; rows past the end get LSE = +inf, so that their P is
 // exp2(-inf) = 0, and D = 0).
+// qd, ld: byte offsets added to sQ, sdO and to sLSE, sD (the main kernel's second stage; 0 otherwise).
 template <int kRows, u32 kDOOff, u32 kLseOff, u32 kDOff>
 __device__ __forceinline__ void load_q_rows(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
-                                            int row0, int seqlen_q) {
+                                            int row0, int seqlen_q, u32 qd = 0, u32 ld = 0) {
   const u32 base = smem_base();
-  copy_tile<kRows>(base, gQ, row0, seqlen_q);
-  copy_tile<kRows>(base + kDOOff, gdO, row0, seqlen_q);
+  copy_tile<kRows>(base + qd, gQ, row0, seqlen_q);
+  copy_tile<kRows>(base + qd + kDOOff, gdO, row0, seqlen_q);
   if (threadIdx.x < kRows) {
     const int row = row0 + threadIdx.x;
     const bool ok = row < seqlen_q;
-    sts_f32(base + kLseOff + 4u * threadIdx.x, ok ? __fmul_rn(gLSE[row], kLog2e) : pos_inf());
-    sts_f32(base + kDOff + 4u * threadIdx.x, ok ? gD[row] : 0.f);
+    sts_f32(base + ld + kLseOff + 4u * threadIdx.x, ok ? __fmul_rn(gLSE[row], kLog2e) : pos_inf());
+    sts_f32(base + ld + kDOff + 4u * threadIdx.x, ok ? gD[row] : 0.f);
   }
 }
+// The main kernel's Q block into stage `stage` (0 or 1).
 __device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
-                                             int row0, int seqlen_q) {
-  load_q_rows<kBlockM, kSdOOff, kSLseOff, kSDOff>(gQ, gdO, gLSE, gD, row0, seqlen_q);
+                                             int row0, int seqlen_q, int stage = 0) {
+  load_q_rows<kBlockM, kSdOOff, kSLseOff, kSDOff>(gQ, gdO, gLSE, gD, row0, seqlen_q, stage * kStageQDelta,
+                                                  stage * kStageLDelta);
 }
 
 // ---- GEMMs of a warp's 16 rows (keys; the dQ kernel: queries) ----------------------------------
@@ -474,17 +492,29 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
     // phase: S
     const int row0 = m_block * kBlockM;
-    cp_async_wait_all();                  // this thread's copies of the Q block (and K, V) landed
+    const int cur = kQStages == 2 ? (m_block - m_block_min) & 1 : 0;  // this Q block's stage
+    const u32 sQc = sQ + cur * kStageQDelta, sdOc = sdO + cur * kStageQDelta;
+    const u32 sLse = base + kSLseOff + cur * kStageLDelta, sDc = base + kSDOff + cur * kStageLDelta;
+    if (kQStages == 2) {
+      // phase: Q load
+      // the next Q block into the other stage, read last before the previous iteration's BAR_DS
+      if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q, cur ^ 1);
+      cp_async_commit();
+      cp_async_wait_1();                  // all but that group: this Q block (and K, V) landed
+      // phase: S
+    } else {
+      cp_async_wait_all();                // this thread's copies of the Q block (and K, V) landed
+    }
     if (!FA_DROP_BAR_LOAD) __syncthreads();  // BAR_LOAD: everyone's copies and sLSE, sD visible
     FA_CK(const int ck_round = m_block - m_block_min);
-    FA_CK(ck_tile(ck, FA_BWD_CK_SQ, ck_round, sQ, kCkQTileWords));
-    FA_CK(ck_tile(ck, FA_BWD_CK_SDO, ck_round, sdO, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SQ, ck_round, sQc, kCkQTileWords));
+    FA_CK(ck_tile(ck, FA_BWD_CK_SDO, ck_round, sdOc, kCkQTileWords));
     FA_CK(ck_tile(ck, FA_BWD_CK_SK, ck_round, sK, kCkKTileWords));
     FA_CK(ck_tile(ck, FA_BWD_CK_SV, ck_round, sV, kCkKTileWords));
     float tSrS[kSN][4];  // S^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tSrS[nj][0] = tSrS[nj][1] = tSrS[nj][2] = tSrS[nj][3] = 0.f;
-    gemm_rows_cols<kSN>(tSrS, sK, sQ);
+    gemm_rows_cols<kSN>(tSrS, sK, sQc);
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_S, ck_round, tSrS));
     // phase: P
     // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
@@ -497,19 +527,19 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
         float s = tSrS[nj][e];
         if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
-        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kSLseOff + 4u * qi)));
+        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(sLse + 4u * qi)));
       }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_P, ck_round, tSrS));
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
     to_a_frags<kMSeg>(tSrS, tdVrP);
     // phase: dV
-    gemm_frags_dim<kMSeg>(tdVrdV, tdVrP, sdO);
+    gemm_frags_dim<kMSeg>(tdVrdV, tdVrP, sdOc);
     FA_CK(ck_frag<kDN>(ck, FA_BWD_CK_DV, ck_round, tdVrdV));
     // phase: dP
     float tdPrdP[kSN][4];  // dP^T [queries / 8][4] fp32
 #pragma unroll
     for (int nj = 0; nj < kSN; ++nj) tdPrdP[nj][0] = tdPrdP[nj][1] = tdPrdP[nj][2] = tdPrdP[nj][3] = 0.f;
-    gemm_rows_cols<kSN>(tdPrdP, sV, sdO);
+    gemm_rows_cols<kSN>(tdPrdP, sV, sdOc);
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DP, ck_round, tdPrdP));
     // phase: dS
 #pragma unroll
@@ -517,7 +547,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
-        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(base + kSDOff + 4u * qi)));
+        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(sDc + 4u * qi)));
       }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DS, ck_round, tdPrdP));
     u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
@@ -534,13 +564,15 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     }
 #endif
     // phase: dK
-    gemm_frags_dim<kMSeg>(tdKrdK, tdKrdS, sQ);
+    gemm_frags_dim<kMSeg>(tdKrdK, tdKrdS, sQc);
     FA_CK(ck_frag<kDN>(ck, FA_BWD_CK_DK, ck_round, tdKrdK));
     // phase: dQ
-    if (!FA_DROP_BAR_DS) __syncthreads();  // BAR_DS: sdS complete; sQ, sdO, sLSE, sD free
-    // phase: Q load
-    if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q);
-    cp_async_commit();
+    if (!FA_DROP_BAR_DS) __syncthreads();  // BAR_DS: sdS complete; this stage's sQ, sdO, sLSE, sD free
+    if (kQStages == 1) {
+      // phase: Q load
+      if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q);
+      cp_async_commit();
+    }
 #if !FA_DETERMINISTIC
     // phase: dQ
     float tdQrdQ[kQN][4];  // dQ partial [d / (8 kWN)][4] fp32: queries 16 wm + g (+8), columns of warp column wn

@@ -2,7 +2,9 @@
 macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw.backward) share.
 
     BackwardConfig(head_dim, dtype=)  tiles: block_m queries per loop iteration, block_n = 16 * n_warps
-                                      keys per CTA (docs/backward.md); smem_bytes of the main kernel,
+                                      keys per CTA (docs/backward.md), q_stages Q block buffers of the
+                                      main kernel (FA_Q_STAGES: 2 loads the next under the whole
+                                      round); smem_bytes of the main kernel,
                                       dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel;
                                       dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients
     BackwardBuild(config, causal, deterministic, arch, checkpoints=False)
@@ -73,6 +75,7 @@ class BackwardConfig:
     block_m: int = 0  # 0: DEFAULT_TILES[head_dim]
     n_warps: int = 0  # 0: DEFAULT_TILES[head_dim]
     dtype: str = "fp16"  # the 16-bit type of q, k, v, o, dO and the gradients: fp16 or bf16 (FA_BF16)
+    q_stages: int = 1  # Q block buffers of the main kernel (FA_Q_STAGES): 1 as DEFAULT_TILES and the recordings, or 2
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -81,6 +84,9 @@ class BackwardConfig:
                              f"{HEAD_DIMS}{why}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported by the backward pass; choose one of {DTYPES}")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages must be 1 or 2 (Q block buffers of the backward's main kernel), "
+                             f"got {self.q_stages!r}")
         bm, nw = DEFAULT_TILES[self.head_dim]
         object.__setattr__(self, "block_m", self.block_m or bm)
         object.__setattr__(self, "n_warps", self.n_warps or nw)
@@ -116,10 +122,10 @@ class BackwardConfig:
     @property
     def smem_bytes(self) -> int:
         """sQ, sdO ([block_m][d + 8] fp16), sK, sV ([block_n][d + 8]), sdS ([block_n][block_m + 8]),
-        sLSE, sD ([block_m] fp32): fa2_bwd.cu's layout."""
+        sLSE, sD ([block_m] fp32): fa2_bwd.cu's layout; q_stages 2 adds a second sQ, sdO, sLSE, sD."""
         pitch = self.head_dim + 8
-        return (2 * 2 * self.block_m * pitch + 2 * 2 * self.block_n * pitch
-                + 2 * self.block_n * (self.block_m + 8) + 2 * 4 * self.block_m)
+        q_block = 2 * 2 * self.block_m * pitch + 2 * 4 * self.block_m
+        return self.q_stages * q_block + 2 * 2 * self.block_n * pitch + 2 * self.block_n * (self.block_m + 8)
 
     @property
     def dq_block_m(self) -> int:
@@ -144,6 +150,7 @@ class BackwardConfig:
 
     def describe(self) -> str:
         extra = f" {self.dtype}" if self.dtype != DTYPES[0] else ""
+        extra += f" q_stages={self.q_stages}" if self.q_stages != 1 else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
@@ -162,7 +169,7 @@ class BackwardBuild:
     def macros(self) -> dict[str, int]:
         cfg = self.config
         out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
-                   FA_N_WARPS=cfg.n_warps, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
+                   FA_N_WARPS=cfg.n_warps, FA_Q_STAGES=cfg.q_stages, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
                    FA_CAUSAL=int(self.causal),
                    FA_DETERMINISTIC=int(self.deterministic), FA_BF16=int(cfg.dtype == "bf16"))
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
