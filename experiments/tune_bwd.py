@@ -1,7 +1,7 @@
 """Time every candidate backward tile per head_dim on the GPU and write the table fa_hw.attention's
 backward reads (fa_hw.tuned_backward).
 
-    python experiments/tune_bwd.py [--out DIR] [--runs 2] [--warmup 1] [--reps 5] [--head-dims 32 64 96 128]
+    python experiments/tune_bwd.py [--out DIR] [--runs 3] [--warmup 2] [--reps 8] [--head-dims 32 64 96 128]
                                    [--cases 0 3] [--budget-s 180]
 
 For each training shape (experiments/hw_sets.py BWD_TRAIN: the forward's TRAIN and four head_dim 96
@@ -27,6 +27,12 @@ Writes to --out (default $OUT, else experiments/out): backward/<gpu_key>.json (f
 benchmarks it on the held-out set first), tune_bwd.json (every time) and tune_bwd.md (per shape and
 causal flag the candidates' ms and ratios, and the chosen entries), rewritten after every shape, so
 that a run stopped by --budget-s (no new shape starts past it) keeps what it measured.
+
+Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
+3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 7-12 candidates per head_dim that is about
+80 s of backward passes on an H100 at the default's speed, plus the builds (compiled first, in
+parallel processes) and the forward passes: about 2 minutes, under the 200 s that device_round36.sh
+gives the step (and --budget-s 170 stops starting shapes before it).
 """
 
 from __future__ import annotations
@@ -216,9 +222,9 @@ def markdown(records, entries, gpu: str, args) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "experiments/out")
-    p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=int, default=8)
     p.add_argument("--head-dims", nargs="*", type=int, default=[32, 64, 96, 128])
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into BWD_TRAIN")
     p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")

@@ -136,3 +136,28 @@ def test_fa_hw_backward_names_the_configs_it_takes():
     q, k, v, o, lse, do = _problem(16, 16, 32, False)
     with pytest.raises(ValueError, match="config must be a BackwardConfig, None .* or 'auto', got 'fast'"):
         fa_hw.backward(q, k, v, o, lse, do, config="fast")
+
+
+def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(tmp_path):
+    """experiments/tune_bwd.py's choice on recorded times (no GPU): per key the candidate whose worst
+    ratio to SDPA-flash over the key's shapes is best (not the best mean: 128x8s1 is faster on one
+    shape and much slower on the other), its table read back by lookup."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_bwd", Path(__file__).resolve().parent.parent / "experiments" / "tune_bwd.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    recs = [{"case": [8, 16, 1024, 64], "causal": False, "default": "64x4s1", "notes": {"32x4s1": "failed"},
+             "runs_ms": {"flash": [1.0, 1.0], "64x4s1": [2.0, 2.0], "64x8s2": [1.25, 1.25], "128x8s1": [2.5, 2.5]}},
+            {"case": [6, 8, 700, 64], "causal": False, "default": "64x4s1", "notes": {},
+             "runs_ms": {"flash": [1.0, 1.0], "64x4s1": [2.0, 2.0], "64x8s2": [1.25, 1.25], "128x8s1": [0.5, 0.5]}}]
+    (entry,) = tune.choose(recs)
+    assert (entry.head_dim, entry.causal, entry.size, entry.block_m, entry.n_warps, entry.q_stages) == \
+        (64, False, "short", 64, 8, 2)
+    assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2
+    table = Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")
+    (tmp_path / "h100_80gb_hbm3.json").write_text(json.dumps(table.to_json()))
+    got = lookup(64, False, 900, "NVIDIA H100 80GB HBM3", "sm_90", directory=tmp_path)
+    assert got.config == BackwardConfig(64, block_m=64, n_warps=8, q_stages=2)
