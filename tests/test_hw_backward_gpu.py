@@ -5,7 +5,8 @@ kernel) bit for bit equal to the PTX engine (fa_sim.simulate_backward with the H
 model) and to itself on shapes with tails for every head_dim; the atomic mode's dK, dV equal to the
 deterministic mode's; the driver's registers in both modes. The same bit identity for bf16 (FA_BF16,
 d = 32/64/128) and for head_dim 96, 160, 192 in fp16 and bf16, their gradients within the bound of
-their type (attention_backward(..., dtype=))."""
+their type (attention_backward(..., dtype=)). Every backward tuning candidate (fa_hw.tuned_backward)
+gives the PTX engine's default bits."""
 
 from __future__ import annotations
 
@@ -147,3 +148,24 @@ def test_checkpoint_buffer_equals_the_engines_bit_for_bit(gpu, causal, determini
     for name in ("dq", "dk", "dv") if deterministic else ("dk", "dv"):
         assert getattr(hw, name).tobytes() == getattr(plain, name).tobytes(), name
         assert getattr(hw, name).tobytes() == getattr(sim, name).tobytes(), name
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, head_dim):
+    """fa_hw.tuned_backward's candidates (what experiments/tune_bwd.py times and fa_hw.attention may
+    run): deterministic mode bit for bit the PTX engine's default run (the tiles and Q stages change
+    no bit: docs/backward.md section 2), the atomic mode's dK, dV too; config="auto" runs a candidate."""
+    import fa_sim
+    from fa_hw.tuned_backward import candidates
+
+    q, k, v, o, lse, do = _problem(1, 2, 70, 90, head_dim, True, seed=3)
+    sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=True, mma_model="h200")
+    for cfg in candidates(head_dim):
+        for det in (True, False):
+            hw = fa_hw.backward(q, k, v, o, lse, do, causal=True, deterministic=det, config=cfg)
+            assert hw.config == cfg
+            for name in ("dq", "dk", "dv") if det else ("dk", "dv"):
+                a, s = _bits(getattr(hw, name)), _bits(getattr(sim, name))
+                assert np.array_equal(a, s), f"{cfg.describe()} {name}: {int((a != s).sum())} elements differ"
+    auto = fa_hw.backward(q, k, v, o, lse, do, causal=True, config="auto")
+    assert auto.config in candidates(head_dim)
