@@ -43,6 +43,8 @@ class GpuModel:
     s2r_latency: int = 20
     const_latency: int = 12  # LDC (cached constant)
     read_latency: int = 6  # a read scoreboard: sources read
+    fchk_latency: int = 18  # FCHK (div.rn's range check, xu pipe) to its predicate's release: MUFU's until
+    # fa_sim.calibrate.timing_microbench's div_latency is recorded
     bar_latency: int = 20  # BAR.SYNC: last arrival to release
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)

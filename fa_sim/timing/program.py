@@ -51,7 +51,9 @@ _PIPES = {
     Pipe.TENSOR: ("HMMA",),
     Pipe.FMA: ("FFMA", "FADD", "FMUL", "FFMA32I", "FADD32I", "FMUL32I"),
     Pipe.FMA_HEAVY: ("IMAD", "IMUL", "IMAD32I"),
-    Pipe.XU: ("MUFU", "I2F", "F2I", "FRND", "I2FP", "F2IP", "FCHK"),
+    Pipe.XU: ("MUFU", "I2F", "F2I", "FRND", "I2FP", "F2IP",
+              "FCHK"),  # div.rn's range check: on sm_90 in the MIO's transcendental unit with MUFU (Accel-Sim's
+    # Hopper opcode map, from Nsight Compute's pipe classes; on sm_70-86 an fma-pipe op), a write scoreboard
     Pipe.CBU: ("BRA", "BSSY", "BSYNC", "WARPSYNC", "EXIT", "CALL", "RET", "NOP", "YIELD", "BMOV", "JMP"),
     Pipe.MIO: ("LDSM", "LDS", "STS", "SHFL", "LDGSTS", "LDG", "STG", "S2R", "CS2R", "LDC", "LDGDEPBAR",
                "DEPBAR", "BAR", "MEMBAR", "ATOMS", "ATOMG", "ATOM", "RED", "REDG", "LDL", "STL"),
@@ -111,7 +113,7 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     cycles = {Pipe.TENSOR: gpu.hmma_cycles, Pipe.FMA: gpu.fma_cycles, Pipe.FMA_HEAVY: 2 * gpu.fma_cycles,
               Pipe.ALU: gpu.alu_cycles, Pipe.XU: gpu.xu_cycles}.get(pipe, 1)
     latency = {"MUFU": gpu.mufu_latency, "SHFL": gpu.shfl_latency, "S2R": gpu.s2r_latency, "CS2R": gpu.s2r_latency,
-               "LDC": gpu.const_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
+               "LDC": gpu.const_latency, "FCHK": gpu.fchk_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
     cls = smem_class(opcode)
     width = 16 if ".128" in opcode else 8 if ".64" in opcode else 4
     wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
