@@ -91,7 +91,7 @@ def measure(warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
     return {"gpu": device().name, "warmup": warmup, "reps": reps, "batches": batches, "rows": rows}
 
 
-def predict(measured: dict | None, gpu: str = "h200") -> list[dict]:
+def predict(measured: dict | None, gpu: str = "h200", cases=None) -> list[dict]:
     from fa_sim.timing import predict as predict_problem
 
     by_key: dict = {}
@@ -102,7 +102,7 @@ def predict(measured: dict | None, gpu: str = "h200") -> list[dict]:
           f"{'error':>8}  seconds")
     for shape in SHAPES:
         base: dict = {}
-        for name in CASES:
+        for name in (CASES if cases is None else cases):
             prob = _launch(shape, CASES[name])[0]
             t0 = time.time()
             m = by_key.get((name, tuple(shape[:5]), shape[5]))
@@ -143,10 +143,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"--measure's JSON (default {DEFAULT_OUT})")
     ap.add_argument("--measured", type=Path, default=DEFAULT_OUT, help="--predict's measurements to compare with")
     ap.add_argument("--gpu", default="h200", help="--predict: the timing model's GPU")
+    ap.add_argument("--cases", default=None, help="--predict: only these cases, comma-separated (plain always runs: "
+                    "the 'vs plain' columns), e.g. softcap30,all")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=3)
     args = ap.parse_args(argv)
+    cases = None if args.cases is None else ["plain"] + [c for c in args.cases.split(",") if c and c != "plain"]
+    unknown = sorted(set(cases or ()) - set(CASES))
+    if unknown:
+        ap.error(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(CASES)}")
     if min(args.warmup + 1, args.reps, args.batches) < 1:
         ap.error("--warmup must be >= 0, --reps and --batches >= 1")
     if args.list:
@@ -164,7 +170,7 @@ def main(argv=None) -> int:
     measured = json.loads(args.measured.read_text()) if args.measured.exists() else None
     if measured is None:
         print(f"no measurements at {args.measured}: predictions only", file=sys.stderr)
-    predict(measured, args.gpu)
+    predict(measured, args.gpu, cases)
     return 0
 
 

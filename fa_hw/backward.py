@@ -263,6 +263,19 @@ def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determini
     owner)`; timed: each launch timed and synchronised (runtime.launch_kernel), else only enqueued
     (then the workspace must be stream-ordered: _torch_workspace): -> (LoadedBackward, the kernels'
     ms or None, the checkpoint buffer of `ctas` as numpy or None; ctas need timed)."""
+    loaded, launches, keep, ck_args, ck_host = _plan(ptrs, shape, cfg, causal, scale, deterministic, stream,
+                                                     workspace, ctas)
+    ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream, timed)
+               for name, grid, smem, args in launches)
+    if ck_host is not None:
+        ck_host = runtime.download(ck_args[0], ck_host, stream)
+    return loaded, (ms if timed else None), ck_host
+
+
+def _plan(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool, stream, workspace,
+          ctas=None):
+    """The three launches of _run, ready: (LoadedBackward, [(kernel, grid, smem, args)], the workspaces'
+    owners, the checkpoint arguments, the checkpoint buffer's host array or None)."""
     b, h, nq, nk, d = shape
     loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch(),
                                          checkpoints=ctas is not None))
@@ -295,11 +308,42 @@ def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determini
          (q_, k_, v_, do_, lse_, dpsum, acc, dk, dv, np.int32(nq), np.int32(nk), s32, *ck_args)),
         last,
     ]
-    ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream, timed)
-               for name, grid, smem, args in launches)
-    if ck_host is not None:
-        ck_host = runtime.download(ck_args[0], ck_host, stream)
-    return loaded, (ms if timed else None), ck_host
+    return loaded, launches, keep, ck_args, ck_host
+
+
+def time_backward_kernels(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                          deterministic: bool = False, *, warmup: int = 5, reps: int = 20,
+                          config: BackwardConfig | None = None, dtype: str | None = None) -> tuple[list, ...]:
+    """Each of the backward's three kernels timed as the forward's launches are (LaunchPlan.time): the
+    kernel launched `warmup` times, then `reps` times back to back with a CUDA event between launches
+    (the GPU's queue never runs dry, so the host's launch calls are hidden), in launch order on one set
+    of buffers (the preprocess kernel's D feeds the main kernel; the atomic mode's dq_accum sums all
+    the main kernel's launches, which changes no timing). -> per kernel, the reps' times (ms) as lists.
+    fa_hw.backward's kernel_ms is one launch per kernel from an idle, synchronised stream instead: it
+    adds the host's time to issue the launch, which this leaves out. numpy inputs (staged, uploaded)."""
+    if warmup < 0 or reps < 1:
+        raise ValueError(f"warmup must be >= 0 and reps >= 1, got warmup={warmup!r}, reps={reps!r}")
+    x = check_backward_inputs(q, k, v, o, lse, do, causal, scale, config, dtype)
+    _check_mode_and_size(deterministic, *x.shape)
+    cfg = x.config
+    stream = runtime.own_stream()
+    ins = [runtime.upload(a, stream) for a in (x.q, x.k, x.v, x.o, x.lse, x.do)]
+    outs = [runtime.allocate(a.nbytes, stream) for a in (x.q, x.k, x.v)]
+    ptrs = [int(buf.handle) for buf in (*ins, *outs)]
+    loaded, launches, keep, _, _ = _plan(ptrs, x.shape, cfg, x.causal, x.scale, bool(deterministic), stream,
+                                         _buffer_workspace(stream))
+    times = []
+    for name, grid, smem, args in launches:
+        for _ in range(warmup):
+            _launch(loaded, name, grid, cfg.n_threads, smem, args, stream, False)
+        marks = [runtime._timing_event(stream)]
+        for _ in range(reps):
+            _launch(loaded, name, grid, cfg.n_threads, smem, args, stream, False)
+            marks.append(runtime._timing_event(stream))
+        runtime._sync(stream, name)
+        times.append([float(b - a) for a, b in zip(marks, marks[1:])])
+    del ins, outs, keep
+    return tuple(times)
 
 
 def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream,

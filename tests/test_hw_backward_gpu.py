@@ -169,3 +169,23 @@ def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, hea
                 assert np.array_equal(a, s), f"{cfg.describe()} {name}: {int((a != s).sum())} elements differ"
     auto = fa_hw.backward(q, k, v, o, lse, do, causal=True, config="auto")
     assert auto.config in candidates(head_dim)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_queued_kernel_times_leave_out_the_host_launch_call(gpu, deterministic):
+    """fa_hw.backward's time_backward_kernels (experiments/timing_backward.py --measure): each
+    kernel's reps, launches queued back to back, positive and no longer than the single-launch
+    times of fa_hw.backward (which include the host's launch call): the preprocess kernel's median
+    below its single launch's."""
+    import importlib
+    import statistics
+
+    time_kernels = importlib.import_module("fa_hw.backward").time_backward_kernels
+    q, k, v, o, lse, do = _problem(1, 8, 1024, 1024, 64, False)
+    times = time_kernels(q, k, v, o, lse, do, deterministic=deterministic, warmup=3, reps=10)
+    assert len(times) == 3 and all(len(t) == 10 and min(t) > 0 for t in times)
+    single = [statistics.median(x) for x in zip(*(fa_hw.backward(q, k, v, o, lse, do, deterministic=deterministic)
+                                                  .kernel_ms for _ in range(5)))]
+    assert statistics.median(times[0]) < single[0]
+    with pytest.raises(ValueError, match="reps >= 1"):
+        time_kernels(q, k, v, o, lse, do, reps=0)

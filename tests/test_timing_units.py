@@ -130,7 +130,7 @@ def test_the_reserved_kilobyte_per_cta_costs_a_cta_where_the_tiles_fit_exactly()
 # ---- program.step: each opcode family's pipe, cycles and latency ----------------------------------------
 # Every field distinct, so that each value names the field it came from.
 DISTINCT = H200.with_(hmma_cycles=5.5, fma_cycles=3, alu_cycles=7, xu_cycles=11, mufu_latency=101,
-                      smem_latency=102, shfl_latency=103, s2r_latency=104, const_latency=105)
+                      smem_latency=102, shfl_latency=103, s2r_latency=104, const_latency=105, fchk_latency=106)
 
 
 def _control(stall=2, write=None, read=None, wait=0, yield_hint=False) -> Control:
@@ -155,6 +155,7 @@ PIPES = {
     "MUFU.EX2": (Pipe.XU, 11, 101, Pipe.XU, False),  # xu_cycles, mufu_latency
     "I2F.F16": (Pipe.XU, 11, 101, Pipe.XU, False),
     "F2I.TRUNC": (Pipe.XU, 11, 101, Pipe.XU, False),
+    "FCHK": (Pipe.XU, 11, 106, Pipe.XU, False),  # div.rn's range check: fchk_latency
     "UIADD3": (Pipe.UNIFORM, 1, 101, Pipe.UNIFORM, False),  # the uniform datapath: U* and R2UR, S2UR
     "R2UR": (Pipe.UNIFORM, 1, 101, Pipe.UNIFORM, False),
     "S2UR": (Pipe.UNIFORM, 1, 101, Pipe.UNIFORM, False),
@@ -170,6 +171,8 @@ PIPES = {
     "LDC.64": (Pipe.MIO, 1, 105, Pipe.MIO, True),  # const_latency
     "LDGSTS.E.BYPASS.128": (Pipe.MIO, 1, 102, Pipe.MIO, True),
     "BAR.SYNC.DEFER_BLOCKING": (Pipe.MIO, 1, 102, Pipe.MIO, True),
+    "REDG.E.ADD.F32.FTZ.RN.STRONG.GPU": (Pipe.MIO, 1, 102, Pipe.MIO, True),  # a global reduction (sm_90)
+    "ATOMG.E.ADD.STRONG.GPU": (Pipe.MIO, 1, 0, Pipe.MIO, True),  # answers when its data arrive (sm.py)
 }
 
 

@@ -8,7 +8,10 @@ Each benchmark is a straight-line CUDA kernel (its block written out, no loop) t
 (clock64) before and after a block of one kind of instruction, in 4 warps of one CTA on one SM
 (one warp per sub-partition) or 16 (four each): the tensor pipe's rate (independent HMMA.16816),
 MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma pipe's rate, the
-shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one.
+shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one;
+MUFU.RCP's latency and div.rn.f32's (the softcap's tanh: MUFU.RCP, FCHK, FFMAs, a branch around
+the slow path) dependent chain and rate, which tests/data/h200/timing_microbench.json does not hold
+yet (run --measure on a GPU).
 --measure records the cycles between the two clock reads of every warp; a benchmark's time is its
 slowest warp's (median over 20 launches: the block is done when every warp is).
 The model runs the same cubin's SASS (NVRTC for sm_90, decoded by fa_sim.timing.sass) on its SM
@@ -58,6 +61,11 @@ MMA = ('    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,
        '"r"(r3), "r"(b0 + J), "r"(b1));')
 EX2 = '    asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(fJ));'
 FMA = '    asm volatile("fma.rn.f32 %0, %0, %0, %0;" : "+f"(fJ));'
+# rcp then an add (ptxas folds rcp(rcp(x)) into x): the chain's step is MUFU.RCP's latency plus FADD's
+RCP = '    asm volatile("rcp.approx.ftz.f32 %0, %0;\\n\\tadd.ftz.f32 %0, %0, 0f3FC00000;" : "+f"(fJ));'
+# div.rn.f32 as the softcap's tanh divides (fa2_fwd.cu tanh_ex2): MUFU.RCP, FCHK, five FFMAs and a branch
+# around the slow path, which these operands (near 1) never take
+DIV = '    asm volatile("div.rn.f32 %0, %0, %1;" : "+f"(fJ) : "f"(f0 + 1.5f));'
 LDSM = ('    { unsigned x0, x1, x2, x3; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" '
         ': "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr + STEP * I)); r0 ^= x0 ^ x1 ^ x2 ^ x3; }')
 
@@ -69,6 +77,10 @@ BENCHES = {
     "ex2_rate": (EX2, 8, 32, 4, "0", 0),
     "ex2_latency": (EX2, 1, 128, 4, "0", 0),
     "ffma_rate": (FMA, 8, 64, 4, "0", 0),
+    # not yet recorded (issue 37's softcap and backward timing): MUFU.RCP's latency, div.rn's chain and rate
+    "rcp_latency": (RCP, 1, 128, 4, "0", 0),
+    "div_latency": (DIV, 1, 32, 4, "0", 0),
+    "div_rate": (DIV, 8, 8, 16, "0", 0),
     "ldsm_rate": (LDSM, 1, 63, 16, "(lane * 16) % 512", 256),
     "ldsm_8way": (LDSM, 1, 32, 16, "(lane * 128) % 4096", 16),
 }

@@ -43,6 +43,8 @@ class GpuModel:
     s2r_latency: int = 20
     const_latency: int = 12  # LDC (cached constant)
     read_latency: int = 6  # a read scoreboard: sources read
+    fchk_latency: int = 18  # FCHK (div.rn's range check, xu pipe) to its predicate's release: MUFU's until
+    # fa_sim.calibrate.timing_microbench's div_latency is recorded
     bar_latency: int = 20  # BAR.SYNC: last arrival to release
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
@@ -54,6 +56,16 @@ class GpuModel:
     # the SM's CTA slots filled (in a full grid every SM alike), from this (extrapolated to an empty SM)
     # to global_latency with every slot filled; None: no rise (GpuModel.loaded)
     global_bytes_per_cycle: float = 96.0  # per SM, L2 -> SM (fitted)
+    atomic_lanes_per_cycle: float = 128.0  # the L2's atomic units over the whole GPU: lanes of global reductions
+    # and atomics (REDG, ATOMG) executed per cycle, shared by the SMs in proportion to the atomics they send.
+    # Fitted on the H100's backward (tests/data/h100/timing_backward.json): the atomic mode's main kernel less
+    # the deterministic one's (the same host launch time in both) at (1, 8, 1024, 64) and (2, 8, 1024, 64),
+    # causal and not (96, 128, 160 tried); (1, 16, 2048, 64) held out (docs/backward.md, "Timed"). About
+    # 220 G fp32 reductions/s at 1.74 GHz; NVIDIA documents no such rate. The A100's is this value, unfitted.
+    atomic_share: float | None = None  # the share of that rate one SM's run gets (GpuModel.atomic_rate; set by
+    # fa_sim.timing.launch from the launch's atomics); None: an equal share of every SM
+    atomic_queue: int = 128  # cycles of atomic work queued per SM before the next atomic throttles (lg_throttle):
+    # the MIO queue's depth (mio_queue), not fitted
     l2_bytes: int = 50 * 2**20  # a launch whose arrays are larger streams from DRAM (fa_sim.timing.launch)
     dram_bytes_per_cycle: float = 20.9  # per SM: the HBM's peak over the SMs at the effective clock
     # (H200: 4.8 TB/s / 132 SMs / 1.74 GHz)
@@ -70,6 +82,11 @@ class GpuModel:
 
     def with_(self, **changes) -> "GpuModel":
         return replace(self, **changes)
+
+    @property
+    def atomic_rate(self) -> float:
+        """Atomic lanes per cycle the L2 executes for one SM: its share of the GPU's rate."""
+        return self.atomic_lanes_per_cycle * (1.0 / self.sms if self.atomic_share is None else self.atomic_share)
 
     def loaded(self, resident: int, slots: int) -> "GpuModel":
         """The parameters one SM runs under with `resident` of its `slots` CTA slots filled: the copy

@@ -60,7 +60,7 @@ from ..contract.nvrtc import compile_cubin
 from ..contract.sass import disassemble
 from .gpus import GPUS, GpuModel
 from .predict import Prediction
-from .program import Step, step
+from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
@@ -93,6 +93,7 @@ class LaunchModel:
         self.usage = ResourceUsage.from_cubin(cubin, name)
         self._steps: dict = {}
         self._block_steps: dict = {}
+        self._atomics: dict = {}
 
     def block_steps(self, b) -> list[Step]:
         """The Steps of SASS block b's instructions: one Step per SASS address, built once (set
@@ -102,6 +103,16 @@ class LaunchModel:
             hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {}, self.memory)
                    for i in self.sass.blocks[b].instrs]
             self._block_steps[b] = hit
+        return hit
+
+    def atomic_lanes(self, walk: tuple) -> int:
+        """The lanes of global atomics and reductions a warp's walk sends to the L2 (program.ATOMIC_LANES
+        per warp instruction)."""
+        hit = self._atomics.get(walk)
+        if hit is None:
+            blocks = self.sass.blocks
+            hit = self._atomics[walk] = ATOMIC_LANES * sum(
+                i.base in ATOMIC_OPCODES and i.guard != "@!PT" for b in walk for i in blocks[b].instrs)
         return hit
 
     def size(self, walk: tuple) -> int:
@@ -297,6 +308,9 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     at_load = gpu.loaded(resident, k).with_local(model.usage.stack_bytes, threads, cta_smem, resident, k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
+    lanes = np.array([sum(model.atomic_lanes(w) for w in ws) for ws in walks], np.float64)[cta_walk]
+    if lanes.sum() > 0:  # the L2's atomic rate, shared by the SMs in proportion to the atomics they send
+        at_load = at_load.with_(atomic_share=float(lanes[s::gpu.sms].sum() / lanes.sum()))
     used = set(seq)  # only the walks the busiest SM runs become Steps
     streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
     run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,

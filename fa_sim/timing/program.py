@@ -42,7 +42,7 @@ class Sync(enum.IntEnum):
     EXIT = 4
     GLOBAL_COPY = 5  # LDGSTS: global -> shared, completes with its group
     GLOBAL_LOAD = 6  # LDG: its register arrives after the L2 / DRAM latency, behind the SM's share of bandwidth
-    GLOBAL_STORE = 7  # STG, RED, ATOMG: takes the SM's share of bandwidth; its sources are read at issue
+    GLOBAL_STORE = 7  # STG, REDG (RED): takes the SM's share of bandwidth; its sources are read at issue
     LOCAL_LOAD = 8  # LDL: through the L1 (the shared-memory data pipe); its misses go to the L2 (fa_sim.timing.sm)
     LOCAL_STORE = 9  # STL: the same; its sources are read at issue
 
@@ -51,13 +51,21 @@ _PIPES = {
     Pipe.TENSOR: ("HMMA",),
     Pipe.FMA: ("FFMA", "FADD", "FMUL", "FFMA32I", "FADD32I", "FMUL32I"),
     Pipe.FMA_HEAVY: ("IMAD", "IMUL", "IMAD32I"),
-    Pipe.XU: ("MUFU", "I2F", "F2I", "FRND", "I2FP", "F2IP"),
+    Pipe.XU: ("MUFU", "I2F", "F2I", "FRND", "I2FP", "F2IP",
+              "FCHK"),  # div.rn's range check: on sm_90 in the MIO's transcendental unit with MUFU (Accel-Sim's
+    # Hopper opcode map, from Nsight Compute's pipe classes; on sm_70-86 an fma-pipe op), a write scoreboard
     Pipe.CBU: ("BRA", "BSSY", "BSYNC", "WARPSYNC", "EXIT", "CALL", "RET", "NOP", "YIELD", "BMOV", "JMP"),
     Pipe.MIO: ("LDSM", "LDS", "STS", "SHFL", "LDGSTS", "LDG", "STG", "S2R", "CS2R", "LDC", "LDGDEPBAR",
-               "DEPBAR", "BAR", "MEMBAR", "ATOMS", "ATOMG", "RED", "LDL", "STL"),
+               "DEPBAR", "BAR", "MEMBAR", "ATOMS", "ATOMG", "ATOM", "RED", "REDG", "LDL", "STL"),
 }
 _PIPE_OF = {op: pipe for pipe, ops in _PIPES.items() for op in ops}
 _LOCAL = ("LDL", "STL")  # local memory: the L1 cache shares the shared-memory data pipe
+# global atomics and reductions, executed by the L2's atomic units (sm_90's SASS says REDG / ATOMG; older
+# listings RED / ATOM): the reductions need no answer, the atomics return the old value like a load
+ATOMIC_OPCODES = {"REDG": Sync.GLOBAL_STORE, "RED": Sync.GLOBAL_STORE, "ATOMG": Sync.GLOBAL_LOAD,
+                  "ATOM": Sync.GLOBAL_LOAD}
+ATOMIC_LANES = 32  # lanes a warp atomic is charged at the L2: the PTX engine applies atomics without
+# events (fa_sim.ptx.machine_ops.atomic), so their active lanes are not counted; a full warp is assumed
 _DEPBAR = re.compile(r"SB0,\s*(0x[0-9a-f]+|\d+)")
 
 
@@ -81,6 +89,7 @@ class Step:
     switch: bool = False  # a yield hint: the scheduler does not keep to this warp after it (fa_sim.timing.sm)
     tag_wavefronts: float = 0.0  # global requests: the 128-byte lines they touch beyond those their bytes need
     # packed, each a wavefront of the L1 (the shared-memory data pipe) at issue
+    atomic: int = 0  # global atomics and reductions: the lanes the L2's atomic units execute (fa_sim.timing.sm)
     waits: tuple = field(init=False, repr=False, compare=False)  # the scoreboards of wait_mask, in order
 
     def __post_init__(self) -> None:
@@ -104,7 +113,7 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
     cycles = {Pipe.TENSOR: gpu.hmma_cycles, Pipe.FMA: gpu.fma_cycles, Pipe.FMA_HEAVY: 2 * gpu.fma_cycles,
               Pipe.ALU: gpu.alu_cycles, Pipe.XU: gpu.xu_cycles}.get(pipe, 1)
     latency = {"MUFU": gpu.mufu_latency, "SHFL": gpu.shfl_latency, "S2R": gpu.s2r_latency, "CS2R": gpu.s2r_latency,
-               "LDC": gpu.const_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
+               "LDC": gpu.const_latency, "FCHK": gpu.fchk_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
     cls = smem_class(opcode)
     width = 16 if ".128" in opcode else 8 if ".64" in opcode else 4
     wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
@@ -112,8 +121,8 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
         # beside its neighbours'): a request at one offset is coalesced, through the L1 data pipe
         wf = -(-32 * width // 128)
     sync = {"BAR": Sync.BAR, "LDGDEPBAR": Sync.LDGDEPBAR, "DEPBAR": Sync.DEPBAR, "EXIT": Sync.EXIT,
-            "LDGSTS": Sync.GLOBAL_COPY, "LDG": Sync.GLOBAL_LOAD, "STG": Sync.GLOBAL_STORE, "RED": Sync.GLOBAL_STORE,
-            "ATOMG": Sync.GLOBAL_STORE, "LDL": Sync.LOCAL_LOAD, "STL": Sync.LOCAL_STORE}.get(base, Sync.NONE)
+            "LDGSTS": Sync.GLOBAL_COPY, "LDG": Sync.GLOBAL_LOAD, "STG": Sync.GLOBAL_STORE,
+            "LDL": Sync.LOCAL_LOAD, "STL": Sync.LOCAL_STORE, **ATOMIC_OPCODES}.get(base, Sync.NONE)
     if sync is Sync.EXIT and guard not in ("", "@PT"):  # a guarded EXIT in a stream: the warp went on past it
         sync = Sync.NONE  # (a warp that leaves there ends its stream with it)
     if guard in ("@!PT",):  # never executes, but issues
@@ -130,7 +139,7 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
                 -1 if control.read_barrier is None else control.read_barrier, control.wait_mask, latency, wf, sync,
                 int(m.group(1), 0) if m else 0, nbytes, base,
                 int(Pipe.FMA if pipe is Pipe.FMA_HEAVY else pipe), pipe is Pipe.MIO,
-                control.yield_hint, tags)
+                control.yield_hint, tags, ATOMIC_LANES if base in ATOMIC_OPCODES and sync is not Sync.NONE else 0)
 
 
 def global_cost(base: str, width: int, memory: Mapping[str, "MemoryCounts"] | None) -> tuple[int, float]:

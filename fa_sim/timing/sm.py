@@ -28,10 +28,15 @@ The model (parameters: fa_sim.timing.gpus):
   Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; the share
   `1 - local_hit` the L1 does not hold (GpuModel.with_local) also takes the L2 bandwidth, and an
   LDL waits that share of the copy latency more.
+- Global atomics and reductions (REDG, ATOMG) also queue on the SM's share of the L2's atomic units,
+  `atomic_rate` lanes per cycle (GpuModel.atomic_rate); a warp may issue one only while that queue
+  holds at most `atomic_queue` cycles of work (Nsight Compute's lg_throttle: the SM's local/global
+  queue is full), so a burst of reductions holds its warps back once the L2 falls behind. An ATOMG's
+  answer arrives the copy latency after the L2 executed it.
 - BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
 Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
 barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
-count), math_pipe_throttle, mio_throttle, not_selected; the issuing warp counts as selected.
+count), math_pipe_throttle, mio_throttle, lg_throttle, not_selected; the issuing warp counts as selected.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from .program import Pipe, Step, Sync
 
 N_SMSP = 4
 REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scoreboard", "barrier",
-           "math_pipe_throttle", "mio_throttle", "no_instruction")
+           "math_pipe_throttle", "mio_throttle", "lg_throttle", "no_instruction")
 
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
@@ -128,7 +133,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         start(slot, 0.0)
     lead = warps[0]
     pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
-    state = {"mio_free": 0.0, "global_free": 0.0}
+    state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
     events: list = []  # (time, seq, warp, scoreboard)
     last: list = [None] * N_SMSP
     stalls: Counter = Counter()
@@ -205,6 +210,8 @@ def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gp
     scheduler's inner loop; `_blocked` names the reason for the stall accounting)."""
     if t < w.ready or w.at_bar or pipes[st.slot] > t:
         return False
+    if st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
+        return False
     if st.sync is Sync.DEPBAR:
         if w.sb[0] > st.depbar_n:
             return False
@@ -231,6 +238,8 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
         return "wait"
     if pipes[st.slot] > t:
         return "mio_throttle" if st.is_mio else "math_pipe_throttle"
+    if st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
+        return "lg_throttle"
     if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
         return "mio_throttle"
     return None
@@ -257,8 +266,10 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
             busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
     elif st.sync is Sync.GLOBAL_LOAD or st.sync is Sync.GLOBAL_STORE:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
+        if st.atomic:  # the L2's atomic units execute its lanes after those queued before
+            state["atomic_free"] = max(state["atomic_free"], t) + st.atomic / gpu.atomic_rate
         if st.sync is Sync.GLOBAL_LOAD:
-            done = state["global_free"] + gpu.global_latency
+            done = max(state["global_free"], state["atomic_free"] if st.atomic else 0.0) + gpu.global_latency
     elif st.is_mio and st.wavefronts:
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
@@ -322,6 +333,8 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
     cands += [p for pipes in pipe_free for p in pipes if p > t]
     if state["mio_free"] - gpu.mio_queue > t:
         cands.append(state["mio_free"] - gpu.mio_queue)
+    if state["atomic_free"] - gpu.atomic_queue > t:
+        cands.append(state["atomic_free"] - gpu.atomic_queue)
     if not cands:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
     return max(t + 1, min(cands))

@@ -1,0 +1,94 @@
+"""Global atomics and reductions in the timing model (fa_sim.timing.program, .sm, .launch): REDG and
+ATOMG are global requests that also queue on the SM's share of the L2's atomic units, and a warp
+throttles (lg_throttle) once that queue is full; FCHK (div.rn's range check) issues to the xu pipe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa_sim.timing import GPUS
+from fa_sim.timing.program import ATOMIC_LANES, Pipe, Sync, step
+from fa_sim.timing.sass import Control
+from fa_sim.timing.sm import run_sm
+
+H200 = GPUS["h200"]
+NONE = 7  # no scoreboard
+
+
+def ctl(stall=1, wb=NONE, rb=NONE, wait=0) -> Control:
+    return Control.decode((stall | (1 << 4) | (wb << 5) | (rb << 8) | (wait << 11)) << 41)
+
+
+def ins(opcode, operands="R0, R1, R2", stall=1, wb=NONE, rb=NONE, wait=0, guard="", gpu=H200):
+    return step(opcode, operands, guard, ctl(stall, wb, rb, wait), gpu, {})
+
+
+RED = "REDG.E.ADD.F32.FTZ.RN.STRONG.GPU"
+EXIT = ins("EXIT", "")
+
+
+def test_reductions_and_atomics_are_global_requests_on_the_atomic_units():
+    red = ins(RED, "desc[UR10][R88.64], R120", rb=1)
+    assert (red.pipe, red.sync, red.atomic, red.bytes) == (Pipe.MIO, Sync.GLOBAL_STORE, ATOMIC_LANES, 128)
+    atom = ins("ATOMG.E.ADD.STRONG.GPU", "PT, R4, desc[UR4][R2.64], R5", wb=2)
+    assert (atom.pipe, atom.sync, atom.atomic, atom.latency) == (Pipe.MIO, Sync.GLOBAL_LOAD, ATOMIC_LANES, 0)
+    assert ins(RED, "desc[UR10][R88.64], R120", guard="@!PT").atomic == 0  # never executes
+    assert ins("STG.E", "desc[UR4][R2.64], R5").atomic == 0
+    assert ins("FCHK", "P0, R8, R15", wb=2).pipe is Pipe.XU
+
+
+def test_the_atomic_rate_is_the_sms_share_of_the_gpus():
+    assert H200.atomic_rate == pytest.approx(H200.atomic_lanes_per_cycle / H200.sms)
+    assert H200.with_(atomic_share=0.25).atomic_rate == pytest.approx(H200.atomic_lanes_per_cycle / 4)
+
+
+def test_a_burst_of_reductions_throttles_once_the_atomic_queue_is_full():
+    """20 reductions at 0.5 lanes a cycle: 64 cycles each at the L2; the warp may run `atomic_queue`
+    cycles ahead of the L2, so the last one issues once the 19 before it are within 100 cycles of done:
+    at 19 x 64 - 100, and EXIT the cycle after."""
+    gpu = H200.with_(atomic_lanes_per_cycle=0.5 * H200.sms, atomic_queue=100)
+    stream = [ins(RED, "desc[UR10][R88.64], R120", gpu=gpu)] * 20 + [EXIT]
+    run = run_sm([stream], 1, gpu)
+    assert run.cycles == 19 * 64 - 100 + 2
+    assert run.stalls["lg_throttle"] > 1000
+    deep = H200.with_(atomic_lanes_per_cycle=0.5 * H200.sms, atomic_queue=10**6)
+    assert run_sm([[ins(RED, "desc[UR10][R88.64], R120", gpu=deep)] * 20 + [EXIT]], 1, deep).cycles == 21
+
+
+def test_an_atomic_answers_after_the_l2_executed_it():
+    gpu = H200.with_(atomic_lanes_per_cycle=1.0 * H200.sms, global_latency=300, global_latency_idle=None)
+    atom = ins("ATOMG.E.ADD.STRONG.GPU", "PT, R4, desc[UR4][R2.64], R5", wb=2, gpu=gpu)
+    use = ins("FADD", "R6, R4, R4", wait=1 << 2, gpu=gpu)
+    assert run_sm([[atom] * 4 + [use, EXIT]], 1, gpu).cycles == pytest.approx(4 * 32 + 300 + 2, abs=3)
+
+
+ADDS = r"""
+extern "C" __global__ void adds(float* out, int n) {
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) {
+#if ATOMIC
+    atomicAdd(out + (blockIdx.x % 4) * blockDim.x + threadIdx.x, 1.0f);
+#else
+    out[(blockIdx.x * n + i) * blockDim.x + threadIdx.x] = 1.0f;
+#endif
+  }
+}
+"""
+
+
+def test_a_launch_of_atomic_adds_takes_the_l2s_atomic_rate():
+    """264 CTAs x 128 threads x 16 atomicAdds (REDG) against the same stores (STG): the reductions
+    take the L2's rate, every SM its equal share, so the launch is longer by about all its lanes over
+    atomic_lanes_per_cycle; a launch whose CTAs add unequal counts gives the busiest SM its share."""
+    from fa_sim.timing import predict_launch
+
+    n, ctas = 16, 264
+    out = np.zeros(ctas * n * 128, np.float32)
+    args = [out, np.int32(n)]
+    red = predict_launch(ADDS, (ctas,), (128,), args, kernel="adds", macros={"ATOMIC": 1}, cache=False)
+    st = predict_launch(ADDS, (ctas,), (128,), args, kernel="adds", macros={"ATOMIC": 0}, cache=False)
+    lanes = ctas * 128 * n
+    extra = lanes / H200.atomic_lanes_per_cycle / (H200.clock_ghz * 1e6)
+    assert red.kernel_ms - st.kernel_ms == pytest.approx(extra, rel=0.15)
+    assert red.stalls.get("lg_throttle", 0) > 0 and "lg_throttle" not in st.stalls
