@@ -20,6 +20,8 @@
 #   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
 #             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
 #             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
+#   micro     fa_sim.calibrate.timing_microbench --measure: the SM-unit microbenchmarks incl. MUFU.RCP's and
+#             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
 set -u
@@ -93,6 +95,8 @@ for s in $STEPS; do case $s in
       | tail -40 | tee -a "$OUT/summary.txt"
     timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
       2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
+  micro) log micro
+    timeout "$(lim 90)" python3 -m fa_sim.calibrate.timing_microbench --measure --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
     case $GPU in *H100*) ;; *) echo "   skipped: the shipped table is the H200's; this step tunes an H100's" | tee -a "$OUT/summary.txt"; continue ;; esac
     timeout "$(lim ${TUNE_S:-200})" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
