@@ -122,11 +122,14 @@ def size_class(seqlen_k: int) -> str:
     return "short" if seqlen_k <= SHORT_MAX_KEYS else "medium" if seqlen_k <= MEDIUM_MAX_KEYS else "long"
 
 
-def effective_keys(seqlen_k: int, window: tuple[int, int] = (-1, -1)) -> int:
-    """The keys one query row sees: seqlen_k, or with a window (left, right; -1 unbounded) bounded
-    on both sides, left + 1 + right, at most seqlen_k (the size class of a windowed launch)."""
+def effective_keys(seqlen_k: int, window: tuple[int, int] = (-1, -1), causal: bool = False) -> int:
+    """The keys one query row sees: seqlen_k, or with a window (left, right; -1 unbounded, the
+    effective bounds of fa_sim.problem.Problem, where a causal launch's right side is -1) bounded on
+    both sides (causal: the right side is 0), left + 1 + right, at most seqlen_k (the size class of
+    a windowed launch)."""
     left, right = window
-    if left < 0 or right < 0:  # a causal window is (left, 0): bounded; (-1, r) keeps the row's prefix
+    right = 0 if causal else right
+    if left < 0 or right < 0:  # (-1, r) keeps the row's prefix, (l, -1) its suffix
         return int(seqlen_k)
     return int(min(seqlen_k, left + 1 + right))
 
@@ -321,7 +324,7 @@ def auto_config(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str,
     """The config "auto" means for this problem on this GPU (module docstring: lookup order);
     `features`: the launch's fa_hw.autotune.Features (None: the plain kernel), its class and window."""
     want = FeatureClass.of(features)
-    size = size_class(effective_keys(seqlen_k, features.window) if features is not None else seqlen_k)
+    size = size_class(effective_keys(seqlen_k, features.window, causal) if features is not None else seqlen_k)
     table = table_for(gpu, directory)
     entry = table.lookup(head_dim, bool(causal), size, want) if table is not None and table.arch == arch else None
     if entry is not None:
@@ -400,7 +403,7 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
 
     feats = autotune.Features() if features is None else features
     want = FeatureClass.of(feats)
-    size = size_class(effective_keys(seqlen_k, feats.window))
+    size = size_class(effective_keys(seqlen_k, feats.window, causal))
     table = table_for(gpu, directory)
     entry = table.lookup(head_dim, bool(causal), size, want) if table is not None and table.arch == arch else None
     if entry is not None:  # in the run's dtype (the tables hold fp16 configs)

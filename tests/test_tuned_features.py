@@ -86,6 +86,8 @@ def test_a_window_is_classed_by_the_keys_a_row_sees():
     assert tuned.effective_keys(500, (1024, 0)) == 500
     assert tuned.effective_keys(8192, (-1, 0)) == 8192 and tuned.effective_keys(8192, (64, -1)) == 8192
     assert tuned.effective_keys(8192) == 8192
+    assert tuned.effective_keys(8192, (1024, -1), causal=True) == 1025  # Problem's causal window: right side -1
+    assert tuned.effective_keys(8192, (-1, -1), causal=True) == 8192
     assert [tuned.size_class(tuned.effective_keys(16000, w)) for w in ((1023, 0), (1024, 0), (4096, 0))] == [
         "short", "medium", "long"]
 
@@ -115,6 +117,9 @@ def test_device_and_model_choices_read_the_feature_entries(tmp_path):
     got = tuned.device_choice(128, False, 8192, 8192, 64, *GPU, never, tmp_path, kernel="k", features=cap)
     assert got.config.tag == "m128n64d128w4-swizzled-ls"
     assert got.source == "h200.json (d=128, non-causal, long, nearest to short, softcap)"
+    # a window of 2001 keys a row at N = 16384: the medium entry, not the long one
+    assert tuned.device_choice(128, False, 16384, 16384, 64, *GPU, never, tmp_path, kernel="k",
+                               features=autotune.Features(window=(2000, 0))).config.tag == "m128n64d128w4-swizzled-s2"
     gqa_bf16 = autotune.Features(kv_group=8, dtype="bf16")
     got = tuned.auto_config(128, False, 3000, *GPU, tmp_path, features=gqa_bf16)
     assert got.config.tag == "m128n64d128w4-swizzled-s2-ls-bf16"
