@@ -24,8 +24,8 @@ the best of all). Besides fa_hw.tuned's candidates it times the autotuner's (fa_
 
 --features (issue 38) tunes the feature classes instead (fa_hw.tuned.FeatureClass: head_dim 96-256,
 bf16, GQA, softcap) on hw_sets.FEATURE_TRAIN, shapes none of which experiments/bench_features.py
-benchmarks (`check_feature_sets`), within about 200 s of an H100 (120 builds compiled in parallel,
-20 cases of 6 candidates). Each is timed with its features and dtype against SDPA-flash on the same
+benchmarks (`check_feature_sets`), planned for about 200 s of an H100, not yet run (120 builds
+compiled in parallel, 20 cases of 6 candidates). Each is timed with its features and dtype against SDPA-flash on the same
 inputs (bf16 in bf16; GQA with enable_gqa; softcap against SDPA-flash without it, which only
 normalises: the ranking is by time); its O must be within bench_features.ERR_BAR of float64
 (bench_features.reference). Candidates are pruned to `feature_candidates` (at most --max-candidates,

@@ -199,3 +199,38 @@ def test_tune_hw_refuses_bad_feature_options_before_any_work(tune_hw, capsys, tm
     assert tune_hw.main(["--gpu-name", "X", "--features", "--base", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tune_hw.py: cannot read the tuned table") and err.count("\n") == 1
+
+
+def test_tune_features_merges_into_the_shipped_table(tune_hw, monkeypatch, tmp_path, capsys):
+    """main --features end to end with the GPU parts faked: every FEATURE_TRAIN case and causal flag
+    is measured, the fastest candidate (here: the last of each pool) becomes the class's entry, and
+    the written table is the shipped H100 table with those entries added."""
+    from fa_sim.contract import cubins
+
+    class Dev:
+        name = "NVIDIA H100 80GB HBM3"
+
+    compiled = []
+    monkeypatch.setattr(tune_hw, "device", lambda: Dev())
+    monkeypatch.setattr(tune_hw, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cubins, "compile_many", lambda builds, workers: compiled.extend(builds))
+
+    def fake(case, causal, args):
+        pool = tune_hw.feature_candidates(case[3], causal, case[2], args.max_candidates)
+        rows = [dict(tag=c.tag, ms=2.0 - 0.1 * i, vs_flash=1.0 + 0.1 * i, note=None) for i, c in enumerate(pool)]
+        return tune_hw.Spread(1.0, 1.0, 1.0), rows
+    monkeypatch.setattr(tune_hw, "measure_feature_case", fake)
+    monkeypatch.setattr(tune_hw, "markdown", lambda *a: "table\n")
+    assert tune_hw.main(["--gpu-name", Dev.name, "--features", "--out", str(tmp_path)]) == 0
+    assert set(compiled) == tune_hw.feature_builds("sm_90", tuned.MAX_AUTOTUNE_CANDIDATES)
+    table = tuned.Table.load(tmp_path / "h100_80gb_hbm3.json")
+    shipped = tuned.table_for(Dev.name)
+    new = [e for e in table.entries if e not in shipped.entries]
+    assert set(shipped.entries) <= set(table.entries) and len(new) == 2 * len(tune_hw.FEATURE_TRAIN)
+    for b, h, n, d, feats in tune_hw.FEATURE_TRAIN:
+        fc = tune_hw.case_class((b, h, n, d, feats))
+        for causal in (False, True):
+            e = table.lookup(d, causal, tuned.size_class(n), fc)
+            assert (e.features, e.size) == (fc, "medium")
+            assert e.config == tune_hw.feature_candidates(d, causal, n)[-1]
+    assert "feature entries merged into" in capsys.readouterr().out
