@@ -31,6 +31,18 @@ TEST = [  # held out: none of these (B, H, N) is in TRAIN
     (32, 8, 1000, 64), (8, 32, 2048, 64), (3, 24, 3333, 64), (2, 32, 6144, 64),
     (12, 16, 900, 128), (8, 32, 2048, 128), (16, 8, 1200, 128), (2, 16, 7000, 128),
 ]
+# Issue 38's feature classes (experiments/tune_hw.py --features; fa_hw.tuned.FeatureClass): (B, H, N, d,
+# features), features as experiments/bench_features.py's rows (dtype, heads_k, softcap). One training
+# shape per (head_dim, size class, feature class) that bench_features.py's rows touch (all "medium"),
+# none of them a bench_features.py shape (tune_hw.check_feature_sets); GQA at 4 Q heads per K/V head
+# (the class "gqa" covers every ratio > 1), softcap at 40. Windows need no class of their own: they
+# are looked up by the size class of their effective keys (fa_hw.tuned.effective_keys).
+FEATURE_TRAIN = [
+    (6, 16, 2560, 96, {}), (3, 16, 2300, 160, {}), (2, 16, 3600, 192, {}), (3, 16, 2400, 256, {}),
+    (6, 16, 2300, 64, {"dtype": "bf16"}), (3, 24, 2600, 128, {"dtype": "bf16"}),
+    (6, 32, 2300, 64, {"heads_k": 8}), (6, 24, 2400, 128, {"heads_k": 6}),
+    (6, 16, 2600, 64, {"softcap": 40.0}), (3, 16, 3600, 128, {"softcap": 40.0}),
+]
 LEGACY = [(4, 16, 4096, 64), (8, 16, 1024, 64), (1, 16, 16384, 64), (4, 16, 4096, 128), (16, 16, 2048, 64),
           (1, 32, 8192, 128)]
 #: experiments/tune_bwd.py's training shapes (the backward's tiles, fa_hw/tuned/backward/): TRAIN and

@@ -15,10 +15,23 @@ ships one file per GPU, named by `gpu_key` ("NVIDIA H200" -> fa_hw/tuned/h200.js
 
 Size classes (what a config choice depends on besides head_dim and causal: rounds per CTA, which
 amortise the prologue and epilogue and set how many loads a pipeline can keep in flight):
-seqlen_k <= 1024 "short", <= 4096 "medium", above "long".
+seqlen_k <= 1024 "short", <= 4096 "medium", above "long". With a sliding window the class is that
+of the keys one query row can see (`effective_keys`: left + 1 + right, at most seqlen_k), which is
+what sets the rounds per CTA.
 
-Lookup. The entry for (head_dim, causal, size) of the device's table whose arch is the device's;
-else that GPU's entry for the same head_dim and causal in the nearest size class. On a real GPU
+Feature classes (issue 38; `FeatureClass`): an entry may also name the 16-bit type ("dtype":
+"bf16"), a grouped-query launch ("group": "gqa", any heads / heads_k > 1; MQA included) and a
+softcap ("softcap": true); absent, the entry is for the plain fp16 kernel, as every format-1 entry
+written before these keys was. `experiments/tune_hw.py --features` times them on training shapes of
+its own (FEATURE_TRAIN there) and merges them into the GPU's table. Head dims 96-256 need no feature
+key: they are head_dim values of the plain table. Configs are stored in fp16; the launch's dtype is
+applied when one is chosen.
+
+Lookup. The entry for (head_dim, causal, size, feature class) of the device's table whose arch is
+the device's; else, among that GPU's entries for the same head_dim and causal, the nearest: first
+the same softcap flag (softcap adds MUFU work to every score: a different balance), then the
+nearest size class, then the same dtype, then the same group (bf16 and GQA change no per-score work;
+`Table.lookup`). On a real GPU
 without a table (`device_choice`, what fa_hw.forward, `fa hw` and `fa compare` use), the autotuner
 answers (fa_hw.autotune): a few candidates timed on the GPU once per problem class, the choice
 cached on disk per GPU and reused by later processes. Without a device (`auto_config`, what `fa time`
@@ -109,9 +122,59 @@ def size_class(seqlen_k: int) -> str:
     return "short" if seqlen_k <= SHORT_MAX_KEYS else "medium" if seqlen_k <= MEDIUM_MAX_KEYS else "long"
 
 
+def effective_keys(seqlen_k: int, window: tuple[int, int] = (-1, -1), causal: bool = False) -> int:
+    """The keys one query row sees: seqlen_k, or with a window (left, right; -1 unbounded, the
+    effective bounds of fa_sim.problem.Problem, where a causal launch's right side is -1) bounded on
+    both sides (causal: the right side is 0), left + 1 + right, at most seqlen_k (the size class of
+    a windowed launch)."""
+    left, right = window
+    right = 0 if causal else right
+    if left < 0 or right < 0:  # (-1, r) keeps the row's prefix, (l, -1) its suffix
+        return int(seqlen_k)
+    return int(min(seqlen_k, left + 1 + right))
+
+
+DTYPES = ("fp16", "bf16")
+GROUPS = ("mha", "gqa")  # heads_k == heads; heads_k < heads (GQA and MQA)
+
+
+@dataclass(frozen=True)
+class FeatureClass:
+    """The feature part of a table key (module docstring): 16-bit type, K/V group class, softcap."""
+
+    dtype: str = "fp16"
+    group: str = "mha"
+    softcap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES or self.group not in GROUPS or not isinstance(self.softcap, bool):
+            raise ValueError(f"bad feature class (dtype={self.dtype!r}, group={self.group!r}, softcap={self.softcap!r}); "
+                             f"dtype is one of {DTYPES}, group one of {GROUPS}, softcap a bool")
+
+    @classmethod
+    def of(cls, features) -> "FeatureClass":
+        """The class of a launch's fa_hw.autotune.Features (None: the plain kernel)."""
+        if features is None:
+            return cls()
+        return cls(features.dtype, "gqa" if features.kv_group > 1 else "mha", bool(features.softcap))
+
+    @property
+    def plain(self) -> bool:
+        return self == FeatureClass()
+
+    def describe(self) -> str:
+        """'' for the plain kernel, else ', bf16, gqa, softcap' (what is not the default)."""
+        parts = [self.dtype] * (self.dtype != "fp16") + [self.group] * (self.group != "mha") + ["softcap"] * self.softcap
+        return "".join(f", {p}" for p in parts)
+
+    def distance(self, other: "FeatureClass") -> tuple[int, int, int]:
+        """(softcap differs, dtype differs, group differs): Table.lookup's order of preference."""
+        return int(self.softcap != other.softcap), int(self.dtype != other.dtype), int(self.group != other.group)
+
+
 @dataclass(frozen=True)
 class Entry:
-    """The fastest measured config for one (head_dim, causal, size) key."""
+    """The fastest measured config for one (head_dim, causal, size, feature class) key."""
 
     head_dim: int
     causal: bool
@@ -120,14 +183,21 @@ class Entry:
     tflops: float | None = None
     vs_flash: float | None = None
     shapes: tuple = ()
+    features: FeatureClass = FeatureClass()
 
     @property
-    def key(self) -> tuple[int, bool, str]:
-        return self.head_dim, self.causal, self.size
+    def key(self) -> tuple:
+        return self.head_dim, self.causal, self.size, self.features
 
     def to_json(self) -> dict:
-        return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "config": self.config.to_json(),
-                "tflops": self.tflops, "vs_flash": self.vs_flash, "shapes": [list(s) for s in self.shapes]}
+        out = {"head_dim": self.head_dim, "causal": self.causal, "size": self.size}
+        f = self.features  # only what is not the plain kernel's: a plain entry is written as before
+        out.update({"dtype": f.dtype} if f.dtype != "fp16" else {})
+        out.update({"group": f.group} if f.group != "mha" else {})
+        out.update({"softcap": True} if f.softcap else {})
+        out.update(config=self.config.to_json(), tflops=self.tflops, vs_flash=self.vs_flash,
+                   shapes=[list(s) for s in self.shapes])
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Entry":
@@ -135,11 +205,15 @@ class Entry:
         if head_dim not in HEAD_DIMS or not isinstance(causal, bool) or size not in SIZE_CLASSES:
             raise ValueError(f"bad key (head_dim={head_dim!r}, causal={causal!r}, size={size!r}); head_dim is one "
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
+        features = FeatureClass(data.get("dtype", "fp16"), data.get("group", "mha"), data.get("softcap", False))
         config = KernelConfig.from_json(data["config"])
         if config.head_dim != head_dim:
             raise ValueError(f"entry for head_dim {head_dim} holds a config of head_dim {config.head_dim}")
+        if config.dtype != "fp16":
+            raise ValueError(f"entry for d={head_dim} holds a {config.dtype} config; configs are stored in fp16 "
+                             f"(the entry's \"dtype\" names the type it was timed in)")
         return cls(head_dim, causal, size, config, data.get("tflops"), data.get("vs_flash"),
-                   tuple(tuple(s) for s in data.get("shapes", ())))
+                   tuple(tuple(s) for s in data.get("shapes", ())), features)
 
 
 @dataclass(frozen=True)
@@ -153,8 +227,9 @@ class Table:
 
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT, "gpu": self.gpu, "arch": self.arch, "nvrtc": self.nvrtc,
-                "entries": [e.to_json() for e in sorted(self.entries, key=lambda e: (e.head_dim, e.causal,
-                                                                                     SIZE_CLASSES.index(e.size)))]}
+                "entries": [e.to_json() for e in sorted(self.entries, key=lambda e: (
+                    e.features.softcap, e.features.dtype, e.features.group, e.head_dim, e.causal,
+                    SIZE_CLASSES.index(e.size)))]}
 
     @classmethod
     def from_json(cls, data: dict, where: str = "tuned table") -> "Table":
@@ -164,7 +239,7 @@ class Table:
             entries = tuple(Entry.from_json(e) for e in data["entries"])
             keys = [e.key for e in entries]
             if len(set(keys)) != len(keys):
-                raise ValueError("two entries for one (head_dim, causal, size)")
+                raise ValueError("two entries for one (head_dim, causal, size, dtype, group, softcap)")
             return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"{where} is not a valid tuned table: {exc}") from None
@@ -178,13 +253,22 @@ class Table:
             raise ValueError(f"cannot read the tuned table {path}: {exc}") from None
         return cls.from_json(data, str(path))
 
-    def lookup(self, head_dim: int, causal: bool, size: str) -> Entry | None:
-        """The entry of this key, else the same head_dim and causal in the nearest size class."""
+    def lookup(self, head_dim: int, causal: bool, size: str, features: FeatureClass = FeatureClass()) -> Entry | None:
+        """The entry of this key, else among the same head_dim and causal the nearest (module
+        docstring): the same softcap flag, the nearest size class, the same dtype, the same group."""
         same = [e for e in self.entries if e.head_dim == head_dim and e.causal == causal]
         if not same:
             return None
         want = SIZE_CLASSES.index(size)
-        return min(same, key=lambda e: (abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size)))
+
+        def order(e: Entry) -> tuple:
+            cap, dtype, group = features.distance(e.features)
+            return cap, abs(SIZE_CLASSES.index(e.size) - want), dtype, group, SIZE_CLASSES.index(e.size)
+        return min(same, key=order)
+
+    def plain(self) -> "Table":
+        """The entries of the plain kernel only (what the autotuner's pool and a plain tuning take)."""
+        return replace(self, entries=tuple(e for e in self.entries if e.features.plain))
 
 
 def table_for(gpu: str, directory: Path = TUNED_DIR) -> Table | None:
@@ -226,16 +310,25 @@ def heuristic(head_dim: int) -> KernelConfig:
     return HEURISTIC[head_dim]
 
 
+def _entry_source(gpu: str, entry: Entry, size: str, want: FeatureClass) -> str:
+    exact = "" if entry.size == size else f", nearest to {size}"
+    feats = entry.features.describe()
+    if entry.features != want:
+        feats += f", nearest to{want.describe()[1:] or ' the plain kernel'}"
+    return (f"{gpu_key(gpu)}.json (d={entry.head_dim}, {'causal' if entry.causal else 'non-causal'}, {entry.size}{exact}"
+            f"{feats})")
+
+
 def auto_config(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str,
-                directory: Path = TUNED_DIR) -> Choice:
-    """The config "auto" means for this problem on this GPU (module docstring: lookup order)."""
-    size = size_class(seqlen_k)
+                directory: Path = TUNED_DIR, features=None) -> Choice:
+    """The config "auto" means for this problem on this GPU (module docstring: lookup order);
+    `features`: the launch's fa_hw.autotune.Features (None: the plain kernel), its class and window."""
+    want = FeatureClass.of(features)
+    size = size_class(effective_keys(seqlen_k, features.window, causal) if features is not None else seqlen_k)
     table = table_for(gpu, directory)
-    entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
+    entry = table.lookup(head_dim, bool(causal), size, want) if table is not None and table.arch == arch else None
     if entry is not None:
-        exact = "" if entry.size == size else f", nearest to {size}"
-        return Choice(entry.config, f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, "
-                                    f"{entry.size}{exact})")
+        return Choice(replace(entry.config, dtype=want.dtype), _entry_source(gpu, entry, size, want))
     why = "no table for this GPU" if table is None else (
         f"the table is for {table.arch}" if table.arch != arch else f"no entry for d={head_dim}")
     model = MODEL_OF_ARCH.get(arch)
@@ -276,7 +369,7 @@ def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: P
     ranked = []  # (distance of the size class, size class, table, config)
     for t, path in enumerate(sorted(Path(directory).glob("*.json"))):
         ranked += [(abs(SIZE_CLASSES.index(e.size) - want), SIZE_CLASSES.index(e.size), t, e.config)
-                   for e in Table.load(path).entries if e.head_dim == head_dim and e.causal == bool(causal)]
+                   for e in Table.load(path).plain().entries if e.head_dim == head_dim and e.causal == bool(causal)]
     ranked.sort(key=lambda r: r[:3])
     out: list[KernelConfig] = []
     if not ranked:  # no table holds this head_dim (96-256 today): its candidates, the heuristic's tile first
@@ -304,18 +397,17 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
     `timer_factory` (fa_hw.autotune; the timing model is not consulted). `kernel`: the cache's
     fingerprint (fa_hw.autotune.fingerprint, computed when None). `features`: issue 38's
     grouped-query K/V, window, softcap and dtype of the launch (fa_hw.autotune.Features; None: none),
-    which the autotuned class and its timed launches carry (a shipped table answers as for the plain
-    kernel: it was measured without them)."""
+    which the autotuned class and its timed launches carry; a shipped table answers by the
+    launch's feature class and the window's effective keys (Table.lookup)."""
     from . import autotune
 
     feats = autotune.Features() if features is None else features
-    size = size_class(seqlen_k)
+    want = FeatureClass.of(feats)
+    size = size_class(effective_keys(seqlen_k, feats.window, causal))
     table = table_for(gpu, directory)
-    entry = table.lookup(head_dim, bool(causal), size) if table is not None and table.arch == arch else None
+    entry = table.lookup(head_dim, bool(causal), size, want) if table is not None and table.arch == arch else None
     if entry is not None:  # in the run's dtype (the tables hold fp16 configs)
-        exact = "" if entry.size == size else f", nearest to {size}"
-        return Choice(replace(entry.config, dtype=feats.dtype),
-                      f"{gpu_key(gpu)}.json (d={head_dim}, {'causal' if causal else 'non-causal'}, {entry.size}{exact})")
+        return Choice(replace(entry.config, dtype=feats.dtype), _entry_source(gpu, entry, size, want))
     heuristic(head_dim)  # an unsupported head_dim is refused before any timing
     cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal, feats)
     shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim, feats.kv_group)

@@ -591,17 +591,17 @@ __device__ __forceinline__ float exp_score_at(int ni, float x, float scale, floa
 }
 
 // ---- FA_SOFTCAP: S = tanh(S * scale / cap) (the softmax then scales by cap) -----------------------
-// tanh from operations the simulator models bit for bit (no tanh.approx): t = 2^(-2|y| log2 e) by
-// ex2.approx.ftz, tanh|y| = (1 - t) / (1 + t) with IEEE-rounded sub, add and div.rn, the sign of y
-// put back. Absolute error at most 1.2e-7 (below 2^-22, fa_sim.reference.TANH_ABS_ERR) against float64
-// tanh, measured on the simulator's models (tests/test_features.py); for |y| past 44, t = 0 (ftz)
-// and the result is exactly +-1; NaN stays NaN.
-__device__ __forceinline__ float tanh_ex2(float y) {
-  const u32 sign = __float_as_uint(y) & 0x80000000u;
-  const float a = __uint_as_float(__float_as_uint(y) ^ sign);  // |y|
-  const float t = ex2_approx(__fmul_rn(a, -2.8853900817779268f));  // e^(-2|y|); -2 log2(e) in fp32
-  const float r = __fdiv_rn(__fsub_rn(1.f, t), __fadd_rn(1.f, t));
-  return __uint_as_float(__float_as_uint(r) | sign);
+// tanh y = 1 - 2 / (1 + 2^x), x = 2 log2(e) y (softcap_mul carries the factor), by ex2.approx.ftz,
+// rcp.approx.ftz and one fma.rn: MUFU ops the simulator models bit for bit (not tanh.approx: MUFU.TANH is
+// unmodelled), five instructions, no branch (div.rn was a dozen and a slow-path call). Odd without a sign
+// fix-up: 2^x is 0 below x = -126 (result -1) and inf above 128 (+1); NaN stays NaN. Absolute error at most
+// 2.32e-7 (0.973 x 2^-22, fa_sim.reference.TANH_ABS_ERR) against float64 tanh over all 2^32 fp32 x, on the
+// simulator's models (experiments/softcap_tanh_exhaustive.py; docs/features.md).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y; asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); return y;
+}
+__device__ __forceinline__ float tanh_ex2(float x) {
+  return __fmaf_rn(-2.f, rcp_approx(__fadd_rn(1.f, ex2_approx(x))), 1.f);
 }
 __device__ __forceinline__ void softcap_scores(float (&tCrS)[kMRep][kSN][4], float mul) {
 #if FA_SOFTCAP
@@ -897,7 +897,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   gK += (u64)key_base * kHeadDim;
   gV += (u64)key_base * kHeadDim;
 #if FA_SOFTCAP
-  const float softcap_mul = __fdiv_rn(scale, __uint_as_float(FA_SOFTCAP));  // tanh's argument: S * scale / cap
+  const float softcap_mul = __fmul_rn(__fdiv_rn(scale, __uint_as_float(FA_SOFTCAP)), 2.8853900817779268f);  // x / S, tanh_ex2
   scale = __uint_as_float(FA_SOFTCAP);  // the softmax's scale: the logit is cap * tanh(...)
 #else
   const float softcap_mul = 0.f;
