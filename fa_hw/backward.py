@@ -263,6 +263,7 @@ def _run(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determini
     owner)`; timed: each launch timed and synchronised (runtime.launch_kernel), else only enqueued
     (then the workspace must be stream-ordered: _torch_workspace): -> (LoadedBackward, the kernels'
     ms or None, the checkpoint buffer of `ctas` as numpy or None; ctas need timed)."""
+    assert timed or ctas is None, "checkpoints are read back after timed launches"
     loaded, launches, keep, ck_args, ck_host = _plan(ptrs, shape, cfg, causal, scale, deterministic, stream,
                                                      workspace, ctas)
     ms = tuple(_launch(loaded, name, grid, cfg.n_threads, smem, args, stream, timed)
@@ -294,7 +295,6 @@ def _plan(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determin
         last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, dq, np.int32(nq), s32))
     ck_args, ck_host = (), None
     if ctas is not None:  # the debug build's buffer (zeroed), its CTA -> slot map and rounds
-        assert timed, "checkpoints are read back after timed launches"
         layout = BackwardCheckpointLayout(cfg, n_q)
         ck_host = layout.empty(len(ctas))
         ck_buf = runtime.allocate(ck_host.nbytes, stream)
