@@ -28,6 +28,12 @@ How (nothing here knows what the kernel computes):
    chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
    these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
    few chunks (docs/timing.md, "How long it takes").
+   Within a run, a loop's identical iterations are not simulated one by one (`steady`, on by
+   default): once the SM's whole state, relative to the clock, recurs with the same period twice in
+   a row while every resident warp repeats its last instructions, run_sm jumps whole periods up to
+   the first warp whose stream stops repeating, then simulates the rest (the last iterations, a
+   causal tail, the epilogue, the next CTA) cycle by cycle (fa_sim.timing.sm's _Steady, which
+   states the rule and its exactness; tests/test_timing_steady.py).
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
    the copy latency at the SM's load. Each request moves the sectors its class's requests of

@@ -128,7 +128,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             by_smsp[warp.smsp].append(warp)
         ctas.append(cta)
         if periodic is not None:
-            periodic.snaps.clear()  # another resident set: no earlier state can recur
+            periodic.reset()
 
     for slot in range(min(slots, len(streams)) - len(pending)):
         start(slot, 0.0)
@@ -225,7 +225,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
 
 STEADY_ROUND = 6  # decimals of the relative times compared in a steady state's key (see _Steady)
 STEADY_SNAPS = 256  # states remembered per resident set; past it they are forgotten and remembered anew
-STEADY_CONFIRM = 2  # periods alike in a row before the steady state is extrapolated
+STEADY_CONFIRM = 2  # periods alike in a row, ending in the same state, before the steady state is extrapolated
+STEADY_TIMING_CONFIRM = 4  # periods alike in a row between consecutive anchors, whatever the state, likewise
 
 
 class _Steady:
@@ -258,6 +259,7 @@ class _Steady:
 
     def __init__(self) -> None:
         self.snaps: dict = {}  # relative state -> (its record, the last period seen ending in it, times in a row)
+        self.chain: list = []  # the records of the last anchors, in order (the timing-only rule)
         self.due = False
         self._anchor: dict = {}  # id(stream) -> (stream, its anchor Step)
         self._ids: dict = {}  # id(stream) -> (stream, the id of each Step, as an array)
@@ -279,6 +281,11 @@ class _Steady:
             hit = self._ids[id(stream)] = (stream, np.fromiter(map(id, stream), np.int64, len(stream)))
         return hit[1]
 
+    def reset(self) -> None:
+        """Another resident set: no earlier state can recur."""
+        self.snaps.clear()
+        self.chain.clear()
+
     def at(self, t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles):
         """None, or (m, P, {id(warp): d_w}, the period's (issued, warp-cycles, busy, stalls)) to jump."""
         def rel(x):
@@ -290,24 +297,36 @@ class _Steady:
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
                       w.pc >= len(w.stream), w.cta.arrived, w.cta.live) for w in warps),
-               tuple(sorted((rel(e[0]), wid.get(id(e[2]), -1), e[3]) for e in events)))
+               # a copy's arrival (negative: its wavefronts) takes the shared-memory pipe, whoever issued it
+               tuple(sorted((rel(e[0]), wid.get(id(e[2]), -1) if e[3] >= 0 else -1, e[3]) for e in events)))
         now = (t, [w.pc for w in warps], issued, warp_cycles, dict(busy), dict(stalls))
-        before = self.snaps.get(key)
         if len(self.snaps) >= STEADY_SNAPS:
             self.snaps.clear()
-        if before is None:
-            self.snaps[key] = (now, None, 0)
+        before = self.snaps.get(key)
+        period = None if before is None else _period(before[0], now, warps)
+        times = 1 if period is None or period[0] != before[1] else before[2] + 1
+        self.snaps[key] = (now, None if period is None else period[0], 0 if period is None else times)
+        if period is not None and times >= STEADY_CONFIRM:
+            return self._jump(before[0], now, warps, period[1])
+        self.chain.append(now)  # the timing alone: the same period between consecutive anchors
+        if len(self.chain) < STEADY_TIMING_CONFIRM + 1:
             return None
-        (t1, pcs1, issued1, wc1, busy1, stalls1), seen, times = before
-        counts = (issued - issued1, warp_cycles - wc1, {k: v - busy1.get(k, 0) for k, v in busy.items()},
-                  {k: v - stalls1.get(k, 0) for k, v in stalls.items()})
-        period = (round(t - t1, STEADY_ROUND), tuple(w.pc - pc1 for w, pc1 in zip(warps, pcs1)), counts[0],
-                  round(counts[1], STEADY_ROUND), tuple(sorted((k, round(v, STEADY_ROUND)) for k, v in counts[2].items())),
-                  tuple(sorted((k, round(v, STEADY_ROUND)) for k, v in counts[3].items())))
-        times = times + 1 if period == seen else 1
-        self.snaps[key] = (now, period, times)
-        if times < STEADY_CONFIRM:
+        del self.chain[: -STEADY_TIMING_CONFIRM - 1]
+        periods = [_period(a, b, warps) for a, b in zip(self.chain, self.chain[1:])]
+        if None in periods:  # a CTA left
+            del self.chain[:-1]
             return None
+        if any(p[0][:4] != periods[0][0][:4] for p in periods):  # cycles, instructions, warp-cycles alike
+            return None
+        n = len(periods)  # the stall reasons and pipe-busy cycles of a period: their mean over the confirmed ones
+        total = _period(self.chain[0], now, warps)[1]
+        counts = (total[0] // n, total[1] / n, {k: v / n for k, v in total[2].items()},
+                  {k: v / n for k, v in total[3].items()})
+        return self._jump(self.chain[-2], now, warps, counts)
+
+    def _jump(self, before, now, warps, counts):
+        """(m, P, d_w, counts) from the record `before` to `now`, m the periods every warp's stream repeats."""
+        t1, pcs1 = before[0], before[1]
         m = None
         for w, pc1 in zip(warps, pcs1):
             d = w.pc - pc1
@@ -323,8 +342,22 @@ class _Steady:
             m = mw if m is None else min(m, mw)
         if not m or m < 1:
             return None
-        self.snaps.clear()
-        return m, t - t1, {id(w): w.pc - pc1 for w, pc1 in zip(warps, pcs1)}, counts
+        self.reset()
+        return m, now[0] - t1, {id(w): w.pc - pc1 for w, pc1 in zip(warps, pcs1)}, counts
+
+
+def _period(before, now, warps) -> tuple:
+    """(the period from record `before` to `now`, comparable; its counts (issued, warp-cycles, busy,
+    stalls)), or None where the warps moved back (not one resident set)."""
+    (t1, pcs1, issued1, wc1, busy1, stalls1), (t, pcs, issued, wc, busy, stalls) = before, now[:6]
+    if len(pcs1) != len(pcs):
+        return None
+    counts = (issued - issued1, wc - wc1, {k: v - busy1.get(k, 0) for k, v in busy.items()},
+              {k: v - stalls1.get(k, 0) for k, v in stalls.items()})
+    key = (round(t - t1, STEADY_ROUND), tuple(b - a for a, b in zip(pcs1, pcs)), counts[0], round(counts[1], STEADY_ROUND),
+           tuple(sorted((k, round(v, STEADY_ROUND)) for k, v in counts[2].items())),
+           tuple(sorted((k, round(v, STEADY_ROUND)) for k, v in counts[3].items())))
+    return key, counts
 
 
 def steady_size(stream: list) -> int:
