@@ -1,7 +1,8 @@
 """The SM model's steady state (fa_sim.timing.sm's _Steady, run_sm's `steady`): a loop's identical
-iterations, once the SM's state recurs with the same period STEADY_CONFIRM times, are skipped, not
-simulated. On launches whose full SM run is affordable, the skipped prediction is the full one within
-STEADY_BOUND of the SM's cycles, forward and backward, causal and not.
+iterations, once the SM repeats the same period (the same state STEADY_CONFIRM times, or the same
+timing STEADY_TIMING_CONFIRM times), are skipped, not simulated. On launches whose full SM run is
+affordable, the skipped prediction is the full one within STEADY_BOUND of the SM's cycles, forward
+and backward, causal and not.
 
 Why a bound and not equality: the SM model turns its sub-partitions' order with int(t) mod 4, so a
 period P that is not a whole multiple of 4 cycles (the L2 queue's 96 bytes per cycle make times
