@@ -22,7 +22,7 @@ STEADY_BOUND = 5e-4  # of the busiest SM's cycles (see the module docstring)
 
 def _compare(full, skipped) -> None:
     assert full.notes["sm_skipped_cycles"] == 0
-    assert skipped.notes["sm_skipped_cycles"] > 0.5 * skipped.notes["sm_cycles"]  # most of the loop was skipped
+    assert skipped.notes["sm_skipped_cycles"] > 0.25 * skipped.notes["sm_cycles"]  # (the dQ kernel of 8 K/V blocks: 37 %)
     assert skipped.instructions == full.instructions
     assert skipped.notes["sm_cycles"] == pytest.approx(full.notes["sm_cycles"], rel=STEADY_BOUND)
     assert skipped.kernel_ms == pytest.approx(full.kernel_ms, rel=STEADY_BOUND)
