@@ -1,5 +1,7 @@
 """One SM, cycle by cycle: four sub-partitions issuing the warps' SASS streams under ptxas's
-control bits.
+control bits. With `steady`, a loop's identical iterations are not simulated one by one once the
+SM repeats the same period: the periods are skipped and their cycles and counts added (_Steady
+states the rule).
 
 The model (parameters: fa_sim.timing.gpus):
 - Warps are spread over the four sub-partitions (SMSPs) by their index in the SM (w mod 4); each
@@ -32,8 +34,6 @@ The model (parameters: fa_sim.timing.gpus):
 Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
 barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
 count), math_pipe_throttle, mio_throttle, not_selected; the issuing warp counts as selected.
-With `steady`, a loop's identical iterations are not simulated one by one once the SM repeats
-the same period: the periods are skipped and their cycles and counts added (_Steady states the rule).
 """
 
 from __future__ import annotations
@@ -203,8 +203,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
-                state["mio_free"] += shift
-                state["global_free"] += shift
+                for q in state:  # the SM's queues' free cycles
+                    state[q] += shift
                 events[:] = [(e[0] + shift, *e[1:]) for e in events]  # a uniform shift keeps the heap order
                 issued += m * counts[0]
                 warp_cycles += m * counts[1]
@@ -304,7 +304,7 @@ class _Steady:
             return round(x - t, STEADY_ROUND) if x > t else 0.0
 
         wid = {id(w): i for i, w in enumerate(warps)}
-        key = (rel(state["mio_free"]), rel(state["global_free"]),
+        key = (tuple(rel(state[q]) for q in sorted(state)),  # the SM's queues' free cycles
                tuple(rel(p) for pipes in pipe_free for p in pipes),
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
