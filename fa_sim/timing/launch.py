@@ -28,6 +28,12 @@ How (nothing here knows what the kernel computes):
    chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
    these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
    few chunks (docs/timing.md, "How long it takes").
+   Within a run, a loop's identical iterations are not simulated one by one (`steady`, on by
+   default): once the SM's whole state, relative to the clock, recurs with the same period twice in
+   a row while every resident warp repeats its last instructions, run_sm jumps whole periods up to
+   the first warp whose stream stops repeating, then simulates the rest (the last iterations, a
+   causal tail, the epilogue, the next CTA) cycle by cycle (fa_sim.timing.sm's _Steady, which
+   states the rule and its exactness; tests/test_timing_steady.py).
    Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
    in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
    the copy latency at the SM's load. Each request moves the sectors its class's requests of
@@ -62,7 +68,7 @@ from .gpus import GPUS, GpuModel
 from .predict import Prediction
 from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
 from .sass import parse
-from .sm import REASONS, SmRun, run_sm
+from .sm import REASONS, SmRun, run_sm, steady_size
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
@@ -71,6 +77,7 @@ SM_WORK_RATE = 650_000  # warp instructions x resident warps per second of run_s
 # (this machine: 80 k instructions/s with 8 warps resident, 10 k/s with 64; its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
+STEADY = True  # predict_launch's default: skip the periods of the SM's steady state (fa_sim.timing.sm)
 
 
 @functools.lru_cache(maxsize=32)
@@ -210,7 +217,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
                    *, kernel: str | None = None, macros: Mapping = {}, name: str = "kernel.cu",
                    uniform_axes: Sequence[int] = (), args_key: str | None = None, cache: bool = True,
                    exact_sm_work: int = EXACT_SM_WORK, copy_args: bool = True,
-                   cta_instructions=None) -> Prediction:
+                   cta_instructions=None, steady: bool | None = None) -> Prediction:
     """The predicted time of one launch of `kernel` in `source` (CUDA C++ text or a .cu path) with
     these arguments, as fa_sim.ptx.launch takes them (see the module docstring). `uniform_axes`:
     grid axes along which no warp's path changes (one engine run per path class); `args_key`: a
@@ -219,7 +226,9 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     the busiest SM runs in one piece (0: always in memoized chunks); `copy_args` False: the engine
     writes into the caller's arrays (its own scratch) instead of copies; `cta_instructions`: the
     caller's estimate of each CTA's warp instructions (launch order, or one number), from which the
-    cost is checked and a long one announced before any work (`check_cost`)."""
+    cost is checked and a long one announced before any work (`check_cost`); `steady`: skip the
+    periods of the SM's steady state (fa_sim.timing.sm's _Steady), False: simulate every cycle (the
+    tests compare the two), None: STEADY."""
     from ..cache import cache_key, cache_root, read_text_entry, store_atomic
     from ..ptx import launch_args as check
     from ..ptx.load import _is_ptx, _read
@@ -228,6 +237,9 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         if gpu not in GPUS:
             raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
         gpu = GPUS[gpu]
+    steady = STEADY if steady is None else steady
+    if not isinstance(steady, (bool, np.bool_)):
+        raise ValueError(f"steady must be True, False or None, got {steady!r:.40}")
     grid, block = check.grid_and_block(grid, block)
     args, macros = check.arguments(args), check.macros(macros)
     reps, cls = path_classes(grid, uniform_axes)
@@ -239,7 +251,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
         key = cache_key(v=1, text=hashlib.sha256(text.encode()).hexdigest(), kernel=kernel,
                         macros=sorted(macros.items()),
                         grid=grid, block=block, smem=int(smem_bytes), gpu=repr(gpu), uniform=sorted(set(uniform_axes)),
-                        args=_args_digest(args, args_key), exact=int(exact_sm_work), code=_code_digest(),
+                        args=_args_digest(args, args_key), exact=int(exact_sm_work), code=_code_digest(), steady=bool(steady),
                         name=str(path) if path else name)
         entry = cache_root() / "timing-launches" / f"{key}.json"
         stored = read_text_entry(entry)
@@ -249,14 +261,14 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
             except (ValueError, TypeError, KeyError):
                 pass  # damaged: predict again
     pred = _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-                    exact_sm_work, copy_args, cta_instructions)
+                    exact_sm_work, copy_args, cta_instructions, steady)
     if entry is not None:
         store_atomic(entry, json.dumps(_to_json(pred)).encode())
     return pred
 
 
 def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, macros, name, reps, cls,
-             exact_sm_work, copy_args, cta_instructions=None) -> Prediction:
+             exact_sm_work, copy_args, cta_instructions=None, steady=True) -> Prediction:
     from ..observers.branches import BranchRecorder
     from ..observers.sectors import SectorCounter
     from ..ptx import launch as ptx_launch
@@ -280,7 +292,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     n_ctas = grid[0] * grid[1] * grid[2]
     if cta_instructions is not None:
         check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k, gpu,
-                   exact_sm_work, program.kernel.name)
+                   exact_sm_work, program.kernel.name, steady=steady)
     rec, sectors = BranchRecorder(), SectorCounter()
     copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
     ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
@@ -314,7 +326,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     used = set(seq)  # only the walks the busiest SM runs become Steps
     streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
     run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,
-                                      program.kernel.name)
+                                      program.kernel.name, steady)
     ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
     pipes = {p.lower(): min(1.0, busy / (run.cycles if p == "SMEM" else smsp_cycles)) for p, busy in run.busy.items()}
@@ -332,7 +344,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
                       notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(seq), "sm_cycles": run.cycles,
                              "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes,
                              "engine_ctas": len(reps), "walk_classes": len(walks), "sm_chunked": chunked,
-                             "sm_simulated_instructions": simulated})
+                             "sm_simulated_instructions": simulated, "sm_skipped_cycles": run.skipped})
 
 
 ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
@@ -368,16 +380,18 @@ def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuMod
         return 0.0  # predict_launch says why
     n_ctas = grid[0] * grid[1] * grid[2]
     return check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k,
-                      gpu, exact_sm_work, program.kernel.name, announce=False)
+                      gpu, exact_sm_work, program.kernel.name, announce=False, steady=STEADY)
 
 
 def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int, k: int, gpu: GpuModel,
-               exact: int, what: str, announce: bool = True) -> float:
+               exact: int, what: str, announce: bool = True, steady: bool = False) -> float:
     """The estimated seconds of a launch whose CTAs issue about `est` warp instructions each: the
     engine's run of the representatives `reps` (waves of fa_sim.ptx's DEFAULT_WAVE_CTAS, each as long
     as its longest CTA) and the SM model's chunks of the busiest SM (as time_sm cuts them; CTAs of
     one estimate one walk). ValueError (one line) before any work past MAX_SM_INSTRUCTIONS simulated
-    or cost.MAX_SECONDS; printed on stderr past LONG_SECONDS."""
+    or cost.MAX_SECONDS; printed on stderr past LONG_SECONDS. `steady` (the SM skips its steady
+    states): the SM's share is an upper bound (the estimates cannot show the loops' repeats), so only
+    the engine's is refused here; time_sm refuses the SM's from the walks."""
     from ..ptx.launch import DEFAULT_WAVE_CTAS
     from .cost import MAX_SECONDS
 
@@ -395,20 +409,21 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     runs = [tuple(seq.tolist())] if chunks is None else \
         list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
     simulated = float(sum(values[c] for r in runs for c in r))
-    if simulated > MAX_SM_INSTRUCTIONS:
+    if simulated > MAX_SM_INSTRUCTIONS and not steady:
         raise ValueError(f"{what}: the busiest SM's {len(seq):,} CTAs need about {simulated:,.0f} warp instructions "
                          f"simulated (estimated), past the {MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; "
                          "time a smaller problem")
     sm_s = simulated * min(k, len(seq)) * warps / SM_WORK_RATE
     seconds = engine + sm_s
-    if seconds > MAX_SECONDS:
+    if (engine if steady else seconds) > MAX_SECONDS:
         raise ValueError(f"{what}: its {len(reps):,} representative CTAs would run on the PTX engine for about "
                          f"{engine / 60:,.0f} min and the SM model for about {sm_s / 60:,.0f} min "
                          f"(estimated), past the {MAX_SECONDS / 60:.0f} min the timing model allows; "
                          "time a smaller problem")
     if announce and seconds > LONG_SECONDS:
-        print(f"fa_sim.timing: {what}: about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
-              f"{len(reps):,} representative CTAs, the SM model about {sm_s:,.0f} s); progress follows",
+        print(f"fa_sim.timing: {what}: at most about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
+              f"{len(reps):,} representative CTAs, the SM model at most about {sm_s:,.0f} s, less where the CTAs' "
+              "loops reach a steady state); progress follows",
               file=sys.stderr, flush=True)
     return seconds
 
@@ -424,7 +439,7 @@ def sm_chunks(seq: list, k: int, sizes: list, exact: int, n_warps: int) -> list[
 
 
 def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
-            what: str = "the kernel") -> tuple[SmRun, int, bool]:
+            what: str = "the kernel", steady: bool = True) -> tuple[SmRun, int, bool]:
     """(the SM's run, the warp instructions simulated, whether in chunks): the CTAs of walk classes
     `seq` in launch order (`streams[c]`: class c's warp streams, `sizes[c]` its warp instructions) on
     one SM, k resident. See the module docstring (4.) for the chunks; refused up front past
@@ -434,6 +449,8 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         runs = [tuple(seq)]
     else:
         runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    if steady:  # the chunks are cut as without it (the same prediction); a class's loops cost a few periods
+        sizes = [sum(steady_size(w) for w in streams[c]) if c in set(seq) else sizes[c] for c in range(len(sizes))]
     simulated = sum(sizes[c] for r in runs for c in r)
     if simulated > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"the busiest SM of this launch of {what} needs {simulated:,} warp instructions simulated "
@@ -442,12 +459,13 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     seconds = simulated * min(k, len(seq)) * n_warps / SM_WORK_RATE
     long = seconds > LONG_SECONDS
     if long:
-        print(f"fa_sim.timing: the SM model of {what} simulates {simulated:,} warp instructions in {len(runs)} runs, "
+        print(f"fa_sim.timing: the SM model of {what} simulates {'about ' if steady else ''}{simulated:,} warp "
+              f"instructions in {len(runs)} runs, "
               f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
     memo: dict = {}
     start = time.perf_counter()
     for i, r in enumerate(runs):
-        memo[r] = run_sm([streams[c] for c in r], n_warps, gpu, account=True, slots=k)
+        memo[r] = run_sm([streams[c] for c in r], n_warps, gpu, account=True, slots=k, steady=steady)
         if long:
             print(f"fa_sim.timing: SM run {i + 1} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                   file=sys.stderr, flush=True)
@@ -466,14 +484,17 @@ class _Sum:
     def __init__(self, run: SmRun) -> None:
         self.cycles, self.issued, self.warp_cycles = run.cycles, run.issued, run.warp_cycles
         self.busy, self.stalls = Counter(run.busy), Counter(run.stalls)
+        self.skipped = run.skipped
 
     def add(self, run: SmRun, sign: int) -> None:
         self.cycles += sign * run.cycles
         self.issued += sign * run.issued
         self.warp_cycles += sign * run.warp_cycles
+        self.skipped += run.skipped  # what the runs skipped, whatever their sign in the sum
         for mine, theirs in ((self.busy, run.busy), (self.stalls, run.stalls)):
             for key, v in theirs.items():
                 mine[key] = mine.get(key, 0) + sign * v
 
     def run(self) -> SmRun:
-        return SmRun(self.cycles, [], [], [], self.issued, dict(self.busy), Counter(self.stalls), self.warp_cycles)
+        return SmRun(self.cycles, [], [], [], self.issued, dict(self.busy), Counter(self.stalls), self.warp_cycles,
+                     self.skipped)
