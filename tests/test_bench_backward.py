@@ -53,6 +53,27 @@ def test_table_and_goal_line(bb):
     assert "fa_hw-kernels): median 1.250x, >= 1.00x in 1 of 1" in text
 
 
+def test_kernels_row_is_timed_and_reported_where_fa_hw_ran(bb):
+    # run_case keys its timers "<backend>/<what>"; the fa_hw-kernels timer once looked for a key "fa_hw"
+    # that never exists, so every GPU table lacked the row and its goal line read "median nanx ... of 0"
+    timers = {f"{name}/{what}": None for name in bb.BACKENDS for what in ("fwd+bwd", "bwd")}
+    bb.add_kernels_timer(timers, lambda: "kernels")
+    assert timers["fa_hw-kernels/bwd"] == "kernels"
+    without = {k: v for k, v in timers.items() if not k.startswith("fa_hw")}  # fa_hw refused the shape
+    bb.add_kernels_timer(without, lambda: pytest.fail("no kernels timer without fa_hw's backward"))
+    assert "fa_hw-kernels/bwd" not in without
+    runs = {"sdpa-flash/fwd+bwd": [2.0, 2.2], "sdpa-flash/bwd": [1.5, 1.5], "fa_hw/fwd+bwd": [2.5, 2.5],
+            "fa_hw/bwd": [1.6, 1.5], "fa_hw-kernels/bwd": [1.2, 1.25]}
+    rows = bb.rows_of([1, 2, 100, 64], False, runs, {"sdpa-flash": 1e-3, "fa_hw": 2e-3}, {}, 1e9, 2.5e9)
+    assert [r["backend"] for r in rows] == ["sdpa-flash", "fa_hw", "fa_hw-kernels"]
+    kern = rows[-1]
+    assert kern["fwd+bwd"] is None and kern["rel_err_fp64"] == 2e-3
+    assert kern["bwd"]["vs_flash_min"] == 1.2 and kern["bwd"]["vs_flash_max"] == 1.25
+    assert "the kernels alone (fa_hw-kernels): median 1.225x, >= 1.00x in 1 of 1" in bb.markdown(rows, "GPU X", 2,
+                                                                                                "test")
+    assert "fa_hw-kernels): no rows (not measured)" in bb.markdown(rows[:2], "GPU X", 2, "test")
+
+
 def test_forward_options_are_refused_with_backward():
     bench = load("bench_hw")
     with pytest.raises(SystemExit, match="forward options"):
