@@ -204,7 +204,8 @@ def test_tune_hw_refuses_bad_feature_options_before_any_work(tune_hw, capsys, tm
 def test_tune_features_merges_into_the_shipped_table(tune_hw, monkeypatch, tmp_path, capsys):
     """main --features end to end with the GPU parts faked: every FEATURE_TRAIN case and causal flag
     is measured, the fastest candidate (here: the last of each pool) becomes the class's entry, and
-    the written table is the shipped H100 table with those entries added."""
+    the written table is the shipped H100 table with those keys' entries replaced (the shipped table
+    may already hold some of them: those of its last --features run) and every other entry kept."""
     from fa_sim.contract import cubins
 
     class Dev:
@@ -225,8 +226,14 @@ def test_tune_features_merges_into_the_shipped_table(tune_hw, monkeypatch, tmp_p
     assert set(compiled) == tune_hw.feature_builds("sm_90", tuned.MAX_AUTOTUNE_CANDIDATES)
     table = tuned.Table.load(tmp_path / "h100_80gb_hbm3.json")
     shipped = tuned.table_for(Dev.name)
-    new = [e for e in table.entries if e not in shipped.entries]
-    assert set(shipped.entries) <= set(table.entries) and len(new) == 2 * len(tune_hw.FEATURE_TRAIN)
+    tuned_keys = {(d, causal, tuned.size_class(n), tune_hw.case_class((b, h, n, d, feats)))
+                  for b, h, n, d, feats in tune_hw.FEATURE_TRAIN for causal in (False, True)}
+    assert len(tuned_keys) == 2 * len(tune_hw.FEATURE_TRAIN)
+    kept = [e for e in shipped.entries if e.key not in tuned_keys]
+    assert kept, "the shipped H100 table holds plain entries that no feature class replaces"
+    assert [e for e in table.entries if e.key not in tuned_keys] == kept  # the rest of the base, unchanged
+    new = [e for e in table.entries if e.key in tuned_keys]
+    assert len(new) == len(tuned_keys) and {e.key for e in new} == tuned_keys  # one entry per tuned key
     for b, h, n, d, feats in tune_hw.FEATURE_TRAIN:
         fc = tune_hw.case_class((b, h, n, d, feats))
         for causal in (False, True):
