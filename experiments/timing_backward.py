@@ -15,7 +15,7 @@ launch per kernel from an idle, synchronised stream: it adds the host's time to 
 about 5-40 us on the H100 host, which no GPU model predicts). --predict runs
 fa_sim.timing.predict_backward on the same inputs (the forward's O and LSE from the simulator) and
 prints both, per kernel and in total, and the MAPE per kernel. tests/data/h100/timing_backward.json
-was recorded before the queued method existed: its kernel_ms are single launches (no "method" key).
+holds both (queued and single), measured on an NVIDIA H100 80GB HBM3 in round 38.
 """
 
 from __future__ import annotations
