@@ -14,9 +14,9 @@
 #   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
 #   featrec   fa compare --save of GQA + window, causal bf16 + softcap, head_dim 256 (for CPU replays)
 #   featbench experiments/bench_features.py (bf16, GQA, head_dim 96-256, window, softcap against SDPA)
-#   ncuedit   Nsight Compute counters (local memory, L1 hits, stall reasons) of the seed kernel and
-#             the qk_rolled edit at (4, 16, 2048, 64): why qk_rolled's local memory costs more than the
-#             model's L1 share says
+#   ncuedit   experiments/ncu_counters.py: Nsight Compute counters (local memory, L1 hits, wavefronts,
+#             stall reasons) of the seed kernel, the qk_rolled and pv_rolled edits and the m64n64d64w4
+#             layouts at (4, 16, 2048, 64) -> $OUT/ncu_layouts_edits.json
 #   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
 #             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
 #             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
@@ -81,24 +81,7 @@ for s in $STEPS; do case $s in
     timeout "$(lim 60)" python3 -m fa_sim.cli compare --kernel experiments/variants/fa2_fwd_swizzle_r4.patch \
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
   ncuedit) log ncuedit
-    M=gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
-    M=$M,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
-    M=$M,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sector_pipe_lsu_mem_local_op_ld_hit_rate.pct
-    M=$M,l1tex__t_sector_pipe_lsu_mem_local_op_st_hit_rate.pct,lts__t_sectors_srcunit_tex.sum,dram__bytes_read.sum,dram__bytes_write.sum
-    M=$M,smsp__inst_executed.sum,smsp__cycles_active.avg,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
-    for r in long_scoreboard short_scoreboard lg_throttle mio_throttle barrier wait math_pipe_throttle not_selected selected dispatch_stall no_instruction; do
-      M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
-    for e in seed qk_rolled pv_rolled; do
-      K=""; [ $e = seed ] || K="--kernel experiments/variants/edits/$e.patch"
-      timeout "$(lim 90)" ncu --metrics "$M" --csv -k regex:fa2_fwd -c 1 python3 -m fa_sim.cli hw --batch 4 --heads 16 \
-        --seqlen 2048 --head-dim 64 $K > "$OUT/ncu_$e.csv" 2> "$OUT/ncu_$e.err"
-      echo "   $e: $(grep -c '"' "$OUT/ncu_$e.csv") csv lines" | tee -a "$OUT/summary.txt"
-    done ;;
-  tunebwd) log tunebwd "$GPU"
-    timeout "$(lim ${TUNEBWD_S:-200})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-170} 2>&1 \
-      | tail -40 | tee -a "$OUT/summary.txt"
-    timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
-      2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
+    timeout "$(lim 150)" python3 experiments/ncu_counters.py --out "$OUT" 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
   micro) log micro
     timeout "$(lim 90)" python3 -m fa_sim.calibrate.timing_microbench --measure --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"

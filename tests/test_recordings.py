@@ -178,3 +178,21 @@ def test_dispatch_traces_compare_by_each_grids_span(tmp_path):
     ok, detail = recordings.compare_spans(tmp_path / "timing_dispatch.npz", old)
     keys = json.loads(str(arrays["meta"]))["keys"]
     assert not ok and "1 of 24 spans DIFFER" in detail and keys[3] in detail
+
+
+def test_ncu_counters_parses_nsight_computes_csv_and_refuses_other_output():
+    """experiments/ncu_counters.py's parser on Nsight Compute's --csv layout (thousands separators)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ncu_counters", ROOT / "experiments" / "ncu_counters.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",' \
+           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    row = '"0","1","python3","h","fa2_fwd_kernel","1","7","(128, 1, 1)","(16, 64, 1)","0","9.0","",' \
+          '"{}","{}","{}"'
+    text = "==PROF== noise\n" + "\n".join([head, row.format("gpu__time_duration.sum", "ns", "322,304"),
+                                          row.format("launch__registers_per_thread", "", "124")])
+    assert mod.parse(text) == {"gpu__time_duration.sum": 322304.0, "launch__registers_per_thread": 124.0}
+    with pytest.raises(ValueError, match="no Nsight Compute metric table"):
+        mod.parse("==ERR== no kernels were profiled\n")

@@ -168,6 +168,14 @@ RECORDINGS = (
     Recording(f"{H200}/timing_microbench.json", True, "python -m fa_sim.calibrate.timing_microbench --measure --out OUT",
               "SM clock cycles of the timing model's unit microbenchmarks (tensor, MUFU, fma and shared-memory pipes)",
               Kind.TIMES, 120),
+    Recording(f"{H100}/timing_microbench_h100.json", True,
+              "python -m fa_sim.calibrate.timing_microbench --measure --out W && "
+              "mv W/timing_microbench.json OUT/timing_microbench_h100.json",
+              "the same microbenchmarks on an H100, with MUFU.RCP's latency and div.rn.f32's latency and rate",
+              Kind.TIMES, 120),
+    Recording(f"{H100}/ncu_layouts_edits.json", True, "python experiments/ncu_counters.py --out OUT",
+              "Nsight Compute counters of the seed kernel, two rolled-loop edits and three shared-memory layouts "
+              "(local memory, L1 hits, wavefronts, stalls; needs ncu)", Kind.TIMES, 240),
     Recording("tests/data/seed_sass_sha256.json", False,
               "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
               "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),
@@ -257,6 +265,8 @@ def _measurements(data: dict) -> dict:
         return {k["key"]: int(k["smsp__inst_executed.sum"]) for k in data["kernels"]}
     if isinstance(data["rows"], dict):  # timing_microbench.json: cycles per benchmark
         return {name: row["cycles"] for name, row in data["rows"].items()}
+    if isinstance(data.get("launches"), dict):  # ncu_layouts_edits.json: Nsight Compute's time per launch
+        return {name: m["gpu__time_duration.sum"] for name, m in data["launches"].items()}
     if "launches" in data:  # timing_kernels.json: kernels that are not attention
         return {(r["kernel"], r["size"]): r["ms"] for r in data["launches"]}
     if data["rows"] and "ctas_per_sm" in data["rows"][0]:  # timing_occupancy.json: a time per forced occupancy
