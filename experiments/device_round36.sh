@@ -20,6 +20,7 @@
 #   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
 #             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
 #             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
+#   host      experiments/host_overhead.py: host ms per fa_hw.attention call beside the GPU's (small shapes)
 #   micro     fa_sim.calibrate.timing_microbench --measure: the SM-unit microbenchmarks incl. MUFU.RCP's and
 #             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
@@ -82,6 +83,9 @@ for s in $STEPS; do case $s in
       --seqlen 256 --heads 2 --save "$OUT/compare_variant_swizzle_r4.npz" --force 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
   ncuedit) log ncuedit
     timeout "$(lim 150)" python3 experiments/ncu_counters.py --out "$OUT" 2>&1 | tail -8 | tee -a "$OUT/summary.txt" ;;
+  host) log host
+    timeout "$(lim 60)" python3 experiments/host_overhead.py --shape 32,8,1000,32 --causal --profile 2>&1 | head -45 | tee -a "$OUT/summary.txt"
+    timeout "$(lim 40)" python3 experiments/host_overhead.py --shape 8,32,2048,64 2>&1 | tail -3 | tee -a "$OUT/summary.txt" ;;
   micro) log micro
     timeout "$(lim 90)" python3 -m fa_sim.calibrate.timing_microbench --measure --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
