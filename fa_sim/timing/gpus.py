@@ -47,10 +47,12 @@ class GpuModel:
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
     mio_queue_depth: int = 8  # instructions each sub-partition's MIO queue holds (waiting for the SM's
-    # shared-memory unit) before its warps' MIO instructions throttle (fitted; fa_sim.timing.sm)
-    ldgsts_excess_share: float = 1.0  # of the wavefronts Nsight Compute counts for an LDGSTS beyond one per
+    # shared-memory unit) before its warps' MIO instructions throttle (fa_sim.timing.sm; not documented by
+    # NVIDIA: fitted, 8 against 16, on the fitting half's plain / padded / swizzled cases of
+    # experiments/timing_smem.py, docs/timing.md "The MIO path per sub-partition")
+    ldgsts_excess_share: float = 0.5  # of the wavefronts Nsight Compute counts for an LDGSTS beyond one per
     # 128 bytes (the padded layout's rows straddling source sectors: fa_sim.observers.banks.ldgsts_wavefronts),
-    # the share that holds the shared-memory unit
+    # the share that holds the shared-memory unit (fitted as mio_queue_depth: 0.5 against 0.25 and 1)
     global_latency: int = 300  # LDGSTS issue to data in shared memory with every CTA slot of the SM filled:
     # an L2 hit, the write, and the queueing of a loaded chip (L2 hits take 220-340 cycles on recent NVIDIA
     # GPUs, arXiv:2606.22588; the H200's value below: docs/timing.md, "The copy latency under load")
