@@ -27,9 +27,10 @@ The model (parameters: fa_sim.timing.gpus):
   scoreboard) is released when its last copy arrived. A global request's bytes are the sectors
   it touches (Step.bytes); one that touches more 128-byte lines than its bytes packed takes the
   extra lines through the shared-memory pipe at issue (a wavefront of the L1 each).
-  Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; the share
-  `1 - local_hit` the L1 does not hold (GpuModel.with_local) also takes the L2 bandwidth, and an
-  LDL waits that share of the copy latency more.
+  Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; a store's bytes
+  (write-through) and the share `1 - local_hit` of a load's the L1 does not hold (GpuModel.with_local)
+  also take the L2's bandwidth, and an LDL waits that share of the L2's queue and latency more
+  (fa_sim.timing.local.l2_leg).
 - Global atomics and reductions (REDG, ATOMG) also queue on the SM's share of the L2's atomic units,
   `atomic_rate` lanes per cycle (GpuModel.atomic_rate); a warp may issue one only while that queue
   holds at most `atomic_queue` cycles of work (Nsight Compute's lg_throttle: the SM's local/global
@@ -48,6 +49,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .gpus import GpuModel
+from .local import l2_leg
 from .program import Pipe, Step, Sync
 
 N_SMSP = 4
@@ -476,11 +478,8 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = state["mio_free"]
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        if st.bytes and gpu.local_hit < 1.0:  # LDL / STL: the share the L1 does not hold goes to the L2
-            miss = 1.0 - gpu.local_hit
-            state["global_free"] = max(state["global_free"], t) + miss * st.bytes / gpu.global_bytes_per_cycle
-            if st.sync is Sync.LOCAL_LOAD:
-                done = max(done, state["global_free"]) + miss * gpu.global_latency
+        if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
+            done = l2_leg(state, st, t, done, gpu)
     if st.write_sb >= 0:
         w.sb[st.write_sb] += 1
         bit = 1 << st.write_sb
