@@ -23,7 +23,7 @@ Three facts and one derivation, no fitted share:
   spill is reloaded each round). With random replacement in an L1 of C bytes, a line survives
   the (1 - h) F / line misses between its two uses, each evicting one of C / line lines at random,
   with probability exp(-(1 - h) F / C); the steady state is the fixed point h = exp(-(1 - h) F / C):
-  1 while F <= C, 0.94 at F = 1.03 C, 0.70 at 1.2 C, 0.08 at 2.6 C. (LRU would give 0 past C;
+  1 while F <= C, 0.94 at F = 1.03 C, 0.69 at 1.2 C, 0.12 at 2.4 C. (LRU would give 0 past C;
   the GPU's 90.7 % of load and 94.7 % of store sectors hit for qk_rolled at F = 1.03 C.)
 """
 
