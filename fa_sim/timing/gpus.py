@@ -76,12 +76,16 @@ class GpuModel:
     l2_bytes: int = 50 * 2**20  # a launch whose arrays are larger streams from DRAM (fa_sim.timing.launch)
     dram_bytes_per_cycle: float = 20.9  # per SM: the HBM's peak over the SMs at the effective clock
     # (H200: 4.8 TB/s / 132 SMs / 1.74 GHz)
-    # the L1 and local memory (spills, local arrays): NVIDIA's Hopper and Ampere tuning guides
+    # the L1 and local memory (spills, local arrays): NVIDIA's Hopper and Ampere tuning guides; the rules and
+    # the hit rate's derivation: fa_sim.timing.local
     l1_bytes: int = 256 * 1024  # the SM's unified L1 / shared memory (sm_90: 256 KB)
     smem_carveouts_kb: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)  # shared-memory capacities the
     # driver may configure (sm_90); it takes the smallest that holds the resident CTAs, the rest is L1
-    l1_local_share: float = 0.65  # of the L1 left beside shared memory, the share that holds local memory
-    # (fitted on the fitting half's spilling cases, m128n128d128w4: 1.0, 0.65, 0.5, 0.4, 0.25 tried, docs/timing.md)
+    carveout_up_below: int = 32 * 1024  # a CTA of at most this much shared memory (with the reservation) gets
+    # the next capacity up (what Nsight Compute's occupancy limits imply on the H200: 25 KB and less up, 41 KB
+    # and more not; fa_sim.timing.local.carveout)
+    l2_bytes_per_cycle: float = 16.0  # per SM: the L2's rate when every SM streams local memory at once
+    # (write-through stores, misses); fitted on the fitting half's spilling cases, docs/timing.md
     local_hit: float = 1.0  # share of local requests the L1 serves, set per SM run (with_local)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
     fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
@@ -105,21 +109,20 @@ class GpuModel:
 
     def l1_free(self, cta_smem: int, slots: int) -> int:
         """Bytes of L1 beside the shared memory of `slots` CTAs of `cta_smem` bytes each (the
-        driver's carveout: the smallest capacity that holds them, with its reservation per CTA)."""
-        need = slots * (cta_smem + self.smem_reserved)
-        carve = next((kb * 1024 for kb in self.smem_carveouts_kb if kb * 1024 >= need), self.smem_carveouts_kb[-1] * 1024)
-        return max(0, self.l1_bytes - carve)
+        driver's carveout, fa_sim.timing.local.carveout)."""
+        from .local import carveout
+
+        return max(0, self.l1_bytes - carveout(self, cta_smem, slots))
 
     def with_local(self, stack_bytes: int, threads: int, cta_smem: int, resident: int, slots: int) -> "GpuModel":
         """The parameters of an SM with `resident` CTAs of `threads` threads and `stack_bytes` of
-        local memory a thread: the share of local requests the L1 serves, `l1_local_share` of the L1
-        beside the carveout (`l1_free`, fixed by the `slots` CTAs the SM holds) over the local working
-        set (resident x threads x stack_bytes), at most 1."""
-        working = resident * threads * stack_bytes
-        if working <= 0:
-            return self if self.local_hit == 1.0 else replace(self, local_hit=1.0)
-        hit = min(1.0, self.l1_local_share * self.l1_free(cta_smem, slots) / working)
-        return replace(self, local_hit=hit)
+        local memory a thread: the share of local requests the L1 serves (fa_sim.timing.local.local_hit:
+        the working set resident x threads x stack_bytes re-read in an L1 of `l1_free`, fixed by the
+        `slots` CTAs the SM holds)."""
+        from .local import local_hit
+
+        hit = local_hit(self, stack_bytes, threads, cta_smem, resident, slots)
+        return self if hit == self.local_hit else replace(self, local_hit=hit)
 
     def overhead_us(self, ctas: int, resident: int) -> float:
         """What a launch takes beyond its CTAs' cycles: the launch latency, and the share of

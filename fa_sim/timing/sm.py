@@ -35,9 +35,10 @@ The model (parameters: fa_sim.timing.gpus):
   scoreboard) is released when its last copy arrived. A global request's bytes are the sectors
   it touches (Step.bytes); one that touches more 128-byte lines than its bytes packed takes the
   extra lines through its SMSP's MIO queue (a wavefront of the L1 each).
-  Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; the share
-  `1 - local_hit` the L1 does not hold (GpuModel.with_local) also takes the L2 bandwidth, and an
-  LDL waits that share of the copy latency more.
+  Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; a store's bytes
+  (write-through) and the share `1 - local_hit` of a load's the L1 does not hold (GpuModel.with_local)
+  also take the L2's bandwidth, and an LDL waits that share of the L2's queue and latency more
+  (fa_sim.timing.local.l2_leg), after its last wavefront.
 - Global atomics and reductions (REDG, ATOMG) also queue on the SM's share of the L2's atomic units,
   `atomic_rate` lanes per cycle (GpuModel.atomic_rate); a warp may issue one only while that queue
   holds at most `atomic_queue` cycles of work (Nsight Compute's lg_throttle: the SM's local/global
@@ -56,6 +57,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from .gpus import GpuModel
+from .local import l2_leg
 from .program import Pipe, Step, Sync
 
 N_SMSP = 4
@@ -523,12 +525,9 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         if st.sync is Sync.GLOBAL_LOAD:
             done = max(state["global_free"], state["atomic_free"] if st.atomic else 0.0) + gpu.global_latency
     elif st.is_mio and st.wavefronts:  # queued for the shared-memory unit: _serve releases its scoreboards
-        back = 0.0
-        if st.bytes and gpu.local_hit < 1.0:  # LDL / STL: the share the L1 does not hold goes to the L2
-            miss = 1.0 - gpu.local_hit
-            state["global_free"] = max(state["global_free"], t) + miss * st.bytes / gpu.global_bytes_per_cycle
-            if st.sync is Sync.LOCAL_LOAD:
-                back = state["global_free"] + miss * gpu.global_latency
+        back = 0.0  # a local access's L2 leg: its data back at back - t after its last wavefront
+        if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
+            back = l2_leg(state, st, t, t, gpu)
         state["mio_q"][w.smsp].append((t, w, st, st.wavefronts, back))
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = None
@@ -598,7 +597,7 @@ def _serve(state: dict, t: float, gpu: GpuModel, events: list, seq: int) -> int:
     """The SM's shared-memory unit up to cycle t: whenever it is free it takes the oldest queued
     instruction of the next queue in turn (the SMSPs', then the arriving cp.async data's) among
     those queued by then, and holds it for its wavefronts; the instruction's write scoreboard is
-    released `latency` after its last wavefront (a local load's not before its L2 share is back),
+    released `latency` after its last wavefront (a local load's L2 leg, l2_leg, added after it),
     its read scoreboard `read_latency` after it."""
     queues = state["mio_q"]
     rate = gpu.smem_wavefronts_per_cycle
@@ -614,12 +613,12 @@ def _serve(state: dict, t: float, gpu: GpuModel, events: list, seq: int) -> int:
             src = (state["mio_next"] + k) % n
             if queues[src] and queues[src][0][0] <= start:
                 break
-        _, w, st, wf, back = queues[src].popleft()
+        queued, w, st, wf, back = queues[src].popleft()
         state["mio_next"] = (src + 1) % n
         done = state["mio_free"] = start + wf / rate
         if st is not None:
-            if st.write_sb >= 0:
-                heapq.heappush(events, (max(done, back) + st.latency, seq, w, st.write_sb))
+            if st.write_sb >= 0:  # a local load's L2 leg (l2_leg, from its issue) follows its L1 part
+                heapq.heappush(events, (done + max(0.0, back - queued) + st.latency, seq, w, st.write_sb))
                 seq += 1
             if st.read_sb >= 0:
                 heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
