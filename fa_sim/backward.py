@@ -242,21 +242,30 @@ def backward_launches(q, k, v, o, lse, do, causal: bool = False, scale: float | 
         main_args += [buf, selection_map(ctas, n_ctas), np.int32(layout.n_rounds)]
         outputs.update(checkpoints=buf, checkpoint_ctas=tuple(ctas))
     # grid y is batch-head bh: it moves every address and no branch (the kernels' control flow
-    # reads blockIdx.x, the lengths and the mask), except the checkpoint build's CTA -> slot map
+    # reads blockIdx.x, the lengths and the mask), except the checkpoint build's CTA -> slot map.
+    # Grid x (the kernel's Q or K/V block) moves addresses only too when the shipped kernel runs
+    # without the mask and that axis has no tail block (a length that is a multiple of the block):
+    # every block then loops over the same blocks with the same bounds checks passing, and its
+    # addresses move by whole blocks of rows, so one CTA stands for all (a user's variant, `kernel`,
+    # may branch on blockIdx.x: it keeps one class per block). tests/test_timing_classes.py.
     bh = () if ctas is not None else (1,)
+
+    def axes(length: int, rows: int) -> tuple:
+        whole = kernel is None and not x.causal and length % rows == 0
+        return (0, *bh) if bh and whole else bh
     est = {name: np.tile(e, b * h) for name, e in
            estimated_cta_instructions(cfg, nq, nk, x.causal, bool(deterministic)).items()}  # grid order: x fastest
     launches = [
         KernelLaunch(PREPROCESS_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [x.o, x.do, dpsum, np.int32(nq)], defs, bh, est[PREPROCESS_KERNEL]),
+                       [x.o, x.do, dpsum, np.int32(nq)], defs, axes(nq, cfg.block_m), est[PREPROCESS_KERNEL]),
         KernelLaunch(MAIN_KERNEL, src, (cfg.n_kv_blocks(nk), b * h), block, cfg.smem_bytes,
-                       main_args, defs, bh, est[MAIN_KERNEL]),
+                       main_args, defs, axes(nk, cfg.block_n), est[MAIN_KERNEL]),
         KernelLaunch(DQ_KERNEL, src, (cfg.n_dq_blocks(nq), b * h), block, cfg.dq_smem_bytes,
-                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs, bh,
-                     est[DQ_KERNEL])
+                       [x.q, x.k, x.v, x.do, x.lse, dpsum, dq, np.int32(nq), np.int32(nk), scale32], defs,
+                     axes(nq, cfg.dq_block_m), est[DQ_KERNEL])
         if deterministic else
         KernelLaunch(CONVERT_KERNEL, src, (cfg.n_q_blocks(nq), b * h), block, 0,
-                       [dq_accum, dq, np.int32(nq), scale32], defs, bh, est[CONVERT_KERNEL]),
+                       [dq_accum, dq, np.int32(nq), scale32], defs, axes(nq, cfg.block_m), est[CONVERT_KERNEL]),
     ]
     return launches, x, outputs
 

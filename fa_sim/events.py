@@ -101,6 +101,24 @@ class SmemAccess:
 
 
 @dataclass(frozen=True, eq=False)
+class GlobalRequest:
+    """One global-memory warp instruction (ld.global, st.global, cp.async) as the memory sees it:
+    what an `on_global` observer gets, whether or not anyone wants instruction events (so the PTX
+    engine keeps its fast paths for it, as for `on_branch`). Atomics are not requests here.
+
+    op: Op.LDG, Op.STG or Op.LDGSTS; cta: [C] linear CTA ids; addr: [R, C, W, L] int64 byte
+    addresses; mask: [R, C, W, L] bool, the lanes that access memory (active and predicated on);
+    width: bytes per lane.
+    """
+
+    op: Op
+    cta: np.ndarray
+    addr: np.ndarray
+    mask: np.ndarray
+    width: int
+
+
+@dataclass(frozen=True, eq=False)
 class GmemAccess:
     """Global-memory side: each lane's 64-bit byte address and predicate.
 
@@ -249,6 +267,8 @@ class Observer(Protocol):
     def on_checkpoint(self, event: CheckpointEvent) -> None: ...
 
     def on_branch(self, event: BranchEvent) -> None: ...
+
+    def on_global(self, request: GlobalRequest) -> None: ...
 
     def on_finish(self) -> None: ...
 

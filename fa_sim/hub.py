@@ -1,8 +1,9 @@
 """The observers of one launch, seen from the machine: who wants which event, and the counts.
 
 An observer may implement any of `on_launch`, `on_instr`, `on_checkpoint`, `on_branch`,
-`on_finish` (see events.Observer; `on_branch` needs no instruction events, so the PTX engine keeps
-its fast paths for an observer of branches alone) and two optional filters:
+`on_global`, `on_finish` (see events.Observer; `on_branch` and `on_global` need no instruction
+events, so the PTX engine keeps its fast paths for observers of branches and global requests
+alone) and two optional filters:
   wants(op, phase, round) -> bool              instruction events it wants (default: all)
   wants_checkpoint(checkpoint, round) -> bool  checkpoints it wants (default: all)
 The machine builds an event only when some observer wants it, so an untraced run pays for a dict
@@ -31,6 +32,7 @@ class Hub:
         self._instr = tuple(o for o in observers if callable(getattr(o, "on_instr", None)))
         self._ckpt = tuple(o for o in observers if callable(getattr(o, "on_checkpoint", None)))
         self.branch_listeners = tuple(o for o in observers if callable(getattr(o, "on_branch", None)))
+        self.global_listeners = tuple(o for o in observers if callable(getattr(o, "on_global", None)))
         self._all = observers
         self._instr_cache: dict[CountKey, tuple] = {}
         self._ckpt_cache: dict[tuple, tuple] = {}

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import isa
 from .errors import KernelFault
-from .events import ROUND_PROLOGUE, CheckpointEvent, GmemAccess, InstrEvent, Op, SmemAccess, SourceLoc
+from .events import ROUND_PROLOGUE, CheckpointEvent, GlobalRequest, GmemAccess, InstrEvent, Op, SmemAccess, SourceLoc
 from .hub import Hub, pad_ctas
 from .isa.sm80 import WARP_SIZE
 from .memory import GlobalMemory
@@ -229,6 +229,13 @@ class Machine:
         row, col = (None, None) if buf is None else self.labels.gmem(buf, off, self.cta)
         return GmemAccess(write, width, ev_addr, ev_mask, None if buf is None else buf.name, row, col)
 
+    def _global(self, instr: Instr, addr: np.ndarray, width: int, mask: np.ndarray) -> None:
+        """Tell the observers of global requests (hub.global_listeners) of one: addr, mask [live, W, L, R]."""
+        if self.hub.global_listeners and self._warps:
+            req = GlobalRequest(instr.op, self.cta, self.lanes_event(addr), self.lanes_event(mask), int(width))
+            for o in self.hub.global_listeners:
+                o.on_global(req)
+
     # -- cp.async ----------------------------------------------------------------------------------
     def cp_async(self, instr: Instr, dst: SmemLanes, src: np.ndarray, src_size: np.ndarray) -> None:
         """R cp.async of dst.width bytes: src [live, W, L, R] global byte addresses, or [1, W, L, R]
@@ -248,8 +255,10 @@ class Machine:
         self._check_smem(dst, "cp.async destination")
         self._flights.append(_Flight(dst_addr, data, self.committed[:k].copy(), ~self.active.copy(),
                                      None if dst.per_cta else dst))
-        if listeners:
+        if listeners or self.hub.global_listeners:
             reads = self.active[..., None] & (src_size > 0)  # [k, W, L, R]
+            self._global(instr, np.broadcast_to(src, shape), size, reads)
+        if listeners:
             gm = self._gmem_access(np.broadcast_to(src, shape), size, reads, write=False)
             self.event(instr, listeners, smem=self._smem_access(dst, True), gmem=gm)
 
@@ -355,6 +364,7 @@ class Machine:
         on = pred & self.active[..., None]
         listeners = self._issue(instr, on)
         data = self.memory.gather(addr, width, on)
+        self._global(instr, addr, width, on)
         if listeners:
             self.event(instr, listeners, gmem=self._gmem_access(addr, width, on, False),
                        regs_out={name: self.regs_event(data, instr.repeat)})
@@ -367,6 +377,7 @@ class Machine:
         listeners = self._issue(instr, on)
         data = np.ascontiguousarray(values).view(np.uint8).reshape(*values.shape[:-1], -1)
         self.memory.scatter(addr, data, on)
+        self._global(instr, addr, data.shape[-1], on)
         if listeners:
             self.event(instr, listeners, gmem=self._gmem_access(addr, data.shape[-1], on, True),
                        regs_in={name: self.regs_event(values, instr.repeat)})

@@ -124,9 +124,6 @@ class GlobalMemory:
                 f"[{near.base:#x}, {near.end:#x}) of {near.nbytes} bytes, {a - near.base:+d} bytes from its "
                 f"start: {side})")
 
-    def _flat(self) -> np.ndarray:
-        return np.concatenate([b.data for b in self.buffers])
-
     # -- data ----------------------------------------------------------------------------------------
     def gather(self, addr: np.ndarray, width: int, mask: np.ndarray, what: str = "load") -> np.ndarray:
         """Bytes at each active address: [..., width] uint8 (zeros where masked off)."""
@@ -134,10 +131,15 @@ class GlobalMemory:
         on = np.asarray(mask, bool)
         everywhere = on.all()
         off = off if everywhere else np.where(on, off, 0)
-        data = buf.data if buf is not None else self._flat()
-        if buf is None:  # spanning buffers: the concatenation's size and offsets need not be word multiples
-            out = data[off[..., None] + np.arange(width)]
-        elif width == 16 and data.size % 16 == 0:  # one 16-byte row per access
+        if buf is None:  # spanning buffers: each access lies in one (locate checked it); gather buffer by buffer
+            out = np.zeros((*off.shape, width), np.uint8)  # (not from their concatenation: a copy of every
+            for b, (lo, hi) in self._spans():              # buffer, gigabytes for a large problem, per access)
+                sel = on & (off >= lo) & (off < hi)
+                if sel.any():
+                    out[sel] = b.data[(off[sel] - lo)[:, None] + np.arange(width)]
+            return out
+        data = buf.data
+        if width == 16 and data.size % 16 == 0:  # one 16-byte row per access
             out = np.take(data.reshape(-1, 16), off // 16, axis=0)
         elif width in WORD_DTYPES and width > 1 and data.size % width == 0:  # a word view needs whole words
             words = data.view(WORD_DTYPES[width])[off // width]

@@ -78,6 +78,9 @@ def test_global_access_spanning_two_buffers():
     b = mem.alloc("b", np.arange(10, 14, dtype=np.uint32))
     addr = np.array([a.base + 4, b.base + 8])
     np.testing.assert_array_equal(mem.gather(addr, 4, np.ones(2, bool)).view(np.uint32)[:, 0], [1, 12])
+    grid = np.array([[a.base + 12, b.base], [b.base + 12, a.base]])  # [2, 2]: masked-off lanes read zeros
+    on = np.array([[True, True], [True, False]])
+    np.testing.assert_array_equal(mem.gather(grid, 4, on).view(np.uint32)[..., 0], [[3, 10], [13, 0]])
     mem.scatter(addr, np.array([[7, 0, 0, 0], [9, 0, 0, 0]], np.uint8), np.ones(2, bool))
     assert a.array[1] == 7 and b.array[2] == 9
 

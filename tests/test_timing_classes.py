@@ -65,6 +65,26 @@ def test_backward_batch_head_axis_is_one_path_class(causal):
         _check_classes(launch)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_backward_block_axis_is_one_path_class_without_mask_or_tail(deterministic):
+    """(1, 2, 256, 256, 64) without the mask: no Q or K/V tail block, so grid x is declared uniform
+    too and one CTA per launch runs on the engine; the paths of the full launch and the prediction
+    (sectors and lines included) are those of the representative. With the mask, a tail or a
+    user's variant of the kernel, x stays a class key."""
+    q, k, v, do = random_inputs_backward(1, 2, 256, 256, 64, 0)
+    fwd = fa_sim.simulate(q, k, v)
+    launches = backward_launches(q, k, v, fwd.o, fwd.lse, do, False, None, deterministic)[0]
+    for launch in launches:
+        assert launch.uniform_axes == (0, 1) and launch.grid[0] > 1, launch.kernel
+        _check_classes(launch)
+    seeded = seeded_backward_inputs(1, 2, 256, 256, 64)
+    assert all(ln.uniform_axes == (1,) for ln in backward_launches(*seeded, True, None, deterministic)[0])
+    tail = seeded_backward_inputs(1, 2, 250, 256, 64)
+    assert [ln.uniform_axes for ln in backward_launches(*tail, False, None, deterministic)[0]][:2] == [(1,), (0, 1)]
+    named = backward_launches(*seeded, False, None, deterministic, kernel=launches[0].source)[0]
+    assert all(ln.uniform_axes == (1,) for ln in named)  # the shipped file passed as a variant: not assumed
+
+
 def test_split_kv_declares_its_head_axis_only_for_one_cache_length():
     prob = Problem(2, 2, 1, 300, False, 0.125, KernelConfig(head_dim=64))
     q, k, v = _host_inputs([(2, 2, 1, 64), (2, 2, 300, 64), (2, 2, 300, 64)], "fp16", 0)
@@ -173,7 +193,8 @@ def test_uniform_axes_are_checked():
 
 
 def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monkeypatch):
-    """(1, 1, 65536, 128): 1,024 K/V-block classes of 2,048 Q blocks each; the estimate
+    """(1, 1, 65536, 128) causal: 1,024 K/V-block classes of up to 2,048 Q blocks each (without the
+    mask the K/V blocks are one class, whose one CTA the engine runs); the estimate
     (fa_sim.backward.ESTIMATED_INSTRUCTIONS) refuses it in one line before any launch runs: the
     engine's run of them (the SM's share is only bounded up front, its steady state skips the
     loops' repeats; without it the SM's instructions refuse it too)."""
@@ -185,14 +206,14 @@ def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monke
     monkeypatch.setattr(ptx, "launch", ran)
     with pytest.raises(ValueError, match="fa2_bwd_kernel: its 1,024 representative CTAs would run on the PTX engine "
                                          "for about [0-9,]+ min"):
-        predict_backward_seeded(1, 1, 65536, 65536, 128)
-    assert main(["time", "--backward", "--heads", "1", "--seqlen", "65536", "--head-dim", "128"]) == 2
+        predict_backward_seeded(1, 1, 65536, 65536, 128, causal=True)
+    assert main(["time", "--backward", "--heads", "1", "--seqlen", "65536", "--head-dim", "128", "--causal"]) == 2
     err = capsys.readouterr().err.strip()
     assert "the timing model allows" in err and len(err.splitlines()) == 1, err
     monkeypatch.setattr(tl, "STEADY", False)
     with pytest.raises(ValueError, match="fa2_bwd_kernel: the busiest SM.s 8 CTAs need about [0-9,]+ warp "
                                          "instructions simulated"):
-        predict_backward_seeded(1, 1, 65536, 65536, 128)
+        predict_backward_seeded(1, 1, 65536, 65536, 128, causal=True)
 
 
 def test_estimates_are_close_to_the_counts():

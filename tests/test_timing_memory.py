@@ -2,7 +2,8 @@
 
 - fa_sim.observers.sectors.warp_sectors: the 32-byte sectors and 128-byte lines of a warp's
   request for coalesced, strided, broadcast, misaligned and partly active address patterns;
-- SectorCounter on a launch of the PTX engine: a coalesced copy against a strided one;
+- SectorCounter on a launch of the PTX engine: a coalesced copy against a strided one; on the
+  backward's main kernel, the counts and paths of an instruction-event oracle, the engine unobserved;
 - fa_sim.timing.program.step: a global request charged its class's sectors and extra lines;
 - fa_sim.timing.sm.run_sm: an uncoalesced request's extra lines take the shared-memory pipe, a
   local load that misses the L1 takes the L2's bandwidth and waits the copy latency, a local
@@ -95,6 +96,55 @@ def test_sector_counter_on_a_launch(stride, sectors):
     assert counter.report([0]) == got and counter.report([1]) == {}  # one CTA: all its requests, none of others
     # a CTA listed n times counts n times (predict_launch: a representative for each CTA of its class)
     assert counter.report([0, 0, 1, 0])["STG"] == MemoryCounts(6, 96, 24, 96, 24)
+
+
+class _EventSectors:
+    """The oracle: the same counts from instruction events (what SectorCounter read before it took
+    `on_global`), which turn the PTX engine's fast paths off."""
+
+    def __init__(self) -> None:
+        self.counts: dict = {}
+
+    def wants(self, op, phase, rnd) -> bool:
+        return op.value in ("LDGSTS", "LDG", "STG")
+
+    def on_instr(self, event) -> None:
+        g = event.gmem
+        if g is None:
+            return
+        mask = np.asarray(g.mask, bool) & np.asarray(event.active, bool)[None]
+        sectors, lines = warp_sectors(g.addr, mask, g.width)
+        lanes = mask.sum(-1)
+        per = [x.sum(axis=(0, 2)) for x in (lanes > 0, sectors, lines, -(-lanes * g.width // 32), -(-lanes * g.width // 128))]
+        for c, cta in enumerate(np.asarray(event.cta).tolist()):
+            add = MemoryCounts(*(int(x[c]) for x in per))
+            if add.requests:
+                key = (cta, event.op.value)
+                self.counts[key] = add if key not in self.counts else self.counts[key] + add
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sector_counter_keeps_the_engines_fast_paths(causal):
+    """SectorCounter observes global requests (on_global), not instruction events: the engine stays
+    unobserved (its fast paths: fused stretches, GEMM chains, batched copies) and every CTA's counts
+    and every warp's path equal those of a run observed instruction by instruction, on the
+    backward's main kernel (cp.async tiles, stores, a causal tail) over several CTAs."""
+    from fa_sim.backward import backward_launches
+    from fa_sim.hub import Hub
+    from fa_sim.observers.branches import BranchRecorder
+    from fa_sim.ptx import launch
+    from fa_sim.timing.backward import seeded_backward_inputs
+
+    assert not Hub([SectorCounter()])._instr and Hub([SectorCounter()]).global_listeners
+    arrays = seeded_backward_inputs(1, 2, 160, 160, 64)
+    main = backward_launches(*arrays, causal, None, False)[0][1]
+    runs = []
+    for observers in ([BranchRecorder(), SectorCounter()], [BranchRecorder(), _EventSectors()]):
+        args = [a.copy() if isinstance(a, np.ndarray) else a for a in main.args]
+        launch(main.source, main.grid, main.block, main.smem_bytes, args, kernel=main.kernel, macros=main.macros,
+               observers=observers)
+        runs.append((observers[0].paths(), observers[1].counts))
+    assert runs[0][1] and runs[0] == runs[1]
 
 
 # ---- what a request costs in the model ----------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import astuple, dataclass
 
 import numpy as np
 
-from ..events import InstrEvent, LaunchInfo, Op
+from ..events import GlobalRequest, LaunchInfo, Op
 
 SECTOR = 32  # bytes
 LINE = 128  # bytes
@@ -92,28 +92,26 @@ class SectorCounter:
         self.launch: LaunchInfo | None = None
         self.counts: dict[tuple[int, str], MemoryCounts] = {}  # (linear CTA id, class) -> counts
 
-    def wants(self, op: Op, phase: str, round: int) -> bool:
-        return op in GLOBAL_OPS
-
     def on_launch(self, launch: LaunchInfo) -> None:
         """A new launch starts a new count."""
         self.__init__()
         self.launch = launch
 
-    def on_instr(self, event: InstrEvent) -> None:
-        g = event.gmem
-        if event.op not in GLOBAL_OPS or g is None:
+    def on_global(self, req: GlobalRequest) -> None:
+        """A global request (fa_sim.events.GlobalRequest): no instruction events are asked for, so
+        the PTX engine keeps its fast paths for this observer."""
+        if req.op not in GLOBAL_OPS:
             return
-        mask = np.asarray(g.mask, bool) & np.asarray(event.active, bool)[None]  # [R, C, W, L]
-        sectors, lines = warp_sectors(g.addr, mask, g.width)
+        mask = np.asarray(req.mask, bool)  # [R, C, W, L]
+        sectors, lines = warp_sectors(req.addr, mask, req.width)
         lanes = mask.sum(-1)
-        ideal, ideal_lines = -(-lanes * g.width // SECTOR), -(-lanes * g.width // LINE)
+        ideal, ideal_lines = -(-lanes * req.width // SECTOR), -(-lanes * req.width // LINE)
         per_cta = [x.sum(axis=(0, 2)) for x in (lanes > 0, sectors, lines, ideal, ideal_lines)]  # each [C]
-        for c, cta in enumerate(np.asarray(event.cta).tolist()):
+        for c, cta in enumerate(np.asarray(req.cta).tolist()):
             add = MemoryCounts(*(int(x[c]) for x in per_cta))
             if not add.requests:
                 continue
-            key = (int(cta), event.op.value)
+            key = (int(cta), req.op.value)
             old = self.counts.get(key)
             self.counts[key] = add if old is None else old + add
 
