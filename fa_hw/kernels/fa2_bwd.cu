@@ -152,6 +152,7 @@ constexpr u32 kDqSmemBytes = kDqSDOff + 4u * kDqBlockM;
 static_assert(kQStages == 1 || kQStages == 2, "FA_Q_STAGES is 1 or 2");
 static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
 static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
+static_assert(kSLseOff % 8 == 0 && kSDOff % 8 == 0 && kStageLDelta % 8 == 0, "sLSE, sD: 8-byte aligned (LDS.64)");
 static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
 static_assert(kCopyTPR * kCopyCols * 8 == kHeadDim, "the copy's threads and column passes cover a row");
@@ -211,6 +212,10 @@ __device__ __forceinline__ float lds_f32(u32 addr) {
   float r;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r) : "r"(addr));
   return r;
+}
+// Two consecutive fp32 of shared memory (addr 8-byte aligned): one LDS.64 instead of two LDS.
+__device__ __forceinline__ void lds_f32x2(float (&r)[2], u32 addr) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r[0]), "=f"(r[1]) : "r"(addr));
 }
 __device__ __forceinline__ void sts_f32(u32 addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
@@ -517,18 +522,29 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     gemm_rows_cols<kSN>(tSrS, sK, sQc);
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_S, ck_round, tSrS));
     // phase: P
-    // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
+    // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0).
+    // The mask is a pass of its own, taken only by the blocks that need one (the key tail, the
+    // diagonal): the others skip its selects (one per element, ~5 % of the loop's instructions at
+    // block_m 128). The thread's two queries of an n8 tile (2 tq, 2 tq + 1) are adjacent: their
+    // log2(e) LSE (and D below) come by one LDS.64.
     const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
+    if (mask) {
 #pragma unroll
-    for (int nj = 0; nj < kSN; ++nj)
+      for (int nj = 0; nj < kSN; ++nj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
-        const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
-        float s = tSrS[nj][e];
-        if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
-        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(sLse + 4u * qi)));
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
+          const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
+          if (key >= seqlen_k || (kCausal && key > row0 + qi)) tSrS[nj][e] = neg_inf();
+        }
+    }
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj) {
+      float lse2[2];  // log2(e) LSE of queries 8 nj + 2 tq, + 1
+      lds_f32x2(lse2, sLse + 4u * (8 * nj + 2 * (lane % 4)));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(tSrS[nj][e], sl2), lse2[e & 1]));
+    }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_P, ck_round, tSrS));
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
     to_a_frags<kMSeg>(tSrS, tdVrP);
@@ -543,12 +559,12 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DP, ck_round, tdPrdP));
     // phase: dS
 #pragma unroll
-    for (int nj = 0; nj < kSN; ++nj)
+    for (int nj = 0; nj < kSN; ++nj) {
+      float d2[2];  // D of queries 8 nj + 2 tq, + 1
+      lds_f32x2(d2, sDc + 4u * (8 * nj + 2 * (lane % 4)));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
-        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(sDc + 4u * qi)));
-      }
+      for (int e = 0; e < 4; ++e) tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], d2[e & 1]));
+    }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DS, ck_round, tdPrdP));
     u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
     to_a_frags<kMSeg>(tdPrdP, tdKrdS);
