@@ -47,6 +47,9 @@
 //   FA_BF16                                        bf16 q, k, v, o, dO and dq, dk, dv (BackwardConfig.dtype):
 //                                                  mma .bf16, P^T, dS^T and the outputs packed by
 //                                                  cvt.rn.bf16x2.f32; 0: fp16 (the "fp16" of the comments)
+//   FA_SOFTMAX_FFMA                                the exp2 argument of P as one fma.rn, fma(S, s log2(e),
+//                                                  -log2(e) LSE) (BackwardConfig.softmax "ffma": one instruction
+//                                                  less per score, other bits); 0: fmul then fsub (the default)
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -91,6 +94,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_BF16
 #define FA_BF16 0
+#endif
+#ifndef FA_SOFTMAX_FFMA
+#define FA_SOFTMAX_FFMA 0
 #endif
 #if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
 #define FA_HALF "bf16"
@@ -237,6 +243,19 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+// The argument of P = ex2(.) from the unscaled score s, sl2 = fl(scale log2(e)) and lse2 = fl(log2(e) LSE):
+// fl(fl(s sl2) - lse2), or (FA_SOFTMAX_FFMA) fl(s sl2 - lse2) with one rounding. Unlike the forward's
+// FFMA form (fa2_fwd.cu: diagnostic only, its row maximum no longer exactly 0), the backward's
+// argument has no exact zero to keep: lse2 is rounded either way, and the FFMA drops the product's
+// rounding (|error| <= ulp(lse2)/2 + ulp(x)/2 instead of ulp(s sl2)/2 + ulp(lse2)/2 + ulp(x)/2).
+// Masked scores (-inf) and rows past the end (lse2 = +inf) give -inf, P = +0, in both forms.
+__device__ __forceinline__ float exp2_arg(float s, float sl2, float lse2) {
+#if FA_SOFTMAX_FFMA
+  return __fmaf_rn(s, sl2, -lse2);
+#else
+  return __fsub_rn(__fmul_rn(s, sl2), lse2);
+#endif
 }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
@@ -543,7 +562,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       float lse2[2];  // log2(e) LSE of queries 8 nj + 2 tq, + 1
       lds_f32x2(lse2, sLse + 4u * (8 * nj + 2 * (lane % 4)));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(tSrS[nj][e], sl2), lse2[e & 1]));
+      for (int e = 0; e < 4; ++e) tSrS[nj][e] = ex2_approx(exp2_arg(tSrS[nj][e], sl2, lse2[e & 1]));
     }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_P, ck_round, tSrS));
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
@@ -701,7 +720,7 @@ fa2_bwd_dq_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u1
         const int key = key0 + 8 * nj + 2 * (lane % 4) + (e & 1);
         float s = tSrS[nj][e];
         if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
-        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kDqSLseOff + 4u * qi)));
+        tSrS[nj][e] = ex2_approx(exp2_arg(s, sl2, lds_f32(base + kDqSLseOff + 4u * qi)));
       }
     // phase: dP
     float tdPrdP[kKN][4];  // dP [keys / 8][4] fp32
