@@ -13,10 +13,13 @@ fa_hw.backward's enqueue path), in --runs round-robin runs (hw_sets.round_robin;
 of --reps CUDA-event-timed calls after --warmup). A candidate's ratio on a shape is the median over
 runs of the default's (DEFAULT_TILES) time / its time, and of SDPA-flash's time / its time.
 
-Checked before timing, per candidate: it compiles and launches, its dK and dV equal DEFAULT_TILES'
-bit for bit (they do not depend on the tiles: fa_hw.tuned_backward's docstring; the PTX engine
-shows it in tests/test_backward_tiles.py) and its dQ is within SANITY_REL_ERR of the default's (the
-atomic dQ's order differs with block_n). A candidate that fails is reported and never chosen.
+Checked before timing, per candidate: it compiles and launches, its dK and dV equal bit for bit
+those of the first candidate of its softmax form (DEFAULT_TILES for "fmul_fsub"; they do not depend
+on the tiles: fa_hw.tuned_backward's docstring; the PTX engine shows it in
+tests/test_backward_tiles.py) and its dQ is within SANITY_REL_ERR of the default's (the atomic dQ's
+order differs with block_n, the "ffma" form's P in the last bits). A candidate that fails is
+reported and never chosen. Labels: block_m x n_warps s q_stages, an "f" after them for softmax
+"ffma" (128x8s1f).
 
 Choice. Per key (head_dim, causal, size class of fa_hw.tuned) the candidate with the best worst
 ratio against SDPA-flash over the key's shapes (the goal is every row), ties broken by the geometric
@@ -29,10 +32,11 @@ causal flag the candidates' ms and ratios, and the chosen entries), rewritten af
 that a run stopped by --budget-s (no new shape starts past it) keeps what it measured.
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
-3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 7-12 candidates per head_dim that is about
-80 s of backward passes on an H100 at the default's speed, plus the builds (compiled first, in
-parallel processes) and the forward passes: about 2 minutes, under the 200 s that device_round36.sh
-gives the step (and --budget-s 170 stops starting shapes before it).
+3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 10-14 candidates per head_dim (7-12 before the
+softmax "ffma" ones) that is about 110 s of backward passes on an H100 at the default's speed, plus
+the builds (compiled first, in parallel processes) and the forward passes: about 2.5 minutes; give
+the step TUNEBWD_S=300 TUNEBWD_BUDGET=260 in device_round36.sh (its defaults, 200 and 170, may stop
+before the last shapes: --budget-s starts no shape past it, and the table keeps what was measured).
 """
 
 from __future__ import annotations
@@ -58,8 +62,8 @@ def _compile(args) -> str:
     """Compile one build into the disk cache (a worker process: NVRTC runs in parallel)."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
-    d, bm, nw, st, causal, arch = args
-    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st), causal, False, arch)
+    d, bm, nw, st, sm, causal, arch = args
+    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm), causal, False, arch)
     try:
         usage = compile_backward(build).usage
     except Exception as exc:  # reported by the timing pass, which compiles again
@@ -71,7 +75,7 @@ def _compile(args) -> str:
 def precompile(cases, arch: str) -> None:
     from fa_hw.tuned_backward import CANDIDATES
 
-    jobs = sorted({(c[3], bm, nw, st, causal, arch) for c in cases for bm, nw, st in CANDIDATES[c[3]]
+    jobs = sorted({(c[3], bm, nw, st, sm, causal, arch) for c in cases for bm, nw, st, sm in CANDIDATES[c[3]]
                    for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
@@ -114,25 +118,29 @@ def run_case(case, causal: bool, args) -> dict:
     scale = d ** -0.5
     o, lse = enqueue_forward(q, k, v, causal=causal, scale=scale)  # fa_hw.attention's forward
     cands = candidates(d)
-    timers, notes, ref = {}, {}, None  # ref: (label, (dq, dk, dv)) of the first candidate that ran
+    timers, notes = {}, {}
+    ref = {}  # softmax form -> (label, (dq, dk, dv)) of its first candidate that ran
     for cfg in cands:
-        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages)
+        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages, cfg.softmax)
         try:
             g = _run_torch(q, k, v, o, lse, do, cfg, causal, scale, False, timed=False)[0]
             torch.cuda.synchronize()
         except Exception as exc:
             notes[label] = " ".join(str(exc).split())[:160]
             continue
-        if ref is None:
-            ref = (label, g)
+        first = next(iter(ref.values()), None)  # the default's (or the first that ran): the dQ sanity check
+        if cfg.softmax not in ref:
+            ref[cfg.softmax] = (label, g)
         else:
-            dq0, dk0, dv0 = ref[1]
+            _, dk0, dv0 = ref[cfg.softmax][1]
             if not (torch.equal(g[1], dk0) and torch.equal(g[2], dv0)):
-                notes[label] = f"dK or dV differ from {ref[0]}'s bits"
+                notes[label] = f"dK or dV differ from {ref[cfg.softmax][0]}'s bits"
                 continue
+        if first is not None:
+            dq0 = first[1][0]
             err = float((g[0].double() - dq0.double()).norm() / dq0.double().norm())
             if not err < SANITY_REL_ERR:
-                notes[label] = f"dQ differs from {ref[0]}'s by {err:.1e} (relative Frobenius)"
+                notes[label] = f"dQ differs from {first[0]}'s by {err:.1e} (relative Frobenius)"
                 continue
         del g
         timers[label] = (lambda cfg=cfg: time_calls(
@@ -150,11 +158,19 @@ def run_case(case, causal: bool, args) -> dict:
     del q, k, v, do, ref, of
     torch.cuda.empty_cache()
     return {"case": list(case), "causal": causal, "runs_ms": runs, "notes": notes,
-            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages)}
+            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages, cands[0].softmax)}
 
 
-def _label(block_m: int, n_warps: int, q_stages: int) -> str:
-    return f"{block_m}x{n_warps}s{q_stages}"
+def _label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub") -> str:
+    return f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
+
+
+def _parse_label(label: str) -> tuple[int, int, int, str]:
+    """_label's inverse: (block_m, n_warps, q_stages, softmax)."""
+    bm, rest = label.split("x")
+    nw, st = rest.split("s")
+    sm = "ffma" if st.endswith("f") else "fmul_fsub"
+    return int(bm), int(nw), int(st.rstrip("f")), sm
 
 
 def choose(records) -> list:
@@ -179,10 +195,9 @@ def choose(records) -> list:
                 best = (score, label, _gmean(vs_def) if vs_def else None, _gmean(vs_flash))
         if best is None:
             continue
-        bm, rest = best[1].split("x")
-        nw, st = rest.split("s")
-        entries.append(Entry(d, causal, size, int(bm), int(nw), int(st), round(best[2], 4) if best[2] else None, round(best[3], 4),
-                             tuple(tuple(r["case"]) for r in recs)))
+        bm, nw, st, sm = _parse_label(best[1])
+        entries.append(Entry(d, causal, size, bm, nw, st, round(best[2], 4) if best[2] else None, round(best[3], 4),
+                             tuple(tuple(r["case"]) for r in recs), softmax=sm))
     return entries
 
 
@@ -193,7 +208,7 @@ def _gmean(xs) -> float:
 def markdown(records, entries, gpu: str, args) -> str:
     lines = [f"# Backward tiles on {gpu}", "",
              f"experiments/tune_bwd.py: fa2_bwd.cu's three kernels (atomic dQ) per candidate (block_m x n_warps "
-             f"s q_stages; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
+             f"s q_stages, f: softmax ffma; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
              "over runs; x def: DEFAULT_TILES' time / this one's; x flash: SDPA-flash's backward time / this one's.", ""]
     for r in records:
         runs = r["runs_ms"]
@@ -216,7 +231,7 @@ def markdown(records, entries, gpu: str, args) -> str:
     lines += ["## Chosen (backward/<gpu>.json)", "", "| head_dim | causal | size | block_m x n_warps s q_stages | x default | "
               "x flash (geomean) |", "|---|---|---|---|---|---|"]
     for e in entries:
-        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages)} | "
+        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages, e.softmax)} | "
                      f"{e.vs_default if e.vs_default is not None else 'n/a'} | {e.vs_flash} |")
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@
     choice = fa_hw.tuned_backward.lookup(64, False, 4096, gpu="NVIDIA H100 80GB HBM3", arch="sm_90")
     choice.config, choice.source
 
-Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages)
+Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
@@ -12,7 +12,9 @@ forward table), named by fa_hw.device.gpu_key:
 
     {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "nvrtc": "13.0", "entries": [
       {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8, "q_stages": 2,
-       "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
+       "softmax": "ffma", "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
+
+(softmax: BackwardConfig.softmax, "fmul_fsub" when absent: tables written before it existed.)
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
 vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
@@ -30,7 +32,9 @@ which `fa compare --backward` and the recorded checkpoints (tests/data/h100/bwd_
 describe. dK, dV and the deterministic mode's dQ do not depend on the tiles (each element sums the
 same k16 segments of queries, or keys, in ascending order in one fp32 accumulator:
 tests/test_backward_tiles.py checks them bit for bit on the PTX engine); the atomic mode's dQ sums
-one partial per K/V block, so block_n changes its order, within the same bound.
+one partial per K/V block, so block_n changes its order, within the same bound. The softmax form
+does change them: an "ffma" candidate computes the bits of BackwardConfig(head_dim, softmax="ffma")
+(its own P), within the same bound of float64.
 """
 
 from __future__ import annotations
@@ -39,14 +43,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from fa_sim.contract.backward import DEFAULT_TILES, HEAD_DIMS, BackwardConfig
+from fa_sim.contract.backward import DEFAULT_TILES, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig
 
 from .tuned import SIZE_CLASSES, TUNED_DIR, size_class
 
 BWD_TUNED_DIR = TUNED_DIR / "backward"
 TABLE_FORMAT = 1
-#: (block_m, n_warps, q_stages) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
-#: (q_stages 1). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
+#: (block_m, n_warps, q_stages, softmax) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
+#: (q_stages 1, softmax fmul_fsub). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
 #: loading under the whole round instead of under the dQ GEMM alone, as FlashAttention-2's backward
 #: does; each tile below is timed with 1 and 2 stages where two fit (`tiles`). Every one
 #: compiles for sm_90 without spills in both dQ modes, causal or not, fp16 and bf16 (at most 255
@@ -56,6 +60,10 @@ TABLE_FORMAT = 1
 #: 64 x 128 keys). Configs that do not tile (BackwardConfig) or spill are not listed: d=32 and 96 take
 #: no block_m 32 with 8 warps (a warp's dQ columns would be an odd number of n8 tiles), d=128 no
 #: block_m 128 (175 KB of shared memory, over the 163 KB a CTA can have on SM80).
+#: the tiles also timed with softmax "ffma" (FA_SOFTMAX_FFMA, one FMUL less per score: 64 of the ~900-1200
+#: SASS instructions of a block_m 128 iteration): the 8-warp tiles of block_m >= 64, those that won on the H100
+#: (experiments/tune_bwd_h100.md)
+FFMA_MIN_BLOCK_M, FFMA_N_WARPS = 64, 8
 TILES = {
     32: ((64, 4), (32, 4), (64, 8), (128, 8)),
     64: ((64, 4), (32, 4), (32, 8), (64, 8), (128, 8)),
@@ -77,16 +85,21 @@ def _fits(d: int, bm: int, nw: int, stages: int) -> bool:
 
 #: head_dim 160 and 192 keep the default alone (not tuned: tune_bwd.py's head dims are 32-128; two Q
 #: stages at 192 spill 8 bytes).
-CANDIDATES = {d: tuple((bm, nw, st) for bm, nw in tiles for st in ((1, 2) if d <= 128 else (1,))
-                       if _fits(d, bm, nw, st))
+def _softmaxes(d: int, bm: int, nw: int) -> tuple[str, ...]:
+    ffma = d <= 128 and nw == FFMA_N_WARPS and bm >= FFMA_MIN_BLOCK_M
+    return SOFTMAX_FORMS if ffma else SOFTMAX_FORMS[:1]
+
+
+CANDIDATES = {d: tuple((bm, nw, st, sm) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
+                       for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st))
               for d, tiles in TILES.items()}
 
 
 def candidates(head_dim: int, dtype: str = "fp16") -> list[BackwardConfig]:
     """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses)."""
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
-    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st)
-            for bm, nw, st in CANDIDATES[head_dim]]
+    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm)
+            for bm, nw, st, sm in CANDIDATES[head_dim]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,7 @@ class Entry:
     vs_default: float | None = None
     vs_flash: float | None = None
     shapes: tuple = ()
+    softmax: str = SOFTMAX_FORMS[0]  # BackwardConfig.softmax (last: the positional fields keep their places)
 
     @property
     def key(self) -> tuple[int, bool, str]:
@@ -109,11 +123,11 @@ class Entry:
 
     def config(self, dtype: str = "fp16") -> BackwardConfig:
         return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
-                              q_stages=self.q_stages)
+                              q_stages=self.q_stages, softmax=self.softmax)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
-                "n_warps": self.n_warps, "q_stages": self.q_stages, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
+                "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
     @classmethod
@@ -123,8 +137,8 @@ class Entry:
             raise ValueError(f"bad key (head_dim={head_dim!r}, causal={causal!r}, size={size!r}); head_dim is one "
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
         out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
-                  data.get("vs_default"),
-                  data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())))
+                  data.get("vs_default"), data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())),
+                  str(data.get("softmax", SOFTMAX_FORMS[0])))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out
 

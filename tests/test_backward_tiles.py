@@ -3,7 +3,9 @@ on a GPU and fa_hw.attention's backward may run): each compiles for sm_90 withou
 modes, causal or not, fp16 and bf16); on the PTX engine, causal at Nq = 70, Nk = 90 (tails on both
 sides, masked and skipped Q blocks), each gives DEFAULT_TILES' dK, dV and deterministic dQ bit for
 bit (every element sums the same k16 segments in ascending order in one fp32 accumulator, whatever
-the tiles and stages) and its atomic dQ within the derived bound of float64; the second Q stage
+the tiles and stages; a softmax "ffma" candidate those of the default tiles with softmax "ffma") and
+its atomic dQ within the derived bound of float64; P in the debug build's checkpoints is the
+hand-written ex2(fl(fl(S sl2) - lse2)) or ex2(fma(S, sl2, -lse2)) of the round's own S, bit for bit; the second Q stage
 (FA_Q_STAGES 2) is hazard-free and a prefetch into the stage being read is caught; the per-GPU
 table's format, lookup and errors."""
 
@@ -16,7 +18,8 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="compiling needs NVRTC (the hw
 
 from fa_hw.tuned_backward import CANDIDATES, Entry, Table, candidates, lookup  # noqa: E402
 from fa_sim.backward import simulate_backward  # noqa: E402
-from fa_sim.contract.backward import BWD_PATH, DEFAULT_TILES, BackwardBuild, BackwardConfig, compile_backward  # noqa: E402
+from fa_sim.contract.backward import (BWD_PATH, DEFAULT_TILES, SOFTMAX_FORMS, BackwardBuild, BackwardConfig,  # noqa: E402
+                                      compile_backward)
 from fa_sim.observers import HazardChecker  # noqa: E402
 from test_backward import _assert_within_bound, _problem  # noqa: E402
 
@@ -25,13 +28,14 @@ OTHERS = [(d, *c) for d, cands in CANDIDATES.items() for c in cands[1:]]
 
 
 def _ids(cases):
-    return [f"d{d}-m{bm}-w{nw}-s{st}" for d, bm, nw, st in cases]
+    return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") for d, bm, nw, st, sm in cases]
 
 
 @pytest.mark.parametrize("tiles", ALL, ids=_ids(ALL))
 def test_every_candidate_compiles_for_sm90_without_spills(tiles):
-    d, bm, nw, st = tiles
-    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st), causal, det, "sm_90")
+    d, bm, nw, st, sm = tiles
+    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm), causal, det,
+                            "sm_90")
               for dtype in ("fp16", "bf16") for causal in (False, True) for det in (False, True)]
     for build in builds:
         usage = compile_backward(build).usage
@@ -47,28 +51,72 @@ def _bits(a):
 
 @pytest.mark.parametrize("tiles", OTHERS, ids=_ids(OTHERS))
 def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
-    d, bm, nw, st = tiles
+    d, bm, nw, st, sm = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st)
-    assert cfg != BackwardConfig(d) and nq % bm and nk % cfg.block_n  # tails in both directions
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm)
+    base = BackwardConfig(d, softmax=sm)  # the default tiles of the same softmax form
+    assert cfg != base and nq % bm and nk % cfg.block_n  # tails in both directions
     for det in (True, False):
-        want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=det)
+        want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=base)
         got = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=cfg)
-        assert got.config == cfg and want.config == BackwardConfig(d)
+        assert got.config == cfg and want.config == base
         same = ("dq", "dk", "dv") if det else ("dk", "dv")  # atomic dQ: one partial per K/V block of block_n keys
         for name in same:
             assert np.array_equal(_bits(getattr(got, name)), _bits(getattr(want, name))), (name, det)
         _assert_within_bound(got, q, k, v, do, causal, ulps=64 if d >= 96 else 41)  # test_backward's caps
 
 
+@pytest.mark.parametrize("softmax", SOFTMAX_FORMS)
+def test_p_is_the_hand_written_exp2_of_the_rounds_own_s_bit_for_bit(softmax):
+    """The debug build's S and P checkpoints (Nq = 70, Nk = 90, d = 64, causal, tails both ways, every
+    CTA): each visible P is ex2.approx.ftz of the exp2 argument formed from that S in fp32 as the
+    softmax form says - fmul_fsub fl(fl(S sl2) - lse2), ffma fma.rn(S, sl2, -lse2) with one rounding
+    (fa_sim.isa.fp32, the hand-written program's arithmetic) - and 0 elsewhere; the two forms'
+    arguments differ on this data (the check tells them apart; after the fp16 packing of P and dS
+    this small problem's gradients happen to agree)."""
+    from fa_sim.checkpoints import BackwardCheckpoint as C, BackwardCheckpointLayout
+    from fa_sim.isa.fp32 import LOG2E, ex2_approx_ftz, fma_rn
+
+    nq, nk, d = 70, 90, 64
+    q, k, v, o, lse, do = _problem(nq, nk, d, True)
+    cfg = BackwardConfig(d, softmax=softmax)
+    ctas = list(range(cfg.n_kv_blocks(nk)))
+    res = simulate_backward(q, k, v, o, lse, do, causal=True, config=cfg, checkpoint_ctas=ctas)
+    layout = BackwardCheckpointLayout(cfg, cfg.n_q_blocks(nq))
+    rounds = layout.rounds_per_cta(ctas, cfg.n_kv_blocks(nk), nq, True)
+    sl2 = np.float32(np.float32(res.scale) * LOG2E)
+    lse2_all = (lse[0, 0].astype(np.float32) * LOG2E).astype(np.float32)
+    checked = differ = 0
+    for cta in ctas:
+        key0 = cta * cfg.block_n
+        keys = key0 + np.arange(cfg.block_n)
+        for r in range(rounds[cta]):
+            row0 = (key0 // cfg.block_m + r) * cfg.block_m
+            queries = row0 + np.arange(cfg.block_m)
+            s_ck, p_ck = (layout.fragment_matrix(ck, res.checkpoints[cta, layout.index(ck), r]).astype(np.float32)
+                          for ck in (C.S, C.P))
+            visible = (keys[:, None] < nk) & (queries[None, :] < nq) & (keys[:, None] <= queries[None, :])
+            lse2 = lse2_all[np.minimum(queries, nq - 1)][None, :]
+            forms = {"ffma": fma_rn(s_ck, sl2, -lse2).astype(np.float32),
+                     "fmul_fsub": (s_ck * sl2).astype(np.float32) - lse2}
+            x = forms[softmax]
+            differ += int(((forms["ffma"] != forms["fmul_fsub"]) & visible).sum())
+            want = np.where(visible, ex2_approx_ftz(x.astype(np.float32)), np.float32(0))
+            assert want.view(np.uint32).tobytes() == p_ck.view(np.uint32).tobytes(), (cta, r)
+            checked += int(visible.sum())
+    assert checked > 2000 and differ > 100, (checked, differ)
+
+
 @pytest.mark.parametrize("shape", [(70, 90, 64, 64, 8, True), (130, 45, 32, 32, 4, False)],
                          ids=["causal-tails", "five-q-blocks"])
 def test_the_second_q_stage_is_free_of_hazards(shape):
+    """(the first shape with softmax ffma and both dQ modes: its masked and unmasked rounds)"""
     nq, nk, d, bm, nw, causal = shape
     hz = HazardChecker()
+    sm = "ffma" if causal else "fmul_fsub"
     simulate_backward(*_problem(nq, nk, d, causal), causal=causal, deterministic=False, observers=[hz],
-                      config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=2))
+                      config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=2, softmax=sm))
     rep = hz.report()
     assert rep.ok, rep.hazards[:3]
 
@@ -90,14 +138,18 @@ def test_a_prefetch_into_the_stage_being_read_is_a_hazard(tmp_path):
 def test_the_table_round_trips_and_lookup_takes_the_nearest_size_class(tmp_path):
     gpu = "NVIDIA H100 80GB HBM3"
     entries = (Entry(64, False, "short", 64, 8, 1, 1.4, 0.9, ((8, 16, 1024, 64),)),
-               Entry(64, False, "long", 128, 8, 2, 1.6, 1.05, ((1, 16, 16384, 64),)))
+               Entry(64, False, "long", 128, 8, 2, 1.6, 1.05, ((1, 16, 16384, 64),), softmax="ffma"))
     table = Table(gpu, "sm_90", entries, "13.0")
     (tmp_path / "h100_80gb_hbm3.json").write_text(json.dumps(table.to_json()))
     assert Table.load(tmp_path / "h100_80gb_hbm3.json") == table
     got = lookup(64, False, 3000, gpu, "sm_90", directory=tmp_path)  # medium: short and long are as near; short
     assert got.config == BackwardConfig(64, block_m=64, n_warps=8) and "short" in got.source
     got = lookup(64, False, 9000, gpu, "sm_90", "bf16", directory=tmp_path)
-    assert got.config == BackwardConfig(64, block_m=128, n_warps=8, dtype="bf16", q_stages=2)
+    assert got.config == BackwardConfig(64, block_m=128, n_warps=8, dtype="bf16", q_stages=2, softmax="ffma")
+    del_sm = table.to_json()
+    for e in del_sm["entries"]:
+        e.pop("softmax")  # a table written before the softmax field: fmul_fsub
+    assert all(e.softmax == "fmul_fsub" for e in Table.from_json(del_sm).entries)
     for args, why in (((64, True, 3000, gpu, "sm_90"), "no d=64 causal entry"),
                       ((32, False, 3000, gpu, "sm_90"), "no d=32 non-causal entry"),
                       ((64, False, 3000, gpu, "sm_80"), "table is for sm_90"),
@@ -107,7 +159,7 @@ def test_the_table_round_trips_and_lookup_takes_the_nearest_size_class(tmp_path)
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"block_m": 48}, "does not tile"), ({"q_stages": 3}, "q_stages must be 1 or 2"), ({"head_dim": 256}, r"bad key \(head_dim=256"),
+    ({"block_m": 48}, "does not tile"), ({"q_stages": 3}, "q_stages must be 1 or 2"), ({"softmax": "fma"}, "softmax 'fma'"), ({"head_dim": 256}, r"bad key \(head_dim=256"),
     ({"size": "huge"}, "bad key"), ({"format": 2}, "format 2")])
 def test_a_malformed_table_is_one_value_error_naming_the_file(tmp_path, change, words):
     data = Table("NVIDIA H100 80GB HBM3", "sm_90", (Entry(64, False, "short", 64, 8),)).to_json()
@@ -154,8 +206,15 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
             {"case": [6, 8, 700, 64], "causal": False, "default": "64x4s1", "notes": {},
              "runs_ms": {"flash": [1.0, 1.0], "64x4s1": [2.0, 2.0], "64x8s2": [1.25, 1.25], "128x8s1": [0.5, 0.5]}}]
     (entry,) = tune.choose(recs)
-    assert (entry.head_dim, entry.causal, entry.size, entry.block_m, entry.n_warps, entry.q_stages) == \
-        (64, False, "short", 64, 8, 2)
+    assert (entry.head_dim, entry.causal, entry.size, entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == \
+        (64, False, "short", 64, 8, 2, "fmul_fsub")
+    for r in recs:  # an ffma candidate ahead of all: its label carries the form into the entry
+        r["runs_ms"]["64x8s2f"] = [1.0, 1.0]
+    (entry,) = tune.choose(recs)
+    assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == (64, 8, 2, "ffma")
+    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub")
+    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k != "64x8s2f"}} for r in recs]
+    (entry,) = tune.choose(recs)
     assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2
     table = Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")
     (tmp_path / "h100_80gb_hbm3.json").write_text(json.dumps(table.to_json()))

@@ -153,14 +153,19 @@ def test_checkpoint_buffer_equals_the_engines_bit_for_bit(gpu, causal, determini
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
 def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, head_dim):
     """fa_hw.tuned_backward's candidates (what experiments/tune_bwd.py times and fa_hw.attention may
-    run): deterministic mode bit for bit the PTX engine's default run (the tiles and Q stages change
-    no bit: docs/backward.md section 2), the atomic mode's dK, dV too; config="auto" runs a candidate."""
+    run): deterministic mode bit for bit the PTX engine's run of the default tiles with the candidate's
+    softmax form (the tiles and Q stages change no bit: docs/backward.md section 2; softmax "ffma"
+    computes P by fma.rn, other bits that the engine models), the atomic mode's dK, dV too;
+    config="auto" runs a candidate."""
     import fa_sim
     from fa_hw.tuned_backward import candidates
+    from fa_sim.contract.backward import SOFTMAX_FORMS, BackwardConfig
 
     q, k, v, o, lse, do = _problem(1, 2, 70, 90, head_dim, True, seed=3)
-    sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=True, mma_model="h200")
+    sims = {sm: fa_sim.simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=True, mma_model="h200",
+                                         config=BackwardConfig(head_dim, softmax=sm)) for sm in SOFTMAX_FORMS}
     for cfg in candidates(head_dim):
+        sim = sims[cfg.softmax]
         for det in (True, False):
             hw = fa_hw.backward(q, k, v, o, lse, do, causal=True, deterministic=det, config=cfg)
             assert hw.config == cfg

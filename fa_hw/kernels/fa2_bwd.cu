@@ -47,6 +47,9 @@
 //   FA_BF16                                        bf16 q, k, v, o, dO and dq, dk, dv (BackwardConfig.dtype):
 //                                                  mma .bf16, P^T, dS^T and the outputs packed by
 //                                                  cvt.rn.bf16x2.f32; 0: fp16 (the "fp16" of the comments)
+//   FA_SOFTMAX_FFMA                                the exp2 argument of P as one fma.rn, fma(S, s log2(e),
+//                                                  -log2(e) LSE) (BackwardConfig.softmax "ffma": one instruction
+//                                                  less per score, other bits); 0: fmul then fsub (the default)
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -91,6 +94,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_BF16
 #define FA_BF16 0
+#endif
+#ifndef FA_SOFTMAX_FFMA
+#define FA_SOFTMAX_FFMA 0
 #endif
 #if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
 #define FA_HALF "bf16"
@@ -152,6 +158,7 @@ constexpr u32 kDqSmemBytes = kDqSDOff + 4u * kDqBlockM;
 static_assert(kQStages == 1 || kQStages == 2, "FA_Q_STAGES is 1 or 2");
 static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
 static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
+static_assert(kSLseOff % 8 == 0 && kSDOff % 8 == 0 && kStageLDelta % 8 == 0, "sLSE, sD: 8-byte aligned (LDS.64)");
 static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
 static_assert(kCopyTPR * kCopyCols * 8 == kHeadDim, "the copy's threads and column passes cover a row");
@@ -212,6 +219,10 @@ __device__ __forceinline__ float lds_f32(u32 addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r) : "r"(addr));
   return r;
 }
+// Two consecutive fp32 of shared memory (addr 8-byte aligned): one LDS.64 instead of two LDS.
+__device__ __forceinline__ void lds_f32x2(float (&r)[2], u32 addr) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r[0]), "=f"(r[1]) : "r"(addr));
+}
 __device__ __forceinline__ void sts_f32(u32 addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
@@ -232,6 +243,19 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+// The argument of P = ex2(.) from the unscaled score s, sl2 = fl(scale log2(e)) and lse2 = fl(log2(e) LSE):
+// fl(fl(s sl2) - lse2), or (FA_SOFTMAX_FFMA) fl(s sl2 - lse2) with one rounding. Unlike the forward's
+// FFMA form (fa2_fwd.cu: diagnostic only, its row maximum no longer exactly 0), the backward's
+// argument has no exact zero to keep: lse2 is rounded either way, and the FFMA drops the product's
+// rounding (|error| <= ulp(lse2)/2 + ulp(x)/2 instead of ulp(s sl2)/2 + ulp(lse2)/2 + ulp(x)/2).
+// Masked scores (-inf) and rows past the end (lse2 = +inf) give -inf, P = +0, in both forms.
+__device__ __forceinline__ float exp2_arg(float s, float sl2, float lse2) {
+#if FA_SOFTMAX_FFMA
+  return __fmaf_rn(s, sl2, -lse2);
+#else
+  return __fsub_rn(__fmul_rn(s, sl2), lse2);
+#endif
 }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
@@ -517,18 +541,29 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     gemm_rows_cols<kSN>(tSrS, sK, sQc);
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_S, ck_round, tSrS));
     // phase: P
-    // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0)
+    // P^T = 2^(s log2(e) S^T - log2(e) LSE); masked scores -inf give 0 (ex2.approx.ftz(-inf) = +0).
+    // The mask is a pass of its own, taken only by the blocks that need one (the key tail, the
+    // diagonal): the others skip its selects (one per element, ~5 % of the loop's instructions at
+    // block_m 128). The thread's two queries of an n8 tile (2 tq, 2 tq + 1) are adjacent: their
+    // log2(e) LSE (and D below) come by one LDS.64.
     const bool mask = key0 + kBlockN > seqlen_k || (kCausal && key0 + kBlockN - 1 > row0);
+    if (mask) {
 #pragma unroll
-    for (int nj = 0; nj < kSN; ++nj)
+      for (int nj = 0; nj < kSN; ++nj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
-        const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
-        float s = tSrS[nj][e];
-        if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
-        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(sLse + 4u * qi)));
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
+          const int key = key0 + 16 * warp + lane / 4 + 8 * (e >> 1);
+          if (key >= seqlen_k || (kCausal && key > row0 + qi)) tSrS[nj][e] = neg_inf();
+        }
+    }
+#pragma unroll
+    for (int nj = 0; nj < kSN; ++nj) {
+      float lse2[2];  // log2(e) LSE of queries 8 nj + 2 tq, + 1
+      lds_f32x2(lse2, sLse + 4u * (8 * nj + 2 * (lane % 4)));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tSrS[nj][e] = ex2_approx(exp2_arg(tSrS[nj][e], sl2, lse2[e & 1]));
+    }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_P, ck_round, tSrS));
     u32 tdVrP[kMSeg][4];  // P^T as fp16 A fragments, queries along K
     to_a_frags<kMSeg>(tSrS, tdVrP);
@@ -543,12 +578,12 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DP, ck_round, tdPrdP));
     // phase: dS
 #pragma unroll
-    for (int nj = 0; nj < kSN; ++nj)
+    for (int nj = 0; nj < kSN; ++nj) {
+      float d2[2];  // D of queries 8 nj + 2 tq, + 1
+      lds_f32x2(d2, sDc + 4u * (8 * nj + 2 * (lane % 4)));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = 8 * nj + 2 * (lane % 4) + (e & 1);
-        tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], lds_f32(sDc + 4u * qi)));
-      }
+      for (int e = 0; e < 4; ++e) tdPrdP[nj][e] = __fmul_rn(tSrS[nj][e], __fsub_rn(tdPrdP[nj][e], d2[e & 1]));
+    }
     FA_CK(ck_frag<kSN>(ck, FA_BWD_CK_DS, ck_round, tdPrdP));
     u32 tdKrdS[kMSeg][4];  // dS^T as fp16 A fragments
     to_a_frags<kMSeg>(tdPrdP, tdKrdS);
@@ -685,7 +720,7 @@ fa2_bwd_dq_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u1
         const int key = key0 + 8 * nj + 2 * (lane % 4) + (e & 1);
         float s = tSrS[nj][e];
         if (mask && (key >= seqlen_k || (kCausal && key > row0 + qi))) s = neg_inf();
-        tSrS[nj][e] = ex2_approx(__fsub_rn(__fmul_rn(s, sl2), lds_f32(base + kDqSLseOff + 4u * qi)));
+        tSrS[nj][e] = ex2_approx(exp2_arg(s, sl2, lds_f32(base + kDqSLseOff + 4u * qi)));
       }
     // phase: dP
     float tdPrdP[kKN][4];  // dP [keys / 8][4] fp32

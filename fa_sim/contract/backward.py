@@ -6,7 +6,9 @@ macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw
                                       main kernel (FA_Q_STAGES: 2 loads the next under the whole
                                       round); smem_bytes of the main kernel,
                                       dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel;
-                                      dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients
+                                      dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients;
+                                      softmax "fmul_fsub" (default) or "ffma" (FA_SOFTMAX_FFMA): the
+                                      exp2 argument of P, SOFTMAX_FORMS
     BackwardBuild(config, causal, deterministic, arch, checkpoints=False)
         .kernels                      its three kernels in launch order (the third: the convert
                                       kernel in atomic mode, the dQ kernel in deterministic mode)
@@ -60,6 +62,10 @@ DEFAULT_ARCH = "sm_90"
 #: kernel).
 DEFAULT_TILES = {32: (64, 4), 64: (64, 4), 96: (64, 4), 128: (32, 4), 160: (32, 4), 192: (16, 4)}
 HEAD_DIMS = tuple(DEFAULT_TILES)
+#: the exp2 argument of P = ex2(x) (fa2_bwd.cu exp2_arg): "fmul_fsub" x = fl(fl(S sl2) - lse2), the
+#: default, whose bits the recorded GPU checkpoints hold; "ffma" x = fma.rn(S, sl2, -lse2), one
+#: instruction less per score and one rounding less (other bits of P, hence of dK, dV, dQ)
+SOFTMAX_FORMS = ("fmul_fsub", "ffma")
 #: head dims the forward runs and the backward refuses, with the reason
 UNSUPPORTED = {256: "each warp keeps dV and dK of its 16 keys x 256 columns in registers, 2 x 16 x 256 / 32 "
                     "= 256 fp32 registers per thread, over the 255 a thread has (ptxas spills them to local "
@@ -76,6 +82,7 @@ class BackwardConfig:
     n_warps: int = 0  # 0: DEFAULT_TILES[head_dim]
     dtype: str = "fp16"  # the 16-bit type of q, k, v, o, dO and the gradients: fp16 or bf16 (FA_BF16)
     q_stages: int = 1  # Q block buffers of the main kernel (FA_Q_STAGES): 1 as DEFAULT_TILES and the recordings, or 2
+    softmax: str = "fmul_fsub"  # the exp2 argument of P (FA_SOFTMAX_FFMA): SOFTMAX_FORMS
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -84,6 +91,9 @@ class BackwardConfig:
                              f"{HEAD_DIMS}{why}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported by the backward pass; choose one of {DTYPES}")
+        if self.softmax not in SOFTMAX_FORMS:
+            raise ValueError(f"softmax {self.softmax!r} is not a form of the backward's exp2 argument; choose one of "
+                             f"{SOFTMAX_FORMS}")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages must be 1 or 2 (Q block buffers of the backward's main kernel), "
                              f"got {self.q_stages!r}")
@@ -151,6 +161,7 @@ class BackwardConfig:
     def describe(self) -> str:
         extra = f" {self.dtype}" if self.dtype != DTYPES[0] else ""
         extra += f" q_stages={self.q_stages}" if self.q_stages != 1 else ""
+        extra += f" softmax={self.softmax}" if self.softmax != SOFTMAX_FORMS[0] else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
@@ -171,7 +182,8 @@ class BackwardBuild:
         out = dict(FA_BLOCK_M=cfg.block_m, FA_BLOCK_N=cfg.block_n, FA_HEAD_DIM=cfg.head_dim,
                    FA_N_WARPS=cfg.n_warps, FA_Q_STAGES=cfg.q_stages, FA_SMEM_BYTES=cfg.smem_bytes, FA_DQ_SMEM_BYTES=cfg.dq_smem_bytes,
                    FA_CAUSAL=int(self.causal),
-                   FA_DETERMINISTIC=int(self.deterministic), FA_BF16=int(cfg.dtype == "bf16"))
+                   FA_DETERMINISTIC=int(self.deterministic), FA_BF16=int(cfg.dtype == "bf16"),
+                   FA_SOFTMAX_FFMA=int(cfg.softmax == "ffma"))
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
