@@ -23,7 +23,8 @@
 #   host      experiments/host_overhead.py: host ms per fa_hw.attention call beside the GPU's (small shapes)
 #   micro     fa_sim.calibrate.timing_microbench --measure: the SM-unit microbenchmarks incl. MUFU.RCP's and
 #             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
-#   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json; bench: held-out
+#   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json
+#   bench     experiments/bench_hw.py on the held-out shapes with $OUT's table (after tune)
 #   tunefeat  on an H100: experiments/tune_hw.py --features (issue 38's feature classes on
 #             hw_sets.FEATURE_TRAIN) merged into $OUT/<gpu>.json if the tune step wrote one, else into the
 #             shipped table -> $OUT/<gpu>.json, tune_features.md; FEAT_INSTALL=1 also copies it into
@@ -86,6 +87,11 @@ for s in $STEPS; do case $s in
   host) log host
     timeout "$(lim 60)" python3 experiments/host_overhead.py --shape 32,8,1000,32 --causal --profile 2>&1 | head -45 | tee -a "$OUT/summary.txt"
     timeout "$(lim 40)" python3 experiments/host_overhead.py --shape 8,32,2048,64 2>&1 | tail -3 | tee -a "$OUT/summary.txt" ;;
+  tunebwd) log tunebwd "$GPU"
+    timeout "$(lim ${TUNEBWD_S:-280})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-240} 2>&1 \
+      | tail -40 | tee -a "$OUT/summary.txt"
+    timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
+      2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;
   micro) log micro
     timeout "$(lim 90)" python3 -m fa_sim.calibrate.timing_microbench --measure --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/summary.txt" ;;
   tune) log tune "$GPU"
