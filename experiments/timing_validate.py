@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
 SMALL = ROOT / "tests" / "data" / "h200" / "timing_small.json"  # launches of one partial wave or a few
 PAIRS = ROOT / "tests" / "data" / "h200" / "timing_pairs.json"  # each option beside its base, interleaved
-FITTED = ("mio_queue_depth", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
+FITTED = ("mio_queue", "bar_latency", "smem_latency", "global_latency", "global_bytes_per_cycle", "hmma_cycles")
 
 
 @dataclass(frozen=True)

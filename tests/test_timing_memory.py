@@ -176,7 +176,7 @@ def test_local_memory_steps():
 def _ldgsts_run(lines: float) -> float:
     """One warp: 8 copies of 16 sectors (one a cycle), then an LDS whose result an FFMA waits for.
     The copies' data arrives long after (their write wavefronts stay out of the way); no MIO throttle."""
-    gpu = H200.with_(global_bytes_per_cycle=1e9, global_latency_idle=None, global_latency=100000, mio_queue_depth=10**9)
+    gpu = H200.with_(global_bytes_per_cycle=1e9, global_latency_idle=None, global_latency=100000, mio_queue=10**9)
     counts = {"LDGSTS": MemoryCounts(1, 16, lines, 16, 4)}
     copy = step("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", "", _control(), gpu, {"LDGSTS": 4}, counts)
     lds = step("LDS.128", "R4, [R10]", "", _control(write=2), gpu, {"LDS": 1})

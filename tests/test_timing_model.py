@@ -66,7 +66,7 @@ def test_the_tensor_pipe_rate():
 def test_shared_memory_wavefronts_pace_the_sm():
     """LDSM.x4 of 4 wavefronts each: 4 warps x 25 of them need 400 cycles of the shared-memory pipe,
     which the last one's consumer waits for; 8-way conflicts (32 wavefronts) take 8 times as long."""
-    gpu = H200.with_(mio_queue_depth=10**6, smem_latency=20)
+    gpu = H200.with_(mio_queue=10**6, smem_latency=20)
 
     def stream(wf):
         load = ins("LDSM.16.M88.4", "R4, [R8]", wb=1, wavefronts={"LDSM": wf}, gpu=gpu)
@@ -75,55 +75,6 @@ def test_shared_memory_wavefronts_pace_the_sm():
     run = run_sm([stream(4)], 4, gpu)
     assert run.busy["SMEM"] == 400 and run.cycles == pytest.approx(400 + 20 + 2, abs=2)
     assert run_sm([stream(32)], 4, gpu).cycles == pytest.approx(8 * 400 + 20 + 2, abs=2)
-
-
-def _ldsm(gpu, wavefronts=32, wb=1):
-    return ins("LDSM.16.M88.4", "R4, [R8]", wb=wb, wavefronts={"LDSM": wavefronts}, gpu=gpu)
-
-
-def test_a_conflicted_load_holds_its_consumer_on_the_scoreboard_not_the_queue():
-    """Each sub-partition's MIO queue counts instructions, not wavefronts: four 8-way conflicted
-    LDSM.x4 (32 wavefronts each) enter a queue of 8 at once; the shared-memory unit holds each for
-    32 cycles and the consumer waits for the last one's last wavefront and the latency (issue 35:
-    on conflicted kernels the GPU's warps wait on short_scoreboard, not mio_throttle)."""
-    gpu = H200.with_(mio_queue_depth=8, smem_latency=20)
-    stream = [_ldsm(gpu)] * 4 + [ins("HMMA.16816.F32", "R0, R4, R6, R0", wait=1 << 1, gpu=gpu), EXIT]
-    run = run_sm([stream], 1, gpu)
-    assert run.cycles == pytest.approx(4 * 32 + 20 + 2, abs=1)
-    assert run.stalls["mio_throttle"] == 0 and run.stalls["short_scoreboard"] >= 4 * 32
-
-
-def test_a_full_mio_queue_throttles_its_warps():
-    """A queue of 2: the third queued LDSM waits until the unit takes the oldest (mio_throttle); the
-    warp issues its sixth when the fourth starts, at 3 x 32 cycles, and leaves."""
-    gpu = H200.with_(mio_queue_depth=2)
-    stream = [_ldsm(gpu, wb=NONE)] * 6 + [EXIT]
-    run = run_sm([stream], 1, gpu)
-    assert run.cycles == pytest.approx(3 * 32 + 2, abs=1) and run.stalls["mio_throttle"] >= 2 * 32 - 4
-    assert run_sm([stream], 1, gpu.with_(mio_queue_depth=8)).stalls["mio_throttle"] == 0
-
-
-def test_the_shared_memory_unit_takes_the_sub_partitions_in_turn():
-    """Warp 0 (sub-partition 0) queues four conflicted LDSMs at cycles 0-3, warp 1 (sub-partition 1)
-    one at cycle 5: the unit takes warp 1's second, not after warp 0's four (issue order), so its
-    consumer runs at 32 + 32 + 20."""
-    gpu = H200.with_(mio_queue_depth=8, smem_latency=20)
-    use = ins("HMMA.16816.F32", "R0, R4, R6, R0", wait=1 << 1, gpu=gpu)
-    w0 = [_ldsm(gpu, wb=NONE)] * 4 + [EXIT]
-    w1 = [ins("FFMA", stall=5, gpu=gpu), _ldsm(gpu), use, EXIT]
-    timeline: list = []
-    run_sm([[w0, w1]], 2, gpu, timeline=timeline)
-    assert [t for t, _, warp, _, name, _ in timeline if warp == 1 and name == "HMMA"] == [pytest.approx(84, abs=1)]
-
-
-def test_an_ldgsts_pays_its_share_of_the_excess_wavefronts():
-    """The padded layout's copies: the ideal wavefronts (one per 128 bytes) and
-    GpuModel.ldgsts_excess_share of the excess Nsight Compute counts (fa_sim.observers.banks)."""
-    counts = {"LDGSTS": 4.0, "LDGSTS_excess": 6.5}
-    for share in (0.0, 0.5, 1.0):
-        gpu = H200.with_(ldgsts_excess_share=share)
-        copy = ins("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]", wavefronts=counts, gpu=gpu)
-        assert copy.wavefronts == pytest.approx(4 + 6.5 * share)
 
 
 def test_a_scoreboard_holds_the_consumer_until_the_result():

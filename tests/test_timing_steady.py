@@ -75,34 +75,3 @@ def test_steady_size_counts_a_loops_repeats_once():
 def test_steady_must_be_a_bool():
     with pytest.raises(ValueError, match="steady must be"):
         tl.predict_launch("x.cu", (1,), (32,), steady="yes")
-
-
-def test_the_jump_shifts_the_mio_queues_and_keys_them_relative_to_the_clock():
-    """_Steady's state key holds the MIO queues' entries relative to the clock and whose turn it is;
-    its jump moves every cycle of the state, inside the queued entries too, by the jumped cycles: the
-    shifted state at t + shift has the key of the state at t, and no other state has it."""
-    from collections import deque
-    from types import SimpleNamespace
-
-    from fa_sim.timing.sm import _shift_state, _state_key
-
-    w = object()
-    st = SimpleNamespace(write_sb=2, read_sb=-1, latency=24)
-    state = {"mio_free": 130.5, "global_free": 90.0, "atomic_free": 0.0, "mio_next": 3,
-             "mio_q": [deque([(100.0, w, st, 8.0, 0.0), (104.0, w, st, 2.5, 180.0)]), deque(), deque(),
-                       deque(), deque([(101.0, None, None, 4.0, 0.0)])]}
-
-    def key(s, t):
-        return _state_key(s, lambda x: round(x - t, 6) if x > t else 0.0, {id(w): 0})
-
-    before = key(state, 110.0)
-    _shift_state(state, 1000.0)
-    assert state["mio_q"][0][1] == (1104.0, w, st, 2.5, 1180.0) and state["mio_q"][4][0][0] == 1101.0
-    assert state["mio_free"] == 1130.5 and state["mio_next"] == 3  # a turn is not a cycle
-    assert key(state, 1110.0) == before
-    assert before[4][0][1][4] == 70.0  # (entries by name: mio_q last) a local load's data back 70 cycles after t
-    state["mio_q"][0].pop()  # one queued instruction fewer, or another turn: another state
-    assert key(state, 1110.0) != before
-    state["mio_q"][0].append((1104.0, w, st, 2.5, 1180.0))
-    state["mio_next"] = 4
-    assert key(state, 1110.0) != before

@@ -204,18 +204,13 @@ def test_the_scheduling_fields_come_from_the_control_bits():
 
 
 def test_shared_memory_classes_cost_the_bank_models_wavefronts():
-    """LDSM / LDS / STS / LDGSTS: the config's average wavefronts of the class, not rounded (the
-    shared-memory unit holds an instruction for its wavefronts, fractions of a cycle included);
-    LDGSTS adds ldgsts_excess_share of its excess wavefronts; SHFL one; other MIO instructions
-    none; a local-memory spill one wavefront per 128 bytes of the warp."""
-    wf = {"LDSM": 4.4, "LDS": 2.0, "STS": 1.6, "LDGSTS": 4.0, "LDGSTS_excess": 6.5}
+    """LDSM / LDS / STS / LDGSTS: the config's average wavefronts of the class, rounded; SHFL one;
+    other MIO instructions none; a local-memory spill one wavefront per 128 bytes of the warp."""
+    wf = {"LDSM": 4.4, "LDS": 2.0, "STS": 1.6, "LDGSTS": 10.5}
     got = {op: _step(op, wavefronts=wf).wavefronts for op in
            ("LDSM.16.M88.4", "LDS.U.128", "STS.64", "LDGSTS.E.BYPASS.128", "SHFL.IDX", "S2R", "LDC", "BAR.SYNC")}
-    assert got == {"LDSM.16.M88.4": 4.4, "LDS.U.128": 2.0, "STS.64": 1.6,
-                   "LDGSTS.E.BYPASS.128": 4.0 + DISTINCT.ldgsts_excess_share * 6.5, "SHFL.IDX": 1,
+    assert got == {"LDSM.16.M88.4": 4, "LDS.U.128": 2, "STS.64": 2, "LDGSTS.E.BYPASS.128": 10, "SHFL.IDX": 1,
                    "S2R": 0, "LDC": 0, "BAR.SYNC": 0}
-    assert DISTINCT.ldgsts_excess_share == 0.5
-    assert _step("LDGSTS.E.BYPASS.128", wavefronts={"LDGSTS": 4.0}).wavefronts == 4.0  # no excess counted: none
     assert _step("LDSM.16.M88.4").wavefronts == 1  # a class the bank model did not see: one
     assert [_step(op).wavefronts for op in ("LDL", "STL.64", "LDL.128")] == [1, 2, 4]
     assert all(_step(op).pipe is Pipe.MIO for op in ("LDL", "STL.64"))

@@ -48,13 +48,7 @@ class GpuModel:
     bar_latency: int = 20  # BAR.SYNC: last arrival to release
     # shared memory and global memory
     smem_wavefronts_per_cycle: float = 1.0  # per SM (128 bytes per clock)
-    mio_queue_depth: int = 8  # instructions each sub-partition's MIO queue holds (waiting for the SM's
-    # shared-memory unit) before its warps' MIO instructions throttle (fa_sim.timing.sm; not documented by
-    # NVIDIA: fitted, 8 against 16, on the fitting half's plain / padded / swizzled cases of
-    # experiments/timing_smem.py, docs/timing.md "The MIO path per sub-partition")
-    ldgsts_excess_share: float = 0.5  # of the wavefronts Nsight Compute counts for an LDGSTS beyond one per
-    # 128 bytes (the padded layout's rows straddling source sectors: fa_sim.observers.banks.ldgsts_wavefronts),
-    # the share that holds the shared-memory unit (fitted as mio_queue_depth: 0.5 against 0.25 and 1)
+    mio_queue: int = 128  # cycles of shared-memory work queued per SM before MIO instructions throttle
     global_latency: int = 300  # LDGSTS issue to data in shared memory with every CTA slot of the SM filled:
     # an L2 hit, the write, and the queueing of a loaded chip (L2 hits take 220-340 cycles on recent NVIDIA
     # GPUs, arXiv:2606.22588; the H200's value below: docs/timing.md, "The copy latency under load")
@@ -71,8 +65,7 @@ class GpuModel:
     atomic_share: float | None = None  # the share of that rate one SM's run gets (GpuModel.atomic_rate; set by
     # fa_sim.timing.launch from the launch's atomics); None: an equal share of every SM
     atomic_queue: int = 128  # cycles of atomic work queued per SM before the next atomic throttles (lg_throttle):
-    # the depth of the SM-wide MIO budget shared memory had before its per-sub-partition queues
-    # (mio_queue_depth), not fitted
+    # the MIO queue's depth (mio_queue), not fitted
     l2_bytes: int = 50 * 2**20  # a launch whose arrays are larger streams from DRAM (fa_sim.timing.launch)
     dram_bytes_per_cycle: float = 20.9  # per SM: the HBM's peak over the SMs at the effective clock
     # (H200: 4.8 TB/s / 132 SMs / 1.74 GHz)

@@ -78,7 +78,7 @@ class Step:
     read_sb: int  # -1: none
     wait_mask: int
     latency: int  # issue (or MIO completion) to the write scoreboard's release
-    wavefronts: float  # shared-memory wavefronts (MIO): the bank model's average for the instruction's class
+    wavefronts: int  # shared-memory wavefronts (MIO)
     sync: Sync
     depbar_n: int  # DEPBAR.LE's n
     bytes: int  # global requests: the bytes of the sectors they touch per warp (LDGSTS, LDG, STG); LDL /
@@ -116,9 +116,7 @@ def step(opcode: str, operands: str, guard: str, control: Control, gpu: GpuModel
                "LDC": gpu.const_latency, "FCHK": gpu.fchk_latency}.get(base, gpu.smem_latency if pipe is Pipe.MIO else gpu.mufu_latency)
     cls = smem_class(opcode)
     width = 16 if ".128" in opcode else 8 if ".64" in opcode else 4
-    wf = wavefronts.get(cls, 1) if cls else (1 if base == "SHFL" else 0)
-    if cls == "LDGSTS":  # the share of the excess wavefronts of its writes that the shared-memory unit pays
-        wf += gpu.ldgsts_excess_share * wavefronts.get("LDGSTS_excess", 0.0)
+    wf = round(wavefronts.get(cls, 1)) if cls else (1 if base == "SHFL" else 0)
     if base in _LOCAL:  # local memory is interleaved word by word over a warp's lanes (each thread's word i
         # beside its neighbours'): a request at one offset is coalesced, through the L1 data pipe
         wf = -(-32 * width // 128)

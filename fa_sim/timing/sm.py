@@ -14,31 +14,23 @@ The model (parameters: fa_sim.timing.gpus):
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
   SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
   cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
-- The MIO path (shared memory): each SMSP has its own MIO queue of at most `mio_queue_depth`
-  instructions; a shared-memory instruction (LDSM, LDS, STS, LDL, STL, SHFL) enters its SMSP's
-  queue at issue, and the SM's one shared-memory unit takes the queues' oldest instructions in
-  turn (the SMSPs, then the arriving cp.async data), one at a time, each holding it for its
-  wavefronts (the bank model's exact count: a conflicted LDSM.x4 32 cycles, not 4). A warp whose
-  SMSP queue is full cannot issue an MIO instruction (mio_throttle); otherwise a conflicted load
-  costs its consumer the wait for its last wavefront (short_scoreboard), as on the GPU.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
-  its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, its
-  SMSP's MIO queue has a free entry.
+  its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
+  SM's shared-memory pipe has at most `mio_queue` cycles of work queued.
 - Issuing sets the write / read scoreboard; it is released after the instruction's latency: MIO
-  instructions first wait their turn at the SM's shared-memory unit, which drains
-  `smem_wavefronts_per_cycle` wavefronts per cycle (the bank model's exact count per instruction),
-  and release their scoreboards `smem_latency` after their last wavefront;
+  instructions first wait their turn in the SM's shared-memory pipe, which drains
+  `smem_wavefronts_per_cycle` wavefronts per cycle (the bank model's exact count per instruction);
   LDGSTS copies queue on the SM's share of L2 bandwidth and arrive `global_latency` later (the
   caller passes the latency at the SM's load: GpuModel.loaded), when
   their shared-memory writes take the shared-memory pipe; a cp.async group (LDGDEPBAR's
   scoreboard) is released when its last copy arrived. A global request's bytes are the sectors
   it touches (Step.bytes); one that touches more 128-byte lines than its bytes packed takes the
-  extra lines through its SMSP's MIO queue (a wavefront of the L1 each).
+  extra lines through the shared-memory pipe at issue (a wavefront of the L1 each).
   Local memory (LDL, STL) takes the shared-memory pipe as the L1 it goes through; a store's bytes
   (write-through) and the share `1 - local_hit` of a load's the L1 does not hold (GpuModel.with_local)
   also take the L2's bandwidth, and an LDL waits that share of the L2's queue and latency more
-  (fa_sim.timing.local.l2_leg), after its last wavefront.
+  (fa_sim.timing.local.l2_leg).
 - Global atomics and reductions (REDG, ATOMG) also queue on the SM's share of the L2's atomic units,
   `atomic_rate` lanes per cycle (GpuModel.atomic_rate); a warp may issue one only while that queue
   holds at most `atomic_queue` cycles of work (Nsight Compute's lg_throttle: the SM's local/global
@@ -53,7 +45,7 @@ count), math_pipe_throttle, mio_throttle, lg_throttle, not_selected; the issuing
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .gpus import GpuModel
@@ -151,11 +143,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         start(slot, 0.0)
     lead = warps[0]
     pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
-    # mio_q: per SMSP, then the arriving cp.async data, the instructions waiting for the shared-memory
-    # unit, oldest first: (cycle queued, warp, Step or None, wavefronts, cycle a local miss's data is back);
-    # mio_next: the queue whose turn it is at the unit (_Steady keys and shifts each entry by its kind: _STATE)
-    state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0,
-             "mio_q": [deque() for _ in range(N_SMSP + 1)], "mio_next": 0}
+    state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
     events: list = []  # (time, seq, warp, scoreboard)
     last: list = [None] * N_SMSP
     stalls: Counter = Counter()
@@ -168,9 +156,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             when, _, w, sb = heapq.heappop(events)
             if sb >= 0:
                 w.sb[sb] -= 1
-            else:  # a cp.async's data arrived: its shared-memory writes queue for the unit
-                state["mio_q"][N_SMSP].append((when, None, None, -sb, 0.0))
-        seq = _serve(state, t, gpu, events, seq)
+            else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
+                state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
         any_issue = False
         for s in _ORDERS[int(t) % N_SMSP]:  # the SM's shared queues serve the sub-partitions round-robin
             ls = last[s]
@@ -192,7 +179,6 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                 if periodic is not None and pick is warps[0] and pick.stream[pick.pc] is periodic.anchor(pick.stream):
                     periodic.due = True
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
-                seq = _serve(state, t, gpu, events, seq)
                 while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= len(pick.stream)):
                     pending.pop(0)
                     start(len(ctas), t + 1)
@@ -224,7 +210,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
-                _shift_state(state, shift)  # the SM's queues: their free cycles, their queued instructions' times
+                for q in state:  # the SM's queues' free cycles
+                    state[q] += shift
                 events[:] = [(e[0] + shift, *e[1:]) for e in events]  # a uniform shift keeps the heap order
                 issued += m * counts[0]
                 warp_cycles += m * counts[1]
@@ -255,15 +242,12 @@ class _Steady:
     """A periodic steady state of the SM, detected and skipped (run_sm's `steady`).
 
     The rule. run_sm is deterministic and reads the clock t only relative to the times in its state
-    (a warp's ready cycle, its scoreboards' release events, the pipes', the shared-memory unit's and
-    the L2 queues' free cycles, the cycles inside the instructions queued in the MIO queues) and
-    through the sub-partitions' turn (int(t) mod 4). Each time the oldest
+    (a warp's ready cycle, its scoreboards' release events, the pipes', the shared-memory and L2
+    queues' free cycles) and through the sub-partitions' turn (int(t) mod 4). Each time the oldest
     resident warp issues its stream's anchor (the instruction it issues most often: one in the body
     of its innermost loop), run_sm records the state relative to t: per resident warp its ready and
     copy-arrival times past t, scoreboards and barrier state, the greedy warp of each sub-partition,
-    the pipes' and queues' free cycles, the MIO queues' contents (per queued instruction its warp, the
-    scoreboards it releases, wavefronts and times) and whose turn it is at the shared-memory unit,
-    and the pending events, times before t clipped to t (nothing
+    the pipes' and queues' free cycles and the pending events, times before t clipped to t (nothing
     later tells them apart: every later comparison is with a cycle >= t), each rounded to
     STEADY_ROUND decimals. A period is what happened between two such records: its cycles P, each
     warp's instructions d_w, the issued instructions, warp-cycles, pipe-busy cycles and stall reasons.
@@ -327,7 +311,7 @@ class _Steady:
             return round(x - t, STEADY_ROUND) if x > t else 0.0
 
         wid = {id(w): i for i, w in enumerate(warps)}
-        key = (_state_key(state, rel, wid),  # the SM's queues: free cycles, queued instructions, turn
+        key = (tuple(rel(state[q]) for q in sorted(state)),  # the SM's queues' free cycles
                tuple(rel(p) for pipes in pipe_free for p in pipes),
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
@@ -395,41 +379,6 @@ def _period(before, now, warps) -> tuple:
     return key, counts
 
 
-_STATE_TURNS = ("mio_next",)  # run_sm's state entries that are an index (whose turn), not a cycle
-_QUEUED_TIMES = (0, 4)  # the cycles in an MIO queue's entry (cycle queued, warp, Step, wavefronts, data back)
-
-
-def _state_key(state: dict, rel, wid: dict) -> tuple:
-    """run_sm's `state` relative to the clock (`rel`: a cycle relative to t, clipped at t), by the kind
-    of each entry: a turn as it is, a list of queues as each queued entry's cycles relative to t, its
-    warp (its index in `wid`), the scoreboards and latency its Step releases, and its wavefronts; any
-    other entry is a free cycle."""
-    out = []
-    for name in sorted(state):
-        v = state[name]
-        if name in _STATE_TURNS:
-            out.append(v)
-        elif isinstance(v, list):
-            out.append(tuple(tuple((rel(e[0]), None if e[1] is None else wid.get(id(e[1]), -1),
-                                    None if e[2] is None else (e[2].write_sb, e[2].read_sb, e[2].latency),
-                                    e[3], rel(e[4])) for e in q) for q in v))
-        else:
-            out.append(rel(v))
-    return tuple(out)
-
-
-def _shift_state(state: dict, shift: float) -> None:
-    """Move every cycle of run_sm's `state` by `shift` (the steady state's jump): the free cycles and
-    the cycles inside the queued entries; a turn stays."""
-    for name, v in state.items():
-        if name in _STATE_TURNS:
-            continue
-        if isinstance(v, list):
-            v[:] = [deque(tuple(x + shift if i in _QUEUED_TIMES else x for i, x in enumerate(e)) for e in q) for q in v]
-        else:
-            state[name] = v + shift
-
-
 def steady_size(stream: list) -> int:
     """About how many of a warp stream's instructions run_sm with `steady` simulates: the stream's
     iterations between two issues of its anchor (_Steady) that repeat the one before are skipped past
@@ -474,7 +423,7 @@ def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gp
         for b in st.waits:
             if sb[b]:
                 return False
-    return not (st.is_mio and st.wavefronts and len(state["mio_q"][w.smsp]) >= gpu.mio_queue_depth)
+    return not (st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue)
 
 
 def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
@@ -494,7 +443,7 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
         return "mio_throttle" if st.is_mio else "math_pipe_throttle"
     if st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
         return "lg_throttle"
-    if st.is_mio and st.wavefronts and len(state["mio_q"][w.smsp]) >= gpu.mio_queue_depth:
+    if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
         return "mio_throttle"
     return None
 
@@ -508,7 +457,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     busy[_PIPE_NAMES[st.slot]] += st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
-        state["mio_q"][w.smsp].append((t, None, None, st.tag_wavefronts, 0.0))
+        state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
         busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
     if st.sync is Sync.GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
@@ -524,28 +473,26 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
             state["atomic_free"] = max(state["atomic_free"], t) + st.atomic / gpu.atomic_rate
         if st.sync is Sync.GLOBAL_LOAD:
             done = max(state["global_free"], state["atomic_free"] if st.atomic else 0.0) + gpu.global_latency
-    elif st.is_mio and st.wavefronts:  # queued for the shared-memory unit: _serve releases its scoreboards
-        back = 0.0  # a local access's L2 leg: its data back at back - t after its last wavefront
-        if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
-            back = l2_leg(state, st, t, t, gpu)
-        state["mio_q"][w.smsp].append((t, w, st, st.wavefronts, back))
+    elif st.is_mio and st.wavefronts:
+        begin = max(state["mio_free"], t)
+        state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
+        done = state["mio_free"]
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        done = None
+        if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
+            done = l2_leg(state, st, t, done, gpu)
     if st.write_sb >= 0:
         w.sb[st.write_sb] += 1
         bit = 1 << st.write_sb
         w.long_sb = w.long_sb | bit if st.sync is Sync.LDGDEPBAR else w.long_sb & ~bit
-        if done is not None:
-            when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
-            heapq.heappush(events, (when, seq, w, st.write_sb))
-            seq += 1
+        when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
+        heapq.heappush(events, (when, seq, w, st.write_sb))
+        seq += 1
     if st.sync is Sync.LDGDEPBAR:
         w.open_arrival = 0.0
     if st.read_sb >= 0:
         w.sb[st.read_sb] += 1
-        if done is not None:
-            heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
-            seq += 1
+        heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
+        seq += 1
     if st.sync is Sync.BAR:
         _arrive(w, t, gpu)
     elif st.sync is Sync.EXIT or w.pc >= len(w.stream):
@@ -584,43 +531,10 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
     cands = [events[0][0]] if events else []
     cands += [w.ready for w in warps if w.pc < len(w.stream) and w.ready > t and not w.at_bar]
     cands += [p for pipes in pipe_free for p in pipes if p > t]
-    if state["mio_free"] > t and any(state["mio_q"]):  # the unit frees and takes the next queued instruction
-        cands.append(state["mio_free"])
+    if state["mio_free"] - gpu.mio_queue > t:
+        cands.append(state["mio_free"] - gpu.mio_queue)
     if state["atomic_free"] - gpu.atomic_queue > t:
         cands.append(state["atomic_free"] - gpu.atomic_queue)
     if not cands:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
     return max(t + 1, min(cands))
-
-
-def _serve(state: dict, t: float, gpu: GpuModel, events: list, seq: int) -> int:
-    """The SM's shared-memory unit up to cycle t: whenever it is free it takes the oldest queued
-    instruction of the next queue in turn (the SMSPs', then the arriving cp.async data's) among
-    those queued by then, and holds it for its wavefronts; the instruction's write scoreboard is
-    released `latency` after its last wavefront (a local load's L2 leg, l2_leg, added after it),
-    its read scoreboard `read_latency` after it."""
-    queues = state["mio_q"]
-    rate = gpu.smem_wavefronts_per_cycle
-    n = len(queues)
-    while state["mio_free"] <= t:
-        heads = [q[0][0] for q in queues if q]
-        if not heads:
-            break
-        start = max(state["mio_free"], min(heads))
-        if start > t:
-            break
-        for k in range(n):
-            src = (state["mio_next"] + k) % n
-            if queues[src] and queues[src][0][0] <= start:
-                break
-        queued, w, st, wf, back = queues[src].popleft()
-        state["mio_next"] = (src + 1) % n
-        done = state["mio_free"] = start + wf / rate
-        if st is not None:
-            if st.write_sb >= 0:  # a local load's L2 leg (l2_leg, from its issue) follows its L1 part
-                heapq.heappush(events, (done + max(0.0, back - queued) + st.latency, seq, w, st.write_sb))
-                seq += 1
-            if st.read_sb >= 0:
-                heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
-                seq += 1
-    return seq
