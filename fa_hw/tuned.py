@@ -216,8 +216,42 @@ class Entry:
                    tuple(tuple(s) for s in data.get("shapes", ())), features)
 
 
+class TableFile:
+    """A tuned table's JSON form, shared by the forward's Table and fa_hw.tuned_backward's: format
+    TABLE_FORMAT, gpu, arch, nvrtc and entries (each ENTRY.from_json, keys unique). A subclass is a
+    frozen dataclass (gpu, arch, entries, nvrtc) naming ENTRY, KIND (for errors) and KEY (the key's
+    fields, for the duplicate-key error)."""
+
+    ENTRY: type
+    KIND = "tuned table"
+    KEY = ""
+
+    @classmethod
+    def from_json(cls, data: dict, where: str | None = None):
+        where = where or cls.KIND
+        try:
+            if data.get("format") != TABLE_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {TABLE_FORMAT}")
+            entries = tuple(cls.ENTRY.from_json(e) for e in data["entries"])
+            keys = [e.key for e in entries]
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"two entries for one {cls.KEY}")
+            return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"{where} is not a valid {cls.KIND}: {exc}") from None
+
+    @classmethod
+    def load(cls, path):
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read the {cls.KIND} {path}: {exc}") from None
+        return cls.from_json(data, str(path))
+
+
 @dataclass(frozen=True)
-class Table:
+class Table(TableFile):
     """One GPU's measured entries."""
 
     gpu: str
@@ -225,33 +259,14 @@ class Table:
     entries: tuple[Entry, ...]
     nvrtc: str = ""
 
+    ENTRY = Entry
+    KEY = "(head_dim, causal, size, dtype, group, softcap)"
+
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT, "gpu": self.gpu, "arch": self.arch, "nvrtc": self.nvrtc,
                 "entries": [e.to_json() for e in sorted(self.entries, key=lambda e: (
                     e.features.softcap, e.features.dtype, e.features.group, e.head_dim, e.causal,
                     SIZE_CLASSES.index(e.size)))]}
-
-    @classmethod
-    def from_json(cls, data: dict, where: str = "tuned table") -> "Table":
-        try:
-            if data.get("format") != TABLE_FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, expected {TABLE_FORMAT}")
-            entries = tuple(Entry.from_json(e) for e in data["entries"])
-            keys = [e.key for e in entries]
-            if len(set(keys)) != len(keys):
-                raise ValueError("two entries for one (head_dim, causal, size, dtype, group, softcap)")
-            return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"{where} is not a valid tuned table: {exc}") from None
-
-    @classmethod
-    def load(cls, path) -> "Table":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read the tuned table {path}: {exc}") from None
-        return cls.from_json(data, str(path))
 
     def lookup(self, head_dim: int, causal: bool, size: str, features: FeatureClass = FeatureClass()) -> Entry | None:
         """The entry of this key, else among the same head_dim and causal the nearest (module

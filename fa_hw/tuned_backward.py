@@ -39,16 +39,14 @@ does change them: an "ffma" candidate computes the bits of BackwardConfig(head_d
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from fa_sim.contract.backward import DEFAULT_TILES, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig
 
-from .tuned import SIZE_CLASSES, TUNED_DIR, size_class
+from .tuned import SIZE_CLASSES, TABLE_FORMAT, TUNED_DIR, TableFile, size_class
 
 BWD_TUNED_DIR = TUNED_DIR / "backward"
-TABLE_FORMAT = 1
 #: (block_m, n_warps, q_stages, softmax) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
 #: (q_stages 1, softmax fmul_fsub). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
 #: loading under the whole round instead of under the dQ GEMM alone, as FlashAttention-2's backward
@@ -144,40 +142,22 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Table:
-    """One GPU's measured backward entries."""
+class Table(TableFile):
+    """One GPU's measured backward entries (JSON as the forward's: fa_hw.tuned.TableFile)."""
 
     gpu: str
     arch: str
     entries: tuple[Entry, ...]
     nvrtc: str = ""
 
+    ENTRY = Entry
+    KIND = "backward tuned table"
+    KEY = "(head_dim, causal, size)"
+
     def to_json(self) -> dict:
         order = sorted(self.entries, key=lambda e: (e.head_dim, e.causal, SIZE_CLASSES.index(e.size)))
         return {"format": TABLE_FORMAT, "gpu": self.gpu, "arch": self.arch, "nvrtc": self.nvrtc,
                 "entries": [e.to_json() for e in order]}
-
-    @classmethod
-    def from_json(cls, data: dict, where: str = "backward table") -> "Table":
-        try:
-            if data.get("format") != TABLE_FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, expected {TABLE_FORMAT}")
-            entries = tuple(Entry.from_json(e) for e in data["entries"])
-            keys = [e.key for e in entries]
-            if len(set(keys)) != len(keys):
-                raise ValueError("two entries for one (head_dim, causal, size)")
-            return cls(str(data["gpu"]), str(data["arch"]), entries, str(data.get("nvrtc", "")))
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"{where} is not a valid backward tuned table: {exc}") from None
-
-    @classmethod
-    def load(cls, path) -> "Table":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read the backward tuned table {path}: {exc}") from None
-        return cls.from_json(data, str(path))
 
     def lookup(self, head_dim: int, causal: bool, size: str) -> Entry | None:
         """The entry of this key, else the same head_dim and causal in the nearest size class."""
