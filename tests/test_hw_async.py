@@ -24,7 +24,7 @@ pytest.importorskip("cuda.core", reason="the hw extra (cuda-core) is not install
 from cuda import core as cuda_core  # noqa: E402
 
 import fa_hw  # noqa: E402
-from fa_hw import runtime, tensors  # noqa: E402
+from fa_hw import runtime, tensors, tuned_backward  # noqa: E402
 from fa_hw.errors import KernelFault  # noqa: E402
 from fa_sim.contract.cubin import ResourceUsage  # noqa: E402
 
@@ -105,6 +105,8 @@ def gpu(monkeypatch):
         build, "fa2_fwd_kernel", ResourceUsage(96, 0)))
     monkeypatch.setattr(hw_backward, "load_backward", lambda build: hw_backward.LoadedBackward(
         build, {name: name for name in build.kernels}, {name: ResourceUsage(128, 0) for name in build.kernels}))
+    monkeypatch.setattr(hw_backward, "device_config", lambda d, causal, nk, dtype="fp16": tuned_backward.lookup(
+        d, causal, nk, "NVIDIA GH200 480GB", "sm_80", dtype).config)  # the tiles of a GPU without a backward table
     monkeypatch.setattr(tensors, "KERNEL_DEVICE", "cpu")
     return types.SimpleNamespace(log=log, stream=stream)
 

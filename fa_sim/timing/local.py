@@ -30,15 +30,11 @@ Three facts and one derivation, no fitted share:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from .program import Sync
-
-if TYPE_CHECKING:
-    from .gpus import GpuModel
+# `gpu` below is a fa_sim.timing.gpus.GpuModel (not imported: gpus.py imports this module)
 
 
-def carveout(gpu: "GpuModel", cta_smem: int, slots: int) -> int:
+def carveout(gpu, cta_smem: int, slots: int) -> int:
     """Bytes of shared memory the driver configures for `slots` CTAs of `cta_smem` bytes each: the
     smallest of the GPU's capacities that holds them with the driver's reservation, one capacity
     up where a CTA takes at most `gpu.carveout_up_below` bytes, at most the largest."""
@@ -70,19 +66,18 @@ def hit_rate(footprint: float, capacity: float) -> float:
     return 1.0 - 0.5 * (lo + hi)
 
 
-def local_hit(gpu: "GpuModel", stack_bytes: int, threads: int, cta_smem: int, resident: int, slots: int) -> float:
+def local_hit(gpu, stack_bytes: int, threads: int, cta_smem: int, resident: int, slots: int) -> float:
     """The share of local requests the L1 serves on an SM with `resident` CTAs of `threads` threads
     and `stack_bytes` of local memory each, its carveout fixed by the `slots` CTAs it holds."""
     return hit_rate(resident * threads * stack_bytes, gpu.l1_free(cta_smem, slots))
 
 
-def l2_leg(state: dict, st, t: float, done: float, gpu: "GpuModel") -> float:
+def l2_leg(state: dict, st, t: float, done: float, gpu, store: bool) -> float:
     """The L2's part of an LDL / STL issued at `t` whose L1 part ends at `done`: a store's bytes all
     (write-through), a load's missing share, through the SM's L2 queue (`state["global_free"]`) at
     `l2_bytes_per_cycle`; a load waits, in the missing share, for its bytes' turn and the copy
-    latency. Returns when the request's data is there."""
+    latency (`store`: an STL). Returns when the request's data is there."""
     miss = 1.0 - gpu.local_hit
-    store = st.sync is Sync.LOCAL_STORE
     nbytes = st.bytes if store else miss * st.bytes
     if nbytes <= 0:
         return done

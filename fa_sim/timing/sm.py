@@ -479,7 +479,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         done = state["mio_free"]
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
         if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
-            done = l2_leg(state, st, t, done, gpu)
+            done = l2_leg(state, st, t, done, gpu, st.sync is Sync.LOCAL_STORE)
     if st.write_sb >= 0:
         w.sb[st.write_sb] += 1
         bit = 1 << st.write_sb
