@@ -180,15 +180,15 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
 #: Warp instructions of one CTA of each kernel per head_dim, (base, per loop iteration): the main
 #: kernel (atomic dQ, deterministic) per Q block of block_m rows, the dQ kernel per K/V block,
 #: preprocess and convert per CTA; counted by fa_sim.timing.predict_backward_seeded at (1, 1, N, N, d)
-#: for N = 2 and 4 K/V blocks (non-causal, fa2_bwd.cu as shipped). An estimate for the timing
+#: (1, 1, block_m * k, block_n * k, d), k = 1 and 3 (non-causal, fa2_bwd.cu as shipped, round 38). An estimate for the timing
 #: model's up-front cost check only (KernelLaunch.cta_instructions): the walks count exactly.
 ESTIMATED_INSTRUCTIONS = {  # d: (main atomic, main deterministic, dQ kernel, preprocess, convert)
-    32: ((1004, 2582), (876, 1634), (778, 1480), 540, 856),
-    64: ((1242, 4060), (1330, 2128), (998, 1968), 1048, 1656),
-    96: ((1514, 5348), (1578, 2632), (1306, 2272), 1096, 2548),
-    128: ((2375, 3264), (2295, 1660), (1534, 2828), 1080, 1656),
-    160: ((2299, 4156), (2243, 2004), (1806, 3116), 848, 2132),
-    192: ((2879, 2448), (2823, 1204), (2086, 3520), 584, 1300),
+    32: ((1076, 1806), (830, 1540), (778, 1480), 540, 856),
+    64: ((1282, 2716), (1286, 2056), (998, 1968), 1048, 1656),
+    96: ((1574, 3340), (1566, 2508), (1306, 2272), 1096, 2548),
+    128: ((2231, 2224), (2223, 1628), (1166, 2902), 1080, 1656),
+    160: ((2319, 2528), (2315, 1856), (1354, 3206), 848, 2132),
+    192: ((2779, 1692), (2775, 1220), (1234, 3733), 584, 1300),
 }
 
 
