@@ -179,8 +179,8 @@ def check_backward_inputs(q, k, v, o, lse, do, causal=False, scale=None, config=
 
 #: Warp instructions of one CTA of each kernel per head_dim, (base, per loop iteration): the main
 #: kernel (atomic dQ, deterministic) per Q block of block_m rows, the dQ kernel per K/V block,
-#: preprocess and convert per CTA; counted by fa_sim.timing.predict_backward_seeded at (1, 1, N, N, d)
-#: (1, 1, block_m * k, block_n * k, d), k = 1 and 3 (non-causal, fa2_bwd.cu as shipped, round 38). An estimate for the timing
+#: preprocess and convert per CTA; counted by fa_sim.timing.predict_backward_seeded at
+#: (1, 1, block_m * k, block_n * k, d), k = 1 and 3 (non-causal, fa2_bwd.cu as shipped). An estimate for the timing
 #: model's up-front cost check only (KernelLaunch.cta_instructions): the walks count exactly.
 ESTIMATED_INSTRUCTIONS = {  # d: (main atomic, main deterministic, dQ kernel, preprocess, convert)
     32: ((1076, 1806), (830, 1540), (778, 1480), 540, 856),
