@@ -216,15 +216,27 @@ class Entry:
                    tuple(tuple(s) for s in data.get("shapes", ())), features)
 
 
+@dataclass(frozen=True)
 class TableFile:
     """A tuned table's JSON form, shared by the forward's Table and fa_hw.tuned_backward's: format
     TABLE_FORMAT, gpu, arch, nvrtc and entries (each ENTRY.from_json, keys unique). A subclass is a
     frozen dataclass (gpu, arch, entries, nvrtc) naming ENTRY, KIND (for errors) and KEY (the key's
     fields, for the duplicate-key error)."""
 
-    ENTRY: type
+    gpu: str
+    arch: str
+    entries: tuple
+    nvrtc: str = ""
+
+    ENTRY = None  # the entry class (a subclass's)
     KIND = "tuned table"
     KEY = ""
+
+    @classmethod
+    def for_gpu(cls, gpu: str, directory: Path):
+        """The table shipped in `directory` for this GPU (None when there is none)."""
+        path = Path(directory) / f"{gpu_key(gpu)}.json"
+        return cls.load(path) if path.is_file() else None
 
     @classmethod
     def from_json(cls, data: dict, where: str | None = None):
@@ -253,11 +265,6 @@ class TableFile:
 @dataclass(frozen=True)
 class Table(TableFile):
     """One GPU's measured entries."""
-
-    gpu: str
-    arch: str
-    entries: tuple[Entry, ...]
-    nvrtc: str = ""
 
     ENTRY = Entry
     KEY = "(head_dim, causal, size, dtype, group, softcap)"
@@ -288,8 +295,7 @@ class Table(TableFile):
 
 def table_for(gpu: str, directory: Path = TUNED_DIR) -> Table | None:
     """The shipped table of this GPU (None when there is none)."""
-    path = Path(directory) / f"{gpu_key(gpu)}.json"
-    return Table.load(path) if path.is_file() else None
+    return Table.for_gpu(gpu, directory)
 
 
 @dataclass(frozen=True)

@@ -145,11 +145,6 @@ class Entry:
 class Table(TableFile):
     """One GPU's measured backward entries (JSON as the forward's: fa_hw.tuned.TableFile)."""
 
-    gpu: str
-    arch: str
-    entries: tuple[Entry, ...]
-    nvrtc: str = ""
-
     ENTRY = Entry
     KIND = "backward tuned table"
     KEY = "(head_dim, causal, size)"
@@ -170,10 +165,7 @@ class Table(TableFile):
 
 def table_for(gpu: str, directory: Path = BWD_TUNED_DIR) -> Table | None:
     """The shipped backward table of this GPU (None when there is none)."""
-    from .device import gpu_key
-
-    path = Path(directory) / f"{gpu_key(gpu)}.json"
-    return Table.load(path) if path.is_file() else None
+    return Table.for_gpu(gpu, directory)
 
 
 @dataclass(frozen=True)
