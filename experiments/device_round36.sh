@@ -44,7 +44,7 @@ lim() { local l; l=$(left); (( $1 < l )) && echo "$1" || echo "$l"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
 for s in $STEPS; do case $s in
   suite) log suite
-    timeout "$(lim 270)" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE --durations=5 2>&1 | tail -40 > "$OUT/suite.txt"
+    timeout "$(lim 270)" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE --durations=5 > "$OUT/suite.txt" 2>&1
     tail -25 "$OUT/suite.txt" | tee -a "$OUT/summary.txt" ;;
   new) log new
     timeout "$(lim ${NEW_S:-200})" python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE --durations=5 \

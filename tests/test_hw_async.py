@@ -292,7 +292,8 @@ def test_async_path_equals_the_direct_api_bit_for_bit(cuda, shape, causal):
     assert np.array_equal(_bits(o), _bits(fwd.o))
     assert np.array_equal(lse.cpu().numpy().view(np.uint32), fwd.lse.cpu().numpy().view(np.uint32))
     got = enqueue_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
-    want = fa_hw.backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, deterministic=True)
+    # the async path runs the GPU's tuned tiles; dQ's deterministic order depends on the tiles
+    want = fa_hw.backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, deterministic=True, config="auto")
     torch.cuda.synchronize()
     for name, g in zip(("dq", "dk", "dv"), got):
         assert np.array_equal(_bits(g), _bits(getattr(want, name))), name
@@ -342,7 +343,8 @@ def test_torch_compile_through_the_async_ops(cuda):
     o = torch.compile(step, fullgraph=True)(q, k, v)
     got = torch.autograd.grad(o, (q, k, v), do)
     fwd = fa_hw.forward(q.detach(), k.detach(), v.detach(), causal=True)
-    want = fa_hw.backward(q.detach(), k.detach(), v.detach(), fwd.o, fwd.lse, do, causal=True, deterministic=True)
+    want = fa_hw.backward(q.detach(), k.detach(), v.detach(), fwd.o, fwd.lse, do, causal=True, deterministic=True,
+                          config="auto")
     assert np.array_equal(_bits(o), _bits(fwd.o))
     for name, g in zip(("dq", "dk", "dv"), got):
         assert np.array_equal(_bits(g), _bits(getattr(want, name))), name
