@@ -23,7 +23,9 @@ autograd backward: tune_bwd.py's docstring). Size classes are fa_hw.tuned's (seq
 
 Lookup. The entry for (head_dim, causal, size) of the device's table, if its arch is the device's;
 else that table's entry for the same head_dim and causal in the nearest size class; else
-DEFAULT_TILES (fa_sim.contract.backward), which `Choice.source` says. A table that is missing or for
+DEFAULT_TILES (fa_sim.contract.backward), which `Choice.source` says. A GPU without a table of its
+own (or with one for another arch) borrows the first table of its arch by file name, and the source
+says so. A table that is missing or for
 another arch is not used; one whose entries are malformed is a ValueError naming the file.
 
 Who reads it: fa_hw.attention's backward (fa_hw.backward.enqueue_backward) and fa_hw.backward with
@@ -177,19 +179,35 @@ class Choice:
 def lookup(head_dim: int, causal: bool, seqlen_k: int, gpu: str, arch: str, dtype: str = "fp16",
            directory: Path = BWD_TUNED_DIR) -> Choice:
     """The tiles for one problem on `gpu` (module docstring); no GPU needed."""
-    default = BackwardConfig(head_dim, dtype=dtype)
-    table = table_for(gpu, directory)
-    if table is None or table.arch != arch:
-        why = "no backward table" if table is None else f"its table is for {table.arch}"
-        return Choice(default, f"DEFAULT_TILES ({gpu}: {why})")
-    entry = table.lookup(head_dim, causal, size_class(seqlen_k))
-    if entry is None:
-        return Choice(default, f"DEFAULT_TILES ({gpu}'s table has no d={head_dim} "
-                               f"{'causal' if causal else 'non-causal'} entry)")
     from .device import gpu_key
 
-    return Choice(entry.config(dtype), f"backward/{gpu_key(gpu)}.json (d={head_dim}, "
-                                       f"{'causal' if causal else 'non-causal'}, {entry.size})")
+    default = BackwardConfig(head_dim, dtype=dtype)
+    table, name = table_for(gpu, directory), gpu_key(gpu)
+    if table is None or table.arch != arch:
+        why = "no backward table" if table is None else f"its table is for {table.arch}"
+        same = _same_arch_table(arch, directory)
+        if same is None:
+            return Choice(default, f"DEFAULT_TILES ({gpu}: {why})")
+        (name, table), borrowed = same, f"; {gpu}: {why}, {arch} like this one"
+    else:
+        borrowed = ""
+    entry = table.lookup(head_dim, causal, size_class(seqlen_k))
+    if entry is None:
+        return Choice(default, f"DEFAULT_TILES ({table.gpu}'s table has no d={head_dim} "
+                               f"{'causal' if causal else 'non-causal'} entry{borrowed})")
+    return Choice(entry.config(dtype), f"backward/{name}.json (d={head_dim}, "
+                                       f"{'causal' if causal else 'non-causal'}, {entry.size}{borrowed})")
+
+
+def _same_arch_table(arch: str, directory: Path) -> tuple[str, Table] | None:
+    """A GPU without a table of its own borrows one of the same arch (the first by file name): tiles
+    measured on another GPU of its SM generation (an H100's on an H200 or H800: the same SM, other
+    clocks, memory and SM counts) beat DEFAULT_TILES, which no tuning chose."""
+    for path in sorted(Path(directory).glob("*.json")):
+        table = Table.load(path)
+        if table.arch == arch:
+            return path.stem, table
+    return None
 
 
 _DEVICE_CHOICES: dict = {}

@@ -156,6 +156,13 @@ def test_the_table_round_trips_and_lookup_takes_the_nearest_size_class(tmp_path)
                       ((64, False, 3000, "NVIDIA A100", "sm_80"), "no backward table")):
         got = lookup(*args, directory=tmp_path)
         assert got.config == BackwardConfig(args[0]) and got.source.startswith("DEFAULT_TILES") and why in got.source
+    # another sm_90 GPU without a table of its own borrows the H100's, and says so
+    got = lookup(64, False, 9000, "NVIDIA H200", "sm_90", directory=tmp_path)
+    assert got.config == BackwardConfig(64, block_m=128, n_warps=8, q_stages=2, softmax="ffma")
+    assert got.source == "backward/h100_80gb_hbm3.json (d=64, non-causal, long; NVIDIA H200: no backward table, " \
+                         "sm_90 like this one)"
+    got = lookup(64, True, 9000, "NVIDIA H200", "sm_90", directory=tmp_path)
+    assert got.config == BackwardConfig(64) and "no d=64 causal entry; NVIDIA H200: no backward table" in got.source
 
 
 @pytest.mark.parametrize("change, words", [
