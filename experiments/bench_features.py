@@ -1,6 +1,7 @@
 """The forward features of issue 38 on the GPU: fa_hw's config="auto" beside torch SDPA, in one process.
 
     python experiments/bench_features.py [--runs 3] [--warmup 5] [--reps 20] [--rows bf16 gqa ...] [--out DIR]
+                                         [--configs TAG ...]   (named configs timed beside auto)
 
 Rows (held-out shapes: none is a shape config="auto" was tuned on, experiments/hw_sets.py TRAIN):
   bf16      bf16 inputs                              peers: SDPA-flash, SDPA-cuDNN (bf16)
@@ -30,9 +31,10 @@ import os
 import statistics
 import sys
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
-from bench_hw import time_torch
+from bench_hw import parse_tag, time_torch
 from hw_sets import Spread, ratios, round_robin
 
 from fa_hw.forward import prepare
@@ -97,9 +99,9 @@ def flops(b, h, n, d, causal: bool, window=None) -> float:
     return 4.0 * b * h * pairs * d
 
 
-def ours_timer(q, k, v, causal, feats, warmup, reps):
-    """(callable -> one run's median ms, the config tag, O) of config="auto" on these inputs."""
-    plan, dev, _ = prepare(q, k, v, causal, None, "auto", window=feats.get("window"), softcap=feats.get("softcap"))
+def ours_timer(q, k, v, causal, feats, warmup, reps, config="auto"):
+    """(callable -> one run's median ms, the config tag, O) of `config` ("auto" or a KernelConfig) on these inputs."""
+    plan, dev, _ = prepare(q, k, v, causal, None, config, window=feats.get("window"), softcap=feats.get("softcap"))
     plan.launch(dev.stream)
     plan.sync(dev.stream)
     return (lambda: statistics.median(plan.time(dev.stream, warmup, reps))), plan.loaded.build.config.tag, dev.o
@@ -134,14 +136,17 @@ def bench_row(name: str, case, causal: bool, args) -> list[dict]:
                 timers[label] = timer
             except Exception as exc:  # a backend that does not take this shape or dtype on this build
                 notes[label] = " ".join(str(exc).split())[:120]
-    variants = [("fa_hw-auto", causal, feats)]
+    variants = [("fa_hw-auto", causal, feats, "auto")]
     if "window" in feats:
-        variants.append(("fa_hw-full", True, {}))
+        variants.append(("fa_hw-full", True, {}, "auto"))
     if "softcap" in feats:
-        variants.append(("fa_hw-nocap", causal, {}))
-    for label, c, f in variants:
+        variants.append(("fa_hw-nocap", causal, {}, "auto"))
+    for cfg in args.configs:  # --configs: named configs of this row's head_dim, timed beside auto
+        if cfg.head_dim == d:
+            variants.append((f"fa_hw {cfg.tag}", causal, feats, replace(cfg, dtype=dtype)))
+    for label, c, f, cfg in variants:
         try:
-            timers[label], tags[label], o = ours_timer(q, k, v, c, f, args.warmup, args.reps)
+            timers[label], tags[label], o = ours_timer(q, k, v, c, f, args.warmup, args.reps, cfg)
             if label == "fa_hw-auto":
                 outs[label] = o
         except Exception as exc:
@@ -155,7 +160,7 @@ def bench_row(name: str, case, causal: bool, args) -> list[dict]:
     for label in [*timers, *[x for x in notes if x not in timers]]:
         got = runs.get(label, [])
         ms = Spread.of(got) if got else None
-        vs = ratios(runs[peer], got) if got and peer and label.startswith("fa_hw-auto") else None
+        vs = ratios(runs[peer], got) if got and peer and (label == "fa_hw-auto" or label.startswith("fa_hw ")) else None
         rows.append(dict(row=name, case=[b, h, n, d], heads_k=hk, dtype=dtype, causal=causal,
                          window=feats.get("window"), softcap=feats.get("softcap"), backend=label,
                          config=tags.get(label, ""), runs_ms=got, ms=ms.median if ms else None,
@@ -208,9 +213,13 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--configs", nargs="*", default=[], metavar="TAG",
+                   help="configs (fa_sim tags, e.g. m128n64d128w4-swizzled-s2-ls) also timed on every row of "
+                        "their head_dim, beside auto (the row's dtype and features applied)")
     args = p.parse_args(argv)
     if min(args.runs, args.reps) < 1 or args.warmup < 0:
         p.error("--runs and --reps must be at least 1, --warmup at least 0")
+    args.configs = [parse_tag(t) for t in args.configs]
     gpu = device().name
     print(f"{gpu} ({device_arch()}): {sum(len(ROWS[r]) for r in args.rows)} shapes", flush=True)
     rows = []

@@ -55,7 +55,7 @@ def parse_tag(tag: str) -> KernelConfig:
     try:
         return config_from_tag(tag)
     except ValueError as exc:
-        raise SystemExit(f"bad --extra config: {exc}") from None
+        raise SystemExit(f"bad config tag: {exc}") from None
 
 
 DIAGNOSTICS = {"min_blocks=3": dict(min_blocks_override=3), "min_blocks=5": dict(min_blocks_override=5),

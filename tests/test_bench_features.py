@@ -52,3 +52,8 @@ def test_table_and_goal_line(bf):
     assert "window (8, 0)" in md and "(fa_hw-full)" in md
     md = bf.markdown(rows[:2] + [_row("fa_hw-auto", 2.0, 1.02, "sdpa-flash", err=2e-3)], "GPU", args)
     assert "MET (2 of 2; min 1.020x" in md and "error bar: NO" in md and "2.0e-03 OVER" in md
+
+
+def test_configs_are_parsed_before_any_gpu_work(bf):
+    with pytest.raises(SystemExit, match="bad config tag: 'm128x'"):
+        bf.main(["--configs", "m128x"])
