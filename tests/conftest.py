@@ -8,9 +8,16 @@ what one worker still runs while the others have nothing left.
 `build_of` maps the test's parameters (by name) to the KernelBuild it compiles; `kind` is
 nvrtc_ahead.Kind.CUBIN or .PTX. The marker changes no test: each still compiles its own build
 through the cache and checks what it checked.
+
+Tests marked `gpu_alone` time the GPU (measured beside predicted): under xdist they take an exclusive
+lock that every other `gpu` test takes shared (fcntl.flock on one file), so no other worker's
+kernels run on the GPU while they measure; they wait until the GPU is free of the others.
 """
 
 from __future__ import annotations
+
+import contextlib
+import fcntl
 
 import pytest
 
@@ -22,6 +29,8 @@ _ahead = None
 def pytest_configure(config):
     config.addinivalue_line("markers", "nvrtc_ahead(kind, build_of): the test compiles build_of(**params) "
                                        "through the cache; the suite compiles it ahead on a spare core")
+    config.addinivalue_line("markers", "gpu_alone: the test times the GPU: under xdist no other gpu test runs "
+                                       "beside it (tests/conftest.py)")
 
 
 def _key(item):
@@ -51,6 +60,20 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_runtest_setup(item):
     if _ahead is not None and (key := _key(item)) is not None:
         _ahead.claim(key)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """gpu tests under xdist: `gpu_alone` ones hold the GPU lock exclusively, the others shared."""
+    if not hasattr(item.config, "workerinput") or item.get_closest_marker("gpu") is None:
+        yield
+        return
+    path = item.config.rootpath / ".pytest_cache" / "gpu.lock"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as lock, contextlib.ExitStack() as unlock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("gpu_alone") else fcntl.LOCK_SH)
+        unlock.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+        yield
 
 
 def pytest_sessionfinish(session, exitstatus):

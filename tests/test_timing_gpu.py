@@ -12,7 +12,7 @@ import pytest
 import fa_hw
 from fa_sim.cli import main
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone]  # it measures the GPU beside the model
 
 
 @pytest.fixture(scope="module")
