@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="round-robin runs per candidate and shape")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into hw_sets.TRAIN")
+    p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into hw_sets.TRAIN (with --features: into FEATURE_TRAIN); default all")
     p.add_argument("--quick", action="store_true", help="three candidates per head_dim (a smoke run)")
     p.add_argument("--features", action="store_true",
                    help="tune issue 38's feature classes on hw_sets.FEATURE_TRAIN (module docstring) and merge "
@@ -337,6 +337,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.max_candidates < 1:
         p.error(f"--max-candidates {args.max_candidates}: give at least 1")
+    n_cases = len(FEATURE_TRAIN if args.features else TRAIN)
+    if args.cases is not None and not all(0 <= i < n_cases for i in args.cases):
+        p.error(f"--cases {args.cases}: indices 0-{n_cases - 1} of hw_sets.{'FEATURE_TRAIN' if args.features else 'TRAIN'}")
     if args.base is not None and not args.features:
         p.error("--base is for --features (the table the feature entries are merged into)")
     check_sets()
@@ -389,17 +392,17 @@ def tune_features(args, dev, base: Table | None) -> int:
     if base is not None and (base.gpu != dev.name or base.arch != arch):
         print(f"--base is a table of {base.gpu} ({base.arch}), not of this {dev.name} ({arch}): not merged", flush=True)
         base = None
-    builds = sorted(feature_builds(arch, args.max_candidates), key=str)
+    train = [c for i, c in enumerate(FEATURE_TRAIN) if args.cases is None or i in args.cases]
+    builds = sorted(feature_builds(arch, args.max_candidates, train), key=str)
     compile_many(builds, os.cpu_count())
     print(f"compiled {len(builds)} builds ({time.time() - t0:.0f} s)", flush=True)
     results = {}
-    for i, case in enumerate(FEATURE_TRAIN):
-        if args.cases is None or i in args.cases:
-            for causal in (False, True):
-                try:
-                    results[(tuple(case[:4]), causal, case_class(case))] = measure_feature_case(case, causal, args)
-                except Exception as exc:  # SDPA-flash failed here: no reference time for this case
-                    print(f"{case} causal={causal}: not measured ({' '.join(str(exc).split())[:200]})", flush=True)
+    for case in train:
+        for causal in (False, True):
+            try:
+                results[(tuple(case[:4]), causal, case_class(case))] = measure_feature_case(case, causal, args)
+            except Exception as exc:  # SDPA-flash failed here: no reference time for this case
+                print(f"{case} causal={causal}: not measured ({' '.join(str(exc).split())[:200]})", flush=True)
     entries = choose(results)
     major, minor = nvrtc_version()
     table = merge(base, entries, dev.name, arch, f"{major}.{minor}")

@@ -96,15 +96,19 @@ CANDIDATES = {
 # head_dim 96-256 (issue 38): no measured candidates yet; a few tiles that compile without spills
 # (docs/head_dims.md), FlashAttention-2's sm80 tiles first, which the autotuner times on a GPU
 # without a table entry and the timing model ranks.
+# lazy_sum (-ls) variants of the tiles that won on the H100 (experiments/tune_features_h100.md) come
+# last, so that tune_hw.py --features' pool (feature_candidates: the list from its end) times them.
 CANDIDATES.update({
     96: ("m128n64d96w4-swizzled", "m128n64d96w8-swizzled", "m64n64d96w4-swizzled", "m128n128d96w8-swizzled",
-         "m128n64d96w4-swizzled-s2", "m128n64d96w8-swizzled-s2"),
+         "m128n64d96w4-swizzled-s2", "m128n64d96w8-swizzled-s2", "m128n64d96w4-swizzled-ls",
+         "m128n64d96w4-swizzled-s2-ls"),
     160: ("m128n32d160w4-swizzled", "m128n64d160w8-swizzled", "m64n64d160w4-swizzled", "m128n32d160w4-swizzled-s2",
           "m128n64d160w8-swizzled-s2", "m128n128d160w8-swizzled"),
     192: ("m128n64d192w8-swizzled", "m64n64d192w4-swizzled", "m128n32d192w8-swizzled", "m128n64d192w8-swizzled-s2",
-          "m64n64d192w4-swizzled-s2", "m128n128d192w8-swizzled"),
+          "m64n64d192w4-swizzled-s2", "m128n128d192w8-swizzled", "m64n64d192w4-swizzled-ls"),
     256: ("m128n64d256w8-swizzled", "m64n64d256w4-swizzled", "m128n32d256w8-swizzled", "m128n32d256w8-swizzled-s2",
-          "m64n32d256w4-swizzled-s2", "m64n64d256w4-swizzled-s2"),
+          "m64n32d256w4-swizzled-s2", "m64n64d256w4-swizzled-s2", "m128n64d256w8-swizzled-ls",
+          "m64n64d256w4-swizzled-ls"),
 })
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),

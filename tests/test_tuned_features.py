@@ -228,7 +228,9 @@ def test_tune_features_merges_into_the_shipped_table(tune_hw, monkeypatch, tmp_p
     shipped = tuned.table_for(Dev.name)
     tuned_keys = {(d, causal, tuned.size_class(n), tune_hw.case_class((b, h, n, d, feats)))
                   for b, h, n, d, feats in tune_hw.FEATURE_TRAIN for causal in (False, True)}
-    assert len(tuned_keys) == 2 * len(tune_hw.FEATURE_TRAIN)
+    classes = {(d, tuned.size_class(n), tune_hw.case_class((b, h, n, d, feats)))
+               for b, h, n, d, feats in tune_hw.FEATURE_TRAIN}
+    assert len(tuned_keys) == 2 * len(classes) < 2 * len(tune_hw.FEATURE_TRAIN)  # some classes have two shapes
     kept = [e for e in shipped.entries if e.key not in tuned_keys]
     assert kept, "the shipped H100 table holds plain entries that no feature class replaces"
     assert [e for e in table.entries if e.key not in tuned_keys] == kept  # the rest of the base, unchanged
@@ -241,3 +243,34 @@ def test_tune_features_merges_into_the_shipped_table(tune_hw, monkeypatch, tmp_p
             assert (e.features, e.size) == (fc, "medium")
             assert e.config == tune_hw.feature_candidates(d, causal, n)[-1]
     assert "feature entries merged into" in capsys.readouterr().out
+
+
+def test_tune_features_cases_tune_and_compile_only_those(tune_hw, monkeypatch, tmp_path, capsys):
+    """--features --cases I J: only those FEATURE_TRAIN shapes are compiled and timed, their keys
+    merged; an index past FEATURE_TRAIN is one usage line before any work."""
+    from fa_sim.contract import cubins
+
+    class Dev:
+        name = "NVIDIA H100 80GB HBM3"
+
+    compiled, measured = [], []
+    monkeypatch.setattr(tune_hw, "device", lambda: Dev())
+    monkeypatch.setattr(tune_hw, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cubins, "compile_many", lambda builds, workers: compiled.extend(builds))
+
+    def fake(case, causal, args):
+        measured.append((case, causal))
+        pool = tune_hw.feature_candidates(case[3], causal, case[2], args.max_candidates)
+        return tune_hw.Spread(1.0, 1.0, 1.0), [dict(tag=c.tag, ms=1.0, vs_flash=1.0, note=None) for c in pool]
+    monkeypatch.setattr(tune_hw, "measure_feature_case", fake)
+    monkeypatch.setattr(tune_hw, "markdown", lambda *a: "table\n")
+    picked = [0, 10]  # head_dim 96's two shapes
+    assert [tune_hw.FEATURE_TRAIN[i][3] for i in picked] == [96, 96]
+    assert tune_hw.main(["--gpu-name", Dev.name, "--features", "--cases", *map(str, picked), "--out", str(tmp_path)]) == 0
+    want = [tune_hw.FEATURE_TRAIN[i] for i in picked]
+    assert [c for c, _ in measured] == [c for c in want for _ in (False, True)]
+    assert set(compiled) == tune_hw.feature_builds("sm_90", tuned.MAX_AUTOTUNE_CANDIDATES, want)
+    assert "2 feature entries merged into" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tune_hw.main(["--gpu-name", Dev.name, "--features", "--cases", str(len(tune_hw.FEATURE_TRAIN))])
+    assert "indices 0-14 of hw_sets.FEATURE_TRAIN" in capsys.readouterr().err
