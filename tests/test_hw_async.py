@@ -29,6 +29,7 @@ from fa_hw.errors import KernelFault  # noqa: E402
 from fa_sim.contract.cubin import ResourceUsage  # noqa: E402
 
 hw_backward = importlib.import_module("fa_hw.backward")  # the module (fa_hw.backward is the function)
+hw_forward = importlib.import_module("fa_hw.forward")
 
 
 class FakeEvent:
@@ -108,6 +109,8 @@ def gpu(monkeypatch):
     monkeypatch.setattr(hw_backward, "device_config", lambda d, causal, nk, dtype="fp16": tuned_backward.lookup(
         d, causal, nk, "NVIDIA GH200 480GB", "sm_80", dtype).config)  # the tiles of a GPU without a backward table
     monkeypatch.setattr(tensors, "KERNEL_DEVICE", "cpu")
+    monkeypatch.setattr(hw_backward, "_PLANS", {})  # plans made on this fake GPU stay with it
+    monkeypatch.setattr(hw_forward, "_PLANS", {})
     return types.SimpleNamespace(log=log, stream=stream)
 
 
