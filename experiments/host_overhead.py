@@ -124,7 +124,7 @@ def fake_report(shape, causal: bool, calls: int, profile: bool = False) -> dict:
             for _ in range(3):
                 fn()
             del launches[:]
-            out[name] = min(timeit.repeat(fn, number=calls, repeat=5)) / calls * 1e6
+            out[name] = min(timeit.repeat(fn, timer=time.process_time, number=calls, repeat=5)) / calls * 1e6
             per = len(launches) / (5 * calls)
             print(f"  {name:28s} {out[name]:8.1f} us/call   ({per:g} launches/call)")
         if profile:

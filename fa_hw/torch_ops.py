@@ -15,6 +15,15 @@ that gives the outputs' shapes and dtypes without running anything:
 [B, H, Nq]); the backward makes dO contiguous (a gradient arriving through a transpose is
 strided) and calls attention_bwd. lse is marked non-differentiable (its gradient is not
 computed: a loss through lse raises instead of being silently dropped).
+The direct eager path: in plain eager autograd (`_direct`: not under torch.compile, plain
+torch.Tensors, no torch dispatch or function mode, no functorch transform) fa_hw.attention runs the
+same two implementations and the same autograd formula as a torch.autograd.Function (`_Attention`),
+and its backward calls the backward's implementation itself when grad mode is off (no
+create_graph), skipping the dispatcher's layers (schema, autograd kernel, aliasing check, dynamo's
+disable wrapper), which cost about as much host time per call as the kernels' launch path. The
+same functions run, so the results are the same bits; o.grad_fn is `_AttentionBackward` there, and
+a profiler records the kernels without the op's name around them. Everything else (torch.compile,
+fake tensors, FlopCounterMode, vmap, double backward) goes through the ops.
 
 Two paths, chosen by the inputs' dtype (all three alike):
   float16 or bfloat16, CUDA   fa2_fwd.cu and fa2_bwd.cu (dQ by atomics unless deterministic=True;
@@ -145,9 +154,8 @@ def _back(a, like: Tensor) -> Tensor:
     return torch.from_numpy(a).to(device=like.device, dtype=REFERENCE_DTYPE).contiguous()
 
 
-@torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
-                  deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
+                   deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): fa2_fwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
     if check_finite:
@@ -163,6 +171,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | 
     return enqueue_forward(q, k, v, causal=causal, scale=scale)
 
 
+attention_fwd = torch.library.custom_op("flashsim::attention_fwd", _attention_fwd, mutates_args=())
+
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
     _check_qkv(q, k, v, scale, contiguous=True)
@@ -170,9 +181,8 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=lse_dtype)
 
 
-@torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
-def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                  scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
+                   scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): fa2_bwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_bwd(do, q, k, v, o, lse, scale)
     if check_finite:
@@ -186,6 +196,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     from .backward import enqueue_backward
 
     return enqueue_backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
+
+
+attention_bwd = torch.library.custom_op("flashsim::attention_bwd", _attention_bwd, mutates_args=())
 
 
 @attention_bwd.register_fake
@@ -204,12 +217,47 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic,
-                               ctx.check_finite)
+    do = torch.zeros_like(o) if do is None else do.contiguous()  # None: _Attention's grads are not materialised
+    bwd = _attention_bwd if not torch.is_grad_enabled() and _direct(do, q, k, v, o, lse) else attention_bwd
+    dq, dk, dv = bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.check_finite)
     return dq, dk, dv, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _direct(*xs) -> bool:
+    """Whether fa_hw.attention may run an op's implementation (_attention_fwd, _attention_bwd) itself
+    instead of through torch's dispatcher: plain eager autograd - not under torch.compile, every
+    tensor a plain torch.Tensor (no FakeTensor, functional tensor or subclass), no torch dispatch or
+    function mode (FakeTensorMode, FlopCounterMode, `with torch.device(...)`), no functorch transform
+    (vmap, grad), and grad mode off when called from a backward (the op's autograd kernel would give
+    a double backward its error). The same functions run either way, so the results are the same
+    bits; the dispatcher's layers (schema, autograd kernel, aliasing check, dynamo's disable
+    wrapper) cost about as much host time per call as the kernels' own launch path."""
+    if torch.compiler.is_compiling():
+        return False
+    for x in xs:
+        if type(x) is not Tensor:
+            return False
+    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active())
+
+
+class _Attention(torch.autograd.Function):
+    """attention_fwd with register_autograd's formula (_setup_context, _backward) as a plain
+    autograd.Function: what fa_hw.attention runs where _direct allows (no dispatcher)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, deterministic, check_finite):
+        ctx.set_materialize_grads(False)  # no zeros for lse's (non-differentiable) gradient
+        out = _attention_fwd(q, k, v, causal, scale, deterministic, check_finite)
+        _setup_context(ctx, (q, k, v, causal, scale, deterministic, check_finite), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _backward(ctx, do, dlse)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *,
@@ -225,5 +273,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: floa
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
     _check_qkv(q, k, v, scale, contiguous=False)
-    o, _ = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, deterministic, check_finite)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if _direct(q, k, v):
+        o, _ = _Attention.apply(q, k, v, causal, scale, deterministic, check_finite)
+    else:
+        o, _ = attention_fwd(q, k, v, causal, scale, deterministic, check_finite)
     return o

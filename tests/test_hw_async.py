@@ -5,7 +5,9 @@ buffers are recorded instead of run): fa_hw.attention's forward and backward enq
 with no CUDA event, no stream.sync(), no cuda.core buffer (the workspaces are torch tensors) and no
 read of a tensor's values; fa_hw.forward and fa_hw.backward still time every launch with two events
 and synchronise after it; a launch-time error is a KernelFault naming the kernel and its build on
-both paths; loading a kernel happens once per build. GPU (marked `gpu`): the asynchronous path equal
+both paths; loading a kernel happens once per build; the plans enqueue_forward and enqueue_backward
+keep per key launch what the checked path launches, and bad input after a cached call still gets its
+error; the direct eager path launches what the custom ops launch. GPU (marked `gpu`): the asynchronous path equal
 to the synchronous fa_hw.forward / fa_hw.backward bit for bit, autograd on a non-default torch stream,
 torch.compile through the asynchronous ops.
 """
@@ -293,6 +295,32 @@ def test_cached_plans_launch_what_the_checked_path_launches(gpu, monkeypatch, ca
     last = "fa2_bwd_dq_kernel" if deterministic else "fa2_bwd_convert_dq_kernel"
     assert [x[0] for x in want] == ["fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", last]
     assert len(hw_backward._PLANS) == 1  # one key, one plan
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_the_direct_eager_path_launches_what_the_ops_launch(gpu, monkeypatch, deterministic):
+    """fa_hw.attention in plain eager autograd (torch_ops._direct: no dispatcher) and through the
+    custom ops launch the same kernels with the same configs and arguments (pointers by role; lse,
+    which autograd keeps, and the workspaces by order of appearance)."""
+    from fa_hw import torch_ops
+
+    launches = _recorded_launches(monkeypatch)
+
+    def run():
+        q, k, v, do = (torch.from_numpy(a) for a in _problem(b=2, h=2, nq=130, nk=90))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        o = fa_hw.attention(q, k, v, causal=True, deterministic=deterministic, check_finite=False)
+        o.backward(do)
+        got = _roles(launches, q=q, k=k, v=v, o=o, do=do, dq=q.grad, dk=k.grad, dv=v.grad)
+        del launches[:]
+        return type(o.grad_fn).__name__, got
+
+    direct = run()
+    with monkeypatch.context() as m:
+        m.setattr(torch_ops, "_direct", lambda *xs: False)
+        ops = run()
+    assert direct[0] == "_AttentionBackward" and "attention_fwd" in ops[0]
+    assert direct[1] == ops[1] and len(ops[1]) == 4
 
 
 def test_bad_input_after_a_cached_call_still_gets_its_error(gpu):
