@@ -122,17 +122,21 @@ def _scale(q: Tensor, scale: float | None) -> float:
 
 def _check_bwd(do, q, k, v, o, lse, scale) -> None:
     _check_qkv(q, k, v, scale, contiguous=True)
-    for name, x in (("do", do), ("o", o)):
-        if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
-            what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"fa_hw.attention backward: {name} must be like q ({tuple(q.shape)} {q.dtype} on "
-                             f"{q.device}), got {what}")
+    _check_like_q("do", do, q)
+    _check_like_q("o", o, q)
     lse_dtype = torch.float64 if q.dtype == REFERENCE_DTYPE else torch.float32
     if not isinstance(lse, Tensor) or lse.shape != q.shape[:3] or lse.dtype != lse_dtype or lse.device != q.device:
         what = f"{tuple(lse.shape)} {lse.dtype} on {lse.device}" if isinstance(lse, Tensor) else type(lse).__name__
         raise ValueError(f"fa_hw.attention backward: lse must be {tuple(q.shape[:3])} {lse_dtype} on {q.device} "
                          f"(the forward's), got {what}")
     _check_contiguous(do=do, o=o, lse=lse)
+
+
+def _check_like_q(name: str, x, q) -> None:
+    if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
+        what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"fa_hw.attention backward: {name} must be like q ({tuple(q.shape)} {q.dtype} on "
+                         f"{q.device}), got {what}")
 
 
 def _check_finite(what: str, **xs: Tensor) -> None:
@@ -158,6 +162,12 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float |
                    deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): fa2_fwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
+    return _forward_checked(q, k, v, causal, scale, check_finite)
+
+
+def _forward_checked(q, k, v, causal, scale, check_finite):
+    """_attention_fwd after its metadata checks (_Attention's: fa_hw.attention ran them and made q, k, v
+    contiguous)."""
     if check_finite:
         _check_finite("fa_hw.attention", q=q, k=k, v=v)
     scale = _scale(q, scale)
@@ -185,6 +195,12 @@ def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                    scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): fa2_bwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_bwd(do, q, k, v, o, lse, scale)
+    return _backward_checked(do, q, k, v, o, lse, causal, scale, deterministic, check_finite)
+
+
+def _backward_checked(do, q, k, v, o, lse, causal, scale, deterministic, check_finite):
+    """_attention_bwd after its metadata checks (the direct backward's: q, k, v, o, lse are the saved
+    tensors its forward checked and made, which autograd keeps from changing; dO is checked there)."""
     if check_finite:
         _check_finite("fa_hw.attention backward", do=do)
     scale = _scale(q, scale)
@@ -218,8 +234,12 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     do = torch.zeros_like(o) if do is None else do.contiguous()  # None: _Attention's grads are not materialised
-    bwd = _attention_bwd if not torch.is_grad_enabled() and _direct(do, q, k, v, o, lse) else attention_bwd
-    dq, dk, dv = bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.check_finite)
+    args = (do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.check_finite)
+    if not torch.is_grad_enabled() and _direct(do, q, k, v, o, lse):
+        _check_like_q("do", do, q)  # the rest was checked by the forward (_backward_checked)
+        dq, dk, dv = _backward_checked(*args)
+    else:
+        dq, dk, dv = attention_bwd(*args)
     return dq, dk, dv, None, None, None, None
 
 
@@ -251,7 +271,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, deterministic, check_finite):
         ctx.set_materialize_grads(False)  # no zeros for lse's (non-differentiable) gradient
-        out = _attention_fwd(q, k, v, causal, scale, deterministic, check_finite)
+        out = _forward_checked(q, k, v, causal, scale, check_finite)  # fa_hw.attention checked q, k, v, scale
         _setup_context(ctx, (q, k, v, causal, scale, deterministic, check_finite), out)
         return out
 
