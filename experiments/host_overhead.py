@@ -17,10 +17,13 @@ constant); everything else runs as on the GPU - torch.library's custom ops and a
 check, the plans, cuda.core's LaunchConfig, torch's allocations (CPU tensors: the kernel device is
 "cpu"). It prints microseconds per call, the best of 5 loops of `--calls` calls, of each layer:
 autograd's backward (torch.autograd.grad), the attention_bwd op called directly, enqueue_backward;
-fa_hw.attention's forward, the attention_fwd op, enqueue_forward. The fake runs B = H = 1 at the
-shape's N and d (the same tiles and kernels; the host path depends on B and H only through its
-allocations, which on the CPU touch memory - torch.zeros of dq_accum - where the GPU's caching
-allocator hands a block back).
+fa_hw.attention's forward, the attention_fwd op, enqueue_forward (CPU time of the process:
+time.process_time, which a machine shared with other work disturbs less than the wall clock).
+The fake runs B = H = 1 at the shape's N and d (the same tiles and kernels; the host path depends
+on B and H only through its allocations, which on the CPU touch memory - torch.zeros of dq_accum -
+where the GPU's caching allocator hands a block back). With the custom ops' layers and
+enqueue_backward apart, the difference to the top line is autograd's own and fa_hw.attention's
+direct path (torch_ops._Attention).
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ def fake_gpu(name: str = FAKE_GPU, arch: str = FAKE_ARCH):
 
 
 def fake_report(shape, causal: bool, calls: int, profile: bool = False) -> dict:
-    """--fake: microseconds per call of each layer (module docstring) -> {layer: us}; prints them."""
+    """--fake: each layer's CPU microseconds and kernel launches per call (module docstring) ->
+    {layer: (us, launches)}; prints them."""
     import torch
 
     import fa_hw
@@ -124,9 +128,9 @@ def fake_report(shape, causal: bool, calls: int, profile: bool = False) -> dict:
             for _ in range(3):
                 fn()
             del launches[:]
-            out[name] = min(timeit.repeat(fn, timer=time.process_time, number=calls, repeat=5)) / calls * 1e6
-            per = len(launches) / (5 * calls)
-            print(f"  {name:28s} {out[name]:8.1f} us/call   ({per:g} launches/call)")
+            us = min(timeit.repeat(fn, timer=time.process_time, number=calls, repeat=5)) / calls * 1e6
+            out[name] = us, len(launches) / (5 * calls)
+            print(f"  {name:28s} {us:8.1f} us/call   ({out[name][1]:g} launches/call)")
         if profile:
             prof = cProfile.Profile()
             prof.enable()

@@ -364,6 +364,24 @@ def test_bad_input_after_a_cached_call_still_gets_its_error(gpu):
     assert gpu.log[n:] == ["launch fa2_fwd_kernel"]  # the one good forward call in between
 
 
+def test_host_overhead_fake_mode_times_every_layer_and_puts_the_gpu_back():
+    """experiments/host_overhead.py --fake: every layer timed, each call launching its kernels (one
+    forward, three backward), and fa_hw as it was afterwards (nothing faked left behind)."""
+    from experiment_scripts import load
+
+    ho = load("host_overhead")
+    before = (cuda_core.launch, runtime.device, runtime.torch_stream, runtime.load_kernel, hw_backward.load_backward,
+              hw_backward._PLANS, hw_forward._PLANS, tensors.KERNEL_DEVICE)
+    out = ho.fake_report((4, 8, 300, 64), causal=True, calls=2)
+    assert set(out) == {"backward (autograd.grad)", "  attention_bwd op", "  enqueue_backward",
+                        "forward (fa_hw.attention)", "  attention_fwd op", "  enqueue_forward"}
+    assert all(us > 0 for us, _ in out.values())
+    assert [n for _, n in out.values()] == [3, 3, 3, 1, 1, 1]
+    after = (cuda_core.launch, runtime.device, runtime.torch_stream, runtime.load_kernel, hw_backward.load_backward,
+             hw_backward._PLANS, hw_forward._PLANS, tensors.KERNEL_DEVICE)
+    assert all(a is b for a, b in zip(before, after))
+
+
 def test_kernels_are_loaded_once_per_build(monkeypatch):
     """load_kernel and load_backward compile and load a build once; every later launch of it reuses it."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig
