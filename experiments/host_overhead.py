@@ -21,7 +21,8 @@ fa_hw.attention's forward, the attention_fwd op, enqueue_forward (CPU time of th
 time.process_time, which a machine shared with other work disturbs less than the wall clock).
 The fake runs B = H = 1 at the shape's N and d (the same tiles and kernels; the host path depends
 on B and H only through its allocations, which on the CPU touch memory - torch.zeros of dq_accum -
-where the GPU's caching allocator hands a block back). With the custom ops' layers and
+where the GPU's caching allocator hands a block back; so the fake fills them on one thread and
+keeps freed memory: _keep_freed_memory, in --fake's process). With the custom ops' layers and
 enqueue_backward apart, the difference to the top line is autograd's own and fa_hw.attention's
 direct path (torch_ops._Attention).
 """
@@ -95,9 +96,36 @@ def fake_gpu(name: str = FAKE_GPU, arch: str = FAKE_ARCH):
         tuned_backward._DEVICE_CHOICES.clear()
 
 
+def _keep_freed_memory() -> None:
+    """glibc's malloc keeps freed blocks for the next allocation (no mmap/munmap or heap trimming per
+    call, whose page faults would be counted), as torch's caching allocator keeps the GPU's: a fixed
+    mmap threshold of 32 MB (glibc's largest) and no trimming. A no-op without glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+    libc.mallopt(m_trim_threshold, 2**30)
+
+
 def fake_report(shape, causal: bool, calls: int, profile: bool = False) -> dict:
     """--fake: each layer's CPU microseconds and kernel launches per call (module docstring) ->
     {layer: (us, launches)}; prints them."""
+    import torch
+
+    _, _, n, d = shape
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torch.zeros' fill on one thread: no OpenMP team spinning in the CPU time
+    try:
+        return _fake_layers(n, d, causal, calls, profile)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fake_layers(n: int, d: int, causal: bool, calls: int, profile: bool) -> dict:
     import torch
 
     import fa_hw
@@ -105,7 +133,6 @@ def fake_report(shape, causal: bool, calls: int, profile: bool = False) -> dict:
     from fa_hw.forward import enqueue_forward
     from fa_hw.torch_ops import attention_bwd, attention_fwd
 
-    _, _, n, d = shape
     with fake_gpu() as launches:
         g = torch.Generator().manual_seed(0)
         q, k, v, do = (torch.randn(1, 1, n, d, generator=g).half() for _ in range(4))
@@ -159,6 +186,7 @@ def main(argv=None) -> int:
     except ValueError:
         p.error(f"--shape takes B,H,N,d (four integers), got {args.shape!r}")
     if args.fake:
+        _keep_freed_memory()  # for the rest of this process
         fake_report((b, h, n, d), args.causal, calls, args.profile)
         return 0
     import torch
