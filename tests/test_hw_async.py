@@ -504,3 +504,18 @@ def test_torch_compile_through_the_async_ops(cuda):
     assert np.array_equal(_bits(o), _bits(fwd.o))
     for name, g in zip(("dq", "dk", "dv"), got):
         assert np.array_equal(_bits(g), _bits(getattr(want, name))), name
+
+
+@pytest.mark.gpu
+def test_torch_stream_is_torchs_current_stream(cuda):
+    """runtime.torch_stream (torch's raw current stream, its cuda.core wrapper kept per handle) is the
+    stream torch.cuda.current_stream names, on the default stream and inside torch.cuda.stream(side)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream()
+    for s in (torch.cuda.default_stream(), side):
+        with torch.cuda.stream(s):
+            got = runtime.torch_stream(dev)
+            assert torch.cuda.current_stream().cuda_stream == s.cuda_stream
+        assert got is runtime.foreign_stream(s.cuda_stream)
+        if s.cuda_stream:  # 0: the legacy default stream, cuda.core's LEGACY_DEFAULT_STREAM
+            assert int(got.handle) == s.cuda_stream
