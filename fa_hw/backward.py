@@ -195,7 +195,44 @@ def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
     must be float16 (or all bfloat16) and lse float32, all contiguous torch CUDA tensors on fa_hw's
     GPU; checked: those, the shapes, causal, scale, deterministic, the grid's limits - nothing that
     reads a value (no NaN/Inf or bf16 range check: fa_hw.attention's check_finite does the first,
-    fa_hw.backward checks values)."""
+    fa_hw.backward checks values).
+    The checks that depend only on the call's key (the scalars and their types, each tensor's type,
+    shape, dtype and device: _torch_key) run once per key; the launches they lead to are kept as a
+    _TorchPlan (tiles, loaded kernels, LaunchConfigs, scalar arguments) and a later call of the same
+    key checks only what a key does not fix (contiguity) before enqueueing with its own pointers."""
+    xs = (q, k, v, o, lse, do)
+    try:
+        key = _torch_key(xs, causal, scale, deterministic)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable scalar: the checks say what is wrong
+        key = plan = None
+    if plan is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous()
+                            and lse.is_contiguous() and do.is_contiguous()):
+        plan = _checked_plan(q, k, v, o, lse, do, causal, scale, deterministic)
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan.enqueue(q, k, v, o, lse, do)
+
+
+#: enqueue_backward's plans by _torch_key, each stored after its key's first call passed every check.
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def _torch_key(xs, causal, scale, deterministic) -> tuple:
+    """What enqueue_backward's checks (but contiguity) and its plan depend on: the scalars with their
+    types (True and 1 hash alike), each tensor's type, shape, dtype and device, the folder of the tuned
+    tables (fa_hw.tuned_backward.use_directory)."""
+    from .tuned_backward import _DIRECTORY
+
+    return (type(causal), causal, type(scale), scale, type(deterministic), deterministic, _DIRECTORY[0],
+            *[(type(x), x.shape, x.dtype, x.device) for x in xs])
+
+
+def _checked_plan(q, k, v, o, lse, do, causal, scale, deterministic) -> "_TorchPlan":
+    """Every check of enqueue_backward (one ValueError line), then its key's _TorchPlan."""
     from .tensors import check_kernel_tensors
 
     ins, causal, scale, cfg = check_backward_layout(q, k, v, o, lse, do, causal, scale)  # cfg.dtype: the tensors'
@@ -203,12 +240,54 @@ def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
                          q=q, k=k, v=v, o=o, do=do)
     check_kernel_tensors("fa_hw.attention backward", "float32", lse=lse)
     b, h, nq, d = ins[0].shape
-    _check_mode_and_size(deterministic, b, h, nq, ins[1].shape[2], d)
+    nk = ins[1].shape[2]
+    _check_mode_and_size(deterministic, b, h, nq, nk, d)
     _check_torch_device(q, k, v, o, lse, do)
-    cfg = device_config(d, causal, ins[1].shape[2], cfg.dtype)  # the GPU's tuned tiles (fa_hw.tuned_backward)
-    (dq, dk, dv), *_ = _run_torch(*(x.detach() for x in (q, k, v, o, lse, do)), cfg, causal, scale,
-                                  bool(deterministic), timed=False)
-    return dq, dk, dv
+    cfg = device_config(d, causal, nk, cfg.dtype)  # the GPU's tuned tiles (fa_hw.tuned_backward)
+    return _TorchPlan.make((b, h, nq, nk, d), cfg, causal, scale, bool(deterministic))
+
+
+@dataclass(frozen=True)
+class _TorchPlan:
+    """enqueue_backward's launches of one key, ready but for the pointers: _plan's kernels, grids,
+    shared memory and scalar arguments (_launch_grids, _launch_args), their LaunchConfigs and the
+    words a KernelFault names them with, made once."""
+
+    shape: tuple  # b, h, nq, nk, d
+    loaded: LoadedBackward
+    deterministic: bool
+    dpsum_bytes: int
+    acc_bytes: int  # 0: deterministic (no dq_accum)
+    scalars: tuple  # np.int32(nq), np.int32(nk), np.float32(scale)
+    launches: tuple  # (kernel, LaunchConfig, what) per kernel, in launch order
+
+    @classmethod
+    def make(cls, shape, cfg: BackwardConfig, causal: bool, scale: float, deterministic: bool) -> "_TorchPlan":
+        b, h, nq, nk, d = shape
+        loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch()))
+        launches = tuple((loaded.kernels[name], runtime.launch_config(grid, (cfg.n_threads, 1, 1), smem),
+                          _what(loaded, name, grid, cfg.n_threads, smem))
+                         for name, grid, smem in _launch_grids(cfg, shape, deterministic))
+        return cls(shape, loaded, deterministic, b * h * nq * 4, 0 if deterministic else b * h * nq * d * 4,
+                   (np.int32(nq), np.int32(nk), np.float32(scale)), launches)
+
+    def enqueue(self, q, k, v, o, lse, do):
+        """The three launches on torch's current stream of q's device: dQ, dK, dV and the workspaces
+        as _run_torch makes them (empty_like; _torch_workspace), the arguments as _plan's."""
+        import torch
+
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        device = q.device
+        stream = runtime.torch_stream(device)
+        workspace = _torch_workspace(device)
+        dpsum, dpsum_owner = workspace(self.dpsum_bytes, False)
+        acc, acc_owner = workspace(self.acc_bytes, True) if self.acc_bytes else (0, None)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), do.data_ptr(),
+                dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+        for (kernel, config, what), args in zip(self.launches, _launch_args(self.deterministic, ptrs, dpsum, acc,
+                                                                            *self.scalars)):
+            runtime.enqueue_launch(stream, kernel, config, args, what)
+        return dq, dk, dv  # the workspaces' owners drop here: stream-ordered, safe once enqueued
 
 
 def _check_torch_device(*xs) -> None:
@@ -280,21 +359,15 @@ def _plan(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determin
     b, h, nq, nk, d = shape
     loaded = load_backward(BackwardBuild(cfg, causal, deterministic, runtime.device_arch(),
                                          checkpoints=ctas is not None))
-    q_, k_, v_, o_, lse_, do_, dq, dk, dv = (int(p) for p in ptrs)
     dpsum, dpsum_owner = workspace(b * h * nq * 4, False)
     keep = [dpsum_owner]  # the workspaces, alive until the launches are enqueued (timed: finished)
-    n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
-    s32 = np.float32(scale)
-    if deterministic:  # no dQ accumulator: the main kernel's pointer is null, the dQ kernel writes dq
-        acc = 0
-        last = (DQ_KERNEL, (cfg.n_dq_blocks(nq), bh, 1), cfg.dq_smem_bytes,
-                (q_, k_, v_, do_, lse_, dpsum, dq, np.int32(nq), np.int32(nk), s32))
-    else:
+    acc = 0  # deterministic: no dQ accumulator, the main kernel's pointer is null, the dQ kernel writes dq
+    if not deterministic:
         acc, acc_owner = workspace(b * h * nq * d * 4, True)
         keep.append(acc_owner)
-        last = (CONVERT_KERNEL, (n_q, bh, 1), 0, (acc, dq, np.int32(nq), s32))
     ck_args, ck_host = (), None
     if ctas is not None:  # the debug build's buffer (zeroed), its CTA -> slot map and rounds
+        n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
         layout = BackwardCheckpointLayout(cfg, n_q)
         ck_host = layout.empty(len(ctas))
         ck_buf = runtime.allocate(ck_host.nbytes, stream)
@@ -302,13 +375,30 @@ def _plan(ptrs, shape, cfg: BackwardConfig, causal: bool, scale: float, determin
         ck_sel = runtime.upload(selection_map(ctas, n_kv * bh), stream)
         keep += [ck_buf, ck_sel]
         ck_args = (int(ck_buf.handle), int(ck_sel.handle), np.int32(layout.n_rounds))
-    launches = [
-        (PREPROCESS_KERNEL, (n_q, bh, 1), 0, (o_, do_, dpsum, np.int32(nq))),
-        (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes,
-         (q_, k_, v_, do_, lse_, dpsum, acc, dk, dv, np.int32(nq), np.int32(nk), s32, *ck_args)),
-        last,
-    ]
+    args = _launch_args(deterministic, tuple(int(p) for p in ptrs), dpsum, acc, np.int32(nq), np.int32(nk),
+                        np.float32(scale), ck_args)
+    launches = [(name, grid, smem, a) for (name, grid, smem), a in zip(_launch_grids(cfg, shape, deterministic), args)]
     return loaded, launches, keep, ck_args, ck_host
+
+
+def _launch_grids(cfg: BackwardConfig, shape, deterministic: bool) -> list:
+    """The three launches' (kernel, grid, dynamic shared memory) in launch order (module docstring)."""
+    b, h, nq, nk, d = shape
+    n_q, n_kv, bh = cfg.n_q_blocks(nq), cfg.n_kv_blocks(nk), b * h
+    last = ((DQ_KERNEL, (cfg.n_dq_blocks(nq), bh, 1), cfg.dq_smem_bytes) if deterministic
+            else (CONVERT_KERNEL, (n_q, bh, 1), 0))
+    return [(PREPROCESS_KERNEL, (n_q, bh, 1), 0), (MAIN_KERNEL, (n_kv, bh, 1), cfg.smem_bytes), last]
+
+
+def _launch_args(deterministic: bool, ptrs, dpsum: int, acc: int, nq32, nk32, s32, ck_args: tuple = ()) -> tuple:
+    """The three launches' arguments in launch order (module docstring) from the pointers q k v o lse
+    do dq dk dv, D, dq_accum (0 when deterministic) and the scalars np.int32(nq), np.int32(nk),
+    np.float32(scale) (+ the debug build's checkpoint arguments, the main kernel's last)."""
+    q_, k_, v_, o_, lse_, do_, dq, dk, dv = ptrs
+    last = ((q_, k_, v_, do_, lse_, dpsum, dq, nq32, nk32, s32) if deterministic else (acc, dq, nq32, s32))
+    return ((o_, do_, dpsum, nq32),
+            (q_, k_, v_, do_, lse_, dpsum, acc, dk, dv, nq32, nk32, s32, *ck_args),
+            last)
 
 
 def time_backward_kernels(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
@@ -349,5 +439,10 @@ def time_backward_kernels(q, k, v, o, lse, do, causal: bool = False, scale: floa
 def _launch(loaded: LoadedBackward, name: str, grid, threads: int, smem: int, args: tuple, stream,
             timed: bool) -> float | None:
     """One launch through runtime.launch_kernel (a fault names the kernel and the build)."""
-    what = f"{name} of {loaded.build.describe()} grid={grid[:2]} block={threads} smem={smem}"
-    return runtime.launch_kernel(stream, loaded.kernels[name], grid, (threads, 1, 1), smem, args, what, timed=timed)
+    return runtime.launch_kernel(stream, loaded.kernels[name], grid, (threads, 1, 1), smem, args,
+                                 _what(loaded, name, grid, threads, smem), timed=timed)
+
+
+def _what(loaded: LoadedBackward, name: str, grid, threads: int, smem: int) -> str:
+    """A launch's words in a KernelFault: the kernel, its build, grid, block, shared memory."""
+    return f"{name} of {loaded.build.describe()} grid={tuple(grid[:2])} block={threads} smem={smem}"

@@ -46,7 +46,8 @@ from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
 
 from . import runtime
-from .tensors import DeviceProblem, check, check_kernel_tensors, choose_auto, to_device, torch_problem
+from .tensors import (DeviceProblem, _outputs_shape, check, check_kernel_tensors, check_torch_devices,
+                      choose_auto, to_device)
 
 
 @dataclass(frozen=True)
@@ -143,15 +144,63 @@ def enqueue_forward(q, k, v, causal: bool = False, scale: float | None = None):
     kernel runs surfaces at torch's next synchronisation). q, k, v must be contiguous float16 (or all
     bfloat16) torch CUDA tensors on fa_hw's GPU; checked: those, the shapes, causal, scale, the grid's
     limits - nothing that reads a value (no NaN/Inf or bf16 range check: fa_hw.attention's
-    check_finite does the first, fa_hw.forward checks values). O and LSE come from torch's allocator on that stream."""
+    check_finite does the first, fa_hw.forward checks values). O and LSE come from torch's allocator on that stream.
+    As enqueue_backward: the checks that a call's key fixes (scalars and their types, each tensor's
+    type, shape, dtype, device) run once per key, whose launch (runtime.LaunchPlan.make's kernel,
+    grid, scalar arguments; its LaunchConfig) is kept as a _TorchForward; contiguity is checked per call."""
+    try:
+        key = (type(causal), causal, type(scale), scale, *[(type(x), x.shape, x.dtype, x.device) for x in (q, k, v)])
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable scalar: the checks say what is wrong
+        key = plan = None
+    if plan is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        plan = _checked_forward(q, k, v, causal, scale)
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan.enqueue(q, k, v)
+
+
+#: enqueue_forward's plans by key, each stored after its key's first call passed every check.
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def _checked_forward(q, k, v, causal, scale) -> "_TorchForward":
+    """Every check of enqueue_forward (one ValueError line), then its key's _TorchForward."""
     bf16 = str(q.dtype) == "torch.bfloat16"  # the run's type is the tensors': all three alike
     check_kernel_tensors("fa_hw.attention", "bfloat16" if bf16 else "float16", q=q, k=k, v=v)
     prob = validate.make_problem(q.shape, k.shape, v.shape, causal, scale, None, dtype="bf16" if bf16 else "fp16")
-    dev = torch_problem(q.detach(), k.detach(), v.detach(), prob)
-    plan = runtime.LaunchPlan.make(KernelBuild.of(prob, runtime.device_arch()),
-                                   (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr), prob)
-    plan.run(dev.stream, timed=False)
-    return dev.o, dev.lse
+    check_torch_devices(q, k, v)
+    plan = runtime.LaunchPlan.make(KernelBuild.of(prob, runtime.device_arch()), (0,) * 5, prob)  # pointers per call
+    return _TorchForward(*_outputs_shape(prob), "bf16" if bf16 else "fp16", plan.loaded.kernel,
+                         runtime.launch_config(plan.grid, plan.block, plan.smem_bytes), plan.describe(), plan.args[5:])
+
+
+@dataclass(frozen=True)
+class _TorchForward:
+    """enqueue_forward's launch of one key, ready but for the pointers (torch_problem's outputs)."""
+
+    o_shape: tuple
+    lse_shape: tuple
+    dtype: str  # "fp16" or "bf16": O's
+    kernel: object
+    config: object  # cuda.core LaunchConfig
+    what: str  # the launch's words in a KernelFault
+    scalars: tuple  # LaunchPlan.make's arguments after the five pointers
+
+    def enqueue(self, q, k, v):
+        import torch
+
+        dev = q.device
+        o = torch.empty(self.o_shape, dtype=torch.bfloat16 if self.dtype == "bf16" else torch.float16, device=dev)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
+        stream = runtime.torch_stream(dev)
+        runtime.enqueue_launch(stream, self.kernel, self.config,
+                               (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), *self.scalars),
+                               self.what)
+        return o, lse
 
 
 def _select_ctas(problem: Problem, ctas, in_grid: bool = True) -> list[int] | None:

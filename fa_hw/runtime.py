@@ -111,21 +111,40 @@ def own_stream():
     return device().create_stream()
 
 
+#: foreign_stream's wrappers by raw handle: a cuda.core Stream made from a handle holds that handle and
+#: owns nothing (it never destroys the stream), so one wrapper serves every launch on that handle;
+#: fa_hw.attention asks for torch's current stream on every call. Bounded: cleared past _MAX_STREAMS.
+_STREAMS: dict = {}
+_MAX_STREAMS = 64
+
+
 def foreign_stream(handle: int):
     """Wrap a stream owned by torch/cupy (its raw cudaStream_t) so launches stay ordered with it."""
-    from cuda.core import LEGACY_DEFAULT_STREAM, Stream
+    handle = int(handle)
+    stream = _STREAMS.get(handle)
+    if stream is None:
+        from cuda.core import LEGACY_DEFAULT_STREAM, Stream
 
-    return LEGACY_DEFAULT_STREAM if int(handle) == 0 else Stream.from_handle(int(handle))
+        stream = LEGACY_DEFAULT_STREAM if handle == 0 else Stream.from_handle(handle)
+        if len(_STREAMS) >= _MAX_STREAMS:
+            _STREAMS.clear()
+        _STREAMS[handle] = stream
+    return stream
 
 
 def torch_stream(device):
     """torch's current stream on `device` (a torch.device) as a cuda.core Stream: launches on it are
     ordered with torch's work, and with torch's caching allocator, which hands a freed block only to
     later work of the stream it was allocated on (so a torch workspace dropped after the launches
-    are enqueued is not reused before they run)."""
+    are enqueued is not reused before they run). The raw handle comes from
+    torch._C._cuda_getCurrentRawStream where torch has it (what torch.compile's generated code
+    calls: one C call instead of building a torch.cuda.Stream), else torch.cuda.current_stream."""
     import torch
 
-    return foreign_stream(torch.cuda.current_stream(device).cuda_stream)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None or device.index is None:
+        return foreign_stream(torch.cuda.current_stream(device).cuda_stream)
+    return foreign_stream(raw(device.index))
 
 
 def allocate(nbytes: int, stream):
@@ -230,19 +249,33 @@ def launch_kernel(stream, kernel, grid, block, smem: int, args: tuple, what: str
     timed=False: enqueue only (no event, no sync; a fault while it runs surfaces at the stream's next
     synchronisation) -> None. timed=True: bracketed by CUDA timing events, the stream synchronised
     and a fault reported -> milliseconds. See the module docstring."""
-    from cuda.core import LaunchConfig, launch
-
-    config = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=smem)
+    config = launch_config(grid, block, smem)
     start = _timing_event(stream) if timed else None
-    try:
-        launch(stream, config, kernel, *args)
-    except Exception as exc:
-        raise KernelFault(f"launching {what} failed: {_short(exc)}") from None
+    enqueue_launch(stream, kernel, config, args, what)
     if not timed:
         return None
     end = _timing_event(stream)
     _sync(stream, what)
     return float(end - start)
+
+
+def launch_config(grid, block, smem: int):
+    """The cuda.core LaunchConfig of one launch: made once per cached plan by fa_hw.attention's
+    paths (enqueue_forward, enqueue_backward), per launch by launch_kernel."""
+    from cuda.core import LaunchConfig
+
+    return LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=smem)
+
+
+def enqueue_launch(stream, kernel, config, args: tuple, what: str) -> None:
+    """launch_kernel(timed=False) with a ready LaunchConfig (launch_config): enqueue only; a
+    launch-time error is a KernelFault naming `what` (the kernel and its build)."""
+    from cuda.core import launch
+
+    try:
+        launch(stream, config, kernel, *args)
+    except Exception as exc:
+        raise KernelFault(f"launching {what} failed: {_short(exc)}") from None
 
 
 def _sync(stream, what: str) -> None:

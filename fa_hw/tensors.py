@@ -162,17 +162,23 @@ def torch_problem(qh, kh, vh, problem: Problem) -> DeviceProblem:
     current stream (fa_hw.forward after the value checks; enqueue_forward directly)."""
     import torch
 
-    dev = qh.device
-    if kh.device != dev or vh.device != dev:
-        raise ValueError(f"q, k, v must be on one device, got {qh.device}, {kh.device}, {vh.device}")
-    if dev.index not in (None, runtime.device().device_id):
-        raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
+    dev = check_torch_devices(qh, kh, vh)
     o_shape, lse_shape = _outputs_shape(problem)
     o = torch.empty(o_shape, dtype=torch.bfloat16 if problem.config.dtype == "bf16" else torch.float16, device=dev)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
     stream = runtime.torch_stream(dev)
     ptrs = [x.data_ptr() for x in (qh, kh, vh, o, lse)]
     return DeviceProblem(TORCH, problem, stream, *ptrs, o, lse, keep=[qh, kh, vh])
+
+
+def check_torch_devices(qh, kh, vh):
+    """q, k, v on one device, fa_hw's GPU (ValueError otherwise) -> that torch.device."""
+    dev = qh.device
+    if kh.device != dev or vh.device != dev:
+        raise ValueError(f"q, k, v must be on one device, got {qh.device}, {kh.device}, {vh.device}")
+    if dev.index not in (None, runtime.device().device_id):
+        raise ValueError(f"fa_hw runs on GPU {runtime.device().device_id}; the tensors are on {dev}")
+    return dev
 
 
 KERNEL_DEVICE = "cuda"  # the device type of the tensors the kernels read in place

@@ -15,6 +15,15 @@ that gives the outputs' shapes and dtypes without running anything:
 [B, H, Nq]); the backward makes dO contiguous (a gradient arriving through a transpose is
 strided) and calls attention_bwd. lse is marked non-differentiable (its gradient is not
 computed: a loss through lse raises instead of being silently dropped).
+The direct eager path: in plain eager autograd (`_direct`: not under torch.compile, plain
+torch.Tensors, no torch dispatch or function mode, no functorch transform) fa_hw.attention runs the
+same two implementations and the same autograd formula as a torch.autograd.Function (`_Attention`),
+and its backward calls the backward's implementation itself when grad mode is off (no
+create_graph), skipping the dispatcher's layers (schema, autograd kernel, aliasing check, dynamo's
+disable wrapper), which cost about as much host time per call as the kernels' launch path. The
+same functions run, so the results are the same bits; o.grad_fn is `_AttentionBackward` there, and
+a profiler records the kernels without the op's name around them. Everything else (torch.compile,
+fake tensors, FlopCounterMode, vmap, double backward) goes through the ops.
 
 Two paths, chosen by the inputs' dtype (all three alike):
   float16 or bfloat16, CUDA   fa2_fwd.cu and fa2_bwd.cu (dQ by atomics unless deterministic=True;
@@ -113,17 +122,21 @@ def _scale(q: Tensor, scale: float | None) -> float:
 
 def _check_bwd(do, q, k, v, o, lse, scale) -> None:
     _check_qkv(q, k, v, scale, contiguous=True)
-    for name, x in (("do", do), ("o", o)):
-        if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
-            what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"fa_hw.attention backward: {name} must be like q ({tuple(q.shape)} {q.dtype} on "
-                             f"{q.device}), got {what}")
+    _check_like_q("do", do, q)
+    _check_like_q("o", o, q)
     lse_dtype = torch.float64 if q.dtype == REFERENCE_DTYPE else torch.float32
     if not isinstance(lse, Tensor) or lse.shape != q.shape[:3] or lse.dtype != lse_dtype or lse.device != q.device:
         what = f"{tuple(lse.shape)} {lse.dtype} on {lse.device}" if isinstance(lse, Tensor) else type(lse).__name__
         raise ValueError(f"fa_hw.attention backward: lse must be {tuple(q.shape[:3])} {lse_dtype} on {q.device} "
                          f"(the forward's), got {what}")
     _check_contiguous(do=do, o=o, lse=lse)
+
+
+def _check_like_q(name: str, x, q) -> None:
+    if not isinstance(x, Tensor) or x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
+        what = f"{tuple(x.shape)} {x.dtype} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"fa_hw.attention backward: {name} must be like q ({tuple(q.shape)} {q.dtype} on "
+                         f"{q.device}), got {what}")
 
 
 def _check_finite(what: str, **xs: Tensor) -> None:
@@ -145,11 +158,16 @@ def _back(a, like: Tensor) -> Tensor:
     return torch.from_numpy(a).to(device=like.device, dtype=REFERENCE_DTYPE).contiguous()
 
 
-@torch.library.custom_op("flashsim::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
-                  deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
+                   deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): fa2_fwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_qkv(q, k, v, scale, contiguous=True)
+    return _forward_checked(q, k, v, causal, scale, check_finite)
+
+
+def _forward_checked(q, k, v, causal, scale, check_finite):
+    """_attention_fwd after its metadata checks (_Attention's: fa_hw.attention ran them and made q, k, v
+    contiguous)."""
     if check_finite:
         _check_finite("fa_hw.attention", q=q, k=k, v=v)
     scale = _scale(q, scale)
@@ -163,6 +181,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | 
     return enqueue_forward(q, k, v, causal=causal, scale=scale)
 
 
+attention_fwd = torch.library.custom_op("flashsim::attention_fwd", _attention_fwd, mutates_args=())
+
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
     _check_qkv(q, k, v, scale, contiguous=True)
@@ -170,11 +191,16 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic, check_finite):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=lse_dtype)
 
 
-@torch.library.custom_op("flashsim::attention_bwd", mutates_args=())
-def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                  scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
+                   scale: float | None, deterministic: bool, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): fa2_bwd.cu for fp16 / bf16 CUDA tensors, the float64 reference for float64 ones."""
     _check_bwd(do, q, k, v, o, lse, scale)
+    return _backward_checked(do, q, k, v, o, lse, causal, scale, deterministic, check_finite)
+
+
+def _backward_checked(do, q, k, v, o, lse, causal, scale, deterministic, check_finite):
+    """_attention_bwd after its metadata checks (the direct backward's: q, k, v, o, lse are the saved
+    tensors its forward checked and made, which autograd keeps from changing; dO is checked there)."""
     if check_finite:
         _check_finite("fa_hw.attention backward", do=do)
     scale = _scale(q, scale)
@@ -186,6 +212,9 @@ def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     from .backward import enqueue_backward
 
     return enqueue_backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
+
+
+attention_bwd = torch.library.custom_op("flashsim::attention_bwd", _attention_bwd, mutates_args=())
 
 
 @attention_bwd.register_fake
@@ -204,12 +233,51 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic,
-                               ctx.check_finite)
+    do = torch.zeros_like(o) if do is None else do.contiguous()  # None: _Attention's grads are not materialised
+    args = (do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.check_finite)
+    if not torch.is_grad_enabled() and _direct(do, q, k, v, o, lse):
+        _check_like_q("do", do, q)  # the rest was checked by the forward (_backward_checked)
+        dq, dk, dv = _backward_checked(*args)
+    else:
+        dq, dk, dv = attention_bwd(*args)
     return dq, dk, dv, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _direct(*xs) -> bool:
+    """Whether fa_hw.attention may run an op's implementation (_attention_fwd, _attention_bwd) itself
+    instead of through torch's dispatcher: plain eager autograd - not under torch.compile, every
+    tensor a plain torch.Tensor (no FakeTensor, functional tensor or subclass), no torch dispatch or
+    function mode (FakeTensorMode, FlopCounterMode, `with torch.device(...)`), no functorch transform
+    (vmap, grad), and grad mode off when called from a backward (the op's autograd kernel would give
+    a double backward its error). The same functions run either way, so the results are the same
+    bits; the dispatcher's layers (schema, autograd kernel, aliasing check, dynamo's disable
+    wrapper) cost about as much host time per call as the kernels' own launch path."""
+    if torch.compiler.is_compiling():
+        return False
+    for x in xs:
+        if type(x) is not Tensor:
+            return False
+    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active())
+
+
+class _Attention(torch.autograd.Function):
+    """attention_fwd with register_autograd's formula (_setup_context, _backward) as a plain
+    autograd.Function: what fa_hw.attention runs where _direct allows (no dispatcher)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, deterministic, check_finite):
+        ctx.set_materialize_grads(False)  # no zeros for lse's (non-differentiable) gradient
+        out = _forward_checked(q, k, v, causal, scale, check_finite)  # fa_hw.attention checked q, k, v, scale
+        _setup_context(ctx, (q, k, v, causal, scale, deterministic, check_finite), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _backward(ctx, do, dlse)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *,
@@ -225,5 +293,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: floa
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
     _check_qkv(q, k, v, scale, contiguous=False)
-    o, _ = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, deterministic, check_finite)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if _direct(q, k, v):
+        o, _ = _Attention.apply(q, k, v, causal, scale, deterministic, check_finite)
+    else:
+        o, _ = attention_fwd(q, k, v, causal, scale, deterministic, check_finite)
     return o

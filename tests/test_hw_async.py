@@ -5,7 +5,9 @@ buffers are recorded instead of run): fa_hw.attention's forward and backward enq
 with no CUDA event, no stream.sync(), no cuda.core buffer (the workspaces are torch tensors) and no
 read of a tensor's values; fa_hw.forward and fa_hw.backward still time every launch with two events
 and synchronise after it; a launch-time error is a KernelFault naming the kernel and its build on
-both paths; loading a kernel happens once per build. GPU (marked `gpu`): the asynchronous path equal
+both paths; loading a kernel happens once per build; the plans enqueue_forward and enqueue_backward
+keep per key launch what the checked path launches, and bad input after a cached call still gets its
+error; the direct eager path launches what the custom ops launch. GPU (marked `gpu`): the asynchronous path equal
 to the synchronous fa_hw.forward / fa_hw.backward bit for bit, autograd on a non-default torch stream,
 torch.compile through the asynchronous ops.
 """
@@ -29,6 +31,7 @@ from fa_hw.errors import KernelFault  # noqa: E402
 from fa_sim.contract.cubin import ResourceUsage  # noqa: E402
 
 hw_backward = importlib.import_module("fa_hw.backward")  # the module (fa_hw.backward is the function)
+hw_forward = importlib.import_module("fa_hw.forward")
 
 
 class FakeEvent:
@@ -108,6 +111,8 @@ def gpu(monkeypatch):
     monkeypatch.setattr(hw_backward, "device_config", lambda d, causal, nk, dtype="fp16": tuned_backward.lookup(
         d, causal, nk, "NVIDIA GH200 480GB", "sm_80", dtype).config)  # the tiles of a GPU without a backward table
     monkeypatch.setattr(tensors, "KERNEL_DEVICE", "cpu")
+    monkeypatch.setattr(hw_backward, "_PLANS", {})  # plans made on this fake GPU stay with it
+    monkeypatch.setattr(hw_forward, "_PLANS", {})
     return types.SimpleNamespace(log=log, stream=stream)
 
 
@@ -224,6 +229,157 @@ def test_the_torch_path_refuses_what_it_would_have_to_convert(gpu):
     with pytest.raises(ValueError, match=r"fa_hw.attention backward: do must be a contiguous float16 .*strides"):
         enqueue_backward(q, k, v, q, lse, do.transpose(2, 3).contiguous().transpose(2, 3), causal=True)
     assert gpu.log == []
+
+
+def _recorded_launches(monkeypatch):
+    """cuda.core's launch replaced by a recorder: -> the list of (kernel, LaunchConfig, args) it fills."""
+    launches = []
+    monkeypatch.setattr(cuda_core, "launch", lambda stream, config, kernel, *args: launches.append((kernel, config, args)))
+    return launches
+
+
+def _roles(launches, **tensors) -> list:
+    """The launches with each pointer named: the given tensors' by their names, any other (a workspace)
+    by its order of first appearance, ws0, ws1 (scalars as they are: np.int32, np.float32, 0)."""
+    names = {t.data_ptr(): name for name, t in tensors.items()}
+    out = []
+    for kernel, config, args in launches:
+        named = []
+        for a in args:
+            if type(a) is int and a != 0:
+                a = names.setdefault(a, f"ws{sum(n.startswith('ws') for n in names.values())}")
+            named.append((type(a).__name__, a if isinstance(a, str) else repr(a)))
+        out.append((kernel, config, tuple(named)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cached_plans_launch_what_the_checked_path_launches(gpu, monkeypatch, causal, deterministic, dtype):
+    """enqueue_backward's first call (every check, then the plan) and its later ones (the key's plan)
+    launch the same kernels with the same LaunchConfig (grid, block, shared memory) and arguments as
+    _run_torch, the path fa_hw.backward takes on torch tensors (_plan's launches, a LaunchConfig per
+    launch); enqueue_forward's as runtime.LaunchPlan.make's launch on torch_problem's outputs."""
+    from fa_hw.backward import _run_torch, enqueue_backward
+    from fa_hw.forward import enqueue_forward
+    from fa_sim.contract import KernelBuild
+    from fa_sim import validate
+
+    q, k, v, do = (torch.from_numpy(a).to(dtype) for a in _problem(b=2, h=3, nq=200, nk=77))
+    scale = 0.11
+    launches = _recorded_launches(monkeypatch)
+    o, lse = enqueue_forward(q, k, v, causal=causal, scale=scale)
+    first = _roles(launches, q=q, k=k, v=v, o=o, lse=lse)
+    del launches[:]
+    o2, lse2 = enqueue_forward(q, k, v, causal=causal, scale=scale)
+    cached = _roles(launches, q=q, k=k, v=v, o=o2, lse=lse2)
+    del launches[:]
+    prob = validate.make_problem(q.shape, k.shape, v.shape, causal, scale, None,
+                                 dtype="bf16" if dtype == torch.bfloat16 else "fp16")
+    dev = tensors.torch_problem(q, k, v, prob)
+    runtime.LaunchPlan.make(KernelBuild.of(prob, "sm_80"), (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr),
+                            prob).run(gpu.stream, timed=False)
+    want = _roles(launches, q=q, k=k, v=v, o=dev.o, lse=dev.lse)
+    assert first == cached == want and len(want) == 1
+    del launches[:]
+
+    grads = [enqueue_backward(q, k, v, o, lse, do, causal, scale, deterministic) for _ in range(3)]
+    got = [_roles(launches[3 * i:3 * i + 3], q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv)
+           for i, (dq, dk, dv) in enumerate(grads)]
+    del launches[:]
+    cfg = hw_backward.device_config(q.shape[3], causal, k.shape[2], "bf16" if dtype == torch.bfloat16 else "fp16")
+    (dq, dk, dv), *_ = _run_torch(q, k, v, o, lse, do, cfg, causal, scale, deterministic, timed=False)
+    want = _roles(launches, q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv)
+    assert got[0] == got[1] == got[2] == want
+    last = "fa2_bwd_dq_kernel" if deterministic else "fa2_bwd_convert_dq_kernel"
+    assert [x[0] for x in want] == ["fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", last]
+    assert len(hw_backward._PLANS) == 1  # one key, one plan
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_the_direct_eager_path_launches_what_the_ops_launch(gpu, monkeypatch, deterministic):
+    """fa_hw.attention in plain eager autograd (torch_ops._direct: no dispatcher) and through the
+    custom ops launch the same kernels with the same configs and arguments (pointers by role; lse,
+    which autograd keeps, and the workspaces by order of appearance)."""
+    from fa_hw import torch_ops
+
+    launches = _recorded_launches(monkeypatch)
+
+    def run():
+        q, k, v, do = (torch.from_numpy(a) for a in _problem(b=2, h=2, nq=130, nk=90))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        o = fa_hw.attention(q, k, v, causal=True, deterministic=deterministic, check_finite=False)
+        o.backward(do)
+        got = _roles(launches, q=q, k=k, v=v, o=o, do=do, dq=q.grad, dk=k.grad, dv=v.grad)
+        del launches[:]
+        return type(o.grad_fn).__name__, got
+
+    direct = run()
+    with monkeypatch.context() as m:
+        m.setattr(torch_ops, "_direct", lambda *xs: False)
+        ops = run()
+    assert direct[0] == "_AttentionBackward" and "attention_fwd" in ops[0]
+    assert direct[1] == ops[1] and len(ops[1]) == 4
+
+
+def test_bad_input_after_a_cached_call_still_gets_its_error(gpu):
+    """A key's plan is stored only after its checks passed, and what a key does not fix (contiguity)
+    is checked on every call: after good calls, each bad input still gets its one line, and launches
+    nothing."""
+    from fa_hw.backward import enqueue_backward
+    from fa_hw.forward import enqueue_forward
+
+    q, k, v, do = (torch.from_numpy(a) for a in _problem())
+    o, lse = enqueue_forward(q, k, v, causal=True, scale=1.0)
+    for _ in range(2):
+        enqueue_backward(q, k, v, o, lse, do, True, 1.0, False)
+    n = len(gpu.log)
+    strided = do.transpose(2, 3).contiguous().transpose(2, 3)
+    bad_bwd = [
+        ((q, k, v, o, lse, strided, True, 1.0, False), r"do must be a contiguous float16 torch tensor on cpu, got "
+                                                       r"float16 on cpu, strides"),
+        ((q, k, v, o, lse, do, 1, 1.0, False), r"causal must be True or False, got 1"),
+        ((q, k, v, o, lse, do, True, True, False), r"scale must be a positive finite number, got True"),
+        ((q, k, v, o, lse, do, True, 1.0, 0), r"deterministic must be True or False, got 0"),
+        ((q, k, v, o, lse.double(), do, True, 1.0, False), r"lse must be float32"),
+        ((q, k, v, o, lse, do.to("meta"), True, 1.0, False), r"do is on the meta device"),
+        ((q, k, v, o, lse, do.numpy(), True, 1.0, False), r"do must be a contiguous float16 torch tensor"),
+        ((q, k, v, o, lse, do, True, [1.0], False), r"scale must be a positive finite number, got \[1.0\]"),
+    ]
+    for args, want in bad_bwd:
+        with pytest.raises(ValueError, match=want):
+            enqueue_backward(*args)
+    enqueue_forward(q, k, v, causal=True, scale=1.0)
+    bad_fwd = [
+        ((q.transpose(2, 3).contiguous().transpose(2, 3), k, v, True, 1.0), r"q must be a contiguous float16 torch "
+                                                                           r"tensor on cpu, got float16 on cpu, strides"),
+        ((q, k, v, 1, 1.0), r"causal must be True or False, got 1"),
+        ((q, k, v, True, True), r"scale must be a positive finite number, got True"),
+        ((q, k, v.float(), True, 1.0), r"v must be a contiguous float16 torch tensor on cpu, got float32"),
+    ]
+    for args, want in bad_fwd:
+        with pytest.raises(ValueError, match=want):
+            enqueue_forward(*args)
+    assert gpu.log[n:] == ["launch fa2_fwd_kernel"]  # the one good forward call in between
+
+
+def test_host_overhead_fake_mode_times_every_layer_and_puts_the_gpu_back():
+    """experiments/host_overhead.py --fake: every layer timed, each call launching its kernels (one
+    forward, three backward), and fa_hw as it was afterwards (nothing faked left behind)."""
+    from experiment_scripts import load
+
+    ho = load("host_overhead")
+    before = (cuda_core.launch, runtime.device, runtime.torch_stream, runtime.load_kernel, hw_backward.load_backward,
+              hw_backward._PLANS, hw_forward._PLANS, tensors.KERNEL_DEVICE)
+    out = ho.fake_report((4, 8, 300, 64), causal=True, calls=2)
+    assert set(out) == {"backward (autograd.grad)", "  attention_bwd op", "  enqueue_backward",
+                        "forward (fa_hw.attention)", "  attention_fwd op", "  enqueue_forward"}
+    assert all(us > 0 for us, _ in out.values())
+    assert [n for _, n in out.values()] == [3, 3, 3, 1, 1, 1]
+    after = (cuda_core.launch, runtime.device, runtime.torch_stream, runtime.load_kernel, hw_backward.load_backward,
+             hw_backward._PLANS, hw_forward._PLANS, tensors.KERNEL_DEVICE)
+    assert all(a is b for a, b in zip(before, after))
 
 
 def test_kernels_are_loaded_once_per_build(monkeypatch):
@@ -348,3 +504,18 @@ def test_torch_compile_through_the_async_ops(cuda):
     assert np.array_equal(_bits(o), _bits(fwd.o))
     for name, g in zip(("dq", "dk", "dv"), got):
         assert np.array_equal(_bits(g), _bits(getattr(want, name))), name
+
+
+@pytest.mark.gpu
+def test_torch_stream_is_torchs_current_stream(cuda):
+    """runtime.torch_stream (torch's raw current stream, its cuda.core wrapper kept per handle) is the
+    stream torch.cuda.current_stream names, on the default stream and inside torch.cuda.stream(side)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream()
+    for s in (torch.cuda.default_stream(), side):
+        with torch.cuda.stream(s):
+            got = runtime.torch_stream(dev)
+            assert torch.cuda.current_stream().cuda_stream == s.cuda_stream
+        assert got is runtime.foreign_stream(s.cuda_stream)
+        if s.cuda_stream:  # 0: the legacy default stream, cuda.core's LEGACY_DEFAULT_STREAM
+            assert int(got.handle) == s.cuda_stream

@@ -79,6 +79,64 @@ def test_gradcheck_float64(shape, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_direct_eager_path_equals_the_ops_bit_for_bit(monkeypatch, causal):
+    """Plain eager autograd runs the ops' implementations without the dispatcher (torch_ops._direct,
+    _Attention); the same call through the custom ops gives the same o and gradients, bit for bit
+    (float64 reference path; on the kernels tests/test_hw_async.py checks the launches)."""
+    def run():
+        q, k, v = _qkv(2, 3, 9, 6, 16, seed=4)
+        o = fa_hw.attention(q, k, v, causal=causal, scale=0.4)
+        o.backward(torch.randn(o.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64))
+        return o.grad_fn, [x.detach() for x in (o, q.grad, k.grad, v.grad)]
+
+    fn_direct, direct = run()
+    monkeypatch.setattr(torch_ops, "_direct", lambda *xs: False)
+    fn_ops, ops = run()
+    assert type(fn_direct).__name__ == "_AttentionBackward" and "attention_fwd" in type(fn_ops).__name__
+    for a, b in zip(direct, ops):
+        assert torch.equal(a, b)
+
+
+def test_which_path_runs(monkeypatch):
+    """The ops' dispatcher is skipped only in plain eager autograd: a torch dispatch mode sees both ops
+    (it would not see a direct call), and in plain eager neither op is called."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(1, 2, 5, 7, 8)
+    with Seen() as seen:
+        fa_hw.attention(q, k, v, causal=True).sum().backward()
+    assert "flashsim.attention_fwd.default" in seen.ops and "flashsim.attention_bwd.default" in seen.ops
+
+    def refuse(*args):
+        raise AssertionError("the op was called")
+
+    monkeypatch.setattr(torch_ops, "attention_fwd", refuse)
+    monkeypatch.setattr(torch_ops, "attention_bwd", refuse)
+    q, k, v = _qkv(1, 2, 5, 7, 8)
+    fa_hw.attention(q, k, v, causal=True).sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_double_backward_is_refused_on_both_paths():
+    """create_graph=True keeps grad mode on in the backward, where the op runs (its autograd kernel):
+    a gradient of the gradients is the op's error, as before the direct path existed."""
+    q, k, v = _qkv(1, 2, 5, 7, 8)
+    o = fa_hw.attention(q, k, v, causal=True)
+    (dq,) = torch.autograd.grad(o.sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_reference_path_equals_sdpa(causal):
     """The float64 path is attention itself: torch's SDPA (top-left causal) gives the same O and grads."""
     q, k, v = _qkv(1, 2, 9, 6, 16)
