@@ -1,13 +1,15 @@
 """Nsight Compute counters of a few forward launches, gathered into one JSON file: the seed kernel,
-two edits of fa2_fwd.cu that keep a loop rolled (local memory), and the m64n64d64w4 config in its
-three shared-memory layouts (bank conflicts), all at (4, 16, 2048, 64) non-causal.
+two edits of fa2_fwd.cu that keep a loop rolled (local memory), the m64n64d64w4 config in its
+three shared-memory layouts (bank conflicts) and the seed with softcap 30, all at (4, 16, 2048, 64)
+non-causal.
 
     python experiments/ncu_counters.py --out OUT      # on a GPU with ncu: OUT/ncu_layouts_edits.json
 
 Each launch is `fa hw` under `ncu --metrics METRICS --csv -k regex:fa2_fwd -c 1` (one profiled
 kernel launch per process). METRICS: time, registers, warps active, local-memory requests and
 sectors with their L1 hit rates, L2 sectors from the L1, DRAM bytes, shared-memory wavefronts and
-bank conflicts, instructions, SM cycles and the stall reasons per issued instruction
+bank conflicts, instructions, SM cycles, issue activity, the xu / fma / alu / tensor pipes' instruction
+rates against their peaks, the shared-memory data pipe's load and the stall reasons per issued instruction
 (smsp__average_warps_issue_stalled_*_per_issue_active). The JSON maps each launch's name to
 {metric: value} (numbers as Nsight Compute prints them, thousands separators removed), beside the
 GPU's name and this command.
@@ -35,6 +37,9 @@ LAUNCHES = {
     "m64n64d64w4-swizzled": M64 + ["--smem", "swizzled"],
     "m64n64d64w4-padded": M64 + ["--smem", "padded"],
     "m64n64d64w4-plain": M64 + ["--smem", "plain"],
+    # issue 38's softcap (docs/timing.md, "Features"): the model takes it 13 % fast on this shape; its pipe
+    # utilisations and stall reasons beside the seed's say where the GPU spends the extra MUFU time
+    "softcap30 (seed config)": ["--softcap", "30"],
 }
 STALLS = ("long_scoreboard", "short_scoreboard", "lg_throttle", "mio_throttle", "barrier", "wait",
           "math_pipe_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction")
@@ -45,6 +50,11 @@ METRICS = (
     "l1tex__t_sector_pipe_lsu_mem_local_op_st_hit_rate.pct", "lts__t_sectors_srcunit_tex.sum",
     "dram__bytes_read.sum", "dram__bytes_write.sum", "smsp__inst_executed.sum", "smsp__cycles_active.avg",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active", "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
 ) + tuple(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
 
 

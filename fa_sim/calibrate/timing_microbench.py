@@ -11,7 +11,10 @@ MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma p
 shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one;
 MUFU.RCP's latency and div.rn.f32's (the softcap's tanh: MUFU.RCP, FCHK, FFMAs, a branch around
 the slow path) dependent chain and rate, which tests/data/h200/timing_microbench.json does not hold
-yet (run --measure on a GPU).
+yet (run --measure on a GPU); and for the softcap's error (docs/timing.md, "Features"), recorded on
+no GPU yet: MUFU.RCP's rate, MUFU.EX2's with four warps per sub-partition, the softcap's tanh chain
+(MUFU.EX2, FADD, MUFU.RCP, FFMA) alone, beside HMMAs and MUFU.EX2 beside ldmatrix (tests/test_timing_model.py
+holds each one's SASS mix and the model's cycles where the XU bounds them).
 --measure records the cycles between the two clock reads of every warp; a benchmark's time is its
 slowest warp's (median over 20 launches: the block is done when every warp is).
 The model runs the same cubin's SASS (NVRTC for sm_90, decoded by fa_sim.timing.sass) on its SM
@@ -68,6 +71,12 @@ RCP = '    asm volatile("rcp.approx.ftz.f32 %0, %0;\\n\\tadd.ftz.f32 %0, %0, 0f3
 DIV = '    asm volatile("div.rn.f32 %0, %0, %1;" : "+f"(fJ) : "f"(f0 + 1.5f));'
 LDSM = ('    { unsigned x0, x1, x2, x3; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" '
         ': "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr + STEP * I)); r0 ^= x0 ^ x1 ^ x2 ^ x3; }')
+# the softcap's tanh as fa2_fwd.cu computes it per score (tanh_ex2 after the fmul): MUFU.EX2, FADD, MUFU.RCP,
+# FFMA; the chain stays in (-1, 1)
+TANH = ('    asm volatile("mul.f32 %0, %0, 0f3E000000;\\n\\tex2.approx.ftz.f32 %0, %0;\\n\\tadd.f32 %0, %0, 0f3F800000;'
+        '\\n\\trcp.approx.ftz.f32 %0, %0;\\n\\tfma.rn.f32 %0, %0, 0fC0000000, 0f3F800000;" : "+f"(fJ));')
+# an ldmatrix per chain and repeat, each at its own address (STEP apart)
+LDSM_J = LDSM.replace("STEP * I", "STEP * (8 * I + J)")
 
 # name: (statement, chains J, repeats I, warps, the address each lane gives ldmatrix, its step per repeat);
 # every ldmatrix reads other addresses (ptxas merges loads of one address); rows 16 bytes apart are
@@ -81,6 +90,15 @@ BENCHES = {
     "rcp_latency": (RCP, 1, 128, 4, "0", 0),
     "div_latency": (DIV, 1, 32, 4, "0", 0),
     "div_rate": (DIV, 8, 8, 16, "0", 0),
+    # the softcap's MUFU load (issue 38): MUFU.RCP's rate (as ex2_rate), MUFU.EX2's rate with four warps per
+    # sub-partition sharing its XU, the softcap's tanh chain in 16 warps alone, beside two HMMAs per tanh
+    # (do the XU and the tensor pipe overlap?) and two MUFU.EX2 beside an ldmatrix.x4 (do MUFU and
+    # shared-memory loads queue behind each other in the MIO?); not yet recorded (run --measure on a GPU)
+    "rcp_rate": (RCP, 8, 32, 4, "0", 0),
+    "ex2_rate_16w": (EX2, 8, 8, 16, "0", 0),
+    "tanh_rate_16w": (TANH, 8, 8, 16, "0", 0),
+    "tanh_hmma_16w": (TANH + "\n" + MMA + "\n" + MMA, 4, 16, 16, "0", 0),
+    "ex2_ldsm_16w": (EX2 + "\n" + EX2 + "\n" + LDSM_J, 4, 8, 16, "(lane * 16) % 512", 256),
     "ldsm_rate": (LDSM, 1, 63, 16, "(lane * 16) % 512", 256),
     "ldsm_8way": (LDSM, 1, 32, 16, "(lane * 128) % 4096", 16),
 }
