@@ -32,11 +32,11 @@ causal flag the candidates' ms and ratios, and the chosen entries), rewritten af
 that a run stopped by --budget-s (no new shape starts past it) keeps what it measured.
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
-3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 10-14 candidates per head_dim (7-12 before the
-softmax "ffma" ones) that is about 110 s of backward passes on an H100 at the default's speed, plus
-the builds (compiled first, in parallel processes) and the forward passes: about 2.5 minutes; give
-the step TUNEBWD_S=300 TUNEBWD_BUDGET=260 in device_round36.sh (its defaults, 200 and 170, may stop
-before the last shapes: --budget-s starts no shape past it, and the table keeps what was measured).
+3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 18-22 candidates per head_dim on sm_90 (10-14
+before the dq_red ones, 7-12 before the softmax "ffma" ones) that is about 170 s of backward passes on
+an H100 at the default's speed, plus the builds (compiled first, in parallel processes) and the
+forward passes: about 4 minutes; device_round36.sh's step gives it TUNEBWD_S=420 TUNEBWD_BUDGET=380 by
+default (--budget-s starts no shape past it, and the table keeps what was measured).
 """
 
 from __future__ import annotations

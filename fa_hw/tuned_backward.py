@@ -37,9 +37,9 @@ tests/test_backward_tiles.py checks them bit for bit on the PTX engine); the ato
 one partial per K/V block, so block_n changes its order, within the same bound. The softmax form
 does change them: an "ffma" candidate computes the bits of BackwardConfig(head_dim, softmax="ffma")
 (its own P), within the same bound of float64. dq_red (2, 4: sm_90's red.global.add.v2/.v4.f32 for the
-atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum element; a table for an
-arch before sm_90 cannot hold it (Entry.config refuses nothing, but `candidates(d, arch=...)` leaves it out
-and compile_backward refuses it).
+atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum element; before sm_90
+`candidates(d, arch=...)` leaves it out and compile_backward refuses it (so tune_bwd.py never writes it
+into an older GPU's table).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ FFMA_MIN_BLOCK_M, FFMA_N_WARPS = 64, 8
 #: of block_m >= 64 with one Q stage (the tiles that won on the H100; two stages lost everywhere). Why: the
 #: timing model's stalls of the winners at (8, 16, 2048, 64) and (4, 16, 2048, 128) are led by lg_throttle
 #: (the 32 scalar reds per thread and Q block queueing on the L2's atomic units) and the barrier the other
-#: warps wait at meanwhile (experiments/tune_bwd_h100.md's "Where the time goes"); v2 halves the requests,
+#: warps wait at meanwhile (docs/backward.md, "Where the main kernel's time goes"); v2 halves the requests,
 #: v4 halves them again for two shuffles and six selects per n8 tile.
 DQ_RED_MIN_BLOCK_M, DQ_RED_N_WARPS = 64, 8
 TILES = {
