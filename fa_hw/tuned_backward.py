@@ -101,14 +101,18 @@ def _softmaxes(d: int, bm: int, nw: int) -> tuple[str, ...]:
     return SOFTMAX_FORMS if ffma else SOFTMAX_FORMS[:1]
 
 
-def _dq_reds(d: int, bm: int, nw: int, st: int) -> tuple[int, ...]:
+#: (head_dim, block_m, n_warps, softmax, dq_red) left out because ptxas spills it (sm_90: 8 bytes of local memory)
+DQ_RED_SPILLS = {(96, 128, 8, "ffma", 4)}
+
+
+def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[int, ...]:
     vec = d <= 128 and nw == DQ_RED_N_WARPS and bm >= DQ_RED_MIN_BLOCK_M and st == 1
-    return DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1]
+    return tuple(r for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1]) if (d, bm, nw, sm, r) not in DQ_RED_SPILLS)
 
 
 CANDIDATES = {d: tuple((bm, nw, st, sm, red) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
                        for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
-                       for red in _dq_reds(d, bm, nw, st))
+                       for red in _dq_reds(d, bm, nw, st, sm))
               for d, tiles in TILES.items()}
 
 
