@@ -53,8 +53,8 @@ from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_MIN_ARCH, DQ_RED_WID
 from .tuned import SIZE_CLASSES, TABLE_FORMAT, TUNED_DIR, TableFile, size_class
 
 BWD_TUNED_DIR = TUNED_DIR / "backward"
-#: (block_m, n_warps, q_stages, softmax) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
-#: (q_stages 1, softmax fmul_fsub). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
+#: (block_m, n_warps, q_stages, softmax, dq_red) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
+#: (q_stages 1, softmax fmul_fsub, dq_red 1). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
 #: loading under the whole round instead of under the dQ GEMM alone, as FlashAttention-2's backward
 #: does; each tile below is timed with 1 and 2 stages where two fit (`tiles`). Every one
 #: compiles for sm_90 without spills in both dQ modes, causal or not, fp16 and bf16 (at most 255
