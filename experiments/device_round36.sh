@@ -89,7 +89,7 @@ for s in $STEPS; do case $s in
     timeout "$(lim 60)" python3 experiments/host_overhead.py --shape 32,8,1000,32 --causal --profile 2>&1 | head -45 | tee -a "$OUT/summary.txt"
     timeout "$(lim 40)" python3 experiments/host_overhead.py --shape 8,32,2048,64 2>&1 | tail -3 | tee -a "$OUT/summary.txt" ;;
   tunebwd) log tunebwd "$GPU"
-    timeout "$(lim ${TUNEBWD_S:-280})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-240} 2>&1 \
+    timeout "$(lim ${TUNEBWD_S:-420})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-380} 2>&1 \
       | tail -40 | tee -a "$OUT/summary.txt"
     timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
       2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;

@@ -4,7 +4,8 @@
     choice = fa_hw.tuned_backward.lookup(64, False, 4096, gpu="NVIDIA H100 80GB HBM3", arch="sm_90")
     choice.config, choice.source
 
-Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax)
+Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax,
+dq_red)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
@@ -12,9 +13,10 @@ forward table), named by fa_hw.device.gpu_key:
 
     {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "nvrtc": "13.0", "entries": [
       {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8, "q_stages": 2,
-       "softmax": "ffma", "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
+       "softmax": "ffma", "dq_red": 2, "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
 
-(softmax: BackwardConfig.softmax, "fmul_fsub" when absent: tables written before it existed.)
+(softmax: BackwardConfig.softmax, "fmul_fsub" when absent; dq_red: BackwardConfig.dq_red, 1 when absent: tables
+written before they existed.)
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
 vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
@@ -36,7 +38,10 @@ same k16 segments of queries, or keys, in ascending order in one fp32 accumulato
 tests/test_backward_tiles.py checks them bit for bit on the PTX engine); the atomic mode's dQ sums
 one partial per K/V block, so block_n changes its order, within the same bound. The softmax form
 does change them: an "ffma" candidate computes the bits of BackwardConfig(head_dim, softmax="ffma")
-(its own P), within the same bound of float64.
+(its own P), within the same bound of float64. dq_red (2, 4: sm_90's red.global.add.v2/.v4.f32 for the
+atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum element; before sm_90
+`candidates(d, arch=...)` leaves it out and compile_backward refuses it (so tune_bwd.py never writes it
+into an older GPU's table).
 """
 
 from __future__ import annotations
@@ -44,13 +49,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fa_sim.contract.backward import DEFAULT_TILES, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig
+from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_MIN_ARCH, DQ_RED_WIDTHS, HEAD_DIMS, SOFTMAX_FORMS,
+                                      BackwardConfig)
 
 from .tuned import SIZE_CLASSES, TABLE_FORMAT, TUNED_DIR, TableFile, size_class
 
 BWD_TUNED_DIR = TUNED_DIR / "backward"
-#: (block_m, n_warps, q_stages, softmax) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
-#: (q_stages 1, softmax fmul_fsub). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
+#: (block_m, n_warps, q_stages, softmax, dq_red) that experiments/tune_bwd.py times per head_dim, DEFAULT_TILES' first
+#: (q_stages 1, softmax fmul_fsub, dq_red 1). q_stages 2 double-buffers the Q block (Q, dO, LSE, D: FA_Q_STAGES), the next one
 #: loading under the whole round instead of under the dQ GEMM alone, as FlashAttention-2's backward
 #: does; each tile below is timed with 1 and 2 stages where two fit (`tiles`). Every one
 #: compiles for sm_90 without spills in both dQ modes, causal or not, fp16 and bf16 (at most 255
@@ -64,6 +70,13 @@ BWD_TUNED_DIR = TUNED_DIR / "backward"
 #: SASS instructions of a block_m 128 iteration): the 8-warp tiles of block_m >= 64, those that won on the H100
 #: (experiments/tune_bwd_h100.md)
 FFMA_MIN_BLOCK_M, FFMA_N_WARPS = 64, 8
+#: the tiles also timed with vector dQ reductions (dq_red 2 and 4: FA_DQ_RED, sm_90): the same 8-warp tiles
+#: of block_m >= 64 with one Q stage (the tiles that won on the H100; two stages lost everywhere). Why: the
+#: timing model's stalls of the winners at (8, 16, 2048, 64) and (4, 16, 2048, 128) are led by lg_throttle
+#: (the 32 scalar reds per thread and Q block queueing on the L2's atomic units) and the barrier the other
+#: warps wait at meanwhile (docs/backward.md, "Where the main kernel's time goes"); v2 halves the requests,
+#: v4 halves them again for two shuffles and six selects per n8 tile.
+DQ_RED_MIN_BLOCK_M, DQ_RED_N_WARPS = 64, 8
 TILES = {
     32: ((64, 4), (32, 4), (64, 8), (128, 8)),
     64: ((64, 4), (32, 4), (32, 8), (64, 8), (128, 8)),
@@ -90,16 +103,28 @@ def _softmaxes(d: int, bm: int, nw: int) -> tuple[str, ...]:
     return SOFTMAX_FORMS if ffma else SOFTMAX_FORMS[:1]
 
 
-CANDIDATES = {d: tuple((bm, nw, st, sm) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
-                       for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st))
+#: (head_dim, block_m, n_warps, softmax, dq_red) left out because ptxas spills it (sm_90: 8 bytes of local memory)
+DQ_RED_SPILLS = {(96, 128, 8, "ffma", 4)}
+
+
+def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[int, ...]:
+    vec = d <= 128 and nw == DQ_RED_N_WARPS and bm >= DQ_RED_MIN_BLOCK_M and st == 1
+    return tuple(r for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1]) if (d, bm, nw, sm, r) not in DQ_RED_SPILLS)
+
+
+CANDIDATES = {d: tuple((bm, nw, st, sm, red) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
+                       for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
+                       for red in _dq_reds(d, bm, nw, st, sm))
               for d, tiles in TILES.items()}
 
 
-def candidates(head_dim: int, dtype: str = "fp16") -> list[BackwardConfig]:
-    """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses)."""
+def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> list[BackwardConfig]:
+    """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses); with
+    `arch` ("sm_80", "sm_90", ...) only those that compile for it (dq_red 2, 4 need sm_90)."""
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
-    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm)
-            for bm, nw, st, sm in CANDIDATES[head_dim]]
+    vec_ok = arch is None or int("".join(ch for ch in arch if ch.isdigit()) or 0) >= DQ_RED_MIN_ARCH
+    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red)
+            for bm, nw, st, sm, red in CANDIDATES[head_dim] if red == 1 or vec_ok]
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,7 @@ class Entry:
     vs_flash: float | None = None
     shapes: tuple = ()
     softmax: str = SOFTMAX_FORMS[0]  # BackwardConfig.softmax (last: the positional fields keep their places)
+    dq_red: int = 1  # BackwardConfig.dq_red
 
     @property
     def key(self) -> tuple[int, bool, str]:
@@ -123,11 +149,11 @@ class Entry:
 
     def config(self, dtype: str = "fp16") -> BackwardConfig:
         return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
-                              q_stages=self.q_stages, softmax=self.softmax)
+                              q_stages=self.q_stages, softmax=self.softmax, dq_red=self.dq_red)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
-                "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
+                "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "dq_red": self.dq_red, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
     @classmethod
@@ -138,7 +164,7 @@ class Entry:
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
         out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
                   data.get("vs_default"), data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())),
-                  str(data.get("softmax", SOFTMAX_FORMS[0])))
+                  str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out
 

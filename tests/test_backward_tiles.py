@@ -28,14 +28,15 @@ OTHERS = [(d, *c) for d, cands in CANDIDATES.items() for c in cands[1:]]
 
 
 def _ids(cases):
-    return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") for d, bm, nw, st, sm in cases]
+    return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") + (f"-r{red}" if red != 1 else "")
+            for d, bm, nw, st, sm, red in cases]
 
 
 @pytest.mark.parametrize("tiles", ALL, ids=_ids(ALL))
 def test_every_candidate_compiles_for_sm90_without_spills(tiles):
-    d, bm, nw, st, sm = tiles
-    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm), causal, det,
-                            "sm_90")
+    d, bm, nw, st, sm, red = tiles
+    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red),
+                            causal, det, "sm_90")
               for dtype in ("fp16", "bf16") for causal in (False, True) for det in (False, True)]
     for build in builds:
         usage = compile_backward(build).usage
@@ -51,10 +52,10 @@ def _bits(a):
 
 @pytest.mark.parametrize("tiles", OTHERS, ids=_ids(OTHERS))
 def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
-    d, bm, nw, st, sm = tiles
+    d, bm, nw, st, sm, red = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red)
     base = BackwardConfig(d, softmax=sm)  # the default tiles of the same softmax form
     assert cfg != base and nq % bm and nk % cfg.block_n  # tails in both directions
     for det in (True, False):
@@ -65,6 +66,39 @@ def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
         for name in same:
             assert np.array_equal(_bits(getattr(got, name)), _bits(getattr(want, name))), (name, det)
         _assert_within_bound(got, q, k, v, do, causal, ulps=64 if d >= 96 else 41)  # test_backward's caps
+
+
+VECTOR_RED = [(d, *c) for d, cands in CANDIDATES.items() for c in cands if c[4] != 1 and c[3] == "fmul_fsub"]
+
+
+@pytest.mark.parametrize("tiles", VECTOR_RED, ids=_ids(VECTOR_RED))
+def test_vector_dq_reductions_add_the_scalar_forms_terms_on_the_engine_as_compiled_for_sm90(tiles):
+    """dq_red 2 and 4 (red.global.add.v2/.v4.f32, sm_90): the PTX NVRTC emits for sm_90, run on the PTX
+    engine (causal, Nq = 70, Nk = 90: tails both ways, the v4 form's odd lanes on the guarded row
+    g + 8), gives the scalar form's dQ, dK and dV bit for bit - each dQ_accum element gets the same
+    adds in the same CTA order (the engine applies a vector reduction as its elements' scalar ones) -
+    and has no hazard (the v4 form's lane exchange is a shuffle: no shared memory)."""
+    from fa_sim.backward import backward_launches
+    from fa_sim.contract.nvrtc import compile_ptx
+    from fa_sim.ptx import launch
+
+    d, bm, nw, st, sm, red = tiles
+    nq, nk, causal = 70, 90, True
+    q, k, v, o, lse, do = _problem(nq, nk, d, causal)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red)
+    want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=False,
+                             config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm))
+    launches, _, out = backward_launches(q, k, v, o, lse, do, causal, None, False, config=cfg)
+    hz = HazardChecker()
+    for ln in launches:
+        ptx = compile_ptx(BWD_PATH.read_text(), name=str(BWD_PATH), arch="sm_90", macros=ln.macros)
+        assert ln.kernel != "fa2_bwd_kernel" or f"red.global.add.v{red}.f32" in ptx
+        launch(ptx, ln.grid, ln.block, ln.smem_bytes, ln.args, kernel=ln.kernel, observers=[hz])
+    assert hz.report().ok, hz.report().hazards[:3]
+    for name in ("dq", "dk", "dv"):
+        assert np.array_equal(_bits(out[name]), _bits(getattr(want, name))), name
+    with pytest.raises(ValueError, match=f"dq_red={red} .* needs sm_90"):
+        compile_backward(BackwardBuild(cfg, causal, False, "sm_80"))
 
 
 @pytest.mark.parametrize("softmax", SOFTMAX_FORMS)
@@ -219,8 +253,18 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
         r["runs_ms"]["64x8s2f"] = [1.0, 1.0]
     (entry,) = tune.choose(recs)
     assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == (64, 8, 2, "ffma")
-    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub")
-    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k != "64x8s2f"}} for r in recs]
+    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub", 1)
+    assert tune._label(128, 8, 1, "ffma", 4) == "128x8s1fr4" and tune._parse_label("64x8s1r2") == \
+        (64, 8, 1, "fmul_fsub", 2)
+    for r in recs:  # a vector-reduction candidate ahead of all: dq_red reaches the entry and its table
+        r["runs_ms"]["128x8s1fr2"] = [0.9, 0.9]
+    (entry,) = tune.choose(recs)
+    assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax, entry.dq_red) == (128, 8, 1, "ffma", 2)
+    table = Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")
+    assert Table.from_json(table.to_json()).entries[0].config() == \
+        BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=2)
+    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2")}}
+            for r in recs]
     (entry,) = tune.choose(recs)
     assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2
     table = Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")

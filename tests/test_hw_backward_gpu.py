@@ -155,7 +155,8 @@ def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, hea
     """fa_hw.tuned_backward's candidates (what experiments/tune_bwd.py times and fa_hw.attention may
     run): deterministic mode bit for bit the PTX engine's run of the default tiles with the candidate's
     softmax form (the tiles and Q stages change no bit: docs/backward.md section 2; softmax "ffma"
-    computes P by fma.rn, other bits that the engine models), the atomic mode's dK, dV too;
+    computes P by fma.rn, other bits that the engine models), the atomic mode's dK, dV too, and its dQ
+    within the derived bound of float64 (the vector reductions of dq_red 2, 4 on sm_90 among them);
     config="auto" runs a candidate."""
     import fa_sim
     from fa_hw.tuned_backward import candidates
@@ -164,7 +165,9 @@ def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, hea
     q, k, v, o, lse, do = _problem(1, 2, 70, 90, head_dim, True, seed=3)
     sims = {sm: fa_sim.simulate_backward(q, k, v, o, lse, do, causal=True, deterministic=True, mma_model="h200",
                                          config=BackwardConfig(head_dim, softmax=sm)) for sm in SOFTMAX_FORMS}
-    for cfg in candidates(head_dim):
+    dq_ref, _, _, bq, _, _ = attention_backward(q, k, v, do, causal=True, bound=True)
+    cands = candidates(head_dim, arch=fa_hw.runtime.device_arch())  # dq_red 2, 4 where they compile (sm_90)
+    for cfg in cands:
         sim = sims[cfg.softmax]
         for det in (True, False):
             hw = fa_hw.backward(q, k, v, o, lse, do, causal=True, deterministic=det, config=cfg)
@@ -172,8 +175,11 @@ def test_every_tuning_candidate_computes_the_simulators_bits_on_the_gpu(gpu, hea
             for name in ("dq", "dk", "dv") if det else ("dk", "dv"):
                 a, s = _bits(getattr(hw, name)), _bits(getattr(sim, name))
                 assert np.array_equal(a, s), f"{cfg.describe()} {name}: {int((a != s).sum())} elements differ"
+            if not det:
+                err = np.abs(hw.dq.astype(np.float64) - dq_ref)
+                assert (err <= bq).all(), f"{cfg.describe()} atomic dQ: error {err.max():.3g} over the bound"
     auto = fa_hw.backward(q, k, v, o, lse, do, causal=True, config="auto")
-    assert auto.config in candidates(head_dim)
+    assert auto.config in cands
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -245,3 +245,35 @@ def test_atomics_apply_in_thread_order_and_return_old_values():
             want = np.float32(want + np.float32(0.5 * t))
     assert fsum[0] == want
     assert smax.tolist() == [max(t * 37 % 101 for t in range(64))] * 2
+
+
+# sm_90's vector reductions (PTX ISA 8.1): fa2_bwd.cu's dQ in atomic mode on sm_90. Two CTAs of 32 threads
+# add into 8 slots per form, 8 threads a slot: the sums are the scalar adds in thread order.
+RED_VEC = r"""
+extern "C" __global__ void k(float* acc, const float* x, int skew) {
+  const int t = threadIdx.x + blockDim.x * blockIdx.x;
+  const float a = x[2 * t], b = x[2 * t + 1];
+  float* p = acc + 4 * (t % 8) + skew;
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(a), "f"(b) : "memory");
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p + 32), "f"(b), "f"(a), "f"(a), "f"(b)
+               : "memory");
+}
+"""
+
+
+def test_vector_reductions_of_sm90_add_each_element_in_thread_order():
+    from fa_sim.contract.nvrtc import compile_ptx
+
+    ptx = compile_ptx(RED_VEC, name="red_vec.cu", arch="sm_90")
+    assert "red.global.add.v2.f32" in ptx and "red.global.add.v4.f32" in ptx
+    x = np.random.default_rng(3).standard_normal(2 * 64).astype(np.float32)
+    acc = np.zeros(64, np.float32)
+    launch(ptx, grid=2, block=32, args=[acc, x, np.int32(0)])
+    want = np.zeros(64, np.float32)
+    for t in range(64):  # thread order, each element one fp32 add
+        a, b, s = x[2 * t], x[2 * t + 1], 4 * (t % 8)
+        for at, v in ((s, a), (s + 1, b), (32 + s, b), (33 + s, a), (34 + s, a), (35 + s, b)):
+            want[at] = np.float32(want[at] + v)
+    np.testing.assert_array_equal(acc, want)
+    with pytest.raises(KernelFault, match="aligned"):  # v2 at 4 bytes past an 8-byte boundary
+        launch(ptx, grid=2, block=32, args=[np.zeros(80, np.float32), x, np.int32(1)])

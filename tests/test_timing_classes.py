@@ -226,3 +226,20 @@ def test_estimates_are_close_to_the_counts():
     est = estimated_cta_instructions(BackwardConfig(96), 300, 300, True, False)
     for name, p in pred.kernels.items():
         assert float(est[name].sum()) == pytest.approx(p.instructions, rel=0.10), name
+
+
+def test_a_backward_config_reaches_the_timed_launches_and_keeps_its_own_cache_entries(tmp_path, monkeypatch):
+    """predict_backward_seeded(config=): the tuned candidate's launches are timed (its grid of
+    block_n = 16 n_warps keys per CTA, its build's macros: FA_DQ_RED for dq_red 2), each with its own
+    disk-cache entries; the default's are left as they were."""
+    from fa_sim.contract.backward import BackwardConfig
+
+    monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path))
+    base = predict_backward_seeded(1, 1, 256, 256, 64)
+    n = len(list((tmp_path / "timing-launches").glob("*.json")))
+    cfg = BackwardConfig(64, block_m=64, n_warps=8, dq_red=2)
+    tuned = predict_backward_seeded(1, 1, 256, 256, 64, config=cfg)
+    main = "fa2_bwd_kernel"
+    assert base.kernels[main].notes["ctas"] == 4 and tuned.kernels[main].notes["ctas"] == 2  # 64 and 128 keys a CTA
+    assert len(list((tmp_path / "timing-launches").glob("*.json"))) == n + 3
+    assert predict_backward_seeded(1, 1, 256, 256, 64).to_json() == base.to_json()

@@ -50,6 +50,13 @@
 //   FA_SOFTMAX_FFMA                                the exp2 argument of P as one fma.rn, fma(S, s log2(e),
 //                                                  -log2(e) LSE) (BackwardConfig.softmax "ffma": one instruction
 //                                                  less per score, other bits); 0: fmul then fsub (the default)
+//   FA_DQ_RED                                      fp32 elements per dQ reduction of the atomic mode
+//                                                  (BackwardConfig.dq_red): 1 red.global.add.f32 (the
+//                                                  default, any arch); 2 red.global.add.v2.f32 of the
+//                                                  thread's column pair; 4 red.global.add.v4.f32 of four
+//                                                  columns after one exchange with the neighbour lane (2, 4:
+//                                                  sm_90, PTX ISA 8.1). Each dQ_accum element still gets one
+//                                                  add per (CTA, Q block): the same terms, fewer requests
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -97,6 +104,12 @@ typedef unsigned long long u64;
 #endif
 #ifndef FA_SOFTMAX_FFMA
 #define FA_SOFTMAX_FFMA 0
+#endif
+#ifndef FA_DQ_RED
+#define FA_DQ_RED 1
+#endif
+#if FA_DQ_RED != 1 && FA_DQ_RED != 2 && FA_DQ_RED != 4
+#error "FA_DQ_RED is 1, 2 or 4 (fp32 elements per dQ reduction)"
 #endif
 #if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
 #define FA_HALF "bf16"
@@ -238,6 +251,15 @@ __device__ __forceinline__ void stg32(void* ptr, u32 v) {
 }
 __device__ __forceinline__ void red_add_f32(float* ptr, float v) {
   asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(ptr), "f"(v) : "memory");
+}
+// sm_90's vector reductions (FA_DQ_RED 2, 4): one request for 2 (ptr 8-byte aligned) or 4 (16-byte
+// aligned) consecutive fp32, each element added atomically on its own (PTX ISA 8.1, red).
+__device__ __forceinline__ void red_add_f32x2(float* ptr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void red_add_f32x4(float* ptr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
 }
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -621,15 +643,38 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     const int wm = warp % kWM, wn = warp / kWM;
     const int qrow = row0 + 16 * wm + lane / 4;
     float* gdQt = gdQ + (u64)qrow * kHeadDim + 8 * kQN * wn + 2 * (lane % 4);
+#if FA_DQ_RED == 4
+    // Lanes 2i and 2i + 1 (tq even, odd) hold columns 2tq, 2tq + 1 of rows g and g + 8; one exchange
+    // gives the even lane columns 4(tq/2) .. + 3 of row g and the odd lane the same four of row g + 8:
+    // the even lane sends its row g + 8 pair, the odd lane its row g pair. Half the reductions of
+    // FA_DQ_RED 2 for two shuffles per n8 tile; each lane then guards its one row.
+    const bool odd = lane & 1;
+    float* gdQv = gdQt - 2 * odd + (odd ? 8 * kHeadDim : 0);  // 16-byte aligned: column 4 (tq / 2) + 8 nj
+    const bool in = qrow + 8 * odd < seqlen_q;
+#pragma unroll
+    for (int nj = 0; nj < kQN; ++nj) {
+      const float x0 = __shfl_xor_sync(0xffffffffu, odd ? tdQrdQ[nj][0] : tdQrdQ[nj][2], 1);
+      const float x1 = __shfl_xor_sync(0xffffffffu, odd ? tdQrdQ[nj][1] : tdQrdQ[nj][3], 1);
+      // the four values by selects, so that both lanes of a pair issue the same single REDG
+      const float v0 = odd ? x0 : tdQrdQ[nj][0], v1 = odd ? x1 : tdQrdQ[nj][1];
+      const float v2 = odd ? tdQrdQ[nj][2] : x0, v3 = odd ? tdQrdQ[nj][3] : x1;
+      if (in) red_add_f32x4(gdQv + 8 * nj, v0, v1, v2, v3);
+    }
+#else
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       if (qrow + 8 * half < seqlen_q) {
 #pragma unroll
         for (int nj = 0; nj < kQN; ++nj) {
+#if FA_DQ_RED == 2  // the thread's column pair in one request (8-byte aligned: the column is even)
+          red_add_f32x2(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ[nj][2 * half], tdQrdQ[nj][2 * half + 1]);
+#else
           red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ[nj][2 * half]);
           red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj + 1, tdQrdQ[nj][2 * half + 1]);
+#endif
         }
       }
+#endif
 #endif
   }
 

@@ -66,6 +66,13 @@ HEAD_DIMS = tuple(DEFAULT_TILES)
 #: default, whose bits the recorded GPU checkpoints hold; "ffma" x = fma.rn(S, sl2, -lse2), one
 #: instruction less per score and one rounding less (other bits of P, hence of dK, dV, dQ)
 SOFTMAX_FORMS = ("fmul_fsub", "ffma")
+#: fp32 elements per dQ reduction in the atomic mode (fa2_bwd.cu FA_DQ_RED): 1 red.global.add.f32, the
+#: default (any arch, what the recordings ran); 2 red.global.add.v2.f32, 4 red.global.add.v4.f32 (sm_90:
+#: PTX ISA 8.1; a cubin for an older arch is refused). The same terms reach each dQ_accum element (one
+#: per CTA and Q block), in fewer requests to the L2's atomic units; dK, dV and the deterministic mode
+#: are untouched.
+DQ_RED_WIDTHS = (1, 2, 4)
+DQ_RED_MIN_ARCH = 90  # sm_90
 #: head dims the forward runs and the backward refuses, with the reason
 UNSUPPORTED = {256: "each warp keeps dV and dK of its 16 keys x 256 columns in registers, 2 x 16 x 256 / 32 "
                     "= 256 fp32 registers per thread, over the 255 a thread has (ptxas spills them to local "
@@ -83,6 +90,7 @@ class BackwardConfig:
     dtype: str = "fp16"  # the 16-bit type of q, k, v, o, dO and the gradients: fp16 or bf16 (FA_BF16)
     q_stages: int = 1  # Q block buffers of the main kernel (FA_Q_STAGES): 1 as DEFAULT_TILES and the recordings, or 2
     softmax: str = "fmul_fsub"  # the exp2 argument of P (FA_SOFTMAX_FFMA): SOFTMAX_FORMS
+    dq_red: int = 1  # fp32 elements per atomic dQ reduction (FA_DQ_RED): DQ_RED_WIDTHS, 2 and 4 for sm_90
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -94,6 +102,9 @@ class BackwardConfig:
         if self.softmax not in SOFTMAX_FORMS:
             raise ValueError(f"softmax {self.softmax!r} is not a form of the backward's exp2 argument; choose one of "
                              f"{SOFTMAX_FORMS}")
+        if self.dq_red not in DQ_RED_WIDTHS:
+            raise ValueError(f"dq_red must be one of {DQ_RED_WIDTHS} (fp32 elements per atomic dQ reduction), "
+                             f"got {self.dq_red!r}")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages must be 1 or 2 (Q block buffers of the backward's main kernel), "
                              f"got {self.q_stages!r}")
@@ -162,6 +173,7 @@ class BackwardConfig:
         extra = f" {self.dtype}" if self.dtype != DTYPES[0] else ""
         extra += f" q_stages={self.q_stages}" if self.q_stages != 1 else ""
         extra += f" softmax={self.softmax}" if self.softmax != SOFTMAX_FORMS[0] else ""
+        extra += f" dq_red={self.dq_red}" if self.dq_red != 1 else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
@@ -184,6 +196,8 @@ class BackwardBuild:
                    FA_CAUSAL=int(self.causal),
                    FA_DETERMINISTIC=int(self.deterministic), FA_BF16=int(cfg.dtype == "bf16"),
                    FA_SOFTMAX_FFMA=int(cfg.softmax == "ffma"))
+        if cfg.dq_red != 1:  # absent for the default: its builds keep their cache keys
+            out["FA_DQ_RED"] = cfg.dq_red
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
@@ -230,7 +244,12 @@ class CompiledBackward:
 
 def compile_backward(build: BackwardBuild, *, use_cache: bool = True) -> CompiledBackward:
     """The cubin of fa2_bwd.cu for build.arch, through the on-disk cache (keyed by the source text,
-    the macros, the arch and the NVRTC version). CompileError names the build."""
+    the macros, the arch and the NVRTC version). CompileError names the build; a vector dQ reduction
+    (dq_red 2, 4) for an arch before sm_90 is a ValueError before NVRTC runs (ptxas would refuse it)."""
+    arch = int("".join(ch for ch in build.arch if ch.isdigit()) or 0)
+    if build.config.dq_red != 1 and arch < DQ_RED_MIN_ARCH:
+        raise ValueError(f"{build.describe()}: dq_red={build.config.dq_red} (red.global.add.v{build.config.dq_red}.f32) "
+                         f"needs sm_{DQ_RED_MIN_ARCH} or newer; dq_red=1 runs on any arch")
     source = build.source()
     key = cache_key(format=CACHE_FORMAT, source=source, macros=build.macros(), arch=build.arch,
                     options=["std=c++17", "ptxas -v"], nvrtc=nvrtc_version())

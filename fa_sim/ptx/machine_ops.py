@@ -448,28 +448,53 @@ def atomic(eng: WaveState, group: Group, ins: Instruction) -> None:
     The threads' operations are applied one after another in ascending thread order (CTA, then
     thread): each step updates every distinct address once, so a float sum is that sequential sum.
     atom returns each thread's old value. Atomics are executed, not observed: they produce no
-    events, so the bank counter and the hazard checker do not see them."""
+    events, so the bank counter and the hazard checker do not see them.
+
+    sm_90's vector reduction `red.global.add.v2.f32 [a], {b0, b1}` (and .v4; PTX ISA 8.1) is one
+    atomic add per element, element i at a + 4 i (the PTX ISA guarantees atomicity per element,
+    not across the vector): the engine applies them as 2 (4) scalar reductions of the thread, so a
+    sum gets the same terms; the address must be aligned to the vector's size (else KernelFault,
+    the GPU's misaligned-address error)."""
     space = next((m for m in ins.mods if m in ("global", "shared")), "generic")
     op = next((m for m in ins.mods if m in ATOM_OPS), None)
     etype = [m for m in ins.mods if is_type(m)]
-    if op is None or not etype or any(m.startswith("v") and m[1:].isdigit() for m in ins.mods):
+    vec = [int(m[1:]) for m in ins.mods if m.startswith("v") and m[1:].isdigit()]
+    if vec and not (ins.opcode == "red" and op == "add" and etype and etype[-1] == "f32" and vec[0] in (2, 4)
+                    and space == "global"):
+        raise Unsupported(f"{ins.mnemonic} (vector atomics: red.global.add.v2.f32 and .v4.f32 only)")
+    if op is None or not etype:
         raise Unsupported(f"{ins.mnemonic} (atom/red: add, min, max, and, or, xor, exch, inc, dec, cas on scalars)")
     etype = etype[-1]
     ret = ins.opcode == "atom"
     ops = ins.operands[1:] if ret else ins.operands
     addr = address(eng, ops[0], group, space)
+    if vec:
+        n_el, size = vec[0], bits(etype) // 8
+        if addr.size and np.any(addr % (n_el * size)):
+            raise KernelFault(f"{ins.mnemonic}: address not aligned to the vector's {n_el * size} bytes")
+        vals = eng.vector(ops[1], etype, group)
+        if len(vals) != n_el:
+            raise Unsupported(f"{ins.mnemonic} takes {n_el} values, got {len(vals)}")
+        # element-major: each element's reductions in thread order, then the next element's (their
+        # addresses differ, so the order between elements changes no sum)
+        addr = np.concatenate([addr + size * i for i in range(n_el)])
+        b = np.concatenate([np.asarray(v) for v in vals])
+        thread = np.arange(eng.n) if group.mask is None else group.idx
+        _apply_atomics(eng, space, addr, b, None, etype, op, np.tile(thread, n_el))
+        return
     space, addr = _region(eng, addr, space, bits(etype) // 8)
     b = eng.read(ops[1], etype, group.idx, group.n)
     c = eng.read(ops[2], etype, group.idx, group.n) if op == "cas" else None
-    old = _apply_atomics(eng, space, addr, np.asarray(b), None if c is None else np.asarray(c), etype, op, group)
+    thread = np.arange(eng.n) if group.mask is None else group.idx
+    old = _apply_atomics(eng, space, addr, np.asarray(b), None if c is None else np.asarray(c), etype, op, thread)
     if ret:
         eng.write(ins.operands[0], old, etype, group.idx, group.n)
 
 
-def _apply_atomics(eng: WaveState, space: str, addr, b, c, etype: str, op: str, group: Group) -> np.ndarray:
+def _apply_atomics(eng: WaveState, space: str, addr, b, c, etype: str, op: str, thread) -> np.ndarray:
+    """Apply the atomics of threads `thread` [n] (one per address addr [n]) in (address, thread) order."""
     size, dtype = bits(etype) // 8, DTYPES[etype]
     n = addr.size
-    thread = np.arange(eng.n) if group.mask is None else group.idx
     key = addr if space == "global" else addr + (thread // eng.geo.threads) * (1 << 40)  # shared: per CTA
     order = np.lexsort((thread, key))  # by address, then thread
     ks = key[order]

@@ -40,20 +40,23 @@ class BackwardPrediction:
 
 def predict_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
                      deterministic: bool = False, gpu: GpuModel | str = "h200", *, kernel=None,
-                     dtype: str | None = None) -> BackwardPrediction:
+                     dtype: str | None = None, config=None) -> BackwardPrediction:
     """The predicted time of the backward pass for these inputs (as fa_sim.simulate_backward takes
     them); `deterministic`: dQ by the dQ kernel (its ordered loop over the K/V blocks) instead of
     the main kernel's atomics and the convert kernel; `kernel`: a variant
-    of fa2_bwd.cu (a path); `dtype`: the run's type, as simulate_backward's (bf16: the FA_BF16 build)."""
-    return _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, None)
+    of fa2_bwd.cu (a path); `dtype`: the run's type, as simulate_backward's (bf16: the FA_BF16 build);
+    `config`: a BackwardConfig (a tuned candidate's tiles and options; None: DEFAULT_TILES)."""
+    return _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, None, config)
 
 
-def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, args_key) -> BackwardPrediction:
+def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dtype, args_key,
+             config=None) -> BackwardPrediction:
     from ..backward import backward_launches
 
     from .launch import check_launch_cost
 
-    launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype)[0]
+    launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype,
+                                 config=config)[0]
     for launch in launches:  # every launch's cost before any runs
         check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu, kernel=launch.kernel,
                           macros=launch.macros, uniform_axes=launch.uniform_axes,
@@ -97,10 +100,10 @@ def seeded_backward_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int,
 def predict_backward_seeded(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                             causal: bool = False, scale: float | None = None, deterministic: bool = False,
                             gpu: GpuModel | str = "h200", *, kernel=None, seed: int = 0,
-                            dtype: str = "fp16") -> BackwardPrediction:
+                            dtype: str = "fp16", config=None) -> BackwardPrediction:
     """predict_backward of a shape on seeded_backward_inputs in `dtype` (no forward run: see the
     module docstring); the launch predictions' disk cache keys on the seed, dtype and shapes, not
-    the bytes."""
+    the bytes (the config's tiles and options reach it through the build's macros)."""
     arrays = seeded_backward_inputs(batch, heads, seqlen_q, seqlen_k, head_dim, seed, dtype)
     key = f"seeded_backward_inputs:v2:{SEED_TILE}:{seed}:{dtype}:{(batch, heads, seqlen_q, seqlen_k, head_dim)}"
-    return _predict(*arrays, causal, scale, deterministic, gpu, kernel, dtype, key)
+    return _predict(*arrays, causal, scale, deterministic, gpu, kernel, dtype, key, config)
