@@ -112,35 +112,3 @@ def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
         assert len(short.done_at) == fork and len(long.done_at) == len(streams)
     with pytest.raises(ValueError, match="fork must be"):
         run_sm_prefix(streams, 0, 4, H200, slots=2)
-
-
-@pytest.mark.slow
-def test_the_drift_rule_on_the_dq_kernel_stays_within_the_bound(monkeypatch):
-    """The backward's dQ kernel at (1, 32, 4096, 128): two resident CTAs whose periods jitter by a few
-    cycles reach no exactly repeated period for long; the drift rule (fa_sim.timing.sm's _Steady)
-    jumps there, and the prediction stays within STEADY_BOUND of the full run."""
-    import fa_sim.timing.sm as sm
-    from fa_sim.backward import backward_launches
-    from fa_sim.timing.backward import seeded_backward_inputs
-
-    launch = backward_launches(*seeded_backward_inputs(1, 32, 4096, 4096, 128), False, None, True)[0][2]
-    assert launch.kernel == "fa2_bwd_dq_kernel"
-    drift, fired = sm._Steady._drift, []
-
-    def counted(self, *a):
-        jump = drift(self, *a)
-        fired.append(jump is not None)
-        return jump
-
-    monkeypatch.setattr(sm._Steady, "_drift", counted)
-
-    def predict(steady):
-        return tl.predict_launch(launch.source, launch.grid, launch.block, launch.args, launch.smem_bytes,
-                                 kernel=launch.kernel, macros=launch.macros, uniform_axes=launch.uniform_axes,
-                                 cache=False, steady=steady)
-
-    full, skipped = predict(False), predict(True)
-    assert any(fired)
-    assert skipped.notes["sm_skipped_cycles"] > 0.1 * skipped.notes["sm_cycles"]
-    assert skipped.notes["sm_cycles"] == pytest.approx(full.notes["sm_cycles"], rel=STEADY_BOUND)
-    assert skipped.kernel_ms == pytest.approx(full.kernel_ms, rel=STEADY_BOUND)

@@ -298,9 +298,6 @@ STEADY_ROUND = 6  # decimals of the relative times compared in a steady state's 
 STEADY_SNAPS = 256  # states remembered per resident set; past it they are forgotten and remembered anew
 STEADY_CONFIRM = 2  # periods alike in a row, ending in the same state, before the steady state is extrapolated
 STEADY_TIMING_CONFIRM = 4  # periods alike in a row between consecutive anchors, whatever the state, likewise
-STEADY_DRIFT_HALF = 8  # the drift rule's half window, in periods (see _Steady)
-STEADY_DRIFT = 2e-4  # the drift rule: the two halves' cycles agree within this share
-STEADY_DRIFT_PCS = 1 / 200  # the drift rule: each warp's advance over the window is the oldest warp's within this share
 STEADY_WINDOW = 32  # anchors in a window whose timing, repeated twice in a row, is a period too (see _Steady)
 
 
@@ -327,16 +324,7 @@ class _Steady:
       mean of those periods', or
     - (windows) the last two windows of n consecutive periods (2 <= n <= STEADY_WINDOW) took the same
       cycles, instructions per warp and warp-cycles: a period of n anchors (two resident CTAs whose
-      loops interleave at a phase that comes back only every n iterations), or
-    - (drift, a tolerance) the last 2 STEADY_DRIFT_HALF periods' two halves took the same cycles
-      within STEADY_DRIFT (2e-4) of a half, and over them every resident warp advanced as far as the
-      oldest one (d instructions) within STEADY_DRIFT_PCS of d: the warps run their loops at one
-      rate, but their phases jitter by a few instructions and the periods by a few cycles (the
-      backward's dQ kernel: 4924 to 4964 cycles, a pattern that repeats only after 27 periods). The
-      whole window is then the period: P its cycles, every warp's d_w the oldest one's d (each warp
-      keeps its place relative to the others at the window's end), its issued instructions the
-      warps' d, its stalls and warp-cycles the window's (its pipe-busy cycles scaled to those
-      instructions). This rule is not exact: the jumped periods take the window's mean cycles.
+      loops interleave at a phase that comes back only every n iterations).
     It then jumps m periods at once, m the most that keeps every warp inside the part of its stream
     that repeats with period d_w (the next d_w instructions, and the one it then waits to issue, are
     the same instructions as the last d_w and the one it waited on: a loop's identical iterations),
@@ -350,7 +338,7 @@ class _Steady:
     frac(P) each period, and where the drift crosses a cycle boundary the full run has a period a
     cycle or so longer or shorter (the backward's main kernel: 1620.7 instead of 1620.03 cycles once
     in 28 periods), which the jump does not repeat; the timing-only rule also skips periods whose
-    stalls differ by their attribution, and the drift rule extrapolates a mean.
+    stalls differ by their attribution.
     tests/test_timing_steady.py bounds the difference at STEADY_BOUND (5e-4) of the SM's cycles,
     forward and backward, causal and not (measured: docs/timing.md)."""
 
@@ -429,42 +417,20 @@ class _Steady:
                 jump = self._jump(b, now, warps, second[1])
                 if jump is not None:
                     return jump
-        return self._drift(chain, now, warps)
+        return None
 
-    def _drift(self, chain, now, warps):
-        """The drift rule (see the class docstring): the last 2 STEADY_DRIFT_HALF periods, whose two
-        halves took the same cycles within STEADY_DRIFT and in which every warp advanced as far as the
-        oldest one within STEADY_DRIFT_PCS, are one period; every warp jumps the oldest one's advance."""
-        h = STEADY_DRIFT_HALF
-        if len(chain) < 2 * h + 1:
-            return None
-        a, b = chain[-2 * h - 1], chain[-h - 1]
-        first, second = b[0] - a[0], now[0] - b[0]
-        if abs(first - second) > STEADY_DRIFT * second:
-            return None
-        pcs0, pcs = a[1], now[1]
-        d = pcs[0] - pcs0[0]
-        if d <= 0 or any(abs(y - x - d) > STEADY_DRIFT_PCS * d for x, y in zip(pcs0, pcs)):
-            return None
-        issued, wc, busy, stalls = _period(a, now, warps)[1]
-        scale = len(pcs) * d / issued  # the pipes' busy cycles of the instructions the jump moves the warps by
-        return self._jump(a, now, warps, (len(pcs) * d, wc, {k: v * scale for k, v in busy.items()}, stalls),
-                          advance=d)
 
-    def _jump(self, before, now, warps, counts, advance=None):
-        """(m, P, d_w, counts) from the record `before` to `now`, m the periods every warp's stream repeats
-        (`advance`: every warp's d_w, the drift rule's)."""
+    def _jump(self, before, now, warps, counts):
+        """(m, P, d_w, counts) from the record `before` to `now`, m the periods every warp's stream repeats."""
         t1, pcs1 = before[0], before[1]
         m = None
         for w, pc1 in zip(warps, pcs1):
-            d = w.pc - pc1 if advance is None else advance
+            d = w.pc - pc1
             if d == 0:
                 continue
-            if w.pc < d:  # (the drift rule's advance, past this warp's start: nothing to compare with)
-                return None
             ids = self._ids_of(w.stream)
             n = len(ids)
-            differ = (ids[w.pc:] != ids[w.pc - d:n - d]).nonzero()[0]
+            differ = (ids[w.pc:] != ids[pc1:n - d]).nonzero()[0]
             end = w.pc + int(differ[0]) if len(differ) else n  # the stream repeats with period d up to here
             # the jumped periods issue up to pc + m d - 1 and look at pc + m d (the warp's next instruction,
             # which the last period looked at as pc): all inside the repeating part
@@ -473,7 +439,7 @@ class _Steady:
         if not m or m < 1:
             return None
         self.reset()
-        return m, now[0] - t1, {id(w): w.pc - pc1 if advance is None else advance for w, pc1 in zip(warps, pcs1)}, counts
+        return m, now[0] - t1, {id(w): w.pc - pc1 for w, pc1 in zip(warps, pcs1)}, counts
 
 
 def _period(before, now, warps) -> tuple:
