@@ -75,3 +75,40 @@ def test_steady_size_counts_a_loops_repeats_once():
 def test_steady_must_be_a_bool():
     with pytest.raises(ValueError, match="steady must be"):
         tl.predict_launch("x.cu", (1,), (32,), steady="yes")
+
+
+def _loop_streams(trips):
+    """One stream per CTA: a prologue, `trips` iterations of a loop that copies a tile from global
+    memory (LDGSTS, LDGDEPBAR, DEPBAR), waits at a barrier and computes on it, and an epilogue."""
+    from fa_sim.timing.gpus import H200
+    from fa_sim.timing.program import step
+    from fa_sim.timing.sass import Control
+
+    def st(opcode, operands="R0, R1, R2", stall=2, write=None, read=None, wait=0, wavefronts=None):
+        c = Control(stall=stall, yield_hint=False, write_barrier=write, read_barrier=read, wait_mask=wait, reuse=0)
+        return step(opcode, operands, "", c, H200, wavefronts or {})
+
+    pro = [st("S2R", "R0, SR_TID.X", write=0), st("IMAD", wait=1)]
+    body = [st("LDGSTS.E.BYPASS.128", "[R1], desc[UR4][R2.64]"), st("LDGDEPBAR", ""), st("DEPBAR.LE", "SB0, 0x0"),
+            st("BAR.SYNC.DEFER_BLOCKING", "0x0"), st("LDS.128", "R4, [R1]", write=1),
+            st("HMMA.16816.F32", "R8, R4, R6, R8", wait=2), st("HMMA.16816.F32", "R12, R4, R6, R12", stall=4),
+            st("FFMA"), st("IADD3")]
+    epi = [st("STG.E.128", "desc[UR4][R2.64], R8"), st("EXIT", "")]
+    return [pro + body * n + epi for n in trips]
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
+    """run_sm_prefix: the run of the first CTAs and of all of them, sharing their common cycles,
+    equal the two separate runs in every field."""
+    from fa_sim.timing.gpus import H200
+    from fa_sim.timing.sm import run_sm, run_sm_prefix
+
+    streams = _loop_streams([40, 33, 27, 50, 12, 45])
+    for fork in (1, 2, 3, 4, 6):
+        short, long = run_sm_prefix(streams, fork, 4, H200, slots=2, steady=steady)
+        assert short == run_sm(streams[:fork], 4, H200, slots=2, steady=steady)
+        assert long == run_sm(streams, 4, H200, slots=2, steady=steady)
+        assert len(short.done_at) == fork and len(long.done_at) == len(streams)
+    with pytest.raises(ValueError, match="fork must be"):
+        run_sm_prefix(streams, 0, 4, H200, slots=2)

@@ -68,7 +68,7 @@ from .gpus import GPUS, GpuModel
 from .predict import Prediction
 from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
 from .sass import parse
-from .sm import REASONS, SmRun, run_sm, steady_size
+from .sm import REASONS, SmRun, run_sm, run_sm_prefix, steady_size
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
@@ -464,10 +464,19 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
               f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
     memo: dict = {}
     start = time.perf_counter()
-    for i, r in enumerate(runs):
-        memo[r] = run_sm([streams[c] for c in r], n_warps, gpu, account=True, slots=k, steady=steady)
+    # a chunk's run is the start of its run with the next chunk: the two share their common cycles
+    # (run_sm_prefix); the results are the separate runs', bit for bit
+    todo = [(a, a + b) for a, b in zip(chunks, chunks[1:])] if chunks else [(runs[0], runs[0])]
+    for a, ab in todo:
+        if a in memo and ab in memo:
+            continue
+        if a in memo or a == ab:
+            memo[ab] = run_sm([streams[c] for c in ab], n_warps, gpu, account=True, slots=k, steady=steady)
+        else:
+            memo[a], memo[ab] = run_sm_prefix([streams[c] for c in ab], len(a), n_warps, gpu, account=True, slots=k,
+                                              steady=steady)
         if long:
-            print(f"fa_sim.timing: SM run {i + 1} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+            print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                   file=sys.stderr, flush=True)
     if chunks is None:
         return memo[runs[0]], simulated, False

@@ -115,7 +115,38 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
     issue cycle in each CTA's first warp is recorded (SmRun.marked); `steady`: skip the periods of a
     periodic steady state (`_Steady`: the same result, up to the rounding stated there; not with
     `timeline`, `stagger` or `marks`)."""
+    return _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady)[0]
+
+
+def run_sm_prefix(streams: list, fork: int, n_warps: int, gpu: GpuModel, account: bool = True,
+                  slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> tuple[SmRun, SmRun]:
+    """(run_sm(streams[:fork], ...), run_sm(streams, ...)) for about the cost of the longer one: the two
+    runs are the same cycle by cycle (run_sm is deterministic) up to the moment a CTA finishes when
+    `fork` CTAs have started, where the shorter one starts no CTA and the longer one starts CTA
+    `fork`; there the state is copied (deepcopy; the streams and their Steps are shared) and each
+    run goes on from its own copy. The results are those of the two separate runs, bit for bit
+    (tests/test_timing_steady.py). fa_sim.timing.launch's chunks use it: each chunk's run is the
+    start of its run with the next chunk."""
+    n = len(streams) if slots is None else min(slots, len(streams))
+    if not 0 < fork <= len(streams):
+        raise ValueError(f"fork must be 1 to {len(streams)} CTAs, got {fork!r:.40}")
+    if fork == len(streams) or fork < n:  # the same run, or different from the first cycle on
+        short = _run_sm(streams[:fork], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
+        return short, short if fork == len(streams) else run_sm(streams, n_warps, gpu, account, slots, max_cycles,
+                                                                  steady=steady)
+    short, snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady, fork=fork)
+    return short, _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
+                          resume=snapshot)[0]
+
+
+def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady, fork=None,
+            resume=None) -> tuple[SmRun, tuple | None]:
+    """run_sm, and run_sm_prefix's two halves: with `fork`, the run of streams[:fork] and the state
+    (a snapshot) at the moment the run of all the streams would start CTA `fork`; with `resume`,
+    the run of all the streams from such a snapshot."""
     slots = len(streams) if slots is None else slots
+    limit = len(streams) if fork is None else fork  # the CTAs this run starts
+    snapshot = None
     periodic = _Steady() if steady and timeline is None and not stagger and not marks else None
     pending = list(stagger or [])[: max(0, min(slots, len(streams)) - 1)]
     ctas: list[_Cta] = []
@@ -139,27 +170,40 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         if periodic is not None:
             periodic.reset()
 
-    for slot in range(min(slots, len(streams)) - len(pending)):
-        start(slot, 0.0)
-    lead = warps[0]
-    pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
-    state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
-    events: list = []  # (time, seq, warp, scoreboard)
-    last: list = [None] * N_SMSP
-    stalls: Counter = Counter()
-    busy: Counter = Counter()
-    issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
-    skipped = 0.0  # cycles jumped over by the steady state (not simulated)
-    live = len(warps)
+    first = 0  # the first of this cycle's sub-partitions in turn still to issue (a resumed run's: the next)
+    if resume is None:
+        for slot in range(min(slots, len(streams)) - len(pending)):
+            start(slot, 0.0)
+        lead = warps[0]
+        pipe_free = [[0.0] * len(Pipe) for _ in range(N_SMSP)]
+        state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
+        events: list = []  # (time, seq, warp, scoreboard)
+        last: list = [None] * N_SMSP
+        stalls: Counter = Counter()
+        busy: Counter = Counter()
+        issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
+        skipped = 0.0  # cycles jumped over by the steady state (not simulated)
+        live = len(warps)
+    else:  # run_sm_prefix's longer run: start CTA len(ctas) where the shorter one did not, go on
+        (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq, warp_cycles, skipped,
+         live, first, slot, due) = resume
+        lead, any_issue = None, True  # (no stagger here; the shorter run issued at t)
+        if periodic is not None:
+            periodic.due = due
+        start(slot, t + 1)
+        live += n_warps
     while live:
-        while events and events[0][0] <= t:
-            when, _, w, sb = heapq.heappop(events)
-            if sb >= 0:
-                w.sb[sb] -= 1
-            else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
-                state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
-        any_issue = False
-        for s in _ORDERS[int(t) % N_SMSP]:  # the SM's shared queues serve the sub-partitions round-robin
+        if not first:
+            while events and events[0][0] <= t:
+                when, _, w, sb = heapq.heappop(events)
+                if sb >= 0:
+                    w.sb[sb] -= 1
+                else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
+                    state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
+            any_issue = False
+        order = _ORDERS[int(t) % N_SMSP]
+        for i in range(first, N_SMSP):  # the SM's shared queues serve the sub-partitions round-robin
+            s = order[i]
             ls = last[s]
             pipes = pipe_free[s]
             pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
@@ -170,7 +214,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                         break
             if pick is not None:
                 if account:
-                    stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, pick))
+                    _account(stalls, by_smsp[s], t, pipe_free, state, gpu, pick)
                 if timeline is not None:
                     st = pick.stream[pick.pc]
                     timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
@@ -193,11 +237,16 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                         for w in pick.cta.warps:
                             warps.remove(w)
                             by_smsp[w.smsp].remove(w)
-                        if len(ctas) < len(streams):
+                        if len(ctas) < limit:
                             start(pick.cta.slot, t + 1)
                             live += n_warps
+                        elif fork is not None and snapshot is None and len(ctas) < len(streams):
+                            snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
+                                                           busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
+                                                           pick.cta.slot, periodic is not None and periodic.due))
             elif account:
-                stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
+                _account(stalls, by_smsp[s], t, pipe_free, state, gpu, None)
+        first = 0
         if periodic is not None and periodic.due:
             periodic.due = False
             jump = periodic.at(t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles)
@@ -228,14 +277,28 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
         t = nxt
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
-    return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued, dict(busy), stalls, warp_cycles,
-                 skipped)
+    return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued,
+                 dict(busy), stalls, warp_cycles, skipped), snapshot
+
+
+def _snapshot(streams: list, state: tuple) -> tuple:
+    """A deep copy of run_sm's state in which the streams (and so their Steps) stay shared."""
+    import copy
+
+    memo = {}
+    for mine in streams:
+        memo[id(mine)] = mine
+        if mine and isinstance(mine[0], list):
+            for w in mine:
+                memo[id(w)] = w
+    return copy.deepcopy(state, memo)
 
 
 STEADY_ROUND = 6  # decimals of the relative times compared in a steady state's key (see _Steady)
 STEADY_SNAPS = 256  # states remembered per resident set; past it they are forgotten and remembered anew
 STEADY_CONFIRM = 2  # periods alike in a row, ending in the same state, before the steady state is extrapolated
 STEADY_TIMING_CONFIRM = 4  # periods alike in a row between consecutive anchors, whatever the state, likewise
+STEADY_WINDOW = 32  # anchors in a window whose timing, repeated twice in a row, is a period too (see _Steady)
 
 
 class _Steady:
@@ -258,7 +321,10 @@ class _Steady:
       instructions per warp and warp-cycles, though the state differs in what does not change the
       timing (which warp's copies lead in the L2 queue rotates among the warps, and the state can
       come back only after many periods); the period's stall reasons and busy cycles are then the
-      mean of those periods'.
+      mean of those periods', or
+    - (windows) the last two windows of n consecutive periods (2 <= n <= STEADY_WINDOW) took the same
+      cycles, instructions per warp and warp-cycles: a period of n anchors (two resident CTAs whose
+      loops interleave at a phase that comes back only every n iterations).
     It then jumps m periods at once, m the most that keeps every warp inside the part of its stream
     that repeats with period d_w (the next d_w instructions, and the one it then waits to issue, are
     the same instructions as the last d_w and the one it waited on: a loop's identical iterations),
@@ -272,9 +338,9 @@ class _Steady:
     frac(P) each period, and where the drift crosses a cycle boundary the full run has a period a
     cycle or so longer or shorter (the backward's main kernel: 1620.7 instead of 1620.03 cycles once
     in 28 periods), which the jump does not repeat; the timing-only rule also skips periods whose
-    stalls differ by their attribution. tests/test_timing_steady.py bounds the difference at
-    STEADY_BOUND (5e-4) of the SM's cycles, forward and backward, causal and not (measured: at most
-    2.3e-4)."""
+    stalls differ by their attribution.
+    tests/test_timing_steady.py bounds the difference at STEADY_BOUND (5e-4) of the SM's cycles,
+    forward and backward, causal and not (measured: docs/timing.md)."""
 
     def __init__(self) -> None:
         self.snaps: dict = {}  # relative state -> (its record, the last period seen ending in it, times in a row)
@@ -327,21 +393,32 @@ class _Steady:
         self.snaps[key] = (now, None if period is None else period[0], 0 if period is None else times)
         if period is not None and times >= STEADY_CONFIRM:
             return self._jump(before[0], now, warps, period[1])
-        self.chain.append(now)  # the timing alone: the same period between consecutive anchors
-        if len(self.chain) < STEADY_TIMING_CONFIRM + 1:
+        chain = self.chain  # the timing alone: the same period between consecutive anchors
+        chain.append(now)
+        if len(chain) > 1 and len(chain[-2][1]) != len(now[1]):  # a CTA left: another resident set
+            del chain[:-1]
+        del chain[: -2 * STEADY_WINDOW - 1]
+        if len(chain) < STEADY_TIMING_CONFIRM + 1:
             return None
-        del self.chain[: -STEADY_TIMING_CONFIRM - 1]
-        periods = [_period(a, b, warps) for a, b in zip(self.chain, self.chain[1:])]
-        if None in periods:  # a CTA left
-            del self.chain[:-1]
-            return None
-        if any(p[0][:4] != periods[0][0][:4] for p in periods):  # cycles, instructions, warp-cycles alike
-            return None
-        n = len(periods)  # the stall reasons and pipe-busy cycles of a period: their mean over the confirmed ones
-        total = _period(self.chain[0], now, warps)[1]
-        counts = (total[0] // n, total[1] / n, {k: v / n for k, v in total[2].items()},
-                  {k: v / n for k, v in total[3].items()})
-        return self._jump(self.chain[-2], now, warps, counts)
+        last = chain[-STEADY_TIMING_CONFIRM - 1:]
+        periods = [_period(a, b, warps) for a, b in zip(last, last[1:])]
+        if all(p[0][:4] == periods[0][0][:4] for p in periods):  # cycles, instructions, warp-cycles alike
+            n = len(periods)  # the stall reasons and pipe-busy cycles of a period: their mean over the confirmed ones
+            total = _period(last[0], now, warps)[1]
+            counts = (total[0] // n, total[1] / n, {k: v / n for k, v in total[2].items()},
+                      {k: v / n for k, v in total[3].items()})
+            return self._jump(chain[-2], now, warps, counts)
+        for n in range(2, (len(chain) - 1) // 2 + 1):  # a window of n anchors repeated: the same timing twice
+            a, b = chain[-2 * n - 1], chain[-n - 1]
+            if round(now[0] - b[0], STEADY_ROUND) != round(b[0] - a[0], STEADY_ROUND):
+                continue
+            first, second = _period(a, b, warps), _period(b, now, warps)
+            if first[0][:4] == second[0][:4]:
+                jump = self._jump(b, now, warps, second[1])
+                if jump is not None:
+                    return jump
+        return None
+
 
     def _jump(self, before, now, warps, counts):
         """(m, P, d_w, counts) from the record `before` to `now`, m the periods every warp's stream repeats."""
@@ -406,6 +483,17 @@ def _reasons(warps, t, pipe_free, state, gpu, pick):
                 yield "selected"
             else:
                 yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+
+
+def _account(stalls: Counter, warps, t, pipe_free, state, gpu, pick) -> None:
+    """stalls.update(_reasons(...)) without the generator (the scheduler's hot path): the same
+    counts, added in the same order."""
+    get = stalls.get
+    for w in warps:
+        if w.pc < len(w.stream):
+            r = "selected" if w is pick else \
+                (_blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected")
+            stalls[r] = get(r, 0) + 1
 
 
 def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
