@@ -19,7 +19,8 @@ on the tiles: fa_hw.tuned_backward's docstring; the PTX engine shows it in
 tests/test_backward_tiles.py) and its dQ is within SANITY_REL_ERR of the default's (the atomic dQ's
 order differs with block_n, the "ffma" form's P in the last bits). A candidate that fails is
 reported and never chosen. Labels: block_m x n_warps s q_stages, an "f" after them for softmax
-"ffma" (128x8s1f), then "r2" or "r4" for vector dQ reductions (dq_red 2, 4: sm_90 only; 128x8s1fr2).
+"ffma" (128x8s1f), then "r2" or "r4" for vector dQ reductions (dq_red 2, 4: sm_90 only; 128x8s1fr2), then "p" for
+dq_accum in the fragment order (dq_frag: 64x8s1r4p).
 
 Choice. Per key (head_dim, causal, size class of fa_hw.tuned) the candidate with the best worst
 ratio against SDPA-flash over the key's shapes (the goal is every row), ties broken by the geometric
@@ -62,9 +63,9 @@ def _compile(args) -> str:
     """Compile one build into the disk cache (a worker process: NVRTC runs in parallel)."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
-    d, bm, nw, st, sm, red, causal, arch = args
-    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red), causal,
-                          False, arch)
+    d, bm, nw, st, sm, red, frag, causal, arch = args
+    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag),
+                          causal, False, arch)
     try:
         usage = compile_backward(build).usage
     except Exception as exc:  # reported by the timing pass, which compiles again
@@ -76,7 +77,7 @@ def _compile(args) -> str:
 def precompile(cases, arch: str) -> None:
     from fa_hw.tuned_backward import candidates
 
-    jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, causal, arch) for c in cases
+    jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, causal, arch) for c in cases
                    for x in candidates(c[3], arch=arch) for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
@@ -124,7 +125,7 @@ def run_case(case, causal: bool, args) -> dict:
     timers, notes = {}, {}
     ref = {}  # softmax form -> (label, (dq, dk, dv)) of its first candidate that ran
     for cfg in cands:
-        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages, cfg.softmax, cfg.dq_red)
+        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages, cfg.softmax, cfg.dq_red, cfg.dq_frag)
         try:
             g = _run_torch(q, k, v, o, lse, do, cfg, causal, scale, False, timed=False)[0]
             torch.cuda.synchronize()
@@ -161,21 +162,24 @@ def run_case(case, causal: bool, args) -> dict:
     del q, k, v, do, ref, of
     torch.cuda.empty_cache()
     return {"case": list(case), "causal": causal, "runs_ms": runs, "notes": notes,
-            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages, cands[0].softmax, cands[0].dq_red)}
+            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages, cands[0].softmax, cands[0].dq_red,
+                             cands[0].dq_frag)}
 
 
-def _label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1) -> str:
+def _label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1,
+           dq_frag: bool = False) -> str:
     return (f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
-            + (f"r{dq_red}" if dq_red != 1 else ""))
+            + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else ""))
 
 
-def _parse_label(label: str) -> tuple[int, int, int, str, int]:
-    """_label's inverse: (block_m, n_warps, q_stages, softmax, dq_red)."""
-    label, _, red = label.partition("r")
+def _parse_label(label: str) -> tuple[int, int, int, str, int, bool]:
+    """_label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag)."""
+    frag = label.endswith("p")
+    label, _, red = label.removesuffix("p").partition("r")
     bm, rest = label.split("x")
     nw, st = rest.split("s")
     sm = "ffma" if st.endswith("f") else "fmul_fsub"
-    return int(bm), int(nw), int(st.rstrip("f")), sm, int(red or 1)
+    return int(bm), int(nw), int(st.rstrip("f")), sm, int(red or 1), frag
 
 
 def choose(records) -> list:
@@ -200,9 +204,9 @@ def choose(records) -> list:
                 best = (score, label, _gmean(vs_def) if vs_def else None, _gmean(vs_flash))
         if best is None:
             continue
-        bm, nw, st, sm, red = _parse_label(best[1])
+        bm, nw, st, sm, red, frag = _parse_label(best[1])
         entries.append(Entry(d, causal, size, bm, nw, st, round(best[2], 4) if best[2] else None, round(best[3], 4),
-                             tuple(tuple(r["case"]) for r in recs), softmax=sm, dq_red=red))
+                             tuple(tuple(r["case"]) for r in recs), softmax=sm, dq_red=red, dq_frag=frag))
     return entries
 
 
@@ -213,7 +217,7 @@ def _gmean(xs) -> float:
 def markdown(records, entries, gpu: str, args) -> str:
     lines = [f"# Backward tiles on {gpu}", "",
              f"experiments/tune_bwd.py: fa2_bwd.cu's three kernels (atomic dQ) per candidate (block_m x n_warps "
-             f"s q_stages, f: softmax ffma, r2/r4: dQ by red.v2/.v4; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
+             f"s q_stages, f: softmax ffma, r2/r4: dQ by red.v2/.v4, p: dq_accum in the fragment order; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
              "over runs; x def: DEFAULT_TILES' time / this one's; x flash: SDPA-flash's backward time / this one's.", ""]
     for r in records:
         runs = r["runs_ms"]
@@ -236,7 +240,7 @@ def markdown(records, entries, gpu: str, args) -> str:
     lines += ["## Chosen (backward/<gpu>.json)", "", "| head_dim | causal | size | block_m x n_warps s q_stages | x default | "
               "x flash (geomean) |", "|---|---|---|---|---|---|"]
     for e in entries:
-        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages, e.softmax, e.dq_red)} | "
+        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages, e.softmax, e.dq_red, e.dq_frag)} | "
                      f"{e.vs_default if e.vs_default is not None else 'n/a'} | {e.vs_flash} |")
     return "\n".join(lines) + "\n"
 

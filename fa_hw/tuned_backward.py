@@ -5,7 +5,7 @@
     choice.config, choice.source
 
 Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax,
-dq_red)
+dq_red, dq_frag)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
@@ -15,8 +15,8 @@ forward table), named by fa_hw.device.gpu_key:
       {"head_dim": 64, "causal": false, "size": "medium", "block_m": 64, "n_warps": 8, "q_stages": 2,
        "softmax": "ffma", "dq_red": 2, "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
 
-(softmax: BackwardConfig.softmax, "fmul_fsub" when absent; dq_red: BackwardConfig.dq_red, 1 when absent: tables
-written before they existed.)
+(softmax: BackwardConfig.softmax, "fmul_fsub" when absent; dq_red: BackwardConfig.dq_red, 1 when absent;
+dq_frag: BackwardConfig.dq_frag, written only when true: tables written before they existed.)
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
 vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
@@ -41,7 +41,8 @@ does change them: an "ffma" candidate computes the bits of BackwardConfig(head_d
 (its own P), within the same bound of float64. dq_red (2, 4: sm_90's red.global.add.v2/.v4.f32 for the
 atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum element; before sm_90
 `candidates(d, arch=...)` leaves it out and compile_backward refuses it (so tune_bwd.py never writes it
-into an older GPU's table).
+into an older GPU's table). dq_frag (dq_accum in the fragment order) adds the same terms to each element
+too, in another place of dq_accum that the convert kernel reads back: dQ, dK, dV keep their bits.
 """
 
 from __future__ import annotations
@@ -103,18 +104,27 @@ def _softmaxes(d: int, bm: int, nw: int) -> tuple[str, ...]:
     return SOFTMAX_FORMS if ffma else SOFTMAX_FORMS[:1]
 
 
-#: (head_dim, block_m, n_warps, softmax, dq_red) left out because ptxas spills it (sm_90: 8 bytes of local memory)
-DQ_RED_SPILLS = {(96, 128, 8, "ffma", 4)}
+#: (head_dim, block_m, n_warps, softmax, dq_red, dq_frag) left out because ptxas spills it (sm_90: 8 bytes of local
+#: memory)
+DQ_RED_SPILLS = {(96, 128, 8, "ffma", 4, False), (64, 128, 8, "fmul_fsub", 4, True)}
+#: the dq_red widths also timed with dq_accum in the fragment order (dq_frag, FA_DQ_FRAG; "p" in tune_bwd.py's
+#: labels): each warp reduction covers 32 dq_red contiguous fp32, whole 128-byte lines, where the row-major
+#: order touches one 32-byte sector in each of 8 rows (FlashAttention-2 permutes its dq_accum the same way);
+#: the v4 form then needs no lane exchange. Why: at dq_red 2 the H100 adds ~200 G dQ elements/s, below the
+#: ~230+ G/s SDPA-flash's scalar atomics reach in full lines (docs/backward.md, "Where the main kernel's time goes")
+DQ_FRAG_WIDTHS = (4,)
 
 
-def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[int, ...]:
+def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, bool], ...]:
     vec = d <= 128 and nw == DQ_RED_N_WARPS and bm >= DQ_RED_MIN_BLOCK_M and st == 1
-    return tuple(r for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1]) if (d, bm, nw, sm, r) not in DQ_RED_SPILLS)
+    reds = [(r, False) for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1])]
+    reds += [(r, True) for r in (DQ_FRAG_WIDTHS if vec else ())]
+    return tuple((r, p) for r, p in reds if (d, bm, nw, sm, r, p) not in DQ_RED_SPILLS)
 
 
-CANDIDATES = {d: tuple((bm, nw, st, sm, red) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
+CANDIDATES = {d: tuple((bm, nw, st, sm, red, frag) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
                        for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
-                       for red in _dq_reds(d, bm, nw, st, sm))
+                       for red, frag in _dq_reds(d, bm, nw, st, sm))
               for d, tiles in TILES.items()}
 
 
@@ -123,8 +133,9 @@ def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> l
     `arch` ("sm_80", "sm_90", ...) only those that compile for it (dq_red 2, 4 need sm_90)."""
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
     vec_ok = arch is None or int("".join(ch for ch in arch if ch.isdigit()) or 0) >= DQ_RED_MIN_ARCH
-    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red)
-            for bm, nw, st, sm, red in CANDIDATES[head_dim] if red == 1 or vec_ok]
+    return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
+                           dq_frag=frag)
+            for bm, nw, st, sm, red, frag in CANDIDATES[head_dim] if red == 1 or vec_ok]
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,7 @@ class Entry:
     shapes: tuple = ()
     softmax: str = SOFTMAX_FORMS[0]  # BackwardConfig.softmax (last: the positional fields keep their places)
     dq_red: int = 1  # BackwardConfig.dq_red
+    dq_frag: bool = False  # BackwardConfig.dq_frag
 
     @property
     def key(self) -> tuple[int, bool, str]:
@@ -149,11 +161,13 @@ class Entry:
 
     def config(self, dtype: str = "fp16") -> BackwardConfig:
         return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
-                              q_stages=self.q_stages, softmax=self.softmax, dq_red=self.dq_red)
+                              q_stages=self.q_stages, softmax=self.softmax, dq_red=self.dq_red,
+                              dq_frag=self.dq_frag)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
-                "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "dq_red": self.dq_red, "vs_default": self.vs_default, "vs_flash": self.vs_flash,
+                "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "dq_red": self.dq_red, **({"dq_frag": True} if self.dq_frag else {}),
+                "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
     @classmethod
@@ -164,7 +178,7 @@ class Entry:
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
         out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
                   data.get("vs_default"), data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())),
-                  str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1))
+                  str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1), data.get("dq_frag", False))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out
 

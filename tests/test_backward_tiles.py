@@ -29,13 +29,14 @@ OTHERS = [(d, *c) for d, cands in CANDIDATES.items() for c in cands[1:]]
 
 def _ids(cases):
     return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") + (f"-r{red}" if red != 1 else "")
-            for d, bm, nw, st, sm, red in cases]
+            + ("-frag" if frag else "") for d, bm, nw, st, sm, red, frag in cases]
 
 
 @pytest.mark.parametrize("tiles", ALL, ids=_ids(ALL))
 def test_every_candidate_compiles_for_sm90_without_spills(tiles):
-    d, bm, nw, st, sm, red = tiles
-    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red),
+    d, bm, nw, st, sm, red, frag = tiles
+    builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
+                                           dq_frag=frag),
                             causal, det, "sm_90")
               for dtype in ("fp16", "bf16") for causal in (False, True) for det in (False, True)]
     for build in builds:
@@ -52,10 +53,10 @@ def _bits(a):
 
 @pytest.mark.parametrize("tiles", OTHERS, ids=_ids(OTHERS))
 def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
-    d, bm, nw, st, sm, red = tiles
+    d, bm, nw, st, sm, red, frag = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag)
     base = BackwardConfig(d, softmax=sm)  # the default tiles of the same softmax form
     assert cfg != base and nq % bm and nk % cfg.block_n  # tails in both directions
     for det in (True, False):
@@ -73,7 +74,9 @@ VECTOR_RED = [(d, *c) for d, cands in CANDIDATES.items() for c in cands if c[4] 
 
 @pytest.mark.parametrize("tiles", VECTOR_RED, ids=_ids(VECTOR_RED))
 def test_vector_dq_reductions_add_the_scalar_forms_terms_on_the_engine_as_compiled_for_sm90(tiles):
-    """dq_red 2 and 4 (red.global.add.v2/.v4.f32, sm_90): the PTX NVRTC emits for sm_90, run on the PTX
+    """dq_red 2 and 4 (red.global.add.v2/.v4.f32, sm_90), and dq_frag (dq_accum in the fragment order: the
+    16-row slices below Nq permuted, the one across Nq = 70 row-major, the convert kernel reading both back):
+    the PTX NVRTC emits for sm_90, run on the PTX
     engine (causal, Nq = 70, Nk = 90: tails both ways, the v4 form's odd lanes on the guarded row
     g + 8), gives the scalar form's dQ, dK and dV bit for bit - each dQ_accum element gets the same
     adds in the same CTA order (the engine applies a vector reduction as its elements' scalar ones) -
@@ -82,10 +85,10 @@ def test_vector_dq_reductions_add_the_scalar_forms_terms_on_the_engine_as_compil
     from fa_sim.contract.nvrtc import compile_ptx
     from fa_sim.ptx import launch
 
-    d, bm, nw, st, sm, red = tiles
+    d, bm, nw, st, sm, red, frag = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag)
     want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=False,
                              config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm))
     launches, _, out = backward_launches(q, k, v, o, lse, do, causal, None, False, config=cfg)
@@ -253,9 +256,11 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
         r["runs_ms"]["64x8s2f"] = [1.0, 1.0]
     (entry,) = tune.choose(recs)
     assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == (64, 8, 2, "ffma")
-    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub", 1)
+    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub", 1, False)
     assert tune._label(128, 8, 1, "ffma", 4) == "128x8s1fr4" and tune._parse_label("64x8s1r2") == \
-        (64, 8, 1, "fmul_fsub", 2)
+        (64, 8, 1, "fmul_fsub", 2, False)
+    assert tune._label(64, 8, 1, "ffma", 4, True) == "64x8s1fr4p" and tune._parse_label("64x8s1fr4p") == \
+        (64, 8, 1, "ffma", 4, True)
     for r in recs:  # a vector-reduction candidate ahead of all: dq_red reaches the entry and its table
         r["runs_ms"]["128x8s1fr2"] = [0.9, 0.9]
     (entry,) = tune.choose(recs)
@@ -263,7 +268,13 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
     table = Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")
     assert Table.from_json(table.to_json()).entries[0].config() == \
         BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=2)
-    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2")}}
+    for r in recs:  # a fragment-order candidate ahead of all: dq_frag reaches the entry and its table
+        r["runs_ms"]["128x8s1fr4p"] = [0.8, 0.8]
+    (entry,) = tune.choose(recs)
+    assert (entry.dq_red, entry.dq_frag) == (4, True)
+    assert Table.from_json(Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0").to_json()).entries[0].config() == \
+        BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=4, dq_frag=True)
+    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2", "128x8s1fr4p")}}
             for r in recs]
     (entry,) = tune.choose(recs)
     assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2

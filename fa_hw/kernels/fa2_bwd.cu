@@ -57,6 +57,15 @@
 //                                                  columns after one exchange with the neighbour lane (2, 4:
 //                                                  sm_90, PTX ISA 8.1). Each dQ_accum element still gets one
 //                                                  add per (CTA, Q block): the same terms, fewer requests
+//   FA_DQ_FRAG                                     1: dq_accum in the fragment order (BackwardConfig.dq_frag):
+//                                                  each 16-row slice of a Q block that lies wholly in
+//                                                  [0, Nq) holds its warp tiles' accumulators lane by lane,
+//                                                  so that one warp's reduction covers 32 FA_DQ_RED
+//                                                  contiguous fp32 (full 128-byte lines; FlashAttention-2's
+//                                                  dq_accum is permuted the same way for its scalar atomics)
+//                                                  and the v4 form needs no lane exchange; a slice that
+//                                                  crosses Nq stays row-major (per-row guards); the convert
+//                                                  kernel reads the same order back. 0: row-major throughout
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -110,6 +119,9 @@ typedef unsigned long long u64;
 #endif
 #if FA_DQ_RED != 1 && FA_DQ_RED != 2 && FA_DQ_RED != 4
 #error "FA_DQ_RED is 1, 2 or 4 (fp32 elements per dQ reduction)"
+#endif
+#ifndef FA_DQ_FRAG
+#define FA_DQ_FRAG 0
 #endif
 #if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
 #define FA_HALF "bf16"
@@ -643,7 +655,27 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     const int wm = warp % kWM, wn = warp / kWM;
     const int qrow = row0 + 16 * wm + lane / 4;
     float* gdQt = gdQ + (u64)qrow * kHeadDim + 8 * kQN * wn + 2 * (lane % 4);
+#if FA_DQ_FRAG
+    if (row0 + 16 * wm + 16 <= seqlen_q) {  // the warp's slice wholly in range (warp-uniform): fragment order
+      // element e of tile nj (e 0, 1: row g, columns 2tq, 2tq + 1; e 2, 3: row g + 8) at
+      // 128 nj + 32 w (e / w) + w lane + e % w of the warp tile's 128 kQN floats (w = FA_DQ_RED)
+      float* gdQf = gdQ + (u64)(row0 + 16 * wm) * kHeadDim + 128 * kQN * wn + FA_DQ_RED * lane;
+#pragma unroll
+      for (int nj = 0; nj < kQN; ++nj) {
 #if FA_DQ_RED == 4
+        red_add_f32x4(gdQf + 128 * nj, tdQrdQ[nj][0], tdQrdQ[nj][1], tdQrdQ[nj][2], tdQrdQ[nj][3]);
+#elif FA_DQ_RED == 2
+        red_add_f32x2(gdQf + 128 * nj, tdQrdQ[nj][0], tdQrdQ[nj][1]);
+        red_add_f32x2(gdQf + 128 * nj + 64, tdQrdQ[nj][2], tdQrdQ[nj][3]);
+#else
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red_add_f32(gdQf + 128 * nj + 32 * e, tdQrdQ[nj][e]);
+#endif
+      }
+    } else
+#endif
+    {
+#if FA_DQ_RED == 4 && !FA_DQ_FRAG
     // Lanes 2i and 2i + 1 (tq even, odd) hold columns 2tq, 2tq + 1 of rows g and g + 8; one exchange
     // gives the even lane columns 4(tq/2) .. + 3 of row g and the odd lane the same four of row g + 8:
     // the even lane sends its row g + 8 pair, the odd lane its row g pair. Half the reductions of
@@ -660,13 +692,13 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       const float v2 = odd ? tdQrdQ[nj][2] : x0, v3 = odd ? tdQrdQ[nj][3] : x1;
       if (in) red_add_f32x4(gdQv + 8 * nj, v0, v1, v2, v3);
     }
-#else
+#else  // FA_DQ_FRAG's slice across Nq takes the v2 form (FA_DQ_RED 4) or its own width
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       if (qrow + 8 * half < seqlen_q) {
 #pragma unroll
         for (int nj = 0; nj < kQN; ++nj) {
-#if FA_DQ_RED == 2  // the thread's column pair in one request (8-byte aligned: the column is even)
+#if FA_DQ_RED >= 2  // the thread's column pair in one request (8-byte aligned: the column is even)
           red_add_f32x2(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ[nj][2 * half], tdQrdQ[nj][2 * half + 1]);
 #else
           red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ[nj][2 * half]);
@@ -675,6 +707,7 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         }
       }
 #endif
+    }
 #endif
   }
 
@@ -706,7 +739,21 @@ fa2_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, u16* __restrict__ 
     const int row = row0 + i / kHeadDim, col = i % kHeadDim;
     if (row >= seqlen_q) break;  // i grows with the row
     const u64 at = ((u64)bh * seqlen_q + row) * kHeadDim + col;
+#if FA_DQ_FRAG
+    // the main kernel's fragment order where the row's 16-row slice lies wholly in [0, Nq)
+    u64 a0 = at, a1 = at + 1;
+    const int r16 = row % 16;
+    if (row - r16 + 16 <= seqlen_q) {
+      const int wn = col / (8 * kQN), cc = col % (8 * kQN), nj = cc / 8;
+      const int ln = 4 * (r16 % 8) + (cc % 8) / 2, e = 2 * (r16 / 8);  // lane, element of column 2tq
+      a0 = at - (u64)r16 * kHeadDim - col + 128 * kQN * wn + 128 * nj + 32 * FA_DQ_RED * (e / FA_DQ_RED)
+           + FA_DQ_RED * ln + e % FA_DQ_RED;
+      a1 = a0 + (FA_DQ_RED == 1 ? 32 : 1);  // element e + 1
+    }
+    stg32(dq + at, pack_f16x2(__fmul_rn(dq_accum[a0], scale), __fmul_rn(dq_accum[a1], scale)));
+#else
     stg32(dq + at, pack_f16x2(__fmul_rn(dq_accum[at], scale), __fmul_rn(dq_accum[at + 1], scale)));
+#endif
   }
 }
 #else

@@ -91,6 +91,8 @@ class BackwardConfig:
     q_stages: int = 1  # Q block buffers of the main kernel (FA_Q_STAGES): 1 as DEFAULT_TILES and the recordings, or 2
     softmax: str = "fmul_fsub"  # the exp2 argument of P (FA_SOFTMAX_FFMA): SOFTMAX_FORMS
     dq_red: int = 1  # fp32 elements per atomic dQ reduction (FA_DQ_RED): DQ_RED_WIDTHS, 2 and 4 for sm_90
+    dq_frag: bool = False  # the atomic mode's dq_accum in the fragment order (FA_DQ_FRAG): each warp reduction
+    # covers 32 dq_red contiguous fp32 (whole 128-byte lines) instead of 8 rows' 8 dq_red columns; dQ's sums unchanged
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -105,6 +107,8 @@ class BackwardConfig:
         if self.dq_red not in DQ_RED_WIDTHS:
             raise ValueError(f"dq_red must be one of {DQ_RED_WIDTHS} (fp32 elements per atomic dQ reduction), "
                              f"got {self.dq_red!r}")
+        if not isinstance(self.dq_frag, bool):
+            raise ValueError(f"dq_frag must be True or False (dq_accum in the fragment order), got {self.dq_frag!r:.40}")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages must be 1 or 2 (Q block buffers of the backward's main kernel), "
                              f"got {self.q_stages!r}")
@@ -174,6 +178,7 @@ class BackwardConfig:
         extra += f" q_stages={self.q_stages}" if self.q_stages != 1 else ""
         extra += f" softmax={self.softmax}" if self.softmax != SOFTMAX_FORMS[0] else ""
         extra += f" dq_red={self.dq_red}" if self.dq_red != 1 else ""
+        extra += " dq_frag" if self.dq_frag else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
@@ -198,6 +203,8 @@ class BackwardBuild:
                    FA_SOFTMAX_FFMA=int(cfg.softmax == "ffma"))
         if cfg.dq_red != 1:  # absent for the default: its builds keep their cache keys
             out["FA_DQ_RED"] = cfg.dq_red
+        if cfg.dq_frag:  # likewise
+            out["FA_DQ_FRAG"] = 1
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
