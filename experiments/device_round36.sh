@@ -20,6 +20,7 @@
 #   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
 #             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
 #             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
+#             (TUNEBWD_ARGS: more tune_bwd.py options, e.g. "--head-dims 64 128 --labels 64x8s1r2 64x8s1r4p")
 #   host      experiments/host_overhead.py: host ms per fa_hw.attention call beside the GPU's (small shapes)
 #   micro     fa_sim.calibrate.timing_microbench --measure: the SM-unit microbenchmarks incl. MUFU.RCP's and
 #             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
@@ -89,7 +90,7 @@ for s in $STEPS; do case $s in
     timeout "$(lim 60)" python3 experiments/host_overhead.py --shape 32,8,1000,32 --causal --profile 2>&1 | head -45 | tee -a "$OUT/summary.txt"
     timeout "$(lim 40)" python3 experiments/host_overhead.py --shape 8,32,2048,64 2>&1 | tail -3 | tee -a "$OUT/summary.txt" ;;
   tunebwd) log tunebwd "$GPU"
-    timeout "$(lim ${TUNEBWD_S:-420})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-380} 2>&1 \
+    timeout "$(lim ${TUNEBWD_S:-420})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-380} ${TUNEBWD_ARGS:-} 2>&1 \
       | tail -40 | tee -a "$OUT/summary.txt"
     timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
       2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;

@@ -34,7 +34,8 @@ that a run stopped by --budget-s (no new shape starts past it) keeps what it mea
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
 3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 18-22 candidates per head_dim on sm_90 (10-14
-before the dq_red ones, 7-12 before the softmax "ffma" ones) that is about 170 s of backward passes on
+before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones; --labels times a
+few) that is about 170 s of backward passes on
 an H100 at the default's speed, plus the builds (compiled first, in parallel processes) and the
 forward passes: about 4 minutes; device_round36.sh's step gives it TUNEBWD_S=420 TUNEBWD_BUDGET=380 by
 default (--budget-s starts no shape past it, and the table keeps what was measured).
@@ -74,11 +75,17 @@ def _compile(args) -> str:
     return f"{build.describe()}: spills {spills}" if spills else ""
 
 
-def precompile(cases, arch: str) -> None:
+def _chosen(cands, labels):
+    """cands without those not in `labels` (None: all); the first, the default, always stays."""
+    return [x for i, x in enumerate(cands) if labels is None or i == 0
+            or _label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag) in labels]
+
+
+def precompile(cases, arch: str, labels=None) -> None:
     from fa_hw.tuned_backward import candidates
 
     jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, causal, arch) for c in cases
-                   for x in candidates(c[3], arch=arch) for causal in (False, True)})
+                   for x in _chosen(candidates(c[3], arch=arch), labels) for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1), mp_context=ctx) as pool:
@@ -121,7 +128,7 @@ def run_case(case, causal: bool, args) -> dict:
     o, lse = enqueue_forward(q, k, v, causal=causal, scale=scale)  # fa_hw.attention's forward
     from fa_hw.runtime import device_arch
 
-    cands = candidates(d, arch=device_arch())  # dq_red 2, 4 only where they compile (sm_90)
+    cands = _chosen(candidates(d, arch=device_arch()), args.labels)  # dq_red 2, 4 only where they compile (sm_90)
     timers, notes = {}, {}
     ref = {}  # softmax form -> (label, (dq, dk, dv)) of its first candidate that ran
     for cfg in cands:
@@ -254,6 +261,9 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", nargs="*", type=int, default=[32, 64, 96, 128])
     p.add_argument("--cases", nargs="*", type=int, default=None, help="indices into BWD_TRAIN")
     p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")
+    p.add_argument("--labels", nargs="*", default=None,
+                   help="time only these candidates (tune_bwd labels, e.g. 64x8s1r2 64x8s1r4p) besides the default, "
+                        "which every shape keeps as the reference; default: all")
     args = p.parse_args(argv)
     check_sets()
     from fa_hw.tuned_backward import CANDIDATES
@@ -262,6 +272,15 @@ def main(argv=None) -> int:
     if bad or min(args.runs, args.reps) < 1 or args.warmup < 0:
         raise SystemExit(f"--head-dims must be among {sorted(CANDIDATES)} (got {bad}); --runs and --reps >= 1, "
                          "--warmup >= 0")
+    if args.labels is not None:
+        from fa_hw.tuned_backward import candidates as _cands
+
+        known = {_label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag)
+                 for d in args.head_dims for x in _cands(d)}
+        unknown = sorted(set(args.labels) - known)
+        if unknown:
+            raise SystemExit(f"--labels {unknown} are no candidates of head dims {args.head_dims}; "
+                             f"known: {' '.join(sorted(known))}")
     cases = [c for i, c in enumerate(BWD_TRAIN) if c[3] in args.head_dims and (args.cases is None or i in args.cases)]
     import torch
 
@@ -274,7 +293,7 @@ def main(argv=None) -> int:
     gpu, arch = torch.cuda.get_device_name(), device_arch()
     out = Path(args.out)
     (out / "backward").mkdir(parents=True, exist_ok=True)
-    precompile(cases, arch)
+    precompile(cases, arch, args.labels)
     records = []
     for case in cases:
         for causal in (False, True):
