@@ -112,3 +112,23 @@ def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
         assert len(short.done_at) == fork and len(long.done_at) == len(streams)
     with pytest.raises(ValueError, match="fork must be"):
         run_sm_prefix(streams, 0, 4, H200, slots=2)
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_held_stall_reasons_change_nothing(steady, monkeypatch):
+    """The scheduler keeps a warp's own stall reasons (barrier, scoreboard, the stall count's wait)
+    until its state changes (sm._HELD) instead of asking _blocked every cycle: the run equals the one
+    that asks every cycle in every field and stall count, and the run without stall accounting (whose
+    pick _can_issue decides) in its timing."""
+    import fa_sim.timing.sm as sm
+    from fa_sim.timing.gpus import H200
+
+    streams = _loop_streams([40, 33, 27, 50, 12, 45])
+    held = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
+    monkeypatch.setattr(sm, "_HELD", frozenset())
+    asked = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
+    assert held == asked and dict(held.stalls) == dict(asked.stalls)
+    assert min(held.stalls[r] for r in ("barrier", "short_scoreboard", "wait", "math_pipe_throttle")) > 0
+    plain = sm.run_sm(streams, 4, H200, account=False, slots=3, steady=steady)
+    assert (plain.cycles, plain.done_at, plain.issued, plain.busy) == (held.cycles, held.done_at, held.issued,
+                                                                       held.busy)
