@@ -128,30 +128,45 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
 
 def run_sm_prefix(streams: list, fork: int, n_warps: int, gpu: GpuModel, account: bool = True,
                   slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> tuple[SmRun, SmRun]:
-    """(run_sm(streams[:fork], ...), run_sm(streams, ...)) for about the cost of the longer one: the two
-    runs are the same cycle by cycle (run_sm is deterministic) up to the moment a CTA finishes when
-    `fork` CTAs have started, where the shorter one starts no CTA and the longer one starts CTA
-    `fork`; there the state is copied (deepcopy; the streams and their Steps are shared) and each
-    run goes on from its own copy. The results are those of the two separate runs, bit for bit
-    (tests/test_timing_steady.py). fa_sim.timing.launch's chunks use it: each chunk's run is the
-    start of its run with the next chunk."""
-    n = len(streams) if slots is None else min(slots, len(streams))
-    if not 0 < fork <= len(streams):
+    """(run_sm(streams[:fork], ...), run_sm(streams, ...)) for about the cost of the longer one
+    (run_sm_prefixes)."""
+    if not (isinstance(fork, int) and 0 < fork <= len(streams)):
         raise ValueError(f"fork must be 1 to {len(streams)} CTAs, got {fork!r:.40}")
-    if fork == len(streams) or fork < n:  # the same run, or different from the first cycle on
-        short = _run_sm(streams[:fork], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
-        return short, short if fork == len(streams) else run_sm(streams, n_warps, gpu, account, slots, max_cycles,
-                                                                  steady=steady)
-    short, snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady, fork=fork)
-    return short, _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
-                          resume=snapshot)[0]
+    short, long = run_sm_prefixes(streams, (fork, len(streams)), n_warps, gpu, account, slots, max_cycles, steady)
+    return short, long
+
+
+def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: bool = True,
+                    slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> list[SmRun]:
+    """[run_sm(streams[:f], ...) for f in forks] for about the cost of the longest one: the run of
+    streams[:f] and of streams[:g], f < g, are the same cycle by cycle (run_sm is deterministic) up to
+    the moment a CTA finishes when f CTAs have started, where the shorter one starts no CTA and the
+    longer one starts CTA f; there the state is copied (deepcopy; the streams and their Steps are
+    shared), the shorter run goes on to its end and the longer one from the copy, up to the next fork.
+    The results are those of the separate runs, bit for bit (tests/test_timing_steady.py).
+    fa_sim.timing.launch's chunks use it: each chunk's run is the start of its run with the next chunk,
+    and the last, shorter chunk's run with the one before is the start of theirs with a whole one."""
+    forks = list(forks)
+    if not forks or not all(isinstance(f, int) and 0 < f <= len(streams) for f in forks):
+        raise ValueError(f"forks must be 1 to {len(streams)} CTAs, got {forks!r:.60}")
+    n = len(streams) if slots is None else min(slots, len(streams))
+    done: dict = {}
+    snapshot = None
+    for f in sorted(set(forks)):
+        if f < n:  # fewer CTAs than slots: different from the first cycle on
+            done[f] = _run_sm(streams[:f], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
+            continue
+        done[f], snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
+                                    fork=f if f < len(streams) else None, resume=snapshot)
+    return [done[f] for f in forks]
 
 
 def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady, fork=None,
             resume=None) -> tuple[SmRun, tuple | None]:
-    """run_sm, and run_sm_prefix's two halves: with `fork`, the run of streams[:fork] and the state
+    """run_sm, and run_sm_prefixes' pieces: with `fork`, the run of streams[:fork] and the state
     (a snapshot) at the moment the run of all the streams would start CTA `fork`; with `resume`,
-    the run of all the streams from such a snapshot."""
+    the run of all the streams (with `fork` too, of streams[:fork], and its snapshot) from such a
+    snapshot."""
     slots = len(streams) if slots is None else slots
     limit = len(streams) if fork is None else fork  # the CTAs this run starts
     snapshot = None
