@@ -424,8 +424,8 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     if announce and seconds > LONG_SECONDS:
         print(f"fa_sim.timing: {what}: at most about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
               f"{len(reps):,} representative CTAs, the SM model at most about {sm_s:,.0f} s"
-              + (": an upper bound, counting every instruction, before the run shows which loop iterations the "
-                 "SM's steady state skips; the SM model's own estimate follows the engine's run" if steady else "")
+              + (": an upper bound that counts every instruction, made before the run shows which loop "
+                 "iterations the SM's steady state skips" if steady else "")
               + "); progress follows",
               file=sys.stderr, flush=True)
     return seconds
