@@ -112,3 +112,41 @@ def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
         assert len(short.done_at) == fork and len(long.done_at) == len(streams)
     with pytest.raises(ValueError, match="fork must be"):
         run_sm_prefix(streams, 0, 4, H200, slots=2)
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_a_runs_prefixes_are_the_shorter_runs_bit_for_bit(steady):
+    """run_sm_prefixes: the runs of the first 1, 3, 4 and 5 CTAs and of all of them, in one pass,
+    equal the separate runs in every field (time_sm's chunk runs: a chunk, it with a shorter last
+    chunk, it with a whole one)."""
+    from fa_sim.timing.gpus import H200
+    from fa_sim.timing.sm import run_sm, run_sm_prefixes
+
+    streams = _loop_streams([40, 33, 27, 50, 12, 45])
+    forks = [4, 1, 6, 3, 5]
+    for fork, run in zip(forks, run_sm_prefixes(streams, forks, 4, H200, slots=2, steady=steady)):
+        separate = run_sm(streams[:fork], 4, H200, slots=2, steady=steady)
+        assert run == separate and dict(run.stalls) == dict(separate.stalls)
+        assert len(run.done_at) == fork
+    with pytest.raises(ValueError, match="forks must be"):
+        run_sm_prefixes(streams, [3, 7], 4, H200, slots=2)
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_held_stall_reasons_change_nothing(steady, monkeypatch):
+    """The scheduler keeps a warp's own stall reasons (barrier, scoreboard, the stall count's wait)
+    until its state changes (sm._HELD) instead of asking _blocked every cycle: the run equals the one
+    that asks every cycle in every field and stall count, and the run without stall accounting (whose
+    pick _can_issue decides) in its timing."""
+    import fa_sim.timing.sm as sm
+    from fa_sim.timing.gpus import H200
+
+    streams = _loop_streams([40, 33, 27, 50, 12, 45])
+    held = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
+    monkeypatch.setattr(sm, "_HELD", frozenset())
+    asked = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
+    assert held == asked and dict(held.stalls) == dict(asked.stalls)
+    assert min(held.stalls[r] for r in ("barrier", "short_scoreboard", "wait", "math_pipe_throttle")) > 0
+    plain = sm.run_sm(streams, 4, H200, account=False, slots=3, steady=steady)
+    assert (plain.cycles, plain.done_at, plain.issued, plain.busy) == (held.cycles, held.done_at, held.issued,
+                                                                       held.busy)

@@ -27,7 +27,8 @@ How (nothing here knows what the kernel computes):
    timed alone, each next one as the increment of (previous chunk + chunk) over the previous
    chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
    these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
-   few chunks (docs/timing.md, "How long it takes").
+   few chunks (docs/timing.md, "How long it takes"); a run whose CTAs start another's is that
+   run's start, taken from it (fa_sim.timing.sm.run_sm_prefixes).
    Within a run, a loop's identical iterations are not simulated one by one (`steady`, on by
    default): once the SM's whole state, relative to the clock, recurs with the same period twice in
    a row while every resident warp repeats its last instructions, run_sm jumps whole periods up to
@@ -68,7 +69,7 @@ from .gpus import GPUS, GpuModel
 from .predict import Prediction
 from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
 from .sass import parse
-from .sm import REASONS, SmRun, run_sm, run_sm_prefix, steady_size
+from .sm import REASONS, SmRun, run_sm_prefixes, steady_size
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
@@ -408,7 +409,7 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact, warps)
     runs = [tuple(seq.tolist())] if chunks is None else \
         list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
-    simulated = float(sum(values[c] for r in runs for c in r))
+    simulated = float(sum(values[c] for r in _simulated(sm_chains(runs), k) for c in r))
     if simulated > MAX_SM_INSTRUCTIONS and not steady:
         raise ValueError(f"{what}: the busiest SM's {len(seq):,} CTAs need about {simulated:,.0f} warp instructions "
                          f"simulated (estimated), past the {MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; "
@@ -422,8 +423,10 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
                          "time a smaller problem")
     if announce and seconds > LONG_SECONDS:
         print(f"fa_sim.timing: {what}: at most about {seconds:,.0f} s (the PTX engine about {engine:,.0f} s for "
-              f"{len(reps):,} representative CTAs, the SM model at most about {sm_s:,.0f} s, less where the CTAs' "
-              "loops reach a steady state); progress follows",
+              f"{len(reps):,} representative CTAs, the SM model at most about {sm_s:,.0f} s"
+              + (": an upper bound that counts every instruction, made before the run shows which loop "
+                 "iterations the SM's steady state skips" if steady else "")
+              + "); progress follows",
               file=sys.stderr, flush=True)
     return seconds
 
@@ -436,6 +439,21 @@ def sm_chunks(seq: list, k: int, sizes: list, exact: int, n_warps: int) -> list[
     if sum(sizes[c] for c in seq) * min(k, len(seq)) * n_warps <= exact or len(seq) <= 3 * m:
         return None
     return [tuple(seq[i:i + m]) for i in range(0, len(seq), m)]
+
+
+def sm_chains(runs: list[tuple]) -> dict:
+    """time_sm's runs (tuples of walk classes) grouped into chains of runs that start one another:
+    the longest of each -> its runs, longest first (run_sm_prefixes runs each chain in one pass)."""
+    heads: dict = {}
+    for r in sorted(runs, key=len, reverse=True):
+        heads.setdefault(next((h for h in heads if h[:len(r)] == r), r), []).append(r)
+    return heads
+
+
+def _simulated(heads: dict, k: int) -> list[tuple]:
+    """The runs that run_sm_prefixes simulates for the chains `heads`: each chain's longest, and those
+    of its shorter runs with fewer CTAs than the k slots (different from the first cycle on)."""
+    return [r for h, mine in heads.items() for r in mine if r is h or len(r) < min(k, len(h))]
 
 
 def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
@@ -451,7 +469,8 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
     if steady:  # the chunks are cut as without it (the same prediction); a class's loops cost a few periods
         sizes = [sum(steady_size(w) for w in streams[c]) if c in set(seq) else sizes[c] for c in range(len(sizes))]
-    simulated = sum(sizes[c] for r in runs for c in r)
+    heads = sm_chains(runs)
+    simulated = sum(sizes[c] for r in _simulated(heads, k) for c in r)
     if simulated > MAX_SM_INSTRUCTIONS:
         raise ValueError(f"the busiest SM of this launch of {what} needs {simulated:,} warp instructions simulated "
                          f"(its {len(seq):,} CTAs{', in memoized chunks' if chunks else ''}), more than the "
@@ -464,17 +483,13 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
               f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
     memo: dict = {}
     start = time.perf_counter()
-    # a chunk's run is the start of its run with the next chunk: the two share their common cycles
-    # (run_sm_prefix); the results are the separate runs', bit for bit
-    todo = [(a, a + b) for a, b in zip(chunks, chunks[1:])] if chunks else [(runs[0], runs[0])]
-    for a, ab in todo:
-        if a in memo and ab in memo:
-            continue
-        if a in memo or a == ab:
-            memo[ab] = run_sm([streams[c] for c in ab], n_warps, gpu, account=True, slots=k, steady=steady)
-        else:
-            memo[a], memo[ab] = run_sm_prefix([streams[c] for c in ab], len(a), n_warps, gpu, account=True, slots=k,
-                                              steady=steady)
+    # a run whose CTAs start another's is the start of that run: the two share their common cycles
+    # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
+    # are the separate runs', bit for bit
+    for head, mine in heads.items():
+        for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps, gpu,
+                                                account=True, slots=k, steady=steady)):
+            memo[r] = run
         if long:
             print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                   file=sys.stderr, flush=True)

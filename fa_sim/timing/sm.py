@@ -59,6 +59,13 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
 _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
+# A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
+# in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
+# until the CTA's release, a scoreboard wait until one of its scoreboards is released (the warp sets
+# none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it).
+# A reason that a shared pipe or queue decides must not be one of these (tests/test_timing_steady.py
+# compares the run with the one that asks every cycle).
+_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait"))
 
 
 class Deadlock(RuntimeError):
@@ -66,7 +73,7 @@ class Deadlock(RuntimeError):
 
 
 class _Warp:
-    __slots__ = ("cta", "stream", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb")
+    __slots__ = ("cta", "stream", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why")
 
     def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
         self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
@@ -74,6 +81,7 @@ class _Warp:
         self.at_bar = False
         self.open_arrival = 0.0
         self.long_sb = 0  # scoreboards last set by a cp.async group: waits on them are long
+        self.why = None  # a stall reason of this warp's own that stays until it is cleared (_HELD)
 
 
 @dataclass
@@ -120,30 +128,45 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
 
 def run_sm_prefix(streams: list, fork: int, n_warps: int, gpu: GpuModel, account: bool = True,
                   slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> tuple[SmRun, SmRun]:
-    """(run_sm(streams[:fork], ...), run_sm(streams, ...)) for about the cost of the longer one: the two
-    runs are the same cycle by cycle (run_sm is deterministic) up to the moment a CTA finishes when
-    `fork` CTAs have started, where the shorter one starts no CTA and the longer one starts CTA
-    `fork`; there the state is copied (deepcopy; the streams and their Steps are shared) and each
-    run goes on from its own copy. The results are those of the two separate runs, bit for bit
-    (tests/test_timing_steady.py). fa_sim.timing.launch's chunks use it: each chunk's run is the
-    start of its run with the next chunk."""
-    n = len(streams) if slots is None else min(slots, len(streams))
-    if not 0 < fork <= len(streams):
+    """(run_sm(streams[:fork], ...), run_sm(streams, ...)) for about the cost of the longer one
+    (run_sm_prefixes)."""
+    if not (isinstance(fork, int) and 0 < fork <= len(streams)):
         raise ValueError(f"fork must be 1 to {len(streams)} CTAs, got {fork!r:.40}")
-    if fork == len(streams) or fork < n:  # the same run, or different from the first cycle on
-        short = _run_sm(streams[:fork], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
-        return short, short if fork == len(streams) else run_sm(streams, n_warps, gpu, account, slots, max_cycles,
-                                                                  steady=steady)
-    short, snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady, fork=fork)
-    return short, _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
-                          resume=snapshot)[0]
+    short, long = run_sm_prefixes(streams, (fork, len(streams)), n_warps, gpu, account, slots, max_cycles, steady)
+    return short, long
+
+
+def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: bool = True,
+                    slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> list[SmRun]:
+    """[run_sm(streams[:f], ...) for f in forks] for about the cost of the longest one: the run of
+    streams[:f] and of streams[:g], f < g, are the same cycle by cycle (run_sm is deterministic) up to
+    the moment a CTA finishes when f CTAs have started, where the shorter one starts no CTA and the
+    longer one starts CTA f; there the state is copied (deepcopy; the streams and their Steps are
+    shared), the shorter run goes on to its end and the longer one from the copy, up to the next fork.
+    The results are those of the separate runs, bit for bit (tests/test_timing_steady.py).
+    fa_sim.timing.launch's chunks use it: each chunk's run is the start of its run with the next chunk,
+    and the last, shorter chunk's run with the one before is the start of theirs with a whole one."""
+    forks = list(forks)
+    if not forks or not all(isinstance(f, int) and 0 < f <= len(streams) for f in forks):
+        raise ValueError(f"forks must be 1 to {len(streams)} CTAs, got {forks!r:.60}")
+    n = len(streams) if slots is None else min(slots, len(streams))
+    done: dict = {}
+    snapshot = None
+    for f in sorted(set(forks)):
+        if f < n:  # fewer CTAs than slots: different from the first cycle on
+            done[f] = _run_sm(streams[:f], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
+            continue
+        done[f], snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
+                                    fork=f if f < len(streams) else None, resume=snapshot)
+    return [done[f] for f in forks]
 
 
 def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady, fork=None,
             resume=None) -> tuple[SmRun, tuple | None]:
-    """run_sm, and run_sm_prefix's two halves: with `fork`, the run of streams[:fork] and the state
+    """run_sm, and run_sm_prefixes' pieces: with `fork`, the run of streams[:fork] and the state
     (a snapshot) at the moment the run of all the streams would start CTA `fork`; with `resume`,
-    the run of all the streams from such a snapshot."""
+    the run of all the streams (with `fork` too, of streams[:fork], and its snapshot) from such a
+    snapshot."""
     slots = len(streams) if slots is None else slots
     limit = len(streams) if fork is None else fork  # the CTAs this run starts
     snapshot = None
@@ -184,9 +207,11 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
         skipped = 0.0  # cycles jumped over by the steady state (not simulated)
         live = len(warps)
+        get = stalls.get
     else:  # run_sm_prefix's longer run: start CTA len(ctas) where the shorter one did not, go on
         (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq, warp_cycles, skipped,
          live, first, slot, due) = resume
+        get = stalls.get
         lead, any_issue = None, True  # (no stagger here; the shorter run issued at t)
         if periodic is not None:
             periodic.due = due
@@ -198,6 +223,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 when, _, w, sb = heapq.heappop(events)
                 if sb >= 0:
                     w.sb[sb] -= 1
+                    w.why = None
                 else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
@@ -206,15 +232,32 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             s = order[i]
             ls = last[s]
             pipes = pipe_free[s]
-            pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
-            if pick is None:
+            if account:  # each warp's stall reason (None: it may issue) decides the pick and is charged
+                pick, ready = None, 0
                 for w in by_smsp[s]:
-                    if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
-                        pick = w
-                        break
+                    if w.pc < len(w.stream):
+                        r = w.why
+                        if r is None or r == "wait" and t >= w.ready:
+                            r = _blocked(w, w.stream[w.pc], t, pipes, state, gpu)
+                            w.why = r if r in _HELD else None
+                        if r is None:
+                            ready += 1
+                            if pick is None or w is ls:  # the greedy warp, else the oldest
+                                pick = w
+                        else:
+                            stalls[r] = get(r, 0) + 1
+                if ready:
+                    stalls["selected"] = get("selected", 0) + 1
+                    for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
+                        stalls["not_selected"] = get("not_selected", 0) + 1
+            else:
+                pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
+                if pick is None:
+                    for w in by_smsp[s]:
+                        if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
+                            pick = w
+                            break
             if pick is not None:
-                if account:
-                    _account(stalls, by_smsp[s], t, pipe_free, state, gpu, pick)
                 if timeline is not None:
                     st = pick.stream[pick.pc]
                     timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
@@ -244,8 +287,6 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
                                                            busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
                                                            pick.cta.slot, periodic is not None and periodic.due))
-            elif account:
-                _account(stalls, by_smsp[s], t, pipe_free, state, gpu, None)
         first = 0
         if periodic is not None and periodic.due:
             periodic.due = False
@@ -485,17 +526,6 @@ def _reasons(warps, t, pipe_free, state, gpu, pick):
                 yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
 
 
-def _account(stalls: Counter, warps, t, pipe_free, state, gpu, pick) -> None:
-    """stalls.update(_reasons(...)) without the generator (the scheduler's hot path): the same
-    counts, added in the same order."""
-    get = stalls.get
-    for w in warps:
-        if w.pc < len(w.stream):
-            r = "selected" if w is pick else \
-                (_blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected")
-            stalls[r] = get(r, 0) + 1
-
-
 def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
     """`_blocked(...) is None`, its checks in the order that rejects a waiting warp soonest (the
     scheduler's inner loop; `_blocked` names the reason for the stall accounting)."""
@@ -540,6 +570,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
            busy: Counter) -> int:
     st = w.stream[w.pc]
     w.pc += 1
+    w.why = None
     w.ready = t + max(1, st.stall)
     pipes[st.slot] = t + st.cycles
     busy[_PIPE_NAMES[st.slot]] += st.cycles
@@ -601,6 +632,7 @@ def _release(cta: _Cta, when: float) -> None:
     for x in cta.warps:
         if x.at_bar:
             x.at_bar = False
+            x.why = None
             x.ready = max(x.ready, when)
 
 
