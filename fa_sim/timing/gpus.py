@@ -34,6 +34,11 @@ class GpuModel:
     # H200 (README, "The GPU kernel") over 528 sub-partitions at 1.98 GHz
     fma_cycles: int = 1  # FP32 FFMA/FADD/FMUL: 32 lanes per sub-partition per clock on sm_90
     alu_cycles: int = 2  # integer and logic: 16 lanes per sub-partition per clock
+    issue_in_turn: bool = False  # fa_sim.timing.sm: greedy-then-in-turn issue and the SM's shared queues taking
+    # the sub-partitions after the last MIO issuer (False: greedy-then-oldest, the turn with the cycle number).
+    # Set from the H100's microbenchmarks (tests/data/h100/timing_microbench_h100.json: tanh_hmma_16w, the
+    # XU-bound warps' finishes, ex2_ldsm_16w); off in the shipped models until their fitted parameters are
+    # refitted with it (docs/timing.md, "Features", softcap)
     xu_cycles: int = 8  # MUFU (and conversions): 4 lanes per sub-partition per clock
     # latencies in cycles, from issue to the scoreboard's release
     mufu_latency: int = 18  # fits the kernel's measured times best; the dependent-chain benchmark

@@ -14,6 +14,16 @@ The model (parameters: fa_sim.timing.gpus):
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
   SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
   cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
+  With `GpuModel.issue_in_turn` (measured on the H100, not in the shipped models until their
+  fitted parameters are refitted with it; docs/timing.md, "Features", softcap): greedy-then-in-turn,
+  a cycle in which the SMSP issues nothing ends the greedy claim and the next pick is the first
+  eligible warp after the SMSP's last pick (its warps in a ring), and the SM's shared queues take
+  the SMSPs in turn from the one after the last MIO issuer. On the H100 four warps bound by one
+  SMSP's XU each take nearly the whole benchmark (oldest-first finishes the oldest after a quarter
+  of it), and the softcap's tanh beside HMMAs (tanh_hmma_16w) takes 5996 cycles where oldest-first,
+  its warps drifting apart, overlaps the XU and the tensor pipe into 5104 (in turn: 5740); the turn
+  with the cycle number meets the XU's 8-cycle period always at the same phase and starves one SMSP
+  of the shared-memory pipe in ex2_ldsm_16w (2456 cycles; the H100 2219, the MIO arbiter 2277).
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
   its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
@@ -39,7 +49,10 @@ The model (parameters: fa_sim.timing.gpus):
 - BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
 Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
 barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
-count), math_pipe_throttle, mio_throttle, lg_throttle, not_selected; the issuing warp counts as selected.
+count), math_pipe_throttle, mio_throttle (with `issue_in_turn` also a MUFU or conversion waiting for
+its XU: Nsight Compute counts the XU among the MIO pipelines, and the H100's softcap profile shows the
+XU's load as mio_throttle, 0.55 -> 1.32 per instruction, math_pipe_throttle 0.32 -> 0.27), lg_throttle,
+not_selected; the issuing warp counts as selected.
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
+_XU = int(Pipe.XU)
 _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
 
 
@@ -146,6 +160,9 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
     state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
     events: list = []  # (time, seq, warp, scoreboard)
     last: list = [None] * N_SMSP
+    ring = [0] * N_SMSP  # per SMSP: where its warps' turn starts (after its last pick)
+    turn = 0  # the SMSP that comes first at the SM's shared queues (after the last MIO issuer)
+    in_turn = gpu.issue_in_turn
     stalls: Counter = Counter()
     busy: Counter = Counter()
     issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
@@ -159,14 +176,19 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                 state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
         any_issue = False
-        for s in _ORDERS[int(t) % N_SMSP]:  # the SM's shared queues serve the sub-partitions round-robin
+        for s in _ORDERS[turn if in_turn else int(t) % N_SMSP]:  # the SM's shared queues serve the SMSPs in turn
             ls = last[s]
             pipes = pipe_free[s]
             pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
-            if pick is None:
-                for w in by_smsp[s]:
+            if pick is None:  # the SMSP's warps in turn, from the one after its last pick
+                mine = by_smsp[s]
+                n = len(mine)
+                first = ring[s] % n if in_turn and n else 0
+                for i in range(n):
+                    w = mine[(first + i) % n]
                     if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                         pick = w
+                        ring[s] = first + i + 1
                         break
             if pick is not None:
                 if account:
@@ -178,6 +200,8 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                     pick.cta.marked.append(t)
                 if periodic is not None and pick is warps[0] and pick.stream[pick.pc] is periodic.anchor(pick.stream):
                     periodic.due = True
+                if in_turn and pick.stream[pick.pc].is_mio:
+                    turn = (s + 1) % N_SMSP
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
                 while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= len(pick.stream)):
                     pending.pop(0)
@@ -196,11 +220,14 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                         if len(ctas) < len(streams):
                             start(pick.cta.slot, t + 1)
                             live += n_warps
-            elif account:
-                stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
+            else:
+                if in_turn:  # a cycle without issue ends the greedy claim: the next pick is in turn
+                    last[s] = None
+                if account:
+                    stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
         if periodic is not None and periodic.due:
             periodic.due = False
-            jump = periodic.at(t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles)
+            jump = periodic.at(t, warps, last, (ring, turn), pipe_free, state, events, issued, busy, stalls, warp_cycles)
             if jump is not None:
                 m, period, deltas, counts = jump
                 shift = m * period
@@ -243,7 +270,8 @@ class _Steady:
 
     The rule. run_sm is deterministic and reads the clock t only relative to the times in its state
     (a warp's ready cycle, its scoreboards' release events, the pipes', the shared-memory and L2
-    queues' free cycles) and through the sub-partitions' turn (int(t) mod 4). Each time the oldest
+    queues' free cycles) and through the sub-partitions' turn (int(t) mod 4; with `issue_in_turn` each
+    one's ring of warps and the SM's ring of sub-partitions, which the state includes). Each time the oldest
     resident warp issues its stream's anchor (the instruction it issues most often: one in the body
     of its innermost loop), run_sm records the state relative to t: per resident warp its ready and
     copy-arrival times past t, scoreboards and barrier state, the greedy warp of each sub-partition,
@@ -305,7 +333,7 @@ class _Steady:
         self.snaps.clear()
         self.chain.clear()
 
-    def at(self, t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles):
+    def at(self, t, warps, last, turns, pipe_free, state, events, issued, busy, stalls, warp_cycles):
         """None, or (m, P, {id(warp): d_w}, the period's (issued, warp-cycles, busy, stalls)) to jump."""
         def rel(x):
             return round(x - t, STEADY_ROUND) if x > t else 0.0
@@ -314,6 +342,7 @@ class _Steady:
         key = (tuple(rel(state[q]) for q in sorted(state)),  # the SM's queues' free cycles
                tuple(rel(p) for pipes in pipe_free for p in pipes),
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
+               (tuple(r % max(1, sum(w.smsp == s for w in warps)) for s, r in enumerate(turns[0])), turns[1]),
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
                       w.pc >= len(w.stream), w.cta.arrived, w.cta.live) for w in warps),
                # a copy's arrival (negative: its wavefronts) takes the shared-memory pipe, whoever issued it
@@ -440,7 +469,7 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
     if t < w.ready:
         return "wait"
     if pipes[st.slot] > t:
-        return "mio_throttle" if st.is_mio else "math_pipe_throttle"
+        return "mio_throttle" if st.is_mio or (st.slot == _XU and gpu.issue_in_turn) else "math_pipe_throttle"
     if st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
         return "lg_throttle"
     if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
