@@ -227,7 +227,7 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
                     stalls.update(_reasons(by_smsp[s], t, pipe_free, state, gpu, None))
         if periodic is not None and periodic.due:
             periodic.due = False
-            jump = periodic.at(t, warps, last, (ring, turn), pipe_free, state, events, issued, busy, stalls, warp_cycles)
+            jump = periodic.at(t, warps, last, (ring, turn) if in_turn else None, pipe_free, state, events, issued, busy, stalls, warp_cycles)
             if jump is not None:
                 m, period, deltas, counts = jump
                 shift = m * period
@@ -342,7 +342,7 @@ class _Steady:
         key = (tuple(rel(state[q]) for q in sorted(state)),  # the SM's queues' free cycles
                tuple(rel(p) for pipes in pipe_free for p in pipes),
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
-               (tuple(r % max(1, sum(w.smsp == s for w in warps)) for s, r in enumerate(turns[0])), turns[1]),
+               turns and (tuple(r % max(1, sum(w.smsp == s for w in warps)) for s, r in enumerate(turns[0])), turns[1]),
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
                       w.pc >= len(w.stream), w.cta.arrived, w.cta.live) for w in warps),
                # a copy's arrival (negative: its wavefronts) takes the shared-memory pipe, whoever issued it
