@@ -180,15 +180,16 @@ def run_sm(streams: list[list[Step]], n_warps: int, gpu: GpuModel, account: bool
             ls = last[s]
             pipes = pipe_free[s]
             pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
-            if pick is None:  # the SMSP's warps in turn, from the one after its last pick
+            if pick is None:
                 mine = by_smsp[s]
-                n = len(mine)
-                first = ring[s] % n if in_turn and n else 0
-                for i in range(n):
-                    w = mine[(first + i) % n]
+                if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
+                    first = ring[s] % len(mine)
+                    mine = mine[first:] + mine[:first]
+                for i, w in enumerate(mine):
                     if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                         pick = w
-                        ring[s] = first + i + 1
+                        if in_turn:
+                            ring[s] = first + i + 1
                         break
             if pick is not None:
                 if account:
