@@ -296,7 +296,28 @@ def test_the_model_units_against_the_h200_microbenchmarks(name):
     assert model_cycles(name) == pytest.approx(MICRO[name]["cycles"], rel=0.06)
 
 
-# issue 38's softcap benchmarks, not recorded yet: each one's SASS mix per warp (MUFU.EX2, MUFU.RCP, HMMA, LDSM)
+H100_MICRO = json.loads((DATA.parent / "h100" / "timing_microbench_h100.json").read_text())["rows"]
+#: the H100 rows the shipped model (greedy-then-oldest) misses by more than 6 %: the XU-bound warps take
+#: the XU in turn on the GPU (docs/timing.md, "Features", softcap: the issue_in_turn rule measured, not merged)
+H100_KNOWN_GAPS = {"tanh_hmma_16w": "5104 cycles against 5996", "ex2_ldsm_16w": "2066 cycles against 2219"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=H100_KNOWN_GAPS[n])) if n in H100_KNOWN_GAPS else n
+    for n in sorted(set(H100_MICRO) - {"div_latency", "div_rate"})])
+def test_the_model_units_against_the_h100_microbenchmarks(name):
+    """The same benchmarks recorded on an H100 (tests/data/h100/timing_microbench_h100.json), with the
+    softcap's probes (docs/timing.md, "Features"): the model within the same 6 %. Two rows are the
+    model's known gap (strict xfail: a model that meets them must say so here): tanh_hmma_16w (5996
+    cycles; 7526 were the XU and the tensor pipe never to overlap) and ex2_ldsm_16w. The two div rows are
+    left out: their chain divides lane 0's zero, which takes div.rn's slow path (a subroutine call) on
+    the GPU (9396 cycles) and which the model's straight-line walk of the fast path does not see (2230)."""
+    from fa_sim.calibrate.timing_microbench import model_cycles
+
+    assert model_cycles(name) == pytest.approx(H100_MICRO[name]["cycles"], rel=0.06)
+
+
+# issue 38's softcap benchmarks: each one's SASS mix per warp (MUFU.EX2, MUFU.RCP, HMMA, LDSM)
 SOFTCAP_BENCHES = {"rcp_rate": (0, 256, 0, 0), "ex2_rate_16w": (64, 0, 0, 0), "tanh_rate_16w": (64, 64, 0, 0),
                    "tanh_hmma_16w": (64, 64, 128, 0), "ex2_ldsm_16w": (64, 0, 0, 32)}
 

@@ -11,10 +11,11 @@ MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma p
 shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one;
 MUFU.RCP's latency and div.rn.f32's (the softcap's tanh: MUFU.RCP, FCHK, FFMAs, a branch around
 the slow path) dependent chain and rate, which tests/data/h200/timing_microbench.json does not hold
-yet (run --measure on a GPU); and for the softcap's error (docs/timing.md, "Features"), recorded on
-no GPU yet: MUFU.RCP's rate, MUFU.EX2's with four warps per sub-partition, the softcap's tanh chain
-(MUFU.EX2, FADD, MUFU.RCP, FFMA) alone, beside HMMAs and MUFU.EX2 beside ldmatrix (tests/test_timing_model.py
-holds each one's SASS mix and the model's cycles where the XU bounds them).
+(tests/data/h100/timing_microbench_h100.json does: the chain divides lane 0's zero, which takes div.rn's
+slow path on the GPU); and for the softcap's error (docs/timing.md, "Features"), recorded on the H100
+(tests/data/h100/timing_microbench_h100.json): MUFU.RCP's rate, MUFU.EX2's with four warps per
+sub-partition, the softcap's tanh chain (MUFU.EX2, FADD, MUFU.RCP, FFMA) alone, beside HMMAs and MUFU.EX2
+beside ldmatrix (tests/test_timing_model.py holds each one's SASS mix and the model to the H100's cycles).
 --measure records the cycles between the two clock reads of every warp; a benchmark's time is its
 slowest warp's (median over 20 launches: the block is done when every warp is).
 The model runs the same cubin's SASS (NVRTC for sm_90, decoded by fa_sim.timing.sass) on its SM
@@ -86,14 +87,14 @@ BENCHES = {
     "ex2_rate": (EX2, 8, 32, 4, "0", 0),
     "ex2_latency": (EX2, 1, 128, 4, "0", 0),
     "ffma_rate": (FMA, 8, 64, 4, "0", 0),
-    # not yet recorded (issue 37's softcap and backward timing): MUFU.RCP's latency, div.rn's chain and rate
+    # issue 37's softcap and backward timing (recorded on the H100): MUFU.RCP's latency, div.rn's chain and rate
     "rcp_latency": (RCP, 1, 128, 4, "0", 0),
     "div_latency": (DIV, 1, 32, 4, "0", 0),
     "div_rate": (DIV, 8, 8, 16, "0", 0),
     # the softcap's MUFU load (issue 38): MUFU.RCP's rate (as ex2_rate), MUFU.EX2's rate with four warps per
     # sub-partition sharing its XU, the softcap's tanh chain in 16 warps alone, beside two HMMAs per tanh
     # (do the XU and the tensor pipe overlap?) and two MUFU.EX2 beside an ldmatrix.x4 (do MUFU and
-    # shared-memory loads queue behind each other in the MIO?); not yet recorded (run --measure on a GPU)
+    # shared-memory loads queue behind each other in the MIO?); recorded on the H100
     "rcp_rate": (RCP, 8, 32, 4, "0", 0),
     "ex2_rate_16w": (EX2, 8, 8, 16, "0", 0),
     "tanh_rate_16w": (TANH, 8, 8, 16, "0", 0),
