@@ -172,12 +172,15 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
             symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
     n_ctas = grid[0] * grid[1] * grid[2]
     model = tensorcore.resolve(mma_model)
-    if waves is None:
-        waves = [np.arange(lo, min(lo + wave_ctas, n_ctas), dtype=np.int64) for lo in range(0, n_ctas, wave_ctas)]
+    if waves is None:  # made one at a time: a grid of 2**31 CTAs would hold 17 GB of ids at once
+        total = n_ctas
+        waves = (np.arange(lo, min(lo + wave_ctas, n_ctas), dtype=np.int64) for lo in range(0, n_ctas, wave_ctas))
+    else:
+        total = sum(len(w) for w in waves)
     heartbeat = Heartbeat(f"the launch of {program.kernel.name}")
     done = 0
     for ctas in waves:
-        heartbeat.look(lambda: f"{done:,} of {sum(len(w) for w in waves):,} CTAs done")
+        heartbeat.look(lambda: f"{done:,} of {total:,} CTAs done")
         done += len(ctas)
         m = Machine(n_warps, smem, memory, ctas, hub, model, labels)
         geo = Geometry(grid, block, ctas)
