@@ -77,7 +77,7 @@ def fake_gpu(name: str = FAKE_GPU, arch: str = FAKE_ARCH):
                  build, "fa2_fwd_kernel", ResourceUsage(96, 0)))),
              (hw_backward, "load_backward", functools.cache(lambda build: hw_backward.LoadedBackward(
                  build, {n: n for n in build.kernels}, {n: ResourceUsage(128, 0) for n in build.kernels}))),
-             (hw_backward, "_PLANS", {}), (hw_forward, "_PLANS", {})]
+             (hw_backward, "_PLANS", runtime.PlanCache()), (hw_forward, "_PLANS", runtime.PlanCache())]
     missing = object()
     saved = [(obj, attr, getattr(obj, attr, missing)) for obj, attr, _ in fakes]
     from fa_hw import tuned_backward

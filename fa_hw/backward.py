@@ -197,38 +197,18 @@ def enqueue_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | N
     reads a value (no NaN/Inf or bf16 range check: fa_hw.attention's check_finite does the first,
     fa_hw.backward checks values).
     The checks that depend only on the call's key (the scalars and their types, each tensor's type,
-    shape, dtype and device: _torch_key) run once per key; the launches they lead to are kept as a
+    shape, dtype and device: runtime.PlanCache) run once per key; the launches they lead to are kept as a
     _TorchPlan (tiles, loaded kernels, LaunchConfigs, scalar arguments) and a later call of the same
     key checks only what a key does not fix (contiguity) before enqueueing with its own pointers."""
-    xs = (q, k, v, o, lse, do)
-    try:
-        key = _torch_key(xs, causal, scale, deterministic)
-        plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not tensors, an unhashable scalar: the checks say what is wrong
-        key = plan = None
-    if plan is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous()
-                            and lse.is_contiguous() and do.is_contiguous()):
-        plan = _checked_plan(q, k, v, o, lse, do, causal, scale, deterministic)
-        if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return plan.enqueue(q, k, v, o, lse, do)
+    from .tuned_backward import _DIRECTORY  # the folder of the tuned tables is part of the key
+
+    return _PLANS.get((causal, scale, deterministic, _DIRECTORY[0]), (q, k, v, o, lse, do),
+                      lambda: _checked_plan(q, k, v, o, lse, do, causal, scale, deterministic)).enqueue(
+        q, k, v, o, lse, do)
 
 
-#: enqueue_backward's plans by _torch_key, each stored after its key's first call passed every check.
-_PLANS: dict = {}
-_MAX_PLANS = 256
-
-
-def _torch_key(xs, causal, scale, deterministic) -> tuple:
-    """What enqueue_backward's checks (but contiguity) and its plan depend on: the scalars with their
-    types (True and 1 hash alike), each tensor's type, shape, dtype and device, the folder of the tuned
-    tables (fa_hw.tuned_backward.use_directory)."""
-    from .tuned_backward import _DIRECTORY
-
-    return (type(causal), causal, type(scale), scale, type(deterministic), deterministic, _DIRECTORY[0],
-            *[(type(x), x.shape, x.dtype, x.device) for x in xs])
+#: enqueue_backward's plans (runtime.PlanCache), each stored after its key's first call passed every check.
+_PLANS = runtime.PlanCache()
 
 
 def _checked_plan(q, k, v, o, lse, do, causal, scale, deterministic) -> "_TorchPlan":

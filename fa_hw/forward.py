@@ -148,23 +148,11 @@ def enqueue_forward(q, k, v, causal: bool = False, scale: float | None = None):
     As enqueue_backward: the checks that a call's key fixes (scalars and their types, each tensor's
     type, shape, dtype, device) run once per key, whose launch (runtime.LaunchPlan.make's kernel,
     grid, scalar arguments; its LaunchConfig) is kept as a _TorchForward; contiguity is checked per call."""
-    try:
-        key = (type(causal), causal, type(scale), scale, *[(type(x), x.shape, x.dtype, x.device) for x in (q, k, v)])
-        plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not tensors, an unhashable scalar: the checks say what is wrong
-        key = plan = None
-    if plan is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        plan = _checked_forward(q, k, v, causal, scale)
-        if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return plan.enqueue(q, k, v)
+    return _PLANS.get((causal, scale), (q, k, v), lambda: _checked_forward(q, k, v, causal, scale)).enqueue(q, k, v)
 
 
-#: enqueue_forward's plans by key, each stored after its key's first call passed every check.
-_PLANS: dict = {}
-_MAX_PLANS = 256
+#: enqueue_forward's plans (runtime.PlanCache), each stored after its key's first call passed every check.
+_PLANS = runtime.PlanCache()
 
 
 def _checked_forward(q, k, v, causal, scale) -> "_TorchForward":

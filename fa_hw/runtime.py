@@ -118,6 +118,33 @@ _STREAMS: dict = {}
 _MAX_STREAMS = 64
 
 
+class PlanCache:
+    """Launch plans by call key, for fa_hw.attention's paths (enqueue_forward, enqueue_backward): a
+    call's key is its scalars with their types (True and 1 hash alike) and each tensor's type, shape,
+    dtype and device - what the path's checks read but contiguity; a plan is stored only after its
+    key's first call passed every check, and a call whose tensors are not all contiguous runs the
+    checks again (their error names what is wrong). Bounded: cleared past `limit` keys."""
+
+    def __init__(self, limit: int = 256):
+        self.plans: dict = {}
+        self.limit = limit
+
+    def get(self, scalars: tuple, tensors: tuple, checked_plan):
+        """The plan of this call (`checked_plan()`: every check, then a new plan, on a miss)."""
+        try:
+            key = (*[(type(x), x) for x in scalars], *[(type(x), x.shape, x.dtype, x.device) for x in tensors])
+            plan = self.plans.get(key)
+        except (AttributeError, TypeError):  # not tensors, an unhashable scalar: the checks say what is wrong
+            key = plan = None
+        if plan is None or not all(x.is_contiguous() for x in tensors):
+            plan = checked_plan()
+            if key is not None:
+                if len(self.plans) >= self.limit:
+                    self.plans.clear()
+                self.plans[key] = plan
+        return plan
+
+
 def foreign_stream(handle: int):
     """Wrap a stream owned by torch/cupy (its raw cudaStream_t) so launches stay ordered with it."""
     handle = int(handle)

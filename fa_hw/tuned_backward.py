@@ -50,8 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_MIN_ARCH, DQ_RED_WIDTHS, HEAD_DIMS, SOFTMAX_FORMS,
-                                      BackwardConfig)
+from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_WIDTHS, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig,
+                                      vector_reductions_ok)
 
 from .tuned import SIZE_CLASSES, TABLE_FORMAT, TUNED_DIR, TableFile, size_class
 
@@ -132,7 +132,7 @@ def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> l
     """CANDIDATES[head_dim] as BackwardConfigs (ValueError for a head_dim the backward refuses); with
     `arch` ("sm_80", "sm_90", ...) only those that compile for it (dq_red 2, 4 need sm_90)."""
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
-    vec_ok = arch is None or int("".join(ch for ch in arch if ch.isdigit()) or 0) >= DQ_RED_MIN_ARCH
+    vec_ok = arch is None or vector_reductions_ok(arch)
     return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
                            dq_frag=frag)
             for bm, nw, st, sm, red, frag in CANDIDATES[head_dim] if red == 1 or vec_ok]

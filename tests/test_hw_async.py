@@ -111,8 +111,8 @@ def gpu(monkeypatch):
     monkeypatch.setattr(hw_backward, "device_config", lambda d, causal, nk, dtype="fp16": tuned_backward.lookup(
         d, causal, nk, "NVIDIA GH200 480GB", "sm_80", dtype).config)  # the tiles of a GPU without a backward table
     monkeypatch.setattr(tensors, "KERNEL_DEVICE", "cpu")
-    monkeypatch.setattr(hw_backward, "_PLANS", {})  # plans made on this fake GPU stay with it
-    monkeypatch.setattr(hw_forward, "_PLANS", {})
+    monkeypatch.setattr(hw_backward, "_PLANS", runtime.PlanCache())  # plans made on this fake GPU stay with it
+    monkeypatch.setattr(hw_forward, "_PLANS", runtime.PlanCache())
     return types.SimpleNamespace(log=log, stream=stream)
 
 
@@ -294,7 +294,7 @@ def test_cached_plans_launch_what_the_checked_path_launches(gpu, monkeypatch, ca
     assert got[0] == got[1] == got[2] == want
     last = "fa2_bwd_dq_kernel" if deterministic else "fa2_bwd_convert_dq_kernel"
     assert [x[0] for x in want] == ["fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", last]
-    assert len(hw_backward._PLANS) == 1  # one key, one plan
+    assert len(hw_backward._PLANS.plans) == 1  # one key, one plan
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -171,11 +171,12 @@ RECORDINGS = (
     Recording(f"{H100}/timing_microbench_h100.json", True,
               "python -m fa_sim.calibrate.timing_microbench --measure --out W && "
               "mv W/timing_microbench.json OUT/timing_microbench_h100.json",
-              "the same microbenchmarks on an H100, with MUFU.RCP's latency and div.rn.f32's latency and rate",
+              "the same microbenchmarks on an H100, with MUFU.RCP's latency and rate, div.rn.f32's latency and "
+              "rate and the softcap's probes (MUFU.EX2 in 16 warps, the tanh chain alone, beside HMMAs and ldmatrix)",
               Kind.TIMES, 120),
     Recording(f"{H100}/ncu_layouts_edits.json", True, "python experiments/ncu_counters.py --out OUT",
-              "Nsight Compute counters of the seed kernel, two rolled-loop edits and three shared-memory layouts "
-              "(local memory, L1 hits, wavefronts, stalls; needs ncu)", Kind.TIMES, 240),
+              "Nsight Compute counters of the seed kernel, two rolled-loop edits, three shared-memory layouts and "
+              "softcap 30 (local memory, L1 hits, wavefronts, stalls, pipe use; needs ncu)", Kind.TIMES, 240),
     Recording("tests/data/seed_sass_sha256.json", False,
               "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
               "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),

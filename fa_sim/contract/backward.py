@@ -73,6 +73,11 @@ SOFTMAX_FORMS = ("fmul_fsub", "ffma")
 #: are untouched.
 DQ_RED_WIDTHS = (1, 2, 4)
 DQ_RED_MIN_ARCH = 90  # sm_90
+
+
+def vector_reductions_ok(arch: str) -> bool:
+    """Whether `arch` ("sm_80", "sm_90a", ...) has red.global.add.v2/.v4.f32 (dq_red 2, 4)."""
+    return int("".join(ch for ch in arch if ch.isdigit()) or 0) >= DQ_RED_MIN_ARCH
 #: head dims the forward runs and the backward refuses, with the reason
 UNSUPPORTED = {256: "each warp keeps dV and dK of its 16 keys x 256 columns in registers, 2 x 16 x 256 / 32 "
                     "= 256 fp32 registers per thread, over the 255 a thread has (ptxas spills them to local "
@@ -253,8 +258,7 @@ def compile_backward(build: BackwardBuild, *, use_cache: bool = True) -> Compile
     """The cubin of fa2_bwd.cu for build.arch, through the on-disk cache (keyed by the source text,
     the macros, the arch and the NVRTC version). CompileError names the build; a vector dQ reduction
     (dq_red 2, 4) for an arch before sm_90 is a ValueError before NVRTC runs (ptxas would refuse it)."""
-    arch = int("".join(ch for ch in build.arch if ch.isdigit()) or 0)
-    if build.config.dq_red != 1 and arch < DQ_RED_MIN_ARCH:
+    if build.config.dq_red != 1 and not vector_reductions_ok(build.arch):
         raise ValueError(f"{build.describe()}: dq_red={build.config.dq_red} (red.global.add.v{build.config.dq_red}.f32) "
                          f"needs sm_{DQ_RED_MIN_ARCH} or newer; dq_red=1 runs on any arch")
     source = build.source()
