@@ -310,8 +310,9 @@ def test_the_model_units_against_the_h100_microbenchmarks(name):
     softcap's probes (docs/timing.md, "Features"): the model within the same 6 %. Two rows are the
     model's known gap (strict xfail: a model that meets them must say so here): tanh_hmma_16w (5996
     cycles; 7526 were the XU and the tensor pipe never to overlap) and ex2_ldsm_16w. The two div rows are
-    left out: their chain divides lane 0's zero, which takes div.rn's slow path (a subroutine call) on
-    the GPU (9396 cycles) and which the model's straight-line walk of the fast path does not see (2230)."""
+    left out: recorded when chain 0 divided lane 0's zero, which takes div.rn's slow path (a subroutine
+    call) on the GPU (9396 cycles) and which the model's straight-line walk of the fast path does not see
+    (2230); each step is now (x + 1) / d, and the rows wait for a new recording."""
     from fa_sim.calibrate.timing_microbench import model_cycles
 
     assert model_cycles(name) == pytest.approx(H100_MICRO[name]["cycles"], rel=0.06)

@@ -11,8 +11,8 @@ MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma p
 shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one;
 MUFU.RCP's latency and div.rn.f32's (the softcap's tanh: MUFU.RCP, FCHK, FFMAs, a branch around
 the slow path) dependent chain and rate, which tests/data/h200/timing_microbench.json does not hold
-(tests/data/h100/timing_microbench_h100.json does: the chain divides lane 0's zero, which takes div.rn's
-slow path on the GPU); and for the softcap's error (docs/timing.md, "Features"), recorded on the H100
+(tests/data/h100/timing_microbench_h100.json does, recorded when the chain was x / d alone: chain 0
+divided lane 0's zero, which takes div.rn's slow path on the GPU; each step is now (x + 1) / d, never zero); and for the softcap's error (docs/timing.md, "Features"), recorded on the H100
 (tests/data/h100/timing_microbench_h100.json): MUFU.RCP's rate, MUFU.EX2's with four warps per
 sub-partition, the softcap's tanh chain (MUFU.EX2, FADD, MUFU.RCP, FFMA) alone, beside HMMAs and MUFU.EX2
 beside ldmatrix (tests/test_timing_model.py holds each one's SASS mix and the model to the H100's cycles).
@@ -68,8 +68,9 @@ FMA = '    asm volatile("fma.rn.f32 %0, %0, %0, %0;" : "+f"(fJ));'
 # rcp then an add (ptxas folds rcp(rcp(x)) into x): the chain's step is MUFU.RCP's latency plus FADD's
 RCP = '    asm volatile("rcp.approx.ftz.f32 %0, %0;\\n\\tadd.ftz.f32 %0, %0, 0f3FC00000;" : "+f"(fJ));'
 # div.rn.f32 as the softcap's tanh divides (fa2_fwd.cu tanh_ex2): MUFU.RCP, FCHK, five FFMAs and a branch
-# around the slow path, which these operands (near 1) never take
-DIV = '    asm volatile("div.rn.f32 %0, %0, %1;" : "+f"(fJ) : "f"(f0 + 1.5f));'
+# around the slow path, which these operands never take: each step is (x + 1) / d with d in [1.5, 1.54), so x
+# stays in [0.65, 8.5) (a zero numerator takes the slow path: the first recording's chain 0 divided lane 0's 0)
+DIV = ('    asm volatile("add.f32 %0, %0, 0f3F800000;\\n\\tdiv.rn.f32 %0, %0, %1;" : "+f"(fJ) : "f"(f0 + 1.5f));')
 LDSM = ('    { unsigned x0, x1, x2, x3; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" '
         ': "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr + STEP * I)); r0 ^= x0 ^ x1 ^ x2 ^ x3; }')
 # the softcap's tanh as fa2_fwd.cu computes it per score (tanh_ex2 after the fmul): MUFU.EX2, FADD, MUFU.RCP,
