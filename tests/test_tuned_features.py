@@ -348,3 +348,17 @@ def test_tune_features_labels_time_exactly_those(tune_hw, monkeypatch, tmp_path,
     # --max-candidates 0: the whole pool
     whole = tune_hw.feature_candidates(192, True, 3300, 0)
     assert len(whole) > tuned.MAX_AUTOTUNE_CANDIDATES and whole[:6] == tune_hw.feature_candidates(192, True, 3300, 6)
+
+
+@pytest.mark.slow  # about 50 NVRTC compiles from a cold cache (1-2 s each)
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_the_big_head_dim_candidates_compile_without_spills_for_sm_90(head_dim):
+    """CANDIDATES[192] / [256] are the spill-free configs of experiments/family_bigdims_sm90.md: every
+    build tune_hw.py times (causal ones with heavy_first) holds no local memory on sm_90."""
+    from fa_sim.contract import KernelBuild
+    from fa_sim.contract.cubins import compile_build
+
+    for causal in (False, True):
+        for c in tuned.candidates(head_dim, causal):
+            usage = compile_build(KernelBuild(c, causal, "sm_90")).usage
+            assert usage.stack_bytes == 0, (c.tag, causal, usage)
