@@ -26,10 +26,12 @@
 #             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
 #   tune      on an H100: experiments/tune_hw.py (training shapes) -> <gpu>.json
 #   bench     experiments/bench_hw.py on the held-out shapes with $OUT's table (after tune)
-#   tunefeat  on an H100: experiments/tune_hw.py --features (issue 38's feature classes on
+#   tunefeat  on any GPU: experiments/tune_hw.py --features (issue 38's feature classes on
 #             hw_sets.FEATURE_TRAIN) merged into $OUT/<gpu>.json if the tune step wrote one, else into the
-#             shipped table -> $OUT/<gpu>.json, tune_features.md (FEAT_CASES: indices of FEATURE_TRAIN,
-#             FEAT_MAX: candidates per case, default 6); FEAT_INSTALL=1 also copies it into
+#             shipped table of this GPU (fa_hw/tuned/<gpu>.json; none: the feature entries alone)
+#             -> $OUT/<gpu>.json, tune_features.md (FEAT_CASES: indices of FEATURE_TRAIN, FEAT_MAX:
+#             candidates per case, default 6, 0 = the whole pool; FEAT_LABELS: time exactly these config
+#             tags instead, each case those of its head_dim); FEAT_INSTALL=1 also copies it into
 #             fa_hw/tuned/ of this checkout, so that a featbench step after it benchmarks the new table
 #   OUT=... STEPS="new rerecord train" bash experiments/device_round36.sh
 set -u
@@ -100,11 +102,11 @@ for s in $STEPS; do case $s in
     case $GPU in *H100*) ;; *) echo "   skipped: the shipped table is the H200's; this step tunes an H100's" | tee -a "$OUT/summary.txt"; continue ;; esac
     timeout "$(lim ${TUNE_S:-200})" python3 experiments/tune_hw.py --gpu-name "$GPU" --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
   tunefeat) log tunefeat "$GPU"
-    case $GPU in *H100*) ;; *) echo "   skipped: the feature classes are tuned for the H100's table" | tee -a "$OUT/summary.txt"; continue ;; esac
     TABLE=$(python3 -c "import sys; from fa_hw.tuned import gpu_key; print(gpu_key(sys.argv[1]) + '.json')" "$GPU")
     BASE=(); [ -f "$OUT/$TABLE" ] && BASE=(--base "$OUT/$TABLE")
+    POOL=(--max-candidates "${FEAT_MAX:-6}"); [ -n "${FEAT_LABELS:-}" ] && POOL=(--labels $FEAT_LABELS)
     timeout "$(lim ${TUNEFEAT_S:-240})" python3 experiments/tune_hw.py --gpu-name "$GPU" --features ${BASE[@]+"${BASE[@]}"} \
-      ${FEAT_CASES:+--cases $FEAT_CASES} --max-candidates ${FEAT_MAX:-6} --out "$OUT" 2>&1 \
+      ${FEAT_CASES:+--cases $FEAT_CASES} "${POOL[@]}" --out "$OUT" 2>&1 \
       | tail -40 | tee -a "$OUT/summary.txt"
     if [ "${FEAT_INSTALL:-0}" = 1 ] && [ -f "$OUT/$TABLE" ]; then cp "$OUT/$TABLE" "fa_hw/tuned/$TABLE"; echo "   installed fa_hw/tuned/$TABLE" | tee -a "$OUT/summary.txt"; fi ;;
   bench) log bench

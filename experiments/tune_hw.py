@@ -3,6 +3,7 @@
     python experiments/tune_hw.py --gpu-name "NVIDIA H100 80GB HBM3" [--out DIR] [--runs 3] [--warmup 5]
                                   [--reps 20] [--cases 0 3] [--quick]
     python experiments/tune_hw.py --gpu-name "NVIDIA H100 80GB HBM3" --features [--base TABLE] [--out DIR]
+                                  [--cases I ...] [--max-candidates N | --labels TAG ...]
 
 --gpu-name (required) is the GPU the table is for, as the driver names it; on any other GPU the run
 stops before anything is timed (a table is named by the GPU it ran on: <gpu_key>.json).
@@ -29,10 +30,14 @@ compiled in parallel, 20 cases of 6 candidates). Each is timed with its features
 inputs (bf16 in bf16; GQA with enable_gqa; softcap against SDPA-flash without it, which only
 normalises: the ranking is by time); its O must be within bench_features.ERR_BAR of float64
 (bench_features.reference). Candidates are pruned to `feature_candidates` (at most --max-candidates,
-default fa_hw.tuned.MAX_AUTOTUNE_CANDIDATES): what the autotuner would time for the plain kernel of
-that key, so the plain tables' winners and their neighbours, or CANDIDATES[d] where no table holds
-head_dim d. The entries are merged into --base (default: the shipped table of this GPU; its entries
-of the same keys are replaced) and written as <gpu>.json, with tune_features.md.
+default fa_hw.tuned.MAX_AUTOTUNE_CANDIDATES; 0: all): what the autotuner would time for the plain kernel of
+that key, so the plain tables' winners and their neighbours, then CANDIDATES[d] from its end (all of
+it where no table holds head_dim d). --labels TAG ... times exactly those configs instead, each case
+the labels of its head_dim (heavy_first set in the causal cases, cleared in the others); a bad tag, or
+a selected case (--cases) whose head_dim no label has, is one usage line before any GPU work. The
+entries are merged into --base (default: the shipped table of this GPU, any GPU: the H200's
+fa_hw/tuned/h200.json too; its entries of the same keys are replaced; no shipped table: the new
+entries alone) and written as <gpu>.json, with tune_features.md.
 
 Candidates (fa_hw.tuned.CANDIDATES; issue 11, the H200 profiles of experiments/out/device1): the seed tile gives each warp
 16 query rows, one ldmatrix.x4 per two MMAs, and is shared-memory bound (L1/TEX 74 %); 32 rows per
@@ -113,14 +118,41 @@ def check_feature_sets(rows: dict, train=FEATURE_TRAIN) -> None:
 
 
 def feature_candidates(head_dim: int, causal: bool, seqlen_k: int, limit: int = MAX_AUTOTUNE_CANDIDATES,
-                       directory=TUNED_DIR) -> list[KernelConfig]:
+                       directory=TUNED_DIR, labels=None) -> list[KernelConfig]:
     """The pruned pool of a feature class (module docstring), in fp16 (the timed build takes the
-    class's dtype), at most `limit`: fa_hw.tuned.autotune_candidates of the plain kernel's key (the
-    plain tables of `directory`), then fa_hw.tuned.candidates from the end of the list (issue 19's
-    pingpong and lazy_sum tiles are last) until `limit`."""
+    class's dtype), at most `limit` (0: no limit): fa_hw.tuned.autotune_candidates of the plain
+    kernel's key (the plain tables of `directory`), then fa_hw.tuned.candidates from the end of the
+    list (issue 19's pingpong and lazy_sum tiles are last) until `limit`. `labels` (KernelConfigs,
+    --labels): exactly those of this head_dim instead, heavy_first set when causal and cleared when
+    not (as fa_hw.tuned.candidates times causal launches; it changes nothing without causal)."""
+    if labels is not None:
+        return list(dict.fromkeys(replace(c, heavy_first=bool(causal)) for c in labels if c.head_dim == head_dim))
     pool = autotune_candidates(head_dim, causal, seqlen_k, directory)
     pool += [c for c in reversed(tuned_candidates(head_dim, causal)) if c not in pool]
-    return pool[:limit]
+    return pool[:limit] if limit else pool
+
+
+def parse_labels(tags, cases) -> list[KernelConfig]:
+    """--labels: each tag a valid fp16 config (KernelConfig.from_tag), and every selected
+    FEATURE_TRAIN case's head_dim given at least one, every tag's head_dim used by a case; a
+    ValueError in one line otherwise (before any GPU work)."""
+    out = []
+    for tag in tags:
+        try:
+            cfg = KernelConfig.from_tag(tag)
+        except ValueError as exc:
+            raise ValueError(f"--labels {tag}: {exc}") from None
+        if cfg.dtype != "fp16":
+            raise ValueError(f"--labels {tag}: give the fp16 tag (each case's build takes the case's dtype)")
+        out.append(cfg)
+    dims, given = sorted({c[3] for c in cases}), {c.head_dim for c in out}
+    if set(dims) - given:
+        raise ValueError(f"--labels names no config of head_dim {sorted(set(dims) - given)}, which the selected "
+                         f"FEATURE_TRAIN cases have (their head_dims: {dims}); add one or select cases with --cases")
+    if given - set(dims):
+        raise ValueError(f"--labels names configs of head_dim {sorted(given - set(dims))}, which no selected "
+                         f"FEATURE_TRAIN case has (their head_dims: {dims}); select such cases with --cases")
+    return out
 
 
 def autotune_rows(results: dict) -> list[str]:
@@ -205,7 +237,7 @@ def measure_feature_case(case, causal, args) -> tuple[Spread, list[dict]]:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         flash()
     timers, rows = {"sdpa-flash": flash_timer}, {}
-    for cfg in feature_candidates(d, causal, n, args.max_candidates):
+    for cfg in feature_candidates(d, causal, n, args.max_candidates, labels=args.labels):
         row = dict(config=cfg.to_json(), tag=cfg.tag, ms=None, vs_flash=None, err_vs_flash=None, note=None)
         try:
             plan, dev, _ = prepare(q, k, v, causal, None, replace(cfg, dtype=dtype), softcap=cap, dtype=dtype)
@@ -233,15 +265,15 @@ def measure_feature_case(case, causal, args) -> tuple[Spread, list[dict]]:
     return Spread.of(runs["sdpa-flash"]), list(rows.values())
 
 
-def feature_builds(arch: str, limit: int, train=FEATURE_TRAIN) -> set:
-    """Every KernelBuild --features times (what warm_feature_cache compiles)."""
+def feature_builds(arch: str, limit: int, train=FEATURE_TRAIN, labels=None) -> set:
+    """Every KernelBuild --features times (what tune_features compiles first)."""
     from fa_sim.contract import KernelBuild
 
     out = set()
     for b, h, n, d, feats in train:
         group = h // feats.get("heads_k", h)
         for causal in (False, True):
-            for c in feature_candidates(d, causal, n, limit):
+            for c in feature_candidates(d, causal, n, limit, labels=labels):
                 out.add(KernelBuild(replace(c, dtype=feats.get("dtype", "fp16")), causal, arch, kv_group=group,
                                     softcap=float(feats.get("softcap") or 0.0)))
     return out
@@ -329,19 +361,36 @@ def main(argv=None) -> int:
                         "them into --base")
     p.add_argument("--base", default=None, metavar="TABLE",
                    help="--features: the table the entries are merged into (default: the shipped table of this GPU)")
-    p.add_argument("--max-candidates", type=int, default=MAX_AUTOTUNE_CANDIDATES, metavar="N",
-                   help=f"--features: candidates per case at most (default {MAX_AUTOTUNE_CANDIDATES})")
+    p.add_argument("--max-candidates", type=int, default=None, metavar="N",
+                   help=f"--features: candidates per case at most, 0 for the whole pool "
+                        f"(default {MAX_AUTOTUNE_CANDIDATES})")
+    p.add_argument("--labels", nargs="+", default=None, metavar="TAG",
+                   help="--features: time exactly these configs (fp16 tags; heavy_first set in the causal cases, "
+                        "cleared in the others), each case those of its head_dim, instead of the pruned pool; every "
+                        "selected case's head_dim needs one (select cases with --cases)")
     p.add_argument("--gpu-name", required=True, metavar="NAME",
                    help="the GPU the table is for, as the driver names it (e.g. 'NVIDIA H100 80GB HBM3'); "
                         "the run stops at once on any other GPU")
     args = p.parse_args(argv)
-    if args.max_candidates < 1:
-        p.error(f"--max-candidates {args.max_candidates}: give at least 1")
+    if args.max_candidates is not None and args.max_candidates < 0:
+        p.error(f"--max-candidates {args.max_candidates}: give 0 (the whole pool) or more")
     n_cases = len(FEATURE_TRAIN if args.features else TRAIN)
     if args.cases is not None and not all(0 <= i < n_cases for i in args.cases):
         p.error(f"--cases {args.cases}: indices 0-{n_cases - 1} of hw_sets.{'FEATURE_TRAIN' if args.features else 'TRAIN'}")
-    if args.base is not None and not args.features:
-        p.error("--base is for --features (the table the feature entries are merged into)")
+    for name, what in (("base", "the table the entries are merged into"), ("labels", "the configs timed"),
+                       ("max_candidates", "the size of the pool timed")):
+        if getattr(args, name) is not None and not args.features:
+            p.error(f"--{name.replace('_', '-')} is for --features ({what})")
+    if args.labels is not None and args.max_candidates is not None:
+        p.error("--labels times exactly the configs given: leave out --max-candidates")
+    if args.max_candidates is None:
+        args.max_candidates = MAX_AUTOTUNE_CANDIDATES
+    if args.labels is not None:
+        try:
+            args.labels = parse_labels(args.labels, [c for i, c in enumerate(FEATURE_TRAIN)
+                                                     if args.cases is None or i in args.cases])
+        except ValueError as exc:
+            p.error(str(exc))
     check_sets()
     if args.features:
         from bench_features import ROWS
@@ -393,7 +442,7 @@ def tune_features(args, dev, base: Table | None) -> int:
         print(f"--base is a table of {base.gpu} ({base.arch}), not of this {dev.name} ({arch}): not merged", flush=True)
         base = None
     train = [c for i, c in enumerate(FEATURE_TRAIN) if args.cases is None or i in args.cases]
-    builds = sorted(feature_builds(arch, args.max_candidates, train), key=str)
+    builds = sorted(feature_builds(arch, args.max_candidates, train, args.labels), key=str)
     compile_many(builds, os.cpu_count())
     print(f"compiled {len(builds)} builds ({time.time() - t0:.0f} s)", flush=True)
     results = {}

@@ -104,11 +104,20 @@ CANDIDATES.update({
          "m128n64d96w4-swizzled-s2-ls"),
     160: ("m128n32d160w4-swizzled", "m128n64d160w8-swizzled", "m64n64d160w4-swizzled", "m128n32d160w4-swizzled-s2",
           "m128n64d160w8-swizzled-s2", "m128n128d160w8-swizzled"),
-    192: ("m128n64d192w8-swizzled", "m64n64d192w4-swizzled", "m128n32d192w8-swizzled", "m128n64d192w8-swizzled-s2",
-          "m64n64d192w4-swizzled-s2", "m128n128d192w8-swizzled", "m64n64d192w4-swizzled-ls"),
-    256: ("m128n64d256w8-swizzled", "m64n64d256w4-swizzled", "m128n32d256w8-swizzled", "m128n32d256w8-swizzled-s2",
-          "m64n32d256w4-swizzled-s2", "m64n64d256w4-swizzled-s2", "m128n64d256w8-swizzled-ls",
-          "m64n64d256w4-swizzled-ls"),
+    # 192 and 256: the spill-free members of the whole family worth timing on an H100
+    # (experiments/family_bigdims_sm90.md, docs/head_dims.md "The H100 sweep"): FlashAttention-2's
+    # tile and the H100's winners first, then q_in_regs on the 16-rows-per-warp tiles (the model's
+    # fastest), the untimed m64n128 tile, and 4-warp tiles that keep 2 or 3 CTAs per SM with K/V
+    # pipelined (m64n32, defer_pv + lazy_sum; -b3: 168 registers, three CTAs); the tiles measured well
+    # under the winners (m128n32 of 8 warps, m64n64 with two stages: one CTA per SM) are left out.
+    192: ("m128n64d192w8-swizzled", "m64n64d192w4-swizzled", "m128n128d192w8-swizzled", "m64n64d192w4-swizzled-ls",
+          "m128n64d192w8-swizzled-s2", "m128n128d192w8-swizzled-ls", "m64n128d192w4-swizzled",
+          "m128n64d192w8-swizzled-qr", "m128n64d192w8-swizzled-s2-qr", "m64n32d192w4-swizzled-s2-dp-ls",
+          "m64n32d192w4-swizzled-s2-dp-ls-b3", "m64n64d192w4-swizzled-qr", "m64n64d192w4-swizzled-qr-ls"),
+    256: ("m128n64d256w8-swizzled", "m64n64d256w4-swizzled", "m64n64d256w4-swizzled-ls", "m128n64d256w8-swizzled-ls",
+          "m64n128d256w4-swizzled", "m64n64d256w4-swizzled-s2-dp",
+          "m64n32d256w4-swizzled-s2-dp-ls", "m64n32d256w4-swizzled-b3", "m64n32d256w4-swizzled-ls-b3",
+          "m64n32d256w4-swizzled-qr"),
 })
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),

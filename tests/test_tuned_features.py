@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -189,8 +190,10 @@ def test_choose_and_merge_key_by_feature_class(tune_hw):
 
 
 def test_tune_hw_refuses_bad_feature_options_before_any_work(tune_hw, capsys, tmp_path):
-    for argv, message in ((["--max-candidates", "0"], "--max-candidates 0: give at least 1"),
-                          (["--base", "x.json"], "--base is for --features")):
+    for argv, message in ((["--features", "--max-candidates", "-1"], "--max-candidates -1: give 0 (the whole pool)"),
+                          (["--base", "x.json"], "--base is for --features"),
+                          (["--max-candidates", "3"], "--max-candidates is for --features"),
+                          (["--labels", "m64n64d192w4-swizzled"], "--labels is for --features")):
         with pytest.raises(SystemExit):
             tune_hw.main(["--gpu-name", "X", *argv])
         assert message in capsys.readouterr().err
@@ -274,3 +277,88 @@ def test_tune_features_cases_tune_and_compile_only_those(tune_hw, monkeypatch, t
     with pytest.raises(SystemExit):
         tune_hw.main(["--gpu-name", Dev.name, "--features", "--cases", str(len(tune_hw.FEATURE_TRAIN))])
     assert "indices 0-14 of hw_sets.FEATURE_TRAIN" in capsys.readouterr().err
+
+
+def test_tune_hw_labels_are_checked_before_any_work(tune_hw, monkeypatch, capsys):
+    """--labels: a bad tag, a bf16 tag, a selected case's head_dim without a label, a label of a
+    head_dim no selected case has, and --labels with --max-candidates are one usage line each,
+    before the GPU is asked for."""
+    monkeypatch.setattr(tune_hw, "device", lambda: pytest.fail("the GPU was asked for"))
+    d192 = [str(i) for i, c in enumerate(tune_hw.FEATURE_TRAIN) if c[3] == 192]
+    for argv, message in (
+            (["--cases", *d192, "--labels", "m64n64d192w4-swizled"], "--labels m64n64d192w4-swizled: smem layout 'swizled' is not supported"),
+            (["--cases", *d192, "--labels", "m64n64d192w4-swizzled-xx"], "unknown suffix 'xx'"),
+            (["--cases", *d192, "--labels", "m128n128d192w4-swizzled"], "--labels m128n128d192w4-swizzled: unsupported"),
+            (["--cases", *d192, "--labels", "m64n64d192w4-swizzled-bf16"], "give the fp16 tag"),
+            (["--cases", "0", *d192, "--labels", "m64n64d192w4-swizzled"], "names no config of head_dim [96]"),
+            (["--cases", *d192, "--labels", "m64n64d192w4-swizzled", "m64n64d256w4-swizzled"],
+             "names configs of head_dim [256], which no selected"),
+            (["--labels", "m64n64d192w4-swizzled"], "names no config of head_dim [64, 96, 128, 160, 256]"),
+            (["--cases", *d192, "--labels", "m64n64d192w4-swizzled", "--max-candidates", "3"], "leave out --max-candidates")):
+        with pytest.raises(SystemExit):
+            tune_hw.main(["--gpu-name", "X", "--features", *argv])
+        last = capsys.readouterr().err.strip().splitlines()[-1]  # the usage lines, then one error line
+        assert ": error: " in last and message in last, last
+
+
+def test_tune_features_labels_time_exactly_those(tune_hw, monkeypatch, tmp_path, capsys):
+    """--labels T...: each selected case times exactly the labels of its head_dim (heavy_first in
+    the causal cases only; duplicates once), compiled and measured as given, merged into the GPU's
+    shipped table, here the H200's (any GPU's table takes feature entries); --max-candidates 0
+    times the whole pool."""
+    from fa_sim.contract import cubins
+
+    class Dev:
+        name = "NVIDIA H200"
+
+    compiled, timed = [], {}
+    monkeypatch.setattr(tune_hw, "device", lambda: Dev())
+    monkeypatch.setattr(tune_hw, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cubins, "compile_many", lambda builds, workers: compiled.extend(builds))
+
+    def fake(case, causal, args):
+        pool = tune_hw.feature_candidates(case[3], causal, case[2], args.max_candidates, labels=args.labels)
+        timed[(case[:4], causal)] = [c.tag for c in pool]
+        rows = [dict(tag=c.tag, ms=2.0 - 0.1 * i, vs_flash=1.0 + 0.1 * i, note=None) for i, c in enumerate(pool)]
+        return tune_hw.Spread(1.0, 1.0, 1.0), rows
+    monkeypatch.setattr(tune_hw, "measure_feature_case", fake)
+    monkeypatch.setattr(tune_hw, "markdown", lambda *a: "table\n")
+    picked = [i for i, c in enumerate(tune_hw.FEATURE_TRAIN) if c[3] in (192, 256)]
+    labels = ["m64n64d192w4-swizzled", "m128n64d192w8-swizzled-s2-hf", "m64n64d256w4-swizzled-ls",
+              "m64n64d192w4-swizzled-hf"]
+    assert tune_hw.main(["--gpu-name", Dev.name, "--features", "--cases", *map(str, picked), "--labels", *labels,
+                         "--out", str(tmp_path)]) == 0
+    for i in picked:
+        case = tuple(tune_hw.FEATURE_TRAIN[i][:4])
+        want = {192: ["m64n64d192w4-swizzled", "m128n64d192w8-swizzled-s2"], 256: ["m64n64d256w4-swizzled-ls"]}[case[3]]
+        assert timed[(case, False)] == want
+        assert timed[(case, True)] == [replace(KernelConfig.from_tag(t), heavy_first=True).tag for t in want]
+    assert len(compiled) == len(set(compiled))  # compiled once, though each head_dim has two shapes
+    assert {(b.config.tag, b.causal) for b in compiled} == {(t, k[1]) for k, v in timed.items() for t in v}
+    table = tuned.Table.load(tmp_path / "h200.json")
+    shipped = tuned.table_for(Dev.name)
+    assert table.gpu == Dev.name and shipped is not None
+    new = {e.key: e.config.tag for e in table.entries if e.head_dim in (192, 256)}
+    assert new == {(192, False, "medium", tuned.FeatureClass()): "m128n64d192w8-swizzled-s2",
+                   (192, True, "medium", tuned.FeatureClass()): "m128n64d192w8-swizzled-s2-hf",
+                   (256, False, "medium", tuned.FeatureClass()): "m64n64d256w4-swizzled-ls",
+                   (256, True, "medium", tuned.FeatureClass()): "m64n64d256w4-swizzled-hf-ls"}
+    assert [e for e in table.entries if e.head_dim not in (192, 256)] == list(shipped.entries)
+    assert "4 feature entries merged into" in capsys.readouterr().out
+    # --max-candidates 0: the whole pool
+    whole = tune_hw.feature_candidates(192, True, 3300, 0)
+    assert len(whole) > tuned.MAX_AUTOTUNE_CANDIDATES and whole[:6] == tune_hw.feature_candidates(192, True, 3300, 6)
+
+
+@pytest.mark.slow  # about 50 NVRTC compiles from a cold cache (1-2 s each)
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_the_big_head_dim_candidates_compile_without_spills_for_sm_90(head_dim):
+    """CANDIDATES[192] / [256] are the spill-free configs of experiments/family_bigdims_sm90.md: every
+    build tune_hw.py times (causal ones with heavy_first) holds no local memory on sm_90."""
+    from fa_sim.contract import KernelBuild
+    from fa_sim.contract.cubins import compile_build
+
+    for causal in (False, True):
+        for c in tuned.candidates(head_dim, causal):
+            usage = compile_build(KernelBuild(c, causal, "sm_90")).usage
+            assert usage.stack_bytes == 0, (c.tag, causal, usage)
