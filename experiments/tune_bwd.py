@@ -35,7 +35,7 @@ that a run stopped by --budget-s (no new shape starts past it) keeps what it mea
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
 3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 18-22 candidates per head_dim on sm_90 (10-14
-before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones; --labels times a
+before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones, 21-29 with the loop options (lse_async, dq_warp_rows: d=64, 128); --labels times a
 few) that is about 170 s of backward passes on
 an H100 at the default's speed, plus the builds (compiled first, in parallel processes) and the
 forward passes: about 4 minutes; device_round36.sh's step gives it TUNEBWD_S=420 TUNEBWD_BUDGET=380 by

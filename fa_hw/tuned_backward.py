@@ -126,6 +126,11 @@ DQ_FRAG_WIDTHS = (4,)
 #: block at d=128 (FlashAttention-2's five GEMMs take ~144 plus two 16 KB tile stores).
 LOOP_OPTIONS = ((True, 16), (False, 32), (True, 32))
 LOOP_OPTION_TILES = {(128, 64, 8), (64, 128, 8)}
+#: the same tiles' fragment-order v4 candidates with two Q stages and lse_async (at the end of CANDIDATES[d]): two
+#: stages load the next Q block at the top of the round, where the synchronous LSE and D load held warps 0 ..
+#: block_m / 32 - 1 before their S GEMM and the CTA for them at BAR_DS (the timing model, (1, 16, 4096, 128)
+#: non-causal, ffma: 64x8s2fr4p 3.7 % behind 64x8s1fr4p, 64x8s2fr4pl 1.2 %)
+STAGE2_LOOP_OPTIONS = ((True, 16),)
 
 
 def _loop_options(d: int, bm: int, nw: int, red: int, frag: bool) -> tuple[tuple[bool, int], ...]:
@@ -143,6 +148,9 @@ def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, boo
 CANDIDATES = {d: tuple((bm, nw, st, sm, red, frag, la, wr) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
                        for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
                        for red, frag in _dq_reds(d, bm, nw, st, sm) for la, wr in _loop_options(d, bm, nw, red, frag))
+              + tuple((bm, nw, 2, sm, 4, True, la, wr) for dd, bm, nw in sorted(LOOP_OPTION_TILES) if dd == d
+                      for sm in _softmaxes(d, bm, nw) if _fits(d, bm, nw, 2) and (d, bm, nw, sm, 4, True) not in DQ_RED_SPILLS
+                      for la, wr in STAGE2_LOOP_OPTIONS)
               for d, tiles in TILES.items()}
 
 
