@@ -20,7 +20,8 @@ tests/test_backward_tiles.py) and its dQ is within SANITY_REL_ERR of the default
 order differs with block_n, the "ffma" form's P in the last bits). A candidate that fails is
 reported and never chosen. Labels: block_m x n_warps s q_stages, an "f" after them for softmax
 "ffma" (128x8s1f), then "r2" or "r4" for vector dQ reductions (dq_red 2, 4: sm_90 only; 128x8s1fr2), then "p" for
-dq_accum in the fragment order (dq_frag: 64x8s1r4p).
+dq_accum in the fragment order (dq_frag: 64x8s1r4p), "m" for 32-row warp tiles of the dQ GEMM (dq_warp_rows 32:
+64x8s1r4pm), "l" for LSE and D by cp.async (lse_async: 64x8s1fr4pl, 64x8s1fr4pml).
 
 Choice. Per key (head_dim, causal, size class of fa_hw.tuned) the candidate with the best worst
 ratio against SDPA-flash over the key's shapes (the goal is every row), ties broken by the geometric
@@ -34,7 +35,7 @@ that a run stopped by --budget-s (no new shape starts past it) keeps what it mea
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
 3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 18-22 candidates per head_dim on sm_90 (10-14
-before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones; --labels times a
+before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones, 21-29 with the loop options (lse_async, dq_warp_rows: d=64, 128); --labels times a
 few) that is about 170 s of backward passes on
 an H100 at the default's speed, plus the builds (compiled first, in parallel processes) and the
 forward passes: about 4 minutes; device_round36.sh's step gives it TUNEBWD_S=420 TUNEBWD_BUDGET=380 by
@@ -64,9 +65,9 @@ def _compile(args) -> str:
     """Compile one build into the disk cache (a worker process: NVRTC runs in parallel)."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
-    d, bm, nw, st, sm, red, frag, causal, arch = args
-    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag),
-                          causal, False, arch)
+    d, bm, nw, st, sm, red, frag, la, wr, causal, arch = args
+    build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag,
+                                         lse_async=la, dq_warp_rows=wr), causal, False, arch)
     try:
         usage = compile_backward(build).usage
     except Exception as exc:  # reported by the timing pass, which compiles again
@@ -78,13 +79,14 @@ def _compile(args) -> str:
 def _chosen(cands, labels):
     """cands without those not in `labels` (None: all); the first, the default, always stays."""
     return [x for i, x in enumerate(cands) if labels is None or i == 0
-            or _label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag) in labels]
+            or _label_of(x) in labels]
 
 
 def precompile(cases, arch: str, labels=None) -> None:
     from fa_hw.tuned_backward import candidates
 
-    jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, causal, arch) for c in cases
+    jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows,
+                    causal, arch) for c in cases
                    for x in _chosen(candidates(c[3], arch=arch), labels) for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
@@ -132,7 +134,7 @@ def run_case(case, causal: bool, args) -> dict:
     timers, notes = {}, {}
     ref = {}  # softmax form -> (label, (dq, dk, dv)) of its first candidate that ran
     for cfg in cands:
-        label = _label(cfg.block_m, cfg.n_warps, cfg.q_stages, cfg.softmax, cfg.dq_red, cfg.dq_frag)
+        label = _label_of(cfg)
         try:
             g = _run_torch(q, k, v, o, lse, do, cfg, causal, scale, False, timed=False)[0]
             torch.cuda.synchronize()
@@ -169,24 +171,33 @@ def run_case(case, causal: bool, args) -> dict:
     del q, k, v, do, ref, of
     torch.cuda.empty_cache()
     return {"case": list(case), "causal": causal, "runs_ms": runs, "notes": notes,
-            "default": _label(cands[0].block_m, cands[0].n_warps, cands[0].q_stages, cands[0].softmax, cands[0].dq_red,
-                             cands[0].dq_frag)}
+            "default": _label_of(cands[0])}
 
 
 def _label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1,
-           dq_frag: bool = False) -> str:
+           dq_frag: bool = False, lse_async: bool = False, dq_warp_rows: int = 16) -> str:
     return (f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
-            + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else ""))
+            + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else "")
+            + ("m" if dq_warp_rows == 32 else "") + ("l" if lse_async else ""))
 
 
-def _parse_label(label: str) -> tuple[int, int, int, str, int, bool]:
-    """_label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag)."""
+def _label_of(x) -> str:
+    """_label of a BackwardConfig or a fa_hw.tuned_backward.Entry."""
+    return _label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows)
+
+
+def _parse_label(label: str) -> tuple[int, int, int, str, int, bool, bool, int]:
+    """_label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows)."""
+    lse_async = label.endswith("l")
+    label = label.removesuffix("l")
+    rows = 32 if label.endswith("m") else 16
+    label = label.removesuffix("m")
     frag = label.endswith("p")
     label, _, red = label.removesuffix("p").partition("r")
     bm, rest = label.split("x")
     nw, st = rest.split("s")
     sm = "ffma" if st.endswith("f") else "fmul_fsub"
-    return int(bm), int(nw), int(st.rstrip("f")), sm, int(red or 1), frag
+    return int(bm), int(nw), int(st.rstrip("f")), sm, int(red or 1), frag, lse_async, rows
 
 
 def choose(records) -> list:
@@ -211,9 +222,10 @@ def choose(records) -> list:
                 best = (score, label, _gmean(vs_def) if vs_def else None, _gmean(vs_flash))
         if best is None:
             continue
-        bm, nw, st, sm, red, frag = _parse_label(best[1])
+        bm, nw, st, sm, red, frag, la, wr = _parse_label(best[1])
         entries.append(Entry(d, causal, size, bm, nw, st, round(best[2], 4) if best[2] else None, round(best[3], 4),
-                             tuple(tuple(r["case"]) for r in recs), softmax=sm, dq_red=red, dq_frag=frag))
+                             tuple(tuple(r["case"]) for r in recs), softmax=sm, dq_red=red, dq_frag=frag,
+                             lse_async=la, dq_warp_rows=wr))
     return entries
 
 
@@ -224,7 +236,7 @@ def _gmean(xs) -> float:
 def markdown(records, entries, gpu: str, args) -> str:
     lines = [f"# Backward tiles on {gpu}", "",
              f"experiments/tune_bwd.py: fa2_bwd.cu's three kernels (atomic dQ) per candidate (block_m x n_warps "
-             f"s q_stages, f: softmax ffma, r2/r4: dQ by red.v2/.v4, p: dq_accum in the fragment order; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
+             f"s q_stages, f: softmax ffma, r2/r4: dQ by red.v2/.v4, p: dq_accum in the fragment order, m: 32-row dQ warp tiles, l: LSE and D by cp.async; block_n = 16 n_warps), {args.runs} round-robin runs of the median of {args.reps} calls; ms: median "
              "over runs; x def: DEFAULT_TILES' time / this one's; x flash: SDPA-flash's backward time / this one's.", ""]
     for r in records:
         runs = r["runs_ms"]
@@ -247,7 +259,7 @@ def markdown(records, entries, gpu: str, args) -> str:
     lines += ["## Chosen (backward/<gpu>.json)", "", "| head_dim | causal | size | block_m x n_warps s q_stages | x default | "
               "x flash (geomean) |", "|---|---|---|---|---|---|"]
     for e in entries:
-        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label(e.block_m, e.n_warps, e.q_stages, e.softmax, e.dq_red, e.dq_frag)} | "
+        lines.append(f"| {e.head_dim} | {e.causal} | {e.size} | {_label_of(e)} | "
                      f"{e.vs_default if e.vs_default is not None else 'n/a'} | {e.vs_flash} |")
     return "\n".join(lines) + "\n"
 
@@ -275,8 +287,7 @@ def main(argv=None) -> int:
     if args.labels is not None:
         from fa_hw.tuned_backward import candidates as _cands
 
-        known = {_label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag)
-                 for d in args.head_dims for x in _cands(d)}
+        known = {_label_of(x) for d in args.head_dims for x in _cands(d)}
         unknown = sorted(set(args.labels) - known)
         if unknown:
             raise SystemExit(f"--labels {unknown} are no candidates of head dims {args.head_dims}; "

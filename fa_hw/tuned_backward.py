@@ -5,7 +5,7 @@
     choice.config, choice.source
 
 Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax,
-dq_red, dq_frag)
+dq_red, dq_frag, lse_async, dq_warp_rows)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
@@ -16,7 +16,8 @@ forward table), named by fa_hw.device.gpu_key:
        "softmax": "ffma", "dq_red": 2, "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
 
 (softmax: BackwardConfig.softmax, "fmul_fsub" when absent; dq_red: BackwardConfig.dq_red, 1 when absent;
-dq_frag: BackwardConfig.dq_frag, written only when true: tables written before they existed.)
+dq_frag: BackwardConfig.dq_frag, lse_async: BackwardConfig.lse_async, written only when true; dq_warp_rows:
+BackwardConfig.dq_warp_rows, written only when not 16: tables written before they existed.)
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
 vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
@@ -43,6 +44,7 @@ atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum ele
 `candidates(d, arch=...)` leaves it out and compile_backward refuses it (so tune_bwd.py never writes it
 into an older GPU's table). dq_frag (dq_accum in the fragment order) adds the same terms to each element
 too, in another place of dq_accum that the convert kernel reads back: dQ, dK, dV keep their bits.
+lse_async (LSE and D by cp.async) and dq_warp_rows 32 (32-row warp tiles of the dQ GEMM) change no bit either.
 """
 
 from __future__ import annotations
@@ -115,6 +117,27 @@ DQ_RED_SPILLS = {(96, 128, 8, "ffma", 4, False), (64, 128, 8, "fmul_fsub", 4, Tr
 DQ_FRAG_WIDTHS = (4,)
 
 
+#: (lse_async, dq_warp_rows) also timed with the fragment-order v4 candidates (the H100's winners at every key) of
+#: the head dims and tiles below ("l", "m" in tune_bwd.py's labels; (False, 16) is every candidate's). Why: the
+#: H100's d=128 rows missed SDPA-flash by 1.6-3.5 % with FlashAttention-2's own 64 x 128 tile of 8 warps. lse_async:
+#: LSE and D came by ld.global + st.shared after BAR_DS, so warps 0 and 1 waited for an L2 round trip before their
+#: dQ GEMM and the CTA for them at the next BAR_LOAD (FlashAttention-2 loads LSE a round early); dq_warp_rows 32:
+#: 32 x 32 warp tiles of dQ (FlashAttention-2's AtomLayoutMdQ 2) take 176 instead of 184 LDSM.x4 per warp and Q
+#: block at d=128 (FlashAttention-2's five GEMMs take ~144 plus two 16 KB tile stores).
+LOOP_OPTIONS = ((True, 16), (False, 32), (True, 32))
+LOOP_OPTION_TILES = {(128, 64, 8), (64, 128, 8)}
+#: the same tiles' fragment-order v4 candidates with two Q stages and lse_async (at the end of CANDIDATES[d]): two
+#: stages load the next Q block at the top of the round, where the synchronous LSE and D load held warps 0 ..
+#: block_m / 32 - 1 before their S GEMM and the CTA for them at BAR_DS (the timing model, (1, 16, 4096, 128)
+#: non-causal, ffma: 64x8s2fr4p 3.7 % behind 64x8s1fr4p, 64x8s2fr4pl 1.2 %)
+STAGE2_LOOP_OPTIONS = ((True, 16),)
+
+
+def _loop_options(d: int, bm: int, nw: int, red: int, frag: bool) -> tuple[tuple[bool, int], ...]:
+    more = LOOP_OPTIONS if frag and red == 4 and (d, bm, nw) in LOOP_OPTION_TILES else ()
+    return ((False, 16), *more)
+
+
 def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, bool], ...]:
     vec = d <= 128 and nw == DQ_RED_N_WARPS and bm >= DQ_RED_MIN_BLOCK_M and st == 1
     reds = [(r, False) for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1])]
@@ -122,9 +145,12 @@ def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, boo
     return tuple((r, p) for r, p in reds if (d, bm, nw, sm, r, p) not in DQ_RED_SPILLS)
 
 
-CANDIDATES = {d: tuple((bm, nw, st, sm, red, frag) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
+CANDIDATES = {d: tuple((bm, nw, st, sm, red, frag, la, wr) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
                        for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
-                       for red, frag in _dq_reds(d, bm, nw, st, sm))
+                       for red, frag in _dq_reds(d, bm, nw, st, sm) for la, wr in _loop_options(d, bm, nw, red, frag))
+              + tuple((bm, nw, 2, sm, 4, True, la, wr) for dd, bm, nw in sorted(LOOP_OPTION_TILES) if dd == d
+                      for sm in _softmaxes(d, bm, nw) if _fits(d, bm, nw, 2) and (d, bm, nw, sm, 4, True) not in DQ_RED_SPILLS
+                      for la, wr in STAGE2_LOOP_OPTIONS)
               for d, tiles in TILES.items()}
 
 
@@ -134,8 +160,8 @@ def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> l
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
     vec_ok = arch is None or vector_reductions_ok(arch)
     return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
-                           dq_frag=frag)
-            for bm, nw, st, sm, red, frag in CANDIDATES[head_dim] if red == 1 or vec_ok]
+                           dq_frag=frag, lse_async=la, dq_warp_rows=wr)
+            for bm, nw, st, sm, red, frag, la, wr in CANDIDATES[head_dim] if red == 1 or vec_ok]
 
 
 @dataclass(frozen=True)
@@ -154,6 +180,8 @@ class Entry:
     softmax: str = SOFTMAX_FORMS[0]  # BackwardConfig.softmax (last: the positional fields keep their places)
     dq_red: int = 1  # BackwardConfig.dq_red
     dq_frag: bool = False  # BackwardConfig.dq_frag
+    lse_async: bool = False  # BackwardConfig.lse_async
+    dq_warp_rows: int = 16  # BackwardConfig.dq_warp_rows
 
     @property
     def key(self) -> tuple[int, bool, str]:
@@ -162,11 +190,13 @@ class Entry:
     def config(self, dtype: str = "fp16") -> BackwardConfig:
         return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
                               q_stages=self.q_stages, softmax=self.softmax, dq_red=self.dq_red,
-                              dq_frag=self.dq_frag)
+                              dq_frag=self.dq_frag, lse_async=self.lse_async, dq_warp_rows=self.dq_warp_rows)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
                 "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "dq_red": self.dq_red, **({"dq_frag": True} if self.dq_frag else {}),
+                **({"lse_async": True} if self.lse_async else {}),
+                **({"dq_warp_rows": self.dq_warp_rows} if self.dq_warp_rows != 16 else {}),
                 "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
@@ -178,7 +208,8 @@ class Entry:
                              f"of {HEAD_DIMS}, causal a bool, size one of {SIZE_CLASSES}")
         out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
                   data.get("vs_default"), data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())),
-                  str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1), data.get("dq_frag", False))
+                  str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1), data.get("dq_frag", False),
+                  data.get("lse_async", False), data.get("dq_warp_rows", 16))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out
 

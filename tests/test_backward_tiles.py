@@ -29,14 +29,15 @@ OTHERS = [(d, *c) for d, cands in CANDIDATES.items() for c in cands[1:]]
 
 def _ids(cases):
     return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") + (f"-r{red}" if red != 1 else "")
-            + ("-frag" if frag else "") for d, bm, nw, st, sm, red, frag in cases]
+            + ("-frag" if frag else "") + ("-wr32" if wr == 32 else "") + ("-lse-async" if la else "")
+            for d, bm, nw, st, sm, red, frag, la, wr in cases]
 
 
 @pytest.mark.parametrize("tiles", ALL, ids=_ids(ALL))
 def test_every_candidate_compiles_for_sm90_without_spills(tiles):
-    d, bm, nw, st, sm, red, frag = tiles
+    d, bm, nw, st, sm, red, frag, la, wr = tiles
     builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
-                                           dq_frag=frag),
+                                           dq_frag=frag, lse_async=la, dq_warp_rows=wr),
                             causal, det, "sm_90")
               for dtype in ("fp16", "bf16") for causal in (False, True) for det in (False, True)]
     for build in builds:
@@ -53,10 +54,11 @@ def _bits(a):
 
 @pytest.mark.parametrize("tiles", OTHERS, ids=_ids(OTHERS))
 def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
-    d, bm, nw, st, sm, red, frag = tiles
+    d, bm, nw, st, sm, red, frag, la, wr = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag, lse_async=la,
+                         dq_warp_rows=wr)
     base = BackwardConfig(d, softmax=sm)  # the default tiles of the same softmax form
     assert cfg != base and nq % bm and nk % cfg.block_n  # tails in both directions
     for det in (True, False):
@@ -85,10 +87,11 @@ def test_vector_dq_reductions_add_the_scalar_forms_terms_on_the_engine_as_compil
     from fa_sim.contract.nvrtc import compile_ptx
     from fa_sim.ptx import launch
 
-    d, bm, nw, st, sm, red, frag = tiles
+    d, bm, nw, st, sm, red, frag, la, wr = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
-    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag)
+    cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag, lse_async=la,
+                         dq_warp_rows=wr)
     want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=False,
                              config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm))
     launches, _, out = backward_launches(q, k, v, o, lse, do, causal, None, False, config=cfg)
@@ -202,9 +205,17 @@ def test_the_table_round_trips_and_lookup_takes_the_nearest_size_class(tmp_path)
     assert got.config == BackwardConfig(64) and "no d=64 causal entry; NVIDIA H200: no backward table" in got.source
 
 
+def test_dq_warp_rows_32_needs_32_row_slices_that_divide_the_warps():
+    assert BackwardConfig(128, block_m=64, n_warps=8, dq_frag=True, dq_warp_rows=32).describe().endswith(
+        "dq_frag dq_warp_rows=32")
+    with pytest.raises(ValueError, match=r"block_m=16, n_warps=4, dq_warp_rows=32\) does not tile"):
+        BackwardConfig(128, block_m=16, n_warps=4, dq_frag=True, dq_warp_rows=32)
+
+
 @pytest.mark.parametrize("change, words", [
     ({"block_m": 48}, "does not tile"), ({"q_stages": 3}, "q_stages must be 1 or 2"), ({"softmax": "fma"}, "softmax 'fma'"), ({"head_dim": 256}, r"bad key \(head_dim=256"),
-    ({"size": "huge"}, "bad key"), ({"format": 2}, "format 2")])
+    ({"size": "huge"}, "bad key"), ({"format": 2}, "format 2"), ({"lse_async": 1}, "lse_async must be True or False"),
+    ({"dq_warp_rows": 24}, "dq_warp_rows must be 16 or 32"), ({"dq_warp_rows": 32}, "dq_warp_rows=32 needs dq_frag=True")])
 def test_a_malformed_table_is_one_value_error_naming_the_file(tmp_path, change, words):
     data = Table("NVIDIA H100 80GB HBM3", "sm_90", (Entry(64, False, "short", 64, 8),)).to_json()
     if "format" in change:
@@ -256,11 +267,14 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
         r["runs_ms"]["64x8s2f"] = [1.0, 1.0]
     (entry,) = tune.choose(recs)
     assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == (64, 8, 2, "ffma")
-    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == (128, 8, 1, "fmul_fsub", 1, False)
+    assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == \
+        (128, 8, 1, "fmul_fsub", 1, False, False, 16)
     assert tune._label(128, 8, 1, "ffma", 4) == "128x8s1fr4" and tune._parse_label("64x8s1r2") == \
-        (64, 8, 1, "fmul_fsub", 2, False)
+        (64, 8, 1, "fmul_fsub", 2, False, False, 16)
     assert tune._label(64, 8, 1, "ffma", 4, True) == "64x8s1fr4p" and tune._parse_label("64x8s1fr4p") == \
-        (64, 8, 1, "ffma", 4, True)
+        (64, 8, 1, "ffma", 4, True, False, 16)
+    assert tune._label(64, 8, 1, "ffma", 4, True, True, 32) == "64x8s1fr4pml" and tune._parse_label("64x8s1r4pl") == \
+        (64, 8, 1, "fmul_fsub", 4, True, True, 16) and tune._parse_label("64x8s1fr4pm")[-2:] == (False, 32)
     for r in recs:  # a vector-reduction candidate ahead of all: dq_red reaches the entry and its table
         r["runs_ms"]["128x8s1fr2"] = [0.9, 0.9]
     (entry,) = tune.choose(recs)
@@ -274,7 +288,14 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
     assert (entry.dq_red, entry.dq_frag) == (4, True)
     assert Table.from_json(Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0").to_json()).entries[0].config() == \
         BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=4, dq_frag=True)
-    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2", "128x8s1fr4p")}}
+    for r in recs:  # the loop options ahead of all: lse_async and dq_warp_rows reach the entry and its table
+        r["runs_ms"]["128x8s1fr4pml"] = [0.7, 0.7]
+    (entry,) = tune.choose(recs)
+    assert Table.from_json(Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0").to_json()).entries[0].config() == \
+        BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=4, dq_frag=True, lse_async=True,
+                       dq_warp_rows=32)
+    recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2", "128x8s1fr4p",
+                                                                                "128x8s1fr4pml")}}
             for r in recs]
     (entry,) = tune.choose(recs)
     assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2

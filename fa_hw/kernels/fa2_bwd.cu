@@ -66,6 +66,25 @@
 //                                                  and the v4 form needs no lane exchange; a slice that
 //                                                  crosses Nq stays row-major (per-row guards); the convert
 //                                                  kernel reads the same order back. 0: row-major throughout
+//   FA_LSE_ASYNC                                   1: the main kernel copies each Q block's LSE and D rows into
+//                                                  sLSE, sD by 4-byte cp.async in the Q block's group
+//                                                  (BackwardConfig.lse_async), raw: log2(e) LSE is rounded at
+//                                                  its use in P (the same product, the same bits). Rows past
+//                                                  Nq get LSE = D = 0 (zero fill), so their P^T is 1 instead
+//                                                  of 0: their Q and dO rows are zero (copy_tile), so every
+//                                                  term they add to dV, dK and to dQ's rows in [0, Nq) is
+//                                                  exactly +0 and no output bit changes. 0: ld.global + st.shared
+//                                                  (the threads < kBlockM wait for the load after BAR_DS,
+//                                                  before their dQ GEMM, and the CTA for them at BAR_LOAD)
+//   FA_DQ_WARP_ROWS                                16: each warp's dQ tile (atomic mode) is 16 queries x d / kWN
+//                                                  (kWM = kBlockM / 16 warps along the queries); 32: 32 x d / kWN
+//                                                  (BackwardConfig.dq_warp_rows; FlashAttention-2's
+//                                                  AtomLayoutMdQ 2 for d = 128 is its 32 x 32): the two m16
+//                                                  tiles share each B fragment of K, 4 ldmatrix per 8 mma
+//                                                  where 16 rows take 5 (d = 128, 64 x 8 warps: 32 instead of
+//                                                  40 per warp and Q block). Needs FA_DQ_FRAG (the slices are
+//                                                  reduced as there, one m16 tile at a time); the same
+//                                                  partials, each element summed over the keys in the same order
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -123,6 +142,15 @@ typedef unsigned long long u64;
 #ifndef FA_DQ_FRAG
 #define FA_DQ_FRAG 0
 #endif
+#ifndef FA_LSE_ASYNC
+#define FA_LSE_ASYNC 0
+#endif
+#ifndef FA_DQ_WARP_ROWS
+#define FA_DQ_WARP_ROWS 16
+#endif
+#if FA_DQ_WARP_ROWS != 16 && !(FA_DQ_WARP_ROWS == 32 && FA_DQ_FRAG)
+#error "FA_DQ_WARP_ROWS is 16, or 32 with FA_DQ_FRAG"
+#endif
 #if FA_BF16  // the 16-bit type of q, k, v, o, dO, P^T, dS^T and the gradients in the PTX type names below
 #define FA_HALF "bf16"
 #else
@@ -142,7 +170,7 @@ constexpr int kDN = kHeadDim / 8;               // n8 tiles of dV / dK along hea
 constexpr int kDSeg = kHeadDim / 16;            // k16 segments of S^T = K Q^T and dP^T = V dO^T
 constexpr int kMSeg = kBlockM / 16;             // k16 segments of dV = P^T dO and dK = dS^T Q
 constexpr int kNSeg = kBlockN / 16;             // k16 segments of dQ = dS K
-constexpr int kWM = kBlockM / 16;               // dQ: warps along the queries (16 rows each) ...
+constexpr int kWM = kBlockM / FA_DQ_WARP_ROWS;  // dQ: warps along the queries (FA_DQ_WARP_ROWS rows each) ...
 constexpr int kWN = kNWarps / kWM;              // ... and along head_dim
 constexpr int kQN = kHeadDim / (8 * kWN);       // n8 tiles of a warp's dQ along head_dim
 constexpr int kPitch = kHeadDim + 8;            // halves per row of sQ, sdO, sK, sV (padded: no bank conflicts)
@@ -182,7 +210,8 @@ constexpr u32 kDqSmemBytes = kDqSDOff + 4u * kDqBlockM;
 
 static_assert(kQStages == 1 || kQStages == 2, "FA_Q_STAGES is 1 or 2");
 static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys: block_n = 16 * n_warps");
-static_assert(kBlockM % 16 == 0 && kWM <= kNWarps && kNWarps % kWM == 0, "dQ's warps tile the Q block by 16 rows");
+static_assert(kBlockM % FA_DQ_WARP_ROWS == 0 && kWM <= kNWarps && kNWarps % kWM == 0,
+              "dQ's warps tile the Q block by FA_DQ_WARP_ROWS rows");
 static_assert(kSLseOff % 8 == 0 && kSDOff % 8 == 0 && kStageLDelta % 8 == 0, "sLSE, sD: 8-byte aligned (LDS.64)");
 static_assert(kQN % 2 == 0, "a warp's dQ columns come in pairs of n8 tiles (ldmatrix.x4)");
 static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "copy passes must tile the blocks");
@@ -200,6 +229,10 @@ __device__ __forceinline__ u32 off_ds(int r, int c) { return 2u * (u32)(r * kDSP
 // ---- inline PTX (as fa2_fwd.cu) -----------------------------------------------------------------
 __device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, u32 src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// 4 bytes, through L1 (cp.async.ca; .cg copies 16 bytes only): FA_LSE_ASYNC's LSE and D rows
+__device__ __forceinline__ void cp_async_ca4(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
@@ -335,8 +368,22 @@ __device__ __forceinline__ void load_q_rows(const u16* gQ, const u16* gdO, const
 // The main kernel's Q block into stage `stage` (0 or 1).
 __device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, const float* gLSE, const float* gD,
                                              int row0, int seqlen_q, int stage = 0) {
+#if FA_LSE_ASYNC
+  // Q and dO as load_q_rows; LSE and D raw by cp.async in the same group, rows past the end 0 (the
+  // source clamped to the batch-head's first row)
+  const u32 base = smem_base(), qd = stage * kStageQDelta, ld = stage * kStageLDelta;
+  copy_tile<kBlockM>(base + qd, gQ, row0, seqlen_q);
+  copy_tile<kBlockM>(base + qd + kSdOOff, gdO, row0, seqlen_q);
+  if (threadIdx.x < kBlockM) {
+    const int row = row0 + threadIdx.x;
+    const bool ok = row < seqlen_q;
+    cp_async_ca4(base + ld + kSLseOff + 4u * threadIdx.x, gLSE + (ok ? row : 0), ok ? 4u : 0u);
+    cp_async_ca4(base + ld + kSDOff + 4u * threadIdx.x, gD + (ok ? row : 0), ok ? 4u : 0u);
+  }
+#else
   load_q_rows<kBlockM, kSdOOff, kSLseOff, kSDOff>(gQ, gdO, gLSE, gD, row0, seqlen_q, stage * kStageQDelta,
                                                   stage * kStageLDelta);
+#endif
 }
 
 // ---- GEMMs of a warp's 16 rows (keys; the dQ kernel: queries) ----------------------------------
@@ -415,6 +462,34 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
     }
   }
 }
+
+#if FA_DQ_WARP_ROWS == 32
+// FA_DQ_WARP_ROWS 32: the warp's two m16 tiles of queries 32 wm + 16 mi .. + 15 (acc[mi]), each B fragment
+// of K loaded once for both; each tile's elements as gemm_dq's (the same k16 segments in the same order).
+__device__ __forceinline__ void gemm_dq2(float (&acc)[2][kQN][4]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = warp % kWM, wn = warp / kWM;
+  const u32 base = smem_base();
+  const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 32 * wm + 8 * ((lane / 8) % 2));
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
+#pragma unroll
+  for (int h = 0; h < kNSeg; ++h) {
+    u32 a[2][4];
+    ldsm_x4_trans(a[0], base + kSdSOff + oA + off_ds(16 * h, 0));
+    ldsm_x4_trans(a[1], base + kSdSOff + oA + off_ds(16 * h, 16));
+#pragma unroll
+    for (int jj = 0; jj < kQN / 2; ++jj) {
+      u32 b[4];
+      ldsm_x4_trans(b, base + kSKOff + oB + off(16 * h, 16 * jj));
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        mma_16816(acc[mi][2 * jj], a[mi], b[0], b[1]);
+        mma_16816(acc[mi][2 * jj + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+#endif
 
 // ---- debug build: checkpoints in the layout of fa_sim/checkpoints.py (BackwardCheckpointLayout) ----
 // Buffer uint32 [cta_sel, checkpoint, round, thread, word]; round = loop iteration (the CTA's
@@ -595,6 +670,10 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     for (int nj = 0; nj < kSN; ++nj) {
       float lse2[2];  // log2(e) LSE of queries 8 nj + 2 tq, + 1
       lds_f32x2(lse2, sLse + 4u * (8 * nj + 2 * (lane % 4)));
+#if FA_LSE_ASYNC  // sLSE holds LSE itself: the product load_q_rows rounds otherwise
+      lse2[0] = __fmul_rn(lse2[0], kLog2e);
+      lse2[1] = __fmul_rn(lse2[1], kLog2e);
+#endif
 #pragma unroll
       for (int e = 0; e < 4; ++e) tSrS[nj][e] = ex2_approx(exp2_arg(tSrS[nj][e], sl2, lse2[e & 1]));
     }
@@ -642,7 +721,56 @@ fa2_bwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       if (m_block + 1 < m_block_max) load_q_block(gQ, gdO, gLSE, gD, row0 + kBlockM, seqlen_q);
       cp_async_commit();
     }
-#if !FA_DETERMINISTIC
+#if !FA_DETERMINISTIC && FA_DQ_WARP_ROWS == 32
+    // phase: dQ
+    float tdQrdQ2[2][kQN][4];  // the warp's m16 tiles (queries 32 wm + 16 mi + g (+8)), columns of warp column wn
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kQN; ++nj)
+        tdQrdQ2[mi][nj][0] = tdQrdQ2[mi][nj][1] = tdQrdQ2[mi][nj][2] = tdQrdQ2[mi][nj][3] = 0.f;
+    gemm_dq2(tdQrdQ2);
+    {
+      const int wm = warp % kWM, wn = warp / kWM;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r16 = row0 + 32 * wm + 16 * mi;  // the m16 tile's first query: FA_DQ_FRAG's 16-row slice
+        if (r16 + 16 <= seqlen_q) {  // wholly in range (warp-uniform): the fragment order, as below
+          float* gdQf = gdQ + (u64)r16 * kHeadDim + 128 * kQN * wn + FA_DQ_RED * lane;
+#pragma unroll
+          for (int nj = 0; nj < kQN; ++nj) {
+#if FA_DQ_RED == 4
+            red_add_f32x4(gdQf + 128 * nj, tdQrdQ2[mi][nj][0], tdQrdQ2[mi][nj][1], tdQrdQ2[mi][nj][2],
+                          tdQrdQ2[mi][nj][3]);
+#elif FA_DQ_RED == 2
+            red_add_f32x2(gdQf + 128 * nj, tdQrdQ2[mi][nj][0], tdQrdQ2[mi][nj][1]);
+            red_add_f32x2(gdQf + 128 * nj + 64, tdQrdQ2[mi][nj][2], tdQrdQ2[mi][nj][3]);
+#else
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red_add_f32(gdQf + 128 * nj + 32 * e, tdQrdQ2[mi][nj][e]);
+#endif
+          }
+        } else {  // across Nq: row-major with a guard per row, as below
+          const int qrow = r16 + lane / 4;
+          float* gdQt = gdQ + (u64)qrow * kHeadDim + 8 * kQN * wn + 2 * (lane % 4);
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (qrow + 8 * half < seqlen_q) {
+#pragma unroll
+              for (int nj = 0; nj < kQN; ++nj) {
+#if FA_DQ_RED >= 2
+                red_add_f32x2(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ2[mi][nj][2 * half],
+                              tdQrdQ2[mi][nj][2 * half + 1]);
+#else
+                red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj, tdQrdQ2[mi][nj][2 * half]);
+                red_add_f32(gdQt + 8 * kHeadDim * half + 8 * nj + 1, tdQrdQ2[mi][nj][2 * half + 1]);
+#endif
+              }
+            }
+        }
+      }
+    }
+#elif !FA_DETERMINISTIC
     // phase: dQ
     float tdQrdQ[kQN][4];  // dQ partial [d / (8 kWN)][4] fp32: queries 16 wm + g (+8), columns of warp column wn
 #pragma unroll

@@ -98,6 +98,10 @@ class BackwardConfig:
     dq_red: int = 1  # fp32 elements per atomic dQ reduction (FA_DQ_RED): DQ_RED_WIDTHS, 2 and 4 for sm_90
     dq_frag: bool = False  # the atomic mode's dq_accum in the fragment order (FA_DQ_FRAG): each warp reduction
     # covers 32 dq_red contiguous fp32 (whole 128-byte lines) instead of 8 rows' 8 dq_red columns; dQ's sums unchanged
+    lse_async: bool = False  # the main kernel copies LSE and D with the Q block by cp.async (FA_LSE_ASYNC), raw:
+    # log2(e) LSE at its use; no load for the threads < block_m to wait for before their dQ GEMM; the same bits
+    dq_warp_rows: int = 16  # queries per warp tile of the atomic mode's dQ GEMM (FA_DQ_WARP_ROWS): 16, or 32 (two
+    # m16 tiles sharing each K fragment: fewer ldmatrix; needs dq_frag); the same dQ partials
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -114,6 +118,14 @@ class BackwardConfig:
                              f"got {self.dq_red!r}")
         if not isinstance(self.dq_frag, bool):
             raise ValueError(f"dq_frag must be True or False (dq_accum in the fragment order), got {self.dq_frag!r:.40}")
+        if not isinstance(self.lse_async, bool):
+            raise ValueError(f"lse_async must be True or False (LSE and D by cp.async), "
+                             f"got {self.lse_async!r:.40}")
+        if self.dq_warp_rows not in (16, 32):
+            raise ValueError(f"dq_warp_rows must be 16 or 32 (queries per warp tile of the dQ GEMM), "
+                             f"got {self.dq_warp_rows!r:.40}")
+        if self.dq_warp_rows == 32 and not self.dq_frag:
+            raise ValueError("dq_warp_rows=32 needs dq_frag=True (its slices are reduced in the fragment order)")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages must be 1 or 2 (Q block buffers of the backward's main kernel), "
                              f"got {self.q_stages!r}")
@@ -131,6 +143,12 @@ class BackwardConfig:
                              "a multiple of 16 whose 16-row slices divide the warps, each warp column of dQ an even "
                              f"number of n8 tiles, and block_m a multiple of the copy passes ({copy_rows} rows); "
                              f"defaults: {DEFAULT_TILES}")
+        wm2 = bm // 32
+        if self.dq_warp_rows == 32 and not (bm % 32 == 0 and nw % wm2 == 0 and d % (8 * (nw // wm2)) == 0
+                                            and (d // (8 * (nw // wm2))) % 2 == 0):
+            raise ValueError(f"BackwardConfig(head_dim={d}, block_m={bm}, n_warps={nw}, dq_warp_rows=32) does not tile: "
+                             "block_m must be a multiple of 32 whose 32-row slices divide the warps, each warp column "
+                             "of dQ an even number of n8 tiles")
         if max(self.smem_bytes, self.dq_smem_bytes) > SMEM_OPT_IN_BYTES:
             raise ValueError(f"BackwardConfig(head_dim={d}, block_m={bm}, n_warps={nw}) needs "
                              f"{max(self.smem_bytes, self.dq_smem_bytes)} bytes of shared memory, over SM80's "
@@ -184,6 +202,8 @@ class BackwardConfig:
         extra += f" softmax={self.softmax}" if self.softmax != SOFTMAX_FORMS[0] else ""
         extra += f" dq_red={self.dq_red}" if self.dq_red != 1 else ""
         extra += " dq_frag" if self.dq_frag else ""
+        extra += " lse_async" if self.lse_async else ""
+        extra += f" dq_warp_rows={self.dq_warp_rows}" if self.dq_warp_rows != 16 else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
 
@@ -210,6 +230,10 @@ class BackwardBuild:
             out["FA_DQ_RED"] = cfg.dq_red
         if cfg.dq_frag:  # likewise
             out["FA_DQ_FRAG"] = 1
+        if cfg.lse_async:  # likewise
+            out["FA_LSE_ASYNC"] = 1
+        if cfg.dq_warp_rows != 16:  # likewise
+            out["FA_DQ_WARP_ROWS"] = cfg.dq_warp_rows
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
