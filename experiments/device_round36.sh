@@ -20,7 +20,8 @@
 #   tunebwd   experiments/tune_bwd.py: every backward tile candidate (fa_hw.tuned_backward) on BWD_TRAIN
 #             -> $OUT/backward/<gpu>.json and tune_bwd.md; then bench_hw.py --backward on the held-out
 #             set with that table (--tuned-dir $OUT): ship the table as fa_hw/tuned/backward/<gpu>.json
-#             (TUNEBWD_ARGS: more tune_bwd.py options, e.g. "--head-dims 64 128 --labels 64x8s1r2 64x8s1r4p")
+#             (TUNEBWD_ARGS: more tune_bwd.py options, e.g. "--head-dims 64 128 --labels 64x8s1r2 64x8s1r4p"; the
+#             GPU's shipped table, if any, is passed as --base: the keys the run does not time keep their entries)
 #   host      experiments/host_overhead.py: host ms per fa_hw.attention call beside the GPU's (small shapes)
 #   micro     fa_sim.calibrate.timing_microbench --measure: the SM-unit microbenchmarks incl. MUFU.RCP's and
 #             div.rn's latency and rate (-> $OUT/timing_microbench.json, for tests/data/<gpu>/)
@@ -92,7 +93,10 @@ for s in $STEPS; do case $s in
     timeout "$(lim 60)" python3 experiments/host_overhead.py --shape 32,8,1000,32 --causal --profile 2>&1 | head -45 | tee -a "$OUT/summary.txt"
     timeout "$(lim 40)" python3 experiments/host_overhead.py --shape 8,32,2048,64 2>&1 | tail -3 | tee -a "$OUT/summary.txt" ;;
   tunebwd) log tunebwd "$GPU"
-    timeout "$(lim ${TUNEBWD_S:-420})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-380} ${TUNEBWD_ARGS:-} 2>&1 \
+    BWDBASE=fa_hw/tuned/backward/$(python3 -c "import sys; from fa_hw.device import gpu_key; print(gpu_key(sys.argv[1]))" "$GPU").json
+    BASEARG=(); [ -f "$BWDBASE" ] && BASEARG=(--base "$BWDBASE")
+    timeout "$(lim ${TUNEBWD_S:-420})" python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-380} \
+      ${BASEARG[@]+"${BASEARG[@]}"} ${TUNEBWD_ARGS:-} 2>&1 \
       | tail -40 | tee -a "$OUT/summary.txt"
     timeout "$(lim ${BENCHBWD_S:-300})" python3 experiments/bench_hw.py --backward --set test --out "$OUT" --tuned-dir "$OUT" \
       2>&1 | tail -50 | tee -a "$OUT/summary.txt" ;;

@@ -29,7 +29,8 @@ mean; the default stays where no candidate beats it on that measure.
 
 Writes to --out (default $OUT, else experiments/out): backward/<gpu_key>.json (fa_hw.tuned_backward
 .Table: ship it as fa_hw/tuned/backward/<gpu_key>.json; `bench_hw.py --backward --tuned-dir OUT`
-benchmarks it on the held-out set first), tune_bwd.json (every time) and tune_bwd.md (per shape and
+benchmarks it on the held-out set first; with --base, the same GPU's shipped table, the keys this run did not
+time keep that table's entries), tune_bwd.json (every time) and tune_bwd.md (per shape and
 causal flag the candidates' ms and ratios, and the chosen entries), rewritten after every shape, so
 that a run stopped by --budget-s (no new shape starts past it) keeps what it measured.
 
@@ -229,6 +230,28 @@ def choose(records) -> list:
     return entries
 
 
+def load_base(path, gpu: str, arch: str) -> tuple:
+    """--base's entries; the table must be this GPU's (its entries were measured there), checked before
+    any timing."""
+    if path is None:
+        return ()
+    from fa_hw.tuned_backward import Table
+
+    if not Path(path).is_file():
+        raise SystemExit(f"--base {path}: no such file (a backward table, e.g. fa_hw/tuned/backward/<gpu>.json)")
+    table = Table.load(Path(path))
+    if (table.gpu, table.arch) != (gpu, arch):
+        raise SystemExit(f"--base {path} is {table.gpu}'s ({table.arch}) table; this run tunes {gpu} ({arch}): "
+                         "only the same GPU's entries may be kept")
+    return table.entries
+
+
+def merged(entries: list, base) -> list:
+    """The run's entries, and the base table's for every key the run chose nothing for."""
+    have = {(e.head_dim, e.causal, e.size) for e in entries}
+    return list(entries) + [e for e in base if (e.head_dim, e.causal, e.size) not in have]
+
+
 def _gmean(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -276,6 +299,9 @@ def main(argv=None) -> int:
     p.add_argument("--labels", nargs="*", default=None,
                    help="time only these candidates (tune_bwd labels, e.g. 64x8s1r2 64x8s1r4p) besides the default, "
                         "which every shape keeps as the reference; default: all")
+    p.add_argument("--base", type=Path, default=None,
+                   help="a backward table of this same GPU (e.g. the shipped fa_hw/tuned/backward/<gpu>.json) whose "
+                        "entries are kept for the (head_dim, causal, size) keys this run does not time")
     args = p.parse_args(argv)
     check_sets()
     from fa_hw.tuned_backward import CANDIDATES
@@ -302,6 +328,7 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     gpu, arch = torch.cuda.get_device_name(), device_arch()
+    base = load_base(args.base, gpu, arch)
     out = Path(args.out)
     (out / "backward").mkdir(parents=True, exist_ok=True)
     precompile(cases, arch, args.labels)
@@ -318,7 +345,7 @@ def main(argv=None) -> int:
                               for lab, ms in r["runs_ms"].items() if lab != "flash")
             print(f"{str(tuple(case)):20s} causal={causal!s:5s} flash {flash:.3f}ms  {cells}"
                   + "".join(f"  [{k}: {v}]" for k, v in r["notes"].items()) + f"  ({time.time() - t0:.0f}s)", flush=True)
-            entries = choose(records)
+            entries = merged(choose(records), base)
             table = Table(gpu, arch, tuple(entries), ".".join(map(str, nvrtc_version())))
             (out / "backward" / f"{gpu_key(gpu)}.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
             (out / "tune_bwd.json").write_text(json.dumps({"gpu": gpu, "arch": arch, "records": records}, indent=1))

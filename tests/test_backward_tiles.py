@@ -303,3 +303,35 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
     (tmp_path / "h100_80gb_hbm3.json").write_text(json.dumps(table.to_json()))
     got = lookup(64, False, 900, "NVIDIA H100 80GB HBM3", "sm_90", directory=tmp_path)
     assert got.config == BackwardConfig(64, block_m=64, n_warps=8, q_stages=2)
+
+
+def test_tune_bwd_base_keeps_the_same_gpus_untimed_keys_and_refuses_another_gpus_table(tmp_path):
+    """tune_bwd.py --base: the shipped table's entries stay for the keys a --head-dims or --labels run did
+    not time (a d=64 run keeps d=32, 96, 128), the run's own entries replace the base's; a table of
+    another GPU is refused in one line before any timing (its entries were not measured here)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from fa_hw.tuned_backward import BWD_TUNED_DIR
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_bwd", Path(__file__).resolve().parent.parent / "experiments" / "tune_bwd.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    shipped = BWD_TUNED_DIR / "h100_80gb_hbm3.json"
+    base = tune.load_base(shipped, "NVIDIA H100 80GB HBM3", "sm_90")
+    recs = [{"case": [8, 16, 1024, 64], "causal": False, "default": "64x4s1", "notes": {},
+             "runs_ms": {"flash": [1.0, 1.0], "64x4s1": [2.0, 2.0], "64x8s2": [0.9, 0.9]}}]
+    out = tune.merged(tune.choose(recs), base)
+    keys = [(e.head_dim, e.causal, e.size) for e in out]
+    assert len(keys) == len(set(keys)) == len(base)
+    (mine,) = [e for e in out if (e.head_dim, e.causal, e.size) == (64, False, "short")]
+    assert (mine.block_m, mine.q_stages) == (64, 2)
+    assert [e for e in out if e.head_dim != 64] == [e for e in base if e.head_dim != 64]
+    assert tune.load_base(None, "NVIDIA H200", "sm_90") == ()
+    with pytest.raises(SystemExit, match="NVIDIA H100 80GB HBM3's .* table; this run tunes NVIDIA H200"):
+        tune.load_base(shipped, "NVIDIA H200", "sm_90")
+    with pytest.raises(SystemExit, match="no such file"):
+        tune.load_base(tmp_path / "missing.json", "NVIDIA H200", "sm_90")
+    assert json.loads(shipped.read_text())["gpu"] == "NVIDIA H100 80GB HBM3"
