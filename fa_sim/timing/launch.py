@@ -486,13 +486,14 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     # a run whose CTAs start another's is the start of that run: the two share their common cycles
     # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
     # are the separate runs', bit for bit
-    for head, mine in heads.items():
-        for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps, gpu,
-                                                account=True, slots=k, steady=steady)):
-            memo[r] = run
-        if long:
-            print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
-                  file=sys.stderr, flush=True)
+    with _Heartbeat(f"the SM model of {what}", lambda: f"{len(memo)} of {len(runs)} SM runs done"):
+        for head, mine in heads.items():
+            for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
+                                                    gpu, account=True, slots=k, steady=steady)):
+                memo[r] = run
+            if long:
+                print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+                      file=sys.stderr, flush=True)
     if chunks is None:
         return memo[runs[0]], simulated, False
     total = _Sum(memo[chunks[0]])
@@ -500,6 +501,36 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         total.add(memo[a + b], +1)
         total.add(memo[a], -1)
     return total.run(), simulated, True
+
+
+class _Heartbeat:
+    """Progress lines on stderr while a block of work runs (the SM model's runs, whose own loop
+    cannot print: one run of a loop kernel whose resident CTAs reach no steady state takes
+    minutes): a daemon thread prints `what()` after PROGRESS_SECONDS and then every PROGRESS_EVERY
+    seconds (fa_sim.ptx.budget's, the engine's own heartbeat), until the block ends."""
+
+    def __init__(self, who: str, what) -> None:
+        import threading
+
+        self.who, self.what, self.done = who, what, threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="flashsim-sm-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        from ..ptx.budget import PROGRESS_EVERY, PROGRESS_SECONDS
+
+        start, wait = time.monotonic(), PROGRESS_SECONDS
+        while not self.done.wait(wait):
+            print(f"fa_sim.timing: {self.who}, still running after {time.monotonic() - start:,.0f} s "
+                  f"(working, not hung): {self.what()}", file=sys.stderr, flush=True)
+            wait = PROGRESS_EVERY
+
+    def __enter__(self) -> "_Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 class _Sum:
