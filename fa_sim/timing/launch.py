@@ -74,8 +74,9 @@ from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
 EXACT_SM_WORK = 8_000_000  # warp instructions x resident warps up to which the busiest SM runs in one run_sm
-SM_WORK_RATE = 650_000  # warp instructions x resident warps per second of run_sm with stall accounting
-# (this machine: 80 k instructions/s with 8 warps resident, 10 k/s with 64; its scheduler scans every warp)
+SM_WORK_RATE = 1_400_000  # warp instructions x resident warps per second of run_sm with stall accounting
+# (this machine, measured on the backward's dQ kernel at (8, 32, 8192, 128): 12 CTAs of 372,622 warp
+# instructions, 3 resident of 4 warps, no steady state, in 36 s of CPU; its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 STEADY = True  # predict_launch's default: skip the periods of the SM's steady state (fa_sim.timing.sm)
@@ -348,8 +349,12 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
                              "sm_simulated_instructions": simulated, "sm_skipped_cycles": run.skipped})
 
 
-ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
-ENGINE_LANE_S = 2.5e-7  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+ENGINE_STEP_S = 2.3e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
+ENGINE_LANE_S = 3.9e-9  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+# (both measured on the backward's loop kernels at (1, 1, 8192, 128), d 128, 4 warps: the main kernel's one
+# CTA of 104,748 steps 2.5 s of CPU non-causal, its wave of 128 causal CTAs 15.7 s; the dQ kernel's 1.9 and
+# 10.5 s, predicted 2.3 and 14.0 s. The engine's fused paths make a step cheap and a lane cheaper still: the
+# constants before, 5e-5 and 2.5e-7, printed 434 s for the main kernel's 128 CTAs)
 
 
 def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuModel | str = "h200", *,
