@@ -491,11 +491,18 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     # a run whose CTAs start another's is the start of that run: the two share their common cycles
     # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
     # are the separate runs', bit for bit
-    with _Heartbeat(f"the SM model of {what}", lambda: f"{len(memo)} of {len(runs)} SM runs done"):
+    passes = [0, 0]  # passes done, the current one's CTAs
+
+    def progress() -> str:
+        return (f"{passes[0]} of {len(heads)} passes done ({len(memo)} of {len(runs)} SM runs; the runs that start "
+                f"one another share one pass), the current one of {passes[1]} CTAs, {k} resident")
+    with _Heartbeat(f"the SM model of {what}", progress):
         for head, mine in heads.items():
+            passes[1] = len(head)
             for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
                                                     gpu, account=True, slots=k, steady=steady)):
                 memo[r] = run
+            passes[0] += 1
             if long:
                 print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                       file=sys.stderr, flush=True)
