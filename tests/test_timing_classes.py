@@ -196,9 +196,9 @@ def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monke
     """(1, 1, 131072, 128) causal: 2,048 K/V-block classes of up to 4,096 Q blocks each (without the
     mask the K/V blocks are one class, whose one CTA the engine runs); the estimate
     (fa_sim.backward.ESTIMATED_INSTRUCTIONS) refuses it in one line before any launch runs: the
-    engine's run of them, about 21 min (the SM's share is only bounded up front, its steady state
+    engine's run of them, about 35 min (the SM's share is only bounded up front, its steady state
     skips the loops' repeats; without it the SM's instructions refuse (1, 1, 65536, 128) too, whose
-    engine run, about 7 min with the engine's re-measured cost per step, is allowed)."""
+    engine run, about 9 min with the engine's re-measured cost per step, is allowed)."""
     from fa_sim.cli import main
 
     def ran(*a, **kw):

@@ -350,10 +350,10 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
 
 
 ENGINE_STEP_S = 2.3e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
-ENGINE_LANE_S = 3.9e-9  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
-# (both measured on the backward's loop kernels at (1, 1, 8192, 128), d 128, 4 warps: the main kernel's one
-# CTA of 104,748 steps 2.5 s of CPU non-causal, its wave of 128 causal CTAs 15.7 s; the dQ kernel's 1.9 and
-# 10.5 s, predicted 2.3 and 14.0 s. The engine's fused paths make a step cheap and a lane cheaper still: the
+ENGINE_LANE_S = 7.7e-9  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+# (both measured on the backward's loop kernels at (1, 1, 8192, 128), d 128, 4 warps of 128 threads: the main
+# kernel's one CTA of 104,748 steps 2.5 s of CPU non-causal, its wave of 128 causal CTAs 15.7 s; the dQ
+# kernel's 1.9 and 10.5 s, predicted 2.2 and 14.0 s. The engine's fused paths make a step cheap and a lane cheaper still: the
 # constants before, 5e-5 and 2.5e-7, printed 434 s for the main kernel's 128 CTAs)
 
 
