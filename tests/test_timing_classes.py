@@ -193,21 +193,22 @@ def test_uniform_axes_are_checked():
 
 
 def test_backward_past_the_limits_is_refused_before_any_engine_run(capsys, monkeypatch):
-    """(1, 1, 65536, 128) causal: 1,024 K/V-block classes of up to 2,048 Q blocks each (without the
+    """(1, 1, 131072, 128) causal: 2,048 K/V-block classes of up to 4,096 Q blocks each (without the
     mask the K/V blocks are one class, whose one CTA the engine runs); the estimate
     (fa_sim.backward.ESTIMATED_INSTRUCTIONS) refuses it in one line before any launch runs: the
-    engine's run of them (the SM's share is only bounded up front, its steady state skips the
-    loops' repeats; without it the SM's instructions refuse it too)."""
+    engine's run of them, about 35 min (the SM's share is only bounded up front, its steady state
+    skips the loops' repeats; without it the SM's instructions refuse (1, 1, 65536, 128) too, whose
+    engine run, about 9 min with the engine's re-measured cost per step, is allowed)."""
     from fa_sim.cli import main
 
     def ran(*a, **kw):
         raise AssertionError("the PTX engine ran")
 
     monkeypatch.setattr(ptx, "launch", ran)
-    with pytest.raises(ValueError, match="fa2_bwd_kernel: its 1,024 representative CTAs would run on the PTX engine "
+    with pytest.raises(ValueError, match="fa2_bwd_kernel: its 2,048 representative CTAs would run on the PTX engine "
                                          "for about [0-9,]+ min"):
-        predict_backward_seeded(1, 1, 65536, 65536, 128, causal=True)
-    assert main(["time", "--backward", "--heads", "1", "--seqlen", "65536", "--head-dim", "128", "--causal"]) == 2
+        predict_backward_seeded(1, 1, 131072, 131072, 128, causal=True)
+    assert main(["time", "--backward", "--heads", "1", "--seqlen", "131072", "--head-dim", "128", "--causal"]) == 2
     err = capsys.readouterr().err.strip()
     assert "the timing model allows" in err and len(err.splitlines()) == 1, err
     monkeypatch.setattr(tl, "STEADY", False)

@@ -123,3 +123,26 @@ def test_compare_timing_is_refused_before_the_gpu_runs(capsys, monkeypatch, no_m
     status, err = _run(["compare", "--timing", "--seqlen", "1048576", "--causal", "--heads", "1"], capsys)
     assert status == 2 and err.count("\n") == 1, err
     assert err.startswith("fa compare: error: --timing at (B, H, Nq, Nk) = (1, 1, 1048576, 1048576): the timing model")
+
+
+def test_the_sm_model_prints_progress_while_a_run_goes_on(monkeypatch, capsys):
+    """time_sm's runs cannot print from inside run_sm: a heartbeat thread says, after
+    PROGRESS_SECONDS and every PROGRESS_EVERY, how many runs are done; nothing once they end."""
+    import time
+
+    from fa_sim.ptx import budget
+    from fa_sim.timing.launch import _Heartbeat
+
+    monkeypatch.setattr(budget, "PROGRESS_SECONDS", 0.02)
+    monkeypatch.setattr(budget, "PROGRESS_EVERY", 0.02)
+    done = [0]
+    with _Heartbeat("the SM model of k", lambda: f"{done[0]} of 3 SM runs done"):
+        time.sleep(0.15)
+        done[0] = 2
+        time.sleep(0.15)
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(re.fullmatch(r"fa_sim\.timing: the SM model of k, still running after \d+ s \(working, "
+                                    r"not hung\): [02] of 3 SM runs done", line) for line in err), err
+    assert any(line.endswith("0 of 3 SM runs done") for line in err) and err[-1].endswith("2 of 3 SM runs done")
+    time.sleep(0.1)
+    assert capsys.readouterr().err == ""  # stopped with the block

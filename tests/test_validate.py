@@ -182,3 +182,21 @@ def test_check_input_sizes_an_input_without_reading_its_values():
     assert validate.check_input(nan, "k").shape == Q16.shape  # values are fp16()'s business
     assert "k contains NaN or Inf, first at k[0, 1, 2, 3]" in _message(validate.check_input(nan, "k").fp16)
     assert np.array_equal(validate.check_input(Q16.astype(np.float64), "q").host_fp16(), Q16)
+
+
+def test_the_blocked_finiteness_scan_finds_a_bad_value_in_any_block(monkeypatch):
+    """_Xp.all_finite scans a large fp16 array in blocks of FINITE_BLOCK values through one buffer:
+    a NaN or Inf in the last, partial block is found, and the error names its position."""
+    import fa_sim.validate as val
+
+    monkeypatch.setattr(val, "FINITE_BLOCK", 64)
+    x = np.zeros((1, 3, 7, 11), np.float16)  # 231 values: 3 whole blocks and a partial one
+    lib = val._Xp(np, "")
+    assert lib.all_finite(x)
+    for bad, at in ((np.nan, (0, 2, 6, 10)), (np.inf, (0, 2, 0, 0)), (-np.inf, (0, 0, 5, 9))):
+        y = x.copy()
+        y[at] = bad
+        assert not lib.all_finite(y)
+        with pytest.raises(ValueError, match=rf"q contains NaN or Inf, first at q\[{at[0]}, {at[1]}, {at[2]}, {at[3]}\]"):
+            val.check_input(y, "q").half("fp16")
+    assert lib.all_finite(np.full(231, 65504, np.float16))  # the largest finite fp16

@@ -74,8 +74,9 @@ from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
 EXACT_SM_WORK = 8_000_000  # warp instructions x resident warps up to which the busiest SM runs in one run_sm
-SM_WORK_RATE = 650_000  # warp instructions x resident warps per second of run_sm with stall accounting
-# (this machine: 80 k instructions/s with 8 warps resident, 10 k/s with 64; its scheduler scans every warp)
+SM_WORK_RATE = 1_400_000  # warp instructions x resident warps per second of run_sm with stall accounting
+# (this machine, measured on the backward's dQ kernel at (8, 32, 8192, 128): 12 CTAs of 372,622 warp
+# instructions, 3 resident of 4 warps, no steady state, in 36 s of CPU; its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 STEADY = True  # predict_launch's default: skip the periods of the SM's steady state (fa_sim.timing.sm)
@@ -348,8 +349,12 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
                              "sm_simulated_instructions": simulated, "sm_skipped_cycles": run.skipped})
 
 
-ENGINE_STEP_S = 5e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
-ENGINE_LANE_S = 2.5e-7  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+ENGINE_STEP_S = 2.3e-5  # s per issue step of an engine wave, besides its lanes (fa_sim.ptx; this machine)
+ENGINE_LANE_S = 7.7e-9  # s per lane of an issue step (a warp instruction is a step of all its CTA's warps)
+# (both measured on the backward's loop kernels at (1, 1, 8192, 128), d 128, 4 warps of 128 threads: the main
+# kernel's one CTA of 104,748 steps 2.5 s of CPU non-causal, its wave of 128 causal CTAs 15.7 s; the dQ
+# kernel's 1.9 and 10.5 s, predicted 2.2 and 14.0 s. The engine's fused paths make a step cheap and a lane cheaper still: the
+# constants before, 5e-5 and 2.5e-7, printed 434 s for the main kernel's 128 CTAs)
 
 
 def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuModel | str = "h200", *,
@@ -486,13 +491,21 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     # a run whose CTAs start another's is the start of that run: the two share their common cycles
     # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
     # are the separate runs', bit for bit
-    for head, mine in heads.items():
-        for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps, gpu,
-                                                account=True, slots=k, steady=steady)):
-            memo[r] = run
-        if long:
-            print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
-                  file=sys.stderr, flush=True)
+    passes = [0, 0]  # passes done, the current one's CTAs
+
+    def progress() -> str:
+        return (f"{passes[0]} of {len(heads)} passes done ({len(memo)} of {len(runs)} SM runs; the runs that start "
+                f"one another share one pass), the current one of {passes[1]} CTAs, {k} resident")
+    with _Heartbeat(f"the SM model of {what}", progress):
+        for head, mine in heads.items():
+            passes[1] = len(head)
+            for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
+                                                    gpu, account=True, slots=k, steady=steady)):
+                memo[r] = run
+            passes[0] += 1
+            if long:
+                print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+                      file=sys.stderr, flush=True)
     if chunks is None:
         return memo[runs[0]], simulated, False
     total = _Sum(memo[chunks[0]])
@@ -500,6 +513,36 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         total.add(memo[a + b], +1)
         total.add(memo[a], -1)
     return total.run(), simulated, True
+
+
+class _Heartbeat:
+    """Progress lines on stderr while a block of work runs (the SM model's runs, whose own loop
+    cannot print: one run of a loop kernel whose resident CTAs reach no steady state takes
+    minutes): a daemon thread prints `what()` after PROGRESS_SECONDS and then every PROGRESS_EVERY
+    seconds (fa_sim.ptx.budget's, the engine's own heartbeat), until the block ends."""
+
+    def __init__(self, who: str, what) -> None:
+        import threading
+
+        self.who, self.what, self.done = who, what, threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="flashsim-sm-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        from ..ptx.budget import PROGRESS_EVERY, PROGRESS_SECONDS
+
+        start, wait = time.monotonic(), PROGRESS_SECONDS
+        while not self.done.wait(wait):
+            print(f"fa_sim.timing: {self.who}, still running after {time.monotonic() - start:,.0f} s "
+                  f"(working, not hung): {self.what()}", file=sys.stderr, flush=True)
+            wait = PROGRESS_EVERY
+
+    def __enter__(self) -> "_Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 class _Sum:
