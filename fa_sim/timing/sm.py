@@ -250,10 +250,10 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             ls = last[s]
             pipes = pipe_free[s]
             mine = by_smsp[s]
-            if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
-                k = ring[s] % len(mine)
-                mine = mine[k:] + mine[:k]
             if account:  # each warp's stall reason (None: it may issue) decides the pick and is charged
+                if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
+                    k = ring[s] % len(mine)
+                    mine = mine[k:] + mine[:k]
                 pick, ready = None, 0
                 for w in mine:
                     if w.pc < len(w.stream):
@@ -274,6 +274,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
+                    if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
+                        k = ring[s] % len(mine)
+                        mine = mine[k:] + mine[:k]
                     for w in mine:
                         if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                             pick = w
