@@ -14,15 +14,15 @@ The model (parameters: fa_sim.timing.gpus):
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
   SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
   cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
-  With `GpuModel.issue_in_turn` (docs/timing.md, "Features", softcap): greedy-then-in-turn, a cycle
-  in which the SMSP issues nothing ends the greedy claim and the next pick is the first eligible
-  warp after the SMSP's last pick (its warps in a ring), not the oldest; and the SM's shared queues
-  take the SMSPs in turn from the one after the last MIO issuer. On the H100 four warps bound by one
-  SMSP's XU each take nearly the whole benchmark (oldest-first finishes the oldest after a quarter
-  of it), and the softcap's tanh beside HMMAs (tanh_hmma_16w) takes 5996 cycles where oldest-first,
-  its warps drifting apart, overlaps the XU and the tensor pipe into 5104; the turn with the cycle
-  number meets the XU's 8-cycle period always at the same phase and starves one SMSP of the
-  shared-memory pipe in ex2_ldsm_16w.
+  With `GpuModel.issue_in_turn` (off in the shipped models: it worsens the option signs; docs/timing.md,
+  "Features", softcap): greedy-then-in-turn, a cycle in which the SMSP issues nothing ends the greedy
+  claim and the next pick is the first eligible warp after the SMSP's last pick (its warps in a ring),
+  not the oldest; and the SM's shared queues take the SMSPs in turn from the one after the last MIO
+  issuer. On the H100 four warps bound by one SMSP's XU each take nearly the whole benchmark
+  (oldest-first finishes the oldest after a quarter of it), and the softcap's tanh beside HMMAs
+  (tanh_hmma_16w) takes 5996 cycles where oldest-first, its warps drifting apart, overlaps the XU and
+  the tensor pipe into 5104 (in turn: 5740); the turn with the cycle number meets the XU's 8-cycle
+  period always at the same phase and starves one SMSP of the shared-memory pipe in ex2_ldsm_16w.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
   its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
