@@ -97,12 +97,23 @@ def _loop_streams(trips):
     return [pro + body * n + epi for n in trips]
 
 
-@pytest.mark.parametrize("steady", [False, True])
-def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
-    """run_sm_prefix: the run of the first CTAs and of all of them, sharing their common cycles,
-    equal the two separate runs in every field."""
+def _gpu(in_turn):
+    """The H200's model with the scheduler rule given (GpuModel.issue_in_turn)."""
+    from dataclasses import replace
+
     from fa_sim.timing.gpus import H200
+
+    return replace(H200, issue_in_turn=in_turn)
+
+
+@pytest.mark.parametrize("in_turn", [False, True])
+@pytest.mark.parametrize("steady", [False, True])
+def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady, in_turn):
+    """run_sm_prefix: the run of the first CTAs and of all of them, sharing their common cycles,
+    equal the two separate runs in every field (either issue rule: the snapshot holds its turns)."""
     from fa_sim.timing.sm import run_sm, run_sm_prefix
+
+    H200 = _gpu(in_turn)
 
     streams = _loop_streams([40, 33, 27, 50, 12, 45])
     for fork in (1, 2, 3, 4, 6):
@@ -114,13 +125,15 @@ def test_a_runs_prefix_is_the_shorter_run_bit_for_bit(steady):
         run_sm_prefix(streams, 0, 4, H200, slots=2)
 
 
+@pytest.mark.parametrize("in_turn", [False, True])
 @pytest.mark.parametrize("steady", [False, True])
-def test_a_runs_prefixes_are_the_shorter_runs_bit_for_bit(steady):
+def test_a_runs_prefixes_are_the_shorter_runs_bit_for_bit(steady, in_turn):
     """run_sm_prefixes: the runs of the first 1, 3, 4 and 5 CTAs and of all of them, in one pass,
     equal the separate runs in every field (time_sm's chunk runs: a chunk, it with a shorter last
     chunk, it with a whole one)."""
-    from fa_sim.timing.gpus import H200
     from fa_sim.timing.sm import run_sm, run_sm_prefixes
+
+    H200 = _gpu(in_turn)
 
     streams = _loop_streams([40, 33, 27, 50, 12, 45])
     forks = [4, 1, 6, 3, 5]
@@ -132,14 +145,16 @@ def test_a_runs_prefixes_are_the_shorter_runs_bit_for_bit(steady):
         run_sm_prefixes(streams, [3, 7], 4, H200, slots=2)
 
 
+@pytest.mark.parametrize("in_turn", [False, True])
 @pytest.mark.parametrize("steady", [False, True])
-def test_held_stall_reasons_change_nothing(steady, monkeypatch):
+def test_held_stall_reasons_change_nothing(steady, in_turn, monkeypatch):
     """The scheduler keeps a warp's own stall reasons (barrier, scoreboard, the stall count's wait)
     until its state changes (sm._HELD) instead of asking _blocked every cycle: the run equals the one
     that asks every cycle in every field and stall count, and the run without stall accounting (whose
-    pick _can_issue decides) in its timing."""
+    pick _can_issue decides) in its timing, under either issue rule."""
     import fa_sim.timing.sm as sm
-    from fa_sim.timing.gpus import H200
+
+    H200 = _gpu(in_turn)
 
     streams = _loop_streams([40, 33, 27, 50, 12, 45])
     held = sm.run_sm(streams, 4, H200, slots=3, steady=steady)

@@ -14,6 +14,15 @@ The model (parameters: fa_sim.timing.gpus):
   last after k), latency-bound ones interleave. The SMSPs take their turn at the
   SM's shared queues (the shared-memory pipe, the L2 bandwidth) in an order that rotates every
   cycle: a fixed order would starve the last SMSP's warps and hold their CTAs' barriers.
+  With `GpuModel.issue_in_turn` (off in the shipped models: it worsens the option signs; docs/timing.md,
+  "Features", softcap): greedy-then-in-turn, a cycle in which the SMSP issues nothing ends the greedy
+  claim and the next pick is the first eligible warp after the SMSP's last pick (its warps in a ring),
+  not the oldest; and the SM's shared queues take the SMSPs in turn from the one after the last MIO
+  issuer. On the H100 four warps bound by one SMSP's XU each take nearly the whole benchmark
+  (oldest-first finishes the oldest after a quarter of it), and the softcap's tanh beside HMMAs
+  (tanh_hmma_16w) takes 5996 cycles where oldest-first, its warps drifting apart, overlaps the XU and
+  the tensor pipe into 5104 (in turn: 5740); the turn with the cycle number meets the XU's 8-cycle
+  period always at the same phase and starves one SMSP of the shared-memory pipe in ex2_ldsm_16w.
 - A warp may issue when the stall count of its previous instruction has elapsed, every scoreboard
   in the instruction's wait mask is zero (DEPBAR.LE SB0, n: at most n cp.async groups in flight),
   its pipe in the SMSP is free, it is not waiting at a barrier, and, for MIO instructions, the
@@ -39,7 +48,9 @@ The model (parameters: fa_sim.timing.gpus):
 - BAR.SYNC releases the CTA's warps `bar_latency` cycles after the last one arrived.
 Each cycle in which a resident warp does not issue is charged to one Nsight Compute stall reason:
 barrier, long_scoreboard (a cp.async group), short_scoreboard (other scoreboards), wait (the stall
-count), math_pipe_throttle, mio_throttle, lg_throttle, not_selected; the issuing warp counts as selected.
+count), math_pipe_throttle, mio_throttle (with `issue_in_turn` also a MUFU or conversion waiting for
+its XU: Nsight Compute counts the XU among the MIO pipelines, and the H100's softcap profile shows the
+XU's load as mio_throttle), lg_throttle, not_selected; the issuing warp counts as selected.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
+_XU = int(Pipe.XU)
 _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
 # in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
@@ -194,6 +206,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             periodic.reset()
 
     first = 0  # the first of this cycle's sub-partitions in turn still to issue (a resumed run's: the next)
+    in_turn = gpu.issue_in_turn
     if resume is None:
         for slot in range(min(slots, len(streams)) - len(pending)):
             start(slot, 0.0)
@@ -208,9 +221,12 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         skipped = 0.0  # cycles jumped over by the steady state (not simulated)
         live = len(warps)
         get = stalls.get
+        ring = [0] * N_SMSP  # issue_in_turn: per SMSP, where its warps' turn starts (after its last pick)
+        turn = cycle_turn = 0  # issue_in_turn: the SMSP first at the SM's shared queues (after the last MIO
+        # issuer), and this cycle's (the order is set at the cycle's start)
     else:  # run_sm_prefix's longer run: start CTA len(ctas) where the shorter one did not, go on
         (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq, warp_cycles, skipped,
-         live, first, slot, due) = resume
+         live, first, slot, due, ring, turn, cycle_turn) = resume
         get = stalls.get
         lead, any_issue = None, True  # (no stagger here; the shorter run issued at t)
         if periodic is not None:
@@ -227,14 +243,19 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
-        order = _ORDERS[int(t) % N_SMSP]
-        for i in range(first, N_SMSP):  # the SM's shared queues serve the sub-partitions round-robin
+            cycle_turn = turn
+        order = _ORDERS[cycle_turn if in_turn else int(t) % N_SMSP]
+        for i in range(first, N_SMSP):  # the SM's shared queues serve the sub-partitions in turn
             s = order[i]
             ls = last[s]
             pipes = pipe_free[s]
+            mine = by_smsp[s]
             if account:  # each warp's stall reason (None: it may issue) decides the pick and is charged
+                if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
+                    k = ring[s] % len(mine)
+                    mine = mine[k:] + mine[:k]
                 pick, ready = None, 0
-                for w in by_smsp[s]:
+                for w in mine:
                     if w.pc < len(w.stream):
                         r = w.why
                         if r is None or r == "wait" and t >= w.ready:
@@ -242,7 +263,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             w.why = r if r in _HELD else None
                         if r is None:
                             ready += 1
-                            if pick is None or w is ls:  # the greedy warp, else the oldest
+                            if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
                                 pick = w
                         else:
                             stalls[r] = get(r, 0) + 1
@@ -253,11 +274,19 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
-                    for w in by_smsp[s]:
+                    if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
+                        k = ring[s] % len(mine)
+                        mine = mine[k:] + mine[:k]
+                    for w in mine:
                         if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                             pick = w
                             break
             if pick is not None:
+                if in_turn:
+                    if pick is not ls:
+                        ring[s] = by_smsp[s].index(pick) + 1
+                    if pick.stream[pick.pc].is_mio:
+                        turn = (s + 1) % N_SMSP
                 if timeline is not None:
                     st = pick.stream[pick.pc]
                     timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
@@ -286,11 +315,15 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
                             snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
                                                            busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
-                                                           pick.cta.slot, periodic is not None and periodic.due))
+                                                           pick.cta.slot, periodic is not None and periodic.due,
+                                                           ring, turn, cycle_turn))
+            elif in_turn:  # a cycle without issue ends the greedy claim: the next pick is in turn
+                last[s] = None
         first = 0
         if periodic is not None and periodic.due:
             periodic.due = False
-            jump = periodic.at(t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles)
+            turns = (tuple(r % max(1, len(by_smsp[s])) for s, r in enumerate(ring)), turn) if in_turn else None
+            jump = periodic.at(t, warps, last, turns, pipe_free, state, events, issued, busy, stalls, warp_cycles)
             if jump is not None:
                 m, period, deltas, counts = jump
                 shift = m * period
@@ -347,7 +380,8 @@ class _Steady:
 
     The rule. run_sm is deterministic and reads the clock t only relative to the times in its state
     (a warp's ready cycle, its scoreboards' release events, the pipes', the shared-memory and L2
-    queues' free cycles) and through the sub-partitions' turn (int(t) mod 4). Each time the oldest
+    queues' free cycles) and through the sub-partitions' turn (int(t) mod 4; with `issue_in_turn` each
+    one's ring of warps and the SM's ring of sub-partitions, which the state includes). Each time the oldest
     resident warp issues its stream's anchor (the instruction it issues most often: one in the body
     of its innermost loop), run_sm records the state relative to t: per resident warp its ready and
     copy-arrival times past t, scoreboards and barrier state, the greedy warp of each sub-partition,
@@ -412,7 +446,7 @@ class _Steady:
         self.snaps.clear()
         self.chain.clear()
 
-    def at(self, t, warps, last, pipe_free, state, events, issued, busy, stalls, warp_cycles):
+    def at(self, t, warps, last, turns, pipe_free, state, events, issued, busy, stalls, warp_cycles):
         """None, or (m, P, {id(warp): d_w}, the period's (issued, warp-cycles, busy, stalls)) to jump."""
         def rel(x):
             return round(x - t, STEADY_ROUND) if x > t else 0.0
@@ -421,6 +455,7 @@ class _Steady:
         key = (tuple(rel(state[q]) for q in sorted(state)),  # the SM's queues' free cycles
                tuple(rel(p) for pipes in pipe_free for p in pipes),
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
+               turns,  # issue_in_turn: each SMSP's ring of warps and the SM's ring of SMSPs (else None)
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
                       w.pc >= len(w.stream), w.cta.arrived, w.cta.live) for w in warps),
                # a copy's arrival (negative: its wavefronts) takes the shared-memory pipe, whoever issued it
@@ -558,7 +593,7 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
     if t < w.ready:
         return "wait"
     if pipes[st.slot] > t:
-        return "mio_throttle" if st.is_mio else "math_pipe_throttle"
+        return "mio_throttle" if st.is_mio or st.slot == _XU and gpu.issue_in_turn else "math_pipe_throttle"
     if st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
         return "lg_throttle"
     if st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
