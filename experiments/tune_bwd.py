@@ -21,7 +21,8 @@ order differs with block_n, the "ffma" form's P in the last bits). A candidate t
 reported and never chosen. Labels: block_m x n_warps s q_stages, an "f" after them for softmax
 "ffma" (128x8s1f), then "r2" or "r4" for vector dQ reductions (dq_red 2, 4: sm_90 only; 128x8s1fr2), then "p" for
 dq_accum in the fragment order (dq_frag: 64x8s1r4p), "m" for 32-row warp tiles of the dQ GEMM (dq_warp_rows 32:
-64x8s1r4pm), "l" for LSE and D by cp.async (lse_async: 64x8s1fr4pl, 64x8s1fr4pml).
+64x8s1r4pm), "l" for LSE and D by cp.async (lse_async: 64x8s1fr4pl, 64x8s1fr4pml); fa_sim.contract.backward's label and
+parse_label, the syntax `--config LABEL --backward` takes (LABEL_FORMS).
 
 Choice. Per key (head_dim, causal, size class of fa_hw.tuned) the candidate with the best worst
 ratio against SDPA-flash over the key's shapes (the goal is every row), ties broken by the geometric
@@ -58,6 +59,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hw_sets import BWD_TRAIN, Spread, check_sets, ratios, round_robin  # noqa: E402
+from fa_sim.contract.backward import label as _label, label_of as _label_of  # noqa: E402,F401  (one label
+from fa_sim.contract.backward import parse_label as _parse_label  # noqa: E402  syntax: LABEL_FORMS)
 
 SANITY_REL_ERR = 1e-2  # dQ against the default's: the two differ in the order of fp32 atomics only
 
@@ -173,32 +176,6 @@ def run_case(case, causal: bool, args) -> dict:
     torch.cuda.empty_cache()
     return {"case": list(case), "causal": causal, "runs_ms": runs, "notes": notes,
             "default": _label_of(cands[0])}
-
-
-def _label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1,
-           dq_frag: bool = False, lse_async: bool = False, dq_warp_rows: int = 16) -> str:
-    return (f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
-            + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else "")
-            + ("m" if dq_warp_rows == 32 else "") + ("l" if lse_async else ""))
-
-
-def _label_of(x) -> str:
-    """_label of a BackwardConfig or a fa_hw.tuned_backward.Entry."""
-    return _label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows)
-
-
-def _parse_label(label: str) -> tuple[int, int, int, str, int, bool, bool, int]:
-    """_label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows)."""
-    lse_async = label.endswith("l")
-    label = label.removesuffix("l")
-    rows = 32 if label.endswith("m") else 16
-    label = label.removesuffix("m")
-    frag = label.endswith("p")
-    label, _, red = label.removesuffix("p").partition("r")
-    bm, rest = label.split("x")
-    nw, st = rest.split("s")
-    sm = "ffma" if st.endswith("f") else "fmul_fsub"
-    return int(bm), int(nw), int(st.rstrip("f")), sm, int(red or 1), frag, lse_async, rows
 
 
 def choose(records) -> list:

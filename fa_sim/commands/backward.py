@@ -8,10 +8,13 @@ values, as float32 or float16 arrays, as the forward's --npz takes them; a value
 is one line). `--dtype bf16` runs the FA_BF16 build of the forward and of the three backward kernels,
 and the accuracy lines use the bf16 bound (attention_backward(..., dtype="bf16"), docs/backward.md
 section 4). The forward (fa_sim.simulate, its default config for head_dim) gives
-O and LSE, then the three backward kernels run. The backward kernel has one tile config per
-head_dim (fa_sim.contract.backward.BackwardConfig: d = 32, 64, 96, 128, 160, 192; 256 is refused
-with UNSUPPORTED's reason), so the forward's config options but --head-dim and --dtype, --config
-and --engine are refused with --backward; `--kernel FILE` names a variant of
+O and LSE, then the three backward kernels run. The backward's tiles and options are a
+fa_sim.contract.backward.BackwardConfig (d = 32, 64, 96, 128, 160, 192; 256 is refused with
+UNSUPPORTED's reason): DEFAULT_TILES, or `--config LABEL` (LABEL_FORMS, e.g. 64x8s1fr4p: the labels
+of experiments/tune_bwd.py's candidates, checked against the problem's head_dim before any work),
+or `--config auto` in fa time (the modelled GPU's entry of fa_hw.tuned_backward's tables), fa hw and
+fa compare (the device's), which print the table entry it came from. The forward's config options but
+--head-dim and --dtype, a forward config tag and --engine are refused with --backward; `--kernel FILE` names a variant of
 fa2_bwd.cu (an existing .cu file with the same kernels, parameters and FA_* macros). dO is
 checked with simulate_backward's own checks (shape, NaN/Inf) before the forward runs.
 """
@@ -26,9 +29,11 @@ import numpy as np
 
 from . import UsageError
 from .common import (
+    AUTO_CONFIG,
     PROBLEM_DESTS,
     check_input_memory,
     config_options,
+    is_backward_label,
     problem_head_dim,
     problem_shape,
     refuse,
@@ -65,8 +70,10 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
         refuse(args, ("dq",), "without --backward")
         return
     forward = [o.dest for o in config_options() if o.dest not in ("head_dim", "dtype")]
-    refuse(args, (*forward, "config", "engine"),
-           "with --backward: fa2_bwd.cu has one tile config per head_dim (docs/backward.md)")
+    refuse(args, (*forward, "engine"),
+           "with --backward: the backward's tiles and options are a BackwardConfig, chosen by --config LABEL|auto "
+           "(docs/backward.md)")
+    check_config_option(args)
     refuse_features(args, "with --backward: fa2_bwd.cu has no grouped-query attention, sliding window or softcap "
                           "(docs/features.md)")
     refuse(args, ("seqlens", "splits", "cache_seqlens", "pack_gqa"), "with --backward: fa2_bwd.cu has no packed batches "
@@ -75,7 +82,62 @@ def check_options(args, refused: tuple[str, ...] = ()) -> None:
                           f"section 7)")
     if getattr(args, "npz", None) is None and getattr(args, "head_dim", None) is not None:
         from ..contract.backward import BackwardConfig
-        BackwardConfig(problem_head_dim(args))  # 256: one line with its reason, before any GPU or engine work
+        d = problem_head_dim(args)
+        BackwardConfig(d)  # 256: one line with its reason, before any GPU or engine work
+        backward_config(args, d, auto=_not_yet)  # a label that does not tile at d: one line, before any work
+
+
+#: the commands where --config auto applies with --backward: a GPU's tuned table (fa time: the modelled GPU's)
+AUTO_COMMANDS = ("time", "hw", "compare")
+
+
+def check_config_option(args) -> None:
+    """--config with --backward: a backward label (its syntax; its tiles at the head_dim come with
+    backward_config) or auto where a GPU chooses (AUTO_COMMANDS); a forward tag is one line."""
+    from ..contract.backward import LABEL_FORMS
+
+    tag = getattr(args, "config", None)
+    if tag is None or is_backward_label(tag):
+        return
+    if tag == AUTO_CONFIG:
+        if args.command not in AUTO_COMMANDS:
+            raise UsageError(f"--config auto with --backward picks a GPU's tuned backward tiles (fa_hw.tuned_backward), "
+                             f"so it applies to fa time (the modelled GPU's), fa hw and fa compare; in fa {args.command} "
+                             f"give a label ({LABEL_FORMS})")
+        return
+    raise UsageError(f"--config {tag} is a forward config tag; with --backward --config takes a backward label "
+                     f"({LABEL_FORMS}) or auto")
+
+
+def _not_yet(head_dim: int, dtype: str):
+    return None  # check_options: --config auto is resolved by the command, which knows the GPU
+
+
+def backward_config(args, head_dim: int, auto=None):
+    """(the BackwardConfig of the options for this head_dim in --dtype, the tuned table entry it came from
+    or None): DEFAULT_TILES without --config, a label's config (one UsageError line when it does not tile
+    or fit at head_dim), or for --config auto auto(head_dim, dtype) - a fa_hw.tuned_backward.Choice, given
+    by the command that knows the GPU (None: not chosen yet, DEFAULT_TILES)."""
+    from ..contract.backward import BackwardConfig
+
+    dtype = dtype_of(args)
+    tag = getattr(args, "config", None)
+    if tag == AUTO_CONFIG and auto is not None:
+        choice = auto(head_dim, dtype)
+        if choice is not None:
+            return choice.config, choice.source
+    if tag is None or tag == AUTO_CONFIG:
+        return BackwardConfig(head_dim, dtype=dtype), None
+    try:
+        return BackwardConfig.from_label(tag, head_dim, dtype), None
+    except ValueError as exc:
+        raise UsageError(f"--config {tag} at head_dim {head_dim}: {exc}") from None
+
+
+def config_json(cfg) -> dict:
+    """The config of a --backward run as the JSON outputs give it."""
+    return {"head_dim": cfg.head_dim, "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.n_warps,
+            "label": cfg.label}
 
 
 def kernel_variant(args) -> Path | None:
@@ -124,10 +186,10 @@ def load_inputs(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return arrays
 
 
-def check_inputs(q, k, v, do, causal: bool, scale, dtype: str = "fp16"):
+def check_inputs(q, k, v, do, causal: bool, scale, dtype: str = "fp16", config=None):
     """simulate_backward's checks of q, k, v and dO (shapes, head_dim, NaN/Inf, in `dtype` the input
     policy and bf16's range), before the forward runs; O and LSE stand in as zeros (the forward makes
-    them). Returns the BackwardConfig."""
+    them). Returns the BackwardConfig (`config`, else DEFAULT_TILES')."""
     from ..backward import check_backward_inputs
     from ..contract.backward import BackwardConfig
 
@@ -135,7 +197,8 @@ def check_inputs(q, k, v, do, causal: bool, scale, dtype: str = "fp16"):
     if q.ndim == 4:
         BackwardConfig(int(q.shape[3]))  # an unsupported head_dim: one line naming the choices
     zeros = np.zeros(q.shape, np.float16 if dtype == "fp16" else np.float32)
-    x = check_backward_inputs(q, k, v, zeros, np.zeros(q.shape[:3], np.float32), do, causal, scale, dtype=dtype)
+    x = check_backward_inputs(q, k, v, zeros, np.zeros(q.shape[:3], np.float32), do, causal, scale, config,
+                              dtype=dtype)
     return x.config
 
 
@@ -154,19 +217,21 @@ class Run:
 
 def run_backward(args, observers=(), kernel=None, mma=None, dq_observers=(), dq: str | None = None) -> Run:
     """Inputs, their checks, the forward, then simulate_backward with `observers` on its main kernel
-    (`dq_observers` on the deterministic mode's dQ kernel); `dq` the dQ mode, default args.dq."""
+    (`dq_observers` on the deterministic mode's dQ kernel) under the --config label's tiles
+    (backward_config); `dq` the dQ mode, default args.dq."""
     from ..backward import simulate_backward
     from ..simulate import simulate
 
     q, k, v, do = load_inputs(args)
     scale, dtype = getattr(args, "scale", None), dtype_of(args)
     check_inputs(q, k, v, do, args.causal, scale, dtype)
+    config = backward_config(args, int(np.shape(q)[3]))[0]  # a label at the inputs' head_dim, before the forward
     start = time.perf_counter()
     fwd = simulate(q, k, v, causal=args.causal, scale=scale, mma_model=mma, dtype=dtype)
     seconds = time.perf_counter() - start
     res = simulate_backward(q, k, v, fwd.o, fwd.lse, do, causal=args.causal, scale=scale,
                             deterministic=(dq or args.dq) == "deterministic", observers=observers,
-                            dq_observers=dq_observers, kernel=kernel, mma_model=mma, dtype=dtype)
+                            dq_observers=dq_observers, kernel=kernel, mma_model=mma, dtype=dtype, config=config)
     return Run(q, k, v, do, fwd, res, seconds)
 
 
@@ -242,8 +307,7 @@ def sim(args) -> int:
     if args.json:
         out = {"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
                "dq_mode": mode, "dtype": res.config.dtype,
-               "config": {"head_dim": res.config.head_dim, "block_m": res.config.block_m,
-                                           "block_n": res.config.block_n, "warps": res.config.n_warps},
+               "config": config_json(res.config),
                "seconds": {"forward": run.forward_seconds, "backward": res.seconds}, "instructions": counts,
                "kernel": None if kernel is None else str(kernel)}
         if reports:
@@ -254,7 +318,8 @@ def sim(args) -> int:
     b, h, nq, d = run.q.shape
     print(f"fa sim --backward: B={b} H={h} Nq={nq} Nk={run.k.shape[2]} d={d} "
           f"{'causal' if res.causal else 'non-causal'} scale={res.scale:.6g} {res.config.describe()} "
-          f"dQ {mode}" + (f" kernel {kernel.name}" if kernel is not None else ""))
+          + (f"(--config {res.config.label}) " if getattr(args, "config", None) is not None else "")
+          + f"dQ {mode}" + (f" kernel {kernel.name}" if kernel is not None else ""))
     print("  gradients against float64 (fa_sim.reference.attention_backward, with its error bound)")
     print(f"    {'':<4}{'max |error|':>12}{'/ max |grad|':>14}{'error / bound':>15}")
     for name, e in errs.items():
@@ -295,7 +360,7 @@ def banks(args) -> int:
     if args.json:
         meta = {"kernel": "fa2_bwd_kernel",
                 "problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},
-                "config": {"head_dim": d, "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.n_warps},
+                "config": config_json(cfg),
                 "dtype": cfg.dtype, "causal": args.causal}
         print(json.dumps({**meta, **rep.to_json()}, indent=1))
         return 0
@@ -326,7 +391,11 @@ def trace(args) -> int:
     else:
         shape = problem_shape(args)
     b, h, nq, nk, d = shape
-    cfg = BackwardConfig(d, dtype=dtype_of(args))
+    BackwardConfig(d)  # an unsupported head_dim: its own line
+    cfg = backward_config(args, d)[0]
+    if cfg.dq_warp_rows != 16:
+        raise UsageError(f"--config {cfg.label}: fa trace --backward reads the dQ GEMM's 16-row warp tiles; a label "
+                         f"with m (dq_warp_rows 32) is not traced (fa sim --backward and fa banks --backward run it)")
     n_kv = cfg.n_kv_blocks(nk)
     n_ctas = n_kv * b * h
     if args.cta >= n_ctas:
@@ -362,8 +431,8 @@ def time_(args) -> int:
     stand in); one CTA per path class runs on the PTX engine, then the busiest SM cycle by cycle."""
     import json
 
-    from ..contract.backward import BackwardConfig
-    from ..timing import predict_backward_seeded
+    from ..contract.backward import DQ_RED_MIN_ARCH, BackwardConfig, vector_reductions_ok
+    from ..timing import GPUS, predict_backward_seeded
     from ..validate import check_scale
 
     check_options(args, ("perfetto",))
@@ -375,6 +444,17 @@ def time_(args) -> int:
         scale = check_scale(getattr(args, "scale", None), d)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    gpu = GPUS[args.gpu]
+
+    def auto(head_dim: int, dt: str):  # the modelled GPU's entry (by its driver name and arch): the CLI reads fa_hw
+        from fa_hw.tuned_backward import lookup
+
+        return lookup(head_dim, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch, dtype=dt)
+    config, source = backward_config(args, d, auto)
+    if config.dq_red != 1 and not vector_reductions_ok(gpu.arch):
+        raise UsageError(f"--config {config.label}: dq_red={config.dq_red} (red.global.add.v{config.dq_red}.f32) needs "
+                         f"sm_{DQ_RED_MIN_ARCH} or newer, the {args.gpu} model is {gpu.arch}; a label without r2/r4 "
+                         "runs on any arch")
     # q, k, v, o, dO as the host arrays (bf16: float32 values and their uint16 patterns), dQ, dK, dV
     # in 16 bits, the fp32 dQ accumulator
     size = 2 if dtype == "fp16" else 6
@@ -382,13 +462,18 @@ def time_(args) -> int:
     check_host_memory(need, f"(B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})", "the backward's arrays",
                       "lower --batch, --heads or --seqlen")
     pred = predict_backward_seeded(b, h, nq, nk, d, args.causal, scale, args.dq == "deterministic", args.gpu,
-                                   kernel=kernel, seed=args.seed, dtype=dtype)
+                                   kernel=kernel, seed=args.seed, dtype=dtype, config=config)
     if args.json:
         print(json.dumps({"backward": True, "causal": args.causal, "gpu": args.gpu, "dq": args.dq, "dtype": dtype,
-                          "shape": [b, h, nq, nk, d], **pred.to_json()}))
+                          "shape": [b, h, nq, nk, d], "config": config_json(config), "config_source": source,
+                          **pred.to_json()}))
         return 0
     print(f"fa time --backward  (B, H, Nq, Nk, d) = ({b}, {h}, {nq}, {nk}, {d})  {dtype}  "
           f"{'causal' if args.causal else 'non-causal'}  dQ {args.dq}  on the {args.gpu} model")
+    if getattr(args, "config", None) is not None:
+        print(f"  config {config.label:<16} {config.describe()}")
+    if source is not None:
+        print(f"  config auto: {source}")
     print(f"  predicted time          {pred.kernel_ms:.4f} ms   (the three launches one after the other)")
     for name, p in pred.kernels.items():
         print(f"  {name:27s} {p.kernel_ms:.4f} ms   {p.notes['registers']} registers, {p.occupancy} CTAs per SM, "

@@ -3,7 +3,9 @@ fa_hw.backward, beside the float64 reference and the PTX engine (docs/backward.m
 CPU-side inputs, checks and error table are fa_sim/commands/backward.py's; fa_hw is imported when a
 command runs, as in the other GPU commands. `--dtype bf16` runs fa_hw.forward and fa_hw.backward in
 bf16 (the FA_BF16 builds) on the bf16 values of the same draws; errors use the bf16 bound, and fa
-compare counts ulps of bf16.
+compare counts ulps of bf16. `--config LABEL` runs those tiles and options (fa compare: on both sides),
+`--config auto` the device's entry of fa_hw.tuned_backward's tables (fa_hw.backward(config="auto")'s
+choice), printed with the entry it came from.
 """
 
 from __future__ import annotations
@@ -13,8 +15,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract.backward import kernels_of
-from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, check_inputs, check_options, dtype_of,
-                       gradient_errors, load_inputs)
+from . import UsageError
+from .backward import (GRADIENTS, KERNEL_COLUMNS, LABELS, Run, _num, backward_config, check_inputs, check_options,
+                       config_json, dtype_of, gradient_errors, load_inputs)
+
+
+def _gpu_config(args, q, k):
+    """(BackwardConfig, its table entry or None) of --config on this device: a label's, or for auto
+    fa_hw.tuned_backward.lookup for the device's name and arch (fa_hw.backward's config="auto"); a label
+    with vector dQ reductions on a GPU before sm_90 is one line, before the forward runs."""
+    from fa_hw import runtime
+    from fa_hw.tuned_backward import lookup
+
+    from ..contract.backward import DQ_RED_MIN_ARCH, vector_reductions_ok
+
+    nk = int(np.shape(k)[2])
+
+    def auto(head_dim: int, dtype: str):
+        return lookup(head_dim, args.causal, nk, gpu=runtime.device().name, arch=runtime.device_arch(), dtype=dtype)
+    cfg, source = backward_config(args, int(np.shape(q)[3]), auto)
+    if cfg.dq_red != 1 and not vector_reductions_ok(arch := runtime.device_arch()):
+        raise UsageError(f"--config {cfg.label}: dq_red={cfg.dq_red} (red.global.add.v{cfg.dq_red}.f32) needs "
+                         f"sm_{DQ_RED_MIN_ARCH} or newer, this GPU is {arch}; a label without r2/r4 runs on any arch")
+    return cfg, source
 
 
 def _gpu_inputs(args):
@@ -44,9 +67,10 @@ def hw(args) -> int:
     check_options(args, ("kernel",))
     runtime.device()  # no GPU: one line before the inputs are made
     q, k, v, do = _gpu_inputs(args)
+    config, source = _gpu_config(args, q, k)
     o, lse = _gpu_forward(q, k, v, args)
     res = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale,
-                         deterministic=args.dq == "deterministic", dtype=dtype_of(args))
+                         deterministic=args.dq == "deterministic", dtype=dtype_of(args), config=config)
     run = Run(q, k, v, do, None, res, 0.0)
     errs = gradient_errors(run)
     above = [n for n, e in errs.items() if not e.ok]
@@ -56,13 +80,15 @@ def hw(args) -> int:
         print(json.dumps({"gradients": {n: e.to_json() for n, e in errs.items()}, "above_bound": above,
                           "dq_mode": args.dq, "dtype": cfg.dtype, "shape": [*q.shape[:3], k.shape[2], q.shape[3]],
                           "causal": args.causal,
-                          "config": {"head_dim": cfg.head_dim, "block_m": cfg.block_m, "block_n": cfg.block_n,
-                                     "warps": cfg.n_warps},
+                          "config": config_json(cfg), "config_source": source,
                           "kernel_ms": dict(zip(launched, res.kernel_ms)), "registers": res.registers},
                          allow_nan=False))
         return 1 if above else 0
     print(f"fa hw --backward  {cfg.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
-          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}")
+          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}"
+          + (f"  --config {cfg.label}" if getattr(args, "config", None) is not None else ""))
+    if source is not None:
+        print(f"  config auto: {source}")
     print(f"    {'':<4}{'max |error|':>12}{'/ max |grad|':>14}{'error / bound':>15}")
     for name, e in errs.items():
         frac = "-" if e.of_bound is None else f"{e.of_bound:.2f}"
@@ -141,7 +167,6 @@ def compare(args) -> int:
     import fa_hw.runtime
 
     from ..backward import simulate_backward
-    from ..contract.backward import BackwardConfig
     from ..crosscheck import backward_checkpoint_stats, checkpoints_json, format_checkpoint_table
     from ..reference import attention_backward
     from .common import checkpoint_ctas_option
@@ -152,14 +177,14 @@ def compare(args) -> int:
     b, h, nq, d = q.shape
     nk = k.shape[2]
     dtype = dtype_of(args)
-    cfg = BackwardConfig(d, dtype=dtype)
+    cfg, source = _gpu_config(args, q, k)
     ctas = checkpoint_ctas_option(args.ctas, cfg.n_kv_blocks(nk) * b * h)  # a bad --ctas: one line before the GPU runs
     o, lse = _gpu_forward(q, k, v, args)
     det = args.dq == "deterministic"
     gpu = fa_hw.backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
-                         checkpoint_ctas=ctas, dtype=dtype)
+                         checkpoint_ctas=ctas, dtype=dtype, config=cfg)
     sim = simulate_backward(q, k, v, o, lse, do, causal=args.causal, scale=args.scale, deterministic=det,
-                            mma_model="h200", checkpoint_ctas=ctas, dtype=dtype)
+                            mma_model="h200", checkpoint_ctas=ctas, dtype=dtype, config=cfg)
     stats = backward_checkpoint_stats(sim.checkpoints, gpu.checkpoints, cfg, ctas, b * h, nq, nk, args.causal)
     *want, bq, bk, bv = attention_backward(q, k, v, do, causal=args.causal, scale=args.scale, bound=True, dtype=dtype)
     grads = lambda r: {"dq": r.dq, "dk": r.dk, "dv": r.dv}  # noqa: E731
@@ -168,13 +193,17 @@ def compare(args) -> int:
     ok = all(m.ok for m in res.values()) and all(s.ok for s in stats)
     if args.json:
         print(json.dumps({"dq_mode": args.dq, "dtype": dtype, "ok": ok, "ctas": list(ctas),
+                          "config": config_json(cfg), "config_source": source,
                           "checkpoints": checkpoints_json(stats),
                           "gradients": {
             n: {"identical": m.identical, "max_ulps": m.max_ulps, "within_bound": m.within_bound,
                 "required": m.required, "ok": m.ok} for n, m in res.items()}}))
         return 0 if ok else 1
     print(f"fa compare --backward  {sim.config.describe()}  causal={args.causal}  (B, H, Nq, Nk, d) = "
-          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}: GPU against the PTX engine (mma model h200)")
+          f"{(*q.shape[:3], k.shape[2], q.shape[3])}  dQ {args.dq}: GPU against the PTX engine (mma model h200)"
+          + (f"  --config {cfg.label}" if getattr(args, "config", None) is not None else ""))
+    if source is not None:
+        print(f"  config auto: {source}")
     print(f"  checkpoints of the main kernel's CTAs {list(ctas)}, per round (Q block visited):")
     print("\n".join(format_checkpoint_table(stats)))
     for name, m in res.items():

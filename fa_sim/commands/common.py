@@ -328,9 +328,9 @@ def problem_head_dim(args) -> int:
     """The problem's head_dim d: the --config tag's when a tag names the config (an explicit
     --head-dim must agree with it), else --head-dim."""
     tag = getattr(args, "config", None)
-    if tag is None or tag == AUTO_CONFIG:
-        return args.head_dim
-    d = KernelConfig.from_tag(tag).head_dim
+    if tag is None or tag == AUTO_CONFIG or (is_backward_label(tag) and getattr(args, "backward", False)):
+        return args.head_dim  # a backward label names no head_dim: the problem's
+    d = KernelConfig.from_tag(forward_tag(args)).head_dim
     if "head_dim" in explicit(args) and args.head_dim != d:
         raise UsageError(f"--head-dim {args.head_dim} disagrees with --config {tag}, whose head_dim is {d}; "
                          f"drop --head-dim (the tag names it) or give a d{args.head_dim} tag")
@@ -425,27 +425,55 @@ AUTO_CONFIG = "auto"  # --config auto: the GPU's tuned choice (fa_hw.tuned)
 AUTO_KEEPS = ("head_dim", "dtype")  # the options --config auto takes from the command line (the problem's)
 
 
+def is_backward_label(text) -> bool:
+    """Whether a --config value is a backward label (fa_sim.contract.backward.LABEL_FORMS: 64x8s1fr4p),
+    which --backward takes; forward tags (m64n64d64w4-swizzled) never have that form."""
+    from ..contract.backward import is_label
+
+    return is_label(text)
+
+
 def _config_value(text: str) -> str:
-    """--config: 'auto' or a config tag (KernelConfig.from_tag checks it here, before any work)."""
-    if text != AUTO_CONFIG:
+    """--config: 'auto', a config tag (KernelConfig.from_tag checks it here, before any work) or a backward
+    label (with --backward; its syntax is checked here, its tiles against the problem's head_dim later)."""
+    if text != AUTO_CONFIG and not is_backward_label(text):
         try:
             KernelConfig.from_tag(text)
         except ValueError as exc:
-            raise UsageError(f"--config {text if len(text) <= QUOTE_MOST else quoted(text)}: {exc}") from None
+            from ..contract.backward import LABEL_FORMS
+
+            raise UsageError(f"--config {text if len(text) <= QUOTE_MOST else quoted(text)}: {exc}; with --backward, "
+                             f"a backward label: {LABEL_FORMS}; or auto") from None
     return text
+
+
+def forward_tag(args) -> str | None:
+    """The forward's --config tag (None: none or auto); a backward label without --backward is a UsageError."""
+    tag = getattr(args, "config", None)
+    if tag is None or tag == AUTO_CONFIG:
+        return None
+    if is_backward_label(tag):
+        raise UsageError(f"--config {tag} is a backward label (block_m x n_warps s q_stages ...: fa_sim.contract."
+                         "backward.LABEL_FORMS), which applies with --backward; the forward takes a config tag like "
+                         "m64n64d64w4-swizzled")
+    return tag
 
 
 def add_config_arguments(p) -> None:
     """One option per KernelConfig field (bool fields as --x / --no-x), and --config TAG|auto."""
     group = p.add_argument_group("kernel config (fa_sim.KernelConfig; combinations are checked together)")
-    group.add_argument("--config", type=_config_value, default=None, metavar="TAG|auto",
+    group.add_argument("--config", type=_config_value, default=None, metavar="TAG|LABEL|auto",
                        help=describe("a whole config by its tag, as the tools print it (e.g. "
                                      "m128n64d64w4-swizzled-s2), instead of the options below; or 'auto': the "
                                      "fastest measured config of the GPU for this problem's head_dim, causal flag "
                                      "and size (fa_hw.tuned: the GPU's table, else a documented heuristic), for the "
                                      "commands that run the GPU kernel (fa hw, fa compare), with --head-dim and "
-                                     "--dtype the only config options", "the config options below",
-                                     f"{AUTO_CONFIG} or a tag of KernelConfig.from_tag"))
+                                     "--dtype the only config options; with --backward a backward label "
+                                     "(e.g. 64x8s1fr4p: block_m x n_warps s q_stages, then f r2/r4 p m l for its "
+                                     "options, as experiments/tune_bwd.py names its candidates) or 'auto' (the "
+                                     "GPU's tuned backward table, fa_hw.tuned_backward; fa time: the modelled GPU's)",
+                                     "the config options below (--backward: DEFAULT_TILES)",
+                                     f"{AUTO_CONFIG}, a tag of KernelConfig.from_tag, or a backward label"))
     for opt in config_options():
         if opt.hint is bool:
             meaning = opt.field.metadata.get(FIELD_HELP, f"KernelConfig.{opt.dest}")
@@ -486,8 +514,8 @@ def inputs_head_dim(args, inputs) -> int:
     if inputs is None:
         return problem_head_dim(args)
     d = int(np.shape(inputs[0])[-1])
-    tag = getattr(args, "config", None)
-    if tag is not None and tag != AUTO_CONFIG and KernelConfig.from_tag(tag).head_dim != d:
+    tag = forward_tag(args)
+    if tag is not None and KernelConfig.from_tag(tag).head_dim != d:
         raise UsageError(f"{inputs_option(args)} {args.npz} holds inputs of head_dim {d}, but --config {tag} has "
                          f"head_dim {KernelConfig.from_tag(tag).head_dim}; give a d{d} tag")
     return d
@@ -501,7 +529,7 @@ def config_from_args(args, head_dim: int | None = None) -> KernelConfig:
     if getattr(args, "config", None) == AUTO_CONFIG:
         raise UsageError("--config auto picks a GPU's fastest measured config, so it applies to fa hw and fa compare; "
                          "here give the config's options (fa hw --config auto reports the tag it ran)")
-    tag = getattr(args, "config", None)
+    tag = forward_tag(args)
     if tag is not None:  # a whole config: the field options would be ignored, so they are refused
         refuse(args, [o.dest for o in config_options() if o.dest != "head_dim"],
                f"with --config {tag}, which names every field")

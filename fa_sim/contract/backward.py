@@ -9,6 +9,10 @@ macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw
                                       dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients;
                                       softmax "fmul_fsub" (default) or "ffma" (FA_SOFTMAX_FFMA): the
                                       exp2 argument of P, SOFTMAX_FORMS
+        .label                        its label, e.g. 64x8s1fr4p (LABEL_FORMS: the syntax of
+                                      experiments/tune_bwd.py, its tables' reports and `--config` with
+                                      --backward); BackwardConfig.from_label(label, head_dim, dtype)
+                                      its inverse, parse_label(label) the fields
     BackwardBuild(config, causal, deterministic, arch, checkpoints=False)
         .kernels                      its three kernels in launch order (the third: the convert
                                       kernel in atomic mode, the dQ kernel in deterministic mode)
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,6 +210,61 @@ class BackwardConfig:
         extra += " lse_async" if self.lse_async else ""
         extra += f" dq_warp_rows={self.dq_warp_rows}" if self.dq_warp_rows != 16 else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
+
+    @property
+    def label(self) -> str:
+        """The tiles and options as a label (LABEL_FORMS), e.g. 64x4s1 (DEFAULT_TILES at d=64) or 64x8s1fr4p;
+        head_dim and dtype are the problem's, not the label's."""
+        return label(self.block_m, self.n_warps, self.q_stages, self.softmax, self.dq_red, self.dq_frag,
+                     self.lse_async, self.dq_warp_rows)
+
+    @classmethod
+    def from_label(cls, text: str, head_dim: int, dtype: str = "fp16") -> "BackwardConfig":
+        """The config a label names for head_dim and dtype: parse_label's ValueError for a text that is not a
+        label, BackwardConfig's for tiles that do not tile or fit at this head_dim."""
+        bm, nw, st, sm, red, frag, la, wr = parse_label(text)
+        return cls(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag,
+                   lse_async=la, dq_warp_rows=wr)
+
+
+#: the label syntax (experiments/tune_bwd.py's candidates, fa_hw.tuned_backward's tables, `--config` with
+#: --backward): block_m "x" n_warps "s" q_stages, then in this order "f" (softmax "ffma"), "r2"/"r4" (dq_red),
+#: "p" (dq_frag; "r1p" with the scalar reduction), "m" (dq_warp_rows 32), "l" (lse_async)
+LABEL_FORMS = ("<block_m>x<n_warps>s<q_stages>[f][r<dq_red>][p][m][l], e.g. 64x4s1, 128x8s1f, 64x8s1fr4p, "
+               "64x8s1fr4pml (f: softmax ffma, r2/r4: dq_red, p: dq_frag, m: dq_warp_rows 32, l: lse_async)")
+_LABEL = re.compile(r"(\d{1,4})x(\d{1,3})s(\d)(f?)(?:r(\d))?(p?)(m?)(l?)")
+
+
+def label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1,
+          dq_frag: bool = False, lse_async: bool = False, dq_warp_rows: int = 16) -> str:
+    """The label of these tiles and options (LABEL_FORMS); BackwardConfig.label of a config."""
+    return (f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
+            + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else "")
+            + ("m" if dq_warp_rows == 32 else "") + ("l" if lse_async else ""))
+
+
+def label_of(x) -> str:
+    """The label of anything with BackwardConfig's tile and option fields (a BackwardConfig, a
+    fa_hw.tuned_backward.Entry)."""
+    return label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows)
+
+
+def parse_label(text: str) -> tuple[int, int, int, str, int, bool, bool, int]:
+    """label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows); a
+    text that is not a label is one ValueError line naming LABEL_FORMS (the fields' own checks are
+    BackwardConfig's)."""
+    m = _LABEL.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        shown = repr(text) if not isinstance(text, str) or len(text) <= 40 else repr(text[:40]) + "..."
+        raise ValueError(f"{shown} is not a backward config label; labels look like {LABEL_FORMS}")
+    bm, nw, st, f, red, p, wr, la = m.groups()
+    return (int(bm), int(nw), int(st), "ffma" if f else SOFTMAX_FORMS[0], int(red or 1), bool(p), bool(la),
+            32 if wr else 16)
+
+
+def is_label(text) -> bool:
+    """Whether `text` has the label syntax (LABEL_FORMS), whatever head_dim it is then checked for."""
+    return isinstance(text, str) and _LABEL.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
