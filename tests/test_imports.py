@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 PACKAGES = ("fa_sim", "fa_hw")
 #: The only modules of fa_sim that import fa_hw: the commands the user runs to use the GPU, and
-#: `fa time`, whose --config auto reads the GPU's measured table (fa_hw.tuned).
+#: `fa time`, whose --config auto reads the GPU's measured tables (fa_hw.tuned, fa_hw.tuned_backward).
 GPU_COMMANDS = {"fa_sim.commands.hw", "fa_sim.commands.compare", "fa_sim.commands.time",
                 "fa_sim.commands.backward_gpu"}
 #: What the kernel contract may import from fa_sim: the layers below it.

@@ -425,10 +425,12 @@ def trace(args) -> int:
 
 
 # -- fa time --backward -------------------------------------------------------------------------------------
-def time_(args) -> int:
+def time_(args, auto=None) -> int:
     """The backward's three launches timed by the model (fa_sim.timing.predict_backward_seeded): no
     forward run (the kernels' paths read no value, so seeded O, LSE and dO of the right shapes
-    stand in); one CTA per path class runs on the PTX engine, then the busiest SM cycle by cycle."""
+    stand in); one CTA per path class runs on the PTX engine, then the busiest SM cycle by cycle.
+    `auto(head_dim, dtype)`: --config auto's choice for the modelled GPU (fa_sim/commands/time.py
+    gives fa_hw.tuned_backward.lookup: only the GPU commands import fa_hw)."""
     import json
 
     from ..contract.backward import DQ_RED_MIN_ARCH, BackwardConfig, vector_reductions_ok
@@ -445,11 +447,6 @@ def time_(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     gpu = GPUS[args.gpu]
-
-    def auto(head_dim: int, dt: str):  # the modelled GPU's entry (by its driver name and arch): the CLI reads fa_hw
-        from fa_hw.tuned_backward import lookup
-
-        return lookup(head_dim, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch, dtype=dt)
     config, source = backward_config(args, d, auto)
     if config.dq_red != 1 and not vector_reductions_ok(gpu.arch):
         raise UsageError(f"--config {config.label}: dq_red={config.dq_red} (red.global.add.v{config.dq_red}.f32) needs "

@@ -437,13 +437,18 @@ def _config_value(text: str) -> str:
     """--config: 'auto', a config tag (KernelConfig.from_tag checks it here, before any work) or a backward
     label (with --backward; its syntax is checked here, its tiles against the problem's head_dim later)."""
     if text != AUTO_CONFIG and not is_backward_label(text):
+        shown = text if len(text) <= QUOTE_MOST else quoted(text)
+        if text[:1].isdigit():  # meant as a backward label (forward tags start with m): its forms
+            from ..contract.backward import parse_label
+            try:
+                parse_label(text)
+            except ValueError as exc:
+                raise UsageError(f"--config {shown}: {exc}; or auto") from None
         try:
             KernelConfig.from_tag(text)
         except ValueError as exc:
-            from ..contract.backward import LABEL_FORMS
-
-            raise UsageError(f"--config {text if len(text) <= QUOTE_MOST else quoted(text)}: {exc}; with --backward, "
-                             f"a backward label: {LABEL_FORMS}; or auto") from None
+            hint = "; with --backward a backward label like 64x8s1fr4p, or auto" if shown == text else ""
+            raise UsageError(f"--config {shown}: {exc}{hint}") from None
     return text
 
 

@@ -8,6 +8,8 @@ reasons, without a GPU (fa_sim.timing).
 
     fa time --backward --heads 4 --seqlen 512 --head-dim 64    # the backward pass's three launches
     fa time --backward --heads 4 --seqlen 512 --dtype bf16     # ... of its bf16 build
+    fa time --backward --seqlen 2048 --config 128x8s1fr4p      # a tuned candidate by its label (docs/backward.md)
+    fa time --backward --seqlen 2048 --config auto             # the modelled GPU's tuned backward table entry
     fa time --heads 8 --seqlens 70,130,5                       # a packed variable-length batch
     fa time --batch 2 --heads 8 --seqlen 1 --seqlen-k 8192 --splits auto --cache-seqlens 8192,3000
 
@@ -124,6 +126,18 @@ def _of_kernel(kernel, fn, *args):
                          "(docs/timing.md, \"Time from the run\")") from None
 
 
+def _backward_auto(args):
+    """--config auto with --backward: fa_hw.tuned_backward.lookup for the modelled GPU's driver name and
+    arch (the H200 model borrows the H100's sm_90 table; the A100 model has none: DEFAULT_TILES)."""
+    gpu = GPUS[args.gpu]
+
+    def auto(head_dim: int, dtype: str):
+        from fa_hw.tuned_backward import lookup
+
+        return lookup(head_dim, args.causal, seqlen_k(args), gpu=gpu.marketing_name, arch=gpu.arch, dtype=dtype)
+    return auto
+
+
 def run(args: argparse.Namespace) -> int:
     from . import backward
 
@@ -132,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if args.npz is not None:
             raise UsageError(f"{args.npz_option} does not apply with fa time --backward (it times seeded inputs "
                              "of the shape options)")
-        return backward.time_(args)
+        return backward.time_(args, _backward_auto(args))
     if (args.npz is not None or args.seqlens is not None or args.splits is not None or args.cache_seqlens is not None
             or args.pack_gqa is not None):
         return run_features(args)
