@@ -24,6 +24,10 @@ vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alo
 autograd backward: tune_bwd.py's docstring). Size classes are fa_hw.tuned's (seqlen_k <= 1024
 "short", <= 4096 "medium", above "long": how many CTAs the grid has and how many Q blocks each loops over).
 
+Labels. A candidate or an entry is named by its label (BackwardConfig.label, e.g. 64x8s1fr4p:
+fa_sim.contract.backward.LABEL_FORMS), as tune_bwd.py reports it; `--config LABEL` with --backward runs
+it in the fa commands, and `--config auto` runs lookup()'s choice (fa time: for the modelled GPU).
+
 Lookup. The entry for (head_dim, causal, size) of the device's table, if its arch is the device's;
 else that table's entry for the same head_dim and causal in the nearest size class; else
 DEFAULT_TILES (fa_sim.contract.backward), which `Choice.source` says. A GPU without a table of its
