@@ -59,8 +59,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hw_sets import BWD_TRAIN, Spread, check_sets, ratios, round_robin  # noqa: E402
-from fa_sim.contract.backward import label as _label, label_of as _label_of  # noqa: E402,F401  (one label
-from fa_sim.contract.backward import parse_label as _parse_label  # noqa: E402  syntax: LABEL_FORMS)
+# the candidates' labels: one syntax with the fa commands' `--config LABEL --backward` (LABEL_FORMS)
+from fa_sim.contract.backward import label as _label  # noqa: E402,F401  (tests/test_backward_tiles.py names it)
+from fa_sim.contract.backward import label_of as _label_of, parse_label as _parse_label  # noqa: E402
 
 SANITY_REL_ERR = 1e-2  # dQ against the default's: the two differ in the order of fp32 atomics only
 
