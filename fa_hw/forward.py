@@ -74,9 +74,6 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if packed and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("a packed batch needs both cu_seqlens_q and cu_seqlens_k (int32, batch + 1 offsets)")
-    if packed and checkpoint_ctas is not None:
-        raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "
-                         "has no debug build): run the sequence alone for its checkpoints")
     inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype,
                                      (cu_seqlens_q, cu_seqlens_k) if packed else None)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's

@@ -158,17 +158,21 @@ def _valid_mask(layout, ck, rounds_run: np.ndarray) -> np.ndarray:
     """[cta_sel, round, T, words] bool: which words of checkpoint ck hold data."""
     n_sel = rounds_run.shape[0]
     r = np.arange(layout.n_rounds)
-    live = (r[None, :] == 0) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
+    # a CTA that ran no round (packed: its Q block past its sequence, it exits at once) wrote nothing
+    live = ((r[None, :] == 0) & (rounds_run[:, None] > 0)) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
     live = np.broadcast_to(live, (n_sel, layout.n_rounds))
     used = np.arange(layout.words) < layout.used_words(ck)
     return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.n_threads, 1), bool)
 
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool,
-                   window: tuple[int, int] | None = None) -> np.ndarray:
-    """The K/V rounds of each CTA (SCHEDULE.md's n_block_max; with a window, Problem.n_rounds_of):
-    the rounds whose checkpoints exist."""
-    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window).rounds_per_cta(ctas)
+                   window: tuple[int, int] | None = None, problem: Problem | None = None) -> np.ndarray:
+    """The K/V rounds of each checkpointed CTA (SCHEDULE.md's n_block_max; with a window,
+    Problem.n_rounds_of): the rounds whose checkpoints exist. Checkpoints name a CTA by its Q block
+    (Problem.q_block_index). `problem`: the launch itself (a packed batch: each CTA's sequence's
+    rounds, 0 where its Q block is past the sequence's end), else one (batch, head) of the sizes."""
+    prob = problem or Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window)
+    return prob.rounds_per_cta(prob.q_block_index(ctas))
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout | BackwardCheckpointLayout, ctas,
@@ -322,13 +326,15 @@ def format_report(rep: CompareReport) -> str:
 
 
 def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None,
-                              window=None, softcap=None):
+                              window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
-    for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
+    for a `kernel` file, a config with schedule options or a packed batch (cu_seqlens_q / _k; q
+    [total_q, H, d]: fa_sim.kernels.engine_for), else the program."""
     rec = CheckpointRecorder(ctas)
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
-                   engine=engine, kernel=kernel, window=window, softcap=softcap)
+                   engine=engine, kernel=kernel, window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k)
     return res, rec.buffer
 
 
@@ -345,12 +351,21 @@ def backward_checkpoint_stats(sim_buf: np.ndarray, gpu_buf: np.ndarray, config, 
 
 
 def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,
-                 window=None, softcap=None) -> CompareReport:
-    b, h, nq, d = np.shape(q)
-    nk = np.shape(k)[2]
-    features = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap).features()
+                 window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None) -> CompareReport:
+    """The comparison of one launch; a packed batch (cu_seqlens_q / _k, q [total_q, H, d], k [total_k,
+    H_k, d]) reports B sequences of the longest Nq and Nk, each CTA's rounds those of its sequence."""
+    if cu_seqlens_q is not None:
+        cq, ck = (tuple(int(x) for x in c) for c in (cu_seqlens_q, cu_seqlens_k))
+        lq, lk = np.diff(cq), np.diff(ck)
+        b, h, nq, nk, d = len(cq) - 1, np.shape(q)[1], int(lq.max()), int(lk.max()), np.shape(q)[2]
+        prob = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap, cu_seqlens=(cq, ck))
+    else:
+        b, h, nq, d = np.shape(q)
+        nk = np.shape(k)[2]
+        prob = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap)
+    features = prob.features()
     layout = CheckpointLayout(config, -(-nk // config.block_n))
-    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window)
+    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window, problem=prob)
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype), tuple(features))

@@ -179,9 +179,9 @@ typedef unsigned long long u64;
 #ifndef FA_VARLEN
 #define FA_VARLEN 0
 #endif
-#if FA_VARLEN && FA_CHECKPOINTS
-#error "FA_VARLEN has no debug build: the checkpoint buffer is indexed by the dense grid"
-#endif
+// FA_VARLEN with FA_CHECKPOINTS: a packed CTA records under its linear id blockIdx.x + n_m_blocks *
+// (h + H * b) (ck_sel below), at its sequence's coordinates: rounds, masks and tails of sequence b
+// alone (the pointers and lengths move before any checkpoint); a CTA that exits at once records none.
 #ifndef FA_SPLITKV
 #define FA_SPLITKV 0
 #endif
@@ -906,7 +906,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const u32 oK = smem_off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const u32 oV = smem_off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
 #if FA_CHECKPOINTS
-  const int sel = ck_sel[m_block + gridDim.x * bh];
+  const int sel = ck_sel[m_block + gridDim.x * (bh + (FA_VARLEN ? gridDim.y * blockIdx.z : 0))];  // packed: b = z
   const CkSink ck{sel < 0 ? nullptr : ck_buf + (u64)sel * FA_CK_COUNT * n_rounds * kThreads * kCkWords, n_rounds};
   if (kPitch != kHeadDim) {  // padded rows: zero the padding so tile images are deterministic
     for (int i = threadIdx.x; i < FA_SMEM_BYTES / 4; i += kThreads) reinterpret_cast<u32*>(smem)[i] = 0u;

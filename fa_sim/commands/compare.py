@@ -13,8 +13,12 @@ float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless -
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
 with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
---npz file) and split-KV decoding (--splits, --cache-seqlens) are refused in one line: fa2_fwd.cu
-has no checkpoint build for them (docs/features.md, "The commands"). `--banks` sets the
+--npz file) is compared live, checkpoint by checkpoint (FA_VARLEN's debug build on both sides; the
+simulator's side on the PTX engine): each CTA at its sequence's coordinates, CTA ids those of the
+packed grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b), default the first and
+the last CTA that runs (not with --save, --banks, --timing or --config auto). Split-KV decoding
+(--splits, --cache-seqlens) is refused in one line: fa2_fwd.cu has no checkpoint build for it
+(docs/features.md, "The commands"). `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
 take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
@@ -59,6 +63,10 @@ from .common import (
     add_seqlens_argument,
     add_splitkv_arguments,
     add_config_arguments,
+    packed_engine,
+    packed_inputs,
+    packed_problem,
+    packed_random_inputs,
     checkpoint_ctas_option,
     add_engine_arguments,
     add_problem_arguments,
@@ -72,7 +80,6 @@ from .common import (
     front_end,
     heads_k,
     kernel_from_args,
-    file_inputs,
     inputs_head_dim,
     option_name,
     problem_shape,
@@ -80,7 +87,7 @@ from .common import (
     run_inputs,
 )
 from .backward import add_backward_arguments
-from .inputs import HelpFormatter, add_inputs_argument, inputs_option, load_npz
+from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 from .preflight import announce, check_engine, problem_of, qkv_shapes
 
@@ -209,10 +216,9 @@ def _launch(args, save: Output | None):
     """Every check (commands/preflight.py), then the inputs, then the GPU run."""
     import fa_hw
 
-    files = file_inputs(args, packed=True)
+    files = packed_inputs(args, None)  # args.cu_seqlens: a packed --npz file's offsets or --seqlens'
     if args.cu_seqlens is not None:
-        raise UsageError(f"{inputs_option(args)} {args.npz} holds a packed batch (cu_seqlens_q, cu_seqlens_k), which "
-                         f"{NO_PACKED[:NO_PACKED.index(', and fa sim')]}")
+        return _launch_packed(args, save, files)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
     shapes = ([tuple(np.shape(x)) for x in files] if files is not None
@@ -251,6 +257,50 @@ def _launch(args, save: Output | None):
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, features(args)
 
 
+def _launch_packed(args, save: Output | None, files):
+    """A packed batch (fa2_fwd.cu's FA_VARLEN debug build on both sides): every check, then the inputs
+    (the --npz file's, or random ones of --seqlens), then the GPU run."""
+    import fa_hw
+
+    packed_engine(args)  # the PTX engine runs FA_VARLEN; --engine program refused in one line
+    if save is not None:
+        raise UsageError("--save does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): the "
+                         "saved-run format holds dense inputs; compare it live")
+    for flag in ("banks", "timing"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): "
+                             f"fa banks / fa time --seqlens give the simulator's side; drop --{flag}")
+    if auto_requested(args):
+        raise UsageError("--config auto does not apply to a packed batch in fa compare: name a config tag (or "
+                         "drop --config for the default)")
+    d = inputs_head_dim(args, files)
+    check_scale(args, d)
+    config = config_from_args(args, head_dim=d)
+    prob = packed_problem(args, files, config)  # the offsets, heads_k, the features: one line each
+    ctas = checkpoint_ctas_option(args.ctas, prob.n_ctas, None if args.ctas is not None else _default_packed(prob))
+    kernel = kernel_from_args(args)
+    front = _front(args, config, kernel, args.softcap)
+    if files is None:
+        check_input_memory(args)
+    from fa_hw.runtime import check_launch
+
+    check_launch(config, args.causal, kernel, checkpoints=True)
+    announce("compare", prob, SIM_MMA, reference=False)
+    q, k, v = files if files is not None else packed_random_inputs(args, prob, config.dtype)
+    cu = {"cu_seqlens_q": args.cu_seqlens[0], "cu_seqlens_k": args.cu_seqlens[1]}
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
+                        kernel=kernel, **features(args), **cu)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, \
+        {**features(args), **cu}
+
+
+def _default_packed(prob: Problem) -> list[int]:
+    """The default CTAs of a packed launch: the first and the last that run (a CTA whose Q block is
+    past its sequence's end exits at once and records nothing)."""
+    live = np.flatnonzero(prob.rounds_per_cta(np.arange(prob.n_ctas)) > 0)
+    return sorted({int(live[0]), int(live[-1])})
+
+
 def _front(args, config, recorded, softcap=None):
     """The simulator's front end for this run (the kernel the GPU ran, if any: --kernel's or the
     recording's), checked now (commands/preflight.check_engine: a PTX program is compiled)."""
@@ -262,18 +312,13 @@ def _front(args, config, recorded, softcap=None):
     return front
 
 
-NO_PACKED = ("does not apply to fa compare: fa2_fwd.cu's FA_VARLEN has no checkpoint build (#error FA_VARLEN && "
-             "FA_CHECKPOINTS); a packed launch equals each sequence's dense launch bit for bit, so compare one "
-             "sequence (--seqlen Nq_b --seqlen-k Nk_b), and fa sim / fa trace / fa banks --seqlens run the packed "
-             "build")
-
-
 def _refuse_without_checkpoints(args) -> None:
     """fa compare compares the checkpoints of fa2_fwd.cu's debug build (FA_CHECKPOINTS), which the
-    kernel refuses to build with a packed batch or split-KV (#error): one line each, naming what
-    works instead."""
-    if args.seqlens is not None:
-        raise UsageError(f"--seqlens {NO_PACKED}")
+    kernel refuses to build with split-KV (#error), and a recording holds a dense batch: one line
+    each, naming what works instead."""
+    if args.seqlens is not None and args.gpu_npz is not None:
+        raise UsageError("--seqlens does not apply with --gpu-npz, whose recording holds the inputs (a recording is "
+                         "of a dense batch: compare a packed batch live)")
     if args.splits is not None or args.cache_seqlens is not None or args.pack_gqa is not None:
         given = ("--splits" if args.splits is not None else "--cache-seqlens" if args.cache_seqlens is not None
                  else "--pack-gqa")

@@ -144,8 +144,9 @@ SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P
               "FA_SPLITKV has no checkpoint build (the registers written are in the steps)")
 
 
-PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa2_fwd.cu's "
-               "FA_VARLEN has no checkpoint build (the registers written are in the steps)")
+PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa trace runs "
+               "the packed batch's normal build (the registers written are in the steps; fa compare --seqlens "
+               "runs its checkpoint build)")
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int, kv0: int = 0) -> int:
