@@ -270,12 +270,14 @@ class CompareReport:
     checkpoints: tuple[CheckpointStats, ...]
     outputs: OutputStats
     features: tuple[str, ...] = ()  # the launch's features as Problem.features() names them (heads_k=1, ...)
+    workspace: "WorkspaceStats | None" = None  # split-KV with splits > 1: the partial O and LSE of every split
 
     @property
     def ok(self) -> bool:
-        """Every checkpoint within its bound, and O and LSE bit-identical over the whole grid."""
+        """Every checkpoint within its bound, O and LSE (and a split launch's workspace) bit-identical
+        over the whole grid."""
         return (all(s.ok for s in self.checkpoints) and self.outputs.o_max_ulps == 0
-                and self.outputs.lse_max_ulps == 0)
+                and self.outputs.lse_max_ulps == 0 and (self.workspace is None or self.workspace.ok))
 
     def to_json(self) -> dict:
         return {
@@ -286,6 +288,10 @@ class CompareReport:
                   "dtype": self.config.dtype},
             "lse": {"fraction_identical": self.outputs.lse_identical, "max_abs_diff": self.outputs.lse_max_abs,
                     "max_ulps_f32": self.outputs.lse_max_ulps},
+            **({} if self.workspace is None else {"workspace": {
+                "o_accum": {"fraction_identical": self.workspace.o_identical, "max_ulps_f32": self.workspace.o_max_ulps},
+                "lse_accum": {"fraction_identical": self.workspace.lse_identical,
+                              "max_ulps_f32": self.workspace.lse_max_ulps}}}),
         }
 
 
@@ -317,10 +323,13 @@ def format_report(rep: CompareReport) -> str:
     lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
              + "".join(f"{f} " for f in rep.features) + f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
              *format_checkpoint_table(rep.checkpoints)]
-    o = rep.outputs
+    o, w = rep.outputs, rep.workspace
+    if w is not None:
+        lines.append(f"  o_accum (fp32, every split): {w.o_identical:.4%} identical, max {w.o_max_ulps} ulps")
+        lines.append(f"  lse_accum (fp32, every split): {w.lse_identical:.4%} identical, max {w.lse_max_ulps} ulps")
     lines.append(f"  O   ({rep.config.dtype}): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
     lines.append(f"  LSE (fp32): {o.lse_identical:.4%} identical, max |diff| {o.lse_max_abs:.3e} ({o.lse_max_ulps} ulps)")
-    lines.append("  every checkpoint, O and LSE bit-identical" if rep.ok
+    lines.append(f"  every checkpoint, {'the workspace, ' if w is not None else ''}O and LSE bit-identical" if rep.ok
                  else "  DIFFERENCES: the simulator and the GPU disagree (see above)")
     return "\n".join(lines)
 
@@ -369,3 +378,90 @@ def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype), tuple(features))
+
+
+# -- split-KV decoding (fa_sim.splitkv): the split kernel's checkpoints, its workspace, the combine ------
+@dataclass(frozen=True)
+class SplitRun:
+    """One side of a split-KV comparison: O (the caller's [B, H, Nq, d], of config.dtype: float16 or
+    bf16 values as float32), LSE [B, H, Nq], the workspace o_accum [splits, B*H, Nq, d] and lse_accum
+    [splits, B*H, Nq] (fp32; B*H of the launch: H_k when GQA is packed) and the checkpoint buffer."""
+
+    o: np.ndarray
+    lse: np.ndarray
+    o_accum: np.ndarray
+    lse_accum: np.ndarray
+    checkpoints: np.ndarray
+
+
+def simulate_splitkv_with_checkpoints(q, k, v, scale, config, ctas, splits, cache_seqlens=None, pack_gqa=None,
+                                      softcap=None, mma_model="h200", dtype=None):
+    """The PTX engine's run of split-KV decoding (fa_sim.splitkv) with the split kernel's debug build
+    recording `ctas` (linear ids of the split grid): (SplitRun, SplitPlan). `splits` an integer (the
+    GPU's choice when it chose "auto"); the H200's tensor-core model by default, as for the dense."""
+    from .simulate import half_values
+    from .splitkv import check_splitkv, run_splitkv
+    from .validate import check_input, make_problem, resolve_dtype
+
+    inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]
+    prob = make_problem(*(i.shape for i in inputs), False, scale, config, None, softcap,
+                        dtype=resolve_dtype(inputs, dtype, config))
+    plan = check_splitkv(prob, splits, cache_seqlens, None, pack_gqa)
+    from .checkpoints import checkpoint_selection
+
+    ctas = checkpoint_selection(ctas, plan.n_ctas)
+    from . import tensorcore
+
+    out, _ = run_splitkv(plan, inputs, (), tensorcore.resolve(mma_model), ctas)
+    shape = (prob.batch, prob.heads, prob.seqlen_q)
+    o = half_values(out["o"], prob.config.dtype).reshape(*shape, prob.head_dim)
+    return SplitRun(o, out["lse"].reshape(shape), out["o_accum"], out["lse_accum"], out["checkpoints"]), plan
+
+
+@dataclass(frozen=True)
+class WorkspaceStats:
+    """Agreement of the split kernel's fp32 workspace (every split's partial O and LSE)."""
+
+    o_identical: float
+    o_max_ulps: int
+    lse_identical: float
+    lse_max_ulps: int
+
+    @property
+    def ok(self) -> bool:
+        return self.o_max_ulps == 0 and self.lse_max_ulps == 0
+
+
+def _f32_ulps(a, b) -> np.ndarray:
+    pa = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    pb = np.ascontiguousarray(b, dtype=np.float32).view(np.uint32)
+    return np.abs(_ordered(pa, ValueKind.F32) - _ordered(pb, ValueKind.F32))
+
+
+def workspace_stats(sim: SplitRun, gpu: SplitRun) -> WorkspaceStats:
+    if np.shape(sim.o_accum) != np.shape(gpu.o_accum) or np.shape(sim.lse_accum) != np.shape(gpu.lse_accum):
+        raise ValueError(f"split-KV workspaces differ in shape: simulator {np.shape(sim.o_accum)}, "
+                         f"GPU {np.shape(gpu.o_accum)}")
+    o, lse = _f32_ulps(sim.o_accum, gpu.o_accum), _f32_ulps(sim.lse_accum, gpu.lse_accum)
+    return WorkspaceStats(float(np.mean(o == 0)), int(o.max(initial=0)), float(np.mean(lse == 0)),
+                          int(lse.max(initial=0)))
+
+
+def build_splitkv_report(q, k, plan, ctas, sim: SplitRun, gpu: SplitRun) -> "CompareReport":
+    """The comparison of a split-KV launch (`plan`: fa_sim.splitkv.SplitPlan): the split CTAs'
+    checkpoints over the rounds each runs (an empty split none; with splits > 1 no sO, which the
+    kernel does not stage), the workspace (splits > 1: every split's partial O and LSE, bit for bit)
+    and the combined O and LSE."""
+    from .splitkv import checkpoint_layout
+
+    caller, cfg = plan.caller, plan.problem.config
+    layout = checkpoint_layout(plan)
+    rounds = np.array([plan.cta(c)[4] for c in ctas], np.int64)
+    stats = compare_checkpoints(np.asarray(sim.checkpoints), np.asarray(gpu.checkpoints), layout, ctas, rounds)
+    if plan.splits > 1:
+        stats = [s for s in stats if s.checkpoint is not Checkpoint.SO]
+    work = workspace_stats(sim, gpu) if plan.splits > 1 else None
+    features = caller.features() + [f"splits={plan.splits}"] + (["pack_gqa"] if plan.unpacked is not None else [])
+    b, h, nq, d = np.shape(q)
+    return CompareReport(cfg, False, (b, h, nq, np.shape(k)[2], d), tuple(int(c) for c in ctas), tuple(stats),
+                         output_stats(sim.o, gpu.o, sim.lse, gpu.lse, cfg.dtype), tuple(features), work)

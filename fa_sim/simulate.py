@@ -241,6 +241,9 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         if odd:
             raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
                              f"PTX engine, here, without {', '.join(odd)}")
+        if any(callable(getattr(o, "on_checkpoint", None)) for o in _observers(observers)):
+            raise ValueError("split-KV decoding (splits= / cache_seqlens=) records no checkpoints for observers: "
+                             "fa_sim.crosscheck.simulate_splitkv_with_checkpoints runs the split kernel's debug build")
         o_bits, lse, counts, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
                                                      _observers(observers), tensorcore.resolve(mma_model), num_sms,
                                                      pack_gqa)

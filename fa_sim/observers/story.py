@@ -140,8 +140,9 @@ def split_header(launch: dict, cta: int) -> str | None:
     return None if plan is None else f"split-KV, {plan.describe_cta(cta)}"
 
 
-SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa2_fwd.cu's "
-              "FA_SPLITKV has no checkpoint build (the registers written are in the steps)")
+SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa trace runs "
+              "the split launch's normal build (the registers written are in the steps; fa compare --splits runs "
+              "its checkpoint build)")
 
 
 PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa trace runs "

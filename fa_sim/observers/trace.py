@@ -296,6 +296,6 @@ class TraceRecorder:
 class InstructionRecorder(TraceRecorder):
     """A TraceRecorder of the instructions only, for launches traced without their checkpoint build: a
     packed batch (fa trace runs FA_VARLEN's normal build; fa compare runs its debug build) and split-KV
-    decoding (FA_SPLITKV has no debug build). Its traces have no checkpoint records."""
+    decoding (likewise FA_SPLITKV's; fa compare --splits runs its debug build). Its traces have no checkpoint records."""
 
     on_checkpoint = None  # not a hook: the run asks for no checkpoints
