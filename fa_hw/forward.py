@@ -25,7 +25,10 @@ fa_sim.simulate takes them: k, v with H_k heads dividing q's H (grouped-query at
 split-KV decoding with `splits` (an integer or "auto") and `cache_seqlens` (int32 [B], each
 sequence's keys of the cache k, v): the split kernel and the combine of fa_hw.splitkv (out.splits
 says how many ran; kernel_ms covers both; `pack_gqa` None/True/False: the Q heads of a K/V head as
-the rows of one, fa_sim.splitkv). Not both: a packed batch takes no splits.
+the rows of one, fa_sim.splitkv; with `checkpoint_ctas`, linear ids of the split grid, the split
+kernel's debug build records them and out.workspace holds (o_accum, lse_accum), every split's
+partial O and LSE). Not both: a packed batch takes no splits. A packed batch's `checkpoint_ctas`
+are ids of its grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b).
 
 fa_hw.forward is the direct, synchronous API: it checks values, times its launch with CUDA events
 and synchronises (a fault is a KernelFault naming the build), so that kernel_ms is the kernel's
@@ -62,6 +65,7 @@ class HwResult:
     checkpoints: np.ndarray | None = None
     checkpoint_ctas: tuple[int, ...] = ()
     splits: int | None = None  # split-KV decoding (fa_hw.splitkv): the splits that ran
+    workspace: tuple[np.ndarray, np.ndarray] | None = None  # split-KV with checkpoint_ctas: (o_accum, lse_accum)
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
@@ -74,9 +78,6 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if packed and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("a packed batch needs both cu_seqlens_q and cu_seqlens_k (int32, batch + 1 offsets)")
-    if packed and checkpoint_ctas is not None:
-        raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "
-                         "has no debug build): run the sequence alone for its checkpoints")
     inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype,
                                      (cu_seqlens_q, cu_seqlens_k) if packed else None)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
@@ -111,18 +112,19 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes a padded batch, not a packed one "
                              "(cu_seqlens_q / cu_seqlens_k): both use the kernel's grid z")
-        if checkpoint_ctas is not None or kernel is not None:
-            raise ValueError("split-KV decoding (splits= / cache_seqlens=) runs fa_hw's own kernel without "
-                             "checkpoint_ctas or kernel=")
+        if kernel is not None:
+            raise ValueError("split-KV decoding (splits= / cache_seqlens=) runs fa_hw's own kernel without kernel=")
         from .splitkv import prepare_splitkv
 
         sp = prepare_splitkv(q, k, v, causal, scale, config, window=window, softcap=softcap, dtype=dtype,
                              splits=1 if splits is None else splits, cache_seqlens=cache_seqlens,
-                             pack_gqa=pack_gqa)
+                             pack_gqa=pack_gqa, checkpoint_ctas=checkpoint_ctas)
         ms = sp.run(sp.dev.stream)
         o, lse = sp.dev.results()
+        rec = sp.recorded() if checkpoint_ctas is not None else {}
         return HwResult(o, lse, sp.dev.config, sp.dev.problem.causal, sp.dev.scale, ms, sp.registers,
-                        splits=sp.plan.splits)
+                        rec.get("checkpoints"), sp.checkpoint_ctas, splits=sp.plan.splits,
+                        workspace=(rec["o_accum"], rec["lse_accum"]) if rec else None)
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
                                                   window=window, softcap=softcap, dtype=dtype,
                                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)

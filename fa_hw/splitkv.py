@@ -12,15 +12,16 @@ The workspace (o_accum, lse_accum) is written whole by the split kernel: not zer
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fa_sim.cache import cache_key, cache_root, store_atomic
 from fa_sim.contract.cubin import ResourceUsage
 from fa_sim.contract.nvrtc import NvrtcError, compile_cubin, nvrtc_version
-from fa_sim.splitkv import (COMBINE_KERNEL, COMBINE_PATH, COMBINE_THREADS, SplitPlan, check_splitkv, combine_macros,
-                            split_build, workspace_shapes)
+from fa_sim.checkpoints import checkpoint_selection, selection_map
+from fa_sim.splitkv import (COMBINE_KERNEL, COMBINE_PATH, COMBINE_THREADS, SplitPlan, check_splitkv, checkpoint_layout,
+                            combine_macros, split_build, workspace_shapes)
 
 from . import runtime
 from .device import device, device_arch
@@ -61,6 +62,21 @@ class SplitLaunchPlan:
     dev: DeviceProblem
     launches: list  # (name, kernel, grid, block, smem, args)
     registers: int
+    # the debug build (checkpoint_ctas): the CTAs, the device buffers of the checkpoints and the workspace
+    checkpoint_ctas: tuple[int, ...] = ()
+    buffers: dict | None = None
+
+    def recorded(self) -> dict:
+        """After a run with checkpoint_ctas: {checkpoints, o_accum, lse_accum} copied to the host
+        (the checkpoint buffer of fa_sim.splitkv.checkpoint_layout; the workspace [splits, B*H, Nq(, d)]
+        fp32, written by splits > 1 only)."""
+        stream = self.dev.stream
+        oa_shape, la_shape = workspace_shapes(self.plan)
+        layout = checkpoint_layout(self.plan)
+        return {"checkpoints": runtime.download(self.buffers["checkpoints"], layout.empty(len(self.checkpoint_ctas)),
+                                                stream),
+                "o_accum": runtime.download(self.buffers["o_accum"], np.zeros(oa_shape, np.float32), stream),
+                "lse_accum": runtime.download(self.buffers["lse_accum"], np.zeros(la_shape, np.float32), stream)}
 
     def launch(self, stream) -> None:
         """Enqueue both (no event, no sync: runtime.launch_kernel); launch-time errors are KernelFault."""
@@ -83,13 +99,16 @@ class SplitLaunchPlan:
 
 
 def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=None, softcap=None, dtype=None,
-                    splits="auto", cache_seqlens=None, pack_gqa=None) -> SplitLaunchPlan:
-    """Check (fa_sim.splitkv.check_splitkv, before any input reaches the GPU), place, build."""
+                    splits="auto", cache_seqlens=None, pack_gqa=None, checkpoint_ctas=None) -> SplitLaunchPlan:
+    """Check (fa_sim.splitkv.check_splitkv, before any input reaches the GPU), place, build.
+    `checkpoint_ctas` (linear ids of the split grid): the split kernel's debug build records them
+    (`SplitLaunchPlan.recorded`)."""
     if is_auto(config):
         raise ValueError("config='auto' is not tuned for split-KV decoding: pass a config (or None, the seed)")
     inputs, kind, prob, _ = check(q, k, v, causal, scale, config, window, softcap, dtype)
     sms = device().properties.multiprocessor_count if isinstance(splits, str) and splits == "auto" else None
     plan = check_splitkv(prob, splits, cache_seqlens, sms, pack_gqa)
+    ctas = None if checkpoint_ctas is None else checkpoint_selection(checkpoint_ctas, plan.n_ctas)
     dev = to_device(inputs, kind, prob)  # O, LSE in the caller's shapes: GQA packed reads the same memory
     prob = plan.problem  # what the launches run
     stream = dev.stream
@@ -99,10 +118,22 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
     lens = runtime.upload(plan.cache_seqlens, stream)
     dev.keep += [o_accum, lse_accum, lens]
     cfg = prob.config
-    loaded = runtime.load_kernel(split_build(prob, device_arch()))
+    build = split_build(prob, device_arch())
     split_args = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr, np.int32(prob.seqlen_q),
                   np.int32(prob.seqlen_k), np.float32(prob.scale), int(lens.handle), np.int32(prob.heads),
                   int(o_accum.handle), int(lse_accum.handle))
+    buffers = None
+    if ctas is not None:  # the debug build: a zeroed buffer, the CTA -> slot map, the rounds
+        build = replace(build, checkpoints=True)
+        layout = checkpoint_layout(plan)
+        nbytes = layout.empty(len(ctas)).nbytes
+        ck = runtime.allocate(nbytes, stream)
+        runtime.memset_zero(int(ck.handle), nbytes, stream)
+        sel = runtime.upload(selection_map(ctas, plan.n_ctas), stream)
+        dev.keep += [ck, sel]
+        split_args += (int(ck.handle), int(sel.handle), np.int32(layout.n_rounds))
+        buffers = {"checkpoints": int(ck.handle), "o_accum": int(o_accum.handle), "lse_accum": int(lse_accum.handle)}
+    loaded = runtime.load_kernel(build)
     launches = [("fa2_fwd_kernel (FA_SPLITKV)", loaded.kernel, plan.grid, (cfg.n_threads, 1, 1), cfg.smem_bytes,
                  split_args)]
     if plan.splits > 1:
@@ -111,4 +142,4 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
         launches.append((COMBINE_KERNEL, kernel, plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
                          (int(o_accum.handle), int(lse_accum.handle), dev.o_ptr, dev.lse_ptr, np.int32(rows),
                           np.int32(plan.splits))))
-    return SplitLaunchPlan(plan, dev, launches, loaded.registers)
+    return SplitLaunchPlan(plan, dev, launches, loaded.registers, tuple(ctas or ()), buffers)

@@ -158,17 +158,21 @@ def _valid_mask(layout, ck, rounds_run: np.ndarray) -> np.ndarray:
     """[cta_sel, round, T, words] bool: which words of checkpoint ck hold data."""
     n_sel = rounds_run.shape[0]
     r = np.arange(layout.n_rounds)
-    live = (r[None, :] == 0) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
+    # a CTA that ran no round (packed: its Q block past its sequence, it exits at once) wrote nothing
+    live = ((r[None, :] == 0) & (rounds_run[:, None] > 0)) if ck in ROUND0_ONLY else (r[None, :] < rounds_run[:, None])
     live = np.broadcast_to(live, (n_sel, layout.n_rounds))
     used = np.arange(layout.words) < layout.used_words(ck)
     return live[:, :, None, None] & used[None, None, None, :] & np.ones((1, 1, layout.n_threads, 1), bool)
 
 
 def rounds_per_cta(ctas, config: KernelConfig, seqlen_q: int, seqlen_k: int, causal: bool,
-                   window: tuple[int, int] | None = None) -> np.ndarray:
-    """The K/V rounds of each CTA (SCHEDULE.md's n_block_max; with a window, Problem.n_rounds_of):
-    the rounds whose checkpoints exist."""
-    return Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window).rounds_per_cta(ctas)
+                   window: tuple[int, int] | None = None, problem: Problem | None = None) -> np.ndarray:
+    """The K/V rounds of each checkpointed CTA (SCHEDULE.md's n_block_max; with a window,
+    Problem.n_rounds_of): the rounds whose checkpoints exist. Checkpoints name a CTA by its Q block
+    (Problem.q_block_index). `problem`: the launch itself (a packed batch: each CTA's sequence's
+    rounds, 0 where its Q block is past the sequence's end), else one (batch, head) of the sizes."""
+    prob = problem or Problem(1, 1, seqlen_q, seqlen_k, bool(causal), 1.0, config, window=window)
+    return prob.rounds_per_cta(prob.q_block_index(ctas))
 
 
 def compare_checkpoints(sim: np.ndarray, gpu: np.ndarray, layout: CheckpointLayout | BackwardCheckpointLayout, ctas,
@@ -266,12 +270,14 @@ class CompareReport:
     checkpoints: tuple[CheckpointStats, ...]
     outputs: OutputStats
     features: tuple[str, ...] = ()  # the launch's features as Problem.features() names them (heads_k=1, ...)
+    workspace: "WorkspaceStats | None" = None  # split-KV with splits > 1: the partial O and LSE of every split
 
     @property
     def ok(self) -> bool:
-        """Every checkpoint within its bound, and O and LSE bit-identical over the whole grid."""
+        """Every checkpoint within its bound, O and LSE (and a split launch's workspace) bit-identical
+        over the whole grid."""
         return (all(s.ok for s in self.checkpoints) and self.outputs.o_max_ulps == 0
-                and self.outputs.lse_max_ulps == 0)
+                and self.outputs.lse_max_ulps == 0 and (self.workspace is None or self.workspace.ok))
 
     def to_json(self) -> dict:
         return {
@@ -282,6 +288,10 @@ class CompareReport:
                   "dtype": self.config.dtype},
             "lse": {"fraction_identical": self.outputs.lse_identical, "max_abs_diff": self.outputs.lse_max_abs,
                     "max_ulps_f32": self.outputs.lse_max_ulps},
+            **({} if self.workspace is None else {"workspace": {
+                "o_accum": {"fraction_identical": self.workspace.o_identical, "max_ulps_f32": self.workspace.o_max_ulps},
+                "lse_accum": {"fraction_identical": self.workspace.lse_identical,
+                              "max_ulps_f32": self.workspace.lse_max_ulps}}}),
         }
 
 
@@ -313,22 +323,27 @@ def format_report(rep: CompareReport) -> str:
     lines = [f"fa compare: B={b} H={h} Nq={nq} Nk={nk} d={d} {'causal' if rep.causal else 'non-causal'} "
              + "".join(f"{f} " for f in rep.features) + f"config {rep.config.tag}, checkpoints of CTAs {list(rep.ctas)}",
              *format_checkpoint_table(rep.checkpoints)]
-    o = rep.outputs
+    o, w = rep.outputs, rep.workspace
+    if w is not None:
+        lines.append(f"  o_accum (fp32, every split): {w.o_identical:.4%} identical, max {w.o_max_ulps} ulps")
+        lines.append(f"  lse_accum (fp32, every split): {w.lse_identical:.4%} identical, max {w.lse_max_ulps} ulps")
     lines.append(f"  O   ({rep.config.dtype}): {o.o_identical:.4%} identical, max {o.o_max_ulps} ulps")
     lines.append(f"  LSE (fp32): {o.lse_identical:.4%} identical, max |diff| {o.lse_max_abs:.3e} ({o.lse_max_ulps} ulps)")
-    lines.append("  every checkpoint, O and LSE bit-identical" if rep.ok
+    lines.append(f"  every checkpoint, {'the workspace, ' if w is not None else ''}O and LSE bit-identical" if rep.ok
                  else "  DIFFERENCES: the simulator and the GPU disagree (see above)")
     return "\n".join(lines)
 
 
 def simulate_with_checkpoints(q, k, v, causal, scale, config, ctas, mma_model="h200", engine=None, kernel=None,
-                              window=None, softcap=None):
+                              window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Run the simulator recording checkpoints of `ctas`: (SimResult, buffer). The tensor-core
     model defaults to the H200's, which the GPU side is compared against. engine=None: the PTX engine
-    for a `kernel` file or a config with schedule options (fa_sim.kernels.engine_for), else the program."""
+    for a `kernel` file, a config with schedule options or a packed batch (cu_seqlens_q / _k; q
+    [total_q, H, d]: fa_sim.kernels.engine_for), else the program."""
     rec = CheckpointRecorder(ctas)
     res = simulate(q, k, v, causal=causal, scale=scale, config=config, observers=[rec], mma_model=mma_model,
-                   engine=engine, kernel=kernel, window=window, softcap=softcap)
+                   engine=engine, kernel=kernel, window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k)
     return res, rec.buffer
 
 
@@ -345,12 +360,108 @@ def backward_checkpoint_stats(sim_buf: np.ndarray, gpu_buf: np.ndarray, config, 
 
 
 def build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, gpu_o, gpu_lse, gpu_buf,
-                 window=None, softcap=None) -> CompareReport:
-    b, h, nq, d = np.shape(q)
-    nk = np.shape(k)[2]
-    features = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap).features()
+                 window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None) -> CompareReport:
+    """The comparison of one launch; a packed batch (cu_seqlens_q / _k, q [total_q, H, d], k [total_k,
+    H_k, d]) reports B sequences of the longest Nq and Nk, each CTA's rounds those of its sequence."""
+    if cu_seqlens_q is not None:
+        cq, ck = (tuple(int(x) for x in c) for c in (cu_seqlens_q, cu_seqlens_k))
+        lq, lk = np.diff(cq), np.diff(ck)
+        b, h, nq, nk, d = len(cq) - 1, np.shape(q)[1], int(lq.max()), int(lk.max()), np.shape(q)[2]
+        prob = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap, cu_seqlens=(cq, ck))
+    else:
+        b, h, nq, d = np.shape(q)
+        nk = np.shape(k)[2]
+        prob = Problem(b, h, nq, nk, bool(causal), 1.0, config, np.shape(k)[1], window, softcap)
+    features = prob.features()
     layout = CheckpointLayout(config, -(-nk // config.block_n))
-    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window)
+    rounds = rounds_per_cta(ctas, config, nq, nk, causal, window, problem=prob)
     stats = compare_checkpoints(sim_buf, np.asarray(gpu_buf), layout, ctas, rounds)
     return CompareReport(config, bool(causal), (b, h, nq, nk, d), tuple(int(c) for c in ctas), tuple(stats),
                          output_stats(sim_res.o, gpu_o, sim_res.lse, gpu_lse, config.dtype), tuple(features))
+
+
+# -- split-KV decoding (fa_sim.splitkv): the split kernel's checkpoints, its workspace, the combine ------
+@dataclass(frozen=True)
+class SplitRun:
+    """One side of a split-KV comparison: O (the caller's [B, H, Nq, d], of config.dtype: float16 or
+    bf16 values as float32), LSE [B, H, Nq], the workspace o_accum [splits, B*H, Nq, d] and lse_accum
+    [splits, B*H, Nq] (fp32; B*H of the launch: H_k when GQA is packed) and the checkpoint buffer."""
+
+    o: np.ndarray
+    lse: np.ndarray
+    o_accum: np.ndarray
+    lse_accum: np.ndarray
+    checkpoints: np.ndarray
+
+
+def simulate_splitkv_with_checkpoints(q, k, v, scale, config, ctas, splits, cache_seqlens=None, pack_gqa=None,
+                                      softcap=None, mma_model="h200", dtype=None):
+    """The PTX engine's run of split-KV decoding (fa_sim.splitkv) with the split kernel's debug build
+    recording `ctas` (linear ids of the split grid): (SplitRun, SplitPlan). `splits` an integer (the
+    GPU's choice when it chose "auto"); the H200's tensor-core model by default, as for the dense."""
+    from .simulate import half_values
+    from .splitkv import check_splitkv, run_splitkv
+    from .validate import check_input, make_problem, resolve_dtype
+
+    inputs = [check_input(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]
+    prob = make_problem(*(i.shape for i in inputs), False, scale, config, None, softcap,
+                        dtype=resolve_dtype(inputs, dtype, config))
+    plan = check_splitkv(prob, splits, cache_seqlens, None, pack_gqa)
+    from .checkpoints import checkpoint_selection
+
+    ctas = checkpoint_selection(ctas, plan.n_ctas)
+    from . import tensorcore
+
+    out, _ = run_splitkv(plan, inputs, (), tensorcore.resolve(mma_model), ctas)
+    shape = (prob.batch, prob.heads, prob.seqlen_q)
+    o = half_values(out["o"], prob.config.dtype).reshape(*shape, prob.head_dim)
+    return SplitRun(o, out["lse"].reshape(shape), out["o_accum"], out["lse_accum"], out["checkpoints"]), plan
+
+
+@dataclass(frozen=True)
+class WorkspaceStats:
+    """Agreement of the split kernel's fp32 workspace (every split's partial O and LSE)."""
+
+    o_identical: float
+    o_max_ulps: int
+    lse_identical: float
+    lse_max_ulps: int
+
+    @property
+    def ok(self) -> bool:
+        return self.o_max_ulps == 0 and self.lse_max_ulps == 0
+
+
+def _f32_ulps(a, b) -> np.ndarray:
+    pa = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    pb = np.ascontiguousarray(b, dtype=np.float32).view(np.uint32)
+    return np.abs(_ordered(pa, ValueKind.F32) - _ordered(pb, ValueKind.F32))
+
+
+def workspace_stats(sim: SplitRun, gpu: SplitRun) -> WorkspaceStats:
+    if np.shape(sim.o_accum) != np.shape(gpu.o_accum) or np.shape(sim.lse_accum) != np.shape(gpu.lse_accum):
+        raise ValueError(f"split-KV workspaces differ in shape: simulator {np.shape(sim.o_accum)}, "
+                         f"GPU {np.shape(gpu.o_accum)}")
+    o, lse = _f32_ulps(sim.o_accum, gpu.o_accum), _f32_ulps(sim.lse_accum, gpu.lse_accum)
+    return WorkspaceStats(float(np.mean(o == 0)), int(o.max(initial=0)), float(np.mean(lse == 0)),
+                          int(lse.max(initial=0)))
+
+
+def build_splitkv_report(q, k, plan, ctas, sim: SplitRun, gpu: SplitRun) -> "CompareReport":
+    """The comparison of a split-KV launch (`plan`: fa_sim.splitkv.SplitPlan): the split CTAs'
+    checkpoints over the rounds each runs (an empty split none; with splits > 1 no sO, which the
+    kernel does not stage), the workspace (splits > 1: every split's partial O and LSE, bit for bit)
+    and the combined O and LSE."""
+    from .splitkv import checkpoint_layout
+
+    caller, cfg = plan.caller, plan.problem.config
+    layout = checkpoint_layout(plan)
+    rounds = np.array([plan.cta(c)[4] for c in ctas], np.int64)
+    stats = compare_checkpoints(np.asarray(sim.checkpoints), np.asarray(gpu.checkpoints), layout, ctas, rounds)
+    if plan.splits > 1:
+        stats = [s for s in stats if s.checkpoint is not Checkpoint.SO]
+    work = workspace_stats(sim, gpu) if plan.splits > 1 else None
+    features = caller.features() + [f"splits={plan.splits}"] + (["pack_gqa"] if plan.unpacked is not None else [])
+    b, h, nq, d = np.shape(q)
+    return CompareReport(cfg, False, (b, h, nq, np.shape(k)[2], d), tuple(int(c) for c in ctas), tuple(stats),
+                         output_stats(sim.o, gpu.o, sim.lse, gpu.lse, cfg.dtype), tuple(features), work)

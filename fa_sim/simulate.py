@@ -241,6 +241,9 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
         if odd:
             raise ValueError(f"split-KV decoding (splits= / cache_seqlens=) runs fa2_fwd.cu and fa2_combine.cu on the "
                              f"PTX engine, here, without {', '.join(odd)}")
+        if any(callable(getattr(o, "on_checkpoint", None)) for o in _observers(observers)):
+            raise ValueError("split-KV decoding (splits= / cache_seqlens=) records no checkpoints for observers: "
+                             "fa_sim.crosscheck.simulate_splitkv_with_checkpoints runs the split kernel's debug build")
         o_bits, lse, counts, plan = simulate_splitkv(inputs, prob, 1 if splits is None else splits, cache_seqlens,
                                                      _observers(observers), tensorcore.resolve(mma_model), num_sms,
                                                      pack_gqa)
@@ -248,9 +251,6 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
                          seconds=time.perf_counter() - start, config=prob.config, causal=prob.causal,
                          scale=prob.scale, splits=plan.splits)
     front = choose_front_end(engine, kernel, prob.config, mutation, problem=prob)
-    if packed and any(callable(getattr(o, "on_checkpoint", None)) for o in _observers(observers)):
-        raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded (fa2_fwd.cu's FA_VARLEN build "
-                         "has no debug build): pass observers without on_checkpoint, or run the sequence alone")
     if isinstance(wave_ctas, bool) or not isinstance(wave_ctas, (int, np.integer)) or wave_ctas < 1:
         raise ValueError(f"wave_ctas must be a positive integer, got {wave_ctas!r}")
     if progress is not None and not isinstance(progress, (bool, np.bool_)):

@@ -35,8 +35,9 @@ or False force it.
 
 Features: GQA (heads_k), softcap, bf16 and the config's schedule options combine with splits; a
 causal mask and a sliding window do not (this kernel's masks are top-left aligned, which for a few
-queries against a long cache hides the cache: FlashAttention-2 decodes with bottom-right alignment),
-nor do checkpoints. Bad input is one ValueError line before any work (`check_splitkv`).
+queries against a long cache hides the cache: FlashAttention-2 decodes with bottom-right alignment).
+The split kernel's debug build (`splitkv_launches(..., checkpoint_ctas=)`, `checkpoint_layout`)
+records the checkpoints of split CTAs for `fa compare --splits` (fa_sim.crosscheck.compare_splitkv). Bad input is one ValueError line before any work (`check_splitkv`).
 
 The engine runs both launches on the PTX (fa_sim.ptx.launch), every lane; observers see launch 1
 (the one with shared memory, barriers and the tensor core; a HazardChecker starts a new report at
@@ -79,6 +80,12 @@ class SplitPlan:
     def caller(self) -> Problem:
         """The problem as the caller gave it (its shapes are O's and LSE's)."""
         return self.unpacked or self.problem
+
+    @property
+    def n_ctas(self) -> int:
+        """CTAs of the split launch (its grid's product)."""
+        x, y, z = self.grid
+        return x * y * z
 
     @property
     def kv_tiles(self) -> int:
@@ -187,7 +194,7 @@ def check_splitkv(prob: Problem, splits, cache_seqlens, num_sms: int | None = No
     """The split-KV launch of `prob` (k, v's Nk = the cache's allocated length), or one ValueError line:
     splits an integer >= 1 and at most the cache's K/V tiles, or "auto"; cache_seqlens None or int32
     [B] with values 1 .. Nk (numpy, or anything numpy reads: torch tensors are read on the host); no
-    causal mask, window or checkpoints; pack_gqa None, True or False (module docstring)."""
+    causal mask or window; pack_gqa None, True or False (module docstring)."""
     if prob.causal or prob.has_window:
         raise ValueError("split-KV decoding (splits= / cache_seqlens=) takes no causal mask or window: this "
                          "kernel's masks are top-left aligned (docs/features.md); drop causal / window")
@@ -248,10 +255,11 @@ def workspace_shapes(plan: SplitPlan) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.ndarray,
-                     arch: str = "sm_80") -> tuple[list[KernelLaunch], dict]:
+                     arch: str = "sm_80", checkpoint_ctas=None) -> tuple[list[KernelLaunch], dict]:
     """(the launches in order: the split kernel, and the combine when splits > 1; the arrays
     {o, lse, o_accum, lse_accum}) of the checked plan on the host inputs (16-bit: float16, or bf16
-    as uint16 patterns)."""
+    as uint16 patterns). `checkpoint_ctas` (linear ids of the split grid, `SplitPlan.cta`): the split
+    kernel's debug build records them, in the array "checkpoints" (`checkpoint_layout`)."""
     p = plan.problem
     b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
     q16 = q16.reshape(b, h, nq, d)  # GQA packed: the same memory read as H_k heads of g * Nq rows
@@ -260,34 +268,48 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
     oa_shape, la_shape = workspace_shapes(plan)
     o_accum, lse_accum = np.zeros(oa_shape, np.float32), np.zeros(la_shape, np.float32)
     build = split_build(p, arch)
+    args = [q16, k16, v16, o, lse, np.int32(nq), np.int32(p.seqlen_k), np.float32(p.scale), plan.cache_seqlens,
+            np.int32(h), o_accum, lse_accum]
+    arrays = {"o": o, "lse": lse, "o_accum": o_accum, "lse_accum": lse_accum}
+    if checkpoint_ctas is not None:
+        from .checkpoints import selection_map
+
+        build = replace(build, checkpoints=True)
+        layout = checkpoint_layout(plan)
+        arrays["checkpoints"] = layout.empty(len(checkpoint_ctas))
+        args += [arrays["checkpoints"], selection_map(list(checkpoint_ctas), plan.n_ctas), np.int32(layout.n_rounds)]
     launches = [KernelLaunch(KERNEL_NAME, str(SEED_PATH), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
-                            [q16, k16, v16, o, lse, np.int32(nq), np.int32(p.seqlen_k), np.float32(p.scale),
-                             plan.cache_seqlens, np.int32(h), o_accum, lse_accum], build.macros(),
+                            args, build.macros(),
                             # grid y is bh: its branches read only cache_seqlens[bh / heads] (the K/V length)
                             (1,) if len(set(np.asarray(plan.cache_seqlens).tolist())) <= 1 else ())]
     if plan.splits > 1:
         launches.append(KernelLaunch(COMBINE_KERNEL, str(COMBINE_PATH), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
                                     [o_accum, lse_accum, o, lse, np.int32(b * h * nq), np.int32(plan.splits)],
                                     combine_macros(d, p.config.dtype)))
-    return launches, {"o": o, "lse": lse, "o_accum": o_accum, "lse_accum": lse_accum}
+    return launches, arrays
 
 
-def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tuple, mma_model,
-                     num_sms: int | None = None, pack_gqa: bool | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, dict, SplitPlan]:
-    """fa_sim.simulate's split-KV path (its inputs checked, its problem made): both launches on the
-    PTX engine. -> (O's 16-bit patterns [B, H, Nq, d] uint16 (fp16 or bf16), LSE [B, H, Nq] float32,
-    the warp instructions of both launches summed per (class, phase, round): launch 2's in the phase
-    'combine', the plan)."""
+def checkpoint_layout(plan: SplitPlan):
+    """The split kernel's checkpoint buffer (fa_sim/checkpoints.py): blocks_per_split rounds, round t
+    a split's t-th K/V block; a CTA runs `SplitPlan.cta(c)[4]` of them (0: an empty split records
+    nothing), and with splits > 1 writes no sO image (it stores its partial O from registers)."""
+    from .checkpoints import CheckpointLayout
+
+    return CheckpointLayout(plan.problem.config, plan.blocks_per_split)
+
+
+def run_splitkv(plan: SplitPlan, inputs, observers: tuple = (), mma_model=None, checkpoint_ctas=None):
+    """Both launches of a checked plan on the PTX engine: (the arrays of `splitkv_launches`, the warp
+    instructions of both launches summed per (class, phase, round): launch 2's in the phase 'combine')."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .validate import check_bf16_range
 
-    plan = check_splitkv(prob, splits, cache_seqlens, num_sms, pack_gqa)
+    prob = plan.caller
     q16, k16, v16 = (i.host_half(prob.config.dtype) for i in inputs)
     if prob.config.dtype == "bf16":  # uint16 patterns: the values are the high halves of float32
         check_bf16_range([float(np.max(np.abs((x.astype(np.uint32) << np.uint32(16)).view(np.float32))))
                           for x in (q16, k16, v16)], prob.scale, prob.head_dim, prob.seqlen_k)
-    launches, out = splitkv_launches(plan, q16, k16, v16)
+    launches, out = splitkv_launches(plan, q16, k16, v16, checkpoint_ctas=checkpoint_ctas)
     counts: dict = {}
     for launch in launches:
         main = launch.kernel == KERNEL_NAME
@@ -297,6 +319,18 @@ def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tu
         for (op, phase, rnd), n in run.counts.items():
             key = (op, phase if main else "combine", rnd)
             counts[key] = counts.get(key, 0) + n
+    return out, counts
+
+
+def simulate_splitkv(inputs, prob: Problem, splits, cache_seqlens, observers: tuple, mma_model,
+                     num_sms: int | None = None, pack_gqa: bool | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, dict, SplitPlan]:
+    """fa_sim.simulate's split-KV path (its inputs checked, its problem made): both launches on the
+    PTX engine. -> (O's 16-bit patterns [B, H, Nq, d] uint16 (fp16 or bf16), LSE [B, H, Nq] float32,
+    the warp instructions of both launches summed per (class, phase, round): launch 2's in the phase
+    'combine', the plan)."""
+    plan = check_splitkv(prob, splits, cache_seqlens, num_sms, pack_gqa)
+    out, counts = run_splitkv(plan, inputs, observers, mma_model)
     shape = (prob.batch, prob.heads, prob.seqlen_q)  # GQA packed: back to the caller's heads and rows
     return out["o"].reshape(*shape, prob.head_dim), out["lse"].reshape(shape), counts, plan
 

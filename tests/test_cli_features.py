@@ -1,7 +1,8 @@
 """The everyday commands on issue 38's features (docs/features.md, "The commands"): `fa trace` and
 `fa banks` on packed batches (--seqlens, a packed --npz), `fa compare --gpu-npz` replaying
 recordings (saved-run format 4) of GQA, window, softcap and bf16 runs, and the one-line refusals
-where the kernel has no checkpoint build (fa compare with a packed batch or split-KV).
+with --backward (fa compare on a packed batch and on split-KV: tests/test_compare_packed.py,
+tests/test_compare_splitkv.py).
 
 The recordings here are made by the simulator (the PTX engine with the H200 tensor-core model,
 what `fa compare` runs against the GPU), so the replay path is checked on the CPU;
@@ -66,7 +67,7 @@ def test_trace_of_a_packed_lane_is_that_of_its_sequence_alone(tmp_path):
     assert packed["launch"]["cu_seqlens_q"] == [0, 5, 75] and "packed" not in dense
     mma = [[s["values"] for s in t["steps"] if s["op"] == "HMMA"] for t in (packed, dense)]
     assert mma[0] and mma[0] == mma[1]
-    assert packed["state"] == {}  # FA_VARLEN has no checkpoint build: no S/m/l/P/O sections
+    assert packed["state"] == {}  # fa trace runs the packed normal build: no S/m/l/P/O sections
 
 
 def test_trace_of_a_packed_batch_refuses_ctas_and_rounds_it_does_not_run(capsys):
@@ -226,9 +227,7 @@ def test_a_bf16_recording_holds_bf16_values(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--seqlens", "5,70"], "--seqlens does not apply to fa compare: fa2_fwd.cu's FA_VARLEN has no checkpoint build"),
-    (["--splits", "2"], "--splits does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build"),
-    (["--cache-seqlens", "30"], "--cache-seqlens does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV"),
+    (["--splits", "2", "--backward"], "--splits does not apply with --backward"),
     (["--seqlens", "5,70", "--backward"], "--seqlens does not apply with --backward"),
 ])
 def test_compare_refuses_what_has_no_checkpoint_build(capsys, argv, message):
@@ -319,9 +318,9 @@ def test_pack_gqa_needs_split_kv(capsys, command):
         "--pack-gqa auto applies to split-KV decoding only: give --splits N|auto or --cache-seqlens with it")
 
 
-def test_compare_refuses_pack_gqa(capsys):
-    assert "--pack-gqa does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build" in \
-        _refused(["compare", "--pack-gqa", "on"], capsys)
+def test_compare_refuses_pack_gqa_alone(capsys):
+    assert _refused(["compare", "--pack-gqa", "on"], capsys).endswith(
+        "--pack-gqa on applies to split-KV decoding only: give --splits N|auto or --cache-seqlens with it")
 
 
 # -- fa hw --npz / --seqlens, the GPU stood in for by the simulator ---------------------------------------------
@@ -473,7 +472,7 @@ def test_trace_of_a_split_lane_is_that_of_its_keys_in_the_unsplit_launch():
     (mma, ldsm), (want_mma, want_ldsm) = _qk(split), _qk(dense)
     assert mma and mma == want_mma and ldsm and ldsm == want_ldsm
     assert {c[1] for _, coords in mma for c in coords} <= set(range(192, 256))
-    assert split["state"] == {}  # FA_SPLITKV has no checkpoint build
+    assert split["state"] == {}  # fa trace runs the split launch's normal build
 
 
 def test_trace_of_a_gqa_packed_split_names_the_group():

@@ -15,6 +15,8 @@ mma_model="h200".
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -254,8 +256,10 @@ def test_fa_hw_refuses_bad_splits_before_any_device_call(monkeypatch):
     q, k, v = _inputs(2, 2, 2, 1, 300)
     for kwargs, fragment in ((dict(splits=9), "splits must be an integer from 1 to 5"),
                              (dict(splits=2, cache_seqlens=np.array([1, 2], np.int64)), "cache_seqlens must be int32"),
-                             (dict(splits=2, checkpoint_ctas=[0]), "without checkpoint_ctas")):
-        with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+                             (dict(splits=2, checkpoint_ctas=[0, 8]), "checkpoint_ctas must be distinct integer "
+                                                                       "CTA ids in 0..7, got [0, 8]"),
+                             (dict(splits=2, kernel="x.cu"), "runs fa_hw's own kernel without kernel=")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
             fa_hw.forward(q, k, v, **kwargs)
 
 

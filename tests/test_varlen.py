@@ -119,17 +119,10 @@ def test_bad_packed_input_is_one_line(over, fragment):
     assert fragment in msg and "\n" not in msg, msg
 
 
-def test_packed_inputs_need_rank_3_and_no_checkpoints():
+def test_packed_inputs_need_rank_3():
     q, k, v, cq, ck = _packed()
     with pytest.raises(ValueError, match=r"q of a packed batch \(cu_seqlens\) must have rank 3 \[total_q, heads, "):
         simulate(q[None], k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)
-
-    class Checkpoints:
-        def on_checkpoint(self, ev):
-            pass
-
-    with pytest.raises(ValueError, match="checkpoints of a packed batch"):
-        simulate(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, observers=[Checkpoints()])
 
 
 # -- GPU: fa_hw.forward packed --------------------------------------------------------------------------
@@ -191,8 +184,8 @@ def test_cli_sim_runs_a_packed_file(tmp_path, capsys):
     (["sim", "--engine", "program"], {}, "--engine program does not run a packed batch"),
     (["trace", "--engine", "program"], {}, "--engine program does not run a packed batch"),
     (["banks", "--seqlen", "9"], {}, "--seqlen does not apply with --npz"),
-    (["compare"], {}, "holds a packed batch (cu_seqlens_q, cu_seqlens_k), which does not apply to fa compare: "
-                      "fa2_fwd.cu's FA_VARLEN has no checkpoint build"),
+    (["compare", "--banks"], {}, "--banks does not apply to a packed batch (--seqlens or an --npz file's "
+                                 "cu_seqlens)"),
 ])
 def test_cli_refuses_bad_packed_files_in_one_line(tmp_path, capsys, argv, over, fragment):
     from fa_sim.cli import main

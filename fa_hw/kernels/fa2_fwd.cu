@@ -179,14 +179,14 @@ typedef unsigned long long u64;
 #ifndef FA_VARLEN
 #define FA_VARLEN 0
 #endif
-#if FA_VARLEN && FA_CHECKPOINTS
-#error "FA_VARLEN has no debug build: the checkpoint buffer is indexed by the dense grid"
-#endif
+// FA_CHECKPOINTS with FA_VARLEN (FA_SPLITKV): a CTA records under its linear id blockIdx.x + n_m_blocks
+// * (h + H * b) (* (bh + B * H * split)), at sequence b's coordinates (split: round t = the split's t-th
+// K/V block; with splits > 1 no sO image); a CTA that exits at once (an empty split) records none.
 #ifndef FA_SPLITKV
 #define FA_SPLITKV 0
 #endif
-#if FA_SPLITKV && (FA_CAUSAL || FA_WINDOW_LEFT >= 0 || FA_WINDOW_RIGHT >= 0 || FA_CHECKPOINTS)
-#error "FA_SPLITKV (decoding against a KV cache) takes no causal mask, window or checkpoints"
+#if FA_SPLITKV && (FA_CAUSAL || FA_WINDOW_LEFT >= 0 || FA_WINDOW_RIGHT >= 0)
+#error "FA_SPLITKV (decoding against a KV cache) takes no causal mask or window"
 #endif
 #if FA_SPLITKV && FA_VARLEN
 #error "FA_SPLITKV and FA_VARLEN both index blockIdx.z: split-KV takes a padded batch, not cu_seqlens"
@@ -906,7 +906,7 @@ fa2_fwd_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const u32 oK = smem_off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const u32 oV = smem_off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
 #if FA_CHECKPOINTS
-  const int sel = ck_sel[m_block + gridDim.x * bh];
+  const int sel = ck_sel[m_block + gridDim.x * (bh + (FA_VARLEN || FA_SPLITKV ? gridDim.y * blockIdx.z : 0))];  // z: b or split
   const CkSink ck{sel < 0 ? nullptr : ck_buf + (u64)sel * FA_CK_COUNT * n_rounds * kThreads * kCkWords, n_rounds};
   if (kPitch != kHeadDim) {  // padded rows: zero the padding so tile images are deterministic
     for (int i = threadIdx.x; i < FA_SMEM_BYTES / 4; i += kThreads) reinterpret_cast<u32*>(smem)[i] = 0u;

@@ -13,8 +13,15 @@ float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless -
 compares against such a file instead of launching, so the comparison runs on machines without a
 GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
 with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
---npz file) and split-KV decoding (--splits, --cache-seqlens) are refused in one line: fa2_fwd.cu
-has no checkpoint build for them (docs/features.md, "The commands"). `--banks` sets the
+--npz file) is compared live, checkpoint by checkpoint (FA_VARLEN's debug build on both sides; the
+simulator's side on the PTX engine): each CTA at its sequence's coordinates, CTA ids those of the
+packed grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b), default the first and
+the last CTA that runs (not with --save, --banks, --timing or --config auto). Split-KV decoding
+(--splits N|auto, --cache-seqlens, --pack-gqa) is compared live too: the split kernel's debug build
+(FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of --ctas (ids of the split grid,
+blockIdx.x + n_m_blocks (bh + B H split), default the first and the last that run; round t a split's
+t-th K/V block; with splits > 1 no sO), then every split's partial O and LSE (the fp32 workspace)
+and the combine's O and LSE, all bit for bit (docs/features.md, "The commands"). `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
 take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
@@ -59,6 +66,10 @@ from .common import (
     add_seqlens_argument,
     add_splitkv_arguments,
     add_config_arguments,
+    packed_engine,
+    packed_inputs,
+    packed_problem,
+    packed_random_inputs,
     checkpoint_ctas_option,
     add_engine_arguments,
     add_problem_arguments,
@@ -72,15 +83,15 @@ from .common import (
     front_end,
     heads_k,
     kernel_from_args,
-    file_inputs,
     inputs_head_dim,
     option_name,
     problem_shape,
     refuse,
     run_inputs,
+    splitkv,
 )
 from .backward import add_backward_arguments
-from .inputs import HelpFormatter, add_inputs_argument, inputs_option, load_npz
+from .inputs import HelpFormatter, add_inputs_argument, load_npz
 from .outputs import Kind, Output, atomic_path, check_outputs
 from .preflight import announce, check_engine, problem_of, qkv_shapes
 
@@ -209,10 +220,9 @@ def _launch(args, save: Output | None):
     """Every check (commands/preflight.py), then the inputs, then the GPU run."""
     import fa_hw
 
-    files = file_inputs(args, packed=True)
+    files = packed_inputs(args, None)  # args.cu_seqlens: a packed --npz file's offsets or --seqlens'
     if args.cu_seqlens is not None:
-        raise UsageError(f"{inputs_option(args)} {args.npz} holds a packed batch (cu_seqlens_q, cu_seqlens_k), which "
-                         f"{NO_PACKED[:NO_PACKED.index(', and fa sim')]}")
+        return _launch_packed(args, save, files)
     d = inputs_head_dim(args, files)
     check_scale(args, d)
     shapes = ([tuple(np.shape(x)) for x in files] if files is not None
@@ -251,6 +261,50 @@ def _launch(args, save: Output | None):
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, features(args)
 
 
+def _launch_packed(args, save: Output | None, files):
+    """A packed batch (fa2_fwd.cu's FA_VARLEN debug build on both sides): every check, then the inputs
+    (the --npz file's, or random ones of --seqlens), then the GPU run."""
+    import fa_hw
+
+    packed_engine(args)  # the PTX engine runs FA_VARLEN; --engine program refused in one line
+    if save is not None:
+        raise UsageError("--save does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): the "
+                         "saved-run format holds dense inputs; compare it live")
+    for flag in ("banks", "timing"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): "
+                             f"fa banks / fa time --seqlens give the simulator's side; drop --{flag}")
+    if auto_requested(args):
+        raise UsageError("--config auto does not apply to a packed batch in fa compare: name a config tag (or "
+                         "drop --config for the default)")
+    d = inputs_head_dim(args, files)
+    check_scale(args, d)
+    config = config_from_args(args, head_dim=d)
+    prob = packed_problem(args, files, config)  # the offsets, heads_k, the features: one line each
+    ctas = checkpoint_ctas_option(args.ctas, prob.n_ctas, None if args.ctas is not None else _default_packed(prob))
+    kernel = kernel_from_args(args)
+    front = _front(args, config, kernel, args.softcap)
+    if files is None:
+        check_input_memory(args)
+    from fa_hw.runtime import check_launch
+
+    check_launch(config, args.causal, kernel, checkpoints=True)
+    announce("compare", prob, SIM_MMA, reference=False)
+    q, k, v = files if files is not None else packed_random_inputs(args, prob, config.dtype)
+    cu = {"cu_seqlens_q": args.cu_seqlens[0], "cu_seqlens_k": args.cu_seqlens[1]}
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
+                        kernel=kernel, **features(args), **cu)
+    return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, \
+        {**features(args), **cu}
+
+
+def _default_packed(prob: Problem) -> list[int]:
+    """The default CTAs of a packed launch: the first and the last that run (a CTA whose Q block is
+    past its sequence's end exits at once and records nothing)."""
+    live = np.flatnonzero(prob.rounds_per_cta(np.arange(prob.n_ctas)) > 0)
+    return sorted({int(live[0]), int(live[-1])})
+
+
 def _front(args, config, recorded, softcap=None):
     """The simulator's front end for this run (the kernel the GPU ran, if any: --kernel's or the
     recording's), checked now (commands/preflight.check_engine: a PTX program is compiled)."""
@@ -262,24 +316,68 @@ def _front(args, config, recorded, softcap=None):
     return front
 
 
-NO_PACKED = ("does not apply to fa compare: fa2_fwd.cu's FA_VARLEN has no checkpoint build (#error FA_VARLEN && "
-             "FA_CHECKPOINTS); a packed launch equals each sequence's dense launch bit for bit, so compare one "
-             "sequence (--seqlen Nq_b --seqlen-k Nk_b), and fa sim / fa trace / fa banks --seqlens run the packed "
-             "build")
+def _run_split(args, split: dict) -> int:
+    """Split-KV decoding (`split`: commands/common.splitkv): the split kernel's debug build on the GPU
+    and on the PTX engine for the CTAs of --ctas (ids of the split grid, default the first and the
+    last that run), then the workspace and the combine's O and LSE; every check before the inputs."""
+    import fa_hw
+
+    for dest, flag in (("save", "--save"), ("gpu_npz", "--gpu-npz"), ("banks", "--banks"), ("timing", "--timing")):
+        if getattr(args, dest):
+            raise UsageError(f"{flag} does not apply to split-KV decoding (--splits / --cache-seqlens): fa compare runs "
+                             f"it live, checkpoint by checkpoint; drop {flag}")
+    if auto_requested(args) or args.kernel is not None:
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --config auto "
+                         "or --kernel")
+    if args.engine == "program":
+        raise UsageError("--engine program does not run split-KV decoding: the PTX engine runs fa2_fwd.cu's FA_SPLITKV "
+                         "and fa2_combine.cu; drop --engine")
+    files = packed_inputs(args, split)  # a packed batch with splits: one line
+    d = inputs_head_dim(args, files)
+    check_scale(args, d)
+    config = config_from_args(args, head_dim=d)
+    shapes = ([tuple(np.shape(x)) for x in files] if files is not None
+              else qkv_shapes(problem_shape(args), heads_k(args)))
+    from ..splitkv import check_splitkv
+
+    try:
+        prob = problem_of(shapes, False, args.scale, config, **features(args))
+        sms = None
+        if split["splits"] == "auto":  # the GPU's choice: its SM count
+            from fa_hw.device import device
+
+            sms = device().properties.multiprocessor_count
+        plan = check_splitkv(prob, split["splits"], split["cache_seqlens"], sms, split.get("pack_gqa"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    live = [c for c in range(plan.n_ctas) if plan.cta(c)[4] > 0]
+    ctas = checkpoint_ctas_option(args.ctas, plan.n_ctas, None if args.ctas is not None else sorted({live[0], live[-1]}))
+    if files is None:
+        check_input_memory(args)
+    from fa_hw.runtime import check_launch
+
+    check_launch(config, False, None, checkpoints=True)
+    announce("compare", prob, SIM_MMA, reference=False)
+    q, k, v = run_inputs(args, config, files)
+    pack = {} if "pack_gqa" not in split else {"pack_gqa": split["pack_gqa"]}
+    out = fa_hw.forward(q, k, v, causal=False, scale=args.scale, config=config, checkpoint_ctas=ctas,
+                        **features(args), splits=plan.splits, cache_seqlens=split["cache_seqlens"], **pack)
+    from ..crosscheck import SplitRun, build_splitkv_report, simulate_splitkv_with_checkpoints
+
+    work = out.workspace
+    gpu = SplitRun(out.o, out.lse, work[0], work[1], out.checkpoints)
+    sim, sim_plan = simulate_splitkv_with_checkpoints(q, k, v, out.scale, config, ctas, plan.splits,
+                                                      split["cache_seqlens"], split.get("pack_gqa"), args.softcap)
+    report = build_splitkv_report(q, k, sim_plan, ctas, sim, gpu)
+    print(json.dumps(report.to_json()) if args.json else format_report(report))
+    return 0 if report.ok else 1
 
 
 def _refuse_without_checkpoints(args) -> None:
-    """fa compare compares the checkpoints of fa2_fwd.cu's debug build (FA_CHECKPOINTS), which the
-    kernel refuses to build with a packed batch or split-KV (#error): one line each, naming what
-    works instead."""
-    if args.seqlens is not None:
-        raise UsageError(f"--seqlens {NO_PACKED}")
-    if args.splits is not None or args.cache_seqlens is not None or args.pack_gqa is not None:
-        given = ("--splits" if args.splits is not None else "--cache-seqlens" if args.cache_seqlens is not None
-                 else "--pack-gqa")
-        raise UsageError(f"{given} does not apply to fa compare: fa2_fwd.cu's FA_SPLITKV has no checkpoint build "
-                         "(#error FA_SPLITKV && FA_CHECKPOINTS); a split is the unsplit kernel on its keys, so compare "
-                         "that (--seqlen-k L), and fa sim --splits runs the split and combine launches")
+    """A recording holds a dense batch: --seqlens with --gpu-npz in one line."""
+    if args.seqlens is not None and args.gpu_npz is not None:
+        raise UsageError("--seqlens does not apply with --gpu-npz, whose recording holds the inputs (a recording is "
+                         "of a dense batch: compare a packed batch live)")
 
 
 def run(args) -> int:
@@ -290,6 +388,9 @@ def run(args) -> int:
         from .backward_gpu import compare
         return compare(args)
     _refuse_without_checkpoints(args)
+    split = splitkv(args)  # --splits, --cache-seqlens (or the --npz file's), --pack-gqa (alone: refused)
+    if split:
+        return _run_split(args, split)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     if args.gpu_npz is not None:
         (q, k, v), config, causal, ctas, gpu, recorded, feats = _replay(args)

@@ -58,7 +58,7 @@ def run_trace(config: KernelConfig, filter: TraceFilter, problem: Problem = Prob
               cu_seqlens=None, splits=None, cache_seqlens=None, pack_gqa=None) -> Trace:
     """The trace of a run; a packed batch (`cu_seqlens`) and split-KV decoding (`splits`, `cache_seqlens`,
     `pack_gqa`: the trace of its split launch) record their instructions only (InstructionRecorder: the
-    FA_VARLEN and FA_SPLITKV builds have no checkpoints)."""
+    trace runs FA_VARLEN's and FA_SPLITKV's normal builds; fa compare runs their debug builds)."""
     split = splits is not None or cache_seqlens is not None
     recorder = (TraceRecorder if cu_seqlens is None and not split else InstructionRecorder)(filter)
     q, k, v = problem.inputs() if inputs is None else inputs

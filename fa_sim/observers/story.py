@@ -140,12 +140,14 @@ def split_header(launch: dict, cta: int) -> str | None:
     return None if plan is None else f"split-KV, {plan.describe_cta(cta)}"
 
 
-SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa2_fwd.cu's "
-              "FA_SPLITKV has no checkpoint build (the registers written are in the steps)")
+SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa trace runs "
+              "the split launch's normal build (the registers written are in the steps; fa compare --splits runs "
+              "its checkpoint build)")
 
 
-PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa2_fwd.cu's "
-               "FA_VARLEN has no checkpoint build (the registers written are in the steps)")
+PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa trace runs "
+               "the packed batch's normal build (the registers written are in the steps; fa compare --seqlens "
+               "runs its checkpoint build)")
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int, kv0: int = 0) -> int:

@@ -294,8 +294,8 @@ class TraceRecorder:
 
 
 class InstructionRecorder(TraceRecorder):
-    """A TraceRecorder of the instructions only, for launches that have no checkpoint build: a packed
-    batch (fa2_fwd.cu's FA_VARLEN refuses FA_CHECKPOINTS, and fa_sim.simulate refuses checkpoint
-    observers with cu_seqlens). Its traces have no checkpoint records."""
+    """A TraceRecorder of the instructions only, for launches traced without their checkpoint build: a
+    packed batch (fa trace runs FA_VARLEN's normal build; fa compare runs its debug build) and split-KV
+    decoding (likewise FA_SPLITKV's; fa compare --splits runs its debug build). Its traces have no checkpoint records."""
 
     on_checkpoint = None  # not a hook: the run asks for no checkpoints

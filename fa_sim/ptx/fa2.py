@@ -90,9 +90,6 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
                                                                                       prob.cu_seqlens)]
     ck = None
     if sel is not None:
-        if prob.varlen:
-            raise ValueError("checkpoints of a packed batch (cu_seqlens) are not recorded: fa2_fwd.cu's FA_VARLEN "
-                             "build has no debug build; run the sequence alone for its checkpoints")
         layout = CheckpointLayout(cfg, prob.n_rounds)
         ck = memory.alloc("ck_buf", layout.empty(len(sel)))
         slot = np.full(prob.n_ctas, -1, np.int32)
@@ -129,11 +126,12 @@ def _pack(program: Program, args: list) -> bytes:
 
 def _emit_checkpoints(prob: Problem, hub: Hub, buf: np.ndarray, sel: np.ndarray) -> None:
     """The debug build's buffer [slot, checkpoint, round, thread, word] as CheckpointEvents."""
-    rounds = prob.n_rounds_of(sel % prob.n_m_blocks)  # [S] rounds each selected Q block ran
+    # [S] rounds each selected Q block ran (packed: its sequence's; 0 for a CTA that exits at once)
+    rounds = prob.rounds_per_cta(prob.q_block_index(sel))
     for ck_i, ck in enumerate(CHECKPOINTS):
         for rnd in range(1 if ck in ROUND0_ONLY else prob.n_rounds):
             listeners = hub.checkpoint_listeners(ck, rnd)
-            ran = np.ones(len(sel), bool) if ck in ROUND0_ONLY else rounds > rnd
+            ran = rounds > rnd
             if listeners and ran.any():
                 ev = CheckpointEvent(ck, rnd, sel[ran], np.ascontiguousarray(buf[ran, ck_i, rnd]))
                 hub.emit_checkpoint(listeners, ev)

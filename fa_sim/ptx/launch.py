@@ -249,7 +249,8 @@ def attention_launch(problem, args: Sequence):
     tiles (sQ, sK, sV) and global rows (Q, K, V, O, LSE, split-KV's O_ACCUM, LSE_ACCUM) as the
     attention front end's do. -> (problem, plan or None, the buffers' names, labels); one ValueError
     when the arrays are not the kernel's buffers (q, k, v, o, lse, a packed batch's cu_seqlens_q,
-    cu_seqlens_k, split-KV's cache_seqlens, o_accum, lse_accum, in parameter order)."""
+    cu_seqlens_k, split-KV's cache_seqlens, o_accum, lse_accum, the debug build's ck_buf, ck_sel, in
+    parameter order)."""
     from ..kernels import FA2Labels
     from ..kernels.labels import ACCUM_LSE, ACCUM_O
     from ..problem import Problem
@@ -263,6 +264,8 @@ def attention_launch(problem, args: Sequence):
     names = ("q", "k", "v", "o", "lse") + (("cu_seqlens_q", "cu_seqlens_k") if problem.varlen else ()) + (
         ("cache_seqlens", "o_accum", "lse_accum") if split is not None else ())
     arrays = sum(isinstance(a, np.ndarray) for a in args)
+    if arrays == len(names) + 2:  # the debug build (FA_CHECKPOINTS): its buffer and CTA selection last
+        names += ("ck_buf", "ck_sel")
     if arrays != len(names):
         raise ValueError(f"problem= makes this a launch of fa2_fwd_kernel, whose {len(names)} buffers are "
                          f"{', '.join(names)}; got {arrays} array arguments")
