@@ -67,7 +67,9 @@ def test_trace_of_a_packed_lane_is_that_of_its_sequence_alone(tmp_path):
     assert packed["launch"]["cu_seqlens_q"] == [0, 5, 75] and "packed" not in dense
     mma = [[s["values"] for s in t["steps"] if s["op"] == "HMMA"] for t in (packed, dense)]
     assert mma[0] and mma[0] == mma[1]
-    assert packed["state"] == {}  # fa trace runs the packed normal build: no S/m/l/P/O sections
+    # the packed checkpoint build's S, m, l, P, O slots at the sequence's coordinates: the dense launch's
+    assert set(packed["state"]) >= {"s_acc", "s_masked", "row_max", "row_sum", "p_f16", "o_acc", "o_final"}
+    assert packed["state"] == dense["state"]
 
 
 def test_trace_of_a_packed_batch_refuses_ctas_and_rounds_it_does_not_run(capsys):
@@ -472,7 +474,9 @@ def test_trace_of_a_split_lane_is_that_of_its_keys_in_the_unsplit_launch():
     (mma, ldsm), (want_mma, want_ldsm) = _qk(split), _qk(dense)
     assert mma and mma == want_mma and ldsm and ldsm == want_ldsm
     assert {c[1] for _, coords in mma for c in coords} <= set(range(192, 256))
-    assert split["state"] == {}  # fa trace runs the split launch's normal build
+    # the split checkpoint build's scores at the cache's keys: the unsplit launch's round 3 (its m, l, P, O
+    # run over the split's keys only: tests/test_trace_packed_split.py)
+    assert split["state"]["s_acc"] == dense["state"]["s_acc"] and split["state"]["s_acc"]
 
 
 def test_trace_of_a_gqa_packed_split_names_the_group():

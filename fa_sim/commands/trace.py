@@ -93,6 +93,13 @@ def register(subparsers) -> None:
                         "0 .. 32 * warps - 1)")
     p.add_argument("--round", type=int_in("--round", 0), default=0,
                    help="K/V iteration t (default 0; 0 .. the CTA's rounds - 1)")
+    p.add_argument("--sequence", type=int_in("--sequence", 0), default=None,
+                   help="a packed batch's sequence (--seqlens, or an --npz with cu_seqlens); --cta then counts the "
+                        "sequence's CTAs, blockIdx.x + ceil(max Nq/block_m) * head (default: --cta is the grid's; "
+                        "0 .. sequences-1)")
+    p.add_argument("--split", type=int_in("--split", 0), default=None,
+                   help="split-KV's split (--splits); --cta then counts the split's CTAs, blockIdx.x + "
+                        "ceil(Nq/block_m) * (batch * H + head) (default: --cta is the grid's; 0 .. splits-1)")
     add_problem_arguments(p, scale=False)
     add_config_arguments(p)
     add_engine_arguments(p)
@@ -145,9 +152,25 @@ def _round_error(launch: Problem, cta: int, rnd: int) -> UsageError | None:
     return UsageError(f"--round {rnd} is not a round of {who}: it runs {runs}; {why}")
 
 
+def _within(args, option: str, index: int, count: int, per: int, what: str, cta_text: str) -> None:
+    """--sequence / --split: check the index and --cta within it (`per` CTAs each), then make args.cta
+    the grid's linear id."""
+    if index >= count:
+        raise UsageError(f"{option} {index} is outside the {what}: {count} of them, 0..{count - 1}")
+    if args.cta >= per:
+        raise UsageError(f"--cta {args.cta} is outside {option} {index}'s CTAs: with {option}, --cta is {cta_text}, "
+                         f"0..{per - 1}")
+    args.cta += per * index
+
+
 def _check_split_selection(args, plan) -> tuple[int, int]:
     """(warp, lane) after checking CTA, warp, lane, thread and round against split-KV's split launch
-    (fa_sim.splitkv.SplitPlan: a CTA's rounds are its split's K/V blocks of its sequence)."""
+    (fa_sim.splitkv.SplitPlan: a CTA's rounds are its split's K/V blocks of its sequence); --split S
+    makes --cta the S-th split's CTA."""
+    x, y, z = plan.grid
+    if args.split is not None:
+        _within(args, "--split", args.split, z, x * y, f"split launch's splits (--splits {z})",
+                f"blockIdx.x + {x} * (batch * H + head) ({x} Q blocks x {y} batch-heads)")
     n_ctas = int(np.prod(plan.grid))
     if args.cta >= n_ctas:
         x, y, z = plan.grid
@@ -165,8 +188,13 @@ def _check_split_selection(args, plan) -> tuple[int, int]:
 
 
 def _check_selection(args, prob: Problem) -> tuple[int, int]:
-    """(warp, lane) after checking CTA, warp, lane, thread and round against the grid."""
+    """(warp, lane) after checking CTA, warp, lane, thread and round against the grid; a packed
+    batch's --sequence S makes --cta the S-th sequence's CTA."""
     cfg = prob.config
+    if args.sequence is not None:
+        _within(args, "--sequence", args.sequence, prob.batch, prob.n_m_blocks * prob.heads, "packed batch's sequences",
+                f"blockIdx.x + {prob.n_m_blocks} * head ({prob.n_m_blocks} Q blocks of the longest sequence x "
+                f"{prob.heads} heads)")
     if args.cta >= prob.n_ctas:
         grid = (f" (grid {prob.n_m_blocks} Q blocks of the longest sequence x {prob.heads} heads x {prob.batch} "
                 f"sequences)" if prob.varlen else "")
@@ -183,16 +211,21 @@ def run(args) -> int:
     from ..observers.trace import TraceFilter
     from . import backward
 
-    backward.check_options(args, ("ops", "save", "perfetto", "kernel"))
+    backward.check_options(args, ("ops", "save", "perfetto", "kernel", "sequence", "split"))
     if args.backward:
         return backward.trace(args)
     kernel_from_args(args)  # the file, before anything is read or made
     ops = parse_ops(args.ops)  # before any work: an empty list would trace nothing
     split = splitkv(args)  # split-KV decoding: the split launch (FA_SPLITKV) is traced
+    if args.split is not None and not split:
+        raise UsageError("--split applies to split-KV decoding only (--splits N|auto or --cache-seqlens)")
     if split and (args.engine == "program" or args.kernel is not None):
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa2_fwd.cu and fa2_combine.cu on the PTX "
                          "engine, here: without --engine program or --kernel")
     inputs = packed_inputs(args, split)  # None: random, drawn after the checks; args.cu_seqlens of a packed batch
+    if args.sequence is not None and args.cu_seqlens is None:
+        raise UsageError("--sequence applies to a packed batch only (--seqlens, or an --npz file with cu_seqlens_q "
+                         "and cu_seqlens_k)")
     cfg = config_from_args(args, head_dim=inputs_head_dim(args, inputs))
     save = None if args.save is None else Output("--save", Path(args.save), Kind.DIR, ARCHIVE_FILES)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)

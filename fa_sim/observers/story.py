@@ -9,7 +9,7 @@ their global (query, key) or (query, d) coordinates with the closed-form maps of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,6 +72,8 @@ class LaneStory:
     launch: dict
     steps: tuple[Step, ...]
     state: dict  # Checkpoint value -> tuple[Slot, ...]
+    coordinates: str | None = None  # a packed or split lane's rows and keys in words (lane_coordinates)
+    combine: tuple = ()  # split-KV: CombineRow of each of the lane's rows (combine_rows)
 
     @property
     def partners(self) -> list[int]:
@@ -140,14 +142,142 @@ def split_header(launch: dict, cta: int) -> str | None:
     return None if plan is None else f"split-KV, {plan.describe_cta(cta)}"
 
 
-SPLIT_NOTE = ("key coordinates are the cache's (block first + round); no S/m/l/P/O sections: fa trace runs "
-              "the split launch's normal build (the registers written are in the steps; fa compare --splits runs "
-              "its checkpoint build)")
+SPLIT_NOTE = ("key coordinates are the cache's (block first + round); fa trace runs the split launch's checkpoint "
+              "build (FA_SPLITKV with FA_CHECKPOINTS, as fa compare --splits does)")
 
 
-PACKED_NOTE = ("query and key coordinates count from the sequence's start; no S/m/l/P/O sections: fa trace runs "
-               "the packed batch's normal build (the registers written are in the steps; fa compare --seqlens "
-               "runs its checkpoint build)")
+PACKED_NOTE = ("query and key coordinates count from the sequence's start (the packed rows are in the line below); "
+               "fa trace runs the packed batch's checkpoint build (FA_VARLEN with FA_CHECKPOINTS, as fa compare "
+               "--seqlens does)")
+
+
+def _span(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+
+def lane_coordinates(story: "LaneStory") -> str | None:
+    """A packed or split lane's coordinates in words: the queries of its accumulator rows (a packed
+    batch: in its sequence and as rows of the packed q; split-KV: the batch, Q head and query of each
+    launch row, GQA packed or not) and the keys of the round (a packed batch: the sequence's, and their
+    rows of the packed k, v; split-KV: the cache's, within the split's range). None for a dense launch."""
+    la, cfg = story.launch, config_of(story.launch)
+    plan = split_plan(la)
+    if plan is None and "cu_seqlens_q" not in la:
+        return None
+    thread = 32 * story.warp + story.lane
+    tile_rows = sorted(set(lanemaps.row_slot_rows(cfg, thread, np.arange(cfg.rows_per_thread)).tolist()))
+    rows = [story.m_block * cfg.block_m + r for r in tile_rows]
+    if plan is None:
+        prob = problem_of(la)
+        b = story.cta // (prob.n_m_blocks * prob.heads)
+        (cq, ck), seq = prob.cu_seqlens, prob.sequence(b)
+        nq, nk = seq.seqlen_q, seq.seqlen_k
+        held = [f"query {r} (packed row {cq[b] + r})" for r in rows if r < nq]
+        past = [str(r) for r in rows if r >= nq]
+        k0 = (int(seq.n_block_min(story.m_block)) + story.round) * cfg.block_n
+        k1 = min(k0 + cfg.block_n, nk) - 1
+        keys = (f"round {story.round}'s keys {_span(k0, k1)} of sequence {b} are rows {_span(ck[b] + k0, ck[b] + k1)} "
+                f"of the packed k, v")
+        where = f"sequence {b}'s {nq} queries"
+    else:
+        p = plan.problem
+        _, bh, split, first, n = plan.cta(story.cta)
+        bb, h = divmod(bh, p.heads)
+        length = int(plan.cache_seqlens[bb])
+        nq = p.seqlen_q
+
+        def name(r):
+            if plan.unpacked is None:
+                return f"query {r} (batch {bb}, head {h})"
+            g, n1 = plan.unpacked.kv_group, plan.unpacked.seqlen_q
+            return f"row {r} (batch {bb}, Q head {h * g + r // n1}, query {r % n1})"
+
+        held = [name(r) for r in rows if r < nq]
+        past = [str(r) for r in rows if r >= nq]
+        k0 = (first + story.round) * cfg.block_n
+        keys = (f"round {story.round} runs K/V block {first + story.round}: cache keys {_span(k0, min(k0 + cfg.block_n, length) - 1)}"
+                f" (split {split} covers keys {first * cfg.block_n}..{min((first + n) * cfg.block_n, length) - 1})")
+        where = f"the launch's {nq} row{'s' * (nq != 1)}"
+    text = "lane's rows: " + (", ".join(held) or "none")
+    if past:
+        text += (f"; row{'s' * (len(past) > 1)} {', '.join(past)} {'are' if len(past) > 1 else 'is'} past {where} "
+                 f"(their values are not stored)")
+    return f"{text}; {keys}"
+
+
+@dataclass(frozen=True)
+class CombineRow:
+    """The combine step (fa2_combine.cu) of one launch row of split-KV decoding, from the real run's
+    workspace: the splits' LSEs (lse_accum), m (their max, 0 when all are -inf), the weights w_s =
+    ex2.approx.ftz((lse_s - m) * log2 e) and their sum l in fa2_combine.cu's arithmetic (each operation
+    rounded to fp32, the splits in ascending order: fa_sim.isa.fp32), the final LSE (the run's), and per
+    column c of the lane's O slots the splits' partial O (o_accum) and the final O (the run's, the
+    kernel's 16-bit type as a float)."""
+
+    row: int
+    name: str
+    lse: tuple[float, ...]
+    m: float
+    weights: tuple[float, ...]
+    l: float
+    lse_final: float
+    cols: tuple[tuple[int, tuple[float, ...], float], ...]
+
+
+def combine_weights(lse: np.ndarray) -> tuple[np.float32, np.ndarray, np.float32]:
+    """(m, w [splits], l) of one row's split LSEs, as fa2_combine.cu computes them."""
+    from ..isa.fp32 import LOG2E, ex2_approx_ftz
+
+    lse = np.asarray(lse, np.float32)
+    m = np.float32(lse.max())
+    m = np.float32(0) if m == -np.inf else m
+    w = ex2_approx_ftz(np.float32(lse - m) * LOG2E).astype(np.float32)
+    l = np.float32(0)
+    for x in w:
+        l = np.float32(l + x)
+    return m, w, l
+
+
+def combine_rows(trace: Trace, story: "LaneStory") -> tuple[CombineRow, ...]:
+    """The combine step of the lane's rows below the launch's Nq (split-KV with more than one split;
+    () otherwise): its partial LSEs and weights, and the final O at the lane's O columns."""
+    plan, ws = split_plan(trace.launch), trace.workspace
+    if plan is None or ws is None or plan.splits == 1:
+        return ()
+    cfg, p = config_of(trace.launch), plan.problem
+    thread = 32 * story.warp + story.lane
+    bh = plan.cta(story.cta)[1]
+    rows, cols = lanemaps.acc_coords(cfg, thread, np.arange(cfg.o_values_per_thread))
+    rows = rows + story.m_block * cfg.block_m
+    out = []
+    for r in sorted(set(rows.tolist())):
+        if r >= p.seqlen_q:
+            continue
+        lse = ws.lse_accum[:, bh, r]
+        m, w, l = combine_weights(lse)
+        row_cols = []
+        for c in sorted(set(cols[rows == r].tolist())):
+            final = float(half_value(ws.o[bh, r, c], cfg.dtype))
+            row_cols.append((int(c), tuple(float(x) for x in ws.o_accum[:, bh, r, c]), final))
+        out.append(CombineRow(int(r), _row_name(plan, bh, r), tuple(float(x) for x in lse), float(m),
+                              tuple(float(x) for x in w), float(l), float(ws.lse[bh, r]), tuple(row_cols)))
+    return tuple(out)
+
+
+def half_value(bits, dtype: str) -> np.float32:
+    """A 16-bit pattern (fp16, or bf16 for dtype "bf16") as float32."""
+    bits = np.asarray(bits, np.uint16)
+    if dtype == "bf16":
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return bits.view(np.float16).astype(np.float32)
+
+
+def _row_name(plan, bh: int, r: int) -> str:
+    b, h = divmod(bh, plan.problem.heads)
+    if plan.unpacked is None:
+        return f"batch {b}, head {h}, query {r}"
+    g, n1 = plan.unpacked.kv_group, plan.unpacked.seqlen_q
+    return f"batch {b}, Q head {h * g + r // n1}, query {r % n1} (launch row {r})"
 
 
 def _tile_row0(tile: str, rec: TraceRecord, cfg: KernelConfig, m_block: int, kv0: int = 0) -> int:
@@ -274,7 +404,8 @@ def lane_story(trace: Trace, cta: int, warp: int, lane: int, round: int) -> Lane
         raise ValueError(f"no traced instruction of CTA {cta} thread {thread} in round {round} "
                          f"(traced rounds of this CTA: {ran or 'none'}; causal CTAs stop early)")
     state = _state(trace, cfg, cta, s, thread, round, m_block, kv0)
-    return LaneStory(cta, warp, lane, round, m_block, bh, trace.launch, tuple(steps), state)
+    story = LaneStory(cta, warp, lane, round, m_block, bh, trace.launch, tuple(steps), state)
+    return replace(story, coordinates=lane_coordinates(story), combine=combine_rows(trace, story))
 
 
 # -- rendering ---------------------------------------------------------------------------------------
@@ -329,6 +460,8 @@ def format_story(story: LaneStory) -> str:
     split = split_header(la, story.cta)
     if split is not None:
         head += f"\n{split}\n{SPLIT_NOTE}"
+    if story.coordinates is not None:
+        head += f"\n{story.coordinates}"
     if any(st.src for st in story.steps):  # the PTX engine: every PTX instruction with its source line
         lines = [head, f"{'pc':>5} {'phase':<8} {'source (line<call)':<19} {'PTX instruction':<52} "
                        f"{'smem coord -> byte -> bank':<34} registers written"]
@@ -349,7 +482,23 @@ def format_story(story: LaneStory) -> str:
     if any(not np.isfinite(sl.value) for sl in story.slots(Checkpoint.S_MASKED)):
         lines.append("kept keys after masking: " + "; ".join(
             f"query {q}: {', '.join(map(str, k)) or 'none'}" for q, k in story.kept_keys().items()))
+    lines += _combine_lines(story)
     return "\n".join(lines)
+
+
+def _combine_lines(story: LaneStory) -> list[str]:
+    if "splits" not in story.launch or story.launch["splits"] == 1:
+        return []
+    if not story.combine:
+        return ["combine (fa2_combine.cu): none of the lane's rows is below the launch's "
+                f"{story.launch['seqlen_q']} rows"]
+    lines = ["combine (fa2_combine.cu) of the lane's rows, from the run's workspace: m = max_s lse_s, "
+             "w_s = ex2.approx((lse_s - m) log2 e), l = sum_s w_s, O = sum_s w_s O_s / l"]
+    for c in story.combine:
+        lines.append(f"  {c.name}: split LSEs {', '.join(map(_fmt, c.lse))}; m {_fmt(c.m)}; weights "
+                     f"{', '.join(map(_fmt, c.weights))}; l {_fmt(c.l)}; LSE {_fmt(c.lse_final)}")
+        lines += [f"    O({c.row},{col}): splits {', '.join(map(_fmt, parts))} -> O {_fmt(o)}" for col, parts, o in c.cols]
+    return lines
 
 
 def story_json(story: LaneStory) -> dict:
@@ -366,4 +515,11 @@ def story_json(story: LaneStory) -> dict:
             "partners": story.partners,
             "kept_keys": {str(q): k for q, k in story.kept_keys().items()},
             "state": {k: [{"row": sl.row, "col": sl.col, "value": json_number(sl.value)} for sl in v]
-                      for k, v in story.state.items()}}
+                      for k, v in story.state.items()},
+            **({} if story.coordinates is None else {"coordinates": story.coordinates}),
+            **({} if "splits" not in story.launch else {"combine": [
+                {"row": c.row, "name": c.name, "lse": [json_number(x) for x in c.lse], "m": json_number(c.m),
+                 "weights": [json_number(x) for x in c.weights], "l": json_number(c.l),
+                 "lse_final": json_number(c.lse_final),
+                 "cols": [{"col": col, "splits": [json_number(x) for x in parts], "o": json_number(o)}
+                          for col, parts, o in c.cols]} for c in story.combine]})}

@@ -122,14 +122,29 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True, eq=False)
+class SplitWorkspace:
+    """Split-KV decoding's arrays after both launches (fa_sim.splitkv), in the split launch's rows (GQA
+    packed: H_k heads of g * Nq rows): the splits' partial O o_accum [splits, B*H, Nq, d] and LSE
+    lse_accum [splits, B*H, Nq] (fp32), the combine's O [B*H, Nq, d] (uint16 patterns: fp16 or bf16)
+    and LSE [B*H, Nq] (fp32)."""
+
+    o_accum: np.ndarray
+    lse_accum: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
 class Trace:
-    """What a TraceRecorder kept. launch: the LaunchInfo fields as plain JSON values."""
+    """What a TraceRecorder kept. launch: the LaunchInfo fields as plain JSON values. workspace: split-KV's
+    SplitWorkspace (fa_sim.observers.runs.run_trace; not kept by the archive, trace_io), else None."""
 
     launch: dict
     filter: TraceFilter
     threads: np.ndarray
     records: tuple[TraceRecord, ...]
     checkpoints: tuple[CheckpointRecord, ...]
+    workspace: SplitWorkspace | None = None
 
     def thread_index(self, thread: int) -> int:
         """Position of a thread id on the S axis of the record arrays."""
@@ -274,6 +289,20 @@ class TraceRecorder:
         values = np.asarray(ev.values)[csel][:, self._threads].copy()
         self._checkpoints.append(CheckpointRecord(ev.checkpoint, ev.round, cta[csel].copy(), values))
 
+    def add_checkpoint_buffer(self, layout, buf: np.ndarray, ctas: np.ndarray, rounds: np.ndarray) -> None:
+        """Keep the selection's checkpoints of a debug build's buffer [slot, checkpoint, round, thread,
+        word] (fa_sim/checkpoints.py), slot i holding CTA ctas[i] (a linear id of the launch's grid),
+        which ran rounds[i] rounds (0: it recorded nothing): the runs whose kernel writes the buffer
+        without checkpoint events (split-KV's split launch, fa_sim.splitkv.run_splitkv)."""
+        ctas, rounds = np.asarray(ctas, np.int64), np.asarray(rounds, np.int64)
+        keep = np.isin(ctas, ctas if self.filter.ctas is None else self.filter.ctas)
+        for ck_i, ck in enumerate(layout.CHECKPOINTS):
+            for rnd in range(1 if ck in ROUND0_ONLY else layout.n_rounds):
+                ran = keep & (rounds > rnd)
+                if ran.any() and self.wants_checkpoint(ck, rnd):
+                    values = np.asarray(buf)[ran, ck_i, rnd][:, self._threads].copy()
+                    self._checkpoints.append(CheckpointRecord(ck, rnd, ctas[ran].copy(), values))
+
     # -- shards (fa_sim.parallel.merge): records follow in grid order, numbered on ---------------
     def fresh(self) -> "TraceRecorder":
         return type(self)(self.filter)
@@ -291,11 +320,3 @@ class TraceRecorder:
     def trace(self) -> Trace:
         threads = self._threads if self._threads is not None else np.zeros(0, np.int64)
         return Trace(self._launch, self.filter, threads, tuple(self._records), tuple(self._checkpoints))
-
-
-class InstructionRecorder(TraceRecorder):
-    """A TraceRecorder of the instructions only, for launches traced without their checkpoint build: a
-    packed batch (fa trace runs FA_VARLEN's normal build; fa compare runs its debug build) and split-KV
-    decoding (likewise FA_SPLITKV's; fa compare --splits runs its debug build). Its traces have no checkpoint records."""
-
-    on_checkpoint = None  # not a hook: the run asks for no checkpoints
