@@ -11,16 +11,20 @@ trace-event JSON: both are checked before the simulation (an existing file is re
 `--npz FILE` takes q, k, v from a file, as in `fa sim`.
 
 A packed batch (`--seqlens 5,70`, or an --npz file with cu_seqlens_q and cu_seqlens_k, as in `fa
-sim`) runs the FA_VARLEN build on the PTX engine: --cta is a CTA of its grid (Q blocks of the
-longest sequence, H, B), and the story's header says which sequence, head and Q block it computes
-and which rows of the packed q, k, v those are (fa_sim.varlen.describe_cta); a CTA past its
-sequence's queries is refused (it exits at once), and the story has no S/m/l/P/O sections (that
-build has no checkpoints). Split-KV decoding (`--splits N|auto`, `--cache-seqlens`, `--pack-gqa`, as
-in `fa sim`) follows a lane of the split launch (FA_SPLITKV): --cta is a CTA of its grid (Q blocks,
-batch-heads, splits), and the header says which split, batch, head and Q block it computes and which
-K/V tiles of the cache its split covers (fa_sim.splitkv.SplitPlan.describe_cta); round t is the
-split's block first + t, and key coordinates are the cache's; an empty split (past its sequence's
-keys) is refused, and there are no S/m/l/P/O sections either. docs/features.md, "The commands".
+sim`) runs FA_VARLEN's checkpoint build on the PTX engine: --cta is a CTA of its grid (Q blocks of the
+longest sequence, H, B), or with --sequence S a CTA of sequence S (blockIdx.x + n_m_blocks * head), and
+the story's header says which sequence, head and Q block it computes and which rows of the packed q,
+k, v those are (fa_sim.varlen.describe_cta); a CTA past its sequence's queries is refused (it exits at
+once). The S/m/l/P/O sections are at the sequence's coordinates, and a line gives the lane's queries as
+packed rows of q and the round's keys as packed rows of k, v. Split-KV decoding (`--splits N|auto`,
+`--cache-seqlens`, `--pack-gqa`, as in `fa sim`) follows a lane of the split launch's checkpoint build
+(FA_SPLITKV with FA_CHECKPOINTS): --cta is a CTA of its grid (Q blocks, batch-heads, splits), or with
+--split S a CTA of split S (blockIdx.x + n_m_blocks * batch-head), and the header says which split,
+batch, head and Q block it computes and which K/V tiles of the cache its split covers (fa_sim.splitkv.
+SplitPlan.describe_cta); round t is the split's block first + t, key coordinates are the cache's, the
+sections are the split's (m, l, O over its keys), and with more than one split the story ends with the
+combine step of the lane's rows (the splits' LSEs, the weights, l, and per O column the partial and the
+final O); an empty split (past its sequence's keys) is refused. docs/features.md, "The commands".
 
 `--backward` follows the lane through round R (Q block) of CTA C (K/V block) of the backward main
 kernel fa2_bwd_kernel instead (as the atomic dQ mode builds it, with its dQ GEMM): its S^T, P^T, dP^T, dS^T slots at their (key, query) coordinates,

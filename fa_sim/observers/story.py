@@ -112,8 +112,8 @@ def m_block_of(launch: dict, cta: int) -> int:
 
 def packed_header(launch: dict, cta: int) -> str | None:
     """A packed batch's line of the story: which sequence, head and Q block the CTA computes (the
-    story's query and key coordinates count from that sequence's start: PACKED_NOTE, which also
-    says why no state sections follow); None for a dense launch."""
+    story's query and key coordinates count from that sequence's start: PACKED_NOTE, and
+    lane_coordinates gives the packed rows); None for a dense launch."""
     if "cu_seqlens_q" not in launch:
         return None
     from ..varlen import describe_cta
