@@ -55,37 +55,41 @@ SECTIONS = ("s_acc", "s_masked", "row_max", "row_sum", "p_f16", "o_acc", "o_fina
 KEYED = ("s_acc", "s_masked", "p_f16")  # columns are keys; the others' are rows only or O's d
 
 
-def _attention64(q, k, v):
-    """float64 O [Nq, d] and LSE [Nq] of one head, scale 1/sqrt(d)."""
+def _attention64(q, k, v, causal=False):
+    """float64 O [Nq, d] and LSE [Nq] of one head, scale 1/sqrt(d) (causal: top-left aligned)."""
     s = q.astype(np.float64) @ k.astype(np.float64).T / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.arange(k.shape[0])[None, :] <= np.arange(q.shape[0])[:, None], s, -np.inf)
     m = s.max(axis=1, keepdims=True)
     p = np.exp(s - m)
     return p @ v.astype(np.float64) / p.sum(axis=1, keepdims=True), (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
 
 
 # -- a packed batch ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cta, rnd, lane", [(1, 1, 5), (0, 0, 30)], ids=["tail-block-round1", "block0-round0"])
-def test_packed_lane_sections_are_its_sequences_alone(tmp_path, cta, rnd, lane):
+@pytest.mark.parametrize("cta, rnd, lane, flags", [(1, 1, 5, []), (0, 0, 30, []),
+                                                   (1, 1, 5, ["--causal"])],
+                         ids=["tail-block-round1", "block0-round0", "causal-tail-block"])
+def test_packed_lane_sections_are_its_sequences_alone(tmp_path, cta, rnd, lane, flags):
     q, k, v = random_inputs(1, 1, sum(LENS), sum(LENS), 32, 0)  # what `fa trace --seqlens 5,70` draws (seed 0)
     lo, hi = LENS[0], sum(LENS)
     path = tmp_path / "seq1.npz"
     np.savez(path, q=q[:, :, lo:hi], k=k[:, :, lo:hi], v=v[:, :, lo:hi])
     packed = _json(["trace", "--seqlens", "5,70", "--head-dim", "32", "--sequence", "1", "--cta", str(cta),
-                    "--round", str(rnd), "--lane", str(lane), "--json"])
+                    "--round", str(rnd), "--lane", str(lane), "--json", *flags])
     dense = _json(["trace", "--npz", str(path), "--engine", "program", "--cta", str(cta), "--round", str(rnd),
-                   "--lane", str(lane), "--json"])
+                   "--lane", str(lane), "--json", *flags])
     assert packed["cta"] == 2 + cta and packed["packed"].startswith(f"packed batch, CTA {2 + cta}: sequence 1")
     assert set(packed["state"]) >= set(SECTIONS)
     for name in SECTIONS:
         assert _slots(packed, name) == _slots(dense, name), name
     # float64: the scores of real (query, key) pairs, and O after division by l of the real queries
     seq_q, seq_k, seq_v = (x[0, 0, lo:hi] for x in (q, k, v))
-    ref_o, _ = _attention64(seq_q, seq_k, seq_v)
+    ref_o, _ = _attention64(seq_q, seq_k, seq_v, causal="--causal" in flags)
     s64 = seq_q.astype(np.float64) @ seq_k.astype(np.float64).T
     s_real = {(r, c): x for (r, c), x in _slots(packed, "s_acc").items() if r < LENS[1] and c < LENS[1]}
     assert s_real and all(abs(x - s64[r, c]) <= 1e-5 * (1 + abs(s64[r, c])) for (r, c), x in s_real.items())
     masked = _slots(packed, "s_masked")
-    assert all(x == "-inf" for (r, c), x in masked.items() if c >= LENS[1])
+    assert all(x == "-inf" for (r, c), x in masked.items() if c >= LENS[1] or ("--causal" in flags and c > r))
     o_real = {(r, c): x for (r, c), x in _slots(packed, "o_final").items() if r < LENS[1]}
     assert o_real and all(abs(x - ref_o[r, c]) <= 2e-3 for (r, c), x in o_real.items())
     # the coordinates line: the lane's queries as packed rows of q, the round's keys as packed rows of k, v

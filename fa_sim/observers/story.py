@@ -73,7 +73,7 @@ class LaneStory:
     steps: tuple[Step, ...]
     state: dict  # Checkpoint value -> tuple[Slot, ...]
     coordinates: str | None = None  # a packed or split lane's rows and keys in words (lane_coordinates)
-    combine: tuple = ()  # split-KV: CombineRow of each of the lane's rows (combine_rows)
+    combine: tuple | None = ()  # split-KV: CombineRow of each of the lane's rows (combine_rows); None: no workspace
 
     @property
     def partners(self) -> list[int]:
@@ -240,10 +240,13 @@ def combine_weights(lse: np.ndarray) -> tuple[np.float32, np.ndarray, np.float32
 
 def combine_rows(trace: Trace, story: "LaneStory") -> tuple[CombineRow, ...]:
     """The combine step of the lane's rows below the launch's Nq (split-KV with more than one split;
-    () otherwise): its partial LSEs and weights, and the final O at the lane's O columns."""
+    () otherwise; None when the trace has no workspace, as one read back from an archive): its partial
+    LSEs and weights, and the final O at the lane's O columns."""
     plan, ws = split_plan(trace.launch), trace.workspace
-    if plan is None or ws is None or plan.splits == 1:
+    if plan is None or plan.splits == 1:
         return ()
+    if ws is None:
+        return None
     cfg, p = config_of(trace.launch), plan.problem
     thread = 32 * story.warp + story.lane
     bh = plan.cta(story.cta)[1]
@@ -489,6 +492,8 @@ def format_story(story: LaneStory) -> str:
 def _combine_lines(story: LaneStory) -> list[str]:
     if "splits" not in story.launch or story.launch["splits"] == 1:
         return []
+    if story.combine is None:
+        return ["combine (fa2_combine.cu): not in this trace (an archive read back keeps no split-KV workspace)"]
     if not story.combine:
         return ["combine (fa2_combine.cu): none of the lane's rows is below the launch's "
                 f"{story.launch['seqlen_q']} rows"]
@@ -517,7 +522,7 @@ def story_json(story: LaneStory) -> dict:
             "state": {k: [{"row": sl.row, "col": sl.col, "value": json_number(sl.value)} for sl in v]
                       for k, v in story.state.items()},
             **({} if story.coordinates is None else {"coordinates": story.coordinates}),
-            **({} if "splits" not in story.launch else {"combine": [
+            **({} if "splits" not in story.launch else {"combine": None if story.combine is None else [
                 {"row": c.row, "name": c.name, "lse": [json_number(x) for x in c.lse], "m": json_number(c.m),
                  "weights": [json_number(x) for x in c.weights], "l": json_number(c.l),
                  "lse_final": json_number(c.lse_final),
