@@ -312,18 +312,30 @@ def test_pack_gqa_true_without_groups_is_refused(recordings, tmp_path):
 
 
 # -- recordings of a real GPU (tests/data/h100 or h200) ------------------------------------------------------
-GPU_RECORDINGS = ("compare_packed", "compare_splitkv")
+# file -> what experiments/device_round36.sh's featrec step records (its options there):
+# packed: --seqlens 70,130,5 --heads 4 --heads-k 2 --causal --head-dim 64 --ctas 0,17,33 (CTA 17: sequence 1's
+# tail Q block; 33: the last that runs); splitkv: --batch 2 --heads 4 --heads-k 1 --seqlen 2 --seqlen-k 300
+# --cache-seqlens 300,70 --head-dim 64 --splits 3 --ctas 0,1,4,5 (GQA packed: grid (1, 2, 3); CTA 1 sequence 1's
+# split 0 with a tail, 4 sequence 0's split 2 with a tail, 5 an empty split)
+GPU_RECORDINGS = {
+    "compare_packed": ("packed", {"cu_seqlens": ((0, 70, 200, 205),) * 2, "causal": True, "ctas": (0, 17, 33)},
+                       (4, 2)),
+    "compare_splitkv": ("split", {"splits": 3, "pack_gqa": True, "causal": False, "ctas": (0, 1, 4, 5)}, (4, 1)),
+}
 
 
-@pytest.mark.parametrize("name", GPU_RECORDINGS)
+@pytest.mark.parametrize("name", list(GPU_RECORDINGS))
 def test_the_simulator_reproduces_a_recorded_gpu_run_bit_for_bit(name):
     found = [d / f"{name}.npz" for d in (DATA / "h100", DATA / "h200") if (d / f"{name}.npz").exists()]
     if not found:
         pytest.skip(f"{name}.npz is not recorded yet: STEPS=featrec bash experiments/device_round36.sh on a GPU "
                     f"writes it to $OUT (copy it to tests/data/h100/ or h200/)")
+    kind, fields, (heads, heads_k) = GPU_RECORDINGS[name]
     for path in found:
         run = SavedRun.load(path)
-        assert run.kind == ("packed" if name == "compare_packed" else "split"), path
+        assert run.kind == kind and (run.problem.heads, run.heads_k) == (heads, heads_k), path
+        assert all(getattr(run, f) == v for f, v in fields.items()), path
+        assert kind == "packed" or run.cache_seqlens.tolist() == [300, 70]
         status, report = _json(["compare", "--gpu-npz", str(path), "--json"])
         assert status == 0 and report["ok"], path
         _all_identical(report)

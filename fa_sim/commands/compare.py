@@ -9,23 +9,26 @@ Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
 `--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
 KernelConfig JSON, causal flag, scale, the features: k's heads, window, softcap, bf16 values as
-float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
-compares against such a file instead of launching, so the comparison runs on machines without a
-GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
-with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
---npz file) is compared live, checkpoint by checkpoint (FA_VARLEN's debug build on both sides; the
-simulator's side on the PTX engine): each CTA at its sequence's coordinates, CTA ids those of the
-packed grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b), default the first and
-the last CTA that runs (not with --save, --banks, --timing or --config auto). Split-KV decoding
-(--splits N|auto, --cache-seqlens, --pack-gqa) is compared live too: the split kernel's debug build
-(FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of --ctas (ids of the split grid,
-blockIdx.x + n_m_blocks (bh + B H split), default the first and the last that run; round t a split's
-t-th K/V block; with splits > 1 no sO), then every split's partial O and LSE (the fp32 workspace)
-and the combine's O and LSE, all bit for bit (docs/features.md, "The commands"). `--banks` sets the
+float32; a packed batch's offsets; a split-KV run's splits, cache lengths, pack_gqa, workspace and
+combine source; fa_sim.saved_run format 5) in an .npz (refused if FILE exists, unless --force;
+checked before the GPU runs). `--gpu-npz FILE` compares against such a file instead of launching,
+so the comparison runs on machines without a GPU: the file's inputs, config, causal flag, scale,
+launch kind and CTAs are used; an option that disagrees with them is refused (--seqlens, --splits,
+--cache-seqlens, --pack-gqa always: the file fixes the launch), `--ctas` may pick a subset of the
+recorded CTAs. A packed batch (--seqlens, a packed --npz file) is compared checkpoint by checkpoint
+(FA_VARLEN's debug build on both sides; the simulator's side on the PTX engine): each CTA at its
+sequence's coordinates, CTA ids those of the packed grid (ceil(max Nq / block_m), H, B),
+blockIdx.x + n_m_blocks (h + H b), default the first and the last CTA that runs (not with --banks,
+--timing or --config auto). Split-KV decoding (--splits N|auto, --cache-seqlens, --pack-gqa) too:
+the split kernel's debug build (FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of
+--ctas (ids of the split grid, blockIdx.x + n_m_blocks (bh + B H split), default the first and the
+last that run; round t a split's t-th K/V block; with splits > 1 no sO), then every split's partial
+O and LSE (the fp32 workspace) and the combine's O and LSE, all bit for bit (docs/features.md, "The
+commands"); its replay runs the recorded fa2_fwd.cu and fa2_combine.cu. `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
 take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
-predicted).
+predicted; not with a packed batch or split-KV, which fa_hw.profile does not profile).
 
 `--backward` compares the backward pass instead (fa_sim/commands/backward_gpu.py): fa_hw.backward on
 the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
