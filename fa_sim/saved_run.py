@@ -47,8 +47,8 @@ from .config import KernelConfig, SoftmaxForm
 from .problem import Problem, check_softcap, check_window
 
 SAVED_RUN_FORMAT = 5  # 5: + packed batches (cu_seqlens_q/k) and split-KV runs (splits, cache_seqlens,
-#                       pack_gqa, the workspace o_accum / lse_accum, the combine's source); 4: + window, softcap, GQA's k/v heads, bf16 arrays; 3: + the kernel's file name and
-#                       source; 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
+#                       pack_gqa, the workspace o_accum / lse_accum, the combine's source); 4: + window,
+#                       softcap, GQA's k/v heads, bf16 arrays; 3: + the kernel's file name and source; 2: the config tag names the softmax form; 1 (no "format" entry): FFMA form
 SAVED_ARRAYS = ("q", "k", "v", "o", "lse", "checkpoints", "ctas", "config", "causal", "scale")
 PACKED_ARRAYS = ("cu_seqlens_q", "cu_seqlens_k")
 SPLIT_ARRAYS = ("splits", "cache_seqlens", "pack_gqa", "o_accum", "lse_accum", "combine_source")

@@ -116,7 +116,8 @@ def test_a_packed_recording_holds_the_packed_run(recordings):
     assert int(np.load(paths["packed"])["format"]) == SAVED_RUN_FORMAT == 5
     assert run.kind == "packed" and run.cu_seqlens == ((0, 70, 200, 205), (0, 70, 200, 205))
     assert run.q.shape == (205, 2, 64) and run.k.shape == (205, 1, 64) and run.lse.shape == (2, 205)
-    assert run.causal and run.heads_k == 1 and run.ctas == tuple(live["packed"][1]["ctas"]) == (0, 15)  # seq 2 head 1 Q block 0: 0 + 3 (1 + 2 * 2)
+    # the first and the last CTA that runs: sequence 2's head 1, Q block 0, is 0 + 3 (1 + 2 * 2)
+    assert run.causal and run.heads_k == 1 and run.ctas == tuple(live["packed"][1]["ctas"]) == (0, 15)
     assert run.checkpoints.shape[:3] == (2, 11, 3)  # 3 rounds: the longest sequence's 130 keys
     assert run.kernel_name == "fa2_fwd.cu" and run.kernel_source
 

@@ -231,7 +231,8 @@ def compare_saved_run(new: Path, old: Path) -> tuple[bool, str]:
     differ += [f for f in ("ctas", "config", "causal", "scale", "kind", "cu_seqlens", "splits", "pack_gqa")
                if getattr(a, f) != getattr(b, f)]
     # format 5: a split-KV run's cache lengths and workspace (None in other runs)
-    differ += [f for f in ("cache_seqlens", "o_accum", "lse_accum") if (getattr(a, f) is None) != (getattr(b, f) is None)
+    differ += [f for f in ("cache_seqlens", "o_accum", "lse_accum")
+               if (getattr(a, f) is None) != (getattr(b, f) is None)
                or (getattr(a, f) is not None and not _same(getattr(a, f), getattr(b, f)))]
     note = "" if a.kernel_source == b.kernel_source else "; the kernel source is not the recorded one (edited since)"
     if a.combine_source != b.combine_source:
