@@ -12,7 +12,9 @@
 #   benchbwd  experiments/bench_hw.py --backward on the held-out shapes
 #   bwdtime   experiments/timing_backward.py --measure: the backward's kernel times, for fa time --backward
 #   decode    experiments/bench_decode.py (split-KV against one split and SDPA-flash)
-#   featrec   fa compare --save of GQA + window, causal bf16 + softcap, head_dim 256 (for CPU replays)
+#   featrec   fa compare --save of GQA + window, causal bf16 + softcap, head_dim 256, a packed batch
+#             (causal, GQA, tails) and split-KV decoding (3 splits, GQA packed, cache tails) (for CPU replays:
+#             tests/test_h100_recordings.py, tests/test_saved_runs_packed_split.py)
 #   featbench experiments/bench_features.py (bf16, GQA, head_dim 96-256, window, softcap against SDPA)
 #   ncuedit   experiments/ncu_counters.py: Nsight Compute counters (local memory, L1 hits, wavefronts,
 #             stall reasons) of the seed kernel, the qk_rolled and pv_rolled edits and the m64n64d64w4
@@ -74,7 +76,9 @@ for s in $STEPS; do case $s in
   featrec) log featrec
     for spec in "gqa_window:--heads 4 --heads-k 2 --seqlen 200 --seqlen-k 333 --window 60,20" \
                 "bf16_softcap_causal:--heads 2 --seqlen 333 --causal --softcap 15 --dtype bf16" \
-                "d256_causal:--heads 2 --seqlen 150 --causal --head-dim 256"; do
+                "d256_causal:--heads 2 --seqlen 150 --causal --head-dim 256" \
+                "packed:--seqlens 70,130,5 --heads 4 --heads-k 2 --causal --head-dim 64 --ctas 0,17,33" \
+                "splitkv:--batch 2 --heads 4 --heads-k 1 --seqlen 2 --seqlen-k 300 --cache-seqlens 300,70 --head-dim 64 --splits 3 --ctas 0,1,4,5"; do
       timeout "$(lim 60)" python3 -m fa_sim.cli compare ${spec#*:} --save "$OUT/compare_${spec%%:*}.npz" --force 2>&1 \
         | tail -4 | tee -a "$OUT/summary.txt"
     done ;;

@@ -395,10 +395,11 @@ class SplitRun:
 
 
 def simulate_splitkv_with_checkpoints(q, k, v, scale, config, ctas, splits, cache_seqlens=None, pack_gqa=None,
-                                      softcap=None, mma_model="h200", dtype=None):
+                                      softcap=None, mma_model="h200", dtype=None, sources=None):
     """The PTX engine's run of split-KV decoding (fa_sim.splitkv) with the split kernel's debug build
     recording `ctas` (linear ids of the split grid): (SplitRun, SplitPlan). `splits` an integer (the
-    GPU's choice when it chose "auto"); the H200's tensor-core model by default, as for the dense."""
+    GPU's choice when it chose "auto"); the H200's tensor-core model by default, as for the dense.
+    `sources`: paths of the fa2_fwd.cu and fa2_combine.cu to run (default the shipped ones)."""
     from .simulate import half_values
     from .splitkv import check_splitkv, run_splitkv
     from .validate import check_input, make_problem, resolve_dtype
@@ -412,7 +413,7 @@ def simulate_splitkv_with_checkpoints(q, k, v, scale, config, ctas, splits, cach
     ctas = checkpoint_selection(ctas, plan.n_ctas)
     from . import tensorcore
 
-    out, _ = run_splitkv(plan, inputs, (), tensorcore.resolve(mma_model), ctas)
+    out, _ = run_splitkv(plan, inputs, (), tensorcore.resolve(mma_model), ctas, sources)
     shape = (prob.batch, prob.heads, prob.seqlen_q)
     o = half_values(out["o"], prob.config.dtype).reshape(*shape, prob.head_dim)
     return SplitRun(o, out["lse"].reshape(shape), out["o_accum"], out["lse_accum"], out["checkpoints"]), plan

@@ -255,11 +255,14 @@ def workspace_shapes(plan: SplitPlan) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.ndarray,
-                     arch: str = "sm_80", checkpoint_ctas=None) -> tuple[list[KernelLaunch], dict]:
+                     arch: str = "sm_80", checkpoint_ctas=None, sources=None) -> tuple[list[KernelLaunch], dict]:
     """(the launches in order: the split kernel, and the combine when splits > 1; the arrays
     {o, lse, o_accum, lse_accum}) of the checked plan on the host inputs (16-bit: float16, or bf16
     as uint16 patterns). `checkpoint_ctas` (linear ids of the split grid, `SplitPlan.cta`): the split
-    kernel's debug build records them, in the array "checkpoints" (`checkpoint_layout`)."""
+    kernel's debug build records them, in the array "checkpoints" (`checkpoint_layout`). `sources`:
+    the paths of the fa2_fwd.cu and fa2_combine.cu to run (default the shipped ones; a saved GPU
+    run's replay passes the sources it recorded)."""
+    fwd_path, combine_path = (SEED_PATH, COMBINE_PATH) if sources is None else sources
     p = plan.problem
     b, h, nq, d = p.batch, p.heads, p.seqlen_q, p.head_dim
     q16 = q16.reshape(b, h, nq, d)  # GQA packed: the same memory read as H_k heads of g * Nq rows
@@ -278,12 +281,12 @@ def splitkv_launches(plan: SplitPlan, q16: np.ndarray, k16: np.ndarray, v16: np.
         layout = checkpoint_layout(plan)
         arrays["checkpoints"] = layout.empty(len(checkpoint_ctas))
         args += [arrays["checkpoints"], selection_map(list(checkpoint_ctas), plan.n_ctas), np.int32(layout.n_rounds)]
-    launches = [KernelLaunch(KERNEL_NAME, str(SEED_PATH), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
+    launches = [KernelLaunch(KERNEL_NAME, str(fwd_path), plan.grid, (p.config.n_threads, 1, 1), p.config.smem_bytes,
                             args, build.macros(),
                             # grid y is bh: its branches read only cache_seqlens[bh / heads] (the K/V length)
                             (1,) if len(set(np.asarray(plan.cache_seqlens).tolist())) <= 1 else ())]
     if plan.splits > 1:
-        launches.append(KernelLaunch(COMBINE_KERNEL, str(COMBINE_PATH), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
+        launches.append(KernelLaunch(COMBINE_KERNEL, str(combine_path), plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
                                     [o_accum, lse_accum, o, lse, np.int32(b * h * nq), np.int32(plan.splits)],
                                     combine_macros(d, p.config.dtype)))
     return launches, arrays
@@ -298,9 +301,10 @@ def checkpoint_layout(plan: SplitPlan):
     return CheckpointLayout(plan.problem.config, plan.blocks_per_split)
 
 
-def run_splitkv(plan: SplitPlan, inputs, observers: tuple = (), mma_model=None, checkpoint_ctas=None):
+def run_splitkv(plan: SplitPlan, inputs, observers: tuple = (), mma_model=None, checkpoint_ctas=None, sources=None):
     """Both launches of a checked plan on the PTX engine: (the arrays of `splitkv_launches`, the warp
-    instructions of both launches summed per (class, phase, round): launch 2's in the phase 'combine')."""
+    instructions of both launches summed per (class, phase, round): launch 2's in the phase 'combine').
+    `sources`: `splitkv_launches`'."""
     from . import ptx  # the engine needs NVRTC (the hw extra): imported when used
     from .validate import check_bf16_range
 
@@ -309,7 +313,7 @@ def run_splitkv(plan: SplitPlan, inputs, observers: tuple = (), mma_model=None, 
     if prob.config.dtype == "bf16":  # uint16 patterns: the values are the high halves of float32
         check_bf16_range([float(np.max(np.abs((x.astype(np.uint32) << np.uint32(16)).view(np.float32))))
                           for x in (q16, k16, v16)], prob.scale, prob.head_dim, prob.seqlen_k)
-    launches, out = splitkv_launches(plan, q16, k16, v16, checkpoint_ctas=checkpoint_ctas)
+    launches, out = splitkv_launches(plan, q16, k16, v16, checkpoint_ctas=checkpoint_ctas, sources=sources)
     counts: dict = {}
     for launch in launches:
         main = launch.kernel == KERNEL_NAME

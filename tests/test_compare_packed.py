@@ -130,8 +130,8 @@ def _refused(argv, capsys) -> str:
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--save", "x.npz"], "--save does not apply to a packed batch"),
     (["--banks"], "--banks does not apply to a packed batch"),
+    (["--timing"], "--timing does not apply to a packed batch"),
     (["--engine", "program"], "--engine program does not run a packed batch"),
     (["--config", "auto"], "--config auto does not apply to a packed batch in fa compare"),
     (["--seqlen", "40"], "--seqlen does not apply with --seqlens"),

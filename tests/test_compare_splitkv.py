@@ -165,7 +165,7 @@ def _refused(argv, capsys) -> str:
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--save", "x.npz"], "--save does not apply to split-KV decoding"),
+    (["--banks"], "--banks does not apply to split-KV decoding"),
     (["--timing"], "--timing does not apply to split-KV decoding"),
     (["--engine", "program"], "--engine program does not run split-KV decoding"),
     (["--config", "auto"], "run fa_hw's own kernel: without --config auto or --kernel"),

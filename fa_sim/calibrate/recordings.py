@@ -228,8 +228,15 @@ def compare_saved_run(new: Path, old: Path) -> tuple[bool, str]:
 
     a, b = SavedRun.load(new), SavedRun.load(old)
     differ = [f for f in ("q", "k", "v", "o", "lse", "checkpoints") if not _same(getattr(a, f), getattr(b, f))]
-    differ += [f for f in ("ctas", "config", "causal", "scale") if getattr(a, f) != getattr(b, f)]
+    differ += [f for f in ("ctas", "config", "causal", "scale", "kind", "cu_seqlens", "splits", "pack_gqa")
+               if getattr(a, f) != getattr(b, f)]
+    # format 5: a split-KV run's cache lengths and workspace (None in other runs)
+    differ += [f for f in ("cache_seqlens", "o_accum", "lse_accum")
+               if (getattr(a, f) is None) != (getattr(b, f) is None)
+               or (getattr(a, f) is not None and not _same(getattr(a, f), getattr(b, f)))]
     note = "" if a.kernel_source == b.kernel_source else "; the kernel source is not the recorded one (edited since)"
+    if a.combine_source != b.combine_source:
+        note += "; the combine kernel's source is not the recorded one (edited since)"
     return not differ, (f"DIFFERENT {', '.join(differ)}" if differ else "identical inputs, config, O, LSE, checkpoints") + note
 
 

@@ -9,23 +9,26 @@ Exit status 0 only when every checkpoint is within its bound, 1 otherwise.
 
 `--save FILE` keeps the GPU side (inputs, O, LSE, checkpoint buffer, config as tag and as
 KernelConfig JSON, causal flag, scale, the features: k's heads, window, softcap, bf16 values as
-float32; fa_sim.saved_run format 4) in an .npz (refused if FILE exists, unless --force; checked before the GPU runs). `--gpu-npz FILE`
-compares against such a file instead of launching, so the comparison runs on machines without a
-GPU: the file's inputs, config, causal flag, scale and CTAs are used; an option that disagrees
-with them is refused, `--ctas` may pick a subset of the recorded CTAs. A packed batch (--seqlens, a packed
---npz file) is compared live, checkpoint by checkpoint (FA_VARLEN's debug build on both sides; the
-simulator's side on the PTX engine): each CTA at its sequence's coordinates, CTA ids those of the
-packed grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b), default the first and
-the last CTA that runs (not with --save, --banks, --timing or --config auto). Split-KV decoding
-(--splits N|auto, --cache-seqlens, --pack-gqa) is compared live too: the split kernel's debug build
-(FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of --ctas (ids of the split grid,
-blockIdx.x + n_m_blocks (bh + B H split), default the first and the last that run; round t a split's
-t-th K/V block; with splits > 1 no sO), then every split's partial O and LSE (the fp32 workspace)
-and the combine's O and LSE, all bit for bit (docs/features.md, "The commands"). `--banks` sets the
+float32; a packed batch's offsets; a split-KV run's splits, cache lengths, pack_gqa, workspace and
+combine source; fa_sim.saved_run format 5) in an .npz (refused if FILE exists, unless --force;
+checked before the GPU runs). `--gpu-npz FILE` compares against such a file instead of launching,
+so the comparison runs on machines without a GPU: the file's inputs, config, causal flag, scale,
+launch kind and CTAs are used; an option that disagrees with them is refused (--seqlens, --splits,
+--cache-seqlens, --pack-gqa always: the file fixes the launch), `--ctas` may pick a subset of the
+recorded CTAs. A packed batch (--seqlens, a packed --npz file) is compared checkpoint by checkpoint
+(FA_VARLEN's debug build on both sides; the simulator's side on the PTX engine): each CTA at its
+sequence's coordinates, CTA ids those of the packed grid (ceil(max Nq / block_m), H, B),
+blockIdx.x + n_m_blocks (h + H b), default the first and the last CTA that runs (not with --banks,
+--timing or --config auto). Split-KV decoding (--splits N|auto, --cache-seqlens, --pack-gqa) too:
+the split kernel's debug build (FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of
+--ctas (ids of the split grid, blockIdx.x + n_m_blocks (bh + B H split), default the first and the
+last that run; round t a split's t-th K/V block; with splits > 1 no sO), then every split's partial
+O and LSE (the fp32 workspace) and the combine's O and LSE, all bit for bit (docs/features.md, "The
+commands"); its replay runs the recorded fa2_fwd.cu and fa2_combine.cu. `--banks` sets the
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
 take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
-predicted).
+predicted; not with a packed batch or split-KV, which fa_hw.profile does not profile).
 
 `--backward` compares the backward pass instead (fa_sim/commands/backward_gpu.py): fa_hw.backward on
 the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
@@ -149,10 +152,16 @@ def _check_against(args, rec: SavedRun, path) -> None:
     refuse(args, ("save", "banks", "timing"), "with --gpu-npz, which launches nothing")
     refuse(args, ("config",), "with --gpu-npz, whose recording fixes the config")
     refuse(args, ("npz",), "with --gpu-npz, whose recording holds the inputs")
-    b, h, nq, d = rec.q.shape
-    recorded = {"batch": b, "heads": h, "heads_k": rec.heads_k, "seqlen": nq, "seqlen_k": rec.k.shape[2],
-                "causal": rec.causal, "scale": rec.scale, "window": rec.window, "softcap": rec.softcap,
+    prob = rec.problem
+    d = prob.head_dim
+    recorded = {"heads": prob.heads, "heads_k": rec.heads_k, "causal": rec.causal, "scale": rec.scale,
+                "window": rec.window, "softcap": rec.softcap,
                 **{o.dest: v for o, v in zip(config_options(), rec.config.to_json().values())}}
+    if rec.kind == "packed":
+        refuse(args, ("batch", "seqlen", "seqlen_k"), f"with --gpu-npz {path}, a packed batch whose offsets fix the "
+                                                      f"lengths")
+    else:
+        recorded.update(batch=prob.batch, seqlen=prob.seqlen_q, seqlen_k=prob.seqlen_k)
     for dest, value in recorded.items():
         mine = getattr(args, dest)
         if dest == "window" and mine is not None and value is None:
@@ -162,7 +171,13 @@ def _check_against(args, rec: SavedRun, path) -> None:
                              f"{_given(dest, value)}; drop the option (the file fixes inputs, config, causal flag, "
                              f"scale and features)")
     if "seed" in explicit(args):
-        again = reference_inputs(b, h, nq, rec.k.shape[2], d, args.seed, heads_k=rec.heads_k, dtype=rec.config.dtype)
+        if rec.kind == "packed":  # commands/common.packed_random_inputs: one [1, H, total, d] draw, token-major
+            again = reference_inputs(1, prob.heads, prob.total_q, prob.total_k, d, args.seed, heads_k=rec.heads_k,
+                                     dtype=rec.config.dtype)
+            again = [x[0].transpose(1, 0, 2) for x in again]
+        else:
+            again = reference_inputs(prob.batch, prob.heads, prob.seqlen_q, prob.seqlen_k, d, args.seed,
+                                     heads_k=rec.heads_k, dtype=rec.config.dtype)
         if not all(np.array_equal(x, y) for x, y in zip(again, (rec.q, rec.k, rec.v))):
             raise UsageError(f"--seed {args.seed}: the inputs in --gpu-npz {path} are not the random inputs "
                              f"of this seed; drop --seed (the file holds its inputs)")
@@ -183,22 +198,67 @@ def _recorded_kernel(args, rec: SavedRun):
         return given
     if rec.kernel_source == seed_source().text:
         return None
-    text = rec.kernel_source.encode()
+    return _stored_source(rec.kernel_source, rec.kernel_name)
+
+
+def _stored_source(source: str, name: str) -> Path:
+    """A recorded CUDA source written once to the cache (or a temporary file where there is no
+    usable cache), for the PTX engine."""
+    text = source.encode()
     # the recorded text is CUDA C++ even when the run came from a patch: a .cu file either way
-    name = f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(rec.kernel_name).stem}.cu"
-    path = stored_file("recorded_kernels", name, text)
-    print(f"replaying the recorded kernel {rec.kernel_name} on the PTX engine", file=sys.stderr)
+    path = stored_file("recorded_kernels", f"{hashlib.sha256(text).hexdigest()[:16]}-{Path(name).stem}.cu", text)
+    print(f"replaying the recorded kernel {name} on the PTX engine", file=sys.stderr)
     return path
 
 
-def _replay(args):
-    rec = load_recording(args.gpu_npz)
-    _check_against(args, rec, args.gpu_npz)
+def _replay(args, rec: SavedRun):
+    """A dense or packed recording: its inputs, config, CTAs (--ctas: a subset), GPU side, kernel."""
     kernel = _recorded_kernel(args, rec)
-    ctas = checkpoint_ctas_option(args.ctas, rec.problem.n_ctas, rec.ctas)
+    if rec.kind == "packed":  # FA_VARLEN runs on the PTX engine
+        if args.engine == "program":
+            raise UsageError(f"--engine program does not run a packed batch (--gpu-npz {args.gpu_npz} holds one): "
+                             f"fa2_fwd.cu's FA_VARLEN offsets are not modelled by the hand-written program; drop it")
+        args.engine = "ptx"
+    ctas = checkpoint_ctas_option(args.ctas, rec.n_ctas, rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
+    feats = {"window": rec.window, "softcap": rec.softcap}
+    if rec.kind == "packed":
+        feats.update(cu_seqlens_q=np.asarray(rec.cu_seqlens[0], np.int32),
+                     cu_seqlens_k=np.asarray(rec.cu_seqlens[1], np.int32))
     return ((rec.q, rec.k, rec.v), rec.config, rec.causal, ctas, (rec.o, rec.lse, rec.checkpoints[rows], rec.scale),
-            kernel, {"window": rec.window, "softcap": rec.softcap})
+            kernel, feats)
+
+
+def _replay_split(args, rec: SavedRun) -> int:
+    """A split-KV recording on the PTX engine: the recorded fa2_fwd.cu and fa2_combine.cu (the shipped
+    files when they are the same text), the recorded CTAs (--ctas: a subset), then the workspace and
+    the combine's O and LSE against the recording's, as a live `fa compare --splits`."""
+    from ..contract.source import SEED_PATH
+    from ..crosscheck import SplitRun, build_splitkv_report, simulate_splitkv_with_checkpoints
+    from ..splitkv import COMBINE_PATH
+
+    if args.kernel is not None:
+        raise UsageError(f"--kernel does not apply with --gpu-npz {args.gpu_npz}, a split-KV run of fa_hw's own kernel "
+                         f"(the recording holds its source); drop --kernel")
+    if args.engine == "program":
+        raise UsageError("--engine program does not run split-KV decoding: the PTX engine runs fa2_fwd.cu's FA_SPLITKV "
+                         "and fa2_combine.cu; drop --engine")
+    ctas = checkpoint_ctas_option(args.ctas, rec.n_ctas, rec.ctas)
+    rows = [rec.ctas.index(c) for c in ctas]
+    sources = None
+    combine_now = COMBINE_PATH.read_text()
+    if rec.kernel_source != seed_source().text or (rec.splits > 1 and rec.combine_source != combine_now):
+        fwd = SEED_PATH if rec.kernel_source == seed_source().text else _stored_source(rec.kernel_source,
+                                                                                       rec.kernel_name)
+        comb = COMBINE_PATH if rec.splits == 1 or rec.combine_source == combine_now else \
+            _stored_source(rec.combine_source, COMBINE_PATH.name)
+        sources = (fwd, comb)
+    sim, plan = simulate_splitkv_with_checkpoints(rec.q, rec.k, rec.v, rec.scale, rec.config, ctas, rec.splits,
+                                                  rec.cache_seqlens, rec.pack_gqa, rec.softcap, sources=sources)
+    gpu = SplitRun(rec.o, rec.lse, rec.o_accum, rec.lse_accum, rec.checkpoints[rows])
+    report = build_splitkv_report(rec.q, rec.k, plan, ctas, sim, gpu)
+    print(json.dumps(report.to_json()) if args.json else format_report(report))
+    return 0 if report.ok else 1
 
 
 def _launch_config(args, d: int, shapes):
@@ -267,13 +327,11 @@ def _launch_packed(args, save: Output | None, files):
     import fa_hw
 
     packed_engine(args)  # the PTX engine runs FA_VARLEN; --engine program refused in one line
-    if save is not None:
-        raise UsageError("--save does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): the "
-                         "saved-run format holds dense inputs; compare it live")
     for flag in ("banks", "timing"):
         if getattr(args, flag):
             raise UsageError(f"--{flag} does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): "
-                             f"fa banks / fa time --seqlens give the simulator's side; drop --{flag}")
+                             f"fa_hw.profile's Nsight Compute launch and SASS walk take a dense launch; fa banks / "
+                             f"fa time --seqlens give the simulator's side; drop --{flag}")
     if auto_requested(args):
         raise UsageError("--config auto does not apply to a packed batch in fa compare: name a config tag (or "
                          "drop --config for the default)")
@@ -294,6 +352,13 @@ def _launch_packed(args, save: Output | None, files):
     cu = {"cu_seqlens_q": args.cu_seqlens[0], "cu_seqlens_k": args.cu_seqlens[1]}
     out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         kernel=kernel, **features(args), **cu)
+    if save is not None:
+        source = kernel_source(kernel)  # what the GPU compiled: a patch is saved applied
+        with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
+            SavedRun(q, k, v, np.asarray(out.o), out.lse, out.checkpoints, tuple(ctas), config, args.causal,
+                     out.scale, source.name, source.text, args.window, args.softcap,
+                     cu_seqlens=prob.cu_seqlens).save(f)
+        print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, \
         {**features(args), **cu}
 
@@ -322,10 +387,13 @@ def _run_split(args, split: dict) -> int:
     last that run), then the workspace and the combine's O and LSE; every check before the inputs."""
     import fa_hw
 
-    for dest, flag in (("save", "--save"), ("gpu_npz", "--gpu-npz"), ("banks", "--banks"), ("timing", "--timing")):
-        if getattr(args, dest):
-            raise UsageError(f"{flag} does not apply to split-KV decoding (--splits / --cache-seqlens): fa compare runs "
-                             f"it live, checkpoint by checkpoint; drop {flag}")
+    for flag in ("banks", "timing"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} does not apply to split-KV decoding (--splits / --cache-seqlens): it is two "
+                             f"launches (split kernel, combine) and fa_hw.profile's Nsight Compute launch and SASS "
+                             f"walk take one dense launch; fa time --splits gives the model's side; drop --{flag}")
+    save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
+    check_outputs(args, save)  # before the GPU runs
     if auto_requested(args) or args.kernel is not None:
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --config auto "
                          "or --kernel")
@@ -366,18 +434,23 @@ def _run_split(args, split: dict) -> int:
 
     work = out.workspace
     gpu = SplitRun(out.o, out.lse, work[0], work[1], out.checkpoints)
+    if save is not None:  # the workspace only with several splits: with one the kernel does not write it
+        from ..contract.source import seed_source as fwd_source
+        from ..splitkv import COMBINE_PATH
+
+        many = plan.splits > 1
+        with atomic_path(save.path) as tmp, open(tmp, "wb") as f:
+            SavedRun(q, k, v, np.asarray(out.o), out.lse, out.checkpoints, tuple(ctas), config, False, out.scale,
+                     fwd_source().name, fwd_source().text, None, args.softcap, splits=plan.splits,
+                     cache_seqlens=plan.cache_seqlens, pack_gqa=plan.unpacked is not None,
+                     o_accum=work[0] if many else None, lse_accum=work[1] if many else None,
+                     combine_source=COMBINE_PATH.read_text() if many else "").save(f)
+        print(f"wrote {save.path}", file=sys.stderr)
     sim, sim_plan = simulate_splitkv_with_checkpoints(q, k, v, out.scale, config, ctas, plan.splits,
                                                       split["cache_seqlens"], split.get("pack_gqa"), args.softcap)
     report = build_splitkv_report(q, k, sim_plan, ctas, sim, gpu)
     print(json.dumps(report.to_json()) if args.json else format_report(report))
     return 0 if report.ok else 1
-
-
-def _refuse_without_checkpoints(args) -> None:
-    """A recording holds a dense batch: --seqlens with --gpu-npz in one line."""
-    if args.seqlens is not None and args.gpu_npz is not None:
-        raise UsageError("--seqlens does not apply with --gpu-npz, whose recording holds the inputs (a recording is "
-                         "of a dense batch: compare a packed batch live)")
 
 
 def run(args) -> int:
@@ -387,13 +460,21 @@ def run(args) -> int:
     if args.backward:
         from .backward_gpu import compare
         return compare(args)
-    _refuse_without_checkpoints(args)
-    split = splitkv(args)  # --splits, --cache-seqlens (or the --npz file's), --pack-gqa (alone: refused)
-    if split:
-        return _run_split(args, split)
+    rec = None
+    if args.gpu_npz is not None:  # the recording fixes the launch: dense, packed or split-KV
+        refuse(args, ("seqlens", "splits", "cache_seqlens", "pack_gqa"),
+               "with --gpu-npz, whose recording fixes the launch (its offsets, splits and cache lengths, if any)")
+        rec = load_recording(args.gpu_npz)
+        _check_against(args, rec, args.gpu_npz)
+        if rec.kind == "split":
+            return _replay_split(args, rec)
+    else:
+        split = splitkv(args)  # --splits, --cache-seqlens (or the --npz file's), --pack-gqa (alone: refused)
+        if split:
+            return _run_split(args, split)
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
-    if args.gpu_npz is not None:
-        (q, k, v), config, causal, ctas, gpu, recorded, feats = _replay(args)
+    if rec is not None:
+        (q, k, v), config, causal, ctas, gpu, recorded, feats = _replay(args, rec)
         front = _front(args, config, recorded, feats["softcap"])
     else:
         check_outputs(args, save)
