@@ -256,8 +256,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             stalls[r] = get(r, 0) + 1
                 if ready:
                     stalls["selected"] = get("selected", 0) + 1
-                    for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
-                        stalls["not_selected"] = get("not_selected", 0) + 1
+                    if ready > 1:
+                        for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
+                            stalls["not_selected"] = get("not_selected", 0) + 1
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
