@@ -68,10 +68,12 @@ _INF = float("inf")
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
 # in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
 # until the CTA's release, a scoreboard wait until one of its scoreboards is released (the warp sets
-# none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it).
-# A reason that a shared pipe or queue decides must not be one of these (tests/test_timing_steady.py
-# compares the run with the one that asks every cycle).
-_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait"))
+# none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it),
+# a math pipe's throttle until that pipe of its sub-partition is free (the checks before it - barrier,
+# scoreboards, stall count - cannot change while the warp does not issue; only its sub-partition's
+# issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
+# one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
+_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
 
 
 class Deadlock(RuntimeError):
@@ -245,7 +247,8 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 for w in by_smsp[s]:
                     if w.pc < w.end:
                         r = w.why
-                        if r is None or r == "wait" and t >= w.ready:
+                        if (r is None or r == "wait" and t >= w.ready
+                                or r == "math_pipe_throttle" and pipes[w.stream[w.pc].slot] <= t):
                             r = _blocked(w, w.stream[w.pc], t, pipes, state, gpu)
                             w.why = r if r in _HELD else None
                         if r is None:
