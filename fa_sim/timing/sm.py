@@ -329,7 +329,13 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         warp_cycles += live * (nxt - t)
         if account and nxt - t > 1:  # the skipped cycles, charged to the same reasons
             gap = nxt - t - 1
-            stalls.update({r: n * gap for r, n in Counter(_reasons(warps, t, pipe_free, state, gpu, None)).items()})
+            counts = {}
+            for w in warps:  # (no warp issued at t: each one's reason, or not_selected)
+                if w.pc < w.end:
+                    r = _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+                    counts[r] = counts.get(r, 0) + 1
+            for r, n in counts.items():
+                stalls[r] = n * gap + get(r, 0)
         t = nxt
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
@@ -530,15 +536,6 @@ def steady_size(stream: list) -> int:
         if run > STEADY_CONFIRM + 1:
             skipped += c - b
     return len(stream) - skipped
-
-
-def _reasons(warps, t, pipe_free, state, gpu, pick):
-    for w in warps:
-        if w.pc < w.end:
-            if w is pick:
-                yield "selected"
-            else:
-                yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
 
 
 def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
