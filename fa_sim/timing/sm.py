@@ -329,12 +329,12 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         warp_cycles += live * (nxt - t)
         if account and nxt - t > 1:  # the skipped cycles, charged to the same reasons
             gap = nxt - t - 1
-            counts = {}
+            charged: dict = {}
             for w in warps:  # (no warp issued at t: each one's reason, or not_selected)
                 if w.pc < w.end:
                     r = _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
-                    counts[r] = counts.get(r, 0) + 1
-            for r, n in counts.items():
+                    charged[r] = charged.get(r, 0) + 1
+            for r, n in charged.items():
                 stalls[r] = n * gap + get(r, 0)
         t = nxt
         if t - skipped > max_cycles:
@@ -585,9 +585,11 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     sync = st.sync
     w.pc += 1
     w.why = None
-    w.ready = t + max(1, st.stall)
-    pipes[st.slot] = t + st.cycles
-    busy[_PIPE_NAMES[st.slot]] += st.cycles
+    stall = st.stall
+    w.ready = t + (stall if stall > 1 else 1)
+    slot = st.slot
+    pipes[slot] = t + st.cycles
+    busy[_PIPE_NAMES[slot]] += st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
         state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
