@@ -74,9 +74,10 @@ from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
 EXACT_SM_WORK = 8_000_000  # warp instructions x resident warps up to which the busiest SM runs in one run_sm
-SM_WORK_RATE = 1_400_000  # warp instructions x resident warps per second of run_sm with stall accounting
+SM_WORK_RATE = 2_100_000  # warp instructions x resident warps per second of run_sm with stall accounting
 # (this machine, measured on the backward's dQ kernel at (8, 32, 8192, 128): 12 CTAs of 372,622 warp
-# instructions, 3 resident of 4 warps, no steady state, in 36 s of CPU; its scheduler scans every warp)
+# instructions, 3 resident of 4 warps, no steady state, in 25.0 s of CPU (36 s before sm.py's cheaper
+# hot paths); its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
 STEADY = True  # predict_launch's default: skip the periods of the SM's steady state (fa_sim.timing.sm)

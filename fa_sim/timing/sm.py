@@ -71,13 +71,21 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
 _XU = int(Pipe.XU)
 _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
+# the Sync kinds as module names (the scheduler's inner loop: one lookup, not two)
+_BAR, _LDGDEPBAR, _DEPBAR, _EXIT = Sync.BAR, Sync.LDGDEPBAR, Sync.DEPBAR, Sync.EXIT
+_GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE
+_LOCAL_LOAD, _LOCAL_STORE = Sync.LOCAL_LOAD, Sync.LOCAL_STORE
+heappush = heapq.heappush
+_INF = float("inf")
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
 # in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
 # until the CTA's release, a scoreboard wait until one of its scoreboards is released (the warp sets
-# none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it).
-# A reason that a shared pipe or queue decides must not be one of these (tests/test_timing_steady.py
-# compares the run with the one that asks every cycle).
-_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait"))
+# none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it),
+# a math pipe's throttle until that pipe of its sub-partition is free (the checks before it - barrier,
+# scoreboards, stall count - cannot change while the warp does not issue; only its sub-partition's
+# issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
+# one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
+_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
 
 
 class Deadlock(RuntimeError):
@@ -85,10 +93,11 @@ class Deadlock(RuntimeError):
 
 
 class _Warp:
-    __slots__ = ("cta", "stream", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why")
+    __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why")
 
     def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
         self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
+        self.end = len(stream)  # the stream's length: the warp has left once pc reaches it
         self.sb = [0] * 6
         self.at_bar = False
         self.open_arrival = 0.0
@@ -233,6 +242,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             periodic.due = due
         start(slot, t + 1)
         live += n_warps
+    anchored = (None, None)  # (a stream, its anchor): _Steady's, for the oldest warp's stream
     while live:
         if not first:
             while events and events[0][0] <= t:
@@ -256,9 +266,10 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     mine = mine[k:] + mine[:k]
                 pick, ready = None, 0
                 for w in mine:
-                    if w.pc < len(w.stream):
+                    if w.pc < w.end:
                         r = w.why
-                        if r is None or r == "wait" and t >= w.ready:
+                        if (r is None or r == "wait" and t >= w.ready
+                                or r == "math_pipe_throttle" and pipes[w.stream[w.pc].slot] <= t):
                             r = _blocked(w, w.stream[w.pc], t, pipes, state, gpu)
                             w.why = r if r in _HELD else None
                         if r is None:
@@ -269,8 +280,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             stalls[r] = get(r, 0) + 1
                 if ready:
                     stalls["selected"] = get("selected", 0) + 1
-                    for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
-                        stalls["not_selected"] = get("not_selected", 0) + 1
+                    if ready > 1:
+                        for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
+                            stalls["not_selected"] = get("not_selected", 0) + 1
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
@@ -278,7 +290,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                         k = ring[s] % len(mine)
                         mine = mine[k:] + mine[:k]
                     for w in mine:
-                        if w is not ls and w.pc < len(w.stream) and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
+                        if w is not ls and w.pc < w.end and _can_issue(w, w.stream[w.pc], t, pipes, state, gpu):
                             pick = w
                             break
             if pick is not None:
@@ -290,19 +302,22 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 if timeline is not None:
                     st = pick.stream[pick.pc]
                     timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
-                if pick.pc in marks and pick is pick.cta.warps[0]:
+                if marks and pick.pc in marks and pick is pick.cta.warps[0]:
                     pick.cta.marked.append(t)
-                if periodic is not None and pick is warps[0] and pick.stream[pick.pc] is periodic.anchor(pick.stream):
-                    periodic.due = True
+                if periodic is not None and pick is warps[0]:
+                    if pick.stream is not anchored[0]:  # the oldest warp's anchor, looked up when it changes
+                        anchored = (pick.stream, periodic.anchor(pick.stream))
+                    if pick.stream[pick.pc] is anchored[1]:
+                        periodic.due = True
                 seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
-                while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= len(pick.stream)):
+                while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= pick.end):
                     pending.pop(0)
                     start(len(ctas), t + 1)
                     live += n_warps
                 issued += 1
                 any_issue = True
                 last[s] = None if pick.stream[pick.pc - 1].switch else pick  # a yield: no greedy claim
-                if pick.pc >= len(pick.stream):
+                if pick.pc >= pick.end:
                     live -= 1
                     last[s] = None
                     if pick.cta.live == 0:  # the CTA is done: its warps leave, the next CTA takes its slot
@@ -347,7 +362,13 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         warp_cycles += live * (nxt - t)
         if account and nxt - t > 1:  # the skipped cycles, charged to the same reasons
             gap = nxt - t - 1
-            stalls.update({r: n * gap for r, n in Counter(_reasons(warps, t, pipe_free, state, gpu, None)).items()})
+            charged: dict = {}
+            for w in warps:  # (no warp issued at t: each one's reason, or not_selected)
+                if w.pc < w.end:
+                    r = _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+                    charged[r] = charged.get(r, 0) + 1
+            for r, n in charged.items():
+                stalls[r] = n * gap + get(r, 0)
         t = nxt
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
@@ -457,7 +478,7 @@ class _Steady:
                tuple(wid.get(id(w), -1) if w is not None else None for w in last),
                turns,  # issue_in_turn: each SMSP's ring of warps and the SM's ring of SMSPs (else None)
                tuple((id(w), rel(w.ready), tuple(w.sb), w.at_bar, rel(w.open_arrival), w.long_sb,
-                      w.pc >= len(w.stream), w.cta.arrived, w.cta.live) for w in warps),
+                      w.pc >= w.end, w.cta.arrived, w.cta.live) for w in warps),
                # a copy's arrival (negative: its wavefronts) takes the shared-memory pipe, whoever issued it
                tuple(sorted((rel(e[0]), wid.get(id(e[2]), -1) if e[3] >= 0 else -1, e[3]) for e in events)))
         now = (t, [w.pc for w in warps], issued, warp_cycles, dict(busy), dict(stalls))
@@ -552,15 +573,6 @@ def steady_size(stream: list) -> int:
     return len(stream) - skipped
 
 
-def _reasons(warps, t, pipe_free, state, gpu, pick):
-    for w in warps:
-        if w.pc < len(w.stream):
-            if w is pick:
-                yield "selected"
-            else:
-                yield _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
-
-
 def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> bool:
     """`_blocked(...) is None`, its checks in the order that rejects a waiting warp soonest (the
     scheduler's inner loop; `_blocked` names the reason for the stall accounting)."""
@@ -583,12 +595,13 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
     """None when `w` may issue `st` at cycle t, else the stall reason."""
     if w.at_bar:
         return "barrier"
-    if st.sync is Sync.DEPBAR:
+    if st.sync is _DEPBAR:
         if w.sb[0] > st.depbar_n:
             return "long_scoreboard"
     elif st.wait_mask:
-        for b in range(6):
-            if st.wait_mask >> b & 1 and w.sb[b]:
+        sb = w.sb
+        for b in st.waits:
+            if sb[b]:
                 return "long_scoreboard" if w.long_sb >> b & 1 else "short_scoreboard"
     if t < w.ready:
         return "wait"
@@ -604,52 +617,61 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
 def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, events: list, seq: int,
            busy: Counter) -> int:
     st = w.stream[w.pc]
+    sync = st.sync
     w.pc += 1
     w.why = None
-    w.ready = t + max(1, st.stall)
-    pipes[st.slot] = t + st.cycles
-    busy[_PIPE_NAMES[st.slot]] += st.cycles
+    stall = st.stall
+    w.ready = t + (stall if stall > 1 else 1)
+    slot = st.slot
+    pipes[slot] = t + st.cycles
+    busy[_PIPE_NAMES[slot]] += st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
         state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
         busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
-    if st.sync is Sync.GLOBAL_COPY:
+    if sync is _GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         arrival = state["global_free"] + gpu.global_latency
         w.open_arrival = max(w.open_arrival, arrival)
         if st.wavefronts:
-            heapq.heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
+            heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
             seq += 1
             busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-    elif st.sync is Sync.GLOBAL_LOAD or st.sync is Sync.GLOBAL_STORE:
+    elif sync is _GLOBAL_LOAD or sync is _GLOBAL_STORE:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         if st.atomic:  # the L2's atomic units execute its lanes after those queued before
             state["atomic_free"] = max(state["atomic_free"], t) + st.atomic / gpu.atomic_rate
-        if st.sync is Sync.GLOBAL_LOAD:
+        if sync is _GLOBAL_LOAD:
             done = max(state["global_free"], state["atomic_free"] if st.atomic else 0.0) + gpu.global_latency
     elif st.is_mio and st.wavefronts:
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = state["mio_free"]
         busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
-        if st.sync is Sync.LOCAL_LOAD or st.sync is Sync.LOCAL_STORE:  # stores and misses go on to the L2
-            done = l2_leg(state, st, t, done, gpu, st.sync is Sync.LOCAL_STORE)
-    if st.write_sb >= 0:
-        w.sb[st.write_sb] += 1
-        bit = 1 << st.write_sb
-        w.long_sb = w.long_sb | bit if st.sync is Sync.LDGDEPBAR else w.long_sb & ~bit
-        when = max(w.open_arrival, t + 1) if st.sync is Sync.LDGDEPBAR else done + st.latency
-        heapq.heappush(events, (when, seq, w, st.write_sb))
+        if sync is _LOCAL_LOAD or sync is _LOCAL_STORE:  # stores and misses go on to the L2
+            done = l2_leg(state, st, t, done, gpu, sync is _LOCAL_STORE)
+    write = st.write_sb
+    if write >= 0:
+        w.sb[write] += 1
+        bit = 1 << write
+        if sync is _LDGDEPBAR:
+            w.long_sb |= bit
+            when = max(w.open_arrival, t + 1)
+        else:
+            w.long_sb &= ~bit
+            when = done + st.latency
+        heappush(events, (when, seq, w, write))
         seq += 1
-    if st.sync is Sync.LDGDEPBAR:
+    if sync is _LDGDEPBAR:
         w.open_arrival = 0.0
-    if st.read_sb >= 0:
-        w.sb[st.read_sb] += 1
-        heapq.heappush(events, (done + gpu.read_latency, seq, w, st.read_sb))
+    read = st.read_sb
+    if read >= 0:
+        w.sb[read] += 1
+        heappush(events, (done + gpu.read_latency, seq, w, read))
         seq += 1
-    if st.sync is Sync.BAR:
+    if sync is _BAR:
         _arrive(w, t, gpu)
-    elif st.sync is Sync.EXIT or w.pc >= len(w.stream):
+    elif sync is _EXIT or w.pc >= w.end:
         _leave(w, t, gpu)
     return seq
 
@@ -672,7 +694,7 @@ def _release(cta: _Cta, when: float) -> None:
 
 
 def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
-    w.pc = len(w.stream)
+    w.pc = w.end
     cta = w.cta
     cta.live -= 1
     if cta.live == 0:
@@ -683,13 +705,22 @@ def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
 
 def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
     """The next cycle at which anything can change, when nothing issued at t."""
-    cands = [events[0][0]] if events else []
-    cands += [w.ready for w in warps if w.pc < len(w.stream) and w.ready > t and not w.at_bar]
-    cands += [p for pipes in pipe_free for p in pipes if p > t]
-    if state["mio_free"] - gpu.mio_queue > t:
-        cands.append(state["mio_free"] - gpu.mio_queue)
-    if state["atomic_free"] - gpu.atomic_queue > t:
-        cands.append(state["atomic_free"] - gpu.atomic_queue)
-    if not cands:
+    best = events[0][0] if events else _INF
+    for w in warps:
+        if w.pc < w.end and not w.at_bar:
+            r = w.ready
+            if t < r < best:
+                best = r
+    for pipes in pipe_free:
+        for p in pipes:
+            if t < p < best:
+                best = p
+    x = state["mio_free"] - gpu.mio_queue
+    if t < x < best:
+        best = x
+    x = state["atomic_free"] - gpu.atomic_queue
+    if t < x < best:
+        best = x
+    if best == _INF:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
-    return max(t + 1, min(cands))
+    return max(t + 1, best)
