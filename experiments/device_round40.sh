@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 40's GPU call (any sm_90 card): the GPU tests of this round's new paths (fa compare and fa trace on
 # packed batches and split-KV, --config with --backward, the backward candidates lse_async / dq_warp_rows),
-# then the d=128 backward candidates timed (tune_bwd.py --labels) against SDPA-flash.
+# then the packed and split-KV compare recordings, then the d=128 backward candidates timed (tune_bwd.py --labels) against SDPA-flash.
 #   OUT=... bash experiments/device_round40.sh
 set -u
 OUT=${OUT:-experiments/out}
@@ -14,6 +14,13 @@ timeout ${TESTS_S:-220} python3 -m pytest -q -m gpu -n 8 -p no:randomly -rfE tes
   > "$OUT/tests.txt" 2>&1
 tail -15 "$OUT/tests.txt" | tee -a "$OUT/summary.txt"
 echo "== tests $(( $(date +%s) - T0 ))s" | tee -a "$OUT/summary.txt"
+# fa compare --save of a packed batch and of split-KV decoding (format 5; replayed on the CPU by
+# tests/test_saved_runs_packed_split.py once copied into tests/data/<gpu>/)
+for spec in "packed:--seqlens 70,130,5 --heads 4 --heads-k 2 --causal --head-dim 64 --ctas 0,17,33" \
+            "splitkv:--batch 2 --heads 4 --heads-k 1 --seqlen 2 --seqlen-k 300 --cache-seqlens 300,70 --head-dim 64 --splits 3 --ctas 0,1,4,5"; do
+  timeout 60 python3 -m fa_sim.cli compare ${spec#*:} --save "$OUT/compare_${spec%%:*}.npz" --force 2>&1 | tail -4 | tee -a "$OUT/summary.txt"
+done
+echo "== featrec $(( $(date +%s) - T0 ))s" | tee -a "$OUT/summary.txt"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 BASE=fa_hw/tuned/backward/$(python3 -c "import sys; from fa_hw.device import gpu_key; print(gpu_key(sys.argv[1]))" "$GPU").json
 BASEARG=(); [ -f "$BASE" ] && BASEARG=(--base "$BASE")
