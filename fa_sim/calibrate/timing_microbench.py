@@ -11,8 +11,8 @@ MUFU.EX2's rate and latency (independent chains; one dependent chain), the fma p
 shared-memory pipe's rate (conflict-free ldmatrix.x4, every warp) and an 8-way-conflicted one;
 MUFU.RCP's latency and div.rn.f32's (the softcap's tanh: MUFU.RCP, FCHK, FFMAs, a branch around
 the slow path) dependent chain and rate, which tests/data/h200/timing_microbench.json does not hold
-(tests/data/h100/timing_microbench_h100.json does, recorded when the chain was x / d alone: chain 0
-divided lane 0's zero, which takes div.rn's slow path on the GPU; each step is now (x + 1) / d, never zero); and for the softcap's error (docs/timing.md, "Features"), recorded on the H100
+(tests/data/h100/timing_microbench_h100.json does; each step is (x + 1) / d, never a zero numerator: a
+first recording's x / d divided lane 0's zero in chain 0, which takes div.rn's slow path on the GPU); and for the softcap's error (docs/timing.md, "Features"), recorded on the H100
 (tests/data/h100/timing_microbench_h100.json): MUFU.RCP's rate, MUFU.EX2's with four warps per
 sub-partition, the softcap's tanh chain (MUFU.EX2, FADD, MUFU.RCP, FFMA) alone, beside HMMAs and MUFU.EX2
 beside ldmatrix (tests/test_timing_model.py holds each one's SASS mix and the model to the H100's cycles).
