@@ -8,8 +8,8 @@ tests/data/README.md), without a GPU where the file needs none.
 - The CPU side of each GPU command reproduces what the committed file holds: the saved compare
   runs' inputs, config, causal flag, CTAs and launch (dense, a packed batch's offsets, split-KV's
   splits, cache lengths and GQA packing) come from their `fa compare` command line (a copy with
-  one of them changed fails), the MMA excerpt's tiles from `mma_probe run --tiles 8192` at the documented tiles, the ALU forms
-  and the LDGSTS patterns from their probes.
+  one of them changed fails), the MMA excerpt's tiles from `mma_probe run --tiles 8192` at the
+  documented tiles, the ALU forms and the LDGSTS patterns from their probes.
 - The comparison finds a changed value.
 """
 
