@@ -6,9 +6,10 @@ tests/data/README.md), without a GPU where the file needs none.
 - The CPU recordings regenerate equal to the committed files (seed_sass_sha256.json under NVRTC
   13.0, the golden traces).
 - The CPU side of each GPU command reproduces what the committed file holds: the saved compare
-  runs' inputs, config, causal flag and CTAs come from their `fa compare` command line, the
-  MMA excerpt's tiles from `mma_probe run --tiles 8192` at the documented tiles, the ALU forms
-  and the LDGSTS patterns from their probes.
+  runs' inputs, config, causal flag, CTAs and launch (dense, a packed batch's offsets, split-KV's
+  splits, cache lengths and GQA packing) come from their `fa compare` command line (a copy with
+  one of them changed fails), the MMA excerpt's tiles from `mma_probe run --tiles 8192` at the
+  documented tiles, the ALU forms and the LDGSTS patterns from their probes.
 - The comparison finds a changed value.
 """
 
@@ -18,6 +19,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,22 +85,77 @@ def _argv(rec: Recording) -> list[str]:
 
 @pytest.mark.parametrize("rec", [r for r in GPU if r.kind is Kind.SAVED_RUN], ids=lambda r: Path(r.path).stem)
 def test_saved_runs_come_from_their_command_line(rec):
+    """What `fa compare` makes of the recording's command line, without the GPU: the inputs (dense,
+    packed of --seqlens, or split-KV's padded batch), config, causal flag, the launch (a packed run's
+    offsets; a split run's splits, cache lengths and GQA packing) and the CTAs (--ctas, or the default
+    of that launch kind), each equal to what the file holds."""
     from fa_sim.cli import build_parser, explicit_options
-    from fa_sim.commands.common import config_from_args, random_inputs
+    from fa_sim.commands.common import (config_from_args, packed_inputs, packed_problem, packed_random_inputs,
+                                        random_inputs, splitkv)
+    from fa_sim.commands.compare import _default_packed
     from fa_sim.crosscheck import SavedRun
     from fa_sim.problem import Problem
+    from fa_sim.splitkv import check_splitkv
 
     argv = _argv(rec)[3:]  # after "python -m fa_sim.cli"
     args = build_parser().parse_args(argv)
     args.explicit = explicit_options(argv)
     run = SavedRun.load(ROOT / rec.path)
-    q, k, v = random_inputs(args, config_from_args(args).dtype)  # a bf16 run: float32 of bf16 values
+    config = config_from_args(args)
+    split = splitkv(args)  # {} unless --splits / --cache-seqlens
+    assert packed_inputs(args, split) is None  # random inputs; args.cu_seqlens set by --seqlens
+    if args.cu_seqlens is not None:  # a packed batch: one token-major draw of the --seqlens lengths
+        prob = packed_problem(args, None, config)
+        q, k, v = packed_random_inputs(args, prob, config.dtype)
+        assert run.kind == "packed" and run.cu_seqlens == tuple(tuple(map(int, c)) for c in args.cu_seqlens)
+        n_ctas, default = prob.n_ctas, _default_packed(prob)  # the first and the last CTA that run
+    else:
+        q, k, v = random_inputs(args, config.dtype)  # a bf16 run: float32 of bf16 values
+        prob = Problem(*q.shape[:3], k.shape[2], args.causal, run.scale, config, heads_k=k.shape[1])
+        if split:  # split-KV decoding: the split grid, default its first and last CTA that run
+            plan = check_splitkv(prob, split["splits"], split["cache_seqlens"], None, split.get("pack_gqa"))
+            assert run.kind == "split" and (run.splits, run.pack_gqa) == (plan.splits, plan.unpacked is not None)
+            assert np.array_equal(run.cache_seqlens, plan.cache_seqlens)
+            live = [c for c in range(plan.n_ctas) if plan.cta(c)[4] > 0]
+            n_ctas, default = plan.n_ctas, sorted({live[0], live[-1]})
+        else:  # a dense launch: fa compare's default CTAs, the first and the last
+            assert run.kind == "dense"
+            n_ctas, default = prob.n_ctas, [0, prob.n_ctas - 1]
     assert all(np.array_equal(a, b) for a, b in ((q, run.q), (k, run.k), (v, run.v)))
-    assert (config_from_args(args), args.causal) == (run.config, run.causal)
-    n_ctas = Problem(*q.shape[:3], k.shape[2], run.causal, run.scale, run.config).n_ctas
-    assert run.ctas == (0, n_ctas - 1)  # fa compare's default CTAs: the first and the last
+    assert (config, args.causal) == (run.config, run.causal)
+    ctas = default if args.ctas is None else [int(c) for c in args.ctas.split(",")]
+    assert run.ctas == tuple(ctas) and all(0 <= c < n_ctas for c in ctas)
     if args.kernel is not None:
         assert (ROOT / args.kernel).is_file() and Path(args.kernel).name == run.kernel_name
+
+
+def _flip_one(x):
+    x.reshape(-1)[11] = -x.reshape(-1)[11]
+    return x
+
+
+@pytest.mark.parametrize("name, change", [
+    ("compare_causal_tails.npz", {"k": _flip_one}),
+    ("compare_packed.npz", {"q": _flip_one}),
+    ("compare_packed.npz", {"cu_seqlens_q": lambda c: np.array([0, 71, 200, 205], np.int32),
+                            "cu_seqlens_k": lambda c: np.array([0, 71, 200, 205], np.int32)}),
+    ("compare_splitkv.npz", {"v": _flip_one}),
+    ("compare_splitkv.npz", {"cache_seqlens": lambda c: np.array([300, 71], np.int32)}),
+    ("compare_splitkv.npz", {"ctas": lambda c: np.array([0, 1, 4, 3])}),
+])
+def test_a_saved_run_that_its_command_line_does_not_make_fails(tmp_path, monkeypatch, name, change):
+    """The check above on a copy with one input value, the offsets, the cache lengths or the CTAs
+    changed: each fails (the unchanged copy passes)."""
+    rec = recordings.BY_NAME[name]
+    copy = tmp_path / rec.path
+    copy.parent.mkdir(parents=True)
+    data = {k: np.asarray(v) for k, v in np.load(ROOT / rec.path).items()}
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    np.savez(copy, **data)
+    test_saved_runs_come_from_their_command_line(rec)
+    np.savez(copy, **{**data, **{k: fn(data[k].copy()) for k, fn in change.items()}})
+    with pytest.raises(AssertionError):
+        test_saved_runs_come_from_their_command_line(rec)
 
 
 def test_the_mma_excerpt_holds_the_documented_tiles(tmp_path):

@@ -8,9 +8,9 @@ tests/test_compare_splitkv.py); `fa compare --gpu-npz` replays it on the CPU, ev
 (and for split-KV the workspace and the combine's O and LSE) bit-identical, and fails on one
 spoiled checkpoint word, workspace value or output. A split-KV recording whose kernel source is
 not today's fa2_fwd.cu is replayed with the recorded source. Malformed format-5 fields are one
-line each. The real GPU recordings (tests/data/h100 or h200: compare_packed.npz,
-compare_splitkv.npz, made by `STEPS=featrec bash experiments/device_round36.sh`) are replayed
-when they are there.
+line each. The real GPU recordings (tests/data/h100: compare_packed.npz, compare_splitkv.npz,
+made on an NVIDIA H100 80GB HBM3 by experiments/device_round40.sh, the commands of
+`STEPS=featrec bash experiments/device_round36.sh`; an h200 copy too where there is one) are replayed.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def test_pack_gqa_true_without_groups_is_refused(recordings, tmp_path):
 
 
 # -- recordings of a real GPU (tests/data/h100 or h200) ------------------------------------------------------
-# file -> what experiments/device_round36.sh's featrec step records (its options there):
+# file -> what experiments/device_round36.sh's featrec step (and device_round40.sh) records (its options there):
 # packed: --seqlens 70,130,5 --heads 4 --heads-k 2 --causal --head-dim 64 --ctas 0,17,33 (CTA 17: sequence 1's
 # tail Q block; 33: the last that runs); splitkv: --batch 2 --heads 4 --heads-k 1 --seqlen 2 --seqlen-k 300
 # --cache-seqlens 300,70 --head-dim 64 --splits 3 --ctas 0,1,4,5 (GQA packed: grid (1, 2, 3); CTA 1 sequence 1's

@@ -125,6 +125,16 @@ RECORDINGS = (
     Recording(f"{H100}/compare_d256_causal.npz", True,
               _compare("--heads 2 --seqlen 150 --causal --head-dim 256", "compare_d256_causal.npz"),
               "a saved causal GPU run at head_dim 256 with a partial tile, CTAs 0 and 5", Kind.SAVED_RUN, 150),
+    Recording(f"{H100}/compare_packed.npz", True,
+              _compare("--seqlens 70,130,5 --heads 4 --heads-k 2 --causal --head-dim 64 --ctas 0,17,33",
+                       "compare_packed.npz"),
+              "a saved causal GPU run of a packed batch (lengths 70, 130, 5; GQA 2 K/V heads for 4; d = 64; format 5 "
+              "with the offsets), CTAs 0, 17 (a tail Q block) and 33 (the last that runs)", Kind.SAVED_RUN, 120),
+    Recording(f"{H100}/compare_splitkv.npz", True,
+              _compare("--batch 2 --heads 4 --heads-k 1 --seqlen 2 --seqlen-k 300 --cache-seqlens 300,70 --head-dim 64 "
+                       "--splits 3 --ctas 0,1,4,5", "compare_splitkv.npz"),
+              "a saved GPU run of split-KV decoding (3 splits, MQA packed, cache lengths 300 and 70; format 5 with "
+              "the workspace), CTAs 0, 1, 4 (1 and 4 with a partial tile) and 5 (an empty split)", Kind.SAVED_RUN, 120),
     Recording(f"{H100}/timing_features.json", True,
               "python experiments/timing_features.py --measure --out OUT/timing_features.json",
               "the forward features (bf16, GQA, MQA, softcap, windows, all at once) beside the plain config at three "
