@@ -77,6 +77,7 @@ _GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, 
 _LOCAL_LOAD, _LOCAL_STORE = Sync.LOCAL_LOAD, Sync.LOCAL_STORE
 heappush = heapq.heappush
 _INF = float("inf")
+_NINF = -_INF
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
 # in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
 # until the CTA's release, a scoreboard wait until one of its scoreboards is released (the warp sets
@@ -93,7 +94,8 @@ class Deadlock(RuntimeError):
 
 
 class _Warp:
-    __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why")
+    __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why",
+                 "wake")
 
     def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
         self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
@@ -103,6 +105,10 @@ class _Warp:
         self.open_arrival = 0.0
         self.long_sb = 0  # scoreboards last set by a cp.async group: waits on them are long
         self.why = None  # a stall reason of this warp's own that stays until it is cleared (_HELD)
+        # the cycle from which `why` is asked again: -inf without one, its ready cycle for a wait, its pipe's
+        # free cycle for a math throttle (neither moves while the warp does not issue, but by a steady jump,
+        # which moves this too), inf for a barrier or a scoreboard (cleared, with `why`, by their release)
+        self.wake = _NINF
 
 
 @dataclass
@@ -224,8 +230,8 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
         events: list = []  # (time, seq, warp, scoreboard)
         last: list = [None] * N_SMSP
-        stalls: Counter = Counter()
-        busy: Counter = Counter()
+        stalls: dict = {}  # plain dicts in the loop (a Counter's item assignment costs twice a dict's); the
+        busy: dict = {}  # same keys, order and sums (a missing key counted from 0, as Counter's), returned as before
         issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
         skipped = 0.0  # cycles jumped over by the steady state (not simulated)
         live = len(warps)
@@ -250,6 +256,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 if sb >= 0:
                     w.sb[sb] -= 1
                     w.why = None
+                    w.wake = _NINF
                 else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
@@ -267,11 +274,18 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 pick, ready = None, 0
                 for w in mine:
                     if w.pc < w.end:
-                        r = w.why
-                        if (r is None or r == "wait" and t >= w.ready
-                                or r == "math_pipe_throttle" and pipes[w.stream[w.pc].slot] <= t):
-                            r = _blocked(w, w.stream[w.pc], t, pipes, state, gpu)
-                            w.why = r if r in _HELD else None
+                        if t >= w.wake:  # no reason held, or the held one's wait or throttle may have ended
+                            st = w.stream[w.pc]
+                            r = _blocked(w, st, t, pipes, state, gpu)
+                            if r in _HELD:
+                                w.why = r
+                                w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" \
+                                    else _INF
+                            else:
+                                w.why = None
+                                w.wake = _NINF
+                        else:
+                            r = w.why
                         if r is None:
                             ready += 1
                             if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
@@ -345,6 +359,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 for w in warps:
                     w.pc += m * deltas[id(w)]
                     w.ready += shift
+                    w.wake += shift
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
@@ -365,7 +380,8 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             charged: dict = {}
             for w in warps:  # (no warp issued at t: each one's reason, or not_selected)
                 if w.pc < w.end:
-                    r = _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+                    # a held reason was checked at t by this cycle's pass, and nothing changed since (no issue)
+                    r = w.why or _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
                     charged[r] = charged.get(r, 0) + 1
             for r, n in charged.items():
                 stalls[r] = n * gap + get(r, 0)
@@ -373,7 +389,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
     return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued,
-                 dict(busy), stalls, warp_cycles, skipped), snapshot
+                 dict(busy), Counter(stalls), warp_cycles, skipped), snapshot
 
 
 def _snapshot(streams: list, state: tuple) -> tuple:
@@ -615,20 +631,22 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
 
 
 def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, events: list, seq: int,
-           busy: Counter) -> int:
+           busy: dict) -> int:
     st = w.stream[w.pc]
     sync = st.sync
     w.pc += 1
     w.why = None
+    w.wake = _NINF
     stall = st.stall
     w.ready = t + (stall if stall > 1 else 1)
     slot = st.slot
     pipes[slot] = t + st.cycles
-    busy[_PIPE_NAMES[slot]] += st.cycles
+    name = _PIPE_NAMES[slot]
+    busy[name] = busy.get(name, 0) + st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
         state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
-        busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
+        busy["SMEM"] = busy.get("SMEM", 0) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
     if sync is _GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         arrival = state["global_free"] + gpu.global_latency
@@ -636,7 +654,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         if st.wavefronts:
             heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
             seq += 1
-            busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+            busy["SMEM"] = busy.get("SMEM", 0) + st.wavefronts / gpu.smem_wavefronts_per_cycle
     elif sync is _GLOBAL_LOAD or sync is _GLOBAL_STORE:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         if st.atomic:  # the L2's atomic units execute its lanes after those queued before
@@ -647,7 +665,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = state["mio_free"]
-        busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+        busy["SMEM"] = busy.get("SMEM", 0) + st.wavefronts / gpu.smem_wavefronts_per_cycle
         if sync is _LOCAL_LOAD or sync is _LOCAL_STORE:  # stores and misses go on to the L2
             done = l2_leg(state, st, t, done, gpu, sync is _LOCAL_STORE)
     write = st.write_sb
@@ -690,6 +708,7 @@ def _release(cta: _Cta, when: float) -> None:
         if x.at_bar:
             x.at_bar = False
             x.why = None
+            x.wake = _NINF
             x.ready = max(x.ready, when)
 
 
