@@ -75,7 +75,7 @@ _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's nam
 _BAR, _LDGDEPBAR, _DEPBAR, _EXIT = Sync.BAR, Sync.LDGDEPBAR, Sync.DEPBAR, Sync.EXIT
 _GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE
 _LOCAL_LOAD, _LOCAL_STORE = Sync.LOCAL_LOAD, Sync.LOCAL_STORE
-heappush = heapq.heappush
+heappush, heappop = heapq.heappush, heapq.heappop
 _INF = float("inf")
 _NINF = -_INF
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
@@ -252,7 +252,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     while live:
         if not first:
             while events and events[0][0] <= t:
-                when, _, w, sb = heapq.heappop(events)
+                when, _, w, sb = heappop(events)
                 if sb >= 0:
                     w.sb[sb] -= 1
                     w.why = None
@@ -731,9 +731,10 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
             if t < r < best:
                 best = r
     for pipes in pipe_free:
-        for p in pipes:
-            if t < p < best:
-                best = p
+        if max(pipes) > t:  # (most of a sub-partition's pipes are free: skipped at once)
+            for p in pipes:
+                if t < p < best:
+                    best = p
     x = state["mio_free"] - gpu.mio_queue
     if t < x < best:
         best = x
