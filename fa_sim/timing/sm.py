@@ -56,6 +56,7 @@ XU's load as mio_throttle), lg_throttle, not_selected; the issuing warp counts a
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ _NINF = -_INF
 # issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
 # one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
 _HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
+_CODE = {r: i for i, r in enumerate(REASONS)}
 
 
 class Deadlock(RuntimeError):
@@ -95,7 +97,7 @@ class Deadlock(RuntimeError):
 
 class _Warp:
     __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why",
-                 "wake")
+                 "wake", "code")
 
     def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
         self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
@@ -109,6 +111,7 @@ class _Warp:
         # free cycle for a math throttle (neither moves while the warp does not issue, but by a steady jump,
         # which moves this too), inf for a barrier or a scoreboard (cleared, with `why`, by their release)
         self.wake = _NINF
+        self.code = 0  # REASONS.index(why) while it holds one
 
 
 @dataclass
@@ -249,6 +252,10 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         start(slot, t + 1)
         live += n_warps
     anchored = (None, None)  # (a stream, its anchor): _Steady's, for the oldest warp's stream
+    # A warp's cycles under a held reason are counted per reason here (REASONS' order), not added to `stalls`
+    # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
+    # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
+    ones = [0] * len(REASONS)
     while live:
         if not first:
             while events and events[0][0] <= t:
@@ -274,24 +281,26 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 pick, ready = None, 0
                 for w in mine:
                     if w.pc < w.end:
-                        if t >= w.wake:  # no reason held, or the held one's wait or throttle may have ended
-                            st = w.stream[w.pc]
-                            r = _blocked(w, st, t, pipes, state, gpu)
-                            if r in _HELD:
-                                w.why = r
-                                w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" \
-                                    else _INF
-                            else:
-                                w.why = None
-                                w.wake = _NINF
-                        else:
-                            r = w.why
+                        if t < w.wake:  # a held reason: counted in `ones`, added to `stalls` later (_flush)
+                            ones[w.code] += 1
+                            continue
+                        st = w.stream[w.pc]  # no reason held, or the held one's wait or throttle may have ended
+                        r = _blocked(w, st, t, pipes, state, gpu)
                         if r is None:
+                            w.why = None
+                            w.wake = _NINF
                             ready += 1
                             if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
                                 pick = w
+                            continue
+                        if r in _HELD:
+                            w.why = r
+                            w.code = _CODE[r]
+                            w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
                         else:
-                            stalls[r] = get(r, 0) + 1
+                            w.why = None
+                            w.wake = _NINF
+                        stalls[r] = get(r, 0) + 1  # (a reason's first charge is here: the keys' order as before)
                 if ready:
                     stalls["selected"] = get("selected", 0) + 1
                     if ready > 1:
@@ -342,6 +351,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             start(pick.cta.slot, t + 1)
                             live += n_warps
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
+                            _flush(stalls, ones)
                             snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
                                                            busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
                                                            pick.cta.slot, periodic is not None and periodic.due,
@@ -352,6 +362,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         if periodic is not None and periodic.due:
             periodic.due = False
             turns = (tuple(r % max(1, len(by_smsp[s])) for s, r in enumerate(ring)), turn) if in_turn else None
+            _flush(stalls, ones)
             jump = periodic.at(t, warps, last, turns, pipe_free, state, events, issued, busy, stalls, warp_cycles)
             if jump is not None:
                 m, period, deltas, counts = jump
@@ -384,12 +395,51 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     r = w.why or _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
                     charged[r] = charged.get(r, 0) + 1
             for r, n in charged.items():
+                if ones[_CODE[r]]:
+                    _flush(stalls, ones, _CODE[r])
                 stalls[r] = n * gap + get(r, 0)
         t = nxt
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
+    _flush(stalls, ones)
     return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued,
                  dict(busy), Counter(stalls), warp_cycles, skipped), snapshot
+
+
+def _flush(stalls: dict, ones: list, code: int | None = None) -> None:
+    """Add the held reasons' counted cycles (`ones`, per REASONS index; only `code`'s if given) to `stalls`,
+    as that many additions of 1 would have (the key is there: each reason was charged once when first held)."""
+    for c in range(len(ones)) if code is None else (code,):
+        n = ones[c]
+        if n:
+            ones[c] = 0
+            r = REASONS[c]
+            stalls[r] = _add_ones(stalls[r], n)
+
+
+def _add_ones(x, n: int):
+    """x + 1 + 1 + ... (n ones), each addition rounded as Python's (the same result, bit for bit), in a few
+    additions: for 1 <= x < 2**52 adding 1 to a float is exact unless the sum reaches the next power of two, so
+    the ones below it are added at once and the one that reaches it alone."""
+    if type(x) is int:
+        return x + n
+    if x >= 1.0:
+        y = x + n
+        if math.frexp(y)[1] == math.frexp(x)[1]:  # no power of two reached: every step was exact
+            return y
+    while n > 0:
+        e = math.frexp(x)[1]  # 2**(e-1) <= x < 2**e
+        if x < 1.0 or e > 52:  # one at a time
+            x += 1.0
+            n -= 1
+            continue
+        k = min(n, math.ceil(2.0 ** e - x) - 1)  # the ones that keep x below 2**e (2**e - x is exact)
+        x += k
+        n -= k
+        if n:
+            x += 1.0  # the one that reaches 2**e, rounded
+            n -= 1
+    return x
 
 
 def _snapshot(streams: list, state: tuple) -> tuple:
