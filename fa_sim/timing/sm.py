@@ -423,7 +423,7 @@ def _add_ones(x, n: int):
     the ones below it are added at once and the one that reaches it alone."""
     if type(x) is int:
         return x + n
-    if x >= 1.0:
+    if 1.0 <= x < 4503599627370496.0:  # 2**52: from there on an addition of 1 may be rounded away
         y = x + n
         if math.frexp(y)[1] == math.frexp(x)[1]:  # no power of two reached: every step was exact
             return y
