@@ -89,6 +89,8 @@ _NINF = -_INF
 # one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
 _HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
 _CODE = {r: i for i, r in enumerate(REASONS)}
+_SELECTED, _NOT_SELECTED = _CODE["selected"], _CODE["not_selected"]
+_GONE = len(REASONS)  # a warp that left: `ones`' slot past REASONS', never added to the stalls
 
 
 class Deadlock(RuntimeError):
@@ -112,6 +114,8 @@ class _Warp:
         # which moves this too), inf for a barrier or a scoreboard (cleared, with `why`, by their release)
         self.wake = _NINF
         self.code = 0  # REASONS.index(why) while it holds one
+        if not self.end:
+            self.wake, self.code = _INF, _GONE
 
 
 @dataclass
@@ -255,15 +259,16 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     # A warp's cycles under a held reason are counted per reason here (REASONS' order), not added to `stalls`
     # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
     # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
-    ones = [0] * len(REASONS)
+    ones = [0] * (len(REASONS) + 1)
     while live:
         if not first:
             while events and events[0][0] <= t:
                 when, _, w, sb = heappop(events)
                 if sb >= 0:
                     w.sb[sb] -= 1
-                    w.why = None
-                    w.wake = _NINF
+                    if w.pc < w.end:  # (a warp that left keeps its inf wake)
+                        w.why = None
+                        w.wake = _NINF
                 else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
@@ -280,32 +285,36 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     mine = mine[k:] + mine[:k]
                 pick, ready = None, 0
                 for w in mine:
-                    if w.pc < w.end:
-                        if t < w.wake:  # a held reason: counted in `ones`, added to `stalls` later (_flush)
-                            ones[w.code] += 1
-                            continue
-                        st = w.stream[w.pc]  # no reason held, or the held one's wait or throttle may have ended
-                        r = _blocked(w, st, t, pipes, state, gpu)
-                        if r is None:
-                            w.why = None
-                            w.wake = _NINF
-                            ready += 1
-                            if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
-                                pick = w
-                            continue
-                        if r in _HELD:
-                            w.why = r
-                            w.code = _CODE[r]
-                            w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
-                        else:
-                            w.why = None
-                            w.wake = _NINF
-                        stalls[r] = get(r, 0) + 1  # (a reason's first charge is here: the keys' order as before)
-                if ready:
-                    stalls["selected"] = get("selected", 0) + 1
+                    if t < w.wake:  # a held reason: counted in `ones`, added to `stalls` later (_flush); a warp
+                        ones[w.code] += 1  # that left: counted in the slot past REASONS' (never added)
+                        continue
+                    st = w.stream[w.pc]  # no reason held, or the held one's wait or throttle may have ended
+                    r = _blocked(w, st, t, pipes, state, gpu)
+                    if r is None:
+                        w.why = None
+                        w.wake = _NINF
+                        ready += 1
+                        if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
+                            pick = w
+                        continue
+                    if r in _HELD:
+                        w.why = r
+                        w.code = _CODE[r]
+                        w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
+                    else:
+                        w.why = None
+                        w.wake = _NINF
+                    stalls[r] = get(r, 0) + 1  # (a reason's first charge is here: the keys' order as before)
+                if ready:  # counted in `ones` too once charged first (the keys' order as before)
+                    if "selected" in stalls:
+                        ones[_SELECTED] += 1
+                    else:
+                        stalls["selected"] = 1
                     if ready > 1:
-                        for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
-                            stalls["not_selected"] = get("not_selected", 0) + 1
+                        if "not_selected" in stalls:
+                            ones[_NOT_SELECTED] += ready - 1
+                        else:
+                            stalls["not_selected"] = _add_ones(0, ready - 1)
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
@@ -409,7 +418,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
 def _flush(stalls: dict, ones: list, code: int | None = None) -> None:
     """Add the held reasons' counted cycles (`ones`, per REASONS index; only `code`'s if given) to `stalls`,
     as that many additions of 1 would have (the key is there: each reason was charged once when first held)."""
-    for c in range(len(ones)) if code is None else (code,):
+    for c in range(len(REASONS)) if code is None else (code,):
         n = ones[c]
         if n:
             ones[c] = 0
@@ -764,6 +773,7 @@ def _release(cta: _Cta, when: float) -> None:
 
 def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
     w.pc = w.end
+    w.wake, w.code = _INF, _GONE  # the scheduler passes it with one comparison (its why is None)
     cta = w.cta
     cta.live -= 1
     if cta.live == 0:
