@@ -160,8 +160,28 @@ def test_held_stall_reasons_change_nothing(steady, in_turn, monkeypatch):
     held = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
     monkeypatch.setattr(sm, "_HELD", frozenset())
     asked = sm.run_sm(streams, 4, H200, slots=3, steady=steady)
-    assert held == asked and dict(held.stalls) == dict(asked.stalls)
+    assert held == asked and list(held.stalls.items()) == list(asked.stalls.items())  # the order too
     assert min(held.stalls[r] for r in ("barrier", "short_scoreboard", "wait", "math_pipe_throttle")) > 0
     plain = sm.run_sm(streams, 4, H200, account=False, slots=3, steady=steady)
     assert (plain.cycles, plain.done_at, plain.issued, plain.busy) == (held.cycles, held.done_at, held.issued,
                                                                        held.busy)
+
+
+def test_add_ones_is_one_addition_at_a_time():
+    """sm._add_ones(x, n), which adds a held stall reason's counted cycles at once, equals n additions of 1,
+    each rounded, bit for bit: across powers of two (where a float's last bit is rounded away), below 1,
+    at and past 2**52 (where ones are rounded away), and on ints."""
+    from fa_sim.timing.sm import _add_ones
+
+    rng = np.random.default_rng(5)
+    xs = [0.0, 0.3, 1.0, 1.5, 7.0 / 3, 2.0**20 - 0.7, 2.0**20 - 3 + 1 / 3, 1e7 / 3, 2.0**31 - 2.75, 2.0**52 - 5.5,
+          2.0**52 - 0.5, 2.0**53 - 3, 2.0**53, 2.0**60 + 2048.0]
+    xs += [float(2.0 ** rng.integers(1, 40) - rng.random() * 40) for _ in range(40)]
+    for x in xs:
+        for n in (0, 1, 2, 3, 7, 64, 1000, 5000):
+            one = x
+            for _ in range(n):
+                one += 1.0
+            got = _add_ones(x, n)
+            assert got == one and type(got) is float, (x, n, got, one)
+    assert _add_ones(5, 3) == 8 and type(_add_ones(5, 3)) is int

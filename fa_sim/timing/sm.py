@@ -56,6 +56,7 @@ XU's load as mio_throttle), lg_throttle, not_selected; the issuing warp counts a
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -75,8 +76,9 @@ _PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's nam
 _BAR, _LDGDEPBAR, _DEPBAR, _EXIT = Sync.BAR, Sync.LDGDEPBAR, Sync.DEPBAR, Sync.EXIT
 _GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE
 _LOCAL_LOAD, _LOCAL_STORE = Sync.LOCAL_LOAD, Sync.LOCAL_STORE
-heappush = heapq.heappush
+heappush, heappop = heapq.heappush, heapq.heappop
 _INF = float("inf")
+_NINF = -_INF
 # A warp's stall reasons that depend on its own state alone and so stay until that state changes, kept
 # in _Warp.why so that the scheduler does not ask _blocked again each cycle (the same answers): a barrier
 # until the CTA's release, a scoreboard wait until one of its scoreboards is released (the warp sets
@@ -86,6 +88,9 @@ _INF = float("inf")
 # issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
 # one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
 _HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
+_CODE = {r: i for i, r in enumerate(REASONS)}
+_SELECTED, _NOT_SELECTED = _CODE["selected"], _CODE["not_selected"]
+_GONE = len(REASONS)  # a warp that left: `ones`' slot past REASONS', never added to the stalls
 
 
 class Deadlock(RuntimeError):
@@ -93,7 +98,8 @@ class Deadlock(RuntimeError):
 
 
 class _Warp:
-    __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why")
+    __slots__ = ("cta", "stream", "end", "pc", "ready", "sb", "smsp", "at_bar", "open_arrival", "long_sb", "why",
+                 "wake", "code")
 
     def __init__(self, cta: "_Cta", stream: list[Step], smsp: int) -> None:
         self.cta, self.stream, self.pc, self.ready, self.smsp = cta, stream, 0, 0, smsp
@@ -103,6 +109,13 @@ class _Warp:
         self.open_arrival = 0.0
         self.long_sb = 0  # scoreboards last set by a cp.async group: waits on them are long
         self.why = None  # a stall reason of this warp's own that stays until it is cleared (_HELD)
+        # the cycle from which `why` is asked again: -inf without one, its ready cycle for a wait, its pipe's
+        # free cycle for a math throttle (neither moves while the warp does not issue, but by a steady jump,
+        # which moves this too), inf for a barrier or a scoreboard (cleared, with `why`, by their release)
+        self.wake = _NINF
+        self.code = 0  # REASONS.index(why) while it holds one
+        if not self.end:
+            self.wake, self.code = _INF, _GONE
 
 
 @dataclass
@@ -224,8 +237,8 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         state = {"mio_free": 0.0, "global_free": 0.0, "atomic_free": 0.0}
         events: list = []  # (time, seq, warp, scoreboard)
         last: list = [None] * N_SMSP
-        stalls: Counter = Counter()
-        busy: Counter = Counter()
+        stalls: dict = {}  # plain dicts in the loop (a Counter's item assignment costs twice a dict's); the
+        busy: dict = {}  # same keys, order and sums (a missing key counted from 0, as Counter's), returned as before
         issued, t, seq, warp_cycles = 0, 0.0, 0, 0.0
         skipped = 0.0  # cycles jumped over by the steady state (not simulated)
         live = len(warps)
@@ -243,13 +256,19 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         start(slot, t + 1)
         live += n_warps
     anchored = (None, None)  # (a stream, its anchor): _Steady's, for the oldest warp's stream
+    # A warp's cycles under a held reason are counted per reason here (REASONS' order), not added to `stalls`
+    # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
+    # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
+    ones = [0] * (len(REASONS) + 1)
     while live:
         if not first:
             while events and events[0][0] <= t:
-                when, _, w, sb = heapq.heappop(events)
+                when, _, w, sb = heappop(events)
                 if sb >= 0:
                     w.sb[sb] -= 1
-                    w.why = None
+                    if w.pc < w.end:  # (a warp that left keeps its inf wake)
+                        w.why = None
+                        w.wake = _NINF
                 else:  # a cp.async's data arrived: its shared-memory writes take the pipe now
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
@@ -266,23 +285,36 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     mine = mine[k:] + mine[:k]
                 pick, ready = None, 0
                 for w in mine:
-                    if w.pc < w.end:
-                        r = w.why
-                        if (r is None or r == "wait" and t >= w.ready
-                                or r == "math_pipe_throttle" and pipes[w.stream[w.pc].slot] <= t):
-                            r = _blocked(w, w.stream[w.pc], t, pipes, state, gpu)
-                            w.why = r if r in _HELD else None
-                        if r is None:
-                            ready += 1
-                            if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
-                                pick = w
-                        else:
-                            stalls[r] = get(r, 0) + 1
-                if ready:
-                    stalls["selected"] = get("selected", 0) + 1
+                    if t < w.wake:  # a held reason: counted in `ones`, added to `stalls` later (_flush); a warp
+                        ones[w.code] += 1  # that left: counted in the slot past REASONS' (never added)
+                        continue
+                    st = w.stream[w.pc]  # no reason held, or the held one's wait or throttle may have ended
+                    r = _blocked(w, st, t, pipes, state, gpu)
+                    if r is None:
+                        w.why = None
+                        w.wake = _NINF
+                        ready += 1
+                        if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
+                            pick = w
+                        continue
+                    if r in _HELD:
+                        w.why = r
+                        w.code = _CODE[r]
+                        w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
+                    else:
+                        w.why = None
+                        w.wake = _NINF
+                    stalls[r] = get(r, 0) + 1  # (a reason's first charge is here: the keys' order as before)
+                if ready:  # counted in `ones` too once charged first (the keys' order as before)
+                    if "selected" in stalls:
+                        ones[_SELECTED] += 1
+                    else:
+                        stalls["selected"] = 1
                     if ready > 1:
-                        for _ in range(ready - 1):  # one at a time: the sums' roundings as they were
-                            stalls["not_selected"] = get("not_selected", 0) + 1
+                        if "not_selected" in stalls:
+                            ones[_NOT_SELECTED] += ready - 1
+                        else:
+                            stalls["not_selected"] = _add_ones(0, ready - 1)
             else:
                 pick = ls if ls is not None and _can_issue(ls, ls.stream[ls.pc], t, pipes, state, gpu) else None
                 if pick is None:
@@ -328,6 +360,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             start(pick.cta.slot, t + 1)
                             live += n_warps
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
+                            _flush(stalls, ones)
                             snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
                                                            busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
                                                            pick.cta.slot, periodic is not None and periodic.due,
@@ -338,6 +371,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
         if periodic is not None and periodic.due:
             periodic.due = False
             turns = (tuple(r % max(1, len(by_smsp[s])) for s, r in enumerate(ring)), turn) if in_turn else None
+            _flush(stalls, ones)
             jump = periodic.at(t, warps, last, turns, pipe_free, state, events, issued, busy, stalls, warp_cycles)
             if jump is not None:
                 m, period, deltas, counts = jump
@@ -345,6 +379,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                 for w in warps:
                     w.pc += m * deltas[id(w)]
                     w.ready += shift
+                    w.wake += shift
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
@@ -365,15 +400,55 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
             charged: dict = {}
             for w in warps:  # (no warp issued at t: each one's reason, or not_selected)
                 if w.pc < w.end:
-                    r = _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
+                    # a held reason was checked at t by this cycle's pass, and nothing changed since (no issue)
+                    r = w.why or _blocked(w, w.stream[w.pc], t, pipe_free[w.smsp], state, gpu) or "not_selected"
                     charged[r] = charged.get(r, 0) + 1
             for r, n in charged.items():
+                if ones[_CODE[r]]:
+                    _flush(stalls, ones, _CODE[r])
                 stalls[r] = n * gap + get(r, 0)
         t = nxt
         if t - skipped > max_cycles:
             raise Deadlock(f"no end after {max_cycles:.0f} cycles")
+    _flush(stalls, ones)
     return SmRun(t, [c.done_at for c in ctas], [c.started for c in ctas], [tuple(c.marked) for c in ctas], issued,
-                 dict(busy), stalls, warp_cycles, skipped), snapshot
+                 dict(busy), Counter(stalls), warp_cycles, skipped), snapshot
+
+
+def _flush(stalls: dict, ones: list, code: int | None = None) -> None:
+    """Add the held reasons' counted cycles (`ones`, per REASONS index; only `code`'s if given) to `stalls`,
+    as that many additions of 1 would have (the key is there: each reason was charged once when first held)."""
+    for c in range(len(REASONS)) if code is None else (code,):
+        n = ones[c]
+        if n:
+            ones[c] = 0
+            r = REASONS[c]
+            stalls[r] = _add_ones(stalls[r], n)
+
+
+def _add_ones(x, n: int):
+    """x + 1 + 1 + ... (n ones), each addition rounded as Python's (the same result, bit for bit), in a few
+    additions: for 1 <= x < 2**52 adding 1 to a float is exact unless the sum reaches the next power of two, so
+    the ones below it are added at once and the one that reaches it alone."""
+    if type(x) is int:
+        return x + n
+    if 1.0 <= x < 4503599627370496.0:  # 2**52: from there on an addition of 1 may be rounded away
+        y = x + n
+        if math.frexp(y)[1] == math.frexp(x)[1]:  # no power of two reached: every step was exact
+            return y
+    while n > 0:
+        e = math.frexp(x)[1]  # 2**(e-1) <= x < 2**e
+        if x < 1.0 or e > 52:  # one at a time
+            x += 1.0
+            n -= 1
+            continue
+        k = min(n, math.ceil(2.0 ** e - x) - 1)  # the ones that keep x below 2**e (2**e - x is exact)
+        x += k
+        n -= k
+        if n:
+            x += 1.0  # the one that reaches 2**e, rounded
+            n -= 1
+    return x
 
 
 def _snapshot(streams: list, state: tuple) -> tuple:
@@ -615,20 +690,22 @@ def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu:
 
 
 def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, events: list, seq: int,
-           busy: Counter) -> int:
+           busy: dict) -> int:
     st = w.stream[w.pc]
     sync = st.sync
     w.pc += 1
     w.why = None
+    w.wake = _NINF
     stall = st.stall
     w.ready = t + (stall if stall > 1 else 1)
     slot = st.slot
     pipes[slot] = t + st.cycles
-    busy[_PIPE_NAMES[slot]] += st.cycles
+    name = _PIPE_NAMES[slot]
+    busy[name] = busy.get(name, 0) + st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
         state["mio_free"] = max(state["mio_free"], t) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
-        busy["SMEM"] += st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
+        busy["SMEM"] = busy.get("SMEM", 0) + st.tag_wavefronts / gpu.smem_wavefronts_per_cycle
     if sync is _GLOBAL_COPY:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         arrival = state["global_free"] + gpu.global_latency
@@ -636,7 +713,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         if st.wavefronts:
             heappush(events, (arrival, seq, w, -st.wavefronts))  # negative: wavefronts to write
             seq += 1
-            busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+            busy["SMEM"] = busy.get("SMEM", 0) + st.wavefronts / gpu.smem_wavefronts_per_cycle
     elif sync is _GLOBAL_LOAD or sync is _GLOBAL_STORE:
         state["global_free"] = max(state["global_free"], t) + st.bytes / gpu.global_bytes_per_cycle
         if st.atomic:  # the L2's atomic units execute its lanes after those queued before
@@ -647,7 +724,7 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
         begin = max(state["mio_free"], t)
         state["mio_free"] = begin + st.wavefronts / gpu.smem_wavefronts_per_cycle
         done = state["mio_free"]
-        busy["SMEM"] += st.wavefronts / gpu.smem_wavefronts_per_cycle
+        busy["SMEM"] = busy.get("SMEM", 0) + st.wavefronts / gpu.smem_wavefronts_per_cycle
         if sync is _LOCAL_LOAD or sync is _LOCAL_STORE:  # stores and misses go on to the L2
             done = l2_leg(state, st, t, done, gpu, sync is _LOCAL_STORE)
     write = st.write_sb
@@ -690,11 +767,13 @@ def _release(cta: _Cta, when: float) -> None:
         if x.at_bar:
             x.at_bar = False
             x.why = None
+            x.wake = _NINF
             x.ready = max(x.ready, when)
 
 
 def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
     w.pc = w.end
+    w.wake, w.code = _INF, _GONE  # the scheduler passes it with one comparison (its why is None)
     cta = w.cta
     cta.live -= 1
     if cta.live == 0:
@@ -712,9 +791,10 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
             if t < r < best:
                 best = r
     for pipes in pipe_free:
-        for p in pipes:
-            if t < p < best:
-                best = p
+        if max(pipes) > t:  # (most of a sub-partition's pipes are free: skipped at once)
+            for p in pipes:
+                if t < p < best:
+                    best = p
     x = state["mio_free"] - gpu.mio_queue
     if t < x < best:
         best = x
