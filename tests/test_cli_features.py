@@ -11,8 +11,6 @@ tests/test_cli_features_gpu.py records on a GPU.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
@@ -24,20 +22,7 @@ from fa_sim.contract import seed_source
 from fa_sim.crosscheck import SavedRun, simulate_with_checkpoints
 from fa_sim.reference import random_inputs
 
-
-def _json(argv) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    assert status == 0, argv
-    return json.loads(out.getvalue())
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
+from cli_helpers import ok_json as _json, refused_line as _refused
 
 
 # -- fa trace / fa banks on a packed batch -------------------------------------------------------------

@@ -13,17 +13,14 @@ GPU (marked gpu): `fa compare --seqlens ...` on a real GPU, every checkpoint, O 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import numpy as np
 import pytest
 
 from fa_sim import KernelConfig, simulate
-from fa_sim.cli import main
 from fa_sim.crosscheck import simulate_with_checkpoints
 from fa_sim.varlen import cu_seqlens_of
+
+from cli_helpers import cli_json as _json, refused_line as _refused
 
 LENS = (70, 130, 5)
 D64 = KernelConfig(head_dim=64)  # block_m 64, block_n 64: grid (3, H, 3), up to 3 rounds
@@ -70,13 +67,6 @@ def test_packed_checkpoints_are_each_sequences_dense_checkpoints(causal):
         assert not buf[slot, :, n_rounds:].any()
 
 
-def _json(argv) -> tuple[int, dict]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    return status, json.loads(out.getvalue())
-
-
 @pytest.fixture
 def gpu_on_the_engine(monkeypatch):
     """fa_hw.forward replaced by the PTX engine's run of the same packed debug build (what
@@ -120,13 +110,6 @@ def test_compare_a_packed_batch(gpu_on_the_engine, capsys):
     status, report = _json(argv)
     assert status == 1 and not report["checkpoints"]["s_acc"]["ok"]
     assert report["checkpoints"]["s_acc"]["first_mismatch"]["cta"] == 6
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize("extra, message", [

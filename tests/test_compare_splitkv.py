@@ -16,10 +16,6 @@ LSE bit-identical.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import numpy as np
 import pytest
 
@@ -29,6 +25,8 @@ from fa_sim.cli import main
 from fa_sim.crosscheck import simulate_splitkv_with_checkpoints, simulate_with_checkpoints
 from fa_sim.splitkv import check_splitkv, run_splitkv
 from fa_sim.validate import check_input, make_problem
+
+from cli_helpers import cli_json as _json, refused_line as _refused
 
 D32 = KernelConfig(head_dim=32)  # block_m 64, block_n 64: a cache of 200 keys is 4 K/V tiles
 LENS = np.array([200, 75], np.int32)  # 200 = 3 tiles + 8 keys, 75 = 1 tile + 11 keys
@@ -83,13 +81,6 @@ def test_split_checkpoints_are_the_dense_kernels_on_the_splits_keys(h, hk, nq, s
             assert np.array_equal(run.checkpoints[slot, i, :rounds], dense[0, i, :rounds]), (cta, ck)
         recorded += 1
     assert recorded and (empty or splits == 1)
-
-
-def _json(argv) -> tuple[int, dict]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    return status, json.loads(out.getvalue())
 
 
 @pytest.fixture
@@ -155,13 +146,6 @@ def test_compare_one_split_compares_the_so_image(gpu_on_the_engine, capsys):
     out = capsys.readouterr().out
     assert "splits=1" in out and "  sO " in out and "o_accum" not in out
     assert "every checkpoint, O and LSE bit-identical" in out
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize("extra, message", [

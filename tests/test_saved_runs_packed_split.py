@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,8 @@ import pytest
 from fa_sim.cli import main
 from fa_sim.crosscheck import SAVED_RUN_FORMAT, SavedRun, simulate_splitkv_with_checkpoints, simulate_with_checkpoints
 from fa_sim.splitkv import COMBINE_PATH
+
+from cli_helpers import cli_json as _json, refused_line as _refused
 
 DATA = Path(__file__).parent / "data"
 
@@ -69,13 +70,6 @@ def _stand_in(mp) -> list:
     mp.setattr(fa_hw, "forward", _standin(calls))
     mp.setattr(runtime, "check_launch", lambda *a, **k: None)
     return calls
-
-
-def _json(argv) -> tuple[int, dict]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    return status, json.loads(out.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -216,13 +210,6 @@ def test_a_one_split_recording_has_no_workspace(tmp_path, monkeypatch, capsys):
     assert main(["compare", "--gpu-npz", str(path)]) == 0
     out = capsys.readouterr().out
     assert "splits=1" in out and "  sO " in out and "o_accum" not in out
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -16,34 +16,16 @@ Refusals of --sequence / --split are one line before any work. Shapes are tiny (
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import numpy as np
 import pytest
 
 import fa_sim
-from fa_sim.cli import main
 from fa_sim.reference import random_inputs
+
+from cli_helpers import ok_json as _json, refused_line as _refused
 
 LENS = (5, 70)  # packed: sequence 1 has Q blocks 0 (queries 0..63) and 1 (64..69, a tail)
 NK = 300  # split-KV: 5 K/V tiles of 64, the last one 44 keys; 3 splits of 2 tiles (split 2: keys 256..299)
-
-
-def _json(argv) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    assert status == 0, argv
-    return json.loads(out.getvalue())
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 def _slots(story, name, key_shift=0):
