@@ -21,22 +21,17 @@ from fa_sim.crosscheck import simulate_with_checkpoints
 from fa_sim.varlen import cu_seqlens_of
 
 from cli_helpers import cli_json as _json, refused_line as _refused
+from packed_inputs import dense_sequence, packed_inputs
 
 LENS = (70, 130, 5)
 D64 = KernelConfig(head_dim=64)  # block_m 64, block_n 64: grid (3, H, 3), up to 3 rounds
 
 
 def _packed(lq, lk, h, hk, d=64, seed=0):
-    rng = np.random.default_rng(seed)
-    cq, ck = cu_seqlens_of(lq), cu_seqlens_of(lk)
-    q = rng.standard_normal((int(cq[-1]), h, d)).astype(np.float16)
-    k = rng.standard_normal((int(ck[-1]), hk, d)).astype(np.float16)
-    v = rng.standard_normal((int(ck[-1]), hk, d)).astype(np.float16)
-    return q, k, v, cq, ck
+    return packed_inputs(lq, lk, h, hk, d, seed)
 
 
-def _seq(x, cu, b):
-    return np.ascontiguousarray(x[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None])
+_seq = dense_sequence
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -20,22 +20,17 @@ from fa_sim.events import Op
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 from fa_sim.varlen import cu_seqlens_of
 
+from packed_inputs import dense_sequence, packed_inputs
+
 SEED32 = KernelConfig(head_dim=32)
 LQ, LK = [5, 70, 33], [9, 64, 40]
 
 
 def _packed(lq=LQ, lk=LK, h=2, hk=1, d=32, seed=0):
-    rng = np.random.default_rng(seed)
-    cq, ck = cu_seqlens_of(lq), cu_seqlens_of(lk)
-    q = rng.standard_normal((int(cq[-1]), h, d)).astype(np.float16)
-    k = rng.standard_normal((int(ck[-1]), hk, d)).astype(np.float16)
-    v = rng.standard_normal((int(ck[-1]), hk, d)).astype(np.float16)
-    return q, k, v, cq, ck
+    return packed_inputs(lq, lk, h, hk, d, seed)
 
 
-def _seq(x, cu, b):
-    """Sequence b of a packed [total, H, d] array as a dense [1, H, N, d] one."""
-    return np.ascontiguousarray(x[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None])
+_seq = dense_sequence
 
 
 def _check_per_sequence(res, q, k, v, cq, ck, causal, config, window=None):
