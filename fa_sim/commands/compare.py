@@ -59,7 +59,6 @@ from ..crosscheck import (
     format_report,
     simulate_with_checkpoints,
 )
-from ..messages import listed, quoted
 from ..problem import Problem
 from ..saved_run import OPTIONAL_ARRAYS, SAVED_ARRAYS
 from ..timing.cost import timing_cost
@@ -234,15 +233,13 @@ def _replay_split(args, rec: SavedRun) -> int:
     files when they are the same text), the recorded CTAs (--ctas: a subset), then the workspace and
     the combine's O and LSE against the recording's, as a live `fa compare --splits`."""
     from ..contract.source import SEED_PATH
-    from ..crosscheck import SplitRun, build_splitkv_report, simulate_splitkv_with_checkpoints
+    from ..crosscheck import SplitRun
     from ..splitkv import COMBINE_PATH
 
     if args.kernel is not None:
         raise UsageError(f"--kernel does not apply with --gpu-npz {args.gpu_npz}, a split-KV run of fa_hw's own kernel "
                          f"(the recording holds its source); drop --kernel")
-    if args.engine == "program":
-        raise UsageError("--engine program does not run split-KV decoding: the PTX engine runs fa2_fwd.cu's FA_SPLITKV "
-                         "and fa2_combine.cu; drop --engine")
+    _split_engine(args)
     ctas = checkpoint_ctas_option(args.ctas, rec.n_ctas, rec.ctas)
     rows = [rec.ctas.index(c) for c in ctas]
     sources = None
@@ -253,12 +250,9 @@ def _replay_split(args, rec: SavedRun) -> int:
         comb = COMBINE_PATH if rec.splits == 1 or rec.combine_source == combine_now else \
             _stored_source(rec.combine_source, COMBINE_PATH.name)
         sources = (fwd, comb)
-    sim, plan = simulate_splitkv_with_checkpoints(rec.q, rec.k, rec.v, rec.scale, rec.config, ctas, rec.splits,
-                                                  rec.cache_seqlens, rec.pack_gqa, rec.softcap, sources=sources)
     gpu = SplitRun(rec.o, rec.lse, rec.o_accum, rec.lse_accum, rec.checkpoints[rows])
-    report = build_splitkv_report(rec.q, rec.k, plan, ctas, sim, gpu)
-    print(json.dumps(report.to_json()) if args.json else format_report(report))
-    return 0 if report.ok else 1
+    return _split_report(args, (rec.q, rec.k, rec.v), rec.scale, rec.config, ctas, rec.splits, rec.cache_seqlens,
+                         rec.pack_gqa, rec.softcap, gpu, sources)
 
 
 def _launch_config(args, d: int, shapes):
@@ -366,7 +360,11 @@ def _launch_packed(args, save: Output | None, files):
 def _default_packed(prob: Problem) -> list[int]:
     """The default CTAs of a packed launch: the first and the last that run (a CTA whose Q block is
     past its sequence's end exits at once and records nothing)."""
-    live = np.flatnonzero(prob.rounds_per_cta(np.arange(prob.n_ctas)) > 0)
+    return _first_and_last(np.flatnonzero(prob.rounds_per_cta(np.arange(prob.n_ctas)) > 0))
+
+
+def _first_and_last(live) -> list[int]:
+    """The default CTAs of a launch whose CTAs `live` (ascending ids) run at least one round."""
     return sorted({int(live[0]), int(live[-1])})
 
 
@@ -397,9 +395,7 @@ def _run_split(args, split: dict) -> int:
     if auto_requested(args) or args.kernel is not None:
         raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --config auto "
                          "or --kernel")
-    if args.engine == "program":
-        raise UsageError("--engine program does not run split-KV decoding: the PTX engine runs fa2_fwd.cu's FA_SPLITKV "
-                         "and fa2_combine.cu; drop --engine")
+    _split_engine(args)
     files = packed_inputs(args, split)  # a packed batch with splits: one line
     d = inputs_head_dim(args, files)
     check_scale(args, d)
@@ -419,7 +415,7 @@ def _run_split(args, split: dict) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     live = [c for c in range(plan.n_ctas) if plan.cta(c)[4] > 0]
-    ctas = checkpoint_ctas_option(args.ctas, plan.n_ctas, None if args.ctas is not None else sorted({live[0], live[-1]}))
+    ctas = checkpoint_ctas_option(args.ctas, plan.n_ctas, None if args.ctas is not None else _first_and_last(live))
     if files is None:
         check_input_memory(args)
     from fa_hw.runtime import check_launch
@@ -430,7 +426,7 @@ def _run_split(args, split: dict) -> int:
     pack = {} if "pack_gqa" not in split else {"pack_gqa": split["pack_gqa"]}
     out = fa_hw.forward(q, k, v, causal=False, scale=args.scale, config=config, checkpoint_ctas=ctas,
                         **features(args), splits=plan.splits, cache_seqlens=split["cache_seqlens"], **pack)
-    from ..crosscheck import SplitRun, build_splitkv_report, simulate_splitkv_with_checkpoints
+    from ..crosscheck import SplitRun
 
     work = out.workspace
     gpu = SplitRun(out.o, out.lse, work[0], work[1], out.checkpoints)
@@ -446,9 +442,25 @@ def _run_split(args, split: dict) -> int:
                      o_accum=work[0] if many else None, lse_accum=work[1] if many else None,
                      combine_source=COMBINE_PATH.read_text() if many else "").save(f)
         print(f"wrote {save.path}", file=sys.stderr)
-    sim, sim_plan = simulate_splitkv_with_checkpoints(q, k, v, out.scale, config, ctas, plan.splits,
-                                                      split["cache_seqlens"], split.get("pack_gqa"), args.softcap)
-    report = build_splitkv_report(q, k, sim_plan, ctas, sim, gpu)
+    return _split_report(args, (q, k, v), out.scale, config, ctas, plan.splits, split["cache_seqlens"],
+                         split.get("pack_gqa"), args.softcap, gpu)
+
+
+def _split_engine(args) -> None:
+    """Split-KV runs on the PTX engine only: --engine program refused in one line."""
+    if args.engine == "program":
+        raise UsageError("--engine program does not run split-KV decoding: the PTX engine runs fa2_fwd.cu's FA_SPLITKV "
+                         "and fa2_combine.cu; drop --engine")
+
+
+def _split_report(args, qkv, scale, config, ctas, splits, cache_seqlens, pack_gqa, softcap, gpu, sources=None) -> int:
+    """The simulator's side of a split-KV run (the split kernel's debug build for `ctas`, the combine)
+    against `gpu` (a live run's or a recording's SplitRun): the report printed, the exit status."""
+    from ..crosscheck import build_splitkv_report, simulate_splitkv_with_checkpoints
+
+    sim, plan = simulate_splitkv_with_checkpoints(*qkv, scale, config, ctas, splits, cache_seqlens, pack_gqa, softcap,
+                                                  sources=sources)
+    report = build_splitkv_report(qkv[0], qkv[1], plan, ctas, sim, gpu)
     print(json.dumps(report.to_json()) if args.json else format_report(report))
     return 0 if report.ok else 1
 
