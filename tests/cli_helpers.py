@@ -1,8 +1,10 @@
-"""Running the `fa` command in-process for the CLI tests: its JSON report, and a refusal's one line."""
+"""Running the `fa` command in-process for the CLI tests: its JSON report, a refusal's one line, and the
+simulator's backward result dressed as fa_hw.backward's."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -30,3 +32,22 @@ def refused_line(argv, capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     return err
+
+
+@dataclasses.dataclass
+class EngineHwBackward:
+    """A simulator backward result standing in for fa_hw.backward's in the CLI tests: kernel_ms and
+    registers (fa hw's table) zero, every other attribute the simulator's."""
+    res: object
+    kernel_ms: list
+    registers: dict
+
+    def __getattr__(self, name):
+        return getattr(self.res, name)
+
+
+def as_hw_backward(res) -> EngineHwBackward:
+    """`res` (fa_sim.simulate_backward's) as fa_hw.backward's result: three kernels' zero times, zero registers."""
+    from fa_sim.contract.backward import kernels_of
+
+    return EngineHwBackward(res, [0.0] * 3, {n: 0 for n in kernels_of(res.deterministic)})

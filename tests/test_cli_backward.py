@@ -552,26 +552,14 @@ def test_match_gradients_counts_bf16_ulps():
 
 def _engine_as_gpu_hw(monkeypatch):
     """_engine_as_gpu, with fa_hw.backward's result also giving kernel_ms and registers (fa hw's table)."""
-    import dataclasses
-
     import fa_hw
-    from fa_sim.contract.backward import kernels_of
+    from cli_helpers import as_hw_backward
 
     _engine_as_gpu(monkeypatch)
     sim = fa_hw.backward
 
-    @dataclasses.dataclass
-    class Hw:
-        res: object
-        kernel_ms: list
-        registers: dict
-
-        def __getattr__(self, name):
-            return getattr(self.res, name)
-
     def backward(*a, **kw):
-        res = sim(*a, **kw)
-        return Hw(res, [0.0] * 3, {n: 0 for n in kernels_of(res.deterministic)})
+        return as_hw_backward(sim(*a, **kw))
 
     monkeypatch.setattr(fa_hw, "backward", backward)
 

@@ -225,29 +225,17 @@ def test_fa_trace_backward_follows_a_lane_of_the_labels_tiles(capsys):
 def _engine_as_gpu(monkeypatch, name="NVIDIA H100 80GB HBM3", arch="sm_90"):
     """fa_hw's forward and backward replaced by the simulator's (as tests/test_cli_backward.py's), the device
     by one of this name and arch (what --config auto looks up); fa_hw.backward records its config."""
-    import dataclasses
-
     import fa_hw
     import fa_hw.runtime
     import fa_sim
+    from cli_helpers import as_hw_backward
     from fa_sim.backward import simulate_backward
-    from fa_sim.contract.backward import kernels_of
 
     seen = []
 
-    @dataclasses.dataclass
-    class Hw:
-        res: object
-        kernel_ms: list
-        registers: dict
-
-        def __getattr__(self, attr):
-            return getattr(self.res, attr)
-
     def backward(*a, config=None, **kw):
         seen.append(config)
-        res = simulate_backward(*a, mma_model="h200", config=config, **kw)
-        return Hw(res, [0.0] * 3, {n: 0 for n in kernels_of(res.deterministic)})
+        return as_hw_backward(simulate_backward(*a, mma_model="h200", config=config, **kw))
 
     monkeypatch.setattr(fa_hw.runtime, "device", lambda *a: types.SimpleNamespace(name=name))
     monkeypatch.setattr(fa_hw.runtime, "device_arch", lambda *a: arch)
