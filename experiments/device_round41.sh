@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Round 41's GPU calls (any sm_90 card), in steps:
+#   tunebwd  experiments/tune_bwd.py on BWD_TRAIN with the few labels that won on the H100 (TUNEBWD_LABELS)
+#            -> $OUT/backward/<gpu>.json, then bench_hw.py --backward on the held-out TEST set with that table,
+#            in three chunks of cases (each its own $OUT/bench<i>/, so a cut-off keeps the finished chunks)
+#   other steps: those of experiments/device_round36.sh (STEPS passed through)
+#   OUT=... STEPS="tunebwd" bash experiments/device_round41.sh
+set -u
+OUT=${OUT:-experiments/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FLASHSIM_CACHE=${FLASHSIM_CACHE:-$PWD/.fa_cache}
+T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
+LABELS=${TUNEBWD_LABELS:-"64x8s1fr4p 128x8s1fr4p 128x8s1r4p 64x8s1r4p 64x8s1r4pm 64x8s1fr4pm"}
+REST=""
+for s in ${STEPS:-tunebwd}; do case $s in
+  tunebwd)
+    BWDBASE=fa_hw/tuned/backward/$(python3 -c "import sys; from fa_hw.device import gpu_key; print(gpu_key(sys.argv[1]))" "$GPU").json
+    BASEARG=(); [ -f "$BWDBASE" ] && BASEARG=(--base "$BWDBASE")
+    echo "== tunebwd $GPU ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${TUNEBWD_S:-300} python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${TUNEBWD_BUDGET:-270} \
+      ${BASEARG[@]+"${BASEARG[@]}"} --labels $LABELS 2>&1 | tail -45 | tee -a "$OUT/summary.txt"
+    for chunk in "0 1 2 3" "4 5 6" "7 8 9 10"; do
+      d="$OUT/bench_${chunk// /_}"; mkdir -p "$d"
+      echo "== benchbwd cases $chunk ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+      timeout ${BENCHCHUNK_S:-100} python3 experiments/bench_hw.py --backward --set test --cases $chunk --out "$d" \
+        --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
+    done ;;
+  *) REST="$REST $s" ;;
+esac; done
+[ -n "$REST" ] && OUT="$OUT" STEPS="$REST" BUDGET=$(( ${BUDGET:-575} - ($(date +%s) - T0) )) bash experiments/device_round36.sh
+echo "== done ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
