@@ -38,13 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
-from fa_sim.config import KernelConfig
-from fa_sim.problem import Problem
-from fa_sim.timing.gpus import H200, GpuModel, fill_fraction
-from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates
-from timing_measure import base_tag  # experiments/, beside this script (as timing_auto imports it)
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's fa_sim
+    sys.path.insert(0, str(ROOT))
+
+from fa_sim.config import KernelConfig  # noqa: E402
+from fa_sim.problem import Problem  # noqa: E402
+from fa_sim.timing.gpus import H200, GpuModel, fill_fraction  # noqa: E402
+from fa_sim.timing.predict import dispatch, kernel_model, masked_extra, occupancy, sm_rates  # noqa: E402
+from timing_measure import base_tag  # noqa: E402 (experiments/, beside this script, as timing_auto imports it)
+
 DATA = ROOT / "tests" / "data" / "h200" / "timing_cases.json"
 SMALL = ROOT / "tests" / "data" / "h200" / "timing_small.json"  # launches of one partial wave or a few
 PAIRS = ROOT / "tests" / "data" / "h200" / "timing_pairs.json"  # each option beside its base, interleaved
