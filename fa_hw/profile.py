@@ -141,12 +141,14 @@ def launch_options(cu_seqlens_q=None, cu_seqlens_k=None, splits=None, cache_seql
 
 
 def ncu_command(target: str, metrics: list[str]) -> list[str]:
-    """ncu's command line profiling the launch of fa2_fwd_kernel (fa_sim.contract.KERNEL_NAME, by its
-    exact name) that `python -m fa_hw.profile --target FILE` makes: the only launch of a dense run or a
-    packed batch (FA_VARLEN), and split-KV's split launch (FA_SPLITKV), not fa2_combine_kernel after it."""
+    """ncu's command line profiling the first launch of fa2_fwd_kernel (fa_sim.contract.KERNEL_NAME, by
+    name: `regex:fa2_fwd_kernel`, the filter experiments/device_timing.sh uses on the device) that
+    `python -m fa_hw.profile --target FILE` makes: the only launch of a dense run or a packed batch
+    (FA_VARLEN), and split-KV's split launch (FA_SPLITKV), not fa2_combine_kernel after it."""
     from fa_sim.contract import KERNEL_NAME
 
-    return [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics), "--kernel-name", KERNEL_NAME,
+    return [ncu_path(), "--csv", "--page", "raw", "--metrics", ",".join(metrics),
+            "--kernel-name", f"regex:{KERNEL_NAME}",
             "--launch-count", "1", sys.executable, "-m", "fa_hw.profile", "--target", target]
 
 
@@ -357,7 +359,8 @@ def format_bank_comparison(cmp: BankComparison) -> str:
     def cell(x):
         return "-" if x is None else f"{int(x):,}"
 
-    lines = [f"shared memory, simulator vs Nsight Compute ({cmp.config.tag})", *([f"  {cmp.launch}"] if cmp.launch else []),
+    lines = [f"shared memory, simulator vs Nsight Compute ({cmp.config.tag})",
+             *([f"  {cmp.launch}"] if cmp.launch else []),
              f"  {'class':<8}{'sim instr':>11}{'ncu instr':>11}{'sim wavefr':>12}{'ncu wavefr':>12}"
              f"{'sim confl':>11}{'ncu confl':>11}  match"]
     for c in SmemClass:
@@ -491,11 +494,13 @@ def timing_comparison(q, k, v, causal: bool, scale: float | None, config: Kernel
 def format_timing_comparison(cmp: TimingComparison) -> str:
     p, one = cmp.prediction, cmp.profiled
     inst = cmp.ncu.get("smsp__inst_executed.sum")
-    lines = [f"kernel time, measured vs the timing model ({cmp.config.tag})", *([f"  {cmp.launch}"] if cmp.launch else []),
+    lines = [f"kernel time, measured vs the timing model ({cmp.config.tag})",
+             *([f"  {cmp.launch}"] if cmp.launch else []),
              f"  measured   {cmp.measured_ms:.4f} ms (CUDA events, median of {len(cmp.batch_ms)} batches: "
              + ", ".join(f"{x:.4f}" for x in cmp.batch_ms) + ")",
              f"  predicted  {p.kernel_ms:.4f} ms ({p.kernel_ms / cmp.measured_ms - 1:+.1%}); {one.limiter}",
-             f"  warp instructions executed: ncu {'-' if inst is None else f'{int(inst):,}'}, model {one.instructions:,}",
+             f"  warp instructions executed: ncu {'-' if inst is None else f'{int(inst):,}'}, "
+             f"model {one.instructions:,}",
              f"  {'stall reason':<22}{'ncu':>8}{'model':>8}   (warp-cycles per issued instruction)"]
     for r in STALL_REASONS:
         got, mine = cmp.stall(r), one.stalls.get(r)

@@ -5,7 +5,8 @@
 The launches, their arguments and the checks are fa_sim.splitkv's (the simulator runs the same two
 launches on the PTX engine, bit for bit alike with mma_model="h200"); "auto" takes this GPU's SM
 count. `prepare_splitkv` returns a `SplitLaunchPlan` that can be launched and timed repeatedly
-(experiments/bench_decode.py; `SplitLaunchPlan.time`: fa compare --splits --timing); `forward` (fa_hw.forward with splits= or cache_seqlens=) runs it once.
+(experiments/bench_decode.py; `SplitLaunchPlan.time`: fa compare --splits --timing); `forward`
+(fa_hw.forward with splits= or cache_seqlens=) runs it once.
 The workspace (o_accum, lse_accum) is written whole by the split kernel: not zeroed.
 """
 

@@ -1,6 +1,8 @@
 """fa_hw.profile: parsing Nsight Compute's raw CSV and setting it beside the simulator's counts
 (CPU-only; the ncu run itself happens on the GPU machine, experiments/device_crosscheck.sh)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -74,9 +76,9 @@ def test_instructions_issued_with_a_false_guard_count_beside_the_run():
 
 # -- a packed batch and split-KV decoding ----------------------------------------------------------------
 def test_ncu_selects_the_forward_kernel_by_its_exact_name(monkeypatch):
-    """ncu profiles the first launch named fa2_fwd_kernel exactly: a dense or packed run's one launch,
-    split-KV's split launch, never fa2_combine_kernel (launched after it; a "regex:fa2" filter
-    would match both)."""
+    """ncu profiles the first launch whose name matches fa2_fwd_kernel: a dense or packed run's one
+    launch, split-KV's split launch, never fa2_combine_kernel (launched after it; the earlier
+    "regex:fa2" filter matched both)."""
     from fa_hw import profile
     from fa_sim.contract import KERNEL_NAME
     from fa_sim.splitkv import COMBINE_KERNEL
@@ -84,7 +86,9 @@ def test_ncu_selects_the_forward_kernel_by_its_exact_name(monkeypatch):
     monkeypatch.setattr(profile, "ncu_path", lambda: "/opt/ncu")
     cmd = profile.ncu_command("in.npz", ["m1", "m2"])
     assert cmd[:6] == ["/opt/ncu", "--csv", "--page", "raw", "--metrics", "m1,m2"]
-    assert cmd[cmd.index("--kernel-name") + 1] == KERNEL_NAME == "fa2_fwd_kernel" != COMBINE_KERNEL
+    pattern = cmd[cmd.index("--kernel-name") + 1]
+    assert pattern == "regex:fa2_fwd_kernel" and KERNEL_NAME == "fa2_fwd_kernel"
+    assert re.search(pattern[len("regex:"):], KERNEL_NAME) and not re.search(pattern[len("regex:"):], COMBINE_KERNEL)
     assert cmd[cmd.index("--launch-count") + 1] == "1"
     assert cmd[-4:] == ["-m", "fa_hw.profile", "--target", "in.npz"]
 
@@ -100,7 +104,7 @@ def _launched(monkeypatch, tmp_path, **launch) -> dict:
     calls = []
 
     def run(cmd, **kw):
-        assert cmd[cmd.index("--kernel-name") + 1] == "fa2_fwd_kernel"
+        assert cmd[cmd.index("--kernel-name") + 1] == "regex:fa2_fwd_kernel"
         profile._target(cmd[-1])
         return subprocess.CompletedProcess(cmd, 0, _csv(NCU), "")
 
