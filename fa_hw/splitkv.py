@@ -5,7 +5,8 @@
 The launches, their arguments and the checks are fa_sim.splitkv's (the simulator runs the same two
 launches on the PTX engine, bit for bit alike with mma_model="h200"); "auto" takes this GPU's SM
 count. `prepare_splitkv` returns a `SplitLaunchPlan` that can be launched and timed repeatedly
-(experiments/bench_decode.py); `forward` (fa_hw.forward with splits= or cache_seqlens=) runs it once.
+(experiments/bench_decode.py; `SplitLaunchPlan.time`: fa compare --splits --timing); `forward`
+(fa_hw.forward with splits= or cache_seqlens=) runs it once.
 The workspace (o_accum, lse_accum) is written whole by the split kernel: not zeroed.
 """
 
@@ -88,6 +89,19 @@ class SplitLaunchPlan:
             stream.sync()
         except Exception as exc:
             raise KernelFault(f"split-KV decoding ({self.plan.describe()}) faulted: {_short(exc)}") from None
+
+    def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
+        """Per-repetition times (ms) of both launches (the split kernel, then the combine) `reps` times
+        after `warmup`, each repetition bracketed by events (runtime's LaunchPlan.time for the pair)."""
+        for _ in range(warmup):
+            self.launch(stream)
+        self.sync(stream)
+        marks = [runtime._timing_event(stream)]
+        for _ in range(reps):
+            self.launch(stream)
+            marks.append(runtime._timing_event(stream))
+        self.sync(stream)
+        return [float(b - a) for a, b in zip(marks, marks[1:])]
 
     def run(self, stream) -> float:
         """Both launches once, bracketed by CUDA events; milliseconds."""

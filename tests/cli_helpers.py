@@ -51,3 +51,24 @@ def as_hw_backward(res) -> EngineHwBackward:
     from fa_sim.contract.backward import kernels_of
 
     return EngineHwBackward(res, [0.0] * 3, {n: 0 for n in kernels_of(res.deterministic)})
+
+
+def stand_in_ncu(monkeypatch, measured_ms: float | None = None) -> list[dict]:
+    """Nsight Compute (and, with `measured_ms`, the CUDA-event timing) stood in for in fa_hw.profile:
+    profile_launch records the launch options it was asked to profile (a packed batch's offsets,
+    split-KV's splits: fa_hw.profile.launch_options) and returns no counters; the SASS walked is an
+    H100's (sm_90). Returns the list of recorded launch options, one dict per profiled launch."""
+    import fa_hw.device
+    from fa_hw import profile
+
+    profiled: list[dict] = []
+
+    def profile_launch(q, k, v, causal, scale, config, kernel, metrics=None, window=None, softcap=None, **launch):
+        profiled.append(launch)
+        return {}
+
+    monkeypatch.setattr(profile, "profile_launch", profile_launch)
+    monkeypatch.setattr(fa_hw.device, "device_arch", lambda: "sm_90")
+    if measured_ms is not None:
+        monkeypatch.setattr(profile, "measure_time", lambda *a, **kw: (measured_ms, (measured_ms,) * 3))
+    return profiled

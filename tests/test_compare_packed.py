@@ -8,7 +8,10 @@ sequence), causal and not, with GQA: each recorded CTA's checkpoints equal those
 program's dense run of its sequence alone (an independent simulator), the exiting CTAs record
 nothing, and O and LSE equal the normal packed build's. `fa compare --seqlens` with the GPU stood in
 for by the engine passes, and fails on one spoiled word. Refusals are one line.
-GPU (marked gpu): `fa compare --seqlens ...` on a real GPU, every checkpoint, O and LSE bit-identical.
+`fa compare --seqlens --banks` / `--timing` with the GPU and Nsight Compute stood in for: the
+simulator's side is `fa banks --seqlens`' count, the model's `fa time --seqlens`' prediction.
+GPU (marked gpu): `fa compare --seqlens ...` on a real GPU, every checkpoint, O and LSE bit-identical;
+with `--banks` (needs ncu) every class's instructions, wavefronts and conflicts equal Nsight Compute's.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import numpy as np
 import pytest
 
 from fa_sim import KernelConfig, simulate
+from fa_sim.cli import main
 from fa_sim.crosscheck import simulate_with_checkpoints
 from fa_sim.varlen import cu_seqlens_of
 
-from cli_helpers import cli_json as _json, refused_line as _refused
+from cli_helpers import cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
 from packed_inputs import dense_sequence, packed_inputs
 
 LENS = (70, 130, 5)
@@ -108,8 +112,6 @@ def test_compare_a_packed_batch(gpu_on_the_engine, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--banks"], "--banks does not apply to a packed batch"),
-    (["--timing"], "--timing does not apply to a packed batch"),
     (["--engine", "program"], "--engine program does not run a packed batch"),
     (["--config", "auto"], "--config auto does not apply to a packed batch in fa compare"),
     (["--seqlen", "40"], "--seqlen does not apply with --seqlens"),
@@ -118,6 +120,58 @@ def test_compare_a_packed_batch(gpu_on_the_engine, capsys):
 def test_packed_refusals_are_one_line(gpu_on_the_engine, tmp_path, capsys, extra, message):
     extra = [str(tmp_path / e) if e.endswith(".npz") else e for e in extra]
     assert message in _refused(["compare", "--seqlens", "5,70", "--head-dim", "32", *extra], capsys)
+    assert not gpu_on_the_engine["calls"]
+
+
+# -- --banks / --timing --------------------------------------------------------------------------------------
+BANKS_SHAPE = ["--seqlens", "5,70", "--head-dim", "32", "--heads", "2", "--heads-k", "1", "--causal"]
+
+
+def test_compare_banks_of_a_packed_batch_is_fa_banks_count(gpu_on_the_engine, monkeypatch, capsys):
+    """--banks on a packed batch: the simulator's side is `fa banks --seqlens`' count of the FA_VARLEN
+    launch, and Nsight Compute is asked for that launch (the offsets reach the profiled process);
+    the GPU and ncu are stood in for (the GPU test below runs both)."""
+    profiled = stand_in_ncu(monkeypatch)
+    status, out = _json(["compare", *BANKS_SHAPE, "--banks", "--json"])
+    assert status == 0 and out["ok"]
+    (launch,) = profiled
+    assert set(launch) == {"cu_seqlens_q", "cu_seqlens_k"}
+    assert list(launch["cu_seqlens_q"]) == list(launch["cu_seqlens_k"]) == [0, 5, 75]
+    assert out["banks"]["launch"] == "packed batch: the FA_VARLEN launch over the packed grid (sequences 5,70)"
+    counted = ok_json(["banks", *BANKS_SHAPE, "--json"])
+    for name, cls in out["banks"]["classes"].items():
+        sim, want = cls["sim"], counted["classes"][name]
+        assert (sim["ptx_instructions"], sim["wavefronts"]) == (want["instructions"], want["wavefronts"]), name
+        assert sim.get("conflicts") == want.get("conflicts"), name
+        assert sim["instructions"] == sim["ptx_instructions"] + sim["sass_guard_off"], name
+        assert cls["match"] is False  # ncu stood in for by nothing: no counts to match
+    assert out["banks"]["classes"]["LDSM"]["sim"]["instructions"] > 0
+    assert main(["compare", *BANKS_SHAPE, "--banks"]) == 0
+    text = capsys.readouterr().out
+    assert "shared memory, simulator vs Nsight Compute (m64n64d32w4-swizzled)\n  packed batch: the FA_VARLEN" in text
+
+
+def test_compare_timing_of_a_packed_batch_is_fa_times_prediction(gpu_on_the_engine, monkeypatch, capsys):
+    """--timing on a packed batch: the model's side is `fa time --seqlens`' prediction of the same
+    launch, beside the measured time (stood in for: 0.01 ms) and Nsight Compute's profile of it."""
+    profiled = stand_in_ncu(monkeypatch, measured_ms=0.01)
+    status, out = _json(["compare", *BANKS_SHAPE, "--timing", "--json"])
+    assert status == 0 and out["ok"] and list(profiled[0]["cu_seqlens_q"]) == [0, 5, 75]
+    want = ok_json(["time", *BANKS_SHAPE, "--json"])
+    got = out["timing"]
+    assert got["predicted"]["kernel_ms"] == want["kernel_ms"] and got["predicted"]["feature"] == "packed"
+    assert got["measured_ms"] == 0.01 and got["error"] == want["kernel_ms"] / 0.01 - 1
+    assert main(["compare", *BANKS_SHAPE, "--timing"]) == 0
+    assert "kernel time, measured vs the timing model (m64n64d32w4-swizzled)\n  packed batch" in capsys.readouterr().out
+
+
+def test_compare_timing_of_a_packed_batch_refuses_a_kernel_variant(gpu_on_the_engine, tmp_path, capsys):
+    from fa_sim.contract import seed_source
+
+    variant = tmp_path / "variant.cu"
+    variant.write_text(seed_source().text)
+    err = _refused(["compare", *BANKS_SHAPE, "--timing", "--kernel", str(variant)], capsys)
+    assert "--timing of a packed batch times fa2_fwd.cu's own FA_VARLEN build" in err
     assert not gpu_on_the_engine["calls"]
 
 
@@ -154,3 +208,35 @@ def test_gpu_compare_a_packed_batch(options):
     assert status == 0 and report["ok"], report
     assert all(c["fraction_identical"] == 1.0 for c in report["checkpoints"].values())
     assert report["o"]["fraction_identical"] == 1.0 and report["lse"]["fraction_identical"] == 1.0
+
+
+BANKS_GPU_CASES = [
+    ["--seqlens", "70,130,5", "--head-dim", "64", "--heads", "2"],
+    ["--seqlens", "70,0,130,5", "--head-dim", "64", "--heads", "4", "--heads-k", "2", "--causal", "--window", "32,-1"],
+    ["--seqlens", "33,200", "--head-dim", "128", "--heads", "2", "--softcap", "5", "--dtype", "bf16"],
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", BANKS_GPU_CASES, ids=lambda o: " ".join(o[1:]))
+def test_gpu_compare_banks_of_a_packed_batch_match_nsight_compute(options):
+    """fa compare --banks on a packed batch: Nsight Compute profiles the FA_VARLEN launch over the
+    packed grid; every class's instructions (as the SASS issues them), wavefronts and conflicts equal
+    the simulator's (`fa banks --seqlens`' count of the same launch)."""
+    import os
+    import shutil
+
+    import fa_hw
+
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
+        pytest.skip("Nsight Compute (ncu) is not installed")
+    status, report = _json(["compare", *options, "--banks", "--json"])
+    assert status == 0 and report["ok"], report
+    banks = report["banks"]
+    assert banks["launch"].startswith("packed batch: the FA_VARLEN launch")
+    assert all(c["match"] for c in banks["classes"].values()), banks
+    counted = ok_json(["banks", *options, "--json"])
+    for name, cls in banks["classes"].items():
+        assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name

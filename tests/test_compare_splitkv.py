@@ -9,9 +9,11 @@ and not): each non-empty split CTA's checkpoints equal those of the hand-written
 run of the same queries on the split's keys alone (an independent simulator; sO only with one
 split), an empty split records nothing, and O, LSE and the workspace equal the normal build's.
 `fa compare --splits` with the GPU stood in for by the engine passes, and fails on one spoiled
-checkpoint word or workspace value. Refusals are one line.
+checkpoint word or workspace value. Refusals are one line. `--banks` / `--timing` with the GPU and
+Nsight Compute stood in for: `fa banks --splits`' count of the split launch, `fa time --splits`' prediction.
 GPU (marked gpu): `fa compare --splits ...` on a real GPU, every checkpoint, the workspace, O and
-LSE bit-identical.
+LSE bit-identical; with `--banks` (needs ncu) every class's counts equal Nsight Compute's for the
+split launch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fa_sim.crosscheck import simulate_splitkv_with_checkpoints, simulate_with_c
 from fa_sim.splitkv import check_splitkv, run_splitkv
 from fa_sim.validate import check_input, make_problem
 
-from cli_helpers import cli_json as _json, refused_line as _refused
+from cli_helpers import cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
 
 D32 = KernelConfig(head_dim=32)  # block_m 64, block_n 64: a cache of 200 keys is 4 K/V tiles
 LENS = np.array([200, 75], np.int32)  # 200 = 3 tiles + 8 keys, 75 = 1 tile + 11 keys
@@ -149,8 +151,6 @@ def test_compare_one_split_compares_the_so_image(gpu_on_the_engine, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--banks"], "--banks does not apply to split-KV decoding"),
-    (["--timing"], "--timing does not apply to split-KV decoding"),
     (["--engine", "program"], "--engine program does not run split-KV decoding"),
     (["--config", "auto"], "run fa_hw's own kernel: without --config auto or --kernel"),
     (["--causal"], "take no --causal or --window"),
@@ -165,6 +165,50 @@ def test_split_refusals_are_one_line(gpu_on_the_engine, tmp_path, capsys, extra,
     err = _refused(argv, capsys)
     assert message in err, err
     assert not gpu_on_the_engine["calls"]
+
+
+# -- --banks / --timing --------------------------------------------------------------------------------------
+def test_compare_banks_of_split_kv_is_fa_banks_count_of_the_split_launch(gpu_on_the_engine, monkeypatch, capsys):
+    """--banks on split-KV decoding: the simulator's side is `fa banks --splits`' count of the split
+    launch, Nsight Compute is asked for the same launch (the splits and cache lengths reach the
+    profiled process, whose ncu selects fa2_fwd_kernel by name: tests/test_profile.py), and the
+    output says the combine uses no shared memory; the GPU and ncu are stood in for."""
+    profiled = stand_in_ncu(monkeypatch)
+    status, out = _json(["compare", *DECODE, "--banks", "--json"])
+    assert status == 0 and out["ok"]
+    (launch,) = profiled
+    assert launch["splits"] == 3 and list(launch["cache_seqlens"]) == [200, 75] and "pack_gqa" not in launch
+    assert out["banks"]["launch"] == ("split-KV decoding, 3 splits: the split launch (FA_SPLITKV) profiled; "
+                                      "fa2_combine_kernel, launched after it, uses no shared memory (not profiled)")
+    counted = ok_json(["banks", *DECODE, "--json"])
+    for name, cls in out["banks"]["classes"].items():
+        sim, want = cls["sim"], counted["classes"][name]
+        assert (sim["ptx_instructions"], sim["wavefronts"]) == (want["instructions"], want["wavefronts"]), name
+        assert sim.get("conflicts") == want.get("conflicts"), name
+        assert sim["instructions"] == sim["ptx_instructions"] + sim["sass_guard_off"], name
+    assert out["banks"]["classes"]["LDSM"]["sim"]["instructions"] > 0
+    assert main(["compare", *DECODE[:-1], "1", "--pack-gqa", "off", "--banks"]) == 0  # one split: no combine
+    text = capsys.readouterr().out
+    assert "  split-KV decoding, 1 split: the split launch (FA_SPLITKV) profiled (one split: no combine launch)" in text
+    assert profiled[-1]["splits"] == 1 and profiled[-1]["pack_gqa"] is False
+
+
+def test_compare_timing_of_split_kv_is_fa_times_prediction(gpu_on_the_engine, monkeypatch, capsys):
+    """--timing on split-KV decoding: the model's side is `fa time --splits`' prediction (both launches
+    summed), beside the measured time of both launches (stood in for: 0.02 ms); the stall reasons and
+    instructions are the split launch's (the one Nsight Compute profiles)."""
+    profiled = stand_in_ncu(monkeypatch, measured_ms=0.02)
+    status, out = _json(["compare", *DECODE, "--timing", "--json"])
+    assert status == 0 and out["ok"] and profiled[0]["splits"] == 3
+    want = ok_json(["time", *DECODE, "--json"])
+    got = out["timing"]
+    assert got["predicted"]["kernel_ms"] == want["kernel_ms"] and got["predicted"]["feature"] == "split-KV"
+    assert set(got["predicted"]["kernels"]) == {"fa2_fwd_kernel", "fa2_combine_kernel"}
+    assert got["launch"].startswith("split-KV decoding, 3 splits: time of the split and combine launches together")
+    assert main(["compare", *DECODE, "--timing"]) == 0
+    text = capsys.readouterr().out
+    split_instr = want["kernels"]["fa2_fwd_kernel"]["instructions"]
+    assert f"warp instructions executed: ncu -, model {split_instr:,}" in text
 
 
 # -- GPU ---------------------------------------------------------------------------------------------------
@@ -206,3 +250,28 @@ def test_gpu_compare_split_kv(options):
         assert report["workspace"]["o_accum"]["fraction_identical"] == 1.0
         assert report["workspace"]["lse_accum"]["fraction_identical"] == 1.0
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", GPU_CASES, ids=lambda o: " ".join(o))
+def test_gpu_compare_banks_of_split_kv_match_nsight_compute(options):
+    """fa compare --banks on split-KV decoding: Nsight Compute profiles the split launch (fa2_fwd_kernel
+    built with FA_SPLITKV, selected by name; the combine has no shared memory); every class's
+    instructions (as the SASS issues them), wavefronts and conflicts equal the simulator's (`fa
+    banks --splits`' count of the split launch)."""
+    import os
+    import shutil
+
+    import fa_hw
+
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
+        pytest.skip("Nsight Compute (ncu) is not installed")
+    status, report = _json(["compare", *options, "--banks", "--json"])
+    assert status == 0 and report["ok"], report
+    banks = report["banks"]
+    assert banks["launch"].startswith("split-KV decoding")
+    assert all(c["match"] for c in banks["classes"].values()), banks
+    counted = ok_json(["banks", *options, "--json"])
+    for name, cls in banks["classes"].items():
+        assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name

@@ -239,12 +239,28 @@ def test_the_seed_of_a_recording_is_checked(recordings, capsys, kind):
 
 
 @pytest.mark.parametrize("flag", ["--banks", "--timing"])
-@pytest.mark.parametrize("argv", [PACKED, SPLIT], ids=["packed", "split"])
-def test_banks_and_timing_are_refused_in_one_line_with_the_reason(monkeypatch, capsys, argv, flag):
-    calls = _stand_in(monkeypatch)
-    err = _refused(["compare", *argv, flag], capsys)
-    assert f"{flag} does not apply to" in err and "take" in err and "dense launch" in err
-    assert not calls
+@pytest.mark.parametrize("kind", ["packed", "split"])
+def test_banks_and_timing_are_refused_with_a_recording(recordings, capsys, kind, flag):
+    """A recording holds the GPU side of the checkpoint comparison only, no Nsight Compute counts or
+    times (as a dense one): --banks / --timing with --gpu-npz are refused in one line."""
+    paths, _ = recordings
+    err = _refused(["compare", "--gpu-npz", str(paths[kind]), flag], capsys)
+    assert f"{flag} does not apply with --gpu-npz, which launches nothing" in err
+
+
+def test_save_with_banks_records_the_run_as_without(monkeypatch, tmp_path):
+    """fa compare --save --banks of a packed batch (the GPU and ncu stood in for) writes the recording
+    it writes without --banks, array for array: the counts are printed, not saved (as a dense run's)."""
+    from cli_helpers import stand_in_ncu
+
+    _stand_in(monkeypatch)
+    stand_in_ncu(monkeypatch)
+    argv = ["compare", "--seqlens", "5,70", "--head-dim", "32", "--json", "--save"]
+    _, with_banks = _json([*argv, str(tmp_path / "banks.npz"), "--banks"])
+    assert "banks" in with_banks
+    _json([*argv, str(tmp_path / "plain.npz")])
+    a, b = np.load(tmp_path / "banks.npz"), np.load(tmp_path / "plain.npz")
+    assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[n], b[n]) for n in a.files)
 
 
 # -- the format-5 fields, each checked in one line -----------------------------------------------------------

@@ -37,3 +37,23 @@ def test_compare_timing_sets_measured_beside_predicted(gpu, capsys):
     assert main(["compare", "--seqlen", "256", "--heads", "2", "--timing"]) == 0
     out = capsys.readouterr().out
     assert "kernel time, measured vs the timing model" in out and "stall reason" in out
+
+
+@pytest.mark.parametrize("options, feature", [
+    (["--seqlens", "70,130,5", "--heads", "4", "--head-dim", "64", "--causal"], "packed"),
+    (["--batch", "2", "--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "2000", "--cache-seqlens",
+      "2000,700", "--head-dim", "64", "--splits", "4"], "split-KV"),
+], ids=["packed", "split-kv"])
+def test_compare_timing_of_a_packed_batch_and_of_split_kv(gpu, capsys, options, feature):
+    """--timing on a packed batch (its FA_VARLEN launch) and on split-KV decoding (both launches timed
+    and predicted, the split launch profiled): the measured time beside `fa time`'s prediction; the
+    model's SASS stream of the profiled launch issues at least what the GPU executed."""
+    assert main(["compare", *options, "--timing", "--json"]) == 0
+    timing = json.loads(capsys.readouterr().out)["timing"]
+    assert timing["measured_ms"] > 0 and len(timing["batch_ms"]) == 3
+    pred = timing["predicted"]
+    assert pred["feature"] == feature and pred["kernel_ms"] > 0
+    assert timing["ncu"]["inst_executed"] <= pred["kernels"]["fa2_fwd_kernel"]["instructions"]
+    assert timing["ncu"]["stalls"]["selected"] == pytest.approx(1.0, abs=0.01)
+    assert main(["compare", *options, "--timing"]) == 0
+    assert "kernel time, measured vs the timing model" in capsys.readouterr().out

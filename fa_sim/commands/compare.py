@@ -18,8 +18,8 @@ launch kind and CTAs are used; an option that disagrees with them is refused (--
 recorded CTAs. A packed batch (--seqlens, a packed --npz file) is compared checkpoint by checkpoint
 (FA_VARLEN's debug build on both sides; the simulator's side on the PTX engine): each CTA at its
 sequence's coordinates, CTA ids those of the packed grid (ceil(max Nq / block_m), H, B),
-blockIdx.x + n_m_blocks (h + H b), default the first and the last CTA that runs (not with --banks,
---timing or --config auto). Split-KV decoding (--splits N|auto, --cache-seqlens, --pack-gqa) too:
+blockIdx.x + n_m_blocks (h + H b), default the first and the last CTA that runs (not with --config
+auto). Split-KV decoding (--splits N|auto, --cache-seqlens, --pack-gqa) too:
 the split kernel's debug build (FA_SPLITKV with FA_CHECKPOINTS) on both sides for the CTAs of
 --ctas (ids of the split grid, blockIdx.x + n_m_blocks (bh + B H split), default the first and the
 last that run; round t a split's t-th K/V block; with splits > 1 no sO), then every split's partial
@@ -28,7 +28,10 @@ commands"); its replay runs the recorded fa2_fwd.cu and fa2_combine.cu. `--banks
 simulator's shared-memory counts beside Nsight Compute's (needs ncu and a GPU); `--timing` the
 kernel's measured time and Nsight Compute's stall reasons beside the timing model's (fa time); both
 take the features (--heads-k, --window, --softcap, --dtype bf16: that build profiled, simulated and
-predicted; not with a packed batch or split-KV, which fa_hw.profile does not profile).
+predicted). A packed batch's FA_VARLEN launch is profiled whole (its --banks counts are `fa banks
+--seqlens`'); split-KV's split launch (FA_SPLITKV, selected by its kernel name; fa2_combine.cu uses no
+shared memory, so --banks counts the split launch alone, as `fa banks --splits`), its --timing the
+time of both launches beside `fa time --splits`' sum, the stall reasons the split launch's.
 
 `--backward` compares the backward pass instead (fa_sim/commands/backward_gpu.py): fa_hw.backward on
 the GPU against fa_sim.simulate_backward (mma model h200) from the same q, k, v, seeded dO and the
@@ -321,11 +324,6 @@ def _launch_packed(args, save: Output | None, files):
     import fa_hw
 
     packed_engine(args)  # the PTX engine runs FA_VARLEN; --engine program refused in one line
-    for flag in ("banks", "timing"):
-        if getattr(args, flag):
-            raise UsageError(f"--{flag} does not apply to a packed batch (--seqlens or an --npz file's cu_seqlens): "
-                             f"fa_hw.profile's Nsight Compute launch and SASS walk take a dense launch; fa banks / "
-                             f"fa time --seqlens give the simulator's side; drop --{flag}")
     if auto_requested(args):
         raise UsageError("--config auto does not apply to a packed batch in fa compare: name a config tag (or "
                          "drop --config for the default)")
@@ -335,6 +333,14 @@ def _launch_packed(args, save: Output | None, files):
     prob = packed_problem(args, files, config)  # the offsets, heads_k, the features: one line each
     ctas = checkpoint_ctas_option(args.ctas, prob.n_ctas, None if args.ctas is not None else _default_packed(prob))
     kernel = kernel_from_args(args)
+    if args.timing:  # the timing model's packed launch (fa time --seqlens), its size checked before the GPU runs
+        if kernel is not None:
+            raise UsageError("--timing of a packed batch times fa2_fwd.cu's own FA_VARLEN build (fa time --seqlens): "
+                             "drop --kernel or --timing")
+        from ..timing.launches import varlen_cta_rounds
+
+        _check_timing_size(prob.config, varlen_cta_rounds(prob), f"--timing of the packed batch of query lengths "
+                           f"{','.join(map(str, prob.seqlens_q)):.60}")
     front = _front(args, config, kernel, args.softcap)
     if files is None:
         check_input_memory(args)
@@ -355,6 +361,18 @@ def _launch_packed(args, save: Output | None, files):
         print(f"wrote {save.path}", file=sys.stderr)
     return (q, k, v), config, args.causal, ctas, (out.o, out.lse, out.checkpoints, out.scale), front, \
         {**features(args), **cu}
+
+
+def _check_timing_size(config, cta_rounds, what: str) -> None:
+    """--timing of a packed batch or of split-KV: the timing model's size limit (fa_sim.timing.launches.
+    check_size, on the H200 model fa_hw.profile.timing_comparison predicts with) as one UsageError line."""
+    from ..timing.gpus import gpu_model
+    from ..timing.launches import check_size
+
+    try:
+        check_size(config, cta_rounds, gpu_model("h200"), what, "drop --timing or lower the sizes")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _default_packed(prob: Problem) -> list[int]:
@@ -385,11 +403,6 @@ def _run_split(args, split: dict) -> int:
     last that run), then the workspace and the combine's O and LSE; every check before the inputs."""
     import fa_hw
 
-    for flag in ("banks", "timing"):
-        if getattr(args, flag):
-            raise UsageError(f"--{flag} does not apply to split-KV decoding (--splits / --cache-seqlens): it is two "
-                             f"launches (split kernel, combine) and fa_hw.profile's Nsight Compute launch and SASS "
-                             f"walk take one dense launch; fa time --splits gives the model's side; drop --{flag}")
     save = None if args.save is None else Output("--save", Path(args.save), Kind.FILE)
     check_outputs(args, save)  # before the GPU runs
     if auto_requested(args) or args.kernel is not None:
@@ -414,6 +427,10 @@ def _run_split(args, split: dict) -> int:
         plan = check_splitkv(prob, split["splits"], split["cache_seqlens"], sms, split.get("pack_gqa"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.timing:  # the timing model's two launches (fa time --splits), their size checked before the GPU runs
+        from ..timing.launches import splitkv_cta_rounds
+
+        _check_timing_size(config, splitkv_cta_rounds(plan), f"--timing of split-KV decoding with {plan.splits} splits")
     live = [c for c in range(plan.n_ctas) if plan.cta(c)[4] > 0]
     ctas = checkpoint_ctas_option(args.ctas, plan.n_ctas, None if args.ctas is not None else _first_and_last(live))
     if files is None:
@@ -442,8 +459,20 @@ def _run_split(args, split: dict) -> int:
                      o_accum=work[0] if many else None, lse_accum=work[1] if many else None,
                      combine_source=COMBINE_PATH.read_text() if many else "").save(f)
         print(f"wrote {save.path}", file=sys.stderr)
+    banks = timing = None
+    launch = {"splits": plan.splits, "cache_seqlens": split["cache_seqlens"], **pack}  # the splits that ran
+    if args.banks:  # the split launch, simulated and profiled (fa2_combine.cu uses no shared memory)
+        from fa_hw.profile import bank_comparison
+
+        banks = bank_comparison(q, k, v, False, args.scale, config, window=args.window, softcap=args.softcap,
+                                **launch)
+    if args.timing:
+        from fa_hw.profile import timing_comparison
+
+        timing = timing_comparison(q, k, v, False, args.scale, config, window=args.window, softcap=args.softcap,
+                                   **launch)
     return _split_report(args, (q, k, v), out.scale, config, ctas, plan.splits, split["cache_seqlens"],
-                         split.get("pack_gqa"), args.softcap, gpu)
+                         split.get("pack_gqa"), args.softcap, gpu, banks=banks, timing=timing)
 
 
 def _split_engine(args) -> None:
@@ -453,16 +482,40 @@ def _split_engine(args) -> None:
                          "and fa2_combine.cu; drop --engine")
 
 
-def _split_report(args, qkv, scale, config, ctas, splits, cache_seqlens, pack_gqa, softcap, gpu, sources=None) -> int:
+def _split_report(args, qkv, scale, config, ctas, splits, cache_seqlens, pack_gqa, softcap, gpu, sources=None, *,
+                  banks=None, timing=None) -> int:
     """The simulator's side of a split-KV run (the split kernel's debug build for `ctas`, the combine)
-    against `gpu` (a live run's or a recording's SplitRun): the report printed, the exit status."""
+    against `gpu` (a live run's or a recording's SplitRun): the report printed (with --banks' and
+    --timing's comparisons of a live run), the exit status."""
     from ..crosscheck import build_splitkv_report, simulate_splitkv_with_checkpoints
 
     sim, plan = simulate_splitkv_with_checkpoints(*qkv, scale, config, ctas, splits, cache_seqlens, pack_gqa, softcap,
                                                   sources=sources)
     report = build_splitkv_report(qkv[0], qkv[1], plan, ctas, sim, gpu)
-    print(json.dumps(report.to_json()) if args.json else format_report(report))
+    _print(args, report, banks, timing)
     return 0 if report.ok else 1
+
+
+def _print(args, report, banks, timing) -> None:
+    """The report, then --banks' and --timing's comparisons (fa_hw.profile) if made: one JSON object
+    with --json, else the tables."""
+    if args.json:
+        obj = report.to_json()
+        if banks is not None:
+            obj["banks"] = banks.to_json()
+        if timing is not None:
+            obj["timing"] = timing.to_json()
+        print(json.dumps(obj))
+        return
+    print(format_report(report))
+    if banks is not None:
+        from fa_hw.profile import format_bank_comparison
+
+        print(format_bank_comparison(banks))
+    if timing is not None:
+        from fa_hw.profile import format_timing_comparison
+
+        print(format_timing_comparison(timing))
 
 
 def run(args) -> int:
@@ -496,28 +549,14 @@ def run(args) -> int:
     kernel = kernel_from_args(args)  # what Nsight Compute profiles below: the user's --kernel
     report = build_report(q, k, v, causal, config, ctas, sim_res, sim_buf, o, lse, gpu_buf, **feats)
     banks = None
-    if args.banks:
-        from fa_hw.profile import bank_comparison, format_bank_comparison
+    if args.banks:  # that feature's build; a packed batch's FA_VARLEN launch (feats: its offsets)
+        from fa_hw.profile import bank_comparison
 
-        banks = bank_comparison(q, k, v, causal, scale, config, kernel, **feats)  # that feature's build
+        banks = bank_comparison(q, k, v, causal, scale, config, kernel, **feats)
     timing = None
     if args.timing:
         from fa_hw.profile import timing_comparison
 
         timing = timing_comparison(q, k, v, causal, scale, config, kernel, **feats)
-    if args.json:
-        obj = report.to_json()
-        if banks is not None:
-            obj["banks"] = banks.to_json()
-        if timing is not None:
-            obj["timing"] = timing.to_json()
-        print(json.dumps(obj))
-    else:
-        print(format_report(report))
-        if banks is not None:
-            print(format_bank_comparison(banks))
-        if timing is not None:
-            from fa_hw.profile import format_timing_comparison
-
-            print(format_timing_comparison(timing))
+    _print(args, report, banks, timing)
     return 0 if report.ok else 1
