@@ -261,33 +261,12 @@ def _feature_build(q, k, v, causal: bool, scale: float | None, config: KernelCon
 
 def launch_sass_extra(build, paths: dict, ran: dict, arch: str) -> dict[SmemClass, int]:
     """Per shared-memory class, the warp instructions `build`'s SASS for `arch` issues beyond those
-    the PTX engine ran (`ran`: the run's counts per (Op, phase, round)): every warp's recorded path
-    (`paths`: a BranchRecorder's, (CTA, warp) -> path) walked through that SASS (fa_sim.timing.walk),
-    as fa_sim.timing.issued does for a dense launch. `build`: the launch's KernelBuild (fa2_fwd.cu's
-    FA_VARLEN or FA_SPLITKV build, its PTX as the engine ran it); its cubin is compiled for `arch`."""
-    import collections
-    from dataclasses import replace
+    the PTX engine ran (fa_sim.timing.issued.walked_counts: `paths`, a BranchRecorder's; `ran`, the
+    run's counts). `build`: the launch's KernelBuild (fa2_fwd.cu's FA_VARLEN or FA_SPLITKV build, its
+    PTX as the engine ran it)."""
+    from fa_sim.timing.issued import walked_counts
 
-    from fa_sim.contract import KERNEL_NAME, kernel_source
-    from fa_sim.contract.cubins import compile_build
-    from fa_sim.contract.sass import disassemble
-    from fa_sim.ptx.load import kernel_module
-    from fa_sim.ptx.program import build_program
-    from fa_sim.timing.walk import PtxGraph, SassGraph, Walker, class_counts
-
-    program = build_program(kernel_module(build), KERNEL_NAME, kernel_source(build.kernel).text)
-    cubin = compile_build(replace(build, arch=arch, lineinfo=True)).cubin
-    graph = SassGraph(disassemble(cubin, encodings=True, inlined=True), KERNEL_NAME)
-    walker = Walker(graph, PtxGraph(program.kernel))
-    issued = collections.Counter()
-    for path, n in collections.Counter(paths.values()).items():
-        got, _ = class_counts(graph, [walker.walk(path)])
-        for cls, c in got.items():
-            issued[cls] += n * c
-    engine = collections.Counter()
-    for (op, phase, _), n in ran.items():
-        if phase != "combine":  # split-KV's second launch (fa_sim.splitkv.run_splitkv): no shared memory
-            engine[op.value] += int(n)
+    issued, engine = walked_counts(build, paths, ran, arch)
     return {c: issued.get(c.value, 0) - engine.get(c.value, 0) for c in SmemClass}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import functools
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,14 +37,35 @@ from .walk import PtxGraph, SassGraph, Walker, class_counts
 
 
 @functools.lru_cache(maxsize=32)
-def _walker(config: KernelConfig, causal: bool, arch: str, kernel, kv_group: int, window: tuple, softcap: float):
-    from ..ptx.fa2 import _program
+def _walker(build: KernelBuild, arch: str):
+    """(SASS graph, Walker) of `build` (its PTX as the engine runs it, for SM80) against its cubin for
+    `arch`, compiled with -lineinfo."""
+    from ..ptx.load import kernel_module
+    from ..ptx.program import build_program
 
-    ck = compile_build(KernelBuild(config, causal, arch, False, kernel_source(kernel), lineinfo=True,
-                                   kv_group=kv_group, window=window, softcap=softcap))
-    graph = SassGraph(disassemble(ck.cubin, encodings=True, inlined=True), KERNEL_NAME)
-    program = _program(kernel_source(kernel), config, bool(causal), False, kv_group, window, softcap)
+    program = build_program(kernel_module(build), KERNEL_NAME, kernel_source(build.kernel).text)
+    cubin = compile_build(replace(build, arch=arch, lineinfo=True)).cubin
+    graph = SassGraph(disassemble(cubin, encodings=True, inlined=True), KERNEL_NAME)
     return graph, Walker(graph, PtxGraph(program.kernel))
+
+
+def walked_counts(build: KernelBuild, paths: dict, ran: dict, arch: str) -> tuple[dict, dict]:
+    """(issued, engine) of one launch of `build` (any fa2_fwd.cu build: dense, FA_VARLEN, FA_SPLITKV's
+    split launch; its PTX as the engine ran it, arch sm_80), per class: every warp's recorded path
+    (`paths`: a BranchRecorder's, (CTA, warp) -> path) walked through the build's SASS for `arch`,
+    and the warp instructions the PTX engine ran (`ran`: the run's counts per (Op, phase, round);
+    split-KV's "combine" phase, the second launch, left out)."""
+    graph, walker = _walker(build, arch)
+    issued = collections.Counter()
+    for path, n in collections.Counter(paths.values()).items():
+        got, _ = class_counts(graph, [walker.walk(path)])
+        for cls, c in got.items():
+            issued[cls] += n * c
+    engine: dict = collections.Counter()
+    for (op, phase, _), n in ran.items():
+        if phase != "combine":
+            engine[op.value] += int(n)
+    return dict(issued), dict(engine)
 
 
 def issued_counts(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | None = None,
@@ -67,15 +89,5 @@ def issued_counts(q, k, v, causal: bool = False, scale: float | None = None, con
 
     prob = Problem(b, h, np.shape(q)[2], np.shape(k)[2], bool(causal), 1.0, config, heads_k=np.shape(k)[1],
                    window=window, softcap=softcap)
-    build = KernelBuild.of(prob, arch)
-    graph, walker = _walker(config, bool(causal), arch, kernel, build.kv_group, build.window, build.softcap)
-    walks = collections.Counter(rec.paths().values())
-    issued = collections.Counter()
-    for path, n in walks.items():
-        got, _ = class_counts(graph, [walker.walk(path)])
-        for cls, c in got.items():
-            issued[cls] += n * c
-    engine: dict = collections.Counter()
-    for (op, _, _), n in res.counts.items():
-        engine[op.value] += int(n)
-    return dict(issued), dict(engine)
+    build = replace(KernelBuild.of(prob, "sm_80"), kernel=None if kernel is None else kernel_source(kernel))
+    return walked_counts(build, rec.paths(), res.counts, arch)
