@@ -3,6 +3,8 @@
 #   tunebwd  experiments/tune_bwd.py on BWD_TRAIN with the few labels that won on the H100 (TUNEBWD_LABELS)
 #            -> $OUT/backward/<gpu>.json, then bench_hw.py --backward on the held-out TEST set with that table,
 #            in three chunks of cases (each its own $OUT/bench<i>/, so a cut-off keeps the finished chunks)
+#   alone    this round's gpu_alone tests (Nsight Compute and timing, one process: no -n): fa compare --banks /
+#            --timing on packed batches and split-KV, and the dense runs' (their ncu kernel filter changed)
 #   other steps: those of experiments/device_round36.sh (STEPS passed through)
 #   OUT=... STEPS="tunebwd" bash experiments/device_round41.sh
 set -u
@@ -27,6 +29,15 @@ for s in ${STEPS:-tunebwd}; do case $s in
       timeout ${BENCHCHUNK_S:-100} python3 experiments/bench_hw.py --backward --set test --cases $chunk --out "$d" \
         --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
     done ;;
+  alone)
+    echo "== alone ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${ALONE_S:-240} python3 -m pytest -q -p no:randomly -rfE \
+      "tests/test_compare_packed.py::test_gpu_compare_banks_of_a_packed_batch_match_nsight_compute" \
+      "tests/test_compare_splitkv.py::test_gpu_compare_banks_of_split_kv_match_nsight_compute" \
+      "tests/test_timing_gpu.py::test_compare_timing_of_a_packed_batch_and_of_split_kv" \
+      "tests/test_cli_features_gpu.py::test_compare_banks_of_a_feature_run_match_nsight_compute" \
+      tests/test_timing_gpu.py::test_compare_timing_sets_measured_beside_predicted > "$OUT/alone.txt" 2>&1
+    tail -20 "$OUT/alone.txt" | tee -a "$OUT/summary.txt" ;;
   *) REST="$REST $s" ;;
 esac; done
 [ -n "$REST" ] && OUT="$OUT" STEPS="$REST" BUDGET=$(( ${BUDGET:-575} - ($(date +%s) - T0) )) bash experiments/device_round36.sh
