@@ -36,7 +36,8 @@ for s in ${STEPS:-tunebwd}; do case $s in
       "tests/test_compare_splitkv.py::test_gpu_compare_banks_of_split_kv_match_nsight_compute" \
       "tests/test_timing_gpu.py::test_compare_timing_of_a_packed_batch_and_of_split_kv" \
       "tests/test_cli_features_gpu.py::test_compare_banks_of_a_feature_run_match_nsight_compute" \
-      tests/test_timing_gpu.py::test_compare_timing_sets_measured_beside_predicted > "$OUT/alone.txt" 2>&1
+      tests/test_timing_gpu.py::test_compare_timing_sets_measured_beside_predicted \
+      tests/test_timing_gpu.py::test_split_kv_timing_issues_what_the_gpu_executed > "$OUT/alone.txt" 2>&1
     tail -20 "$OUT/alone.txt" | tee -a "$OUT/summary.txt" ;;
   *) REST="$REST $s" ;;
 esac; done

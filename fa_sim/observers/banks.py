@@ -188,14 +188,16 @@ def mixed_zero_fill_wavefronts(dst: np.ndarray, src: np.ndarray, mask: np.ndarra
     tile of 22 rows; docs/hardware_facts.md): an instruction whose lanes 0-15 copy two whole rows and
     lanes 16-31 zero-fill two more costs 6 wavefronts, not the 4 of `ldgsts_wavefronts`; one that
     only copies or only zero-fills costs 4 (every other LDGSTS of those launches). Rule: the
-    zero-filled lanes of a mixed instruction are written in wavefronts of their own, once more by
-    `ldgsts_wavefronts` over those lanes alone. That one pattern (2 copied and 2 zero-filled quarter
-    warps) cannot tell this from "the copied lanes once more"; fa_sim.calibrate.ldgsts_probe's
-    zero-fill patterns (8 of 32 lanes copied, ...) tell them apart on the GPU.
+    COPIED lanes of a mixed instruction are written in wavefronts of their own, once more by
+    `ldgsts_wavefronts` over those lanes alone. The 2 + 2 rows above cannot tell this from "the
+    zero-filled lanes once more"; three launches whose tails also split 1 + 3 and 3 + 1 rows do (a
+    packed batch, --seqlens 70,130,5 --heads 2, and split-KV decoding, --cache-seqlens 300,170
+    --splits 3 and --cache-seqlens 199 --splits 1, d = 64, H100): ncu counts 4406, 5412 and 1166
+    LDGSTS wavefronts; this rule gives all three, the zero-filled reading 4418, 5452 and 1162.
     """
     zero = mask & ~fetched
     mixed = fetched.any(-1) & zero.any(-1)
-    return np.where(mixed, ldgsts_wavefronts(dst, src, zero).sum(-1), 0)
+    return np.where(mixed, ldgsts_wavefronts(dst, src, mask & fetched).sum(-1), 0)
 
 
 @dataclass(frozen=True)
