@@ -45,7 +45,9 @@ SOURCES = {"base": "tune_bwd_h100.json", "r4p": "tune_bwd_h100_r4p.json"}
 # per source and head_dim: the labels predicted (scalar and vector dQ reductions, 4 and 8 warps, one
 # and two Q stages, both softmax forms; r4p / r4pm: the fragment-order forms that won the H100's keys)
 _SMALL_D = ["64x4s1", "128x8s1r2"]
-SKIP = {(2, 16, 8192, 32), (1, 16, 16384, 64), (1, 32, 8192, 128), (1, 16, 12000, 96)}  # N >= 8192: 1-3 min a row
+# left out: N >= 8192 (1-3 min a row), and three shapes whose rows were not all predicted in round 41's time
+SKIP = {(2, 16, 8192, 32), (1, 16, 16384, 64), (1, 32, 8192, 128), (1, 16, 12000, 96),
+        (16, 16, 2048, 64), (4, 16, 4096, 128), (4, 16, 4096, 96)}
 LABELS = {
     "base": {32: _SMALL_D, 64: _SMALL_D, 96: _SMALL_D, 128: ["32x4s1", "64x8s1r2"]},
     "r4p": {32: ["64x8s1fr4p", "128x8s1fr4p"], 64: ["64x8s1fr4p", "128x8s1fr4p"],
