@@ -104,6 +104,10 @@ class LaunchModel:
         self._steps: dict = {}
         self._block_steps: dict = {}
         self._atomics: dict = {}
+        # SASS block -> its global atomics and reductions, for the blocks that have any (atomic_lanes)
+        self._atomic_blocks = {b: n for b, blk in self.sass.blocks.items()
+                               if (n := sum(i.base in ATOMIC_OPCODES and i.guard != "@!PT" for i in blk.instrs))}
+        self._sizes = {b: len(blk.instrs) for b, blk in self.sass.blocks.items()}  # SASS block -> its instructions
 
     def block_steps(self, b) -> list[Step]:
         """The Steps of SASS block b's instructions: one Step per SASS address, built once (set
@@ -119,16 +123,13 @@ class LaunchModel:
         """The lanes of global atomics and reductions a warp's walk sends to the L2 (program.ATOMIC_LANES
         per warp instruction)."""
         hit = self._atomics.get(walk)
-        if hit is None:
-            blocks = self.sass.blocks
-            hit = self._atomics[walk] = ATOMIC_LANES * sum(
-                i.base in ATOMIC_OPCODES and i.guard != "@!PT" for b in walk for i in blocks[b].instrs)
+        if hit is None:  # the few blocks that hold atomics, each counted in the walk (tuple.count: no Python loop)
+            hit = self._atomics[walk] = ATOMIC_LANES * sum(walk.count(b) * n for b, n in self._atomic_blocks.items())
         return hit
 
     def size(self, walk: tuple) -> int:
         """The warp instructions of a walk (block starts)."""
-        blocks = self.sass.blocks
-        return sum(len(blocks[b].instrs) for b in walk)
+        return sum(map(self._sizes.__getitem__, walk))
 
     def steps(self, walk: tuple) -> list[Step]:
         """The Steps of a warp's walk (block starts), cached per walk."""
