@@ -474,8 +474,10 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         runs = [tuple(seq)]
     else:
         runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    known: dict = {}  # each stream's anchor and Step ids, found once for the estimate and every run (sm._Steady)
     if steady:  # the chunks are cut as without it (the same prediction); a class's loops cost a few periods
-        sizes = [sum(steady_size(w) for w in streams[c]) if c in set(seq) else sizes[c] for c in range(len(sizes))]
+        sizes = [sum(steady_size(w, known) for w in streams[c]) if c in set(seq) else sizes[c]
+                 for c in range(len(sizes))]
     heads = sm_chains(runs)
     simulated = sum(sizes[c] for r in _simulated(heads, k) for c in r)
     if simulated > MAX_SM_INSTRUCTIONS:
@@ -502,7 +504,7 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         for head, mine in heads.items():
             passes[1] = len(head)
             for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
-                                                    gpu, account=True, slots=k, steady=steady)):
+                                                    gpu, account=True, slots=k, steady=steady, known=known)):
                 memo[r] = run
             passes[0] += 1
             if long:
