@@ -92,3 +92,26 @@ def test_a_launch_of_atomic_adds_takes_the_l2s_atomic_rate():
     extra = lanes / H200.atomic_lanes_per_cycle / (H200.clock_ghz * 1e6)
     assert red.kernel_ms - st.kernel_ms == pytest.approx(extra, rel=0.15)
     assert red.stalls.get("lg_throttle", 0) > 0 and "lg_throttle" not in st.stalls
+
+
+def test_a_walks_atomic_lanes_and_size_count_its_blocks_instructions():
+    """LaunchModel.atomic_lanes and .size count per block once (tuple.count, a map): the same numbers
+    as counting every instruction of every block the walk passes, on walks that repeat the loop's
+    blocks (the REDG's among them) and on one without it."""
+    from fa_sim.ptx.load import load_module
+    from fa_sim.ptx.program import build_program
+    from fa_sim.timing.launch import ATOMIC_OPCODES, LaunchModel, _compiled
+
+    program = build_program(load_module(ADDS, macros={"ATOMIC": 1}), "adds", ADDS)
+    listing, cubin = _compiled(ADDS, "kernel.cu", H200.arch, (("ATOMIC", 1),))
+    model = LaunchModel(program, listing, cubin, H200)
+    blocks = model.sass.blocks
+    with_red = [b for b, blk in blocks.items() if any(i.base == "REDG" for i in blk.instrs)]
+    assert with_red  # the loop's block holds the reduction
+    starts = sorted(blocks)
+    for walk in (tuple(starts), tuple(starts[:1] + with_red * 37 + starts[-1:]),
+                 tuple(b for b in starts if b not in with_red)):
+        lanes = ATOMIC_LANES * sum(i.base in ATOMIC_OPCODES and i.guard != "@!PT" for b in walk for i in blocks[b].instrs)
+        assert model.atomic_lanes(walk) == lanes
+        assert model.size(walk) == sum(len(blocks[b].instrs) for b in walk)
+    assert model.atomic_lanes(tuple(starts[:1] + with_red * 37 + starts[-1:])) >= 37 * ATOMIC_LANES

@@ -185,3 +185,29 @@ def test_add_ones_is_one_addition_at_a_time():
             got = _add_ones(x, n)
             assert got == one and type(got) is float, (x, n, got, one)
     assert _add_ones(5, 3) == 8 and type(_add_ones(5, 3)) is int
+
+
+def test_a_launchs_shared_anchors_change_nothing():
+    """run_sm_prefixes with `known` (time_sm's: each stream's anchor and Step ids found once for its
+    steady_size and every run of the launch) equals the runs without it in every field, reused across
+    calls, and steady_size with it counts as without it; the streams' anchors are found once."""
+    from fa_sim.timing.sm import _Steady, run_sm_prefixes
+
+    H200 = _gpu(False)
+    streams = _loop_streams([40, 33, 27, 50, 12, 45])
+    known: dict = {}
+    assert [steady_size(s, known) for s in streams] == [steady_size(s) for s in streams]
+    assert len(known["anchor"]) == len(known["ids"]) == len(streams)
+    calls = []
+    anchor = _Steady.anchor
+
+    def counted(self, stream):
+        calls.append(id(stream) in self._anchor)
+        return anchor(self, stream)
+    for forks in ([2, 6], [1, 3, 5], [6]):
+        plain = run_sm_prefixes(streams, forks, 4, H200, slots=2, steady=True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_Steady, "anchor", counted)
+            shared = run_sm_prefixes(streams, forks, 4, H200, slots=2, steady=True, known=known)
+        assert shared == plain and [dict(r.stalls) for r in shared] == [dict(r.stalls) for r in plain]
+    assert calls and all(calls)  # every lookup a hit: found once, by steady_size

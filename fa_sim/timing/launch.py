@@ -106,6 +106,10 @@ class LaunchModel:
         self._steps: dict = {}
         self._block_steps: dict = {}
         self._atomics: dict = {}
+        # SASS block -> its global atomics and reductions, for the blocks that have any (atomic_lanes)
+        self._atomic_blocks = {b: n for b, blk in self.sass.blocks.items()
+                               if (n := sum(i.base in ATOMIC_OPCODES and i.guard != "@!PT" for i in blk.instrs))}
+        self._sizes = {b: len(blk.instrs) for b, blk in self.sass.blocks.items()}  # SASS block -> its instructions
 
     def block_steps(self, b) -> list[Step]:
         """The Steps of SASS block b's instructions: one Step per SASS address, built once (set
@@ -121,16 +125,13 @@ class LaunchModel:
         """The lanes of global atomics and reductions a warp's walk sends to the L2 (program.ATOMIC_LANES
         per warp instruction)."""
         hit = self._atomics.get(walk)
-        if hit is None:
-            blocks = self.sass.blocks
-            hit = self._atomics[walk] = ATOMIC_LANES * sum(
-                i.base in ATOMIC_OPCODES and i.guard != "@!PT" for b in walk for i in blocks[b].instrs)
+        if hit is None:  # the few blocks that hold atomics, each counted in the walk (tuple.count: no Python loop)
+            hit = self._atomics[walk] = ATOMIC_LANES * sum(walk.count(b) * n for b, n in self._atomic_blocks.items())
         return hit
 
     def size(self, walk: tuple) -> int:
         """The warp instructions of a walk (block starts)."""
-        blocks = self.sass.blocks
-        return sum(len(blocks[b].instrs) for b in walk)
+        return sum(map(self._sizes.__getitem__, walk))
 
     def steps(self, walk: tuple) -> list[Step]:
         """The Steps of a warp's walk (block starts), cached per walk."""
@@ -505,8 +506,10 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         runs = [tuple(seq)]
     else:
         runs = list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
+    known: dict = {}  # each stream's anchor and Step ids, found once for the estimate and every run (sm._Steady)
     if steady:  # the chunks are cut as without it (the same prediction); a class's loops cost a few periods
-        sizes = [sum(steady_size(w) for w in streams[c]) if c in set(seq) else sizes[c] for c in range(len(sizes))]
+        sizes = [sum(steady_size(w, known) for w in streams[c]) if c in set(seq) else sizes[c]
+                 for c in range(len(sizes))]
     heads = sm_chains(runs)
     simulated = sum(sizes[c] for r in _simulated(heads, k) for c in r)
     if simulated > MAX_SM_INSTRUCTIONS:
@@ -533,7 +536,7 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
         for head, mine in heads.items():
             passes[1] = len(head)
             for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
-                                                    gpu, account=True, slots=k, steady=steady)):
+                                                    gpu, account=True, slots=k, steady=steady, known=known)):
                 memo[r] = run
             passes[0] += 1
             if long:

@@ -171,7 +171,8 @@ def run_sm_prefix(streams: list, fork: int, n_warps: int, gpu: GpuModel, account
 
 
 def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: bool = True,
-                    slots: int | None = None, max_cycles: float = 5e8, steady: bool = False) -> list[SmRun]:
+                    slots: int | None = None, max_cycles: float = 5e8, steady: bool = False,
+                    known: dict | None = None) -> list[SmRun]:
     """[run_sm(streams[:f], ...) for f in forks] for about the cost of the longest one: the run of
     streams[:f] and of streams[:g], f < g, are the same cycle by cycle (run_sm is deterministic) up to
     the moment a CTA finishes when f CTAs have started, where the shorter one starts no CTA and the
@@ -179,7 +180,9 @@ def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: 
     shared), the shorter run goes on to its end and the longer one from the copy, up to the next fork.
     The results are those of the separate runs, bit for bit (tests/test_timing_steady.py).
     fa_sim.timing.launch's chunks use it: each chunk's run is the start of its run with the next chunk,
-    and the last, shorter chunk's run with the one before is the start of theirs with a whole one."""
+    and the last, shorter chunk's run with the one before is the start of theirs with a whole one.
+    `known`: a dict shared by the runs of one launch (and steady_size) in which each stream's anchor
+    and Step ids are found once (_Steady's; the streams are held there, so their ids stay theirs)."""
     forks = list(forks)
     if not forks or not all(isinstance(f, int) and 0 < f <= len(streams) for f in forks):
         raise ValueError(f"forks must be 1 to {len(streams)} CTAs, got {forks!r:.60}")
@@ -188,15 +191,16 @@ def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: 
     snapshot = None
     for f in sorted(set(forks)):
         if f < n:  # fewer CTAs than slots: different from the first cycle on
-            done[f] = _run_sm(streams[:f], n_warps, gpu, account, slots, max_cycles, None, None, (), steady)[0]
+            done[f] = _run_sm(streams[:f], n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
+                              known=known)[0]
             continue
         done[f], snapshot = _run_sm(streams, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
-                                    fork=f if f < len(streams) else None, resume=snapshot)
+                                    fork=f if f < len(streams) else None, resume=snapshot, known=known)
     return [done[f] for f in forks]
 
 
 def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady, fork=None,
-            resume=None) -> tuple[SmRun, tuple | None]:
+            resume=None, known=None) -> tuple[SmRun, tuple | None]:
     """run_sm, and run_sm_prefixes' pieces: with `fork`, the run of streams[:fork] and the state
     (a snapshot) at the moment the run of all the streams would start CTA `fork`; with `resume`,
     the run of all the streams (with `fork` too, of streams[:fork], and its snapshot) from such a
@@ -204,7 +208,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     slots = len(streams) if slots is None else slots
     limit = len(streams) if fork is None else fork  # the CTAs this run starts
     snapshot = None
-    periodic = _Steady() if steady and timeline is None and not stagger and not marks else None
+    periodic = _Steady(known) if steady and timeline is None and not stagger and not marks else None
     pending = list(stagger or [])[: max(0, min(slots, len(streams)) - 1)]
     ctas: list[_Cta] = []
     warps: list[_Warp] = []
@@ -513,12 +517,13 @@ class _Steady:
     tests/test_timing_steady.py bounds the difference at STEADY_BOUND (5e-4) of the SM's cycles,
     forward and backward, causal and not (measured: docs/timing.md)."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: dict | None = None) -> None:
         self.snaps: dict = {}  # relative state -> (its record, the last period seen ending in it, times in a row)
         self.chain: list = []  # the records of the last anchors, in order (the timing-only rule)
         self.due = False
-        self._anchor: dict = {}  # id(stream) -> (stream, its anchor Step)
-        self._ids: dict = {}  # id(stream) -> (stream, the id of each Step, as an array)
+        known = {} if known is None else known  # (run_sm_prefixes' `known`: shared by a launch's runs)
+        self._anchor: dict = known.setdefault("anchor", {})  # id(stream) -> (stream, its anchor Step)
+        self._ids: dict = known.setdefault("ids", {})  # id(stream) -> (stream, the id of each Step, as an array)
 
     def anchor(self, stream: list) -> Step | None:
         hit = self._anchor.get(id(stream))
@@ -628,16 +633,15 @@ def _period(before, now, warps) -> tuple:
     return key, counts
 
 
-def steady_size(stream: list) -> int:
+def steady_size(stream: list, known: dict | None = None) -> int:
     """About how many of a warp stream's instructions run_sm with `steady` simulates: the stream's
     iterations between two issues of its anchor (_Steady) that repeat the one before are skipped past
     the first STEADY_CONFIRM + 2 of each run of them (the first, the confirmations, the last)."""
-    import numpy as np
-
-    top = _Steady().anchor(stream)
+    seen = _Steady(known)  # (`known`: run_sm_prefixes')
+    top = seen.anchor(stream)
     if top is None:
         return len(stream)
-    ids = np.fromiter(map(id, stream), np.int64, len(stream))
+    ids = seen._ids_of(stream)
     at = (ids == id(top)).nonzero()[0].tolist()
     skipped, run = 0, 0
     for a, b, c in zip(at, at[1:], at[2:]):
