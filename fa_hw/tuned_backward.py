@@ -146,14 +146,22 @@ def _loop_options(d: int, bm: int, nw: int, red: int, frag: bool) -> tuple[tuple
 
 #: the candidates also timed with swizzled tiles (smem_swizzle, FA_SMEM_SWIZZLE; "z" in tune_bwd.py's labels):
 #: (head_dim, label without the "z") of the H100's winners (fa_hw/tuned/backward/h100_80gb_hbm3.json: 64x8s1fr4p
-#: and 128x8s1fr4p at d = 32, 128x8s1fr4p at d = 64, 128x8s1fr4p and 128x8s1r4p at d = 96, 64x8s1r4pm at d = 128)
+#: and 128x8s1fr4p at d = 32, 128x8s1fr4p and 128x8s1r4p at d = 96, 64x8s1r4pm at d = 128)
 #: and 64x8s1fr4pm (d = 128's other softmax form). Why: the padded rows (d + 8 halves) make each cp.async pass's
 #: 16-byte chunks straddle 128-byte lines, 10.5 wavefronts per LDGSTS at d = 64, 128 and 15 at d = 32, 96 where 4
 #: would do (`fa banks --backward --config 64x8s1r4pm`); the swizzled rows fill whole lines (4.00) with every
 #: LDSM, LDS and STS still conflict-free; the forward's padded layout ran 4-14 % behind its swizzled one on the
 #: GPU (README, "Timing").
-SWIZZLE_OF = {(32, "64x8s1fr4p"), (32, "128x8s1fr4p"), (64, "128x8s1fr4p"), (96, "128x8s1fr4p"), (96, "128x8s1r4p"),
+#: d = 64's winner is left out (SWIZZLE_SPILLS): its 64 x 8-warp tile with the same options stands in.
+SWIZZLE_OF = {(32, "64x8s1fr4p"), (32, "128x8s1fr4p"), (64, "64x8s1fr4p"), (96, "128x8s1fr4p"), (96, "128x8s1r4p"),
               (128, "64x8s1r4pm"), (128, "64x8s1fr4pm")}
+#: (head_dim, label without the "z") whose swizzled form ptxas spills (sm_90: 8 bytes of local memory in the
+#: deterministic mode's main kernel, non-causal, fp16 and bf16; the padded form sits at 255 registers without):
+#: every block_m 128 x 8-warp tile at d = 64 (128x8s1f, 128x8s1fr4, 128x8s1r4, 128x8s1fr4p, 128x8s1fr4pl and
+#: 128x8s1fr4pm checked): each ldmatrix column step of the swizzled rows is an XOR that takes a register where the
+#: padded rows' sum is the instruction's immediate (fa2_bwd.cu's pin keeps them within their GEMMs: one too many)
+SWIZZLE_SPILLS = {(64, "128x8s1fr4p")}
+assert not SWIZZLE_OF & SWIZZLE_SPILLS
 
 
 def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, bool], ...]:
