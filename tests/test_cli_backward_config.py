@@ -298,3 +298,24 @@ def test_fa_hw_and_compare_backward_config_on_the_gpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["config"]["label"] == "64x8s1"
     assert all(g["identical"] == 1.0 for g in out["gradients"].values())
+
+
+def test_fa_banks_and_check_hazards_run_a_swizzled_label(capsys):
+    """--config with the z suffix (smem_swizzle): fa banks --backward names the swizzled layout and counts the
+    cp.async copies at their ideal wavefronts (the padded label's 10.5 per instruction at d = 64), no LDSM, LDS
+    or STS conflict; fa sim --backward --check-hazards finds no hazard in either kernel."""
+    _engine()
+    argv = ["banks", "--backward", "--heads", "1", "--seqlen", "128", "--head-dim", "64", "--json", "--config"]
+    got = {}
+    for lab in ("64x8s1fr4p", "64x8s1fr4pz"):
+        assert main(argv + [lab]) == 0
+        got[lab] = json.loads(capsys.readouterr().out)
+    z, p = got["64x8s1fr4pz"], got["64x8s1fr4p"]
+    assert z["config"]["label"] == "64x8s1fr4pz" and z["smem"].startswith("swizzled") and p["smem"].startswith("padded")
+    cz, cp = z["classes"]["LDGSTS"], p["classes"]["LDGSTS"]
+    assert cz["wavefronts"] == cz["ideal"] == cp["ideal"] and cp["wavefronts"] * 4 == cp["ideal"] * 10.5
+    assert all(z["classes"][c]["conflicts"] == 0 for c in ("LDSM", "LDS", "STS"))
+    assert main(["sim", "--backward", "--check-hazards", "--dq", "deterministic", "--heads", "1", "--seqlen", "70",
+                 "--seqlen-k", "90", "--head-dim", "64", "--causal", "--config", "64x8s1fr4pz"]) == 0
+    out = capsys.readouterr().out
+    assert "main kernel (fa2_bwd_kernel) hazards: none" in out and "dQ kernel (fa2_bwd_dq_kernel) hazards: none" in out
