@@ -159,7 +159,7 @@ SWIZZLE_OF = {(32, "64x8s1fr4p"), (32, "128x8s1fr4p"), (64, "64x8s1fr4p"), (96, 
 #: deterministic mode's main kernel, non-causal, fp16 and bf16; the padded form sits at 255 registers without):
 #: every block_m 128 x 8-warp tile at d = 64 (128x8s1f, 128x8s1fr4, 128x8s1r4, 128x8s1fr4p, 128x8s1fr4pl and
 #: 128x8s1fr4pm checked): each ldmatrix column step of the swizzled rows is an XOR that takes a register where the
-#: padded rows' sum is the instruction's immediate (fa2_bwd.cu's pin keeps them within their GEMMs: one too many)
+#: padded rows' sum is the instruction's immediate (pinning them to their GEMMs by an opaque mov did not help)
 SWIZZLE_SPILLS = {(64, "128x8s1fr4p")}
 assert not SWIZZLE_OF & SWIZZLE_SPILLS
 

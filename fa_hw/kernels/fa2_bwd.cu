@@ -267,20 +267,10 @@ __device__ __forceinline__ u32 shift_off(u32 o, int dr, int dc) {
 }
 // The shared address of (r0 + dr, c0 + dc) of the tile at sTile, o = off(r0, c0) (shift_off's conditions).
 __device__ __forceinline__ u32 at(u32 sTile, u32 o, int dr, int dc) { return sTile + shift_off(o, dr, dc); }
-// A GEMM's lane offset, opaque to the compiler (a volatile mov at each GEMM): each ldmatrix column step is an
-// XOR of it (shift_off), which ptxas cannot fold into the instruction's immediate as the padded rows' sums; left
-// loop-invariant, the XORed offsets of every GEMM were hoisted out of the Q block loop and held in registers
-// across it (a d = 64, 128 x 8-warp main kernel then spilled); pinned, they live within their GEMM.
-__device__ __forceinline__ u32 pin(u32 x) {
-  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
-  return x;
-}
-#define FA_PIN(x) pin(x)
 #else
 __device__ __forceinline__ u32 off(int r, int c) { return 2u * (u32)(r * kPitch + c); }      // sQ sdO sK sV
 // The shared address of (r0 + dr, c0 + dc) of the tile at sTile, o = off(r0, c0) (the padded rows: a sum).
 __device__ __forceinline__ u32 at(u32 sTile, u32 o, int dr, int dc) { return sTile + o + off(dr, dc); }
-#define FA_PIN(x) (x)
 #endif
 __device__ __forceinline__ u32 off_ds(int r, int c) { return 2u * (u32)(r * kDSPitch + c); }  // sdS
 
@@ -456,8 +446,8 @@ __device__ __forceinline__ void load_q_block(const u16* gQ, const u16* gdO, cons
 template <int kN>
 __device__ __forceinline__ void gemm_rows_cols(float (&acc)[kN][4], u32 sX, u32 sY) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const u32 oA = FA_PIN(off(16 * warp + lane % 16, 8 * (lane / 16)));
-  const u32 oB = FA_PIN(off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2)));
+  const u32 oA = off(16 * warp + lane % 16, 8 * (lane / 16));
+  const u32 oB = off(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
 #pragma unroll
   for (int h = 0; h < kDSeg; ++h) {
     u32 a[4];
@@ -482,7 +472,7 @@ __device__ __forceinline__ void gemm_rows_cols(float (&acc)[kN][4], u32 sX, u32 
 template <int kSeg>
 __device__ __forceinline__ void gemm_frags_dim(float (&acc)[kDN][4], const u32 (&a)[kSeg][4], u32 sY) {
   const int lane = threadIdx.x % 32;
-  const u32 oB = FA_PIN(off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16)));
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
 #pragma unroll
   for (int h = 0; h < kSeg; ++h)
 #pragma unroll
@@ -515,7 +505,7 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
   const u32 base = smem_base();
   const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 16 * wm + 8 * ((lane / 8) % 2));
 #if FA_SMEM_SWIZZLE  // the lane's chunk (c0 = 8 (lane / 16)) apart from the warp column's: shift_off's form
-  const u32 oB = FA_PIN(off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16)));
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
   const int cB = 8 * kQN * wn;
 #else
   const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
@@ -544,7 +534,7 @@ __device__ __forceinline__ void gemm_dq2(float (&acc)[2][kQN][4]) {
   const u32 base = smem_base();
   const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 32 * wm + 8 * ((lane / 8) % 2));
 #if FA_SMEM_SWIZZLE  // the lane's chunk (c0 = 8 (lane / 16)) apart from the warp column's: shift_off's form
-  const u32 oB = FA_PIN(off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16)));
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
   const int cB = 8 * kQN * wn;
 #else
   const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
