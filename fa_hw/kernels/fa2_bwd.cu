@@ -263,7 +263,11 @@ __device__ __forceinline__ u32 off(int r, int c) {  // sQ sdO sK sV: byte offset
 // whole atoms and dr whole 8-row groups (fa2_fwd.cu shift_off, tests/test_hw_layout.py).
 __device__ __forceinline__ u32 shift_off(u32 o, int dr, int dc) {
   if (kAtomW != kPitch) return (o ^ (u32)(2 * (dc % kAtomW))) + (u32)(2 * ((dc / kAtomW) * 8 * kAtomW + dr * kPitch));
-  return (o ^ (u32)(2 * dc)) + (u32)(2 * dr * kPitch);
+  // the chunk bits above the XORed ones (d = 128: columns 64 .. 127) are a sum, which ptxas folds into the
+  // ldmatrix's immediate (c0 + dc % kX stays below kX: no carry into them)
+  constexpr u32 kX = 8u << FA_SWZ_B;  // halves whose chunk bits the swizzle XORs
+  const u32 x = (u32)dc % kX;
+  return (o ^ (2u * x)) + 2u * ((u32)dc - x) + (u32)(2 * dr * kPitch);
 }
 // The shared address of (r0 + dr, c0 + dc) of the tile at sTile, o = off(r0, c0) (shift_off's conditions).
 __device__ __forceinline__ u32 at(u32 sTile, u32 o, int dr, int dc) { return sTile + shift_off(o, dr, dc); }
