@@ -21,8 +21,9 @@ order differs with block_n, the "ffma" form's P in the last bits). A candidate t
 reported and never chosen. Labels: block_m x n_warps s q_stages, an "f" after them for softmax
 "ffma" (128x8s1f), then "r2" or "r4" for vector dQ reductions (dq_red 2, 4: sm_90 only; 128x8s1fr2), then "p" for
 dq_accum in the fragment order (dq_frag: 64x8s1r4p), "m" for 32-row warp tiles of the dQ GEMM (dq_warp_rows 32:
-64x8s1r4pm), "l" for LSE and D by cp.async (lse_async: 64x8s1fr4pl, 64x8s1fr4pml); fa_sim.contract.backward's label and
-parse_label, the syntax `--config LABEL --backward` takes (LABEL_FORMS).
+64x8s1r4pm), "l" for LSE and D by cp.async (lse_async: 64x8s1fr4pl, 64x8s1fr4pml), "z" for swizzled instead of padded
+shared-memory tiles (smem_swizzle: 64x8s1r4pmz, 128x8s1fr4pz); fa_sim.contract.backward's label and parse_label, the
+syntax `--config LABEL --backward` takes (LABEL_FORMS).
 
 Choice. Per key (head_dim, causal, size class of fa_hw.tuned) the candidate with the best worst
 ratio against SDPA-flash over the key's shapes (the goal is every row), ties broken by the geometric
@@ -37,7 +38,8 @@ that a run stopped by --budget-s (no new shape starts past it) keeps what it mea
 
 Runtime: the defaults time 40 calls per candidate and shape (warmup and reps, an unrecorded pass and
 3 runs); over BWD_TRAIN's 38 (shape, causal) pairs and 18-22 candidates per head_dim on sm_90 (10-14
-before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones, 21-29 with the loop options (lse_async, dq_warp_rows: d=64, 128); --labels times a
+before the dq_red ones, 7-12 before the softmax "ffma" ones; 20-25 with the dq_frag ones, 21-29 with the loop options (lse_async, dq_warp_rows: d=64, 128),
+23-30 with the swizzled ones (smem_swizzle: the winners' "z" forms, fa_hw.tuned_backward.SWIZZLE_OF); --labels times a
 few) that is about 170 s of backward passes on
 an H100 at the default's speed, plus the builds (compiled first, in parallel processes) and the
 forward passes: about 4 minutes; device_round36.sh's step gives it TUNEBWD_S=420 TUNEBWD_BUDGET=380 by
@@ -70,9 +72,9 @@ def _compile(args) -> str:
     """Compile one build into the disk cache (a worker process: NVRTC runs in parallel)."""
     from fa_sim.contract.backward import BackwardBuild, BackwardConfig, compile_backward
 
-    d, bm, nw, st, sm, red, frag, la, wr, causal, arch = args
+    d, bm, nw, st, sm, red, frag, la, wr, swz, causal, arch = args
     build = BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag,
-                                         lse_async=la, dq_warp_rows=wr), causal, False, arch)
+                                         lse_async=la, dq_warp_rows=wr, smem_swizzle=swz), causal, False, arch)
     try:
         usage = compile_backward(build).usage
     except Exception as exc:  # reported by the timing pass, which compiles again
@@ -91,7 +93,7 @@ def precompile(cases, arch: str, labels=None) -> None:
     from fa_hw.tuned_backward import candidates
 
     jobs = sorted({(c[3], x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows,
-                    causal, arch) for c in cases
+                    x.smem_swizzle, causal, arch) for c in cases
                    for x in _chosen(candidates(c[3], arch=arch), labels) for causal in (False, True)})
     t0 = time.time()
     ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in this process: no fork
@@ -201,10 +203,10 @@ def choose(records) -> list:
                 best = (score, label, _gmean(vs_def) if vs_def else None, _gmean(vs_flash))
         if best is None:
             continue
-        bm, nw, st, sm, red, frag, la, wr = _parse_label(best[1])
+        bm, nw, st, sm, red, frag, la, wr, swz = _parse_label(best[1])
         entries.append(Entry(d, causal, size, bm, nw, st, round(best[2], 4) if best[2] else None, round(best[3], 4),
                              tuple(tuple(r["case"]) for r in recs), softmax=sm, dq_red=red, dq_frag=frag,
-                             lse_async=la, dq_warp_rows=wr))
+                             lse_async=la, dq_warp_rows=wr, smem_swizzle=swz))
     return entries
 
 

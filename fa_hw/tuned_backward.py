@@ -5,7 +5,7 @@
     choice.config, choice.source
 
 Tables. `experiments/tune_bwd.py` times every candidate of CANDIDATES[head_dim] (block_m, n_warps, q_stages, softmax,
-dq_red, dq_frag, lse_async, dq_warp_rows)
+dq_red, dq_frag, lse_async, dq_warp_rows, smem_swizzle)
 on the device, on training shapes disjoint from the benchmark's held-out set (experiments/hw_sets.py
 BWD_TRAIN), and writes the fastest per (head_dim, causal, size class) as JSON; the package ships one
 file per GPU in fa_hw/tuned/backward/ (a subfolder: fa_hw.tuned reads every fa_hw/tuned/*.json as a
@@ -16,8 +16,9 @@ forward table), named by fa_hw.device.gpu_key:
        "softmax": "ffma", "dq_red": 2, "vs_default": 1.31, "vs_flash": 0.97, "shapes": [[4, 16, 4096, 64]]}, ...]}
 
 (softmax: BackwardConfig.softmax, "fmul_fsub" when absent; dq_red: BackwardConfig.dq_red, 1 when absent;
-dq_frag: BackwardConfig.dq_frag, lse_async: BackwardConfig.lse_async, written only when true; dq_warp_rows:
-BackwardConfig.dq_warp_rows, written only when not 16: tables written before they existed.)
+dq_frag: BackwardConfig.dq_frag, lse_async: BackwardConfig.lse_async, smem_swizzle: BackwardConfig.smem_swizzle,
+written only when true; dq_warp_rows: BackwardConfig.dq_warp_rows, written only when not 16: tables written before
+they existed.)
 
 vs_default: the geometric mean over the key's shapes of DEFAULT_TILES' time / the winner's;
 vs_flash: the same against SDPA-flash's backward (fp16, fa2_bwd.cu's kernels alone against SDPA's
@@ -48,7 +49,8 @@ atomic dQ) changes no bit of dK, dV and adds the same terms to each dQ_accum ele
 `candidates(d, arch=...)` leaves it out and compile_backward refuses it (so tune_bwd.py never writes it
 into an older GPU's table). dq_frag (dq_accum in the fragment order) adds the same terms to each element
 too, in another place of dq_accum that the convert kernel reads back: dQ, dK, dV keep their bits.
-lse_async (LSE and D by cp.async) and dq_warp_rows 32 (32-row warp tiles of the dQ GEMM) change no bit either.
+lse_async (LSE and D by cp.async), dq_warp_rows 32 (32-row warp tiles of the dQ GEMM) and smem_swizzle (swizzled
+instead of padded tiles: the same values in other shared-memory places) change no bit either.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_WIDTHS, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig,
+from fa_sim.contract.backward import (DEFAULT_TILES, DQ_RED_WIDTHS, HEAD_DIMS, SOFTMAX_FORMS, BackwardConfig, label,
                                       vector_reductions_ok)
 
 from .tuned import SIZE_CLASSES, TABLE_FORMAT, TUNED_DIR, TableFile, size_class
@@ -142,6 +144,26 @@ def _loop_options(d: int, bm: int, nw: int, red: int, frag: bool) -> tuple[tuple
     return ((False, 16), *more)
 
 
+#: the candidates also timed with swizzled tiles (smem_swizzle, FA_SMEM_SWIZZLE; "z" in tune_bwd.py's labels):
+#: (head_dim, label without the "z") of the H100's winners (fa_hw/tuned/backward/h100_80gb_hbm3.json: 64x8s1fr4p
+#: and 128x8s1fr4p at d = 32, 128x8s1fr4p and 128x8s1r4p at d = 96, 64x8s1r4pm at d = 128)
+#: and 64x8s1fr4pm (d = 128's other softmax form). Why: the padded rows (d + 8 halves) make each cp.async pass's
+#: 16-byte chunks straddle 128-byte lines, 10.5 wavefronts per LDGSTS at d = 64, 128 and 15 at d = 32, 96 where 4
+#: would do (`fa banks --backward --config 64x8s1r4pm`); the swizzled rows fill whole lines (4.00) with every
+#: LDSM, LDS and STS still conflict-free; the forward's padded layout ran 4-14 % behind its swizzled one on the
+#: GPU (README, "Timing").
+#: d = 64's winner is left out (SWIZZLE_SPILLS): its 64 x 8-warp tile with the same options stands in.
+SWIZZLE_OF = {(32, "64x8s1fr4p"), (32, "128x8s1fr4p"), (64, "64x8s1fr4p"), (96, "128x8s1fr4p"), (96, "128x8s1r4p"),
+              (128, "64x8s1r4pm"), (128, "64x8s1fr4pm")}
+#: (head_dim, label without the "z") whose swizzled form ptxas spills (sm_90: 8 bytes of local memory in the
+#: deterministic mode's main kernel, non-causal, fp16 and bf16; the padded form sits at 255 registers without):
+#: every block_m 128 x 8-warp tile at d = 64 (128x8s1f, 128x8s1fr4, 128x8s1r4, 128x8s1fr4p, 128x8s1fr4pl and
+#: 128x8s1fr4pm checked): each ldmatrix column step of the swizzled rows is an XOR that takes a register where the
+#: padded rows' sum is the instruction's immediate (pinning them to their GEMMs by an opaque mov did not help)
+SWIZZLE_SPILLS = {(64, "128x8s1fr4p")}
+assert not SWIZZLE_OF & SWIZZLE_SPILLS
+
+
 def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, bool], ...]:
     vec = d <= 128 and nw == DQ_RED_N_WARPS and bm >= DQ_RED_MIN_BLOCK_M and st == 1
     reds = [(r, False) for r in (DQ_RED_WIDTHS if vec else DQ_RED_WIDTHS[:1])]
@@ -149,13 +171,20 @@ def _dq_reds(d: int, bm: int, nw: int, st: int, sm: str) -> tuple[tuple[int, boo
     return tuple((r, p) for r, p in reds if (d, bm, nw, sm, r, p) not in DQ_RED_SPILLS)
 
 
-CANDIDATES = {d: tuple((bm, nw, st, sm, red, frag, la, wr) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
-                       for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
-                       for red, frag in _dq_reds(d, bm, nw, st, sm) for la, wr in _loop_options(d, bm, nw, red, frag))
-              + tuple((bm, nw, 2, sm, 4, True, la, wr) for dd, bm, nw in sorted(LOOP_OPTION_TILES) if dd == d
-                      for sm in _softmaxes(d, bm, nw) if _fits(d, bm, nw, 2) and (d, bm, nw, sm, 4, True) not in DQ_RED_SPILLS
-                      for la, wr in STAGE2_LOOP_OPTIONS)
-              for d, tiles in TILES.items()}
+_PADDED = {d: tuple((bm, nw, st, sm, red, frag, la, wr) for bm, nw in tiles for sm in _softmaxes(d, bm, nw)
+                    for st in ((1, 2) if d <= 128 else (1,)) if _fits(d, bm, nw, st)
+                    for red, frag in _dq_reds(d, bm, nw, st, sm) for la, wr in _loop_options(d, bm, nw, red, frag))
+           + tuple((bm, nw, 2, sm, 4, True, la, wr) for dd, bm, nw in sorted(LOOP_OPTION_TILES) if dd == d
+                   for sm in _softmaxes(d, bm, nw) if _fits(d, bm, nw, 2) and (d, bm, nw, sm, 4, True) not in DQ_RED_SPILLS
+                   for la, wr in STAGE2_LOOP_OPTIONS)
+           for d, tiles in TILES.items()}
+#: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows, smem_swizzle) per head_dim: the
+#: padded candidates, then the swizzled forms of SWIZZLE_OF's (at the end: the earlier ones keep their places)
+CANDIDATES = {d: tuple((*c, False) for c in cands)
+                 + tuple((*c, True) for c in cands if (d, label(*c)) in SWIZZLE_OF)
+              for d, cands in _PADDED.items()}
+assert all(sum((d, label(*c[:8])) in SWIZZLE_OF for c in cands if c[8]) == len([x for x in SWIZZLE_OF if x[0] == d])
+           for d, cands in CANDIDATES.items()), "every SWIZZLE_OF label is a padded candidate"
 
 
 def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> list[BackwardConfig]:
@@ -164,8 +193,8 @@ def candidates(head_dim: int, dtype: str = "fp16", arch: str | None = None) -> l
     BackwardConfig(head_dim, dtype=dtype)  # the one-line error for a head_dim without a backward
     vec_ok = arch is None or vector_reductions_ok(arch)
     return [BackwardConfig(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
-                           dq_frag=frag, lse_async=la, dq_warp_rows=wr)
-            for bm, nw, st, sm, red, frag, la, wr in CANDIDATES[head_dim] if red == 1 or vec_ok]
+                           dq_frag=frag, lse_async=la, dq_warp_rows=wr, smem_swizzle=swz)
+            for bm, nw, st, sm, red, frag, la, wr, swz in CANDIDATES[head_dim] if red == 1 or vec_ok]
 
 
 @dataclass(frozen=True)
@@ -186,6 +215,7 @@ class Entry:
     dq_frag: bool = False  # BackwardConfig.dq_frag
     lse_async: bool = False  # BackwardConfig.lse_async
     dq_warp_rows: int = 16  # BackwardConfig.dq_warp_rows
+    smem_swizzle: bool = False  # BackwardConfig.smem_swizzle
 
     @property
     def key(self) -> tuple[int, bool, str]:
@@ -194,13 +224,15 @@ class Entry:
     def config(self, dtype: str = "fp16") -> BackwardConfig:
         return BackwardConfig(self.head_dim, block_m=self.block_m, n_warps=self.n_warps, dtype=dtype,
                               q_stages=self.q_stages, softmax=self.softmax, dq_red=self.dq_red,
-                              dq_frag=self.dq_frag, lse_async=self.lse_async, dq_warp_rows=self.dq_warp_rows)
+                              dq_frag=self.dq_frag, lse_async=self.lse_async, dq_warp_rows=self.dq_warp_rows,
+                              smem_swizzle=self.smem_swizzle)
 
     def to_json(self) -> dict:
         return {"head_dim": self.head_dim, "causal": self.causal, "size": self.size, "block_m": self.block_m,
                 "n_warps": self.n_warps, "q_stages": self.q_stages, "softmax": self.softmax, "dq_red": self.dq_red, **({"dq_frag": True} if self.dq_frag else {}),
                 **({"lse_async": True} if self.lse_async else {}),
                 **({"dq_warp_rows": self.dq_warp_rows} if self.dq_warp_rows != 16 else {}),
+                **({"smem_swizzle": True} if self.smem_swizzle else {}),
                 "vs_default": self.vs_default, "vs_flash": self.vs_flash,
                 "shapes": [list(s) for s in self.shapes]}
 
@@ -213,7 +245,7 @@ class Entry:
         out = cls(head_dim, causal, size, int(data["block_m"]), int(data["n_warps"]), int(data.get("q_stages", 1)),
                   data.get("vs_default"), data.get("vs_flash"), tuple(tuple(s) for s in data.get("shapes", ())),
                   str(data.get("softmax", SOFTMAX_FORMS[0])), data.get("dq_red", 1), data.get("dq_frag", False),
-                  data.get("lse_async", False), data.get("dq_warp_rows", 16))
+                  data.get("lse_async", False), data.get("dq_warp_rows", 16), data.get("smem_swizzle", False))
         out.config()  # tiles that do not tile or fit: BackwardConfig's ValueError
         return out
 

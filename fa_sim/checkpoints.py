@@ -32,7 +32,8 @@ same form and the same tile convention: `BackwardCheckpoint`, `BackwardCheckpoin
   16*warp + g + 8*(v >> 1), column 8*nj + 2*tq + (v & 1); dK without the scale (the epilogue
   multiplies by it).
 - SQ, SDO, SK, SV: the tiles' shared memory as stored after the round's first barrier (BAR_LOAD),
-  [rows][d + 8] fp16 with zeroed padding, packed as above.
+  [rows][d + 8] fp16 with zeroed padding, packed as above (BackwardConfig.smem_swizzle: [rows][d] in the
+  swizzled physical order; tile_matrix returns the logical tile).
 """
 
 from __future__ import annotations
@@ -175,8 +176,8 @@ class BackwardCheckpointLayout(_SlotLayout):
         return self.config.block_m if ck in (BackwardCheckpoint.SQ, BackwardCheckpoint.SDO) else self.config.block_n
 
     def tile_words(self, ck: BackwardCheckpoint) -> int:
-        """Words of the whole tile image [rows][d + 8] fp16."""
-        return self.tile_rows(ck) * (self.config.head_dim + 8) // 2
+        """Words of the whole tile image [rows][row_pitch] fp16 (d + 8 padded, d swizzled)."""
+        return self.tile_rows(ck) * self.config.row_pitch // 2
 
     def used_words(self, ck: BackwardCheckpoint) -> int:
         if ck in BACKWARD_KEY_QUERY:
@@ -208,9 +209,14 @@ class BackwardCheckpointLayout(_SlotLayout):
         return out
 
     def tile_matrix(self, ck: BackwardCheckpoint, slot: np.ndarray) -> np.ndarray:
-        """One (CTA, round)'s slot [threads, words] of a tile -> float16 [rows, d + 8] (padding included)."""
-        halves = self.threads_to_tile(ck, slot[None])[0]
-        return halves.view(np.float16).reshape(self.tile_rows(ck), self.config.head_dim + 8)
+        """One (CTA, round)'s slot [threads, words] of a tile -> float16 [rows, d + 8] (padding included);
+        a swizzled config's tile (smem_swizzle) as the logical [rows, d], unswizzled by its smem_offset."""
+        halves = self.threads_to_tile(ck, slot[None])[0].view(np.float16)
+        rows, cfg = self.tile_rows(ck), self.config
+        if not getattr(cfg, "smem_swizzle", False):
+            return halves.reshape(rows, cfg.head_dim + 8)
+        r, c = np.meshgrid(np.arange(rows), np.arange(cfg.head_dim), indexing="ij")
+        return halves[cfg.smem_offset(r, c)]
 
     def rounds_per_cta(self, ctas, n_kv_blocks: int, seqlen_q: int, causal: bool) -> np.ndarray:
         """The rounds each linear CTA id runs (n_block = cta % n_kv_blocks): ceil(Nq / block_m)

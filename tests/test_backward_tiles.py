@@ -30,14 +30,15 @@ OTHERS = [(d, *c) for d, cands in CANDIDATES.items() for c in cands[1:]]
 def _ids(cases):
     return [f"d{d}-m{bm}-w{nw}-s{st}" + ("-ffma" if sm == "ffma" else "") + (f"-r{red}" if red != 1 else "")
             + ("-frag" if frag else "") + ("-wr32" if wr == 32 else "") + ("-lse-async" if la else "")
-            for d, bm, nw, st, sm, red, frag, la, wr in cases]
+            + ("-swizzled" if swz else "")
+            for d, bm, nw, st, sm, red, frag, la, wr, swz in cases]
 
 
 @pytest.mark.parametrize("tiles", ALL, ids=_ids(ALL))
 def test_every_candidate_compiles_for_sm90_without_spills(tiles):
-    d, bm, nw, st, sm, red, frag, la, wr = tiles
+    d, bm, nw, st, sm, red, frag, la, wr, swz = tiles
     builds = [BackwardBuild(BackwardConfig(d, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red,
-                                           dq_frag=frag, lse_async=la, dq_warp_rows=wr),
+                                           dq_frag=frag, lse_async=la, dq_warp_rows=wr, smem_swizzle=swz),
                             causal, det, "sm_90")
               for dtype in ("fp16", "bf16") for causal in (False, True) for det in (False, True)]
     for build in builds:
@@ -54,11 +55,11 @@ def _bits(a):
 
 @pytest.mark.parametrize("tiles", OTHERS, ids=_ids(OTHERS))
 def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
-    d, bm, nw, st, sm, red, frag, la, wr = tiles
+    d, bm, nw, st, sm, red, frag, la, wr, swz = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
     cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag, lse_async=la,
-                         dq_warp_rows=wr)
+                         dq_warp_rows=wr, smem_swizzle=swz)
     base = BackwardConfig(d, softmax=sm)  # the default tiles of the same softmax form
     assert cfg != base and nq % bm and nk % cfg.block_n  # tails in both directions
     for det in (True, False):
@@ -71,7 +72,8 @@ def test_candidates_compute_the_default_tiles_bits_on_the_ptx_engine(tiles):
         _assert_within_bound(got, q, k, v, do, causal, ulps=64 if d >= 96 else 41)  # test_backward's caps
 
 
-VECTOR_RED = [(d, *c) for d, cands in CANDIDATES.items() for c in cands if c[4] != 1 and c[3] == "fmul_fsub"]
+VECTOR_RED = [(d, *c) for d, cands in CANDIDATES.items() for c in cands if c[4] != 1 and c[3] == "fmul_fsub"
+              and not c[8]]  # (the swizzled ones: test_swizzled_tiles_compute_the_padded_tiles_bits_hazard_free)
 
 
 @pytest.mark.parametrize("tiles", VECTOR_RED, ids=_ids(VECTOR_RED))
@@ -87,11 +89,11 @@ def test_vector_dq_reductions_add_the_scalar_forms_terms_on_the_engine_as_compil
     from fa_sim.contract.nvrtc import compile_ptx
     from fa_sim.ptx import launch
 
-    d, bm, nw, st, sm, red, frag, la, wr = tiles
+    d, bm, nw, st, sm, red, frag, la, wr, swz = tiles
     nq, nk, causal = 70, 90, True
     q, k, v, o, lse, do = _problem(nq, nk, d, causal)
     cfg = BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag, lse_async=la,
-                         dq_warp_rows=wr)
+                         dq_warp_rows=wr, smem_swizzle=swz)
     want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=False,
                              config=BackwardConfig(d, block_m=bm, n_warps=nw, q_stages=st, softmax=sm))
     launches, _, out = backward_launches(q, k, v, o, lse, do, causal, None, False, config=cfg)
@@ -215,7 +217,8 @@ def test_dq_warp_rows_32_needs_32_row_slices_that_divide_the_warps():
 @pytest.mark.parametrize("change, words", [
     ({"block_m": 48}, "does not tile"), ({"q_stages": 3}, "q_stages must be 1 or 2"), ({"softmax": "fma"}, "softmax 'fma'"), ({"head_dim": 256}, r"bad key \(head_dim=256"),
     ({"size": "huge"}, "bad key"), ({"format": 2}, "format 2"), ({"lse_async": 1}, "lse_async must be True or False"),
-    ({"dq_warp_rows": 24}, "dq_warp_rows must be 16 or 32"), ({"dq_warp_rows": 32}, "dq_warp_rows=32 needs dq_frag=True")])
+    ({"dq_warp_rows": 24}, "dq_warp_rows must be 16 or 32"), ({"dq_warp_rows": 32}, "dq_warp_rows=32 needs dq_frag=True"),
+    ({"smem_swizzle": "yes"}, "smem_swizzle must be True or False")])
 def test_a_malformed_table_is_one_value_error_naming_the_file(tmp_path, change, words):
     data = Table("NVIDIA H100 80GB HBM3", "sm_90", (Entry(64, False, "short", 64, 8),)).to_json()
     if "format" in change:
@@ -268,13 +271,15 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
     (entry,) = tune.choose(recs)
     assert (entry.block_m, entry.n_warps, entry.q_stages, entry.softmax) == (64, 8, 2, "ffma")
     assert tune._label(64, 8, 2, "ffma") == "64x8s2f" and tune._parse_label("128x8s1") == \
-        (128, 8, 1, "fmul_fsub", 1, False, False, 16)
+        (128, 8, 1, "fmul_fsub", 1, False, False, 16, False)
     assert tune._label(128, 8, 1, "ffma", 4) == "128x8s1fr4" and tune._parse_label("64x8s1r2") == \
-        (64, 8, 1, "fmul_fsub", 2, False, False, 16)
+        (64, 8, 1, "fmul_fsub", 2, False, False, 16, False)
     assert tune._label(64, 8, 1, "ffma", 4, True) == "64x8s1fr4p" and tune._parse_label("64x8s1fr4p") == \
-        (64, 8, 1, "ffma", 4, True, False, 16)
+        (64, 8, 1, "ffma", 4, True, False, 16, False)
     assert tune._label(64, 8, 1, "ffma", 4, True, True, 32) == "64x8s1fr4pml" and tune._parse_label("64x8s1r4pl") == \
-        (64, 8, 1, "fmul_fsub", 4, True, True, 16) and tune._parse_label("64x8s1fr4pm")[-2:] == (False, 32)
+        (64, 8, 1, "fmul_fsub", 4, True, True, 16, False) and tune._parse_label("64x8s1fr4pm")[-3:] == (False, 32, False)
+    assert tune._label(64, 8, 1, "fmul_fsub", 4, True, False, 32, True) == "64x8s1r4pmz" and \
+        tune._parse_label("128x8s1fr4pz") == (128, 8, 1, "ffma", 4, True, False, 16, True)
     for r in recs:  # a vector-reduction candidate ahead of all: dq_red reaches the entry and its table
         r["runs_ms"]["128x8s1fr2"] = [0.9, 0.9]
     (entry,) = tune.choose(recs)
@@ -294,8 +299,15 @@ def test_tune_bwd_chooses_the_best_worst_ratio_and_writes_a_table_lookup_reads(t
     assert Table.from_json(Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0").to_json()).entries[0].config() == \
         BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=4, dq_frag=True, lse_async=True,
                        dq_warp_rows=32)
+    for r in recs:  # a swizzled candidate ahead of all: smem_swizzle reaches the entry and its table
+        r["runs_ms"]["128x8s1fr4pmz"] = [0.6, 0.6]
+    (entry,) = tune.choose(recs)
+    assert entry.smem_swizzle and Table.from_json(Table("NVIDIA H100 80GB HBM3", "sm_90", (entry,), "13.0")
+                                                  .to_json()).entries[0].config() == \
+        BackwardConfig(64, block_m=128, n_warps=8, softmax="ffma", dq_red=4, dq_frag=True, dq_warp_rows=32,
+                       smem_swizzle=True)
     recs = [{**r, "runs_ms": {k: v for k, v in r["runs_ms"].items() if k not in ("64x8s2f", "128x8s1fr2", "128x8s1fr4p",
-                                                                                "128x8s1fr4pml")}}
+                                                                                "128x8s1fr4pml", "128x8s1fr4pmz")}}
             for r in recs]
     (entry,) = tune.choose(recs)
     assert entry.vs_default == 1.6 and entry.vs_flash == 0.8 and len(entry.shapes) == 2
@@ -335,3 +347,112 @@ def test_tune_bwd_base_keeps_the_same_gpus_untimed_keys_and_refuses_another_gpus
     with pytest.raises(SystemExit, match="no such file"):
         tune.load_base(tmp_path / "missing.json", "NVIDIA H200", "sm_90")
     assert json.loads(shipped.read_text())["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+# (head_dim, tiles label): the default tiles at every head_dim (128-column atoms at d = 128, 64 at 64 and 192,
+# Swizzle<2,3,3> of 32 columns at 32, 96 and 160; 96, 160, 192's atoms narrower than their rows), the swizzled candidates' padded
+# forms, a second Q stage (its buffer at another 128-byte line). (lse_async is left out: HazardChecker's ALIGN takes
+# every cp.async for 16 bytes and flags its 4-byte copies of LSE and D as misaligned, padded or swizzled alike.)
+SWIZZLED = [(64, "64x4s1"), (128, "32x4s1"), (32, "64x4s1"), (96, "64x4s1"), (64, "64x8s1fr4p"),
+            (128, "64x8s1r4pm"), (64, "128x8s1fr4p"), (64, "64x8s2"), (160, "32x4s1"), (192, "16x4s1")]
+
+
+@pytest.mark.parametrize("d, padded", SWIZZLED, ids=[f"d{d}-{p}" for d, p in SWIZZLED])
+def test_swizzled_tiles_compute_the_padded_tiles_bits_hazard_free(d, padded):
+    """smem_swizzle (FA_SMEM_SWIZZLE: sQ, sdO, sK, sV of both kernels in rows of d halves, the 16-byte chunks
+    XOR-swizzled): on the PTX engine, causal at Nq = 70, Nk = 90 (tails both ways, masked and skipped Q
+    blocks), dQ, dK, dV bit for bit those of the same tiles padded, in both dQ modes (the same values
+    reach the same registers through other shared-memory places), with no hazard in either kernel; shared
+    memory shrinks by the padding (8 halves a row)."""
+    nq, nk, causal = 70, 90, True
+    q, k, v, o, lse, do = _problem(nq, nk, d, causal)
+    base = BackwardConfig.from_label(padded, d)
+    cfg = BackwardConfig.from_label(padded + "z", d)
+    assert cfg.smem_swizzle and cfg.row_pitch == d and base.row_pitch == d + 8 and cfg.label == padded + "z"
+    q_rows = base.q_stages * base.block_m
+    assert base.smem_bytes - cfg.smem_bytes == 2 * 8 * (2 * q_rows + 2 * base.block_n)
+    assert base.dq_smem_bytes - cfg.dq_smem_bytes == 2 * 8 * (2 * base.dq_block_m + 2 * base.block_n)
+    for det in (True, False):
+        hz, hz_dq = HazardChecker(), HazardChecker()
+        want = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=base)
+        got = simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=cfg, observers=[hz],
+                                dq_observers=[hz_dq] if det else ())
+        for name in ("dq", "dk", "dv"):
+            assert np.array_equal(_bits(getattr(got, name)), _bits(getattr(want, name))), (name, det)
+        for rep in (hz.report(), hz_dq.report()):
+            assert rep.ok, rep.hazards[:3]
+
+
+def test_swizzled_smem_offset_is_a_permutation_of_whole_16_byte_chunks_within_8_row_atoms():
+    """BackwardConfig.smem_offset (fa2_bwd.cu's off): for every head_dim, a bijection of a 16-row tile onto
+    [0, 16 d) that moves whole 16-byte chunks, keeps each 8-row group in its own 8 d halves, and puts the 8
+    rows of one chunk column (one ldmatrix 8 x 8 matrix) in 8 distinct 16-byte bank groups."""
+    from fa_sim.contract.backward import HEAD_DIMS
+
+    for d in HEAD_DIMS:
+        cfg = BackwardConfig(d, smem_swizzle=True)
+        r, c = np.meshgrid(np.arange(16), np.arange(d), indexing="ij")
+        p = cfg.smem_offset(r, c)
+        assert sorted(p.ravel()) == list(range(16 * d)), d
+        assert (p % 8 == c % 8).all() and (p // (8 * d) == r // 8).all(), d
+        for col in range(0, d, 8):
+            groups = (p[:8, col] * 2 // 16) % 8  # 16-byte bank group of each row's chunk
+            assert len(set(groups)) == 8, (d, col)
+        assert (BackwardConfig(d).smem_offset(r, c) == r * (d + 8) + c).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_swizzled_tiles_copy_at_ideal_wavefronts_and_stay_conflict_free(d):
+    """fa banks --backward's count (the main kernel, atomic mode; the dQ kernel in the deterministic mode) of a
+    swizzled candidate: every cp.async (LDGSTS) at its ideal wavefronts, where the padded rows make 16-byte
+    chunks straddle 128-byte lines (10.5 wavefronts per instruction against 4), and every LDSM, LDS and STS
+    conflict-free in both layouts."""
+    from fa_sim.observers.banks import BankCounter, SmemClass
+
+    label = {64: "64x8s1fr4p", 128: "64x8s1r4pm"}[d]
+    q, k, v, o, lse, do = _problem(256, 256, d, False)
+    for swz in ("", "z"):
+        cfg = BackwardConfig.from_label(label + swz, d)
+        main, dq = BankCounter(), BankCounter()
+        simulate_backward(q, k, v, o, lse, do, deterministic=False, config=cfg, observers=[main])
+        simulate_backward(q, k, v, o, lse, do, deterministic=True, config=cfg, dq_observers=[dq])
+        for counter in (main, dq):
+            by = counter.report().by_class()
+            cp = by[SmemClass.LDGSTS]
+            assert cp.instructions > 0 and (cp.wavefronts == cp.ideal) == bool(swz), (swz, cp)
+            if not swz:
+                assert cp.wavefronts * 4 == cp.ideal * 10.5, cp
+            for cls in (SmemClass.LDSM, SmemClass.LDS, SmemClass.STS):
+                assert by[cls].conflicts == 0, (swz, cls, by[cls])
+
+
+def test_swizzled_checkpoint_tiles_read_back_as_the_padded_builds_tiles():
+    """The debug build's sQ, sdO, sK, sV images of a swizzled config are [rows][d] in the swizzled order
+    (BackwardCheckpointLayout.tile_words); tile_matrix unswizzles them into the padded build's tiles
+    without the padding, and every other checkpoint is the padded build's word for word."""
+    from fa_sim.checkpoints import BACKWARD_TILES, BackwardCheckpointLayout
+
+    nq, nk, d = 70, 90, 64
+    q, k, v, o, lse, do = _problem(nq, nk, d, True)
+    runs = {}
+    for swz in (False, True):
+        cfg = BackwardConfig(d, smem_swizzle=swz)
+        ctas = list(range(cfg.n_kv_blocks(nk)))
+        res = simulate_backward(q, k, v, o, lse, do, causal=True, config=cfg, checkpoint_ctas=ctas)
+        runs[swz] = (cfg, BackwardCheckpointLayout(cfg, cfg.n_q_blocks(nq)), res.checkpoints)
+    (cfg_p, lay_p, ck_p), (cfg_s, lay_s, ck_s) = runs[False], runs[True]
+    assert lay_s.tile_words(BACKWARD_TILES[0]) == cfg_s.block_m * d // 2
+    compared = 0
+    for ck in lay_p.CHECKPOINTS:
+        i = lay_p.index(ck)
+        for cta in range(ck_p.shape[0]):
+            for r in range(ck_p.shape[2]):
+                if ck in BACKWARD_TILES:
+                    want = lay_p.tile_matrix(ck, ck_p[cta, i, r])[:, :d]
+                    got = lay_s.tile_matrix(ck, ck_s[cta, i, r])
+                    assert got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes(), (ck, cta, r)
+                    compared += int((want != 0).sum())
+                else:
+                    w = lay_p.used_words(ck)
+                    assert ck_s[cta, i, r, :, :w].tobytes() == ck_p[cta, i, r, :, :w].tobytes(), (ck, cta, r)
+    assert compared > 10000

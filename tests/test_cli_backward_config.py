@@ -18,7 +18,7 @@ import pytest
 from fa_sim.cli import main
 from fa_sim.contract.backward import LABEL_FORMS, BackwardConfig, label, parse_label
 
-EXPECTED_FORMS = "<block_m>x<n_warps>s<q_stages>[f][r<dq_red>][p][m][l]"
+EXPECTED_FORMS = "<block_m>x<n_warps>s<q_stages>[f][r<dq_red>][p][m][l][z]"
 SHAPE = ["--heads", "1", "--seqlen", "128", "--head-dim", "64"]  # (1, 1, 128, 64)
 
 
@@ -41,8 +41,12 @@ def test_every_candidate_label_names_its_config_and_back():
                 **{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "dtype": "bf16"})
     assert BackwardConfig(64).label == "64x4s1" and BackwardConfig(128).label == "32x4s1"
     assert label(64, 8, 1, "ffma", 4, True, True, 32) == "64x8s1fr4pml"
-    assert parse_label("128x8s2fr2") == (128, 8, 2, "ffma", 2, False, False, 16)
-    assert parse_label("64x8s1r1p") == (64, 8, 1, "fmul_fsub", 1, True, False, 16)
+    assert parse_label("128x8s2fr2") == (128, 8, 2, "ffma", 2, False, False, 16, False)
+    assert parse_label("64x8s1r1p") == (64, 8, 1, "fmul_fsub", 1, True, False, 16, False)
+    assert parse_label("64x8s1r4pmz") == (64, 8, 1, "fmul_fsub", 4, True, False, 32, True)
+    assert BackwardConfig.from_label("64x8s1r4pmz", 128) == BackwardConfig(128, block_m=64, n_warps=8, dq_red=4,
+                                                                            dq_frag=True, dq_warp_rows=32,
+                                                                            smem_swizzle=True)
 
 
 def test_tune_bwd_uses_the_contracts_labels():
@@ -63,7 +67,7 @@ def test_tune_bwd_uses_the_contracts_labels():
         "64x8s1fr4p"
 
 
-@pytest.mark.parametrize("text", ["64x8", "64x8s1q", "x4s1", "64x8s1pf", "64x8s1rp", "64X8S1", " 64x8s1", ""])
+@pytest.mark.parametrize("text", ["64x8", "64x8s1q", "x4s1", "64x8s1pf", "64x8s1rp", "64X8S1", " 64x8s1", "", "64x8s1zl", "64x8s1zz"])
 def test_a_text_that_is_no_label_names_the_forms(text):
     with pytest.raises(ValueError) as exc:
         parse_label(text)
@@ -294,3 +298,24 @@ def test_fa_hw_and_compare_backward_config_on_the_gpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["config"]["label"] == "64x8s1"
     assert all(g["identical"] == 1.0 for g in out["gradients"].values())
+
+
+def test_fa_banks_and_check_hazards_run_a_swizzled_label(capsys):
+    """--config with the z suffix (smem_swizzle): fa banks --backward names the swizzled layout and counts the
+    cp.async copies at their ideal wavefronts (the padded label's 10.5 per instruction at d = 64), no LDSM, LDS
+    or STS conflict; fa sim --backward --check-hazards finds no hazard in either kernel."""
+    _engine()
+    argv = ["banks", "--backward", "--heads", "1", "--seqlen", "128", "--head-dim", "64", "--json", "--config"]
+    got = {}
+    for lab in ("64x8s1fr4p", "64x8s1fr4pz"):
+        assert main(argv + [lab]) == 0
+        got[lab] = json.loads(capsys.readouterr().out)
+    z, p = got["64x8s1fr4pz"], got["64x8s1fr4p"]
+    assert z["config"]["label"] == "64x8s1fr4pz" and z["smem"].startswith("swizzled") and p["smem"].startswith("padded")
+    cz, cp = z["classes"]["LDGSTS"], p["classes"]["LDGSTS"]
+    assert cz["wavefronts"] == cz["ideal"] == cp["ideal"] and cp["wavefronts"] * 4 == cp["ideal"] * 10.5
+    assert all(z["classes"][c]["conflicts"] == 0 for c in ("LDSM", "LDS", "STS"))
+    assert main(["sim", "--backward", "--check-hazards", "--dq", "deterministic", "--heads", "1", "--seqlen", "70",
+                 "--seqlen-k", "90", "--head-dim", "64", "--causal", "--config", "64x8s1fr4pz"]) == 0
+    out = capsys.readouterr().out
+    assert "main kernel (fa2_bwd_kernel) hazards: none" in out and "dQ kernel (fa2_bwd_dq_kernel) hazards: none" in out

@@ -6,7 +6,7 @@ model) and to itself on shapes with tails for every head_dim; the atomic mode's 
 deterministic mode's; the driver's registers in both modes. The same bit identity for bf16 (FA_BF16,
 d = 32/64/128) and for head_dim 96, 160, 192 in fp16 and bf16, their gradients within the bound of
 their type (attention_backward(..., dtype=)). Every backward tuning candidate (fa_hw.tuned_backward)
-gives the PTX engine's default bits."""
+gives the PTX engine's default bits; the swizzled ones (smem_swizzle) also the same tiles' padded bits."""
 
 from __future__ import annotations
 
@@ -200,3 +200,42 @@ def test_queued_kernel_times_leave_out_the_host_launch_call(gpu, deterministic):
     assert statistics.median(times[0]) < single[0]
     with pytest.raises(ValueError, match="reps >= 1"):
         time_kernels(q, k, v, o, lse, do, reps=0)
+
+
+def _swizzled_candidates():
+    from fa_hw.tuned_backward import CANDIDATES, candidates
+
+    return [(d, c.label) for d in CANDIDATES for c in candidates(d) if c.smem_swizzle]
+
+
+@pytest.mark.parametrize("head_dim, label", _swizzled_candidates(), ids=[f"d{d}-{x}" for d, x in _swizzled_candidates()])
+def test_swizzled_candidates_compute_the_padded_tiles_bits_on_the_gpu(gpu, head_dim, label):
+    """Each smem_swizzle candidate (label suffix z: fa2_bwd.cu's FA_SMEM_SWIZZLE tiles) against the same tiles
+    padded on the GPU, causal (70 x 90: tails both ways) and not (333 x 129), both dQ modes: dQ, dK, dV bit
+    for bit in the deterministic mode, dK, dV in the atomic mode and its dQ within the derived bound of
+    float64; the deterministic bits are also the PTX engine's of the default tiles (same softmax form)."""
+    import dataclasses
+
+    import fa_sim
+    from fa_sim.contract.backward import BackwardConfig, vector_reductions_ok
+
+    cfg = BackwardConfig.from_label(label, head_dim)
+    padded = dataclasses.replace(cfg, smem_swizzle=False)
+    if cfg.dq_red != 1 and not vector_reductions_ok(fa_hw.runtime.device_arch()):
+        pytest.skip(f"{label}: dq_red {cfg.dq_red} needs sm_90")
+    for b, h, nq, nk, causal in ((1, 2, 70, 90, True), (1, 1, 333, 129, False)):
+        q, k, v, o, lse, do = _problem(b, h, nq, nk, head_dim, causal, seed=5)
+        dq_ref, _, _, bq, _, _ = attention_backward(q, k, v, do, causal=causal, bound=True)
+        sim = fa_sim.simulate_backward(q, k, v, o, lse, do, causal=causal, deterministic=True, mma_model="h200",
+                                       config=BackwardConfig(head_dim, softmax=cfg.softmax))
+        for det in (True, False):
+            got = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=cfg)
+            want = fa_hw.backward(q, k, v, o, lse, do, causal=causal, deterministic=det, config=padded)
+            assert got.config == cfg
+            for name in ("dq", "dk", "dv") if det else ("dk", "dv"):
+                a, p, s = _bits(getattr(got, name)), _bits(getattr(want, name)), _bits(getattr(sim, name))
+                assert np.array_equal(a, p), f"{label} {name} (causal={causal}, det={det}): {int((a != p).sum())} differ"
+                assert np.array_equal(a, s), f"{label} {name} vs the engine: {int((a != s).sum())} differ"
+            if not det:
+                err = np.abs(got.dq.astype(np.float64) - dq_ref)
+                assert (err <= bq).all(), f"{label} atomic dQ: error {err.max():.3g} over the bound"

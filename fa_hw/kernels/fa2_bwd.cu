@@ -85,6 +85,15 @@
 //                                                  40 per warp and Q block). Needs FA_DQ_FRAG (the slices are
 //                                                  reduced as there, one m16 tile at a time); the same
 //                                                  partials, each element summed over the keys in the same order
+//   FA_SMEM_SWIZZLE                                1: sQ, sdO, sK, sV (both kernels) in rows of FA_HEAD_DIM halves, each
+//                                                  8-row atom of FA_SWZ_W columns row-major with its 16-byte chunks
+//                                                  permuted by Swizzle<FA_SWZ_B, FA_SWZ_M, FA_SWZ_S> (BackwardConfig.
+//                                                  smem_swizzle; fa2_fwd.cu's swizzled layout and its smem_off /
+//                                                  shift_off): a copy pass's 16-byte chunks fill whole 128-byte lines
+//                                                  and the 8 rows of an ldmatrix matrix still hit 8 distinct bank
+//                                                  groups. 0: rows padded to FA_HEAD_DIM + 8 halves (the default).
+//                                                  sdS keeps its padded [key][query] rows (its STS.32 and ldmatrix
+//                                                  .trans are conflict-free and no cp.async writes it)
 //   FA_DROP_BAR_LOAD, FA_DROP_BAR_DS               mutation builds for the hazard tests (main kernel)
 //   FA_DROP_BAR_KV, FA_DROP_BAR_FREE               the same for fa2_bwd_dq_kernel
 //   FA_BWD_CHECKPOINTS                             debug build: per-thread checkpoints of the main
@@ -148,6 +157,12 @@ typedef unsigned long long u64;
 #ifndef FA_DQ_WARP_ROWS
 #define FA_DQ_WARP_ROWS 16
 #endif
+#ifndef FA_SMEM_SWIZZLE
+#define FA_SMEM_SWIZZLE 0
+#endif
+#if FA_SMEM_SWIZZLE && !(defined(FA_SWZ_B) && defined(FA_SWZ_M) && defined(FA_SWZ_S) && defined(FA_SWZ_W))
+#error "FA_SMEM_SWIZZLE needs FA_SWZ_B, FA_SWZ_M, FA_SWZ_S and FA_SWZ_W (fa_sim.contract.backward sets them)"
+#endif
 #if FA_DQ_WARP_ROWS != 16 && !(FA_DQ_WARP_ROWS == 32 && FA_DQ_FRAG)
 #error "FA_DQ_WARP_ROWS is 16, or 32 with FA_DQ_FRAG"
 #endif
@@ -173,7 +188,8 @@ constexpr int kNSeg = kBlockN / 16;             // k16 segments of dQ = dS K
 constexpr int kWM = kBlockM / FA_DQ_WARP_ROWS;  // dQ: warps along the queries (FA_DQ_WARP_ROWS rows each) ...
 constexpr int kWN = kNWarps / kWM;              // ... and along head_dim
 constexpr int kQN = kHeadDim / (8 * kWN);       // n8 tiles of a warp's dQ along head_dim
-constexpr int kPitch = kHeadDim + 8;            // halves per row of sQ, sdO, sK, sV (padded: no bank conflicts)
+constexpr int kPitch = kHeadDim + (FA_SMEM_SWIZZLE ? 0 : 8);  // halves per row of sQ, sdO, sK, sV (padded or
+                                                              // swizzled: no bank conflicts)
 constexpr int kDSPitch = kBlockM + 8;           // halves per row of sdS [key][query]
 // threads per row of the 16-byte copy: gcd(kHeadDim / 8, 16) as fa2_fwd.cu, each copying kCopyCols
 // chunks of its row 8 * kCopyTPR halves apart (1 for head_dim 32, 64, 128, 256; 3, 5, 3 for 96, 160, 192)
@@ -223,7 +239,43 @@ static_assert(kDqBlockM % kCopyRows == 0 && kDqBlockM <= kThreads, "dQ kernel: c
 
 extern __shared__ __align__(128) unsigned char smem[];
 __device__ __forceinline__ u32 smem_base() { return (u32)__cvta_generic_to_shared(smem); }
+#if FA_SMEM_SWIZZLE
+// fa2_fwd.cu's smem_off and shift_off: 8-row groups kPitch * 8 halves apart, each a row of 8 x kAtomW atoms
+// (kAtomW = kPitch for head_dim 32, 64, 128: one atom across the row), the swizzle inside an atom
+// (BackwardConfig.smem_offset).
+constexpr int kAtomW = FA_SWZ_W;
+constexpr u32 kSwzMask = ((1u << FA_SWZ_B) - 1u) << (FA_SWZ_M + FA_SWZ_S);
+static_assert(FA_SWZ_M == 3, "the swizzle permutes 16-byte chunks");
+static_assert((1 << (FA_SWZ_B + FA_SWZ_M + FA_SWZ_S)) == 8 * kAtomW, "the swizzle spans one 8-row atom");
+static_assert(kHeadDim % kAtomW == 0 && kAtomW % (8 * kCopyTPR) == 0, "atoms tile a row, a copy pass tiles atoms");
+static_assert(kCopyRows % 8 == 0 && kBlockM % 8 == 0, "copy passes and Q blocks step whole 8-row groups");
+// The swizzle runs on offsets within a tile: tile bases on 128-byte lines keep its bank groups.
+static_assert(kSdOOff % 128 == 0 && kSKOff % 128 == 0 && kSVOff % 128 == 0 && kStageQDelta % 128 == 0 &&
+              kDqSdOOff % 128 == 0 && kDqSKOff % 128 == 0 && kDqSVOff % 128 == 0, "tile bases on 128-byte lines");
+__device__ __forceinline__ u32 off(int r, int c) {  // sQ sdO sK sV: byte offset of (r, c) from the tile
+  u32 p = kAtomW == kPitch ? (u32)(r * kPitch + c)
+                           : (u32)((r / 8) * 8 * kPitch + (c / kAtomW) * 8 * kAtomW + (r % 8) * kAtomW + c % kAtomW);
+  return 2u * (p ^ ((p & kSwzMask) >> FA_SWZ_S));
+}
+// off(r0 + dr, c0 + dc) from o = off(r0, c0), for dr a multiple of 8 and (c0 % 16 in {0, 8}, dc a multiple
+// of 16) or (c0 < 8 kCopyTPR, dc a multiple of 8 kCopyTPR): the chunk bits of c0 and dc % kAtomW are
+// disjoint, so the swizzle's XOR of the chunk index commutes with adding dc % kAtomW; dc / kAtomW steps
+// whole atoms and dr whole 8-row groups (fa2_fwd.cu shift_off, tests/test_hw_layout.py).
+__device__ __forceinline__ u32 shift_off(u32 o, int dr, int dc) {
+  if (kAtomW != kPitch) return (o ^ (u32)(2 * (dc % kAtomW))) + (u32)(2 * ((dc / kAtomW) * 8 * kAtomW + dr * kPitch));
+  // the chunk bits above the XORed ones (d = 128: columns 64 .. 127) are a sum, which ptxas folds into the
+  // ldmatrix's immediate (c0 + dc % kX stays below kX: no carry into them)
+  constexpr u32 kX = 8u << FA_SWZ_B;  // halves whose chunk bits the swizzle XORs
+  const u32 x = (u32)dc % kX;
+  return (o ^ (2u * x)) + 2u * ((u32)dc - x) + (u32)(2 * dr * kPitch);
+}
+// The shared address of (r0 + dr, c0 + dc) of the tile at sTile, o = off(r0, c0) (shift_off's conditions).
+__device__ __forceinline__ u32 at(u32 sTile, u32 o, int dr, int dc) { return sTile + shift_off(o, dr, dc); }
+#else
 __device__ __forceinline__ u32 off(int r, int c) { return 2u * (u32)(r * kPitch + c); }      // sQ sdO sK sV
+// The shared address of (r0 + dr, c0 + dc) of the tile at sTile, o = off(r0, c0) (the padded rows: a sum).
+__device__ __forceinline__ u32 at(u32 sTile, u32 o, int dr, int dc) { return sTile + o + off(dr, dc); }
+#endif
 __device__ __forceinline__ u32 off_ds(int r, int c) { return 2u * (u32)(r * kDSPitch + c); }  // sdS
 
 // ---- inline PTX (as fa2_fwd.cu) -----------------------------------------------------------------
@@ -328,7 +380,7 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
 constexpr float kLog2e = 1.4426950408889634f;  // fp32 0x3FB8AA3B, as fa2_fwd.cu
 
-// ---- cooperative copy global -> shared (fa2_fwd.cu's copy_tile, unswizzled) ---------------------
+// ---- cooperative copy global -> shared (fa2_fwd.cu's copy_tile) ---------------------------------
 // Thread t copies rows t/kCopyTPR + kCopyRows*i, chunks t%kCopyTPR + kCopyTPR*j; rows >= seqlen
 // zero-fill (src-size 0) with the source clamped to row 0 of the same batch-head.
 template <int kRows>
@@ -343,7 +395,11 @@ __device__ __forceinline__ void copy_tile(u32 sTile, const u16* gBase, int row0,
     for (int j = 0; j < kCopyCols; ++j) {
       const int c = c0 + 8 * kCopyTPR * j;
       const int src = ok ? r * kHeadDim + c : c - row0 * kHeadDim;  // rows past the end: row 0
+#if FA_SMEM_SWIZZLE
+      cp_async_cg16(at(sTile, off(r_in, c0), kCopyRows * i, 8 * kCopyTPR * j), gTile + src, ok ? 16u : 0u);
+#else
       cp_async_cg16(sTile + off(r, c), gTile + src, ok ? 16u : 0u);
+#endif
     }
   }
 }
@@ -399,11 +455,15 @@ __device__ __forceinline__ void gemm_rows_cols(float (&acc)[kN][4], u32 sX, u32 
 #pragma unroll
   for (int h = 0; h < kDSeg; ++h) {
     u32 a[4];
+#if FA_SMEM_SWIZZLE
+    ldsm_x4(a, at(sX, oA, 0, 16 * h));
+#else
     ldsm_x4(a, sX + oA + 32u * h);
+#endif
 #pragma unroll
     for (int jj = 0; jj < kN / 2; ++jj) {
       u32 b[4];
-      ldsm_x4(b, sY + oB + off(16 * jj, 16 * h));
+      ldsm_x4(b, at(sY, oB, 16 * jj, 16 * h));
       mma_16816(acc[2 * jj], a, b[0], b[1]);
       mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
     }
@@ -422,7 +482,7 @@ __device__ __forceinline__ void gemm_frags_dim(float (&acc)[kDN][4], const u32 (
 #pragma unroll
     for (int jj = 0; jj < kDN / 2; ++jj) {
       u32 b[4];
-      ldsm_x4_trans(b, sY + oB + off(16 * h, 16 * jj));
+      ldsm_x4_trans(b, at(sY, oB, 16 * h, 16 * jj));
       mma_16816(acc[2 * jj], a[h], b[0], b[1]);
       mma_16816(acc[2 * jj + 1], a[h], b[2], b[3]);
     }
@@ -448,7 +508,13 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
   const int wm = warp % kWM, wn = warp / kWM;
   const u32 base = smem_base();
   const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 16 * wm + 8 * ((lane / 8) % 2));
+#if FA_SMEM_SWIZZLE  // the lane's chunk (c0 = 8 (lane / 16)) apart from the warp column's: shift_off's form
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+  const int cB = 8 * kQN * wn;
+#else
   const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
+  constexpr int cB = 0;
+#endif
 #pragma unroll
   for (int h = 0; h < kNSeg; ++h) {
     u32 a[4];
@@ -456,7 +522,7 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[kQN][4]) {
 #pragma unroll
     for (int jj = 0; jj < kQN / 2; ++jj) {
       u32 b[4];
-      ldsm_x4_trans(b, base + kSKOff + oB + off(16 * h, 16 * jj));
+      ldsm_x4_trans(b, at(base + kSKOff, oB, 16 * h, cB + 16 * jj));
       mma_16816(acc[2 * jj], a, b[0], b[1]);
       mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
     }
@@ -471,7 +537,13 @@ __device__ __forceinline__ void gemm_dq2(float (&acc)[2][kQN][4]) {
   const int wm = warp % kWM, wn = warp / kWM;
   const u32 base = smem_base();
   const u32 oA = off_ds(lane % 8 + 8 * (lane / 16), 32 * wm + 8 * ((lane / 8) % 2));
+#if FA_SMEM_SWIZZLE  // the lane's chunk (c0 = 8 (lane / 16)) apart from the warp column's: shift_off's form
+  const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+  const int cB = 8 * kQN * wn;
+#else
   const u32 oB = off(lane % 8 + 8 * ((lane / 8) % 2), 8 * kQN * wn + 8 * (lane / 16));
+  constexpr int cB = 0;
+#endif
 #pragma unroll
   for (int h = 0; h < kNSeg; ++h) {
     u32 a[2][4];
@@ -480,7 +552,7 @@ __device__ __forceinline__ void gemm_dq2(float (&acc)[2][kQN][4]) {
 #pragma unroll
     for (int jj = 0; jj < kQN / 2; ++jj) {
       u32 b[4];
-      ldsm_x4_trans(b, base + kSKOff + oB + off(16 * h, 16 * jj));
+      ldsm_x4_trans(b, at(base + kSKOff, oB, 16 * h, cB + 16 * jj));
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         mma_16816(acc[mi][2 * jj], a[mi], b[0], b[1]);

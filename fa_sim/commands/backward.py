@@ -353,10 +353,13 @@ def banks(args) -> int:
     run = run_backward(args, (counter,), dq="atomic")  # the main kernel with its dQ GEMM (FlashAttention-2's)
     rep = counter.report()
     import dataclasses
-    rep = dataclasses.replace(rep, smem="padded (fa2_bwd.cu: rows of d + 8 halves)")
+    cfg = run.res.config
+    smem = ("swizzled (fa2_bwd.cu FA_SMEM_SWIZZLE: rows of d halves, Swizzle<{},{},{}> in 8 x {} atoms)"
+            .format(*cfg.swizzle_bms, cfg.swizzle_atom_cols) if cfg.smem_swizzle
+            else "padded (fa2_bwd.cu: rows of d + 8 halves)")
+    rep = dataclasses.replace(rep, smem=smem)
     b, h, nq, d = run.q.shape
     nk = run.k.shape[2]
-    cfg = run.res.config
     if args.json:
         meta = {"kernel": "fa2_bwd_kernel",
                 "problem": {"batch": b, "heads": h, "seqlen": nq, "seqlen_k": nk, "head_dim": d, "seed": args.seed},

@@ -8,7 +8,11 @@ macros, and its cubin - what the PTX engine (fa_sim.backward) and the GPU (fa_hw
                                       dq_block_m = block_n queries and dq_smem_bytes of the dQ kernel;
                                       dtype "fp16" or "bf16" (FA_BF16) of the inputs and gradients;
                                       softmax "fmul_fsub" (default) or "ffma" (FA_SOFTMAX_FFMA): the
-                                      exp2 argument of P, SOFTMAX_FORMS
+                                      exp2 argument of P, SOFTMAX_FORMS; smem_swizzle: sQ, sdO, sK, sV
+                                      (both kernels) in rows of d halves with the 16-byte chunks
+                                      XOR-swizzled in 8-row atoms (FA_SMEM_SWIZZLE) instead of padded
+                                      rows of d + 8 (row_pitch, swizzle_atom_cols, swizzle_bms,
+                                      smem_offset)
         .label                        its label, e.g. 64x8s1fr4p (LABEL_FORMS: the syntax of
                                       experiments/tune_bwd.py, its tables' reports and `--config` with
                                       --backward); BackwardConfig.from_label(label, head_dim, dtype)
@@ -38,6 +42,7 @@ from ..cache import cache_key, cache_root, store_atomic
 from ..isa.sm80 import SMEM_OPT_IN_BYTES
 from ..checkpoints import BACKWARD_CHECKPOINTS, BackwardCheckpointLayout
 from ..config import DTYPES
+from ..cute import Swizzle
 from .cubin import CubinError, ResourceUsage
 from .errors import CompileError, KernelSourceError
 from .nvrtc import NvrtcError, compile_cubin, nvrtc_version
@@ -107,6 +112,9 @@ class BackwardConfig:
     # log2(e) LSE at its use; no load for the threads < block_m to wait for before their dQ GEMM; the same bits
     dq_warp_rows: int = 16  # queries per warp tile of the atomic mode's dQ GEMM (FA_DQ_WARP_ROWS): 16, or 32 (two
     # m16 tiles sharing each K fragment: fewer ldmatrix; needs dq_frag); the same dQ partials
+    smem_swizzle: bool = False  # sQ, sdO, sK, sV of both kernels swizzled (FA_SMEM_SWIZZLE: rows of d halves, the
+    # 16-byte chunks XORed with row bits in 8-row atoms, as the forward's SmemLayout.SWIZZLED) instead of padded
+    # to d + 8: every cp.async row whole 128-byte lines; the same bits
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -126,6 +134,9 @@ class BackwardConfig:
         if not isinstance(self.lse_async, bool):
             raise ValueError(f"lse_async must be True or False (LSE and D by cp.async), "
                              f"got {self.lse_async!r:.40}")
+        if not isinstance(self.smem_swizzle, bool):
+            raise ValueError(f"smem_swizzle must be True or False (swizzled instead of padded tiles), "
+                             f"got {self.smem_swizzle!r:.40}")
         if self.dq_warp_rows not in (16, 32):
             raise ValueError(f"dq_warp_rows must be 16 or 32 (queries per warp tile of the dQ GEMM), "
                              f"got {self.dq_warp_rows!r:.40}")
@@ -173,10 +184,47 @@ class BackwardConfig:
         return 32 * self.n_warps
 
     @property
+    def row_pitch(self) -> int:
+        """Halves between consecutive rows of sQ, sdO, sK, sV (fa2_bwd.cu kPitch): d + 8 padded, d swizzled."""
+        return self.head_dim + (0 if self.smem_swizzle else 8)
+
+    @property
+    def swizzle_atom_cols(self) -> int:
+        """Columns (halves) of one 8-row swizzle atom of the swizzled tiles (FA_SWZ_W), as the forward's
+        KernelConfig.swizzle_atom_cols: d for d = 32, 64, 128 (one atom across the row), 32 for d = 96, 160,
+        64 for d = 192; row_pitch when unswizzled."""
+        d = self.head_dim
+        if not self.smem_swizzle:
+            return self.row_pitch
+        return d if d & (d - 1) == 0 else (64 if d % 64 == 0 else 32)
+
+    @property
+    def swizzle_bms(self) -> tuple[int, int, int] | None:
+        """Swizzle<B, M, S> of one atom's row-major offset (None unswizzled), the forward's choice: the 16-byte
+        chunk index XORed with r % 8 (atoms of 64 or 128 columns) or (r // 2) % 4 (32 columns), so that the
+        8 rows of one ldmatrix 8 x 8 matrix fall in 8 distinct 16-byte bank groups."""
+        if not self.smem_swizzle:
+            return None
+        return {32: (2, 3, 3), 64: (3, 3, 3), 128: (3, 3, 4)}[self.swizzle_atom_cols]
+
+    def smem_offset(self, r, c):
+        """Offset in halves of element (r, c) of sQ, sdO, sK or sV from the tile's base (fa2_bwd.cu smem_off),
+        vectorised: r * row_pitch + c padded; swizzled, 8-row groups of 8 x W atoms (W = swizzle_atom_cols),
+        each atom row-major and swizzled (the forward's KernelConfig.smem_offset)."""
+        import numpy as np
+
+        r, c = np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64)
+        w, pitch = self.swizzle_atom_cols, self.row_pitch
+        if not self.smem_swizzle:
+            return r * pitch + c
+        p = r * pitch + c if w == pitch else (r // 8) * 8 * pitch + (c // w) * 8 * w + (r % 8) * w + c % w
+        return Swizzle(*self.swizzle_bms)(p)
+
+    @property
     def smem_bytes(self) -> int:
-        """sQ, sdO ([block_m][d + 8] fp16), sK, sV ([block_n][d + 8]), sdS ([block_n][block_m + 8]),
+        """sQ, sdO ([block_m][row_pitch] fp16), sK, sV ([block_n][row_pitch]), sdS ([block_n][block_m + 8]),
         sLSE, sD ([block_m] fp32): fa2_bwd.cu's layout; q_stages 2 adds a second sQ, sdO, sLSE, sD."""
-        pitch = self.head_dim + 8
+        pitch = self.row_pitch
         q_block = 2 * 2 * self.block_m * pitch + 2 * 4 * self.block_m
         return self.q_stages * q_block + 2 * 2 * self.block_n * pitch + 2 * self.block_n * (self.block_m + 8)
 
@@ -187,9 +235,9 @@ class BackwardConfig:
 
     @property
     def dq_smem_bytes(self) -> int:
-        """The dQ kernel's sQ, sdO ([dq_block_m][d + 8] fp16), sK, sV ([block_n][d + 8]), sLSE, sD
+        """The dQ kernel's sQ, sdO ([dq_block_m][row_pitch] fp16), sK, sV ([block_n][row_pitch]), sLSE, sD
         ([dq_block_m] fp32)."""
-        pitch = self.head_dim + 8
+        pitch = self.row_pitch
         return 2 * 2 * self.dq_block_m * pitch + 2 * 2 * self.block_n * pitch + 2 * 4 * self.dq_block_m
 
     def n_dq_blocks(self, seqlen_q: int) -> int:
@@ -209,6 +257,7 @@ class BackwardConfig:
         extra += " dq_frag" if self.dq_frag else ""
         extra += " lse_async" if self.lse_async else ""
         extra += f" dq_warp_rows={self.dq_warp_rows}" if self.dq_warp_rows != 16 else ""
+        extra += " smem_swizzle" if self.smem_swizzle else ""
         return f"d={self.head_dim} block_m={self.block_m} block_n={self.block_n} warps={self.n_warps}{extra}"
 
     @property
@@ -216,50 +265,53 @@ class BackwardConfig:
         """The tiles and options as a label (LABEL_FORMS), e.g. 64x4s1 (DEFAULT_TILES at d=64) or 64x8s1fr4p;
         head_dim and dtype are the problem's, not the label's."""
         return label(self.block_m, self.n_warps, self.q_stages, self.softmax, self.dq_red, self.dq_frag,
-                     self.lse_async, self.dq_warp_rows)
+                     self.lse_async, self.dq_warp_rows, self.smem_swizzle)
 
     @classmethod
     def from_label(cls, text: str, head_dim: int, dtype: str = "fp16") -> "BackwardConfig":
         """The config a label names for head_dim and dtype: parse_label's ValueError for a text that is not a
         label, BackwardConfig's for tiles that do not tile or fit at this head_dim."""
-        bm, nw, st, sm, red, frag, la, wr = parse_label(text)
+        bm, nw, st, sm, red, frag, la, wr, swz = parse_label(text)
         return cls(head_dim, block_m=bm, n_warps=nw, dtype=dtype, q_stages=st, softmax=sm, dq_red=red, dq_frag=frag,
-                   lse_async=la, dq_warp_rows=wr)
+                   lse_async=la, dq_warp_rows=wr, smem_swizzle=swz)
 
 
 #: the label syntax (experiments/tune_bwd.py's candidates, fa_hw.tuned_backward's tables, `--config` with
 #: --backward): block_m "x" n_warps "s" q_stages, then in this order "f" (softmax "ffma"), "r2"/"r4" (dq_red),
-#: "p" (dq_frag; "r1p" with the scalar reduction), "m" (dq_warp_rows 32), "l" (lse_async)
-LABEL_FORMS = ("<block_m>x<n_warps>s<q_stages>[f][r<dq_red>][p][m][l], e.g. 64x4s1, 128x8s1f, 64x8s1fr4p, "
-               "64x8s1fr4pml (f: softmax ffma, r2/r4: dq_red, p: dq_frag, m: dq_warp_rows 32, l: lse_async)")
-_LABEL = re.compile(r"(\d{1,4})x(\d{1,3})s(\d)(f?)(?:r(\d))?(p?)(m?)(l?)")
+#: "p" (dq_frag; "r1p" with the scalar reduction), "m" (dq_warp_rows 32), "l" (lse_async), "z" (smem_swizzle)
+LABEL_FORMS = ("<block_m>x<n_warps>s<q_stages>[f][r<dq_red>][p][m][l][z], e.g. 64x4s1, 128x8s1f, 64x8s1fr4p, "
+               "64x8s1fr4pml, 64x8s1r4pmz (f: softmax ffma, r2/r4: dq_red, p: dq_frag, m: dq_warp_rows 32, "
+               "l: lse_async, z: smem_swizzle)")
+_LABEL = re.compile(r"(\d{1,4})x(\d{1,3})s(\d)(f?)(?:r(\d))?(p?)(m?)(l?)(z?)")
 
 
 def label(block_m: int, n_warps: int, q_stages: int, softmax: str = "fmul_fsub", dq_red: int = 1,
-          dq_frag: bool = False, lse_async: bool = False, dq_warp_rows: int = 16) -> str:
+          dq_frag: bool = False, lse_async: bool = False, dq_warp_rows: int = 16, smem_swizzle: bool = False) -> str:
     """The label of these tiles and options (LABEL_FORMS); BackwardConfig.label of a config."""
     return (f"{block_m}x{n_warps}s{q_stages}" + ("f" if softmax == "ffma" else "")
             + (f"r{dq_red}" if dq_red != 1 or dq_frag else "") + ("p" if dq_frag else "")
-            + ("m" if dq_warp_rows == 32 else "") + ("l" if lse_async else ""))
+            + ("m" if dq_warp_rows == 32 else "") + ("l" if lse_async else "") + ("z" if smem_swizzle else ""))
 
 
 def label_of(x) -> str:
     """The label of anything with BackwardConfig's tile and option fields (a BackwardConfig, a
     fa_hw.tuned_backward.Entry)."""
-    return label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows)
+    return label(x.block_m, x.n_warps, x.q_stages, x.softmax, x.dq_red, x.dq_frag, x.lse_async, x.dq_warp_rows,
+                 x.smem_swizzle)
 
 
-def parse_label(text: str) -> tuple[int, int, int, str, int, bool, bool, int]:
-    """label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows); a
+def parse_label(text: str) -> tuple[int, int, int, str, int, bool, bool, int, bool]:
+    """label's inverse: (block_m, n_warps, q_stages, softmax, dq_red, dq_frag, lse_async, dq_warp_rows,
+    smem_swizzle); a
     text that is not a label is one ValueError line naming LABEL_FORMS (the fields' own checks are
     BackwardConfig's)."""
     m = _LABEL.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         shown = repr(text) if not isinstance(text, str) or len(text) <= 40 else repr(text[:40]) + "..."
         raise ValueError(f"{shown} is not a backward config label; labels look like {LABEL_FORMS}")
-    bm, nw, st, f, red, p, wr, la = m.groups()
+    bm, nw, st, f, red, p, wr, la, z = m.groups()
     return (int(bm), int(nw), int(st), "ffma" if f else SOFTMAX_FORMS[0], int(red or 1), bool(p), bool(la),
-            32 if wr else 16)
+            32 if wr else 16, bool(z))
 
 
 def is_label(text) -> bool:
@@ -294,6 +346,9 @@ class BackwardBuild:
             out["FA_LSE_ASYNC"] = 1
         if cfg.dq_warp_rows != 16:  # likewise
             out["FA_DQ_WARP_ROWS"] = cfg.dq_warp_rows
+        if cfg.smem_swizzle:  # likewise
+            b, m, s = cfg.swizzle_bms
+            out.update(FA_SMEM_SWIZZLE=1, FA_SWZ_B=b, FA_SWZ_M=m, FA_SWZ_S=s, FA_SWZ_W=cfg.swizzle_atom_cols)
         if self.checkpoints:  # the buffer layout of fa_sim/checkpoints.py
             out["FA_BWD_CHECKPOINTS"] = 1
             out["FA_BWD_CK_COUNT"] = len(BACKWARD_CHECKPOINTS)
