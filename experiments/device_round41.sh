@@ -5,6 +5,9 @@
 #            in three chunks of cases (each its own $OUT/bench<i>/, so a cut-off keeps the finished chunks)
 #   alone    this round's gpu_alone tests (Nsight Compute and timing, one process: no -n): fa compare --banks /
 #            --timing on packed batches and split-KV, and the dense runs' (their ncu kernel filter changed)
+#   swz      the swizzled backward tiles (label suffix z): their GPU bits test, tune_bwd.py on BWD_TRAIN with the
+#            z forms beside the padded winners (SWZ_LABELS, --base the shipped table) -> $OUT/backward/<gpu>.json,
+#            then bench_hw.py --backward on the held-out d = 128 rows (cases 7-10) with that table
 #   other steps: those of experiments/device_round36.sh (STEPS passed through)
 #   OUT=... STEPS="tunebwd" bash experiments/device_round41.sh
 set -u
@@ -39,6 +42,20 @@ for s in ${STEPS:-tunebwd}; do case $s in
       tests/test_timing_gpu.py::test_compare_timing_sets_measured_beside_predicted \
       tests/test_timing_gpu.py::test_split_kv_timing_issues_what_the_gpu_executed > "$OUT/alone.txt" 2>&1
     tail -20 "$OUT/alone.txt" | tee -a "$OUT/summary.txt" ;;
+  swz)
+    echo "== swz tests ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${SWZTEST_S:-120} python3 -m pytest -q -m gpu -n 4 -p no:randomly -rfE tests/test_hw_backward_gpu.py -k swizzled \
+      > "$OUT/swz_tests.txt" 2>&1
+    tail -6 "$OUT/swz_tests.txt" | tee -a "$OUT/summary.txt"
+    BWDBASE=fa_hw/tuned/backward/$(python3 -c "import sys; from fa_hw.device import gpu_key; print(gpu_key(sys.argv[1]))" "$GPU").json
+    BASEARG=(); [ -f "$BWDBASE" ] && BASEARG=(--base "$BWDBASE")
+    echo "== swz tune ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${SWZTUNE_S:-280} python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${SWZTUNE_BUDGET:-250} \
+      ${BASEARG[@]+"${BASEARG[@]}"} --labels ${SWZ_LABELS:-64x8s1fr4p 64x8s1fr4pz 128x8s1fr4p 128x8s1fr4pz 128x8s1r4p 128x8s1r4pz 64x8s1r4pm 64x8s1r4pmz 64x8s1fr4pm 64x8s1fr4pmz} \
+      2>&1 | tail -40 | tee -a "$OUT/summary.txt"
+    echo "== swz bench ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${SWZBENCH_S:-120} python3 experiments/bench_hw.py --backward --set test --cases ${SWZ_CASES:-7 8 9 10} \
+      --out "$OUT/bench_swz" --tuned-dir "$OUT" 2>&1 | tail -30 | tee -a "$OUT/summary.txt" ;;
   *) REST="$REST $s" ;;
 esac; done
 [ -n "$REST" ] && OUT="$OUT" STEPS="$REST" BUDGET=$(( ${BUDGET:-575} - ($(date +%s) - T0) )) bash experiments/device_round36.sh
