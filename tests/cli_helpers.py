@@ -72,3 +72,29 @@ def stand_in_ncu(monkeypatch, measured_ms: float | None = None) -> list[dict]:
     if measured_ms is not None:
         monkeypatch.setattr(profile, "measure_time", lambda *a, **kw: (measured_ms, (measured_ms,) * 3))
     return profiled
+
+
+def banks_match_nsight_compute(options: list[str], launch: str) -> None:
+    """GPU tests of `fa compare --banks` on a packed batch or split-KV decoding (skipped without a GPU
+    or ncu): the report names the profiled launch (starts with `launch`), every class's instructions,
+    wavefronts and conflicts equal Nsight Compute's, and the simulator's side is `fa banks`' count
+    of the same launch."""
+    import os
+    import shutil
+
+    import pytest
+
+    import fa_hw
+
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
+        pytest.skip("Nsight Compute (ncu) is not installed")
+    status, report = cli_json(["compare", *options, "--banks", "--json"])
+    assert status == 0 and report["ok"], report
+    banks = report["banks"]
+    assert banks["launch"].startswith(launch), banks["launch"]
+    assert all(c["match"] for c in banks["classes"].values()), banks
+    counted = ok_json(["banks", *options, "--json"])
+    for name, cls in banks["classes"].items():
+        assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name

@@ -24,7 +24,7 @@ from fa_sim.cli import main
 from fa_sim.crosscheck import simulate_with_checkpoints
 from fa_sim.varlen import cu_seqlens_of
 
-from cli_helpers import cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
+from cli_helpers import banks_match_nsight_compute, cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
 from packed_inputs import dense_sequence, packed_inputs
 
 LENS = (70, 130, 5)
@@ -223,20 +223,4 @@ def test_gpu_compare_banks_of_a_packed_batch_match_nsight_compute(options):
     """fa compare --banks on a packed batch: Nsight Compute profiles the FA_VARLEN launch over the
     packed grid; every class's instructions (as the SASS issues them), wavefronts and conflicts equal
     the simulator's (`fa banks --seqlens`' count of the same launch)."""
-    import os
-    import shutil
-
-    import fa_hw
-
-    if not fa_hw.has_gpu():
-        pytest.skip("no NVIDIA GPU / driver here")
-    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
-        pytest.skip("Nsight Compute (ncu) is not installed")
-    status, report = _json(["compare", *options, "--banks", "--json"])
-    assert status == 0 and report["ok"], report
-    banks = report["banks"]
-    assert banks["launch"].startswith("packed batch: the FA_VARLEN launch")
-    assert all(c["match"] for c in banks["classes"].values()), banks
-    counted = ok_json(["banks", *options, "--json"])
-    for name, cls in banks["classes"].items():
-        assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name
+    banks_match_nsight_compute(options, "packed batch: the FA_VARLEN launch")

@@ -28,7 +28,7 @@ from fa_sim.crosscheck import simulate_splitkv_with_checkpoints, simulate_with_c
 from fa_sim.splitkv import check_splitkv, run_splitkv
 from fa_sim.validate import check_input, make_problem
 
-from cli_helpers import cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
+from cli_helpers import banks_match_nsight_compute, cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
 
 D32 = KernelConfig(head_dim=32)  # block_m 64, block_n 64: a cache of 200 keys is 4 K/V tiles
 LENS = np.array([200, 75], np.int32)  # 200 = 3 tiles + 8 keys, 75 = 1 tile + 11 keys
@@ -258,20 +258,4 @@ def test_gpu_compare_banks_of_split_kv_match_nsight_compute(options):
     built with FA_SPLITKV, selected by name; the combine has no shared memory); every class's
     instructions (as the SASS issues them), wavefronts and conflicts equal the simulator's (`fa
     banks --splits`' count of the split launch)."""
-    import os
-    import shutil
-
-    import fa_hw
-
-    if not fa_hw.has_gpu():
-        pytest.skip("no NVIDIA GPU / driver here")
-    if shutil.which("ncu") is None and not os.path.exists("/usr/local/cuda/bin/ncu"):
-        pytest.skip("Nsight Compute (ncu) is not installed")
-    status, report = _json(["compare", *options, "--banks", "--json"])
-    assert status == 0 and report["ok"], report
-    banks = report["banks"]
-    assert banks["launch"].startswith("split-KV decoding")
-    assert all(c["match"] for c in banks["classes"].values()), banks
-    counted = ok_json(["banks", *options, "--json"])
-    for name, cls in banks["classes"].items():
-        assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name
+    banks_match_nsight_compute(options, "split-KV decoding")
