@@ -6,7 +6,7 @@
 #   alone    this round's gpu_alone tests (Nsight Compute and timing, one process: no -n): fa compare --banks /
 #            --timing on packed batches and split-KV, and the dense runs' (their ncu kernel filter changed)
 #   swz      the swizzled backward tiles (label suffix z): their GPU bits test, tune_bwd.py on BWD_TRAIN with the
-#            z forms beside the padded winners (SWZ_LABELS, --base the shipped table) -> $OUT/backward/<gpu>.json,
+#            z forms beside the padded winners (SWZ_LABELS; SWZ_ARGS e.g. "--head-dims 128"; --base the shipped table) -> $OUT/backward/<gpu>.json,
 #            then bench_hw.py --backward on the held-out d = 128 rows (cases 7-10) with that table
 #   other steps: those of experiments/device_round36.sh (STEPS passed through)
 #   OUT=... STEPS="tunebwd" bash experiments/device_round41.sh
@@ -51,7 +51,7 @@ for s in ${STEPS:-tunebwd}; do case $s in
     BASEARG=(); [ -f "$BWDBASE" ] && BASEARG=(--base "$BWDBASE")
     echo "== swz tune ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
     timeout ${SWZTUNE_S:-280} python3 experiments/tune_bwd.py --out "$OUT" --budget-s ${SWZTUNE_BUDGET:-250} \
-      ${BASEARG[@]+"${BASEARG[@]}"} --labels ${SWZ_LABELS:-64x8s1fr4p 64x8s1fr4pz 128x8s1fr4p 128x8s1fr4pz 128x8s1r4p 128x8s1r4pz 64x8s1r4pm 64x8s1r4pmz 64x8s1fr4pm 64x8s1fr4pmz} \
+      ${BASEARG[@]+"${BASEARG[@]}"} ${SWZ_ARGS:-} --labels ${SWZ_LABELS:-64x8s1fr4p 64x8s1fr4pz 128x8s1fr4p 128x8s1fr4pz 128x8s1r4p 128x8s1r4pz 64x8s1r4pm 64x8s1r4pmz 64x8s1fr4pm 64x8s1fr4pmz} \
       2>&1 | tail -40 | tee -a "$OUT/summary.txt"
     echo "== swz bench ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
     timeout ${SWZBENCH_S:-120} python3 experiments/bench_hw.py --backward --set test --cases ${SWZ_CASES:-7 8 9 10} \
