@@ -136,3 +136,27 @@ def test_counts_all_but_keeps_limit():
     assert len(rep.hazards) == 5 and rep.total > 5
     assert sum(rep.counts.values()) == rep.total
     assert rep.to_json()["total"] == rep.total
+
+
+def test_cp_async_alignment_is_its_copy_size():
+    """cp.async's shared destination is aligned to its cp-size (the event's width: 4, 8 or 16 bytes;
+    PTX ISA, cp.async), not always to 16: a 16-byte copy 8 bytes off is misaligned, a 4-byte one
+    (fa2_bwd.cu's lse_async copies of LSE and D) 4 bytes off is not."""
+    cfg = KernelConfig()
+    prog = list(synthetic.memory_program(cfg, 64))
+    i = next(j for j, e in enumerate(prog) if e.op is Op.LDGSTS)
+    cp = prog[i]
+
+    def shifted(ev, by, width=None):
+        addr = np.array(ev.smem.addr)
+        addr[0, 0, 0, 5] += by
+        smem = dataclasses.replace(ev.smem, addr=addr, **({} if width is None else {"width": width}))
+        return dataclasses.replace(ev, smem=smem)
+
+    def misaligned(ev):
+        return [(h.warp, h.lane) for h in check(cfg, prog[:i] + [ev]).hazards if h.kind is K.MISALIGNED]
+
+    assert misaligned(cp) == []
+    assert misaligned(shifted(cp, 8)) == [(0, 5)]
+    assert misaligned(shifted(cp, 4, width=4)) == []
+    assert misaligned(shifted(cp, 2, width=4)) == [(0, 5)]

@@ -33,7 +33,10 @@ PENDING = np.iinfo(np.int32).max  # async data whose writer has not waited yet
 READS = frozenset({Op.LDSM, Op.LDS})
 WRITES = frozenset({Op.STS, Op.LDGSTS})
 CHECKED_OPS = READS | WRITES | {Op.LDGDEPBAR, Op.DEPBAR, Op.BAR, Op.LDG, Op.STG}
-ALIGN = {Op.LDSM: 16, Op.LDGSTS: 16}
+#: an ldmatrix row address is 16-byte aligned whatever the lane's width; every other access (cp.async
+#: included: its destination is aligned to its cp-size, 4, 8 or 16 bytes, the event's width; PTX ISA,
+#: cp.async) to its own width
+ALIGN = {Op.LDSM: 16}
 
 
 class HazardKind(enum.Enum):
