@@ -18,11 +18,12 @@ How (nothing here knows what the kernel computes):
    geometry and buffers (fa_sim.ptx.launch's `ctas`: its blockIdx, gridDim and addresses are
    those of the full launch), and every CTA of the class takes its path.
 3. Occupancy from the cubin's registers, the CTA's shared memory (static + dynamic) and threads.
-4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it, `occupancy` resident at a
-   time, each next one starting in the slot of the first to finish; of the SMs, the busiest
-   (`busiest_sm`: the CTAs dispatched as the GPU does, the first wave round-robin over the SMs, then
-   each next CTA to the slot that frees first, CTAs weighed by their warp instructions; CTA i lands
-   on SM i mod the SM count where the CTAs are alike).
+4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it (CTA i to SM i mod the SM
+   count, the way the first wave is dispatched), `occupancy` resident at a time, each next one
+   starting in the slot of the first to finish; of the SMs, the one with the most instructions.
+   (Dispatching every CTA as the GPU does, each next one to the slot that frees first, moves the
+   causal backward's rows closer to the H100 but leaves its busiest SM a CTA sequence whose chunks
+   do not repeat: 6x the CPU time at (8, 32, 8192, 128); docs/backward.md, "Timed".)
    Up to EXACT_SM_WORK (warp instructions x resident warps: run_sm's cost) or 3 chunks, the SM's
    CTAs run in one run_sm.
    Past it the SM's CTA sequence is cut into chunks of 2 x occupancy CTAs: the first chunk is
@@ -313,7 +314,10 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     wsize = np.array([sum(model.size(w) for w in ws) for ws in walks], np.int64)
     cta_walk = rep_walk[cls]  # [n_ctas] each CTA's walk class
     cta_size = wsize[cta_walk]
-    mine = busiest_sm(cta_size, gpu.sms, k)  # the busiest SM's CTAs, in launch order
+    n_sms = min(gpu.sms, n_ctas)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=cta_size, minlength=n_sms)[:n_sms]
+    s = int(np.argmax(loads))  # the first of the busiest, as max() over the SMs in order picks
+    mine = np.arange(s, n_ctas, gpu.sms)  # its CTAs, in launch order
     seq = cta_walk[mine].tolist()
     # the SM timed is charged its own CTAs' requests, each CTA its representative's: the uniform axes
     # (batch-heads) move a CTA's addresses by whole rows of 32-byte multiples, so it touches as many
@@ -409,7 +413,10 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     for lo in range(0, len(reps), DEFAULT_WAVE_CTAS):
         wave = rep_est[lo: lo + DEFAULT_WAVE_CTAS]
         engine += float(wave.max()) / warps * (ENGINE_STEP_S + ENGINE_LANE_S * len(wave) * threads)
-    values, seq = np.unique(est[busiest_sm(est, gpu.sms, k)], return_inverse=True)
+    n_ctas = len(est)
+    loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=est)
+    s = int(np.argmax(loads))
+    values, seq = np.unique(est[s::gpu.sms], return_inverse=True)
     chunks = sm_chunks(seq.tolist(), k, values.tolist(), exact, warps)
     runs = [tuple(seq.tolist())] if chunks is None else \
         list(dict.fromkeys([chunks[0]] + [r for a, b in zip(chunks, chunks[1:]) for r in (a, a + b)]))
@@ -458,41 +465,6 @@ def _simulated(heads: dict, k: int) -> list[tuple]:
     """The runs that run_sm_prefixes simulates for the chains `heads`: each chain's longest, and those
     of its shorter runs with fewer CTAs than the k slots (different from the first cycle on)."""
     return [r for h, mine in heads.items() for r in mine if r is h or len(r) < min(k, len(h))]
-
-
-def busiest_sm(work: np.ndarray, sms: int, k: int) -> np.ndarray:
-    """The launch-order indices of the CTAs that the busiest SM runs, CTAs of `work` (any measure
-    proportional to their time: warp instructions) dispatched as the GPU's CTA scheduler does and as
-    fa_sim.timing.predict.dispatch does for the forward (experiments/timing_dispatch.py set it beside
-    the GPU's trace): the first wave fills the `k` slots of every SM round-robin over the SMs, then
-    each next CTA in launch order takes the slot that frees first (on a tie the lowest slot number, then
-    the lowest SM: slots freed together are taken one SM after the other, as the forward's); the
-    busiest SM is the one whose last slot ends last (the first of them). CTAs of equal work (or a grid
-    of one wave) land on SM i mod `sms`, as the static assignment before it; a causal grid's long CTAs
-    no longer pile up on the SMs their launch index maps to (the backward's main kernel: its CTAs of
-    one head run Nq / block_m .. 1 Q blocks in launch order, and with ceil(Nk / block_n) a divisor of
-    a multiple of 132 one SM took every head's longest; the H100's tuned backward timings,
-    experiments/timing_backward_tuned.py)."""
-    work = np.asarray(work, np.float64)
-    n = len(work)
-    slots = sms * k
-    if n <= slots or not np.any(work != work[0]):
-        loads = np.bincount(np.arange(n) % sms, weights=work, minlength=min(sms, n))[:min(sms, n)]
-        return np.arange(int(np.argmax(loads)), n, sms)
-    import heapq
-
-    ends = [(float(work[i]), i // sms, i % sms) for i in range(slots)]  # (end, slot, SM) of the first wave
-    owner = np.empty(n, np.int64)
-    owner[:slots] = np.arange(slots) % sms
-    heapq.heapify(ends)
-    for i, w in enumerate(work[slots:].tolist(), slots):
-        end, slot, sm = heapq.heappop(ends)
-        owner[i] = sm
-        heapq.heappush(ends, (end + w, slot, sm))
-    last = np.zeros(sms)
-    for end, _, sm in ends:
-        last[sm] = max(last[sm], end)
-    return np.flatnonzero(owner == int(np.argmax(last)))
 
 
 def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
