@@ -46,6 +46,10 @@ How (nothing here knows what the kernel computes):
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
 The SM model's cost grows with the instructions it simulates: past MAX_SM_INSTRUCTIONS it is
 refused before it starts, with its count; a long one prints an estimate and progress on stderr.
+Cold, the engine's representatives (in interleaved parts) and the SM model's passes (its chains of
+runs) are independent pieces: where their estimate is long enough they run on a few forked worker
+processes (fa_sim.timing.pool; FLASHSIM_TIMING_WORKERS), merged in a fixed order, the same
+prediction bit for bit.
 6. The prediction is cached on disk (fa_sim.cache), keyed on everything it reads: the source text,
    kernel, macros, grid, block, shared memory, uniform axes, the GPU model, the arguments (their
    bytes, or the caller's `args_key` that determines them, e.g. a seed) and the source of
