@@ -61,6 +61,17 @@ def test_workers_rule(monkeypatch):
         monkeypatch.setenv(pool.ENV, bad)
         with pytest.raises(ValueError, match="FLASHSIM_TIMING_WORKERS must be an integer >= 1"):
             pool.workers(8, 1e6)
+        with pytest.raises(ValueError, match="FLASHSIM_TIMING_WORKERS must be an integer >= 1"):
+            pool.workers(1, 0.0)  # checked though nothing would split
+
+
+def test_a_bad_worker_count_is_one_line_before_any_work(monkeypatch):
+    import fa_sim.timing.launch as tl
+
+    monkeypatch.setenv(pool.ENV, "many")
+    monkeypatch.setattr(tl, "_predict", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(ValueError, match="FLASHSIM_TIMING_WORKERS must be an integer >= 1.*got 'many'"):
+        tl.predict_launch("__global__ void k() {}", (1,), (32,), cache=False)
 
 
 def test_pmap_keeps_index_order_and_raises_a_pieces_error():

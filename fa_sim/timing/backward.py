@@ -56,6 +56,7 @@ def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dty
     from . import pool
     from .launch import check_launch_cost, path_classes
 
+    pool.env_workers()  # a bad FLASHSIM_TIMING_WORKERS: one line before the launches are built
     launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype,
                                  config=config)[0]
     seconds = [check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu,

@@ -251,6 +251,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     steady = STEADY if steady is None else steady
     if not isinstance(steady, (bool, np.bool_)):
         raise ValueError(f"steady must be True, False or None, got {steady!r:.40}")
+    pool.env_workers()  # a bad FLASHSIM_TIMING_WORKERS: one line before any work, even where nothing splits
     grid, block = check.grid_and_block(grid, block)
     args, macros = check.arguments(args), check.macros(macros)
     reps, cls = path_classes(grid, uniform_axes)

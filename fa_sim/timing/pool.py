@@ -68,9 +68,9 @@ def cpu_count() -> int:
 def workers(items: int, seconds: float) -> int:
     """The processes for `items` independent pieces of about `seconds` of work in all (serial,
     estimated): see the module docstring."""
+    asked = env_workers()  # checked whatever the pieces (predict_launch checks it before any work)
     if items < 2 or _in_worker:
         return 1
-    asked = env_workers()
     if asked is not None:
         return min(asked, items)
     if seconds < MIN_PARALLEL_SECONDS:
