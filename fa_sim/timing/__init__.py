@@ -13,7 +13,8 @@ warp's SASS stream from its path in the functional run: any control flow) and `l
 (`predict_launch`: any kernel the PTX engine runs, one CTA per declared path class on the engine, the
 busiest SM timed), `backward`
 (`predict_backward`: the backward pass's three launches, each through predict_launch), `launches`
-(`predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's two, likewise).
+(`predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's two, likewise);
+`pool` (a cold prediction's independent pieces over a few forked worker processes).
 """
 
 from .gpus import GPUS, GpuModel, gpu_model

@@ -53,20 +53,32 @@ def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dty
              config=None) -> BackwardPrediction:
     from ..backward import backward_launches
 
-    from .launch import check_launch_cost
+    from . import pool
+    from .launch import check_launch_cost, path_classes
 
+    pool.env_workers()  # a bad FLASHSIM_TIMING_WORKERS: one line before the launches are built
     launches = backward_launches(q, k, v, o, lse, do, causal, scale, deterministic, kernel=kernel, dtype=dtype,
                                  config=config)[0]
-    for launch in launches:  # every launch's cost before any runs
-        check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu, kernel=launch.kernel,
-                          macros=launch.macros, uniform_axes=launch.uniform_axes,
-                          cta_instructions=launch.cta_instructions)
-    kernels = {}
-    for launch in launches:
-        kernels[launch.kernel] = predict_launch(launch.source, launch.grid, launch.block, launch.args,
-                                                launch.smem_bytes, gpu, kernel=launch.kernel, macros=launch.macros,
-                                                uniform_axes=launch.uniform_axes, args_key=args_key,
-                                                cta_instructions=launch.cta_instructions, copy_args=args_key is None)
+    seconds = [check_launch_cost(launch.source, launch.grid, launch.block, launch.smem_bytes, gpu,
+                                 kernel=launch.kernel, macros=launch.macros, uniform_axes=launch.uniform_axes,
+                                 cta_instructions=launch.cta_instructions)
+               for launch in launches]  # every launch's cost before any runs
+
+    def one(i: int) -> Prediction:
+        launch = launches[i]
+        return predict_launch(launch.source, launch.grid, launch.block, launch.args, launch.smem_bytes, gpu,
+                              kernel=launch.kernel, macros=launch.macros, uniform_axes=launch.uniform_axes,
+                              args_key=args_key, cta_instructions=launch.cta_instructions,
+                              copy_args=args_key is None)
+    # The launches are independent (each runs on its own copies, or on seeded scratch whose values no
+    # path reads). Where a launch has several path classes (causal: one per Q or K/V block), its own
+    # engine run and SM passes split over the worker processes (pool.py), which keeps them busy in
+    # balanced pieces; where none has (non-causal: one CTA per launch, one SM pass), the launches
+    # themselves run at once, one worker each. Either way the predictions are those of one process.
+    inside = any(len(path_classes(launch.grid, launch.uniform_axes)[0]) > 1 for launch in launches)
+    n_proc = 1 if inside else pool.workers(len(launches), float(np.sum(seconds)))
+    preds = pool.pmap(one, len(launches), n_proc)
+    kernels = {launch.kernel: p for launch, p in zip(launches, preds)}
     return BackwardPrediction(float(np.sum([p.kernel_ms for p in kernels.values()])), kernels, bool(deterministic))
 
 

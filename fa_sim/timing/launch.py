@@ -47,6 +47,10 @@ How (nothing here knows what the kernel computes):
 5. Its cycles at the GPU's effective clock, plus the launch overhead (GpuModel.overhead_us).
 The SM model's cost grows with the instructions it simulates: past MAX_SM_INSTRUCTIONS it is
 refused before it starts, with its count; a long one prints an estimate and progress on stderr.
+Cold, the engine's representatives (in interleaved parts) and the SM model's passes (its chains of
+runs) are independent pieces: where their estimate is long enough they run on a few forked worker
+processes (fa_sim.timing.pool; FLASHSIM_TIMING_WORKERS), merged in a fixed order, the same
+prediction bit for bit.
 6. The prediction is cached on disk (fa_sim.cache), keyed on everything it reads: the source text,
    kernel, macros, grid, block, shared memory, uniform axes, the GPU model, the arguments (their
    bytes, or the caller's `args_key` that determines them, e.g. a seed) and the source of
@@ -69,6 +73,7 @@ from ..contract.cubin import ResourceUsage
 from ..contract.nvrtc import compile_cubin
 from ..contract.sass import disassemble
 from .gpus import GPUS, GpuModel
+from . import pool
 from .predict import Prediction
 from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
 from .sass import parse
@@ -247,6 +252,7 @@ def predict_launch(source: str, grid, block, args: Sequence = (), smem_bytes: in
     steady = STEADY if steady is None else steady
     if not isinstance(steady, (bool, np.bool_)):
         raise ValueError(f"steady must be True, False or None, got {steady!r:.40}")
+    pool.env_workers()  # a bad FLASHSIM_TIMING_WORKERS: one line before any work, even where nothing splits
     grid, block = check.grid_and_block(grid, block)
     args, macros = check.arguments(args), check.macros(macros)
     reps, cls = path_classes(grid, uniform_axes)
@@ -300,11 +306,24 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     if cta_instructions is not None:
         check_cost(np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,)), reps, cls, threads, k, gpu,
                    exact_sm_work, program.kernel.name, steady=steady)
-    rec, sectors = BranchRecorder(), SectorCounter()
     copies = [a.copy() if copy_args and isinstance(a, np.ndarray) else a for a in args]  # the user's stay as they are
-    ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
-               ctas=None if len(reps) == n_ctas else reps)
-    paths = rec.paths()
+    engine_s = 0.0 if cta_instructions is None else engine_seconds(
+        np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,))[reps], threads)
+    n_proc = pool.workers(len(reps), engine_s)
+    # the representatives in n_proc interleaved parts (a causal grid's CTAs grow along an axis: each part
+    # gets long and short ones), each run on the engine by a worker process; their paths (one per CTA and
+    # warp) and sector counts (per CTA and class) are disjoint and merge exactly (pool.py)
+    parts = [reps] if n_proc == 1 else [reps[i::n_proc] for i in range(n_proc)]
+
+    def engine(i: int):
+        rec, sectors = BranchRecorder(), SectorCounter()
+        ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
+                   ctas=None if len(parts[i]) == n_ctas else parts[i])
+        return rec.paths(), sectors.counts
+    paths, sectors = {}, SectorCounter()
+    for part_paths, counts in pool.pmap(engine, len(parts), n_proc):
+        paths.update(part_paths)
+        sectors.merge(counts)
     walk_ids: dict = {}  # a CTA's warps' walks -> its walk class
     rep_walk = np.empty(len(reps), np.int64)
     for i, r in enumerate(reps.tolist()):
@@ -395,6 +414,20 @@ def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuMod
                       gpu, exact_sm_work, program.kernel.name, announce=False, steady=STEADY)
 
 
+def engine_seconds(rep_est: np.ndarray, threads: int) -> float:
+    """The estimated seconds of the engine's run of representative CTAs of about `rep_est` warp
+    instructions each (in launch order): waves of fa_sim.ptx's DEFAULT_WAVE_CTAS, each as long as its
+    longest CTA."""
+    from ..ptx.launch import DEFAULT_WAVE_CTAS
+
+    warps = -(-threads // 32)
+    engine = 0.0
+    for lo in range(0, len(rep_est), DEFAULT_WAVE_CTAS):
+        wave = rep_est[lo: lo + DEFAULT_WAVE_CTAS]
+        engine += float(wave.max()) / warps * (ENGINE_STEP_S + ENGINE_LANE_S * len(wave) * threads)
+    return engine
+
+
 def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int, k: int, gpu: GpuModel,
                exact: int, what: str, announce: bool = True, steady: bool = False) -> float:
     """The estimated seconds of a launch whose CTAs issue about `est` warp instructions each: the
@@ -404,15 +437,10 @@ def check_cost(est: np.ndarray, reps: np.ndarray, cls: np.ndarray, threads: int,
     or cost.MAX_SECONDS; printed on stderr past LONG_SECONDS. `steady` (the SM skips its steady
     states): the SM's share is an upper bound (the estimates cannot show the loops' repeats), so only
     the engine's is refused here; time_sm refuses the SM's from the walks."""
-    from ..ptx.launch import DEFAULT_WAVE_CTAS
     from .cost import MAX_SECONDS
 
     warps = -(-threads // 32)
-    rep_est = est[reps]
-    engine = 0.0
-    for lo in range(0, len(reps), DEFAULT_WAVE_CTAS):
-        wave = rep_est[lo: lo + DEFAULT_WAVE_CTAS]
-        engine += float(wave.max()) / warps * (ENGINE_STEP_S + ENGINE_LANE_S * len(wave) * threads)
+    engine = engine_seconds(est[reps], threads)
     n_ctas = len(est)
     loads = np.bincount(np.arange(n_ctas) % gpu.sms, weights=est)
     s = int(np.argmax(loads))
@@ -490,30 +518,43 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
                          f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
     seconds = simulated * min(k, len(seq)) * n_warps / SM_WORK_RATE
     long = seconds > LONG_SECONDS
-    if long:
-        print(f"fa_sim.timing: the SM model of {what} simulates {'about ' if steady else ''}{simulated:,} warp "
-              f"instructions in {len(runs)} runs, "
-              f"about {seconds:,.0f} s", file=sys.stderr, flush=True)
-    memo: dict = {}
-    start = time.perf_counter()
     # a run whose CTAs start another's is the start of that run: the two share their common cycles
     # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
-    # are the separate runs', bit for bit
-    passes = [0, 0]  # passes done, the current one's CTAs
+    # are the separate runs', bit for bit. The passes (chains) are independent: several run at once
+    # on worker processes where they are long enough to pay (pool.py); each run lands in memo by its
+    # CTAs, and the sum below reads memo in the chunks' order, so the result is the same either way
+    items = list(heads.items())
+    n_proc = pool.workers(len(items), seconds)
+    on = "" if n_proc == 1 else f" on {n_proc} worker processes"
+    if long:
+        print(f"fa_sim.timing: the SM model of {what} simulates {'about ' if steady else ''}{simulated:,} warp "
+              f"instructions in {len(runs)} runs{on}, "
+              f"about {seconds:,.0f} s of CPU", file=sys.stderr, flush=True)
+    memo: dict = {}
+    start = time.perf_counter()
+    passes = [0, len(items[0][0])]  # passes done, the current one's CTAs
 
     def progress() -> str:
+        now = (f"the current one of {passes[1]} CTAs" if n_proc == 1 else
+               f"{n_proc} at a time on worker processes, of up to {max(len(h) for h, _ in items)} CTAs")
         return (f"{passes[0]} of {len(heads)} passes done ({len(memo)} of {len(runs)} SM runs; the runs that start "
-                f"one another share one pass), the current one of {passes[1]} CTAs, {k} resident")
+                f"one another share one pass), {now}, {k} resident")
+
+    def one_pass(i: int) -> list[SmRun]:
+        head, mine = items[i]
+        passes[1] = len(head)
+        return run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps, gpu, account=True,
+                               slots=k, steady=steady, known=known)
+
+    def done(i: int, results: list[SmRun]) -> None:
+        for r, run in zip(items[i][1], results):
+            memo[r] = run
+        passes[0] += 1
+        if long:
+            print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
+                  file=sys.stderr, flush=True)
     with _Heartbeat(f"the SM model of {what}", progress):
-        for head, mine in heads.items():
-            passes[1] = len(head)
-            for r, run in zip(mine, run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps,
-                                                    gpu, account=True, slots=k, steady=steady, known=known)):
-                memo[r] = run
-            passes[0] += 1
-            if long:
-                print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
-                      file=sys.stderr, flush=True)
+        pool.pmap(one_pass, len(items), n_proc, done)
     if chunks is None:
         return memo[runs[0]], simulated, False
     total = _Sum(memo[chunks[0]])

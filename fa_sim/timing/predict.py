@@ -603,7 +603,7 @@ def _mix(rates: Rates, weights: np.ndarray) -> tuple[float, dict, dict, float, d
         return sum(w * f(runs[L]) / runs[L].cycles for L, w in share.items())
 
     issued = per_cycle(lambda r: r.issued)
-    names = {n for L in share for n in runs[L].busy}
+    names = sorted({n for L in share for n in runs[L].busy})  # sorted: a set's order follows the hash seed
     pipes = {n.lower(): min(1.0, per_cycle(lambda r: r.busy.get(n, 0)) / (1 if n == "SMEM" else 4)) for n in names}
     stalls = {r: per_cycle(lambda run: run.stalls.get(r, 0)) / issued for r in REASONS}
     return (issued / 4, pipes, {r: v for r, v in stalls.items() if v}, per_cycle(lambda r: r.warp_cycles) / 64,
