@@ -187,6 +187,11 @@ RECORDINGS = (
     Recording(f"{H100}/ncu_layouts_edits.json", True, "python experiments/ncu_counters.py --out OUT",
               "Nsight Compute counters of the seed kernel, two rolled-loop edits, three shared-memory layouts and "
               "softcap 30 (local memory, L1 hits, wavefronts, stalls, pipe use; needs ncu)", Kind.TIMES, 240),
+    Recording(f"{H100}/timing_backward_tuned.json", False,
+              "python experiments/timing_backward_tuned.py --predict --redo --jobs 2",
+              "the timing model's predictions (H200 model, no GPU; about 30 min of CPU) of 96 backward rows whose "
+              "times the H100's tune_bwd runs measured (experiments/tune_bwd_h100*.json), rewritten in place; the "
+              "h200_dispatch key is round 41's dispatch experiment (commit 215bd8b, --key h200_dispatch)", Kind.JSON),
     Recording("tests/data/seed_sass_sha256.json", False,
               "python -m fa_sim.calibrate.seed_sass --out OUT/seed_sass_sha256.json",
               "sha256 of the seed kernel's SASS, 8 builds (NVRTC 13.0; no GPU)", Kind.JSON),
