@@ -98,3 +98,15 @@ def banks_match_nsight_compute(options: list[str], launch: str) -> None:
     counted = ok_json(["banks", *options, "--json"])
     for name, cls in banks["classes"].items():
         assert cls["sim"]["wavefronts"] == counted["classes"][name]["wavefronts"], name
+
+
+def sim_side_is_fa_banks(banks: dict, options: list[str]) -> None:
+    """`fa compare --banks --json`'s simulator side (`banks`) is `fa banks`' count of the same run
+    (`options`) in every class: the PTX's instructions, wavefronts and conflicts, plus the SASS's
+    guard-off instructions in its issued count."""
+    counted = ok_json(["banks", *options, "--json"])
+    for name, cls in banks["classes"].items():
+        sim, want = cls["sim"], counted["classes"][name]
+        assert (sim["ptx_instructions"], sim["wavefronts"]) == (want["instructions"], want["wavefronts"]), name
+        assert sim.get("conflicts") == want.get("conflicts"), name
+        assert sim["instructions"] == sim["ptx_instructions"] + sim["sass_guard_off"], name

@@ -24,7 +24,8 @@ from fa_sim.cli import main
 from fa_sim.crosscheck import simulate_with_checkpoints
 from fa_sim.varlen import cu_seqlens_of
 
-from cli_helpers import banks_match_nsight_compute, cli_json as _json, ok_json, refused_line as _refused, stand_in_ncu
+from cli_helpers import (banks_match_nsight_compute, cli_json as _json, ok_json, refused_line as _refused,
+                         sim_side_is_fa_banks, stand_in_ncu)
 from packed_inputs import dense_sequence, packed_inputs
 
 LENS = (70, 130, 5)
@@ -138,13 +139,8 @@ def test_compare_banks_of_a_packed_batch_is_fa_banks_count(gpu_on_the_engine, mo
     assert set(launch) == {"cu_seqlens_q", "cu_seqlens_k"}
     assert list(launch["cu_seqlens_q"]) == list(launch["cu_seqlens_k"]) == [0, 5, 75]
     assert out["banks"]["launch"] == "packed batch: the FA_VARLEN launch over the packed grid (sequences 5,70)"
-    counted = ok_json(["banks", *BANKS_SHAPE, "--json"])
-    for name, cls in out["banks"]["classes"].items():
-        sim, want = cls["sim"], counted["classes"][name]
-        assert (sim["ptx_instructions"], sim["wavefronts"]) == (want["instructions"], want["wavefronts"]), name
-        assert sim.get("conflicts") == want.get("conflicts"), name
-        assert sim["instructions"] == sim["ptx_instructions"] + sim["sass_guard_off"], name
-        assert cls["match"] is False  # ncu stood in for by nothing: no counts to match
+    sim_side_is_fa_banks(out["banks"], BANKS_SHAPE)
+    assert not any(cls["match"] for cls in out["banks"]["classes"].values())  # ncu stood in for by nothing
     assert out["banks"]["classes"]["LDSM"]["sim"]["instructions"] > 0
     assert main(["compare", *BANKS_SHAPE, "--banks"]) == 0
     text = capsys.readouterr().out
