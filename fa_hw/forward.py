@@ -27,7 +27,9 @@ sequence's keys of the cache k, v): the split kernel and the combine of fa_hw.sp
 says how many ran; kernel_ms covers both; `pack_gqa` None/True/False: the Q heads of a K/V head as
 the rows of one, fa_sim.splitkv; with `checkpoint_ctas`, linear ids of the split grid, the split
 kernel's debug build records them and out.workspace holds (o_accum, lse_accum), every split's
-partial O and LSE). Not both: a packed batch takes no splits. A packed batch's `checkpoint_ctas`
+partial O and LSE; config="auto": fa_hw.tuned_decode's config for the decode class, with the
+splits "auto" chooses for it - splits None means "auto" then - and out.config_source says where it
+came from). Not both: a packed batch takes no splits. A packed batch's `checkpoint_ctas`
 are ids of its grid (ceil(max Nq / block_m), H, B), blockIdx.x + n_m_blocks (h + H b).
 
 fa_hw.forward is the direct, synchronous API: it checks values, times its launch with CUDA events
@@ -51,6 +53,7 @@ from fa_sim.problem import Problem
 from . import runtime
 from .tensors import (DeviceProblem, _outputs_shape, check, check_kernel_tensors, check_torch_devices,
                       choose_auto, to_device)
+from .tuned import is_auto
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class HwResult:
     checkpoint_ctas: tuple[int, ...] = ()
     splits: int | None = None  # split-KV decoding (fa_hw.splitkv): the splits that ran
     workspace: tuple[np.ndarray, np.ndarray] | None = None  # split-KV with checkpoint_ctas: (o_accum, lse_accum)
+    config_source: str | None = None  # split-KV with config="auto": where the config came from (fa_hw.tuned_decode)
 
 
 def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: KernelConfig | str | None = None,
@@ -117,14 +121,15 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, config: K
         from .splitkv import prepare_splitkv
 
         sp = prepare_splitkv(q, k, v, causal, scale, config, window=window, softcap=softcap, dtype=dtype,
-                             splits=1 if splits is None else splits, cache_seqlens=cache_seqlens,
+                             splits=("auto" if is_auto(config) else 1) if splits is None else splits,
+                             cache_seqlens=cache_seqlens,
                              pack_gqa=pack_gqa, checkpoint_ctas=checkpoint_ctas)
         ms = sp.run(sp.dev.stream)
         o, lse = sp.dev.results()
         rec = sp.recorded() if checkpoint_ctas is not None else {}
         return HwResult(o, lse, sp.dev.config, sp.dev.problem.causal, sp.dev.scale, ms, sp.registers,
                         rec.get("checkpoints"), sp.checkpoint_ctas, splits=sp.plan.splits,
-                        workspace=(rec["o_accum"], rec["lse_accum"]) if rec else None)
+                        workspace=(rec["o_accum"], rec["lse_accum"]) if rec else None, config_source=sp.source)
     plan, dev, (ctas, ck_args, ck_host) = prepare(q, k, v, causal, scale, config, checkpoint_ctas, kernel=kernel,
                                                   window=window, softcap=softcap, dtype=dtype,
                                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)

@@ -6,7 +6,11 @@ The launches, their arguments and the checks are fa_sim.splitkv's (the simulator
 launches on the PTX engine, bit for bit alike with mma_model="h200"); "auto" takes this GPU's SM
 count. `prepare_splitkv` returns a `SplitLaunchPlan` that can be launched and timed repeatedly
 (experiments/bench_decode.py; `SplitLaunchPlan.time`: fa compare --splits --timing); `forward`
-(fa_hw.forward with splits= or cache_seqlens=) runs it once.
+(fa_hw.forward with splits= or cache_seqlens=) runs it once. config="auto" (with splits="auto")
+takes fa_hw.tuned_decode's config for the decode class on this GPU - its table, else a few
+candidates timed on these very inputs and cached per GPU and class - with the splits "auto" chooses
+for that config (`SplitLaunchPlan.source` says where the config came from). `launch_plan` builds the
+launches of a checked plan on device pointers (what fa_hw.tuned_decode's timer times).
 The workspace (o_accum, lse_accum) is written whole by the split kernel: not zeroed.
 """
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fa_sim import validate
 from fa_sim.cache import cache_key, cache_root, store_atomic
 from fa_sim.contract.cubin import ResourceUsage
 from fa_sim.contract.nvrtc import NvrtcError, compile_cubin, nvrtc_version
@@ -60,12 +65,14 @@ class SplitLaunchPlan:
     """The split kernel and (splits > 1) the combine, ready to launch on the placed problem."""
 
     plan: SplitPlan
-    dev: DeviceProblem
+    dev: DeviceProblem | None
     launches: list  # (name, kernel, grid, block, smem, args)
     registers: int
     # the debug build (checkpoint_ctas): the CTAs, the device buffers of the checkpoints and the workspace
     checkpoint_ctas: tuple[int, ...] = ()
     buffers: dict | None = None
+    keep: list | None = None  # the workspace and cache_seqlens on the device (launch_plan)
+    source: str | None = None  # config="auto": where the config came from (fa_hw.tuned_decode.choose)
 
     def recorded(self) -> dict:
         """After a run with checkpoint_ctas: {checkpoints, o_accum, lse_accum} copied to the host
@@ -112,28 +119,21 @@ class SplitLaunchPlan:
         return float(end - start)
 
 
-def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=None, softcap=None, dtype=None,
-                    splits="auto", cache_seqlens=None, pack_gqa=None, checkpoint_ctas=None) -> SplitLaunchPlan:
-    """Check (fa_sim.splitkv.check_splitkv, before any input reaches the GPU), place, build.
-    `checkpoint_ctas` (linear ids of the split grid): the split kernel's debug build records them
-    (`SplitLaunchPlan.recorded`)."""
-    if is_auto(config):
-        raise ValueError("config='auto' is not tuned for split-KV decoding: pass a config (or None, the seed)")
-    inputs, kind, prob, _ = check(q, k, v, causal, scale, config, window, softcap, dtype)
-    sms = device().properties.multiprocessor_count if isinstance(splits, str) and splits == "auto" else None
-    plan = check_splitkv(prob, splits, cache_seqlens, sms, pack_gqa)
-    ctas = None if checkpoint_ctas is None else checkpoint_selection(checkpoint_ctas, plan.n_ctas)
-    dev = to_device(inputs, kind, prob)  # O, LSE in the caller's shapes: GQA packed reads the same memory
+def launch_plan(plan: SplitPlan, ptrs, stream, keep: list, ctas=None) -> SplitLaunchPlan:
+    """The launches of a checked plan on device pointers (q, k, v, o, lse in the caller's layout: GQA
+    packed reads the same memory): the workspace and cache_seqlens allocated on `stream` (kept alive in
+    `keep` and the plan), the split kernel (its debug build with `ctas`, linear ids of the split grid)
+    and, with splits > 1, the combine. The returned plan has no DeviceProblem (prepare_splitkv sets it)."""
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr = ptrs
     prob = plan.problem  # what the launches run
-    stream = dev.stream
     oa_shape, la_shape = workspace_shapes(plan)
     o_accum = runtime.allocate(int(np.prod(oa_shape)) * 4, stream)
     lse_accum = runtime.allocate(int(np.prod(la_shape)) * 4, stream)
     lens = runtime.upload(plan.cache_seqlens, stream)
-    dev.keep += [o_accum, lse_accum, lens]
+    keep += [o_accum, lse_accum, lens]
     cfg = prob.config
     build = split_build(prob, device_arch())
-    split_args = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr, np.int32(prob.seqlen_q),
+    split_args = (q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, np.int32(prob.seqlen_q),
                   np.int32(prob.seqlen_k), np.float32(prob.scale), int(lens.handle), np.int32(prob.heads),
                   int(o_accum.handle), int(lse_accum.handle))
     buffers = None
@@ -144,7 +144,7 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
         ck = runtime.allocate(nbytes, stream)
         runtime.memset_zero(int(ck.handle), nbytes, stream)
         sel = runtime.upload(selection_map(ctas, plan.n_ctas), stream)
-        dev.keep += [ck, sel]
+        keep += [ck, sel]
         split_args += (int(ck.handle), int(sel.handle), np.int32(layout.n_rounds))
         buffers = {"checkpoints": int(ck.handle), "o_accum": int(o_accum.handle), "lse_accum": int(lse_accum.handle)}
     loaded = runtime.load_kernel(build)
@@ -154,6 +154,44 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
         kernel, _ = load_combine(prob.head_dim, cfg.dtype, device_arch())
         rows = prob.batch * prob.heads * prob.seqlen_q
         launches.append((COMBINE_KERNEL, kernel, plan.combine_grid, (COMBINE_THREADS, 1, 1), 0,
-                         (int(o_accum.handle), int(lse_accum.handle), dev.o_ptr, dev.lse_ptr, np.int32(rows),
+                         (int(o_accum.handle), int(lse_accum.handle), o_ptr, lse_ptr, np.int32(rows),
                           np.int32(plan.splits))))
-    return SplitLaunchPlan(plan, dev, launches, loaded.registers, tuple(ctas or ()), buffers)
+    return SplitLaunchPlan(plan, None, launches, loaded.registers, tuple(ctas or ()), buffers,
+                           keep=[o_accum, lse_accum, lens])
+
+
+def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=None, softcap=None, dtype=None,
+                    splits="auto", cache_seqlens=None, pack_gqa=None, checkpoint_ctas=None) -> SplitLaunchPlan:
+    """Check (fa_sim.splitkv.check_splitkv, before any input reaches the GPU), place, build.
+    `checkpoint_ctas` (linear ids of the split grid): the split kernel's debug build records them
+    (`SplitLaunchPlan.recorded`). config="auto" (with splits="auto"): fa_hw.tuned_decode's choice for
+    the decode class on this GPU (its table, else candidates timed on these inputs and cached), the
+    splits chosen for that config; `SplitLaunchPlan.source` says where it came from."""
+    auto = is_auto(config)
+    if auto and not (isinstance(splits, str) and splits == "auto"):
+        raise ValueError(f"config='auto' chooses the split-KV config and its splits together: pass splits='auto' "
+                         f"with it (or a config with splits={splits!r:.20})")
+    inputs, kind, prob, _ = check(q, k, v, causal, scale, config, window, softcap, dtype)  # auto: the seed config
+    plan = check_splitkv(prob, splits, cache_seqlens, None, pack_gqa)  # every input check, before the device
+    sms = None
+    if isinstance(splits, str) and splits == "auto":  # the splits for this GPU's SMs
+        sms = device().properties.multiprocessor_count
+        plan = check_splitkv(prob, splits, plan.cache_seqlens, sms, pack_gqa)
+    ctas = None if checkpoint_ctas is None or auto else checkpoint_selection(checkpoint_ctas, plan.n_ctas)
+    dev = to_device(inputs, kind, prob)  # O, LSE in the caller's shapes: GQA packed reads the same memory
+    ptrs = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr)
+    source = None
+    if auto:
+        from . import tuned_decode
+
+        timers = tuned_decode.decode_timer_factory(prob, splits, plan.cache_seqlens, pack_gqa, sms, ptrs, dev.stream)
+        choice = tuned_decode.choose(plan, device().name, device_arch(), timers)
+        prob = validate.check_launch(replace(prob, config=validate.check_config(choice.config, prob.head_dim,
+                                                                                prob.config.dtype)))
+        dev.problem, source = prob, choice.source
+        plan = check_splitkv(prob, splits, plan.cache_seqlens, sms, pack_gqa)
+        if checkpoint_ctas is not None:  # ids of the chosen config's grid
+            ctas = checkpoint_selection(checkpoint_ctas, plan.n_ctas)
+    sp = launch_plan(plan, ptrs, dev.stream, dev.keep, ctas)
+    sp.dev, sp.source = dev, source
+    return sp

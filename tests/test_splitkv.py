@@ -239,12 +239,15 @@ def test_bench_decode_report_states_the_goals():
 
     bench = load("bench_decode")
     spread = lambda m: {"median": m, "lo": m, "hi": m}  # noqa: E731
-    row = {"batch": 1, "nk": 4096, "splits_auto": 16, "notes": {}, "rel_err": {"auto": 2e-4, "splits=1": 2e-4},
-           "ms": {"auto": spread(0.02), "splits=1": spread(0.1), "sdpa-flash": spread(0.03)},
-           "speedup_vs_one_split": spread(5.0), "speedup_vs_flash": spread(1.5)}
+    row = {"batch": 1, "nk": 4096, "splits_auto": 16, "splits_tuned": 8, "config_tuned": "m64n128d128w4-swizzled",
+           "notes": {"tuned": "decode/gpu.json (decode-d128-fp16-q1-k4096-bh8)"},
+           "rel_err": {"tuned": 2e-4, "auto": 2e-4, "splits=1": 2e-4},
+           "ms": {"tuned": spread(0.02), "auto": spread(0.025), "splits=1": spread(0.1), "sdpa-flash": spread(0.03)},
+           "speedup_vs_one_split": spread(5.0), "speedup_vs_flash": spread(1.5), "speedup_vs_seed_auto": spread(1.25)}
     args = type("A", (), {"heads": 8, "heads_k": 8, "head_dim": 128, "runs": 3, "reps": 20})
     md = bench.markdown([row], "GPU", args)
-    assert "| 1 | 4096 | 16 | 0.020 [0.020, 0.020] |" in md and "splits=1 on every row: met" in md
+    assert "| 1 | 4096 | m64n128d128w4-swizzled | 8 | 0.020 [0.020, 0.020] | 16, 0.025 [0.025, 0.025] |" in md
+    assert "splits=1 on every row: met" in md and "Configs from: decode/gpu.json" in md
     row["speedup_vs_flash"] = spread(0.9)
     assert "SDPA-flash: NOT met" in bench.markdown([row], "GPU", args)
 

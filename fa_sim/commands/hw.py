@@ -88,9 +88,15 @@ def run(args: argparse.Namespace) -> int:
 
     backward.check_options(args, ("kernel",))
     split = splitkv(args)  # --splits, --cache-seqlens (or the --npz file's cache_seqlens), --pack-gqa
-    if split and (args.backward or auto_requested(args) or args.kernel is not None):
-        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --backward, "
-                         "--config auto or --kernel")
+    if split and (args.backward or args.kernel is not None):
+        raise UsageError("--splits / --cache-seqlens (split-KV decoding) run fa_hw's own kernel: without --backward "
+                         "or --kernel")
+    split_auto = bool(split) and auto_requested(args)  # fa_hw.tuned_decode's config, chosen by fa_hw.forward
+    if split_auto:
+        if getattr(args, "splits", None) not in (None, "auto"):
+            raise UsageError(f"--config auto with split-KV decoding chooses the splits for its config: give --splits "
+                             f"auto (or no --splits), not --splits {args.splits}")
+        split["splits"] = "auto"
     if args.backward:
         from .backward_gpu import hw
         return hw(args)
@@ -100,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     shapes = (qkv_shapes(problem_shape(args), heads_k(args)) if loaded is None
               else [tuple(np.shape(x)) for x in loaded])
     source = None
-    if auto_requested(args):
+    if split_auto:  # the checks and inputs of the seed config; fa_hw.forward chooses on the placed inputs
+        config = KernelConfig(head_dim=d, dtype=args.dtype)
+    elif auto_requested(args):
         if packed:
             raise UsageError("--config auto does not apply to a packed batch (--seqlens or an --npz file's "
                              "cu_seqlens): fa_hw.tuned has no table for it; give the config's options")
@@ -129,8 +137,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         q, k, v = run_inputs(args, config, loaded)
     cu = dict(cu_seqlens_q=args.cu_seqlens[0], cu_seqlens_k=args.cu_seqlens[1]) if packed else {}
-    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config=config, kernel=kernel, **features(args),
-                        **split, **cu)
+    out = fa_hw.forward(q, k, v, causal=args.causal, scale=args.scale, config="auto" if split_auto else config,
+                        kernel=kernel, **features(args), **split, **cu)
+    if split_auto:
+        config, source = out.config, out.config_source
     o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)
     if split:  # each sequence against float64 on its own keys
         from ..splitkv import measure_splitkv
