@@ -20,9 +20,9 @@ and SDPA with the FLASH_ATTENTION backend. Each backend's time is the
 median of --reps launches bracketed by CUDA events after --warmup, in --runs runs interleaved
 round-robin (hw_sets.round_robin); a row gives the median over the runs and [min, max], and the
 per-run ratios tuned / splits=1, tuned / SDPA-flash and tuned / auto (speed-ups: time of the other
-over ours). The goal of issue 38: ours (tuned) >= 1.5x splits=1 and >= 1.0x SDPA-flash on every row. Every output is checked
-against a float64 reference computed on the GPU for the first and last sequence of the batch
-(relative Frobenius error; the bar is 1e-3). Writes bench_decode.json and bench_decode.md to --out
+over ours). The goal of issue 38: ours (tuned) >= 1.5x splits=1 and >= 1.0x SDPA-flash on every row.
+Every output is checked against a float64 reference computed on the GPU for the first and last
+sequence of the batch (relative Frobenius error; the bar is 1e-3). Writes bench_decode.json and bench_decode.md to --out
 (default $OUT, else experiments/out).
 """
 
@@ -153,7 +153,8 @@ def markdown(rows: list[dict], gpu: str, args) -> str:
         vs_flash = fmt(r["speedup_vs_flash"]) if "speedup_vs_flash" in r else "-"
         unpacked = (f"{r['splits_auto_unpacked']}, {fmt(r['ms']['auto-unpacked'])}, {fmt(r['speedup_vs_unpacked'])}"
                     if "speedup_vs_unpacked" in r else "-")
-        out.append(f"| {r['batch']} | {r['nk']} | {r['config_tuned']} | {r['splits_tuned']} | {fmt(r['ms']['tuned'])} | "
+        out.append(f"| {r['batch']} | {r['nk']} | {r['config_tuned']} | {r['splits_tuned']} | "
+                   f"{fmt(r['ms']['tuned'])} | "
                    f"{r['splits_auto']}, {fmt(r['ms']['auto'])} | {fmt(r['ms']['splits=1'])} | {flash} | "
                    f"{fmt(r['speedup_vs_one_split'])} | {vs_flash} | {fmt(r['speedup_vs_seed_auto'])} | "
                    f"{max(r['rel_err'].values()):.2e} | {unpacked} |")

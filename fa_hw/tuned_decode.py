@@ -134,8 +134,8 @@ class DecodeClass:
         out = cls(int(m[1]), m[2], int(m[3]), int(m[4]), int(m[5]), group, bool(m[7]), bool(m[8]))
         pow2 = all(n >= 1 and n & (n - 1) == 0 for n in (out.seqlen_q, out.seqlen_k, out.bh))
         if out.key != key or group < 2 and m[6] or not pow2 or out.bh > MAX_BH:
-            raise ValueError(f"{key!r} is not a canonical decode class (q, k and bh powers of two, bh at most {MAX_BH}, "
-                             f"a group of 2 or more)")
+            raise ValueError(f"{key!r} is not a canonical decode class (q, k and bh powers of two, bh at most "
+                             f"{MAX_BH}, a group of 2 or more)")
         return out
 
     def distance(self, other: "DecodeClass") -> tuple:
@@ -260,12 +260,6 @@ def choose(plan, gpu: str, arch: str, timer_factory, directory: Path | None = No
 
 
 # ---- the GPU backend ---------------------------------------------------------------------------------
-def _timer_base():
-    from .autotune import DeviceTimer
-
-    return DeviceTimer
-
-
 class DecodeTimer:
     """Times split-KV decoding of one problem (the caller's, fa_sim.problem.Problem with any config)
     on the current GPU for a config: its splits chosen as `splits` says ("auto": for that config), both
@@ -273,7 +267,7 @@ class DecodeTimer:
 
     def __init__(self, problem, splits, cache_seqlens, pack_gqa, num_sms: int, ptrs=None, stream=None):
         from . import runtime
-        from .autotune import Features
+        from .autotune import DeviceTimer, Features
 
         self.problem, self.splits, self.pack_gqa, self.num_sms = problem, splits, pack_gqa, int(num_sms)
         self.cache_seqlens = np.asarray(cache_seqlens, np.int32)
@@ -282,7 +276,7 @@ class DecodeTimer:
         self.keep: list = []
         if ptrs is None:  # DeviceTimer's random normal inputs of [B*H, N, d] (the caller's [B, H, N, d])
             p = problem
-            base = _timer_base()((p.batch * p.heads, p.seqlen_q, p.seqlen_k, p.head_dim), False, None, self.stream,
+            base = DeviceTimer((p.batch * p.heads, p.seqlen_q, p.seqlen_k, p.head_dim), False, None, self.stream,
                                  Features(p.kv_group, dtype=p.config.dtype))
             ptrs, self.keep = base.ptrs, base.keep
         self.ptrs = tuple(ptrs)

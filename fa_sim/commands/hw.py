@@ -4,6 +4,8 @@
     fa hw --seqlen 300 --seqlen-k 77 --smem padded --json # one JSON object
     fa hw --seqlen 4096 --head-dim 128 --config auto      # the GPU's fastest measured config (fa_hw.tuned)
     fa hw --heads 8 --heads-k 2 --seqlens 70,130,5        # a packed variable-length batch
+    fa hw --batch 8 --heads 8 --seqlen 1 --seqlen-k 16384 --head-dim 128 --config auto --splits auto
+                                                          # decoding: fa_hw.tuned_decode's config, its splits
 
 Prints the relative Frobenius error of O and the max abs error of LSE against the float64
 reference (fa_sim.accuracy: streamed in blocks; any non-finite O or LSE is reported with its cause,
