@@ -9,8 +9,9 @@ keys, the table (round trip, exact and nearest lookup, a malformed file named), 
 table's entry; else the autotuner's timings, cached on disk and reused without timing by a second
 choice), and the one-line refusals (config="auto" with an integer splits, in fa_hw.forward before
 any device call and in `fa hw`).
-GPU (marked gpu): config="auto" split-KV output equals the explicit chosen config's bit for bit and
-is within the bounds against float64; without a table the autotuner times, caches, and a second
+GPU (marked gpu): every decode candidate's split-KV run is the PTX engine's bit for bit;
+config="auto" split-KV output equals the explicit chosen config's bit for bit and is within the
+bounds against float64; without a table the autotuner times, caches, and a second
 call reuses the cached choice.
 """
 
@@ -21,6 +22,7 @@ import json
 import numpy as np
 import pytest
 
+from fa_hw.tuned_decode import decode_candidates
 from fa_sim import KernelConfig, Problem, simulate
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 from fa_sim.splitkv import check_splitkv, measure_splitkv
@@ -43,8 +45,6 @@ def _bits(res):
 
 @pytest.mark.parametrize("tag", CANDIDATES)
 def test_decode_candidates_run_split_kv_on_the_engine_with_tails(tag):
-    from fa_hw.tuned_decode import decode_candidates
-
     config = KernelConfig.from_tag(tag)
     assert config in decode_candidates(128) and config != KernelConfig(head_dim=128)
     q, k, v = _inputs(2, 1, 1, 3, 300, seed=len(tag))
@@ -67,7 +67,7 @@ def test_decode_candidates_run_split_kv_on_the_engine_with_tails(tag):
 
 
 def test_decode_family_and_class_keys():
-    from fa_hw.tuned_decode import DecodeClass, decode_candidates
+    from fa_hw.tuned_decode import DecodeClass
 
     fam = decode_candidates(128)
     assert fam[0].tag == "m64n128d128w4-swizzled" and KernelConfig(head_dim=128) in fam and len(fam) == len(set(fam))
@@ -209,6 +209,23 @@ def test_gpu_config_auto_equals_the_chosen_config(case):
         assert np.array_equal(a, e)
     acc = measure_splitkv(auto, q, k, v, lens)
     assert acc.ok, acc.failures()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tag", [c.tag for c in decode_candidates(128)])
+def test_gpu_every_decode_candidate_is_bit_identical_to_the_engine(tag):
+    """Each member config="auto" may choose, split-KV on the GPU against the PTX engine (mma_model="h200"):
+    tails in the rows (Nq 3), the cache (300 keys) and the splits (the 170-key sequence's last split empty)."""
+    _gpu()
+    import fa_hw
+
+    config = KernelConfig.from_tag(tag)
+    q, k, v = _inputs(2, 2, 2, 3, 300, seed=5)
+    hw = fa_hw.forward(q, k, v, config=config, splits=2, cache_seqlens=LENS)
+    sim = simulate(q, k, v, config=config, splits=2, cache_seqlens=LENS, mma_model="h200")
+    assert hw.splits == sim.splits == 2
+    for a, e in zip(_bits(hw), _bits(sim)):
+        assert np.array_equal(a, e)
 
 
 @pytest.mark.gpu
