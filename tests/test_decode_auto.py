@@ -178,6 +178,85 @@ def test_config_auto_with_integer_splits_is_one_line_before_any_device_call(monk
     assert "--config auto with split-KV decoding chooses the splits for its config" in err and "\n" not in err, err
 
 
+def test_prepare_splitkv_runs_the_chosen_config_with_its_own_splits(tmp_path, monkeypatch):
+    """fa_hw.splitkv.prepare_splitkv with config="auto", the device stood in for: the decode table's
+    config for the class, its splits "auto" for that config (not the seed's), the caller's problem
+    given the chosen config, the source passed on; the autotuner's path gets the caller's problem,
+    cache lengths and SM count."""
+    import fa_hw.splitkv as hs
+    from fa_hw import tuned_decode
+    from fa_hw.tensors import DeviceProblem
+
+    sms = 132
+    gpu = type("Dev", (), {"name": "NVIDIA H100 80GB HBM3",
+                           "properties": type("P", (), {"multiprocessor_count": sms})()})()
+    monkeypatch.setattr(hs, "device", lambda: gpu)
+    monkeypatch.setattr(hs, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(hs, "to_device", lambda inputs, kind, prob: DeviceProblem("numpy", prob, None, 1, 2, 3, 4, 5,
+                                                                                 None, None))
+    monkeypatch.setattr(hs, "launch_plan", lambda plan, ptrs, stream, keep, ctas=None: hs.SplitLaunchPlan(
+        plan, None, [], 0, tuple(ctas or ())))
+    q, k, v = _inputs(2, 8, 8, 1, 3000, d=128)
+    tag = "m64n128d128w4-swizzled-s2"
+    _write_table(tmp_path / "decode", [_entry("decode-d128-fp16-q1-k4096-bh16", tag)])
+    tuned_decode.use_directory(tmp_path / "decode")
+    try:
+        sp = hs.prepare_splitkv(q, k, v, config="auto", splits="auto")
+        config = KernelConfig.from_tag(tag)
+        want = check_splitkv(Problem(2, 8, 1, 3000, False, 128 ** -0.5, config), "auto", None, sms)
+        seed = check_splitkv(Problem(2, 8, 1, 3000, False, 128 ** -0.5, KernelConfig(head_dim=128)), "auto", None, sms)
+        assert sp.plan.problem.config == config and sp.dev.problem.config == config
+        assert sp.plan.splits == want.splits != seed.splits and sp.plan.auto_from == want.auto_from
+        assert sp.source == "decode/h100_80gb_hbm3.json (decode-d128-fp16-q1-k4096-bh16)"
+        tuned_decode.use_directory(tmp_path / "empty")  # no table: the autotuner, with a timer of these inputs
+        seen = {}
+
+        def factory(problem, splits, lens, pack, n_sms, ptrs, stream):
+            seen.update(problem=problem, splits=splits, lens=lens.tolist(), sms=n_sms, ptrs=ptrs)
+            return lambda cls, shape, pool: (lambda c: 0.5 if c.tag == "m64n32d128w4-swizzled-s3" else 1.0)
+
+        monkeypatch.setattr(tuned_decode, "decode_timer_factory", factory)
+        monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "cache"))
+        lens = np.array([3000, 1200], np.int32)
+        sp = hs.prepare_splitkv(q, k, v, config="auto", splits="auto", cache_seqlens=lens)
+        assert sp.plan.problem.config.tag == "m64n32d128w4-swizzled-s3" and "autotuned" in sp.source
+        assert seen["splits"] == "auto" and seen["lens"] == [3000, 1200] and seen["sms"] == sms
+        assert seen["problem"].config == KernelConfig(head_dim=128) and seen["ptrs"] == (1, 2, 3, 4, 5)
+    finally:
+        tuned_decode.use_directory(None)
+
+
+def test_decode_timer_plans_each_candidate_with_its_own_splits(monkeypatch):
+    """fa_hw.tuned_decode.DecodeTimer (the device stood in for): a candidate's plan is the caller's
+    problem with that config (in the caller's dtype) and "auto"'s splits for it, GQA packed as the
+    caller asked; the cubins it compiles first are the split builds (FA_SPLITKV) the cache lacks."""
+    import fa_hw.runtime
+    import fa_sim.contract.cubins as cubins
+    from fa_hw.tuned_decode import DecodeTimer
+
+    monkeypatch.setattr(fa_hw.runtime, "device_arch", lambda: "sm_90")
+    prob = Problem(4, 16, 1, 5000, False, 0.1, KernelConfig(head_dim=128, dtype="bf16"), heads_k=4)
+    lens = np.array([5000, 10, 4096, 77], np.int32)
+    timer = DecodeTimer(prob, "auto", lens, None, 132, ptrs=(1, 2, 3, 4, 5), stream=object())
+    pool = decode_candidates(128)[:3]
+    for c in pool:
+        plan = timer.plan(c)
+        assert plan.problem.config == KernelConfig.from_json({**c.to_json(), "dtype": "bf16"})
+        assert plan.unpacked is not None and plan.cache_seqlens.tolist() == lens.tolist()
+        assert plan.splits == check_splitkv(replace_config(prob, plan.problem.config), "auto", lens, 132).splits
+    built = []
+    monkeypatch.setattr(cubins, "is_cached", lambda b: b.config.block_n != 64)
+    monkeypatch.setattr(cubins, "compile_many", lambda builds, workers=None: built.extend(builds))
+    timer.compile(decode_candidates(128))
+    assert built and all(b.splitkv and b.config.block_n == 64 and b.config.dtype == "bf16" for b in built)
+
+
+def replace_config(prob, config):
+    from dataclasses import replace
+
+    return replace(prob, config=config)
+
+
 # ---- GPU --------------------------------------------------------------------------------------------
 def _gpu():
     import fa_hw
