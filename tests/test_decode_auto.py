@@ -7,8 +7,10 @@ documented bounds; with one split each is the unsplit kernel of that config on e
 bit for bit, and the spec-schedule tile is also the hand-written program's bits. The decode class
 keys, the table (round trip, exact and nearest lookup, a malformed file named), the choice (the
 table's entry; else the autotuner's timings, cached on disk and reused without timing by a second
-choice), and the one-line refusals (config="auto" with an integer splits, in fa_hw.forward before
-any device call and in `fa hw`).
+choice), experiments/tune_decode.py's choice and table on recorded times, fa_hw.splitkv's
+config="auto" flow and the autotuner's DecodeTimer with the device stood in for (the chosen config
+runs with its own "auto" splits), and the one-line refusals (config="auto" with an integer splits,
+in fa_hw.forward before any device call and in `fa hw`).
 GPU (marked gpu): every decode candidate's split-KV run is the PTX engine's bit for bit;
 config="auto" split-KV output equals the explicit chosen config's bit for bit and is within the
 bounds against float64; without a table the autotuner times, caches, and a second
