@@ -21,11 +21,11 @@ for s in ${STEPS:-tunedecode}; do case $s in
     DECBASE=fa_hw/tuned/decode/$(python3 -c "import sys; from fa_hw.device import gpu_key; print(gpu_key(sys.argv[1]))" "$GPU").json
     BASEARG=(); [ -f "$DECBASE" ] && BASEARG=(--base "$DECBASE")
     echo "== tunedecode $GPU ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
-    timeout ${TUNEDECODE_S:-300} python3 experiments/tune_decode.py --out "$OUT" --budget-s ${TUNEDECODE_BUDGET:-240} \
+    timeout ${TUNEDECODE_S:-260} python3 experiments/tune_decode.py --out "$OUT" --budget-s ${TUNEDECODE_BUDGET:-200} \
       ${BASEARG[@]+"${BASEARG[@]}"} ${TUNEDECODE_ARGS:-} 2>&1 | tail -40 | tee -a "$OUT/summary.txt"
     echo "== benchdecode ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/bench_decode"
-    timeout ${BENCHDECODE_S:-240} python3 experiments/bench_decode.py --tuned-dir "$OUT" --out "$OUT/bench_decode" \
+    timeout ${BENCHDECODE_S:-260} python3 experiments/bench_decode.py --tuned-dir "$OUT" --out "$OUT/bench_decode" \
       ${BENCHDECODE_ARGS:-} 2>&1 | tail -40 | tee -a "$OUT/summary.txt" ;;
   decodetests)
     echo "== decodetests ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
