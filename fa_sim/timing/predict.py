@@ -766,7 +766,7 @@ class CopyPieces:
         dst = np.asarray(event.smem.addr, np.int64) // 32
         mask = (np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
                 & np.asarray(event.gmem.mask, bool))
-        self.fetches += _distinct(np.where(mask, src * 8192 + dst % 8192, -1))
+        self.fetches += _distinct(np.where(mask, (src << 16) | dst, -1))  # shared memory: < 2**21 bytes
         self.sectors += _distinct(np.where(mask, src, -1))
 
     def charge(self, memory: dict) -> dict:
