@@ -276,3 +276,21 @@ def test_local_hits_follow_random_replacement():
     assert H200.with_local(280, 128, 96 * 1024, 2, 2).local_hit == pytest.approx(0.7286, abs=1e-3)
     assert H200.with_local(280, 128, 96 * 1024, 1, 2).local_hit == 1.0
     assert H200.with_local(0, 128, 96 * 1024, 2, 2).local_hit == 1.0
+
+
+@pytest.mark.parametrize("tag,sectors,tags", [
+    ("m64n64d64w4-swizzled", 16.0, 0.0), ("m64n64d64w4-plain", 16.0, 0.0),  # whole sectors
+    ("m64n64d64w4-padded", 24.0, 2.0), ("m64n64d128w4-padded", 24.0, 2.0), ("m64n32d32w4-padded", 24.0, 2.0)])
+def test_padded_copies_fetch_a_source_sector_per_destination_sector_it_feeds(tag, sectors, tags):
+    """The padded rows (pitch d + 8 halves) start 16 bytes off their source sectors on every odd
+    row: each of their 32-byte source sectors feeds two destination sectors and is fetched for
+    each (fa_sim.timing.predict.CopyPieces), 8 sectors for a row's 4 where the swizzled and plain
+    rows keep them whole: 1.5x over a tile (the H100's L2 sectors of the padded m64n64d64w4, 51.1 M
+    against the swizzled 30.8 M, tests/data/h100/ncu_layouts_edits.json). A copy then costs the L2
+    its 24 sectors and the L1 a quarter wavefront for each of the 8 extra: 2 at issue."""
+    from fa_sim.config import KernelConfig
+    from fa_sim.timing.predict import global_sectors
+
+    counts = global_sectors(KernelConfig.from_tag(tag))["LDGSTS"]
+    assert counts.sectors_per_request == sectors and counts.ideal_sectors * 1.0 / counts.requests == 16.0
+    assert global_cost("LDGSTS", 16, {"LDGSTS": counts}) == (round(32 * sectors), tags)

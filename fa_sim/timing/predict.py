@@ -7,7 +7,8 @@ How (what `fa time --help` says too):
    round) comes from the functional run of a representative CTA on the PTX engine
    (fa_sim.timing.stream); every warp of a CTA takes its CTA's path.
 2. Shared-memory cost per instruction class from the bank model on a one-CTA simulation
-   (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written).
+   (LDSM, LDS, STS: the exact wavefronts; LDGSTS: one per 128 bytes written, and the source
+   sectors fetched once per destination sector they feed: CopyPieces).
 3. Occupancy: resident CTAs per SM from the cubin's registers, shared memory and threads.
 4. One SM, cycle by cycle (fa_sim.timing.sm), with j identical CTAs resident (j = 1, the
    occupancy, and half of it from 4 on; linear in between), started about a j-th of a round apart
@@ -715,11 +716,77 @@ def _one_cta_counts(config: KernelConfig, kernel=None) -> tuple[dict, dict]:
     # round), so the plain build of the config is counted
     prob = Problem(1, 1, config.block_m, 3 * config.block_n, False, 1.0 / np.sqrt(config.head_dim), config)
     q, k, v = probe_inputs(prob, bits=False)
-    counter, sectors = BankCounter(), SectorCounter()
-    simulate(q, k, v, config=config, observers=[counter, sectors], progress=False, kernel=kernel,
+    counter, sectors, pieces = BankCounter(), SectorCounter(), CopyPieces()
+    simulate(q, k, v, config=config, observers=[counter, sectors, pieces], progress=False, kernel=kernel,
              dtype=config.dtype)
     # LDGSTS: its shared-memory writes take the pipe at the ideal rate (one wavefront per 128 bytes);
     # the excess Nsight Compute counts for it (observers.banks.ldgsts_wavefronts) is not pipe time
-    # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured)
+    # (the padded layout's 10.5-15 per copy would make it 1.5-2.5x slower than measured; the H100's
+    # data-pipe counter shows none of it). What the padded rows do cost, the source sectors fetched
+    # once per destination sector they feed: CopyPieces
     return ({cls.value: (c.ideal if cls.value == "LDGSTS" else c.wavefronts) / c.instructions
-             for cls, c in counter.report().by_class().items() if c.instructions}, sectors.report())
+             for cls, c in counter.report().by_class().items() if c.instructions}, pieces.charge(sectors.report()))
+
+
+class CopyPieces:
+    """Observer: the source sectors the L1 fetches for each cp.async warp instruction, one per
+    (source sector, destination sector) pair its fetched lanes join (a lane's 4-16 aligned bytes
+    lie in one sector of each side). Rows whose shared-memory start is 16 bytes off their source
+    sectors (the padded layout's odd rows) pair each source sector with two destination sectors:
+    twice the sectors of rows that keep them whole (plain, swizzled), 1.5x over a padded tile.
+
+    Why (issue 35 item 4; experiments/timing_padded_swizzled.md): Nsight Compute on the H100
+    (tests/data/h100/ncu_layouts_edits.json, m64n64d64w4 at (4, 16, 2048, 64)) counts 51.1 M
+    sectors sent to the L2 (`lts__t_sectors_srcunit_tex`) by the padded layout against 30.8 M by
+    the swizzled one (the same global addresses), while the shared-memory data pipe's wavefronts
+    are the same (41.9 M both: the copies' excess wavefronts of `ldgsts_wavefronts` are not data-pipe
+    time, as `_one_cta_counts` says). The model charges each extra sector as what it is, one more
+    request: its 32 bytes on the SM's share of L2 bandwidth (Step.bytes) and a quarter of a 128-byte
+    line's wavefront of the L1 at issue (Step.tag_wavefronts, the rule for lines an uncoalesced
+    request touches beyond its bytes, in sectors)."""
+
+    def __init__(self) -> None:
+        self.fetches = 0
+        self.sectors = 0
+
+    def wants(self, op, phase: str, round: int) -> bool:
+        from ..events import Op
+
+        return op is Op.LDGSTS
+
+    def on_launch(self, launch) -> None:
+        self.__init__()
+
+    def on_instr(self, event) -> None:
+        from ..events import Op
+
+        if event.op is not Op.LDGSTS or event.gmem is None or event.smem is None:
+            return
+        src = np.asarray(event.gmem.addr, np.int64) // 32
+        dst = np.asarray(event.smem.addr, np.int64) // 32
+        mask = (np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
+                & np.asarray(event.gmem.mask, bool))
+        self.fetches += _distinct(np.where(mask, (src << 16) | dst, -1))  # shared memory: < 2**21 bytes
+        self.sectors += _distinct(np.where(mask, src, -1))
+
+    def charge(self, memory: dict) -> dict:
+        """The run's global counts with each cp.async request's sectors scaled by its fetches over
+        its distinct source sectors."""
+        import dataclasses
+
+        from ..observers.sectors import LINE, SECTOR
+
+        c = memory.get("LDGSTS")
+        if c is None or not self.sectors:
+            return memory
+        extra = c.sectors * (self.fetches / self.sectors - 1)
+        return {**memory, "LDGSTS": dataclasses.replace(c, sectors=round(c.sectors + extra),
+                                                          lines=round(c.lines + extra * SECTOR / LINE))}
+
+
+def _distinct(keys: np.ndarray) -> int:
+    """Distinct non-negative keys along the last axis, summed over the others."""
+    keys = np.sort(keys, axis=-1)
+    new = np.ones(keys.shape, bool)
+    new[..., 1:] = keys[..., 1:] != keys[..., :-1]
+    return int((new & (keys >= 0)).sum())
