@@ -60,13 +60,13 @@ def test_compare_timing_of_a_packed_batch_and_of_split_kv(gpu, capsys, options, 
     assert "kernel time, measured vs the timing model" in capsys.readouterr().out
 
 
-@pytest.mark.xfail(strict=True, reason="a known gap: on the H100 the split launch executed 84,924 warp instructions, "
-                   "the model's stream 84,918; 6 of its 32 warps leave early (empty splits or no rows: 130 "
-                   "instructions each by the SASS walk), one missing instruction each would explain it; not located")
 def test_split_kv_timing_issues_what_the_gpu_executed(gpu, capsys):
-    """The model's SASS stream of split-KV's split launch issues at least what the GPU executed, as
-    for a dense launch (test_compare_timing_sets_measured_beside_predicted)."""
+    """The model's SASS stream of split-KV's split launch issues what the GPU executed, as a dense
+    launch's does (test_compare_timing_sets_measured_beside_predicted): 84,924 warp instructions on
+    the H100 (tests/data/h100/timing_ncu_splitkv.json, replayed on the CPU by
+    tests/test_timing_launches.py), each divergent branch's BSYNC issued once per lane group."""
     assert main(["compare", "--batch", "2", "--heads", "4", "--heads-k", "1", "--seqlen", "1", "--seqlen-k", "2000",
                  "--cache-seqlens", "2000,700", "--head-dim", "64", "--splits", "4", "--timing", "--json"]) == 0
     timing = json.loads(capsys.readouterr().out)["timing"]
-    assert timing["ncu"]["inst_executed"] <= timing["predicted"]["kernels"]["fa2_fwd_kernel"]["instructions"]
+    executed, issued = timing["ncu"]["inst_executed"], timing["predicted"]["kernels"]["fa2_fwd_kernel"]["instructions"]
+    assert executed <= issued <= executed * (1 + 2e-4)

@@ -78,6 +78,11 @@ def test_walk_follows_loops_divergence_and_early_exit():
     assert stores[:3] == [2, 2, 2] and stores[3] == 1
     loads = [sum(i.base == "LDG" for b in wk for i in blocks[b].instrs) for wk in walks]
     assert all(n > 100 for n in loads)  # the odd arm's loop over n = 128 loads
+    # two BSYNCs: after the warp-uniform loop (issued once) and where the divergent arms meet, which
+    # each of the two lane groups issues on arrival (Nsight Compute: split-KV's store_partial)
+    bsyncs = [a for a, b in blocks.items() if b.func == "branchy" and b.instrs[0].base == "BSYNC"]
+    assert all(len(blocks[a].instrs) == 1 for a in bsyncs)  # a block of its own, issued alone
+    assert [sorted(wk.count(a) for a in bsyncs) for wk in walks] == [[1, 2]] * 4
 
 
 def test_walk_refuses_a_path_the_sass_cannot_follow():

@@ -187,6 +187,10 @@ RECORDINGS = (
     Recording(f"{H100}/ncu_layouts_edits.json", True, "python experiments/ncu_counters.py --out OUT",
               "Nsight Compute counters of the seed kernel, two rolled-loop edits, three shared-memory layouts and "
               "softcap 30 (local memory, L1 hits, wavefronts, stalls, pipe use; needs ncu)", Kind.TIMES, 240),
+    Recording(f"{H100}/timing_ncu_splitkv.json", True, "python experiments/ncu_splitkv_instructions.py --out OUT",
+              "Nsight Compute's warp instructions executed by split-KV decoding's split launch (2 sequences of "
+              "2000 and 700 keys, 4 splits: two empty, warp 0 diverging in store_partial; needs ncu), which the "
+              "timing model's SASS walk issues (tests/test_timing_launches.py)", Kind.TIMES, 120),
     Recording(f"{H100}/timing_backward_tuned.json", False,
               "python experiments/timing_backward_tuned.py --predict --redo --jobs 2",
               "the timing model's predictions (H200 model, no GPU; about 30 min of CPU) of 96 backward rows whose "

@@ -3,7 +3,7 @@ the three regions a warp runs (prologue, one K/V trip, epilogue), with what each
 
 Model. nvdisasm -c text -> instructions (address, guard, opcode, operands) -> basic blocks (cut at
 branch targets and after BRA / EXIT / a CALL to a label of the kernel, which is how sm_80 leaves
-the loop), reachable from the entry only (the `BRA self` sentinel after EXIT is dropped). The K/V
+the loop, and after a BSYNC, so that the blocks are fa_sim.timing.walk's), reachable from the entry only (the `BRA self` sentinel after EXIT is dropped). The K/V
 loop is the one backward branch; it must be left at its bottom. Per warp, in the simulator's class
 names (`sass_class`), per path: prologue = paths entry -> header; a trip = paths header -> back
 edge, or -> exit edge for the last round (loop body counted once per trip); epilogue = union of
@@ -184,7 +184,7 @@ def _cfg(instrs: list[SassInstr], labels: dict[str, int], functions) -> dict[int
     for ins, nxt in zip(instrs, instrs[1:]):
         if ins.base in ("BRX", "JMX", "JMP", "BREAK", "KILL"):
             raise SassStructureError(f"unsupported control flow at {ins.addr:#06x}: {ins.opcode}")
-        if jump(ins) or ins.base in ("EXIT", "RET"):
+        if jump(ins) or ins.base in ("EXIT", "RET", "BSYNC"):  # a BSYNC alone, as fa_sim.timing.walk cuts it
             leaders |= {nxt.addr} | ({labels[ins.target]} if jump(ins) else set())
     blocks, cur = {}, []
     for i, ins in enumerate(instrs):

@@ -43,6 +43,9 @@ branch's outcomes are a queue: a SASS branch unrolled or duplicated by ptxas tak
 ALL and NONE pick one arm; SOME (the warp diverged) issues both arms one after the other up to the
 point where they meet again (the BSSY target ptxas sets, else the immediate post-dominator), the
 arm the PTX engine runs first (the lower pc) first, as SIMT hardware serialises divergent paths;
+where they meet at a BSYNC (the convergence barrier of ptxas's BSSY), each of the two groups issues
+it on arrival, so the walk issues it twice (Nsight Compute on the H100: split-KV's store_partial,
+whose lanes of rows past N_q branch straight to the BSYNC, 1 warp instruction more per such warp);
 an EXIT with SOME of its lanes leaving goes on with the others. A CALL to a function of the
 kernel is walked into and RET comes back. At the end, every tied PTX branch's outcomes must have
 been taken, else the path and the SASS disagree: a `TieError` naming the line.
@@ -265,7 +268,7 @@ class SassGraph:
         for k, ins in enumerate(instrs):  # the last instruction too: out-of-line code ends with a jump back
             if ins.base in ("BRX", "JMX", "BREAK", "KILL"):
                 raise TieError(f"unsupported control flow: {ins.where()} (indirect branches are not modelled)")
-            if self.is_jump(ins) or (ins.base in ("EXIT", "RET", "CALL") and ins.guard != "@!PT"):
+            if self.is_jump(ins) or (ins.base in ("EXIT", "RET", "CALL", "BSYNC") and ins.guard != "@!PT"):
                 if k + 1 < len(instrs):
                     leaders.add(instrs[k + 1].addr)
                 if self.is_jump(ins):
@@ -614,8 +617,11 @@ class Walker:
                 continue
             meet = self.sass.ipdom.get(at)
             first = self._first[t.pc] if t.same else 1 - self._first[t.pc]
-            for arm in (first, 1 - first):
-                self._run(b.succ[arm], meet, queues, out, calls)
+            arrived = self._run(b.succ[first], meet, queues, out, calls) == meet
+            mid = len(out)
+            arrived &= self._run(b.succ[1 - first], meet, queues, out, calls) == meet
+            if arrived and meet is not None and blocks[meet].instrs[0].base == "BSYNC":
+                out.insert(mid, meet)  # the first group's BSYNC (a block of its own: `_cut`); the second's below
             at = meet
         return at
 
