@@ -28,28 +28,17 @@ from fa_hw.tuned_decode import decode_candidates
 from fa_sim import KernelConfig, Problem, simulate
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 from fa_sim.splitkv import check_splitkv, measure_splitkv
+from splitkv_inputs import cache_inputs, out_bits
 
 LENS = np.array([300, 170], np.int32)
 CANDIDATES = ["m64n128d128w4-swizzled", "m64n64d128w4-swizzled-s3-qr"]
-
-
-def _inputs(b, h, hk, nq, nk, d=128, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, h, nq, d)).astype(np.float16)
-    k = rng.standard_normal((b, hk, nk, d)).astype(np.float16)
-    v = rng.standard_normal((b, hk, nk, d)).astype(np.float16)
-    return q, k, v
-
-
-def _bits(res):
-    return np.asarray(res.o).view(np.uint16), np.asarray(res.lse).view(np.uint32)
 
 
 @pytest.mark.parametrize("tag", CANDIDATES)
 def test_decode_candidates_run_split_kv_on_the_engine_with_tails(tag):
     config = KernelConfig.from_tag(tag)
     assert config in decode_candidates(128) and config != KernelConfig(head_dim=128)
-    q, k, v = _inputs(2, 1, 1, 3, 300, seed=len(tag))
+    q, k, v = cache_inputs(2, 1, 1, 3, 300, d=128, seed=len(tag))
     checker = HazardChecker()
     res = simulate(q, k, v, config=config, splits=2, cache_seqlens=LENS, observers=[checker])
     rep = checker.report()
@@ -60,11 +49,11 @@ def test_decode_candidates_run_split_kv_on_the_engine_with_tails(tag):
     for b, n in enumerate(LENS):  # one split: the unsplit kernel of this config on the sequence's keys
         got = simulate(q[b:b + 1], k[b:b + 1], v[b:b + 1], config=config, splits=1, cache_seqlens=LENS[b:b + 1])
         plain = simulate(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], config=config, engine="ptx")
-        for a, e in zip(_bits(got), _bits(plain)):
+        for a, e in zip(out_bits(got), out_bits(plain)):
             assert np.array_equal(a, e)
         if config.kv_stages == 1 and not config.q_in_regs:  # the spec's schedule: the hand-written program too
             prog = simulate(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], config=config, engine="program")
-            for a, e in zip(_bits(got), _bits(prog)):
+            for a, e in zip(out_bits(got), out_bits(prog)):
                 assert np.array_equal(a, e)
 
 
@@ -164,7 +153,7 @@ def test_config_auto_with_integer_splits_is_one_line_before_any_device_call(monk
     import fa_hw.splitkv
 
     monkeypatch.setattr(fa_hw.splitkv, "to_device", lambda *a, **kw: pytest.fail("placed on the device"))
-    q, k, v = _inputs(2, 2, 2, 1, 300, d=64)
+    q, k, v = cache_inputs(2, 2, 2, 1, 300, d=64)
     with pytest.raises(ValueError) as err:
         fa_hw.forward(q, k, v, config="auto", splits=2, cache_seqlens=LENS)
     msg = str(err.value)
@@ -198,7 +187,7 @@ def test_prepare_splitkv_runs_the_chosen_config_with_its_own_splits(tmp_path, mo
                                                                                  None, None))
     monkeypatch.setattr(hs, "launch_plan", lambda plan, ptrs, stream, keep, ctas=None: hs.SplitLaunchPlan(
         plan, None, [], 0, tuple(ctas or ())))
-    q, k, v = _inputs(2, 8, 8, 1, 3000, d=128)
+    q, k, v = cache_inputs(2, 8, 8, 1, 3000, d=128)
     tag = "m64n128d128w4-swizzled-s2"
     _write_table(tmp_path / "decode", [_entry("decode-d128-fp16-q1-k4096-bh16", tag)])
     tuned_decode.use_directory(tmp_path / "decode")
@@ -280,13 +269,13 @@ def test_gpu_config_auto_equals_the_chosen_config(case):
     import fa_hw
 
     b, h, hk, nq, nk, lens, d = case
-    q, k, v = _inputs(b, h, hk, nq, nk, d=d, seed=b * nk)
+    q, k, v = cache_inputs(b, h, hk, nq, nk, d=d, seed=b * nk)
     lens = None if lens is None else np.array(lens, np.int32)
     auto = fa_hw.forward(q, k, v, config="auto", splits="auto", cache_seqlens=lens)
     assert auto.config_source and auto.splits >= 1
     explicit = fa_hw.forward(q, k, v, config=auto.config, splits="auto", cache_seqlens=lens)
     assert explicit.splits == auto.splits
-    for a, e in zip(_bits(auto), _bits(explicit)):
+    for a, e in zip(out_bits(auto), out_bits(explicit)):
         assert np.array_equal(a, e)
     acc = measure_splitkv(auto, q, k, v, lens)
     assert acc.ok, acc.failures()
@@ -301,11 +290,11 @@ def test_gpu_every_decode_candidate_is_bit_identical_to_the_engine(tag):
     import fa_hw
 
     config = KernelConfig.from_tag(tag)
-    q, k, v = _inputs(2, 2, 2, 3, 300, seed=5)
+    q, k, v = cache_inputs(2, 2, 2, 3, 300, d=128, seed=5)
     hw = fa_hw.forward(q, k, v, config=config, splits=2, cache_seqlens=LENS)
     sim = simulate(q, k, v, config=config, splits=2, cache_seqlens=LENS, mma_model="h200")
     assert hw.splits == sim.splits == 2
-    for a, e in zip(_bits(hw), _bits(sim)):
+    for a, e in zip(out_bits(hw), out_bits(sim)):
         assert np.array_equal(a, e)
 
 
@@ -318,7 +307,7 @@ def test_gpu_autotunes_without_a_table_and_reuses_the_cached_choice(tmp_path, mo
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "cache"))
     tuned_decode.use_directory(tmp_path / "none")  # no decode table: the autotuner answers
     try:
-        q, k, v = _inputs(4, 8, 8, 1, 6000, seed=11)
+        q, k, v = cache_inputs(4, 8, 8, 1, 6000, d=128, seed=11)
         first = fa_hw.forward(q, k, v, config="auto", cache_seqlens=np.full(4, 6000, np.int32))
         assert "autotuned decode-d128-fp16-q1-k8192-bh32" in first.config_source and "timed" in first.config_source
         again = fa_hw.forward(q, k, v, config="auto", splits="auto")

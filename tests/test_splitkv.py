@@ -24,25 +24,14 @@ from fa_sim import KernelConfig, Problem, simulate
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 from fa_sim.splitkv import check_splitkv, measure_splitkv, num_splits_heuristic
 from fa_sim.validate import round_to_bf16
+from splitkv_inputs import cache_inputs, out_bits
 
 LENS = np.array([300, 170], np.int32)
 
 
-def _inputs(b, h, hk, nq, nk, d=64, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, h, nq, d)).astype(np.float16)
-    k = rng.standard_normal((b, hk, nk, d)).astype(np.float16)
-    v = rng.standard_normal((b, hk, nk, d)).astype(np.float16)
-    return q, k, v
-
-
-def _bits(res):
-    return np.asarray(res.o).view(np.uint16 if res.o.dtype == np.float16 else np.uint32), res.lse.view(np.uint32)
-
-
 @pytest.mark.parametrize("nq", [1, 5])
 def test_decode_within_bounds_and_one_split_is_the_unsplit_kernel(nq):
-    q, k, v = _inputs(2, 2, 2, nq, 300, seed=nq)
+    q, k, v = cache_inputs(2, 2, 2, nq, 300, seed=nq)
     one = simulate(q, k, v, splits=1, cache_seqlens=LENS)
     three = simulate(q, k, v, splits=3, cache_seqlens=LENS)
     assert (one.splits, three.splits) == (1, 3)
@@ -54,15 +43,15 @@ def test_decode_within_bounds_and_one_split_is_the_unsplit_kernel(nq):
     for b, n in enumerate(LENS):
         plain = simulate(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], engine="ptx")
         got = simulate(q[b:b + 1], k[b:b + 1], v[b:b + 1], splits=1, cache_seqlens=LENS[b:b + 1])
-        for a, e in zip(_bits(got), _bits(plain)):
+        for a, e in zip(out_bits(got), out_bits(plain)):
             assert np.array_equal(a, e)
-        for a, e in zip(_bits(one), _bits(plain)):
+        for a, e in zip(out_bits(one), out_bits(plain)):
             assert np.array_equal(a[b], e[0])
-    assert not np.array_equal(_bits(three)[0], _bits(one)[0])  # the merge really ran (other roundings)
+    assert not np.array_equal(out_bits(three)[0], out_bits(one)[0])  # the merge really ran (other roundings)
 
 
 def test_gqa_softcap_and_bf16_with_splits():
-    q, k, v = _inputs(2, 4, 2, 3, 200, seed=5)
+    q, k, v = cache_inputs(2, 4, 2, 3, 200, seed=5)
     lens = np.array([200, 65], np.int32)
     res = simulate(q, k, v, splits=4, cache_seqlens=lens, softcap=8.0)
     acc = measure_splitkv(res, q, k, v, lens, softcap=8.0)
@@ -78,12 +67,12 @@ def test_gqa_packed_gives_the_unpacked_bits_on_fewer_ctas():
     """pack_gqa (FlashAttention-2's seqlenq_ngroups_swapped): the 4 Q heads of a K/V head as 4 x 3 rows
     of one head, the same bits as the unpacked launch with the same splits (rows do not mix), on a
     quarter of the CTAs; None decides it (g > 1 and Nq < block_m), and "auto" sees the packed grid."""
-    q, k, v = _inputs(2, 8, 2, 3, 200, seed=7)
+    q, k, v = cache_inputs(2, 8, 2, 3, 200, seed=7)
     lens = np.array([200, 90], np.int32)
     packed = simulate(q, k, v, splits=2, cache_seqlens=lens, softcap=6.0, pack_gqa=True)
     plain = simulate(q, k, v, splits=2, cache_seqlens=lens, softcap=6.0, pack_gqa=False)
     assert packed.o.shape == plain.o.shape == q.shape and packed.lse.shape == q.shape[:3]
-    for a, e in zip(_bits(packed), _bits(plain)):
+    for a, e in zip(out_bits(packed), out_bits(plain)):
         assert np.array_equal(a, e)
     acc = measure_splitkv(packed, q, k, v, lens, softcap=6.0)
     assert acc.ok, acc.failures()
@@ -108,26 +97,26 @@ def test_gqa_packed_gives_the_unpacked_bits_on_fewer_ctas():
 def test_splits_at_wide_head_dims(d):
     """head_dim 96-256 (docs/head_dims.md): the split kernel and the combine at d = 96 and 256, within
     the bounds; one split is the unsplit kernel on the sequence's keys, bit for bit."""
-    q, k, v = _inputs(1, 1, 1, 2, 300, d=d, seed=d)
+    q, k, v = cache_inputs(1, 1, 1, 2, 300, d=d, seed=d)
     lens = np.array([170], np.int32)
     res = simulate(q, k, v, splits=3, cache_seqlens=lens)
     acc = measure_splitkv(res, q, k, v, lens)
     assert res.splits == 3 and acc.ok, acc.failures()
     plain = simulate(q, k[:, :, :170], v[:, :, :170], engine="ptx")
-    for a, e in zip(_bits(simulate(q, k, v, splits=1, cache_seqlens=lens)), _bits(plain)):
+    for a, e in zip(out_bits(simulate(q, k, v, splits=1, cache_seqlens=lens)), out_bits(plain)):
         assert np.array_equal(a, e)
 
 
 @pytest.mark.parametrize("tag", ["m64n64d64w4-swizzled", "m128n64d64w8-swizzled-s2-pp"])
 def test_split_launch_is_hazard_free_with_schedule_options(tag):
-    q, k, v = _inputs(1, 2, 2, 5, 300, seed=3)
+    q, k, v = cache_inputs(1, 2, 2, 5, 300, seed=3)
     lens = np.array([230], np.int32)
     checker = HazardChecker()
     res = simulate(q, k, v, config=KernelConfig.from_tag(tag), splits=3, cache_seqlens=lens, observers=[checker])
     rep = checker.report()
     assert rep.ok, format_hazards(rep)
     seed = simulate(q, k, v, splits=3, cache_seqlens=lens)  # schedule options keep the arithmetic's order
-    for a, e in zip(_bits(res), _bits(seed)):
+    for a, e in zip(out_bits(res), out_bits(seed)):
         assert np.array_equal(a, e)
 
 
@@ -146,7 +135,7 @@ def test_auto_follows_flash_attention_2s_heuristic():
         waves = ctas * n / slots
         best = max(ctas * m / slots / np.ceil(ctas * m / slots) for m in range(1, min(slots, tiles) + 1))
         assert waves / np.ceil(waves) >= 0.85 * best - 1e-12
-    q, k, v = _inputs(1, 2, 2, 1, 700, seed=1)
+    q, k, v = cache_inputs(1, 2, 2, 1, 700, seed=1)
     res = simulate(q, k, v, splits="auto", num_sms=4)  # 2 CTAs on 4 SMs x 4 CTAs each: 11 tiles
     prob = Problem(1, 2, 1, 700, False, 0.125, KernelConfig())
     assert res.splits == check_splitkv(prob, "auto", None, num_sms=4).splits > 1
@@ -171,7 +160,7 @@ def test_bad_input_is_one_line_before_any_launch(kwargs, fragment, monkeypatch):
     import fa_sim.ptx
 
     monkeypatch.setattr(fa_sim.ptx, "launch", lambda *a, **kw: pytest.fail("launched"))
-    q, k, v = _inputs(2, 2, 2, 1, 300)
+    q, k, v = cache_inputs(2, 2, 2, 1, 300)
     with pytest.raises(ValueError) as err:
         simulate(q, k, v, **kwargs)
     msg = str(err.value)
@@ -194,7 +183,7 @@ def test_gpu_bit_identical_to_the_engine(case):
         pytest.skip("no GPU")
     b, h, hk, nq, nk, lens, splits, config, pack = case
     d = 64 if config is None else config.head_dim
-    q, k, v = _inputs(b, h, hk, nq, nk, d=d, seed=7)
+    q, k, v = cache_inputs(b, h, hk, nq, nk, d=d, seed=7)
     lens = np.array(lens, np.int32)
     hw = fa_hw.forward(q, k, v, config=config, splits=splits, cache_seqlens=lens, pack_gqa=pack)
     sim = simulate(q, k, v, config=config, splits=hw.splits, cache_seqlens=lens, mma_model="h200", pack_gqa=pack)
@@ -211,7 +200,7 @@ def test_cli_runs_splits_from_flags_and_npz(tmp_path, capsys):
                  "--cache-seqlens", "300,170", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["splits"] == 3 and out["above_bound"] == [] and out["engine"] == "ptx"
-    q, k, v = _inputs(2, 2, 2, 1, 200, seed=4)
+    q, k, v = cache_inputs(2, 2, 2, 1, 200, seed=4)
     np.savez(tmp_path / "d.npz", q=q, k=k, v=v, cache_seqlens=np.array([200, 90], np.int32))
     assert main(["sim", "--npz", str(tmp_path / "d.npz"), "--splits", "auto", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"] >= 1
@@ -256,7 +245,7 @@ def test_fa_hw_refuses_bad_splits_before_any_device_call(monkeypatch):
     import fa_hw.splitkv
 
     monkeypatch.setattr(fa_hw.splitkv, "to_device", lambda *a, **kw: pytest.fail("placed on the device"))
-    q, k, v = _inputs(2, 2, 2, 1, 300)
+    q, k, v = cache_inputs(2, 2, 2, 1, 300)
     for kwargs, fragment in ((dict(splits=9), "splits must be an integer from 1 to 5"),
                              (dict(splits=2, cache_seqlens=np.array([1, 2], np.int64)), "cache_seqlens must be int32"),
                              (dict(splits=2, checkpoint_ctas=[0, 8]), "checkpoint_ctas must be distinct integer "
