@@ -242,7 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="store_true", help="the table and metrics from the recorded predictions")
     ap.add_argument("--gpu", choices=sorted(GPUS), default="h200", help="the GPU model (default h200)")
     ap.add_argument("--key", default=None, help="the name the predictions are kept and reported under (default: "
-                    "--gpu); h200_dispatch: the dispatch experiment (commit 215bd8b, not kept: docs/backward.md)")
+                    "--gpu); h200_static: the model before its list-schedule dispatch (CTA i on SM i mod 132); "
+                    "h200_dispatch: round 41's dispatch experiment (commit 215bd8b, not kept: docs/backward.md)")
     ap.add_argument("--jobs", type=int, default=1, help="--predict: processes (default 1)")
     ap.add_argument("--redo", action="store_true", help="--predict: every row again")
     ap.add_argument("--half", choices=("fit", "validate"), default=None, help="--predict: only this half")

@@ -1,9 +1,10 @@
 """`fa time --backward` against the H100's tuned backward timings (issue 37 item 6, issue 35):
 the recorded predictions of experiments/timing_backward_tuned.py (tests/data/h100/
 timing_backward_tuned.json: per row the H100's measured median, the model's prediction under
-"h200", and under "h200_dispatch" those of an experiment that dispatched every CTA as the GPU does
-before timing the busiest SM, not kept: docs/backward.md, "Against the H100's tuned timings") held
-to the accuracy docs/backward.md reports.
+"h200" (the GPU's CTA dispatch as a list schedule over the SM timed), under "h200_static" the model's
+before it (CTA i on SM i mod 132), and under "h200_dispatch" those of round 41's experiment that timed
+the dispatch's busiest SM with the SM model, not kept: docs/backward.md, "Against the H100's tuned
+timings") held to the accuracy docs/backward.md reports.
 
 `python experiments/timing_backward_tuned.py --report` prints the same numbers; a prediction of
 the model as it is now is compared with its record in the slow test (one small causal row, about
@@ -33,12 +34,13 @@ def _half(rows, half):
 
 def test_the_rows_are_the_scripts_and_the_measurements_the_sources(rows):
     """The file holds the rows select_rows picks, measured as the tune files recorded them,
-    every row predicted by the model and by the dispatch experiment, the halves on disjoint shapes."""
+    every row predicted by the model, the static assignment before it and the dispatch experiment,
+    the halves on disjoint shapes."""
     fresh = {tuned.row_key(r): r for r in tuned.select_rows()}
     assert {tuned.row_key(r) for r in rows} == set(fresh)
     for r in rows:
         assert r["measured_ms"] == fresh[tuned.row_key(r)]["measured_ms"]
-        assert {"h200", "h200_dispatch"} <= set(r["predicted"]), tuned.row_key(r)
+        assert {"h200", "h200_static", "h200_dispatch"} <= set(r["predicted"]), tuned.row_key(r)
     fit = {tuple(r["shape"]) for r in _half(rows, "fit")}
     assert fit and not fit & {tuple(r["shape"]) for r in _half(rows, "validate")}
 
@@ -46,8 +48,10 @@ def test_the_rows_are_the_scripts_and_the_measurements_the_sources(rows):
 # (half, model) -> the reported accuracy (docs/backward.md, "Timed"): MAPE at most, Spearman at least,
 # pairs named right at least (of those 3 % apart)
 REPORTED = {
-    ("fit", "h200"): (8.3, 0.994, 23),  # 8.2 %, 0.995, 23 of 24
-    ("validate", "h200"): (10.5, 0.942, 12),  # 10.4 %, 0.942, 12 of 12
+    ("fit", "h200"): (10.4, 0.996, 24),  # 10.3 %, 0.997, 24 of 24
+    ("validate", "h200"): (10.3, 0.987, 12),  # 10.2 %, 0.988, 12 of 12
+    ("fit", "h200_static"): (8.3, 0.994, 23),  # 8.2 %, 0.995, 23 of 24
+    ("validate", "h200_static"): (10.5, 0.942, 12),  # 10.4 %, 0.942, 12 of 12
     ("fit", "h200_dispatch"): (10.1, 0.996, 24),  # 10.0 %, 0.997, 24 of 24
     ("validate", "h200_dispatch"): (10.3, 0.988, 12),  # 10.2 %, 0.989, 12 of 12
 }
@@ -68,19 +72,27 @@ def _common_factor_mape(rows, model):
     return tuned.metrics(_half(rows, "validate"), model, k)
 
 
-def test_the_dispatch_experiment_leaves_one_common_bias(rows):
-    """What dispatching the CTAs as the GPU does would change (docs/backward.md, "Against the H100's
-    tuned timings"): with CTA i on SM i mod 132, the model's, the causal rows come out up to 26 %
-    slow and the rest fast, errors that cancel in the MAPE; dispatched, every row is fast, so the
-    validation half ranks better (Spearman 0.942 -> 0.989) and one factor fitted on the fitting half
-    leaves 3.0 % of MAPE on the validation half (9.2 % for the model). Not kept: its busiest SM's CTA
-    sequence does not repeat, and the cold causal (8, 32, 8192, 128) took 393 s of CPU against 68."""
-    dispatched, static = _common_factor_mape(rows, "h200_dispatch"), _common_factor_mape(rows, "h200")
-    assert dispatched["mape"] <= 3.1 and static["mape"] >= 9.0, (dispatched, static)
+def test_the_dispatch_leaves_one_common_bias(rows):
+    """What dispatching the CTAs as the GPU does changes (docs/backward.md, "Against the H100's tuned
+    timings"): with CTA i on SM i mod 132 (h200_static) the causal rows came out up to 26 % slow and
+    the rest fast, errors that cancel in the MAPE; dispatched, every causal row is fast, so the
+    validation half ranks better (Spearman 0.942 -> 0.988, the model; 0.989 round 41's experiment,
+    which timed the dispatch's busiest SM with the SM model at 6x the CPU) at no worse a MAPE, and
+    one factor fitted on the fitting half leaves about 3 % of MAPE on the validation half (9.2 % for
+    the static assignment). The list schedule is within 1 % of the experiment on 80 of 96 rows, and
+    every causal row but (4, 8, 5000, 128) 32x4s1 (+8.0 %) is fast."""
     val = _half(rows, "validate")
-    assert tuned.metrics(val, "h200_dispatch")["spearman"] > tuned.metrics(val, "h200")["spearman"]
+    new, static = tuned.metrics(val, "h200"), tuned.metrics(val, "h200_static")
+    assert new["spearman"] > static["spearman"] + 0.04 and new["mape"] <= static["mape"], (new, static)
+    for model, most in (("h200", 3.2), ("h200_dispatch", 3.1)):
+        assert _common_factor_mape(rows, model)["mape"] <= most, model
+    assert _common_factor_mape(rows, "h200_static")["mape"] >= 9.0
     assert all(r["predicted"]["h200_dispatch"]["total_ms"] < r["measured_ms"] for r in rows if r["causal"])
-    assert max(r["predicted"]["h200"]["total_ms"] / r["measured_ms"] for r in rows if r["causal"]) > 1.2
+    slow = [tuned.row_key(r) for r in rows if r["causal"] and r["predicted"]["h200"]["total_ms"] > r["measured_ms"]]
+    assert slow == [("base", (4, 8, 5000, 128), True, "32x4s1")], slow
+    assert max(r["predicted"]["h200_static"]["total_ms"] / r["measured_ms"] for r in rows if r["causal"]) > 1.2
+    ratio = [r["predicted"]["h200"]["total_ms"] / r["predicted"]["h200_dispatch"]["total_ms"] for r in rows]
+    assert sum(abs(x - 1) < 0.01 for x in ratio) >= 80 and 0.93 < min(ratio) and max(ratio) < 1.10
 
 
 @pytest.mark.slow

@@ -179,3 +179,32 @@ def test_the_trace_variant_on_the_gpu(td):
     wave = t.first_wave()
     assert len(set(wave[wave > 0].tolist())) == 1
     assert 0.5 < t.clock_ghz() < 3.0
+
+
+def test_the_list_schedule_balances_what_the_static_assignment_piles_up():
+    """schedule (the forward's dispatch, over any CTAs' work) and predict_launch's dispatch_scale on a
+    hand-worked grid: 2 SMs, 1 slot, CTAs of work 4, 1, 4, 1, ... CTA i on SM i mod 2 gives SM 0
+    every long one (16); dispatched, SM 1 takes CTA 2 when its short CTA ends at 1, and both end at
+    10. One SM alone refills from its own queue (the static SM's own schedule)."""
+    from fa_sim.timing.launch import dispatch_scale
+    from fa_sim.timing.predict import schedule
+
+    work = np.array([4.0, 1.0] * 4)
+    trace: list = []
+    end, ran = schedule(work, 2, [1.0], trace=trace)
+    assert end == 10.0 and ran == [[0, 3, 4, 7], [1, 2, 5, 6]]
+    assert [t[3] for t in trace] == [4.0, 1.0, 5.0, 5.0, 9.0, 6.0, 10.0, 10.0]  # trace is in take order
+    assert schedule(work[::2], 1, [1.0])[0] == 16.0
+    assert dispatch_scale(work, np.arange(0, 8, 2), 2, 1) == 10.0 / 16.0
+    assert schedule(np.array([3.0, 3.0, 3.0]), 1, [1.0, 1.0]) == (6.0, [[0, 1, 2]])  # two slots, one SM
+
+
+def test_the_dispatch_scale_is_one_where_the_static_assignment_is_the_gpus():
+    """Alike CTAs, or a grid of one wave (every CTA has a slot from the start): the two schedules
+    are the same, so predict_launch's time is the SM model's, bit for bit as before."""
+    from fa_sim.timing.launch import dispatch_scale
+
+    assert dispatch_scale(np.full(1000, 7.0), np.arange(0, 1000, 132), 132, 3) == 1.0
+    falling = np.arange(264, 0, -1, dtype=float)  # SM 0 takes the longest two: 264 + 132
+    assert dispatch_scale(falling, np.array([0, 132]), 132, 2) == 1.0  # 264 CTAs in 264 slots
+    assert dispatch_scale(falling, np.array([0, 132]), 132, 1) == 265.0 / 396.0  # the shortest first free

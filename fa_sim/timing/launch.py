@@ -21,9 +21,15 @@ How (nothing here knows what the kernel computes):
 4. One SM, cycle by cycle (fa_sim.timing.sm): the CTAs the grid gives it (CTA i to SM i mod the SM
    count, the way the first wave is dispatched), `occupancy` resident at a time, each next one
    starting in the slot of the first to finish; of the SMs, the one with the most instructions.
-   (Dispatching every CTA as the GPU does, each next one to the slot that frees first, moves the
-   causal backward's rows closer to the H100 but leaves its busiest SM a CTA sequence whose chunks
-   do not repeat: 6x the CPU time at (8, 32, 8192, 128); docs/backward.md, "Timed".)
+   The GPU dispatches every CTA after the first wave to the slot that frees first, which balances
+   a grid of unequal CTAs (a causal one) better: its makespan comes from a list schedule, no SM
+   model run (`dispatch_scale`, fa_sim.timing.predict.schedule, the forward's dispatch), and the
+   SM's cycles are scaled by the schedule's makespan over that of the SM timed, each CTA taking its
+   warp instructions plus the fixed cost the SM's own CTAs showed in the run (`cta_fixed`); the
+   SM's share of the L2's atomic rate is scaled alike (by the instructions' schedule, known before
+   the run). 1 exactly where the CTAs are alike or fit in one wave. (Timing the dispatch's busiest
+   SM itself instead, round 41, costs 6x the CPU at (8, 32, 8192, 128): its CTA sequence does not
+   repeat, so its chunks cannot be memoized; docs/backward.md, "Against the H100's tuned timings".)
    Up to EXACT_SM_WORK (warp instructions x resident warps: run_sm's cost) or 3 chunks, the SM's
    CTAs run in one run_sm.
    Past it the SM's CTA sequence is cut into chunks of 2 x occupancy CTAs: the first chunk is
@@ -347,14 +353,21 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     at_load = gpu.loaded(resident, k).with_local(model.usage.stack_bytes, threads, cta_smem, resident, k)
     if footprint > gpu.l2_bytes:
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
+    scale = dispatch_scale(cta_size, mine, gpu.sms, k)
     lanes = np.array([sum(model.atomic_lanes(w) for w in ws) for ws in walks], np.float64)[cta_walk]
     if lanes.sum() > 0:  # the L2's atomic rate, shared by the SMs in proportion to the atomics they send
-        at_load = at_load.with_(atomic_share=float(lanes[mine].sum() / lanes.sum()))
+        at_load = at_load.with_(atomic_share=min(1.0, float(lanes[mine].sum() / lanes.sum()) * scale))
     used = set(seq)  # only the walks the busiest SM runs become Steps
     streams = [[model.steps(w) for w in ws] if c in used else [] for c, ws in enumerate(walks)]
-    run, simulated, chunked = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,
-                                      program.kernel.name, steady)
-    ms = run.cycles / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
+    run, simulated, chunked, lives = time_sm(seq, streams, wsize.tolist(), n_warps, at_load, k, exact_sm_work,
+                                             program.kernel.name, steady)
+    # the list schedules again, each CTA its instructions and the fixed cost the SM's CTAs showed (the
+    # atomic share above was set with the instructions' scale: the fixed cost is known only after the run)
+    fixed = cta_fixed(cta_size[mine], lives)
+    by_instructions = scale
+    if fixed > 0:
+        scale = dispatch_scale(cta_size + fixed, mine, gpu.sms, k)
+    ms = run.cycles * scale / (gpu.clock_ghz * 1e6) + gpu.overhead_us(n_ctas, k) / 1e3
     smsp_cycles = run.cycles * 4
     pipes = {p.lower(): min(1.0, busy / (run.cycles if p == "SMEM" else smsp_cycles)) for p, busy in run.busy.items()}
     issue = run.issued / smsp_cycles if smsp_cycles else 0.0
@@ -371,6 +384,8 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
                       notes={"gpu": gpu.name, "ctas": n_ctas, "sm_ctas": len(seq), "sm_cycles": run.cycles,
                              "registers": model.usage.registers, "dram": footprint > gpu.l2_bytes,
                              "engine_ctas": len(reps), "walk_classes": len(walks), "sm_chunked": chunked,
+                             "dispatch_scale": scale, "cta_fixed_instructions": fixed,
+                             "dispatch_scale_instructions": by_instructions,
                              "sm_simulated_instructions": simulated, "sm_skipped_cycles": run.skipped})
 
 
@@ -495,9 +510,44 @@ def _simulated(heads: dict, k: int) -> list[tuple]:
     return [r for h, mine in heads.items() for r in mine if r is h or len(r) < min(k, len(h))]
 
 
+def dispatch_scale(work: np.ndarray, mine: np.ndarray, sms: int, k: int) -> float:
+    """The GPU's dispatch over the SM timed: the makespan of the whole grid's list schedule
+    (fa_sim.timing.predict.schedule: the first wave round-robin over the SMs, then each CTA in
+    launch order to the slot that frees first) over that of the SM timed alone with its own CTAs
+    `mine` (CTA i on SM i mod `sms`: the first wave's SM, refilled from its own queue), each CTA
+    taking the time of its `work` in a slot (its warp instructions, plus `cta_fixed`). The SM model
+    times the SM whose CTAs the static assignment gives the most instructions; where a grid's CTAs
+    differ (a causal grid's), the GPU's dispatch balances them better (or worse), and the timed
+    SM's cycles are scaled by this ratio. 1.0 exactly where every CTA is alike or the grid is one
+    wave (the two schedules are the same)."""
+    from .predict import schedule
+
+    work = np.asarray(work, np.float64)
+    if len(work) <= sms * k or not np.any(work != work[0]):
+        return 1.0
+    ones = [1.0] * k
+    gpu_end, _ = schedule(work, sms, ones)
+    sm_end, _ = schedule(work[mine], 1, ones)
+    return gpu_end / sm_end
+
+
+def cta_fixed(sizes: np.ndarray, lives: np.ndarray) -> float:
+    """A CTA's time that does not grow with its warp instructions, in warp instructions: the
+    intercept over the slope of the least-squares line of the SM model's start-to-end cycles
+    (`lives`) against the warp instructions (`sizes`) of the CTAs the SM ran (a prologue's and an
+    epilogue's latencies, and what sharing the SM with co-resident CTAs adds per CTA); 0 where the
+    SM's CTAs are of one size (no line) or the intercept is not positive."""
+    sizes = np.asarray(sizes, np.float64)
+    if len(sizes) < 2 or not np.any(sizes != sizes[0]):
+        return 0.0
+    slope, intercept = np.polyfit(sizes, np.asarray(lives, np.float64), 1)
+    return float(intercept / slope) if slope > 0 and intercept > 0 else 0.0
+
+
 def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, k: int, exact: int,
-            what: str = "the kernel", steady: bool = True) -> tuple[SmRun, int, bool]:
-    """(the SM's run, the warp instructions simulated, whether in chunks): the CTAs of walk classes
+            what: str = "the kernel", steady: bool = True) -> tuple[SmRun, int, bool, np.ndarray]:
+    """(the SM's run, the warp instructions simulated, whether in chunks, each CTA's start-to-end
+    cycles in `seq`'s order: a chunk's CTAs as they ran after the chunk before): the CTAs of walk classes
     `seq` in launch order (`streams[c]`: class c's warp streams, `sizes[c]` its warp instructions) on
     one SM, k resident. See the module docstring (4.) for the chunks; refused up front past
     MAX_SM_INSTRUCTIONS simulated, with an estimate on stderr past LONG_SECONDS."""
@@ -556,12 +606,15 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
     with _Heartbeat(f"the SM model of {what}", progress):
         pool.pmap(one_pass, len(items), n_proc, done)
     if chunks is None:
-        return memo[runs[0]], simulated, False
+        run = memo[runs[0]]
+        return run, simulated, False, np.subtract(run.done_at, run.started_at)
     total = _Sum(memo[chunks[0]])
+    lives = [np.subtract(memo[chunks[0]].done_at, memo[chunks[0]].started_at)]
     for a, b in zip(chunks, chunks[1:]):
         total.add(memo[a + b], +1)
         total.add(memo[a], -1)
-    return total.run(), simulated, True
+        lives.append(np.subtract(memo[a + b].done_at, memo[a + b].started_at)[len(a):])  # chunk b after chunk a
+    return total.run(), simulated, True, np.concatenate(lives)
 
 
 class _Heartbeat:

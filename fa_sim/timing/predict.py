@@ -283,29 +283,43 @@ def _life(run: SmRun) -> float:
 def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
              trace: list | None = None, progress: Progress | None = None,
              residency: np.ndarray | None = None) -> tuple[float, list[list[int]]]:
-    """Makespan in cycles, and the Q blocks each SM ran in order: CTAs in launch order to free SM
-    slots, one SM after the other when several free slots at once (a tail spreads over the SMs, it
-    does not fill the first SM's slots); an SM with j residents advances each by 1/c_j rounds per
-    cycle (processor sharing); a CTA's work is o_k/c_k + its rounds (Problem.n_rounds_of: a window's
-    K/V tile range) + its masked rounds' extra.
+    """Makespan in cycles, and the Q blocks each SM ran in order: `schedule` of the CTAs' work in
+    launch order, a CTA's work o_k/c_k + its rounds (Problem.n_rounds_of: a window's K/V tile range)
+    + its masked rounds' extra (`cta_work`), an SM with j residents advancing each by 1/c_j rounds
+    per cycle. `trace`, `progress`, `residency`: schedule's."""
+    mb, rounds, fixed = cta_work(prob, rates, sms, extra_rounds)
+    end, ran = schedule(rounds + fixed, sms, rates.per_round, trace, progress, residency)
+    blocks = mb.tolist()
+    return end, [[blocks[i] for i in mine] for mine in ran]
+
+
+def schedule(work: np.ndarray, sms: int, per_round, trace: list | None = None, progress: Progress | None = None,
+             residency: np.ndarray | None = None) -> tuple[float, list[list[int]]]:
+    """The GPU's CTA dispatch as a list schedule (no SM model runs): makespan in cycles, and the
+    launch indices of the CTAs each SM ran, in order. The CTAs (`work`, in launch order, in units
+    of which an SM with j residents advances each by 1 / per_round[j - 1] per cycle: processor
+    sharing; len(per_round) is the occupancy k) go in launch order to free SM slots: the first
+    wave fills the k slots of every SM round-robin over the SMs, then each next CTA takes the slot
+    that frees first, one SM after the other when several free slots at once (a tail spreads over
+    the SMs, it does not fill the first SM's slots). The forward's `dispatch` and predict_launch's
+    (fa_sim.timing.launch) both run it.
     `trace`: gets [CTA in launch order, SM, start cycle, end cycle] of every CTA (what
     experiments/timing_dispatch.py sets beside the GPU's); `progress`: told every PROGRESS_CTAS CTAs;
     `residency` (k + 1 zeros): gets the SM-cycles the SMs spent with j CTAs resident, j = 0 (idle,
     up to the makespan) .. k (what the launch's limiter and stalls are weighted by: `_report`)."""
-    k = len(rates.per_round)
-    mb, rounds, fixed = cta_work(prob, rates, sms, extra_rounds)
-    work = rounds + fixed
-    queue = list(zip(work.tolist(), mb.tolist(), range(len(mb))))[::-1]  # pop() takes the next CTA in launch order
+    k = len(per_round)
+    n = len(work)
+    queue = list(zip(np.asarray(work, np.float64).tolist(), range(n)))[::-1]  # pop() takes the next CTA in launch order
     active: list[list[float]] = [[] for _ in range(sms)]
-    ran: list[list[int]] = [[] for _ in range(sms)]
-    ids: list[list[int]] = [[] for _ in range(sms)]  # launch indices of `active` (for `trace`)
+    ran: list[list[int]] = [[] for _ in range(sms)]  # launch indices, in the order each SM took them
+    ids: list[list[int]] = [[] for _ in range(sms)]  # launch indices of `active`
     now = 0.0
     since = [0.0] * sms  # the cycle each SM's residency last changed
 
     def take(s: int) -> None:
-        w, m, i = queue.pop()
+        w, i = queue.pop()
         active[s].append(w)
-        ran[s].append(m)
+        ran[s].append(i)
         ids[s].append(i)
         if trace is not None:
             trace.append([i, s, now, None])
@@ -314,10 +328,10 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
         for s in range(sms):
             if queue:
                 take(s)
-    left, what = len(queue), f"dispatching {len(mb):,} CTAs over {sms} SMs"
+    left, what = len(queue), f"dispatching {n:,} CTAs over {sms} SMs"
     if progress is not None:
-        progress.step(what, 0, len(mb))  # the step's clock starts
-    heap = [(min(a) * rates.per_round[len(a) - 1], s) for s, a in enumerate(active) if a]
+        progress.step(what, 0, n)  # the step's clock starts
+    heap = [(min(a) * per_round[len(a) - 1], s) for s, a in enumerate(active) if a]
     heapq.heapify(heap)
     end = 0.0
     while heap:
@@ -343,11 +357,11 @@ def dispatch(prob: Problem, rates: Rates, sms: int, extra_rounds: np.ndarray,
                     take(s)
         if progress is not None and len(queue) // PROGRESS_CTAS != left // PROGRESS_CTAS:
             left = len(queue)
-            progress.step(what, len(mb) - left, len(mb))
+            progress.step(what, n - left, n)
         end = max(end, t)
         for s in freed:
             if active[s]:
-                heapq.heappush(heap, (t + min(active[s]) * rates.per_round[len(active[s]) - 1], s))
+                heapq.heappush(heap, (t + min(active[s]) * per_round[len(active[s]) - 1], s))
     if residency is not None:
         residency[0] += sms * end - residency[1:].sum()
     return end, ran
