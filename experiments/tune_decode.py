@@ -8,7 +8,7 @@ reads for split-KV decoding (fa_hw.tuned_decode).
 TRAIN (the defaults): Nq 1, 8 heads, d = 128, fp16, caches of 3000, 12000 and 50000 keys, batch 2, 8, 32
 and 48 - disjoint from experiments/bench_decode.py's held-out rows (KV 4096-131072, batch 1, 4, 16,
 64), though they share decode classes (fa_hw.tuned_decode.DecodeClass: powers of two), which is what
-a class is for. For each shape, on random normal inputs on the device (fa_hw.tuned_decode.DecodeTimer,
+a class is for. For each shape, on random normal inputs on the device (fa_hw.splitkv.DecodeTimer,
 the cache full), every candidate of fa_hw.tuned_decode.decode_candidates(d) runs split-KV decoding
 with its own splits="auto" (the heuristic with that config's CTAs per SM), both launches timed
 together: --runs round-robin runs (hw_sets.round_robin), each the median of --reps CUDA-event-timed
@@ -59,7 +59,8 @@ def time_shape(batch: int, nk: int, d: int, args, candidates, sms: int) -> dict:
     from fa_sim.problem import Problem
 
     from fa_hw import runtime
-    from fa_hw.tuned_decode import DecodeClass, DecodeTimer
+    from fa_hw.splitkv import DecodeTimer
+    from fa_hw.tuned_decode import DecodeClass
 
     h, hk, nq = args.heads, args.heads_k, args.nq
     prob = Problem(batch, h, nq, nk, False, d ** -0.5, KernelConfig(head_dim=d), heads_k=hk)

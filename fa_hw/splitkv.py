@@ -10,13 +10,15 @@ count. `prepare_splitkv` returns a `SplitLaunchPlan` that can be launched and ti
 takes fa_hw.tuned_decode's config for the decode class on this GPU - its table, else a few
 candidates timed on these very inputs and cached per GPU and class - with the splits "auto" chooses
 for that config (`SplitLaunchPlan.source` says where the config came from). `launch_plan` builds the
-launches of a checked plan on device pointers (what fa_hw.tuned_decode's timer times).
+launches of a checked plan on device pointers; `DecodeTimer` times a candidate config through it (the timer
+fa_hw.tuned_decode.choose is handed: this module imports tuned_decode, never the other way).
 The workspace (o_accum, lse_accum) is written whole by the split kernel: not zeroed.
 """
 
 from __future__ import annotations
 
 import functools
+import statistics
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -184,7 +186,7 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
     if auto:
         from . import tuned_decode
 
-        timers = tuned_decode.decode_timer_factory(prob, splits, plan.cache_seqlens, pack_gqa, sms, ptrs, dev.stream)
+        timers = decode_timer_factory(prob, splits, plan.cache_seqlens, pack_gqa, sms, ptrs, dev.stream)
         choice = tuned_decode.choose(plan, device().name, device_arch(), timers)
         prob = validate.check_launch(replace(prob, config=validate.check_config(choice.config, prob.head_dim,
                                                                                 prob.config.dtype)))
@@ -195,3 +197,62 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
     sp = launch_plan(plan, ptrs, dev.stream, dev.keep, ctas)
     sp.dev, sp.source = dev, source
     return sp
+
+
+# ---- config="auto"'s timer (fa_hw.tuned_decode chooses, this times a candidate) ------------------
+class DecodeTimer:
+    """Times split-KV decoding of one problem (the caller's, fa_sim.problem.Problem with any config)
+    on the current GPU for a config: its splits chosen as `splits` says ("auto": for that config), both
+    launches, on given device pointers (q, k, v, o, lse in the caller's layout) or random inputs."""
+
+    def __init__(self, problem, splits, cache_seqlens, pack_gqa, num_sms: int, ptrs=None, stream=None):
+        from .autotune import DeviceTimer, Features
+
+        self.problem, self.splits, self.pack_gqa, self.num_sms = problem, splits, pack_gqa, int(num_sms)
+        self.cache_seqlens = np.asarray(cache_seqlens, np.int32)
+        self.arch = runtime.device_arch()
+        self.stream = runtime.own_stream() if stream is None else stream
+        self.keep: list = []
+        if ptrs is None:  # DeviceTimer's random normal inputs of [B*H, N, d] (the caller's [B, H, N, d])
+            p = problem
+            base = DeviceTimer((p.batch * p.heads, p.seqlen_q, p.seqlen_k, p.head_dim), False, None, self.stream,
+                                 Features(p.kv_group, dtype=p.config.dtype))
+            ptrs, self.keep = base.ptrs, base.keep
+        self.ptrs = tuple(ptrs)
+
+    def plan(self, config: KernelConfig):
+        """The checked split-KV plan of `config` (in the problem's dtype)."""
+        prob = validate.check_launch(replace(self.problem, config=replace(config, dtype=self.problem.config.dtype)))
+        return check_splitkv(prob, self.splits, self.cache_seqlens, self.num_sms, self.pack_gqa)
+
+    def compile(self, configs) -> None:
+        """The candidates' cubins the disk cache lacks, in parallel processes (fa_hw.autotune.DeviceTimer.compile)."""
+        import os
+
+        from fa_sim.contract.cubins import compile_many, is_cached
+
+        missing = [b for b in (split_build(self.plan(c).problem, self.arch) for c in configs) if not is_cached(b)]
+        if len(missing) > 1:
+            compile_many(missing, min(len(missing), os.cpu_count() or 1))
+
+    def launch_plan(self, config: KernelConfig):
+        """A SplitLaunchPlan of `config` on the timer's pointers (launch_plan)."""
+        return launch_plan(self.plan(config), self.ptrs, self.stream, [])
+
+    def __call__(self, config: KernelConfig) -> float:
+        from .autotune import BATCH_MS, MAX_REPS, MIN_REPS, WARMUP
+
+        sp = self.launch_plan(config)
+        first = sp.run(self.stream)  # loads the modules on the first round
+        reps = max(MIN_REPS, min(MAX_REPS, int(BATCH_MS / max(first, 1e-3))))
+        return statistics.median(sp.time(self.stream, WARMUP, reps))
+
+
+def decode_timer_factory(problem, splits, cache_seqlens, pack_gqa, num_sms: int, ptrs=None, stream=None):
+    """A fa_hw.autotune TimerFactory for decoding: the candidates compiled in parallel first, then
+    timed by a DecodeTimer."""
+    def factory(cls, shape, pool):
+        timer = DecodeTimer(problem, splits, cache_seqlens, pack_gqa, num_sms, ptrs, stream)
+        timer.compile(pool)
+        return timer
+    return factory

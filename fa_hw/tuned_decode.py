@@ -60,7 +60,6 @@ processes.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -257,69 +256,3 @@ def choose(plan, gpu: str, arch: str, timer_factory, directory: Path | None = No
     config, source = autotune.choose(want, gpu, arch, autotune_pool(want, directory), timer_factory, shape,
                                      fingerprint() if kernel is None else kernel)
     return Choice(replace(config, dtype=dtype), source)
-
-
-# ---- the GPU backend ---------------------------------------------------------------------------------
-class DecodeTimer:
-    """Times split-KV decoding of one problem (the caller's, fa_sim.problem.Problem with any config)
-    on the current GPU for a config: its splits chosen as `splits` says ("auto": for that config), both
-    launches, on given device pointers (q, k, v, o, lse in the caller's layout) or random inputs."""
-
-    def __init__(self, problem, splits, cache_seqlens, pack_gqa, num_sms: int, ptrs=None, stream=None):
-        from . import runtime
-        from .autotune import DeviceTimer, Features
-
-        self.problem, self.splits, self.pack_gqa, self.num_sms = problem, splits, pack_gqa, int(num_sms)
-        self.cache_seqlens = np.asarray(cache_seqlens, np.int32)
-        self.arch = runtime.device_arch()
-        self.stream = runtime.own_stream() if stream is None else stream
-        self.keep: list = []
-        if ptrs is None:  # DeviceTimer's random normal inputs of [B*H, N, d] (the caller's [B, H, N, d])
-            p = problem
-            base = DeviceTimer((p.batch * p.heads, p.seqlen_q, p.seqlen_k, p.head_dim), False, None, self.stream,
-                                 Features(p.kv_group, dtype=p.config.dtype))
-            ptrs, self.keep = base.ptrs, base.keep
-        self.ptrs = tuple(ptrs)
-
-    def plan(self, config: KernelConfig):
-        """The checked split-KV plan of `config` (in the problem's dtype)."""
-        from fa_sim import validate
-        from fa_sim.splitkv import check_splitkv
-
-        prob = validate.check_launch(replace(self.problem, config=replace(config, dtype=self.problem.config.dtype)))
-        return check_splitkv(prob, self.splits, self.cache_seqlens, self.num_sms, self.pack_gqa)
-
-    def compile(self, configs) -> None:
-        """The candidates' cubins the disk cache lacks, in parallel processes (fa_hw.autotune.DeviceTimer.compile)."""
-        import os
-
-        from fa_sim.contract.cubins import compile_many, is_cached
-        from fa_sim.splitkv import split_build
-
-        missing = [b for b in (split_build(self.plan(c).problem, self.arch) for c in configs) if not is_cached(b)]
-        if len(missing) > 1:
-            compile_many(missing, min(len(missing), os.cpu_count() or 1))
-
-    def launch_plan(self, config: KernelConfig):
-        """A SplitLaunchPlan of `config` on the timer's pointers (fa_hw.splitkv.launch_plan)."""
-        from .splitkv import launch_plan
-
-        return launch_plan(self.plan(config), self.ptrs, self.stream, [])
-
-    def __call__(self, config: KernelConfig) -> float:
-        from .autotune import BATCH_MS, MAX_REPS, MIN_REPS, WARMUP
-
-        sp = self.launch_plan(config)
-        first = sp.run(self.stream)  # loads the modules on the first round
-        reps = max(MIN_REPS, min(MAX_REPS, int(BATCH_MS / max(first, 1e-3))))
-        return statistics.median(sp.time(self.stream, WARMUP, reps))
-
-
-def decode_timer_factory(problem, splits, cache_seqlens, pack_gqa, num_sms: int, ptrs=None, stream=None):
-    """A fa_hw.autotune TimerFactory for decoding: the candidates compiled in parallel first, then
-    timed by a DecodeTimer."""
-    def factory(cls, shape, pool):
-        timer = DecodeTimer(problem, splits, cache_seqlens, pack_gqa, num_sms, ptrs, stream)
-        timer.compile(pool)
-        return timer
-    return factory

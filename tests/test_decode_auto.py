@@ -206,7 +206,7 @@ def test_prepare_splitkv_runs_the_chosen_config_with_its_own_splits(tmp_path, mo
             seen.update(problem=problem, splits=splits, lens=lens.tolist(), sms=n_sms, ptrs=ptrs)
             return lambda cls, shape, pool: (lambda c: 0.5 if c.tag == "m64n32d128w4-swizzled-s3" else 1.0)
 
-        monkeypatch.setattr(tuned_decode, "decode_timer_factory", factory)
+        monkeypatch.setattr(hs, "decode_timer_factory", factory)
         monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "cache"))
         lens = np.array([3000, 1200], np.int32)
         sp = hs.prepare_splitkv(q, k, v, config="auto", splits="auto", cache_seqlens=lens)
@@ -218,12 +218,12 @@ def test_prepare_splitkv_runs_the_chosen_config_with_its_own_splits(tmp_path, mo
 
 
 def test_decode_timer_plans_each_candidate_with_its_own_splits(monkeypatch):
-    """fa_hw.tuned_decode.DecodeTimer (the device stood in for): a candidate's plan is the caller's
+    """fa_hw.splitkv.DecodeTimer (the device stood in for): a candidate's plan is the caller's
     problem with that config (in the caller's dtype) and "auto"'s splits for it, GQA packed as the
     caller asked; the cubins it compiles first are the split builds (FA_SPLITKV) the cache lacks."""
     import fa_hw.runtime
     import fa_sim.contract.cubins as cubins
-    from fa_hw.tuned_decode import DecodeTimer
+    from fa_hw.splitkv import DecodeTimer
 
     monkeypatch.setattr(fa_hw.runtime, "device_arch", lambda: "sm_90")
     prob = Problem(4, 16, 1, 5000, False, 0.1, KernelConfig(head_dim=128, dtype="bf16"), heads_k=4)
