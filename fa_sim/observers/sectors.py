@@ -48,12 +48,16 @@ def _distinct(addr: np.ndarray, mask: np.ndarray, width: int, unit: int) -> np.n
     first, last = addr // unit, (addr + width - 1) // unit
     span = int((last - first).max(initial=0)) + 1  # units one lane's bytes cover (1 for aligned accesses)
     units = np.concatenate([np.where(last >= first + s, first + s, first) for s in range(span)], axis=-1)
-    on = np.concatenate([mask] * span, axis=-1)
-    units = np.where(on, units, -1)  # addresses are non-negative: -1 marks an inactive lane
-    units.sort(axis=-1)
-    new = np.ones(units.shape, bool)
-    new[..., 1:] = units[..., 1:] != units[..., :-1]
-    return (new & (units >= 0)).sum(-1).astype(np.int64)
+    return distinct_keys(units, np.concatenate([mask] * span, axis=-1))
+
+
+def distinct_keys(keys: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Distinct non-negative int64 `keys` among the `mask`ed entries of the last axis -> [...] int64."""
+    keys = np.where(mask, keys, -1)  # keys are non-negative: -1 marks an inactive lane
+    keys.sort(axis=-1)
+    new = np.ones(keys.shape, bool)
+    new[..., 1:] = keys[..., 1:] != keys[..., :-1]
+    return (new & (keys >= 0)).sum(-1).astype(np.int64)
 
 
 @dataclass(frozen=True)

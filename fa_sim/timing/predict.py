@@ -773,6 +773,7 @@ class CopyPieces:
 
     def on_instr(self, event) -> None:
         from ..events import Op
+        from ..observers.sectors import distinct_keys
 
         if event.op is not Op.LDGSTS or event.gmem is None or event.smem is None:
             return
@@ -780,8 +781,8 @@ class CopyPieces:
         dst = np.asarray(event.smem.addr, np.int64) // 32
         mask = (np.asarray(event.smem.mask, bool) & np.asarray(event.active, bool)[None]
                 & np.asarray(event.gmem.mask, bool))
-        self.fetches += _distinct(np.where(mask, (src << 16) | dst, -1))  # shared memory: < 2**21 bytes
-        self.sectors += _distinct(np.where(mask, src, -1))
+        self.fetches += int(distinct_keys((src << 16) | dst, mask).sum())  # shared memory: < 2**21 bytes
+        self.sectors += int(distinct_keys(src, mask).sum())
 
     def charge(self, memory: dict) -> dict:
         """The run's global counts with each cp.async request's sectors scaled by its fetches over
@@ -797,10 +798,3 @@ class CopyPieces:
         return {**memory, "LDGSTS": dataclasses.replace(c, sectors=round(c.sectors + extra),
                                                           lines=round(c.lines + extra * SECTOR / LINE))}
 
-
-def _distinct(keys: np.ndarray) -> int:
-    """Distinct non-negative keys along the last axis, summed over the others."""
-    keys = np.sort(keys, axis=-1)
-    new = np.ones(keys.shape, bool)
-    new[..., 1:] = keys[..., 1:] != keys[..., :-1]
-    return int((new & (keys >= 0)).sum())

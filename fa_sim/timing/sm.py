@@ -90,8 +90,6 @@ _NINF = -_INF
 _HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
 _CODE = {r: i for i, r in enumerate(REASONS)}
 _SELECTED, _NOT_SELECTED = _CODE["selected"], _CODE["not_selected"]
-_C_BARRIER, _C_LONG, _C_SHORT, _C_WAIT = _CODE["barrier"], _CODE["long_scoreboard"], _CODE["short_scoreboard"], _CODE["wait"]
-_C_MATH, _C_MIO, _C_LG = _CODE["math_pipe_throttle"], _CODE["mio_throttle"], _CODE["lg_throttle"]
 _GONE = len(REASONS)  # a warp that left: `ones`' slot past REASONS', never added to the stalls
 
 
@@ -266,8 +264,6 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
     # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
     ones = [0] * (len(REASONS) + 1)
-    extras = bool(in_turn or timeline is not None or marks)  # an issue's bookkeeping besides the plain run's
-    held = _HELD  # (read once: tests/test_timing_steady.py empties it to ask every cycle)
     while live:
         if not first:
             while events and events[0][0] <= t:
@@ -297,41 +293,18 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                         ones[w.code] += 1  # that left: counted in the slot past REASONS' (never added)
                         continue
                     st = w.stream[w.pc]  # no reason held, or the held one's wait or throttle may have ended
-                    # _blocked(w, st, t, pipes, state, gpu) inlined, its checks in its order: the reason r, its
-                    # code and the cycle from which it is asked again (its wake: see _Warp) where it is held
-                    if w.at_bar:
-                        r, code, wake = "barrier", _C_BARRIER, _INF
-                    else:
-                        r = None
-                        if st.sync is _DEPBAR:
-                            if w.sb[0] > st.depbar_n:
-                                r, code, wake = "long_scoreboard", _C_LONG, _INF
-                        elif st.wait_mask:
-                            sb = w.sb
-                            for b in st.waits:
-                                if sb[b]:
-                                    r, code, wake = (("long_scoreboard", _C_LONG, _INF) if w.long_sb >> b & 1 else
-                                                     ("short_scoreboard", _C_SHORT, _INF))
-                                    break
-                        if r is None:
-                            if t < w.ready:
-                                r, code, wake = "wait", _C_WAIT, w.ready
-                            elif pipes[st.slot] > t:
-                                r, code, wake = (("mio_throttle", _C_MIO, _NINF) if st.is_mio or st.slot == _XU and in_turn
-                                                 else ("math_pipe_throttle", _C_MATH, pipes[st.slot]))
-                            elif st.atomic and state["atomic_free"] - t > gpu.atomic_queue:
-                                r, code, wake = "lg_throttle", _C_LG, _NINF
-                            elif st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue:
-                                r, code, wake = "mio_throttle", _C_MIO, _NINF
-                            else:
-                                w.why = None
-                                w.wake = _NINF
-                                ready += 1
-                                if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
-                                    pick = w
-                                continue
-                    if r in held:
-                        w.why, w.code, w.wake = r, code, wake
+                    r = _blocked(w, st, t, pipes, state, gpu)
+                    if r is None:
+                        w.why = None
+                        w.wake = _NINF
+                        ready += 1
+                        if pick is None or w is ls:  # the greedy warp, else the oldest (or the next in turn)
+                            pick = w
+                        continue
+                    if r in _HELD:
+                        w.why = r
+                        w.code = _CODE[r]
+                        w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
                     else:
                         w.why = None
                         w.wake = _NINF
@@ -357,17 +330,16 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             pick = w
                             break
             if pick is not None:
-                if extras:  # (one test where none of the three is on)
-                    if in_turn:
-                        if pick is not ls:
-                            ring[s] = by_smsp[s].index(pick) + 1
-                        if pick.stream[pick.pc].is_mio:
-                            turn = (s + 1) % N_SMSP
-                    if timeline is not None:
-                        st = pick.stream[pick.pc]
-                        timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
-                    if marks and pick.pc in marks and pick is pick.cta.warps[0]:
-                        pick.cta.marked.append(t)
+                if in_turn:
+                    if pick is not ls:
+                        ring[s] = by_smsp[s].index(pick) + 1
+                    if pick.stream[pick.pc].is_mio:
+                        turn = (s + 1) % N_SMSP
+                if timeline is not None:
+                    st = pick.stream[pick.pc]
+                    timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
+                if marks and pick.pc in marks and pick is pick.cta.warps[0]:
+                    pick.cta.marked.append(t)
                 if periodic is not None and pick is warps[0]:
                     if pick.stream is not anchored[0]:  # the oldest warp's anchor, looked up when it changes
                         anchored = (pick.stream, periodic.anchor(pick.stream))
