@@ -31,7 +31,7 @@ from fa_sim.checkpoints import checkpoint_selection, selection_map
 from fa_sim.splitkv import (COMBINE_KERNEL, COMBINE_PATH, COMBINE_THREADS, SplitPlan, check_splitkv, checkpoint_layout,
                             combine_macros, split_build, workspace_shapes)
 
-from . import runtime
+from . import runtime, tuned_decode
 from .device import device, device_arch
 from .device import short as _short
 from .errors import CompileError, KernelFault
@@ -184,8 +184,6 @@ def prepare_splitkv(q, k, v, causal=False, scale=None, config=None, *, window=No
     ptrs = (dev.q_ptr, dev.k_ptr, dev.v_ptr, dev.o_ptr, dev.lse_ptr)
     source = None
     if auto:
-        from . import tuned_decode
-
         timers = decode_timer_factory(prob, splits, plan.cache_seqlens, pack_gqa, sms, ptrs, dev.stream)
         choice = tuned_decode.choose(plan, device().name, device_arch(), timers)
         prob = validate.check_launch(replace(prob, config=validate.check_config(choice.config, prob.head_dim,
