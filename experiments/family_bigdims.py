@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                   f"{', '.join(sm90_only(d)) or 'none'}", ""]
     if shapes:
         from fa_sim.problem import Problem
-        from fa_sim.timing.predict import predict
+        from fa_sim.timing import predict
 
         pick = tags if tags is not None else [t for t, (c, u) in rows.items()
                                               if not u.spills and not c.q_in_regs and not c.poly_exp]

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 from fa_sim.config import KernelConfig  # noqa: E402
 from fa_sim.problem import Problem  # noqa: E402
 from fa_sim.timing.gpus import H200  # noqa: E402
-from fa_sim.timing.predict import kernel_model, predict  # noqa: E402
+from fa_sim.timing import predict  # noqa: E402
+from fa_sim.timing.predict import kernel_model  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "h200" / "timing_ncu.json"
 REASONS = ("wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle", "mio_throttle",

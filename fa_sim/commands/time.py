@@ -192,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  predicted kernel time   {pred.kernel_ms:.4f} ms   ({pred.tflops:.1f} TFLOP/s)")
     print(f"  limiter                 {pred.limiter}")
     print(f"  launch shape            {pred.notes['launch']}")
+    if pred.notes.get("timed_as") == "launch":
+        print(f"  why not the probes      {pred.notes['why']}")
     print(f"  occupancy               {pred.occupancy} CTAs per SM, {pred.achieved_occupancy:.0%} of the SM's warps "
           "achieved")
     print(f"  issue slots used        {pred.issue_slots:.0%}")

@@ -13,15 +13,17 @@ warp's SASS stream from its path in the functional run: any control flow) and `l
 (`predict_launch`: any kernel the PTX engine runs, one CTA per declared path class on the engine, the
 busiest SM timed), `backward`
 (`predict_backward`: the backward pass's three launches, each through predict_launch), `launches`
-(`predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's two, likewise);
+(`predict`: a dense launch from the probes of `predict`, or as one launch through predict_launch where
+they cannot follow the build; `predict_varlen`, `predict_splitkv`: a packed batch's launch and split-KV's
+two, likewise);
 `pool` (a cold prediction's independent pieces over a few forked worker processes).
 """
 
 from .gpus import GPUS, GpuModel, gpu_model
 from .backward import BackwardPrediction, predict_backward, predict_backward_seeded
 from .launch import predict_launch
-from .launches import LaunchesPrediction, predict_splitkv, predict_varlen
-from .predict import Prediction, predict
+from .launches import LaunchesPrediction, predict, predict_splitkv, predict_varlen
+from .predict import Prediction
 
 
 def predict_time(batch: int | None, heads: int, seqlen_q: int | None, seqlen_k: int | None = None,

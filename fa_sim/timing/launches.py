@@ -1,10 +1,23 @@
-"""The predicted time of the forward features that are not one plain launch: packed variable-length
-batches (fa_sim.varlen) and split-KV decoding (fa_sim.splitkv), each launch timed by
-`predict_launch` like the backward's (fa_sim/timing/backward.py).
+"""The predicted time of the forward launches that are not the probe model's (fa_sim.timing.predict):
+packed variable-length batches (fa_sim.varlen), split-KV decoding (fa_sim.splitkv) and a dense
+launch whose build the probes cannot follow, each launch timed by `predict_launch` like the
+backward's (fa_sim/timing/backward.py).
 
     pred = fa_sim.timing.predict_splitkv(plan)          # a fa_sim.splitkv.SplitPlan
     pred = fa_sim.timing.predict_varlen(problem)         # a packed fa_sim.Problem (make_varlen_problem)
     pred.kernel_ms, pred.kernels["fa2_combine_kernel"].limiter
+    pred = predict_dense(problem, "h200", kernel, why)   # fa_sim.timing.predict's way past a StreamMismatch
+
+`predict_dense`: fa_sim.timing.predict times a dense launch from probes of a few rounds
+(fa_sim.timing.stream), which assume the kernel's shape: one K/V loop whose rounds repeat, masked
+rounds that branch like the probe's, a window build that compiles like its wide twin. Where a build
+breaks one of those (a StreamMismatch: an edit that rolls a loop or repeats work in a way the probes
+cannot count, a window with a side of 0), predict times the same launch as any launch instead: the
+build with the problem's features, grid (Q blocks, B x H), one representative CTA per Q block on
+the PTX engine (grid y, the batch-head, changes no path: the mask and the rounds depend on the Q
+block alone), every warp's own path walked through the build's SASS, the busiest SM timed. Slower
+cold than the probes on long sequences (every Q block's whole loop runs once on the engine), and
+nothing in it assumes the kernel's shape.
 
 The launches are the simulator's: split-KV's are fa_sim.splitkv.splitkv_launches (fa2_fwd.cu built
 with FA_SPLITKV on grid (Q blocks, B*H, splits), then fa2_combine.cu when splits > 1); a packed batch
@@ -23,6 +36,8 @@ cost.MAX_SECONDS, in one line naming the limit in K/V rounds.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +45,8 @@ import numpy as np
 from .cost import MAX_SECONDS
 from .gpus import GpuModel, gpu_model
 from .launch import MAX_SM_INSTRUCTIONS, predict_launch
+from .predict import Prediction, predict_probed
+from .stream import StreamMismatch
 
 # Warp instructions of one CTA-round (one K/V tile of one CTA) of fa2_fwd.cu, per 64 x 64 tile:
 # ROUND_BASE + ROUND_PER_D * head_dim (fitted on the seed tiles at head_dim 32-256 with predict_launch:
@@ -92,6 +109,73 @@ def _host_inputs(shapes, dtype: str, seed: int):
     if dtype == "bf16":
         draw = [round_to_bf16(x) for x in draw]
     return [check_input(x, n).host_half(dtype) for x, n in zip(draw, ("q", "k", "v"))]
+
+
+def predict(prob, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False, ctas_per_sm: int | None = None,
+            progress: bool | None = None) -> Prediction:
+    """The kernel time of the dense launch `prob` on `gpu` (fa_sim.timing.predict): from the probes
+    (predict.predict_probed, whose docstring says what each argument takes and what is refused), or,
+    where they cannot follow the build (a StreamMismatch), as any launch (predict_dense, the module
+    docstring), with a line on stderr unless `progress` is False. `exact` and `ctas_per_sm` need the
+    probes: with them a StreamMismatch stays an error."""
+    try:
+        return predict_probed(prob, gpu, kernel, exact, ctas_per_sm, progress)
+    except StreamMismatch as why:
+        if exact or ctas_per_sm is not None:
+            raise StreamMismatch(f"{why}; exact= and ctas_per_sm= need the probe model (without them the launch is "
+                                 "timed as any launch)") from None
+        if progress is not False:
+            print(f"fa_sim.timing: {why}; timed as any launch instead (fa_sim.timing.predict_launch)", file=sys.stderr,
+                  flush=True)
+        return predict_dense(prob, gpu, kernel, str(why))
+
+
+def _seeded_first(shape, dtype: str, rng) -> np.ndarray:
+    """A 16-bit host array of `shape` ([B, H, N, d]) whose first batch-head holds SEED_TILE seeded
+    standard-normal draws, repeated, and the rest zeros (fa_sim.timing.backward.seeded_backward_inputs'
+    rule: the representative CTAs read batch-head 0; zeros' pages are never written)."""
+    from ..isa.convert import f32_to_bf16_rn
+    from .backward import SEED_TILE
+
+    x = rng.standard_normal(SEED_TILE).astype(np.float32)
+    x = f32_to_bf16_rn(x) if dtype == "bf16" else x.astype(np.float16)
+    out = np.zeros(shape, x.dtype)
+    first = out.reshape(shape[0] * shape[1], -1)[0]  # batch-head 0 (a view)
+    first[:] = np.resize(x, first.shape)
+    return out
+
+
+def predict_dense(prob, gpu: GpuModel | str = "h200", kernel=None, why: str = "", seed: int = 0) -> Prediction:
+    """The predicted time of the dense launch of `prob` (not packed) timed as any launch (the module
+    docstring): the build KernelBuild.of(prob) of fa2_fwd.cu or the variant `kernel`, on seeded inputs.
+    `why`: what made the probe model give way (kept in the notes and printed by `fa time`)."""
+    from ..contract import KernelBuild, kernel_source
+    from ..contract.source import KERNEL_NAME
+
+    if prob.varlen:
+        raise ValueError("predict_dense takes a dense problem; a packed one: predict_varlen")
+    gpu = gpu_model(gpu)
+    cfg = prob.config
+    rounds = prob.rounds_per_cta(np.arange(prob.n_ctas))  # launch order (heavy_first reverses it)
+    check_size(cfg, rounds, gpu, f"{cfg.tag} on (B, H, Nq, Nk) = ({prob.batch}, {prob.heads}, {prob.seqlen_q}, "
+               f"{prob.seqlen_k}) as one launch", "lower the batch, the heads or the sequence lengths")
+    rng = np.random.default_rng(seed)
+    b, h, hk, d = prob.batch, prob.heads, prob.heads_k, prob.head_dim
+    q = _seeded_first((b, h, prob.seqlen_q, d), cfg.dtype, rng)
+    k, v = (_seeded_first((b, hk, prob.seqlen_k, d), cfg.dtype, rng) for _ in range(2))
+    o, lse = np.zeros(q.shape, np.uint16), np.zeros((b, h, prob.seqlen_q), np.float32)
+    args = [q, k, v, o, lse, np.int32(prob.seqlen_q), np.int32(prob.seqlen_k), np.float32(prob.scale)]
+    src = kernel_source(kernel)
+    per_cta = (rounds + SETUP_ROUNDS) * round_instructions(cfg)
+    pred = predict_launch(src.text, prob.launch_grid, (cfg.n_threads, 1, 1), args, cfg.smem_bytes, gpu,
+                          kernel=KERNEL_NAME, macros=KernelBuild.of(prob, gpu.arch).macros(), name=str(src.origin),
+                          uniform_axes=(1,), args_key=f"predict_dense:v1:{seed}:{cfg.dtype}:{q.shape}:{k.shape}",
+                          copy_args=False, cta_instructions=per_cta)
+    ms = pred.kernel_ms
+    launch = (f"{prob.n_ctas:,} CTAs, {pred.occupancy} per SM, timed as any launch (fa_sim.timing.predict_launch: "
+              "the busiest SM, one engine run per Q block)")
+    return dataclasses.replace(pred, tflops=prob.flops / (ms * 1e-3) / 1e12,
+                               notes={**pred.notes, "launch": launch, "timed_as": "launch", "why": why})
 
 
 def splitkv_cta_rounds(plan) -> np.ndarray:

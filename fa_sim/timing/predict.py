@@ -413,10 +413,11 @@ PROGRESS_CTAS = 4096  # dispatch tells its progress every this many CTAs
 EXACT_MAX_CTA_ROUNDS = 20000  # per SM-queue sum, above which exact=True is refused (minutes of CPU)
 
 
-def predict(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False,
-            ctas_per_sm: int | None = None, progress: bool | None = None) -> Prediction:
-    """The kernel time of `prob` on `gpu`; `exact`: time every CTA on its SM instead of the
-    representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
+def predict_probed(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False,
+                   ctas_per_sm: int | None = None, progress: bool | None = None) -> Prediction:
+    """The kernel time of `prob` on `gpu` from the probes (fa_sim.timing.stream), or a StreamMismatch
+    where they cannot follow the build (fa_sim.timing.predict, in launches.py, then times it as any
+    launch); `exact`: time every CTA on its SM instead of the representative CTAs (small shapes only); `ctas_per_sm`: the occupancy forced below the kernel's
     own, as launching it with more dynamic shared memory than it uses does on the GPU
     (experiments/timing_occupancy.py; None: the kernel's own). Arguments are checked first: prob a
     Problem within the launch limits (fa_sim.validate.check_launch), gpu a GpuModel or a key of GPUS,
@@ -693,9 +694,7 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, fea
     if features.window != features.probe_window and not same_structure(program, probe_program(config, causal, kernel,
                                                                                                features)):
         raise StreamMismatch(f"{config.tag}: window {features.window} compiles to other PTX than its wide twin "
-                             f"{features.probe_window} (not only other constants), so the probes cannot run it; the "
-                             f"timing model takes windows whose twin compiles alike (each bounded side a multiple of "
-                             f"block_n={config.block_n} does, docs/timing.md)")
+                             f"{features.probe_window} (not only other constants), so the probes cannot run it")
     graph = SassGraph(text, KERNEL_NAME)
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),

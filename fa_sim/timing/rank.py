@@ -63,7 +63,7 @@ def rank(candidates: tuple[KernelConfig, ...], seqlen_k: int, causal: bool, gpu:
     from ..cache import cache_root, read_text_entry, store_atomic
     from ..simulate import PROGRESS_MIN_SECONDS
     from .cost import Progress
-    from .predict import predict
+    from .launches import predict
 
     if gpu not in GPUS:
         raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}")
