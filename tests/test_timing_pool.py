@@ -110,3 +110,23 @@ def test_a_dead_worker_or_no_pool_costs_time_not_the_result(monkeypatch, capsys)
     monkeypatch.setattr(multiprocessing, "get_context", no_fork)
     assert pool.pmap(lambda i: i, 4, 2) == [0, 1, 2, 3]
     assert "could not start" in capsys.readouterr().err
+
+
+def test_config_auto_ranks_its_candidates_on_workers_as_in_turn(tmp_path, monkeypatch):
+    """fa_sim.timing.rank (config auto without a table entry) predicts its candidates on forked workers:
+    two candidates at Nk = 256, cold, with FLASHSIM_TIMING_WORKERS=2 and 1, the same times to the last bit,
+    and the two-worker ranking ran as one pmap of 2 pieces on 2 workers."""
+    from fa_sim.timing.rank import family_candidates, rank
+
+    cands = tuple(family_candidates(64)[:2])
+    got = {}
+    for workers in ("2", "1"):
+        rank.cache_clear()
+        monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / workers))
+        monkeypatch.setenv(pool.ENV, workers)
+        seen = _calls(monkeypatch)
+        got[workers] = [(r.config, r.kernel_ms) for r in rank(cands, 256, False, "h200")]
+        assert (2, int(workers)) in seen, seen
+        monkeypatch.undo()
+    rank.cache_clear()
+    assert got["2"] == got["1"] and {c for c, _ in got["1"]} == set(cands)

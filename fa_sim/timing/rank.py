@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..config import KernelConfig, SmemLayout
 from ..problem import Problem
+from . import pool
 from .gpus import GPUS
 
 RANK_SHAPE = (4, 16)  # batch and heads of the problem each candidate is timed on: several waves on an H200
@@ -88,10 +89,17 @@ def rank(candidates: tuple[KernelConfig, ...], seqlen_k: int, causal: bool, gpu:
               f"about {seconds:.0f} s the first time (each candidate's compile, functional probes and SM runs), "
               "then cached on disk", file=sys.stderr, flush=True)
     meter = Progress(show)
-    out = []
-    for i, p in enumerate(problems):
-        meter.step(f"ranking {len(candidates)} candidate configs", i, len(candidates))
-        out.append(Ranked(p.config, predict(p, gpu, progress=False).kernel_ms))
+    finished = []
+
+    def done(i, _) -> None:
+        finished.append(i)
+        meter.step(f"ranking {len(candidates)} candidate configs", len(finished), len(candidates))
+
+    meter.step(f"ranking {len(candidates)} candidate configs", 0, len(candidates))
+    # the candidates are independent: on a few forked workers (fa_sim.timing.pool), the same times as in turn
+    ms = pool.pmap(lambda i: predict(problems[i], gpu, progress=False).kernel_ms, len(problems),
+                   pool.workers(len(problems), seconds), done)
+    out = [Ranked(p.config, x) for p, x in zip(problems, ms)]
     store_atomic(path, json.dumps([r.kernel_ms for r in out]).encode())
     return tuple(sorted(out, key=lambda r: r.kernel_ms))
 
