@@ -90,6 +90,22 @@ def test_pmap_keeps_index_order_and_raises_a_pieces_error():
         pool.pmap(bad, 5, 2)
 
 
+def test_pmap_with_sizes_starts_the_largest_pieces_first():
+    """Longest processing time first: on 2 workers the pieces of sizes 5 and 4 start first and the one of
+    size 1 last, the results still in index order (the SM model's passes: time_sm gives their work)."""
+    import time
+
+    def piece(i):
+        began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+        time.sleep(0.3)
+        return i, began
+
+    out = pool.pmap(piece, 5, 2, sizes=[1, 5, 2, 4, 3])
+    assert [i for i, _ in out] == list(range(5))
+    started = [i for i, _ in sorted(out, key=lambda r: r[1])]
+    assert set(started[:2]) == {1, 3} and started[-1] == 0, started
+
+
 def test_a_dead_worker_or_no_pool_costs_time_not_the_result(monkeypatch, capsys):
     import os
     import signal

@@ -604,7 +604,7 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
             print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                   file=sys.stderr, flush=True)
     with _Heartbeat(f"the SM model of {what}", progress):
-        pool.pmap(one_pass, len(items), n_proc, done)
+        pool.pmap(one_pass, len(items), n_proc, done, sizes=[sum(sizes[c] for c in head) for head, _ in items])
     if chunks is None:
         run = memo[runs[0]]
         return run, simulated, False, np.subtract(run.done_at, run.started_at)

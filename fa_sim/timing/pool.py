@@ -87,10 +87,12 @@ def _call(i: int):
     return _work(i)
 
 
-def pmap(fn: Callable, n: int, n_workers: int, done: Callable | None = None) -> list:
+def pmap(fn: Callable, n: int, n_workers: int, done: Callable | None = None, sizes=None) -> list:
     """[fn(0), ..., fn(n - 1)], computed on `n_workers` forked processes when more than 1, else
     here; `done(i, result)` is called here as each piece finishes (in the order they finish: for
-    progress; the result list is in index order whatever that order)."""
+    progress; the result list is in index order whatever that order). `sizes`: each piece's
+    estimated work, where known; the workers then take the largest first (longest processing time
+    first: the last pieces end together instead of one long piece starting last)."""
     global _work
 
     results: list = [None] * n
@@ -112,7 +114,8 @@ def pmap(fn: Callable, n: int, n_workers: int, done: Callable | None = None) -> 
             try:
                 pool = ProcessPoolExecutor(min(n_workers, n), mp_context=multiprocessing.get_context("fork"),
                                            initializer=_mark_worker)
-                pending = {pool.submit(_call, i): i for i in range(n)}  # forks every worker at the first submit
+                order = range(n) if sizes is None else sorted(range(n), key=lambda i: (-sizes[i], i))
+                pending = {pool.submit(_call, i): i for i in order}  # forks every worker at the first submit
             except (OSError, ValueError) as exc:  # no fork start method; no process or pipe to be had
                 why = f"the worker processes could not start ({type(exc).__name__}: {exc})"
             while pending and why is None:
