@@ -124,7 +124,7 @@ def test_fa_time_takes_the_feature_options(capsys):
     assert out["features"] == ["heads_k=2", "window=(128, 64)", "softcap=20"]
 
 
-def test_a_window_whose_twin_compiles_otherwise_is_timed_as_any_launch(capsys):
+def test_a_window_whose_twin_compiles_otherwise_is_timed_as_any_launch(capsys, tmp_path):
     """(96, 32) and a side of 0 (FlashAttention's causal local window) compile otherwise than their wide
     twins: the probes cannot run them, so predict times the launch through predict_launch, and says so."""
     from fa_sim.cli import main
@@ -136,6 +136,12 @@ def test_a_window_whose_twin_compiles_otherwise_is_timed_as_any_launch(capsys):
     assert main(["time", "--seqlen", "700", "--heads", "2", "--window", "128,0"]) == 0
     text = capsys.readouterr().out
     assert "why not the probes      m64n64d64w4-swizzled: window (128, 0) compiles to other PTX" in text, text
+    assert main(["time", "--seqlen", "700", "--heads", "2", "--window", "128,0", "--perfetto",
+                 str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("fa time: error: --perfetto draws the probe model's SM run, and this launch was timed as any "
+                          "launch"), err
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_dense_launch_agrees_with_the_probes_where_both_run():

@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     prob = launch_problem(args, prob)
     check_cost(args, prob)
     pred = _of_kernel(kernel, predict, prob, args.gpu, kernel)
+    if perfetto is not None and pred.notes.get("timed_as") == "launch":
+        raise UsageError("--perfetto draws the probe model's SM run, and this launch was timed as any launch "
+                         f"(fa_sim.timing.predict_launch, which writes no timeline): {pred.notes['why']}")
     if perfetto is not None:
         write_text(perfetto.path, json.dumps(_of_kernel(kernel, issue_timeline, prob, args.gpu, kernel)))
         print(f"wrote {perfetto.path}", file=sys.stderr)
