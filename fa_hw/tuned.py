@@ -122,16 +122,19 @@ CANDIDATES.update({
 })
 # Tiles of more than 163 KiB of shared memory (sm_90 only: 227 KiB per CTA; fa_sim.config.smem_limit_bytes):
 # 8 warps of 16 rows with K/V pipelined three (d = 192) or two (d = 256) stages deep, or 128 keys per
-# round at d = 256; one CTA per SM. The timing model's nearest to the H100's winners at (4, 16, 4096, d)
-# non-causal (docs/head_dims.md, "sm_90's larger tiles"). autotune_candidates adds them after the
-# heuristic's tile where the arch fits them; candidates() (tune_hw.py) times them with the rest.
+# round at d = 256; one CTA per SM. The timing model's fastest of them at (4, 16, 4096, d) on the H200
+# model (docs/head_dims.md, "sm_90's larger tiles"): at 192 m128n64d192w8-s3-qr-dp 2.663 ms non-causal
+# against auto's 2.901, at 256 none under auto's 3.610 (m128n128d256w8-ls 3.675). autotune_candidates
+# adds them after the heuristic's tile where the arch fits them; candidates() (tune_hw.py) times them
+# with the other sm_90-only tiles below and, at 192, q_in_regs + defer_pv on two stages, which fits
+# sm_80 too (the model's fastest at 192: 2.582 ms).
 BIG_TILES = {
-    192: ("m128n64d192w8-swizzled-s3-dp", "m128n64d192w8-swizzled-s2-pp-ls"),
+    192: ("m128n64d192w8-swizzled-s3-qr-dp", "m128n64d192w8-swizzled-s3-dp"),
     256: ("m128n128d256w8-swizzled-ls", "m128n64d256w8-swizzled-s2-dp"),
 }
-for _d, _tags in BIG_TILES.items():
-    CANDIDATES[_d] += _tags + {192: ("m128n64d192w8-swizzled-s3-pp", "m64n128d192w4-swizzled-s2"),
-                               256: ("m128n128d256w8-swizzled", "m128n64d256w8-swizzled-s2-pp-ls")}[_d]
+CANDIDATES[192] += BIG_TILES[192] + ("m128n64d192w8-swizzled-s2-pp-ls", "m64n128d192w4-swizzled-s2",
+                                     "m128n64d192w8-swizzled-s2-qr-dp")
+CANDIDATES[256] += BIG_TILES[256] + ("m128n128d256w8-swizzled", "m128n64d256w8-swizzled-s2-pp-ls")
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
              128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4),
