@@ -54,6 +54,10 @@ It adds no unmeasured schedule option. The default of fa_hw.forward stays the se
 head_dim 96, 160, 192, 256 (issue 38, no measurements yet): FlashAttention-2's sm80 forward tiles
 where they compile without register spills (docs/head_dims.md): 128 x 64 of 4 warps at 96, 128 x 32
 of 4 warps at 160, 128 x 64 of 8 warps at 192 and 256; the autotuner times CANDIDATES[d] for them.
+
+Every candidate list is for an arch (the GPU's, the modelled GPU's; TABLE_ARCH, sm_90, by default) and
+holds only configs whose shared memory fits it (KernelConfig.fits: 163 KiB per CTA on sm_80, 227 KiB
+on sm_90); on sm_90 the autotuner's pool adds BIG_TILES at head_dim 192 and 256.
 """
 
 from __future__ import annotations
