@@ -222,6 +222,23 @@ def test_a_tile_too_big_for_the_target_is_refused_before_any_work(capsys):
     assert len(err) == 1 and f"--gpu a100: config {BIG} needs 196608 bytes" in err[0] and "sm_80's limit" in err[0]
 
 
+def test_the_tuned_candidates_fit_the_arch():
+    """fa_hw.tuned's pools hold only configs that fit the arch; sm_90's adds BIG_TILES after sm_80's."""
+    from dataclasses import replace
+
+    from fa_hw import tuned
+
+    for d in (192, 256):
+        for causal in (False, True):
+            sm80 = tuned.autotune_candidates(d, causal, 4096, arch="sm_80")
+            sm90 = tuned.autotune_candidates(d, causal, 4096, arch="sm_90")
+            big = [replace(KernelConfig.from_tag(t), heavy_first=causal) for t in BIG_TILES[d]]
+            assert all(c.fits("sm_80") for c in sm80) and not any(c.fits("sm_80") for c in big)
+            assert sm90 == sm80 + big and sm90 == tuned.autotune_candidates(d, causal, 4096)  # sm_90 by default
+            timed = tuned.candidates(d, causal, "sm_80")
+            assert all(c.fits("sm_80") for c in timed) and set(big) <= set(tuned.candidates(d, causal)) - set(timed)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_an_sm90_tile_runs_on_the_ptx_engine_as_the_program(causal):
     """The PTX engine runs the PTX whatever the target; m128n128d256w8 (spec schedule, sm_90 only) on
