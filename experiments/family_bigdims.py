@@ -30,40 +30,42 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from fa_sim.config import KernelConfig
+from fa_sim.config import KernelConfig, smem_limit_bytes
 from fa_sim.contract import KernelBuild
 from fa_sim.contract.cubins import compile_build
 from fa_sim.contract.occupancy import min_blocks_per_sm
 
 H100_SMEM_PER_SM = 228 * 1024
-H100_SMEM_PER_CTA = 227 * 1024  # the opt-in limit; KernelConfig's is SM80's 163 KiB
+H100_SMEM_PER_CTA = smem_limit_bytes("sm_90")  # the opt-in limit, 227 KiB (sm_80: 163 KiB)
 REGISTER_FILE, RESERVED = 65536, 1024
 
 
-def family(head_dim: int) -> list[KernelConfig]:
-    """Every accepted config of the options the module docstring lists."""
+def family(head_dim: int, arch: str = "sm_80") -> list[KernelConfig]:
+    """Every accepted config of the options the module docstring lists that fits `arch`'s shared
+    memory (sm_80 by default: the sweep recorded in family_bigdims_sm90.md)."""
     out = []
     for m, w, n, s, ls, qr, dp, pp, e in itertools.product((64, 128), (4, 8), (32, 64, 128), (1, 2, 3), (False, True),
                                                            (False, True), (False, True), (False, True), (0, 1)):
         try:
-            out.append(KernelConfig(block_m=m, block_n=n, head_dim=head_dim, n_warps=w, kv_stages=s, lazy_sum=ls,
-                                    q_in_regs=qr, defer_pv=dp, pingpong=pp, poly_exp=e))
+            cfg = KernelConfig(block_m=m, block_n=n, head_dim=head_dim, n_warps=w, kv_stages=s, lazy_sum=ls,
+                               q_in_regs=qr, defer_pv=dp, pingpong=pp, poly_exp=e)
         except ValueError:
             continue
+        if cfg.fits(arch):
+            out.append(cfg)
     return out
 
 
 def sm90_only(head_dim: int) -> list[str]:
-    """Tiles (no options) refused only by the SM80 shared-memory limit that fit an H100's 227 KiB."""
+    """Tiles (no options) over sm_80's 163 KiB of shared memory per CTA that fit sm_90's 227 KiB."""
     out = []
     for m, w, n, s in itertools.product((64, 128), (4, 8), (32, 64, 128), (1, 2, 3)):
         try:
-            KernelConfig(block_m=m, block_n=n, head_dim=head_dim, n_warps=w, kv_stages=s)
-        except ValueError as exc:
-            if "shared memory" in str(exc) and "accumulator" not in str(exc):
-                smem = 2 * (m + 2 * s * n) * head_dim
-                if smem <= H100_SMEM_PER_CTA and m % (16 * w) == 0:
-                    out.append(f"m{m}n{n}d{head_dim}w{w}-swizzled" + (f"-s{s}" if s > 1 else "") + f" ({smem // 1024} KiB)")
+            cfg = KernelConfig(block_m=m, block_n=n, head_dim=head_dim, n_warps=w, kv_stages=s)
+        except ValueError:
+            continue
+        if cfg.fits("sm_90") and not cfg.fits("sm_80"):
+            out.append(f"{cfg.tag} ({cfg.smem_bytes // 1024} KiB)")
     return out
 
 
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
             lines.append(f"| {cfg.tag} | {u.registers} | {u.stack_bytes} | {cfg.smem_bytes / 1024:.0f} | "
                          f"{min_blocks_per_sm(cfg)} | {ctas_per_sm(cfg, u.registers)} |")
             print(lines[-1], flush=True)
-        lines += ["", f"Tiles that fit only an sm_90's 227 KiB (refused by KernelConfig's SM80 limit): "
+        lines += ["", f"Tiles that fit only an sm_90's 227 KiB (over sm_80's 163 KiB): "
                   f"{', '.join(sm90_only(d)) or 'none'}", ""]
     if shapes:
         from fa_sim.problem import Problem

@@ -85,6 +85,8 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype,
                                      (cu_seqlens_q, cu_seqlens_k) if packed else None)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
+    if not auto:  # a config over this GPU's shared memory per CTA (sm_80: 163 KiB): one line before any upload
+        prob.config.check_arch(runtime.device_arch())
     dev = to_device(inputs, kind, prob)
     if auto:
         prob = choose_auto(dev)

@@ -54,6 +54,10 @@ It adds no unmeasured schedule option. The default of fa_hw.forward stays the se
 head_dim 96, 160, 192, 256 (issue 38, no measurements yet): FlashAttention-2's sm80 forward tiles
 where they compile without register spills (docs/head_dims.md): 128 x 64 of 4 warps at 96, 128 x 32
 of 4 warps at 160, 128 x 64 of 8 warps at 192 and 256; the autotuner times CANDIDATES[d] for them.
+
+Every candidate list is for an arch (the GPU's, the modelled GPU's; TABLE_ARCH, sm_90, by default) and
+holds only configs whose shared memory fits it (KernelConfig.fits: 163 KiB per CTA on sm_80, 227 KiB
+on sm_90); on sm_90 the autotuner's pool adds BIG_TILES at head_dim 192 and 256.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ TABLE_FORMAT = 1
 SIZE_CLASSES = ("short", "medium", "long")
 SHORT_MAX_KEYS, MEDIUM_MAX_KEYS = 1024, 4096
 AUTO = "auto"
+TABLE_ARCH = "sm_90"  # the arch of the shipped tables' GPUs (H100, H200): the candidates' default target
 # The configs experiments/tune_hw.py times (its docstring says why these), by head_dim; causal
 # launches time each with heavy_first as well (`candidates`). lazy_sum (-ls) and poly_exp (-e1, -e2)
 # are issue 19's options on the best tiles of issue 11; pingpong (-pp) runs 256-row tiles of 8 warps.
@@ -119,6 +124,21 @@ CANDIDATES.update({
           "m64n32d256w4-swizzled-s2-dp-ls", "m64n32d256w4-swizzled-b3", "m64n32d256w4-swizzled-ls-b3",
           "m64n32d256w4-swizzled-qr"),
 })
+# Tiles of more than 163 KiB of shared memory (sm_90 only: 227 KiB per CTA; fa_sim.config.smem_limit_bytes):
+# 8 warps of 16 rows with K/V pipelined three (d = 192) or two (d = 256) stages deep, or 128 keys per
+# round at d = 256; one CTA per SM. The timing model's fastest of them at (4, 16, 4096, d) on the H200
+# model (docs/head_dims.md, "sm_90's larger tiles"): at 192 m128n64d192w8-s3-qr-dp 2.663 ms non-causal
+# against auto's 2.901, at 256 none under auto's 3.610 (m128n128d256w8-ls 3.675). autotune_candidates
+# adds them after the heuristic's tile where the arch fits them; candidates() (tune_hw.py) times them
+# with the other sm_90-only tiles below and, at 192, q_in_regs + defer_pv on two stages, which fits
+# sm_80 too (the model's fastest at 192: 2.582 ms).
+BIG_TILES = {
+    192: ("m128n64d192w8-swizzled-s3-qr-dp", "m128n64d192w8-swizzled-s3-dp"),
+    256: ("m128n128d256w8-swizzled-ls", "m128n64d256w8-swizzled-s2-dp"),
+}
+CANDIDATES[192] += BIG_TILES[192] + ("m128n64d192w8-swizzled-s2-pp-ls", "m64n128d192w4-swizzled-s2",
+                                     "m128n64d192w8-swizzled-s2-qr-dp")
+CANDIDATES[256] += BIG_TILES[256] + ("m128n128d256w8-swizzled", "m128n64d256w8-swizzled-s2-pp-ls")
 HEURISTIC = {32: KernelConfig(block_m=128, block_n=64, head_dim=32, n_warps=4),
              64: KernelConfig(block_m=128, block_n=128, head_dim=64, n_warps=4),
              128: KernelConfig(block_m=128, block_n=32, head_dim=128, n_warps=4),
@@ -317,25 +337,26 @@ class Choice:
     source: str  # where it came from, for reports: 'h200.json (d=64, causal, medium)' or 'heuristic (...)'
 
 
-def candidates(head_dim: int, causal: bool) -> list[KernelConfig]:
-    """What tune_hw.py times for this head_dim: CANDIDATES; causal, each with heavy_first, plus
-    the seed and the heuristic's config without it (what heavy_first alone changes)."""
+def candidates(head_dim: int, causal: bool, arch: str = TABLE_ARCH) -> list[KernelConfig]:
+    """What tune_hw.py times for this head_dim on `arch`: CANDIDATES that fit its shared memory
+    (KernelConfig.fits: the tiles of more than 163 KiB only on sm_90); causal, each with heavy_first,
+    plus the seed and the heuristic's config without it (what heavy_first alone changes)."""
     from dataclasses import replace
 
-    base = [KernelConfig.from_tag(t) for t in CANDIDATES.get(head_dim, ())]
+    base = [c for c in (KernelConfig.from_tag(t) for t in CANDIDATES.get(head_dim, ())) if c.fits(arch)]
     if not causal:
         return base
     plain = [c for c in (KernelConfig(head_dim=head_dim), HEURISTIC.get(head_dim)) if c is not None]
     return [replace(c, heavy_first=True) for c in base] + plain
 
 
-def model_candidates(head_dim: int, causal: bool, seqlen_k: int) -> list[KernelConfig]:
+def model_candidates(head_dim: int, causal: bool, seqlen_k: int, arch: str = TABLE_ARCH) -> list[KernelConfig]:
     """The candidates the timing model ranks where no table answers: the autotuner's pool
     (`autotune_candidates`, at most MAX_AUTOTUNE_CANDIDATES), the configs fa_hw.autotune would time
     on the GPU for this problem, so that `fa time --config auto` and the GPU agree on what is
     compared and a cold ranking stays within fa time's 30 s (about 5 s per uncached candidate on
     the 2-core development machine; all of `candidates`, 17-21 per head_dim, took 133 s)."""
-    return autotune_candidates(head_dim, causal, seqlen_k)
+    return autotune_candidates(head_dim, causal, seqlen_k, arch=arch)
 
 
 def heuristic(head_dim: int) -> KernelConfig:
@@ -378,9 +399,11 @@ MODEL_OF_ARCH = {"sm_90": "h200", "sm_80": "a100"}
 def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: str = "") -> Choice:
     """The candidate the timing model predicts fastest (fa_sim.timing.rank), for a GPU or problem
     class without a measured entry; `why` says why the table did not answer."""
+    from fa_sim.timing.gpus import gpu_model
     from fa_sim.timing.rank import family_candidates, rank
 
-    pool = tuple(model_candidates(head_dim, causal, seqlen_k)) or tuple(family_candidates(head_dim))
+    arch = gpu_model(model).arch
+    pool = tuple(model_candidates(head_dim, causal, seqlen_k, arch)) or tuple(family_candidates(head_dim))
     best = rank(pool, int(seqlen_k), bool(causal), model)[0]
     note = f"{why}; " if why else ""
     return Choice(best.config, f"timing model ({note}ranked {len(pool)} candidates on the {model} model: "
@@ -390,13 +413,15 @@ def model_choice(head_dim: int, causal: bool, seqlen_k: int, model: str, why: st
 MAX_AUTOTUNE_CANDIDATES = 6  # configs fa_hw.autotune times per problem class at most
 
 
-def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: Path = TUNED_DIR) -> list[KernelConfig]:
-    """The configs fa_hw.autotune times for a problem on a GPU without a table (that module's
-    docstring says why these): the shipped tables' winners for (head_dim, causal) of the nearest
-    size class (every table's, in file-name order); the first one's neighbours, the other
+def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: Path = TUNED_DIR,
+                        arch: str = TABLE_ARCH) -> list[KernelConfig]:
+    """The configs fa_hw.autotune times for a problem on a GPU of `arch` without a table (that
+    module's docstring says why these): the shipped tables' winners for (head_dim, causal) of the
+    nearest size class (every table's, in file-name order); the first one's neighbours, the other
     kv_stages (1 or 2) and lazy_sum toggled; the tables' winners of the other size classes, nearest
-    first; the heuristic tile (heavy_first when causal); no duplicates, at most
-    MAX_AUTOTUNE_CANDIDATES."""
+    first; the heuristic tile (heavy_first when causal); the tiles of more than 163 KiB worth timing
+    where `arch` fits them (BIG_TILES: sm_90; heavy_first when causal); only configs that fit `arch`'s shared memory, no
+    duplicates, at most MAX_AUTOTUNE_CANDIDATES."""
     from dataclasses import replace
 
     want = SIZE_CLASSES.index(size_class(seqlen_k))
@@ -420,7 +445,8 @@ def autotune_candidates(head_dim: int, causal: bool, seqlen_k: int, directory: P
         out += [r[3] for r in ranked if r[0] != ranked[0][0]]
     tile = heuristic(head_dim)
     out.append(replace(tile, heavy_first=True) if causal else tile)
-    return list(dict.fromkeys(out))[:MAX_AUTOTUNE_CANDIDATES]
+    out += [replace(KernelConfig.from_tag(t), heavy_first=bool(causal)) for t in BIG_TILES.get(head_dim, ())]
+    return list(dict.fromkeys(c for c in out if c.fits(arch)))[:MAX_AUTOTUNE_CANDIDATES]
 
 
 def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, batch_heads: int, gpu: str,
@@ -445,7 +471,7 @@ def device_choice(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, bat
     heuristic(head_dim)  # an unsupported head_dim is refused before any timing
     cls = autotune.ProblemClass.of(batch_heads, seqlen_q, seqlen_k, head_dim, causal, feats)
     shape = autotune.timing_shape(batch_heads, seqlen_q, seqlen_k, head_dim, feats.kv_group)
-    pool = autotune_candidates(head_dim, bool(causal), seqlen_k, directory)
+    pool = autotune_candidates(head_dim, bool(causal), seqlen_k, directory, arch)
     config, source = autotune.choose(cls, gpu, arch, pool, timer_factory, shape, kernel)
     return Choice(replace(config, dtype=feats.dtype), source)  # timed as feats.dtype builds
 

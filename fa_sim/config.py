@@ -68,7 +68,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from .cute import Swizzle
-from .isa.sm80 import MMA_K, MMA_M, MMA_N, SMEM_OPT_IN_BYTES, WARP_SIZE
+from .isa.arches import SMEM_OPT_IN_BYTES_BY_ARCH, SMEM_OPT_IN_MAX_BYTES, arch_key, smem_opt_in_bytes
+from .isa.sm80 import MMA_K, MMA_M, MMA_N, WARP_SIZE
 from .messages import quoted
 
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
@@ -83,7 +84,12 @@ BLOCK_NS = (32, 64, 128)
 N_WARPS = (4, 8)
 CHUNK_HALVES = 8  # one 16-byte cp.async / ldmatrix row = 8 fp16
 PAD_HALVES = 8  # the padded layout adds 8 halves (16 bytes) to every row
-SMEM_LIMIT_BYTES = SMEM_OPT_IN_BYTES  # every config must fit on SM80
+# Shared memory per CTA: no config of the family needs more than the most any target allows (sm_90's
+# 227 KiB, 232,448 bytes); what one target allows is smem_limit_bytes(arch) (sm_80: 163 KiB, 166,912
+# bytes), which every backend checks for its target (KernelConfig.check_arch; docs/head_dims.md).
+SMEM_LIMIT_BYTES = SMEM_OPT_IN_MAX_BYTES
+SMEM_LIMIT_BYTES_BY_ARCH = SMEM_OPT_IN_BYTES_BY_ARCH
+FAMILY_ARCH = "sm_80"  # family()'s default target: the A100's limit, the family as it was before sm_90's tiles
 # fp32 accumulator registers (tCrS + tCrO) per thread at most: 256 is the family's largest before
 # issue 38 (m128n128d128w4, which spills a little under the 255-register limit, docs/timing.md);
 # more leaves the fragments, addresses and softmax temporaries nothing (docs/head_dims.md).
@@ -137,6 +143,18 @@ def _parse_choice(cls: type[enum.Enum], value, noun: str):
     except ValueError:
         choices = ", ".join(m.value for m in cls)
         raise ValueError(f"{noun} {value!r} is not supported; choose one of: {choices}") from None
+
+
+def smem_limit_bytes(arch: str) -> int:
+    """The largest dynamic shared memory one CTA may use on `arch` ('sm_80', 'sm_90', 'sm_90a', ...;
+    fa_sim.isa.arches: the CUDA C++ Programming Guide's compute-capability table); an arch not in the
+    table is a ValueError naming those that are."""
+    return smem_opt_in_bytes(arch)
+
+
+def _limits() -> str:
+    """'sm_80: 166912, sm_90: 232448': the limits of the family's two measured targets, for messages."""
+    return ", ".join(f"{a}: {SMEM_LIMIT_BYTES_BY_ARCH[a]}" for a in ("sm_80", "sm_90"))
 
 
 class SmemLayout(enum.Enum):
@@ -264,13 +282,32 @@ class KernelConfig:
             if getattr(self, name) % rows:
                 out.append(f"the cooperative copy covers {rows} rows per pass, which does not divide {name}={getattr(self, name)}")
         if not out and self.smem_bytes > SMEM_LIMIT_BYTES:
-            out.append(f"needs {self.smem_bytes} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, over {SMEM_LIMIT_BYTES}, the most any "
+                       f"target allows ({_limits()})")
         if self.accumulator_registers > REGISTER_ACCUMULATORS_MAX:
             out.append(f"holds {self.accumulator_registers} fp32 accumulator registers per thread (tCrS + tCrO: "
                        f"4 x {self.m_repeats} x ({self.block_n} + {self.head_dim}) / 8), over "
                        f"{REGISTER_ACCUMULATORS_MAX}: the 255-register limit leaves no room; take fewer rows per "
                        f"warp (block_m / n_warps = 16) or a smaller block_n (docs/head_dims.md)")
         return out
+
+    # -- the target's limits -------------------------------------------------------------------
+    def fits(self, arch: str) -> bool:
+        """Whether this config's shared memory fits one CTA on `arch` ('sm_80', 'sm_90', ...)."""
+        return self.smem_bytes <= smem_limit_bytes(arch)
+
+    def check_arch(self, arch: str) -> "KernelConfig":
+        """self when it fits `arch` (`fits`); else a ValueError in one line naming the config, the bytes,
+        the arch and its limit: what every backend raises before any work for a config too big for
+        its target (fa_hw: the device's arch; fa_sim.predict_time / `fa time`: the GPU model's)."""
+        limit = smem_limit_bytes(arch)
+        if self.smem_bytes > limit:
+            bigger = [f"{a} allows {n}" for a, n in SMEM_LIMIT_BYTES_BY_ARCH.items() if a in ("sm_80", "sm_90")
+                      and self.smem_bytes <= n]
+            raise ValueError(f"config {self.tag} needs {self.smem_bytes} bytes of shared memory per CTA, over "
+                             f"{arch_key(arch)}'s limit of {limit}{' (' + bigger[0] + ')' if bigger else ''}: take "
+                             f"fewer kv_stages or a smaller block_m / block_n on {arch_key(arch)} (docs/head_dims.md)")
+        return self
 
     # -- serialisation -------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -356,10 +393,12 @@ class KernelConfig:
         return out + ([f"poly_exp={self.poly_exp}"] if self.poly_exp else [])
 
     @classmethod
-    def family(cls, head_dims: tuple[int, ...] = SPEC_HEAD_DIMS) -> list["KernelConfig"]:
+    def family(cls, head_dims: tuple[int, ...] = SPEC_HEAD_DIMS, arch: str = FAMILY_ARCH) -> list["KernelConfig"]:
         """Every supported configuration at `head_dims` (the spec's 32, 64, 128 by default: the family
-        the tests and docs enumerate; head_dim 96-256 by asking), in a stable order (the seed first
-        when 64 is asked), in the default softmax form (the form is arithmetic, not shape)."""
+        the tests and docs enumerate; head_dim 96-256 by asking) that fits `arch` (sm_80 by default;
+        sm_90 adds the tiles of more than 163 KiB), in a stable order (the seed first when 64 is
+        asked), in the default softmax form (the form is arithmetic, not shape)."""
+        smem_limit_bytes(arch)  # an unknown arch is refused before the loop
         seed = cls()
         out = [seed] if seed.head_dim in head_dims else []
         for d, bm, bn, w, s in itertools.product(head_dims, FAMILY_BLOCK_MS, BLOCK_NS, N_WARPS, SmemLayout):
@@ -367,7 +406,7 @@ class KernelConfig:
                 cfg = cls(block_m=bm, block_n=bn, head_dim=d, n_warps=w, smem=s)
             except ValueError:
                 continue
-            if cfg != seed:
+            if cfg != seed and cfg.fits(arch):
                 out.append(cfg)
         return out
 

@@ -5,9 +5,12 @@ causal and not, bit for bit equal to the hand-written program and within fa_sim.
 of float64, hazard-free; both front ends' checkpoints agree (what `fa compare` checks); the layout
 checks (copy, swizzle atoms, ldmatrix, O staging) pass for every layout; configs past the register
 or shared-memory limits and head dims outside the family are refused in one line before any work;
-the backward pass refuses 256 (docs/backward.md).
+the backward pass refuses 256 (docs/backward.md). Shared memory per CTA is the target's (sm_80 163 KiB,
+sm_90 227 KiB): a tile that fits only sm_90 is refused for sm_80 in one line by every backend that
+has a target (compile_build, fa time --gpu), and runs on the PTX engine bit for bit as the program.
 GPU (marked gpu, skipped without one): fa_hw.forward at each new head_dim with tails, bit-identical
-to fa_sim.simulate(engine="ptx", mma_model="h200") and within the bounds of float64.
+to fa_sim.simulate(engine="ptx", mma_model="h200") and within the bounds of float64; likewise the
+sm_90-only tiles of fa_hw.tuned.BIG_TILES (refused in one line on a GPU whose arch they do not fit).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fa_hw.tuned import BIG_TILES
 from fa_sim import KernelConfig, simulate
 from fa_sim.accuracy import measure
 from fa_sim.cli import main
-from fa_sim.config import HEAD_DIMS, REGISTER_ACCUMULATORS_MAX, SMEM_LIMIT_BYTES
+from fa_sim.config import HEAD_DIMS, REGISTER_ACCUMULATORS_MAX, SMEM_LIMIT_BYTES, smem_limit_bytes
 from fa_sim.layout_checks import run_checks
 from fa_sim.observers.hazards import HazardChecker, format_hazards
 
@@ -141,7 +145,8 @@ def test_swizzled_ldmatrix_rows_fall_in_distinct_bank_groups():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(head_dim=256, block_m=128, n_warps=4), "holds 320 fp32 accumulator registers per thread"),
     (dict(head_dim=160, block_m=128, block_n=128, n_warps=4), "holds 288 fp32 accumulator registers"),
-    (dict(head_dim=256, block_m=128, block_n=128, n_warps=8), f"needs 196608 bytes of shared memory, over {SMEM_LIMIT_BYTES}"),
+    (dict(head_dim=192, block_m=128, block_n=128, n_warps=8, kv_stages=2),
+     f"needs 245760 bytes of shared memory, over {SMEM_LIMIT_BYTES}, the most any target allows"),
     (dict(head_dim=256, block_n=128, kv_stages=2), "needs 294912 bytes of shared memory"),
     (dict(head_dim=100), "head_dim=100 is not one of (32, 64, 96, 128, 160, 192, 256)"),
 ])
@@ -173,6 +178,97 @@ def test_cli_runs_a_new_head_dim(capsys):
     assert "d=192" in out and "m64n64d192w4-swizzled" in out
 
 
+# -- sm_90's shared memory -------------------------------------------------------------------------------
+BIG = "m128n128d256w8-swizzled"  # 196,608 bytes of shared memory: over sm_80's 166,912, within sm_90's 232,448
+
+
+def test_the_shared_memory_limit_is_the_targets():
+    assert (smem_limit_bytes("sm_80"), smem_limit_bytes("sm_90"), smem_limit_bytes("sm_90a")) == (166912, 232448, 232448)
+    assert smem_limit_bytes("sm_86") == smem_limit_bytes("sm_89") == 101376 and SMEM_LIMIT_BYTES == 232448
+    cfg = KernelConfig.from_tag(BIG)
+    assert cfg.smem_bytes == 196608 and cfg.fits("sm_90") and not cfg.fits("sm_80")
+    assert cfg.check_arch("sm_90") is cfg and cfg.check_arch("compute_90") is cfg
+    two = KernelConfig.from_tag("m64n64d256w4-swizzled-s2")  # 163,840 bytes: sm_80 and sm_90, not sm_86 / sm_89
+    assert two.check_arch("sm_80") is two
+    for c, arch, limit in ((cfg, "sm_80", 166912), (cfg, "sm_86", 101376), (two, "sm_89", 101376)):
+        with pytest.raises(ValueError) as exc:
+            c.check_arch(arch)
+        assert str(exc.value) == (f"config {c.tag} needs {c.smem_bytes} bytes of shared memory per CTA, over "
+                                  f"{arch}'s limit of {limit} (sm_{'90' if c is cfg else '80'} allows "
+                                  f"{232448 if c is cfg else 166912}): take fewer kv_stages or a smaller block_m / "
+                                  f"block_n on {arch} (docs/head_dims.md)")
+    with pytest.raises(ValueError, match="no shared-memory limit is known for sm_75: the kernel's targets are sm_80, "):
+        cfg.check_arch("sm_75")
+    with pytest.raises(ValueError, match="arch 'gfx90a' is not a CUDA architecture"):
+        cfg.fits("gfx90a")
+    sm80, sm90 = KernelConfig.family((192, 256)), KernelConfig.family((192, 256), arch="sm_90")
+    assert cfg not in sm80 and cfg in sm90 and set(sm80) < set(sm90)
+    assert all(c.fits("sm_80") for c in sm80) and all(not c.fits("sm_80") for c in set(sm90) - set(sm80))
+
+
+def test_a_tile_too_big_for_the_target_is_refused_before_any_work(capsys):
+    from fa_sim import predict_time
+    from fa_sim.contract import KernelBuild
+    from fa_sim.contract.cubins import compile_build
+
+    cfg = KernelConfig.from_tag(BIG)
+    with pytest.raises(ValueError, match=f"config {BIG} needs 196608 bytes .* over sm_80's limit of 166912"):
+        compile_build(KernelBuild(cfg, False, "sm_80"), use_cache=False)  # before NVRTC
+    with pytest.raises(ValueError, match="over sm_80's limit of 166912"):
+        predict_time(1, 1, 70, 130, 256, config=BIG, gpu="a100")  # the A100 model: sm_80
+    assert main(["time", "--head-dim", "256", "--batch", "1", "--heads", "1", "--seqlen", "70", "--config", BIG,
+                 "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--gpu a100: config {BIG} needs 196608 bytes" in err[0] and "sm_80's limit" in err[0]
+
+
+def test_the_tuned_candidates_fit_the_arch():
+    """fa_hw.tuned's pools hold only configs that fit the arch; sm_90's adds BIG_TILES after sm_80's."""
+    from dataclasses import replace
+
+    from fa_hw import tuned
+
+    for d in (192, 256):
+        for causal in (False, True):
+            sm80 = tuned.autotune_candidates(d, causal, 4096, arch="sm_80")
+            sm90 = tuned.autotune_candidates(d, causal, 4096, arch="sm_90")
+            big = [replace(KernelConfig.from_tag(t), heavy_first=causal) for t in BIG_TILES[d]]
+            assert all(c.fits("sm_80") for c in sm80) and not any(c.fits("sm_80") for c in big)
+            assert sm90 == sm80 + big and sm90 == tuned.autotune_candidates(d, causal, 4096)  # sm_90 by default
+            timed = tuned.candidates(d, causal, "sm_80")
+            assert all(c.fits("sm_80") for c in timed) and set(big) <= set(tuned.candidates(d, causal)) - set(timed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_an_sm90_tile_runs_on_the_ptx_engine_as_the_program(causal):
+    """The PTX engine runs the PTX whatever the target; m128n128d256w8 (spec schedule, sm_90 only) on
+    Nq = 70 (one Q block, a tail) and Nk = 130 (a full K/V round of 128 and a tail of 2)."""
+    cfg = KernelConfig.from_tag(BIG)
+    q, k, v = _inputs(256, nq=70, nk=130, seed=5)
+    prog = simulate(q, k, v, causal=causal, config=cfg, engine="program")
+    checker = HazardChecker()
+    ptx = simulate(q, k, v, causal=causal, config=cfg, engine="ptx", observers=[checker])
+    assert _same(prog, ptx)
+    rep = checker.report()
+    assert rep.ok, format_hazards(rep)
+    acc = measure(ptx.o, ptx.lse, q, k, v, causal, ptx.scale, cfg)
+    assert acc.ok, acc.failures()
+
+
+def test_an_sm90_pipelined_tile_is_hazard_free_on_the_ptx_engine():
+    """m128n64d192w8-s3-qr-dp (three K/V stages in 196,608 bytes, sm_90 only; the timing model's fastest at
+    d = 192): four rounds (Nk = 200, a tail of 8), hazard-free and within float64's bounds."""
+    cfg = KernelConfig.from_tag("m128n64d192w8-swizzled-s3-qr-dp")
+    assert not cfg.fits("sm_80") and cfg.fits("sm_90")
+    q, k, v = _inputs(192, nq=70, nk=200, seed=6)
+    checker = HazardChecker()
+    ptx = simulate(q, k, v, config=cfg, engine="ptx", observers=[checker])
+    rep = checker.report()
+    assert rep.ok, format_hazards(rep)
+    acc = measure(ptx.o, ptx.lse, q, k, v, False, ptx.scale, cfg)
+    assert acc.ok, acc.failures()
+
+
 # -- GPU ------------------------------------------------------------------------------------------------
 GPU_CASES = [(d, tag, nq, nk, causal) for d in NEW for tag, nq, nk, causal in (
     (None, 70, 90, False), (None, 70, 90, True), ("heuristic", 333, 129, True), ("heuristic", 130, 300, False))]
@@ -189,6 +285,36 @@ def test_gpu_bit_identical_to_the_ptx_engine(case):
     d, which, nq, nk, causal = case
     config = KernelConfig(head_dim=d) if which is None else tuned.heuristic(d)
     q, k, v = _inputs(d, nq=nq, nk=nk, b=2, h=2, seed=nq)
+    out = fa_hw.forward(q, k, v, causal=causal, config=config)
+    sim = simulate(q, k, v, causal=causal, config=config, engine="ptx", mma_model="h200")
+    o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)
+    assert np.array_equal(o.view(np.uint16), sim.o.view(np.uint16))
+    assert np.array_equal(lse.view(np.uint32), sim.lse.view(np.uint32))
+    acc = measure(o, lse, q, k, v, causal, out.scale, config)
+    assert acc.ok, acc.failures()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tag", [BIG] + [t for d in (192, 256) for t in BIG_TILES[d]])
+def test_gpu_sm90_tiles_bit_identical_to_the_ptx_engine(tag, causal):
+    """The tiles over sm_80's 163 KiB (fa_hw.tuned.BIG_TILES and m128n128d256w8) on the GPU, with tails:
+    bit-identical to the PTX engine on an sm_90 GPU; refused in one line before any upload elsewhere."""
+    import fa_hw
+    from dataclasses import replace
+
+    from fa_hw import check
+    from fa_hw.device import device_arch
+
+    if not fa_hw.has_gpu():
+        pytest.skip("no NVIDIA GPU / driver here")
+    config = replace(KernelConfig.from_tag(tag), heavy_first=causal)
+    q, k, v = _inputs(config.head_dim, nq=150, nk=200, b=1, h=2, seed=7)
+    arch = device_arch()
+    if not config.fits(arch):
+        with pytest.raises(ValueError, match=f"over {arch}'s limit of"):
+            fa_hw.forward(q, k, v, causal=causal, config=config)
+        return
     out = fa_hw.forward(q, k, v, causal=causal, config=config)
     sim = simulate(q, k, v, causal=causal, config=config, engine="ptx", mma_model="h200")
     o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)

@@ -66,7 +66,7 @@ def test_tag_suffixes_in_order():
     (dict(kv_stages=4), "kv_stages=4 is not one of (1, 2, 3)"),
     (dict(min_blocks=7), "min_blocks=7 is not one of"),
     (dict(q_in_regs=1), "q_in_regs=1 is not a bool"),
-    (dict(block_m=128, block_n=128, head_dim=128, kv_stages=3), f"over {SMEM_LIMIT_BYTES}"),
+    (dict(block_m=256, block_n=128, head_dim=128, n_warps=8, kv_stages=3), f"over {SMEM_LIMIT_BYTES}, the most any"),
 ])
 def test_bad_options_are_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match="unsupported KernelConfig") as exc:
@@ -155,9 +155,9 @@ SHARED_BUILDS = {KernelConfig.from_tag("m128n64d64w4-swizzled-s2-qr-hf-dp"), *FA
 
 
 def _ranked_here(model_candidates):
-    def candidates(head_dim: int, causal: bool, seqlen_k: int) -> list[KernelConfig]:
-        pool = [c for c in model_candidates(head_dim, causal, seqlen_k) if c in SHARED_BUILDS] \
-            or [c for c in tuned.candidates(head_dim, causal) if c in SHARED_BUILDS]
+    def candidates(head_dim: int, causal: bool, seqlen_k: int, arch: str = "sm_90") -> list[KernelConfig]:
+        pool = [c for c in model_candidates(head_dim, causal, seqlen_k, arch) if c in SHARED_BUILDS] \
+            or [c for c in tuned.candidates(head_dim, causal, arch) if c in SHARED_BUILDS]
         assert len(pool) >= 2, pool  # a ranking, not a single candidate
         return pool
     return candidates
@@ -178,7 +178,7 @@ def test_auto_config_reads_the_gpus_table(tmp_path, monkeypatch):
     for args, why, model in (((64, True, 8192, "NVIDIA H200", "sm_90"), "no entry for d=64", "h200"),
                              ((128, True, 2048, "NVIDIA H200", "sm_80"), "the table is for sm_90", "a100")):
         choice = tuned.auto_config(*args, tmp_path)
-        ranked = rank(tuple(tuned.model_candidates(args[0], True, args[2])), args[2], True, model)
+        ranked = rank(tuple(tuned.model_candidates(args[0], True, args[2], args[4])), args[2], True, model)
         assert choice.config == ranked[0].config and why in choice.source and "timing model" in choice.source
         assert f"ranked {len(ranked)} candidates on the {model} model" in choice.source
         assert [r.kernel_ms for r in ranked] == sorted(r.kernel_ms for r in ranked)

@@ -195,8 +195,8 @@ def test_fa_sim_on_a_spinning_kernel_stops_on_ctrl_c(tmp_path):
 # -- launch's arguments ----------------------------------------------------------------------------
 OK = {"grid": (1,), "block": (32,), "smem_bytes": 0, "args": [np.zeros(32, np.int32), np.int32(1)]}
 REFUSED = {
-    "smem_bytes=300000": ({"smem_bytes": 300_000}, r"smem_bytes must be a whole number of bytes 0 \.\. 166,912 .*300000"),
-    "smem_bytes=10**12": ({"smem_bytes": 10**12}, r"smem_bytes must be .*SM80's 163 KB"),
+    "smem_bytes=300000": ({"smem_bytes": 300_000}, r"smem_bytes must be a whole number of bytes 0 \.\. 232,448 .*300000"),
+    "smem_bytes=10**12": ({"smem_bytes": 10**12}, r"smem_bytes must be .*sm_90's 227 KB"),
     "smem_bytes=-100": ({"smem_bytes": -100}, r"smem_bytes must be .*got -100"),
     "smem_bytes='abc'": ({"smem_bytes": "abc"}, r"smem_bytes must be .*got 'abc'"),
     "smem_bytes=1.5": ({"smem_bytes": 1.5}, r"smem_bytes must be .*got 1\.5"),

@@ -103,6 +103,15 @@ def check_cost(args, prob: Problem) -> None:
         raise UsageError(str(exc)) from None
 
 
+def for_gpu(args, config):
+    """The config, when its shared memory fits one CTA on the modelled GPU's arch (KernelConfig.check_arch:
+    sm_80 163 KiB, sm_90 227 KiB), else a UsageError naming --gpu, before any compile."""
+    try:
+        return config.check_arch(GPUS[args.gpu].arch)
+    except ValueError as exc:
+        raise UsageError(f"--gpu {args.gpu}: {exc}") from None
+
+
 def launch_problem(args, prob: Problem) -> Problem:
     """The problem, within the GPU's launch limits (fa_sim.validate.check_launch), or a UsageError
     naming the options."""
@@ -161,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         choice = auto_config(d, args.causal, nk, gpu=gpu.marketing_name, arch=gpu.arch)
         config, source = dataclasses.replace(choice.config, dtype=args.dtype), choice.source
     else:
-        config = config_from_args(args, head_dim=d)
+        config = for_gpu(args, config_from_args(args, head_dim=d))
     kernel = kernel_from_args(args)
     perfetto = None if args.perfetto is None else Output("--perfetto", Path(args.perfetto), Kind.FILE)
     check_outputs(args, perfetto)
@@ -225,7 +234,7 @@ def run_features(args: argparse.Namespace) -> int:
     loaded = packed_inputs(args, split)  # args.cu_seqlens: from a packed file or --seqlens
     d = inputs_head_dim(args, loaded)
     check_scale(args, d)
-    config = config_from_args(args, head_dim=d)
+    config = for_gpu(args, config_from_args(args, head_dim=d))
     if args.cu_seqlens is None and not split:  # a dense --npz file: its shapes, timed as the options would be
         q, k = (np.shape(x) for x in loaded[:2])
         try:

@@ -78,8 +78,10 @@ def _nvrtc(source: str, build: KernelBuild) -> tuple[bytes, str]:
 
 
 def compile_build(build: KernelBuild, *, use_cache: bool = True) -> CompiledKernel:
-    """Cubin for one KernelBuild, through the on-disk cache (keyed by the source text). A variant
-    that ignores a macro its config sets is refused first (KernelBuild.source)."""
+    """Cubin for one KernelBuild, through the on-disk cache (keyed by the source text). A config whose
+    shared memory is over the build's arch's limit (KernelConfig.check_arch) and a variant that
+    ignores a macro its config sets (KernelBuild.source) are refused first."""
+    build.config.check_arch(build.arch)
     source = build.source().text
     path = cache_dir() / f"{_cache_key(source, build)}.cubin"
     meta = path.with_suffix(".json")

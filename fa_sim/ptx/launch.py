@@ -17,7 +17,7 @@ x fastest) runs only those CTAs of the grid: each sees the whole grid's %ctaid /
 same buffers, exactly as in the full launch, and the others do not run (fa_sim.timing runs one
 representative CTA of each path class this way).
 Arguments are checked against SM80's launch limits first (one ValueError line naming the argument:
-grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to 163 KB less
+grid x <= 2**31 - 1, y and z <= 65535; at most 1024 threads per CTA; smem_bytes up to sm_90's 227 KB less
 the kernel's static shared memory; a path must name an existing file). Each wave may issue at most
 `max_steps` instructions (default: fa_sim.ptx.budget's, from the kernel's size and its arguments;
 the environment variable FLASHSIM_MAX_STEPS also sets it): a kernel that never ends is a

@@ -11,7 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..isa.sm80 import MAX_BLOCK_DIM, MAX_GRID_DIM, MAX_THREADS_PER_CTA, SMEM_OPT_IN_BYTES
+from ..isa.arches import SMEM_OPT_IN_MAX_BYTES
+from ..isa.sm80 import MAX_BLOCK_DIM, MAX_GRID_DIM, MAX_THREADS_PER_CTA
 
 OBSERVER_HOOKS = ("on_launch", "on_instr", "on_checkpoint", "on_branch", "on_finish")
 SOURCE_SUFFIXES = (".cu", ".cuh", ".ptx")
@@ -43,12 +44,15 @@ def grid_and_block(grid, block) -> tuple[tuple[int, int, int], tuple[int, int, i
 
 
 def smem_bytes(x, static_bytes: int) -> int:
-    """Dynamic shared memory per CTA: 0 .. SM80's opt-in limit less the kernel's static shared bytes."""
-    most = SMEM_OPT_IN_BYTES - static_bytes
+    """Dynamic shared memory per CTA: 0 .. the largest opt-in limit of the kernel's targets (sm_90's
+    227 KB, fa_sim.isa.arches) less the kernel's static shared bytes. The engine runs the PTX the
+    same whatever the target; which GPU can launch a config is its backend's check
+    (KernelConfig.check_arch: fa_hw, the timing model's cubin)."""
+    most = SMEM_OPT_IN_MAX_BYTES - static_bytes
     if not _whole(x) or not 0 <= x <= most:
-        raise ValueError(f"smem_bytes must be a whole number of bytes 0 .. {most:,} (SM80's "
-                         f"{SMEM_OPT_IN_BYTES // 1024} KB of shared memory per CTA, less the kernel's "
-                         f"{static_bytes:,} static bytes), got {x!r}")
+        raise ValueError(f"smem_bytes must be a whole number of bytes 0 .. {most:,} (sm_90's "
+                         f"{SMEM_OPT_IN_MAX_BYTES // 1024} KB of shared memory per CTA, the most of any target, less "
+                         f"the kernel's {static_bytes:,} static bytes), got {x!r}")
     return int(x)
 
 
