@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fa_sim.checkpoints import CHECKPOINTS, CheckpointLayout
-from fa_sim.config import KernelConfig
+from fa_sim.config import SMEM_LIMIT_BYTES_BY_ARCH, KernelConfig
 from fa_sim import validate, varlen
 from fa_sim.contract import KernelBuild, kernel_source
 from fa_sim.problem import Problem
@@ -85,7 +85,9 @@ def prepare(q, k, v, causal: bool = False, scale: float | None = None, config: K
     inputs, kind, prob, auto = check(q, k, v, causal, scale, config, window, softcap, dtype,
                                      (cu_seqlens_q, cu_seqlens_k) if packed else None)  # before any device call
     ctas = _select_ctas(prob, checkpoint_ctas, in_grid=not auto)  # "auto": the grid is the chosen config's
-    if not auto:  # a config over this GPU's shared memory per CTA (sm_80: 163 KiB): one line before any upload
+    if not auto and prob.config.smem_bytes > min(SMEM_LIMIT_BYTES_BY_ARCH.values()):
+        # a config over this GPU's shared memory per CTA (sm_80: 163 KiB): one line before any upload (a config
+        # every arch holds asks the device nothing here)
         prob.config.check_arch(runtime.device_arch())
     dev = to_device(inputs, kind, prob)
     if auto:

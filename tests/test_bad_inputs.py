@@ -273,7 +273,7 @@ def test_kernel_config_converts_numpy_integers_and_refuses_bools():
     (dict(head_dim=80), "unsupported KernelConfig(head_dim=80): head_dim=80 is not one of (32, 64, 96, 128, 160, 192, 256)"),
     (dict(block_m=256), "unsupported KernelConfig(block_m=256): block_m=256 needs n_warps 8"),
     (dict(pingpong=True), "pingpong needs kv_stages >= 2, n_warps 8"),
-    (dict(head_dim=128, block_m=128, block_n=128, kv_stages=3), "needs 229376 bytes of shared memory, over"),
+    (dict(head_dim=256, block_m=64, block_n=128, kv_stages=3), "needs 425984 bytes of shared memory, over 232448"),
 ])
 def test_kernel_config_errors_name_the_fields_given_in_a_short_line(kwargs, fragment):
     message = _message(KernelConfig, **kwargs)
