@@ -37,6 +37,15 @@ class Program:
     local_vars: dict  # .local variable -> byte offset in each thread's local window
     local_bytes: int  # local memory per thread
 
+    @property
+    def dynamic_smem_offset(self) -> int:
+        """Where the extern shared arrays (the dynamic shared memory) start in the CTA's window: after
+        the static shared variables, at the largest alignment an extern array asks for (16 at least,
+        as CUDA aligns dynamic shared memory). A CTA's shared memory is this plus its dynamic bytes."""
+        align = max([16] + [v.align for v in (*self.module.variables, *self.kernel.variables)
+                            if v.space == "shared" and v.extern])
+        return -(-self.static_smem_bytes // align) * align
+
     @cached_property
     def compiled(self) -> Compiled:
         """The kernel's stretches and steps (fa_sim/ptx/blocks.py), compiled as waves need them and
