@@ -46,7 +46,7 @@ from .gpus import GPUS, GpuModel, gpu_model
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
-from .stream import PLAIN, Features, KernelStream, StreamMismatch, probe_program, same_structure
+from .stream import PLAIN, Features, KernelStream, StreamMismatch, probe_program, round_latch, same_structure
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
@@ -705,7 +705,7 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, fea
     graph = SassGraph(text, KERNEL_NAME)
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features),
+                       KernelStream(config, causal, kernel, graph, walker, round_latch(program.kernel), features),
                        hashlib.sha256(text.encode()).hexdigest(), memory=global_sectors(config, kernel),
                        stack_bytes=ck.usage.stack_bytes, static_smem=program.dynamic_smem_offset)
 
