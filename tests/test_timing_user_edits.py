@@ -59,3 +59,23 @@ def test_fa_time_backward_takes_a_patch_of_fa2_bwd(tmp_path, capsys):
     fwd.write_text(path.read_text().replace("fa2_bwd.cu", "fa2_fwd.cu"))
     assert main([*argv[:-1], str(fwd)]) == 2
     assert "fa2_bwd.cu" in capsys.readouterr().err
+
+
+def test_a_variant_s_own_shared_variable_moves_the_tiles_without_a_false_hazard(tmp_path):
+    """`__shared__ int counter;` with shared atomics in the epilogue: the dynamic tiles start 16 bytes
+    in, the hazard checker's window holds them (no OOB_SHARED at sV's end) and O is the seed's."""
+    import numpy as np
+
+    from fa_sim import simulate
+    from fa_sim.contract.source import SEED_PATH
+    from fa_sim.observers.hazards import HazardChecker
+
+    line = "  store_o_smem(tCrO, sQ);  // sO reuses sQ"
+    path = _patch(tmp_path, SEED_PATH, line, "  __shared__ int counter;\n  if (threadIdx.x == 0) counter = 0;\n"
+                  "  __syncthreads();\n  if (lane == 0) atomicAdd(&counter, 1);\n" + line, "counter.patch")
+    rng = np.random.default_rng(35)
+    q, k, v = (rng.standard_normal((1, 1, 64, 64)).astype(np.float16) for _ in range(3))
+    hazards = HazardChecker()
+    res = simulate(q, k, v, kernel=str(path), observers=[hazards])
+    assert not hazards.report().kinds()
+    assert np.array_equal(res.o.view(np.uint16), simulate(q, k, v, engine="ptx").o.view(np.uint16))
