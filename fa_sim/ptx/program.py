@@ -17,6 +17,7 @@ from functools import cached_property
 
 from ..machine import Instr
 from .blocks import Compiled, Loop, main_loop
+from .inline import inline_calls
 from .debuginfo import short_name
 from .optable import sass_class
 from .ir import Instruction, Kernel, Module
@@ -114,7 +115,7 @@ def _label(ins: Instruction, lines: list[str] | None) -> str:
 
 def build_program(module: Module, kernel_name: str | None = None, source: str | None = None) -> Program:
     """Annotate `kernel_name` (the only kernel when None) of a parsed module."""
-    kernel = module.kernel(kernel_name)
+    kernel = inline_calls(module, module.kernel(kernel_name))  # __noinline__ functions, run in place
     lines = source.splitlines() if source is not None else None
     sections = phase_sections(source) if source is not None else []
     instrs = []
