@@ -28,7 +28,7 @@ from .config import KernelConfig
 from .contract import KernelSource, kernel_source
 from .hub import Hub
 from .kernels import (NO_MUTATION, FA2Labels, Mutation, Pointers, Problem, check_program_config,
-                      check_program_problem, engine_for, flash_fwd, wave_order)
+                      check_program_problem, engine_for, flash_fwd, launch_info, wave_order)
 from .machine import Machine
 from .memory import GlobalMemory
 from .tensorcore import FusedDotModel
@@ -161,6 +161,16 @@ class RunSpec:
     def cta_rounds(self, ctas: np.ndarray) -> int:
         """Progress units of CTAs (linear ids): their K/V rounds, summed."""
         return int(self.prob.rounds_per_cta(ctas).sum())
+
+    def launch_info(self):
+        """What observers learn about the launch (fa_sim.kernels.launch_info), with the shared bytes
+        a PTX-engine variant declares itself (`__shared__ int flag;`) before the dynamic ones."""
+        if not isinstance(self.front, PtxFrontEnd) or self.front.kernel is None:
+            return launch_info(self.prob)
+        from .ptx.fa2 import attention_program
+
+        program = attention_program(self.prob.config, self.prob.causal, False, self.front.kernel, self.prob)
+        return launch_info(self.prob, program.dynamic_smem_offset)
 
 
 def global_memory(prob: Problem, q16, k16, v16, o=None, lse=None) -> tuple[GlobalMemory, dict, Pointers]:

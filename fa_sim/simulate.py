@@ -84,7 +84,7 @@ from .estimate import estimate
 from .events import COUNTED_OPS, Op
 from . import tensorcore, varlen
 from .hub import Hub
-from .kernels import Mutation, launch_info
+from .kernels import Mutation
 from .parallel import choose_pool
 from .run import Engine, FrontEnd, RunSpec, choose_front_end, global_memory, run_ctas
 from .validate import check_bf16_range, check_input, make_problem, resolve_dtype
@@ -268,7 +268,7 @@ def simulate(q, k, v, causal: bool = False, scale: float | None = None, config: 
     b, h, nq, d = prob.batch, prob.heads, prob.seqlen_q, prob.head_dim
     if packed:  # the buffers are head-major [H, total_q, d] (fa_sim.varlen)
         b, nq = 1, prob.total_q
-    hub.launch(launch_info(prob))
+    hub.launch(spec.launch_info())
     with _progress_bar(progress, prob.cta_rounds, plan.sim_seconds) as bar:
         if pool is None:
             gmem, bufs, ptr = global_memory(prob, q16, k16, v16)

@@ -117,13 +117,21 @@ def test_shuffles_whose_operands_differ_between_warps_or_follow_exits():
 
 
 def test_barrier_reached_by_part_of_a_cta_is_a_fault():
-    src = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+    """Threads that skip a barrier and wait at another one hang the hardware: a fault. Threads that
+    skip it and exit owe it nothing (PTX: every non-exited thread must arrive): no fault, the
+    others pass it once those have exited (tests/test_ptx_warp_sync.py: a return before it)."""
+    src = r"""extern "C" __global__ void k(int* o) {
+      if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; __syncthreads(); o[threadIdx.x] = 2; }"""
     with pytest.raises(KernelFault, match="bar.sync.*only part"):
         launch(src, grid=1, block=64, args=[np.zeros(64, np.int32)])
     late = r"""extern "C" __global__ void k(int* o) {
-      if (blockIdx.x != 3 || threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+      if (blockIdx.x != 3 || threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; __syncthreads(); }"""
     with pytest.raises(KernelFault, match="only part of CTA 3's threads"):  # CTA 3 is the second of wave 2
         launch(late, grid=4, block=64, args=[np.zeros(64, np.int32)], wave_ctas=2)
+    exits = r"""extern "C" __global__ void k(int* o) { if (threadIdx.x < 40) __syncthreads(); o[threadIdx.x] = 1; }"""
+    o = np.zeros(64, np.int32)
+    launch(exits, grid=1, block=64, args=[o])
+    assert (o == 1).all()
 
 
 @pytest.mark.parametrize("form", ["bar.cta.arrive 0, 64;", "bar.arrive 0, 64;", "bar.red.popc.u32 %0, 0, 1;"])

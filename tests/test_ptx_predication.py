@@ -126,6 +126,8 @@ CASES = {
     "shfl (a warp skips)": ("  @%p2 shfl.sync.bfly.b32 %r10, %r8, 1, 31, -1;\n", True, pick(WARP0, T ^ 1)),
     "shfl (lanes skip, membermask)": ("  @%p1 shfl.sync.bfly.b32 %r10, %r8, 2, 31, 0x55555555;\n", True,
                                       pick(EVEN, T ^ 2)),
+    "vote (a warp skips)": ("  setp.ne.u32 %p5, %r2, 0;\n  @%p2 vote.sync.ballot.b32 %r10, %p5, -1;\n", True,
+                            pick(WARP0, 0xAAAAAAAA)),  # the odd lanes' bits
     # -- synchronisation: CTA 1 skips its barrier (counted below), fences order nothing here -------
     "bar": ("  @%p3 bar.sync 0;\n", True, pick(T >= 0, SENTINEL)),
     "barrier": ("  @%p3 barrier.sync 0;\n", True, pick(T >= 0, SENTINEL)),

@@ -141,14 +141,40 @@ def config_json(cfg) -> dict:
 
 
 def kernel_variant(args) -> Path | None:
-    """--kernel with --backward: a variant of fa2_bwd.cu, an existing .cu file."""
+    """--kernel with --backward: a variant of fa2_bwd.cu, an existing .cu file, or a .patch/.diff
+    against fa2_bwd.cu (applied strictly, fa_sim/contract/patch.py, and the result written once to
+    the disk cache as a .cu, which the backward build reads)."""
+    import hashlib
+
+    from ..cache import cache_root, store_atomic
+    from ..contract.backward import BWD_PATH
+    from ..contract.errors import KernelSourceError
+    from ..contract.patch import apply_patch
+
     if getattr(args, "kernel", None) is None:
         return None
     path = Path(args.kernel)
-    if path.suffix != ".cu" or not path.is_file():
+    if path.suffix not in (".cu", ".patch", ".diff") or not path.is_file():
         raise UsageError(f"--kernel {args.kernel}: with --backward, --kernel takes an existing .cu file, a variant of "
-                         f"fa_hw/kernels/fa2_bwd.cu with the same kernels, parameters and FA_* macros")
-    return path
+                         f"fa_hw/kernels/fa2_bwd.cu with the same kernels, parameters and FA_* macros, or a "
+                         f".patch/.diff against fa2_bwd.cu")
+    if path.suffix == ".cu":
+        return path
+    try:
+        text = apply_patch(BWD_PATH.read_text(), path.read_text(), name=f"--kernel {args.kernel}", target=BWD_PATH.name)
+    except (KernelSourceError, OSError, UnicodeDecodeError) as exc:
+        raise UsageError(str(exc) if isinstance(exc, KernelSourceError) else f"--kernel {args.kernel}: cannot read it: "
+                         f"{exc}") from None
+    out = cache_root() / "kernel-variants" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}-{path.stem}.cu"
+    if not out.is_file():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # store_atomic then fails: the message below
+        if not store_atomic(out, text.encode()):
+            raise UsageError(f"--kernel {args.kernel}: cannot write the patched fa2_bwd.cu to {out.parent} "
+                             "(set FLASHSIM_CACHE to a writable directory, or give the patched .cu)")
+    return out
 
 
 def dtype_of(args) -> str:

@@ -128,11 +128,12 @@ def engine_for(config, prob: Problem | None = None) -> str:
     return "program" if config.spec_schedule else "ptx"
 
 
-def launch_info(prob: Problem) -> LaunchInfo:
-    """What observers learn about a launch of the kernel for `prob`."""
+def launch_info(prob: Problem, static_smem: int = 0) -> LaunchInfo:
+    """What observers learn about a launch of the kernel for `prob`; `static_smem`: the bytes before
+    the dynamic shared memory (a variant's own __shared__ variables: Program.dynamic_smem_offset)."""
     cfg = prob.config
     return LaunchInfo("fa2_fwd_kernel", prob.launch_grid, (cfg.n_threads, 1, 1),
-                      cfg.smem_bytes, prob)
+                      static_smem + cfg.smem_bytes, prob)
 
 
 def wave_order(prob: Problem, ctas: np.ndarray) -> np.ndarray:

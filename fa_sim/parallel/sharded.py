@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..hub import Hub
-from ..kernels import launch_info
 from ..run import RunSpec, global_memory, run_ctas
 from .errors import ShardError
 from .job import Job, Task
@@ -109,7 +108,7 @@ def run_shard(ctx: ShardContext, shard: Shard, progress) -> ShardResult:
         (q, k, v), o, lse = ctx.qkv, None, None
     gmem, bufs, ptr = global_memory(prob, q, k, v, o, lse)
     hub = Hub([p.fresh() for p in ctx.prototypes])
-    hub.launch(launch_info(prob))
+    hub.launch(ctx.spec.launch_info())
     run_ctas(ctx.spec, gmem, ptr, hub, list(shard.waves), progress)
     partials = [obs.partial() for obs in hub.observers]
     if ctx.shared is not None:

@@ -31,6 +31,8 @@ state.WaveState and never import this module.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from ..errors import KernelFault
@@ -67,13 +69,14 @@ class Engine(WaveState):
         code, stop = self.kernel.instructions, self.compiled.stop
         limit, steps = self.budget.limit, self.steps
         heartbeat = Heartbeat(self._ctas())
+        barriers = [ins.pc for ins in code if _waits_at_barrier(ins)]
         while groups:
             if not self.observed and (len(groups) > 1 or groups[min(groups)] is not None):
                 parts = waves.split(self, groups)
                 if parts:
                     self.steps = steps
                     return parts
-            pc = min(groups)
+            pc = self._next_pc(groups, code)
             if self.parks and pc > self.loop.tail and groups[pc] is None and len(groups) == 1:
                 self.pc, self.steps = pc, steps
                 return [self]  # waits past the main loop for the other parts of its wave (run_waves)
@@ -83,7 +86,11 @@ class Engine(WaveState):
             group = Group(mask, self.n)
             if group.n == 0:
                 continue
-            end = min(stop[pc], min(groups, default=len(code)))
+            end = min(stop[pc], min((p for p in groups if p > pc), default=len(code)))
+            if groups:  # other threads wait elsewhere: stop before a barrier (_next_pc decides who goes first)
+                k = bisect.bisect_right(barriers, pc)
+                if k < len(barriers) and barriers[k] < end:
+                    end = barriers[k]
             if end <= pc or steps + (end - pc) > limit:  # a control instruction, or the budget ends here
                 end = pc + 1
             before, steps = steps, steps + (end - pc)
@@ -105,6 +112,18 @@ class Engine(WaveState):
                     groups[nxt] = None if both.all() else both
         self.steps = steps  # the wave's instruction issues (what the budget counts)
         return []
+
+    def _next_pc(self, groups: dict, code: list) -> int:
+        """The pc whose group runs next: the lowest, unless it waits at a CTA barrier (bar.sync) while
+        another group is elsewhere than at one - those threads run first, to their exit (an exited
+        thread owes the barrier nothing: `if (...) return;` before a __syncthreads()) or to a barrier;
+        the barrier then checks that every running thread of its CTAs arrived."""
+        pc = min(groups)
+        if len(groups) > 1 and _waits_at_barrier(code[pc]):
+            free = [p for p in groups if p >= len(code) or not _waits_at_barrier(code[p])]
+            if free:
+                return min(free)
+        return pc
 
     def stretch(self, pc: int, end: int, group: Group) -> list:
         """Execute pcs pc .. end - 1 (no control instruction among them) for a group."""
@@ -171,6 +190,11 @@ class Engine(WaveState):
         if rest.any():
             out.append((pc + 1, None if rest.all() else rest))
         return out
+
+
+def _waits_at_barrier(ins: Instruction) -> bool:
+    """A CTA barrier (bar.sync, barrier.sync; not bar.warp.sync) as a group's next instruction."""
+    return ins.opcode in ("bar", "barrier") and "sync" in ins.mods and "warp" not in ins.mods
 
 
 def run_waves(wave: Engine) -> None:

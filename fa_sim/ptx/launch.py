@@ -165,11 +165,11 @@ def run_program(program: Program, grid, block, smem_bytes: int, params: bytes, m
     if threads > MAX_THREADS_PER_CTA:
         raise ValueError(f"a CTA of {threads} threads is over the limit of {MAX_THREADS_PER_CTA}")
     n_warps = -(-threads // WARP_SIZE)
-    smem = program.static_smem_bytes + int(smem_bytes)
+    smem = program.dynamic_smem_offset + int(smem_bytes)
     symbols = {**symbols, **program.static_smem, **program.local_vars}
     for var in (*program.module.variables, *program.kernel.variables):
         if var.space == "shared" and var.extern:
-            symbols[var.name] = -(-program.static_smem_bytes // max(var.align, 16)) * max(var.align, 16)
+            symbols[var.name] = program.dynamic_smem_offset
     n_ctas = grid[0] * grid[1] * grid[2]
     model = tensorcore.resolve(mma_model)
     if waves is None:  # made one at a time: a grid of 2**31 CTAs would hold 17 GB of ids at once
@@ -223,13 +223,13 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     module = load_module(source_or_ptx, macros=macros)  # checks that a path names a file
     text, path = _read(source_or_ptx)
     program = build_program(module, kernel, None if _is_ptx(text, path) else text)
-    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    smem_bytes = check.smem_bytes(smem_bytes, program.dynamic_smem_offset)
     budget = step_budget(len(program.kernel.instructions), _trips(args), max_steps)
     memory = GlobalMemory()
     params, bufs = pack_params(program, args, memory, names)
     symbols = _globals(program, memory)
     hub = Hub(observers)
-    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.static_smem_bytes + smem_bytes, info, split))
+    hub.launch(LaunchInfo(program.kernel.name, grid, block, program.dynamic_smem_offset + smem_bytes, info, split))
     announce_long_launch(n_ctas if waves is None else int(sum(len(w) for w in waves)), wave_ctas)
     run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model, labels=labels,
                 wave_ctas=wave_ctas, waves=waves, budget=budget)

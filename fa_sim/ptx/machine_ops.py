@@ -414,6 +414,9 @@ def _exited_bits(eng: WaveState) -> np.ndarray:
 
 
 def barrier(eng: WaveState, group: Group, ins: Instruction) -> None:
+    if "warp" in ins.mods:
+        warp_sync(eng, group, ins)
+        return
     if set(ins.mods) - {"cta", "aligned"} != {"sync"}:  # not .arrive / .red (bar.cta.arrive is no bar.sync)
         raise Unsupported(f"{ins.mnemonic} (only bar{{.cta}}.sync / barrier{{.cta}}.sync{{.aligned}})")
     if len(ins.operands) > 1:
@@ -424,6 +427,51 @@ def barrier(eng: WaveState, group: Group, ins: Instruction) -> None:
         raise Unsupported("named barriers other than 0")
     instr = eng.activate(ins.pc, group)
     eng.m.bar_sync(instr, eng.running)
+
+
+def warp_sync(eng: WaveState, group: Group, ins: Instruction) -> None:
+    """bar.warp.sync membermask (__syncwarp; #parallel-synchronization-and-communication-instructions-bar-warp-sync):
+    the lanes of membermask meet before any goes on. Here a warp's lanes that run together are
+    already in step and memory is sequentially consistent, so what remains is the rule: every lane
+    that executes it must be in its own membermask (else the behaviour is undefined: a KernelFault)."""
+    if set(ins.mods) != {"warp", "sync"} or len(ins.operands) != 1:
+        raise Unsupported(f"{ins.mnemonic} (only bar.warp.sync membermask)")
+    mm = eng.read(ins.operands[0], "b32", group.idx, group.n).astype(np.int64)
+    lane = (group.idx if group.idx is not None else np.arange(eng.n)) % 32
+    if np.any((mm >> lane) & 1 == 0):
+        raise KernelFault("bar.warp.sync: a lane that executes it is not in its membermask")
+    eng.activate(ins.pc, group)
+
+
+def vote(eng: WaveState, group: Group, ins: Instruction) -> None:
+    """vote.sync.{all,any,uni}.pred d, a, membermask and vote.sync.ballot.b32 d, a, membermask
+    (#parallel-synchronization-and-communication-instructions-vote-sync): per warp, over the lanes
+    of the membermask (every executing lane must name the same mask and be in it; lanes of the mask
+    that exited count as absent), a predicate reduction or the ballot's bit mask (bit i: lane i's a)."""
+    mode = next((m for m in ins.mods if m in ("all", "any", "uni", "ballot")), None)
+    if "sync" not in ins.mods or mode is None or len(ins.operands) != 3:
+        raise Unsupported(f"{ins.mnemonic} (only vote.sync.{{all,any,uni}}.pred and vote.sync.ballot.b32)")
+    d, a, mask = ins.operands
+    pred = eng.scatter(eng.read(a, "pred", group.idx, group.n), group, fill=False).astype(bool)  # [C, W, L]
+    mm = _warp_membermask(eng, eng.scatter(eng.read(mask, "b32", group.idx, group.n).astype(np.int64), group),
+                          group)
+    active = group.full(eng.n).reshape(eng.cw)
+    lane_bit = np.int64(1) << np.arange(32)
+    if np.any(active & ((mm & lane_bit) == 0)):
+        raise KernelFault(f"{ins.mnemonic}: a lane that executes it is not in its membermask")
+    member = (mm & lane_bit) != 0  # [C, W, L]: the lanes the vote reads (on every lane of the warp: its mask)
+    if np.any(member & ~active & eng.running.reshape(eng.cw)):
+        raise KernelFault(f"{ins.mnemonic}: a lane of the membermask does not execute it with the others "
+                          "(the warp diverged before the vote)")
+    voters = member & active
+    if mode == "ballot":
+        value = ((pred & voters) * lane_bit).sum(axis=-1, keepdims=True)
+        out, t = np.broadcast_to(value, eng.cw).astype(np.uint32), "b32"
+    else:
+        yes, no = (pred & voters).any(axis=-1, keepdims=True), (~pred & voters).any(axis=-1, keepdims=True)
+        out, t = np.broadcast_to({"all": ~no, "any": yes, "uni": ~(yes & no)}[mode], eng.cw), "pred"
+    eng.activate(ins.pc, group)
+    eng.write(d, eng.gather(out, group), t, group.idx, group.n)
 
 
 def fence(eng: WaveState, group: Group, ins: Instruction) -> None:

@@ -53,7 +53,7 @@ class Family(enum.Enum):
     MEMORY = ("loads, stores, address conversion", Unit.MACHINE, None)
     ASYNC_COPY = ("asynchronous copy", Unit.MACHINE, None)
     MATRIX = ("warp-level matrix", Unit.MACHINE, None)
-    SHUFFLE = ("shuffle", Unit.MACHINE, None)
+    SHUFFLE = ("shuffle and vote", Unit.MACHINE, None)
     SYNC = ("barriers and fences", Unit.MACHINE, None)
     ATOMIC = ("atomics", Unit.MACHINE, None)
     CONTROL = ("control", Unit.CONTROL, None)
@@ -145,6 +145,7 @@ def _typed(name: str, int_: Compiler | None, float_: Compiler | None, half_: Com
 _NON_SASS_SPACES = {"param": Op.REG, "local": Op.REG, "const": Op.REG}  # no LDS/LDG: not counted
 LOAD_CLASS = ByForm(MappingProxyType({"shared": Op.LDS, "global": Op.LDG} | _NON_SASS_SPACES), Op.LDG)
 STORE_CLASS = ByForm(MappingProxyType({"shared": Op.STS, "global": Op.STG} | _NON_SASS_SPACES), Op.STG)
+BAR_CLASS = ByForm(MappingProxyType({"warp": Op.REG}), Op.BAR)  # bar.warp.sync is a WARPSYNC, no BAR
 CP_ASYNC_CLASS = ByForm(MappingProxyType({"commit_group": Op.LDGDEPBAR, "wait_group": Op.DEPBAR,
                                           "wait_all": Op.DEPBAR}), Op.LDGSTS)
 
@@ -217,7 +218,8 @@ ROWS: tuple[OpDef, ...] = (
     _one("ldmatrix", Family.MATRIX, machine_ops.ldmatrix, Op.LDSM),
     _one("mma",      Family.MATRIX, machine_ops.mma, Op.HMMA),
     _one("shfl",     Family.SHUFFLE, machine_ops.shfl, Op.SHFL),
-    _one("bar",      Family.SYNC, machine_ops.barrier, Op.BAR),
+    _one("bar",      Family.SYNC, machine_ops.barrier, BAR_CLASS),
+    _one("vote",     Family.SHUFFLE, machine_ops.vote),
     _one("barrier",  Family.SYNC, machine_ops.barrier, Op.BAR),
     _one("membar",   Family.SYNC, machine_ops.fence),
     _one("fence",    Family.SYNC, machine_ops.fence),
@@ -253,6 +255,9 @@ def lookup(opcode: str) -> OpDef:
     """The row of an opcode; Unsupported names an opcode the table does not have."""
     row = OPCODES.get(opcode)
     if row is None:
+        if opcode == "call":  # fa_sim/ptx/inline.py inlines the module's own functions; these remain
+            raise Unsupported("a call the engine cannot run in place (it does not execute function calls: printf's "
+                              "vprintf and other functions the module only declares, calls through a register)")
         raise Unsupported(f"opcode {opcode}")
     return row
 

@@ -17,6 +17,7 @@ from functools import cached_property
 
 from ..machine import Instr
 from .blocks import Compiled, Loop, main_loop
+from .inline import inline_calls
 from .debuginfo import short_name
 from .optable import sass_class
 from .ir import Instruction, Kernel, Module
@@ -36,6 +37,15 @@ class Program:
     static_smem_bytes: int  # bytes of the static shared variables (extern arrays start there)
     local_vars: dict  # .local variable -> byte offset in each thread's local window
     local_bytes: int  # local memory per thread
+
+    @property
+    def dynamic_smem_offset(self) -> int:
+        """Where the extern shared arrays (the dynamic shared memory) start in the CTA's window: after
+        the static shared variables, at the largest alignment an extern array asks for (16 at least,
+        as CUDA aligns dynamic shared memory). A CTA's shared memory is this plus its dynamic bytes."""
+        align = max([16] + [v.align for v in (*self.module.variables, *self.kernel.variables)
+                            if v.space == "shared" and v.extern])
+        return -(-self.static_smem_bytes // align) * align
 
     @cached_property
     def compiled(self) -> Compiled:
@@ -105,7 +115,7 @@ def _label(ins: Instruction, lines: list[str] | None) -> str:
 
 def build_program(module: Module, kernel_name: str | None = None, source: str | None = None) -> Program:
     """Annotate `kernel_name` (the only kernel when None) of a parsed module."""
-    kernel = module.kernel(kernel_name)
+    kernel = inline_calls(module, module.kernel(kernel_name))  # __noinline__ functions, run in place
     lines = source.splitlines() if source is not None else None
     sections = phase_sections(source) if source is not None else []
     instrs = []

@@ -224,7 +224,7 @@ class WaveState:
             if p.name == name:
                 return p.offset
         raise Unsupported(f"{name} is not a parameter of {self.kernel.name} (an argument of a `call`? the engine "
-                          f"does not execute function calls: printf and non-inlined device functions)")
+                          f"does not execute calls of functions the module only declares, such as printf)")
 
     def param_bytes(self, offset: np.ndarray, size: int) -> np.ndarray:
         """[n, size] uint8 of the parameter buffer at each thread's offset (uniform in practice)."""

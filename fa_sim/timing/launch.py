@@ -298,12 +298,12 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     name = str(path) if path else name
     module = load_module(source, macros=macros)
     program = build_program(module, kernel, text)
-    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    smem_bytes = check.smem_bytes(smem_bytes, program.dynamic_smem_offset)
     listing, cubin = _compiled(text, name, gpu.arch, tuple(sorted(macros.items())))
     model = LaunchModel(program, listing, cubin, gpu)
     threads = block[0] * block[1] * block[2]
     n_warps = -(-threads // 32)
-    cta_smem = program.static_smem_bytes + smem_bytes
+    cta_smem = program.dynamic_smem_offset + smem_bytes
     k = occupancy(model.usage.registers, cta_smem, threads, gpu)
     if k < 1:
         raise ValueError(f"a CTA of {threads} threads, {model.usage.registers} registers a thread and {cta_smem:,} "
@@ -417,11 +417,11 @@ def check_launch_cost(source: str, grid, block, smem_bytes: int = 0, gpu: GpuMod
     text, path = _read(source)
     macros = check.macros(macros)
     program = build_program(load_module(source, macros=macros), kernel, text)
-    smem_bytes = check.smem_bytes(smem_bytes, program.static_smem_bytes)
+    smem_bytes = check.smem_bytes(smem_bytes, program.dynamic_smem_offset)
     _, cubin = _compiled(text, str(path) if path else name, gpu.arch, tuple(sorted(macros.items())))
     threads = block[0] * block[1] * block[2]
     k = occupancy(ResourceUsage.from_cubin(cubin, program.kernel.name).registers,
-                  program.static_smem_bytes + smem_bytes, threads, gpu)
+                  program.dynamic_smem_offset + smem_bytes, threads, gpu)
     if k < 1:
         return 0.0  # predict_launch says why
     n_ctas = grid[0] * grid[1] * grid[2]

@@ -46,7 +46,7 @@ from .gpus import GPUS, GpuModel, gpu_model
 from .program import Step, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm
-from .stream import PLAIN, Features, KernelStream, StreamMismatch, probe_program, same_structure
+from .stream import PLAIN, Features, KernelStream, StreamMismatch, probe_program, round_latch, same_structure
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 STEADY_RUN = 8  # K/V rounds of the staggered CTAs timed per occupancy level
@@ -90,6 +90,12 @@ class KernelModel:
     fingerprint: str = ""  # sha256 of the SASS listing the model was built from (the rates' disk cache key)
     memory: dict = field(default_factory=dict)  # global class -> MemoryCounts of the one-CTA run (sectors, lines)
     stack_bytes: int = 0  # local memory per thread (spills, local arrays), from the cubin
+    static_smem: int = 0  # shared bytes of the kernel's own __shared__ variables, before the dynamic ones
+
+    @property
+    def cta_smem(self) -> int:
+        """Shared memory per CTA: the static variables (an edit's `__shared__ int flag`) and the config's."""
+        return self.static_smem + self.config.smem_bytes
     _steps: dict = field(default_factory=dict, compare=False, repr=False)  # gpu -> address -> Step
 
     def steps(self, instrs, gpu: GpuModel) -> list[Step]:
@@ -136,7 +142,7 @@ def occupancy(model: KernelModel, gpu: GpuModel) -> int:
     cfg = model.config
     regs_per_warp = -(-model.registers * 32 // 256) * 256  # allocated per warp in units of 256
     by_regs = gpu.regs_per_sm // (regs_per_warp * cfg.n_warps)
-    by_smem = gpu.smem_per_sm // (cfg.smem_bytes + gpu.smem_reserved)
+    by_smem = gpu.smem_per_sm // (model.cta_smem + gpu.smem_reserved)
     by_threads = gpu.threads_per_sm // cfg.n_threads
     return max(0, min(by_regs, by_smem, by_threads, gpu.ctas_per_sm))
 
@@ -180,7 +186,7 @@ def sm_gpu(model: KernelModel, gpu: GpuModel, j: int, k: int) -> GpuModel:
     """The parameters of an SM with j of its k CTA slots filled: the copy latency at that load
     (GpuModel.loaded) and the share of local-memory requests its L1 holds (GpuModel.with_local)."""
     cfg = model.config
-    return gpu.loaded(j, k).with_local(model.stack_bytes, cfg.n_threads, cfg.smem_bytes, j, k)
+    return gpu.loaded(j, k).with_local(model.stack_bytes, cfg.n_threads, model.cta_smem, j, k)
 
 
 @functools.lru_cache(maxsize=256)
@@ -698,9 +704,9 @@ def kernel_model(config: KernelConfig, causal: bool, arch: str, kernel=None, fea
     graph = SassGraph(text, KERNEL_NAME)
     walker = Walker(graph, PtxGraph(program.kernel))
     return KernelModel(config, causal, graph, controls, ck.usage.registers, bank_wavefronts(config, kernel),
-                       KernelStream(config, causal, kernel, graph, walker, program.loop.tail, features),
+                       KernelStream(config, causal, kernel, graph, walker, round_latch(program.kernel), features),
                        hashlib.sha256(text.encode()).hexdigest(), memory=global_sectors(config, kernel),
-                       stack_bytes=ck.usage.stack_bytes)
+                       stack_bytes=ck.usage.stack_bytes, static_smem=program.dynamic_smem_offset)
 
 
 def bank_wavefronts(config: KernelConfig, kernel=None) -> dict:

@@ -189,6 +189,30 @@ def _cached(text: str, cfg: KernelConfig, causal: bool, kernel, nq: int, nk: int
     return out, counts
 
 
+def round_latch(kernel) -> int:
+    """The PTX pc of the K/V loop's back edge, whose visits count the rounds: the engine's main loop
+    (fa_sim.ptx.blocks.main_loop: the outermost loop holding a barrier or an mma), or, where that
+    loop only wraps an inner loop holding every barrier of it (an edit that walks the K/V blocks in
+    chunks: `for (t0 ...) for (t = t0; t < t0 + 3 ...)`), that inner loop, and so on inwards. A
+    rolled loop inside a round (a GEMM kept rolled, a copy loop with one extra barrier) leaves some
+    barrier of the round outside it, so the round stays the outer loop's."""
+    from ..ptx.blocks import main_loop
+
+    loop = main_loop(kernel)
+    code = kernel.instructions
+    bars = lambda lo, hi: {i.pc for i in code[lo: hi + 1] if i.opcode in ("bar", "barrier") and "warp" not in i.mods}
+    inner = [(kernel.labels[i.operands[0].name], i.pc) for i in code
+             if i.opcode == "bra" and kernel.labels[i.operands[0].name] <= i.pc]
+    head, tail = loop.head, loop.tail
+    while True:
+        mine = bars(head, tail)
+        deeper = [(h, t) for h, t in inner if head <= h and t <= tail and (h, t) != (head, tail) and mine
+                  and bars(h, t) == mine]
+        if not deeper:
+            return tail
+        head, tail = max(deeper, key=lambda lp: lp[1] - lp[0])
+
+
 def probe_program(cfg: KernelConfig, causal: bool, kernel, feat: Features = PLAIN):
     """The PTX program the probes run: the timed build with its features, a window's wide twin."""
     from ..ptx.fa2 import _program
@@ -239,7 +263,7 @@ def _run_probe(prob: Problem, kernel, mbs: tuple, feat: Features = PLAIN) -> tup
     counts: dict = {}
     for (op, _, _), n in hub.counts.items():
         counts[op.value] = counts.get(op.value, 0) + int(n)
-    latch = program.loop.tail
+    latch = round_latch(program.kernel)
     out = {}
     for mb in mbs:
         cta = int(prob.q_block_index(np.array([mb]))[0])

@@ -444,6 +444,11 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
             pairs = list(zip(starts, cands))
         elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
             pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
+            # the others are spare too: ptxas may have labelled one's SASS branch with the location of
+            # an instruction of its arm (a loop NVVM unrolled by 2: copy_tile's test in the second copy
+            # carries its cp.async's location), tied below among the branches of no shared location
+            paired = {i.pc for _, i in pairs}
+            spare += [i for i in cands if i.pc not in paired]
         else:
             pairs = _excess(starts, cands, loc, spare, arms, parms, ptx)
         for s, ins in pairs:

@@ -1,0 +1,81 @@
+"""Edits of the kernels as a user writes them, timed (issue 35): a K/V loop NVVM unrolls by 2 ties
+every SASS branch to a PTX branch, and `fa time --backward --kernel` takes a patch of fa2_bwd.cu
+as `fa time --kernel` takes one of fa2_fwd.cu."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the kernels compile with NVRTC (the hw extra)")
+
+from fa_sim.cli import main  # noqa: E402
+from fa_sim.config import KernelConfig  # noqa: E402
+from fa_sim.contract import kernel_source  # noqa: E402
+from fa_sim.contract.backward import BWD_PATH  # noqa: E402
+
+LOOP = "  // phase: K load\n  for (int t = 0; t < n_block_max; ++t) {\n"
+
+
+def _patch(tmp_path, seed_path, old: str, new: str, name: str):
+    """A unified diff of one replacement in a seed file, as `diff -u` writes it."""
+    import difflib
+
+    seed = seed_path.read_text()
+    assert seed.count(old) == 1
+    text = seed.replace(old, new)
+    diff = difflib.unified_diff(seed.splitlines(keepends=True), text.splitlines(keepends=True),
+                                f"a/fa_hw/kernels/{seed_path.name}", f"b/fa_hw/kernels/{seed_path.name}")
+    path = tmp_path / name
+    path.write_text("".join(diff))
+    return path
+
+
+def test_a_kv_loop_unrolled_by_two_ties_every_sass_branch(tmp_path):
+    """NVVM copies the K/V body; ptxas labels one copy's copy_tile branch with its cp.async's
+    location: the PTX branch alignment leaves unpaired there decides it (timing.walk.tie)."""
+    from fa_sim.contract.source import SEED_PATH
+    from fa_sim.timing.predict import kernel_model
+
+    path = _patch(tmp_path, SEED_PATH, LOOP, LOOP.replace("  for", "#pragma unroll 2\n  for"), "unroll2.patch")
+    model = kernel_model(KernelConfig(), False, "sm_90", str(path))
+    walker = model.stream.walker
+    conditional = [s for s, b in model.sass.blocks.items()
+                   if b.last.conditional and len(b.succ) == 2 and b.func == model.sass.kernel]
+    assert conditional and set(conditional) <= set(walker.ties)
+
+
+def test_fa_time_backward_takes_a_patch_of_fa2_bwd(tmp_path, capsys):
+    line = "    if (!FA_DROP_BAR_DS) __syncthreads();"
+    path = _patch(tmp_path, BWD_PATH, line, "    __syncthreads();  // an extra barrier\n" + line, "extra_bar.patch")
+    argv = ["time", "--backward", "--seqlen", "128", "--heads", "1", "--head-dim", "32", "--kernel", str(path)]
+    assert main(argv) == 0
+    assert "predicted time" in capsys.readouterr().out
+    bad = tmp_path / "bad.patch"
+    bad.write_text(path.read_text().replace("BAR_DS", "BAR_XX", 1))
+    assert main([*argv[:-1], str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.patch" in err and err.count("\n") == 1, err
+    fwd = tmp_path / "fwd.patch"
+    fwd.write_text(path.read_text().replace("fa2_bwd.cu", "fa2_fwd.cu"))
+    assert main([*argv[:-1], str(fwd)]) == 2
+    assert "fa2_bwd.cu" in capsys.readouterr().err
+
+
+def test_a_variant_s_own_shared_variable_moves_the_tiles_without_a_false_hazard(tmp_path):
+    """`__shared__ int counter;` with shared atomics in the epilogue: the dynamic tiles start 16 bytes
+    in, the hazard checker's window holds them (no OOB_SHARED at sV's end) and O is the seed's."""
+    import numpy as np
+
+    from fa_sim import simulate
+    from fa_sim.contract.source import SEED_PATH
+    from fa_sim.observers.hazards import HazardChecker
+
+    line = "  store_o_smem(tCrO, sQ);  // sO reuses sQ"
+    path = _patch(tmp_path, SEED_PATH, line, "  __shared__ int counter;\n  if (threadIdx.x == 0) counter = 0;\n"
+                  "  __syncthreads();\n  if (lane == 0) atomicAdd(&counter, 1);\n" + line, "counter.patch")
+    rng = np.random.default_rng(35)
+    q, k, v = (rng.standard_normal((1, 1, 64, 64)).astype(np.float16) for _ in range(3))
+    hazards = HazardChecker()
+    res = simulate(q, k, v, kernel=str(path), observers=[hazards])
+    assert not hazards.report().kinds()
+    assert np.array_equal(res.o.view(np.uint16), simulate(q, k, v, engine="ptx").o.view(np.uint16))
