@@ -44,6 +44,24 @@ def test_a_kv_loop_unrolled_by_two_ties_every_sass_branch(tmp_path):
     assert conditional and set(conditional) <= set(walker.ties)
 
 
+def test_an_edit_the_probes_cannot_count_is_timed_as_any_launch(tmp_path):
+    """The K/V loop unrolled by 2 runs half as many latch visits as the probes' schedule counts (a
+    StreamMismatch): fa_sim.timing.predict times the edited launch through predict_launch instead of
+    refusing it, says why, and the grid's instructions are the walks' (near the seed kernel's: the same
+    work, one loop test per two rounds)."""
+    from fa_sim import Problem
+    from fa_sim.contract.source import SEED_PATH
+    from fa_sim.timing import predict
+
+    path = _patch(tmp_path, SEED_PATH, LOOP, LOOP.replace("  for", "#pragma unroll 2\n  for"), "unroll2.patch")
+    prob = Problem(1, 2, 512, 512, False, 1.0, KernelConfig())
+    edited, seed = predict(prob, "h200", str(path), progress=False), predict(prob, "h200", progress=False)
+    assert edited.notes["timed_as"] == "launch" and "K/V rounds per warp" in edited.notes["why"], edited.notes
+    assert "timed_as" not in seed.notes
+    assert 0.9 < edited.instructions / seed.instructions < 1.02, (edited.instructions, seed.instructions)
+    assert 0.5 < edited.kernel_ms / seed.kernel_ms < 1.5
+
+
 def test_fa_time_backward_takes_a_patch_of_fa2_bwd(tmp_path, capsys):
     line = "    if (!FA_DROP_BAR_DS) __syncthreads();"
     path = _patch(tmp_path, BWD_PATH, line, "    __syncthreads();  // an extra barrier\n" + line, "extra_bar.patch")
