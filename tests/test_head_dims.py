@@ -274,11 +274,23 @@ GPU_CASES = [(d, tag, nq, nk, causal) for d in NEW for tag, nq, nk, causal in (
     (None, 70, 90, False), (None, 70, 90, True), ("heuristic", 333, 129, True), ("heuristic", 130, 300, False))]
 
 
+
+def _equals_the_engine(out, q, k, v, causal, config):
+    """fa_hw.forward's output `out` bit-identical to the PTX engine's run and within the accuracy bounds."""
+    from fa_hw import check
+
+    sim = simulate(q, k, v, causal=causal, config=config, engine="ptx", mma_model="h200")
+    o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)
+    assert np.array_equal(o.view(np.uint16), sim.o.view(np.uint16))
+    assert np.array_equal(lse.view(np.uint32), sim.lse.view(np.uint32))
+    acc = measure(o, lse, q, k, v, causal, out.scale, config)
+    assert acc.ok, acc.failures()
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"d{c[0]}-{c[1] or 'seed'}-{c[2]}x{c[3]}{'-causal' if c[4] else ''}")
 def test_gpu_bit_identical_to_the_ptx_engine(case):
     import fa_hw
-    from fa_hw import check, tuned
+    from fa_hw import tuned
 
     if not fa_hw.has_gpu():
         pytest.skip("no NVIDIA GPU / driver here")
@@ -286,12 +298,7 @@ def test_gpu_bit_identical_to_the_ptx_engine(case):
     config = KernelConfig(head_dim=d) if which is None else tuned.heuristic(d)
     q, k, v = _inputs(d, nq=nq, nk=nk, b=2, h=2, seed=nq)
     out = fa_hw.forward(q, k, v, causal=causal, config=config)
-    sim = simulate(q, k, v, causal=causal, config=config, engine="ptx", mma_model="h200")
-    o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)
-    assert np.array_equal(o.view(np.uint16), sim.o.view(np.uint16))
-    assert np.array_equal(lse.view(np.uint32), sim.lse.view(np.uint32))
-    acc = measure(o, lse, q, k, v, causal, out.scale, config)
-    assert acc.ok, acc.failures()
+    _equals_the_engine(out, q, k, v, causal, config)
 
 
 @pytest.mark.gpu
@@ -303,7 +310,6 @@ def test_gpu_sm90_tiles_bit_identical_to_the_ptx_engine(tag, causal):
     import fa_hw
     from dataclasses import replace
 
-    from fa_hw import check
     from fa_hw.device import device_arch
 
     if not fa_hw.has_gpu():
@@ -316,9 +322,4 @@ def test_gpu_sm90_tiles_bit_identical_to_the_ptx_engine(tag, causal):
             fa_hw.forward(q, k, v, causal=causal, config=config)
         return
     out = fa_hw.forward(q, k, v, causal=causal, config=config)
-    sim = simulate(q, k, v, causal=causal, config=config, engine="ptx", mma_model="h200")
-    o, lse = check.to_numpy(out.o), check.to_numpy(out.lse)
-    assert np.array_equal(o.view(np.uint16), sim.o.view(np.uint16))
-    assert np.array_equal(lse.view(np.uint32), sim.lse.view(np.uint32))
-    acc = measure(o, lse, q, k, v, causal, out.scale, config)
-    assert acc.ok, acc.failures()
+    _equals_the_engine(out, q, k, v, causal, config)
