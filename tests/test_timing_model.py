@@ -404,12 +404,12 @@ def test_sm_rates_are_timed_once_per_config_and_change_no_prediction():
 
     pm = importlib.import_module("fa_sim.timing.predict")  # the module (the package's `predict` is its function)
     cfg = KernelConfig()
-    pm.predict(Problem(1, 4, 512, 512, True, 1.0, cfg))
+    pm.predict_probed(Problem(1, 4, 512, 512, True, 1.0, cfg))
     hits = pm._rates.cache_info().hits
-    cached = pm.predict(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
+    cached = pm.predict_probed(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
     assert pm._rates.cache_info().hits == hits + 1
     pm._rates.cache_clear()
-    fresh = pm.predict(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
+    fresh = pm.predict_probed(Problem(2, 8, 1000, 1000, True, 1.0, cfg))
     assert (fresh.kernel_ms, fresh.stalls, fresh.pipes, fresh.instructions) == \
         (cached.kernel_ms, cached.stalls, cached.pipes, cached.instructions)
 

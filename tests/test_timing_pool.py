@@ -14,9 +14,9 @@ def _calls(monkeypatch) -> list:
     """Each pmap call's (pieces, workers), recorded while it runs as before."""
     seen, real = [], pool.pmap
 
-    def spy(fn, n, n_workers, done=None):
+    def spy(fn, n, n_workers, done=None, sizes=None):
         seen.append((n, n_workers))
-        return real(fn, n, n_workers, done)
+        return real(fn, n, n_workers, done, sizes)
     monkeypatch.setattr(pool, "pmap", spy)
     return seen
 

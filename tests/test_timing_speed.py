@@ -65,10 +65,10 @@ def test_the_model_work_does_not_grow_with_the_problem(counted):
     stream.probe_rounds rounds, longer CTAs repeat a steady round)."""
     cfg = KernelConfig()
     work = counted()
-    pm.predict(Problem(1, 4, 1024, 1024, True, 1.0, cfg), progress=False)
+    pm.predict_probed(Problem(1, 4, 1024, 1024, True, 1.0, cfg), progress=False)
     small = dict(work)
     work = counted()
-    pm.predict(Problem(8, 32, 8192, 8192, True, 1.0, cfg), progress=False)
+    pm.predict_probed(Problem(8, 32, 8192, 8192, True, 1.0, cfg), progress=False)
     big = dict(work)
     assert small["sm_runs"] > 0 and small["probes"] > 0
     assert (big["sm_runs"], big["cycles"]) == (small["sm_runs"], small["cycles"])
@@ -81,11 +81,11 @@ def test_a_second_process_reads_the_sm_runs_from_disk_and_predicts_the_same(coun
     run again."""
     prob = Problem(2, 8, 2048, 2048, False, 1.0, KernelConfig())
     work = counted()
-    first = pm.predict(prob, progress=False)
+    first = pm.predict_probed(prob, progress=False)
     assert work["sm_runs"] > 0
     _forget()
     work.update(sm_runs=0, cycles=0.0, probes=0)
-    again = pm.predict(prob, progress=False)
+    again = pm.predict_probed(prob, progress=False)
     assert (work["sm_runs"], work["probes"]) == (0, 0)
     assert again == first
     from fa_sim.cache import cache_root
@@ -94,7 +94,7 @@ def test_a_second_process_reads_the_sm_runs_from_disk_and_predicts_the_same(coun
     assert len(entries) == 1 and json.loads(entries[0].read_text())["per_round"]
     entries[0].write_text("{not json")
     _forget()
-    third = pm.predict(prob, progress=False)
+    third = pm.predict_probed(prob, progress=False)
     assert work["sm_runs"] > 0 and third == first
 
 
