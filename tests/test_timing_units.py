@@ -112,7 +112,7 @@ def test_heavy_first_shortens_a_causal_grids_tail():
 # ---- occupancy: the driver's shared-memory reservation ------------------------------------------------
 def _occupancy(config: KernelConfig, gpu, registers: int = 64) -> int:
     """fa_sim.timing.predict.occupancy of a kernel with `registers` per thread: it reads the
-    model.s config, register count and shared memory per CTA only."""
+    model's config, register count and shared memory per CTA only."""
     return occupancy(SimpleNamespace(config=config, registers=registers, cta_smem=config.smem_bytes), gpu)
 
 
