@@ -62,6 +62,24 @@ def test_an_edit_the_probes_cannot_count_is_timed_as_any_launch(tmp_path):
     assert 0.5 < edited.kernel_ms / seed.kernel_ms < 1.5
 
 
+def test_a_branch_inside_a_noinline_function_is_refused_not_walked_past():
+    """mask_scores made __noinline__ (experiments/variants/edits_fuzz/noinline_mask.patch): ptxas returns
+    early from the SASS function (`@!P RET`), whose branches the engine's per-call-site copies cannot tie;
+    the walk took such a branch as never taken before (a wrong path, silently), now a TieError names it.
+    A called function without branches (noinline_quad_max) is walked into and timed."""
+    from pathlib import Path
+
+    from fa_sim import Problem
+    from fa_sim.timing import predict
+    from fa_sim.timing.walk import TieError
+
+    fuzz = Path(__file__).resolve().parents[1] / "experiments" / "variants" / "edits_fuzz"
+    prob = Problem(1, 2, 512, 512, True, 1.0, KernelConfig())
+    with pytest.raises(TieError, match="a conditional branch inside the called function .*mask_scores.* is not modelled"):
+        predict(prob, "h200", str(fuzz / "noinline_mask.patch"), progress=False)
+    assert predict(prob, "h200", str(fuzz / "noinline_quad_max.patch"), progress=False).kernel_ms > 0
+
+
 def test_fa_time_backward_takes_a_patch_of_fa2_bwd(tmp_path, capsys):
     line = "    if (!FA_DROP_BAR_DS) __syncthreads();"
     path = _patch(tmp_path, BWD_PATH, line, "    __syncthreads();  // an extra barrier\n" + line, "extra_bar.patch")

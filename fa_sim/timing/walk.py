@@ -29,7 +29,9 @@ a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
   each arm, those the two arms do not share, compared both ways round; an EXIT counts as a
   location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
 A SASS conditional branch that is neither has no PTX counterpart: a `TieError` names its
-address and source line. A location whose SASS and PTX branches cannot be told apart is one too.
+address and source line. A conditional branch inside a called function of the source (a
+`__noinline__` function ptxas keeps as a subroutine, e.g. its early `@P RET`) is one too: the PTX
+engine runs a copy of the function per call site, and one SASS body's branch is not tied to them. A location whose SASS and PTX branches cannot be told apart is one too.
 *Chained* PTX branches: a short-circuit condition (`if (a || b)`) is a chain of PTX branches at
 one location, each but the last jumping to where the last one jumps or falls through, with only
 straight-line code between them; ptxas may fold the chain into one SASS branch (a window build's
@@ -411,8 +413,14 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
     pending = collections.defaultdict(list)  # location -> SASS blocks ending in a tied branch
     for start, b in sorted(sass.blocks.items()):
         last = b.last
-        if not last.conditional or len(b.succ) != 2 or b.func != sass.kernel:
+        if not last.conditional or len(b.succ) != 2:
             continue
+        if b.func != sass.kernel:
+            if not b.func.startswith("$__internal"):  # a called function of the source (__noinline__)
+                raise TieError(f"{last.where()}: a conditional branch inside the called function {b.func} is not "
+                               "modelled (the PTX engine runs a copy of it per call site, the SASS one body); "
+                               "make it __forceinline__ to time this variant")
+            continue  # a ptxas-internal subroutine's (a slow path): never taken, as the walk takes the fast path
         meet = sass.ipdom.get(start)
         slow = [sass.calls_internal(s, meet) for s in b.succ]
         if slow[0] != slow[1]:
