@@ -85,6 +85,15 @@ def _predict(q, k, v, o, lse, do, causal, scale, deterministic, gpu, kernel, dty
 SEED_TILE = 1 << 16  # values drawn per seeded array; the array repeats them
 
 
+def first_head(shape, tile: np.ndarray) -> np.ndarray:
+    """Zeros of `shape` ([B, H, ...]) in tile's dtype with batch-head 0 holding `tile` repeated: the
+    seeded timing inputs (the representative CTAs read batch-head 0; the zeros' pages are never written)."""
+    out = np.zeros(shape, tile.dtype)
+    first = out.reshape(shape[0] * shape[1], -1)[0]  # batch-head 0 (a view)
+    first[:] = np.resize(tile, first.shape)
+    return out
+
+
 def seeded_backward_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, seed: int = 0,
                            dtype: str = "fp16"):
     """Seeded finite q, k, v, o, dO ([B, H, N, d]: fp16, or with dtype "bf16" float32 arrays of bf16
@@ -107,12 +116,7 @@ def seeded_backward_inputs(batch: int, heads: int, seqlen_q: int, seqlen_k: int,
     def draw(shape, to=dtype, first_only=True):
         x = rng.standard_normal(SEED_TILE).astype(np.float32)
         x = x.astype(np.float16) if to == "fp16" else f32_to_bf16_values(x) if to == "bf16" else x
-        if not first_only:
-            return np.resize(x, shape)
-        out = np.zeros(shape, x.dtype)
-        first = out.reshape(shape[0] * shape[1], -1)[0]  # batch-head 0 (a view)
-        first[:] = np.resize(x, first.shape)
-        return out
+        return first_head(shape, x) if first_only else np.resize(x, shape)
 
     q, k, v, o, do = draw(qs), draw(ks), draw(ks), draw(qs), draw(qs)
     lse = (draw(qs[:3], "fp32", False) + np.float32(np.log(max(seqlen_k, 1)))).astype(np.float32)

@@ -132,17 +132,12 @@ def predict(prob, gpu: GpuModel | str = "h200", kernel=None, exact: bool = False
 
 def _seeded_first(shape, dtype: str, rng) -> np.ndarray:
     """A 16-bit host array of `shape` ([B, H, N, d]) whose first batch-head holds SEED_TILE seeded
-    standard-normal draws, repeated, and the rest zeros (fa_sim.timing.backward.seeded_backward_inputs'
-    rule: the representative CTAs read batch-head 0; zeros' pages are never written)."""
+    standard-normal draws, repeated, and the rest zeros (backward.first_head, the backward's rule)."""
     from ..isa.convert import f32_to_bf16_rn
-    from .backward import SEED_TILE
+    from .backward import SEED_TILE, first_head
 
     x = rng.standard_normal(SEED_TILE).astype(np.float32)
-    x = f32_to_bf16_rn(x) if dtype == "bf16" else x.astype(np.float16)
-    out = np.zeros(shape, x.dtype)
-    first = out.reshape(shape[0] * shape[1], -1)[0]  # batch-head 0 (a view)
-    first[:] = np.resize(x, first.shape)
-    return out
+    return first_head(shape, f32_to_bf16_rn(x) if dtype == "bf16" else x.astype(np.float16))
 
 
 def predict_dense(prob, gpu: GpuModel | str = "h200", kernel=None, why: str = "", seed: int = 0) -> Prediction:
