@@ -5,13 +5,18 @@
     python experiments/timing_edits.py --measure [--out F]     # GPU: -> tests/data/h200/timing_edits.json
     python experiments/timing_edits.py --predict [--measured F] [--edit NAME ...]
                                                                # fa_sim.timing.predict beside the measurements
+    ... --set fuzz                                             # the same for experiments/variants/edits_fuzz/
+                                                               # (-> tests/data/h200/timing_edits_fuzz.json)
 
 Each edit is a patch of fa_hw/kernels/fa2_fwd.cu in experiments/variants/edits/ (the format of
 fa_sim/contract/patch.py, taken by every `--kernel` and `kernel=`). They change the seed config's
 schedule (kv_stages 1, the default) or the helpers every schedule uses. `EDITS` records, for each,
 what the PTX engine found on (1, 2, 200, 200), d = 64, seed config, non-causal: whether O and LSE
 equal the seed kernel's bit for bit, and the hazards the hazard checker reports ((kind, tile));
-`--check` recomputes it and tests/test_timing_edits.py checks a few.
+`--check` recomputes it and tests/test_timing_edits.py checks a few. `--set fuzz` takes the second
+set instead, the fa2_fwd.cu patches of experiments/variants/edits_fuzz/ (a later edit fuzz: loops
+written otherwise, local memory, atomics, `__noinline__` helpers, data-dependent branches; `FUZZ`
+records the same facts for them), measured into its own file.
 
 --measure times each edit and the seed kernel (fa_hw.profile.measure_time: CUDA events around each
 launch after warm-up, the median of 3 batches of 20) on the seed config at `SHAPES` (random
@@ -36,7 +41,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's 
     sys.path.insert(0, str(ROOT))
 
 EDIT_DIR = ROOT / "experiments" / "variants" / "edits"
+FUZZ_DIR = ROOT / "experiments" / "variants" / "edits_fuzz"
 DEFAULT_OUT = ROOT / "tests" / "data" / "h200" / "timing_edits.json"
+FUZZ_OUT = ROOT / "tests" / "data" / "h200" / "timing_edits_fuzz.json"
 # (B, H, Nq, Nk, causal): 132 SMs x 4 resident seed CTAs; the second not a multiple of the tiles
 SHAPES = ((4, 16, 2048, 2048, False), (2, 16, 3000, 3000, True))
 CHECK_SHAPE = (1, 2, 200, 200)  # what EDITS records (head_dim 64, seed config, non-causal)
@@ -60,10 +67,31 @@ EDITS = {
     "epilogue_twice": (True, True, set()),
     "lse_fast_log": (True, False, set()),
 }
+# the same facts for edits_fuzz/'s patches of fa2_fwd.cu (its two fa2_bwd.cu patches are timed with
+# `fa time --backward --kernel`); kv_while and syncwarp_qk compile to the seed's SASS opcode counts
+FUZZ = {
+    "atomics": (True, True, set()),
+    "debug_store": (True, True, set()),
+    "divergent_loop": (True, True, set()),
+    "kv_break": (True, True, set()),
+    "kv_nested": (True, True, set()),
+    "kv_reverse": (False, False, set()),
+    "kv_unroll2": (True, True, set()),
+    "kv_while": (True, True, set()),
+    "local_array": (True, True, set()),
+    "noinline_mask": (True, True, set()),
+    "noinline_quad_max": (True, True, set()),
+    "quad_max_broadcast": (True, True, set()),
+    "skip_dead_round": (True, True, set()),
+    "syncwarp_qk": (True, True, set()),
+    "volatile_flag": (True, True, set()),
+    "warp_early_return": (False, True, set()),
+}
+SETS = {"edits": (EDIT_DIR, EDITS, DEFAULT_OUT), "fuzz": (FUZZ_DIR, FUZZ, FUZZ_OUT)}
 
 
 def patch_path(name: str) -> Path:
-    return EDIT_DIR / f"{name}.patch"
+    return (FUZZ_DIR if name in FUZZ else EDIT_DIR) / f"{name}.patch"
 
 
 def description(name: str) -> str:
@@ -77,7 +105,7 @@ def _inputs(shape, seed: int = SEED):
     return tuple(rng.standard_normal((b, h, n, 64)).astype(np.float16) for n in (nq, nk, nk))
 
 
-def check(names=None) -> dict:
+def check(names) -> dict:
     """Each edit on the PTX engine at CHECK_SHAPE: {name: (O equal, LSE equal, hazards)}."""
     from fa_sim import simulate
     from fa_sim.observers.hazards import HazardChecker
@@ -85,7 +113,7 @@ def check(names=None) -> dict:
     q, k, v = _inputs(CHECK_SHAPE)
     base = simulate(q, k, v, causal=False, engine="ptx")
     out = {}
-    for name in names or EDITS:
+    for name in names:
         hazards = HazardChecker()
         res = simulate(q, k, v, causal=False, kernel=str(patch_path(name)), observers=[hazards])
         out[name] = (bool(np.array_equal(res.o.view(np.uint16), base.o.view(np.uint16))),
@@ -94,7 +122,7 @@ def check(names=None) -> dict:
     return out
 
 
-def measure(warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
+def measure(names, warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
     from fa_hw.device import device
     from fa_hw.profile import measure_time
     from fa_sim.config import KernelConfig
@@ -104,7 +132,7 @@ def measure(warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
     for shape in SHAPES:
         q, k, v = _inputs(shape)
         causal = shape[4]
-        for name in ["seed", *EDITS, "seed"]:
+        for name in ["seed", *names, "seed"]:
             kernel = None if name == "seed" else str(patch_path(name))
             t0 = time.time()
             ms, batch = measure_time(q, k, v, causal, None, config, kernel, warmup, reps, batches)
@@ -115,7 +143,7 @@ def measure(warmup: int = 10, reps: int = 20, batches: int = 3) -> dict:
     return {"gpu": device().name, "warmup": warmup, "reps": reps, "batches": batches, "rows": rows}
 
 
-def predict(measured: dict | None, gpu: str = "h200", names=None) -> list[dict]:
+def predict(measured: dict | None, names, gpu: str = "h200") -> list[dict]:
     from fa_sim.config import KernelConfig
     from fa_sim.problem import Problem
     from fa_sim.timing import predict as predict_problem
@@ -132,7 +160,7 @@ def predict(measured: dict | None, gpu: str = "h200", names=None) -> list[dict]:
     for shape in SHAPES:
         b, h, nq, nk, causal = shape
         prob = Problem(b, h, nq, nk, causal, 1.0, config)
-        for name in ["seed", *(names or EDITS)]:
+        for name in ["seed", *names]:
             t0 = time.time()
             m = by_key.get((name, (b, h, nq, nk), causal))
             meas = statistics.median(m) if m else None
@@ -172,41 +200,51 @@ def main(argv=None) -> int:
     mode.add_argument("--check", action="store_true", help="run each edit on the PTX engine (CPU)")
     mode.add_argument("--measure", action="store_true", help="time the edits on the GPU")
     mode.add_argument("--predict", action="store_true", help="predict the edits with fa_sim.timing")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"--measure's JSON (default {DEFAULT_OUT})")
-    ap.add_argument("--measured", type=Path, default=DEFAULT_OUT, help="--predict's measurements to compare with")
+    ap.add_argument("--set", choices=sorted(SETS), default="edits",
+                    help="edits: experiments/variants/edits/ (default); fuzz: experiments/variants/edits_fuzz/")
+    ap.add_argument("--out", type=Path, help=f"--measure's JSON (default {DEFAULT_OUT}, with --set fuzz {FUZZ_OUT})")
+    ap.add_argument("--measured", type=Path, help="--predict's measurements to compare with (default: --out's)")
     ap.add_argument("--gpu", default="h200", help="--predict: the timing model's GPU")
-    ap.add_argument("--edit", action="append", choices=sorted(EDITS), metavar="NAME",
-                    help="--predict: only this edit (and the seed kernel); repeat for several")
+    ap.add_argument("--edit", action="append", choices=sorted([*EDITS, *FUZZ]), metavar="NAME",
+                    help="--predict / --check: only this edit of the set (and the seed kernel); repeat for several")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=3)
     args = ap.parse_args(argv)
+    _, table, default_out = SETS[args.set]
     if min(args.warmup + 1, args.reps, args.batches) < 1:
         ap.error("--warmup must be >= 0, --reps and --batches >= 1")
-    if args.edit and not args.predict:
-        ap.error("--edit goes with --predict (--measure and --check run every edit)")
+    if args.edit and (args.measure or args.list):
+        ap.error("--edit goes with --predict or --check (--measure runs every edit of the set, beside the seed)")
+    stray = [n for n in args.edit or () if n not in table]
+    if stray:
+        ap.error(f"--edit {', '.join(stray)}: not in --set {args.set} ({', '.join(table)})")
+    names = args.edit or list(table)
     if args.list:
-        for name, (o_eq, lse_eq, hazards) in EDITS.items():
-            bits = "O, LSE equal" if o_eq and lse_eq else "O equal, LSE differs" if o_eq else "bits differ"
+        for name, (o_eq, lse_eq, hazards) in table.items():
+            bits = "O, LSE equal" if o_eq and lse_eq else "O equal, LSE differs" if o_eq else \
+                "O differs, LSE equal" if lse_eq else "bits differ"
             print(f"{name:<22} {bits:<21} hazards: {', '.join(f'{k} {t}' for k, t in sorted(hazards)) or 'none'}")
         return 0
     if args.check:
-        got = check()
-        wrong = [n for n in EDITS if got[n] != EDITS[n]]
+        got = check(names)
+        wrong = [n for n in names if got[n] != table[n]]
         for n, (o_eq, lse_eq, hazards) in got.items():
             print(f"{n:<22} O equal {o_eq!s:<5} LSE equal {lse_eq!s:<5} hazards {sorted(hazards) or 'none'}"
-                  + ("   <- differs from EDITS" if n in wrong else ""))
+                  + ("   <- differs from the recorded facts" if n in wrong else ""))
         return 1 if wrong else 0
+    out = args.out or default_out
     if args.measure:
-        data = measure(args.warmup, args.reps, args.batches)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"wrote {args.out} ({data['gpu']})")
+        data = measure(names, args.warmup, args.reps, args.batches)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {out} ({data['gpu']})")
         return 0
-    measured = json.loads(args.measured.read_text()) if args.measured.exists() else None
+    measured_path = args.measured or out
+    measured = json.loads(measured_path.read_text()) if measured_path.exists() else None
     if measured is None:
-        print(f"no measurements at {args.measured}: predictions only (run --measure on a GPU first)", file=sys.stderr)
-    predict(measured, args.gpu, args.edit)
+        print(f"no measurements at {measured_path}: predictions only (run --measure on a GPU first)", file=sys.stderr)
+    predict(measured, names, args.gpu)
     return 0
 
 
