@@ -2,6 +2,7 @@
 
     python experiments/timing_backward_tuned.py --predict --gpu h200 [--jobs 2]   # fill the model's predictions
     python experiments/timing_backward_tuned.py --report [--gpu h200]              # the table and the metrics
+    python experiments/timing_backward_tuned.py --measure-kernels OUT.json         # on a GPU: per kernel
 
 experiments/timing_backward.py times twelve small d = 64 passes on which the host's launch calls
 dominate; this one compares the model with the full backward times that experiments/tune_bwd.py
@@ -27,6 +28,13 @@ The predictions are kept in experiments/timing_backward_tuned.json, one per row 
 The report per half: MAPE, the worst error, Spearman's rank correlation of measured and predicted
 times, and the pair test: for each (source, shape, causal), every two candidates whose measured
 times differ by at least PAIR_MIN (3 %): does the model name the faster one.
+
+The tuned rows record only the three kernels' total, so where the model errs (it runs about 10 %
+fast on them) does not say which kernel. --measure-kernels times each row's three kernels apart on
+the GPU it runs on (fa_hw.backward.time_backward_kernels: queued launches between CUDA events, dQ
+atomic, the row's config; random normal fp16 inputs, seed 0, O and LSE from fa_hw.forward) and
+writes per kernel the median of `reps` launches, with the queued total beside the tune's. --report
+prints, where such a file is recorded (KERNELS_MEASURED), each kernel's error per row and its MAPE.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ LABELS = {
 }
 PAIR_MIN = 0.03  # the pair test takes candidates whose measured times differ by at least this
 OUT = ROOT / "tests" / "data" / "h100" / "timing_backward_tuned.json"
+# --measure-kernels' recordings, by the GPU they were measured on (report: per-kernel errors)
+KERNELS_MEASURED = [ROOT / "tests" / "data" / g / "timing_backward_tuned_kernels.json" for g in ("h100", "h200")]
 
 
 def half_of(shape) -> str:
@@ -224,6 +234,76 @@ def report(gpu: str, table: bool) -> None:
         val = [r for r in rows if r["half"] == "validate"]
         print(f"  what-if (not the model): every prediction x {k:.3f} (the fitting half's median ratio) gives the "
               f"validation half {describe(metrics(val, gpu, k))}")
+    report_kernels(gpu)
+
+
+def measure_kernels(out: Path, warmup: int = 5, reps: int = 20) -> None:
+    """Each row's three kernels apart, on this GPU (module docstring) -> out, rewritten after each row."""
+    import numpy as np
+
+    import fa_hw
+    from fa_hw.backward import time_backward_kernels
+    from fa_hw.check import to_numpy
+    from fa_hw.runtime import device
+    from fa_sim.contract.backward import BackwardConfig
+
+    seen, rows = set(), []
+    for r in select_rows():
+        key = (tuple(r["shape"]), r["causal"], r["label"])
+        if key not in seen:
+            seen.add(key)
+            rows.append(r)
+    data = {"gpu": device().name, "method": "queued", "warmup": warmup, "reps": reps, "rows": []}
+    t0 = time.time()
+    inputs = {}
+    for i, r in enumerate(rows, 1):
+        shape, causal, label = tuple(r["shape"]), r["causal"], r["label"]
+        if (shape, causal) not in inputs:
+            inputs.clear()  # one shape's buffers at a time
+            rng = np.random.default_rng(0)
+            q, k, v, do = (rng.standard_normal(shape).astype(np.float16) for _ in range(4))
+            fwd = fa_hw.forward(q, k, v, causal=causal)
+            inputs[(shape, causal)] = (q, k, v, to_numpy(fwd.o), to_numpy(fwd.lse), do)
+        cfg = BackwardConfig.from_label(label, shape[3])
+        times = time_backward_kernels(*inputs[(shape, causal)], causal=causal, deterministic=False, warmup=warmup,
+                                      reps=reps, config=cfg)
+        per = dict(zip(KERNEL_NAMES, (statistics.median(t) for t in times)))
+        data["rows"].append({"shape": list(shape), "causal": causal, "label": label, "kernels_ms": per,
+                             "total_ms": sum(per.values()), "tune_ms": r["measured_ms"]})
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{i}/{len(rows)} {str(shape):<20} {'causal' if causal else 'full':<6} {label:<13} "
+              + " ".join(f"{v:.4f}" for v in per.values())
+              + f" total {sum(per.values()):.4f} (tune {r['measured_ms']:.4f}) {time.time() - t0:.0f} s", flush=True)
+    print(f"wrote {out} ({data['gpu']})")
+
+
+KERNEL_NAMES = ("fa2_bwd_preprocess_kernel", "fa2_bwd_kernel", "fa2_bwd_convert_dq_kernel")  # launch order
+
+
+def report_kernels(gpu: str) -> None:
+    """Per kernel: the model's error against each --measure-kernels recording there is."""
+    rows = {(tuple(r["shape"]), r["causal"], r["label"]): r for r in load()["rows"] if gpu in r["predicted"]}
+    for path in KERNELS_MEASURED:
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        errs = {name: [] for name in KERNEL_NAMES}
+        queued = []
+        for m in data["rows"]:
+            r = rows.get((tuple(m["shape"]), m["causal"], m["label"]))
+            if r is None:
+                continue
+            queued.append(m["total_ms"] / m["tune_ms"] - 1)
+            for name in KERNEL_NAMES:
+                errs[name].append(r["predicted"][gpu]["kernels_ms"][name] / m["kernels_ms"][name] - 1)
+        print(f"  per kernel, against {path.relative_to(ROOT)} ({data['gpu']}, {len(queued)} rows; queued total vs "
+              f"the tune's median: {statistics.median(queued):+.1%} median)" if queued else
+              f"  per kernel: {path.relative_to(ROOT)} has no row the model predicted")
+        for name, e in errs.items():
+            if e:
+                print(f"    {name:<27} MAPE {100 * statistics.mean(map(abs, e)):5.1f} %, median error "
+                      f"{100 * statistics.median(e):+.1f} %, {100 * min(e):+.1f} .. {100 * max(e):+.1f} %")
 
 
 def dq_form(label: str) -> str:
@@ -248,11 +328,16 @@ def main(argv=None) -> int:
     ap.add_argument("--redo", action="store_true", help="--predict: every row again")
     ap.add_argument("--half", choices=("fit", "validate"), default=None, help="--predict: only this half")
     ap.add_argument("--no-table", action="store_true", help="--report: the metrics only")
+    ap.add_argument("--measure-kernels", type=Path, metavar="OUT", default=None,
+                    help="on a GPU: each row's three kernels timed apart -> OUT (JSON)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.measure_kernels is not None:
+        measure_kernels(args.measure_kernels)
+        return 0
     if not (args.predict or args.report):
-        ap.error("say --predict (fill predictions, CPU) or --report (replay them)")
+        ap.error("say --predict (fill predictions, CPU), --report (replay them) or --measure-kernels OUT (GPU)")
     if args.predict:
         predict(args.gpu, args.jobs, args.redo, args.half, args.key)
     if args.report:
