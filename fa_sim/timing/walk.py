@@ -29,9 +29,17 @@ a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
   each arm, those the two arms do not share, compared both ways round; an EXIT counts as a
   location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
 A SASS conditional branch that is neither has no PTX counterpart: a `TieError` names its
-address and source line. A conditional branch inside a called function of the source (a
-`__noinline__` function ptxas keeps as a subroutine, e.g. its early `@P RET`) is one too: the PTX
-engine runs a copy of the function per call site, and one SASS body's branch is not tied to them. A location whose SASS and PTX branches cannot be told apart is one too.
+address and source line. A location whose SASS and PTX branches cannot be told apart is one too.
+*Called functions.* A `__noinline__` function ptxas keeps as a subroutine is one SASS body CALLed
+from each call site; the PTX engine runs a copy of it per call (fa_sim.ptx.inline, Kernel.calls).
+Each SASS call chain (the CALLs' return addresses from the kernel inwards) is matched to its copy
+by the call's source location, in program order among the calls of one location (`call_sites`),
+and each conditional branch of the body is tied once per chain among the branches of that copy,
+the copy's returns leaving it as a RET leaves the SASS function (`CopyGraph`): ptxas's early
+`@!P RET` over the body's last if-converted test is tied to that test, the one whose arm stores
+what the SASS arm stores. There a tie must be the only one the arms allow: where two choices are
+equally alike, or a call matches no copy, a `TieError` names the line (and says to make the
+function `__forceinline__`).
 *Chained* PTX branches: a short-circuit condition (`if (a || b)`) is a chain of PTX branches at
 one location, each but the last jumping to where the last one jumps or falls through, with only
 straight-line code between them; ptxas may fold the chain into one SASS branch (a window build's
@@ -49,8 +57,12 @@ where they meet at a BSYNC (the convergence barrier of ptxas's BSSY), each of th
 it on arrival, so the walk issues it twice (Nsight Compute on the H100: split-KV's store_partial,
 whose lanes of rows past N_q branch straight to the BSYNC, 1 warp instruction more per such warp);
 an EXIT with SOME of its lanes leaving goes on with the others. A CALL to a function of the
-kernel is walked into and RET comes back. At the end, every tied PTX branch's outcomes must have
-been taken, else the path and the SASS disagree: a `TieError` naming the line.
+kernel is walked into and RET comes back; a branch inside it takes the outcomes of the PTX copy of
+the call chain the walk is in (its call stack), a guarded RET returns when it branches, and where
+the lanes split and meet only on returning (an early `@P RET` that SOME take), each group runs to
+the return and issues the BSYNC after the CALL (of the BSSY ptxas puts around it) on arrival.
+At the end, every tied PTX branch's outcomes must have been taken, else the path and the SASS
+disagree: a `TieError` naming the line.
 """
 
 from __future__ import annotations
@@ -429,21 +441,20 @@ class CopyGraph:
 
     def __init__(self, ptx: PtxGraph, k: int):
         c = ptx.calls[k]
-        self.k, self.code, self.kernel, self.loc = k, ptx.code, ptx.kernel, ptx.loc
-        self.block_of = ptx.block_of
+        self.code, self.loc, self.block_of = ptx.code, ptx.loc, ptx.block_of
         inner = [(d.start, d.end) for d in ptx.calls if d.parent == k]
-        self.nested = [j for j, d in enumerate(ptx.calls) if d.parent == k]
         blocks = [a for a in ptx.succ if c.start <= a < c.end]
 
         def returns(a):  # a block that is a `ret` of the callee: an unguarded branch to the copy's end
             ins = ptx.code[a]
             return ins.opcode == "bra" and ins.guard is None and ptx.kernel.labels[ins.operands[0].name] == c.end
         leaves = {a for a in blocks if returns(a)}
-        self.succ = {a: [x if x is not None and c.start <= x < c.end and x not in leaves else None for x in ptx.succ[a]]
-                     for a in blocks}
+        self.succ = {a: [x if x is not None and c.start <= x < c.end and x not in leaves else None
+                         for x in ptx.succ[a]] for a in blocks}
         self.locs = {a: [] if any(lo <= a < hi for lo, hi in inner) else ptx.locs[a] for a in blocks}
         self.ipdom = post_dominators(self.succ)
-        self.own = [i for i in ptx.control() if c.start <= i.pc < c.end and not any(lo <= i.pc < hi for lo, hi in inner)]
+        self.own = [i for i in ptx.control()
+                    if c.start <= i.pc < c.end and not any(lo <= i.pc < hi for lo, hi in inner)]
 
     def control(self) -> list:
         """The copy's own conditional control instructions (not those of the copies it calls)."""
@@ -544,13 +555,19 @@ def call_sites(sass: SassGraph, ptx: PtxGraph) -> tuple[dict, dict]:
         for (callee, loc), (sass_calls, copies) in groups.items():
             if len(sass_calls) != len(copies):
                 for chain, ins in sass_calls:
-                    failed[chain] = (ins.target, f"{ins.where()} is one of {len(sass_calls)} SASS calls of it at "
-                                     f"that source location and the PTX has {len(copies)}: not modelled "
-                                     "(make the function __forceinline__ to time this variant)")
+                    unmatched(ins.target, chain, f"{ins.where()} is one of {len(sass_calls)} SASS calls of it at "
+                              f"that source location and the PTX has {len(copies)}: not modelled (make the "
+                              "function __forceinline__ to time this variant)", depth + 1)
                 continue
             for (chain, ins), k in zip(sass_calls, copies):
                 sites[chain] = k
                 match(ins.target, chain, k, depth + 1)
+
+    def unmatched(func, chain, why, depth):  # the chain and those inside it: no copy
+        failed[chain] = (func, why)
+        if depth <= 16:
+            for inner, ins in calls_in(func, chain):
+                unmatched(ins.target, inner, why, depth + 1)
 
     match(sass.kernel, (), None, 0)
     return sites, failed
@@ -559,8 +576,8 @@ def call_sites(sass: SassGraph, ptx: PtxGraph) -> tuple[dict, dict]:
 def _tie(sass: SassGraph, ptx, blocks: list, control: list, exact: bool) -> dict[int, Tie]:
     """The Tie of each SASS conditional branch of `blocks` (block starts), among the PTX control
     instructions `control` of `ptx` (a PtxGraph, or a CopyGraph for a called function's body).
-    `exact`: where the arms leave it open which PTX branch one compiles from, a TieError (a called
-    function: 32 if-converted tests and one left, its early return)."""
+    `exact` (a called function's body): where the arms leave it open which PTX branch one compiles
+    from (two choices equally alike), a TieError, not the first of them."""
     out: dict[int, Tie] = {}
     by_loc = collections.defaultdict(list)
     for ins in control:
@@ -600,7 +617,8 @@ def _tie(sass: SassGraph, ptx, blocks: list, control: list, exact: bool) -> dict
             pairs = list(zip(starts, cands))
         elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
             pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
-            if exact and pairs != _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])), last=True):
+            if exact and pairs != _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])),
+                                         last=True):
                 ins = sass.blocks[starts[0]].last
                 raise TieError(f"{ins.where()}: {len(cands)} PTX branches at that source location, {len(starts)} "
                                "SASS ones, and the arms of more than one choice are equally alike: which PTX branch "
@@ -656,9 +674,9 @@ def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict
         for s in starts:
             top = sorted((score(s, i) for i in cands), reverse=True)
             if len(top) > 1 and top[0] == top[1]:
-                raise TieError(f"{exact.blocks[s].last.where()}: more SASS than PTX branches at that source location, and two PTX "
-                               "branches equally alike: which one it compiles from is open (not modelled; make the "
-                               "function __forceinline__ to time this variant)")
+                raise TieError(f"{exact.blocks[s].last.where()}: more SASS than PTX branches at that source "
+                               "location, and two PTX branches equally alike: which one it compiles from is open "
+                               "(not modelled; make the function __forceinline__ to time this variant)")
     return [(s, max(cands, key=lambda i: (score(s, i), -i.pc))) for s in starts]
 
 
