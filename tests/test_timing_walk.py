@@ -243,3 +243,69 @@ def test_a_sass_branch_labelled_with_another_call_sites_line_is_tied_to_its_own(
     for site, start in by_site.items():  # each SASS branch's arms run its own call site's copies
         arms = sass.arms(start)
         assert any(len(loc) > 2 and loc[2] == site for arm in arms for loc in arm.locs if loc != ("<exit>",))
+
+
+CALLS = r'''
+__device__ __noinline__ void bump(float* out, int i, float v) {
+  if (v <= 0.f) return;                                 // ptxas: an early `@!P0 RET` of the called body
+  out[i] = sqrtf(v) * out[i + 256] + out[i + 384];
+}
+extern "C" __global__ void calls2(float* out) {
+  const int t = threadIdx.x, w = t / 32;
+  bump(out, t, w == 1 ? 1.f + t : -1.f);                // site 1: warp 1 runs the body, the others return
+  bump(out, t + 128, (t % 2) ? 2.f + t : -1.f);         // site 2: every warp's lanes split
+}
+'''
+
+
+def _calls_walker(kernel_calls=None):
+    from dataclasses import replace
+
+    from fa_sim.ptx.program import build_program
+
+    cubin, _ = compile_cubin(CALLS, name="kernel.cu", arch="sm_90", lineinfo=True)
+    kernel = build_program(load_module(CALLS), "calls2", CALLS).kernel  # the calls inlined, as the engine runs it
+    if kernel_calls is not None:
+        kernel = replace(kernel, calls=kernel_calls)
+    return Walker(SassGraph(disassemble(cubin, inlined=True), "calls2"), PtxGraph(kernel))
+
+
+def test_a_branch_of_a_called_function_takes_its_call_sites_outcomes():
+    """One SASS body of a __noinline__ function, CALLed from two sites, its early return a guarded
+    RET; the PTX engine runs a copy per call site. The walk decides the RET at each call by the copy
+    of that call: warp 0 returns at once from the first call (all lanes) and runs the body at the
+    second (its lanes split: the staying ones run the body, both groups issue the BSYNC after the
+    CALL); warp 1 runs the body at both. The body's sqrt slow path (a ptxas-internal branch) is the
+    fast arm at both sites."""
+    w = _calls_walker()
+    g = w.sass
+    body = g.funcs["$calls2$_Z4bumpPfif"]
+    ret = next(i for i in body if i.base == "RET" and i.conditional)  # the early `@!P0 RET`
+    entry = max(a for a in g.blocks if a <= ret.addr)
+    after = min(a for a in g.blocks if a > ret.addr)  # the body past the early return
+    calls = [a for a, b in sorted(g.blocks.items()) if b.func == "calls2" and b.last.base == "CALL"]
+    bsync = [g.blocks[a].succ[0] for a in calls]  # the return addresses, each a BSYNC
+    assert len(calls) == 2 and all(g.blocks[a].instrs[0].base == "BSYNC" for a in bsync)
+    t = w.ties[entry]
+    assert len(t.sites) == 2 and len({pc for _, pc, _ in t.sites}) == 2  # one PTX copy per call site
+    out = np.arange(1024, dtype=np.float32)
+    rec = _run(CALLS, "calls2", (1,), (128,), [out, ])
+    copy_pc = {chain[0]: pc for chain, pc, _ in t.sites}
+    for k in range(4):
+        path = rec.path(0, k)
+        outcome = {pc: o for pc, o in path if pc in w.tied_pcs}
+        assert outcome[copy_pc[bsync[0]]] == (NONE if k == 1 else ALL)  # site 1: warp 1 stays, the others return
+        assert outcome[copy_pc[bsync[1]]] == SOME
+        walk = w.walk(path)
+        first = walk[:walk.index(bsync[0]) + 1]
+        second = walk[len(first):]
+        assert first.count(entry) == 1 and first.count(after) == (1 if k == 1 else 0) and first.count(bsync[0]) == 1
+        assert second.count(entry) == 1 and second.count(after) == 1 and second.count(bsync[1]) == 2
+
+
+def test_a_call_no_ptx_copy_matches_is_refused_with_its_line():
+    """Without the inliner's record of its copies the SASS calls match no PTX copy: a TieError that
+    names the call's source line, not a walk on another copy's outcomes."""
+    with pytest.raises(TieError, match=r"a conditional branch inside the called function .*bump.* line 8.*"
+                                       r"__forceinline__"):
+        _calls_walker(kernel_calls=())

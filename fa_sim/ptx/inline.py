@@ -12,14 +12,16 @@ variables become per-thread `.local` ones (each thread's own slots, as the GPU k
 registers or its stack frame), and the callee's own `.local` variables (its frame) are copied per
 call. Each instruction keeps its CUDA source location (the callee's lines). A call of a function
 the module only declares (printf's vprintf) stays a call, which the engine refuses if a thread
-reaches it; a recursive call, or a call through a register, is Unsupported.
+reaches it; a recursive call, or a call through a register, is Unsupported. Each copy is recorded
+(Kernel.calls: the callee, its pcs, the call's source location, the copy that made the call): the
+timing walk ties a called SASS function's branches to the copy of its call site (fa_sim.timing.walk).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import Addr, Instruction, Kernel, Module, ParamList, PredPair, Reg, Sym, Variable, Vec
+from .ir import Addr, Inlined, Instruction, Kernel, Module, ParamList, PredPair, Reg, Sym, Variable, Vec
 from .ops import Unsupported
 from .render import render
 
@@ -43,22 +45,29 @@ class _Inliner:
         params = {v.name for v in kernel.variables if v.space == "param"}
         self.variables = [replace(v, space="local") if v.name in params else v for v in kernel.variables]
         self.local_params = set(params)
+        self.calls: list = []  # (callee, call loc, parent copy) per copy; its pcs from the markers (copy, 0 / 1)
 
     def run(self) -> Kernel:
-        code, labels = self._body(self.kernel, {}, "", None, 0)
-        out, at = [], {}
+        code, labels = self._body(self.kernel, {}, "", None, 0, None)
+        out, at, pcs = [], {}, {}
         for item in code:
             if isinstance(item, str):
                 at[item] = len(out)
+            elif isinstance(item, tuple):  # (copy, 0 start / 1 end)
+                pcs[item] = len(out)
             else:
                 out.append(replace(item, pc=len(out)))
         out = [self._local_param(i) for i in out]
+        calls = tuple(Inlined(callee, pcs[(k, 0)], pcs[(k, 1)], loc, parent)
+                      for k, (callee, loc, parent) in enumerate(self.calls))
         return replace(self.kernel, regs=self.regs, named_regs=self.named, variables=tuple(self.variables),
-                       labels=at, instructions=tuple(out))
+                       labels=at, instructions=tuple(out), calls=calls)
 
-    def _body(self, fn: Kernel, rename: dict, tag: str, ret_label: str | None, depth: int) -> tuple[list, dict]:
+    def _body(self, fn: Kernel, rename: dict, tag: str, ret_label: str | None, depth: int,
+              copy: int | None) -> tuple[list, dict]:
         """fn's instructions (renamed by `rename` / `tag`) with label markers (str) among them, its calls
-        inlined; `ret_label`: where its `ret` goes (None: the kernel's own ret stays)."""
+        inlined; `ret_label`: where its `ret` goes (None: the kernel's own ret stays); `copy`: the
+        copy it is (an index of self.calls, None: the kernel)."""
         at_pc: dict = {}
         for name, pc in fn.labels.items():
             at_pc.setdefault(pc, []).append(name + tag)
@@ -69,13 +78,13 @@ class _Inliner:
             if ins.opcode == "ret" and ret_label is not None:
                 out.append(self._branch(ins, ret_label))
             elif ins.opcode == "call":
-                out += self._call(ins, depth)
+                out += self._call(ins, depth, copy)
             else:
                 out.append(ins)
         out += at_pc.get(len(fn.instructions), [])
         return out, at_pc
 
-    def _call(self, ins: Instruction, depth: int) -> list:
+    def _call(self, ins: Instruction, depth: int, parent: int | None) -> list:
         rets, callee = ins.operands[0], ins.operands[1]
         args = ins.operands[2] if len(ins.operands) > 2 else ParamList(())
         if not isinstance(callee, Sym):
@@ -91,6 +100,7 @@ class _Inliner:
                               f"{len(fn.returns)}")
         k = self.copies
         self.copies += 1
+        self.calls.append((fn.name, ins.loc, parent))
         tag = f"__c{k}"
         rename: dict = {}
         for p, a in zip((*fn.params, *fn.returns), (*args.items, *rets.items)):
@@ -113,8 +123,8 @@ class _Inliner:
             if v.space == "param":
                 self.local_params.add(new)
         done = f"$__ret{tag}"
-        body, _ = self._body(fn, rename, tag, done, depth + 1)
-        return body + [done]
+        body, _ = self._body(fn, rename, tag, done, depth + 1, k)
+        return [(k, 0), *body, (k, 1), done]
 
     def _branch(self, ins: Instruction, label: str) -> Instruction:
         b = Instruction(ins.pc, "bra", ("uni",) if ins.guard is None else (), (Sym(label),), ins.guard, "",

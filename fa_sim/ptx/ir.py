@@ -182,6 +182,20 @@ class Variable:
 
 
 @dataclass(frozen=True)
+class Inlined:
+    """One copy of a called function's body that fa_sim.ptx.inline spliced into the kernel: the
+    callee, the pcs [start, end) of the copy in the kernel's instructions (end: where its returns
+    go, the instruction after the call), the `call` instruction's source location, and the copy it
+    was called from (an index into Kernel.calls; None: the kernel itself)."""
+
+    callee: str
+    start: int
+    end: int
+    loc: SourceLoc | None
+    parent: int | None
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One .entry (or, in Module.functions, one .func): parameters, registers declared per
     prefix, variables, labels and instructions.
@@ -208,6 +222,7 @@ class Kernel:
     maxnreg: int | None = None
     pragmas: tuple[str, ...] = ()  # .pragma strings, e.g. ('nounroll',)
     noreturn: bool = False
+    calls: tuple[Inlined, ...] = ()  # the inlined calls' copies (fa_sim.ptx.inline), in call order
 
     def reg_type(self, name: str) -> str | None:
         """The declared PTX type of register `name` ('%r12' -> 'b32'), None if undeclared."""

@@ -29,9 +29,17 @@ a label of its own function - how sm_80 leaves a loop -, a guarded EXIT) is:
   each arm, those the two arms do not share, compared both ways round; an EXIT counts as a
   location of its own, so `@P0 EXIT` ties to `@%p bra` to the block that returns.
 A SASS conditional branch that is neither has no PTX counterpart: a `TieError` names its
-address and source line. A conditional branch inside a called function of the source (a
-`__noinline__` function ptxas keeps as a subroutine, e.g. its early `@P RET`) is one too: the PTX
-engine runs a copy of the function per call site, and one SASS body's branch is not tied to them. A location whose SASS and PTX branches cannot be told apart is one too.
+address and source line. A location whose SASS and PTX branches cannot be told apart is one too.
+*Called functions.* A `__noinline__` function ptxas keeps as a subroutine is one SASS body CALLed
+from each call site; the PTX engine runs a copy of it per call (fa_sim.ptx.inline, Kernel.calls).
+Each SASS call chain (the CALLs' return addresses from the kernel inwards) is matched to its copy
+by the call's source location, in program order among the calls of one location (`call_sites`),
+and each conditional branch of the body is tied once per chain among the branches of that copy,
+the copy's returns leaving it as a RET leaves the SASS function (`CopyGraph`): ptxas's early
+`@!P RET` over the body's last if-converted test is tied to that test, the one whose arm stores
+what the SASS arm stores. There a tie must be the only one the arms allow: where two choices are
+equally alike, or a call matches no copy, a `TieError` names the line (and says to make the
+function `__forceinline__`).
 *Chained* PTX branches: a short-circuit condition (`if (a || b)`) is a chain of PTX branches at
 one location, each but the last jumping to where the last one jumps or falls through, with only
 straight-line code between them; ptxas may fold the chain into one SASS branch (a window build's
@@ -49,8 +57,12 @@ where they meet at a BSYNC (the convergence barrier of ptxas's BSSY), each of th
 it on arrival, so the walk issues it twice (Nsight Compute on the H100: split-KV's store_partial,
 whose lanes of rows past N_q branch straight to the BSYNC, 1 warp instruction more per such warp);
 an EXIT with SOME of its lanes leaving goes on with the others. A CALL to a function of the
-kernel is walked into and RET comes back. At the end, every tied PTX branch's outcomes must have
-been taken, else the path and the SASS disagree: a `TieError` naming the line.
+kernel is walked into and RET comes back; a branch inside it takes the outcomes of the PTX copy of
+the call chain the walk is in (its call stack), a guarded RET returns when it branches, and where
+the lanes split and meet only on returning (an early `@P RET` that SOME take), each group runs to
+the return and issues the BSYNC after the CALL (of the BSSY ptxas puts around it) on arrival.
+At the end, every tied PTX branch's outcomes must have been taken, else the path and the SASS
+disagree: a `TieError` naming the line.
 """
 
 from __future__ import annotations
@@ -332,11 +344,30 @@ class SassGraph:
 @dataclasses.dataclass(frozen=True)
 class Tie:
     """What decides one SASS conditional branch: the PTX control instruction `pc` (`same`: the
-    SASS branch jumps when the PTX one does), or, internal, always the arm `arm` (0 taken, 1 fall)."""
+    SASS branch jumps when the PTX one does), or, internal, always the arm `arm` (0 taken, 1 fall);
+    inside a called function, per call site: `sites` ((call chain, pc, same), ...), the chain being
+    the return addresses of the CALLs that entered it (the walk's call stack)."""
 
     pc: int | None
     same: bool = True
     arm: int | None = None
+    sites: tuple = ()
+
+    def decide(self, calls: list) -> tuple[int | None, bool]:
+        """(pc, same) for the walk's call stack `calls`."""
+        if not self.sites:
+            return self.pc, self.same
+        chain = tuple(calls)
+        for at, pc, same in self.sites:
+            if at == chain:
+                return pc, same
+        raise TieError(f"the SASS walk reached a branch of a called function from the call chain "
+                       f"{', '.join(hex(a) for a in chain)}, which no PTX copy of the call was matched to")
+
+    @property
+    def pcs(self) -> set:
+        """The PTX control instructions that decide it."""
+        return {pc for _, pc, _ in self.sites} if self.sites else {self.pc} - {None}
 
 
 class PtxGraph:
@@ -348,7 +379,8 @@ class PtxGraph:
         n = len(self.code)
         files = collections.Counter(basename(i.loc.file) for i in self.code if i.loc is not None and i.loc.line > 0)
         self._main = files.most_common(1)[0][0] if files else None
-        leaders = {0} | set(kernel.labels.values())
+        self.calls = getattr(kernel, "calls", ())  # the inlined copies of called functions (fa_sim.ptx.inline)
+        leaders = {0} | set(kernel.labels.values()) | {c.start for c in self.calls} | {c.end for c in self.calls}
         for ins in self.code:
             if ins.opcode in ("bra", "ret", "exit") and ins.pc + 1 < n:
                 leaders.add(ins.pc + 1)
@@ -376,18 +408,59 @@ class PtxGraph:
 
     def loc(self, ins) -> Loc | None:
         """An instruction's location, its kernel source's file named MAIN."""
-        loc = ptx_loc(ins.loc)
+        return self.source_loc(ins.loc)
+
+    def source_loc(self, loc) -> Loc | None:
+        """A SourceLoc as a location, its kernel source's file named MAIN."""
+        loc = ptx_loc(loc)
         return (MAIN, *loc[1:]) if loc and loc[0] == self._main else loc
 
-    def control(self) -> list:
-        """Conditional control instructions: guarded bra / ret / exit."""
-        return [i for i in self.code if i.opcode in ("bra", "ret", "exit") and i.guard is not None]
+    def control(self, copies=()) -> list:
+        """Conditional control instructions: guarded bra / ret / exit; those of the inlined copies
+        `copies` (indices of `calls`) left out."""
+        out = [i for i in self.code if i.opcode in ("bra", "ret", "exit") and i.guard is not None]
+        spans = [(self.calls[k].start, self.calls[k].end) for k in copies]
+        return [i for i in out if not any(a <= i.pc < b for a, b in spans)]
 
     def arms(self, ins) -> tuple[frozenset, frozenset]:
         """(locations where it branches to, locations of its fall-through), up to where they meet."""
         a = self.block_of[ins.pc]
         meet = self.ipdom.get(a)
         return tuple(region_locs(self.succ, self.locs, s, meet) for s in self.succ[a][:2])
+
+    def copy(self, k: int) -> "CopyGraph":
+        """The inlined copy `k` (an index of `calls`) as a function of its own."""
+        return CopyGraph(self, k)
+
+
+class CopyGraph:
+    """One inlined copy of a called function (PtxGraph.calls[k]) as the SASS has the function: a
+    graph of its own, which its returns (the inliner's branches to the instruction after the call)
+    leave as a RET leaves the SASS function; the copies it calls in turn run no locations of its own
+    (the SASS function CALLs their body)."""
+
+    def __init__(self, ptx: PtxGraph, k: int):
+        c = ptx.calls[k]
+        self.code, self.loc, self.block_of = ptx.code, ptx.loc, ptx.block_of
+        inner = [(d.start, d.end) for d in ptx.calls if d.parent == k]
+        blocks = [a for a in ptx.succ if c.start <= a < c.end]
+
+        def returns(a):  # a block that is a `ret` of the callee: an unguarded branch to the copy's end
+            ins = ptx.code[a]
+            return ins.opcode == "bra" and ins.guard is None and ptx.kernel.labels[ins.operands[0].name] == c.end
+        leaves = {a for a in blocks if returns(a)}
+        self.succ = {a: [x if x is not None and c.start <= x < c.end and x not in leaves else None
+                         for x in ptx.succ[a]] for a in blocks}
+        self.locs = {a: [] if any(lo <= a < hi for lo, hi in inner) else ptx.locs[a] for a in blocks}
+        self.ipdom = post_dominators(self.succ)
+        self.own = [i for i in ptx.control()
+                    if c.start <= i.pc < c.end and not any(lo <= i.pc < hi for lo, hi in inner)]
+
+    def control(self) -> list:
+        """The copy's own conditional control instructions (not those of the copies it calls)."""
+        return self.own
+
+    arms = PtxGraph.arms
 
 
 def _agreement(s: tuple, p: tuple) -> tuple[float, float]:
@@ -405,22 +478,114 @@ def _agreement(s: tuple, p: tuple) -> tuple[float, float]:
 
 
 def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
-    """The Tie of every SASS conditional branch (by the address of its block's start)."""
+    """The Tie of every SASS conditional branch (by the address of its block's start). A branch of a
+    called function of the source (a `__noinline__` function ptxas keeps as a subroutine) is tied
+    once per call site, to the PTX copy the engine runs for that call (`call_sites`): its Tie's
+    `sites`, which the walk picks by its call stack."""
+    kernel, called = [], collections.defaultdict(list)
+    for start, b in sorted(sass.blocks.items()):
+        if not b.last.conditional or len(b.succ) != 2:
+            continue
+        if b.func == sass.kernel:
+            kernel.append(start)
+        elif not b.func.startswith("$__internal"):
+            called[b.func].append(start)
+        # else a ptxas-internal subroutine's (a slow path): never taken, as the walk takes the fast path
+    sites, failed = call_sites(sass, ptx)
+    out = _tie(sass, ptx, kernel, ptx.control(copies=set(sites.values())), exact=False)
+    for func, starts in called.items():
+        per: dict = collections.defaultdict(list)  # SASS block -> [(chain, Tie)] per call site
+        chains = [c for c, f in failed.items() if f[0] == func]
+        if chains:
+            raise TieError(f"{sass.blocks[starts[0]].last.where()}: a conditional branch inside the called "
+                           f"function {func}, whose call {failed[chains[0]][1]}")
+        for chain, k in sorted(sites.items()):
+            if chain_func(sass, chain) != func:
+                continue
+            view = ptx.copy(k)
+            for s, t in _tie(sass, view, starts, view.control(), exact=True).items():
+                per[s].append((chain, t))
+        for s, ts in per.items():
+            if all(t.pc is None for _, t in ts) and len({t.arm for _, t in ts}) == 1:
+                out[s] = ts[0][1]  # a ptxas-internal slow path's test: the same at every call site
+            else:
+                out[s] = Tie(None, sites=tuple((chain, t.pc, t.same) for chain, t in ts))
+    return out
+
+
+def chain_func(sass: SassGraph, chain: tuple) -> str:
+    """The SASS function a call chain (the return addresses of its CALLs, outermost first) runs."""
+    return sass.blocks[_call_block(sass, chain[-1])].last.target
+
+
+def _call_block(sass: SassGraph, ret: int) -> int:
+    """The block ending in the CALL whose return address is `ret`."""
+    return max(a for a in sass.blocks if a < ret)
+
+
+def call_sites(sass: SassGraph, ptx: PtxGraph) -> tuple[dict, dict]:
+    """({chain: PTX copy}, {chain: (function, why not)}): each SASS call chain of a called function of
+    the source (the return addresses of the CALLs from the kernel inwards) and the copy of that call
+    that the PTX engine runs (PtxGraph.calls), matched by the call's source location (its line and
+    inlining chain) and, among the calls of one location, in program order; the calls inside a
+    called function to those inside the copy matched to it. A location with other counts of SASS
+    and PTX calls is not matched: why not, for its chains."""
+    kernel_name = f"${sass.kernel}$"
+    sites, failed = {}, {}
+
+    def calls_in(func, prefix):
+        out = []
+        for a, b in sorted(sass.blocks.items()):
+            last = b.last
+            if (b.func == func and last.base == "CALL" and not sass.is_jump(last) and last.target in sass.funcs
+                    and not last.target.startswith("$__internal")):
+                out.append((prefix + (b.succ[0],), last))
+        return out
+
+    def match(func, prefix, parent, depth):
+        if depth > 16:
+            return
+        groups = collections.defaultdict(lambda: ([], []))
+        for chain, ins in calls_in(func, prefix):
+            callee = ins.target[len(kernel_name):] if ins.target.startswith(kernel_name) else ins.target
+            groups[callee, ins.loc][0].append((chain, ins))
+        for k, c in enumerate(ptx.calls):
+            if c.parent == parent:
+                groups[c.callee, ptx.source_loc(c.loc)][1].append(k)
+        for (callee, loc), (sass_calls, copies) in groups.items():
+            if len(sass_calls) != len(copies):
+                for chain, ins in sass_calls:
+                    unmatched(ins.target, chain, f"{ins.where()} is one of {len(sass_calls)} SASS calls of it at "
+                              f"that source location and the PTX has {len(copies)}: not modelled (make the "
+                              "function __forceinline__ to time this variant)", depth + 1)
+                continue
+            for (chain, ins), k in zip(sass_calls, copies):
+                sites[chain] = k
+                match(ins.target, chain, k, depth + 1)
+
+    def unmatched(func, chain, why, depth):  # the chain and those inside it: no copy
+        failed[chain] = (func, why)
+        if depth <= 16:
+            for inner, ins in calls_in(func, chain):
+                unmatched(ins.target, inner, why, depth + 1)
+
+    match(sass.kernel, (), None, 0)
+    return sites, failed
+
+
+def _tie(sass: SassGraph, ptx, blocks: list, control: list, exact: bool) -> dict[int, Tie]:
+    """The Tie of each SASS conditional branch of `blocks` (block starts), among the PTX control
+    instructions `control` of `ptx` (a PtxGraph, or a CopyGraph for a called function's body).
+    `exact` (a called function's body): where the arms leave it open which PTX branch one compiles
+    from (two choices equally alike), a TieError, not the first of them."""
     out: dict[int, Tie] = {}
     by_loc = collections.defaultdict(list)
-    for ins in ptx.control():
+    for ins in control:
         by_loc[ptx.loc(ins)].append(ins)
     pending = collections.defaultdict(list)  # location -> SASS blocks ending in a tied branch
-    for start, b in sorted(sass.blocks.items()):
+    for start in blocks:
+        b = sass.blocks[start]
         last = b.last
-        if not last.conditional or len(b.succ) != 2:
-            continue
-        if b.func != sass.kernel:
-            if not b.func.startswith("$__internal"):  # a called function of the source (__noinline__)
-                raise TieError(f"{last.where()}: a conditional branch inside the called function {b.func} is not "
-                               "modelled (the PTX engine runs a copy of it per call site, the SASS one body); "
-                               "make it __forceinline__ to time this variant")
-            continue  # a ptxas-internal subroutine's (a slow path): never taken, as the walk takes the fast path
         meet = sass.ipdom.get(start)
         slow = [sass.calls_internal(s, meet) for s in b.succ]
         if slow[0] != slow[1]:
@@ -452,13 +617,20 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
             pairs = list(zip(starts, cands))
         elif len(starts) < len(cands):  # some if-converted: the order-keeping choice most alike
             pairs = _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])))
+            if exact and pairs != _align(starts, cands, lambda s, i: max(_agreement(arms[s], parms[i.pc])),
+                                         last=True):
+                ins = sass.blocks[starts[0]].last
+                raise TieError(f"{ins.where()}: {len(cands)} PTX branches at that source location, {len(starts)} "
+                               "SASS ones, and the arms of more than one choice are equally alike: which PTX branch "
+                               "it compiles from is open (not modelled; make the function __forceinline__ to time "
+                               "this variant)")
             # the others are spare too: ptxas may have labelled one's SASS branch with the location of
             # an instruction of its arm (a loop NVVM unrolled by 2: copy_tile's test in the second copy
             # carries its cp.async's location), tied below among the branches of no shared location
             paired = {i.pc for _, i in pairs}
             spare += [i for i in cands if i.pc not in paired]
         else:
-            pairs = _excess(starts, cands, loc, spare, arms, parms, ptx)
+            pairs = _excess(starts, cands, loc, spare, arms, parms, ptx, sass if exact else None)
         for s, ins in pairs:
             same, swapped = _agreement(arms[s], parms[ins.pc])
             if same == swapped:
@@ -469,7 +641,7 @@ def tie(sass: SassGraph, ptx: PtxGraph) -> dict[int, Tie]:
     return out
 
 
-def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict, ptx: PtxGraph) -> list:
+def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict, ptx, exact=None) -> list:
     """More SASS than PTX branches at one location `loc`: the (SASS block, PTX branch) pairs.
 
     First the -lineinfo case: ptxas computed one condition for two PTX branches of the same source
@@ -481,7 +653,8 @@ def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict
     every SASS branch and each one taken in runs the more alike arms. Else ptxas duplicated the code
     (paths split, a tail copied): each copy to its most alike candidate, taking that branch's
     outcomes in turn; were its iterations not the PTX's (a loop ptxas unrolled), the walk runs out
-    of or leaves outcomes: a TieError there names the branch."""
+    of or leaves outcomes: a TieError there names the branch. `exact` (the SassGraph, for a called
+    function): a copy with two candidates equally alike is a TieError."""
     def score(s, i):
         return max(_agreement(arms[s], parms[i.pc]))
 
@@ -497,12 +670,22 @@ def _excess(starts: list, cands: list, loc, spare: list, arms: dict, parms: dict
             for _, i in taken:
                 spare.remove(i)
             return pairs
+    if exact:
+        for s in starts:
+            top = sorted((score(s, i) for i in cands), reverse=True)
+            if len(top) > 1 and top[0] == top[1]:
+                raise TieError(f"{exact.blocks[s].last.where()}: more SASS than PTX branches at that source "
+                               "location, and two PTX branches equally alike: which one it compiles from is open "
+                               "(not modelled; make the function __forceinline__ to time this variant)")
     return [(s, max(cands, key=lambda i: (score(s, i), -i.pc))) for s in starts]
 
 
-def _align(starts: list, cands: list, score) -> list:
+def _align(starts: list, cands: list, score, last: bool = False) -> list:
     """Each of `starts` to a distinct candidate, in order, with the largest total score (the
-    alignment of two sequences, len(starts) <= len(cands))."""
+    alignment of two sequences, len(starts) <= len(cands)); among equal ones the earliest
+    candidates, `last`: the latest (the two agree where the best is unique)."""
+    if last:
+        return [(s, i) for s, i in _align(starts[::-1], cands[::-1], score)][::-1]
     m, n = len(starts), len(cands)
     best = [[0.0] * (n + 1) for _ in range(m + 1)]
     for i in range(1, m + 1):
@@ -553,13 +736,12 @@ class Walker:
     def __init__(self, sass: SassGraph, ptx: PtxGraph):
         self.sass, self.ptx = sass, ptx
         self.ties = tie(sass, ptx)
-        self.tied_pcs = frozenset(t.pc for t in self.ties.values() if t.pc is not None)
+        self.tied_pcs = frozenset(pc for t in self.ties.values() for pc in t.pcs)
         self._first = {}  # PTX pc -> which of its arms the engine runs first on divergence (0 taken)
-        for t in self.ties.values():
-            if t.pc is not None and t.pc not in self._first:
-                ins = ptx.code[t.pc]
-                target = ptx.kernel.labels[ins.operands[0].name] if ins.opcode == "bra" else len(ptx.code)
-                self._first[t.pc] = 0 if target < ins.pc + 1 else 1
+        for pc in sorted(self.tied_pcs):
+            ins = ptx.code[pc]
+            target = ptx.kernel.labels[ins.operands[0].name] if ins.opcode == "bra" else len(ptx.code)
+            self._first[pc] = 0 if target < ins.pc + 1 else 1
         self.chained = _chains(ptx, self.tied_pcs)
         self.walk = functools.lru_cache(maxsize=4096)(self._walk)
 
@@ -587,7 +769,8 @@ class Walker:
         return tuple(out)
 
     def _run(self, at, stop, queues, out, calls) -> int | None:
-        """Issue blocks from `at` until reaching `stop` (or the end); return where it stopped."""
+        """Issue blocks from `at` until reaching `stop` (or the end); return where it stopped.
+        `calls`: the return addresses of the CALLs the walk is inside, outermost first."""
         blocks, steps = self.sass.blocks, 0
         while at is not None and at != stop:
             steps += 1
@@ -602,7 +785,7 @@ class Walker:
                 calls.append(b.succ[0])
                 at = self.sass.funcs[last.target][0].addr
                 continue
-            if last.base == "RET":
+            if last.base == "RET" and not last.conditional and last.guard != "@!PT":
                 at = calls.pop() if calls else None
                 continue
             if len(b.succ) == 1:
@@ -612,24 +795,28 @@ class Walker:
             if t is None:  # @!PT-like guards never branch; `BRA` with a constant predicate
                 at = b.succ[1]
                 continue
-            if t.pc is None:
-                at = b.succ[t.arm]
+            pc, same = t.decide(calls)
+            if pc is None:
+                at = self._next(b, t.arm, calls)
                 continue
-            q = queues.get(t.pc)
+            q = queues.get(pc)
             if not q:
                 raise TieError(f"{last.where()}: the SASS walk reaches this branch more often than the functional "
-                               f"run took its PTX branch `{self.ptx.code[t.pc].text}` (PTX line "
-                               f"{self.ptx.code[t.pc].ptx_line}){_UNROLLED}")
+                               f"run took its PTX branch `{self.ptx.code[pc].text}` (PTX line "
+                               f"{self.ptx.code[pc].ptx_line}){_UNROLLED}")
             outcome = q.popleft()
             if outcome == SOME and last.base == "EXIT":
                 at = b.succ[1]  # some lanes leave, the warp goes on with the others
                 continue
             if outcome != SOME:
-                jumps = (outcome == ALL) == t.same
-                at = b.succ[0] if jumps else b.succ[1]
+                jumps = (outcome == ALL) == same
+                at = self._next(b, 0 if jumps else 1, calls)
                 continue
+            first = self._first[pc] if same else 1 - self._first[pc]
             meet = self.sass.ipdom.get(at)
-            first = self._first[t.pc] if t.same else 1 - self._first[t.pc]
+            if meet is None and calls and b.func != self.sass.kernel:
+                at = self._diverged_return(b, first, queues, out, calls)
+                continue
             arrived = self._run(b.succ[first], meet, queues, out, calls) == meet
             mid = len(out)
             arrived &= self._run(b.succ[1 - first], meet, queues, out, calls) == meet
@@ -637,6 +824,37 @@ class Walker:
                 out.insert(mid, meet)  # the first group's BSYNC (a block of its own: `_cut`); the second's below
             at = meet
         return at
+
+    def _next(self, b: Block, arm: int, calls: list) -> int | None:
+        """The block after `b` along its arm `arm`; a RET's taken arm returns to the caller."""
+        at = b.succ[arm]
+        if at is None and b.last.base == "RET":
+            return calls.pop() if calls else None
+        return at
+
+    def _diverged_return(self, b: Block, first: int, queues, out, calls) -> int:
+        """A divergent branch inside a called function whose arms meet only where it returns (ptxas's
+        early `@P RET`): each lane group runs its arm up to the return, first `first`; both arrive at
+        the return address, the BSYNC of the BSSY around the CALL, which each group issues on arrival.
+        Return the return address (the call popped)."""
+        ret = calls[-1]
+        if self.sass.blocks[ret].instrs[0].base != "BSYNC":
+            raise TieError(f"{b.last.where()}: its lanes diverge and return from {b.func} apart, to "
+                           f"{self.sass.blocks[ret].instrs[0].where()}, no convergence barrier (BSYNC): where they "
+                           "meet again is not modelled")
+        mid = None
+        for k, arm in enumerate((b.succ[first], b.succ[1 - first])):
+            if arm is not None:  # None: the taken arm of a RET, the group returns at once
+                saved = list(calls)
+                if self._run(arm, ret, queues, out, calls) != ret:
+                    raise TieError(f"{b.last.where()}: one arm of this divergent branch of {b.func} does not "
+                                   "return to its call (an EXIT inside the called function is not modelled)")
+                calls[:] = saved
+            if k == 0:
+                mid = len(out)
+        out.insert(mid, ret)  # the first group's BSYNC; the second's as the walk goes on
+        calls.pop()
+        return ret
 
 
 _CLASS_OF = {"HMMA": "HMMA", "LDSM": "LDSM", "SHFL": "SHFL", "BAR": "BAR", "LDGSTS": "LDGSTS", "LDS": "LDS",
