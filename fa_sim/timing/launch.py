@@ -76,12 +76,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..contract.cubin import ResourceUsage
+from ..events import Op
+from ..observers.banks import SMEM_OPS, BankCounter
 from ..contract.nvrtc import compile_cubin
 from ..contract.sass import disassemble
 from .gpus import GPUS, GpuModel
 from . import pool
 from .predict import Prediction
-from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, step
+from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, smem_class, step
 from .sass import parse
 from .sm import REASONS, SmRun, run_sm_prefixes, steady_size
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
@@ -94,6 +96,7 @@ SM_WORK_RATE = 2_100_000  # warp instructions x resident warps per second of run
 # hot paths); its scheduler scans every warp)
 LONG_SECONDS = 10.0  # estimates past this are printed on stderr, with progress
 CHUNK_OCCUPANCIES = 2  # the SM model's chunks: this many times the occupancy CTAs
+SMEM_SAMPLE_ROUNDS = 2  # the main loop's rounds (0, 1) whose shared-memory instructions the bank model counts
 STEADY = True  # predict_launch's default: skip the periods of the SM's steady state (fa_sim.timing.sm)
 
 
@@ -112,7 +115,9 @@ class LaunchModel:
         self.program, self.gpu, self.memory = program, gpu, memory or {}
         name = program.kernel.name
         self.sass = SassGraph(listing, name)
-        self.walker = Walker(self.sass, PtxGraph(program.kernel))
+        self.ptx = PtxGraph(program.kernel)
+        self.walker = Walker(self.sass, self.ptx)
+        self.wavefronts: dict = {}  # (shared-memory class, source location or None) -> wavefronts (set_wavefronts)
         self.controls = {i.addr: i.control for i in parse(kernel_listing(listing, name))}
         self.usage = ResourceUsage.from_cubin(cubin, name)
         self._steps: dict = {}
@@ -123,13 +128,38 @@ class LaunchModel:
                                if (n := sum(i.base in ATOMIC_OPCODES and i.guard != "@!PT" for i in blk.instrs))}
         self._sizes = {b: len(blk.instrs) for b, blk in self.sass.blocks.items()}  # SASS block -> its instructions
 
+    def set_wavefronts(self, per_pc: Mapping) -> None:
+        """The bank model's counts of the run (SmemSample.per_pc: (class, PTX pc) -> (instructions,
+        wavefronts, ideal)) as wavefronts per warp instruction of each class at each source location
+        and of each class over the launch (LDGSTS: the ideal, as the forward's probes take it:
+        fa_sim.timing.predict.bank_wavefronts). Before the first Steps are built."""
+        sums: dict = {}
+        for (cls, pc), (n, wf, ideal) in per_pc.items():
+            w = ideal if cls == "LDGSTS" else wf
+            for key in ((cls, self.ptx.loc(self.ptx.code[pc])), (cls, None)):
+                a, b = sums.get(key, (0, 0))
+                sums[key] = (a + n, b + w)
+        self.wavefronts = {key: w / n for key, (n, w) in sums.items() if n}
+
+    def instr_wavefronts(self, ins) -> dict:
+        """{class: wavefronts} of one SASS instruction (program.step's `wavefronts`): its source
+        location's PTX instructions of its class as the run counted them; else its class's over the
+        launch; else (not run in the rounds counted) a whole warp's access without conflicts."""
+        cls = smem_class(ins.opcode)
+        if cls is None:
+            return {}
+        wf = self.wavefronts.get((cls, ins.loc))
+        if wf is None:
+            wf = self.wavefronts.get((cls, None))
+        return {cls: ideal_wavefronts(ins.opcode) if wf is None else wf}
+
     def block_steps(self, b) -> list[Step]:
         """The Steps of SASS block b's instructions: one Step per SASS address, built once (set
-        `memory`, the run's global requests, before the first)."""
+        `memory`, the run's global requests, and the wavefronts, set_wavefronts, before the first)."""
         hit = self._block_steps.get(b)
         if hit is None:
-            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, {}, self.memory)
-                   for i in self.sass.blocks[b].instrs]
+            hit = [step(i.opcode, i.operands, i.guard, self.controls[i.addr], self.gpu, self.instr_wavefronts(i),
+                        self.memory) for i in self.sass.blocks[b].instrs]
             self._block_steps[b] = hit
         return hit
 
@@ -152,6 +182,44 @@ class LaunchModel:
             hit = [s for b in walk for s in self.block_steps(b)]
             self._steps[walk] = hit
         return hit
+
+
+def ideal_wavefronts(opcode: str) -> int:
+    """Shared-memory wavefronts of a whole warp's access of this SASS opcode without bank conflicts:
+    ldmatrix .x1/.x2/.x4 one per 8x8 matrix, a 32-lane access of 4/8/16 bytes one per 128 bytes."""
+    if opcode.startswith("LDSM"):  # LDSM.16.M88.4, LDSM.16.MT88.2, LDSM.16.M88 (one matrix)
+        return int(opcode.rsplit(".", 1)[1]) if opcode.rsplit(".", 1)[1] in ("2", "4") else 1
+    return 4 if ".128" in opcode else 2 if ".64" in opcode else 1
+
+
+class SmemSample(BankCounter):
+    """The bank model (fa_sim.observers.banks.BankCounter) on the shared-memory instructions of the
+    prologue, the epilogue and the main loop's first SMEM_SAMPLE_ROUNDS rounds only: a loop's later
+    rounds repeat its first ones' accesses (the same tiles at the same shared addresses), and an
+    instruction event costs the engine its fast paths (counting every round made the engine's run
+    7x slower). `per_pc()`: (class, PTX pc) -> (warp instructions, wavefronts, ideal)."""
+
+    def wants(self, op: Op, phase: str, round: int) -> bool:
+        return op in SMEM_OPS and round < SMEM_SAMPLE_ROUNDS  # the prologue is -1, the epilogue -2
+
+    def fresh(self) -> "SmemSample":
+        return SmemSample()
+
+    def per_pc(self) -> dict:
+        out: dict = {}
+        for (cls, _, _, pc), row in self._rows.items():
+            a = out.get((cls.value, pc), (0, 0, 0))
+            c = row.counts
+            out[(cls.value, pc)] = (a[0] + c.instructions, a[1] + c.wavefronts, a[2] + c.ideal)
+        return out
+
+
+def grid_bytes(sectors, reps: np.ndarray, cls: np.ndarray) -> int:
+    """The bytes the whole grid's global requests move (32 per sector), each representative's counts
+    (a SectorCounter's, by linear CTA id) taken once per CTA of its path class."""
+    per_class = np.bincount(cls, minlength=len(reps))
+    at = {int(r): int(n) for r, n in zip(reps.tolist(), per_class.tolist())}
+    return 32 * sum(c.sectors * at.get(cta, 0) for (cta, _), c in sectors.counts.items())
 
 
 def occupancy(registers: int, smem_bytes: int, threads: int, gpu: GpuModel) -> int:
@@ -322,14 +390,18 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     parts = [reps] if n_proc == 1 else [reps[i::n_proc] for i in range(n_proc)]
 
     def engine(i: int):
-        rec, sectors = BranchRecorder(), SectorCounter()
-        ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
-                   ctas=None if len(parts[i]) == n_ctas else parts[i])
-        return rec.paths(), sectors.counts
-    paths, sectors = {}, SectorCounter()
-    for part_paths, counts in pool.pmap(engine, len(parts), n_proc):
+        rec, sectors, banks = BranchRecorder(), SectorCounter(), SmemSample()
+        ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors, banks],
+                   macros=macros, ctas=None if len(parts[i]) == n_ctas else parts[i])
+        return rec.paths(), sectors.counts, banks.per_pc()
+    paths, sectors, smem = {}, SectorCounter(), {}
+    for part_paths, counts, per_pc in pool.pmap(engine, len(parts), n_proc):
         paths.update(part_paths)
         sectors.merge(counts)
+        for key, c in per_pc.items():
+            a = smem.get(key, (0, 0, 0))
+            smem[key] = tuple(x + y for x, y in zip(a, c))
+    model.set_wavefronts(smem)
     walk_ids: dict = {}  # a CTA's warps' walks -> its walk class
     rep_walk = np.empty(len(reps), np.int64)
     for i, r in enumerate(reps.tolist()):
@@ -351,8 +423,10 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     footprint = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
     resident = min(k, len(seq))
     at_load = gpu.loaded(resident, k).with_local(model.usage.stack_bytes, threads, cta_smem, resident, k)
-    if footprint > gpu.l2_bytes:
-        at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle, gpu.dram_bytes_per_cycle))
+    if footprint > gpu.l2_bytes:  # the DRAM delivers each byte once, the L2 the rest (dram_share)
+        reuse = grid_bytes(sectors, reps, cls) / footprint
+        at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle,
+                                                           gpu.dram_bytes_per_cycle * max(1.0, reuse)))
     scale = dispatch_scale(cta_size, mine, gpu.sms, k)
     lanes = np.array([sum(model.atomic_lanes(w) for w in ws) for ws in walks], np.float64)[cta_walk]
     if lanes.sum() > 0:  # the L2's atomic rate, shared by the SMs in proportion to the atomics they send
