@@ -198,8 +198,9 @@ def totals(counts: Mapping) -> dict[Op, int]:
 
 def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (), *, kernel: str | None = None,
            observers=(), macros: Mapping = {}, mma_model=None, wave_ctas: int = DEFAULT_WAVE_CTAS,
-           max_steps: int | None = None, problem=None, ctas=None) -> LaunchResult:
-    """Simulate one launch of a kernel; see the module docstring."""
+           max_steps: int | None = None, problem=None, ctas=None, on_rounds=None) -> LaunchResult:
+    """Simulate one launch of a kernel; see the module docstring. `on_rounds(n)` is told each time n
+    CTAs start a round of the kernel's main loop (run_program's; an exception it raises ends the run)."""
     start = time.perf_counter()
     grid, block = check.grid_and_block(grid, block)
     wave_ctas, observers = check.wave_ctas(wave_ctas), check.observers(observers)
@@ -232,7 +233,7 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     hub.launch(LaunchInfo(program.kernel.name, grid, block, program.dynamic_smem_offset + smem_bytes, info, split))
     announce_long_launch(n_ctas if waves is None else int(sum(len(w) for w in waves)), wave_ctas)
     run_program(program, grid, block, smem_bytes, params, memory, symbols, hub, mma_model=model, labels=labels,
-                wave_ctas=wave_ctas, waves=waves, budget=budget)
+                wave_ctas=wave_ctas, waves=waves, budget=budget, on_rounds=on_rounds)
     hub.finish()
     for buf, original in bufs.values():
         if buf.array is not original:  # a copy was made (non-contiguous input): give the results back

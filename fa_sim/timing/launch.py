@@ -193,14 +193,11 @@ def ideal_wavefronts(opcode: str) -> int:
 
 
 class SmemSample(BankCounter):
-    """The bank model (fa_sim.observers.banks.BankCounter) on the shared-memory instructions of the
-    prologue, the epilogue and the main loop's first SMEM_SAMPLE_ROUNDS rounds only: a loop's later
-    rounds repeat its first ones' accesses (the same tiles at the same shared addresses), and an
-    instruction event costs the engine its fast paths (counting every round made the engine's run
-    7x slower). `per_pc()`: (class, PTX pc) -> (warp instructions, wavefronts, ideal)."""
+    """The bank model (fa_sim.observers.banks.BankCounter) on shared-memory instructions only, with
+    `per_pc()`: (class, PTX pc) -> (warp instructions, wavefronts, ideal)."""
 
     def wants(self, op: Op, phase: str, round: int) -> bool:
-        return op in SMEM_OPS and round < SMEM_SAMPLE_ROUNDS  # the prologue is -1, the epilogue -2
+        return op in SMEM_OPS
 
     def fresh(self) -> "SmemSample":
         return SmemSample()
@@ -212,6 +209,34 @@ class SmemSample(BankCounter):
             c = row.counts
             out[(cls.value, pc)] = (a[0] + c.instructions, a[1] + c.wavefronts, a[2] + c.ideal)
         return out
+
+
+class _SampleDone(Exception):
+    """smem_sample's stop: the CTA started its main loop's round SMEM_SAMPLE_ROUNDS."""
+
+
+def smem_sample(source, grid, block, smem_bytes: int, args, kernel, macros, cta: int) -> dict:
+    """SmemSample.per_pc of CTA `cta` alone on the PTX engine, up to the start of its main loop's round
+    SMEM_SAMPLE_ROUNDS (a kernel without one: to its end): a loop's later rounds repeat its first ones'
+    shared-memory accesses (the same tiles at the same addresses), and an observer of instruction
+    events costs the engine its fast paths (counting the whole launch made its run 7x slower). The
+    epilogue's instructions that the CTA had not reached take their class's wavefronts
+    (LaunchModel.instr_wavefronts)."""
+    from ..ptx import launch as ptx_launch
+
+    banks, started = SmemSample(), [0]
+
+    def on_rounds(n: int) -> None:
+        started[0] += 1
+        if started[0] > SMEM_SAMPLE_ROUNDS:
+            raise _SampleDone
+
+    try:
+        ptx_launch(source, grid, block, smem_bytes, args, kernel=kernel, observers=[banks], macros=macros,
+                   ctas=[cta], on_rounds=on_rounds)
+    except _SampleDone:
+        pass
+    return banks.per_pc()
 
 
 def grid_bytes(sectors, reps: np.ndarray, cls: np.ndarray) -> int:
@@ -390,18 +415,19 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     parts = [reps] if n_proc == 1 else [reps[i::n_proc] for i in range(n_proc)]
 
     def engine(i: int):
-        rec, sectors, banks = BranchRecorder(), SectorCounter(), SmemSample()
-        ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors, banks],
-                   macros=macros, ctas=None if len(parts[i]) == n_ctas else parts[i])
-        return rec.paths(), sectors.counts, banks.per_pc()
-    paths, sectors, smem = {}, SectorCounter(), {}
-    for part_paths, counts, per_pc in pool.pmap(engine, len(parts), n_proc):
+        rec, sectors = BranchRecorder(), SectorCounter()
+        ptx_launch(source, grid, block, smem_bytes, copies, kernel=kernel, observers=[rec, sectors], macros=macros,
+                   ctas=None if len(parts[i]) == n_ctas else parts[i])
+        return rec.paths(), sectors.counts
+    paths, sectors = {}, SectorCounter()
+    for part_paths, counts in pool.pmap(engine, len(parts), n_proc):
         paths.update(part_paths)
         sectors.merge(counts)
-        for key, c in per_pc.items():
-            a = smem.get(key, (0, 0, 0))
-            smem[key] = tuple(x + y for x, y in zip(a, c))
-    model.set_wavefronts(smem)
+    # the bank model on one representative, the longest by the caller's estimate, after the run (it may
+    # write the same outputs: nothing reads them again)
+    est = None if cta_instructions is None else np.broadcast_to(np.asarray(cta_instructions, np.float64), (n_ctas,))
+    sample = int(reps[int(np.argmax(est[reps]))]) if est is not None else int(reps[0])
+    model.set_wavefronts(smem_sample(source, grid, block, smem_bytes, copies, kernel, macros, sample))
     walk_ids: dict = {}  # a CTA's warps' walks -> its walk class
     rep_walk = np.empty(len(reps), np.int64)
     for i, r in enumerate(reps.tolist()):
