@@ -71,7 +71,6 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
 _XU = int(Pipe.XU)
-_PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
 # the Sync kinds as module names (the scheduler's inner loop: one lookup, not two)
 _BAR, _LDGDEPBAR, _DEPBAR, _EXIT = Sync.BAR, Sync.LDGDEPBAR, Sync.DEPBAR, Sync.EXIT
 _GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE
@@ -233,6 +232,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
 
     first = 0  # the first of this cycle's sub-partitions in turn still to issue (a resumed run's: the next)
     in_turn = gpu.issue_in_turn
+    extras = bool(in_turn or timeline is not None or marks)  # an issue's rarer bookkeeping (one test in the loop)
     if resume is None:
         for slot in range(min(slots, len(streams)) - len(pending)):
             start(slot, 0.0)
@@ -330,29 +330,41 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             pick = w
                             break
             if pick is not None:
-                if in_turn:
-                    if pick is not ls:
-                        ring[s] = by_smsp[s].index(pick) + 1
-                    if pick.stream[pick.pc].is_mio:
-                        turn = (s + 1) % N_SMSP
-                if timeline is not None:
-                    st = pick.stream[pick.pc]
-                    timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
-                if marks and pick.pc in marks and pick is pick.cta.warps[0]:
-                    pick.cta.marked.append(t)
+                st = pick.stream[pick.pc]
+                if extras:  # issue_in_turn's rings, a timeline, marks
+                    if in_turn:
+                        if pick is not ls:
+                            ring[s] = by_smsp[s].index(pick) + 1
+                        if st.is_mio:
+                            turn = (s + 1) % N_SMSP
+                    if timeline is not None:
+                        timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
+                    if marks and pick.pc in marks and pick is pick.cta.warps[0]:
+                        pick.cta.marked.append(t)
                 if periodic is not None and pick is warps[0]:
                     if pick.stream is not anchored[0]:  # the oldest warp's anchor, looked up when it changes
                         anchored = (pick.stream, periodic.anchor(pick.stream))
-                    if pick.stream[pick.pc] is anchored[1]:
+                    if st is anchored[1]:
                         periodic.due = True
-                seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
+                if st.plain:  # _issue's work for an instruction that only takes its pipe (Step.plain)
+                    pick.pc += 1
+                    pick.why = None
+                    pick.wake = _NINF
+                    pick.ready = t + st.gap
+                    pipes[st.slot] = t + st.cycles
+                    name = st.pipe_name
+                    busy[name] = busy.get(name, 0) + st.cycles
+                    if pick.pc >= pick.end:
+                        _leave(pick, t, gpu)
+                else:
+                    seq = _issue(pick, t, pipes, state, gpu, events, seq, busy)
                 while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= pick.end):
                     pending.pop(0)
                     start(len(ctas), t + 1)
                     live += n_warps
                 issued += 1
                 any_issue = True
-                last[s] = None if pick.stream[pick.pc - 1].switch else pick  # a yield: no greedy claim
+                last[s] = None if st.switch else pick  # a yield: no greedy claim (one that left: None below)
                 if pick.pc >= pick.end:
                     live -= 1
                     last[s] = None
@@ -700,11 +712,9 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     w.pc += 1
     w.why = None
     w.wake = _NINF
-    stall = st.stall
-    w.ready = t + (stall if stall > 1 else 1)
-    slot = st.slot
-    pipes[slot] = t + st.cycles
-    name = _PIPE_NAMES[slot]
+    w.ready = t + st.gap
+    pipes[st.slot] = t + st.cycles
+    name = st.pipe_name
     busy[name] = busy.get(name, 0) + st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
