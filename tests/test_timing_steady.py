@@ -147,6 +147,28 @@ def test_a_runs_prefixes_are_the_shorter_runs_bit_for_bit(steady, in_turn):
 
 @pytest.mark.parametrize("in_turn", [False, True])
 @pytest.mark.parametrize("steady", [False, True])
+@pytest.mark.parametrize("slots", [2, 3])
+def test_a_trie_of_runs_is_the_separate_runs_bit_for_bit(slots, steady, in_turn):
+    """run_sm_tree: runs that share their first CTAs and then differ (a CTA of another stream, or none:
+    a prefix), a duplicate, a run of fewer CTAs than the slots, one that starts with other CTAs, and
+    streams that recur within a run (time_sm's runs of a window's full-length Q blocks) equal the
+    separate runs in every field, the stall reasons' order included."""
+    from fa_sim.timing.sm import run_sm, run_sm_tree
+
+    H200 = _gpu(in_turn)
+    a, b, c, d, e, f, g, h = _loop_streams([40, 33, 27, 50, 12, 45, 20, 8])
+    runs = [[a, b, c, d, e], [a, b, c, d, f], [a, b, c, g], [a, b, c], [a, b], [a], [a, b, c, d, e], [b, a, c],
+            [a, b, h, a, b], [a, b, h, a, g, a], [a, a, a, a], [a, a, a, b]]
+    for run, r in zip(run_sm_tree(runs, 4, H200, slots=slots, steady=steady), runs):
+        separate = run_sm(r, 4, H200, slots=slots, steady=steady)
+        assert run == separate and list(run.stalls.items()) == list(separate.stalls.items())
+        assert list(run.busy.items()) == list(separate.busy.items()) and len(run.done_at) == len(r)
+    with pytest.raises(ValueError, match="at least one CTA"):
+        run_sm_tree([[a], []], 4, H200, slots=2)
+
+
+@pytest.mark.parametrize("in_turn", [False, True])
+@pytest.mark.parametrize("steady", [False, True])
 def test_held_stall_reasons_change_nothing(steady, in_turn, monkeypatch):
     """The scheduler keeps a warp's own stall reasons (barrier, scoreboard, the stall count's wait)
     until its state changes (sm._HELD) instead of asking _blocked every cycle: the run equals the one

@@ -36,8 +36,9 @@ How (nothing here knows what the kernel computes):
    timed alone, each next one as the increment of (previous chunk + chunk) over the previous
    chunk alone (the previous chunk stands in for the SM's state when the chunk starts), and
    these runs are memoized by the CTAs' walks, so a launch whose CTAs repeat a few walks costs a
-   few chunks (docs/timing.md, "How long it takes"); a run whose CTAs start another's is that
-   run's start, taken from it (fa_sim.timing.sm.run_sm_prefixes).
+   few chunks (docs/timing.md, "How long it takes"); runs that start with the same CTAs are the
+   same up to the first CTA in which they differ, and share those cycles (a run whose CTAs start
+   another's is that run's start: fa_sim.timing.sm.run_sm_tree).
    Within a run, a loop's identical iterations are not simulated one by one (`steady`, on by
    default): once the SM's whole state, relative to the clock, recurs with the same period twice in
    a row while every resident warp repeats its last instructions, run_sm jumps whole periods up to
@@ -85,7 +86,7 @@ from . import pool
 from .predict import Prediction
 from .program import ATOMIC_LANES, ATOMIC_OPCODES, Step, smem_class, step
 from .sass import parse
-from .sm import REASONS, SmRun, run_sm_prefixes, steady_size
+from .sm import REASONS, SmRun, run_sm_tree, steady_size
 from .walk import PtxGraph, SassGraph, Walker, kernel_listing
 
 MAX_SM_INSTRUCTIONS = 20_000_000  # warp instructions the SM model simulates above which it is refused
@@ -604,6 +605,23 @@ def sm_chains(runs: list[tuple]) -> dict:
     return heads
 
 
+def sm_trees(runs: list[tuple], k: int) -> list[list[tuple]]:
+    """time_sm's runs (tuples of walk classes) grouped into the passes of run_sm_tree: the runs whose
+    first min(k, length) classes are the same (the CTAs that start at cycle 0) share a pass, each
+    pass's runs and the passes in the order of their longest run (longest first, as sm_chains)."""
+    trees: dict = {}
+    for r in sorted(runs, key=len, reverse=True):
+        n = min(k, len(r))
+        trees.setdefault((n, r[:n]), []).append(r)
+    return list(trees.values())
+
+
+def tree_size(runs: list[tuple], sizes: list) -> int:
+    """The warp instructions of the CTAs a pass of run_sm_tree simulates for `runs`: each distinct
+    prefix's last CTA once (the trie's nodes), at `sizes` per walk class."""
+    return int(sum(sizes[p[-1]] for p in {r[:i + 1] for r in runs for i in range(len(r))}))
+
+
 def _simulated(heads: dict, k: int) -> list[tuple]:
     """The runs that run_sm_prefixes simulates for the chains `heads`: each chain's longest, and those
     of its shorter runs with fewer CTAs than the k slots (different from the first cycle on)."""
@@ -668,12 +686,13 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
                          f"{MAX_SM_INSTRUCTIONS:,} the cycle-by-cycle SM model takes; time a smaller launch")
     seconds = simulated * min(k, len(seq)) * n_warps / SM_WORK_RATE
     long = seconds > LONG_SECONDS
-    # a run whose CTAs start another's is the start of that run: the two share their common cycles
-    # (run_sm_prefixes: each chunk's run is the start of its run with the next chunk); the results
-    # are the separate runs', bit for bit. The passes (chains) are independent: several run at once
+    # runs that start with the same CTAs are the same up to the first CTA in which they differ: they share
+    # those cycles (run_sm_tree: each chunk's run is the start of its run with the next chunk, and the runs of
+    # a window's full-length Q blocks followed by different ones share the full ones'); the results are the
+    # separate runs', bit for bit. The passes (trees) are independent: several run at once
     # on worker processes where they are long enough to pay (pool.py); each run lands in memo by its
     # CTAs, and the sum below reads memo in the chunks' order, so the result is the same either way
-    items = list(heads.items())
+    items = sm_trees(runs, k)  # the passes: runs that start with the same CTAs share one (run_sm_tree)
     n_proc = pool.workers(len(items), seconds)
     on = "" if n_proc == 1 else f" on {n_proc} worker processes"
     if long:
@@ -682,29 +701,28 @@ def time_sm(seq: list, streams: list, sizes: list, n_warps: int, gpu: GpuModel, 
               f"about {seconds:,.0f} s of CPU", file=sys.stderr, flush=True)
     memo: dict = {}
     start = time.perf_counter()
-    passes = [0, len(items[0][0])]  # passes done, the current one's CTAs
+    passes = [0, max(map(len, items[0]))]  # passes done, the current one's CTAs
 
     def progress() -> str:
-        now = (f"the current one of {passes[1]} CTAs" if n_proc == 1 else
-               f"{n_proc} at a time on worker processes, of up to {max(len(h) for h, _ in items)} CTAs")
-        return (f"{passes[0]} of {len(heads)} passes done ({len(memo)} of {len(runs)} SM runs; the runs that start "
-                f"one another share one pass), {now}, {k} resident")
+        now = (f"the current one of up to {passes[1]} CTAs" if n_proc == 1 else
+               f"{n_proc} at a time on worker processes, of up to {max(len(r) for mine in items for r in mine)} CTAs")
+        return (f"{passes[0]} of {len(items)} passes done ({len(memo)} of {len(runs)} SM runs; the runs that start "
+                f"with the same CTAs share one pass), {now}, {k} resident")
 
     def one_pass(i: int) -> list[SmRun]:
-        head, mine = items[i]
-        passes[1] = len(head)
-        return run_sm_prefixes([streams[c] for c in head], [len(r) for r in mine], n_warps, gpu, account=True,
-                               slots=k, steady=steady, known=known)
+        passes[1] = max(map(len, items[i]))
+        return run_sm_tree([[streams[c] for c in r] for r in items[i]], n_warps, gpu, account=True, slots=k,
+                           steady=steady, known=known)
 
     def done(i: int, results: list[SmRun]) -> None:
-        for r, run in zip(items[i][1], results):
+        for r, run in zip(items[i], results):
             memo[r] = run
         passes[0] += 1
         if long:
             print(f"fa_sim.timing: SM run {len(memo)} of {len(runs)} done ({time.perf_counter() - start:,.0f} s)",
                   file=sys.stderr, flush=True)
     with _Heartbeat(f"the SM model of {what}", progress):
-        pool.pmap(one_pass, len(items), n_proc, done, sizes=[sum(sizes[c] for c in head) for head, _ in items])
+        pool.pmap(one_pass, len(items), n_proc, done, sizes=[tree_size(mine, sizes) for mine in items])
     if chunks is None:
         run = memo[runs[0]]
         return run, simulated, False, np.subtract(run.done_at, run.started_at)

@@ -19,7 +19,7 @@ entry of its own. Nothing runs in a pool inside a worker.
 
 When: `workers` gives 1 (run in this process) for one piece, inside a worker, or when the
 estimated serial seconds are below MIN_PARALLEL_SECONDS (forking and the results' trip cost
-about 0.1 s a worker; below a few seconds the estimate is too rough to be sure of a gain); else
+about 0.1 s a worker; below a couple of seconds the estimate is too rough to be sure of a gain); else
 one worker per core this process may use (its affinity mask), at most one per piece. The
 environment variable FLASHSIM_TIMING_WORKERS=N sets N instead (1: always in this process; N >= 2:
 up to N workers whenever there are several pieces, whatever their size). A pool that cannot start
@@ -35,7 +35,8 @@ import sys
 from typing import Callable
 
 ENV = "FLASHSIM_TIMING_WORKERS"
-MIN_PARALLEL_SECONDS = 4.0  # estimated serial seconds of work below which it runs in this process
+MIN_PARALLEL_SECONDS = 2.0  # estimated serial seconds of work below which it runs in this process (4 s kept the
+# causal (8, 32, 8192, 128) backward's main-kernel SM passes, 3.4 s estimated and taken, on one core)
 
 _work: Callable | None = None  # the piece function of the pmap in progress (read by the forked workers)
 _in_worker = False  # set in a worker: it starts no pool of its own

@@ -91,9 +91,20 @@ class Step:
     # packed, each a wavefront of the L1 (the shared-memory data pipe) at issue
     atomic: int = 0  # global atomics and reductions: the lanes the L2's atomic units execute (fa_sim.timing.sm)
     waits: tuple = field(init=False, repr=False, compare=False)  # the scoreboards of wait_mask, in order
+    # what the SM model's issue reads, found once (fa_sim.timing.sm's inner loop): the cycles to the warp's next
+    # issue (the stall count, at least 1), the busy-cycle key of its pipe slot, and whether it is plain - no
+    # synchronisation, no scoreboard set, no shared-memory or L2 queue taken - so that issuing it only moves the
+    # warp's pc and ready cycle and its pipe (the loop's fast path; anything else goes through sm._issue)
+    gap: int = field(init=False, repr=False, compare=False)
+    pipe_name: str = field(init=False, repr=False, compare=False)
+    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "waits", tuple(b for b in range(6) if self.wait_mask >> b & 1))
+        object.__setattr__(self, "gap", self.stall if self.stall > 1 else 1)
+        object.__setattr__(self, "pipe_name", Pipe(self.slot).name)
+        object.__setattr__(self, "plain", self.sync is Sync.NONE and self.write_sb < 0 and self.read_sb < 0
+                           and not self.tag_wavefronts and not (self.is_mio and self.wavefronts) and not self.atomic)
 
 
 def smem_class(opcode: str) -> str | None:

@@ -71,7 +71,6 @@ REASONS = ("selected", "not_selected", "wait", "short_scoreboard", "long_scorebo
 
 _ORDERS = tuple((*range(first, N_SMSP), *range(first)) for first in range(N_SMSP))  # SMSPs in turn from `first`
 _XU = int(Pipe.XU)
-_PIPE_NAMES = {p.value: p.name for p in Pipe}  # a Step's slot -> its pipe's name (SmRun.busy's keys)
 # the Sync kinds as module names (the scheduler's inner loop: one lookup, not two)
 _BAR, _LDGDEPBAR, _DEPBAR, _EXIT = Sync.BAR, Sync.LDGDEPBAR, Sync.DEPBAR, Sync.EXIT
 _GLOBAL_COPY, _GLOBAL_LOAD, _GLOBAL_STORE = Sync.GLOBAL_COPY, Sync.GLOBAL_LOAD, Sync.GLOBAL_STORE
@@ -199,12 +198,60 @@ def run_sm_prefixes(streams: list, forks, n_warps: int, gpu: GpuModel, account: 
     return [done[f] for f in forks]
 
 
+def run_sm_tree(runs: list, n_warps: int, gpu: GpuModel, account: bool = True, slots: int | None = None,
+                max_cycles: float = 5e8, steady: bool = False, known: dict | None = None) -> list[SmRun]:
+    """[run_sm(r, ...) for r in runs] (each run a list of CTA streams, as run_sm takes them) for about
+    the cost of their trie: two runs whose first CTAs are the same streams (the same objects) are the
+    same cycle by cycle (run_sm is deterministic) up to the moment a CTA finishes when f CTAs have
+    started, f the first CTA in which they differ, where each starts its own CTA f (or, the shorter
+    one, none: run_sm_prefixes' fork, which this generalises). There the state is copied (the streams
+    and their Steps shared) and each group of runs that goes on alike goes on from its copy, up to its
+    next fork. Runs with fewer CTAs than the slots differ from the first cycle on (they start fewer) and
+    run alone. The results are those of the separate runs, bit for bit (tests/test_timing_steady.py).
+    `known`: run_sm_prefixes'."""
+    results: list = [None] * len(runs)
+    roots: dict = {}
+    for j, r in enumerate(runs):
+        if not r:
+            raise ValueError("a run needs at least one CTA")
+        n = len(r) if slots is None else min(slots, len(r))  # the CTAs started at cycle 0
+        roots.setdefault((n, tuple(map(id, r[:n]))), []).append(j)
+
+    def grow(group: list, snap) -> None:
+        """Runs `group` (indices), which share their first CTAs, from `snap` (the state about to start
+        the first CTA past those the snapshot's run started; None: nothing started)."""
+        longest = max(group, key=lambda j: len(runs[j]))
+        rep = runs[longest]
+        q = min(len(runs[j]) for j in group)  # the group's common prefix: q CTAs
+        for j in group:
+            q = next((c for c in range(q) if runs[j][c] is not rep[c]), q)
+        ends = [j for j in group if len(runs[j]) == q]
+        more = len(rep) > q
+        run, shot = _run_sm(rep, n_warps, gpu, account, slots, max_cycles, None, None, (), steady,
+                            fork=q if more else None, resume=snap, known=known, stop=more and not ends)
+        for j in ends:
+            results[j] = run
+        if more:
+            children: dict = {}
+            for j in group:
+                if len(runs[j]) > q:
+                    children.setdefault(id(runs[j][q]), []).append(j)
+            kids = list(children.values())
+            for c, kid in enumerate(kids):  # the last one goes on from the state itself, the others from copies
+                grow(kid, shot if c == len(kids) - 1 else _snapshot(rep, shot))
+
+    for group in roots.values():
+        grow(group, None)
+    return results
+
+
 def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger, marks, steady, fork=None,
-            resume=None, known=None) -> tuple[SmRun, tuple | None]:
+            resume=None, known=None, stop=False) -> tuple[SmRun | None, tuple | None]:
     """run_sm, and run_sm_prefixes' pieces: with `fork`, the run of streams[:fork] and the state
     (a snapshot) at the moment the run of all the streams would start CTA `fork`; with `resume`,
     the run of all the streams (with `fork` too, of streams[:fork], and its snapshot) from such a
-    snapshot."""
+    snapshot; with `stop` (and `fork`), (None, the state) at that moment: the run of streams[:fork]
+    is not wanted (run_sm_tree)."""
     slots = len(streams) if slots is None else slots
     limit = len(streams) if fork is None else fork  # the CTAs this run starts
     snapshot = None
@@ -233,6 +280,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
 
     first = 0  # the first of this cycle's sub-partitions in turn still to issue (a resumed run's: the next)
     in_turn = gpu.issue_in_turn
+    extras = bool(in_turn or timeline is not None or marks)  # an issue's rarer bookkeeping (one test in the loop)
     if resume is None:
         for slot in range(min(slots, len(streams)) - len(pending)):
             start(slot, 0.0)
@@ -330,29 +378,41 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             pick = w
                             break
             if pick is not None:
-                if in_turn:
-                    if pick is not ls:
-                        ring[s] = by_smsp[s].index(pick) + 1
-                    if pick.stream[pick.pc].is_mio:
-                        turn = (s + 1) % N_SMSP
-                if timeline is not None:
-                    st = pick.stream[pick.pc]
-                    timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
-                if marks and pick.pc in marks and pick is pick.cta.warps[0]:
-                    pick.cta.marked.append(t)
+                st = pick.stream[pick.pc]
+                if extras:  # issue_in_turn's rings, a timeline, marks
+                    if in_turn:
+                        if pick is not ls:
+                            ring[s] = by_smsp[s].index(pick) + 1
+                        if st.is_mio:
+                            turn = (s + 1) % N_SMSP
+                    if timeline is not None:
+                        timeline.append((t, ctas.index(pick.cta), pick.cta.warps.index(pick), s, st.name, st.stall))
+                    if marks and pick.pc in marks and pick is pick.cta.warps[0]:
+                        pick.cta.marked.append(t)
                 if periodic is not None and pick is warps[0]:
                     if pick.stream is not anchored[0]:  # the oldest warp's anchor, looked up when it changes
                         anchored = (pick.stream, periodic.anchor(pick.stream))
-                    if pick.stream[pick.pc] is anchored[1]:
+                    if st is anchored[1]:
                         periodic.due = True
-                seq = _issue(pick, t, pipe_free[s], state, gpu, events, seq, busy)
+                if st.plain:  # _issue's work for an instruction that only takes its pipe (Step.plain)
+                    pick.pc += 1
+                    pick.why = None
+                    pick.wake = _NINF
+                    pick.ready = t + st.gap
+                    pipes[st.slot] = t + st.cycles
+                    name = st.pipe_name
+                    busy[name] = busy.get(name, 0) + st.cycles
+                    if pick.pc >= pick.end:
+                        _leave(pick, t, gpu)
+                else:
+                    seq = _issue(pick, t, pipes, state, gpu, events, seq, busy)
                 while pending and pick is lead and (pick.pc >= pending[0] or pick.pc >= pick.end):
                     pending.pop(0)
                     start(len(ctas), t + 1)
                     live += n_warps
                 issued += 1
                 any_issue = True
-                last[s] = None if pick.stream[pick.pc - 1].switch else pick  # a yield: no greedy claim
+                last[s] = None if st.switch else pick  # a yield: no greedy claim (one that left: None below)
                 if pick.pc >= pick.end:
                     live -= 1
                     last[s] = None
@@ -365,10 +425,12 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                             live += n_warps
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
                             _flush(stalls, ones)
-                            snapshot = _snapshot(streams, (ctas, warps, by_smsp, pipe_free, state, events, last, stalls,
-                                                           busy, issued, t, seq, warp_cycles, skipped, live, i + 1,
-                                                           pick.cta.slot, periodic is not None and periodic.due,
-                                                           ring, turn, cycle_turn))
+                            here = (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq,
+                                    warp_cycles, skipped, live, i + 1, pick.cta.slot,
+                                    periodic is not None and periodic.due, ring, turn, cycle_turn)
+                            if stop:  # the run of streams[:fork] is not wanted: the state itself, not a copy
+                                return None, here
+                            snapshot = _snapshot(streams, here)
             elif in_turn:  # a cycle without issue ends the greedy claim: the next pick is in turn
                 last[s] = None
         first = 0
@@ -700,11 +762,9 @@ def _issue(w: _Warp, t: float, pipes: list[float], state: dict, gpu: GpuModel, e
     w.pc += 1
     w.why = None
     w.wake = _NINF
-    stall = st.stall
-    w.ready = t + (stall if stall > 1 else 1)
-    slot = st.slot
-    pipes[slot] = t + st.cycles
-    name = _PIPE_NAMES[slot]
+    w.ready = t + st.gap
+    pipes[st.slot] = t + st.cycles
+    name = st.pipe_name
     busy[name] = busy.get(name, 0) + st.cycles
     done = t
     if st.tag_wavefronts:  # an uncoalesced global request: its extra lines, a wavefront of the L1 each
