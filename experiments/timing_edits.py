@@ -6,7 +6,7 @@
     python experiments/timing_edits.py --predict [--measured F] [--edit NAME ...]
                                                                # fa_sim.timing.predict beside the measurements
     ... --set fuzz                                             # the same for experiments/variants/edits_fuzz/
-                                                               # (-> tests/data/h200/timing_edits_fuzz.json)
+                                                               # (-> tests/data/h100/timing_edits_fuzz.json)
 
 Each edit is a patch of fa_hw/kernels/fa2_fwd.cu in experiments/variants/edits/ (the format of
 fa_sim/contract/patch.py, taken by every `--kernel` and `kernel=`). They change the seed config's
@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's 
 EDIT_DIR = ROOT / "experiments" / "variants" / "edits"
 FUZZ_DIR = ROOT / "experiments" / "variants" / "edits_fuzz"
 DEFAULT_OUT = ROOT / "tests" / "data" / "h200" / "timing_edits.json"
-FUZZ_OUT = ROOT / "tests" / "data" / "h200" / "timing_edits_fuzz.json"
+FUZZ_OUT = ROOT / "tests" / "data" / "h100" / "timing_edits_fuzz.json"  # measured on an H100 (round 44)
 # (B, H, Nq, Nk, causal): 132 SMs x 4 resident seed CTAs; the second not a multiple of the tiles
 SHAPES = ((4, 16, 2048, 2048, False), (2, 16, 3000, 3000, True))
 CHECK_SHAPE = (1, 2, 200, 200)  # what EDITS records (head_dim 64, seed config, non-causal)

@@ -191,6 +191,14 @@ RECORDINGS = (
               "Nsight Compute's warp instructions executed by split-KV decoding's split launch (2 sequences of "
               "2000 and 700 keys, 4 splits: two empty, warp 0 diverging in store_partial; needs ncu), which the "
               "timing model's SASS walk issues (tests/test_timing_launches.py)", Kind.TIMES, 120),
+    Recording(f"{H100}/timing_edits_fuzz.json", True,
+              "python experiments/timing_edits.py --measure --set fuzz --out OUT/timing_edits_fuzz.json",
+              "the seed kernel and the sixteen fa2_fwd.cu edits of experiments/variants/edits_fuzz/ at two shapes: "
+              "kernel times", Kind.TIMES, 180),
+    Recording(f"{H100}/timing_backward_tuned_kernels.json", True,
+              "python experiments/timing_backward_tuned.py --measure-kernels OUT/timing_backward_tuned_kernels.json",
+              "the backward's three kernels timed apart (queued launches) on the 96 tuned rows of "
+              "timing_backward_tuned.json: where the model's error on the whole pass lies", Kind.TIMES, 240),
     Recording(f"{H100}/timing_backward_tuned.json", False,
               "python experiments/timing_backward_tuned.py --predict --redo --jobs 2",
               "the timing model's predictions (H200 model, no GPU; about 30 min of CPU) of 96 backward rows whose "
@@ -298,6 +306,8 @@ def _measurements(data: dict) -> dict:
         return {(r["kernel"], r["size"]): r["ms"] for r in data["launches"]}
     if data["rows"] and "ctas_per_sm" in data["rows"][0]:  # timing_occupancy.json: a time per forced occupancy
         return {(r["key"], r["ctas_per_sm"]): r["kernel_ms"] for r in data["rows"]}
+    if data["rows"] and "kernels_ms" in data["rows"][0]:  # timing_backward_tuned_kernels.json: the three's sum
+        return {(tuple(r["shape"]), r["causal"], r["label"]): r["total_ms"] for r in data["rows"]}
     if data["rows"] and "deterministic" in data["rows"][0]:  # timing_backward.json: the three kernels' sum
         return {(tuple(r["shape"]), r["causal"], r["deterministic"]): r["total_ms"] for r in data["rows"]}
     if data["rows"] and "case" in data["rows"][0]:  # timing_features.json: each shape's plain case first and last
