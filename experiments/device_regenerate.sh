@@ -61,7 +61,7 @@ lane mufu_replay &
 lane mufu_binding alu_probe mma_probe_192 &
 lane compare_seed_n128 compare_causal_tails compare_causal_s200_k333 compare_variant_swizzle_r4 compare_gqa_window compare_bf16_softcap_causal compare_d256_causal compare_packed compare_splitkv bwd_checkpoints_70x90_d64 bwd_checkpoints_70x90_d64_causal &
 wait
-lane timing_cases timing_pairs timing_dispatch timing_rounds timing_occupancy timing_small timing_ncu timing_ncu_small timing_sass_counts timing_auto timing_microbench timing_kernels timing_edits timing_pingpong timing_features timing_backward timing_microbench_h100 ncu_layouts_edits timing_ncu_splitkv  # alone: timed kernels must not share the GPU
+lane timing_cases timing_pairs timing_dispatch timing_rounds timing_occupancy timing_small timing_ncu timing_ncu_small timing_sass_counts timing_auto timing_microbench timing_kernels timing_edits timing_edits_fuzz timing_pingpong timing_features timing_backward timing_backward_tuned_kernels timing_microbench_h100 ncu_layouts_edits timing_ncu_splitkv  # alone: timed kernels must not share the GPU
 echo "== regeneration took $(( $(date +%s) - T0 ))s" >> "$SUMMARY"
 
 timeout 90 "$PY" -m fa_sim.calibrate.recordings compare "$OUT/files" --which gpu >> "$SUMMARY" 2>&1

@@ -48,8 +48,10 @@ def test_the_rows_are_the_scripts_and_the_measurements_the_sources(rows):
 # (half, model) -> the reported accuracy (docs/backward.md, "Timed"): MAPE at most, Spearman at least,
 # pairs named right at least (of those 3 % apart)
 REPORTED = {
-    ("fit", "h200"): (10.4, 0.996, 24),  # 10.3 %, 0.997, 24 of 24
-    ("validate", "h200"): (10.3, 0.987, 12),  # 10.2 %, 0.988, 12 of 12
+    ("fit", "h200"): (6.9, 0.994, 24),  # 6.8 %, 0.995, 24 of 24 (round 44: shared memory's wavefronts)
+    ("validate", "h200"): (5.7, 0.982, 12),  # 5.6 %, 0.983, 12 of 12
+    ("fit", "h200_r43"): (10.4, 0.996, 24),  # 10.3 %, 0.997, 24 of 24 (the model before round 44)
+    ("validate", "h200_r43"): (10.3, 0.987, 12),  # 10.2 %, 0.988, 12 of 12
     ("fit", "h200_static"): (8.3, 0.994, 23),  # 8.2 %, 0.995, 23 of 24
     ("validate", "h200_static"): (10.5, 0.942, 12),  # 10.4 %, 0.942, 12 of 12
     ("fit", "h200_dispatch"): (10.1, 0.996, 24),  # 10.0 %, 0.997, 24 of 24
@@ -80,18 +82,20 @@ def test_the_dispatch_leaves_one_common_bias(rows):
     which timed the dispatch's busiest SM with the SM model at 6x the CPU) at no worse a MAPE, and
     one factor fitted on the fitting half leaves about 3 % of MAPE on the validation half (9.2 % for
     the static assignment). The list schedule is within 1 % of the experiment on 80 of 96 rows, and
-    every causal row but (4, 8, 5000, 128) 32x4s1 (+8.0 %) is fast."""
+    every causal row but (4, 8, 5000, 128) 32x4s1 (+8.0 %) is fast. These are the predictions of
+    that round's model (`h200_r43`: before round 44 charged shared memory its wavefronts), the
+    generation the static and experiment keys were predicted with."""
     val = _half(rows, "validate")
-    new, static = tuned.metrics(val, "h200"), tuned.metrics(val, "h200_static")
+    new, static = tuned.metrics(val, "h200_r43"), tuned.metrics(val, "h200_static")
     assert new["spearman"] > static["spearman"] + 0.04 and new["mape"] <= static["mape"], (new, static)
-    for model, most in (("h200", 3.2), ("h200_dispatch", 3.1)):
+    for model, most in (("h200_r43", 3.2), ("h200_dispatch", 3.1)):
         assert _common_factor_mape(rows, model)["mape"] <= most, model
     assert _common_factor_mape(rows, "h200_static")["mape"] >= 9.0
     assert all(r["predicted"]["h200_dispatch"]["total_ms"] < r["measured_ms"] for r in rows if r["causal"])
-    slow = [tuned.row_key(r) for r in rows if r["causal"] and r["predicted"]["h200"]["total_ms"] > r["measured_ms"]]
+    slow = [tuned.row_key(r) for r in rows if r["causal"] and r["predicted"]["h200_r43"]["total_ms"] > r["measured_ms"]]
     assert slow == [("base", (4, 8, 5000, 128), True, "32x4s1")], slow
     assert max(r["predicted"]["h200_static"]["total_ms"] / r["measured_ms"] for r in rows if r["causal"]) > 1.2
-    ratio = [r["predicted"]["h200"]["total_ms"] / r["predicted"]["h200_dispatch"]["total_ms"] for r in rows]
+    ratio = [r["predicted"]["h200_r43"]["total_ms"] / r["predicted"]["h200_dispatch"]["total_ms"] for r in rows]
     assert sum(abs(x - 1) < 0.01 for x in ratio) >= 80 and 0.93 < min(ratio) and max(ratio) < 1.10
 
 
@@ -102,3 +106,23 @@ def test_a_recorded_prediction_is_what_the_model_predicts_now(rows):
     row = next(r for r in rows if r["shape"] == [6, 8, 700, 64] and r["causal"] and r["label"] == "128x8s1r2")
     got = tuned._predict_one((tuple(row["shape"]), True, row["label"], "h200"))
     assert got["total_ms"] == pytest.approx(row["predicted"]["h200"]["total_ms"], rel=1e-9)
+
+
+def test_the_main_kernel_timed_apart_is_within_its_reported_accuracy(rows):
+    """tests/data/h100/timing_backward_tuned_kernels.json (the H100, each row's three kernels timed
+    apart, round 44): the main kernel's prediction has MAPE 6.0 % (median error +1.4 %); the
+    preprocess and dQ-conversion kernels are the ones left fast (median -28 % and -17 %)."""
+    import json
+    import statistics
+
+    data = json.loads((tuned.ROOT / "tests" / "data" / "h100" / "timing_backward_tuned_kernels.json").read_text())
+    by = {(tuple(r["shape"]), r["causal"], r["label"]): r for r in rows}
+    err = {name: [] for name in tuned.KERNEL_NAMES}
+    for m in data["rows"]:
+        r = by[(tuple(m["shape"]), m["causal"], m["label"])]
+        for name in tuned.KERNEL_NAMES:
+            err[name].append(r["predicted"]["h200"]["kernels_ms"][name] / m["kernels_ms"][name] - 1)
+    assert len(err["fa2_bwd_kernel"]) == 96
+    main = err["fa2_bwd_kernel"]
+    assert statistics.mean(map(abs, main)) <= 0.061 and abs(statistics.median(main)) <= 0.02, statistics.mean(map(abs, main))
+    assert statistics.median(err["fa2_bwd_preprocess_kernel"]) < -0.2 and statistics.median(err["fa2_bwd_convert_dq_kernel"]) < -0.1
