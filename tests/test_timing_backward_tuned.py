@@ -48,8 +48,8 @@ def test_the_rows_are_the_scripts_and_the_measurements_the_sources(rows):
 # (half, model) -> the reported accuracy (docs/backward.md, "Timed"): MAPE at most, Spearman at least,
 # pairs named right at least (of those 3 % apart)
 REPORTED = {
-    ("fit", "h200"): (6.9, 0.994, 24),  # 6.8 %, 0.995, 24 of 24 (round 44: shared memory's wavefronts)
-    ("validate", "h200"): (5.7, 0.982, 12),  # 5.6 %, 0.983, 12 of 12
+    ("fit", "h200"): (7.0, 0.994, 24),  # 6.9 %, 0.995, 24 of 24 (round 44: shared memory's wavefronts)
+    ("validate", "h200"): (5.7, 0.978, 12),  # 5.6 %, 0.979, 12 of 12
     ("fit", "h200_r43"): (10.4, 0.996, 24),  # 10.3 %, 0.997, 24 of 24 (the model before round 44)
     ("validate", "h200_r43"): (10.3, 0.987, 12),  # 10.2 %, 0.988, 12 of 12
     ("fit", "h200_static"): (8.3, 0.994, 23),  # 8.2 %, 0.995, 23 of 24
@@ -110,7 +110,7 @@ def test_a_recorded_prediction_is_what_the_model_predicts_now(rows):
 
 def test_the_main_kernel_timed_apart_is_within_its_reported_accuracy(rows):
     """tests/data/h100/timing_backward_tuned_kernels.json (the H100, each row's three kernels timed
-    apart, round 44): the main kernel's prediction has MAPE 6.0 % (median error +1.4 %); the
+    apart, round 44): the main kernel's prediction has MAPE 6.1 % (median error +1.4 %); the
     preprocess and dQ-conversion kernels are the ones left fast (median -28 % and -17 %)."""
     import json
     import statistics
@@ -124,5 +124,5 @@ def test_the_main_kernel_timed_apart_is_within_its_reported_accuracy(rows):
             err[name].append(r["predicted"]["h200"]["kernels_ms"][name] / m["kernels_ms"][name] - 1)
     assert len(err["fa2_bwd_kernel"]) == 96
     main = err["fa2_bwd_kernel"]
-    assert statistics.mean(map(abs, main)) <= 0.061 and abs(statistics.median(main)) <= 0.02, statistics.mean(map(abs, main))
+    assert statistics.mean(map(abs, main)) <= 0.062 and abs(statistics.median(main)) <= 0.02, statistics.mean(map(abs, main))
     assert statistics.median(err["fa2_bwd_preprocess_kernel"]) < -0.2 and statistics.median(err["fa2_bwd_convert_dq_kernel"]) < -0.1

@@ -118,7 +118,7 @@ class LaunchModel:
         self.sass = SassGraph(listing, name)
         self.ptx = PtxGraph(program.kernel)
         self.walker = Walker(self.sass, self.ptx)
-        self.wavefronts: dict = {}  # (shared-memory class, source location or None) -> wavefronts (set_wavefronts)
+        self.wavefronts: dict = {}  # (shared-memory class, source location) -> wavefronts (set_wavefronts)
         self.controls = {i.addr: i.control for i in parse(kernel_listing(listing, name))}
         self.usage = ResourceUsage.from_cubin(cubin, name)
         self._steps: dict = {}
@@ -132,26 +132,26 @@ class LaunchModel:
     def set_wavefronts(self, per_pc: Mapping) -> None:
         """The bank model's counts of the run (SmemSample.per_pc: (class, PTX pc) -> (instructions,
         wavefronts, ideal)) as wavefronts per warp instruction of each class at each source location
-        and of each class over the launch (LDGSTS: the ideal, as the forward's probes take it:
+        (LDGSTS: the ideal, as the forward's probes take it:
         fa_sim.timing.predict.bank_wavefronts). Before the first Steps are built."""
         sums: dict = {}
         for (cls, pc), (n, wf, ideal) in per_pc.items():
             w = ideal if cls == "LDGSTS" else wf
-            for key in ((cls, self.ptx.loc(self.ptx.code[pc])), (cls, None)):
-                a, b = sums.get(key, (0, 0))
-                sums[key] = (a + n, b + w)
+            key = (cls, self.ptx.loc(self.ptx.code[pc]))
+            a, b = sums.get(key, (0, 0))
+            sums[key] = (a + n, b + w)
         self.wavefronts = {key: w / n for key, (n, w) in sums.items() if n}
 
     def instr_wavefronts(self, ins) -> dict:
         """{class: wavefronts} of one SASS instruction (program.step's `wavefronts`): its source
-        location's PTX instructions of its class as the run counted them; else its class's over the
-        launch; else (not run in the rounds counted) a whole warp's access without conflicts."""
+        location's PTX instructions of its class as the sample counted them; else (an instruction
+        the sample did not reach, or one of ptxas's own, such as the `LDS RZ, [RZ]` it puts beside
+        cp.async waits) a whole warp's access of its width without conflicts. Not the class's mean:
+        that would make an unmatched instruction's cost depend on which others the sample reached."""
         cls = smem_class(ins.opcode)
         if cls is None:
             return {}
         wf = self.wavefronts.get((cls, ins.loc))
-        if wf is None:
-            wf = self.wavefronts.get((cls, None))
         return {cls: ideal_wavefronts(ins.opcode) if wf is None else wf}
 
     def block_steps(self, b) -> list[Step]:
