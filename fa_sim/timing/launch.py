@@ -45,8 +45,11 @@ How (nothing here knows what the kernel computes):
    the first warp whose stream stops repeating, then simulates the rest (the last iterations, a
    causal tail, the epilogue, the next CTA) cycle by cycle (fa_sim.timing.sm's _Steady, which
    states the rule and its exactness; tests/test_timing_steady.py).
-   Global loads and stores take the SM's share of bandwidth: the L2's when the launch's arrays fit
-   in the L2, else the DRAM's (GpuModel.l2_bytes, dram_bytes_per_cycle), and loads arrive after
+   Each shared-memory instruction takes the data pipe for the wavefronts the bank model counts at
+   its source location on one CTA of the launch (smem_sample; docs/timing.md, "Shared memory and the
+   DRAM in any launch"). Global loads and stores take the SM's share of bandwidth: the L2's, or where
+   the launch's arrays exceed the L2 the DRAM's times the grid's reuse of them if that is less
+   (GpuModel.l2_bytes, dram_bytes_per_cycle, grid_bytes), and loads arrive after
    the copy latency at the SM's load. Each request moves the sectors its class's requests of
    that SM's CTAs touched in the run (a SectorCounter beside the BranchRecorder: uncoalesced
    requests cost more), and
@@ -221,7 +224,7 @@ def smem_sample(source, grid, block, smem_bytes: int, args, kernel, macros, cta:
     SMEM_SAMPLE_ROUNDS (a kernel without one: to its end): a loop's later rounds repeat its first ones'
     shared-memory accesses (the same tiles at the same addresses), and an observer of instruction
     events costs the engine its fast paths (counting the whole launch made its run 7x slower). The
-    epilogue's instructions that the CTA had not reached take their class's wavefronts
+    epilogue's instructions, which the CTA has not reached, take their width's conflict-free count
     (LaunchModel.instr_wavefronts)."""
     from ..ptx import launch as ptx_launch
 
@@ -450,7 +453,7 @@ def _predict(source, text, path, grid, block, args, smem_bytes, gpu, kernel, mac
     footprint = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
     resident = min(k, len(seq))
     at_load = gpu.loaded(resident, k).with_local(model.usage.stack_bytes, threads, cta_smem, resident, k)
-    if footprint > gpu.l2_bytes:  # the DRAM delivers each byte once, the L2 the rest (dram_share)
+    if footprint > gpu.l2_bytes:  # the DRAM delivers each byte once, the L2 the rest (grid_bytes)
         reuse = grid_bytes(sectors, reps, cls) / footprint
         at_load = at_load.with_(global_bytes_per_cycle=min(at_load.global_bytes_per_cycle,
                                                            gpu.dram_bytes_per_cycle * max(1.0, reuse)))
