@@ -87,7 +87,7 @@ FUZZ = {
     "volatile_flag": (True, True, set()),
     "warp_early_return": (False, True, set()),
 }
-SETS = {"edits": (EDIT_DIR, EDITS, DEFAULT_OUT), "fuzz": (FUZZ_DIR, FUZZ, FUZZ_OUT)}
+SETS = {"edits": (EDITS, DEFAULT_OUT), "fuzz": (FUZZ, FUZZ_OUT)}  # --set: (the facts, --measure's file)
 
 
 def patch_path(name: str) -> Path:
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=3)
     args = ap.parse_args(argv)
-    _, table, default_out = SETS[args.set]
+    table, default_out = SETS[args.set]
     if min(args.warmup + 1, args.reps, args.batches) < 1:
         ap.error("--warmup must be >= 0, --reps and --batches >= 1")
     if args.edit and (args.measure or args.list):

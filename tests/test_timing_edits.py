@@ -98,7 +98,7 @@ def test_a_fuzz_edit_on_the_ptx_engine_gives_the_recorded_bits():
 
 @pytest.mark.parametrize("which", sorted(te.SETS))
 def test_recorded_measurements_match_the_edits(which):
-    _, table, path = te.SETS[which]
+    table, path = te.SETS[which]
     if not path.exists():
         pytest.skip(f"{path.relative_to(ROOT)} not recorded yet (experiments/timing_edits.py --measure --set {which} "
                     "on a GPU)")
