@@ -255,3 +255,17 @@ def test_gpu_compare_banks_of_split_kv_match_nsight_compute(options):
     instructions (as the SASS issues them), wavefronts and conflicts equal the simulator's (`fa
     banks --splits`' count of the split launch)."""
     banks_match_nsight_compute(options, "split-KV decoding")
+
+
+def test_mixed_zero_fill_groups_of_the_h100_mismatch_are_taken_apart():
+    """experiments/ldgsts_mixed_cases.py (the GPU step `ldgsts` of experiments/device_round45.sh): the
+    H100 case whose LDGSTS count is 8 wavefronts above Nsight Compute's has 16 mixed copy / zero-fill
+    instructions in four groups of four, and its cases split them two groups at a time."""
+    from experiment_scripts import load
+
+    cases = load("ldgsts_mixed_cases")
+    groups = {name: cases.mixed_groups(cases.options(name)) for name in list(cases.CASES)[:3]}
+    both, short, long_ = groups.values()
+    assert both["wavefronts"] - both["ideal"] == 32 and sum(v for k, v in both.items() if k.startswith("round")) == 16
+    assert set(short) - {"wavefronts", "ideal"} == {"round -1 K load", "round 0 V load"}
+    assert set(long_) - {"wavefronts", "ideal"} == {"round 0 K load", "round 1 V load"}
