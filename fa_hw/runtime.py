@@ -39,6 +39,7 @@ from fa_sim.contract.cubin import ResourceUsage
 from fa_sim.contract.cubins import compile_build
 from fa_sim.problem import Problem
 
+from .blocking import time_launches
 from .device import device, device_arch, has_gpu
 from .device import short as _short
 from .errors import FaHwError, KernelFault, NoGPUError
@@ -255,16 +256,9 @@ class LaunchPlan:
                              self.describe(), timed=timed)
 
     def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
-        """Per-launch times (ms) of `reps` launches after `warmup`, each bracketed by events."""
-        for _ in range(warmup):
-            self.launch(stream)
-        self.sync(stream)
-        marks = [_timing_event(stream)]
-        for _ in range(reps):
-            self.launch(stream)
-            marks.append(_timing_event(stream))
-        self.sync(stream)
-        return [float(b - a) for a, b in zip(marks, marks[1:])]
+        """Per-launch times (ms) of `reps` back-to-back launches after `warmup`, each between two
+        CUDA events, all enqueued behind a blocking kernel (fa_hw.blocking.time_launches)."""
+        return time_launches(stream, self.launch, self.sync, warmup, reps)
 
     def describe(self) -> str:
         return f"{self.loaded.build.describe()} grid={self.grid[:2]} block={self.block[0]} smem={self.smem_bytes}"
