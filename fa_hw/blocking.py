@@ -28,13 +28,17 @@ arch and cached on disk as the combine kernel is):
 - The wait ends after `TIMEOUT_S` of %globaltimer however the host fares, so the stream never
   hangs; a timed-out wait counts itself in the pinned `timeouts` word. Such a run's intervals may
   again hold host time: it is repeated once (a `BlockingTimeout` warning), and a second timed-out
-  run is a `TimingError`.
+  run is a `TimingError`. Under CUDA_LAUNCH_BLOCKING=1 every launch returns only once it has run,
+  so nothing can be enqueued behind a waiting blocker: there the launches are timed without one
+  (`Unblocked`), as before. (A tool that serialises launches, such as Nsight Compute, does the same
+  to the blocker: each waits out its timeout, and the timing stops with the TimingError.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import warnings
 import weakref
 from collections.abc import Callable
@@ -45,7 +49,7 @@ import numpy as np
 from fa_sim.cache import cache_key, cache_root, store_atomic
 from fa_sim.contract.nvrtc import NvrtcError, compile_cubin, nvrtc_version
 
-from .device import device, device_arch
+from .device import device, device_arch, driver_call
 from .device import short as _short
 from .errors import CompileError, FaHwError, KernelFault
 
@@ -106,11 +110,8 @@ class StreamBlocker:
 
     def block(self, stream) -> int:
         """Enqueue a blocker on `stream`, waiting for the next target (returned; 32-bit, wrapping)."""
-        from .runtime import launch_kernel
-
         target = (self.issued + 1) & 0xFFFFFFFF
-        launch_kernel(stream, self.kernel, (1, 1, 1), (1, 1, 1), 0, self.args(target),
-                      f"{BLOCK_KERNEL} ({BLOCK_PATH.name})")
+        _enqueue(stream, self.kernel, self.args(target))
         self.issued = target
         return target
 
@@ -131,12 +132,10 @@ def pinned_words(n: int = _WORDS) -> tuple[np.ndarray, int]:
     cuMemFreeHost when the view is collected."""
     from cuda.bindings import driver
 
-    from .runtime import _driver_call
-
-    host = int(_driver_call(driver.cuMemHostAlloc(4 * n, driver.CU_MEMHOSTALLOC_DEVICEMAP),
+    host = int(driver_call(driver.cuMemHostAlloc(4 * n, driver.CU_MEMHOSTALLOC_DEVICEMAP),
                             "allocating the blocking kernel's pinned words"))
     try:
-        dptr = int(_driver_call(driver.cuMemHostGetDevicePointer(host, 0),
+        dptr = int(driver_call(driver.cuMemHostGetDevicePointer(host, 0),
                                 "mapping the blocking kernel's pinned words"))
     except KernelFault:
         driver.cuMemFreeHost(host)
@@ -163,10 +162,43 @@ def stream_blocker(ordinal: int = 0) -> StreamBlocker:
     return StreamBlocker(kernel, words, dptr)
 
 
-def _timing_event(stream):
-    from .runtime import _timing_event
+class Unblocked:
+    """StreamBlocker's interface, blocking nothing: where launches run synchronously
+    (CUDA_LAUNCH_BLOCKING=1) the host cannot enqueue past a blocker, which would wait its timeout."""
 
-    return _timing_event(stream)
+    timeout_ns = 0
+
+    def block(self, stream) -> int:
+        return 0
+
+    def release(self, target: int) -> None:
+        pass
+
+    def timeouts(self) -> int:
+        return 0
+
+
+def default_blocker():
+    """This GPU's StreamBlocker, or Unblocked under CUDA_LAUNCH_BLOCKING=1."""
+    return Unblocked() if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else stream_blocker()
+
+
+def _enqueue(stream, kernel, args: tuple) -> None:
+    """One launch of fa_block_stream (one thread) on `stream`; a launch-time error is a KernelFault.
+    (Not runtime.launch_kernel: fa_hw.runtime times its launches with this module.)"""
+    from cuda.core import LaunchConfig, launch
+
+    try:
+        launch(stream, LaunchConfig(grid=(1, 1, 1), block=(1, 1, 1)), kernel, *args)
+    except Exception as exc:
+        raise KernelFault(f"launching {BLOCK_KERNEL} ({BLOCK_PATH.name}) failed: {_short(exc)}") from None
+
+
+def timing_event(stream):
+    """A CUDA event with timing enabled, recorded on `stream` now (cuda.core: `b - a` is ms)."""
+    from cuda.core import EventOptions
+
+    return stream.record(options=EventOptions(timing_enabled=True))
 
 
 def time_launches(stream, launch: Callable, sync: Callable, warmup: int = 5, reps: int = 20, *,
@@ -175,15 +207,15 @@ def time_launches(stream, launch: Callable, sync: Callable, warmup: int = 5, rep
     """Per-repetition times (ms) of `launch(stream)` (one or several kernels), `reps` times after
     `warmup` launches and `sync(stream)` (which reports a fault). Behind each chunk's blocker: the
     start event, then each launch and an event after it; the blocker released once the chunk is
-    enqueued (also when an enqueue fails). `blocker` (default: this GPU's StreamBlocker) and
+    enqueued (also when an enqueue fails). `blocker` (default: default_blocker()) and
     `record` (default: a CUDA timing event on the stream) are the tests' to replace."""
     for _ in range(warmup):
         launch(stream)
     sync(stream)
     if reps < 1:
         return []
-    blocker = stream_blocker() if blocker is None else blocker
-    record = _timing_event if record is None else record
+    blocker = default_blocker() if blocker is None else blocker
+    record = timing_event if record is None else record
     sizes = chunk_sizes(reps, chunk)
     for attempt in range(1, ATTEMPTS + 1):
         before = blocker.timeouts()
@@ -204,7 +236,7 @@ def time_launches(stream, launch: Callable, sync: Callable, warmup: int = 5, rep
             return [float(b - a) for marks in chunks for a, b in zip(marks, marks[1:])]
         what = (f"{timed_out} of {len(sizes)} blocking kernel{'s' * (len(sizes) > 1)} timed out after "
                 f"{blocker.timeout_ns / 1e9:g} s (the host took that long to enqueue {chunk} or fewer repetitions, "
-                f"or their launches did not fit the stream's queue)")
+                f"or their launches did not fit the stream's queue, or a tool runs launches one at a time)")
         if attempt < ATTEMPTS:
             warnings.warn(f"{what}: the measurement may hold host time, timing again", BlockingTimeout, stacklevel=3)
     raise TimingError(f"{what}, twice: the measured times would hold host time")

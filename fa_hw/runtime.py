@@ -40,22 +40,15 @@ from fa_sim.contract.cubins import compile_build
 from fa_sim.problem import Problem
 
 from .blocking import time_launches
+from .blocking import timing_event as _timing_event
 from .device import device, device_arch, has_gpu
+from .device import driver_call as _driver_call
 from .device import short as _short
 from .errors import FaHwError, KernelFault, NoGPUError
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
 MAX_GRID_Y = 65535
 MAX_SEQLEN = 2**31 - 1  # seqlen_q, seqlen_k are int32 kernel arguments
-
-
-def _driver_call(result, what: str):
-    from cuda.bindings import driver
-
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise KernelFault(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
-    return rest[0] if len(rest) == 1 else rest
 
 
 @dataclass(frozen=True)
@@ -304,12 +297,6 @@ def _sync(stream, what: str) -> None:
         stream.sync()
     except Exception as exc:
         raise KernelFault(f"kernel {what} faulted: {_short(exc)}") from None
-
-
-def _timing_event(stream):
-    from cuda.core import EventOptions
-
-    return stream.record(options=EventOptions(timing_enabled=True))
 
 
 __all__ = ["FaHwError", "LaunchPlan", "NoGPUError", "device", "device_arch", "has_gpu", "launch_kernel",

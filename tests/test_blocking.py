@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from fa_hw import blocking, runtime
+from fa_hw import blocking
 from fa_hw.blocking import BlockingTimeout, StreamBlocker, TimingError, chunk_sizes, time_launches
 from fa_hw.errors import KernelFault
 
@@ -114,15 +114,13 @@ def test_the_kernel_parameters_match_the_host_arguments():
 # ---- StreamBlocker's host side -----------------------------------------------------------------
 def test_blocker_targets_grow_wrap_and_release_by_writing_the_counter(monkeypatch):
     launched = []
-    monkeypatch.setattr(runtime, "launch_kernel", lambda stream, kernel, grid, block, smem, args, what:
-                        launched.append((stream, kernel, grid, block, smem, args)))
+    monkeypatch.setattr(blocking, "_enqueue", lambda stream, kernel, args: launched.append((stream, kernel, args)))
     words = np.array([0xFFFFFFFE, 0], np.uint32)
     blocker = StreamBlocker("kernel", words, 0x1000, timeout_s=0.25)
     assert [blocker.block("s") for _ in range(3)] == [0xFFFFFFFF, 0, 1]
-    assert all(grid == block == (1, 1, 1) and smem == 0 and kernel == "kernel" for _, kernel, grid, block, smem, _ in
-               launched)
-    assert [args for *_, args in launched][1] == (0x1000, 0x1004, 0, 250_000_000)
-    assert isinstance(launched[0][5][2], np.uint32) and isinstance(launched[0][5][3], np.uint64)
+    assert all(stream == "s" and kernel == "kernel" for stream, kernel, _ in launched)
+    assert launched[1][2] == (0x1000, 0x1004, 0, 250_000_000)
+    assert isinstance(launched[0][2][2], np.uint32) and isinstance(launched[0][2][3], np.uint64)
     assert words[0] == 0xFFFFFFFE  # nothing released yet
     blocker.release(0)
     assert words[0] == 0 and blocker.timeouts() == 0
@@ -282,3 +280,13 @@ def test_a_failed_launch_releases_the_blocker_before_its_error_propagates():
 def test_no_repetitions_enqueue_no_blocker():
     sim = SimStream(host_s=30e-6, kernel_s=12e-6)
     assert _time(sim, SimBlocker(sim), warmup=1, reps=0) == [] and sim.log == ["launch", "sync"]
+
+
+def test_under_cuda_launch_blocking_nothing_is_blocked(monkeypatch):
+    """CUDA_LAUNCH_BLOCKING=1: launches return once run, so no blocker (which would wait out its
+    timeout); the default blocker is then Unblocked, asked of no GPU (there is none here)."""
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert isinstance(blocking.default_blocker(), blocking.Unblocked)
+    sim = SimStream(host_s=30e-6, kernel_s=12e-6)
+    assert time_launches(sim, sim.launch, sim.sync, 0, 3, record=sim.record) == pytest.approx([0.042, 0.031, 0.031])
+    assert "block" not in " ".join(sim.log)
