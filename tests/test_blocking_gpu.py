@@ -54,18 +54,21 @@ def test_a_blocker_never_released_times_out_and_counts_it(gpu):
 
 
 def _plan(n: int = 512, heads: int = 8):
+    """fa compare's launch (the seed config, B = 1, d = 64): (LaunchPlan, DeviceProblem), the
+    latter holding the device buffers alive."""
     from fa_hw.forward import prepare
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, heads, n, 64)).astype(np.float16) for _ in range(3))
     plan, dev, _ = prepare(q, k, v)
-    return plan, dev.stream
+    return plan, dev
 
 
 def test_time_launches_reports_a_blocker_that_timed_out(gpu):
     """A 1 us timeout ends every wait before the host has enqueued the chunk: a warning, the launches
     timed again, then a TimingError."""
-    plan, stream = _plan()
+    plan, dev = _plan()
+    stream = dev.stream
     words, dptr = pinned_words()
     blocker = StreamBlocker(stream_blocker().kernel, words, dptr, timeout_s=1e-6)
     with pytest.warns(BlockingTimeout), pytest.raises(TimingError, match="timed out"):
@@ -106,7 +109,8 @@ def _batch_average(plan, stream, n: int = BATCH) -> float:
 def test_a_tiny_launch_is_timed_as_the_gpu_runs_it(gpu, record_property):
     """Three rounds of each method, interleaved: the blocker's median below the events-only one,
     and within 15 % of the batch average (the events between launches cost the GPU a little)."""
-    plan, stream = _plan()
+    plan, dev = _plan()
+    stream = dev.stream
     old, new, batch = [], [], []
     for _ in range(3):
         old.append(statistics.median(_events_only(plan, stream)))

@@ -8,11 +8,12 @@
 //     reset of a flag the previous blocker may not have seen yet);
 //   - a timeout on %globaltimer (nanoseconds) ends the wait, so the stream can never hang (the host
 //     stalled, or it blocked because the launch queue filled behind the blocker); a timed-out wait
-//     adds 1 to `*timeouts`, which the host reads after synchronising and reports.
+//     adds 1 to `*timeouts` (a plain volatile store, made visible by __threadfence_system), which the
+//     host reads after synchronising and reports.
 // Launched as one thread (grid 1, block 1); `release` and `timeouts` point into pinned host memory
-// (cuMemAllocHost, mapped into the device's address space under unified addressing).
+// (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, the address from cuMemHostGetDevicePointer).
 
-extern "C" __global__ void fa_block_stream(const volatile unsigned int *release, unsigned int *timeouts,
+extern "C" __global__ void fa_block_stream(const volatile unsigned int *release, volatile unsigned int *timeouts,
                                            unsigned int target, unsigned long long timeout_ns)
 {
     unsigned long long start, now;
@@ -21,7 +22,9 @@ extern "C" __global__ void fa_block_stream(const volatile unsigned int *release,
     while ((int)(*release - target) < 0) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         if (now - start > timeout_ns) {
-            atomicAdd_system(timeouts, 1u);
+            // one thread, and a stream's blockers run one after another: a plain store (an atomic on
+            // mapped host memory would not be atomic to the host anyway)
+            *timeouts += 1u;
             __threadfence_system();
             return;
         }
