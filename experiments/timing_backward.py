@@ -8,8 +8,9 @@ The shapes are small enough for the timing model to run every CTA of each launch
 a 132-SM GPU with at least one wave of the main kernel (ceil(Nk / 64) x B*H CTAs): d = 64, both dQ
 modes, causal and not. --measure (inputs: fa_sim.reference.random_inputs_backward seed 0, O and LSE
 from fa_hw.forward) times each kernel as the forward's measurements are (fa_hw.backward's
-time_backward_kernels: WARMUP launches, then REPS back to back with a CUDA event between them, so the
-host's launch calls hide behind the GPU's queue) and keeps each kernel's median (`kernel_ms`,
+time_backward_kernels: WARMUP launches, then REPS back to back with a CUDA event between them, all
+enqueued behind a blocking kernel (fa_hw/blocking.py, since round 45), so the host's launch calls hide
+behind the GPU's queue) and keeps each kernel's median (`kernel_ms`,
 `"method": "queued"`); beside it `kernel_ms_single`, the median of fa_hw.backward's own kernel_ms (one
 launch per kernel from an idle, synchronised stream: it adds the host's time to issue each launch,
 about 5-40 us on the H100 host, which no GPU model predicts). --predict runs

@@ -18,7 +18,8 @@ variant (experiments/variants) beside the kernel it varies. Each case is split i
 the validation half by `half()`, so the model is fitted on one and reported on the other.
 
 Timing: the inputs are random normal fp16 torch tensors (never zeros); each batch is `--warmup`
-launches, then `--reps` launches each bracketed by CUDA events; a case's time is the median of each
+launches, then `--reps` launches each bracketed by CUDA events, enqueued behind a blocking kernel
+(LaunchPlan.time: fa_hw/blocking.py; recordings before round 45 had none); a case's time is the median of each
 batch, and the three batch medians give the spread. Inputs stay in L2 between launches where they
 fit (H200: 50 MB), as in a model's repeated layers. Writes timing_cases.json to --out.
 

@@ -62,6 +62,7 @@ from fa_sim.contract.backward import (CONVERT_KERNEL, DQ_KERNEL, MAIN_KERNEL, PR
 from fa_sim.contract.cubin import ResourceUsage
 
 from . import runtime
+from .blocking import time_launches
 from .tuned import AUTO
 from .tuned_backward import device_config
 from .device import short as _short
@@ -385,9 +386,10 @@ def time_backward_kernels(q, k, v, o, lse, do, causal: bool = False, scale: floa
                           deterministic: bool = False, *, warmup: int = 5, reps: int = 20,
                           config: BackwardConfig | None = None, dtype: str | None = None) -> tuple[list, ...]:
     """Each of the backward's three kernels timed as the forward's launches are (LaunchPlan.time): the
-    kernel launched `warmup` times, then `reps` times back to back with a CUDA event between launches
-    (the GPU's queue never runs dry, so the host's launch calls are hidden), in launch order on one set
-    of buffers (the preprocess kernel's D feeds the main kernel; the atomic mode's dq_accum sums all
+    kernel launched `warmup` times, then `reps` times back to back with a CUDA event between launches,
+    all enqueued behind a blocking kernel (fa_hw.blocking.time_launches: the GPU's queue never runs
+    dry, so the host's launch calls are hidden even for the short preprocess and dQ conversion), in
+    launch order on one set of buffers (the preprocess kernel's D feeds the main kernel; the atomic mode's dq_accum sums all
     the main kernel's launches, which changes no timing). -> per kernel, the reps' times (ms) as lists.
     fa_hw.backward's kernel_ms is one launch per kernel from an idle, synchronised stream instead: it
     adds the host's time to issue the launch, which this leaves out. numpy inputs (staged, uploaded)."""
@@ -404,14 +406,8 @@ def time_backward_kernels(q, k, v, o, lse, do, causal: bool = False, scale: floa
                                          _buffer_workspace(stream))
     times = []
     for name, grid, smem, args in launches:
-        for _ in range(warmup):
-            _launch(loaded, name, grid, cfg.n_threads, smem, args, stream, False)
-        marks = [runtime._timing_event(stream)]
-        for _ in range(reps):
-            _launch(loaded, name, grid, cfg.n_threads, smem, args, stream, False)
-            marks.append(runtime._timing_event(stream))
-        runtime._sync(stream, name)
-        times.append([float(b - a) for a, b in zip(marks, marks[1:])])
+        times.append(time_launches(stream, lambda s: _launch(loaded, name, grid, cfg.n_threads, smem, args, s, False),
+                                   lambda s: runtime._sync(s, name), warmup, reps))
     del ins, outs, keep
     return tuple(times)
 

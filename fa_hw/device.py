@@ -10,7 +10,18 @@ import functools
 
 from fa_sim.contract.errors import HW_EXTRA_INSTALL
 
-from .errors import NoGPUError
+from .errors import KernelFault, NoGPUError
+
+
+def driver_call(result, what: str):
+    """A cuda.bindings.driver call's result without its CUresult: KernelFault naming `what` when the
+    call failed; the one value, or the list of values, it returned."""
+    from cuda.bindings import driver
+
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise KernelFault(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
+    return rest[0] if len(rest) == 1 else rest
 
 
 def short(exc: BaseException) -> str:

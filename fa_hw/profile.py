@@ -401,7 +401,7 @@ class TimingComparison:
 def measure_time(q, k, v, causal: bool, scale: float | None, config: KernelConfig, kernel=None, warmup: int = 5,
                  reps: int = 20, batches: int = 3, *, window=None, softcap=None, **launch) -> tuple[float, tuple]:
     """(median, per-batch medians) of the kernel time in ms: CUDA events around each launch after
-    warm-up. `launch` (launch_options): a packed batch's one FA_VARLEN launch, or split-KV's split
+    warm-up, the launches enqueued behind a blocking kernel (fa_hw.blocking.time_launches). `launch` (launch_options): a packed batch's one FA_VARLEN launch, or split-KV's split
     and combine launches together (fa_hw.splitkv.SplitLaunchPlan.time)."""
     import statistics
 

@@ -39,22 +39,16 @@ from fa_sim.contract.cubin import ResourceUsage
 from fa_sim.contract.cubins import compile_build
 from fa_sim.problem import Problem
 
+from .blocking import time_launches
+from .blocking import timing_event as _timing_event
 from .device import device, device_arch, has_gpu
+from .device import driver_call as _driver_call
 from .device import short as _short
 from .errors import FaHwError, KernelFault, NoGPUError
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
 MAX_GRID_Y = 65535
 MAX_SEQLEN = 2**31 - 1  # seqlen_q, seqlen_k are int32 kernel arguments
-
-
-def _driver_call(result, what: str):
-    from cuda.bindings import driver
-
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise KernelFault(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
-    return rest[0] if len(rest) == 1 else rest
 
 
 @dataclass(frozen=True)
@@ -255,16 +249,9 @@ class LaunchPlan:
                              self.describe(), timed=timed)
 
     def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
-        """Per-launch times (ms) of `reps` launches after `warmup`, each bracketed by events."""
-        for _ in range(warmup):
-            self.launch(stream)
-        self.sync(stream)
-        marks = [_timing_event(stream)]
-        for _ in range(reps):
-            self.launch(stream)
-            marks.append(_timing_event(stream))
-        self.sync(stream)
-        return [float(b - a) for a, b in zip(marks, marks[1:])]
+        """Per-launch times (ms) of `reps` back-to-back launches after `warmup`, each between two
+        CUDA events, all enqueued behind a blocking kernel (fa_hw.blocking.time_launches)."""
+        return time_launches(stream, self.launch, self.sync, warmup, reps)
 
     def describe(self) -> str:
         return f"{self.loaded.build.describe()} grid={self.grid[:2]} block={self.block[0]} smem={self.smem_bytes}"
@@ -310,12 +297,6 @@ def _sync(stream, what: str) -> None:
         stream.sync()
     except Exception as exc:
         raise KernelFault(f"kernel {what} faulted: {_short(exc)}") from None
-
-
-def _timing_event(stream):
-    from cuda.core import EventOptions
-
-    return stream.record(options=EventOptions(timing_enabled=True))
 
 
 __all__ = ["FaHwError", "LaunchPlan", "NoGPUError", "device", "device_arch", "has_gpu", "launch_kernel",

@@ -32,6 +32,7 @@ from fa_sim.splitkv import (COMBINE_KERNEL, COMBINE_PATH, COMBINE_THREADS, Split
                             combine_macros, split_build, workspace_shapes)
 
 from . import runtime, tuned_decode
+from .blocking import time_launches
 from .device import device, device_arch
 from .device import short as _short
 from .errors import CompileError, KernelFault
@@ -101,16 +102,9 @@ class SplitLaunchPlan:
 
     def time(self, stream, warmup: int = 5, reps: int = 20) -> list[float]:
         """Per-repetition times (ms) of both launches (the split kernel, then the combine) `reps` times
-        after `warmup`, each repetition bracketed by events (runtime's LaunchPlan.time for the pair)."""
-        for _ in range(warmup):
-            self.launch(stream)
-        self.sync(stream)
-        marks = [runtime._timing_event(stream)]
-        for _ in range(reps):
-            self.launch(stream)
-            marks.append(runtime._timing_event(stream))
-        self.sync(stream)
-        return [float(b - a) for a, b in zip(marks, marks[1:])]
+        after `warmup`, each repetition between two CUDA events, all enqueued behind a blocking
+        kernel (fa_hw.blocking.time_launches, as runtime's LaunchPlan.time for one launch)."""
+        return time_launches(stream, self.launch, self.sync, warmup, reps)
 
     def run(self, stream) -> float:
         """Both launches once, bracketed by CUDA events; milliseconds."""
