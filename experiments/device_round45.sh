@@ -2,6 +2,9 @@
 # Round 45's GPU calls (any sm_90 card), in steps:
 #   ldgsts  the split-KV cases of experiments/ldgsts_mixed_cases.py profiled with Nsight Compute beside the
 #           simulator's LDGSTS count (the H100's 6,688 / 6,680 mismatch taken apart) -> $OUT/ldgsts_mixed.json
+#   blocking  the blocking kernel's GPU tests (fa_hw/blocking.py: events-only, blocked and batch-average times of
+#           a tiny launch printed), the timing test it was made for, and fa compare --timing at N = 512
+#           -> $OUT/blocking.txt
 #   other steps: those of experiments/device_round44.sh (and through it rounds 42 and 41), passed through
 #   OUT=... STEPS="ldgsts alone" bash experiments/device_round45.sh
 set -u
@@ -15,6 +18,12 @@ for s in ${STEPS:-ldgsts}; do case $s in
     echo "== ldgsts ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
     timeout ${LDGSTS_S:-240} python3 experiments/ldgsts_mixed_cases.py --ncu --out "$OUT/ldgsts_mixed.json" \
       2>&1 | tail -12 | tee -a "$OUT/summary.txt" ;;
+  blocking)
+    echo "== blocking ($(( $(date +%s) - T0 ))s)" | tee -a "$OUT/summary.txt"
+    timeout ${BLOCKING_S:-300} python3 -m pytest -q -s -p no:randomly tests/test_blocking_gpu.py tests/test_timing_gpu.py \
+      tests/test_hw_gpu_autotune.py tests/test_decode_auto.py -m gpu > "$OUT/blocking.txt" 2>&1
+    python3 -m fa_sim.cli compare --seqlen 512 --heads 8 --timing >> "$OUT/blocking.txt" 2>&1
+    tail -30 "$OUT/blocking.txt" | tee -a "$OUT/summary.txt" ;;
   *) REST="$REST $s" ;;
 esac; done
 [ -n "$REST" ] && OUT="$OUT" STEPS="$REST" BUDGET=$(( ${BUDGET:-575} - ($(date +%s) - T0) )) bash experiments/device_round44.sh
