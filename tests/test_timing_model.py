@@ -218,7 +218,8 @@ def test_small_launches_replay_with_the_launch_latency():
         b, h, nq, nk, _ = c["shape"]
         prob = Problem(b, h, nq, nk, c["causal"], 1.0, KernelConfig.from_tag(c["tag"]))
         assert predict(prob, "h200").kernel_ms == pytest.approx(c["kernel_ms"], rel=0.10), c["key"]
-    assert H200.overhead_us(1, 4) < 4 < 9 < H200.overhead_us(H200.sms * 4, 4)
+    # one wave pays the launch latency alone, however many slots it fills; a refill pays the fill too
+    assert H200.overhead_us(1, 4) == H200.overhead_us(H200.sms * 4, 4) < 5 < 9 < H200.overhead_us(H200.sms * 4 + 1, 4)
 
 
 @pytest.mark.slow
