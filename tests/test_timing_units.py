@@ -310,4 +310,6 @@ def test_the_a100_is_public_figures_and_marked_so():
     assert (A100.sms, A100.clock_ghz, A100.fma_cycles, H200.fma_cycles) == (108, 1.41, 2, 1)
     assert not A100.validated and H200.validated
     assert A100.marketing_name == "NVIDIA A100-SXM4-80GB"
-    assert gpus.fill_fraction(108 * 2, A100.sms, 4) == 0.5
+    # the fill is paid by a launch that refills a CTA slot, all of it, and by no launch of one wave
+    assert (gpus.fill_fraction(108 * 2, A100.sms, 4), gpus.fill_fraction(108 * 4, A100.sms, 4),
+            gpus.fill_fraction(108 * 4 + 1, A100.sms, 4)) == (0.0, 0.0, 1.0)

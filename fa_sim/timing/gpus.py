@@ -87,8 +87,11 @@ class GpuModel:
     # (write-through stores, misses); fitted on the fitting half's spilling cases, docs/timing.md
     local_hit: float = 1.0  # share of local requests the L1 serves, set per SM run (with_local)
     launch_us: float = 2.0  # per kernel: the launch latency (fitted on launches of a few CTAs)
-    fill_us: float = 0.0  # the grid's start-up and drain beyond the CTAs' own fixed costs when the first
-    # wave fills every CTA slot; a partial first wave pays its share (fitted: launch + fill on the main cases)
+    fill_us: float = 0.0  # what a launch that refills a CTA slot takes beyond its CTAs' cycles and the launch
+    # latency: the later waves' refills (a freed slot's next CTA starts about 0.5 us later on the H200) and the
+    # later CTAs' fixed time the SM model lacks, on the critical path of the SMs that refill; a launch whose
+    # CTAs all start in the first wave pays none of it (fill_fraction; fitted: launch + fill on the main cases,
+    # every one of which refills; docs/timing.md, "The launch overhead: one wave or more")
 
     def with_(self, **changes) -> "GpuModel":
         return replace(self, **changes)
@@ -124,19 +127,24 @@ class GpuModel:
         return self if hit == self.local_hit else replace(self, local_hit=hit)
 
     def overhead_us(self, ctas: int, resident: int) -> float:
-        """What a launch takes beyond its CTAs' cycles: the launch latency, and the share of
-        `fill_us` that its first wave fills of the GPU's CTA slots (`resident` per SM)."""
+        """What a launch takes beyond its CTAs' cycles: the launch latency, and `fill_us` where the
+        grid refills a CTA slot (more CTAs than the GPU's slots, `resident` per SM: fill_fraction)."""
         return self.launch_us + self.fill_us * fill_fraction(ctas, self.sms, resident)
 
 
 def fill_fraction(ctas: int, sms: int, resident: int) -> float:
-    """The first wave's CTAs over the GPU's CTA slots (at most 1)."""
-    return min(1.0, ctas / (sms * resident))
+    """The share of `fill_us` a launch of `ctas` CTAs pays on `sms` SMs of `resident` slots each: 1 where
+    a slot is refilled (more CTAs than slots), else 0. The refill's cost is a latency on the critical
+    path of the SMs that refill, whatever their number, not a share of the slots; a grid that starts
+    every CTA in its first wave has none (the H200's dispatch traces, tests/data/h200/timing_dispatch.npz:
+    the first wave starts within 0.2 us; its one-wave small launches take 3-5 us beyond the SM model's
+    cycles whether they fill 1 % or all of the slots, tests/data/h200/timing_small.json)."""
+    return 1.0 if ctas > sms * resident else 0.0
 
 
 #: NVIDIA H200 SXM (GH100): 132 SMs, max SM clock 1980 MHz (nvidia-smi), 4.8 TB/s HBM3e, 50 MB L2.
 H200 = GpuModel(name="h200", marketing_name="NVIDIA H200", arch="sm_90", validated=True, sms=132, clock_ghz=1.7399,
-                launch_us=3.245, fill_us=5.97, global_latency=450, global_latency_idle=200)
+                launch_us=4.484, fill_us=4.731, global_latency=450, global_latency_idle=200)
 
 #: NVIDIA A100 SXM (GA100) from public figures only: 108 SMs, 1410 MHz boost, 164 KB shared memory
 #: per SM, FP32 at 16 lanes per sub-partition per clock. NOT validated against measurements.
