@@ -83,13 +83,12 @@ def _engine_source() -> str:
     (2, 0xFFFFFFFF, 10**9, 0),    # ... and 2 after 0xFFFFFFFF
 ], ids=["reached", "passed", "timeout", "timeout-40", "wrap-waits", "wrap-released"])
 def test_the_kernel_waits_for_its_target_on_the_ptx_engine(release, target, timeout, timeouts):
-    """fa_sim.ptx.launch runs the kernel's PTX (one warp, whose lanes all store the same count: on
-    the GPU it runs as one thread; the engine fails on a one-thread CTA's global load)."""
+    """fa_sim.ptx.launch runs the kernel's PTX as the GPU does: one thread."""
     from fa_sim.ptx import launch
 
     words = np.array([release, 0], np.uint32)
     counted = np.zeros(1, np.uint32)
-    launch(_engine_source(), grid=1, block=32, args=[words[:1], counted, np.uint32(target), np.uint64(timeout)])
+    launch(_engine_source(), grid=1, block=1, args=[words[:1], counted, np.uint32(target), np.uint64(timeout)])
     assert int(counted[0]) == timeouts
 
 

@@ -39,6 +39,41 @@ def test_divergence_reconvergence_and_early_exit():
     assert (out[n:] == -1).all()  # threads past n returned before storing
 
 
+PARTIAL = r"""
+extern "C" __global__ void partial(const float* a, float* out, int* lanes) {
+  __shared__ float s[64];
+  int t = threadIdx.y * blockDim.x + threadIdx.x;          // a 2-D block: tid.y counts too
+  int n = blockDim.x * blockDim.y;
+  s[t] = a[blockIdx.x * n + t];
+  __syncthreads();                                           // every thread of the CTA, partial warp included
+  float x = s[n - 1 - t];
+  unsigned mask = (t / 32 == (n - 1) / 32 && n % 32) ? (1u << (n % 32)) - 1 : 0xffffffffu;  // the lanes the warp has
+  float sum = 0.0f;
+  for (int j = 0; j < 32; ++j)                               // read only lanes that exist
+    if ((mask >> j) & 1) sum += __shfl_sync(mask, x, j);
+  x = sum;
+  if ((t & 31) == 0) { out[blockIdx.x * 2 + t / 32] = x; lanes[blockIdx.x * 2 + t / 32] = __popc(mask); }
+}
+"""
+
+
+@pytest.mark.parametrize("block", [(1, 1), (48, 1), (7, 3), (32, 1), (40, 1)])
+def test_a_cta_whose_last_warp_is_partial(block):
+    """A block whose threads are not a multiple of 32 (one thread, 48, 7 x 3): the missing lanes of
+    the last warp never run (the hardware launches no thread there), the others load, meet at the
+    barrier, shuffle among the lanes that exist and store."""
+    n = block[0] * block[1]
+    a = (np.arange(2 * n, dtype=np.float32) % 13) - 4.0
+    out, lanes = np.full(4, np.nan, np.float32), np.full(4, -1, np.int32)
+    launch(PARTIAL, grid=(2,), block=block, args=[a, out, lanes])
+    for c in range(2):
+        rev = a[c * n: (c + 1) * n][::-1]
+        for w in range(-(-n // 32)):
+            np.testing.assert_array_equal(out[c * 2 + w], np.float32(rev[32 * w: 32 * w + 32].sum()))
+            assert lanes[c * 2 + w] == min(32, n - 32 * w)
+    assert np.isnan(out[c * 2 + 1]) or n > 32  # no store from a warp the CTA does not have
+
+
 ROUNDS = r"""
 extern "C" __global__ void rounds(int* out) {
   __shared__ int s[64];

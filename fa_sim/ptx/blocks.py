@@ -274,7 +274,7 @@ def mma_batch(eng: WaveState, group: Group, run) -> None:
     of the wave: one machine call of MI = 1 x NJ = R MMAs, counted as R instructions per warp.
     The fragments move between the register file and lane arrays register by register (regs.py)."""
     r, regs = len(run.ops), eng.regs
-    shape = (len(eng.geo.ctas), eng.geo.threads)
+    shape = (len(eng.geo.ctas), eng.geo.slots)
     a = regs.lane_major(run.ops[0].a, shape)  # [C, T, 4]
     b = regs.lane_major(tuple(x for op in run.ops for x in op.b), shape)  # [C, T, 2R]
     c = regs.lane_major(tuple(x for op in run.ops for x in op.c), shape).view(np.float32)  # [C, T, 4R]

@@ -543,7 +543,7 @@ def _apply_atomics(eng: WaveState, space: str, addr, b, c, etype: str, op: str, 
     """Apply the atomics of threads `thread` [n] (one per address addr [n]) in (address, thread) order."""
     size, dtype = bits(etype) // 8, DTYPES[etype]
     n = addr.size
-    key = addr if space == "global" else addr + (thread // eng.geo.threads) * (1 << 40)  # shared: per CTA
+    key = addr if space == "global" else addr + (thread // eng.geo.slots) * (1 << 40)  # shared: per CTA
     order = np.lexsort((thread, key))  # by address, then thread
     ks = key[order]
     first = np.ones(n, bool)
@@ -563,7 +563,7 @@ def _apply_atomics(eng: WaveState, space: str, addr, b, c, etype: str, op: str, 
 def _atomic_load(eng: WaveState, space: str, addr, size: int, thread) -> np.ndarray:
     if space == "global":
         return eng.m.memory.gather(addr, size, np.ones(addr.shape, bool), "atomic")
-    cta, smem = thread // eng.geo.threads, eng.m.smem
+    cta, smem = thread // eng.geo.slots, eng.m.smem
     if addr.size and (addr.min() < 0 or addr.max() + size > eng.m.smem_bytes):
         raise KernelFault("atomic on shared memory outside the CTA's allocation")
     return smem[cta[:, None], addr[:, None] + np.arange(size)]
@@ -573,5 +573,5 @@ def _atomic_store(eng: WaveState, space: str, addr, data, thread) -> None:
     if space == "global":
         eng.m.memory.scatter(addr, data, np.ones(addr.shape, bool), "atomic")
     else:
-        cta = thread // eng.geo.threads
+        cta = thread // eng.geo.slots
         eng.m.smem[cta[:, None], addr[:, None] + np.arange(data.shape[1])] = data

@@ -29,7 +29,12 @@ SIGNED = frozenset({"s8", "s16", "s32", "s64"})
 
 @dataclass(frozen=True)
 class Geometry:
-    """The wave's threads: grid and block shapes, the wave's CTA ids, threads per CTA."""
+    """The wave's threads: grid and block shapes, the wave's CTA ids, threads per CTA.
+
+    The engine holds `slots` threads per CTA, the block's threads rounded up to whole warps (the
+    machine's lane arrays are [C, warps, 32]); the slots past `threads` belong to no thread: a
+    partial warp's missing lanes, exited from the start (WaveState), as the hardware never launches
+    them."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -40,8 +45,16 @@ class Geometry:
         return self.block[0] * self.block[1] * self.block[2]
 
     @property
+    def slots(self) -> int:
+        return -(-self.threads // 32) * 32
+
+    @property
     def n(self) -> int:
-        return len(self.ctas) * self.threads
+        return len(self.ctas) * self.slots
+
+    def absent(self) -> np.ndarray:
+        """[n] bool: the slots that hold no thread (a partial warp's missing lanes)."""
+        return np.tile(np.arange(self.slots) >= self.threads, len(self.ctas))
 
 
 SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%laneid", "%warpid", "%nwarpid",
@@ -53,8 +66,8 @@ SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%l
 def special_registers(g: Geometry, dynamic_smem: int) -> np.ndarray:
     """[len(SPECIAL), N] uint32: the values of every special register the engine provides, a row
     each (one array, so a wave's parts slice and join them at once: fa_sim/ptx/waves.py)."""
-    t = np.tile(np.arange(g.threads, dtype=np.int64), len(g.ctas))  # [N] linear thread id
-    c = np.repeat(g.ctas, g.threads)  # [N] linear CTA id
+    t = np.tile(np.arange(g.slots, dtype=np.int64), len(g.ctas))  # [N] linear thread id (slot)
+    c = np.repeat(g.ctas, g.slots)  # [N] linear CTA id
     bx, by, _ = g.block
     gx, gy, _ = g.grid
     lane = t % 32

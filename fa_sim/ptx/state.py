@@ -119,7 +119,7 @@ class WaveState:
         # [len(SPECIAL), N] (regs.special_registers; given: a part's or a joined wave's, waves.py) and its rows by name
         self.special_table = special_registers(geometry, machine.smem_bytes) if special is None else special
         self.special = dict(zip(SPECIAL, self.special_table))
-        self.exited = np.zeros(self.n, bool)
+        self.exited = geometry.absent() if geometry.threads % WARP_SIZE else np.zeros(self.n, bool)
         self.round = np.full(self.n, ROUND_PROLOGUE, np.int64)  # per-thread iteration of the main loop
         self.cw = (len(geometry.ctas), machine.n_warps, WARP_SIZE)
         self.smem_lanes: dict = {}  # address pattern -> SmemLanes (machine_ops._smem_lanes)
@@ -263,10 +263,9 @@ class WaveState:
         """Tell the observers of control flow which lanes of each warp ran the control instruction
         at pc (`group_mask` [N] bool, None: the whole wave) and which of them branched (`taken`:
         an [N] mask inside the group, None: all of them, False: none): one BranchEvent."""
-        wpc = -(-self.geo.threads // WARP_SIZE)
+        wpc = self.geo.slots // WARP_SIZE
         if self._warp_of is None:
-            i = np.arange(self.n)
-            self._warp_of = (i // self.geo.threads) * wpc + (i % self.geo.threads) // WARP_SIZE
+            self._warp_of = np.arange(self.n) // WARP_SIZE
         nw, wo = len(self.geo.ctas) * wpc, self._warp_of
         active = np.bincount(wo if group_mask is None else wo[group_mask], minlength=nw)
         if taken is None:
@@ -282,7 +281,7 @@ class WaveState:
 
     def _rounds_started(self, threads: np.ndarray) -> None:
         if self.on_rounds is not None:
-            self.on_rounds(int(np.unique(threads // self.geo.threads).size))
+            self.on_rounds(int(np.unique(threads // self.geo.slots).size))
 
 
 __all__ = ["Group", "Lanes", "Loop", "WaveState"]

@@ -39,7 +39,7 @@ from .state import WaveState
 def split(eng: WaveState, groups: dict) -> list[WaveState]:
     """The groups (pc -> mask, None: every thread) as waves of their own CTAs, in pc order, when each
     CTA's running threads are all in one group and there is something to split off; else []."""
-    c, t = len(eng.geo.ctas), eng.geo.threads
+    c, t = len(eng.geo.ctas), eng.geo.slots
     held = [(pc, (~eng.exited if m is None else m).reshape(c, t).any(axis=1)) for pc, m in sorted(groups.items())]
     if sum(int(h.sum()) for _, h in held) != int(np.any([h for _, h in held], axis=0).sum()):
         return []  # a CTA with threads in two groups
@@ -67,7 +67,7 @@ def _part(eng: WaveState, pos: np.ndarray | slice, pc: int, last: bool) -> WaveS
     their K/V rounds) select with a slice, so the part views its range of the wave's arrays -
     registers, shared memory, cp.async groups, the thread state - instead of copying it (the wave
     is spent and its parts hold disjoint CTAs; `split` then moves no storage)."""
-    t = eng.geo.threads
+    t = eng.geo.slots
     if isinstance(pos, slice):
         idx = slice(pos.start * t, pos.stop * t)
         special = eng.special_table[:, idx]
