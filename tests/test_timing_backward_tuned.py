@@ -48,8 +48,10 @@ def test_the_rows_are_the_scripts_and_the_measurements_the_sources(rows):
 # (half, model) -> the reported accuracy (docs/backward.md, "Timed"): MAPE at most, Spearman at least,
 # pairs named right at least (of those 3 % apart)
 REPORTED = {
-    ("fit", "h200"): (7.0, 0.994, 24),  # 6.9 %, 0.995, 24 of 24 (round 44: shared memory's wavefronts)
-    ("validate", "h200"): (5.7, 0.978, 12),  # 5.6 %, 0.979, 12 of 12
+    ("fit", "h200"): (7.3, 0.994, 24),  # 7.2 %, 0.995, 24 of 24 (round 45: a one-wave launch pays no fill; the
+    ("validate", "h200"): (5.8, 0.978, 12),  # 5.7 %, 0.979, 12 of 12   preprocess and dQ conversion lose it)
+    ("fit", "h200_r44"): (7.0, 0.994, 24),  # 6.9 %, 0.995, 24 of 24 (round 44: shared memory's wavefronts)
+    ("validate", "h200_r44"): (5.7, 0.978, 12),  # 5.6 %, 0.979, 12 of 12
     ("fit", "h200_r43"): (10.4, 0.996, 24),  # 10.3 %, 0.997, 24 of 24 (the model before round 44)
     ("validate", "h200_r43"): (10.3, 0.987, 12),  # 10.2 %, 0.988, 12 of 12
     ("fit", "h200_static"): (8.3, 0.994, 23),  # 8.2 %, 0.995, 23 of 24
