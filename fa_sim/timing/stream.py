@@ -345,6 +345,23 @@ class KernelStream:
         segs = self._mask_outcomes()
         return tuple(self._regions(self._masked(p, g, rounds - masked, rounds), rounds) for p, g in zip(plain, segs))
 
+    def check_fixed(self, *rounds: int) -> None:
+        """The model charges a CTA its fixed cost (prologue, epilogue) plus its rounds: every warp's
+        prologue and epilogue must walk the same SASS blocks in plain CTAs of each of `rounds` rounds.
+        A StreamMismatch where they do not: work outside the K/V loop that grows with the rounds (a
+        second loop over the K/V blocks, say a pass that takes each row's maximum first), which the
+        fixed cost of one round count would charge every CTA alike (timed as any launch instead)."""
+        walks = [self.warp_walks(r, 0) for r in rounds]
+        for w in range(self.config.n_warps):
+            for region, at in (("prologue", 0), ("epilogue", -1)):
+                lengths = [sum(len(self.graph.blocks[b].instrs) for b in walk[w][at]) for walk in walks]
+                if any(walk[w][at] != walks[0][w][at] for walk in walks):
+                    raise StreamMismatch(
+                        f"{self.config.tag}: warp {w}'s {region} (outside the K/V loop, PTX pc {self.latch_pc}'s "
+                        f"back edge) runs {' / '.join(map(str, lengths))} SASS instructions in CTAs of "
+                        f"{' / '.join(map(str, rounds))} rounds: work outside the loop grows with the rounds (a "
+                        "second loop over the K/V blocks?), which a fixed cost per CTA cannot charge")
+
     def _real_masked(self, rounds: int) -> int:
         """Masked rounds of a real CTA with masking (causal: the diagonal's; a key tail: one)."""
         cfg = self.config
@@ -398,8 +415,14 @@ class KernelStream:
         return (walk[:first], *(walk[a:b] for a, b in zip(cuts, cuts[1:])), walk[cuts[-1]:])
 
     def _masked(self, path: Path, edit: tuple, lo: int, hi: int) -> Path:
-        """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each."""
+        """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each.
+        `edit` is how a masked round differs from a plain steady one (it comes from last rounds): a
+        first round whose control flow inside the loop is not the steady rounds' (a kernel that
+        special-cases round 0 by a branch of its own, say a switch on the round's kind) is a round
+        it does not describe, and stays plain (the all-masked steady run times rounds 1 on)."""
         flips, after, drop = edit
+        if lo == 0 and self._first_round_differs(path):
+            lo = 1
         out, rnd = [], 0
         for pc, o in path:
             masked = lo <= rnd < hi
@@ -409,6 +432,19 @@ class KernelStream:
                 out.extend(after[pc])
             rnd += pc == self.latch_pc
         return tuple(out)
+
+    def _first_round_differs(self, path: Path) -> bool:
+        """Whether round 0 runs other control instructions of the K/V loop's body (PTX pcs from the
+        loop's header to its back edge) than round 1 (outcomes aside)."""
+        code = self.walker.ptx.kernel
+        head = code.labels[code.instructions[self.latch_pc].operands[0].name]
+        rounds: list[list[int]] = [[]]
+        for pc, _ in path:
+            if head <= pc <= self.latch_pc:
+                rounds[-1].append(pc)
+            if pc == self.latch_pc:
+                rounds.append([])
+        return len(rounds) > 2 and rounds[0] != rounds[1]
 
     def _mask_outcomes(self) -> list[tuple]:
         """Per warp, how a masked round's control flow differs from a plain one's, from the last
