@@ -416,41 +416,29 @@ class KernelStream:
 
     def _masked(self, path: Path, edit: tuple, lo: int, hi: int) -> Path:
         """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each.
-        `edit` is how a masked round differs from a plain steady one (it comes from last rounds): a
-        first round whose control flow inside the loop is not the steady rounds' (a kernel that
-        special-cases round 0 by a branch of its own, say a switch on the round's kind) is a round
-        it does not describe, and stays plain (the all-masked steady run times rounds 1 on)."""
+        The events a masked round runs after a pc are put in only where the round goes on from that
+        pc as the plain round the edit comes from did (its next event's pc): a round with control flow
+        of its own there (a first round that a switch on the round's kind sends to another case) is a
+        round the edit does not describe, and runs its own events on."""
         flips, after, drop = edit
-        if lo == 0 and self._first_round_differs(path):
-            lo = 1
         out, rnd = [], 0
-        for pc, o in path:
+        for i, (pc, o) in enumerate(path):
             masked = lo <= rnd < hi
             if not (masked and pc in drop):
                 out.append((pc, flips.get(pc, o) if masked else o))
             if masked and pc in after:
-                out.extend(after[pc])
+                events, then = after[pc]
+                if then is None or (i + 1 < len(path) and path[i + 1][0] == then):
+                    out.extend(events)
             rnd += pc == self.latch_pc
         return tuple(out)
-
-    def _first_round_differs(self, path: Path) -> bool:
-        """Whether round 0 runs other control instructions of the K/V loop's body (PTX pcs from the
-        loop's header to its back edge) than round 1 (outcomes aside)."""
-        code = self.walker.ptx.kernel
-        head = code.labels[code.instructions[self.latch_pc].operands[0].name]
-        rounds: list[list[int]] = [[]]
-        for pc, _ in path:
-            if head <= pc <= self.latch_pc:
-                rounds[-1].append(pc)
-            if pc == self.latch_pc:
-                rounds.append([])
-        return len(rounds) > 2 and rounds[0] != rounds[1]
 
     def _mask_outcomes(self) -> list[tuple]:
         """Per warp, how a masked round's control flow differs from a plain one's, from the last
         rounds of the shortest masked probe with a round before its masked ones and of the plain
         probe as long, aligned by pc (difflib): ({pc: the masked outcome} where only the outcome
-        differs, {pc: events the masked round runs after it}, {pcs it does not run})."""
+        differs, {pc: (events the masked round runs after it, the pc the plain round runs next)},
+        {pcs it does not run})."""
         n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
         plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n, feat=self.features)
         masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n, feat=self.features)
@@ -467,7 +455,7 @@ class KernelStream:
                     raise StreamMismatch(f"{self.config.tag}: a masked round begins with other branches than a "
                                          "plain one; the all-masked steady run cannot be made from the plain one")
                 drop.update(pc for pc, _ in lp[i1:i2])
-                after[lp[i1 - 1][0]] = tuple(lm[j1:j2])
+                after[lp[i1 - 1][0]] = (tuple(lm[j1:j2]), lp[i1][0] if i1 < len(lp) else None)
             out.append((flips, after, drop))
         return out
 
