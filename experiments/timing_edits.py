@@ -7,6 +7,8 @@
                                                                # fa_sim.timing.predict beside the measurements
     ... --set fuzz                                             # the same for experiments/variants/edits_fuzz/
                                                                # (-> tests/data/h100/timing_edits_fuzz.json)
+    ... --set fuzz2                                            # experiments/variants/edits_fuzz2/
+                                                               # (-> tests/data/h100/timing_edits_fuzz2.json)
 
 Each edit is a patch of fa_hw/kernels/fa2_fwd.cu in experiments/variants/edits/ (the format of
 fa_sim/contract/patch.py, taken by every `--kernel` and `kernel=`). They change the seed config's
@@ -16,7 +18,10 @@ equal the seed kernel's bit for bit, and the hazards the hazard checker reports 
 `--check` recomputes it and tests/test_timing_edits.py checks a few. `--set fuzz` takes the second
 set instead, the fa2_fwd.cu patches of experiments/variants/edits_fuzz/ (a later edit fuzz: loops
 written otherwise, local memory, atomics, `__noinline__` helpers, data-dependent branches; `FUZZ`
-records the same facts for them), measured into its own file.
+records the same facts for them), measured into its own file. `--set fuzz2` takes the third,
+experiments/variants/edits_fuzz2/ (round 45: a switch on the round's kind, a goto loop, a two-pass
+softmax, a static shared-memory buffer for O, K unswizzled, `__launch_bounds__` min-blocks 8, a
+partial unroll, a module counter, P packed by hand; `FUZZ2`), not yet measured.
 
 --measure times each edit and the seed kernel (fa_hw.profile.measure_time: CUDA events around each
 launch after warm-up, the median of 3 batches of 20) on the seed config at `SHAPES` (random
@@ -44,6 +49,8 @@ EDIT_DIR = ROOT / "experiments" / "variants" / "edits"
 FUZZ_DIR = ROOT / "experiments" / "variants" / "edits_fuzz"
 DEFAULT_OUT = ROOT / "tests" / "data" / "h200" / "timing_edits.json"
 FUZZ_OUT = ROOT / "tests" / "data" / "h100" / "timing_edits_fuzz.json"  # measured on an H100 (round 44)
+FUZZ2_DIR = ROOT / "experiments" / "variants" / "edits_fuzz2"
+FUZZ2_OUT = ROOT / "tests" / "data" / "h100" / "timing_edits_fuzz2.json"  # to be measured on an H100
 # (B, H, Nq, Nk, causal): 132 SMs x 4 resident seed CTAs; the second not a multiple of the tiles
 SHAPES = ((4, 16, 2048, 2048, False), (2, 16, 3000, 3000, True))
 CHECK_SHAPE = (1, 2, 200, 200)  # what EDITS records (head_dim 64, seed config, non-causal)
@@ -87,11 +94,28 @@ FUZZ = {
     "volatile_flag": (True, True, set()),
     "warp_early_return": (False, True, set()),
 }
-SETS = {"edits": (EDITS, DEFAULT_OUT), "fuzz": (FUZZ, FUZZ_OUT)}  # --set: (the facts, --measure's file)
+# edits_fuzz2/'s patches of fa2_fwd.cu (its bwd_* patches are timed with `fa time --backward --kernel`);
+# quad_max_loop and pack_by_hand compile to the seed's SASS opcode counts
+FUZZ2 = {
+    "debug_counter": (True, True, set()),
+    "goto_loop": (True, True, set()),
+    "k_plain_layout": (True, True, set()),
+    "min_blocks_8": (True, True, set()),
+    "noinline_store": (True, True, set()),
+    "o_buffer_no_sync": (True, True, {("RAW_NO_BARRIER", "sObuf")}),
+    "o_own_buffer": (True, True, set()),
+    "pack_by_hand": (True, True, set()),
+    "quad_max_loop": (True, True, set()),
+    "softmax_unroll4": (True, True, set()),
+    "switch_round": (True, True, set()),
+    "two_pass_max": (False, False, set()),
+}
+SETS = {"edits": (EDITS, DEFAULT_OUT), "fuzz": (FUZZ, FUZZ_OUT), "fuzz2": (FUZZ2, FUZZ2_OUT)}  # --set: (the facts,
+# --measure's file)
 
 
 def patch_path(name: str) -> Path:
-    return (FUZZ_DIR if name in FUZZ else EDIT_DIR) / f"{name}.patch"
+    return (FUZZ2_DIR if name in FUZZ2 else FUZZ_DIR if name in FUZZ else EDIT_DIR) / f"{name}.patch"
 
 
 def description(name: str) -> str:
@@ -201,11 +225,13 @@ def main(argv=None) -> int:
     mode.add_argument("--measure", action="store_true", help="time the edits on the GPU")
     mode.add_argument("--predict", action="store_true", help="predict the edits with fa_sim.timing")
     ap.add_argument("--set", choices=sorted(SETS), default="edits",
-                    help="edits: experiments/variants/edits/ (default); fuzz: experiments/variants/edits_fuzz/")
-    ap.add_argument("--out", type=Path, help=f"--measure's JSON (default {DEFAULT_OUT}, with --set fuzz {FUZZ_OUT})")
+                    help="edits: experiments/variants/edits/ (default); fuzz: experiments/variants/edits_fuzz/; "
+                         "fuzz2: experiments/variants/edits_fuzz2/")
+    ap.add_argument("--out", type=Path, help=f"--measure's JSON (default {DEFAULT_OUT}, with --set fuzz {FUZZ_OUT}, "
+                                             f"--set fuzz2 {FUZZ2_OUT})")
     ap.add_argument("--measured", type=Path, help="--predict's measurements to compare with (default: --out's)")
     ap.add_argument("--gpu", default="h200", help="--predict: the timing model's GPU")
-    ap.add_argument("--edit", action="append", choices=sorted([*EDITS, *FUZZ]), metavar="NAME",
+    ap.add_argument("--edit", action="append", choices=sorted([*EDITS, *FUZZ, *FUZZ2]), metavar="NAME",
                     help="--predict / --check: only this edit of the set (and the seed kernel); repeat for several")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)

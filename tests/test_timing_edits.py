@@ -96,6 +96,12 @@ def test_a_fuzz_edit_on_the_ptx_engine_gives_the_recorded_bits():
     assert te.check(["warp_early_return"])["warp_early_return"] == te.FUZZ["warp_early_return"]
 
 
+def test_fuzz2_edits_on_the_ptx_engine_give_the_recorded_bits_and_hazards():
+    """two_pass_max (no online rescaling) changes O and LSE; o_buffer_no_sync's race is on its own buffer."""
+    got = te.check(["two_pass_max", "o_buffer_no_sync"])
+    assert got == {n: te.FUZZ2[n] for n in got}
+
+
 @pytest.mark.parametrize("which", sorted(te.SETS))
 def test_recorded_measurements_match_the_edits(which):
     table, path = te.SETS[which]

@@ -1,4 +1,5 @@
-"""Rebase every patch of experiments/variants/ (and edits/) onto the current fa_hw/kernels/fa2_fwd.cu.
+"""Rebase every patch of experiments/variants/ (and its edits*/ folders) onto the current kernel it patches
+(fa_hw/kernels/fa2_fwd.cu, or fa2_bwd.cu for the backward's edits: the file its `--- a/` header names).
 
     python experiments/variants/rebase.py OLD_REV
 
@@ -10,6 +11,7 @@ patch again as the diff of the current seed to the merged file, keeping the patc
 A conflict (the seed's edit touches the patch's lines) is reported and that patch left alone.
 """
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,15 +26,22 @@ CU = "fa_hw/kernels/fa2_fwd.cu"
 TARGET = "fa2_fwd.cu"
 
 
-def rebase(patch: Path, old: str, new: str) -> str:
+def target_of(text: str) -> str:
+    """The kernel file a patch's `--- a/fa_hw/kernels/NAME` header names (fa2_fwd.cu without one)."""
+    m = re.search(r"^--- (?:a/)?fa_hw/kernels/(\S+)", text, re.M)
+    return m[1] if m else TARGET
+
+
+def rebase(patch: Path, old: str, new: str, target: str = TARGET) -> str:
     """'applies', 'rebased' or 'conflict' for one patch file (rewritten when rebased)."""
     text = patch.read_text()
+    cu = f"fa_hw/kernels/{target}"  # the patched file, as its header names it
     try:
-        apply_patch(new, text, name=str(patch), target=TARGET)
+        apply_patch(new, text, name=str(patch), target=target)
         return "applies"
     except PatchError:
         pass
-    theirs = apply_patch(old, text, name=str(patch), target=TARGET)
+    theirs = apply_patch(old, text, name=str(patch), target=target)
     with tempfile.TemporaryDirectory() as d:
         ours, base, mine = (Path(d) / n for n in ("current", "old", "patched"))
         ours.write_text(new)
@@ -46,8 +55,8 @@ def rebase(patch: Path, old: str, new: str) -> str:
         out.write_text(merged.stdout)
         diff = subprocess.run(["diff", "-u", str(ours), str(out)], capture_output=True, text=True).stdout
     body = diff.split("\n", 2)[2]  # diff's own ---/+++ lines name the temporary files
-    patch.write_text(text[: text.index("--- a/")] + f"--- a/{CU}\n+++ b/{CU}\n" + body)
-    apply_patch(new, patch.read_text(), name=str(patch), target=TARGET)  # it applies now
+    patch.write_text(text[: text.index("--- a/")] + f"--- a/{cu}\n+++ b/{cu}\n" + body)
+    apply_patch(new, patch.read_text(), name=str(patch), target=target)  # it applies now
     return "rebased"
 
 
@@ -56,11 +65,15 @@ def main(argv=None) -> int:
     if len(args) != 1:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    old = subprocess.run(["git", "show", f"{args[0]}:{CU}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    new = (ROOT / CU).read_text()
+    seeds: dict = {}
     status = 0
     for patch in sorted((ROOT / "experiments" / "variants").rglob("*.patch")):
-        result = rebase(patch, old, new)
+        target = target_of(patch.read_text())
+        if target not in seeds:
+            cu = f"fa_hw/kernels/{target}"
+            seeds[target] = (subprocess.run(["git", "show", f"{args[0]}:{cu}"], cwd=ROOT, capture_output=True,
+                                            text=True, check=True).stdout, (ROOT / cu).read_text())
+        result = rebase(patch, *seeds[target], target)
         print(f"{result:9} {patch.relative_to(ROOT)}")
         status |= result == "conflict"
     return status

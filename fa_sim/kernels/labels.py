@@ -10,6 +10,7 @@ Phases, tiles and tensors are string enums: event fields compare equal to their 
 from __future__ import annotations
 
 import enum
+import re
 from functools import cached_property
 
 import numpy as np
@@ -71,6 +72,17 @@ def tile_base(config: KernelConfig, tile: Tile) -> int:
             Tile.SK: config.sk_offset_bytes, Tile.SV: config.sv_offset_bytes}[tile]
 
 
+def source_name(symbol: str) -> str:
+    """A PTX symbol's name as the source spells it: a function-local static's mangled name
+    (`_ZZ14fa2_fwd_kernelE6sO_buf` -> `sO_buf`), any other name unchanged."""
+    m = re.fullmatch(r"_ZZ(\d+)(\w+)", symbol)
+    if m is None:
+        return symbol
+    rest = m[2][int(m[1]):]  # past the enclosing function's name
+    m = re.match(r"E(\d+)", rest)
+    return rest[m.end(): m.end() + int(m[1])] if m else symbol
+
+
 class FA2Labels:
     """Names shared-memory bytes as (tile, row, col) and global bytes as (row, col) of a tensor.
 
@@ -80,15 +92,23 @@ class FA2Labels:
     [B*H, N, d] fp16 and lse [B*H, N] fp32; (row, col) is the position inside the batch-head.
     """
 
-    def __init__(self, config: KernelConfig, seqlens: dict[str, int]):
+    def __init__(self, config: KernelConfig, seqlens: dict[str, int], program=None):
         self.config = config
         self.seqlens = seqlens  # tensor name -> rows per batch-head
+        # a variant's own __shared__ variables come first in the CTA's window, the tiles (the extern
+        # array) after them (fa_sim.ptx.program.Program.dynamic_smem_offset): a static variable's
+        # bytes are named by the variable, without coordinates
+        self.smem_base = 0 if program is None else program.dynamic_smem_offset
+        sizes = {} if program is None else {v.name: v.size for v in (*program.module.variables,
+                                                                     *program.kernel.variables)}
+        self.static = [] if program is None else [(source_name(name), off, sizes.get(name, 0))
+                                                  for name, off in program.static_smem.items()]
 
     @cached_property
     def _regions(self) -> list[tuple[Tile, int, int]]:
-        cfg = self.config  # kv_stages > 1: every stage of sK and of sV is named sK / sV
-        return [(Tile.SQ, tile_base(cfg, Tile.SQ), cfg.block_m)] + [
-            (tile, tile_base(cfg, tile) + cfg.stage_offset_bytes(s), cfg.block_n)
+        cfg, at = self.config, self.smem_base  # kv_stages > 1: every stage of sK and of sV is named sK / sV
+        return [(Tile.SQ, at + tile_base(cfg, Tile.SQ), cfg.block_m)] + [
+            (tile, at + tile_base(cfg, tile) + cfg.stage_offset_bytes(s), cfg.block_n)
             for tile in (Tile.SK, Tile.SV) for s in range(cfg.kv_stages)]
 
     def _inverse(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,6 +128,9 @@ class FA2Labels:
         a = np.asarray(addr, np.int64)
         on = a[np.asarray(mask, bool)]
         first = int(on[0]) if on.size else int(a.reshape(-1)[0])
+        for name, base, size in self.static:
+            if base <= first < base + size:
+                return name, None, None
         for tile, base, rows in self._regions:
             size = 2 * self.config.tile_halves(rows)
             if base <= first < base + size:

@@ -321,7 +321,7 @@ def format_hazards(report: HazardReport, shown: int = 20) -> str:
                  + (" (--json lists the first 200)" if report.total > shown else "") + ":")
     for h in report.hazards[:shown]:
         other = "" if h.other_thread is None else f"  vs thread {h.other_thread} (pc {h.other_pc})"
-        place = f"{h.region}({h.row},{h.col})" if h.region is not None else "smem"
+        place = "smem" if h.region is None else h.region if h.row < 0 else f"{h.region}({h.row},{h.col})"
         src = f"  {source_line(h.src)}" if h.src is not None else ""
         lines.append(f"  {h.kind.name:<15} round {h.round:>2} cta {h.cta} warp {h.warp} lane {h.lane:>2}  "
                      f"pc {h.pc} {h.ptx}  [{h.label}]  {place} @ {h.addr}{other}{src}")

@@ -97,7 +97,7 @@ def run_attention(prob: Problem, memory: GlobalMemory, ptr: Pointers, hub: Hub, 
         args += [ck.base, memory.alloc("ck_sel", slot).base, np.int32(prob.n_rounds)]
     params = _pack(program, args)
     nq, nk = (prob.total_q, prob.total_k) if prob.varlen else (prob.seqlen_q, prob.seqlen_k)  # rows per head
-    labels = FA2Labels(cfg, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq})
+    labels = FA2Labels(cfg, {"Q": nq, "K": nk, "V": nk, "O": nq, "LSE": nq}, program)
     grid = prob.launch_grid
     budget = step_budget(len(program.kernel.instructions), prob.n_rounds)  # FLASHSIM_MAX_STEPS overrides it
     symbols = _globals(program, memory)  # a variant's __device__ / __constant__ variables

@@ -446,6 +446,7 @@ def predict_probed(prob: Problem, gpu: GpuModel | str = "h200", kernel=None, exa
         raise ValueError("exact timing of a sliding window is not modelled (its CTAs' masked rounds sit at both ends "
                          "of the K/V loop); use the representative CTAs (exact=False)")
     model = kernel_model(prob.config, prob.causal, gpu.arch, kernel, features)
+    model.stream.check_fixed(TOGETHER_RUN, STEADY_RUN)  # the runs the fixed costs come from (sm_rates)
     k = occupancy(model, gpu)
     if k < 1:
         raise ValueError(f"{prob.config.tag} does not fit on one SM of the {gpu.name}")

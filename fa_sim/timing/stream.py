@@ -345,6 +345,23 @@ class KernelStream:
         segs = self._mask_outcomes()
         return tuple(self._regions(self._masked(p, g, rounds - masked, rounds), rounds) for p, g in zip(plain, segs))
 
+    def check_fixed(self, *rounds: int) -> None:
+        """The model charges a CTA its fixed cost (prologue, epilogue) plus its rounds: every warp's
+        prologue and epilogue must walk the same SASS blocks in plain CTAs of each of `rounds` rounds.
+        A StreamMismatch where they do not: work outside the K/V loop that grows with the rounds (a
+        second loop over the K/V blocks, say a pass that takes each row's maximum first), which the
+        fixed cost of one round count would charge every CTA alike (timed as any launch instead)."""
+        walks = [self.warp_walks(r, 0) for r in rounds]
+        for w in range(self.config.n_warps):
+            for region, at in (("prologue", 0), ("epilogue", -1)):
+                lengths = [sum(len(self.graph.blocks[b].instrs) for b in walk[w][at]) for walk in walks]
+                if any(walk[w][at] != walks[0][w][at] for walk in walks):
+                    raise StreamMismatch(
+                        f"{self.config.tag}: warp {w}'s {region} (outside the K/V loop, PTX pc {self.latch_pc}'s "
+                        f"back edge) runs {' / '.join(map(str, lengths))} SASS instructions in CTAs of "
+                        f"{' / '.join(map(str, rounds))} rounds: work outside the loop grows with the rounds (a "
+                        "second loop over the K/V blocks?), which a fixed cost per CTA cannot charge")
+
     def _real_masked(self, rounds: int) -> int:
         """Masked rounds of a real CTA with masking (causal: the diagonal's; a key tail: one)."""
         cfg = self.config
@@ -398,15 +415,21 @@ class KernelStream:
         return (walk[:first], *(walk[a:b] for a, b in zip(cuts, cuts[1:])), walk[cuts[-1]:])
 
     def _masked(self, path: Path, edit: tuple, lo: int, hi: int) -> Path:
-        """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each."""
+        """The path with rounds lo..hi-1 masked: `edit` (from `_mask_outcomes`) applied to each.
+        The events a masked round runs after a pc are put in only where the round goes on from that
+        pc as the plain round the edit comes from did (its next event's pc): a round with control flow
+        of its own there (a first round that a switch on the round's kind sends to another case) is a
+        round the edit does not describe, and runs its own events on."""
         flips, after, drop = edit
         out, rnd = [], 0
-        for pc, o in path:
+        for i, (pc, o) in enumerate(path):
             masked = lo <= rnd < hi
             if not (masked and pc in drop):
                 out.append((pc, flips.get(pc, o) if masked else o))
             if masked and pc in after:
-                out.extend(after[pc])
+                events, then = after[pc]
+                if then is None or (i + 1 < len(path) and path[i + 1][0] == then):
+                    out.extend(events)
             rnd += pc == self.latch_pc
         return tuple(out)
 
@@ -414,7 +437,8 @@ class KernelStream:
         """Per warp, how a masked round's control flow differs from a plain one's, from the last
         rounds of the shortest masked probe with a round before its masked ones and of the plain
         probe as long, aligned by pc (difflib): ({pc: the masked outcome} where only the outcome
-        differs, {pc: events the masked round runs after it}, {pcs it does not run})."""
+        differs, {pc: (events the masked round runs after it, the pc the plain round runs next)},
+        {pcs it does not run})."""
         n = 2 * max(1, self.config.block_m // self.config.block_n) if self.causal else 2
         plain = paths_of(self.config, self.causal, self.kernel, Kind.PLAIN, n, feat=self.features)
         masked = paths_of(self.config, self.causal, self.kernel, self._masked_kind(), n, feat=self.features)
@@ -431,7 +455,7 @@ class KernelStream:
                     raise StreamMismatch(f"{self.config.tag}: a masked round begins with other branches than a "
                                          "plain one; the all-masked steady run cannot be made from the plain one")
                 drop.update(pc for pc, _ in lp[i1:i2])
-                after[lp[i1 - 1][0]] = tuple(lm[j1:j2])
+                after[lp[i1 - 1][0]] = (tuple(lm[j1:j2]), lp[i1][0] if i1 < len(lp) else None)
             out.append((flips, after, drop))
         return out
 
