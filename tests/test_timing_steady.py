@@ -189,6 +189,38 @@ def test_held_stall_reasons_change_nothing(steady, in_turn, monkeypatch):
                                                                        held.busy)
 
 
+@pytest.mark.parametrize("in_turn", [False, True])
+@pytest.mark.parametrize("steady", [False, True])
+def test_held_mio_throttle_changes_nothing(steady, in_turn, monkeypatch):
+    """A warp that the SM's full shared-memory queue (or its busy MIO pipe) holds keeps its mio_throttle
+    until the queue may take it (sm._mio_wake) instead of asking _blocked every cycle: on loops of
+    bank-conflicted shared-memory reads (32 wavefronts each, the queue full most cycles) beside global
+    reductions (an MIO instruction whose lg_throttle check comes between: not held), the run equals the
+    one that asks every cycle in every field and stall count, the keys' order included."""
+    import fa_sim.timing.sm as sm
+    from fa_sim.timing.program import step
+    from fa_sim.timing.sass import Control
+
+    from dataclasses import replace
+
+    gpu = replace(_gpu(in_turn), atomic_share=1 / 1000)  # the L2's atomic units slow enough to fill their queue
+
+    def st(opcode, operands="R0, R1, R2", stall=2, write=None, wait=0):
+        c = Control(stall=stall, yield_hint=False, write_barrier=write, read_barrier=None, wait_mask=wait, reuse=0)
+        return step(opcode, operands, "", c, gpu, {"LDS": 32, "LDSM": 4})
+
+    body = [st("LDS.128", "R4, [R1]", stall=1), st("LDS", "R5, [R1]", stall=1, write=1),
+            st("LDSM.16.M88.4", "R8, [R2]", stall=1), st("HMMA.16816.F32", "R8, R4, R6, R8", wait=2),
+            st("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU", "desc[UR4][R2.64], R9", stall=1), st("FFMA"), st("IADD3", stall=1)]
+    streams = [[st("S2R", "R0, SR_TID.X", write=0), st("IMAD", wait=1)] + body * n + [st("EXIT", "")]
+               for n in (30, 22, 41, 17, 26)]
+    held = sm.run_sm(streams, 4, gpu, slots=3, steady=steady)
+    monkeypatch.setattr(sm, "_HELD", sm._HELD - {"mio_throttle"})
+    asked = sm.run_sm(streams, 4, gpu, slots=3, steady=steady)
+    assert held == asked and list(held.stalls.items()) == list(asked.stalls.items())  # the order too
+    assert held.stalls["mio_throttle"] > held.issued and held.stalls["lg_throttle"] > 0
+
+
 def test_add_ones_is_one_addition_at_a_time():
     """sm._add_ones(x, n), which adds a held stall reason's counted cycles at once, equals n additions of 1,
     each rounded, bit for bit: across powers of two (where a float's last bit is rounded away), below 1,

@@ -84,9 +84,13 @@ _NINF = -_INF
 # none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it),
 # a math pipe's throttle until that pipe of its sub-partition is free (the checks before it - barrier,
 # scoreboards, stall count - cannot change while the warp does not issue; only its sub-partition's
-# issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
-# one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
-_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
+# issues move the pipe), an MIO throttle until its pipe is free or, where the pipe was free and the SM's
+# shared-memory queue full, until the cycle the queue may take it (_mio_wake: the queue's free cycle only
+# grows until then - issues and copies' arrivals add work to it -, so the throttle cannot end sooner; not
+# for an atomic, whose lg_throttle check comes between). lg_throttle, which the atomics' queue decides
+# after the pipe's check, is not one of these (tests/test_timing_steady.py compares the run with the one
+# that asks every cycle).
+_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle"))
 _CODE = {r: i for i, r in enumerate(REASONS)}
 _SELECTED, _NOT_SELECTED = _CODE["selected"], _CODE["not_selected"]
 _GONE = len(REASONS)  # a warp that left: `ones`' slot past REASONS', never added to the stalls
@@ -352,7 +356,11 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     if r in _HELD:
                         w.why = r
                         w.code = _CODE[r]
-                        w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
+                        if r == "mio_throttle":  # its pipe's free cycle, else the cycle the MIO queue may take it
+                            p = pipes[st.slot]
+                            w.wake = p if p > t else _mio_wake(state, gpu) if not st.atomic else _NINF
+                        else:
+                            w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
                     else:
                         w.why = None
                         w.wake = _NINF
@@ -446,6 +454,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     w.pc += m * deltas[id(w)]
                     w.ready += shift
                     w.wake += shift
+                    if w.why == "mio_throttle":  # its wake has a margin of a few ulps of the queue's cycle (_mio_wake),
+                        w.why = None  # which the shifted times' rounding could eat: asked again
+                        w.wake = _NINF
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
@@ -730,6 +741,15 @@ def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gp
             if sb[b]:
                 return False
     return not (st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue)
+
+
+def _mio_wake(state: dict, gpu: GpuModel) -> float:
+    """A cycle before which a warp that the SM's full shared-memory queue holds (`_blocked`'s last check,
+    state["mio_free"] - t > gpu.mio_queue) stays held: the queue's free cycle less mio_queue, less a margin
+    of 8 ulps of it, so that for every t below it the check's own rounding still finds the queue full (the
+    queue's free cycle only grows meanwhile); from it on `_blocked` is asked again."""
+    free = state["mio_free"]
+    return free - gpu.mio_queue - 8 * math.ulp(free)
 
 
 def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
