@@ -316,6 +316,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
     # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
     ones = [0] * (len(REASONS) + 1)
+    # per order of the sub-partitions (_ORDERS), each one's (index, pipes' free cycles, warps): the lists
+    # themselves, changed in place by the run
+    lanes = [tuple((s, pipe_free[s], by_smsp[s]) for s in order) for order in _ORDERS]
     while live:
         if not first:
             while events and events[0][0] <= t:
@@ -329,12 +332,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
             cycle_turn = turn
-        order = _ORDERS[cycle_turn if in_turn else int(t) % N_SMSP]
-        for i in range(first, N_SMSP):  # the SM's shared queues serve the sub-partitions in turn
-            s = order[i]
-            ls = last[s]
-            pipes = pipe_free[s]
-            mine = by_smsp[s]
+        oi = cycle_turn if in_turn else int(t) % N_SMSP
+        for s, pipes, mine in lanes[oi] if not first else lanes[oi][first:]:  # the SM's shared queues serve the
+            ls = last[s]  # sub-partitions in turn
             if account:  # each warp's stall reason (None: it may issue) decides the pick and is charged
                 if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
                     k = ring[s] % len(mine)
@@ -434,7 +434,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
                             _flush(stalls, ones)
                             here = (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq,
-                                    warp_cycles, skipped, live, i + 1, pick.cta.slot,
+                                    warp_cycles, skipped, live, _ORDERS[oi].index(s) + 1, pick.cta.slot,
                                     periodic is not None and periodic.due, ring, turn, cycle_turn)
                             if stop:  # the run of streams[:fork] is not wanted: the state itself, not a copy
                                 return None, here
@@ -867,17 +867,26 @@ def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
 
 
 def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
-    """The next cycle at which anything can change, when nothing issued at t."""
+    """The next cycle at which anything can change, when nothing issued at t: max(t + 1, the first
+    time past t of an event, a warp's ready cycle, a pipe's or a queue's free cycle), found with an
+    early return once one is at most t + 1 (the later ones can only be sooner: the same t + 1)."""
+    t1 = t + 1
     best = events[0][0] if events else _INF
+    if best <= t1:
+        return t1
     for w in warps:
         if w.pc < w.end and not w.at_bar:
             r = w.ready
             if t < r < best:
+                if r <= t1:
+                    return t1
                 best = r
     for pipes in pipe_free:
         if max(pipes) > t:  # (most of a sub-partition's pipes are free: skipped at once)
             for p in pipes:
                 if t < p < best:
+                    if p <= t1:
+                        return t1
                     best = p
     x = state["mio_free"] - gpu.mio_queue
     if t < x < best:
@@ -887,4 +896,4 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
         best = x
     if best == _INF:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
-    return max(t + 1, best)
+    return t1 if t1 >= best else best
