@@ -189,6 +189,74 @@ def test_held_stall_reasons_change_nothing(steady, in_turn, monkeypatch):
                                                                        held.busy)
 
 
+@pytest.mark.parametrize("in_turn", [False, True])
+@pytest.mark.parametrize("steady", [False, True])
+def test_held_mio_throttle_changes_nothing(steady, in_turn, monkeypatch):
+    """A warp that the SM's full shared-memory queue (or its busy MIO pipe) holds keeps its mio_throttle
+    until the queue may take it (sm._mio_wake) instead of asking _blocked every cycle: on loops of
+    bank-conflicted shared-memory reads (32 wavefronts each, the queue full most cycles) beside global
+    reductions (an MIO instruction whose lg_throttle check comes between: not held), the run equals the
+    one that asks every cycle in every field and stall count, the keys' order included."""
+    import fa_sim.timing.sm as sm
+    from fa_sim.timing.program import step
+    from fa_sim.timing.sass import Control
+
+    from dataclasses import replace
+
+    gpu = replace(_gpu(in_turn), atomic_share=1 / 1000)  # the L2's atomic units slow enough to fill their queue
+
+    def st(opcode, operands="R0, R1, R2", stall=2, write=None, wait=0):
+        c = Control(stall=stall, yield_hint=False, write_barrier=write, read_barrier=None, wait_mask=wait, reuse=0)
+        return step(opcode, operands, "", c, gpu, {"LDS": 32, "LDSM": 4})
+
+    body = [st("LDS.128", "R4, [R1]", stall=1), st("LDS", "R5, [R1]", stall=1, write=1),
+            st("LDSM.16.M88.4", "R8, [R2]", stall=1), st("HMMA.16816.F32", "R8, R4, R6, R8", wait=2),
+            st("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU", "desc[UR4][R2.64], R9", stall=1), st("FFMA"), st("IADD3", stall=1)]
+    streams = [[st("S2R", "R0, SR_TID.X", write=0), st("IMAD", wait=1)] + body * n + [st("EXIT", "")]
+               for n in (30, 22, 41, 17, 26)]
+    held = sm.run_sm(streams, 4, gpu, slots=3, steady=steady)
+    monkeypatch.setattr(sm, "_HELD", sm._HELD - {"mio_throttle"})
+    asked = sm.run_sm(streams, 4, gpu, slots=3, steady=steady)
+    assert held == asked and list(held.stalls.items()) == list(asked.stalls.items())  # the order too
+    assert held.stalls["mio_throttle"] > held.issued and held.stalls["lg_throttle"] > 0
+
+
+def test_next_time_is_the_first_change_past_t():
+    """sm._next_time (which returns t + 1 as soon as one candidate is at most t + 1) equals max(t + 1, the
+    first event, ready cycle of a warp that can issue, pipe's free cycle or queue's threshold past t), on
+    random states with fractional times, and raises Deadlock where nothing is in flight."""
+    import random
+    from types import SimpleNamespace
+
+    import fa_sim.timing.sm as sm
+    from fa_sim.timing.gpus import H200
+
+    rng = random.Random(7)
+    near = far = 0
+    for _ in range(3000):
+        t = rng.choice([0.0, 17.0, 1234.5, 98765.25]) + rng.random() * 3
+        def when():
+            return t + rng.choice([-2.0, 0.0, 0.25, 0.5, 1.0, 1.5, 3.0, 40.0]) * rng.random() * 4
+        warps = [SimpleNamespace(pc=rng.randrange(3), end=2, at_bar=rng.random() < 0.2, ready=when())
+                 for _ in range(rng.randrange(0, 9))]
+        events = [(e, i) for e, i in sorted((when(), i) for i in range(rng.randrange(0, 3))) if e > t]
+        pipes = [[when() if rng.random() < 0.3 else 0.0 for _ in range(9)] for _ in range(4)]
+        state = {"mio_free": when() + H200.mio_queue * rng.random(), "atomic_free": when() + H200.atomic_queue * rng.random()}
+        cands = [e[0] for e in events[:1]] + [w.ready for w in warps if w.pc < w.end and not w.at_bar]
+        cands += [p for ps in pipes for p in ps] + [state["mio_free"] - H200.mio_queue,
+                                                      state["atomic_free"] - H200.atomic_queue]
+        later = [c for c in cands if c > t]
+        if not later:
+            with pytest.raises(sm.Deadlock):
+                sm._next_time(t, warps, events, pipes, state, H200)
+            continue
+        want = max(t + 1, min(later))
+        near += want == t + 1
+        far += want > t + 1
+        assert sm._next_time(t, warps, events, pipes, state, H200) == want
+    assert near > 300 and far > 50  # both the early return and the full scan were taken
+
+
 def test_add_ones_is_one_addition_at_a_time():
     """sm._add_ones(x, n), which adds a held stall reason's counted cycles at once, equals n additions of 1,
     each rounded, bit for bit: across powers of two (where a float's last bit is rounded away), below 1,

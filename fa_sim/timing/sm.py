@@ -84,9 +84,13 @@ _NINF = -_INF
 # none while it does not issue), the stall count's wait until its ready cycle (nothing else moves it),
 # a math pipe's throttle until that pipe of its sub-partition is free (the checks before it - barrier,
 # scoreboards, stall count - cannot change while the warp does not issue; only its sub-partition's
-# issues move the pipe). A reason that an SM-wide queue decides (mio_throttle, lg_throttle) must not be
-# one of these (tests/test_timing_steady.py compares the run with the one that asks every cycle).
-_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle"))
+# issues move the pipe), an MIO throttle until its pipe is free or, where the pipe was free and the SM's
+# shared-memory queue full, until the cycle the queue may take it (_mio_wake: the queue's free cycle only
+# grows until then - issues and copies' arrivals add work to it -, so the throttle cannot end sooner; not
+# for an atomic, whose lg_throttle check comes between). lg_throttle, which the atomics' queue decides
+# after the pipe's check, is not one of these (tests/test_timing_steady.py compares the run with the one
+# that asks every cycle).
+_HELD = frozenset(("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle"))
 _CODE = {r: i for i, r in enumerate(REASONS)}
 _SELECTED, _NOT_SELECTED = _CODE["selected"], _CODE["not_selected"]
 _GONE = len(REASONS)  # a warp that left: `ones`' slot past REASONS', never added to the stalls
@@ -312,6 +316,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
     # one by one: they are added (_flush, the same sums bit for bit) before any other addition to that reason
     # (a gap's, a jump's) and before `stalls` is read (a steady state's record, a snapshot, the result).
     ones = [0] * (len(REASONS) + 1)
+    # per order of the sub-partitions (_ORDERS), each one's (index, pipes' free cycles, warps): the lists
+    # themselves, changed in place by the run
+    lanes = [tuple((s, pipe_free[s], by_smsp[s]) for s in order) for order in _ORDERS]
     while live:
         if not first:
             while events and events[0][0] <= t:
@@ -325,12 +332,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     state["mio_free"] = max(state["mio_free"], when) - sb / gpu.smem_wavefronts_per_cycle
             any_issue = False
             cycle_turn = turn
-        order = _ORDERS[cycle_turn if in_turn else int(t) % N_SMSP]
-        for i in range(first, N_SMSP):  # the SM's shared queues serve the sub-partitions in turn
-            s = order[i]
-            ls = last[s]
-            pipes = pipe_free[s]
-            mine = by_smsp[s]
+        oi = cycle_turn if in_turn else int(t) % N_SMSP
+        for s, pipes, mine in lanes[oi] if not first else lanes[oi][first:]:  # the SM's shared queues serve the
+            ls = last[s]  # sub-partitions in turn
             if account:  # each warp's stall reason (None: it may issue) decides the pick and is charged
                 if in_turn and mine:  # the SMSP's warps in turn, from the one after its last pick
                     k = ring[s] % len(mine)
@@ -352,7 +356,11 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     if r in _HELD:
                         w.why = r
                         w.code = _CODE[r]
-                        w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
+                        if r == "mio_throttle":  # its pipe's free cycle, else the cycle the MIO queue may take it
+                            p = pipes[st.slot]
+                            w.wake = p if p > t else _mio_wake(state, gpu) if not st.atomic else _NINF
+                        else:
+                            w.wake = w.ready if r == "wait" else pipes[st.slot] if r == "math_pipe_throttle" else _INF
                     else:
                         w.why = None
                         w.wake = _NINF
@@ -426,7 +434,7 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                         elif fork is not None and snapshot is None and len(ctas) < len(streams):
                             _flush(stalls, ones)
                             here = (ctas, warps, by_smsp, pipe_free, state, events, last, stalls, busy, issued, t, seq,
-                                    warp_cycles, skipped, live, i + 1, pick.cta.slot,
+                                    warp_cycles, skipped, live, _ORDERS[oi].index(s) + 1, pick.cta.slot,
                                     periodic is not None and periodic.due, ring, turn, cycle_turn)
                             if stop:  # the run of streams[:fork] is not wanted: the state itself, not a copy
                                 return None, here
@@ -446,6 +454,9 @@ def _run_sm(streams, n_warps, gpu, account, slots, max_cycles, timeline, stagger
                     w.pc += m * deltas[id(w)]
                     w.ready += shift
                     w.wake += shift
+                    if w.why == "mio_throttle":  # its wake has a margin of a few ulps of the queue's cycle (_mio_wake),
+                        w.why = None  # which the shifted times' rounding could eat: asked again
+                        w.wake = _NINF
                     w.open_arrival += shift
                 for pipes in pipe_free:
                     pipes[:] = [p + shift for p in pipes]
@@ -732,6 +743,15 @@ def _can_issue(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gp
     return not (st.is_mio and st.wavefronts and state["mio_free"] - t > gpu.mio_queue)
 
 
+def _mio_wake(state: dict, gpu: GpuModel) -> float:
+    """A cycle before which a warp that the SM's full shared-memory queue holds (`_blocked`'s last check,
+    state["mio_free"] - t > gpu.mio_queue) stays held: the queue's free cycle less mio_queue, less a margin
+    of 8 ulps of it, so that for every t below it the check's own rounding still finds the queue full (the
+    queue's free cycle only grows meanwhile); from it on `_blocked` is asked again."""
+    free = state["mio_free"]
+    return free - gpu.mio_queue - 8 * math.ulp(free)
+
+
 def _blocked(w: _Warp, st: Step, t: float, pipes: list[float], state: dict, gpu: GpuModel) -> str | None:
     """None when `w` may issue `st` at cycle t, else the stall reason."""
     if w.at_bar:
@@ -847,17 +867,26 @@ def _leave(w: _Warp, t: float, gpu: GpuModel) -> None:
 
 
 def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
-    """The next cycle at which anything can change, when nothing issued at t."""
+    """The next cycle at which anything can change, when nothing issued at t: max(t + 1, the first
+    time past t of an event, a warp's ready cycle, a pipe's or a queue's free cycle), found with an
+    early return once one is at most t + 1 (the later ones can only be sooner: the same t + 1)."""
+    t1 = t + 1
     best = events[0][0] if events else _INF
+    if best <= t1:
+        return t1
     for w in warps:
         if w.pc < w.end and not w.at_bar:
             r = w.ready
             if t < r < best:
+                if r <= t1:
+                    return t1
                 best = r
     for pipes in pipe_free:
         if max(pipes) > t:  # (most of a sub-partition's pipes are free: skipped at once)
             for p in pipes:
                 if t < p < best:
+                    if p <= t1:
+                        return t1
                     best = p
     x = state["mio_free"] - gpu.mio_queue
     if t < x < best:
@@ -867,4 +896,4 @@ def _next_time(t: float, warps, events, pipe_free, state, gpu) -> float:
         best = x
     if best == _INF:
         raise Deadlock(f"cycle {t:.0f}: every warp waits and nothing is in flight")
-    return max(t + 1, best)
+    return t1 if t1 >= best else best
