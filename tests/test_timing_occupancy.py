@@ -22,6 +22,7 @@ def to():
 
 
 SEED = Problem(2, 8, 1024, 1024, False, 1.0, KernelConfig())
+FULL = Problem(8, 16, 1024, 1024, False, 1.0, KernelConfig())  # 1,024 CTAs: more than the H200's slots at 4 an SM
 
 
 def test_the_kernels_own_occupancy_forced_is_the_plain_prediction():
@@ -31,8 +32,9 @@ def test_the_kernels_own_occupancy_forced_is_the_plain_prediction():
 
 
 def test_fewer_ctas_per_sm_are_slower_on_a_full_grid():
-    own = predict(SEED, "h200")
-    times = [predict(SEED, "h200", ctas_per_sm=j).kernel_ms for j in range(1, own.occupancy + 1)]
+    """(SEED's 128 CTAs are one wave at any occupancy: the SMs hold one each, and no slot refills.)"""
+    own = predict(FULL, "h200")
+    times = [predict(FULL, "h200", ctas_per_sm=j).kernel_ms for j in range(1, own.occupancy + 1)]
     assert all(a > b for a, b in itertools.pairwise(times)), times
     assert [predict(SEED, "h200", ctas_per_sm=j).occupancy for j in (1, 2)] == [1, 2]
 

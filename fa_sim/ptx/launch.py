@@ -226,6 +226,8 @@ def launch(source_or_ptx, grid, block, smem_bytes: int = 0, args: Sequence = (),
     program = build_program(module, kernel, None if _is_ptx(text, path) else text)
     smem_bytes = check.smem_bytes(smem_bytes, program.dynamic_smem_offset)
     if labels is not None:  # the tiles start past the kernel's own __shared__ variables
+        from ..kernels import FA2Labels
+
         labels = FA2Labels(labels.config, labels.seqlens, program)
     budget = step_budget(len(program.kernel.instructions), _trips(args), max_steps)
     memory = GlobalMemory()
